@@ -1,0 +1,1 @@
+"""parsers layer (see DESIGN.md)."""

@@ -1,0 +1,98 @@
+"""The contract between the router and a routing policy.
+
+A policy is pure and synchronous: it sees a ``RouteRequest`` and immutable
+``WorkerView`` snapshots and returns a ``Decision``. It never opens a socket or
+awaits; the routing layer owns I/O and tells the policy what happened through
+the ``on_*`` hooks so stateful policies (the radix tree) can learn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+
+class NoWorkerAvailable(Exception):
+    """No worker in the pool can take the request (none registered, none available)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LoadSnapshot:
+    """The worker's own load figures from its last GetLoads answer (or KV-event load record)."""
+
+    num_running_reqs: int = 0
+    num_waiting_reqs: int = 0
+    num_used_tokens: int = 0
+    max_total_num_tokens: int = 0
+    token_usage: float = 0.0
+    num_waiting_uncached_tokens: int = 0
+    cache_hit_rate: float = 0.0
+    age_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerView:
+    """What a policy may know about one worker at decision time."""
+
+    worker_id: str
+    url: str
+    role: str = "regular"  # "regular", "prefill" or "decode"
+    available: bool = True  # healthy and its circuit breaker allows traffic
+    in_flight: int = 0  # requests the gateway has on it now
+    queued_prefill_tokens: int = 0  # prompt tokens sent that have not yet produced a first token
+    running_decode_tokens: int = 0  # max_new_tokens still owed by its running requests
+    loads: LoadSnapshot | None = None  # last polled figures, if a policy asked for polling
+    kv_capacity_tokens: int = 0  # GetServerInfo max_total_num_tokens (0: unknown)
+    page_size: int = 1  # the worker's KV page size in tokens
+    bootstrap_port: int | None = None  # PD prefill workers only
+
+
+@dataclass(frozen=True, slots=True)
+class RouteRequest:
+    """One routing question: which worker of ``pool`` should serve these tokens."""
+
+    token_ids: Sequence[int]
+    model: str = ""
+    pool: str = "regular"
+    request_id: str = ""
+    routing_key: str | None = None  # X-SMG-Routing-Key / x-routing-key header
+    target_worker: str | None = None  # X-SMG-Target-Worker header (id or url)
+    max_new_tokens: int = 0  # expected decode length, part of the request's size
+    exclude: frozenset[str] = frozenset()  # workers a retry must avoid
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The chosen worker and why (the reason is a metrics label and shown by `inspect`)."""
+
+    worker_id: str
+    reason: str
+    predicted_cached_tokens: int = 0
+    scores: dict[str, float] = field(default_factory=dict)  # per-worker cost, for inspect/debug
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """A routing policy. Implementations must be cheap: they run on the event loop."""
+
+    name: str
+    needs_loads: bool  # True if the router should poll workers' GetLoads for this policy
+
+    def select(self, request: RouteRequest, workers: Sequence[WorkerView]) -> Decision:
+        """Choose a worker among ``workers``; raise NoWorkerAvailable if none can serve."""
+        ...
+
+    def on_dispatch(self, request: RouteRequest, decision: Decision) -> None:
+        """The request was sent to ``decision.worker_id``."""
+        ...
+
+    def on_finish(
+        self, request: RouteRequest, worker_id: str, cached_tokens: int, success: bool
+    ) -> None:
+        """The request ended; ``cached_tokens`` is what the worker reported."""
+        ...
+
+    def on_workers_changed(self, workers: Sequence[WorkerView]) -> None:
+        """The pool's membership changed (a worker joined, left or changed role)."""
+        ...

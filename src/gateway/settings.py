@@ -1,0 +1,74 @@
+"""Typed configuration: dataclasses are the one source of truth for defaults.
+
+Every config dataclass declares its fields with ``option(default, "help")``;
+``add_options`` turns those fields into argparse flags whose ``--help`` shows
+each default, and ``from_namespace`` builds the dataclass back from parsed args.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import types
+import typing
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def option(default: Any, help: str, *, flag: str | None = None, choices: list[str] | None = None) -> Any:
+    """A dataclass field that knows its command-line help (and optional flag name)."""
+    meta = {"help": help, "flag": flag, "choices": choices}
+    if isinstance(default, list | dict | set):
+        factory = type(default)(default)
+        return dataclasses.field(default_factory=lambda: type(factory)(factory), metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def _flag(field: dataclasses.Field[Any]) -> str:
+    return field.metadata.get("flag") or "--" + field.name.replace("_", "-")
+
+
+def _scalar_type(tp: Any) -> tuple[Any, bool, bool]:
+    """(element type, is_list, is_optional) for a field annotation."""
+    origin = typing.get_origin(tp)
+    optional = False
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        optional = len(args) != len(typing.get_args(tp))
+        tp = args[0]
+        origin = typing.get_origin(tp)
+    if origin is list:
+        return typing.get_args(tp)[0], True, optional
+    return tp, False, optional
+
+
+def add_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: type) -> None:
+    """Add one flag per field of dataclass ``cls`` to ``parser``."""
+    hints = typing.get_type_hints(cls)
+    for field in dataclasses.fields(cls):
+        if "help" not in field.metadata:
+            continue
+        elem, is_list, _ = _scalar_type(hints[field.name])
+        default = (
+            field.default
+            if field.default is not dataclasses.MISSING
+            else field.default_factory()  # type: ignore[misc]
+        )
+        kwargs: dict[str, Any] = {"dest": field.name, "help": field.metadata["help"], "default": default}
+        if field.metadata.get("choices"):
+            kwargs["choices"] = field.metadata["choices"]
+        if elem is bool and not is_list:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        else:
+            kwargs["type"] = elem
+            if is_list:
+                kwargs["nargs"] = "*"
+        parser.add_argument(_flag(field), **kwargs)
+
+
+def from_namespace(cls: type[T], ns: argparse.Namespace, **overrides: Any) -> T:
+    """Build ``cls`` from the parsed flags (fields without a flag keep defaults)."""
+    values = {f.name: getattr(ns, f.name) for f in dataclasses.fields(cls) if hasattr(ns, f.name)}  # type: ignore[arg-type]
+    values.update(overrides)
+    return cls(**values)

@@ -1,0 +1,1 @@
+"""tokenization layer (see DESIGN.md)."""
