@@ -1,0 +1,184 @@
+"""A thin async client for one SGLang `--grpc-mode` worker.
+
+Owns the gRPC channel and nothing else: no retries, no load accounting, no
+error mapping (those each have one home in routing/). Keeping it thin means the
+gateway's front doors, health checks and the tokenizer fetch all share it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+import grpc
+from grpc import aio
+
+from gateway.proto import common_pb2, sglang_scheduler_pb2_grpc
+from gateway.proto import sglang_scheduler_pb2 as pb
+
+# Prompts of 100K+ tokens and tokenizer zips exceed gRPC's 4 MiB default.
+_MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+_CHANNEL_OPTIONS: list[tuple[str, int | str]] = [
+    ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.keepalive_permit_without_calls", 1),
+]
+
+
+class BadWorkerUrl(ValueError):
+    """A worker URL that is not grpc://host:port or grpcs://host:port."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerAddress:
+    scheme: str  # "grpc" or "grpcs"
+    host: str
+    port: int
+
+    @property
+    def target(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"{self.scheme}://{self.target}"
+
+
+def parse_worker_url(url: str) -> WorkerAddress:
+    """Accept only grpc:// and grpcs:// URLs with an explicit host and port."""
+    parsed = urlparse(url.strip())
+    if parsed.scheme not in ("grpc", "grpcs"):
+        raise BadWorkerUrl(f"worker URL must start with grpc:// or grpcs://, got {url!r}")
+    if not parsed.hostname or parsed.port is None:
+        raise BadWorkerUrl(f"worker URL needs a host and a port: {url!r}")
+    if parsed.path not in ("", "/") or parsed.query or parsed.fragment or parsed.username:
+        raise BadWorkerUrl(f"worker URL must be scheme://host:port only: {url!r}")
+    return WorkerAddress(parsed.scheme, parsed.hostname, parsed.port)
+
+
+@dataclass(frozen=True, slots=True)
+class TlsOptions:
+    """TLS to workers (grpcs://): a CA bundle and, for mutual TLS, a client cert and key."""
+
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        def read(path: str | None) -> bytes | None:
+            return Path(path).read_bytes() if path else None
+
+        return grpc.ssl_channel_credentials(
+            root_certificates=read(self.ca_file),
+            private_key=read(self.key_file),
+            certificate_chain=read(self.cert_file),
+        )
+
+
+class WorkerClient:
+    """Async stubs for one worker over one shared HTTP/2 channel."""
+
+    def __init__(
+        self, url: str, *, tls: TlsOptions | None = None, api_key: str | None = None
+    ) -> None:
+        self.address = parse_worker_url(url)
+        self.url = self.address.url
+        if self.address.scheme == "grpcs":
+            creds = (tls or TlsOptions()).credentials()
+            self._channel = aio.secure_channel(self.address.target, creds, options=_CHANNEL_OPTIONS)
+        else:
+            self._channel = aio.insecure_channel(self.address.target, options=_CHANNEL_OPTIONS)
+        self._stub = sglang_scheduler_pb2_grpc.SglangSchedulerStub(self._channel)
+        self._auth: tuple[tuple[str, str], ...] = (
+            (("authorization", f"Bearer {api_key}"),) if api_key else ()
+        )
+
+    def _metadata(self, request_id: str | None = None) -> tuple[tuple[str, str], ...]:
+        if request_id:
+            return (*self._auth, ("x-request-id", request_id))
+        return self._auth
+
+    def generate(
+        self, request: pb.GenerateRequest, *, timeout: float | None = None
+    ) -> aio.UnaryStreamCall:
+        """Start a Generate stream; the caller iterates it and may ``cancel()`` it."""
+        return self._stub.Generate(
+            request, timeout=timeout, metadata=self._metadata(request.request_id)
+        )
+
+    async def abort(self, request_id: str, reason: str = "", *, timeout: float = 2.0) -> bool:
+        reply = await self._stub.Abort(
+            pb.AbortRequest(request_id=request_id, reason=reason),
+            timeout=timeout,
+            metadata=self._metadata(request_id),
+        )
+        return bool(reply.success)
+
+    async def health_check(self, *, timeout: float = 5.0) -> pb.HealthCheckResponse:
+        return await self._stub.HealthCheck(
+            pb.HealthCheckRequest(), timeout=timeout, metadata=self._metadata()
+        )
+
+    async def model_info(self, *, timeout: float = 5.0) -> pb.GetModelInfoResponse:
+        return await self._stub.GetModelInfo(
+            pb.GetModelInfoRequest(), timeout=timeout, metadata=self._metadata()
+        )
+
+    async def server_info(self, *, timeout: float = 5.0) -> pb.GetServerInfoResponse:
+        return await self._stub.GetServerInfo(
+            pb.GetServerInfoRequest(), timeout=timeout, metadata=self._metadata()
+        )
+
+    async def loads(self, *, timeout: float = 2.0) -> pb.GetLoadsResponse:
+        return await self._stub.GetLoads(
+            pb.GetLoadsRequest(include=["core"]), timeout=timeout, metadata=self._metadata()
+        )
+
+    async def embed(self, request: pb.EmbedRequest, *, timeout: float | None = None) -> pb.EmbedResponse:
+        return await self._stub.Embed(
+            request, timeout=timeout, metadata=self._metadata(request.request_id)
+        )
+
+    async def flush_cache(self, timeout_s: float = 0.0, *, timeout: float = 30.0) -> common_pb2.FlushCacheResponse:
+        return await self._stub.FlushCache(
+            common_pb2.FlushCacheRequest(timeout_s=timeout_s),
+            timeout=timeout,
+            metadata=self._metadata(),
+        )
+
+    async def tokenizer_zip(self, *, timeout: float = 60.0) -> tuple[bytes, str]:
+        """Download the worker's tokenizer zip; raises ValueError if its sha256 does not match."""
+        parts: list[bytes] = []
+        declared = ""
+        call = self._stub.GetTokenizer(
+            common_pb2.GetTokenizerRequest(), timeout=timeout, metadata=self._metadata()
+        )
+        async for chunk in call:
+            parts.append(chunk.data)
+            if chunk.sha256:
+                declared = chunk.sha256
+        data = b"".join(parts)
+        actual = hashlib.sha256(data).hexdigest()
+        if not declared or declared.lower() != actual:
+            raise ValueError(
+                f"tokenizer from {self.url}: sha256 mismatch (declared {declared!r}, got {actual})"
+            )
+        return data, actual
+
+    def subscribe_kv_events(self, start_sequence_number: int = 0) -> AsyncIterator[common_pb2.KvEventBatch]:
+        return self._stub.SubscribeKvEvents(
+            common_pb2.SubscribeKvEventsRequest(
+                start_sequence_number=start_sequence_number, load_records_before_first_batch=True
+            ),
+            metadata=self._metadata(),
+        )
+
+    async def close(self, grace: float | None = None) -> None:
+        await self._channel.close(grace)

@@ -1,0 +1,152 @@
+"""The set of workers the gateway routes to, grouped by model and role.
+
+Registration probes the worker (GetModelInfo, GetServerInfo) before it can take
+traffic, so a dead or wrong URL fails loudly instead of black-holing requests.
+Removal drains: the worker stops getting new requests at once and leaves the
+registry when its in-flight requests are done (or a timeout passes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+import grpc
+
+from gateway.workers.client import TlsOptions, WorkerClient, parse_worker_url
+from gateway.workers.worker import Worker, WorkerInfo
+
+log = logging.getLogger(__name__)
+
+ChangeListener = Callable[[str, Worker], None]  # ("added" | "removed", worker)
+
+
+class WorkerRegistrationError(Exception):
+    """The worker could not be probed or does not fit the fleet."""
+
+
+class WorkerRegistry:
+    def __init__(
+        self,
+        *,
+        tls: TlsOptions | None = None,
+        worker_api_key: str | None = None,
+        probe_timeout_s: float = 10.0,
+    ) -> None:
+        self._workers: dict[str, Worker] = {}
+        self._tls = tls
+        self._api_key = worker_api_key
+        self._probe_timeout = probe_timeout_s
+        self._listeners: list[ChangeListener] = []
+        self._adding: dict[str, asyncio.Task[Worker]] = {}
+
+    def subscribe(self, listener: ChangeListener) -> None:
+        self._listeners.append(listener)
+
+    def _notify(self, event: str, worker: Worker) -> None:
+        for listener in self._listeners:
+            listener(event, worker)
+
+    async def add(
+        self,
+        url: str,
+        *,
+        role: str | None = None,
+        bootstrap_port: int | None = None,
+        api_key: str | None = None,
+    ) -> Worker:
+        """Probe and register ``url``; adding a known URL returns the existing worker."""
+        address = parse_worker_url(url)
+        existing = self._workers.get(address.target)
+        if existing is not None and not existing.draining:
+            return existing
+        pending = self._adding.get(address.target)
+        if pending is None:
+            pending = asyncio.ensure_future(self._probe(address.url, role, bootstrap_port, api_key))
+            self._adding[address.target] = pending
+        try:
+            worker = await asyncio.shield(pending)
+        finally:
+            if pending.done():
+                self._adding.pop(address.target, None)
+        if address.target not in self._workers or self._workers[address.target].draining:
+            self._workers[address.target] = worker
+            log.info("worker added: %s role=%s model=%s", worker.url, worker.role, worker.model)
+            self._notify("added", worker)
+        return self._workers[address.target]
+
+    async def _probe(
+        self, url: str, role: str | None, bootstrap_port: int | None, api_key: str | None
+    ) -> Worker:
+        client = WorkerClient(url, tls=self._tls, api_key=api_key or self._api_key)
+        try:
+            model_info, server_info = await asyncio.gather(
+                client.model_info(timeout=self._probe_timeout),
+                client.server_info(timeout=self._probe_timeout),
+            )
+        except grpc.aio.AioRpcError as exc:
+            await client.close()
+            raise WorkerRegistrationError(
+                f"worker {url} did not answer its probe: {exc.code().name}: {exc.details()}"
+            ) from exc
+        except BaseException:
+            await client.close()
+            raise
+        info = WorkerInfo.from_replies(model_info, server_info)
+        if role is None:
+            role = info.disaggregation_mode if info.disaggregation_mode in ("prefill", "decode") else "regular"
+        if role == "prefill" and bootstrap_port is None and info.bootstrap_port is None:
+            await client.close()
+            raise WorkerRegistrationError(
+                f"prefill worker {url} has no bootstrap port (give one or set it on the worker)"
+            )
+        return Worker(url, client, info, role=role, bootstrap_port=bootstrap_port)
+
+    async def remove(self, worker_id: str, *, drain_timeout_s: float = 30.0) -> Worker:
+        """Stop routing to the worker, wait for its in-flight requests, then forget it."""
+        worker = self.get(worker_id)
+        if worker is None:
+            raise KeyError(worker_id)
+        worker.draining = True
+        self._notify("removed", worker)
+        deadline = asyncio.get_running_loop().time() + drain_timeout_s
+        # Polling keeps WorkerLoad free of asyncio; a drain is rare and 50 ms is plenty.
+        while worker.load.in_flight > 0 and asyncio.get_running_loop().time() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+        if self._workers.get(worker.id) is worker:
+            del self._workers[worker.id]
+        await worker.client.close(grace=1.0)
+        log.info("worker removed: %s", worker.url)
+        return worker
+
+    def get(self, key: str) -> Worker | None:
+        """Find a worker by id (host:port) or URL."""
+        if key in self._workers:
+            return self._workers[key]
+        for worker in self._workers.values():
+            if worker.url == key:
+                return worker
+        try:
+            return self._workers.get(parse_worker_url(key).target)
+        except ValueError:
+            return None
+
+    def all(self) -> list[Worker]:
+        return list(self._workers.values())
+
+    def pool(self, model: str | None, role: str) -> list[Worker]:
+        """Workers of one role serving ``model`` (any model when None), draining ones included."""
+        return [
+            w
+            for w in self._workers.values()
+            if w.role == role and (model is None or w.model == model)
+        ]
+
+    def models(self) -> list[str]:
+        return sorted({w.model for w in self._workers.values() if not w.draining})
+
+    async def close(self) -> None:
+        for worker in list(self._workers.values()):
+            await worker.client.close()
+        self._workers.clear()

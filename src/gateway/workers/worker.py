@@ -1,0 +1,146 @@
+"""One registered worker: its client, what it told us about itself, and its state."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from google.protobuf.json_format import MessageToDict
+
+from gateway.policies.base import LoadSnapshot, WorkerView
+from gateway.proto import sglang_scheduler_pb2 as pb
+from gateway.workers.breaker import CircuitBreaker
+from gateway.workers.client import WorkerClient
+from gateway.workers.load import WorkerLoad
+
+ROLES = ("regular", "prefill", "decode")
+
+
+@dataclass
+class WorkerInfo:
+    """The worker's self-description from GetModelInfo and GetServerInfo."""
+
+    model: str
+    model_path: str = ""
+    tokenizer_path: str = ""
+    max_context_length: int = 0
+    vocab_size: int = 0
+    eos_token_ids: tuple[int, ...] = ()
+    bos_token_id: int | None = None
+    is_generation: bool = True
+    model_type: str = ""
+    page_size: int = 1
+    kv_capacity_tokens: int = 0
+    disaggregation_mode: str = "null"
+    bootstrap_port: int | None = None
+    default_sampling: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def from_replies(
+        cls, model_info: pb.GetModelInfoResponse, server_info: pb.GetServerInfoResponse
+    ) -> WorkerInfo:
+        args = MessageToDict(server_info.server_args) if server_info.HasField("server_args") else {}
+        model = (
+            model_info.served_model_name
+            or args.get("served_model_name")
+            or model_info.model_path
+            or "default"
+        )
+        defaults: dict[str, float] = {}
+        if model_info.default_sampling_params_json:
+            try:
+                defaults = dict(json.loads(model_info.default_sampling_params_json))
+            except (ValueError, TypeError):
+                defaults = {}
+        bootstrap = args.get("disaggregation_bootstrap_port")
+        return cls(
+            model=str(model),
+            model_path=model_info.model_path,
+            tokenizer_path=model_info.tokenizer_path,
+            max_context_length=model_info.max_context_length,
+            vocab_size=model_info.vocab_size,
+            eos_token_ids=tuple(model_info.eos_token_ids),
+            bos_token_id=model_info.bos_token_id if model_info.bos_token_id > 0 else None,
+            is_generation=model_info.is_generation,
+            model_type=model_info.model_type,
+            page_size=max(1, int(args.get("page_size") or 1)),
+            kv_capacity_tokens=int(server_info.max_total_num_tokens or args.get("max_total_num_tokens") or 0),
+            disaggregation_mode=str(args.get("disaggregation_mode") or "null"),
+            bootstrap_port=int(bootstrap) if bootstrap else None,
+            default_sampling=defaults,
+        )
+
+
+class Worker:
+    """A worker as the gateway tracks it. Mutated only on the event loop."""
+
+    def __init__(
+        self,
+        url: str,
+        client: WorkerClient,
+        info: WorkerInfo,
+        *,
+        role: str = "regular",
+        bootstrap_port: int | None = None,
+        breaker: CircuitBreaker | None = None,
+    ) -> None:
+        if role not in ROLES:
+            raise ValueError(f"unknown worker role {role!r}; expected one of {ROLES}")
+        self.client = client
+        self.url = client.url
+        self.id = client.address.target
+        self.info = info
+        self.role = role
+        self.bootstrap_port = bootstrap_port if bootstrap_port is not None else info.bootstrap_port
+        self.load = WorkerLoad()
+        self.breaker = breaker or CircuitBreaker()
+        self.healthy = True
+        self.draining = False
+        self.polled: LoadSnapshot | None = None
+        self.polled_at = 0.0
+        self.failures = 0
+        self.successes = 0
+
+    @property
+    def model(self) -> str:
+        return self.info.model
+
+    @property
+    def available(self) -> bool:
+        return self.healthy and not self.draining and self.breaker.allows()
+
+    def view(self) -> WorkerView:
+        return WorkerView(
+            worker_id=self.id,
+            url=self.url,
+            role=self.role,
+            available=self.available,
+            in_flight=self.load.in_flight,
+            queued_prefill_tokens=self.load.queued_prefill_tokens,
+            running_decode_tokens=self.load.running_decode_tokens,
+            loads=self.polled,
+            kv_capacity_tokens=self.info.kv_capacity_tokens,
+            page_size=self.info.page_size,
+            bootstrap_port=self.bootstrap_port,
+        )
+
+    def describe(self) -> dict[str, object]:
+        """The admin API's view of this worker."""
+        return {
+            "id": self.id,
+            "url": self.url,
+            "role": self.role,
+            "model": self.model,
+            "healthy": self.healthy,
+            "draining": self.draining,
+            "available": self.available,
+            "breaker": self.breaker.state.value,
+            "in_flight": self.load.in_flight,
+            "queued_prefill_tokens": self.load.queued_prefill_tokens,
+            "running_decode_tokens": self.load.running_decode_tokens,
+            "total_requests": self.load.total_requests,
+            "page_size": self.info.page_size,
+            "kv_capacity_tokens": self.info.kv_capacity_tokens,
+            "max_context_length": self.info.max_context_length,
+            "bootstrap_port": self.bootstrap_port,
+        }
