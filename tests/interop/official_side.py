@@ -1,0 +1,222 @@
+"""The official (smg-grpc-proto) side of the interop tests, run as a subprocess.
+
+The official generated modules register the same .proto file names and packages
+as token-gateway's in protobuf's default descriptor pool, so the two cannot live
+in one process. The tests run this script with `sys.executable` and exchange
+serialized messages as base64 in JSON.
+
+Commands (JSON on stdin, JSON on stdout):
+  describe     the reference FileDescriptorProtos of sglang_scheduler.proto and common.proto
+  roundtrip    parse given bytes with the official classes, re-serialize them, and
+               build the same plans with the official classes
+  serve LOG    run an official SglangSchedulerServicer on 127.0.0.1:0, print
+               {"port": N}, log every request to LOG, stop when stdin closes
+  client       call Generate (streaming and not) on a target with the official stub
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import sys
+import threading
+from collections.abc import Iterator
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import grpc
+from google.protobuf import (
+    descriptor_pool,
+    json_format,
+    message_factory,
+)
+from google.protobuf.message import Message
+from smg_grpc_proto.generated import (
+    common_pb2,
+    sglang_scheduler_pb2,
+    sglang_scheduler_pb2_grpc,
+)
+
+from interop import scenario
+from interop.populate import Plan, canonical, populate, unknown_fields
+
+REFERENCE_FILES = (sglang_scheduler_pb2.DESCRIPTOR, common_pb2.DESCRIPTOR)
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def _message_class(full_name: str) -> type[Message]:
+    descriptor = descriptor_pool.Default().FindMessageTypeByName(full_name)
+    return message_factory.GetMessageClass(descriptor)
+
+
+def _build(full_name: str, plan: Plan) -> Message:
+    return populate(_message_class(full_name)(), plan)
+
+
+def describe(_: dict[str, Any]) -> dict[str, Any]:
+    from google.protobuf import descriptor_pb2
+
+    files = {}
+    for file_descriptor in REFERENCE_FILES:
+        proto = descriptor_pb2.FileDescriptorProto()
+        file_descriptor.CopyToProto(proto)
+        files[file_descriptor.name] = json_format.MessageToDict(
+            proto, preserving_proto_field_name=True
+        )
+    return {"files": files}
+
+
+def roundtrip(request: dict[str, Any]) -> dict[str, Any]:
+    results = {}
+    for case in request["cases"]:
+        cls = _message_class(case["type"])
+        parsed = cls.FromString(base64.b64decode(case["payload"]))
+        result = {
+            "parsed": canonical(parsed),
+            "unknown": unknown_fields(parsed),
+            "reserialized": _b64(parsed.SerializeToString(deterministic=True)),
+        }
+        if case.get("plan") is not None:
+            built = _build(case["type"], Plan.from_json(case["plan"]))
+            result["built"] = _b64(built.SerializeToString(deterministic=True))
+            result["built_canonical"] = canonical(built)
+        results[case["id"]] = result
+    return {"results": results}
+
+
+class _Log:
+    """Appends one JSON line per received request, for the test to check afterwards."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._lock = threading.Lock()
+
+    def record(self, method: str, request: Message) -> None:
+        line = json.dumps(
+            {
+                "method": method,
+                "payload": _b64(request.SerializeToString(deterministic=True)),
+                "canonical": canonical(request),
+                "unknown": unknown_fields(request),
+            }
+        )
+        with self._lock, self._path.open("a") as out:
+            out.write(line + "\n")
+
+
+def _unary_reply(method: str) -> Message:
+    full_name, plan = scenario.UNARY_REPLY_PLANS[method]
+    return _build(full_name, plan)
+
+
+class OfficialServicer(sglang_scheduler_pb2_grpc.SglangSchedulerServicer):
+    """Answers every RPC token-gateway declares with replies built from `scenario`."""
+
+    def __init__(self, log: _Log) -> None:
+        self._log = log
+
+    def Generate(self, request: Message, context: grpc.ServicerContext) -> Iterator[Message]:
+        self._log.record("Generate", request)
+        plans = scenario.STREAM_REPLIES if request.stream else scenario.UNARY_REPLIES
+        for plan in plans:
+            reply = _build(f"{scenario.SCHEDULER}.GenerateResponse", plan)
+            reply.request_id = request.request_id
+            yield reply
+
+    def _unary(self, method: str, request: Message) -> Message:
+        self._log.record(method, request)
+        return _unary_reply(method)
+
+    def Embed(self, request: Message, context: grpc.ServicerContext) -> Message:
+        return self._unary("Embed", request)
+
+    def HealthCheck(self, request: Message, context: grpc.ServicerContext) -> Message:
+        return self._unary("HealthCheck", request)
+
+    def Abort(self, request: Message, context: grpc.ServicerContext) -> Message:
+        return self._unary("Abort", request)
+
+    def GetModelInfo(self, request: Message, context: grpc.ServicerContext) -> Message:
+        return self._unary("GetModelInfo", request)
+
+    def GetServerInfo(self, request: Message, context: grpc.ServicerContext) -> Message:
+        return self._unary("GetServerInfo", request)
+
+    def GetLoads(self, request: Message, context: grpc.ServicerContext) -> Message:
+        return self._unary("GetLoads", request)
+
+    def FlushCache(self, request: Message, context: grpc.ServicerContext) -> Message:
+        return self._unary("FlushCache", request)
+
+    def GetTokenizer(self, request: Message, context: grpc.ServicerContext) -> Iterator[Message]:
+        self._log.record("GetTokenizer", request)
+        data, size = scenario.TOKENIZER_ZIP, scenario.TOKENIZER_PIECE
+        starts = range(0, len(data), size)
+        for start in starts:
+            chunk = common_pb2.GetTokenizerChunk(data=data[start : start + size])
+            if start == starts[-1]:
+                chunk.sha256 = hashlib.sha256(data).hexdigest()
+            yield chunk
+
+    def SubscribeKvEvents(
+        self, request: Message, context: grpc.ServicerContext
+    ) -> Iterator[Message]:
+        self._log.record("SubscribeKvEvents", request)
+        for plan in scenario.KV_EVENT_REPLIES:
+            yield _build(f"{scenario.COMMON}.KvEventBatch", plan)
+
+
+def serve(log_path: str) -> None:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    sglang_scheduler_pb2_grpc.add_SglangSchedulerServicer_to_server(
+        OfficialServicer(_Log(Path(log_path))), server
+    )
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    print(json.dumps({"port": port}), flush=True)
+    sys.stdin.read()  # the test closes our stdin to stop us
+    server.stop(grace=None)
+
+
+def client(request: dict[str, Any]) -> dict[str, Any]:
+    """Generate on `target` with the official stub, once streaming and once not."""
+    out: dict[str, Any] = {}
+    with grpc.insecure_channel(request["target"]) as channel:
+        grpc.channel_ready_future(channel).result(timeout=10)
+        stub = sglang_scheduler_pb2_grpc.SglangSchedulerStub(channel)
+        for label, stream in (("stream", True), ("unary", False)):
+            generate = json_format.ParseDict(
+                request["generate"], sglang_scheduler_pb2.GenerateRequest()
+            )
+            generate.request_id = f"{generate.request_id}-{label}"
+            generate.stream = stream
+            replies = stub.Generate(generate, timeout=request.get("timeout", 10))
+            out[label] = [
+                {"canonical": canonical(reply), "unknown": unknown_fields(reply)}
+                for reply in replies
+            ]
+    return out
+
+
+COMMANDS = {"describe": describe, "roundtrip": roundtrip, "client": client}
+
+
+def main(argv: list[str]) -> int:
+    command = argv[1]
+    if command == "serve":
+        serve(argv[2])
+        return 0
+    result = COMMANDS[command](json.load(sys.stdin))
+    json.dump(result, sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
