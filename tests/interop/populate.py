@@ -92,9 +92,13 @@ def canonical(message: Message) -> dict[str, Any]:
 
 
 def unknown_fields(message: Message, path: str = "") -> list[str]:
-    """Paths of every field the parsing side did not know, through the whole message tree."""
+    """Every field the parsing side did not know, through the whole message tree.
+
+    Each entry reads "<message type>#<field number> at <path>".
+    """
     here = path or message.DESCRIPTOR.full_name
-    found = [f"{here}#{item.field_number}" for item in UnknownFieldSet(message)]
+    kind = message.DESCRIPTOR.full_name
+    found = [f"{kind}#{item.field_number} at {here}" for item in UnknownFieldSet(message)]
     for fd, value in message.ListFields():
         if fd.message_type is None:
             continue
