@@ -11,7 +11,8 @@ Commands (JSON on stdin, JSON on stdout):
                build the same plans with the official classes
   serve LOG    run an official SglangSchedulerServicer on 127.0.0.1:0, print
                {"port": N}, log every request to LOG, stop when stdin closes
-  client       call Generate (streaming and not) on a target with the official stub
+  client       call Generate (streaming and not) and some unary RPCs on a target
+               with the official stub
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from interop import scenario
 from interop.populate import Plan, canonical, populate, unknown_fields
 
 REFERENCE_FILES = (sglang_scheduler_pb2.DESCRIPTOR, common_pb2.DESCRIPTOR)
+_SERVICE = sglang_scheduler_pb2.DESCRIPTOR.services_by_name["SglangScheduler"]
 
 
 def _b64(data: bytes) -> str:
@@ -186,10 +188,13 @@ def serve(log_path: str) -> None:
 
 
 def client(request: dict[str, Any]) -> dict[str, Any]:
-    """Generate on `target` with the official stub, once streaming and once not."""
-    out: dict[str, Any] = {}
+    """Call `target` with the official stub: Generate streaming and not, then each
+    method in `unary` with an empty request. Replies come back as canonical dicts
+    with the fields the official classes did not know."""
+    out: dict[str, Any] = {"generate": {}, "unary": {}}
+    timeout = request.get("timeout", 10)
     with grpc.insecure_channel(request["target"]) as channel:
-        grpc.channel_ready_future(channel).result(timeout=10)
+        grpc.channel_ready_future(channel).result(timeout=timeout)
         stub = sglang_scheduler_pb2_grpc.SglangSchedulerStub(channel)
         for label, stream in (("stream", True), ("unary", False)):
             generate = json_format.ParseDict(
@@ -197,11 +202,15 @@ def client(request: dict[str, Any]) -> dict[str, Any]:
             )
             generate.request_id = f"{generate.request_id}-{label}"
             generate.stream = stream
-            replies = stub.Generate(generate, timeout=request.get("timeout", 10))
-            out[label] = [
+            out["generate"][label] = [
                 {"canonical": canonical(reply), "unknown": unknown_fields(reply)}
-                for reply in replies
+                for reply in stub.Generate(generate, timeout=timeout)
             ]
+        for method in request.get("unary", []):
+            rpc = getattr(stub, method)
+            input_type = _SERVICE.methods_by_name[method].input_type
+            reply = rpc(_message_class(input_type.full_name)(), timeout=timeout)
+            out["unary"][method] = {"canonical": canonical(reply), "unknown": unknown_fields(reply)}
     return out
 
 
