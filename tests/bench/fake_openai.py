@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import queue
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -125,3 +126,25 @@ async def serve_fake(state: FakeState) -> AsyncIterator[str]:
     finally:
         server.should_exit = True
         await asyncio.wait_for(task, 10)
+
+
+@contextlib.contextmanager
+def fake_in_thread(state: FakeState) -> Iterator[str]:
+    """The fake served from its own thread and event loop (for code that runs asyncio.run)."""
+    import threading
+
+    ready: queue.Queue[str] = queue.Queue()
+    stop = threading.Event()
+
+    async def main() -> None:
+        async with serve_fake(state) as url:
+            ready.put(url)
+            await asyncio.to_thread(stop.wait, 30)
+
+    thread = threading.Thread(target=asyncio.run, args=(main(),), daemon=True)
+    thread.start()
+    try:
+        yield ready.get(timeout=10)
+    finally:
+        stop.set()
+        thread.join(10)

@@ -149,3 +149,13 @@ def test_trace_rejects_bad_lines(tmp_path) -> None:
 def test_head_bounds_the_workload(vocab: Vocab) -> None:
     w = gsp(SMALL, vocab)
     assert w.head(5).requests == w.requests[:5]
+
+
+def test_rendered_chat_prompts_extend_each_other(vocab: Vocab) -> None:
+    from gateway.bench.workloads import render_chat_prompts
+
+    first = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}]
+    second = [*first, {"role": "assistant", "content": "hi"}, {"role": "user", "content": "again"}]
+    a, b = render_chat_prompts([first, second])
+    assert len(b) > len(a) and b[: len(a)] == a  # the second turn resends the first
+    assert ideal_hit_rate([a, b]) == pytest.approx(len(a) / (len(a) + len(b)))

@@ -377,3 +377,25 @@ def _prompt_ids(
     if item.prompt is not None and tokenize is not None:
         return tokenize(item.prompt)
     raise ValueError("ideal_hit_rate needs token ids: pass tokenize, or render chat prompts first")
+
+
+def render_chat_prompts(
+    conversations: Iterable[Sequence[Message]], tokenizer_dir: str | Path | None = None
+) -> list[list[int]]:
+    """Token ids of chat requests as sent (template + generation prompt), for the ideal.
+
+    Chat prompts depend on the replies a run received, so their ideal hit rate is
+    computed after the run from the message lists it sent. Rendering uses
+    ``transformers``' ``apply_chat_template``, the reference semantics the gateway follows.
+    """
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir or default_tokenizer_dir()))
+    rendered = []
+    for messages in conversations:
+        encoded = tokenizer.apply_chat_template(
+            [dict(m) for m in messages], add_generation_prompt=True, tokenize=True
+        )
+        ids = encoded["input_ids"] if hasattr(encoded, "keys") else encoded
+        rendered.append([int(t) for t in ids])
+    return rendered
