@@ -1,0 +1,359 @@
+"""``cache_aware``: route to the cheapest worker, counting cached prefixes and queued work in tokens.
+
+A token radix tree (``radix_tree.RadixTree``, one per model; the router makes one
+policy instance per pool) remembers which worker was sent which prompt. For a new
+prompt of ``P`` tokens the policy walks the prompt's path once and scores every
+available worker ``w``::
+
+    c_w  = tokens of the prompt the tree says w holds, rounded down to whole KV
+           pages of w.page_size (a 37-token match with 16-token pages counts 32)
+    U_w  = P - c_w                                   tokens w would still prefill
+    Q_w  = queued prefill tokens ahead of us on w, uncached part only:
+           queued_prefill_tokens * (1 - cached/prompt of this policy's in-flight
+           requests on w), or the worker's polled num_waiting_uncached_tokens
+           when that is larger and younger than loads_max_age_s
+    D_w  = running_decode_tokens (decode tokens still owed by w's running requests)
+    R_w  = in_flight requests
+
+    additive (default):  cost_w = U_w + prefill_weight * Q_w
+                                      + decode_weight * D_w + request_weight * R_w
+    multiplicative:      cost_w = (U_w + 1) * (1 + R_w)
+
+and picks the lowest cost (ties: the longer match, then a rotating order). Every
+term of the additive form is in tokens, so a cached prefix is worth exactly the
+prefill it saves and is weighed against the work already queued, with no on/off
+threshold. The multiplicative form (uncached prefill times batch size, as some
+routers do) is kept for comparison; ``scripts/bench_policies.py`` measures both.
+
+Why this shape, against the failure modes a cache-aware router can have:
+
+* One hot worker taking a whole popular prefix while others idle: its queued
+  prefill and decode count against it token for token, so once the prefill it
+  saves (``c_w``) is smaller than the extra work queued on it, the prefix spills
+  to another worker, which then holds it too.
+* A cache miss sending everything to the emptiest tree: on a miss ``U_w = P`` for
+  everyone and the choice is purely by load; tree size never enters the cost.
+* A new worker never warming up: with no tree presence it still wins whenever
+  the others' queued work outweighs what their caches save.
+* Unbounded memory: per-worker budgets of ``kv_capacity_tokens * budget_fraction``
+  (``default_budget_tokens`` when capacity is unknown), a global cap, LRU eviction
+  in a background thread (``eviction_interval_s``; inline when 0) with an inline
+  hard bound (see ``radix_tree``).
+* Decision time growing with the tree or the pool: the walk follows only the
+  prompt's path and per-worker work is a constant-time load formula.
+
+Reasons: ``cache_hit`` (the chosen worker has the longest cached match),
+``load_balanced`` (some worker had a longer match but load outweighed it),
+``cache_miss_balanced`` (the tree knows part of the prompt, but no available worker
+holds a whole page of it: chosen by load), ``no_match`` (nothing of the prompt is in
+the tree: chosen by load), ``target_worker`` (explicit target).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from gateway.policies.base import Decision, RouteRequest, WorkerView
+from gateway.policies.common import BasePolicy
+from gateway.policies.radix_tree import (
+    DEFAULT_BUDGET_TOKENS,
+    DEFAULT_MAX_TOTAL_TOKENS,
+    RadixTree,
+    pack,
+)
+
+COST_FORMS = ("additive", "multiplicative")
+_MAX_TRACKED = 1 << 16  # in-flight requests remembered for the queue estimate
+
+
+@dataclass(frozen=True, slots=True)
+class CostKnobs:
+    """The cost formula's weights (see the module docstring)."""
+
+    form: str = "additive"
+    prefill_weight: float = 1.0
+    decode_weight: float = 0.5
+    request_weight: float = 16.0
+    loads_max_age_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.form not in COST_FORMS:
+            raise ValueError(f"cost form must be one of {COST_FORMS}, not {self.form!r}")
+
+
+@dataclass(slots=True)
+class PredictionStats:
+    """How well the tree's predictions matched what workers reported on finish."""
+
+    finished: int = 0
+    predicted_tokens: int = 0
+    reported_tokens: int = 0
+    prompt_tokens: int = 0
+
+
+class _Evictor(threading.Thread):
+    """Background thread that trims over-budget trees every ``interval`` seconds."""
+
+    def __init__(self, policy: CacheAwarePolicy, interval: float) -> None:
+        super().__init__(name="cache-aware-evictor", daemon=True)
+        self._policy = policy
+        self._interval = interval
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(self._interval):
+            for tree in self._policy.trees():
+                if tree.over_budget():
+                    tree.evict()
+
+
+class CacheAwarePolicy(BasePolicy):
+    name: ClassVar[str] = "cache_aware"
+
+    def __init__(
+        self,
+        *,
+        budget_fraction: float = 0.9,
+        default_budget_tokens: int = DEFAULT_BUDGET_TOKENS,
+        max_tree_tokens: int = DEFAULT_MAX_TOTAL_TOKENS,
+        eviction_interval_s: float = 0.5,
+        cost: CostKnobs | None = None,
+        use_polled_loads: bool = True,
+    ) -> None:
+        if not 0 < budget_fraction <= 4:
+            raise ValueError("budget_fraction must be in (0, 4]")
+        self.budget_fraction = budget_fraction
+        self.default_budget_tokens = default_budget_tokens
+        self.max_tree_tokens = max_tree_tokens
+        self.eviction_interval_s = eviction_interval_s
+        self.cost = cost or CostKnobs()
+        self.needs_loads = use_polled_loads
+        self.stats = PredictionStats()
+        self._trees: dict[str, RadixTree] = {}
+        self._params: dict[str, tuple[int, int]] = {}  # worker -> (budget, page) registered
+        self._turn = 0
+        self._memo: tuple[RouteRequest | None, bytes] = (None, b"")
+        self._inflight: OrderedDict[object, tuple[str, int, int]] = OrderedDict()
+        self._sums: dict[str, list[int]] = {}  # worker -> [prompt tokens, predicted cached]
+        self._evictor: _Evictor | None = None
+        self._lock = threading.Lock()  # guards _trees creation against the evictor's listing
+
+    # ------------------------------------------------------------------ trees
+    def tree(self, model: str = "") -> RadixTree:
+        """The tree for ``model`` (created on first use)."""
+        tree = self._trees.get(model)
+        if tree is None:
+            tree = RadixTree(
+                default_budget_tokens=self.default_budget_tokens,
+                max_total_tokens=self.max_tree_tokens,
+                evict_inline=self.eviction_interval_s <= 0,
+            )
+            for wid, (budget, page) in self._params.items():
+                tree.set_worker(wid, budget_tokens=budget, page_size=page)
+            with self._lock:
+                self._trees[model] = tree
+            if self.eviction_interval_s > 0 and self._evictor is None:
+                self._evictor = _Evictor(self, self.eviction_interval_s)
+                self._evictor.start()
+        return tree
+
+    def trees(self) -> list[RadixTree]:
+        with self._lock:
+            return list(self._trees.values())
+
+    def budget_for(self, w: WorkerView) -> int:
+        if w.kv_capacity_tokens > 0:
+            return max(1, int(w.kv_capacity_tokens * self.budget_fraction))
+        return self.default_budget_tokens
+
+    def _register(self, w: WorkerView) -> None:
+        params = (self.budget_for(w), max(1, w.page_size))
+        if self._params.get(w.worker_id) != params:
+            self._params[w.worker_id] = params
+            for tree in self.trees():
+                tree.set_worker(w.worker_id, budget_tokens=params[0], page_size=params[1])
+
+    def _packed(self, request: RouteRequest) -> bytes:
+        req, pb = self._memo
+        if req is not request:
+            pb = pack(request.token_ids)
+            self._memo = (request, pb)
+        return pb
+
+    # --------------------------------------------------------------- choosing
+    def _choose(self, request: RouteRequest, cands: list[WorkerView]) -> Decision:
+        best, reason, cached, scores = self._score(request, cands, self._turn, None)
+        self._turn += 1
+        self._register(best)
+        return Decision(best.worker_id, reason, cached, scores)
+
+    def _predict_cached(self, request: RouteRequest, worker: WorkerView) -> int:
+        self._register(worker)
+        _, raw = self.tree(request.model).match_packed(self._packed(request))
+        c = raw.get(worker.worker_id, 0)
+        return c - c % max(1, worker.page_size)
+
+    def _queued_uncached(self, w: WorkerView) -> float:
+        q: float = w.queued_prefill_tokens
+        if q:
+            s = self._sums.get(w.worker_id)
+            if s and s[0]:
+                q *= 1.0 - s[1] / s[0]
+        lo = w.loads
+        if lo is not None and lo.age_s <= self.cost.loads_max_age_s and lo.num_waiting_uncached_tokens > q:
+            q = lo.num_waiting_uncached_tokens
+        return q
+
+    def _score(
+        self,
+        request: RouteRequest,
+        cands: list[WorkerView],
+        turn: int,
+        rows: dict[str, dict[str, Any]] | None,
+    ) -> tuple[WorkerView, str, int, dict[str, float]]:
+        """(best worker, reason, its predicted cached tokens, costs of the finalists)."""
+        found, raw = self.tree(request.model).match_packed(self._packed(request))
+        prompt = len(request.token_ids)
+        knobs = self.cost
+        additive = knobs.form == "additive"
+        a, b, r = knobs.prefill_weight, knobs.decode_weight, knobs.request_weight
+        n = len(cands)
+        start = turn % n
+        order = cands[start:] + cands[:start] if start else cands
+        best = order[0]
+        best_cost = float("inf")
+        best_c = -1
+        longest = 0
+        scores: dict[str, float] = {}
+        for w in order:
+            wid = w.worker_id
+            c = raw.get(wid, 0)
+            if c:
+                ps = w.page_size
+                if ps > 1:
+                    c -= c % ps
+                if c > longest:
+                    longest = c
+            if additive:
+                cost = prompt - c + r * w.in_flight
+                if w.queued_prefill_tokens or w.loads is not None:
+                    cost += a * self._queued_uncached(w)
+                if w.running_decode_tokens:
+                    cost += b * w.running_decode_tokens
+            else:
+                cost = (prompt - c + 1) * (1 + w.in_flight)
+            if c:
+                scores[wid] = cost
+            if cost < best_cost or (cost == best_cost and c > best_c):
+                best, best_cost, best_c = w, cost, c
+            if rows is not None:
+                rows[wid] = {
+                    "predicted_cached_tokens": c,
+                    "raw_match_tokens": raw.get(wid, 0),
+                    "uncached_tokens": prompt - c,
+                    "queued_uncached_estimate": round(self._queued_uncached(w), 1),
+                    "cost": cost,
+                }
+        scores[best.worker_id] = best_cost
+        if found == 0:
+            reason = "no_match"
+        elif longest == 0:
+            reason = "cache_miss_balanced"
+        elif best_c == longest:
+            reason = "cache_hit"
+        else:
+            reason = "load_balanced"
+        return best, reason, max(best_c, 0), scores
+
+    def _explain_candidates(self, request: RouteRequest, cands: list[WorkerView]) -> dict[str, Any]:
+        rows: dict[str, dict[str, Any]] = {}
+        best, reason, cached, _ = self._score(request, cands, self._turn, rows)
+        found, _ = self.tree(request.model).match_packed(self._packed(request))
+        return {
+            "choice": best.worker_id,
+            "reason": reason,
+            "predicted_cached_tokens": cached,
+            "prompt_tokens": len(request.token_ids),
+            "tree_match_tokens": found,
+            "cost_form": self.cost.form,
+            "scores": rows,
+        }
+
+    def explain(self, request: RouteRequest, workers: Sequence[WorkerView]) -> dict[str, Any]:
+        out = super().explain(request, workers)
+        for wid, row in out.pop("scores", {}).items():
+            out["workers"][wid].update(row)
+        tree = self.tree(request.model)
+        for wid, row in out["workers"].items():
+            row["tree_tokens"] = tree.worker_tokens(wid)
+            row["tree_budget"] = tree.worker_budget(wid)
+        return out
+
+    # ------------------------------------------------------------------ hooks
+    def on_dispatch(self, request: RouteRequest, decision: Decision) -> None:
+        """The worker will cache this prompt: record it in the tree and in the queue estimate."""
+        pb = self._packed(request)
+        self.tree(request.model).insert_packed(pb, decision.worker_id)
+        key = request.request_id or id(request)
+        if key in self._inflight:
+            self._forget(key)
+        prompt = len(pb) >> 2
+        cached = min(decision.predicted_cached_tokens, prompt)
+        self._inflight[key] = (decision.worker_id, prompt, cached)
+        s = self._sums.setdefault(decision.worker_id, [0, 0])
+        s[0] += prompt
+        s[1] += cached
+        if len(self._inflight) > _MAX_TRACKED:
+            self._forget(next(iter(self._inflight)))
+
+    def on_finish(
+        self, request: RouteRequest, worker_id: str, cached_tokens: int, success: bool
+    ) -> None:
+        """Update the queue estimate and prediction stats.
+
+        The tree is left alone: on success the worker now holds the prompt (recorded
+        at dispatch); on failure it may hold part of it, and the router's
+        ``on_workers_changed`` or the workers' KV events correct the rest.
+        """
+        entry = self._forget(request.request_id or id(request))
+        if entry is not None and success:
+            st = self.stats
+            st.finished += 1
+            st.predicted_tokens += entry[2]
+            st.reported_tokens += cached_tokens
+            st.prompt_tokens += entry[1]
+
+    def _forget(self, key: object) -> tuple[str, int, int] | None:
+        entry = self._inflight.pop(key, None)
+        if entry is not None:
+            s = self._sums.get(entry[0])
+            if s is not None:
+                s[0] -= entry[1]
+                s[1] -= entry[2]
+                if s[0] <= 0:
+                    del self._sums[entry[0]]
+        return entry
+
+    def on_workers_changed(self, workers: Sequence[WorkerView]) -> None:
+        """Drop departed workers from every tree; refresh budgets and page sizes."""
+        present = {w.worker_id for w in workers}
+        for wid in [w for w in self._params if w not in present]:
+            del self._params[wid]
+        for tree in self.trees():
+            for wid in tree.workers():
+                if wid not in present:
+                    tree.remove_worker(wid)
+        for key in [k for k, e in self._inflight.items() if e[0] not in present]:
+            self._forget(key)
+        for w in workers:
+            self._register(w)
+
+    def close(self) -> None:
+        ev, self._evictor = self._evictor, None
+        if ev is not None:
+            ev.stop.set()
+            ev.join(timeout=2.0)

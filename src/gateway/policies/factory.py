@@ -1,0 +1,156 @@
+"""Policy configuration (one typed dataclass) and construction by name.
+
+The router builds one policy per worker pool with ``make_policy(config)`` (PD pools
+each get their own instance, so the prefill and decode trees never mix).
+``explain(policy, request, workers)`` is what ``inspect`` and the admin endpoint call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.policies.base import Policy, RouteRequest, WorkerView
+from gateway.policies.baselines import (
+    P2C_METRICS,
+    LeastLoadPolicy,
+    PowerOfTwoPolicy,
+    RandomPolicy,
+    RoundRobinPolicy,
+)
+from gateway.policies.cache_aware import COST_FORMS, CacheAwarePolicy, CostKnobs
+from gateway.policies.consistent_hash import FALLBACKS, ConsistentHashPolicy
+from gateway.policies.prefix_hash import PrefixHashPolicy
+from gateway.settings import option
+
+POLICY_NAMES: tuple[str, ...] = (
+    "cache_aware",
+    "prefix_hash",
+    "consistent_hash",
+    "power_of_two",
+    "least_load",
+    "round_robin",
+    "random",
+)
+
+
+@dataclass
+class PolicyConfig:
+    """How the router picks a worker within a pool."""
+
+    policy: str = option("cache_aware", "routing policy", choices=list(POLICY_NAMES))
+    hash_block_size: int = option(16, "prefix_hash/consistent_hash: tokens per hashed block")
+    hash_depth_tokens: int = option(
+        256, "prefix_hash: prompt tokens (whole blocks, capped by the prompt) that form the ring key"
+    )
+    virtual_nodes: int = option(160, "hash ring: virtual nodes per worker")
+    load_factor: float = option(
+        1.25,
+        "prefix_hash: a worker above load_factor x the pool's average in-flight load passes "
+        "the key on (0 = no bound)",
+    )
+    tree_budget_fraction: float = option(
+        0.9, "cache_aware: each worker's tree budget as a fraction of its KV capacity in tokens"
+    )
+    tree_default_budget_tokens: int = option(
+        262144, "cache_aware: tree budget of a worker whose KV capacity is unknown"
+    )
+    tree_max_tokens: int = option(16777216, "cache_aware: global cap on tokens in one tree")
+    eviction_interval_s: float = option(
+        0.5, "cache_aware: seconds between background LRU eviction passes (0 = evict inline)"
+    )
+    cost_form: str = option("additive", "cache_aware: cost formula", choices=list(COST_FORMS))
+    prefill_weight: float = option(
+        1.0, "cache_aware: weight of queued uncached prefill tokens against our own"
+    )
+    decode_weight: float = option(
+        0.5, "cache_aware: weight of running decode tokens, in prefill-token equivalents"
+    )
+    request_weight: float = option(
+        16.0, "cache_aware: fixed cost of each in-flight request, in tokens"
+    )
+    loads_max_age_s: float = option(
+        5.0, "cache_aware: ignore polled worker loads older than this"
+    )
+    use_polled_loads: bool = option(
+        True, "cache_aware: poll workers' GetLoads and use num_waiting_uncached_tokens"
+    )
+    p2c_metric: str = option(
+        "in_flight", "power_of_two: compare in-flight requests or polled token load",
+        choices=list(P2C_METRICS),
+    )
+    consistent_hash_fallback: str = option(
+        "prefix", "consistent_hash: routing of requests without a routing key",
+        choices=list(FALLBACKS),
+    )
+    seed: int | None = option(None, "random/power_of_two: RNG seed (unset: nondeterministic)")
+
+
+def make_policy(config: PolicyConfig | None = None, **overrides: Any) -> Policy:
+    """A fresh policy instance for one pool, as ``config`` (plus ``overrides``) describes."""
+    cfg = config or PolicyConfig()
+    if overrides:
+        cfg = dataclasses.replace(cfg, **overrides)
+    name = cfg.policy
+    if name == "cache_aware":
+        return CacheAwarePolicy(
+            budget_fraction=cfg.tree_budget_fraction,
+            default_budget_tokens=cfg.tree_default_budget_tokens,
+            max_tree_tokens=cfg.tree_max_tokens,
+            eviction_interval_s=cfg.eviction_interval_s,
+            cost=CostKnobs(
+                form=cfg.cost_form,
+                prefill_weight=cfg.prefill_weight,
+                decode_weight=cfg.decode_weight,
+                request_weight=cfg.request_weight,
+                loads_max_age_s=cfg.loads_max_age_s,
+            ),
+            use_polled_loads=cfg.use_polled_loads,
+        )
+    if name == "prefix_hash":
+        return PrefixHashPolicy(
+            block_size=cfg.hash_block_size,
+            depth_tokens=cfg.hash_depth_tokens,
+            virtual_nodes=cfg.virtual_nodes,
+            load_factor=cfg.load_factor,
+        )
+    if name == "consistent_hash":
+        return ConsistentHashPolicy(
+            virtual_nodes=cfg.virtual_nodes,
+            fallback=cfg.consistent_hash_fallback,
+            block_size=cfg.hash_block_size,
+            depth_tokens=cfg.hash_depth_tokens,
+        )
+    if name == "power_of_two":
+        return PowerOfTwoPolicy(seed=cfg.seed, metric=cfg.p2c_metric)
+    if name == "least_load":
+        return LeastLoadPolicy()
+    if name == "round_robin":
+        return RoundRobinPolicy()
+    if name == "random":
+        return RandomPolicy(seed=cfg.seed)
+    raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICY_NAMES)}")
+
+
+def explain(policy: Policy, request: RouteRequest, workers: Sequence[WorkerView]) -> dict[str, Any]:
+    """What ``policy`` would choose for ``request`` and why, per worker, without side effects.
+
+    Always has ``policy`` and ``workers`` (per-worker load figures); a choice adds
+    ``choice`` and ``reason`` (or ``error``). ``cache_aware`` adds per-worker
+    ``predicted_cached_tokens``, ``cost``, tree tokens and budget; ``prefix_hash`` and
+    ``consistent_hash`` add ``ring_position`` and the ``walked`` order.
+    """
+    fn = getattr(policy, "explain", None)
+    if fn is None:
+        return {"policy": getattr(policy, "name", type(policy).__name__), "error": "policy cannot explain"}
+    result: dict[str, Any] = fn(request, workers)
+    return result
+
+
+def close_policy(policy: Policy) -> None:
+    """Stop a policy's background work (the cache_aware evictor thread), if it has any."""
+    fn = getattr(policy, "close", None)
+    if fn is not None:
+        fn()

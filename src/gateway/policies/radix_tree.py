@@ -1,0 +1,605 @@
+"""A token radix tree that remembers which workers hold which prompt prefixes.
+
+The tree guesses what each worker's KV cache holds, so the ``cache_aware`` policy
+can send a prompt where most of it is already cached. Design points, and why:
+
+* Edges are compressed runs of token ids stored as packed uint32 ``bytes``
+  (4 bytes a token; the most compact immutable form, and comparing an edge with a
+  slice of the prompt is one ``memcmp``). Children are keyed by their first token.
+* Every node maps ``worker -> last use`` (a logical clock bumped per insert). A
+  worker that holds a node holds all its ancestors (a KV cache cannot keep a suffix
+  without its prefix), and an insert stamps every node on its path, so along any
+  path a worker's stamps never increase going down.
+* ``match`` walks only the prompt's path and, per node, copies that node's worker
+  map into the result with ``dict.update`` (C speed): the cost is
+  O(path length + workers present on the path), independent of tree size and of
+  workers that hold nothing of the prompt. It changes nothing (no LRU touch).
+* Each worker's share is bounded by a token budget (set from its real KV capacity by
+  the policy) and the whole tree by ``max_total_tokens``. Eviction is LRU per worker,
+  least recently used leaves first: each worker has a lazy min-heap of
+  ``(stamp, -end_depth, seq, node)``; stale entries are skipped when popped and the
+  heap is compacted when it grows past twice the live entries. Because stamps never
+  increase going down a path and ties pop deepest first, a live popped entry is a
+  leaf of that worker's holdings, so eviction keeps the prefix property.
+  ``evict`` works in short locked chunks so a background thread never holds the lock
+  for long; ``insert`` also evicts inline when a worker or the tree overshoots its
+  bound by ``overshoot`` (or always, with ``evict_inline``), so memory never grows
+  without bound even if the background thread falls behind.
+* Nodes left with no worker are pruned at once, so a removed worker leaves no trace.
+* All public methods take one lock; critical sections are one walk or one chunk.
+
+Insertions and removals can come from outside the routing path (the workers' KV
+events): ``insert(tokens, worker)``, ``remove_prefix(tokens, worker, keep)`` and
+``remove_worker(worker)``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import sys
+import threading
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from gateway.policies.hashing import token_array
+
+_NATIVE = sys.byteorder
+DEFAULT_BUDGET_TOKENS = 1 << 18
+DEFAULT_MAX_TOTAL_TOKENS = 1 << 24
+DEFAULT_OVERSHOOT = 1.25
+EVICT_CHUNK = 256
+
+
+def pack(tokens: Sequence[int] | array | bytes) -> bytes:
+    """Token ids as native uint32 bytes, the tree's edge format (bytes pass through)."""
+    if isinstance(tokens, bytes):
+        return tokens
+    return token_array(tokens).tobytes()
+
+
+def _first(key: bytes) -> int:
+    return int.from_bytes(key[:4], _NATIVE)
+
+
+def _common_tokens(pb: bytes, b: int, key: bytes) -> int:
+    """Whole tokens shared by ``pb[b:]`` and ``key`` (binary search on bulk slice compares)."""
+    lo = 0  # tokens known equal
+    hi = min(len(key), len(pb) - b) >> 2  # tokens that could be equal
+    while lo < hi:
+        mid = (lo + hi + 1) >> 1
+        if pb[b : b + 4 * mid] == key[: 4 * mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+class _Node:
+    __slots__ = ("children", "key", "parent", "workers")
+
+    def __init__(self, key: bytes, parent: _Node | None) -> None:
+        self.key = key
+        self.parent = parent
+        self.children: dict[int, _Node] | None = None
+        self.workers: dict[str, int] = {}
+
+
+class _WorkerState:
+    __slots__ = ("budget", "heap", "page_size", "pairs", "tokens")
+
+    def __init__(self, budget: int, page_size: int) -> None:
+        self.budget = budget
+        self.page_size = max(1, page_size)
+        self.tokens = 0  # sum of edge lengths of nodes this worker holds
+        self.pairs = 0  # nodes this worker holds
+        self.heap: list[tuple[int, int, int, _Node]] = []
+
+
+class TreeMatch(NamedTuple):
+    """``matched``: tokens of the prompt found in the tree at all; ``per_worker``: tokens
+    each worker holds, rounded down to its page size (workers with 0 left out)."""
+
+    matched: int
+    per_worker: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    """A read-only copy of one node, for tests and ``inspect``."""
+
+    start: int
+    end: int
+    tokens: tuple[int, ...]
+    workers: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class TreeStats:
+    total_tokens: int
+    node_count: int
+    max_total_tokens: int
+    worker_tokens: dict[str, int]
+    worker_budgets: dict[str, int]
+    heap_entries: int
+
+
+class RadixTree:
+    """Token radix tree of worker cache holdings with per-worker LRU budgets."""
+
+    def __init__(
+        self,
+        *,
+        default_budget_tokens: int = DEFAULT_BUDGET_TOKENS,
+        max_total_tokens: int = DEFAULT_MAX_TOTAL_TOKENS,
+        overshoot: float = DEFAULT_OVERSHOOT,
+        evict_inline: bool = True,
+    ) -> None:
+        if default_budget_tokens < 1 or max_total_tokens < 1:
+            raise ValueError("budgets must be >= 1 token")
+        if overshoot < 1.0:
+            raise ValueError("overshoot must be >= 1.0")
+        self.default_budget_tokens = default_budget_tokens
+        self.max_total_tokens = max_total_tokens
+        self.overshoot = overshoot
+        self.evict_inline = evict_inline
+        self._root = _Node(b"", None)
+        self._lock = threading.Lock()
+        self._clock = 0
+        self._seq = itertools.count()
+        self._workers: dict[str, _WorkerState] = {}
+        self.total_tokens = 0
+        self.node_count = 0
+
+    # ----------------------------------------------------------------- workers
+    def set_worker(self, worker: str, *, budget_tokens: int | None = None, page_size: int = 1) -> None:
+        """Register ``worker`` (or update its budget and page size)."""
+        budget = budget_tokens if budget_tokens and budget_tokens > 0 else self.default_budget_tokens
+        with self._lock:
+            st = self._workers.get(worker)
+            if st is None:
+                self._workers[worker] = _WorkerState(budget, page_size)
+            else:
+                st.budget = budget
+                st.page_size = max(1, page_size)
+            if self.evict_inline:
+                self._evict_worker_locked(worker, self._workers[worker], budget, None)
+
+    def workers(self) -> list[str]:
+        with self._lock:
+            return list(self._workers)
+
+    def has_worker(self, worker: str) -> bool:
+        return worker in self._workers
+
+    def worker_tokens(self, worker: str) -> int:
+        st = self._workers.get(worker)
+        return st.tokens if st else 0
+
+    def worker_budget(self, worker: str) -> int:
+        st = self._workers.get(worker)
+        return st.budget if st else self.default_budget_tokens
+
+    def page_size(self, worker: str) -> int:
+        st = self._workers.get(worker)
+        return st.page_size if st else 1
+
+    # ------------------------------------------------------------------- match
+    def match(self, tokens: Sequence[int] | array | bytes) -> TreeMatch:
+        """Tokens of ``tokens`` each worker holds, rounded to whole pages of its page size."""
+        matched, raw = self.match_packed(pack(tokens))
+        out: dict[str, int] = {}
+        for w, d in raw.items():
+            st = self._workers.get(w)
+            ps = st.page_size if st else 1
+            d -= d % ps
+            if d:
+                out[w] = d
+        return TreeMatch(matched, out)
+
+    def match_packed(self, pb: bytes) -> tuple[int, dict[str, int]]:
+        """(tokens found in the tree, raw tokens held per worker) for packed tokens ``pb``.
+
+        Walks only the prompt's path; never changes the tree.
+        """
+        mv = memoryview(pb).cast("I")
+        n = len(mv)
+        found: dict[str, int] = {}
+        pos = 0
+        node = self._root
+        with self._lock:
+            while pos < n:
+                ch = node.children
+                if not ch:
+                    break
+                child = ch.get(mv[pos])
+                if child is None:
+                    break
+                key = child.key
+                b = pos << 2
+                if pb[b : b + len(key)] == key:
+                    pos += len(key) >> 2
+                    found.update(dict.fromkeys(child.workers, pos))
+                    node = child
+                else:
+                    pos += _common_tokens(pb, b, key)
+                    found.update(dict.fromkeys(child.workers, pos))
+                    break
+        mv.release()
+        return pos, found
+
+    # ------------------------------------------------------------------ insert
+    def insert(self, tokens: Sequence[int] | array | bytes, worker: str) -> int:
+        """Record that ``worker`` now holds ``tokens``; returns tokens newly attributed to it."""
+        return self.insert_packed(pack(tokens), worker)
+
+    def insert_packed(self, pb: bytes, worker: str) -> int:
+        mv = memoryview(pb).cast("I")
+        n = len(mv)
+        added = 0
+        with self._lock:
+            st = self._workers.get(worker)
+            if st is None:
+                st = self._workers[worker] = _WorkerState(self.default_budget_tokens, 1)
+            self._clock += 1
+            now = self._clock
+            heap = st.heap
+            seq = self._seq
+            node = self._root
+            pos = 0
+            while pos < n:
+                ch = node.children
+                first = mv[pos]
+                child = ch.get(first) if ch else None
+                if child is None:
+                    leaf = _Node(pb[pos << 2 :], node)
+                    if ch is None:
+                        node.children = ch = {}
+                    ch[first] = leaf
+                    length = n - pos
+                    self.total_tokens += length
+                    self.node_count += 1
+                    leaf.workers[worker] = now
+                    st.tokens += length
+                    st.pairs += 1
+                    added += length
+                    heapq.heappush(heap, (now, -n, next(seq), leaf))
+                    break
+                key = child.key
+                b = pos << 2
+                if pb[b : b + len(key)] != key:
+                    child = self._split(child, _common_tokens(pb, b, key), pos)
+                length = len(child.key) >> 2
+                pos += length
+                if worker not in child.workers:
+                    st.tokens += length
+                    st.pairs += 1
+                    added += length
+                child.workers[worker] = now
+                heapq.heappush(heap, (now, -pos, next(seq), child))
+                node = child
+            if len(heap) > 2 * st.pairs + 64:
+                self._compact(worker, st)
+            self._bound_locked(worker, st)
+        mv.release()
+        return added
+
+    def _split(self, node: _Node, m: int, start: int) -> _Node:
+        """Cut ``node``'s edge after ``m`` tokens; the new upper node is returned.
+
+        The lower part keeps its identity (so its heap entries and end depth stay
+        valid); the upper node copies the worker stamps and gets heap entries of its own.
+        """
+        parent = node.parent
+        assert parent is not None and parent.children is not None and 0 < m
+        top = _Node(node.key[: m << 2], parent)
+        node.key = node.key[m << 2 :]
+        top.children = {_first(node.key): node}
+        top.workers = dict(node.workers)
+        parent.children[_first(top.key)] = top
+        node.parent = top
+        self.node_count += 1
+        end = -(start + m)
+        for w, t in top.workers.items():
+            st = self._workers[w]
+            st.pairs += 1
+            heapq.heappush(st.heap, (t, end, next(self._seq), top))
+        return top
+
+    # ---------------------------------------------------------------- removals
+    def remove_worker(self, worker: str) -> int:
+        """Forget ``worker`` entirely; returns how many nodes it held."""
+        with self._lock:
+            st = self._workers.pop(worker, None)
+            if st is None:
+                return 0
+            held: dict[int, tuple[int, _Node]] = {}
+            for _t, negd, _s, node in st.heap:
+                if worker in node.workers:
+                    held[id(node)] = (negd, node)
+            for _negd, node in sorted(held.values(), key=lambda e: e[0]):
+                del node.workers[worker]
+                if not node.workers:
+                    self._prune(node)
+            return len(held)
+
+    def remove_prefix(self, tokens: Sequence[int] | array | bytes, worker: str, keep: int = 0) -> int:
+        """``worker`` dropped the KV of ``tokens[keep:]``; returns tokens it lost in the tree.
+
+        It keeps ``tokens[:keep]``. Everything it held that extends the whole of
+        ``tokens`` goes too; other branches that merely share ``tokens[keep:j]`` stay,
+        and so do the nodes they need.
+        """
+        pb = pack(tokens)
+        mv = memoryview(pb).cast("I")
+        n = len(mv)
+        keep = max(0, keep)
+        removed = 0
+        with self._lock:
+            st = self._workers.get(worker)
+            if st is not None and keep < n:
+                end = self._walk_depth(pb, mv)
+                if end > keep:
+                    if keep:
+                        self._split_at(pb, mv, keep)
+                    self._split_at(pb, mv, end)
+                    path = self._path(pb, mv, end)  # (start, node) pairs, root excluded
+                    for i in range(len(path) - 1, -1, -1):
+                        start, node = path[i]
+                        if start < keep or worker not in node.workers:
+                            continue
+                        deepest = i == len(path) - 1
+                        if deepest and end == n:
+                            removed += self._drop_subtree(node, worker, st)
+                        elif not self._has_worker_child(node, worker):
+                            removed += self._drop(node, worker, st)
+                        else:
+                            break
+        mv.release()
+        return removed
+
+    def _walk_depth(self, pb: bytes, mv: memoryview) -> int:
+        node, pos, n = self._root, 0, len(mv)
+        while pos < n:
+            child = node.children.get(mv[pos]) if node.children else None
+            if child is None:
+                break
+            key = child.key
+            b = pos << 2
+            if pb[b : b + len(key)] == key:
+                pos += len(key) >> 2
+                node = child
+            else:
+                return pos + _common_tokens(pb, b, key)
+        return pos
+
+    def _split_at(self, pb: bytes, mv: memoryview, depth: int) -> None:
+        """Make sure a node boundary sits at ``depth`` on the prompt's (existing) path."""
+        node, pos = self._root, 0
+        while pos < depth:
+            assert node.children is not None
+            child = node.children[mv[pos]]
+            length = len(child.key) >> 2
+            if pos + length > depth:
+                self._split(child, depth - pos, pos)
+                return
+            pos += length
+            node = child
+
+    def _path(self, pb: bytes, mv: memoryview, depth: int) -> list[tuple[int, _Node]]:
+        node, pos, out = self._root, 0, []
+        while pos < depth:
+            assert node.children is not None
+            child = node.children[mv[pos]]
+            out.append((pos, child))
+            pos += len(child.key) >> 2
+            node = child
+        return out
+
+    @staticmethod
+    def _has_worker_child(node: _Node, worker: str) -> bool:
+        ch = node.children
+        return bool(ch) and any(worker in c.workers for c in ch.values())  # type: ignore[union-attr]
+
+    def _drop(self, node: _Node, worker: str, st: _WorkerState) -> int:
+        del node.workers[worker]
+        length = len(node.key) >> 2
+        st.tokens -= length
+        st.pairs -= 1
+        if not node.workers:
+            self._prune(node)
+        return length
+
+    def _drop_subtree(self, node: _Node, worker: str, st: _WorkerState) -> int:
+        """Drop ``worker`` from ``node`` and every descendant it holds (deepest first)."""
+        order: list[_Node] = []
+        stack = [node]
+        while stack:
+            cur = stack.pop()
+            order.append(cur)
+            if cur.children:
+                stack.extend(c for c in cur.children.values() if worker in c.workers)
+        return sum(self._drop(cur, worker, st) for cur in reversed(order))
+
+    def _prune(self, node: _Node) -> None:
+        """Detach ``node`` and any ancestors left with no worker and no child."""
+        while node is not self._root and not node.workers and not node.children:
+            parent = node.parent
+            assert parent is not None and parent.children is not None
+            del parent.children[_first(node.key)]
+            if not parent.children:
+                parent.children = None
+            self.total_tokens -= len(node.key) >> 2
+            self.node_count -= 1
+            node.parent = None
+            node = parent
+
+    # ---------------------------------------------------------------- eviction
+    def over_budget(self) -> bool:
+        if self.total_tokens > self.max_total_tokens:
+            return True
+        return any(st.tokens > st.budget for st in list(self._workers.values()))
+
+    def evict(self, chunk: int = EVICT_CHUNK) -> int:
+        """Bring every worker within its budget and the tree within its cap.
+
+        Works in locked chunks of at most ``chunk`` node evictions, releasing the lock
+        in between, so routing never waits long. Returns nodes evicted.
+        """
+        done = 0
+        for worker in self.workers():
+            while True:
+                with self._lock:
+                    st = self._workers.get(worker)
+                    if st is None or st.tokens <= st.budget:
+                        break
+                    n = self._evict_worker_locked(worker, st, st.budget, chunk)
+                done += n
+                if n == 0:
+                    break
+        while True:
+            with self._lock:
+                if self.total_tokens <= self.max_total_tokens:
+                    break
+                n = self._evict_global_locked(self.max_total_tokens, chunk)
+            done += n
+            if n == 0:
+                break
+        return done
+
+    def _bound_locked(self, worker: str, st: _WorkerState) -> None:
+        """Inline eviction after an insert: always in inline mode, else only on overshoot."""
+        factor = 1.0 if self.evict_inline else self.overshoot
+        if st.tokens > st.budget * factor:
+            self._evict_worker_locked(worker, st, st.budget, None)
+        if self.total_tokens > self.max_total_tokens * factor:
+            self._evict_global_locked(self.max_total_tokens, None)
+
+    def _pop_live(self, worker: str, st: _WorkerState) -> _Node | None:
+        heap = st.heap
+        while heap:
+            t, _negd, _s, node = heapq.heappop(heap)
+            if node.workers.get(worker) == t:
+                return node
+        return None
+
+    def _evict_one(self, worker: str, st: _WorkerState) -> bool:
+        node = self._pop_live(worker, st)
+        if node is None:
+            return False
+        if self._has_worker_child(node, worker):  # defensive: keep the prefix property
+            self._drop_subtree(node, worker, st)
+        else:
+            self._drop(node, worker, st)
+        return True
+
+    def _evict_worker_locked(self, worker: str, st: _WorkerState, target: int, limit: int | None) -> int:
+        n = 0
+        while st.tokens > target and (limit is None or n < limit):
+            if not self._evict_one(worker, st):
+                break
+            n += 1
+        return n
+
+    def _evict_global_locked(self, target: int, limit: int | None) -> int:
+        """Evict the globally least recently used (node, worker) pairs until under ``target``."""
+        tops: list[tuple[int, int, str]] = []
+        for w, st in self._workers.items():
+            heap = st.heap
+            while heap and heap[0][3].workers.get(w) != heap[0][0]:
+                heapq.heappop(heap)
+            if heap:
+                tops.append((heap[0][0], heap[0][1], w))
+        heapq.heapify(tops)
+        n = 0
+        while tops and self.total_tokens > target and (limit is None or n < limit):
+            _t, _d, w = tops[0]
+            st = self._workers[w]
+            self._evict_one(w, st)
+            n += 1
+            heap = st.heap
+            while heap and heap[0][3].workers.get(w) != heap[0][0]:
+                heapq.heappop(heap)
+            if heap:
+                heapq.heapreplace(tops, (heap[0][0], heap[0][1], w))
+            else:
+                heapq.heappop(tops)
+        return n
+
+    def _compact(self, worker: str, st: _WorkerState) -> None:
+        st.heap = [e for e in st.heap if e[3].workers.get(worker) == e[0]]
+        heapq.heapify(st.heap)
+
+    # ----------------------------------------------------------- introspection
+    def stats(self) -> TreeStats:
+        with self._lock:
+            return TreeStats(
+                total_tokens=self.total_tokens,
+                node_count=self.node_count,
+                max_total_tokens=self.max_total_tokens,
+                worker_tokens={w: st.tokens for w, st in self._workers.items()},
+                worker_budgets={w: st.budget for w, st in self._workers.items()},
+                heap_entries=sum(len(st.heap) for st in self._workers.values()),
+            )
+
+    def nodes(self) -> list[NodeInfo]:
+        """Copies of every node except the root, parents before children."""
+        out: list[NodeInfo] = []
+        with self._lock:
+            stack: list[tuple[_Node, int]] = [(self._root, 0)]
+            while stack:
+                node, start = stack.pop()
+                end = start + (len(node.key) >> 2)
+                if node is not self._root:
+                    toks = tuple(memoryview(node.key).cast("I"))
+                    out.append(NodeInfo(start, end, toks, dict(node.workers)))
+                if node.children:
+                    stack.extend((c, end) for c in node.children.values())
+        return out
+
+    def validate(self) -> None:
+        """Check every structural invariant; raises AssertionError naming the first broken one."""
+        with self._lock:
+            tokens: dict[str, int] = dict.fromkeys(self._workers, 0)
+            pairs: dict[str, int] = dict.fromkeys(self._workers, 0)
+            live: set[tuple[int, str, int]] = set()
+            for w, st in self._workers.items():
+                live.update((id(e[3]), w, e[0]) for e in st.heap)
+            total = count = 0
+            stack: list[_Node] = [self._root]
+            while stack:
+                node = stack.pop()
+                if node is not self._root:
+                    _check(len(node.key) >= 4 and len(node.key) % 4 == 0, "empty or ragged edge")
+                    _check(bool(node.workers), "node with no worker was not pruned")
+                    total += len(node.key) >> 2
+                    count += 1
+                    parent = node.parent
+                    _check(parent is not None, "detached node still linked")
+                    assert parent is not None
+                    for w, t in node.workers.items():
+                        _check(w in tokens, f"unregistered worker {w!r} in tree")
+                        tokens[w] += len(node.key) >> 2
+                        pairs[w] += 1
+                        _check((id(node), w, t) in live, f"no heap entry for {w!r}")
+                        if parent is not self._root:
+                            pt = parent.workers.get(w)
+                            _check(pt is not None, f"{w!r} holds a node but not its parent")
+                            _check(pt is not None and pt >= t, "stamps increase going down")
+                if node.children:
+                    for k, c in node.children.items():
+                        _check(k == _first(c.key), "child keyed by the wrong token")
+                        _check(c.parent is node, "child's parent link is wrong")
+                        stack.append(c)
+            _check(total == self.total_tokens, f"total_tokens {self.total_tokens} != {total}")
+            _check(count == self.node_count, f"node_count {self.node_count} != {count}")
+            for w, st in self._workers.items():
+                _check(st.tokens == tokens[w], f"{w!r} tokens {st.tokens} != {tokens[w]}")
+                _check(st.pairs == pairs[w], f"{w!r} pairs {st.pairs} != {pairs[w]}")
+
+
+def _check(ok: bool, what: str) -> None:
+    if not ok:
+        raise AssertionError(f"radix tree invariant broken: {what}")
