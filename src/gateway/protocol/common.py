@@ -1,0 +1,251 @@
+"""Request pieces shared by the OpenAI endpoints: sampling fields, stop, tools, formats.
+
+Models ignore unknown fields (OpenAI SDKs send extras the gateway does not know)
+but reject known fields of the wrong type or out of range, with messages that
+name the field. An explicit ``null`` on a field that has a non-null default means
+"use the default", as OpenAI treats it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from gateway.protocol import limits
+from gateway.protocol.errors import ParamError
+
+
+class RequestModel(BaseModel):
+    """Base of every request model: ignore extras, treat ``null`` as "not given"."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_default(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        fields = cls.model_fields
+        drop = [
+            key
+            for key, value in data.items()
+            if value is None
+            and key in fields
+            and fields[key].default is not None
+            and fields[key].default_factory is None
+            and not fields[key].is_required()
+        ]
+        if not drop:
+            return data
+        return {k: v for k, v in data.items() if k not in drop}
+
+
+def schema_depth(node: Any) -> int:
+    """Nesting depth of a JSON value (scalars are 0)."""
+    depth = 0
+    stack: list[tuple[Any, int]] = [(node, 0)]
+    while stack:
+        value, level = stack.pop()
+        if isinstance(value, dict):
+            children: Any = value.values()
+        elif isinstance(value, list):
+            children = value
+        else:
+            continue
+        depth = max(depth, level + 1)
+        if level + 1 > limits.MAX_SCHEMA_DEPTH:
+            return level + 1
+        stack.extend((child, level + 1) for child in children)
+    return depth
+
+
+def check_schema_bounds(schema: dict[str, Any], what: str) -> dict[str, Any]:
+    """Reject schemas too big or too deep to hand to a worker's grammar compiler."""
+    size = len(json.dumps(schema, separators=(",", ":")).encode())
+    if size > limits.MAX_SCHEMA_BYTES:
+        raise ValueError(
+            f"{what} is {size} bytes when serialized; the limit is {limits.MAX_SCHEMA_BYTES}"
+        )
+    if schema_depth(schema) > limits.MAX_SCHEMA_DEPTH:
+        raise ValueError(f"{what} is nested deeper than {limits.MAX_SCHEMA_DEPTH} levels")
+    return schema
+
+
+def check_stop(value: str | list[str] | None) -> str | list[str] | None:
+    if value is None:
+        return None
+    items = [value] if isinstance(value, str) else value
+    if len(items) > limits.MAX_STOP_SEQUENCES:
+        raise ValueError(f"at most {limits.MAX_STOP_SEQUENCES} stop sequences are allowed")
+    if any(item == "" for item in items):
+        raise ValueError("stop sequences must not be empty strings")
+    return value
+
+
+def stop_list(value: str | list[str] | None) -> list[str]:
+    """``stop`` as a list, whatever form the client sent."""
+    if value is None:
+        return []
+    return [value] if isinstance(value, str) else list(value)
+
+
+def check_logit_bias(value: dict[str, float] | None) -> dict[str, float] | None:
+    """Keys must be token ids (as JSON object keys, i.e. strings); values within ±100."""
+    if value is None:
+        return None
+    if len(value) > limits.MAX_LOGIT_BIAS_ENTRIES:
+        raise ValueError(f"at most {limits.MAX_LOGIT_BIAS_ENTRIES} logit_bias entries are allowed")
+    low, high = limits.LOGIT_BIAS_RANGE
+    normalized: dict[str, float] = {}
+    for key, bias in value.items():
+        try:
+            token_id = int(key)
+        except ValueError:
+            raise ValueError(f"logit_bias key {key!r} is not a token id") from None
+        if token_id < 0:
+            raise ValueError(f"logit_bias key {key!r} is not a token id")
+        if not low <= bias <= high:
+            raise ValueError(
+                f"logit_bias value for token {key} must be between {low:g} and {high:g}"
+            )
+        normalized[str(token_id)] = float(bias)
+    return normalized
+
+
+class StreamOptions(RequestModel):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class FunctionDefinition(RequestModel):
+    """A callable the model may use: its name and a JSON-object schema of its arguments."""
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+    @field_validator("parameters")
+    @classmethod
+    def _object_schema(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is None:
+            return None
+        kind = value.get("type", "object")
+        if kind != "object" and not (isinstance(kind, list) and "object" in kind):
+            raise ValueError(f"parameters must be a JSON schema of type 'object', not {kind!r}")
+        return check_schema_bounds(value, "the parameters schema")
+
+
+class Tool(RequestModel):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class ToolChoiceFunction(RequestModel):
+    name: str = Field(min_length=1)
+
+
+class NamedToolChoice(RequestModel):
+    """``{"type": "function", "function": {"name": ...}}``: force one particular tool."""
+
+    type: Literal["function"] = "function"
+    function: ToolChoiceFunction
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
+
+
+class JsonSchemaFormat(RequestModel):
+    """The ``json_schema`` member of ``response_format``."""
+
+    name: str = "response"
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+    @field_validator("schema_")
+    @classmethod
+    def _bounded(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        return None if value is None else check_schema_bounds(value, "the response schema")
+
+
+class ResponseFormat(RequestModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormat:
+        if self.type == "json_schema" and (
+            self.json_schema is None or self.json_schema.schema_ is None
+        ):
+            raise ParamError(
+                "json_schema", "response_format of type 'json_schema' needs json_schema.schema"
+            )
+        return self
+
+
+class SamplingRequest(RequestModel):
+    """Fields the OpenAI chat and completions requests share, with SGLang's extras."""
+
+    model: str | None = None
+    n: int = Field(default=1, ge=1, le=limits.MAX_N)
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=-1)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(default=None, gt=0.0, le=2.0)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    # SGLang extras.
+    regex: str | None = None
+    ebnf: str | None = None
+    ignore_eos: bool = False
+    min_tokens: int = Field(default=0, ge=0)
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    no_stop_trim: bool = False
+    stop_token_ids: list[int] | None = Field(default=None, max_length=limits.MAX_STOP_TOKEN_IDS)
+    return_hidden_states: bool = False
+    rid: str | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, value: str | list[str] | None) -> str | list[str] | None:
+        return check_stop(value)
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        return check_logit_bias(value)
+
+    @field_validator("stop_token_ids")
+    @classmethod
+    def _token_ids(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None and any(t < 0 for t in value):
+            raise ValueError("stop_token_ids must be non-negative token ids")
+        return value
+
+    @model_validator(mode="after")
+    def _stream_options_need_stream(self) -> SamplingRequest:
+        if self.stream_options is not None and not self.stream:
+            raise ParamError("stream_options", "stream_options is only allowed when stream is true")
+        return self
+
+    @property
+    def include_usage_in_stream(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        return bool(
+            self.stream and self.stream_options and self.stream_options.continuous_usage_stats
+        )

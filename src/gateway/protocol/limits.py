@@ -1,0 +1,34 @@
+"""Bounds the request models enforce, in one place so the server can quote them.
+
+They guard the gateway and the workers' grammar compilers against requests that
+are well-typed but absurd (a 10 MB tool schema, n=10000), not against honest use.
+"""
+
+from __future__ import annotations
+
+MAX_N = 128
+"""Most completions one request may ask for (``n``)."""
+
+MAX_TOP_LOGPROBS = 20
+"""OpenAI's upper bound for chat ``top_logprobs``."""
+
+MAX_COMPLETION_LOGPROBS = 5
+"""OpenAI's upper bound for the legacy completions ``logprobs``."""
+
+MAX_STOP_SEQUENCES = 32
+"""OpenAI allows 4; SGLang clients send more, so the gateway is more generous."""
+
+MAX_STOP_TOKEN_IDS = 256
+
+MAX_TOOLS = 128
+"""Most tools one request may declare."""
+
+MAX_SCHEMA_BYTES = 64 * 1024
+"""Largest JSON schema (tool parameters or response_format) in serialized bytes."""
+
+MAX_SCHEMA_DEPTH = 32
+"""Deepest nesting of a JSON schema (objects and arrays)."""
+
+MAX_LOGIT_BIAS_ENTRIES = 1024
+
+LOGIT_BIAS_RANGE = (-100.0, 100.0)

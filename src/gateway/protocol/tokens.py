@@ -1,0 +1,72 @@
+"""``/tokenize`` and ``/detokenize``: expose the gateway's own tokenizer and template."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, field_validator, model_validator
+
+from gateway.protocol.chat import ChatMessage
+from gateway.protocol.common import RequestModel
+from gateway.protocol.errors import ParamError
+
+
+class TokenizeRequest(RequestModel):
+    """Either ``prompt`` (plain text) or ``messages`` (rendered with the chat template).
+
+    ``add_special_tokens`` defaults to True for a prompt and False for messages
+    (the template already writes the special tokens), as vLLM and SGLang do.
+    """
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_generation_prompt: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None
+    add_special_tokens: bool | None = None
+
+    @model_validator(mode="after")
+    def _one_input(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ParamError("prompt", "exactly one of prompt and messages must be given")
+        if self.messages is not None and not self.messages:
+            raise ParamError("messages", "messages must contain at least one message")
+        return self
+
+    @property
+    def special_tokens(self) -> bool:
+        """Whether the tokenizer should add its special tokens (BOS etc.)."""
+        if self.add_special_tokens is not None:
+            return self.add_special_tokens
+        return self.messages is None
+
+    def template_messages(self) -> list[dict[str, Any]]:
+        return [m.to_template() for m in self.messages or []]
+
+
+class TokenizeResponse(BaseModel):
+    tokens: list[int]
+    count: int
+    max_model_len: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(exclude_none=True)
+
+
+class DetokenizeRequest(RequestModel):
+    model: str | None = None
+    tokens: list[int]
+
+    @field_validator("tokens")
+    @classmethod
+    def _token_ids(cls, value: list[int]) -> list[int]:
+        if any(t < 0 for t in value):
+            raise ValueError("tokens must be non-negative token ids")
+        return value
+
+
+class DetokenizeResponse(BaseModel):
+    text: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump()
