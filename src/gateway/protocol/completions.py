@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from pydantic import Field, field_validator, model_validator
 
@@ -42,8 +42,8 @@ def prompt_batch(prompt: Prompt) -> list[str] | list[list[int]]:
     if isinstance(prompt, str):
         return [prompt]
     if prompt and isinstance(prompt[0], int):
-        return [list(prompt)]  # type: ignore[arg-type]
-    return list(prompt)  # type: ignore[arg-type]
+        return [cast("list[int]", list(prompt))]
+    return cast("list[str] | list[list[int]]", list(prompt))
 
 
 class CompletionRequest(SamplingRequest):
