@@ -15,6 +15,7 @@ import sys
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "sim-worker": ("gateway.sim.cli", "run one simulated SGLang --grpc-mode worker"),
+    "demo": ("gateway.demo", "run the shared-prefix demo: simulated fleet + gateway + workload, per policy"),
 }
 
 
