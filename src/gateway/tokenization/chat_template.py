@@ -1,0 +1,196 @@
+"""Chat-template rendering with transformers' ``apply_chat_template`` semantics.
+
+Rendering itself is delegated to ``transformers.utils.chat_template_utils`` (its
+sandboxed jinja environment with ``raise_exception``, ``tojson``, ``strftime_now``,
+``namespace``, loopcontrols and ``{% generation %}``, and its handling of tools,
+documents and ``continue_final_message``), so prompts are byte-identical to what
+``AutoTokenizer.apply_chat_template(..., tokenize=False)`` produces. transformers
+caches each compiled template by its source, so a template is compiled once.
+
+What this module adds is the OpenAI-request normalisation an inference server does
+before calling the template (as SGLang does): content-part lists flattened for
+templates that expect a string, tool-call arguments sent as JSON text parsed to
+objects, ``None`` fields dropped, and every failure turned into ``ChatTemplateError``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import jinja2
+import jinja2.nodes
+
+from gateway.tokenization.errors import ChatTemplateError
+
+ContentFormat = Literal["string", "openai"]
+
+# Arguments the template call itself owns; chat_template_kwargs may not override them.
+_RESERVED_KWARGS = frozenset(
+    {"messages", "tools", "documents", "add_generation_prompt", "continue_final_message"}
+)
+# Loop variables under which templates iterate over a message's content parts.
+_MESSAGE_NAMES = frozenset({"message", "msg", "m"})
+
+
+def _load_renderer() -> Any:
+    """Import transformers' renderer lazily: importing transformers costs about a second."""
+    try:
+        from transformers.utils import chat_template_utils
+    except ImportError as exc:  # transformers is a runtime dependency; say so clearly
+        raise ChatTemplateError(f"chat templates need transformers: {exc}") from exc
+    return chat_template_utils
+
+
+def _is_content_access(node: jinja2.nodes.Node) -> bool:
+    """True for ``message.content`` / ``message['content']`` (optionally piped through filters)."""
+    while isinstance(node, jinja2.nodes.Filter) and node.node is not None:
+        node = node.node
+    if isinstance(node, jinja2.nodes.Getattr):
+        target, attr = node.node, node.attr
+    elif isinstance(node, jinja2.nodes.Getitem) and isinstance(node.arg, jinja2.nodes.Const):
+        target, attr = node.node, node.arg.value
+    else:
+        return False
+    return (
+        attr == "content"
+        and isinstance(target, jinja2.nodes.Name)
+        and target.name in _MESSAGE_NAMES
+    )
+
+
+def detect_content_format(ast: jinja2.nodes.Template) -> ContentFormat:
+    """``"openai"`` if the template loops over a message's content parts, else ``"string"``."""
+    for loop in ast.find_all(jinja2.nodes.For):
+        if _is_content_access(loop.iter):
+            return "openai"
+    return "string"
+
+
+def _flatten_content(content: Any, where: str) -> str:
+    """Join the text parts of an OpenAI content list with a space (as SGLang does)."""
+    texts: list[str] = []
+    for part in content:
+        if not isinstance(part, Mapping):
+            raise ChatTemplateError(f"{where}: content parts must be objects, got {part!r}")
+        if part.get("type", "text") == "text":
+            text = part.get("text")
+            if not isinstance(text, str):
+                raise ChatTemplateError(f"{where}: a text content part needs a string 'text'")
+            texts.append(text)
+    return " ".join(texts)
+
+
+def _normalize_tool_calls(tool_calls: Any, where: str) -> Any:
+    """Tool-call arguments arrive as JSON text from OpenAI clients; templates want objects."""
+    if not isinstance(tool_calls, list):
+        raise ChatTemplateError(f"{where}: tool_calls must be a list")
+    for i, call in enumerate(tool_calls):
+        if not isinstance(call, dict):
+            raise ChatTemplateError(f"{where}: tool_calls[{i}] must be an object")
+        function = call.get("function", call)
+        if not isinstance(function, dict):
+            raise ChatTemplateError(f"{where}: tool_calls[{i}].function must be an object")
+        arguments = function.get("arguments")
+        if arguments is None or arguments == "":
+            function["arguments"] = {}
+        elif isinstance(arguments, str):
+            try:
+                function["arguments"] = json.loads(arguments)
+            except ValueError as exc:
+                raise ChatTemplateError(
+                    f"{where}: tool_calls[{i}] arguments are not valid JSON: {exc}"
+                ) from exc
+    return tool_calls
+
+
+def normalize_messages(
+    messages: Sequence[Mapping[str, Any]], content_format: ContentFormat
+) -> list[dict[str, Any]]:
+    """Deep-copied messages ready for the template (the caller's objects are never changed)."""
+    if isinstance(messages, str | bytes) or not isinstance(messages, Sequence):
+        raise ChatTemplateError("messages must be a list of message objects")
+    if not messages:
+        raise ChatTemplateError("cannot apply the chat template to an empty conversation")
+    normalized: list[dict[str, Any]] = []
+    for index, message in enumerate(messages):
+        where = f"messages[{index}]"
+        if not isinstance(message, Mapping):
+            raise ChatTemplateError(f"{where} must be an object, got {type(message).__name__}")
+        if not isinstance(message.get("role"), str):
+            raise ChatTemplateError(f"{where} needs a string 'role'")
+        # transformers drops None-valued keys: templates handle a missing key, not None.
+        out = {key: copy.deepcopy(value) for key, value in message.items() if value is not None}
+        content = out.get("content")
+        if isinstance(content, list) and content_format == "string":
+            out["content"] = _flatten_content(content, where)
+        elif content is not None and not isinstance(content, str | list):
+            raise ChatTemplateError(f"{where}: content must be a string or a list of parts")
+        if "tool_calls" in out:
+            out["tool_calls"] = _normalize_tool_calls(out["tool_calls"], where)
+        normalized.append(out)
+    return normalized
+
+
+class ChatTemplate:
+    """One compiled chat template plus the special tokens it may reference."""
+
+    def __init__(self, source: str, special_tokens: Mapping[str, str] | None = None) -> None:
+        if not isinstance(source, str) or not source.strip():
+            raise ChatTemplateError("the chat template is empty")
+        self.source = source
+        self.special_tokens = dict(special_tokens or {})
+        self._utils = _load_renderer()
+        try:
+            compiled = self._utils._compile_jinja_template(source)
+            ast = compiled.environment.parse(source)
+        except jinja2.TemplateError as exc:
+            raise ChatTemplateError(f"the chat template does not compile: {exc}") from exc
+        self.content_format: ContentFormat = detect_content_format(ast)
+
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        documents: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> str:
+        """The prompt text. Tools and documents are passed to the template as given (an
+        OpenAI server decides their shape). Raises ``ChatTemplateError`` on bad input or a
+        failing template (including the template's own ``raise_exception``)."""
+        if continue_final_message and add_generation_prompt:
+            raise ChatTemplateError(
+                "continue_final_message and add_generation_prompt cannot both be set"
+            )
+        kwargs = dict(chat_template_kwargs or {})
+        clash = sorted(_RESERVED_KWARGS & kwargs.keys())
+        if clash:
+            raise ChatTemplateError(f"chat_template_kwargs may not set {', '.join(clash)}")
+        if tools is not None and not all(isinstance(t, Mapping) for t in tools):
+            raise ChatTemplateError("tools must be a list of objects")
+        if documents is not None and not all(isinstance(d, Mapping) for d in documents):
+            raise ChatTemplateError("documents must be a list of objects")
+        conversation = normalize_messages(messages, self.content_format)
+        try:
+            rendered, _ = self._utils.render_jinja_template(
+                conversations=[conversation],
+                tools=[dict(t) for t in tools] if tools is not None else None,
+                documents=[dict(d) for d in documents] if documents is not None else None,
+                chat_template=self.source,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+                **{**self.special_tokens, **kwargs},
+            )
+        except ChatTemplateError:
+            raise
+        except Exception as exc:
+            # A template is arbitrary code: any failure while rendering it (its own
+            # raise_exception, an undefined attribute, a type error) means these inputs
+            # cannot be rendered, which the server reports as a client error.
+            raise ChatTemplateError(f"chat template error: {exc}") from exc
+        return str(rendered[0])

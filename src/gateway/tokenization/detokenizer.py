@@ -1,0 +1,123 @@
+"""Incremental detokenization for streaming responses.
+
+Built on ``tokenizers.decoders.DecodeStream`` (HF tokenizers >= 0.21), which keeps a
+small window of ids, holds text back while it ends in an incomplete UTF-8 sequence
+(decoded as U+FFFD), and keeps one token of left context so leading-space rules
+(SentencePiece/Metaspace) apply as they would in the full text.
+
+What is added here:
+
+* ``flush()``: DecodeStream has no end-of-stream call, so text it still holds (an
+  incomplete byte sequence at the very end, or a real U+FFFD) would be lost. We keep
+  the output ids and emit the rest of ``decode(all ids)`` on flush.
+* Recovery: if DecodeStream ever reports an inconsistent prefix, the stream switches
+  to recomputing from the full decode, so a client stream never breaks.
+* Stream start: by default the stream starts empty, so the joined text equals
+  ``tokenizer.decode(output_ids)``, which is what a non-streaming response returns.
+  For ByteLevel tokenizers (Qwen, Llama 3) seeding with prompt ids gives the same
+  text; for Metaspace tokenizers seeding keeps the first token's leading space, which
+  is what a *continued* message wants (``continue_final_message``). Pass
+  ``context_ids`` for that case; the joined text is then
+  ``decode(context + output)`` minus ``decode(context)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tokenizers.decoders import DecodeStream
+
+from gateway.tokenization.tokenizer import Tokenizer
+
+_REPLACEMENT = "\ufffd"
+# Prompt ids used to seed a stream: a few tokens are enough context for any decoder.
+_CONTEXT_TOKENS = 8
+
+
+class IncrementalDetokenizer:
+    """Turns one sample's output ids into text chunks; one instance per sample."""
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        skip_special_tokens: bool = True,
+        context_ids: Sequence[int] = (),
+    ) -> None:
+        self._tokenizer = tokenizer
+        self._backend = tokenizer.backend
+        self._skip = skip_special_tokens
+        self._context = self._clean_context(context_ids)
+        self._context_text = self._decode(self._context) if self._context else ""
+        self._stream = DecodeStream(
+            ids=self._context or None, skip_special_tokens=skip_special_tokens
+        )
+        self._ids: list[int] = []
+        self._emitted_chars = 0
+        self._pending = 0  # ids fed since the last emitted text
+        self._fallback = False
+        self._flushed = False
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        return self._backend.decode(list(ids), skip_special_tokens=self._skip)
+
+    def _clean_context(self, context_ids: Sequence[int]) -> list[int]:
+        """The last few context ids, dropped entirely if they end inside a character
+        (DecodeStream would otherwise re-emit them as output)."""
+        tail = [int(i) for i in context_ids[-_CONTEXT_TOKENS:]]
+        if tail and self._decode(tail).endswith(_REPLACEMENT):
+            return []
+        return tail
+
+    @property
+    def output_ids(self) -> list[int]:
+        """Every id fed so far (a copy)."""
+        return list(self._ids)
+
+    def full_text(self) -> str:
+        """The whole output text as one decode would give it (the flush target)."""
+        text = self._decode(self._context + self._ids)
+        if self._context and text.startswith(self._context_text):
+            return text[len(self._context_text) :]
+        return self._decode(self._ids) if self._context else text
+
+    def step(self, token_ids: Sequence[int]) -> str:
+        """Feed new ids; return the text that is now final ('' while a character is incomplete)."""
+        if self._flushed:
+            raise RuntimeError("step() after flush(): use a new IncrementalDetokenizer")
+        pieces: list[str] = []
+        for token_id in token_ids:
+            token_id = int(token_id)
+            self._ids.append(token_id)
+            self._pending += 1
+            if self._fallback:
+                piece = self._step_from_full_text()
+            else:
+                try:
+                    piece = self._stream.step(self._backend, token_id)
+                except Exception:
+                    # DecodeStream raised (inconsistent prefix): stop trusting its state.
+                    self._fallback = True
+                    piece = self._step_from_full_text()
+            if piece is not None:
+                self._pending = 0
+                self._emitted_chars += len(piece)
+                pieces.append(piece)
+        return "".join(pieces)
+
+    def _step_from_full_text(self) -> str | None:
+        text = self.full_text()
+        if text.endswith(_REPLACEMENT) or len(text) <= self._emitted_chars:
+            return None
+        return text[self._emitted_chars :]
+
+    def flush(self) -> str:
+        """End of stream: return whatever is still held back (e.g. a trailing broken byte
+        sequence, as U+FFFD exactly where ``decode`` puts it). Ends the stream."""
+        self._flushed = True
+        if self._pending == 0:
+            return ""
+        self._pending = 0
+        text = self.full_text()
+        rest = text[self._emitted_chars :]
+        self._emitted_chars = max(self._emitted_chars, len(text))
+        return rest

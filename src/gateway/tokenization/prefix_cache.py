@@ -1,0 +1,223 @@
+"""Multi-turn tokenization cache: re-encode only what a conversation added.
+
+A chat client resends its whole history every turn, so turn T's prompt text starts
+with (most of) turn T-1's. Tokenizing it from scratch each time costs O(history).
+
+Why reuse is exact: the HF tokenizers pipeline first cuts the text at *added tokens*
+(``<|im_start|>``, ``<|im_end|>``, ...) matched on the raw text, then normalizes,
+pre-tokenizes and BPE-merges each piece between them on its own; no merge ever
+crosses an added token. So if a text is cut right after an added token, the ids of
+the whole are the ids of the left part followed by the ids of the right part
+(``add_special_tokens=False``, so the post-processor adds nothing).
+
+The cache cuts each text into *chunks* that end right after such a token and keeps
+them in a trie (chunk text -> ids, children keyed by the next chunk). A new text walks
+the trie as far as its chunks match, reuses those ids, and encodes only the rest (in
+one parallel batch call). Cuts are only made where they are provably safe:
+
+* only after added tokens matched on raw text (``normalized=False``) that do not
+  swallow following whitespace (``rstrip=False``) and need no word context
+  (``single_word=False``);
+* the token scan reproduces the library's leftmost-longest matching over every raw
+  added token, so a cut is never placed inside a token the library would pick;
+* tokenizers whose pre-tokenizer treats the first piece specially (Metaspace
+  ``prepend_scheme="first"``) or that have ``single_word`` added tokens get no cuts:
+  the cache then only reuses exact repeats.
+
+Memory is bounded by ``max_entries`` chunks and ``max_tokens`` cached ids; the least
+recently used chunks are evicted, always leaves first (a chunk's parent is touched
+after it, so it is always more recent than its children).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from array import array
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from gateway.tokenization.tokenizer import Tokenizer
+
+_ROOT = 0
+
+
+@dataclass(frozen=True)
+class PrefixCacheStats:
+    """Counters for metrics. A *hit* reused at least one cached chunk."""
+
+    lookups: int
+    hits: int
+    misses: int
+    reused_tokens: int
+    encoded_tokens: int
+    entries: int
+    cached_tokens: int
+    evictions: int
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.lookups if self.lookups else 0.0
+
+    @property
+    def reused_token_fraction(self) -> float:
+        total = self.reused_tokens + self.encoded_tokens
+        return self.reused_tokens / total if total else 0.0
+
+
+class _Chunk:
+    __slots__ = ("ids", "node_id")
+
+    def __init__(self, node_id: int, ids: array[int]) -> None:
+        self.node_id = node_id
+        self.ids = ids
+
+
+def _cut_pattern(tokenizer: Tokenizer) -> tuple[re.Pattern[str] | None, frozenset[str]]:
+    """A regex over every raw-matched added token (longest first) and the subset after
+    which a cut is safe; (None, {}) if this tokenizer must not be cut at all."""
+    added = list(tokenizer.added_tokens.values())
+    if any(tok.single_word for tok in added):
+        return None, frozenset()
+    pre = tokenizer.backend.pre_tokenizer
+    state = pre.__getstate__().decode() if pre is not None else ""
+    if '"prepend_scheme":"first"' in state.replace(" ", ""):
+        return None, frozenset()
+    raw = sorted(
+        {tok.content for tok in added if not tok.normalized and tok.content}, key=len, reverse=True
+    )
+    safe = frozenset(
+        tok.content for tok in added if not tok.normalized and not tok.rstrip and tok.content
+    )
+    if not safe:
+        return None, frozenset()
+    return re.compile("|".join(re.escape(c) for c in raw)), safe
+
+
+class PrefixTokenCache:
+    """``encode(text)`` equal to ``tokenizer.encode(text, add_special_tokens=False)``,
+    reusing the ids of previously seen prefixes. Thread-safe."""
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        max_entries: int = 65536,
+        max_tokens: int = 8_000_000,
+        min_chunk_chars: int = 32,
+    ) -> None:
+        if max_entries < 1 or max_tokens < 1:
+            raise ValueError("max_entries and max_tokens must be positive")
+        self.tokenizer = tokenizer
+        self.min_chunk_chars = min_chunk_chars
+        self.max_entries = max_entries
+        self.max_tokens = max_tokens
+        self._pattern, self._safe = _cut_pattern(tokenizer)
+        self._chunks: OrderedDict[tuple[int, str], _Chunk] = OrderedDict()
+        self._lock = threading.Lock()
+        self._next_id = _ROOT + 1
+        self._cached_tokens = 0
+        self._lookups = self._hits = self._reused = self._encoded = self._evictions = 0
+
+    @property
+    def splits_text(self) -> bool:
+        """False when this tokenizer cannot be cut safely (only exact repeats are reused)."""
+        return self._pattern is not None
+
+    def split(self, text: str) -> list[str]:
+        """The text cut right after safe added tokens (pieces join back to ``text``).
+
+        A cut is skipped while the current chunk is shorter than ``min_chunk_chars``, so
+        a chat splits about once per message rather than around every marker. The rule
+        looks only at text left of the cut, so a prefix is cut the same way in every
+        text that contains it.
+        """
+        if self._pattern is None:
+            return [text] if text else []
+        pieces: list[str] = []
+        start = 0
+        for match in self._pattern.finditer(text):
+            if match.group() in self._safe and match.end() - start >= self.min_chunk_chars:
+                pieces.append(text[start : match.end()])
+                start = match.end()
+        if start < len(text):
+            pieces.append(text[start:])
+        return pieces
+
+    def encode(self, text: str) -> list[int]:
+        chunks = self.split(text)
+        ids: list[int] = []
+        path: list[tuple[int, str]] = []
+        parent = _ROOT
+        with self._lock:
+            for chunk in chunks:
+                found = self._chunks.get((parent, chunk))
+                if found is None:
+                    break
+                ids.extend(found.ids)
+                path.append((parent, chunk))
+                parent = found.node_id
+            self._touch(path)
+        reused = len(ids)
+        rest = chunks[len(path) :]
+        encoded = self.tokenizer.encode_batch(rest, add_special_tokens=False) if rest else []
+        for piece_ids in encoded:
+            ids.extend(piece_ids)
+        with self._lock:
+            self._lookups += 1
+            self._hits += 1 if path else 0
+            self._reused += reused
+            self._encoded += len(ids) - reused
+            if rest:
+                self._insert(parent, path, rest, encoded)
+        return ids
+
+    def _touch(self, path: list[tuple[int, str]]) -> None:
+        # Leaf first, so that every parent ends up more recent than its children.
+        for key in reversed(path):
+            if key in self._chunks:
+                self._chunks.move_to_end(key)
+
+    def _insert(
+        self, parent: int, path: list[tuple[int, str]], chunks: list[str], encoded: list[list[int]]
+    ) -> None:
+        new_path = list(path)
+        for chunk, chunk_ids in zip(chunks, encoded, strict=True):
+            if len(chunk_ids) > self.max_tokens:
+                break
+            key = (parent, chunk)
+            existing = self._chunks.get(key)
+            if existing is None:  # another thread may have inserted it meanwhile
+                existing = _Chunk(self._next_id, array("I", chunk_ids))
+                self._next_id += 1
+                self._chunks[key] = existing
+                self._cached_tokens += len(chunk_ids)
+            new_path.append(key)
+            parent = existing.node_id
+        self._touch(new_path)
+        self._evict()
+
+    def _evict(self) -> None:
+        while self._chunks and (
+            len(self._chunks) > self.max_entries or self._cached_tokens > self.max_tokens
+        ):
+            _, chunk = self._chunks.popitem(last=False)
+            self._cached_tokens -= len(chunk.ids)
+            self._evictions += 1
+
+    def stats(self) -> PrefixCacheStats:
+        with self._lock:
+            return PrefixCacheStats(
+                lookups=self._lookups,
+                hits=self._hits,
+                misses=self._lookups - self._hits,
+                reused_tokens=self._reused,
+                encoded_tokens=self._encoded,
+                entries=len(self._chunks),
+                cached_tokens=self._cached_tokens,
+                evictions=self._evictions,
+            )
+
+    def clear(self) -> None:
+        with self._lock:
+            self._chunks.clear()
+            self._cached_tokens = 0

@@ -1,0 +1,261 @@
+"""Stop handling: which stops the worker enforces, which the gateway matches on text.
+
+Workers started without a tokenizer cannot match stop *strings*, so the gateway owns
+them. ``StopPlan.build`` splits a request's stops:
+
+* a stop string that is exactly one token is also sent to the worker as a stop token
+  id, so the worker stops by itself on the common spelling (``<|im_end|>``,
+  ``</think>``, a one-token word) and no abort round-trip is needed;
+* every stop string whose text is visible in the output is matched on decoded text by
+  ``StopMatcher`` (catching spellings that span several tokens);
+* token stops (user ``stop_token_ids``, EOS unless ``ignore_eos``, and one-token stop
+  strings that decode to nothing because they are special tokens being skipped) are
+  matched on ids.
+
+Reporting follows SGLang's ``matched_stop``: the string for a stop string, the token
+id for a stop token or EOS.
+
+A fired stop is final: the step that reports it (``StopStep.stopped``) tells the
+caller to **abort the worker request now** (unless the worker already finished);
+later feeds return nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from gateway.tokenization.detokenizer import IncrementalDetokenizer
+from gateway.tokenization.tokenizer import Tokenizer
+
+Matched = str | int
+
+
+@dataclass(frozen=True)
+class StopStep:
+    """What one feed produced: text safe to send now, and the stop that fired, if any."""
+
+    text: str
+    matched: Matched | None = None
+
+    @property
+    def stopped(self) -> bool:
+        """True once a stop fired: send ``text``, finish the response with finish_reason
+        "stop" and ``matched_stop=matched``, and abort the worker request."""
+        return self.matched is not None
+
+
+@dataclass(frozen=True)
+class StopPlan:
+    """A request's stops, split between the worker and the gateway."""
+
+    stop_strings: tuple[str, ...] = ()
+    """Matched by the gateway on decoded text, in the client's order."""
+    stop_token_ids: tuple[int, ...] = ()
+    """Send to the worker as ``SamplingParams.stop_token_ids``."""
+    token_stops: Mapping[int, Matched] = field(default_factory=dict)
+    """Ids the gateway treats as stops, and what to report for each."""
+    string_token_ids: Mapping[int, str] = field(default_factory=dict)
+    """One-token stop strings by id (the worker may report these as ``matched_token_id``)."""
+    ignore_eos: bool = False
+
+    def matched_for_token(self, token_id: int) -> Matched:
+        """What ``matched_stop`` to report when the worker says it stopped on ``token_id``:
+        the client's stop string if the id came from one, else the id."""
+        return self.string_token_ids.get(token_id, self.token_stops.get(token_id, token_id))
+
+    @classmethod
+    def build(
+        cls,
+        tokenizer: Tokenizer,
+        stop: Sequence[str] | str | None = None,
+        stop_token_ids: Iterable[int] | None = None,
+        eos_token_ids: Iterable[int] | None = None,
+        ignore_eos: bool = False,
+        skip_special_tokens: bool = True,
+    ) -> StopPlan:
+        """``eos_token_ids`` defaults to the tokenizer's (merged with the worker's)."""
+        strings: list[str] = []
+        for s in [stop] if isinstance(stop, str) else list(stop or []):
+            if s and s not in strings:  # an empty stop string would match everywhere
+                strings.append(s)
+        token_stops: dict[int, Matched] = {}
+        if not ignore_eos:
+            eos = tokenizer.eos_token_ids if eos_token_ids is None else eos_token_ids
+            token_stops.update({int(i): int(i) for i in eos})
+        user_ids = [int(i) for i in stop_token_ids or ()]
+        token_stops.update({i: i for i in user_ids})
+        worker_ids = list(dict.fromkeys(user_ids))
+        string_ids: dict[int, str] = {}
+        text_strings: list[str] = []
+        for s in strings:
+            tid = tokenizer.token_id(s)
+            if tid is not None:
+                string_ids.setdefault(tid, s)
+                if tid not in worker_ids:
+                    worker_ids.append(tid)
+                if tokenizer.decode([tid], skip_special_tokens=skip_special_tokens) != s:
+                    token_stops[tid] = s  # invisible in the text: only the id can match it
+                    continue
+            text_strings.append(s)
+        return cls(
+            stop_strings=tuple(text_strings),
+            stop_token_ids=tuple(worker_ids),
+            token_stops=token_stops,
+            string_token_ids=string_ids,
+            ignore_eos=ignore_eos,
+        )
+
+
+class StopMatcher:
+    """Text-level stop-string matching over a stream of text pieces (one per sample).
+
+    Holds back the longest tail that could still become a stop string, so a stop split
+    across tokens is never partly sent. When several stop strings occur, the one that
+    is complete first (earliest end; ties in the client's order) wins, so the result
+    does not depend on how the text was chunked.
+    """
+
+    def __init__(self, stop_strings: Sequence[str], no_stop_trim: bool = False) -> None:
+        self._stops = tuple(s for s in stop_strings if s)
+        self._no_stop_trim = no_stop_trim
+        self._held = ""
+        self.matched: Matched | None = None
+
+    @property
+    def stopped(self) -> bool:
+        return self.matched is not None
+
+    @property
+    def held_text(self) -> str:
+        """Text kept back because it may be the start of a stop string."""
+        return self._held
+
+    def feed(self, text: str) -> StopStep:
+        if self.stopped:
+            return StopStep("")
+        buffer = self._held + text
+        best: tuple[int, int, str] | None = None  # (end, start, stop)
+        for stop in self._stops:
+            start = buffer.find(stop)
+            if start >= 0 and (best is None or start + len(stop) < best[0]):
+                best = (start + len(stop), start, stop)
+        if best is not None:
+            end, start, stop = best
+            self._held = ""
+            self.matched = stop
+            return StopStep(buffer[: end if self._no_stop_trim else start], stop)
+        keep = self._partial_match_length(buffer)
+        self._held = buffer[len(buffer) - keep :] if keep else ""
+        return StopStep(buffer[: len(buffer) - keep])
+
+    def _partial_match_length(self, buffer: str) -> int:
+        """Length of the longest tail of ``buffer`` that is a proper prefix of a stop."""
+        longest = 0
+        for stop in self._stops:
+            for k in range(min(len(stop) - 1, len(buffer)), longest, -1):
+                if buffer.endswith(stop[:k]):
+                    longest = k
+                    break
+        return longest
+
+    def stop_at_token(self, matched: Matched, token_text: str = "") -> StopStep:
+        """A token stop fired: release held text (it can no longer complete), plus the
+        token's own text when ``no_stop_trim``; the match is final."""
+        if self.stopped:
+            return StopStep("")
+        text = self._held + (token_text if self._no_stop_trim else "")
+        self._held = ""
+        self.matched = matched
+        return StopStep(text, matched)
+
+    def finish(self) -> StopStep:
+        """The output ended without a stop: release whatever was held back."""
+        if self.stopped:
+            return StopStep("")
+        text, self._held = self._held, ""
+        return StopStep(text)
+
+
+class SampleStream:
+    """One sample's output: worker token ids in, client text and stop decision out.
+
+    Combines ``IncrementalDetokenizer`` and ``StopMatcher`` with the plan's token stops.
+    Call ``step`` with each chunk's new ids; when ``StopStep.stopped``, abort the worker
+    request. Call ``finish`` when the worker ends the sample without a gateway stop.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        plan: StopPlan,
+        *,
+        skip_special_tokens: bool = True,
+        no_stop_trim: bool = False,
+        context_ids: Sequence[int] = (),
+    ) -> None:
+        self._plan = plan
+        self._no_stop_trim = no_stop_trim
+        self._detok = IncrementalDetokenizer(tokenizer, skip_special_tokens, context_ids)
+        self._matcher = StopMatcher(plan.stop_strings, no_stop_trim)
+        self._done = False
+
+    @property
+    def stopped(self) -> bool:
+        return self._matcher.stopped
+
+    @property
+    def matched(self) -> Matched | None:
+        return self._matcher.matched
+
+    def step(self, token_ids: Sequence[int]) -> StopStep:
+        if self._done:
+            return StopStep("")
+        ids = [int(i) for i in token_ids]
+        stop_at = next((k for k, i in enumerate(ids) if i in self._plan.token_stops), None)
+        if stop_at is None:
+            return self._feed(self._detok.step(ids))
+        # Text up to the stop token (plus the token itself when not trimming) is final.
+        upto = stop_at + 1 if self._no_stop_trim else stop_at
+        result = self._feed(self._detok.step(ids[:upto]) + self._detok.flush())
+        if result.stopped:
+            return result
+        self._done = True
+        tail = self._matcher.stop_at_token(self._plan.token_stops[ids[stop_at]])
+        return StopStep(result.text + tail.text, tail.matched)
+
+    def _feed(self, text: str) -> StopStep:
+        result = self._matcher.feed(text)
+        if result.stopped:
+            self._done = True
+        return result
+
+    def finish(self) -> StopStep:
+        """The worker finished (length, its own stop, or abort): emit the rest."""
+        if self._done:
+            return StopStep("")
+        self._done = True
+        result = self._matcher.feed(self._detok.flush())
+        if result.stopped:
+            return result
+        return StopStep(result.text + self._matcher.finish().text)
+
+
+def apply_stops(
+    tokenizer: Tokenizer,
+    plan: StopPlan,
+    output_ids: Sequence[int],
+    *,
+    skip_special_tokens: bool = True,
+    no_stop_trim: bool = False,
+) -> StopStep:
+    """Non-streaming: the final text and matched stop for a whole output, with exactly
+    the streaming semantics."""
+    stream = SampleStream(
+        tokenizer, plan, skip_special_tokens=skip_special_tokens, no_stop_trim=no_stop_trim
+    )
+    first = stream.step(output_ids)
+    if first.stopped:
+        return first
+    rest = stream.finish()
+    return StopStep(first.text + rest.text, rest.matched)

@@ -1,0 +1,339 @@
+"""The tokenizer handle every other layer uses.
+
+Built on HF ``tokenizers.Tokenizer`` (Rust, releases the GIL while encoding) plus the
+model's ``tokenizer_config.json`` / ``generation_config.json``, so that encode/decode,
+special tokens and EOS ids match what HF transformers' fast tokenizer gives for the
+same model, without paying for a transformers tokenizer object per model.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tokenizers import AddedToken
+from tokenizers import Tokenizer as BackendTokenizer
+from tokenizers.processors import TemplateProcessing
+
+from gateway.tokenization.errors import TokenizerLoadError
+
+if TYPE_CHECKING:
+    from gateway.tokenization.chat_template import ChatTemplate
+
+# Files that make up a tokenizer folder (the hub download and worker zips use these).
+TOKENIZER_FILES: tuple[str, ...] = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "generation_config.json",
+    "config.json",
+    "chat_template.jinja",
+    "chat_template.json",
+)
+
+# transformers stores "no limit" as a huge sentinel (int(1e30)); we report None instead.
+_NO_LIMIT = 10**18
+
+_NAMED_SPECIAL_TOKENS = (
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise TokenizerLoadError(f"cannot read {path.name}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise TokenizerLoadError(f"{path.name} is not a JSON object")
+    return data
+
+
+def _token_content(value: Any) -> str | None:
+    """A special-token entry in tokenizer_config is a string or an AddedToken dict."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Mapping) and isinstance(value.get("content"), str):
+        return str(value["content"])
+    return None
+
+
+def _int_ids(value: Any) -> list[int]:
+    """``eos_token_id`` in generation/model config is an int, a list of ints or null."""
+    if isinstance(value, bool):
+        return []
+    if isinstance(value, int):
+        return [value]
+    if isinstance(value, list):
+        return [v for v in value if isinstance(v, int) and not isinstance(v, bool)]
+    return []
+
+
+def _chat_template_sources(folder: Path | None, config: Mapping[str, Any]) -> dict[str, str]:
+    """Named chat templates, as transformers finds them (``chat_template.jinja`` wins)."""
+    templates: dict[str, str] = {}
+    raw = config.get("chat_template")
+    if isinstance(raw, str):
+        templates["default"] = raw
+    elif isinstance(raw, list):
+        for entry in raw:
+            if isinstance(entry, Mapping) and isinstance(entry.get("template"), str):
+                templates[str(entry.get("name", "default"))] = str(entry["template"])
+    if folder is not None:
+        separate = _read_json(folder / "chat_template.json").get("chat_template")
+        if isinstance(separate, str) and "default" not in templates:
+            templates["default"] = separate
+        jinja_file = folder / "chat_template.jinja"
+        if jinja_file.is_file():
+            templates["default"] = jinja_file.read_text(encoding="utf-8")
+    return templates
+
+
+class Tokenizer:
+    """Encode/decode and special-token facts for one model. Safe to share across threads."""
+
+    def __init__(
+        self,
+        backend: BackendTokenizer,
+        *,
+        name: str = "",
+        path: Path | None = None,
+        config: Mapping[str, Any] | None = None,
+        generation_config: Mapping[str, Any] | None = None,
+        model_config: Mapping[str, Any] | None = None,
+        special_tokens_map: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.backend = backend
+        # A gateway never truncates or pads silently (tokenizer.json may ask for both).
+        backend.no_truncation()
+        backend.no_padding()
+        self.name = name
+        self.path = path
+        self.config: dict[str, Any] = dict(config or {})
+        folder = path.parent if path is not None and path.is_file() else path
+        self._chat_template_sources = _chat_template_sources(folder, self.config)
+        self._chat_templates: dict[str, ChatTemplate] = {}
+        self._lock = threading.Lock()
+
+        named = dict(special_tokens_map or {})
+        named.update({k: v for k, v in self.config.items() if k in _NAMED_SPECIAL_TOKENS})
+        self._named_special: dict[str, str] = {}
+        for key in _NAMED_SPECIAL_TOKENS:
+            content = _token_content(named.get(key))
+            if content is not None:
+                self._named_special[key] = content
+
+        self._added: dict[int, AddedToken] = dict(backend.get_added_tokens_decoder())
+        self.special_token_ids: frozenset[int] = frozenset(
+            i for i, tok in self._added.items() if tok.special
+        )
+        bos = self._named_special.get("bos_token")
+        self.bos_token_id: int | None = backend.token_to_id(bos) if bos is not None else None
+        self._apply_bos_eos_flags()
+
+        eos_ids: set[int] = set()
+        eos = self._named_special.get("eos_token")
+        if eos is not None and (eos_id := backend.token_to_id(eos)) is not None:
+            eos_ids.add(eos_id)
+        eos_ids.update(_int_ids((generation_config or {}).get("eos_token_id")))
+        eos_ids.update(_int_ids((model_config or {}).get("eos_token_id")))
+        self._eos_token_ids = frozenset(eos_ids)
+
+        limit = self.config.get("model_max_length")
+        self.model_max_length: int | None = (
+            int(limit) if isinstance(limit, int | float) and 0 < limit < _NO_LIMIT else None
+        )
+
+    # ------------------------------------------------------------------ loading
+    @classmethod
+    def from_path(cls, path: str | Path, name: str | None = None) -> Tokenizer:
+        """Load from a tokenizer folder or a ``tokenizer.json`` file (configs read from beside it)."""
+        path = Path(path)
+        if path.is_file():
+            folder, json_file = path.parent, path
+        elif path.is_dir():
+            folder, json_file = path, path / "tokenizer.json"
+        else:
+            raise TokenizerLoadError(f"{path} does not exist")
+        if not json_file.is_file():
+            raise TokenizerLoadError(f"no tokenizer.json in {folder}")
+        try:
+            backend = BackendTokenizer.from_file(str(json_file))
+        except Exception as exc:  # tokenizers raises plain Exception on bad JSON
+            raise TokenizerLoadError(f"cannot parse {json_file}: {exc}") from exc
+        return cls(
+            backend,
+            name=name or folder.name,
+            path=path,
+            config=_read_json(folder / "tokenizer_config.json"),
+            generation_config=_read_json(folder / "generation_config.json"),
+            model_config=_read_json(folder / "config.json"),
+            special_tokens_map=_read_json(folder / "special_tokens_map.json"),
+        )
+
+    def _apply_bos_eos_flags(self) -> None:
+        """Honour explicit ``add_bos_token``/``add_eos_token`` in tokenizer_config.
+
+        tokenizer.json's post-processor decides by default (as in HF tokenizers and
+        transformers 5). When the config states a flag explicitly and the post-processor
+        disagrees, the config wins, as transformers' Llama/Gemma-family fast tokenizers
+        do: the post-processor is rebuilt as ``[bos] $A [eos]``.
+        """
+        want_bos = self.config.get("add_bos_token")
+        want_eos = self.config.get("add_eos_token")
+        if want_bos is None and want_eos is None:
+            return
+        eos = self._named_special.get("eos_token")
+        eos_id = self.backend.token_to_id(eos) if eos is not None else None
+        with_special = self.backend.encode("a", add_special_tokens=True).ids
+        plain = self.backend.encode("a", add_special_tokens=False).ids
+        extra = len(with_special) > len(plain)
+        has_bos = extra and self.bos_token_id is not None and with_special[0] == self.bos_token_id
+        has_eos = extra and eos_id is not None and with_special[-1] == eos_id
+        add_bos = has_bos if want_bos is None else bool(want_bos) and self.bos_token_id is not None
+        add_eos = has_eos if want_eos is None else bool(want_eos) and eos_id is not None
+        if (add_bos, add_eos) == (has_bos, has_eos):
+            return
+        bos = self._named_special.get("bos_token")
+        single = " ".join(
+            ([f"{bos}:0"] if add_bos else []) + ["$A:0"] + ([f"{eos}:0"] if add_eos else [])
+        )
+        pair = (
+            single
+            + " "
+            + " ".join(
+                ([f"{bos}:1"] if add_bos else []) + ["$B:1"] + ([f"{eos}:1"] if add_eos else [])
+            )
+        )
+        specials = ([(bos, self.bos_token_id)] if add_bos else []) + (
+            [(eos, eos_id)] if add_eos else []
+        )
+        self.backend.post_processor = TemplateProcessing(
+            single=single, pair=pair, special_tokens=specials
+        )
+
+    # ------------------------------------------------------------------ encode / decode
+    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        """Token ids of ``text``. Use ``add_special_tokens=False`` for rendered chat prompts."""
+        return list(
+            self.backend.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0].ids
+        )
+
+    def encode_batch(self, texts: Sequence[str], add_special_tokens: bool) -> list[list[int]]:
+        """Encode many texts in one call (parallel inside the Rust library)."""
+        encodings = self.backend.encode_batch_fast(
+            list(texts), add_special_tokens=add_special_tokens
+        )
+        return [list(e.ids) for e in encodings]
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """Text of ``ids``; no ``clean_up_tokenization_spaces`` (it would break streaming)."""
+        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def id_to_piece(self, token_id: int) -> str | None:
+        """The vocabulary piece of one id (e.g. ``"Ġhello"``), or None if unknown."""
+        return self.backend.id_to_token(token_id)
+
+    def convert_ids_to_tokens(self, ids: Iterable[int]) -> list[str | None]:
+        return [self.backend.id_to_token(i) for i in ids]
+
+    def token_id(self, text: str) -> int | None:
+        """The id if ``text`` is exactly one token (and decodes back to itself), else None."""
+        if not text:
+            return None
+        ids = self.backend.encode(text, add_special_tokens=False).ids
+        if len(ids) != 1:
+            return None
+        if self.backend.decode(ids, skip_special_tokens=False) != text:
+            return None
+        return int(ids[0])
+
+    # ------------------------------------------------------------------ facts
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids this tokenizer knows, added tokens included (``len(hf_tokenizer)``)."""
+        return int(self.backend.get_vocab_size(with_added_tokens=True))
+
+    @property
+    def added_tokens(self) -> Mapping[int, AddedToken]:
+        """Added tokens by id (special or not): BPE never merges across these."""
+        return self._added
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        """EOS ids from tokenizer_config, generation_config.json and config.json, plus merged ones."""
+        return self._eos_token_ids
+
+    def merge_eos_token_ids(self, ids: Iterable[int]) -> None:
+        """Add EOS ids a worker reported (GetModelInfo); the union is kept."""
+        extra = frozenset(int(i) for i in ids)
+        with self._lock:
+            self._eos_token_ids = self._eos_token_ids | extra
+
+    @property
+    def special_tokens_map(self) -> dict[str, str]:
+        """Named special tokens as strings (what chat templates see as ``bos_token`` etc.)."""
+        return dict(self._named_special)
+
+    # ------------------------------------------------------------------ chat template
+    @property
+    def chat_template_names(self) -> tuple[str, ...]:
+        return tuple(self._chat_template_sources)
+
+    def chat_template(self, name: str | None = None, *, with_tools: bool = False) -> ChatTemplate:
+        """The compiled chat template (cached): ``name``, else ``tool_use`` when tools are
+        given and such a template exists, else ``default``."""
+        from gateway.tokenization.chat_template import ChatTemplate
+        from gateway.tokenization.errors import ChatTemplateError
+
+        sources = self._chat_template_sources
+        if name is None:
+            name = "tool_use" if with_tools and "tool_use" in sources else "default"
+        if name not in sources:
+            available = ", ".join(sorted(sources)) or "none"
+            raise ChatTemplateError(
+                f"tokenizer {self.name!r} has no chat template {name!r} (available: {available})"
+            )
+        with self._lock:
+            template = self._chat_templates.get(name)
+        if template is None:
+            template = ChatTemplate(sources[name], special_tokens=self._named_special)
+            with self._lock:
+                self._chat_templates.setdefault(name, template)
+        return template
+
+    def apply_chat_template(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        documents: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        template_name: str | None = None,
+    ) -> str:
+        """Render ``messages`` to the prompt text; encode it with ``add_special_tokens=False``."""
+        template = self.chat_template(template_name, with_tools=bool(tools))
+        return template.render(
+            messages,
+            tools=tools,
+            documents=documents,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            chat_template_kwargs=chat_template_kwargs,
+        )
+
+    def __repr__(self) -> str:
+        return f"Tokenizer(name={self.name!r}, vocab_size={self.vocab_size})"
