@@ -27,6 +27,9 @@ from concurrent import futures
 from pathlib import Path
 from typing import Any
 
+# Run as a script, sys.path[0] is this folder: swap it for its parent so the
+# folder imports as the package `interop`, never its modules as top-level names.
+sys.path.pop(0)
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import grpc
@@ -36,14 +39,13 @@ from google.protobuf import (
     message_factory,
 )
 from google.protobuf.message import Message
+from interop import scenario
+from interop.populate import Plan, canonical, populate, unknown_fields
 from smg_grpc_proto.generated import (
     common_pb2,
     sglang_scheduler_pb2,
     sglang_scheduler_pb2_grpc,
 )
-
-from interop import scenario
-from interop.populate import Plan, canonical, populate, unknown_fields
 
 REFERENCE_FILES = (sglang_scheduler_pb2.DESCRIPTOR, common_pb2.DESCRIPTOR)
 _SERVICE = sglang_scheduler_pb2.DESCRIPTOR.services_by_name["SglangScheduler"]
