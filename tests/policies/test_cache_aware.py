@@ -1,0 +1,244 @@
+"""cache_aware: cost behaviour on the known failure modes, tree upkeep, reasons, explain."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field, replace
+
+import pytest
+
+from gateway.policies import explain
+from gateway.policies.base import Decision, LoadSnapshot, RouteRequest, WorkerView
+from gateway.policies.cache_aware import CacheAwarePolicy, CostKnobs
+
+from .helpers import req, tokens, views, with_load
+
+
+def policy(**kw: object) -> CacheAwarePolicy:
+    kw.setdefault("eviction_interval_s", 0)
+    return CacheAwarePolicy(**kw)  # type: ignore[arg-type]
+
+
+def send(p: CacheAwarePolicy, r: RouteRequest, ws: list[WorkerView]) -> Decision:
+    d = p.select(r, ws)
+    p.on_dispatch(r, d)
+    return d
+
+
+@dataclass
+class Pool:
+    """The router's side of the bookkeeping, just enough to drive the policy."""
+
+    n: int
+    in_flight: Counter[str] = field(default_factory=Counter)
+    queued: Counter[str] = field(default_factory=Counter)
+    decode: Counter[str] = field(default_factory=Counter)
+
+    def views(self) -> list[WorkerView]:
+        return [
+            replace(
+                w,
+                in_flight=self.in_flight[w.worker_id],
+                queued_prefill_tokens=self.queued[w.worker_id],
+                running_decode_tokens=self.decode[w.worker_id],
+            )
+            for w in views(self.n)
+        ]
+
+    def dispatch(self, p: CacheAwarePolicy, r: RouteRequest, decode: int = 256) -> Decision:
+        d = send(p, r, self.views())
+        self.in_flight[d.worker_id] += 1
+        self.queued[d.worker_id] += len(r.token_ids)
+        self.decode[d.worker_id] += decode
+        return d
+
+    def first_token(self, worker: str, prompt: int) -> None:
+        self.queued[worker] -= prompt
+
+
+SYSTEM = tokens(2000, 1)
+
+
+def test_idle_holder_gets_the_hit() -> None:
+    p = policy()
+    ws = views(4)
+    first = send(p, req(SYSTEM + tokens(100, 2)), ws)
+    assert first.reason == "no_match"
+    d = p.select(req(SYSTEM + tokens(100, 3)), ws)
+    assert (d.worker_id, d.reason, d.predicted_cached_tokens) == (first.worker_id, "cache_hit", 2000)
+
+
+def test_hot_prefix_spills_when_the_holder_has_queued_work() -> None:
+    p = policy()
+    ws = views(4)
+    hot = send(p, req(SYSTEM + tokens(100, 2)), ws).worker_id
+    # the holder has 10 cold prompts waiting for prefill: 20K tokens ahead of ours
+    loaded = with_load(ws, hot, in_flight=10, queued_prefill_tokens=21_000)
+    d = p.select(req(SYSTEM + tokens(100, 3)), loaded)
+    assert d.worker_id != hot and d.reason == "load_balanced"
+
+
+def test_popular_prefix_spreads_over_the_pool_instead_of_piling_on_one_worker() -> None:
+    p = policy()
+    pool = Pool(4)
+    picks: list[Decision] = []
+    for i in range(80):
+        r = req(SYSTEM + tokens(100, 100 + i), request_id=str(i))
+        d = pool.dispatch(p, r)
+        pool.first_token(d.worker_id, len(r.token_ids))  # prefilled at once; decode keeps running
+        picks.append(d)
+    counts = Counter(d.worker_id for d in picks)
+    assert len(counts) == 4, counts
+    assert max(counts.values()) <= 2 * min(counts.values()), counts
+    misses = sum(1 for d in picks if d.predicted_cached_tokens == 0)
+    assert misses <= 4  # each worker pays the prefix once, then hits
+
+
+def test_miss_goes_to_least_loaded_not_to_the_emptiest_tree() -> None:
+    p = policy()
+    ws = views(2)
+    for i in range(30):  # w0's tree is big, w1's is empty
+        p.on_dispatch(req(tokens(500, 200 + i)), Decision("w0", "test"))
+    novel = req(tokens(500, 999))
+    busy_w1 = with_load(ws, "w1", in_flight=3, queued_prefill_tokens=1500)
+    d = p.select(novel, busy_w1)
+    assert (d.worker_id, d.reason) == ("w0", "no_match")
+    busy_w0 = with_load(ws, "w0", in_flight=3, queued_prefill_tokens=1500)
+    assert p.select(novel, busy_w0).worker_id == "w1"
+
+
+def test_misses_balance_by_load_over_an_idle_pool() -> None:
+    p = policy()
+    pool = Pool(4)
+    picks = Counter(pool.dispatch(p, req(tokens(300, 300 + i))).worker_id for i in range(40))
+    assert picks == Counter({f"w{i}": 10 for i in range(4)})
+
+
+def test_new_worker_warms_up_while_others_are_busy() -> None:
+    p = policy()
+    ws = views(2)
+    for w in ("w0", "w1"):
+        p.on_dispatch(req(SYSTEM + tokens(50, 5)), Decision(w, "test"))
+    newcomer = WorkerView("w2", "grpc://10.0.0.2:30000")
+    busy = [replace(w, in_flight=8, queued_prefill_tokens=4_000, running_decode_tokens=2_000) for w in ws]
+    p.on_workers_changed([*busy, newcomer])
+    d = send(p, req(SYSTEM + tokens(50, 6)), [*busy, newcomer])
+    assert d.worker_id == "w2" and d.reason == "load_balanced"
+    # now w2 holds the prefix too and, being idle, gets the next one as a hit
+    d2 = p.select(req(SYSTEM + tokens(50, 7)), [*busy, newcomer])
+    assert (d2.worker_id, d2.reason) == ("w2", "cache_hit")
+
+
+def test_match_is_counted_in_whole_pages() -> None:
+    p = policy()
+    ws = views(2, page_size=16)
+    prompt = tokens(37, 8)
+    p.on_dispatch(req(prompt), Decision("w1", "test"))
+    d = p.select(req(prompt + tokens(20, 9)), ws)
+    assert (d.worker_id, d.predicted_cached_tokens) == ("w1", 32)
+    # less than one page held: no credit, chosen by load (rotating start)
+    short = tokens(10, 10)
+    p.on_dispatch(req(short), Decision("w0", "test"))
+    assert p.select(req([*short, 1]), ws).reason == "cache_miss_balanced"
+
+
+def test_budget_comes_from_kv_capacity_and_holds() -> None:
+    p = policy(budget_fraction=0.5)
+    ws = views(2, kv_capacity_tokens=1_000)
+    p.on_workers_changed(ws)
+    for i in range(40):
+        send(p, req(tokens(100, 400 + i)), ws)
+    tree = p.tree()
+    assert tree.worker_budget("w0") == 500
+    assert all(v <= 500 for v in tree.stats().worker_tokens.values())
+    tree.validate()
+
+
+def test_unknown_capacity_uses_the_default_budget() -> None:
+    p = policy(default_budget_tokens=300)
+    p.on_workers_changed(views(1))
+    assert p.tree().worker_budget("w0") == 300
+
+
+def test_removed_worker_leaves_the_trees() -> None:
+    p = policy()
+    ws = views(3)
+    p.on_workers_changed(ws)
+    for w in ("w0", "w1", "w2"):
+        p.on_dispatch(req([*SYSTEM, 7], model="m"), Decision(w, "test"))
+    p.on_workers_changed(ws[:1] + ws[2:])
+    tree = p.tree("m")
+    assert "w1" not in tree.workers()
+    assert all("w1" not in n.workers for n in tree.nodes())
+    tree.validate()
+
+
+def test_unavailable_holder_means_a_balanced_miss() -> None:
+    p = policy()
+    p.on_dispatch(req(SYSTEM), Decision("w0", "test"))
+    d = p.select(req([*SYSTEM, 1]), with_load(views(3), "w0", available=False))
+    assert d.reason == "cache_miss_balanced" and d.worker_id != "w0"
+
+
+def test_trees_are_per_model() -> None:
+    p = policy()
+    p.on_dispatch(req(SYSTEM, model="a"), Decision("w1", "test"))
+    assert p.select(req(SYSTEM, model="a"), views(2)).reason == "cache_hit"
+    assert p.select(req(SYSTEM, model="b"), views(2)).reason == "no_match"
+
+
+def test_queue_estimate_counts_only_the_uncached_part_of_queued_prompts() -> None:
+    p = policy()
+    ws = views(2)
+    p.on_dispatch(req([*SYSTEM, 1], request_id="a"), Decision("w0", "test"))
+    hit = req([*SYSTEM, 2], request_id="b")
+    p.on_dispatch(hit, p.select(hit, ws))  # predicted 2000 of 2001 cached
+    queued = with_load(ws, "w0", queued_prefill_tokens=4002, in_flight=2)
+    row = explain(p, req([*SYSTEM, 3]), queued)["workers"]["w0"]
+    assert row["queued_uncached_estimate"] == pytest.approx(4002 * (1 - 2000 / 4002), abs=0.2)
+    # the worker's own (fresh) figure wins when larger; a stale one is ignored
+    fresh = with_load(queued, "w0", loads=LoadSnapshot(num_waiting_uncached_tokens=9_000, age_s=1))
+    assert explain(p, req([5]), fresh)["workers"]["w0"]["queued_uncached_estimate"] == 9_000
+    stale = with_load(queued, "w0", loads=LoadSnapshot(num_waiting_uncached_tokens=9_000, age_s=60))
+    assert explain(p, req([5]), stale)["workers"]["w0"]["queued_uncached_estimate"] < 9_000
+    p.on_finish(hit, "w0", 1990, True)
+    p.on_finish(req([0], request_id="a"), "w0", 0, True)
+    assert p.stats.finished == 2 and p.stats.predicted_tokens == 2000
+    assert p.stats.reported_tokens == 1990
+    assert p._sums == {}
+
+
+def test_multiplicative_form_weighs_uncached_prefill_by_batch_size() -> None:
+    p = policy(cost=CostKnobs(form="multiplicative"))
+    ws = views(2)
+    p.on_dispatch(req(SYSTEM), Decision("w0", "test"))
+    assert p.select(req([*SYSTEM, 1]), ws).worker_id == "w0"
+    # (1 + 1) * (1 + 3000) > (2001 + 1) * 1
+    assert p.select(req([*SYSTEM, 1]), with_load(ws, "w0", in_flight=3000)).worker_id == "w1"
+    with pytest.raises(ValueError):
+        CostKnobs(form="bogus")
+
+
+def test_target_worker_is_recorded_in_the_tree() -> None:
+    p = policy()
+    d = send(p, req(SYSTEM, target_worker="w2"), views(3))
+    assert (d.worker_id, d.reason, d.predicted_cached_tokens) == ("w2", "target_worker", 0)
+    d2 = p.select(req(SYSTEM, target_worker="w2"), views(3))
+    assert d2.predicted_cached_tokens == 2000
+    assert p.select(req(SYSTEM), views(3)).worker_id == "w2"
+
+
+def test_explain_is_per_worker_and_changes_nothing() -> None:
+    p = policy()
+    ws = views(3)
+    send(p, req(SYSTEM), ws)
+    before = p.tree().stats()
+    turn = p._turn
+    info = explain(p, req([*SYSTEM, 4]), ws)
+    assert info["policy"] == "cache_aware" and info["reason"] == "cache_hit"
+    rows = info["workers"]
+    assert set(rows) == {"w0", "w1", "w2"}
+    chosen = rows[info["choice"]]
+    assert chosen["predicted_cached_tokens"] == 2000 and chosen["cost"] == 1
+    assert all("cost" in r and "tree_budget" in r for r in rows.values())
+    assert p.tree().stats() == before and p._turn == turn

@@ -1,0 +1,83 @@
+"""prefix_hash: same prefix same worker, bounded load, skipping, spread, explain."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from gateway.policies import explain
+from gateway.policies.prefix_hash import PrefixHashPolicy
+from gateway.policies.ring import HashRing
+
+from .helpers import req, tokens, views, with_load
+
+
+def test_prompts_sharing_the_hashed_prefix_go_to_the_ring_owner() -> None:
+    p = PrefixHashPolicy(block_size=16, depth_tokens=256)
+    shared = tokens(256, 1)
+    ws = views(8)
+    ds = [p.select(req(shared + tokens(100, i)), ws) for i in range(20)]
+    assert len({d.worker_id for d in ds}) == 1
+    assert ds[0].reason == "ring_owner"
+    assert ds[0].worker_id == HashRing(160, [w.worker_id for w in ws]).owner(p.key(req(shared)))
+
+
+def test_keys_spread_over_the_pool() -> None:
+    p = PrefixHashPolicy()
+    counts = Counter(p.select(req(tokens(300, i)), views(4)).worker_id for i in range(800))
+    assert set(counts) == {"w0", "w1", "w2", "w3"}
+    assert max(counts.values()) < 2.0 * min(counts.values())
+
+
+def test_overloaded_owner_passes_the_key_clockwise() -> None:
+    p = PrefixHashPolicy(load_factor=1.25)
+    prompt = req(tokens(300, 7))
+    ws = views(4, in_flight=4)
+    owner = p.select(prompt, ws).worker_id
+    walk = list(p.ring.walk(p.key(prompt)))
+    assert walk[0] == owner
+    # total = 12 + 8 = 20 in flight; limit = ceil(1.25 * 21 / 4) = 7: owner at 12 is above
+    hot = with_load(ws, owner, in_flight=12)
+    d = p.select(prompt, hot)
+    assert (d.worker_id, d.reason) == (walk[1], "load_bounded")
+    # owner at 5, others at 4: limit = ceil(1.25 * 18 / 4) = 6, so it keeps the key
+    assert p.select(prompt, with_load(ws, owner, in_flight=5)).worker_id == owner
+    # owner at 6: limit = ceil(1.25 * 19 / 4) = 6 and 6 is not below it
+    assert p.select(prompt, with_load(ws, owner, in_flight=6)).worker_id == walk[1]
+
+
+def test_load_factor_zero_never_bounces() -> None:
+    p = PrefixHashPolicy(load_factor=0)
+    prompt = req(tokens(300, 7))
+    owner = p.select(prompt, views(4)).worker_id
+    assert p.select(prompt, with_load(views(4), owner, in_flight=10_000)).worker_id == owner
+    with pytest.raises(ValueError):
+        PrefixHashPolicy(load_factor=0.5)
+
+
+def test_unavailable_owner_is_skipped_and_key_returns_when_it_recovers() -> None:
+    p = PrefixHashPolicy()
+    prompt = req(tokens(300, 8))
+    ws = views(5)
+    owner = p.select(prompt, ws).worker_id
+    d = p.select(prompt, with_load(ws, owner, available=False))
+    assert d.worker_id == list(p.ring.walk(p.key(prompt)))[1] and d.reason == "owner_unavailable"
+    assert p.select(prompt, ws).worker_id == owner
+
+
+def test_short_prompts_still_spread() -> None:
+    p = PrefixHashPolicy(block_size=16)
+    picks = {p.select(req([i, i + 1]), views(4)).worker_id for i in range(60)}
+    assert len(picks) == 4
+
+
+def test_explain_shows_ring_position_and_walk() -> None:
+    p = PrefixHashPolicy()
+    prompt = req(tokens(300, 9))
+    info = explain(p, prompt, views(3))
+    assert info["policy"] == "prefix_hash"
+    assert info["choice"] == info["ring_position"]["owner"] == info["walked"][0]
+    assert info["ring_position"]["key"] == p.key(prompt)
+    assert p.ring_position(p.key(prompt)).owner == info["choice"]
+    assert len(p.ring_points()) == 3 * 160

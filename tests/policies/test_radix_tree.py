@@ -1,0 +1,266 @@
+"""Token radix tree: unit cases and property-based invariants (hypothesis state machine)."""
+
+from __future__ import annotations
+
+import hypothesis.strategies as st
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from gateway.policies.radix_tree import RadixTree, pack
+
+
+def lcp(a: tuple[int, ...] | list[int], b: tuple[int, ...] | list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def raw(tree: RadixTree, toks: list[int]) -> dict[str, int]:
+    return tree.match_packed(pack(toks))[1]
+
+
+# ------------------------------------------------------------------ unit cases
+def test_match_is_longest_shared_prefix_per_worker() -> None:
+    t = RadixTree()
+    t.insert([1, 2, 3, 4, 5, 6], "a")
+    t.insert([1, 2, 3, 9, 9], "b")
+    t.insert([7, 7], "b")
+    m = t.match([1, 2, 3, 4, 5, 6, 7, 8])
+    assert m.matched == 6
+    assert m.per_worker == {"a": 6, "b": 3}
+    assert t.match([1, 2, 3, 9]).per_worker == {"a": 3, "b": 4}
+    assert t.match([8]).per_worker == {} and t.match([8]).matched == 0
+    assert t.match([]).per_worker == {}
+    t.validate()
+
+
+def test_match_counts_whole_pages_of_each_workers_page_size() -> None:
+    t = RadixTree()
+    t.set_worker("p16", page_size=16)
+    t.set_worker("p1", page_size=1)
+    toks = list(range(1, 38))  # 37 tokens
+    t.insert(toks, "p16")
+    t.insert(toks, "p1")
+    assert t.match([*toks, 99]).per_worker == {"p16": 32, "p1": 37}
+    assert t.match(toks[:15]).per_worker == {"p1": 15}  # less than a page: nothing
+
+
+def test_match_does_not_touch_lru() -> None:
+    t = RadixTree(default_budget_tokens=10)
+    t.insert([1] * 5, "a")
+    t.insert([2] * 5, "a")
+    t.match([1] * 5)  # a lookup is not a use
+    t.insert([3] * 5, "a")  # over budget: the least recently *inserted* goes
+    assert t.match([1] * 5).per_worker == {}
+    assert t.match([2] * 5).per_worker == {"a": 5}
+    t.validate()
+
+
+def test_reinserting_a_prompt_makes_it_recently_used() -> None:
+    t = RadixTree(default_budget_tokens=10)
+    t.insert([1] * 5, "a")
+    t.insert([2] * 5, "a")
+    t.insert([1] * 5, "a")  # used again: now [2]*5 is the least recently used
+    t.insert([3] * 5, "a")
+    assert t.match([1] * 5).per_worker == {"a": 5}
+    assert t.match([2] * 5).per_worker == {}
+    t.insert([4] * 5, "a")
+    assert t.match([1] * 5).per_worker == {}
+    assert t.match([3] * 5).per_worker == {"a": 5}
+    t.validate()
+
+
+def test_budget_eviction_is_lru_leaves_first_and_keeps_shared_prefix() -> None:
+    t = RadixTree(default_budget_tokens=20)
+    sys_prompt = [9] * 10
+    t.insert(sys_prompt + [1] * 5, "a")
+    t.insert(sys_prompt + [2] * 5, "a")  # 20 tokens: at budget
+    t.insert(sys_prompt + [3] * 5, "a")  # 25: evict the oldest leaf ([1]*5)
+    assert t.worker_tokens("a") == 20
+    per = t.match(sys_prompt + [1] * 5).per_worker
+    assert per == {"a": 10}
+    assert t.match(sys_prompt + [3] * 5).per_worker == {"a": 15}
+    t.validate()
+
+
+def test_global_cap_evicts_oldest_pairs_across_workers() -> None:
+    t = RadixTree(max_total_tokens=30)
+    t.insert([1] * 10, "a")
+    t.insert([2] * 10, "b")
+    t.insert([3] * 10, "a")
+    t.insert([4] * 10, "b")  # 40 > 30: [1]*10 (oldest) goes
+    assert t.total_tokens == 30
+    assert t.match([1] * 10).matched == 0
+    assert t.match([4] * 10).per_worker == {"b": 10}
+    t.validate()
+
+
+def test_background_mode_overshoots_only_by_the_hard_bound_then_evict_trims() -> None:
+    t = RadixTree(default_budget_tokens=100, evict_inline=False, overshoot=1.5)
+    for i in range(30):
+        t.insert([1000 + i] * 10, "a")
+        assert t.worker_tokens("a") <= 150  # inline hard bound
+    assert t.over_budget() or t.worker_tokens("a") <= 100
+    t.evict(chunk=3)
+    assert t.worker_tokens("a") <= 100
+    assert not t.over_budget()
+    t.validate()
+
+
+def test_remove_worker_leaves_no_trace_and_prunes() -> None:
+    t = RadixTree()
+    t.insert([1, 2, 3, 4], "a")
+    t.insert([1, 2, 5, 6], "b")
+    t.insert([7, 8], "a")
+    assert t.remove_worker("a") == 3  # nodes [1,2], [3,4] and [7,8]
+    assert all("a" not in n.workers for n in t.nodes())
+    assert t.match([7, 8]).matched == 0
+    assert t.match([1, 2, 3, 4]).matched == 2
+    assert t.total_tokens == 4
+    assert "a" not in t.workers()
+    t.validate()
+    assert t.remove_worker("a") == 0
+
+
+def test_remove_prefix_drops_the_tail_and_its_extensions_only() -> None:
+    t = RadixTree()
+    t.insert([1, 2, 3, 4, 5, 6], "a")
+    t.insert([1, 2, 3, 4, 5, 6, 7, 8], "a")
+    t.insert([1, 2, 3, 9], "a")  # shares [1,2,3] with the removed block
+    t.insert([1, 2, 3, 4, 5, 6], "b")
+    removed = t.remove_prefix([1, 2, 3, 4, 5, 6], "a", keep=2)
+    assert removed == 5  # tokens 4,5,6 and the extension 7,8
+    assert raw(t, [1, 2, 3, 4, 5, 6, 7, 8]) == {"a": 3, "b": 6}
+    assert raw(t, [1, 2, 3, 9]) == {"a": 4, "b": 3}
+    t.validate()
+    # keep=0 with no other branch: the whole path goes
+    assert t.remove_prefix([1, 2, 3, 4, 5, 6], "b") == 6
+    assert "b" not in raw(t, [1, 2, 3])
+    t.validate()
+    assert t.remove_prefix([5, 5], "a") == 0  # not in the tree
+    assert t.remove_prefix([1, 2], "a", keep=2) == 0  # nothing beyond keep
+
+
+def test_remove_prefix_of_a_block_the_tree_only_partly_knows() -> None:
+    t = RadixTree()
+    t.insert([1, 2, 3, 4], "a")
+    t.insert([1, 2, 3, 5, 6], "a")
+    # the removed block [3, 7, 7] diverges inside it: other branches keep [1,2,3]
+    t.remove_prefix([1, 2, 3, 7, 7], "a", keep=2)
+    assert raw(t, [1, 2, 3, 4]) == {"a": 4}
+    assert raw(t, [1, 2, 3, 5, 6]) == {"a": 5}
+    t.validate()
+
+
+def test_accepts_tuples_arrays_and_bytes() -> None:
+    from array import array
+
+    t = RadixTree()
+    t.insert((1, 2, 3), "a")
+    t.insert(array("I", [1, 2, 4]), "b")
+    assert t.match(pack([1, 2, 3])).per_worker == {"a": 3, "b": 2}
+
+
+def test_bad_settings_rejected() -> None:
+    with pytest.raises(ValueError):
+        RadixTree(default_budget_tokens=0)
+    with pytest.raises(ValueError):
+        RadixTree(overshoot=0.5)
+
+
+# ------------------------------------------------------- property-based model
+WORKERS = ("w0", "w1", "w2")
+PAGES = {"w0": 1, "w1": 2, "w2": 4}
+seqs = st.lists(st.integers(0, 3), min_size=0, max_size=14)
+
+
+class TreeMachine(RuleBasedStateMachine):
+    """Random inserts / removals / evictions against a model of what each worker was given.
+
+    Model: ``given[w]`` is every sequence inserted for ``w`` since it was last removed.
+    A worker's match can never exceed the longest prefix shared with one of those;
+    while no eviction or removal has touched it, the match equals that exactly.
+    """
+
+    @initialize(tight=st.booleans(), cap=st.integers(8, 60))
+    def setup(self, tight: bool, cap: int) -> None:
+        self.tight = tight
+        self.tree = RadixTree(
+            default_budget_tokens=12 if tight else 10_000,
+            max_total_tokens=cap if tight else 1_000_000,
+        )
+        for w in WORKERS:
+            self.tree.set_worker(w, page_size=PAGES[w], budget_tokens=self._budget(w))
+        self.given: dict[str, list[tuple[int, ...]]] = {w: [] for w in WORKERS}
+        self.exact: dict[str, bool] = {w: not tight for w in WORKERS}
+        self.probes: list[tuple[int, ...]] = [()]
+
+    def _budget(self, w: str) -> int:
+        return {"w0": 12, "w1": 20, "w2": 30}[w] if self.tight else 10_000
+
+    @rule(w=st.sampled_from(WORKERS), toks=seqs)
+    def insert(self, w: str, toks: list[int]) -> None:
+        self.tree.insert(toks, w)
+        self.given[w].append(tuple(toks))
+        self.probes.append(tuple(toks))
+        if self.tight:
+            assert self.tree.worker_tokens(w) <= self._budget(w)
+            assert self.tree.total_tokens <= self.tree.max_total_tokens
+
+    @rule(w=st.sampled_from(WORKERS))
+    def remove_worker(self, w: str) -> None:
+        self.tree.remove_worker(w)
+        assert all(w not in n.workers for n in self.tree.nodes())
+        self.given[w] = []
+        self.exact[w] = not self.tight
+        self.tree.set_worker(w, page_size=PAGES[w], budget_tokens=self._budget(w))
+
+    @precondition(lambda self: any(self.given.values()))
+    @rule(data=st.data())
+    def remove_prefix(self, data: st.DataObject) -> None:
+        w = data.draw(st.sampled_from([w for w in WORKERS if self.given[w]]))
+        toks = list(data.draw(st.sampled_from(self.given[w])))
+        keep = data.draw(st.integers(0, len(toks)))
+        kept_before = raw(self.tree, toks[:keep]).get(w, 0)
+        self.tree.remove_prefix(toks, w, keep=keep)
+        if len(toks) > keep:
+            assert raw(self.tree, toks).get(w, 0) < len(toks)
+        assert raw(self.tree, toks[:keep]).get(w, 0) == kept_before
+        self.exact[w] = False
+
+    @rule(toks=seqs)
+    def probe(self, toks: list[int]) -> None:
+        self.probes.append(tuple(toks))
+
+    @invariant()
+    def structure_is_consistent(self) -> None:
+        self.tree.validate()
+
+    @invariant()
+    def matches_agree_with_model(self) -> None:
+        for probe in self.probes[-12:]:
+            found, raw_per = self.tree.match_packed(pack(list(probe)))
+            rounded = self.tree.match(list(probe)).per_worker
+            for w in WORKERS:
+                bound = max((lcp(probe, g) for g in self.given[w]), default=0)
+                got = raw_per.get(w, 0)
+                assert got <= bound, (w, probe, got, bound)
+                if self.exact[w]:
+                    assert got == bound, (w, probe, got, bound)
+                assert got <= found
+                ps = PAGES[w]
+                assert rounded.get(w, 0) == got - got % ps
+                assert rounded.get(w, 0) % ps == 0
+
+
+TestTreeMachine = TreeMachine.TestCase
+TestTreeMachine.settings = settings(
+    max_examples=120,
+    stateful_step_count=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
