@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import time
 from collections.abc import Callable
@@ -49,7 +50,8 @@ class SimWorker:
         on_die: Callable[[], None] | None = None,
         vocab: Vocab | None = None,
     ) -> None:
-        self.config = config or SimConfig()
+        # A private copy: tests tune a live worker's config without touching others.
+        self.config = dataclasses.replace(config) if config is not None else SimConfig()
         self.vocab = vocab or load_vocab(self.config.tokenizer_path, self.config.output_vocab)
         self.faults = SimFaults.from_config(self.config)
         self.counters = SimCounters()
