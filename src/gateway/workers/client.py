@@ -101,7 +101,8 @@ class WorkerClient:
         )
 
     def _metadata(self, request_id: str | None = None) -> tuple[tuple[str, str], ...]:
-        if request_id:
+        # gRPC refuses non-ASCII header values before sending; such an id stays in the body only.
+        if request_id and request_id.isascii() and request_id.isprintable():
             return (*self._auth, ("x-request-id", request_id))
         return self._auth
 

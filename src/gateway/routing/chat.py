@@ -1,0 +1,217 @@
+"""/v1/chat/completions: template, tokenize, generate, then split reasoning and tool calls.
+
+Each choice runs its text through a reasoning parser (``<think>…</think>``) and
+then a tool-call parser, streaming or whole; both are pure text machines from
+``gateway.parsers``. Stream chunks are plain dicts for the same reason as in
+``completions``: they are built once per token batch on the hot path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.parsers.base import ReasoningParser, ToolCallParser
+from gateway.protocol.chat import ChatCompletionRequest
+from gateway.protocol.logprobs import chat_logprobs
+from gateway.protocol.responses import (
+    ChatCompletionChoice,
+    ChatCompletionMessage,
+    ChatCompletionResponse,
+    Usage,
+    now,
+    openai_finish_reason,
+)
+from gateway.protocol.sampling import sampling_from_chat
+from gateway.routing.chat_parsers import ChatParsers, choose_parsers
+from gateway.routing.completions import piece_fn, usage_dict
+from gateway.routing.engine import Engine
+from gateway.routing.generation import Generation, SampleDelta
+from gateway.routing.models import ModelEntry
+from gateway.routing.request_context import RequestContext
+
+
+@dataclass
+class _Choice:
+    """Per-choice parser state."""
+
+    reasoning: ReasoningParser | None
+    tools: ToolCallParser | None
+    think_end_id: int | None
+    reasoning_tokens: int = 0
+    in_reasoning: bool = True
+    sent_role: bool = False
+    ids: list[int] = field(default_factory=list)
+
+    def count(self, token_ids: list[int]) -> None:
+        """Reasoning tokens are those before the think-end token."""
+        if self.reasoning is None or not self.in_reasoning or self.think_end_id is None:
+            return
+        for t in token_ids:
+            if t == self.think_end_id:
+                self.in_reasoning = False
+                return
+            self.reasoning_tokens += 1
+
+    def split(self, text: str, *, final: bool) -> tuple[str, str, list[dict[str, Any]]]:
+        """(reasoning, content, tool call deltas) for new text."""
+        reasoning = ""
+        content = text
+        if self.reasoning is not None:
+            r, content = self.reasoning.feed(text)
+            reasoning += r
+            if final:
+                r2, c2 = self.reasoning.finish()
+                reasoning += r2
+                content += c2
+        calls: list[dict[str, Any]] = []
+        if self.tools is not None:
+            out = self.tools.feed(content)
+            content = out.content
+            calls = [c.to_openai() for c in out.tool_calls]
+            if final:
+                tail = self.tools.finish()
+                content += tail.content
+                calls.extend(c.to_openai() for c in tail.tool_calls)
+        return reasoning, content, calls
+
+
+async def _start(engine: Engine, req: ChatCompletionRequest, ctx: RequestContext) -> tuple[ModelEntry, Generation, str, ChatParsers]:
+    entry = engine.catalog.get(req.model)
+    kwargs = dict(req.chat_template_kwargs or {})
+    parsers = choose_parsers(entry.tokenizer, entry.model_type, req)
+    sampling = sampling_from_chat(req).with_constraint(parsers.constraint)
+    text, ids = await engine.render_chat(
+        entry, req.template_messages(), tools=req.template_tools(), chat_template_kwargs=kwargs or None,
+    )
+    prepared = engine.prepare(
+        entry, ids, sampling, stream=req.stream, request_id=ctx.request_id, prompt_text=text,
+        routing_key=ctx.routing_key, target_worker=ctx.target_worker,
+        require_reasoning=parsers.reasoning_enabled,
+    )
+    gen = await engine.start(prepared)
+    ctx.worker_ids = [gen.worker_id]
+    return entry, gen, text, parsers
+
+
+def _choices(gen: Generation, prompt_text: str, parsers: ChatParsers) -> list[_Choice]:
+    return [
+        _Choice(parsers.new_reasoning(prompt_text), parsers.new_tools(), parsers.think_end_id)
+        for _ in range(gen.prepared.sampling.n)
+    ]
+
+
+def _reasoning_total(choices: list[_Choice]) -> int:
+    return sum(c.reasoning_tokens for c in choices)
+
+
+async def complete_chat(engine: Engine, req: ChatCompletionRequest, ctx: RequestContext) -> dict[str, Any]:
+    entry, gen, prompt_text, parsers = await _start(engine, req, ctx)
+    choices = _choices(gen, prompt_text, parsers)
+    texts: dict[int, list[str]] = {}
+    lps: dict[int, tuple[list[int], list[float], list[Any]]] = {}
+    finish: dict[int, SampleDelta] = {}
+    async for d in gen:
+        texts.setdefault(d.index, []).append(d.text)
+        choices[d.index].count(d.token_ids)
+        if d.logprobs is not None:
+            ids, values, tops = lps.setdefault(d.index, ([], [], []))
+            ids.extend(d.token_ids)
+            values.extend(d.logprobs)
+            tops.extend(d.top_logprobs or [[] for _ in d.token_ids])
+        if d.finish_reason is not None:
+            finish[d.index] = d
+    piece = piece_fn(entry)
+    out: list[ChatCompletionChoice] = []
+    for i, choice in enumerate(choices):
+        text = "".join(texts.get(i, []))
+        reasoning: str | None = None
+        content: str | None = text
+        if choice.reasoning is not None:
+            reasoning, content = choice.reasoning.parse(text)
+        calls = None
+        if choice.tools is not None:
+            content, parsed = choice.tools.parse(content or "")
+            calls = [c.to_protocol() for c in parsed] or None
+        last = finish.get(i)
+        logprobs = None
+        if gen.prepared.sampling.logprobs:
+            ids, values, tops = lps.get(i, ([], [], []))
+            logprobs = chat_logprobs(ids, values, tops if gen.prepared.sampling.top_logprobs else None, piece)
+        out.append(
+            ChatCompletionChoice(
+                index=i,
+                message=ChatCompletionMessage(content=content if (content or not calls) else None, reasoning_content=reasoning or None, tool_calls=calls),
+                logprobs=logprobs,
+                finish_reason=openai_finish_reason(last.finish_reason if last else None, tool_calls=bool(calls)),
+                matched_stop=last.matched_stop if last else None,
+            )
+        )
+    u = gen.usage
+    reasoning_tokens = u.reasoning_tokens or _reasoning_total(choices)
+    response = ChatCompletionResponse(
+        id=ctx.response_id("chatcmpl"), model=entry.name, choices=out,
+        usage=Usage.build(u.prompt_tokens, u.completion_tokens, cached_tokens=u.cached_tokens,
+                          reasoning_tokens=reasoning_tokens if parsers.reasoning_enabled else None),
+    )
+    return response.to_dict()
+
+
+async def stream_chat(engine: Engine, req: ChatCompletionRequest, ctx: RequestContext) -> AsyncIterator[dict[str, Any]]:
+    """Start the generation (errors before output become HTTP errors), then stream chunks."""
+    entry, gen, prompt_text, parsers = await _start(engine, req, ctx)
+    return _chunks(req, entry, gen, prompt_text, parsers, ctx)
+
+
+async def _chunks(
+    req: ChatCompletionRequest, entry: ModelEntry, gen: Generation, prompt_text: str, parsers: ChatParsers, ctx: RequestContext
+) -> AsyncIterator[dict[str, Any]]:
+    rid = ctx.response_id("chatcmpl")
+    created = now()
+    model = entry.name
+    choices = _choices(gen, prompt_text, parsers)
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
+    want_lp = gen.prepared.sampling.logprobs
+    top_n = gen.prepared.sampling.top_logprobs
+    piece = piece_fn(entry) if want_lp else None
+
+    def chunk(choice_dicts: list[dict[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": choice_dicts}
+        if continuous:
+            out["usage"] = usage_dict(gen.usage)
+        return out
+
+    for i, c in enumerate(choices):
+        c.sent_role = True
+        yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}])
+    async for d in gen:
+        c = choices[d.index]
+        c.count(d.token_ids)
+        final = d.finish_reason is not None
+        reasoning, content, calls = c.split(d.text, final=final)
+        delta: dict[str, Any] = {}
+        if reasoning:
+            delta["reasoning_content"] = reasoning
+        if content:
+            delta["content"] = content
+        if calls:
+            delta["tool_calls"] = calls
+        logprobs = None
+        if piece is not None and d.token_ids:
+            logprobs = chat_logprobs(d.token_ids, d.logprobs or [], d.top_logprobs if top_n else None, piece).to_dict()
+        if not delta and not final and logprobs is None:
+            continue
+        entry_dict: dict[str, Any] = {"index": d.index, "delta": delta, "logprobs": logprobs, "finish_reason": None}
+        if final:
+            used_tools = c.tools is not None and c.tools.calls_started > 0
+            entry_dict["finish_reason"] = openai_finish_reason(d.finish_reason, tool_calls=used_tools)
+            entry_dict["matched_stop"] = d.matched_stop
+        yield chunk([entry_dict])
+    if include_usage:
+        u = gen.usage
+        usage = usage_dict(u, reasoning=parsers.reasoning_enabled)
+        if parsers.reasoning_enabled:
+            usage["completion_tokens_details"] = {"reasoning_tokens": u.reasoning_tokens or _reasoning_total(choices)}
+        yield {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [], "usage": usage}

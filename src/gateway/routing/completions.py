@@ -1,0 +1,211 @@
+"""/v1/completions: token-id or text prompts (batched), streamed or whole.
+
+Streamed chunks are built as plain dicts rather than response models: this runs
+once per token batch per request and model construction would dominate the
+relay cost. The shapes match ``gateway.protocol.responses`` exactly (tests check
+both against the official ``openai`` client types).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+from gateway.protocol.completions import CompletionRequest
+from gateway.protocol.logprobs import completion_logprobs
+from gateway.protocol.responses import (
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionResponse,
+    Usage,
+    new_id,
+    now,
+)
+from gateway.protocol.sampling import sampling_from_completion
+from gateway.routing.engine import Engine
+from gateway.routing.fanout import merged
+from gateway.routing.generation import Generation, UsageCounts
+from gateway.routing.models import ModelEntry
+from gateway.routing.prepared import PreparedRequest
+from gateway.routing.request_context import RequestContext
+
+
+def piece_fn(entry: ModelEntry) -> Any:
+    tok = entry.tokenizer
+    return lambda token_id: tok.decode([token_id], skip_special_tokens=False)
+
+
+def usage_dict(u: UsageCounts, *, reasoning: bool = False) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.prompt_tokens + u.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+    }
+    if reasoning:
+        out["completion_tokens_details"] = {"reasoning_tokens": u.reasoning_tokens}
+    return out
+
+
+def sum_usage(gens: list[Generation]) -> UsageCounts:
+    total = UsageCounts()
+    for g in gens:
+        total.prompt_tokens += g.usage.prompt_tokens
+        total.completion_tokens += g.usage.completion_tokens
+        total.cached_tokens += g.usage.cached_tokens
+        total.reasoning_tokens += g.usage.reasoning_tokens
+    return total
+
+
+async def prepare_completions(
+    engine: Engine, req: CompletionRequest, ctx: RequestContext
+) -> tuple[ModelEntry, list[PreparedRequest]]:
+    entry = engine.catalog.get(req.model)
+    sampling = sampling_from_completion(req)
+    prepared: list[PreparedRequest] = []
+    for i, prompt in enumerate(req.prompts()):
+        if isinstance(prompt, str):
+            # Completions add the tokenizer's special tokens (BOS) as SGLang's server does.
+            ids = await engine.encode(entry, prompt, add_special_tokens=True)
+            text = prompt
+        else:
+            ids, text = list(prompt), ""
+        prepared.append(
+            engine.prepare(
+                entry, ids, sampling,
+                stream=req.stream,
+                request_id=ctx.sub_id(i),
+                prompt_text=text,
+                routing_key=ctx.routing_key,
+                target_worker=ctx.target_worker,
+            )
+        )
+    return entry, prepared
+
+
+async def start_all(engine: Engine, prepared: list[PreparedRequest]) -> list[Generation]:
+    """Start every prompt's generation; if one cannot start, abort those that did."""
+    if len(prepared) == 1:
+        return [await engine.start(prepared[0])]
+    results = await asyncio.gather(*(engine.start(p) for p in prepared), return_exceptions=True)
+    errors = [r for r in results if isinstance(r, BaseException)]
+    if errors:
+        for r in results:
+            if isinstance(r, Generation):
+                await r.stream.aclose()
+        raise errors[0]
+    return list(results)  # type: ignore[arg-type]
+
+
+def _echo_text(p: PreparedRequest, entry: ModelEntry) -> str:
+    return p.prompt_text or entry.tokenizer.decode(p.prompt_ids, skip_special_tokens=False)
+
+
+def _prompt_logprobs(gen: Generation, entry: ModelEntry) -> CompletionLogprobs | None:
+    lp = gen.input_logprobs
+    if lp is None:
+        return None
+    values = [v.value if v.HasField("value") else None for v in lp.token_logprobs]
+    tops = [list(zip(r.token_ids, r.values, strict=False)) for r in lp.top_logprobs] or None
+    return completion_logprobs(list(lp.token_ids), values, tops, piece_fn(entry), top_n=gen.prepared.sampling.top_logprobs)
+
+
+async def complete(engine: Engine, req: CompletionRequest, ctx: RequestContext) -> dict[str, Any]:
+    entry, prepared = await prepare_completions(engine, req, ctx)
+    gens = await start_all(engine, prepared)
+    ctx.worker_ids = [g.worker_id for g in gens]
+    n = prepared[0].sampling.n
+    texts: dict[int, list[str]] = {}
+    ids: dict[int, list[int]] = {}
+    lps: dict[int, list[float]] = {}
+    tops: dict[int, list[Any]] = {}
+    finish: dict[int, tuple[str | None, Any]] = {}
+    async for g_index, d in merged(gens):
+        k = g_index * n + d.index
+        texts.setdefault(k, []).append(d.text)
+        ids.setdefault(k, []).extend(d.token_ids)
+        if d.logprobs is not None:
+            lps.setdefault(k, []).extend(d.logprobs)
+            tops.setdefault(k, []).extend(d.top_logprobs or [[] for _ in d.token_ids])
+        if d.finish_reason is not None:
+            finish[k] = (d.finish_reason, d.matched_stop)
+    choices: list[CompletionChoice] = []
+    piece = piece_fn(entry)
+    for k in range(len(gens) * n):
+        gen = gens[k // n]
+        text = "".join(texts.get(k, []))
+        logprobs = None
+        if gen.prepared.sampling.logprobs:
+            logprobs = completion_logprobs(
+                ids.get(k, []), lps.get(k, []), tops.get(k) if gen.prepared.sampling.top_logprobs else None, piece,
+            )
+        if req.echo:
+            prefix = _echo_text(gen.prepared, entry)
+            if logprobs is not None:
+                head = _prompt_logprobs(gen, entry) or CompletionLogprobs()
+                offset = len(prefix)
+                logprobs.text_offset = [o + offset for o in logprobs.text_offset]
+                head.extend(logprobs)
+                logprobs = head
+            text = prefix + text
+        reason, matched = finish.get(k, (None, None))
+        choices.append(CompletionChoice(index=k, text=text, logprobs=logprobs, finish_reason=reason, matched_stop=matched))  # type: ignore[arg-type]
+    u = sum_usage(gens)
+    response = CompletionResponse(
+        id=ctx.response_id("cmpl"), model=entry.name, choices=choices,
+        usage=Usage.build(u.prompt_tokens, u.completion_tokens, cached_tokens=u.cached_tokens),
+    )
+    return response.to_dict()
+
+
+async def stream_completions(
+    engine: Engine, req: CompletionRequest, ctx: RequestContext
+) -> tuple[list[Generation], AsyncIterator[dict[str, Any]]]:
+    """Start the generations (errors before output surface as HTTP errors), then stream."""
+    entry, prepared = await prepare_completions(engine, req, ctx)
+    gens = await start_all(engine, prepared)
+    ctx.worker_ids = [g.worker_id for g in gens]
+    return gens, _chunks(req, entry, gens, ctx)
+
+
+async def _chunks(
+    req: CompletionRequest, entry: ModelEntry, gens: list[Generation], ctx: RequestContext
+) -> AsyncIterator[dict[str, Any]]:
+    rid = ctx.response_id("cmpl")
+    created = now()
+    n = gens[0].prepared.sampling.n
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
+    piece = piece_fn(entry)
+    offsets: dict[int, int] = {}
+    echoed: set[int] = set()
+    async for g_index, d in merged(gens):
+        k = g_index * n + d.index
+        gen = gens[g_index]
+        text = d.text
+        logprobs: dict[str, Any] | None = None
+        if gen.prepared.sampling.logprobs and d.token_ids:
+            lp = completion_logprobs(
+                d.token_ids, d.logprobs or [], d.top_logprobs if gen.prepared.sampling.top_logprobs else None,
+                piece, text_offset=offsets.get(k, 0),
+            )
+            logprobs = lp.to_dict()
+        if req.echo and k not in echoed:
+            echoed.add(k)
+            text = _echo_text(gen.prepared, entry) + text
+        offsets[k] = offsets.get(k, 0) + len(text)
+        if not text and d.finish_reason is None and logprobs is None:
+            continue
+        choice: dict[str, Any] = {"index": k, "text": text, "logprobs": logprobs, "finish_reason": d.finish_reason}
+        if d.finish_reason is not None:
+            choice["matched_stop"] = d.matched_stop
+        chunk: dict[str, Any] = {"id": rid, "object": "text_completion", "created": created, "model": entry.name, "choices": [choice]}
+        if continuous:
+            chunk["usage"] = usage_dict(sum_usage(gens))
+        yield chunk
+    if include_usage:
+        yield {"id": rid, "object": "text_completion", "created": created, "model": entry.name, "choices": [], "usage": usage_dict(sum_usage(gens))}
+
+
+__all__ = ["complete", "new_id", "stream_completions"]

@@ -1,0 +1,213 @@
+"""Send a request to a worker, retrying on another worker until output starts.
+
+``open_generate`` is the gateway's one retry loop. It returns a ``WorkerStream``
+only once the worker has produced its first message, so a request that fails
+before any output reaches the client is retried elsewhere and one that fails
+after is never replayed. The stream owns the request's load slot and releases
+it on every ending: completion, worker error, stall, or cancellation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+from grpc import aio
+
+from gateway.policies.base import NoWorkerAvailable, RouteRequest
+from gateway.proto import sglang_scheduler_pb2 as pb
+from gateway.routing.errors import map_rpc_error, no_worker_error, worker_stalled_error
+from gateway.routing.retry import RetryConfig
+from gateway.routing.router import Router, Selection
+from gateway.settings import option
+from gateway.workers.load import LoadGuard
+
+log = logging.getLogger(__name__)
+
+BuildRequest = Callable[[Selection], pb.GenerateRequest]
+
+
+@dataclass
+class DispatchConfig:
+    request_timeout_s: float = option(600.0, "gRPC deadline for one generation on a worker, seconds")
+    first_token_timeout_s: float = option(300.0, "give up on a worker that sends nothing for this long before the first message, seconds")
+    stall_timeout_s: float = option(60.0, "give up on a stream that goes silent for this long after it started, seconds")
+
+
+class WorkerStream:
+    """A live Generate call on the worker that accepted the request."""
+
+    def __init__(
+        self,
+        selection: Selection,
+        route: RouteRequest,
+        call: aio.UnaryStreamCall,
+        guard: LoadGuard,
+        first: pb.GenerateResponse,
+        config: DispatchConfig,
+        attempts: int,
+    ) -> None:
+        self.selection = selection
+        self.worker = selection.worker
+        self.route = route
+        self.request_id = route.request_id
+        self.attempts = attempts
+        self._call = call
+        self._guard = guard
+        self._pending: pb.GenerateResponse | None = first
+        self._config = config
+        self._cached_tokens = 0
+        self.closed = False
+
+    async def read(self) -> pb.GenerateResponse | None:
+        """The next message, or None when the worker ended the stream."""
+        if self._pending is not None:
+            msg, self._pending = self._pending, None
+        else:
+            try:
+                async with asyncio.timeout(self._config.stall_timeout_s):
+                    got = await self._call.read()
+            except TimeoutError:
+                await self.abort("stalled")
+                raise worker_stalled_error(self.worker.id, self._config.stall_timeout_s) from None
+            except aio.AioRpcError as exc:
+                self._finish(success=False)
+                raise map_rpc_error(exc, self.worker.id) from exc
+            if got is aio.EOF:
+                self._finish(success=True)
+                return None
+            msg = got  # type: ignore[assignment]
+        self._guard.first_token()
+        if msg.HasField("complete"):
+            self._cached_tokens = max(self._cached_tokens, msg.complete.cached_tokens)
+        elif msg.HasField("chunk"):
+            self._cached_tokens = max(self._cached_tokens, msg.chunk.cached_tokens)
+        return msg
+
+    def _finish(self, *, success: bool) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._guard.release()
+        if success:
+            self.worker.breaker.record_success()
+        else:
+            self.worker.breaker.record_failure()
+        self.selection.policy.on_finish(self.route, self.worker.id, self._cached_tokens, success)
+
+    async def abort(self, reason: str = "client gone") -> None:
+        """Stop the worker's work for this request now and free the slot."""
+        if self.closed:
+            return
+        self._call.cancel()
+        self._finish(success=True)
+        fire_abort(self.worker, self.request_id, reason)
+
+    def finished(self) -> None:
+        """Every sample completed on the worker: free the slot without an Abort."""
+        if not self.closed:
+            self._call.cancel()
+            self._finish(success=True)
+
+    async def aclose(self) -> None:
+        """End the stream early (a stop string matched, or the client went away)."""
+        await self.abort("finished by gateway")
+
+
+_background: set[asyncio.Task[None]] = set()
+
+
+def fire_abort(worker: object, request_id: str, reason: str) -> None:
+    """Send Abort without making the caller wait for it (a cancelled stream already stops
+    the worker's stream; the explicit Abort also covers work queued under that id)."""
+
+    async def send() -> None:
+        with contextlib.suppress(Exception):
+            await worker.client.abort(request_id, reason, timeout=2.0)  # type: ignore[attr-defined]
+
+    task = asyncio.get_running_loop().create_task(send())
+    _background.add(task)
+    task.add_done_callback(_background.discard)
+
+
+async def open_generate(
+    router: Router,
+    route: RouteRequest,
+    build: BuildRequest,
+    *,
+    prompt_tokens: int,
+    max_new_tokens: int,
+    retry: RetryConfig,
+    config: DispatchConfig,
+    role: str = "regular",
+    on_attempt: Callable[[Selection, int], None] | None = None,
+) -> WorkerStream:
+    """Select, send and wait for the first message, retrying on other workers."""
+    last_error: Exception | None = None
+    for attempt in range(1, max(1, retry.max_attempts) + 1):
+        try:
+            selection = router.select(route, role)
+        except NoWorkerAvailable as exc:
+            if last_error is not None:
+                raise last_error from exc
+            raise no_worker_error(str(exc)) from exc
+        worker = selection.worker
+        guard = worker.load.acquire(prompt_tokens, max_new_tokens)
+        worker.breaker.on_dispatch()
+        selection.policy.on_dispatch(route, selection.decision)
+        if on_attempt is not None:
+            on_attempt(selection, attempt)
+        call = worker.client.generate(build(selection), timeout=config.request_timeout_s)
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(config.first_token_timeout_s):
+                first = await call.read()
+        except TimeoutError:
+            call.cancel()
+            fire_abort(worker, route.request_id, "first token timeout")
+            guard.release()
+            worker.breaker.record_failure()
+            selection.policy.on_finish(route, worker.id, 0, False)
+            last_error = worker_stalled_error(worker.id, config.first_token_timeout_s)
+            route = router.exclude(route, worker.id)
+            continue
+        except aio.AioRpcError as exc:
+            guard.release()
+            client_fault = exc.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE)
+            if client_fault:
+                worker.breaker.record_success()
+            else:
+                worker.breaker.record_failure()
+            selection.policy.on_finish(route, worker.id, 0, False)
+            last_error = map_rpc_error(exc, worker.id)
+            if not retry.retryable(exc.code()) or attempt >= retry.max_attempts:
+                raise last_error from exc
+            log.warning(
+                "request %s: worker %s failed before output (%s), retrying (attempt %d)",
+                route.request_id, worker.id, exc.code().name, attempt,
+            )
+            route = router.exclude(route, worker.id)
+            await asyncio.sleep(retry.backoff(attempt))
+            continue
+        except BaseException:
+            call.cancel()
+            fire_abort(worker, route.request_id, "cancelled")
+            guard.release()
+            selection.policy.on_finish(route, worker.id, 0, False)
+            raise
+        if first is aio.EOF:
+            guard.release()
+            worker.breaker.record_failure()
+            selection.policy.on_finish(route, worker.id, 0, False)
+            last_error = map_rpc_error(None, worker.id, "worker closed the stream without output")
+            route = router.exclude(route, worker.id)
+            continue
+        log.debug("request %s on %s after %.1f ms", route.request_id, worker.id, (time.monotonic() - started) * 1e3)
+        return WorkerStream(selection, route, call, guard, first, config, attempt)  # type: ignore[arg-type]
+    assert last_error is not None
+    raise last_error

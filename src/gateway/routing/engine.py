@@ -1,0 +1,220 @@
+"""The request pipeline shared by every front door: prepare -> select -> dispatch.
+
+HTTP and gRPC front doors both call ``Engine``; there is no second copy of
+tokenization, routing, retries or load accounting anywhere else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.policies.base import RouteRequest
+from gateway.proto import sglang_scheduler_pb2 as pb
+from gateway.protocol.errors import ContextLengthExceededError, InvalidRequestError
+from gateway.protocol.sampling import SamplingOptions
+from gateway.routing.dispatch import DispatchConfig, open_generate
+from gateway.routing.generation import Generation
+from gateway.routing.models import ModelCatalog, ModelEntry
+from gateway.routing.prepared import PreparedRequest
+from gateway.routing.retry import RetryConfig
+from gateway.routing.router import Router, Selection
+from gateway.routing.sampling import to_sampling_params
+from gateway.settings import option
+from gateway.tokenization import StopPlan, Tokenizer
+from gateway.tokenization.errors import ChatTemplateError
+
+StageObserver = Callable[[str, float], None]  # (stage name, seconds)
+
+
+@dataclass
+class EngineConfig:
+    tokenize_threads: int = option(2, "threads that tokenize long prompts off the event loop")
+    offload_chars: int = option(4096, "prompts longer than this many characters are tokenized in the thread pool")
+
+
+class Engine:
+    def __init__(
+        self,
+        router: Router,
+        catalog: ModelCatalog,
+        *,
+        config: EngineConfig | None = None,
+        retry: RetryConfig | None = None,
+        dispatch: DispatchConfig | None = None,
+        observe_stage: StageObserver | None = None,
+    ) -> None:
+        self.router = router
+        self.registry = router.registry
+        self.catalog = catalog
+        self.config = config or EngineConfig()
+        self.retry = retry or RetryConfig()
+        self.dispatch = dispatch or DispatchConfig()
+        self._pool = ThreadPoolExecutor(
+            max_workers=max(1, self.config.tokenize_threads), thread_name_prefix="tokenize"
+        )
+        self._observe = observe_stage or (lambda stage, seconds: None)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # ------------------------------------------------------------- tokenization
+    async def _offload(self, size: int, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run ``fn`` inline when small, else in the bounded pool (the GIL is released
+        inside HF tokenizers, so one huge prompt never stalls the event loop)."""
+        if size <= self.config.offload_chars:
+            return fn(*args)
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    async def encode(self, entry: ModelEntry, text: str, *, add_special_tokens: bool) -> list[int]:
+        started = time.perf_counter()
+        ids: list[int] = await self._offload(len(text), entry.tokenizer.encode, text, add_special_tokens)
+        self._observe("tokenize", time.perf_counter() - started)
+        return ids
+
+    async def render_chat(
+        self,
+        entry: ModelEntry,
+        messages: Sequence[dict[str, Any]],
+        *,
+        tools: Sequence[dict[str, Any]] | None,
+        chat_template_kwargs: dict[str, Any] | None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+    ) -> tuple[str, list[int]]:
+        """Template then tokenize a conversation (the multi-turn cache makes resent history cheap)."""
+        started = time.perf_counter()
+        try:
+            text = entry.tokenizer.apply_chat_template(
+                messages,
+                tools=tools,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+                chat_template_kwargs=chat_template_kwargs,
+            )
+        except ChatTemplateError as exc:
+            raise InvalidRequestError(str(exc), param="messages") from exc
+        rendered = time.perf_counter()
+        self._observe("template", rendered - started)
+        ids: list[int] = await self._offload(len(text), entry.prompt_cache.encode, text)
+        self._observe("tokenize", time.perf_counter() - rendered)
+        return text, ids
+
+    # ------------------------------------------------------------- preparation
+    def prepare(
+        self,
+        entry: ModelEntry,
+        prompt_ids: list[int],
+        sampling: SamplingOptions,
+        *,
+        stream: bool,
+        request_id: str | None = None,
+        prompt_text: str = "",
+        routing_key: str | None = None,
+        target_worker: str | None = None,
+        require_reasoning: bool = False,
+    ) -> PreparedRequest:
+        """Check the prompt against the model and settle the stop plan."""
+        if not prompt_ids:
+            raise InvalidRequestError("the prompt is empty", param="prompt")
+        vocab = entry.tokenizer.vocab_size
+        if any(t < 0 or t >= vocab for t in prompt_ids):
+            raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})", param="prompt")
+        limit = entry.max_context_length
+        wanted = sampling.max_new_tokens or 0
+        if limit and len(prompt_ids) + wanted > limit:
+            raise ContextLengthExceededError(
+                f"this model's maximum context length is {limit} tokens; the prompt has "
+                f"{len(prompt_ids)} tokens and {wanted} more were requested",
+                param="messages" if prompt_text else "prompt",
+            )
+        plan = StopPlan.build(
+            entry.tokenizer,
+            stop=list(sampling.stop),
+            stop_token_ids=list(sampling.stop_token_ids),
+            ignore_eos=sampling.ignore_eos,
+            skip_special_tokens=sampling.skip_special_tokens,
+        )
+        return PreparedRequest(
+            request_id=request_id or uuid.uuid4().hex,
+            model=entry.name,
+            prompt_ids=prompt_ids,
+            sampling=sampling,
+            stop_plan=plan,
+            tokenizer=entry.tokenizer,
+            stream=stream,
+            prompt_text=prompt_text,
+            routing_key=routing_key,
+            target_worker=target_worker,
+            require_reasoning=require_reasoning,
+        )
+
+    def route_request(self, prepared: PreparedRequest, pool: str = "regular") -> RouteRequest:
+        return RouteRequest(
+            token_ids=prepared.prompt_ids,
+            model=self._worker_model(prepared.model),
+            pool=pool,
+            request_id=prepared.request_id,
+            routing_key=prepared.routing_key,
+            target_worker=prepared.target_worker,
+            max_new_tokens=prepared.sampling.max_new_tokens or 0,
+        )
+
+    def _worker_model(self, public: str) -> str:
+        """Policies and pools are keyed by the name workers report."""
+        for worker in self.registry.all():
+            if self.catalog.public_name(worker.model) == public:
+                return worker.model
+        return public
+
+    def generate_request(self, prepared: PreparedRequest) -> pb.GenerateRequest:
+        sampling = prepared.sampling
+        # Stream from the worker whenever the gateway may need to stop it early.
+        worker_stream = prepared.stream or bool(prepared.stop_plan.stop_strings)
+        request = pb.GenerateRequest(
+            request_id=prepared.request_id,
+            tokenized=pb.TokenizedInput(input_ids=prepared.prompt_ids),
+            sampling_params=to_sampling_params(
+                sampling,
+                stop_token_ids=prepared.stop_plan.stop_token_ids,
+                max_new_tokens=sampling.max_new_tokens,
+            ),
+            return_logprob=sampling.logprobs or sampling.logprob_start_len >= 0,
+            top_logprobs_num=sampling.top_logprobs if sampling.logprobs else 0,
+            logprob_start_len=sampling.logprob_start_len,
+            stream=worker_stream,
+            require_reasoning=prepared.require_reasoning,
+        )
+        if prepared.prompt_text:
+            request.tokenized.original_text = prepared.prompt_text
+        return request
+
+    # ------------------------------------------------------------- dispatch
+    async def start(self, prepared: PreparedRequest) -> Generation:
+        """Route and send; returns once the worker produced its first message."""
+        request = self.generate_request(prepared)
+        route = self.route_request(prepared)
+        started = time.perf_counter()
+
+        def build(selection: Selection) -> pb.GenerateRequest:
+            return request
+
+        stream = await open_generate(
+            self.router,
+            route,
+            build,
+            prompt_tokens=len(prepared.prompt_ids),
+            max_new_tokens=(prepared.sampling.max_new_tokens or 0) * prepared.sampling.n,
+            retry=self.retry,
+            config=self.dispatch,
+        )
+        self._observe("first_message", time.perf_counter() - started)
+        return Generation(stream, prepared)
+
+    def tokenizer(self, model: str | None) -> Tokenizer:
+        return self.catalog.get(model).tokenizer

@@ -1,0 +1,196 @@
+"""Run one prepared generation on a worker and turn its token stream into text.
+
+This is where the worker's per-sample token ids become per-sample text deltas:
+each sample gets its own incremental detokenizer and stop matcher. Stop strings
+are the gateway's job (real workers reject string stops), and the moment every
+sample has stopped the worker request is cancelled and aborted, so the GPU does
+not keep generating tokens nobody will see.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from gateway.proto import sglang_scheduler_pb2 as pb
+from gateway.protocol.errors import WorkerError
+from gateway.routing.dispatch import WorkerStream
+from gateway.routing.prepared import PreparedRequest
+from gateway.tokenization.stops import SampleStream
+
+TopRow = list[tuple[int, float]]
+
+
+@dataclass(slots=True)
+class SampleDelta:
+    """New output of one sample: text now safe to show, and the tokens behind it."""
+
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] | None = None
+    top_logprobs: list[TopRow] | None = None
+    finish_reason: str | None = None  # set on the sample's last delta
+    matched_stop: int | str | None = None
+
+
+@dataclass(slots=True)
+class UsageCounts:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
+    per_sample_completion: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _Sample:
+    index: int
+    text: SampleStream
+    generated: int = 0  # tokens the worker produced for this sample
+    saw_chunks: bool = False
+    done: bool = False
+
+
+def _logprob_rows(lp: pb.OutputLogProbs, top_n: int) -> tuple[list[float], list[TopRow] | None]:
+    values = list(lp.token_logprobs)
+    if top_n <= 0:
+        return values, None
+    tops = [list(zip(row.token_ids, row.values, strict=False))[:top_n] for row in lp.top_logprobs]
+    return values, tops
+
+
+class Generation:
+    """Iterate to get ``SampleDelta``s; ``usage`` is complete once iteration ends."""
+
+    def __init__(self, stream: WorkerStream, prepared: PreparedRequest) -> None:
+        self.stream = stream
+        self.prepared = prepared
+        self.usage = UsageCounts(prompt_tokens=len(prepared.prompt_ids))
+        options = prepared.sampling
+        self._token_stops = prepared.stop_plan.token_stops
+        self._samples = [
+            _Sample(
+                i,
+                SampleStream(
+                    prepared.tokenizer,
+                    prepared.stop_plan,
+                    skip_special_tokens=options.skip_special_tokens,
+                    no_stop_trim=options.no_stop_trim,
+                ),
+            )
+            for i in range(options.n)
+        ]
+        self._open = len(self._samples)
+        self._want_logprobs = prepared.sampling.logprobs
+        self._top_n = prepared.sampling.top_logprobs if prepared.sampling.logprobs else 0
+        self.input_logprobs: pb.InputLogProbs | None = None
+        self._stopped_early = False  # a sample ended here before the worker said so
+
+    @property
+    def worker_id(self) -> str:
+        return self.stream.worker.id
+
+    def __aiter__(self) -> AsyncIterator[SampleDelta]:
+        return self._run()
+
+    async def _run(self) -> AsyncIterator[SampleDelta]:
+        try:
+            while self._open:
+                msg = await self.stream.read()
+                if msg is None:
+                    missing = [s.index for s in self._samples if not s.done]
+                    raise WorkerError(
+                        f"worker {self.worker_id} ended the stream before samples {missing} finished"
+                    )
+                which = msg.WhichOneof("response")
+                if which == "chunk":
+                    for delta in self._on_chunk(msg.chunk):
+                        yield delta
+                elif which == "complete":
+                    for delta in self._on_complete(msg.complete):
+                        yield delta
+        finally:
+            if self._open or self._stopped_early:
+                # A stop matched here, or the consumer left: the worker must stop now.
+                await self.stream.aclose()
+            else:
+                self.stream.finished()
+
+    def _sample(self, index: int) -> _Sample | None:
+        if 0 <= index < len(self._samples):
+            return self._samples[index]
+        return None
+
+    def _on_chunk(self, chunk: pb.GenerateStreamChunk) -> list[SampleDelta]:
+        if chunk.prompt_tokens:
+            self.usage.prompt_tokens = chunk.prompt_tokens
+        self.usage.cached_tokens = max(self.usage.cached_tokens, chunk.cached_tokens)
+        if chunk.HasField("input_logprobs") and self.input_logprobs is None:
+            self.input_logprobs = chunk.input_logprobs
+        sample = self._sample(chunk.index)
+        if sample is None or sample.done:
+            return []
+        sample.saw_chunks = True
+        lp = chunk.output_logprobs if self._want_logprobs and chunk.HasField("output_logprobs") else None
+        return self._feed(sample, list(chunk.token_ids), lp)
+
+    def _on_complete(self, done: pb.GenerateComplete) -> list[SampleDelta]:
+        if done.prompt_tokens:
+            self.usage.prompt_tokens = done.prompt_tokens
+        self.usage.cached_tokens = max(self.usage.cached_tokens, done.cached_tokens)
+        self.usage.reasoning_tokens += done.reasoning_tokens
+        if done.HasField("input_logprobs") and self.input_logprobs is None:
+            self.input_logprobs = done.input_logprobs
+        sample = self._sample(done.index)
+        if sample is None or sample.done:
+            return []
+        out: list[SampleDelta] = []
+        if not sample.saw_chunks:
+            lp = done.output_logprobs if self._want_logprobs and done.HasField("output_logprobs") else None
+            out.extend(self._feed(sample, list(done.output_ids), lp))
+            if sample.done:
+                return out
+        matched: int | str | None = None
+        kind = done.WhichOneof("matched_stop")
+        if kind == "matched_token_id":
+            matched = self._token_stops.get(done.matched_token_id, done.matched_token_id)
+        elif kind == "matched_stop_str":
+            matched = done.matched_stop_str
+        step = sample.text.finish()
+        self._close(sample)
+        out.append(SampleDelta(sample.index, step.text, finish_reason=done.finish_reason or "stop", matched_stop=matched))
+        return out
+
+    def _feed(self, sample: _Sample, ids: list[int], lp: pb.OutputLogProbs | None) -> list[SampleDelta]:
+        """Worker tokens through the sample's detokenizer and stop matching."""
+        sample.generated += len(ids)
+        self.usage.per_sample_completion[sample.index] = sample.generated
+        step = sample.text.step(ids)
+        if step.stopped:
+            # Tokens past a token stop never reach the client (nor their logprobs).
+            cut = next((k for k, t in enumerate(ids) if t in self._token_stops), None)
+            if cut is not None:
+                ids = ids[: cut + 1] if self.prepared.sampling.no_stop_trim else ids[:cut]
+            else:
+                self._stopped_early = True  # a text stop: the worker does not know to stop
+        values: list[float] | None = None
+        tops: list[TopRow] | None = None
+        if lp is not None:
+            values, tops = _logprob_rows(lp, self._top_n)
+            values = values[: len(ids)]
+            if tops is not None:
+                tops = tops[: len(ids)]
+        delta = SampleDelta(sample.index, step.text, ids, values, tops)
+        if step.stopped:
+            delta.finish_reason = "stop"
+            delta.matched_stop = step.matched
+            self._close(sample)
+            return [delta]
+        return [delta] if (step.text or ids) else []
+
+    def _close(self, sample: _Sample) -> None:
+        if not sample.done:
+            sample.done = True
+            self._open -= 1
+            self.usage.completion_tokens = sum(self.usage.per_sample_completion.values())

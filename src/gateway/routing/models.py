@@ -1,0 +1,124 @@
+"""The models the gateway serves and each one's tokenizer.
+
+A model's tokenizer is resolved once, when its first worker registers: from an
+explicit path, the on-disk cache, the worker itself (GetTokenizer, sha256
+checked), or the hub. Loading runs in a thread so registration never blocks
+the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gateway.protocol.errors import ModelNotFoundError
+from gateway.tokenization import ChatPromptCache, Tokenizer, TokenizerRegistry
+from gateway.tokenization.errors import TokenizationError
+from gateway.workers.worker import Worker
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ModelEntry:
+    name: str
+    tokenizer: Tokenizer
+    tokenizer_source: str
+    max_context_length: int
+    prompt_cache: ChatPromptCache
+    model_type: str = ""
+    aliases: set[str] = field(default_factory=set)
+
+
+class ModelCatalog:
+    def __init__(
+        self,
+        cache_dir: Path,
+        *,
+        tokenizer_path: str | None = None,
+        served_name: str | None = None,
+        prompt_cache_entries: int = 1024,
+    ) -> None:
+        self.registry = TokenizerRegistry(cache_dir)
+        self._tokenizer_path = tokenizer_path
+        self._served_name = served_name
+        self._prompt_cache_entries = prompt_cache_entries
+        self._entries: dict[str, ModelEntry] = {}
+        self._loading: dict[str, asyncio.Task[ModelEntry]] = {}
+
+    def names(self) -> list[str]:
+        return sorted(self._entries)
+
+    def entries(self) -> list[ModelEntry]:
+        return list(self._entries.values())
+
+    def public_name(self, worker_model: str) -> str:
+        return self._served_name or worker_model
+
+    def get(self, name: str | None) -> ModelEntry:
+        """The entry for a request's ``model``; with one model served, an empty name means it."""
+        if name and name in self._entries:
+            return self._entries[name]
+        if not name and len(self._entries) == 1:
+            return next(iter(self._entries.values()))
+        for entry in self._entries.values():
+            if name in entry.aliases:
+                return entry
+        raise ModelNotFoundError(name or "")
+
+    async def ensure(self, worker: Worker) -> ModelEntry:
+        """Load the tokenizer for ``worker``'s model unless it is already loaded."""
+        name = self.public_name(worker.model)
+        entry = self._entries.get(name)
+        if entry is not None:
+            self._merge_worker_facts(entry, worker)
+            return entry
+        task = self._loading.get(name)
+        if task is None:
+            task = asyncio.ensure_future(self._load(name, worker))
+            self._loading[name] = task
+        try:
+            entry = await asyncio.shield(task)
+        finally:
+            if task.done():
+                self._loading.pop(name, None)
+        self._entries[name] = entry
+        self._merge_worker_facts(entry, worker)
+        return entry
+
+    def _merge_worker_facts(self, entry: ModelEntry, worker: Worker) -> None:
+        entry.tokenizer.merge_eos_token_ids(worker.info.eos_token_ids)
+        if worker.info.max_context_length:
+            if entry.max_context_length:
+                entry.max_context_length = min(entry.max_context_length, worker.info.max_context_length)
+            else:
+                entry.max_context_length = worker.info.max_context_length
+        entry.aliases.update({worker.model, worker.info.model_path} - {""})
+
+    async def _load(self, name: str, worker: Worker) -> ModelEntry:
+        model = worker.model
+        resolved = await asyncio.to_thread(self.registry.resolve_local, model, self._tokenizer_path)
+        if resolved is None:
+            try:
+                data, sha = await worker.client.tokenizer_zip()
+            except Exception as exc:
+                log.warning("tokenizer for %s: worker %s could not send it: %s", model, worker.url, exc)
+                resolved = await asyncio.to_thread(self.registry.resolve_remote, model, f"worker {worker.url}: {exc}")
+            else:
+                resolved = await asyncio.to_thread(self.registry.install_and_load, model, data, sha)
+        log.info("tokenizer for %s loaded from %s (%s)", model, resolved.source, resolved.location)
+        tokenizer = resolved.tokenizer
+        context = worker.info.max_context_length or (tokenizer.model_max_length or 0)
+        return ModelEntry(
+            name=name,
+            tokenizer=tokenizer,
+            tokenizer_source=resolved.source,
+            max_context_length=context,
+            prompt_cache=ChatPromptCache(tokenizer, max_entries=self._prompt_cache_entries),
+            model_type=worker.info.model_type,
+        )
+
+
+__all__ = ["ModelCatalog", "ModelEntry", "TokenizationError"]

@@ -1,0 +1,182 @@
+"""SGLang-native /generate, plus embeddings and tokenize/detokenize."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+from grpc import aio
+
+from gateway.policies.base import NoWorkerAvailable, RouteRequest
+from gateway.proto import sglang_scheduler_pb2 as pb
+from gateway.protocol.embeddings import EmbeddingRequest, EmbeddingResponse
+from gateway.protocol.errors import InvalidRequestError
+from gateway.protocol.generate import GenerateRequest
+from gateway.protocol.sampling import sampling_from_generate
+from gateway.protocol.tokens import (
+    DetokenizeRequest,
+    DetokenizeResponse,
+    TokenizeRequest,
+    TokenizeResponse,
+)
+from gateway.routing.completions import start_all
+from gateway.routing.engine import Engine
+from gateway.routing.errors import map_rpc_error, no_worker_error
+from gateway.routing.fanout import merged
+from gateway.routing.generation import Generation, SampleDelta
+from gateway.routing.prepared import PreparedRequest
+from gateway.routing.request_context import RequestContext
+
+
+async def _prepare(engine: Engine, req: GenerateRequest, ctx: RequestContext) -> list[PreparedRequest]:
+    entry = engine.catalog.get(None)
+    prepared = []
+    for i, prompt in enumerate(req.prompts()):
+        if isinstance(prompt, str):
+            ids = await engine.encode(entry, prompt, add_special_tokens=True)
+            text = prompt
+        else:
+            ids, text = list(prompt), ""
+        prepared.append(
+            engine.prepare(
+                entry, ids, sampling_from_generate(req, i), stream=req.stream,
+                request_id=req.rid_for(i) or ctx.sub_id(i), prompt_text=text,
+                routing_key=ctx.routing_key, target_worker=ctx.target_worker,
+            )
+        )
+    return prepared
+
+
+class _Acc:
+    """One output (prompt x sample) being assembled."""
+
+    def __init__(self) -> None:
+        self.text: list[str] = []
+        self.ids: list[int] = []
+        self.logprobs: list[tuple[float, int, None]] = []
+        self.finish: dict[str, Any] | None = None
+
+    def add(self, d: SampleDelta) -> None:
+        self.text.append(d.text)
+        self.ids.extend(d.token_ids)
+        if d.logprobs is not None:
+            self.logprobs.extend((lp, t, None) for lp, t in zip(d.logprobs, d.token_ids, strict=False))
+        if d.finish_reason is not None:
+            self.finish = _finish_reason(d, len(self.ids))
+
+
+def _finish_reason(d: SampleDelta, length: int) -> dict[str, Any]:
+    if d.finish_reason == "length":
+        return {"type": "length", "length": length}
+    if d.finish_reason == "abort":
+        return {"type": "abort"}
+    out: dict[str, Any] = {"type": "stop"}
+    if d.matched_stop is not None:
+        out["matched"] = d.matched_stop
+    return out
+
+
+def _result(gen: Generation, acc: _Acc, index: int) -> dict[str, Any]:
+    usage = gen.usage
+    meta: dict[str, Any] = {
+        "id": gen.prepared.request_id if gen.prepared.sampling.n == 1 else f"{gen.prepared.request_id}-{index}",
+        "finish_reason": acc.finish,
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": len(acc.ids),
+        "cached_tokens": usage.cached_tokens,
+        "worker_id": gen.worker_id,
+    }
+    if gen.prepared.sampling.logprobs:
+        meta["output_token_logprobs"] = acc.logprobs
+    return {"text": "".join(acc.text), "output_ids": acc.ids, "meta_info": meta}
+
+
+async def generate(engine: Engine, req: GenerateRequest, ctx: RequestContext) -> Any:
+    prepared = await _prepare(engine, req, ctx)
+    gens = await start_all(engine, prepared)
+    ctx.worker_ids = [g.worker_id for g in gens]
+    accs = {(g, s): _Acc() for g in range(len(gens)) for s in range(gens[g].prepared.sampling.n)}
+    async for g, d in merged(gens):
+        accs[(g, d.index)].add(d)
+    results = [_result(gens[g], acc, s) for (g, s), acc in accs.items()]
+    return results if (req.is_batch or len(results) > 1) else results[0]
+
+
+async def stream_generate(engine: Engine, req: GenerateRequest, ctx: RequestContext) -> AsyncIterator[dict[str, Any]]:
+    prepared = await _prepare(engine, req, ctx)
+    gens = await start_all(engine, prepared)
+    ctx.worker_ids = [g.worker_id for g in gens]
+
+    async def chunks() -> AsyncIterator[dict[str, Any]]:
+        # SGLang's native stream sends the cumulative text and ids in every event.
+        accs = {(g, s): _Acc() for g in range(len(gens)) for s in range(gens[g].prepared.sampling.n)}
+        async for g, d in merged(gens):
+            acc = accs[(g, d.index)]
+            acc.add(d)
+            out = _result(gens[g], acc, d.index)
+            out["index"] = g * gens[g].prepared.sampling.n + d.index
+            yield out
+
+    return chunks()
+
+
+async def embed(engine: Engine, req: EmbeddingRequest, ctx: RequestContext) -> dict[str, Any]:
+    entry = engine.catalog.get(req.model)
+    vectors: list[list[float]] = []
+    prompt_tokens = 0
+
+    async def one(i: int, item: str | list[int]) -> tuple[list[float], int]:
+        ids = await engine.encode(entry, item, add_special_tokens=True) if isinstance(item, str) else list(item)
+        if not ids:
+            raise InvalidRequestError("input must not be empty", param="input")
+        route = RouteRequest(token_ids=ids, model=engine._worker_model(entry.name), request_id=ctx.sub_id(i),
+                             routing_key=ctx.routing_key, target_worker=ctx.target_worker)
+        try:
+            selection = engine.router.select(route)
+        except NoWorkerAvailable as exc:
+            raise no_worker_error(str(exc)) from exc
+        worker = selection.worker
+        with worker.load.acquire(len(ids), 0) as guard:
+            try:
+                reply = await worker.client.embed(
+                    pb.EmbedRequest(request_id=route.request_id, tokenized=pb.TokenizedInput(input_ids=ids)),
+                    timeout=engine.dispatch.request_timeout_s,
+                )
+            except aio.AioRpcError as exc:
+                raise map_rpc_error(exc, worker.id) from exc
+            guard.first_token()
+        ctx.worker_ids.append(worker.id)
+        vector = list(reply.embedding)
+        if req.dimensions is not None:
+            vector = vector[: req.dimensions]
+        return vector, reply.prompt_tokens or len(ids)
+
+    results = await asyncio.gather(*(one(i, item) for i, item in enumerate(req.inputs())))
+    for vector, count in results:
+        vectors.append(vector)
+        prompt_tokens += count
+    return EmbeddingResponse.build(
+        vectors, model=entry.name, prompt_tokens=prompt_tokens, encoding_format=req.encoding_format
+    ).to_dict()
+
+
+async def tokenize(engine: Engine, req: TokenizeRequest) -> dict[str, Any]:
+    entry = engine.catalog.get(req.model)
+    if req.messages is not None:
+        text = entry.tokenizer.apply_chat_template(
+            req.template_messages(), add_generation_prompt=req.add_generation_prompt,
+            chat_template_kwargs=req.chat_template_kwargs,
+        )
+        ids = await engine.encode(entry, text, add_special_tokens=req.special_tokens)
+    else:
+        ids = await engine.encode(entry, req.prompt or "", add_special_tokens=req.special_tokens)
+    return TokenizeResponse(tokens=ids, count=len(ids), max_model_len=entry.max_context_length or None).to_dict()
+
+
+def detokenize(engine: Engine, req: DetokenizeRequest) -> dict[str, Any]:
+    entry = engine.catalog.get(req.model)
+    vocab = entry.tokenizer.vocab_size
+    if any(t >= vocab for t in req.tokens):
+        raise InvalidRequestError(f"tokens must be below the vocabulary size {vocab}", param="tokens")
+    return DetokenizeResponse(text=entry.tokenizer.decode(req.tokens, skip_special_tokens=False)).to_dict()

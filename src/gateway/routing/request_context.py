@@ -1,0 +1,22 @@
+"""Per-request facts from the front door that the pipeline needs (ids, routing headers)."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RequestContext:
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    routing_key: str | None = None
+    target_worker: str | None = None
+    api_key_id: str | None = None
+    worker_ids: list[str] = field(default_factory=list)  # who served it (for headers/logs)
+
+    def sub_id(self, index: int) -> str:
+        """The worker-side request id of prompt ``index`` in a batch."""
+        return self.request_id if index == 0 else f"{self.request_id}-{index}"
+
+    def response_id(self, prefix: str) -> str:
+        return f"{prefix}-{self.request_id}"

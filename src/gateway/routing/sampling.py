@@ -1,0 +1,51 @@
+"""Normalized sampling options -> the worker's SamplingParams message.
+
+proto3 cannot say "unset" for scalars, and real workers take temperature and n
+as sent, so both are always written; top_p/top_k/repetition_penalty zeros mean
+"off" on the worker side and are written as their neutral values anyway.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from google.protobuf import struct_pb2
+
+from gateway.proto import sglang_scheduler_pb2 as pb
+from gateway.protocol.sampling import SamplingOptions
+
+_CONSTRAINT_FIELD = {"regex": "regex", "json_schema": "json_schema", "ebnf": "ebnf_grammar", "structural_tag": "structural_tag"}
+
+
+def to_sampling_params(
+    options: SamplingOptions, *, stop_token_ids: Sequence[int], max_new_tokens: int | None
+) -> pb.SamplingParams:
+    """Build the worker-side params; string stops never go to the worker (the gateway owns them)."""
+    params = pb.SamplingParams(
+        temperature=float(options.temperature),
+        top_p=float(options.top_p) if options.top_p else 1.0,
+        top_k=int(options.top_k) if options.top_k else -1,
+        min_p=float(options.min_p or 0.0),
+        frequency_penalty=float(options.frequency_penalty or 0.0),
+        presence_penalty=float(options.presence_penalty or 0.0),
+        repetition_penalty=float(options.repetition_penalty or 1.0),
+        stop_token_ids=list(stop_token_ids),
+        skip_special_tokens=bool(options.skip_special_tokens),
+        n=max(1, int(options.n)),
+        min_new_tokens=int(options.min_new_tokens or 0),
+        ignore_eos=bool(options.ignore_eos),
+        no_stop_trim=bool(options.no_stop_trim),
+    )
+    if max_new_tokens is not None:
+        params.max_new_tokens = int(max_new_tokens)
+    if options.constraint is not None:
+        kind, value = options.constraint
+        setattr(params, _CONSTRAINT_FIELD[kind], value)
+    if options.logit_bias:
+        for token, bias in options.logit_bias.items():
+            params.logit_bias[str(token)] = float(bias)
+    if options.seed is not None:
+        custom = struct_pb2.Struct()
+        custom.update({"seed": int(options.seed)})
+        params.custom_params.CopyFrom(custom)
+    return params

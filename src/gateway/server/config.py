@@ -1,0 +1,36 @@
+"""The gateway's typed configuration: one dataclass per concern, composed here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gateway.policies.factory import PolicyConfig
+from gateway.routing.dispatch import DispatchConfig
+from gateway.routing.engine import EngineConfig
+from gateway.routing.retry import RetryConfig
+from gateway.settings import option
+
+
+@dataclass
+class ServerConfig:
+    host: str = option("127.0.0.1", "address the HTTP server binds")
+    port: int = option(30000, "HTTP port (0: pick a free one and print it in the ready line)")
+    worker_urls: list[str] = option([], "regular workers: grpc://host:port or grpcs://host:port")
+    model: str | None = option(None, "model name served to clients (default: what workers report)")
+    tokenizer_path: str | None = option(None, "tokenizer folder or tokenizer.json (default: cache, then the worker, then the hub)")
+    tokenizer_cache_dir: str = option("tokenizer_cache", "where fetched tokenizers are kept")
+    api_keys: list[str] = option([], "inference API keys clients must send as 'Authorization: Bearer KEY' (none: open)")
+    max_body_bytes: int = option(32 * 1024 * 1024, "largest request body accepted, bytes")
+    worker_api_key: str | None = option(None, "bearer token the gateway sends to workers")
+    probe_timeout_s: float = option(10.0, "time a new worker has to answer GetModelInfo/GetServerInfo, seconds")
+    log_level: str = option("info", "log level", choices=["debug", "info", "warning", "error"])
+    log_json: bool = option(False, "structured JSON logs")
+
+
+@dataclass
+class GatewayConfig:
+    server: ServerConfig = field(default_factory=ServerConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    retry: RetryConfig = field(default_factory=RetryConfig)
+    dispatch: DispatchConfig = field(default_factory=DispatchConfig)

@@ -1,0 +1,18 @@
+"""Server-sent events framing for OpenAI-style streams."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+DONE = b"data: [DONE]\n\n"
+
+
+def sse(payload: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+def sse_error(status: int, message: str, type_: str, code: str | None = None) -> bytes:
+    """An error event in the OpenAI error shape, sent when a stream fails midway."""
+    return sse({"error": {"message": message, "type": type_, "param": None, "code": code or status}})
