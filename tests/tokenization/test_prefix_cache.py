@@ -1,0 +1,171 @@
+"""Multi-turn tokenization cache: always exactly the ids of a full encode."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from tokenizers import AddedToken
+
+from gateway.tokenization import PrefixTokenCache, Tokenizer
+
+from .helpers import FRAGMENTS, PROPERTY, multilingual_text
+
+
+def full(qwen: Tokenizer, text: str) -> list[int]:
+    return qwen.encode(text, add_special_tokens=False)
+
+
+message_text = multilingual_text(12)
+
+
+@st.composite
+def conversations(draw: st.DrawFn) -> list[dict[str, Any]]:
+    """Alternating turns with reasoning, tool calls and tool results mixed in."""
+    messages: list[dict[str, Any]] = []
+    if draw(st.booleans()):
+        messages.append({"role": "system", "content": draw(message_text)})
+    for _ in range(draw(st.integers(1, 4))):
+        messages.append({"role": "user", "content": draw(message_text)})
+        reply: dict[str, Any] = {"role": "assistant", "content": draw(message_text)}
+        if draw(st.booleans()):
+            reply["reasoning_content"] = draw(message_text)
+        if draw(st.booleans()):
+            reply["tool_calls"] = [
+                {"function": {"name": "lookup", "arguments": {"q": draw(message_text)}}}
+            ]
+            messages.append(reply)
+            messages.append({"role": "tool", "content": draw(message_text)})
+            continue
+        messages.append(reply)
+    return messages
+
+
+@PROPERTY
+@given(conversation=conversations(), thinking=st.booleans(), min_chunk=st.integers(0, 48))
+def test_every_turn_equals_a_full_encode(
+    qwen: Tokenizer, conversation: list[dict[str, Any]], thinking: bool, min_chunk: int
+) -> None:
+    cache = PrefixTokenCache(qwen, min_chunk_chars=min_chunk)
+    kwargs = {"enable_thinking": thinking}
+    for end in range(1, len(conversation) + 1):
+        if conversation[end - 1]["role"] == "assistant":
+            continue
+        prompt = qwen.apply_chat_template(conversation[:end], chat_template_kwargs=kwargs)
+        assert cache.encode(prompt) == full(qwen, prompt)
+        assert cache.encode(prompt) == full(qwen, prompt)  # an exact repeat too
+
+
+@PROPERTY
+@given(
+    base=st.lists(st.sampled_from(FRAGMENTS), max_size=20),
+    tails=st.lists(
+        st.lists(st.one_of(st.sampled_from(FRAGMENTS), st.text(max_size=3))), max_size=4
+    ),
+    min_chunk=st.integers(0, 16),
+)
+def test_arbitrary_texts_sharing_prefixes(
+    qwen: Tokenizer, base: list[str], tails: list[list[str]], min_chunk: int
+) -> None:
+    """Texts that share a prefix and differ right after (or inside) added tokens."""
+    cache = PrefixTokenCache(qwen, min_chunk_chars=min_chunk)
+    prefix = "".join(base)
+    for tail in [[], *tails]:
+        text = prefix + "".join(tail)
+        assert "".join(cache.split(text)) == text
+        assert cache.encode(text) == full(qwen, text)
+
+
+def test_counters_show_reuse_across_turns(qwen: Tokenizer) -> None:
+    cache = PrefixTokenCache(qwen)
+    messages = [{"role": "system", "content": "You are terse. " * 20}]
+    reused_before = 0
+    for turn in range(4):
+        messages.append({"role": "user", "content": f"Question {turn}: " + "why? " * 30})
+        prompt = qwen.apply_chat_template(messages)
+        assert cache.encode(prompt) == full(qwen, prompt)
+        stats = cache.stats()
+        assert stats.lookups == turn + 1
+        if turn:
+            assert stats.reused_tokens > reused_before  # this turn reused the history
+        reused_before = stats.reused_tokens
+        messages.append({"role": "assistant", "content": f"Because {turn}."})
+    stats = cache.stats()
+    assert (stats.hits, stats.misses) == (3, 1)
+    assert 0.5 < stats.reused_token_fraction < 1
+    assert stats.hit_rate == 0.75
+
+
+def test_memory_stays_bounded_and_results_exact(qwen: Tokenizer) -> None:
+    cache = PrefixTokenCache(qwen, max_entries=6, max_tokens=300, min_chunk_chars=0)
+    for conversation in range(8):
+        messages = [{"role": "system", "content": f"System {conversation % 3}"}]
+        for turn in range(5):
+            messages.append({"role": "user", "content": f"u{conversation}-{turn} " * 9})
+            prompt = qwen.apply_chat_template(messages)
+            assert cache.encode(prompt) == full(qwen, prompt)
+            stats = cache.stats()
+            assert stats.entries <= 6 and stats.cached_tokens <= 300
+            messages.append({"role": "assistant", "content": "ok " * 5})
+    assert cache.stats().evictions > 0
+    cache.clear()
+    assert (cache.stats().entries, cache.stats().cached_tokens) == (0, 0)
+
+
+def test_a_chunk_larger_than_the_budget_is_not_kept(qwen: Tokenizer) -> None:
+    cache = PrefixTokenCache(qwen, max_tokens=10)
+    text = "<|im_start|>user\n" + "word " * 50 + "<|im_end|>"
+    assert cache.encode(text) == full(qwen, text)
+    assert cache.stats().cached_tokens <= 10
+
+
+def test_no_cut_after_tokens_that_swallow_whitespace(qwen_dir: Path) -> None:
+    tok = Tokenizer.from_path(qwen_dir)
+    tok.backend.add_special_tokens([AddedToken("<R>", rstrip=True, normalized=False)])
+    tok = Tokenizer(tok.backend)
+    cache = PrefixTokenCache(tok, min_chunk_chars=0)
+    text = "a<R>   b<|im_end|> c"
+    assert cache.split(text) == ["a<R>   b<|im_end|>", " c"]
+    assert cache.encode(text) == tok.encode(text, add_special_tokens=False)
+
+
+def test_single_word_tokens_disable_cutting(qwen_dir: Path) -> None:
+    tok = Tokenizer.from_path(qwen_dir)
+    tok.backend.add_tokens([AddedToken("zork", single_word=True)])
+    cache = PrefixTokenCache(Tokenizer(tok.backend))
+    assert not cache.splits_text
+    text = "<|im_start|>zork<|im_end|>"
+    assert cache.split(text) == [text]
+    assert cache.encode(text) == cache.encode(text) == tok.encode(text, add_special_tokens=False)
+
+
+def test_concurrent_use_is_exact(qwen: Tokenizer) -> None:
+    cache = PrefixTokenCache(qwen, max_entries=40)
+    errors: list[str] = []
+
+    def client(seed: int) -> None:
+        messages = [{"role": "system", "content": "shared system prompt " * 5}]
+        for turn in range(6):
+            messages.append({"role": "user", "content": f"client {seed} turn {turn} 日本 😀"})
+            prompt = qwen.apply_chat_template(messages)
+            if cache.encode(prompt) != full(qwen, prompt):
+                errors.append(f"client {seed} turn {turn}")
+            messages.append({"role": "assistant", "content": f"reply {turn}"})
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert not any(t.is_alive() for t in threads)
+    assert errors == []
+    assert cache.stats().entries <= 40
+
+
+def test_bad_limits_are_refused(qwen: Tokenizer) -> None:
+    with pytest.raises(ValueError):
+        PrefixTokenCache(qwen, max_entries=0)

@@ -1,0 +1,225 @@
+"""Stop handling: plan building, text matching across chunks, token stops, non-streaming."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gateway.tokenization import (
+    SampleStream,
+    StopMatcher,
+    StopPlan,
+    StopStep,
+    Tokenizer,
+    apply_stops,
+)
+
+from .helpers import PROPERTY, multilingual_text
+
+IM_END, END_THINK = 151645, 151668
+
+
+def reference(text: str, stops: Sequence[str], no_stop_trim: bool) -> tuple[str, str | None]:
+    """Character-at-a-time model: the first stop to be complete wins (client order on ties)."""
+    for end in range(1, len(text) + 1):
+        for stop in stops:
+            if stop and text[:end].endswith(stop):
+                return (text[:end] if no_stop_trim else text[: end - len(stop)]), stop
+    return text, None
+
+
+def run_matcher(
+    matcher: StopMatcher, pieces: Sequence[str]
+) -> tuple[str, str | int | None, list[str]]:
+    sent: list[str] = []
+    for piece in pieces:
+        step = matcher.feed(piece)
+        sent.append(step.text)
+        if step.stopped:
+            return "".join(sent), step.matched, sent
+    sent.append(matcher.finish().text)
+    return "".join(sent), None, sent
+
+
+def chunk(text: str, sizes: Sequence[int]) -> list[str]:
+    pieces, i, k = [], 0, 0
+    while i < len(text):
+        size = max(1, sizes[k % len(sizes)])
+        pieces.append(text[i : i + size])
+        i, k = i + size, k + 1
+    return pieces
+
+
+ALPHABET = "ab日😀 "
+
+
+@PROPERTY
+@given(
+    text=st.text(ALPHABET, max_size=40),
+    stops=st.lists(st.text(ALPHABET, min_size=1, max_size=4), max_size=4),
+    sizes=st.lists(st.integers(1, 7), min_size=1, max_size=4),
+    no_stop_trim=st.booleans(),
+)
+def test_matcher_equals_the_character_model_for_any_chunking(
+    text: str, stops: list[str], sizes: list[int], no_stop_trim: bool
+) -> None:
+    expected_text, expected_stop = reference(text, stops, no_stop_trim)
+    got_text, got_stop, sent = run_matcher(StopMatcher(stops, no_stop_trim), chunk(text, sizes))
+    assert (got_text, got_stop) == (expected_text, expected_stop)
+    if not no_stop_trim:  # no piece ever sent part of a stop string that then matched
+        assert all(expected_stop is None or expected_stop not in p for p in sent)
+
+
+def test_stop_spanning_chunks_is_held_back_then_trimmed() -> None:
+    matcher = StopMatcher(["STOP"])
+    assert matcher.feed("Hello ST") == StopStep("Hello ")
+    assert matcher.held_text == "ST"
+    assert matcher.feed("O") == StopStep("")
+    assert matcher.feed("P and more") == StopStep("", "STOP")
+    assert matcher.feed("ignored") == StopStep("")  # a fired stop is final
+
+
+def test_false_start_is_released() -> None:
+    matcher = StopMatcher(["STOP"])
+    assert matcher.feed("ST").text == ""
+    assert matcher.feed("ART").text == "START"
+    assert matcher.feed("S").text == ""
+    assert matcher.finish() == StopStep("S")
+
+
+def test_overlapping_stops_first_complete_wins() -> None:
+    assert run_matcher(StopMatcher(["abcd", "bc"]), ["abcd"])[:2] == ("a", "bc")
+    assert run_matcher(StopMatcher(["bc", "abc"]), ["xabc"])[:2] == ("xa", "bc")  # tie
+    assert run_matcher(StopMatcher(["abc", "bc"]), ["xabc"])[:2] == (
+        "x",
+        "abc",
+    )  # tie: client order
+
+
+def test_stop_at_the_very_start_and_multibyte() -> None:
+    assert run_matcher(StopMatcher(["<<"]), ["<<rest"])[:2] == ("", "<<")
+    assert run_matcher(StopMatcher(["世界"]), ["你好世", "界。"])[:2] == ("你好", "世界")
+    assert run_matcher(StopMatcher(["😀"], no_stop_trim=True), ["ok😀no"])[:2] == ("ok😀", "😀")
+
+
+def test_plan_splits_stops_between_worker_and_gateway(qwen: Tokenizer) -> None:
+    plan = StopPlan.build(
+        qwen, stop=["<|im_end|>", "</think>", " hello", "two words", ""], stop_token_ids=[42]
+    )
+    hello = qwen.token_id(" hello")
+    # One-token strings go to the worker too; the user's ids first.
+    assert plan.stop_token_ids == (42, IM_END, END_THINK, hello)
+    # Visible strings are matched on text; the skipped special token only by id.
+    assert plan.stop_strings == ("</think>", " hello", "two words")
+    assert plan.token_stops == {IM_END: "<|im_end|>", 42: 42}
+    assert plan.matched_for_token(END_THINK) == "</think>"
+    assert plan.matched_for_token(42) == 42
+
+
+def test_plan_eos_and_ignore_eos(qwen: Tokenizer) -> None:
+    assert StopPlan.build(qwen).token_stops == {IM_END: IM_END}
+    assert StopPlan.build(qwen, ignore_eos=True).token_stops == {}
+    assert StopPlan.build(qwen, eos_token_ids=[7, 8]).token_stops == {7: 7, 8: 8}
+    # With special tokens kept in the text, <|im_end|> is matched as text.
+    kept = StopPlan.build(qwen, stop="<|im_end|>", ignore_eos=True, skip_special_tokens=False)
+    assert kept.stop_strings == ("<|im_end|>",) and kept.stop_token_ids == (IM_END,)
+
+
+def ids_of(qwen: Tokenizer, text: str) -> list[int]:
+    return qwen.encode(text, add_special_tokens=False)
+
+
+def stream_all(sample: SampleStream, ids: Sequence[int], size: int = 1) -> StopStep:
+    texts: list[str] = []
+    for i in range(0, len(ids), size):
+        step = sample.step(ids[i : i + size])
+        texts.append(step.text)
+        if step.stopped:
+            return StopStep("".join(texts), step.matched)
+    last = sample.finish()
+    return StopStep("".join([*texts, last.text]), last.matched)
+
+
+def test_eos_is_a_token_stop(qwen: Tokenizer) -> None:
+    ids = [*ids_of(qwen, "Hello world"), IM_END, *ids_of(qwen, " after")]
+    plan = StopPlan.build(qwen)
+    assert stream_all(SampleStream(qwen, plan), ids) == StopStep("Hello world", IM_END)
+    assert apply_stops(qwen, plan, ids) == StopStep("Hello world", IM_END)
+    ignoring = StopPlan.build(qwen, ignore_eos=True)
+    assert apply_stops(qwen, ignoring, ids) == StopStep("Hello world after", None)
+
+
+def test_special_stop_string_reports_the_string(qwen: Tokenizer) -> None:
+    plan = StopPlan.build(qwen, stop=["<|im_end|>"], ignore_eos=True)
+    ids = [*ids_of(qwen, "Done."), IM_END]
+    assert stream_all(SampleStream(qwen, plan), ids) == StopStep("Done.", "<|im_end|>")
+
+
+def test_stop_string_across_tokens_in_a_real_stream(qwen: Tokenizer) -> None:
+    text = "The answer is 42. Final answer: 42"
+    plan = StopPlan.build(qwen, stop=["Final answer"])
+    for size in (1, 2, 5):
+        sample = SampleStream(qwen, plan)
+        assert stream_all(sample, ids_of(qwen, text), size) == StopStep(
+            "The answer is 42. ", "Final answer"
+        )
+        assert sample.stopped and sample.matched == "Final answer"
+
+
+def test_visible_stop_token_trim_and_no_trim(qwen: Tokenizer) -> None:
+    ids = ids_of(qwen, "<think>\nhmm\n</think>\n\nAnswer")
+    assert END_THINK in ids
+    by_id = StopPlan.build(qwen, stop_token_ids=[END_THINK])
+    assert apply_stops(qwen, by_id, ids) == StopStep("<think>\nhmm\n", END_THINK)
+    assert apply_stops(qwen, by_id, ids, no_stop_trim=True) == StopStep(
+        "<think>\nhmm\n</think>", END_THINK
+    )
+    by_text = StopPlan.build(qwen, stop=["</think>"])
+    assert apply_stops(qwen, by_text, ids) == StopStep("<think>\nhmm\n", "</think>")
+
+
+def test_text_stop_before_a_token_stop_in_the_same_chunk(qwen: Tokenizer) -> None:
+    ids = [*ids_of(qwen, "abc STOP def"), IM_END]
+    plan = StopPlan.build(qwen, stop=["STOP"])
+    assert SampleStream(qwen, plan).step(ids) == StopStep("abc ", "STOP")
+
+
+def test_broken_bytes_before_a_token_stop_are_released(qwen: Tokenizer) -> None:
+    partial = qwen.backend.token_to_id("ä")  # 0xE4: a character that never completes
+    plan = StopPlan.build(qwen)
+    assert apply_stops(qwen, plan, [*ids_of(qwen, "x"), partial, IM_END]) == StopStep(
+        "x\ufffd", IM_END
+    )
+
+
+@PROPERTY
+@given(
+    text=multilingual_text(25),
+    data=st.data(),
+    no_stop_trim=st.booleans(),
+)
+def test_streaming_and_non_streaming_agree(
+    qwen: Tokenizer, text: str, data: st.DataObject, no_stop_trim: bool
+) -> None:
+    ids = ids_of(qwen, text)
+    decoded = qwen.decode(ids)
+    stops: list[str] = []
+    if decoded:
+        start = data.draw(st.integers(0, len(decoded) - 1))
+        stops.append(decoded[start : start + data.draw(st.integers(1, 4))])
+    plan = StopPlan.build(qwen, stop=stops, ignore_eos=data.draw(st.booleans()))
+    size = data.draw(st.integers(1, 4))
+    streamed = stream_all(SampleStream(qwen, plan, no_stop_trim=no_stop_trim), ids, size)
+    assert streamed == apply_stops(qwen, plan, ids, no_stop_trim=no_stop_trim)
+    visible = [s for s in stops if s in plan.stop_strings]
+    if visible and not any(i in plan.token_stops for i in ids):
+        assert (streamed.text, streamed.matched) == reference(decoded, visible, no_stop_trim)
+
+
+@pytest.mark.parametrize("stop", [None, [], "x"])
+def test_plan_accepts_none_empty_and_a_single_string(qwen: Tokenizer, stop: object) -> None:
+    plan = StopPlan.build(qwen, stop=stop)  # type: ignore[arg-type]
+    assert plan.stop_strings == (("x",) if stop == "x" else ())

@@ -1,0 +1,136 @@
+"""Tokenizer: encode/decode and special-token facts match transformers for Qwen3."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gateway.tokenization import Tokenizer, TokenizerLoadError
+
+from .helpers import PROPERTY, copy_tokenizer, multilingual_text
+
+IM_START, IM_END, ENDOFTEXT = 151644, 151645, 151643
+
+
+@PROPERTY
+@given(text=st.one_of(st.text(max_size=300), multilingual_text()), special=st.booleans())
+def test_encode_and_decode_match_transformers(
+    qwen: Tokenizer, hf_qwen: Any, text: str, special: bool
+) -> None:
+    ids = qwen.encode(text, add_special_tokens=special)
+    assert ids == hf_qwen.encode(text, add_special_tokens=special)
+    for skip in (True, False):
+        assert qwen.decode(ids, skip_special_tokens=skip) == hf_qwen.decode(
+            ids, skip_special_tokens=skip
+        )
+
+
+def test_qwen_adds_no_bos(qwen: Tokenizer) -> None:
+    assert qwen.bos_token_id is None
+    assert qwen.encode("hello world", add_special_tokens=True) == qwen.encode(
+        "hello world", add_special_tokens=False
+    )
+
+
+def test_special_tokens_in_text_become_single_ids(qwen: Tokenizer) -> None:
+    ids = qwen.encode("<|im_start|>user\nhi<|im_end|>", add_special_tokens=False)
+    assert ids[0] == IM_START and ids[-1] == IM_END
+    assert qwen.decode(ids, skip_special_tokens=True) == "user\nhi"
+    assert qwen.decode(ids, skip_special_tokens=False) == "<|im_start|>user\nhi<|im_end|>"
+
+
+def test_encode_batch_equals_encode(qwen: Tokenizer) -> None:
+    texts = ["a", "", "日本語 😀", "<|im_start|>x"]
+    assert qwen.encode_batch(texts, add_special_tokens=False) == [
+        qwen.encode(t, add_special_tokens=False) for t in texts
+    ]
+
+
+def test_facts_match_transformers(qwen: Tokenizer, hf_qwen: Any) -> None:
+    assert qwen.vocab_size == len(hf_qwen) == 151669
+    assert qwen.eos_token_ids == {hf_qwen.eos_token_id} == {IM_END}
+    assert qwen.model_max_length == hf_qwen.model_max_length == 131072
+    assert qwen.special_token_ids == set(hf_qwen.all_special_ids) | {
+        i for i, t in hf_qwen.added_tokens_decoder.items() if t.special
+    }
+    assert qwen.special_tokens_map == {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
+    ids = qwen.encode("Hello, 世界", add_special_tokens=False)
+    assert qwen.convert_ids_to_tokens(ids) == hf_qwen.convert_ids_to_tokens(ids)
+    assert qwen.id_to_piece(IM_START) == "<|im_start|>"
+    assert qwen.id_to_piece(10**9) is None
+
+
+def test_token_id_is_set_only_for_exactly_one_token(qwen: Tokenizer) -> None:
+    assert qwen.token_id("<|im_end|>") == IM_END
+    assert qwen.token_id("</think>") == 151668
+    assert qwen.token_id(" hello") == qwen.encode(" hello", add_special_tokens=False)[0]
+    assert qwen.token_id("hello world") is None
+    assert qwen.token_id("") is None
+    assert qwen.token_id("😀") == 141334  # a whole emoji can be one byte-level token
+    assert qwen.token_id("👩‍👩‍👧‍👦") is None  # several tokens
+
+
+def test_eos_from_generation_config_and_worker(qwen_dir: Path, tmp_path: Path) -> None:
+    folder = copy_tokenizer(qwen_dir, tmp_path / "qwen")
+    (folder / "generation_config.json").write_text(
+        json.dumps({"eos_token_id": [IM_END, ENDOFTEXT]})
+    )
+    tok = Tokenizer.from_path(folder)
+    assert tok.eos_token_ids == {IM_END, ENDOFTEXT}
+    tok.merge_eos_token_ids([151662])
+    assert tok.eos_token_ids == {IM_END, ENDOFTEXT, 151662}
+
+
+def test_loads_from_a_tokenizer_json_file(qwen_dir: Path) -> None:
+    tok = Tokenizer.from_path(qwen_dir / "tokenizer.json")
+    assert tok.eos_token_ids == {IM_END}  # configs are read from beside the file
+    assert tok.chat_template_names == ("default",)
+
+
+def test_explicit_add_bos_token_is_honoured(qwen_dir: Path, tmp_path: Path) -> None:
+    """With add_bos_token in tokenizer_config, ids equal transformers told the same flag."""
+    from transformers import AutoTokenizer
+
+    folder = copy_tokenizer(qwen_dir, tmp_path / "bos")
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config.update(add_bos_token=True, bos_token="<|endoftext|>")
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    tok = Tokenizer.from_path(folder)
+    reference = AutoTokenizer.from_pretrained(folder, add_bos_token=True)
+    for text in ["hi there", "日本", ""]:
+        assert tok.encode(text, add_special_tokens=True) == reference.encode(text)
+        assert tok.encode(text, add_special_tokens=False) == reference.encode(
+            text, add_special_tokens=False
+        )
+    assert tok.encode("hi", add_special_tokens=True)[0] == ENDOFTEXT == tok.bos_token_id
+
+
+def test_truncation_and_padding_in_tokenizer_json_are_ignored(
+    qwen_dir: Path, tmp_path: Path
+) -> None:
+    folder = copy_tokenizer(qwen_dir, tmp_path / "trunc")
+    data = json.loads((folder / "tokenizer.json").read_text())
+    data["truncation"] = {
+        "direction": "Right",
+        "max_length": 4,
+        "strategy": "LongestFirst",
+        "stride": 0,
+    }
+    (folder / "tokenizer.json").write_text(json.dumps(data))
+    tok = Tokenizer.from_path(folder)
+    assert len(tok.encode("one two three four five six seven", add_special_tokens=False)) == 7
+
+
+def test_load_errors_are_clear(tmp_path: Path) -> None:
+    with pytest.raises(TokenizerLoadError, match="does not exist"):
+        Tokenizer.from_path(tmp_path / "missing")
+    with pytest.raises(TokenizerLoadError, match=r"no tokenizer\.json"):
+        Tokenizer.from_path(tmp_path)
+    (tmp_path / "tokenizer.json").write_text("{not json")
+    with pytest.raises(TokenizerLoadError, match="cannot parse"):
+        Tokenizer.from_path(tmp_path)
