@@ -267,6 +267,8 @@ class Scheduler:
             decode_batch = list(self.decoding)
             prefill_plan = self._plan_prefill()
             if not decode_batch and not prefill_plan:
+                if self.decoding:
+                    continue  # only transferred (PD decode) sequences were admitted
                 # Nothing can run (cannot happen while anything runs: the
                 # prefill budget is >= 1); wait for an abort or a submission.
                 self._wake.clear()

@@ -101,11 +101,19 @@ def _token_id(tok: Tokenizer, value: object) -> int | None:
     return None
 
 
-@functools.lru_cache(maxsize=8)
-def load_vocab(path: str, output_vocab: str = "ascii") -> Vocab:
+def load_vocab(path: str = "", output_vocab: str = "ascii") -> Vocab:
     """Load (once per process) the tokenizer in ``path`` and derive the id sets."""
-    root = resolve_tokenizer_path(path)
-    tok = Tokenizer.from_file(str(root / "tokenizer.json"))
+    return _load_vocab(resolve_tokenizer_path(path).resolve(), output_vocab)
+
+
+@functools.lru_cache(maxsize=8)
+def _load_tokenizer(root: Path) -> Tokenizer:
+    return Tokenizer.from_file(str(root / "tokenizer.json"))
+
+
+@functools.lru_cache(maxsize=8)
+def _load_vocab(root: Path, output_vocab: str) -> Vocab:
+    tok = _load_tokenizer(root)
     config: dict[str, object] = {}
     if (root / "tokenizer_config.json").is_file():
         config = json.loads((root / "tokenizer_config.json").read_text())
