@@ -57,8 +57,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from gateway.policies.base import Decision, RouteRequest, WorkerView
-from gateway.policies.common import BasePolicy
+from gateway.policies.base import Decision, NoWorkerAvailable, RouteRequest, WorkerView
+from gateway.policies.common import BasePolicy, candidates
 from gateway.policies.radix_tree import (
     DEFAULT_BUDGET_TOKENS,
     DEFAULT_MAX_TOTAL_TOKENS,
@@ -67,6 +67,13 @@ from gateway.policies.radix_tree import (
 )
 
 COST_FORMS = ("additive", "multiplicative")
+# Defaults, shared with factory.PolicyConfig (tuned with scripts/bench_policies.py tune).
+DEFAULT_BUDGET_FRACTION = 1.0
+DEFAULT_EVICTION_INTERVAL_S = 0.5
+DEFAULT_PREFILL_WEIGHT = 1.0
+DEFAULT_DECODE_WEIGHT = 0.5
+DEFAULT_REQUEST_WEIGHT = 16.0
+DEFAULT_LOADS_MAX_AGE_S = 5.0
 _MAX_TRACKED = 1 << 16  # in-flight requests remembered for the queue estimate
 
 
@@ -75,10 +82,10 @@ class CostKnobs:
     """The cost formula's weights (see the module docstring)."""
 
     form: str = "additive"
-    prefill_weight: float = 1.0
-    decode_weight: float = 0.5
-    request_weight: float = 16.0
-    loads_max_age_s: float = 5.0
+    prefill_weight: float = DEFAULT_PREFILL_WEIGHT
+    decode_weight: float = DEFAULT_DECODE_WEIGHT
+    request_weight: float = DEFAULT_REQUEST_WEIGHT
+    loads_max_age_s: float = DEFAULT_LOADS_MAX_AGE_S
 
     def __post_init__(self) -> None:
         if self.form not in COST_FORMS:
@@ -117,10 +124,10 @@ class CacheAwarePolicy(BasePolicy):
     def __init__(
         self,
         *,
-        budget_fraction: float = 0.9,
+        budget_fraction: float = DEFAULT_BUDGET_FRACTION,
         default_budget_tokens: int = DEFAULT_BUDGET_TOKENS,
         max_tree_tokens: int = DEFAULT_MAX_TOTAL_TOKENS,
-        eviction_interval_s: float = 0.5,
+        eviction_interval_s: float = DEFAULT_EVICTION_INTERVAL_S,
         cost: CostKnobs | None = None,
         use_polled_loads: bool = True,
     ) -> None:
@@ -139,6 +146,7 @@ class CacheAwarePolicy(BasePolicy):
         self._memo: tuple[RouteRequest | None, bytes] = (None, b"")
         self._inflight: OrderedDict[object, tuple[str, int, int]] = OrderedDict()
         self._sums: dict[str, list[int]] = {}  # worker -> [prompt tokens, predicted cached]
+        self._miss: dict[str, float] = {}  # worker -> 1 - cached/prompt of its tracked requests
         self._evictor: _Evictor | None = None
         self._lock = threading.Lock()  # guards _trees creation against the evictor's listing
 
@@ -185,8 +193,23 @@ class CacheAwarePolicy(BasePolicy):
         return pb
 
     # --------------------------------------------------------------- choosing
+    def select(self, request: RouteRequest, workers: Sequence[WorkerView]) -> Decision:
+        if request.target_worker:
+            return super().select(request, workers)
+        # Filtering is fused into the scoring loop (one pass over the pool, not two).
+        scored = self._score(request, workers, self._turn, None)
+        if scored is None:
+            candidates(request, workers)  # raises the right NoWorkerAvailable
+            raise NoWorkerAvailable(f"no worker in pool {request.pool!r}")
+        best, reason, cached, scores = scored
+        self._turn += 1
+        self._register(best)
+        return Decision(best.worker_id, reason, cached, scores)
+
     def _choose(self, request: RouteRequest, cands: list[WorkerView]) -> Decision:
-        best, reason, cached, scores = self._score(request, cands, self._turn, None)
+        scored = self._score(request, cands, self._turn, None)
+        assert scored is not None  # cands is never empty
+        best, reason, cached, scores = scored
         self._turn += 1
         self._register(best)
         return Decision(best.worker_id, reason, cached, scores)
@@ -198,40 +221,52 @@ class CacheAwarePolicy(BasePolicy):
         return c - c % max(1, worker.page_size)
 
     def _queued_uncached(self, w: WorkerView) -> float:
+        """Q_w: the uncached part of the prefill queued on ``w`` (see the module docstring)."""
         q: float = w.queued_prefill_tokens
         if q:
-            s = self._sums.get(w.worker_id)
-            if s and s[0]:
-                q *= 1.0 - s[1] / s[0]
+            q *= self._miss.get(w.worker_id, 1.0)
         lo = w.loads
-        if lo is not None and lo.age_s <= self.cost.loads_max_age_s and lo.num_waiting_uncached_tokens > q:
+        if lo is not None and lo.num_waiting_uncached_tokens > q and lo.age_s <= self.cost.loads_max_age_s:
             q = lo.num_waiting_uncached_tokens
         return q
 
     def _score(
         self,
         request: RouteRequest,
-        cands: list[WorkerView],
+        workers: Sequence[WorkerView],
         turn: int,
         rows: dict[str, dict[str, Any]] | None,
-    ) -> tuple[WorkerView, str, int, dict[str, float]]:
-        """(best worker, reason, its predicted cached tokens, costs of the finalists)."""
+    ) -> tuple[WorkerView, str, int, dict[str, float]] | None:
+        """(best worker, reason, its predicted cached tokens, costs of the finalists).
+
+        One pass over the pool with the load terms inlined: per worker it is a few
+        attribute reads and a dict lookup, so decision time is the prompt's tree walk
+        plus a small constant per worker. None when no worker is available.
+        """
         found, raw = self.tree(request.model).match_packed(self._packed(request))
         prompt = len(request.token_ids)
         knobs = self.cost
         additive = knobs.form == "additive"
-        a, b, r = knobs.prefill_weight, knobs.decode_weight, knobs.request_weight
-        n = len(cands)
+        a, b, r, max_age = knobs.prefill_weight, knobs.decode_weight, knobs.request_weight, knobs.loads_max_age_s
+        miss = self._miss
+        exclude = request.exclude
+        n = len(workers)
+        if n == 0:
+            return None
         start = turn % n
-        order = cands[start:] + cands[:start] if start else cands
-        best = order[0]
+        order = [*workers[start:], *workers[:start]] if start else workers
+        best: WorkerView | None = None
         best_cost = float("inf")
         best_c = -1
         longest = 0
         scores: dict[str, float] = {}
         for w in order:
+            if not w.available:
+                continue
             wid = w.worker_id
-            c = raw.get(wid, 0)
+            if exclude and wid in exclude:
+                continue
+            c = raw.get(wid, 0) if raw else 0
             if c:
                 ps = w.page_size
                 if ps > 1:
@@ -239,11 +274,13 @@ class CacheAwarePolicy(BasePolicy):
                 if c > longest:
                     longest = c
             if additive:
-                cost = prompt - c + r * w.in_flight
-                if w.queued_prefill_tokens or w.loads is not None:
-                    cost += a * self._queued_uncached(w)
-                if w.running_decode_tokens:
-                    cost += b * w.running_decode_tokens
+                q = w.queued_prefill_tokens
+                if q:
+                    q *= miss.get(wid, 1.0)
+                lo = w.loads
+                if lo is not None and lo.num_waiting_uncached_tokens > q and lo.age_s <= max_age:
+                    q = lo.num_waiting_uncached_tokens
+                cost = prompt - c + a * q + b * w.running_decode_tokens + r * w.in_flight
             else:
                 cost = (prompt - c + 1) * (1 + w.in_flight)
             if c:
@@ -258,6 +295,8 @@ class CacheAwarePolicy(BasePolicy):
                     "queued_uncached_estimate": round(self._queued_uncached(w), 1),
                     "cost": cost,
                 }
+        if best is None:
+            return None
         scores[best.worker_id] = best_cost
         if found == 0:
             reason = "no_match"
@@ -267,11 +306,13 @@ class CacheAwarePolicy(BasePolicy):
             reason = "cache_hit"
         else:
             reason = "load_balanced"
-        return best, reason, max(best_c, 0), scores
+        return best, reason, best_c, scores
 
     def _explain_candidates(self, request: RouteRequest, cands: list[WorkerView]) -> dict[str, Any]:
         rows: dict[str, dict[str, Any]] = {}
-        best, reason, cached, _ = self._score(request, cands, self._turn, rows)
+        scored = self._score(request, cands, self._turn, rows)
+        assert scored is not None  # cands is never empty
+        best, reason, cached, _ = scored
         found, _ = self.tree(request.model).match_packed(self._packed(request))
         return {
             "choice": best.worker_id,
@@ -307,6 +348,7 @@ class CacheAwarePolicy(BasePolicy):
         s = self._sums.setdefault(decision.worker_id, [0, 0])
         s[0] += prompt
         s[1] += cached
+        self._miss[decision.worker_id] = 1.0 - s[1] / s[0] if s[0] else 1.0
         if len(self._inflight) > _MAX_TRACKED:
             self._forget(next(iter(self._inflight)))
 
@@ -336,6 +378,9 @@ class CacheAwarePolicy(BasePolicy):
                 s[1] -= entry[2]
                 if s[0] <= 0:
                     del self._sums[entry[0]]
+                    self._miss.pop(entry[0], None)
+                else:
+                    self._miss[entry[0]] = 1.0 - s[1] / s[0]
         return entry
 
     def on_workers_changed(self, workers: Sequence[WorkerView]) -> None:

@@ -16,6 +16,8 @@ from typing import Any, ClassVar
 
 from gateway.policies.base import Decision, RouteRequest, WorkerView
 from gateway.policies.hashing import prefix_key, string_key
+from gateway.policies.prefix_hash import DEFAULT_BLOCK_SIZE, DEFAULT_DEPTH_TOKENS
+from gateway.policies.ring import DEFAULT_VIRTUAL_NODES
 from gateway.policies.ring_policy import RingPolicy
 
 FALLBACKS = ("prefix", "round_robin")
@@ -26,10 +28,10 @@ class ConsistentHashPolicy(RingPolicy):
 
     def __init__(
         self,
-        virtual_nodes: int = 160,
+        virtual_nodes: int = DEFAULT_VIRTUAL_NODES,
         fallback: str = "prefix",
-        block_size: int = 16,
-        depth_tokens: int = 256,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        depth_tokens: int = DEFAULT_DEPTH_TOKENS,
     ) -> None:
         if fallback not in FALLBACKS:
             raise ValueError(f"fallback must be one of {FALLBACKS}, not {fallback!r}")

@@ -20,9 +20,26 @@ from gateway.policies.baselines import (
     RandomPolicy,
     RoundRobinPolicy,
 )
-from gateway.policies.cache_aware import COST_FORMS, CacheAwarePolicy, CostKnobs
+from gateway.policies.cache_aware import (
+    COST_FORMS,
+    DEFAULT_BUDGET_FRACTION,
+    DEFAULT_DECODE_WEIGHT,
+    DEFAULT_EVICTION_INTERVAL_S,
+    DEFAULT_LOADS_MAX_AGE_S,
+    DEFAULT_PREFILL_WEIGHT,
+    DEFAULT_REQUEST_WEIGHT,
+    CacheAwarePolicy,
+    CostKnobs,
+)
 from gateway.policies.consistent_hash import FALLBACKS, ConsistentHashPolicy
-from gateway.policies.prefix_hash import PrefixHashPolicy
+from gateway.policies.prefix_hash import (
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_DEPTH_TOKENS,
+    DEFAULT_LOAD_FACTOR,
+    PrefixHashPolicy,
+)
+from gateway.policies.radix_tree import DEFAULT_BUDGET_TOKENS, DEFAULT_MAX_TOTAL_TOKENS
+from gateway.policies.ring import DEFAULT_VIRTUAL_NODES
 from gateway.settings import option
 
 POLICY_NAMES: tuple[str, ...] = (
@@ -41,38 +58,40 @@ class PolicyConfig:
     """How the router picks a worker within a pool."""
 
     policy: str = option("cache_aware", "routing policy", choices=list(POLICY_NAMES))
-    hash_block_size: int = option(16, "prefix_hash/consistent_hash: tokens per hashed block")
+    hash_block_size: int = option(DEFAULT_BLOCK_SIZE, "prefix_hash/consistent_hash: tokens per hashed block")
     hash_depth_tokens: int = option(
-        256, "prefix_hash: prompt tokens (whole blocks, capped by the prompt) that form the ring key"
+        DEFAULT_DEPTH_TOKENS, "prefix_hash: prompt tokens (whole blocks, capped by the prompt) that form the ring key"
     )
-    virtual_nodes: int = option(160, "hash ring: virtual nodes per worker")
+    virtual_nodes: int = option(DEFAULT_VIRTUAL_NODES, "hash ring: virtual nodes per worker")
     load_factor: float = option(
-        1.25,
+        DEFAULT_LOAD_FACTOR,
         "prefix_hash: a worker above load_factor x the pool's average in-flight load passes "
         "the key on (0 = no bound)",
     )
     tree_budget_fraction: float = option(
-        0.9, "cache_aware: each worker's tree budget as a fraction of its KV capacity in tokens"
+        DEFAULT_BUDGET_FRACTION, "cache_aware: each worker's tree budget as a fraction of its KV capacity in tokens"
     )
     tree_default_budget_tokens: int = option(
-        262144, "cache_aware: tree budget of a worker whose KV capacity is unknown"
+        DEFAULT_BUDGET_TOKENS, "cache_aware: tree budget of a worker whose KV capacity is unknown"
     )
-    tree_max_tokens: int = option(16777216, "cache_aware: global cap on tokens in one tree")
+    tree_max_tokens: int = option(
+        DEFAULT_MAX_TOTAL_TOKENS, "cache_aware: global cap on tokens in one tree"
+    )
     eviction_interval_s: float = option(
-        0.5, "cache_aware: seconds between background LRU eviction passes (0 = evict inline)"
+        DEFAULT_EVICTION_INTERVAL_S, "cache_aware: seconds between background LRU eviction passes (0 = evict inline)"
     )
     cost_form: str = option("additive", "cache_aware: cost formula", choices=list(COST_FORMS))
     prefill_weight: float = option(
-        1.0, "cache_aware: weight of queued uncached prefill tokens against our own"
+        DEFAULT_PREFILL_WEIGHT, "cache_aware: weight of queued uncached prefill tokens against our own"
     )
     decode_weight: float = option(
-        0.5, "cache_aware: weight of running decode tokens, in prefill-token equivalents"
+        DEFAULT_DECODE_WEIGHT, "cache_aware: weight of running decode tokens, in prefill-token equivalents"
     )
     request_weight: float = option(
-        16.0, "cache_aware: fixed cost of each in-flight request, in tokens"
+        DEFAULT_REQUEST_WEIGHT, "cache_aware: fixed cost of each in-flight request, in tokens"
     )
     loads_max_age_s: float = option(
-        5.0, "cache_aware: ignore polled worker loads older than this"
+        DEFAULT_LOADS_MAX_AGE_S, "cache_aware: ignore polled worker loads older than this"
     )
     use_polled_loads: bool = option(
         True, "cache_aware: poll workers' GetLoads and use num_waiting_uncached_tokens"

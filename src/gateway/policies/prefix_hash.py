@@ -17,7 +17,12 @@ from typing import Any, ClassVar
 
 from gateway.policies.base import Decision, RouteRequest, WorkerView
 from gateway.policies.hashing import prefix_key
+from gateway.policies.ring import DEFAULT_VIRTUAL_NODES
 from gateway.policies.ring_policy import RingPolicy
+
+DEFAULT_BLOCK_SIZE = 16
+DEFAULT_DEPTH_TOKENS = 256
+DEFAULT_LOAD_FACTOR = 1.25
 
 
 class PrefixHashPolicy(RingPolicy):
@@ -25,10 +30,10 @@ class PrefixHashPolicy(RingPolicy):
 
     def __init__(
         self,
-        block_size: int = 16,
-        depth_tokens: int = 256,
-        virtual_nodes: int = 160,
-        load_factor: float = 1.25,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        depth_tokens: int = DEFAULT_DEPTH_TOKENS,
+        virtual_nodes: int = DEFAULT_VIRTUAL_NODES,
+        load_factor: float = DEFAULT_LOAD_FACTOR,
     ) -> None:
         if block_size < 1 or depth_tokens < 1:
             raise ValueError("block_size and depth_tokens must be >= 1")

@@ -445,29 +445,27 @@ class RadixTree:
     def evict(self, chunk: int = EVICT_CHUNK) -> int:
         """Bring every worker within its budget and the tree within its cap.
 
-        Works in locked chunks of at most ``chunk`` node evictions, releasing the lock
-        in between, so routing never waits long. Returns nodes evicted.
+        Works in locked chunks of at most ``chunk`` node evictions (``evict_step``),
+        releasing the lock in between, so routing never waits long. Returns nodes evicted.
         """
         done = 0
-        for worker in self.workers():
-            while True:
-                with self._lock:
-                    st = self._workers.get(worker)
-                    if st is None or st.tokens <= st.budget:
-                        break
-                    n = self._evict_worker_locked(worker, st, st.budget, chunk)
-                done += n
-                if n == 0:
-                    break
         while True:
-            with self._lock:
-                if self.total_tokens <= self.max_total_tokens:
-                    break
-                n = self._evict_global_locked(self.max_total_tokens, chunk)
-            done += n
+            n = self.evict_step(chunk)
             if n == 0:
-                break
-        return done
+                return done
+            done += n
+
+    def evict_step(self, chunk: int = EVICT_CHUNK) -> int:
+        """One locked chunk: evict for the first over-budget worker, else for the global cap."""
+        with self._lock:
+            for w, st in self._workers.items():
+                if st.tokens > st.budget:
+                    n = self._evict_worker_locked(w, st, st.budget, chunk)
+                    if n:
+                        return n
+            if self.total_tokens > self.max_total_tokens:
+                return self._evict_global_locked(self.max_total_tokens, chunk)
+        return 0
 
     def _bound_locked(self, worker: str, st: _WorkerState) -> None:
         """Inline eviction after an insert: always in inline mode, else only on overshoot."""

@@ -18,6 +18,7 @@ import xxhash
 
 _xxh3 = xxhash.xxh3_64_intdigest
 RING_SIZE = 1 << 64
+DEFAULT_VIRTUAL_NODES = 160
 
 
 class RingPosition(NamedTuple):
@@ -36,7 +37,7 @@ def vnode_point(worker_id: str, i: int) -> int:
 class HashRing:
     """Sorted virtual-node points and their owners; lookups are a bisect."""
 
-    def __init__(self, virtual_nodes: int = 160, workers: Iterable[str] = ()) -> None:
+    def __init__(self, virtual_nodes: int = DEFAULT_VIRTUAL_NODES, workers: Iterable[str] = ()) -> None:
         if virtual_nodes < 1:
             raise ValueError("virtual_nodes must be >= 1")
         self.virtual_nodes = virtual_nodes

@@ -9,7 +9,7 @@ from typing import Any
 
 from gateway.policies.base import Decision, RouteRequest, WorkerView
 from gateway.policies.common import BasePolicy
-from gateway.policies.ring import HashRing, RingPosition
+from gateway.policies.ring import DEFAULT_VIRTUAL_NODES, HashRing, RingPosition
 
 _worker_id = attrgetter("worker_id")
 
@@ -22,7 +22,7 @@ class RingPolicy(BasePolicy):
     it when it recovers instead of reshuffling twice.
     """
 
-    def __init__(self, virtual_nodes: int = 160) -> None:
+    def __init__(self, virtual_nodes: int = DEFAULT_VIRTUAL_NODES) -> None:
         self.ring = HashRing(virtual_nodes)
 
     def select(self, request: RouteRequest, workers: Sequence[WorkerView]) -> Decision:

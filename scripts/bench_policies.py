@@ -1,0 +1,592 @@
+#!/usr/bin/env python
+"""Routing-policy benchmarks: micro figures and a quick pure simulation (no gRPC).
+
+    .venv/bin/python scripts/bench_policies.py micro      # decision time, tree memory, eviction
+    .venv/bin/python scripts/bench_policies.py sim        # gsp-like replay: hit rate, spread
+    .venv/bin/python scripts/bench_policies.py tune       # cache_aware cost / budget grid
+    .venv/bin/python scripts/bench_policies.py all
+
+``micro`` times ``policy.select`` on a warm tree of about a million tokens for 2K and
+8K-token prompts with 8 and 256 workers, measures tree memory per million tokens with
+tracemalloc, and times LRU eviction (whole pass and the longest locked chunk).
+
+``sim`` replays a generated-shared-prefix workload (G groups x P prompts, one shared
+S-token system prompt per group plus a unique Q-token question, shuffled) through each
+policy against N simulated workers. Each worker has an LRU page cache of a fixed
+capacity and a continuous-batching step clock
+(``step = base + prefill_cost * prefill_tokens + decode_cost * running``, chunked
+prefill, FCFS); clients run closed-loop at a fixed concurrency. The simulated workers
+are written here from scratch and share nothing with the policies' radix tree, so the
+hit rates they report are an independent check of the policies' predictions.
+Figures print as Markdown tables (docs/BENCHMARKS.md keeps the recorded ones).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import heapq
+import platform
+import random
+import statistics
+import sys
+import time
+import tracemalloc
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field, replace
+
+import xxhash
+
+from gateway.policies import PolicyConfig, close_policy, make_policy
+from gateway.policies.base import LoadSnapshot, Policy, RouteRequest, WorkerView
+from gateway.policies.cache_aware import CacheAwarePolicy
+from gateway.policies.radix_tree import RadixTree
+
+VOCAB = 150_000
+
+
+def rand_tokens(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(1, VOCAB) for _ in range(n)]
+
+
+def pct(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def table(headers: list[str], rows: list[list[object]]) -> str:
+    out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def machine() -> str:
+    cpu = platform.processor() or "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    import os
+
+    return f"nproc={os.cpu_count()}, CPU {cpu}, Python {platform.python_version()}, {time.strftime('%Y-%m-%d')}"
+
+
+# =============================================================== micro benchmarks
+def warm_policy(n_workers: int, prompt_len: int, tree_tokens: int, seed: int) -> tuple[CacheAwarePolicy, list[WorkerView], list[list[int]], list[int]]:
+    """A cache_aware policy whose tree holds about ``tree_tokens`` tokens of gsp-like prompts.
+
+    Returns the policy, the worker views, the group system prompts and a hot system
+    prompt held by every worker.
+    """
+    rng = random.Random(seed)
+    ws = [
+        WorkerView(f"w{i}", f"grpc://10.0.{i // 250}.{i % 250}:30000", kv_capacity_tokens=1 << 22,
+                   in_flight=rng.randrange(0, 8), queued_prefill_tokens=rng.randrange(0, 20_000),
+                   running_decode_tokens=rng.randrange(0, 4_000), page_size=16)
+        for i in range(n_workers)
+    ]
+    policy = CacheAwarePolicy(eviction_interval_s=0, max_tree_tokens=1 << 26)
+    policy.on_workers_changed(ws)
+    tree = policy.tree("")
+    q = 128
+    systems: list[list[int]] = []
+    while tree.total_tokens < tree_tokens:
+        system = rand_tokens(rng, prompt_len - q)
+        systems.append(system)
+        holders = rng.sample(range(n_workers), min(n_workers, rng.choice((1, 1, 2, 3))))
+        for _ in range(4):
+            toks = system + rand_tokens(rng, q)
+            for h in holders:
+                tree.insert(toks, ws[h].worker_id)
+    hot = rand_tokens(rng, prompt_len - q)
+    for w in ws:
+        tree.insert(hot + rand_tokens(rng, q), w.worker_id)
+    return policy, ws, systems, hot
+
+
+def time_selects(policy: Policy, ws: list[WorkerView], reqs: list[RouteRequest]) -> list[float]:
+    out = []
+    for r in reqs:
+        t0 = time.perf_counter_ns()
+        policy.select(r, ws)
+        out.append((time.perf_counter_ns() - t0) / 1000)
+    return out
+
+
+def bench_decisions(n_requests: int, tree_tokens: int) -> str:
+    rows = []
+    for prompt_len in (2048, 8192):
+        for n_workers in (8, 256):
+            policy, ws, systems, hot = warm_policy(n_workers, prompt_len, tree_tokens, seed=prompt_len + n_workers)
+            rng = random.Random(1)
+            kinds = {
+                "hit": [RouteRequest(rng.choice(systems) + rand_tokens(rng, 128)) for _ in range(n_requests)],
+                "miss": [RouteRequest(rand_tokens(rng, prompt_len)) for _ in range(n_requests)],
+                "hot (all hold)": [RouteRequest(hot + rand_tokens(rng, 128)) for _ in range(n_requests)],
+            }
+            tree = policy.tree("")
+            for kind, reqs in kinds.items():
+                time_selects(policy, ws, reqs[:20])  # warm caches
+                us = time_selects(policy, ws, reqs)
+                rows.append([prompt_len, n_workers, f"{tree.total_tokens / 1e6:.2f}M", kind,
+                             f"{statistics.median(us):.0f}", f"{pct(us, 0.99):.0f}"])
+            for name in ("prefix_hash", "least_load", "round_robin"):
+                p = make_policy(PolicyConfig(policy=name))
+                us = time_selects(p, ws, kinds["hit"])
+                rows.append([prompt_len, n_workers, "-", f"{name}", f"{statistics.median(us):.0f}", f"{pct(us, 0.99):.0f}"])
+            policy.close()
+    for tree_tokens_i in (250_000, 4_000_000):  # same case, other tree sizes
+        policy, ws, systems, hot = warm_policy(8, 2048, tree_tokens_i, seed=7)
+        rng = random.Random(1)
+        reqs = [RouteRequest(rng.choice(systems) + rand_tokens(rng, 128)) for _ in range(n_requests)]
+        time_selects(policy, ws, reqs[:20])
+        us = time_selects(policy, ws, reqs)
+        rows.append([2048, 8, f"{policy.tree('').total_tokens / 1e6:.2f}M", "hit",
+                     f"{statistics.median(us):.0f}", f"{pct(us, 0.99):.0f}"])
+        policy.close()
+    return table(["prompt tokens", "workers", "tree", "cache_aware request", "p50 µs", "p99 µs"], rows)
+
+
+def bench_memory(tree_tokens: int) -> str:
+    rows = []
+    cases = (("gsp-like: 2K prompts, 4 per 1920-token system prompt", 0.25),
+             ("unrelated 2K prompts", 1.0))
+    for label, new_system_p in cases:
+        gc.collect()
+        rng = random.Random(2)
+        system = rand_tokens(rng, 1920)
+        tracemalloc.start()
+        before = tracemalloc.get_traced_memory()[0]
+        tree = RadixTree(default_budget_tokens=1 << 24, max_total_tokens=1 << 26)
+        while tree.total_tokens < tree_tokens:
+            if rng.random() < new_system_p:
+                system = rand_tokens(rng, 1920)
+            tree.insert(system + rand_tokens(rng, 128), f"w{rng.randrange(8)}")
+        used = tracemalloc.get_traced_memory()[0] - before
+        tracemalloc.stop()
+        st = tree.stats()
+        rows.append([label, f"{st.total_tokens / 1e6:.2f}M", st.node_count, st.heap_entries,
+                     f"{used / 1e6:.1f}", f"{used / st.total_tokens:.1f}"])
+        del tree
+    return table(["tree", "tokens", "nodes", "heap entries", "MB", "bytes per token"], rows)
+
+
+def bench_eviction(tree_tokens: int) -> str:
+    rows = []
+    for n_workers in (8, 256):
+        rng = random.Random(3)
+        tree = RadixTree(default_budget_tokens=1 << 24, max_total_tokens=1 << 26, evict_inline=False)
+        system = rand_tokens(rng, 1920)
+        while tree.total_tokens < tree_tokens:
+            if rng.random() < 0.25:
+                system = rand_tokens(rng, 1920)
+            tree.insert(system + rand_tokens(rng, 128), f"w{rng.randrange(n_workers)}")
+        before = tree.stats()
+        for w, tokens in before.worker_tokens.items():
+            tree.set_worker(w, budget_tokens=max(1, tokens // 2))
+        chunk_ms: list[float] = []
+        done = 0
+        t0 = time.perf_counter()
+        while True:  # RadixTree.evict's loop, timed per locked chunk
+            c0 = time.perf_counter()
+            n = tree.evict_step(256)
+            chunk_ms.append((time.perf_counter() - c0) * 1000)
+            if n == 0:
+                break
+            done += n
+        total_s = time.perf_counter() - t0
+        after = tree.stats()
+        freed = before.total_tokens - after.total_tokens
+        rows.append([n_workers, f"{before.total_tokens / 1e6:.2f}M", f"{after.total_tokens / 1e6:.2f}M",
+                     done, f"{total_s * 1000:.0f}", f"{total_s / max(done, 1) * 1e6:.1f}",
+                     f"{total_s / max(freed, 1) * 1e9:.0f}", f"{max(chunk_ms):.2f}"])
+        tree.validate()
+    return table(["workers", "tree before", "after (budgets halved)", "nodes evicted", "total ms",
+                  "µs per node", "ns per token freed", "longest 256-node chunk ms"], rows)
+
+
+def run_micro(args: argparse.Namespace) -> None:
+    print(f"## micro ({machine()})\n")
+    print("### decision time (`select`, packing included)\n")
+    print(bench_decisions(args.requests, args.tree_tokens))
+    print("\n### tree memory (tracemalloc)\n")
+    print(bench_memory(args.tree_tokens))
+    print("\n### eviction (per-worker budgets halved, LRU leaves first)\n")
+    print(bench_eviction(args.tree_tokens))
+
+
+# ===================================================================== simulation
+@dataclass
+class Timing:
+    base_s: float = 0.002
+    prefill_s_per_token: float = 1 / 30_000
+    decode_s_per_req: float = 0.00015
+    chunk_tokens: int = 8192
+
+
+@dataclass
+class Job:
+    rid: int
+    tokens: list[int]
+    pages: list[int]
+    output: int
+    request: RouteRequest
+    arrival: float = 0.0
+    started: bool = False
+    remaining: int = 0
+    cached: int = 0
+    worker: str = ""
+
+
+@dataclass
+class SimWorker:
+    """A simulated worker: LRU page cache plus a continuous-batching step clock."""
+
+    wid: str
+    capacity_tokens: int
+    page: int
+    timing: Timing
+    poll_interval_s: float = 0.0
+    cache: OrderedDict[int, None] = field(default_factory=OrderedDict)
+    waiting: deque[Job] = field(default_factory=deque)
+    running: list[tuple[int, int, Job]] = field(default_factory=list)
+    step_no: int = 0
+    finish_sum: int = 0
+    queued_prompt: int = 0
+    busy: bool = False
+    served: int = 0
+    prefilled: int = 0
+    busy_s: float = 0.0
+    _snapshot: LoadSnapshot | None = None
+    _snapshot_t: float = -1e9
+    _in_step: list[Job] = field(default_factory=list)
+
+    def peek(self, job: Job) -> int:
+        n = 0
+        for h in job.pages:
+            if h not in self.cache:
+                break
+            n += 1
+        return min(n * self.page, len(job.tokens) - 1)
+
+    def match(self, job: Job) -> int:
+        n = self.peek(job)
+        for h in job.pages[: n // self.page]:
+            self.cache.move_to_end(h)
+        return n
+
+    def insert(self, job: Job) -> None:
+        cache = self.cache
+        for h in job.pages:
+            cache[h] = None
+            cache.move_to_end(h)
+        cap = self.capacity_tokens // self.page
+        while len(cache) > cap:
+            cache.popitem(last=False)
+
+    def view(self, now: float) -> WorkerView:
+        loads = None
+        if self.poll_interval_s > 0:
+            if now - self._snapshot_t >= self.poll_interval_s:
+                waiting_uncached = sum(j.remaining if j.started else len(j.tokens) - self.peek(j) for j in self.waiting)
+                self._snapshot = LoadSnapshot(
+                    num_running_reqs=len(self.running), num_waiting_reqs=len(self.waiting),
+                    max_total_num_tokens=self.capacity_tokens, num_waiting_uncached_tokens=waiting_uncached,
+                )
+                self._snapshot_t = now
+            assert self._snapshot is not None
+            loads = replace(self._snapshot, age_s=now - self._snapshot_t)
+        return WorkerView(
+            self.wid, f"sim://{self.wid}", in_flight=len(self.waiting) + len(self.running),
+            queued_prefill_tokens=self.queued_prompt,
+            running_decode_tokens=self.finish_sum - len(self.running) * self.step_no,
+            loads=loads, kv_capacity_tokens=self.capacity_tokens, page_size=self.page,
+        )
+
+    def plan_step(self) -> float:
+        """Start a step: pick prefill chunks FCFS; returns its duration."""
+        budget = self.timing.chunk_tokens
+        prefill = 0
+        self._in_step = []
+        for job in self.waiting:
+            if budget <= 0:
+                break
+            if not job.started:
+                job.cached = self.match(job)
+                job.remaining = len(job.tokens) - job.cached
+                job.started = True
+            take = min(job.remaining, budget)
+            job.remaining -= take
+            budget -= take
+            prefill += take
+            if job.remaining == 0:
+                self._in_step.append(job)
+        self.prefilled += prefill
+        t = self.timing
+        dur = t.base_s + t.prefill_s_per_token * prefill + t.decode_s_per_req * len(self.running)
+        self.busy_s += dur
+        return dur
+
+    def end_step(self) -> tuple[list[Job], list[Job]]:
+        """Finish a step: (jobs that got their first token, jobs that finished)."""
+        self.step_no += 1
+        done: list[Job] = []
+        while self.running and self.running[0][0] <= self.step_no:
+            f, _, job = heapq.heappop(self.running)
+            self.finish_sum -= f
+            done.append(job)
+        first = self._in_step
+        for job in first:
+            self.waiting.remove(job)
+            self.queued_prompt -= len(job.tokens)
+            self.insert(job)
+            if job.output <= 1:
+                done.append(job)
+            else:
+                f = self.step_no + job.output - 1
+                heapq.heappush(self.running, (f, job.rid, job))
+                self.finish_sum += f
+        self._in_step = []
+        self.served += len(done)
+        return first, done
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+
+@dataclass
+class Workload:
+    name: str
+    prompts: list[list[int]]
+    output: int
+    ideal_hit: float
+
+
+def gsp_workload(groups: int, per_group: int, system: int, question: int, output: int, seed: int,
+                 hot_share: float = 0.0) -> Workload:
+    """G x P prompts (shared S-token system prompt + unique Q-token question), shuffled.
+
+    ``hot_share > 0`` sends that share of all requests to group 0 (a popular prefix).
+    """
+    rng = random.Random(seed)
+    systems = [rand_tokens(rng, system) for _ in range(groups)]
+    total = groups * per_group
+    if hot_share > 0:
+        hot = int(total * hot_share)
+        group_of = [0] * hot + [1 + i % (groups - 1) for i in range(total - hot)]
+    else:
+        group_of = [i // per_group for i in range(total)]
+    prompts = [systems[g] + rand_tokens(rng, question) for g in group_of]
+    rng.shuffle(prompts)
+    used_groups = len(set(group_of))
+    unique = used_groups * system + total * question
+    name = f"gsp G={groups} P={per_group} S={system} Q={question} O={output}"
+    if hot_share:
+        name += f", {hot_share:.0%} of requests on one group"
+    return Workload(name, prompts, output, 1 - unique / (total * (system + question)))
+
+
+@dataclass
+class SimResult:
+    hit_rate: float
+    throughput_tok_s: float
+    ttft_p50_ms: float
+    ttft_p99_ms: float
+    served_max_over_mean: float
+    busy_max_over_mean: float
+    decide_us: float
+    makespan_s: float
+    predicted_hit: float
+
+
+def page_hashes(tokens: list[int], page: int) -> list[int]:
+    out, h = [], 0
+    for i in range(len(tokens) // page):
+        h = xxhash.xxh3_64_intdigest(repr(tokens[i * page : (i + 1) * page]).encode(), seed=h)
+        out.append(h)
+    return out
+
+
+def simulate(policy: Policy, wl: Workload, n_workers: int, capacity: int, page: int, concurrency: int,
+             timing: Timing, poll_interval_s: float, pages_cache: dict[int, list[int]]) -> SimResult:
+    workers = [SimWorker(f"w{i}", capacity, page, timing, poll_interval_s) for i in range(n_workers)]
+    by_id = {w.wid: w for w in workers}
+    policy.on_workers_changed([w.view(0.0) for w in workers])
+    events: list[tuple[float, int, int]] = []  # (time, seq, worker index)
+    seq = 0
+    next_prompt = 0
+    ttft: list[float] = []  # after the opening burst of ``concurrency`` simultaneous requests
+    decide: list[float] = []
+    cached_total = prompt_total = predicted_total = 0
+    finished = 0
+
+    def submit(now: float) -> None:
+        nonlocal next_prompt, seq, predicted_total
+        if next_prompt >= len(wl.prompts):
+            return
+        i = next_prompt
+        next_prompt += 1
+        toks = wl.prompts[i]
+        pages = pages_cache.get(i)
+        if pages is None:
+            pages = pages_cache[i] = page_hashes(toks, page)
+        job = Job(i, toks, pages, wl.output, RouteRequest(toks, request_id=str(i), max_new_tokens=wl.output), now)
+        views = [w.view(now) for w in workers]
+        t0 = time.perf_counter_ns()
+        d = policy.select(job.request, views)
+        decide.append((time.perf_counter_ns() - t0) / 1000)
+        policy.on_dispatch(job.request, d)
+        predicted_total += d.predicted_cached_tokens
+        job.worker = d.worker_id
+        w = by_id[d.worker_id]
+        w.waiting.append(job)
+        w.queued_prompt += len(toks)
+        if not w.busy:
+            w.busy = True
+            seq += 1
+            heapq.heappush(events, (now + w.plan_step(), seq, workers.index(w)))
+
+    for _ in range(concurrency):
+        submit(0.0)
+    now = 0.0
+    while events:
+        now, _, wi = heapq.heappop(events)
+        w = workers[wi]
+        first, done = w.end_step()
+        for job in first:
+            if job.rid >= concurrency:
+                ttft.append(now - job.arrival)
+            cached_total += job.cached
+            prompt_total += len(job.tokens)
+        for job in done:
+            finished += 1
+            policy.on_finish(job.request, w.wid, job.cached, True)
+            submit(now)
+        if w.has_work():
+            seq += 1
+            heapq.heappush(events, (now + w.plan_step(), seq, wi))
+        else:
+            w.busy = False
+    served = [w.served for w in workers]
+    busy = [w.busy_s for w in workers]
+    return SimResult(
+        hit_rate=cached_total / prompt_total,
+        throughput_tok_s=finished * wl.output / now,
+        ttft_p50_ms=pct(ttft, 0.5) * 1000,
+        ttft_p99_ms=pct(ttft, 0.99) * 1000,
+        served_max_over_mean=max(served) / statistics.mean(served),
+        busy_max_over_mean=max(busy) / statistics.mean(busy),
+        decide_us=statistics.mean(decide),
+        makespan_s=now,
+        predicted_hit=predicted_total / prompt_total,
+    )
+
+
+SIM_POLICIES: list[tuple[str, dict[str, object], float]] = [
+    ("round_robin", {"policy": "round_robin"}, 0.0),
+    ("random", {"policy": "random", "seed": 1}, 0.0),
+    ("power_of_two", {"policy": "power_of_two", "seed": 1}, 0.0),
+    ("least_load", {"policy": "least_load"}, 0.0),
+    ("consistent_hash (no key: prefix)", {"policy": "consistent_hash"}, 0.0),
+    ("prefix_hash", {"policy": "prefix_hash"}, 0.0),
+    ("cache_aware additive", {"policy": "cache_aware", "use_polled_loads": False}, 0.0),
+    ("cache_aware additive + polled loads", {"policy": "cache_aware"}, 0.1),
+    ("cache_aware multiplicative", {"policy": "cache_aware", "cost_form": "multiplicative", "use_polled_loads": False}, 0.0),
+]
+
+
+def sim_rows(variants: list[tuple[str, dict[str, object], float]], wl: Workload, args: argparse.Namespace,
+             timing: Timing) -> list[list[object]]:
+    rows = []
+    pages_cache: dict[int, list[int]] = {}
+    for label, overrides, poll in variants:
+        overrides = {"eviction_interval_s": 0.0, **overrides}
+        policy = make_policy(PolicyConfig(), **overrides)
+        r = simulate(policy, wl, args.workers, args.capacity, args.page, args.concurrency, timing, poll, pages_cache)
+        close_policy(policy)
+        rows.append([label, f"{r.hit_rate:.1%}", f"{r.predicted_hit:.1%}", f"{r.throughput_tok_s:,.0f}",
+                     f"{r.ttft_p50_ms:.0f}", f"{r.ttft_p99_ms:.0f}", f"{r.served_max_over_mean:.2f}",
+                     f"{r.busy_max_over_mean:.2f}", f"{r.decide_us:.0f}"])
+    return rows
+
+
+SIM_HEADERS = ["policy", "hit rate", "predicted", "output tok/s", "TTFT p50 ms", "TTFT p99 ms",
+               "served max/mean", "busy max/mean", "decide µs"]
+
+
+def workloads(args: argparse.Namespace) -> list[Workload]:
+    base = dict(groups=args.groups, per_group=args.prompts, system=args.system, question=args.question,
+                output=args.output, seed=args.seed)
+    return [gsp_workload(**base), gsp_workload(**base, hot_share=0.5)]  # type: ignore[arg-type]
+
+
+def describe(args: argparse.Namespace, wl: Workload, timing: Timing) -> str:
+    return (f"{wl.name}; {args.workers} workers, cache {args.capacity} tokens each, page {args.page}, "
+            f"concurrency {args.concurrency}; step = {timing.base_s * 1000:g} ms + "
+            f"{timing.prefill_s_per_token * 1e6:.1f} µs/prefill token + {timing.decode_s_per_req * 1000:g} ms/running req, "
+            f"chunk {timing.chunk_tokens}; ideal hit rate {wl.ideal_hit:.1%}")
+
+
+def run_sim(args: argparse.Namespace) -> None:
+    timing = Timing()
+    print(f"## simulation ({machine()})\n")
+    for wl in workloads(args):
+        print(f"### {describe(args, wl, timing)}\n")
+        print(table(SIM_HEADERS, sim_rows(SIM_POLICIES, wl, args, timing)))
+        print()
+
+
+def run_tune(args: argparse.Namespace) -> None:
+    timing = Timing()
+    grid: list[tuple[str, dict[str, object], float]] = []
+    for dw in (0.0, 0.25, 0.5, 1.0):
+        for rw in (0.0, 16.0, 64.0):
+            grid.append((f"additive decode_weight={dw} request_weight={rw}",
+                         {"policy": "cache_aware", "decode_weight": dw, "request_weight": rw,
+                          "use_polled_loads": False}, 0.0))
+    for pw in (0.5, 2.0):
+        grid.append((f"additive prefill_weight={pw}", {"policy": "cache_aware", "prefill_weight": pw,
+                                                       "use_polled_loads": False}, 0.0))
+    for bf in (0.5, 1.5):
+        grid.append((f"additive budget_fraction={bf}", {"policy": "cache_aware", "tree_budget_fraction": bf,
+                                                        "use_polled_loads": False}, 0.0))
+    grid.append(("multiplicative", {"policy": "cache_aware", "cost_form": "multiplicative",
+                                    "use_polled_loads": False}, 0.0))
+    print(f"## cache_aware tuning ({machine()})\n")
+    for wl in workloads(args):
+        print(f"### {describe(args, wl, timing)}\n")
+        print(table(SIM_HEADERS, sim_rows(grid, wl, args, timing)))
+        print()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("what", choices=["micro", "sim", "tune", "all"])
+    parser.add_argument("--requests", type=int, default=2000, help="micro: timed selects per case")
+    parser.add_argument("--tree-tokens", type=int, default=1_000_000, help="micro: warm tree size")
+    parser.add_argument("--groups", type=int, default=64)
+    parser.add_argument("--prompts", type=int, default=16, help="prompts per group")
+    parser.add_argument("--system", type=int, default=2048)
+    parser.add_argument("--question", type=int, default=128)
+    parser.add_argument("--output", type=int, default=256)
+    parser.add_argument("--workers", type=int, default=8)
+    parser.add_argument("--capacity", type=int, default=65_536, help="sim: cache tokens per worker")
+    parser.add_argument("--page", type=int, default=16)
+    parser.add_argument("--concurrency", type=int, default=128)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if args.what in ("micro", "all"):
+        run_micro(args)
+    if args.what in ("sim", "all"):
+        run_sim(args)
+    if args.what in ("tune", "all"):
+        run_tune(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
