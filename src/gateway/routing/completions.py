@@ -58,6 +58,14 @@ def sum_usage(gens: list[Generation]) -> UsageCounts:
     return total
 
 
+async def prompt_ids(engine: Engine, entry: ModelEntry, prompt: str | list[int]) -> tuple[list[int], str]:
+    """A text or token-id prompt as (ids, text). Text gets the tokenizer's special
+    tokens (BOS), as SGLang's own server does for completions and /generate."""
+    if isinstance(prompt, str):
+        return await engine.encode(entry, prompt, add_special_tokens=True), prompt
+    return list(prompt), ""
+
+
 async def prepare_completions(
     engine: Engine, req: CompletionRequest, ctx: RequestContext
 ) -> tuple[ModelEntry, list[PreparedRequest]]:
@@ -65,12 +73,7 @@ async def prepare_completions(
     sampling = sampling_from_completion(req)
     prepared: list[PreparedRequest] = []
     for i, prompt in enumerate(req.prompts()):
-        if isinstance(prompt, str):
-            # Completions add the tokenizer's special tokens (BOS) as SGLang's server does.
-            ids = await engine.encode(entry, prompt, add_special_tokens=True)
-            text = prompt
-        else:
-            ids, text = list(prompt), ""
+        ids, text = await prompt_ids(engine, entry, prompt)
         prepared.append(
             engine.prepare(
                 entry, ids, sampling,

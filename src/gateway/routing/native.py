@@ -20,7 +20,7 @@ from gateway.protocol.tokens import (
     TokenizeRequest,
     TokenizeResponse,
 )
-from gateway.routing.completions import start_all
+from gateway.routing.completions import prompt_ids, start_all
 from gateway.routing.engine import Engine
 from gateway.routing.errors import map_rpc_error, no_worker_error
 from gateway.routing.fanout import merged
@@ -33,11 +33,7 @@ async def _prepare(engine: Engine, req: GenerateRequest, ctx: RequestContext) ->
     entry = engine.catalog.get(None)
     prepared = []
     for i, prompt in enumerate(req.prompts()):
-        if isinstance(prompt, str):
-            ids = await engine.encode(entry, prompt, add_special_tokens=True)
-            text = prompt
-        else:
-            ids, text = list(prompt), ""
+        ids, text = await prompt_ids(engine, entry, prompt)
         prepared.append(
             engine.prepare(
                 entry, ids, sampling_from_generate(req, i), stream=req.stream,
