@@ -132,30 +132,44 @@ def ids_of(qwen: Tokenizer, text: str) -> list[int]:
     return qwen.encode(text, add_special_tokens=False)
 
 
-def stream_all(sample: SampleStream, ids: Sequence[int], size: int = 1) -> StopStep:
+def outcome(step: StopStep) -> tuple[str, str | int | None]:
+    return step.text, step.matched
+
+
+def stream_all(sample: SampleStream, ids: Sequence[int], size: int = 1) -> tuple[str, object]:
+    """Stream ids in chunks of ``size``; the joined text and the stop, as a client sees it."""
     texts: list[str] = []
     for i in range(0, len(ids), size):
-        step = sample.step(ids[i : i + size])
+        chunk_ids = ids[i : i + size]
+        step = sample.step(chunk_ids)
         texts.append(step.text)
-        if step.stopped:
-            return StopStep("".join(texts), step.matched)
+        if not step.stopped:
+            assert step.ids_used == len(chunk_ids)
+        else:
+            assert step.ids_used is not None and step.ids_used <= len(chunk_ids)
+            assert sample.step(ids) == StopStep("", ids_used=0)  # final
+            return "".join(texts), step.matched
     last = sample.finish()
-    return StopStep("".join([*texts, last.text]), last.matched)
+    return "".join([*texts, last.text]), last.matched
 
 
 def test_eos_is_a_token_stop(qwen: Tokenizer) -> None:
     ids = [*ids_of(qwen, "Hello world"), IM_END, *ids_of(qwen, " after")]
     plan = StopPlan.build(qwen)
-    assert stream_all(SampleStream(qwen, plan), ids) == StopStep("Hello world", IM_END)
-    assert apply_stops(qwen, plan, ids) == StopStep("Hello world", IM_END)
+    assert stream_all(SampleStream(qwen, plan), ids) == ("Hello world", IM_END)
+    result = apply_stops(qwen, plan, ids)
+    assert outcome(result) == ("Hello world", IM_END)
+    assert result.ids_used == ids.index(IM_END)  # the EOS itself is trimmed
     ignoring = StopPlan.build(qwen, ignore_eos=True)
-    assert apply_stops(qwen, ignoring, ids) == StopStep("Hello world after", None)
+    everything = apply_stops(qwen, ignoring, ids)
+    assert outcome(everything) == ("Hello world after", None)
+    assert everything.ids_used == len(ids)
 
 
 def test_special_stop_string_reports_the_string(qwen: Tokenizer) -> None:
     plan = StopPlan.build(qwen, stop=["<|im_end|>"], ignore_eos=True)
     ids = [*ids_of(qwen, "Done."), IM_END]
-    assert stream_all(SampleStream(qwen, plan), ids) == StopStep("Done.", "<|im_end|>")
+    assert stream_all(SampleStream(qwen, plan), ids) == ("Done.", "<|im_end|>")
 
 
 def test_stop_string_across_tokens_in_a_real_stream(qwen: Tokenizer) -> None:
@@ -163,8 +177,9 @@ def test_stop_string_across_tokens_in_a_real_stream(qwen: Tokenizer) -> None:
     plan = StopPlan.build(qwen, stop=["Final answer"])
     for size in (1, 2, 5):
         sample = SampleStream(qwen, plan)
-        assert stream_all(sample, ids_of(qwen, text), size) == StopStep(
-            "The answer is 42. ", "Final answer"
+        assert stream_all(sample, ids_of(qwen, text), size) == (
+            "The answer is 42. ",
+            "Final answer",
         )
         assert sample.stopped and sample.matched == "Final answer"
 
@@ -173,26 +188,29 @@ def test_visible_stop_token_trim_and_no_trim(qwen: Tokenizer) -> None:
     ids = ids_of(qwen, "<think>\nhmm\n</think>\n\nAnswer")
     assert END_THINK in ids
     by_id = StopPlan.build(qwen, stop_token_ids=[END_THINK])
-    assert apply_stops(qwen, by_id, ids) == StopStep("<think>\nhmm\n", END_THINK)
-    assert apply_stops(qwen, by_id, ids, no_stop_trim=True) == StopStep(
-        "<think>\nhmm\n</think>", END_THINK
-    )
+    assert outcome(apply_stops(qwen, by_id, ids)) == ("<think>\nhmm\n", END_THINK)
+    kept = apply_stops(qwen, by_id, ids, no_stop_trim=True)
+    assert outcome(kept) == ("<think>\nhmm\n</think>", END_THINK)
+    assert kept.ids_used == ids.index(END_THINK) + 1
     by_text = StopPlan.build(qwen, stop=["</think>"])
-    assert apply_stops(qwen, by_text, ids) == StopStep("<think>\nhmm\n", "</think>")
+    trimmed = apply_stops(qwen, by_text, ids)
+    assert outcome(trimmed) == ("<think>\nhmm\n", "</think>")
+    assert trimmed.ids_used == ids.index(END_THINK) + 1  # the token that completed it
 
 
 def test_text_stop_before_a_token_stop_in_the_same_chunk(qwen: Tokenizer) -> None:
     ids = [*ids_of(qwen, "abc STOP def"), IM_END]
     plan = StopPlan.build(qwen, stop=["STOP"])
-    assert SampleStream(qwen, plan).step(ids) == StopStep("abc ", "STOP")
+    step = SampleStream(qwen, plan).step(ids)
+    assert outcome(step) == ("abc ", "STOP")
+    assert qwen.decode(ids[: step.ids_used]).endswith("STOP")
 
 
 def test_broken_bytes_before_a_token_stop_are_released(qwen: Tokenizer) -> None:
     partial = qwen.backend.token_to_id("ä")  # 0xE4: a character that never completes
     plan = StopPlan.build(qwen)
-    assert apply_stops(qwen, plan, [*ids_of(qwen, "x"), partial, IM_END]) == StopStep(
-        "x\ufffd", IM_END
-    )
+    result = apply_stops(qwen, plan, [*ids_of(qwen, "x"), partial, IM_END])
+    assert outcome(result) == ("x\ufffd", IM_END)
 
 
 @PROPERTY
@@ -213,10 +231,10 @@ def test_streaming_and_non_streaming_agree(
     plan = StopPlan.build(qwen, stop=stops, ignore_eos=data.draw(st.booleans()))
     size = data.draw(st.integers(1, 4))
     streamed = stream_all(SampleStream(qwen, plan, no_stop_trim=no_stop_trim), ids, size)
-    assert streamed == apply_stops(qwen, plan, ids, no_stop_trim=no_stop_trim)
+    assert streamed == outcome(apply_stops(qwen, plan, ids, no_stop_trim=no_stop_trim))
     visible = [s for s in stops if s in plan.stop_strings]
     if visible and not any(i in plan.token_stops for i in ids):
-        assert (streamed.text, streamed.matched) == reference(decoded, visible, no_stop_trim)
+        assert streamed == reference(decoded, visible, no_stop_trim)
 
 
 @pytest.mark.parametrize("stop", [None, [], "x"])

@@ -37,6 +37,8 @@ class StopStep:
 
     text: str
     matched: Matched | None = None
+    ids_used: int | None = None
+    """``SampleStream`` only: how many of the step's ids the output covers."""
 
     @property
     def stopped(self) -> bool:
@@ -209,20 +211,33 @@ class SampleStream:
         return self._matcher.matched
 
     def step(self, token_ids: Sequence[int]) -> StopStep:
+        """Feed one chunk's new ids. ``ids_used`` says how many of them the client's
+        output covers (through the token that completed a stop string; up to a token
+        stop, or through it with ``no_stop_trim``): trim ids and logprobs to it."""
         if self._done:
-            return StopStep("")
-        ids = [int(i) for i in token_ids]
-        stop_at = next((k for k, i in enumerate(ids) if i in self._plan.token_stops), None)
-        if stop_at is None:
-            return self._feed(self._detok.step(ids))
+            return StopStep("", ids_used=0)
+        texts: list[str] = []
+        for k, token_id in enumerate(token_ids):
+            token_id = int(token_id)
+            if token_id in self._plan.token_stops:
+                return self._token_stop(texts, k, token_id)
+            result = self._feed(self._detok.step([token_id]))
+            texts.append(result.text)
+            if result.stopped:
+                return StopStep("".join(texts), result.matched, ids_used=k + 1)
+        return StopStep("".join(texts), ids_used=len(token_ids))
+
+    def _token_stop(self, texts: list[str], k: int, token_id: int) -> StopStep:
         # Text up to the stop token (plus the token itself when not trimming) is final.
-        upto = stop_at + 1 if self._no_stop_trim else stop_at
-        result = self._feed(self._detok.step(ids[:upto]) + self._detok.flush())
-        if result.stopped:
-            return result
-        self._done = True
-        tail = self._matcher.stop_at_token(self._plan.token_stops[ids[stop_at]])
-        return StopStep(result.text + tail.text, tail.matched)
+        used = k + 1 if self._no_stop_trim else k
+        own = self._detok.step([token_id]) if self._no_stop_trim else ""
+        result = self._feed(own + self._detok.flush())
+        texts.append(result.text)
+        if not result.stopped:
+            self._done = True
+            result = self._matcher.stop_at_token(self._plan.token_stops[token_id])
+            texts.append(result.text)
+        return StopStep("".join(texts), result.matched, ids_used=used)
 
     def _feed(self, text: str) -> StopStep:
         result = self._matcher.feed(text)
@@ -258,4 +273,4 @@ def apply_stops(
     if first.stopped:
         return first
     rest = stream.finish()
-    return StopStep(first.text + rest.text, rest.matched)
+    return StopStep(first.text + rest.text, rest.matched, ids_used=first.ids_used)
