@@ -9,8 +9,9 @@ caches each compiled template by its source, so a template is compiled once.
 
 What this module adds is the OpenAI-request normalisation an inference server does
 before calling the template (as SGLang does): content-part lists flattened for
-templates that expect a string, tool-call arguments sent as JSON text parsed to
-objects, ``None`` fields dropped, and every failure turned into ``ChatTemplateError``.
+templates that expect a string (a null content becomes ""), tool-call arguments sent
+as JSON text parsed to objects, other ``None`` fields dropped, and every failure turned
+into ``ChatTemplateError``.
 """
 
 from __future__ import annotations
@@ -123,6 +124,10 @@ def normalize_messages(
             raise ChatTemplateError(f"{where} needs a string 'role'")
         # transformers drops None-valued keys: templates handle a missing key, not None.
         out = {key: copy.deepcopy(value) for key, value in message.items() if value is not None}
+        if message.get("content", "") is None and content_format == "string":
+            # OpenAI clients send content: null beside tool_calls; string templates
+            # (Qwen's among them) read content unconditionally, so null means "".
+            out["content"] = ""
         content = out.get("content")
         if isinstance(content, list) and content_format == "string":
             out["content"] = _flatten_content(content, where)
