@@ -4,6 +4,22 @@ Everything about *behaviour* lives elsewhere (scheduler, cache, sampler, PD
 rendezvous); this module validates requests the way a real ``--grpc-mode``
 worker does, turns them into scheduler sequences, and turns the scheduler's
 output records back into GenerateStreamChunk / GenerateComplete messages.
+
+Choices where the wire leaves room:
+
+* A matched stop token (EOS or one of ``stop_token_ids``) is part of
+  ``output_ids`` and of ``completion_tokens``; the client trims it.
+* Abort (the Abort RPC) ends each unfinished sample with a GenerateComplete
+  whose finish_reason is "abort"; a cancelled client stream just ends.
+* Input logprobs go in the first message of each sample: the first chunk when
+  streaming (the complete when no chunk was sent), the complete otherwise.
+  ``logprob_start_len`` < 0 means none.
+* A prefill-role worker given DisaggregatedParams runs the prefill, registers
+  the bootstrap room, and answers like a request with ``max_new_tokens`` 1:
+  one token, finish_reason "length" (or "stop" if that token is a stop).
+  The decode-role partner streams the whole output, first token included.
+* Constrained decoding, LoRA, multimodal inputs and hidden states are accepted
+  and ignored.
 """
 
 from __future__ import annotations
@@ -157,7 +173,7 @@ class SimServicer(sglang_scheduler_pb2_grpc.SglangSchedulerServicer):
         max_new = sp.max_new_tokens if sp.HasField("max_new_tokens") else cfg.default_max_new_tokens
         max_new = min(max_new, cfg.context_length - len(prompt))
         vocab_size = w.vocab.vocab_size
-        if any(t >= vocab_size for t in prompt):
+        if max(prompt) >= vocab_size:
             raise InvalidRequest(
                 f"input_ids contain ids outside the vocabulary (size {vocab_size})"
             )
