@@ -39,13 +39,14 @@ from google.protobuf import (
     message_factory,
 )
 from google.protobuf.message import Message
-from interop import scenario
-from interop.populate import Plan, canonical, populate, unknown_fields
 from smg_grpc_proto.generated import (
     common_pb2,
     sglang_scheduler_pb2,
     sglang_scheduler_pb2_grpc,
 )
+
+from interop import scenario
+from interop.populate import Plan, canonical, populate, unknown_fields
 
 REFERENCE_FILES = (sglang_scheduler_pb2.DESCRIPTOR, common_pb2.DESCRIPTOR)
 _SERVICE = sglang_scheduler_pb2.DESCRIPTOR.services_by_name["SglangScheduler"]

@@ -28,7 +28,7 @@ WORKLOADS = ["gsp", "chat", "long-mix", "trace"]
 class BenchConfig:
     """What to run and where the figures go."""
 
-    target: list[str] = option([], "LABEL=URL of each gateway to drive, in turn")  # noqa: RUF009 (a field)
+    target: list[str] = option([], "LABEL=URL of each gateway to drive, in turn")
     workload: str = option("gsp", "workload to generate (or 'trace' to replay --trace)", choices=WORKLOADS)
     trace: str = option("", "JSONL trace to replay with --workload trace")
     trace_times: bool = option(True, "replay a trace at its timestamps (else closed loop)")
