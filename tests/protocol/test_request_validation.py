@@ -320,7 +320,7 @@ def test_generate_single_and_batch() -> None:
     )
     assert batch.is_batch and batch.batch_size == 2
     assert batch.params_for(1).n == 2 and batch.rid_for(1) == "b"
-    defaults = GenerateRequest.model_validate({"input_ids": [5, 6]})
+    defaults = GenerateRequest.model_validate({"input_ids": [5, 6], "sampling_params": None})
     assert defaults.prompts() == [[5, 6]] and defaults.params_for(0).max_new_tokens == 128
 
 

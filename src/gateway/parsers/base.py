@@ -64,14 +64,14 @@ class ToolCallDelta:
 
     def to_openai(self) -> dict[str, Any]:
         """The ``choices[].delta.tool_calls[]`` entry of a chat.completion.chunk."""
-        function: dict[str, Any] = {"arguments": self.arguments}
         out: dict[str, Any] = {"index": self.index}
         if self.id is not None:
             out["id"] = self.id
             out["type"] = "function"
         if self.name is not None:
-            function = {"name": self.name, "arguments": self.arguments}
-        out["function"] = function
+            out["function"] = {"name": self.name, "arguments": self.arguments}
+        else:
+            out["function"] = {"arguments": self.arguments}
         return out
 
     def to_protocol(self) -> DeltaToolCall:

@@ -33,9 +33,8 @@ class RequestModel(BaseModel):
             for key, value in data.items()
             if value is None
             and key in fields
-            and fields[key].default is not None
-            and fields[key].default_factory is None
             and not fields[key].is_required()
+            and (fields[key].default is not None or fields[key].default_factory is not None)
         ]
         if not drop:
             return data
