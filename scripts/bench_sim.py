@@ -95,16 +95,34 @@ async def stream_phase(
     }
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` (Linux /proc; 0 elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 async def run(args: argparse.Namespace) -> dict[str, object]:
     config = dataclasses.replace(SimConfig().zero_cost(), max_running_requests=args.max_running)
     async with SubprocessFleet(1, config) as fleet:
+        assert fleet.proc is not None
+        pid = fleet.proc.pid
         async with grpc.aio.insecure_channel(fleet.urls[0].removeprefix("grpc://")) as channel:
             stub = pb_grpc.SglangSchedulerStub(channel)
             await stub.HealthCheck(pb.HealthCheckRequest(), timeout=10)
+            cpu0 = cpu_seconds(pid)
             unary = await unary_phase(
                 stub, args.calls, args.concurrency, args.unary_tokens, args.cap_s
             )
+            cpu1 = cpu_seconds(pid)
             stream = await stream_phase(stub, args.streams, args.stream_tokens, args.cap_s)
+            cpu2 = cpu_seconds(pid)
+    # Worker-side CPU per unit of work: what bounds a process hosting many workers.
+    unary["worker_cpu_ms_per_call"] = round(1000 * (cpu1 - cpu0) / max(1, unary["calls"]), 3)
+    stream["worker_cpu_us_per_token"] = round(1e6 * (cpu2 - cpu1) / max(1, stream["tokens"]), 1)
     return {"unary": unary, "stream": stream, "worker": fleet.counters}
 
 
@@ -140,11 +158,13 @@ def main() -> int:
     print(f"machine: {os.cpu_count()} CPUs, {cpu_model()}, Python {platform.python_version()}")
     print(
         f"unary Generate (16-token prompt, {args.unary_tokens} tokens, {args.concurrency} callers): "
-        f"{u['calls_per_s']} calls/s ({u['calls']} calls in {u['seconds']} s)"  # type: ignore[index]
+        f"{u['calls_per_s']} calls/s ({u['calls']} calls in {u['seconds']} s;"  # type: ignore[index]
+        f" worker CPU {u['worker_cpu_ms_per_call']} ms/call)"  # type: ignore[index]
     )
     print(
         f"streamed tokens ({args.streams} streams x {args.stream_tokens} tokens): "
-        f"{s['tokens_per_s']} tokens/s ({s['tokens']} tokens, {s['chunks']} chunks in {s['seconds']} s)"  # type: ignore[index]
+        f"{s['tokens_per_s']} tokens/s ({s['tokens']} tokens, {s['chunks']} chunks in {s['seconds']} s;"  # type: ignore[index]
+        f" worker CPU {s['worker_cpu_us_per_token']} us/token)"  # type: ignore[index]
     )
     print(json.dumps({"unary": u, "stream": s}))
     return 0
