@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import importlib.util
 import itertools
 import os
@@ -127,9 +128,7 @@ def bench_encode(tokenizer: Tokenizer, gen: TextGen, seconds: float, threads: in
         for size in (2048, 8192, 32768):
             text = prompt_of(tokenizer, gen, size)
             n = len(tokenizer.encode(text, add_special_tokens=False))
-            single, reps = timed(
-                lambda t=text: tokenizer.encode(t, add_special_tokens=False), seconds
-            )
+            single, reps = timed(functools.partial(tokenizer.encode, text, False), seconds)
 
             def parallel(t: str = text) -> None:
                 futures = [
@@ -202,7 +201,7 @@ def bench_template(tokenizer: Tokenizer, gen: TextGen, seconds: float) -> str:
     for turns in (1, 10, 40):
         messages = conversation_messages(gen, turns)[:-1]  # ends on a user/tool turn
         text = template.render(messages, tools=TOOLS)
-        per_call, reps = timed(lambda m=messages: template.render(m, tools=TOOLS), seconds)
+        per_call, reps = timed(functools.partial(template.render, messages, tools=TOOLS), seconds)
         n = len(tokenizer.encode(text, add_special_tokens=False))
         rows.append([len(messages), n, f"{per_call * 1e3:.3f}", reps])
     return table(["messages", "rendered tokens", "render ms", "reps"], rows)

@@ -226,16 +226,17 @@ class Tokenizer:
     # ------------------------------------------------------------------ encode / decode
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:
         """Token ids of ``text``. Use ``add_special_tokens=False`` for rendered chat prompts."""
-        return list(
-            self.backend.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0].ids
-        )
+        # encode_batch_fast skips offset tracking (ids only) and releases the GIL.
+        encoding = self.backend.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0]
+        ids: list[int] = encoding.ids
+        return ids
 
     def encode_batch(self, texts: Sequence[str], add_special_tokens: bool) -> list[list[int]]:
         """Encode many texts in one call (parallel inside the Rust library)."""
         encodings = self.backend.encode_batch_fast(
             list(texts), add_special_tokens=add_special_tokens
         )
-        return [list(e.ids) for e in encodings]
+        return [e.ids for e in encodings]
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """Text of ``ids``; no ``clean_up_tokenization_spaces`` (it would break streaming)."""
