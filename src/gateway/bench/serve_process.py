@@ -92,7 +92,9 @@ class ServeProcess:
             log_file.close()
         _LIVE.add(process.pid)
         try:
-            info = await asyncio.wait_for(_read_ready_line(process), ready_timeout_s)
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow an outer cancel
+            async with asyncio.timeout(ready_timeout_s):
+                info = await _read_ready_line(process)
         except BaseException as exc:
             await _terminate(process, 2.0)
             if isinstance(exc, TimeoutError):
@@ -131,8 +133,7 @@ class ServeProcess:
         """SIGTERM the gateway's process group, SIGKILL it after ``timeout_s``; return the exit code."""
         await _terminate(self.process, timeout_s)
         self._drain.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._drain
+        await asyncio.wait([self._drain])  # unlike `await task`, never mistakes its cancel for ours
         return self.process.returncode
 
     def remove_log(self) -> None:
@@ -161,16 +162,20 @@ async def _drain(process: asyncio.subprocess.Process) -> None:
 
 
 async def _terminate(process: asyncio.subprocess.Process, timeout_s: float) -> None:
-    if process.returncode is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            await asyncio.wait_for(process.wait(), timeout_s)
-        except TimeoutError:
+    """SIGTERM the group and wait up to ``timeout_s``; then SIGKILL whatever is left of it.
+
+    The SIGKILL also runs when the wait is cancelled (Ctrl-C during shutdown), so a
+    cancelled stop never leaves the child behind.
+    """
+    try:
+        if process.returncode is None:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            await process.wait()
-    else:  # the leader is gone; make sure nothing it spawned lingers
+                os.killpg(process.pid, signal.SIGTERM)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout_s):
+                    await process.wait()
+    finally:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(process.pid, signal.SIGKILL)
-    _LIVE.discard(process.pid)
+        _LIVE.discard(process.pid)
+    await process.wait()
