@@ -112,6 +112,12 @@ async def test_loads_follow_the_real_queues() -> None:
             assert r.aggregate.total_running_reqs == 2 and r.aggregate.total_waiting_reqs == 1
             info = await stub.GetServerInfo(pb.GetServerInfoRequest())
             assert info.active_requests == 3
+            record = w.engine_load(True)  # what KV-event batches carry
+            assert (record.running_requests, record.waiting_requests) == (2, 1)
+            assert (
+                record.waiting_uncached_tokens == record.prefill_pending_tokens == len(PROMPT) + 1
+            )
+            assert record.HasField("engine_silence_ms") and record.max_total_num_tokens == 65536
             for c in calls:
                 c.cancel()
             await wait_until(lambda: w.scheduler.num_running + w.scheduler.num_waiting == 0)

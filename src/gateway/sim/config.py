@@ -94,6 +94,12 @@ class SimConfig:
             raise ValueError(f"output_vocab must be one of {OUTPUT_VOCABS}")
         if not 0.0 <= self.eos_probability <= 1.0:
             raise ValueError("eos_probability must be in [0, 1]")
+        if min(self.step_base_s, self.prefill_token_s, self.decode_seq_s, self.time_scale) < 0:
+            raise ValueError("step costs and time_scale must be >= 0")
+        if self.kv_events_load_interval_s <= 0 or self.pd_timeout_s < 0:
+            raise ValueError("kv_events_load_interval_s must be > 0 and pd_timeout_s >= 0")
+        if self.default_stream_interval < 1 or self.embed_dim < 1:
+            raise ValueError("default_stream_interval and embed_dim must be >= 1")
 
     @property
     def served_name(self) -> str:

@@ -395,7 +395,7 @@ class RadixCache:
         """Recount everything from the tree (tests call this; O(cache))."""
         ps = self.page_size
         tree = protected = nodes = 0
-        stack = [(self.root, None)]
+        stack: list[tuple[Node, Node | None]] = [(self.root, None)]
         while stack:
             node, parent = stack.pop()
             if node is not self.root:

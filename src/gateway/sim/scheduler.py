@@ -172,6 +172,7 @@ class Scheduler:
         self._uncached_memo: tuple[tuple[int, int, int], int] = ((-1, -1, -1), 0)
         self._throughput: deque[tuple[float, int]] = deque(maxlen=64)
         self.last_receive = 0.0
+        self.last_step = time.monotonic()  # when the last step took effect
 
     # ---------------------------------------------------------------- queries
     @property
@@ -194,6 +195,10 @@ class Scheduler:
             total += seq.prompt_len - self.cache.peek_prefix_len(seq.prompt, seq.prompt_len - 1)
         self._uncached_memo = (key, total)
         return total
+
+    def prefill_pending_tokens(self) -> int:
+        """Prompt tokens of admitted or queued sequences that have no output yet."""
+        return sum(s.prompt_len for s in self.waiting) + sum(s.prompt_len for s in self.prefilling)
 
     def gen_throughput(self) -> float:
         """Generated tokens per second over the last few seconds."""
@@ -220,6 +225,8 @@ class Scheduler:
     def submit(self, seq: Sequence) -> None:
         self.counters.samples += 1
         self.last_receive = time.time()
+        if self.idle.is_set():
+            self.last_step = time.monotonic()  # an idle engine has not been silent
         self.waiting.append(seq)
         self.idle.clear()
         self._wake.set()
@@ -364,7 +371,8 @@ class Scheduler:
             self.prefilling = [s for s in self.prefilling if s.state is State.PREFILL]
         if any(s.state is State.DONE for s in active) or prefilled_any:
             self.decoding = [s for s in self.decoding if s.state is State.DECODE]
-        self._sample_throughput(time.monotonic())
+        self.last_step = now = time.monotonic()
+        self._sample_throughput(now)
         self._check_idle()
 
     def _take_output_slots(self, n: int) -> None:

@@ -235,7 +235,11 @@ class SimWorker:
             gen_throughput=sched.gen_throughput(),
             max_running_requests=cfg.max_running_requests,
             age_ms=0,
+            prefill_pending_tokens=sched.prefill_pending_tokens(),
         )
+        if sched.num_running or sched.num_waiting:
+            silence = time.monotonic() - sched.last_step
+            load.engine_silence_ms = min(int(silence * 1000), 2**32 - 1)
         if full:
             load.cache_hit_rate = self.counters.cache_hit_rate
             load.num_used_tokens = cache.used_tokens
