@@ -29,6 +29,7 @@ the whole text, so the two modes agree by construction.
 from __future__ import annotations
 
 import json
+from abc import abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -132,8 +133,9 @@ class _StreamDefinedParser(ToolCallParser):
         fresh = self._fresh()
         return aggregate([fresh.feed(text), fresh.finish()])
 
+    @abstractmethod
     def _fresh(self) -> ToolCallParser:
-        raise TypeError(f"{type(self).__name__} must define _fresh")
+        """A new parser with the same settings and no state."""
 
 
 class NamedToolCallParser(_StreamDefinedParser):
@@ -145,6 +147,8 @@ class NamedToolCallParser(_StreamDefinedParser):
         self._state: Literal["start", "args", "content"] = "start"
         self._buf = ""
         self._args_sent = 0
+        self._scanned_to = 0  # how much of _buf was looked at for a closing "}"
+        self._end: int | None = None  # end of the arguments object once it closed
         self._id = ""
 
     def _fresh(self) -> NamedToolCallParser:
@@ -182,12 +186,16 @@ class NamedToolCallParser(_StreamDefinedParser):
         return out
 
     def _send_args(self, out: ToolStreamDelta) -> None:
-        try:
-            _, end = json.JSONDecoder().raw_decode(self._buf)
-        except ValueError:
-            # Unfinished: all of it is arguments text except trailing whitespace,
-            # which may yet turn out to follow the object.
-            end = len(self._buf.rstrip())
+        # The object can only close at a "}", so it is re-decoded only when one arrived.
+        if self._end is None and "}" in self._buf[self._scanned_to :]:
+            try:
+                self._end = json.JSONDecoder().raw_decode(self._buf)[1]
+            except ValueError:
+                pass
+        self._scanned_to = len(self._buf)
+        # Unfinished: all of it is arguments text except trailing whitespace, which
+        # may yet turn out to follow the object.
+        end = self._end if self._end is not None else len(self._buf.rstrip())
         if end > self._args_sent:
             out.add_call_fragment(
                 ToolCallDelta(index=0, arguments=self._buf[self._args_sent : end])

@@ -58,7 +58,6 @@ class HermesToolParser(ToolCallParser):
 
     def _reset_call(self) -> None:
         self._call_id = ""
-        self._call_name = ""
         self._header_sent = False
         self._args_sent = 0
         self._checked_len = 0
@@ -215,7 +214,6 @@ class HermesToolParser(ToolCallParser):
 
     def _send_header(self, out: ToolStreamDelta, name: str, args: str) -> None:
         self._call_id = new_tool_call_id()
-        self._call_name = name
         self._header_sent = True
         self._args_sent = len(args)
         self._ws_hold = ""  # whitespace before a call block is dropped
