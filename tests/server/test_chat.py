@@ -166,3 +166,15 @@ async def test_no_worker_is_503(stack: Stack) -> None:
     with pytest.raises(openai.APIStatusError) as info:
         await stack.client.completions.create(model=stack.model, prompt="x", max_tokens=2)
     assert info.value.status_code == 503
+
+
+async def test_named_tool_choice_parses_whole_output_as_arguments(stack: Stack) -> None:
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+    resp = await stack.client.chat.completions.create(
+        model=stack.model, messages=_reply('{"city": "Oslo"}'), tools=tools, max_tokens=40,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+    )
+    call = resp.choices[0].message.tool_calls[0]
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Oslo"}
