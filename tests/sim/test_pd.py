@@ -44,6 +44,7 @@ async def test_pd_pair_success(pd_fleet) -> None:
     fleet, (prefill, decode, regular, _) = pd_fleet
     port = fleet.workers[0].bootstrap_port
     assert port and fleet.workers[1].bootstrap_port is None
+    fleet.workers[1].config.pd_timeout_s = 10.0  # plenty: this test is about success
     # Warm the prefill worker's cache so the transfer has something cached to report.
     await collect(prefill, request(PROMPT, max_new=1))
     # The decode request arrives first and waits for its partner.

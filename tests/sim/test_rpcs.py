@@ -183,7 +183,7 @@ async def test_flush_cache(slow) -> None:
     w, stub = slow
     await collect(stub, request(PROMPT, max_new=2))
     assert w.cache.tree_tokens > 0
-    call = stub.Generate(request(PROMPT, rid="busy", stream=True, max_new=30))
+    call = stub.Generate(request(PROMPT, rid="busy", stream=True, max_new=200))
     await call.read()
     r = await stub.FlushCache(common_pb2.FlushCacheRequest(timeout_s=0))
     assert not r.success and "in flight" in r.message

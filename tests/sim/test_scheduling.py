@@ -91,10 +91,10 @@ async def test_max_running_requests_caps_the_batch() -> None:
     prompts = [[i, *PROMPT] for i in range(6)]
     # 3 ms steps so that the requests overlap however the arrivals are spread.
     w, completes, peaks = await run_requests(
-        cfg(max_running_requests=2, step_base_s=0.003), prompts, max_new=6
+        cfg(max_running_requests=2, step_base_s=0.003), prompts, max_new=30
     )
     assert peaks["running"] == 2
-    assert all(c.completion_tokens == 6 for c in completes)
+    assert all(c.completion_tokens == 30 for c in completes)
     assert w.counters.finished == 6
 
 
