@@ -22,7 +22,11 @@ def plot_comparison(summaries: Sequence[RunSummary], path: str | Path, title: st
 
     hits = [100 * s.hit_rate for s in summaries]
     bars = ax_hit.bar(x, hits, color=colors)
-    ax_hit.bar_label(bars, fmt="%.1f%%", padding=2)
+    for bar, hit in zip(bars, hits, strict=True):  # inside tall bars: clear of the ideal line
+        inside = hit >= 12
+        ax_hit.annotate(f"{hit:.1f}%", (bar.get_x() + bar.get_width() / 2, hit),
+                        xytext=(0, -14 if inside else 3), textcoords="offset points", ha="center",
+                        color="white" if inside else "black", fontweight="bold" if inside else None)
     ideals = [s.ideal_hit_rate for s in summaries if s.ideal_hit_rate is not None]
     if ideals:
         ideal = 100 * max(ideals)
