@@ -154,7 +154,7 @@ class Generation:
         matched: int | str | None = None
         kind = done.WhichOneof("matched_stop")
         if kind == "matched_token_id":
-            matched = self._token_stops.get(done.matched_token_id, done.matched_token_id)
+            matched = self.prepared.stop_plan.matched_for_token(done.matched_token_id)
         elif kind == "matched_stop_str":
             matched = done.matched_stop_str
         step = sample.text.finish()
@@ -168,12 +168,11 @@ class Generation:
         self.usage.per_sample_completion[sample.index] = sample.generated
         step = sample.text.step(ids)
         if step.stopped:
-            # Tokens past a token stop never reach the client (nor their logprobs).
-            cut = next((k for k, t in enumerate(ids) if t in self._token_stops), None)
-            if cut is not None:
-                ids = ids[: cut + 1] if self.prepared.sampling.no_stop_trim else ids[:cut]
-            else:
+            # Tokens past the stop never reach the client (nor their logprobs).
+            used = len(ids) if step.ids_used is None else step.ids_used
+            if not any(t in self._token_stops for t in ids[:used + 1]):
                 self._stopped_early = True  # a text stop: the worker does not know to stop
+            ids = ids[:used]
         values: list[float] | None = None
         tops: list[TopRow] | None = None
         if lp is not None:
