@@ -155,7 +155,17 @@ def test_rendered_chat_prompts_extend_each_other(vocab: Vocab) -> None:
     from gateway.bench.workloads import render_chat_prompts
 
     first = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}]
-    second = [*first, {"role": "assistant", "content": "hi"}, {"role": "user", "content": "again"}]
-    a, b = render_chat_prompts([first, second])
+    second = [*first, {"role": "assistant", "content": "hi friend"}, {"role": "user", "content": "again"}]
+    (a, b), (a_done, b_done) = render_chat_prompts([first, second], replies=["hi friend", "ok"])
     assert len(b) > len(a) and b[: len(a)] == a  # the second turn resends the first
+    assert a_done[: len(a)] == a and b[: len(a_done)] == a_done  # ...and its reply
     assert ideal_hit_rate([a, b]) == pytest.approx(len(a) / (len(a) + len(b)))
+    with_replies = ideal_hit_rate([a, b], cached_after=[a_done, b_done])
+    assert with_replies > ideal_hit_rate([a, b])
+
+
+def test_ideal_with_outputs_cached() -> None:
+    # the first request's output [7, 8] is cached with it, and the second prompt resends it
+    prompts = [[1, 2, 3], [1, 2, 3, 7, 8, 4]]
+    assert ideal_hit_rate(prompts) == pytest.approx(3 / 9)
+    assert ideal_hit_rate(prompts, cached_after=[[1, 2, 3, 7, 8], [1, 2, 3, 7, 8, 4, 9]]) == pytest.approx(5 / 9)

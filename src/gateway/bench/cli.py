@@ -5,6 +5,8 @@
 
 Each target gets the same seeded workload in turn; the table, ``--json`` and ``--plot``
 compare them. ``--save-trace`` writes the generated workload as a replayable JSONL trace.
+For a fair comparison give each target its own cold workers: targets that share workers
+also share their KV caches, so a later run profits from an earlier one's prefixes.
 (The ``demo`` command does all of this against a simulated fleet it starts itself.)
 """
 
@@ -74,8 +76,12 @@ def ideal_for(workload: Any, runs: list[Any], config: BenchConfig) -> float | No
     if all(s.prompt_token_ids is not None for s in workload):
         return wl.ideal_hit_rate(workload, config.page_size)
     if all(s.endpoint == "chat" for s in workload) and runs:
-        sent = [r.messages for r in runs[0].results if r.messages]
-        return wl.ideal_hit_rate(wl.render_chat_prompts(sent, config.tokenizer_dir or None), config.page_size)
+        # in the order they were sent: a turn's reply is cached before the next turn asks
+        sent = sorted((r for r in runs[0].results if r.ok), key=lambda r: r.start_s)
+        prompts, afters = wl.render_chat_prompts(
+            [r.messages for r in sent], config.tokenizer_dir or None, replies=[r.text for r in sent]
+        )
+        return wl.ideal_hit_rate(prompts, config.page_size, cached_after=afters)
     if all(s.endpoint == "completions" for s in workload):
         from tokenizers import Tokenizer
 

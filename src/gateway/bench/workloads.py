@@ -337,6 +337,8 @@ def ideal_hit_rate(
     workload: Workload | Iterable[RequestSpec] | Iterable[Sequence[int]],
     page_size: int = 1,
     tokenize: Callable[[str], Sequence[int]] | None = None,
+    *,
+    cached_after: Iterable[Sequence[int]] | None = None,
 ) -> float:
     """1 - unique prompt tokens / all prompt tokens: the hit rate of an infinite shared cache.
 
@@ -344,27 +346,41 @@ def ideal_hit_rate(
     pages already in the trie are hits; everything after the first miss, and the last
     partial page, is computed. The total does not depend on the order of the prompts.
     Accepts a workload or token-id sequences; text prompts need ``tokenize``.
+
+    ``cached_after`` (one sequence per prompt, e.g. prompt + generated tokens) is also put
+    in the cache once its request is done, as a real worker caches a request's output.
+    Multi-turn chat needs it: a turn's reply is part of the next turn's prompt. Order
+    then matters: requests count in the order given.
     """
     if page_size < 1:
         raise ValueError("page_size must be >= 1")
     root: dict[Any, dict[Any, Any]] = {}
     total = cached = 0
+    afters = iter(cached_after) if cached_after is not None else None
     for item in workload:
         ids = _prompt_ids(item, tokenize)
         total += len(ids)
-        node = root
-        full = len(ids) - len(ids) % page_size
-        hit = True
-        for start in range(0, full, page_size):
-            key: Any = ids[start] if page_size == 1 else tuple(ids[start : start + page_size])
-            child = node.get(key) if hit else None
-            if child is None:
-                hit = False
-                child = node[key] = {}
-            else:
-                cached += page_size
-            node = child
+        cached += _insert(root, ids, page_size)
+        if afters is not None:
+            _insert(root, next(afters), page_size)
     return cached / total if total else 0.0
+
+
+def _insert(root: dict[Any, dict[Any, Any]], ids: Sequence[int], page_size: int) -> int:
+    """Add ``ids``' whole pages to the page trie; return how many tokens were already there."""
+    node = root
+    hits = 0
+    matching = True
+    for start in range(0, len(ids) - len(ids) % page_size, page_size):
+        key: Any = ids[start] if page_size == 1 else tuple(ids[start : start + page_size])
+        child = node.get(key) if matching else None
+        if child is None:
+            matching = False
+            child = node[key] = {}
+        else:
+            hits += page_size
+        node = child
+    return hits
 
 
 def _prompt_ids(
@@ -380,22 +396,34 @@ def _prompt_ids(
 
 
 def render_chat_prompts(
-    conversations: Iterable[Sequence[Message]], tokenizer_dir: str | Path | None = None
-) -> list[list[int]]:
+    conversations: Iterable[Sequence[Message]],
+    tokenizer_dir: str | Path | None = None,
+    replies: Iterable[str] | None = None,
+) -> tuple[list[list[int]], list[list[int]]]:
     """Token ids of chat requests as sent (template + generation prompt), for the ideal.
 
     Chat prompts depend on the replies a run received, so their ideal hit rate is
-    computed after the run from the message lists it sent. Rendering uses
+    computed after the run from the message lists it sent. With ``replies``, also
+    returns each prompt followed by its reply's tokens: what the worker holds once the
+    turn is done (``ideal_hit_rate``'s ``cached_after``). Rendering uses
     ``transformers``' ``apply_chat_template``, the reference semantics the gateway follows.
     """
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir or default_tokenizer_dir()))
-    rendered = []
-    for messages in conversations:
+
+    def render(messages: Sequence[Message]) -> list[int]:
         encoded = tokenizer.apply_chat_template(
             [dict(m) for m in messages], add_generation_prompt=True, tokenize=True
         )
         ids = encoded["input_ids"] if hasattr(encoded, "keys") else encoded
-        rendered.append([int(t) for t in ids])
-    return rendered
+        return [int(t) for t in ids]
+
+    prompts = [render(m) for m in conversations]
+    afters = []
+    if replies is not None:
+        # prompt + output ids, as the worker caches them (not a re-render: templates such
+        # as Qwen3's render the latest assistant turn differently from older ones)
+        for prompt, reply in zip(prompts, replies, strict=True):
+            afters.append(prompt + list(tokenizer.encode(reply, add_special_tokens=False)))
+    return prompts, afters
