@@ -239,6 +239,9 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: every process the demo started has been stopped[/]")
         return 130
+    except RuntimeError as exc:  # a child that would not start: its log tail is in the message
+        console.print(f"[red]demo failed: {exc}[/]")
+        return 1
     console.print(report.comparison_table(summaries, title="token-gateway demo: policies side by side"))
     for line in report.errors_text(summaries):
         console.print(f"[red]{line}[/]")
