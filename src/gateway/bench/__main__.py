@@ -5,10 +5,13 @@ import sys
 
 from gateway.bench import cli
 
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Shows every default and keeps the description's line breaks."""
+
+
 parser = argparse.ArgumentParser(
-    prog="python -m gateway.bench",
-    description=cli.__doc__,
-    formatter_class=type("F", (argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter), {}),
+    prog="python -m gateway.bench", description=cli.__doc__, formatter_class=_HelpFormatter
 )
 cli.add_arguments(parser)
 sys.exit(cli.run(parser.parse_args()))

@@ -413,9 +413,9 @@ def render_chat_prompts(
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir or default_tokenizer_dir()))
 
     def render(messages: Sequence[Message]) -> list[int]:
-        encoded = tokenizer.apply_chat_template(
+        encoded: Any = tokenizer.apply_chat_template(
             [dict(m) for m in messages], add_generation_prompt=True, tokenize=True
-        )
+        )  # transformers 5 returns a BatchEncoding, 4.x a list of ids
         ids = encoded["input_ids"] if hasattr(encoded, "keys") else encoded
         return [int(t) for t in ids]
 
