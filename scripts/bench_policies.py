@@ -117,6 +117,32 @@ def time_selects(policy: Policy, ws: list[WorkerView], reqs: list[RouteRequest])
     return out
 
 
+def time_dispatches(policy: Policy, ws: list[WorkerView], reqs: list[RouteRequest]) -> list[float]:
+    """select + on_dispatch (the tree insert) + on_finish: the policy's whole per-request cost."""
+    out = []
+    for r in reqs:
+        t0 = time.perf_counter_ns()
+        d = policy.select(r, ws)
+        policy.on_dispatch(r, d)
+        policy.on_finish(r, d.worker_id, 0, True)
+        out.append((time.perf_counter_ns() - t0) / 1000)
+    return out
+
+
+REPEATS = 3
+
+
+def best_of(policy: Policy, ws: list[WorkerView], reqs: list[RouteRequest]) -> tuple[float, float]:
+    """(p50, p99) of the select run with the lowest p99 out of REPEATS: other processes
+    on a small shared machine add multi-millisecond stalls that are not the policy's."""
+    runs = []
+    for _ in range(REPEATS):
+        gc.collect()
+        us = time_selects(policy, ws, reqs)
+        runs.append((statistics.median(us), pct(us, 0.99)))
+    return min(runs, key=lambda r: r[1])
+
+
 def bench_decisions(n_requests: int, tree_tokens: int) -> str:
     rows = []
     for prompt_len in (2048, 8192):
@@ -128,34 +154,38 @@ def bench_decisions(n_requests: int, tree_tokens: int) -> str:
                 "miss": [RouteRequest(rand_tokens(rng, prompt_len)) for _ in range(n_requests)],
                 "hot (all hold)": [RouteRequest(hot + rand_tokens(rng, 128)) for _ in range(n_requests)],
             }
-            tree = policy.tree("")
-            for kind, reqs in kinds.items():
+            size = f"{policy.tree('').total_tokens / 1e6:.2f}M"
+            for kind, reqs in kinds.items():  # selects first: they leave the tree as it is
                 time_selects(policy, ws, reqs[:20])  # warm caches
-                us = time_selects(policy, ws, reqs)
-                rows.append([prompt_len, n_workers, f"{tree.total_tokens / 1e6:.2f}M", kind,
-                             f"{statistics.median(us):.0f}", f"{pct(us, 0.99):.0f}"])
+                p50, p99 = best_of(policy, ws, reqs)
+                rows.append([prompt_len, n_workers, size, f"cache_aware {kind}", f"{p50:.0f}", f"{p99:.0f}"])
             for name in ("prefix_hash", "least_load", "round_robin"):
                 p = make_policy(PolicyConfig(policy=name))
-                us = time_selects(p, ws, kinds["hit"])
-                rows.append([prompt_len, n_workers, "-", f"{name}", f"{statistics.median(us):.0f}", f"{pct(us, 0.99):.0f}"])
+                p50, p99 = best_of(p, ws, kinds["hit"])
+                rows.append([prompt_len, n_workers, "-", name, f"{p50:.0f}", f"{p99:.0f}"])
+            # the whole per-request cost, inserts included (grows the tree: measured last)
+            full = time_dispatches(policy, ws, kinds["hit"])
+            rows.append([prompt_len, n_workers, size, "cache_aware hit: select+dispatch+finish",
+                         f"{statistics.median(full):.0f}", f"{pct(full, 0.99):.0f}"])
             policy.close()
     for tree_tokens_i in (250_000, 4_000_000):  # same case, other tree sizes
         policy, ws, systems, hot = warm_policy(8, 2048, tree_tokens_i, seed=7)
         rng = random.Random(1)
         reqs = [RouteRequest(rng.choice(systems) + rand_tokens(rng, 128)) for _ in range(n_requests)]
         time_selects(policy, ws, reqs[:20])
-        us = time_selects(policy, ws, reqs)
-        rows.append([2048, 8, f"{policy.tree('').total_tokens / 1e6:.2f}M", "hit",
-                     f"{statistics.median(us):.0f}", f"{pct(us, 0.99):.0f}"])
+        p50, p99 = best_of(policy, ws, reqs)
+        rows.append([2048, 8, f"{policy.tree('').total_tokens / 1e6:.2f}M", "cache_aware hit",
+                     f"{p50:.0f}", f"{p99:.0f}"])
         policy.close()
-    return table(["prompt tokens", "workers", "tree", "cache_aware request", "p50 µs", "p99 µs"], rows)
+    return table(["prompt tokens", "workers", "tree", "policy / request", "p50 µs", "p99 µs"], rows)
 
 
 def bench_memory(tree_tokens: int) -> str:
     rows = []
-    cases = (("gsp-like: 2K prompts, 4 per 1920-token system prompt", 0.25),
-             ("unrelated 2K prompts", 1.0))
-    for label, new_system_p in cases:
+    cases = (("gsp-like: 1920-token system prompt + 128-token question, 4 per system", 0.25, 128),
+             ("unrelated 2K prompts", 1.0, 128),
+             ("worst case: 16-token unique tails, 1 system per 500 prompts", 0.002, 16))
+    for label, new_system_p, tail in cases:
         gc.collect()
         rng = random.Random(2)
         system = rand_tokens(rng, 1920)
@@ -165,7 +195,7 @@ def bench_memory(tree_tokens: int) -> str:
         while tree.total_tokens < tree_tokens:
             if rng.random() < new_system_p:
                 system = rand_tokens(rng, 1920)
-            tree.insert(system + rand_tokens(rng, 128), f"w{rng.randrange(8)}")
+            tree.insert(system + rand_tokens(rng, tail), f"w{rng.randrange(8)}")
         used = tracemalloc.get_traced_memory()[0] - before
         tracemalloc.stop()
         st = tree.stats()
@@ -211,7 +241,7 @@ def bench_eviction(tree_tokens: int) -> str:
 
 def run_micro(args: argparse.Namespace) -> None:
     print(f"## micro ({machine()})\n")
-    print("### decision time (`select`, packing included)\n")
+    print(f"### decision time (`select`, packing included; best of {REPEATS} runs of {args.requests})\n")
     print(bench_decisions(args.requests, args.tree_tokens))
     print("\n### tree memory (tracemalloc)\n")
     print(bench_memory(args.tree_tokens))
@@ -508,7 +538,8 @@ def sim_rows(variants: list[tuple[str, dict[str, object], float]], wl: Workload,
         policy = make_policy(PolicyConfig(), **overrides)
         r = simulate(policy, wl, args.workers, args.capacity, args.page, args.concurrency, timing, poll, pages_cache)
         close_policy(policy)
-        rows.append([label, f"{r.hit_rate:.1%}", f"{r.predicted_hit:.1%}", f"{r.throughput_tok_s:,.0f}",
+        predicted = f"{r.predicted_hit:.1%}" if r.predicted_hit else "-"
+        rows.append([label, f"{r.hit_rate:.1%}", predicted, f"{r.throughput_tok_s:,.0f}",
                      f"{r.ttft_p50_ms:.0f}", f"{r.ttft_p99_ms:.0f}", f"{r.served_max_over_mean:.2f}",
                      f"{r.busy_max_over_mean:.2f}", f"{r.decide_us:.0f}"])
     return rows
@@ -551,12 +582,14 @@ def run_tune(args: argparse.Namespace) -> None:
     for pw in (0.5, 2.0):
         grid.append((f"additive prefill_weight={pw}", {"policy": "cache_aware", "prefill_weight": pw,
                                                        "use_polled_loads": False}, 0.0))
-    for bf in (0.5, 1.5):
+    for bf in (0.5, 0.75, 0.9, 1.25, 1.5, 2.0):
         grid.append((f"additive budget_fraction={bf}", {"policy": "cache_aware", "tree_budget_fraction": bf,
                                                         "use_polled_loads": False}, 0.0))
     grid.append(("multiplicative", {"policy": "cache_aware", "cost_form": "multiplicative",
                                     "use_polled_loads": False}, 0.0))
-    print(f"## cache_aware tuning ({machine()})\n")
+    for lf in (1.1, 1.25, 1.5, 2.0, 3.0, 0.0):
+        grid.append((f"prefix_hash load_factor={lf}", {"policy": "prefix_hash", "load_factor": lf}, 0.0))
+    print(f"## policy tuning ({machine()})\n")
     for wl in workloads(args):
         print(f"### {describe(args, wl, timing)}\n")
         print(table(SIM_HEADERS, sim_rows(grid, wl, args, timing)))

@@ -4,8 +4,9 @@ The tree guesses what each worker's KV cache holds, so the ``cache_aware`` polic
 can send a prompt where most of it is already cached. Design points, and why:
 
 * Edges are compressed runs of token ids stored as packed uint32 ``bytes``
-  (4 bytes a token; the most compact immutable form, and comparing an edge with a
-  slice of the prompt is one ``memcmp``). Children are keyed by their first token.
+  (4 bytes a token; the most compact immutable form, and ``prompt.startswith(edge, pos)``
+  compares a whole edge in place with one ``memcmp``). Children are keyed by their
+  first token.
 * Every node maps ``worker -> last use`` (a logical clock bumped per insert). A
   worker that holds a node holds all its ancestors (a KV cache cannot keep a suffix
   without its prefix), and an insert stamps every node on its path, so along any
@@ -65,15 +66,17 @@ def _first(key: bytes) -> int:
 
 
 def _common_tokens(pb: bytes, b: int, key: bytes) -> int:
-    """Whole tokens shared by ``pb[b:]`` and ``key`` (binary search on bulk slice compares)."""
+    """Whole tokens shared by ``pb[b:]`` and ``key`` (binary search on bulk compares)."""
     lo = 0  # tokens known equal
     hi = min(len(key), len(pb) - b) >> 2  # tokens that could be equal
+    kv = memoryview(key)
     while lo < hi:
         mid = (lo + hi + 1) >> 1
-        if pb[b : b + 4 * mid] == key[: 4 * mid]:
+        if pb.startswith(kv[: 4 * mid], b):  # memcmp in place, no copies
             lo = mid
         else:
             hi = mid - 1
+    kv.release()
     return lo
 
 
@@ -219,7 +222,7 @@ class RadixTree:
                     break
                 key = child.key
                 b = pos << 2
-                if pb[b : b + len(key)] == key:
+                if pb.startswith(key, b):
                     pos += len(key) >> 2
                     found.update(dict.fromkeys(child.workers, pos))
                     node = child
@@ -269,7 +272,7 @@ class RadixTree:
                     break
                 key = child.key
                 b = pos << 2
-                if pb[b : b + len(key)] != key:
+                if not pb.startswith(key, b):
                     child = self._split(child, _common_tokens(pb, b, key), pos)
                 length = len(child.key) >> 2
                 pos += length
@@ -368,7 +371,7 @@ class RadixTree:
                 break
             key = child.key
             b = pos << 2
-            if pb[b : b + len(key)] == key:
+            if pb.startswith(key, b):
                 pos += len(key) >> 2
                 node = child
             else:
