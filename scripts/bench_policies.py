@@ -33,6 +33,7 @@ import sys
 import time
 import tracemalloc
 from collections import OrderedDict, deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import xxhash
@@ -54,7 +55,7 @@ def pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
-def table(headers: list[str], rows: list[list[object]]) -> str:
+def table(headers: list[str], rows: Sequence[Sequence[object]]) -> str:
     out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
     out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
     return "\n".join(out)
@@ -530,7 +531,7 @@ SIM_POLICIES: list[tuple[str, dict[str, object], float]] = [
 
 
 def sim_rows(variants: list[tuple[str, dict[str, object], float]], wl: Workload, args: argparse.Namespace,
-             timing: Timing) -> list[list[object]]:
+             timing: Timing) -> list[list[str]]:
     rows = []
     pages_cache: dict[int, list[int]] = {}
     for label, overrides, poll in variants:

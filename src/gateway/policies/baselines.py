@@ -7,7 +7,7 @@ fallbacks a deployment can pick when prompts share nothing.
 from __future__ import annotations
 
 import random
-from typing import Any, ClassVar
+from typing import Any
 
 from gateway.policies.base import Decision, RouteRequest, WorkerView
 from gateway.policies.common import BasePolicy, token_load
@@ -18,7 +18,7 @@ P2C_METRICS = ("in_flight", "polled_tokens")
 class RoundRobinPolicy(BasePolicy):
     """Each request to the next available worker in turn."""
 
-    name: ClassVar[str] = "round_robin"
+    name: str = "round_robin"
 
     def __init__(self) -> None:
         self._next = 0
@@ -35,7 +35,7 @@ class RoundRobinPolicy(BasePolicy):
 class RandomPolicy(BasePolicy):
     """A uniformly random available worker (seedable for reproducible runs)."""
 
-    name: ClassVar[str] = "random"
+    name: str = "random"
 
     def __init__(self, seed: int | None = None) -> None:
         self._rng = random.Random(seed)
@@ -59,7 +59,7 @@ class PowerOfTwoPolicy(BasePolicy):
     in-flight requests, then to the first pick.
     """
 
-    name: ClassVar[str] = "power_of_two"
+    name: str = "power_of_two"
 
     def __init__(self, seed: int | None = None, metric: str = "in_flight") -> None:
         if metric not in P2C_METRICS:
@@ -97,7 +97,7 @@ class LeastLoadPolicy(BasePolicy):
     Exact ties rotate, so an idle pool is filled evenly rather than worker 0 first.
     """
 
-    name: ClassVar[str] = "least_load"
+    name: str = "least_load"
 
     def __init__(self) -> None:
         self._turn = 0

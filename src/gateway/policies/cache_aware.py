@@ -55,7 +55,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 from gateway.policies.base import Decision, NoWorkerAvailable, RouteRequest, WorkerView
 from gateway.policies.common import BasePolicy, candidates
@@ -119,7 +119,7 @@ class _Evictor(threading.Thread):
 
 
 class CacheAwarePolicy(BasePolicy):
-    name: ClassVar[str] = "cache_aware"
+    name: str = "cache_aware"
 
     def __init__(
         self,
@@ -274,7 +274,7 @@ class CacheAwarePolicy(BasePolicy):
                 if c > longest:
                     longest = c
             if additive:
-                q = w.queued_prefill_tokens
+                q: float = w.queued_prefill_tokens
                 if q:
                     q *= miss.get(wid, 1.0)
                 lo = w.loads

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 from gateway.policies.base import Decision, NoWorkerAvailable, RouteRequest, WorkerView
 
@@ -97,7 +97,7 @@ def worker_row(w: WorkerView) -> dict[str, Any]:
 class BasePolicy(ABC):
     """Target handling, candidate filtering and no-op hooks; subclasses implement ``_choose``."""
 
-    name: ClassVar[str] = "base"
+    name: str = "base"
     needs_loads: bool = False
 
     def select(self, request: RouteRequest, workers: Sequence[WorkerView]) -> Decision:

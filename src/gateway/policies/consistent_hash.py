@@ -12,7 +12,7 @@ prefix lives; ``"round_robin"`` spreads keyless traffic in turn.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 from gateway.policies.base import Decision, RouteRequest, WorkerView
 from gateway.policies.hashing import prefix_key, string_key
@@ -24,7 +24,7 @@ FALLBACKS = ("prefix", "round_robin")
 
 
 class ConsistentHashPolicy(RingPolicy):
-    name: ClassVar[str] = "consistent_hash"
+    name: str = "consistent_hash"
 
     def __init__(
         self,

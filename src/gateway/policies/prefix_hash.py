@@ -13,7 +13,7 @@ skipped the same way. ``load_factor = 0`` turns the bound off.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 from gateway.policies.base import Decision, RouteRequest, WorkerView
 from gateway.policies.hashing import prefix_key
@@ -26,7 +26,7 @@ DEFAULT_LOAD_FACTOR = 1.5  # tuned with scripts/bench_policies.py tune
 
 
 class PrefixHashPolicy(RingPolicy):
-    name: ClassVar[str] = "prefix_hash"
+    name: str = "prefix_hash"
 
     def __init__(
         self,
