@@ -257,10 +257,10 @@ class TreeMachine(RuleBasedStateMachine):
                 assert rounded.get(w, 0) % ps == 0
 
 
-TestTreeMachine = TreeMachine.TestCase
+TestTreeMachine = pytest.mark.slow(TreeMachine.TestCase)  # a few seconds of examples
 TestTreeMachine.settings = settings(
-    max_examples=120,
-    stateful_step_count=30,
+    max_examples=250,
+    stateful_step_count=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
