@@ -185,7 +185,29 @@ class ResponseFormat(RequestModel):
         return self
 
 
-class SamplingRequest(RequestModel):
+class StopFieldsChecks(RequestModel):
+    """Checks of the stop / stop_token_ids / logit_bias fields that the OpenAI
+    requests and SGLang's sampling_params share (the subclass declares the fields)."""
+
+    @field_validator("stop", check_fields=False)
+    @classmethod
+    def _stop(cls, value: str | list[str] | None) -> str | list[str] | None:
+        return check_stop(value)
+
+    @field_validator("logit_bias", check_fields=False)
+    @classmethod
+    def _logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        return check_logit_bias(value)
+
+    @field_validator("stop_token_ids", check_fields=False)
+    @classmethod
+    def _token_ids(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None and any(t < 0 for t in value):
+            raise ValueError("stop_token_ids must be non-negative token ids")
+        return value
+
+
+class SamplingRequest(StopFieldsChecks):
     """Fields the OpenAI chat and completions requests share, with SGLang's extras."""
 
     model: str | None = None
@@ -215,23 +237,6 @@ class SamplingRequest(RequestModel):
     stop_token_ids: list[int] | None = Field(default=None, max_length=limits.MAX_STOP_TOKEN_IDS)
     return_hidden_states: bool = False
     rid: str | None = None
-
-    @field_validator("stop")
-    @classmethod
-    def _stop(cls, value: str | list[str] | None) -> str | list[str] | None:
-        return check_stop(value)
-
-    @field_validator("logit_bias")
-    @classmethod
-    def _logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
-        return check_logit_bias(value)
-
-    @field_validator("stop_token_ids")
-    @classmethod
-    def _token_ids(cls, value: list[int] | None) -> list[int] | None:
-        if value is not None and any(t < 0 for t in value):
-            raise ValueError("stop_token_ids must be non-negative token ids")
-        return value
 
     @model_validator(mode="after")
     def _stream_options_need_stream(self) -> SamplingRequest:

@@ -12,11 +12,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gateway.protocol import limits
-from gateway.protocol.common import RequestModel, check_logit_bias, check_stop, stop_list
+from gateway.protocol.common import RequestModel, StopFieldsChecks, stop_list
 from gateway.protocol.errors import ParamError
 
 
-class GenerateSamplingParams(RequestModel):
+class GenerateSamplingParams(StopFieldsChecks):
     """SGLang's ``sampling_params`` dict; SGLang's defaults (``max_new_tokens`` 128)."""
 
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
@@ -40,23 +40,6 @@ class GenerateSamplingParams(RequestModel):
     no_stop_trim: bool = False
     logit_bias: dict[str, float] | None = None
     sampling_seed: int | None = None
-
-    @field_validator("stop")
-    @classmethod
-    def _stop(cls, value: str | list[str] | None) -> str | list[str] | None:
-        return check_stop(value)
-
-    @field_validator("logit_bias")
-    @classmethod
-    def _logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
-        return check_logit_bias(value)
-
-    @field_validator("stop_token_ids")
-    @classmethod
-    def _token_ids(cls, value: list[int] | None) -> list[int] | None:
-        if value is not None and any(t < 0 for t in value):
-            raise ValueError("stop_token_ids must be non-negative token ids")
-        return value
 
     @model_validator(mode="after")
     def _one_constraint(self) -> GenerateSamplingParams:
