@@ -277,3 +277,27 @@ def _unique(items: Iterable[Any]) -> list[Any]:
         if item not in seen:
             seen.append(item)
     return seen
+
+
+class QueueFullError(RateLimitError):
+    """429: every slot is busy and the admission queue is full."""
+
+    code = "queue_full"
+
+
+class QueueTimeoutError(RequestTimeoutError):
+    """408: the request waited in the admission queue longer than allowed."""
+
+    code = "queue_timeout"
+
+
+class RateLimitedError(RateLimitError):
+    """429: this API key is over its request rate."""
+
+    code = "rate_limit_exceeded"
+
+
+class ShuttingDownError(ServiceUnavailableError):
+    """503: the gateway is shutting down and takes no new requests."""
+
+    code = "shutting_down"

@@ -28,6 +28,7 @@ from gateway.routing.chat_parsers import ChatParsers, choose_parsers
 from gateway.routing.completions import piece_fn, usage_dict
 from gateway.routing.engine import Engine
 from gateway.routing.generation import Generation, SampleDelta
+from gateway.routing.limits import check_tools
 from gateway.routing.models import ModelEntry
 from gateway.routing.request_context import RequestContext
 
@@ -80,6 +81,7 @@ class _Choice:
 async def _start(engine: Engine, req: ChatCompletionRequest, ctx: RequestContext) -> tuple[ModelEntry, Generation, str, ChatParsers]:
     entry = engine.catalog.get(req.model)
     kwargs = dict(req.chat_template_kwargs or {})
+    check_tools(req.tools_json(), engine.limits)
     parsers = choose_parsers(entry.tokenizer, entry.model_type, req)
     sampling = sampling_from_chat(req).with_constraint(parsers.constraint)
     text, ids = await engine.render_chat(

@@ -94,10 +94,7 @@ class WorkerStream:
             return
         self.closed = True
         self._guard.release()
-        if success:
-            self.worker.breaker.record_success()
-        else:
-            self.worker.breaker.record_failure()
+        self.worker.record_outcome(success)
         self.selection.policy.on_finish(self.route, self.worker.id, self._cached_tokens, success)
 
     async def abort(self, reason: str = "client gone") -> None:
@@ -133,6 +130,13 @@ def fire_abort(worker: object, request_id: str, reason: str) -> None:
     task = asyncio.get_running_loop().create_task(send())
     _background.add(task)
     task.add_done_callback(_background.discard)
+
+
+async def flush_aborts(timeout_s: float = 2.0) -> None:
+    """Give Abort calls still in flight a moment to reach their workers (at shutdown)."""
+    pending = list(_background)
+    if pending:
+        await asyncio.wait(pending, timeout=timeout_s)
 
 
 async def open_generate(
@@ -171,7 +175,7 @@ async def open_generate(
             call.cancel()
             fire_abort(worker, route.request_id, "first token timeout")
             guard.release()
-            worker.breaker.record_failure()
+            worker.record_outcome(False)
             selection.policy.on_finish(route, worker.id, 0, False)
             last_error = worker_stalled_error(worker.id, config.first_token_timeout_s)
             route = router.exclude(route, worker.id)
@@ -179,10 +183,7 @@ async def open_generate(
         except aio.AioRpcError as exc:
             guard.release()
             client_fault = exc.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE)
-            if client_fault:
-                worker.breaker.record_success()
-            else:
-                worker.breaker.record_failure()
+            worker.record_outcome(client_fault)
             selection.policy.on_finish(route, worker.id, 0, False)
             last_error = map_rpc_error(exc, worker.id)
             if not retry.retryable(exc.code()) or attempt >= retry.max_attempts:
@@ -202,7 +203,7 @@ async def open_generate(
             raise
         if first is aio.EOF:
             guard.release()
-            worker.breaker.record_failure()
+            worker.record_outcome(False)
             selection.policy.on_finish(route, worker.id, 0, False)
             last_error = map_rpc_error(None, worker.id, "worker closed the stream without output")
             route = router.exclude(route, worker.id)

@@ -20,6 +20,7 @@ from gateway.protocol.errors import ContextLengthExceededError, InvalidRequestEr
 from gateway.protocol.sampling import SamplingOptions
 from gateway.routing.dispatch import DispatchConfig, open_generate
 from gateway.routing.generation import Generation
+from gateway.routing.limits import LimitsConfig, apply_sampling_limits, check_prompt
 from gateway.routing.models import ModelCatalog, ModelEntry
 from gateway.routing.prepared import PreparedRequest
 from gateway.routing.retry import RetryConfig
@@ -48,6 +49,7 @@ class Engine:
         retry: RetryConfig | None = None,
         dispatch: DispatchConfig | None = None,
         observe_stage: StageObserver | None = None,
+        limits: LimitsConfig | None = None,
     ) -> None:
         self.router = router
         self.registry = router.registry
@@ -55,6 +57,7 @@ class Engine:
         self.config = config or EngineConfig()
         self.retry = retry or RetryConfig()
         self.dispatch = dispatch or DispatchConfig()
+        self.limits = limits or LimitsConfig()
         self._pool = ThreadPoolExecutor(
             max_workers=max(1, self.config.tokenize_threads), thread_name_prefix="tokenize"
         )
@@ -125,7 +128,11 @@ class Engine:
         vocab = entry.tokenizer.vocab_size
         if any(t < 0 or t >= vocab for t in prompt_ids):
             raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})", param="prompt")
+        check_prompt(prompt_ids, self.limits, param="messages" if prompt_text else "prompt")
         limit = entry.max_context_length
+        sampling = apply_sampling_limits(
+            sampling, self.limits, room=limit - len(prompt_ids) if limit else None
+        )
         wanted = sampling.max_new_tokens or 0
         if limit and len(prompt_ids) + wanted > limit:
             raise ContextLengthExceededError(

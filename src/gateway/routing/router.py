@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from gateway.policies.base import Decision, NoWorkerAvailable, Policy, RouteRequest
+from gateway.policies.factory import close_policy
 from gateway.workers.registry import WorkerRegistry
 from gateway.workers.worker import Worker
 
@@ -44,6 +45,13 @@ class Router:
 
     def policies(self) -> dict[tuple[str, str], Policy]:
         return dict(self._policies)
+
+    def reset_policies(self) -> None:
+        """Forget what every policy learned (the workers' caches were flushed); fresh
+        policies are made on the next request."""
+        old, self._policies = self._policies, {}
+        for policy in old.values():
+            close_policy(policy)
 
     def _live(self, model: str, role: str) -> list[Worker]:
         return [w for w in self.registry.pool(model, role) if not w.draining]

@@ -19,9 +19,7 @@ from gateway.protocol.chat import ChatCompletionRequest
 from gateway.protocol.completions import CompletionRequest
 from gateway.protocol.embeddings import EmbeddingRequest
 from gateway.protocol.errors import (
-    AuthenticationError,
     GatewayError,
-    NotFoundError,
     ServiceUnavailableError,
 )
 from gateway.protocol.generate import GenerateRequest
@@ -31,6 +29,8 @@ from gateway.routing import chat as chat_route
 from gateway.routing import completions as completions_route
 from gateway.routing import native as native_route
 from gateway.routing.request_context import RequestContext
+from gateway.server.admin import register_admin_routes
+from gateway.server.admission import Ticket
 from gateway.server.http_util import (
     ClientGone,
     EventStream,
@@ -73,16 +73,12 @@ def create_app(state: GatewayState, *, manage_lifecycle: bool = True) -> FastAPI
 
     app = FastAPI(title="token-gateway", version="0.1.0", lifespan=lifespan)
     app.state.gateway = state
-    keys = set(state.config.server.api_keys)
     max_body = state.config.server.max_body_bytes
 
     def context(request: Request) -> RequestContext:
-        if keys:
-            auth = request.headers.get("authorization", "")
-            scheme, _, token = auth.partition(" ")
-            if scheme.lower() != "bearer" or token.strip() not in keys:
-                raise AuthenticationError("missing or invalid API key (send 'Authorization: Bearer KEY')")
+        key_id = state.auth.inference(request.headers)
         ctx = RequestContext(
+            api_key_id=key_id,
             routing_key=_first_header(request, ROUTING_KEY_HEADERS),
             target_worker=_first_header(request, TARGET_WORKER_HEADERS),
         )
@@ -97,16 +93,32 @@ def create_app(state: GatewayState, *, manage_lifecycle: bool = True) -> FastAPI
             out["x-worker-id"] = ",".join(dict.fromkeys(ctx.worker_ids))
         return out
 
-    async def handle(request: Request, run: Callable[[RequestContext], Any]) -> Response:
-        """Run a JSON endpoint with auth, disconnect watch and error mapping."""
+    async def handle(request: Request, run: Callable[[RequestContext], Any], *, admit: bool = False) -> Response:
+        """Run a JSON endpoint with auth, admission (``admit``), disconnect watch and error mapping.
+
+        The admission slot is held until the answer is complete: for a stream, until it ends."""
         ctx = RequestContext()
+        tickets: list[Ticket] = []
+
+        async def admitted(ctx: RequestContext) -> Any:
+            if admit:
+                tickets.append(await state.admission.acquire(ctx.api_key_id))
+            return await run(ctx)
+
+        result: Any = None
         try:
             ctx = context(request)
-            result = await unless_disconnected(request, run(ctx))
+            result = await unless_disconnected(request, admitted(ctx))
         except ClientGone:
             return Response(status_code=CLIENT_CLOSED)
         except GatewayError as exc:
             return error_response(exc, headers_for(ctx))
+        finally:
+            for ticket in tickets:
+                if isinstance(result, EventStream):
+                    result.on_close = ticket.release
+                else:
+                    ticket.release()
         if isinstance(result, Response):
             result.headers.update(headers_for(ctx))
             return result
@@ -133,7 +145,7 @@ def create_app(state: GatewayState, *, manage_lifecycle: bool = True) -> FastAPI
                 return sse_stream(await chat_route.stream_chat(state.engine, req, ctx), ctx)
             return await chat_route.complete_chat(state.engine, req, ctx)
 
-        return await handle(request, run)
+        return await handle(request, run, admit=True)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -144,7 +156,7 @@ def create_app(state: GatewayState, *, manage_lifecycle: bool = True) -> FastAPI
                 return sse_stream(chunks, ctx)
             return await completions_route.complete(state.engine, req, ctx)
 
-        return await handle(request, run)
+        return await handle(request, run, admit=True)
 
     @app.post("/generate")
     async def generate(request: Request) -> Response:
@@ -154,7 +166,7 @@ def create_app(state: GatewayState, *, manage_lifecycle: bool = True) -> FastAPI
                 return sse_stream(await native_route.stream_generate(state.engine, req, ctx), ctx)
             return await native_route.generate(state.engine, req, ctx)
 
-        return await handle(request, run)
+        return await handle(request, run, admit=True)
 
     @app.post("/v1/embeddings")
     async def embeddings(request: Request) -> Response:
@@ -162,7 +174,7 @@ def create_app(state: GatewayState, *, manage_lifecycle: bool = True) -> FastAPI
             req = parse_model(EmbeddingRequest, await read_json(request, max_body))
             return await native_route.embed(state.engine, req, ctx)
 
-        return await handle(request, run)
+        return await handle(request, run, admit=True)
 
     @app.post("/v1/tokenize")
     async def tokenize(request: Request) -> Response:
@@ -204,16 +216,7 @@ def create_app(state: GatewayState, *, manage_lifecycle: bool = True) -> FastAPI
             return error_response(exc)
         return JSONResponse({"status": "ready", "workers": len(available), "models": state.catalog.names()})
 
-    @app.get("/workers")
-    async def list_workers() -> Response:
-        return JSONResponse({"workers": [w.describe() for w in state.registry.all()]})
-
-    @app.get("/workers/{worker_id:path}")
-    async def get_worker(worker_id: str) -> Response:
-        worker = state.registry.get(worker_id)
-        if worker is None:
-            return error_response(NotFoundError(f"no worker {worker_id!r}"))
-        return JSONResponse(worker.describe())
+    register_admin_routes(app, state)
 
     @app.exception_handler(GatewayError)
     async def gateway_error(request: Request, exc: GatewayError) -> Response:

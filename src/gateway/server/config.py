@@ -7,8 +7,13 @@ from dataclasses import dataclass, field
 from gateway.policies.factory import PolicyConfig
 from gateway.routing.dispatch import DispatchConfig
 from gateway.routing.engine import EngineConfig
+from gateway.routing.limits import LimitsConfig
 from gateway.routing.retry import RetryConfig
+from gateway.server.admission import AdmissionConfig
+from gateway.server.security import SecurityConfig
 from gateway.settings import option
+from gateway.workers.health import HealthConfig
+from gateway.workers.load_monitor import LoadMonitorConfig
 
 
 @dataclass
@@ -25,6 +30,8 @@ class ServerConfig:
     probe_timeout_s: float = option(10.0, "time a new worker has to answer GetModelInfo/GetServerInfo, seconds")
     log_level: str = option("info", "log level", choices=["debug", "info", "warning", "error"])
     log_json: bool = option(False, "structured JSON logs")
+    worker_drain_timeout_s: float = option(60.0, "DELETE /workers waits this long for the worker's in-flight requests, seconds")
+    shutdown_grace_s: float = option(30.0, "on SIGTERM, in-flight requests get this long to finish before they are aborted, seconds")
 
 
 @dataclass
@@ -34,3 +41,8 @@ class GatewayConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     retry: RetryConfig = field(default_factory=RetryConfig)
     dispatch: DispatchConfig = field(default_factory=DispatchConfig)
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    security: SecurityConfig = field(default_factory=SecurityConfig)
+    health: HealthConfig = field(default_factory=HealthConfig)
+    load_monitor: LoadMonitorConfig = field(default_factory=LoadMonitorConfig)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import orjson
@@ -99,7 +99,10 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
 
 class EventStream(StreamingResponse):
     """SSE response that stops its generator as soon as the client disconnects,
-    whatever the ASGI spec version (Starlette only watches for it on older ones)."""
+    whatever the ASGI spec version (Starlette only watches for it on older ones).
+    ``on_close`` (e.g. an admission slot's release) runs when the response ends, either way."""
+
+    on_close: Callable[[], None] | None = None
 
     def __init__(self, content: Any, headers: dict[str, str] | None = None) -> None:
         super().__init__(
@@ -119,6 +122,8 @@ class EventStream(StreamingResponse):
                     task.cancel()
                     with contextlib.suppress(BaseException):
                         await task
+            if self.on_close is not None:
+                self.on_close()
         if stream in done:
             with contextlib.suppress(OSError):
                 stream.result()

@@ -15,11 +15,16 @@ import orjson
 # Config dataclasses are imported lazily in add_arguments' callers' process anyway;
 # they are light (no FastAPI/transformers at import).
 from gateway.policies.factory import PolicyConfig
-from gateway.routing.dispatch import DispatchConfig
+from gateway.routing.dispatch import DispatchConfig, flush_aborts
 from gateway.routing.engine import EngineConfig
+from gateway.routing.limits import LimitsConfig
 from gateway.routing.retry import RetryConfig
+from gateway.server.admission import AdmissionConfig
 from gateway.server.config import GatewayConfig, ServerConfig
+from gateway.server.security import InsecureAdminError, SecurityConfig, check_startup
 from gateway.settings import add_options, from_namespace
+from gateway.workers.health import HealthConfig
+from gateway.workers.load_monitor import LoadMonitorConfig
 
 log = logging.getLogger("gateway")
 
@@ -30,6 +35,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_options(parser.add_argument_group("pipeline"), EngineConfig)
     add_options(parser.add_argument_group("retries"), RetryConfig)
     add_options(parser.add_argument_group("worker streams"), DispatchConfig)
+    add_options(parser.add_argument_group("admission"), AdmissionConfig)
+    add_options(parser.add_argument_group("request limits"), LimitsConfig)
+    add_options(parser.add_argument_group("security"), SecurityConfig)
+    add_options(parser.add_argument_group("health checks"), HealthConfig)
+    add_options(parser.add_argument_group("load polling"), LoadMonitorConfig)
 
 
 def config_from_args(args: argparse.Namespace) -> GatewayConfig:
@@ -39,6 +49,11 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         engine=from_namespace(EngineConfig, args),
         retry=from_namespace(RetryConfig, args),
         dispatch=from_namespace(DispatchConfig, args),
+        admission=from_namespace(AdmissionConfig, args),
+        limits=from_namespace(LimitsConfig, args),
+        security=from_namespace(SecurityConfig, args),
+        health=from_namespace(HealthConfig, args),
+        load_monitor=from_namespace(LoadMonitorConfig, args),
     )
 
 
@@ -64,6 +79,7 @@ async def serve(config: GatewayConfig) -> None:
     from gateway.server.app import create_app
     from gateway.server.state import GatewayState
 
+    check_startup(config.server.host, config.security)
     state = GatewayState(config)
     await state.start()
     app = create_app(state, manage_lifecycle=False)
@@ -73,7 +89,7 @@ async def serve(config: GatewayConfig) -> None:
     host, port = sock.getsockname()[:2]
     uv_config = uvicorn.Config(
         app, log_level="warning", access_log=False, loop="none", http="httptools", lifespan="off",
-        timeout_graceful_shutdown=30,
+        timeout_graceful_shutdown=max(0.1, config.server.shutdown_grace_s),
     )
     server = uvicorn.Server(uv_config)
     shown = f"[{host}]" if ":" in host else host
@@ -87,6 +103,14 @@ async def serve(config: GatewayConfig) -> None:
     print(orjson.dumps(ready).decode(), flush=True)
 
     def stop() -> None:
+        # Graceful: new requests get 503 at once, uvicorn stops listening and gives
+        # in-flight requests --shutdown-grace-s, then cancels them (which aborts their
+        # worker requests). A second signal forces the exit.
+        if server.should_exit:
+            server.force_exit = True
+            return
+        log.info("shutting down: finishing in-flight requests (grace %.0f s)", config.server.shutdown_grace_s)
+        state.admission.close()
         server.should_exit = True
 
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -95,6 +119,7 @@ async def serve(config: GatewayConfig) -> None:
     try:
         await serving
     finally:
+        await flush_aborts(2.0)
         await state.stop()
 
 
@@ -114,6 +139,9 @@ def run(args: argparse.Namespace) -> int:
         asyncio.run(serve(config))
     except KeyboardInterrupt:
         return 0
+    except InsecureAdminError as exc:
+        log.error("%s", exc)
+        return 2
     except RuntimeError as exc:
         log.error("%s", exc)
         return 1

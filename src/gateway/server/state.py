@@ -7,10 +7,15 @@ import logging
 from pathlib import Path
 
 from gateway.policies.factory import close_policy, make_policy
+from gateway.protocol.errors import InvalidRequestError
 from gateway.routing.engine import Engine
 from gateway.routing.models import ModelCatalog
 from gateway.routing.router import Router
+from gateway.server.admission import Admission
 from gateway.server.config import GatewayConfig
+from gateway.server.security import Authenticator
+from gateway.workers.health import HealthMonitor
+from gateway.workers.load_monitor import LoadMonitor
 from gateway.workers.registry import WorkerRegistry
 from gateway.workers.worker import Worker
 
@@ -22,7 +27,9 @@ class GatewayState:
         self.config = config
         server = config.server
         self.registry = WorkerRegistry(
-            worker_api_key=server.worker_api_key, probe_timeout_s=server.probe_timeout_s
+            tls=config.security.tls(),
+            worker_api_key=server.worker_api_key,
+            probe_timeout_s=server.probe_timeout_s,
         )
         self.router = Router(self.registry, lambda role: make_policy(config.policy))
         self.catalog = ModelCatalog(
@@ -36,18 +43,47 @@ class GatewayState:
             config=config.engine,
             retry=config.retry,
             dispatch=config.dispatch,
+            limits=config.limits,
+        )
+        self.admission = Admission(config.admission)
+        self.auth = Authenticator(server.api_keys, config.security)
+        self.health = HealthMonitor(self.registry, config.health)
+        self.loads = LoadMonitor(
+            self.registry,
+            lambda: any(p.needs_loads for p in self.router.policies().values()),
+            config.load_monitor,
         )
         self.ready = False
 
-    async def add_worker(self, url: str, *, role: str | None = None, bootstrap_port: int | None = None) -> Worker:
+    async def add_worker(
+        self,
+        url: str,
+        *,
+        role: str | None = None,
+        bootstrap_port: int | None = None,
+        api_key: str | None = None,
+        model: str | None = None,
+    ) -> Worker:
         """Probe, register and load the model's tokenizer before the worker takes traffic."""
-        worker = await self.registry.add(url, role=role, bootstrap_port=bootstrap_port)
+        known = self.registry.get(url)
+        worker = await self.registry.add(url, role=role, bootstrap_port=bootstrap_port, api_key=api_key)
         try:
+            if model is not None and worker.model != model:
+                raise InvalidRequestError(
+                    f"worker {worker.url} serves model {worker.model!r}, not {model!r}", param="model"
+                )
             await self.catalog.ensure(worker)
         except BaseException:
-            await self.registry.remove(worker.id, drain_timeout_s=0)
+            if known is not worker:
+                await self.registry.remove(worker.id, drain_timeout_s=0)
             raise
         return worker
+
+    async def remove_worker(self, worker_id: str) -> Worker:
+        """Drain (in-flight requests finish, new ones go elsewhere) and forget a worker."""
+        return await self.registry.remove(
+            worker_id, drain_timeout_s=self.config.server.worker_drain_timeout_s
+        )
 
     async def start(self) -> None:
         urls = self.config.server.worker_urls
@@ -58,8 +94,17 @@ class GatewayState:
         if urls and len(failed) == len(urls):
             raise RuntimeError(f"none of the {len(urls)} workers could be added: {failed[0][1]}")
         self.ready = bool(self.registry.all())
+        self.health.start()
+        self.loads.start()
+
+    async def drain(self, grace_s: float) -> bool:
+        """Refuse new requests and wait up to ``grace_s`` for admitted ones to finish."""
+        self.admission.close()
+        return await self.admission.wait_idle(grace_s)
 
     async def stop(self) -> None:
+        await self.health.stop()
+        await self.loads.stop()
         for policy in self.router.policies().values():
             close_policy(policy)
         self.engine.close()

@@ -1,7 +1,7 @@
 """The set of workers the gateway routes to, grouped by model and role.
 
-Registration probes the worker (GetModelInfo, GetServerInfo) before it can take
-traffic, so a dead or wrong URL fails loudly instead of black-holing requests.
+Registration probes the worker (GetModelInfo, GetServerInfo, then one HealthCheck)
+before it can take traffic, so a dead or wrong URL fails loudly instead of black-holing requests.
 Removal drains: the worker stops getting new requests at once and leaves the
 registry when its in-flight requests are done (or a timeout passes).
 """
@@ -85,6 +85,7 @@ class WorkerRegistry:
                 client.model_info(timeout=self._probe_timeout),
                 client.server_info(timeout=self._probe_timeout),
             )
+            health = await client.health_check(timeout=self._probe_timeout)
         except grpc.aio.AioRpcError as exc:
             await client.close()
             raise WorkerRegistrationError(
@@ -93,6 +94,9 @@ class WorkerRegistry:
         except BaseException:
             await client.close()
             raise
+        if not health.healthy:
+            await client.close()
+            raise WorkerRegistrationError(f"worker {url} says it is not healthy: {health.message}")
         info = WorkerInfo.from_replies(model_info, server_info)
         if role is None:
             role = info.disaggregation_mode if info.disaggregation_mode in ("prefill", "decode") else "regular"

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import time
 from dataclasses import dataclass, field
 
 from google.protobuf.json_format import MessageToDict
@@ -98,8 +100,13 @@ class Worker:
         self.draining = False
         self.polled: LoadSnapshot | None = None
         self.polled_at = 0.0
+        # Health evidence (see workers/health.py): consecutive probe outcomes, the last
+        # time a request or probe succeeded, and whether a failure asks for an early probe.
         self.failures = 0
         self.successes = 0
+        self.last_ok_at = time.monotonic()
+        self.last_probe_at = 0.0
+        self.suspect = False
 
     @property
     def model(self) -> str:
@@ -108,6 +115,20 @@ class Worker:
     @property
     def available(self) -> bool:
         return self.healthy and not self.draining and self.breaker.allows()
+
+    def record_outcome(self, success: bool) -> None:
+        """An ordinary request's outcome: feeds the breaker and counts as health evidence."""
+        if success:
+            self.breaker.record_success()
+            self.last_ok_at = time.monotonic()
+        else:
+            self.breaker.record_failure()
+            self.suspect = True
+
+    def loads_view(self) -> LoadSnapshot | None:
+        if self.polled is None:
+            return None
+        return dataclasses.replace(self.polled, age_s=max(0.0, time.monotonic() - self.polled_at))
 
     def view(self) -> WorkerView:
         return WorkerView(
@@ -118,7 +139,7 @@ class Worker:
             in_flight=self.load.in_flight,
             queued_prefill_tokens=self.load.queued_prefill_tokens,
             running_decode_tokens=self.load.running_decode_tokens,
-            loads=self.polled,
+            loads=self.loads_view(),
             kv_capacity_tokens=self.info.kv_capacity_tokens,
             page_size=self.info.page_size,
             bootstrap_port=self.bootstrap_port,

@@ -1,0 +1,74 @@
+"""Operator-set request limits, checked once in the pipeline so every front door obeys them.
+
+The request models (``protocol/limits.py``) hold hard ceilings no deployment should
+exceed; these options let an operator tighten them. Each breach is a 400 in the
+OpenAI error shape naming the offending parameter.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from gateway.protocol import limits as hard
+from gateway.protocol.errors import InvalidRequestError
+from gateway.protocol.sampling import SamplingOptions
+from gateway.settings import option
+
+
+@dataclass
+class LimitsConfig:
+    max_prompt_tokens: int = option(0, "longest prompt accepted, in tokens (0: only the model's context length)")
+    max_tokens_cap: int = option(0, "largest max_tokens a request may ask for; also the default when it asks none (0: no cap)")
+    max_n: int = option(hard.MAX_N, "most completions per request (n)")
+    max_stop_sequences: int = option(hard.MAX_STOP_SEQUENCES, "most stop strings per request")
+    max_tool_schema_bytes: int = option(hard.MAX_SCHEMA_BYTES, "largest declared tools list, in serialized JSON bytes")
+
+
+def check_prompt(prompt_ids: Sequence[int], limits: LimitsConfig, *, param: str = "prompt") -> None:
+    cap = limits.max_prompt_tokens
+    if cap > 0 and len(prompt_ids) > cap:
+        raise InvalidRequestError(
+            f"the prompt has {len(prompt_ids)} tokens; this gateway accepts at most {cap}",
+            param=param, code="prompt_too_long",
+        )
+
+
+def apply_sampling_limits(
+    sampling: SamplingOptions, limits: LimitsConfig, *, room: int | None = None
+) -> SamplingOptions:
+    """Reject sampling options over the limits; fill in max_tokens from the cap when unset
+    (never past ``room``, what the context leaves after the prompt)."""
+    if sampling.n > limits.max_n:
+        raise InvalidRequestError(f"n is {sampling.n}; this gateway allows at most {limits.max_n}", param="n")
+    if len(sampling.stop) > limits.max_stop_sequences:
+        raise InvalidRequestError(
+            f"{len(sampling.stop)} stop sequences given; this gateway allows at most {limits.max_stop_sequences}",
+            param="stop",
+        )
+    cap = limits.max_tokens_cap
+    if cap > 0:
+        if sampling.max_new_tokens is None:
+            fill = cap if room is None or room <= 0 else min(cap, room)
+            return dataclasses.replace(sampling, max_new_tokens=fill)
+        if sampling.max_new_tokens > cap:
+            raise InvalidRequestError(
+                f"max_tokens is {sampling.max_new_tokens}; this gateway allows at most {cap}",
+                param="max_tokens",
+            )
+    return sampling
+
+
+def check_tools(tools: Sequence[dict[str, Any]] | None, limits: LimitsConfig) -> None:
+    if not tools:
+        return
+    size = len(orjson.dumps(list(tools)))
+    if size > limits.max_tool_schema_bytes:
+        raise InvalidRequestError(
+            f"the tools are {size} bytes when serialized; this gateway allows at most {limits.max_tool_schema_bytes}",
+            param="tools",
+        )

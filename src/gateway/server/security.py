@@ -1,0 +1,121 @@
+"""Who may call what: inference keys, the separate admin key, and the start-up guard.
+
+Inference endpoints take any configured inference key (or the admin key); admin
+endpoints (worker registration and removal, cache flush) take only the admin key.
+Without an admin key the admin endpoints are open, which the gateway allows only
+on a loopback address unless the operator says ``--allow-unauthenticated-admin``.
+Keys are compared in constant time and never logged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from gateway.protocol.errors import AuthenticationError, PermissionDeniedError
+from gateway.settings import option
+from gateway.workers.client import TlsOptions
+
+
+@dataclass
+class SecurityConfig:
+    admin_api_key: str | None = option(None, "key for admin endpoints (POST/DELETE /workers, /flush_cache), sent as 'Authorization: Bearer KEY'")
+    allow_unauthenticated_admin: bool = option(False, "serve admin endpoints without a key on a non-loopback address")
+    worker_tls_ca_file: str | None = option(None, "CA bundle that signs grpcs:// workers' certificates (unset: system roots)")
+    worker_tls_cert_file: str | None = option(None, "client certificate for mutual TLS to grpcs:// workers")
+    worker_tls_key_file: str | None = option(None, "private key of --worker-tls-cert-file")
+
+    def tls(self) -> TlsOptions | None:
+        if not (self.worker_tls_ca_file or self.worker_tls_cert_file or self.worker_tls_key_file):
+            return None
+        if bool(self.worker_tls_cert_file) != bool(self.worker_tls_key_file):
+            raise ValueError("--worker-tls-cert-file and --worker-tls-key-file go together")
+        return TlsOptions(self.worker_tls_ca_file, self.worker_tls_cert_file, self.worker_tls_key_file)
+
+
+class InsecureAdminError(ValueError):
+    """Admin endpoints would be open to the network."""
+
+
+def is_loopback(host: str) -> bool:
+    if host in ("localhost", ""):
+        return host == "localhost"
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_startup(host: str, config: SecurityConfig) -> None:
+    """Refuse to serve unauthenticated admin endpoints beyond loopback unless allowed."""
+    if config.admin_api_key or config.allow_unauthenticated_admin or is_loopback(host):
+        return
+    raise InsecureAdminError(
+        f"refusing to serve admin endpoints without a key on {host!r}: "
+        "set --admin-api-key, bind a loopback address, or pass --allow-unauthenticated-admin"
+    )
+
+
+def bearer_token(headers: Mapping[str, str]) -> str | None:
+    auth = headers.get("authorization", "")
+    scheme, _, token = auth.partition(" ")
+    token = token.strip()
+    return token if scheme.lower() == "bearer" and token else None
+
+
+def key_id(token: str | None) -> str | None:
+    """A short non-reversible id for a key (for rate-limit buckets and logs)."""
+    if token is None:
+        return None
+    return hashlib.sha256(token.encode()).hexdigest()[:12]
+
+
+def _matches(token: str, key: str) -> bool:
+    return hmac.compare_digest(token.encode(), key.encode())
+
+
+class Authenticator:
+    def __init__(self, inference_keys: list[str], config: SecurityConfig) -> None:
+        self._keys = [k for k in inference_keys if k]
+        self._admin = config.admin_api_key or None
+
+    @property
+    def admin_open(self) -> bool:
+        return self._admin is None
+
+    def inference(self, headers: Mapping[str, str]) -> str | None:
+        """Check an inference call; returns the caller's key id (None when keys are off)."""
+        token = bearer_token(headers)
+        if not self._keys:
+            return key_id(token)
+        if token is not None and (
+            any(_matches(token, k) for k in self._keys) or (self._admin and _matches(token, self._admin))
+        ):
+            return key_id(token)
+        raise AuthenticationError("missing or invalid API key (send 'Authorization: Bearer KEY')")
+
+    def admin(self, headers: Mapping[str, str]) -> None:
+        """Check an admin call: only the admin key passes (when one is configured)."""
+        if self._admin is None:
+            return
+        token = bearer_token(headers)
+        if token is not None and _matches(token, self._admin):
+            return
+        if token is not None and any(_matches(token, k) for k in self._keys):
+            raise PermissionDeniedError("this endpoint needs the admin API key")
+        raise AuthenticationError("missing or invalid admin API key (send 'Authorization: Bearer ADMIN_KEY')")
+
+    def reader(self, headers: Mapping[str, str]) -> None:
+        """Read-only admin views (worker lists, loads): as open as admin, else the admin key
+        or any inference key."""
+        if self._admin is None:
+            return
+        token = bearer_token(headers)
+        if token is not None and (
+            _matches(token, self._admin) or any(_matches(token, k) for k in self._keys)
+        ):
+            return
+        raise AuthenticationError("missing or invalid API key (send 'Authorization: Bearer KEY')")

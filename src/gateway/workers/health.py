@@ -1,0 +1,116 @@
+"""The health-check loop: probes workers on an interval, with thresholds both ways.
+
+A real SGLang ``HealthCheck`` runs a one-token generation on the GPU, so probes are
+kept cheap and rare: a worker that completed an ordinary request within the last
+interval is not probed at all (the request is the evidence), and a failed request
+only asks for an early probe, it does not mark the worker down by itself (that is
+the circuit breaker's job, kept separate). ``failure_threshold`` failed probes in a
+row take a worker out of rotation; ``success_threshold`` good ones bring it back.
+``Worker.available`` is then ``healthy and breaker allows`` (and not draining).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+
+import grpc
+
+from gateway.settings import option
+from gateway.workers.registry import WorkerRegistry
+from gateway.workers.worker import Worker
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class HealthConfig:
+    health_check_interval_s: float = option(30.0, "seconds between health probes of a worker with no recent successful request (0: no health checks)")
+    health_check_timeout_s: float = option(5.0, "time a worker has to answer a health probe, seconds")
+    health_failure_threshold: int = option(3, "failed probes in a row that mark a worker unhealthy")
+    health_success_threshold: int = option(2, "good probes in a row that bring an unhealthy worker back")
+    health_unhealthy_interval_s: float = option(2.0, "seconds between probes of a worker that is unhealthy or just failed a request")
+
+
+class HealthMonitor:
+    def __init__(self, registry: WorkerRegistry, config: HealthConfig | None = None) -> None:
+        self.registry = registry
+        self.config = config or HealthConfig()
+        self._task: asyncio.Task[None] | None = None
+        self.probes = 0
+
+    def due(self, worker: Worker, now: float) -> bool:
+        """Whether ``worker`` should be probed at ``now``."""
+        cfg = self.config
+        if worker.draining:
+            return False
+        if not worker.healthy or worker.suspect or worker.failures:
+            return now - worker.last_probe_at >= cfg.health_unhealthy_interval_s
+        if now - worker.last_ok_at < cfg.health_check_interval_s:
+            return False  # a recent success is evidence enough
+        return now - worker.last_probe_at >= cfg.health_check_interval_s
+
+    async def probe(self, worker: Worker) -> bool:
+        """One probe; updates the worker's health and returns whether it answered healthy."""
+        cfg = self.config
+        worker.last_probe_at = time.monotonic()
+        worker.suspect = False
+        self.probes += 1
+        try:
+            reply = await worker.client.health_check(timeout=cfg.health_check_timeout_s)
+            ok = bool(reply.healthy)
+            reason = reply.message
+        except asyncio.CancelledError:
+            raise
+        except grpc.aio.AioRpcError as exc:
+            ok, reason = False, exc.code().name
+        except Exception as exc:  # a closed channel or the like: still a failed probe
+            ok, reason = False, type(exc).__name__
+        if ok:
+            worker.failures = 0
+            worker.successes += 1
+            worker.last_ok_at = time.monotonic()
+            if not worker.healthy and worker.successes >= cfg.health_success_threshold:
+                worker.healthy = True
+                log.info("worker %s is healthy again; back in rotation", worker.id)
+        else:
+            worker.successes = 0
+            worker.failures += 1
+            if worker.healthy and worker.failures >= cfg.health_failure_threshold:
+                worker.healthy = False
+                log.warning(
+                    "worker %s unhealthy after %d failed probes (%s); out of rotation",
+                    worker.id, worker.failures, reason,
+                )
+        return ok
+
+    async def check_once(self) -> None:
+        now = time.monotonic()
+        due = [w for w in self.registry.all() if self.due(w, now)]
+        if due:
+            await asyncio.gather(*(self.probe(w) for w in due))
+
+    async def run(self) -> None:
+        tick = max(0.05, min(self.config.health_check_interval_s, self.config.health_unhealthy_interval_s) / 4)
+        while True:
+            try:
+                await self.check_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("health check round failed")
+            await asyncio.sleep(tick)
+
+    def start(self) -> None:
+        if self._task is None and self.config.health_check_interval_s > 0:
+            self._task = asyncio.get_running_loop().create_task(self.run(), name="health-monitor")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None

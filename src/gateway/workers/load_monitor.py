@@ -1,0 +1,101 @@
+"""Polls workers' GetLoads, but only while some routing policy uses the figures.
+
+Policies that weigh the workers' own queue figures (``policy.needs_loads``) read
+them from ``Worker.polled`` through ``WorkerView.loads``; with no such policy
+the loop idles and the workers are not asked at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gateway.policies.base import LoadSnapshot
+from gateway.proto import sglang_scheduler_pb2 as pb
+from gateway.settings import option
+from gateway.workers.registry import WorkerRegistry
+from gateway.workers.worker import Worker
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LoadMonitorConfig:
+    load_poll_interval_s: float = option(0.5, "seconds between GetLoads polls, when the policy uses worker loads (0: never poll)")
+    load_poll_timeout_s: float = option(2.0, "time a worker has to answer GetLoads, seconds")
+
+
+def snapshot(reply: pb.GetLoadsResponse) -> LoadSnapshot:
+    """One figure per worker: queues and tokens summed over its DP ranks, ratios averaged."""
+    loads = list(reply.loads)
+    if not loads:
+        return LoadSnapshot()
+    n = len(loads)
+    return LoadSnapshot(
+        num_running_reqs=sum(x.num_running_reqs for x in loads),
+        num_waiting_reqs=sum(x.num_waiting_reqs for x in loads),
+        num_used_tokens=sum(x.num_used_tokens for x in loads),
+        max_total_num_tokens=sum(x.max_total_num_tokens for x in loads),
+        token_usage=sum(x.token_usage for x in loads) / n,
+        num_waiting_uncached_tokens=sum(x.num_waiting_uncached_tokens for x in loads),
+        cache_hit_rate=sum(x.cache_hit_rate for x in loads) / n,
+    )
+
+
+class LoadMonitor:
+    def __init__(
+        self,
+        registry: WorkerRegistry,
+        needed: Callable[[], bool],
+        config: LoadMonitorConfig | None = None,
+    ) -> None:
+        self.registry = registry
+        self.needed = needed
+        self.config = config or LoadMonitorConfig()
+        self.polls = 0
+        self._task: asyncio.Task[None] | None = None
+
+    async def poll(self, worker: Worker) -> None:
+        try:
+            reply = await worker.client.loads(timeout=self.config.load_poll_timeout_s)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a missed poll only ages the old figures
+            log.debug("GetLoads on %s failed: %s", worker.id, exc)
+            return
+        worker.polled = snapshot(reply)
+        worker.polled_at = time.monotonic()
+        self.polls += 1
+
+    async def poll_once(self) -> bool:
+        """Poll every live worker if a policy needs it; returns whether it polled."""
+        if not self.needed():
+            return False
+        workers = [w for w in self.registry.all() if not w.draining and w.healthy]
+        await asyncio.gather(*(self.poll(w) for w in workers))
+        return True
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.poll_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("load poll round failed")
+            await asyncio.sleep(self.config.load_poll_interval_s)
+
+    def start(self) -> None:
+        if self._task is None and self.config.load_poll_interval_s > 0:
+            self._task = asyncio.get_running_loop().create_task(self.run(), name="load-monitor")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
