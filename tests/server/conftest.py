@@ -44,6 +44,8 @@ class StackOptions:
     server: dict[str, Any] = dataclasses.field(default_factory=dict)
     retry: dict[str, Any] = dataclasses.field(default_factory=dict)
     dispatch: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # other GatewayConfig sections by name, e.g. {"admission": {"max_concurrent_requests": 1}}
+    sections: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
 
 
 async def _serve(state: GatewayState) -> tuple[uvicorn.Server, asyncio.Task[None], str]:
@@ -69,6 +71,9 @@ async def start_stack(opts: StackOptions, tmp_path: Any) -> AsyncIterator[Stack]
             setattr(config.retry, k, v)
         for k, v in opts.dispatch.items():
             setattr(config.dispatch, k, v)
+        for section, values in opts.sections.items():
+            for k, v in values.items():
+                setattr(getattr(config, section), k, v)
         state = GatewayState(config)
         await state.start()
         server, task, url = await _serve(state)

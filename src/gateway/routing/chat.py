@@ -90,7 +90,7 @@ async def _start(engine: Engine, req: ChatCompletionRequest, ctx: RequestContext
     prepared = engine.prepare(
         entry, ids, sampling, stream=req.stream, request_id=ctx.request_id, prompt_text=text,
         routing_key=ctx.routing_key, target_worker=ctx.target_worker,
-        require_reasoning=parsers.reasoning_enabled,
+        require_reasoning=parsers.reasoning_enabled, prompt_param="messages",
     )
     gen = await engine.start(prepared)
     ctx.worker_ids = [gen.worker_id]

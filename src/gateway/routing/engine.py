@@ -121,14 +121,16 @@ class Engine:
         routing_key: str | None = None,
         target_worker: str | None = None,
         require_reasoning: bool = False,
+        prompt_param: str = "prompt",
     ) -> PreparedRequest:
-        """Check the prompt against the model and settle the stop plan."""
+        """Check the prompt against the model and settle the stop plan
+        (``prompt_param`` names the request field errors about the prompt point at)."""
         if not prompt_ids:
             raise InvalidRequestError("the prompt is empty", param="prompt")
         vocab = entry.tokenizer.vocab_size
         if any(t < 0 or t >= vocab for t in prompt_ids):
             raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})", param="prompt")
-        check_prompt(prompt_ids, self.limits, param="messages" if prompt_text else "prompt")
+        check_prompt(prompt_ids, self.limits, param=prompt_param)
         limit = entry.max_context_length
         sampling = apply_sampling_limits(
             sampling, self.limits, room=limit - len(prompt_ids) if limit else None
@@ -138,7 +140,7 @@ class Engine:
             raise ContextLengthExceededError(
                 f"this model's maximum context length is {limit} tokens; the prompt has "
                 f"{len(prompt_ids)} tokens and {wanted} more were requested",
-                param="messages" if prompt_text else "prompt",
+                param=prompt_param,
             )
         plan = StopPlan.build(
             entry.tokenizer,

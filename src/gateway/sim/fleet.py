@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from gateway.sim.config import SimConfig, config_to_argv
-from gateway.sim.worker import SimWorker
+from gateway.sim.worker import SimTls, SimWorker
 
 
 class SimFleet:
@@ -56,8 +56,10 @@ class SimFleet:
         config: SimConfig | None = None,
         roles: list[str] | None = None,
         host: str = "127.0.0.1",
+        tls: SimTls | None = None,
     ) -> AsyncIterator[SimFleet]:
-        """Start ``n`` workers on ephemeral ports; ``roles`` overrides ``config.role`` per worker."""
+        """Start ``n`` workers on ephemeral ports; ``roles`` overrides ``config.role`` per worker;
+        ``tls`` makes them serve grpcs://."""
         config = config or SimConfig()
         if roles is not None and len(roles) != n:
             raise ValueError(f"got {len(roles)} roles for {n} workers")
@@ -67,7 +69,7 @@ class SimFleet:
         fleet = cls(workers)
         try:
             for w in workers:
-                await w.start(host, 0, bootstrap_port=0)
+                await w.start(host, 0, bootstrap_port=0, tls=tls)
             yield fleet
         finally:
             await fleet.stop()

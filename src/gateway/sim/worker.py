@@ -35,6 +35,23 @@ _SERVER_OPTIONS = [
 ]
 
 
+@dataclasses.dataclass(frozen=True)
+class SimTls:
+    """Serve grpcs:// with this PEM certificate chain and key; with ``client_ca``,
+    also require a client certificate signed by it (mutual TLS)."""
+
+    cert_chain: bytes
+    private_key: bytes
+    client_ca: bytes | None = None
+
+    def credentials(self) -> grpc.ServerCredentials:
+        return grpc.ssl_server_credentials(
+            [(self.private_key, self.cert_chain)],
+            root_certificates=self.client_ca,
+            require_client_auth=self.client_ca is not None,
+        )
+
+
 def exit_process() -> None:
     """The subprocess flavour of the exit fault: vanish without cleanup."""
     os._exit(17)
@@ -62,6 +79,7 @@ class SimWorker:
         self.bootstrap: BootstrapServer | None = None
         self.host = "127.0.0.1"
         self.port = 0
+        self.tls: SimTls | None = None
         self.started_at = time.time()
         self.stopping = False
         self.died = False
@@ -74,20 +92,33 @@ class SimWorker:
     # ---------------------------------------------------------------- lifecycle
     @property
     def url(self) -> str:
-        return f"grpc://{self.host}:{self.port}"
+        scheme = "grpcs" if self.tls is not None else "grpc"
+        return f"{scheme}://{self.host}:{self.port}"
 
     @property
     def bootstrap_port(self) -> int | None:
         return self.bootstrap.port if self.bootstrap is not None else None
 
     async def start(
-        self, host: str = "127.0.0.1", port: int = 0, bootstrap_port: int | None = None
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        bootstrap_port: int | None = None,
+        *,
+        tls: SimTls | None = None,
     ) -> None:
-        """Listen on ``host:port`` (0: ephemeral); a prefill worker also opens its bootstrap port."""
+        """Listen on ``host:port`` (0: ephemeral), over TLS when ``tls`` is given;
+        a prefill worker also opens its bootstrap port."""
         self.host = host
+        self.tls = tls
         server = grpc.aio.server(options=_SERVER_OPTIONS)
         sglang_scheduler_pb2_grpc.add_SglangSchedulerServicer_to_server(SimServicer(self), server)
-        bound = server.add_insecure_port(f"{host}:{port}")
+        address = f"{host}:{port}"
+        bound = (
+            server.add_secure_port(address, tls.credentials())
+            if tls is not None
+            else server.add_insecure_port(address)
+        )
         if bound == 0:
             raise OSError(f"cannot listen on {host}:{port}")
         self.port = bound
