@@ -30,6 +30,7 @@ class GatewayState:
             tls=config.security.tls(),
             worker_api_key=server.worker_api_key,
             probe_timeout_s=server.probe_timeout_s,
+            breaker=config.health.breaker,
         )
         self.router = Router(self.registry, lambda role: make_policy(config.policy))
         self.catalog = ModelCatalog(

@@ -28,6 +28,10 @@ _CHANNEL_OPTIONS: list[tuple[str, int | str]] = [
     ("grpc.keepalive_timeout_ms", 10_000),
     ("grpc.http2.max_pings_without_data", 0),
     ("grpc.keepalive_permit_without_calls", 1),
+    # gRPC's default reconnect back-off grows to 120 s; a worker that restarts should
+    # be reachable again within seconds so the health checks can re-admit it.
+    ("grpc.initial_reconnect_backoff_ms", 500),
+    ("grpc.max_reconnect_backoff_ms", 5_000),
 ]
 
 

@@ -5,7 +5,8 @@ kept cheap and rare: a worker that completed an ordinary request within the last
 interval is not probed at all (the request is the evidence), and a failed request
 only asks for an early probe, it does not mark the worker down by itself (that is
 the circuit breaker's job, kept separate). ``failure_threshold`` failed probes in a
-row take a worker out of rotation; ``success_threshold`` good ones bring it back.
+row take a worker out of rotation; ``success_threshold`` good ones bring it back
+(and close its breaker, since the probes proved it answers again).
 ``Worker.available`` is then ``healthy and breaker allows`` (and not draining).
 """
 
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 import grpc
 
 from gateway.settings import option
+from gateway.workers.breaker import CircuitBreaker
 from gateway.workers.registry import WorkerRegistry
 from gateway.workers.worker import Worker
 
@@ -33,6 +35,11 @@ class HealthConfig:
     health_failure_threshold: int = option(3, "failed probes in a row that mark a worker unhealthy")
     health_success_threshold: int = option(2, "good probes in a row that bring an unhealthy worker back")
     health_unhealthy_interval_s: float = option(2.0, "seconds between probes of a worker that is unhealthy or just failed a request")
+    breaker_failure_threshold: int = option(3, "circuit breaker: failed requests in a row that open it")
+    breaker_cooldown_s: float = option(5.0, "circuit breaker: seconds open before one trial request is let through")
+
+    def breaker(self) -> CircuitBreaker:
+        return CircuitBreaker(self.breaker_failure_threshold, self.breaker_cooldown_s)
 
 
 class HealthMonitor:
@@ -75,6 +82,8 @@ class HealthMonitor:
             worker.last_ok_at = time.monotonic()
             if not worker.healthy and worker.successes >= cfg.health_success_threshold:
                 worker.healthy = True
+                # The probes proved it back; its breaker's record is from before the outage.
+                worker.breaker.record_success()
                 log.info("worker %s is healthy again; back in rotation", worker.id)
         else:
             worker.successes = 0

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import grpc
 
+from gateway.workers.breaker import CircuitBreaker
 from gateway.workers.client import TlsOptions, WorkerClient, parse_worker_url
 from gateway.workers.worker import Worker, WorkerInfo
 
@@ -33,11 +34,13 @@ class WorkerRegistry:
         tls: TlsOptions | None = None,
         worker_api_key: str | None = None,
         probe_timeout_s: float = 10.0,
+        breaker: Callable[[], CircuitBreaker] = CircuitBreaker,
     ) -> None:
         self._workers: dict[str, Worker] = {}
         self._tls = tls
         self._api_key = worker_api_key
         self._probe_timeout = probe_timeout_s
+        self._breaker = breaker
         self._listeners: list[ChangeListener] = []
         self._adding: dict[str, asyncio.Task[Worker]] = {}
 
@@ -105,7 +108,7 @@ class WorkerRegistry:
             raise WorkerRegistrationError(
                 f"prefill worker {url} has no bootstrap port (give one or set it on the worker)"
             )
-        return Worker(url, client, info, role=role, bootstrap_port=bootstrap_port)
+        return Worker(url, client, info, role=role, bootstrap_port=bootstrap_port, breaker=self._breaker())
 
     async def remove(self, worker_id: str, *, drain_timeout_s: float = 30.0) -> Worker:
         """Stop routing to the worker, wait for its in-flight requests, then forget it."""
