@@ -39,7 +39,7 @@ class AdmissionConfig:
     max_concurrent_requests: int = option(0, "inference requests processed at once (0: no cap)")
     max_queued_requests: int = option(1024, "requests waiting for a slot beyond the cap; more get 429")
     queue_timeout_s: float = option(30.0, "longest wait for a slot before the request gets 408, seconds")
-    rate_limit_per_s: float = option(0.0, "token-bucket refill per API key, requests per second (0: off)")
+    rate_limit_per_s: float = option(0.0, "token-bucket refill per API key, requests per second (0: off; without --api-keys all callers share one bucket)")
     rate_limit_burst: int = option(0, "token-bucket size per API key (0: max(1, rate))")
     rate_limit_max_keys: int = option(10000, "API keys whose buckets are remembered (least recently used go first)")
 

@@ -87,10 +87,11 @@ class Authenticator:
         return self._admin is None
 
     def inference(self, headers: Mapping[str, str]) -> str | None:
-        """Check an inference call; returns the caller's key id (None when keys are off)."""
-        token = bearer_token(headers)
+        """Check an inference call; returns the caller's key id. Without configured keys
+        callers are anonymous (None): an unchecked token must not buy a fresh rate bucket."""
         if not self._keys:
-            return key_id(token)
+            return None
+        token = bearer_token(headers)
         if token is not None and (
             any(_matches(token, k) for k in self._keys) or (self._admin and _matches(token, self._admin))
         ):

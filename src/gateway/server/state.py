@@ -98,11 +98,6 @@ class GatewayState:
         self.health.start()
         self.loads.start()
 
-    async def drain(self, grace_s: float) -> bool:
-        """Refuse new requests and wait up to ``grace_s`` for admitted ones to finish."""
-        self.admission.close()
-        return await self.admission.wait_idle(grace_s)
-
     async def stop(self) -> None:
         await self.health.stop()
         await self.loads.stop()
