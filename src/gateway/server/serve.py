@@ -89,7 +89,8 @@ async def serve(config: GatewayConfig) -> None:
     host, port = sock.getsockname()[:2]
     uv_config = uvicorn.Config(
         app, log_level="warning", access_log=False, loop="none", http="httptools", lifespan="off",
-        timeout_graceful_shutdown=max(0.1, config.server.shutdown_grace_s),
+        # typed int, but uvicorn only hands it to asyncio.wait_for, which takes a float
+        timeout_graceful_shutdown=max(0.1, config.server.shutdown_grace_s),  # type: ignore[arg-type]
     )
     server = uvicorn.Server(uv_config)
     shown = f"[{host}]" if ":" in host else host
