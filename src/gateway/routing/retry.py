@@ -10,7 +10,9 @@ import grpc
 from gateway.settings import option
 
 # Codes that say "this worker could not take the request", not "the request is bad".
-DEFAULT_RETRY_CODES = ["UNAVAILABLE", "RESOURCE_EXHAUSTED", "ABORTED", "INTERNAL", "UNKNOWN"]
+# CANCELLED is the worker's side cancelling (a server going down resets its streams):
+# the gateway's own cancels surface as asyncio.CancelledError, never as this code.
+DEFAULT_RETRY_CODES = ["UNAVAILABLE", "RESOURCE_EXHAUSTED", "ABORTED", "INTERNAL", "UNKNOWN", "CANCELLED"]
 
 
 @dataclass
