@@ -177,6 +177,26 @@ async def test_worker_killed_mid_stream(stack: Stack) -> None:
     assert settled(stack)
 
 
+@pytest.mark.stack(workers=2, sim={**TIMED, "max_running_requests": 2})
+async def test_requests_without_output_survive_a_worker_death(stack: Stack) -> None:
+    # Non-streamed answers arrive whole, so every request on the dying worker is "before
+    # output": queued ones get CANCELLED, running ones UNAVAILABLE; all are retried.
+    victim_sim = stack.fleet.workers[0]
+    victim = stack.state.registry.get(victim_sim.url)
+    assert victim is not None
+    tasks = [
+        asyncio.ensure_future(
+            stack.client.completions.create(model=stack.model, prompt=f"p{i}", max_tokens=16, extra_body={"ignore_eos": True})
+        )
+        for i in range(12)
+    ]
+    await eventually(lambda: victim.load.in_flight >= 4)
+    await victim_sim.kill()
+    done = await asyncio.gather(*tasks)
+    assert all(d.usage is not None and d.usage.completion_tokens == 16 for d in done)
+    assert settled(stack)
+
+
 @pytest.mark.stack(workers=2, sections={"health": FAST_HEALTH})
 async def test_worker_that_comes_back_is_readmitted(stack: Stack) -> None:
     sim = stack.fleet.workers[0]
