@@ -51,10 +51,14 @@ class GatewayState:
         self.health = HealthMonitor(self.registry, config.health)
         self.loads = LoadMonitor(
             self.registry,
-            lambda: any(p.needs_loads for p in self.router.policies().values()),
+            self._pool_needs_loads,
             config.load_monitor,
         )
         self.ready = False
+
+    def _pool_needs_loads(self, worker: Worker) -> bool:
+        policy = self.router.policies().get((worker.model, worker.role))
+        return policy is not None and policy.needs_loads
 
     async def add_worker(
         self,

@@ -1,8 +1,9 @@
-"""Polls workers' GetLoads, but only while some routing policy uses the figures.
+"""Polls workers' GetLoads, but only where a routing policy uses the figures.
 
 Policies that weigh the workers' own queue figures (``policy.needs_loads``) read
-them from ``Worker.polled`` through ``WorkerView.loads``; with no such policy
-the loop idles and the workers are not asked at all.
+them from ``Worker.polled`` through ``WorkerView.loads``; ``needed(worker)`` says
+whether the policy of the worker's pool is one of them, and other workers are not
+asked at all.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ class LoadMonitor:
     def __init__(
         self,
         registry: WorkerRegistry,
-        needed: Callable[[], bool],
+        needed: Callable[[Worker], bool],
         config: LoadMonitorConfig | None = None,
     ) -> None:
         self.registry = registry
@@ -72,12 +73,10 @@ class LoadMonitor:
         self.polls += 1
 
     async def poll_once(self) -> bool:
-        """Poll every live worker if a policy needs it; returns whether it polled."""
-        if not self.needed():
-            return False
-        workers = [w for w in self.registry.all() if not w.draining and w.healthy]
+        """Poll the live workers whose pool's policy needs loads; returns whether any was."""
+        workers = [w for w in self.registry.all() if not w.draining and w.healthy and self.needed(w)]
         await asyncio.gather(*(self.poll(w) for w in workers))
-        return True
+        return bool(workers)
 
     async def run(self) -> None:
         while True:
