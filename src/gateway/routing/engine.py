@@ -21,6 +21,7 @@ from gateway.protocol.sampling import SamplingOptions
 from gateway.routing.dispatch import DispatchConfig, open_generate
 from gateway.routing.generation import Generation
 from gateway.routing.models import ModelCatalog, ModelEntry
+from gateway.routing.observer import NULL_OBSERVER, PipelineObserver
 from gateway.routing.prepared import PreparedRequest
 from gateway.routing.retry import RetryConfig
 from gateway.routing.router import Router, Selection
@@ -48,6 +49,7 @@ class Engine:
         retry: RetryConfig | None = None,
         dispatch: DispatchConfig | None = None,
         observe_stage: StageObserver | None = None,
+        observer: PipelineObserver | None = None,
     ) -> None:
         self.router = router
         self.registry = router.registry
@@ -58,7 +60,8 @@ class Engine:
         self._pool = ThreadPoolExecutor(
             max_workers=max(1, self.config.tokenize_threads), thread_name_prefix="tokenize"
         )
-        self._observe = observe_stage or (lambda stage, seconds: None)
+        self.observer = observer or NULL_OBSERVER
+        self._observe = observe_stage or self.observer.stage
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -120,6 +123,7 @@ class Engine:
         require_reasoning: bool = False,
     ) -> PreparedRequest:
         """Check the prompt against the model and settle the stop plan."""
+        self.observer.model_resolved(entry.name)
         if not prompt_ids:
             raise InvalidRequestError("the prompt is empty", param="prompt")
         vocab = entry.tokenizer.vocab_size
@@ -212,8 +216,9 @@ class Engine:
             max_new_tokens=(prepared.sampling.max_new_tokens or 0) * prepared.sampling.n,
             retry=self.retry,
             config=self.dispatch,
+            observer=self.observer,
         )
-        self._observe("first_message", time.perf_counter() - started)
+        self._observe("first_token", time.perf_counter() - started)
         return Generation(stream, prepared)
 
     def tokenizer(self, model: str | None) -> Tokenizer:

@@ -15,6 +15,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
+from gateway.observability.request_log import current_record, sane_request_id
 from gateway.protocol.chat import ChatCompletionRequest
 from gateway.protocol.completions import CompletionRequest
 from gateway.protocol.embeddings import EmbeddingRequest
@@ -40,6 +41,8 @@ from gateway.server.http_util import (
     read_json,
     unless_disconnected,
 )
+from gateway.server.observability import install_observability
+from gateway.server.openapi import describe_request_bodies
 from gateway.server.sse import DONE, sse, sse_error
 from gateway.server.state import GatewayState
 
@@ -86,8 +89,9 @@ def create_app(state: GatewayState, *, manage_lifecycle: bool = True) -> FastAPI
             routing_key=_first_header(request, ROUTING_KEY_HEADERS),
             target_worker=_first_header(request, TARGET_WORKER_HEADERS),
         )
-        incoming = request.headers.get("x-request-id")
-        if incoming and len(incoming) <= 128 and incoming.isprintable():
+        record = current_record()  # the id the access log and the worker both see
+        incoming = record.request_id if record else sane_request_id(request.headers.get("x-request-id"))
+        if incoming:
             ctx.request_id = incoming
         return ctx
 
@@ -225,4 +229,6 @@ def create_app(state: GatewayState, *, manage_lifecycle: bool = True) -> FastAPI
         kind = "not_found_error" if status == 404 else "invalid_request_error"
         return error_response(GatewayError(str(exc.detail), status=status, type=kind))
 
+    install_observability(app, state.metrics, access_log=state.config.server.access_log)
+    describe_request_bodies(app)
     return app

@@ -6,6 +6,8 @@ import asyncio
 import logging
 from pathlib import Path
 
+from gateway.observability.collector import TokenizerCacheCollector, WorkerCollector
+from gateway.observability.metrics import GatewayMetrics
 from gateway.policies.factory import close_policy, make_policy
 from gateway.routing.engine import Engine
 from gateway.routing.models import ModelCatalog
@@ -30,12 +32,16 @@ class GatewayState:
             tokenizer_path=server.tokenizer_path,
             served_name=server.model,
         )
+        self.metrics = GatewayMetrics()
+        self.metrics.registry.register(WorkerCollector.for_registry(self.registry))
+        self.metrics.registry.register(TokenizerCacheCollector(self.catalog))
         self.engine = Engine(
             self.router,
             self.catalog,
             config=config.engine,
             retry=config.retry,
             dispatch=config.dispatch,
+            observer=self.metrics,
         )
         self.ready = False
 
