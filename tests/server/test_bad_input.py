@@ -8,6 +8,7 @@ few chat cases through the default stack; this table covers the rest.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -176,4 +177,37 @@ async def test_gateway_healthy_and_idle_after_the_table(hostile_stack: Stack) ->
     assert all(w.load.in_flight == 0 for w in stack.state.registry.all())
     assert all(w.scheduler.num_running == 0 and w.scheduler.num_waiting == 0 for w in stack.fleet.workers)
     metrics = (await stack.http.get("/metrics")).text
+    assert 'status="500"' not in metrics
+
+
+async def test_body_sent_in_slow_chunks_arrives_whole(hostile_stack: Stack) -> None:
+    """The disconnect watcher must not steal body chunks from the JSON reader."""
+    prompt = "word " * 6000
+
+    async def chunks() -> AsyncIterator[bytes]:
+        data = json.dumps({"model": hostile_stack.model, "prompt": prompt, "max_tokens": 2}).encode()
+        for i in range(0, len(data), 2048):
+            yield data[i : i + 2048]
+            await asyncio.sleep(0.002)
+
+    r = await hostile_stack.http.post("/v1/completions", content=chunks(), headers=AUTH)
+    assert r.status_code == 200, r.text
+
+
+async def test_client_leaving_mid_body_harms_nothing(hostile_stack: Stack) -> None:
+    host, port = hostile_stack.url.removeprefix("http://").split(":")
+    for _ in range(5):
+        _reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(
+            b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            + f"authorization: Bearer {KEY}\r\ncontent-length: 5000\r\n\r\n".encode()
+            + b'{"prompt": "abc'
+        )
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.close()
+        await writer.wait_closed()
+    await asyncio.sleep(0.1)
+    assert (await hostile_stack.http.get("/health")).status_code == 200
+    metrics = (await hostile_stack.http.get("/metrics")).text
     assert 'status="500"' not in metrics

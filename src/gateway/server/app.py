@@ -36,6 +36,7 @@ from gateway.server.http_util import (
     ClientGone,
     EventStream,
     JSONResponse,
+    buffer_body,
     error_response,
     parse_model,
     read_json,
@@ -106,6 +107,7 @@ def create_app(state: GatewayState, *, manage_lifecycle: bool = True) -> FastAPI
         ctx = RequestContext()
         try:
             ctx = context(request)
+            await buffer_body(request, max_body)  # before the disconnect watcher shares `receive`
             result = await unless_disconnected(request, run(ctx))
         except ClientGone:
             return Response(status_code=CLIENT_CLOSED)
