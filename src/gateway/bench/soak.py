@@ -54,6 +54,8 @@ class SoakConfig:
     fault_rate: float = 0.5  # chance a chaos tick turns a fault on (else clears one)
     max_seconds: float = 600.0  # hard bound on the whole run
     policy: str = "cache_aware"
+    first_token_timeout_s: float = 2.0  # the gateway's; a stall fault lasts longer than both
+    stall_timeout_s: float = 1.0
     trace_memory: bool = False  # tracemalloc (slower; measures Python heap precisely)
     memory_samples: int = 20
     sim: dict[str, Any] = field(default_factory=lambda: {
@@ -246,7 +248,7 @@ class _Chaos:
         elif kind == "reject":
             f.reject_status = self.rng.choice(("UNAVAILABLE", "RESOURCE_EXHAUSTED"))
         else:
-            f.stall_s = 0.6
+            f.stall_s = max(self.cfg.first_token_timeout_s, self.cfg.stall_timeout_s) + 0.5
             f.stall_after_tokens = self.rng.randint(0, 4)
         self.faulty[i] = kind
         self.flips[kind] += 1
@@ -323,8 +325,8 @@ async def run_soak(cfg: SoakConfig, tmp_dir: Path) -> SoakReport:
         gw = GatewayConfig(server=ServerConfig(worker_urls=fleet.urls, tokenizer_cache_dir=str(tmp_dir / "tok"), access_log=False))
         gw.policy.policy = cfg.policy
         gw.retry.backoff_base_s = 0.005
-        gw.dispatch.first_token_timeout_s = 0.4
-        gw.dispatch.stall_timeout_s = 0.4
+        gw.dispatch.first_token_timeout_s = cfg.first_token_timeout_s
+        gw.dispatch.stall_timeout_s = cfg.stall_timeout_s
         state = GatewayState(gw)
         await state.start()
         server, serve_task, url = await _serve(state)
