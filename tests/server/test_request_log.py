@@ -130,3 +130,37 @@ def test_setup_logging_json_is_one_object_per_line(capsys: pytest.CaptureFixture
     lines = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
     assert lines[0]["msg"] == "hello world" and lines[0]["level"] == "info"
     assert lines[1]["level"] == "error" and "ValueError: boom" in lines[1]["exc"]
+
+
+@pytest.mark.slow
+async def test_serve_log_json_writes_access_lines(tmp_path: Any) -> None:
+    """`token-gateway serve --log-json` as a real process: JSON access lines on stderr."""
+    import httpx
+
+    from gateway.bench.serve_process import ServeProcess
+    from gateway.sim.config import SimConfig
+    from gateway.sim.fleet import SimFleet
+    from tests.server.conftest import ZERO_COST
+
+    async with SimFleet.start(1, SimConfig(**ZERO_COST)) as fleet:
+        served = await ServeProcess.start(
+            fleet.urls, "round_robin", log_dir=tmp_path,
+            extra_args=["--log-json", "--tokenizer-cache-dir", str(tmp_path / "tok")],
+        )
+        try:
+            async with httpx.AsyncClient(base_url=served.url, timeout=30, trust_env=False) as http:
+                r = await http.post("/generate", headers={"x-request-id": "proc-1"},
+                                    json={"text": "hello", "sampling_params": {"max_new_tokens": 3}})
+                assert r.status_code == 200
+                assert r.json()["meta_info"]["id"] == "proc-1"
+        finally:
+            await served.stop()
+        records = []
+        for line in served.log_path.read_text().splitlines():
+            if line.startswith("{"):
+                records.append(json.loads(line))
+        served.remove_log()
+    access = [x for x in records if x.get("logger") == ACCESS_LOGGER]
+    assert len(access) == 1, records
+    assert access[0]["request_id"] == "proc-1" and access[0]["endpoint"] == "/generate"
+    assert access[0]["status"] == 200 and access[0]["completion_tokens"] > 0
