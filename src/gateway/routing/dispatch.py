@@ -22,6 +22,7 @@ from grpc import aio
 from gateway.policies.base import NoWorkerAvailable, RouteRequest
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.routing.errors import map_rpc_error, no_worker_error, worker_stalled_error
+from gateway.routing.observer import NULL_OBSERVER, PipelineObserver
 from gateway.routing.retry import RetryConfig
 from gateway.routing.router import Router, Selection
 from gateway.settings import option
@@ -51,6 +52,7 @@ class WorkerStream:
         first: pb.GenerateResponse,
         config: DispatchConfig,
         attempts: int,
+        observer: PipelineObserver = NULL_OBSERVER,
     ) -> None:
         self.selection = selection
         self.worker = selection.worker
@@ -63,6 +65,8 @@ class WorkerStream:
         self._config = config
         self._cached_tokens = 0
         self.closed = False
+        self.observer = observer
+        self._first_at = time.perf_counter()
 
     async def read(self) -> pb.GenerateResponse | None:
         """The next message, or None when the worker ended the stream."""
@@ -96,6 +100,11 @@ class WorkerStream:
         self._guard.release()
         self.worker.record_outcome(success)
         self.selection.policy.on_finish(self.route, self.worker.id, self._cached_tokens, success)
+        self.observer.stage("relay", time.perf_counter() - self._first_at)
+        self.observer.worker_done(
+            self.route.model, self.worker.id, predicted_cached=self.selection.decision.predicted_cached_tokens,
+            reported_cached=self._cached_tokens, success=success,
+        )
 
     async def abort(self, reason: str = "client gone") -> None:
         """Stop the worker's work for this request now and free the slot."""
@@ -150,17 +159,21 @@ async def open_generate(
     config: DispatchConfig,
     role: str = "regular",
     on_attempt: Callable[[Selection, int], None] | None = None,
+    observer: PipelineObserver = NULL_OBSERVER,
 ) -> WorkerStream:
     """Select, send and wait for the first message, retrying on other workers."""
     last_error: Exception | None = None
     for attempt in range(1, max(1, retry.max_attempts) + 1):
+        picking = time.perf_counter()
         try:
             selection = router.select(route, role)
         except NoWorkerAvailable as exc:
             if last_error is not None:
                 raise last_error from exc
             raise no_worker_error(str(exc)) from exc
+        observer.stage("select", time.perf_counter() - picking)
         worker = selection.worker
+        observer.selected(selection.policy.name, selection.decision.reason, worker.id)
         guard = worker.load.acquire(prompt_tokens, max_new_tokens)
         worker.breaker.on_dispatch()
         selection.policy.on_dispatch(route, selection.decision)
@@ -179,6 +192,8 @@ async def open_generate(
             selection.policy.on_finish(route, worker.id, 0, False)
             last_error = worker_stalled_error(worker.id, config.first_token_timeout_s)
             route = router.exclude(route, worker.id)
+            if attempt < retry.max_attempts:
+                observer.retried(worker.id, "FIRST_TOKEN_TIMEOUT")
             continue
         except aio.AioRpcError as exc:
             guard.release()
@@ -192,6 +207,7 @@ async def open_generate(
                 "request %s: worker %s failed before output (%s), retrying (attempt %d)",
                 route.request_id, worker.id, exc.code().name, attempt,
             )
+            observer.retried(worker.id, exc.code().name)
             route = router.exclude(route, worker.id)
             await asyncio.sleep(retry.backoff(attempt))
             continue
@@ -207,8 +223,10 @@ async def open_generate(
             selection.policy.on_finish(route, worker.id, 0, False)
             last_error = map_rpc_error(None, worker.id, "worker closed the stream without output")
             route = router.exclude(route, worker.id)
+            if attempt < retry.max_attempts:
+                observer.retried(worker.id, "EMPTY_STREAM")
             continue
         log.debug("request %s on %s after %.1f ms", route.request_id, worker.id, (time.monotonic() - started) * 1e3)
-        return WorkerStream(selection, route, call, guard, first, config, attempt)  # type: ignore[arg-type]
+        return WorkerStream(selection, route, call, guard, first, config, attempt, observer)  # type: ignore[arg-type]
     assert last_error is not None
     raise last_error

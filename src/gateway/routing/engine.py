@@ -22,6 +22,7 @@ from gateway.routing.dispatch import DispatchConfig, open_generate
 from gateway.routing.generation import Generation
 from gateway.routing.limits import LimitsConfig, apply_sampling_limits, check_prompt
 from gateway.routing.models import ModelCatalog, ModelEntry
+from gateway.routing.observer import NULL_OBSERVER, PipelineObserver
 from gateway.routing.prepared import PreparedRequest
 from gateway.routing.retry import RetryConfig
 from gateway.routing.router import Router, Selection
@@ -50,6 +51,7 @@ class Engine:
         dispatch: DispatchConfig | None = None,
         observe_stage: StageObserver | None = None,
         limits: LimitsConfig | None = None,
+        observer: PipelineObserver | None = None,
     ) -> None:
         self.router = router
         self.registry = router.registry
@@ -61,7 +63,8 @@ class Engine:
         self._pool = ThreadPoolExecutor(
             max_workers=max(1, self.config.tokenize_threads), thread_name_prefix="tokenize"
         )
-        self._observe = observe_stage or (lambda stage, seconds: None)
+        self.observer = observer or NULL_OBSERVER
+        self._observe = observe_stage or self.observer.stage
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -125,6 +128,7 @@ class Engine:
     ) -> PreparedRequest:
         """Check the prompt against the model and settle the stop plan
         (``prompt_param`` names the request field errors about the prompt point at)."""
+        self.observer.model_resolved(entry.name)
         if not prompt_ids:
             raise InvalidRequestError("the prompt is empty", param="prompt")
         vocab = entry.tokenizer.vocab_size
@@ -221,8 +225,9 @@ class Engine:
             max_new_tokens=(prepared.sampling.max_new_tokens or 0) * prepared.sampling.n,
             retry=self.retry,
             config=self.dispatch,
+            observer=self.observer,
         )
-        self._observe("first_message", time.perf_counter() - started)
+        self._observe("first_token", time.perf_counter() - started)
         return Generation(stream, prepared)
 
     def tokenizer(self, model: str | None) -> Tokenizer:

@@ -116,6 +116,11 @@ class Generation:
                 await self.stream.aclose()
             else:
                 self.stream.finished()
+            u = self.usage
+            self.stream.observer.generation_done(
+                self.prepared.model, self.worker_id, prompt_tokens=u.prompt_tokens,
+                completion_tokens=sum(u.per_sample_completion.values()), cached_tokens=u.cached_tokens,
+            )
 
     def _sample(self, index: int) -> _Sample | None:
         if 0 <= index < len(self._samples):

@@ -119,6 +119,7 @@ async def stream_generate(engine: Engine, req: GenerateRequest, ctx: RequestCont
 
 async def embed(engine: Engine, req: EmbeddingRequest, ctx: RequestContext) -> dict[str, Any]:
     entry = engine.catalog.get(req.model)
+    engine.observer.model_resolved(entry.name)
     vectors: list[list[float]] = []
     prompt_tokens = 0
 
@@ -159,6 +160,7 @@ async def embed(engine: Engine, req: EmbeddingRequest, ctx: RequestContext) -> d
 
 async def tokenize(engine: Engine, req: TokenizeRequest) -> dict[str, Any]:
     entry = engine.catalog.get(req.model)
+    engine.observer.model_resolved(entry.name)
     if req.messages is not None:
         text = entry.tokenizer.apply_chat_template(
             req.template_messages(), add_generation_prompt=req.add_generation_prompt,
@@ -172,6 +174,7 @@ async def tokenize(engine: Engine, req: TokenizeRequest) -> dict[str, Any]:
 
 def detokenize(engine: Engine, req: DetokenizeRequest) -> dict[str, Any]:
     entry = engine.catalog.get(req.model)
+    engine.observer.model_resolved(entry.name)
     vocab = entry.tokenizer.vocab_size
     if any(t >= vocab for t in req.tokens):
         raise InvalidRequestError(f"tokens must be below the vocabulary size {vocab}", param="tokens")

@@ -15,6 +15,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
+from gateway.observability.request_log import current_record, sane_request_id
 from gateway.protocol.chat import ChatCompletionRequest
 from gateway.protocol.completions import CompletionRequest
 from gateway.protocol.embeddings import EmbeddingRequest
@@ -35,11 +36,14 @@ from gateway.server.http_util import (
     ClientGone,
     EventStream,
     JSONResponse,
+    buffer_body,
     error_response,
     parse_model,
     read_json,
     unless_disconnected,
 )
+from gateway.server.observability import install_observability
+from gateway.server.openapi import describe_request_bodies
 from gateway.server.sse import DONE, sse, sse_error
 from gateway.server.state import GatewayState
 
@@ -82,8 +86,9 @@ def create_app(state: GatewayState, *, manage_lifecycle: bool = True) -> FastAPI
             routing_key=_first_header(request, ROUTING_KEY_HEADERS),
             target_worker=_first_header(request, TARGET_WORKER_HEADERS),
         )
-        incoming = request.headers.get("x-request-id")
-        if incoming and len(incoming) <= 128 and incoming.isprintable():
+        record = current_record()  # the id the access log and the worker both see
+        incoming = record.request_id if record else sane_request_id(request.headers.get("x-request-id"))
+        if incoming:
             ctx.request_id = incoming
         return ctx
 
@@ -108,6 +113,7 @@ def create_app(state: GatewayState, *, manage_lifecycle: bool = True) -> FastAPI
         result: Any = None
         try:
             ctx = context(request)
+            await buffer_body(request, max_body)  # before the disconnect watcher shares `receive`
             result = await unless_disconnected(request, admitted(ctx))
         except ClientGone:
             return Response(status_code=CLIENT_CLOSED)
@@ -228,4 +234,6 @@ def create_app(state: GatewayState, *, manage_lifecycle: bool = True) -> FastAPI
         kind = "not_found_error" if status == 404 else "invalid_request_error"
         return error_response(GatewayError(str(exc.detail), status=status, type=kind))
 
+    install_observability(app, state.metrics, access_log=state.config.server.access_log)
+    describe_request_bodies(app)
     return app

@@ -29,7 +29,8 @@ class ServerConfig:
     worker_api_key: str | None = option(None, "bearer token the gateway sends to workers")
     probe_timeout_s: float = option(10.0, "time a new worker has to answer GetModelInfo/GetServerInfo, seconds")
     log_level: str = option("info", "log level", choices=["debug", "info", "warning", "error"])
-    log_json: bool = option(False, "structured JSON logs")
+    log_json: bool = option(False, "structured logs: one JSON object per line, with the request id")
+    access_log: bool = option(True, "one log line per HTTP request: endpoint, model, status, worker, latency, tokens")
     worker_drain_timeout_s: float = option(60.0, "DELETE /workers waits this long for the worker's in-flight requests, seconds")
     shutdown_grace_s: float = option(30.0, "on SIGTERM, in-flight requests get this long to finish before they are aborted, seconds")
 

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 import orjson
 from pydantic import BaseModel, ValidationError
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
@@ -42,15 +42,32 @@ def error_response(exc: GatewayError, headers: dict[str, str] | None = None) -> 
     return JSONResponse(exc.to_dict(), status_code=exc.status, headers=extra)
 
 
-async def read_json(request: Request, max_bytes: int) -> Any:
+async def buffer_body(request: Request, max_bytes: int) -> bytes:
+    """Read the whole body (within ``max_bytes``) and keep it on the request.
+
+    Call this before anything else listens on ``receive`` (the disconnect watcher):
+    two readers would race for the body's chunks. Raises ClientGone if the client
+    leaves mid-body."""
+    cached = getattr(request, "_body", None)
+    if cached is not None:
+        return bytes(cached)
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > max_bytes:
         raise PayloadTooLargeError(f"request body is larger than {max_bytes} bytes")
     body = bytearray()
-    async for part in request.stream():
-        body += part
-        if len(body) > max_bytes:
-            raise PayloadTooLargeError(f"request body is larger than {max_bytes} bytes")
+    try:
+        async for part in request.stream():
+            body += part
+            if len(body) > max_bytes:
+                raise PayloadTooLargeError(f"request body is larger than {max_bytes} bytes")
+    except ClientDisconnect:
+        raise ClientGone() from None
+    request._body = bytes(body)
+    return request._body
+
+
+async def read_json(request: Request, max_bytes: int) -> Any:
+    body = await buffer_body(request, max_bytes)
     if not body:
         raise InvalidRequestError("the request body is empty; send a JSON object")
     try:

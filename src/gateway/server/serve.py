@@ -57,17 +57,11 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
     )
 
 
-class _JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        out = {"ts": record.created, "level": record.levelname.lower(), "logger": record.name, "msg": record.getMessage()}
-        if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
-        return orjson.dumps(out).decode()
-
-
 def setup_logging(level: str, as_json: bool) -> None:
+    from gateway.observability.request_log import JsonFormatter, TextFormatter
+
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_JsonFormatter() if as_json else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(JsonFormatter() if as_json else TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

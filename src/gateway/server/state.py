@@ -6,6 +6,8 @@ import asyncio
 import logging
 from pathlib import Path
 
+from gateway.observability.collector import TokenizerCacheCollector, WorkerCollector
+from gateway.observability.metrics import GatewayMetrics
 from gateway.policies.factory import close_policy, make_policy
 from gateway.protocol.errors import InvalidRequestError
 from gateway.routing.engine import Engine
@@ -38,6 +40,9 @@ class GatewayState:
             tokenizer_path=server.tokenizer_path,
             served_name=server.model,
         )
+        self.metrics = GatewayMetrics()
+        self.metrics.registry.register(WorkerCollector.for_registry(self.registry))
+        self.metrics.registry.register(TokenizerCacheCollector(self.catalog))
         self.engine = Engine(
             self.router,
             self.catalog,
@@ -45,6 +50,7 @@ class GatewayState:
             retry=config.retry,
             dispatch=config.dispatch,
             limits=config.limits,
+            observer=self.metrics,
         )
         self.admission = Admission(config.admission)
         self.auth = Authenticator(server.api_keys, config.security)

@@ -1,0 +1,87 @@
+"""Scrape-time metrics read from live gateway state (workers, tokenizer caches).
+
+Worker state changes on every request; reading it when Prometheus scrapes
+(instead of mirroring it into gauges) keeps one source of truth and drops the
+series of a removed worker by itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from gateway.routing.models import ModelCatalog
+from gateway.workers.breaker import BreakerState
+from gateway.workers.registry import WorkerRegistry
+from gateway.workers.worker import Worker
+
+WORKER_LABELS = ["worker", "role", "model"]
+
+
+class WorkerCollector(Collector):
+    """Per-worker load, health and breaker state, from the registry at scrape time."""
+
+    def __init__(self, workers: Callable[[], Iterable[Worker]]) -> None:
+        self._workers = workers
+
+    @classmethod
+    def for_registry(cls, registry: WorkerRegistry) -> WorkerCollector:
+        return cls(registry.all)
+
+    def describe(self) -> Iterable[object]:
+        return []  # series depend on who is registered; describe nothing up front
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        g = GaugeMetricFamily
+        in_flight = g("gateway_worker_in_flight", "requests the gateway has on this worker now", labels=WORKER_LABELS)
+        prefill = g("gateway_worker_queued_prefill_tokens", "prompt tokens sent that have no first token yet", labels=WORKER_LABELS)
+        decode = g("gateway_worker_running_decode_tokens", "max_new_tokens still owed by running requests", labels=WORKER_LABELS)
+        healthy = g("gateway_worker_healthy", "1 if the worker passes health checks", labels=WORKER_LABELS)
+        available = g("gateway_worker_available", "1 if the worker takes new requests (healthy, not draining, breaker allows)", labels=WORKER_LABELS)
+        draining = g("gateway_worker_draining", "1 while the worker is being removed", labels=WORKER_LABELS)
+        breaker = g("gateway_worker_breaker_state", "circuit breaker state, one series per state (1 = current)", labels=[*WORKER_LABELS, "state"])
+        failures = g("gateway_worker_breaker_consecutive_failures", "consecutive failed requests counted by the breaker", labels=WORKER_LABELS)
+        sent = CounterMetricFamily("gateway_worker_dispatched", "requests sent to this worker since it joined", labels=WORKER_LABELS)
+        for w in self._workers():
+            labels = [w.id, w.role, w.model]
+            in_flight.add_metric(labels, w.load.in_flight)
+            prefill.add_metric(labels, w.load.queued_prefill_tokens)
+            decode.add_metric(labels, w.load.running_decode_tokens)
+            healthy.add_metric(labels, float(w.healthy))
+            available.add_metric(labels, float(w.available))
+            draining.add_metric(labels, float(w.draining))
+            for state in BreakerState:
+                breaker.add_metric([*labels, state.value], float(w.breaker.state is state))
+            failures.add_metric(labels, w.breaker.consecutive_failures)
+            sent.add_metric(labels, w.load.total_requests)
+        yield from (in_flight, prefill, decode, healthy, available, draining, breaker, failures, sent)
+
+
+class TokenizerCacheCollector(Collector):
+    """Hits of each model's chat-prompt token cache (resent history tokenized once)."""
+
+    def __init__(self, catalog: ModelCatalog) -> None:
+        self._catalog = catalog
+
+    def describe(self) -> Iterable[object]:
+        return []
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        c = CounterMetricFamily
+        lookups = c("gateway_tokenizer_cache_lookups", "prompts tokenized through the prefix token cache", labels=["model"])
+        hits = c("gateway_tokenizer_cache_hits", "lookups that reused at least one cached chunk", labels=["model"])
+        reused = c("gateway_tokenizer_cache_reused_tokens", "prompt tokens taken from the cache", labels=["model"])
+        encoded = c("gateway_tokenizer_cache_encoded_tokens", "prompt tokens the tokenizer had to produce", labels=["model"])
+        evictions = c("gateway_tokenizer_cache_evictions", "cache entries evicted", labels=["model"])
+        entries = GaugeMetricFamily("gateway_tokenizer_cache_entries", "chunks held by the cache", labels=["model"])
+        for entry in self._catalog.entries():
+            st = entry.prompt_cache.stats()
+            lookups.add_metric([entry.name], st.lookups)
+            hits.add_metric([entry.name], st.hits)
+            reused.add_metric([entry.name], st.reused_tokens)
+            encoded.add_metric([entry.name], st.encoded_tokens)
+            evictions.add_metric([entry.name], st.evictions)
+            entries.add_metric([entry.name], st.entries)
+        yield from (lookups, hits, reused, encoded, evictions, entries)

@@ -1,0 +1,38 @@
+"""What the pipeline reports as it runs, for metrics and logs.
+
+The routing layer calls these hooks at the points only it can see (stage
+timings, the policy's decision, retries, a worker stream's end); the server
+layer plugs in an implementation that turns them into Prometheus series and
+access-log fields. The base class does nothing, so routing works without one.
+"""
+
+from __future__ import annotations
+
+
+class PipelineObserver:
+    """No-op hooks; override what you need. Called on the event loop, must not block."""
+
+    def model_resolved(self, model: str) -> None:
+        """The request was matched to served model ``model``."""
+
+    def stage(self, name: str, seconds: float) -> None:
+        """A pipeline stage took ``seconds`` (template, tokenize, select, first_token, relay)."""
+
+    def selected(self, policy: str, reason: str, worker_id: str) -> None:
+        """A policy chose ``worker_id`` for one attempt, for ``reason``."""
+
+    def retried(self, worker_id: str, code: str) -> None:
+        """An attempt on ``worker_id`` failed before output with ``code`` and is retried elsewhere."""
+
+    def worker_done(
+        self, model: str, worker_id: str, *, predicted_cached: int, reported_cached: int, success: bool
+    ) -> None:
+        """A worker stream ended; ``predicted_cached`` is the policy's guess, ``reported_cached`` the worker's."""
+
+    def generation_done(
+        self, model: str, worker_id: str, *, prompt_tokens: int, completion_tokens: int, cached_tokens: int
+    ) -> None:
+        """A generation's output was relayed; its final token counts."""
+
+
+NULL_OBSERVER = PipelineObserver()

@@ -1,0 +1,100 @@
+"""HTTP side of observability: per-request record, metrics, access log, ``/metrics``.
+
+A pure ASGI middleware (not Starlette's BaseHTTPMiddleware, which buffers
+streaming bodies through a task group) wraps every request: it settles the
+request id (a sane incoming ``X-Request-Id`` or a fresh one), times the request
+and its first streamed event, and when the last byte is sent records the
+outcome under bounded labels and writes the access-log line.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from fastapi import FastAPI
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gateway.observability.metrics import CONTENT_TYPE_LATEST, NO_MODEL, GatewayMetrics
+from gateway.observability.request_log import (
+    RequestRecord,
+    bind_record,
+    log_access,
+    sane_request_id,
+    unbind_record,
+)
+
+UNMATCHED = "other"  # endpoint label for paths no route matched (404s): keeps labels bounded
+QUIET_PATHS = frozenset({"/metrics", "/health", "/readiness"})  # scraped often: no access line
+
+
+class ObservabilityMiddleware:
+    def __init__(self, app: ASGIApp, metrics: GatewayMetrics, access_log: bool = True) -> None:
+        self.app = app
+        self.metrics = metrics
+        self.access_log = access_log
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        record = RequestRecord(method=scope["method"], path=scope["path"])
+        incoming = None
+        for name, value in scope.get("headers", ()):
+            if name == b"x-request-id":
+                incoming = sane_request_id(value.decode("latin-1"))
+                break
+        record.request_id = incoming or uuid.uuid4().hex
+        streaming = False
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal streaming
+            if message["type"] == "http.response.start":
+                record.status = message["status"]
+                headers = list(message.get("headers", []))
+                names = {k.lower() for k, _ in headers}
+                streaming = any(k.lower() == b"content-type" and v.startswith(b"text/event-stream") for k, v in headers)
+                if b"x-request-id" not in names:
+                    headers.append((b"x-request-id", record.request_id.encode()))
+                    message = {**message, "headers": headers}
+            elif streaming and record.ttft_s is None and message.get("body"):
+                record.ttft_s = time.perf_counter() - record.started
+            await send(message)
+
+        token = bind_record(record)
+        self.metrics.in_flight.inc()
+        try:
+            await self.app(scope, receive, send_wrapper)
+        except BaseException:
+            if not record.status:
+                record.status = 500
+            raise
+        finally:
+            self.metrics.in_flight.dec()
+            latency = time.perf_counter() - record.started
+            route = scope.get("route")
+            record.endpoint = getattr(route, "path", None) or UNMATCHED
+            self._observe(record, latency)
+            if self.access_log and record.path not in QUIET_PATHS:
+                log_access(record, latency)
+            unbind_record(token)
+
+    def _observe(self, record: RequestRecord, latency: float) -> None:
+        m = self.metrics
+        status = str(record.status or 499)  # no response started: the client left first
+        m.requests.labels(endpoint=record.endpoint, model=record.model or NO_MODEL, status=status).inc()
+        m.latency.labels(endpoint=record.endpoint).observe(latency)
+        if record.ttft_s is not None:
+            m.ttft.labels(endpoint=record.endpoint).observe(record.ttft_s)
+
+
+def install_observability(app: FastAPI, metrics: GatewayMetrics, *, access_log: bool = True) -> None:
+    """Add the middleware and ``GET /metrics`` (Prometheus text format) to ``app``."""
+    app.add_middleware(ObservabilityMiddleware, metrics=metrics, access_log=access_log)
+
+    async def scrape(request: Request) -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    app.add_api_route("/metrics", scrape, methods=["GET"], include_in_schema=False)

@@ -1,0 +1,123 @@
+"""GET /metrics: request outcomes, pipeline stages, routing quality, live worker state."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import REGISTRY
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.server.conftest import Stack
+
+NO_THINK = {"chat_template_kwargs": {"enable_thinking": False}}
+
+
+async def scrape(stack: Stack) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """{sample name: [(labels, value)]} from the gateway's /metrics."""
+    r = await stack.http.get("/metrics")
+    assert r.status_code == 200
+    assert r.headers["content-type"].startswith("text/plain")
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(r.text):
+        for s in family.samples:
+            out.setdefault(s.name, []).append((dict(s.labels), s.value))
+    return out
+
+
+def value(samples: dict[str, list[tuple[dict[str, str], float]]], name: str, **labels: str) -> float:
+    """Sum of the samples of ``name`` whose labels include ``labels``."""
+    return sum(v for got, v in samples.get(name, []) if all(got.get(k) == x for k, x in labels.items()))
+
+
+async def test_requests_stages_and_worker_state(stack: Stack) -> None:
+    messages = [{"role": "user", "content": "Say something short."}]
+    await stack.client.chat.completions.create(model=stack.model, messages=messages, max_tokens=8, extra_body=NO_THINK)
+    stream = await stack.client.chat.completions.create(
+        model=stack.model, messages=messages, max_tokens=8, stream=True, extra_body=NO_THINK
+    )
+    async for _ in stream:
+        pass
+    bad = await stack.http.post("/v1/chat/completions", json={"model": stack.model, "messages": "nope"})
+    assert bad.status_code == 400
+    missing = await stack.http.get("/no/such/path")
+    assert missing.status_code == 404
+
+    m = await scrape(stack)
+    chat = "/v1/chat/completions"
+    assert value(m, "gateway_requests_total", endpoint=chat, model=stack.model, status="200") == 2
+    assert value(m, "gateway_requests_total", endpoint=chat, model="none", status="400") == 1
+    assert value(m, "gateway_requests_total", endpoint="other", status="404") == 1
+    assert value(m, "gateway_request_duration_seconds_count", endpoint=chat) == 3
+    assert value(m, "gateway_time_to_first_token_seconds_count", endpoint=chat) == 1
+    for stage in ("template", "tokenize", "select", "first_token", "relay"):
+        assert value(m, "gateway_stage_duration_seconds_count", stage=stage) >= 2, stage
+    assert value(m, "gateway_policy_decisions_total", policy="round_robin", reason="round_robin") == 2
+    assert value(m, "gateway_completion_tokens_total", model=stack.model) > 0
+    assert value(m, "gateway_prompt_tokens_total", model=stack.model) > 0
+    assert value(m, "gateway_tokenizer_cache_lookups_total", model=stack.model) >= 2
+    # Live worker state, read at scrape time: both idle, healthy, breakers closed.
+    workers = stack.state.registry.all()
+    assert len(m["gateway_worker_in_flight"]) == len(workers)
+    assert value(m, "gateway_worker_in_flight") == 0
+    assert value(m, "gateway_worker_healthy") == len(workers)
+    assert value(m, "gateway_worker_breaker_state", state="closed") == len(workers)
+    assert value(m, "gateway_worker_breaker_state", state="open") == 0
+    assert value(m, "gateway_worker_dispatched_total") == 2
+    assert value(m, "gateway_http_requests_in_flight") == 1  # this scrape itself
+    # The hooks for admission control exist at zero until it uses them.
+    assert value(m, "gateway_queue_depth") == 0
+    assert value(m, "gateway_admission_rejections_total", reason="queue_full") == 0
+
+
+@pytest.mark.stack(policy="cache_aware", workers=2)
+async def test_predicted_and_reported_cached_tokens(stack: Stack) -> None:
+    system = "You are a careful assistant. " * 60
+    for q in ("first question?", "second question?", "third question?"):
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": q}]
+        await stack.client.chat.completions.create(model=stack.model, messages=messages, max_tokens=4, extra_body=NO_THINK)
+    m = await scrape(stack)
+    worker_model = stack.state.registry.all()[0].model
+    predicted = value(m, "gateway_cached_tokens_predicted_total", model=worker_model)
+    reported = value(m, "gateway_cached_tokens_reported_total", model=worker_model)
+    assert predicted > 0 and reported > 0  # the 2nd and 3rd reuse the system prompt
+    assert value(m, "gateway_cached_tokens_prediction_error_tokens_count", model=worker_model) == 3
+    reasons = {labels["reason"] for labels, v in m["gateway_policy_decisions_total"] if v}
+    assert reasons and all(labels["policy"] == "cache_aware" for labels, _ in m["gateway_policy_decisions_total"])
+
+
+@pytest.mark.stack(workers=2, retry={"max_attempts": 3, "backoff_base_s": 0.0})
+async def test_retries_and_breaker_state_show(stack: Stack) -> None:
+    sick = stack.fleet.workers[0]
+    sick.faults.reject_status = "UNAVAILABLE"
+    sick_id = next(w.id for w in stack.state.registry.all() if w.url == sick.url)
+    for _ in range(6):
+        r = await stack.client.completions.create(model=stack.model, prompt="hello there", max_tokens=3)
+        assert r.choices[0].text is not None
+    m = await scrape(stack)
+    assert value(m, "gateway_retries_total", worker=sick_id, code="UNAVAILABLE") >= 1
+    assert value(m, "gateway_worker_streams_total", outcome="ok") == 6
+    assert value(m, "gateway_worker_breaker_state", worker=sick_id, state="open") == 1
+    assert value(m, "gateway_worker_available", worker=sick_id) == 0
+    assert value(m, "gateway_worker_breaker_consecutive_failures", worker=sick_id) >= 3
+    assert value(m, "gateway_worker_in_flight") == 0
+
+
+@pytest.mark.stack(server={"api_keys": ["sk-very-secret-key"]})
+async def test_no_secrets_or_client_strings_in_labels(stack: Stack) -> None:
+    headers = {"authorization": "Bearer sk-very-secret-key", "x-request-id": "trace-id-4242"}
+    await stack.http.post("/v1/completions", headers=headers, json={"model": "made-up-model-7", "prompt": "x", "max_tokens": 2})
+    await stack.http.post("/v1/completions", headers=headers, json={"model": stack.model, "prompt": "top secret prompt", "max_tokens": 2})
+    await stack.http.post("/v1/completions", json={"model": stack.model, "prompt": "x"})  # 401
+    text = (await stack.http.get("/metrics")).text
+    for secret in ("sk-very-secret-key", "trace-id-4242", "made-up-model-7", "top secret prompt"):
+        assert secret not in text
+    assert 'status="401"' in text
+
+
+async def test_each_gateway_has_its_own_registry(stack: Stack) -> None:
+    assert stack.state.metrics.registry is not REGISTRY
+    stack.state.metrics.queue_depth.set(5)
+    stack.state.metrics.admission_rejections.labels(reason="queue_timeout").inc()
+    m = await scrape(stack)
+    assert value(m, "gateway_queue_depth") == 5
+    assert value(m, "gateway_admission_rejections_total", reason="queue_timeout") == 1
+    assert "gateway_queue_depth" not in REGISTRY._names_to_collectors  # nothing leaked globally
