@@ -94,6 +94,10 @@ class Prompts:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     @staticmethod
+    def first_chat() -> list[dict[str, str]]:
+        return Prompts._messages("Hello!")
+
+    @staticmethod
     def _messages(user: str) -> list[dict[str, str]]:
         return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
 
@@ -386,7 +390,7 @@ def summarize_profile(raw: Path, top: int = 25) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def profiling(pid: int, out: Path | None, rate: int) -> Any:
+def profiling(pid: int, out: Path | None, rate: int, gil: bool) -> Any:
     """py-spy sampling ``pid`` while the block runs (no-op when ``out`` is None)."""
     if out is None:
         yield
@@ -394,7 +398,8 @@ def profiling(pid: int, out: Path | None, rate: int) -> Any:
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     out.parent.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen(
-        [spy, "record", "--pid", str(pid), "--format", "raw", "--rate", str(rate), "--nonblocking", "--threads", "-o", str(out)],
+        [spy, "record", "--pid", str(pid), "--format", "raw", "--rate", str(rate), "--nonblocking", "--threads",
+         *(["--gil"] if gil else []), "-o", str(out)],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
@@ -436,6 +441,8 @@ async def deploy(workers: int, args: argparse.Namespace):  # type: ignore[no-unt
             async with httpx.AsyncClient(trust_env=False) as client:
                 model = (await client.get(gateway.url + "/v1/models")).json()["data"][0]["id"]
             target = Target(gateway.url, fleet.urls, model, args.max_tokens)
+            first = await target.gateway(Prompts.first_chat(), False)  # what the first client waits
+            show(f"first chat request after ready, {workers} workers", {"first_request_ms": round(first.total_s * 1e3, 1)})
             assert fleet.proc is not None
             meter = CpuMeter({"gateway": gateway.process.pid, "workers": fleet.proc.pid, "client": os.getpid()})
             try:
@@ -467,14 +474,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     report.setdefault("latency", []).append(row)
                     show("latency" + (" stream" if stream else ""), row)
             if "throughput" in sections:
-                with profiling(d.gateway.process.pid, prof / "throughput.txt" if prof else None, args.profile_rate):
+                with profiling(d.gateway.process.pid, prof / "throughput.txt" if prof else None, args.profile_rate, args.profile_gil):
                     row = await throughput_phase(
                         d.target, prompts, d.meter, args.prompt_tokens, args.concurrency, args.requests, args.cap_s
                     )
                 report["throughput"] = row
                 show("throughput", row)
             if "stream" in sections:
-                with profiling(d.gateway.process.pid, prof / "stream.txt" if prof else None, args.profile_rate):
+                with profiling(d.gateway.process.pid, prof / "stream.txt" if prof else None, args.profile_rate, args.profile_gil):
                     row = await stream_phase(d.target, prompts, d.meter, args.streams, args.stream_tokens, args.cap_s)
                 report["stream"] = row
                 show("stream", row)
@@ -541,6 +548,10 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--profile", default="", help="directory for py-spy profiles of the gateway")
     parser.add_argument("--profile-rate", type=int, default=200, help="py-spy samples per second")
+    parser.add_argument(
+        "--profile-gil", action=argparse.BooleanOptionalAction, default=True,
+        help="sample only the thread holding the GIL (Python CPU; tokenizer threads release it)",
+    )
     parser.add_argument("--json", default="", help="write every figure to this JSON file")
     args = parser.parse_args()
     try:
