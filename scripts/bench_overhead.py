@@ -265,17 +265,19 @@ async def latency_phase(target: Target, prompts: Prompts, tokens: int, requests:
     deadline = time.perf_counter() + cap_s
     await target.gateway(prompts.messages(tokens), stream)  # warm: connections, first-use costs
     await target.direct(prompts.make(tokens)[1], stream)
+    sizes: list[int] = []
     for i in range(requests):
         if time.perf_counter() > deadline:
             break
         messages, ids = prompts.make(tokens)
+        sizes.append(len(ids))
         if i % 2 == 0:  # alternate who goes first, so neither always meets a warmer machine
             gw.append(await target.gateway(messages, stream))
             direct.append(await target.direct(ids, stream))
         else:
             direct.append(await target.direct(ids, stream))
             gw.append(await target.gateway(messages, stream))
-    out: dict[str, Any] = {"prompt_tokens": len(prompts.make(tokens)[1]), "stream": stream, "pairs": len(gw)}
+    out: dict[str, Any] = {"prompt_tokens": round(sum(sizes) / max(1, len(sizes))), "stream": stream, "pairs": len(gw)}
     for key in ("total_s", "ttft_s") if stream else ("total_s",):
         g = [getattr(t, key) * 1e3 for t in gw]
         d = [getattr(t, key) * 1e3 for t in direct]
@@ -465,6 +467,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "argv": sys.argv[1:], "load_before": list(os.getloadavg()),
     }  # fmt: skip
     sections = set(args.sections)
+    started = time.time()
     prof = Path(args.profile) if args.profile else None
     if sections & {"latency", "throughput", "stream", "prompt-scaling"}:
         async with deploy(args.workers, args) as d:
@@ -499,15 +502,16 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         for workers in args.worker_counts:
             async with deploy(workers, args) as d:
                 lat = await latency_phase(d.target, prompts, args.prompt_tokens, args.latency_requests // 2, False, args.cap_s)
-                thr = await throughput_phase(d.target, prompts, d.meter, args.prompt_tokens, args.concurrency, args.requests, args.cap_s)
+                with profiling(d.gateway.process.pid, prof / f"workers-{workers}.txt" if prof else None, args.profile_rate, args.profile_gil):
+                    thr = await throughput_phase(d.target, prompts, d.meter, args.prompt_tokens, args.concurrency, args.requests, args.cap_s)
                 row = {"workers": workers, **lat, **{k: v for k, v in thr.items() if k not in lat}}
                 report.setdefault("worker_scaling", []).append(row)
                 show(f"workers {workers}", row)
     report["load_after"] = list(os.getloadavg())
     if prof:
-        for name in ("throughput", "stream"):
-            raw = prof / f"{name}.txt"
-            if raw.exists():
+        for raw in sorted(prof.glob("*.txt")):
+            name = raw.stem
+            if raw.stat().st_mtime >= started:
                 summary = summarize_profile(raw)
                 report.setdefault("profile", {})[name] = summary
                 print(f"\nprofile {name}: {summary['samples']} samples")

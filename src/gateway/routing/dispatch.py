@@ -64,7 +64,7 @@ class WorkerStream:
         self._cached_tokens = 0
         self.closed = False
         # Stall watch: one timer per stream rather than an asyncio.timeout around every
-        # read (that cost ~7% of the event loop's time when relaying tokens).
+        # read (those showed in the relay profile; see docs/BENCHMARKS.md, Gateway overhead).
         self._reading_since: float | None = None
         self._watch: asyncio.TimerHandle | None = None
         self._stalled = False
@@ -81,8 +81,9 @@ class WorkerStream:
             try:
                 got = await self._call.read()
             except asyncio.CancelledError:
-                if not self._stalled:
-                    raise
+                task = asyncio.current_task()
+                if not self._stalled or (task is not None and task.cancelling()):
+                    raise  # our own task is being cancelled (client gone): not a stall
                 await self.abort("stalled")
                 raise worker_stalled_error(self.worker.id, self._config.stall_timeout_s) from None
             except aio.AioRpcError as exc:
