@@ -86,7 +86,7 @@ class Prompts:
         self.cum_weights = list(itertools.accumulate(1.0 / (rank + 10) for rank in range(len(self.words))))
         self.rng = random.Random(seed)
         self.overhead = len(self._render(""))  # template tokens around an empty user message
-        sample = self._text(20000)
+        sample = self._text(4000)
         self.words_per_token = (sample.count(" ") + 1) / len(self.tokenizer.encode(sample, add_special_tokens=False))
 
     def _render(self, user: str) -> list[int]:
