@@ -67,21 +67,37 @@ class WorkerStream:
         self.closed = False
         self.observer = observer
         self._first_at = time.perf_counter()
+        # Stall watch: one timer per stream rather than an asyncio.timeout around every
+        # read (those showed in the relay profile; see docs/BENCHMARKS.md, Gateway overhead).
+        self._reading_since: float | None = None
+        self._watch: asyncio.TimerHandle | None = None
+        self._stalled = False
 
     async def read(self) -> pb.GenerateResponse | None:
         """The next message, or None when the worker ended the stream."""
         if self._pending is not None:
             msg, self._pending = self._pending, None
         else:
+            loop = asyncio.get_running_loop()
+            self._reading_since = loop.time()
+            if self._watch is None:
+                self._watch = loop.call_at(self._reading_since + self._config.stall_timeout_s, self._check_stall)
             try:
-                async with asyncio.timeout(self._config.stall_timeout_s):
-                    got = await self._call.read()
-            except TimeoutError:
+                got = await self._call.read()
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if not self._stalled or (task is not None and task.cancelling()):
+                    raise  # our own task is being cancelled (client gone): not a stall
                 await self.abort("stalled")
                 raise worker_stalled_error(self.worker.id, self._config.stall_timeout_s) from None
             except aio.AioRpcError as exc:
                 self._finish(success=False)
                 raise map_rpc_error(exc, self.worker.id) from exc
+            finally:
+                self._reading_since = None
+            if self._stalled:  # the message raced the stall verdict; the call is cancelled
+                await self.abort("stalled")
+                raise worker_stalled_error(self.worker.id, self._config.stall_timeout_s)
             if got is aio.EOF:
                 self._finish(success=True)
                 return None
@@ -93,10 +109,28 @@ class WorkerStream:
             self._cached_tokens = max(self._cached_tokens, msg.chunk.cached_tokens)
         return msg
 
+    def _check_stall(self) -> None:
+        """The stall timer: cancel the call if the pending read has waited too long,
+        else wait again (a read that is not pending re-arms the timer itself)."""
+        self._watch = None
+        since = self._reading_since
+        if self.closed or since is None:
+            return
+        limit = self._config.stall_timeout_s
+        loop = asyncio.get_running_loop()
+        if loop.time() - since >= limit:
+            self._stalled = True
+            self._call.cancel()  # the pending read raises CancelledError; read() maps it
+            return
+        self._watch = loop.call_at(since + limit, self._check_stall)
+
     def _finish(self, *, success: bool) -> None:
         if self.closed:
             return
         self.closed = True
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
         self._guard.release()
         self.worker.record_outcome(success)
         self.selection.policy.on_finish(self.route, self.worker.id, self._cached_tokens, success)

@@ -132,7 +132,7 @@ class Engine:
         if not prompt_ids:
             raise InvalidRequestError("the prompt is empty", param="prompt")
         vocab = entry.tokenizer.vocab_size
-        if any(t < 0 or t >= vocab for t in prompt_ids):
+        if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:  # C loops, twice the genexpr speed
             raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})", param="prompt")
         check_prompt(prompt_ids, self.limits, param=prompt_param)
         limit = entry.max_context_length

@@ -110,6 +110,7 @@ class ModelCatalog:
                 resolved = await asyncio.to_thread(self.registry.install_and_load, model, data, sha)
         log.info("tokenizer for %s loaded from %s (%s)", model, resolved.source, resolved.location)
         tokenizer = resolved.tokenizer
+        await asyncio.to_thread(tokenizer.warm_chat_templates)
         context = worker.info.max_context_length or (tokenizer.model_max_length or 0)
         return ModelEntry(
             name=name,

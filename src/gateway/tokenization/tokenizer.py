@@ -8,6 +8,7 @@ same model, without paying for a transformers tokenizer object per model.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from collections.abc import Iterable, Mapping, Sequence
@@ -36,6 +37,8 @@ TOKENIZER_FILES: tuple[str, ...] = (
 
 # transformers stores "no limit" as a huge sentinel (int(1e30)); we report None instead.
 _NO_LIMIT = 10**18
+# token_id() answers kept per tokenizer (cleared when full).
+_TOKEN_ID_MEMO = 4096
 
 _NAMED_SPECIAL_TOKENS = (
     "bos_token",
@@ -125,6 +128,7 @@ class Tokenizer:
         self._chat_template_sources = _chat_template_sources(folder, self.config)
         self._chat_templates: dict[str, ChatTemplate] = {}
         self._lock = threading.Lock()
+        self._token_ids: dict[str, int | None] = {}
 
         named = dict(special_tokens_map or {})
         named.update({k: v for k, v in self.config.items() if k in _NAMED_SPECIAL_TOKENS})
@@ -250,7 +254,21 @@ class Tokenizer:
         return [self.backend.id_to_token(i) for i in ids]
 
     def token_id(self, text: str) -> int | None:
-        """The id if ``text`` is exactly one token (and decodes back to itself), else None."""
+        """The id if ``text`` is exactly one token (and decodes back to itself), else None.
+
+        Memoized: chat requests ask for the think tags and stop strings every time, and an
+        encode plus a decode per ask showed up in the gateway's profile."""
+        try:
+            return self._token_ids[text]
+        except KeyError:
+            pass
+        found = self._lookup_token_id(text)
+        if len(self._token_ids) >= _TOKEN_ID_MEMO:
+            self._token_ids.clear()  # stop strings come from clients: stay bounded
+        self._token_ids[text] = found
+        return found
+
+    def _lookup_token_id(self, text: str) -> int | None:
         if not text:
             return None
         ids = self.backend.encode(text, add_special_tokens=False).ids
@@ -313,6 +331,16 @@ class Tokenizer:
             with self._lock:
                 self._chat_templates.setdefault(name, template)
         return template
+
+    def warm_chat_templates(self) -> None:
+        """Compile every chat template now (the first compile imports transformers' renderer,
+        about a second, which would otherwise stall the first chat request). A template
+        that fails to compile is left alone: it fails with a clear error when used."""
+        from gateway.tokenization.errors import ChatTemplateError
+
+        for name in self._chat_template_sources:
+            with contextlib.suppress(ChatTemplateError):
+                self.chat_template(name)
 
     def apply_chat_template(
         self,

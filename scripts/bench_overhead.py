@@ -1,0 +1,575 @@
+#!/usr/bin/env python
+"""What the gateway adds on top of its workers: latency, requests/s, relayed tokens/s.
+
+    .venv/bin/python scripts/bench_overhead.py                     # every section
+    .venv/bin/python scripts/bench_overhead.py --sections latency --profile prof/
+
+A simulated fleet whose steps cost nothing (``SubprocessFleet``, every cost and
+``time_scale`` at 0) runs in one child process and ``token-gateway serve`` in another
+(``ServeProcess``); this process is the client. Sections:
+
+* ``latency``: one request at a time, alternating between the gateway
+  (``/v1/chat/completions``, httpx) and the same worker called directly over gRPC with
+  the same prompt token ids (grpc.aio), non-streaming and streaming. The added latency
+  is gateway minus direct, per percentile (p50, p99) of the two distributions.
+* ``throughput``: ``--concurrency`` requests in flight (closed loop), non-streaming
+  short answers: sustained requests/s through one gateway process.
+* ``stream``: ``--streams`` concurrent streams of ``--stream-tokens`` tokens each (one
+  worker chunk per token): tokens/s relayed as SSE.
+* ``prompt-scaling``: latency (non-streaming) and requests/s for each ``--prompt-lengths``.
+* ``worker-scaling``: the same for each ``--worker-counts`` (all workers in one process).
+
+Every chat prompt is unique (fresh seeded words), so the gateway's multi-turn
+tokenization cache does not hide the cost of templating and tokenizing. Every loop is
+bounded by a request count and ``--cap-s`` seconds. Beside wall-clock figures, the
+script reads each process's CPU time from /proc: on a shared machine, the gateway's
+CPU per request is the steadier number. ``--profile DIR`` samples the gateway with
+py-spy during the throughput and stream phases and prints where its time goes, per
+pipeline stage (HTTP parse, template, tokenize, select, dispatch, relay, SSE encode).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import datetime
+import itertools
+import json
+import os
+import platform
+import random
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+import orjson
+
+from gateway.bench.serve_process import ServeProcess
+from gateway.bench.workloads import default_tokenizer_dir
+from gateway.proto import sglang_scheduler_pb2 as pb
+from gateway.proto import sglang_scheduler_pb2_grpc as pb_grpc
+from gateway.sim.config import SimConfig
+from gateway.sim.fleet import SubprocessFleet
+from gateway.tokenization import Tokenizer
+
+SECTIONS = ["latency", "throughput", "stream", "prompt-scaling", "worker-scaling"]
+SYSTEM_PROMPT = "You are a helpful assistant. Answer briefly."
+
+
+# ---------------------------------------------------------------- prompts
+
+
+class Prompts:
+    """Unique chat prompts of a target rendered length, with their token ids.
+
+    Text is sentences of the vocabulary's whole words drawn with a Zipf law over
+    vocabulary order, as in ``bench_tokenize.py``: common words repeat as in real text.
+    (Uniform draws make every word rare, which defeats the tokenizer's word cache and
+    makes tokenization about 3x dearer than on real text.)
+    """
+
+    def __init__(self, seed: int) -> None:
+        self.tokenizer = Tokenizer.from_path(default_tokenizer_dir())
+        vocab = self.tokenizer.backend.get_vocab()
+        pieces = sorted((i, p[1:]) for p, i in vocab.items() if p.startswith("Ġ") and p[1:].isalpha())
+        self.words = [w for _, w in pieces]
+        self.cum_weights = list(itertools.accumulate(1.0 / (rank + 10) for rank in range(len(self.words))))
+        self.rng = random.Random(seed)
+        self.overhead = len(self._render(""))  # template tokens around an empty user message
+        sample = self._text(4000)
+        self.words_per_token = (sample.count(" ") + 1) / len(self.tokenizer.encode(sample, add_special_tokens=False))
+
+    def _render(self, user: str) -> list[int]:
+        text = self.tokenizer.apply_chat_template(self._messages(user), add_generation_prompt=True)
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    @staticmethod
+    def first_chat() -> list[dict[str, str]]:
+        return Prompts._messages("Hello!")
+
+    @staticmethod
+    def _messages(user: str) -> list[dict[str, str]]:
+        return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
+
+    def _text(self, words: int) -> str:
+        sentences: list[str] = []
+        while words > 0:
+            k = self.rng.randint(6, 18)
+            picked = self.rng.choices(self.words, cum_weights=self.cum_weights, k=k)
+            sentences.append(" ".join(picked).capitalize() + self.rng.choice(".?!."))
+            words -= k
+        return " ".join(sentences)
+
+    def messages(self, tokens: int) -> list[dict[str, str]]:
+        """A fresh chat of about ``tokens`` rendered prompt tokens (words per token calibrated once)."""
+        return self._messages(self._text(max(1, round((tokens - self.overhead) * self.words_per_token))))
+
+    def make(self, tokens: int) -> tuple[list[dict[str, str]], list[int]]:
+        """(messages, rendered prompt ids) of about ``tokens`` prompt tokens."""
+        messages = self.messages(tokens)
+        return messages, self._render(messages[1]["content"])
+
+
+# ---------------------------------------------------------------- process CPU
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` (Linux /proc; 0 elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+@dataclass
+class CpuMeter:
+    """CPU seconds each process spent between ``start`` and ``stop``."""
+
+    pids: dict[str, int]
+    spent: dict[str, float] = field(default_factory=dict)
+    _t0: dict[str, float] = field(default_factory=dict)
+
+    def start(self) -> None:
+        self._t0 = {name: self._now(pid) for name, pid in self.pids.items()}
+
+    def stop(self) -> dict[str, float]:
+        self.spent = {name: self._now(pid) - self._t0[name] for name, pid in self.pids.items()}
+        return self.spent
+
+    @staticmethod
+    def _now(pid: int) -> float:
+        if pid == os.getpid():
+            t = os.times()
+            return t.user + t.system
+        return cpu_seconds(pid)
+
+
+# ---------------------------------------------------------------- one request each way
+
+
+def pct(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    k = (len(ordered) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+@dataclass
+class Timing:
+    total_s: float
+    ttft_s: float
+    tokens: int
+
+
+class Target:
+    """The same request, through the gateway (HTTP) or straight to a worker (gRPC)."""
+
+    def __init__(self, gateway_url: str, worker_urls: Sequence[str], model: str, max_tokens: int):
+        self.url = gateway_url + "/v1/chat/completions"
+        self.model = model
+        self.max_tokens = max_tokens
+        limits = httpx.Limits(max_connections=512, max_keepalive_connections=512)
+        self.http = httpx.AsyncClient(timeout=120, limits=limits, trust_env=False)
+        options = [("grpc.max_send_message_length", 256 << 20), ("grpc.max_receive_message_length", 256 << 20)]
+        self.channels = [grpc.aio.insecure_channel(u.removeprefix("grpc://"), options=options) for u in worker_urls]
+        self.stubs = [pb_grpc.SglangSchedulerStub(c) for c in self.channels]
+        self._next = itertools.count()
+
+    async def close(self) -> None:
+        await self.http.aclose()
+        for channel in self.channels:
+            await channel.close()
+
+    async def gateway(self, messages: list[dict[str, str]], stream: bool, max_tokens: int | None = None) -> Timing:
+        body = {
+            "model": self.model, "messages": messages, "max_tokens": max_tokens or self.max_tokens,
+            "temperature": 0.0, "ignore_eos": True, "stream": stream,
+        }  # fmt: skip
+        if stream:
+            body["stream_options"] = {"include_usage": True}
+        t0 = time.perf_counter()
+        ttft = 0.0
+        tokens = 0
+        if not stream:
+            response = await self.http.post(self.url, content=orjson.dumps(body), headers={"content-type": "application/json"})
+            if response.status_code != 200:
+                raise RuntimeError(f"gateway HTTP {response.status_code}: {response.text[:300]}")
+            tokens = int(orjson.loads(response.content)["usage"]["completion_tokens"])
+            total = time.perf_counter() - t0
+            return Timing(total, total, tokens)
+        async with self.http.stream("POST", self.url, content=orjson.dumps(body), headers={"content-type": "application/json"}) as response:
+            if response.status_code != 200:
+                raise RuntimeError(f"gateway HTTP {response.status_code}: {(await response.aread())[:300]!r}")
+            async for line in response.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                if line == "data: [DONE]":
+                    break
+                chunk = orjson.loads(line[6:])
+                if "error" in chunk:
+                    raise RuntimeError(f"gateway stream error: {chunk['error']}")
+                if not ttft and any((c.get("delta") or {}).get("content") for c in chunk.get("choices") or ()):
+                    ttft = time.perf_counter() - t0
+                if chunk.get("usage"):
+                    tokens = int(chunk["usage"]["completion_tokens"])
+        return Timing(time.perf_counter() - t0, ttft, tokens)
+
+    async def direct(self, ids: list[int], stream: bool, max_tokens: int | None = None) -> Timing:
+        stub = self.stubs[next(self._next) % len(self.stubs)]
+        request = pb.GenerateRequest(
+            request_id=uuid.uuid4().hex,
+            tokenized=pb.TokenizedInput(input_ids=ids),
+            sampling_params=pb.SamplingParams(temperature=0.0, n=1, max_new_tokens=max_tokens or self.max_tokens, ignore_eos=True),
+            stream=stream,
+        )
+        t0 = time.perf_counter()
+        ttft = 0.0
+        tokens = 0
+        async for message in stub.Generate(request, timeout=120):
+            if message.HasField("chunk"):
+                tokens += len(message.chunk.token_ids)
+                if not ttft:
+                    ttft = time.perf_counter() - t0
+            elif message.HasField("complete") and not stream:
+                tokens = len(message.complete.output_ids)
+        total = time.perf_counter() - t0
+        return Timing(total, ttft or total, tokens)
+
+
+# ---------------------------------------------------------------- phases
+
+
+def load_note() -> str:
+    one, five, _ = os.getloadavg()
+    return f"load {one:.1f}/{five:.1f}"
+
+
+async def latency_phase(target: Target, prompts: Prompts, tokens: int, requests: int, stream: bool, cap_s: float) -> dict[str, Any]:
+    """Alternate gateway and direct calls one at a time; compare their percentiles."""
+    gw: list[Timing] = []
+    direct: list[Timing] = []
+    deadline = time.perf_counter() + cap_s
+    await target.gateway(prompts.messages(tokens), stream)  # warm: connections, first-use costs
+    await target.direct(prompts.make(tokens)[1], stream)
+    sizes: list[int] = []
+    for i in range(requests):
+        if time.perf_counter() > deadline:
+            break
+        messages, ids = prompts.make(tokens)
+        sizes.append(len(ids))
+        if i % 2 == 0:  # alternate who goes first, so neither always meets a warmer machine
+            gw.append(await target.gateway(messages, stream))
+            direct.append(await target.direct(ids, stream))
+        else:
+            direct.append(await target.direct(ids, stream))
+            gw.append(await target.gateway(messages, stream))
+    out: dict[str, Any] = {"prompt_tokens": round(sum(sizes) / max(1, len(sizes))), "stream": stream, "pairs": len(gw)}
+    for key in ("total_s", "ttft_s") if stream else ("total_s",):
+        g = [getattr(t, key) * 1e3 for t in gw]
+        d = [getattr(t, key) * 1e3 for t in direct]
+        label = "ttft" if key == "ttft_s" else "total"
+        for q, qn in ((0.5, "p50"), (0.99, "p99")):
+            out[f"{label}_gateway_{qn}_ms"] = round(pct(g, q), 3)
+            out[f"{label}_direct_{qn}_ms"] = round(pct(d, q), 3)
+            out[f"{label}_added_{qn}_ms"] = round(pct(g, q) - pct(d, q), 3)
+    return out
+
+
+async def closed_loop(
+    call: Callable[[int], Awaitable[Timing]], concurrency: int, requests: int, cap_s: float
+) -> tuple[list[Timing], float]:
+    """``concurrency`` callers sharing ``requests``; stop starting new ones after ``cap_s``."""
+    results: list[Timing] = []
+    counter = itertools.count()
+    deadline = time.perf_counter() + cap_s
+
+    async def caller() -> None:
+        while time.perf_counter() < deadline:
+            i = next(counter)
+            if i >= requests:
+                return
+            results.append(await call(i))
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(caller() for _ in range(concurrency)))
+    return results, time.perf_counter() - t0
+
+
+async def throughput_phase(
+    target: Target, prompts: Prompts, meter: CpuMeter, tokens: int, concurrency: int, requests: int, cap_s: float
+) -> dict[str, Any]:
+    pool = [prompts.messages(tokens) for _ in range(min(requests, 4096))]  # made before timing
+    meter.start()
+    done, wall = await closed_loop(lambda i: target.gateway(pool[i % len(pool)], False), concurrency, requests, cap_s)
+    cpu = meter.stop()
+    latencies = [t.total_s * 1e3 for t in done]
+    return {
+        "prompt_tokens": tokens, "concurrency": concurrency, "requests": len(done), "seconds": round(wall, 2),
+        "requests_per_s": round(len(done) / wall, 1),
+        "latency_p50_ms": round(pct(latencies, 0.5), 2), "latency_p99_ms": round(pct(latencies, 0.99), 2),
+        "gateway_cpu_ms_per_request": round(1e3 * cpu["gateway"] / max(1, len(done)), 3),
+        "worker_cpu_ms_per_request": round(1e3 * cpu["workers"] / max(1, len(done)), 3),
+        "client_cpu_ms_per_request": round(1e3 * cpu["client"] / max(1, len(done)), 3),
+        "gateway_cpu_share": round(cpu["gateway"] / wall, 2),
+    }  # fmt: skip
+
+
+async def stream_phase(
+    target: Target, prompts: Prompts, meter: CpuMeter, streams: int, tokens_each: int, cap_s: float
+) -> dict[str, Any]:
+    pool = [prompts.messages(256) for _ in range(streams)]
+    meter.start()
+    done, wall = await closed_loop(lambda i: target.gateway(pool[i], True, tokens_each), streams, streams, cap_s + 600)
+    cpu = meter.stop()
+    relayed = sum(t.tokens for t in done)
+    return {
+        "streams": streams, "tokens_each": tokens_each, "tokens": relayed, "seconds": round(wall, 2),
+        "tokens_per_s": round(relayed / wall, 1),
+        "gateway_cpu_us_per_token": round(1e6 * cpu["gateway"] / max(1, relayed), 2),
+        "worker_cpu_us_per_token": round(1e6 * cpu["workers"] / max(1, relayed), 2),
+        "client_cpu_us_per_token": round(1e6 * cpu["client"] / max(1, relayed), 2),
+        "gateway_cpu_share": round(cpu["gateway"] / wall, 2),
+    }  # fmt: skip
+
+
+# ---------------------------------------------------------------- profiling
+
+
+# Pipeline stages, matched against py-spy frames ("function (file:line)"); first match wins,
+# scanning each stack from its innermost frame outwards.
+STAGES: list[tuple[str, tuple[str, ...]]] = [
+    ("sse encode", ("server/sse.py",)),
+    ("template", ("chat_template.py", "jinja2")),
+    ("tokenize", ("prefix_cache.py", "tokenizer.py", "encode_batch", ": tokenize_")),
+    ("select (policy)", ("gateway/policies/", "routing/router.py")),
+    ("relay (detok, stops, chunks)", ("routing/generation.py", "tokenization/stops.py", "tokenization/detokenizer.py", "routing/chat.py", "routing/completions.py")),
+    ("dispatch (gRPC)", ("routing/dispatch.py", "workers/client.py", "grpc/", "_cython/", "(_poll_wrapper)")),
+    ("request parse/validate", ("server/http_util.py", "protocol/", "pydantic")),
+    ("HTTP server (uvicorn/starlette)", ("uvicorn/", "starlette/", "fastapi/", "httptools", "h11")),
+    ("event loop / other", ("",)),
+]
+
+
+def stage_of(stack: str) -> str:
+    frames = stack.split(";")
+    for frame in reversed(frames):
+        for stage, needles in STAGES[:-1]:
+            if any(n in frame for n in needles):
+                return stage
+    return STAGES[-1][0]
+
+
+def summarize_profile(raw: Path, top: int = 25) -> dict[str, Any]:
+    """Stage shares and the hottest functions (self time) from py-spy's collapsed stacks."""
+    stages: collections.Counter[str] = collections.Counter()
+    leaves: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not count.isdigit():
+            continue
+        n = int(count)
+        total += n
+        stages[stage_of(stack)] += n
+        leaves[stack.split(";")[-1]] += n
+    share = {k: round(100 * v / max(1, total), 1) for k, v in stages.most_common()}
+    hot = [(round(100 * v / max(1, total), 1), k) for k, v in leaves.most_common(top)]
+    return {"samples": total, "stage_percent": share, "top_self_percent": hot}
+
+
+@contextlib.contextmanager
+def profiling(pid: int, out: Path | None, rate: int, gil: bool) -> Any:
+    """py-spy sampling ``pid`` while the block runs (no-op when ``out`` is None)."""
+    if out is None:
+        yield
+        return
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen(
+        [spy, "record", "--pid", str(pid), "--format", "raw", "--rate", str(rate), "--nonblocking", "--threads",
+         *(["--gil"] if gil else []), "-o", str(out)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        time.sleep(0.5)  # let it attach
+        yield
+    finally:
+        proc.send_signal(2)  # SIGINT: py-spy writes its file and exits
+        try:
+            _, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+        if not out.exists():
+            print(f"py-spy wrote nothing: {err[-500:]}", file=sys.stderr)
+
+
+# ---------------------------------------------------------------- orchestration
+
+
+@dataclass
+class Deployment:
+    fleet: SubprocessFleet
+    gateway: ServeProcess
+    target: Target
+    meter: CpuMeter
+
+
+@contextlib.asynccontextmanager
+async def deploy(workers: int, args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    sim = SimConfig(
+        step_base_s=0.0, prefill_token_s=0.0, decode_seq_s=0.0, time_scale=0.0,
+        context_length=args.context_length, kv_capacity_tokens=max(65536, 4 * args.context_length),
+        max_running_requests=256,
+    )  # fmt: skip
+    async with SubprocessFleet(workers, sim) as fleet:
+        extra = ["--log-level", "warning", "--tokenizer-path", str(default_tokenizer_dir())]
+        gateway = await ServeProcess.start(fleet.urls, args.policy, extra_args=extra)
+        try:
+            async with httpx.AsyncClient(trust_env=False) as client:
+                model = (await client.get(gateway.url + "/v1/models")).json()["data"][0]["id"]
+            target = Target(gateway.url, fleet.urls, model, args.max_tokens)
+            first = await target.gateway(Prompts.first_chat(), False)  # what the first client waits
+            show(f"first chat request after ready, {workers} workers", {"first_request_ms": round(first.total_s * 1e3, 1)})
+            assert fleet.proc is not None
+            meter = CpuMeter({"gateway": gateway.process.pid, "workers": fleet.proc.pid, "client": os.getpid()})
+            try:
+                yield Deployment(fleet, gateway, target, meter)
+            finally:
+                await target.close()
+        finally:
+            await gateway.stop()
+            gateway.remove_log()
+
+
+def show(title: str, row: dict[str, Any]) -> None:
+    print(f"{title} ({load_note()}): " + ", ".join(f"{k}={v}" for k, v in row.items()), flush=True)
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    prompts = Prompts(args.seed)
+    report: dict[str, Any] = {
+        "machine": machine(), "date": datetime.date.today().isoformat(), "policy": args.policy,
+        "argv": sys.argv[1:], "load_before": list(os.getloadavg()),
+    }  # fmt: skip
+    sections = set(args.sections)
+    started = time.time()
+    prof = Path(args.profile) if args.profile else None
+    if sections & {"latency", "throughput", "stream", "prompt-scaling"}:
+        async with deploy(args.workers, args) as d:
+            if "latency" in sections:
+                for stream in (False, True):
+                    row = await latency_phase(d.target, prompts, args.prompt_tokens, args.latency_requests, stream, args.cap_s)
+                    report.setdefault("latency", []).append(row)
+                    show("latency" + (" stream" if stream else ""), row)
+            if "throughput" in sections:
+                with profiling(d.gateway.process.pid, prof / "throughput.txt" if prof else None, args.profile_rate, args.profile_gil):
+                    row = await throughput_phase(
+                        d.target, prompts, d.meter, args.prompt_tokens, args.concurrency, args.requests, args.cap_s
+                    )
+                report["throughput"] = row
+                show("throughput", row)
+            if "stream" in sections:
+                with profiling(d.gateway.process.pid, prof / "stream.txt" if prof else None, args.profile_rate, args.profile_gil):
+                    row = await stream_phase(d.target, prompts, d.meter, args.streams, args.stream_tokens, args.cap_s)
+                report["stream"] = row
+                show("stream", row)
+            if "prompt-scaling" in sections:
+                for tokens in args.prompt_lengths:
+                    n = max(10, args.latency_requests * 2048 // max(tokens, 2048))
+                    lat = await latency_phase(d.target, prompts, tokens, n, False, args.cap_s)
+                    thr = await throughput_phase(
+                        d.target, prompts, d.meter, tokens, args.concurrency, max(40, args.requests * 2048 // max(tokens, 2048)), args.cap_s
+                    )
+                    row = {**lat, **{k: v for k, v in thr.items() if k not in lat}}
+                    report.setdefault("prompt_scaling", []).append(row)
+                    show(f"prompt {tokens}", row)
+    if "worker-scaling" in sections:
+        for workers in args.worker_counts:
+            async with deploy(workers, args) as d:
+                lat = await latency_phase(d.target, prompts, args.prompt_tokens, args.latency_requests // 2, False, args.cap_s)
+                with profiling(d.gateway.process.pid, prof / f"workers-{workers}.txt" if prof else None, args.profile_rate, args.profile_gil):
+                    thr = await throughput_phase(d.target, prompts, d.meter, args.prompt_tokens, args.concurrency, args.requests, args.cap_s)
+                row = {"workers": workers, **lat, **{k: v for k, v in thr.items() if k not in lat}}
+                report.setdefault("worker_scaling", []).append(row)
+                show(f"workers {workers}", row)
+    report["load_after"] = list(os.getloadavg())
+    if prof:
+        for raw in sorted(prof.glob("*.txt")):
+            name = raw.stem
+            if raw.stat().st_mtime >= started:
+                summary = summarize_profile(raw)
+                report.setdefault("profile", {})[name] = summary
+                print(f"\nprofile {name}: {summary['samples']} samples")
+                for stage, share in summary["stage_percent"].items():
+                    print(f"  {share:5.1f}%  {stage}")
+                print("  hottest functions (self):")
+                for share, frame in summary["top_self_percent"][:15]:
+                    print(f"  {share:5.1f}%  {frame}")
+    return report
+
+
+def machine() -> str:
+    model = platform.processor() or "unknown"
+    with contextlib.suppress(OSError, FileNotFoundError):
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
+        for line in out.splitlines():
+            if line.startswith("Model name:"):
+                model = line.split(":", 1)[1].strip()
+    return f"{os.cpu_count()} CPUs, {model}, Python {platform.python_version()}, grpcio {grpc.__version__}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sections", nargs="+", choices=SECTIONS, default=SECTIONS, help="what to measure")
+    parser.add_argument("--policy", default="cache_aware", help="gateway routing policy")
+    parser.add_argument("--workers", type=int, default=1, help="simulated workers (all but worker-scaling)")
+    parser.add_argument("--prompt-tokens", type=int, default=2048, help="rendered chat prompt length")
+    parser.add_argument("--max-tokens", type=int, default=16, help="output tokens per request (ignore_eos)")
+    parser.add_argument("--latency-requests", type=int, default=200, help="latency: request pairs")
+    parser.add_argument("--concurrency", type=int, default=32, help="throughput: requests in flight")
+    parser.add_argument("--requests", type=int, default=1500, help="throughput: requests at most")
+    parser.add_argument("--streams", type=int, default=32, help="stream: concurrent streams")
+    parser.add_argument("--stream-tokens", type=int, default=1000, help="stream: tokens per stream")
+    parser.add_argument("--prompt-lengths", type=int, nargs="+", default=[512, 2048, 8192, 32768])
+    parser.add_argument("--worker-counts", type=int, nargs="+", default=[1, 8, 64])
+    parser.add_argument("--context-length", type=int, default=40960, help="simulated model context")
+    parser.add_argument("--cap-s", type=float, default=30.0, help="time cap per phase, seconds")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--profile", default="", help="directory for py-spy profiles of the gateway")
+    parser.add_argument("--profile-rate", type=int, default=200, help="py-spy samples per second")
+    parser.add_argument(
+        "--profile-gil", action=argparse.BooleanOptionalAction, default=True,
+        help="sample only the thread holding the GIL (Python CPU; tokenizer threads release it)",
+    )
+    parser.add_argument("--json", default="", help="write every figure to this JSON file")
+    args = parser.parse_args()
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    report = asyncio.run(run(args))
+    print(f"\nmachine: {report['machine']}; {report['date']}; load before {report['load_before'][0]:.1f}, after {report['load_after'][0]:.1f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
