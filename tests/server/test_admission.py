@@ -136,18 +136,29 @@ async def test_http_429_with_retry_after_when_queue_full(stack: Stack) -> None:
     assert err["type"] == "rate_limit_error" and err["code"] == "queue_full"
     assert (await first).status_code == 200
     assert stack.state.admission.in_flight == 0
+    metrics = (await stack.http.get("/metrics")).text
+    assert 'gateway_admission_rejections_total{reason="queue_full"} 1.0' in metrics
 
 
 @pytest.mark.stack(
     workers=1, sim=SLOW,
-    sections={"admission": {"max_concurrent_requests": 1, "max_queued_requests": 4, "queue_timeout_s": 0.1}},
+    sections={"admission": {"max_concurrent_requests": 1, "max_queued_requests": 4, "queue_timeout_s": 0.4}},
 )
 async def test_http_408_on_queue_timeout(stack: Stack) -> None:
     body = {"model": stack.model, "prompt": "hello", "max_tokens": 2}
     first = asyncio.ensure_future(stack.http.post("/v1/completions", json=body))
     await asyncio.sleep(0.2)
-    resp = await stack.http.post("/v1/chat/completions", json={"model": stack.model, "messages": [{"role": "user", "content": "hi"}]})
+    second = asyncio.ensure_future(
+        stack.http.post("/v1/chat/completions", json={"model": stack.model, "messages": [{"role": "user", "content": "hi"}]})
+    )
+    for _ in range(40):  # bounded: until the chat request is waiting in the queue
+        if stack.state.admission.queued:
+            break
+        await asyncio.sleep(0.005)
+    assert "gateway_queue_depth 1.0" in (await stack.http.get("/metrics")).text
+    resp = await second
     assert resp.status_code == 408
+    assert 'gateway_admission_rejections_total{reason="queue_timeout"} 1.0' in (await stack.http.get("/metrics")).text
     assert resp.json()["error"]["code"] == "queue_timeout"
     assert (await first).status_code == 200
     assert stack.state.admission.in_flight == 0 and stack.state.admission.queued == 0

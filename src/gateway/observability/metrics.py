@@ -28,7 +28,7 @@ STAGE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.0
 TOKEN_BUCKETS = (0, 16, 64, 256, 1024, 4096, 16384, 65536)
 
 STAGES = ("template", "tokenize", "select", "first_token", "relay")
-ADMISSION_REASONS = ("queue_full", "queue_timeout", "rate_limited", "too_many_requests")
+ADMISSION_REASONS = ("queue_full", "queue_timeout", "rate_limited", "shutting_down")
 NO_MODEL = "none"  # label for requests that never resolved a model (bad input, 404)
 
 __all__ = ["CONTENT_TYPE_LATEST", "GatewayMetrics"]

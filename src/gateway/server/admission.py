@@ -86,9 +86,18 @@ class Ticket:
 
 
 class Admission:
-    def __init__(self, config: AdmissionConfig | None = None, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        config: AdmissionConfig | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        on_reject: Callable[[str], None] = lambda reason: None,
+    ) -> None:
+        """``on_reject`` hears each refusal's reason (queue_full, queue_timeout, rate_limited)
+        so metrics can count them without this module knowing about Prometheus."""
         self.config = config or AdmissionConfig()
         self._clock = clock
+        self._on_reject = on_reject
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._buckets: OrderedDict[str, TokenBucket] = OrderedDict()
         self._idle = asyncio.Event()
@@ -120,6 +129,7 @@ class Admission:
         wait = bucket.take(now)
         if wait > 0:
             self.rate_limited += 1
+            self._on_reject("rate_limited")
             raise RateLimitedError(
                 f"rate limit of {rate:g} requests/s for this API key exceeded", retry_after=wait
             )
@@ -128,6 +138,7 @@ class Admission:
     async def acquire(self, key: str | None = None) -> Ticket:
         """Wait (FIFO) for a slot; raises the errors listed in the module docstring."""
         if self.closed:
+            self._on_reject("shutting_down")
             raise ShuttingDownError("the gateway is shutting down")
         self._check_rate(key or ANONYMOUS)
         cap = self.config.max_concurrent_requests
@@ -136,6 +147,7 @@ class Admission:
             return Ticket(self)
         if self.queued >= self.config.max_queued_requests:
             self.rejected_full += 1
+            self._on_reject("queue_full")
             raise QueueFullError(
                 f"the gateway is at its limit of {cap} concurrent requests and its queue of "
                 f"{self.config.max_queued_requests} is full; retry later",
@@ -152,6 +164,7 @@ class Admission:
                 return Ticket(self)
             waiter.cancel()
             self.timed_out += 1
+            self._on_reject("queue_timeout")
             raise QueueTimeoutError(
                 f"waited {self.config.queue_timeout_s:g} s in the admission queue without a free slot"
             ) from None

@@ -52,7 +52,11 @@ class GatewayState:
             limits=config.limits,
             observer=self.metrics,
         )
-        self.admission = Admission(config.admission)
+        rejections = self.metrics.admission_rejections
+        self.admission = Admission(
+            config.admission, on_reject=lambda reason: rejections.labels(reason=reason).inc()
+        )
+        self.metrics.queue_depth.set_function(lambda: self.admission.queued)
         self.auth = Authenticator(server.api_keys, config.security)
         self.health = HealthMonitor(self.registry, config.health)
         self.loads = LoadMonitor(
