@@ -25,11 +25,13 @@ from gateway.protocol.errors import (
     ServiceUnavailableError,
 )
 from gateway.protocol.generate import GenerateRequest
+from gateway.protocol.inspect import InspectRequest
 from gateway.protocol.responses import ModelCard, ModelList
 from gateway.protocol.tokens import DetokenizeRequest, TokenizeRequest
 from gateway.routing import chat as chat_route
 from gateway.routing import completions as completions_route
 from gateway.routing import native as native_route
+from gateway.routing.inspect import Inspector
 from gateway.routing.request_context import RequestContext
 from gateway.server.http_util import (
     ClientGone,
@@ -76,12 +78,17 @@ def create_app(state: GatewayState, *, manage_lifecycle: bool = True) -> FastAPI
     keys = set(state.config.server.api_keys)
     max_body = state.config.server.max_body_bytes
 
-    def context(request: Request) -> RequestContext:
+    def check_inference_key(request: Request) -> None:
         if keys:
             auth = request.headers.get("authorization", "")
             scheme, _, token = auth.partition(" ")
             if scheme.lower() != "bearer" or token.strip() not in keys:
                 raise AuthenticationError("missing or invalid API key (send 'Authorization: Bearer KEY')")
+
+    # Admin endpoints' auth: for now the inference keys; the one place to tighten.
+    check_admin = check_inference_key
+
+    def context(request: Request) -> RequestContext:
         ctx = RequestContext(
             routing_key=_first_header(request, ROUTING_KEY_HEADERS),
             target_worker=_first_header(request, TARGET_WORKER_HEADERS),
@@ -97,10 +104,15 @@ def create_app(state: GatewayState, *, manage_lifecycle: bool = True) -> FastAPI
             out["x-worker-id"] = ",".join(dict.fromkeys(ctx.worker_ids))
         return out
 
-    async def handle(request: Request, run: Callable[[RequestContext], Any]) -> Response:
+    async def handle(
+        request: Request,
+        run: Callable[[RequestContext], Any],
+        auth: Callable[[Request], None] = check_inference_key,
+    ) -> Response:
         """Run a JSON endpoint with auth, disconnect watch and error mapping."""
         ctx = RequestContext()
         try:
+            auth(request)
             ctx = context(request)
             result = await unless_disconnected(request, run(ctx))
         except ClientGone:
@@ -214,6 +226,16 @@ def create_app(state: GatewayState, *, manage_lifecycle: bool = True) -> FastAPI
         if worker is None:
             return error_response(NotFoundError(f"no worker {worker_id!r}"))
         return JSONResponse(worker.describe())
+
+    inspector = Inspector(state.engine, state.config.policy)
+
+    @app.post("/admin/inspect")
+    async def admin_inspect(request: Request) -> Response:
+        async def run(ctx: RequestContext) -> Any:
+            req = parse_model(InspectRequest, await read_json(request, max_body))
+            return (await inspector.inspect(req)).to_dict()
+
+        return await handle(request, run, auth=check_admin)
 
     @app.exception_handler(GatewayError)
     async def gateway_error(request: Request, exc: GatewayError) -> Response:
