@@ -36,7 +36,10 @@ DEMO_GSP = GspConfig(groups=16, prompts_per_group=24, system_tokens=1024, questi
 class DemoConfig:
     """The fleet, the load, and where the figures go."""
 
-    policies: list[str] = option(["round_robin", "prefix_hash", "cache_aware"], "routing policies to compare, in this order")
+    policies: list[str] = option(
+        ["round_robin", "prefix_hash", "cache_aware"],
+        "routing policies to compare, in this order (a '+kv' suffix runs that gateway with --kv-events)",
+    )
     workers: int = option(8, "simulated workers (all hosted by one sim-worker process)")
     concurrency: int = option(32, "requests in flight at most")
     seed: int = option(0, "workload seed (every policy sees the same requests)")
@@ -168,8 +171,9 @@ async def _run_policy(
     try:
         progress.update(task, description=f"{policy} (starting)")
         async with fleet:
+            name, variant_args = policy_variant(policy)
             gateway = await ServeProcess.start(
-                fleet.urls, policy, extra_args=gateway_args, ready_timeout_s=config.ready_timeout_s
+                fleet.urls, name, extra_args=[*gateway_args, *variant_args], ready_timeout_s=config.ready_timeout_s
             )
             try:
                 progress.update(task, description=policy)
@@ -183,6 +187,18 @@ async def _run_policy(
         atexit.unregister(fleet.kill)
     run.worker_counters = {str(w["url"]): w for w in (fleet.counters or {}).get("workers", [])}
     return run
+
+
+# Demo policy suffixes and the `serve` flags they add (compare variants side by side).
+VARIANTS: dict[str, list[str]] = {"kv": ["--kv-events"]}
+
+
+def policy_variant(spec: str) -> tuple[str, list[str]]:
+    """``"cache_aware+kv"`` -> (``"cache_aware"``, ``["--kv-events"]``); ValueError if unknown."""
+    name, plus, variant = spec.partition("+")
+    if plus and variant not in VARIANTS:
+        raise ValueError(f"unknown policy variant {variant!r} in {spec!r} (known: {', '.join(VARIANTS)})")
+    return name, VARIANTS[variant] if plus else []
 
 
 def _setup_text(config: DemoConfig, gsp: GspConfig, sim: Any, requests: int, ideal: float) -> str:
@@ -228,7 +244,7 @@ def run(args: argparse.Namespace) -> int:
     gsp_config = from_namespace(GspConfig, args)
     from gateway.policies.factory import POLICY_NAMES
 
-    unknown = [p for p in config.policies if p not in POLICY_NAMES]
+    unknown = [p for p in config.policies if p.partition("+")[0] not in POLICY_NAMES or p.partition("+")[2] not in ("", *VARIANTS)]
     if unknown or not config.policies:
         raise SystemExit(f"unknown policies {unknown}; choose from {', '.join(POLICY_NAMES)}")
     console = Console()
