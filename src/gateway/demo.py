@@ -59,6 +59,9 @@ class DemoConfig:
     run_timeout_s: float = option(240.0, "wall-time limit of one policy's run, s")
     request_timeout_s: float = option(60.0, "give up on one request after this many s")
     ready_timeout_s: float = option(60.0, "how long the fleet and the gateway may take to start, s")
+    serve_flags: str = option(
+        "", "extra `serve` flags for every gateway, one shell-quoted string (e.g. --serve-flags='--tree-budget-fraction 2')"
+    )
     plot: str = option("", "write a comparison PNG to this file")
     json_out: str = option("", "write the figures as JSON to this file", flag="--json")
 
@@ -99,6 +102,7 @@ def sim_options(config: DemoConfig, gsp: GspConfig) -> dict[str, Any]:
 
 async def run_demo(config: DemoConfig, gsp_config: GspConfig, console: Any) -> list[RunSummary]:
     """Run every policy in turn on a fresh fleet; return their summaries."""
+    import shlex
     import tempfile
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -123,7 +127,7 @@ async def run_demo(config: DemoConfig, gsp_config: GspConfig, console: Any) -> l
     summaries = []
     # The gateway fetches its tokenizer from the workers (GetTokenizer) into a scratch cache.
     with tempfile.TemporaryDirectory(prefix="token-gateway-demo-") as scratch, Progress(*columns, console=console) as progress:
-        gateway_args = ["--tokenizer-cache-dir", scratch, "--log-level", "warning"]
+        gateway_args = ["--tokenizer-cache-dir", scratch, "--log-level", "warning", *shlex.split(config.serve_flags)]
         for policy in config.policies:
             task = progress.add_task(policy, total=len(workload), hit="-", errors=0, start=False)
             run = await _run_policy(policy, workload, config, sim_config, driver, gateway_args, progress, task)
@@ -213,6 +217,7 @@ def _setup_text(config: DemoConfig, gsp: GspConfig, sim: Any, requests: int, ide
         f"+ {1000 * sim.decode_seq_s:g} ms/decoding seq (an uncached prompt: "
         f"{1000 * sim.prefill_token_s * prefill:.0f} ms), time scale {sim.time_scale:g}\n"
         f"[bold]load[/]: {config.concurrency} requests in flight, policies: {', '.join(config.policies)}"
+        + (f"\n[bold]gateway flags[/]: {config.serve_flags}" if config.serve_flags else "")
     )
 
 

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
+import grpc
 import pytest
 
 from gateway.policies.cache_aware import CacheAwarePolicy
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.sim.worker import SimWorker
 from gateway.workers.worker import Worker
-from tests.server.conftest import Stack
+from tests.server.conftest import Stack, StackOptions, start_stack
 
 KV = {"kv_events": True}
 
@@ -107,3 +109,27 @@ async def test_no_subscription_without_a_tree(stack: Stack) -> None:
     assert stack.state.kv_events is not None and stack.state.kv_events.feeds == {}
     r = await stack.client.completions.create(model=stack.model, prompt="hi", max_tokens=1)
     assert r.choices
+
+
+async def test_worker_without_kv_events_is_left_alone(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from gateway.sim.servicer import SimServicer
+
+    calls = 0
+
+    async def unimplemented(self: SimServicer, request: object, context: grpc.aio.ServicerContext) -> AsyncIterator[object]:
+        nonlocal calls
+        calls += 1
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "kv events are not configured")
+        yield  # an async generator, like the real handler
+
+    monkeypatch.setattr(SimServicer, "SubscribeKvEvents", unimplemented)
+    opts = StackOptions(workers=1, policy="cache_aware", server=KV)
+    async for stack in start_stack(opts, tmp_path):
+        feeder = stack.state.kv_events
+        assert feeder is not None
+        (w,) = stack.state.registry.all()
+        feed = feeder.feeds[w.id]
+        await eventually(lambda f=feed: f.stopped)  # type: ignore[misc]
+        assert calls == 1 and "UNIMPLEMENTED" in feed.last_error
+        r = await stack.client.completions.create(model=stack.model, prompt="hi", max_tokens=1)
+        assert r.choices

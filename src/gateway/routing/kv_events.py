@@ -47,12 +47,14 @@ class FeedState:
     connects: int = 0
     errors: int = 0
     connected: bool = False
+    stopped: bool = False  # the worker does not serve KV events: no more attempts
     last_error: str = ""
 
     def describe(self) -> dict[str, Any]:
         st = self.blocks.stats
         return {
             "connected": self.connected,
+            "stopped": self.stopped,
             "last_sequence": self.last_sequence,
             "batches": self.batches,
             "connects": self.connects,
@@ -168,6 +170,11 @@ class KvEventFeeder:
             except grpc.aio.AioRpcError as exc:
                 feed.errors += 1
                 feed.last_error = f"{exc.code().name}: {exc.details()}"
+                if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    log.warning("kv events: %s does not serve SubscribeKvEvents; not subscribing", worker.url)
+                    feed.connected = False
+                    feed.stopped = True
+                    return
                 log.debug("kv events of %s: %s", worker.url, feed.last_error)
             except Exception as exc:  # a malformed batch must not kill the subscription for good
                 feed.errors += 1
