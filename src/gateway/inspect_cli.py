@@ -166,6 +166,7 @@ def inspect_locally(args: argparse.Namespace, body: dict[str, Any]) -> dict[str,
         result = inspect_offline(tokenizer, req, args.workers, config, model=args.model or tokenizer.name)
     except GatewayError as exc:
         raise UsageError(exc.message) from None
+    result.notes.append(f"tokenizer: {tokenizer.path}")
     return result.to_dict()
 
 

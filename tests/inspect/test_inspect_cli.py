@@ -101,3 +101,20 @@ def test_unreachable_gateway(capsys: pytest.CaptureFixture[str]) -> None:
         port = s.getsockname()[1]
     assert main(["inspect", "hi", "--gateway", f"http://127.0.0.1:{port}", "--timeout", "5"]) == 2
     assert "cannot reach the gateway" in capsys.readouterr().err
+
+
+def test_tokenizer_from_path_or_the_serve_cache(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    import shutil
+
+    from gateway.bench.workloads import default_tokenizer_dir
+    from gateway.tokenization import cache_dirname
+
+    qwen = default_tokenizer_dir()
+    default = run_json(capsys, "hello world")
+    by_path = run_json(capsys, "hello world", "--tokenizer-path", str(qwen / "tokenizer.json"), "--model", "m1")
+    assert by_path["tokens"] == default["tokens"] and by_path["model"] == "m1"
+    cache = tmp_path / "cache"
+    shutil.copytree(qwen, cache / cache_dirname("org/my-model"))
+    cached = run_json(capsys, "hello world", "--model", "org/my-model", "--tokenizer-cache-dir", str(cache))
+    assert cached["tokens"] == default["tokens"] and cached["model"] == "org/my-model"
+    assert any(str(cache) in n for n in cached["notes"]) and not any(str(cache) in n for n in default["notes"])
