@@ -6,7 +6,7 @@ Handlers only parse, authenticate and frame; the pipeline lives in routing/.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -24,11 +24,13 @@ from gateway.protocol.errors import (
     ServiceUnavailableError,
 )
 from gateway.protocol.generate import GenerateRequest
+from gateway.protocol.inspect import InspectRequest
 from gateway.protocol.responses import ModelCard, ModelList
 from gateway.protocol.tokens import DetokenizeRequest, TokenizeRequest
 from gateway.routing import chat as chat_route
 from gateway.routing import completions as completions_route
 from gateway.routing import native as native_route
+from gateway.routing.inspect import Inspector
 from gateway.routing.request_context import RequestContext
 from gateway.server.admin import register_admin_routes
 from gateway.server.admission import Ticket
@@ -79,8 +81,8 @@ def create_app(state: GatewayState, *, manage_lifecycle: bool = True) -> FastAPI
     app.state.gateway = state
     max_body = state.config.server.max_body_bytes
 
-    def context(request: Request) -> RequestContext:
-        key_id = state.auth.inference(request.headers)
+    def context(request: Request, auth: Callable[[Mapping[str, str]], str | None]) -> RequestContext:
+        key_id = auth(request.headers)
         ctx = RequestContext(
             api_key_id=key_id,
             routing_key=_first_header(request, ROUTING_KEY_HEADERS),
@@ -98,8 +100,14 @@ def create_app(state: GatewayState, *, manage_lifecycle: bool = True) -> FastAPI
             out["x-worker-id"] = ",".join(dict.fromkeys(ctx.worker_ids))
         return out
 
-    async def handle(request: Request, run: Callable[[RequestContext], Any], *, admit: bool = False) -> Response:
-        """Run a JSON endpoint with auth, admission (``admit``), disconnect watch and error mapping.
+    async def handle(
+        request: Request,
+        run: Callable[[RequestContext], Any],
+        *,
+        admit: bool = False,
+        auth: Callable[[Mapping[str, str]], str | None] = state.auth.inference,
+    ) -> Response:
+        """Run a JSON endpoint with ``auth``, admission (``admit``), disconnect watch and error mapping.
 
         The admission slot is held until the answer is complete: for a stream, until it ends."""
         ctx = RequestContext()
@@ -112,7 +120,7 @@ def create_app(state: GatewayState, *, manage_lifecycle: bool = True) -> FastAPI
 
         result: Any = None
         try:
-            ctx = context(request)
+            ctx = context(request, auth)
             await buffer_body(request, max_body)  # before the disconnect watcher shares `receive`
             result = await unless_disconnected(request, admitted(ctx))
         except ClientGone:
@@ -223,6 +231,16 @@ def create_app(state: GatewayState, *, manage_lifecycle: bool = True) -> FastAPI
         return JSONResponse({"status": "ready", "workers": len(available), "models": state.catalog.names()})
 
     register_admin_routes(app, state)
+
+    inspector = Inspector(state.engine, state.config.policy)
+
+    @app.post("/admin/inspect")
+    async def admin_inspect(request: Request) -> Response:
+        async def run(ctx: RequestContext) -> Any:
+            req = parse_model(InspectRequest, await read_json(request, max_body))
+            return (await inspector.inspect(req)).to_dict()
+
+        return await handle(request, run)  # inference or admin key: it costs a tokenization
 
     @app.exception_handler(GatewayError)
     async def gateway_error(request: Request, exc: GatewayError) -> Response:

@@ -11,6 +11,7 @@ from gateway.observability.metrics import GatewayMetrics
 from gateway.policies.factory import close_policy, make_policy
 from gateway.protocol.errors import InvalidRequestError
 from gateway.routing.engine import Engine
+from gateway.routing.kv_events import KvEventFeeder
 from gateway.routing.models import ModelCatalog
 from gateway.routing.router import Router
 from gateway.server.admission import Admission
@@ -64,6 +65,7 @@ class GatewayState:
             self._pool_needs_loads,
             config.load_monitor,
         )
+        self.kv_events = KvEventFeeder(self.registry, self.router) if server.kv_events else None
         self.ready = False
 
     def _pool_needs_loads(self, worker: Worker) -> bool:
@@ -111,8 +113,12 @@ class GatewayState:
         self.ready = bool(self.registry.all())
         self.health.start()
         self.loads.start()
+        if self.kv_events is not None:
+            self.kv_events.start()
 
     async def stop(self) -> None:
+        if self.kv_events is not None:
+            await self.kv_events.close()
         await self.health.stop()
         await self.loads.stop()
         for policy in self.router.policies().values():
