@@ -79,6 +79,13 @@ async def serve(config: GatewayConfig) -> None:
     shown = f"[{host}]" if ":" in host else host
     ready = {"event": "ready", "url": f"http://{shown}:{port}", "workers": len(state.registry.all()),
              "models": state.catalog.names(), "policy": config.policy.policy}
+    grpc_server = None
+    if config.server.grpc_port is not None:
+        from gateway.server.grpc_server import start_grpc_server
+
+        grpc_server = await start_grpc_server(state, config.server.host, config.server.grpc_port)
+        ready["grpc_port"] = grpc_server.port
+        ready["grpc_target"] = grpc_server.target
     loop = asyncio.get_running_loop()
     serving = asyncio.ensure_future(server.serve(sockets=[sock]))
     # uvicorn exposes only a `started` flag, no event to wait on.
@@ -95,6 +102,8 @@ async def serve(config: GatewayConfig) -> None:
     try:
         await serving
     finally:
+        if grpc_server is not None:
+            await grpc_server.stop(10.0)  # in-flight calls get 10 s, then are cancelled (aborting their worker requests)
         await state.stop()
 
 
