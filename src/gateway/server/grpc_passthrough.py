@@ -145,8 +145,15 @@ class SchedulerPassthrough(pb_grpc.SglangSchedulerServicer):
         async def run(ctx: RequestContext) -> pb.AbortResponse:
             stream = self._live.get(request.request_id)
             if stream is not None:
-                await stream.abort(request.reason or "aborted by client")
-                return pb.AbortResponse(success=True, message=f"aborted on {stream.worker.id}")
+                # The worker ends the stream itself (a complete with finish_reason "abort"),
+                # which the relay passes on, as a worker answers its own clients.
+                worker = stream.worker
+                try:
+                    ok = await worker.client.abort(request.request_id, request.reason, timeout=worker_timeout(5.0))
+                except aio.AioRpcError as exc:
+                    await stream.abort(request.reason or "aborted by client")
+                    return pb.AbortResponse(success=True, message=f"worker {worker.id} did not answer Abort ({exc.code().name}); stream cancelled")
+                return pb.AbortResponse(success=ok, message=f"abort sent to {worker.id}")
             # Not (yet) on a worker: remember it, and let every worker drop it if queued.
             self._aborted.add(request.request_id)
             if len(self._aborted) > 10_000:
