@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Iterable, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import grpc
 from grpc import aio
@@ -98,7 +98,8 @@ def _prompt(prompt: str | Sequence[int] | Sequence[str] | Sequence[Sequence[int]
         return {"texts": gpb.TextBatch(texts=items)}  # type: ignore[arg-type]
     if items and all(isinstance(p, int) for p in items):
         return {"token_ids": gpb.TokenIds(ids=items)}  # type: ignore[arg-type]
-    return {"token_id_batch": gpb.TokenIdBatch(prompts=[gpb.TokenIds(ids=list(p)) for p in items])}  # type: ignore[arg-type]
+    rows = cast("list[Sequence[int]]", items)
+    return {"token_id_batch": gpb.TokenIdBatch(prompts=[gpb.TokenIds(ids=list(p)) for p in rows])}
 
 
 class GatewayClient:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 from grpc import aio
@@ -41,7 +41,7 @@ from gateway.server.state import GatewayState
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-Chunks = AsyncIterator[Any]
+Chunks = AsyncGenerator[Any, None]
 
 
 class TokenGatewayService(gpb_grpc.TokenGatewayServicer):
@@ -201,7 +201,7 @@ class TokenGatewayService(gpb_grpc.TokenGatewayServicer):
         return await self._unary(context, "InspectPrefix", run)
 
 
-async def _mapped(chunks: AsyncIterator[dict[str, Any]], fn: Callable[[dict[str, Any]], Any]) -> AsyncIterator[Any]:
+async def _mapped(chunks: AsyncIterator[dict[str, Any]], fn: Callable[[dict[str, Any]], Any]) -> AsyncGenerator[Any, None]:
     async with contextlib.aclosing(chunks):  # type: ignore[type-var]
         async for chunk in chunks:
             yield fn(chunk)
@@ -219,7 +219,7 @@ def _generate_message(gen: Generation, d: SampleDelta, count: int) -> gpb.Genera
     return out
 
 
-async def _generate_messages(gens: list[Generation], *, stream: bool) -> AsyncIterator[gpb.GenerateResponse]:
+async def _generate_messages(gens: list[Generation], *, stream: bool) -> AsyncGenerator[gpb.GenerateResponse, None]:
     """Deltas as they come (stream), or one whole message per sample when it finishes."""
     counts: dict[tuple[int, int], int] = {}
     parts: dict[tuple[int, int], SampleDelta] = {}
