@@ -10,10 +10,12 @@ same token-id prompt through each door from this process:
 * ``grpc``         token_gateway.v1 Completion / StreamCompletion (detokenized, stop-checked)
 * ``http``         POST /v1/completions (JSON or SSE), the same pipeline over HTTP
 
-Phase 1 (latency): one request at a time, short outputs; the overhead of a door
-is its latency minus the worker's. Phase 2 (throughput): many concurrent
-streams with longer outputs; tokens/s at the client and the gateway process's
-CPU time per token. Every phase is bounded by a request count and a time cap.
+Phase 1 (latency): one request at a time, short outputs, the doors taking turns
+request by request; the overhead of a door is its latency minus the worker's.
+Phase 2 (throughput): many concurrent callers with longer outputs, streamed and
+whole, in rounds with the doors taking turns; tokens/s at the client and the
+gateway process's CPU time per token and per request (the steadier figure on a
+shared machine). Every phase is bounded by a request count and a time cap.
 
     .venv/bin/python scripts/bench_front_doors.py            # defaults below
     .venv/bin/python scripts/bench_front_doors.py --json out.json
@@ -129,29 +131,36 @@ def http_door(client: httpx.AsyncClient) -> Door:
     return run
 
 
-async def latency_phase(door: Door, *, stream: bool, requests: int, max_tokens: int, cap_s: float) -> dict[str, float]:
-    for i in range(5):  # warm up channels, caches and the tokenizer
-        await door(-i - 1, stream, max_tokens)
-    samples: list[float] = []
+async def latency_phase(doors: dict[str, Door], *, stream: bool, requests: int, max_tokens: int, cap_s: float) -> dict[str, dict[str, float]]:
+    """One request at a time, the doors taking turns (so a busy machine slows them alike)."""
+    for door in doors.values():
+        for i in range(5):  # warm up channels, caches and the tokenizer
+            await door(-i - 1, stream, max_tokens)
+    samples: dict[str, list[float]] = {name: [] for name in doors}
     deadline = time.perf_counter() + cap_s
     for i in range(requests):
         if time.perf_counter() > deadline:
             break
-        t0 = time.perf_counter()
-        got = await door(i, stream, max_tokens)
-        samples.append(time.perf_counter() - t0)
-        if got != max_tokens:
-            raise RuntimeError(f"expected {max_tokens} tokens, got {got}")
-    samples.sort()
-    return {
-        "requests": len(samples),
-        "mean_ms": round(1e3 * statistics.fmean(samples), 3),
-        "p50_ms": round(1e3 * samples[len(samples) // 2], 3),
-        "p99_ms": round(1e3 * samples[min(len(samples) - 1, int(len(samples) * 0.99))], 3),
-    }
+        for name, door in doors.items():
+            t0 = time.perf_counter()
+            got = await door(i, stream, max_tokens)
+            samples[name].append(time.perf_counter() - t0)
+            if got != max_tokens:
+                raise RuntimeError(f"{name}: expected {max_tokens} tokens, got {got}")
+    out = {}
+    for name, values in samples.items():
+        values.sort()
+        out[name] = {
+            "requests": len(values),
+            "mean_ms": round(1e3 * statistics.fmean(values), 3),
+            "p50_ms": round(1e3 * values[len(values) // 2], 3),
+            "p99_ms": round(1e3 * values[min(len(values) - 1, int(len(values) * 0.99))], 3),
+        }
+    return out
 
 
-async def throughput_phase(door: Door, *, concurrency: int, requests: int, max_tokens: int, cap_s: float, gateway_pid: int | None) -> dict[str, float]:
+async def throughput_burst(door: Door, *, stream: bool, concurrency: int, requests: int, max_tokens: int, cap_s: float, gateway_pid: int | None) -> tuple[int, int, float, float]:
+    """(requests, tokens, wall seconds, gateway CPU seconds) of one burst of concurrent callers."""
     started = done = tokens = 0
     deadline = time.perf_counter() + cap_s
 
@@ -159,7 +168,7 @@ async def throughput_phase(door: Door, *, concurrency: int, requests: int, max_t
         nonlocal started, done, tokens
         while started < requests and time.perf_counter() < deadline:
             started += 1
-            got = await door(started, True, max_tokens)  # not `tokens += await ...`: that reads tokens before the await
+            got = await door(started, stream, max_tokens)  # not `tokens += await ...`: that reads tokens before the await
             tokens += got
             done += 1
 
@@ -167,12 +176,28 @@ async def throughput_phase(door: Door, *, concurrency: int, requests: int, max_t
     t0 = time.perf_counter()
     await asyncio.gather(*(caller() for _ in range(concurrency)))
     wall = time.perf_counter() - t0
-    out = {
-        "requests": done, "tokens": tokens, "seconds": round(wall, 3),
-        "requests_per_s": round(done / wall, 1), "tokens_per_s": round(tokens / wall, 1),
-    }
-    if gateway_pid:
-        out["gateway_cpu_us_per_token"] = round(1e6 * (cpu_seconds(gateway_pid) - cpu0) / max(1, tokens), 1)
+    cpu = cpu_seconds(gateway_pid) - cpu0 if gateway_pid else 0.0
+    return done, tokens, wall, cpu
+
+
+async def throughput_phase(doors: dict[str, Door], *, stream: bool, rounds: int, gateway_pid: int, **burst: Any) -> dict[str, dict[str, float]]:
+    """``rounds`` bursts per door, the doors taking turns; totals over the rounds."""
+    totals = {name: [0, 0, 0.0, 0.0] for name in doors}
+    for _ in range(rounds):
+        for name, door in doors.items():
+            pid = None if name == "worker" else gateway_pid
+            for i, value in enumerate(await throughput_burst(door, stream=stream, gateway_pid=pid, **burst)):
+                totals[name][i] += value
+    out: dict[str, dict[str, float]] = {}
+    for name, (done, tokens, wall, cpu) in totals.items():
+        row = {
+            "requests": done, "tokens": tokens, "seconds": round(wall, 3),
+            "requests_per_s": round(done / wall, 1), "tokens_per_s": round(tokens / wall, 1),
+        }
+        if name != "worker":
+            row["gateway_cpu_us_per_token"] = round(1e6 * cpu / max(1, tokens), 1)
+            row["gateway_cpu_ms_per_request"] = round(1e3 * cpu / max(1, done), 3)
+        out[name] = row
     return out
 
 
@@ -197,21 +222,25 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     "grpc": grpc_door(gpb_grpc.TokenGatewayStub(gateway_channel)),
                     "http": http_door(http),
                 }
-                for name in args.doors:
-                    door = doors[name]
-                    for stream in (False, True):
-                        key = f"{name}/{'stream' if stream else 'unary'}"
-                        results["latency"][key] = await latency_phase(
-                            door, stream=stream, requests=args.latency_requests, max_tokens=args.latency_tokens, cap_s=args.cap_s,
-                        )
-                        print(f"latency    {key:20s} {results['latency'][key]}", file=sys.stderr, flush=True)
-                for name in args.doors:
-                    pid = None if name == "worker" else gateway_pid
-                    results["throughput"][name] = await throughput_phase(
-                        doors[name], concurrency=args.concurrency, requests=args.throughput_requests,
-                        max_tokens=args.throughput_tokens, cap_s=args.cap_s, gateway_pid=pid,
+                chosen = {name: doors[name] for name in args.doors}
+                for stream in (False, True):
+                    mode = "stream" if stream else "unary"
+                    rows = await latency_phase(
+                        chosen, stream=stream, requests=args.latency_requests, max_tokens=args.latency_tokens, cap_s=args.cap_s,
                     )
-                    print(f"throughput {name:20s} {results['throughput'][name]}", file=sys.stderr, flush=True)
+                    for name, row in rows.items():
+                        results["latency"][f"{name}/{mode}"] = row
+                        print(f"latency    {name}/{mode:14s} {row}", file=sys.stderr, flush=True)
+                for stream in (True, False):
+                    mode = "stream" if stream else "unary"
+                    rows = await throughput_phase(
+                        chosen, stream=stream, rounds=args.rounds, gateway_pid=gateway_pid,
+                        concurrency=args.concurrency, requests=args.throughput_requests,
+                        max_tokens=args.throughput_tokens, cap_s=args.cap_s,
+                    )
+                    for name, row in rows.items():
+                        results["throughput"][f"{name}/{mode}"] = row
+                        print(f"throughput {name}/{mode:14s} {row}", file=sys.stderr, flush=True)
         finally:
             await served.stop()
     return results
@@ -232,13 +261,18 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> str:
         lines.append(f"| {name} | {mode} | {row['mean_ms']:.2f} | {row['p50_ms']:.2f} | {row['p99_ms']:.2f} | {over} |")
     lines += [
         "",
-        f"throughput, {args.concurrency} concurrent streams x {args.throughput_tokens} tokens (one token per chunk):",
-        "| door | requests/s | tokens/s | gateway CPU us/token |",
-        "| --- | ---: | ---: | ---: |",
+        f"throughput, {args.concurrency} concurrent callers x {args.throughput_tokens} tokens, {args.rounds} rounds x {args.throughput_requests} requests per door (streams: one token per chunk):",
+        "| door | mode | requests/s | tokens/s | gateway CPU us/token | gateway CPU ms/request |",
+        "| --- | --- | ---: | ---: | ---: | ---: |",
     ]
-    for name, row in results["throughput"].items():
+    for key, row in results["throughput"].items():
+        name, mode = key.split("/")
         cpu = row.get("gateway_cpu_us_per_token")
-        lines.append(f"| {name} | {row['requests_per_s']:.1f} | {row['tokens_per_s']:.0f} | {cpu if cpu is not None else '-'} |")
+        per_req = row.get("gateway_cpu_ms_per_request")
+        lines.append(
+            f"| {name} | {mode} | {row['requests_per_s']:.1f} | {row['tokens_per_s']:.0f} | "
+            f"{cpu if cpu is not None else '-'} | {per_req if per_req is not None else '-'} |"
+        )
     return "\n".join(lines)
 
 
@@ -247,7 +281,8 @@ def main() -> int:
     parser.add_argument("--doors", nargs="+", choices=DOORS, default=list(DOORS))
     parser.add_argument("--latency-requests", type=int, default=300, help="latency phase: requests per door and mode")
     parser.add_argument("--latency-tokens", type=int, default=8, help="latency phase: output tokens")
-    parser.add_argument("--throughput-requests", type=int, default=400, help="throughput phase: requests per door")
+    parser.add_argument("--throughput-requests", type=int, default=192, help="throughput phase: requests per door and round")
+    parser.add_argument("--rounds", type=int, default=3, help="throughput phase: bursts per door, the doors taking turns")
     parser.add_argument("--throughput-tokens", type=int, default=128, help="throughput phase: output tokens per request")
     parser.add_argument("--concurrency", type=int, default=32, help="throughput phase: concurrent streams")
     parser.add_argument("--cap-s", type=float, default=60.0, help="time cap per phase and door, seconds")

@@ -41,7 +41,46 @@ from gateway.server.state import GatewayState
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-Chunks = AsyncGenerator[Any, None]
+
+
+Started = tuple[list[Generation], AsyncIterator[Any]]
+StartFn = Callable[[Any, Any, RequestContext], Awaitable[Started]]
+
+
+def _streaming(
+    method: str, start: StartFn, to_message: Callable[[Any], Any] | None, *, name_workers: bool = True
+) -> Callable[..., AsyncGenerator[Any, None]]:
+    """A server-streaming handler: start the generation (errors before output become
+    the call's status), send the reply metadata, then relay each pipeline chunk as a
+    message. Whatever ends the call (end of output, error, cancel, deadline) ends its
+    worker requests. One generator frame per message: the relay is the hot path."""
+
+    async def handler(self: TokenGatewayService, request: Any, context: aio.ServicerContext) -> AsyncGenerator[Any, None]:
+        gens: list[Generation] = []
+        try:
+            ctx = self.auth.context(context)
+            with client_deadline(context):
+                async with self.admitted(ctx, method):
+                    gens, chunks = await start(self, request, ctx)
+                    await context.send_initial_metadata(reply_metadata(ctx))
+                    workers = list(dict.fromkeys(ctx.worker_ids)) if name_workers else []
+                    async with contextlib.aclosing(chunks):  # type: ignore[type-var]
+                        async for chunk in chunks:
+                            message = to_message(chunk) if to_message is not None else chunk
+                            if workers:
+                                message.worker_ids.extend(workers)  # the first message names the workers
+                                workers = []
+                            yield message
+        except GatewayError as exc:
+            log.info("gRPC %s failed: %s", method, exc.message)
+            await abort_with(context, exc)
+        finally:
+            for gen in gens:
+                if not gen.stream.closed:
+                    await gen.stream.abort("client gone")
+
+    handler.__name__ = handler.__qualname__ = method
+    return handler
 
 
 class TokenGatewayService(gpb_grpc.TokenGatewayServicer):
@@ -72,36 +111,6 @@ class TokenGatewayService(gpb_grpc.TokenGatewayServicer):
         await context.send_initial_metadata(reply_metadata(ctx))
         return result
 
-    async def _stream(
-        self,
-        context: aio.ServicerContext,
-        method: str,
-        start: Callable[[RequestContext], Awaitable[tuple[list[Generation], Chunks]]],
-    ) -> AsyncIterator[Any]:
-        """Start (errors before output become the call's status), send the reply
-        metadata, then relay; whatever ends the call ends its worker requests."""
-        gens: list[Generation] = []
-        try:
-            ctx = self.auth.context(context)
-            with client_deadline(context):
-                async with self.admitted(ctx, method):
-                    gens, messages = await start(ctx)
-                    await context.send_initial_metadata(reply_metadata(ctx))
-                    first = True
-                    async with contextlib.aclosing(messages):
-                        async for message in messages:
-                            if first and hasattr(message, "worker_ids"):
-                                message.worker_ids.extend(dict.fromkeys(ctx.worker_ids))
-                            first = False
-                            yield message
-        except GatewayError as exc:
-            log.info("gRPC %s failed: %s", method, exc.message)
-            await abort_with(context, exc)
-        finally:
-            for gen in gens:
-                if not gen.stream.closed:
-                    await gen.stream.abort("client gone")
-
     # ---------------------------------------------------------------- chat
     async def ChatCompletion(self, request: gpb.ChatCompletionRequest, context: aio.ServicerContext) -> gpb.ChatCompletionResponse:
         async def run(ctx: RequestContext) -> gpb.ChatCompletionResponse:
@@ -111,14 +120,10 @@ class TokenGatewayService(gpb_grpc.TokenGatewayServicer):
 
         return await self._unary(context, "ChatCompletion", run)
 
-    async def StreamChatCompletion(self, request: gpb.ChatCompletionRequest, context: aio.ServicerContext) -> AsyncIterator[gpb.ChatCompletionChunk]:
-        async def start(ctx: RequestContext) -> tuple[list[Generation], Chunks]:
-            req = parse_model(ChatCompletionRequest, convert.chat_request(request, stream=True))
-            gen, chunks = await chat_route.start_chat_stream(self.engine, req, ctx)
-            return [gen], _mapped(chunks, convert.chat_chunk)
-
-        async for message in self._stream(context, "StreamChatCompletion", start):
-            yield message
+    async def _start_chat_stream(self, request: gpb.ChatCompletionRequest, ctx: RequestContext) -> Started:
+        req = parse_model(ChatCompletionRequest, convert.chat_request(request, stream=True))
+        gen, chunks = await chat_route.start_chat_stream(self.engine, req, ctx)
+        return [gen], chunks
 
     # ---------------------------------------------------------------- completion
     async def Completion(self, request: gpb.CompletionRequest, context: aio.ServicerContext) -> gpb.CompletionResponse:
@@ -129,26 +134,17 @@ class TokenGatewayService(gpb_grpc.TokenGatewayServicer):
 
         return await self._unary(context, "Completion", run)
 
-    async def StreamCompletion(self, request: gpb.CompletionRequest, context: aio.ServicerContext) -> AsyncIterator[gpb.CompletionChunk]:
-        async def start(ctx: RequestContext) -> tuple[list[Generation], Chunks]:
-            req = parse_model(CompletionRequest, convert.completion_request(request, stream=True))
-            gens, chunks = await completions_route.stream_completions(self.engine, req, ctx)
-            return gens, _mapped(chunks, convert.completion_chunk)
-
-        async for message in self._stream(context, "StreamCompletion", start):
-            yield message
+    async def _start_completion_stream(self, request: gpb.CompletionRequest, ctx: RequestContext) -> Started:
+        req = parse_model(CompletionRequest, convert.completion_request(request, stream=True))
+        return await completions_route.stream_completions(self.engine, req, ctx)
 
     # ---------------------------------------------------------------- generate
-    async def Generate(self, request: gpb.GenerateRequest, context: aio.ServicerContext) -> AsyncIterator[gpb.GenerateResponse]:
-        async def start(ctx: RequestContext) -> tuple[list[Generation], Chunks]:
-            req = parse_model(GenerateRequest, convert.generate_request(request))
-            prepared = await native_route.prepare_generate(self.engine, req, ctx)
-            gens = await completions_route.start_all(self.engine, prepared)
-            ctx.worker_ids = [g.worker_id for g in gens]
-            return gens, _generate_messages(gens, stream=req.stream)
-
-        async for message in self._stream(context, "Generate", start):
-            yield message
+    async def _start_generate(self, request: gpb.GenerateRequest, ctx: RequestContext) -> Started:
+        req = parse_model(GenerateRequest, convert.generate_request(request))
+        prepared = await native_route.prepare_generate(self.engine, req, ctx)
+        gens = await completions_route.start_all(self.engine, prepared)
+        ctx.worker_ids = [g.worker_id for g in gens]
+        return gens, _generate_messages(gens, stream=req.stream)
 
     # ---------------------------------------------------------------- tokens, embeddings
     async def Tokenize(self, request: gpb.TokenizeRequest, context: aio.ServicerContext) -> gpb.TokenizeResponse:
@@ -200,11 +196,9 @@ class TokenGatewayService(gpb_grpc.TokenGatewayServicer):
 
         return await self._unary(context, "InspectPrefix", run)
 
-
-async def _mapped(chunks: AsyncIterator[dict[str, Any]], fn: Callable[[dict[str, Any]], Any]) -> AsyncGenerator[Any, None]:
-    async with contextlib.aclosing(chunks):  # type: ignore[type-var]
-        async for chunk in chunks:
-            yield fn(chunk)
+    StreamChatCompletion = _streaming("StreamChatCompletion", _start_chat_stream, convert.chat_chunk)
+    StreamCompletion = _streaming("StreamCompletion", _start_completion_stream, convert.completion_chunk)
+    Generate = _streaming("Generate", _start_generate, None, name_workers=False)  # each message has worker_id
 
 
 def _generate_message(gen: Generation, d: SampleDelta, count: int) -> gpb.GenerateResponse:
