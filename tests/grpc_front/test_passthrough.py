@@ -36,6 +36,7 @@ def _request(rid: str, *, n: int = 1, stream: bool = True, **kw: object) -> pb.G
     )
 
 
+@pytest.mark.slow
 @pytest.mark.stack(workers=2, policy="cache_aware", sim={"eos_probability": 0.0})
 async def test_official_client_against_the_gateway(gstack: GrpcStack) -> None:
     unary = ["HealthCheck", "GetModelInfo", "GetServerInfo", "GetLoads"]

@@ -48,6 +48,7 @@ def _doors(gstack: GrpcStack, stub: pb_grpc.SglangSchedulerStub) -> dict[str, Do
     return {"http": http, "grpc_completion": grpc_completion, "grpc_generate": grpc_generate, "passthrough": passthrough}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["cache_aware", "prefix_hash"])
 async def test_every_door_routes_like_the_policy_says(policy: str, tmp_path: object) -> None:
     opts = StackOptions(workers=3, policy=policy)

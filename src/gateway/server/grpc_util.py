@@ -115,4 +115,7 @@ def client_deadline(context: aio.ServicerContext) -> Iterator[None]:
     try:
         yield
     finally:
-        request_deadline.reset(token)
+        try:
+            request_deadline.reset(token)
+        except ValueError:  # a streaming handler finalized from another task's context
+            pass
