@@ -7,6 +7,7 @@ pipeline promises.
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import grpc
@@ -217,3 +218,24 @@ async def test_api_key_in_metadata(gstack: GrpcStack) -> None:
             async for _ in wrong.generate([1, 2, 3]):
                 pass
         assert err.value.code == grpc.StatusCode.UNAUTHENTICATED
+
+
+async def test_sync_client_does_the_same_calls(gstack: GrpcStack) -> None:
+    from gateway.client import SyncGatewayClient
+
+    def calls() -> tuple[str, str, list[int], str, int]:
+        with SyncGatewayClient(gstack.target, timeout=30) as client:
+            whole = client.complete("Once upon a time", max_tokens=6, temperature=0.0)
+            streamed = "".join(ch.text for c in client.stream_complete("Once upon a time", max_tokens=6, temperature=0.0) for ch in c.choices)
+            ids = list(client.tokenize("hello world").tokens)
+            try:
+                client.chat([user("x")], temperature=9.0)
+            except GatewayRpcError as exc:
+                code = exc.code.name
+            outs = list(client.generate(ids, max_new_tokens=3, n=2))
+            return whole.choices[0].text, streamed, ids, code, len(outs)
+
+    text, streamed, ids, code, samples = await asyncio.to_thread(calls)
+    assert text and streamed == text
+    assert ids == list((await gstack.client.tokenize("hello world")).tokens)
+    assert code == "INVALID_ARGUMENT" and samples == 2
