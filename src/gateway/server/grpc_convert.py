@@ -48,8 +48,26 @@ def _sampling(request: Message, field: str = "sampling") -> dict[str, Any]:
     return out
 
 
-def _messages(messages: Any, param: str = "messages") -> list[dict[str, Any]]:
+def message_dicts(messages: Any) -> list[dict[str, Any]]:
     return [_dict(m) for m in messages]
+
+
+def _whole_numbers(value: Any) -> Any:
+    """A Struct's numbers are doubles; give whole ones back their int form, as JSON
+    text would (so a template renders ``3``, not ``3.0``)."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _whole_numbers(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_whole_numbers(v) for v in value]
+    return value
+
+
+def struct_dict(struct: Message) -> dict[str, Any]:
+    """A ``google.protobuf.Struct`` as the JSON object it stands for."""
+    out: dict[str, Any] = _whole_numbers(_dict(struct))
+    return out
 
 
 def _tools(request: gpb.ChatCompletionRequest) -> list[dict[str, Any]]:
@@ -86,7 +104,7 @@ def _response_format(fmt: gpb.ResponseFormat) -> dict[str, Any]:
 def chat_request(request: gpb.ChatCompletionRequest, *, stream: bool) -> dict[str, Any]:
     """A ``ChatCompletionRequest`` message as the HTTP API's JSON body."""
     body: dict[str, Any] = _sampling(request)
-    body["messages"] = _messages(request.messages)
+    body["messages"] = message_dicts(request.messages)
     body["stream"] = stream
     if request.model:
         body["model"] = request.model
@@ -104,7 +122,7 @@ def chat_request(request: gpb.ChatCompletionRequest, *, stream: bool) -> dict[st
     if request.HasField("response_format"):
         body["response_format"] = _response_format(request.response_format)
     if request.HasField("chat_template_kwargs"):
-        body["chat_template_kwargs"] = _dict(request.chat_template_kwargs)
+        body["chat_template_kwargs"] = struct_dict(request.chat_template_kwargs)
     if stream and request.HasField("stream_options"):
         body["stream_options"] = _dict(request.stream_options)
     return body
@@ -162,7 +180,9 @@ def tokenize_request(request: gpb.TokenizeRequest) -> dict[str, Any]:
     body = _dict(request)
     body.pop("messages", None)
     if request.messages:
-        body["messages"] = _messages(request.messages)
+        body["messages"] = message_dicts(request.messages)
+    if request.HasField("chat_template_kwargs"):
+        body["chat_template_kwargs"] = struct_dict(request.chat_template_kwargs)
     return body
 
 

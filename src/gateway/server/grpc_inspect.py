@@ -21,9 +21,9 @@ def inspect_request(request: gpb.InspectPrefixRequest) -> dict[str, Any]:
     elif kind == "token_ids":
         body["input_ids"] = list(request.token_ids.ids)
     elif kind == "messages":
-        body["messages"] = [convert._dict(m) for m in request.messages.messages]
+        body["messages"] = convert.message_dicts(request.messages.messages)
         if request.messages.HasField("chat_template_kwargs"):
-            body["chat_template_kwargs"] = convert._dict(request.messages.chat_template_kwargs)
+            body["chat_template_kwargs"] = convert.struct_dict(request.messages.chat_template_kwargs)
     if request.model:
         body["model"] = request.model
     if request.pool:
