@@ -16,6 +16,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("gateway.server.serve", "run the gateway: OpenAI HTTP front door over SGLang gRPC workers"),
     "sim-worker": ("gateway.sim.cli", "run one simulated SGLang --grpc-mode worker"),
+    "inspect": ("gateway.inspect_cli", "show what the router sees in a prompt: tokens, block hashes, ring owner, cached tokens"),
     "demo": ("gateway.demo", "run the shared-prefix demo: simulated fleet + gateway + workload, per policy"),
 }
 

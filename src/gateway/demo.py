@@ -36,7 +36,10 @@ DEMO_GSP = GspConfig(groups=16, prompts_per_group=24, system_tokens=1024, questi
 class DemoConfig:
     """The fleet, the load, and where the figures go."""
 
-    policies: list[str] = option(["round_robin", "prefix_hash", "cache_aware"], "routing policies to compare, in this order")
+    policies: list[str] = option(
+        ["round_robin", "prefix_hash", "cache_aware"],
+        "routing policies to compare, in this order (a '+kv' suffix runs that gateway with --kv-events)",
+    )
     workers: int = option(8, "simulated workers (all hosted by one sim-worker process)")
     concurrency: int = option(32, "requests in flight at most")
     seed: int = option(0, "workload seed (every policy sees the same requests)")
@@ -56,6 +59,9 @@ class DemoConfig:
     run_timeout_s: float = option(240.0, "wall-time limit of one policy's run, s")
     request_timeout_s: float = option(60.0, "give up on one request after this many s")
     ready_timeout_s: float = option(60.0, "how long the fleet and the gateway may take to start, s")
+    serve_flags: str = option(
+        "", "extra `serve` flags for every gateway, one shell-quoted string (e.g. --serve-flags='--tree-budget-fraction 2')"
+    )
     plot: str = option("", "write a comparison PNG to this file")
     json_out: str = option("", "write the figures as JSON to this file", flag="--json")
 
@@ -96,6 +102,7 @@ def sim_options(config: DemoConfig, gsp: GspConfig) -> dict[str, Any]:
 
 async def run_demo(config: DemoConfig, gsp_config: GspConfig, console: Any) -> list[RunSummary]:
     """Run every policy in turn on a fresh fleet; return their summaries."""
+    import shlex
     import tempfile
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -120,7 +127,7 @@ async def run_demo(config: DemoConfig, gsp_config: GspConfig, console: Any) -> l
     summaries = []
     # The gateway fetches its tokenizer from the workers (GetTokenizer) into a scratch cache.
     with tempfile.TemporaryDirectory(prefix="token-gateway-demo-") as scratch, Progress(*columns, console=console) as progress:
-        gateway_args = ["--tokenizer-cache-dir", scratch, "--log-level", "warning"]
+        gateway_args = ["--tokenizer-cache-dir", scratch, "--log-level", "warning", *shlex.split(config.serve_flags)]
         for policy in config.policies:
             task = progress.add_task(policy, total=len(workload), hit="-", errors=0, start=False)
             run = await _run_policy(policy, workload, config, sim_config, driver, gateway_args, progress, task)
@@ -168,8 +175,9 @@ async def _run_policy(
     try:
         progress.update(task, description=f"{policy} (starting)")
         async with fleet:
+            name, variant_args = policy_variant(policy)
             gateway = await ServeProcess.start(
-                fleet.urls, policy, extra_args=gateway_args, ready_timeout_s=config.ready_timeout_s
+                fleet.urls, name, extra_args=[*gateway_args, *variant_args], ready_timeout_s=config.ready_timeout_s
             )
             try:
                 progress.update(task, description=policy)
@@ -185,6 +193,18 @@ async def _run_policy(
     return run
 
 
+# Demo policy suffixes and the `serve` flags they add (compare variants side by side).
+VARIANTS: dict[str, list[str]] = {"kv": ["--kv-events"]}
+
+
+def policy_variant(spec: str) -> tuple[str, list[str]]:
+    """``"cache_aware+kv"`` -> (``"cache_aware"``, ``["--kv-events"]``); ValueError if unknown."""
+    name, plus, variant = spec.partition("+")
+    if plus and variant not in VARIANTS:
+        raise ValueError(f"unknown policy variant {variant!r} in {spec!r} (known: {', '.join(VARIANTS)})")
+    return name, VARIANTS[variant] if plus else []
+
+
 def _setup_text(config: DemoConfig, gsp: GspConfig, sim: Any, requests: int, ideal: float) -> str:
     prefill = gsp.system_tokens + gsp.question_tokens
     return (
@@ -197,6 +217,7 @@ def _setup_text(config: DemoConfig, gsp: GspConfig, sim: Any, requests: int, ide
         f"+ {1000 * sim.decode_seq_s:g} ms/decoding seq (an uncached prompt: "
         f"{1000 * sim.prefill_token_s * prefill:.0f} ms), time scale {sim.time_scale:g}\n"
         f"[bold]load[/]: {config.concurrency} requests in flight, policies: {', '.join(config.policies)}"
+        + (f"\n[bold]gateway flags[/]: {config.serve_flags}" if config.serve_flags else "")
     )
 
 
@@ -228,7 +249,7 @@ def run(args: argparse.Namespace) -> int:
     gsp_config = from_namespace(GspConfig, args)
     from gateway.policies.factory import POLICY_NAMES
 
-    unknown = [p for p in config.policies if p not in POLICY_NAMES]
+    unknown = [p for p in config.policies if p.partition("+")[0] not in POLICY_NAMES or p.partition("+")[2] not in ("", *VARIANTS)]
     if unknown or not config.policies:
         raise SystemExit(f"unknown policies {unknown}; choose from {', '.join(POLICY_NAMES)}")
     console = Console()

@@ -97,3 +97,54 @@ async def test_inspect_needs_the_key(stack: Stack) -> None:
     assert r.status_code == 401 and r.json()["error"]["type"]
     ok = await stack.http.post("/admin/inspect", json={"prompt": "hi"}, headers={"authorization": "Bearer sekret"})
     assert ok.status_code == 200 and ok.json()["token_count"] >= 1
+
+
+@pytest.mark.stack(workers=3, policy="prefix_hash", server={"api_keys": ["k1"]})
+async def test_cli_against_a_live_gateway_and_offline_agree_with_routing(
+    stack: Stack, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import asyncio
+    import json
+
+    from gateway.cli import main
+
+    prompt = "Summarise the history of the printing press in detail. " * 10
+    resp = await stack.http.post(
+        "/v1/completions", json={"model": stack.model, "prompt": prompt, "max_tokens": 2},
+        headers={"authorization": "Bearer k1"},
+    )
+    assert resp.status_code == 200, resp.text
+    served = resp.headers["x-worker-id"]
+
+    argv = ["inspect", prompt, "--gateway", stack.url, "--api-key", "k1", "--json"]
+    assert await asyncio.to_thread(main, argv) == 0
+    live = json.loads(capsys.readouterr().out)
+    assert live["source"] == "gateway" and live["ring"]["owner"] == served
+    assert live["decision"]["choice"] == served
+
+    offline = ["inspect", prompt, "--json", "--workers", *stack.fleet.urls]
+    assert await asyncio.to_thread(main, offline) == 0
+    off = json.loads(capsys.readouterr().out)
+    assert off["tokens"] == live["tokens"] and off["ring"] == live["ring"]
+
+    # tables, and the gateway's own error message on a bad key
+    assert await asyncio.to_thread(main, ["inspect", prompt, "--gateway", stack.url, "--api-key", "k1"]) == 0
+    assert served in capsys.readouterr().out
+    assert await asyncio.to_thread(main, ["inspect", prompt, "--gateway", stack.url, "--api-key", "bad"]) == 2
+    assert "401" in capsys.readouterr().err
+
+
+@pytest.mark.stack(workers=2, policy="cache_aware")
+async def test_cli_gateway_tables_show_predicted_cache(stack: Stack, capsys: pytest.CaptureFixture[str]) -> None:
+    import asyncio
+
+    from gateway.cli import main
+
+    ids = list(range(5000, 5100))
+    r = await stack.http.post("/generate", json={"input_ids": ids, "sampling_params": {"max_new_tokens": 1}})
+    assert r.status_code == 200, r.text
+    argv = ["inspect", "--input-ids", ",".join(map(str, ids)), "--gateway", stack.url, "--rows", "3"]
+    assert await asyncio.to_thread(main, argv) == 0
+    out = capsys.readouterr().out
+    assert "what the radix tree predicts is cached" in out and "cache_hit" in out
+    assert " 96 " in out  # 100 tokens held, 6 whole pages of 16 predicted

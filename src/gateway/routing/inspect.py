@@ -17,6 +17,7 @@ from gateway.policies.cache_aware import CacheAwarePolicy
 from gateway.policies.factory import PolicyConfig, close_policy, make_policy
 from gateway.policies.inspection import Inspection, inspect_tokens
 from gateway.policies.prefix_hash import PrefixHashPolicy
+from gateway.policies.ring_policy import RingPolicy
 from gateway.protocol.errors import InvalidRequestError
 from gateway.protocol.inspect import InspectRequest
 from gateway.routing.engine import Engine
@@ -116,12 +117,17 @@ class Inspector:
         policy = self.engine.router.policy(model, req.pool) if views else None
         block, depth = hash_params(policy, self.config, req)
         tree = policy.tree(model) if isinstance(policy, CacheAwarePolicy) else None
+        ring = None
+        if isinstance(policy, RingPolicy) and policy.ring.virtual_nodes == self.config.virtual_nodes:
+            if policy.ring.members == frozenset(v.worker_id for v in views):
+                ring = policy.ring  # the live ring itself (a fresh one would be identical, just slower)
         tokenizer = self.engine.catalog.get(public).tokenizer
         result = inspect_tokens(
             ids,
             workers=views,
             block_size=block,
             depth_tokens=depth,
+            ring=ring,
             virtual_nodes=self.config.virtual_nodes,
             tree=tree,
             policy=policy,

@@ -24,6 +24,7 @@ class ServerConfig:
     max_body_bytes: int = option(32 * 1024 * 1024, "largest request body accepted, bytes")
     worker_api_key: str | None = option(None, "bearer token the gateway sends to workers")
     probe_timeout_s: float = option(10.0, "time a new worker has to answer GetModelInfo/GetServerInfo, seconds")
+    kv_events: bool = option(False, "subscribe to workers' KV events and feed them to the cache_aware radix tree")
     log_level: str = option("info", "log level", choices=["debug", "info", "warning", "error"])
     log_json: bool = option(False, "structured JSON logs")
 

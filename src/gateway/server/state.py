@@ -8,6 +8,7 @@ from pathlib import Path
 
 from gateway.policies.factory import close_policy, make_policy
 from gateway.routing.engine import Engine
+from gateway.routing.kv_events import KvEventFeeder
 from gateway.routing.models import ModelCatalog
 from gateway.routing.router import Router
 from gateway.server.config import GatewayConfig
@@ -37,6 +38,7 @@ class GatewayState:
             retry=config.retry,
             dispatch=config.dispatch,
         )
+        self.kv_events = KvEventFeeder(self.registry, self.router) if server.kv_events else None
         self.ready = False
 
     async def add_worker(self, url: str, *, role: str | None = None, bootstrap_port: int | None = None) -> Worker:
@@ -58,8 +60,12 @@ class GatewayState:
         if urls and len(failed) == len(urls):
             raise RuntimeError(f"none of the {len(urls)} workers could be added: {failed[0][1]}")
         self.ready = bool(self.registry.all())
+        if self.kv_events is not None:
+            self.kv_events.start()
 
     async def stop(self) -> None:
+        if self.kv_events is not None:
+            await self.kv_events.close()
         for policy in self.router.policies().values():
             close_policy(policy)
         self.engine.close()
