@@ -29,8 +29,10 @@ from typing import Any
 
 # Run as a script, sys.path[0] is this folder: swap it for its parent so the
 # folder imports as the package `interop`, never its modules as top-level names.
+# Appended, not prepended: tests/ holds packages named like stdlib modules
+# (tests/inspect) that must not shadow them.
 sys.path.pop(0)
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.append(str(Path(__file__).resolve().parent.parent))
 
 import grpc
 from google.protobuf import (

@@ -34,15 +34,119 @@ class TokenGatewayStub:
         Args:
             channel: A grpc.Channel.
         """
+        self.ChatCompletion = channel.unary_unary(
+                '/token_gateway.v1.TokenGateway/ChatCompletion',
+                request_serializer=gateway__pb2.ChatCompletionRequest.SerializeToString,
+                response_deserializer=gateway__pb2.ChatCompletionResponse.FromString,
+                _registered_method=True)
+        self.StreamChatCompletion = channel.unary_stream(
+                '/token_gateway.v1.TokenGateway/StreamChatCompletion',
+                request_serializer=gateway__pb2.ChatCompletionRequest.SerializeToString,
+                response_deserializer=gateway__pb2.ChatCompletionChunk.FromString,
+                _registered_method=True)
+        self.Completion = channel.unary_unary(
+                '/token_gateway.v1.TokenGateway/Completion',
+                request_serializer=gateway__pb2.CompletionRequest.SerializeToString,
+                response_deserializer=gateway__pb2.CompletionResponse.FromString,
+                _registered_method=True)
+        self.StreamCompletion = channel.unary_stream(
+                '/token_gateway.v1.TokenGateway/StreamCompletion',
+                request_serializer=gateway__pb2.CompletionRequest.SerializeToString,
+                response_deserializer=gateway__pb2.CompletionChunk.FromString,
+                _registered_method=True)
+        self.Generate = channel.unary_stream(
+                '/token_gateway.v1.TokenGateway/Generate',
+                request_serializer=gateway__pb2.GenerateRequest.SerializeToString,
+                response_deserializer=gateway__pb2.GenerateResponse.FromString,
+                _registered_method=True)
+        self.Tokenize = channel.unary_unary(
+                '/token_gateway.v1.TokenGateway/Tokenize',
+                request_serializer=gateway__pb2.TokenizeRequest.SerializeToString,
+                response_deserializer=gateway__pb2.TokenizeResponse.FromString,
+                _registered_method=True)
+        self.Detokenize = channel.unary_unary(
+                '/token_gateway.v1.TokenGateway/Detokenize',
+                request_serializer=gateway__pb2.DetokenizeRequest.SerializeToString,
+                response_deserializer=gateway__pb2.DetokenizeResponse.FromString,
+                _registered_method=True)
+        self.Embed = channel.unary_unary(
+                '/token_gateway.v1.TokenGateway/Embed',
+                request_serializer=gateway__pb2.EmbedRequest.SerializeToString,
+                response_deserializer=gateway__pb2.EmbedResponse.FromString,
+                _registered_method=True)
         self.ListModels = channel.unary_unary(
                 '/token_gateway.v1.TokenGateway/ListModels',
                 request_serializer=gateway__pb2.ListModelsRequest.SerializeToString,
                 response_deserializer=gateway__pb2.ListModelsResponse.FromString,
                 _registered_method=True)
+        self.ListWorkers = channel.unary_unary(
+                '/token_gateway.v1.TokenGateway/ListWorkers',
+                request_serializer=gateway__pb2.ListWorkersRequest.SerializeToString,
+                response_deserializer=gateway__pb2.ListWorkersResponse.FromString,
+                _registered_method=True)
+        self.InspectPrefix = channel.unary_unary(
+                '/token_gateway.v1.TokenGateway/InspectPrefix',
+                request_serializer=gateway__pb2.InspectPrefixRequest.SerializeToString,
+                response_deserializer=gateway__pb2.InspectPrefixResponse.FromString,
+                _registered_method=True)
 
 
 class TokenGatewayServicer:
     """Missing associated documentation comment in .proto file."""
+
+    def ChatCompletion(self, request, context):
+        """OpenAI chat completion, whole answer.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StreamChatCompletion(self, request, context):
+        """OpenAI chat completion as a stream of deltas.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Completion(self, request, context):
+        """OpenAI text completion (text or token-id prompts, batched), whole answer.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StreamCompletion(self, request, context):
+        """OpenAI text completion as a stream of deltas.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Generate(self, request, context):
+        """Generation on raw token ids (SGLang /generate semantics): one message per
+        sample when stream is false, deltas when it is true.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Tokenize(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Detokenize(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Embed(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
 
     def ListModels(self, request, context):
         """The models the gateway's workers serve.
@@ -51,13 +155,78 @@ class TokenGatewayServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListWorkers(self, request, context):
+        """The workers behind the gateway and their state.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def InspectPrefix(self, request, context):
+        """What the router sees for a prompt: tokens, block hashes, ring position,
+        each worker's predicted cached tokens and the policy's choice.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TokenGatewayServicer_to_server(servicer, server):
     rpc_method_handlers = {
+            'ChatCompletion': grpc.unary_unary_rpc_method_handler(
+                    servicer.ChatCompletion,
+                    request_deserializer=gateway__pb2.ChatCompletionRequest.FromString,
+                    response_serializer=gateway__pb2.ChatCompletionResponse.SerializeToString,
+            ),
+            'StreamChatCompletion': grpc.unary_stream_rpc_method_handler(
+                    servicer.StreamChatCompletion,
+                    request_deserializer=gateway__pb2.ChatCompletionRequest.FromString,
+                    response_serializer=gateway__pb2.ChatCompletionChunk.SerializeToString,
+            ),
+            'Completion': grpc.unary_unary_rpc_method_handler(
+                    servicer.Completion,
+                    request_deserializer=gateway__pb2.CompletionRequest.FromString,
+                    response_serializer=gateway__pb2.CompletionResponse.SerializeToString,
+            ),
+            'StreamCompletion': grpc.unary_stream_rpc_method_handler(
+                    servicer.StreamCompletion,
+                    request_deserializer=gateway__pb2.CompletionRequest.FromString,
+                    response_serializer=gateway__pb2.CompletionChunk.SerializeToString,
+            ),
+            'Generate': grpc.unary_stream_rpc_method_handler(
+                    servicer.Generate,
+                    request_deserializer=gateway__pb2.GenerateRequest.FromString,
+                    response_serializer=gateway__pb2.GenerateResponse.SerializeToString,
+            ),
+            'Tokenize': grpc.unary_unary_rpc_method_handler(
+                    servicer.Tokenize,
+                    request_deserializer=gateway__pb2.TokenizeRequest.FromString,
+                    response_serializer=gateway__pb2.TokenizeResponse.SerializeToString,
+            ),
+            'Detokenize': grpc.unary_unary_rpc_method_handler(
+                    servicer.Detokenize,
+                    request_deserializer=gateway__pb2.DetokenizeRequest.FromString,
+                    response_serializer=gateway__pb2.DetokenizeResponse.SerializeToString,
+            ),
+            'Embed': grpc.unary_unary_rpc_method_handler(
+                    servicer.Embed,
+                    request_deserializer=gateway__pb2.EmbedRequest.FromString,
+                    response_serializer=gateway__pb2.EmbedResponse.SerializeToString,
+            ),
             'ListModels': grpc.unary_unary_rpc_method_handler(
                     servicer.ListModels,
                     request_deserializer=gateway__pb2.ListModelsRequest.FromString,
                     response_serializer=gateway__pb2.ListModelsResponse.SerializeToString,
+            ),
+            'ListWorkers': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListWorkers,
+                    request_deserializer=gateway__pb2.ListWorkersRequest.FromString,
+                    response_serializer=gateway__pb2.ListWorkersResponse.SerializeToString,
+            ),
+            'InspectPrefix': grpc.unary_unary_rpc_method_handler(
+                    servicer.InspectPrefix,
+                    request_deserializer=gateway__pb2.InspectPrefixRequest.FromString,
+                    response_serializer=gateway__pb2.InspectPrefixResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -69,6 +238,222 @@ def add_TokenGatewayServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class TokenGateway:
     """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def ChatCompletion(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/token_gateway.v1.TokenGateway/ChatCompletion',
+            gateway__pb2.ChatCompletionRequest.SerializeToString,
+            gateway__pb2.ChatCompletionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StreamChatCompletion(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/token_gateway.v1.TokenGateway/StreamChatCompletion',
+            gateway__pb2.ChatCompletionRequest.SerializeToString,
+            gateway__pb2.ChatCompletionChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Completion(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/token_gateway.v1.TokenGateway/Completion',
+            gateway__pb2.CompletionRequest.SerializeToString,
+            gateway__pb2.CompletionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StreamCompletion(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/token_gateway.v1.TokenGateway/StreamCompletion',
+            gateway__pb2.CompletionRequest.SerializeToString,
+            gateway__pb2.CompletionChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Generate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/token_gateway.v1.TokenGateway/Generate',
+            gateway__pb2.GenerateRequest.SerializeToString,
+            gateway__pb2.GenerateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Tokenize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/token_gateway.v1.TokenGateway/Tokenize',
+            gateway__pb2.TokenizeRequest.SerializeToString,
+            gateway__pb2.TokenizeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Detokenize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/token_gateway.v1.TokenGateway/Detokenize',
+            gateway__pb2.DetokenizeRequest.SerializeToString,
+            gateway__pb2.DetokenizeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Embed(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/token_gateway.v1.TokenGateway/Embed',
+            gateway__pb2.EmbedRequest.SerializeToString,
+            gateway__pb2.EmbedResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
 
     @staticmethod
     def ListModels(request,
@@ -87,6 +472,60 @@ class TokenGateway:
             '/token_gateway.v1.TokenGateway/ListModels',
             gateway__pb2.ListModelsRequest.SerializeToString,
             gateway__pb2.ListModelsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListWorkers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/token_gateway.v1.TokenGateway/ListWorkers',
+            gateway__pb2.ListWorkersRequest.SerializeToString,
+            gateway__pb2.ListWorkersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def InspectPrefix(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/token_gateway.v1.TokenGateway/InspectPrefix',
+            gateway__pb2.InspectPrefixRequest.SerializeToString,
+            gateway__pb2.InspectPrefixResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -162,8 +162,17 @@ async def complete_chat(engine: Engine, req: ChatCompletionRequest, ctx: Request
 
 async def stream_chat(engine: Engine, req: ChatCompletionRequest, ctx: RequestContext) -> AsyncIterator[dict[str, Any]]:
     """Start the generation (errors before output become HTTP errors), then stream chunks."""
+    _, chunks = await start_chat_stream(engine, req, ctx)
+    return chunks
+
+
+async def start_chat_stream(
+    engine: Engine, req: ChatCompletionRequest, ctx: RequestContext
+) -> tuple[Generation, AsyncIterator[dict[str, Any]]]:
+    """``stream_chat`` that also hands back the generation, for front doors that must
+    end it themselves when their client goes away mid-stream."""
     entry, gen, prompt_text, parsers = await _start(engine, req, ctx)
-    return _chunks(req, entry, gen, prompt_text, parsers, ctx)
+    return gen, _chunks(req, entry, gen, prompt_text, parsers, ctx)
 
 
 async def _chunks(

@@ -21,6 +21,7 @@ from grpc import aio
 
 from gateway.policies.base import NoWorkerAvailable, RouteRequest
 from gateway.proto import sglang_scheduler_pb2 as pb
+from gateway.routing.deadline import worker_timeout
 from gateway.routing.errors import map_rpc_error, no_worker_error, worker_stalled_error
 from gateway.routing.observer import NULL_OBSERVER, PipelineObserver
 from gateway.routing.retry import RetryConfig
@@ -213,7 +214,7 @@ async def open_generate(
         selection.policy.on_dispatch(route, selection.decision)
         if on_attempt is not None:
             on_attempt(selection, attempt)
-        call = worker.client.generate(build(selection), timeout=config.request_timeout_s)
+        call = worker.client.generate(build(selection), timeout=worker_timeout(config.request_timeout_s))
         started = time.monotonic()
         try:
             async with asyncio.timeout(config.first_token_timeout_s):

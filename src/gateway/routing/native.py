@@ -21,6 +21,7 @@ from gateway.protocol.tokens import (
     TokenizeResponse,
 )
 from gateway.routing.completions import prompt_ids, start_all
+from gateway.routing.deadline import worker_timeout
 from gateway.routing.engine import Engine
 from gateway.routing.errors import map_rpc_error, no_worker_error
 from gateway.routing.fanout import merged
@@ -29,7 +30,8 @@ from gateway.routing.prepared import PreparedRequest
 from gateway.routing.request_context import RequestContext
 
 
-async def _prepare(engine: Engine, req: GenerateRequest, ctx: RequestContext) -> list[PreparedRequest]:
+async def prepare_generate(engine: Engine, req: GenerateRequest, ctx: RequestContext) -> list[PreparedRequest]:
+    """One prepared request per prompt of a /generate request (shared by the gRPC Generate)."""
     entry = engine.catalog.get(None)
     prepared = []
     for i, prompt in enumerate(req.prompts()):
@@ -89,7 +91,7 @@ def _result(gen: Generation, acc: _Acc, index: int) -> dict[str, Any]:
 
 
 async def generate(engine: Engine, req: GenerateRequest, ctx: RequestContext) -> Any:
-    prepared = await _prepare(engine, req, ctx)
+    prepared = await prepare_generate(engine, req, ctx)
     gens = await start_all(engine, prepared)
     ctx.worker_ids = [g.worker_id for g in gens]
     accs = {(g, s): _Acc() for g in range(len(gens)) for s in range(gens[g].prepared.sampling.n)}
@@ -100,7 +102,7 @@ async def generate(engine: Engine, req: GenerateRequest, ctx: RequestContext) ->
 
 
 async def stream_generate(engine: Engine, req: GenerateRequest, ctx: RequestContext) -> AsyncIterator[dict[str, Any]]:
-    prepared = await _prepare(engine, req, ctx)
+    prepared = await prepare_generate(engine, req, ctx)
     gens = await start_all(engine, prepared)
     ctx.worker_ids = [g.worker_id for g in gens]
 
@@ -127,23 +129,8 @@ async def embed(engine: Engine, req: EmbeddingRequest, ctx: RequestContext) -> d
         ids = await engine.encode(entry, item, add_special_tokens=True) if isinstance(item, str) else list(item)
         if not ids:
             raise InvalidRequestError("input must not be empty", param="input")
-        route = RouteRequest(token_ids=ids, model=engine._worker_model(entry.name), request_id=ctx.sub_id(i),
-                             routing_key=ctx.routing_key, target_worker=ctx.target_worker)
-        try:
-            selection = engine.router.select(route)
-        except NoWorkerAvailable as exc:
-            raise no_worker_error(str(exc)) from exc
-        worker = selection.worker
-        with worker.load.acquire(len(ids), 0) as guard:
-            try:
-                reply = await worker.client.embed(
-                    pb.EmbedRequest(request_id=route.request_id, tokenized=pb.TokenizedInput(input_ids=ids)),
-                    timeout=engine.dispatch.request_timeout_s,
-                )
-            except aio.AioRpcError as exc:
-                raise map_rpc_error(exc, worker.id) from exc
-            guard.first_token()
-        ctx.worker_ids.append(worker.id)
+        reply, worker_id = await embed_ids(engine, entry.name, pb.EmbedRequest(request_id=ctx.sub_id(i), tokenized=pb.TokenizedInput(input_ids=ids)), ctx)
+        ctx.worker_ids.append(worker_id)
         vector = list(reply.embedding)
         if req.dimensions is not None:
             vector = vector[: req.dimensions]
@@ -156,6 +143,28 @@ async def embed(engine: Engine, req: EmbeddingRequest, ctx: RequestContext) -> d
     return EmbeddingResponse.build(
         vectors, model=entry.name, prompt_tokens=prompt_tokens, encoding_format=req.encoding_format
     ).to_dict()
+
+
+async def embed_ids(
+    engine: Engine, model: str, request: pb.EmbedRequest, ctx: RequestContext
+) -> tuple[pb.EmbedResponse, str]:
+    """Route one tokenized embedding request and send it; (reply, worker id).
+    Shared by /v1/embeddings and the gRPC front doors."""
+    ids = list(request.tokenized.input_ids)
+    route = RouteRequest(token_ids=ids, model=engine._worker_model(model), request_id=request.request_id,
+                         routing_key=ctx.routing_key, target_worker=ctx.target_worker)
+    try:
+        selection = engine.router.select(route)
+    except NoWorkerAvailable as exc:
+        raise no_worker_error(str(exc)) from exc
+    worker = selection.worker
+    with worker.load.acquire(len(ids), 0) as guard:
+        try:
+            reply = await worker.client.embed(request, timeout=worker_timeout(engine.dispatch.request_timeout_s))
+        except aio.AioRpcError as exc:
+            raise map_rpc_error(exc, worker.id) from exc
+        guard.first_token()
+    return reply, worker.id
 
 
 async def tokenize(engine: Engine, req: TokenizeRequest) -> dict[str, Any]:

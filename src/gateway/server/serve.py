@@ -90,7 +90,15 @@ async def serve(config: GatewayConfig) -> None:
     shown = f"[{host}]" if ":" in host else host
     ready = {"event": "ready", "url": f"http://{shown}:{port}", "workers": len(state.registry.all()),
              "models": state.catalog.names(), "policy": config.policy.policy}
+    grpc_server = None
+    if config.server.grpc_port is not None:
+        from gateway.server.grpc_server import start_grpc_server
+
+        grpc_server = await start_grpc_server(state, config.server.host, config.server.grpc_port)
+        ready["grpc_port"] = grpc_server.port
+        ready["grpc_target"] = grpc_server.target
     loop = asyncio.get_running_loop()
+    grpc_stop: list[asyncio.Future[None]] = []
     serving = asyncio.ensure_future(server.serve(sockets=[sock]))
     # uvicorn exposes only a `started` flag, no event to wait on.
     while not server.started and not serving.done():  # noqa: ASYNC110
@@ -107,6 +115,8 @@ async def serve(config: GatewayConfig) -> None:
         log.info("shutting down: finishing in-flight requests (grace %.0f s)", config.server.shutdown_grace_s)
         state.admission.close()
         server.should_exit = True
+        if grpc_server is not None:  # stop taking gRPC calls now; in-flight ones get the same grace
+            grpc_stop.append(asyncio.ensure_future(grpc_server.stop(config.server.shutdown_grace_s)))
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):
@@ -114,6 +124,9 @@ async def serve(config: GatewayConfig) -> None:
     try:
         await serving
     finally:
+        if grpc_server is not None:
+            # in-flight gRPC calls share the same grace, then are cancelled (aborting their worker requests)
+            await (grpc_stop[0] if grpc_stop else grpc_server.stop(config.server.shutdown_grace_s))
         await flush_aborts(2.0)
         await state.stop()
 

@@ -8,7 +8,7 @@ gateway's front doors, health checks and the tokenizer fetch all share it.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
@@ -141,9 +141,9 @@ class WorkerClient:
             pb.GetServerInfoRequest(), timeout=timeout, metadata=self._metadata()
         )
 
-    async def loads(self, *, timeout: float = 2.0) -> pb.GetLoadsResponse:
+    async def loads(self, *, timeout: float = 2.0, include: Sequence[str] = ("core",)) -> pb.GetLoadsResponse:
         return await self._stub.GetLoads(
-            pb.GetLoadsRequest(include=["core"]), timeout=timeout, metadata=self._metadata()
+            pb.GetLoadsRequest(include=list(include)), timeout=timeout, metadata=self._metadata()
         )
 
     async def embed(self, request: pb.EmbedRequest, *, timeout: float | None = None) -> pb.EmbedResponse:
@@ -176,6 +176,14 @@ class WorkerClient:
                 f"tokenizer from {self.url}: sha256 mismatch (declared {declared!r}, got {actual})"
             )
         return data, actual
+
+    def tokenizer_chunks(
+        self, request: common_pb2.GetTokenizerRequest | None = None, *, timeout: float = 60.0
+    ) -> AsyncIterator[common_pb2.GetTokenizerChunk]:
+        """The worker's GetTokenizer stream as it comes (the gRPC pass-through relays it)."""
+        return self._stub.GetTokenizer(
+            request or common_pb2.GetTokenizerRequest(), timeout=timeout, metadata=self._metadata()
+        )
 
     def subscribe_kv_events(self, start_sequence_number: int = 0) -> AsyncIterator[common_pb2.KvEventBatch]:
         return self._stub.SubscribeKvEvents(

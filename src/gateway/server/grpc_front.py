@@ -1,0 +1,237 @@
+"""The gRPC front door: service ``token_gateway.v1.TokenGateway``.
+
+Handlers only authenticate, translate and frame, exactly as the HTTP handlers in
+``server/app.py`` do: each request becomes the HTTP API's request model and runs
+through the same pipeline functions in ``routing/`` (chat, completions, native),
+so validation, routing, retries, load accounting and stop handling are shared.
+A client's deadline bounds the worker calls; a client that cancels or runs out
+of time cancels the handler, which aborts the worker request and frees its slot.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+from grpc import aio
+
+from gateway.proto import gateway_pb2 as gpb
+from gateway.proto import gateway_pb2_grpc as gpb_grpc
+from gateway.protocol.chat import ChatCompletionRequest
+from gateway.protocol.completions import CompletionRequest
+from gateway.protocol.embeddings import EmbeddingRequest
+from gateway.protocol.errors import GatewayError
+from gateway.protocol.generate import GenerateRequest
+from gateway.protocol.tokens import DetokenizeRequest, TokenizeRequest
+from gateway.routing import chat as chat_route
+from gateway.routing import completions as completions_route
+from gateway.routing import native as native_route
+from gateway.routing.fanout import merged
+from gateway.routing.generation import Generation, SampleDelta
+from gateway.routing.inspect import Inspector
+from gateway.routing.request_context import RequestContext
+from gateway.server import grpc_convert as convert
+from gateway.server.grpc_inspect import inspect_prefix
+from gateway.server.grpc_util import (
+    Authenticator,
+    abort_with,
+    admitted,
+    client_deadline,
+    reply_metadata,
+)
+from gateway.server.http_util import parse_model
+from gateway.server.state import GatewayState
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+Started = tuple[list[Generation], AsyncIterator[Any]]
+StartFn = Callable[[Any, Any, RequestContext], Awaitable[Started]]
+
+
+def _streaming(
+    method: str, start: StartFn, to_message: Callable[[Any], Any] | None, *, name_workers: bool = True
+) -> Callable[..., AsyncGenerator[Any, None]]:
+    """A server-streaming handler: start the generation (errors before output become
+    the call's status), send the reply metadata, then relay each pipeline chunk as a
+    message. Whatever ends the call (end of output, error, cancel, deadline) ends its
+    worker requests. One generator frame per message: the relay is the hot path."""
+
+    async def handler(self: TokenGatewayService, request: Any, context: aio.ServicerContext) -> AsyncGenerator[Any, None]:
+        gens: list[Generation] = []
+        try:
+            ctx = self.auth.context(context)
+            with client_deadline(context):
+                async with self.admitted(ctx, method):
+                    gens, chunks = await start(self, request, ctx)
+                    await context.send_initial_metadata(reply_metadata(ctx))
+                    workers = list(dict.fromkeys(ctx.worker_ids)) if name_workers else []
+                    async with contextlib.aclosing(chunks):  # type: ignore[type-var]
+                        async for chunk in chunks:
+                            message = to_message(chunk) if to_message is not None else chunk
+                            if workers:
+                                message.worker_ids.extend(workers)  # the first message names the workers
+                                workers = []
+                            yield message
+        except GatewayError as exc:
+            log.info("gRPC %s failed: %s", method, exc.message)
+            await abort_with(context, exc)
+        finally:
+            for gen in gens:
+                if not gen.stream.closed:
+                    await gen.stream.abort("client gone")
+
+    handler.__name__ = handler.__qualname__ = method
+    return handler
+
+
+class TokenGatewayService(gpb_grpc.TokenGatewayServicer):
+    def __init__(self, state: GatewayState, auth: Authenticator) -> None:
+        self.state = state
+        self.engine = state.engine
+        self.auth = auth
+        self.inspector = Inspector(state.engine, state.config.policy)
+
+    # ---------------------------------------------------------------- framing
+    def admitted(self, ctx: RequestContext, method: str) -> contextlib.AbstractAsyncContextManager[None]:
+        """Admission control around every call, shared with the HTTP front door."""
+        return admitted(self.state.admission, ctx, method)
+
+    async def _unary(
+        self, context: aio.ServicerContext, method: str, run: Callable[[RequestContext], Awaitable[T]]
+    ) -> T:
+        try:
+            ctx = self.auth.context(context)
+            with client_deadline(context):
+                async with self.admitted(ctx, method):
+                    result = await run(ctx)
+        except GatewayError as exc:
+            await abort_with(context, exc)
+            raise  # unreachable: abort raises
+        await context.send_initial_metadata(reply_metadata(ctx))
+        return result
+
+    # ---------------------------------------------------------------- chat
+    async def ChatCompletion(self, request: gpb.ChatCompletionRequest, context: aio.ServicerContext) -> gpb.ChatCompletionResponse:
+        async def run(ctx: RequestContext) -> gpb.ChatCompletionResponse:
+            req = parse_model(ChatCompletionRequest, convert.chat_request(request, stream=False))
+            out = await chat_route.complete_chat(self.engine, req, ctx)
+            return convert.chat_response(out, list(dict.fromkeys(ctx.worker_ids)))
+
+        return await self._unary(context, "ChatCompletion", run)
+
+    async def _start_chat_stream(self, request: gpb.ChatCompletionRequest, ctx: RequestContext) -> Started:
+        req = parse_model(ChatCompletionRequest, convert.chat_request(request, stream=True))
+        gen, chunks = await chat_route.start_chat_stream(self.engine, req, ctx)
+        return [gen], chunks
+
+    # ---------------------------------------------------------------- completion
+    async def Completion(self, request: gpb.CompletionRequest, context: aio.ServicerContext) -> gpb.CompletionResponse:
+        async def run(ctx: RequestContext) -> gpb.CompletionResponse:
+            req = parse_model(CompletionRequest, convert.completion_request(request, stream=False))
+            out = await completions_route.complete(self.engine, req, ctx)
+            return convert.completion_response(out, list(dict.fromkeys(ctx.worker_ids)))
+
+        return await self._unary(context, "Completion", run)
+
+    async def _start_completion_stream(self, request: gpb.CompletionRequest, ctx: RequestContext) -> Started:
+        req = parse_model(CompletionRequest, convert.completion_request(request, stream=True))
+        return await completions_route.stream_completions(self.engine, req, ctx)
+
+    # ---------------------------------------------------------------- generate
+    async def _start_generate(self, request: gpb.GenerateRequest, ctx: RequestContext) -> Started:
+        req = parse_model(GenerateRequest, convert.generate_request(request))
+        prepared = await native_route.prepare_generate(self.engine, req, ctx)
+        gens = await completions_route.start_all(self.engine, prepared)
+        ctx.worker_ids = [g.worker_id for g in gens]
+        return gens, _generate_messages(gens, stream=req.stream)
+
+    # ---------------------------------------------------------------- tokens, embeddings
+    async def Tokenize(self, request: gpb.TokenizeRequest, context: aio.ServicerContext) -> gpb.TokenizeResponse:
+        async def run(ctx: RequestContext) -> gpb.TokenizeResponse:
+            req = parse_model(TokenizeRequest, convert.tokenize_request(request))
+            return convert.tokenize_response(await native_route.tokenize(self.engine, req))
+
+        return await self._unary(context, "Tokenize", run)
+
+    async def Detokenize(self, request: gpb.DetokenizeRequest, context: aio.ServicerContext) -> gpb.DetokenizeResponse:
+        async def run(ctx: RequestContext) -> gpb.DetokenizeResponse:
+            req = parse_model(DetokenizeRequest, convert.detokenize_request(request))
+            return gpb.DetokenizeResponse(text=native_route.detokenize(self.engine, req)["text"])
+
+        return await self._unary(context, "Detokenize", run)
+
+    async def Embed(self, request: gpb.EmbedRequest, context: aio.ServicerContext) -> gpb.EmbedResponse:
+        async def run(ctx: RequestContext) -> gpb.EmbedResponse:
+            req = parse_model(EmbeddingRequest, convert.embed_request(request))
+            out = await native_route.embed(self.engine, req, ctx)
+            return convert.embed_response(out, list(dict.fromkeys(ctx.worker_ids)))
+
+        return await self._unary(context, "Embed", run)
+
+    # ---------------------------------------------------------------- fleet
+    async def ListModels(self, request: gpb.ListModelsRequest, context: aio.ServicerContext) -> gpb.ListModelsResponse:
+        async def run(ctx: RequestContext) -> gpb.ListModelsResponse:
+            catalog = self.state.catalog
+            workers = self.state.registry.all()
+            out = gpb.ListModelsResponse()
+            for entry in catalog.entries():
+                count = sum(1 for w in workers if catalog.public_name(w.model) == entry.name)
+                out.models.add(id=entry.name, max_context_length=entry.max_context_length, worker_count=count)
+            return out
+
+        return await self._unary(context, "ListModels", run)
+
+    async def ListWorkers(self, request: gpb.ListWorkersRequest, context: aio.ServicerContext) -> gpb.ListWorkersResponse:
+        async def run(ctx: RequestContext) -> gpb.ListWorkersResponse:
+            return gpb.ListWorkersResponse(
+                workers=[convert.worker_status(w.describe()) for w in self.state.registry.all()]
+            )
+
+        return await self._unary(context, "ListWorkers", run)
+
+    async def InspectPrefix(self, request: gpb.InspectPrefixRequest, context: aio.ServicerContext) -> gpb.InspectPrefixResponse:
+        async def run(ctx: RequestContext) -> gpb.InspectPrefixResponse:
+            return await inspect_prefix(self.inspector, request)
+
+        return await self._unary(context, "InspectPrefix", run)
+
+    StreamChatCompletion = _streaming("StreamChatCompletion", _start_chat_stream, convert.chat_chunk)
+    StreamCompletion = _streaming("StreamCompletion", _start_completion_stream, convert.completion_chunk)
+    Generate = _streaming("Generate", _start_generate, None, name_workers=False)  # each message has worker_id
+
+
+def _generate_message(gen: Generation, d: SampleDelta, count: int) -> gpb.GenerateResponse:
+    usage = gen.usage
+    out = gpb.GenerateResponse(
+        request_id=gen.prepared.request_id, index=d.index, token_ids=d.token_ids, text=d.text,
+        logprobs=d.logprobs or (), finish_reason=d.finish_reason or "",
+        prompt_tokens=usage.prompt_tokens, completion_tokens=count, cached_tokens=usage.cached_tokens,
+        worker_id=gen.worker_id,
+    )
+    convert.matched_stop(out.matched_stop, d.matched_stop)
+    return out
+
+
+async def _generate_messages(gens: list[Generation], *, stream: bool) -> AsyncGenerator[gpb.GenerateResponse, None]:
+    """Deltas as they come (stream), or one whole message per sample when it finishes."""
+    counts: dict[tuple[int, int], int] = {}
+    parts: dict[tuple[int, int], SampleDelta] = {}
+    async for g, d in merged(gens):
+        key = (g, d.index)
+        counts[key] = counts.get(key, 0) + len(d.token_ids)
+        if stream:
+            yield _generate_message(gens[g], d, counts[key])
+            continue
+        acc = parts.setdefault(key, SampleDelta(d.index, logprobs=[] if d.logprobs is not None else None))
+        acc.text += d.text
+        acc.token_ids.extend(d.token_ids)
+        if d.logprobs is not None:
+            acc.logprobs = (acc.logprobs or []) + d.logprobs
+        if d.finish_reason is not None:
+            acc.finish_reason, acc.matched_stop = d.finish_reason, d.matched_stop
+            yield _generate_message(gens[g], acc, counts[key])

@@ -1,0 +1,291 @@
+"""``sglang.grpc.scheduler.SglangScheduler`` served by the gateway itself.
+
+A client written for one SGLang ``--grpc-mode`` worker points at the gateway
+unchanged and gets a fleet: each Generate is routed on its token ids by the same
+policies (``dispatch.open_generate``: the one retry loop and load accounting) and
+the chosen worker's stream is relayed message for message (n>1 indices, logprobs,
+chunks and completes as the worker sent them). Abort reaches the worker serving
+that request id; HealthCheck, GetModelInfo, GetServerInfo and GetLoads describe
+the fleet; Embed is routed like a generation; GetTokenizer and FlushCache go to
+the workers. SubscribeKvEvents is per worker by nature and stays unimplemented.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import logging
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
+
+from grpc import aio
+
+from gateway.policies.base import RouteRequest
+from gateway.proto import common_pb2
+from gateway.proto import sglang_scheduler_pb2 as pb
+from gateway.proto import sglang_scheduler_pb2_grpc as pb_grpc
+from gateway.protocol.errors import (
+    ContextLengthExceededError,
+    GatewayError,
+    InvalidRequestError,
+    NoWorkerError,
+)
+from gateway.routing.deadline import worker_timeout
+from gateway.routing.dispatch import WorkerStream, fire_abort, open_generate
+from gateway.routing.errors import map_rpc_error
+from gateway.routing.native import embed_ids
+from gateway.routing.request_context import RequestContext
+from gateway.server.grpc_util import (
+    Authenticator,
+    abort_with,
+    admitted,
+    client_deadline,
+    reply_metadata,
+)
+from gateway.server.state import GatewayState
+from gateway.workers.worker import Worker
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class SchedulerPassthrough(pb_grpc.SglangSchedulerServicer):
+    def __init__(self, state: GatewayState, auth: Authenticator) -> None:
+        self.state = state
+        self.engine = state.engine
+        self.auth = auth
+        self._live: dict[str, WorkerStream] = {}  # request id -> its worker stream
+        self._aborted: set[str] = set()  # Abort arrived before the request reached a worker
+
+    def admitted(self, ctx: RequestContext, method: str) -> contextlib.AbstractAsyncContextManager[None]:
+        """Admission control around every call, shared with the HTTP front door."""
+        return admitted(self.state.admission, ctx, method)
+
+    async def _unary(self, context: aio.ServicerContext, method: str, run: Callable[[RequestContext], Awaitable[T]]) -> T:
+        try:
+            ctx = self.auth.context(context)
+            with client_deadline(context):
+                async with self.admitted(ctx, method):
+                    return await run(ctx)
+        except GatewayError as exc:
+            await abort_with(context, exc)
+            raise
+
+    def _workers(self) -> list[Worker]:
+        return [w for w in self.state.registry.all() if w.role == "regular" and w.available]
+
+    def _any_worker(self) -> Worker:
+        workers = self._workers() or self.state.registry.all()
+        if not workers:
+            raise NoWorkerError("no worker registered")
+        return workers[0]
+
+    # ---------------------------------------------------------------- Generate
+    def _route(self, request: pb.GenerateRequest, ctx: RequestContext) -> RouteRequest:
+        entry = self.engine.catalog.get(None)
+        ids = list(request.tokenized.input_ids)
+        if not ids:
+            raise InvalidRequestError("tokenized.input_ids is empty: the pass-through routes on token ids", param="tokenized")
+        vocab = entry.tokenizer.vocab_size
+        if vocab and max(ids) >= vocab:
+            raise InvalidRequestError(f"input ids must be in [0, {vocab})", param="tokenized.input_ids")
+        params = request.sampling_params
+        wanted = params.max_new_tokens if params.HasField("max_new_tokens") else 0
+        limit = entry.max_context_length
+        if limit and len(ids) + wanted > limit:
+            raise ContextLengthExceededError(
+                f"this model's maximum context length is {limit} tokens; the prompt has {len(ids)} "
+                f"tokens and {wanted} more were requested", param="tokenized.input_ids",
+            )
+        return RouteRequest(
+            token_ids=ids,
+            model=self.engine._worker_model(entry.name),
+            request_id=request.request_id,
+            routing_key=ctx.routing_key,
+            target_worker=ctx.target_worker,
+            max_new_tokens=wanted,
+        )
+
+    async def Generate(self, request: pb.GenerateRequest, context: aio.ServicerContext) -> AsyncIterator[pb.GenerateResponse]:
+        stream: WorkerStream | None = None
+        rid = request.request_id
+        try:
+            ctx = self.auth.context(context)
+            if not rid:  # the worker needs an id for Abort; the client's x-request-id or a fresh one
+                rid = ctx.request_id or uuid.uuid4().hex
+                request = _with_id(request, rid)
+            with client_deadline(context):
+                async with self.admitted(ctx, "SglangScheduler/Generate"):
+                    route = self._route(request, ctx)
+                    n = max(1, request.sampling_params.n)
+                    stream = await open_generate(
+                        self.engine.router, route, lambda selection: request,
+                        prompt_tokens=len(route.token_ids),
+                        max_new_tokens=route.max_new_tokens * n,
+                        retry=self.engine.retry, config=self.engine.dispatch,
+                    )
+                    self._live[rid] = stream
+                    if rid in self._aborted:
+                        self._aborted.discard(rid)
+                        await stream.abort("aborted by client")
+                        return
+                    ctx.worker_ids = [stream.worker.id]
+                    await context.send_initial_metadata(reply_metadata(ctx))
+                    while (message := await stream.read()) is not None:
+                        yield message
+        except GatewayError as exc:
+            await abort_with(context, exc)
+        finally:
+            if stream is not None:
+                if self._live.get(rid) is stream:
+                    del self._live[rid]
+                if not stream.closed:
+                    await stream.abort("client gone")
+
+    async def Abort(self, request: pb.AbortRequest, context: aio.ServicerContext) -> pb.AbortResponse:
+        async def run(ctx: RequestContext) -> pb.AbortResponse:
+            stream = self._live.get(request.request_id)
+            if stream is not None:
+                # The worker ends the stream itself (a complete with finish_reason "abort"),
+                # which the relay passes on, as a worker answers its own clients.
+                worker = stream.worker
+                try:
+                    ok = await worker.client.abort(request.request_id, request.reason, timeout=worker_timeout(5.0))
+                except aio.AioRpcError as exc:
+                    await stream.abort(request.reason or "aborted by client")
+                    return pb.AbortResponse(success=True, message=f"worker {worker.id} did not answer Abort ({exc.code().name}); stream cancelled")
+                return pb.AbortResponse(success=ok, message=f"abort sent to {worker.id}")
+            # Not (yet) on a worker: remember it, and let every worker drop it if queued.
+            self._aborted.add(request.request_id)
+            if len(self._aborted) > 10_000:
+                self._aborted.pop()
+            for worker in self._workers():
+                fire_abort(worker, request.request_id, request.reason or "aborted by client")
+            return pb.AbortResponse(success=True, message="not running here; abort sent to every worker")
+
+        return await self._unary(context, "SglangScheduler/Abort", run)
+
+    # ---------------------------------------------------------------- Embed
+    async def Embed(self, request: pb.EmbedRequest, context: aio.ServicerContext) -> pb.EmbedResponse:
+        async def run(ctx: RequestContext) -> pb.EmbedResponse:
+            if not request.tokenized.input_ids:
+                raise InvalidRequestError("tokenized.input_ids is empty: the pass-through routes on token ids", param="tokenized")
+            entry = self.engine.catalog.get(None)
+            reply, worker_id = await embed_ids(self.engine, entry.name, request, ctx)
+            ctx.worker_ids = [worker_id]
+            await context.send_initial_metadata(reply_metadata(ctx))
+            return reply
+
+        return await self._unary(context, "SglangScheduler/Embed", run)
+
+    # ---------------------------------------------------------------- fleet facts
+    async def HealthCheck(self, request: pb.HealthCheckRequest, context: aio.ServicerContext) -> pb.HealthCheckResponse:
+        """The fleet's health from the gateway's own checks (a worker's HealthCheck runs a
+        generation on the GPU; relaying it would cost every worker one per probe)."""
+        async def run(ctx: RequestContext) -> pb.HealthCheckResponse:
+            total = len(self.state.registry.all())
+            up = len(self._workers())
+            return pb.HealthCheckResponse(healthy=up > 0, message=f"{up} of {total} workers available")
+
+        return await self._unary(context, "SglangScheduler/HealthCheck", run)
+
+    async def GetModelInfo(self, request: pb.GetModelInfoRequest, context: aio.ServicerContext) -> pb.GetModelInfoResponse:
+        async def run(ctx: RequestContext) -> pb.GetModelInfoResponse:
+            worker = self._any_worker()
+            reply = await self._call(worker, worker.client.model_info())
+            reply.served_model_name = self.state.catalog.public_name(worker.model)
+            return reply
+
+        return await self._unary(context, "SglangScheduler/GetModelInfo", run)
+
+    async def GetServerInfo(self, request: pb.GetServerInfoRequest, context: aio.ServicerContext) -> pb.GetServerInfoResponse:
+        async def run(ctx: RequestContext) -> pb.GetServerInfoResponse:
+            worker = self._any_worker()
+            reply = await self._call(worker, worker.client.server_info())
+            reply.active_requests = sum(w.load.in_flight for w in self.state.registry.all())
+            return reply
+
+        return await self._unary(context, "SglangScheduler/GetServerInfo", run)
+
+    async def GetLoads(self, request: pb.GetLoadsRequest, context: aio.ServicerContext) -> pb.GetLoadsResponse:
+        """Every worker's scheduler loads, ranks renumbered across the fleet, one aggregate."""
+        async def run(ctx: RequestContext) -> pb.GetLoadsResponse:
+            workers = self._workers()
+            include = list(request.include) or ["core"]
+            replies = await asyncio.gather(
+                *(w.client.loads(include=include, timeout=worker_timeout(2.0)) for w in workers),
+                return_exceptions=True,
+            )
+            return aggregate_loads([r for r in replies if isinstance(r, pb.GetLoadsResponse)],
+                                   request.dp_rank if request.HasField("dp_rank") else None)
+
+        return await self._unary(context, "SglangScheduler/GetLoads", run)
+
+    async def GetTokenizer(self, request: common_pb2.GetTokenizerRequest, context: aio.ServicerContext) -> AsyncIterator[common_pb2.GetTokenizerChunk]:
+        try:
+            self.auth.context(context)
+            worker = self._any_worker()
+            async for chunk in worker.client.tokenizer_chunks(request):
+                yield chunk
+        except GatewayError as exc:
+            await abort_with(context, exc)
+        except aio.AioRpcError as exc:
+            await abort_with(context, map_rpc_error(exc, "tokenizer source"))
+
+    async def FlushCache(self, request: common_pb2.FlushCacheRequest, context: aio.ServicerContext) -> common_pb2.FlushCacheResponse:
+        async def run(ctx: RequestContext) -> common_pb2.FlushCacheResponse:
+            workers = self._workers()
+            replies = await asyncio.gather(
+                *(w.client.flush_cache(request.timeout_s) for w in workers), return_exceptions=True
+            )
+            failed = [w.id for w, r in zip(workers, replies, strict=True) if not (isinstance(r, common_pb2.FlushCacheResponse) and r.success)]
+            ok = bool(workers) and not failed
+            message = f"flushed {len(workers) - len(failed)} of {len(workers)} workers"
+            if failed:
+                message += f"; failed: {', '.join(failed)}"
+            return common_pb2.FlushCacheResponse(success=ok, message=message)
+
+        return await self._unary(context, "SglangScheduler/FlushCache", run)
+
+    async def _call(self, worker: Worker, call: Awaitable[T]) -> T:
+        try:
+            return await call
+        except aio.AioRpcError as exc:
+            raise map_rpc_error(exc, worker.id) from exc
+
+
+def _with_id(request: pb.GenerateRequest, rid: str) -> pb.GenerateRequest:
+    out = pb.GenerateRequest()
+    out.CopyFrom(request)
+    out.request_id = rid
+    return out
+
+
+def aggregate_loads(replies: list[pb.GetLoadsResponse], dp_rank: int | None) -> pb.GetLoadsResponse:
+    """One GetLoads answer for the fleet: ranks numbered 0.. across workers in order."""
+    out = pb.GetLoadsResponse(
+        timestamp=datetime.datetime.now(datetime.UTC).isoformat(),
+        version=replies[0].version if replies else "",
+    )
+    rank = 0
+    for reply in replies:
+        for load in reply.loads:
+            if dp_rank is None or dp_rank == rank:
+                row = out.loads.add()
+                row.CopyFrom(load)
+                row.dp_rank = rank
+            rank += 1
+    out.dp_rank_count = rank
+    rows = list(out.loads)
+    agg = out.aggregate
+    agg.total_running_reqs = sum(r.num_running_reqs for r in rows)
+    agg.total_waiting_reqs = sum(r.num_waiting_reqs for r in rows)
+    agg.total_reqs = sum(r.num_total_reqs for r in rows)
+    if rows:
+        agg.avg_token_usage = sum(r.token_usage for r in rows) / len(rows)
+        agg.avg_throughput = sum(r.gen_throughput for r in rows) / len(rows)
+        agg.avg_utilization = sum(r.utilization for r in rows) / len(rows)
+    return out

@@ -1,0 +1,88 @@
+"""The gateway's gRPC port: its own API, the SGLang pass-through, health and reflection.
+
+One ``grpc.aio`` server on the gateway's event loop, sharing the HTTP front
+door's ``GatewayState`` (engine, router, registry, catalog): both doors run the
+same pipeline over the same load counters and policies.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from grpc import aio
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from gateway.proto import (
+    gateway_pb2,
+    gateway_pb2_grpc,
+    sglang_scheduler_pb2,
+    sglang_scheduler_pb2_grpc,
+)
+from gateway.server.grpc_front import TokenGatewayService
+from gateway.server.grpc_passthrough import SchedulerPassthrough
+from gateway.server.grpc_util import Authenticator
+from gateway.server.state import GatewayState
+
+log = logging.getLogger(__name__)
+
+GATEWAY_SERVICE = gateway_pb2.DESCRIPTOR.services_by_name["TokenGateway"].full_name
+SCHEDULER_SERVICE = sglang_scheduler_pb2.DESCRIPTOR.services_by_name["SglangScheduler"].full_name
+
+
+@dataclass
+class GrpcServer:
+    server: aio.Server
+    host: str
+    port: int
+    health: health.aio.HealthServicer
+    gateway: TokenGatewayService
+    passthrough: SchedulerPassthrough
+
+    @property
+    def target(self) -> str:
+        """``host:port`` for ``grpc.aio.insecure_channel``."""
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+    async def set_serving(self, serving: bool) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in ("", GATEWAY_SERVICE, SCHEDULER_SERVICE):
+            await self.health.set(name, status)
+
+    async def stop(self, grace: float | None = 5.0) -> None:
+        """Refuse new calls, give running ones ``grace`` seconds, then cancel them
+        (cancelling aborts their worker requests)."""
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace)
+
+
+async def start_grpc_server(state: GatewayState, host: str = "127.0.0.1", port: int = 0) -> GrpcServer:
+    """Bind ``host:port`` (0: a free port), register every service and start serving."""
+    max_bytes = state.config.server.max_body_bytes
+    server = aio.server(
+        options=[
+            ("grpc.max_receive_message_length", max_bytes),
+            ("grpc.max_send_message_length", max(max_bytes, 64 * 1024 * 1024)),
+            ("grpc.so_reuseport", 0),
+        ]
+    )
+    auth = Authenticator(state.auth)
+    gateway = TokenGatewayService(state, auth)
+    passthrough = SchedulerPassthrough(state, auth)
+    gateway_pb2_grpc.add_TokenGatewayServicer_to_server(gateway, server)
+    sglang_scheduler_pb2_grpc.add_SglangSchedulerServicer_to_server(passthrough, server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (GATEWAY_SERVICE, SCHEDULER_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+    )
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    bound = server.add_insecure_port(address)
+    if bound == 0:
+        raise RuntimeError(f"gRPC server could not bind {address}")
+    await server.start()
+    out = GrpcServer(server, host, bound, health_servicer, gateway, passthrough)
+    await out.set_serving(bool(state.registry.all()))
+    log.info("gRPC front door on %s", out.target)
+    return out

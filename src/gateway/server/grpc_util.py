@@ -1,0 +1,143 @@
+"""gRPC plumbing shared by the two gRPC services: auth, request context, error status.
+
+The HTTP front door's rules, in gRPC's terms: the same API keys (``authorization:
+Bearer KEY`` metadata), the same routing headers (as metadata keys), and each
+``GatewayError`` turned into the gRPC status code that means the same thing as its
+HTTP status, with the OpenAI error fields in the trailing metadata.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator, Iterator, Mapping
+from typing import Protocol
+
+import grpc
+from grpc import aio
+
+from gateway.protocol.errors import GatewayError
+from gateway.routing.deadline import request_deadline
+from gateway.routing.request_context import RequestContext
+from gateway.server.admission import Admission
+
+
+class KeyCheck(Protocol):
+    def inference(self, headers: Mapping[str, str]) -> str | None: ...
+
+
+ROUTING_KEY_METADATA = ("x-smg-routing-key", "x-routing-key")
+TARGET_WORKER_METADATA = ("x-smg-target-worker", "x-target-worker")
+
+# HTTP status of a GatewayError -> the gRPC code with the same meaning.
+_STATUS_CODES: dict[int, grpc.StatusCode] = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    401: grpc.StatusCode.UNAUTHENTICATED,
+    403: grpc.StatusCode.PERMISSION_DENIED,
+    404: grpc.StatusCode.NOT_FOUND,
+    408: grpc.StatusCode.DEADLINE_EXCEEDED,
+    409: grpc.StatusCode.ABORTED,
+    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    422: grpc.StatusCode.INVALID_ARGUMENT,
+    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    499: grpc.StatusCode.CANCELLED,
+    501: grpc.StatusCode.UNIMPLEMENTED,
+    502: grpc.StatusCode.UNAVAILABLE,
+    503: grpc.StatusCode.UNAVAILABLE,
+    504: grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+
+
+def status_code(exc: GatewayError) -> grpc.StatusCode:
+    code = _STATUS_CODES.get(exc.status)
+    if code is not None:
+        return code
+    return grpc.StatusCode.INVALID_ARGUMENT if 400 <= exc.status < 500 else grpc.StatusCode.INTERNAL
+
+
+def error_metadata(exc: GatewayError) -> tuple[tuple[str, str], ...]:
+    """The OpenAI error fields as trailing metadata (ASCII-safe values only)."""
+    out: list[tuple[str, str]] = [("x-error-type", exc.type), ("x-http-status", str(exc.status))]
+    if exc.code:
+        out.append(("x-error-code", str(exc.code)))
+    if exc.param:
+        out.append(("x-error-param", exc.param))
+    if exc.retry_after is not None:
+        out.append(("retry-after", str(max(1, round(exc.retry_after)))))
+    return tuple((k, v) for k, v in out if v.isascii() and v.isprintable())
+
+
+async def abort_with(context: aio.ServicerContext, exc: GatewayError) -> None:
+    """End the RPC with ``exc`` as its status (raises, as ``context.abort`` does)."""
+    context.set_trailing_metadata(error_metadata(exc))
+    await context.abort(status_code(exc), exc.message)
+
+
+def _metadata(context: aio.ServicerContext) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for key, value in context.invocation_metadata() or ():
+        if isinstance(value, str):
+            out.setdefault(key.lower(), value)
+    return out
+
+
+class Authenticator:
+    """The HTTP front door's key check (``server.security``) applied to call metadata."""
+
+    def __init__(self, keys: KeyCheck) -> None:
+        self.keys = keys
+
+    def context(self, context: aio.ServicerContext) -> RequestContext:
+        """The request's context from its metadata; raises AuthenticationError."""
+        meta = _metadata(context)
+        ctx = RequestContext(
+            api_key_id=self.keys.inference(meta),
+            routing_key=next((meta[k] for k in ROUTING_KEY_METADATA if meta.get(k)), None),
+            target_worker=next((meta[k] for k in TARGET_WORKER_METADATA if meta.get(k)), None),
+        )
+        incoming = meta.get("x-request-id")
+        if incoming and len(incoming) <= 128 and incoming.isprintable():
+            ctx.request_id = incoming
+        return ctx
+
+
+# Calls that make a worker generate or embed take an admission slot, as their HTTP
+# counterparts do; metadata and token-counting calls do not queue.
+ADMITTED_METHODS = frozenset(
+    {"ChatCompletion", "Completion", "StreamChatCompletion", "StreamCompletion", "Generate", "Embed"}
+)
+
+
+@contextlib.asynccontextmanager
+async def admitted(admission: Admission, ctx: RequestContext, method: str) -> AsyncIterator[None]:
+    """Hold an admission slot for the whole call (a stream: until it ends) when
+    ``method`` generates; raises the admission errors (429/408/503 in gRPC terms)."""
+    if method.rsplit("/", 1)[-1] not in ADMITTED_METHODS:
+        yield
+        return
+    async with admission.admit(ctx.api_key_id):
+        yield
+
+
+def reply_metadata(ctx: RequestContext) -> tuple[tuple[str, str], ...]:
+    out = [("x-request-id", ctx.request_id)]
+    if ctx.worker_ids:
+        out.append(("x-worker-id", ",".join(dict.fromkeys(ctx.worker_ids))))
+    return tuple((k, v) for k, v in out if v.isascii() and v.isprintable())
+
+
+@contextlib.contextmanager
+def client_deadline(context: aio.ServicerContext) -> Iterator[None]:
+    """Let the client's gRPC deadline bound the worker calls made for this request."""
+    remaining = context.time_remaining()
+    if remaining is None:
+        yield
+        return
+    token = request_deadline.set(time.monotonic() + remaining)
+    try:
+        yield
+    finally:
+        try:
+            request_deadline.reset(token)
+        except ValueError:  # a streaming handler finalized from another task's context
+            pass
