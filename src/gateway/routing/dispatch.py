@@ -13,8 +13,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 import grpc
 from grpc import aio
@@ -26,10 +27,12 @@ from gateway.routing.retry import RetryConfig
 from gateway.routing.router import Router, Selection
 from gateway.settings import option
 from gateway.workers.load import LoadGuard
+from gateway.workers.worker import Worker
 
 log = logging.getLogger(__name__)
 
 BuildRequest = Callable[[Selection], pb.GenerateRequest]
+T = TypeVar("T")
 
 
 @dataclass
@@ -37,6 +40,19 @@ class DispatchConfig:
     request_timeout_s: float = option(600.0, "gRPC deadline for one generation on a worker, seconds")
     first_token_timeout_s: float = option(300.0, "give up on a worker that sends nothing for this long before the first message, seconds")
     stall_timeout_s: float = option(60.0, "give up on a stream that goes silent for this long after it started, seconds")
+
+
+class TokenStream(Protocol):
+    """What ``Generation`` reads: one worker's stream, or a PD pair's decode side."""
+
+    @property
+    def worker(self) -> Worker: ...
+
+    async def read(self) -> pb.GenerateResponse | None: ...
+
+    def finished(self) -> None: ...
+
+    async def aclose(self) -> None: ...
 
 
 class WorkerStream:
@@ -135,6 +151,83 @@ def fire_abort(worker: object, request_id: str, reason: str) -> None:
     task.add_done_callback(_background.discard)
 
 
+class AttemptFailed(Exception):
+    """One try on one worker failed before any output; the slot is already freed.
+
+    ``retryable`` says whether another worker may be tried; ``backoff`` whether to
+    sleep first (a worker error, not a timeout or an empty stream)."""
+
+    def __init__(self, error: Exception, worker_id: str, *, retryable: bool, backoff: bool) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.worker_id = worker_id
+        self.retryable = retryable
+        self.backoff = backoff
+
+
+async def open_on(
+    selection: Selection,
+    route: RouteRequest,
+    request: pb.GenerateRequest,
+    *,
+    prompt_tokens: int,
+    max_new_tokens: int,
+    retry: RetryConfig,
+    config: DispatchConfig,
+    attempt: int = 1,
+) -> WorkerStream:
+    """Send ``request`` to the selected worker and wait for its first message.
+
+    Raises :class:`AttemptFailed` (slot released, breaker and policy told) when the
+    worker fails, stalls or says nothing; on cancellation aborts the worker request.
+    """
+    worker = selection.worker
+    guard = worker.load.acquire(prompt_tokens, max_new_tokens)
+    worker.breaker.on_dispatch()
+    selection.policy.on_dispatch(route, selection.decision)
+    call = worker.client.generate(request, timeout=config.request_timeout_s)
+    started = time.monotonic()
+    try:
+        async with asyncio.timeout(config.first_token_timeout_s):
+            first = await call.read()
+    except TimeoutError:
+        call.cancel()
+        fire_abort(worker, route.request_id, "first token timeout")
+        guard.release()
+        worker.breaker.record_failure()
+        selection.policy.on_finish(route, worker.id, 0, False)
+        raise AttemptFailed(
+            worker_stalled_error(worker.id, config.first_token_timeout_s), worker.id, retryable=True, backoff=False
+        ) from None
+    except aio.AioRpcError as exc:
+        guard.release()
+        client_fault = exc.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE)
+        if client_fault:
+            worker.breaker.record_success()
+        else:
+            worker.breaker.record_failure()
+        selection.policy.on_finish(route, worker.id, 0, False)
+        raise AttemptFailed(
+            map_rpc_error(exc, worker.id), worker.id, retryable=retry.retryable(exc.code()), backoff=True
+        ) from exc
+    except BaseException:
+        call.cancel()
+        fire_abort(worker, route.request_id, "cancelled")
+        guard.release()
+        selection.policy.on_finish(route, worker.id, 0, False)
+        raise
+    if first is aio.EOF:
+        guard.release()
+        worker.breaker.record_failure()
+        selection.policy.on_finish(route, worker.id, 0, False)
+        raise AttemptFailed(
+            map_rpc_error(None, worker.id, "worker closed the stream without output"),
+            worker.id, retryable=True, backoff=False,
+        )
+    log.debug("request %s on %s after %.1f ms", route.request_id, worker.id, (time.monotonic() - started) * 1e3)
+    return WorkerStream(selection, route, call, guard, first, config, attempt)  # type: ignore[arg-type]
+
+
 async def open_generate(
     router: Router,
     route: RouteRequest,
@@ -148,66 +241,48 @@ async def open_generate(
     on_attempt: Callable[[Selection, int], None] | None = None,
 ) -> WorkerStream:
     """Select, send and wait for the first message, retrying on other workers."""
+
+    async def attempt(route: RouteRequest, n: int) -> WorkerStream:
+        selection = router.select(route, role)
+        if on_attempt is not None:
+            on_attempt(selection, n)
+        return await open_on(
+            selection, route, build(selection),
+            prompt_tokens=prompt_tokens, max_new_tokens=max_new_tokens, retry=retry, config=config, attempt=n,
+        )
+
+    return await with_retries(router, route, attempt, retry)
+
+
+Attempt = Callable[[RouteRequest, int], Awaitable[T]]
+
+
+async def with_retries(router: Router, route: RouteRequest, attempt: Attempt[T], retry: RetryConfig) -> T:
+    """The gateway's one retry loop: run ``attempt`` until it opens a stream.
+
+    Each failed attempt excludes the worker that failed from the next selection;
+    ``attempt`` raises NoWorkerAvailable when its pool(s) have no one left.
+    """
     last_error: Exception | None = None
-    for attempt in range(1, max(1, retry.max_attempts) + 1):
+    tries = max(1, retry.max_attempts)
+    for n in range(1, tries + 1):
         try:
-            selection = router.select(route, role)
+            return await attempt(route, n)
         except NoWorkerAvailable as exc:
             if last_error is not None:
                 raise last_error from exc
             raise no_worker_error(str(exc)) from exc
-        worker = selection.worker
-        guard = worker.load.acquire(prompt_tokens, max_new_tokens)
-        worker.breaker.on_dispatch()
-        selection.policy.on_dispatch(route, selection.decision)
-        if on_attempt is not None:
-            on_attempt(selection, attempt)
-        call = worker.client.generate(build(selection), timeout=config.request_timeout_s)
-        started = time.monotonic()
-        try:
-            async with asyncio.timeout(config.first_token_timeout_s):
-                first = await call.read()
-        except TimeoutError:
-            call.cancel()
-            fire_abort(worker, route.request_id, "first token timeout")
-            guard.release()
-            worker.breaker.record_failure()
-            selection.policy.on_finish(route, worker.id, 0, False)
-            last_error = worker_stalled_error(worker.id, config.first_token_timeout_s)
-            route = router.exclude(route, worker.id)
-            continue
-        except aio.AioRpcError as exc:
-            guard.release()
-            client_fault = exc.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE)
-            if client_fault:
-                worker.breaker.record_success()
-            else:
-                worker.breaker.record_failure()
-            selection.policy.on_finish(route, worker.id, 0, False)
-            last_error = map_rpc_error(exc, worker.id)
-            if not retry.retryable(exc.code()) or attempt >= retry.max_attempts:
-                raise last_error from exc
-            log.warning(
-                "request %s: worker %s failed before output (%s), retrying (attempt %d)",
-                route.request_id, worker.id, exc.code().name, attempt,
-            )
-            route = router.exclude(route, worker.id)
-            await asyncio.sleep(retry.backoff(attempt))
-            continue
-        except BaseException:
-            call.cancel()
-            fire_abort(worker, route.request_id, "cancelled")
-            guard.release()
-            selection.policy.on_finish(route, worker.id, 0, False)
-            raise
-        if first is aio.EOF:
-            guard.release()
-            worker.breaker.record_failure()
-            selection.policy.on_finish(route, worker.id, 0, False)
-            last_error = map_rpc_error(None, worker.id, "worker closed the stream without output")
-            route = router.exclude(route, worker.id)
-            continue
-        log.debug("request %s on %s after %.1f ms", route.request_id, worker.id, (time.monotonic() - started) * 1e3)
-        return WorkerStream(selection, route, call, guard, first, config, attempt)  # type: ignore[arg-type]
+        except AttemptFailed as failed:
+            last_error = failed.error
+            if failed.backoff:
+                if not failed.retryable or n >= tries:
+                    raise failed.error from failed.__cause__
+                log.warning(
+                    "request %s: worker %s failed before output (%s), retrying (attempt %d)",
+                    route.request_id, failed.worker_id, failed.error, n,
+                )
+            route = router.exclude(route, failed.worker_id)
+            if failed.backoff:
+                await asyncio.sleep(retry.backoff(n))
     assert last_error is not None
     raise last_error

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from gateway.policies.factory import PolicyConfig
 from gateway.routing.dispatch import DispatchConfig
 from gateway.routing.engine import EngineConfig
+from gateway.routing.pd import PdConfig
 from gateway.routing.retry import RetryConfig
 from gateway.settings import option
 
@@ -34,3 +35,4 @@ class GatewayConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     retry: RetryConfig = field(default_factory=RetryConfig)
     dispatch: DispatchConfig = field(default_factory=DispatchConfig)
+    pd: PdConfig = field(default_factory=PdConfig)
