@@ -198,6 +198,48 @@ async def test_workers_listed_with_roles_and_separate_pool_policies(stack: Stack
     assert names == {"prefill": "cache_aware", "decode": "power_of_two"}
 
 
+def _record_requests(stack: Stack) -> dict[str, list[Any]]:
+    """Keep a copy of every GenerateRequest the gateway sends, per role (a spy on the real clients)."""
+    sent: dict[str, list[Any]] = {"prefill": [], "decode": []}
+    for worker in stack.state.registry.all():
+        real = worker.client.generate
+
+        def spy(request: Any, *, timeout: float | None = None, _real: Any = real, _role: str = worker.role) -> Any:
+            sent[_role].append(request)
+            return _real(request, timeout=timeout)
+
+        worker.client.generate = spy  # type: ignore[method-assign]
+    return sent
+
+
+@pytest.mark.stack(workers=4, roles=PD2)
+async def test_wire_params_and_dp_rank_alignment(stack: Stack) -> None:
+    sent = _record_requests(stack)
+    ports = {w.id: w.bootstrap_port for w in _gw(stack, "prefill")}
+    for w in _gw(stack, "prefill"):
+        w.info.dp_size = 4  # as a data-parallel prefill worker reports in GetServerInfo
+    for i in range(4):
+        await stack.client.completions.create(model=stack.model, prompt=f"dp prompt {i}", max_tokens=2, logprobs=1)
+    assert _rendezvous(stack) == (4, 0)
+    assert len(sent["prefill"]) == len(sent["decode"]) == 4
+    ranks: dict[int, list[int]] = {}
+    for p, d in zip(sent["prefill"], sent["decode"], strict=True):
+        assert p.disaggregated_params == d.disaggregated_params
+        assert p.request_id == d.request_id
+        room = p.disaggregated_params.bootstrap_room
+        assert 0 <= room < 2**31 - 1
+        assert p.disaggregated_params.bootstrap_host == "127.0.0.1"
+        assert p.disaggregated_params.bootstrap_port in ports.values()
+        assert p.HasField("data_parallel_rank") and room % 4 == p.data_parallel_rank
+        assert not d.HasField("data_parallel_rank")
+        assert not p.stream and p.sampling_params.n == 1
+        assert d.return_logprob and d.logprob_start_len == -1  # output logprobs only, from decode
+        ranks.setdefault(p.disaggregated_params.bootstrap_port, []).append(p.data_parallel_rank)
+    assert len({p.disaggregated_params.bootstrap_room for p in sent["prefill"]}) == 4  # fresh rooms
+    for used in ranks.values():  # round robin over each prefill worker's ranks
+        assert used == list(range(len(used)))
+
+
 # ---------------------------------------------------------------- no decode capacity
 @pytest.mark.stack(workers=4, roles=PD2)
 async def test_empty_decode_pool_is_503_not_a_hang(stack: Stack) -> None:
@@ -405,3 +447,14 @@ def test_serve_flags() -> None:
     assert [s.url for s in cfg.pd.decode] == ["grpc://d1:3", "grpc://d2:4"]
     assert cfg.pd.prefill_policy == "prefix_hash" and cfg.pd.decode_policy == "power_of_two"
     assert cfg.server.worker_urls == ["grpc://r:5"]
+
+
+def test_worker_info_reads_dp_size_and_bootstrap_port() -> None:
+    from gateway.proto import sglang_scheduler_pb2 as pb
+    from gateway.workers.worker import WorkerInfo
+
+    server = pb.GetServerInfoResponse()
+    server.server_args.update({"dp_size": 4, "disaggregation_mode": "prefill", "disaggregation_bootstrap_port": 8998})
+    info = WorkerInfo.from_replies(pb.GetModelInfoResponse(model_path="m"), server)
+    assert (info.dp_size, info.disaggregation_mode, info.bootstrap_port) == (4, "prefill", 8998)
+    assert WorkerInfo.from_replies(pb.GetModelInfoResponse(model_path="m"), pb.GetServerInfoResponse()).dp_size == 1
