@@ -14,6 +14,7 @@ import json
 import random
 import time
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import openai
@@ -35,6 +36,7 @@ from gateway.workers.worker import Worker
 from tests.server.conftest import Stack, StackOptions, start_stack
 
 PD2 = ["prefill", "prefill", "decode", "decode"]
+BENCH_PD = Path(__file__).resolve().parents[2] / "scripts" / "bench_pd.py"
 NO_THINK = {"chat_template_kwargs": {"enable_thinking": False}}
 
 
@@ -458,3 +460,32 @@ def test_worker_info_reads_dp_size_and_bootstrap_port() -> None:
     info = WorkerInfo.from_replies(pb.GetModelInfoResponse(model_path="m"), server)
     assert (info.dp_size, info.disaggregation_mode, info.bootstrap_port) == (4, "prefill", 8998)
     assert WorkerInfo.from_replies(pb.GetModelInfoResponse(model_path="m"), pb.GetServerInfoResponse()).dp_size == 1
+
+
+@pytest.mark.slow
+async def test_bench_pd_script_drives_the_serve_cli_over_subprocess_workers() -> None:
+    """scripts/bench_pd.py end to end, tiny: real `serve --prefill ... --decode ...` and sim-worker processes."""
+    import importlib.util
+    import io
+    import sys
+
+    from rich.console import Console
+
+    from gateway.bench.workloads import GspConfig
+
+    spec = importlib.util.spec_from_file_location("bench_pd", BENCH_PD)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["bench_pd"] = mod
+    spec.loader.exec_module(mod)
+    config = mod.PdBenchConfig(
+        prefill_policies=["cache_aware"], prefill_workers=2, decode_workers=2, concurrency=1, run_timeout_s=60
+    )
+    gsp = GspConfig(groups=2, prompts_per_group=3, system_tokens=64, question_tokens=8, output_tokens=4)
+    ((summary, sides),) = await mod.main_async(config, gsp, Console(file=io.StringIO()))
+    assert (summary.ok, summary.errors) == (6, 0)
+    assert (sides["rendezvous_ok"], sides["rendezvous_failed"]) == (6, 0)
+    assert sum(sides["prefill_requests"]) == 6 and sum(sides["decode_requests"]) == 6
+    # Later prompts of a group hit its system prompt (the auto-sized KV is tiny here, so not every time).
+    assert sides["prefill_cached_tokens"] >= 64
+    assert summary.cached_tokens == sides["prefill_cached_tokens"]
