@@ -243,15 +243,15 @@ class PdStream:
         half = self._halves[i]
         if msg is None:
             self._live.discard(i)
-            if len(self._streams) > 1:
-                return self._missing(i)
+            if len(self._streams) > 1:  # with one stream, Generation reports the early end itself
+                raise WorkerError(f"decode worker {self.worker.id} ended sample {i} without finishing it")
             return None
         which = msg.WhichOneof("response")
         part = msg.chunk if which == "chunk" else msg.complete if which == "complete" else None
         if part is None:
             return msg
         part.index = i
-        part.cached_tokens = max(part.cached_tokens, half.cached_tokens)
+        part.cached_tokens = half.cached_tokens  # prefix reuse happened at prefill; decode cannot know it
         if not half.merged:
             half.merged = True
             if half.input_logprobs is not None and not part.HasField("input_logprobs"):
@@ -261,9 +261,6 @@ class PdStream:
             self._live.discard(i)
             self._streams[i].finished()
         return msg
-
-    def _missing(self, i: int) -> pb.GenerateResponse | None:
-        raise WorkerError(f"decode worker {self.worker.id} ended sample {i} without finishing it")
 
     async def _cancel_reads(self) -> None:
         reads = list(self._reads.values())
