@@ -490,3 +490,34 @@ async def test_bench_pd_script_drives_the_serve_cli_over_subprocess_workers() ->
     # Later prompts of a group hit its system prompt (the auto-sized KV is tiny here, so not every time).
     assert sides["prefill_cached_tokens"] >= 64
     assert summary.cached_tokens == sides["prefill_cached_tokens"]
+
+
+@pytest.mark.stack(workers=4, roles=PD2, sim={"step_base_s": 0.002, "time_scale": 1.0})
+async def test_concurrent_pairs_with_cancellations_leave_nothing_behind(stack: Stack) -> None:
+    rng = random.Random(11)
+
+    async def one(i: int) -> None:
+        kwargs: dict[str, Any] = {"model": stack.model, "prompt": f"request {i % 5} " * 20, "max_tokens": 20,
+                                  "n": 1 + i % 2, "extra_body": {"ignore_eos": True}}
+        if i % 3 == 0:
+            stream = await stack.client.completions.create(stream=True, **kwargs)
+            async for _ in stream:
+                pass
+        else:
+            resp = await stack.client.completions.create(**kwargs)
+            assert resp.usage.completion_tokens == 20 * kwargs["n"]
+
+    tasks = [asyncio.create_task(one(i)) for i in range(24)]
+    await asyncio.sleep(0.05)
+    for i in rng.sample(range(24), 8):
+        await asyncio.sleep(rng.uniform(0, 0.05))
+        tasks[i].cancel()
+    results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
+    failures = [r for r in results if isinstance(r, BaseException) and not isinstance(r, asyncio.CancelledError)]
+    assert not failures, failures
+    assert sum(not isinstance(r, BaseException) for r in results) >= 16
+    await _all_slots_free(stack)
+    # Every cancelled decode half left its bootstrap wait at once (not after the sim's pd_timeout_s).
+    assert await _eventually(lambda: all(not w.bootstrap._waiters for w in _sims(stack, "prefill")))  # type: ignore[union-attr]
+    assert await _eventually(lambda: all(not w._requests for w in stack.fleet.workers))
+    assert _rendezvous(stack)[1] == 0
