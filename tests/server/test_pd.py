@@ -339,19 +339,21 @@ async def test_decode_worker_killed_mid_stream(stack: Stack) -> None:
 @pytest.mark.slow
 async def test_slow_prefill_delays_first_token_and_times_out_to_another_pair(tmp_path: Any) -> None:
     opts = StackOptions(
-        workers=4, roles=PD2, pd={"prefill_policy": "round_robin"}, dispatch={"first_token_timeout_s": 0.6},
-        sim={"pd_timeout_s": 5.0},
+        workers=4, roles=PD2, pd={"prefill_policy": "round_robin"}, dispatch={"first_token_timeout_s": 1.0},
+        sim={"pd_timeout_s": 10.0},
     )
     async with _open_stack(opts, tmp_path) as stack:
-        slow, fast = _sims(stack, "prefill")
-        slow.config.prefill_token_s, slow.config.time_scale = 0.01, 1.0  # 10 ms per prompt token
+        prefills = _sims(stack, "prefill")
+        for w in prefills:
+            w.config.prefill_token_s, w.config.time_scale = 0.005, 1.0  # 5 ms per uncached prompt token
         started = time.monotonic()
-        resp = await stack.client.completions.create(model=stack.model, prompt="slow " * 40, max_tokens=3)
-        assert resp.choices and time.monotonic() - started >= 0.3  # slow, within the timeout: just later
-        assert slow.counters.requests == 1
+        resp = await stack.client.completions.create(model=stack.model, prompt="slow " * 60, max_tokens=3)
+        assert resp.choices and time.monotonic() - started >= 0.25  # slow, within the timeout: just later
+        slow, fast = prefills if prefills[0].counters.requests else prefills[::-1]
+        fast.config.prefill_token_s = 0.0
         await stack.client.completions.create(model=stack.model, prompt="filler", max_tokens=2)  # round robin: fast
-        # Too slow (about 3 s): abandoned after 0.6 s, both halves aborted, a new pair answers.
-        resp = await stack.client.completions.create(model=stack.model, prompt="very slow " * 150, max_tokens=3)
+        # Too slow (about 3 s): abandoned after 1 s, both halves aborted, a new pair answers.
+        resp = await stack.client.completions.create(model=stack.model, prompt="very slow " * 300, max_tokens=3)
         assert resp.choices
         assert (fast.counters.requests, slow.counters.requests) == (2, 2)
         assert await _eventually(lambda: slow.counters.aborted >= 1)
