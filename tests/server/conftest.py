@@ -14,6 +14,7 @@ import openai
 import pytest
 import uvicorn
 
+from gateway.routing.pd import PdWorkerSpec
 from gateway.server.app import create_app
 from gateway.server.config import GatewayConfig, ServerConfig
 from gateway.server.state import GatewayState
@@ -46,6 +47,8 @@ class StackOptions:
     dispatch: dict[str, Any] = dataclasses.field(default_factory=dict)
     # other GatewayConfig sections by name, e.g. {"admission": {"max_concurrent_requests": 1}}
     sections: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    roles: list[str] | None = None  # sim role per worker; prefill/decode ones join the PD pools
+    pd: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 async def _serve(state: GatewayState) -> tuple[uvicorn.Server, asyncio.Task[None], str]:
@@ -64,8 +67,14 @@ async def _serve(state: GatewayState) -> tuple[uvicorn.Server, asyncio.Task[None
 
 async def start_stack(opts: StackOptions, tmp_path: Any) -> AsyncIterator[Stack]:
     sim = SimConfig(**{**ZERO_COST, **opts.sim})
-    async with SimFleet.start(opts.workers, sim) as fleet:
-        config = GatewayConfig(server=ServerConfig(worker_urls=fleet.urls, tokenizer_cache_dir=str(tmp_path / "tok"), **opts.server))
+    async with SimFleet.start(opts.workers, sim, roles=opts.roles) as fleet:
+        roles = opts.roles or ["regular"] * opts.workers
+        by_role = {r: [u for u, ur in zip(fleet.urls, roles, strict=True) if ur == r] for r in ("regular", "prefill", "decode")}
+        config = GatewayConfig(server=ServerConfig(worker_urls=by_role["regular"], tokenizer_cache_dir=str(tmp_path / "tok"), **opts.server))
+        config.pd.prefill = [PdWorkerSpec(u) for u in by_role["prefill"]]
+        config.pd.decode = [PdWorkerSpec(u) for u in by_role["decode"]]
+        for k, v in opts.pd.items():
+            setattr(config.pd, k, v)
         config.policy.policy = opts.policy
         for k, v in opts.retry.items():
             setattr(config.retry, k, v)

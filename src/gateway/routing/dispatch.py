@@ -13,8 +13,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 import grpc
 from grpc import aio
@@ -28,10 +29,12 @@ from gateway.routing.retry import RetryConfig
 from gateway.routing.router import Router, Selection
 from gateway.settings import option
 from gateway.workers.load import LoadGuard
+from gateway.workers.worker import Worker
 
 log = logging.getLogger(__name__)
 
 BuildRequest = Callable[[Selection], pb.GenerateRequest]
+T = TypeVar("T")
 
 
 @dataclass
@@ -39,6 +42,22 @@ class DispatchConfig:
     request_timeout_s: float = option(600.0, "gRPC deadline for one generation on a worker, seconds")
     first_token_timeout_s: float = option(300.0, "give up on a worker that sends nothing for this long before the first message, seconds")
     stall_timeout_s: float = option(60.0, "give up on a stream that goes silent for this long after it started, seconds")
+
+
+class TokenStream(Protocol):
+    """What ``Generation`` reads: one worker's stream, or a PD pair's decode side."""
+
+    @property
+    def worker(self) -> Worker: ...
+
+    @property
+    def observer(self) -> PipelineObserver: ...
+
+    async def read(self) -> pb.GenerateResponse | None: ...
+
+    def finished(self) -> None: ...
+
+    async def aclose(self) -> None: ...
 
 
 class WorkerStream:
@@ -183,6 +202,83 @@ async def flush_aborts(timeout_s: float = 2.0) -> None:
         await asyncio.wait(pending, timeout=timeout_s)
 
 
+class AttemptFailed(Exception):
+    """One try on one worker failed before any output; the slot is already freed.
+
+    ``retryable`` says whether another worker may be tried; ``backoff`` whether to
+    sleep first (a worker error, not a timeout or an empty stream)."""
+
+    def __init__(self, error: Exception, worker_id: str, reason: str, *, retryable: bool, backoff: bool) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.worker_id = worker_id
+        self.reason = reason  # the gRPC code's name, or what else went wrong (for metrics)
+        self.retryable = retryable
+        self.backoff = backoff
+
+
+async def open_on(
+    selection: Selection,
+    route: RouteRequest,
+    request: pb.GenerateRequest,
+    *,
+    prompt_tokens: int,
+    max_new_tokens: int,
+    retry: RetryConfig,
+    config: DispatchConfig,
+    attempt: int = 1,
+    observer: PipelineObserver = NULL_OBSERVER,
+) -> WorkerStream:
+    """Send ``request`` to the selected worker and wait for its first message.
+
+    Raises :class:`AttemptFailed` (slot released, breaker and policy told) when the
+    worker fails, stalls or says nothing; on cancellation aborts the worker request.
+    """
+    worker = selection.worker
+    guard = worker.load.acquire(prompt_tokens, max_new_tokens)
+    worker.breaker.on_dispatch()
+    selection.policy.on_dispatch(route, selection.decision)
+    call = worker.client.generate(request, timeout=worker_timeout(config.request_timeout_s))
+    started = time.monotonic()
+    try:
+        async with asyncio.timeout(config.first_token_timeout_s):
+            first = await call.read()
+    except TimeoutError:
+        call.cancel()
+        fire_abort(worker, route.request_id, "first token timeout")
+        guard.release()
+        worker.record_outcome(False)
+        selection.policy.on_finish(route, worker.id, 0, False)
+        raise AttemptFailed(
+            worker_stalled_error(worker.id, config.first_token_timeout_s), worker.id, "FIRST_TOKEN_TIMEOUT",
+            retryable=True, backoff=False,
+        ) from None
+    except aio.AioRpcError as exc:
+        guard.release()
+        client_fault = exc.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE)
+        worker.record_outcome(client_fault)
+        selection.policy.on_finish(route, worker.id, 0, False)
+        raise AttemptFailed(
+            map_rpc_error(exc, worker.id), worker.id, exc.code().name, retryable=retry.retryable(exc.code()), backoff=True
+        ) from exc
+    except BaseException:
+        call.cancel()
+        fire_abort(worker, route.request_id, "cancelled")
+        guard.release()
+        selection.policy.on_finish(route, worker.id, 0, False)
+        raise
+    if first is aio.EOF:
+        guard.release()
+        worker.record_outcome(False)
+        selection.policy.on_finish(route, worker.id, 0, False)
+        raise AttemptFailed(
+            map_rpc_error(None, worker.id, "worker closed the stream without output"),
+            worker.id, "EMPTY_STREAM", retryable=True, backoff=False,
+        )
+    log.debug("request %s on %s after %.1f ms", route.request_id, worker.id, (time.monotonic() - started) * 1e3)
+    return WorkerStream(selection, route, call, guard, first, config, attempt, observer)  # type: ignore[arg-type]
+
+
 async def open_generate(
     router: Router,
     route: RouteRequest,
@@ -197,71 +293,57 @@ async def open_generate(
     observer: PipelineObserver = NULL_OBSERVER,
 ) -> WorkerStream:
     """Select, send and wait for the first message, retrying on other workers."""
-    last_error: Exception | None = None
-    for attempt in range(1, max(1, retry.max_attempts) + 1):
+
+    async def attempt(route: RouteRequest, n: int) -> WorkerStream:
         picking = time.perf_counter()
+        selection = router.select(route, role)
+        observer.stage("select", time.perf_counter() - picking)
+        observer.selected(selection.policy.name, selection.decision.reason, selection.worker.id)
+        if on_attempt is not None:
+            on_attempt(selection, n)
+        return await open_on(
+            selection, route, build(selection),
+            prompt_tokens=prompt_tokens, max_new_tokens=max_new_tokens, retry=retry, config=config, attempt=n,
+            observer=observer,
+        )
+
+    return await with_retries(router, route, attempt, retry, observer)
+
+
+Attempt = Callable[[RouteRequest, int], Awaitable[T]]
+
+
+async def with_retries(
+    router: Router, route: RouteRequest, attempt: Attempt[T], retry: RetryConfig,
+    observer: PipelineObserver = NULL_OBSERVER,
+) -> T:
+    """The gateway's one retry loop: run ``attempt`` until it opens a stream.
+
+    Each failed attempt excludes the worker that failed from the next selection;
+    ``attempt`` raises NoWorkerAvailable when its pool(s) have no one left.
+    """
+    last_error: Exception | None = None
+    tries = max(1, retry.max_attempts)
+    for n in range(1, tries + 1):
         try:
-            selection = router.select(route, role)
+            return await attempt(route, n)
         except NoWorkerAvailable as exc:
             if last_error is not None:
                 raise last_error from exc
             raise no_worker_error(str(exc)) from exc
-        observer.stage("select", time.perf_counter() - picking)
-        worker = selection.worker
-        observer.selected(selection.policy.name, selection.decision.reason, worker.id)
-        guard = worker.load.acquire(prompt_tokens, max_new_tokens)
-        worker.breaker.on_dispatch()
-        selection.policy.on_dispatch(route, selection.decision)
-        if on_attempt is not None:
-            on_attempt(selection, attempt)
-        call = worker.client.generate(build(selection), timeout=worker_timeout(config.request_timeout_s))
-        started = time.monotonic()
-        try:
-            async with asyncio.timeout(config.first_token_timeout_s):
-                first = await call.read()
-        except TimeoutError:
-            call.cancel()
-            fire_abort(worker, route.request_id, "first token timeout")
-            guard.release()
-            worker.record_outcome(False)
-            selection.policy.on_finish(route, worker.id, 0, False)
-            last_error = worker_stalled_error(worker.id, config.first_token_timeout_s)
-            route = router.exclude(route, worker.id)
-            if attempt < retry.max_attempts:
-                observer.retried(worker.id, "FIRST_TOKEN_TIMEOUT")
-            continue
-        except aio.AioRpcError as exc:
-            guard.release()
-            client_fault = exc.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE)
-            worker.record_outcome(client_fault)
-            selection.policy.on_finish(route, worker.id, 0, False)
-            last_error = map_rpc_error(exc, worker.id)
-            if not retry.retryable(exc.code()) or attempt >= retry.max_attempts:
-                raise last_error from exc
-            log.warning(
-                "request %s: worker %s failed before output (%s), retrying (attempt %d)",
-                route.request_id, worker.id, exc.code().name, attempt,
-            )
-            observer.retried(worker.id, exc.code().name)
-            route = router.exclude(route, worker.id)
-            await asyncio.sleep(retry.backoff(attempt))
-            continue
-        except BaseException:
-            call.cancel()
-            fire_abort(worker, route.request_id, "cancelled")
-            guard.release()
-            selection.policy.on_finish(route, worker.id, 0, False)
-            raise
-        if first is aio.EOF:
-            guard.release()
-            worker.record_outcome(False)
-            selection.policy.on_finish(route, worker.id, 0, False)
-            last_error = map_rpc_error(None, worker.id, "worker closed the stream without output")
-            route = router.exclude(route, worker.id)
-            if attempt < retry.max_attempts:
-                observer.retried(worker.id, "EMPTY_STREAM")
-            continue
-        log.debug("request %s on %s after %.1f ms", route.request_id, worker.id, (time.monotonic() - started) * 1e3)
-        return WorkerStream(selection, route, call, guard, first, config, attempt, observer)  # type: ignore[arg-type]
+        except AttemptFailed as failed:
+            last_error = failed.error
+            if failed.backoff:
+                if not failed.retryable or n >= tries:
+                    raise failed.error from failed.__cause__
+                log.warning(
+                    "request %s: worker %s failed before output (%s), retrying (attempt %d)",
+                    route.request_id, failed.worker_id, failed.error, n,
+                )
+            if n < tries:
+                observer.retried(failed.worker_id, failed.reason)
+            route = router.exclude(route, failed.worker_id)
+            if failed.backoff:
+                await asyncio.sleep(retry.backoff(n))
     assert last_error is not None
     raise last_error

@@ -18,11 +18,12 @@ from gateway.policies.base import RouteRequest
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.protocol.errors import ContextLengthExceededError, InvalidRequestError
 from gateway.protocol.sampling import SamplingOptions
-from gateway.routing.dispatch import DispatchConfig, open_generate
+from gateway.routing.dispatch import DispatchConfig, TokenStream, open_generate
 from gateway.routing.generation import Generation
 from gateway.routing.limits import LimitsConfig, apply_sampling_limits, check_prompt
 from gateway.routing.models import ModelCatalog, ModelEntry
 from gateway.routing.observer import NULL_OBSERVER, PipelineObserver
+from gateway.routing.pd import PdOpener, serves_pd
 from gateway.routing.prepared import PreparedRequest
 from gateway.routing.retry import RetryConfig
 from gateway.routing.router import Router, Selection
@@ -65,6 +66,7 @@ class Engine:
         )
         self.observer = observer or NULL_OBSERVER
         self._observe = observe_stage or self.observer.stage
+        self.pd = PdOpener(router, retry=self.retry, config=self.dispatch, observer=self.observer)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -217,16 +219,27 @@ class Engine:
         def build(selection: Selection) -> pb.GenerateRequest:
             return request
 
-        stream = await open_generate(
-            self.router,
-            route,
-            build,
-            prompt_tokens=len(prepared.prompt_ids),
-            max_new_tokens=(prepared.sampling.max_new_tokens or 0) * prepared.sampling.n,
-            retry=self.retry,
-            config=self.dispatch,
-            observer=self.observer,
-        )
+        stream: TokenStream
+        if serves_pd(self.registry, route.model):
+            stream = await self.pd.open(
+                route,
+                request,
+                samples=prepared.sampling.n,
+                wants_output_logprobs=prepared.sampling.logprobs,
+                prompt_tokens=len(prepared.prompt_ids),
+                max_new_tokens=prepared.sampling.max_new_tokens or 0,
+            )
+        else:
+            stream = await open_generate(
+                self.router,
+                route,
+                build,
+                prompt_tokens=len(prepared.prompt_ids),
+                max_new_tokens=(prepared.sampling.max_new_tokens or 0) * prepared.sampling.n,
+                retry=self.retry,
+                config=self.dispatch,
+                observer=self.observer,
+            )
         self._observe("first_token", time.perf_counter() - started)
         return Generation(stream, prepared)
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.protocol.errors import WorkerError
-from gateway.routing.dispatch import WorkerStream
+from gateway.routing.dispatch import TokenStream
 from gateway.routing.prepared import PreparedRequest
 from gateway.tokenization.stops import SampleStream
 
@@ -63,7 +63,7 @@ def _logprob_rows(lp: pb.OutputLogProbs, top_n: int) -> tuple[list[float], list[
 class Generation:
     """Iterate to get ``SampleDelta``s; ``usage`` is complete once iteration ends."""
 
-    def __init__(self, stream: WorkerStream, prepared: PreparedRequest) -> None:
+    def __init__(self, stream: TokenStream, prepared: PreparedRequest) -> None:
         self.stream = stream
         self.prepared = prepared
         self.usage = UsageCounts(prompt_tokens=len(prepared.prompt_ids))

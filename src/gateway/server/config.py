@@ -8,6 +8,7 @@ from gateway.policies.factory import PolicyConfig
 from gateway.routing.dispatch import DispatchConfig
 from gateway.routing.engine import EngineConfig
 from gateway.routing.limits import LimitsConfig
+from gateway.routing.pd import PdConfig
 from gateway.routing.retry import RetryConfig
 from gateway.server.admission import AdmissionConfig
 from gateway.server.security import SecurityConfig
@@ -49,3 +50,4 @@ class GatewayConfig:
     security: SecurityConfig = field(default_factory=SecurityConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
     load_monitor: LoadMonitorConfig = field(default_factory=LoadMonitorConfig)
+    pd: PdConfig = field(default_factory=PdConfig)

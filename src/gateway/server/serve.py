@@ -18,6 +18,7 @@ from gateway.policies.factory import PolicyConfig
 from gateway.routing.dispatch import DispatchConfig, flush_aborts
 from gateway.routing.engine import EngineConfig
 from gateway.routing.limits import LimitsConfig
+from gateway.routing.pd import PdConfig, PdFlagError, parse_pool_flags
 from gateway.routing.retry import RetryConfig
 from gateway.server.admission import AdmissionConfig
 from gateway.server.config import GatewayConfig, ServerConfig
@@ -40,6 +41,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_options(parser.add_argument_group("security"), SecurityConfig)
     add_options(parser.add_argument_group("health checks"), HealthConfig)
     add_options(parser.add_argument_group("load polling"), LoadMonitorConfig)
+    pd = parser.add_argument_group("prefill/decode disaggregation")
+    pd.add_argument("--prefill", nargs="+", action="append", default=[], metavar="URL [BOOTSTRAP_PORT]",
+                    help="prefill worker(s): grpc://host:port, each optionally followed by its bootstrap port "
+                    "(default: learned from GetServerInfo); repeatable")
+    pd.add_argument("--decode", nargs="+", action="append", default=[], metavar="URL",
+                    help="decode worker(s): grpc://host:port; repeatable")
+    add_options(pd, PdConfig)
 
 
 def config_from_args(args: argparse.Namespace) -> GatewayConfig:
@@ -54,6 +62,11 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         security=from_namespace(SecurityConfig, args),
         health=from_namespace(HealthConfig, args),
         load_monitor=from_namespace(LoadMonitorConfig, args),
+        pd=from_namespace(
+            PdConfig, args,
+            prefill=parse_pool_flags(args.prefill, allow_port=True),
+            decode=parse_pool_flags(args.decode, allow_port=False),
+        ),
     )
 
 
@@ -132,10 +145,15 @@ async def serve(config: GatewayConfig) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    config = config_from_args(args)
+    try:
+        config = config_from_args(args)
+    except PdFlagError as exc:
+        setup_logging("error", False)
+        log.error("%s", exc)
+        return 2
     setup_logging(config.server.log_level, config.server.log_json)
-    if not config.server.worker_urls:
-        log.error("no workers: give --worker-urls grpc://host:port ...")
+    if not (config.server.worker_urls or config.pd.prefill or config.pd.decode):
+        log.error("no workers: give --worker-urls grpc://host:port ... (or --prefill/--decode)")
         return 2
     try:
         import uvloop

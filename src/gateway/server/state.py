@@ -13,6 +13,7 @@ from gateway.protocol.errors import InvalidRequestError
 from gateway.routing.engine import Engine
 from gateway.routing.kv_events import KvEventFeeder
 from gateway.routing.models import ModelCatalog
+from gateway.routing.pd import pool_policy_config
 from gateway.routing.router import Router
 from gateway.server.admission import Admission
 from gateway.server.config import GatewayConfig
@@ -35,7 +36,9 @@ class GatewayState:
             probe_timeout_s=server.probe_timeout_s,
             breaker=config.health.breaker,
         )
-        self.router = Router(self.registry, lambda role: make_policy(config.policy))
+        self.router = Router(
+            self.registry, lambda role: make_policy(pool_policy_config(config.policy, config.pd, role))
+        )
         self.catalog = ModelCatalog(
             Path(server.tokenizer_cache_dir),
             tokenizer_path=server.tokenizer_path,
@@ -103,8 +106,12 @@ class GatewayState:
         )
 
     async def start(self) -> None:
-        urls = self.config.server.worker_urls
-        results = await asyncio.gather(*(self.add_worker(u) for u in urls), return_exceptions=True)
+        pd = self.config.pd
+        urls = [*self.config.server.worker_urls, *(s.url for s in pd.prefill), *(s.url for s in pd.decode)]
+        adds = [self.add_worker(u) for u in self.config.server.worker_urls]
+        adds += [self.add_worker(s.url, role="prefill", bootstrap_port=s.bootstrap_port) for s in pd.prefill]
+        adds += [self.add_worker(s.url, role="decode") for s in pd.decode]
+        results = await asyncio.gather(*adds, return_exceptions=True)
         failed = [(u, r) for u, r in zip(urls, results, strict=True) if isinstance(r, BaseException)]
         for url, exc in failed:
             log.error("worker %s not added: %s", url, exc)

@@ -141,7 +141,10 @@ async def wait_for_room(host: str, port: int, room: int, timeout: float) -> Room
                 f" ({last_error}); is that the prefill worker's bootstrap port?",
             )
         try:
-            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), remaining)
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that
+            # arrives as the connection opens, and the decode side would wait on alone.
+            async with asyncio.timeout(remaining):
+                reader, writer = await asyncio.open_connection(host, port)
             break
         except (OSError, TimeoutError) as e:
             last_error = str(e) or type(e).__name__
@@ -149,7 +152,8 @@ async def wait_for_room(host: str, port: int, room: int, timeout: float) -> Room
     try:
         writer.write(f"WAIT {room}\n".encode())
         await writer.drain()
-        line = await asyncio.wait_for(reader.readline(), max(0.0, deadline - loop.time()))
+        async with asyncio.timeout_at(deadline):
+            line = await reader.readline()
     except TimeoutError:
         raise RendezvousError(
             grpc.StatusCode.DEADLINE_EXCEEDED,

@@ -35,6 +35,7 @@ class WorkerInfo:
     kv_capacity_tokens: int = 0
     disaggregation_mode: str = "null"
     bootstrap_port: int | None = None
+    dp_size: int = 1  # data-parallel ranks behind this one address (PD rooms align to them)
     default_sampling: dict[str, float] = field(default_factory=dict)
 
     @classmethod
@@ -69,6 +70,7 @@ class WorkerInfo:
             kv_capacity_tokens=int(server_info.max_total_num_tokens or args.get("max_total_num_tokens") or 0),
             disaggregation_mode=str(args.get("disaggregation_mode") or "null"),
             bootstrap_port=int(bootstrap) if bootstrap else None,
+            dp_size=max(1, int(args.get("dp_size") or 1)),
             default_sampling=defaults,
         )
 
