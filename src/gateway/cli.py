@@ -17,6 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("gateway.server.serve", "run the gateway: OpenAI HTTP front door over SGLang gRPC workers"),
     "sim-worker": ("gateway.sim.cli", "run one simulated SGLang --grpc-mode worker"),
     "demo": ("gateway.demo", "run the shared-prefix demo: simulated fleet + gateway + workload, per policy"),
+    "bench": ("gateway.bench.commands", "benchmarks: drive running gateways (run), the policy x workload x fleet matrix"),
 }
 
 

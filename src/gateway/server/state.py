@@ -9,7 +9,7 @@ from pathlib import Path
 from gateway.policies.factory import close_policy, make_policy
 from gateway.routing.engine import Engine
 from gateway.routing.models import ModelCatalog
-from gateway.routing.router import Router
+from gateway.routing.router import PolicyMaker, Router
 from gateway.server.config import GatewayConfig
 from gateway.workers.registry import WorkerRegistry
 from gateway.workers.worker import Worker
@@ -18,13 +18,15 @@ log = logging.getLogger(__name__)
 
 
 class GatewayState:
-    def __init__(self, config: GatewayConfig) -> None:
+    def __init__(self, config: GatewayConfig, *, policy_maker: PolicyMaker | None = None) -> None:
+        """``policy_maker`` (role -> policy) replaces ``make_policy(config.policy)``; the
+        benchmark uses it for its evaluation-only oracle."""
         self.config = config
         server = config.server
         self.registry = WorkerRegistry(
             worker_api_key=server.worker_api_key, probe_timeout_s=server.probe_timeout_s
         )
-        self.router = Router(self.registry, lambda role: make_policy(config.policy))
+        self.router = Router(self.registry, policy_maker or (lambda role: make_policy(config.policy)))
         self.catalog = ModelCatalog(
             Path(server.tokenizer_cache_dir),
             tokenizer_path=server.tokenizer_path,
