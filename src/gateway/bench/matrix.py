@@ -29,6 +29,7 @@ import asyncio
 import dataclasses
 import json
 import platform
+import signal
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -46,7 +47,7 @@ MATRIX_POLICIES = ["round_robin", "random", "power_of_two", "least_load", "prefi
 # CPU, expensive for the simulated GPU) and outputs are short (every output token costs
 # CPU in three places).
 MATRIX_GSP = GspConfig(groups=32, prompts_per_group=12, system_tokens=1536, question_tokens=64, output_tokens=8)
-MATRIX_CHAT = ChatConfig(conversations=48, turns=4, chat_system_tokens=768, user_tokens=64, reply_tokens=8)
+MATRIX_CHAT = ChatConfig(conversations=24, turns=5, chat_system_tokens=512, user_tokens=64, reply_tokens=8)
 MATRIX_LONG = LongMixConfig(
     long_prompts=12, long_repeats=4, long_min_tokens=3072, long_max_tokens=6144, short_prompts=96,
     short_min_tokens=64, short_max_tokens=512, mix_question_tokens=32, mix_output_tokens=8,
@@ -153,16 +154,26 @@ def true_cache_reader(fleet: Any) -> Any:
     return cached_length
 
 
-def sim_figures(stats: list[dict[str, Any]]) -> dict[str, Any]:
-    """What the simulated GPUs did: busy seconds (total, busiest/mean), their own hit rate."""
+def sim_figures(stats: list[dict[str, Any]], wall_s: float, output_tokens: int) -> dict[str, Any]:
+    """What the simulated GPUs did, independent of how fast this machine's CPU is.
+
+    ``busy_s``: simulated seconds spent in scheduler steps (total, busiest worker, its
+    ratio to the mean). ``sim_tok_s``: output tokens per busy second of the busiest
+    worker, the throughput the fleet would reach if the gateway and the driver cost
+    nothing. ``util``: mean busy / wall time; well below 1 means the workers were waiting
+    on this process's CPU, so the wall-clock figures of that cell measure the CPU.
+    """
     busy = [float(s.get("busy_seconds", 0.0)) for s in stats]
     prompt = sum(int(s.get("prompt_tokens", 0)) for s in stats)
     cached = sum(int(s.get("cached_tokens", 0)) for s in stats)
     mean = sum(busy) / len(busy) if busy else 0.0
+    top = max(busy, default=0.0)
     return {
         "busy_s_total": round(sum(busy), 3),
-        "busy_s_max": round(max(busy, default=0.0), 3),
-        "busy_max_over_mean": round(max(busy) / mean, 3) if mean else None,
+        "busy_s_max": round(top, 3),
+        "busy_max_over_mean": round(top / mean, 3) if mean else None,
+        "sim_tok_s": round(output_tokens / top, 1) if top else None,
+        "util": round(mean / wall_s, 3) if wall_s > 0 else None,
         "worker_hit_rate": cached / prompt if prompt else None,
         "evicted_tokens": sum(int(s.get("evicted_tokens", 0)) for s in stats),
     }
@@ -197,7 +208,7 @@ async def run_cell(
     label = policy if gateway == "ours" else f"{gateway} {policy}"
     summary = summarize(run, ideal_hit_rate=ideal_rate, worker_ids=[str(s["url"]) for s in stats])
     summary = dataclasses.replace(summary, label=label)
-    return Cell(workload.name, workers, policy, gateway, summary, sim_figures(stats))
+    return Cell(workload.name, workers, policy, gateway, summary, sim_figures(stats, run.wall_s, summary.completion_tokens))
 
 
 async def _drive(
@@ -307,6 +318,11 @@ async def run_matrix(
     cells: list[Cell] = []
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="token-gateway-matrix-") as scratch:
+        # Warm-up, not recorded: the first chat request of the process compiles the chat
+        # template, which would otherwise land in the first chat cell's TTFT.
+        for workload in workloads.values():
+            await run_cell(workload.head(4), 1, "round_robin", config, tokenizer_dir, scratch, None)
+        console.print(f"warm-up done ({time.monotonic() - t0:.0f}s)")
         for i, (workload, n, policy, gateway) in enumerate(plan, 1):
             if workload.name not in ideals:
                 ideals[workload.name] = ideal_of(workload, config.page_size, tokenizer_dir)
@@ -353,32 +369,39 @@ def _find(cells: list[Cell], workload: str, workers: int, policy: str, gateway: 
 
 
 def workload_rows(cells: list[Cell], workload: str, workers: list[int], policies: list[str]) -> list[list[str]]:
-    """One row per (fleet size, policy): hit (ideal), tok/s, x round_robin, TTFT p50/p99, busy."""
+    """One row per (fleet size, policy); ratios are against round_robin on the same fleet."""
     rows = []
     for n in workers:
         base = _find(cells, workload, n, "round_robin")
-        base_tps = base.summary.output_tok_s if base and base.summary else None
+        base_s = base.summary if base and base.summary else None
+        base_sim = base.sim.get("sim_tok_s") if base else None
         for p in policies:
             c = _find(cells, workload, n, p)
             if c is None:
                 continue
             if c.summary is None:
-                rows.append([str(n), p, "failed: " + c.error.splitlines()[0][:60], *["-"] * 6])
+                rows.append([str(n), p, "failed: " + c.error.splitlines()[0][:60], *["-"] * 7])
                 continue
             s = c.summary
-            ratio = f"{s.output_tok_s / base_tps:.2f}" if base_tps else "-"
-            ok = f"{s.ok}/{s.requests + s.not_sent}"
+            sim_tps = c.sim.get("sim_tok_s")
             rows.append([
-                str(n), p, f"{_pct(s.hit_rate)} ({_pct(s.ideal_hit_rate)})", f"{s.output_tok_s:,.0f}", ratio,
+                str(n), p, f"{_pct(s.hit_rate)} ({_pct(s.ideal_hit_rate)})",
+                f"{s.output_tok_s:,.0f} ({_x(s.output_tok_s, base_s.output_tok_s if base_s else None)})",
+                f"{sim_tps or 0:,.0f} ({_x(sim_tps, base_sim)})",
                 f"{_ms(s.ttft_p50_s)} / {_ms(s.ttft_p99_s)}",
-                f"{c.sim.get('busy_s_total', 0):.1f} ({c.sim.get('busy_max_over_mean') or 0:.2f})", ok,
+                f"{c.sim.get('busy_s_total', 0):.1f} ({c.sim.get('busy_max_over_mean') or 0:.2f})",
+                f"{c.sim.get('util') or 0:.2f}", f"{s.ok}/{s.requests + s.not_sent}",
             ])  # fmt: skip
     return rows
 
 
+def _x(value: float | None, base: float | None) -> str:
+    return f"{value / base:.2f}x" if value and base else "-"
+
+
 WORKLOAD_HEADER = [
-    "workers", "policy", "hit rate (ideal)", "output tok/s", "x round_robin", "TTFT p50 / p99 ms",
-    "sim busy s (max/mean)", "ok",
+    "workers", "policy", "hit rate (ideal)", "output tok/s (x rr)", "sim tok/s (x rr)", "TTFT p50 / p99 ms",
+    "sim busy s (max/mean)", "util", "ok",
 ]  # fmt: skip
 
 
@@ -395,40 +418,48 @@ def scaling_rows(cells: list[Cell], workloads: list[str], workers: list[int]) ->
             rows.append([
                 w, str(n),
                 f"{100 * (c.hit_rate - r.hit_rate):+.1f} pts",
-                f"{c.output_tok_s / r.output_tok_s:.2f}x" if r.output_tok_s else "-",
-                f"{c.ttft_p50_s / r.ttft_p50_s:.2f}x" if r.ttft_p50_s and c.ttft_p50_s else "-",
-                f"{ca.sim.get('busy_s_total', 0) / rr.sim['busy_s_total']:.2f}x" if rr.sim.get("busy_s_total") else "-",
+                _x(c.output_tok_s, r.output_tok_s),
+                _x(ca.sim.get("sim_tok_s"), rr.sim.get("sim_tok_s")),
+                _x(c.ttft_p50_s, r.ttft_p50_s),
+                _x(ca.sim.get("busy_s_total"), rr.sim.get("busy_s_total")),
                 f"{100 * (o.hit_rate - c.hit_rate):+.1f} pts" if o else "-",
-                f"{c.output_tok_s / o.output_tok_s:.2f}" if o and o.output_tok_s else "-",
+                _x(ca.sim.get("sim_tok_s"), orc.sim.get("sim_tok_s")) if o and orc else "-",
             ])  # fmt: skip
     return rows
 
 
 SCALING_HEADER = [
-    "workload", "workers", "cache_aware hit - round_robin", "cache_aware tok/s / round_robin",
-    "TTFT p50 ratio", "sim busy ratio", "oracle hit - cache_aware", "cache_aware tok/s / oracle",
+    "workload", "workers", "hit: cache_aware - rr", "output tok/s: ca / rr", "sim tok/s: ca / rr",
+    "TTFT p50: ca / rr", "sim busy: ca / rr", "hit: oracle - ca", "sim tok/s: ca / oracle",
 ]  # fmt: skip
 
 
 def peer_rows(cells: list[Cell]) -> list[list[str]]:
+    """The peer comparison; ratios are against ours (as a process) with the same policy."""
     rows = []
     peer_cells = [c for c in cells if c.gateway != "ours"]
     ref = {c.policy: c for c in peer_cells if c.gateway == "ours-process" and c.summary}
     for c in peer_cells:
         if c.summary is None:
-            rows.append([c.gateway, c.policy, "failed: " + c.error.splitlines()[0][:80], "-", "-", "-", "-"])
+            rows.append([c.gateway, c.policy, "failed: " + c.error.splitlines()[0][:80], *["-"] * 5])
             continue
         s = c.summary
         r = ref.get(c.policy)
-        ratio = f"{s.output_tok_s / r.summary.output_tok_s:.2f}" if r and r.summary.output_tok_s else "-"
+        rs = r.summary if r else None
         rows.append([
-            c.gateway, c.policy, f"{_pct(s.hit_rate)} ({_pct(s.ideal_hit_rate)})", f"{s.output_tok_s:,.0f}", ratio,
-            f"{_ms(s.ttft_p50_s)} / {_ms(s.ttft_p99_s)}", f"{s.ok}/{s.requests + s.not_sent}",
+            c.gateway, c.policy, f"{_pct(s.hit_rate)} ({_pct(s.ideal_hit_rate)})",
+            f"{s.output_tok_s:,.0f} ({_x(s.output_tok_s, rs.output_tok_s if rs else None)})",
+            f"{c.sim.get('sim_tok_s') or 0:,.0f} ({_x(c.sim.get('sim_tok_s'), r.sim.get('sim_tok_s') if r else None)})",
+            f"{_ms(s.ttft_p50_s)} / {_ms(s.ttft_p99_s)}",
+            f"{c.sim.get('util') or 0:.2f}", f"{s.ok}/{s.requests + s.not_sent}",
         ])  # fmt: skip
     return rows
 
 
-PEER_HEADER = ["gateway", "policy", "hit rate (ideal)", "output tok/s", "tok/s / ours", "TTFT p50 / p99 ms", "ok"]
+PEER_HEADER = [
+    "gateway", "policy", "hit rate (ideal)", "output tok/s (x ours)", "sim tok/s (x ours)", "TTFT p50 / p99 ms",
+    "util", "ok",
+]  # fmt: skip
 
 
 def _rich(title: str, header: list[str], rows: list[list[str]]) -> Any:
@@ -494,6 +525,8 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"bad --policies/--workers (policies from {', '.join(MATRIX_POLICIES)})")
     if config.peers and not Path(config.peers_python).exists():
         raise SystemExit(f"{config.peers_python} not found: run scripts/peers.sh first")
+    # SIGTERM unwinds like Ctrl-C, so the finally blocks stop the fleets and any peer process.
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     console = Console()
     if not console.is_terminal:  # a log file: do not squeeze the tables into 80 columns
         console = Console(width=160)
@@ -502,8 +535,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         cells = asyncio.run(run_matrix(config, args, console, tokenizer_dir))
     except KeyboardInterrupt:
-        console.print("[yellow]interrupted[/]")
+        console.print("[yellow]interrupted: every fleet and peer process of the run has been stopped[/]")
         return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     rendered = tables(cells, config)
     for title, header, rows in rendered:
         console.print(_rich(title, header, rows))

@@ -53,8 +53,9 @@ class OraclePolicy(CacheAwarePolicy):
         cap = max(0, prompt - 1)  # a worker always recomputes the last prompt token
         pb = self._packed(request)
         raw: dict[str, int] = {}
+        exclude = request.exclude
         for w in workers:
-            if not w.available:
+            if not w.available or w.worker_id in exclude:
                 continue
             c = self._cached_length(w.url, request.token_ids)
             for other in self._sent.get(w.worker_id, {}).values():
