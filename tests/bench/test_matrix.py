@@ -23,6 +23,7 @@ def _args(*argv: str) -> argparse.Namespace:
     return build_parser().parse_args(["bench", "matrix", *argv])
 
 
+@pytest.mark.slow  # six cells, each a fresh fleet and gateway: ~15-25 s
 def test_matrix_every_cell_runs_and_the_oracle_reads_the_true_caches(tmp_path, capsys) -> None:
     out, md = tmp_path / "m.json", tmp_path / "m.md"
     args = _args(
