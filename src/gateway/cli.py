@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sim-worker": ("gateway.sim.cli", "run one simulated SGLang --grpc-mode worker"),
     "inspect": ("gateway.inspect_cli", "show what the router sees in a prompt: tokens, block hashes, ring owner, cached tokens"),
     "demo": ("gateway.demo", "run the shared-prefix demo: simulated fleet + gateway + workload, per policy"),
+    "bench": ("gateway.bench.commands", "benchmarks: drive running gateways (run), the policy x workload x fleet matrix"),
 }
 
 

@@ -19,13 +19,15 @@ import asyncio
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
 import orjson
 
 from gateway.bench.workloads import Message, RequestSpec, Workload, with_poisson_arrivals
 from gateway.settings import option
+
+if TYPE_CHECKING:  # httpx is imported where used: the CLI parser imports this module
+    import httpx
 
 WORKER_HEADER = "x-worker-id"
 
@@ -85,6 +87,8 @@ class _Failure(Exception):
 
 async def discover_model(client: httpx.AsyncClient, base_url: str) -> str:
     """The first model id the endpoint lists, or "default" if it lists none."""
+    import httpx
+
     try:
         response = await client.get(f"{base_url}/v1/models")
         response.raise_for_status()
@@ -200,6 +204,8 @@ async def run_workload(
     when ``duration_s`` runs out are counted in ``RunResult.not_sent``; requests in
     flight at that moment are cancelled and reported as errors.
     """
+    import httpx
+
     config = config or DriverConfig()
     base_url = base_url.rstrip("/")
     requests = workload.requests[: config.max_requests] if config.max_requests > 0 else workload.requests

@@ -214,9 +214,21 @@ class CacheAwarePolicy(BasePolicy):
         self._register(best)
         return Decision(best.worker_id, reason, cached, scores)
 
+    def _match(self, request: RouteRequest, workers: Sequence[WorkerView]) -> tuple[int, dict[str, int]]:
+        """(longest match of the prompt, tokens of it each worker holds): the tree's guess.
+
+        The one place the policy learns what workers cache; the evaluation-only oracle
+        (``oracle.OraclePolicy``) overrides it with the workers' true caches.
+        """
+        return self.tree(request.model).match_packed(self._packed(request))
+
+    def _remember(self, request: RouteRequest, packed: bytes, worker_id: str) -> None:
+        """Record that ``worker_id`` will cache this prompt (the tree's half of on_dispatch)."""
+        self.tree(request.model).insert_packed(packed, worker_id)
+
     def _predict_cached(self, request: RouteRequest, worker: WorkerView) -> int:
         self._register(worker)
-        _, raw = self.tree(request.model).match_packed(self._packed(request))
+        _, raw = self._match(request, [worker])
         c = raw.get(worker.worker_id, 0)
         return c - c % max(1, worker.page_size)
 
@@ -243,7 +255,7 @@ class CacheAwarePolicy(BasePolicy):
         attribute reads and a dict lookup, so decision time is the prompt's tree walk
         plus a small constant per worker. None when no worker is available.
         """
-        found, raw = self.tree(request.model).match_packed(self._packed(request))
+        found, raw = self._match(request, workers)
         prompt = len(request.token_ids)
         knobs = self.cost
         additive = knobs.form == "additive"
@@ -313,7 +325,7 @@ class CacheAwarePolicy(BasePolicy):
         scored = self._score(request, cands, self._turn, rows)
         assert scored is not None  # cands is never empty
         best, reason, cached, _ = scored
-        found, _ = self.tree(request.model).match_packed(self._packed(request))
+        found, _ = self._match(request, cands)
         return {
             "choice": best.worker_id,
             "reason": reason,
@@ -338,7 +350,7 @@ class CacheAwarePolicy(BasePolicy):
     def on_dispatch(self, request: RouteRequest, decision: Decision) -> None:
         """The worker will cache this prompt: record it in the tree and in the queue estimate."""
         pb = self._packed(request)
-        self.tree(request.model).insert_packed(pb, decision.worker_id)
+        self._remember(request, pb, decision.worker_id)
         key = request.request_id or id(request)
         if key in self._inflight:
             self._forget(key)

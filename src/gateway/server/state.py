@@ -14,7 +14,7 @@ from gateway.routing.engine import Engine
 from gateway.routing.kv_events import KvEventFeeder
 from gateway.routing.models import ModelCatalog
 from gateway.routing.pd import pool_policy_config
-from gateway.routing.router import Router
+from gateway.routing.router import PolicyMaker, Router
 from gateway.server.admission import Admission
 from gateway.server.config import GatewayConfig
 from gateway.server.security import Authenticator
@@ -27,7 +27,9 @@ log = logging.getLogger(__name__)
 
 
 class GatewayState:
-    def __init__(self, config: GatewayConfig) -> None:
+    def __init__(self, config: GatewayConfig, *, policy_maker: PolicyMaker | None = None) -> None:
+        """``policy_maker`` (role -> policy) replaces ``make_policy(config.policy)``; the
+        benchmark uses it for its evaluation-only oracle."""
         self.config = config
         server = config.server
         self.registry = WorkerRegistry(
@@ -37,7 +39,8 @@ class GatewayState:
             breaker=config.health.breaker,
         )
         self.router = Router(
-            self.registry, lambda role: make_policy(pool_policy_config(config.policy, config.pd, role))
+            self.registry,
+            policy_maker or (lambda role: make_policy(pool_policy_config(config.policy, config.pd, role))),
         )
         self.catalog = ModelCatalog(
             Path(server.tokenizer_cache_dir),
