@@ -253,16 +253,34 @@ def run(args: argparse.Namespace) -> int:
     if unknown or not config.policies:
         raise SystemExit(f"unknown policies {unknown}; choose from {', '.join(POLICY_NAMES)}")
     console = Console()
-    # SIGTERM unwinds like Ctrl-C, so the finally blocks stop the fleet and the gateway.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    interrupted: list[int] = []
+
+    async def main() -> list[RunSummary]:
+        # Ctrl-C and SIGTERM cancel the run, so the finally blocks stop the fleet and the
+        # gateway. The cancel is repeated every 2 s until the run has unwound, so a swallowed
+        # cancel cannot let the demo carry on (what cleanup it cuts short, atexit finishes).
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+
+        def interrupt(signum: int) -> None:
+            interrupted.append(signum)
+            if not task.done():
+                task.cancel()
+                loop.call_later(2.0, lambda: None if task.done() else interrupt(signum))
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, interrupt, sig)
+        return await run_demo(config, gsp_config, console)
+
     try:
-        summaries = asyncio.run(run_demo(config, gsp_config, console))
-    except KeyboardInterrupt:
+        summaries = asyncio.run(main())
+    except (KeyboardInterrupt, asyncio.CancelledError, RuntimeError) as exc:
+        if not interrupted and isinstance(exc, RuntimeError):  # a child that would not start: its log tail is in the message
+            console.print(f"[red]demo failed: {exc}[/]")
+            return 1
         console.print("[yellow]interrupted: every process the demo started has been stopped[/]")
         return 130
-    except RuntimeError as exc:  # a child that would not start: its log tail is in the message
-        console.print(f"[red]demo failed: {exc}[/]")
-        return 1
     console.print(report.comparison_table(summaries, title="token-gateway demo: policies side by side"))
     for line in report.errors_text(summaries):
         console.print(f"[red]{line}[/]")
