@@ -41,11 +41,11 @@ class GatewayMetrics(PipelineObserver):
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter(
-            "gateway_requests", "HTTP requests answered, by endpoint, model and status code",
+            "gateway_requests", "requests answered (HTTP, and gRPC as 'grpc METHOD' with the HTTP-equivalent status), by endpoint, model and status code",
             ["endpoint", "model", "status"], registry=r,
         )
         self.latency = Histogram(
-            "gateway_request_duration_seconds", "HTTP request time from arrival to the last byte sent",
+            "gateway_request_duration_seconds", "request time from arrival to the last byte (or gRPC message) sent",
             ["endpoint"], buckets=LATENCY_BUCKETS, registry=r,
         )
         self.ttft = Histogram(

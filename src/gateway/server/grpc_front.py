@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 from grpc import aio
 
+from gateway.observability.request_log import RequestRecord
 from gateway.proto import gateway_pb2 as gpb
 from gateway.proto import gateway_pb2_grpc as gpb_grpc
 from gateway.protocol.chat import ChatCompletionRequest
@@ -37,7 +39,7 @@ from gateway.server.grpc_inspect import inspect_prefix
 from gateway.server.grpc_util import (
     Authenticator,
     abort_with,
-    admitted,
+    call_scope,
     client_deadline,
     reply_metadata,
 )
@@ -66,7 +68,7 @@ def _streaming(
         try:
             ctx = self.auth.context(context)
             with client_deadline(context):
-                async with self.admitted(ctx, method):
+                async with self.admitted(ctx, method) as record:
                     gens, chunks = await start(self, request, ctx)
                     await context.send_initial_metadata(reply_metadata(ctx))
                     workers = list(dict.fromkeys(ctx.worker_ids)) if name_workers else []
@@ -76,6 +78,7 @@ def _streaming(
                             if workers:
                                 message.worker_ids.extend(workers)  # the first message names the workers
                                 workers = []
+                                record.ttft_s = time.perf_counter() - record.started
                             yield message
         except GatewayError as exc:
             log.info("gRPC %s failed: %s", method, exc.message)
@@ -97,9 +100,10 @@ class TokenGatewayService(gpb_grpc.TokenGatewayServicer):
         self.inspector = Inspector(state.engine, state.config.policy)
 
     # ---------------------------------------------------------------- framing
-    def admitted(self, ctx: RequestContext, method: str) -> contextlib.AbstractAsyncContextManager[None]:
-        """Admission control around every call, shared with the HTTP front door."""
-        return admitted(self.state.admission, ctx, method)
+    def admitted(self, ctx: RequestContext, method: str) -> contextlib.AbstractAsyncContextManager[RequestRecord]:
+        """Admission, metrics and the access log around every call, shared with the HTTP front door."""
+        state = self.state
+        return call_scope(state.metrics, state.admission, ctx, method, access_log=state.config.server.access_log)
 
     async def _unary(
         self, context: aio.ServicerContext, method: str, run: Callable[[RequestContext], Awaitable[T]]

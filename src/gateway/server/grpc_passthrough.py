@@ -22,6 +22,7 @@ from typing import TypeVar
 
 from grpc import aio
 
+from gateway.observability.request_log import RequestRecord
 from gateway.policies.base import RouteRequest
 from gateway.proto import common_pb2
 from gateway.proto import sglang_scheduler_pb2 as pb
@@ -40,7 +41,7 @@ from gateway.routing.request_context import RequestContext
 from gateway.server.grpc_util import (
     Authenticator,
     abort_with,
-    admitted,
+    call_scope,
     client_deadline,
     reply_metadata,
 )
@@ -60,9 +61,10 @@ class SchedulerPassthrough(pb_grpc.SglangSchedulerServicer):
         self._live: dict[str, WorkerStream] = {}  # request id -> its worker stream
         self._aborted: set[str] = set()  # Abort arrived before the request reached a worker
 
-    def admitted(self, ctx: RequestContext, method: str) -> contextlib.AbstractAsyncContextManager[None]:
-        """Admission control around every call, shared with the HTTP front door."""
-        return admitted(self.state.admission, ctx, method)
+    def admitted(self, ctx: RequestContext, method: str) -> contextlib.AbstractAsyncContextManager[RequestRecord]:
+        """Admission, metrics and the access log around every call, shared with the HTTP front door."""
+        state = self.state
+        return call_scope(state.metrics, state.admission, ctx, method, access_log=state.config.server.access_log)
 
     async def _unary(self, context: aio.ServicerContext, method: str, run: Callable[[RequestContext], Awaitable[T]]) -> T:
         try:

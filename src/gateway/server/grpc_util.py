@@ -8,6 +8,7 @@ HTTP status, with the OpenAI error fields in the trailing metadata.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping
@@ -16,10 +17,13 @@ from typing import Protocol
 import grpc
 from grpc import aio
 
+from gateway.observability.metrics import GatewayMetrics
+from gateway.observability.request_log import RequestRecord, bind_record, log_access, unbind_record
 from gateway.protocol.errors import GatewayError
 from gateway.routing.deadline import request_deadline
 from gateway.routing.request_context import RequestContext
 from gateway.server.admission import Admission
+from gateway.server.observability import observe_request
 
 
 class KeyCheck(Protocol):
@@ -117,6 +121,35 @@ async def admitted(admission: Admission, ctx: RequestContext, method: str) -> As
         return
     async with admission.admit(ctx.api_key_id):
         yield
+
+
+@contextlib.asynccontextmanager
+async def call_scope(
+    metrics: GatewayMetrics, admission: Admission, ctx: RequestContext, method: str, *, access_log: bool
+) -> AsyncIterator[RequestRecord]:
+    """One gRPC call as the HTTP middleware sees a request: admitted, counted in
+    /metrics under ``grpc METHOD`` with its HTTP-equivalent status, and access-logged."""
+    record = RequestRecord(method="GRPC", path=method, request_id=ctx.request_id, endpoint=f"grpc {method}")
+    token = bind_record(record)
+    try:
+        async with admitted(admission, ctx, method):
+            yield record
+        record.status = 200
+    except GatewayError as exc:
+        record.status = exc.status
+        raise
+    except (asyncio.CancelledError, GeneratorExit):
+        record.status = 499  # the client cancelled or its deadline passed
+        raise
+    except BaseException:
+        record.status = 500
+        raise
+    finally:
+        latency = time.perf_counter() - record.started
+        observe_request(metrics, record, latency)
+        if access_log:
+            log_access(record, latency)
+        unbind_record(token)
 
 
 def reply_metadata(ctx: RequestContext) -> tuple[tuple[str, str], ...]:

@@ -76,18 +76,20 @@ class ObservabilityMiddleware:
             latency = time.perf_counter() - record.started
             route = scope.get("route")
             record.endpoint = getattr(route, "path", None) or UNMATCHED
-            self._observe(record, latency)
+            observe_request(self.metrics, record, latency)
             if self.access_log and record.path not in QUIET_PATHS:
                 log_access(record, latency)
             unbind_record(token)
 
-    def _observe(self, record: RequestRecord, latency: float) -> None:
-        m = self.metrics
-        status = str(record.status or 499)  # no response started: the client left first
-        m.requests.labels(endpoint=record.endpoint, model=record.model or NO_MODEL, status=status).inc()
-        m.latency.labels(endpoint=record.endpoint).observe(latency)
-        if record.ttft_s is not None:
-            m.ttft.labels(endpoint=record.endpoint).observe(record.ttft_s)
+
+
+def observe_request(m: GatewayMetrics, record: RequestRecord, latency: float) -> None:
+    """Count one finished request (HTTP or gRPC) under bounded labels."""
+    status = str(record.status or 499)  # no response started: the client left first
+    m.requests.labels(endpoint=record.endpoint, model=record.model or NO_MODEL, status=status).inc()
+    m.latency.labels(endpoint=record.endpoint).observe(latency)
+    if record.ttft_s is not None:
+        m.ttft.labels(endpoint=record.endpoint).observe(record.ttft_s)
 
 
 def install_observability(app: FastAPI, metrics: GatewayMetrics, *, access_log: bool = True) -> None:

@@ -1,4 +1,4 @@
-"""The gRPC front door shares the HTTP path's admission control: the same slots, queue and refusals."""
+"""The gRPC front door shares the HTTP path's controls: admission slots and refusals, API keys, metrics and the access log."""
 
 from __future__ import annotations
 
@@ -48,3 +48,23 @@ async def test_grpc_accepts_the_same_keys_as_http(gstack: GrpcStack) -> None:
                 assert err.value.code == grpc.StatusCode.UNAUTHENTICATED
         finally:
             await client.close()
+
+
+@pytest.mark.stack(workers=1)
+async def test_grpc_calls_are_counted_and_logged_like_http_requests(
+    gstack: GrpcStack, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO", logger="gateway.access")
+    await gstack.client.complete("hello", max_tokens=2)
+    chunks = [c async for c in gstack.client.stream_complete("hello", max_tokens=2)]
+    assert chunks
+    with pytest.raises(GatewayRpcError):
+        await gstack.client.complete("hello", max_tokens=2, model="no-such-model")
+    text = (await gstack.http.http.get("/metrics")).text
+    model = gstack.model
+    assert f'gateway_requests_total{{endpoint="grpc Completion",model="{model}",status="200"}} 1.0' in text
+    assert f'gateway_requests_total{{endpoint="grpc StreamCompletion",model="{model}",status="200"}} 1.0' in text
+    assert 'endpoint="grpc Completion",model="none",status="404"' in text
+    assert 'gateway_time_to_first_token_seconds_count{endpoint="grpc StreamCompletion"} 1.0' in text
+    lines = [r for r in caplog.records if r.name == "gateway.access"]
+    assert any(getattr(r, "access", {}).get("endpoint") == "grpc Completion" for r in lines)
