@@ -38,6 +38,7 @@ import httpx
 import orjson
 from grpc import aio
 
+from gateway.bench.machine import cpu_model, cpu_seconds
 from gateway.bench.serve_process import ServeProcess
 from gateway.proto import gateway_pb2 as gpb
 from gateway.proto import gateway_pb2_grpc as gpb_grpc
@@ -53,25 +54,8 @@ DOORS = ("worker", "passthrough", "grpc", "http")
 Door = Callable[[int, bool, int], Awaitable[int]]
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of process ``pid`` (Linux /proc; 0 elsewhere)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return 0.0
 
 
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def scheduler_door(stub: pb_grpc.SglangSchedulerStub, prefix: str) -> Door:

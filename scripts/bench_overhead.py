@@ -38,7 +38,6 @@ import datetime
 import itertools
 import json
 import os
-import platform
 import random
 import shutil
 import subprocess
@@ -54,6 +53,7 @@ import grpc
 import httpx
 import orjson
 
+from gateway.bench.machine import cpu_seconds, describe
 from gateway.bench.serve_process import ServeProcess
 from gateway.bench.workloads import default_tokenizer_dir
 from gateway.proto import sglang_scheduler_pb2 as pb
@@ -123,14 +123,6 @@ class Prompts:
 # ---------------------------------------------------------------- process CPU
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of process ``pid`` (Linux /proc; 0 elsewhere)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return 0.0
 
 
 @dataclass
@@ -524,13 +516,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def machine() -> str:
-    model = platform.processor() or "unknown"
-    with contextlib.suppress(OSError, FileNotFoundError):
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
-        for line in out.splitlines():
-            if line.startswith("Model name:"):
-                model = line.split(":", 1)[1].strip()
-    return f"{os.cpu_count()} CPUs, {model}, Python {platform.python_version()}, grpcio {grpc.__version__}"
+    return f"{describe()}, grpcio {grpc.__version__}"
 
 
 def main() -> int:

@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import dataclasses
 import json
-import platform
 import sys
 import tempfile
 import time
@@ -29,7 +28,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from gateway.bench import workloads
+from gateway.bench import machine, workloads
 from gateway.bench.driver import DriverConfig, RunResult, run_workload
 from gateway.bench.report import RunSummary, summarize
 from gateway.bench.serve_process import ServeProcess
@@ -144,7 +143,7 @@ def main() -> int:
     console = Console(width=200)
     results = asyncio.run(main_async(config, gsp, console))
     console.print(table(results))
-    console.print(f"machine: {platform.processor() or platform.machine()}, python {platform.python_version()}")
+    console.print(f"machine: {machine.describe()}")
     if config.json_out:
         data = [s.to_dict() | {"pd": sides} for s, sides in results]
         Path(config.json_out).write_text(json.dumps(data, indent=2))

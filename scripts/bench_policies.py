@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import gc
 import heapq
-import platform
 import random
 import statistics
 import sys
@@ -38,6 +37,7 @@ from dataclasses import dataclass, field, replace
 
 import xxhash
 
+from gateway.bench import machine
 from gateway.policies import PolicyConfig, close_policy, make_policy
 from gateway.policies.base import LoadSnapshot, Policy, RouteRequest, WorkerView
 from gateway.policies.cache_aware import CacheAwarePolicy
@@ -61,19 +61,6 @@ def table(headers: list[str], rows: Sequence[Sequence[object]]) -> str:
     return "\n".join(out)
 
 
-def machine() -> str:
-    cpu = platform.processor() or "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    import os
-
-    return f"nproc={os.cpu_count()}, CPU {cpu}, Python {platform.python_version()}, {time.strftime('%Y-%m-%d')}"
 
 
 # =============================================================== micro benchmarks
@@ -241,7 +228,7 @@ def bench_eviction(tree_tokens: int) -> str:
 
 
 def run_micro(args: argparse.Namespace) -> None:
-    print(f"## micro ({machine()})\n")
+    print(f"## micro ({machine.describe()})\n")
     print(f"### decision time (`select`, packing included; best of {REPEATS} runs of {args.requests})\n")
     print(bench_decisions(args.requests, args.tree_tokens))
     print("\n### tree memory (tracemalloc)\n")
@@ -565,7 +552,7 @@ def describe(args: argparse.Namespace, wl: Workload, timing: Timing) -> str:
 
 def run_sim(args: argparse.Namespace) -> None:
     timing = Timing()
-    print(f"## simulation ({machine()})\n")
+    print(f"## simulation ({machine.describe()})\n")
     for wl in workloads(args):
         print(f"### {describe(args, wl, timing)}\n")
         print(table(SIM_HEADERS, sim_rows(SIM_POLICIES, wl, args, timing)))
@@ -590,7 +577,7 @@ def run_tune(args: argparse.Namespace) -> None:
                                     "use_polled_loads": False}, 0.0))
     for lf in (1.1, 1.25, 1.5, 2.0, 3.0, 0.0):
         grid.append((f"prefix_hash load_factor={lf}", {"policy": "prefix_hash", "load_factor": lf}, 0.0))
-    print(f"## policy tuning ({machine()})\n")
+    print(f"## policy tuning ({machine.describe()})\n")
     for wl in workloads(args):
         print(f"### {describe(args, wl, timing)}\n")
         print(table(SIM_HEADERS, sim_rows(grid, wl, args, timing)))

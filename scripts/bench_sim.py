@@ -26,6 +26,7 @@ import time
 
 import grpc
 
+from gateway.bench.machine import cpu_model, cpu_seconds
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.proto import sglang_scheduler_pb2_grpc as pb_grpc
 from gateway.sim.config import SimConfig
@@ -95,14 +96,6 @@ async def stream_phase(
     }
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of process ``pid`` (Linux /proc; 0 elsewhere)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return 0.0
 
 
 async def run(args: argparse.Namespace) -> dict[str, object]:
@@ -126,15 +119,6 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
     return {"unary": unary, "stream": stream, "worker": fleet.counters}
 
 
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def main() -> int:

@@ -35,6 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from gateway.bench.machine import cpu_model
 from gateway.tokenization import PrefixTokenCache, Tokenizer
 
 MAX_REPS = 200
@@ -254,13 +255,6 @@ def bench_multi_turn(
     return table(headers, rows), speedup
 
 
-def cpu_model() -> str:
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
 
 
 def main() -> int:

@@ -28,7 +28,6 @@ import argparse
 import asyncio
 import dataclasses
 import json
-import platform
 import signal
 import tempfile
 import time
@@ -36,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gateway.bench.machine import facts
 from gateway.bench.workloads import ChatConfig, GspConfig, LongMixConfig
 from gateway.settings import add_options, from_namespace, option
 
@@ -494,24 +494,6 @@ def tables(cells: list[Cell], config: MatrixConfig) -> list[tuple[str, list[str]
     return out
 
 
-def machine() -> dict[str, Any]:
-    import os
-
-    model = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "cpus": os.cpu_count(),
-        "cpu_model": model or platform.processor(),
-        "python": platform.python_version(),
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "load_avg": os.getloadavg(),
-    }
 
 
 def run(args: argparse.Namespace) -> int:
@@ -531,7 +513,7 @@ def run(args: argparse.Namespace) -> int:
     if not console.is_terminal:  # a log file: do not squeeze the tables into 80 columns
         console = Console(width=160)
     tokenizer_dir = str(default_tokenizer_dir())
-    started = machine()
+    started = facts()
     try:
         cells = asyncio.run(run_matrix(config, args, console, tokenizer_dir))
     except KeyboardInterrupt:
@@ -544,7 +526,7 @@ def run(args: argparse.Namespace) -> int:
         console.print(_rich(title, header, rows))
     if config.json_out:
         data = {
-            "machine": started | {"load_avg_end": machine()["load_avg"]},
+            "machine": started | {"load_avg_end": facts()["load_avg"]},
             "matrix": dataclasses.asdict(config),
             "workloads": {
                 "gsp": dataclasses.asdict(from_namespace(GspConfig, args)),
