@@ -13,7 +13,6 @@ row take a worker out of rotation; ``success_threshold`` good ones bring it back
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ import grpc
 
 from gateway.settings import option
 from gateway.workers.breaker import CircuitBreaker
+from gateway.workers.periodic import Periodic
 from gateway.workers.registry import WorkerRegistry
 from gateway.workers.worker import Worker
 
@@ -42,11 +42,13 @@ class HealthConfig:
         return CircuitBreaker(self.breaker_failure_threshold, self.breaker_cooldown_s)
 
 
-class HealthMonitor:
+class HealthMonitor(Periodic):
+    name = "health-monitor"
+
     def __init__(self, registry: WorkerRegistry, config: HealthConfig | None = None) -> None:
         self.registry = registry
         self.config = config or HealthConfig()
-        self._task: asyncio.Task[None] | None = None
+        super().__init__()
         self.probes = 0
 
     def due(self, worker: Worker, now: float) -> bool:
@@ -102,24 +104,10 @@ class HealthMonitor:
         if due:
             await asyncio.gather(*(self.probe(w) for w in due))
 
-    async def run(self) -> None:
-        tick = max(0.05, min(self.config.health_check_interval_s, self.config.health_unhealthy_interval_s) / 4)
-        while True:
-            try:
-                await self.check_once()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("health check round failed")
-            await asyncio.sleep(tick)
+    def interval_s(self) -> float:
+        if self.config.health_check_interval_s <= 0:
+            return 0.0
+        return max(0.05, min(self.config.health_check_interval_s, self.config.health_unhealthy_interval_s) / 4)
 
-    def start(self) -> None:
-        if self._task is None and self.config.health_check_interval_s > 0:
-            self._task = asyncio.get_running_loop().create_task(self.run(), name="health-monitor")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+    async def round(self) -> None:
+        await self.check_once()

@@ -9,7 +9,6 @@ asked at all.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -18,6 +17,7 @@ from dataclasses import dataclass
 from gateway.policies.base import LoadSnapshot
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.settings import option
+from gateway.workers.periodic import Periodic
 from gateway.workers.registry import WorkerRegistry
 from gateway.workers.worker import Worker
 
@@ -47,7 +47,9 @@ def snapshot(reply: pb.GetLoadsResponse) -> LoadSnapshot:
     )
 
 
-class LoadMonitor:
+class LoadMonitor(Periodic):
+    name = "load-monitor"
+
     def __init__(
         self,
         registry: WorkerRegistry,
@@ -58,7 +60,7 @@ class LoadMonitor:
         self.needed = needed
         self.config = config or LoadMonitorConfig()
         self.polls = 0
-        self._task: asyncio.Task[None] | None = None
+        super().__init__()
 
     async def poll(self, worker: Worker) -> None:
         try:
@@ -78,23 +80,8 @@ class LoadMonitor:
         await asyncio.gather(*(self.poll(w) for w in workers))
         return bool(workers)
 
-    async def run(self) -> None:
-        while True:
-            try:
-                await self.poll_once()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("load poll round failed")
-            await asyncio.sleep(self.config.load_poll_interval_s)
+    def interval_s(self) -> float:
+        return self.config.load_poll_interval_s
 
-    def start(self) -> None:
-        if self._task is None and self.config.load_poll_interval_s > 0:
-            self._task = asyncio.get_running_loop().create_task(self.run(), name="load-monitor")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+    async def round(self) -> None:
+        await self.poll_once()
