@@ -153,8 +153,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     setup_logging(config.server.log_level, config.server.log_json)
     if not (config.server.worker_urls or config.pd.prefill or config.pd.decode):
-        log.error("no workers: give --worker-urls grpc://host:port ... (or --prefill/--decode)")
-        return 2
+        log.warning("no workers yet: /readiness answers 503 until one is registered with POST /workers")
     try:
         import uvloop
 
