@@ -123,7 +123,7 @@ async def test_each_gateway_has_its_own_registry(stack: Stack) -> None:
     assert "gateway_queue_depth" not in REGISTRY._names_to_collectors  # nothing leaked globally
 
 
-def test_worker_series_follow_the_registry() -> None:
+async def test_worker_series_follow_the_registry() -> None:
     """Scrape-time collection: a worker that leaves takes its series with it."""
     from prometheus_client import CollectorRegistry, generate_latest
 
@@ -141,5 +141,7 @@ def test_worker_series_follow_the_registry() -> None:
     text = generate_latest(registry).decode()
     assert 'gateway_worker_in_flight{model="m",role="regular",worker="127.0.0.1:1"} 1.0' in text
     assert 'worker="127.0.0.1:2"' in text
-    workers.pop()
+    gone = workers.pop()
     assert 'worker="127.0.0.1:2"' not in generate_latest(registry).decode()
+    for w in [*workers, gone]:
+        await w.client.close()
