@@ -120,3 +120,27 @@ async def test_each_gateway_has_its_own_registry(stack: Stack) -> None:
     assert value(m, "gateway_queue_depth") == 0  # read from this gateway's admission queue
     assert value(m, "gateway_admission_rejections_total", reason="queue_timeout") == 1
     assert "gateway_queue_depth" not in REGISTRY._names_to_collectors  # nothing leaked globally
+
+
+async def test_worker_series_follow_the_registry() -> None:
+    """Scrape-time collection: a worker that leaves takes its series with it."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from gateway.observability.collector import WorkerCollector
+    from gateway.workers.client import WorkerClient
+    from gateway.workers.worker import Worker, WorkerInfo
+
+    workers = [
+        Worker(url, WorkerClient(url), WorkerInfo(model="m"))
+        for url in ("grpc://127.0.0.1:1", "grpc://127.0.0.1:2")
+    ]
+    registry = CollectorRegistry()
+    registry.register(WorkerCollector(lambda: list(workers)))
+    workers[0].load.acquire(10, 5)
+    text = generate_latest(registry).decode()
+    assert 'gateway_worker_in_flight{model="m",role="regular",worker="127.0.0.1:1"} 1.0' in text
+    assert 'worker="127.0.0.1:2"' in text
+    gone = workers.pop()
+    assert 'worker="127.0.0.1:2"' not in generate_latest(registry).decode()
+    for w in [*workers, gone]:
+        await w.client.close()

@@ -186,16 +186,19 @@ async def _send(http: httpx.AsyncClient, spec: _Spec) -> tuple[str, str]:
             return ("clean_error" if clean else "unclean"), str(r.status_code)
         saw_error = saw_done = False
         events = 0
-        async for line in r.aiter_lines():
-            if not line.startswith("data: "):
-                continue
-            payload = line[6:]
-            if payload == "[DONE]":
-                saw_done = True
-                break
-            events += 1
-            if _is_error_body(orjson.loads(payload)):
-                saw_error = True
+        try:
+            async for line in r.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                payload = line[6:]
+                if payload == "[DONE]":
+                    saw_done = True
+                    break
+                events += 1
+                if _is_error_body(orjson.loads(payload)):
+                    saw_error = True
+        except httpx.TransportError as exc:
+            return "unclean", f"{type(exc).__name__} after 200 and {events} events (error event seen: {saw_error})"
         if not saw_done:
             return "unclean", "stream ended without [DONE]"
         if saw_error:
