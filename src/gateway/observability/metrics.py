@@ -9,7 +9,7 @@ types (prompts, keys, unknown model names, request ids) ever becomes a label.
 Live worker state (in flight, health, breaker) is read from the registry at
 scrape time by ``WorkerCollector`` rather than mirrored into gauges.
 
-For the admission module: ``metrics.queue_depth.set(n)`` (requests waiting now)
+For the admission module: ``metrics.queue_depth`` (read from ``state.admission`` at scrape time)
 and ``metrics.admission_rejections.labels(reason="queue_full").inc()`` with
 reason one of ``ADMISSION_REASONS``.
 """

@@ -24,10 +24,12 @@ _MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 _CHANNEL_OPTIONS: list[tuple[str, int | str]] = [
     ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
-    ("grpc.keepalive_time_ms", 30_000),
-    ("grpc.keepalive_timeout_ms", 10_000),
-    ("grpc.http2.max_pings_without_data", 0),
-    ("grpc.keepalive_permit_without_calls", 1),
+    # Keepalive only while calls are open, and no more often than a gRPC server with
+    # default settings accepts (one ping per 5 min without data): faster pings earn a
+    # GOAWAY "too_many_pings". Dead idle workers are the health checks' job.
+    ("grpc.keepalive_time_ms", 300_000),
+    ("grpc.keepalive_timeout_ms", 20_000),
+    ("grpc.keepalive_permit_without_calls", 0),
     # gRPC's default reconnect back-off grows to 120 s; a worker that restarts should
     # be reachable again within seconds so the health checks can re-admit it.
     ("grpc.initial_reconnect_backoff_ms", 500),
