@@ -17,6 +17,7 @@ from gateway.protocol.chat import ChatCompletionRequest
 from gateway.protocol.completions import CompletionRequest
 from gateway.protocol.embeddings import EmbeddingRequest
 from gateway.protocol.generate import GenerateRequest
+from gateway.protocol.inspect import InspectRequest
 from gateway.protocol.tokens import DetokenizeRequest, TokenizeRequest
 
 REQUEST_BODIES: dict[str, type[BaseModel]] = {
@@ -26,6 +27,8 @@ REQUEST_BODIES: dict[str, type[BaseModel]] = {
     "/v1/embeddings": EmbeddingRequest,
     "/v1/tokenize": TokenizeRequest,
     "/v1/detokenize": DetokenizeRequest,
+    "/admin/inspect": InspectRequest,
+    # POST /workers is left out on purpose: a fuzzer must not make the gateway dial made-up addresses.
 }
 
 _REF = "#/components/schemas/{model}"
