@@ -53,7 +53,7 @@ def add_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: 
         default = (
             field.default
             if field.default is not dataclasses.MISSING
-            else field.default_factory()  # type: ignore[misc]
+            else field.default_factory()  # type: ignore[misc,operator]
         )
         kwargs: dict[str, Any] = {"dest": field.name, "help": field.metadata["help"], "default": default}
         if field.metadata.get("choices"):

@@ -72,7 +72,8 @@ async def prepare_completions(
     entry = engine.catalog.get(req.model)
     sampling = sampling_from_completion(req)
     prepared: list[PreparedRequest] = []
-    for i, prompt in enumerate(req.prompts()):
+    prompts: list[str | list[int]] = list(req.prompts())
+    for i, prompt in enumerate(prompts):
         ids, text = await prompt_ids(engine, entry, prompt)
         prepared.append(
             engine.prepare(

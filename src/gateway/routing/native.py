@@ -34,7 +34,8 @@ async def prepare_generate(engine: Engine, req: GenerateRequest, ctx: RequestCon
     """One prepared request per prompt of a /generate request (shared by the gRPC Generate)."""
     entry = engine.catalog.get(None)
     prepared = []
-    for i, prompt in enumerate(req.prompts()):
+    prompts: list[str | list[int]] = list(req.prompts())
+    for i, prompt in enumerate(prompts):
         ids, text = await prompt_ids(engine, entry, prompt)
         prepared.append(
             engine.prepare(
@@ -136,7 +137,8 @@ async def embed(engine: Engine, req: EmbeddingRequest, ctx: RequestContext) -> d
             vector = vector[: req.dimensions]
         return vector, reply.prompt_tokens or len(ids)
 
-    results = await asyncio.gather(*(one(i, item) for i, item in enumerate(req.inputs())))
+    inputs: list[str | list[int]] = list(req.inputs())
+    results = await asyncio.gather(*(one(i, item) for i, item in enumerate(inputs)))
     for vector, count in results:
         vectors.append(vector)
         prompt_tokens += count
