@@ -38,6 +38,7 @@ import datetime
 import itertools
 import json
 import os
+import platform
 import random
 import shutil
 import subprocess
@@ -53,7 +54,7 @@ import grpc
 import httpx
 import orjson
 
-from gateway.bench.machine import cpu_seconds, describe
+from gateway.bench.machine import cpu_model, cpu_seconds
 from gateway.bench.serve_process import ServeProcess
 from gateway.bench.workloads import default_tokenizer_dir
 from gateway.proto import sglang_scheduler_pb2 as pb
@@ -516,7 +517,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def machine() -> str:
-    return f"{describe()}, grpcio {grpc.__version__}"
+    return f"{os.cpu_count()} CPUs, {cpu_model()}, Python {platform.python_version()}, grpcio {grpc.__version__}"
 
 
 def main() -> int:
