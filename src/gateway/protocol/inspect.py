@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field, model_validator
 
-from gateway.protocol.chat import ChatMessage
-from gateway.protocol.common import RequestModel
 from gateway.protocol.errors import ParamError
+from gateway.protocol.tokens import TemplatedInput
 
 Pool = Literal["regular", "prefill", "decode"]
 
 
-class InspectRequest(RequestModel):
+class InspectRequest(TemplatedInput):
     """Exactly one of ``text`` (alias ``prompt``), ``messages`` or ``input_ids``.
 
     ``text`` is tokenized as ``/v1/completions`` does (special tokens added unless
@@ -22,13 +21,8 @@ class InspectRequest(RequestModel):
     override the gateway's prefix-hash settings for this answer only.
     """
 
-    model: str | None = None
     text: str | None = Field(default=None, alias="prompt")
-    messages: list[ChatMessage] | None = None
     input_ids: list[int] | None = None
-    chat_template_kwargs: dict[str, Any] | None = None
-    add_generation_prompt: bool = True
-    add_special_tokens: bool | None = None
     pool: Pool = "regular"
     block_size: int | None = Field(default=None, ge=1, le=1 << 16)
     depth_tokens: int | None = Field(default=None, ge=1, le=1 << 24)
@@ -39,17 +33,7 @@ class InspectRequest(RequestModel):
         given = [n for n in ("text", "messages", "input_ids") if getattr(self, n) is not None]
         if len(given) != 1:
             raise ParamError("text", "exactly one of text (or prompt), messages and input_ids must be given")
-        if self.messages is not None and not self.messages:
-            raise ParamError("messages", "messages must contain at least one message")
+        self._check_messages()
         if self.input_ids is not None and not self.input_ids:
             raise ParamError("input_ids", "input_ids must contain at least one token id")
         return self
-
-    @property
-    def special_tokens(self) -> bool:
-        if self.add_special_tokens is not None:
-            return self.add_special_tokens
-        return self.messages is None
-
-    def template_messages(self) -> list[dict[str, Any]]:
-        return [m.to_template() for m in self.messages or []]

@@ -11,27 +11,23 @@ from gateway.protocol.common import RequestModel
 from gateway.protocol.errors import ParamError
 
 
-class TokenizeRequest(RequestModel):
-    """Either ``prompt`` (plain text) or ``messages`` (rendered with the chat template).
+class TemplatedInput(RequestModel):
+    """A request that takes text or chat messages and tokenizes them as the inference
+    endpoints do (``/tokenize``, ``/admin/inspect``).
 
-    ``add_special_tokens`` defaults to True for a prompt and False for messages
-    (the template already writes the special tokens), as vLLM and SGLang do.
+    ``add_special_tokens`` defaults to True for text and False for messages (the
+    template already writes the special tokens), as vLLM and SGLang do.
     """
 
     model: str | None = None
-    prompt: str | None = None
     messages: list[ChatMessage] | None = None
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
     add_special_tokens: bool | None = None
 
-    @model_validator(mode="after")
-    def _one_input(self) -> TokenizeRequest:
-        if (self.prompt is None) == (self.messages is None):
-            raise ParamError("prompt", "exactly one of prompt and messages must be given")
+    def _check_messages(self) -> None:
         if self.messages is not None and not self.messages:
             raise ParamError("messages", "messages must contain at least one message")
-        return self
 
     @property
     def special_tokens(self) -> bool:
@@ -42,6 +38,19 @@ class TokenizeRequest(RequestModel):
 
     def template_messages(self) -> list[dict[str, Any]]:
         return [m.to_template() for m in self.messages or []]
+
+
+class TokenizeRequest(TemplatedInput):
+    """Either ``prompt`` (plain text) or ``messages`` (rendered with the chat template)."""
+
+    prompt: str | None = None
+
+    @model_validator(mode="after")
+    def _one_input(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ParamError("prompt", "exactly one of prompt and messages must be given")
+        self._check_messages()
+        return self
 
 
 class TokenizeResponse(BaseModel):
