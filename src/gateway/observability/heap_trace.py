@@ -12,6 +12,7 @@ Off by default: tracing slows every allocation down.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -52,6 +53,7 @@ def install_from_env() -> Path | None:
         if not tracemalloc.is_tracing():
             tracemalloc.start(FRAMES)
             log.warning("tracemalloc started (%d frames)", FRAMES)
+        gc.collect()  # a snapshot of live objects, not of cycles (exception tracebacks) awaiting collection
         path = _dump(directory)
         log.warning("heap snapshot written to %s (traced %.1f MB)", path, tracemalloc.get_traced_memory()[0] / 2**20)
 
