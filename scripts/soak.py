@@ -4,10 +4,13 @@ Runs ``gateway.bench.soak.run_soak`` (simulated workers + in-process gateway +
 httpx client in one process) and prints what came back: outcomes per request
 kind, latency, fault flips, leftover in-flight counters (must be none) and the
 memory series after warm-up (RSS, and tracemalloc with ``--trace-memory``).
+With ``--gateway-process`` the gateway is a ``token-gateway serve`` child and the
+RSS series is that process's alone.
 Exits non-zero if any request ended uncleanly, a counter was left non-zero, or
 memory grew more than ``--max-growth-mb``. Run:
 
     .venv/bin/python scripts/soak.py --requests 20000 --trace-memory --json soak.json
+    .venv/bin/python scripts/soak.py --requests 40000 --gateway-process --json soak-gw.json
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import argparse
 import asyncio
 import json
 import logging
+import signal
+import sys
 import tempfile
 from pathlib import Path
 
@@ -37,16 +42,22 @@ def main() -> int:
     p.add_argument("--policy", default=d.policy)
     p.add_argument("--max-seconds", type=float, default=3600.0)
     p.add_argument("--memory-samples", type=int, default=40)
-    p.add_argument("--trace-memory", action="store_true", help="also sample tracemalloc (slower)")
+    p.add_argument("--trace-memory", action="store_true",
+                   help="also trace the Python heap (slower); with --gateway-process, diff the gateway's heap snapshots")
+    p.add_argument("--gateway-process", action="store_true",
+                   help="run the gateway as its own `token-gateway serve` process and measure its RSS alone")
     p.add_argument("--max-growth-mb", type=float, default=24.0, help="fail if memory grew more than this after warm-up")
     p.add_argument("--json", type=Path, help="write the full report here")
     args = p.parse_args()
+    # SIGTERM exits through atexit, which stops a --gateway-process child (it has its own session).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     # The gateway logs every retry and mid-stream failure as a warning; thousands are expected here.
     logging.basicConfig(level=logging.ERROR)
     cfg = SoakConfig(
         requests=args.requests, concurrency=args.concurrency, workers=args.workers, seed=args.seed,
         disconnect_rate=args.disconnect_rate, fault_period_s=args.fault_period_s, policy=args.policy,
         max_seconds=args.max_seconds, memory_samples=args.memory_samples, trace_memory=args.trace_memory,
+        gateway_process=args.gateway_process,
     )
     with tempfile.TemporaryDirectory() as tmp:
         report = asyncio.run(run_soak(cfg, Path(tmp)))
@@ -65,7 +76,16 @@ def main() -> int:
     console.print(f"fault flips: {report.fault_flips}")
     console.print(f"latency p50 {report.latency_p50_ms} ms, p99 {report.latency_p99_ms} ms")
     console.print(f"leftover in-flight counters: {report.leftover or 'none'}")
-    console.print(f"RSS MB after warm-up: first {report.rss_mb[:1]}, last {report.rss_mb[-1:]}, growth {out['rss_growth_mb']} MB")
+    if report.idle_gauges:
+        console.print(f"gateway in-flight gauges at the end (/metrics): {report.idle_gauges}")
+    console.print(f"RSS of the {report.rss_of}, MB after warm-up: {report.rss_mb}")
+    console.print(f"RSS first {report.rss_mb[:1]}, last {report.rss_mb[-1:]}, growth {out['rss_growth_mb']} MB (first to last third)")
+    if report.soak_rss_mb:
+        console.print(f"soak process (workers + client) RSS MB: first {report.soak_rss_mb[:1]}, last {report.soak_rss_mb[-1:]}")
+    if report.heap_traced_mb:
+        console.print(f"gateway traced heap at each snapshot (tracing from the first): {report.heap_traced_mb} MB")
+    for line in report.heap_growth:
+        console.print(f"  heap growth in the gateway: {line}", highlight=False)
     if report.traced_mb:
         console.print(f"traced MB after warm-up: first {report.traced_mb[:1]}, last {report.traced_mb[-1:]}, growth {out['traced_growth_mb']} MB")
     if report.unclean_examples:

@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import gc
 import random
-import socket
 import statistics
 import time
 import tracemalloc
@@ -34,7 +33,7 @@ from typing import Any
 import httpx
 import orjson
 
-from gateway.server.config import GatewayConfig, ServerConfig
+from gateway.bench.soak_targets import GatewayProcess, InProcessGateway, SoakGateway, rss_mb
 from gateway.sim.config import SimConfig
 from gateway.sim.fleet import SimFleet
 
@@ -53,10 +52,15 @@ class SoakConfig:
     fault_period_s: float = 0.5  # how often the chaos task changes one worker's fault
     fault_rate: float = 0.5  # chance a chaos tick turns a fault on (else clears one)
     max_seconds: float = 600.0  # hard bound on the whole run
+    request_deadline_s: float = 90.0  # backstop per request, client side (httpx's own timeouts are 30 s)
     policy: str = "cache_aware"
     first_token_timeout_s: float = 2.0  # the gateway's; a stall fault lasts longer than both
     stall_timeout_s: float = 1.0
     trace_memory: bool = False  # tracemalloc (slower; measures Python heap precisely)
+    # Run the gateway as its own `token-gateway serve` process, so its RSS is measured alone
+    # (the simulated workers, the chaos and the client stay in this process).
+    gateway_process: bool = False
+    heap_top: int = 15  # with gateway_process and trace_memory: lines of the heap-growth diff kept
     memory_samples: int = 20
     sim: dict[str, Any] = field(default_factory=lambda: {
         "step_base_s": 0.0005, "prefill_token_s": 0.0, "decode_seq_s": 0.00002, "time_scale": 1.0,
@@ -75,7 +79,12 @@ class SoakReport:
     latency_p99_ms: float = 0.0
     fault_flips: dict[str, int] = field(default_factory=dict)
     leftover: dict[str, Any] = field(default_factory=dict)  # in-flight counters after the run
-    rss_mb: list[float] = field(default_factory=list)  # sampled after warm-up, one per slice
+    rss_mb: list[float] = field(default_factory=list)  # the gateway's, sampled after warm-up, one per slice
+    rss_of: str = ""  # which process rss_mb measures
+    soak_rss_mb: list[float] = field(default_factory=list)  # this process's, when the gateway runs apart
+    idle_gauges: dict[str, float] = field(default_factory=dict)  # the child's in-flight gauges at the end
+    heap_growth: list[str] = field(default_factory=list)  # tracemalloc diff in the child, mid-run -> end
+    heap_traced_mb: list[float] = field(default_factory=list)  # the child's traced heap at each snapshot
     traced_mb: list[float] = field(default_factory=list)
     completed: int = 0
 
@@ -108,17 +117,6 @@ class SoakReport:
             idle=self.idle,
         )
         return out
-
-
-def rss_mb() -> float:
-    """Resident set size of this process in MB (Linux /proc; 0 elsewhere)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
 
 
 # ---------------------------------------------------------------- requests
@@ -206,10 +204,23 @@ async def _send(http: httpx.AsyncClient, spec: _Spec) -> tuple[str, str]:
         return ("ok" if events else "unclean"), "200"
 
 
+async def _send_alone(shared: httpx.AsyncClient, spec: _Spec) -> tuple[str, str]:
+    """``_send`` on a connection of its own, closed when the request ends or is cancelled.
+
+    A client that hangs up is cancelled mid-request. Cancelling requests on a shared
+    httpx pool can strand its connection slots (httpcore 1.0.x, encode/httpcore#830,
+    #1093): after ~35,000 requests a soak's 32 client tasks all waited on the pool
+    forever while the gateway sat idle. A hung-up client owning its connection is also
+    what a real one looks like to the gateway.
+    """
+    async with httpx.AsyncClient(base_url=shared.base_url, timeout=shared.timeout, trust_env=False) as own:
+        return await _send(own, spec)
+
+
 async def _one(http: httpx.AsyncClient, spec: _Spec) -> tuple[str, str]:
     if spec.disconnect_after_s is None:
         return await _send(http, spec)
-    task = asyncio.ensure_future(_send(http, spec))
+    task = asyncio.ensure_future(_send_alone(http, spec))
     done, _ = await asyncio.wait({task}, timeout=spec.disconnect_after_s)
     if task in done:
         return task.result()
@@ -269,71 +280,70 @@ class _Chaos:
 
 
 # ---------------------------------------------------------------- the run
-async def _serve(state: Any) -> tuple[Any, asyncio.Task[None], str]:
-    import uvicorn
-
-    from gateway.server.app import create_app
-
-    app = create_app(state, manage_lifecycle=False)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", loop="none", access_log=False))
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    for _ in range(1000):
-        if server.started:
-            break
-        await asyncio.sleep(0.01)
-    return server, task, f"http://127.0.0.1:{port}"
-
-
-def _leftover(state: Any, fleet: SimFleet) -> dict[str, Any]:
+def _sim_leftover(fleet: SimFleet) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for w in state.registry.all():
-        load = w.load
-        if load.in_flight or load.queued_prefill_tokens or load.running_decode_tokens:
-            out[f"gateway:{w.id}"] = {
-                "in_flight": load.in_flight, "queued_prefill_tokens": load.queued_prefill_tokens,
-                "running_decode_tokens": load.running_decode_tokens,
-            }
     for sim in fleet.workers:
         busy = sim.scheduler.num_running + sim.scheduler.num_waiting
         if busy or sim._requests:
             out[f"sim:{sim.url}"] = {"running_or_waiting": busy, "tracked_requests": len(sim._requests)}
-    http_in_flight = state.metrics.in_flight._value.get()
-    if http_in_flight:
-        out["gateway:http_in_flight"] = http_in_flight
     return out
 
 
-async def _wait_idle(state: Any, fleet: SimFleet, timeout_s: float = 5.0) -> dict[str, Any]:
+async def _wait_idle(gateway: SoakGateway, fleet: SimFleet, timeout_s: float = 5.0) -> dict[str, Any]:
     deadline = time.monotonic() + timeout_s
-    left = _leftover(state, fleet)
-    while left and time.monotonic() < deadline:
+    while True:
+        left = {**await gateway.leftover(), **_sim_leftover(fleet)}
+        if not left or time.monotonic() >= deadline:
+            return left
         await asyncio.sleep(0.05)
-        left = _leftover(state, fleet)
-    return left
+
+
+def _short(filename: str) -> str:
+    """A frame's file without the machine's install prefix."""
+    for marker in ("site-packages/", "src/gateway/", "lib/python3."):
+        if marker in filename:
+            tail = filename.split(marker, 1)[1]
+            return ("gateway/" + tail) if marker == "src/gateway/" else tail
+    return filename
+
+
+def _traced_mb(snapshot: tracemalloc.Snapshot) -> float:
+    return sum(s.size for s in snapshot.statistics("filename")) / 2**20
+
+
+def _heap_diff(first: Path, last: Path, top: int) -> list[str]:
+    """Totals, then the call sites whose traced memory grew most, between two heap snapshots."""
+    older = tracemalloc.Snapshot.load(str(first))
+    newer = tracemalloc.Snapshot.load(str(last))
+    lines = [f"traced heap {_traced_mb(older):.2f} MB -> {_traced_mb(newer):.2f} MB ({first.stem} -> {last.stem})"]
+    grown = sorted(newer.compare_to(older, "traceback"), key=lambda d: d.size_diff, reverse=True)
+    for stat in grown[:top]:
+        if stat.size_diff <= 0:
+            break
+        frames = [f"{_short(f.filename)}:{f.lineno}" for f in reversed(stat.traceback)][:6]
+        lines.append(f"{stat.size_diff / 1024:+.1f} KiB ({stat.count_diff:+d} blocks) at " + " <- ".join(frames))
+    return lines
+
+
+async def _start_gateway(cfg: SoakConfig, fleet: SimFleet, tmp_dir: Path) -> SoakGateway:
+    args = (fleet.urls, cfg.policy, cfg.first_token_timeout_s, cfg.stall_timeout_s, tmp_dir)
+    if cfg.gateway_process:
+        return await GatewayProcess.start(*args, heap_dir=tmp_dir / "heap" if cfg.trace_memory else None)
+    return await InProcessGateway.start(*args)
 
 
 async def run_soak(cfg: SoakConfig, tmp_dir: Path) -> SoakReport:
     """Run the soak; the report says whether it was clean, idle and flat."""
-    from gateway.server.state import GatewayState
-
     rng = random.Random(cfg.seed)
     report = SoakReport(config=asdict(cfg))
     sim = SimConfig(**cfg.sim)
-    if cfg.trace_memory:
+    if cfg.trace_memory and not cfg.gateway_process:
         tracemalloc.start()
     async with SimFleet.start(cfg.workers, sim) as fleet:
-        gw = GatewayConfig(server=ServerConfig(worker_urls=fleet.urls, tokenizer_cache_dir=str(tmp_dir / "tok"), access_log=False))
-        gw.policy.policy = cfg.policy
-        gw.retry.backoff_base_s = 0.005
-        gw.dispatch.first_token_timeout_s = cfg.first_token_timeout_s
-        gw.dispatch.stall_timeout_s = cfg.stall_timeout_s
-        state = GatewayState(gw)
-        await state.start()
-        server, serve_task, url = await _serve(state)
-        model = state.catalog.names()[0]
+        gateway = await _start_gateway(cfg, fleet, tmp_dir)
+        child = gateway if isinstance(gateway, GatewayProcess) else None
+        report.rss_of = f"gateway process (pid {gateway.pid})" if child else "soak process (gateway + workers + client)"
+        model = gateway.model
         chaos = _Chaos(fleet, rng, cfg)
         stop_chaos = asyncio.Event()
         limits = httpx.Limits(max_connections=cfg.concurrency, max_keepalive_connections=cfg.concurrency)
@@ -345,10 +355,25 @@ async def run_soak(cfg: SoakConfig, tmp_dir: Path) -> SoakReport:
         slice_size = max(1, cfg.requests // max(1, cfg.memory_samples))
         warmup = max(slice_size, cfg.requests // 5)
         next_index = 0
+        snapshot_tasks: list[asyncio.Task[Path | None]] = []
+        # Heap snapshots in the child: the first (which starts tracing) at the first sample,
+        # one halfway through the measured part, one at the end. Mid -> end is the growth
+        # that remains once the bounded caches have turned over at least once.
+        first_sample = warmup + (-warmup % slice_size)
+        snapshot_at = {first_sample, first_sample + slice_size * ((cfg.requests - first_sample) // slice_size // 2)}
+
+        def sample() -> None:
+            report.rss_mb.append(round(gateway.rss_mb(), 2))
+            if child:
+                report.soak_rss_mb.append(round(rss_mb(), 2))
+            traced = gateway.traced_mb()
+            if traced is not None:
+                report.traced_mb.append(round(traced, 3))
+
         started = time.perf_counter()
         chaos_task = asyncio.create_task(chaos.run(stop_chaos))
         try:
-            async with httpx.AsyncClient(base_url=url, timeout=30, limits=limits) as http:
+            async with httpx.AsyncClient(base_url=gateway.url, timeout=30, limits=limits, trust_env=False) as http:
 
                 async def worker_loop() -> None:
                     nonlocal next_index
@@ -357,7 +382,10 @@ async def run_soak(cfg: SoakConfig, tmp_dir: Path) -> SoakReport:
                         next_index += 1
                         t0 = time.perf_counter()
                         try:
-                            outcome, detail = await _one(http, spec)
+                            async with asyncio.timeout(cfg.request_deadline_s):
+                                outcome, detail = await _one(http, spec)
+                        except TimeoutError:  # must never happen: every wait below has its own timeout
+                            outcome, detail = "unclean", f"no answer within {cfg.request_deadline_s:g} s (a hang)"
                         except Exception as exc:  # a transport failure the client did not cause
                             outcome, detail = "unclean", f"{type(exc).__name__}: {exc}"
                         latencies.append(time.perf_counter() - t0)
@@ -368,9 +396,9 @@ async def run_soak(cfg: SoakConfig, tmp_dir: Path) -> SoakReport:
                             report.unclean_examples.append(f"{spec.kind} {spec.path}: {detail}")
                         done = sum(outcomes.values())
                         if done >= warmup and done % slice_size == 0:
-                            report.rss_mb.append(round(rss_mb(), 2))
-                            if cfg.trace_memory:
-                                report.traced_mb.append(round(tracemalloc.get_traced_memory()[0] / 2**20, 3))
+                            sample()
+                            if child and child.heap_dir and done in snapshot_at:
+                                snapshot_tasks.append(asyncio.create_task(child.snapshot()))
 
                 await asyncio.gather(*(worker_loop() for _ in range(cfg.concurrency)))
         finally:
@@ -378,11 +406,19 @@ async def run_soak(cfg: SoakConfig, tmp_dir: Path) -> SoakReport:
             await chaos_task
             chaos.clear_all()
         report.seconds = time.perf_counter() - started
-        report.leftover = await _wait_idle(state, fleet)
+        report.leftover = await _wait_idle(gateway, fleet)
+        if child:
+            report.idle_gauges = await child.idle_gauges()
         gc.collect()
-        report.rss_mb.append(round(rss_mb(), 2))
-        if cfg.trace_memory:
-            report.traced_mb.append(round(tracemalloc.get_traced_memory()[0] / 2**20, 3))
+        sample()
+        if child and child.heap_dir:
+            await asyncio.gather(*snapshot_tasks)
+            await child.snapshot()
+            shots = child.snapshots
+            report.heap_traced_mb = [round(_traced_mb(tracemalloc.Snapshot.load(str(p))), 2) for p in shots]
+            if len(shots) >= 2:
+                report.heap_growth = _heap_diff(shots[-2], shots[-1], cfg.heap_top)
+        if cfg.trace_memory and not child:
             tracemalloc.stop()
         report.completed = sum(outcomes.values())
         report.outcomes = dict(outcomes)
@@ -393,7 +429,5 @@ async def run_soak(cfg: SoakConfig, tmp_dir: Path) -> SoakReport:
             ordered = sorted(latencies)
             report.latency_p50_ms = round(ordered[len(ordered) // 2] * 1e3, 2)
             report.latency_p99_ms = round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1e3, 2)
-        server.should_exit = True
-        await serve_task
-        await state.stop()
+        await gateway.close()
     return report

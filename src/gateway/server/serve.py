@@ -152,6 +152,9 @@ def run(args: argparse.Namespace) -> int:
         log.error("%s", exc)
         return 2
     setup_logging(config.server.log_level, config.server.log_json)
+    from gateway.observability.heap_trace import install_from_env
+
+    install_from_env()  # no-op unless TOKEN_GATEWAY_TRACEMALLOC_DIR is set
     if not (config.server.worker_urls or config.pd.prefill or config.pd.decode):
         log.warning("no workers yet: /readiness answers 503 until one is registered with POST /workers")
     try:
