@@ -166,7 +166,7 @@ async def test_http_408_on_queue_timeout(stack: Stack) -> None:
 
 @pytest.mark.stack(workers=1, sections={"admission": {"max_concurrent_requests": 1, "max_queued_requests": 0}})
 async def test_stream_holds_its_slot_until_it_ends(stack: Stack) -> None:
-    stack.fleet.workers[0].faults.stall_s = 0.5
+    stack.fleet.workers[0].faults.stall_s = 2.0  # the stream stays open (holding its slot) well past the next request
     stack.fleet.workers[0].faults.stall_after_tokens = 2
     stream = await stack.client.completions.create(
         model=stack.model, prompt="hello", max_tokens=6, stream=True, extra_body={"ignore_eos": True}
@@ -177,6 +177,10 @@ async def test_stream_holds_its_slot_until_it_ends(stack: Stack) -> None:
         await stack.client.completions.create(model=stack.model, prompt="x", max_tokens=1)
     async for _ in chunks:
         pass
+    for _ in range(200):  # bounded: the slot is released once the server has sent the response's end
+        if stack.state.admission.in_flight == 0:
+            break
+        await asyncio.sleep(0.005)
     assert stack.state.admission.in_flight == 0
     ok = await stack.client.completions.create(model=stack.model, prompt="x", max_tokens=1)
     assert ok.choices
