@@ -148,9 +148,9 @@ def ask_gateway(args: argparse.Namespace, body: dict[str, Any]) -> dict[str, Any
 def inspect_locally(args: argparse.Namespace, body: dict[str, Any]) -> dict[str, Any]:
     from pydantic import ValidationError
 
+    from gateway.endpoints.inspect import inspect_offline
     from gateway.protocol.errors import GatewayError, validation_error_to_gateway
     from gateway.protocol.inspect import InspectRequest
-    from gateway.routing.inspect import inspect_offline
     from gateway.tokenization.errors import TokenizationError
 
     try:

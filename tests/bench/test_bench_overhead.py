@@ -27,9 +27,9 @@ def bench() -> ModuleType:
 
 def test_stage_of_takes_the_innermost_known_frame(bench: ModuleType) -> None:
     loop = "thread (1): MainThread;run (asyncio/runners.py:118)"
-    app = loop + ";run (gateway/server/app.py:134);complete_chat (gateway/routing/chat.py:110)"
-    assert bench.stage_of(app + ";Engine.render_chat (gateway/routing/engine.py:93);ChatTemplate.render (gateway/tokenization/chat_template.py:185)") == "template"
-    assert bench.stage_of(app + ";open_generate (gateway/routing/dispatch.py:160);_send (grpc/aio/_call.py:667)") == "dispatch (gRPC)"
+    app = loop + ";run (gateway/server/http/app.py:134);complete_chat (gateway/endpoints/chat.py:110)"
+    assert bench.stage_of(app + ";Engine.render_chat (gateway/pipeline/engine.py:93);ChatTemplate.render (gateway/tokenization/chat_template.py:185)") == "template"
+    assert bench.stage_of(app + ";open_generate (gateway/pipeline/dispatch.py:160);_send (grpc/aio/_call.py:667)") == "dispatch (gRPC)"
     assert bench.stage_of("thread (7): tokenize_0;_worker (concurrent/futures/thread.py:81)") == "tokenize"
     assert bench.stage_of("thread (9): Thread-1 (_poll_wrapper);Thread.run (threading.py:982)") == "dispatch (gRPC)"
     assert bench.stage_of(loop) == "event loop / other"
@@ -39,13 +39,13 @@ def test_summarize_profile_shares_add_up(bench: ModuleType, tmp_path: Path) -> N
     raw = tmp_path / "p.txt"
     raw.write_text(
         "thread (1): MainThread;sse (gateway/server/sse.py:13) 30\n"
-        "thread (1): MainThread;Generation._feed (gateway/routing/generation.py:170) 50\n"
+        "thread (1): MainThread;Generation._feed (gateway/pipeline/generation.py:170) 50\n"
         "thread (2): tokenize_0;Tokenizer.encode_batch (gateway/tokenization/tokenizer.py:236) 20\n"
     )
     summary = bench.summarize_profile(raw)
     assert summary["samples"] == 100
     assert summary["stage_percent"] == {"relay (detok, stops, chunks)": 50.0, "sse encode": 30.0, "tokenize": 20.0}
-    assert summary["top_self_percent"][0] == (50.0, "Generation._feed (gateway/routing/generation.py:170)")
+    assert summary["top_self_percent"][0] == (50.0, "Generation._feed (gateway/pipeline/generation.py:170)")
 
 
 def test_prompts_are_unique_and_about_the_asked_length(bench: ModuleType) -> None:

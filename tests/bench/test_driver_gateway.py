@@ -23,8 +23,8 @@ from gateway.bench.workloads import (
     ideal_hit_rate,
     multi_turn_chat,
 )
-from gateway.server.app import create_app
 from gateway.server.config import GatewayConfig, ServerConfig
+from gateway.server.http.app import create_app
 from gateway.server.state import GatewayState
 from gateway.sim.config import SimConfig
 from gateway.sim.fleet import SimFleet

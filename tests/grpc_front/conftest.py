@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from gateway.client import GatewayClient
-from gateway.server.grpc_server import GrpcServer, start_grpc_server
+from gateway.server.grpc.server import GrpcServer, start_grpc_server
 from tests.server.conftest import Stack, StackOptions, start_stack
 
 

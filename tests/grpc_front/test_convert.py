@@ -11,8 +11,8 @@ from gateway.client import chat_request, completion_request, function_tool, gpb,
 from gateway.protocol.chat import ChatCompletionRequest
 from gateway.protocol.completions import CompletionRequest
 from gateway.protocol.errors import GatewayError
-from gateway.server import grpc_convert as convert
-from gateway.server.http_util import parse_model
+from gateway.server.grpc import convert as convert
+from gateway.server.http.util import parse_model
 
 
 def test_chat_request_round_trips_to_the_http_model() -> None:

@@ -14,9 +14,9 @@ import openai
 import pytest
 import uvicorn
 
-from gateway.routing.pd import PdWorkerSpec
-from gateway.server.app import create_app
+from gateway.pipeline.pd import PdWorkerSpec
 from gateway.server.config import GatewayConfig, ServerConfig
+from gateway.server.http.app import create_app
 from gateway.server.state import GatewayState
 from gateway.sim.config import SimConfig
 from gateway.sim.fleet import SimFleet

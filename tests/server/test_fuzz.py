@@ -18,8 +18,8 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis import GenerationMode
 
-from gateway.server.app import create_app
 from gateway.server.config import GatewayConfig
+from gateway.server.http.app import create_app
 from gateway.server.state import GatewayState
 from tests.server.conftest import Stack, StackOptions, start_stack
 

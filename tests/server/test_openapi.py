@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from gateway.server.app import create_app
 from gateway.server.config import GatewayConfig
-from gateway.server.openapi import REQUEST_BODIES
+from gateway.server.http.app import create_app
+from gateway.server.http.openapi import REQUEST_BODIES
 from gateway.server.state import GatewayState
 
 

@@ -20,8 +20,7 @@ from typing import Any
 import openai
 import pytest
 
-from gateway.policies.factory import PolicyConfig
-from gateway.routing.pd import (
+from gateway.pipeline.pd import (
     ROOM_LIMIT,
     PdConfig,
     PdFlagError,
@@ -30,6 +29,7 @@ from gateway.routing.pd import (
     pool_policy_config,
     room_for_rank,
 )
+from gateway.policies.factory import PolicyConfig
 from gateway.server.serve import add_arguments, config_from_args
 from gateway.sim.worker import SimWorker
 from gateway.workers.worker import Worker

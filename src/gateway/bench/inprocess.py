@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import uvicorn
 
-from gateway.routing.router import PolicyMaker
-from gateway.server.app import create_app
+from gateway.pipeline.router import PolicyMaker
 from gateway.server.config import GatewayConfig
+from gateway.server.http.app import create_app
 from gateway.server.state import GatewayState
 
 

@@ -78,7 +78,7 @@ class InProcessGateway:
     ) -> InProcessGateway:
         import uvicorn
 
-        from gateway.server.app import create_app
+        from gateway.server.http.app import create_app
         from gateway.server.state import GatewayState
 
         gw = GatewayConfig(server=ServerConfig(worker_urls=worker_urls, tokenizer_cache_dir=str(tmp_dir / "tok"), access_log=False))

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from gateway.routing.models import ModelCatalog
+from gateway.pipeline.catalog import ModelCatalog
 from gateway.workers.breaker import BreakerState
 from gateway.workers.registry import WorkerRegistry
 from gateway.workers.worker import Worker

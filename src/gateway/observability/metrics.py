@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from gateway.observability.request_log import current_record
-from gateway.routing.observer import PipelineObserver
+from gateway.pipeline.observer import PipelineObserver
 
 # Seconds: from sub-millisecond gateway stages to multi-minute generations.
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)

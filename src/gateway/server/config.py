@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gateway.pipeline.dispatch import DispatchConfig
+from gateway.pipeline.engine import EngineConfig
+from gateway.pipeline.limits import LimitsConfig
+from gateway.pipeline.pd import PdConfig
+from gateway.pipeline.retry import RetryConfig
 from gateway.policies.factory import PolicyConfig
-from gateway.routing.dispatch import DispatchConfig
-from gateway.routing.engine import EngineConfig
-from gateway.routing.limits import LimitsConfig
-from gateway.routing.pd import PdConfig
-from gateway.routing.retry import RetryConfig
 from gateway.server.admission import AdmissionConfig
 from gateway.server.security import SecurityConfig
 from gateway.settings import option

@@ -12,14 +12,15 @@ import sys
 
 import orjson
 
+from gateway.pipeline.dispatch import DispatchConfig, flush_aborts
+from gateway.pipeline.engine import EngineConfig
+from gateway.pipeline.limits import LimitsConfig
+from gateway.pipeline.pd import PdConfig, PdFlagError, parse_pool_flags
+from gateway.pipeline.retry import RetryConfig
+
 # Config dataclasses are imported lazily in add_arguments' callers' process anyway;
 # they are light (no FastAPI/transformers at import).
 from gateway.policies.factory import PolicyConfig
-from gateway.routing.dispatch import DispatchConfig, flush_aborts
-from gateway.routing.engine import EngineConfig
-from gateway.routing.limits import LimitsConfig
-from gateway.routing.pd import PdConfig, PdFlagError, parse_pool_flags
-from gateway.routing.retry import RetryConfig
 from gateway.server.admission import AdmissionConfig
 from gateway.server.config import GatewayConfig, ServerConfig
 from gateway.server.security import InsecureAdminError, SecurityConfig, check_startup
@@ -83,7 +84,7 @@ def setup_logging(level: str, as_json: bool) -> None:
 async def serve(config: GatewayConfig) -> None:
     import uvicorn
 
-    from gateway.server.app import create_app
+    from gateway.server.http.app import create_app
     from gateway.server.state import GatewayState
 
     check_startup(config.server.host, config.security)
@@ -105,7 +106,7 @@ async def serve(config: GatewayConfig) -> None:
              "models": state.catalog.names(), "policy": config.policy.policy}
     grpc_server = None
     if config.server.grpc_port is not None:
-        from gateway.server.grpc_server import start_grpc_server
+        from gateway.server.grpc.server import start_grpc_server
 
         grpc_server = await start_grpc_server(state, config.server.host, config.server.grpc_port)
         ready["grpc_port"] = grpc_server.port

@@ -8,17 +8,17 @@ from pathlib import Path
 
 from gateway.observability.collector import TokenizerCacheCollector, WorkerCollector
 from gateway.observability.metrics import GatewayMetrics
+from gateway.pipeline.catalog import ModelCatalog
+from gateway.pipeline.engine import Engine
+from gateway.pipeline.pd import pool_policy_config
+from gateway.pipeline.router import PolicyMaker, Router
 from gateway.policies.factory import close_policy, make_policy
 from gateway.protocol.errors import InvalidRequestError
-from gateway.routing.engine import Engine
-from gateway.routing.kv_events import KvEventFeeder
-from gateway.routing.models import ModelCatalog
-from gateway.routing.pd import pool_policy_config
-from gateway.routing.router import PolicyMaker, Router
 from gateway.server.admission import Admission
 from gateway.server.config import GatewayConfig
 from gateway.server.security import Authenticator
 from gateway.workers.health import HealthMonitor
+from gateway.workers.kv_events import KvEventFeeder
 from gateway.workers.load_monitor import LoadMonitor
 from gateway.workers.registry import WorkerRegistry
 from gateway.workers.worker import Worker

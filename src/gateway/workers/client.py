@@ -1,7 +1,7 @@
 """A thin async client for one SGLang `--grpc-mode` worker.
 
 Owns the gRPC channel and nothing else: no retries, no load accounting, no
-error mapping (those each have one home in routing/). Keeping it thin means the
+error mapping (those each have one home in pipeline/). Keeping it thin means the
 gateway's front doors, health checks and the tokenizer fetch all share it.
 """
 

@@ -1,15 +1,15 @@
-"""InspectPrefix: ``routing.inspect.Inspector`` (the core behind POST /admin/inspect) over gRPC."""
+"""InspectPrefix: ``endpoints.inspect.Inspector`` (the core behind POST /admin/inspect) over gRPC."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
+from gateway.endpoints.inspect import Inspector
 from gateway.proto import gateway_pb2 as gpb
 from gateway.protocol.inspect import InspectRequest
-from gateway.routing.inspect import Inspector
-from gateway.server import grpc_convert as convert
-from gateway.server.http_util import parse_model
+from gateway.server.grpc import convert as convert
+from gateway.server.http.util import parse_model
 
 
 def inspect_request(request: gpb.InspectPrefixRequest) -> dict[str, Any]:

@@ -20,13 +20,13 @@ from typing import Protocol, TypeVar
 import grpc
 from grpc import aio
 
+from gateway.pipeline.deadline import worker_timeout
+from gateway.pipeline.errors import map_rpc_error, no_worker_error, worker_stalled_error
+from gateway.pipeline.observer import NULL_OBSERVER, PipelineObserver
+from gateway.pipeline.retry import RetryConfig
+from gateway.pipeline.router import Router, Selection
 from gateway.policies.base import NoWorkerAvailable, RouteRequest
 from gateway.proto import sglang_scheduler_pb2 as pb
-from gateway.routing.deadline import worker_timeout
-from gateway.routing.errors import map_rpc_error, no_worker_error, worker_stalled_error
-from gateway.routing.observer import NULL_OBSERVER, PipelineObserver
-from gateway.routing.retry import RetryConfig
-from gateway.routing.router import Router, Selection
 from gateway.settings import option
 from gateway.workers.load import LoadGuard
 from gateway.workers.worker import Worker

@@ -2,7 +2,7 @@
 
 Handlers only authenticate, translate and frame, exactly as the HTTP handlers in
 ``server/app.py`` do: each request becomes the HTTP API's request model and runs
-through the same pipeline functions in ``routing/`` (chat, completions, native),
+through the same pipeline functions in ``endpoints/`` (chat, completions, native),
 so validation, routing, retries, load accounting and stop handling are shared.
 A client's deadline bounds the worker calls; a client that cancels or runs out
 of time cancels the handler, which aborts the worker request and frees its slot.
@@ -18,7 +18,14 @@ from typing import Any, TypeVar
 
 from grpc import aio
 
+from gateway.endpoints import chat as chat_route
+from gateway.endpoints import completions as completions_route
+from gateway.endpoints import native as native_route
+from gateway.endpoints.inspect import Inspector
 from gateway.observability.request_log import RequestRecord
+from gateway.pipeline.fanout import merged
+from gateway.pipeline.generation import Generation, SampleDelta
+from gateway.pipeline.request_context import RequestContext
 from gateway.proto import gateway_pb2 as gpb
 from gateway.proto import gateway_pb2_grpc as gpb_grpc
 from gateway.protocol.chat import ChatCompletionRequest
@@ -27,23 +34,16 @@ from gateway.protocol.embeddings import EmbeddingRequest
 from gateway.protocol.errors import GatewayError
 from gateway.protocol.generate import GenerateRequest
 from gateway.protocol.tokens import DetokenizeRequest, TokenizeRequest
-from gateway.routing import chat as chat_route
-from gateway.routing import completions as completions_route
-from gateway.routing import native as native_route
-from gateway.routing.fanout import merged
-from gateway.routing.generation import Generation, SampleDelta
-from gateway.routing.inspect import Inspector
-from gateway.routing.request_context import RequestContext
-from gateway.server import grpc_convert as convert
-from gateway.server.grpc_inspect import inspect_prefix
-from gateway.server.grpc_util import (
+from gateway.server.grpc import convert as convert
+from gateway.server.grpc.inspect import inspect_prefix
+from gateway.server.grpc.util import (
     Authenticator,
     abort_with,
     call_scope,
     client_deadline,
     reply_metadata,
 )
-from gateway.server.http_util import parse_model
+from gateway.server.http.util import parse_model
 from gateway.server.state import GatewayState
 
 log = logging.getLogger(__name__)

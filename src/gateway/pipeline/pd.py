@@ -40,20 +40,20 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from gateway.policies.base import RouteRequest
-from gateway.policies.factory import POLICY_NAMES, PolicyConfig
-from gateway.proto import sglang_scheduler_pb2 as pb
-from gateway.protocol.errors import WorkerError
-from gateway.routing.dispatch import (
+from gateway.pipeline.dispatch import (
     AttemptFailed,
     DispatchConfig,
     WorkerStream,
     open_on,
     with_retries,
 )
-from gateway.routing.observer import NULL_OBSERVER, PipelineObserver
-from gateway.routing.retry import RetryConfig
-from gateway.routing.router import Router, Selection
+from gateway.pipeline.observer import NULL_OBSERVER, PipelineObserver
+from gateway.pipeline.retry import RetryConfig
+from gateway.pipeline.router import Router, Selection
+from gateway.policies.base import RouteRequest
+from gateway.policies.factory import POLICY_NAMES, PolicyConfig
+from gateway.proto import sglang_scheduler_pb2 as pb
+from gateway.protocol.errors import WorkerError
 from gateway.settings import option
 from gateway.workers.client import parse_worker_url
 from gateway.workers.registry import WorkerRegistry

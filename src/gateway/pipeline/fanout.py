@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
 
-from gateway.routing.generation import Generation, SampleDelta
+from gateway.pipeline.generation import Generation, SampleDelta
 
 _END = object()
 

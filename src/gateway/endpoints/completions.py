@@ -12,6 +12,12 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+from gateway.pipeline.catalog import ModelEntry
+from gateway.pipeline.engine import Engine
+from gateway.pipeline.fanout import merged
+from gateway.pipeline.generation import Generation, UsageCounts
+from gateway.pipeline.prepared import PreparedRequest
+from gateway.pipeline.request_context import RequestContext
 from gateway.protocol.completions import CompletionRequest
 from gateway.protocol.logprobs import completion_logprobs
 from gateway.protocol.responses import (
@@ -23,12 +29,6 @@ from gateway.protocol.responses import (
     now,
 )
 from gateway.protocol.sampling import sampling_from_completion
-from gateway.routing.engine import Engine
-from gateway.routing.fanout import merged
-from gateway.routing.generation import Generation, UsageCounts
-from gateway.routing.models import ModelEntry
-from gateway.routing.prepared import PreparedRequest
-from gateway.routing.request_context import RequestContext
 
 
 def piece_fn(entry: ModelEntry) -> Any:

@@ -19,18 +19,25 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 
+from gateway.policies.base import Policy
 from gateway.policies.cache_aware import CacheAwarePolicy
 from gateway.policies.kv_blocks import DEFAULT_MAX_BLOCKS, WorkerBlocks
 from gateway.proto import common_pb2
-from gateway.routing.router import Router
 from gateway.workers.registry import WorkerRegistry
 from gateway.workers.worker import Worker
 
 log = logging.getLogger(__name__)
+
+
+class PolicySource(Protocol):
+    """Where the feeder finds each pool's live policy (the pipeline's router); a
+    Protocol so this layer does not import the pipeline above it."""
+
+    def policy(self, model: str, role: str) -> Policy: ...
 
 
 RETRY_S = 0.2  # first delay before reopening a broken stream (doubles up to RETRY_MAX_S)
@@ -98,7 +105,7 @@ class KvEventFeeder:
     """Keeps one KV-event subscription per worker whose pool policy is ``cache_aware``."""
 
     def __init__(
-        self, registry: WorkerRegistry, router: Router, *, retry_s: float = RETRY_S, retry_max_s: float = RETRY_MAX_S
+        self, registry: WorkerRegistry, router: PolicySource, *, retry_s: float = RETRY_S, retry_max_s: float = RETRY_MAX_S
     ) -> None:
         self.registry = registry
         self.router = router

@@ -22,7 +22,12 @@ from typing import TypeVar
 
 from grpc import aio
 
+from gateway.endpoints.native import embed_ids
 from gateway.observability.request_log import RequestRecord
+from gateway.pipeline.deadline import worker_timeout
+from gateway.pipeline.dispatch import WorkerStream, fire_abort, open_generate
+from gateway.pipeline.errors import map_rpc_error
+from gateway.pipeline.request_context import RequestContext
 from gateway.policies.base import RouteRequest
 from gateway.proto import common_pb2
 from gateway.proto import sglang_scheduler_pb2 as pb
@@ -33,12 +38,7 @@ from gateway.protocol.errors import (
     InvalidRequestError,
     NoWorkerError,
 )
-from gateway.routing.deadline import worker_timeout
-from gateway.routing.dispatch import WorkerStream, fire_abort, open_generate
-from gateway.routing.errors import map_rpc_error
-from gateway.routing.native import embed_ids
-from gateway.routing.request_context import RequestContext
-from gateway.server.grpc_util import (
+from gateway.server.grpc.util import (
     Authenticator,
     abort_with,
     call_scope,

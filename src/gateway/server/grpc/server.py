@@ -20,9 +20,9 @@ from gateway.proto import (
     sglang_scheduler_pb2,
     sglang_scheduler_pb2_grpc,
 )
-from gateway.server.grpc_front import TokenGatewayService
-from gateway.server.grpc_passthrough import SchedulerPassthrough
-from gateway.server.grpc_util import Authenticator
+from gateway.server.grpc.front import TokenGatewayService
+from gateway.server.grpc.passthrough import SchedulerPassthrough
+from gateway.server.grpc.util import Authenticator
 from gateway.server.state import GatewayState
 
 log = logging.getLogger(__name__)

@@ -19,9 +19,9 @@ from grpc import aio
 
 from gateway.observability.metrics import GatewayMetrics
 from gateway.observability.request_log import RequestRecord, bind_record, log_access, unbind_record
+from gateway.pipeline.deadline import request_deadline
+from gateway.pipeline.request_context import RequestContext
 from gateway.protocol.errors import GatewayError
-from gateway.routing.deadline import request_deadline
-from gateway.routing.request_context import RequestContext
 from gateway.server.admission import Admission
 from gateway.server.observability import observe_request
 

@@ -12,7 +12,14 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.endpoints.chat_parsers import ChatParsers, choose_parsers
+from gateway.endpoints.completions import piece_fn, usage_dict
 from gateway.parsers.base import ReasoningParser, ToolCallParser
+from gateway.pipeline.catalog import ModelEntry
+from gateway.pipeline.engine import Engine
+from gateway.pipeline.generation import Generation, SampleDelta
+from gateway.pipeline.limits import check_tools
+from gateway.pipeline.request_context import RequestContext
 from gateway.protocol.chat import ChatCompletionRequest
 from gateway.protocol.logprobs import chat_logprobs
 from gateway.protocol.responses import (
@@ -24,13 +31,6 @@ from gateway.protocol.responses import (
     openai_finish_reason,
 )
 from gateway.protocol.sampling import sampling_from_chat
-from gateway.routing.chat_parsers import ChatParsers, choose_parsers
-from gateway.routing.completions import piece_fn, usage_dict
-from gateway.routing.engine import Engine
-from gateway.routing.generation import Generation, SampleDelta
-from gateway.routing.limits import check_tools
-from gateway.routing.models import ModelEntry
-from gateway.routing.request_context import RequestContext
 
 
 @dataclass

@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from gateway.pipeline.dispatch import TokenStream
+from gateway.pipeline.prepared import PreparedRequest
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.protocol.errors import WorkerError
-from gateway.routing.dispatch import TokenStream
-from gateway.routing.prepared import PreparedRequest
 from gateway.tokenization.stops import SampleStream
 
 TopRow = list[tuple[int, float]]

@@ -14,20 +14,20 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.pipeline.catalog import ModelCatalog, ModelEntry
+from gateway.pipeline.dispatch import DispatchConfig, TokenStream, open_generate
+from gateway.pipeline.generation import Generation
+from gateway.pipeline.limits import LimitsConfig, apply_sampling_limits, check_prompt
+from gateway.pipeline.observer import NULL_OBSERVER, PipelineObserver
+from gateway.pipeline.pd import PdOpener, serves_pd
+from gateway.pipeline.prepared import PreparedRequest
+from gateway.pipeline.retry import RetryConfig
+from gateway.pipeline.router import Router, Selection
+from gateway.pipeline.sampling import to_sampling_params
 from gateway.policies.base import RouteRequest
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.protocol.errors import ContextLengthExceededError, InvalidRequestError
 from gateway.protocol.sampling import SamplingOptions
-from gateway.routing.dispatch import DispatchConfig, TokenStream, open_generate
-from gateway.routing.generation import Generation
-from gateway.routing.limits import LimitsConfig, apply_sampling_limits, check_prompt
-from gateway.routing.models import ModelCatalog, ModelEntry
-from gateway.routing.observer import NULL_OBSERVER, PipelineObserver
-from gateway.routing.pd import PdOpener, serves_pd
-from gateway.routing.prepared import PreparedRequest
-from gateway.routing.retry import RetryConfig
-from gateway.routing.router import Router, Selection
-from gateway.routing.sampling import to_sampling_params
 from gateway.settings import option
 from gateway.tokenization import StopPlan, Tokenizer
 from gateway.tokenization.errors import ChatTemplateError

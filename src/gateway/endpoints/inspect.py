@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from gateway.pipeline.engine import Engine
 from gateway.policies.base import Policy, WorkerView
 from gateway.policies.cache_aware import CacheAwarePolicy
 from gateway.policies.factory import PolicyConfig, close_policy, make_policy
@@ -20,7 +21,6 @@ from gateway.policies.prefix_hash import PrefixHashPolicy
 from gateway.policies.ring_policy import RingPolicy
 from gateway.protocol.errors import InvalidRequestError
 from gateway.protocol.inspect import InspectRequest
-from gateway.routing.engine import Engine
 from gateway.tokenization import Tokenizer
 from gateway.tokenization.errors import ChatTemplateError
 from gateway.workers.client import parse_worker_url

@@ -1,4 +1,5 @@
-"""Admin endpoints: the worker registry over HTTP, loads and cache flush fanned out to workers.
+"""Admin endpoints: the worker registry over HTTP, loads and cache flush fanned out to
+workers, and ``/admin/inspect`` (what the router sees in a prompt).
 
 Mutations (``POST /workers``, ``DELETE /workers/{id}``, ``POST /flush_cache``) need
 the admin key; read-only views (``GET /workers``, ``GET /get_loads``) take the admin
@@ -12,15 +13,18 @@ import logging
 from typing import Any
 
 import grpc
-from fastapi import FastAPI
+from fastapi import APIRouter
 from google.protobuf.json_format import MessageToDict
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import Response
 
+from gateway.endpoints.inspect import Inspector
+from gateway.pipeline.request_context import RequestContext
 from gateway.protocol.errors import GatewayError, InvalidRequestError, NotFoundError, WorkerError
-from gateway.server.http_util import JSONResponse, error_response, parse_model, read_json
-from gateway.server.state import GatewayState
+from gateway.protocol.inspect import InspectRequest
+from gateway.server.http.door import HttpDoor
+from gateway.server.http.util import JSONResponse, error_response, parse_model, read_json
 from gateway.workers.client import BadWorkerUrl
 from gateway.workers.registry import WorkerRegistrationError
 from gateway.workers.worker import ROLES, Worker
@@ -54,7 +58,9 @@ def _rpc_failure(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def register_admin_routes(app: FastAPI, state: GatewayState) -> None:
+def admin_router(door: HttpDoor) -> APIRouter:
+    app = APIRouter()
+    state = door.state
     auth = state.auth
 
     async def guarded(request: Request, check: Any, work: Any) -> Response:
@@ -169,3 +175,15 @@ def register_admin_routes(app: FastAPI, state: GatewayState) -> None:
             return JSONResponse({"success": ok, "workers": out})
 
         return await guarded(request, auth.admin, work)
+
+    inspector = Inspector(state.engine, state.config.policy)
+
+    @app.post("/admin/inspect")
+    async def admin_inspect(request: Request) -> Response:
+        async def run(ctx: RequestContext) -> Any:
+            req = parse_model(InspectRequest, await read_json(request, door.max_body))
+            return (await inspector.inspect(req)).to_dict()
+
+        return await door.handle(request, run)  # inference or admin key: it costs a tokenization
+
+    return app

@@ -8,6 +8,14 @@ from typing import Any
 
 from grpc import aio
 
+from gateway.endpoints.completions import prompt_ids, start_all
+from gateway.pipeline.deadline import worker_timeout
+from gateway.pipeline.engine import Engine
+from gateway.pipeline.errors import map_rpc_error, no_worker_error
+from gateway.pipeline.fanout import merged
+from gateway.pipeline.generation import Generation, SampleDelta
+from gateway.pipeline.prepared import PreparedRequest
+from gateway.pipeline.request_context import RequestContext
 from gateway.policies.base import NoWorkerAvailable, RouteRequest
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.protocol.embeddings import EmbeddingRequest, EmbeddingResponse
@@ -20,14 +28,6 @@ from gateway.protocol.tokens import (
     TokenizeRequest,
     TokenizeResponse,
 )
-from gateway.routing.completions import prompt_ids, start_all
-from gateway.routing.deadline import worker_timeout
-from gateway.routing.engine import Engine
-from gateway.routing.errors import map_rpc_error, no_worker_error
-from gateway.routing.fanout import merged
-from gateway.routing.generation import Generation, SampleDelta
-from gateway.routing.prepared import PreparedRequest
-from gateway.routing.request_context import RequestContext
 
 
 async def prepare_generate(engine: Engine, req: GenerateRequest, ctx: RequestContext) -> list[PreparedRequest]:

@@ -1,0 +1,1 @@
+"""OpenAI / SGLang shaping: chat, completions, native, inspect (see DESIGN.md)."""

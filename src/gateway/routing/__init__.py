@@ -1,1 +1,0 @@
-"""routing layer (see DESIGN.md)."""

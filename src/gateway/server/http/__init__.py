@@ -1,0 +1,1 @@
+"""the HTTP front door (see DESIGN.md)."""

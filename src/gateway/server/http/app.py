@@ -1,0 +1,60 @@
+"""The HTTP front door: one FastAPI app composed of one router per route group.
+
+Routes only parse, authenticate and frame (``door.HttpDoor``); the request pipeline
+lives in ``pipeline/`` and the OpenAI / SGLang response shaping in ``endpoints/``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from gateway.protocol.errors import GatewayError
+from gateway.server.http.admin import admin_router
+from gateway.server.http.door import HttpDoor
+from gateway.server.http.health import health_router
+from gateway.server.http.native import native_router
+from gateway.server.http.openai import openai_router
+from gateway.server.http.openapi import describe_request_bodies
+from gateway.server.http.util import error_response
+from gateway.server.observability import install_observability
+from gateway.server.state import GatewayState
+
+
+def create_app(state: GatewayState, *, manage_lifecycle: bool = True) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if manage_lifecycle:
+            await state.start()
+        try:
+            yield
+        finally:
+            if manage_lifecycle:
+                await state.stop()
+
+    app = FastAPI(title="token-gateway", version="0.1.0", lifespan=lifespan)
+    app.state.gateway = state
+    door = HttpDoor(state)
+    app.include_router(openai_router(door))
+    app.include_router(native_router(door))
+    app.include_router(health_router(state))
+    app.include_router(admin_router(door))
+
+    @app.exception_handler(GatewayError)
+    async def gateway_error(request: Request, exc: GatewayError) -> Response:
+        return error_response(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        status = exc.status_code
+        kind = "not_found_error" if status == 404 else "invalid_request_error"
+        return error_response(GatewayError(str(exc.detail), status=status, type=kind))
+
+    install_observability(app, state.metrics, access_log=state.config.server.access_log)
+    describe_request_bodies(app)
+    return app

@@ -1,0 +1,127 @@
+"""What every HTTP route shares: auth, request context, admission, disconnect watch, errors, SSE.
+
+Route modules (``openai``, ``native``, ``admin``, ``health``) only parse their body
+and call the pipeline; ``HttpDoor.handle`` runs each of them the same way, so an
+admission slot, the request id and the OpenAI error shape are owned here once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from gateway.observability.request_log import current_record, sane_request_id
+from gateway.pipeline.request_context import RequestContext
+from gateway.policies.headers import ROUTING_KEY_HEADERS, TARGET_WORKER_HEADERS
+from gateway.protocol.errors import GatewayError
+from gateway.server.admission import Ticket
+from gateway.server.http.sse import DONE, sse, sse_error
+from gateway.server.http.util import (
+    ClientGone,
+    EventStream,
+    JSONResponse,
+    buffer_body,
+    error_response,
+    unless_disconnected,
+)
+from gateway.server.state import GatewayState
+
+log = logging.getLogger(__name__)
+
+# Status for a request whose client left (nginx's convention; nobody reads it).
+CLIENT_CLOSED = 499
+
+Auth = Callable[[Mapping[str, str]], str | None]
+
+
+def _first_header(request: Request, names: tuple[str, ...]) -> str | None:
+    for name in names:
+        value = request.headers.get(name)
+        if value:
+            return value
+    return None
+
+
+class HttpDoor:
+    """The HTTP front door's one way of running a request, shared by every router."""
+
+    def __init__(self, state: GatewayState) -> None:
+        self.state = state
+        self.max_body = state.config.server.max_body_bytes
+
+    def context(self, request: Request, auth: Auth) -> RequestContext:
+        key_id = auth(request.headers)
+        ctx = RequestContext(
+            api_key_id=key_id,
+            routing_key=_first_header(request, ROUTING_KEY_HEADERS),
+            target_worker=_first_header(request, TARGET_WORKER_HEADERS),
+        )
+        record = current_record()  # the id the access log and the worker both see
+        incoming = record.request_id if record else sane_request_id(request.headers.get("x-request-id"))
+        if incoming:
+            ctx.request_id = incoming
+        return ctx
+
+    @staticmethod
+    def headers_for(ctx: RequestContext) -> dict[str, str]:
+        out = {"x-request-id": ctx.request_id}
+        if ctx.worker_ids:
+            out["x-worker-id"] = ",".join(dict.fromkeys(ctx.worker_ids))
+        return out
+
+    async def handle(
+        self,
+        request: Request,
+        run: Callable[[RequestContext], Any],
+        *,
+        admit: bool = False,
+        auth: Auth | None = None,
+    ) -> Response:
+        """Run a JSON endpoint with ``auth`` (default: an inference key), admission
+        (``admit``), disconnect watch and error mapping.
+
+        The admission slot is held until the answer is complete: for a stream, until it ends."""
+        state = self.state
+        ctx = RequestContext()
+        tickets: list[Ticket] = []
+
+        async def admitted(ctx: RequestContext) -> Any:
+            if admit:
+                tickets.append(await state.admission.acquire(ctx.api_key_id))
+            return await run(ctx)
+
+        result: Any = None
+        try:
+            ctx = self.context(request, auth or state.auth.inference)
+            await buffer_body(request, self.max_body)  # before the disconnect watcher shares `receive`
+            result = await unless_disconnected(request, admitted(ctx))
+        except ClientGone:
+            return Response(status_code=CLIENT_CLOSED)
+        except GatewayError as exc:
+            return error_response(exc, self.headers_for(ctx))
+        finally:
+            for ticket in tickets:
+                if isinstance(result, EventStream):
+                    result.on_close = ticket.release
+                else:
+                    ticket.release()
+        if isinstance(result, Response):
+            result.headers.update(self.headers_for(ctx))
+            return result
+        return JSONResponse(result, headers=self.headers_for(ctx))
+
+    def sse_stream(self, chunks: AsyncIterator[dict[str, Any]], ctx: RequestContext) -> EventStream:
+        async def body() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in chunks:
+                    yield sse(chunk)
+            except GatewayError as exc:
+                log.warning("request %s failed mid-stream: %s", ctx.request_id, exc.message)
+                yield sse_error(exc.status, exc.message, exc.type, exc.code)
+            yield DONE
+
+        return EventStream(body(), headers=self.headers_for(ctx))

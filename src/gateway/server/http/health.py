@@ -1,0 +1,27 @@
+"""Liveness and readiness probes: ``/health`` (the process answers) and ``/readiness`` (it can serve)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from starlette.responses import Response
+
+from gateway.protocol.errors import ServiceUnavailableError
+from gateway.server.http.util import JSONResponse, error_response
+from gateway.server.state import GatewayState
+
+
+def health_router(state: GatewayState) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/health")
+    async def health() -> Response:
+        return JSONResponse({"status": "ok"})
+
+    @router.get("/readiness")
+    async def readiness() -> Response:
+        available = [w for w in state.registry.all() if w.available]
+        if not available or not state.catalog.names():
+            return error_response(ServiceUnavailableError("no available worker"))
+        return JSONResponse({"status": "ready", "workers": len(available), "models": state.catalog.names()})
+
+    return router
