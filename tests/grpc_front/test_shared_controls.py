@@ -62,9 +62,9 @@ async def test_grpc_calls_are_counted_and_logged_like_http_requests(
         await gstack.client.complete("hello", max_tokens=2, model="no-such-model")
     text = (await gstack.http.http.get("/metrics")).text
     model = gstack.model
-    assert f'gateway_requests_total{{endpoint="grpc Completion",model="{model}",status="200"}} 1.0' in text
-    assert f'gateway_requests_total{{endpoint="grpc StreamCompletion",model="{model}",status="200"}} 1.0' in text
+    assert f'token_gateway_requests_total{{endpoint="grpc Completion",model="{model}",status="200"}} 1.0' in text
+    assert f'token_gateway_requests_total{{endpoint="grpc StreamCompletion",model="{model}",status="200"}} 1.0' in text
     assert 'endpoint="grpc Completion",model="none",status="404"' in text
-    assert 'gateway_time_to_first_token_seconds_count{endpoint="grpc StreamCompletion"} 1.0' in text
+    assert 'token_gateway_time_to_first_token_seconds_count{endpoint="grpc StreamCompletion"} 1.0' in text
     lines = [r for r in caplog.records if r.name == "gateway.access"]
     assert any(getattr(r, "access", {}).get("endpoint") == "grpc Completion" for r in lines)

@@ -137,7 +137,7 @@ async def test_http_429_with_retry_after_when_queue_full(stack: Stack) -> None:
     assert (await first).status_code == 200
     assert stack.state.admission.in_flight == 0
     metrics = (await stack.http.get("/metrics")).text
-    assert 'gateway_admission_rejections_total{reason="queue_full"} 1.0' in metrics
+    assert 'token_gateway_admission_rejections_total{reason="queue_full"} 1.0' in metrics
 
 
 @pytest.mark.stack(
@@ -155,10 +155,10 @@ async def test_http_408_on_queue_timeout(stack: Stack) -> None:
         if stack.state.admission.queued:
             break
         await asyncio.sleep(0.005)
-    assert "gateway_queue_depth 1.0" in (await stack.http.get("/metrics")).text
+    assert "token_gateway_queue_depth 1.0" in (await stack.http.get("/metrics")).text
     resp = await second
     assert resp.status_code == 408
-    assert 'gateway_admission_rejections_total{reason="queue_timeout"} 1.0' in (await stack.http.get("/metrics")).text
+    assert 'token_gateway_admission_rejections_total{reason="queue_timeout"} 1.0' in (await stack.http.get("/metrics")).text
     assert resp.json()["error"]["code"] == "queue_timeout"
     assert (await first).status_code == 200
     assert stack.state.admission.in_flight == 0 and stack.state.admission.queued == 0

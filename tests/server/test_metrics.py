@@ -43,29 +43,29 @@ async def test_requests_stages_and_worker_state(stack: Stack) -> None:
 
     m = await scrape(stack)
     chat = "/v1/chat/completions"
-    assert value(m, "gateway_requests_total", endpoint=chat, model=stack.model, status="200") == 2
-    assert value(m, "gateway_requests_total", endpoint=chat, model="none", status="400") == 1
-    assert value(m, "gateway_requests_total", endpoint="other", status="404") == 1
-    assert value(m, "gateway_request_duration_seconds_count", endpoint=chat) == 3
-    assert value(m, "gateway_time_to_first_token_seconds_count", endpoint=chat) == 1
+    assert value(m, "token_gateway_requests_total", endpoint=chat, model=stack.model, status="200") == 2
+    assert value(m, "token_gateway_requests_total", endpoint=chat, model="none", status="400") == 1
+    assert value(m, "token_gateway_requests_total", endpoint="other", status="404") == 1
+    assert value(m, "token_gateway_request_duration_seconds_count", endpoint=chat) == 3
+    assert value(m, "token_gateway_time_to_first_token_seconds_count", endpoint=chat) == 1
     for stage in ("template", "tokenize", "select", "first_token", "relay"):
-        assert value(m, "gateway_stage_duration_seconds_count", stage=stage) >= 2, stage
-    assert value(m, "gateway_policy_decisions_total", policy="round_robin", reason="round_robin") == 2
-    assert value(m, "gateway_completion_tokens_total", model=stack.model) > 0
-    assert value(m, "gateway_prompt_tokens_total", model=stack.model) > 0
-    assert value(m, "gateway_tokenizer_cache_lookups_total", model=stack.model) >= 2
+        assert value(m, "token_gateway_stage_duration_seconds_count", stage=stage) >= 2, stage
+    assert value(m, "token_gateway_policy_decisions_total", policy="round_robin", reason="round_robin") == 2
+    assert value(m, "token_gateway_completion_tokens_total", model=stack.model) > 0
+    assert value(m, "token_gateway_prompt_tokens_total", model=stack.model) > 0
+    assert value(m, "token_gateway_tokenizer_cache_lookups_total", model=stack.model) >= 2
     # Live worker state, read at scrape time: both idle, healthy, breakers closed.
     workers = stack.state.registry.all()
-    assert len(m["gateway_worker_in_flight"]) == len(workers)
-    assert value(m, "gateway_worker_in_flight") == 0
-    assert value(m, "gateway_worker_healthy") == len(workers)
-    assert value(m, "gateway_worker_breaker_state", state="closed") == len(workers)
-    assert value(m, "gateway_worker_breaker_state", state="open") == 0
-    assert value(m, "gateway_worker_dispatched_total") == 2
-    assert value(m, "gateway_http_requests_in_flight") == 1  # this scrape itself
+    assert len(m["token_gateway_worker_in_flight"]) == len(workers)
+    assert value(m, "token_gateway_worker_in_flight") == 0
+    assert value(m, "token_gateway_worker_healthy") == len(workers)
+    assert value(m, "token_gateway_worker_breaker_state", state="closed") == len(workers)
+    assert value(m, "token_gateway_worker_breaker_state", state="open") == 0
+    assert value(m, "token_gateway_worker_dispatched_total") == 2
+    assert value(m, "token_gateway_http_requests_in_flight") == 1  # this scrape itself
     # The hooks for admission control exist at zero until it uses them.
-    assert value(m, "gateway_queue_depth") == 0
-    assert value(m, "gateway_admission_rejections_total", reason="queue_full") == 0
+    assert value(m, "token_gateway_queue_depth") == 0
+    assert value(m, "token_gateway_admission_rejections_total", reason="queue_full") == 0
 
 
 @pytest.mark.stack(policy="cache_aware", workers=2)
@@ -76,12 +76,12 @@ async def test_predicted_and_reported_cached_tokens(stack: Stack) -> None:
         await stack.client.chat.completions.create(model=stack.model, messages=messages, max_tokens=4, extra_body=NO_THINK)
     m = await scrape(stack)
     worker_model = stack.state.registry.all()[0].model
-    predicted = value(m, "gateway_cached_tokens_predicted_total", model=worker_model)
-    reported = value(m, "gateway_cached_tokens_reported_total", model=worker_model)
+    predicted = value(m, "token_gateway_cached_tokens_predicted_total", model=worker_model)
+    reported = value(m, "token_gateway_cached_tokens_reported_total", model=worker_model)
     assert predicted > 0 and reported > 0  # the 2nd and 3rd reuse the system prompt
-    assert value(m, "gateway_cached_tokens_prediction_error_tokens_count", model=worker_model) == 3
-    reasons = {labels["reason"] for labels, v in m["gateway_policy_decisions_total"] if v}
-    assert reasons and all(labels["policy"] == "cache_aware" for labels, _ in m["gateway_policy_decisions_total"])
+    assert value(m, "token_gateway_cached_tokens_prediction_error_tokens_count", model=worker_model) == 3
+    reasons = {labels["reason"] for labels, v in m["token_gateway_policy_decisions_total"] if v}
+    assert reasons and all(labels["policy"] == "cache_aware" for labels, _ in m["token_gateway_policy_decisions_total"])
 
 
 @pytest.mark.stack(workers=2, retry={"max_attempts": 3, "backoff_base_s": 0.0})
@@ -93,12 +93,12 @@ async def test_retries_and_breaker_state_show(stack: Stack) -> None:
         r = await stack.client.completions.create(model=stack.model, prompt="hello there", max_tokens=3)
         assert r.choices[0].text is not None
     m = await scrape(stack)
-    assert value(m, "gateway_retries_total", worker=sick_id, code="UNAVAILABLE") >= 1
-    assert value(m, "gateway_worker_streams_total", outcome="ok") == 6
-    assert value(m, "gateway_worker_breaker_state", worker=sick_id, state="open") == 1
-    assert value(m, "gateway_worker_available", worker=sick_id) == 0
-    assert value(m, "gateway_worker_breaker_consecutive_failures", worker=sick_id) >= 3
-    assert value(m, "gateway_worker_in_flight") == 0
+    assert value(m, "token_gateway_retries_total", worker=sick_id, code="UNAVAILABLE") >= 1
+    assert value(m, "token_gateway_worker_streams_total", outcome="ok") == 6
+    assert value(m, "token_gateway_worker_breaker_state", worker=sick_id, state="open") == 1
+    assert value(m, "token_gateway_worker_available", worker=sick_id) == 0
+    assert value(m, "token_gateway_worker_breaker_consecutive_failures", worker=sick_id) >= 3
+    assert value(m, "token_gateway_worker_in_flight") == 0
 
 
 @pytest.mark.stack(server={"api_keys": ["sk-very-secret-key"]})
@@ -117,9 +117,9 @@ async def test_each_gateway_has_its_own_registry(stack: Stack) -> None:
     assert stack.state.metrics.registry is not REGISTRY
     stack.state.metrics.admission_rejections.labels(reason="queue_timeout").inc()
     m = await scrape(stack)
-    assert value(m, "gateway_queue_depth") == 0  # read from this gateway's admission queue
-    assert value(m, "gateway_admission_rejections_total", reason="queue_timeout") == 1
-    assert "gateway_queue_depth" not in REGISTRY._names_to_collectors  # nothing leaked globally
+    assert value(m, "token_gateway_queue_depth") == 0  # read from this gateway's admission queue
+    assert value(m, "token_gateway_admission_rejections_total", reason="queue_timeout") == 1
+    assert "token_gateway_queue_depth" not in REGISTRY._names_to_collectors  # nothing leaked globally
 
 
 async def test_worker_series_follow_the_registry() -> None:
@@ -138,7 +138,7 @@ async def test_worker_series_follow_the_registry() -> None:
     registry.register(WorkerCollector(lambda: list(workers)))
     workers[0].load.acquire(10, 5)
     text = generate_latest(registry).decode()
-    assert 'gateway_worker_in_flight{model="m",role="regular",worker="127.0.0.1:1"} 1.0' in text
+    assert 'token_gateway_worker_in_flight{model="m",role="regular",worker="127.0.0.1:1"} 1.0' in text
     assert 'worker="127.0.0.1:2"' in text
     gone = workers.pop()
     assert 'worker="127.0.0.1:2"' not in generate_latest(registry).decode()

@@ -51,7 +51,7 @@ async def test_soak_with_the_gateway_in_its_own_process(tmp_path: Path) -> None:
     assert report.all_clean, report.unclean_examples
     assert report.idle, report.leftover
     # read from the child's /metrics (the scrape itself not counted): every in-flight gauge is zero
-    assert set(report.idle_gauges) >= {"gateway_worker_in_flight", "gateway_http_requests_in_flight"}, summary
+    assert set(report.idle_gauges) >= {"token_gateway_worker_in_flight", "token_gateway_http_requests_in_flight"}, summary
     assert not any(report.idle_gauges.values()), report.idle_gauges
     assert report.rss_of.startswith("gateway process"), report.rss_of
     assert len(report.rss_mb) >= 3 and all(mb > 0 for mb in report.rss_mb), report.rss_mb

@@ -29,13 +29,13 @@ from gateway.server.config import GatewayConfig, ServerConfig
 
 # Gauges that must read zero once traffic stops (per worker, or process-wide).
 IDLE_GAUGES = (
-    "gateway_worker_in_flight",
-    "gateway_worker_queued_prefill_tokens",
-    "gateway_worker_running_decode_tokens",
-    "gateway_http_requests_in_flight",
-    "gateway_queue_depth",
+    "token_gateway_worker_in_flight",
+    "token_gateway_worker_queued_prefill_tokens",
+    "token_gateway_worker_running_decode_tokens",
+    "token_gateway_http_requests_in_flight",
+    "token_gateway_queue_depth",
 )
-SELF_COUNTED = "gateway_http_requests_in_flight"  # the /metrics scrape reading it is one of them
+SELF_COUNTED = "token_gateway_http_requests_in_flight"  # the /metrics scrape reading it is one of them
 BACKOFF_BASE_S = 0.005  # retries should not dominate the soak's wall time
 
 

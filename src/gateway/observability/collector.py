@@ -35,15 +35,15 @@ class WorkerCollector(Collector):
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         g = GaugeMetricFamily
-        in_flight = g("gateway_worker_in_flight", "requests the gateway has on this worker now", labels=WORKER_LABELS)
-        prefill = g("gateway_worker_queued_prefill_tokens", "prompt tokens sent that have no first token yet", labels=WORKER_LABELS)
-        decode = g("gateway_worker_running_decode_tokens", "max_new_tokens still owed by running requests", labels=WORKER_LABELS)
-        healthy = g("gateway_worker_healthy", "1 if the worker passes health checks", labels=WORKER_LABELS)
-        available = g("gateway_worker_available", "1 if the worker takes new requests (healthy, not draining, breaker allows)", labels=WORKER_LABELS)
-        draining = g("gateway_worker_draining", "1 while the worker is being removed", labels=WORKER_LABELS)
-        breaker = g("gateway_worker_breaker_state", "circuit breaker state, one series per state (1 = current)", labels=[*WORKER_LABELS, "state"])
-        failures = g("gateway_worker_breaker_consecutive_failures", "consecutive failed requests counted by the breaker", labels=WORKER_LABELS)
-        sent = CounterMetricFamily("gateway_worker_dispatched", "requests sent to this worker since it joined", labels=WORKER_LABELS)
+        in_flight = g("token_gateway_worker_in_flight", "requests the gateway has on this worker now", labels=WORKER_LABELS)
+        prefill = g("token_gateway_worker_queued_prefill_tokens", "prompt tokens sent that have no first token yet", labels=WORKER_LABELS)
+        decode = g("token_gateway_worker_running_decode_tokens", "max_new_tokens still owed by running requests", labels=WORKER_LABELS)
+        healthy = g("token_gateway_worker_healthy", "1 if the worker passes health checks", labels=WORKER_LABELS)
+        available = g("token_gateway_worker_available", "1 if the worker takes new requests (healthy, not draining, breaker allows)", labels=WORKER_LABELS)
+        draining = g("token_gateway_worker_draining", "1 while the worker is being removed", labels=WORKER_LABELS)
+        breaker = g("token_gateway_worker_breaker_state", "circuit breaker state, one series per state (1 = current)", labels=[*WORKER_LABELS, "state"])
+        failures = g("token_gateway_worker_breaker_consecutive_failures", "consecutive failed requests counted by the breaker", labels=WORKER_LABELS)
+        sent = CounterMetricFamily("token_gateway_worker_dispatched", "requests sent to this worker since it joined", labels=WORKER_LABELS)
         for w in self._workers():
             labels = [w.id, w.role, w.model]
             in_flight.add_metric(labels, w.load.in_flight)
@@ -70,12 +70,12 @@ class TokenizerCacheCollector(Collector):
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         c = CounterMetricFamily
-        lookups = c("gateway_tokenizer_cache_lookups", "prompts tokenized through the prefix token cache", labels=["model"])
-        hits = c("gateway_tokenizer_cache_hits", "lookups that reused at least one cached chunk", labels=["model"])
-        reused = c("gateway_tokenizer_cache_reused_tokens", "prompt tokens taken from the cache", labels=["model"])
-        encoded = c("gateway_tokenizer_cache_encoded_tokens", "prompt tokens the tokenizer had to produce", labels=["model"])
-        evictions = c("gateway_tokenizer_cache_evictions", "cache entries evicted", labels=["model"])
-        entries = GaugeMetricFamily("gateway_tokenizer_cache_entries", "chunks held by the cache", labels=["model"])
+        lookups = c("token_gateway_tokenizer_cache_lookups", "prompts tokenized through the prefix token cache", labels=["model"])
+        hits = c("token_gateway_tokenizer_cache_hits", "lookups that reused at least one cached chunk", labels=["model"])
+        reused = c("token_gateway_tokenizer_cache_reused_tokens", "prompt tokens taken from the cache", labels=["model"])
+        encoded = c("token_gateway_tokenizer_cache_encoded_tokens", "prompt tokens the tokenizer had to produce", labels=["model"])
+        evictions = c("token_gateway_tokenizer_cache_evictions", "cache entries evicted", labels=["model"])
+        entries = GaugeMetricFamily("token_gateway_tokenizer_cache_entries", "chunks held by the cache", labels=["model"])
         for entry in self._catalog.entries():
             st = entry.prompt_cache.stats()
             lookups.add_metric([entry.name], st.lookups)

@@ -25,7 +25,7 @@ ACCESS_LOGGER = "gateway.access"
 # worker-side request id and appears in logs, so no spaces, quotes or controls.
 _SANE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 
-_current: contextvars.ContextVar[RequestRecord | None] = contextvars.ContextVar("gateway_request", default=None)
+_current: contextvars.ContextVar[RequestRecord | None] = contextvars.ContextVar("token_gateway_request", default=None)
 
 
 def sane_request_id(value: str | None) -> str | None:
