@@ -31,6 +31,7 @@ from gateway.pipeline.router import Router, Selection
 from gateway.policies.base import NoWorkerAvailable, RouteRequest
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.settings import option
+from gateway.workers.transport import GenerateCall
 from gateway.workers.worker import Worker
 
 log = logging.getLogger(__name__)
@@ -76,7 +77,7 @@ class WorkerStream:
     def __init__(
         self,
         lease: Lease,
-        call: aio.UnaryStreamCall,
+        call: GenerateCall,
         first: pb.GenerateResponse,
         config: DispatchConfig,
         attempts: int,
@@ -253,7 +254,7 @@ async def open_on(
     """
     worker = selection.worker
     lease = Lease(selection, route, prompt_tokens=prompt_tokens, max_new_tokens=max_new_tokens, observer=observer)
-    call: aio.UnaryStreamCall | None = None
+    call: GenerateCall | None = None
     try:
         call = worker.client.generate(request, timeout=worker_timeout(config.request_timeout_s))
         async with asyncio.timeout(config.first_token_timeout_s):
@@ -285,7 +286,7 @@ async def open_on(
             worker.id, "EMPTY_STREAM", retryable=True, backoff=False,
         )
     log.debug("request %s on %s", route.request_id, worker.id)
-    return WorkerStream(lease, call, first, config, attempt, observer)  # type: ignore[arg-type]
+    return WorkerStream(lease, call, first, config, attempt, observer)
 
 
 def _client_fault(exc: aio.AioRpcError) -> bool:
