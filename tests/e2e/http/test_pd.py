@@ -36,7 +36,7 @@ from gateway.workers.worker import Worker
 from tests.e2e.http.conftest import Stack, StackOptions, start_stack
 
 PD2 = ["prefill", "prefill", "decode", "decode"]
-BENCH_PD = Path(__file__).resolve().parents[2] / "scripts" / "bench_pd.py"
+BENCH_PD = Path(__file__).resolve().parents[3] / "scripts" / "bench_pd.py"
 NO_THINK = {"chat_template_kwargs": {"enable_thinking": False}}
 
 
