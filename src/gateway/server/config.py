@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gateway.parsers.config import ParserConfig
 from gateway.pipeline.dispatch import DispatchConfig
 from gateway.pipeline.engine import EngineConfig
 from gateway.pipeline.limits import LimitsConfig
@@ -51,3 +52,4 @@ class GatewayConfig:
     health: HealthConfig = field(default_factory=HealthConfig)
     load_monitor: LoadMonitorConfig = field(default_factory=LoadMonitorConfig)
     pd: PdConfig = field(default_factory=PdConfig)
+    parsers: ParserConfig = field(default_factory=ParserConfig)

@@ -12,6 +12,7 @@ import sys
 
 import orjson
 
+from gateway.parsers.config import ParserConfig
 from gateway.pipeline.dispatch import DispatchConfig, flush_aborts
 from gateway.pipeline.engine import EngineConfig
 from gateway.pipeline.limits import LimitsConfig
@@ -42,6 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_options(parser.add_argument_group("security"), SecurityConfig)
     add_options(parser.add_argument_group("health checks"), HealthConfig)
     add_options(parser.add_argument_group("load polling"), LoadMonitorConfig)
+    add_options(parser.add_argument_group("tool-call and reasoning parsers"), ParserConfig)
     pd = parser.add_argument_group("prefill/decode disaggregation")
     pd.add_argument("--prefill", nargs="+", action="append", default=[], metavar="URL [BOOTSTRAP_PORT]",
                     help="prefill worker(s): grpc://host:port, each optionally followed by its bootstrap port "
@@ -63,6 +65,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         security=from_namespace(SecurityConfig, args),
         health=from_namespace(HealthConfig, args),
         load_monitor=from_namespace(LoadMonitorConfig, args),
+        parsers=from_namespace(ParserConfig, args),
         pd=from_namespace(
             PdConfig, args,
             prefill=parse_pool_flags(args.prefill, allow_port=True),
@@ -88,6 +91,7 @@ async def serve(config: GatewayConfig) -> None:
     from gateway.server.state import GatewayState
 
     check_startup(config.server.host, config.security)
+    config.parsers.check()
     state = GatewayState(config)
     await state.start()
     app = create_app(state, manage_lifecycle=False)

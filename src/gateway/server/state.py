@@ -46,6 +46,7 @@ class GatewayState:
             Path(server.tokenizer_cache_dir),
             tokenizer_path=server.tokenizer_path,
             served_name=server.model,
+            parsers=config.parsers,
         )
         self.metrics = GatewayMetrics()
         self.metrics.registry.register(WorkerCollector.for_registry(self.registry))
