@@ -12,6 +12,7 @@ from gateway.pipeline.pd import PdConfig
 from gateway.pipeline.retry import RetryConfig
 from gateway.policies.factory import PolicyConfig
 from gateway.server.admission import AdmissionConfig
+from gateway.server.http.limits import HttpLimitsConfig
 from gateway.server.security import SecurityConfig
 from gateway.settings import option
 from gateway.workers.health import HealthConfig
@@ -53,3 +54,4 @@ class GatewayConfig:
     load_monitor: LoadMonitorConfig = field(default_factory=LoadMonitorConfig)
     pd: PdConfig = field(default_factory=PdConfig)
     parsers: ParserConfig = field(default_factory=ParserConfig)
+    http: HttpLimitsConfig = field(default_factory=HttpLimitsConfig)

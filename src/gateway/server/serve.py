@@ -24,6 +24,7 @@ from gateway.pipeline.retry import RetryConfig
 from gateway.policies.factory import PolicyConfig
 from gateway.server.admission import AdmissionConfig
 from gateway.server.config import GatewayConfig, ServerConfig
+from gateway.server.http.limits import HttpLimitsConfig
 from gateway.server.security import InsecureAdminError, SecurityConfig, check_startup
 from gateway.settings import add_options, from_namespace
 from gateway.workers.health import HealthConfig
@@ -41,6 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_options(parser.add_argument_group("admission"), AdmissionConfig)
     add_options(parser.add_argument_group("request limits"), LimitsConfig)
     add_options(parser.add_argument_group("security"), SecurityConfig)
+    add_options(parser.add_argument_group("HTTP connection limits"), HttpLimitsConfig)
     add_options(parser.add_argument_group("health checks"), HealthConfig)
     add_options(parser.add_argument_group("load polling"), LoadMonitorConfig)
     add_options(parser.add_argument_group("tool-call and reasoning parsers"), ParserConfig)
@@ -63,6 +65,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         admission=from_namespace(AdmissionConfig, args),
         limits=from_namespace(LimitsConfig, args),
         security=from_namespace(SecurityConfig, args),
+        http=from_namespace(HttpLimitsConfig, args),
         health=from_namespace(HealthConfig, args),
         load_monitor=from_namespace(LoadMonitorConfig, args),
         parsers=from_namespace(ParserConfig, args),
@@ -88,6 +91,7 @@ async def serve(config: GatewayConfig) -> None:
     import uvicorn
 
     from gateway.server.http.app import create_app
+    from gateway.server.http.guard import http_server_config
     from gateway.server.state import GatewayState
 
     check_startup(config.server.host, config.security)
@@ -99,10 +103,10 @@ async def serve(config: GatewayConfig) -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((config.server.host, config.server.port))
     host, port = sock.getsockname()[:2]
-    uv_config = uvicorn.Config(
-        app, log_level="warning", access_log=False, loop="none", http="httptools", lifespan="off",
+    uv_config = http_server_config(
+        app, config.http, access_log=False,
         # typed int, but uvicorn only hands it to asyncio.wait_for, which takes a float
-        timeout_graceful_shutdown=max(0.1, config.server.shutdown_grace_s),  # type: ignore[arg-type]
+        timeout_graceful_shutdown=max(0.1, config.server.shutdown_grace_s),
     )
     server = uvicorn.Server(uv_config)
     shown = f"[{host}]" if ":" in host else host
