@@ -9,6 +9,7 @@ import logging
 import signal
 import socket
 import sys
+from typing import Any
 
 import orjson
 
@@ -21,10 +22,12 @@ from gateway.pipeline.retry import RetryConfig
 # Config dataclasses are imported lazily in add_arguments' callers' process anyway;
 # they are light (no FastAPI/transformers at import).
 from gateway.policies.factory import PolicyConfig
+from gateway.server import smg_compat
 from gateway.server.admission import AdmissionConfig
 from gateway.server.config import GatewayConfig, ServerConfig
+from gateway.server.secrets import SecretFileError, SecretFilesConfig, apply_secret_files
 from gateway.server.security import InsecureAdminError, SecurityConfig, check_startup
-from gateway.settings import add_options, from_namespace
+from gateway.settings import add_options, from_namespace, mark_explicit
 from gateway.workers.health import HealthConfig
 from gateway.workers.load_monitor import LoadMonitorConfig
 
@@ -32,6 +35,11 @@ log = logging.getLogger("gateway")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    cfg = parser.add_argument_group("configuration (flag > TOKEN_GATEWAY_* environment > file > default)")
+    cfg.add_argument("--config", metavar="FILE", default=None,
+                     help="TOML or YAML file of settings, keys named like the flags (also TOKEN_GATEWAY_CONFIG)")
+    cfg.add_argument("--print-config", action="store_true",
+                     help="print the settings in effect (secrets masked) as YAML and exit")
     add_options(parser.add_argument_group("server"), ServerConfig)
     add_options(parser.add_argument_group("routing policy"), PolicyConfig)
     add_options(parser.add_argument_group("pipeline"), EngineConfig)
@@ -40,6 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_options(parser.add_argument_group("admission"), AdmissionConfig)
     add_options(parser.add_argument_group("request limits"), LimitsConfig)
     add_options(parser.add_argument_group("security"), SecurityConfig)
+    add_options(parser.add_argument_group("secrets from files"), SecretFilesConfig)
     add_options(parser.add_argument_group("health checks"), HealthConfig)
     add_options(parser.add_argument_group("load polling"), LoadMonitorConfig)
     pd = parser.add_argument_group("prefill/decode disaggregation")
@@ -49,18 +58,53 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     pd.add_argument("--decode", nargs="+", action="append", default=[], metavar="URL",
                     help="decode worker(s): grpc://host:port; repeatable")
     add_options(pd, PdConfig)
+    smg_compat.install(parser)  # last: it maps onto the flags above
+
+
+# --prefill/--decode are parsed by hand (URL [PORT] groups); in the environment and
+# the config file they are lists of "URL [PORT]" strings.
+POOL_FLAGS = ("prefill", "decode")
+
+
+def _pool_extras() -> dict[str, Any]:
+    from gateway.config_layers import Extra  # pydantic-settings: only when serving
+
+    return {name: Extra(list[str], []) for name in POOL_FLAGS}
+
+
+def resolve_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """Layer env and config file under the flags given; returns the flat settings."""
+    from gateway.config_layers import resolve
+
+    for name in POOL_FLAGS:
+        groups = getattr(args, name, None) or []
+        if groups:
+            mark_explicit(args, name)
+            setattr(args, name, [" ".join(g) for g in groups])
+    values = resolve(args, config_file=args.config, extras=_pool_extras(), value_map=smg_compat.map_value)
+    for name in POOL_FLAGS:
+        # "none" is SMG's spelling of "no bootstrap port" (ours: learned from GetServerInfo)
+        setattr(args, name, [[w for w in item.split() if w.lower() != "none"] for item in values[name]])
+    return values
 
 
 def config_from_args(args: argparse.Namespace) -> GatewayConfig:
+    if not hasattr(args, "_settings"):
+        args._settings = resolve_settings(args)
+    server, security = apply_secret_files(
+        from_namespace(SecretFilesConfig, args),
+        from_namespace(ServerConfig, args),
+        from_namespace(SecurityConfig, args),
+    )
     return GatewayConfig(
-        server=from_namespace(ServerConfig, args),
+        server=server,
         policy=from_namespace(PolicyConfig, args),
         engine=from_namespace(EngineConfig, args),
         retry=from_namespace(RetryConfig, args),
         dispatch=from_namespace(DispatchConfig, args),
         admission=from_namespace(AdmissionConfig, args),
         limits=from_namespace(LimitsConfig, args),
-        security=from_namespace(SecurityConfig, args),
+        security=security,
         health=from_namespace(HealthConfig, args),
         load_monitor=from_namespace(LoadMonitorConfig, args),
         pd=from_namespace(
@@ -145,14 +189,30 @@ async def serve(config: GatewayConfig) -> None:
         await state.stop()
 
 
+def print_config(args: argparse.Namespace) -> None:
+    import yaml
+
+    from gateway.config_layers import masked, secret_names
+
+    shown = masked(args._settings, secret_names(args, _pool_extras()))
+    print("# token-gateway serve: settings in effect (flag > env > file > default); usable as --config")
+    print(yaml.safe_dump(shown, sort_keys=False, default_flow_style=False), end="")
+
+
 def run(args: argparse.Namespace) -> int:
+    from gateway.config_layers import ConfigError
+
     try:
         config = config_from_args(args)
-    except PdFlagError as exc:
+    except (PdFlagError, ConfigError, SecretFileError) as exc:
         setup_logging("error", False)
         log.error("%s", exc)
         return 2
+    if args.print_config:
+        print_config(args)
+        return 0
     setup_logging(config.server.log_level, config.server.log_json)
+    smg_compat.warn_ignored(args)
     from gateway.observability.heap_trace import install_from_env
 
     install_from_env()  # no-op unless TOKEN_GATEWAY_TRACEMALLOC_DIR is set
