@@ -11,6 +11,7 @@ from gateway.pipeline.pd import PdConfig
 from gateway.pipeline.retry import RetryConfig
 from gateway.policies.factory import PolicyConfig
 from gateway.server.admission import AdmissionConfig
+from gateway.server.metrics_port import MetricsPortConfig
 from gateway.server.security import SecurityConfig
 from gateway.settings import option
 from gateway.workers.health import HealthConfig
@@ -51,3 +52,4 @@ class GatewayConfig:
     health: HealthConfig = field(default_factory=HealthConfig)
     load_monitor: LoadMonitorConfig = field(default_factory=LoadMonitorConfig)
     pd: PdConfig = field(default_factory=PdConfig)
+    metrics_port: MetricsPortConfig = field(default_factory=MetricsPortConfig)

@@ -25,6 +25,7 @@ from gateway.policies.factory import PolicyConfig
 from gateway.server import smg_compat
 from gateway.server.admission import AdmissionConfig
 from gateway.server.config import GatewayConfig, ServerConfig
+from gateway.server.metrics_port import MetricsPortConfig
 from gateway.server.secrets import SecretFileError, SecretFilesConfig, apply_secret_files
 from gateway.server.security import InsecureAdminError, SecurityConfig, check_startup
 from gateway.settings import add_options, from_namespace, mark_explicit
@@ -49,6 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_options(parser.add_argument_group("request limits"), LimitsConfig)
     add_options(parser.add_argument_group("security"), SecurityConfig)
     add_options(parser.add_argument_group("secrets from files"), SecretFilesConfig)
+    add_options(parser.add_argument_group("metrics"), MetricsPortConfig)
     add_options(parser.add_argument_group("health checks"), HealthConfig)
     add_options(parser.add_argument_group("load polling"), LoadMonitorConfig)
     pd = parser.add_argument_group("prefill/decode disaggregation")
@@ -107,6 +109,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         security=security,
         health=from_namespace(HealthConfig, args),
         load_monitor=from_namespace(LoadMonitorConfig, args),
+        metrics_port=from_namespace(MetricsPortConfig, args),
         pd=from_namespace(
             PdConfig, args,
             prefill=parse_pool_flags(args.prefill, allow_port=True),
@@ -155,6 +158,11 @@ async def serve(config: GatewayConfig) -> None:
         grpc_server = await start_grpc_server(state, config.server.host, config.server.grpc_port)
         ready["grpc_port"] = grpc_server.port
         ready["grpc_target"] = grpc_server.target
+    from gateway.server.metrics_port import start_metrics_server
+
+    metrics_server = await start_metrics_server(state.metrics, config.metrics_port, config.server.host)
+    if metrics_server is not None:
+        ready["metrics_url"] = metrics_server.url
     loop = asyncio.get_running_loop()
     grpc_stop: list[asyncio.Future[None]] = []
     serving = asyncio.ensure_future(server.serve(sockets=[sock]))
@@ -185,6 +193,8 @@ async def serve(config: GatewayConfig) -> None:
         if grpc_server is not None:
             # in-flight gRPC calls share the same grace, then are cancelled (aborting their worker requests)
             await (grpc_stop[0] if grpc_stop else grpc_server.stop(config.server.shutdown_grace_s))
+        if metrics_server is not None:
+            await metrics_server.stop()
         await flush_aborts(2.0)
         await state.stop()
 
