@@ -13,6 +13,7 @@ from gateway.policies.factory import PolicyConfig
 from gateway.server.admission import AdmissionConfig
 from gateway.server.metrics_port import MetricsPortConfig
 from gateway.server.security import SecurityConfig
+from gateway.server.tls import FrontTlsConfig
 from gateway.settings import option
 from gateway.workers.health import HealthConfig
 from gateway.workers.load_monitor import LoadMonitorConfig
@@ -53,3 +54,4 @@ class GatewayConfig:
     load_monitor: LoadMonitorConfig = field(default_factory=LoadMonitorConfig)
     pd: PdConfig = field(default_factory=PdConfig)
     metrics_port: MetricsPortConfig = field(default_factory=MetricsPortConfig)
+    tls: FrontTlsConfig = field(default_factory=FrontTlsConfig)

@@ -11,11 +11,12 @@ from __future__ import annotations
 import asyncio
 import socket
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from starlette.types import Receive, Scope, Send
-
-from gateway.observability.metrics import CONTENT_TYPE_LATEST, GatewayMetrics
 from gateway.settings import option
+
+if TYPE_CHECKING:  # the config dataclass stays light to import (the CLI builds every parser)
+    from gateway.observability.metrics import GatewayMetrics
 
 
 @dataclass
@@ -28,7 +29,9 @@ class MetricsApp:
     def __init__(self, metrics: GatewayMetrics) -> None:
         self.metrics = metrics
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        from gateway.observability.metrics import CONTENT_TYPE_LATEST
+
         if scope["type"] != "http":
             return
         if scope["path"] == "/metrics" and scope["method"] in ("GET", "HEAD"):

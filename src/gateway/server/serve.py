@@ -28,6 +28,7 @@ from gateway.server.config import GatewayConfig, ServerConfig
 from gateway.server.metrics_port import MetricsPortConfig
 from gateway.server.secrets import SecretFileError, SecretFilesConfig, apply_secret_files
 from gateway.server.security import InsecureAdminError, SecurityConfig, check_startup
+from gateway.server.tls import FrontTlsConfig, TlsConfigError
 from gateway.settings import add_options, from_namespace, mark_explicit
 from gateway.workers.health import HealthConfig
 from gateway.workers.load_monitor import LoadMonitorConfig
@@ -51,6 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_options(parser.add_argument_group("security"), SecurityConfig)
     add_options(parser.add_argument_group("secrets from files"), SecretFilesConfig)
     add_options(parser.add_argument_group("metrics"), MetricsPortConfig)
+    add_options(parser.add_argument_group("TLS on the gateway's ports"), FrontTlsConfig)
     add_options(parser.add_argument_group("health checks"), HealthConfig)
     add_options(parser.add_argument_group("load polling"), LoadMonitorConfig)
     pd = parser.add_argument_group("prefill/decode disaggregation")
@@ -110,6 +112,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         health=from_namespace(HealthConfig, args),
         load_monitor=from_namespace(LoadMonitorConfig, args),
         metrics_port=from_namespace(MetricsPortConfig, args),
+        tls=from_namespace(FrontTlsConfig, args),
         pd=from_namespace(
             PdConfig, args,
             prefill=parse_pool_flags(args.prefill, allow_port=True),
@@ -135,6 +138,7 @@ async def serve(config: GatewayConfig) -> None:
     from gateway.server.state import GatewayState
 
     check_startup(config.server.host, config.security)
+    config.tls.check()
     state = GatewayState(config)
     await state.start()
     app = create_app(state, manage_lifecycle=False)
@@ -146,10 +150,12 @@ async def serve(config: GatewayConfig) -> None:
         app, log_level="warning", access_log=False, loop="none", http="httptools", lifespan="off",
         # typed int, but uvicorn only hands it to asyncio.wait_for, which takes a float
         timeout_graceful_shutdown=max(0.1, config.server.shutdown_grace_s),  # type: ignore[arg-type]
+        **config.tls.uvicorn_kwargs(),
     )
     server = uvicorn.Server(uv_config)
     shown = f"[{host}]" if ":" in host else host
-    ready = {"event": "ready", "url": f"http://{shown}:{port}", "workers": len(state.registry.all()),
+    scheme = "https" if config.tls.enabled else "http"
+    ready = {"event": "ready", "url": f"{scheme}://{shown}:{port}", "workers": len(state.registry.all()),
              "models": state.catalog.names(), "policy": config.policy.policy}
     grpc_server = None
     if config.server.grpc_port is not None:
@@ -238,7 +244,7 @@ def run(args: argparse.Namespace) -> int:
         asyncio.run(serve(config))
     except KeyboardInterrupt:
         return 0
-    except InsecureAdminError as exc:
+    except (InsecureAdminError, TlsConfigError) as exc:
         log.error("%s", exc)
         return 2
     except RuntimeError as exc:
