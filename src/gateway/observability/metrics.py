@@ -17,6 +17,7 @@ reason one of ``ADMISSION_REASONS``.
 from __future__ import annotations
 
 from bisect import bisect_left
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
@@ -36,6 +37,9 @@ STAGES = ("template", "tokenize", "select", "first_token", "relay")
 ADMISSION_REASONS = ("queue_full", "queue_timeout", "rate_limited", "shutting_down")
 NO_MODEL = "none"  # label for requests that never resolved a model (bad input, 404)
 
+if TYPE_CHECKING:
+    from gateway.observability.tracing import Tracing
+
 __all__ = ["CONTENT_TYPE_LATEST", "GatewayMetrics"]
 
 
@@ -44,6 +48,7 @@ class GatewayMetrics(PipelineObserver):
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        self.tracing: Tracing | None = None  # set by the gateway when --otlp-traces-endpoint is on
         r = self.registry
         self.requests = Counter(
             "token_gateway_requests", "requests answered (HTTP, and gRPC as 'grpc METHOD' with the HTTP-equivalent status), by endpoint, model and status code",
@@ -144,9 +149,13 @@ class GatewayMetrics(PipelineObserver):
 
     def stage(self, name: str, seconds: float) -> None:
         self.stage_seconds.labels(stage=name).observe(seconds)
+        if self.tracing is not None:
+            self.tracing.stage(name, seconds)
 
     def selected(self, policy: str, reason: str, worker_id: str) -> None:
         self.decisions.labels(policy=policy, reason=reason).inc()
+        if self.tracing is not None:
+            self.tracing.annotate(worker=worker_id, policy=policy, policy_reason=reason)
 
     def retried(self, worker_id: str, code: str) -> None:
         self.retries.labels(worker=worker_id, code=code).inc()

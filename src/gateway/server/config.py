@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gateway.observability.tracing import TracingConfig
 from gateway.pipeline.dispatch import DispatchConfig
 from gateway.pipeline.engine import EngineConfig
 from gateway.pipeline.limits import LimitsConfig
@@ -55,3 +56,4 @@ class GatewayConfig:
     pd: PdConfig = field(default_factory=PdConfig)
     metrics_port: MetricsPortConfig = field(default_factory=MetricsPortConfig)
     tls: FrontTlsConfig = field(default_factory=FrontTlsConfig)
+    tracing: TracingConfig = field(default_factory=TracingConfig)

@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 
+from gateway.observability.tracing import TracingConfig
 from gateway.pipeline.dispatch import DispatchConfig, flush_aborts
 from gateway.pipeline.engine import EngineConfig
 from gateway.pipeline.limits import LimitsConfig
@@ -53,6 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_options(parser.add_argument_group("secrets from files"), SecretFilesConfig)
     add_options(parser.add_argument_group("metrics"), MetricsPortConfig)
     add_options(parser.add_argument_group("TLS on the gateway's ports"), FrontTlsConfig)
+    add_options(parser.add_argument_group("tracing (OpenTelemetry, OTLP gRPC)"), TracingConfig)
     add_options(parser.add_argument_group("health checks"), HealthConfig)
     add_options(parser.add_argument_group("load polling"), LoadMonitorConfig)
     pd = parser.add_argument_group("prefill/decode disaggregation")
@@ -113,6 +115,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         load_monitor=from_namespace(LoadMonitorConfig, args),
         metrics_port=from_namespace(MetricsPortConfig, args),
         tls=from_namespace(FrontTlsConfig, args),
+        tracing=from_namespace(TracingConfig, args),
         pd=from_namespace(
             PdConfig, args,
             prefill=parse_pool_flags(args.prefill, allow_port=True),
