@@ -40,5 +40,12 @@ class PipelineObserver:
     ) -> None:
         """A generation's output was relayed; its final token counts."""
 
+    def generation_timing(
+        self, model: str, worker_id: str, *, first_token_at: float, last_token_at: float,
+        output_tokens: int, token_gaps: list[float],
+    ) -> None:
+        """When a generation's first and last tokens arrived (``time.perf_counter``) and the
+        per-token gap of each later message (for TTFT, TPOT, inter-token latency, e2e)."""
+
 
 NULL_OBSERVER = PipelineObserver()
