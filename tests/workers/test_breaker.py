@@ -33,3 +33,12 @@ def test_success_resets_the_count() -> None:
     b.record_success()
     b.record_failure(now=0.0)
     assert b.state is BreakerState.CLOSED and b.consecutive_failures == 1
+
+
+def test_an_abandoned_trial_frees_the_half_open_slot() -> None:
+    b = CircuitBreaker(failure_threshold=1, cooldown_s=1.0)
+    b.record_failure(now=0.0)
+    b.on_dispatch(now=2.0)
+    assert not b.allows(now=2.0)
+    b.abandon_trial()  # the trial's client went away before the worker answered
+    assert b.state is BreakerState.HALF_OPEN and b.allows(now=2.0)

@@ -63,26 +63,23 @@ class Router:
             policy.on_workers_changed([w.view() for w in self._live(*key)])
 
     def select(self, request: RouteRequest, role: str = "regular") -> Selection:
-        """Pick a worker of ``role`` for ``request``; raises NoWorkerAvailable."""
-        candidates = [
-            w for w in self._live(request.model, role) if w.id not in request.exclude
-        ]
+        """Pick a worker of ``role`` for ``request``; raises NoWorkerAvailable.
+
+        A pinned ``target_worker`` is resolved in one place, the policies' shared
+        ``select_target`` (``policies/common.py``: id or url, available, not already
+        failed this request), which every policy applies before its own choice."""
+        live = self._live(request.model, role)
         if request.target_worker:
-            target = self.registry.get(request.target_worker)
-            if target is None or target.role != role or target.model != request.model:
-                raise NoWorkerAvailable(f"target worker {request.target_worker!r} is not a {role} worker of model {request.model!r}")
-            if not target.available:
-                raise NoWorkerAvailable(f"target worker {request.target_worker!r} is not available")
-            return Selection(target, Decision(target.id, "target_worker"), self.policy(request.model, role))
-        if not candidates:
-            raise NoWorkerAvailable(f"no {role} worker registered for model {request.model!r}")
-        views = [w.view() for w in candidates]
-        if not any(v.available for v in views):
-            raise NoWorkerAvailable(f"no available {role} worker for model {request.model!r}")
+            views = [w.view() for w in live]
+        else:
+            views = [w.view() for w in live if w.id not in request.exclude]
+            if not views:
+                raise NoWorkerAvailable(f"no {role} worker registered for model {request.model!r}")
+            if not any(v.available for v in views):
+                raise NoWorkerAvailable(f"no available {role} worker for model {request.model!r}")
         policy = self.policy(request.model, role)
         decision = policy.select(request, views)
-        by_id = {w.id: w for w in candidates}
-        worker = by_id.get(decision.worker_id)
+        worker = next((w for w in live if w.id == decision.worker_id), None)
         if worker is None:
             raise NoWorkerAvailable(f"policy {policy.name} chose unknown worker {decision.worker_id!r}")
         return Selection(worker, decision, policy)

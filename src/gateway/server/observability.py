@@ -25,6 +25,9 @@ from gateway.observability.request_log import (
     sane_request_id,
     unbind_record,
 )
+from gateway.protocol.headers import REQUEST_ID
+
+_REQUEST_ID = REQUEST_ID.encode()  # ASGI header names are bytes
 
 UNMATCHED = "other"  # endpoint label for paths no route matched (404s): keeps labels bounded
 QUIET_PATHS = frozenset({"/metrics", "/health", "/readiness"})  # scraped often: no access line
@@ -43,7 +46,7 @@ class ObservabilityMiddleware:
         record = RequestRecord(method=scope["method"], path=scope["path"])
         incoming = None
         for name, value in scope.get("headers", ()):
-            if name == b"x-request-id":
+            if name == _REQUEST_ID:
                 incoming = sane_request_id(value.decode("latin-1"))
                 break
         record.request_id = incoming or uuid.uuid4().hex
@@ -56,8 +59,8 @@ class ObservabilityMiddleware:
                 headers = list(message.get("headers", []))
                 names = {k.lower() for k, _ in headers}
                 streaming = any(k.lower() == b"content-type" and v.startswith(b"text/event-stream") for k, v in headers)
-                if b"x-request-id" not in names:
-                    headers.append((b"x-request-id", record.request_id.encode()))
+                if _REQUEST_ID not in names:
+                    headers.append((_REQUEST_ID, record.request_id.encode()))
                     message = {**message, "headers": headers}
             elif streaming and record.ttft_s is None and message.get("body"):
                 record.ttft_s = time.perf_counter() - record.started

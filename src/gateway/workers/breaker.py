@@ -43,6 +43,11 @@ class CircuitBreaker:
         if self.state is BreakerState.HALF_OPEN:
             self._trial_in_flight = True
 
+    def abandon_trial(self) -> None:
+        """A request ended without a verdict on the worker (the client went away first):
+        if it was the half-open trial, let the next request be the trial instead."""
+        self._trial_in_flight = False
+
     def record_success(self) -> None:
         self.state = BreakerState.CLOSED
         self.consecutive_failures = 0

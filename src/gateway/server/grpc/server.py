@@ -22,7 +22,7 @@ from gateway.proto import (
 )
 from gateway.server.grpc.front import TokenGatewayService
 from gateway.server.grpc.passthrough import SchedulerPassthrough
-from gateway.server.grpc.util import Authenticator
+from gateway.server.grpc.util import CallContextReader
 from gateway.server.state import GatewayState
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,7 @@ async def start_grpc_server(state: GatewayState, host: str = "127.0.0.1", port: 
             ("grpc.so_reuseport", 0),
         ]
     )
-    auth = Authenticator(state.auth)
+    auth = CallContextReader(state.auth)
     gateway = TokenGatewayService(state, auth)
     passthrough = SchedulerPassthrough(state, auth)
     gateway_pb2_grpc.add_TokenGatewayServicer_to_server(gateway, server)

@@ -21,6 +21,7 @@ from gateway.observability.metrics import GatewayMetrics
 from gateway.observability.request_log import RequestRecord, bind_record, log_access, unbind_record
 from gateway.pipeline.deadline import request_deadline
 from gateway.pipeline.request_context import RequestContext
+from gateway.protocol import headers
 from gateway.protocol.errors import GatewayError
 from gateway.server.admission import Admission
 from gateway.server.observability import observe_request
@@ -29,9 +30,6 @@ from gateway.server.observability import observe_request
 class KeyCheck(Protocol):
     def inference(self, headers: Mapping[str, str]) -> str | None: ...
 
-
-ROUTING_KEY_METADATA = ("x-smg-routing-key", "x-routing-key")
-TARGET_WORKER_METADATA = ("x-smg-target-worker", "x-target-worker")
 
 # HTTP status of a GatewayError -> the gRPC code with the same meaning.
 _STATUS_CODES: dict[int, grpc.StatusCode] = {
@@ -61,13 +59,13 @@ def status_code(exc: GatewayError) -> grpc.StatusCode:
 
 def error_metadata(exc: GatewayError) -> tuple[tuple[str, str], ...]:
     """The OpenAI error fields as trailing metadata (ASCII-safe values only)."""
-    out: list[tuple[str, str]] = [("x-error-type", exc.type), ("x-http-status", str(exc.status))]
+    out: list[tuple[str, str]] = [(headers.ERROR_TYPE, exc.type), (headers.HTTP_STATUS, str(exc.status))]
     if exc.code:
-        out.append(("x-error-code", str(exc.code)))
+        out.append((headers.ERROR_CODE, str(exc.code)))
     if exc.param:
-        out.append(("x-error-param", exc.param))
+        out.append((headers.ERROR_PARAM, exc.param))
     if exc.retry_after is not None:
-        out.append(("retry-after", str(max(1, round(exc.retry_after)))))
+        out.append((headers.RETRY_AFTER, str(max(1, round(exc.retry_after)))))
     return tuple((k, v) for k, v in out if v.isascii() and v.isprintable())
 
 
@@ -85,8 +83,9 @@ def _metadata(context: aio.ServicerContext) -> dict[str, str]:
     return out
 
 
-class Authenticator:
-    """The HTTP front door's key check (``server.security``) applied to call metadata."""
+class CallContextReader:
+    """A gRPC call's ``RequestContext`` from its metadata: the HTTP front door's key
+    check (``server.security.Authenticator``), routing headers and request id."""
 
     def __init__(self, keys: KeyCheck) -> None:
         self.keys = keys
@@ -96,11 +95,11 @@ class Authenticator:
         meta = _metadata(context)
         ctx = RequestContext(
             api_key_id=self.keys.inference(meta),
-            routing_key=next((meta[k] for k in ROUTING_KEY_METADATA if meta.get(k)), None),
-            target_worker=next((meta[k] for k in TARGET_WORKER_METADATA if meta.get(k)), None),
+            routing_key=headers.first_header(meta, headers.ROUTING_KEY_HEADERS),
+            target_worker=headers.first_header(meta, headers.TARGET_WORKER_HEADERS),
         )
         ctx.traceparent = meta.get("traceparent")
-        incoming = meta.get("x-request-id")
+        incoming = meta.get(headers.REQUEST_ID)
         if incoming and len(incoming) <= 128 and incoming.isprintable():
             ctx.request_id = incoming
         return ctx
@@ -160,9 +159,9 @@ async def call_scope(
 
 
 def reply_metadata(ctx: RequestContext) -> tuple[tuple[str, str], ...]:
-    out = [("x-request-id", ctx.request_id)]
+    out = [(headers.REQUEST_ID, ctx.request_id)]
     if ctx.worker_ids:
-        out.append(("x-worker-id", ",".join(dict.fromkeys(ctx.worker_ids))))
+        out.append((headers.WORKER_ID, ",".join(dict.fromkeys(ctx.worker_ids))))
     return tuple((k, v) for k, v in out if v.isascii() and v.isprintable())
 
 

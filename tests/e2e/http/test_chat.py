@@ -8,7 +8,7 @@ import json
 import openai
 import pytest
 
-from tests.server.conftest import Stack
+from tests.e2e.http.conftest import Stack
 
 
 def _reply(text: str) -> list[dict[str, str]]:
@@ -119,7 +119,7 @@ async def test_bad_requests_get_openai_errors(stack: Stack, body: bytes, status:
 
 
 async def test_client_disconnect_during_prefill_aborts_worker(tmp_path) -> None:
-    from tests.server.conftest import StackOptions, start_stack
+    from tests.e2e.http.conftest import StackOptions, start_stack
 
     # A slow prefill (100 ms per 1000 tokens of simulated time) so the client leaves before any token.
     opts = StackOptions(workers=1, sim={"prefill_token_s": 1e-3, "time_scale": 1.0})

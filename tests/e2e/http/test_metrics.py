@@ -6,7 +6,7 @@ import pytest
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.server.conftest import Stack
+from tests.e2e.http.conftest import Stack
 
 NO_THINK = {"chat_template_kwargs": {"enable_thinking": False}}
 

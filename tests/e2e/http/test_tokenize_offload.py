@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.server.conftest import Stack
+from tests.e2e.http.conftest import Stack
 
 BIG_TOKENS = 100_000
 GATE_TIMEOUT_S = 60.0  # a safety valve only: the ordering assert is what fails

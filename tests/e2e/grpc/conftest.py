@@ -1,4 +1,4 @@
-"""The in-process stack of tests/server (uvicorn gateway + simulated fleet) plus its gRPC port."""
+"""The in-process stack of tests/e2e/http (uvicorn gateway + simulated fleet) plus its gRPC port."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from gateway.client import GatewayClient
 from gateway.server.grpc.server import GrpcServer, start_grpc_server
-from tests.server.conftest import Stack, StackOptions, start_stack
+from tests.e2e.http.conftest import Stack, StackOptions, start_stack
 
 
 @dataclass

@@ -20,7 +20,7 @@ from gateway.proto import common_pb2
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.proto import sglang_scheduler_pb2_grpc as pb_grpc
 from gateway.server.grpc.server import GATEWAY_SERVICE, SCHEDULER_SERVICE
-from tests.grpc_front.conftest import GrpcStack
+from tests.e2e.grpc.conftest import GrpcStack
 from tests.interop.official import run_official
 from tests.interop.populate import canonical
 

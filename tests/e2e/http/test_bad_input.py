@@ -2,7 +2,7 @@
 
 One gateway (with API keys and a small body limit) serves the whole table; after
 every case it must still answer /health, and at the end a normal request must
-succeed with every load counter back at zero. tests/server/test_chat.py covers a
+succeed with every load counter back at zero. tests/e2e/http/test_chat.py covers a
 few chat cases through the default stack; this table covers the rest.
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from tests.server.conftest import Stack, StackOptions, start_stack
+from tests.e2e.http.conftest import Stack, StackOptions, start_stack
 
 KEY = "sk-test-key"
 MAX_BODY = 64 * 1024

@@ -33,7 +33,7 @@ from gateway.policies.factory import PolicyConfig
 from gateway.server.serve import add_arguments, config_from_args
 from gateway.sim.worker import SimWorker
 from gateway.workers.worker import Worker
-from tests.server.conftest import Stack, StackOptions, start_stack
+from tests.e2e.http.conftest import Stack, StackOptions, start_stack
 
 PD2 = ["prefill", "prefill", "decode", "decode"]
 BENCH_PD = Path(__file__).resolve().parents[2] / "scripts" / "bench_pd.py"

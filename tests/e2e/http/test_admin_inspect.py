@@ -6,7 +6,7 @@ import pytest
 
 from gateway.policies.hashing import block_hashes, prefix_key
 from gateway.policies.ring import HashRing
-from tests.server.conftest import Stack
+from tests.e2e.http.conftest import Stack
 
 SYSTEM = "You are a careful assistant. " * 40
 

@@ -15,7 +15,7 @@ from gateway.protocol.errors import (
     ShuttingDownError,
 )
 from gateway.server.admission import Admission, AdmissionConfig
-from tests.server.conftest import Stack
+from tests.e2e.http.conftest import Stack
 
 # ---------------------------------------------------------------- the object itself
 

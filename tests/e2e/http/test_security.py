@@ -17,8 +17,8 @@ from gateway.server.state import GatewayState
 from gateway.sim.config import SimConfig
 from gateway.sim.fleet import SimFleet
 from gateway.sim.worker import SimTls
-from tests.server.certs import make_pki
-from tests.server.conftest import ZERO_COST, Stack, StackOptions, start_stack
+from tests.e2e.http.certs import make_pki
+from tests.e2e.http.conftest import ZERO_COST, Stack, StackOptions, start_stack
 
 KEYS = {"api_keys": ["inference-key"]}
 ADMIN = {"security": {"admin_api_key": "admin-key"}}

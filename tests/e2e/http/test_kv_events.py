@@ -13,7 +13,7 @@ from gateway.policies.cache_aware import CacheAwarePolicy
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.sim.worker import SimWorker
 from gateway.workers.worker import Worker
-from tests.server.conftest import Stack, StackOptions, start_stack
+from tests.e2e.http.conftest import Stack, StackOptions, start_stack
 
 KV = {"kv_events": True}
 

@@ -17,7 +17,7 @@ from grpc import aio
 from gateway.client import GatewayRpcError, user
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.proto import sglang_scheduler_pb2_grpc as pb_grpc
-from tests.grpc_front.conftest import GrpcStack
+from tests.e2e.grpc.conftest import GrpcStack
 
 SLOW = {"step_base_s": 0.01, "time_scale": 1.0, "eos_probability": 0.0}
 PROMPT = list(range(2000, 2040))

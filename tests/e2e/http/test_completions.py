@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.server.conftest import Stack
+from tests.e2e.http.conftest import Stack
 
 
 async def test_completion_text_prompt_streams_same_text(stack: Stack) -> None:

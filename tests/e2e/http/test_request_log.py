@@ -12,7 +12,7 @@ import pytest
 
 from gateway.observability.request_log import ACCESS_LOGGER, JsonFormatter, sane_request_id
 from gateway.server.serve import setup_logging
-from tests.server.conftest import Stack
+from tests.e2e.http.conftest import Stack
 
 
 @pytest.fixture
@@ -140,7 +140,7 @@ async def test_serve_log_json_writes_access_lines(tmp_path: Any) -> None:
     from gateway.bench.serve_process import ServeProcess
     from gateway.sim.config import SimConfig
     from gateway.sim.fleet import SimFleet
-    from tests.server.conftest import ZERO_COST
+    from tests.e2e.http.conftest import ZERO_COST
 
     async with SimFleet.start(1, SimConfig(**ZERO_COST)) as fleet:
         served = await ServeProcess.start(

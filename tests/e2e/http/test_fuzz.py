@@ -21,7 +21,7 @@ from schemathesis import GenerationMode
 from gateway.server.config import GatewayConfig
 from gateway.server.http.app import create_app
 from gateway.server.state import GatewayState
-from tests.server.conftest import Stack, StackOptions, start_stack
+from tests.e2e.http.conftest import Stack, StackOptions, start_stack
 
 KEY = "sk-fuzz"
 AUTH = {"authorization": f"Bearer {KEY}"}

@@ -17,8 +17,8 @@ from grpc import aio
 from gateway.client import user
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.proto import sglang_scheduler_pb2_grpc as pb_grpc
-from tests.grpc_front.conftest import GrpcStack, start_grpc_stack
-from tests.server.conftest import StackOptions
+from tests.e2e.grpc.conftest import GrpcStack, start_grpc_stack
+from tests.e2e.http.conftest import StackOptions
 
 Door = Callable[[list[int]], Awaitable[str]]
 

@@ -8,7 +8,7 @@ import grpc
 import pytest
 
 from gateway.client import GatewayClient, GatewayRpcError
-from tests.grpc_front.conftest import GrpcStack
+from tests.e2e.grpc.conftest import GrpcStack
 
 SLOW = {"fault_stall_s": 0.6}  # each request goes silent once for 0.6 s before its first token
 ONE_SLOT = {"admission": {"max_concurrent_requests": 1, "max_queued_requests": 0}}

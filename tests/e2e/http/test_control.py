@@ -18,7 +18,7 @@ from gateway.sim.fleet import SimFleet
 from gateway.sim.worker import SimWorker
 from gateway.workers.breaker import BreakerState
 from gateway.workers.health import HealthConfig, HealthMonitor
-from tests.server.conftest import ZERO_COST, Stack
+from tests.e2e.http.conftest import ZERO_COST, Stack
 
 # Requests that take a little while (5 ms per scheduler step) so they overlap.
 TIMED = {"step_base_s": 0.005, "time_scale": 1.0}

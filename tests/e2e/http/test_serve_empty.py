@@ -14,7 +14,7 @@ import pytest
 
 from gateway.sim.config import SimConfig
 from gateway.sim.fleet import SimFleet
-from tests.server.conftest import ZERO_COST
+from tests.e2e.http.conftest import ZERO_COST
 
 pytestmark = pytest.mark.slow
 

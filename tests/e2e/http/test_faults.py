@@ -5,7 +5,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from tests.server.conftest import Stack
+from tests.e2e.http.conftest import Stack
 
 
 @pytest.mark.stack(workers=2, policy="round_robin")

@@ -15,7 +15,7 @@ import pytest
 from google.protobuf.struct_pb2 import Struct
 
 from gateway.client import GatewayRpcError, function_tool, gpb, user
-from tests.grpc_front.conftest import GrpcStack
+from tests.e2e.grpc.conftest import GrpcStack
 
 NO_THINK = Struct()
 NO_THINK.update({"enable_thinking": False})
