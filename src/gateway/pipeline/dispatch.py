@@ -40,8 +40,8 @@ T = TypeVar("T")
 @dataclass
 class DispatchConfig:
     request_timeout_s: float = option(600.0, "gRPC deadline for one generation on a worker, seconds")
-    first_token_timeout_s: float = option(300.0, "give up on a worker that sends nothing for this long before the first message, seconds")
-    stall_timeout_s: float = option(60.0, "give up on a stream that goes silent for this long after it started, seconds")
+    first_token_timeout_s: float = option(180.0, "last-resort cap on the wait for a request's first message, seconds (a stalled worker is caught sooner by the progress watchdog, --watchdog-*)")
+    stall_timeout_s: float = option(30.0, "give up on one stream that goes silent for this long after it started while its worker stays busy elsewhere, seconds")
 
 
 class TokenStream(Protocol):
@@ -96,6 +96,7 @@ class WorkerStream:
         self._reading_since: float | None = None
         self._watch: asyncio.TimerHandle | None = None
         self._stalled = False
+        self._unwatch = self.worker.progress.watch(self._watchdog_kill)
 
     async def read(self) -> pb.GenerateResponse | None:
         """The next message, or None when the worker ended the stream."""
@@ -112,7 +113,7 @@ class WorkerStream:
                 task = asyncio.current_task()
                 if not self._stalled or (task is not None and task.cancelling()):
                     raise  # our own task is being cancelled (client gone): not a stall
-                await self.abort("stalled")
+                self._stall_end()
                 raise worker_stalled_error(self.worker.id, self._config.stall_timeout_s) from None
             except aio.AioRpcError as exc:
                 self._finish(success=False)
@@ -120,12 +121,13 @@ class WorkerStream:
             finally:
                 self._reading_since = None
             if self._stalled:  # the message raced the stall verdict; the call is cancelled
-                await self.abort("stalled")
+                self._stall_end()
                 raise worker_stalled_error(self.worker.id, self._config.stall_timeout_s)
             if got is aio.EOF:
                 self._finish(success=True)
                 return None
             msg = got  # type: ignore[assignment]
+            self.worker.progress.message(time.monotonic())
         self._guard.first_token()
         if msg.HasField("complete"):
             self._cached_tokens = max(self._cached_tokens, msg.complete.cached_tokens)
@@ -148,28 +150,45 @@ class WorkerStream:
             return
         self._watch = loop.call_at(since + limit, self._check_stall)
 
-    def _finish(self, *, success: bool) -> None:
+    def _watchdog_kill(self) -> None:
+        """The progress watchdog found this stream's worker stalled: end the pending read
+        as a stall, so the generation resumes elsewhere."""
+        if not self.closed:
+            self._stalled = True
+            self._call.cancel()
+
+    def _stall_end(self) -> None:
+        """A stall ends the stream as the worker's failure (and stops its work for it)."""
+        if self.closed:
+            return
+        self._call.cancel()
+        self._finish(success=False)
+        fire_abort(self.worker, self.request_id, "stalled")
+
+    def _finish(self, *, success: bool | None) -> None:
         if self.closed:
             return
         self.closed = True
+        self._unwatch()
         if self._watch is not None:
             self._watch.cancel()
             self._watch = None
         self._guard.release()
         self.worker.record_outcome(success)
-        self.selection.policy.on_finish(self.route, self.worker.id, self._cached_tokens, success)
+        self.selection.policy.on_finish(self.route, self.worker.id, self._cached_tokens, success is not False)
         self.observer.stage("relay", time.perf_counter() - self._first_at)
         self.observer.worker_done(
             self.route.model, self.worker.id, predicted_cached=self.selection.decision.predicted_cached_tokens,
-            reported_cached=self._cached_tokens, success=success,
+            reported_cached=self._cached_tokens, success=success is not False,
         )
 
     async def abort(self, reason: str = "client gone") -> None:
-        """Stop the worker's work for this request now and free the slot."""
+        """Stop the worker's work for this request now and free the slot (the worker did
+        nothing wrong: its breaker records no outcome)."""
         if self.closed:
             return
         self._call.cancel()
-        self._finish(success=True)
+        self._finish(success=None)
         fire_abort(self.worker, self.request_id, reason)
 
     def finished(self) -> None:
@@ -239,15 +258,43 @@ async def open_on(
     worker fails, stalls or says nothing; on cancellation aborts the worker request.
     """
     worker = selection.worker
+    started = time.monotonic()
+    worker.progress.started(started, idle=worker.load.in_flight == 0)
     guard = worker.load.acquire(prompt_tokens, max_new_tokens)
     worker.breaker.on_dispatch()
     selection.policy.on_dispatch(route, selection.decision)
     call = worker.client.generate(request, timeout=worker_timeout(config.request_timeout_s))
-    started = time.monotonic()
+    stalled = False
+
+    def watchdog_kill() -> None:
+        nonlocal stalled
+        stalled = True
+        call.cancel()
+
+    unwatch = worker.progress.watch(watchdog_kill)
     try:
         async with asyncio.timeout(config.first_token_timeout_s):
             first = await call.read()
+    except asyncio.CancelledError:
+        unwatch()
+        task = asyncio.current_task()
+        if not stalled or (task is not None and task.cancelling()):
+            call.cancel()
+            fire_abort(worker, route.request_id, "cancelled")
+            guard.release()
+            selection.policy.on_finish(route, worker.id, 0, False)
+            raise
+        # The progress watchdog took the worker out of rotation: re-send elsewhere now.
+        fire_abort(worker, route.request_id, "worker stalled")
+        guard.release()
+        worker.record_outcome(False)
+        selection.policy.on_finish(route, worker.id, 0, False)
+        raise AttemptFailed(
+            worker_stalled_error(worker.id, time.monotonic() - started), worker.id, "WATCHDOG",
+            retryable=True, backoff=False,
+        ) from None
     except TimeoutError:
+        unwatch()
         call.cancel()
         fire_abort(worker, route.request_id, "first token timeout")
         guard.release()
@@ -258,19 +305,22 @@ async def open_on(
             retryable=True, backoff=False,
         ) from None
     except aio.AioRpcError as exc:
+        unwatch()
         guard.release()
         client_fault = exc.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE)
-        worker.record_outcome(client_fault)
+        worker.record_outcome(None if client_fault else False)
         selection.policy.on_finish(route, worker.id, 0, False)
         raise AttemptFailed(
             map_rpc_error(exc, worker.id), worker.id, exc.code().name, retryable=retry.retryable(exc.code()), backoff=True
         ) from exc
     except BaseException:
+        unwatch()
         call.cancel()
         fire_abort(worker, route.request_id, "cancelled")
         guard.release()
         selection.policy.on_finish(route, worker.id, 0, False)
         raise
+    unwatch()
     if first is aio.EOF:
         guard.release()
         worker.record_outcome(False)
@@ -279,7 +329,11 @@ async def open_on(
             map_rpc_error(None, worker.id, "worker closed the stream without output"),
             worker.id, "EMPTY_STREAM", retryable=True, backoff=False,
         )
-    log.debug("request %s on %s after %.1f ms", route.request_id, worker.id, (time.monotonic() - started) * 1e3)
+    now = time.monotonic()
+    worker.progress.message(now, first=True)
+    cached = first.chunk.cached_tokens if first.HasField("chunk") else first.complete.cached_tokens
+    worker.progress.first_message(prompt_tokens - cached, now - started)
+    log.debug("request %s on %s after %.1f ms", route.request_id, worker.id, (now - started) * 1e3)
     return WorkerStream(selection, route, call, guard, first, config, attempt, observer)  # type: ignore[arg-type]
 
 

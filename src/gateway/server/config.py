@@ -15,6 +15,7 @@ from gateway.server.security import SecurityConfig
 from gateway.settings import option
 from gateway.workers.health import HealthConfig
 from gateway.workers.load_monitor import LoadMonitorConfig
+from gateway.workers.watchdog import WatchdogConfig
 
 
 @dataclass
@@ -51,3 +52,4 @@ class GatewayConfig:
     health: HealthConfig = field(default_factory=HealthConfig)
     load_monitor: LoadMonitorConfig = field(default_factory=LoadMonitorConfig)
     pd: PdConfig = field(default_factory=PdConfig)
+    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)

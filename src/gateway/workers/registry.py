@@ -16,6 +16,7 @@ import grpc
 
 from gateway.workers.breaker import CircuitBreaker
 from gateway.workers.client import TlsOptions, WorkerClient, parse_worker_url
+from gateway.workers.watchdog import ProgressTracker
 from gateway.workers.worker import Worker, WorkerInfo
 
 log = logging.getLogger(__name__)
@@ -35,12 +36,14 @@ class WorkerRegistry:
         worker_api_key: str | None = None,
         probe_timeout_s: float = 10.0,
         breaker: Callable[[], CircuitBreaker] = CircuitBreaker,
+        progress: Callable[[], ProgressTracker] = ProgressTracker,
     ) -> None:
         self._workers: dict[str, Worker] = {}
         self._tls = tls
         self._api_key = worker_api_key
         self._probe_timeout = probe_timeout_s
         self._breaker = breaker
+        self._progress = progress
         self._listeners: list[ChangeListener] = []
         self._adding: dict[str, asyncio.Task[Worker]] = {}
 
@@ -108,7 +111,9 @@ class WorkerRegistry:
             raise WorkerRegistrationError(
                 f"prefill worker {url} has no bootstrap port (give one or set it on the worker)"
             )
-        return Worker(url, client, info, role=role, bootstrap_port=bootstrap_port, breaker=self._breaker())
+        return Worker(url, client, info, role=role, bootstrap_port=bootstrap_port, breaker=self._breaker(),
+            progress=self._progress(),
+        )
 
     async def remove(self, worker_id: str, *, drain_timeout_s: float = 30.0) -> Worker:
         """Stop routing to the worker, wait for its in-flight requests, then forget it."""
