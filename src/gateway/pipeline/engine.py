@@ -7,6 +7,7 @@ tokenization, routing, retries or load accounting anywhere else.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -21,12 +22,13 @@ from gateway.pipeline.limits import LimitsConfig, apply_sampling_limits, check_p
 from gateway.pipeline.observer import NULL_OBSERVER, PipelineObserver
 from gateway.pipeline.pd import PdOpener, serves_pd
 from gateway.pipeline.prepared import PreparedRequest
+from gateway.pipeline.resume import OpenContinuation, ResumeConfig, Resumer
 from gateway.pipeline.retry import RetryConfig
 from gateway.pipeline.router import Router, Selection
 from gateway.pipeline.sampling import to_sampling_params
 from gateway.policies.base import RouteRequest
 from gateway.proto import sglang_scheduler_pb2 as pb
-from gateway.protocol.errors import ContextLengthExceededError, InvalidRequestError
+from gateway.protocol.errors import ContextLengthExceededError, InvalidRequestError, NoWorkerError
 from gateway.protocol.sampling import SamplingOptions
 from gateway.settings import option
 from gateway.tokenization import StopPlan, Tokenizer
@@ -53,6 +55,7 @@ class Engine:
         observe_stage: StageObserver | None = None,
         limits: LimitsConfig | None = None,
         observer: PipelineObserver | None = None,
+        resume: ResumeConfig | None = None,
     ) -> None:
         self.router = router
         self.registry = router.registry
@@ -61,6 +64,7 @@ class Engine:
         self.retry = retry or RetryConfig()
         self.dispatch = dispatch or DispatchConfig()
         self.limits = limits or LimitsConfig()
+        self.resume = resume or ResumeConfig()
         self._pool = ThreadPoolExecutor(
             max_workers=max(1, self.config.tokenize_threads), thread_name_prefix="tokenize"
         )
@@ -189,8 +193,10 @@ class Engine:
 
     def generate_request(self, prepared: PreparedRequest) -> pb.GenerateRequest:
         sampling = prepared.sampling
-        # Stream from the worker whenever the gateway may need to stop it early.
-        worker_stream = prepared.stream or bool(prepared.stop_plan.stop_strings)
+        # Workers always stream to the gateway: the watchdog sees progress and a broken
+        # generation can resume from the tokens already produced. Clients that do not
+        # stream (and need no early stop) get coarser worker messages.
+        coarse = not (prepared.stream or prepared.stop_plan.stop_strings)
         request = pb.GenerateRequest(
             request_id=prepared.request_id,
             tokenized=pb.TokenizedInput(input_ids=prepared.prompt_ids),
@@ -202,9 +208,11 @@ class Engine:
             return_logprob=sampling.logprobs or sampling.logprob_start_len >= 0,
             top_logprobs_num=sampling.top_logprobs if sampling.logprobs else 0,
             logprob_start_len=sampling.logprob_start_len,
-            stream=worker_stream,
+            stream=True,
             require_reasoning=prepared.require_reasoning,
         )
+        if coarse:
+            request.sampling_params.stream_interval = self.resume.unary_stream_interval
         if prepared.prompt_text:
             request.tokenized.original_text = prepared.prompt_text
         return request
@@ -220,7 +228,8 @@ class Engine:
             return request
 
         stream: TokenStream
-        if serves_pd(self.registry, route.model):
+        pd = serves_pd(self.registry, route.model)
+        if pd:
             stream = await self.pd.open(
                 route,
                 request,
@@ -241,7 +250,45 @@ class Engine:
                 observer=self.observer,
             )
         self._observe("first_token", time.perf_counter() - started)
-        return Generation(stream, prepared)
+        resumer = Resumer(request, self._continuation_opener(prepared, pd=pd), self.resume, prepared.sampling, self.observer)
+        return Generation(stream, prepared, resumer)
+
+    def _continuation_opener(self, prepared: PreparedRequest, *, pd: bool) -> OpenContinuation:
+        """How a broken generation's continuation is opened: the same routing and retry
+        path as the request (the policy sees the longer prompt, so a worker holding its
+        prefix is preferred), away from the workers that failed it if anyone else is left."""
+
+        async def open_one(request: pb.GenerateRequest, avoid: frozenset[str]) -> TokenStream:
+            ids = list(request.tokenized.input_ids)
+            budget = request.sampling_params.max_new_tokens if request.sampling_params.HasField("max_new_tokens") else 0
+            route = RouteRequest(
+                token_ids=ids, model=self._worker_model(prepared.model), request_id=request.request_id,
+                routing_key=prepared.routing_key, target_worker=prepared.target_worker, max_new_tokens=budget,
+                exclude=avoid,
+            )
+            try:
+                return await self._open(route, request, pd=pd, prompt_tokens=len(ids), budget=budget, want_lp=prepared.sampling.logprobs)
+            except NoWorkerError:
+                if not avoid:
+                    raise
+                # Nobody else is left: the failed worker may take it if its breaker allows.
+                route = dataclasses.replace(route, exclude=frozenset())
+                return await self._open(route, request, pd=pd, prompt_tokens=len(ids), budget=budget, want_lp=prepared.sampling.logprobs)
+
+        return open_one
+
+    async def _open(
+        self, route: RouteRequest, request: pb.GenerateRequest, *, pd: bool, prompt_tokens: int, budget: int, want_lp: bool
+    ) -> TokenStream:
+        if pd:
+            return await self.pd.open(
+                route, request, samples=1, wants_output_logprobs=want_lp,
+                prompt_tokens=prompt_tokens, max_new_tokens=budget,
+            )
+        return await open_generate(
+            self.router, route, lambda selection: request, prompt_tokens=prompt_tokens, max_new_tokens=budget,
+            retry=self.retry, config=self.dispatch, observer=self.observer,
+        )
 
     def tokenizer(self, model: str | None) -> Tokenizer:
         return self.catalog.get(model).tokenizer

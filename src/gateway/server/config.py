@@ -8,6 +8,7 @@ from gateway.pipeline.dispatch import DispatchConfig
 from gateway.pipeline.engine import EngineConfig
 from gateway.pipeline.limits import LimitsConfig
 from gateway.pipeline.pd import PdConfig
+from gateway.pipeline.resume import ResumeConfig
 from gateway.pipeline.retry import RetryConfig
 from gateway.policies.factory import PolicyConfig
 from gateway.server.admission import AdmissionConfig
@@ -53,3 +54,4 @@ class GatewayConfig:
     load_monitor: LoadMonitorConfig = field(default_factory=LoadMonitorConfig)
     pd: PdConfig = field(default_factory=PdConfig)
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
+    resume: ResumeConfig = field(default_factory=ResumeConfig)

@@ -60,6 +60,7 @@ class GatewayState:
             dispatch=config.dispatch,
             limits=config.limits,
             observer=self.metrics,
+            resume=config.resume,
         )
         rejections = self.metrics.admission_rejections
         self.admission = Admission(
