@@ -103,3 +103,42 @@ def test_reset_closes_with_a_clean_record() -> None:
     b.reset()
     assert b.state is BreakerState.CLOSED and b.consecutive_failures == 0
     assert b.window_counts(now=1.0) == (0, 0)
+
+
+def test_opens_after_threshold_and_lets_one_trial_through_after_cooldown() -> None:
+    b = CircuitBreaker(failure_threshold=2, cooldown_s=10.0, half_open_probes=1)
+    b.record_failure(now=0.0)
+    assert b.state is BreakerState.CLOSED and b.allows(now=0.0)
+    b.record_failure(now=1.0)
+    assert b.state is BreakerState.OPEN and not b.allows(now=5.0)
+    assert b.allows(now=11.0)
+    b.on_dispatch(now=11.0)
+    assert b.state is BreakerState.HALF_OPEN and not b.allows(now=11.0)  # the trial is in flight
+    b.record_success()
+    assert b.state is BreakerState.CLOSED and b.allows(now=11.0) and b.consecutive_failures == 0
+
+
+def test_failed_trial_reopens() -> None:
+    b = CircuitBreaker(failure_threshold=1, cooldown_s=1.0)
+    b.record_failure(now=0.0)
+    b.on_dispatch(now=2.0)
+    b.record_failure(now=2.0)
+    assert b.state is BreakerState.OPEN and not b.allows(now=2.5) and b.allows(now=3.0)
+
+
+def test_success_resets_the_count() -> None:
+    b = CircuitBreaker(failure_threshold=3)
+    b.record_failure(now=0.0)
+    b.record_failure(now=0.0)
+    b.record_success()
+    b.record_failure(now=0.0)
+    assert b.state is BreakerState.CLOSED and b.consecutive_failures == 1
+
+
+def test_a_cancelled_trial_gives_its_slot_back() -> None:
+    b = make(half_open_probes=1)
+    b.trip("watchdog", now=0.0)
+    b.on_dispatch(now=6.0)
+    assert not b.allows(now=6.0)
+    b.release_trial()
+    assert b.state is BreakerState.HALF_OPEN and b.allows(now=6.0)

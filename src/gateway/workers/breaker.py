@@ -101,6 +101,12 @@ class CircuitBreaker:
         if total >= self.min_requests and failed >= self.failure_ratio * total:
             self._open(now, "ratio")
 
+    def release_trial(self) -> None:
+        """A request ended with no verdict on the worker (cancelled): a half-open trial
+        slot it held is free again."""
+        if self.state is BreakerState.HALF_OPEN:
+            self._trials = max(0, self._trials - 1)
+
     def trip(self, reason: str, now: float | None = None) -> None:
         """Open now, whatever the counts say (the watchdog saw the worker stop)."""
         self._open(time.monotonic() if now is None else now, reason)

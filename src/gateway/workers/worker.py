@@ -12,8 +12,8 @@ from google.protobuf.json_format import MessageToDict
 from gateway.policies.base import LoadSnapshot, WorkerView
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.workers.breaker import CircuitBreaker
-from gateway.workers.client import WorkerClient
 from gateway.workers.load import WorkerLoad
+from gateway.workers.transport import WorkerTransport
 from gateway.workers.watchdog import ProgressTracker
 
 ROLES = ("regular", "prefill", "decode")
@@ -82,7 +82,7 @@ class Worker:
     def __init__(
         self,
         url: str,
-        client: WorkerClient,
+        client: WorkerTransport,
         info: WorkerInfo,
         *,
         role: str = "regular",
@@ -125,6 +125,7 @@ class Worker:
         """An ordinary request's outcome: feeds the breaker and counts as health evidence.
         ``None`` (a client fault or a client cancel) says nothing about the worker."""
         if success is None:
+            self.breaker.release_trial()
             return
         if success:
             self.breaker.record_success()
