@@ -229,7 +229,7 @@ async def test_worker_stalling_before_output_is_left_for_another(stack: Stack) -
     await eventually(lambda: settled(stack))
 
 
-@pytest.mark.stack(workers=1, dispatch={"stall_timeout_s": 0.3})
+@pytest.mark.stack(workers=1, dispatch={"stall_timeout_s": 0.3}, sections={"resume": {"resume": False}})
 async def test_worker_stalling_mid_stream_ends_it_and_frees_the_slot(stack: Stack) -> None:
     faults = stack.fleet.workers[0].faults
     faults.stall_s, faults.stall_after_tokens = 30.0, 2
