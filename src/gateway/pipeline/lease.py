@@ -112,8 +112,8 @@ class Lease:
             worker.record_outcome(True)
         elif outcome is Outcome.WORKER_FAILED:
             worker.record_outcome(False)
-        else:  # CANCELLED: no evidence; a half-open trial must not stay reserved forever
-            worker.breaker.abandon_trial()
+        else:
+            worker.record_outcome(None)  # no evidence; a half-open trial slot is given back
         success = outcome is Outcome.OK
         self.selection.policy.on_finish(self.route, worker.id, self.cached_tokens, success)
         if self._started_at is not None:

@@ -10,6 +10,7 @@ from gateway.pipeline.dispatch import DispatchConfig
 from gateway.pipeline.engine import EngineConfig
 from gateway.pipeline.limits import LimitsConfig
 from gateway.pipeline.pd import PdConfig
+from gateway.pipeline.resume import ResumeConfig
 from gateway.pipeline.retry import RetryConfig
 from gateway.policies.factory import PolicyConfig
 from gateway.server.admission import AdmissionConfig
@@ -20,6 +21,7 @@ from gateway.server.tls import FrontTlsConfig
 from gateway.settings import option
 from gateway.workers.health import HealthConfig
 from gateway.workers.load_monitor import LoadMonitorConfig
+from gateway.workers.watchdog import WatchdogConfig
 
 
 @dataclass
@@ -61,3 +63,5 @@ class GatewayConfig:
     metrics_port: MetricsPortConfig = field(default_factory=MetricsPortConfig)
     tls: FrontTlsConfig = field(default_factory=FrontTlsConfig)
     tracing: TracingConfig = field(default_factory=TracingConfig)
+    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
+    resume: ResumeConfig = field(default_factory=ResumeConfig)

@@ -22,6 +22,7 @@ from gateway.workers.health import HealthMonitor
 from gateway.workers.kv_events import KvEventFeeder
 from gateway.workers.load_monitor import LoadMonitor
 from gateway.workers.registry import WorkerRegistry
+from gateway.workers.watchdog import ProgressTracker, Watchdog
 from gateway.workers.worker import Worker
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,7 @@ class GatewayState:
             worker_api_key=server.worker_api_key,
             probe_timeout_s=server.probe_timeout_s,
             breaker=config.health.breaker,
+            progress=lambda: ProgressTracker(config.watchdog),
         )
         self.router = Router(
             self.registry,
@@ -62,6 +64,7 @@ class GatewayState:
             dispatch=config.dispatch,
             limits=config.limits,
             observer=self.metrics,
+            resume=config.resume,
         )
         rejections = self.metrics.admission_rejections
         self.admission = Admission(
@@ -70,6 +73,7 @@ class GatewayState:
         self.metrics.queue_depth.set_function(lambda: self.admission.queued)
         self.auth = Authenticator(server.api_keys, config.security)
         self.health = HealthMonitor(self.registry, config.health)
+        self.watchdog = Watchdog(self.registry.all, config.watchdog)
         self.loads = LoadMonitor(
             self.registry,
             self._pool_needs_loads,
@@ -126,6 +130,7 @@ class GatewayState:
             raise RuntimeError(f"none of the {len(urls)} workers could be added: {failed[0][1]}")
         self.ready = bool(self.registry.all())
         self.health.start()
+        self.watchdog.start()
         self.loads.start()
         if self.kv_events is not None:
             self.kv_events.start()
@@ -134,6 +139,7 @@ class GatewayState:
         if self.kv_events is not None:
             await self.kv_events.close()
         await self.health.stop()
+        await self.watchdog.stop()
         await self.loads.stop()
         for policy in self.router.policies().values():
             close_policy(policy)
