@@ -16,6 +16,8 @@ reason one of ``ADMISSION_REASONS``.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
@@ -39,6 +41,8 @@ class GatewayMetrics(PipelineObserver):
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        # serve --processes N: merges the siblings' expositions into this one's (server.process_set)
+        self.federate: Callable[[bytes], Awaitable[bytes]] | None = None
         r = self.registry
         self.requests = Counter(
             "token_gateway_requests", "requests answered (HTTP, and gRPC as 'grpc METHOD' with the HTTP-equivalent status), by endpoint, model and status code",

@@ -72,6 +72,31 @@ class Decision:
     scores: dict[str, float] = field(default_factory=dict)  # per-worker cost, for inspect/debug
 
 
+@dataclass(frozen=True, slots=True)
+class RemoteDecision:
+    """Another gateway process sent ``tokens`` (native uint32 bytes, the tree's format)
+    of a prompt to ``worker_id``: learn it as if this process had dispatched it."""
+
+    worker_id: str
+    model: str
+    tokens: bytes
+    prompt_tokens: int = 0
+    predicted_cached_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteFinish:
+    """A request another gateway process sent to ``worker_id`` ended."""
+
+    worker_id: str
+    model: str
+    cached_tokens: int
+    success: bool
+
+
+RemoteEvent = RemoteDecision | RemoteFinish
+
+
 @runtime_checkable
 class Policy(Protocol):
     """A routing policy. Implementations must be cheap: they run on the event loop."""
@@ -96,3 +121,7 @@ class Policy(Protocol):
     def on_workers_changed(self, workers: Sequence[WorkerView]) -> None:
         """The pool's membership changed (a worker joined, left or changed role)."""
         ...
+
+    # Optional: ``on_remote(event: RemoteEvent) -> None`` -- what another gateway process
+    # learned (``BasePolicy`` has a no-op default; the sync layer skips policies without it).
+    # Not part of the Protocol so that minimal policies stay valid ``Policy`` instances.

@@ -57,7 +57,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.policies.base import Decision, NoWorkerAvailable, RouteRequest, WorkerView
+from gateway.policies.base import (
+    Decision,
+    NoWorkerAvailable,
+    RemoteDecision,
+    RemoteEvent,
+    RouteRequest,
+    WorkerView,
+)
 from gateway.policies.common import BasePolicy, candidates
 from gateway.policies.radix_tree import (
     DEFAULT_BUDGET_TOKENS,
@@ -380,6 +387,14 @@ class CacheAwarePolicy(BasePolicy):
             st.predicted_tokens += entry[2]
             st.reported_tokens += cached_tokens
             st.prompt_tokens += entry[1]
+
+    def on_remote(self, event: RemoteEvent) -> None:
+        """Another gateway process dispatched a prompt: the worker will cache it, exactly as
+        if this process had sent it (the tree's half of ``on_dispatch``). Its load reaches
+        the cost through ``WorkerView`` (the sync layer adds remote load to the views);
+        remote finishes carry nothing the tree needs. Workers outside the pool are skipped."""
+        if isinstance(event, RemoteDecision) and event.worker_id in self._params and event.tokens:
+            self.tree(event.model).insert_packed(event.tokens, event.worker_id)
 
     def _forget(self, key: object) -> tuple[str, int, int] | None:
         entry = self._inflight.pop(key, None)

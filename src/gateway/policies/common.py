@@ -12,7 +12,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
 
-from gateway.policies.base import Decision, NoWorkerAvailable, RouteRequest, WorkerView
+from gateway.policies.base import Decision, NoWorkerAvailable, RemoteEvent, RouteRequest, WorkerView
 
 TARGET_REASON = "target_worker"
 
@@ -123,6 +123,10 @@ class BasePolicy(ABC):
         return None
 
     def on_workers_changed(self, workers: Sequence[WorkerView]) -> None:
+        return None
+
+    def on_remote(self, event: RemoteEvent) -> None:
+        """Another gateway process's decision or finish (``sync``); stateless policies ignore it."""
         return None
 
     def explain(self, request: RouteRequest, workers: Sequence[WorkerView]) -> dict[str, Any]:

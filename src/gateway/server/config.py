@@ -11,8 +11,10 @@ from gateway.pipeline.pd import PdConfig
 from gateway.pipeline.retry import RetryConfig
 from gateway.policies.factory import PolicyConfig
 from gateway.server.admission import AdmissionConfig
+from gateway.server.process_config import ProcessConfig
 from gateway.server.security import SecurityConfig
 from gateway.settings import option
+from gateway.sync.config import SyncConfig
 from gateway.workers.health import HealthConfig
 from gateway.workers.load_monitor import LoadMonitorConfig
 
@@ -51,3 +53,5 @@ class GatewayConfig:
     health: HealthConfig = field(default_factory=HealthConfig)
     load_monitor: LoadMonitorConfig = field(default_factory=LoadMonitorConfig)
     pd: PdConfig = field(default_factory=PdConfig)
+    processes: ProcessConfig = field(default_factory=ProcessConfig)
+    sync: SyncConfig = field(default_factory=SyncConfig)

@@ -23,8 +23,10 @@ from gateway.pipeline.retry import RetryConfig
 from gateway.policies.factory import PolicyConfig
 from gateway.server.admission import AdmissionConfig
 from gateway.server.config import GatewayConfig, ServerConfig
+from gateway.server.process_config import ProcessConfig
 from gateway.server.security import InsecureAdminError, SecurityConfig, check_startup
 from gateway.settings import add_options, from_namespace
+from gateway.sync.config import SyncConfig
 from gateway.workers.health import HealthConfig
 from gateway.workers.load_monitor import LoadMonitorConfig
 
@@ -42,6 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_options(parser.add_argument_group("security"), SecurityConfig)
     add_options(parser.add_argument_group("health checks"), HealthConfig)
     add_options(parser.add_argument_group("load polling"), LoadMonitorConfig)
+    add_options(parser.add_argument_group("processes"), ProcessConfig)
+    add_options(parser.add_argument_group("routing sync (NATS)"), SyncConfig)
     pd = parser.add_argument_group("prefill/decode disaggregation")
     pd.add_argument("--prefill", nargs="+", action="append", default=[], metavar="URL [BOOTSTRAP_PORT]",
                     help="prefill worker(s): grpc://host:port, each optionally followed by its bootstrap port "
@@ -63,6 +67,8 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         security=from_namespace(SecurityConfig, args),
         health=from_namespace(HealthConfig, args),
         load_monitor=from_namespace(LoadMonitorConfig, args),
+        processes=from_namespace(ProcessConfig, args),
+        sync=from_namespace(SyncConfig, args),
         pd=from_namespace(
             PdConfig, args,
             prefill=parse_pool_flags(args.prefill, allow_port=True),
@@ -85,15 +91,24 @@ async def serve(config: GatewayConfig) -> None:
     import uvicorn
 
     from gateway.server.http.app import create_app
+    from gateway.server.process_set import member_from_env
     from gateway.server.state import GatewayState
 
     check_startup(config.server.host, config.security)
     state = GatewayState(config)
+    member = member_from_env(state.metrics.render)  # one of serve --processes N, or None
     await state.start()
+    if member is not None:
+        state.process_set = member
+        state.metrics.federate = member.federate
+        await member.start()
     app = create_app(state, manage_lifecycle=False)
-    sock = socket.socket(socket.AF_INET6 if ":" in config.server.host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((config.server.host, config.server.port))
+    if member is not None:  # the supervisor's listening socket, shared by the whole set
+        sock = socket.socket(fileno=member.http_fd)
+    else:
+        sock = socket.socket(socket.AF_INET6 if ":" in config.server.host else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((config.server.host, config.server.port))
     host, port = sock.getsockname()[:2]
     uv_config = uvicorn.Config(
         app, log_level="warning", access_log=False, loop="none", http="httptools", lifespan="off",
@@ -108,7 +123,9 @@ async def serve(config: GatewayConfig) -> None:
     if config.server.grpc_port is not None:
         from gateway.server.grpc.server import start_grpc_server
 
-        grpc_server = await start_grpc_server(state, config.server.host, config.server.grpc_port)
+        grpc_server = await start_grpc_server(
+            state, config.server.host, config.server.grpc_port, reuse_port=member is not None
+        )
         ready["grpc_port"] = grpc_server.port
         ready["grpc_target"] = grpc_server.target
     loop = asyncio.get_running_loop()
@@ -142,6 +159,8 @@ async def serve(config: GatewayConfig) -> None:
             # in-flight gRPC calls share the same grace, then are cancelled (aborting their worker requests)
             await (grpc_stop[0] if grpc_stop else grpc_server.stop(config.server.shutdown_grace_s))
         await flush_aborts(2.0)
+        if member is not None:
+            await member.stop()
         await state.stop()
 
 
@@ -153,6 +172,20 @@ def run(args: argparse.Namespace) -> int:
         log.error("%s", exc)
         return 2
     setup_logging(config.server.log_level, config.server.log_json)
+    try:
+        processes = config.processes.count()
+    except ValueError as exc:
+        log.error("%s", exc)
+        return 2
+    if processes > 1:
+        from gateway.server.supervisor import run_set
+
+        return run_set(config, processes)
+    return run_config(config)
+
+
+def run_config(config: GatewayConfig) -> int:
+    """Run one serving process (the whole gateway, or one of a supervisor's set)."""
     from gateway.observability.heap_trace import install_from_env
 
     install_from_env()  # no-op unless TOKEN_GATEWAY_TRACEMALLOC_DIR is set

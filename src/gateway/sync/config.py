@@ -1,0 +1,22 @@
+"""Flags of the routing sync (``serve --sync-url``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gateway.settings import option
+
+
+@dataclass
+class SyncConfig:
+    sync_url: str | None = option(
+        None,
+        "NATS server joining this gateway's routing view with other replicas' (nats://HOST:PORT); "
+        "unset: no sync, except that --processes N > 1 starts a local nats-server on loopback",
+    )
+    sync_subject: str = option("token_gateway.sync", "NATS subject the replicas of one gateway set share")
+    sync_heartbeat_s: float = option(1.0, "each process republishes its full per-worker load this often, seconds")
+    sync_peer_timeout_s: float = option(3.0, "a peer not heard from this long has its load forgotten, seconds")
+    sync_max_pending_bytes: int = option(
+        8 * 1024 * 1024, "bytes buffered for NATS while it is unreachable; beyond that batches are dropped (and counted)"
+    )
