@@ -2,43 +2,12 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-from typing import Any
-
 from gateway.policies.base import Decision, RouteRequest, WorkerView
-from gateway.policies.cache_aware import CacheAwarePolicy
 from gateway.proto import sync_pb2
 from gateway.sync.apply import Applier
 from gateway.sync.outbox import Outbox, page_aligned
 from gateway.sync.policy_tap import TappedPolicy
-from gateway.workers.load import WorkerLoad
-
-WORKERS = ("w0:1", "w1:1")
-
-
-class FakeWorkers:
-    def __init__(self, page: int = 1) -> None:
-        self.w = {
-            wid: SimpleNamespace(id=wid, model="m", role="regular", load=WorkerLoad(), remote_load=WorkerLoad(),
-                                 info=SimpleNamespace(page_size=page))
-            for wid in WORKERS
-        }
-
-    def get(self, wid: str) -> Any:
-        return self.w.get(wid)
-
-    def all(self) -> list[Any]:
-        return list(self.w.values())
-
-
-class FakeRouter:
-    def __init__(self) -> None:
-        self.p = CacheAwarePolicy(eviction_interval_s=0)
-        self.p.on_workers_changed([WorkerView(wid, wid) for wid in WORKERS])
-
-    def policy(self, model: str, role: str) -> CacheAwarePolicy:
-        return self.p
-
+from tests.sync.fakes import WORKERS, FakeRouter, FakeWorkers
 
 def _outbox(workers: FakeWorkers, origin: str = "a", clock: list[int] | None = None) -> Outbox:
     t = clock or [1_000]

@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 CONNECT_RETRY_S = 0.2  # first wait after a failed initial connect (doubles up to CONNECT_RETRY_MAX_S)
 CONNECT_RETRY_MAX_S = 2.0
 RECONNECT_WAIT_S = 0.5  # nats-py's pause between reconnect attempts
-REPLAY_DECISIONS = 1024  # recent decisions re-announced after a reconnect
+REPLAY_DECISIONS = 256  # recent decisions re-announced after a reconnect (bounded: a replay is ~9 KB each for 2k-token prompts)
 REPLAY_AGAIN_S = 1.0
 
 
