@@ -124,7 +124,7 @@ async def test_a_dead_process_is_restarted_and_the_others_requests_are_unharmed(
                 return sum(c.samples - c.finished - c.aborted - c.failed for c in (w.counters for w in fleet.workers))
 
             async with asyncio.timeout(30):
-                while running():
+                while running():  # noqa: ASYNC110 (polling the fleet counters)
                     await asyncio.sleep(0.1)
         finally:
             assert await gw.stop(timeout_s=20) == 0

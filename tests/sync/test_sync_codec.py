@@ -9,6 +9,7 @@ from gateway.sync.outbox import Outbox, page_aligned
 from gateway.sync.policy_tap import TappedPolicy
 from tests.sync.fakes import WORKERS, FakeRouter, FakeWorkers
 
+
 def _outbox(workers: FakeWorkers, origin: str = "a", clock: list[int] | None = None) -> Outbox:
     t = clock or [1_000]
     return Outbox(origin, lambda wid: workers.get(wid).load if workers.get(wid) else None,
