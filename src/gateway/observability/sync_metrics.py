@@ -48,6 +48,7 @@ class SyncCollector(Collector):
             ("received_batches", "sync batches received from other processes", a.batches),
             ("applied_decisions", "other processes' decisions applied to this process's policies", a.decisions),
             ("skipped_decisions", "other processes' decisions for workers this process does not know", a.skipped),
+            ("unresolved_decisions", "other processes' decisions whose prefix reference this process could not resolve", a.unresolved),
             ("lost_batches", "other processes' batches missed (sequence gaps)", a.lost_batches),
             ("bad_messages", "undecodable messages on the sync subject", a.bad),
         ):

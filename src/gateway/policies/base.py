@@ -42,6 +42,7 @@ class WorkerView:
     in_flight: int = 0  # requests the gateway has on it now
     queued_prefill_tokens: int = 0  # prompt tokens sent that have not yet produced a first token
     running_decode_tokens: int = 0  # max_new_tokens still owed by its running requests
+    remote_prefill_tokens: int = 0  # uncached prompt tokens other gateway processes have queued on it (sync)
     loads: LoadSnapshot | None = None  # last polled figures, if a policy asked for polling
     kv_capacity_tokens: int = 0  # GetServerInfo max_total_num_tokens (0: unknown)
     page_size: int = 1  # the worker's KV page size in tokens

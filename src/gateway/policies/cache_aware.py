@@ -10,8 +10,10 @@ available worker ``w``::
     U_w  = P - c_w                                   tokens w would still prefill
     Q_w  = queued prefill tokens ahead of us on w, uncached part only:
            queued_prefill_tokens * (1 - cached/prompt of this policy's in-flight
-           requests on w), or the worker's polled num_waiting_uncached_tokens
-           when that is larger and younger than loads_max_age_s
+           requests on w) + remote_prefill_tokens (the uncached part other gateway
+           processes have queued, from sync), or the worker's polled
+           num_waiting_uncached_tokens when that is larger and younger than
+           loads_max_age_s
     D_w  = running_decode_tokens (decode tokens still owed by w's running requests)
     R_w  = in_flight requests
 
@@ -244,6 +246,7 @@ class CacheAwarePolicy(BasePolicy):
         q: float = w.queued_prefill_tokens
         if q:
             q *= self._miss.get(w.worker_id, 1.0)
+        q += w.remote_prefill_tokens
         lo = w.loads
         if lo is not None and lo.num_waiting_uncached_tokens > q and lo.age_s <= self.cost.loads_max_age_s:
             q = lo.num_waiting_uncached_tokens
@@ -296,6 +299,7 @@ class CacheAwarePolicy(BasePolicy):
                 q: float = w.queued_prefill_tokens
                 if q:
                     q *= miss.get(wid, 1.0)
+                q += w.remote_prefill_tokens
                 lo = w.loads
                 if lo is not None and lo.num_waiting_uncached_tokens > q and lo.age_s <= max_age:
                     q = lo.num_waiting_uncached_tokens

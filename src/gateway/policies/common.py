@@ -75,7 +75,7 @@ def token_load(w: WorkerView) -> int:
     """Work queued on a worker in tokens: polled figures when present, else the gateway's own."""
     if w.loads is not None:
         return w.loads.num_used_tokens + w.loads.num_waiting_uncached_tokens
-    return w.queued_prefill_tokens + w.running_decode_tokens
+    return w.queued_prefill_tokens + w.remote_prefill_tokens + w.running_decode_tokens
 
 
 def worker_row(w: WorkerView) -> dict[str, Any]:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\nsync.proto\x12\x12token_gateway.sync\"\x94\x01\n\x08\x44\x65\x63ision\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0c\n\x04pool\x18\x03 \x01(\t\x12\x0e\n\x06tokens\x18\x04 \x01(\x0c\x12\x15\n\rprompt_tokens\x18\x05 \x01(\r\x12\x18\n\x10predicted_cached\x18\x06 \x01(\r\x12\x17\n\x0f\x64\x65\x63ided_unix_ns\x18\x07 \x01(\x06\"`\n\x06\x46inish\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0c\n\x04pool\x18\x03 \x01(\t\x12\x15\n\rcached_tokens\x18\x04 \x01(\r\x12\x0f\n\x07success\x18\x05 \x01(\x08\"p\n\nWorkerLoad\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x11\n\tin_flight\x18\x02 \x01(\r\x12\x1d\n\x15queued_prefill_tokens\x18\x03 \x01(\x04\x12\x1d\n\x15running_decode_tokens\x18\x04 \x01(\x04\"\xfd\x01\n\x05\x42\x61tch\x12\x0e\n\x06origin\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x14\n\x0csent_unix_ns\x18\x03 \x01(\x06\x12/\n\tdecisions\x18\x04 \x03(\x0b\x32\x1c.token_gateway.sync.Decision\x12,\n\x08\x66inishes\x18\x05 \x03(\x0b\x32\x1a.token_gateway.sync.Finish\x12-\n\x05loads\x18\x06 \x03(\x0b\x32\x1e.token_gateway.sync.WorkerLoad\x12\x12\n\nfull_loads\x18\x07 \x01(\x08\x12\x0f\n\x07goodbye\x18\x08 \x01(\x08\x12\x0e\n\x06replay\x18\t \x01(\x08\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\nsync.proto\x12\x12token_gateway.sync\"\xd6\x01\n\x08\x44\x65\x63ision\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0c\n\x04pool\x18\x03 \x01(\t\x12\x0e\n\x06tokens\x18\x04 \x01(\x0c\x12\x15\n\rprompt_tokens\x18\x05 \x01(\r\x12\x18\n\x10predicted_cached\x18\x06 \x01(\r\x12\x17\n\x0f\x64\x65\x63ided_unix_ns\x18\x07 \x01(\x06\x12\x13\n\x0bprefix_hash\x18\x08 \x01(\x06\x12\x15\n\rprefix_blocks\x18\t \x01(\r\x12\x14\n\x0c\x62lock_tokens\x18\n \x01(\r\"`\n\x06\x46inish\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0c\n\x04pool\x18\x03 \x01(\t\x12\x15\n\rcached_tokens\x18\x04 \x01(\r\x12\x0f\n\x07success\x18\x05 \x01(\x08\"y\n\nWorkerLoad\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x11\n\tin_flight\x18\x02 \x01(\r\x12&\n\x1equeued_uncached_prefill_tokens\x18\x03 \x01(\x04\x12\x1d\n\x15running_decode_tokens\x18\x04 \x01(\x04\"\xfd\x01\n\x05\x42\x61tch\x12\x0e\n\x06origin\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x14\n\x0csent_unix_ns\x18\x03 \x01(\x06\x12/\n\tdecisions\x18\x04 \x03(\x0b\x32\x1c.token_gateway.sync.Decision\x12,\n\x08\x66inishes\x18\x05 \x03(\x0b\x32\x1a.token_gateway.sync.Finish\x12-\n\x05loads\x18\x06 \x03(\x0b\x32\x1e.token_gateway.sync.WorkerLoad\x12\x12\n\nfull_loads\x18\x07 \x01(\x08\x12\x0f\n\x07goodbye\x18\x08 \x01(\x08\x12\x0e\n\x06replay\x18\t \x01(\x08\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,11 +32,11 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'sync_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_DECISION']._serialized_start=35
-  _globals['_DECISION']._serialized_end=183
-  _globals['_FINISH']._serialized_start=185
-  _globals['_FINISH']._serialized_end=281
-  _globals['_WORKERLOAD']._serialized_start=283
-  _globals['_WORKERLOAD']._serialized_end=395
-  _globals['_BATCH']._serialized_start=398
-  _globals['_BATCH']._serialized_end=651
+  _globals['_DECISION']._serialized_end=249
+  _globals['_FINISH']._serialized_start=251
+  _globals['_FINISH']._serialized_end=347
+  _globals['_WORKERLOAD']._serialized_start=349
+  _globals['_WORKERLOAD']._serialized_end=470
+  _globals['_BATCH']._serialized_start=473
+  _globals['_BATCH']._serialized_end=726
 # @@protoc_insertion_point(module_scope)

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Decision(_message.Message):
-    __slots__ = ("worker_id", "model", "pool", "tokens", "prompt_tokens", "predicted_cached", "decided_unix_ns")
+    __slots__ = ("worker_id", "model", "pool", "tokens", "prompt_tokens", "predicted_cached", "decided_unix_ns", "prefix_hash", "prefix_blocks", "block_tokens")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
@@ -15,6 +15,9 @@ class Decision(_message.Message):
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PREDICTED_CACHED_FIELD_NUMBER: _ClassVar[int]
     DECIDED_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_HASH_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_TOKENS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     model: str
     pool: str
@@ -22,7 +25,10 @@ class Decision(_message.Message):
     prompt_tokens: int
     predicted_cached: int
     decided_unix_ns: int
-    def __init__(self, worker_id: _Optional[str] = ..., model: _Optional[str] = ..., pool: _Optional[str] = ..., tokens: _Optional[bytes] = ..., prompt_tokens: _Optional[int] = ..., predicted_cached: _Optional[int] = ..., decided_unix_ns: _Optional[int] = ...) -> None: ...
+    prefix_hash: int
+    prefix_blocks: int
+    block_tokens: int
+    def __init__(self, worker_id: _Optional[str] = ..., model: _Optional[str] = ..., pool: _Optional[str] = ..., tokens: _Optional[bytes] = ..., prompt_tokens: _Optional[int] = ..., predicted_cached: _Optional[int] = ..., decided_unix_ns: _Optional[int] = ..., prefix_hash: _Optional[int] = ..., prefix_blocks: _Optional[int] = ..., block_tokens: _Optional[int] = ...) -> None: ...
 
 class Finish(_message.Message):
     __slots__ = ("worker_id", "model", "pool", "cached_tokens", "success")
@@ -39,16 +45,16 @@ class Finish(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., model: _Optional[str] = ..., pool: _Optional[str] = ..., cached_tokens: _Optional[int] = ..., success: _Optional[bool] = ...) -> None: ...
 
 class WorkerLoad(_message.Message):
-    __slots__ = ("worker_id", "in_flight", "queued_prefill_tokens", "running_decode_tokens")
+    __slots__ = ("worker_id", "in_flight", "queued_uncached_prefill_tokens", "running_decode_tokens")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
-    QUEUED_PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_UNCACHED_PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     RUNNING_DECODE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     in_flight: int
-    queued_prefill_tokens: int
+    queued_uncached_prefill_tokens: int
     running_decode_tokens: int
-    def __init__(self, worker_id: _Optional[str] = ..., in_flight: _Optional[int] = ..., queued_prefill_tokens: _Optional[int] = ..., running_decode_tokens: _Optional[int] = ...) -> None: ...
+    def __init__(self, worker_id: _Optional[str] = ..., in_flight: _Optional[int] = ..., queued_uncached_prefill_tokens: _Optional[int] = ..., running_decode_tokens: _Optional[int] = ...) -> None: ...
 
 class Batch(_message.Message):
     __slots__ = ("origin", "seq", "sent_unix_ns", "decisions", "finishes", "loads", "full_loads", "goodbye", "replay")

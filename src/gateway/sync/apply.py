@@ -19,6 +19,7 @@ from typing import Protocol
 from gateway.policies.base import Policy, RemoteDecision, RemoteEvent, RemoteFinish
 from gateway.proto import sync_pb2
 from gateway.sync.outbox import native_tokens
+from gateway.sync.prefix_book import PrefixBook
 from gateway.workers.load import WorkerLoad
 from gateway.workers.worker import Worker
 
@@ -54,6 +55,7 @@ class ApplyStats:
     decisions: int = 0
     finishes: int = 0
     skipped: int = 0  # decisions for workers this process does not know (yet)
+    unresolved: int = 0  # decisions whose prefix reference was not in this process's book
     lost_batches: int = 0  # sequence gaps
     own: int = 0  # our own batches (the bus asks NATS for no echo; counted if one slips through)
     bad: int = 0  # undecodable messages
@@ -70,7 +72,10 @@ class Applier:
         clock: Callable[[], float] = time.monotonic,
         clock_ns: Callable[[], int] = time.time_ns,
         on_lag: Callable[[float], None] = lambda seconds: None,
+        book: PrefixBook | None = None,
     ) -> None:
+        """``book``: resolves prefix references (shared with this process's outbox)."""
+        self.book = book
         self.origin = origin
         self.router = router
         self.workers = workers
@@ -98,6 +103,8 @@ class Applier:
         peer = self.peers.get(batch.origin)
         if peer is None:
             peer = self.peers[batch.origin] = Peer()
+            if self.book is not None:
+                self.book.new_epoch()  # the newcomer may lack blocks we would refer to
         elif peer.last_seq and batch.seq > peer.last_seq + 1:
             st.lost_batches += batch.seq - peer.last_seq - 1
         if batch.seq:  # replays are unnumbered
@@ -118,13 +125,13 @@ class Applier:
             peer.loads.clear()
         elif batch.full_loads:
             touched.update(peer.loads)
-            peer.loads = {lo.worker_id: (lo.in_flight, lo.queued_prefill_tokens, lo.running_decode_tokens) for lo in batch.loads}
+            peer.loads = {lo.worker_id: (lo.in_flight, lo.queued_uncached_prefill_tokens, lo.running_decode_tokens) for lo in batch.loads}
             touched.update(peer.loads)
         else:
             for lo in batch.loads:
                 touched.add(lo.worker_id)
-                if lo.in_flight or lo.queued_prefill_tokens or lo.running_decode_tokens:
-                    peer.loads[lo.worker_id] = (lo.in_flight, lo.queued_prefill_tokens, lo.running_decode_tokens)
+                if lo.in_flight or lo.queued_uncached_prefill_tokens or lo.running_decode_tokens:
+                    peer.loads[lo.worker_id] = (lo.in_flight, lo.queued_uncached_prefill_tokens, lo.running_decode_tokens)
                 else:
                     peer.loads.pop(lo.worker_id, None)
         if batch.goodbye:
@@ -132,7 +139,16 @@ class Applier:
         self._resum(touched)
 
     def _decision(self, d: sync_pb2.Decision) -> None:
-        event = RemoteDecision(d.worker_id, d.model, native_tokens(d.tokens), d.prompt_tokens, d.predicted_cached)
+        wire: bytes | None = d.tokens
+        book = self.book
+        if d.prefix_blocks:
+            wire = None if book is None else book.decode(d.prefix_hash, d.prefix_blocks, d.tokens, d.block_tokens)
+            if wire is None:
+                self.stats.unresolved += 1
+                return
+        elif book is not None:
+            book.decode(0, 0, d.tokens, book.block_tokens)  # learn its blocks for later references
+        event = RemoteDecision(d.worker_id, d.model, native_tokens(wire), d.prompt_tokens, d.predicted_cached)
         if self._event(d.worker_id, d.model, d.pool, event):
             self.stats.decisions += 1
         else:

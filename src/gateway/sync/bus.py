@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 import secrets
 import socket
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +25,7 @@ from gateway.proto import sync_pb2
 from gateway.sync.apply import Applier, PolicySource, WorkerSource
 from gateway.sync.config import SyncConfig
 from gateway.sync.outbox import Outbox
+from gateway.sync.prefix_book import PrefixBook
 from gateway.workers.load import WorkerLoad
 
 log = logging.getLogger(__name__)
@@ -32,8 +33,8 @@ log = logging.getLogger(__name__)
 CONNECT_RETRY_S = 0.2  # first wait after a failed initial connect (doubles up to CONNECT_RETRY_MAX_S)
 CONNECT_RETRY_MAX_S = 2.0
 RECONNECT_WAIT_S = 0.5  # nats-py's pause between reconnect attempts
-REPLAY_DECISIONS = 256  # recent decisions re-announced after a reconnect (bounded: a replay is ~9 KB each for 2k-token prompts)
 REPLAY_AGAIN_S = 1.0
+FULL_EVERY = 4  # heartbeats between two full restatements of this process's load
 
 
 @dataclass
@@ -67,13 +68,15 @@ class SyncBus:
         self.url = url or config.sync_url or ""
         self.origin = origin or make_origin()
         self.workers = workers
-        self.outbox = Outbox(self.origin, self._own_load, self._page_size, on_pending=self._wake)
-        self.applier = Applier(self.origin, router, workers, peer_timeout_s=config.sync_peer_timeout_s, on_lag=on_lag)
+        self.book = PrefixBook(config.sync_block_tokens) if config.sync_encoding == "blocks" else None
+        self.outbox = Outbox(self.origin, self._own_load, self._page_size, on_pending=self._wake, book=self.book)
+        self.applier = Applier(
+            self.origin, router, workers, peer_timeout_s=config.sync_peer_timeout_s, on_lag=on_lag, book=self.book
+        )
         self.stats = BusStats()
         self._nc: Any = None
         self._tasks: list[asyncio.Task[None]] = []
         self._pending = asyncio.Event()
-        self._recent: deque[sync_pb2.Decision] = deque(maxlen=REPLAY_DECISIONS)
         self._closing = False
 
     # ------------------------------------------------------------ outbox inputs
@@ -152,6 +155,8 @@ class SyncBus:
         self.stats.connected = False
 
     async def _on_reconnected(self) -> None:
+        if self.book is not None:
+            self.book.new_epoch()  # peers may have missed blocks while we were away
         self.stats.connected = True
         self.stats.connects += 1
         log.info("sync: NATS at %s is back; re-announcing load and recent decisions", self.url)
@@ -173,18 +178,16 @@ class SyncBus:
     async def _replay(self, delay: float = 0.0) -> None:
         if delay:
             await asyncio.sleep(delay)
-        if not self._recent or self._closing:
+        if self._closing:
             return
-        batch = sync_pb2.Batch(origin=self.origin, replay=True)
-        batch.decisions.extend(self._recent)
-        self.stats.replayed_decisions += len(batch.decisions)
-        await self._send(batch, count=False)
+        batch = self.outbox.replay()
+        if batch is not None:
+            self.stats.replayed_decisions += len(batch.decisions)
+            await self._send(batch)
 
-    async def _send(self, batch: sync_pb2.Batch | None, *, count: bool = True) -> None:
+    async def _send(self, batch: sync_pb2.Batch | None) -> None:
         if batch is None:
             return
-        if count:
-            self._recent.extend(batch.decisions)
         nc = self._nc
         if nc is None or nc.is_closed:
             self.stats.dropped_batches += 1
@@ -198,7 +201,8 @@ class SyncBus:
             return
         self.stats.published_batches += 1
         self.stats.published_bytes += len(data)
-        self.stats.published_decisions += len(batch.decisions)
+        if not batch.replay:
+            self.stats.published_decisions += len(batch.decisions)
 
     async def _publisher(self) -> None:
         while True:
@@ -207,10 +211,13 @@ class SyncBus:
             await self._send(self.outbox.take())
 
     async def _heartbeat(self) -> None:
-        while True:
+        """Every beat: the loads that changed since last sent (first tokens move prefill to
+        decode without an event) and a sign of life; every FULL_EVERY-th beat all of them."""
+        for beat in itertools.count(1):
             await asyncio.sleep(self.config.sync_heartbeat_s)
             gone = self.applier.expire()
             if gone:
                 log.info("sync: forgot %d silent peer(s)", len(gone))
             if self.stats.connected:
-                await self._send(self.outbox.take(full=[w.id for w in self.workers.all()]))
+                ids = [w.id for w in self.workers.all()]
+                await self._send(self.outbox.take(full=ids) if beat % FULL_EVERY == 0 else self.outbox.take(scan=ids))

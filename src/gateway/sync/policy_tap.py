@@ -17,7 +17,7 @@ from gateway.policies.base import Decision, Policy, RouteRequest, WorkerView
 class DecisionSink(Protocol):
     def dispatched(self, pool: str, request: RouteRequest, decision: Decision) -> None: ...
 
-    def finished(self, pool: str, model: str, worker_id: str, cached_tokens: int, success: bool) -> None: ...
+    def finished(self, pool: str, request: RouteRequest, worker_id: str, cached_tokens: int, success: bool) -> None: ...
 
 
 class TappedPolicy:
@@ -39,7 +39,7 @@ class TappedPolicy:
 
     def on_finish(self, request: RouteRequest, worker_id: str, cached_tokens: int, success: bool) -> None:
         self.inner.on_finish(request, worker_id, cached_tokens, success)
-        self.sink.finished(self.pool, request.model, worker_id, cached_tokens, success)
+        self.sink.finished(self.pool, request, worker_id, cached_tokens, success)
 
     def on_workers_changed(self, workers: Sequence[WorkerView]) -> None:
         self.inner.on_workers_changed(workers)
