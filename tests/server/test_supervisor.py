@@ -55,12 +55,17 @@ def _samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
     return [(s.labels, s.value) for fam in text_string_to_metric_families(text) for s in fam.samples if s.name == name]
 
 
-async def _stream(url: str, model: str, tokens: int) -> str:
-    """One streamed completion on its own connection: 'done', or 'broken' if the connection ended."""
+async def _stream(url: str, model: str, tokens: int, started: list[int] | None = None) -> str:
+    """One streamed completion on its own connection: 'done', or 'broken' if the connection
+    ended. ``started`` gets an entry once the first event arrived."""
     body = {"model": model, "prompt": "a shared system prompt " * 8, "max_tokens": tokens, "stream": True, "ignore_eos": True}
     try:
         async with httpx.AsyncClient(timeout=30, trust_env=False) as http, http.stream("POST", url + "/v1/completions", json=body) as resp:
-            lines = [line async for line in resp.aiter_lines()]
+            lines = []
+            async for line in resp.aiter_lines():
+                if not lines and started is not None:
+                    started.append(1)
+                lines.append(line)
         return "done" if "data: [DONE]" in lines else "broken"
     except httpx.HTTPError:
         return "broken"
@@ -104,8 +109,11 @@ async def test_a_dead_process_is_restarted_and_the_others_requests_are_unharmed(
         try:
             async with httpx.AsyncClient(timeout=30, trust_env=False) as http:
                 model = await _model(http, gw.url)
-            streams = [asyncio.create_task(_stream(gw.url, model, 80)) for _ in range(8)]
-            await asyncio.sleep(0.8)
+            started: list[int] = []
+            streams = [asyncio.create_task(_stream(gw.url, model, 80, started)) for _ in range(8)]
+            async with asyncio.timeout(30):
+                while len(started) < 8:  # noqa: ASYNC110 (every stream under way before the kill)
+                    await asyncio.sleep(0.05)
             victim = gw.ready_info["pids"][0]
             os.kill(victim, signal.SIGKILL)
             results = await asyncio.gather(*streams)
@@ -137,8 +145,11 @@ async def test_sigterm_drains_every_process(tmp_path: Path) -> None:
         try:
             async with httpx.AsyncClient(timeout=30, trust_env=False) as http:
                 model = await _model(http, gw.url)
-            streams = [asyncio.create_task(_stream(gw.url, model, 40)) for _ in range(6)]
-            await asyncio.sleep(0.5)
+            started: list[int] = []
+            streams = [asyncio.create_task(_stream(gw.url, model, 60, started)) for _ in range(6)]
+            async with asyncio.timeout(30):
+                while len(started) < 6:  # noqa: ASYNC110 (every stream under way before the signal)
+                    await asyncio.sleep(0.05)
             gw.process.send_signal(signal.SIGTERM)
             assert await asyncio.gather(*streams) == ["done"] * 6
             assert await asyncio.wait_for(gw.process.wait(), 30) == 0

@@ -117,3 +117,28 @@ async def test_a_bus_without_a_server_never_blocks_and_joins_when_it_appears() -
     finally:
         await a.bus.stop()
         await server.stop()
+
+
+async def test_a_late_replica_warms_from_what_it_hears_without_missing_references(nats: LocalNatsServer) -> None:
+    system = list(range(20_000, 20_128))  # two 64-token blocks shared by every prompt below
+    a, b = Node(nats.url, "a"), Node(nats.url, "b")
+    a.bus.start()
+    b.bus.start()
+    late: Node | None = None
+    try:
+        await _until(lambda: "a" in b.bus.applier.peers and "b" in a.bus.applier.peers, "a and b met")
+        for q in range(3):
+            a.dispatch([*system, *range(q * 100, q * 100 + 64)])
+        await _until(lambda: b.bus.applier.stats.decisions == 3, "b applied a's decisions")
+        assert b.bus.stats.published_bytes < a.bus.stats.published_bytes  # b only sent loads
+        late = Node(nats.url, "late")
+        late.bus.start()
+        await _until(lambda: "late" in a.bus.applier.peers, "a heard the newcomer")
+        fresh = [*system, *range(9000, 9064)]
+        a.dispatch(fresh)  # the newcomer never saw the system prompt's blocks: a sends them again
+        await _until(lambda: late.knows(fresh) == len(fresh), "the newcomer learned the whole prompt")
+        assert late.bus.applier.stats.unresolved == 0
+    finally:
+        for node in (a, b, late):
+            if node is not None:
+                await node.bus.stop()

@@ -139,13 +139,14 @@ class Applier:
         self._resum(touched)
 
     def _decision(self, d: sync_pb2.Decision) -> None:
-        wire: bytes | None = d.tokens
+        wire = d.tokens
         book = self.book
         if d.prefix_blocks:
-            wire = None if book is None else book.decode(d.prefix_hash, d.prefix_blocks, d.tokens, d.block_tokens)
-            if wire is None:
+            full = None if book is None else book.decode(d.prefix_hash, d.prefix_blocks, d.tokens, d.block_tokens)
+            if full is None:
                 self.stats.unresolved += 1
                 return
+            wire = full
         elif book is not None:
             book.decode(0, 0, d.tokens, book.block_tokens)  # learn its blocks for later references
         event = RemoteDecision(d.worker_id, d.model, native_tokens(wire), d.prompt_tokens, d.predicted_cached)
