@@ -38,7 +38,7 @@ import orjson
 from gateway.server.admission import AdmissionConfig
 from gateway.server.config import GatewayConfig
 from gateway.server.process_set import ENV_COUNT, ENV_HTTP_FD, ENV_INDEX, ENV_RUN_DIR, STATUS_FILE
-from gateway.sync.local_server import LocalNatsServer, die_with_parent
+from gateway.sync.local_server import LocalNatsServer, die_with_parent, free_port
 
 log = logging.getLogger("gateway")
 
@@ -106,7 +106,10 @@ class Supervisor:
             res.bind((host, cfg.server.grpc_port))
             self.grpc_reserve = res
             server = dataclasses.replace(server, grpc_port=res.getsockname()[1])
-        return dataclasses.replace(cfg, server=server)
+        metrics_port = cfg.metrics_port
+        if metrics_port.prometheus_port == 0:  # process 0 serves it: resolve the port once, for restarts too
+            metrics_port = dataclasses.replace(metrics_port, prometheus_port=free_port(metrics_port.prometheus_host or host))
+        return dataclasses.replace(cfg, server=server, metrics_port=metrics_port)
 
     async def _sync(self, cfg: GatewayConfig) -> GatewayConfig:
         if cfg.sync.sync_url:
