@@ -26,6 +26,9 @@ class SyncConfig:
         choices=["tokens", "blocks"],
     )
     sync_block_tokens: int = option(64, "block size of --sync-encoding blocks, tokens")
+    sync_flush_interval_s: float = option(
+        0.005, "events of this long a window go out in one NATS message (0: one per event-loop tick), seconds"
+    )
     sync_max_pending_bytes: int = option(
         8 * 1024 * 1024, "bytes buffered for NATS while it is unreachable; beyond that batches are dropped (and counted)"
     )
