@@ -17,6 +17,7 @@ reason one of ``ADMISSION_REASONS``.
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -48,6 +49,8 @@ class GatewayMetrics(PipelineObserver):
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        # serve --processes N: merges the siblings' expositions into this one's (server.process_set)
+        self.federate: Callable[[bytes], Awaitable[bytes]] | None = None
         self.tracing: Tracing | None = None  # set by the gateway when --otlp-traces-endpoint is on
         r = self.registry
         self.requests = Counter(

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 
 from gateway.policies.base import Decision, NoWorkerAvailable, Policy, RouteRequest
 from gateway.policies.factory import close_policy
+from gateway.sync.policy_tap import DecisionSink, TappedPolicy
 from gateway.workers.registry import WorkerRegistry
 from gateway.workers.worker import Worker
 
@@ -32,6 +33,8 @@ class Router:
         self.registry = registry
         self._make_policy = make_policy
         self._policies: dict[tuple[str, str], Policy] = {}
+        self._sink: DecisionSink | None = None  # gateway.sync: other processes hear of decisions
+        self._taps: dict[tuple[str, str], TappedPolicy] = {}
         registry.subscribe(self._on_registry_change)
 
     def policy(self, model: str, role: str) -> Policy:
@@ -42,6 +45,21 @@ class Router:
             self._policies[key] = policy
             policy.on_workers_changed([w.view() for w in self._live(model, role)])
         return policy
+
+    def tap(self, sink: DecisionSink) -> None:
+        """Tell ``sink`` of every dispatch and finish (the dispatcher gets tapped policies)."""
+        self._sink = sink
+        self._taps.clear()
+
+    def _dispatching(self, model: str, role: str) -> Policy:
+        """The policy the dispatcher notifies: the pool's own, or its tap when sync is on."""
+        policy = self.policy(model, role)
+        if self._sink is None:
+            return policy
+        tap = self._taps.get((model, role))
+        if tap is None or tap.inner is not policy:
+            tap = self._taps[(model, role)] = TappedPolicy(policy, role, self._sink)
+        return tap
 
     def policies(self) -> dict[tuple[str, str], Policy]:
         return dict(self._policies)
@@ -82,7 +100,7 @@ class Router:
         worker = next((w for w in live if w.id == decision.worker_id), None)
         if worker is None:
             raise NoWorkerAvailable(f"policy {policy.name} chose unknown worker {decision.worker_id!r}")
-        return Selection(worker, decision, policy)
+        return Selection(worker, decision, self._dispatching(request.model, role) if self._sink is not None else policy)
 
     def exclude(self, request: RouteRequest, worker_id: str) -> RouteRequest:
         return replace(request, exclude=request.exclude | {worker_id})

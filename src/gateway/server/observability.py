@@ -113,6 +113,9 @@ def install_observability(app: FastAPI, metrics: GatewayMetrics, *, access_log: 
     app.add_middleware(ObservabilityMiddleware, metrics=metrics, access_log=access_log)
 
     async def scrape(request: Request) -> Response:
-        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        body = metrics.render()
+        if metrics.federate is not None:  # one of serve --processes N: answer for the whole set
+            body = await metrics.federate(body)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     app.add_api_route("/metrics", scrape, methods=["GET"], include_in_schema=False)

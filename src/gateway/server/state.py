@@ -17,7 +17,9 @@ from gateway.policies.factory import close_policy, make_policy
 from gateway.protocol.errors import InvalidRequestError
 from gateway.server.admission import Admission
 from gateway.server.config import GatewayConfig
+from gateway.server.process_set import SetMember
 from gateway.server.security import Authenticator
+from gateway.sync.bus import SyncBus
 from gateway.workers.health import HealthMonitor
 from gateway.workers.kv_events import KvEventFeeder
 from gateway.workers.load_monitor import LoadMonitor
@@ -80,6 +82,15 @@ class GatewayState:
             config.load_monitor,
         )
         self.kv_events = KvEventFeeder(self.registry, self.router) if server.kv_events else None
+        self.sync: SyncBus | None = None  # the routing view shared with other processes (gateway.sync)
+        if config.sync.sync_url:
+            from gateway.observability.sync_metrics import SyncCollector, lag_histogram
+
+            lag = lag_histogram(self.metrics.registry)
+            self.sync = SyncBus(config.sync, self.router, self.registry, on_lag=lag.observe)
+            self.router.tap(self.sync.outbox)
+            self.metrics.registry.register(SyncCollector(self.sync))
+        self.process_set: SetMember | None = None  # set by serve when one of --processes N
         self.ready = False
 
     def _pool_needs_loads(self, worker: Worker) -> bool:
@@ -134,8 +145,12 @@ class GatewayState:
         self.loads.start()
         if self.kv_events is not None:
             self.kv_events.start()
+        if self.sync is not None:
+            self.sync.start()  # connects in the background: never holds up serving
 
     async def stop(self) -> None:
+        if self.sync is not None:
+            await self.sync.stop()
         if self.kv_events is not None:
             await self.kv_events.close()
         await self.health.stop()
