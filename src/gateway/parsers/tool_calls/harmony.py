@@ -96,7 +96,7 @@ class HarmonyToolParser(SectionToolParser):
         body = section[body_at : body_at + len(message.body)]
         lead = len(body) - len(body.lstrip())
         try:
-            call, args_end = arguments_view(body, lead, tool_name(message.recipient))
+            call, args_end = arguments_view(body, lead, tool_name(message.recipient), self.cache(final))
         except ValueError:
             return SectionView(status="invalid")
         if args_end is None:
