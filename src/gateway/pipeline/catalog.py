@@ -32,6 +32,7 @@ class ModelEntry:
     prompt_cache: ChatPromptCache
     model_type: str = ""
     aliases: set[str] = field(default_factory=set)
+    worker_model: str = ""  # the name the workers report, which keys policies and pools
     tool_call_parser: str | None = None  # the model's own tool-call format (gateway.parsers)
     reasoning_parser: str | None = None
 
@@ -62,6 +63,14 @@ class ModelCatalog:
 
     def public_name(self, worker_model: str) -> str:
         return self._served_name or worker_model
+
+    def worker_model(self, public: str) -> str:
+        """The model name workers report for served model ``public`` (policies, pools
+        and the registry are keyed by it; it differs when ``--served-model-name`` is set)."""
+        entry = self._entries.get(public)
+        if entry is None or not entry.worker_model:
+            return public
+        return entry.worker_model
 
     def get(self, name: str | None) -> ModelEntry:
         """The entry for a request's ``model``; with one model served, an empty name means it."""
@@ -129,6 +138,7 @@ class ModelCatalog:
             max_context_length=context,
             prompt_cache=ChatPromptCache(tokenizer, max_entries=self._prompt_cache_entries),
             model_type=worker.info.model_type,
+            worker_model=model,
             tool_call_parser=chosen.tool_call_parser,
             reasoning_parser=chosen.reasoning_parser,
         )
