@@ -79,6 +79,7 @@ def tool_name(recipient: str) -> str:
 
 class HarmonyToolParser(SectionToolParser):
     markers = (START, CHANNEL)
+    calls_need_a_call = False  # a final-channel message is a section of content
     start_markers = (" to=", "to=")  # the prompt ended with "<|start|>assistant"
     needs_special_tokens = True
 

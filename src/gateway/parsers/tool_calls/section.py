@@ -167,6 +167,8 @@ class SectionToolParser(ToolCallParser):
     """Texts that open a section only at the very start of the output (after whitespace)."""
     needs_special_tokens = False
     """The format's markers are special tokens: decode with ``skip_special_tokens=False``."""
+    calls_need_a_call = True
+    """A closed section with no call in it is text (Harmony's content messages are not)."""
     structure_chars: frozenset[str] | None = None
     """Characters without which new text cannot change what ``scan`` reports (XML
     formats: ``<>``): while streaming, a delta without any of them is not rescanned,
@@ -290,6 +292,8 @@ class SectionToolParser(ToolCallParser):
         self._last_view = (len(self._buf), view)
         if view.status != "invalid":
             view = self._check_names(view)
+        if view.status == "complete" and not view.calls and self.calls_need_a_call and not self._sent:
+            view = SectionView(status="invalid")  # e.g. "[]": a section without a call is text
         if view.status == "invalid" or (final and view.status == "incomplete"):
             self._in_section = False
             if not self._sent and self._content_sent == 0:
