@@ -14,6 +14,7 @@ from gateway.pipeline.engine import Engine
 from gateway.pipeline.errors import map_rpc_error, no_worker_error
 from gateway.pipeline.fanout import merged
 from gateway.pipeline.generation import Generation, SampleDelta
+from gateway.pipeline.limits import check_batch, check_prompt
 from gateway.pipeline.prepared import PreparedRequest
 from gateway.pipeline.request_context import RequestContext
 from gateway.policies.base import NoWorkerAvailable, RouteRequest
@@ -35,6 +36,8 @@ async def prepare_generate(engine: Engine, req: GenerateRequest, ctx: RequestCon
     entry = engine.catalog.get(None)
     prepared = []
     prompts: list[str | list[int]] = list(req.prompts())
+    check_batch(len(prompts), engine.limits)
+    await ctx.reserve(len(prompts))  # one admission slot per prompt, before any tokenization
     for i, prompt in enumerate(prompts):
         ids, text = await prompt_ids(engine, entry, prompt)
         prepared.append(
@@ -130,6 +133,8 @@ async def embed(engine: Engine, req: EmbeddingRequest, ctx: RequestContext) -> d
         ids = await engine.encode(entry, item, add_special_tokens=True) if isinstance(item, str) else list(item)
         if not ids:
             raise InvalidRequestError("input must not be empty", param="input")
+        if min(ids) < 0:
+            raise InvalidRequestError("input token ids must not be negative", param="input")
         reply, worker_id = await embed_ids(engine, entry.name, pb.EmbedRequest(request_id=ctx.sub_id(i), tokenized=pb.TokenizedInput(input_ids=ids)), ctx)
         ctx.worker_ids.append(worker_id)
         vector = list(reply.embedding)
@@ -138,6 +143,8 @@ async def embed(engine: Engine, req: EmbeddingRequest, ctx: RequestContext) -> d
         return vector, reply.prompt_tokens or len(ids)
 
     inputs: list[str | list[int]] = list(req.inputs())
+    check_batch(len(inputs), engine.limits, param="input")
+    await ctx.reserve(len(inputs))  # one admission slot per input, before any tokenization
     results = await asyncio.gather(*(one(i, item) for i, item in enumerate(inputs)))
     for vector, count in results:
         vectors.append(vector)
@@ -153,6 +160,12 @@ async def embed_ids(
     """Route one tokenized embedding request and send it; (reply, worker id).
     Shared by /v1/embeddings and the gRPC front doors."""
     ids = list(request.tokenized.input_ids)
+    if not ids:
+        raise InvalidRequestError("input must not be empty", param="input")
+    vocab = engine.catalog.get(model).tokenizer.vocab_size
+    if max(ids) >= vocab:  # uint32 on the wire: never negative
+        raise InvalidRequestError(f"input token ids must be in [0, {vocab})", param="input")
+    check_prompt(ids, engine.limits, param="input")
     route = RouteRequest(token_ids=ids, model=engine._worker_model(model), request_id=request.request_id,
                          routing_key=ctx.routing_key, target_worker=ctx.target_worker)
     try:

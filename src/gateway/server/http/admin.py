@@ -184,6 +184,8 @@ def admin_router(door: HttpDoor) -> APIRouter:
             req = parse_model(InspectRequest, await read_json(request, door.max_body))
             return (await inspector.inspect(req)).to_dict()
 
-        return await door.handle(request, run)  # inference or admin key: it costs a tokenization
+        # Admin key by default (the answer reveals what other tenants' prompts cached);
+        # an admission slot, as it costs a tokenization.
+        return await door.handle(request, run, admit=True, auth=auth.inspector)
 
     return app
