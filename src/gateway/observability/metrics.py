@@ -126,10 +126,12 @@ class GatewayMetrics(PipelineObserver):
         self.retries.labels(worker=worker_id, code=code).inc()
 
     def worker_done(
-        self, model: str, worker_id: str, *, predicted_cached: int, reported_cached: int, success: bool
+        self, model: str, worker_id: str, *, predicted_cached: int, reported_cached: int, success: bool,
+        aborted: bool = False,
     ) -> None:
-        self.worker_streams.labels(worker=worker_id, outcome="ok" if success else "error").inc()
-        if not success:
+        outcome = "aborted" if aborted else "ok" if success else "error"
+        self.worker_streams.labels(worker=worker_id, outcome=outcome).inc()
+        if outcome != "ok":
             return
         self.cached_predicted.labels(model=model).inc(predicted_cached)
         self.cached_reported.labels(model=model).inc(reported_cached)

@@ -148,7 +148,7 @@ class WorkerStream:
             return
         self._watch = loop.call_at(since + limit, self._check_stall)
 
-    def _finish(self, *, success: bool) -> None:
+    def _finish(self, *, success: bool, aborted: bool = False) -> None:
         if self.closed:
             return
         self.closed = True
@@ -161,7 +161,7 @@ class WorkerStream:
         self.observer.stage("relay", time.perf_counter() - self._first_at)
         self.observer.worker_done(
             self.route.model, self.worker.id, predicted_cached=self.selection.decision.predicted_cached_tokens,
-            reported_cached=self._cached_tokens, success=success,
+            reported_cached=self._cached_tokens, success=success, aborted=aborted,
         )
 
     async def abort(self, reason: str = "client gone") -> None:
@@ -169,7 +169,7 @@ class WorkerStream:
         if self.closed:
             return
         self._call.cancel()
-        self._finish(success=True)
+        self._finish(success=True, aborted=True)  # not the worker's fault; counted as its own outcome
         fire_abort(self.worker, self.request_id, reason)
 
     def finished(self) -> None:

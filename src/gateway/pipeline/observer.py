@@ -25,9 +25,11 @@ class PipelineObserver:
         """An attempt on ``worker_id`` failed before output with ``code`` and is retried elsewhere."""
 
     def worker_done(
-        self, model: str, worker_id: str, *, predicted_cached: int, reported_cached: int, success: bool
+        self, model: str, worker_id: str, *, predicted_cached: int, reported_cached: int, success: bool,
+        aborted: bool = False,
     ) -> None:
-        """A worker stream ended; ``predicted_cached`` is the policy's guess, ``reported_cached`` the worker's."""
+        """A worker stream ended (``aborted``: because its client left or asked); ``predicted_cached``
+        is the policy's guess, ``reported_cached`` the worker's."""
 
     def generation_done(
         self, model: str, worker_id: str, *, prompt_tokens: int, completion_tokens: int, cached_tokens: int

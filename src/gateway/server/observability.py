@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable, Mapping
 
+import orjson
 from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import Response
@@ -25,6 +27,7 @@ from gateway.observability.request_log import (
     sane_request_id,
     unbind_record,
 )
+from gateway.protocol.errors import GatewayError
 
 UNMATCHED = "other"  # endpoint label for paths no route matched (404s): keeps labels bounded
 QUIET_PATHS = frozenset({"/metrics", "/health", "/readiness"})  # scraped often: no access line
@@ -92,11 +95,20 @@ def observe_request(m: GatewayMetrics, record: RequestRecord, latency: float) ->
         m.ttft.labels(endpoint=record.endpoint).observe(record.ttft_s)
 
 
-def install_observability(app: FastAPI, metrics: GatewayMetrics, *, access_log: bool = True) -> None:
-    """Add the middleware and ``GET /metrics`` (Prometheus text format) to ``app``."""
+def install_observability(
+    app: FastAPI, metrics: GatewayMetrics, *, access_log: bool = True,
+    guard: Callable[[Mapping[str, str]], None] | None = None,
+) -> None:
+    """Add the middleware and ``GET /metrics`` (Prometheus text format) to ``app``;
+    ``guard`` checks a scrape's headers (the series name workers and their addresses)."""
     app.add_middleware(ObservabilityMiddleware, metrics=metrics, access_log=access_log)
 
     async def scrape(request: Request) -> Response:
+        if guard is not None:
+            try:
+                guard(request.headers)
+            except GatewayError as exc:
+                return Response(orjson.dumps(exc.to_dict()), status_code=exc.status, media_type="application/json")
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     app.add_api_route("/metrics", scrape, methods=["GET"], include_in_schema=False)
