@@ -2,8 +2,10 @@
 
 A client written for one SGLang ``--grpc-mode`` worker points at the gateway
 unchanged and gets a fleet: each Generate is routed on its token ids by the same
-policies (``dispatch.open_generate``: the one retry loop and load accounting) and
-the chosen worker's stream is relayed message for message (n>1 indices, logprobs,
+policies through the engine's one open path (``Engine.prepare_scheduler`` then
+``Engine.open``: the prompt checks, the retry loop, a lease per worker, PD pairs
+when the model is served disaggregated) and the chosen worker's stream is relayed
+message for message (n>1 indices, logprobs,
 chunks and completes as the worker sent them). Abort reaches the worker serving
 that request id; HealthCheck, GetModelInfo, GetServerInfo and GetLoads describe
 the fleet; Embed is routed like a generation; GetTokenizer and FlushCache go to
@@ -22,14 +24,12 @@ from typing import TypeVar
 
 from grpc import aio
 
-from gateway.endpoints.native import embed_ids
 from gateway.observability.request_log import RequestRecord
 from gateway.pipeline.deadline import worker_timeout
-from gateway.pipeline.dispatch import WorkerStream, fire_abort, open_generate
+from gateway.pipeline.dispatch import TokenStream, WorkerStream, fire_abort
 from gateway.pipeline.errors import map_rpc_error
 from gateway.pipeline.request_context import RequestContext
 from gateway.pipeline.scheduler_rules import check_scheduler_generate
-from gateway.policies.base import RouteRequest
 from gateway.proto import common_pb2
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.proto import sglang_scheduler_pb2_grpc as pb_grpc
@@ -60,7 +60,7 @@ class SchedulerPassthrough(pb_grpc.SglangSchedulerServicer):
         self.engine = state.engine
         self.auth = auth
         # (key id, request id) -> its worker stream (None: not on a worker yet)
-        self._live: dict[tuple[str, str], WorkerStream | None] = {}
+        self._live: dict[tuple[str, str], TokenStream | None] = {}
         self._aborted: set[tuple[str, str]] = set()  # Abort arrived before the request reached a worker
 
     def admitted(self, ctx: RequestContext, method: str) -> contextlib.AbstractAsyncContextManager[RequestRecord]:
@@ -91,22 +91,8 @@ class SchedulerPassthrough(pb_grpc.SglangSchedulerServicer):
         return workers[0]
 
     # ---------------------------------------------------------------- Generate
-    def _route(self, request: pb.GenerateRequest, ctx: RequestContext) -> tuple[pb.GenerateRequest, RouteRequest]:
-        """The HTTP door's rules (scheduler_rules), then the routing request."""
-        entry = self.engine.catalog.get(None)
-        request, prepared = check_scheduler_generate(self.engine, entry, request)
-        route = RouteRequest(
-            token_ids=prepared.prompt_ids,
-            model=self.engine._worker_model(entry.name),
-            request_id=request.request_id,
-            routing_key=ctx.routing_key,
-            target_worker=ctx.target_worker,
-            max_new_tokens=prepared.sampling.max_new_tokens or 0,
-        )
-        return request, route
-
     async def Generate(self, request: pb.GenerateRequest, context: aio.ServicerContext) -> AsyncIterator[pb.GenerateResponse]:
-        stream: WorkerStream | None = None
+        stream: TokenStream | None = None
         rid = request.request_id
         key: tuple[str, str] | None = None
         try:
@@ -123,14 +109,15 @@ class SchedulerPassthrough(pb_grpc.SglangSchedulerServicer):
             wid = worker_request_id(rid, scope)
             with client_deadline(context):
                 async with self.admitted(ctx, "SglangScheduler/Generate"):
-                    checked, route = self._route(request, ctx)
+                    # The HTTP door's rules (scheduler_rules), then the engine's one open path.
+                    checked, _ = check_scheduler_generate(self.engine, self.engine.catalog.get(None), request)
                     checked.request_id = wid
-                    n = max(1, checked.sampling_params.n)
-                    stream = await open_generate(
-                        self.engine.router, route, lambda selection: checked,
-                        prompt_tokens=len(route.token_ids),
-                        max_new_tokens=route.max_new_tokens * n,
-                        retry=self.engine.retry, config=self.engine.dispatch,
+                    route = self.engine.prepare_scheduler(
+                        checked, routing_key=ctx.routing_key, target_worker=ctx.target_worker
+                    )
+                    stream = await self.engine.open(
+                        route, checked, samples=checked.sampling_params.n,
+                        wants_output_logprobs=checked.return_logprob,
                     )
                     self._live[key] = stream
                     if key in self._aborted:
@@ -164,6 +151,10 @@ class SchedulerPassthrough(pb_grpc.SglangSchedulerServicer):
                 return pb.AbortResponse(success=False, message="no running request with this id for this API key")
             wid = worker_request_id(request.request_id, key[0])
             stream = self._live[key]
+            if stream is not None and not isinstance(stream, WorkerStream):
+                # A PD pair: its decode requests may carry per-sample ids; stop them here.
+                await stream.abort(request.reason or "aborted by client")
+                return pb.AbortResponse(success=True, message=f"PD request stopped on {stream.worker.id}")
             if stream is not None:
                 # The worker ends the stream itself (a complete with finish_reason "abort"),
                 # which the relay passes on, as a worker answers its own clients.
@@ -185,13 +176,17 @@ class SchedulerPassthrough(pb_grpc.SglangSchedulerServicer):
     # ---------------------------------------------------------------- Embed
     async def Embed(self, request: pb.EmbedRequest, context: aio.ServicerContext) -> pb.EmbedResponse:
         async def run(ctx: RequestContext) -> pb.EmbedResponse:
-            if not request.tokenized.input_ids:
-                raise InvalidRequestError("tokenized.input_ids is empty: the pass-through routes on token ids", param="tokenized")
-            entry = self.engine.catalog.get(None)
-            reply, worker_id = await embed_ids(self.engine, entry.name, request, ctx)
-            ctx.worker_ids = [worker_id]
+            engine = self.engine
+            entry = engine.catalog.get(None)
+            engine.observer.model_resolved(entry.name)
+            route = engine.prepare_embed(
+                entry, list(request.tokenized.input_ids), request.request_id,
+                routing_key=ctx.routing_key, target_worker=ctx.target_worker, param="tokenized.input_ids",
+            )
+            done = await engine.embed(route, request)
+            ctx.worker_ids = [done.worker_id]
             await context.send_initial_metadata(reply_metadata(ctx))
-            return reply
+            return done.reply
 
         return await self._unary(context, "SglangScheduler/Embed", run)
 
