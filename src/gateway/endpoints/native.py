@@ -10,6 +10,7 @@ from gateway.endpoints.completions import prompt_ids, start_all
 from gateway.pipeline.engine import Engine
 from gateway.pipeline.fanout import merged
 from gateway.pipeline.generation import Generation, SampleDelta
+from gateway.pipeline.limits import check_batch
 from gateway.pipeline.prepared import PreparedRequest
 from gateway.pipeline.request_context import RequestContext
 from gateway.proto import sglang_scheduler_pb2 as pb
@@ -30,6 +31,8 @@ async def prepare_generate(engine: Engine, req: GenerateRequest, ctx: RequestCon
     entry = engine.catalog.get(None)
     prepared = []
     prompts: list[str | list[int]] = list(req.prompts())
+    check_batch(len(prompts), engine.limits)
+    await ctx.reserve(len(prompts))  # one admission slot per prompt, before any tokenization
     for i, prompt in enumerate(prompts):
         ids, text = await prompt_ids(engine, entry, prompt)
         prepared.append(
@@ -137,6 +140,8 @@ async def embed(engine: Engine, req: EmbeddingRequest, ctx: RequestContext) -> d
         return vector, done.reply.prompt_tokens or len(ids)
 
     inputs: list[str | list[int]] = list(req.inputs())
+    check_batch(len(inputs), engine.limits, param="input")
+    await ctx.reserve(len(inputs))  # one admission slot per input, before any tokenization
     results = await asyncio.gather(*(one(i, item) for i, item in enumerate(inputs)))
     for vector, count in results:
         vectors.append(vector)

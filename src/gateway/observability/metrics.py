@@ -172,10 +172,11 @@ class GatewayMetrics(PipelineObserver):
 
     def worker_done(
         self, model: str, worker_id: str, *, predicted_cached: int, reported_cached: int, success: bool,
-        sent_prompt: int = 0, reported_prompt: int = 0,
+        sent_prompt: int = 0, reported_prompt: int = 0, aborted: bool = False,
     ) -> None:
-        self.worker_streams.labels(worker=worker_id, outcome="ok" if success else "error").inc()
-        if not success:
+        outcome = "aborted" if aborted else "ok" if success else "error"
+        self.worker_streams.labels(worker=worker_id, outcome=outcome).inc()
+        if outcome != "ok":
             return
         self.cached_predicted.labels(model=model).inc(predicted_cached)
         self.cached_reported.labels(model=model).inc(reported_cached)

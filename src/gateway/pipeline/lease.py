@@ -101,8 +101,9 @@ class Lease:
         if prompt_tokens > self.reported_prompt_tokens:
             self.reported_prompt_tokens = prompt_tokens
 
-    def release(self, outcome: Outcome) -> bool:
-        """Give everything back; True the first time, False (and nothing done) after."""
+    def release(self, outcome: Outcome, *, aborted: bool = False) -> bool:
+        """Give everything back; True the first time, False (and nothing done) after.
+        ``aborted``: the client stopped it (reported to the observer as its own outcome)."""
         if self.outcome is not None:
             return False
         self.outcome = outcome
@@ -123,5 +124,6 @@ class Lease:
                 predicted_cached=self.selection.decision.predicted_cached_tokens,
                 reported_cached=self.cached_tokens, success=success,
                 sent_prompt=self.sent_prompt_tokens, reported_prompt=self.reported_prompt_tokens,
+                aborted=aborted,
             )
         return True

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable, Mapping
 
+import orjson
 from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import Response
@@ -25,6 +27,7 @@ from gateway.observability.request_log import (
     sane_request_id,
     unbind_record,
 )
+from gateway.protocol.errors import GatewayError
 from gateway.protocol.headers import REQUEST_ID
 
 _REQUEST_ID = REQUEST_ID.encode()  # ASGI header names are bytes
@@ -108,11 +111,20 @@ def observe_request(m: GatewayMetrics, record: RequestRecord, latency: float) ->
         m.ttft.labels(endpoint=record.endpoint).observe(record.ttft_s)
 
 
-def install_observability(app: FastAPI, metrics: GatewayMetrics, *, access_log: bool = True) -> None:
-    """Add the middleware and ``GET /metrics`` (Prometheus text format) to ``app``."""
+def install_observability(
+    app: FastAPI, metrics: GatewayMetrics, *, access_log: bool = True,
+    guard: Callable[[Mapping[str, str]], None] | None = None,
+) -> None:
+    """Add the middleware and ``GET /metrics`` (Prometheus text format) to ``app``;
+    ``guard`` checks a scrape's headers (the series name workers and their addresses)."""
     app.add_middleware(ObservabilityMiddleware, metrics=metrics, access_log=access_log)
 
     async def scrape(request: Request) -> Response:
+        if guard is not None:
+            try:
+                guard(request.headers)
+            except GatewayError as exc:
+                return Response(orjson.dumps(exc.to_dict()), status_code=exc.status, media_type="application/json")
         body = metrics.render()
         if metrics.federate is not None:  # one of serve --processes N: answer for the whole set
             body = await metrics.federate(body)

@@ -99,6 +99,22 @@ async def test_inspect_needs_the_key(stack: Stack) -> None:
     assert ok.status_code == 200 and ok.json()["token_count"] >= 1
 
 
+@pytest.mark.stack(workers=1, server={"api_keys": ["tenant"]}, sections={"security": {"admin_api_key": "adm"}})
+async def test_inspect_is_admin_only_when_there_is_an_admin_key(stack: Stack) -> None:
+    """The tree's answers reveal which prefixes other tenants sent (prefix probing)."""
+    r = await stack.http.post("/admin/inspect", json={"prompt": "hi"}, headers={"authorization": "Bearer tenant"})
+    assert r.status_code == 403 and r.json()["error"]["type"]
+    ok = await stack.http.post("/admin/inspect", json={"prompt": "hi"}, headers={"authorization": "Bearer adm"})
+    assert ok.status_code == 200
+
+
+@pytest.mark.stack(workers=1, server={"api_keys": ["tenant"]},
+                   sections={"security": {"admin_api_key": "adm", "inspect_access": "any"}})
+async def test_inspect_access_any_lets_inference_keys_inspect(stack: Stack) -> None:
+    ok = await stack.http.post("/admin/inspect", json={"prompt": "hi"}, headers={"authorization": "Bearer tenant"})
+    assert ok.status_code == 200
+
+
 @pytest.mark.stack(workers=3, policy="prefix_hash", server={"api_keys": ["k1"]})
 async def test_cli_against_a_live_gateway_and_offline_agree_with_routing(
     stack: Stack, capsys: pytest.CaptureFixture[str]

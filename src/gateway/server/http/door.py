@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -76,20 +76,26 @@ class HttpDoor:
         request: Request,
         run: Callable[[RequestContext], Any],
         *,
-        admit: bool = False,
+        admit: bool | Literal["batch"] = False,
         auth: Auth | None = None,
     ) -> Response:
         """Run a JSON endpoint with ``auth`` (default: an inference key), admission
-        (``admit``), disconnect watch and error mapping.
+        (``admit``: one slot before ``run``; ``"batch"``: ``run`` calls ``ctx.reserve(k)``
+        with its prompt count before any work), disconnect watch and error mapping.
 
         The admission slot is held until the answer is complete: for a stream, until it ends."""
         state = self.state
         ctx = RequestContext()
         tickets: list[Ticket] = []
 
+        async def take(weight: int) -> None:
+            tickets.append(await state.admission.acquire(ctx.api_key_id, weight))
+
         async def admitted(ctx: RequestContext) -> Any:
-            if admit:
-                tickets.append(await state.admission.acquire(ctx.api_key_id))
+            if admit == "batch":
+                ctx.admit = take  # the route reserves one slot per prompt once it knows the count
+            elif admit:
+                await take(1)
             return await run(ctx)
 
         result: Any = None
