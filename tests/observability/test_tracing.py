@@ -38,7 +38,7 @@ class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
     def __init__(self) -> None:
         self.spans: list[Any] = []
 
-    async def Export(self, request: Any, context: Any) -> Any:  # noqa: N802 (gRPC method name)
+    async def Export(self, request: Any, context: Any) -> Any:
         for resource_spans in request.resource_spans:
             for scope in resource_spans.scope_spans:
                 self.spans.extend(scope.spans)
