@@ -68,6 +68,15 @@ def test_low_latency_example() -> None:
     assert c.dispatch.request_timeout_s == 30
 
 
+def test_kubernetes_service_discovery_example() -> None:
+    c = config_from_args(_parse(["--service-discovery", "--selector", "app=sglang-worker",
+                                 "--service-discovery-namespace", "inference", "--service-discovery-port", "8000",
+                                 "--policy", "cache_aware", "--prefill-selector", "role=prefill"]))
+    d = c.discovery
+    assert d.k8s_discovery and d.k8s_selector == ["app=sglang-worker"] and d.k8s_prefill_selector == ["role=prefill"]
+    assert (d.k8s_namespace, d.k8s_port) == ("inference", 8000)
+
+
 def test_cache_aware_tuning_flags_are_accepted_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
     args = _parse(CACHE_AWARE)
     c = config_from_args(args)

@@ -16,6 +16,7 @@ from gateway.server.metrics_port import MetricsPortConfig
 from gateway.server.security import SecurityConfig
 from gateway.server.tls import FrontTlsConfig
 from gateway.settings import option
+from gateway.workers.discovery.config import DiscoveryConfig
 from gateway.workers.health import HealthConfig
 from gateway.workers.load_monitor import LoadMonitorConfig
 
@@ -57,3 +58,4 @@ class GatewayConfig:
     metrics_port: MetricsPortConfig = field(default_factory=MetricsPortConfig)
     tls: FrontTlsConfig = field(default_factory=FrontTlsConfig)
     tracing: TracingConfig = field(default_factory=TracingConfig)
+    discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)

@@ -31,6 +31,7 @@ from gateway.server.secrets import SecretFileError, SecretFilesConfig, apply_sec
 from gateway.server.security import InsecureAdminError, SecurityConfig, check_startup
 from gateway.server.tls import FrontTlsConfig, TlsConfigError
 from gateway.settings import add_options, from_namespace, mark_explicit
+from gateway.workers.discovery.config import DiscoveryConfig
 from gateway.workers.health import HealthConfig
 from gateway.workers.load_monitor import LoadMonitorConfig
 
@@ -55,6 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_options(parser.add_argument_group("metrics"), MetricsPortConfig)
     add_options(parser.add_argument_group("TLS on the gateway's ports"), FrontTlsConfig)
     add_options(parser.add_argument_group("tracing (OpenTelemetry, OTLP gRPC)"), TracingConfig)
+    add_options(parser.add_argument_group("worker discovery (DNS, Kubernetes)"), DiscoveryConfig)
     add_options(parser.add_argument_group("health checks"), HealthConfig)
     add_options(parser.add_argument_group("load polling"), LoadMonitorConfig)
     pd = parser.add_argument_group("prefill/decode disaggregation")
@@ -102,6 +104,13 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         from_namespace(ServerConfig, args),
         from_namespace(SecurityConfig, args),
     )
+    discovery = from_namespace(DiscoveryConfig, args)
+    try:
+        discovery.check()
+    except ValueError as exc:
+        from gateway.config_layers import ConfigError
+
+        raise ConfigError(str(exc)) from None
     return GatewayConfig(
         server=server,
         policy=from_namespace(PolicyConfig, args),
@@ -116,6 +125,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         metrics_port=from_namespace(MetricsPortConfig, args),
         tls=from_namespace(FrontTlsConfig, args),
         tracing=from_namespace(TracingConfig, args),
+        discovery=discovery,
         pd=from_namespace(
             PdConfig, args,
             prefill=parse_pool_flags(args.prefill, allow_port=True),

@@ -18,6 +18,8 @@ from gateway.protocol.errors import InvalidRequestError
 from gateway.server.admission import Admission
 from gateway.server.config import GatewayConfig
 from gateway.server.security import Authenticator
+from gateway.workers.discovery.reconcile import Target
+from gateway.workers.discovery.sources import make_discovery
 from gateway.workers.health import HealthMonitor
 from gateway.workers.kv_events import KvEventFeeder
 from gateway.workers.load_monitor import LoadMonitor
@@ -75,6 +77,7 @@ class GatewayState:
             config.load_monitor,
         )
         self.kv_events = KvEventFeeder(self.registry, self.router) if server.kv_events else None
+        self.discovery = make_discovery(config.discovery, self._discovered_add, self.remove_worker)
         self.ready = False
 
     def _pool_needs_loads(self, worker: Worker) -> bool:
@@ -105,6 +108,9 @@ class GatewayState:
             raise
         return worker
 
+    async def _discovered_add(self, target: Target) -> Worker:
+        return await self.add_worker(target.url, role=target.role, bootstrap_port=target.bootstrap_port)
+
     async def remove_worker(self, worker_id: str) -> Worker:
         """Drain (in-flight requests finish, new ones go elsewhere) and forget a worker."""
         return await self.registry.remove(
@@ -123,13 +129,19 @@ class GatewayState:
             log.error("worker %s not added: %s", url, exc)
         if urls and len(failed) == len(urls):
             raise RuntimeError(f"none of the {len(urls)} workers could be added: {failed[0][1]}")
+        for source in self.discovery:
+            await source.first_round()  # discovered workers are there before the ready line
         self.ready = bool(self.registry.all())
+        for source in self.discovery:
+            source.start()
         self.health.start()
         self.loads.start()
         if self.kv_events is not None:
             self.kv_events.start()
 
     async def stop(self) -> None:
+        for source in self.discovery:
+            await source.stop()
         if self.kv_events is not None:
             await self.kv_events.close()
         await self.health.stop()
