@@ -92,7 +92,7 @@ def test_compose_commands_parse() -> None:
     services = compose["services"]
     assert {"worker-1", "worker-2", "gateway"} <= set(services)
     parser = build_parser()
-    for name, svc in services.items():
+    for svc in services.values():
         args = parser.parse_args(svc["command"])
         if args.command == "serve":
             for url in args.worker_urls:
