@@ -199,3 +199,11 @@ async def test_gateway_starts_from_an_smg_command_line(tmp_path: Path) -> None:
         stderr = (await proc.stderr.read()).decode()  # type: ignore[union-attr]
         assert "--cache-threshold has no effect" in stderr
         assert proc.returncode == 0
+
+
+def test_every_smg_flag_is_documented() -> None:
+    from gateway.server.smg_compat import ALIASES
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
+    missing = [a.flag for a in ALIASES if f"`{a.flag}`" not in text]
+    assert not missing, missing
