@@ -269,7 +269,10 @@ class SimWorker:
     page: int
     timing: Timing
     poll_interval_s: float = 0.0
+    reserve_running: bool = False  # running requests pin their pages and their output's KV
     cache: OrderedDict[int, None] = field(default_factory=OrderedDict)
+    pins: dict[int, int] = field(default_factory=dict)  # page -> running requests using it
+    reserved: int = 0  # output tokens of running requests (their KV, not reusable)
     waiting: deque[Job] = field(default_factory=deque)
     running: list[tuple[int, int, Job]] = field(default_factory=list)
     step_no: int = 0
@@ -302,9 +305,39 @@ class SimWorker:
         for h in job.pages:
             cache[h] = None
             cache.move_to_end(h)
-        cap = self.capacity_tokens // self.page
-        while len(cache) > cap:
-            cache.popitem(last=False)
+        if self.reserve_running:
+            for h in job.pages:
+                self.pins[h] = self.pins.get(h, 0) + 1
+            self.reserved += job.output
+        self._bound()
+
+    def _bound(self) -> None:
+        cache = self.cache
+        cap = (self.capacity_tokens - self.reserved) // self.page
+        if not self.reserve_running:
+            while len(cache) > cap:
+                cache.popitem(last=False)
+            return
+        skipped = []
+        while len(cache) > cap and cache:
+            h, _ = cache.popitem(last=False)
+            if h in self.pins:
+                skipped.append(h)  # in use by a running request: not evictable
+        for h in reversed(skipped):
+            cache[h] = None
+            cache.move_to_end(h, last=False)
+
+    def release(self, job: Job) -> None:
+        """A running request finished: its pages become evictable, its output KV is freed."""
+        if not self.reserve_running:
+            return
+        for h in job.pages:
+            n = self.pins.get(h, 0) - 1
+            if n <= 0:
+                self.pins.pop(h, None)
+            else:
+                self.pins[h] = n
+        self.reserved -= job.output
 
     def view(self, now: float) -> WorkerView:
         loads = None
@@ -356,6 +389,7 @@ class SimWorker:
         while self.running and self.running[0][0] <= self.step_no:
             f, _, job = heapq.heappop(self.running)
             self.finish_sum -= f
+            self.release(job)
             done.append(job)
         first = self._in_step
         for job in first:
@@ -363,6 +397,7 @@ class SimWorker:
             self.queued_prompt -= len(job.tokens)
             self.insert(job)
             if job.output <= 1:
+                self.release(job)
                 done.append(job)
             else:
                 f = self.step_no + job.output - 1
@@ -385,14 +420,25 @@ class Workload:
 
 
 def gsp_workload(groups: int, per_group: int, system: int, question: int, output: int, seed: int,
-                 hot_share: float = 0.0) -> Workload:
+                 hot_share: float = 0.0, zipf: float = 0.0) -> Workload:
     """G x P prompts (shared S-token system prompt + unique Q-token question), shuffled.
 
-    ``hot_share > 0`` sends that share of all requests to group 0 (a popular prefix).
+    ``hot_share > 0`` sends that share of all requests to group 0 (a popular prefix);
+    ``zipf > 0`` draws each request's group with weight ``1 / rank ** zipf`` (the
+    same rule as ``gateway.bench.workloads.zipf_gsp``).
     """
     rng = random.Random(seed)
     systems = [rand_tokens(rng, system) for _ in range(groups)]
     total = groups * per_group
+    if zipf > 0:
+        weights = [1 / (g + 1) ** zipf for g in range(groups)]
+        group_of = rng.choices(range(groups), weights=weights, k=total)
+        prompts = [systems[g] + rand_tokens(rng, question) for g in group_of]
+        used = len(set(group_of))
+        unique = used * system + total * question
+        top = max(group_of.count(g) for g in set(group_of)) / total
+        name = f"Zipf gsp s={zipf:g} G={groups} N={total} S={system} Q={question} O={output} (top group {top:.0%})"
+        return Workload(name, prompts, output, 1 - unique / (total * (system + question)))
     if hot_share > 0:
         hot = int(total * hot_share)
         group_of = [0] * hot + [1 + i % (groups - 1) for i in range(total - hot)]
@@ -429,9 +475,34 @@ def page_hashes(tokens: list[int], page: int) -> list[int]:
     return out
 
 
-def simulate(policy: Policy, wl: Workload, n_workers: int, capacity: int, page: int, concurrency: int,
-             timing: Timing, poll_interval_s: float, pages_cache: dict[int, list[int]]) -> SimResult:
-    workers = [SimWorker(f"w{i}", capacity, page, timing, poll_interval_s) for i in range(n_workers)]
+def oracle_for(workers: list[SimWorker], page: int) -> Policy:
+    """The oracle policy reading the simulated workers' true page caches."""
+    from gateway.policies.oracle import OraclePolicy
+
+    by_url = {f"sim://{w.wid}": w for w in workers}
+    memo: dict[int, tuple[Sequence[int], list[int]]] = {}
+
+    def cached_length(url: str, token_ids: Sequence[int]) -> int:
+        hit = memo.get(id(token_ids))
+        if hit is None or hit[0] is not token_ids:
+            hit = memo[id(token_ids)] = (token_ids, page_hashes(list(token_ids), page))
+        w = by_url[url]
+        n = 0
+        for h in hit[1]:
+            if h not in w.cache:
+                break
+            n += 1
+        return n * page
+
+    return OraclePolicy(cached_length, use_polled_loads=False)
+
+
+def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int, page: int, concurrency: int,
+             timing: Timing, poll_interval_s: float, pages_cache: dict[int, list[int]],
+             reserve_running: bool = False) -> tuple[SimResult, Policy, list[float]]:
+    workers = [SimWorker(f"w{i}", capacity, page, timing, poll_interval_s, reserve_running) for i in range(n_workers)]
+    if policy is None:
+        policy = oracle_for(workers, page)
     by_id = {w.wid: w for w in workers}
     policy.on_workers_changed([w.view(0.0) for w in workers])
     events: list[tuple[float, int, int]] = []  # (time, seq, worker index)
@@ -491,7 +562,7 @@ def simulate(policy: Policy, wl: Workload, n_workers: int, capacity: int, page: 
             w.busy = False
     served = [w.served for w in workers]
     busy = [w.busy_s for w in workers]
-    return SimResult(
+    result = SimResult(
         hit_rate=cached_total / prompt_total,
         throughput_tok_s=finished * wl.output / now,
         ttft_p50_ms=pct(ttft, 0.5) * 1000,
@@ -502,9 +573,11 @@ def simulate(policy: Policy, wl: Workload, n_workers: int, capacity: int, page: 
         makespan_s=now,
         predicted_hit=predicted_total / prompt_total,
     )
+    return result, policy, ttft
 
 
 SIM_POLICIES: list[tuple[str, dict[str, object], float]] = [
+    ("oracle (true caches)", {"policy": "oracle"}, 0.0),
     ("round_robin", {"policy": "round_robin"}, 0.0),
     ("random", {"policy": "random", "seed": 1}, 0.0),
     ("power_of_two", {"policy": "power_of_two", "seed": 1}, 0.0),
@@ -512,6 +585,11 @@ SIM_POLICIES: list[tuple[str, dict[str, object], float]] = [
     ("consistent_hash (no key: prefix)", {"policy": "consistent_hash"}, 0.0),
     ("prefix_hash", {"policy": "prefix_hash"}, 0.0),
     ("cache_aware additive", {"policy": "cache_aware", "use_polled_loads": False}, 0.0),
+    ("cache_aware, no closed loop", {"policy": "cache_aware", "use_polled_loads": False, "closed_loop": False}, 0.0),
+    ("cache_aware, no hot-prefix replication",
+     {"policy": "cache_aware", "use_polled_loads": False, "hot_prefix_min_tokens": 0}, 0.0),
+    ("cache_aware, neither (before issue 19)",
+     {"policy": "cache_aware", "use_polled_loads": False, "hot_prefix_min_tokens": 0, "closed_loop": False}, 0.0),
     ("cache_aware additive + polled loads", {"policy": "cache_aware"}, 0.1),
     ("cache_aware multiplicative", {"policy": "cache_aware", "cost_form": "multiplicative", "use_polled_loads": False}, 0.0),
 ]
@@ -523,9 +601,10 @@ def sim_rows(variants: list[tuple[str, dict[str, object], float]], wl: Workload,
     pages_cache: dict[int, list[int]] = {}
     for label, overrides, poll in variants:
         overrides = {"eviction_interval_s": 0.0, **overrides}
-        policy = make_policy(PolicyConfig(), **overrides)
-        r = simulate(policy, wl, args.workers, args.capacity, args.page, args.concurrency, timing, poll, pages_cache)
-        close_policy(policy)
+        policy = None if overrides["policy"] == "oracle" else make_policy(PolicyConfig(), **overrides)
+        r, used, _ = simulate(policy, wl, args.workers, args.capacity, args.page, args.concurrency, timing, poll,
+                              pages_cache, args.reserve_running)
+        close_policy(used)
         predicted = f"{r.predicted_hit:.1%}" if r.predicted_hit else "-"
         rows.append([label, f"{r.hit_rate:.1%}", predicted, f"{r.throughput_tok_s:,.0f}",
                      f"{r.ttft_p50_ms:.0f}", f"{r.ttft_p99_ms:.0f}", f"{r.served_max_over_mean:.2f}",
@@ -540,7 +619,10 @@ SIM_HEADERS = ["policy", "hit rate", "predicted", "output tok/s", "TTFT p50 ms",
 def workloads(args: argparse.Namespace) -> list[Workload]:
     base = dict(groups=args.groups, per_group=args.prompts, system=args.system, question=args.question,
                 output=args.output, seed=args.seed)
-    return [gsp_workload(**base), gsp_workload(**base, hot_share=0.5)]  # type: ignore[arg-type]
+    out = [gsp_workload(**base), gsp_workload(**base, hot_share=0.5)]  # type: ignore[arg-type]
+    if args.zipf > 0:
+        out.append(gsp_workload(**base, zipf=args.zipf))  # type: ignore[arg-type]
+    return out
 
 
 def describe(args: argparse.Namespace, wl: Workload, timing: Timing) -> str:
@@ -599,6 +681,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--page", type=int, default=16)
     parser.add_argument("--concurrency", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--zipf", type=float, default=1.1, help="sim: add a Zipf-skewed gsp (0: leave it out)")
+    parser.add_argument("--reserve-running", action="store_true",
+                        help="sim: running requests pin their pages and their output's KV (as a real worker)")
     args = parser.parse_args(argv)
     if args.what in ("micro", "all"):
         run_micro(args)

@@ -161,7 +161,8 @@ class GatewayMetrics(PipelineObserver):
         self.retries.labels(worker=worker_id, code=code).inc()
 
     def worker_done(
-        self, model: str, worker_id: str, *, predicted_cached: int, reported_cached: int, success: bool
+        self, model: str, worker_id: str, *, predicted_cached: int, reported_cached: int, success: bool,
+        sent_prompt: int = 0, reported_prompt: int = 0,
     ) -> None:
         self.worker_streams.labels(worker=worker_id, outcome="ok" if success else "error").inc()
         if not success:

@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 
 from gateway.observability.tracing import TracingConfig
+from gateway.parsers.config import ParserConfig
 from gateway.pipeline.dispatch import DispatchConfig, flush_aborts
 from gateway.pipeline.engine import EngineConfig
 from gateway.pipeline.limits import LimitsConfig
@@ -26,6 +27,7 @@ from gateway.policies.factory import PolicyConfig
 from gateway.server import smg_compat
 from gateway.server.admission import AdmissionConfig
 from gateway.server.config import GatewayConfig, ServerConfig
+from gateway.server.http.limits import HttpLimitsConfig
 from gateway.server.metrics_port import MetricsPortConfig
 from gateway.server.secrets import SecretFileError, SecretFilesConfig, apply_secret_files
 from gateway.server.security import InsecureAdminError, SecurityConfig, check_startup
@@ -52,6 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_options(parser.add_argument_group("admission"), AdmissionConfig)
     add_options(parser.add_argument_group("request limits"), LimitsConfig)
     add_options(parser.add_argument_group("security"), SecurityConfig)
+    add_options(parser.add_argument_group("HTTP connection limits"), HttpLimitsConfig)
     add_options(parser.add_argument_group("secrets from files"), SecretFilesConfig)
     add_options(parser.add_argument_group("metrics"), MetricsPortConfig)
     add_options(parser.add_argument_group("TLS on the gateway's ports"), FrontTlsConfig)
@@ -59,6 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_options(parser.add_argument_group("worker discovery (DNS, Kubernetes)"), DiscoveryConfig)
     add_options(parser.add_argument_group("health checks"), HealthConfig)
     add_options(parser.add_argument_group("load polling"), LoadMonitorConfig)
+    add_options(parser.add_argument_group("tool-call and reasoning parsers"), ParserConfig)
     pd = parser.add_argument_group("prefill/decode disaggregation")
     pd.add_argument("--prefill", nargs="+", action="append", default=[], metavar="URL [BOOTSTRAP_PORT]",
                     help="prefill worker(s): grpc://host:port, each optionally followed by its bootstrap port "
@@ -126,6 +130,8 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         tls=from_namespace(FrontTlsConfig, args),
         tracing=from_namespace(TracingConfig, args),
         discovery=discovery,
+        http=from_namespace(HttpLimitsConfig, args),
+        parsers=from_namespace(ParserConfig, args),
         pd=from_namespace(
             PdConfig, args,
             prefill=parse_pool_flags(args.prefill, allow_port=True),
@@ -148,9 +154,11 @@ async def serve(config: GatewayConfig) -> None:
     import uvicorn
 
     from gateway.server.http.app import create_app
+    from gateway.server.http.guard import http_server_config
     from gateway.server.state import GatewayState
 
     check_startup(config.server.host, config.security)
+    config.parsers.check()
     config.tls.check()
     state = GatewayState(config)
     await state.start()
@@ -159,8 +167,8 @@ async def serve(config: GatewayConfig) -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((config.server.host, config.server.port))
     host, port = sock.getsockname()[:2]
-    uv_config = uvicorn.Config(
-        app, log_level="warning", access_log=False, loop="none", http="httptools", lifespan="off",
+    uv_config = http_server_config(
+        app, config.http, access_log=False,
         # typed int, but uvicorn only hands it to asyncio.wait_for, which takes a float
         timeout_graceful_shutdown=max(0.1, config.server.shutdown_grace_s),  # type: ignore[arg-type]
         **config.tls.uvicorn_kwargs(),

@@ -49,6 +49,7 @@ class GatewayState:
             Path(server.tokenizer_cache_dir),
             tokenizer_path=server.tokenizer_path,
             served_name=server.model,
+            parsers=config.parsers,
         )
         self.metrics = GatewayMetrics()
         self.tracing = make_tracing(config.tracing)  # None (no-op) without --otlp-traces-endpoint
