@@ -21,6 +21,7 @@ from gateway.server.security import SecurityConfig
 from gateway.server.tls import FrontTlsConfig
 from gateway.settings import option
 from gateway.sync.config import SyncConfig
+from gateway.workers.discovery.config import DiscoveryConfig
 from gateway.workers.health import HealthConfig
 from gateway.workers.load_monitor import LoadMonitorConfig
 from gateway.workers.watchdog import WatchdogConfig
@@ -69,3 +70,4 @@ class GatewayConfig:
     tracing: TracingConfig = field(default_factory=TracingConfig)
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
     resume: ResumeConfig = field(default_factory=ResumeConfig)
+    discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)

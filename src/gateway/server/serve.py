@@ -36,6 +36,7 @@ from gateway.server.security import InsecureAdminError, SecurityConfig, check_st
 from gateway.server.tls import FrontTlsConfig, TlsConfigError
 from gateway.settings import add_options, from_namespace, mark_explicit
 from gateway.sync.config import SyncConfig
+from gateway.workers.discovery.config import DiscoveryConfig
 from gateway.workers.health import HealthConfig
 from gateway.workers.load_monitor import LoadMonitorConfig
 
@@ -61,6 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_options(parser.add_argument_group("metrics"), MetricsPortConfig)
     add_options(parser.add_argument_group("TLS on the gateway's ports"), FrontTlsConfig)
     add_options(parser.add_argument_group("tracing (OpenTelemetry, OTLP gRPC)"), TracingConfig)
+    add_options(parser.add_argument_group("worker discovery (DNS, Kubernetes)"), DiscoveryConfig)
     add_options(parser.add_argument_group("health checks"), HealthConfig)
     add_options(parser.add_argument_group("load polling"), LoadMonitorConfig)
     add_options(parser.add_argument_group("processes"), ProcessConfig)
@@ -111,6 +113,13 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         from_namespace(ServerConfig, args),
         from_namespace(SecurityConfig, args),
     )
+    discovery = from_namespace(DiscoveryConfig, args)
+    try:
+        discovery.check()
+    except ValueError as exc:
+        from gateway.config_layers import ConfigError
+
+        raise ConfigError(str(exc)) from None
     return GatewayConfig(
         server=server,
         policy=from_namespace(PolicyConfig, args),
@@ -127,6 +136,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         metrics_port=from_namespace(MetricsPortConfig, args),
         tls=from_namespace(FrontTlsConfig, args),
         tracing=from_namespace(TracingConfig, args),
+        discovery=discovery,
         http=from_namespace(HttpLimitsConfig, args),
         parsers=from_namespace(ParserConfig, args),
         pd=from_namespace(

@@ -20,6 +20,8 @@ from gateway.server.config import GatewayConfig
 from gateway.server.process_set import SetMember
 from gateway.server.security import Authenticator
 from gateway.sync.bus import SyncBus
+from gateway.workers.discovery.reconcile import Target
+from gateway.workers.discovery.sources import make_discovery
 from gateway.workers.health import HealthMonitor
 from gateway.workers.kv_events import KvEventFeeder
 from gateway.workers.load_monitor import LoadMonitor
@@ -91,6 +93,7 @@ class GatewayState:
             self.router.tap(self.sync.outbox)
             self.metrics.registry.register(SyncCollector(self.sync))
         self.process_set: SetMember | None = None  # set by serve when one of --processes N
+        self.discovery = make_discovery(config.discovery, self._discovered_add, self.remove_worker)
         self.ready = False
 
     def _pool_needs_loads(self, worker: Worker) -> bool:
@@ -121,6 +124,9 @@ class GatewayState:
             raise
         return worker
 
+    async def _discovered_add(self, target: Target) -> Worker:
+        return await self.add_worker(target.url, role=target.role, bootstrap_port=target.bootstrap_port)
+
     async def remove_worker(self, worker_id: str) -> Worker:
         """Drain (in-flight requests finish, new ones go elsewhere) and forget a worker."""
         return await self.registry.remove(
@@ -139,7 +145,11 @@ class GatewayState:
             log.error("worker %s not added: %s", url, exc)
         if urls and len(failed) == len(urls):
             raise RuntimeError(f"none of the {len(urls)} workers could be added: {failed[0][1]}")
+        for source in self.discovery:
+            await source.first_round()  # discovered workers are there before the ready line
         self.ready = bool(self.registry.all())
+        for source in self.discovery:
+            source.start()
         self.health.start()
         self.watchdog.start()
         self.loads.start()
@@ -151,6 +161,8 @@ class GatewayState:
     async def stop(self) -> None:
         if self.sync is not None:
             await self.sync.stop()
+        for source in self.discovery:
+            await source.stop()
         if self.kv_events is not None:
             await self.kv_events.close()
         await self.health.stop()
