@@ -426,6 +426,7 @@ class Reply:
     text: str = ""
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    events: int = 0  # SSE events that carried text
 
 
 class Client:
@@ -466,6 +467,7 @@ class Client:
             ttft = 0.0
             pieces: list[str] = []
             usage = None
+            events = 0
             done = False
             async for line in response.content:
                 if not line.startswith(b"data: "):
@@ -483,13 +485,14 @@ class Client:
                         if not ttft:
                             ttft = time.perf_counter() - t0
                         pieces.append(piece)
+                        events += 1
                 if chunk.get("usage"):
                     usage = chunk["usage"]
             if not done:
                 raise RuntimeError(f"{path}: stream ended without [DONE]")
             total = time.perf_counter() - t0
             tokens, prompt, cached = _usage(usage)
-            return Reply(total, ttft or total, tokens, "".join(pieces), prompt, cached)
+            return Reply(total, ttft or total, tokens, "".join(pieces), prompt, cached, events)
 
 
 def _usage(usage: dict[str, Any] | None) -> tuple[int, int, int]:
@@ -574,6 +577,7 @@ def _cpu_row(done: Sequence[Reply], wall: float, cpu: float) -> dict[str, Any]:
         "latency_p50_ms": round(pct(lat, 0.5), 2), "latency_p99_ms": round(pct(lat, 0.99), 2),
         "ttft_p50_ms": round(pct(ttft, 0.5), 2), "ttft_p99_ms": round(pct(ttft, 0.99), 2),
         "core_share": round(cpu / wall, 2),
+        "tokens_per_event": round(tokens / max(1, sum(r.events for r in done)), 2) if any(r.events for r in done) else None,
     }  # fmt: skip
 
 
