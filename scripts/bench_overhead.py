@@ -18,6 +18,16 @@ A simulated fleet whose steps cost nothing (``SubprocessFleet``, every cost and
   worker chunk per token): tokens/s relayed as SSE.
 * ``prompt-scaling``: latency (non-streaming) and requests/s for each ``--prompt-lengths``.
 * ``worker-scaling``: the same for each ``--worker-counts`` (all workers in one process).
+* ``compare`` (only when asked for): token-gateway and, when ``--peers-python`` exists, SMG
+  (and ``before``: another checkout's ``src/``) side by side on the same fleets and loads:
+  short chat at 128 in flight and one at a time (added latency and TTFT against direct
+  gRPC), multi-turn chat, and the shared-prefix (gsp) burst; per gateway requests/s, CPU
+  per request and per relayed token, SSE events per token, idle CPU. The client is
+  aiohttp, cheaper than what it measures. ``--repeat`` runs the round again for the spread.
+* ``relay`` (only when asked for): CPU per token of the gateway's own relay code, in
+  process (worker messages -> detokenize, stops -> stream events -> SSE bytes), next to
+  the CPU per message a bare grpc.aio client pays to read a worker's stream and the CPU
+  per event a bare uvicorn app pays to write an SSE stream: the two I/O floors.
 
 Every chat prompt is unique (fresh seeded words), so the gateway's multi-turn
 tokenization cache does not hide the cost of templating and tokenizing. Every loop is
@@ -40,6 +50,7 @@ import json
 import os
 import platform
 import random
+import shlex
 import shutil
 import subprocess
 import sys
@@ -64,7 +75,7 @@ from gateway.sim.fleet import SubprocessFleet
 from gateway.tokenization import Tokenizer
 
 SECTIONS = ["latency", "throughput", "stream", "prompt-scaling", "worker-scaling"]
-ALL_SECTIONS = [*SECTIONS, "compare"]  # compare runs only when asked for
+ALL_SECTIONS = [*SECTIONS, "compare", "relay"]  # compare and relay run only when asked for
 LOADS = ["short", "multi-turn", "gsp"]
 SYSTEM_PROMPT = "You are a helpful assistant. Answer briefly."
 
@@ -347,7 +358,7 @@ async def stream_phase(
 # Pipeline stages, matched against py-spy frames ("function (file:line)"); first match wins,
 # scanning each stack from its innermost frame outwards.
 STAGES: list[tuple[str, tuple[str, ...]]] = [
-    ("sse encode", ("server/sse.py",)),
+    ("sse encode", ("server/http/sse.py", "protocol/stream.py", "HttpDoor.sse_stream")),
     ("template", ("chat_template.py", "jinja2")),
     ("tokenize", ("prefix_cache.py", "tokenizer.py", "encode_batch", ": tokenize_")),
     ("select (policy)", ("gateway/policies/", "pipeline/router.py")),
@@ -413,6 +424,155 @@ def profiling(pid: int, out: Path | None, rate: int, gil: bool) -> Any:
             print(f"py-spy wrote nothing: {err[-500:]}", file=sys.stderr)
 
 
+# ---------------------------------------------------------------- relay: what one token costs, by part
+
+
+class _ScriptedStream:
+    """A worker stream that hands ``Generation`` prepared messages (no gRPC, no sockets)."""
+
+    def __init__(self, messages: list[pb.GenerateResponse]) -> None:
+        from gateway.pipeline.observer import NULL_OBSERVER
+
+        self._messages = collections.deque(messages)
+        self.closed = False
+        self.worker = type("W", (), {"id": "w0"})()
+        self.observer = NULL_OBSERVER
+
+    async def read(self) -> pb.GenerateResponse | None:
+        return self._messages.popleft() if self._messages else None
+
+    def finished(self) -> None:
+        self.closed = True
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+    async def abort(self, reason: str = "") -> None:
+        self.closed = True
+
+
+async def relay_code_us_per_token(prompts: Prompts, tokens: int, reps: int) -> float:
+    """CPU per token of the gateway's own relay code: worker messages -> Generation
+    (detokenizer, stop matching) -> completion stream events -> SSE bytes, in process."""
+    from gateway.endpoints import completions
+    from gateway.pipeline.generation import Generation
+    from gateway.pipeline.prepared import PreparedRequest
+    from gateway.pipeline.request_context import RequestContext
+    from gateway.protocol.completions import CompletionRequest
+    from gateway.protocol.sampling import sampling_from_completion
+    from gateway.server.http.door import HttpDoor
+    from gateway.tokenization import StopPlan
+
+    tok = prompts.tokenizer
+    ids = prompts.make(tokens + 64)[1][-tokens:]
+    req = CompletionRequest.model_validate(
+        {"model": "m", "prompt": [1, 2, 3], "max_tokens": tokens, "stream": True, "ignore_eos": True,
+         "stream_options": {"include_usage": True}}
+    )  # fmt: skip
+    sampling = sampling_from_completion(req)
+    entry: Any = type("E", (), {"name": "m", "tokenizer": tok})()
+    door = HttpDoor.__new__(HttpDoor)
+
+    def messages() -> list[pb.GenerateResponse]:
+        out = [
+            pb.GenerateResponse(chunk=pb.GenerateStreamChunk(token_ids=[t], prompt_tokens=3, completion_tokens=i + 1))
+            for i, t in enumerate(ids)
+        ]
+        out.append(pb.GenerateResponse(complete=pb.GenerateComplete(output_ids=ids[-1:], finish_reason="length", prompt_tokens=3)))
+        return out
+
+    async def one() -> None:
+        plan = StopPlan.build(tok, stop=[], stop_token_ids=[], ignore_eos=True, skip_special_tokens=True)
+        prepared = PreparedRequest("r", "m", [1, 2, 3], sampling, plan, tok, stream=True)
+        ctx = RequestContext()
+        chunks = completions._chunks(req, entry, [Generation(_ScriptedStream(messages()), prepared)], ctx)  # type: ignore[arg-type]
+        async for _ in door.sse_stream(chunks, ctx).body_iterator:
+            pass
+
+    for _ in range(5):
+        await one()
+    t0 = time.process_time()
+    for _ in range(reps):
+        await one()
+    return 1e6 * (time.process_time() - t0) / (reps * tokens)
+
+
+async def grpc_read_us_per_message(tokens: int, streams: int, concurrency: int) -> float:
+    """CPU per message of a bare grpc.aio client reading streams from a zero-cost
+    simulated worker: the floor a Python relay on grpcio pays before any work of its own."""
+    async with SubprocessFleet(1, SimConfig(step_base_s=0.0, prefill_token_s=0.0, decode_seq_s=0.0, time_scale=0.0)) as fleet:
+        target = Target("http://unused", fleet.urls, "m", tokens)
+        try:
+            ids = list(range(1000, 1128))
+            await target.direct(ids, True)
+            t0, count = time.process_time(), 0
+            for _ in range(max(1, streams // concurrency)):
+                done = await asyncio.gather(*(target.direct(ids, True) for _ in range(concurrency)))
+                count += sum(t.tokens for t in done)
+            return 1e6 * (time.process_time() - t0) / max(1, count)
+        finally:
+            await target.close()
+
+
+_SSE_SERVER = """
+import asyncio, sys, uvicorn, uvloop
+EVENT = b'data: {"id":"cmpl-0123456789abcdef","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":" word","logprobs":null,"finish_reason":null}]}\\\\n\\\\n'
+N = int(sys.argv[2])
+async def app(scope, receive, send):
+    if scope["type"] != "http":
+        return
+    await receive()
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+    for _ in range(N):  # one event per loop turn, as a relay that gets one worker message per turn
+        await send({"type": "http.response.body", "body": EVENT, "more_body": True})
+        await asyncio.sleep(0)
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+uvloop.install()
+uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning", access_log=False, http="httptools", loop="none", lifespan="off")
+"""
+
+
+async def http_write_us_per_event(tokens: int, streams: int, concurrency: int) -> float:
+    """CPU per SSE event of a bare uvicorn (httptools, uvloop) ASGI app writing one event
+    per send and per loop turn: the floor of the HTTP side, without Starlette, FastAPI or
+    any gateway code."""
+    import aiohttp
+
+    from gateway.bench.peers import free_port
+
+    port = free_port()
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", _SSE_SERVER, str(port), str(tokens))
+    try:
+        async with aiohttp.ClientSession() as session:
+            for _ in range(100):
+                with contextlib.suppress(aiohttp.ClientError):
+                    async with session.get(f"http://127.0.0.1:{port}/") as r:
+                        await r.read()
+                        break
+                await asyncio.sleep(0.1)
+
+            async def one() -> None:
+                async with session.get(f"http://127.0.0.1:{port}/") as r:
+                    async for _ in r.content:
+                        pass
+
+            c0 = cpu_seconds(proc.pid)
+            for _ in range(max(1, streams // concurrency)):
+                await asyncio.gather(*(one() for _ in range(concurrency)))
+            return 1e6 * (cpu_seconds(proc.pid) - c0) / (max(1, streams // concurrency) * concurrency * tokens)
+    finally:
+        proc.terminate()
+        await proc.wait()
+
+
+async def relay_section(prompts: Prompts, args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    out["relay_code_us_per_token"] = [round(await relay_code_us_per_token(prompts, 128, 100), 2) for _ in range(3)]
+    out["grpc_aio_read_us_per_message"] = [round(await grpc_read_us_per_message(128, 64, 16), 1) for _ in range(3)]
+    out["uvicorn_write_us_per_event"] = [round(await http_write_us_per_event(128, 64, 16), 1) for _ in range(3)]
+    return out
+
+
 # ---------------------------------------------------------------- side by side: ours, SMG, a baseline
 
 GATEWAYS = ("ours", "smg", "before")
@@ -461,7 +621,7 @@ class Client:
                 data = orjson.loads(await response.read())
                 total = time.perf_counter() - t0
                 choice = data["choices"][0]
-                text = choice.get("text") if "text" in choice else (choice.get("message") or {}).get("content")
+                text = choice.get("text") if "text" in choice else _delta_text(choice.get("message") or {})
                 tokens, prompt, cached = _usage(data.get("usage"))
                 return Reply(total, total, tokens, text or "", prompt, cached)
             ttft = 0.0
@@ -480,7 +640,7 @@ class Client:
                 if "error" in chunk:
                     raise RuntimeError(f"{path}: stream error {chunk['error']}")
                 for c in chunk.get("choices") or ():
-                    piece = c.get("text") if "text" in c else (c.get("delta") or {}).get("content")
+                    piece = c.get("text") if "text" in c else _delta_text(c.get("delta") or {})
                     if piece:
                         if not ttft:
                             ttft = time.perf_counter() - t0
@@ -493,6 +653,12 @@ class Client:
             total = time.perf_counter() - t0
             tokens, prompt, cached = _usage(usage)
             return Reply(total, ttft or total, tokens, "".join(pieces), prompt, cached, events)
+
+
+def _delta_text(message: dict[str, Any]) -> str:
+    """Content and reasoning alike: a peer that parses reasoning by default (SMG with
+    Qwen3) puts the text there, and the next turn's history must carry the same text."""
+    return (message.get("reasoning_content") or "") + (message.get("content") or "")
 
 
 def _usage(usage: dict[str, Any] | None) -> tuple[int, int, int]:
@@ -528,6 +694,8 @@ async def start_gateway(name: str, urls: Sequence[str], args: argparse.Namespace
     if name == "before":
         env = dict(os.environ, PYTHONPATH=args.baseline_src)
     extra = ["--log-level", "warning", "--tokenizer-path", tokenizer]
+    if name == "ours":
+        extra += shlex.split(args.ours_args)
     served = await ServeProcess.start(urls, args.policy, extra_args=extra, env=env)
 
     async def stop_ours() -> None:
@@ -893,6 +1061,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 row = {"workers": workers, **lat, **{k: v for k, v in thr.items() if k not in lat}}
                 report.setdefault("worker_scaling", []).append(row)
                 show(f"workers {workers}", row)
+    if "relay" in sections:
+        report["relay"] = await relay_section(prompts, args)
+        show("relay, CPU per token by part (3 rounds each)", report["relay"])
     if "compare" in sections:
         report["compare"] = await compare(args, prompts, prof)
     report["load_after"] = list(os.getloadavg())
@@ -946,6 +1117,7 @@ def main() -> int:
     side.add_argument("--repeat", type=int, default=1, help="compare: repetitions of the whole round (report the spread)")
     side.add_argument("--peers-python", default=".peers-venv/bin/python", help="python of the peers' virtualenv")
     side.add_argument("--baseline-src", default="", help="src/ of another checkout, run as gateway 'before'")
+    side.add_argument("--ours-args", default="", help="extra 'token-gateway serve' flags for gateway 'ours' only")
     side.add_argument("--idle-s", type=float, default=5.0, help="idle CPU: seconds measured with no traffic")
     side.add_argument("--short-workers", type=int, default=8, help="short and multi-turn loads: workers")
     side.add_argument("--short-prompt-tokens", type=int, default=32, help="short load: rendered prompt tokens")
