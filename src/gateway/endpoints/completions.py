@@ -60,7 +60,7 @@ async def prompt_ids(engine: Engine, entry: ModelEntry, prompt: str | list[int])
     """A text or token-id prompt as (ids, text). Text gets the tokenizer's special
     tokens (BOS), as SGLang's own server does for completions and /generate."""
     if isinstance(prompt, str):
-        return await engine.encode(entry, prompt, add_special_tokens=True), prompt
+        return await engine.encode_prompt(entry, prompt), prompt
     return list(prompt), ""
 
 
