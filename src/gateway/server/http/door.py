@@ -25,7 +25,7 @@ from gateway.protocol.headers import (
     first_header,
 )
 from gateway.server.admission import Ticket
-from gateway.server.http.sse import DONE, sse, sse_error
+from gateway.server.http.sse import DONE, StreamEvent, sse_error
 from gateway.server.http.util import (
     ClientGone,
     EventStream,
@@ -118,11 +118,13 @@ class HttpDoor:
             return result
         return JSONResponse(result, headers=self.headers_for(ctx))
 
-    def sse_stream(self, chunks: AsyncIterator[dict[str, Any]], ctx: RequestContext) -> EventStream:
+    def sse_stream(self, chunks: AsyncIterator[StreamEvent], ctx: RequestContext) -> EventStream:
+        """Each typed event becomes its SSE bytes here, once."""
+
         async def body() -> AsyncIterator[bytes]:
             try:
                 async for chunk in chunks:
-                    yield sse(chunk)
+                    yield b"data: " + chunk.to_json() + b"\n\n"
             except GatewayError as exc:
                 log.warning("request %s failed mid-stream: %s", ctx.request_id, exc.message)
                 yield sse_error(exc.status, exc.message, exc.type, exc.code)
