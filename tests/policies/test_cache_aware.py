@@ -196,9 +196,16 @@ def test_queue_estimate_counts_only_the_uncached_part_of_queued_prompts() -> Non
     queued = with_load(ws, "w0", queued_prefill_tokens=4002, in_flight=2)
     row = explain(p, req([*SYSTEM, 3]), queued)["workers"]["w0"]
     assert row["queued_uncached_estimate"] == pytest.approx(4002 * (1 - 2000 / 4002), abs=0.2)
-    # the worker's own (fresh) figure wins when larger; a stale one is ignored
+    # the worker's own (fresh) figure adds what exceeds our own queued prompts (traffic we
+    # did not send); a stale one is ignored
     fresh = with_load(queued, "w0", loads=LoadSnapshot(num_waiting_uncached_tokens=9_000, age_s=1))
-    assert explain(p, req([5]), fresh)["workers"]["w0"]["queued_uncached_estimate"] == 9_000
+    assert explain(p, req([5]), fresh)["workers"]["w0"]["queued_uncached_estimate"] == pytest.approx(
+        2002 + (9_000 - 4002), abs=0.2
+    )
+    # a burst of our own hits, priced by the worker as misses before the first is prefilled,
+    # adds nothing: the worker cannot be waiting on more than we sent it
+    ours = with_load(queued, "w0", loads=LoadSnapshot(num_waiting_uncached_tokens=4002, age_s=1))
+    assert explain(p, req([5]), ours)["workers"]["w0"]["queued_uncached_estimate"] == pytest.approx(2002, abs=0.2)
     stale = with_load(queued, "w0", loads=LoadSnapshot(num_waiting_uncached_tokens=9_000, age_s=60))
     assert explain(p, req([5]), stale)["workers"]["w0"]["queued_uncached_estimate"] < 9_000
     p.on_finish(hit, "w0", 1990, True)

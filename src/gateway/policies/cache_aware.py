@@ -10,8 +10,15 @@ available worker ``w``::
     U_w  = P - c_w                                   tokens w would still prefill
     Q_w  = queued prefill tokens ahead of us on w, uncached part only:
            queued_prefill_tokens * (1 - cached/prompt of this policy's in-flight
-           requests on w), or the worker's polled num_waiting_uncached_tokens
-           when that is larger and younger than loads_max_age_s
+           requests on w), plus the part of the worker's polled
+           num_waiting_uncached_tokens (when younger than loads_max_age_s) above
+           the prompt tokens this gateway has queued there: traffic it did not
+           send. The polled figure is never taken whole: it prices queued
+           requests against the cache *as it is*, so in a burst a group's queued
+           requests all count as misses until the first is prefilled, and a
+           holder would look loaded by a full prompt per queued hit and shed
+           its prefix (a 2 s ramp of gsp fell from 85% to 38% hits that way in
+           ``scripts/bench_policies.py``).
     D_w  = running_decode_tokens (decode tokens still owed by w's running requests)
     R_w  = in_flight requests
 
@@ -110,6 +117,7 @@ class PredictionStats:
     over_predicted: int = 0  # finishes that reported more (a copy we did not route there)
     corrected_tokens: int = 0  # tree tokens dropped by those corrections
     learned_tokens: int = 0  # tree tokens added from reports above the prediction
+    worker_resets: int = 0  # a worker's page size or KV capacity changed: its tree share was dropped
 
 
 class _Evictor(threading.Thread):
@@ -155,6 +163,8 @@ class CacheAwarePolicy(BasePolicy):
         self.stats = PredictionStats()
         self._trees: dict[str, RadixTree] = {}
         self._params: dict[str, tuple[int, int]] = {}  # worker -> (budget, page) registered
+        self._caps: dict[str, tuple[int, int]] = {}  # worker -> (kv capacity, page) it reported
+        self.load_only: set[str] = set()  # models routed by load alone (tokenizer-fidelity guard)
         self._turn = 0
         self._memo: tuple[RouteRequest | None, bytes] = (None, b"")
         self.closed_loop = closed_loop
@@ -196,12 +206,37 @@ class CacheAwarePolicy(BasePolicy):
             return max(1, int(w.kv_capacity_tokens * self.budget_fraction))
         return self.default_budget_tokens
 
+    def set_load_only(self, model: str, on: bool) -> None:
+        """Route ``model`` by load alone (its prompts are not the token sequences its workers
+        cache, see ``quality.FidelityGuard``) or by cache and load again."""
+        if on:
+            self.load_only.add(model)
+        else:
+            self.load_only.discard(model)
+
     def _register(self, w: WorkerView) -> None:
+        caps = (w.kv_capacity_tokens, max(1, w.page_size))
+        old = self._caps.get(w.worker_id)
+        if old != caps:
+            self._caps[w.worker_id] = caps
+            if old is not None and old[0] > 0 and caps[0] > 0:
+                # A known page size or KV capacity changed: the worker restarted with other
+                # settings, its cache is not what the tree says. Forget its share; it routes
+                # by load until the tree has learned it again.
+                self.stats.worker_resets += 1
+                for tree in self.trees():
+                    if tree.has_worker(w.worker_id):
+                        tree.remove_worker(w.worker_id)
+                self._params.pop(w.worker_id, None)
         params = (self.budget_for(w), max(1, w.page_size))
         if self._params.get(w.worker_id) != params:
             self._params[w.worker_id] = params
             for tree in self.trees():
                 tree.set_worker(w.worker_id, budget_tokens=params[0], page_size=params[1])
+
+    def packed(self, request: RouteRequest) -> bytes:
+        """The prompt as packed uint32 tokens (memoized for the request being routed)."""
+        return self._packed(request)
 
     def _packed(self, request: RouteRequest) -> bytes:
         req, pb = self._memo
@@ -214,8 +249,12 @@ class CacheAwarePolicy(BasePolicy):
     def select(self, request: RouteRequest, workers: Sequence[WorkerView]) -> Decision:
         if request.target_worker:
             return super().select(request, workers)
-        matched = self._match(request, workers)  # one walk for the hot-prefix key and the scores
-        hot = self._hot_pool(request, workers, matched[0]) if self.hot_prefix_min_tokens else None
+        if request.model in self.load_only:
+            matched: tuple[int, dict[str, int]] = (0, {})
+            hot = None
+        else:
+            matched = self._match(request, workers)  # one walk for the hot-prefix key and the scores
+            hot = self._hot_pool(request, workers, matched[0]) if self.hot_prefix_min_tokens else None
         # Filtering is fused into the scoring loop (one pass over the pool, not two).
         scored = self._score(request, hot[0] if hot else workers, self._turn, None, matched)
         if scored is None:
@@ -300,8 +339,10 @@ class CacheAwarePolicy(BasePolicy):
         if q:
             q *= self._miss.get(w.worker_id, 1.0)
         lo = w.loads
-        if lo is not None and lo.num_waiting_uncached_tokens > q and lo.age_s <= self.cost.loads_max_age_s:
-            q = lo.num_waiting_uncached_tokens
+        if lo is not None and lo.age_s <= self.cost.loads_max_age_s:
+            foreign = lo.num_waiting_uncached_tokens - w.queued_prefill_tokens
+            if foreign > 0:
+                q += foreign
         return q
 
     def _score(
@@ -353,8 +394,10 @@ class CacheAwarePolicy(BasePolicy):
                 if q:
                     q *= miss.get(wid, 1.0)
                 lo = w.loads
-                if lo is not None and lo.num_waiting_uncached_tokens > q and lo.age_s <= max_age:
-                    q = lo.num_waiting_uncached_tokens
+                if lo is not None and lo.age_s <= max_age:
+                    foreign = lo.num_waiting_uncached_tokens - w.queued_prefill_tokens
+                    if foreign > 0:  # queued work this gateway did not send (see Q_w)
+                        q += foreign
                 cost = prompt - c + a * q + b * w.running_decode_tokens + r * w.in_flight
             else:
                 cost = (prompt - c + 1) * (1 + w.in_flight)
@@ -500,6 +543,7 @@ class CacheAwarePolicy(BasePolicy):
         gone = [w for w in self._params if w not in present]
         for wid in gone:
             del self._params[wid]
+            self._caps.pop(wid, None)
         self.hot.drop_workers(gone)
         for tree in self.trees():
             for wid in tree.workers():

@@ -6,7 +6,11 @@ import asyncio
 import logging
 from pathlib import Path
 
-from gateway.observability.collector import TokenizerCacheCollector, WorkerCollector
+from gateway.observability.collector import (
+    RoutingQualityCollector,
+    TokenizerCacheCollector,
+    WorkerCollector,
+)
 from gateway.observability.metrics import GatewayMetrics
 from gateway.pipeline.catalog import ModelCatalog
 from gateway.pipeline.engine import Engine
@@ -50,6 +54,7 @@ class GatewayState:
         self.metrics = GatewayMetrics()
         self.metrics.registry.register(WorkerCollector.for_registry(self.registry))
         self.metrics.registry.register(TokenizerCacheCollector(self.catalog))
+        self.metrics.registry.register(RoutingQualityCollector(self.router))
         self.engine = Engine(
             self.router,
             self.catalog,
