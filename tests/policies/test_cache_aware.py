@@ -302,7 +302,7 @@ def test_a_hot_prefix_is_held_on_k_workers_in_proportion_to_its_share() -> None:
     cold = [tokens(1024, 500 + g) for g in range(24)]
     running: list[tuple[RouteRequest, Decision]] = []
     for i in range(800):
-        # a quarter of the traffic shares one system prompt: ceil(0.25 * 8) = 2 holders
+        # a quarter of the traffic shares one system prompt: ceil(0.25 * 8 + 1/4) = 3 holders
         system = hot_sys if i % 4 == 0 else cold[i % 24]
         r = req(system + tokens(64, 10_000 + i), request_id=str(i))
         d = pool.dispatch(p, r, decode=256)
@@ -317,10 +317,10 @@ def test_a_hot_prefix_is_held_on_k_workers_in_proportion_to_its_share() -> None:
             picks[d.worker_id] += 1
     key = p._hot_key(req(hot_sys + tokens(64, 1)), 1024)
     assert key is not None
-    assert p.hot.replicas(key, 8) == 2
+    assert p.hot.replicas(key, 8) == 3
     holders = p.hot.holders(key)
-    assert set(picks) == set(holders[:2]), (picks, holders)  # spread over the two holders only
-    assert min(picks.values()) >= 25, picks
+    assert set(picks) == set(holders[:3]), (picks, holders)  # spread over the three holders only
+    assert min(picks.values()) >= 15, picks
     without = policy(hot_prefix_min_tokens=0)
     pool, spread, running = Pool(8), Counter[str](), []
     for i in range(800):
@@ -346,7 +346,7 @@ def test_replicas_shrink_when_the_load_falls() -> None:
     hp = HotPrefixes(window=64)
     for i in range(200):
         hp.observe(1 if i % 2 == 0 else 100 + i)
-    assert hp.replicas(1, 8) == 4  # half the traffic: four of eight workers
+    assert hp.replicas(1, 8) == 5  # half the traffic: four workers' shares, plus headroom
     for i in range(400):
         hp.observe(1 if i % 16 == 0 else 1000 + i)
     assert hp.replicas(1, 8) == 1

@@ -87,6 +87,7 @@ DEFAULT_LOADS_MAX_AGE_S = 5.0
 DEFAULT_HOT_PREFIX_MIN_TOKENS = 256
 DEFAULT_HOT_PREFIX_WINDOW = DEFAULT_WINDOW
 HOT_REASON = "hot_prefix"  # spread among the hot prefix's replica set
+HOT_NEW_REASON = "hot_prefix_new_replica"  # the replica set grows by this (cheapest non-holder) worker
 _MAX_TRACKED = 1 << 16  # in-flight requests remembered for the queue estimate
 
 
@@ -170,6 +171,7 @@ class CacheAwarePolicy(BasePolicy):
         self.closed_loop = closed_loop
         self.hot_prefix_min_tokens = max(0, hot_prefix_min_tokens)
         self.hot = HotPrefixes(window=hot_prefix_window)
+
         self._hot_memo: tuple[RouteRequest | None, int | None] = (None, None)
         # request key -> (worker, prompt tokens, predicted cached, tree clock after its insert)
         self._inflight: OrderedDict[object, tuple[str, int, int, int]] = OrderedDict()
@@ -289,10 +291,10 @@ class CacheAwarePolicy(BasePolicy):
     ) -> tuple[list[WorkerView], str] | None:
         """(the workers a hot prefix's request may go to, reason), or None when not hot.
 
-        ``k = ceil(share * n - 1/4)`` holders serve the prefix. With ``k`` of them available
-        the request goes to the cheapest of them only; with fewer the whole pool is
-        scored as usual, and a spill to a non-holder makes it a holder (so the set
-        grows only when its holders are loaded, up to ``k``). See ``hot_prefix``.
+        ``k`` holders serve the prefix (``HotPrefixes.replicas``). With ``k`` of them
+        available the request goes to the cheapest of them only; with fewer, to the
+        cheapest non-holder, which joins the set. Before the first holder is known
+        the whole pool is scored as usual. See ``hot_prefix``.
         """
         key = self._hot_key(request, found)
         if key is None:
@@ -304,7 +306,10 @@ class CacheAwarePolicy(BasePolicy):
         by_id = {w.worker_id: w for w in usable}
         holders = [by_id[h] for h in self.hot.holders(key) if h in by_id][:k]
         if len(holders) < k:
-            return None
+            if not holders:
+                return None
+            held = {w.worker_id for w in holders}
+            return [w for w in usable if w.worker_id not in held], HOT_NEW_REASON
         return holders, HOT_REASON
 
     def _choose(self, request: RouteRequest, cands: list[WorkerView]) -> Decision:
