@@ -15,14 +15,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.pipeline.catalog import ModelCatalog, ModelEntry
-from gateway.pipeline.dispatch import DispatchConfig, TokenStream, open_generate
+from gateway.pipeline.dispatch import (
+    DispatchConfig,
+    Embedded,
+    TokenStream,
+    call_embed,
+    open_generate,
+)
 from gateway.pipeline.generation import Generation
 from gateway.pipeline.limits import LimitsConfig, apply_sampling_limits, check_prompt
 from gateway.pipeline.observer import NULL_OBSERVER, PipelineObserver
 from gateway.pipeline.pd import PdOpener, serves_pd
 from gateway.pipeline.prepared import PreparedRequest
 from gateway.pipeline.retry import RetryConfig
-from gateway.pipeline.router import Router, Selection
+from gateway.pipeline.router import Router
 from gateway.pipeline.sampling import to_sampling_params
 from gateway.policies.base import RouteRequest
 from gateway.proto import sglang_scheduler_pb2 as pb
@@ -131,23 +137,12 @@ class Engine:
         """Check the prompt against the model and settle the stop plan
         (``prompt_param`` names the request field errors about the prompt point at)."""
         self.observer.model_resolved(entry.name)
-        if not prompt_ids:
-            raise InvalidRequestError("the prompt is empty", param="prompt")
-        vocab = entry.tokenizer.vocab_size
-        if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:  # C loops, twice the genexpr speed
-            raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})", param="prompt")
-        check_prompt(prompt_ids, self.limits, param=prompt_param)
+        self.check_prompt_ids(entry, prompt_ids, param="prompt", limit_param=prompt_param)
         limit = entry.max_context_length
         sampling = apply_sampling_limits(
             sampling, self.limits, room=limit - len(prompt_ids) if limit else None
         )
-        wanted = sampling.max_new_tokens or 0
-        if limit and len(prompt_ids) + wanted > limit:
-            raise ContextLengthExceededError(
-                f"this model's maximum context length is {limit} tokens; the prompt has "
-                f"{len(prompt_ids)} tokens and {wanted} more were requested",
-                param=prompt_param,
-            )
+        self.check_context(entry, len(prompt_ids), sampling.max_new_tokens or 0, param=prompt_param)
         plan = StopPlan.build(
             entry.tokenizer,
             stop=list(sampling.stop),
@@ -169,10 +164,34 @@ class Engine:
             require_reasoning=require_reasoning,
         )
 
+    def check_prompt_ids(
+        self, entry: ModelEntry, prompt_ids: Sequence[int], *, param: str, limit_param: str | None = None
+    ) -> None:
+        """The prompt checks every kind of request gets: not empty, ids inside the
+        vocabulary, within the operator's prompt limit (``limit_param`` names the field
+        the limit error points at, when it differs)."""
+        if not prompt_ids:
+            raise InvalidRequestError("the prompt is empty", param=param)
+        vocab = entry.tokenizer.vocab_size
+        if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:  # C loops, twice the genexpr speed
+            raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})", param=param)
+        check_prompt(prompt_ids, self.limits, param=limit_param or param)
+
+    @staticmethod
+    def check_context(entry: ModelEntry, prompt_tokens: int, wanted: int, *, param: str) -> None:
+        """The prompt plus the tokens asked for must fit the model's context."""
+        limit = entry.max_context_length
+        if limit and prompt_tokens + wanted > limit:
+            raise ContextLengthExceededError(
+                f"this model's maximum context length is {limit} tokens; the prompt has "
+                f"{prompt_tokens} tokens and {wanted} more were requested",
+                param=param,
+            )
+
     def route_request(self, prepared: PreparedRequest, pool: str = "regular") -> RouteRequest:
         return RouteRequest(
             token_ids=prepared.prompt_ids,
-            model=self._worker_model(prepared.model),
+            model=self.catalog.worker_model(prepared.model),
             pool=pool,
             request_id=prepared.request_id,
             routing_key=prepared.routing_key,
@@ -180,12 +199,42 @@ class Engine:
             max_new_tokens=prepared.sampling.max_new_tokens or 0,
         )
 
-    def _worker_model(self, public: str) -> str:
-        """Policies and pools are keyed by the name workers report."""
-        for worker in self.registry.all():
-            if self.catalog.public_name(worker.model) == public:
-                return worker.model
-        return public
+    def prepare_scheduler(
+        self, request: pb.GenerateRequest, *, routing_key: str | None = None, target_worker: str | None = None
+    ) -> RouteRequest:
+        """A raw SGLang ``GenerateRequest`` (the scheduler pass-through relays it as sent):
+        the prompt checks of :meth:`prepare`, then its route. The single served model
+        is meant (the SGLang API names none)."""
+        entry = self.catalog.get(None)
+        self.observer.model_resolved(entry.name)
+        ids = list(request.tokenized.input_ids)
+        self.check_prompt_ids(entry, ids, param="tokenized.input_ids")
+        params = request.sampling_params
+        wanted = params.max_new_tokens if params.HasField("max_new_tokens") else 0
+        self.check_context(entry, len(ids), wanted, param="tokenized.input_ids")
+        return RouteRequest(
+            token_ids=ids,
+            model=self.catalog.worker_model(entry.name),
+            request_id=request.request_id,
+            routing_key=routing_key,
+            target_worker=target_worker,
+            max_new_tokens=wanted,
+        )
+
+    def prepare_embed(
+        self, entry: ModelEntry, ids: list[int], request_id: str, *,
+        routing_key: str | None = None, target_worker: str | None = None, param: str = "input",
+    ) -> RouteRequest:
+        """One tokenized embedding input: the prompt checks, then its route."""
+        self.check_prompt_ids(entry, ids, param=param)
+        self.check_context(entry, len(ids), 0, param=param)
+        return RouteRequest(
+            token_ids=ids,
+            model=self.catalog.worker_model(entry.name),
+            request_id=request_id,
+            routing_key=routing_key,
+            target_worker=target_worker,
+        )
 
     def generate_request(self, prepared: PreparedRequest) -> pb.GenerateRequest:
         sampling = prepared.sampling
@@ -212,36 +261,57 @@ class Engine:
     # ------------------------------------------------------------- dispatch
     async def start(self, prepared: PreparedRequest) -> Generation:
         """Route and send; returns once the worker produced its first message."""
-        request = self.generate_request(prepared)
-        route = self.route_request(prepared)
+        stream = await self.open(
+            self.route_request(prepared),
+            self.generate_request(prepared),
+            samples=prepared.sampling.n,
+            wants_output_logprobs=prepared.sampling.logprobs,
+        )
+        return Generation(stream, prepared)
+
+    async def open(
+        self,
+        route: RouteRequest,
+        request: pb.GenerateRequest,
+        *,
+        samples: int = 1,
+        wants_output_logprobs: bool = False,
+    ) -> TokenStream:
+        """The one way a generation reaches workers (chat, completions, /generate, the
+        gateway's gRPC API and the SGLang pass-through): a prefill/decode pair when the
+        model is served disaggregated, else one worker; the one retry loop either way,
+        a lease on every worker reached. Returns once the first message arrived."""
         started = time.perf_counter()
-
-        def build(selection: Selection) -> pb.GenerateRequest:
-            return request
-
+        samples = max(1, samples)
         stream: TokenStream
         if serves_pd(self.registry, route.model):
             stream = await self.pd.open(
                 route,
                 request,
-                samples=prepared.sampling.n,
-                wants_output_logprobs=prepared.sampling.logprobs,
-                prompt_tokens=len(prepared.prompt_ids),
-                max_new_tokens=prepared.sampling.max_new_tokens or 0,
+                samples=samples,
+                wants_output_logprobs=wants_output_logprobs,
+                prompt_tokens=len(route.token_ids),
+                max_new_tokens=route.max_new_tokens,
             )
         else:
             stream = await open_generate(
                 self.router,
                 route,
-                build,
-                prompt_tokens=len(prepared.prompt_ids),
-                max_new_tokens=(prepared.sampling.max_new_tokens or 0) * prepared.sampling.n,
+                lambda selection: request,
+                prompt_tokens=len(route.token_ids),
+                max_new_tokens=route.max_new_tokens * samples,
                 retry=self.retry,
                 config=self.dispatch,
                 observer=self.observer,
             )
         self._observe("first_token", time.perf_counter() - started)
-        return Generation(stream, prepared)
+        return stream
+
+    async def embed(self, route: RouteRequest, request: pb.EmbedRequest) -> Embedded:
+        """One embedding on one worker, through the same selection, retry loop and lease."""
+        return await call_embed(
+            self.router, route, request, retry=self.retry, config=self.dispatch, observer=self.observer
+        )
 
     def tokenizer(self, model: str | None) -> Tokenizer:
         return self.catalog.get(model).tokenizer

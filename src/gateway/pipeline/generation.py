@@ -9,6 +9,7 @@ not keep generating tokens nobody will see.
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -95,6 +96,9 @@ class Generation:
         return self._run()
 
     async def _run(self) -> AsyncIterator[SampleDelta]:
+        clock = time.perf_counter
+        first = last = 0.0
+        gaps: list[float] = []  # per-token gap of each message after the first
         try:
             while self._open:
                 msg = await self.stream.read()
@@ -103,11 +107,20 @@ class Generation:
                     raise WorkerError(
                         f"worker {self.worker_id} ended the stream before samples {missing} finished"
                     )
+                now = clock()
                 which = msg.WhichOneof("response")
                 if which == "chunk":
+                    if first:
+                        gaps.append((now - last) / (len(msg.chunk.token_ids) or 1))
+                    else:
+                        first = now
+                    last = now
                     for delta in self._on_chunk(msg.chunk):
                         yield delta
                 elif which == "complete":
+                    if not first:
+                        first = now
+                    last = now
                     for delta in self._on_complete(msg.complete):
                         yield delta
         finally:
@@ -117,10 +130,17 @@ class Generation:
             else:
                 self.stream.finished()
             u = self.usage
-            self.stream.observer.generation_done(
+            completion = sum(u.per_sample_completion.values())
+            observer = self.stream.observer
+            observer.generation_done(
                 self.prepared.model, self.worker_id, prompt_tokens=u.prompt_tokens,
-                completion_tokens=sum(u.per_sample_completion.values()), cached_tokens=u.cached_tokens,
+                completion_tokens=completion, cached_tokens=u.cached_tokens,
             )
+            if first:
+                observer.generation_timing(
+                    self.prepared.model, self.worker_id, first_token_at=first, last_token_at=last,
+                    output_tokens=completion, token_gaps=gaps,
+                )
 
     def _sample(self, index: int) -> _Sample | None:
         if 0 <= index < len(self._samples):

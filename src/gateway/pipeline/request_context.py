@@ -13,6 +13,7 @@ class RequestContext:
     target_worker: str | None = None
     api_key_id: str | None = None
     worker_ids: list[str] = field(default_factory=list)  # who served it (for headers/logs)
+    traceparent: str | None = None  # the client's W3C trace context (gRPC metadata)
 
     def sub_id(self, index: int) -> str:
         """The worker-side request id of prompt ``index`` in a batch."""

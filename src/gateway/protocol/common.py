@@ -153,7 +153,33 @@ class NamedToolChoice(RequestModel):
     function: ToolChoiceFunction
 
 
-ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
+class AllowedTool(RequestModel):
+    """One entry of ``allowed_tools.tools``: ``{"type": "function", "function": {"name"}}``
+    (the Responses API's flat ``{"type": "function", "name"}`` is accepted too)."""
+
+    type: Literal["function"] = "function"
+    function: ToolChoiceFunction | None = None
+    name: str | None = None
+
+    @property
+    def function_name(self) -> str:
+        return self.function.name if self.function is not None else (self.name or "")
+
+
+class AllowedTools(RequestModel):
+    mode: Literal["auto", "required"] = "auto"
+    tools: list[AllowedTool] = Field(min_length=1)
+
+
+class AllowedToolsChoice(RequestModel):
+    """``{"type": "allowed_tools", "allowed_tools": {"mode", "tools"}}``: only these tools,
+    chosen freely (``auto``) or at least one called (``required``)."""
+
+    type: Literal["allowed_tools"]
+    allowed_tools: AllowedTools
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice | AllowedToolsChoice
 
 
 class JsonSchemaFormat(RequestModel):

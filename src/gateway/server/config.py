@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gateway.observability.tracing import TracingConfig
+from gateway.parsers.config import ParserConfig
 from gateway.pipeline.dispatch import DispatchConfig
 from gateway.pipeline.engine import EngineConfig
 from gateway.pipeline.limits import LimitsConfig
@@ -11,7 +13,10 @@ from gateway.pipeline.pd import PdConfig
 from gateway.pipeline.retry import RetryConfig
 from gateway.policies.factory import PolicyConfig
 from gateway.server.admission import AdmissionConfig
+from gateway.server.http.limits import HttpLimitsConfig
+from gateway.server.metrics_port import MetricsPortConfig
 from gateway.server.security import SecurityConfig
+from gateway.server.tls import FrontTlsConfig
 from gateway.settings import option
 from gateway.workers.health import HealthConfig
 from gateway.workers.load_monitor import LoadMonitorConfig
@@ -51,3 +56,8 @@ class GatewayConfig:
     health: HealthConfig = field(default_factory=HealthConfig)
     load_monitor: LoadMonitorConfig = field(default_factory=LoadMonitorConfig)
     pd: PdConfig = field(default_factory=PdConfig)
+    parsers: ParserConfig = field(default_factory=ParserConfig)
+    http: HttpLimitsConfig = field(default_factory=HttpLimitsConfig)
+    metrics_port: MetricsPortConfig = field(default_factory=MetricsPortConfig)
+    tls: FrontTlsConfig = field(default_factory=FrontTlsConfig)
+    tracing: TracingConfig = field(default_factory=TracingConfig)

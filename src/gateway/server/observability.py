@@ -64,6 +64,14 @@ class ObservabilityMiddleware:
             await send(message)
 
         token = bind_record(record)
+        tracing = self.metrics.tracing
+        span = None
+        if tracing is not None and record.path not in QUIET_PATHS:
+            traceparent = next((v.decode("latin-1") for k, v in scope.get("headers", ()) if k == b"traceparent"), None)
+            span = tracing.start_request(
+                f"{record.method} {record.path}", traceparent,
+                {"http.request.method": record.method, "url.path": record.path, "gateway.request_id": record.request_id},
+            )
         self.metrics.in_flight.inc()
         try:
             await self.app(scope, receive, send_wrapper)
@@ -79,6 +87,11 @@ class ObservabilityMiddleware:
             observe_request(self.metrics, record, latency)
             if self.access_log and record.path not in QUIET_PATHS:
                 log_access(record, latency)
+            if span is not None:
+                tracing.end_request(  # type: ignore[union-attr]
+                    span, name=f"{record.method} {record.endpoint}", status=record.status or 499,
+                    attributes={"http.route": record.endpoint, "gen_ai.request.model": record.model},
+                )
             unbind_record(token)
 
 

@@ -12,6 +12,7 @@ from gateway.observability.collector import (
     WorkerCollector,
 )
 from gateway.observability.metrics import GatewayMetrics
+from gateway.observability.tracing import make_tracing
 from gateway.pipeline.catalog import ModelCatalog
 from gateway.pipeline.engine import Engine
 from gateway.pipeline.pd import pool_policy_config
@@ -50,8 +51,11 @@ class GatewayState:
             Path(server.tokenizer_cache_dir),
             tokenizer_path=server.tokenizer_path,
             served_name=server.model,
+            parsers=config.parsers,
         )
         self.metrics = GatewayMetrics()
+        self.tracing = make_tracing(config.tracing)  # None (no-op) without --otlp-traces-endpoint
+        self.metrics.tracing = self.tracing
         self.metrics.registry.register(WorkerCollector.for_registry(self.registry))
         self.metrics.registry.register(TokenizerCacheCollector(self.catalog))
         self.metrics.registry.register(RoutingQualityCollector(self.router))
@@ -140,3 +144,5 @@ class GatewayState:
             close_policy(policy)
         self.engine.close()
         await self.registry.close()
+        if self.tracing is not None:
+            await asyncio.to_thread(self.tracing.shutdown)

@@ -310,6 +310,16 @@ class Tokenizer:
     def chat_template_names(self) -> tuple[str, ...]:
         return tuple(self._chat_template_sources)
 
+    def chat_template_sources(self) -> dict[str, str]:
+        """The model's chat templates by name, as Jinja source (parser detection reads them)."""
+        return dict(self._chat_template_sources)
+
+    def override_chat_template(self, source: str) -> None:
+        """Use ``source`` as the only chat template (``--chat-template FILE``)."""
+        with self._lock:
+            self._chat_template_sources = {"default": source}
+            self._chat_templates.clear()
+
     def chat_template(self, name: str | None = None, *, with_tools: bool = False) -> ChatTemplate:
         """The compiled chat template (cached): ``name``, else ``tool_use`` when tools are
         given and such a template exists, else ``default``."""

@@ -18,6 +18,7 @@ from grpc import aio
 
 from gateway.proto import common_pb2, sglang_scheduler_pb2_grpc
 from gateway.proto import sglang_scheduler_pb2 as pb
+from gateway.workers.trace_context import TRACEPARENT
 
 # Prompts of 100K+ tokens and tokenizer zips exceed gRPC's 4 MiB default.
 _MAX_MESSAGE_BYTES = 256 * 1024 * 1024
@@ -108,9 +109,13 @@ class WorkerClient:
 
     def _metadata(self, request_id: str | None = None) -> tuple[tuple[str, str], ...]:
         # gRPC refuses non-ASCII header values before sending; such an id stays in the body only.
+        out = self._auth
         if request_id and request_id.isascii() and request_id.isprintable():
-            return (*self._auth, ("x-request-id", request_id))
-        return self._auth
+            out = (*out, ("x-request-id", request_id))
+        traceparent = TRACEPARENT.get()  # None unless tracing is on
+        if traceparent is not None:
+            out = (*out, ("traceparent", traceparent))
+        return out
 
     def generate(
         self, request: pb.GenerateRequest, *, timeout: float | None = None

@@ -12,8 +12,8 @@ from google.protobuf.json_format import MessageToDict
 from gateway.policies.base import LoadSnapshot, WorkerView
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.workers.breaker import CircuitBreaker
-from gateway.workers.client import WorkerClient
 from gateway.workers.load import WorkerLoad
+from gateway.workers.transport import WorkerTransport
 
 ROLES = ("regular", "prefill", "decode")
 
@@ -81,7 +81,7 @@ class Worker:
     def __init__(
         self,
         url: str,
-        client: WorkerClient,
+        client: WorkerTransport,
         info: WorkerInfo,
         *,
         role: str = "regular",

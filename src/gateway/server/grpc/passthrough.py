@@ -2,8 +2,10 @@
 
 A client written for one SGLang ``--grpc-mode`` worker points at the gateway
 unchanged and gets a fleet: each Generate is routed on its token ids by the same
-policies (``dispatch.open_generate``: the one retry loop and load accounting) and
-the chosen worker's stream is relayed message for message (n>1 indices, logprobs,
+policies through the engine's one open path (``Engine.prepare_scheduler`` then
+``Engine.open``: the prompt checks, the retry loop, a lease per worker, PD pairs
+when the model is served disaggregated) and the chosen worker's stream is relayed
+message for message (n>1 indices, logprobs,
 chunks and completes as the worker sent them). Abort reaches the worker serving
 that request id; HealthCheck, GetModelInfo, GetServerInfo and GetLoads describe
 the fleet; Embed is routed like a generation; GetTokenizer and FlushCache go to
@@ -22,20 +24,16 @@ from typing import TypeVar
 
 from grpc import aio
 
-from gateway.endpoints.native import embed_ids
 from gateway.observability.request_log import RequestRecord
 from gateway.pipeline.deadline import worker_timeout
-from gateway.pipeline.dispatch import WorkerStream, fire_abort, open_generate
+from gateway.pipeline.dispatch import TokenStream, WorkerStream, fire_abort
 from gateway.pipeline.errors import map_rpc_error
 from gateway.pipeline.request_context import RequestContext
-from gateway.policies.base import RouteRequest
 from gateway.proto import common_pb2
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.proto import sglang_scheduler_pb2_grpc as pb_grpc
 from gateway.protocol.errors import (
-    ContextLengthExceededError,
     GatewayError,
-    InvalidRequestError,
     NoWorkerError,
 )
 from gateway.server.grpc.util import (
@@ -58,7 +56,7 @@ class SchedulerPassthrough(pb_grpc.SglangSchedulerServicer):
         self.state = state
         self.engine = state.engine
         self.auth = auth
-        self._live: dict[str, WorkerStream] = {}  # request id -> its worker stream
+        self._live: dict[str, TokenStream] = {}  # request id -> its worker stream (or PD pair)
         self._aborted: set[str] = set()  # Abort arrived before the request reached a worker
 
     def admitted(self, ctx: RequestContext, method: str) -> contextlib.AbstractAsyncContextManager[RequestRecord]:
@@ -86,33 +84,8 @@ class SchedulerPassthrough(pb_grpc.SglangSchedulerServicer):
         return workers[0]
 
     # ---------------------------------------------------------------- Generate
-    def _route(self, request: pb.GenerateRequest, ctx: RequestContext) -> RouteRequest:
-        entry = self.engine.catalog.get(None)
-        ids = list(request.tokenized.input_ids)
-        if not ids:
-            raise InvalidRequestError("tokenized.input_ids is empty: the pass-through routes on token ids", param="tokenized")
-        vocab = entry.tokenizer.vocab_size
-        if vocab and max(ids) >= vocab:
-            raise InvalidRequestError(f"input ids must be in [0, {vocab})", param="tokenized.input_ids")
-        params = request.sampling_params
-        wanted = params.max_new_tokens if params.HasField("max_new_tokens") else 0
-        limit = entry.max_context_length
-        if limit and len(ids) + wanted > limit:
-            raise ContextLengthExceededError(
-                f"this model's maximum context length is {limit} tokens; the prompt has {len(ids)} "
-                f"tokens and {wanted} more were requested", param="tokenized.input_ids",
-            )
-        return RouteRequest(
-            token_ids=ids,
-            model=self.engine._worker_model(entry.name),
-            request_id=request.request_id,
-            routing_key=ctx.routing_key,
-            target_worker=ctx.target_worker,
-            max_new_tokens=wanted,
-        )
-
     async def Generate(self, request: pb.GenerateRequest, context: aio.ServicerContext) -> AsyncIterator[pb.GenerateResponse]:
-        stream: WorkerStream | None = None
+        stream: TokenStream | None = None
         rid = request.request_id
         try:
             ctx = self.auth.context(context)
@@ -121,13 +94,12 @@ class SchedulerPassthrough(pb_grpc.SglangSchedulerServicer):
                 request = _with_id(request, rid)
             with client_deadline(context):
                 async with self.admitted(ctx, "SglangScheduler/Generate"):
-                    route = self._route(request, ctx)
-                    n = max(1, request.sampling_params.n)
-                    stream = await open_generate(
-                        self.engine.router, route, lambda selection: request,
-                        prompt_tokens=len(route.token_ids),
-                        max_new_tokens=route.max_new_tokens * n,
-                        retry=self.engine.retry, config=self.engine.dispatch,
+                    route = self.engine.prepare_scheduler(
+                        request, routing_key=ctx.routing_key, target_worker=ctx.target_worker
+                    )
+                    stream = await self.engine.open(
+                        route, request, samples=request.sampling_params.n,
+                        wants_output_logprobs=request.return_logprob,
                     )
                     self._live[rid] = stream
                     if rid in self._aborted:
@@ -150,6 +122,10 @@ class SchedulerPassthrough(pb_grpc.SglangSchedulerServicer):
     async def Abort(self, request: pb.AbortRequest, context: aio.ServicerContext) -> pb.AbortResponse:
         async def run(ctx: RequestContext) -> pb.AbortResponse:
             stream = self._live.get(request.request_id)
+            if stream is not None and not isinstance(stream, WorkerStream):
+                # A PD pair: its decode requests may carry per-sample ids; stop them here.
+                await stream.abort(request.reason or "aborted by client")
+                return pb.AbortResponse(success=True, message=f"PD request stopped on {stream.worker.id}")
             if stream is not None:
                 # The worker ends the stream itself (a complete with finish_reason "abort"),
                 # which the relay passes on, as a worker answers its own clients.
@@ -173,13 +149,17 @@ class SchedulerPassthrough(pb_grpc.SglangSchedulerServicer):
     # ---------------------------------------------------------------- Embed
     async def Embed(self, request: pb.EmbedRequest, context: aio.ServicerContext) -> pb.EmbedResponse:
         async def run(ctx: RequestContext) -> pb.EmbedResponse:
-            if not request.tokenized.input_ids:
-                raise InvalidRequestError("tokenized.input_ids is empty: the pass-through routes on token ids", param="tokenized")
-            entry = self.engine.catalog.get(None)
-            reply, worker_id = await embed_ids(self.engine, entry.name, request, ctx)
-            ctx.worker_ids = [worker_id]
+            engine = self.engine
+            entry = engine.catalog.get(None)
+            engine.observer.model_resolved(entry.name)
+            route = engine.prepare_embed(
+                entry, list(request.tokenized.input_ids), request.request_id,
+                routing_key=ctx.routing_key, target_worker=ctx.target_worker, param="tokenized.input_ids",
+            )
+            done = await engine.embed(route, request)
+            ctx.worker_ids = [done.worker_id]
             await context.send_initial_metadata(reply_metadata(ctx))
-            return reply
+            return done.reply
 
         return await self._unary(context, "SglangScheduler/Embed", run)
 

@@ -78,7 +78,8 @@ async def start_grpc_server(state: GatewayState, host: str = "127.0.0.1", port: 
         (GATEWAY_SERVICE, SCHEDULER_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    bound = server.add_insecure_port(address)
+    credentials = state.config.tls.grpc_credentials()  # TLS on the front door (--tls-cert-file)
+    bound = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
     if bound == 0:
         raise RuntimeError(f"gRPC server could not bind {address}")
     await server.start()

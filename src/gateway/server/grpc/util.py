@@ -99,6 +99,7 @@ class Authenticator:
             routing_key=next((meta[k] for k in ROUTING_KEY_METADATA if meta.get(k)), None),
             target_worker=next((meta[k] for k in TARGET_WORKER_METADATA if meta.get(k)), None),
         )
+        ctx.traceparent = meta.get("traceparent")
         incoming = meta.get("x-request-id")
         if incoming and len(incoming) <= 128 and incoming.isprintable():
             ctx.request_id = incoming
@@ -131,6 +132,10 @@ async def call_scope(
     /metrics under ``grpc METHOD`` with its HTTP-equivalent status, and access-logged."""
     record = RequestRecord(method="GRPC", path=method, request_id=ctx.request_id, endpoint=f"grpc {method}")
     token = bind_record(record)
+    tracing = metrics.tracing
+    span = None if tracing is None else tracing.start_request(
+        record.endpoint, ctx.traceparent, {"rpc.system": "grpc", "rpc.method": method, "gateway.request_id": ctx.request_id}
+    )
     try:
         async with admitted(admission, ctx, method):
             yield record
@@ -149,6 +154,8 @@ async def call_scope(
         observe_request(metrics, record, latency)
         if access_log:
             log_access(record, latency)
+        if span is not None:
+            tracing.end_request(span, status=record.status or 499, attributes={"gen_ai.request.model": record.model})  # type: ignore[union-attr]
         unbind_record(token)
 
 

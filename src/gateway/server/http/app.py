@@ -21,6 +21,7 @@ from gateway.server.http.health import health_router
 from gateway.server.http.native import native_router
 from gateway.server.http.openai import openai_router
 from gateway.server.http.openapi import describe_request_bodies
+from gateway.server.http.parse import parse_router
 from gateway.server.http.util import error_response
 from gateway.server.observability import install_observability
 from gateway.server.state import GatewayState
@@ -44,6 +45,7 @@ def create_app(state: GatewayState, *, manage_lifecycle: bool = True) -> FastAPI
     app.include_router(native_router(door))
     app.include_router(health_router(state))
     app.include_router(admin_router(door))
+    app.include_router(parse_router(door))
 
     @app.exception_handler(GatewayError)
     async def gateway_error(request: Request, exc: GatewayError) -> Response:

@@ -57,7 +57,10 @@ def openai_router(door: HttpDoor) -> APIRouter:
     async def models(request: Request) -> Response:
         async def run(ctx: RequestContext) -> Any:
             cards = [
-                ModelCard(id=e.name, root=e.name, max_model_len=e.max_context_length or None)
+                ModelCard(
+                    id=e.name, root=e.name, max_model_len=e.max_context_length or None,
+                    tool_call_parser=e.tool_call_parser, reasoning_parser=e.reasoning_parser,
+                )
                 for e in state.catalog.entries()
             ]
             return ModelList(data=cards).to_dict()
