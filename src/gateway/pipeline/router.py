@@ -33,6 +33,18 @@ class Selection:
     worker: Worker
     decision: Decision
     policy: Policy
+    router: Router | None = None  # set by Router.select: where the finish is reported
+    role: str = "regular"
+
+    def finished(self, route: RouteRequest, *, reported_cached: int, sent_prompt: int, reported_prompt: int,
+                 success: bool) -> None:
+        """The worker stream ended (the lease calls this once): feed the pool's routing quality."""
+        if self.router is not None:
+            self.router.finished(
+                route, self.role, predicted_cached=self.decision.predicted_cached_tokens,
+                reported_cached=reported_cached, sent_prompt=sent_prompt, reported_prompt=reported_prompt,
+                success=success,
+            )
 
 
 class Router:
@@ -140,7 +152,7 @@ class Router:
                 raise NoWorkerAvailable(f"target worker {request.target_worker!r} is not a {role} worker of model {request.model!r}")
             if not target.available:
                 raise NoWorkerAvailable(f"target worker {request.target_worker!r} is not available")
-            return Selection(target, Decision(target.id, "target_worker"), self.policy(request.model, role))
+            return Selection(target, Decision(target.id, "target_worker"), self.policy(request.model, role), self, role)
         if not candidates:
             raise NoWorkerAvailable(f"no {role} worker registered for model {request.model!r}")
         views = [w.view() for w in candidates]
@@ -157,7 +169,7 @@ class Router:
         worker = by_id.get(decision.worker_id)
         if worker is None:
             raise NoWorkerAvailable(f"policy {policy.name} chose unknown worker {decision.worker_id!r}")
-        return Selection(worker, decision, policy)
+        return Selection(worker, decision, policy, self, role)
 
     def exclude(self, request: RouteRequest, worker_id: str) -> RouteRequest:
         return replace(request, exclude=request.exclude | {worker_id})
