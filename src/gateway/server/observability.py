@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable, Mapping
 
+import orjson
 from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import Response
@@ -25,6 +27,7 @@ from gateway.observability.request_log import (
     sane_request_id,
     unbind_record,
 )
+from gateway.protocol.errors import GatewayError
 from gateway.protocol.headers import REQUEST_ID
 
 _REQUEST_ID = REQUEST_ID.encode()  # ASGI header names are bytes
@@ -67,6 +70,14 @@ class ObservabilityMiddleware:
             await send(message)
 
         token = bind_record(record)
+        tracing = self.metrics.tracing
+        span = None
+        if tracing is not None and record.path not in QUIET_PATHS:
+            traceparent = next((v.decode("latin-1") for k, v in scope.get("headers", ()) if k == b"traceparent"), None)
+            span = tracing.start_request(
+                f"{record.method} {record.path}", traceparent,
+                {"http.request.method": record.method, "url.path": record.path, "gateway.request_id": record.request_id},
+            )
         self.metrics.in_flight.inc()
         try:
             await self.app(scope, receive, send_wrapper)
@@ -82,6 +93,11 @@ class ObservabilityMiddleware:
             observe_request(self.metrics, record, latency)
             if self.access_log and record.path not in QUIET_PATHS:
                 log_access(record, latency)
+            if span is not None:
+                tracing.end_request(  # type: ignore[union-attr]
+                    span, name=f"{record.method} {record.endpoint}", status=record.status or 499,
+                    attributes={"http.route": record.endpoint, "gen_ai.request.model": record.model},
+                )
             unbind_record(token)
 
 
@@ -95,11 +111,23 @@ def observe_request(m: GatewayMetrics, record: RequestRecord, latency: float) ->
         m.ttft.labels(endpoint=record.endpoint).observe(record.ttft_s)
 
 
-def install_observability(app: FastAPI, metrics: GatewayMetrics, *, access_log: bool = True) -> None:
-    """Add the middleware and ``GET /metrics`` (Prometheus text format) to ``app``."""
+def install_observability(
+    app: FastAPI, metrics: GatewayMetrics, *, access_log: bool = True,
+    guard: Callable[[Mapping[str, str]], None] | None = None,
+) -> None:
+    """Add the middleware and ``GET /metrics`` (Prometheus text format) to ``app``;
+    ``guard`` checks a scrape's headers (the series name workers and their addresses)."""
     app.add_middleware(ObservabilityMiddleware, metrics=metrics, access_log=access_log)
 
     async def scrape(request: Request) -> Response:
-        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        if guard is not None:
+            try:
+                guard(request.headers)
+            except GatewayError as exc:
+                return Response(orjson.dumps(exc.to_dict()), status_code=exc.status, media_type="application/json")
+        body = metrics.render()
+        if metrics.federate is not None:  # one of serve --processes N: answer for the whole set
+            body = await metrics.federate(body)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     app.add_api_route("/metrics", scrape, methods=["GET"], include_in_schema=False)

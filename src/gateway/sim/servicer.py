@@ -254,6 +254,7 @@ class SimServicer(sglang_scheduler_pb2_grpc.SglangSchedulerServicer):
             sp.stream_interval if sp.HasField("stream_interval") else cfg.default_stream_interval
         )
         digest = prompt_digest(prompt, seed)
+        fail_after = w.faults.fail_after_for_next_request()  # one draw per request: all its samples
         script = w.vocab.scripted_reply(prompt) if cfg.scripted_replies else None
         sink = Sink()
         stop_ids = frozenset(sp.stop_token_ids)
@@ -270,7 +271,7 @@ class SimServicer(sglang_scheduler_pb2_grpc.SglangSchedulerServicer):
                 ignore_eos=sp.ignore_eos,
                 stream=request.stream,
                 interval=interval,
-                fail_after=w.faults.fail_after_tokens,
+                fail_after=fail_after,
                 transferred=transferred,
                 reported_cached=reported_cached,
                 on_prefilled=on_prefilled,

@@ -15,6 +15,7 @@ import pytest
 from grpc import aio
 
 from gateway.client import GatewayRpcError, user
+from gateway.proto import gateway_pb2 as gpb
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.proto import sglang_scheduler_pb2_grpc as pb_grpc
 from tests.e2e.grpc.conftest import GrpcStack
@@ -111,10 +112,10 @@ async def test_passthrough_abort_by_request_id_reaches_the_serving_worker(gstack
         assert rest[-1].WhichOneof("response") == "complete" and rest[-1].complete.finish_reason == "abort"
         await _settled(gstack, aborted=1)
         unknown = await stub.Abort(pb.AbortRequest(request_id="never-seen"))
-        assert unknown.success
+        assert not unknown.success  # ids are scoped to keys: nothing of this caller's has that id
 
 
-@pytest.mark.stack(workers=1, retry={"max_attempts": 1})
+@pytest.mark.stack(workers=1, retry={"max_attempts": 1}, sections={"resume": {"resume": False}})
 async def test_worker_failing_mid_stream_ends_call_with_status(gstack: GrpcStack) -> None:
     gstack.http.fleet.workers[0].faults.fail_after_tokens = 3
     with pytest.raises(GatewayRpcError) as err:
@@ -130,6 +131,20 @@ async def test_worker_failing_mid_stream_ends_call_with_status(gstack: GrpcStack
     assert gstack.http.state.registry.all()[0].load.in_flight == 0
     gstack.http.fleet.workers[0].faults.fail_after_tokens = -1
     assert (await gstack.client.complete("hello", max_tokens=3)).usage.completion_tokens == 3
+
+
+@pytest.mark.stack(workers=2, policy="round_robin")
+async def test_stream_broken_mid_way_resumes_on_the_gateway_grpc_api(gstack: GrpcStack) -> None:
+    gstack.http.fleet.workers[0].faults.fail_after_tokens = 3
+    for _ in range(2):  # round robin: one of them starts on the failing worker
+        chunks = [c async for c in gstack.client.stream_complete(
+            "hello", max_tokens=20, ignore_eos=True, stream_options=gpb.StreamOptions(include_usage=True),
+        )]
+        assert "".join(ch.text for c in chunks for ch in c.choices)
+        assert chunks[-1].usage.completion_tokens == 20 and chunks[-1].usage.prompt_tokens > 0
+    reply = await gstack.client.complete("hello", max_tokens=20, n=2, ignore_eos=True)
+    assert reply.usage.completion_tokens == 40 and len(reply.choices) == 2
+    assert all(w.load.in_flight == 0 for w in gstack.http.state.registry.all())
 
 
 @pytest.mark.stack(workers=2, policy="round_robin")

@@ -26,8 +26,11 @@ async def test_grpc_and_http_share_the_slot_and_full_queue_is_resource_exhausted
         await gstack.client.complete("hello", max_tokens=2)
     assert err.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert err.value.error_code == "queue_full" and err.value.retry_after is not None
-    # metadata calls do not take a slot
-    assert (await gstack.client.tokenize("hello")).count >= 1
+    # metadata calls do not take a slot; tokenizing costs CPU like a prompt and does
+    assert await gstack.client.list_models()
+    with pytest.raises(GatewayRpcError) as err:
+        await gstack.client.tokenize("hello")
+    assert err.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert (await first).status_code == 200
     reply = await gstack.client.complete("hello", max_tokens=2)
     assert reply.choices[0].text is not None

@@ -17,6 +17,7 @@ import uvicorn
 from gateway.pipeline.pd import PdWorkerSpec
 from gateway.server.config import GatewayConfig, ServerConfig
 from gateway.server.http.app import create_app
+from gateway.server.http.guard import http_server_config
 from gateway.server.state import GatewayState
 from gateway.sim.config import SimConfig
 from gateway.sim.fleet import SimFleet
@@ -56,7 +57,7 @@ async def _serve(state: GatewayState) -> tuple[uvicorn.Server, asyncio.Task[None
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", loop="none"))
+    server = uvicorn.Server(http_server_config(app, state.config.http))
     task = asyncio.create_task(server.serve(sockets=[sock]))
     for _ in range(500):
         if server.started:

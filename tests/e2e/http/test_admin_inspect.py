@@ -37,6 +37,13 @@ async def test_inspect_predicts_the_cache_of_the_worker_that_served(stack: Stack
     assert rows[served]["predicted_cached_tokens"] > 200 and rows[served]["predicted_cached_tokens"] % page == 0
     assert all(rows[w]["predicted_cached_tokens"] == 0 for w in rows if w != served)
     assert out["decision"]["choice"] == served and out["decision"]["reason"] == "cache_hit"
+    # the pool's live routing quality rides along: one prompt offered, one stream finished
+    quality = out["quality"]
+    assert quality["offered_prompts"] == 1 and quality["finished"] == 1
+    assert quality["prompt_tokens"] == quality["offered_prompt_tokens"] > 0
+    assert quality["ideal_hit_rate"] == 0 and quality["achieved_hit_rate"] == 0  # nothing to reuse yet
+    assert quality["load_only"] is False and quality["tokenizer_mismatches"] == 0
+    assert quality["under_predicted"] == 0 and quality["hot_prefixes"] == [] and quality["load_only_models"] == []
 
     # the prediction is what the worker then reports as cached
     again = await stack.client.chat.completions.create(model=stack.model, messages=follow, max_tokens=2)  # type: ignore[arg-type]
@@ -97,6 +104,22 @@ async def test_inspect_needs_the_key(stack: Stack) -> None:
     assert r.status_code == 401 and r.json()["error"]["type"]
     ok = await stack.http.post("/admin/inspect", json={"prompt": "hi"}, headers={"authorization": "Bearer sekret"})
     assert ok.status_code == 200 and ok.json()["token_count"] >= 1
+
+
+@pytest.mark.stack(workers=1, server={"api_keys": ["tenant"]}, sections={"security": {"admin_api_key": "adm"}})
+async def test_inspect_is_admin_only_when_there_is_an_admin_key(stack: Stack) -> None:
+    """The tree's answers reveal which prefixes other tenants sent (prefix probing)."""
+    r = await stack.http.post("/admin/inspect", json={"prompt": "hi"}, headers={"authorization": "Bearer tenant"})
+    assert r.status_code == 403 and r.json()["error"]["type"]
+    ok = await stack.http.post("/admin/inspect", json={"prompt": "hi"}, headers={"authorization": "Bearer adm"})
+    assert ok.status_code == 200
+
+
+@pytest.mark.stack(workers=1, server={"api_keys": ["tenant"]},
+                   sections={"security": {"admin_api_key": "adm", "inspect_access": "any"}})
+async def test_inspect_access_any_lets_inference_keys_inspect(stack: Stack) -> None:
+    ok = await stack.http.post("/admin/inspect", json={"prompt": "hi"}, headers={"authorization": "Bearer tenant"})
+    assert ok.status_code == 200
 
 
 @pytest.mark.stack(workers=3, policy="prefix_hash", server={"api_keys": ["k1"]})

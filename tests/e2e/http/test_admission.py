@@ -217,3 +217,59 @@ async def test_http_rate_limit_per_api_key(stack: Stack) -> None:
     assert limited.json()["error"]["code"] == "rate_limit_exceeded"
     assert int(limited.headers["retry-after"]) >= 1
     assert (await stack.http.post("/v1/completions", json=body, headers=b)).status_code == 200
+
+
+# ---------------------------------------------------------------- batches take one slot per prompt
+
+
+async def test_a_batch_takes_one_slot_per_prompt_and_waits_for_room() -> None:
+    adm = Admission(AdmissionConfig(max_concurrent_requests=4, max_queued_requests=4, queue_timeout_s=5))
+    one = await adm.acquire("k")
+    batch = asyncio.ensure_future(adm.acquire("k", 4))  # needs all four slots
+    await asyncio.sleep(0.01)
+    assert not batch.done() and adm.queued == 1
+    later = asyncio.ensure_future(adm.acquire("k"))  # FIFO: does not overtake the batch
+    await asyncio.sleep(0.01)
+    assert not later.done()
+    one.release()
+    ticket = await asyncio.wait_for(batch, 1)
+    assert adm.in_flight == 4 and not later.done()
+    ticket.release()
+    (await asyncio.wait_for(later, 1)).release()
+    assert adm.in_flight == 0
+
+
+async def test_a_batch_larger_than_the_cap_is_refused_at_once() -> None:
+    from gateway.protocol.errors import InvalidRequestError
+
+    adm = Admission(AdmissionConfig(max_concurrent_requests=4))
+    with pytest.raises(InvalidRequestError) as err:
+        await adm.acquire("k", 5)
+    assert err.value.status == 400 and err.value.code == "batch_too_large"
+    assert adm.in_flight == 0
+
+
+async def test_a_batch_spends_one_rate_token_per_prompt() -> None:
+    from gateway.protocol.errors import InvalidRequestError
+
+    adm = Admission(AdmissionConfig(rate_limit_per_s=1.0, rate_limit_burst=3), clock=lambda: 100.0)
+    (await adm.acquire("k", 3)).release()
+    with pytest.raises(RateLimitedError):
+        await adm.acquire("k")  # the batch of three spent the whole burst
+    with pytest.raises(InvalidRequestError):
+        await adm.acquire("other", 4)  # more than the burst could ever allow
+
+
+async def test_a_cancelled_heavy_waiter_lets_lighter_ones_in() -> None:
+    adm = Admission(AdmissionConfig(max_concurrent_requests=2, max_queued_requests=4, queue_timeout_s=5))
+    one = await adm.acquire("k")
+    heavy = asyncio.ensure_future(adm.acquire("k", 2))
+    await asyncio.sleep(0.01)
+    light = asyncio.ensure_future(adm.acquire("k"))
+    await asyncio.sleep(0.01)
+    heavy.cancel()
+    ticket = await asyncio.wait_for(light, 1)
+    assert adm.in_flight == 2
+    ticket.release()
+    one.release()
+    assert adm.in_flight == 0

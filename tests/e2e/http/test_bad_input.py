@@ -130,6 +130,23 @@ SPECIFIC = [
     Case("detok-past-vocab", "/v1/detokenize", {"tokens": [10**9]}, 400),
     Case("detok-huge", "/v1/detokenize", {"tokens": [HUGE]}, 400),
     Case("detok-strings", "/v1/detokenize", {"tokens": "abc"}, 400),
+    # issue 16: work bounded before it starts, one rule set
+    Case("cmpl-batch-too-large", "/v1/completions", {"prompt": ["hi"] * 300, "max_tokens": 1}, 400, param="prompt"),
+    Case("gen-batch-too-large", "/generate", {"text": ["hi"] * 300}, 400, param="prompt"),
+    Case("emb-batch-too-large", "/v1/embeddings", {"input": ["hi"] * 300}, 400, param="input"),
+    Case("cmpl-max-tokens-true", "/v1/completions", {"prompt": "hi", "max_tokens": True}, 400, param="max_tokens"),
+    Case("chat-n-true", "/v1/chat/completions", {"messages": MSG, "n": True}, 400, param="n"),
+    Case("gen-max-new-tokens-true", "/generate", {"text": "hi", "sampling_params": {"max_new_tokens": True}}, 400),
+    Case("cmpl-regex-bad", "/v1/completions", {"prompt": "hi", "regex": "([a-z"}, 400, param="regex"),
+    Case("cmpl-json-schema-bad", "/v1/completions", {"prompt": "hi", "json_schema": "{not json"}, 400, param="json_schema"),
+    Case("cmpl-json-schema-array", "/v1/completions", {"prompt": "hi", "json_schema": "[1]"}, 400, param="json_schema"),
+    Case("gen-regex-bad", "/generate", {"text": "hi", "sampling_params": {"regex": "(?P<"}}, 400),
+    Case("emb-ids-past-vocab", "/v1/embeddings", {"input": [1, 10**6]}, 400, param="input"),
+    Case("emb-ids-negative", "/v1/embeddings", {"input": [1, -3]}, 400, param="input"),
+    Case("cmpl-logit-bias-past-vocab", "/v1/completions", {"prompt": "hi", "logit_bias": {"1000000": 1}}, 400, param="logit_bias"),
+    Case("cmpl-stop-token-past-vocab", "/v1/completions", {"prompt": "hi", "stop_token_ids": [10**6]}, 400, param="stop_token_ids"),
+    Case("gen-rid-too-long", "/generate", {"text": "hi", "rid": "r" * 10_000}, 400),
+    Case("cmpl-temperature-nan", "/v1/completions", b'{"prompt": "hi", "temperature": NaN}', 400),
 ]
 
 CASES = _every_endpoint() + SPECIFIC

@@ -49,3 +49,22 @@ async def test_unknown_model_is_404(stack: Stack) -> None:
 
     with pytest.raises(openai.NotFoundError):
         await stack.client.completions.create(model="nope", prompt="hi", max_tokens=2)
+
+
+@pytest.mark.stack(workers=1, sections={"engine": {"worker_stream_interval": 4}})
+async def test_worker_stream_interval_batches_tokens_same_text(stack: Stack) -> None:
+    """--worker-stream-interval asks workers for N-token chunks: fewer events, same text and usage."""
+    whole = await stack.client.completions.create(model=stack.model, prompt=[100, 200, 300], max_tokens=12, seed=3)
+    stream = await stack.client.completions.create(
+        model=stack.model, prompt=[100, 200, 300], max_tokens=12, seed=3, stream=True,
+        stream_options={"include_usage": True},
+    )
+    texts, usage = [], None
+    async for chunk in stream:
+        if chunk.choices and chunk.choices[0].text:
+            texts.append(chunk.choices[0].text)
+        if chunk.usage:
+            usage = chunk.usage
+    assert "".join(texts) == whole.choices[0].text
+    assert usage is not None and usage.completion_tokens == whole.usage.completion_tokens == 12
+    assert len(texts) <= 4  # 12 tokens in chunks of 4 (a chunk's text may wait for a whole character)

@@ -18,7 +18,7 @@ async def test_rejecting_worker_is_retried_elsewhere(stack: Stack) -> None:
     assert all(w.load.in_flight == 0 for w in stack.state.registry.all())
 
 
-@pytest.mark.stack(workers=1, retry={"max_attempts": 1})
+@pytest.mark.stack(workers=1, retry={"max_attempts": 1}, sections={"resume": {"resume": False}})
 async def test_worker_failing_mid_stream_ends_stream_with_error(stack: Stack) -> None:
     stack.fleet.workers[0].faults.fail_after_tokens = 3
     stream = await stack.client.completions.create(model=stack.model, prompt="hello", max_tokens=50, stream=True, extra_body={"ignore_eos": True})
@@ -31,7 +31,7 @@ async def test_worker_failing_mid_stream_ends_stream_with_error(stack: Stack) ->
     assert ok.choices
 
 
-@pytest.mark.stack(workers=1, retry={"max_attempts": 1}, dispatch={"stall_timeout_s": 0.3})
+@pytest.mark.stack(workers=1, retry={"max_attempts": 1}, dispatch={"stall_timeout_s": 0.3}, sections={"resume": {"resume": False}})
 async def test_worker_stalling_mid_stream_ends_stream_with_timeout(stack: Stack) -> None:
     worker = stack.fleet.workers[0]
     worker.faults.stall_s = 30.0

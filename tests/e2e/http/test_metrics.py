@@ -82,6 +82,20 @@ async def test_predicted_and_reported_cached_tokens(stack: Stack) -> None:
     assert value(m, "token_gateway_cached_tokens_prediction_error_tokens_count", model=worker_model) == 3
     reasons = {labels["reason"] for labels, v in m["token_gateway_policy_decisions_total"] if v}
     assert reasons and all(labels["policy"] == "cache_aware" for labels, _ in m["token_gateway_policy_decisions_total"])
+    # live routing quality per (model, pool): the offered traffic's ideal, achieved, predicted
+    pool = {"model": worker_model, "pool": "regular"}
+    offered = value(m, "token_gateway_routing_offered_prompt_tokens_total", **pool)
+    sent = value(m, "token_gateway_routing_prompt_tokens_total", **pool)
+    assert offered > 0 and sent == offered  # three first attempts, three successful streams
+    assert value(m, "token_gateway_routing_ideal_cached_tokens_total", **pool) > 0
+    assert value(m, "token_gateway_routing_reported_cached_tokens_total", **pool) == reported
+    assert value(m, "token_gateway_routing_predicted_cached_tokens_total", **pool) == predicted
+    ideal = value(m, "token_gateway_routing_ideal_hit_ratio", **pool)
+    achieved = value(m, "token_gateway_routing_achieved_hit_ratio", **pool)
+    assert 0 < achieved <= ideal + 0.05 and ideal < 1
+    assert value(m, "token_gateway_tokenizer_mismatch_total", **pool) == 0
+    assert value(m, "token_gateway_routing_load_only", **pool) == 0
+    assert "token_gateway_routing_tree_corrections_total" in m
 
 
 @pytest.mark.stack(workers=2, retry={"max_attempts": 3, "backoff_base_s": 0.0})
@@ -144,3 +158,43 @@ async def test_worker_series_follow_the_registry() -> None:
     assert 'worker="127.0.0.1:2"' not in generate_latest(registry).decode()
     for w in [*workers, gone]:
         await w.client.close()
+
+
+async def test_generation_timings_by_model_and_worker(stack: Stack) -> None:
+    """TTFT, time per output token, inter-token latency and e2e, labelled by model and worker."""
+    stream = await stack.client.completions.create(
+        model=stack.model, prompt="count with me", max_tokens=6, stream=True, extra_body={"ignore_eos": True}
+    )
+    async for _ in stream:
+        pass
+    m = await scrape(stack)
+    workers = {w.id for w in stack.state.registry.all()}
+    for name in ("token_gateway_worker_time_to_first_token_seconds", "token_gateway_e2e_request_latency_seconds",
+                 "token_gateway_time_per_output_token_seconds"):
+        rows = [(labels, v) for labels, v in m[name + "_count"] if v]
+        assert len(rows) == 1, name
+        assert rows[0][0]["model"] == stack.model and rows[0][0]["worker"] in workers
+    itl = value(m, "token_gateway_inter_token_latency_seconds_count", model=stack.model)
+    assert 1 <= itl <= 5  # one per token message after the first (6 tokens)
+    ttft = value(m, "token_gateway_worker_time_to_first_token_seconds_sum")
+    e2e = value(m, "token_gateway_e2e_request_latency_seconds_sum")
+    assert 0 < ttft <= e2e
+
+
+def test_observe_many_matches_observe() -> None:
+    from gateway.observability.metrics import GatewayMetrics, observe_many
+
+    m = GatewayMetrics()
+    values = [0.0001, 0.0005, 0.001, 0.0049, 0.2, 0.2000001, 3.0, 99.0] * 3
+    observe_many(m.itl.labels(model="a", worker="w"), values)
+    one = m.itl.labels(model="b", worker="w")
+    for v in values:
+        one.observe(v)
+    got: dict[str, dict[str, float]] = {"a": {}, "b": {}}
+    for family in text_string_to_metric_families(m.render().decode()):
+        for s in family.samples:
+            if s.name.startswith("token_gateway_inter_token_latency_seconds") and not s.name.endswith("_created"):
+                got[s.labels["model"]][s.name + s.labels.get("le", "")] = s.value
+    assert got["a"].keys() == got["b"].keys()
+    for key, v in got["b"].items():
+        assert got["a"][key] == pytest.approx(v)

@@ -300,7 +300,7 @@ async def test_prefill_failure_without_retry_aborts_the_decode_half(stack: Stack
     await _all_slots_free(stack)
 
 
-@pytest.mark.stack(workers=2, roles=["prefill", "decode"], retry={"max_attempts": 1})
+@pytest.mark.stack(workers=2, roles=["prefill", "decode"], retry={"max_attempts": 1}, sections={"resume": {"resume": False}})
 async def test_decode_dying_mid_stream_ends_the_stream_with_an_error(stack: Stack) -> None:
     decode = _sims(stack, "decode")[0]
     decode.faults.fail_after_tokens = 3
@@ -318,7 +318,7 @@ async def test_decode_dying_mid_stream_ends_the_stream_with_an_error(stack: Stac
     assert ok.choices[0].text is not None
 
 
-@pytest.mark.stack(workers=2, roles=["prefill", "decode"], retry={"max_attempts": 1})
+@pytest.mark.stack(workers=2, roles=["prefill", "decode"], retry={"max_attempts": 1}, sections={"resume": {"resume": False}})
 async def test_decode_worker_killed_mid_stream(stack: Stack) -> None:
     decode = _sims(stack, "decode")[0]
     decode.faults.stall_s = 5.0

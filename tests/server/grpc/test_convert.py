@@ -11,6 +11,17 @@ from gateway.client import chat_request, completion_request, function_tool, gpb,
 from gateway.protocol.chat import ChatCompletionRequest
 from gateway.protocol.completions import CompletionRequest
 from gateway.protocol.errors import GatewayError
+from gateway.protocol.logprobs import chat_logprobs, completion_logprobs
+from gateway.protocol.stream import (
+    CHAT_CHUNK,
+    TEXT_COMPLETION,
+    ChatDelta,
+    CompletionDelta,
+    StreamChunk,
+    StreamHead,
+    StreamUsage,
+    ToolCallFragment,
+)
 from gateway.server.grpc import convert as convert
 from gateway.server.http.util import parse_model
 
@@ -70,18 +81,27 @@ def test_named_tool_choice_and_bad_json() -> None:
 
 
 def test_response_dicts_become_typed_messages() -> None:
-    chunk = convert.chat_chunk({
-        "id": "c", "created": 1, "model": "m",
-        "choices": [{"index": 1, "delta": {"reasoning_content": "hm", "tool_calls": [{"index": 0, "id": "t", "type": "function", "function": {"name": "f", "arguments": "{"}}]},
-                     "logprobs": {"content": [{"token": "a", "logprob": -0.5, "bytes": [97], "top_logprobs": [{"token": "a", "logprob": -0.5, "bytes": [97]}]}]},
-                     "finish_reason": "tool_calls", "matched_stop": None}],
-        "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5, "prompt_tokens_details": {"cached_tokens": 2}, "completion_tokens_details": {"reasoning_tokens": 1}},
-    })
+    lp = chat_logprobs([97], [-0.5], [[(97, -0.5)]], lambda t: chr(t))
+    head = StreamHead("c", CHAT_CHUNK, 1, "m")
+    delta = ChatDelta(
+        1, reasoning_content="hm", tool_calls=[ToolCallFragment(0, "{", id="t", name="f")], logprobs=lp,
+        finish_reason="tool_calls", final=True,
+    )
+    chunk = convert.chat_chunk(StreamChunk(head, [delta], StreamUsage(3, 2, cached_tokens=2, reasoning_tokens=1)))
     choice = chunk.choices[0]
     assert choice.index == 1 and choice.delta.reasoning_content == "hm" and not choice.delta.HasField("content")
     assert choice.delta.tool_calls[0].function.arguments == "{" and choice.finish_reason == "tool_calls"
     assert choice.logprobs.content[0].bytes == b"a" and not choice.HasField("matched_stop")
-    assert (chunk.usage.cached_tokens, chunk.usage.reasoning_tokens) == (2, 1)
+    assert choice.delta.tool_calls[0].id == "t" and choice.delta.tool_calls[0].function.name == "f"
+    assert (chunk.usage.cached_tokens, chunk.usage.reasoning_tokens, chunk.usage.total_tokens) == (2, 1, 5)
+    text_lp = completion_logprobs([104, 105], [None, -1.0], [None, [(105, -1.0)]], lambda t: chr(t), text_offset=0)
+    streamed = convert.completion_chunk(StreamChunk(
+        StreamHead("x", TEXT_COMPLETION, 1, "m"), [CompletionDelta(0, "hi", text_lp, "stop", "\n")], StreamUsage(1, 2)
+    ))
+    tokens = streamed.choices[0].logprobs.tokens
+    assert not tokens[0].HasField("logprob") and tokens[1].logprob == -1.0 and dict(tokens[1].top_logprobs) == {"i": -1.0}
+    assert streamed.choices[0].matched_stop.text == "\n" and streamed.usage.total_tokens == 3
+    assert not streamed.usage.HasField("reasoning_tokens")
     whole = convert.completion_response({
         "id": "x", "created": 1, "model": "m",
         "choices": [{"index": 0, "text": "hi", "finish_reason": "stop", "matched_stop": "\n",

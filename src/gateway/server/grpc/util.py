@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping
-from typing import Protocol
+from typing import Literal, Protocol
 
 import grpc
 from grpc import aio
@@ -23,12 +23,19 @@ from gateway.pipeline.deadline import request_deadline
 from gateway.pipeline.request_context import RequestContext
 from gateway.protocol import headers
 from gateway.protocol.errors import GatewayError
-from gateway.server.admission import Admission
+from gateway.server.admission import Admission, Ticket
 from gateway.server.observability import observe_request
 
 
 class KeyCheck(Protocol):
     def inference(self, headers: Mapping[str, str]) -> str | None: ...
+    def admin_call(self, headers: Mapping[str, str]) -> str | None: ...
+    def inspector(self, headers: Mapping[str, str]) -> str | None: ...
+
+
+# The role a call needs, as the HTTP routes demand it: "inference" (any key), "admin"
+# (the admin key: cache flush), "inspect" (--inspect-access).
+Role = Literal["inference", "admin", "inspect"]
 
 
 # HTTP status of a GatewayError -> the gRPC code with the same meaning.
@@ -90,36 +97,59 @@ class CallContextReader:
     def __init__(self, keys: KeyCheck) -> None:
         self.keys = keys
 
-    def context(self, context: aio.ServicerContext) -> RequestContext:
-        """The request's context from its metadata; raises AuthenticationError."""
+    def context(self, context: aio.ServicerContext, role: Role = "inference") -> RequestContext:
+        """The request's context from its metadata; raises AuthenticationError (or
+        PermissionDeniedError: an inference key on an admin call)."""
         meta = _metadata(context)
+        check = {"inference": self.keys.inference, "admin": self.keys.admin_call, "inspect": self.keys.inspector}[role]
         ctx = RequestContext(
-            api_key_id=self.keys.inference(meta),
+            api_key_id=check(meta),
             routing_key=headers.first_header(meta, headers.ROUTING_KEY_HEADERS),
             target_worker=headers.first_header(meta, headers.TARGET_WORKER_HEADERS),
         )
+        ctx.traceparent = meta.get("traceparent")
         incoming = meta.get(headers.REQUEST_ID)
         if incoming and len(incoming) <= 128 and incoming.isprintable():
             ctx.request_id = incoming
         return ctx
 
 
-# Calls that make a worker generate or embed take an admission slot, as their HTTP
-# counterparts do; metadata and token-counting calls do not queue.
+# Calls that make a worker generate or embed, or cost a tokenization, take an admission
+# slot, as their HTTP counterparts do; metadata calls do not queue.
 ADMITTED_METHODS = frozenset(
-    {"ChatCompletion", "Completion", "StreamChatCompletion", "StreamCompletion", "Generate", "Embed"}
+    {"ChatCompletion", "Completion", "StreamChatCompletion", "StreamCompletion", "Generate", "Embed",
+     "Tokenize", "Detokenize", "InspectPrefix"}
 )
+
+
+# Of those, the gateway API's calls that may carry a batch reserve one slot per prompt
+# once the request is parsed (``RequestContext.reserve``), as the HTTP routes do.
+BATCH_METHODS = frozenset({"Completion", "StreamCompletion", "Generate", "Embed"})
 
 
 @contextlib.asynccontextmanager
 async def admitted(admission: Admission, ctx: RequestContext, method: str) -> AsyncIterator[None]:
     """Hold an admission slot for the whole call (a stream: until it ends) when
     ``method`` generates; raises the admission errors (429/408/503 in gRPC terms)."""
-    if method.rsplit("/", 1)[-1] not in ADMITTED_METHODS:
+    service, _, name = method.rpartition("/")
+    if name not in ADMITTED_METHODS:
         yield
         return
-    async with admission.admit(ctx.api_key_id):
+    if service or name not in BATCH_METHODS:  # the pass-through's calls carry one prompt each
+        async with admission.admit(ctx.api_key_id):
+            yield
+        return
+    tickets: list[Ticket] = []
+
+    async def take(weight: int) -> None:
+        tickets.append(await admission.acquire(ctx.api_key_id, weight))
+
+    ctx.admit = take
+    try:
         yield
+    finally:
+        for ticket in tickets:
+            ticket.release()
 
 
 @contextlib.asynccontextmanager
@@ -130,6 +160,10 @@ async def call_scope(
     /metrics under ``grpc METHOD`` with its HTTP-equivalent status, and access-logged."""
     record = RequestRecord(method="GRPC", path=method, request_id=ctx.request_id, endpoint=f"grpc {method}")
     token = bind_record(record)
+    tracing = metrics.tracing
+    span = None if tracing is None else tracing.start_request(
+        record.endpoint, ctx.traceparent, {"rpc.system": "grpc", "rpc.method": method, "gateway.request_id": ctx.request_id}
+    )
     try:
         async with admitted(admission, ctx, method):
             yield record
@@ -148,6 +182,8 @@ async def call_scope(
         observe_request(metrics, record, latency)
         if access_log:
             log_access(record, latency)
+        if span is not None:
+            tracing.end_request(span, status=record.status or 499, attributes={"gen_ai.request.model": record.model})  # type: ignore[union-attr]
         unbind_record(token)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -25,7 +25,7 @@ from gateway.protocol.headers import (
     first_header,
 )
 from gateway.server.admission import Ticket
-from gateway.server.http.sse import DONE, sse, sse_error
+from gateway.server.http.sse import DONE, StreamEvent, sse_error
 from gateway.server.http.util import (
     ClientGone,
     EventStream,
@@ -76,20 +76,26 @@ class HttpDoor:
         request: Request,
         run: Callable[[RequestContext], Any],
         *,
-        admit: bool = False,
+        admit: bool | Literal["batch"] = False,
         auth: Auth | None = None,
     ) -> Response:
         """Run a JSON endpoint with ``auth`` (default: an inference key), admission
-        (``admit``), disconnect watch and error mapping.
+        (``admit``: one slot before ``run``; ``"batch"``: ``run`` calls ``ctx.reserve(k)``
+        with its prompt count before any work), disconnect watch and error mapping.
 
         The admission slot is held until the answer is complete: for a stream, until it ends."""
         state = self.state
         ctx = RequestContext()
         tickets: list[Ticket] = []
 
+        async def take(weight: int) -> None:
+            tickets.append(await state.admission.acquire(ctx.api_key_id, weight))
+
         async def admitted(ctx: RequestContext) -> Any:
-            if admit:
-                tickets.append(await state.admission.acquire(ctx.api_key_id))
+            if admit == "batch":
+                ctx.admit = take  # the route reserves one slot per prompt once it knows the count
+            elif admit:
+                await take(1)
             return await run(ctx)
 
         result: Any = None
@@ -112,11 +118,13 @@ class HttpDoor:
             return result
         return JSONResponse(result, headers=self.headers_for(ctx))
 
-    def sse_stream(self, chunks: AsyncIterator[dict[str, Any]], ctx: RequestContext) -> EventStream:
+    def sse_stream(self, chunks: AsyncIterator[StreamEvent], ctx: RequestContext) -> EventStream:
+        """Each typed event becomes its SSE bytes here, once."""
+
         async def body() -> AsyncIterator[bytes]:
             try:
                 async for chunk in chunks:
-                    yield sse(chunk)
+                    yield b"data: " + chunk.to_json() + b"\n\n"
             except GatewayError as exc:
                 log.warning("request %s failed mid-stream: %s", ctx.request_id, exc.message)
                 yield sse_error(exc.status, exc.message, exc.type, exc.code)
