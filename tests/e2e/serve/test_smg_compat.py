@@ -23,7 +23,7 @@ from gateway.server.serve import config_from_args
 from gateway.server.smg_compat import map_value, warn_ignored
 from gateway.sim.config import SimConfig
 from gateway.sim.fleet import SimFleet
-from tests.server.conftest import ZERO_COST
+from tests.e2e.http.conftest import ZERO_COST
 
 W = ["grpc://127.0.0.1:1", "grpc://127.0.0.1:2"]
 
@@ -204,6 +204,6 @@ async def test_gateway_starts_from_an_smg_command_line(tmp_path: Path) -> None:
 def test_every_smg_flag_is_documented() -> None:
     from gateway.server.smg_compat import ALIASES
 
-    text = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
+    text = (Path(__file__).resolve().parents[3] / "docs" / "operations.md").read_text()
     missing = [a.flag for a in ALIASES if f"`{a.flag}`" not in text]
     assert not missing, missing
