@@ -15,6 +15,8 @@ import grpc
 from google.protobuf.message import DecodeError
 from grpc import aio
 
+from gateway.protocol import headers
+
 
 class _Unparseable:
     __slots__ = ("error",)
@@ -24,7 +26,7 @@ class _Unparseable:
 
 
 async def _refuse(context: aio.ServicerContext, bad: _Unparseable) -> None:
-    context.set_trailing_metadata((("x-error-type", "invalid_request_error"), ("x-http-status", "400")))
+    context.set_trailing_metadata(((headers.ERROR_TYPE, "invalid_request_error"), (headers.HTTP_STATUS, "400")))
     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the request is not a valid protobuf message: {bad.error}")
 
 
