@@ -17,13 +17,16 @@ from gateway.policies.factory import close_policy, make_policy
 from gateway.protocol.errors import InvalidRequestError
 from gateway.server.admission import Admission
 from gateway.server.config import GatewayConfig
+from gateway.server.process_set import SetMember
 from gateway.server.security import Authenticator
+from gateway.sync.bus import SyncBus
 from gateway.workers.discovery.reconcile import Target
 from gateway.workers.discovery.sources import make_discovery
 from gateway.workers.health import HealthMonitor
 from gateway.workers.kv_events import KvEventFeeder
 from gateway.workers.load_monitor import LoadMonitor
 from gateway.workers.registry import WorkerRegistry
+from gateway.workers.watchdog import ProgressTracker, Watchdog
 from gateway.workers.worker import Worker
 
 log = logging.getLogger(__name__)
@@ -40,6 +43,7 @@ class GatewayState:
             worker_api_key=server.worker_api_key,
             probe_timeout_s=server.probe_timeout_s,
             breaker=config.health.breaker,
+            progress=lambda: ProgressTracker(config.watchdog),
         )
         self.router = Router(
             self.registry,
@@ -64,6 +68,7 @@ class GatewayState:
             dispatch=config.dispatch,
             limits=config.limits,
             observer=self.metrics,
+            resume=config.resume,
         )
         rejections = self.metrics.admission_rejections
         self.admission = Admission(
@@ -72,12 +77,22 @@ class GatewayState:
         self.metrics.queue_depth.set_function(lambda: self.admission.queued)
         self.auth = Authenticator(server.api_keys, config.security)
         self.health = HealthMonitor(self.registry, config.health)
+        self.watchdog = Watchdog(self.registry.all, config.watchdog)
         self.loads = LoadMonitor(
             self.registry,
             self._pool_needs_loads,
             config.load_monitor,
         )
         self.kv_events = KvEventFeeder(self.registry, self.router) if server.kv_events else None
+        self.sync: SyncBus | None = None  # the routing view shared with other processes (gateway.sync)
+        if config.sync.sync_url:
+            from gateway.observability.sync_metrics import SyncCollector, lag_histogram
+
+            lag = lag_histogram(self.metrics.registry)
+            self.sync = SyncBus(config.sync, self.router, self.registry, on_lag=lag.observe)
+            self.router.tap(self.sync.outbox)
+            self.metrics.registry.register(SyncCollector(self.sync))
+        self.process_set: SetMember | None = None  # set by serve when one of --processes N
         self.discovery = make_discovery(config.discovery, self._discovered_add, self.remove_worker)
         self.ready = False
 
@@ -136,16 +151,22 @@ class GatewayState:
         for source in self.discovery:
             source.start()
         self.health.start()
+        self.watchdog.start()
         self.loads.start()
         if self.kv_events is not None:
             self.kv_events.start()
+        if self.sync is not None:
+            self.sync.start()  # connects in the background: never holds up serving
 
     async def stop(self) -> None:
+        if self.sync is not None:
+            await self.sync.stop()
         for source in self.discovery:
             await source.stop()
         if self.kv_events is not None:
             await self.kv_events.close()
         await self.health.stop()
+        await self.watchdog.stop()
         await self.loads.stop()
         for policy in self.router.policies().values():
             close_policy(policy)
