@@ -25,8 +25,9 @@ from kubernetes_asyncio.client import (
 )
 
 from gateway.workers.discovery.config import DiscoveryConfig
-from gateway.workers.discovery.kubernetes import KubernetesDiscovery, pod_target, selector_string
+from gateway.workers.discovery.kubernetes import KubernetesDiscovery, pod_target
 from gateway.workers.discovery.reconcile import Reconciler, Target
+from gateway.workers.discovery.targets import selector_string
 
 CONFIG = DiscoveryConfig(k8s_discovery=True, k8s_selector=["app=sglang"], k8s_port=30000)
 

@@ -32,8 +32,7 @@ class DiscoveryConfig:
 
     def check(self) -> None:
         """Raise ValueError on a malformed name or selector (before anything starts)."""
-        from gateway.workers.discovery.dns import parse_dns_target
-        from gateway.workers.discovery.kubernetes import selector_string
+        from gateway.workers.discovery.targets import parse_dns_target, selector_string
 
         for text in self.dns_workers:
             parse_dns_target(text)
