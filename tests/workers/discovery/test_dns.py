@@ -183,7 +183,7 @@ async def test_a_records_feed_the_registry(dns_server, tmp_path: Path) -> None: 
 
 async def test_srv_records(dns_server) -> None:  # type: ignore[no-untyped-def]
     dns: Dns = dns_server(30001, 30002)
-    dns.set_hosts(["127.0.0.5 w1.test", "127.0.0.6 w2.test"])
+    dns.set_hosts(["127.0.0.5 w1.test", "127.0.0.6 w2.test", "fd00::7 v6.test", "127.0.0.7 v6.test"])
     seen: list[dict[str, Target]] = []
 
     async def add(t: Target) -> object:
@@ -199,3 +199,6 @@ async def test_srv_records(dns_server) -> None:  # type: ignore[no-untyped-def]
     seen.append(await source.desired())
     assert set(seen[0]) == {"grpc://w1.test:30001", "grpc://w2.test:30002"}
     assert {t.role for t in seen[0].values()} == {"decode"}
+    both = DnsDiscovery(DiscoveryConfig(dns_workers=["v6.test:5000"], dns_nameservers=[dns.nameserver]),
+                        Reconciler("dns", add, remove))
+    assert set(await both.desired()) == {"grpc://[fd00::7]:5000", "grpc://127.0.0.7:5000"}  # AAAA and A
