@@ -6,7 +6,11 @@ import asyncio
 import logging
 from pathlib import Path
 
-from gateway.observability.collector import TokenizerCacheCollector, WorkerCollector
+from gateway.observability.collector import (
+    RoutingQualityCollector,
+    TokenizerCacheCollector,
+    WorkerCollector,
+)
 from gateway.observability.metrics import GatewayMetrics
 from gateway.observability.tracing import make_tracing
 from gateway.pipeline.catalog import ModelCatalog
@@ -60,6 +64,7 @@ class GatewayState:
         self.metrics.tracing = self.tracing
         self.metrics.registry.register(WorkerCollector.for_registry(self.registry))
         self.metrics.registry.register(TokenizerCacheCollector(self.catalog))
+        self.metrics.registry.register(RoutingQualityCollector(self.router))
         self.engine = Engine(
             self.router,
             self.catalog,

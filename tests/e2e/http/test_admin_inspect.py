@@ -37,6 +37,13 @@ async def test_inspect_predicts_the_cache_of_the_worker_that_served(stack: Stack
     assert rows[served]["predicted_cached_tokens"] > 200 and rows[served]["predicted_cached_tokens"] % page == 0
     assert all(rows[w]["predicted_cached_tokens"] == 0 for w in rows if w != served)
     assert out["decision"]["choice"] == served and out["decision"]["reason"] == "cache_hit"
+    # the pool's live routing quality rides along: one prompt offered, one stream finished
+    quality = out["quality"]
+    assert quality["offered_prompts"] == 1 and quality["finished"] == 1
+    assert quality["prompt_tokens"] == quality["offered_prompt_tokens"] > 0
+    assert quality["ideal_hit_rate"] == 0 and quality["achieved_hit_rate"] == 0  # nothing to reuse yet
+    assert quality["load_only"] is False and quality["tokenizer_mismatches"] == 0
+    assert quality["under_predicted"] == 0 and quality["hot_prefixes"] == [] and quality["load_only_models"] == []
 
     # the prediction is what the worker then reports as cached
     again = await stack.client.chat.completions.create(model=stack.model, messages=follow, max_tokens=2)  # type: ignore[arg-type]

@@ -82,6 +82,20 @@ async def test_predicted_and_reported_cached_tokens(stack: Stack) -> None:
     assert value(m, "token_gateway_cached_tokens_prediction_error_tokens_count", model=worker_model) == 3
     reasons = {labels["reason"] for labels, v in m["token_gateway_policy_decisions_total"] if v}
     assert reasons and all(labels["policy"] == "cache_aware" for labels, _ in m["token_gateway_policy_decisions_total"])
+    # live routing quality per (model, pool): the offered traffic's ideal, achieved, predicted
+    pool = {"model": worker_model, "pool": "regular"}
+    offered = value(m, "token_gateway_routing_offered_prompt_tokens_total", **pool)
+    sent = value(m, "token_gateway_routing_prompt_tokens_total", **pool)
+    assert offered > 0 and sent == offered  # three first attempts, three successful streams
+    assert value(m, "token_gateway_routing_ideal_cached_tokens_total", **pool) > 0
+    assert value(m, "token_gateway_routing_reported_cached_tokens_total", **pool) == reported
+    assert value(m, "token_gateway_routing_predicted_cached_tokens_total", **pool) == predicted
+    ideal = value(m, "token_gateway_routing_ideal_hit_ratio", **pool)
+    achieved = value(m, "token_gateway_routing_achieved_hit_ratio", **pool)
+    assert 0 < achieved <= ideal + 0.05 and ideal < 1
+    assert value(m, "token_gateway_tokenizer_mismatch_total", **pool) == 0
+    assert value(m, "token_gateway_routing_load_only", **pool) == 0
+    assert "token_gateway_routing_tree_corrections_total" in m
 
 
 @pytest.mark.stack(workers=2, retry={"max_attempts": 3, "backoff_base_s": 0.0})

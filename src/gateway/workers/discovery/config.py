@@ -29,14 +29,3 @@ class DiscoveryConfig:
     @property
     def dns_enabled(self) -> bool:
         return bool(self.dns_workers)
-
-    def check(self) -> None:
-        """Raise ValueError on a malformed name or selector (before anything starts)."""
-        from gateway.workers.discovery.targets import parse_dns_target, selector_string
-
-        for text in self.dns_workers:
-            parse_dns_target(text)
-        for sel in (self.k8s_selector, self.k8s_prefill_selector, self.k8s_decode_selector):
-            selector_string(sel)
-        if self.k8s_discovery and not (self.k8s_selector or self.k8s_prefill_selector or self.k8s_decode_selector):
-            raise ValueError("--k8s-discovery needs --k8s-selector, --k8s-prefill-selector or --k8s-decode-selector")

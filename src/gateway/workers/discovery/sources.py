@@ -27,3 +27,15 @@ def make_discovery(config: DiscoveryConfig, add: AddWorker, remove: RemoveWorker
 
         sources.append(KubernetesDiscovery(config, Reconciler("k8s-discovery", add, remove)))
     return sources
+
+
+def check_discovery(config: DiscoveryConfig) -> None:
+    """Raise ValueError on a malformed name or selector (before anything starts)."""
+    from gateway.workers.discovery.targets import parse_dns_target, selector_string
+
+    for text in config.dns_workers:
+        parse_dns_target(text)
+    for sel in (config.k8s_selector, config.k8s_prefill_selector, config.k8s_decode_selector):
+        selector_string(sel)
+    if config.k8s_discovery and not (config.k8s_selector or config.k8s_prefill_selector or config.k8s_decode_selector):
+        raise ValueError("--k8s-discovery needs --k8s-selector, --k8s-prefill-selector or --k8s-decode-selector")
