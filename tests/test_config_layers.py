@@ -157,3 +157,15 @@ def test_secrets_are_masked() -> None:
     shown = masked(values, secret_names(args))
     assert shown["admin_api_key"] == "***" and shown["name"] == "visible"
     assert "k" not in str({k: v for k, v in shown.items() if k != "mode"}.values())
+
+
+def test_unknown_environment_variables_are_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gateway.config_layers import unknown_env
+
+    monkeypatch.setenv("TOKEN_GATEWAY_PROT", "1")  # a typo
+    monkeypatch.setenv("TOKEN_GATEWAY_PORT", "2")
+    monkeypatch.setenv("TOKEN_GATEWAY_TRACEMALLOC_DIR", "/somewhere")  # internal, not a setting
+    args = _args([])
+    resolve(args)
+    assert args.port == 2
+    assert unknown_env(args) == ["TOKEN_GATEWAY_PROT"]

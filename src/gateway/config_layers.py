@@ -240,6 +240,23 @@ def _build_model(
     return create_model("GatewaySettings", __base__=bound, **spec)  # type: ignore[no-any-return,call-overload]
 
 
+# TOKEN_GATEWAY_* variables that are not settings: set by the gateway for its own
+# children (serve --processes) or read by one module (heap tracing).
+INTERNAL_ENV = frozenset({"CONFIG", "TRACEMALLOC_DIR", "PROCESS_INDEX", "PROCESS_COUNT", "RUN_DIR", "HTTP_FD"})
+
+
+def unknown_env(args: argparse.Namespace, extras: Mapping[str, Extra] | None = None) -> list[str]:
+    """``TOKEN_GATEWAY_*`` variables that name no setting (a typo is otherwise silent)."""
+    known = set(_option_fields(option_classes(args))) | set(extras or {})
+    out = []
+    for key in os.environ:
+        if key.upper().startswith(ENV_PREFIX):
+            name = key[len(ENV_PREFIX):]
+            if name.lower() not in known and name.upper() not in INTERNAL_ENV:
+                out.append(key)
+    return sorted(out)
+
+
 def secret_names(args: argparse.Namespace, extras: Mapping[str, Extra] | None = None) -> set[str]:
     """Settings whose values are masked when shown."""
     names = {n for n, (_, f) in _option_fields(option_classes(args)).items() if is_secret(f)}

@@ -274,6 +274,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
     setup_logging(config.server.log_level, config.server.log_json)
     smg_compat.warn_ignored(args)
+    from gateway.config_layers import unknown_env
+
+    for key in unknown_env(args, _pool_extras()):
+        log.warning("environment variable %s is not a token-gateway setting (ignored)", key)
     try:
         processes = config.processes.count()
     except ValueError as exc:

@@ -24,8 +24,9 @@ from gateway.server.state import GatewayState
 from gateway.sim.config import SimConfig
 from gateway.sim.worker import SimWorker
 from gateway.workers.discovery.config import DiscoveryConfig
-from gateway.workers.discovery.dns import DnsDiscovery, parse_dns_target, worker_url
+from gateway.workers.discovery.dns import DnsDiscovery
 from gateway.workers.discovery.reconcile import Reconciler, Target
+from gateway.workers.discovery.targets import parse_dns_target, worker_url
 
 ZERO_COST = dict(step_base_s=0.0, prefill_token_s=0.0, decode_seq_s=0.0, time_scale=0.0)
 
@@ -182,7 +183,7 @@ async def test_a_records_feed_the_registry(dns_server, tmp_path: Path) -> None: 
 
 async def test_srv_records(dns_server) -> None:  # type: ignore[no-untyped-def]
     dns: Dns = dns_server(30001, 30002)
-    dns.set_hosts(["127.0.0.5 w1.test", "127.0.0.6 w2.test"])
+    dns.set_hosts(["127.0.0.5 w1.test", "127.0.0.6 w2.test", "fd00::7 v6.test", "127.0.0.7 v6.test"])
     seen: list[dict[str, Target]] = []
 
     async def add(t: Target) -> object:
@@ -198,3 +199,6 @@ async def test_srv_records(dns_server) -> None:  # type: ignore[no-untyped-def]
     seen.append(await source.desired())
     assert set(seen[0]) == {"grpc://w1.test:30001", "grpc://w2.test:30002"}
     assert {t.role for t in seen[0].values()} == {"decode"}
+    both = DnsDiscovery(DiscoveryConfig(dns_workers=["v6.test:5000"], dns_nameservers=[dns.nameserver]),
+                        Reconciler("dns", add, remove))
+    assert set(await both.desired()) == {"grpc://[fd00::7]:5000", "grpc://127.0.0.7:5000"}  # AAAA and A

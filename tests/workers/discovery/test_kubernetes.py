@@ -25,8 +25,9 @@ from kubernetes_asyncio.client import (
 )
 
 from gateway.workers.discovery.config import DiscoveryConfig
-from gateway.workers.discovery.kubernetes import KubernetesDiscovery, pod_target, selector_string
+from gateway.workers.discovery.kubernetes import KubernetesDiscovery, pod_target
 from gateway.workers.discovery.reconcile import Reconciler, Target
+from gateway.workers.discovery.targets import selector_string
 
 CONFIG = DiscoveryConfig(k8s_discovery=True, k8s_selector=["app=sglang"], k8s_port=30000)
 
@@ -164,3 +165,49 @@ async def test_list_then_watch(fake_api: tuple[FakeApi, str]) -> None:
         await _until(lambda: set(registered) == {"grpc://10.0.0.1:30000"})  # the list holds a (and not-ready b)
     finally:
         await source.stop()
+
+
+async def test_pods_feed_the_gateway_registry(fake_api: tuple[FakeApi, str], tmp_path: Any,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through GatewayState: pods become registered workers (probe, tokenizer) and leave again."""
+    import socket
+
+    from gateway.server.config import GatewayConfig, ServerConfig
+    from gateway.server.state import GatewayState
+    from gateway.sim.config import SimConfig
+    from gateway.sim.worker import SimWorker
+    from gateway.workers.discovery import kubernetes as k8s
+
+    api, host = fake_api
+    with socket.socket() as s:
+        s.bind(("127.0.0.2", 0))
+        port = int(s.getsockname()[1])
+    workers = []
+    for address in ("127.0.0.2", "127.0.0.3"):
+        w = SimWorker(SimConfig(step_base_s=0.0, prefill_token_s=0.0, decode_seq_s=0.0, time_scale=0.0))
+        await w.start(address, port)
+        workers.append(w)
+    api.pods = [pod("a", "127.0.0.2", grpc_port=port), pod("b", "127.0.0.3", grpc_port=port, ready=False)]
+
+    def api_client() -> client.ApiClient:
+        conf = client.Configuration()
+        conf.host = host
+        return client.ApiClient(configuration=conf)
+
+    monkeypatch.setattr(k8s, "default_api_client", api_client)
+    config = GatewayConfig(
+        server=ServerConfig(tokenizer_cache_dir=str(tmp_path / "tok"), worker_drain_timeout_s=1.0),
+        discovery=DiscoveryConfig(k8s_discovery=True, k8s_selector=["app=sglang"], k8s_namespace="inference"),
+    )
+    state = GatewayState(config)
+    try:
+        await state.start()
+        assert state.ready and [w.id for w in state.registry.all()] == [f"127.0.0.2:{port}"]
+        api.push("MODIFIED", pod("b", "127.0.0.3", grpc_port=port))
+        await _until(lambda: {w.id for w in state.registry.all()} == {f"127.0.0.2:{port}", f"127.0.0.3:{port}"})
+        api.push("DELETED", pod("a", "127.0.0.2", grpc_port=port))
+        await _until(lambda: [w.id for w in state.registry.all()] == [f"127.0.0.3:{port}"])
+    finally:
+        await state.stop()
+        for w in workers:
+            await w.stop(0.1)

@@ -19,21 +19,10 @@ from collections.abc import Callable
 from typing import Any
 
 from gateway.workers.discovery.config import DiscoveryConfig
-from gateway.workers.discovery.dns import worker_url
 from gateway.workers.discovery.reconcile import Reconciler, Target
+from gateway.workers.discovery.targets import ROLES, selector_string, worker_url
 
 log = logging.getLogger(__name__)
-
-ROLES = ("regular", "prefill", "decode")
-
-
-def selector_string(pairs: list[str]) -> str:
-    """``["app=sglang", "tier=gpu"]`` -> ``"app=sglang,tier=gpu"`` (the API's labelSelector)."""
-    for pair in pairs:
-        if "=" not in pair:
-            raise ValueError(f"label selector {pair!r}: use KEY=VALUE")
-    return ",".join(pairs)
-
 
 def _ready(pod: Any) -> bool:
     status = pod.status

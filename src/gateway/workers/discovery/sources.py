@@ -31,8 +31,7 @@ def make_discovery(config: DiscoveryConfig, add: AddWorker, remove: RemoveWorker
 
 def check_discovery(config: DiscoveryConfig) -> None:
     """Raise ValueError on a malformed name or selector (before anything starts)."""
-    from gateway.workers.discovery.dns import parse_dns_target
-    from gateway.workers.discovery.kubernetes import selector_string
+    from gateway.workers.discovery.targets import parse_dns_target, selector_string
 
     for text in config.dns_workers:
         parse_dns_target(text)
