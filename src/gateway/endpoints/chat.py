@@ -8,11 +8,12 @@ front door serializes once; a request with neither parser skips both per token.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.endpoints.chat_parsers import ChatParsers, choose_parsers
+from gateway.endpoints.chat_parsers import ChatParsers, choose_parsers, template_kwargs
 from gateway.endpoints.completions import piece_fn, stream_usage
 from gateway.parsers.base import ReasoningParser, ToolCallDelta, ToolCallParser
 from gateway.pipeline.catalog import ModelEntry
@@ -41,6 +42,7 @@ class _Choice:
     reasoning: ReasoningParser | None
     tools: ToolCallParser | None
     think_end_id: int | None
+    max_calls: int | None = None  # parallel_tool_calls false: only the first call
     reasoning_tokens: int = 0
     in_reasoning: bool = True
     sent_role: bool = False
@@ -76,15 +78,20 @@ class _Choice:
                 tail = self.tools.finish()
                 content += tail.content
                 calls.extend(tail.tool_calls)
+            if self.max_calls is not None:  # parallel_tool_calls: false keeps the first call only
+                calls = [c for c in calls if c.index < self.max_calls]
         return reasoning, content, calls
 
 
 async def _start(engine: Engine, req: ChatCompletionRequest, ctx: RequestContext) -> tuple[ModelEntry, Generation, str, ChatParsers]:
     entry = engine.catalog.get(req.model)
-    kwargs = dict(req.chat_template_kwargs or {})
+    kwargs = template_kwargs(req)
     check_tools(req.tools_json(), engine.limits)
-    parsers = choose_parsers(entry.tokenizer, entry.model_type, req)
+    parsers = choose_parsers(entry, req)
     sampling = sampling_from_chat(req).with_constraint(parsers.constraint)
+    if parsers.keep_special_tokens and sampling.skip_special_tokens:
+        # The model's tool-call / channel markers are special tokens: the parsers need them.
+        sampling = dataclasses.replace(sampling, skip_special_tokens=False)
     text, ids = await engine.render_chat(
         entry, req.template_messages(), tools=req.template_tools(), chat_template_kwargs=kwargs or None,
     )
@@ -99,8 +106,9 @@ async def _start(engine: Engine, req: ChatCompletionRequest, ctx: RequestContext
 
 
 def _choices(gen: Generation, prompt_text: str, parsers: ChatParsers) -> list[_Choice]:
+    max_calls = None if parsers.parallel_tool_calls else 1
     return [
-        _Choice(parsers.new_reasoning(prompt_text), parsers.new_tools(), parsers.think_end_id)
+        _Choice(parsers.new_reasoning(prompt_text), parsers.new_tools(), parsers.think_end_id, max_calls)
         for _ in range(gen.prepared.sampling.n)
     ]
 
@@ -136,6 +144,8 @@ async def complete_chat(engine: Engine, req: ChatCompletionRequest, ctx: Request
         calls = None
         if choice.tools is not None:
             content, parsed = choice.tools.parse(content or "")
+            if choice.max_calls is not None:
+                parsed = parsed[: choice.max_calls]
             calls = [c.to_protocol() for c in parsed] or None
         last = finish.get(i)
         logprobs = None

@@ -15,6 +15,7 @@ from gateway.pipeline.catalog import ModelEntry
 from gateway.pipeline.engine import Engine
 from gateway.pipeline.fanout import merged
 from gateway.pipeline.generation import Generation, UsageCounts
+from gateway.pipeline.limits import check_batch
 from gateway.pipeline.prepared import PreparedRequest
 from gateway.pipeline.request_context import RequestContext
 from gateway.protocol.completions import CompletionRequest
@@ -71,6 +72,8 @@ async def prepare_completions(
     sampling = sampling_from_completion(req)
     prepared: list[PreparedRequest] = []
     prompts: list[str | list[int]] = list(req.prompts())
+    check_batch(len(prompts), engine.limits)
+    await ctx.reserve(len(prompts))  # one admission slot per prompt, before any tokenization
     for i, prompt in enumerate(prompts):
         ids, text = await prompt_ids(engine, entry, prompt)
         prepared.append(

@@ -6,17 +6,13 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-from grpc import aio
-
 from gateway.endpoints.completions import prompt_ids, start_all
-from gateway.pipeline.deadline import worker_timeout
 from gateway.pipeline.engine import Engine
-from gateway.pipeline.errors import map_rpc_error, no_worker_error
 from gateway.pipeline.fanout import merged
 from gateway.pipeline.generation import Generation, SampleDelta
+from gateway.pipeline.limits import check_batch
 from gateway.pipeline.prepared import PreparedRequest
 from gateway.pipeline.request_context import RequestContext
-from gateway.policies.base import NoWorkerAvailable, RouteRequest
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.protocol.embeddings import EmbeddingRequest, EmbeddingResponse
 from gateway.protocol.errors import InvalidRequestError
@@ -36,6 +32,8 @@ async def prepare_generate(engine: Engine, req: GenerateRequest, ctx: RequestCon
     entry = engine.catalog.get(None)
     prepared = []
     prompts: list[str | list[int]] = list(req.prompts())
+    check_batch(len(prompts), engine.limits)
+    await ctx.reserve(len(prompts))  # one admission slot per prompt, before any tokenization
     for i, prompt in enumerate(prompts):
         ids, text = await prompt_ids(engine, entry, prompt)
         prepared.append(
@@ -131,14 +129,20 @@ async def embed(engine: Engine, req: EmbeddingRequest, ctx: RequestContext) -> d
         ids = await engine.encode(entry, item, add_special_tokens=True) if isinstance(item, str) else list(item)
         if not ids:
             raise InvalidRequestError("input must not be empty", param="input")
-        reply, worker_id = await embed_ids(engine, entry.name, pb.EmbedRequest(request_id=ctx.sub_id(i), tokenized=pb.TokenizedInput(input_ids=ids)), ctx)
-        ctx.worker_ids.append(worker_id)
-        vector = list(reply.embedding)
+        rid = ctx.sub_id(i)
+        route = engine.prepare_embed(
+            entry, ids, rid, routing_key=ctx.routing_key, target_worker=ctx.target_worker
+        )
+        done = await engine.embed(route, pb.EmbedRequest(request_id=rid, tokenized=pb.TokenizedInput(input_ids=ids)))
+        ctx.worker_ids.append(done.worker_id)
+        vector = list(done.reply.embedding)
         if req.dimensions is not None:
             vector = vector[: req.dimensions]
-        return vector, reply.prompt_tokens or len(ids)
+        return vector, done.reply.prompt_tokens or len(ids)
 
     inputs: list[str | list[int]] = list(req.inputs())
+    check_batch(len(inputs), engine.limits, param="input")
+    await ctx.reserve(len(inputs))  # one admission slot per input, before any tokenization
     results = await asyncio.gather(*(one(i, item) for i, item in enumerate(inputs)))
     for vector, count in results:
         vectors.append(vector)
@@ -146,28 +150,6 @@ async def embed(engine: Engine, req: EmbeddingRequest, ctx: RequestContext) -> d
     return EmbeddingResponse.build(
         vectors, model=entry.name, prompt_tokens=prompt_tokens, encoding_format=req.encoding_format
     ).to_dict()
-
-
-async def embed_ids(
-    engine: Engine, model: str, request: pb.EmbedRequest, ctx: RequestContext
-) -> tuple[pb.EmbedResponse, str]:
-    """Route one tokenized embedding request and send it; (reply, worker id).
-    Shared by /v1/embeddings and the gRPC front doors."""
-    ids = list(request.tokenized.input_ids)
-    route = RouteRequest(token_ids=ids, model=engine._worker_model(model), request_id=request.request_id,
-                         routing_key=ctx.routing_key, target_worker=ctx.target_worker)
-    try:
-        selection = engine.router.select(route)
-    except NoWorkerAvailable as exc:
-        raise no_worker_error(str(exc)) from exc
-    worker = selection.worker
-    with worker.load.acquire(len(ids), 0) as guard:
-        try:
-            reply = await worker.client.embed(request, timeout=worker_timeout(engine.dispatch.request_timeout_s))
-        except aio.AioRpcError as exc:
-            raise map_rpc_error(exc, worker.id) from exc
-        guard.first_token()
-    return reply, worker.id
 
 
 async def tokenize(engine: Engine, req: TokenizeRequest) -> dict[str, Any]:

@@ -13,6 +13,8 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gateway.parsers.config import ParserConfig
+from gateway.pipeline.model_parsers import settle_model_parsers
 from gateway.protocol.errors import ModelNotFoundError
 from gateway.tokenization import ChatPromptCache, Tokenizer, TokenizerRegistry
 from gateway.tokenization.errors import TokenizationError
@@ -30,6 +32,9 @@ class ModelEntry:
     prompt_cache: ChatPromptCache
     model_type: str = ""
     aliases: set[str] = field(default_factory=set)
+    worker_model: str = ""  # the name the workers report, which keys policies and pools
+    tool_call_parser: str | None = None  # the model's own tool-call format (gateway.parsers)
+    reasoning_parser: str | None = None
 
 
 class ModelCatalog:
@@ -40,7 +45,9 @@ class ModelCatalog:
         tokenizer_path: str | None = None,
         served_name: str | None = None,
         prompt_cache_entries: int = 1024,
+        parsers: ParserConfig | None = None,
     ) -> None:
+        self._parsers = parsers or ParserConfig()
         self.registry = TokenizerRegistry(cache_dir)
         self._tokenizer_path = tokenizer_path
         self._served_name = served_name
@@ -56,6 +63,14 @@ class ModelCatalog:
 
     def public_name(self, worker_model: str) -> str:
         return self._served_name or worker_model
+
+    def worker_model(self, public: str) -> str:
+        """The model name workers report for served model ``public`` (policies, pools
+        and the registry are keyed by it; it differs when ``--served-model-name`` is set)."""
+        entry = self._entries.get(public)
+        if entry is None or not entry.worker_model:
+            return public
+        return entry.worker_model
 
     def get(self, name: str | None) -> ModelEntry:
         """The entry for a request's ``model``; with one model served, an empty name means it."""
@@ -110,6 +125,10 @@ class ModelCatalog:
                 resolved = await asyncio.to_thread(self.registry.install_and_load, model, data, sha)
         log.info("tokenizer for %s loaded from %s (%s)", model, resolved.source, resolved.location)
         tokenizer = resolved.tokenizer
+        names = {name, model, worker.info.model_path} - {""}
+        chosen = await asyncio.to_thread(
+            settle_model_parsers, self._parsers, names, tokenizer, worker.info.model_type
+        )
         await asyncio.to_thread(tokenizer.warm_chat_templates)
         context = worker.info.max_context_length or (tokenizer.model_max_length or 0)
         return ModelEntry(
@@ -119,6 +138,9 @@ class ModelCatalog:
             max_context_length=context,
             prompt_cache=ChatPromptCache(tokenizer, max_entries=self._prompt_cache_entries),
             model_type=worker.info.model_type,
+            worker_model=model,
+            tool_call_parser=chosen.tool_call_parser,
+            reasoning_parser=chosen.reasoning_parser,
         )
 
 

@@ -3,8 +3,10 @@
 ``open_generate`` is the gateway's one retry loop. It returns a ``WorkerStream``
 only once the worker has produced its first message, so a request that fails
 before any output reaches the client is retried elsewhere and one that fails
-after is never replayed. The stream owns the request's load slot and releases
-it on every ending: completion, worker error, stall, or cancellation.
+after is never replayed. Each attempt holds a :class:`~gateway.pipeline.lease.Lease`
+on its worker (load slot, breaker outcome, policy and observer), released once on
+every ending: completion, worker error, stall, or cancellation. Embeddings take the
+same loop (``call_embed``).
 """
 
 from __future__ import annotations
@@ -22,13 +24,14 @@ from grpc import aio
 
 from gateway.pipeline.deadline import worker_timeout
 from gateway.pipeline.errors import map_rpc_error, no_worker_error, worker_stalled_error
+from gateway.pipeline.lease import Lease, Outcome
 from gateway.pipeline.observer import NULL_OBSERVER, PipelineObserver
 from gateway.pipeline.retry import RetryConfig
 from gateway.pipeline.router import Router, Selection
 from gateway.policies.base import NoWorkerAvailable, RouteRequest
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.settings import option
-from gateway.workers.load import LoadGuard
+from gateway.workers.transport import GenerateCall
 from gateway.workers.worker import Worker
 
 log = logging.getLogger(__name__)
@@ -40,8 +43,8 @@ T = TypeVar("T")
 @dataclass
 class DispatchConfig:
     request_timeout_s: float = option(600.0, "gRPC deadline for one generation on a worker, seconds")
-    first_token_timeout_s: float = option(300.0, "give up on a worker that sends nothing for this long before the first message, seconds")
-    stall_timeout_s: float = option(60.0, "give up on a stream that goes silent for this long after it started, seconds")
+    first_token_timeout_s: float = option(180.0, "last-resort cap on the wait for a request's first message, seconds (a stalled worker is caught sooner by the progress watchdog, --watchdog-*)")
+    stall_timeout_s: float = option(30.0, "give up on one stream that goes silent for this long after it started while its worker stays busy elsewhere, seconds")
 
 
 class TokenStream(Protocol):
@@ -53,7 +56,8 @@ class TokenStream(Protocol):
     @property
     def observer(self) -> PipelineObserver: ...
 
-    closed: bool
+    @property
+    def closed(self) -> bool: ...
 
     async def abort(self, reason: str = ...) -> None: ...
 
@@ -65,37 +69,40 @@ class TokenStream(Protocol):
 
 
 class WorkerStream:
-    """A live Generate call on the worker that accepted the request."""
+    """A live Generate call on the worker that accepted the request.
+
+    Its :class:`Lease` holds the slot; every way out of the stream (the last
+    message, a worker error, a stall, ``abort``, ``finished``) releases it once."""
 
     def __init__(
         self,
-        selection: Selection,
-        route: RouteRequest,
-        call: aio.UnaryStreamCall,
-        guard: LoadGuard,
+        lease: Lease,
+        call: GenerateCall,
         first: pb.GenerateResponse,
         config: DispatchConfig,
         attempts: int,
         observer: PipelineObserver = NULL_OBSERVER,
     ) -> None:
-        self.selection = selection
-        self.worker = selection.worker
-        self.route = route
-        self.request_id = route.request_id
+        self.lease = lease
+        self.selection = lease.selection
+        self.worker = lease.worker
+        self.route = lease.route
+        self.request_id = lease.route.request_id
         self.attempts = attempts
         self._call = call
-        self._guard = guard
         self._pending: pb.GenerateResponse | None = first
         self._config = config
-        self._cached_tokens = 0
-        self.closed = False
         self.observer = observer
-        self._first_at = time.perf_counter()
         # Stall watch: one timer per stream rather than an asyncio.timeout around every
         # read (those showed in the relay profile; see docs/BENCHMARKS.md, Gateway overhead).
         self._reading_since: float | None = None
         self._watch: asyncio.TimerHandle | None = None
         self._stalled = False
+        self._unwatch = self.worker.progress.watch(self._watchdog_kill)
+
+    @property
+    def closed(self) -> bool:
+        return self.lease.released
 
     async def read(self) -> pb.GenerateResponse | None:
         """The next message, or None when the worker ended the stream."""
@@ -112,25 +119,30 @@ class WorkerStream:
                 task = asyncio.current_task()
                 if not self._stalled or (task is not None and task.cancelling()):
                     raise  # our own task is being cancelled (client gone): not a stall
-                await self.abort("stalled")
+                self._end_stalled()
                 raise worker_stalled_error(self.worker.id, self._config.stall_timeout_s) from None
             except aio.AioRpcError as exc:
-                self._finish(success=False)
+                self._release(Outcome.WORKER_FAILED)
                 raise map_rpc_error(exc, self.worker.id) from exc
             finally:
                 self._reading_since = None
             if self._stalled:  # the message raced the stall verdict; the call is cancelled
-                await self.abort("stalled")
+                self._end_stalled()
                 raise worker_stalled_error(self.worker.id, self._config.stall_timeout_s)
             if got is aio.EOF:
-                self._finish(success=True)
+                self._release(Outcome.OK)
                 return None
             msg = got  # type: ignore[assignment]
-        self._guard.first_token()
-        if msg.HasField("complete"):
-            self._cached_tokens = max(self._cached_tokens, msg.complete.cached_tokens)
-        elif msg.HasField("chunk"):
-            self._cached_tokens = max(self._cached_tokens, msg.chunk.cached_tokens)
+            self.worker.progress.message(time.monotonic())
+        lease = self.lease
+        lease.start()
+        which = msg.WhichOneof("response")
+        if which == "chunk":
+            part = msg.chunk
+            lease.report(cached_tokens=part.cached_tokens, prompt_tokens=part.prompt_tokens)
+        elif which == "complete":
+            part = msg.complete  # type: ignore[assignment]
+            lease.report(cached_tokens=part.cached_tokens, prompt_tokens=part.prompt_tokens)
         return msg
 
     def _check_stall(self) -> None:
@@ -148,35 +160,38 @@ class WorkerStream:
             return
         self._watch = loop.call_at(since + limit, self._check_stall)
 
-    def _finish(self, *, success: bool) -> None:
-        if self.closed:
-            return
-        self.closed = True
+    def _watchdog_kill(self) -> None:
+        """The progress watchdog found this stream's worker stalled: end the pending read
+        as a stall, so the generation resumes elsewhere."""
+        if not self.closed:
+            self._stalled = True
+            self._call.cancel()
+
+    def _end_stalled(self) -> None:
+        """The worker went silent: stop it and count it against the worker."""
+        if self._release(Outcome.WORKER_FAILED):
+            fire_abort(self.worker, self.request_id, "stalled")
+
+    def _release(self, outcome: Outcome, *, aborted: bool = False) -> bool:
+        self._unwatch()
         if self._watch is not None:
             self._watch.cancel()
             self._watch = None
-        self._guard.release()
-        self.worker.record_outcome(success)
-        self.selection.policy.on_finish(self.route, self.worker.id, self._cached_tokens, success)
-        self.observer.stage("relay", time.perf_counter() - self._first_at)
-        self.observer.worker_done(
-            self.route.model, self.worker.id, predicted_cached=self.selection.decision.predicted_cached_tokens,
-            reported_cached=self._cached_tokens, success=success,
-        )
+        return self.lease.release(outcome, aborted=aborted)
 
     async def abort(self, reason: str = "client gone") -> None:
         """Stop the worker's work for this request now and free the slot."""
         if self.closed:
             return
         self._call.cancel()
-        self._finish(success=True)
+        self._release(Outcome.OK, aborted=True)  # not the worker's fault; counted as its own outcome
         fire_abort(self.worker, self.request_id, reason)
 
     def finished(self) -> None:
         """Every sample completed on the worker: free the slot without an Abort."""
         if not self.closed:
             self._call.cancel()
-            self._finish(success=True)
+            self._release(Outcome.OK)
 
     async def aclose(self) -> None:
         """End the stream early (a stop string matched, or the client went away)."""
@@ -221,6 +236,15 @@ class AttemptFailed(Exception):
         self.backoff = backoff
 
 
+def select(router: Router, route: RouteRequest, role: str, observer: PipelineObserver) -> Selection:
+    """One attempt's choice of worker, timed and reported (raises NoWorkerAvailable)."""
+    picking = time.perf_counter()
+    selection = router.select(route, role)
+    observer.stage("select", time.perf_counter() - picking)
+    observer.selected(selection.policy.name, selection.decision.reason, selection.worker.id)
+    return selection
+
+
 async def open_on(
     selection: Selection,
     route: RouteRequest,
@@ -235,52 +259,85 @@ async def open_on(
 ) -> WorkerStream:
     """Send ``request`` to the selected worker and wait for its first message.
 
-    Raises :class:`AttemptFailed` (slot released, breaker and policy told) when the
-    worker fails, stalls or says nothing; on cancellation aborts the worker request.
+    Raises :class:`AttemptFailed` (lease released) when the worker fails, stalls or
+    says nothing; on cancellation aborts the worker request and releases the lease.
     """
     worker = selection.worker
-    guard = worker.load.acquire(prompt_tokens, max_new_tokens)
-    worker.breaker.on_dispatch()
-    selection.policy.on_dispatch(route, selection.decision)
-    call = worker.client.generate(request, timeout=worker_timeout(config.request_timeout_s))
     started = time.monotonic()
+    worker.progress.started(started, idle=worker.load.in_flight == 0)
+    lease = Lease(selection, route, prompt_tokens=prompt_tokens, max_new_tokens=max_new_tokens, observer=observer)
+    call: GenerateCall | None = None
+    stalled = False
+
+    def watchdog_kill() -> None:
+        nonlocal stalled
+        stalled = True
+        if call is not None:
+            call.cancel()
+
+    unwatch = worker.progress.watch(watchdog_kill)
     try:
+        call = worker.client.generate(request, timeout=worker_timeout(config.request_timeout_s))
         async with asyncio.timeout(config.first_token_timeout_s):
             first = await call.read()
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if stalled and not (task is not None and task.cancelling()):
+            # The progress watchdog took the worker out of rotation: re-send elsewhere now.
+            unwatch()
+            fire_abort(worker, route.request_id, "worker stalled")
+            lease.release(Outcome.WORKER_FAILED)
+            raise AttemptFailed(
+                worker_stalled_error(worker.id, time.monotonic() - started), worker.id, "WATCHDOG",
+                retryable=True, backoff=False,
+            ) from None
+        unwatch()
+        if call is not None:
+            call.cancel()
+            fire_abort(worker, route.request_id, "cancelled")
+        lease.release(Outcome.CANCELLED)
+        raise
     except TimeoutError:
+        unwatch()
+        assert call is not None
         call.cancel()
         fire_abort(worker, route.request_id, "first token timeout")
-        guard.release()
-        worker.record_outcome(False)
-        selection.policy.on_finish(route, worker.id, 0, False)
+        lease.release(Outcome.WORKER_FAILED)
         raise AttemptFailed(
             worker_stalled_error(worker.id, config.first_token_timeout_s), worker.id, "FIRST_TOKEN_TIMEOUT",
             retryable=True, backoff=False,
         ) from None
     except aio.AioRpcError as exc:
-        guard.release()
-        client_fault = exc.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE)
-        worker.record_outcome(client_fault)
-        selection.policy.on_finish(route, worker.id, 0, False)
+        unwatch()
+        lease.release(Outcome.REJECTED if _client_fault(exc) else Outcome.WORKER_FAILED)
         raise AttemptFailed(
             map_rpc_error(exc, worker.id), worker.id, exc.code().name, retryable=retry.retryable(exc.code()), backoff=True
         ) from exc
     except BaseException:
-        call.cancel()
-        fire_abort(worker, route.request_id, "cancelled")
-        guard.release()
-        selection.policy.on_finish(route, worker.id, 0, False)
+        unwatch()
+        if call is not None:
+            call.cancel()
+            fire_abort(worker, route.request_id, "cancelled")
+        lease.release(Outcome.CANCELLED)
         raise
+    unwatch()
     if first is aio.EOF:
-        guard.release()
-        worker.record_outcome(False)
-        selection.policy.on_finish(route, worker.id, 0, False)
+        lease.release(Outcome.WORKER_FAILED)
         raise AttemptFailed(
             map_rpc_error(None, worker.id, "worker closed the stream without output"),
             worker.id, "EMPTY_STREAM", retryable=True, backoff=False,
         )
-    log.debug("request %s on %s after %.1f ms", route.request_id, worker.id, (time.monotonic() - started) * 1e3)
-    return WorkerStream(selection, route, call, guard, first, config, attempt, observer)  # type: ignore[arg-type]
+    now = time.monotonic()
+    worker.progress.message(now, first=True)
+    cached = first.chunk.cached_tokens if first.HasField("chunk") else first.complete.cached_tokens
+    worker.progress.first_message(prompt_tokens - cached, now - started)
+    log.debug("request %s on %s", route.request_id, worker.id)
+    return WorkerStream(lease, call, first, config, attempt, observer)
+
+
+def _client_fault(exc: aio.AioRpcError) -> bool:
+    """The worker refused the request itself (it is healthy; the request is bad)."""
+    return exc.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE)
 
 
 async def open_generate(
@@ -299,10 +356,7 @@ async def open_generate(
     """Select, send and wait for the first message, retrying on other workers."""
 
     async def attempt(route: RouteRequest, n: int) -> WorkerStream:
-        picking = time.perf_counter()
-        selection = router.select(route, role)
-        observer.stage("select", time.perf_counter() - picking)
-        observer.selected(selection.policy.name, selection.decision.reason, selection.worker.id)
+        selection = select(router, route, role, observer)
         if on_attempt is not None:
             on_attempt(selection, n)
         return await open_on(
@@ -310,6 +364,53 @@ async def open_generate(
             prompt_tokens=prompt_tokens, max_new_tokens=max_new_tokens, retry=retry, config=config, attempt=n,
             observer=observer,
         )
+
+    return await with_retries(router, route, attempt, retry, observer)
+
+
+@dataclass(frozen=True, slots=True)
+class Embedded:
+    """A worker's embedding reply and who computed it."""
+
+    reply: pb.EmbedResponse
+    worker_id: str
+    attempts: int
+
+
+async def call_embed(
+    router: Router,
+    route: RouteRequest,
+    request: pb.EmbedRequest,
+    *,
+    retry: RetryConfig,
+    config: DispatchConfig,
+    observer: PipelineObserver = NULL_OBSERVER,
+) -> Embedded:
+    """Select, send one Embed and wait for the reply, retrying on other workers
+    (an embedding is unary: it fails before any output or not at all)."""
+
+    async def attempt(route: RouteRequest, n: int) -> Embedded:
+        selection = select(router, route, "regular", observer)
+        worker = selection.worker
+        lease = Lease(
+            selection, route, prompt_tokens=len(route.token_ids), max_new_tokens=0, observer=observer, stage="embed"
+        )
+        try:
+            reply = await worker.client.embed(request, timeout=worker_timeout(config.request_timeout_s))
+        except aio.AioRpcError as exc:
+            lease.release(Outcome.REJECTED if _client_fault(exc) else Outcome.WORKER_FAILED)
+            raise AttemptFailed(
+                map_rpc_error(exc, worker.id), worker.id, exc.code().name,
+                retryable=retry.retryable(exc.code()), backoff=True,
+            ) from exc
+        except BaseException:
+            lease.release(Outcome.CANCELLED)
+            fire_abort(worker, route.request_id, "cancelled")
+            raise
+        lease.start()
+        lease.report(prompt_tokens=reply.prompt_tokens)
+        lease.release(Outcome.OK)
+        return Embedded(reply, worker.id, n)
 
     return await with_retries(router, route, attempt, retry, observer)
 

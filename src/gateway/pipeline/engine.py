@@ -7,6 +7,7 @@ tokenization, routing, retries or load accounting anywhere else.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -15,18 +16,30 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.pipeline.catalog import ModelCatalog, ModelEntry
-from gateway.pipeline.dispatch import DispatchConfig, TokenStream, open_generate
+from gateway.pipeline.dispatch import (
+    DispatchConfig,
+    Embedded,
+    TokenStream,
+    call_embed,
+    open_generate,
+)
 from gateway.pipeline.generation import Generation
-from gateway.pipeline.limits import LimitsConfig, apply_sampling_limits, check_prompt
+from gateway.pipeline.limits import (
+    LimitsConfig,
+    apply_sampling_limits,
+    check_prompt,
+    check_token_ids,
+)
 from gateway.pipeline.observer import NULL_OBSERVER, PipelineObserver
 from gateway.pipeline.pd import PdOpener, serves_pd
 from gateway.pipeline.prepared import PreparedRequest
+from gateway.pipeline.resume import OpenContinuation, ResumeConfig, Resumer
 from gateway.pipeline.retry import RetryConfig
-from gateway.pipeline.router import Router, Selection
+from gateway.pipeline.router import Router
 from gateway.pipeline.sampling import to_sampling_params
 from gateway.policies.base import RouteRequest
 from gateway.proto import sglang_scheduler_pb2 as pb
-from gateway.protocol.errors import ContextLengthExceededError, InvalidRequestError
+from gateway.protocol.errors import ContextLengthExceededError, InvalidRequestError, NoWorkerError
 from gateway.protocol.sampling import SamplingOptions
 from gateway.settings import option
 from gateway.tokenization import StopPlan, Tokenizer
@@ -51,6 +64,18 @@ class EngineConfig:
             raise ValueError("worker_stream_interval must be >= 0 (0: the worker's default)")
 
 
+def _texts(messages: Sequence[dict[str, Any]]) -> list[str]:
+    """The string contents of chat messages (text parts of content lists included)."""
+    out: list[str] = []
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, str):
+            out.append(content)
+        elif isinstance(content, list):
+            out.extend(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return out
+
+
 class Engine:
     def __init__(
         self,
@@ -63,6 +88,7 @@ class Engine:
         observe_stage: StageObserver | None = None,
         limits: LimitsConfig | None = None,
         observer: PipelineObserver | None = None,
+        resume: ResumeConfig | None = None,
     ) -> None:
         self.router = router
         self.registry = router.registry
@@ -71,9 +97,11 @@ class Engine:
         self.retry = retry or RetryConfig()
         self.dispatch = dispatch or DispatchConfig()
         self.limits = limits or LimitsConfig()
+        self.resume = resume or ResumeConfig()
         self._pool = ThreadPoolExecutor(
             max_workers=max(1, self.config.tokenize_threads), thread_name_prefix="tokenize"
         )
+        self._bounding: set[int] = set()  # tokenizers whose length bound is being computed
         self.observer = observer or NULL_OBSERVER
         self._observe = observe_stage or self.observer.stage
         self.pd = PdOpener(router, retry=self.retry, config=self.dispatch, observer=self.observer)
@@ -89,7 +117,29 @@ class Engine:
             return fn(*args)
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
+    def refuse_hopeless(self, entry: ModelEntry, text: str, *, param: str = "prompt") -> None:
+        """Refuse, before the tokenizer runs, a text that has more tokens than could ever be
+        served: a safe lower bound from its length (``tokenization.length_bound``) against
+        ``--max-prompt-tokens`` and the context length."""
+        limits = [n for n in (self.limits.max_prompt_tokens, entry.max_context_length) if n > 0]
+        if not limits or len(text) <= min(limits):  # a token covers at least one character
+            return
+        tokenizer = entry.tokenizer
+        if not tokenizer.length_bound_ready:  # computed in the pool, once; unchecked until then
+            if id(tokenizer) not in self._bounding:
+                self._bounding.add(id(tokenizer))
+                self._pool.submit(lambda: tokenizer.length_bound)
+            return
+        bound = tokenizer.length_bound
+        least = bound.min_tokens(text) if bound is not None else 0
+        if least > min(limits):
+            raise InvalidRequestError(
+                f"the prompt has at least {least} tokens ({len(text)} characters); this gateway accepts at most {min(limits)}",
+                param=param, code="prompt_too_long",
+            )
+
     async def encode(self, entry: ModelEntry, text: str, *, add_special_tokens: bool) -> list[int]:
+        self.refuse_hopeless(entry, text)
         started = time.perf_counter()
         ids: list[int] = await self._offload(len(text), entry.tokenizer.encode, text, add_special_tokens)
         self._observe("tokenize", time.perf_counter() - started)
@@ -115,6 +165,8 @@ class Engine:
     ) -> tuple[str, list[int]]:
         """Template then tokenize a conversation (the multi-turn cache makes resent history cheap)."""
         started = time.perf_counter()
+        # The template only adds text: the messages alone may already be hopeless.
+        self.refuse_hopeless(entry, "".join(_texts(messages)), param="messages")
         try:
             text = entry.tokenizer.apply_chat_template(
                 messages,
@@ -127,6 +179,7 @@ class Engine:
             raise InvalidRequestError(str(exc), param="messages") from exc
         rendered = time.perf_counter()
         self._observe("template", rendered - started)
+        self.refuse_hopeless(entry, text, param="messages")
         ids: list[int] = await self._offload(len(text), entry.prompt_cache.encode, text)
         self._observe("tokenize", time.perf_counter() - rendered)
         return text, ids
@@ -149,23 +202,13 @@ class Engine:
         """Check the prompt against the model and settle the stop plan
         (``prompt_param`` names the request field errors about the prompt point at)."""
         self.observer.model_resolved(entry.name)
-        if not prompt_ids:
-            raise InvalidRequestError("the prompt is empty", param="prompt")
-        vocab = entry.tokenizer.vocab_size
-        if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:  # C loops, twice the genexpr speed
-            raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})", param="prompt")
-        check_prompt(prompt_ids, self.limits, param=prompt_param)
+        self.check_prompt_ids(entry, prompt_ids, param="prompt", limit_param=prompt_param)
+        check_token_ids(sampling, entry.tokenizer.vocab_size)
         limit = entry.max_context_length
         sampling = apply_sampling_limits(
             sampling, self.limits, room=limit - len(prompt_ids) if limit else None
         )
-        wanted = sampling.max_new_tokens or 0
-        if limit and len(prompt_ids) + wanted > limit:
-            raise ContextLengthExceededError(
-                f"this model's maximum context length is {limit} tokens; the prompt has "
-                f"{len(prompt_ids)} tokens and {wanted} more were requested",
-                param=prompt_param,
-            )
+        self.check_context(entry, len(prompt_ids), sampling.max_new_tokens or 0, param=prompt_param)
         plan = StopPlan.build(
             entry.tokenizer,
             stop=list(sampling.stop),
@@ -187,10 +230,34 @@ class Engine:
             require_reasoning=require_reasoning,
         )
 
+    def check_prompt_ids(
+        self, entry: ModelEntry, prompt_ids: Sequence[int], *, param: str, limit_param: str | None = None
+    ) -> None:
+        """The prompt checks every kind of request gets: not empty, ids inside the
+        vocabulary, within the operator's prompt limit (``limit_param`` names the field
+        the limit error points at, when it differs)."""
+        if not prompt_ids:
+            raise InvalidRequestError("the prompt is empty", param=param)
+        vocab = entry.tokenizer.vocab_size
+        if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:  # C loops, twice the genexpr speed
+            raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})", param=param)
+        check_prompt(prompt_ids, self.limits, param=limit_param or param)
+
+    @staticmethod
+    def check_context(entry: ModelEntry, prompt_tokens: int, wanted: int, *, param: str) -> None:
+        """The prompt plus the tokens asked for must fit the model's context."""
+        limit = entry.max_context_length
+        if limit and prompt_tokens + wanted > limit:
+            raise ContextLengthExceededError(
+                f"this model's maximum context length is {limit} tokens; the prompt has "
+                f"{prompt_tokens} tokens and {wanted} more were requested",
+                param=param,
+            )
+
     def route_request(self, prepared: PreparedRequest, pool: str = "regular") -> RouteRequest:
         return RouteRequest(
             token_ids=prepared.prompt_ids,
-            model=self._worker_model(prepared.model),
+            model=self.catalog.worker_model(prepared.model),
             pool=pool,
             request_id=prepared.request_id,
             routing_key=prepared.routing_key,
@@ -198,17 +265,49 @@ class Engine:
             max_new_tokens=prepared.sampling.max_new_tokens or 0,
         )
 
-    def _worker_model(self, public: str) -> str:
-        """Policies and pools are keyed by the name workers report."""
-        for worker in self.registry.all():
-            if self.catalog.public_name(worker.model) == public:
-                return worker.model
-        return public
+    def prepare_scheduler(
+        self, request: pb.GenerateRequest, *, routing_key: str | None = None, target_worker: str | None = None
+    ) -> RouteRequest:
+        """A raw SGLang ``GenerateRequest`` (the scheduler pass-through relays it as sent):
+        the prompt checks of :meth:`prepare`, then its route. The single served model
+        is meant (the SGLang API names none)."""
+        entry = self.catalog.get(None)
+        self.observer.model_resolved(entry.name)
+        ids = list(request.tokenized.input_ids)
+        self.check_prompt_ids(entry, ids, param="tokenized.input_ids")
+        params = request.sampling_params
+        wanted = params.max_new_tokens if params.HasField("max_new_tokens") else 0
+        self.check_context(entry, len(ids), wanted, param="tokenized.input_ids")
+        return RouteRequest(
+            token_ids=ids,
+            model=self.catalog.worker_model(entry.name),
+            request_id=request.request_id,
+            routing_key=routing_key,
+            target_worker=target_worker,
+            max_new_tokens=wanted,
+        )
+
+    def prepare_embed(
+        self, entry: ModelEntry, ids: list[int], request_id: str, *,
+        routing_key: str | None = None, target_worker: str | None = None, param: str = "input",
+    ) -> RouteRequest:
+        """One tokenized embedding input: the prompt checks, then its route."""
+        self.check_prompt_ids(entry, ids, param=param)
+        self.check_context(entry, len(ids), 0, param=param)
+        return RouteRequest(
+            token_ids=ids,
+            model=self.catalog.worker_model(entry.name),
+            request_id=request_id,
+            routing_key=routing_key,
+            target_worker=target_worker,
+        )
 
     def generate_request(self, prepared: PreparedRequest) -> pb.GenerateRequest:
         sampling = prepared.sampling
-        # Stream from the worker whenever the gateway may need to stop it early.
-        worker_stream = prepared.stream or bool(prepared.stop_plan.stop_strings)
+        # Workers always stream to the gateway: the watchdog sees progress and a broken
+        # generation can resume from the tokens already produced. Clients that do not
+        # stream (and need no early stop) get coarser worker messages.
+        coarse = not (prepared.stream or prepared.stop_plan.stop_strings)
         request = pb.GenerateRequest(
             request_id=prepared.request_id,
             tokenized=pb.TokenizedInput(input_ids=prepared.prompt_ids),
@@ -220,9 +319,11 @@ class Engine:
             return_logprob=sampling.logprobs or sampling.logprob_start_len >= 0,
             top_logprobs_num=sampling.top_logprobs if sampling.logprobs else 0,
             logprob_start_len=sampling.logprob_start_len,
-            stream=worker_stream,
+            stream=True,
             require_reasoning=prepared.require_reasoning,
         )
+        if coarse:
+            request.sampling_params.stream_interval = self.resume.unary_stream_interval
         if prepared.prompt_text:
             request.tokenized.original_text = prepared.prompt_text
         if self.config.worker_stream_interval > 0:
@@ -233,35 +334,82 @@ class Engine:
     async def start(self, prepared: PreparedRequest) -> Generation:
         """Route and send; returns once the worker produced its first message."""
         request = self.generate_request(prepared)
-        route = self.route_request(prepared)
+        stream = await self.open(
+            self.route_request(prepared),
+            request,
+            samples=prepared.sampling.n,
+            wants_output_logprobs=prepared.sampling.logprobs,
+        )
+        resumer = Resumer(request, self._continuation_opener(prepared), self.resume, prepared.sampling, self.observer)
+        return Generation(stream, prepared, resumer)
+
+    def _continuation_opener(self, prepared: PreparedRequest) -> OpenContinuation:
+        """How a broken generation's continuation is opened: the one open path (PD pairs
+        re-paired), routed by the policy on the longer prompt (a worker holding its prefix
+        is preferred), away from the workers that failed it while anyone else is left."""
+
+        async def open_one(request: pb.GenerateRequest, avoid: frozenset[str]) -> TokenStream:
+            ids = list(request.tokenized.input_ids)
+            sp = request.sampling_params
+            route = RouteRequest(
+                token_ids=ids, model=self.catalog.worker_model(prepared.model), request_id=request.request_id,
+                routing_key=prepared.routing_key, target_worker=prepared.target_worker,
+                max_new_tokens=sp.max_new_tokens if sp.HasField("max_new_tokens") else 0, exclude=avoid,
+            )
+            try:
+                return await self.open(route, request, wants_output_logprobs=prepared.sampling.logprobs)
+            except NoWorkerError:
+                if not avoid:
+                    raise
+                # Nobody else is left: a failed worker may take it if its breaker allows.
+                route = dataclasses.replace(route, exclude=frozenset())
+                return await self.open(route, request, wants_output_logprobs=prepared.sampling.logprobs)
+
+        return open_one
+
+    async def open(
+        self,
+        route: RouteRequest,
+        request: pb.GenerateRequest,
+        *,
+        samples: int = 1,
+        wants_output_logprobs: bool = False,
+    ) -> TokenStream:
+        """The one way a generation reaches workers (chat, completions, /generate, the
+        gateway's gRPC API and the SGLang pass-through): a prefill/decode pair when the
+        model is served disaggregated, else one worker; the one retry loop either way,
+        a lease on every worker reached. Returns once the first message arrived."""
         started = time.perf_counter()
-
-        def build(selection: Selection) -> pb.GenerateRequest:
-            return request
-
+        samples = max(1, samples)
         stream: TokenStream
         if serves_pd(self.registry, route.model):
             stream = await self.pd.open(
                 route,
                 request,
-                samples=prepared.sampling.n,
-                wants_output_logprobs=prepared.sampling.logprobs,
-                prompt_tokens=len(prepared.prompt_ids),
-                max_new_tokens=prepared.sampling.max_new_tokens or 0,
+                samples=samples,
+                wants_output_logprobs=wants_output_logprobs,
+                prompt_tokens=len(route.token_ids),
+                max_new_tokens=route.max_new_tokens,
             )
         else:
             stream = await open_generate(
                 self.router,
                 route,
-                build,
-                prompt_tokens=len(prepared.prompt_ids),
-                max_new_tokens=(prepared.sampling.max_new_tokens or 0) * prepared.sampling.n,
+                lambda selection: request,
+                prompt_tokens=len(route.token_ids),
+                max_new_tokens=route.max_new_tokens * samples,
                 retry=self.retry,
                 config=self.dispatch,
                 observer=self.observer,
             )
         self._observe("first_token", time.perf_counter() - started)
-        return Generation(stream, prepared)
+        return stream
+
+    async def embed(self, route: RouteRequest, request: pb.EmbedRequest) -> Embedded:
+        """One embedding on one worker, through the same selection, retry loop and lease."""
+        return await call_embed(
+            self.router, route, request, retry=self.retry, config=self.dispatch, observer=self.observer
+        )
 
     def tokenizer(self, model: str | None) -> Tokenizer:
         return self.catalog.get(model).tokenizer

@@ -236,6 +236,8 @@ class ModelCard(ResponseModel):
     owned_by: str = "token-gateway"
     root: str | None = None
     max_model_len: int | None = None
+    tool_call_parser: str | None = None  # the gateway's extra: formats it parses for this model
+    reasoning_parser: str | None = None
 
 
 class ModelList(ResponseModel):

@@ -16,11 +16,19 @@ import grpc
 
 from gateway.workers.breaker import CircuitBreaker
 from gateway.workers.client import TlsOptions, WorkerClient, parse_worker_url
+from gateway.workers.transport import WorkerTransport
+from gateway.workers.watchdog import ProgressTracker
 from gateway.workers.worker import Worker, WorkerInfo
 
 log = logging.getLogger(__name__)
 
 ChangeListener = Callable[[str, Worker], None]  # ("added" | "removed", worker)
+Connect = Callable[[str, TlsOptions | None, str | None], WorkerTransport]  # (url, tls, api key)
+
+
+def grpc_connect(url: str, tls: TlsOptions | None, api_key: str | None) -> WorkerTransport:
+    """The real transport: a gRPC channel to the worker."""
+    return WorkerClient(url, tls=tls, api_key=api_key)
 
 
 class WorkerRegistrationError(Exception):
@@ -35,12 +43,16 @@ class WorkerRegistry:
         worker_api_key: str | None = None,
         probe_timeout_s: float = 10.0,
         breaker: Callable[[], CircuitBreaker] = CircuitBreaker,
+        progress: Callable[[], ProgressTracker] = ProgressTracker,
+        connect: Connect = grpc_connect,
     ) -> None:
         self._workers: dict[str, Worker] = {}
         self._tls = tls
         self._api_key = worker_api_key
         self._probe_timeout = probe_timeout_s
         self._breaker = breaker
+        self._progress = progress
+        self._connect = connect
         self._listeners: list[ChangeListener] = []
         self._adding: dict[str, asyncio.Task[Worker]] = {}
 
@@ -82,7 +94,7 @@ class WorkerRegistry:
     async def _probe(
         self, url: str, role: str | None, bootstrap_port: int | None, api_key: str | None
     ) -> Worker:
-        client = WorkerClient(url, tls=self._tls, api_key=api_key or self._api_key)
+        client = self._connect(url, self._tls, api_key or self._api_key)
         try:
             model_info, server_info = await asyncio.gather(
                 client.model_info(timeout=self._probe_timeout),
@@ -108,7 +120,9 @@ class WorkerRegistry:
             raise WorkerRegistrationError(
                 f"prefill worker {url} has no bootstrap port (give one or set it on the worker)"
             )
-        return Worker(url, client, info, role=role, bootstrap_port=bootstrap_port, breaker=self._breaker())
+        return Worker(url, client, info, role=role, bootstrap_port=bootstrap_port, breaker=self._breaker(),
+            progress=self._progress(),
+        )
 
     async def remove(self, worker_id: str, *, drain_timeout_s: float = 30.0) -> Worker:
         """Stop routing to the worker, wait for its in-flight requests, then forget it."""

@@ -1,0 +1,205 @@
+"""The lease: every ending of a dispatched request gives back slot, breaker verdict,
+policy notification and observer report exactly once."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from gateway.pipeline.dispatch import AttemptFailed, DispatchConfig, open_on
+from gateway.pipeline.lease import Lease, Outcome
+from gateway.pipeline.retry import RetryConfig
+from gateway.policies.base import RouteRequest
+from gateway.proto import sglang_scheduler_pb2 as pb
+from gateway.protocol.errors import GatewayTimeoutError, WorkerError
+from tests.fake_transport import (
+    HANG,
+    MODEL,
+    FakeTransport,
+    Fleet,
+    RecordingObserver,
+    SpyPolicy,
+    chunk,
+    complete,
+    fleet,
+    rpc_error,
+    settle,
+)
+
+FAST = DispatchConfig(request_timeout_s=5.0, first_token_timeout_s=0.05, stall_timeout_s=0.05)
+ROUTE = RouteRequest(token_ids=[1, 2, 3, 4], model=MODEL, request_id="r1", max_new_tokens=8)
+
+
+async def one_worker(predict: int = 0) -> tuple[Fleet, FakeTransport]:
+    t = FakeTransport("grpc://w1:1")
+    f = await fleet(t, spy=SpyPolicy(predict=predict))
+    return f, t
+
+
+def assert_released_once(f: Fleet, *, success: bool, cached: int = 0) -> None:
+    w = f.worker("w1:1")
+    assert w.load.in_flight == 0
+    assert w.load.queued_prefill_tokens == 0 and w.load.running_decode_tokens == 0
+    assert f.spy is not None
+    assert f.spy.finished == [("r1", "w1:1", cached, success)]
+
+
+async def test_lease_takes_everything_on_creation_and_gives_it_back_once() -> None:
+    f, _ = await one_worker(predict=2)
+    obs = RecordingObserver()
+    selection = f.router.select(ROUTE)
+    lease = Lease(selection, ROUTE, prompt_tokens=4, max_new_tokens=8, observer=obs)
+    w = f.worker("w1:1")
+    assert (w.load.in_flight, w.load.queued_prefill_tokens) == (1, 4)
+    assert f.spy is not None and f.spy.dispatched == [("r1", "w1:1")]
+    lease.start()
+    assert (w.load.queued_prefill_tokens, w.load.running_decode_tokens) == (0, 8)
+    lease.report(cached_tokens=3, prompt_tokens=4)
+    lease.report(cached_tokens=1, prompt_tokens=0)  # counts are cumulative: the largest stays
+    assert lease.release(Outcome.OK) is True
+    assert lease.release(Outcome.WORKER_FAILED) is False  # second release does nothing
+    assert lease.outcome is Outcome.OK
+    assert_released_once(f, success=True, cached=3)
+    assert obs.stages == ["relay"]
+    assert obs.done == [{
+        "model": MODEL, "worker": "w1:1", "predicted": 2, "cached": 3, "success": True,
+        "sent_prompt": 4, "reported_prompt": 4,
+    }]
+    assert w.breaker.consecutive_failures == 0
+
+
+@pytest.mark.parametrize(
+    ("outcome", "breaker_failures", "success"),
+    [(Outcome.OK, 0, True), (Outcome.WORKER_FAILED, 1, False), (Outcome.REJECTED, 0, False), (Outcome.CANCELLED, 0, False)],
+)
+async def test_each_outcome_tells_breaker_and_policy(outcome: Outcome, breaker_failures: int, success: bool) -> None:
+    f, _ = await one_worker()
+    w = f.worker("w1:1")
+    w.breaker.consecutive_failures = 0
+    obs = RecordingObserver()
+    lease = Lease(f.router.select(ROUTE), ROUTE, prompt_tokens=4, max_new_tokens=8, observer=obs)
+    lease.release(outcome)
+    assert_released_once(f, success=success)
+    assert w.breaker.consecutive_failures == breaker_failures
+    assert obs.done == []  # no output, no relay figures
+    assert w.suspect is (outcome is Outcome.WORKER_FAILED)
+
+
+async def open_one(f: Fleet, obs: RecordingObserver | None = None, config: DispatchConfig = FAST):  # type: ignore[no-untyped-def]
+    return await open_on(
+        f.router.select(ROUTE), ROUTE, pb.GenerateRequest(request_id="r1"),
+        prompt_tokens=4, max_new_tokens=8, retry=RetryConfig(), config=config,
+        observer=obs or RecordingObserver(),
+    )
+
+
+async def test_stream_to_its_end_releases_ok_with_reported_counts() -> None:
+    f, t = await one_worker()
+    t.script(chunk([5], prompt=4, cached=2), complete([5], prompt=4, cached=2))
+    obs = RecordingObserver()
+    stream = await open_one(f, obs)
+    while await stream.read() is not None:
+        pass
+    assert stream.closed and stream.lease.outcome is Outcome.OK
+    assert stream.lease.reported_prompt_tokens == 4
+    assert_released_once(f, success=True, cached=2)
+    assert [d["reported_prompt"] for d in obs.done] == [4]
+    stream.finished()
+    await stream.abort()
+    assert len(f.spy.finished) == 1 and t.aborts == []  # type: ignore[union-attr]
+
+
+async def test_worker_error_mid_stream_counts_against_the_worker() -> None:
+    f, t = await one_worker()
+    t.script(chunk([5]), rpc_error(grpc.StatusCode.INTERNAL, "boom"))
+    stream = await open_one(f)
+    await stream.read()
+    with pytest.raises(WorkerError):
+        await stream.read()
+    assert stream.lease.outcome is Outcome.WORKER_FAILED
+    assert_released_once(f, success=False)
+    assert f.worker("w1:1").breaker.consecutive_failures == 1
+
+
+async def test_client_gone_after_output_aborts_the_worker_request() -> None:
+    f, t = await one_worker()
+    t.script(chunk([5]), HANG)
+    stream = await open_one(f)
+    await stream.read()
+    await stream.abort("client gone")
+    await stream.abort("client gone")  # idempotent
+    await settle()
+    assert t.calls[0].cancelled and t.aborts == [("r1", "client gone")]
+    assert_released_once(f, success=True)
+
+
+async def test_cancelled_while_waiting_for_the_first_message() -> None:
+    f, t = await one_worker()
+    t.script(HANG)
+    task = asyncio.ensure_future(open_one(f, config=DispatchConfig(first_token_timeout_s=5.0)))
+    await settle()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await settle()
+    assert t.calls[0].cancelled and t.aborts == [("r1", "cancelled")]
+    assert_released_once(f, success=False)
+    assert f.worker("w1:1").breaker.consecutive_failures == 0  # no verdict on the worker
+
+
+async def test_eof_without_output_fails_the_attempt() -> None:
+    f, t = await one_worker()
+    t.script()  # EOF at once
+    with pytest.raises(AttemptFailed) as info:
+        await open_one(f)
+    assert info.value.reason == "EMPTY_STREAM" and info.value.retryable
+    assert_released_once(f, success=False)
+    assert f.worker("w1:1").breaker.consecutive_failures == 1
+
+
+async def test_bad_request_is_rejected_without_blaming_the_worker() -> None:
+    f, t = await one_worker()
+    t.script(rpc_error(grpc.StatusCode.INVALID_ARGUMENT, "bad stop"))
+    with pytest.raises(AttemptFailed) as info:
+        await open_one(f)
+    assert not info.value.retryable
+    assert_released_once(f, success=False)
+    assert f.worker("w1:1").breaker.consecutive_failures == 0
+
+
+async def test_first_token_timeout_aborts_and_counts_against_the_worker() -> None:
+    f, t = await one_worker()
+    t.script(HANG)
+    with pytest.raises(AttemptFailed) as info:
+        await open_one(f)
+    assert isinstance(info.value.error, GatewayTimeoutError) and info.value.reason == "FIRST_TOKEN_TIMEOUT"
+    await settle()
+    assert t.aborts == [("r1", "first token timeout")]
+    assert_released_once(f, success=False)
+    assert f.worker("w1:1").breaker.consecutive_failures == 1
+
+
+async def test_finished_frees_the_slot_without_an_abort() -> None:
+    f, t = await one_worker()
+    t.script(complete([5], cached=1), HANG)
+    stream = await open_one(f)
+    await stream.read()
+    stream.finished()
+    await settle()
+    assert t.aborts == [] and t.calls[0].cancelled
+    assert_released_once(f, success=True, cached=1)
+
+
+async def test_a_cancelled_half_open_trial_does_not_keep_the_worker_out() -> None:
+    f, _ = await one_worker()
+    w = f.worker("w1:1")
+    w.breaker.failure_threshold = 1
+    w.breaker.cooldown_s = 0.0
+    w.breaker.half_open_probes = 1  # one trial at a time: the trial in flight fills it
+    w.record_outcome(False)  # open; the cool-down is over at once
+    lease = Lease(f.router.select(ROUTE), ROUTE, prompt_tokens=4, max_new_tokens=8)  # the half-open trial
+    assert not w.available
+    lease.release(Outcome.CANCELLED)
+    assert w.available

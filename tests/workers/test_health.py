@@ -1,0 +1,55 @@
+"""The health monitor: thresholds both ways, requests as evidence, breaker reset on recovery."""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+
+from gateway.workers.breaker import BreakerState
+from gateway.workers.health import HealthConfig, HealthMonitor
+from tests.fake_transport import FakeTransport, fleet, rpc_error
+
+CONFIG = HealthConfig(
+    health_check_interval_s=30.0, health_failure_threshold=2, health_success_threshold=2, health_unhealthy_interval_s=1.0,
+)
+
+
+async def test_failed_probes_take_a_worker_out_and_good_ones_bring_it_back() -> None:
+    t = FakeTransport("grpc://w:1")
+    f = await fleet(t)
+    w = f.worker("w:1")
+    monitor = HealthMonitor(f.registry, CONFIG)
+    t.healthy = rpc_error(grpc.StatusCode.UNAVAILABLE)
+    assert not await monitor.probe(w) and w.healthy  # one failure is not enough
+    assert not await monitor.probe(w) and not w.healthy and not w.available
+    w.breaker.record_failure()
+    w.breaker.record_failure()
+    w.breaker.record_failure()
+    t.healthy = True
+    assert await monitor.probe(w) and not w.healthy
+    assert await monitor.probe(w) and w.healthy
+    assert w.breaker.state is BreakerState.CLOSED and w.available
+
+
+async def test_a_recent_success_makes_a_probe_unnecessary() -> None:
+    t = FakeTransport("grpc://w:1")
+    f = await fleet(t)
+    w = f.worker("w:1")
+    monitor = HealthMonitor(f.registry, CONFIG)
+    now = time.monotonic()
+    w.record_outcome(True)
+    assert not monitor.due(w, now + 1.0)
+    assert monitor.due(w, now + 31.0)
+    w.record_outcome(False)  # a failed request asks for an early probe
+    assert w.suspect and monitor.due(w, now + 1.5)
+    await monitor.check_once()
+    assert monitor.probes == 1 and not w.suspect
+
+
+async def test_draining_workers_are_not_probed() -> None:
+    t = FakeTransport("grpc://w:1")
+    f = await fleet(t)
+    w = f.worker("w:1")
+    w.draining = True
+    assert not HealthMonitor(f.registry, CONFIG).due(w, time.monotonic() + 1000)

@@ -1,0 +1,67 @@
+"""Worker registration against fake transports: probes, roles, lookups, draining."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from gateway.workers.registry import WorkerRegistrationError, WorkerRegistry
+from tests.fake_transport import MODEL, FakeTransport, fleet, rpc_error
+
+
+async def test_a_probed_worker_is_registered_with_what_it_said() -> None:
+    t = FakeTransport("grpc://127.0.0.1:7001")
+    f = await fleet(t)
+    w = f.worker("127.0.0.1:7001")
+    assert w.model == MODEL and w.role == "regular" and w.info.kv_capacity_tokens == 100_000
+    assert f.registry.get("grpc://127.0.0.1:7001") is w and f.registry.get("nonsense") is None
+    assert f.registry.models() == [MODEL] and f.registry.pool(MODEL, "regular") == [w]
+    assert await f.registry.add(t.url) is w  # adding twice returns the same worker
+
+
+async def test_role_comes_from_the_worker_unless_given() -> None:
+    p = FakeTransport("grpc://p:1", role="prefill", bootstrap_port=8998)
+    d = FakeTransport("grpc://d:1", role="decode")
+    f = await fleet(p, d)
+    assert f.worker("p:1").role == "prefill" and f.worker("p:1").bootstrap_port == 8998
+    assert f.worker("d:1").role == "decode"
+
+
+async def test_prefill_without_bootstrap_port_is_refused() -> None:
+    p = FakeTransport("grpc://p:1", role="prefill")
+    with pytest.raises(WorkerRegistrationError, match="bootstrap port"):
+        await fleet(p)
+    assert p.closed
+
+
+@pytest.mark.parametrize("health", [False, rpc_error(grpc.StatusCode.UNAVAILABLE)])
+async def test_a_worker_failing_its_probe_is_refused_and_its_channel_closed(health: object) -> None:
+    t = FakeTransport("grpc://w:1", healthy=health)  # type: ignore[arg-type]
+    with pytest.raises(WorkerRegistrationError):
+        await fleet(t)
+    assert t.closed
+
+
+async def test_removal_drains_in_flight_requests_first() -> None:
+    t = FakeTransport("grpc://w:1")
+    f = await fleet(t)
+    w = f.worker("w:1")
+    guard = w.load.acquire(1, 1)
+    removing = asyncio.ensure_future(f.registry.remove("w:1", drain_timeout_s=2.0))
+    await asyncio.sleep(0.01)
+    assert w.draining and not removing.done() and not w.available
+    guard.release()
+    assert await removing is w
+    assert f.registry.get("w:1") is None and t.closed
+
+
+async def test_registry_changes_reach_listeners() -> None:
+    events: list[tuple[str, str]] = []
+    t = FakeTransport("grpc://w:1")
+    registry = WorkerRegistry(connect=lambda url, tls, key: t)
+    registry.subscribe(lambda event, worker: events.append((event, worker.id)))
+    await registry.add(t.url)
+    await registry.remove("w:1", drain_timeout_s=0.1)
+    assert events == [("added", "w:1"), ("removed", "w:1")]
