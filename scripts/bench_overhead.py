@@ -52,6 +52,7 @@ import platform
 import random
 import shlex
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -916,7 +917,8 @@ COMPARE_FIGURES = [
 
 
 def compare_table(rows: Sequence[dict[str, Any]], gateways: Sequence[str]) -> str:
-    """Markdown: one line per figure, per gateway the median over repetitions and the range."""
+    """Markdown: one line per figure, per gateway the median over repetitions and the range
+    (the ratio is of the medians)."""
     def values(name: str, load: str, key: str) -> list[float]:
         out = []
         for row in rows:
@@ -930,7 +932,7 @@ def compare_table(rows: Sequence[dict[str, Any]], gateways: Sequence[str]) -> st
     def cell(v: list[float]) -> str:
         if not v:
             return "-"
-        med = sorted(v)[len(v) // 2]
+        med = round(statistics.median(v), 3)
         return f"{med:g}" if len(v) == 1 else f"{med:g} ({min(v):g}-{max(v):g})"
 
     figures = [("idle", "idle_core_percent", f"idle, % of a core ({w} workers)") for w in sorted({r['workers'] for r in rows})]
@@ -946,7 +948,7 @@ def compare_table(rows: Sequence[dict[str, Any]], gateways: Sequence[str]) -> st
         line = f"| {label} | " + " | ".join(cell(per[g]) for g in gateways)
         if {"ours", "smg"} <= set(gateways):
             o, s = per["ours"], per["smg"]
-            ratio = f"{sorted(o)[len(o) // 2] / sorted(s)[len(s) // 2]:.2f}x" if o and s and sorted(s)[len(s) // 2] else "-"
+            ratio = f"{statistics.median(o) / statistics.median(s):.2f}x" if o and s and statistics.median(s) else "-"
             line += f" | {ratio}"
         lines.append(line + " |")
     return "\n".join(lines)

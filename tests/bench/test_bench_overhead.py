@@ -92,9 +92,9 @@ def test_compare_table_gives_median_range_and_ratio(bench: ModuleType) -> None:
     table = bench.compare_table(rows, ["ours", "smg"]).splitlines()
     assert table[0] == "| figure | ours | smg | ours / smg |"
     cpu = next(line for line in table if "128 in flight: CPU" in line)
-    assert cpu == "| short, 128 in flight: CPU ms/request | 3 (2-3) | 1.5 (1-1.5) | 2.00x |"
+    assert cpu == "| short, 128 in flight: CPU ms/request | 2.5 (2-3) | 1.25 (1-1.5) | 2.00x |"
     idle = next(line for line in table if line.startswith("| idle"))
-    assert "(8 workers)" in idle and "0.4 (0.2-0.4)" in idle
+    assert "(8 workers)" in idle and "0.3 (0.2-0.4)" in idle
     assert not any("gsp" in line for line in table)  # loads that did not run have no line
 
 

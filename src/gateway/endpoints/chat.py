@@ -219,10 +219,7 @@ async def _chunks(
             logprobs = chat_logprobs(d.token_ids, d.logprobs or [], d.top_logprobs if top_n else None, piece)
         if not (reasoning or content or calls) and not final and logprobs is None:
             continue
-        delta = ChatDelta(
-            d.index, content=content or None, reasoning_content=reasoning or None,
-            tool_calls=_fragments(calls) if calls else None, logprobs=logprobs,
-        )
+        delta = ChatDelta(d.index, None, content or None, reasoning or None, _fragments(calls) if calls else None, logprobs)
         if final:
             used_tools = c.tools is not None and c.tools.calls_started > 0
             delta.finish_reason = openai_finish_reason(d.finish_reason, tool_calls=used_tools)

@@ -103,19 +103,24 @@ class ChatDelta:
     matched_stop: int | str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        delta: dict[str, Any] = {}
-        if self.role is not None:
-            delta["role"] = self.role
-        if self.reasoning_content is not None:
-            delta["reasoning_content"] = self.reasoning_content
-        if self.content is not None:
-            delta["content"] = self.content
-        if self.tool_calls:
-            delta["tool_calls"] = [c.to_dict() for c in self.tool_calls]
+        content, reasoning = self.content, self.reasoning_content
+        if self.role is None and reasoning is None and not self.tool_calls:
+            delta: dict[str, Any] = {} if content is None else {"content": content}  # the common case
+        else:
+            delta = {}
+            if self.role is not None:
+                delta["role"] = self.role
+            if reasoning is not None:
+                delta["reasoning_content"] = reasoning
+            if content is not None:
+                delta["content"] = content
+            if self.tool_calls:
+                delta["tool_calls"] = [c.to_dict() for c in self.tool_calls]
+        logprobs = self.logprobs
         out: dict[str, Any] = {
             "index": self.index,
             "delta": delta,
-            "logprobs": None if self.logprobs is None else self.logprobs.to_dict(),
+            "logprobs": None if logprobs is None else logprobs.to_dict(),
             "finish_reason": self.finish_reason,
         }
         if self.final:
@@ -155,10 +160,15 @@ class StreamChunk:
 
     def to_json(self) -> bytes:
         """The event's JSON, built from the stream's pre-serialized head."""
-        body = self.head.prefix + orjson.dumps([c.to_dict() for c in self.choices])
-        if self.usage is not None:
-            body += b',"usage":' + orjson.dumps(self.usage.to_dict())
-        return body + b"}"
+        choices = self.choices
+        if self.usage is None:
+            if len(choices) == 1:  # the relay's common case: one choice, no usage
+                return b"".join((self.head.prefix, b"[", orjson.dumps(choices[0].to_dict()), b"]}"))
+            return b"".join((self.head.prefix, orjson.dumps([c.to_dict() for c in choices]), b"}"))
+        return b"".join((
+            self.head.prefix, orjson.dumps([c.to_dict() for c in choices]),
+            b',"usage":', orjson.dumps(self.usage.to_dict()), b"}",
+        ))  # fmt: skip
 
     def to_dict(self) -> dict[str, Any]:
         """The same object as a dict (tests, and callers that want to inspect it)."""
