@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from gateway.endpoints.chat_parsers import choose_parsers, template_kwargs
+from gateway.endpoints.parser_guard import GuardedToolParser
 from gateway.parsers.constrained import NamedToolCallParser, RequiredToolCallParser
 from gateway.parsers.hermes import HermesToolParser
 from gateway.parsers.tool_calls import MistralToolParser
@@ -34,22 +35,27 @@ def _entry(tok: Tokenizer, tool: str | None = "hermes", reasoning: str | None = 
     )
 
 
+def _inner(parser: object) -> object:
+    assert isinstance(parser, GuardedToolParser)
+    return parser.inner
+
+
 def _req(**kw: Any) -> ChatCompletionRequest:
     return ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "x"}], **kw})
 
 
 def test_model_formats_and_tool_choice(tokenizer: Tokenizer) -> None:
     auto = choose_parsers(_entry(tokenizer), _req(tools=TOOLS))
-    assert isinstance(auto.new_tools(), HermesToolParser) and auto.reasoning_enabled
+    assert isinstance(_inner(auto.new_tools()), HermesToolParser) and auto.reasoning_enabled
     assert not auto.keep_special_tokens and auto.think_end_id == tokenizer.token_id("</think>")
     assert choose_parsers(_entry(tokenizer), _req(tools=TOOLS, tool_choice="none")).new_tools() is None
     assert choose_parsers(_entry(tokenizer), _req()).new_tools() is None
     required = choose_parsers(_entry(tokenizer), _req(tools=TOOLS, tool_choice="required"))
-    assert isinstance(required.new_tools(), RequiredToolCallParser) and required.constraint is not None
+    assert isinstance(_inner(required.new_tools()), RequiredToolCallParser) and required.constraint is not None
     named = choose_parsers(_entry(tokenizer), _req(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "b"}}))
-    assert isinstance(named.new_tools(), NamedToolCallParser)
+    assert isinstance(_inner(named.new_tools()), NamedToolCallParser)
     mistral = choose_parsers(_entry(tokenizer, "mistral", None), _req(tools=TOOLS))
-    assert isinstance(mistral.new_tools(), MistralToolParser) and mistral.keep_special_tokens
+    assert isinstance(_inner(mistral.new_tools()), MistralToolParser) and mistral.keep_special_tokens
     assert not mistral.reasoning_enabled and mistral.new_reasoning("") is None
     # special tokens are kept only when a format parser will actually run
     assert not choose_parsers(_entry(tokenizer, "mistral", None), _req()).keep_special_tokens

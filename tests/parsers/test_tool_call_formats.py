@@ -157,3 +157,22 @@ def test_every_name_builds_a_parser() -> None:
 def test_unknown_name_lists_known_ones() -> None:
     with pytest.raises(KeyError, match=r"known: .*qwen3_coder"):
         get_tool_parser("no-such-format")
+
+
+@pytest.mark.parametrize(
+    ("name", "opening"),
+    [
+        ("qwen3_coder", "<tool_call>\n<function=get_weather>\n<parameter=city>\nNew Yo"),
+        ("glm45", "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>New Yo"),
+        ("minimax-m2", '<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">New Yo'),
+    ],
+)
+def test_string_values_stream_before_the_parameter_closes(name: str, opening: str) -> None:
+    parser = get_tool_parser(name, tools=TOOLS)
+    out = parser.feed(opening)
+    streamed = "".join(c.arguments for c in out.tool_calls)
+    assert streamed == '{"city": "New Yo'
+    # an integer is only sent once complete (its type decides how it is read)
+    parser = get_tool_parser(name, tools=TOOLS)
+    out = parser.feed(opening.replace("city", "days").replace("New Yo", "1"))
+    assert "".join(c.arguments for c in out.tool_calls) == "{"

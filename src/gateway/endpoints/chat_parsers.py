@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.endpoints.parser_guard import GuardedReasoningParser, GuardedToolParser
 from gateway.parsers.base import ReasoningParser, ToolCallParser
 from gateway.parsers.constrained import tool_choice_constraint
 from gateway.parsers.registry import (
@@ -46,16 +47,18 @@ class ChatParsers:
     def new_reasoning(self, prompt_text: str) -> ReasoningParser | None:
         if not self.reasoning_enabled:
             return None
-        return reasoning_parser_for_request(
+        parser = reasoning_parser_for_request(
             self.reasoning_parser,
             chat_template_kwargs=dict(self.chat_template_kwargs),
             separate_reasoning=self.separate_reasoning,
             prompt_text=prompt_text,
         )
+        return GuardedReasoningParser(parser) if parser is not None else None
 
     def new_tools(self) -> ToolCallParser | None:
         """auto: the model's own format; required/named: the JSON the constraint forces."""
-        return tool_parser_for_choice(self.tool_choice, list(self.tools), self.tool_parser)
+        parser = tool_parser_for_choice(self.tool_choice, list(self.tools), self.tool_parser)
+        return GuardedToolParser(parser) if parser is not None else None
 
 
 def template_kwargs(req: ChatCompletionRequest) -> dict[str, Any]:

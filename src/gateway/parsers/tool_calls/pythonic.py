@@ -50,16 +50,17 @@ def read_call(source: str) -> tuple[str, str]:
     """``(name, arguments JSON)`` of one ``f(a=1, ...)`` call; ValueError otherwise."""
     try:
         node = ast.parse(source.strip(), mode="eval").body
-    except SyntaxError as exc:
+        if not isinstance(node, ast.Call) or node.args:
+            raise ValueError("not a call with keyword arguments")
+        args: dict[str, Any] = {}
+        for kw in node.keywords:
+            if kw.arg is None:
+                raise ValueError("**kwargs in a call")
+            args[kw.arg] = _literal(kw.value)
+        return _dotted(node.func), json.dumps(args, ensure_ascii=False)
+    except (SyntaxError, TypeError, RecursionError, MemoryError, SystemError) as exc:
+        # SystemError: CPython's AST builder on absurdly nested input
         raise ValueError(str(exc)) from None
-    if not isinstance(node, ast.Call) or node.args:
-        raise ValueError("not a call with keyword arguments")
-    args: dict[str, Any] = {}
-    for kw in node.keywords:
-        if kw.arg is None:
-            raise ValueError("**kwargs in a call")
-        args[kw.arg] = _literal(kw.value)
-    return _dotted(node.func), json.dumps(args, ensure_ascii=False)
 
 
 def _lines_offsets(text: str) -> list[int]:

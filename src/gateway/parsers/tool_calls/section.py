@@ -65,6 +65,7 @@ class SectionView:
     calls: list[CallView] = field(default_factory=list)
     end: int = 0  # complete: how many characters of the section text it spans
     content: str = ""  # text of the section that is content (Harmony's final channel)
+    open_value: bool = False  # a value is streaming: every delta matters (no structure skip)
 
 
 INCOMPLETE = -1
@@ -285,7 +286,13 @@ class SectionToolParser(ToolCallParser):
     def _step_section(self, out: ToolStreamDelta, *, final: bool) -> bool:
         """Advance the open section; True when it closed and scanning should go on."""
         last = self._last_view
-        if not final and last is not None and self.structure_chars is not None and self.structure_chars.isdisjoint(self._buf[last[0] :]):
+        if (
+            not final
+            and last is not None
+            and not last[1].open_value
+            and self.structure_chars is not None
+            and self.structure_chars.isdisjoint(self._buf[last[0] :])
+        ):
             self._last_view = (len(self._buf), last[1])
             return False
         view = self.scan(self._buf, final=final)

@@ -49,7 +49,8 @@ def _literal(text: str) -> Any:
         pass
     try:
         return ast.literal_eval(text)
-    except (ValueError, SyntaxError, MemoryError, RecursionError):
+    except (ValueError, SyntaxError, MemoryError, RecursionError, SystemError):
+        # SystemError: CPython's AST builder on absurdly nested input
         raise ValueError(text) from None
 
 

@@ -27,8 +27,10 @@ Three families share the shape "function name, then ``name -> value`` pairs":
 Values are typed by the tool's JSON schema (``values.typed_value``). Qwen3-Coder's
 template puts the value on its own line, so one newline directly after the
 opening tag and one before the closing tag belong to the markup, not the value.
-Arguments stream a parameter at a time: each finished parameter appends
-``"P": value`` to the arguments object, which closes with the call.
+Arguments stream as they are written: each finished parameter appends
+``"P": value`` to the arguments object, which closes with the call; a
+parameter whose schema says ``string`` streams its text as it grows (other
+types go out whole, once their value is complete and can be typed).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from gateway.parsers.base import partial_suffix
 from gateway.parsers.tool_calls.section import (
     CallView,
     SectionToolParser,
@@ -43,7 +46,7 @@ from gateway.parsers.tool_calls.section import (
     hold_back,
     skip_ws,
 )
-from gateway.parsers.tool_calls.values import object_prefix, typed_value
+from gateway.parsers.tool_calls.values import declared_types, json_text, object_prefix, typed_value
 
 
 def _strip_one_newline(value: str) -> str:
@@ -66,7 +69,13 @@ class _XmlParams(SectionToolParser):
     strip_newline = False
 
     def _pairs(self, function: str, body: str, *, closed: bool) -> tuple[list[tuple[str, Any]], bool]:
-        """Pairs in ``body``; False when the body cannot be this format's parameters."""
+        """Pairs in ``body``; False when the body cannot be this format's parameters.
+
+        Also sets ``self._open_value``: the parameter still being written, when its
+        schema says string, with the part of its text that is settled, so long string
+        values (code, documents) stream as they are written.
+        """
+        self._open_value: tuple[str, str] | None = None
         pairs: list[tuple[str, Any]] = []
         i = 0
         while True:
@@ -99,6 +108,8 @@ class _XmlParams(SectionToolParser):
                 end = body.find(self.param_close, j)
                 close_len = len(self.param_close)
             if end == -1:
+                if not closed:
+                    self._open_value = self._settled_text(function, key, body[j:], close_len)
                 return pairs, not closed
             value = body[j:end]
             if self.strip_newline:
@@ -106,6 +117,29 @@ class _XmlParams(SectionToolParser):
             schema = self.specs.property_schema(function, key)
             pairs.append((key, typed_value(value, schema)))
             i = end + close_len
+
+
+    def _settled_text(self, function: str, key: str, raw: str, close_len: int) -> tuple[str, str] | None:
+        """The open value's text that no later character can change, if it is a string."""
+        if declared_types(self.specs.property_schema(function, key)) != {"string"}:
+            return None
+        close = self.value_close if self.value_open is not None else self.param_close
+        raw = raw[: len(raw) - partial_suffix(raw, close)]
+        if self.strip_newline:
+            if not raw:
+                return None  # whether a leading newline is markup is not known yet
+            raw = raw.removeprefix("\n")
+            raw = raw.removesuffix("\n")  # may be the newline before the closing tag
+        del close_len
+        return key, raw
+
+    def _arguments(self, pairs: list[tuple[str, Any]]) -> str:
+        """The open call's arguments so far, the open string value included."""
+        text = object_prefix(pairs, closed=False)
+        if self._open_value is None:
+            return text
+        key, partial = self._open_value
+        return text + (", " if pairs else "") + json_text(key) + ": " + json_text(partial)[:-1]
 
 
 class Qwen3CoderToolParser(_XmlParams):
@@ -130,7 +164,7 @@ class Qwen3CoderToolParser(_XmlParams):
         if not ok:
             return SectionView(status="invalid")
         if fn_end == -1:
-            return SectionView(status="incomplete", calls=[CallView(name=name, arguments=object_prefix(pairs, closed=False))])
+            return SectionView(status="incomplete", calls=[CallView(name=name, arguments=self._arguments(pairs))], open_value=self._open_value is not None)
         call = CallView(name=name, arguments=object_prefix(pairs, closed=True), done=True)
         j = skip_ws(section, fn_end + len("</function>"))
         if section.startswith("</tool_call>", j):
@@ -167,7 +201,7 @@ class Glm45ToolParser(_XmlParams):
         if not ok:
             return SectionView(status="invalid")
         if end == -1:
-            return SectionView(status="incomplete", calls=[CallView(name=name, arguments=object_prefix(pairs, closed=False))])
+            return SectionView(status="incomplete", calls=[CallView(name=name, arguments=self._arguments(pairs))], open_value=self._open_value is not None)
         call = CallView(name=name, arguments=object_prefix(pairs, closed=True), done=True)
         return SectionView(status="complete", calls=[call], end=end + len("</tool_call>"))
 
@@ -208,7 +242,8 @@ class MiniMaxM2ToolParser(_XmlParams):
             if not ok:
                 return SectionView(status="invalid")
             if end == -1:
-                view.calls.append(CallView(name=name, arguments=object_prefix(pairs, closed=False)))
+                view.calls.append(CallView(name=name, arguments=self._arguments(pairs)))
+                view.open_value = self._open_value is not None
                 return view
             view.calls.append(CallView(name=name, arguments=object_prefix(pairs, closed=True), done=True))
             i = end + len("</invoke>")

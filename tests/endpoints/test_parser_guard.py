@@ -1,0 +1,63 @@
+"""A failing parser degrades to plain content for the rest of the choice, logged, never raised."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from gateway.endpoints.parser_guard import GuardedReasoningParser, GuardedToolParser
+from gateway.parsers.base import ReasoningParser, ToolCall, ToolCallParser, ToolStreamDelta
+from gateway.parsers.hermes import HermesToolParser
+
+
+class Exploding(ToolCallParser):
+    def __init__(self) -> None:
+        self._buf = ""
+
+    def parse(self, text: str) -> tuple[str, list[ToolCall]]:
+        raise RuntimeError("bug")
+
+    def feed(self, delta: str) -> ToolStreamDelta:
+        self._buf += delta
+        if "!" in self._buf:
+            raise RuntimeError("bug")
+        return ToolStreamDelta()
+
+    def finish(self) -> ToolStreamDelta:
+        raise RuntimeError("bug")
+
+
+class ExplodingReasoning(ReasoningParser):
+    def parse(self, text: str) -> tuple[str | None, str]:
+        raise ValueError("bug")
+
+    def feed(self, delta: str) -> tuple[str, str]:
+        raise ValueError("bug")
+
+    def finish(self) -> tuple[str, str]:
+        raise ValueError("bug")
+
+
+def test_tool_parser_failure_hands_back_held_text(caplog: pytest.LogCaptureFixture) -> None:
+    guard = GuardedToolParser(Exploding())
+    with caplog.at_level(logging.ERROR):
+        assert guard.feed("held ").content == ""
+        assert guard.feed("boom!").content == "held boom!"
+        assert guard.feed(" after").content == " after"
+        assert guard.finish().content == ""
+        assert GuardedToolParser(Exploding()).parse("text") == ("text", [])
+    assert "Exploding failed" in caplog.text
+
+
+def test_reasoning_failure_is_content() -> None:
+    guard = GuardedReasoningParser(ExplodingReasoning())
+    assert guard.feed("x") == ("", "x")
+    assert guard.feed("y") == ("", "y")
+    assert GuardedReasoningParser(ExplodingReasoning()).parse("t") == (None, "t")
+
+
+def test_working_parser_is_untouched() -> None:
+    guard = GuardedToolParser(HermesToolParser())
+    out = guard.feed('<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>')
+    assert out.tool_calls and guard.calls_started == 1
