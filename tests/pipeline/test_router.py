@@ -1,5 +1,6 @@
-"""The router's live routing quality: offered prompts, finishes reported through the lease,
-the tokenizer-fidelity guard switching a model to load-only routing, cache-parameter changes."""
+"""The router: pools per (model, role), the one resolution of a pinned target worker, and
+its live routing quality (offered prompts, finishes reported through the lease, the
+tokenizer-fidelity guard switching a model to load-only routing, cache-parameter changes)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,54 @@ import logging
 import pytest
 
 from gateway.pipeline.lease import Lease, Outcome
-from gateway.policies.base import RouteRequest
+from gateway.policies.base import NoWorkerAvailable, RouteRequest
 from gateway.policies.cache_aware import CacheAwarePolicy
+from gateway.policies.common import TARGET_REASON
 from tests.fake_transport import MODEL, FakeTransport, fleet
 
 SYSTEM = list(range(1000, 1512))
+
+
+def pinned(target: str | None = None, exclude: frozenset[str] = frozenset()) -> RouteRequest:
+    return RouteRequest(token_ids=[1, 2], model=MODEL, request_id="t", target_worker=target, exclude=exclude)
+
+
+@pytest.mark.parametrize("target", ["b:1", "grpc://b:1", "grpc://b:1/"])
+async def test_a_target_is_found_by_id_or_url(target: str) -> None:
+    f = await fleet(FakeTransport("grpc://a:1"), FakeTransport("grpc://b:1"))
+    chosen = f.router.select(pinned(target))
+    assert chosen.worker.id == "b:1" and chosen.decision.reason == TARGET_REASON
+
+
+async def test_a_target_that_already_failed_this_request_is_not_retried() -> None:
+    f = await fleet(FakeTransport("grpc://a:1"), FakeTransport("grpc://b:1"))
+    with pytest.raises(NoWorkerAvailable, match="already failed"):
+        f.router.select(pinned("b:1", exclude=frozenset({"b:1"})))
+
+
+async def test_unknown_draining_or_other_pool_targets_are_refused() -> None:
+    f = await fleet(FakeTransport("grpc://a:1"), FakeTransport("grpc://d:1", role="decode"))
+    with pytest.raises(NoWorkerAvailable, match="not in pool"):
+        f.router.select(pinned("zz:9"))
+    with pytest.raises(NoWorkerAvailable, match="not in pool"):
+        f.router.select(pinned("d:1"))  # a decode worker is not in the regular pool
+    f.worker("a:1").draining = True
+    with pytest.raises(NoWorkerAvailable):
+        f.router.select(pinned("a:1"))
+
+
+async def test_unavailable_target_says_so() -> None:
+    f = await fleet(FakeTransport("grpc://a:1"))
+    f.worker("a:1").healthy = False
+    with pytest.raises(NoWorkerAvailable, match="unavailable"):
+        f.router.select(pinned("a:1"))
+
+
+async def test_without_target_excluded_workers_are_skipped() -> None:
+    f = await fleet(FakeTransport("grpc://a:1"), FakeTransport("grpc://b:1"))
+    assert {f.router.select(pinned(exclude=frozenset({"a:1"}))).worker.id for _ in range(4)} == {"b:1"}
+    with pytest.raises(NoWorkerAvailable, match="no regular worker"):
+        f.router.select(pinned(exclude=frozenset({"a:1", "b:1"})))
 
 
 def route(i: int, n: int = 32) -> RouteRequest:

@@ -150,3 +150,33 @@ async def test_parse_endpoints(stack: Stack) -> None:
     assert (await stack.http.post("/parse/tool_calls", json=body)).status_code == 401
     assert (await stack.http.post("/parse/tool_calls", json={"text": 5}, headers=auth)).status_code == 400
     assert (await stack.http.post("/parse/reasoning", content=b"{bad", headers=auth)).status_code == 400
+
+
+TEMPLATE = (
+    "{% for m in messages %}{{ m.content }}{% endfor %}"
+    "<<sim-reply>>effort={{ reasoning_effort | default('unset') }} mood={{ mood | default('unset') }}<</sim-reply>>"
+)
+
+
+@pytest.fixture
+def template_file(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("tpl") / "echo.jinja"
+    path.write_text(TEMPLATE)
+    return str(path)
+
+
+async def test_chat_template_flag_and_template_inputs(tmp_path: Any, template_file: str) -> None:
+    from tests.server.conftest import StackOptions, start_stack
+
+    opts = StackOptions(sections={"parsers": {"chat_template": template_file, "reasoning_parser": "none"}})
+    async for stack in start_stack(opts, tmp_path):
+        resp = await stack.client.chat.completions.create(
+            model=stack.model, messages=[{"role": "user", "content": "hi"}], max_tokens=30,
+            reasoning_effort="high", extra_body={"chat_template_kwargs": {"mood": "calm"}},
+        )
+        assert resp.choices[0].message.content == "effort=high mood=calm"
+        plain = await stack.client.chat.completions.create(model=stack.model, messages=[{"role": "user", "content": "hi"}], max_tokens=30)
+        assert plain.choices[0].message.content == "effort=unset mood=unset"
+        card = (await stack.http.get("/v1/models")).json()["data"][0]
+        assert card["tool_call_parser"] == "hermes"  # no markup in this template: model_type qwen3 decides
+        assert "reasoning_parser" not in card  # none: no reasoning splitting

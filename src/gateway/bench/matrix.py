@@ -222,6 +222,7 @@ async def run_cell(
     ideal: Any,
     *,
     gateway: str = "ours",
+    on_result: Any = None,
 ) -> Cell:
     """A fresh in-process fleet, a gateway (``gateway``) with ``policy``, one run of ``workload``."""
     from gateway.bench.driver import DriverConfig, run_workload
@@ -234,7 +235,10 @@ async def run_cell(
         request_timeout_s=config.request_timeout_s,
     )
     async with SimFleet.start(workers, sim_config(config)) as fleet:
-        run = await _drive(fleet, workload, policy, config, tokenizer_dir, scratch, driver, gateway, run_workload)
+        def drive(url: str, label: str) -> Any:
+            return run_workload(url, workload, driver, label=label, on_result=on_result)
+
+        run = await _drive(fleet, workload, policy, config, tokenizer_dir, scratch, gateway, drive)
         stats = fleet.stats()
     run.worker_counters = {str(s["url"]): s for s in stats}
     ideal_rate = ideal(run) if callable(ideal) else ideal
@@ -246,7 +250,7 @@ async def run_cell(
 
 async def _drive(
     fleet: Any, workload: Any, policy: str, config: MatrixConfig, tokenizer_dir: str, scratch: str,
-    driver: Any, gateway: str, run_workload: Any,
+    gateway: str, drive: Any,
 ) -> Any:  # fmt: skip
     if gateway == "ours":
         from gateway.bench.inprocess import serve_in_process
@@ -267,14 +271,14 @@ async def _drive(
         else:
             gw_config.policy = dataclasses.replace(gw_config.policy, policy=name, seed=config.seed, **knobs)
         async with serve_in_process(gw_config, policy_maker=maker) as served:
-            return await run_workload(served.url, workload, driver, label=policy)
+            return await drive(served.url, policy)
     if gateway == "ours-process":
         from gateway.bench.serve_process import ServeProcess
 
         args = ["--tokenizer-path", tokenizer_dir, "--tokenizer-cache-dir", scratch, "--log-level", "warning"]
         proc = await ServeProcess.start(fleet.urls, policy, extra_args=args)
         try:
-            return await run_workload(proc.url, workload, driver, label=policy)
+            return await drive(proc.url, policy)
         finally:
             await proc.stop()
             proc.remove_log()
@@ -282,7 +286,7 @@ async def _drive(
 
     peer = await PeerProcess.start(config.peers_python, gateway, fleet.urls, policy, tokenizer_dir)
     try:
-        return await run_workload(peer.url, workload, driver, label=f"{gateway} {policy}")
+        return await drive(peer.url, f"{gateway} {policy}")
     finally:
         await peer.stop()
         peer.remove_log()
@@ -354,7 +358,11 @@ async def run_matrix(
     ideals: dict[str, Any] = {}
     cells: list[Cell] = []
     t0 = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="token-gateway-matrix-") as scratch:
+    from gateway.bench.progress import BenchProgress
+
+    with tempfile.TemporaryDirectory(prefix="token-gateway-matrix-") as scratch, BenchProgress(
+        console, cells=len(plan)
+    ) as bars:
         # Warm-up, not recorded: the first chat request of the process compiles the chat
         # template, which would otherwise land in the first chat cell's TTFT.
         for workload in workloads.values():
@@ -364,13 +372,16 @@ async def run_matrix(
             if workload.name not in ideals:
                 ideals[workload.name] = ideal_of(workload, config.page_size, tokenizer_dir)
             start = time.monotonic()
+            on_result = bars.run(f"{workload.name} x{n} {gateway} {policy}", len(workload))
             try:
                 cell = await run_cell(
-                    workload, n, policy, config, tokenizer_dir, scratch, ideals[workload.name], gateway=gateway
+                    workload, n, policy, config, tokenizer_dir, scratch, ideals[workload.name], gateway=gateway,
+                    on_result=on_result,
                 )
             except (RuntimeError, OSError, ValueError) as exc:
                 cell = Cell(workload.name, n, policy, gateway, None, error=str(exc)[:2000])
             cells.append(cell)
+            bars.cell_done()
             console.print(_progress_line(i, len(plan), cell, time.monotonic() - start, time.monotonic() - t0))
     return cells
 

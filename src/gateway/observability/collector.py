@@ -45,6 +45,10 @@ class WorkerCollector(Collector):
         draining = g("token_gateway_worker_draining", "1 while the worker is being removed", labels=WORKER_LABELS)
         breaker = g("token_gateway_worker_breaker_state", "circuit breaker state, one series per state (1 = current)", labels=[*WORKER_LABELS, "state"])
         failures = g("token_gateway_worker_breaker_consecutive_failures", "consecutive failed requests counted by the breaker", labels=WORKER_LABELS)
+        window = g("token_gateway_worker_breaker_window_requests", "request outcomes in the breaker's sliding window", labels=WORKER_LABELS)
+        window_failed = g("token_gateway_worker_breaker_window_failures", "failed requests in the breaker's sliding window", labels=WORKER_LABELS)
+        opens = CounterMetricFamily("token_gateway_worker_breaker_opens", "times the worker's breaker opened (failures in a row, failure ratio, failed trial, or the watchdog)", labels=WORKER_LABELS)
+        stalls = CounterMetricFamily("token_gateway_worker_watchdog_stalls", "times the progress watchdog found the worker silent with work in flight and took it out of rotation", labels=WORKER_LABELS)
         sent = CounterMetricFamily("token_gateway_worker_dispatched", "requests sent to this worker since it joined", labels=WORKER_LABELS)
         for w in self._workers():
             labels = [w.id, w.role, w.model]
@@ -57,8 +61,14 @@ class WorkerCollector(Collector):
             for state in BreakerState:
                 breaker.add_metric([*labels, state.value], float(w.breaker.state is state))
             failures.add_metric(labels, w.breaker.consecutive_failures)
+            total, failed = w.breaker.window_counts()
+            window.add_metric(labels, total)
+            window_failed.add_metric(labels, failed)
+            opens.add_metric(labels, w.breaker.opens)
+            stalls.add_metric(labels, w.progress.stalls)
             sent.add_metric(labels, w.load.total_requests)
         yield from (in_flight, prefill, decode, healthy, available, draining, breaker, failures, sent)
+        yield from (window, window_failed, opens, stalls)
 
 
 class TokenizerCacheCollector(Collector):

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from gateway.policies.base import Decision, NoWorkerAvailable, Policy, RouteRequest
 from gateway.policies.factory import close_policy
 from gateway.policies.quality import DEFAULT_SKETCH_TOKENS, OfferedPrefixes, PoolQuality
+from gateway.sync.policy_tap import DecisionSink, TappedPolicy
 from gateway.workers.registry import WorkerRegistry
 from gateway.workers.worker import Worker
 
@@ -54,6 +55,8 @@ class Router:
         self.registry = registry
         self._make_policy = make_policy
         self._policies: dict[tuple[str, str], Policy] = {}
+        self._sink: DecisionSink | None = None  # gateway.sync: other processes hear of decisions
+        self._taps: dict[tuple[str, str], TappedPolicy] = {}
         self._quality: dict[tuple[str, str], PoolQuality] = {}
         self._sketch_tokens = sketch_tokens
         self._cache_params: dict[str, tuple[int, int]] = {}  # worker -> (page size, KV capacity) seen
@@ -68,6 +71,21 @@ class Router:
             self._policies[key] = policy
             policy.on_workers_changed([w.view() for w in self._live(model, role)])
         return policy
+
+    def tap(self, sink: DecisionSink) -> None:
+        """Tell ``sink`` of every dispatch and finish (the dispatcher gets tapped policies)."""
+        self._sink = sink
+        self._taps.clear()
+
+    def _dispatching(self, model: str, role: str) -> Policy:
+        """The policy the dispatcher notifies: the pool's own, or its tap when sync is on."""
+        policy = self.policy(model, role)
+        if self._sink is None:
+            return policy
+        tap = self._taps.get((model, role))
+        if tap is None or tap.inner is not policy:
+            tap = self._taps[(model, role)] = TappedPolicy(policy, role, self._sink)
+        return tap
 
     def policies(self) -> dict[tuple[str, str], Policy]:
         return dict(self._policies)
@@ -142,34 +160,32 @@ class Router:
             policy.on_workers_changed([w.view() for w in self._live(*key)])
 
     def select(self, request: RouteRequest, role: str = "regular") -> Selection:
-        """Pick a worker of ``role`` for ``request``; raises NoWorkerAvailable."""
-        candidates = [
-            w for w in self._live(request.model, role) if w.id not in request.exclude
-        ]
+        """Pick a worker of ``role`` for ``request``; raises NoWorkerAvailable.
+
+        A pinned ``target_worker`` is resolved in one place, the policies' shared
+        ``select_target`` (``policies/common.py``: id or url, available, not already
+        failed this request), which every policy applies before its own choice."""
+        live = self._live(request.model, role)
         if request.target_worker:
-            target = self.registry.get(request.target_worker)
-            if target is None or target.role != role or target.model != request.model:
-                raise NoWorkerAvailable(f"target worker {request.target_worker!r} is not a {role} worker of model {request.model!r}")
-            if not target.available:
-                raise NoWorkerAvailable(f"target worker {request.target_worker!r} is not available")
-            return Selection(target, Decision(target.id, "target_worker"), self.policy(request.model, role), self, role)
-        if not candidates:
-            raise NoWorkerAvailable(f"no {role} worker registered for model {request.model!r}")
-        views = [w.view() for w in candidates]
-        if not any(v.available for v in views):
-            raise NoWorkerAvailable(f"no available {role} worker for model {request.model!r}")
-        for w in candidates:
+            views = [w.view() for w in live]
+        else:
+            views = [w.view() for w in live if w.id not in request.exclude]
+            if not views:
+                raise NoWorkerAvailable(f"no {role} worker registered for model {request.model!r}")
+            if not any(v.available for v in views):
+                raise NoWorkerAvailable(f"no available {role} worker for model {request.model!r}")
+        for w in live:
             self._check_cache_params(w)
         policy = self.policy(request.model, role)
         decision = policy.select(request, views)
         if not request.exclude:  # a retry offers nothing new
             packed = getattr(policy, "packed", None)  # cache_aware has packed the prompt already
             self.quality(request.model, role).offered.offer(packed(request) if packed else request.token_ids)
-        by_id = {w.id: w for w in candidates}
-        worker = by_id.get(decision.worker_id)
+        worker = next((w for w in live if w.id == decision.worker_id), None)
         if worker is None:
             raise NoWorkerAvailable(f"policy {policy.name} chose unknown worker {decision.worker_id!r}")
-        return Selection(worker, decision, policy, self, role)
+        notified = self._dispatching(request.model, role) if self._sink is not None else policy
+        return Selection(worker, decision, notified, self, role)
 
     def exclude(self, request: RouteRequest, worker_id: str) -> RouteRequest:
         return replace(request, exclude=request.exclude | {worker_id})

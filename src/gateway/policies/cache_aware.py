@@ -10,7 +10,8 @@ available worker ``w``::
     U_w  = P - c_w                                   tokens w would still prefill
     Q_w  = queued prefill tokens ahead of us on w, uncached part only:
            queued_prefill_tokens * (1 - cached/prompt of this policy's in-flight
-           requests on w), plus the part of the worker's polled
+           requests on w), plus remote_prefill_tokens (the uncached part other
+           gateway processes have queued, from sync), plus the part of the worker's polled
            num_waiting_uncached_tokens (when younger than loads_max_age_s) above
            the prompt tokens this gateway has queued there: traffic it did not
            send. The polled figure is never taken whole: it prices queued
@@ -66,7 +67,14 @@ from typing import Any
 
 import xxhash
 
-from gateway.policies.base import Decision, NoWorkerAvailable, RouteRequest, WorkerView
+from gateway.policies.base import (
+    Decision,
+    NoWorkerAvailable,
+    RemoteDecision,
+    RemoteEvent,
+    RouteRequest,
+    WorkerView,
+)
 from gateway.policies.common import TARGET_REASON, BasePolicy, candidates
 from gateway.policies.hot_prefix import DEFAULT_WINDOW, HotPrefixes
 from gateway.policies.radix_tree import (
@@ -343,6 +351,7 @@ class CacheAwarePolicy(BasePolicy):
         q: float = w.queued_prefill_tokens
         if q:
             q *= self._miss.get(w.worker_id, 1.0)
+        q += w.remote_prefill_tokens
         lo = w.loads
         if lo is not None and lo.age_s <= self.cost.loads_max_age_s:
             foreign = lo.num_waiting_uncached_tokens - w.queued_prefill_tokens
@@ -398,6 +407,7 @@ class CacheAwarePolicy(BasePolicy):
                 q: float = w.queued_prefill_tokens
                 if q:
                     q *= miss.get(wid, 1.0)
+                q += w.remote_prefill_tokens
                 lo = w.loads
                 if lo is not None and lo.age_s <= max_age:
                     foreign = lo.num_waiting_uncached_tokens - w.queued_prefill_tokens
@@ -512,6 +522,14 @@ class CacheAwarePolicy(BasePolicy):
             st.prompt_tokens += entry[1]
             if self.closed_loop and entry[0] == worker_id:
                 self._learn(request, worker_id, cached_tokens, entry[2], entry[3])
+
+    def on_remote(self, event: RemoteEvent) -> None:
+        """Another gateway process dispatched a prompt: the worker will cache it, exactly as
+        if this process had sent it (the tree's half of ``on_dispatch``). Its load reaches
+        the cost through ``WorkerView`` (the sync layer adds remote load to the views);
+        remote finishes carry nothing the tree needs. Workers outside the pool are skipped."""
+        if isinstance(event, RemoteDecision) and event.worker_id in self._params and event.tokens:
+            self.tree(event.model).insert_packed(event.tokens, event.worker_id)
 
     def _learn(self, request: RouteRequest, worker_id: str, reported: int, predicted: int, stamp: int) -> None:
         """Bring the tree in line with what ``worker_id`` reported (see ``on_finish``)."""
