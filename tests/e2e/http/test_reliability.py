@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from gateway.workers.breaker import BreakerState
-from tests.server.conftest import Stack
+from tests.e2e.http.conftest import Stack
 
 
 async def eventually(check: Callable[[], bool], timeout_s: float = 5.0) -> None:
