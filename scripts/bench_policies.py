@@ -604,9 +604,10 @@ SIM_POLICIES: list[tuple[str, dict[str, object], float]] = [
     ("cache_aware, no closed loop", {"policy": "cache_aware", "use_polled_loads": False, "closed_loop": False}, 0.0),
     ("cache_aware, no hot-prefix replication",
      {"policy": "cache_aware", "use_polled_loads": False, "hot_prefix_min_tokens": 0}, 0.0),
-    ("cache_aware, neither (before issue 19)",
+    ("cache_aware, neither",
      {"policy": "cache_aware", "use_polled_loads": False, "hot_prefix_min_tokens": 0, "closed_loop": False}, 0.0),
     ("cache_aware additive + polled loads", {"policy": "cache_aware"}, 0.1),
+    ("cache_aware + polled loads, prefill_weight 0.5", {"policy": "cache_aware", "prefill_weight": 0.5}, 0.1),
     ("cache_aware multiplicative", {"policy": "cache_aware", "cost_form": "multiplicative", "use_polled_loads": False}, 0.0),
 ]
 
