@@ -423,6 +423,61 @@ def model_section(args: argparse.Namespace, report: dict[str, Any]) -> None:
     report["model"] = out
 
 
+# ---------------------------------------------------------------- markdown
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines: list[str] = []
+    routing = report.get("routing")
+    if routing:
+        w = routing["workload"]
+        lines += [
+            f"gsp {w['groups']}x{w['prompts_per_group']}, {w['system_tokens']}-token system prompts, "
+            f"{w['question_tokens']}-token questions, {w['output_tokens']} output tokens; {w['workers']} simulated workers, "
+            f"{w['kv_capacity_tokens']} KV tokens each, page {w['page_size']}; concurrency {w['concurrency']}.",
+            "",
+            "| setup | hit rate (ideal) | req/s | output tok/s | TTFT p50 / p99 ms | requests per worker | sync bytes/request | sync lag p50 / p99 ms |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for name, r in routing["setups"].items():
+            sync = r.get("sync") or {}
+            lag = f"{sync['lag_p50_ms']} / {sync['lag_p99_ms']}" if sync else "-"
+            lines.append(
+                f"| {name} | {100 * r['hit_rate']:.1f}% ({100 * r['ideal_hit_rate']:.1f}%) | {r['req_s']} | {r['output_tok_s']} | "
+                f"{r['ttft_p50_ms']} / {r['ttft_p99_ms']} | {' '.join(map(str, r['requests_per_worker']))} | "
+                f"{sync.get('published_bytes_per_request', '-')} | {lag} |"
+            )
+        lines.append("")
+    tp = report.get("throughput")
+    if tp:
+        lines += [
+            f"Short chat requests (8 answer tokens, unique ~30-token prompts), {tp['workers']} zero-cost workers, "
+            f"concurrency {tp['concurrency']}, {tp['requests_per_round']} requests per round, rounds alternating:",
+            "",
+            "| setup | req/s per round | median req/s | gateway CPU ms/request (median) |",
+            "| --- | --- | --- | --- |",
+        ]
+        for name, rows in tp["rounds"].items():
+            cpu = sorted(x["gateway_cpu_ms_per_request"] for x in rows)[len(rows) // 2]
+            lines.append(f"| {name} | {' '.join(str(x['req_s']) for x in rows)} | {tp['median_req_s'][name]} | {cpu} |")
+        lines += ["", f"Ratio processes-2 / one (medians): **{tp['ratio']}**; 1-minute load average seen: {tp['load_1m_seen']}.", ""]
+    model = report.get("model")
+    if model:
+        lines += [
+            f"Projection: {model['replicas']} replicas, {model['workers']} workers, {model['rate_per_replica']} gsp requests/s per replica:",
+            "",
+            "| encoding | bytes/request | encode µs | apply µs | published kB/s per replica | received MB/s per replica | NATS egress MB/s | apply CPU per replica (cores) |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for name, m in model["encodings"].items():
+            lines.append(
+                f"| {name} | {m['bytes_per_request']} | {m['encode_us']} | {m['apply_us']} | {m['per_replica_published_kB_s']} | "
+                f"{m['per_replica_received_MB_s']} | {m['nats_egress_MB_s']} | {m['per_replica_apply_cpu_share']} |"
+            )
+        lines.append("")
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------- main
 
 
@@ -450,7 +505,15 @@ def main() -> int:
     p.add_argument("--model-rate", type=float, default=100.0, help="requests/s per replica in the projection")
     p.add_argument("--scratch", default="bench_scratch")
     p.add_argument("--json", default="", help="write the report as JSON here")
+    p.add_argument("--markdown", default="", help="write the tables as Markdown here")
+    p.add_argument("--from-json", default="", help="only render --markdown from a report written by --json")
     args = p.parse_args()
+    if args.from_json:
+        text = markdown(json.loads(Path(args.from_json).read_text()))
+        if args.markdown:
+            Path(args.markdown).write_text(text)
+        print(text)
+        return 0
     Path(args.scratch).mkdir(exist_ok=True)
     args.scratch = str(Path(args.scratch).resolve())
     report: dict[str, Any] = {"machine": describe(), "date": datetime.date.today().isoformat(), "argv": sys.argv[1:],
@@ -464,6 +527,8 @@ def main() -> int:
     text = json.dumps(report, indent=2)
     if args.json:
         Path(args.json).write_text(text)
+    if args.markdown:
+        Path(args.markdown).write_text(markdown(report))
     print(text)
     return 0
 
