@@ -279,6 +279,24 @@ async def closed_loop(url: str, model: str, prompts: list[list[dict[str, str]]],
         return ok, failed, time.perf_counter() - t0
 
 
+async def many_clients(url: str, model: str, clients: int, concurrency: int, requests: int, cap_s: float, seed: int) -> tuple[int, int, float]:
+    """``closed_loop`` split over ``clients`` client processes (one Python client process
+    cannot drive two gateway processes on a 2-core machine); (ok, failed, seconds)."""
+    if clients <= 1:
+        return await closed_loop(url, model, short_prompts(4096, seed), concurrency, requests, cap_s)
+    procs = [
+        await asyncio.create_subprocess_exec(
+            sys.executable, __file__, "--client", url, "--client-model", model, "--seed", str(seed + i),
+            "--throughput-concurrency", str(max(1, concurrency // clients)),
+            "--throughput-requests", str(requests // clients), "--cap-s", str(cap_s),
+            stdout=asyncio.subprocess.PIPE,
+        )
+        for i in range(clients)
+    ]
+    outs = [json.loads((await p.communicate())[0]) for p in procs]
+    return sum(o["ok"] for o in outs), sum(o["failed"] for o in outs), max(o["seconds"] for o in outs)
+
+
 def tree_cpu(pid: int) -> float:
     """CPU seconds of ``pid`` and its children (a supervisor's serving processes)."""
     spent = cpu_seconds(pid)
@@ -292,7 +310,6 @@ async def throughput_section(args: argparse.Namespace, report: dict[str, Any]) -
     sim = SimConfig(step_base_s=0.0, prefill_token_s=0.0, decode_seq_s=0.0, time_scale=0.0, max_running_requests=256,
                     kv_capacity_tokens=65536)  # fmt: skip
     scratch = args.scratch
-    prompts = short_prompts(4096, args.seed)
     rounds: dict[str, list[dict[str, Any]]] = {"one": [], "processes-2": []}
     loads: list[float] = []
     with SubprocessFleet(args.throughput_workers, sim) as fleet:
@@ -302,14 +319,14 @@ async def throughput_section(args: argparse.Namespace, report: dict[str, Any]) -
             async with httpx.AsyncClient(trust_env=False) as http:
                 model = (await http.get(one.url + "/v1/models")).json()["data"][0]["id"]
             for gw in (one, two):  # warm: connections, tokenizer caches, first-use costs
-                await closed_loop(gw.url, model, prompts, args.throughput_concurrency, 200, 20)
+                await many_clients(gw.url, model, args.clients, args.throughput_concurrency, 200, 20, args.seed)
             for r in range(args.rounds):
                 order = (("one", one), ("processes-2", two)) if r % 2 == 0 else (("processes-2", two), ("one", one))
                 for name, gw in order:
                     loads.append(os.getloadavg()[0])
                     cpu0 = tree_cpu(gw.process.pid)
-                    ok, failed, wall = await closed_loop(gw.url, model, prompts, args.throughput_concurrency,
-                                                         args.throughput_requests, args.cap_s)  # fmt: skip
+                    ok, failed, wall = await many_clients(gw.url, model, args.clients, args.throughput_concurrency,
+                                                          args.throughput_requests, args.cap_s, args.seed + r)  # fmt: skip
                     cpu = tree_cpu(gw.process.pid) - cpu0
                     row = {"ok": ok, "failed": failed, "seconds": round(wall, 2), "req_s": round(ok / wall, 1),
                            "gateway_cpu_ms_per_request": round(1e3 * cpu / max(1, ok), 3)}  # fmt: skip
@@ -326,7 +343,7 @@ async def throughput_section(args: argparse.Namespace, report: dict[str, Any]) -
         return vals[len(vals) // 2]
 
     report["throughput"] = {
-        "workers": args.throughput_workers, "concurrency": args.throughput_concurrency,
+        "workers": args.throughput_workers, "concurrency": args.throughput_concurrency, "client_processes": args.clients,
         "requests_per_round": args.throughput_requests, "rounds": rounds,
         "median_req_s": {"one": med("one"), "processes-2": med("processes-2")},
         "ratio": round(med("processes-2") / med("one"), 2) if med("one") else None,
@@ -452,7 +469,8 @@ def markdown(report: dict[str, Any]) -> str:
     if tp:
         lines += [
             f"Short chat requests (8 answer tokens, unique ~30-token prompts), {tp['workers']} zero-cost workers, "
-            f"concurrency {tp['concurrency']}, {tp['requests_per_round']} requests per round, rounds alternating:",
+            f"concurrency {tp['concurrency']} over {tp.get('client_processes', 1)} client processes, "
+            f"{tp['requests_per_round']} requests per round, rounds alternating:",
             "",
             "| setup | req/s per round | median req/s | gateway CPU ms/request (median) |",
             "| --- | --- | --- | --- |",
@@ -500,6 +518,9 @@ def main() -> int:
     p.add_argument("--throughput-concurrency", type=int, default=32)
     p.add_argument("--throughput-requests", type=int, default=1500)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--clients", type=int, default=2, help="client processes of the throughput section")
+    p.add_argument("--client", default="", help=argparse.SUPPRESS)  # internal: be one client process
+    p.add_argument("--client-model", default="", help=argparse.SUPPRESS)
     p.add_argument("--model-workers", type=int, default=256)
     p.add_argument("--model-replicas", type=int, default=16)
     p.add_argument("--model-rate", type=float, default=100.0, help="requests/s per replica in the projection")
@@ -508,6 +529,13 @@ def main() -> int:
     p.add_argument("--markdown", default="", help="write the tables as Markdown here")
     p.add_argument("--from-json", default="", help="only render --markdown from a report written by --json")
     args = p.parse_args()
+    if args.client:
+        ok, failed, wall = asyncio.run(closed_loop(
+            args.client, args.client_model, short_prompts(4096, args.seed), args.throughput_concurrency,
+            args.throughput_requests, args.cap_s,
+        ))  # fmt: skip
+        print(json.dumps({"ok": ok, "failed": failed, "seconds": wall}))
+        return 0
     if args.from_json:
         text = markdown(json.loads(Path(args.from_json).read_text()))
         if args.markdown:
