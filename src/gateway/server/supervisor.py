@@ -136,6 +136,9 @@ class Supervisor:
 
     async def _spawn(self, child: Child) -> None:
         env = {**os.environ, ENV_INDEX: str(child.index), ENV_COUNT: str(self.count), ENV_RUN_DIR: str(self.run_dir)}
+        # Each process is one core's worth of work: N processes each running a tokenizer thread
+        # pool as wide as the host only fight each other for the cores (unless asked for).
+        env.setdefault("TOKENIZERS_PARALLELISM", "false")
         child.ready = None
         child.started_at = time.monotonic()
         child.proc = await asyncio.create_subprocess_exec(
