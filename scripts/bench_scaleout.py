@@ -38,6 +38,7 @@ import json
 import math
 import os
 import random
+import re
 import sys
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -297,6 +298,44 @@ async def many_clients(url: str, model: str, clients: int, concurrency: int, req
     return sum(o["ok"] for o in outs), sum(o["failed"] for o in outs), max(o["seconds"] for o in outs)
 
 
+WRK_SCRIPT = """
+local counter = 0
+local words = {%(words)s}
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+request = function()
+  counter = counter + 1
+  local parts = {}
+  for i = 1, 24 do parts[i] = words[math.random(#words)] end
+  local body = '{"model":"%(model)s","messages":[{"role":"user","content":"' .. counter .. ' ' ..
+    table.concat(parts, " ") .. '"}],"max_tokens":8,"ignore_eos":true}'
+  return wrk.format(nil, "/v1/chat/completions", nil, body)
+end
+"""
+
+
+async def wrk_run(url: str, model: str, concurrency: int, seconds: float, scratch: str) -> tuple[int, int, float]:
+    """(ok, failed, seconds) from ``wrk`` (a C load generator: its CPU per request is a small
+    fraction of a Python client's, which matters when client and gateway share 2 cores).
+    Every prompt is unique (a counter and random words), as with the Python client."""
+    vocab = Vocab.from_tokenizer_dir()
+    words = sorted({t.strip() for t in vocab.texts.values() if t.strip().isascii() and t.strip().isalpha()})[:5000]
+    script = Path(scratch) / "wrk_chat.lua"
+    script.write_text(WRK_SCRIPT % {"words": ",".join(f'"{w}"' for w in words), "model": model})
+    proc = await asyncio.create_subprocess_exec(
+        "wrk", "-t", "1", "-c", str(concurrency), "-d", f"{max(1, int(seconds))}s", "-s", str(script), url,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )
+    out = (await proc.communicate())[0].decode()
+    m = re.search(r"(\d+) requests in ([\d.]+)(m?s)", out)
+    assert m is not None, out
+    wall = float(m.group(2)) / (1000 if m.group(3) == "ms" else 1)
+    bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    errors = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
+    failed = (int(bad.group(1)) if bad else 0) + (sum(int(x) for x in errors.groups()) if errors else 0)
+    return int(m.group(1)) - failed, failed, wall
+
+
 def tree_cpu(pid: int) -> float:
     """CPU seconds of ``pid`` and its children (a supervisor's serving processes)."""
     spent = cpu_seconds(pid)
@@ -325,8 +364,11 @@ async def throughput_section(args: argparse.Namespace, report: dict[str, Any]) -
                 for name, gw in order:
                     loads.append(os.getloadavg()[0])
                     cpu0 = tree_cpu(gw.process.pid)
-                    ok, failed, wall = await many_clients(gw.url, model, args.clients, args.throughput_concurrency,
-                                                          args.throughput_requests, args.cap_s, args.seed + r)  # fmt: skip
+                    if args.load_generator == "wrk":
+                        ok, failed, wall = await wrk_run(gw.url, model, args.throughput_concurrency, args.wrk_seconds, scratch)
+                    else:
+                        ok, failed, wall = await many_clients(gw.url, model, args.clients, args.throughput_concurrency,
+                                                              args.throughput_requests, args.cap_s, args.seed + r)  # fmt: skip
                     cpu = tree_cpu(gw.process.pid) - cpu0
                     row = {"ok": ok, "failed": failed, "seconds": round(wall, 2), "req_s": round(ok / wall, 1),
                            "gateway_cpu_ms_per_request": round(1e3 * cpu / max(1, ok), 3)}  # fmt: skip
@@ -344,6 +386,7 @@ async def throughput_section(args: argparse.Namespace, report: dict[str, Any]) -
 
     report["throughput"] = {
         "workers": args.throughput_workers, "concurrency": args.throughput_concurrency, "client_processes": args.clients,
+        "load_generator": args.load_generator,
         "requests_per_round": args.throughput_requests, "rounds": rounds,
         "median_req_s": {"one": med("one"), "processes-2": med("processes-2")},
         "ratio": round(med("processes-2") / med("one"), 2) if med("one") else None,
@@ -469,7 +512,8 @@ def markdown(report: dict[str, Any]) -> str:
     if tp:
         lines += [
             f"Short chat requests (8 answer tokens, unique ~30-token prompts), {tp['workers']} zero-cost workers, "
-            f"concurrency {tp['concurrency']} over {tp.get('client_processes', 1)} client processes, "
+            f"concurrency {tp['concurrency']} from "
+            f"{'wrk' if tp.get('load_generator') == 'wrk' else str(tp.get('client_processes', 1)) + ' Python client processes'}, "
             f"{tp['requests_per_round']} requests per round, rounds alternating:",
             "",
             "| setup | req/s per round | median req/s | gateway CPU ms/request (median) |",
@@ -518,7 +562,10 @@ def main() -> int:
     p.add_argument("--throughput-concurrency", type=int, default=32)
     p.add_argument("--throughput-requests", type=int, default=1500)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--clients", type=int, default=2, help="client processes of the throughput section")
+    p.add_argument("--clients", type=int, default=2, help="client processes of the throughput section (python)")
+    p.add_argument("--load-generator", choices=["python", "wrk"], default="python",
+                   help="throughput client: httpx processes, or wrk (Debian package; far less CPU per request)")
+    p.add_argument("--wrk-seconds", type=float, default=8.0, help="length of one wrk round, s")
     p.add_argument("--client", default="", help=argparse.SUPPRESS)  # internal: be one client process
     p.add_argument("--client-model", default="", help=argparse.SUPPRESS)
     p.add_argument("--model-workers", type=int, default=256)

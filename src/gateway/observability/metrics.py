@@ -103,6 +103,10 @@ class GatewayMetrics(PipelineObserver):
             "token_gateway_retries", "attempts that failed before output and were retried on another worker",
             ["worker", "code"], registry=r,
         )
+        self.resumes = Counter(
+            "token_gateway_resumes", "streams broken after output started and continued on another worker, by the worker that failed and outcome (ok, failed)",
+            ["worker", "outcome"], registry=r,
+        )
         self.worker_streams = Counter(
             "token_gateway_worker_streams", "worker generate streams that ended, by outcome",
             ["worker", "outcome"], registry=r,
@@ -163,12 +167,16 @@ class GatewayMetrics(PipelineObserver):
     def retried(self, worker_id: str, code: str) -> None:
         self.retries.labels(worker=worker_id, code=code).inc()
 
+    def resumed(self, worker_id: str, outcome: str) -> None:
+        self.resumes.labels(worker=worker_id, outcome=outcome).inc()
+
     def worker_done(
         self, model: str, worker_id: str, *, predicted_cached: int, reported_cached: int, success: bool,
-        sent_prompt: int = 0, reported_prompt: int = 0,
+        sent_prompt: int = 0, reported_prompt: int = 0, aborted: bool = False,
     ) -> None:
-        self.worker_streams.labels(worker=worker_id, outcome="ok" if success else "error").inc()
-        if not success:
+        outcome = "aborted" if aborted else "ok" if success else "error"
+        self.worker_streams.labels(worker=worker_id, outcome=outcome).inc()
+        if outcome != "ok":
             return
         self.cached_predicted.labels(model=model).inc(predicted_cached)
         self.cached_reported.labels(model=model).inc(reported_cached)

@@ -24,16 +24,21 @@ class PipelineObserver:
     def retried(self, worker_id: str, code: str) -> None:
         """An attempt on ``worker_id`` failed before output with ``code`` and is retried elsewhere."""
 
+    def resumed(self, worker_id: str, outcome: str) -> None:
+        """A stream broken on ``worker_id`` after output started was continued elsewhere
+        (``outcome`` "ok"), or the continuation could not be opened ("failed")."""
+
     def worker_done(
         self, model: str, worker_id: str, *, predicted_cached: int, reported_cached: int, success: bool,
-        sent_prompt: int = 0, reported_prompt: int = 0,
+        sent_prompt: int = 0, reported_prompt: int = 0, aborted: bool = False,
     ) -> None:
         """A worker's part of a request ended (its lease was released after output).
 
         ``predicted_cached`` is the policy's guess, ``reported_cached`` the worker's;
         ``sent_prompt`` is the prompt length the gateway tokenized and ``reported_prompt``
         the length the worker counted (0 when it did not say): a mismatch means the
-        gateway's tokenizer differs from the worker's."""
+        gateway's tokenizer differs from the worker's. ``aborted``: its client left or
+        asked to stop (its own outcome, neither ok nor error)."""
 
     def generation_done(
         self, model: str, worker_id: str, *, prompt_tokens: int, completion_tokens: int, cached_tokens: int

@@ -135,7 +135,7 @@ class ChatCompletionRequest(SamplingRequest):
     """An OpenAI chat completion request plus SGLang's extensions."""
 
     messages: list[ChatMessage]
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1, strict=True)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=limits.MAX_TOP_LOGPROBS)
     response_format: ResponseFormat | None = None

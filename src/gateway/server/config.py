@@ -10,6 +10,7 @@ from gateway.pipeline.dispatch import DispatchConfig
 from gateway.pipeline.engine import EngineConfig
 from gateway.pipeline.limits import LimitsConfig
 from gateway.pipeline.pd import PdConfig
+from gateway.pipeline.resume import ResumeConfig
 from gateway.pipeline.retry import RetryConfig
 from gateway.policies.factory import PolicyConfig
 from gateway.server.admission import AdmissionConfig
@@ -20,8 +21,10 @@ from gateway.server.security import SecurityConfig
 from gateway.server.tls import FrontTlsConfig
 from gateway.settings import option
 from gateway.sync.config import SyncConfig
+from gateway.workers.discovery.config import DiscoveryConfig
 from gateway.workers.health import HealthConfig
 from gateway.workers.load_monitor import LoadMonitorConfig
+from gateway.workers.watchdog import WatchdogConfig
 
 
 @dataclass
@@ -65,3 +68,6 @@ class GatewayConfig:
     metrics_port: MetricsPortConfig = field(default_factory=MetricsPortConfig)
     tls: FrontTlsConfig = field(default_factory=FrontTlsConfig)
     tracing: TracingConfig = field(default_factory=TracingConfig)
+    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
+    resume: ResumeConfig = field(default_factory=ResumeConfig)
+    discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)

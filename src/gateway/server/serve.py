@@ -36,6 +36,8 @@ from gateway.server.security import InsecureAdminError, SecurityConfig, check_st
 from gateway.server.tls import FrontTlsConfig, TlsConfigError
 from gateway.settings import add_options, from_namespace, mark_explicit
 from gateway.sync.config import SyncConfig
+from gateway.workers.discovery.config import DiscoveryConfig
+from gateway.workers.discovery.sources import check_discovery
 from gateway.workers.health import HealthConfig
 from gateway.workers.load_monitor import LoadMonitorConfig
 
@@ -61,6 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_options(parser.add_argument_group("metrics"), MetricsPortConfig)
     add_options(parser.add_argument_group("TLS on the gateway's ports"), FrontTlsConfig)
     add_options(parser.add_argument_group("tracing (OpenTelemetry, OTLP gRPC)"), TracingConfig)
+    add_options(parser.add_argument_group("worker discovery (DNS, Kubernetes)"), DiscoveryConfig)
     add_options(parser.add_argument_group("health checks"), HealthConfig)
     add_options(parser.add_argument_group("load polling"), LoadMonitorConfig)
     add_options(parser.add_argument_group("processes"), ProcessConfig)
@@ -111,6 +114,13 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         from_namespace(ServerConfig, args),
         from_namespace(SecurityConfig, args),
     )
+    discovery = from_namespace(DiscoveryConfig, args)
+    try:
+        check_discovery(discovery)
+    except ValueError as exc:
+        from gateway.config_layers import ConfigError
+
+        raise ConfigError(str(exc)) from None
     return GatewayConfig(
         server=server,
         policy=from_namespace(PolicyConfig, args),
@@ -127,6 +137,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         metrics_port=from_namespace(MetricsPortConfig, args),
         tls=from_namespace(FrontTlsConfig, args),
         tracing=from_namespace(TracingConfig, args),
+        discovery=discovery,
         http=from_namespace(HttpLimitsConfig, args),
         parsers=from_namespace(ParserConfig, args),
         pd=from_namespace(
@@ -298,3 +309,24 @@ def run_config(config: GatewayConfig) -> int:
         log.error("%s", exc)
         return 1
     return 0
+
+
+def child_main() -> int:
+    """One serving process of the set (the supervisor runs ``python -m gateway.server.serve``)."""
+    import os
+    import pickle
+    from pathlib import Path
+
+    from gateway.server.process_set import ENV_COUNT, ENV_INDEX, ENV_RUN_DIR
+    from gateway.server.supervisor import CONFIG_FILE, share_admission
+
+    run_dir = Path(os.environ[ENV_RUN_DIR])
+    index, count = int(os.environ[ENV_INDEX]), int(os.environ[ENV_COUNT])
+    config: GatewayConfig = pickle.loads((run_dir / CONFIG_FILE).read_bytes())  # our own file, mode 0600
+    config = dataclasses.replace(config, admission=share_admission(config.admission, index, count))
+    setup_logging(config.server.log_level, config.server.log_json)
+    return run_config(config)
+
+
+if __name__ == "__main__":
+    sys.exit(child_main())

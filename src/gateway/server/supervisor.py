@@ -5,7 +5,7 @@ for port 0, and held; each child listens on them with SO_REUSEPORT, so the kerne
 spreads connections over the children), the NATS sync bus (``--sync-url``, else a nats-server it runs on
 loopback), and a private run folder (the config, ``set.json`` for ``/health``, the
 children's metrics sockets). Each child is a whole gateway (parse, render, tokenize,
-route, relay) started as ``python -m gateway.server.supervisor``.
+route, relay) started as ``python -m gateway.server.serve`` (its ``child_main``).
 
 A child that dies is restarted (its own clients see their connections end; the others'
 are untouched, and new connections go to the survivors until it is back). SIGTERM is passed to every child, each drains with ``--shutdown-grace-s``;
@@ -142,7 +142,7 @@ class Supervisor:
         child.ready = None
         child.started_at = time.monotonic()
         child.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "gateway.server.supervisor",
+            sys.executable, "-m", "gateway.server.serve",
             env=env, stdout=asyncio.subprocess.PIPE,
             stdin=asyncio.subprocess.DEVNULL,
             # Own session: a terminal's Ctrl-C reaches the supervisor only, which passes one SIGTERM on.
@@ -273,21 +273,3 @@ def run_set(config: GatewayConfig, count: int) -> int:
     except RuntimeError as exc:
         log.error("%s", exc)
         return 1
-
-
-def child_main() -> int:
-    """One serving process of the set (the supervisor runs ``python -m gateway.server.supervisor``)."""
-    from gateway.server.serve import run_config
-
-    run_dir = Path(os.environ[ENV_RUN_DIR])
-    index, count = int(os.environ[ENV_INDEX]), int(os.environ[ENV_COUNT])
-    config: GatewayConfig = pickle.loads((run_dir / CONFIG_FILE).read_bytes())  # our own file, mode 0600
-    config = dataclasses.replace(config, admission=share_admission(config.admission, index, count))
-    from gateway.server.serve import setup_logging
-
-    setup_logging(config.server.log_level, config.server.log_json)
-    return run_config(config)
-
-
-if __name__ == "__main__":
-    sys.exit(child_main())

@@ -22,7 +22,8 @@ from gateway.proto import (
 )
 from gateway.server.grpc.front import TokenGatewayService
 from gateway.server.grpc.passthrough import SchedulerPassthrough
-from gateway.server.grpc.util import Authenticator
+from gateway.server.grpc.strict import register
+from gateway.server.grpc.util import CallContextReader
 from gateway.server.state import GatewayState
 
 log = logging.getLogger(__name__)
@@ -70,11 +71,12 @@ async def start_grpc_server(
             ("grpc.so_reuseport", int(reuse_port)),
         ]
     )
-    auth = Authenticator(state.auth)
+    auth = CallContextReader(state.auth)
     gateway = TokenGatewayService(state, auth)
     passthrough = SchedulerPassthrough(state, auth)
-    gateway_pb2_grpc.add_TokenGatewayServicer_to_server(gateway, server)
-    sglang_scheduler_pb2_grpc.add_SglangSchedulerServicer_to_server(passthrough, server)
+    # Unparseable requests get INVALID_ARGUMENT, not grpcio's INTERNAL.
+    register(gateway_pb2_grpc.add_TokenGatewayServicer_to_server, gateway, server)
+    register(sglang_scheduler_pb2_grpc.add_SglangSchedulerServicer_to_server, passthrough, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(

@@ -43,7 +43,7 @@ def openai_router(door: HttpDoor) -> APIRouter:
                 return door.sse_stream(chunks, ctx)
             return await completions_route.complete(state.engine, req, ctx)
 
-        return await door.handle(request, run, admit=True)
+        return await door.handle(request, run, admit="batch")
 
     @router.post("/v1/embeddings")
     async def embeddings(request: Request) -> Response:
@@ -51,7 +51,7 @@ def openai_router(door: HttpDoor) -> APIRouter:
             req = parse_model(EmbeddingRequest, await read_json(request, max_body))
             return await native_route.embed(state.engine, req, ctx)
 
-        return await door.handle(request, run, admit=True)
+        return await door.handle(request, run, admit="batch")
 
     @router.get("/v1/models")
     async def models(request: Request) -> Response:
