@@ -38,6 +38,7 @@ import json
 import math
 import os
 import random
+import re
 import sys
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -279,6 +280,62 @@ async def closed_loop(url: str, model: str, prompts: list[list[dict[str, str]]],
         return ok, failed, time.perf_counter() - t0
 
 
+async def many_clients(url: str, model: str, clients: int, concurrency: int, requests: int, cap_s: float, seed: int) -> tuple[int, int, float]:
+    """``closed_loop`` split over ``clients`` client processes (one Python client process
+    cannot drive two gateway processes on a 2-core machine); (ok, failed, seconds)."""
+    if clients <= 1:
+        return await closed_loop(url, model, short_prompts(4096, seed), concurrency, requests, cap_s)
+    procs = [
+        await asyncio.create_subprocess_exec(
+            sys.executable, __file__, "--client", url, "--client-model", model, "--seed", str(seed + i),
+            "--throughput-concurrency", str(max(1, concurrency // clients)),
+            "--throughput-requests", str(requests // clients), "--cap-s", str(cap_s),
+            stdout=asyncio.subprocess.PIPE,
+        )
+        for i in range(clients)
+    ]
+    outs = [json.loads((await p.communicate())[0]) for p in procs]
+    return sum(o["ok"] for o in outs), sum(o["failed"] for o in outs), max(o["seconds"] for o in outs)
+
+
+WRK_SCRIPT = """
+local counter = 0
+local words = {%(words)s}
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+request = function()
+  counter = counter + 1
+  local parts = {}
+  for i = 1, 24 do parts[i] = words[math.random(#words)] end
+  local body = '{"model":"%(model)s","messages":[{"role":"user","content":"' .. counter .. ' ' ..
+    table.concat(parts, " ") .. '"}],"max_tokens":8,"ignore_eos":true}'
+  return wrk.format(nil, "/v1/chat/completions", nil, body)
+end
+"""
+
+
+async def wrk_run(url: str, model: str, concurrency: int, seconds: float, scratch: str) -> tuple[int, int, float]:
+    """(ok, failed, seconds) from ``wrk`` (a C load generator: its CPU per request is a small
+    fraction of a Python client's, which matters when client and gateway share 2 cores).
+    Every prompt is unique (a counter and random words), as with the Python client."""
+    vocab = Vocab.from_tokenizer_dir()
+    words = sorted({t.strip() for t in vocab.texts.values() if t.strip().isascii() and t.strip().isalpha()})[:5000]
+    script = Path(scratch) / "wrk_chat.lua"
+    script.write_text(WRK_SCRIPT % {"words": ",".join(f'"{w}"' for w in words), "model": model})
+    proc = await asyncio.create_subprocess_exec(
+        "wrk", "-t", "1", "-c", str(concurrency), "-d", f"{max(1, int(seconds))}s", "-s", str(script), url,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )
+    out = (await proc.communicate())[0].decode()
+    m = re.search(r"(\d+) requests in ([\d.]+)(m?s)", out)
+    assert m is not None, out
+    wall = float(m.group(2)) / (1000 if m.group(3) == "ms" else 1)
+    bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    errors = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
+    failed = (int(bad.group(1)) if bad else 0) + (sum(int(x) for x in errors.groups()) if errors else 0)
+    return int(m.group(1)) - failed, failed, wall
+
+
 def tree_cpu(pid: int) -> float:
     """CPU seconds of ``pid`` and its children (a supervisor's serving processes)."""
     spent = cpu_seconds(pid)
@@ -292,7 +349,6 @@ async def throughput_section(args: argparse.Namespace, report: dict[str, Any]) -
     sim = SimConfig(step_base_s=0.0, prefill_token_s=0.0, decode_seq_s=0.0, time_scale=0.0, max_running_requests=256,
                     kv_capacity_tokens=65536)  # fmt: skip
     scratch = args.scratch
-    prompts = short_prompts(4096, args.seed)
     rounds: dict[str, list[dict[str, Any]]] = {"one": [], "processes-2": []}
     loads: list[float] = []
     with SubprocessFleet(args.throughput_workers, sim) as fleet:
@@ -302,14 +358,17 @@ async def throughput_section(args: argparse.Namespace, report: dict[str, Any]) -
             async with httpx.AsyncClient(trust_env=False) as http:
                 model = (await http.get(one.url + "/v1/models")).json()["data"][0]["id"]
             for gw in (one, two):  # warm: connections, tokenizer caches, first-use costs
-                await closed_loop(gw.url, model, prompts, args.throughput_concurrency, 200, 20)
+                await many_clients(gw.url, model, args.clients, args.throughput_concurrency, 200, 20, args.seed)
             for r in range(args.rounds):
                 order = (("one", one), ("processes-2", two)) if r % 2 == 0 else (("processes-2", two), ("one", one))
                 for name, gw in order:
                     loads.append(os.getloadavg()[0])
                     cpu0 = tree_cpu(gw.process.pid)
-                    ok, failed, wall = await closed_loop(gw.url, model, prompts, args.throughput_concurrency,
-                                                         args.throughput_requests, args.cap_s)  # fmt: skip
+                    if args.load_generator == "wrk":
+                        ok, failed, wall = await wrk_run(gw.url, model, args.throughput_concurrency, args.wrk_seconds, scratch)
+                    else:
+                        ok, failed, wall = await many_clients(gw.url, model, args.clients, args.throughput_concurrency,
+                                                              args.throughput_requests, args.cap_s, args.seed + r)  # fmt: skip
                     cpu = tree_cpu(gw.process.pid) - cpu0
                     row = {"ok": ok, "failed": failed, "seconds": round(wall, 2), "req_s": round(ok / wall, 1),
                            "gateway_cpu_ms_per_request": round(1e3 * cpu / max(1, ok), 3)}  # fmt: skip
@@ -326,7 +385,8 @@ async def throughput_section(args: argparse.Namespace, report: dict[str, Any]) -
         return vals[len(vals) // 2]
 
     report["throughput"] = {
-        "workers": args.throughput_workers, "concurrency": args.throughput_concurrency,
+        "workers": args.throughput_workers, "concurrency": args.throughput_concurrency, "client_processes": args.clients,
+        "load_generator": args.load_generator,
         "requests_per_round": args.throughput_requests, "rounds": rounds,
         "median_req_s": {"one": med("one"), "processes-2": med("processes-2")},
         "ratio": round(med("processes-2") / med("one"), 2) if med("one") else None,
@@ -423,6 +483,63 @@ def model_section(args: argparse.Namespace, report: dict[str, Any]) -> None:
     report["model"] = out
 
 
+# ---------------------------------------------------------------- markdown
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines: list[str] = []
+    routing = report.get("routing")
+    if routing:
+        w = routing["workload"]
+        lines += [
+            f"gsp {w['groups']}x{w['prompts_per_group']}, {w['system_tokens']}-token system prompts, "
+            f"{w['question_tokens']}-token questions, {w['output_tokens']} output tokens; {w['workers']} simulated workers, "
+            f"{w['kv_capacity_tokens']} KV tokens each, page {w['page_size']}; concurrency {w['concurrency']}.",
+            "",
+            "| setup | hit rate (ideal) | req/s | output tok/s | TTFT p50 / p99 ms | requests per worker | sync bytes/request | sync lag p50 / p99 ms |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for name, r in routing["setups"].items():
+            sync = r.get("sync") or {}
+            lag = f"{sync['lag_p50_ms']} / {sync['lag_p99_ms']}" if sync else "-"
+            lines.append(
+                f"| {name} | {100 * r['hit_rate']:.1f}% ({100 * r['ideal_hit_rate']:.1f}%) | {r['req_s']} | {r['output_tok_s']} | "
+                f"{r['ttft_p50_ms']} / {r['ttft_p99_ms']} | {' '.join(map(str, r['requests_per_worker']))} | "
+                f"{sync.get('published_bytes_per_request', '-')} | {lag} |"
+            )
+        lines.append("")
+    tp = report.get("throughput")
+    if tp:
+        lines += [
+            f"Short chat requests (8 answer tokens, unique ~30-token prompts), {tp['workers']} zero-cost workers, "
+            f"concurrency {tp['concurrency']} from "
+            f"{'wrk' if tp.get('load_generator') == 'wrk' else str(tp.get('client_processes', 1)) + ' Python client processes'}, "
+            f"{tp['requests_per_round']} requests per round, rounds alternating:",
+            "",
+            "| setup | req/s per round | median req/s | gateway CPU ms/request (median) |",
+            "| --- | --- | --- | --- |",
+        ]
+        for name, rows in tp["rounds"].items():
+            cpu = sorted(x["gateway_cpu_ms_per_request"] for x in rows)[len(rows) // 2]
+            lines.append(f"| {name} | {' '.join(str(x['req_s']) for x in rows)} | {tp['median_req_s'][name]} | {cpu} |")
+        lines += ["", f"Ratio processes-2 / one (medians): **{tp['ratio']}**; 1-minute load average seen: {tp['load_1m_seen']}.", ""]
+    model = report.get("model")
+    if model:
+        lines += [
+            f"Projection: {model['replicas']} replicas, {model['workers']} workers, {model['rate_per_replica']} gsp requests/s per replica:",
+            "",
+            "| encoding | bytes/request | encode µs | apply µs | published kB/s per replica | received MB/s per replica | NATS egress MB/s | apply CPU per replica (cores) |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for name, m in model["encodings"].items():
+            lines.append(
+                f"| {name} | {m['bytes_per_request']} | {m['encode_us']} | {m['apply_us']} | {m['per_replica_published_kB_s']} | "
+                f"{m['per_replica_received_MB_s']} | {m['nats_egress_MB_s']} | {m['per_replica_apply_cpu_share']} |"
+            )
+        lines.append("")
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------- main
 
 
@@ -445,12 +562,33 @@ def main() -> int:
     p.add_argument("--throughput-concurrency", type=int, default=32)
     p.add_argument("--throughput-requests", type=int, default=1500)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--clients", type=int, default=2, help="client processes of the throughput section (python)")
+    p.add_argument("--load-generator", choices=["python", "wrk"], default="python",
+                   help="throughput client: httpx processes, or wrk (Debian package; far less CPU per request)")
+    p.add_argument("--wrk-seconds", type=float, default=8.0, help="length of one wrk round, s")
+    p.add_argument("--client", default="", help=argparse.SUPPRESS)  # internal: be one client process
+    p.add_argument("--client-model", default="", help=argparse.SUPPRESS)
     p.add_argument("--model-workers", type=int, default=256)
     p.add_argument("--model-replicas", type=int, default=16)
     p.add_argument("--model-rate", type=float, default=100.0, help="requests/s per replica in the projection")
     p.add_argument("--scratch", default="bench_scratch")
     p.add_argument("--json", default="", help="write the report as JSON here")
+    p.add_argument("--markdown", default="", help="write the tables as Markdown here")
+    p.add_argument("--from-json", default="", help="only render --markdown from a report written by --json")
     args = p.parse_args()
+    if args.client:
+        ok, failed, wall = asyncio.run(closed_loop(
+            args.client, args.client_model, short_prompts(4096, args.seed), args.throughput_concurrency,
+            args.throughput_requests, args.cap_s,
+        ))  # fmt: skip
+        print(json.dumps({"ok": ok, "failed": failed, "seconds": wall}))
+        return 0
+    if args.from_json:
+        text = markdown(json.loads(Path(args.from_json).read_text()))
+        if args.markdown:
+            Path(args.markdown).write_text(text)
+        print(text)
+        return 0
     Path(args.scratch).mkdir(exist_ok=True)
     args.scratch = str(Path(args.scratch).resolve())
     report: dict[str, Any] = {"machine": describe(), "date": datetime.date.today().isoformat(), "argv": sys.argv[1:],
@@ -464,6 +602,8 @@ def main() -> int:
     text = json.dumps(report, indent=2)
     if args.json:
         Path(args.json).write_text(text)
+    if args.markdown:
+        Path(args.markdown).write_text(markdown(report))
     print(text)
     return 0
 

@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from pathlib import Path
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.bench.serve_process import ServeProcess
 from gateway.policies.base import Decision, RouteRequest
+from gateway.sim.fleet import SimFleet
 from gateway.sync.bus import SyncBus
 from gateway.sync.config import SyncConfig
 from gateway.sync.local_server import LocalNatsServer
@@ -142,3 +147,37 @@ async def test_a_late_replica_warms_from_what_it_hears_without_missing_reference
         for node in (a, b, late):
             if node is not None:
                 await node.bus.stop()
+
+
+@pytest.mark.slow
+async def test_a_gateway_whose_bus_is_down_serves_on_local_knowledge_and_joins_later(tmp_path: Path) -> None:
+    """Whole process: ready and answering with NATS unreachable (sync_connected 0), then
+    connected once a server appears at the URL; no request fails either way."""
+    server = LocalNatsServer()  # its port is free: nobody listens yet
+    async with SimFleet.start(2) as fleet:
+        gw = await ServeProcess.start(
+            fleet.urls, "cache_aware", log_dir=tmp_path,
+            extra_args=["--sync-url", server.url, "--tokenizer-cache-dir", str(tmp_path / "tok")],
+        )
+        try:
+            async with httpx.AsyncClient(timeout=30, trust_env=False) as http:
+                model = (await http.get(gw.url + "/v1/models")).json()["data"][0]["id"]
+                body = {"model": model, "prompt": "hello " * 40, "max_tokens": 4}
+
+                async def connected() -> float:
+                    text = (await http.get(gw.url + "/metrics")).text
+                    return next(s.value for f in text_string_to_metric_families(text) for s in f.samples
+                                if s.name == "token_gateway_sync_connected")
+
+                for _ in range(4):
+                    assert (await http.post(gw.url + "/v1/completions", json=body)).status_code == 200
+                assert await connected() == 0
+                await server.start()
+                async with asyncio.timeout(20):
+                    while await connected() != 1:  # noqa: ASYNC110 (polling the scrape)
+                        await asyncio.sleep(0.1)
+                for _ in range(4):
+                    assert (await http.post(gw.url + "/v1/completions", json=body)).status_code == 200
+        finally:
+            await gw.stop()
+            await server.stop()

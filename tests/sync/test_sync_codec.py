@@ -197,3 +197,17 @@ def test_blocks_encoding_end_to_end_through_outbox_and_applier() -> None:
         assert tree.match_packed(remote.p._packed(RouteRequest(prompt, model="m")))[1]["w1:1"] == 80
     assert sizes == [320, 64, 64, 64]  # 80 tokens, then only the 16 new ones
     assert applier.stats.unresolved == 0 and applier.stats.decisions == 4
+
+
+def test_references_resolve_through_blocks_learned_from_earlier_tails() -> None:
+    def wire(ids: range) -> bytes:
+        return b"".join(i.to_bytes(4, "little") for i in ids)
+
+    a, b = PrefixBook(block_tokens=4), PrefixBook(block_tokens=4)
+    grown = [wire(range(1, 1 + n)) for n in (24, 32, 40)]  # each prompt extends the previous one
+    counts = []
+    for prompt in grown:
+        ref, count, tail = a.encode(prompt)
+        counts.append(count)
+        assert b.decode(ref, count, tail, 4) == prompt
+    assert counts == [0, 6, 8] and b.unresolved == 0

@@ -30,7 +30,6 @@ log = logging.getLogger(__name__)
 ENV_INDEX = "TOKEN_GATEWAY_PROCESS_INDEX"
 ENV_COUNT = "TOKEN_GATEWAY_PROCESS_COUNT"
 ENV_RUN_DIR = "TOKEN_GATEWAY_RUN_DIR"
-ENV_HTTP_FD = "TOKEN_GATEWAY_HTTP_FD"
 STATUS_FILE = "set.json"
 SIBLING_TIMEOUT_S = 2.0
 
@@ -43,17 +42,11 @@ def member_from_env(render: Callable[[], bytes]) -> SetMember | None:
     """This process's membership, when the supervisor started it (else None)."""
     if ENV_INDEX not in os.environ:
         return None
-    return SetMember(
-        int(os.environ[ENV_INDEX]), int(os.environ[ENV_COUNT]), Path(os.environ[ENV_RUN_DIR]), render,
-        http_fd=int(os.environ[ENV_HTTP_FD]),
-    )
+    return SetMember(int(os.environ[ENV_INDEX]), int(os.environ[ENV_COUNT]), Path(os.environ[ENV_RUN_DIR]), render)
 
 
 class SetMember:
-    def __init__(
-        self, index: int, count: int, run_dir: Path, render: Callable[[], bytes], *, http_fd: int = -1
-    ) -> None:
-        self.http_fd = http_fd
+    def __init__(self, index: int, count: int, run_dir: Path, render: Callable[[], bytes]) -> None:
         self.index = index
         self.count = count
         self.run_dir = run_dir

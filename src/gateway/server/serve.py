@@ -177,12 +177,11 @@ async def serve(config: GatewayConfig) -> None:
         state.metrics.federate = member.federate
         await member.start()
     app = create_app(state, manage_lifecycle=False)
-    if member is not None:  # the supervisor's listening socket, shared by the whole set
-        sock = socket.socket(fileno=member.http_fd)
-    else:
-        sock = socket.socket(socket.AF_INET6 if ":" in config.server.host else socket.AF_INET)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((config.server.host, config.server.port))
+    sock = socket.socket(socket.AF_INET6 if ":" in config.server.host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if member is not None:  # one of serve --processes N: the set shares the port (see supervisor)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((config.server.host, config.server.port))
     host, port = sock.getsockname()[:2]
     uv_config = http_server_config(
         app, config.http, access_log=False,

@@ -1,16 +1,14 @@
 """``serve --processes N``: a supervisor and N serving processes sharing the ports.
 
-The supervisor owns what the set shares: the HTTP listening socket (bound once, even
-for port 0, and inherited by every child, which all accept on it: a busy process
-simply accepts less), the gRPC port (resolved once; children bind it with
-SO_REUSEPORT), the NATS sync bus (``--sync-url``, else a nats-server it runs on
+The supervisor owns what the set shares: the HTTP and gRPC ports (resolved once, even
+for port 0, and held; each child listens on them with SO_REUSEPORT, so the kernel
+spreads connections over the children), the NATS sync bus (``--sync-url``, else a nats-server it runs on
 loopback), and a private run folder (the config, ``set.json`` for ``/health``, the
 children's metrics sockets). Each child is a whole gateway (parse, render, tokenize,
 route, relay) started as ``python -m gateway.server.serve`` (its ``child_main``).
 
-A child that dies is restarted (its own clients see their connections end; the others
-are untouched, and their queued connections stay in the shared socket for the
-survivors). SIGTERM is passed to every child, each drains with ``--shutdown-grace-s``;
+A child that dies is restarted (its own clients see their connections end; the others'
+are untouched, and new connections go to the survivors until it is back). SIGTERM is passed to every child, each drains with ``--shutdown-grace-s``;
 a second signal is passed on too (children then force their exit). One ready line is
 printed once every child is ready.
 """
@@ -37,7 +35,7 @@ import orjson
 
 from gateway.server.admission import AdmissionConfig
 from gateway.server.config import GatewayConfig
-from gateway.server.process_set import ENV_COUNT, ENV_HTTP_FD, ENV_INDEX, ENV_RUN_DIR, STATUS_FILE
+from gateway.server.process_set import ENV_COUNT, ENV_INDEX, ENV_RUN_DIR, STATUS_FILE
 from gateway.sync.local_server import LocalNatsServer, die_with_parent, free_port
 
 log = logging.getLogger("gateway")
@@ -92,15 +90,18 @@ class Supervisor:
         cfg = self.config
         host = cfg.server.host
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = socket.socket(family)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, cfg.server.port))
-        sock.listen(4096)
-        sock.set_inheritable(True)
-        self.http_sock = sock
-        server = dataclasses.replace(cfg.server, port=sock.getsockname()[1])
+        # Reserve each port (bound with SO_REUSEPORT, never listening: the kernel hands
+        # connections to listening sockets only) so it stays ours, port 0 included, while
+        # every child binds a listening socket of its own to it. The kernel then spreads
+        # connections over the children by their addresses; one shared socket would not:
+        # the child whose loop wakes first accepts a whole burst of keep-alive connections.
+        http = socket.socket(family)
+        http.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        http.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        http.bind((host, cfg.server.port))
+        self.http_sock = http
+        server = dataclasses.replace(cfg.server, port=http.getsockname()[1])
         if cfg.server.grpc_port is not None:
-            # Reserve the port (bound, never listening) so it stays ours while children bind it too.
             res = socket.socket(family)
             res.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             res.bind((host, cfg.server.grpc_port))
@@ -134,17 +135,15 @@ class Supervisor:
         tmp.replace(self.run_dir / STATUS_FILE)
 
     async def _spawn(self, child: Child) -> None:
-        assert self.http_sock is not None
-        env = {
-            **os.environ,
-            ENV_INDEX: str(child.index), ENV_COUNT: str(self.count),
-            ENV_RUN_DIR: str(self.run_dir), ENV_HTTP_FD: str(self.http_sock.fileno()),
-        }
+        env = {**os.environ, ENV_INDEX: str(child.index), ENV_COUNT: str(self.count), ENV_RUN_DIR: str(self.run_dir)}
+        # Each process is one core's worth of work: N processes each running a tokenizer thread
+        # pool as wide as the host only fight each other for the cores (unless asked for).
+        env.setdefault("TOKENIZERS_PARALLELISM", "false")
         child.ready = None
         child.started_at = time.monotonic()
         child.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "gateway.server.serve",
-            env=env, pass_fds=(self.http_sock.fileno(),), stdout=asyncio.subprocess.PIPE,
+            env=env, stdout=asyncio.subprocess.PIPE,
             stdin=asyncio.subprocess.DEVNULL,
             # Own session: a terminal's Ctrl-C reaches the supervisor only, which passes one SIGTERM on.
             start_new_session=True, preexec_fn=die_with_parent,

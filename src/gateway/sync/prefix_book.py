@@ -40,10 +40,10 @@ class PrefixBook:
         """Someone may have missed earlier blocks: send tokens again until re-announced."""
         self.epoch += 1
 
-    def _chain(self, wire: bytes, block_tokens: int) -> list[tuple[int, int, bytes]]:
+    def _chain(self, wire: bytes, block_tokens: int, h: int = 0) -> list[tuple[int, int, bytes]]:
+        """(hash, parent hash, tokens) of each full block of ``wire``, chained from ``h``."""
         step = 4 * block_tokens
         out: list[tuple[int, int, bytes]] = []
-        h = 0
         for i in range(len(wire) // step):
             chunk = wire[i * step : (i + 1) * step]
             parent, h = h, _xxh3(chunk, h)
@@ -78,6 +78,7 @@ class PrefixBook:
         """The full prompt, or None when the reference is not in the book."""
         if count == 0:
             full = tail
+            h = 0
         else:
             parts: list[bytes] = []
             h = ref
@@ -88,10 +89,12 @@ class PrefixBook:
                     self.unresolved += 1
                     return None
                 parts.append(entry[1])
+                blocks.move_to_end(h)  # used: keep it as long as the sender may refer to it
                 h = entry[0]
             parts.reverse()
             parts.append(tail)
             full = b"".join(parts)
+            h = ref
         if block_tokens == self.block_tokens:
-            self._learn(self._chain(full, block_tokens))
+            self._learn(self._chain(tail, block_tokens, h))  # the referenced blocks are known already
         return full
