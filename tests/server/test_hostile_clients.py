@@ -129,3 +129,39 @@ async def test_worker_registration_and_flush_bodies_are_bounded(stack: Stack) ->
     assert bad.status_code == 400
     big = await stack.http.post("/flush_cache", content=b" " * (1 << 20), headers=ADMIN_AUTH)
     assert big.status_code == 413
+
+
+@pytest.mark.stack(workers=1, server={"api_keys": ["sk-one", "sk-two"]}, sections={"security": {"cache_salt_per_key": True}})
+async def test_cache_salt_keeps_tenants_from_sharing_prefix_cache(stack: Stack) -> None:
+    prompt = "the secret board minutes of ACME corporation, item seven: " * 20
+
+    async def cached(key: str, salt: str | None = None) -> tuple[int, int]:
+        body = {"model": stack.model, "prompt": prompt, "max_tokens": 1, **({"cache_salt": salt} if salt else {})}
+        r = await stack.http.post("/v1/completions", json=body, headers={"authorization": f"Bearer {key}"})
+        assert r.status_code == 200, r.text
+        usage = r.json()["usage"]
+        return usage["prompt_tokens_details"]["cached_tokens"], usage["prompt_tokens"]
+
+    first, tokens = await cached("sk-one")
+    assert first == 0
+    again, _ = await cached("sk-one")
+    assert again > 0  # the same tenant shares its own cache
+    other, other_tokens = await cached("sk-two")
+    assert other == 0 and other_tokens == tokens  # the other tenant sees none of it
+    salted, _ = await cached("sk-one", salt="project-x")
+    assert salted == 0  # a per-request salt isolates further
+    assert (await cached("sk-one", salt="project-x"))[0] > 0
+
+
+def test_salt_prefix_is_stable_distinct_and_never_special() -> None:
+    from gateway.pipeline.tenancy import SALT_TOKENS, effective_salt, salt_prefix
+
+    class Tok:
+        vocab_size = 1000
+        added_tokens = {i: None for i in range(990, 1000)}
+
+    a, b = salt_prefix("a", Tok()), salt_prefix("b", Tok())  # type: ignore[arg-type]
+    assert len(a) == SALT_TOKENS and a == salt_prefix("a", Tok()) and a != b  # type: ignore[arg-type]
+    assert all(0 <= t < 990 for t in a + b)
+    assert effective_salt(None, None) is None and effective_salt("k", None) == "k"
+    assert effective_salt("k", "r") not in ("k", "r")

@@ -35,6 +35,7 @@ from gateway.pipeline.prepared import PreparedRequest
 from gateway.pipeline.retry import RetryConfig
 from gateway.pipeline.router import Router
 from gateway.pipeline.sampling import to_sampling_params
+from gateway.pipeline.tenancy import salt_prefix
 from gateway.policies.base import RouteRequest
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.protocol.errors import ContextLengthExceededError, InvalidRequestError
@@ -176,11 +177,15 @@ class Engine:
         target_worker: str | None = None,
         require_reasoning: bool = False,
         prompt_param: str = "prompt",
+        cache_salt: str | None = None,
     ) -> PreparedRequest:
         """Check the prompt against the model and settle the stop plan
-        (``prompt_param`` names the request field errors about the prompt point at)."""
+        (``prompt_param`` names the request field errors about the prompt point at;
+        ``cache_salt`` isolates the prompt's cache, see ``pipeline.tenancy``)."""
         self.observer.model_resolved(entry.name)
         self.check_prompt_ids(entry, prompt_ids, param="prompt", limit_param=prompt_param)
+        if cache_salt:
+            prompt_ids = salt_prefix(cache_salt, entry.tokenizer) + list(prompt_ids)
         check_token_ids(sampling, entry.tokenizer.vocab_size)
         limit = entry.max_context_length
         sampling = apply_sampling_limits(

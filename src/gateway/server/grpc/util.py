@@ -30,6 +30,7 @@ class KeyCheck(Protocol):
     def inference(self, headers: Mapping[str, str]) -> str | None: ...
     def admin_call(self, headers: Mapping[str, str]) -> str | None: ...
     def inspector(self, headers: Mapping[str, str]) -> str | None: ...
+    def key_salt(self, key: str | None) -> str | None: ...
 
 
 # The role a call needs, as the HTTP routes demand it: "inference" (any key), "admin"
@@ -109,6 +110,7 @@ class Authenticator:
             target_worker=next((meta[k] for k in TARGET_WORKER_METADATA if meta.get(k)), None),
         )
         ctx.traceparent = meta.get("traceparent")
+        ctx.cache_salt = self.keys.key_salt(ctx.api_key_id)
         incoming = meta.get("x-request-id")
         if incoming and len(incoming) <= 128 and incoming.isprintable():
             ctx.request_id = incoming
