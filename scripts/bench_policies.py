@@ -244,6 +244,7 @@ class Timing:
     prefill_s_per_token: float = 1 / 30_000
     decode_s_per_req: float = 0.00015
     chunk_tokens: int = 8192
+    max_running: int = 0  # sequences running (decoding or being prefilled) at most; 0: no limit
 
 
 @dataclass
@@ -361,12 +362,17 @@ class SimWorker:
     def plan_step(self) -> float:
         """Start a step: pick prefill chunks FCFS; returns its duration."""
         budget = self.timing.chunk_tokens
+        cap = self.timing.max_running
+        slots = len(self.running) + sum(1 for j in self.waiting if j.started)
         prefill = 0
         self._in_step = []
         for job in self.waiting:
             if budget <= 0:
                 break
             if not job.started:
+                if cap and slots >= cap:
+                    break  # FIFO: a later request never overtakes one waiting for a slot
+                slots += 1
                 job.cached = self.match(job)
                 job.remaining = len(job.tokens) - job.cached
                 job.started = True
@@ -499,7 +505,8 @@ def oracle_for(workers: list[SimWorker], page: int) -> Policy:
 
 def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int, page: int, concurrency: int,
              timing: Timing, poll_interval_s: float, pages_cache: dict[int, list[int]],
-             reserve_running: bool = False) -> tuple[SimResult, Policy, list[float]]:
+             reserve_running: bool = False, ramp_s: float = 0.0) -> tuple[SimResult, Policy, list[float]]:
+    """Replay ``wl``; the first ``concurrency`` requests arrive evenly over ``ramp_s`` (0: at once)."""
     workers = [SimWorker(f"w{i}", capacity, page, timing, poll_interval_s, reserve_running) for i in range(n_workers)]
     if policy is None:
         policy = oracle_for(workers, page)
@@ -509,6 +516,7 @@ def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int,
     seq = 0
     next_prompt = 0
     ttft: list[float] = []  # after the opening burst of ``concurrency`` simultaneous requests
+    burst = concurrency >= len(wl.prompts)  # one burst: every request counts
     decide: list[float] = []
     cached_total = prompt_total = predicted_total = 0
     finished = 0
@@ -539,15 +547,23 @@ def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int,
             seq += 1
             heapq.heappush(events, (now + w.plan_step(), seq, workers.index(w)))
 
-    for _ in range(concurrency):
-        submit(0.0)
+    if ramp_s > 0:
+        for i in range(min(concurrency, len(wl.prompts))):
+            seq += 1
+            heapq.heappush(events, (i * ramp_s / concurrency, seq, -1))
+    else:
+        for _ in range(concurrency):
+            submit(0.0)
     now = 0.0
     while events:
         now, _, wi = heapq.heappop(events)
+        if wi < 0:  # an arrival of the opening ramp
+            submit(now)
+            continue
         w = workers[wi]
         first, done = w.end_step()
         for job in first:
-            if job.rid >= concurrency:
+            if burst or job.rid >= concurrency:
                 ttft.append(now - job.arrival)
             cached_total += job.cached
             prompt_total += len(job.tokens)
@@ -603,7 +619,7 @@ def sim_rows(variants: list[tuple[str, dict[str, object], float]], wl: Workload,
         overrides = {"eviction_interval_s": 0.0, **overrides}
         policy = None if overrides["policy"] == "oracle" else make_policy(PolicyConfig(), **overrides)
         r, used, _ = simulate(policy, wl, args.workers, args.capacity, args.page, args.concurrency, timing, poll,
-                              pages_cache, args.reserve_running)
+                              pages_cache, args.reserve_running, args.ramp_s)
         close_policy(used)
         predicted = f"{r.predicted_hit:.1%}" if r.predicted_hit else "-"
         rows.append([label, f"{r.hit_rate:.1%}", predicted, f"{r.throughput_tok_s:,.0f}",
@@ -629,11 +645,23 @@ def describe(args: argparse.Namespace, wl: Workload, timing: Timing) -> str:
     return (f"{wl.name}; {args.workers} workers, cache {args.capacity} tokens each, page {args.page}, "
             f"concurrency {args.concurrency}; step = {timing.base_s * 1000:g} ms + "
             f"{timing.prefill_s_per_token * 1e6:.1f} µs/prefill token + {timing.decode_s_per_req * 1000:g} ms/running req, "
-            f"chunk {timing.chunk_tokens}; ideal hit rate {wl.ideal_hit:.1%}")
+            f"chunk {timing.chunk_tokens}" + (f", at most {timing.max_running} running" if timing.max_running else "")
+            + f"; ideal hit rate {wl.ideal_hit:.1%}")
+
+
+def sim_timing(args: argparse.Namespace) -> Timing:
+    t = Timing(max_running=args.max_running)
+    if args.step_base_s is not None:
+        t.base_s = args.step_base_s
+    if args.prefill_token_s is not None:
+        t.prefill_s_per_token = args.prefill_token_s
+    if args.decode_seq_s is not None:
+        t.decode_s_per_req = args.decode_seq_s
+    return t
 
 
 def run_sim(args: argparse.Namespace) -> None:
-    timing = Timing()
+    timing = sim_timing(args)
     print(f"## simulation ({machine.describe()})\n")
     for wl in workloads(args):
         print(f"### {describe(args, wl, timing)}\n")
@@ -642,7 +670,7 @@ def run_sim(args: argparse.Namespace) -> None:
 
 
 def run_tune(args: argparse.Namespace) -> None:
-    timing = Timing()
+    timing = sim_timing(args)
     grid: list[tuple[str, dict[str, object], float]] = []
     for dw in (0.0, 0.25, 0.5, 1.0):
         for rw in (0.0, 16.0, 64.0):
@@ -682,6 +710,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--zipf", type=float, default=1.1, help="sim: add a Zipf-skewed gsp (0: leave it out)")
+    parser.add_argument("--ramp-s", type=float, default=0.0,
+                        help="sim: the first --concurrency requests arrive evenly over this many seconds (0: at once)")
+    parser.add_argument("--max-running", type=int, default=0, help="sim: running sequences per worker at most (0: no cap)")
+    parser.add_argument("--step-base-s", type=float, default=None, help="sim: fixed cost of a step")
+    parser.add_argument("--prefill-token-s", type=float, default=None, help="sim: cost per uncached prompt token")
+    parser.add_argument("--decode-seq-s", type=float, default=None, help="sim: cost per running sequence per step")
     parser.add_argument("--reserve-running", action="store_true",
                         help="sim: running requests pin their pages and their output's KV (as a real worker)")
     args = parser.parse_args(argv)

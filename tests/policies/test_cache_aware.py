@@ -196,9 +196,16 @@ def test_queue_estimate_counts_only_the_uncached_part_of_queued_prompts() -> Non
     queued = with_load(ws, "w0", queued_prefill_tokens=4002, in_flight=2)
     row = explain(p, req([*SYSTEM, 3]), queued)["workers"]["w0"]
     assert row["queued_uncached_estimate"] == pytest.approx(4002 * (1 - 2000 / 4002), abs=0.2)
-    # the worker's own (fresh) figure wins when larger; a stale one is ignored
+    # the worker's own (fresh) figure adds what exceeds our own queued prompts (traffic we
+    # did not send); a stale one is ignored
     fresh = with_load(queued, "w0", loads=LoadSnapshot(num_waiting_uncached_tokens=9_000, age_s=1))
-    assert explain(p, req([5]), fresh)["workers"]["w0"]["queued_uncached_estimate"] == 9_000
+    assert explain(p, req([5]), fresh)["workers"]["w0"]["queued_uncached_estimate"] == pytest.approx(
+        2002 + (9_000 - 4002), abs=0.2
+    )
+    # a burst of our own hits, priced by the worker as misses before the first is prefilled,
+    # adds nothing: the worker cannot be waiting on more than we sent it
+    ours = with_load(queued, "w0", loads=LoadSnapshot(num_waiting_uncached_tokens=4002, age_s=1))
+    assert explain(p, req([5]), ours)["workers"]["w0"]["queued_uncached_estimate"] == pytest.approx(2002, abs=0.2)
     stale = with_load(queued, "w0", loads=LoadSnapshot(num_waiting_uncached_tokens=9_000, age_s=60))
     assert explain(p, req([5]), stale)["workers"]["w0"]["queued_uncached_estimate"] < 9_000
     p.on_finish(hit, "w0", 1990, True)
@@ -295,7 +302,7 @@ def test_a_hot_prefix_is_held_on_k_workers_in_proportion_to_its_share() -> None:
     cold = [tokens(1024, 500 + g) for g in range(24)]
     running: list[tuple[RouteRequest, Decision]] = []
     for i in range(800):
-        # a quarter of the traffic shares one system prompt: ceil(0.25 * 8) = 2 holders
+        # a quarter of the traffic shares one system prompt: ceil(0.25 * 8 + 1/4) = 3 holders
         system = hot_sys if i % 4 == 0 else cold[i % 24]
         r = req(system + tokens(64, 10_000 + i), request_id=str(i))
         d = pool.dispatch(p, r, decode=256)
@@ -310,10 +317,10 @@ def test_a_hot_prefix_is_held_on_k_workers_in_proportion_to_its_share() -> None:
             picks[d.worker_id] += 1
     key = p._hot_key(req(hot_sys + tokens(64, 1)), 1024)
     assert key is not None
-    assert p.hot.replicas(key, 8) == 2
+    assert p.hot.replicas(key, 8) == 3
     holders = p.hot.holders(key)
-    assert set(picks) == set(holders[:2]), (picks, holders)  # spread over the two holders only
-    assert min(picks.values()) >= 25, picks
+    assert set(picks) == set(holders[:3]), (picks, holders)  # spread over the three holders only
+    assert min(picks.values()) >= 15, picks
     without = policy(hot_prefix_min_tokens=0)
     pool, spread, running = Pool(8), Counter[str](), []
     for i in range(800):
@@ -339,7 +346,7 @@ def test_replicas_shrink_when_the_load_falls() -> None:
     hp = HotPrefixes(window=64)
     for i in range(200):
         hp.observe(1 if i % 2 == 0 else 100 + i)
-    assert hp.replicas(1, 8) == 4  # half the traffic: four of eight workers
+    assert hp.replicas(1, 8) == 5  # half the traffic: four workers' shares, plus headroom
     for i in range(400):
         hp.observe(1 if i % 16 == 0 else 1000 + i)
     assert hp.replicas(1, 8) == 1

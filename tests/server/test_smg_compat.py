@@ -23,7 +23,7 @@ from gateway.server.serve import config_from_args
 from gateway.server.smg_compat import map_value, warn_ignored
 from gateway.sim.config import SimConfig
 from gateway.sim.fleet import SimFleet
-from tests.server.conftest import ZERO_COST
+from tests.e2e.http.conftest import ZERO_COST
 
 W = ["grpc://127.0.0.1:1", "grpc://127.0.0.1:2"]
 
@@ -66,6 +66,15 @@ def test_low_latency_example() -> None:
     assert c.policy.policy == "power_of_two"
     assert c.health.health_check_interval_s == 5
     assert c.dispatch.request_timeout_s == 30
+
+
+def test_kubernetes_service_discovery_example() -> None:
+    c = config_from_args(_parse(["--service-discovery", "--selector", "app=sglang-worker",
+                                 "--service-discovery-namespace", "inference", "--service-discovery-port", "8000",
+                                 "--policy", "cache_aware", "--prefill-selector", "role=prefill"]))
+    d = c.discovery
+    assert d.k8s_discovery and d.k8s_selector == ["app=sglang-worker"] and d.k8s_prefill_selector == ["role=prefill"]
+    assert (d.k8s_namespace, d.k8s_port) == ("inference", 8000)
 
 
 def test_cache_aware_tuning_flags_are_accepted_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
@@ -190,3 +199,11 @@ async def test_gateway_starts_from_an_smg_command_line(tmp_path: Path) -> None:
         stderr = (await proc.stderr.read()).decode()  # type: ignore[union-attr]
         assert "--cache-threshold has no effect" in stderr
         assert proc.returncode == 0
+
+
+def test_every_smg_flag_is_documented() -> None:
+    from gateway.server.smg_compat import ALIASES
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
+    missing = [a.flag for a in ALIASES if f"`{a.flag}`" not in text]
+    assert not missing, missing

@@ -2,8 +2,8 @@
 
 Each choice runs its text through a reasoning parser (``<think>…</think>``) and
 then a tool-call parser, streaming or whole; both are pure text machines from
-``gateway.parsers``. Stream chunks are plain dicts for the same reason as in
-``completions``: they are built once per token batch on the hot path.
+``gateway.parsers``. Streams yield typed events (``protocol.stream``) that each
+front door serializes once; a request with neither parser skips both per token.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.endpoints.chat_parsers import ChatParsers, choose_parsers, template_kwargs
-from gateway.endpoints.completions import piece_fn, usage_dict
-from gateway.parsers.base import ReasoningParser, ToolCallParser
+from gateway.endpoints.completions import piece_fn, stream_usage
+from gateway.parsers.base import ReasoningParser, ToolCallDelta, ToolCallParser
 from gateway.pipeline.catalog import ModelEntry
 from gateway.pipeline.engine import Engine
 from gateway.pipeline.generation import Generation, SampleDelta
@@ -33,6 +33,7 @@ from gateway.protocol.responses import (
     openai_finish_reason,
 )
 from gateway.protocol.sampling import sampling_from_chat
+from gateway.protocol.stream import CHAT_CHUNK, ChatDelta, StreamChunk, StreamHead, ToolCallFragment
 
 
 @dataclass
@@ -58,7 +59,7 @@ class _Choice:
                 return
             self.reasoning_tokens += 1
 
-    def split(self, text: str, *, final: bool) -> tuple[str, str, list[dict[str, Any]]]:
+    def split(self, text: str, *, final: bool) -> tuple[str, str, list[ToolCallDelta]]:
         """(reasoning, content, tool call deltas) for new text."""
         reasoning = ""
         content = text
@@ -69,16 +70,17 @@ class _Choice:
                 r2, c2 = self.reasoning.finish()
                 reasoning += r2
                 content += c2
-        calls: list[dict[str, Any]] = []
+        calls: list[ToolCallDelta] = []
         if self.tools is not None:
             out = self.tools.feed(content)
             content = out.content
-            fragments = list(out.tool_calls)
+            calls = list(out.tool_calls)
             if final:
                 tail = self.tools.finish()
                 content += tail.content
-                fragments.extend(tail.tool_calls)
-            calls = [c.to_openai() for c in fragments if self.max_calls is None or c.index < self.max_calls]
+                calls.extend(tail.tool_calls)
+            if self.max_calls is not None:  # parallel_tool_calls: false keeps the first call only
+                calls = [c for c in calls if c.index < self.max_calls]
         return reasoning, content, calls
 
 
@@ -171,7 +173,7 @@ async def complete_chat(engine: Engine, req: ChatCompletionRequest, ctx: Request
     return response.to_dict()
 
 
-async def stream_chat(engine: Engine, req: ChatCompletionRequest, ctx: RequestContext) -> AsyncIterator[dict[str, Any]]:
+async def stream_chat(engine: Engine, req: ChatCompletionRequest, ctx: RequestContext) -> AsyncIterator[StreamChunk]:
     """Start the generation (errors before output become HTTP errors), then stream chunks."""
     _, chunks = await start_chat_stream(engine, req, ctx)
     return chunks
@@ -179,61 +181,59 @@ async def stream_chat(engine: Engine, req: ChatCompletionRequest, ctx: RequestCo
 
 async def start_chat_stream(
     engine: Engine, req: ChatCompletionRequest, ctx: RequestContext
-) -> tuple[Generation, AsyncIterator[dict[str, Any]]]:
+) -> tuple[Generation, AsyncIterator[StreamChunk]]:
     """``stream_chat`` that also hands back the generation, for front doors that must
     end it themselves when their client goes away mid-stream."""
     entry, gen, prompt_text, parsers = await _start(engine, req, ctx)
     return gen, _chunks(req, entry, gen, prompt_text, parsers, ctx)
 
 
+def _fragments(calls: list[ToolCallDelta]) -> list[ToolCallFragment]:
+    return [ToolCallFragment(c.index, c.arguments, c.id, c.name) for c in calls]
+
+
 async def _chunks(
     req: ChatCompletionRequest, entry: ModelEntry, gen: Generation, prompt_text: str, parsers: ChatParsers, ctx: RequestContext
-) -> AsyncIterator[dict[str, Any]]:
-    rid = ctx.response_id("chatcmpl")
-    created = now()
-    model = entry.name
+) -> AsyncIterator[StreamChunk]:
+    head = StreamHead(ctx.response_id("chatcmpl"), CHAT_CHUNK, now(), entry.name)
     choices = _choices(gen, prompt_text, parsers)
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
     want_lp = gen.prepared.sampling.logprobs
     top_n = gen.prepared.sampling.top_logprobs
     piece = piece_fn(entry) if want_lp else None
-
-    def chunk(choice_dicts: list[dict[str, Any]]) -> dict[str, Any]:
-        out: dict[str, Any] = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": choice_dicts}
-        if continuous:
-            out["usage"] = usage_dict(gen.usage)
-        return out
+    plain = all(c.reasoning is None and c.tools is None for c in choices)  # text goes straight to content
 
     for i, c in enumerate(choices):
         c.sent_role = True
-        yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}])
+        yield StreamChunk(head, [ChatDelta(i, role="assistant", content="")], stream_usage(gen.usage) if continuous else None)
     async for d in gen:
         c = choices[d.index]
-        c.count(d.token_ids)
         final = d.finish_reason is not None
-        reasoning, content, calls = c.split(d.text, final=final)
-        delta: dict[str, Any] = {}
-        if reasoning:
-            delta["reasoning_content"] = reasoning
-        if content:
-            delta["content"] = content
-        if calls:
-            delta["tool_calls"] = calls
+        calls: list[ToolCallDelta] = []
+        if plain:
+            reasoning, content = "", d.text
+        else:
+            c.count(d.token_ids)
+            reasoning, content, calls = c.split(d.text, final=final)
         logprobs = None
         if piece is not None and d.token_ids:
-            logprobs = chat_logprobs(d.token_ids, d.logprobs or [], d.top_logprobs if top_n else None, piece).to_dict()
-        if not delta and not final and logprobs is None:
+            logprobs = chat_logprobs(d.token_ids, d.logprobs or [], d.top_logprobs if top_n else None, piece)
+        if not (reasoning or content or calls) and not final and logprobs is None:
             continue
-        entry_dict: dict[str, Any] = {"index": d.index, "delta": delta, "logprobs": logprobs, "finish_reason": None}
+        delta = ChatDelta(
+            d.index, content=content or None, reasoning_content=reasoning or None,
+            tool_calls=_fragments(calls) if calls else None, logprobs=logprobs,
+        )
         if final:
             used_tools = c.tools is not None and c.tools.calls_started > 0
-            entry_dict["finish_reason"] = openai_finish_reason(d.finish_reason, tool_calls=used_tools)
-            entry_dict["matched_stop"] = d.matched_stop
-        yield chunk([entry_dict])
+            delta.finish_reason = openai_finish_reason(d.finish_reason, tool_calls=used_tools)
+            delta.final = True
+            delta.matched_stop = d.matched_stop
+        yield StreamChunk(head, [delta], stream_usage(gen.usage) if continuous else None)
     if include_usage:
         u = gen.usage
-        usage = usage_dict(u, reasoning=parsers.reasoning_enabled)
+        usage = stream_usage(u)
         if parsers.reasoning_enabled:
-            usage["completion_tokens_details"] = {"reasoning_tokens": u.reasoning_tokens or _reasoning_total(choices)}
-        yield {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [], "usage": usage}
+            usage.reasoning_tokens = u.reasoning_tokens or _reasoning_total(choices)
+        yield StreamChunk(head, [], usage)

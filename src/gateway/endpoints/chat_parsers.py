@@ -82,17 +82,21 @@ def choose_parsers(entry: ModelEntry, req: ChatCompletionRequest) -> ChatParsers
     reasoning = reasoning_name is not None and enable_thinking and req.separate_reasoning
     tool_name = entry.tool_call_parser if choice == "auto" and tools else None
     end_tag = _END_TAGS.get(reasoning_name or "", "</think>")
+    think_end_id = entry.tokenizer.token_id(end_tag) if reasoning_name else None
+    # Think tags that are special tokens in this vocabulary must survive decoding too.
+    special_tags = reasoning and think_end_id is not None and think_end_id in entry.tokenizer.special_token_ids
     return ChatParsers(
         reasoning_enabled=reasoning,
         enable_thinking=enable_thinking,
         separate_reasoning=req.separate_reasoning,
         tool_choice=choice,
         tools=tools,
-        think_end_id=entry.tokenizer.token_id(end_tag) if reasoning_name else None,
+        think_end_id=think_end_id,
         constraint=tuple(constraint) if constraint is not None else None,  # type: ignore[arg-type]
         reasoning_parser=reasoning_name,
         tool_parser=entry.tool_call_parser,
         chat_template_kwargs=tuple(kwargs.items()),
-        keep_special_tokens=needs_special_tokens(tool_name, reasoning_name if reasoning else None),
+        keep_special_tokens=special_tags
+        or needs_special_tokens(tool_name, reasoning_name if reasoning else None),
         parallel_tool_calls=req.parallel_tool_calls,
     )

@@ -19,6 +19,7 @@ from gateway.protocol.embeddings import EmbeddingRequest, EmbeddingResponse
 from gateway.protocol.errors import InvalidRequestError
 from gateway.protocol.generate import GenerateRequest
 from gateway.protocol.sampling import sampling_from_generate
+from gateway.protocol.stream import JsonEvent
 from gateway.protocol.tokens import (
     DetokenizeRequest,
     DetokenizeResponse,
@@ -102,12 +103,12 @@ async def generate(engine: Engine, req: GenerateRequest, ctx: RequestContext) ->
     return results if (req.is_batch or len(results) > 1) else results[0]
 
 
-async def stream_generate(engine: Engine, req: GenerateRequest, ctx: RequestContext) -> AsyncIterator[dict[str, Any]]:
+async def stream_generate(engine: Engine, req: GenerateRequest, ctx: RequestContext) -> AsyncIterator[JsonEvent]:
     prepared = await prepare_generate(engine, req, ctx)
     gens = await start_all(engine, prepared)
     ctx.worker_ids = [g.worker_id for g in gens]
 
-    async def chunks() -> AsyncIterator[dict[str, Any]]:
+    async def chunks() -> AsyncIterator[JsonEvent]:
         # SGLang's native stream sends the cumulative text and ids in every event.
         accs = {(g, s): _Acc() for g in range(len(gens)) for s in range(gens[g].prepared.sampling.n)}
         async for g, d in merged(gens):
@@ -115,7 +116,7 @@ async def stream_generate(engine: Engine, req: GenerateRequest, ctx: RequestCont
             acc.add(d)
             out = _result(gens[g], acc, d.index)
             out["index"] = g * gens[g].prepared.sampling.n + d.index
-            yield out
+            yield JsonEvent(out)
 
     return chunks()
 

@@ -17,6 +17,7 @@ reason one of ``ADMISSION_REASONS``.
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -48,6 +49,8 @@ class GatewayMetrics(PipelineObserver):
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        # serve --processes N: merges the siblings' expositions into this one's (server.process_set)
+        self.federate: Callable[[bytes], Awaitable[bytes]] | None = None
         self.tracing: Tracing | None = None  # set by the gateway when --otlp-traces-endpoint is on
         r = self.registry
         self.requests = Counter(
@@ -99,6 +102,10 @@ class GatewayMetrics(PipelineObserver):
         self.retries = Counter(
             "token_gateway_retries", "attempts that failed before output and were retried on another worker",
             ["worker", "code"], registry=r,
+        )
+        self.resumes = Counter(
+            "token_gateway_resumes", "streams broken after output started and continued on another worker, by the worker that failed and outcome (ok, failed)",
+            ["worker", "outcome"], registry=r,
         )
         self.worker_streams = Counter(
             "token_gateway_worker_streams", "worker generate streams that ended, by outcome",
@@ -159,6 +166,9 @@ class GatewayMetrics(PipelineObserver):
 
     def retried(self, worker_id: str, code: str) -> None:
         self.retries.labels(worker=worker_id, code=code).inc()
+
+    def resumed(self, worker_id: str, outcome: str) -> None:
+        self.resumes.labels(worker=worker_id, outcome=outcome).inc()
 
     def worker_done(
         self, model: str, worker_id: str, *, predicted_cached: int, reported_cached: int, success: bool,

@@ -43,8 +43,8 @@ T = TypeVar("T")
 @dataclass
 class DispatchConfig:
     request_timeout_s: float = option(600.0, "gRPC deadline for one generation on a worker, seconds")
-    first_token_timeout_s: float = option(300.0, "give up on a worker that sends nothing for this long before the first message, seconds")
-    stall_timeout_s: float = option(60.0, "give up on a stream that goes silent for this long after it started, seconds")
+    first_token_timeout_s: float = option(180.0, "last-resort cap on the wait for a request's first message, seconds (a stalled worker is caught sooner by the progress watchdog, --watchdog-*)")
+    stall_timeout_s: float = option(30.0, "give up on one stream that goes silent for this long after it started while its worker stays busy elsewhere, seconds")
 
 
 class TokenStream(Protocol):
@@ -98,6 +98,7 @@ class WorkerStream:
         self._reading_since: float | None = None
         self._watch: asyncio.TimerHandle | None = None
         self._stalled = False
+        self._unwatch = self.worker.progress.watch(self._watchdog_kill)
 
     @property
     def closed(self) -> bool:
@@ -132,6 +133,7 @@ class WorkerStream:
                 self._release(Outcome.OK)
                 return None
             msg = got  # type: ignore[assignment]
+            self.worker.progress.message(time.monotonic())
         lease = self.lease
         lease.start()
         which = msg.WhichOneof("response")
@@ -158,12 +160,20 @@ class WorkerStream:
             return
         self._watch = loop.call_at(since + limit, self._check_stall)
 
+    def _watchdog_kill(self) -> None:
+        """The progress watchdog found this stream's worker stalled: end the pending read
+        as a stall, so the generation resumes elsewhere."""
+        if not self.closed:
+            self._stalled = True
+            self._call.cancel()
+
     def _end_stalled(self) -> None:
         """The worker went silent: stop it and count it against the worker."""
         if self._release(Outcome.WORKER_FAILED):
             fire_abort(self.worker, self.request_id, "stalled")
 
     def _release(self, outcome: Outcome, *, aborted: bool = False) -> bool:
+        self._unwatch()
         if self._watch is not None:
             self._watch.cancel()
             self._watch = None
@@ -253,13 +263,42 @@ async def open_on(
     says nothing; on cancellation aborts the worker request and releases the lease.
     """
     worker = selection.worker
+    started = time.monotonic()
+    worker.progress.started(started, idle=worker.load.in_flight == 0)
     lease = Lease(selection, route, prompt_tokens=prompt_tokens, max_new_tokens=max_new_tokens, observer=observer)
     call: GenerateCall | None = None
+    stalled = False
+
+    def watchdog_kill() -> None:
+        nonlocal stalled
+        stalled = True
+        if call is not None:
+            call.cancel()
+
+    unwatch = worker.progress.watch(watchdog_kill)
     try:
         call = worker.client.generate(request, timeout=worker_timeout(config.request_timeout_s))
         async with asyncio.timeout(config.first_token_timeout_s):
             first = await call.read()
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if stalled and not (task is not None and task.cancelling()):
+            # The progress watchdog took the worker out of rotation: re-send elsewhere now.
+            unwatch()
+            fire_abort(worker, route.request_id, "worker stalled")
+            lease.release(Outcome.WORKER_FAILED)
+            raise AttemptFailed(
+                worker_stalled_error(worker.id, time.monotonic() - started), worker.id, "WATCHDOG",
+                retryable=True, backoff=False,
+            ) from None
+        unwatch()
+        if call is not None:
+            call.cancel()
+            fire_abort(worker, route.request_id, "cancelled")
+        lease.release(Outcome.CANCELLED)
+        raise
     except TimeoutError:
+        unwatch()
         assert call is not None
         call.cancel()
         fire_abort(worker, route.request_id, "first token timeout")
@@ -269,22 +308,29 @@ async def open_on(
             retryable=True, backoff=False,
         ) from None
     except aio.AioRpcError as exc:
+        unwatch()
         lease.release(Outcome.REJECTED if _client_fault(exc) else Outcome.WORKER_FAILED)
         raise AttemptFailed(
             map_rpc_error(exc, worker.id), worker.id, exc.code().name, retryable=retry.retryable(exc.code()), backoff=True
         ) from exc
     except BaseException:
+        unwatch()
         if call is not None:
             call.cancel()
             fire_abort(worker, route.request_id, "cancelled")
         lease.release(Outcome.CANCELLED)
         raise
+    unwatch()
     if first is aio.EOF:
         lease.release(Outcome.WORKER_FAILED)
         raise AttemptFailed(
             map_rpc_error(None, worker.id, "worker closed the stream without output"),
             worker.id, "EMPTY_STREAM", retryable=True, backoff=False,
         )
+    now = time.monotonic()
+    worker.progress.message(now, first=True)
+    cached = first.chunk.cached_tokens if first.HasField("chunk") else first.complete.cached_tokens
+    worker.progress.first_message(prompt_tokens - cached, now - started)
     log.debug("request %s on %s", route.request_id, worker.id)
     return WorkerStream(lease, call, first, config, attempt, observer)
 

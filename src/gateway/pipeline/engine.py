@@ -7,6 +7,7 @@ tokenization, routing, retries or load accounting anywhere else.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -32,13 +33,14 @@ from gateway.pipeline.limits import (
 from gateway.pipeline.observer import NULL_OBSERVER, PipelineObserver
 from gateway.pipeline.pd import PdOpener, serves_pd
 from gateway.pipeline.prepared import PreparedRequest
+from gateway.pipeline.resume import OpenContinuation, ResumeConfig, Resumer
 from gateway.pipeline.retry import RetryConfig
 from gateway.pipeline.router import Router
 from gateway.pipeline.sampling import to_sampling_params
 from gateway.pipeline.tenancy import salt_prefix
 from gateway.policies.base import RouteRequest
 from gateway.proto import sglang_scheduler_pb2 as pb
-from gateway.protocol.errors import ContextLengthExceededError, InvalidRequestError
+from gateway.protocol.errors import ContextLengthExceededError, InvalidRequestError, NoWorkerError
 from gateway.protocol.sampling import SamplingOptions
 from gateway.settings import option
 from gateway.tokenization import StopPlan, Tokenizer
@@ -51,6 +53,16 @@ StageObserver = Callable[[str, float], None]  # (stage name, seconds)
 class EngineConfig:
     tokenize_threads: int = option(2, "threads that tokenize long prompts off the event loop")
     offload_chars: int = option(4096, "prompts longer than this many characters are tokenized in the thread pool")
+    worker_stream_interval: int = option(
+        0,
+        "tokens per streamed worker chunk the gateway asks for (0: the worker's own default, 1 on SGLang); "
+        "each chunk costs the gateway one gRPC read and one SSE event, so N cuts its CPU per token "
+        "about N-fold, at the price of output arriving N tokens at a time",
+    )
+
+    def __post_init__(self) -> None:
+        if self.worker_stream_interval < 0:
+            raise ValueError("worker_stream_interval must be >= 0 (0: the worker's default)")
 
 
 def _texts(messages: Sequence[dict[str, Any]]) -> list[str]:
@@ -77,6 +89,7 @@ class Engine:
         observe_stage: StageObserver | None = None,
         limits: LimitsConfig | None = None,
         observer: PipelineObserver | None = None,
+        resume: ResumeConfig | None = None,
     ) -> None:
         self.router = router
         self.registry = router.registry
@@ -85,6 +98,7 @@ class Engine:
         self.retry = retry or RetryConfig()
         self.dispatch = dispatch or DispatchConfig()
         self.limits = limits or LimitsConfig()
+        self.resume = resume or ResumeConfig()
         self._pool = ThreadPoolExecutor(
             max_workers=max(1, self.config.tokenize_threads), thread_name_prefix="tokenize"
         )
@@ -129,6 +143,14 @@ class Engine:
         self.refuse_hopeless(entry, text)
         started = time.perf_counter()
         ids: list[int] = await self._offload(len(text), entry.tokenizer.encode, text, add_special_tokens)
+        self._observe("tokenize", time.perf_counter() - started)
+        return ids
+
+    async def encode_prompt(self, entry: ModelEntry, text: str) -> list[int]:
+        """A plain-text prompt with the tokenizer's special tokens; repeated prefixes (a
+        shared system prompt) come from the prompt cache instead of being re-encoded."""
+        started = time.perf_counter()
+        ids: list[int] = await self._offload(len(text), entry.prompt_cache.encode_prompt, text)
         self._observe("tokenize", time.perf_counter() - started)
         return ids
 
@@ -287,8 +309,10 @@ class Engine:
 
     def generate_request(self, prepared: PreparedRequest) -> pb.GenerateRequest:
         sampling = prepared.sampling
-        # Stream from the worker whenever the gateway may need to stop it early.
-        worker_stream = prepared.stream or bool(prepared.stop_plan.stop_strings)
+        # Workers always stream to the gateway: the watchdog sees progress and a broken
+        # generation can resume from the tokens already produced. Clients that do not
+        # stream (and need no early stop) get coarser worker messages.
+        coarse = not (prepared.stream or prepared.stop_plan.stop_strings)
         request = pb.GenerateRequest(
             request_id=prepared.request_id,
             tokenized=pb.TokenizedInput(input_ids=prepared.prompt_ids),
@@ -300,23 +324,53 @@ class Engine:
             return_logprob=sampling.logprobs or sampling.logprob_start_len >= 0,
             top_logprobs_num=sampling.top_logprobs if sampling.logprobs else 0,
             logprob_start_len=sampling.logprob_start_len,
-            stream=worker_stream,
+            stream=True,
             require_reasoning=prepared.require_reasoning,
         )
+        if coarse:
+            request.sampling_params.stream_interval = self.resume.unary_stream_interval
         if prepared.prompt_text:
             request.tokenized.original_text = prepared.prompt_text
+        if self.config.worker_stream_interval > 0:
+            request.sampling_params.stream_interval = self.config.worker_stream_interval
         return request
 
     # ------------------------------------------------------------- dispatch
     async def start(self, prepared: PreparedRequest) -> Generation:
         """Route and send; returns once the worker produced its first message."""
+        request = self.generate_request(prepared)
         stream = await self.open(
             self.route_request(prepared),
-            self.generate_request(prepared),
+            request,
             samples=prepared.sampling.n,
             wants_output_logprobs=prepared.sampling.logprobs,
         )
-        return Generation(stream, prepared)
+        resumer = Resumer(request, self._continuation_opener(prepared), self.resume, prepared.sampling, self.observer)
+        return Generation(stream, prepared, resumer)
+
+    def _continuation_opener(self, prepared: PreparedRequest) -> OpenContinuation:
+        """How a broken generation's continuation is opened: the one open path (PD pairs
+        re-paired), routed by the policy on the longer prompt (a worker holding its prefix
+        is preferred), away from the workers that failed it while anyone else is left."""
+
+        async def open_one(request: pb.GenerateRequest, avoid: frozenset[str]) -> TokenStream:
+            ids = list(request.tokenized.input_ids)
+            sp = request.sampling_params
+            route = RouteRequest(
+                token_ids=ids, model=self.catalog.worker_model(prepared.model), request_id=request.request_id,
+                routing_key=prepared.routing_key, target_worker=prepared.target_worker,
+                max_new_tokens=sp.max_new_tokens if sp.HasField("max_new_tokens") else 0, exclude=avoid,
+            )
+            try:
+                return await self.open(route, request, wants_output_logprobs=prepared.sampling.logprobs)
+            except NoWorkerError:
+                if not avoid:
+                    raise
+                # Nobody else is left: a failed worker may take it if its breaker allows.
+                route = dataclasses.replace(route, exclude=frozenset())
+                return await self.open(route, request, wants_output_logprobs=prepared.sampling.logprobs)
+
+        return open_one
 
     async def open(
         self,

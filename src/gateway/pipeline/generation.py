@@ -4,20 +4,26 @@ This is where the worker's per-sample token ids become per-sample text deltas:
 each sample gets its own incremental detokenizer and stop matcher. Stop strings
 are the gateway's job (real workers reject string stops), and the moment every
 sample has stopped the worker request is cancelled and aborted, so the GPU does
-not keep generating tokens nobody will see.
+not keep generating tokens nobody will see. A worker that fails after output
+started is replaced mid-stream by a continuation (``pipeline/resume.py``): the
+samples' text state carries over, so the client sees one uninterrupted stream.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from gateway.pipeline.dispatch import TokenStream
 from gateway.pipeline.prepared import PreparedRequest
+from gateway.pipeline.resume import Resumer
 from gateway.proto import sglang_scheduler_pb2 as pb
-from gateway.protocol.errors import WorkerError
+from gateway.protocol.errors import GatewayError, WorkerError
 from gateway.tokenization.stops import SampleStream
+
+log = logging.getLogger(__name__)
 
 TopRow = list[tuple[int, float]]
 
@@ -49,6 +55,7 @@ class _Sample:
     index: int
     text: SampleStream
     generated: int = 0  # tokens the worker produced for this sample
+    ids: list[int] = field(default_factory=list)  # those tokens (a continuation's input)
     saw_chunks: bool = False
     done: bool = False
 
@@ -64,8 +71,10 @@ def _logprob_rows(lp: pb.OutputLogProbs, top_n: int) -> tuple[list[float], list[
 class Generation:
     """Iterate to get ``SampleDelta``s; ``usage`` is complete once iteration ends."""
 
-    def __init__(self, stream: TokenStream, prepared: PreparedRequest) -> None:
+    def __init__(self, stream: TokenStream, prepared: PreparedRequest, resumer: Resumer | None = None) -> None:
         self.stream = stream
+        self._resumer = resumer
+        self._resumed = False  # a continuation's prompt/cached counts are not the request's
         self.prepared = prepared
         self.usage = UsageCounts(prompt_tokens=len(prepared.prompt_ids))
         options = prepared.sampling
@@ -101,12 +110,17 @@ class Generation:
         gaps: list[float] = []  # per-token gap of each message after the first
         try:
             while self._open:
-                msg = await self.stream.read()
-                if msg is None:
-                    missing = [s.index for s in self._samples if not s.done]
-                    raise WorkerError(
-                        f"worker {self.worker_id} ended the stream before samples {missing} finished"
-                    )
+                try:
+                    msg = await self.stream.read()
+                    if msg is None:
+                        missing = [s.index for s in self._samples if not s.done]
+                        raise WorkerError(
+                            f"worker {self.worker_id} ended the stream before samples {missing} finished"
+                        )
+                except GatewayError as exc:
+                    for delta in await self._resume(exc):
+                        yield delta
+                    continue
                 now = clock()
                 which = msg.WhichOneof("response")
                 if which == "chunk":
@@ -142,17 +156,56 @@ class Generation:
                     output_tokens=completion, token_gaps=gaps,
                 )
 
+    async def _resume(self, error: GatewayError) -> list[SampleDelta]:
+        """Continue the unfinished samples elsewhere, or re-raise ``error`` (with why not)."""
+        failed = self.worker_id
+        if not self.stream.closed:
+            await self.stream.abort("resuming elsewhere")  # PD or multiplexed siblings still open
+        resumer = self._resumer
+        why = "no resumer" if resumer is None else resumer.check(error)
+        if why is not None:
+            if resumer is None or why == "not a worker failure":
+                raise error
+            error.message = f"{error.message} (not resumed: {why})"
+            error.args = (error.message,)
+            raise error
+        assert resumer is not None
+        out: list[SampleDelta] = []
+        pending: list[tuple[int, list[int]]] = []
+        budget = self.prepared.sampling.max_new_tokens
+        for sample in self._samples:
+            if sample.done:
+                continue
+            if budget is not None and sample.generated >= budget:
+                # Its last token arrived but the worker failed before saying it was done.
+                step = sample.text.finish()
+                self._close(sample)
+                out.append(SampleDelta(sample.index, step.text, finish_reason="length"))
+                continue
+            sample.saw_chunks = False
+            pending.append((sample.index, sample.ids))
+        if not pending:
+            return out
+        log.warning(
+            "request %s: worker %s failed after output (%s); resuming %d sample(s) elsewhere (resume %d)",
+            self.prepared.request_id, failed, error.message, len(pending), resumer.resumes + 1,
+        )
+        self.stream = await resumer.resume(failed, pending)
+        self._resumed = True
+        return out
+
     def _sample(self, index: int) -> _Sample | None:
         if 0 <= index < len(self._samples):
             return self._samples[index]
         return None
 
     def _on_chunk(self, chunk: pb.GenerateStreamChunk) -> list[SampleDelta]:
-        if chunk.prompt_tokens:
-            self.usage.prompt_tokens = chunk.prompt_tokens
-        self.usage.cached_tokens = max(self.usage.cached_tokens, chunk.cached_tokens)
-        if chunk.HasField("input_logprobs") and self.input_logprobs is None:
-            self.input_logprobs = chunk.input_logprobs
+        if not self._resumed:
+            if chunk.prompt_tokens:
+                self.usage.prompt_tokens = chunk.prompt_tokens
+            self.usage.cached_tokens = max(self.usage.cached_tokens, chunk.cached_tokens)
+            if chunk.HasField("input_logprobs") and self.input_logprobs is None:
+                self.input_logprobs = chunk.input_logprobs
         sample = self._sample(chunk.index)
         if sample is None or sample.done:
             return []
@@ -161,12 +214,13 @@ class Generation:
         return self._feed(sample, list(chunk.token_ids), lp)
 
     def _on_complete(self, done: pb.GenerateComplete) -> list[SampleDelta]:
-        if done.prompt_tokens:
-            self.usage.prompt_tokens = done.prompt_tokens
-        self.usage.cached_tokens = max(self.usage.cached_tokens, done.cached_tokens)
+        if not self._resumed:
+            if done.prompt_tokens:
+                self.usage.prompt_tokens = done.prompt_tokens
+            self.usage.cached_tokens = max(self.usage.cached_tokens, done.cached_tokens)
+            if done.HasField("input_logprobs") and self.input_logprobs is None:
+                self.input_logprobs = done.input_logprobs
         self.usage.reasoning_tokens += done.reasoning_tokens
-        if done.HasField("input_logprobs") and self.input_logprobs is None:
-            self.input_logprobs = done.input_logprobs
         sample = self._sample(done.index)
         if sample is None or sample.done:
             return []
@@ -190,6 +244,7 @@ class Generation:
     def _feed(self, sample: _Sample, ids: list[int], lp: pb.OutputLogProbs | None) -> list[SampleDelta]:
         """Worker tokens through the sample's detokenizer and stop matching."""
         sample.generated += len(ids)
+        sample.ids.extend(ids)
         self.usage.per_sample_completion[sample.index] = sample.generated
         step = sample.text.step(ids)
         if step.stopped:

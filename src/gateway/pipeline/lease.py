@@ -113,9 +113,15 @@ class Lease:
             worker.record_outcome(True)
         elif outcome is Outcome.WORKER_FAILED:
             worker.record_outcome(False)
+        else:
+            worker.record_outcome(None)  # no evidence; a half-open trial slot is given back
         success = outcome is Outcome.OK
         self.selection.policy.on_finish(self.route, worker.id, self.cached_tokens, success)
         if self._started_at is not None:
+            self.selection.finished(
+                self.route, reported_cached=self.cached_tokens, sent_prompt=self.sent_prompt_tokens,
+                reported_prompt=self.reported_prompt_tokens, success=success,
+            )
             self._observer.stage(self._stage, time.perf_counter() - self._started_at)
             self._observer.worker_done(
                 self.route.model, worker.id,

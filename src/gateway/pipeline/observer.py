@@ -24,6 +24,10 @@ class PipelineObserver:
     def retried(self, worker_id: str, code: str) -> None:
         """An attempt on ``worker_id`` failed before output with ``code`` and is retried elsewhere."""
 
+    def resumed(self, worker_id: str, outcome: str) -> None:
+        """A stream broken on ``worker_id`` after output started was continued elsewhere
+        (``outcome`` "ok"), or the continuation could not be opened ("failed")."""
+
     def worker_done(
         self, model: str, worker_id: str, *, predicted_cached: int, reported_cached: int, success: bool,
         sent_prompt: int = 0, reported_prompt: int = 0, aborted: bool = False,

@@ -10,8 +10,16 @@ available worker ``w``::
     U_w  = P - c_w                                   tokens w would still prefill
     Q_w  = queued prefill tokens ahead of us on w, uncached part only:
            queued_prefill_tokens * (1 - cached/prompt of this policy's in-flight
-           requests on w), or the worker's polled num_waiting_uncached_tokens
-           when that is larger and younger than loads_max_age_s
+           requests on w), plus remote_prefill_tokens (the uncached part other
+           gateway processes have queued, from sync), plus the part of the worker's polled
+           num_waiting_uncached_tokens (when younger than loads_max_age_s) above
+           the prompt tokens this gateway has queued there: traffic it did not
+           send. The polled figure is never taken whole: it prices queued
+           requests against the cache *as it is*, so in a burst a group's queued
+           requests all count as misses until the first is prefilled, and a
+           holder would look loaded by a full prompt per queued hit and shed
+           its prefix (a 2 s ramp of gsp fell from 85% to 38% hits that way in
+           ``scripts/bench_policies.py``).
     D_w  = running_decode_tokens (decode tokens still owed by w's running requests)
     R_w  = in_flight requests
 
@@ -59,7 +67,14 @@ from typing import Any
 
 import xxhash
 
-from gateway.policies.base import Decision, NoWorkerAvailable, RouteRequest, WorkerView
+from gateway.policies.base import (
+    Decision,
+    NoWorkerAvailable,
+    RemoteDecision,
+    RemoteEvent,
+    RouteRequest,
+    WorkerView,
+)
 from gateway.policies.common import TARGET_REASON, BasePolicy, candidates
 from gateway.policies.hot_prefix import DEFAULT_WINDOW, HotPrefixes
 from gateway.policies.radix_tree import (
@@ -80,6 +95,7 @@ DEFAULT_LOADS_MAX_AGE_S = 5.0
 DEFAULT_HOT_PREFIX_MIN_TOKENS = 256
 DEFAULT_HOT_PREFIX_WINDOW = DEFAULT_WINDOW
 HOT_REASON = "hot_prefix"  # spread among the hot prefix's replica set
+HOT_NEW_REASON = "hot_prefix_new_replica"  # the replica set grows by this (cheapest non-holder) worker
 _MAX_TRACKED = 1 << 16  # in-flight requests remembered for the queue estimate
 
 
@@ -110,6 +126,7 @@ class PredictionStats:
     over_predicted: int = 0  # finishes that reported more (a copy we did not route there)
     corrected_tokens: int = 0  # tree tokens dropped by those corrections
     learned_tokens: int = 0  # tree tokens added from reports above the prediction
+    worker_resets: int = 0  # a worker's page size or KV capacity changed: its tree share was dropped
 
 
 class _Evictor(threading.Thread):
@@ -155,11 +172,14 @@ class CacheAwarePolicy(BasePolicy):
         self.stats = PredictionStats()
         self._trees: dict[str, RadixTree] = {}
         self._params: dict[str, tuple[int, int]] = {}  # worker -> (budget, page) registered
+        self._caps: dict[str, tuple[int, int]] = {}  # worker -> (kv capacity, page) it reported
+        self.load_only: set[str] = set()  # models routed by load alone (tokenizer-fidelity guard)
         self._turn = 0
         self._memo: tuple[RouteRequest | None, bytes] = (None, b"")
         self.closed_loop = closed_loop
         self.hot_prefix_min_tokens = max(0, hot_prefix_min_tokens)
         self.hot = HotPrefixes(window=hot_prefix_window)
+
         self._hot_memo: tuple[RouteRequest | None, int | None] = (None, None)
         # request key -> (worker, prompt tokens, predicted cached, tree clock after its insert)
         self._inflight: OrderedDict[object, tuple[str, int, int, int]] = OrderedDict()
@@ -196,12 +216,37 @@ class CacheAwarePolicy(BasePolicy):
             return max(1, int(w.kv_capacity_tokens * self.budget_fraction))
         return self.default_budget_tokens
 
+    def set_load_only(self, model: str, on: bool) -> None:
+        """Route ``model`` by load alone (its prompts are not the token sequences its workers
+        cache, see ``quality.FidelityGuard``) or by cache and load again."""
+        if on:
+            self.load_only.add(model)
+        else:
+            self.load_only.discard(model)
+
     def _register(self, w: WorkerView) -> None:
+        caps = (w.kv_capacity_tokens, max(1, w.page_size))
+        old = self._caps.get(w.worker_id)
+        if old != caps:
+            self._caps[w.worker_id] = caps
+            if old is not None and old[0] > 0 and caps[0] > 0:
+                # A known page size or KV capacity changed: the worker restarted with other
+                # settings, its cache is not what the tree says. Forget its share; it routes
+                # by load until the tree has learned it again.
+                self.stats.worker_resets += 1
+                for tree in self.trees():
+                    if tree.has_worker(w.worker_id):
+                        tree.remove_worker(w.worker_id)
+                self._params.pop(w.worker_id, None)
         params = (self.budget_for(w), max(1, w.page_size))
         if self._params.get(w.worker_id) != params:
             self._params[w.worker_id] = params
             for tree in self.trees():
                 tree.set_worker(w.worker_id, budget_tokens=params[0], page_size=params[1])
+
+    def packed(self, request: RouteRequest) -> bytes:
+        """The prompt as packed uint32 tokens (memoized for the request being routed)."""
+        return self._packed(request)
 
     def _packed(self, request: RouteRequest) -> bytes:
         req, pb = self._memo
@@ -214,8 +259,12 @@ class CacheAwarePolicy(BasePolicy):
     def select(self, request: RouteRequest, workers: Sequence[WorkerView]) -> Decision:
         if request.target_worker:
             return super().select(request, workers)
-        matched = self._match(request, workers)  # one walk for the hot-prefix key and the scores
-        hot = self._hot_pool(request, workers, matched[0]) if self.hot_prefix_min_tokens else None
+        if request.model in self.load_only:
+            matched: tuple[int, dict[str, int]] = (0, {})
+            hot = None
+        else:
+            matched = self._match(request, workers)  # one walk for the hot-prefix key and the scores
+            hot = self._hot_pool(request, workers, matched[0]) if self.hot_prefix_min_tokens else None
         # Filtering is fused into the scoring loop (one pass over the pool, not two).
         scored = self._score(request, hot[0] if hot else workers, self._turn, None, matched)
         if scored is None:
@@ -250,10 +299,10 @@ class CacheAwarePolicy(BasePolicy):
     ) -> tuple[list[WorkerView], str] | None:
         """(the workers a hot prefix's request may go to, reason), or None when not hot.
 
-        ``k = ceil(share * n - 1/4)`` holders serve the prefix. With ``k`` of them available
-        the request goes to the cheapest of them only; with fewer the whole pool is
-        scored as usual, and a spill to a non-holder makes it a holder (so the set
-        grows only when its holders are loaded, up to ``k``). See ``hot_prefix``.
+        ``k`` holders serve the prefix (``HotPrefixes.replicas``). With ``k`` of them
+        available the request goes to the cheapest of them only; with fewer, to the
+        cheapest non-holder, which joins the set. Before the first holder is known
+        the whole pool is scored as usual. See ``hot_prefix``.
         """
         key = self._hot_key(request, found)
         if key is None:
@@ -265,7 +314,10 @@ class CacheAwarePolicy(BasePolicy):
         by_id = {w.worker_id: w for w in usable}
         holders = [by_id[h] for h in self.hot.holders(key) if h in by_id][:k]
         if len(holders) < k:
-            return None
+            if not holders:
+                return None
+            held = {w.worker_id for w in holders}
+            return [w for w in usable if w.worker_id not in held], HOT_NEW_REASON
         return holders, HOT_REASON
 
     def _choose(self, request: RouteRequest, cands: list[WorkerView]) -> Decision:
@@ -299,9 +351,12 @@ class CacheAwarePolicy(BasePolicy):
         q: float = w.queued_prefill_tokens
         if q:
             q *= self._miss.get(w.worker_id, 1.0)
+        q += w.remote_prefill_tokens
         lo = w.loads
-        if lo is not None and lo.num_waiting_uncached_tokens > q and lo.age_s <= self.cost.loads_max_age_s:
-            q = lo.num_waiting_uncached_tokens
+        if lo is not None and lo.age_s <= self.cost.loads_max_age_s:
+            foreign = lo.num_waiting_uncached_tokens - w.queued_prefill_tokens
+            if foreign > 0:
+                q += foreign
         return q
 
     def _score(
@@ -352,9 +407,12 @@ class CacheAwarePolicy(BasePolicy):
                 q: float = w.queued_prefill_tokens
                 if q:
                     q *= miss.get(wid, 1.0)
+                q += w.remote_prefill_tokens
                 lo = w.loads
-                if lo is not None and lo.num_waiting_uncached_tokens > q and lo.age_s <= max_age:
-                    q = lo.num_waiting_uncached_tokens
+                if lo is not None and lo.age_s <= max_age:
+                    foreign = lo.num_waiting_uncached_tokens - w.queued_prefill_tokens
+                    if foreign > 0:  # queued work this gateway did not send (see Q_w)
+                        q += foreign
                 cost = prompt - c + a * q + b * w.running_decode_tokens + r * w.in_flight
             else:
                 cost = (prompt - c + 1) * (1 + w.in_flight)
@@ -465,6 +523,14 @@ class CacheAwarePolicy(BasePolicy):
             if self.closed_loop and entry[0] == worker_id:
                 self._learn(request, worker_id, cached_tokens, entry[2], entry[3])
 
+    def on_remote(self, event: RemoteEvent) -> None:
+        """Another gateway process dispatched a prompt: the worker will cache it, exactly as
+        if this process had sent it (the tree's half of ``on_dispatch``). Its load reaches
+        the cost through ``WorkerView`` (the sync layer adds remote load to the views);
+        remote finishes carry nothing the tree needs. Workers outside the pool are skipped."""
+        if isinstance(event, RemoteDecision) and event.worker_id in self._params and event.tokens:
+            self.tree(event.model).insert_packed(event.tokens, event.worker_id)
+
     def _learn(self, request: RouteRequest, worker_id: str, reported: int, predicted: int, stamp: int) -> None:
         """Bring the tree in line with what ``worker_id`` reported (see ``on_finish``)."""
         tree = self.tree(request.model)
@@ -500,6 +566,7 @@ class CacheAwarePolicy(BasePolicy):
         gone = [w for w in self._params if w not in present]
         for wid in gone:
             del self._params[wid]
+            self._caps.pop(wid, None)
         self.hot.drop_workers(gone)
         for tree in self.trees():
             for wid in tree.workers():

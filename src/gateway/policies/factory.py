@@ -103,8 +103,8 @@ class PolicyConfig:
     )
     hot_prefix_min_tokens: int = option(
         DEFAULT_HOT_PREFIX_MIN_TOKENS,
-        "cache_aware: a shared prefix at least this long whose load share exceeds 1/n is held on "
-        "ceil(share x n) workers and spread among them only (0 = no replication)",
+        "cache_aware: a shared prefix at least this long carrying over 1.25/n of the requests is held "
+        "on ceil(share x n + 1/4) workers and spread among them only (0 = no replication)",
     )
     hot_prefix_window: int = option(
         DEFAULT_HOT_PREFIX_WINDOW, "cache_aware: requests over which a prefix's load share is measured (decayed)"

@@ -10,16 +10,21 @@ from gateway.pipeline.dispatch import DispatchConfig
 from gateway.pipeline.engine import EngineConfig
 from gateway.pipeline.limits import LimitsConfig
 from gateway.pipeline.pd import PdConfig
+from gateway.pipeline.resume import ResumeConfig
 from gateway.pipeline.retry import RetryConfig
 from gateway.policies.factory import PolicyConfig
 from gateway.server.admission import AdmissionConfig
 from gateway.server.http.limits import HttpLimitsConfig
 from gateway.server.metrics_port import MetricsPortConfig
+from gateway.server.process_config import ProcessConfig
 from gateway.server.security import SecurityConfig
 from gateway.server.tls import FrontTlsConfig
 from gateway.settings import option
+from gateway.sync.config import SyncConfig
+from gateway.workers.discovery.config import DiscoveryConfig
 from gateway.workers.health import HealthConfig
 from gateway.workers.load_monitor import LoadMonitorConfig
+from gateway.workers.watchdog import WatchdogConfig
 
 
 @dataclass
@@ -56,8 +61,13 @@ class GatewayConfig:
     health: HealthConfig = field(default_factory=HealthConfig)
     load_monitor: LoadMonitorConfig = field(default_factory=LoadMonitorConfig)
     pd: PdConfig = field(default_factory=PdConfig)
+    processes: ProcessConfig = field(default_factory=ProcessConfig)
+    sync: SyncConfig = field(default_factory=SyncConfig)
     parsers: ParserConfig = field(default_factory=ParserConfig)
     http: HttpLimitsConfig = field(default_factory=HttpLimitsConfig)
     metrics_port: MetricsPortConfig = field(default_factory=MetricsPortConfig)
     tls: FrontTlsConfig = field(default_factory=FrontTlsConfig)
     tracing: TracingConfig = field(default_factory=TracingConfig)
+    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
+    resume: ResumeConfig = field(default_factory=ResumeConfig)
+    discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)

@@ -36,6 +36,8 @@ class MetricsApp:
             return
         if scope["path"] == "/metrics" and scope["method"] in ("GET", "HEAD"):
             status, body, ctype = 200, self.metrics.render(), CONTENT_TYPE_LATEST
+            if self.metrics.federate is not None:  # serve --processes N: the whole set's series
+                body = await self.metrics.federate(body)
         else:
             status, body, ctype = 404, b"not found: this port serves GET /metrics\n", "text/plain"
         await send({"type": "http.response.start", "status": status,

@@ -28,6 +28,9 @@ from gateway.observability.request_log import (
     unbind_record,
 )
 from gateway.protocol.errors import GatewayError
+from gateway.protocol.headers import REQUEST_ID
+
+_REQUEST_ID = REQUEST_ID.encode()  # ASGI header names are bytes
 
 UNMATCHED = "other"  # endpoint label for paths no route matched (404s): keeps labels bounded
 QUIET_PATHS = frozenset({"/metrics", "/health", "/readiness"})  # scraped often: no access line
@@ -46,7 +49,7 @@ class ObservabilityMiddleware:
         record = RequestRecord(method=scope["method"], path=scope["path"])
         incoming = None
         for name, value in scope.get("headers", ()):
-            if name == b"x-request-id":
+            if name == _REQUEST_ID:
                 incoming = sane_request_id(value.decode("latin-1"))
                 break
         record.request_id = incoming or uuid.uuid4().hex
@@ -59,8 +62,8 @@ class ObservabilityMiddleware:
                 headers = list(message.get("headers", []))
                 names = {k.lower() for k, _ in headers}
                 streaming = any(k.lower() == b"content-type" and v.startswith(b"text/event-stream") for k, v in headers)
-                if b"x-request-id" not in names:
-                    headers.append((b"x-request-id", record.request_id.encode()))
+                if _REQUEST_ID not in names:
+                    headers.append((_REQUEST_ID, record.request_id.encode()))
                     message = {**message, "headers": headers}
             elif streaming and record.ttft_s is None and message.get("body"):
                 record.ttft_s = time.perf_counter() - record.started
@@ -122,6 +125,9 @@ def install_observability(
                 guard(request.headers)
             except GatewayError as exc:
                 return Response(orjson.dumps(exc.to_dict()), status_code=exc.status, media_type="application/json")
-        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        body = metrics.render()
+        if metrics.federate is not None:  # one of serve --processes N: answer for the whole set
+            body = await metrics.federate(body)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     app.add_api_route("/metrics", scrape, methods=["GET"], include_in_schema=False)

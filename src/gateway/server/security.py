@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gateway.protocol.errors import AuthenticationError, PermissionDeniedError
+from gateway.protocol.headers import AUTHORIZATION
 from gateway.settings import option
 from gateway.workers.client import TlsOptions
 
@@ -63,7 +64,7 @@ def check_startup(host: str, config: SecurityConfig) -> None:
 
 
 def bearer_token(headers: Mapping[str, str]) -> str | None:
-    auth = headers.get("authorization", "")
+    auth = headers.get(AUTHORIZATION, "")
     scheme, _, token = auth.partition(" ")
     token = token.strip()
     return token if scheme.lower() == "bearer" and token else None
@@ -81,6 +82,9 @@ def _matches(token: str, key: str) -> bool:
 
 
 class Authenticator:
+    """Checks the bearer key of every call, HTTP or gRPC (the gRPC doors reach it
+    through ``server.grpc.util.CallContextReader``)."""
+
     def __init__(self, inference_keys: list[str], config: SecurityConfig) -> None:
         self._keys = [k for k in inference_keys if k]
         self._admin = config.admin_api_key or None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import signal
 import socket
@@ -29,10 +30,14 @@ from gateway.server.admission import AdmissionConfig
 from gateway.server.config import GatewayConfig, ServerConfig
 from gateway.server.http.limits import HttpLimitsConfig
 from gateway.server.metrics_port import MetricsPortConfig
+from gateway.server.process_config import ProcessConfig
 from gateway.server.secrets import SecretFileError, SecretFilesConfig, apply_secret_files
 from gateway.server.security import InsecureAdminError, SecurityConfig, check_startup
 from gateway.server.tls import FrontTlsConfig, TlsConfigError
 from gateway.settings import add_options, from_namespace, mark_explicit
+from gateway.sync.config import SyncConfig
+from gateway.workers.discovery.config import DiscoveryConfig
+from gateway.workers.discovery.sources import check_discovery
 from gateway.workers.health import HealthConfig
 from gateway.workers.load_monitor import LoadMonitorConfig
 
@@ -58,8 +63,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_options(parser.add_argument_group("metrics"), MetricsPortConfig)
     add_options(parser.add_argument_group("TLS on the gateway's ports"), FrontTlsConfig)
     add_options(parser.add_argument_group("tracing (OpenTelemetry, OTLP gRPC)"), TracingConfig)
+    add_options(parser.add_argument_group("worker discovery (DNS, Kubernetes)"), DiscoveryConfig)
     add_options(parser.add_argument_group("health checks"), HealthConfig)
     add_options(parser.add_argument_group("load polling"), LoadMonitorConfig)
+    add_options(parser.add_argument_group("processes"), ProcessConfig)
+    add_options(parser.add_argument_group("routing sync (NATS)"), SyncConfig)
     add_options(parser.add_argument_group("tool-call and reasoning parsers"), ParserConfig)
     pd = parser.add_argument_group("prefill/decode disaggregation")
     pd.add_argument("--prefill", nargs="+", action="append", default=[], metavar="URL [BOOTSTRAP_PORT]",
@@ -106,6 +114,13 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         from_namespace(ServerConfig, args),
         from_namespace(SecurityConfig, args),
     )
+    discovery = from_namespace(DiscoveryConfig, args)
+    try:
+        check_discovery(discovery)
+    except ValueError as exc:
+        from gateway.config_layers import ConfigError
+
+        raise ConfigError(str(exc)) from None
     return GatewayConfig(
         server=server,
         policy=from_namespace(PolicyConfig, args),
@@ -117,9 +132,12 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         security=security,
         health=from_namespace(HealthConfig, args),
         load_monitor=from_namespace(LoadMonitorConfig, args),
+        processes=from_namespace(ProcessConfig, args),
+        sync=from_namespace(SyncConfig, args),
         metrics_port=from_namespace(MetricsPortConfig, args),
         tls=from_namespace(FrontTlsConfig, args),
         tracing=from_namespace(TracingConfig, args),
+        discovery=discovery,
         http=from_namespace(HttpLimitsConfig, args),
         parsers=from_namespace(ParserConfig, args),
         pd=from_namespace(
@@ -145,17 +163,26 @@ async def serve(config: GatewayConfig) -> None:
 
     from gateway.server.http.app import create_app
     from gateway.server.http.guard import http_server_config
+    from gateway.server.process_set import member_from_env
     from gateway.server.state import GatewayState
 
     check_startup(config.server.host, config.security)
     config.parsers.check()
     config.tls.check()
     state = GatewayState(config)
+    member = member_from_env(state.metrics.render)  # one of serve --processes N, or None
     await state.start()
+    if member is not None:
+        state.process_set = member
+        state.metrics.federate = member.federate
+        await member.start()
     app = create_app(state, manage_lifecycle=False)
-    sock = socket.socket(socket.AF_INET6 if ":" in config.server.host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((config.server.host, config.server.port))
+    if member is not None:  # the supervisor's listening socket, shared by the whole set
+        sock = socket.socket(fileno=member.http_fd)
+    else:
+        sock = socket.socket(socket.AF_INET6 if ":" in config.server.host else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((config.server.host, config.server.port))
     host, port = sock.getsockname()[:2]
     uv_config = http_server_config(
         app, config.http, access_log=False,
@@ -172,12 +199,17 @@ async def serve(config: GatewayConfig) -> None:
     if config.server.grpc_port is not None:
         from gateway.server.grpc.server import start_grpc_server
 
-        grpc_server = await start_grpc_server(state, config.server.host, config.server.grpc_port)
+        grpc_server = await start_grpc_server(
+            state, config.server.host, config.server.grpc_port, reuse_port=member is not None
+        )
         ready["grpc_port"] = grpc_server.port
         ready["grpc_target"] = grpc_server.target
     from gateway.server.metrics_port import start_metrics_server
 
-    metrics_server = await start_metrics_server(state.metrics, config.metrics_port, config.server.host)
+    metrics_port = config.metrics_port
+    if member is not None and member.index != 0:  # in a set, process 0 serves it (for the whole set)
+        metrics_port = dataclasses.replace(metrics_port, prometheus_port=None)
+    metrics_server = await start_metrics_server(state.metrics, metrics_port, config.server.host)
     if metrics_server is not None:
         ready["metrics_url"] = metrics_server.url
     loop = asyncio.get_running_loop()
@@ -213,6 +245,8 @@ async def serve(config: GatewayConfig) -> None:
         if metrics_server is not None:
             await metrics_server.stop()
         await flush_aborts(2.0)
+        if member is not None:
+            await member.stop()
         await state.stop()
 
 
@@ -240,6 +274,20 @@ def run(args: argparse.Namespace) -> int:
         return 0
     setup_logging(config.server.log_level, config.server.log_json)
     smg_compat.warn_ignored(args)
+    try:
+        processes = config.processes.count()
+    except ValueError as exc:
+        log.error("%s", exc)
+        return 2
+    if processes > 1:
+        from gateway.server.supervisor import run_set
+
+        return run_set(config, processes)
+    return run_config(config)
+
+
+def run_config(config: GatewayConfig) -> int:
+    """Run one serving process (the whole gateway, or one of a supervisor's set)."""
     from gateway.observability.heap_trace import install_from_env
 
     install_from_env()  # no-op unless TOKEN_GATEWAY_TRACEMALLOC_DIR is set
@@ -262,3 +310,24 @@ def run(args: argparse.Namespace) -> int:
         log.error("%s", exc)
         return 1
     return 0
+
+
+def child_main() -> int:
+    """One serving process of the set (the supervisor runs ``python -m gateway.server.serve``)."""
+    import os
+    import pickle
+    from pathlib import Path
+
+    from gateway.server.process_set import ENV_COUNT, ENV_INDEX, ENV_RUN_DIR
+    from gateway.server.supervisor import CONFIG_FILE, share_admission
+
+    run_dir = Path(os.environ[ENV_RUN_DIR])
+    index, count = int(os.environ[ENV_INDEX]), int(os.environ[ENV_COUNT])
+    config: GatewayConfig = pickle.loads((run_dir / CONFIG_FILE).read_bytes())  # our own file, mode 0600
+    config = dataclasses.replace(config, admission=share_admission(config.admission, index, count))
+    setup_logging(config.server.log_level, config.server.log_json)
+    return run_config(config)
+
+
+if __name__ == "__main__":
+    sys.exit(child_main())

@@ -67,6 +67,9 @@ class SimConfig:
     fault_fail_after_tokens: int = option(
         -1, "fault: fail each request after this many tokens per sample (-1: off)"
     )
+    fault_fail_share: float = option(
+        1.0, "fault: share of requests fail-after-tokens applies to (drawn per request)"
+    )
     fault_fail_status: str = option(
         "UNAVAILABLE", "fault: gRPC status name used by fail-after-tokens"
     )
@@ -98,6 +101,8 @@ class SimConfig:
             raise ValueError("step costs and time_scale must be >= 0")
         if self.kv_events_load_interval_s <= 0 or self.pd_timeout_s < 0:
             raise ValueError("kv_events_load_interval_s must be > 0 and pd_timeout_s >= 0")
+        if not 0.0 <= self.fault_fail_share <= 1.0:
+            raise ValueError("fault_fail_share must be in [0, 1]")
         if self.default_stream_interval < 1 or self.embed_dim < 1:
             raise ValueError("default_stream_interval and embed_dim must be >= 1")
 

@@ -19,6 +19,7 @@ from grpc import aio
 
 from gateway.proto import common_pb2, sglang_scheduler_pb2_grpc
 from gateway.proto import sglang_scheduler_pb2 as pb
+from gateway.protocol.headers import REQUEST_ID, bearer
 from gateway.workers.trace_context import TRACEPARENT
 
 # Prompts of 100K+ tokens and tokenizer zips exceed gRPC's 4 MiB default.
@@ -125,14 +126,14 @@ class WorkerClient:
             self._channel = aio.insecure_channel(self.address.target, options=_CHANNEL_OPTIONS)
         self._stub = sglang_scheduler_pb2_grpc.SglangSchedulerStub(self._channel)
         self._auth: tuple[tuple[str, str], ...] = (
-            (("authorization", f"Bearer {api_key}"),) if api_key else ()
+            (bearer(api_key),) if api_key else ()
         )
 
     def _metadata(self, request_id: str | None = None) -> tuple[tuple[str, str], ...]:
         # gRPC refuses non-ASCII header values before sending; such an id stays in the body only.
         out = self._auth
         if request_id and request_id.isascii() and request_id.isprintable():
-            out = (*out, ("x-request-id", request_id))
+            out = (*out, (REQUEST_ID, request_id))
         traceparent = TRACEPARENT.get()  # None unless tracing is on
         if traceparent is not None:
             out = (*out, ("traceparent", traceparent))

@@ -36,10 +36,27 @@ class HealthConfig:
     health_success_threshold: int = option(2, "good probes in a row that bring an unhealthy worker back")
     health_unhealthy_interval_s: float = option(2.0, "seconds between probes of a worker that is unhealthy or just failed a request")
     breaker_failure_threshold: int = option(3, "circuit breaker: failed requests in a row that open it")
-    breaker_cooldown_s: float = option(5.0, "circuit breaker: seconds open before one trial request is let through")
+    breaker_cooldown_s: float = option(5.0, "circuit breaker: seconds open before half-open trial requests are let through")
+    breaker_window_s: float = option(30.0, "circuit breaker: sliding window of request outcomes judged by --breaker-failure-ratio, seconds")
+    breaker_min_requests: int = option(10, "circuit breaker: outcomes the window must hold before the failure ratio can open it")
+    breaker_failure_ratio: float = option(0.3, "circuit breaker: share of failed requests in the window that opens it")
+    breaker_half_open_probes: int = option(2, "circuit breaker: real requests let through half-open; that many successes close it, one failure re-opens it")
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.breaker_failure_ratio <= 1.0:
+            raise ValueError("breaker_failure_ratio must be in (0, 1]")
+        if self.breaker_window_s <= 0 or self.breaker_min_requests < 1 or self.breaker_half_open_probes < 1:
+            raise ValueError("breaker_window_s must be > 0, breaker_min_requests and breaker_half_open_probes >= 1")
 
     def breaker(self) -> CircuitBreaker:
-        return CircuitBreaker(self.breaker_failure_threshold, self.breaker_cooldown_s)
+        return CircuitBreaker(
+            self.breaker_failure_threshold,
+            self.breaker_cooldown_s,
+            window_s=self.breaker_window_s,
+            min_requests=self.breaker_min_requests,
+            failure_ratio=self.breaker_failure_ratio,
+            half_open_probes=self.breaker_half_open_probes,
+        )
 
 
 class HealthMonitor(Periodic):
@@ -85,7 +102,7 @@ class HealthMonitor(Periodic):
             if not worker.healthy and worker.successes >= cfg.health_success_threshold:
                 worker.healthy = True
                 # The probes proved it back; its breaker's record is from before the outage.
-                worker.breaker.record_success()
+                worker.breaker.reset()
                 log.info("worker %s is healthy again; back in rotation", worker.id)
         else:
             worker.successes = 0

@@ -17,6 +17,7 @@ import grpc
 from gateway.workers.breaker import CircuitBreaker
 from gateway.workers.client import TlsOptions, WorkerClient, parse_worker_url
 from gateway.workers.transport import WorkerTransport
+from gateway.workers.watchdog import ProgressTracker
 from gateway.workers.worker import Worker, WorkerInfo
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,7 @@ class WorkerRegistry:
         worker_api_key: str | None = None,
         probe_timeout_s: float = 10.0,
         breaker: Callable[[], CircuitBreaker] = CircuitBreaker,
+        progress: Callable[[], ProgressTracker] = ProgressTracker,
         connect: Connect = grpc_connect,
     ) -> None:
         self._workers: dict[str, Worker] = {}
@@ -49,6 +51,7 @@ class WorkerRegistry:
         self._api_key = worker_api_key
         self._probe_timeout = probe_timeout_s
         self._breaker = breaker
+        self._progress = progress
         self._connect = connect
         self._listeners: list[ChangeListener] = []
         self._adding: dict[str, asyncio.Task[Worker]] = {}
@@ -117,7 +120,9 @@ class WorkerRegistry:
             raise WorkerRegistrationError(
                 f"prefill worker {url} has no bootstrap port (give one or set it on the worker)"
             )
-        return Worker(url, client, info, role=role, bootstrap_port=bootstrap_port, breaker=self._breaker())
+        return Worker(url, client, info, role=role, bootstrap_port=bootstrap_port, breaker=self._breaker(),
+            progress=self._progress(),
+        )
 
     async def remove(self, worker_id: str, *, drain_timeout_s: float = 30.0) -> Worker:
         """Stop routing to the worker, wait for its in-flight requests, then forget it."""

@@ -14,6 +14,7 @@ from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.workers.breaker import CircuitBreaker
 from gateway.workers.load import WorkerLoad
 from gateway.workers.transport import WorkerTransport
+from gateway.workers.watchdog import ProgressTracker
 
 ROLES = ("regular", "prefill", "decode")
 
@@ -87,6 +88,7 @@ class Worker:
         role: str = "regular",
         bootstrap_port: int | None = None,
         breaker: CircuitBreaker | None = None,
+        progress: ProgressTracker | None = None,
     ) -> None:
         if role not in ROLES:
             raise ValueError(f"unknown worker role {role!r}; expected one of {ROLES}")
@@ -97,7 +99,12 @@ class Worker:
         self.role = role
         self.bootstrap_port = bootstrap_port if bootstrap_port is not None else info.bootstrap_port
         self.load = WorkerLoad()
+        # Other gateway processes' outstanding work here, summed (set by gateway.sync; its
+        # queued_prefill_tokens is their uncached part). Policies see local + remote,
+        # draining waits for the local part only.
+        self.remote_load = WorkerLoad()
         self.breaker = breaker or CircuitBreaker()
+        self.progress = progress or ProgressTracker()  # what the progress watchdog judges
         self.healthy = True
         self.draining = False
         self.polled: LoadSnapshot | None = None
@@ -118,14 +125,27 @@ class Worker:
     def available(self) -> bool:
         return self.healthy and not self.draining and self.breaker.allows()
 
-    def record_outcome(self, success: bool) -> None:
-        """An ordinary request's outcome: feeds the breaker and counts as health evidence."""
+    def record_outcome(self, success: bool | None) -> None:
+        """An ordinary request's outcome: feeds the breaker and counts as health evidence.
+        ``None`` (a client fault or a client cancel) says nothing about the worker."""
+        if success is None:
+            self.breaker.release_trial()
+            return
         if success:
             self.breaker.record_success()
             self.last_ok_at = time.monotonic()
         else:
             self.breaker.record_failure()
             self.suspect = True
+
+    def load_figures(self) -> tuple[int, int]:
+        """(requests in flight, prompt tokens with no first message yet), for the watchdog."""
+        return self.load.in_flight, self.load.queued_prefill_tokens
+
+    def trip(self, reason: str) -> None:
+        """Out of rotation now (the watchdog saw it stop); half-open trials bring it back."""
+        self.breaker.trip(reason)
+        self.suspect = True
 
     def loads_view(self) -> LoadSnapshot | None:
         if self.polled is None:
@@ -138,9 +158,10 @@ class Worker:
             url=self.url,
             role=self.role,
             available=self.available,
-            in_flight=self.load.in_flight,
+            in_flight=self.load.in_flight + self.remote_load.in_flight,
             queued_prefill_tokens=self.load.queued_prefill_tokens,
-            running_decode_tokens=self.load.running_decode_tokens,
+            remote_prefill_tokens=self.remote_load.queued_prefill_tokens,  # already the uncached part
+            running_decode_tokens=self.load.running_decode_tokens + self.remote_load.running_decode_tokens,
             loads=self.loads_view(),
             kv_capacity_tokens=self.info.kv_capacity_tokens,
             page_size=self.info.page_size,
@@ -158,6 +179,7 @@ class Worker:
             "draining": self.draining,
             "available": self.available,
             "breaker": self.breaker.state.value,
+            "breaker_detail": self._breaker_detail(),
             "in_flight": self.load.in_flight,
             "queued_prefill_tokens": self.load.queued_prefill_tokens,
             "running_decode_tokens": self.load.running_decode_tokens,
@@ -166,4 +188,18 @@ class Worker:
             "kv_capacity_tokens": self.info.kv_capacity_tokens,
             "max_context_length": self.info.max_context_length,
             "bootstrap_port": self.bootstrap_port,
+        }
+
+    def _breaker_detail(self) -> dict[str, object]:
+        b = self.breaker
+        total, failed = b.window_counts()
+        return {
+            "consecutive_failures": b.consecutive_failures,
+            "window_requests": total,
+            "window_failures": failed,
+            "opens": b.opens,
+            "last_open_reason": b.last_reason,
+            "watchdog_stalls": self.progress.stalls,
+            "learned_step_s": self.progress.step_s,
+            "learned_prefill_tokens_per_s": self.progress.prefill_tps,
         }

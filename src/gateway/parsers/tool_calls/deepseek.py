@@ -58,7 +58,7 @@ class _DeepSeekSection(SectionToolParser):
     markers = (CALLS_BEGIN,)
     needs_special_tokens = True
 
-    def _call(self, section: str, i: int) -> tuple[CallView, int | None] | None:
+    def _call(self, section: str, i: int, final: bool) -> tuple[CallView, int | None] | None:
         """Read one call after ``<｜tool▁call▁begin｜>``; None while its header is unfinished."""
         raise NotImplementedError
 
@@ -86,7 +86,7 @@ class _DeepSeekSection(SectionToolParser):
                     return view
                 return SectionView(status="invalid")
             try:
-                read = self._call(section, begin)
+                read = self._call(section, begin, final)
             except ValueError:
                 return SectionView(status="invalid")
             if read is None:
@@ -108,7 +108,7 @@ class _DeepSeekSection(SectionToolParser):
 
 
 class DeepSeekV3ToolParser(_DeepSeekSection):
-    def _call(self, section: str, i: int) -> tuple[CallView, int | None] | None:
+    def _call(self, section: str, i: int, final: bool) -> tuple[CallView, int | None] | None:
         sep = section.find(SEP, i)
         if sep == -1:
             if CALL_END in section[i:] or len(section) - i > 64:
@@ -124,7 +124,7 @@ class DeepSeekV3ToolParser(_DeepSeekSection):
             return CallView(name=name), None
         if fence == MISMATCH:
             raise ValueError("no json fence")
-        call, end = arguments_view(section, skip_ws(section, fence), name)
+        call, end = arguments_view(section, skip_ws(section, fence), name, self.cache(final))
         if end is None:
             return call, None
         k = skip_ws(section, end)
@@ -138,14 +138,14 @@ class DeepSeekV3ToolParser(_DeepSeekSection):
 
 
 class DeepSeekV31ToolParser(_DeepSeekSection):
-    def _call(self, section: str, i: int) -> tuple[CallView, int | None] | None:
+    def _call(self, section: str, i: int, final: bool) -> tuple[CallView, int | None] | None:
         sep = section.find(SEP, i)
         if sep == -1:
             if CALL_END in section[i:] or "{" in section[i:]:
                 raise ValueError("no tool separator")
             return None
         name = section[i:sep].strip()
-        return arguments_view(section, skip_ws(section, sep + len(SEP)), name)
+        return arguments_view(section, skip_ws(section, sep + len(SEP)), name, self.cache(final))
 
 
 _DSML = "(?:｜DSML｜)?"
@@ -168,6 +168,7 @@ def _dsml_value(text: str, is_string: str) -> Any:
 
 class DeepSeekV32ToolParser(SectionToolParser):
     markers = _V32_OPEN
+    structure_chars = frozenset("<>")
     needs_special_tokens = False  # the DSML markup is ordinary text in V3.2's vocabulary
 
     def scan(self, section: str, *, final: bool) -> SectionView:

@@ -79,6 +79,7 @@ def tool_name(recipient: str) -> str:
 
 class HarmonyToolParser(SectionToolParser):
     markers = (START, CHANNEL)
+    calls_need_a_call = False  # a final-channel message is a section of content
     start_markers = (" to=", "to=")  # the prompt ended with "<|start|>assistant"
     needs_special_tokens = True
 
@@ -96,7 +97,7 @@ class HarmonyToolParser(SectionToolParser):
         body = section[body_at : body_at + len(message.body)]
         lead = len(body) - len(body.lstrip())
         try:
-            call, args_end = arguments_view(body, lead, tool_name(message.recipient))
+            call, args_end = arguments_view(body, lead, tool_name(message.recipient), self.cache(final))
         except ValueError:
             return SectionView(status="invalid")
         if args_end is None:

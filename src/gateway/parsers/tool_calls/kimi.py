@@ -64,7 +64,7 @@ class KimiK2ToolParser(SectionToolParser):
                 return view
             name = function_name(section[begin:arg])
             try:
-                call, end = arguments_view(section, skip_ws(section, arg + len(ARG_BEGIN)), name)
+                call, end = arguments_view(section, skip_ws(section, arg + len(ARG_BEGIN)), name, self.cache(final))
             except ValueError:
                 return SectionView(status="invalid")
             view.calls.append(call)

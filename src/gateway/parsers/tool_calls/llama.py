@@ -13,6 +13,7 @@ from __future__ import annotations
 from gateway.parsers.tool_calls.json_calls import call_object_view
 from gateway.parsers.tool_calls.section import (
     INCOMPLETE,
+    GrowthCache,
     SectionToolParser,
     SectionView,
     expect,
@@ -39,7 +40,7 @@ class LlamaJsonToolParser(SectionToolParser):
             if section[i] != "{":
                 return SectionView(status="invalid")
             try:
-                call, end = call_object_view(section, i)
+                call, end = call_object_view(section, i, self.cache(final))
             except ValueError:
                 return SectionView(status="invalid")
             view.calls.append(call)
@@ -68,10 +69,12 @@ class JsonToolParser(SectionToolParser):
     start_markers = ("{", "[")
 
     def scan(self, section: str, *, final: bool) -> SectionView:
-        return scan_call_list(section, 0, final=final)
+        return scan_call_list(section, 0, final=final, cache=self.cache(final))
 
 
-def scan_call_list(section: str, i: int, *, final: bool) -> SectionView:
+def scan_call_list(
+    section: str, i: int, *, final: bool, cache: GrowthCache | None = None
+) -> SectionView:
     """A call object, or a ``[`` array of call objects, starting at ``section[i]``."""
     view = SectionView(status="incomplete")
     i = skip_ws(section, i)
@@ -79,7 +82,7 @@ def scan_call_list(section: str, i: int, *, final: bool) -> SectionView:
         return view
     if section[i] == "{":
         try:
-            call, end = call_object_view(section, i)
+            call, end = call_object_view(section, i, cache)
         except ValueError:
             return SectionView(status="invalid")
         view.calls.append(call)
@@ -97,7 +100,7 @@ def scan_call_list(section: str, i: int, *, final: bool) -> SectionView:
             view.status, view.end = "complete", i + 1
             return view
         try:
-            call, end = call_object_view(section, i)
+            call, end = call_object_view(section, i, cache)
         except ValueError:
             return SectionView(status="invalid")
         view.calls.append(call)

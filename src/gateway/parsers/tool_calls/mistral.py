@@ -41,7 +41,7 @@ class MistralToolParser(SectionToolParser):
         if i == len(section):
             return SectionView(status="incomplete")
         if section[i] in "[{":
-            return scan_call_list(section, i, final=final)
+            return scan_call_list(section, i, final=final, cache=self.cache(final))
         view = SectionView(status="incomplete")
         while True:
             match = _NAME.match(section, i)
@@ -64,7 +64,7 @@ class MistralToolParser(SectionToolParser):
             if at == MISMATCH:
                 return SectionView(status="invalid")
             try:
-                call, end = arguments_view(section, skip_ws(section, at), name)
+                call, end = arguments_view(section, skip_ws(section, at), name, self.cache(final))
             except ValueError:
                 return SectionView(status="invalid")
             view.calls.append(call)

@@ -22,6 +22,7 @@ from gateway.parsers.tool_calls.section import CallView, SectionToolParser, Sect
 PYTHON_START = "<|python_start|>"
 PYTHON_END = "<|python_end|>"
 _JSON_NAMES = {"true": True, "false": False, "null": None}
+_STRUCTURE = frozenset("()[]{},='\"<>|\n")
 
 
 def _literal(node: ast.expr) -> Any:
@@ -72,6 +73,7 @@ class PythonicToolParser(SectionToolParser):
     markers = (PYTHON_START,)
     start_markers = ("[",)
     needs_special_tokens = True
+    structure_chars = _STRUCTURE
 
     def scan(self, section: str, *, final: bool) -> SectionView:
         base = len(PYTHON_START) if section.startswith(PYTHON_START) else 0

@@ -93,6 +93,38 @@ def hold_back(text: str, markers: Iterable[str]) -> int:
     return max((partial_suffix(text, m) for m in markers), default=0)
 
 
+class GrowthCache:
+    """Remembers, per start index, how far an unfinished JSON value was looked at.
+
+    A streaming section is re-read on every delta while its text only grows. An
+    unfinished object can only close at a ``}``, so it is re-decoded only when a
+    ``}`` arrived, and its prefix is re-validated (``partial-json-parser``, pure
+    Python) only when it has doubled since the last check: total work stays
+    linear in the size of the call instead of quadratic. Invalid text is still
+    caught (a little later) and always at the end, when the section is read as
+    final without the cache.
+    """
+
+    def __init__(self) -> None:
+        self._seen: dict[int, tuple[int, int]] = {}  # start -> (scanned up to, validated length)
+
+    def clear(self) -> None:
+        self._seen.clear()
+
+    def skip(self, text: str, i: int) -> tuple[bool, bool]:
+        """(may skip decoding, may skip validation) for the value at ``i``."""
+        seen = self._seen.get(i)
+        if seen is None:
+            return False, False
+        scanned, validated = seen
+        no_close = "}" not in text[scanned:] and "]" not in text[scanned:]
+        return no_close, len(text) - i < 2 * validated
+
+    def note(self, text: str, i: int, *, validated: bool) -> None:
+        old = self._seen.get(i, (0, 0))
+        self._seen[i] = (len(text), len(text) - i if validated else old[1])
+
+
 @dataclass(frozen=True, slots=True)
 class ToolSpecs:
     """The request's tools: which names count as calls, and each one's parameter schema."""
@@ -135,6 +167,12 @@ class SectionToolParser(ToolCallParser):
     """Texts that open a section only at the very start of the output (after whitespace)."""
     needs_special_tokens = False
     """The format's markers are special tokens: decode with ``skip_special_tokens=False``."""
+    calls_need_a_call = True
+    """A closed section with no call in it is text (Harmony's content messages are not)."""
+    structure_chars: frozenset[str] | None = None
+    """Characters without which new text cannot change what ``scan`` reports (XML
+    formats: ``<>``): while streaming, a delta without any of them is not rescanned,
+    which keeps long parameter values linear."""
 
     def __init__(
         self,
@@ -143,6 +181,7 @@ class SectionToolParser(ToolCallParser):
         tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> None:
         self.specs = ToolSpecs.from_tools(tools, tool_names)
+        self.json_cache = GrowthCache()
         self._init_args = (tool_names, tools)
         self.calls_started = 0
         self.completed: list[ToolCall] = []
@@ -159,6 +198,12 @@ class SectionToolParser(ToolCallParser):
         self._names: dict[str, str] = {}
         self._content_sent = 0
         self._good_len = 0
+        self.json_cache.clear()
+        self._last_view: tuple[int, SectionView] | None = None
+
+    def cache(self, final: bool) -> GrowthCache | None:
+        """The section's JSON growth cache while streaming; none for the final read."""
+        return None if final else self.json_cache
 
     @abstractmethod
     def scan(self, section: str, *, final: bool) -> SectionView:
@@ -239,9 +284,16 @@ class SectionToolParser(ToolCallParser):
 
     def _step_section(self, out: ToolStreamDelta, *, final: bool) -> bool:
         """Advance the open section; True when it closed and scanning should go on."""
+        last = self._last_view
+        if not final and last is not None and self.structure_chars is not None and self.structure_chars.isdisjoint(self._buf[last[0] :]):
+            self._last_view = (len(self._buf), last[1])
+            return False
         view = self.scan(self._buf, final=final)
+        self._last_view = (len(self._buf), view)
         if view.status != "invalid":
             view = self._check_names(view)
+        if view.status == "complete" and not view.calls and self.calls_need_a_call and not self._sent:
+            view = SectionView(status="invalid")  # e.g. "[]": a section without a call is text
         if view.status == "invalid" or (final and view.status == "incomplete"):
             self._in_section = False
             if not self._sent and self._content_sent == 0:

@@ -57,6 +57,8 @@ def _strip_one_newline(value: str) -> str:
 class _XmlParams(SectionToolParser):
     """Shared reading of ``<open-param NAME> value <close-param>`` pairs."""
 
+    structure_chars = frozenset("<>")
+
     param_open: re.Pattern[str]
     param_close: str
     value_open: str | None = None  # GLM: <arg_key>K</arg_key> then <arg_value>

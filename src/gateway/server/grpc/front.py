@@ -37,7 +37,7 @@ from gateway.protocol.tokens import DetokenizeRequest, TokenizeRequest
 from gateway.server.grpc import convert as convert
 from gateway.server.grpc.inspect import inspect_prefix
 from gateway.server.grpc.util import (
-    Authenticator,
+    CallContextReader,
     Role,
     abort_with,
     call_scope,
@@ -94,7 +94,7 @@ def _streaming(
 
 
 class TokenGatewayService(gpb_grpc.TokenGatewayServicer):
-    def __init__(self, state: GatewayState, auth: Authenticator) -> None:
+    def __init__(self, state: GatewayState, auth: CallContextReader) -> None:
         self.state = state
         self.engine = state.engine
         self.auth = auth

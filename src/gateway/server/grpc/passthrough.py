@@ -39,7 +39,7 @@ from gateway.protocol.errors import (
     NoWorkerError,
 )
 from gateway.server.grpc.util import (
-    Authenticator,
+    CallContextReader,
     Role,
     abort_with,
     call_scope,
@@ -55,7 +55,7 @@ T = TypeVar("T")
 
 
 class SchedulerPassthrough(pb_grpc.SglangSchedulerServicer):
-    def __init__(self, state: GatewayState, auth: Authenticator) -> None:
+    def __init__(self, state: GatewayState, auth: CallContextReader) -> None:
         self.state = state
         self.engine = state.engine
         self.auth = auth

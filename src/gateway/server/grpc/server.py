@@ -23,7 +23,7 @@ from gateway.proto import (
 from gateway.server.grpc.front import TokenGatewayService
 from gateway.server.grpc.passthrough import SchedulerPassthrough
 from gateway.server.grpc.strict import register
-from gateway.server.grpc.util import Authenticator
+from gateway.server.grpc.util import CallContextReader
 from gateway.server.state import GatewayState
 
 log = logging.getLogger(__name__)
@@ -58,17 +58,20 @@ class GrpcServer:
         await self.server.stop(grace)
 
 
-async def start_grpc_server(state: GatewayState, host: str = "127.0.0.1", port: int = 0) -> GrpcServer:
-    """Bind ``host:port`` (0: a free port), register every service and start serving."""
+async def start_grpc_server(
+    state: GatewayState, host: str = "127.0.0.1", port: int = 0, *, reuse_port: bool = False
+) -> GrpcServer:
+    """Bind ``host:port`` (0: a free port), register every service and start serving.
+    ``reuse_port``: share the port with the other processes of ``serve --processes N``."""
     max_bytes = state.config.server.max_body_bytes
     server = aio.server(
         options=[
             ("grpc.max_receive_message_length", max_bytes),
             ("grpc.max_send_message_length", max(max_bytes, 64 * 1024 * 1024)),
-            ("grpc.so_reuseport", 0),
+            ("grpc.so_reuseport", int(reuse_port)),
         ]
     )
-    auth = Authenticator(state.auth)
+    auth = CallContextReader(state.auth)
     gateway = TokenGatewayService(state, auth)
     passthrough = SchedulerPassthrough(state, auth)
     # Unparseable requests get INVALID_ARGUMENT, not grpcio's INTERNAL.

@@ -21,6 +21,7 @@ from gateway.observability.metrics import GatewayMetrics
 from gateway.observability.request_log import RequestRecord, bind_record, log_access, unbind_record
 from gateway.pipeline.deadline import request_deadline
 from gateway.pipeline.request_context import RequestContext
+from gateway.protocol import headers
 from gateway.protocol.errors import GatewayError
 from gateway.server.admission import Admission, Ticket
 from gateway.server.observability import observe_request
@@ -37,9 +38,6 @@ class KeyCheck(Protocol):
 # (the admin key: cache flush), "inspect" (--inspect-access).
 Role = Literal["inference", "admin", "inspect"]
 
-
-ROUTING_KEY_METADATA = ("x-smg-routing-key", "x-routing-key")
-TARGET_WORKER_METADATA = ("x-smg-target-worker", "x-target-worker")
 
 # HTTP status of a GatewayError -> the gRPC code with the same meaning.
 _STATUS_CODES: dict[int, grpc.StatusCode] = {
@@ -69,13 +67,13 @@ def status_code(exc: GatewayError) -> grpc.StatusCode:
 
 def error_metadata(exc: GatewayError) -> tuple[tuple[str, str], ...]:
     """The OpenAI error fields as trailing metadata (ASCII-safe values only)."""
-    out: list[tuple[str, str]] = [("x-error-type", exc.type), ("x-http-status", str(exc.status))]
+    out: list[tuple[str, str]] = [(headers.ERROR_TYPE, exc.type), (headers.HTTP_STATUS, str(exc.status))]
     if exc.code:
-        out.append(("x-error-code", str(exc.code)))
+        out.append((headers.ERROR_CODE, str(exc.code)))
     if exc.param:
-        out.append(("x-error-param", exc.param))
+        out.append((headers.ERROR_PARAM, exc.param))
     if exc.retry_after is not None:
-        out.append(("retry-after", str(max(1, round(exc.retry_after)))))
+        out.append((headers.RETRY_AFTER, str(max(1, round(exc.retry_after)))))
     return tuple((k, v) for k, v in out if v.isascii() and v.isprintable())
 
 
@@ -93,8 +91,9 @@ def _metadata(context: aio.ServicerContext) -> dict[str, str]:
     return out
 
 
-class Authenticator:
-    """The HTTP front door's key check (``server.security``) applied to call metadata."""
+class CallContextReader:
+    """A gRPC call's ``RequestContext`` from its metadata: the HTTP front door's key
+    check (``server.security.Authenticator``), routing headers and request id."""
 
     def __init__(self, keys: KeyCheck) -> None:
         self.keys = keys
@@ -106,12 +105,12 @@ class Authenticator:
         check = {"inference": self.keys.inference, "admin": self.keys.admin_call, "inspect": self.keys.inspector}[role]
         ctx = RequestContext(
             api_key_id=check(meta),
-            routing_key=next((meta[k] for k in ROUTING_KEY_METADATA if meta.get(k)), None),
-            target_worker=next((meta[k] for k in TARGET_WORKER_METADATA if meta.get(k)), None),
+            routing_key=headers.first_header(meta, headers.ROUTING_KEY_HEADERS),
+            target_worker=headers.first_header(meta, headers.TARGET_WORKER_HEADERS),
         )
         ctx.traceparent = meta.get("traceparent")
         ctx.cache_salt = self.keys.key_salt(ctx.api_key_id)
-        incoming = meta.get("x-request-id")
+        incoming = meta.get(headers.REQUEST_ID)
         if incoming and len(incoming) <= 128 and incoming.isprintable():
             ctx.request_id = incoming
         return ctx
@@ -191,9 +190,9 @@ async def call_scope(
 
 
 def reply_metadata(ctx: RequestContext) -> tuple[tuple[str, str], ...]:
-    out = [("x-request-id", ctx.request_id)]
+    out = [(headers.REQUEST_ID, ctx.request_id)]
     if ctx.worker_ids:
-        out.append(("x-worker-id", ",".join(dict.fromkeys(ctx.worker_ids))))
+        out.append((headers.WORKER_ID, ",".join(dict.fromkeys(ctx.worker_ids))))
     return tuple((k, v) for k, v in out if v.isascii() and v.isprintable())
 
 

@@ -16,10 +16,16 @@ from starlette.responses import Response
 
 from gateway.observability.request_log import current_record, sane_request_id
 from gateway.pipeline.request_context import RequestContext
-from gateway.policies.headers import ROUTING_KEY_HEADERS, TARGET_WORKER_HEADERS
 from gateway.protocol.errors import GatewayError
+from gateway.protocol.headers import (
+    REQUEST_ID,
+    ROUTING_KEY_HEADERS,
+    TARGET_WORKER_HEADERS,
+    WORKER_ID,
+    first_header,
+)
 from gateway.server.admission import Ticket
-from gateway.server.http.sse import DONE, sse, sse_error
+from gateway.server.http.sse import DONE, StreamEvent, sse_error
 from gateway.server.http.util import (
     ClientGone,
     EventStream,
@@ -38,14 +44,6 @@ CLIENT_CLOSED = 499
 Auth = Callable[[Mapping[str, str]], str | None]
 
 
-def _first_header(request: Request, names: tuple[str, ...]) -> str | None:
-    for name in names:
-        value = request.headers.get(name)
-        if value:
-            return value
-    return None
-
-
 class HttpDoor:
     """The HTTP front door's one way of running a request, shared by every router."""
 
@@ -57,21 +55,21 @@ class HttpDoor:
         key_id = auth(request.headers)
         ctx = RequestContext(
             api_key_id=key_id,
-            routing_key=_first_header(request, ROUTING_KEY_HEADERS),
-            target_worker=_first_header(request, TARGET_WORKER_HEADERS),
+            routing_key=first_header(request.headers, ROUTING_KEY_HEADERS),
+            target_worker=first_header(request.headers, TARGET_WORKER_HEADERS),
             cache_salt=self.state.auth.key_salt(key_id),
         )
         record = current_record()  # the id the access log and the worker both see
-        incoming = record.request_id if record else sane_request_id(request.headers.get("x-request-id"))
+        incoming = record.request_id if record else sane_request_id(request.headers.get(REQUEST_ID))
         if incoming:
             ctx.request_id = incoming
         return ctx
 
     @staticmethod
     def headers_for(ctx: RequestContext) -> dict[str, str]:
-        out = {"x-request-id": ctx.request_id}
+        out = {REQUEST_ID: ctx.request_id}
         if ctx.worker_ids:
-            out["x-worker-id"] = ",".join(dict.fromkeys(ctx.worker_ids))
+            out[WORKER_ID] = ",".join(dict.fromkeys(ctx.worker_ids))
         return out
 
     async def handle(
@@ -121,11 +119,13 @@ class HttpDoor:
             return result
         return JSONResponse(result, headers=self.headers_for(ctx))
 
-    def sse_stream(self, chunks: AsyncIterator[dict[str, Any]], ctx: RequestContext) -> EventStream:
+    def sse_stream(self, chunks: AsyncIterator[StreamEvent], ctx: RequestContext) -> EventStream:
+        """Each typed event becomes its SSE bytes here, once."""
+
         async def body() -> AsyncIterator[bytes]:
             try:
                 async for chunk in chunks:
-                    yield sse(chunk)
+                    yield b"data: " + chunk.to_json() + b"\n\n"
             except GatewayError as exc:
                 log.warning("request %s failed mid-stream: %s", ctx.request_id, exc.message)
                 yield sse_error(exc.status, exc.message, exc.type, exc.code)
