@@ -149,6 +149,7 @@ class Engine:
     async def encode_prompt(self, entry: ModelEntry, text: str) -> list[int]:
         """A plain-text prompt with the tokenizer's special tokens; repeated prefixes (a
         shared system prompt) come from the prompt cache instead of being re-encoded."""
+        self.refuse_hopeless(entry, text)
         started = time.perf_counter()
         ids: list[int] = await self._offload(len(text), entry.prompt_cache.encode_prompt, text)
         self._observe("tokenize", time.perf_counter() - started)

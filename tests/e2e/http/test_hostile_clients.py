@@ -67,9 +67,11 @@ async def test_a_hopeless_prompt_is_refused_before_the_tokenizer_runs(stack: Sta
         await asyncio.sleep(0.05)
     assert tokenizer.length_bound_ready
     calls: list[int] = []
-    real_encode, real_cached = tokenizer.encode, entry.prompt_cache.encode
+    cache = entry.prompt_cache
+    real_encode, real_cached, real_prompt = tokenizer.encode, cache.encode, cache.encode_prompt
     tokenizer.encode = lambda *a, **k: (calls.append(1), real_encode(*a, **k))[1]  # type: ignore[method-assign]
-    entry.prompt_cache.encode = lambda *a, **k: (calls.append(1), real_cached(*a, **k))[1]  # type: ignore[method-assign]
+    cache.encode = lambda *a, **k: (calls.append(1), real_cached(*a, **k))[1]  # type: ignore[method-assign]
+    cache.encode_prompt = lambda *a, **k: (calls.append(1), real_prompt(*a, **k))[1]  # type: ignore[method-assign]
     try:
         hopeless = " " * (128 * 2048 + 1000)  # at least 2055 tokens for a 2048-token model
         for path, body in (("/v1/completions", {"prompt": hopeless, "max_tokens": 1}),
@@ -82,7 +84,8 @@ async def test_a_hopeless_prompt_is_refused_before_the_tokenizer_runs(stack: Sta
         assert ok.status_code == 200 and calls
     finally:
         del tokenizer.encode
-        del entry.prompt_cache.encode
+        del cache.encode
+        del cache.encode_prompt
 
 
 @pytest.mark.stack(workers=1, server={"api_keys": [KEY], "host": "0.0.0.0"}, sections={"security": {"admin_api_key": ADMIN}})
