@@ -21,6 +21,7 @@ from gateway.pipeline.engine import Engine
 from gateway.pipeline.generation import Generation, SampleDelta
 from gateway.pipeline.limits import check_tools
 from gateway.pipeline.request_context import RequestContext
+from gateway.pipeline.tenancy import effective_salt
 from gateway.protocol.chat import ChatCompletionRequest
 from gateway.protocol.logprobs import chat_logprobs
 from gateway.protocol.responses import (
@@ -99,6 +100,7 @@ async def _start(engine: Engine, req: ChatCompletionRequest, ctx: RequestContext
         entry, ids, sampling, stream=req.stream, request_id=ctx.request_id, prompt_text=text,
         routing_key=ctx.routing_key, target_worker=ctx.target_worker,
         require_reasoning=parsers.reasoning_enabled, prompt_param="messages",
+        cache_salt=effective_salt(ctx.cache_salt, req.cache_salt),
     )
     gen = await engine.start(prepared)
     ctx.worker_ids = [gen.worker_id]

@@ -18,6 +18,7 @@ from gateway.pipeline.generation import Generation, UsageCounts
 from gateway.pipeline.limits import check_batch
 from gateway.pipeline.prepared import PreparedRequest
 from gateway.pipeline.request_context import RequestContext
+from gateway.pipeline.tenancy import effective_salt
 from gateway.protocol.completions import CompletionRequest
 from gateway.protocol.logprobs import completion_logprobs
 from gateway.protocol.responses import (
@@ -84,6 +85,7 @@ async def prepare_completions(
                 prompt_text=text,
                 routing_key=ctx.routing_key,
                 target_worker=ctx.target_worker,
+                cache_salt=effective_salt(ctx.cache_salt, req.cache_salt),
             )
         )
     return entry, prepared

@@ -13,6 +13,7 @@ from gateway.pipeline.generation import Generation, SampleDelta
 from gateway.pipeline.limits import check_batch
 from gateway.pipeline.prepared import PreparedRequest
 from gateway.pipeline.request_context import RequestContext
+from gateway.pipeline.tenancy import effective_salt
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.protocol.embeddings import EmbeddingRequest, EmbeddingResponse
 from gateway.protocol.errors import InvalidRequestError
@@ -42,6 +43,7 @@ async def prepare_generate(engine: Engine, req: GenerateRequest, ctx: RequestCon
                 entry, ids, sampling_from_generate(req, i), stream=req.stream,
                 request_id=req.rid_for(i) or ctx.sub_id(i), prompt_text=text,
                 routing_key=ctx.routing_key, target_worker=ctx.target_worker,
+                cache_salt=effective_salt(ctx.cache_salt, req.cache_salt),
             )
         )
     return prepared

@@ -37,6 +37,7 @@ from gateway.pipeline.resume import OpenContinuation, ResumeConfig, Resumer
 from gateway.pipeline.retry import RetryConfig
 from gateway.pipeline.router import Router
 from gateway.pipeline.sampling import to_sampling_params
+from gateway.pipeline.tenancy import salt_prefix
 from gateway.policies.base import RouteRequest
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.protocol.errors import ContextLengthExceededError, InvalidRequestError, NoWorkerError
@@ -148,6 +149,7 @@ class Engine:
     async def encode_prompt(self, entry: ModelEntry, text: str) -> list[int]:
         """A plain-text prompt with the tokenizer's special tokens; repeated prefixes (a
         shared system prompt) come from the prompt cache instead of being re-encoded."""
+        self.refuse_hopeless(entry, text)
         started = time.perf_counter()
         ids: list[int] = await self._offload(len(text), entry.prompt_cache.encode_prompt, text)
         self._observe("tokenize", time.perf_counter() - started)
@@ -198,11 +200,15 @@ class Engine:
         target_worker: str | None = None,
         require_reasoning: bool = False,
         prompt_param: str = "prompt",
+        cache_salt: str | None = None,
     ) -> PreparedRequest:
         """Check the prompt against the model and settle the stop plan
-        (``prompt_param`` names the request field errors about the prompt point at)."""
+        (``prompt_param`` names the request field errors about the prompt point at;
+        ``cache_salt`` isolates the prompt's cache, see ``pipeline.tenancy``)."""
         self.observer.model_resolved(entry.name)
         self.check_prompt_ids(entry, prompt_ids, param="prompt", limit_param=prompt_param)
+        if cache_salt:
+            prompt_ids = salt_prefix(cache_salt, entry.tokenizer) + list(prompt_ids)
         check_token_ids(sampling, entry.tokenizer.vocab_size)
         limit = entry.max_context_length
         sampling = apply_sampling_limits(

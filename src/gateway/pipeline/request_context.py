@@ -14,6 +14,7 @@ class RequestContext:
     target_worker: str | None = None
     api_key_id: str | None = None
     worker_ids: list[str] = field(default_factory=list)  # who served it (for headers/logs)
+    cache_salt: str | None = None  # the caller's key's salt (--cache-salt-per-key)
     traceparent: str | None = None  # the client's W3C trace context (gRPC metadata)
     # Set by a front door that defers admission until the batch size is known.
     admit: Callable[[int], Awaitable[None]] | None = field(default=None, repr=False, compare=False)

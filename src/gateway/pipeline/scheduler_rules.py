@@ -94,7 +94,7 @@ def _sampling_dict(params: pb.SamplingParams) -> dict[str, Any]:
 
 
 def check_scheduler_generate(
-    engine: Engine, entry: ModelEntry, request: pb.GenerateRequest
+    engine: Engine, entry: ModelEntry, request: pb.GenerateRequest, *, cache_salt: str | None = None
 ) -> tuple[pb.GenerateRequest, PreparedRequest]:
     """Validate a pass-through Generate under the gateway's rules; returns the request to
     forward (stripped fields cleared, max_new_tokens and n settled) and its preparation."""
@@ -128,16 +128,18 @@ def check_scheduler_generate(
 
         sampling = dataclasses.replace(sampling, max_new_tokens=None)
     prepared = engine.prepare(entry, ids, sampling, stream=request.stream, request_id=request.request_id,
-                              prompt_param="tokenized.input_ids")
+                              prompt_param="tokenized.input_ids", cache_salt=cache_salt)
     out = pb.GenerateRequest()
     out.CopyFrom(request)
+    if cache_salt:  # the salted prompt (pipeline.tenancy) is what the worker must see
+        out.tokenized.input_ids[:] = prepared.prompt_ids
     for name in STRIPPED:
         out.ClearField(name)
     params = out.sampling_params
     params.n = prepared.sampling.n
     wanted = prepared.sampling.max_new_tokens
     if wanted is None and entry.max_context_length:
-        wanted = entry.max_context_length - len(ids)  # explicit: what the worker would do anyway
+        wanted = entry.max_context_length - len(prepared.prompt_ids)  # explicit: what the worker would do anyway
     if wanted is not None:
         params.max_new_tokens = wanted
     return out, prepared

@@ -329,6 +329,7 @@ class SamplingRequest(StopFieldsChecks):
     stop_token_ids: list[int] | None = Field(default=None, max_length=limits.MAX_STOP_TOKEN_IDS)
     return_hidden_states: bool = False
     rid: str | None = None
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=256)  # vLLM's: no cache shared across salts
 
     @model_validator(mode="after")
     def _stream_options_need_stream(self) -> SamplingRequest:

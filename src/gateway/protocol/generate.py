@@ -69,6 +69,7 @@ class GenerateRequest(RequestModel):
     return_text_in_logprobs: bool = False
     return_hidden_states: bool = False
     rid: str | list[str] | None = None
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=256)  # vLLM's: no cache shared across salts
 
     @field_validator("rid")
     @classmethod

@@ -26,6 +26,7 @@ class SecurityConfig:
     admin_api_key: str | None = option(None, "key for admin endpoints (POST/DELETE /workers, /flush_cache), sent as 'Authorization: Bearer KEY'")
     allow_unauthenticated_admin: bool = option(False, "serve admin endpoints without a key on a non-loopback address")
     inspect_access: str = option("admin", "who may inspect the live routing tree (/admin/inspect, InspectPrefix): 'admin' (its answers reveal other tenants' cached prefixes) or 'any' inference key (single-tenant deployments)", choices=["admin", "any"])
+    cache_salt_per_key: bool = option(False, "give every API key its own cache salt: tenants never share prefix cache (costs 4 prompt tokens per request; see docs/security.md)")
     metrics_access: str = option("auto", "who may read /metrics: 'open', 'key' (any API key), or 'auto' (open on a loopback address, else needs a key)", choices=["auto", "open", "key"])
     worker_tls_ca_file: str | None = option(None, "CA bundle that signs grpcs:// workers' certificates (unset: system roots)")
     worker_tls_cert_file: str | None = option(None, "client certificate for mutual TLS to grpcs:// workers")
@@ -88,6 +89,7 @@ class Authenticator:
         self._keys = [k for k in inference_keys if k]
         self._admin = config.admin_api_key or None
         self._inspect_any = config.inspect_access == "any"
+        self._salt_per_key = config.cache_salt_per_key
 
     @property
     def admin_open(self) -> bool:
@@ -151,3 +153,7 @@ class Authenticator:
         ):
             return
         raise AuthenticationError("missing or invalid API key (send 'Authorization: Bearer KEY')")
+
+    def key_salt(self, key: str | None) -> str | None:
+        """The cache salt of a caller's key id, when ``--cache-salt-per-key`` is on."""
+        return f"key:{key}" if self._salt_per_key and key else None

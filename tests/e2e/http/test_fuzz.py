@@ -9,13 +9,16 @@ simulated model has a short context so generated ``max_tokens`` stay cheap.
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from schemathesis import GenerationMode
 
 from gateway.server.config import GatewayConfig
@@ -64,7 +67,8 @@ class LiveGateway:
 
     async def _main(self) -> None:
         self._stop = asyncio.Event()
-        opts = StackOptions(workers=2, sim={"context_length": 2048}, server={"api_keys": [KEY], "max_body_bytes": 1 << 20})
+        opts = StackOptions(workers=2, sim={"context_length": 2048}, server={"api_keys": [KEY], "max_body_bytes": 1 << 20},
+                            sections={"limits": {"max_tokens_cap": 16}})
         async for stack in start_stack(opts, self._tmp):
             self.stack = stack
             self._ready.set()
@@ -105,6 +109,49 @@ def test_no_server_errors(case: schemathesis.Case, live: LiveGateway) -> None:
     assert live.stack is not None
     response = case.call(base_url=live.stack.url, headers=AUTH, timeout=30)
     assert response.status_code < 500, f"{case.method} {case.formatted_path} -> {response.status_code}: {response.text[:500]}"
+    if response.status_code >= 400:
+        error = response.json()["error"]
+        assert error["message"] and error["type"]
+
+
+FLOATS = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-5, 5), st.booleans(), st.none())
+INTS = st.one_of(st.integers(-(2**40), 2**40), st.booleans(), st.floats(allow_nan=True), st.none(), st.text(max_size=5))
+
+
+@st.composite
+def hostile_bodies(draw: st.DrawFn) -> tuple[str, dict[str, Any]]:
+    """Bodies aimed at the issue-16 limits: batches around --max-batch-size, NaN and
+    infinite sampling values, booleans for integers, out-of-vocabulary logit_bias keys,
+    bad constraints, long ids and salts. Each gets a clean answer, never a 5xx."""
+    prompt = draw(st.one_of(st.just("hi"), st.lists(st.just("hi"), max_size=300), st.lists(st.integers(-5, 200_000), min_size=1, max_size=5)))
+    body: dict[str, Any] = {"max_tokens": draw(INTS), "temperature": draw(FLOATS), "top_p": draw(FLOATS),
+                            "n": draw(INTS), "prompt": prompt}
+    if draw(st.booleans()):
+        body["logit_bias"] = draw(st.dictionaries(st.integers(-5, 10**7).map(str), FLOATS, max_size=3))
+    if draw(st.booleans()):
+        body["regex"] = draw(st.sampled_from(["(a|b", "[0-9]+", "(?P<", "a" * 70_000]))
+    if draw(st.booleans()):
+        body["cache_salt"] = draw(st.one_of(st.text(max_size=300), st.just("")))
+    if draw(st.booleans()):
+        body["rid"] = draw(st.one_of(st.text(max_size=200), st.just("r" * 10_000)))
+    path = draw(st.sampled_from(["/v1/completions", "/v1/embeddings", "/generate"]))
+    if path == "/v1/embeddings":
+        body = {"input": prompt}
+    elif path == "/generate":
+        body = {"text" if not prompt or isinstance(prompt, str) or isinstance(prompt[0], str) else "input_ids": prompt,
+                "sampling_params": {k: body.get(k) for k in ("temperature", "top_p", "n") if k in body} | {"max_new_tokens": body["max_tokens"]},
+                **({"rid": body["rid"]} if "rid" in body else {})}
+    return path, body
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(case=hostile_bodies())
+def test_hostile_bodies_get_clean_answers(case: tuple[str, dict[str, Any]], live: LiveGateway) -> None:
+    assert live.stack is not None
+    path, body = case
+    content = json.dumps(body).encode()  # NaN and Infinity as JSON extensions, as a careless client sends them
+    response = httpx.post(live.stack.url + path, content=content, headers={**AUTH, "content-type": "application/json"}, timeout=30)
+    assert response.status_code < 500, f"{path} {body!r} -> {response.status_code}: {response.text[:300]}"
     if response.status_code >= 400:
         error = response.json()["error"]
         assert error["message"] and error["type"]

@@ -110,7 +110,9 @@ class SchedulerPassthrough(pb_grpc.SglangSchedulerServicer):
             with client_deadline(context):
                 async with self.admitted(ctx, "SglangScheduler/Generate"):
                     # The HTTP door's rules (scheduler_rules), then the engine's one open path.
-                    checked, _ = check_scheduler_generate(self.engine, self.engine.catalog.get(None), request)
+                    checked, _ = check_scheduler_generate(
+                        self.engine, self.engine.catalog.get(None), request, cache_salt=ctx.cache_salt
+                    )
                     checked.request_id = wid
                     route = self.engine.prepare_scheduler(
                         checked, routing_key=ctx.routing_key, target_worker=ctx.target_worker

@@ -31,6 +31,7 @@ class KeyCheck(Protocol):
     def inference(self, headers: Mapping[str, str]) -> str | None: ...
     def admin_call(self, headers: Mapping[str, str]) -> str | None: ...
     def inspector(self, headers: Mapping[str, str]) -> str | None: ...
+    def key_salt(self, key: str | None) -> str | None: ...
 
 
 # The role a call needs, as the HTTP routes demand it: "inference" (any key), "admin"
@@ -108,6 +109,7 @@ class CallContextReader:
             target_worker=headers.first_header(meta, headers.TARGET_WORKER_HEADERS),
         )
         ctx.traceparent = meta.get("traceparent")
+        ctx.cache_salt = self.keys.key_salt(ctx.api_key_id)
         incoming = meta.get(headers.REQUEST_ID)
         if incoming and len(incoming) <= 128 and incoming.isprintable():
             ctx.request_id = incoming

@@ -57,6 +57,7 @@ class HttpDoor:
             api_key_id=key_id,
             routing_key=first_header(request.headers, ROUTING_KEY_HEADERS),
             target_worker=first_header(request.headers, TARGET_WORKER_HEADERS),
+            cache_salt=self.state.auth.key_salt(key_id),
         )
         record = current_record()  # the id the access log and the worker both see
         incoming = record.request_id if record else sane_request_id(request.headers.get(REQUEST_ID))

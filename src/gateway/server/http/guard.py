@@ -10,8 +10,9 @@ that does not arrive within ``--header-timeout-s`` gets ``408`` and a body that
 does not arrive within ``--body-timeout-s`` of its head gets ``408`` too (a
 slow-loris client cannot hold a connection and an admission slot for ever).
 
-The cost on the hot path is one integer add per received chunk while a head is
-being read and two timer handles per request (see docs/BENCHMARKS.md).
+The cost on the hot path is an integer add per received chunk while a head is being
+read and three clock reads per request; one timer per server sweeps the deadlines
+(see docs/BENCHMARKS.md, ``scripts/bench_http_guard.py``).
 """
 
 from __future__ import annotations
@@ -49,46 +50,67 @@ LINGER_S = 2.0  # how long a refused connection's further bytes are read and dro
 LINGER_BYTES = 16 * 1024 * 1024  # and how many at most
 
 
+class _Sweeper:
+    """One timer per server, not per request: every ``interval`` it refuses the
+    connections whose head or body deadline passed (deadlines are precise to
+    ``interval``; a per-request ``call_later`` would cost more than the parsing)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, interval: float) -> None:
+        self.loop = loop
+        self.interval = interval
+        self.connections: set[GuardedHttpTools] = set()
+        self._handle: asyncio.TimerHandle | None = None
+
+    def add(self, proto: GuardedHttpTools) -> None:
+        self.connections.add(proto)
+        if self._handle is None:
+            self._handle = self.loop.call_later(self.interval, self._sweep)
+
+    def discard(self, proto: GuardedHttpTools) -> None:
+        self.connections.discard(proto)
+
+    def _sweep(self) -> None:
+        now = self.loop.time()
+        for proto in [p for p in self.connections if p._deadline_at is not None and p._deadline_at <= now]:
+            proto._expire()
+        self._handle = self.loop.call_later(self.interval, self._sweep) if self.connections else None
+
+
 class GuardedHttpTools(HttpToolsProtocol):
     """uvicorn's httptools protocol with head limits and read deadlines (see module doc).
 
-    Two counts bound a head: the bytes received since the request began while its head
-    is incomplete (checked after each chunk, so a single endless header line is cut off
-    within one read), and the parsed head's size and line count (checked per header, so
-    a head that completes within one chunk is judged exactly)."""
+    Two counts bound a head: the bytes received while it is incomplete (checked after
+    each chunk, so a single endless header line is cut off within one read), and, when
+    the head completes, its line count (and its exact size, when the chunk that carried
+    it also carried body bytes)."""
 
     limits = HttpLimitsConfig()
+    _sweepers: dict[asyncio.AbstractEventLoop, _Sweeper] = {}  # per server class (guarded_protocol), by loop
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._state = IDLE
         self._raw_head = 0  # bytes received while the head was incomplete
-        self._head_size = 0  # bytes of request line and headers parsed so far
-        self._header_count = 0
-        self._deadline: asyncio.TimerHandle | None = None
+        self._deadline_at: float | None = None  # loop time the current head or body is due by
         self._lingering = False
-
-    # ------------------------------------------------------------------ timers
-    def _arm(self, seconds: float, on_expiry: Any) -> None:
-        self._disarm()
-        if seconds > 0:
-            self._deadline = self.loop.call_later(seconds, on_expiry)
-
-    def _disarm(self) -> None:
-        if self._deadline is not None:
-            self._deadline.cancel()
-            self._deadline = None
+        sweepers = type(self)._sweepers
+        sweeper = sweepers.get(self.loop)
+        if sweeper is None:
+            limits = self.limits
+            timeouts = [t for t in (limits.header_timeout_s, limits.body_timeout_s) if t > 0] or [1.0]
+            sweeper = sweepers[self.loop] = _Sweeper(self.loop, max(0.05, min(1.0, min(timeouts) / 4)))
+        self._sweeper = sweeper
 
     def _refuse(self, response: bytes) -> None:
         """Answer (when no response has started) and close the connection."""
-        self._disarm()
+        self._deadline_at = None
         if self.transport.is_closing() or self._lingering:
             return
         cycle = self.cycle
         if cycle is not None and not cycle.response_complete:
             cycle.disconnected = True  # the app sees http.disconnect and frees its slot
             cycle.message_event.set()
-        if self._lingering or (cycle is not None and cycle.response_started):
+        if cycle is not None and cycle.response_started:
             self.transport.close()
             return
         # Lingering close (as nginx does): send the answer and a FIN, then read and drop
@@ -101,25 +123,20 @@ class GuardedHttpTools(HttpToolsProtocol):
         except (NotImplementedError, RuntimeError, OSError):  # TLS transports cannot half-close
             self.transport.close()
             return
-        self._deadline = self.loop.call_later(LINGER_S, self.transport.close)
+        self.loop.call_later(LINGER_S, self.transport.close)
 
-    def _head_expired(self) -> None:
-        self._deadline = None
-        if self._state != BODY:
-            self._refuse(HEAD_TIMEOUT)
-
-    def _body_expired(self) -> None:
-        self._deadline = None
-        if self._state == BODY:
-            self._refuse(BODY_TIMEOUT)
+    def _expire(self) -> None:
+        self._refuse(BODY_TIMEOUT if self._state == BODY else HEAD_TIMEOUT)
 
     # ------------------------------------------------------------------ protocol
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self._arm(self.limits.header_timeout_s, self._head_expired)  # bounds connect-and-say-nothing
+        if self.limits.header_timeout_s > 0:  # bounds connect-and-say-nothing
+            self._deadline_at = self.loop.time() + self.limits.header_timeout_s
+        self._sweeper.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm()
+        self._sweeper.discard(self)
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -157,44 +174,34 @@ class GuardedHttpTools(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._state = HEAD
-        self._head_size = 0
-        self._header_count = 0
-        if self._deadline is None:  # the first request's deadline runs from the connection
-            self._arm(self.limits.header_timeout_s, self._head_expired)
-
-    def on_url(self, url: bytes) -> None:
-        self._head_size += len(url)
-        if self._head_size > self.limits.max_header_bytes:
-            self._refuse(TOO_LARGE)
-            raise _Refused()
-        super().on_url(url)
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._header_count += 1
-        self._head_size += len(name) + len(value) + 4
-        if self._head_size > self.limits.max_header_bytes:
-            self._refuse(TOO_LARGE)
-            raise _Refused()
-        if self._header_count > self.limits.max_headers:
-            self._refuse(TOO_MANY)
-            raise _Refused()
-        super().on_header(name, value)
+        if self._deadline_at is None and self.limits.header_timeout_s > 0:
+            # a keep-alive request: its head is due from its first byte
+            self._deadline_at = self.loop.time() + self.limits.header_timeout_s
 
     def on_headers_complete(self) -> None:
+        limits = self.limits
+        if len(self.headers) > limits.max_headers:
+            self._refuse(TOO_MANY)
+            raise _Refused()
+        if self._raw_head > limits.max_header_bytes:  # this chunk also held body bytes: measure exactly
+            size = len(self.url) + sum(len(k) + len(v) + 4 for k, v in self.headers)
+            if size > limits.max_header_bytes:
+                self._refuse(TOO_LARGE)
+                raise _Refused()
         self._state = BODY
-        self._arm(self.limits.body_timeout_s, self._body_expired)
+        self._deadline_at = self.loop.time() + limits.body_timeout_s if limits.body_timeout_s > 0 else None
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
         self._state = IDLE
         self._raw_head = 0
-        self._disarm()
+        self._deadline_at = None
         super().on_message_complete()
 
 
 def guarded_protocol(limits: HttpLimitsConfig) -> type[GuardedHttpTools]:
     """The protocol class for one server, bound to its limits."""
-    return type("GuardedHttpTools", (GuardedHttpTools,), {"limits": limits})
+    return type("GuardedHttpTools", (GuardedHttpTools,), {"limits": limits, "_sweepers": {}})
 
 
 def http_server_config(app: Any, limits: HttpLimitsConfig, **kwargs: Any) -> uvicorn.Config:
