@@ -10,7 +10,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from gateway.policies.base import Decision, NoWorkerAvailable, Policy, RouteRequest
+from gateway.policies.base import Decision, NoWorkerAvailable, Policy, RouteRequest, WorkerView
 from gateway.policies.factory import close_policy
 from gateway.workers.registry import WorkerRegistry
 from gateway.workers.worker import Worker
@@ -78,7 +78,9 @@ class Router:
             raise NoWorkerAvailable(f"no {role} worker registered for model {request.model!r}")
         views = [w.view() for w in candidates]
         if not any(v.available for v in views):
-            raise NoWorkerAvailable(f"no available {role} worker for model {request.model!r}")
+            views = self._panic_views(candidates, views)
+            if not views:
+                raise NoWorkerAvailable(f"no available {role} worker for model {request.model!r}")
         policy = self.policy(request.model, role)
         decision = policy.select(request, views)
         by_id = {w.id: w for w in candidates}
@@ -86,6 +88,18 @@ class Router:
         if worker is None:
             raise NoWorkerAvailable(f"policy {policy.name} chose unknown worker {decision.worker_id!r}")
         return Selection(worker, decision, policy)
+
+    @staticmethod
+    def _panic_views(candidates: list[Worker], views: list[WorkerView]) -> list[WorkerView]:
+        """Every breaker of the pool is open (no worker is down by its health checks):
+        rather than refuse everyone, route among the healthy ones as if closed, as
+        Envoy's panic threshold does. A breaker protects the pool from one bad worker;
+        with none left it would turn a partial outage into a total one. Retries and
+        resumption still move a failed request on."""
+        return [
+            replace(v, available=True) for w, v in zip(candidates, views, strict=True)
+            if w.healthy and not w.draining
+        ]
 
     def exclude(self, request: RouteRequest, worker_id: str) -> RouteRequest:
         return replace(request, exclude=request.exclude | {worker_id})
