@@ -18,6 +18,16 @@ A simulated fleet whose steps cost nothing (``SubprocessFleet``, every cost and
   worker chunk per token): tokens/s relayed as SSE.
 * ``prompt-scaling``: latency (non-streaming) and requests/s for each ``--prompt-lengths``.
 * ``worker-scaling``: the same for each ``--worker-counts`` (all workers in one process).
+* ``compare`` (only when asked for): token-gateway and, when ``--peers-python`` exists, SMG
+  (and ``before``: another checkout's ``src/``) side by side on the same fleets and loads:
+  short chat at 128 in flight and one at a time (added latency and TTFT against direct
+  gRPC), multi-turn chat, and the shared-prefix (gsp) burst; per gateway requests/s, CPU
+  per request and per relayed token, SSE events per token, idle CPU. The client is
+  aiohttp, cheaper than what it measures. ``--repeat`` runs the round again for the spread.
+* ``relay`` (only when asked for): CPU per token of the gateway's own relay code, in
+  process (worker messages -> detokenize, stops -> stream events -> SSE bytes), next to
+  the CPU per message a bare grpc.aio client pays to read a worker's stream and the CPU
+  per event a bare uvicorn app pays to write an SSE stream: the two I/O floors.
 
 Every chat prompt is unique (fresh seeded words), so the gateway's multi-turn
 tokenization cache does not hide the cost of templating and tokenizing. Every loop is
@@ -40,6 +50,7 @@ import json
 import os
 import platform
 import random
+import shlex
 import shutil
 import subprocess
 import sys
@@ -64,6 +75,8 @@ from gateway.sim.fleet import SubprocessFleet
 from gateway.tokenization import Tokenizer
 
 SECTIONS = ["latency", "throughput", "stream", "prompt-scaling", "worker-scaling"]
+ALL_SECTIONS = [*SECTIONS, "compare", "relay"]  # compare and relay run only when asked for
+LOADS = ["short", "multi-turn", "gsp"]
 SYSTEM_PROMPT = "You are a helpful assistant. Answer briefly."
 
 
@@ -345,7 +358,7 @@ async def stream_phase(
 # Pipeline stages, matched against py-spy frames ("function (file:line)"); first match wins,
 # scanning each stack from its innermost frame outwards.
 STAGES: list[tuple[str, tuple[str, ...]]] = [
-    ("sse encode", ("server/sse.py",)),
+    ("sse encode", ("server/http/sse.py", "protocol/stream.py", "HttpDoor.sse_stream")),
     ("template", ("chat_template.py", "jinja2")),
     ("tokenize", ("prefix_cache.py", "tokenizer.py", "encode_batch", ": tokenize_")),
     ("select (policy)", ("gateway/policies/", "pipeline/router.py")),
@@ -409,6 +422,554 @@ def profiling(pid: int, out: Path | None, rate: int, gil: bool) -> Any:
             _, err = proc.communicate()
         if not out.exists():
             print(f"py-spy wrote nothing: {err[-500:]}", file=sys.stderr)
+
+
+# ---------------------------------------------------------------- relay: what one token costs, by part
+
+
+class _ScriptedStream:
+    """A worker stream that hands ``Generation`` prepared messages (no gRPC, no sockets)."""
+
+    def __init__(self, messages: list[pb.GenerateResponse]) -> None:
+        from gateway.pipeline.observer import NULL_OBSERVER
+
+        self._messages = collections.deque(messages)
+        self.closed = False
+        self.worker = type("W", (), {"id": "w0"})()
+        self.observer = NULL_OBSERVER
+
+    async def read(self) -> pb.GenerateResponse | None:
+        return self._messages.popleft() if self._messages else None
+
+    def finished(self) -> None:
+        self.closed = True
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+    async def abort(self, reason: str = "") -> None:
+        self.closed = True
+
+
+async def relay_code_us_per_token(prompts: Prompts, tokens: int, reps: int) -> float:
+    """CPU per token of the gateway's own relay code: worker messages -> Generation
+    (detokenizer, stop matching) -> completion stream events -> SSE bytes, in process."""
+    from gateway.endpoints import completions
+    from gateway.pipeline.generation import Generation
+    from gateway.pipeline.prepared import PreparedRequest
+    from gateway.pipeline.request_context import RequestContext
+    from gateway.protocol.completions import CompletionRequest
+    from gateway.protocol.sampling import sampling_from_completion
+    from gateway.server.http.door import HttpDoor
+    from gateway.tokenization import StopPlan
+
+    tok = prompts.tokenizer
+    ids = prompts.make(tokens + 64)[1][-tokens:]
+    req = CompletionRequest.model_validate(
+        {"model": "m", "prompt": [1, 2, 3], "max_tokens": tokens, "stream": True, "ignore_eos": True,
+         "stream_options": {"include_usage": True}}
+    )  # fmt: skip
+    sampling = sampling_from_completion(req)
+    entry: Any = type("E", (), {"name": "m", "tokenizer": tok})()
+    door = HttpDoor.__new__(HttpDoor)
+
+    def messages() -> list[pb.GenerateResponse]:
+        out = [
+            pb.GenerateResponse(chunk=pb.GenerateStreamChunk(token_ids=[t], prompt_tokens=3, completion_tokens=i + 1))
+            for i, t in enumerate(ids)
+        ]
+        out.append(pb.GenerateResponse(complete=pb.GenerateComplete(output_ids=ids[-1:], finish_reason="length", prompt_tokens=3)))
+        return out
+
+    async def one() -> None:
+        plan = StopPlan.build(tok, stop=[], stop_token_ids=[], ignore_eos=True, skip_special_tokens=True)
+        prepared = PreparedRequest("r", "m", [1, 2, 3], sampling, plan, tok, stream=True)
+        ctx = RequestContext()
+        chunks = completions._chunks(req, entry, [Generation(_ScriptedStream(messages()), prepared)], ctx)  # type: ignore[arg-type]
+        async for _ in door.sse_stream(chunks, ctx).body_iterator:
+            pass
+
+    for _ in range(5):
+        await one()
+    t0 = time.process_time()
+    for _ in range(reps):
+        await one()
+    return 1e6 * (time.process_time() - t0) / (reps * tokens)
+
+
+async def grpc_read_us_per_message(tokens: int, streams: int, concurrency: int) -> float:
+    """CPU per message of a bare grpc.aio client reading streams from a zero-cost
+    simulated worker: the floor a Python relay on grpcio pays before any work of its own."""
+    async with SubprocessFleet(1, SimConfig(step_base_s=0.0, prefill_token_s=0.0, decode_seq_s=0.0, time_scale=0.0)) as fleet:
+        target = Target("http://unused", fleet.urls, "m", tokens)
+        try:
+            ids = list(range(1000, 1128))
+            await target.direct(ids, True)
+            t0, count = time.process_time(), 0
+            for _ in range(max(1, streams // concurrency)):
+                done = await asyncio.gather(*(target.direct(ids, True) for _ in range(concurrency)))
+                count += sum(t.tokens for t in done)
+            return 1e6 * (time.process_time() - t0) / max(1, count)
+        finally:
+            await target.close()
+
+
+_SSE_SERVER = """
+import asyncio, sys, uvicorn, uvloop
+EVENT = b'data: {"id":"cmpl-0123456789abcdef","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":" word","logprobs":null,"finish_reason":null}]}\\\\n\\\\n'
+N = int(sys.argv[2])
+async def app(scope, receive, send):
+    if scope["type"] != "http":
+        return
+    await receive()
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+    for _ in range(N):  # one event per loop turn, as a relay that gets one worker message per turn
+        await send({"type": "http.response.body", "body": EVENT, "more_body": True})
+        await asyncio.sleep(0)
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+uvloop.install()
+uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning", access_log=False, http="httptools", loop="none", lifespan="off")
+"""
+
+
+async def http_write_us_per_event(tokens: int, streams: int, concurrency: int) -> float:
+    """CPU per SSE event of a bare uvicorn (httptools, uvloop) ASGI app writing one event
+    per send and per loop turn: the floor of the HTTP side, without Starlette, FastAPI or
+    any gateway code."""
+    import aiohttp
+
+    from gateway.bench.peers import free_port
+
+    port = free_port()
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", _SSE_SERVER, str(port), str(tokens))
+    try:
+        async with aiohttp.ClientSession() as session:
+            for _ in range(100):
+                with contextlib.suppress(aiohttp.ClientError):
+                    async with session.get(f"http://127.0.0.1:{port}/") as r:
+                        await r.read()
+                        break
+                await asyncio.sleep(0.1)
+
+            async def one() -> None:
+                async with session.get(f"http://127.0.0.1:{port}/") as r:
+                    async for _ in r.content:
+                        pass
+
+            c0 = cpu_seconds(proc.pid)
+            for _ in range(max(1, streams // concurrency)):
+                await asyncio.gather(*(one() for _ in range(concurrency)))
+            return 1e6 * (cpu_seconds(proc.pid) - c0) / (max(1, streams // concurrency) * concurrency * tokens)
+    finally:
+        proc.terminate()
+        await proc.wait()
+
+
+async def relay_section(prompts: Prompts, args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    out["relay_code_us_per_token"] = [round(await relay_code_us_per_token(prompts, 128, 100), 2) for _ in range(3)]
+    out["grpc_aio_read_us_per_message"] = [round(await grpc_read_us_per_message(128, 64, 16), 1) for _ in range(3)]
+    out["uvicorn_write_us_per_event"] = [round(await http_write_us_per_event(128, 64, 16), 1) for _ in range(3)]
+    return out
+
+
+# ---------------------------------------------------------------- side by side: ours, SMG, a baseline
+
+GATEWAYS = ("ours", "smg", "before")
+
+
+@dataclass
+class Reply:
+    total_s: float
+    ttft_s: float
+    tokens: int
+    text: str = ""
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    events: int = 0  # SSE events that carried text
+
+
+class Client:
+    """aiohttp to one gateway: the client shares the machine with the gateway under test,
+    so it must cost less than what it measures (httpx costs ~9 ms of CPU per short
+    request at 128 in flight, several times the gateway's own cost)."""
+
+    def __init__(self, base_url: str, model: str, connections: int) -> None:
+        import aiohttp
+
+        self.base = base_url
+        self.model = model
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=connections, force_close=False),
+            timeout=aiohttp.ClientTimeout(total=300),
+            trust_env=False,
+        )
+
+    async def close(self) -> None:
+        await self.session.close()
+
+    async def send(self, path: str, body: dict[str, Any]) -> Reply:
+        body = {"model": self.model, "temperature": 0.0, "ignore_eos": True, **body}
+        if body.get("stream"):
+            body["stream_options"] = {"include_usage": True}
+        t0 = time.perf_counter()
+        headers = {"content-type": "application/json"}
+        async with self.session.post(self.base + path, data=orjson.dumps(body), headers=headers) as response:
+            if response.status != 200:
+                raise RuntimeError(f"{path}: HTTP {response.status}: {(await response.read())[:300]!r}")
+            if not body.get("stream"):
+                data = orjson.loads(await response.read())
+                total = time.perf_counter() - t0
+                choice = data["choices"][0]
+                text = choice.get("text") if "text" in choice else _delta_text(choice.get("message") or {})
+                tokens, prompt, cached = _usage(data.get("usage"))
+                return Reply(total, total, tokens, text or "", prompt, cached)
+            ttft = 0.0
+            pieces: list[str] = []
+            usage = None
+            events = 0
+            done = False
+            async for line in response.content:
+                if not line.startswith(b"data: "):
+                    continue
+                payload = line[6:].strip()
+                if payload == b"[DONE]":
+                    done = True
+                    break
+                chunk = orjson.loads(payload)
+                if "error" in chunk:
+                    raise RuntimeError(f"{path}: stream error {chunk['error']}")
+                for c in chunk.get("choices") or ():
+                    piece = c.get("text") if "text" in c else _delta_text(c.get("delta") or {})
+                    if piece:
+                        if not ttft:
+                            ttft = time.perf_counter() - t0
+                        pieces.append(piece)
+                        events += 1
+                if chunk.get("usage"):
+                    usage = chunk["usage"]
+            if not done:
+                raise RuntimeError(f"{path}: stream ended without [DONE]")
+            total = time.perf_counter() - t0
+            tokens, prompt, cached = _usage(usage)
+            return Reply(total, ttft or total, tokens, "".join(pieces), prompt, cached, events)
+
+
+def _delta_text(message: dict[str, Any]) -> str:
+    """Content and reasoning alike: a peer that parses reasoning by default (SMG with
+    Qwen3) puts the text there, and the next turn's history must carry the same text."""
+    return (message.get("reasoning_content") or "") + (message.get("content") or "")
+
+
+def _usage(usage: dict[str, Any] | None) -> tuple[int, int, int]:
+    if not usage:
+        return 0, 0, 0
+    details = usage.get("prompt_tokens_details") or {}
+    return int(usage.get("completion_tokens") or 0), int(usage.get("prompt_tokens") or 0), int(details.get("cached_tokens") or 0)
+
+
+@dataclass
+class Running:
+    """A gateway under test: its URL, its process (CPU from /proc) and how to stop it."""
+
+    name: str
+    url: str
+    pid: int
+    stop: Callable[[], Awaitable[Any]]
+
+
+async def start_gateway(name: str, urls: Sequence[str], args: argparse.Namespace) -> Running:
+    from gateway.bench.peers import PeerProcess
+
+    tokenizer = str(default_tokenizer_dir())
+    if name == "smg":
+        peer = await PeerProcess.start(args.peers_python, "smg", urls, args.policy, tokenizer)
+
+        async def stop_peer() -> None:
+            await peer.stop()
+            peer.remove_log()
+
+        return Running(name, peer.url, peer.process.pid, stop_peer)
+    env = None
+    if name == "before":
+        env = dict(os.environ, PYTHONPATH=args.baseline_src)
+    extra = ["--log-level", "warning", "--tokenizer-path", tokenizer]
+    if name == "ours":
+        extra += shlex.split(args.ours_args)
+    served = await ServeProcess.start(urls, args.policy, extra_args=extra, env=env)
+
+    async def stop_ours() -> None:
+        await served.stop()
+        served.remove_log()
+
+    return Running(name, served.url, served.process.pid, stop_ours)
+
+
+async def flush_caches(urls: Sequence[str]) -> None:
+    """Empty every simulated worker's KV cache, so each gateway starts on cold caches."""
+    from gateway.workers.client import WorkerClient
+
+    for url in urls:
+        client = WorkerClient(url)
+        try:
+            await client.flush_cache(2.0)
+        finally:
+            await client.close()
+
+
+async def idle_cpu(pid: int, seconds: float) -> dict[str, Any]:
+    """CPU the gateway burns with its workers registered and no traffic (polls, probes, timers)."""
+    await asyncio.sleep(1.0)  # let start-up work settle
+    t0, c0 = time.perf_counter(), cpu_seconds(pid)
+    await asyncio.sleep(seconds)
+    spent = cpu_seconds(pid) - c0
+    return {"idle_core_percent": round(100 * spent / (time.perf_counter() - t0), 2)}
+
+
+async def timed_loop(
+    call: Callable[[int], Awaitable[Reply]], concurrency: int, requests: int, cap_s: float, pid: int
+) -> tuple[list[Reply], float, float]:
+    c0 = cpu_seconds(pid)
+    done, wall = await closed_loop(call, concurrency, requests, cap_s)  # type: ignore[arg-type]
+    return done, wall, cpu_seconds(pid) - c0  # type: ignore[return-value]
+
+
+def _cpu_row(done: Sequence[Reply], wall: float, cpu: float) -> dict[str, Any]:
+    tokens = sum(r.tokens for r in done)
+    lat = [r.total_s * 1e3 for r in done]
+    ttft = [r.ttft_s * 1e3 for r in done]
+    return {
+        "requests": len(done), "seconds": round(wall, 2), "requests_per_s": round(len(done) / wall, 1),
+        "cpu_ms_per_request": round(1e3 * cpu / max(1, len(done)), 3),
+        "cpu_us_per_token": round(1e6 * cpu / max(1, tokens), 1),
+        "latency_p50_ms": round(pct(lat, 0.5), 2), "latency_p99_ms": round(pct(lat, 0.99), 2),
+        "ttft_p50_ms": round(pct(ttft, 0.5), 2), "ttft_p99_ms": round(pct(ttft, 0.99), 2),
+        "core_share": round(cpu / wall, 2),
+        "tokens_per_event": round(tokens / max(1, sum(r.events for r in done)), 2) if any(r.events for r in done) else None,
+    }  # fmt: skip
+
+
+async def short_loads(gw: Running, client: Client, direct: Target, prompts: Prompts, args: argparse.Namespace) -> dict[str, Any]:
+    """Short chat: 128 in flight non-streaming, then one at a time against direct gRPC."""
+    out: dict[str, Any] = {}
+    pool = [prompts.messages(args.short_prompt_tokens) for _ in range(min(args.short_requests, 2048))]
+    body = {"max_tokens": args.short_max_tokens}
+    await client.send("/v1/chat/completions", {**body, "messages": pool[0]})  # warm
+    done, wall, cpu = await timed_loop(
+        lambda i: client.send("/v1/chat/completions", {**body, "messages": pool[i % len(pool)]}),
+        args.short_concurrency, args.short_requests, args.cap_s, gw.pid,
+    )  # fmt: skip
+    out["short"] = _cpu_row(done, wall, cpu)
+    for stream in (False, True):
+        gw_t: list[Reply] = []
+        direct_t: list[Timing] = []
+        c0 = cpu_seconds(gw.pid)
+        deadline = time.perf_counter() + args.cap_s
+        for i in range(args.latency_requests):
+            if time.perf_counter() > deadline:
+                break
+            messages, ids = prompts.make(args.short_prompt_tokens)
+            one = {**body, "messages": messages, "stream": stream}
+            if i % 2 == 0:
+                gw_t.append(await client.send("/v1/chat/completions", one))
+                direct_t.append(await direct.direct(ids, stream, args.short_max_tokens))
+            else:
+                direct_t.append(await direct.direct(ids, stream, args.short_max_tokens))
+                gw_t.append(await client.send("/v1/chat/completions", one))
+        cpu = cpu_seconds(gw.pid) - c0
+        g = [t.total_s * 1e3 for t in gw_t]
+        d = [t.total_s * 1e3 for t in direct_t]
+        row: dict[str, Any] = {
+            "requests": len(gw_t), "cpu_ms_per_request": round(1e3 * cpu / max(1, len(gw_t)), 3),
+            "added_p50_ms": round(pct(g, 0.5) - pct(d, 0.5), 3), "added_p99_ms": round(pct(g, 0.99) - pct(d, 0.99), 3),
+            "gateway_p50_ms": round(pct(g, 0.5), 3), "direct_p50_ms": round(pct(d, 0.5), 3),
+        }  # fmt: skip
+        if stream:
+            gt = [t.ttft_s * 1e3 for t in gw_t]
+            dt = [t.ttft_s * 1e3 for t in direct_t]
+            row |= {
+                "ttft_p50_ms": round(pct(gt, 0.5), 3), "ttft_added_p50_ms": round(pct(gt, 0.5) - pct(dt, 0.5), 3),
+                "ttft_added_p99_ms": round(pct(gt, 0.99) - pct(dt, 0.99), 3),
+            }  # fmt: skip
+        out["c1-stream" if stream else "c1"] = row
+    return out
+
+
+async def multi_turn_load(gw: Running, client: Client, args: argparse.Namespace) -> dict[str, Any]:
+    """C conversations x T turns, each turn resending the history, ``--chat-concurrency`` in flight."""
+    from gateway.bench.workloads import ChatConfig, Vocab, multi_turn_chat
+
+    config = ChatConfig(
+        conversations=args.chat_conversations, turns=args.chat_turns, chat_system_tokens=args.chat_system_tokens,
+        user_tokens=args.chat_user_tokens, reply_tokens=args.chat_reply_tokens,
+    )  # fmt: skip
+    workload = multi_turn_chat(config, Vocab.from_tokenizer_dir(), args.seed)
+    lanes: dict[str, list[Any]] = {}
+    for spec in workload:
+        lanes.setdefault(spec.conversation or "", []).append(spec)
+    gate = asyncio.Semaphore(args.chat_concurrency)
+    done: list[Reply] = []
+
+    async def lane(specs: list[Any]) -> None:
+        history: list[dict[str, str]] = []
+        for spec in sorted(specs, key=lambda s: s.turn):
+            messages = [*history, *(dict(m) for m in spec.messages)]
+            async with gate:
+                reply = await client.send("/v1/chat/completions", {"messages": messages, "max_tokens": spec.max_tokens, "stream": True})
+            done.append(reply)
+            history = [*messages, {"role": "assistant", "content": reply.text}]
+
+    c0, t0 = cpu_seconds(gw.pid), time.perf_counter()
+    await asyncio.wait_for(asyncio.gather(*(lane(s) for s in lanes.values())), timeout=args.cap_s + 300)
+    wall, cpu = time.perf_counter() - t0, cpu_seconds(gw.pid) - c0
+    row = _cpu_row(done, wall, cpu)
+    prompt = sum(r.prompt_tokens for r in done)
+    row["hit_rate"] = round(sum(r.cached_tokens for r in done) / max(1, prompt), 3)
+    row["prompt_tokens_max"] = max((r.prompt_tokens for r in done), default=0)
+    return row
+
+
+async def gsp_load(gw: Running, client: Client, args: argparse.Namespace) -> dict[str, Any]:
+    """The shared-prefix burst with text prompts (the peer takes no token-id prompts), streamed."""
+    from gateway.bench.workloads import GspConfig, Vocab, gsp
+
+    config = GspConfig(
+        groups=args.gsp_groups, prompts_per_group=args.gsp_prompts_per_group, system_tokens=args.gsp_system_tokens,
+        question_tokens=args.gsp_question_tokens, output_tokens=args.gsp_output_tokens, text_prompts=True,
+    )  # fmt: skip
+    specs = list(gsp(config, Vocab.from_tokenizer_dir(), args.seed))
+    done, wall, cpu = await timed_loop(
+        lambda i: client.send("/v1/completions", {"prompt": specs[i].prompt, "max_tokens": specs[i].max_tokens, "stream": True}),
+        args.gsp_concurrency, len(specs), args.cap_s + 300, gw.pid,
+    )  # fmt: skip
+    row = _cpu_row(done, wall, cpu)
+    row["hit_rate"] = round(sum(r.cached_tokens for r in done) / max(1, sum(r.prompt_tokens for r in done)), 3)
+    return row
+
+
+def _sim_config(args: argparse.Namespace) -> SimConfig:
+    return SimConfig(
+        step_base_s=0.0, prefill_token_s=0.0, decode_seq_s=0.0, time_scale=0.0,
+        context_length=args.context_length, kv_capacity_tokens=max(65536, 4 * args.context_length),
+        max_running_requests=256,
+    )  # fmt: skip
+
+
+async def compare_fleet(
+    workers: int, loads: Sequence[str], gateways: Sequence[str], args: argparse.Namespace, prompts: Prompts,
+    prof: Path | None, rep: int,
+) -> list[dict[str, Any]]:
+    """Every gateway in turn on one fleet (caches flushed in between), the same loads each."""
+    rows: list[dict[str, Any]] = []
+    async with SubprocessFleet(workers, _sim_config(args)) as fleet:
+        for name in gateways:
+            await flush_caches(fleet.urls)
+            gw = await start_gateway(name, fleet.urls, args)
+            try:
+                async with httpx.AsyncClient(trust_env=False) as probe:
+                    model = (await probe.get(gw.url + "/v1/models")).json()["data"][0]["id"]
+                connections = max(args.short_concurrency, args.gsp_concurrency, args.chat_concurrency)
+                client = Client(gw.url, model, connections)
+                direct = Target(gw.url, fleet.urls, model, args.short_max_tokens)
+                try:
+                    row: dict[str, Any] = {"gateway": name, "workers": workers, "rep": rep}
+                    row |= await idle_cpu(gw.pid, args.idle_s)
+                    for load in loads:
+                        spy = prof / f"{name}-{load}-w{workers}-r{rep}.txt" if prof and name != "smg" else None
+                        with profiling(gw.pid, spy, args.profile_rate, args.profile_gil):
+                            if load == "short":
+                                row |= {k: v for k, v in (await short_loads(gw, client, direct, prompts, args)).items()}
+                            elif load == "multi-turn":
+                                row["multi-turn"] = await multi_turn_load(gw, client, args)
+                            elif load == "gsp":
+                                row["gsp"] = await gsp_load(gw, client, args)
+                    rows.append(row)
+                    show(f"{name}, {workers} workers, rep {rep}", {k: v for k, v in row.items() if not isinstance(v, dict)})
+                    for key, value in row.items():
+                        if isinstance(value, dict):
+                            show(f"  {name} {key}", value)
+                finally:
+                    await client.close()
+                    await direct.close()
+            finally:
+                await gw.stop()
+    return rows
+
+
+COMPARE_FIGURES = [
+    ("short", "requests_per_s", "short, 128 in flight: requests/s"),
+    ("short", "cpu_ms_per_request", "short, 128 in flight: CPU ms/request"),
+    ("c1", "cpu_ms_per_request", "short, one at a time: CPU ms/request"),
+    ("c1", "added_p50_ms", "short, one at a time: added p50 ms"),
+    ("c1", "added_p99_ms", "short, one at a time: added p99 ms"),
+    ("c1-stream", "ttft_added_p50_ms", "short streamed, one at a time: added TTFT p50 ms"),
+    ("c1-stream", "ttft_p50_ms", "short streamed, one at a time: TTFT p50 ms"),
+    ("gsp", "cpu_ms_per_request", "gsp burst: CPU ms/request"),
+    ("gsp", "cpu_us_per_token", "gsp burst: CPU us/relayed token"),
+    ("gsp", "ttft_p50_ms", "gsp burst: TTFT p50 ms"),
+    ("gsp", "seconds", "gsp burst: run s"),
+    ("gsp", "hit_rate", "gsp burst: hit rate"),
+    ("multi-turn", "cpu_ms_per_request", "multi-turn: CPU ms/request"),
+    ("multi-turn", "core_share", "multi-turn: share of a core"),
+    ("multi-turn", "hit_rate", "multi-turn: hit rate"),
+]
+
+
+def compare_table(rows: Sequence[dict[str, Any]], gateways: Sequence[str]) -> str:
+    """Markdown: one line per figure, per gateway the median over repetitions and the range."""
+    def values(name: str, load: str, key: str) -> list[float]:
+        out = []
+        for row in rows:
+            if row["gateway"] != name:
+                continue
+            src = row.get(load) if load != "idle" else row
+            if isinstance(src, dict) and key in src:
+                out.append(float(src[key]))
+        return out
+
+    def cell(v: list[float]) -> str:
+        if not v:
+            return "-"
+        med = sorted(v)[len(v) // 2]
+        return f"{med:g}" if len(v) == 1 else f"{med:g} ({min(v):g}-{max(v):g})"
+
+    figures = [("idle", "idle_core_percent", f"idle, % of a core ({w} workers)") for w in sorted({r['workers'] for r in rows})]
+    lines = ["| figure | " + " | ".join(gateways) + (" | ours / smg |" if {"ours", "smg"} <= set(gateways) else " |")]
+    lines.append("|---" * (len(gateways) + 1 + ({"ours", "smg"} <= set(gateways))) + "|")
+    for load, key, label in figures[:0] + COMPARE_FIGURES + figures:
+        per = {g: values(g, load, key) for g in gateways}
+        if load == "idle":
+            w = int(label.split("(")[1].split()[0])
+            per = {g: [float(r["idle_core_percent"]) for r in rows if r["gateway"] == g and r["workers"] == w] for g in gateways}
+        if not any(per.values()):
+            continue
+        line = f"| {label} | " + " | ".join(cell(per[g]) for g in gateways)
+        if {"ours", "smg"} <= set(gateways):
+            o, s = per["ours"], per["smg"]
+            ratio = f"{sorted(o)[len(o) // 2] / sorted(s)[len(s) // 2]:.2f}x" if o and s and sorted(s)[len(s) // 2] else "-"
+            line += f" | {ratio}"
+        lines.append(line + " |")
+    return "\n".join(lines)
+
+
+async def compare(args: argparse.Namespace, prompts: Prompts, prof: Path | None) -> dict[str, Any]:
+    gateways = [g for g in args.gateways if g != "smg" or args.peers_installed]
+    if "smg" in args.gateways and "smg" not in gateways:
+        print(f"smg skipped: no peers' python at {args.peers_python} (scripts/peers.sh installs it)", flush=True)
+    if "before" in gateways and not args.baseline_src:
+        raise SystemExit("--gateways before needs --baseline-src DIR (another checkout's src/)")
+    loads = set(args.loads)
+    rows: list[dict[str, Any]] = []
+    for rep in range(1, args.repeat + 1):
+        if loads & {"short", "multi-turn"}:
+            rows += await compare_fleet(
+                args.short_workers, [x for x in ("short", "multi-turn") if x in loads], gateways, args, prompts, prof, rep
+            )
+        if "gsp" in loads:
+            rows += await compare_fleet(args.gsp_workers, ["gsp"], gateways, args, prompts, prof, rep)
+    table = compare_table(rows, gateways)
+    print("\n" + table, flush=True)
+    return {"rows": rows, "table": table}
 
 
 # ---------------------------------------------------------------- orchestration
@@ -500,6 +1061,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 row = {"workers": workers, **lat, **{k: v for k, v in thr.items() if k not in lat}}
                 report.setdefault("worker_scaling", []).append(row)
                 show(f"workers {workers}", row)
+    if "relay" in sections:
+        report["relay"] = await relay_section(prompts, args)
+        show("relay, CPU per token by part (3 rounds each)", report["relay"])
+    if "compare" in sections:
+        report["compare"] = await compare(args, prompts, prof)
     report["load_after"] = list(os.getloadavg())
     if prof:
         for raw in sorted(prof.glob("*.txt")):
@@ -522,7 +1088,7 @@ def machine() -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sections", nargs="+", choices=SECTIONS, default=SECTIONS, help="what to measure")
+    parser.add_argument("--sections", nargs="+", choices=ALL_SECTIONS, default=SECTIONS, help="what to measure")
     parser.add_argument("--policy", default="cache_aware", help="gateway routing policy")
     parser.add_argument("--workers", type=int, default=1, help="simulated workers (all but worker-scaling)")
     parser.add_argument("--prompt-tokens", type=int, default=2048, help="rendered chat prompt length")
@@ -544,7 +1110,36 @@ def main() -> int:
         help="sample only the thread holding the GIL (Python CPU; tokenizer threads release it)",
     )
     parser.add_argument("--json", default="", help="write every figure to this JSON file")
+    side = parser.add_argument_group("compare: gateways side by side on the same fleets and loads")
+    side.add_argument("--gateways", nargs="+", choices=GATEWAYS, default=["ours", "smg"],
+                      help="who runs each load, in this order (smg: when --peers-python exists; before: --baseline-src)")
+    side.add_argument("--loads", nargs="+", choices=LOADS, default=LOADS, help="compare: loads to run")
+    side.add_argument("--repeat", type=int, default=1, help="compare: repetitions of the whole round (report the spread)")
+    side.add_argument("--peers-python", default=".peers-venv/bin/python", help="python of the peers' virtualenv")
+    side.add_argument("--baseline-src", default="", help="src/ of another checkout, run as gateway 'before'")
+    side.add_argument("--ours-args", default="", help="extra 'token-gateway serve' flags for gateway 'ours' only")
+    side.add_argument("--idle-s", type=float, default=5.0, help="idle CPU: seconds measured with no traffic")
+    side.add_argument("--short-workers", type=int, default=8, help="short and multi-turn loads: workers")
+    side.add_argument("--short-prompt-tokens", type=int, default=32, help="short load: rendered prompt tokens")
+    side.add_argument("--short-max-tokens", type=int, default=8, help="short load: output tokens")
+    side.add_argument("--short-concurrency", type=int, default=128, help="short load: requests in flight")
+    side.add_argument("--short-requests", type=int, default=3000, help="short load: requests")
+    side.add_argument("--chat-conversations", type=int, default=32)
+    side.add_argument("--chat-turns", type=int, default=6)
+    side.add_argument("--chat-system-tokens", type=int, default=512)
+    side.add_argument("--chat-user-tokens", type=int, default=128)
+    side.add_argument("--chat-reply-tokens", type=int, default=64)
+    side.add_argument("--chat-concurrency", type=int, default=16)
+    side.add_argument("--gsp-workers", type=int, default=16)
+    side.add_argument("--gsp-groups", type=int, default=8)
+    side.add_argument("--gsp-prompts-per-group", type=int, default=16)
+    side.add_argument("--gsp-system-tokens", type=int, default=2048)
+    side.add_argument("--gsp-question-tokens", type=int, default=128)
+    side.add_argument("--gsp-output-tokens", type=int, default=128)
+    side.add_argument("--gsp-concurrency", type=int, default=128, help="gsp: requests in flight (a burst: all at once)")
     args = parser.parse_args()
+    args.peers_installed = os.path.exists(args.peers_python)
+    args.baseline_src = os.path.abspath(args.baseline_src) if args.baseline_src else ""
     try:
         import uvloop
 

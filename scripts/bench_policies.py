@@ -244,6 +244,7 @@ class Timing:
     prefill_s_per_token: float = 1 / 30_000
     decode_s_per_req: float = 0.00015
     chunk_tokens: int = 8192
+    max_running: int = 0  # sequences running (decoding or being prefilled) at most; 0: no limit
 
 
 @dataclass
@@ -269,7 +270,10 @@ class SimWorker:
     page: int
     timing: Timing
     poll_interval_s: float = 0.0
+    reserve_running: bool = False  # running requests pin their pages and their output's KV
     cache: OrderedDict[int, None] = field(default_factory=OrderedDict)
+    pins: dict[int, int] = field(default_factory=dict)  # page -> running requests using it
+    reserved: int = 0  # output tokens of running requests (their KV, not reusable)
     waiting: deque[Job] = field(default_factory=deque)
     running: list[tuple[int, int, Job]] = field(default_factory=list)
     step_no: int = 0
@@ -302,9 +306,39 @@ class SimWorker:
         for h in job.pages:
             cache[h] = None
             cache.move_to_end(h)
-        cap = self.capacity_tokens // self.page
-        while len(cache) > cap:
-            cache.popitem(last=False)
+        if self.reserve_running:
+            for h in job.pages:
+                self.pins[h] = self.pins.get(h, 0) + 1
+            self.reserved += job.output
+        self._bound()
+
+    def _bound(self) -> None:
+        cache = self.cache
+        cap = (self.capacity_tokens - self.reserved) // self.page
+        if not self.reserve_running:
+            while len(cache) > cap:
+                cache.popitem(last=False)
+            return
+        skipped = []
+        while len(cache) > cap and cache:
+            h, _ = cache.popitem(last=False)
+            if h in self.pins:
+                skipped.append(h)  # in use by a running request: not evictable
+        for h in reversed(skipped):
+            cache[h] = None
+            cache.move_to_end(h, last=False)
+
+    def release(self, job: Job) -> None:
+        """A running request finished: its pages become evictable, its output KV is freed."""
+        if not self.reserve_running:
+            return
+        for h in job.pages:
+            n = self.pins.get(h, 0) - 1
+            if n <= 0:
+                self.pins.pop(h, None)
+            else:
+                self.pins[h] = n
+        self.reserved -= job.output
 
     def view(self, now: float) -> WorkerView:
         loads = None
@@ -328,12 +362,17 @@ class SimWorker:
     def plan_step(self) -> float:
         """Start a step: pick prefill chunks FCFS; returns its duration."""
         budget = self.timing.chunk_tokens
+        cap = self.timing.max_running
+        slots = len(self.running) + sum(1 for j in self.waiting if j.started)
         prefill = 0
         self._in_step = []
         for job in self.waiting:
             if budget <= 0:
                 break
             if not job.started:
+                if cap and slots >= cap:
+                    break  # FIFO: a later request never overtakes one waiting for a slot
+                slots += 1
                 job.cached = self.match(job)
                 job.remaining = len(job.tokens) - job.cached
                 job.started = True
@@ -356,6 +395,7 @@ class SimWorker:
         while self.running and self.running[0][0] <= self.step_no:
             f, _, job = heapq.heappop(self.running)
             self.finish_sum -= f
+            self.release(job)
             done.append(job)
         first = self._in_step
         for job in first:
@@ -363,6 +403,7 @@ class SimWorker:
             self.queued_prompt -= len(job.tokens)
             self.insert(job)
             if job.output <= 1:
+                self.release(job)
                 done.append(job)
             else:
                 f = self.step_no + job.output - 1
@@ -385,14 +426,25 @@ class Workload:
 
 
 def gsp_workload(groups: int, per_group: int, system: int, question: int, output: int, seed: int,
-                 hot_share: float = 0.0) -> Workload:
+                 hot_share: float = 0.0, zipf: float = 0.0) -> Workload:
     """G x P prompts (shared S-token system prompt + unique Q-token question), shuffled.
 
-    ``hot_share > 0`` sends that share of all requests to group 0 (a popular prefix).
+    ``hot_share > 0`` sends that share of all requests to group 0 (a popular prefix);
+    ``zipf > 0`` draws each request's group with weight ``1 / rank ** zipf`` (the
+    same rule as ``gateway.bench.workloads.zipf_gsp``).
     """
     rng = random.Random(seed)
     systems = [rand_tokens(rng, system) for _ in range(groups)]
     total = groups * per_group
+    if zipf > 0:
+        weights = [1 / (g + 1) ** zipf for g in range(groups)]
+        group_of = rng.choices(range(groups), weights=weights, k=total)
+        prompts = [systems[g] + rand_tokens(rng, question) for g in group_of]
+        used = len(set(group_of))
+        unique = used * system + total * question
+        top = max(group_of.count(g) for g in set(group_of)) / total
+        name = f"Zipf gsp s={zipf:g} G={groups} N={total} S={system} Q={question} O={output} (top group {top:.0%})"
+        return Workload(name, prompts, output, 1 - unique / (total * (system + question)))
     if hot_share > 0:
         hot = int(total * hot_share)
         group_of = [0] * hot + [1 + i % (groups - 1) for i in range(total - hot)]
@@ -429,15 +481,42 @@ def page_hashes(tokens: list[int], page: int) -> list[int]:
     return out
 
 
-def simulate(policy: Policy, wl: Workload, n_workers: int, capacity: int, page: int, concurrency: int,
-             timing: Timing, poll_interval_s: float, pages_cache: dict[int, list[int]]) -> SimResult:
-    workers = [SimWorker(f"w{i}", capacity, page, timing, poll_interval_s) for i in range(n_workers)]
+def oracle_for(workers: list[SimWorker], page: int) -> Policy:
+    """The oracle policy reading the simulated workers' true page caches."""
+    from gateway.policies.oracle import OraclePolicy
+
+    by_url = {f"sim://{w.wid}": w for w in workers}
+    memo: dict[int, tuple[Sequence[int], list[int]]] = {}
+
+    def cached_length(url: str, token_ids: Sequence[int]) -> int:
+        hit = memo.get(id(token_ids))
+        if hit is None or hit[0] is not token_ids:
+            hit = memo[id(token_ids)] = (token_ids, page_hashes(list(token_ids), page))
+        w = by_url[url]
+        n = 0
+        for h in hit[1]:
+            if h not in w.cache:
+                break
+            n += 1
+        return n * page
+
+    return OraclePolicy(cached_length, use_polled_loads=False)
+
+
+def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int, page: int, concurrency: int,
+             timing: Timing, poll_interval_s: float, pages_cache: dict[int, list[int]],
+             reserve_running: bool = False, ramp_s: float = 0.0) -> tuple[SimResult, Policy, list[float]]:
+    """Replay ``wl``; the first ``concurrency`` requests arrive evenly over ``ramp_s`` (0: at once)."""
+    workers = [SimWorker(f"w{i}", capacity, page, timing, poll_interval_s, reserve_running) for i in range(n_workers)]
+    if policy is None:
+        policy = oracle_for(workers, page)
     by_id = {w.wid: w for w in workers}
     policy.on_workers_changed([w.view(0.0) for w in workers])
     events: list[tuple[float, int, int]] = []  # (time, seq, worker index)
     seq = 0
     next_prompt = 0
     ttft: list[float] = []  # after the opening burst of ``concurrency`` simultaneous requests
+    burst = concurrency >= len(wl.prompts)  # one burst: every request counts
     decide: list[float] = []
     cached_total = prompt_total = predicted_total = 0
     finished = 0
@@ -468,15 +547,23 @@ def simulate(policy: Policy, wl: Workload, n_workers: int, capacity: int, page: 
             seq += 1
             heapq.heappush(events, (now + w.plan_step(), seq, workers.index(w)))
 
-    for _ in range(concurrency):
-        submit(0.0)
+    if ramp_s > 0:
+        for i in range(min(concurrency, len(wl.prompts))):
+            seq += 1
+            heapq.heappush(events, (i * ramp_s / concurrency, seq, -1))
+    else:
+        for _ in range(concurrency):
+            submit(0.0)
     now = 0.0
     while events:
         now, _, wi = heapq.heappop(events)
+        if wi < 0:  # an arrival of the opening ramp
+            submit(now)
+            continue
         w = workers[wi]
         first, done = w.end_step()
         for job in first:
-            if job.rid >= concurrency:
+            if burst or job.rid >= concurrency:
                 ttft.append(now - job.arrival)
             cached_total += job.cached
             prompt_total += len(job.tokens)
@@ -491,7 +578,7 @@ def simulate(policy: Policy, wl: Workload, n_workers: int, capacity: int, page: 
             w.busy = False
     served = [w.served for w in workers]
     busy = [w.busy_s for w in workers]
-    return SimResult(
+    result = SimResult(
         hit_rate=cached_total / prompt_total,
         throughput_tok_s=finished * wl.output / now,
         ttft_p50_ms=pct(ttft, 0.5) * 1000,
@@ -502,9 +589,11 @@ def simulate(policy: Policy, wl: Workload, n_workers: int, capacity: int, page: 
         makespan_s=now,
         predicted_hit=predicted_total / prompt_total,
     )
+    return result, policy, ttft
 
 
 SIM_POLICIES: list[tuple[str, dict[str, object], float]] = [
+    ("oracle (true caches)", {"policy": "oracle"}, 0.0),
     ("round_robin", {"policy": "round_robin"}, 0.0),
     ("random", {"policy": "random", "seed": 1}, 0.0),
     ("power_of_two", {"policy": "power_of_two", "seed": 1}, 0.0),
@@ -512,6 +601,11 @@ SIM_POLICIES: list[tuple[str, dict[str, object], float]] = [
     ("consistent_hash (no key: prefix)", {"policy": "consistent_hash"}, 0.0),
     ("prefix_hash", {"policy": "prefix_hash"}, 0.0),
     ("cache_aware additive", {"policy": "cache_aware", "use_polled_loads": False}, 0.0),
+    ("cache_aware, no closed loop", {"policy": "cache_aware", "use_polled_loads": False, "closed_loop": False}, 0.0),
+    ("cache_aware, no hot-prefix replication",
+     {"policy": "cache_aware", "use_polled_loads": False, "hot_prefix_min_tokens": 0}, 0.0),
+    ("cache_aware, neither (before issue 19)",
+     {"policy": "cache_aware", "use_polled_loads": False, "hot_prefix_min_tokens": 0, "closed_loop": False}, 0.0),
     ("cache_aware additive + polled loads", {"policy": "cache_aware"}, 0.1),
     ("cache_aware multiplicative", {"policy": "cache_aware", "cost_form": "multiplicative", "use_polled_loads": False}, 0.0),
 ]
@@ -523,9 +617,10 @@ def sim_rows(variants: list[tuple[str, dict[str, object], float]], wl: Workload,
     pages_cache: dict[int, list[int]] = {}
     for label, overrides, poll in variants:
         overrides = {"eviction_interval_s": 0.0, **overrides}
-        policy = make_policy(PolicyConfig(), **overrides)
-        r = simulate(policy, wl, args.workers, args.capacity, args.page, args.concurrency, timing, poll, pages_cache)
-        close_policy(policy)
+        policy = None if overrides["policy"] == "oracle" else make_policy(PolicyConfig(), **overrides)
+        r, used, _ = simulate(policy, wl, args.workers, args.capacity, args.page, args.concurrency, timing, poll,
+                              pages_cache, args.reserve_running, args.ramp_s)
+        close_policy(used)
         predicted = f"{r.predicted_hit:.1%}" if r.predicted_hit else "-"
         rows.append([label, f"{r.hit_rate:.1%}", predicted, f"{r.throughput_tok_s:,.0f}",
                      f"{r.ttft_p50_ms:.0f}", f"{r.ttft_p99_ms:.0f}", f"{r.served_max_over_mean:.2f}",
@@ -540,18 +635,33 @@ SIM_HEADERS = ["policy", "hit rate", "predicted", "output tok/s", "TTFT p50 ms",
 def workloads(args: argparse.Namespace) -> list[Workload]:
     base = dict(groups=args.groups, per_group=args.prompts, system=args.system, question=args.question,
                 output=args.output, seed=args.seed)
-    return [gsp_workload(**base), gsp_workload(**base, hot_share=0.5)]  # type: ignore[arg-type]
+    out = [gsp_workload(**base), gsp_workload(**base, hot_share=0.5)]  # type: ignore[arg-type]
+    if args.zipf > 0:
+        out.append(gsp_workload(**base, zipf=args.zipf))  # type: ignore[arg-type]
+    return out
 
 
 def describe(args: argparse.Namespace, wl: Workload, timing: Timing) -> str:
     return (f"{wl.name}; {args.workers} workers, cache {args.capacity} tokens each, page {args.page}, "
             f"concurrency {args.concurrency}; step = {timing.base_s * 1000:g} ms + "
             f"{timing.prefill_s_per_token * 1e6:.1f} µs/prefill token + {timing.decode_s_per_req * 1000:g} ms/running req, "
-            f"chunk {timing.chunk_tokens}; ideal hit rate {wl.ideal_hit:.1%}")
+            f"chunk {timing.chunk_tokens}" + (f", at most {timing.max_running} running" if timing.max_running else "")
+            + f"; ideal hit rate {wl.ideal_hit:.1%}")
+
+
+def sim_timing(args: argparse.Namespace) -> Timing:
+    t = Timing(max_running=args.max_running)
+    if args.step_base_s is not None:
+        t.base_s = args.step_base_s
+    if args.prefill_token_s is not None:
+        t.prefill_s_per_token = args.prefill_token_s
+    if args.decode_seq_s is not None:
+        t.decode_s_per_req = args.decode_seq_s
+    return t
 
 
 def run_sim(args: argparse.Namespace) -> None:
-    timing = Timing()
+    timing = sim_timing(args)
     print(f"## simulation ({machine.describe()})\n")
     for wl in workloads(args):
         print(f"### {describe(args, wl, timing)}\n")
@@ -560,7 +670,7 @@ def run_sim(args: argparse.Namespace) -> None:
 
 
 def run_tune(args: argparse.Namespace) -> None:
-    timing = Timing()
+    timing = sim_timing(args)
     grid: list[tuple[str, dict[str, object], float]] = []
     for dw in (0.0, 0.25, 0.5, 1.0):
         for rw in (0.0, 16.0, 64.0):
@@ -599,6 +709,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--page", type=int, default=16)
     parser.add_argument("--concurrency", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--zipf", type=float, default=1.1, help="sim: add a Zipf-skewed gsp (0: leave it out)")
+    parser.add_argument("--ramp-s", type=float, default=0.0,
+                        help="sim: the first --concurrency requests arrive evenly over this many seconds (0: at once)")
+    parser.add_argument("--max-running", type=int, default=0, help="sim: running sequences per worker at most (0: no cap)")
+    parser.add_argument("--step-base-s", type=float, default=None, help="sim: fixed cost of a step")
+    parser.add_argument("--prefill-token-s", type=float, default=None, help="sim: cost per uncached prompt token")
+    parser.add_argument("--decode-seq-s", type=float, default=None, help="sim: cost per running sequence per step")
+    parser.add_argument("--reserve-running", action="store_true",
+                        help="sim: running requests pin their pages and their output's KV (as a real worker)")
     args = parser.parse_args(argv)
     if args.what in ("micro", "all"):
         run_micro(args)

@@ -259,11 +259,12 @@ class RecordingObserver(PipelineObserver):
 
     def worker_done(
         self, model: str, worker_id: str, *, predicted_cached: int, reported_cached: int, success: bool,
-        sent_prompt: int = 0, reported_prompt: int = 0,
+        sent_prompt: int = 0, reported_prompt: int = 0, aborted: bool = False,
     ) -> None:
         self.done.append({
             "model": model, "worker": worker_id, "predicted": predicted_cached, "cached": reported_cached,
             "success": success, "sent_prompt": sent_prompt, "reported_prompt": reported_prompt,
+            **({"aborted": True} if aborted else {}),
         })
 
 

@@ -23,7 +23,35 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Shows every default in --help and keeps description line breaks."""
+    """Shows every default in --help once and keeps description line breaks.
+
+    A default is not appended when the help text already says what it is
+    ("(default: what workers report)") or when there is none to show (unset, empty)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "(default" in text or "%(default)" in text:
+            return text
+        default = action.default
+        if default is None or default is argparse.SUPPRESS or default in ("", [], ()):
+            return text
+        if action.option_strings and action.nargs != 0:
+            if isinstance(default, list | tuple):
+                return text + " (default: " + " ".join(str(v) for v in default) + ")"
+            return text + " (default: %(default)s)"
+        return super()._get_help_string(action) or text
+
+
+def version_text() -> str:
+    from importlib import metadata
+
+    from gateway import __version__
+
+    try:
+        installed = metadata.version("token-gateway")
+    except metadata.PackageNotFoundError:
+        installed = __version__
+    return f"token-gateway {installed}"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Token-level routing gateway for SGLang gRPC workers.",
         formatter_class=_HelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=version_text())
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text, formatter_class=_HelpFormatter)

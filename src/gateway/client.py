@@ -27,6 +27,7 @@ from grpc import aio
 
 from gateway.proto import gateway_pb2 as gpb
 from gateway.proto import gateway_pb2_grpc as gpb_grpc
+from gateway.protocol import headers
 
 R = TypeVar("R")
 
@@ -53,10 +54,10 @@ class GatewayRpcError(Exception):
         self.code: grpc.StatusCode = call.code()
         self.details: str = call.details() or ""
         trailers = dict(call.trailing_metadata() or ())
-        self.type: str | None = trailers.get("x-error-type")
-        self.error_code: str | None = trailers.get("x-error-code")
-        self.param: str | None = trailers.get("x-error-param")
-        retry = trailers.get("retry-after")
+        self.type: str | None = trailers.get(headers.ERROR_TYPE)
+        self.error_code: str | None = trailers.get(headers.ERROR_CODE)
+        self.param: str | None = trailers.get(headers.ERROR_PARAM)
+        retry = trailers.get(headers.RETRY_AFTER)
         self.retry_after: float | None = float(retry) if retry else None
         super().__init__(f"{self.code.name}: {self.details}")
 
@@ -162,7 +163,7 @@ def inspect_request(prompt: str | Sequence[int] | None = None, *, messages: Mess
 
 
 def _auth(api_key: str | None, metadata: Sequence[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
-    return tuple(metadata) + ((("authorization", f"Bearer {api_key}"),) if api_key else ())
+    return tuple(metadata) + ((headers.bearer(api_key),) if api_key else ())
 
 
 # ---------------------------------------------------------------- clients

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.policies.factory import PolicyConfig
+from gateway.protocol.headers import bearer
 from gateway.settings import add_options, from_namespace
 
 DEFAULT_ROWS = 32
@@ -128,7 +129,8 @@ def ask_gateway(args: argparse.Namespace, body: dict[str, Any]) -> dict[str, Any
     url = args.gateway.rstrip("/") + "/admin/inspect"
     headers = {"content-type": "application/json"}
     if args.api_key:
-        headers["authorization"] = f"Bearer {args.api_key}"
+        name, value = bearer(args.api_key)
+        headers[name] = value
     request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers, method="POST")
     try:
         with urllib.request.urlopen(request, timeout=args.timeout) as resp:

@@ -80,6 +80,28 @@ def _workers(answer: dict[str, Any]) -> Table:
     return t
 
 
+def _quality(q: dict[str, Any]) -> Table:
+    t = Table(title="routing quality of this pool (live, since the gateway started)", show_header=False,
+              title_justify="left")
+    t.add_column(style="bold")
+    t.add_column()
+    t.add_row("ideal hit rate", f"{100 * q.get('ideal_hit_rate', 0):.1f}% of {q.get('offered_prompt_tokens', 0):,} "
+              f"prompt tokens offered (bounded prefix sketch, {q.get('sketch_tokens', 0):,} tokens)")
+    t.add_row("achieved", f"{100 * q.get('achieved_hit_rate', 0):.1f}% reported cached by the workers "
+              f"({q.get('finished', 0):,} streams)")
+    t.add_row("predicted", f"{100 * q.get('predicted_hit_rate', 0):.1f}% expected by the policy")
+    if "under_predicted" in q:
+        t.add_row("closed loop", f"{q['under_predicted']:,} finishes below the prediction "
+                  f"({q['corrected_tokens']:,} tree tokens cut), {q['over_predicted']:,} above "
+                  f"({q['learned_tokens']:,} learned), {q['worker_resets']} worker resets")
+    for hp in q.get("hot_prefixes") or []:
+        t.add_row("hot prefix", f"{hp['key']}: {100 * hp['share']:.0f}% of requests, {hp['replicas']} replicas "
+                  f"on {', '.join(hp['holders'][: hp['replicas']]) or '-'}")
+    guard = "load only (workers' prompt_tokens disagree)" if q.get("load_only") else "agree"
+    t.add_row("tokenizer", f"{guard}; {q.get('tokenizer_mismatches', 0):,} mismatches")
+    return t
+
+
 def render(answer: dict[str, Any], *, rows: int = 32, console: Console | None = None) -> None:
     """Print the answer as tables; token and block tables show at most ``rows`` rows (0: all)."""
     con = console or Console()
@@ -108,5 +130,7 @@ def render(answer: dict[str, Any], *, rows: int = 32, console: Console | None = 
         con.print(_ring(answer["ring"]))
     if answer.get("workers"):
         con.print(_workers(answer))
+    if answer.get("quality"):
+        con.print(_quality(answer["quality"]))
     for note in answer.get("notes") or []:
         con.print(f"[dim]note: {note}[/]")

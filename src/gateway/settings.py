@@ -3,6 +3,11 @@
 Every config dataclass declares its fields with ``option(default, "help")``;
 ``add_options`` turns those fields into argparse flags whose ``--help`` shows
 each default, and ``from_namespace`` builds the dataclass back from parsed args.
+
+The flags ``add_options`` makes remember whether they were given (``explicit_flags``)
+and the parser remembers which dataclasses it holds (``option_classes``), so
+``gateway.config_layers`` can layer environment variables and a config file under
+the command line for every field, including ones added later.
 """
 
 from __future__ import annotations
@@ -15,14 +20,60 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
+EXPLICIT = "_explicit_flags"  # namespace attribute: dests given on the command line
+OPTION_CLASSES = "_option_classes"  # parser default: the dataclasses add_options added
 
-def option(default: Any, help: str, *, flag: str | None = None, choices: list[str] | None = None) -> Any:
-    """A dataclass field that knows its command-line help (and optional flag name)."""
-    meta = {"help": help, "flag": flag, "choices": choices}
+
+def option(
+    default: Any,
+    help: str,
+    *,
+    flag: str | None = None,
+    choices: list[str] | None = None,
+    secret: bool = False,
+) -> Any:
+    """A dataclass field that knows its command-line help (and optional flag name).
+
+    ``secret`` fields (keys, passwords) are masked wherever the configuration is shown."""
+    meta = {"help": help, "flag": flag, "choices": choices, "secret": secret}
     if isinstance(default, list | dict | set):
         factory = type(default)(default)
         return dataclasses.field(default_factory=lambda: type(factory)(factory), metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
+
+
+def mark_explicit(namespace: argparse.Namespace, dest: str) -> None:
+    """Record that ``dest`` was given on the command line (it then beats env and file)."""
+    given = getattr(namespace, EXPLICIT, None)
+    if given is None:
+        given = set()
+        setattr(namespace, EXPLICIT, given)
+    given.add(dest)
+
+
+def explicit_flags(namespace: argparse.Namespace) -> set[str]:
+    return set(getattr(namespace, EXPLICIT, None) or ())
+
+
+class _StoreTracked(argparse._StoreAction):
+    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option_string: str | None = None) -> None:
+        super().__call__(parser, namespace, values, option_string)
+        mark_explicit(namespace, self.dest)
+
+
+class _BoolTracked(argparse.BooleanOptionalAction):
+    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option_string: str | None = None) -> None:
+        super().__call__(parser, namespace, values, option_string)
+        mark_explicit(namespace, self.dest)
+
+
+def option_classes(namespace: argparse.Namespace) -> list[type]:
+    """The config dataclasses whose flags the parser of ``namespace`` held."""
+    return list(getattr(namespace, OPTION_CLASSES, None) or ())
+
+
+def is_secret(field: dataclasses.Field[Any]) -> bool:
+    return bool(field.metadata.get("secret"))
 
 
 def _flag(field: dataclasses.Field[Any]) -> str:
@@ -45,6 +96,8 @@ def _scalar_type(tp: Any) -> tuple[Any, bool, bool]:
 
 def add_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: type) -> None:
     """Add one flag per field of dataclass ``cls`` to ``parser``."""
+    known = parser.get_default(OPTION_CLASSES) or []
+    parser.set_defaults(**{OPTION_CLASSES: [*known, cls]})  # groups share the parser's defaults
     hints = typing.get_type_hints(cls)
     for field in dataclasses.fields(cls):
         if "help" not in field.metadata:
@@ -59,8 +112,9 @@ def add_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: 
         if field.metadata.get("choices"):
             kwargs["choices"] = field.metadata["choices"]
         if elem is bool and not is_list:
-            kwargs["action"] = argparse.BooleanOptionalAction
+            kwargs["action"] = _BoolTracked
         else:
+            kwargs["action"] = _StoreTracked
             kwargs["type"] = elem
             if is_list:
                 kwargs["nargs"] = "*"

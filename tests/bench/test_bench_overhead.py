@@ -38,7 +38,7 @@ def test_stage_of_takes_the_innermost_known_frame(bench: ModuleType) -> None:
 def test_summarize_profile_shares_add_up(bench: ModuleType, tmp_path: Path) -> None:
     raw = tmp_path / "p.txt"
     raw.write_text(
-        "thread (1): MainThread;sse (gateway/server/sse.py:13) 30\n"
+        "thread (1): MainThread;StreamChunk.to_json (gateway/protocol/stream.py:156) 30\n"
         "thread (1): MainThread;Generation._feed (gateway/pipeline/generation.py:170) 50\n"
         "thread (2): tokenize_0;Tokenizer.encode_batch (gateway/tokenization/tokenizer.py:236) 20\n"
     )
@@ -80,3 +80,48 @@ def test_tiny_run_reports_every_figure(tmp_path: Path) -> None:
     assert report["throughput"]["requests"] == 12
     assert report["throughput"]["gateway_cpu_ms_per_request"] > 0
     assert report["stream"]["tokens"] == 2 * 20  # every token relayed (ignore_eos)
+
+
+def test_compare_table_gives_median_range_and_ratio(bench: ModuleType) -> None:
+    rows = [
+        {"gateway": "ours", "workers": 8, "rep": 1, "idle_core_percent": 0.2, "short": {"requests_per_s": 100.0, "cpu_ms_per_request": 2.0}},
+        {"gateway": "smg", "workers": 8, "rep": 1, "idle_core_percent": 0.6, "short": {"requests_per_s": 200.0, "cpu_ms_per_request": 1.0}},
+        {"gateway": "ours", "workers": 8, "rep": 2, "idle_core_percent": 0.4, "short": {"requests_per_s": 120.0, "cpu_ms_per_request": 3.0}},
+        {"gateway": "smg", "workers": 8, "rep": 2, "idle_core_percent": 0.6, "short": {"requests_per_s": 220.0, "cpu_ms_per_request": 1.5}},
+    ]
+    table = bench.compare_table(rows, ["ours", "smg"]).splitlines()
+    assert table[0] == "| figure | ours | smg | ours / smg |"
+    cpu = next(line for line in table if "128 in flight: CPU" in line)
+    assert cpu == "| short, 128 in flight: CPU ms/request | 3 (2-3) | 1.5 (1-1.5) | 2.00x |"
+    idle = next(line for line in table if line.startswith("| idle"))
+    assert "(8 workers)" in idle and "0.4 (0.2-0.4)" in idle
+    assert not any("gsp" in line for line in table)  # loads that did not run have no line
+
+
+def test_usage_reads_openai_and_missing_details(bench: ModuleType) -> None:
+    assert bench._usage(None) == (0, 0, 0)
+    usage = {"prompt_tokens": 10, "completion_tokens": 3, "prompt_tokens_details": {"cached_tokens": 8}}
+    assert bench._usage(usage) == (3, 10, 8)
+    assert bench._usage({"prompt_tokens": 1, "completion_tokens": 2, "prompt_tokens_details": None}) == (2, 1, 0)
+
+
+@pytest.mark.slow
+def test_tiny_compare_run_reports_every_load(tmp_path: Path) -> None:
+    out = tmp_path / "compare.json"
+    argv = [
+        sys.executable, str(SCRIPT), "--sections", "compare", "--gateways", "ours",
+        "--short-workers", "2", "--short-requests", "10", "--short-concurrency", "4", "--latency-requests", "3",
+        "--chat-conversations", "2", "--chat-turns", "2", "--chat-system-tokens", "64", "--chat-user-tokens", "16",
+        "--chat-reply-tokens", "4", "--chat-concurrency", "2",
+        "--gsp-workers", "2", "--gsp-groups", "1", "--gsp-prompts-per-group", "3", "--gsp-system-tokens", "64",
+        "--gsp-question-tokens", "8", "--gsp-output-tokens", "5", "--gsp-concurrency", "3",
+        "--idle-s", "0.5", "--cap-s", "20", "--json", str(out),
+    ]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=240, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads(out.read_text())["compare"]["rows"]
+    short, gsp = rows
+    assert short["short"]["requests"] == 10 and short["c1"]["requests"] == short["c1-stream"]["requests"] == 3
+    assert short["multi-turn"]["requests"] == 4 and short["multi-turn"]["cpu_ms_per_request"] > 0
+    assert gsp["gsp"]["requests"] == 3 and gsp["gsp"]["tokens_per_event"] >= 1.0
+    assert gsp["gsp"]["cpu_us_per_token"] > 0 and "idle_core_percent" in gsp

@@ -180,7 +180,7 @@ def test_long_arguments_stream_linearly_and_exactly() -> None:
 def test_registry_names_give_hermes() -> None:
     for name in ("hermes", "qwen", "qwen25", "qwen3"):
         assert isinstance(get_tool_parser(name), HermesToolParser)
-    with pytest.raises(KeyError, match="known: hermes"):
+    with pytest.raises(KeyError, match=r"known: .*hermes"):
         get_tool_parser("nope")
 
 

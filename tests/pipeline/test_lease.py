@@ -190,3 +190,16 @@ async def test_finished_frees_the_slot_without_an_abort() -> None:
     await settle()
     assert t.aborts == [] and t.calls[0].cancelled
     assert_released_once(f, success=True, cached=1)
+
+
+async def test_a_cancelled_half_open_trial_does_not_keep_the_worker_out() -> None:
+    f, _ = await one_worker()
+    w = f.worker("w1:1")
+    w.breaker.failure_threshold = 1
+    w.breaker.cooldown_s = 0.0
+    w.breaker.half_open_probes = 1  # one trial at a time: the trial in flight fills it
+    w.record_outcome(False)  # open; the cool-down is over at once
+    lease = Lease(f.router.select(ROUTE), ROUTE, prompt_tokens=4, max_new_tokens=8)  # the half-open trial
+    assert not w.available
+    lease.release(Outcome.CANCELLED)
+    assert w.available

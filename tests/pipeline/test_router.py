@@ -1,24 +1,139 @@
-"""Router: when every breaker of a pool is open, healthy workers are still chosen (panic)."""
+"""The router: pools per (model, role), the one resolution of a pinned target worker, and
+its live routing quality (offered prompts, finishes reported through the lease, the
+tokenizer-fidelity guard switching a model to load-only routing, cache-parameter changes)."""
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+
 import pytest
 
+from gateway.pipeline.lease import Lease, Outcome
 from gateway.policies.base import NoWorkerAvailable, RouteRequest
+from gateway.policies.cache_aware import CacheAwarePolicy
+from gateway.policies.common import TARGET_REASON
 from tests.fake_transport import MODEL, FakeTransport, fleet
 
-ROUTE = RouteRequest(token_ids=[1, 2, 3], model=MODEL, request_id="q1")
+SYSTEM = list(range(1000, 1512))
+
+
+def pinned(target: str | None = None, exclude: frozenset[str] = frozenset()) -> RouteRequest:
+    return RouteRequest(token_ids=[1, 2], model=MODEL, request_id="t", target_worker=target, exclude=exclude)
+
+
+@pytest.mark.parametrize("target", ["b:1", "grpc://b:1", "grpc://b:1/"])
+async def test_a_target_is_found_by_id_or_url(target: str) -> None:
+    f = await fleet(FakeTransport("grpc://a:1"), FakeTransport("grpc://b:1"))
+    chosen = f.router.select(pinned(target))
+    assert chosen.worker.id == "b:1" and chosen.decision.reason == TARGET_REASON
+
+
+async def test_a_target_that_already_failed_this_request_is_not_retried() -> None:
+    f = await fleet(FakeTransport("grpc://a:1"), FakeTransport("grpc://b:1"))
+    with pytest.raises(NoWorkerAvailable, match="already failed"):
+        f.router.select(pinned("b:1", exclude=frozenset({"b:1"})))
+
+
+async def test_unknown_draining_or_other_pool_targets_are_refused() -> None:
+    f = await fleet(FakeTransport("grpc://a:1"), FakeTransport("grpc://d:1", role="decode"))
+    with pytest.raises(NoWorkerAvailable, match="not in pool"):
+        f.router.select(pinned("zz:9"))
+    with pytest.raises(NoWorkerAvailable, match="not in pool"):
+        f.router.select(pinned("d:1"))  # a decode worker is not in the regular pool
+    f.worker("a:1").draining = True
+    with pytest.raises(NoWorkerAvailable):
+        f.router.select(pinned("a:1"))
+
+
+async def test_unavailable_target_says_so() -> None:
+    f = await fleet(FakeTransport("grpc://a:1"))
+    f.worker("a:1").healthy = False
+    with pytest.raises(NoWorkerAvailable, match="unavailable"):
+        f.router.select(pinned("a:1"))
+
+
+async def test_without_target_excluded_workers_are_skipped() -> None:
+    f = await fleet(FakeTransport("grpc://a:1"), FakeTransport("grpc://b:1"))
+    assert {f.router.select(pinned(exclude=frozenset({"a:1"}))).worker.id for _ in range(4)} == {"b:1"}
+    with pytest.raises(NoWorkerAvailable, match="no regular worker"):
+        f.router.select(pinned(exclude=frozenset({"a:1", "b:1"})))
+
+
+def route(i: int, n: int = 32) -> RouteRequest:
+    return RouteRequest(token_ids=[*SYSTEM, *range(10_000 + i * n, 10_000 + (i + 1) * n)], model=MODEL,
+                        request_id=f"r{i}", max_new_tokens=4)
+
+
+def run_one(f, r: RouteRequest, *, cached: int, reported_prompt: int) -> None:  # type: ignore[no-untyped-def]
+    lease = Lease(f.router.select(r), r, prompt_tokens=len(r.token_ids), max_new_tokens=4)
+    lease.start()
+    lease.report(cached_tokens=cached, prompt_tokens=reported_prompt)
+    lease.release(Outcome.OK)
+
+
+async def test_offered_ideal_achieved_and_predicted_per_pool() -> None:
+    f = await fleet(FakeTransport("grpc://w1:1"), FakeTransport("grpc://w2:1"), policy="cache_aware")
+    for i in range(4):
+        r = route(i)
+        run_one(f, r, cached=512 if i else 0, reported_prompt=len(r.token_ids))
+    q = f.router.quality(MODEL, "regular")
+    assert q.offered.prompts == 4 and q.offered.prompt_tokens == 4 * 544
+    assert q.offered.ideal_cached_tokens == 3 * 512  # every repeat of the system prompt
+    assert q.finished == 4 and q.reported_cached_tokens == 3 * 512
+    assert q.predicted_cached_tokens == 3 * 512  # the tree sent each repeat to the holder
+    retry = dataclasses.replace(route(9), exclude=frozenset({"w1:1"}))
+    f.router.select(retry)
+    assert q.offered.prompts == 4  # a retry offers nothing new
+    assert f.router.qualities() == {(MODEL, "regular"): q}
+
+
+async def test_tokenizer_mismatch_trips_load_only_routing_and_agreement_clears_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    f = await fleet(FakeTransport("grpc://w1:1"), FakeTransport("grpc://w2:1"), policy="cache_aware")
+    policy = f.router.policy(MODEL, "regular")
+    assert isinstance(policy, CacheAwarePolicy)
+    caplog.set_level(logging.WARNING, logger="gateway.pipeline.router")
+    for i in range(3):  # the worker counts one token more than we sent (its own BOS, say)
+        r = route(i)
+        run_one(f, r, cached=0, reported_prompt=len(r.token_ids) + 1)
+    q = f.router.quality(MODEL, "regular")
+    assert q.guard.tripped and q.guard.mismatches == 3
+    assert MODEL in policy.load_only
+    assert f.router.select(route(7)).decision.reason == "no_match"  # the tree is not consulted
+    assert sum("routing it by load only" in rec.message for rec in caplog.records) == 1
+    for i in range(10, 10 + q.guard.clear_after):
+        r = route(i)
+        run_one(f, r, cached=0, reported_prompt=len(r.token_ids))
+    assert not q.guard.tripped and MODEL not in policy.load_only
+    assert sum("counts agree again" in rec.message for rec in caplog.records) == 1
+
+
+async def test_a_worker_whose_page_size_changes_is_logged_and_counted(caplog: pytest.LogCaptureFixture) -> None:
+    f = await fleet(FakeTransport("grpc://w1:1"), policy="cache_aware")
+    caplog.set_level(logging.WARNING, logger="gateway.pipeline.router")
+    f.router.select(route(0))
+    w = f.worker("w1:1")
+    if w.info.kv_capacity_tokens <= 0:
+        w.info = dataclasses.replace(w.info, kv_capacity_tokens=4096)
+        f.router.select(route(1))
+    w.info = dataclasses.replace(w.info, page_size=w.info.page_size * 2)
+    f.router.select(route(2))
+    assert f.router.cache_param_changes == {"w1:1": 1}
+    assert sum("page size" in rec.message for rec in caplog.records) == 1
 
 
 async def test_all_breakers_open_routes_among_the_healthy() -> None:
+    route = RouteRequest(token_ids=[1, 2, 3], model=MODEL, request_id="q1")
     f = await fleet(FakeTransport("grpc://a:1"), FakeTransport("grpc://b:1"))
     a, b = f.worker("a:1"), f.worker("b:1")
     a.breaker.trip("watchdog")
-    assert f.router.select(ROUTE).worker is b  # one closed breaker: it alone is chosen
+    assert f.router.select(route).worker is b  # one closed breaker: it alone is chosen
     b.breaker.trip("watchdog")
-    assert f.router.select(ROUTE).worker in (a, b)  # none closed: panic, not a 503
+    assert f.router.select(route).worker in (a, b)  # none closed: panic, not a 503
     a.healthy = False
-    assert f.router.select(ROUTE).worker is b  # health still rules out a down worker
+    assert f.router.select(route).worker is b  # health still rules out a down worker
     b.healthy = False
     with pytest.raises(NoWorkerAvailable):
-        f.router.select(ROUTE)
+        f.router.select(route)

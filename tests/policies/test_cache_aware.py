@@ -196,9 +196,16 @@ def test_queue_estimate_counts_only_the_uncached_part_of_queued_prompts() -> Non
     queued = with_load(ws, "w0", queued_prefill_tokens=4002, in_flight=2)
     row = explain(p, req([*SYSTEM, 3]), queued)["workers"]["w0"]
     assert row["queued_uncached_estimate"] == pytest.approx(4002 * (1 - 2000 / 4002), abs=0.2)
-    # the worker's own (fresh) figure wins when larger; a stale one is ignored
+    # the worker's own (fresh) figure adds what exceeds our own queued prompts (traffic we
+    # did not send); a stale one is ignored
     fresh = with_load(queued, "w0", loads=LoadSnapshot(num_waiting_uncached_tokens=9_000, age_s=1))
-    assert explain(p, req([5]), fresh)["workers"]["w0"]["queued_uncached_estimate"] == 9_000
+    assert explain(p, req([5]), fresh)["workers"]["w0"]["queued_uncached_estimate"] == pytest.approx(
+        2002 + (9_000 - 4002), abs=0.2
+    )
+    # a burst of our own hits, priced by the worker as misses before the first is prefilled,
+    # adds nothing: the worker cannot be waiting on more than we sent it
+    ours = with_load(queued, "w0", loads=LoadSnapshot(num_waiting_uncached_tokens=4002, age_s=1))
+    assert explain(p, req([5]), ours)["workers"]["w0"]["queued_uncached_estimate"] == pytest.approx(2002, abs=0.2)
     stale = with_load(queued, "w0", loads=LoadSnapshot(num_waiting_uncached_tokens=9_000, age_s=60))
     assert explain(p, req([5]), stale)["workers"]["w0"]["queued_uncached_estimate"] < 9_000
     p.on_finish(hit, "w0", 1990, True)
@@ -242,3 +249,132 @@ def test_explain_is_per_worker_and_changes_nothing() -> None:
     assert chosen["predicted_cached_tokens"] == 2000 and chosen["cost"] == 1
     assert all("cost" in r and "tree_budget" in r for r in rows.values())
     assert p.tree().stats() == before and p._turn == turn
+
+
+# ------------------------------------------------------------------- closed loop
+def test_a_reported_miss_cuts_the_workers_stale_claims() -> None:
+    p = policy(hot_prefix_min_tokens=0)
+    ws = views(2, page_size=16)
+    for i in range(3):  # w0 was sent three prompts of the group
+        p.on_dispatch(req(SYSTEM + tokens(100, 10 + i), request_id=f"old{i}"), Decision("w0", "test"))
+        p.on_finish(req(SYSTEM + tokens(100, 10 + i), request_id=f"old{i}"), "w0", 0, True)
+    r = req(SYSTEM + tokens(100, 20), request_id="r")
+    d = send(p, r, ws)
+    assert (d.worker_id, d.predicted_cached_tokens) == ("w0", 2000)
+    # ... but the worker had evicted all of it but the first two pages
+    p.on_finish(r, "w0", 32, True)
+    assert p.stats.under_predicted == 1 and p.stats.corrected_tokens == 300
+    tree = p.tree()
+    assert tree.match(SYSTEM + tokens(100, 10)).per_worker == {"w0": 2000}  # via the fresh prompt only
+    assert tree.match(SYSTEM + tokens(100, 20)).per_worker == {"w0": 2096}
+    tree.validate()
+
+
+def test_a_report_above_the_prediction_is_recorded() -> None:
+    p = policy(hot_prefix_min_tokens=0)
+    ws = views(2, page_size=16)
+    r = req(SYSTEM + tokens(100, 30), request_id="r")
+    d = send(p, r, ws)
+    assert d.predicted_cached_tokens == 0
+    p.tree().remove_prefix(r.token_ids, d.worker_id)  # the tree forgot (budget) what the worker holds
+    p.on_finish(r, d.worker_id, 2000, True)
+    assert p.stats.over_predicted == 1 and p.stats.learned_tokens == 2000
+    assert p.tree().match(SYSTEM).per_worker == {d.worker_id: 2000}
+
+
+def test_failures_and_the_open_loop_leave_the_tree_alone() -> None:
+    for closed, fail in ((True, True), (False, False)):
+        p = policy(hot_prefix_min_tokens=0, closed_loop=closed)
+        old = req(SYSTEM + tokens(100, 40), request_id="old")
+        p.on_dispatch(old, Decision("w0", "test"))
+        r = req(SYSTEM + tokens(100, 41), request_id="r")
+        send(p, r, views(1))
+        p.on_finish(r, "w0", 0, not fail)
+        assert p.tree().match(old.token_ids).per_worker == {"w0": 2100}
+        assert p.stats.corrected_tokens == 0
+
+
+# ------------------------------------------------------------- hot-prefix replication
+def test_a_hot_prefix_is_held_on_k_workers_in_proportion_to_its_share() -> None:
+    p = policy()
+    pool = Pool(8)
+    hot_sys, picks = tokens(1024, 77), Counter[str]()
+    cold = [tokens(1024, 500 + g) for g in range(24)]
+    running: list[tuple[RouteRequest, Decision]] = []
+    for i in range(800):
+        # a quarter of the traffic shares one system prompt: ceil(0.25 * 8 + 1/4) = 3 holders
+        system = hot_sys if i % 4 == 0 else cold[i % 24]
+        r = req(system + tokens(64, 10_000 + i), request_id=str(i))
+        d = pool.dispatch(p, r, decode=256)
+        running.append((r, d))
+        if len(running) > 32:  # closed loop, 32 in flight: the oldest finishes
+            done, dd = running.pop(0)
+            pool.first_token(dd.worker_id, len(done.token_ids))
+            pool.in_flight[dd.worker_id] -= 1
+            pool.decode[dd.worker_id] -= 256
+            p.on_finish(done, dd.worker_id, dd.predicted_cached_tokens, True)
+        if system is hot_sys and i >= 400:
+            picks[d.worker_id] += 1
+    key = p._hot_key(req(hot_sys + tokens(64, 1)), 1024)
+    assert key is not None
+    assert p.hot.replicas(key, 8) == 3
+    holders = p.hot.holders(key)
+    assert set(picks) == set(holders[:3]), (picks, holders)  # spread over the three holders only
+    assert min(picks.values()) >= 15, picks
+    without = policy(hot_prefix_min_tokens=0)
+    pool, spread, running = Pool(8), Counter[str](), []
+    for i in range(800):
+        system = hot_sys if i % 4 == 0 else cold[i % 24]
+        r = req(system + tokens(64, 10_000 + i), request_id=str(i))
+        d = pool.dispatch(without, r, decode=256)
+        running.append((r, d))
+        if len(running) > 32:
+            done, dd = running.pop(0)
+            pool.first_token(dd.worker_id, len(done.token_ids))
+            pool.in_flight[dd.worker_id] -= 1
+            pool.decode[dd.worker_id] -= 256
+            without.on_finish(done, dd.worker_id, dd.predicted_cached_tokens, True)
+        if system is hot_sys and i >= 400:
+            spread[d.worker_id] += 1
+    # without replication every spill lands wherever is cheapest: it scatters over the pool
+    assert len(spread) > 3, spread
+
+
+def test_replicas_shrink_when_the_load_falls() -> None:
+    from gateway.policies.hot_prefix import HotPrefixes
+
+    hp = HotPrefixes(window=64)
+    for i in range(200):
+        hp.observe(1 if i % 2 == 0 else 100 + i)
+    assert hp.replicas(1, 8) == 5  # half the traffic: four workers' shares, plus headroom
+    for i in range(400):
+        hp.observe(1 if i % 16 == 0 else 1000 + i)
+    assert hp.replicas(1, 8) == 1
+    assert hp.hot(8) == []
+
+
+def test_hot_prefix_tracking_is_bounded_and_forgets_departed_workers() -> None:
+    from gateway.policies.hot_prefix import HotPrefixes
+
+    hp = HotPrefixes(window=64, max_tracked=32)
+    for i in range(1000):
+        hp.observe(i)
+    assert len(hp) <= 32
+    hp.add_holder(5, "w0")
+    hp.add_holder(5, "w1")
+    hp.drop_workers(["w0"])
+    assert hp.holders(5) == ["w1"]
+    assert hp.replicas(5, 1) == 1
+    with pytest.raises(ValueError):
+        HotPrefixes(window=0)
+
+
+def test_short_shared_prefixes_are_not_replicated() -> None:
+    p = policy()  # hot_prefix_min_tokens 256: a 64-token chat template shared by all is not hot
+    ws = views(4)
+    template = tokens(64, 3)
+    for i in range(200):
+        r = req(template + tokens(300, 900 + i), request_id=str(i))
+        d = send(p, r, ws)
+        assert d.reason != "hot_prefix"
+    assert p.hot.hot(4) == []

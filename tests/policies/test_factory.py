@@ -8,8 +8,8 @@ import pytest
 
 from gateway.policies import POLICY_NAMES, PolicyConfig, close_policy, make_policy
 from gateway.policies.cache_aware import CacheAwarePolicy
-from gateway.policies.headers import ROUTING_KEY_HEADERS, TARGET_WORKER_HEADERS
 from gateway.policies.prefix_hash import PrefixHashPolicy
+from gateway.protocol.headers import ROUTING_KEY_HEADERS, TARGET_WORKER_HEADERS
 from gateway.settings import add_options, from_namespace
 
 

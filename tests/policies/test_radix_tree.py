@@ -264,3 +264,63 @@ TestTreeMachine.settings = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
+
+
+# ------------------------------------------------------------- closed-loop correction
+def test_correct_drops_stale_claims_past_the_reported_depth_but_keeps_the_fresh_prompt() -> None:
+    t = RadixTree()
+    t.set_worker("a", page_size=4)
+    system = list(range(1, 17))  # 16 tokens: 4 pages
+    old1, old2 = [*system, 100, 101, 102, 103], [*system, 200, 201, 202, 203]
+    other = [50, 51, 52, 53, 54, 55, 56, 57]
+    t.insert(old1, "a")
+    t.insert(old2, "a")
+    t.insert(other, "a")
+    t.insert(old1, "b")
+    prompt = [*system, 300, 301, 302, 303]
+    t.insert(prompt, "a")
+    stamp = t.clock
+    # the worker found only the first 6 tokens cached (5 pages counted as 4): it had
+    # evicted everything of this path past token 4, so the old questions are gone too
+    lost = t.correct(prompt, "a", 6, stamp)
+    assert lost == 8  # the two old 4-token questions
+    m = t.match(old1)
+    assert m.per_worker["a"] == 16 and m.per_worker["b"] == 20  # "a" keeps the fresh prompt's path
+    assert raw(t, old2)["a"] == 16
+    assert raw(t, prompt)["a"] == 20  # it has just computed the whole prompt
+    assert raw(t, other)["a"] == 8  # another branch, untouched
+    t.validate()
+
+
+def test_correct_below_a_stale_prompt_drops_the_whole_stale_subtree() -> None:
+    t = RadixTree()
+    system = list(range(1, 9))
+    t.insert([*system, 9, 10], "a")
+    stamp_before = t.clock + 1  # claims made before the next insert are stale
+    t.insert([*system, 11, 12], "a")
+    # keep=0: nothing of this path was cached; claims older than the last insert go
+    lost = t.correct([*system, 11, 12], "a", 0, stamp_before)
+    assert lost == 2  # the 9, 10 tail; the shared system and the fresh tail stay
+    assert raw(t, [*system, 9, 10])["a"] == 8
+    t.validate()
+
+
+def test_correct_keeps_claims_made_after_the_request() -> None:
+    t = RadixTree()
+    prompt = list(range(1, 21))
+    t.insert(prompt, "a")
+    stamp = t.clock
+    later = [*prompt[:10], 99, 98]
+    t.insert(later, "a")  # dispatched after our request: it corrects itself when it ends
+    assert t.correct(prompt, "a", 0, stamp) == 0
+    assert raw(t, later)["a"] == 12
+    t.validate()
+
+
+def test_correct_of_unknown_worker_or_path_is_a_no_op() -> None:
+    t = RadixTree()
+    t.insert([1, 2, 3], "a")
+    assert t.correct([1, 2, 3], "zz", 0, t.clock + 1) == 0
+    assert t.correct([7, 8, 9], "a", 0, t.clock + 1) == 0
+    assert t.correct([1, 2, 3], "a", 3, t.clock + 1) == 0  # all of it was cached
+    t.validate()

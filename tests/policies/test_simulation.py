@@ -29,7 +29,7 @@ def run(bench: ModuleType, name: str, hot_share: float = 0.0, **overrides: objec
     wl = bench.gsp_workload(16, 8, 512, 32, 32, seed=3, hot_share=hot_share)
     policy = make_policy(PolicyConfig(policy=name, eviction_interval_s=0), **overrides)
     try:
-        return wl, bench.simulate(policy, wl, 4, 4096, 16, 16, bench.Timing(), 0.0, {})
+        return wl, bench.simulate(policy, wl, 4, 4096, 16, 16, bench.Timing(), 0.0, {})[0]
     finally:
         close_policy(policy)
 

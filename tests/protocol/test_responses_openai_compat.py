@@ -10,14 +10,10 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from gateway.protocol import (
     ChatCompletionChoice,
-    ChatCompletionChunkChoice,
     ChatCompletionMessage,
     ChatCompletionResponse,
     CompletionChoice,
     CompletionResponse,
-    DeltaFunctionCall,
-    DeltaMessage,
-    DeltaToolCall,
     EmbeddingResponse,
     FunctionCall,
     GenerateMetaInfo,
@@ -32,8 +28,15 @@ from gateway.protocol import (
     generate_finish_reason,
     openai_finish_reason,
 )
-from gateway.protocol import (
-    ChatCompletionChunk as OurChunk,
+from gateway.protocol.stream import (
+    CHAT_CHUNK,
+    TEXT_COMPLETION,
+    ChatDelta,
+    CompletionDelta,
+    StreamChunk,
+    StreamHead,
+    StreamUsage,
+    ToolCallFragment,
 )
 
 PIECES = {1: "Hel", 2: "lo", 3: "!", 4: " world", 5: "é"}
@@ -123,65 +126,25 @@ def test_chat_completion_with_tool_calls_keeps_null_content() -> None:
 
 
 def test_chunks_role_content_tool_deltas_and_usage_chunk() -> None:
-    cid = "chatcmpl-1"
+    head = StreamHead("chatcmpl-1", CHAT_CHUNK, 1700000000, "m")
     chunks = [
-        OurChunk(
-            id=cid,
-            model="m",
-            choices=[
-                ChatCompletionChunkChoice(index=0, delta=DeltaMessage(role="assistant", content=""))
-            ],
-        ),
-        OurChunk(
-            id=cid,
-            model="m",
-            choices=[
-                ChatCompletionChunkChoice(index=0, delta=DeltaMessage(reasoning_content="hmm"))
-            ],
-        ),
-        OurChunk(
-            id=cid,
-            model="m",
-            choices=[
-                ChatCompletionChunkChoice(
-                    index=0,
-                    delta=DeltaMessage(
-                        tool_calls=[
-                            DeltaToolCall(
-                                index=0,
-                                id="call_x",
-                                type="function",
-                                function=DeltaFunctionCall(name="f", arguments=""),
-                            )
-                        ]
-                    ),
+        StreamChunk(head, [ChatDelta(0, role="assistant", content="")]),
+        StreamChunk(head, [ChatDelta(0, reasoning_content="hmm")]),
+        StreamChunk(
+            head,
+            [
+                ChatDelta(
+                    0,
+                    tool_calls=[ToolCallFragment(0, "", id="call_x", name="f")],
                     logprobs=chat_logprobs([1], [-0.5], None, piece),
                 )
             ],
         ),
-        OurChunk(
-            id=cid,
-            model="m",
-            choices=[
-                ChatCompletionChunkChoice(
-                    index=0,
-                    delta=DeltaMessage(
-                        tool_calls=[
-                            DeltaToolCall(index=0, function=DeltaFunctionCall(arguments='{"x": 1}'))
-                        ]
-                    ),
-                )
-            ],
-        ),
-        OurChunk(
-            id=cid,
-            model="m",
-            choices=[
-                ChatCompletionChunkChoice(index=0, finish_reason="tool_calls", matched_stop=None)
-            ],
-        ),
-        OurChunk(id=cid, model="m", choices=[], usage=Usage.build(4, 5, cached_tokens=0)),
+        StreamChunk(head, [ChatDelta(0, tool_calls=[ToolCallFragment(0, '{"x": 1}')])]),
+        StreamChunk(head, [ChatDelta(0, finish_reason="tool_calls", final=True)]),
+        StreamChunk(head, [], StreamUsage(4, 5, cached_tokens=0)),
     ]
+    assert [c.to_json() for c in chunks] == [orjson.dumps(c.to_dict()) for c in chunks]
     dicts = [wire(c.to_dict()) for c in chunks]
     assert dicts[0]["choices"][0] == {
         "index": 0,
@@ -190,7 +153,8 @@ def test_chunks_role_content_tool_deltas_and_usage_chunk() -> None:
         "finish_reason": None,
     }
     assert dicts[4]["choices"][0]["delta"] == {}
-    assert "usage" not in dicts[0]
+    assert dicts[4]["choices"][0]["matched_stop"] is None and "matched_stop" not in dicts[1]["choices"][0]
+    assert "usage" not in dicts[0] and dicts[0]["object"] == "chat.completion.chunk"
     parsed = [ChatCompletionChunk.model_validate(d) for d in dicts]
     assert parsed[1].choices[0].delta.model_extra == {"reasoning_content": "hmm"}
     args = "".join(
@@ -240,21 +204,20 @@ def test_streamed_completion_chunks_are_text_completions() -> None:
     # Mid-stream chunks carry finish_reason null exactly as OpenAI streams them (the
     # SDK's type says non-null but the SDK does not validate streamed events); the
     # last chunk is a fully valid Completion.
-    middle = CompletionResponse(
-        id="cmpl-1", model="m", choices=[CompletionChoice(index=0, text="He")]
-    )
-    data = wire(middle.to_dict())
+    head = StreamHead("cmpl-1", TEXT_COMPLETION, 1700000000, "m")
+    data = wire(StreamChunk(head, [CompletionDelta(0, "He")]).to_dict())
     assert data["object"] == "text_completion"
     assert data["choices"][0] == {"index": 0, "text": "He", "logprobs": None, "finish_reason": None}
-    last = CompletionResponse(
-        id="cmpl-1",
-        model="m",
-        choices=[CompletionChoice(index=0, text="llo", finish_reason="stop", matched_stop="\n")],
-    )
+    last = StreamChunk(head, [CompletionDelta(0, "llo", finish_reason="stop", matched_stop="\n")])
     parsed = Completion.model_validate(wire(last.to_dict()))
     assert parsed.choices[0].text == "llo" and parsed.choices[0].model_extra == {
         "matched_stop": "\n"
     }
+    lp = completion_logprobs([1, 2], [-0.1, -0.2], [[(1, -0.1)], [(2, -0.2)]], piece, text_offset=4)
+    usage = StreamUsage(2, 2, cached_tokens=1)
+    with_lp = Completion.model_validate(wire(StreamChunk(head, [CompletionDelta(0, "Hello", lp, "length", None)], usage).to_dict()))
+    assert with_lp.choices[0].logprobs is not None and with_lp.choices[0].logprobs.text_offset == [4, 7]
+    assert with_lp.usage is not None and with_lp.usage.total_tokens == 4
 
 
 def test_embeddings_float_and_base64() -> None:

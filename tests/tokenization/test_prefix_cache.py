@@ -169,3 +169,42 @@ def test_concurrent_use_is_exact(qwen: Tokenizer) -> None:
 def test_bad_limits_are_refused(qwen: Tokenizer) -> None:
     with pytest.raises(ValueError):
         PrefixTokenCache(qwen, max_entries=0)
+
+
+def test_word_cuts_are_on_for_qwen_and_exact(qwen: Tokenizer) -> None:
+    cache = PrefixTokenCache(qwen, min_text_chunk_chars=16)
+    assert cache.word_cuts
+    system = "You are a careful assistant and you answer in short plain words. " * 8
+    first, second = system + "What is the capital of France?", system + "Name three rivers, please!"
+    assert len(cache.split_words(first)) > 3 and "".join(cache.split_words(first)) == first
+    for text in (first, second, first):
+        assert cache.encode_prompt(text) == qwen.encode(text, add_special_tokens=True)
+    stats = cache.stats()
+    assert stats.hits == 2 and stats.reused_tokens > len(qwen.encode(system, add_special_tokens=False)) // 2
+
+
+@PROPERTY
+@given(
+    words=st.lists(st.one_of(st.sampled_from(FRAGMENTS), message_text, st.sampled_from([" ", "  ", "\n", "a b", "Z y", "'s x"])), max_size=30),
+    tails=st.lists(st.lists(st.one_of(st.sampled_from(FRAGMENTS), message_text), max_size=4), max_size=3),
+    min_chunk=st.integers(1, 24),
+)
+def test_plain_text_prompts_with_shared_prefixes_are_exact(
+    qwen: Tokenizer, words: list[str], tails: list[list[str]], min_chunk: int
+) -> None:
+    """Word cuts never change the ids, whatever the text (added tokens, spaces, scripts)."""
+    cache = PrefixTokenCache(qwen, min_text_chunk_chars=min_chunk)
+    prefix = "".join(words)
+    for tail in [[], *tails]:
+        text = prefix + "".join(tail)
+        assert "".join(cache.split_words(text)) == text
+        assert cache.encode_prompt(text) == qwen.encode(text, add_special_tokens=True)
+
+
+def test_whitespace_swallowing_added_tokens_disable_word_cuts(qwen_dir: Path) -> None:
+    tok = Tokenizer.from_path(qwen_dir)
+    tok.backend.add_special_tokens([AddedToken("<R>", rstrip=True, normalized=False)])
+    cache = PrefixTokenCache(Tokenizer(tok.backend), min_text_chunk_chars=4)
+    assert not cache.word_cuts
+    text = "words and words <R> more words " * 40
+    assert cache.encode_prompt(text) == tok.encode(text, add_special_tokens=True)

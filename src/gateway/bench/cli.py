@@ -113,11 +113,17 @@ def run(args: argparse.Namespace) -> int:
         write_trace(workload, config.save_trace)
         console.print(f"trace written to {config.save_trace} ({len(workload)} requests)")
 
+    from gateway.bench.progress import BenchProgress
+
+    planned = min(len(workload), driver.max_requests) if driver.max_requests > 0 else len(workload)
+
     async def drive_all() -> list[Any]:
         runs = []
-        for label, _, url in targets:
-            console.print(f"driving {len(workload)} {workload.name} requests through {label} ({url})")
-            runs.append(await run_workload(url, workload, driver, label=label))
+        with BenchProgress(console) as bars:
+            for label, _, url in targets:
+                console.print(f"driving {len(workload)} {workload.name} requests through {label} ({url})")
+                on_result = bars.run(label, planned)
+                runs.append(await run_workload(url, workload, driver, label=label, on_result=on_result))
         return runs
 
     try:

@@ -24,12 +24,13 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from gateway.bench.workloads import Message, RequestSpec, Workload, with_poisson_arrivals
+from gateway.protocol.headers import WORKER_ID
 from gateway.settings import option
 
 if TYPE_CHECKING:  # httpx is imported where used: the CLI parser imports this module
     import httpx
 
-WORKER_HEADER = "x-worker-id"
+WORKER_HEADER = WORKER_ID
 
 
 @dataclass(slots=True)

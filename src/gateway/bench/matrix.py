@@ -36,10 +36,10 @@ from pathlib import Path
 from typing import Any
 
 from gateway.bench.machine import facts
-from gateway.bench.workloads import ChatConfig, GspConfig, LongMixConfig
+from gateway.bench.workloads import ChatConfig, GspConfig, LongMixConfig, ZipfGspConfig
 from gateway.settings import add_options, from_namespace, option
 
-MATRIX_WORKLOADS = ["gsp", "chat", "long-mix"]
+MATRIX_WORKLOADS = ["gsp", "chat", "long-mix", "zipf-gsp"]
 MATRIX_POLICIES = ["round_robin", "random", "power_of_two", "least_load", "prefix_hash", "cache_aware", "oracle"]
 
 # Defaults sized so the full matrix (3 workloads x 3 fleets x 7 policies) takes ~15-20
@@ -58,9 +58,13 @@ MATRIX_LONG = LongMixConfig(
 class MatrixConfig:
     """Which cells to run, the simulated fleet, and where the figures go."""
 
-    workloads: list[str] = option(list(MATRIX_WORKLOADS), "workloads to run", choices=MATRIX_WORKLOADS)
+    workloads: list[str] = option(MATRIX_WORKLOADS[:3], "workloads to run", choices=MATRIX_WORKLOADS)
     workers: list[int] = option([4, 8, 16], "fleet sizes (simulated workers)")
-    policies: list[str] = option(list(MATRIX_POLICIES), "policies to compare ('oracle' reads the true caches)")
+    policies: list[str] = option(
+        list(MATRIX_POLICIES),
+        "policies to compare ('oracle' reads the true caches; NAME:knob=value,... sets policy knobs, "
+        "e.g. cache_aware:closed_loop=false)",
+    )
     per_worker_concurrency: int = option(4, "requests in flight per worker (concurrency = this x workers)")
     seed: int = option(0, "workload seed (every cell of a workload sees the same requests)")
     kv_capacity_tokens: int = option(
@@ -111,12 +115,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_options(parser.add_argument_group("gsp workload"), GspConfig)
     add_options(parser.add_argument_group("chat workload"), ChatConfig)
     add_options(parser.add_argument_group("long-mix workload"), LongMixConfig)
+    add_options(parser.add_argument_group("zipf-gsp workload (gsp's sizes)"), ZipfGspConfig)
     parser.set_defaults(
         **dataclasses.asdict(MATRIX_GSP), **dataclasses.asdict(MATRIX_CHAT), **dataclasses.asdict(MATRIX_LONG)
     )
 
 
 # ---------------------------------------------------------------------------- one cell
+
+
+def parse_variant(policy: str) -> tuple[str, dict[str, Any]]:
+    """``NAME[:knob=value,...]`` -> (NAME, typed PolicyConfig overrides), for ablation cells."""
+    from gateway.policies.factory import PolicyConfig
+
+    name, _, rest = policy.partition(":")
+    knobs: dict[str, Any] = {}
+    if not rest:
+        return name, knobs
+    fields = {f.name: f for f in dataclasses.fields(PolicyConfig)}
+    for item in rest.split(","):
+        key, sep, raw = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or key not in fields or key in ("policy", "seed"):
+            raise ValueError(f"{item!r} in {policy!r} is not knob=value of a policy setting")
+        default = getattr(PolicyConfig(), key)
+        if isinstance(default, bool):
+            if raw.lower() not in ("true", "false", "1", "0", "on", "off"):
+                raise ValueError(f"{key} takes true/false, not {raw!r}")
+            knobs[key] = raw.lower() in ("true", "1", "on")
+        elif isinstance(default, int):
+            knobs[key] = int(raw)
+        elif isinstance(default, float):
+            knobs[key] = float(raw)
+        else:
+            knobs[key] = raw
+    return name, knobs
 
 
 def sim_config(config: MatrixConfig) -> Any:
@@ -189,6 +222,7 @@ async def run_cell(
     ideal: Any,
     *,
     gateway: str = "ours",
+    on_result: Any = None,
 ) -> Cell:
     """A fresh in-process fleet, a gateway (``gateway``) with ``policy``, one run of ``workload``."""
     from gateway.bench.driver import DriverConfig, run_workload
@@ -201,7 +235,10 @@ async def run_cell(
         request_timeout_s=config.request_timeout_s,
     )
     async with SimFleet.start(workers, sim_config(config)) as fleet:
-        run = await _drive(fleet, workload, policy, config, tokenizer_dir, scratch, driver, gateway, run_workload)
+        def drive(url: str, label: str) -> Any:
+            return run_workload(url, workload, driver, label=label, on_result=on_result)
+
+        run = await _drive(fleet, workload, policy, config, tokenizer_dir, scratch, gateway, drive)
         stats = fleet.stats()
     run.worker_counters = {str(s["url"]): s for s in stats}
     ideal_rate = ideal(run) if callable(ideal) else ideal
@@ -213,7 +250,7 @@ async def run_cell(
 
 async def _drive(
     fleet: Any, workload: Any, policy: str, config: MatrixConfig, tokenizer_dir: str, scratch: str,
-    driver: Any, gateway: str, run_workload: Any,
+    gateway: str, drive: Any,
 ) -> Any:  # fmt: skip
     if gateway == "ours":
         from gateway.bench.inprocess import serve_in_process
@@ -226,21 +263,22 @@ async def _drive(
             )
         )
         maker = None
-        if policy == "oracle":
+        name, knobs = parse_variant(policy)
+        if name == "oracle":
             reader = true_cache_reader(fleet)
-            maker = lambda role: OraclePolicy(reader)  # noqa: E731
+            extra = {k: v for k, v in knobs.items() if k in ("hot_prefix_min_tokens", "hot_prefix_window")}
+            maker = lambda role: OraclePolicy(reader, **extra)  # noqa: E731
         else:
-            gw_config.policy.policy = policy
-            gw_config.policy.seed = config.seed
+            gw_config.policy = dataclasses.replace(gw_config.policy, policy=name, seed=config.seed, **knobs)
         async with serve_in_process(gw_config, policy_maker=maker) as served:
-            return await run_workload(served.url, workload, driver, label=policy)
+            return await drive(served.url, policy)
     if gateway == "ours-process":
         from gateway.bench.serve_process import ServeProcess
 
         args = ["--tokenizer-path", tokenizer_dir, "--tokenizer-cache-dir", scratch, "--log-level", "warning"]
         proc = await ServeProcess.start(fleet.urls, policy, extra_args=args)
         try:
-            return await run_workload(proc.url, workload, driver, label=policy)
+            return await drive(proc.url, policy)
         finally:
             await proc.stop()
             proc.remove_log()
@@ -248,7 +286,7 @@ async def _drive(
 
     peer = await PeerProcess.start(config.peers_python, gateway, fleet.urls, policy, tokenizer_dir)
     try:
-        return await run_workload(peer.url, workload, driver, label=f"{gateway} {policy}")
+        return await drive(peer.url, f"{gateway} {policy}")
     finally:
         await peer.stop()
         peer.remove_log()
@@ -267,6 +305,9 @@ def build_workloads(config: MatrixConfig, args: argparse.Namespace, tokenizer_di
             out[name] = wl.gsp(from_namespace(GspConfig, args), vocab, config.seed)
         elif name == "chat":
             out[name] = wl.multi_turn_chat(from_namespace(ChatConfig, args), vocab, config.seed)
+        elif name == "zipf-gsp":
+            out[name] = wl.zipf_gsp(from_namespace(ZipfGspConfig, args), from_namespace(GspConfig, args), vocab,
+                                    config.seed)
         else:
             out[name] = wl.long_context_mix(from_namespace(LongMixConfig, args), vocab, config.seed)
     return out
@@ -317,7 +358,11 @@ async def run_matrix(
     ideals: dict[str, Any] = {}
     cells: list[Cell] = []
     t0 = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="token-gateway-matrix-") as scratch:
+    from gateway.bench.progress import BenchProgress
+
+    with tempfile.TemporaryDirectory(prefix="token-gateway-matrix-") as scratch, BenchProgress(
+        console, cells=len(plan)
+    ) as bars:
         # Warm-up, not recorded: the first chat request of the process compiles the chat
         # template, which would otherwise land in the first chat cell's TTFT.
         for workload in workloads.values():
@@ -327,13 +372,16 @@ async def run_matrix(
             if workload.name not in ideals:
                 ideals[workload.name] = ideal_of(workload, config.page_size, tokenizer_dir)
             start = time.monotonic()
+            on_result = bars.run(f"{workload.name} x{n} {gateway} {policy}", len(workload))
             try:
                 cell = await run_cell(
-                    workload, n, policy, config, tokenizer_dir, scratch, ideals[workload.name], gateway=gateway
+                    workload, n, policy, config, tokenizer_dir, scratch, ideals[workload.name], gateway=gateway,
+                    on_result=on_result,
                 )
             except (RuntimeError, OSError, ValueError) as exc:
                 cell = Cell(workload.name, n, policy, gateway, None, error=str(exc)[:2000])
             cells.append(cell)
+            bars.cell_done()
             console.print(_progress_line(i, len(plan), cell, time.monotonic() - start, time.monotonic() - t0))
     return cells
 
@@ -502,7 +550,10 @@ def run(args: argparse.Namespace) -> int:
     from gateway.bench.workloads import default_tokenizer_dir
 
     config = from_namespace(MatrixConfig, args)
-    unknown = [p for p in config.policies if p not in MATRIX_POLICIES]
+    try:
+        unknown = [p for p in config.policies if parse_variant(p)[0] not in MATRIX_POLICIES]
+    except ValueError as exc:
+        raise SystemExit(f"bad --policies: {exc}") from exc
     if unknown or not config.policies or not config.workers or min(config.workers) < 1:
         raise SystemExit(f"bad --policies/--workers (policies from {', '.join(MATRIX_POLICIES)})")
     if config.peers and not Path(config.peers_python).exists():
@@ -532,6 +583,7 @@ def run(args: argparse.Namespace) -> int:
                 "gsp": dataclasses.asdict(from_namespace(GspConfig, args)),
                 "chat": dataclasses.asdict(from_namespace(ChatConfig, args)),
                 "long-mix": dataclasses.asdict(from_namespace(LongMixConfig, args)),
+                "zipf-gsp": dataclasses.asdict(from_namespace(ZipfGspConfig, args)),
             },
             "cells": [c.to_dict() for c in cells],
         }

@@ -63,8 +63,12 @@ class ServeProcess:
         extra_args: Sequence[str] = (),
         ready_timeout_s: float = 60.0,
         log_dir: str | Path | None = None,
+        env: dict[str, str] | None = None,
     ) -> ServeProcess:
-        """Start the gateway on an ephemeral loopback port; return once it is ready to route."""
+        """Start the gateway on an ephemeral loopback port; return once it is ready to route.
+
+        ``env`` replaces the child's environment (a benchmark runs another checkout's
+        code with its own ``PYTHONPATH``)."""
         argv = [
             sys.executable, "-m", "gateway", "serve",
             "--worker-urls", *worker_urls,
@@ -72,11 +76,17 @@ class ServeProcess:
             "--host", "127.0.0.1", "--port", "0",
             *extra_args,
         ]  # fmt: skip
-        return await cls.launch(argv, f"gateway-{policy}", ready_timeout_s=ready_timeout_s, log_dir=log_dir)
+        return await cls.launch(argv, f"gateway-{policy}", ready_timeout_s=ready_timeout_s, log_dir=log_dir, env=env)
 
     @classmethod
     async def launch(
-        cls, argv: Sequence[str], name: str, *, ready_timeout_s: float = 60.0, log_dir: str | Path | None = None
+        cls,
+        argv: Sequence[str],
+        name: str,
+        *,
+        ready_timeout_s: float = 60.0,
+        log_dir: str | Path | None = None,
+        env: dict[str, str] | None = None,
     ) -> ServeProcess:
         """Run ``argv``, wait for its ready line and for ``/readiness``; stop it on any failure."""
         log_file: IO[bytes] = tempfile.NamedTemporaryFile(
@@ -86,7 +96,7 @@ class ServeProcess:
         try:
             process = await asyncio.create_subprocess_exec(
                 *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                stderr=log_file, start_new_session=True,
+                stderr=log_file, start_new_session=True, env=env,
             )  # fmt: skip
         finally:
             log_file.close()

@@ -171,6 +171,46 @@ def iter_gsp(config: GspConfig, vocab: Vocab, seed: int = 0) -> Iterator[Request
 
 
 @dataclass(slots=True)
+class ZipfGspConfig:
+    """gsp with skewed popularity: each request's group drawn with weight 1 / rank ** s.
+
+    A few hot system prompts carry most of the traffic (s = 1.1 over 64 groups: the top
+    group about a quarter, the top four about half), the rest is a long tail. Sizes
+    (system, question and output tokens) are gsp's.
+    """
+
+    zipf_groups: int = option(64, "groups (system prompts) to draw from")
+    zipf_requests: int = option(1024, "requests in all")
+    zipf_s: float = option(1.1, "Zipf exponent: weight of the group of rank r is 1 / r ** s")
+
+
+def zipf_gsp(config: ZipfGspConfig, sizes: GspConfig, vocab: Vocab, seed: int = 0) -> Workload:
+    """``zipf_requests`` completions, prompt = a Zipf-drawn group's system prompt + unique question."""
+    if config.zipf_groups < 1 or config.zipf_requests < 1 or config.zipf_s < 0:
+        raise ValueError("zipf gsp needs groups >= 1, requests >= 1 and s >= 0")
+    weights = [1.0 / (g + 1) ** config.zipf_s for g in range(config.zipf_groups)]
+    draw = _rng(seed, "zipf", "groups").choices(range(config.zipf_groups), weights=weights, k=config.zipf_requests)
+    systems: dict[int, tuple[int, ...]] = {}
+    requests = []
+    for i, g in enumerate(draw):
+        system = systems.get(g)
+        if system is None:
+            system = systems[g] = vocab.sample(_rng(seed, "gsp", "system", g), sizes.system_tokens)
+        ids = system + vocab.sample(_rng(seed, "zipf", "question", i), sizes.question_tokens)
+        requests.append(
+            RequestSpec(
+                endpoint="completions",
+                max_tokens=sizes.output_tokens,
+                prompt_token_ids=None if sizes.text_prompts else ids,
+                prompt=vocab.decode(ids) if sizes.text_prompts else None,
+                group=f"g{g}",
+            )
+        )
+    params = dataclasses.asdict(config) | dataclasses.asdict(sizes) | {"seed": seed}
+    return Workload("zipf-gsp", tuple(requests), params)
+
+
+@dataclass(slots=True)
 class ChatConfig:
     """Multi-turn chat: each turn resends the whole conversation so far."""
 

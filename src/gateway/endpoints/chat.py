@@ -2,19 +2,20 @@
 
 Each choice runs its text through a reasoning parser (``<think>…</think>``) and
 then a tool-call parser, streaming or whole; both are pure text machines from
-``gateway.parsers``. Stream chunks are plain dicts for the same reason as in
-``completions``: they are built once per token batch on the hot path.
+``gateway.parsers``. Streams yield typed events (``protocol.stream``) that each
+front door serializes once; a request with neither parser skips both per token.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.endpoints.chat_parsers import ChatParsers, choose_parsers
-from gateway.endpoints.completions import piece_fn, usage_dict
-from gateway.parsers.base import ReasoningParser, ToolCallParser
+from gateway.endpoints.chat_parsers import ChatParsers, choose_parsers, template_kwargs
+from gateway.endpoints.completions import piece_fn, stream_usage
+from gateway.parsers.base import ReasoningParser, ToolCallDelta, ToolCallParser
 from gateway.pipeline.catalog import ModelEntry
 from gateway.pipeline.engine import Engine
 from gateway.pipeline.generation import Generation, SampleDelta
@@ -31,6 +32,7 @@ from gateway.protocol.responses import (
     openai_finish_reason,
 )
 from gateway.protocol.sampling import sampling_from_chat
+from gateway.protocol.stream import CHAT_CHUNK, ChatDelta, StreamChunk, StreamHead, ToolCallFragment
 
 
 @dataclass
@@ -40,6 +42,7 @@ class _Choice:
     reasoning: ReasoningParser | None
     tools: ToolCallParser | None
     think_end_id: int | None
+    max_calls: int | None = None  # parallel_tool_calls false: only the first call
     reasoning_tokens: int = 0
     in_reasoning: bool = True
     sent_role: bool = False
@@ -55,7 +58,7 @@ class _Choice:
                 return
             self.reasoning_tokens += 1
 
-    def split(self, text: str, *, final: bool) -> tuple[str, str, list[dict[str, Any]]]:
+    def split(self, text: str, *, final: bool) -> tuple[str, str, list[ToolCallDelta]]:
         """(reasoning, content, tool call deltas) for new text."""
         reasoning = ""
         content = text
@@ -66,24 +69,29 @@ class _Choice:
                 r2, c2 = self.reasoning.finish()
                 reasoning += r2
                 content += c2
-        calls: list[dict[str, Any]] = []
+        calls: list[ToolCallDelta] = []
         if self.tools is not None:
             out = self.tools.feed(content)
             content = out.content
-            calls = [c.to_openai() for c in out.tool_calls]
+            calls = list(out.tool_calls)
             if final:
                 tail = self.tools.finish()
                 content += tail.content
-                calls.extend(c.to_openai() for c in tail.tool_calls)
+                calls.extend(tail.tool_calls)
+            if self.max_calls is not None:  # parallel_tool_calls: false keeps the first call only
+                calls = [c for c in calls if c.index < self.max_calls]
         return reasoning, content, calls
 
 
 async def _start(engine: Engine, req: ChatCompletionRequest, ctx: RequestContext) -> tuple[ModelEntry, Generation, str, ChatParsers]:
     entry = engine.catalog.get(req.model)
-    kwargs = dict(req.chat_template_kwargs or {})
+    kwargs = template_kwargs(req)
     check_tools(req.tools_json(), engine.limits)
-    parsers = choose_parsers(entry.tokenizer, entry.model_type, req)
+    parsers = choose_parsers(entry, req)
     sampling = sampling_from_chat(req).with_constraint(parsers.constraint)
+    if parsers.keep_special_tokens and sampling.skip_special_tokens:
+        # The model's tool-call / channel markers are special tokens: the parsers need them.
+        sampling = dataclasses.replace(sampling, skip_special_tokens=False)
     text, ids = await engine.render_chat(
         entry, req.template_messages(), tools=req.template_tools(), chat_template_kwargs=kwargs or None,
     )
@@ -98,8 +106,9 @@ async def _start(engine: Engine, req: ChatCompletionRequest, ctx: RequestContext
 
 
 def _choices(gen: Generation, prompt_text: str, parsers: ChatParsers) -> list[_Choice]:
+    max_calls = None if parsers.parallel_tool_calls else 1
     return [
-        _Choice(parsers.new_reasoning(prompt_text), parsers.new_tools(), parsers.think_end_id)
+        _Choice(parsers.new_reasoning(prompt_text), parsers.new_tools(), parsers.think_end_id, max_calls)
         for _ in range(gen.prepared.sampling.n)
     ]
 
@@ -135,6 +144,8 @@ async def complete_chat(engine: Engine, req: ChatCompletionRequest, ctx: Request
         calls = None
         if choice.tools is not None:
             content, parsed = choice.tools.parse(content or "")
+            if choice.max_calls is not None:
+                parsed = parsed[: choice.max_calls]
             calls = [c.to_protocol() for c in parsed] or None
         last = finish.get(i)
         logprobs = None
@@ -160,7 +171,7 @@ async def complete_chat(engine: Engine, req: ChatCompletionRequest, ctx: Request
     return response.to_dict()
 
 
-async def stream_chat(engine: Engine, req: ChatCompletionRequest, ctx: RequestContext) -> AsyncIterator[dict[str, Any]]:
+async def stream_chat(engine: Engine, req: ChatCompletionRequest, ctx: RequestContext) -> AsyncIterator[StreamChunk]:
     """Start the generation (errors before output become HTTP errors), then stream chunks."""
     _, chunks = await start_chat_stream(engine, req, ctx)
     return chunks
@@ -168,61 +179,59 @@ async def stream_chat(engine: Engine, req: ChatCompletionRequest, ctx: RequestCo
 
 async def start_chat_stream(
     engine: Engine, req: ChatCompletionRequest, ctx: RequestContext
-) -> tuple[Generation, AsyncIterator[dict[str, Any]]]:
+) -> tuple[Generation, AsyncIterator[StreamChunk]]:
     """``stream_chat`` that also hands back the generation, for front doors that must
     end it themselves when their client goes away mid-stream."""
     entry, gen, prompt_text, parsers = await _start(engine, req, ctx)
     return gen, _chunks(req, entry, gen, prompt_text, parsers, ctx)
 
 
+def _fragments(calls: list[ToolCallDelta]) -> list[ToolCallFragment]:
+    return [ToolCallFragment(c.index, c.arguments, c.id, c.name) for c in calls]
+
+
 async def _chunks(
     req: ChatCompletionRequest, entry: ModelEntry, gen: Generation, prompt_text: str, parsers: ChatParsers, ctx: RequestContext
-) -> AsyncIterator[dict[str, Any]]:
-    rid = ctx.response_id("chatcmpl")
-    created = now()
-    model = entry.name
+) -> AsyncIterator[StreamChunk]:
+    head = StreamHead(ctx.response_id("chatcmpl"), CHAT_CHUNK, now(), entry.name)
     choices = _choices(gen, prompt_text, parsers)
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
     want_lp = gen.prepared.sampling.logprobs
     top_n = gen.prepared.sampling.top_logprobs
     piece = piece_fn(entry) if want_lp else None
-
-    def chunk(choice_dicts: list[dict[str, Any]]) -> dict[str, Any]:
-        out: dict[str, Any] = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": choice_dicts}
-        if continuous:
-            out["usage"] = usage_dict(gen.usage)
-        return out
+    plain = all(c.reasoning is None and c.tools is None for c in choices)  # text goes straight to content
 
     for i, c in enumerate(choices):
         c.sent_role = True
-        yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}])
+        yield StreamChunk(head, [ChatDelta(i, role="assistant", content="")], stream_usage(gen.usage) if continuous else None)
     async for d in gen:
         c = choices[d.index]
-        c.count(d.token_ids)
         final = d.finish_reason is not None
-        reasoning, content, calls = c.split(d.text, final=final)
-        delta: dict[str, Any] = {}
-        if reasoning:
-            delta["reasoning_content"] = reasoning
-        if content:
-            delta["content"] = content
-        if calls:
-            delta["tool_calls"] = calls
+        calls: list[ToolCallDelta] = []
+        if plain:
+            reasoning, content = "", d.text
+        else:
+            c.count(d.token_ids)
+            reasoning, content, calls = c.split(d.text, final=final)
         logprobs = None
         if piece is not None and d.token_ids:
-            logprobs = chat_logprobs(d.token_ids, d.logprobs or [], d.top_logprobs if top_n else None, piece).to_dict()
-        if not delta and not final and logprobs is None:
+            logprobs = chat_logprobs(d.token_ids, d.logprobs or [], d.top_logprobs if top_n else None, piece)
+        if not (reasoning or content or calls) and not final and logprobs is None:
             continue
-        entry_dict: dict[str, Any] = {"index": d.index, "delta": delta, "logprobs": logprobs, "finish_reason": None}
+        delta = ChatDelta(
+            d.index, content=content or None, reasoning_content=reasoning or None,
+            tool_calls=_fragments(calls) if calls else None, logprobs=logprobs,
+        )
         if final:
             used_tools = c.tools is not None and c.tools.calls_started > 0
-            entry_dict["finish_reason"] = openai_finish_reason(d.finish_reason, tool_calls=used_tools)
-            entry_dict["matched_stop"] = d.matched_stop
-        yield chunk([entry_dict])
+            delta.finish_reason = openai_finish_reason(d.finish_reason, tool_calls=used_tools)
+            delta.final = True
+            delta.matched_stop = d.matched_stop
+        yield StreamChunk(head, [delta], stream_usage(gen.usage) if continuous else None)
     if include_usage:
         u = gen.usage
-        usage = usage_dict(u, reasoning=parsers.reasoning_enabled)
+        usage = stream_usage(u)
         if parsers.reasoning_enabled:
-            usage["completion_tokens_details"] = {"reasoning_tokens": u.reasoning_tokens or _reasoning_total(choices)}
-        yield {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [], "usage": usage}
+            usage.reasoning_tokens = u.reasoning_tokens or _reasoning_total(choices)
+        yield StreamChunk(head, [], usage)

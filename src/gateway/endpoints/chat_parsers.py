@@ -1,4 +1,12 @@
-"""Which reasoning and tool-call parsers a chat request gets."""
+"""Which reasoning and tool-call parsers a chat request gets.
+
+The model's own formats were settled when it was loaded (``--tool-call-parser``
+/ ``--reasoning-parser``, ``auto`` by default: ``ModelEntry.tool_call_parser``
+and ``reasoning_parser``); the request picks among them: ``tool_choice``
+``none`` turns tool parsing off, ``required`` and named functions switch to the
+JSON the decoding constraint forces, ``enable_thinking``/``thinking`` false and
+``separate_reasoning`` false turn reasoning splitting off.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +15,15 @@ from typing import Any
 
 from gateway.parsers.base import ReasoningParser, ToolCallParser
 from gateway.parsers.constrained import tool_choice_constraint
-from gateway.parsers.reasoning import ThinkTagReasoningParser, prompt_opens_think_block
-from gateway.parsers.registry import tool_parser_for_choice
+from gateway.parsers.registry import (
+    needs_special_tokens,
+    reasoning_parser_for_request,
+    tool_parser_for_choice,
+)
+from gateway.pipeline.catalog import ModelEntry
 from gateway.protocol.chat import ChatCompletionRequest
-from gateway.tokenization import Tokenizer
 
-# Qwen and Hermes-style models write <tool_call>{json}</tool_call>.
-DEFAULT_TOOL_FORMAT = "hermes"
+_END_TAGS = {"kimi": "◁/think▷"}
 
 
 @dataclass(frozen=True)
@@ -27,38 +37,66 @@ class ChatParsers:
     tools: tuple[dict[str, Any], ...]
     think_end_id: int | None
     constraint: tuple[str, str] | None = None
+    reasoning_parser: str | None = None
+    tool_parser: str | None = None
+    chat_template_kwargs: tuple[tuple[str, Any], ...] = ()
+    keep_special_tokens: bool = False
+    parallel_tool_calls: bool = True
 
     def new_reasoning(self, prompt_text: str) -> ReasoningParser | None:
         if not self.reasoning_enabled:
             return None
-        return ThinkTagReasoningParser(
-            starts_in_reasoning=prompt_opens_think_block(prompt_text),
-            enable_thinking=self.enable_thinking,
+        return reasoning_parser_for_request(
+            self.reasoning_parser,
+            chat_template_kwargs=dict(self.chat_template_kwargs),
             separate_reasoning=self.separate_reasoning,
+            prompt_text=prompt_text,
         )
 
     def new_tools(self) -> ToolCallParser | None:
         """auto: the model's own format; required/named: the JSON the constraint forces."""
-        return tool_parser_for_choice(self.tool_choice, list(self.tools), DEFAULT_TOOL_FORMAT)
+        return tool_parser_for_choice(self.tool_choice, list(self.tools), self.tool_parser)
 
 
-def choose_parsers(tokenizer: Tokenizer, model_type: str, req: ChatCompletionRequest) -> ChatParsers:
-    """Reasoning parsing for models whose vocabulary has think tags (Qwen3 and kin);
-    tool-call parsing per tool_choice, with the decoding constraint that required
-    and named choices need."""
-    think_end = tokenizer.token_id("</think>")
-    kwargs = req.chat_template_kwargs or {}
-    enable_thinking = bool(kwargs.get("enable_thinking", True))
-    reasoning = think_end is not None and tokenizer.token_id("<think>") is not None
+def template_kwargs(req: ChatCompletionRequest) -> dict[str, Any]:
+    """``chat_template_kwargs`` plus ``reasoning_effort`` for templates that read it."""
+    kwargs = dict(req.chat_template_kwargs or {})
+    if req.reasoning_effort is not None:
+        kwargs.setdefault("reasoning_effort", req.reasoning_effort)
+    return kwargs
+
+
+def choose_parsers(entry: ModelEntry, req: ChatCompletionRequest) -> ChatParsers:
+    """The model's parsers as this request needs them, with the decoding constraint
+    that required and named tool choices call for."""
+    kwargs = template_kwargs(req)
+    enable_thinking = bool(kwargs.get("enable_thinking", kwargs.get("thinking", True)))
+    reasoning_name = entry.reasoning_parser
     tools = tuple(req.tools_json())
     choice = req.tool_choice_json()
-    constraint = tool_choice_constraint(list(tools), choice, parallel_tool_calls=req.parallel_tool_calls) if tools else None
+    constraint = (
+        tool_choice_constraint(list(tools), choice, parallel_tool_calls=req.parallel_tool_calls)
+        if tools
+        else None
+    )
+    reasoning = reasoning_name is not None and enable_thinking and req.separate_reasoning
+    tool_name = entry.tool_call_parser if choice == "auto" and tools else None
+    end_tag = _END_TAGS.get(reasoning_name or "", "</think>")
+    think_end_id = entry.tokenizer.token_id(end_tag) if reasoning_name else None
+    # Think tags that are special tokens in this vocabulary must survive decoding too.
+    special_tags = reasoning and think_end_id is not None and think_end_id in entry.tokenizer.special_token_ids
     return ChatParsers(
-        reasoning_enabled=reasoning and enable_thinking and req.separate_reasoning,
+        reasoning_enabled=reasoning,
         enable_thinking=enable_thinking,
         separate_reasoning=req.separate_reasoning,
         tool_choice=choice,
         tools=tools,
-        think_end_id=think_end,
+        think_end_id=think_end_id,
         constraint=tuple(constraint) if constraint is not None else None,  # type: ignore[arg-type]
+        reasoning_parser=reasoning_name,
+        tool_parser=entry.tool_call_parser,
+        chat_template_kwargs=tuple(kwargs.items()),
+        keep_special_tokens=special_tags
+        or needs_special_tokens(tool_name, reasoning_name if reasoning else None),
+        parallel_tool_calls=req.parallel_tool_calls,
     )

@@ -1,9 +1,8 @@
 """/v1/completions: token-id or text prompts (batched), streamed or whole.
 
-Streamed chunks are built as plain dicts rather than response models: this runs
-once per token batch per request and model construction would dominate the
-relay cost. The shapes match ``gateway.protocol.responses`` exactly (tests check
-both against the official ``openai`` client types).
+Streams yield typed, slotted events (``gateway.protocol.stream``), built once per
+token batch and serialized once by each front door; the shapes are checked against
+the official ``openai`` client types.
 """
 
 from __future__ import annotations
@@ -16,6 +15,7 @@ from gateway.pipeline.catalog import ModelEntry
 from gateway.pipeline.engine import Engine
 from gateway.pipeline.fanout import merged
 from gateway.pipeline.generation import Generation, UsageCounts
+from gateway.pipeline.limits import check_batch
 from gateway.pipeline.prepared import PreparedRequest
 from gateway.pipeline.request_context import RequestContext
 from gateway.protocol.completions import CompletionRequest
@@ -29,6 +29,13 @@ from gateway.protocol.responses import (
     now,
 )
 from gateway.protocol.sampling import sampling_from_completion
+from gateway.protocol.stream import (
+    TEXT_COMPLETION,
+    CompletionDelta,
+    StreamChunk,
+    StreamHead,
+    StreamUsage,
+)
 
 
 def piece_fn(entry: ModelEntry) -> Any:
@@ -36,16 +43,8 @@ def piece_fn(entry: ModelEntry) -> Any:
     return lambda token_id: tok.decode([token_id], skip_special_tokens=False)
 
 
-def usage_dict(u: UsageCounts, *, reasoning: bool = False) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "prompt_tokens": u.prompt_tokens,
-        "completion_tokens": u.completion_tokens,
-        "total_tokens": u.prompt_tokens + u.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
-    }
-    if reasoning:
-        out["completion_tokens_details"] = {"reasoning_tokens": u.reasoning_tokens}
-    return out
+def stream_usage(u: UsageCounts) -> StreamUsage:
+    return StreamUsage(u.prompt_tokens, u.completion_tokens, u.cached_tokens)
 
 
 def sum_usage(gens: list[Generation]) -> UsageCounts:
@@ -62,7 +61,7 @@ async def prompt_ids(engine: Engine, entry: ModelEntry, prompt: str | list[int])
     """A text or token-id prompt as (ids, text). Text gets the tokenizer's special
     tokens (BOS), as SGLang's own server does for completions and /generate."""
     if isinstance(prompt, str):
-        return await engine.encode(entry, prompt, add_special_tokens=True), prompt
+        return await engine.encode_prompt(entry, prompt), prompt
     return list(prompt), ""
 
 
@@ -73,6 +72,8 @@ async def prepare_completions(
     sampling = sampling_from_completion(req)
     prepared: list[PreparedRequest] = []
     prompts: list[str | list[int]] = list(req.prompts())
+    check_batch(len(prompts), engine.limits)
+    await ctx.reserve(len(prompts))  # one admission slot per prompt, before any tokenization
     for i, prompt in enumerate(prompts):
         ids, text = await prompt_ids(engine, entry, prompt)
         prepared.append(
@@ -165,7 +166,7 @@ async def complete(engine: Engine, req: CompletionRequest, ctx: RequestContext) 
 
 async def stream_completions(
     engine: Engine, req: CompletionRequest, ctx: RequestContext
-) -> tuple[list[Generation], AsyncIterator[dict[str, Any]]]:
+) -> tuple[list[Generation], AsyncIterator[StreamChunk]]:
     """Start the generations (errors before output surface as HTTP errors), then stream."""
     entry, prepared = await prepare_completions(engine, req, ctx)
     gens = await start_all(engine, prepared)
@@ -175,9 +176,8 @@ async def stream_completions(
 
 async def _chunks(
     req: CompletionRequest, entry: ModelEntry, gens: list[Generation], ctx: RequestContext
-) -> AsyncIterator[dict[str, Any]]:
-    rid = ctx.response_id("cmpl")
-    created = now()
+) -> AsyncIterator[StreamChunk]:
+    head = StreamHead(ctx.response_id("cmpl"), TEXT_COMPLETION, now(), entry.name)
     n = gens[0].prepared.sampling.n
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
@@ -188,28 +188,22 @@ async def _chunks(
         k = g_index * n + d.index
         gen = gens[g_index]
         text = d.text
-        logprobs: dict[str, Any] | None = None
+        logprobs: CompletionLogprobs | None = None
         if gen.prepared.sampling.logprobs and d.token_ids:
-            lp = completion_logprobs(
+            logprobs = completion_logprobs(
                 d.token_ids, d.logprobs or [], d.top_logprobs if gen.prepared.sampling.top_logprobs else None,
                 piece, text_offset=offsets.get(k, 0),
             )
-            logprobs = lp.to_dict()
         if req.echo and k not in echoed:
             echoed.add(k)
             text = _echo_text(gen.prepared, entry) + text
         offsets[k] = offsets.get(k, 0) + len(text)
         if not text and d.finish_reason is None and logprobs is None:
             continue
-        choice: dict[str, Any] = {"index": k, "text": text, "logprobs": logprobs, "finish_reason": d.finish_reason}
-        if d.finish_reason is not None:
-            choice["matched_stop"] = d.matched_stop
-        chunk: dict[str, Any] = {"id": rid, "object": "text_completion", "created": created, "model": entry.name, "choices": [choice]}
-        if continuous:
-            chunk["usage"] = usage_dict(sum_usage(gens))
-        yield chunk
+        choice = CompletionDelta(k, text, logprobs, d.finish_reason, d.matched_stop)
+        yield StreamChunk(head, [choice], stream_usage(sum_usage(gens)) if continuous else None)
     if include_usage:
-        yield {"id": rid, "object": "text_completion", "created": created, "model": entry.name, "choices": [], "usage": usage_dict(sum_usage(gens))}
+        yield StreamChunk(head, [], stream_usage(sum_usage(gens)))
 
 
 __all__ = ["complete", "new_id", "stream_completions"]

@@ -10,6 +10,7 @@ from gateway.endpoints.completions import prompt_ids, start_all
 from gateway.pipeline.engine import Engine
 from gateway.pipeline.fanout import merged
 from gateway.pipeline.generation import Generation, SampleDelta
+from gateway.pipeline.limits import check_batch
 from gateway.pipeline.prepared import PreparedRequest
 from gateway.pipeline.request_context import RequestContext
 from gateway.proto import sglang_scheduler_pb2 as pb
@@ -17,6 +18,7 @@ from gateway.protocol.embeddings import EmbeddingRequest, EmbeddingResponse
 from gateway.protocol.errors import InvalidRequestError
 from gateway.protocol.generate import GenerateRequest
 from gateway.protocol.sampling import sampling_from_generate
+from gateway.protocol.stream import JsonEvent
 from gateway.protocol.tokens import (
     DetokenizeRequest,
     DetokenizeResponse,
@@ -30,6 +32,8 @@ async def prepare_generate(engine: Engine, req: GenerateRequest, ctx: RequestCon
     entry = engine.catalog.get(None)
     prepared = []
     prompts: list[str | list[int]] = list(req.prompts())
+    check_batch(len(prompts), engine.limits)
+    await ctx.reserve(len(prompts))  # one admission slot per prompt, before any tokenization
     for i, prompt in enumerate(prompts):
         ids, text = await prompt_ids(engine, entry, prompt)
         prepared.append(
@@ -97,12 +101,12 @@ async def generate(engine: Engine, req: GenerateRequest, ctx: RequestContext) ->
     return results if (req.is_batch or len(results) > 1) else results[0]
 
 
-async def stream_generate(engine: Engine, req: GenerateRequest, ctx: RequestContext) -> AsyncIterator[dict[str, Any]]:
+async def stream_generate(engine: Engine, req: GenerateRequest, ctx: RequestContext) -> AsyncIterator[JsonEvent]:
     prepared = await prepare_generate(engine, req, ctx)
     gens = await start_all(engine, prepared)
     ctx.worker_ids = [g.worker_id for g in gens]
 
-    async def chunks() -> AsyncIterator[dict[str, Any]]:
+    async def chunks() -> AsyncIterator[JsonEvent]:
         # SGLang's native stream sends the cumulative text and ids in every event.
         accs = {(g, s): _Acc() for g in range(len(gens)) for s in range(gens[g].prepared.sampling.n)}
         async for g, d in merged(gens):
@@ -110,7 +114,7 @@ async def stream_generate(engine: Engine, req: GenerateRequest, ctx: RequestCont
             acc.add(d)
             out = _result(gens[g], acc, d.index)
             out["index"] = g * gens[g].prepared.sampling.n + d.index
-            yield out
+            yield JsonEvent(out)
 
     return chunks()
 
@@ -137,6 +141,8 @@ async def embed(engine: Engine, req: EmbeddingRequest, ctx: RequestContext) -> d
         return vector, done.reply.prompt_tokens or len(ids)
 
     inputs: list[str | list[int]] = list(req.inputs())
+    check_batch(len(inputs), engine.limits, param="input")
+    await ctx.reserve(len(inputs))  # one admission slot per input, before any tokenization
     results = await asyncio.gather(*(one(i, item) for i, item in enumerate(inputs)))
     for vector, count in results:
         vectors.append(vector)

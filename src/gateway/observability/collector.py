@@ -13,6 +13,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from gateway.pipeline.catalog import ModelCatalog
+from gateway.pipeline.router import Router
+from gateway.policies.quality import policy_quality
 from gateway.workers.breaker import BreakerState
 from gateway.workers.registry import WorkerRegistry
 from gateway.workers.worker import Worker
@@ -95,3 +97,56 @@ class TokenizerCacheCollector(Collector):
             evictions.add_metric([entry.name], st.evictions)
             entries.add_metric([entry.name], st.entries)
         yield from (lookups, hits, reused, encoded, evictions, entries)
+
+
+class RoutingQualityCollector(Collector):
+    """Per (model, pool): the ideal hit rate of the traffic offered, the achieved and the
+    predicted one, closed-loop corrections, hot prefixes and the tokenizer-fidelity guard,
+    read from the router's ``PoolQuality`` and the live policies at scrape time."""
+
+    def __init__(self, router: Router) -> None:
+        self._router = router
+
+    def describe(self) -> Iterable[object]:
+        return []
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        c, g = CounterMetricFamily, GaugeMetricFamily
+        labels = ["model", "pool"]
+        offered = c("token_gateway_routing_offered_prompt_tokens", "prompt tokens offered to the pool (first attempts)", labels=labels)
+        ideal = c("token_gateway_routing_ideal_cached_tokens", "offered prompt tokens an infinite shared cache would have hit (bounded prefix sketch)", labels=labels)
+        sent = c("token_gateway_routing_prompt_tokens", "prompt tokens of the pool's successful worker streams", labels=labels)
+        reported = c("token_gateway_routing_reported_cached_tokens", "of those, the tokens the workers reported cached", labels=labels)
+        predicted = c("token_gateway_routing_predicted_cached_tokens", "of those, the tokens the policy predicted cached", labels=labels)
+        ideal_ratio = g("token_gateway_routing_ideal_hit_ratio", "ideal hit rate of the traffic offered so far", labels=labels)
+        achieved_ratio = g("token_gateway_routing_achieved_hit_ratio", "reported cached / prompt tokens so far", labels=labels)
+        mismatch = c("token_gateway_tokenizer_mismatch", "finishes whose worker prompt_tokens differed from the gateway's count", labels=labels)
+        load_only = g("token_gateway_routing_load_only", "1 while the pool routes this model by load only (tokenizer mismatch)", labels=labels)
+        under = c("token_gateway_routing_tree_corrections", "finishes whose reported cached tokens were below the tree's prediction (claims cut)", labels=labels)
+        cut = c("token_gateway_routing_tree_corrected_tokens", "tree tokens dropped by those corrections", labels=labels)
+        over = c("token_gateway_routing_tree_learned", "finishes whose reported cached tokens exceeded the prediction (recorded)", labels=labels)
+        hot = g("token_gateway_routing_hot_prefixes", "shared prefixes held on more than one worker because of their load share", labels=labels)
+        changed = c("token_gateway_worker_cache_params_changes", "times a worker's page size or KV capacity changed", labels=["worker"])
+        policies = self._router.policies()
+        for (model, pool), q in self._router.qualities().items():
+            lv = [model, pool]
+            offered.add_metric(lv, q.offered.prompt_tokens)
+            ideal.add_metric(lv, q.offered.ideal_cached_tokens)
+            sent.add_metric(lv, q.prompt_tokens)
+            reported.add_metric(lv, q.reported_cached_tokens)
+            predicted.add_metric(lv, q.predicted_cached_tokens)
+            ideal_ratio.add_metric(lv, q.offered.ideal_hit_rate)
+            achieved_ratio.add_metric(lv, q.reported_cached_tokens / q.prompt_tokens if q.prompt_tokens else 0.0)
+            mismatch.add_metric(lv, q.guard.mismatches)
+            load_only.add_metric(lv, float(q.guard.tripped))
+            pq = policy_quality(policies[(model, pool)]) if (model, pool) in policies else {}
+            if "under_predicted" in pq:
+                under.add_metric(lv, pq["under_predicted"])
+                cut.add_metric(lv, pq["corrected_tokens"])
+                over.add_metric(lv, pq["over_predicted"])
+            if "hot_prefixes" in pq:
+                hot.add_metric(lv, len(pq["hot_prefixes"]))
+        for worker, n in self._router.cache_param_changes.items():
+            changed.add_metric([worker], n)
+        yield from (offered, ideal, sent, reported, predicted, ideal_ratio, achieved_ratio, mismatch, load_only,
+                    under, cut, over, hot, changed)

@@ -16,6 +16,10 @@ reason one of ``ADMISSION_REASONS``.
 
 from __future__ import annotations
 
+from bisect import bisect_left
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
@@ -26,10 +30,16 @@ from gateway.pipeline.observer import PipelineObserver
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 STAGE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 120, 600)
 TOKEN_BUCKETS = (0, 16, 64, 256, 1024, 4096, 16384, 65536)
+# Seconds per output token: decode steps are milliseconds to a few hundred ms.
+PER_TOKEN_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05,
+                     0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0)
 
 STAGES = ("template", "tokenize", "select", "first_token", "relay")
 ADMISSION_REASONS = ("queue_full", "queue_timeout", "rate_limited", "shutting_down")
 NO_MODEL = "none"  # label for requests that never resolved a model (bad input, 404)
+
+if TYPE_CHECKING:
+    from gateway.observability.tracing import Tracing
 
 __all__ = ["CONTENT_TYPE_LATEST", "GatewayMetrics"]
 
@@ -39,6 +49,9 @@ class GatewayMetrics(PipelineObserver):
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        # serve --processes N: merges the siblings' expositions into this one's (server.process_set)
+        self.federate: Callable[[bytes], Awaitable[bytes]] | None = None
+        self.tracing: Tracing | None = None  # set by the gateway when --otlp-traces-endpoint is on
         r = self.registry
         self.requests = Counter(
             "token_gateway_requests", "requests answered (HTTP, and gRPC as 'grpc METHOD' with the HTTP-equivalent status), by endpoint, model and status code",
@@ -52,6 +65,27 @@ class GatewayMetrics(PipelineObserver):
             "token_gateway_time_to_first_token_seconds",
             "streaming requests: time from arrival to the first event sent to the client",
             ["endpoint"], buckets=LATENCY_BUCKETS, registry=r,
+        )
+        # Generation timings by model and worker (both bounded: resolved names, registered ids).
+        self.gen_ttft = Histogram(
+            "token_gateway_worker_time_to_first_token_seconds",
+            "time from the request's arrival to the first token from the worker, by model and worker",
+            ["model", "worker"], buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.tpot = Histogram(
+            "token_gateway_time_per_output_token_seconds",
+            "per request: (last token time - first token time) / (output tokens - 1), by model and worker",
+            ["model", "worker"], buckets=PER_TOKEN_BUCKETS, registry=r,
+        )
+        self.itl = Histogram(
+            "token_gateway_inter_token_latency_seconds",
+            "gap between consecutive token messages from the worker, per token, by model and worker",
+            ["model", "worker"], buckets=PER_TOKEN_BUCKETS, registry=r,
+        )
+        self.e2e = Histogram(
+            "token_gateway_e2e_request_latency_seconds",
+            "time from the request's arrival to the generation's last token, by model and worker",
+            ["model", "worker"], buckets=LATENCY_BUCKETS, registry=r,
         )
         self.in_flight = Gauge(
             "token_gateway_http_requests_in_flight", "HTTP requests being handled now", registry=r,
@@ -122,9 +156,13 @@ class GatewayMetrics(PipelineObserver):
 
     def stage(self, name: str, seconds: float) -> None:
         self.stage_seconds.labels(stage=name).observe(seconds)
+        if self.tracing is not None:
+            self.tracing.stage(name, seconds)
 
     def selected(self, policy: str, reason: str, worker_id: str) -> None:
         self.decisions.labels(policy=policy, reason=reason).inc()
+        if self.tracing is not None:
+            self.tracing.annotate(worker=worker_id, policy=policy, policy_reason=reason)
 
     def retried(self, worker_id: str, code: str) -> None:
         self.retries.labels(worker=worker_id, code=code).inc()
@@ -134,10 +172,11 @@ class GatewayMetrics(PipelineObserver):
 
     def worker_done(
         self, model: str, worker_id: str, *, predicted_cached: int, reported_cached: int, success: bool,
-        sent_prompt: int = 0, reported_prompt: int = 0,
+        sent_prompt: int = 0, reported_prompt: int = 0, aborted: bool = False,
     ) -> None:
-        self.worker_streams.labels(worker=worker_id, outcome="ok" if success else "error").inc()
-        if not success:
+        outcome = "aborted" if aborted else "ok" if success else "error"
+        self.worker_streams.labels(worker=worker_id, outcome=outcome).inc()
+        if outcome != "ok":
             return
         self.cached_predicted.labels(model=model).inc(predicted_cached)
         self.cached_reported.labels(model=model).inc(reported_cached)
@@ -151,3 +190,37 @@ class GatewayMetrics(PipelineObserver):
         record = current_record()
         if record is not None:
             record.add_generation(model, worker_id, prompt_tokens, completion_tokens, cached_tokens)
+
+    def generation_timing(
+        self, model: str, worker_id: str, *, first_token_at: float, last_token_at: float,
+        output_tokens: int, token_gaps: list[float],
+    ) -> None:
+        record = current_record()
+        if record is not None:
+            self.gen_ttft.labels(model=model, worker=worker_id).observe(max(0.0, first_token_at - record.started))
+            self.e2e.labels(model=model, worker=worker_id).observe(max(0.0, last_token_at - record.started))
+        if output_tokens > 1:
+            self.tpot.labels(model=model, worker=worker_id).observe(
+                (last_token_at - first_token_at) / (output_tokens - 1)
+            )
+        if token_gaps:
+            observe_many(self.itl.labels(model=model, worker=worker_id), token_gaps)
+
+
+def observe_many(child: Histogram, values: list[float]) -> None:
+    """``child.observe(v)`` for each value, with one bucket pass per value done by bisect
+    and one locked increment per touched bucket (a long generation has thousands of gaps)."""
+    bounds = getattr(child, "_upper_bounds", None)
+    buckets = getattr(child, "_buckets", None)
+    total = getattr(child, "_sum", None)
+    if bounds is None or buckets is None or total is None:  # another prometheus_client layout
+        for v in values:
+            child.observe(v)
+        return
+    counts: dict[int, int] = {}
+    for v in values:
+        i = bisect_left(bounds, v)
+        counts[i] = counts.get(i, 0) + 1
+    for i, n in counts.items():
+        buckets[i].inc(n)
+    total.inc(sum(values))

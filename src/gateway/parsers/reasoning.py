@@ -173,3 +173,41 @@ class DeepSeekR1ReasoningParser(ThinkTagReasoningParser):
     """DeepSeek-R1's template opens ``<think>`` in the prompt, so output starts in reasoning."""
 
     default_starts_in_reasoning = True
+
+
+class ThinkingModelReasoningParser(ThinkTagReasoningParser):
+    """Thinking-only models (Qwen3-Thinking-2507, MiniMax-M2): their templates open
+    ``<think>`` in the prompt, so the output starts inside the reasoning."""
+
+    default_starts_in_reasoning = True
+
+
+class KimiReasoningParser(ThinkTagReasoningParser):
+    """Kimi-VL / Kimi-1.5 thinking: ``◁think▷ … ◁/think▷`` (K2-Thinking uses ``<think>``)."""
+
+    start_tag = "◁think▷"
+    end_tag = "◁/think▷"
+
+
+class MiniMaxAppendThinkReasoningParser(ReasoningParser):
+    """MiniMax-M2 with its thinking kept in the answer, as MiniMax recommends for
+    multi-turn use: the template opened ``<think>`` in the prompt, so it is put
+    back in front of the output and nothing is split off."""
+
+    def __init__(self, **_: object) -> None:
+        self._started = False
+
+    def parse(self, text: str) -> tuple[str | None, str]:
+        return None, "<think>" + text
+
+    def feed(self, delta: str) -> tuple[str, str]:
+        if not self._started:
+            self._started = True
+            return "", "<think>" + delta
+        return "", delta
+
+    def finish(self) -> tuple[str, str]:
+        if not self._started:
+            self._started = True
+            return "", "<think>"
+        return "", ""

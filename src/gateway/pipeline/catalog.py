@@ -13,6 +13,8 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gateway.parsers.config import ParserConfig
+from gateway.pipeline.model_parsers import settle_model_parsers
 from gateway.protocol.errors import ModelNotFoundError
 from gateway.tokenization import ChatPromptCache, Tokenizer, TokenizerRegistry
 from gateway.tokenization.errors import TokenizationError
@@ -31,6 +33,8 @@ class ModelEntry:
     model_type: str = ""
     aliases: set[str] = field(default_factory=set)
     worker_model: str = ""  # the name the workers report, which keys policies and pools
+    tool_call_parser: str | None = None  # the model's own tool-call format (gateway.parsers)
+    reasoning_parser: str | None = None
 
 
 class ModelCatalog:
@@ -41,7 +45,9 @@ class ModelCatalog:
         tokenizer_path: str | None = None,
         served_name: str | None = None,
         prompt_cache_entries: int = 1024,
+        parsers: ParserConfig | None = None,
     ) -> None:
+        self._parsers = parsers or ParserConfig()
         self.registry = TokenizerRegistry(cache_dir)
         self._tokenizer_path = tokenizer_path
         self._served_name = served_name
@@ -119,6 +125,10 @@ class ModelCatalog:
                 resolved = await asyncio.to_thread(self.registry.install_and_load, model, data, sha)
         log.info("tokenizer for %s loaded from %s (%s)", model, resolved.source, resolved.location)
         tokenizer = resolved.tokenizer
+        names = {name, model, worker.info.model_path} - {""}
+        chosen = await asyncio.to_thread(
+            settle_model_parsers, self._parsers, names, tokenizer, worker.info.model_type
+        )
         await asyncio.to_thread(tokenizer.warm_chat_templates)
         context = worker.info.max_context_length or (tokenizer.model_max_length or 0)
         return ModelEntry(
@@ -129,6 +139,8 @@ class ModelCatalog:
             prompt_cache=ChatPromptCache(tokenizer, max_entries=self._prompt_cache_entries),
             model_type=worker.info.model_type,
             worker_model=model,
+            tool_call_parser=chosen.tool_call_parser,
+            reasoning_parser=chosen.reasoning_parser,
         )
 
 

@@ -172,19 +172,19 @@ class WorkerStream:
         if self._release(Outcome.WORKER_FAILED):
             fire_abort(self.worker, self.request_id, "stalled")
 
-    def _release(self, outcome: Outcome) -> bool:
+    def _release(self, outcome: Outcome, *, aborted: bool = False) -> bool:
         self._unwatch()
         if self._watch is not None:
             self._watch.cancel()
             self._watch = None
-        return self.lease.release(outcome)
+        return self.lease.release(outcome, aborted=aborted)
 
     async def abort(self, reason: str = "client gone") -> None:
         """Stop the worker's work for this request now and free the slot."""
         if self.closed:
             return
         self._call.cancel()
-        self._release(Outcome.OK)
+        self._release(Outcome.OK, aborted=True)  # not the worker's fault; counted as its own outcome
         fire_abort(self.worker, self.request_id, reason)
 
     def finished(self) -> None:

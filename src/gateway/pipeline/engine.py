@@ -24,7 +24,12 @@ from gateway.pipeline.dispatch import (
     open_generate,
 )
 from gateway.pipeline.generation import Generation
-from gateway.pipeline.limits import LimitsConfig, apply_sampling_limits, check_prompt
+from gateway.pipeline.limits import (
+    LimitsConfig,
+    apply_sampling_limits,
+    check_prompt,
+    check_token_ids,
+)
 from gateway.pipeline.observer import NULL_OBSERVER, PipelineObserver
 from gateway.pipeline.pd import PdOpener, serves_pd
 from gateway.pipeline.prepared import PreparedRequest
@@ -47,6 +52,28 @@ StageObserver = Callable[[str, float], None]  # (stage name, seconds)
 class EngineConfig:
     tokenize_threads: int = option(2, "threads that tokenize long prompts off the event loop")
     offload_chars: int = option(4096, "prompts longer than this many characters are tokenized in the thread pool")
+    worker_stream_interval: int = option(
+        0,
+        "tokens per streamed worker chunk the gateway asks for (0: the worker's own default, 1 on SGLang); "
+        "each chunk costs the gateway one gRPC read and one SSE event, so N cuts its CPU per token "
+        "about N-fold, at the price of output arriving N tokens at a time",
+    )
+
+    def __post_init__(self) -> None:
+        if self.worker_stream_interval < 0:
+            raise ValueError("worker_stream_interval must be >= 0 (0: the worker's default)")
+
+
+def _texts(messages: Sequence[dict[str, Any]]) -> list[str]:
+    """The string contents of chat messages (text parts of content lists included)."""
+    out: list[str] = []
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, str):
+            out.append(content)
+        elif isinstance(content, list):
+            out.extend(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return out
 
 
 class Engine:
@@ -74,6 +101,7 @@ class Engine:
         self._pool = ThreadPoolExecutor(
             max_workers=max(1, self.config.tokenize_threads), thread_name_prefix="tokenize"
         )
+        self._bounding: set[int] = set()  # tokenizers whose length bound is being computed
         self.observer = observer or NULL_OBSERVER
         self._observe = observe_stage or self.observer.stage
         self.pd = PdOpener(router, retry=self.retry, config=self.dispatch, observer=self.observer)
@@ -89,9 +117,39 @@ class Engine:
             return fn(*args)
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
+    def refuse_hopeless(self, entry: ModelEntry, text: str, *, param: str = "prompt") -> None:
+        """Refuse, before the tokenizer runs, a text that has more tokens than could ever be
+        served: a safe lower bound from its length (``tokenization.length_bound``) against
+        ``--max-prompt-tokens`` and the context length."""
+        limits = [n for n in (self.limits.max_prompt_tokens, entry.max_context_length) if n > 0]
+        if not limits or len(text) <= min(limits):  # a token covers at least one character
+            return
+        tokenizer = entry.tokenizer
+        if not tokenizer.length_bound_ready:  # computed in the pool, once; unchecked until then
+            if id(tokenizer) not in self._bounding:
+                self._bounding.add(id(tokenizer))
+                self._pool.submit(lambda: tokenizer.length_bound)
+            return
+        bound = tokenizer.length_bound
+        least = bound.min_tokens(text) if bound is not None else 0
+        if least > min(limits):
+            raise InvalidRequestError(
+                f"the prompt has at least {least} tokens ({len(text)} characters); this gateway accepts at most {min(limits)}",
+                param=param, code="prompt_too_long",
+            )
+
     async def encode(self, entry: ModelEntry, text: str, *, add_special_tokens: bool) -> list[int]:
+        self.refuse_hopeless(entry, text)
         started = time.perf_counter()
         ids: list[int] = await self._offload(len(text), entry.tokenizer.encode, text, add_special_tokens)
+        self._observe("tokenize", time.perf_counter() - started)
+        return ids
+
+    async def encode_prompt(self, entry: ModelEntry, text: str) -> list[int]:
+        """A plain-text prompt with the tokenizer's special tokens; repeated prefixes (a
+        shared system prompt) come from the prompt cache instead of being re-encoded."""
+        started = time.perf_counter()
+        ids: list[int] = await self._offload(len(text), entry.prompt_cache.encode_prompt, text)
         self._observe("tokenize", time.perf_counter() - started)
         return ids
 
@@ -107,6 +165,8 @@ class Engine:
     ) -> tuple[str, list[int]]:
         """Template then tokenize a conversation (the multi-turn cache makes resent history cheap)."""
         started = time.perf_counter()
+        # The template only adds text: the messages alone may already be hopeless.
+        self.refuse_hopeless(entry, "".join(_texts(messages)), param="messages")
         try:
             text = entry.tokenizer.apply_chat_template(
                 messages,
@@ -119,6 +179,7 @@ class Engine:
             raise InvalidRequestError(str(exc), param="messages") from exc
         rendered = time.perf_counter()
         self._observe("template", rendered - started)
+        self.refuse_hopeless(entry, text, param="messages")
         ids: list[int] = await self._offload(len(text), entry.prompt_cache.encode, text)
         self._observe("tokenize", time.perf_counter() - rendered)
         return text, ids
@@ -142,6 +203,7 @@ class Engine:
         (``prompt_param`` names the request field errors about the prompt point at)."""
         self.observer.model_resolved(entry.name)
         self.check_prompt_ids(entry, prompt_ids, param="prompt", limit_param=prompt_param)
+        check_token_ids(sampling, entry.tokenizer.vocab_size)
         limit = entry.max_context_length
         sampling = apply_sampling_limits(
             sampling, self.limits, room=limit - len(prompt_ids) if limit else None
@@ -264,6 +326,8 @@ class Engine:
             request.sampling_params.stream_interval = self.resume.unary_stream_interval
         if prepared.prompt_text:
             request.tokenized.original_text = prepared.prompt_text
+        if self.config.worker_stream_interval > 0:
+            request.sampling_params.stream_interval = self.config.worker_stream_interval
         return request
 
     # ------------------------------------------------------------- dispatch

@@ -12,6 +12,7 @@ samples' text state carries over, so the client sees one uninterrupted stream.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -104,6 +105,9 @@ class Generation:
         return self._run()
 
     async def _run(self) -> AsyncIterator[SampleDelta]:
+        clock = time.perf_counter
+        first = last = 0.0
+        gaps: list[float] = []  # per-token gap of each message after the first
         try:
             while self._open:
                 try:
@@ -117,11 +121,20 @@ class Generation:
                     for delta in await self._resume(exc):
                         yield delta
                     continue
+                now = clock()
                 which = msg.WhichOneof("response")
                 if which == "chunk":
+                    if first:
+                        gaps.append((now - last) / (len(msg.chunk.token_ids) or 1))
+                    else:
+                        first = now
+                    last = now
                     for delta in self._on_chunk(msg.chunk):
                         yield delta
                 elif which == "complete":
+                    if not first:
+                        first = now
+                    last = now
                     for delta in self._on_complete(msg.complete):
                         yield delta
         finally:
@@ -131,10 +144,17 @@ class Generation:
             else:
                 self.stream.finished()
             u = self.usage
-            self.stream.observer.generation_done(
+            completion = sum(u.per_sample_completion.values())
+            observer = self.stream.observer
+            observer.generation_done(
                 self.prepared.model, self.worker_id, prompt_tokens=u.prompt_tokens,
-                completion_tokens=sum(u.per_sample_completion.values()), cached_tokens=u.cached_tokens,
+                completion_tokens=completion, cached_tokens=u.cached_tokens,
             )
+            if first:
+                observer.generation_timing(
+                    self.prepared.model, self.worker_id, first_token_at=first, last_token_at=last,
+                    output_tokens=completion, token_gaps=gaps,
+                )
 
     async def _resume(self, error: GatewayError) -> list[SampleDelta]:
         """Continue the unfinished samples elsewhere, or re-raise ``error`` (with why not)."""

@@ -101,8 +101,9 @@ class Lease:
         if prompt_tokens > self.reported_prompt_tokens:
             self.reported_prompt_tokens = prompt_tokens
 
-    def release(self, outcome: Outcome) -> bool:
-        """Give everything back; True the first time, False (and nothing done) after."""
+    def release(self, outcome: Outcome, *, aborted: bool = False) -> bool:
+        """Give everything back; True the first time, False (and nothing done) after.
+        ``aborted``: the client stopped it (reported to the observer as its own outcome)."""
         if self.outcome is not None:
             return False
         self.outcome = outcome
@@ -117,11 +118,16 @@ class Lease:
         success = outcome is Outcome.OK
         self.selection.policy.on_finish(self.route, worker.id, self.cached_tokens, success)
         if self._started_at is not None:
+            self.selection.finished(
+                self.route, reported_cached=self.cached_tokens, sent_prompt=self.sent_prompt_tokens,
+                reported_prompt=self.reported_prompt_tokens, success=success,
+            )
             self._observer.stage(self._stage, time.perf_counter() - self._started_at)
             self._observer.worker_done(
                 self.route.model, worker.id,
                 predicted_cached=self.selection.decision.predicted_cached_tokens,
                 reported_cached=self.cached_tokens, success=success,
                 sent_prompt=self.sent_prompt_tokens, reported_prompt=self.reported_prompt_tokens,
+                aborted=aborted,
             )
         return True

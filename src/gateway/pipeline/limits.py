@@ -25,8 +25,17 @@ class LimitsConfig:
     max_prompt_tokens: int = option(0, "longest prompt accepted, in tokens (0: only the model's context length)")
     max_tokens_cap: int = option(0, "largest max_tokens a request may ask for; also the default when it asks none (0: no cap)")
     max_n: int = option(hard.MAX_N, "most completions per request (n)")
+    max_batch_size: int = option(hard.MAX_BATCH, "most prompts (or embedding inputs) per request; each also takes its own admission slot and rate-limit token")
     max_stop_sequences: int = option(hard.MAX_STOP_SEQUENCES, "most stop strings per request")
     max_tool_schema_bytes: int = option(hard.MAX_SCHEMA_BYTES, "largest declared tools list, in serialized JSON bytes")
+
+
+def check_batch(size: int, limits: LimitsConfig, *, param: str = "prompt") -> None:
+    if size > limits.max_batch_size:
+        raise InvalidRequestError(
+            f"the request has {size} prompts; this gateway accepts at most {limits.max_batch_size} per request",
+            param=param, code="batch_too_large",
+        )
 
 
 def check_prompt(prompt_ids: Sequence[int], limits: LimitsConfig, *, param: str = "prompt") -> None:
@@ -61,6 +70,17 @@ def apply_sampling_limits(
                 param="max_tokens",
             )
     return sampling
+
+
+def check_token_ids(sampling: SamplingOptions, vocab: int) -> None:
+    """Token ids a request names beside its prompt (logit_bias keys, stop_token_ids) must
+    be in the vocabulary: a worker indexing past its logits row fails the whole batch."""
+    if sampling.logit_bias:
+        top = max(int(k) for k in sampling.logit_bias)
+        if top >= vocab:
+            raise InvalidRequestError(f"logit_bias keys must be token ids in [0, {vocab}); got {top}", param="logit_bias")
+    if sampling.stop_token_ids and max(sampling.stop_token_ids) >= vocab:
+        raise InvalidRequestError(f"stop_token_ids must be in [0, {vocab})", param="stop_token_ids")
 
 
 def check_tools(tools: Sequence[dict[str, Any]] | None, limits: LimitsConfig) -> None:

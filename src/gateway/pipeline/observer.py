@@ -30,19 +30,27 @@ class PipelineObserver:
 
     def worker_done(
         self, model: str, worker_id: str, *, predicted_cached: int, reported_cached: int, success: bool,
-        sent_prompt: int = 0, reported_prompt: int = 0,
+        sent_prompt: int = 0, reported_prompt: int = 0, aborted: bool = False,
     ) -> None:
         """A worker's part of a request ended (its lease was released after output).
 
         ``predicted_cached`` is the policy's guess, ``reported_cached`` the worker's;
         ``sent_prompt`` is the prompt length the gateway tokenized and ``reported_prompt``
         the length the worker counted (0 when it did not say): a mismatch means the
-        gateway's tokenizer differs from the worker's."""
+        gateway's tokenizer differs from the worker's. ``aborted``: its client left or
+        asked to stop (its own outcome, neither ok nor error)."""
 
     def generation_done(
         self, model: str, worker_id: str, *, prompt_tokens: int, completion_tokens: int, cached_tokens: int
     ) -> None:
         """A generation's output was relayed; its final token counts."""
+
+    def generation_timing(
+        self, model: str, worker_id: str, *, first_token_at: float, last_token_at: float,
+        output_tokens: int, token_gaps: list[float],
+    ) -> None:
+        """When a generation's first and last tokens arrived (``time.perf_counter``) and the
+        per-token gap of each later message (for TTFT, TPOT, inter-token latency, e2e)."""
 
 
 NULL_OBSERVER = PipelineObserver()

@@ -51,6 +51,7 @@ from gateway.pipeline.observer import NULL_OBSERVER, PipelineObserver
 from gateway.pipeline.retry import RetryConfig
 from gateway.pipeline.router import Router, Selection
 from gateway.policies.base import RouteRequest
+from gateway.policies.common import find_target
 from gateway.policies.factory import POLICY_NAMES, PolicyConfig
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.protocol.errors import WorkerError
@@ -338,8 +339,8 @@ class PdOpener:
         """The route as one pool sees it: a pinned target applies to its own pool only."""
         target = route.target_worker
         if target:
-            worker = self.router.registry.get(target)
-            if worker is not None and worker.role != role:
+            pinned = find_target(target, [w.view() for w in self.router.registry.all()])
+            if pinned is not None and pinned.role != role:
                 target = None
         return dataclasses.replace(route, pool=role, target_worker=target)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 
@@ -13,6 +14,17 @@ class RequestContext:
     target_worker: str | None = None
     api_key_id: str | None = None
     worker_ids: list[str] = field(default_factory=list)  # who served it (for headers/logs)
+    traceparent: str | None = None  # the client's W3C trace context (gRPC metadata)
+    # Set by a front door that defers admission until the batch size is known.
+    admit: Callable[[int], Awaitable[None]] | None = field(default=None, repr=False, compare=False)
+
+    async def reserve(self, prompts: int) -> None:
+        """Take one admission slot (and one rate-limit token) per prompt of a batch,
+        before any tokenization or worker work; a no-op once taken or where the door
+        admitted the request itself."""
+        admit, self.admit = self.admit, None
+        if admit is not None:
+            await admit(prompts)
 
     def sub_id(self, index: int) -> str:
         """The worker-side request id of prompt ``index`` in a batch."""

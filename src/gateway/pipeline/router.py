@@ -2,6 +2,13 @@
 
 The router is the only place that turns registry state into ``WorkerView``
 snapshots and asks a policy; the dispatcher calls it once per attempt.
+
+It also keeps each pool's live routing quality (``policies.quality.PoolQuality``):
+every first attempt offers its prompt to the pool's prefix sketch (the ideal hit
+rate), and ``finished`` (called once per worker stream with what the worker
+reported) adds the achieved and predicted figures and runs the tokenizer-fidelity
+guard, which switches a model's policies to load-only routing while the worker's
+prompt_tokens disagree with the gateway's count.
 """
 
 from __future__ import annotations
@@ -12,6 +19,8 @@ from dataclasses import dataclass, replace
 
 from gateway.policies.base import Decision, NoWorkerAvailable, Policy, RouteRequest, WorkerView
 from gateway.policies.factory import close_policy
+from gateway.policies.quality import DEFAULT_SKETCH_TOKENS, OfferedPrefixes, PoolQuality
+from gateway.sync.policy_tap import DecisionSink, TappedPolicy
 from gateway.workers.registry import WorkerRegistry
 from gateway.workers.worker import Worker
 
@@ -25,13 +34,33 @@ class Selection:
     worker: Worker
     decision: Decision
     policy: Policy
+    router: Router | None = None  # set by Router.select: where the finish is reported
+    role: str = "regular"
+
+    def finished(self, route: RouteRequest, *, reported_cached: int, sent_prompt: int, reported_prompt: int,
+                 success: bool) -> None:
+        """The worker stream ended (the lease calls this once): feed the pool's routing quality."""
+        if self.router is not None:
+            self.router.finished(
+                route, self.role, predicted_cached=self.decision.predicted_cached_tokens,
+                reported_cached=reported_cached, sent_prompt=sent_prompt, reported_prompt=reported_prompt,
+                success=success,
+            )
 
 
 class Router:
-    def __init__(self, registry: WorkerRegistry, make_policy: PolicyMaker) -> None:
+    def __init__(
+        self, registry: WorkerRegistry, make_policy: PolicyMaker, *, sketch_tokens: int = DEFAULT_SKETCH_TOKENS
+    ) -> None:
         self.registry = registry
         self._make_policy = make_policy
         self._policies: dict[tuple[str, str], Policy] = {}
+        self._sink: DecisionSink | None = None  # gateway.sync: other processes hear of decisions
+        self._taps: dict[tuple[str, str], TappedPolicy] = {}
+        self._quality: dict[tuple[str, str], PoolQuality] = {}
+        self._sketch_tokens = sketch_tokens
+        self._cache_params: dict[str, tuple[int, int]] = {}  # worker -> (page size, KV capacity) seen
+        self.cache_param_changes: dict[str, int] = {}  # worker -> times its page size / capacity changed
         registry.subscribe(self._on_registry_change)
 
     def policy(self, model: str, role: str) -> Policy:
@@ -43,8 +72,76 @@ class Router:
             policy.on_workers_changed([w.view() for w in self._live(model, role)])
         return policy
 
+    def tap(self, sink: DecisionSink) -> None:
+        """Tell ``sink`` of every dispatch and finish (the dispatcher gets tapped policies)."""
+        self._sink = sink
+        self._taps.clear()
+
+    def _dispatching(self, model: str, role: str) -> Policy:
+        """The policy the dispatcher notifies: the pool's own, or its tap when sync is on."""
+        policy = self.policy(model, role)
+        if self._sink is None:
+            return policy
+        tap = self._taps.get((model, role))
+        if tap is None or tap.inner is not policy:
+            tap = self._taps[(model, role)] = TappedPolicy(policy, role, self._sink)
+        return tap
+
     def policies(self) -> dict[tuple[str, str], Policy]:
         return dict(self._policies)
+
+    # ------------------------------------------------------------ routing quality
+    def quality(self, model: str, role: str) -> PoolQuality:
+        key = (model, role)
+        q = self._quality.get(key)
+        if q is None:
+            page = max((w.info.page_size for w in self.registry.pool(model, role)), default=1)
+            q = self._quality[key] = PoolQuality(offered=OfferedPrefixes(self._sketch_tokens, page))
+        return q
+
+    def qualities(self) -> dict[tuple[str, str], PoolQuality]:
+        return dict(self._quality)
+
+    def finished(
+        self, route: RouteRequest, role: str, *, predicted_cached: int, reported_cached: int,
+        sent_prompt: int, reported_prompt: int, success: bool,
+    ) -> None:
+        """One worker stream of ``route`` ended with what the worker reported (once per stream)."""
+        q = self.quality(route.model, role)
+        q.finish(sent_prompt=sent_prompt, predicted_cached=predicted_cached,
+                 reported_cached=reported_cached, success=success)
+        if not success:
+            return
+        changed = q.guard.check(sent_prompt, reported_prompt)
+        if changed is None:
+            return
+        if changed:
+            log.warning(
+                "model %r: workers report %d prompt tokens where the gateway sent %d (%d mismatches): "
+                "its tokenizer or chat template differs from the workers'; routing it by load only "
+                "until they agree again", route.model, q.guard.last_reported, q.guard.last_sent, q.guard.mismatches,
+            )
+        else:
+            log.warning("model %r: prompt token counts agree again; cache-aware routing resumes", route.model)
+        for (model, _role), policy in self._policies.items():
+            if model == route.model:
+                set_load_only = getattr(policy, "set_load_only", None)
+                if set_load_only is not None:
+                    set_load_only(model, changed)
+
+    def _check_cache_params(self, worker: Worker) -> None:
+        params = (worker.info.page_size, worker.info.kv_capacity_tokens)
+        old = self._cache_params.get(worker.id)
+        if old == params:
+            return
+        self._cache_params[worker.id] = params
+        if old is not None and old[1] > 0 and params[1] > 0:
+            self.cache_param_changes[worker.id] = self.cache_param_changes.get(worker.id, 0) + 1
+            log.warning(
+                "worker %s: page size %d -> %d, KV capacity %d -> %d tokens: its cache is not what "
+                "the routing tree remembers; its share is dropped and relearned",
+                worker.id, old[0], params[0], old[1], params[1],
+            )
 
     def reset_policies(self) -> None:
         """Forget what every policy learned (the workers' caches were flushed); fresh
@@ -63,43 +160,47 @@ class Router:
             policy.on_workers_changed([w.view() for w in self._live(*key)])
 
     def select(self, request: RouteRequest, role: str = "regular") -> Selection:
-        """Pick a worker of ``role`` for ``request``; raises NoWorkerAvailable."""
-        candidates = [
-            w for w in self._live(request.model, role) if w.id not in request.exclude
-        ]
+        """Pick a worker of ``role`` for ``request``; raises NoWorkerAvailable.
+
+        A pinned ``target_worker`` is resolved in one place, the policies' shared
+        ``select_target`` (``policies/common.py``: id or url, available, not already
+        failed this request), which every policy applies before its own choice."""
+        live = self._live(request.model, role)
         if request.target_worker:
-            target = self.registry.get(request.target_worker)
-            if target is None or target.role != role or target.model != request.model:
-                raise NoWorkerAvailable(f"target worker {request.target_worker!r} is not a {role} worker of model {request.model!r}")
-            if not target.available:
-                raise NoWorkerAvailable(f"target worker {request.target_worker!r} is not available")
-            return Selection(target, Decision(target.id, "target_worker"), self.policy(request.model, role))
-        if not candidates:
-            raise NoWorkerAvailable(f"no {role} worker registered for model {request.model!r}")
-        views = [w.view() for w in candidates]
-        if not any(v.available for v in views):
-            views = self._panic_views(candidates, views)
+            views = [w.view() for w in live]
+        else:
+            views = [w.view() for w in live if w.id not in request.exclude]
             if not views:
-                raise NoWorkerAvailable(f"no available {role} worker for model {request.model!r}")
+                raise NoWorkerAvailable(f"no {role} worker registered for model {request.model!r}")
+            if not any(v.available for v in views):
+                views = _panic_views(live, views)
+                if not views:
+                    raise NoWorkerAvailable(f"no available {role} worker for model {request.model!r}")
+        for w in live:
+            self._check_cache_params(w)
         policy = self.policy(request.model, role)
         decision = policy.select(request, views)
-        by_id = {w.id: w for w in candidates}
-        worker = by_id.get(decision.worker_id)
+        if not request.exclude:  # a retry offers nothing new
+            packed = getattr(policy, "packed", None)  # cache_aware has packed the prompt already
+            self.quality(request.model, role).offered.offer(packed(request) if packed else request.token_ids)
+        worker = next((w for w in live if w.id == decision.worker_id), None)
         if worker is None:
             raise NoWorkerAvailable(f"policy {policy.name} chose unknown worker {decision.worker_id!r}")
-        return Selection(worker, decision, policy)
-
-    @staticmethod
-    def _panic_views(candidates: list[Worker], views: list[WorkerView]) -> list[WorkerView]:
-        """Every breaker of the pool is open (no worker is down by its health checks):
-        rather than refuse everyone, route among the healthy ones as if closed, as
-        Envoy's panic threshold does. A breaker protects the pool from one bad worker;
-        with none left it would turn a partial outage into a total one. Retries and
-        resumption still move a failed request on."""
-        return [
-            replace(v, available=True) for w, v in zip(candidates, views, strict=True)
-            if w.healthy and not w.draining
-        ]
+        notified = self._dispatching(request.model, role) if self._sink is not None else policy
+        return Selection(worker, decision, notified, self, role)
 
     def exclude(self, request: RouteRequest, worker_id: str) -> RouteRequest:
         return replace(request, exclude=request.exclude | {worker_id})
+
+
+def _panic_views(live: list[Worker], views: list[WorkerView]) -> list[WorkerView]:
+    """Every breaker of the pool is open (no worker is down by its health checks):
+    rather than refuse everyone, route among the healthy ones as if closed, as
+    Envoy's panic threshold does. A breaker protects the pool from one bad worker;
+    with none left it would turn a partial outage into a total one. Retries and
+    resumption still move a failed request on."""
+    by_id = {w.id: w for w in live}
+    return [
+        replace(v, available=True) for v in views
+        if (w := by_id.get(v.worker_id)) is not None and w.healthy and not w.draining
+    ]

@@ -42,6 +42,7 @@ class WorkerView:
     in_flight: int = 0  # requests the gateway has on it now
     queued_prefill_tokens: int = 0  # prompt tokens sent that have not yet produced a first token
     running_decode_tokens: int = 0  # max_new_tokens still owed by its running requests
+    remote_prefill_tokens: int = 0  # uncached prompt tokens other gateway processes have queued on it (sync)
     loads: LoadSnapshot | None = None  # last polled figures, if a policy asked for polling
     kv_capacity_tokens: int = 0  # GetServerInfo max_total_num_tokens (0: unknown)
     page_size: int = 1  # the worker's KV page size in tokens
@@ -72,6 +73,31 @@ class Decision:
     scores: dict[str, float] = field(default_factory=dict)  # per-worker cost, for inspect/debug
 
 
+@dataclass(frozen=True, slots=True)
+class RemoteDecision:
+    """Another gateway process sent ``tokens`` (native uint32 bytes, the tree's format)
+    of a prompt to ``worker_id``: learn it as if this process had dispatched it."""
+
+    worker_id: str
+    model: str
+    tokens: bytes
+    prompt_tokens: int = 0
+    predicted_cached_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteFinish:
+    """A request another gateway process sent to ``worker_id`` ended."""
+
+    worker_id: str
+    model: str
+    cached_tokens: int
+    success: bool
+
+
+RemoteEvent = RemoteDecision | RemoteFinish
+
+
 @runtime_checkable
 class Policy(Protocol):
     """A routing policy. Implementations must be cheap: they run on the event loop."""
@@ -96,3 +122,7 @@ class Policy(Protocol):
     def on_workers_changed(self, workers: Sequence[WorkerView]) -> None:
         """The pool's membership changed (a worker joined, left or changed role)."""
         ...
+
+    # Optional: ``on_remote(event: RemoteEvent) -> None`` -- what another gateway process
+    # learned (``BasePolicy`` has a no-op default; the sync layer skips policies without it).
+    # Not part of the Protocol so that minimal policies stay valid ``Policy`` instances.

@@ -10,8 +10,16 @@ available worker ``w``::
     U_w  = P - c_w                                   tokens w would still prefill
     Q_w  = queued prefill tokens ahead of us on w, uncached part only:
            queued_prefill_tokens * (1 - cached/prompt of this policy's in-flight
-           requests on w), or the worker's polled num_waiting_uncached_tokens
-           when that is larger and younger than loads_max_age_s
+           requests on w), plus remote_prefill_tokens (the uncached part other
+           gateway processes have queued, from sync), plus the part of the worker's polled
+           num_waiting_uncached_tokens (when younger than loads_max_age_s) above
+           the prompt tokens this gateway has queued there: traffic it did not
+           send. The polled figure is never taken whole: it prices queued
+           requests against the cache *as it is*, so in a burst a group's queued
+           requests all count as misses until the first is prefilled, and a
+           holder would look loaded by a full prompt per queued hit and shed
+           its prefix (a 2 s ramp of gsp fell from 85% to 38% hits that way in
+           ``scripts/bench_policies.py``).
     D_w  = running_decode_tokens (decode tokens still owed by w's running requests)
     R_w  = in_flight requests
 
@@ -57,8 +65,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.policies.base import Decision, NoWorkerAvailable, RouteRequest, WorkerView
-from gateway.policies.common import BasePolicy, candidates
+import xxhash
+
+from gateway.policies.base import (
+    Decision,
+    NoWorkerAvailable,
+    RemoteDecision,
+    RemoteEvent,
+    RouteRequest,
+    WorkerView,
+)
+from gateway.policies.common import TARGET_REASON, BasePolicy, candidates
+from gateway.policies.hot_prefix import DEFAULT_WINDOW, HotPrefixes
 from gateway.policies.radix_tree import (
     DEFAULT_BUDGET_TOKENS,
     DEFAULT_MAX_TOTAL_TOKENS,
@@ -74,6 +92,10 @@ DEFAULT_PREFILL_WEIGHT = 1.0
 DEFAULT_DECODE_WEIGHT = 0.5
 DEFAULT_REQUEST_WEIGHT = 16.0
 DEFAULT_LOADS_MAX_AGE_S = 5.0
+DEFAULT_HOT_PREFIX_MIN_TOKENS = 256
+DEFAULT_HOT_PREFIX_WINDOW = DEFAULT_WINDOW
+HOT_REASON = "hot_prefix"  # spread among the hot prefix's replica set
+HOT_NEW_REASON = "hot_prefix_new_replica"  # the replica set grows by this (cheapest non-holder) worker
 _MAX_TRACKED = 1 << 16  # in-flight requests remembered for the queue estimate
 
 
@@ -100,6 +122,11 @@ class PredictionStats:
     predicted_tokens: int = 0
     reported_tokens: int = 0
     prompt_tokens: int = 0
+    under_predicted: int = 0  # finishes that reported fewer cached tokens than predicted
+    over_predicted: int = 0  # finishes that reported more (a copy we did not route there)
+    corrected_tokens: int = 0  # tree tokens dropped by those corrections
+    learned_tokens: int = 0  # tree tokens added from reports above the prediction
+    worker_resets: int = 0  # a worker's page size or KV capacity changed: its tree share was dropped
 
 
 class _Evictor(threading.Thread):
@@ -130,6 +157,9 @@ class CacheAwarePolicy(BasePolicy):
         eviction_interval_s: float = DEFAULT_EVICTION_INTERVAL_S,
         cost: CostKnobs | None = None,
         use_polled_loads: bool = True,
+        closed_loop: bool = True,
+        hot_prefix_min_tokens: int = DEFAULT_HOT_PREFIX_MIN_TOKENS,
+        hot_prefix_window: int = DEFAULT_HOT_PREFIX_WINDOW,
     ) -> None:
         if not 0 < budget_fraction <= 4:
             raise ValueError("budget_fraction must be in (0, 4]")
@@ -142,9 +172,17 @@ class CacheAwarePolicy(BasePolicy):
         self.stats = PredictionStats()
         self._trees: dict[str, RadixTree] = {}
         self._params: dict[str, tuple[int, int]] = {}  # worker -> (budget, page) registered
+        self._caps: dict[str, tuple[int, int]] = {}  # worker -> (kv capacity, page) it reported
+        self.load_only: set[str] = set()  # models routed by load alone (tokenizer-fidelity guard)
         self._turn = 0
         self._memo: tuple[RouteRequest | None, bytes] = (None, b"")
-        self._inflight: OrderedDict[object, tuple[str, int, int]] = OrderedDict()
+        self.closed_loop = closed_loop
+        self.hot_prefix_min_tokens = max(0, hot_prefix_min_tokens)
+        self.hot = HotPrefixes(window=hot_prefix_window)
+
+        self._hot_memo: tuple[RouteRequest | None, int | None] = (None, None)
+        # request key -> (worker, prompt tokens, predicted cached, tree clock after its insert)
+        self._inflight: OrderedDict[object, tuple[str, int, int, int]] = OrderedDict()
         self._sums: dict[str, list[int]] = {}  # worker -> [prompt tokens, predicted cached]
         self._miss: dict[str, float] = {}  # worker -> 1 - cached/prompt of its tracked requests
         self._evictor: _Evictor | None = None
@@ -178,12 +216,37 @@ class CacheAwarePolicy(BasePolicy):
             return max(1, int(w.kv_capacity_tokens * self.budget_fraction))
         return self.default_budget_tokens
 
+    def set_load_only(self, model: str, on: bool) -> None:
+        """Route ``model`` by load alone (its prompts are not the token sequences its workers
+        cache, see ``quality.FidelityGuard``) or by cache and load again."""
+        if on:
+            self.load_only.add(model)
+        else:
+            self.load_only.discard(model)
+
     def _register(self, w: WorkerView) -> None:
+        caps = (w.kv_capacity_tokens, max(1, w.page_size))
+        old = self._caps.get(w.worker_id)
+        if old != caps:
+            self._caps[w.worker_id] = caps
+            if old is not None and old[0] > 0 and caps[0] > 0:
+                # A known page size or KV capacity changed: the worker restarted with other
+                # settings, its cache is not what the tree says. Forget its share; it routes
+                # by load until the tree has learned it again.
+                self.stats.worker_resets += 1
+                for tree in self.trees():
+                    if tree.has_worker(w.worker_id):
+                        tree.remove_worker(w.worker_id)
+                self._params.pop(w.worker_id, None)
         params = (self.budget_for(w), max(1, w.page_size))
         if self._params.get(w.worker_id) != params:
             self._params[w.worker_id] = params
             for tree in self.trees():
                 tree.set_worker(w.worker_id, budget_tokens=params[0], page_size=params[1])
+
+    def packed(self, request: RouteRequest) -> bytes:
+        """The prompt as packed uint32 tokens (memoized for the request being routed)."""
+        return self._packed(request)
 
     def _packed(self, request: RouteRequest) -> bytes:
         req, pb = self._memo
@@ -196,15 +259,66 @@ class CacheAwarePolicy(BasePolicy):
     def select(self, request: RouteRequest, workers: Sequence[WorkerView]) -> Decision:
         if request.target_worker:
             return super().select(request, workers)
+        if request.model in self.load_only:
+            matched: tuple[int, dict[str, int]] = (0, {})
+            hot = None
+        else:
+            matched = self._match(request, workers)  # one walk for the hot-prefix key and the scores
+            hot = self._hot_pool(request, workers, matched[0]) if self.hot_prefix_min_tokens else None
         # Filtering is fused into the scoring loop (one pass over the pool, not two).
-        scored = self._score(request, workers, self._turn, None)
+        scored = self._score(request, hot[0] if hot else workers, self._turn, None, matched)
         if scored is None:
             candidates(request, workers)  # raises the right NoWorkerAvailable
             raise NoWorkerAvailable(f"no worker in pool {request.pool!r}")
         best, reason, cached, scores = scored
         self._turn += 1
         self._register(best)
-        return Decision(best.worker_id, reason, cached, scores)
+        return Decision(best.worker_id, hot[1] if hot else reason, cached, scores)
+
+    # ----------------------------------------------------------- hot prefixes
+    def _hot_key(self, request: RouteRequest, found: int | None = None) -> int | None:
+        """The prompt's shared prefix as a key: its longest match (``found``, whoever holds
+        it) in whole 16-token blocks, when at least ``hot_prefix_min_tokens`` long.
+
+        Remembered for the request, so ``on_dispatch`` counts the key it was routed on.
+        """
+        req, key = self._hot_memo
+        if req is request and found is None:
+            return key
+        if found is None:
+            found = self._match(request, ())[0]
+        key = None
+        found -= found % 16
+        if found >= self.hot_prefix_min_tokens and found > 0:
+            key = xxhash.xxh3_64_intdigest(memoryview(self._packed(request))[: found << 2])
+        self._hot_memo = (request, key)
+        return key
+
+    def _hot_pool(
+        self, request: RouteRequest, workers: Sequence[WorkerView], found: int
+    ) -> tuple[list[WorkerView], str] | None:
+        """(the workers a hot prefix's request may go to, reason), or None when not hot.
+
+        ``k`` holders serve the prefix (``HotPrefixes.replicas``). With ``k`` of them
+        available the request goes to the cheapest of them only; with fewer, to the
+        cheapest non-holder, which joins the set. Before the first holder is known
+        the whole pool is scored as usual. See ``hot_prefix``.
+        """
+        key = self._hot_key(request, found)
+        if key is None:
+            return None
+        usable = [w for w in workers if w.available and w.worker_id not in request.exclude]
+        k = self.hot.replicas(key, len(usable))
+        if k < 2:
+            return None
+        by_id = {w.worker_id: w for w in usable}
+        holders = [by_id[h] for h in self.hot.holders(key) if h in by_id][:k]
+        if len(holders) < k:
+            if not holders:
+                return None
+            held = {w.worker_id for w in holders}
+            return [w for w in usable if w.worker_id not in held], HOT_NEW_REASON
+        return holders, HOT_REASON
 
     def _choose(self, request: RouteRequest, cands: list[WorkerView]) -> Decision:
         scored = self._score(request, cands, self._turn, None)
@@ -237,9 +351,12 @@ class CacheAwarePolicy(BasePolicy):
         q: float = w.queued_prefill_tokens
         if q:
             q *= self._miss.get(w.worker_id, 1.0)
+        q += w.remote_prefill_tokens
         lo = w.loads
-        if lo is not None and lo.num_waiting_uncached_tokens > q and lo.age_s <= self.cost.loads_max_age_s:
-            q = lo.num_waiting_uncached_tokens
+        if lo is not None and lo.age_s <= self.cost.loads_max_age_s:
+            foreign = lo.num_waiting_uncached_tokens - w.queued_prefill_tokens
+            if foreign > 0:
+                q += foreign
         return q
 
     def _score(
@@ -248,6 +365,7 @@ class CacheAwarePolicy(BasePolicy):
         workers: Sequence[WorkerView],
         turn: int,
         rows: dict[str, dict[str, Any]] | None,
+        matched: tuple[int, dict[str, int]] | None = None,
     ) -> tuple[WorkerView, str, int, dict[str, float]] | None:
         """(best worker, reason, its predicted cached tokens, costs of the finalists).
 
@@ -255,7 +373,7 @@ class CacheAwarePolicy(BasePolicy):
         attribute reads and a dict lookup, so decision time is the prompt's tree walk
         plus a small constant per worker. None when no worker is available.
         """
-        found, raw = self._match(request, workers)
+        found, raw = matched if matched is not None else self._match(request, workers)
         prompt = len(request.token_ids)
         knobs = self.cost
         additive = knobs.form == "additive"
@@ -289,9 +407,12 @@ class CacheAwarePolicy(BasePolicy):
                 q: float = w.queued_prefill_tokens
                 if q:
                     q *= miss.get(wid, 1.0)
+                q += w.remote_prefill_tokens
                 lo = w.loads
-                if lo is not None and lo.num_waiting_uncached_tokens > q and lo.age_s <= max_age:
-                    q = lo.num_waiting_uncached_tokens
+                if lo is not None and lo.age_s <= max_age:
+                    foreign = lo.num_waiting_uncached_tokens - w.queued_prefill_tokens
+                    if foreign > 0:  # queued work this gateway did not send (see Q_w)
+                        q += foreign
                 cost = prompt - c + a * q + b * w.running_decode_tokens + r * w.in_flight
             else:
                 cost = (prompt - c + 1) * (1 + w.in_flight)
@@ -326,9 +447,20 @@ class CacheAwarePolicy(BasePolicy):
         assert scored is not None  # cands is never empty
         best, reason, cached, _ = scored
         found, _ = self._match(request, cands)
+        hot = self._hot_pool(request, cands, found) if self.hot_prefix_min_tokens else None
+        key = self._hot_key(request, found) if self.hot_prefix_min_tokens else None
+        if hot is not None:
+            hot_scored = self._score(request, hot[0], self._turn, None)
+            assert hot_scored is not None
+            best, reason, cached = hot_scored[0], hot[1], hot_scored[2]
         return {
             "choice": best.worker_id,
             "reason": reason,
+            "hot_prefix": None if key is None else {
+                "share": round(self.hot.share(key), 4),
+                "replicas": self.hot.replicas(key, len(cands)),
+                "holders": self.hot.holders(key),
+            },
             "predicted_cached_tokens": cached,
             "prompt_tokens": len(request.token_ids),
             "tree_match_tokens": found,
@@ -350,13 +482,19 @@ class CacheAwarePolicy(BasePolicy):
     def on_dispatch(self, request: RouteRequest, decision: Decision) -> None:
         """The worker will cache this prompt: record it in the tree and in the queue estimate."""
         pb = self._packed(request)
+        if self.hot_prefix_min_tokens and decision.reason != TARGET_REASON:
+            hk = self._hot_key(request)  # before the insert: the match it was routed on
+            if hk is not None:
+                self.hot.observe(hk)
+                if self.hot.replicas(hk, max(1, len(self._params))) >= 2:
+                    self.hot.add_holder(hk, decision.worker_id)
         self._remember(request, pb, decision.worker_id)
         key = request.request_id or id(request)
         if key in self._inflight:
             self._forget(key)
         prompt = len(pb) >> 2
         cached = min(decision.predicted_cached_tokens, prompt)
-        self._inflight[key] = (decision.worker_id, prompt, cached)
+        self._inflight[key] = (decision.worker_id, prompt, cached, self.tree(request.model).clock)
         s = self._sums.setdefault(decision.worker_id, [0, 0])
         s[0] += prompt
         s[1] += cached
@@ -367,11 +505,13 @@ class CacheAwarePolicy(BasePolicy):
     def on_finish(
         self, request: RouteRequest, worker_id: str, cached_tokens: int, success: bool
     ) -> None:
-        """Update the queue estimate and prediction stats.
+        """Update the queue estimate and prediction stats; correct the tree (closed loop).
 
-        The tree is left alone: on success the worker now holds the prompt (recorded
-        at dispatch); on failure it may hold part of it, and the router's
-        ``on_workers_changed`` or the workers' KV events correct the rest.
+        On success the worker reported how much of the prompt it found cached. Less
+        than the tree predicted: it had evicted the rest, so its stale claims past the
+        reported depth are dropped (``RadixTree.correct``). More: it held a copy we
+        did not route there (another replica's traffic, a warm start), which the tree
+        now records. A failure teaches nothing about the cache.
         """
         entry = self._forget(request.request_id or id(request))
         if entry is not None and success:
@@ -380,8 +520,33 @@ class CacheAwarePolicy(BasePolicy):
             st.predicted_tokens += entry[2]
             st.reported_tokens += cached_tokens
             st.prompt_tokens += entry[1]
+            if self.closed_loop and entry[0] == worker_id:
+                self._learn(request, worker_id, cached_tokens, entry[2], entry[3])
 
-    def _forget(self, key: object) -> tuple[str, int, int] | None:
+    def on_remote(self, event: RemoteEvent) -> None:
+        """Another gateway process dispatched a prompt: the worker will cache it, exactly as
+        if this process had sent it (the tree's half of ``on_dispatch``). Its load reaches
+        the cost through ``WorkerView`` (the sync layer adds remote load to the views);
+        remote finishes carry nothing the tree needs. Workers outside the pool are skipped."""
+        if isinstance(event, RemoteDecision) and event.worker_id in self._params and event.tokens:
+            self.tree(event.model).insert_packed(event.tokens, event.worker_id)
+
+    def _learn(self, request: RouteRequest, worker_id: str, reported: int, predicted: int, stamp: int) -> None:
+        """Bring the tree in line with what ``worker_id`` reported (see ``on_finish``)."""
+        tree = self.tree(request.model)
+        if not tree.has_worker(worker_id):
+            return
+        page = tree.page_size(worker_id)
+        if reported < predicted and predicted - reported >= page:
+            self.stats.under_predicted += 1
+            self.stats.corrected_tokens += tree.correct(self._packed(request), worker_id, reported, stamp)
+        elif reported > predicted and reported - predicted >= page:
+            self.stats.over_predicted += 1
+            pb = self._packed(request)
+            depth = min(reported, len(pb) >> 2)
+            self.stats.learned_tokens += tree.insert_packed(pb[: depth << 2], worker_id)
+
+    def _forget(self, key: object) -> tuple[str, int, int, int] | None:
         entry = self._inflight.pop(key, None)
         if entry is not None:
             s = self._sums.get(entry[0])
@@ -398,8 +563,11 @@ class CacheAwarePolicy(BasePolicy):
     def on_workers_changed(self, workers: Sequence[WorkerView]) -> None:
         """Drop departed workers from every tree; refresh budgets and page sizes."""
         present = {w.worker_id for w in workers}
-        for wid in [w for w in self._params if w not in present]:
+        gone = [w for w in self._params if w not in present]
+        for wid in gone:
             del self._params[wid]
+            self._caps.pop(wid, None)
+        self.hot.drop_workers(gone)
         for tree in self.trees():
             for wid in tree.workers():
                 if wid not in present:

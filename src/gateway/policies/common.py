@@ -12,7 +12,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
 
-from gateway.policies.base import Decision, NoWorkerAvailable, RouteRequest, WorkerView
+from gateway.policies.base import Decision, NoWorkerAvailable, RemoteEvent, RouteRequest, WorkerView
 
 TARGET_REASON = "target_worker"
 
@@ -75,7 +75,7 @@ def token_load(w: WorkerView) -> int:
     """Work queued on a worker in tokens: polled figures when present, else the gateway's own."""
     if w.loads is not None:
         return w.loads.num_used_tokens + w.loads.num_waiting_uncached_tokens
-    return w.queued_prefill_tokens + w.running_decode_tokens
+    return w.queued_prefill_tokens + w.remote_prefill_tokens + w.running_decode_tokens
 
 
 def worker_row(w: WorkerView) -> dict[str, Any]:
@@ -123,6 +123,10 @@ class BasePolicy(ABC):
         return None
 
     def on_workers_changed(self, workers: Sequence[WorkerView]) -> None:
+        return None
+
+    def on_remote(self, event: RemoteEvent) -> None:
+        """Another gateway process's decision or finish (``sync``); stateless policies ignore it."""
         return None
 
     def explain(self, request: RouteRequest, workers: Sequence[WorkerView]) -> dict[str, Any]:

@@ -25,6 +25,8 @@ from gateway.policies.cache_aware import (
     DEFAULT_BUDGET_FRACTION,
     DEFAULT_DECODE_WEIGHT,
     DEFAULT_EVICTION_INTERVAL_S,
+    DEFAULT_HOT_PREFIX_MIN_TOKENS,
+    DEFAULT_HOT_PREFIX_WINDOW,
     DEFAULT_LOADS_MAX_AGE_S,
     DEFAULT_PREFILL_WEIGHT,
     DEFAULT_REQUEST_WEIGHT,
@@ -96,6 +98,17 @@ class PolicyConfig:
     use_polled_loads: bool = option(
         True, "cache_aware: poll workers' GetLoads and use num_waiting_uncached_tokens"
     )
+    closed_loop: bool = option(
+        True, "cache_aware: correct the tree from each finished request's reported cached tokens"
+    )
+    hot_prefix_min_tokens: int = option(
+        DEFAULT_HOT_PREFIX_MIN_TOKENS,
+        "cache_aware: a shared prefix at least this long carrying over 1.25/n of the requests is held "
+        "on ceil(share x n + 1/4) workers and spread among them only (0 = no replication)",
+    )
+    hot_prefix_window: int = option(
+        DEFAULT_HOT_PREFIX_WINDOW, "cache_aware: requests over which a prefix's load share is measured (decayed)"
+    )
     p2c_metric: str = option(
         "in_flight", "power_of_two: compare in-flight requests or polled token load",
         choices=list(P2C_METRICS),
@@ -127,6 +140,9 @@ def make_policy(config: PolicyConfig | None = None, **overrides: Any) -> Policy:
                 loads_max_age_s=cfg.loads_max_age_s,
             ),
             use_polled_loads=cfg.use_polled_loads,
+            closed_loop=cfg.closed_loop,
+            hot_prefix_min_tokens=cfg.hot_prefix_min_tokens,
+            hot_prefix_window=cfg.hot_prefix_window,
         )
     if name == "prefix_hash":
         return PrefixHashPolicy(

@@ -98,6 +98,7 @@ class Inspection:
     source: str = "offline"  # "offline" (a worker list given) or "gateway" (live state)
     text: str | None = None  # the rendered prompt, when it came from text or messages
     notes: list[str] = field(default_factory=list)
+    quality: dict[str, Any] | None = None  # live routing quality of the pool (gateway only)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)

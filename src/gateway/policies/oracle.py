@@ -23,7 +23,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from gateway.policies.base import RouteRequest, WorkerView
-from gateway.policies.cache_aware import CacheAwarePolicy, CostKnobs
+from gateway.policies.cache_aware import (
+    DEFAULT_HOT_PREFIX_MIN_TOKENS,
+    DEFAULT_HOT_PREFIX_WINDOW,
+    CacheAwarePolicy,
+    CostKnobs,
+)
 from gateway.policies.radix_tree import _common_tokens  # the tree's in-place prefix compare
 
 # (worker url, prompt token ids) -> leading tokens of the prompt the worker's cache holds
@@ -41,9 +46,14 @@ class OraclePolicy(CacheAwarePolicy):
         *,
         cost: CostKnobs | None = None,
         use_polled_loads: bool = True,
+        hot_prefix_min_tokens: int = DEFAULT_HOT_PREFIX_MIN_TOKENS,
+        hot_prefix_window: int = DEFAULT_HOT_PREFIX_WINDOW,
     ) -> None:
-        # No tree is kept, so nothing needs a background evictor.
-        super().__init__(cost=cost, use_polled_loads=use_polled_loads, eviction_interval_s=0)
+        # No tree is kept, so nothing needs a background evictor (nor closed-loop upkeep).
+        super().__init__(
+            cost=cost, use_polled_loads=use_polled_loads, eviction_interval_s=0, closed_loop=False,
+            hot_prefix_min_tokens=hot_prefix_min_tokens, hot_prefix_window=hot_prefix_window,
+        )
         self._cached_length = cached_length
         self._sent: dict[str, dict[object, bytes]] = {}  # worker -> in-flight prompts (packed)
         self._sent_to: dict[object, str] = {}  # request key -> worker

@@ -189,6 +189,11 @@ class RadixTree:
         st = self._workers.get(worker)
         return st.page_size if st else 1
 
+    @property
+    def clock(self) -> int:
+        """The logical clock: the stamp the latest insert gave the nodes on its path."""
+        return self._clock
+
     # ------------------------------------------------------------------- match
     def match(self, tokens: Sequence[int] | array | bytes) -> TreeMatch:
         """Tokens of ``tokens`` each worker holds, rounded to whole pages of its page size."""
@@ -362,6 +367,55 @@ class RadixTree:
                             break
         mv.release()
         return removed
+
+    def correct(self, tokens: Sequence[int] | array | bytes, worker: str, keep: int, before: int) -> int:
+        """``worker`` held only ``tokens[:keep]`` when it prefilled ``tokens``: drop stale claims.
+
+        The worker reported ``keep`` cached tokens, so (KV caches hold whole pages) it
+        held nothing on this path past ``keep`` rounded down to its page, nor anything
+        extending that. Its claims there stamped before ``before`` (the clock after this
+        prompt's own insert) are dropped; the prompt's own path, and claims made later,
+        stay: the worker has just computed the prompt, and later requests correct
+        themselves when they finish. Stamps never increase going down a path, so
+        dropping every stale claim below a point keeps the prefix property. Returns
+        tokens the worker lost in the tree.
+        """
+        pb = pack(tokens)
+        mv = memoryview(pb).cast("I")
+        removed = 0
+        with self._lock:
+            st = self._workers.get(worker)
+            if st is not None:
+                keep = max(0, keep - keep % st.page_size)
+                if keep < len(mv) and self._walk_depth(pb, mv) > keep:
+                    if keep:
+                        self._split_at(pb, mv, keep)
+                    node, pos = self._root, 0
+                    while pos < keep:  # down to the node ending at ``keep``
+                        assert node.children is not None
+                        node = node.children[mv[pos]]
+                        pos += len(node.key) >> 2
+                    ch = node.children
+                    top = ch.get(mv[keep]) if ch else None
+                    if top is not None:
+                        removed = self._drop_stale(top, worker, st, before)
+        mv.release()
+        return removed
+
+    def _drop_stale(self, top: _Node, worker: str, st: _WorkerState, before: int) -> int:
+        """Drop ``worker``'s claims stamped before ``before`` in ``top``'s subtree (deepest first)."""
+        order: list[_Node] = []
+        stack = [top]
+        while stack:
+            cur = stack.pop()
+            t = cur.workers.get(worker)
+            if t is None:
+                continue  # it holds nothing below either (prefix property)
+            if t < before:
+                order.append(cur)
+            if cur.children:
+                stack.extend(cur.children.values())
+        return sum(self._drop(cur, worker, st) for cur in reversed(order))
 
     def _walk_depth(self, pb: bytes, mv: memoryview) -> int:
         node, pos, n = self._root, 0, len(mv)

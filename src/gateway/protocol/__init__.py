@@ -72,8 +72,6 @@ from gateway.protocol.logprobs import (
 )
 from gateway.protocol.responses import (
     ChatCompletionChoice,
-    ChatCompletionChunk,
-    ChatCompletionChunkChoice,
     ChatCompletionMessage,
     ChatCompletionResponse,
     ChoiceLogprobs,
@@ -82,7 +80,6 @@ from gateway.protocol.responses import (
     CompletionResponse,
     CompletionTokensDetails,
     DeltaFunctionCall,
-    DeltaMessage,
     DeltaToolCall,
     FinishReason,
     FunctionCall,
@@ -115,8 +112,6 @@ __all__ = [
     "JSON_OBJECT_SCHEMA",
     "AuthenticationError",
     "ChatCompletionChoice",
-    "ChatCompletionChunk",
-    "ChatCompletionChunkChoice",
     "ChatCompletionMessage",
     "ChatCompletionRequest",
     "ChatCompletionResponse",
@@ -130,7 +125,6 @@ __all__ = [
     "Constraint",
     "ContextLengthExceededError",
     "DeltaFunctionCall",
-    "DeltaMessage",
     "DeltaToolCall",
     "DetokenizeRequest",
     "DetokenizeResponse",

@@ -14,6 +14,7 @@ from pydantic import Field, field_validator, model_validator
 
 from gateway.protocol import limits
 from gateway.protocol.common import (
+    AllowedToolsChoice,
     NamedToolChoice,
     RequestModel,
     ResponseFormat,
@@ -134,7 +135,7 @@ class ChatCompletionRequest(SamplingRequest):
     """An OpenAI chat completion request plus SGLang's extensions."""
 
     messages: list[ChatMessage]
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1, strict=True)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=limits.MAX_TOP_LOGPROBS)
     response_format: ResponseFormat | None = None
@@ -145,6 +146,8 @@ class ChatCompletionRequest(SamplingRequest):
     separate_reasoning: bool = True
     stream_reasoning: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
+    # OpenAI's reasoning effort; reaches templates that read it (gpt-oss's).
+    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
 
     @field_validator("tool_choice", mode="before")
     @classmethod
@@ -153,8 +156,9 @@ class ChatCompletionRequest(SamplingRequest):
             return value
         if value not in ("none", "auto", "required"):
             raise ValueError(
-                "tool_choice must be 'none', 'auto', 'required' or "
-                '{"type": "function", "function": {"name": ...}}'
+                "tool_choice must be 'none', 'auto', 'required', "
+                '{"type": "function", "function": {"name": ...}} or '
+                '{"type": "allowed_tools", "allowed_tools": {"mode": ..., "tools": [...]}}'
             )
         return value
 
@@ -182,6 +186,13 @@ class ChatCompletionRequest(SamplingRequest):
                 "tool_choice",
                 f"tool_choice names function {choice.function.name!r}, which is not in tools",
             )
+        if isinstance(choice, AllowedToolsChoice):
+            for allowed in choice.allowed_tools.tools:
+                if allowed.function_name not in names:
+                    raise ParamError(
+                        "tool_choice",
+                        f"allowed_tools names function {allowed.function_name!r}, which is not in tools",
+                    )
         max_new = self.max_new_tokens
         if max_new is not None and self.min_tokens > max_new:
             raise ParamError(
@@ -199,6 +210,8 @@ class ChatCompletionRequest(SamplingRequest):
     @property
     def effective_tool_choice(self) -> Literal["none", "auto", "required"] | NamedToolChoice:
         """OpenAI's default: ``auto`` when tools are given, ``none`` otherwise."""
+        if isinstance(self.tool_choice, AllowedToolsChoice):
+            return self.tool_choice.allowed_tools.mode
         if self.tool_choice is not None:
             return self.tool_choice
         return "auto" if self.tools else "none"
@@ -209,8 +222,13 @@ class ChatCompletionRequest(SamplingRequest):
         return choice if isinstance(choice, str) else choice.model_dump()
 
     def tools_json(self) -> list[dict[str, Any]]:
-        """Declared tools as OpenAI JSON dicts (``[]`` when none)."""
-        return [tool.model_dump(exclude_none=True) for tool in self.tools or []]
+        """Declared tools as OpenAI JSON dicts (``[]`` when none); with ``allowed_tools``
+        only the allowed ones (the model is shown and may call only those)."""
+        tools = self.tools or []
+        if isinstance(self.tool_choice, AllowedToolsChoice):
+            allowed = {t.function_name for t in self.tool_choice.allowed_tools.tools}
+            tools = [t for t in tools if t.function.name in allowed]
+        return [tool.model_dump(exclude_none=True) for tool in tools]
 
     def template_messages(self) -> list[dict[str, Any]]:
         """Messages ready for ``apply_chat_template``."""
@@ -223,5 +241,7 @@ class ChatCompletionRequest(SamplingRequest):
         return self.tools_json()
 
 
-def _choice_label(choice: str | NamedToolChoice) -> str:
+def _choice_label(choice: str | NamedToolChoice | AllowedToolsChoice) -> str:
+    if isinstance(choice, AllowedToolsChoice):
+        return "allowed_tools"
     return repr(choice) if isinstance(choice, str) else f"function {choice.function.name!r}"

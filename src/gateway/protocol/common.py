@@ -9,6 +9,7 @@ name the field. An explicit ``null`` on a field that has a non-null default mean
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -70,6 +71,48 @@ def check_schema_bounds(schema: dict[str, Any], what: str) -> dict[str, Any]:
     if schema_depth(schema) > limits.MAX_SCHEMA_DEPTH:
         raise ValueError(f"{what} is nested deeper than {limits.MAX_SCHEMA_DEPTH} levels")
     return schema
+
+
+def check_regex(value: str | None) -> str | None:
+    """A constraint regex must compile, before a worker's grammar compiler fails the request."""
+    if value is None:
+        return None
+    if len(value.encode()) > limits.MAX_SCHEMA_BYTES:
+        raise ValueError(f"the regex is larger than {limits.MAX_SCHEMA_BYTES} bytes")
+    try:
+        re.compile(value)
+    except (re.error, RecursionError, OverflowError) as exc:
+        raise ValueError(f"the regex does not compile: {exc}") from None
+    return value
+
+
+def check_schema_text(value: str | None) -> str | None:
+    """A JSON schema given as text must be a JSON object (or boolean) within the schema bounds."""
+    if value is None:
+        return None
+    if len(value.encode()) > limits.MAX_SCHEMA_BYTES:
+        raise ValueError(f"the JSON schema is larger than {limits.MAX_SCHEMA_BYTES} bytes")
+    try:
+        schema = json.loads(value)
+    except (ValueError, RecursionError) as exc:
+        raise ValueError(f"json_schema is not valid JSON: {exc}") from None
+    if isinstance(schema, bool):
+        return value
+    if not isinstance(schema, dict):
+        raise ValueError("json_schema must be a JSON object")
+    check_schema_bounds(schema, "json_schema")
+    return value
+
+
+MAX_REQUEST_ID = 128
+
+
+def check_rid(value: str | list[str] | None) -> str | list[str] | None:
+    """Request ids reach logs, headers and workers: short and printable."""
+    for rid in [value] if isinstance(value, str) else value or []:
+        if not rid or len(rid) > MAX_REQUEST_ID or not rid.isprintable():
+            raise ValueError(f"request ids must be 1 to {MAX_REQUEST_ID} printable characters")
+    return value
 
 
 def check_stop(value: str | list[str] | None) -> str | list[str] | None:
@@ -153,7 +196,33 @@ class NamedToolChoice(RequestModel):
     function: ToolChoiceFunction
 
 
-ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
+class AllowedTool(RequestModel):
+    """One entry of ``allowed_tools.tools``: ``{"type": "function", "function": {"name"}}``
+    (the Responses API's flat ``{"type": "function", "name"}`` is accepted too)."""
+
+    type: Literal["function"] = "function"
+    function: ToolChoiceFunction | None = None
+    name: str | None = None
+
+    @property
+    def function_name(self) -> str:
+        return self.function.name if self.function is not None else (self.name or "")
+
+
+class AllowedTools(RequestModel):
+    mode: Literal["auto", "required"] = "auto"
+    tools: list[AllowedTool] = Field(min_length=1)
+
+
+class AllowedToolsChoice(RequestModel):
+    """``{"type": "allowed_tools", "allowed_tools": {"mode", "tools"}}``: only these tools,
+    chosen freely (``auto``) or at least one called (``required``)."""
+
+    type: Literal["allowed_tools"]
+    allowed_tools: AllowedTools
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice | AllowedToolsChoice
 
 
 class JsonSchemaFormat(RequestModel):
@@ -199,6 +268,28 @@ class StopFieldsChecks(RequestModel):
     def _logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
         return check_logit_bias(value)
 
+    @field_validator("regex", check_fields=False)
+    @classmethod
+    def _regex(cls, value: str | None) -> str | None:
+        return check_regex(value)
+
+    @field_validator("json_schema", check_fields=False)
+    @classmethod
+    def _json_schema_text(cls, value: str | None) -> str | None:
+        return check_schema_text(value)
+
+    @field_validator("ebnf", check_fields=False)
+    @classmethod
+    def _ebnf(cls, value: str | None) -> str | None:
+        if value is not None and len(value.encode()) > limits.MAX_SCHEMA_BYTES:
+            raise ValueError(f"the grammar is larger than {limits.MAX_SCHEMA_BYTES} bytes")
+        return value
+
+    @field_validator("rid", check_fields=False)
+    @classmethod
+    def _rid(cls, value: str | list[str] | None) -> str | list[str] | None:
+        return check_rid(value)
+
     @field_validator("stop_token_ids", check_fields=False)
     @classmethod
     def _token_ids(cls, value: list[int] | None) -> list[int] | None:
@@ -211,8 +302,9 @@ class SamplingRequest(StopFieldsChecks):
     """Fields the OpenAI chat and completions requests share, with SGLang's extras."""
 
     model: str | None = None
-    n: int = Field(default=1, ge=1, le=limits.MAX_N)
-    max_tokens: int | None = Field(default=None, ge=1)
+    # strict: JSON true is not 1 (pydantic's lax mode would take it as one)
+    n: int = Field(default=1, ge=1, le=limits.MAX_N, strict=True)
+    max_tokens: int | None = Field(default=None, ge=1, strict=True)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=-1)

@@ -54,7 +54,7 @@ class CompletionRequest(SamplingRequest):
     """
 
     prompt: Prompt
-    max_tokens: int | None = Field(default=16, ge=1)  # OpenAI's default for this API
+    max_tokens: int | None = Field(default=16, ge=1, strict=True)  # OpenAI's default for this API
     echo: bool = False
     suffix: str | None = None
     logprobs: int | None = Field(default=None, ge=0, le=limits.MAX_COMPLETION_LOGPROBS)

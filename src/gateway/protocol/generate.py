@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gateway.protocol import limits
-from gateway.protocol.common import RequestModel, StopFieldsChecks, stop_list
+from gateway.protocol.common import RequestModel, StopFieldsChecks, check_rid, stop_list
 from gateway.protocol.errors import ParamError
 
 
@@ -20,7 +20,7 @@ class GenerateSamplingParams(StopFieldsChecks):
     """SGLang's ``sampling_params`` dict; SGLang's defaults (``max_new_tokens`` 128)."""
 
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    max_new_tokens: int | None = Field(default=128, ge=0)
+    max_new_tokens: int | None = Field(default=128, ge=0, strict=True)
     min_new_tokens: int = Field(default=0, ge=0)
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = Field(default=None, max_length=limits.MAX_STOP_TOKEN_IDS)
@@ -30,7 +30,7 @@ class GenerateSamplingParams(StopFieldsChecks):
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     repetition_penalty: float = Field(default=1.0, gt=0.0, le=2.0)
-    n: int = Field(default=1, ge=1, le=limits.MAX_N)
+    n: int = Field(default=1, ge=1, le=limits.MAX_N, strict=True)
     regex: str | None = None
     json_schema: str | None = None
     ebnf: str | None = None
@@ -69,6 +69,11 @@ class GenerateRequest(RequestModel):
     return_text_in_logprobs: bool = False
     return_hidden_states: bool = False
     rid: str | list[str] | None = None
+
+    @field_validator("rid")
+    @classmethod
+    def _rid(cls, value: str | list[str] | None) -> str | list[str] | None:
+        return check_rid(value)
 
     @field_validator("input_ids")
     @classmethod

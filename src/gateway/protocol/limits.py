@@ -9,6 +9,9 @@ from __future__ import annotations
 MAX_N = 128
 """Most completions one request may ask for (``n``)."""
 
+MAX_BATCH = 256
+"""Most prompts (or embedding inputs) one request may carry; each is a worker request."""
+
 MAX_TOP_LOGPROBS = 20
 """OpenAI's upper bound for chat ``top_logprobs``."""
 

@@ -202,34 +202,6 @@ class ChatCompletionResponse(ResponseModel):
     system_fingerprint: str | None = None
 
 
-class DeltaMessage(ResponseModel):
-    role: Literal["assistant"] | None = None
-    content: str | None = None
-    reasoning_content: str | None = None
-    tool_calls: list[DeltaToolCall] | None = None
-
-
-class ChatCompletionChunkChoice(ResponseModel):
-    index: int
-    delta: DeltaMessage = Field(default_factory=DeltaMessage)
-    logprobs: ChoiceLogprobs | None = None
-    finish_reason: FinishReason | None = None
-    matched_stop: int | str | None = None
-    _keep_null = frozenset({"logprobs", "finish_reason"})
-
-
-class ChatCompletionChunk(ResponseModel):
-    """One ``chat.completion.chunk`` SSE event; ``usage`` only on the usage chunk(s)."""
-
-    id: str
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int = Field(default_factory=now)
-    model: str
-    choices: list[ChatCompletionChunkChoice] = Field(default_factory=list)
-    usage: Usage | None = None
-    system_fingerprint: str | None = None
-
-
 # ---------------------------------------------------------------- completions
 
 
@@ -264,6 +236,8 @@ class ModelCard(ResponseModel):
     owned_by: str = "token-gateway"
     root: str | None = None
     max_model_len: int | None = None
+    tool_call_parser: str | None = None  # the gateway's extra: formats it parses for this model
+    reasoning_parser: str | None = None
 
 
 class ModelList(ResponseModel):

@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from gateway.protocol.errors import (
+    InvalidRequestError,
     QueueFullError,
     QueueTimeoutError,
     RateLimitedError,
@@ -56,14 +57,14 @@ class TokenBucket:
         self.tokens = burst
         self.stamp = now
 
-    def take(self, now: float) -> float:
-        """Take one token; returns 0.0 on success, else seconds until one is available."""
+    def take(self, now: float, count: float = 1.0) -> float:
+        """Take ``count`` tokens; returns 0.0 on success, else seconds until they are available."""
         self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
         self.stamp = now
-        if self.tokens >= 1.0:
-            self.tokens -= 1.0
+        if self.tokens >= count:
+            self.tokens -= count
             return 0.0
-        return (1.0 - self.tokens) / self.rate
+        return (count - self.tokens) / self.rate
 
 
 def _granted(waiter: asyncio.Future[None]) -> bool:
@@ -71,18 +72,19 @@ def _granted(waiter: asyncio.Future[None]) -> bool:
 
 
 class Ticket:
-    """One admitted request's slot; ``release()`` is idempotent."""
+    """One admitted request's slots (``weight``: one per prompt of a batch); ``release()`` is idempotent."""
 
-    __slots__ = ("_admission", "released")
+    __slots__ = ("_admission", "released", "weight")
 
-    def __init__(self, admission: Admission) -> None:
+    def __init__(self, admission: Admission, weight: int = 1) -> None:
         self._admission = admission
+        self.weight = weight
         self.released = False
 
     def release(self) -> None:
         if not self.released:
             self.released = True
-            self._admission._release()
+            self._admission._release(self.weight)
 
 
 class Admission:
@@ -98,7 +100,7 @@ class Admission:
         self.config = config or AdmissionConfig()
         self._clock = clock
         self._on_reject = on_reject
-        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._waiters: deque[tuple[asyncio.Future[None], int]] = deque()  # (waiter, weight)
         self._buckets: OrderedDict[str, TokenBucket] = OrderedDict()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -110,23 +112,28 @@ class Admission:
 
     @property
     def queued(self) -> int:
-        return sum(1 for w in self._waiters if not w.done())
+        return sum(1 for w, _ in self._waiters if not w.done())
 
     # ------------------------------------------------------------------ rate
-    def _check_rate(self, key: str) -> None:
+    def _check_rate(self, key: str, weight: int) -> None:
         rate = self.config.rate_limit_per_s
         if rate <= 0:
             return
+        burst = self.config.rate_limit_burst or max(1.0, rate)
+        if weight > burst:
+            raise InvalidRequestError(
+                f"a batch of {weight} prompts counts as {weight} requests; this API key may send at most "
+                f"{burst:g} at once (rate limit burst)", code="batch_too_large",
+            )
         now = self._clock()
         bucket = self._buckets.get(key)
         if bucket is None:
-            burst = self.config.rate_limit_burst or max(1.0, rate)
             bucket = self._buckets[key] = TokenBucket(rate, float(burst), now)
             while len(self._buckets) > max(1, self.config.rate_limit_max_keys):
                 self._buckets.popitem(last=False)
         else:
             self._buckets.move_to_end(key)
-        wait = bucket.take(now)
+        wait = bucket.take(now, float(weight))
         if wait > 0:
             self.rate_limited += 1
             self._on_reject("rate_limited")
@@ -135,16 +142,24 @@ class Admission:
             )
 
     # ------------------------------------------------------------------ slots
-    async def acquire(self, key: str | None = None) -> Ticket:
-        """Wait (FIFO) for a slot; raises the errors listed in the module docstring."""
+    async def acquire(self, key: str | None = None, weight: int = 1) -> Ticket:
+        """Wait (FIFO) for ``weight`` slots (a batch of k prompts takes k: each is a worker
+        request); raises the errors listed in the module docstring, and 400 for a batch
+        larger than the concurrency cap or the rate-limit burst (it could never pass)."""
+        weight = max(1, weight)
         if self.closed:
             self._on_reject("shutting_down")
             raise ShuttingDownError("the gateway is shutting down")
-        self._check_rate(key or ANONYMOUS)
         cap = self.config.max_concurrent_requests
-        if cap <= 0 or (self.in_flight < cap and not self.queued):
-            self._take()
-            return Ticket(self)
+        if 0 < cap < weight:
+            raise InvalidRequestError(
+                f"a batch of {weight} prompts needs {weight} slots; this gateway runs at most {cap} "
+                "requests at once: send smaller batches", code="batch_too_large",
+            )
+        self._check_rate(key or ANONYMOUS, weight)
+        if cap <= 0 or (self.in_flight + weight <= cap and not self.queued):
+            self._take(weight)
+            return Ticket(self, weight)
         if self.queued >= self.config.max_queued_requests:
             self.rejected_full += 1
             self._on_reject("queue_full")
@@ -154,15 +169,16 @@ class Admission:
                 retry_after=1.0,
             )
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
+        self._waiters.append((waiter, weight))
         try:
             async with asyncio.timeout(self.config.queue_timeout_s):
                 await asyncio.shield(waiter)
         except TimeoutError:
             if _granted(waiter):
                 # The slot was handed over just as the timer fired: keep it.
-                return Ticket(self)
+                return Ticket(self, weight)
             waiter.cancel()
+            self._grant()  # a heavy waiter leaving the head may let lighter ones in
             self.timed_out += 1
             self._on_reject("queue_timeout")
             raise QueueTimeoutError(
@@ -170,30 +186,41 @@ class Admission:
             ) from None
         except BaseException:
             if _granted(waiter):
-                self._release()  # granted, but the caller is gone: pass it on
+                self._release(weight)  # granted, but the caller is gone: pass it on
             else:
                 waiter.cancel()
+                self._grant()
             raise
-        return Ticket(self)
+        return Ticket(self, weight)
 
-    def _take(self) -> None:
-        self.in_flight += 1
+    def _take(self, weight: int = 1) -> None:
+        self.in_flight += weight
         self._idle.clear()
 
-    def _release(self) -> None:
-        # Hand the slot straight to the oldest live waiter (in_flight unchanged).
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                return
-        self.in_flight -= 1
+    def _release(self, weight: int = 1) -> None:
+        self.in_flight -= weight
+        self._grant()
         if self.in_flight == 0:
             self._idle.set()
 
+    def _grant(self) -> None:
+        """Hand free slots to waiters, strictly first in, first out (a heavy head waits
+        for room rather than being overtaken)."""
+        cap = self.config.max_concurrent_requests
+        while self._waiters:
+            waiter, weight = self._waiters[0]
+            if waiter.done():
+                self._waiters.popleft()
+                continue
+            if cap > 0 and self.in_flight + weight > cap:
+                return
+            self._waiters.popleft()
+            self._take(weight)
+            waiter.set_result(None)
+
     @contextlib.asynccontextmanager
-    async def admit(self, key: str | None = None) -> AsyncIterator[Ticket]:
-        ticket = await self.acquire(key)
+    async def admit(self, key: str | None = None, weight: int = 1) -> AsyncIterator[Ticket]:
+        ticket = await self.acquire(key, weight)
         try:
             yield ticket
         finally:
@@ -204,7 +231,7 @@ class Admission:
         """Refuse new requests from now on; queued ones are refused too."""
         self.closed = True
         while self._waiters:
-            waiter = self._waiters.popleft()
+            waiter, _ = self._waiters.popleft()
             if not waiter.done():
                 waiter.set_exception(ShuttingDownError("the gateway is shutting down"))
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gateway.observability.tracing import TracingConfig
+from gateway.parsers.config import ParserConfig
 from gateway.pipeline.dispatch import DispatchConfig
 from gateway.pipeline.engine import EngineConfig
 from gateway.pipeline.limits import LimitsConfig
@@ -12,8 +14,14 @@ from gateway.pipeline.resume import ResumeConfig
 from gateway.pipeline.retry import RetryConfig
 from gateway.policies.factory import PolicyConfig
 from gateway.server.admission import AdmissionConfig
+from gateway.server.http.limits import HttpLimitsConfig
+from gateway.server.metrics_port import MetricsPortConfig
+from gateway.server.process_config import ProcessConfig
 from gateway.server.security import SecurityConfig
+from gateway.server.tls import FrontTlsConfig
 from gateway.settings import option
+from gateway.sync.config import SyncConfig
+from gateway.workers.discovery.config import DiscoveryConfig
 from gateway.workers.health import HealthConfig
 from gateway.workers.load_monitor import LoadMonitorConfig
 from gateway.workers.watchdog import WatchdogConfig
@@ -53,5 +61,13 @@ class GatewayConfig:
     health: HealthConfig = field(default_factory=HealthConfig)
     load_monitor: LoadMonitorConfig = field(default_factory=LoadMonitorConfig)
     pd: PdConfig = field(default_factory=PdConfig)
+    processes: ProcessConfig = field(default_factory=ProcessConfig)
+    sync: SyncConfig = field(default_factory=SyncConfig)
+    parsers: ParserConfig = field(default_factory=ParserConfig)
+    http: HttpLimitsConfig = field(default_factory=HttpLimitsConfig)
+    metrics_port: MetricsPortConfig = field(default_factory=MetricsPortConfig)
+    tls: FrontTlsConfig = field(default_factory=FrontTlsConfig)
+    tracing: TracingConfig = field(default_factory=TracingConfig)
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
     resume: ResumeConfig = field(default_factory=ResumeConfig)
+    discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable, Mapping
 
+import orjson
 from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import Response
@@ -25,6 +27,10 @@ from gateway.observability.request_log import (
     sane_request_id,
     unbind_record,
 )
+from gateway.protocol.errors import GatewayError
+from gateway.protocol.headers import REQUEST_ID
+
+_REQUEST_ID = REQUEST_ID.encode()  # ASGI header names are bytes
 
 UNMATCHED = "other"  # endpoint label for paths no route matched (404s): keeps labels bounded
 QUIET_PATHS = frozenset({"/metrics", "/health", "/readiness"})  # scraped often: no access line
@@ -43,7 +49,7 @@ class ObservabilityMiddleware:
         record = RequestRecord(method=scope["method"], path=scope["path"])
         incoming = None
         for name, value in scope.get("headers", ()):
-            if name == b"x-request-id":
+            if name == _REQUEST_ID:
                 incoming = sane_request_id(value.decode("latin-1"))
                 break
         record.request_id = incoming or uuid.uuid4().hex
@@ -56,14 +62,22 @@ class ObservabilityMiddleware:
                 headers = list(message.get("headers", []))
                 names = {k.lower() for k, _ in headers}
                 streaming = any(k.lower() == b"content-type" and v.startswith(b"text/event-stream") for k, v in headers)
-                if b"x-request-id" not in names:
-                    headers.append((b"x-request-id", record.request_id.encode()))
+                if _REQUEST_ID not in names:
+                    headers.append((_REQUEST_ID, record.request_id.encode()))
                     message = {**message, "headers": headers}
             elif streaming and record.ttft_s is None and message.get("body"):
                 record.ttft_s = time.perf_counter() - record.started
             await send(message)
 
         token = bind_record(record)
+        tracing = self.metrics.tracing
+        span = None
+        if tracing is not None and record.path not in QUIET_PATHS:
+            traceparent = next((v.decode("latin-1") for k, v in scope.get("headers", ()) if k == b"traceparent"), None)
+            span = tracing.start_request(
+                f"{record.method} {record.path}", traceparent,
+                {"http.request.method": record.method, "url.path": record.path, "gateway.request_id": record.request_id},
+            )
         self.metrics.in_flight.inc()
         try:
             await self.app(scope, receive, send_wrapper)
@@ -79,6 +93,11 @@ class ObservabilityMiddleware:
             observe_request(self.metrics, record, latency)
             if self.access_log and record.path not in QUIET_PATHS:
                 log_access(record, latency)
+            if span is not None:
+                tracing.end_request(  # type: ignore[union-attr]
+                    span, name=f"{record.method} {record.endpoint}", status=record.status or 499,
+                    attributes={"http.route": record.endpoint, "gen_ai.request.model": record.model},
+                )
             unbind_record(token)
 
 
@@ -92,11 +111,23 @@ def observe_request(m: GatewayMetrics, record: RequestRecord, latency: float) ->
         m.ttft.labels(endpoint=record.endpoint).observe(record.ttft_s)
 
 
-def install_observability(app: FastAPI, metrics: GatewayMetrics, *, access_log: bool = True) -> None:
-    """Add the middleware and ``GET /metrics`` (Prometheus text format) to ``app``."""
+def install_observability(
+    app: FastAPI, metrics: GatewayMetrics, *, access_log: bool = True,
+    guard: Callable[[Mapping[str, str]], None] | None = None,
+) -> None:
+    """Add the middleware and ``GET /metrics`` (Prometheus text format) to ``app``;
+    ``guard`` checks a scrape's headers (the series name workers and their addresses)."""
     app.add_middleware(ObservabilityMiddleware, metrics=metrics, access_log=access_log)
 
     async def scrape(request: Request) -> Response:
-        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        if guard is not None:
+            try:
+                guard(request.headers)
+            except GatewayError as exc:
+                return Response(orjson.dumps(exc.to_dict()), status_code=exc.status, media_type="application/json")
+        body = metrics.render()
+        if metrics.federate is not None:  # one of serve --processes N: answer for the whole set
+            body = await metrics.federate(body)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     app.add_api_route("/metrics", scrape, methods=["GET"], include_in_schema=False)

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gateway.protocol.errors import AuthenticationError, PermissionDeniedError
+from gateway.protocol.headers import AUTHORIZATION
 from gateway.settings import option
 from gateway.workers.client import TlsOptions
 
@@ -24,6 +25,8 @@ from gateway.workers.client import TlsOptions
 class SecurityConfig:
     admin_api_key: str | None = option(None, "key for admin endpoints (POST/DELETE /workers, /flush_cache), sent as 'Authorization: Bearer KEY'")
     allow_unauthenticated_admin: bool = option(False, "serve admin endpoints without a key on a non-loopback address")
+    inspect_access: str = option("admin", "who may inspect the live routing tree (/admin/inspect, InspectPrefix): 'admin' (its answers reveal other tenants' cached prefixes) or 'any' inference key (single-tenant deployments)", choices=["admin", "any"])
+    metrics_access: str = option("auto", "who may read /metrics: 'open', 'key' (any API key), or 'auto' (open on a loopback address, else needs a key)", choices=["auto", "open", "key"])
     worker_tls_ca_file: str | None = option(None, "CA bundle that signs grpcs:// workers' certificates (unset: system roots)")
     worker_tls_cert_file: str | None = option(None, "client certificate for mutual TLS to grpcs:// workers")
     worker_tls_key_file: str | None = option(None, "private key of --worker-tls-cert-file")
@@ -60,7 +63,7 @@ def check_startup(host: str, config: SecurityConfig) -> None:
 
 
 def bearer_token(headers: Mapping[str, str]) -> str | None:
-    auth = headers.get("authorization", "")
+    auth = headers.get(AUTHORIZATION, "")
     scheme, _, token = auth.partition(" ")
     token = token.strip()
     return token if scheme.lower() == "bearer" and token else None
@@ -78,9 +81,13 @@ def _matches(token: str, key: str) -> bool:
 
 
 class Authenticator:
+    """Checks the bearer key of every call, HTTP or gRPC (the gRPC doors reach it
+    through ``server.grpc.util.CallContextReader``)."""
+
     def __init__(self, inference_keys: list[str], config: SecurityConfig) -> None:
         self._keys = [k for k in inference_keys if k]
         self._admin = config.admin_api_key or None
+        self._inspect_any = config.inspect_access == "any"
 
     @property
     def admin_open(self) -> bool:
@@ -117,6 +124,30 @@ class Authenticator:
         token = bearer_token(headers)
         if token is not None and (
             _matches(token, self._admin) or any(_matches(token, k) for k in self._keys)
+        ):
+            return
+        raise AuthenticationError("missing or invalid API key (send 'Authorization: Bearer KEY')")
+
+    def admin_call(self, headers: Mapping[str, str]) -> str | None:
+        """``admin`` for a call that also runs through the request pipeline: returns the
+        caller's key id (None when admin endpoints are open)."""
+        self.admin(headers)
+        return key_id(bearer_token(headers)) if self._admin is not None else None
+
+    def inspector(self, headers: Mapping[str, str]) -> str | None:
+        """Inspection of the live routing tree tells which prefixes are cached, i.e. what
+        other tenants sent: admin-only unless ``--inspect-access any``."""
+        if self._inspect_any or self._admin is None:  # no admin key: as strict as inference
+            return self.inference(headers)
+        return self.admin_call(headers)
+
+    def metrics(self, headers: Mapping[str, str]) -> None:
+        """A /metrics scrape with a key: any inference key or the admin key."""
+        if not self._keys and self._admin is None:
+            raise AuthenticationError("/metrics needs a key, and this gateway has none configured; set --api-keys or --admin-api-key, or --metrics-access open")
+        token = bearer_token(headers)
+        if token is not None and (
+            any(_matches(token, k) for k in self._keys) or (self._admin and _matches(token, self._admin))
         ):
             return
         raise AuthenticationError("missing or invalid API key (send 'Authorization: Bearer KEY')")

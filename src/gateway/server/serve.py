@@ -5,13 +5,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import signal
 import socket
 import sys
+from typing import Any
 
 import orjson
 
+from gateway.observability.tracing import TracingConfig
+from gateway.parsers.config import ParserConfig
 from gateway.pipeline.dispatch import DispatchConfig, flush_aborts
 from gateway.pipeline.engine import EngineConfig
 from gateway.pipeline.limits import LimitsConfig
@@ -21,10 +25,19 @@ from gateway.pipeline.retry import RetryConfig
 # Config dataclasses are imported lazily in add_arguments' callers' process anyway;
 # they are light (no FastAPI/transformers at import).
 from gateway.policies.factory import PolicyConfig
+from gateway.server import smg_compat
 from gateway.server.admission import AdmissionConfig
 from gateway.server.config import GatewayConfig, ServerConfig
+from gateway.server.http.limits import HttpLimitsConfig
+from gateway.server.metrics_port import MetricsPortConfig
+from gateway.server.process_config import ProcessConfig
+from gateway.server.secrets import SecretFileError, SecretFilesConfig, apply_secret_files
 from gateway.server.security import InsecureAdminError, SecurityConfig, check_startup
-from gateway.settings import add_options, from_namespace
+from gateway.server.tls import FrontTlsConfig, TlsConfigError
+from gateway.settings import add_options, from_namespace, mark_explicit
+from gateway.sync.config import SyncConfig
+from gateway.workers.discovery.config import DiscoveryConfig
+from gateway.workers.discovery.sources import check_discovery
 from gateway.workers.health import HealthConfig
 from gateway.workers.load_monitor import LoadMonitorConfig
 
@@ -32,6 +45,11 @@ log = logging.getLogger("gateway")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    cfg = parser.add_argument_group("configuration (flag > TOKEN_GATEWAY_* environment > file > default)")
+    cfg.add_argument("--config", metavar="FILE", default=None,
+                     help="TOML or YAML file of settings, keys named like the flags (also TOKEN_GATEWAY_CONFIG)")
+    cfg.add_argument("--print-config", action="store_true",
+                     help="print the settings in effect (secrets masked) as YAML and exit")
     add_options(parser.add_argument_group("server"), ServerConfig)
     add_options(parser.add_argument_group("routing policy"), PolicyConfig)
     add_options(parser.add_argument_group("pipeline"), EngineConfig)
@@ -40,8 +58,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_options(parser.add_argument_group("admission"), AdmissionConfig)
     add_options(parser.add_argument_group("request limits"), LimitsConfig)
     add_options(parser.add_argument_group("security"), SecurityConfig)
+    add_options(parser.add_argument_group("HTTP connection limits"), HttpLimitsConfig)
+    add_options(parser.add_argument_group("secrets from files"), SecretFilesConfig)
+    add_options(parser.add_argument_group("metrics"), MetricsPortConfig)
+    add_options(parser.add_argument_group("TLS on the gateway's ports"), FrontTlsConfig)
+    add_options(parser.add_argument_group("tracing (OpenTelemetry, OTLP gRPC)"), TracingConfig)
+    add_options(parser.add_argument_group("worker discovery (DNS, Kubernetes)"), DiscoveryConfig)
     add_options(parser.add_argument_group("health checks"), HealthConfig)
     add_options(parser.add_argument_group("load polling"), LoadMonitorConfig)
+    add_options(parser.add_argument_group("processes"), ProcessConfig)
+    add_options(parser.add_argument_group("routing sync (NATS)"), SyncConfig)
+    add_options(parser.add_argument_group("tool-call and reasoning parsers"), ParserConfig)
     pd = parser.add_argument_group("prefill/decode disaggregation")
     pd.add_argument("--prefill", nargs="+", action="append", default=[], metavar="URL [BOOTSTRAP_PORT]",
                     help="prefill worker(s): grpc://host:port, each optionally followed by its bootstrap port "
@@ -49,20 +76,70 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     pd.add_argument("--decode", nargs="+", action="append", default=[], metavar="URL",
                     help="decode worker(s): grpc://host:port; repeatable")
     add_options(pd, PdConfig)
+    smg_compat.install(parser)  # last: it maps onto the flags above
+
+
+# --prefill/--decode are parsed by hand (URL [PORT] groups); in the environment and
+# the config file they are lists of "URL [PORT]" strings.
+POOL_FLAGS = ("prefill", "decode")
+
+
+def _pool_extras() -> dict[str, Any]:
+    from gateway.config_layers import Extra  # pydantic-settings: only when serving
+
+    return {name: Extra(list[str], []) for name in POOL_FLAGS}
+
+
+def resolve_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """Layer env and config file under the flags given; returns the flat settings."""
+    from gateway.config_layers import resolve
+
+    for name in POOL_FLAGS:
+        groups = getattr(args, name, None) or []
+        if groups:
+            mark_explicit(args, name)
+            setattr(args, name, [" ".join(g) for g in groups])
+    values = resolve(args, config_file=args.config, extras=_pool_extras(), value_map=smg_compat.map_value)
+    for name in POOL_FLAGS:
+        # "none" is SMG's spelling of "no bootstrap port" (ours: learned from GetServerInfo)
+        setattr(args, name, [[w for w in item.split() if w.lower() != "none"] for item in values[name]])
+    return values
 
 
 def config_from_args(args: argparse.Namespace) -> GatewayConfig:
+    if not hasattr(args, "_settings"):
+        args._settings = resolve_settings(args)
+    server, security = apply_secret_files(
+        from_namespace(SecretFilesConfig, args),
+        from_namespace(ServerConfig, args),
+        from_namespace(SecurityConfig, args),
+    )
+    discovery = from_namespace(DiscoveryConfig, args)
+    try:
+        check_discovery(discovery)
+    except ValueError as exc:
+        from gateway.config_layers import ConfigError
+
+        raise ConfigError(str(exc)) from None
     return GatewayConfig(
-        server=from_namespace(ServerConfig, args),
+        server=server,
         policy=from_namespace(PolicyConfig, args),
         engine=from_namespace(EngineConfig, args),
         retry=from_namespace(RetryConfig, args),
         dispatch=from_namespace(DispatchConfig, args),
         admission=from_namespace(AdmissionConfig, args),
         limits=from_namespace(LimitsConfig, args),
-        security=from_namespace(SecurityConfig, args),
+        security=security,
         health=from_namespace(HealthConfig, args),
         load_monitor=from_namespace(LoadMonitorConfig, args),
+        processes=from_namespace(ProcessConfig, args),
+        sync=from_namespace(SyncConfig, args),
+        metrics_port=from_namespace(MetricsPortConfig, args),
+        tls=from_namespace(FrontTlsConfig, args),
+        tracing=from_namespace(TracingConfig, args),
+        discovery=discovery,
+        http=from_namespace(HttpLimitsConfig, args),
+        parsers=from_namespace(ParserConfig, args),
         pd=from_namespace(
             PdConfig, args,
             prefill=parse_pool_flags(args.prefill, allow_port=True),
@@ -85,32 +162,56 @@ async def serve(config: GatewayConfig) -> None:
     import uvicorn
 
     from gateway.server.http.app import create_app
+    from gateway.server.http.guard import http_server_config
+    from gateway.server.process_set import member_from_env
     from gateway.server.state import GatewayState
 
     check_startup(config.server.host, config.security)
+    config.parsers.check()
+    config.tls.check()
     state = GatewayState(config)
+    member = member_from_env(state.metrics.render)  # one of serve --processes N, or None
     await state.start()
+    if member is not None:
+        state.process_set = member
+        state.metrics.federate = member.federate
+        await member.start()
     app = create_app(state, manage_lifecycle=False)
-    sock = socket.socket(socket.AF_INET6 if ":" in config.server.host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((config.server.host, config.server.port))
+    if member is not None:  # the supervisor's listening socket, shared by the whole set
+        sock = socket.socket(fileno=member.http_fd)
+    else:
+        sock = socket.socket(socket.AF_INET6 if ":" in config.server.host else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((config.server.host, config.server.port))
     host, port = sock.getsockname()[:2]
-    uv_config = uvicorn.Config(
-        app, log_level="warning", access_log=False, loop="none", http="httptools", lifespan="off",
+    uv_config = http_server_config(
+        app, config.http, access_log=False,
         # typed int, but uvicorn only hands it to asyncio.wait_for, which takes a float
         timeout_graceful_shutdown=max(0.1, config.server.shutdown_grace_s),  # type: ignore[arg-type]
+        **config.tls.uvicorn_kwargs(),
     )
     server = uvicorn.Server(uv_config)
     shown = f"[{host}]" if ":" in host else host
-    ready = {"event": "ready", "url": f"http://{shown}:{port}", "workers": len(state.registry.all()),
+    scheme = "https" if config.tls.enabled else "http"
+    ready = {"event": "ready", "url": f"{scheme}://{shown}:{port}", "workers": len(state.registry.all()),
              "models": state.catalog.names(), "policy": config.policy.policy}
     grpc_server = None
     if config.server.grpc_port is not None:
         from gateway.server.grpc.server import start_grpc_server
 
-        grpc_server = await start_grpc_server(state, config.server.host, config.server.grpc_port)
+        grpc_server = await start_grpc_server(
+            state, config.server.host, config.server.grpc_port, reuse_port=member is not None
+        )
         ready["grpc_port"] = grpc_server.port
         ready["grpc_target"] = grpc_server.target
+    from gateway.server.metrics_port import start_metrics_server
+
+    metrics_port = config.metrics_port
+    if member is not None and member.index != 0:  # in a set, process 0 serves it (for the whole set)
+        metrics_port = dataclasses.replace(metrics_port, prometheus_port=None)
+    metrics_server = await start_metrics_server(state.metrics, metrics_port, config.server.host)
+    if metrics_server is not None:
+        ready["metrics_url"] = metrics_server.url
     loop = asyncio.get_running_loop()
     grpc_stop: list[asyncio.Future[None]] = []
     serving = asyncio.ensure_future(server.serve(sockets=[sock]))
@@ -141,18 +242,52 @@ async def serve(config: GatewayConfig) -> None:
         if grpc_server is not None:
             # in-flight gRPC calls share the same grace, then are cancelled (aborting their worker requests)
             await (grpc_stop[0] if grpc_stop else grpc_server.stop(config.server.shutdown_grace_s))
+        if metrics_server is not None:
+            await metrics_server.stop()
         await flush_aborts(2.0)
+        if member is not None:
+            await member.stop()
         await state.stop()
 
 
+def print_config(args: argparse.Namespace) -> None:
+    import yaml
+
+    from gateway.config_layers import masked, secret_names
+
+    shown = masked(args._settings, secret_names(args, _pool_extras()))
+    print("# token-gateway serve: settings in effect (flag > env > file > default); usable as --config")
+    print(yaml.safe_dump(shown, sort_keys=False, default_flow_style=False), end="")
+
+
 def run(args: argparse.Namespace) -> int:
+    from gateway.config_layers import ConfigError
+
     try:
         config = config_from_args(args)
-    except PdFlagError as exc:
+    except (PdFlagError, ConfigError, SecretFileError) as exc:
         setup_logging("error", False)
         log.error("%s", exc)
         return 2
+    if args.print_config:
+        print_config(args)
+        return 0
     setup_logging(config.server.log_level, config.server.log_json)
+    smg_compat.warn_ignored(args)
+    try:
+        processes = config.processes.count()
+    except ValueError as exc:
+        log.error("%s", exc)
+        return 2
+    if processes > 1:
+        from gateway.server.supervisor import run_set
+
+        return run_set(config, processes)
+    return run_config(config)
+
+
+def run_config(config: GatewayConfig) -> int:
+    """Run one serving process (the whole gateway, or one of a supervisor's set)."""
     from gateway.observability.heap_trace import install_from_env
 
     install_from_env()  # no-op unless TOKEN_GATEWAY_TRACEMALLOC_DIR is set
@@ -168,10 +303,31 @@ def run(args: argparse.Namespace) -> int:
         asyncio.run(serve(config))
     except KeyboardInterrupt:
         return 0
-    except InsecureAdminError as exc:
+    except (InsecureAdminError, TlsConfigError) as exc:
         log.error("%s", exc)
         return 2
     except RuntimeError as exc:
         log.error("%s", exc)
         return 1
     return 0
+
+
+def child_main() -> int:
+    """One serving process of the set (the supervisor runs ``python -m gateway.server.serve``)."""
+    import os
+    import pickle
+    from pathlib import Path
+
+    from gateway.server.process_set import ENV_COUNT, ENV_INDEX, ENV_RUN_DIR
+    from gateway.server.supervisor import CONFIG_FILE, share_admission
+
+    run_dir = Path(os.environ[ENV_RUN_DIR])
+    index, count = int(os.environ[ENV_INDEX]), int(os.environ[ENV_COUNT])
+    config: GatewayConfig = pickle.loads((run_dir / CONFIG_FILE).read_bytes())  # our own file, mode 0600
+    config = dataclasses.replace(config, admission=share_admission(config.admission, index, count))
+    setup_logging(config.server.log_level, config.server.log_json)
+    return run_config(config)
+
+
+if __name__ == "__main__":
+    sys.exit(child_main())

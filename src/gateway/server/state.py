@@ -6,8 +6,13 @@ import asyncio
 import logging
 from pathlib import Path
 
-from gateway.observability.collector import TokenizerCacheCollector, WorkerCollector
+from gateway.observability.collector import (
+    RoutingQualityCollector,
+    TokenizerCacheCollector,
+    WorkerCollector,
+)
 from gateway.observability.metrics import GatewayMetrics
+from gateway.observability.tracing import make_tracing
 from gateway.pipeline.catalog import ModelCatalog
 from gateway.pipeline.engine import Engine
 from gateway.pipeline.pd import pool_policy_config
@@ -16,7 +21,11 @@ from gateway.policies.factory import close_policy, make_policy
 from gateway.protocol.errors import InvalidRequestError
 from gateway.server.admission import Admission
 from gateway.server.config import GatewayConfig
+from gateway.server.process_set import SetMember
 from gateway.server.security import Authenticator
+from gateway.sync.bus import SyncBus
+from gateway.workers.discovery.reconcile import Target
+from gateway.workers.discovery.sources import make_discovery
 from gateway.workers.health import HealthMonitor
 from gateway.workers.kv_events import KvEventFeeder
 from gateway.workers.load_monitor import LoadMonitor
@@ -48,10 +57,14 @@ class GatewayState:
             Path(server.tokenizer_cache_dir),
             tokenizer_path=server.tokenizer_path,
             served_name=server.model,
+            parsers=config.parsers,
         )
         self.metrics = GatewayMetrics()
+        self.tracing = make_tracing(config.tracing)  # None (no-op) without --otlp-traces-endpoint
+        self.metrics.tracing = self.tracing
         self.metrics.registry.register(WorkerCollector.for_registry(self.registry))
         self.metrics.registry.register(TokenizerCacheCollector(self.catalog))
+        self.metrics.registry.register(RoutingQualityCollector(self.router))
         self.engine = Engine(
             self.router,
             self.catalog,
@@ -76,6 +89,16 @@ class GatewayState:
             config.load_monitor,
         )
         self.kv_events = KvEventFeeder(self.registry, self.router) if server.kv_events else None
+        self.sync: SyncBus | None = None  # the routing view shared with other processes (gateway.sync)
+        if config.sync.sync_url:
+            from gateway.observability.sync_metrics import SyncCollector, lag_histogram
+
+            lag = lag_histogram(self.metrics.registry)
+            self.sync = SyncBus(config.sync, self.router, self.registry, on_lag=lag.observe)
+            self.router.tap(self.sync.outbox)
+            self.metrics.registry.register(SyncCollector(self.sync))
+        self.process_set: SetMember | None = None  # set by serve when one of --processes N
+        self.discovery = make_discovery(config.discovery, self._discovered_add, self.remove_worker)
         self.ready = False
 
     def _pool_needs_loads(self, worker: Worker) -> bool:
@@ -106,6 +129,9 @@ class GatewayState:
             raise
         return worker
 
+    async def _discovered_add(self, target: Target) -> Worker:
+        return await self.add_worker(target.url, role=target.role, bootstrap_port=target.bootstrap_port)
+
     async def remove_worker(self, worker_id: str) -> Worker:
         """Drain (in-flight requests finish, new ones go elsewhere) and forget a worker."""
         return await self.registry.remove(
@@ -124,14 +150,24 @@ class GatewayState:
             log.error("worker %s not added: %s", url, exc)
         if urls and len(failed) == len(urls):
             raise RuntimeError(f"none of the {len(urls)} workers could be added: {failed[0][1]}")
+        for source in self.discovery:
+            await source.first_round()  # discovered workers are there before the ready line
         self.ready = bool(self.registry.all())
+        for source in self.discovery:
+            source.start()
         self.health.start()
         self.watchdog.start()
         self.loads.start()
         if self.kv_events is not None:
             self.kv_events.start()
+        if self.sync is not None:
+            self.sync.start()  # connects in the background: never holds up serving
 
     async def stop(self) -> None:
+        if self.sync is not None:
+            await self.sync.stop()
+        for source in self.discovery:
+            await source.stop()
         if self.kv_events is not None:
             await self.kv_events.close()
         await self.health.stop()
@@ -141,3 +177,5 @@ class GatewayState:
             close_policy(policy)
         self.engine.close()
         await self.registry.close()
+        if self.tracing is not None:
+            await asyncio.to_thread(self.tracing.shutdown)

@@ -28,14 +28,18 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import grpc
 from google.protobuf import struct_pb2, timestamp_pb2
 
 from gateway.proto import common_pb2, sglang_scheduler_pb2, sglang_scheduler_pb2_grpc
-from gateway.sim.faults import status_code
-from gateway.sim.pd import RendezvousError, RoomInfo, wait_for_room
+from gateway.sim.config import SimConfig
+from gateway.sim.counters import SimCounters
+from gateway.sim.faults import SimFaults, status_code
+from gateway.sim.kv_events import KvEventHub
+from gateway.sim.pd import BootstrapServer, RendezvousError, RoomInfo, wait_for_room
+from gateway.sim.radix_cache import RadixCache
 from gateway.sim.sampler import (
     TokenSource,
     embedding,
@@ -43,11 +47,8 @@ from gateway.sim.sampler import (
     prompt_digest,
     top_alternatives,
 )
-from gateway.sim.scheduler import FAULT, Sequence, Sink
-from gateway.sim.vocab import tokenizer_zip
-
-if TYPE_CHECKING:
-    from gateway.sim.worker import SimWorker
+from gateway.sim.scheduler import FAULT, Scheduler, Sequence, Sink
+from gateway.sim.vocab import Vocab, tokenizer_zip
 
 pb = sglang_scheduler_pb2
 TOKENIZER_CHUNK_BYTES = 512 * 1024
@@ -66,10 +67,43 @@ class LogprobOptions:
     token_ids: tuple[int, ...]
 
 
-class SimServicer(sglang_scheduler_pb2_grpc.SglangSchedulerServicer):
-    """Serves one :class:`SimWorker`."""
+class ServedWorker(Protocol):
+    """What the servicer reads and calls on the worker it serves (``SimWorker``,
+    in ``sim/worker.py``, which builds the servicer: naming the surface here keeps the
+    import one-way, worker -> servicer)."""
 
-    def __init__(self, worker: SimWorker) -> None:
+    config: SimConfig
+    vocab: Vocab
+    faults: SimFaults
+    counters: SimCounters
+    cache: RadixCache
+    scheduler: Scheduler
+    kv_events: KvEventHub
+    bootstrap: BootstrapServer | None
+    started_at: float
+    stopping: bool
+
+    def die(self) -> None: ...
+
+    def track(self, rid: str, seqs: list[Sequence]) -> None: ...
+
+    def untrack(self, rid: str, seqs: list[Sequence]) -> None: ...
+
+    def abort(self, rid: str) -> int: ...
+
+    async def flush_cache(self, timeout_s: float) -> tuple[bool, str]: ...
+
+    def server_args(self) -> dict[str, Any]: ...
+
+    def scheduler_load(self) -> pb.SchedulerLoad: ...
+
+    def engine_load(self, full: bool) -> common_pb2.EngineLoad: ...
+
+
+class SimServicer(sglang_scheduler_pb2_grpc.SglangSchedulerServicer):
+    """Serves one simulated worker (a :class:`ServedWorker`)."""
+
+    def __init__(self, worker: ServedWorker) -> None:
         self.w = worker
 
     # ================================================================ Generate

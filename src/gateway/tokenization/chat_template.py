@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -84,8 +85,25 @@ def _flatten_content(content: Any, where: str) -> str:
     return " ".join(texts)
 
 
-def _normalize_tool_calls(tool_calls: Any, where: str) -> Any:
-    """Tool-call arguments arrive as JSON text from OpenAI clients; templates want objects."""
+# A template that glues the arguments into a string with "+" (DeepSeek V3.1's, R1's)
+# wants them as JSON text; the rest (Hugging Face convention, "| tojson") want objects.
+_ARGUMENTS_CONCATENATED = re.compile(
+    r"""\[\s*['"]arguments['"]\s*\]\s*\+|\+\s*[\w.]+(?:\[\s*['"]\w+['"]\s*\])*\[\s*['"]arguments['"]\s*\]"""
+)
+
+
+# A template that tests ``content is none`` renders tool-call turns only then (DeepSeek V3).
+_CONTENT_IS_NONE = re.compile(r"""content['"]?\]?\s+is\s+none""")
+
+
+def arguments_as_text(source: str) -> bool:
+    """True when the template concatenates tool-call arguments as a string."""
+    return _ARGUMENTS_CONCATENATED.search(source) is not None
+
+
+def _normalize_tool_calls(tool_calls: Any, where: str, *, as_text: bool = False) -> Any:
+    """Tool-call arguments arrive as JSON text from OpenAI clients; templates want objects
+    (or, with ``as_text``, the JSON text itself)."""
     if not isinstance(tool_calls, list):
         raise ChatTemplateError(f"{where}: tool_calls must be a list")
     for i, call in enumerate(tool_calls):
@@ -95,6 +113,10 @@ def _normalize_tool_calls(tool_calls: Any, where: str) -> Any:
         if not isinstance(function, dict):
             raise ChatTemplateError(f"{where}: tool_calls[{i}].function must be an object")
         arguments = function.get("arguments")
+        if as_text:
+            if not isinstance(arguments, str):
+                function["arguments"] = json.dumps(arguments if arguments is not None else {}, ensure_ascii=False)
+            continue
         if arguments is None or arguments == "":
             function["arguments"] = {}
         elif isinstance(arguments, str):
@@ -108,7 +130,11 @@ def _normalize_tool_calls(tool_calls: Any, where: str) -> Any:
 
 
 def normalize_messages(
-    messages: Sequence[Mapping[str, Any]], content_format: ContentFormat
+    messages: Sequence[Mapping[str, Any]],
+    content_format: ContentFormat,
+    *,
+    arguments_text: bool = False,
+    content_null_aware: bool = False,
 ) -> list[dict[str, Any]]:
     """Deep-copied messages ready for the template (the caller's objects are never changed)."""
     if isinstance(messages, str | bytes) or not isinstance(messages, Sequence):
@@ -124,7 +150,9 @@ def normalize_messages(
             raise ChatTemplateError(f"{where} needs a string 'role'")
         # transformers drops None-valued keys: templates handle a missing key, not None.
         out = {key: copy.deepcopy(value) for key, value in message.items() if value is not None}
-        if message.get("content", "") is None and content_format == "string":
+        if message.get("content", "") is None and content_null_aware:
+            out["content"] = None  # the template tells null content (DeepSeek V3's tool turns)
+        elif message.get("content", "") is None and content_format == "string":
             # OpenAI clients send content: null beside tool_calls; string templates
             # (Qwen's among them) read content unconditionally, so null means "".
             out["content"] = ""
@@ -134,7 +162,7 @@ def normalize_messages(
         elif content is not None and not isinstance(content, str | list):
             raise ChatTemplateError(f"{where}: content must be a string or a list of parts")
         if "tool_calls" in out:
-            out["tool_calls"] = _normalize_tool_calls(out["tool_calls"], where)
+            out["tool_calls"] = _normalize_tool_calls(out["tool_calls"], where, as_text=arguments_text)
         normalized.append(out)
     return normalized
 
@@ -154,6 +182,8 @@ class ChatTemplate:
         except jinja2.TemplateError as exc:
             raise ChatTemplateError(f"the chat template does not compile: {exc}") from exc
         self.content_format: ContentFormat = detect_content_format(ast)
+        self.arguments_as_text = arguments_as_text(source)
+        self.content_null_aware = _CONTENT_IS_NONE.search(source) is not None
 
     def render(
         self,
@@ -180,7 +210,12 @@ class ChatTemplate:
             raise ChatTemplateError("tools must be a list of objects")
         if documents is not None and not all(isinstance(d, Mapping) for d in documents):
             raise ChatTemplateError("documents must be a list of objects")
-        conversation = normalize_messages(messages, self.content_format)
+        conversation = normalize_messages(
+            messages,
+            self.content_format,
+            arguments_text=self.arguments_as_text,
+            content_null_aware=self.content_null_aware,
+        )
         try:
             rendered, _ = self._utils.render_jinja_template(
                 conversations=[conversation],

@@ -1,4 +1,4 @@
-"""Multi-turn tokenization cache: re-encode only what a conversation added.
+r"""Multi-turn tokenization cache: re-encode only what a conversation added.
 
 A chat client resends its whole history every turn, so turn T's prompt text starts
 with (most of) turn T-1's. Tokenizing it from scratch each time costs O(history).
@@ -24,6 +24,16 @@ one parallel batch call). Cuts are only made where they are provably safe:
   ``prepend_scheme="first"``) or that have ``single_word`` added tokens get no cuts:
   the cache then only reuses exact repeats.
 
+Plain text prompts (``/v1/completions``, ``/generate``) have no added tokens to cut at,
+so ``encode_prompt`` cuts them between words instead: right before a space that sits
+between two ASCII letters, once every ``min_text_chunk_chars``. That cut is exact for
+byte-level BPE tokenizers whose pre-tokenizer regex attaches a leading space to the
+next word (GPT-2's `` ?\p{L}+``, Llama-3/Qwen's ``[^\r\n\p{L}\p{N}]?\p{L}+``) and whose
+normalizer is NFC or none: no pre-token ever spans "letter | space letter", and BPE
+never merges across pre-tokens. Other tokenizers, and any that fail a self-check at
+start, get no word cuts. A shared system prompt (the gsp workload: 2K tokens repeated
+by every prompt of a group) is then tokenized once, not once per request.
+
 Memory is bounded by ``max_entries`` chunks and ``max_tokens`` cached ids; the least
 recently used chunks are evicted, always leaves first (a chunk's parent is touched
 after it, so it is always more recent than its children).
@@ -40,6 +50,14 @@ from dataclasses import dataclass
 from gateway.tokenization.tokenizer import Tokenizer
 
 _ROOT = 0
+_TEXT_ROOT = -1  # plain-text prompts (word cuts) live under their own root
+_WORD_CUT = re.compile(r"[A-Za-z](?= [A-Za-z])")  # a cut goes right after the match
+# pre-tokenizer regexes whose words take their leading space (JSON-escaped, as in tokenizer.json)
+_WORD_REGEXES = (r"[^\\r\\n\\p{L}\\p{N}]?\\p{L}+", r" ?\\p{L}+")
+_SELF_CHECK = (
+    "The quick brown fox jumps over the lazy dog while seven wizards quietly judge "
+    "boxing matches; a large number of words follow here, and then some more words."
+)
 
 
 @dataclass(frozen=True)
@@ -94,6 +112,29 @@ def _cut_pattern(tokenizer: Tokenizer) -> tuple[re.Pattern[str] | None, frozense
     return re.compile("|".join(re.escape(c) for c in raw)), safe
 
 
+def _word_cuts_exact(tokenizer: Tokenizer) -> bool:
+    """Whether cutting between words (before " x" after a letter) keeps ids exact."""
+    for tok in tokenizer.added_tokens.values():
+        # a cut inside an added token, or next to one that swallows whitespace, would change it
+        if any(c.isspace() for c in tok.content) or tok.lstrip or tok.rstrip or tok.single_word:
+            return False
+    backend = tokenizer.backend
+    pre = backend.pre_tokenizer
+    state = pre.__getstate__().decode() if pre is not None else ""
+    if '"ByteLevel"' not in state or not any(r in state for r in _WORD_REGEXES):
+        return False
+    norm = backend.normalizer
+    if norm is not None and norm.__getstate__().decode().replace(" ", "") != '{"type":"NFC"}':
+        return False
+    if backend.encode("", add_special_tokens=True).ids:
+        return False  # a BOS/EOS template: whole-text encoding only
+    whole = tokenizer.encode(_SELF_CHECK, add_special_tokens=False)
+    cuts = [m.end() for m in _WORD_CUT.finditer(_SELF_CHECK)]
+    pieces = [_SELF_CHECK[a:b] for a, b in zip([0, *cuts], [*cuts, len(_SELF_CHECK)], strict=True)]
+    joined = [t for ids in tokenizer.encode_batch(pieces, add_special_tokens=False) for t in ids]
+    return joined == whole
+
+
 class PrefixTokenCache:
     """``encode(text)`` equal to ``tokenizer.encode(text, add_special_tokens=False)``,
     reusing the ids of previously seen prefixes. Thread-safe."""
@@ -104,6 +145,7 @@ class PrefixTokenCache:
         max_entries: int = 65536,
         max_tokens: int = 8_000_000,
         min_chunk_chars: int = 32,
+        min_text_chunk_chars: int = 1024,
     ) -> None:
         if max_entries < 1 or max_tokens < 1:
             raise ValueError("max_entries and max_tokens must be positive")
@@ -112,6 +154,8 @@ class PrefixTokenCache:
         self.max_entries = max_entries
         self.max_tokens = max_tokens
         self._pattern, self._safe = _cut_pattern(tokenizer)
+        self.min_text_chunk_chars = min_text_chunk_chars
+        self.word_cuts = _word_cuts_exact(tokenizer)
         self._chunks: OrderedDict[tuple[int, str], _Chunk] = OrderedDict()
         self._lock = threading.Lock()
         self._next_id = _ROOT + 1
@@ -143,11 +187,35 @@ class PrefixTokenCache:
             pieces.append(text[start:])
         return pieces
 
+    def split_words(self, text: str) -> list[str]:
+        """A plain text cut between words, about every ``min_text_chunk_chars`` (cuts
+        depend only on the text left of them, so a shared prefix is cut the same way)."""
+        pieces: list[str] = []
+        start = 0
+        while True:
+            match = _WORD_CUT.search(text, start + self.min_text_chunk_chars - 1)
+            if match is None:
+                break
+            pieces.append(text[start : match.end()])
+            start = match.end()
+        if start < len(text):
+            pieces.append(text[start:])
+        return pieces
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """``tokenizer.encode(text, add_special_tokens=True)`` for a plain-text prompt,
+        reusing the ids of previously seen prefixes when word cuts are exact."""
+        if not self.word_cuts or len(text) < 2 * self.min_text_chunk_chars:
+            return self.tokenizer.encode(text, add_special_tokens=True)
+        return self._encode_chunks(self.split_words(text), _TEXT_ROOT)
+
     def encode(self, text: str) -> list[int]:
-        chunks = self.split(text)
+        return self._encode_chunks(self.split(text), _ROOT)
+
+    def _encode_chunks(self, chunks: list[str], root: int) -> list[int]:
         ids: list[int] = []
         path: list[tuple[int, str]] = []
-        parent = _ROOT
+        parent = root
         with self._lock:
             for chunk in chunks:
                 found = self._chunks.get((parent, chunk))

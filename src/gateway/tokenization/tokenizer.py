@@ -9,6 +9,7 @@ same model, without paying for a transformers tokenizer object per model.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import threading
 from collections.abc import Iterable, Mapping, Sequence
@@ -20,6 +21,7 @@ from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers.processors import TemplateProcessing
 
 from gateway.tokenization.errors import TokenizerLoadError
+from gateway.tokenization.length_bound import LengthBound, length_bound
 
 if TYPE_CHECKING:
     from gateway.tokenization.chat_template import ChatTemplate
@@ -279,6 +281,17 @@ class Tokenizer:
         return int(ids[0])
 
     # ------------------------------------------------------------------ facts
+    @functools.cached_property
+    def length_bound(self) -> LengthBound | None:
+        """A lower bound on token counts from text length (``tokenization.length_bound``);
+        the first read walks the vocabulary (run it off the event loop)."""
+        return length_bound(self.backend)
+
+    @property
+    def length_bound_ready(self) -> bool:
+        """True once ``length_bound`` has been computed (reading it is then free)."""
+        return "length_bound" in self.__dict__
+
     @property
     def vocab_size(self) -> int:
         """Number of ids this tokenizer knows, added tokens included (``len(hf_tokenizer)``)."""
@@ -309,6 +322,16 @@ class Tokenizer:
     @property
     def chat_template_names(self) -> tuple[str, ...]:
         return tuple(self._chat_template_sources)
+
+    def chat_template_sources(self) -> dict[str, str]:
+        """The model's chat templates by name, as Jinja source (parser detection reads them)."""
+        return dict(self._chat_template_sources)
+
+    def override_chat_template(self, source: str) -> None:
+        """Use ``source`` as the only chat template (``--chat-template FILE``)."""
+        with self._lock:
+            self._chat_template_sources = {"default": source}
+            self._chat_templates.clear()
 
     def chat_template(self, name: str | None = None, *, with_tools: bool = False) -> ChatTemplate:
         """The compiled chat template (cached): ``name``, else ``tool_use`` when tools are

@@ -8,6 +8,7 @@ gateway's front doors, health checks and the tokenizer fetch all share it.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,8 @@ from grpc import aio
 
 from gateway.proto import common_pb2, sglang_scheduler_pb2_grpc
 from gateway.proto import sglang_scheduler_pb2 as pb
+from gateway.protocol.headers import REQUEST_ID, bearer
+from gateway.workers.trace_context import TRACEPARENT
 
 # Prompts of 100K+ tokens and tokenizer zips exceed gRPC's 4 MiB default.
 _MAX_MESSAGE_BYTES = 256 * 1024 * 1024
@@ -62,11 +65,31 @@ def parse_worker_url(url: str) -> WorkerAddress:
     parsed = urlparse(url.strip())
     if parsed.scheme not in ("grpc", "grpcs"):
         raise BadWorkerUrl(f"worker URL must start with grpc:// or grpcs://, got {url!r}")
-    if not parsed.hostname or parsed.port is None:
+    try:
+        port = parsed.port
+    except ValueError:
+        raise BadWorkerUrl(f"worker URL has a port outside 1-65535: {url!r}") from None
+    if not parsed.hostname or port is None:
         raise BadWorkerUrl(f"worker URL needs a host and a port: {url!r}")
+    if not 0 < port < 65536:
+        raise BadWorkerUrl(f"worker URL has a port outside 1-65535: {url!r}")
     if parsed.path not in ("", "/") or parsed.query or parsed.fragment or parsed.username:
         raise BadWorkerUrl(f"worker URL must be scheme://host:port only: {url!r}")
-    return WorkerAddress(parsed.scheme, parsed.hostname, parsed.port)
+    return WorkerAddress(parsed.scheme, canonical_host(parsed.hostname, parsed.scheme), port)
+
+
+def canonical_host(host: str, scheme: str) -> str:
+    """One spelling per address, so one worker cannot be registered twice: IP literals in
+    their compressed form, and (plain grpc only: TLS checks the name) ``localhost`` as
+    ``127.0.0.1``."""
+    host = host.lower().rstrip(".")
+    try:
+        return ipaddress.ip_address(host).compressed
+    except ValueError:
+        pass
+    if host == "localhost" and scheme == "grpc":
+        return "127.0.0.1"
+    return host
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,14 +126,18 @@ class WorkerClient:
             self._channel = aio.insecure_channel(self.address.target, options=_CHANNEL_OPTIONS)
         self._stub = sglang_scheduler_pb2_grpc.SglangSchedulerStub(self._channel)
         self._auth: tuple[tuple[str, str], ...] = (
-            (("authorization", f"Bearer {api_key}"),) if api_key else ()
+            (bearer(api_key),) if api_key else ()
         )
 
     def _metadata(self, request_id: str | None = None) -> tuple[tuple[str, str], ...]:
         # gRPC refuses non-ASCII header values before sending; such an id stays in the body only.
+        out = self._auth
         if request_id and request_id.isascii() and request_id.isprintable():
-            return (*self._auth, ("x-request-id", request_id))
-        return self._auth
+            out = (*out, (REQUEST_ID, request_id))
+        traceparent = TRACEPARENT.get()  # None unless tracing is on
+        if traceparent is not None:
+            out = (*out, ("traceparent", traceparent))
+        return out
 
     def generate(
         self, request: pb.GenerateRequest, *, timeout: float | None = None

@@ -99,6 +99,10 @@ class Worker:
         self.role = role
         self.bootstrap_port = bootstrap_port if bootstrap_port is not None else info.bootstrap_port
         self.load = WorkerLoad()
+        # Other gateway processes' outstanding work here, summed (set by gateway.sync; its
+        # queued_prefill_tokens is their uncached part). Policies see local + remote,
+        # draining waits for the local part only.
+        self.remote_load = WorkerLoad()
         self.breaker = breaker or CircuitBreaker()
         self.progress = progress or ProgressTracker()  # what the progress watchdog judges
         self.healthy = True
@@ -154,9 +158,10 @@ class Worker:
             url=self.url,
             role=self.role,
             available=self.available,
-            in_flight=self.load.in_flight,
+            in_flight=self.load.in_flight + self.remote_load.in_flight,
             queued_prefill_tokens=self.load.queued_prefill_tokens,
-            running_decode_tokens=self.load.running_decode_tokens,
+            remote_prefill_tokens=self.remote_load.queued_prefill_tokens,  # already the uncached part
+            running_decode_tokens=self.load.running_decode_tokens + self.remote_load.running_decode_tokens,
             loads=self.loads_view(),
             kv_capacity_tokens=self.info.kv_capacity_tokens,
             page_size=self.info.page_size,

@@ -2,9 +2,9 @@
 
 Requests become the same JSON-shaped dicts the HTTP API parses into its request
 models, so both front doors share one set of validation rules and defaults.
-Responses come back from the pipeline as OpenAI-shaped dicts and are copied into
-typed messages here. The stream converters run once per token batch, so they are
-written out field by field rather than going through ``json_format``.
+Whole responses come back from the pipeline as OpenAI-shaped dicts and are copied
+into typed messages here; stream events are typed objects (``protocol.stream``) whose
+fields map straight onto the proto, once per token batch, field by field.
 """
 
 from __future__ import annotations
@@ -17,6 +17,14 @@ from google.protobuf.message import Message
 
 from gateway.proto import gateway_pb2 as gpb
 from gateway.protocol.errors import InvalidRequestError
+from gateway.protocol.responses import ChoiceLogprobs, CompletionLogprobs
+from gateway.protocol.stream import (
+    ChatDelta,
+    CompletionDelta,
+    StreamChunk,
+    StreamUsage,
+    ToolCallFragment,
+)
 
 # --------------------------------------------------------------------- requests
 
@@ -285,28 +293,70 @@ def chat_response(d: dict[str, Any], worker_ids: list[str]) -> gpb.ChatCompletio
     return out
 
 
-def chat_chunk(d: dict[str, Any]) -> gpb.ChatCompletionChunk:
-    out = gpb.ChatCompletionChunk(id=d["id"], created=d["created"], model=d["model"])
-    for c in d["choices"]:
-        choice = out.choices.add(index=c["index"])
-        delta = c["delta"]
-        if "role" in delta:
-            choice.delta.role = delta["role"]
-        if "content" in delta:
-            choice.delta.content = delta["content"]
-        if "reasoning_content" in delta:
-            choice.delta.reasoning_content = delta["reasoning_content"]
-        if "tool_calls" in delta:
-            _tool_calls(choice.delta.tool_calls, delta["tool_calls"])
-        if c.get("logprobs"):
-            chat_logprobs(choice.logprobs, c["logprobs"])
-        if c.get("finish_reason"):
-            choice.finish_reason = c["finish_reason"]
-        if c.get("matched_stop") is not None:
-            matched_stop(choice.matched_stop, c["matched_stop"])
-    if d.get("usage"):
-        usage(out.usage, d["usage"])
+def stream_usage(target: gpb.Usage, u: StreamUsage) -> None:
+    target.prompt_tokens = u.prompt_tokens
+    target.completion_tokens = u.completion_tokens
+    target.total_tokens = u.prompt_tokens + u.completion_tokens
+    target.cached_tokens = u.cached_tokens
+    if u.reasoning_tokens is not None:
+        target.reasoning_tokens = u.reasoning_tokens
+
+
+def _fragments(target: Any, calls: list[ToolCallFragment]) -> None:
+    for call in calls:
+        out = target.add(index=call.index)
+        if call.id is not None:
+            out.id = call.id
+            out.type = "function"
+        if call.name:
+            out.function.name = call.name
+        out.function.arguments = call.arguments
+
+
+def _chat_logprobs_model(target: gpb.ChatLogprobs, lp: ChoiceLogprobs) -> None:
+    for item in lp.content or []:
+        out = target.content.add(token=item.token, logprob=item.logprob, bytes=_byte_string(item.bytes))
+        for top in item.top_logprobs:
+            out.top_logprobs.add(token=top.token, logprob=top.logprob, bytes=_byte_string(top.bytes))
+
+
+def chat_chunk(event: StreamChunk) -> gpb.ChatCompletionChunk:
+    """A typed chat stream event as its proto message, field by field."""
+    head = event.head
+    out = gpb.ChatCompletionChunk(id=head.id, created=head.created, model=head.model)
+    for c in event.choices:
+        assert isinstance(c, ChatDelta)
+        choice = out.choices.add(index=c.index)
+        delta = choice.delta
+        if c.role is not None:
+            delta.role = c.role
+        if c.content is not None:
+            delta.content = c.content
+        if c.reasoning_content is not None:
+            delta.reasoning_content = c.reasoning_content
+        if c.tool_calls:
+            _fragments(delta.tool_calls, c.tool_calls)
+        if c.logprobs is not None:
+            _chat_logprobs_model(choice.logprobs, c.logprobs)
+        if c.finish_reason:
+            choice.finish_reason = c.finish_reason
+        if c.final:
+            matched_stop(choice.matched_stop, c.matched_stop)
+    if event.usage is not None:
+        stream_usage(out.usage, event.usage)
     return out
+
+
+def _completion_logprobs_model(target: gpb.CompletionLogprobs, lp: CompletionLogprobs) -> None:
+    tops = lp.top_logprobs or []
+    for i, token in enumerate(lp.tokens):
+        out = target.tokens.add(token=token)
+        if i < len(lp.token_logprobs) and lp.token_logprobs[i] is not None:
+            out.logprob = lp.token_logprobs[i]  # type: ignore[assignment]
+        if i < len(tops) and tops[i]:
+            out.top_logprobs.update(tops[i])
+        if i < len(lp.text_offset):
+            out.text_offset = lp.text_offset[i]
 
 
 def _completion_choice(target: gpb.CompletionChoice, c: dict[str, Any]) -> None:
@@ -329,12 +379,21 @@ def completion_response(d: dict[str, Any], worker_ids: list[str]) -> gpb.Complet
     return out
 
 
-def completion_chunk(d: dict[str, Any]) -> gpb.CompletionChunk:
-    out = gpb.CompletionChunk(id=d["id"], created=d["created"], model=d["model"])
-    for c in d["choices"]:
-        _completion_choice(out.choices.add(), c)
-    if d.get("usage"):
-        usage(out.usage, d["usage"])
+def completion_chunk(event: StreamChunk) -> gpb.CompletionChunk:
+    """A typed completion stream event as its proto message, field by field."""
+    head = event.head
+    out = gpb.CompletionChunk(id=head.id, created=head.created, model=head.model)
+    for c in event.choices:
+        assert isinstance(c, CompletionDelta)
+        choice = out.choices.add(index=c.index, text=c.text)
+        if c.logprobs is not None:
+            _completion_logprobs_model(choice.logprobs, c.logprobs)
+        if c.finish_reason:
+            choice.finish_reason = c.finish_reason
+        if c.finish_reason is not None:
+            matched_stop(choice.matched_stop, c.matched_stop)
+    if event.usage is not None:
+        stream_usage(out.usage, event.usage)
     return out
 
 

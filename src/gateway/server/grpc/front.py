@@ -37,7 +37,8 @@ from gateway.protocol.tokens import DetokenizeRequest, TokenizeRequest
 from gateway.server.grpc import convert as convert
 from gateway.server.grpc.inspect import inspect_prefix
 from gateway.server.grpc.util import (
-    Authenticator,
+    CallContextReader,
+    Role,
     abort_with,
     call_scope,
     client_deadline,
@@ -93,7 +94,7 @@ def _streaming(
 
 
 class TokenGatewayService(gpb_grpc.TokenGatewayServicer):
-    def __init__(self, state: GatewayState, auth: Authenticator) -> None:
+    def __init__(self, state: GatewayState, auth: CallContextReader) -> None:
         self.state = state
         self.engine = state.engine
         self.auth = auth
@@ -106,10 +107,11 @@ class TokenGatewayService(gpb_grpc.TokenGatewayServicer):
         return call_scope(state.metrics, state.admission, ctx, method, access_log=state.config.server.access_log)
 
     async def _unary(
-        self, context: aio.ServicerContext, method: str, run: Callable[[RequestContext], Awaitable[T]]
+        self, context: aio.ServicerContext, method: str, run: Callable[[RequestContext], Awaitable[T]],
+        role: Role = "inference",
     ) -> T:
         try:
-            ctx = self.auth.context(context)
+            ctx = self.auth.context(context, role)
             with client_deadline(context):
                 async with self.admitted(ctx, method):
                     result = await run(ctx)
@@ -202,7 +204,7 @@ class TokenGatewayService(gpb_grpc.TokenGatewayServicer):
         async def run(ctx: RequestContext) -> gpb.InspectPrefixResponse:
             return await inspect_prefix(self.inspector, request)
 
-        return await self._unary(context, "InspectPrefix", run)
+        return await self._unary(context, "InspectPrefix", run, role="inspect")
 
     StreamChatCompletion = _streaming("StreamChatCompletion", _start_chat_stream, convert.chat_chunk)
     StreamCompletion = _streaming("StreamCompletion", _start_completion_stream, convert.completion_chunk)

@@ -29,15 +29,18 @@ from gateway.pipeline.deadline import worker_timeout
 from gateway.pipeline.dispatch import TokenStream, WorkerStream, fire_abort
 from gateway.pipeline.errors import map_rpc_error
 from gateway.pipeline.request_context import RequestContext
+from gateway.pipeline.scheduler_rules import check_scheduler_generate
 from gateway.proto import common_pb2
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.proto import sglang_scheduler_pb2_grpc as pb_grpc
 from gateway.protocol.errors import (
     GatewayError,
+    InvalidRequestError,
     NoWorkerError,
 )
 from gateway.server.grpc.util import (
-    Authenticator,
+    CallContextReader,
+    Role,
     abort_with,
     call_scope,
     client_deadline,
@@ -52,21 +55,25 @@ T = TypeVar("T")
 
 
 class SchedulerPassthrough(pb_grpc.SglangSchedulerServicer):
-    def __init__(self, state: GatewayState, auth: Authenticator) -> None:
+    def __init__(self, state: GatewayState, auth: CallContextReader) -> None:
         self.state = state
         self.engine = state.engine
         self.auth = auth
-        self._live: dict[str, TokenStream] = {}  # request id -> its worker stream (or PD pair)
-        self._aborted: set[str] = set()  # Abort arrived before the request reached a worker
+        # (key id, request id) -> its worker stream (None: not on a worker yet)
+        self._live: dict[tuple[str, str], TokenStream | None] = {}
+        self._aborted: set[tuple[str, str]] = set()  # Abort arrived before the request reached a worker
 
     def admitted(self, ctx: RequestContext, method: str) -> contextlib.AbstractAsyncContextManager[RequestRecord]:
         """Admission, metrics and the access log around every call, shared with the HTTP front door."""
         state = self.state
         return call_scope(state.metrics, state.admission, ctx, method, access_log=state.config.server.access_log)
 
-    async def _unary(self, context: aio.ServicerContext, method: str, run: Callable[[RequestContext], Awaitable[T]]) -> T:
+    async def _unary(
+        self, context: aio.ServicerContext, method: str, run: Callable[[RequestContext], Awaitable[T]],
+        role: Role = "inference",
+    ) -> T:
         try:
-            ctx = self.auth.context(context)
+            ctx = self.auth.context(context, role)
             with client_deadline(context):
                 async with self.admitted(ctx, method):
                     return await run(ctx)
@@ -87,41 +94,63 @@ class SchedulerPassthrough(pb_grpc.SglangSchedulerServicer):
     async def Generate(self, request: pb.GenerateRequest, context: aio.ServicerContext) -> AsyncIterator[pb.GenerateResponse]:
         stream: TokenStream | None = None
         rid = request.request_id
+        key: tuple[str, str] | None = None
         try:
             ctx = self.auth.context(context)
             if not rid:  # the worker needs an id for Abort; the client's x-request-id or a fresh one
                 rid = ctx.request_id or uuid.uuid4().hex
-                request = _with_id(request, rid)
+            if len(rid) > MAX_REQUEST_ID:
+                raise InvalidRequestError(f"request_id is longer than {MAX_REQUEST_ID} characters", param="request_id")
+            scope = ctx.api_key_id or ""
+            if (scope, rid) in self._live:
+                raise InvalidRequestError(f"request {rid!r} is already running", param="request_id", code="duplicate_request_id")
+            key = (scope, rid)
+            self._live[key] = None  # known (so its own key can abort it) before it reaches a worker
+            wid = worker_request_id(rid, scope)
             with client_deadline(context):
                 async with self.admitted(ctx, "SglangScheduler/Generate"):
+                    # The HTTP door's rules (scheduler_rules), then the engine's one open path.
+                    checked, _ = check_scheduler_generate(self.engine, self.engine.catalog.get(None), request)
+                    checked.request_id = wid
                     route = self.engine.prepare_scheduler(
-                        request, routing_key=ctx.routing_key, target_worker=ctx.target_worker
+                        checked, routing_key=ctx.routing_key, target_worker=ctx.target_worker
                     )
                     stream = await self.engine.open(
-                        route, request, samples=request.sampling_params.n,
-                        wants_output_logprobs=request.return_logprob,
+                        route, checked, samples=checked.sampling_params.n,
+                        wants_output_logprobs=checked.return_logprob,
                     )
-                    self._live[rid] = stream
-                    if rid in self._aborted:
-                        self._aborted.discard(rid)
+                    self._live[key] = stream
+                    if key in self._aborted:
+                        self._aborted.discard(key)
                         await stream.abort("aborted by client")
                         return
                     ctx.worker_ids = [stream.worker.id]
                     await context.send_initial_metadata(reply_metadata(ctx))
-                    while (message := await stream.read()) is not None:
-                        yield message
+                    if wid == rid:
+                        while (message := await stream.read()) is not None:
+                            yield message
+                    else:
+                        while (message := await stream.read()) is not None:
+                            message.request_id = rid  # the client sees its own id, never the scoped one
+                            yield message
         except GatewayError as exc:
             await abort_with(context, exc)
         finally:
-            if stream is not None:
-                if self._live.get(rid) is stream:
-                    del self._live[rid]
-                if not stream.closed:
-                    await stream.abort("client gone")
+            if key is not None and self._live.get(key, False) in (stream, None):
+                del self._live[key]
+                self._aborted.discard(key)
+            if stream is not None and not stream.closed:
+                await stream.abort("client gone")
 
     async def Abort(self, request: pb.AbortRequest, context: aio.ServicerContext) -> pb.AbortResponse:
+        """Abort one of the caller's own requests: ids are scoped to the API key that made
+        them, so another key's request with the same id is "not found"."""
         async def run(ctx: RequestContext) -> pb.AbortResponse:
-            stream = self._live.get(request.request_id)
+            key = (ctx.api_key_id or "", request.request_id)
+            if key not in self._live:
+                return pb.AbortResponse(success=False, message="no running request with this id for this API key")
+            wid = worker_request_id(request.request_id, key[0])
+            stream = self._live[key]
             if stream is not None and not isinstance(stream, WorkerStream):
                 # A PD pair: its decode requests may carry per-sample ids; stop them here.
                 await stream.abort(request.reason or "aborted by client")
@@ -131,18 +160,16 @@ class SchedulerPassthrough(pb_grpc.SglangSchedulerServicer):
                 # which the relay passes on, as a worker answers its own clients.
                 worker = stream.worker
                 try:
-                    ok = await worker.client.abort(request.request_id, request.reason, timeout=worker_timeout(5.0))
+                    ok = await worker.client.abort(wid, request.reason, timeout=worker_timeout(5.0))
                 except aio.AioRpcError as exc:
                     await stream.abort(request.reason or "aborted by client")
                     return pb.AbortResponse(success=True, message=f"worker {worker.id} did not answer Abort ({exc.code().name}); stream cancelled")
                 return pb.AbortResponse(success=ok, message=f"abort sent to {worker.id}")
-            # Not (yet) on a worker: remember it, and let every worker drop it if queued.
-            self._aborted.add(request.request_id)
-            if len(self._aborted) > 10_000:
-                self._aborted.pop()
+            # Not yet on a worker: remember it, and let every worker drop it if queued.
+            self._aborted.add(key)
             for worker in self._workers():
-                fire_abort(worker, request.request_id, request.reason or "aborted by client")
-            return pb.AbortResponse(success=True, message="not running here; abort sent to every worker")
+                fire_abort(worker, wid, request.reason or "aborted by client")
+            return pb.AbortResponse(success=True, message="not on a worker yet; it will not start")
 
         return await self._unary(context, "SglangScheduler/Abort", run)
 
@@ -188,9 +215,38 @@ class SchedulerPassthrough(pb_grpc.SglangSchedulerServicer):
             worker = self._any_worker()
             reply = await self._call(worker, worker.client.server_info())
             reply.active_requests = sum(w.load.in_flight for w in self.state.registry.all())
+            if not self._is_admin(context):
+                # Server arguments name hosts, ports and paths of the fleet: the admin's business.
+                safe = pb.GetServerInfoResponse(
+                    active_requests=reply.active_requests, is_paused=reply.is_paused,
+                    sglang_version=reply.sglang_version, server_type=reply.server_type,
+                    max_total_num_tokens=reply.max_total_num_tokens,
+                )
+                args = {k: reply.server_args[k] for k in SAFE_SERVER_ARGS if k in reply.server_args}
+                if args:
+                    safe.server_args.update(args)
+                return safe
             return reply
 
         return await self._unary(context, "SglangScheduler/GetServerInfo", run)
+
+    def _is_admin(self, context: aio.ServicerContext) -> bool:
+        try:
+            self.auth.context(context, "admin")
+        except GatewayError:
+            return False
+        return True
+
+    async def SubscribeKvEvents(self, request: common_pb2.SubscribeKvEventsRequest, context: aio.ServicerContext) -> AsyncIterator[common_pb2.KvEventBatch]:
+        """KV events are per worker by nature: subscribe to the workers themselves."""
+        try:
+            self.auth.context(context)
+            raise GatewayError("SubscribeKvEvents is per worker: subscribe to each worker directly",
+                               status=501, type="not_implemented_error")
+        except GatewayError as exc:
+            await abort_with(context, exc)
+        return
+        yield  # an async generator, as the servicer expects
 
     async def GetLoads(self, request: pb.GetLoadsRequest, context: aio.ServicerContext) -> pb.GetLoadsResponse:
         """Every worker's scheduler loads, ranks renumbered across the fleet, one aggregate."""
@@ -225,12 +281,14 @@ class SchedulerPassthrough(pb_grpc.SglangSchedulerServicer):
             )
             failed = [w.id for w, r in zip(workers, replies, strict=True) if not (isinstance(r, common_pb2.FlushCacheResponse) and r.success)]
             ok = bool(workers) and not failed
+            if ok:  # the workers' caches are empty now; the policies' guesses must forget too (as POST /flush_cache)
+                self.state.router.reset_policies()
             message = f"flushed {len(workers) - len(failed)} of {len(workers)} workers"
             if failed:
                 message += f"; failed: {', '.join(failed)}"
             return common_pb2.FlushCacheResponse(success=ok, message=message)
 
-        return await self._unary(context, "SglangScheduler/FlushCache", run)
+        return await self._unary(context, "SglangScheduler/FlushCache", run, role="admin")
 
     async def _call(self, worker: Worker, call: Awaitable[T]) -> T:
         try:
@@ -239,11 +297,17 @@ class SchedulerPassthrough(pb_grpc.SglangSchedulerServicer):
             raise map_rpc_error(exc, worker.id) from exc
 
 
-def _with_id(request: pb.GenerateRequest, rid: str) -> pb.GenerateRequest:
-    out = pb.GenerateRequest()
-    out.CopyFrom(request)
-    out.request_id = rid
-    return out
+MAX_REQUEST_ID = 128
+
+# GetServerInfo's server_args an inference key may see: how to talk to the fleet, not
+# where it runs (hosts, ports, model and tokenizer paths stay with the admin key).
+SAFE_SERVER_ARGS = ("page_size", "context_length", "disaggregation_mode", "served_model_name", "dp_size", "tp_size")
+
+
+def worker_request_id(rid: str, scope: str) -> str:
+    """The id a worker sees: unique per API key, so two tenants' equal ids never meet on a
+    worker (nor can one tenant's Abort reach the other's request)."""
+    return f"{rid}~{scope}" if scope else rid
 
 
 def aggregate_loads(replies: list[pb.GetLoadsResponse], dp_rank: int | None) -> pb.GetLoadsResponse:

@@ -22,7 +22,8 @@ from gateway.proto import (
 )
 from gateway.server.grpc.front import TokenGatewayService
 from gateway.server.grpc.passthrough import SchedulerPassthrough
-from gateway.server.grpc.util import Authenticator
+from gateway.server.grpc.strict import register
+from gateway.server.grpc.util import CallContextReader
 from gateway.server.state import GatewayState
 
 log = logging.getLogger(__name__)
@@ -57,28 +58,33 @@ class GrpcServer:
         await self.server.stop(grace)
 
 
-async def start_grpc_server(state: GatewayState, host: str = "127.0.0.1", port: int = 0) -> GrpcServer:
-    """Bind ``host:port`` (0: a free port), register every service and start serving."""
+async def start_grpc_server(
+    state: GatewayState, host: str = "127.0.0.1", port: int = 0, *, reuse_port: bool = False
+) -> GrpcServer:
+    """Bind ``host:port`` (0: a free port), register every service and start serving.
+    ``reuse_port``: share the port with the other processes of ``serve --processes N``."""
     max_bytes = state.config.server.max_body_bytes
     server = aio.server(
         options=[
             ("grpc.max_receive_message_length", max_bytes),
             ("grpc.max_send_message_length", max(max_bytes, 64 * 1024 * 1024)),
-            ("grpc.so_reuseport", 0),
+            ("grpc.so_reuseport", int(reuse_port)),
         ]
     )
-    auth = Authenticator(state.auth)
+    auth = CallContextReader(state.auth)
     gateway = TokenGatewayService(state, auth)
     passthrough = SchedulerPassthrough(state, auth)
-    gateway_pb2_grpc.add_TokenGatewayServicer_to_server(gateway, server)
-    sglang_scheduler_pb2_grpc.add_SglangSchedulerServicer_to_server(passthrough, server)
+    # Unparseable requests get INVALID_ARGUMENT, not grpcio's INTERNAL.
+    register(gateway_pb2_grpc.add_TokenGatewayServicer_to_server, gateway, server)
+    register(sglang_scheduler_pb2_grpc.add_SglangSchedulerServicer_to_server, passthrough, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
         (GATEWAY_SERVICE, SCHEDULER_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    bound = server.add_insecure_port(address)
+    credentials = state.config.tls.grpc_credentials()  # TLS on the front door (--tls-cert-file)
+    bound = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
     if bound == 0:
         raise RuntimeError(f"gRPC server could not bind {address}")
     await server.start()

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping
-from typing import Protocol
+from typing import Literal, Protocol
 
 import grpc
 from grpc import aio
@@ -21,17 +21,22 @@ from gateway.observability.metrics import GatewayMetrics
 from gateway.observability.request_log import RequestRecord, bind_record, log_access, unbind_record
 from gateway.pipeline.deadline import request_deadline
 from gateway.pipeline.request_context import RequestContext
+from gateway.protocol import headers
 from gateway.protocol.errors import GatewayError
-from gateway.server.admission import Admission
+from gateway.server.admission import Admission, Ticket
 from gateway.server.observability import observe_request
 
 
 class KeyCheck(Protocol):
     def inference(self, headers: Mapping[str, str]) -> str | None: ...
+    def admin_call(self, headers: Mapping[str, str]) -> str | None: ...
+    def inspector(self, headers: Mapping[str, str]) -> str | None: ...
 
 
-ROUTING_KEY_METADATA = ("x-smg-routing-key", "x-routing-key")
-TARGET_WORKER_METADATA = ("x-smg-target-worker", "x-target-worker")
+# The role a call needs, as the HTTP routes demand it: "inference" (any key), "admin"
+# (the admin key: cache flush), "inspect" (--inspect-access).
+Role = Literal["inference", "admin", "inspect"]
+
 
 # HTTP status of a GatewayError -> the gRPC code with the same meaning.
 _STATUS_CODES: dict[int, grpc.StatusCode] = {
@@ -61,13 +66,13 @@ def status_code(exc: GatewayError) -> grpc.StatusCode:
 
 def error_metadata(exc: GatewayError) -> tuple[tuple[str, str], ...]:
     """The OpenAI error fields as trailing metadata (ASCII-safe values only)."""
-    out: list[tuple[str, str]] = [("x-error-type", exc.type), ("x-http-status", str(exc.status))]
+    out: list[tuple[str, str]] = [(headers.ERROR_TYPE, exc.type), (headers.HTTP_STATUS, str(exc.status))]
     if exc.code:
-        out.append(("x-error-code", str(exc.code)))
+        out.append((headers.ERROR_CODE, str(exc.code)))
     if exc.param:
-        out.append(("x-error-param", exc.param))
+        out.append((headers.ERROR_PARAM, exc.param))
     if exc.retry_after is not None:
-        out.append(("retry-after", str(max(1, round(exc.retry_after)))))
+        out.append((headers.RETRY_AFTER, str(max(1, round(exc.retry_after)))))
     return tuple((k, v) for k, v in out if v.isascii() and v.isprintable())
 
 
@@ -85,42 +90,66 @@ def _metadata(context: aio.ServicerContext) -> dict[str, str]:
     return out
 
 
-class Authenticator:
-    """The HTTP front door's key check (``server.security``) applied to call metadata."""
+class CallContextReader:
+    """A gRPC call's ``RequestContext`` from its metadata: the HTTP front door's key
+    check (``server.security.Authenticator``), routing headers and request id."""
 
     def __init__(self, keys: KeyCheck) -> None:
         self.keys = keys
 
-    def context(self, context: aio.ServicerContext) -> RequestContext:
-        """The request's context from its metadata; raises AuthenticationError."""
+    def context(self, context: aio.ServicerContext, role: Role = "inference") -> RequestContext:
+        """The request's context from its metadata; raises AuthenticationError (or
+        PermissionDeniedError: an inference key on an admin call)."""
         meta = _metadata(context)
+        check = {"inference": self.keys.inference, "admin": self.keys.admin_call, "inspect": self.keys.inspector}[role]
         ctx = RequestContext(
-            api_key_id=self.keys.inference(meta),
-            routing_key=next((meta[k] for k in ROUTING_KEY_METADATA if meta.get(k)), None),
-            target_worker=next((meta[k] for k in TARGET_WORKER_METADATA if meta.get(k)), None),
+            api_key_id=check(meta),
+            routing_key=headers.first_header(meta, headers.ROUTING_KEY_HEADERS),
+            target_worker=headers.first_header(meta, headers.TARGET_WORKER_HEADERS),
         )
-        incoming = meta.get("x-request-id")
+        ctx.traceparent = meta.get("traceparent")
+        incoming = meta.get(headers.REQUEST_ID)
         if incoming and len(incoming) <= 128 and incoming.isprintable():
             ctx.request_id = incoming
         return ctx
 
 
-# Calls that make a worker generate or embed take an admission slot, as their HTTP
-# counterparts do; metadata and token-counting calls do not queue.
+# Calls that make a worker generate or embed, or cost a tokenization, take an admission
+# slot, as their HTTP counterparts do; metadata calls do not queue.
 ADMITTED_METHODS = frozenset(
-    {"ChatCompletion", "Completion", "StreamChatCompletion", "StreamCompletion", "Generate", "Embed"}
+    {"ChatCompletion", "Completion", "StreamChatCompletion", "StreamCompletion", "Generate", "Embed",
+     "Tokenize", "Detokenize", "InspectPrefix"}
 )
+
+
+# Of those, the gateway API's calls that may carry a batch reserve one slot per prompt
+# once the request is parsed (``RequestContext.reserve``), as the HTTP routes do.
+BATCH_METHODS = frozenset({"Completion", "StreamCompletion", "Generate", "Embed"})
 
 
 @contextlib.asynccontextmanager
 async def admitted(admission: Admission, ctx: RequestContext, method: str) -> AsyncIterator[None]:
     """Hold an admission slot for the whole call (a stream: until it ends) when
     ``method`` generates; raises the admission errors (429/408/503 in gRPC terms)."""
-    if method.rsplit("/", 1)[-1] not in ADMITTED_METHODS:
+    service, _, name = method.rpartition("/")
+    if name not in ADMITTED_METHODS:
         yield
         return
-    async with admission.admit(ctx.api_key_id):
+    if service or name not in BATCH_METHODS:  # the pass-through's calls carry one prompt each
+        async with admission.admit(ctx.api_key_id):
+            yield
+        return
+    tickets: list[Ticket] = []
+
+    async def take(weight: int) -> None:
+        tickets.append(await admission.acquire(ctx.api_key_id, weight))
+
+    ctx.admit = take
+    try:
         yield
+    finally:
+        for ticket in tickets:
+            ticket.release()
 
 
 @contextlib.asynccontextmanager
@@ -131,6 +160,10 @@ async def call_scope(
     /metrics under ``grpc METHOD`` with its HTTP-equivalent status, and access-logged."""
     record = RequestRecord(method="GRPC", path=method, request_id=ctx.request_id, endpoint=f"grpc {method}")
     token = bind_record(record)
+    tracing = metrics.tracing
+    span = None if tracing is None else tracing.start_request(
+        record.endpoint, ctx.traceparent, {"rpc.system": "grpc", "rpc.method": method, "gateway.request_id": ctx.request_id}
+    )
     try:
         async with admitted(admission, ctx, method):
             yield record
@@ -149,13 +182,15 @@ async def call_scope(
         observe_request(metrics, record, latency)
         if access_log:
             log_access(record, latency)
+        if span is not None:
+            tracing.end_request(span, status=record.status or 499, attributes={"gen_ai.request.model": record.model})  # type: ignore[union-attr]
         unbind_record(token)
 
 
 def reply_metadata(ctx: RequestContext) -> tuple[tuple[str, str], ...]:
-    out = [("x-request-id", ctx.request_id)]
+    out = [(headers.REQUEST_ID, ctx.request_id)]
     if ctx.worker_ids:
-        out.append(("x-worker-id", ",".join(dict.fromkeys(ctx.worker_ids))))
+        out.append((headers.WORKER_ID, ",".join(dict.fromkeys(ctx.worker_ids))))
     return tuple((k, v) for k, v in out if v.isascii() and v.isprintable())
 
 

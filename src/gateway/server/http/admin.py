@@ -24,7 +24,13 @@ from gateway.pipeline.request_context import RequestContext
 from gateway.protocol.errors import GatewayError, InvalidRequestError, NotFoundError, WorkerError
 from gateway.protocol.inspect import InspectRequest
 from gateway.server.http.door import HttpDoor
-from gateway.server.http.util import JSONResponse, error_response, parse_model, read_json
+from gateway.server.http.util import (
+    JSONResponse,
+    buffer_body,
+    error_response,
+    parse_model,
+    read_json,
+)
 from gateway.workers.client import BadWorkerUrl
 from gateway.workers.registry import WorkerRegistrationError
 from gateway.workers.worker import ROLES, Worker
@@ -156,7 +162,7 @@ def admin_router(door: HttpDoor) -> APIRouter:
     @app.post("/flush_cache")
     async def flush_cache(request: Request) -> Response:
         async def work() -> Response:
-            raw = await request.body()
+            raw = await buffer_body(request, _ADMIN_BODY_BYTES)
             req = parse_model(FlushCacheRequest, await read_json(request, _ADMIN_BODY_BYTES)) if raw.strip() else FlushCacheRequest()
             workers = [w for w in state.registry.all() if not w.draining]
             out: list[dict[str, Any]] = []
@@ -184,6 +190,8 @@ def admin_router(door: HttpDoor) -> APIRouter:
             req = parse_model(InspectRequest, await read_json(request, door.max_body))
             return (await inspector.inspect(req)).to_dict()
 
-        return await door.handle(request, run)  # inference or admin key: it costs a tokenization
+        # Admin key by default (the answer reveals what other tenants' prompts cached);
+        # an admission slot, as it costs a tokenization.
+        return await door.handle(request, run, admit=True, auth=auth.inspector)
 
     return app

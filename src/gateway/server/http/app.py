@@ -6,7 +6,7 @@ lives in ``pipeline/`` and the OpenAI / SGLang response shaping in ``endpoints/`
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -21,9 +21,20 @@ from gateway.server.http.health import health_router
 from gateway.server.http.native import native_router
 from gateway.server.http.openai import openai_router
 from gateway.server.http.openapi import describe_request_bodies
+from gateway.server.http.parse import parse_router
 from gateway.server.http.util import error_response
 from gateway.server.observability import install_observability
+from gateway.server.security import is_loopback
 from gateway.server.state import GatewayState
+
+
+def metrics_guard(state: GatewayState) -> Callable[[Mapping[str, str]], None] | None:
+    """/metrics names every worker and its address: behind a key unless the gateway is on
+    loopback (``--metrics-access auto``) or the operator opens it."""
+    access = state.config.security.metrics_access
+    if access == "open" or (access == "auto" and is_loopback(state.config.server.host)):
+        return None
+    return state.auth.metrics
 
 
 def create_app(state: GatewayState, *, manage_lifecycle: bool = True) -> FastAPI:
@@ -44,6 +55,7 @@ def create_app(state: GatewayState, *, manage_lifecycle: bool = True) -> FastAPI
     app.include_router(native_router(door))
     app.include_router(health_router(state))
     app.include_router(admin_router(door))
+    app.include_router(parse_router(door))
 
     @app.exception_handler(GatewayError)
     async def gateway_error(request: Request, exc: GatewayError) -> Response:
@@ -55,6 +67,6 @@ def create_app(state: GatewayState, *, manage_lifecycle: bool = True) -> FastAPI
         kind = "not_found_error" if status == 404 else "invalid_request_error"
         return error_response(GatewayError(str(exc.detail), status=status, type=kind))
 
-    install_observability(app, state.metrics, access_log=state.config.server.access_log)
+    install_observability(app, state.metrics, access_log=state.config.server.access_log, guard=metrics_guard(state))
     describe_request_bodies(app)
     return app

@@ -9,17 +9,23 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.observability.request_log import current_record, sane_request_id
 from gateway.pipeline.request_context import RequestContext
-from gateway.policies.headers import ROUTING_KEY_HEADERS, TARGET_WORKER_HEADERS
 from gateway.protocol.errors import GatewayError
+from gateway.protocol.headers import (
+    REQUEST_ID,
+    ROUTING_KEY_HEADERS,
+    TARGET_WORKER_HEADERS,
+    WORKER_ID,
+    first_header,
+)
 from gateway.server.admission import Ticket
-from gateway.server.http.sse import DONE, sse, sse_error
+from gateway.server.http.sse import DONE, StreamEvent, sse_error
 from gateway.server.http.util import (
     ClientGone,
     EventStream,
@@ -38,14 +44,6 @@ CLIENT_CLOSED = 499
 Auth = Callable[[Mapping[str, str]], str | None]
 
 
-def _first_header(request: Request, names: tuple[str, ...]) -> str | None:
-    for name in names:
-        value = request.headers.get(name)
-        if value:
-            return value
-    return None
-
-
 class HttpDoor:
     """The HTTP front door's one way of running a request, shared by every router."""
 
@@ -57,20 +55,20 @@ class HttpDoor:
         key_id = auth(request.headers)
         ctx = RequestContext(
             api_key_id=key_id,
-            routing_key=_first_header(request, ROUTING_KEY_HEADERS),
-            target_worker=_first_header(request, TARGET_WORKER_HEADERS),
+            routing_key=first_header(request.headers, ROUTING_KEY_HEADERS),
+            target_worker=first_header(request.headers, TARGET_WORKER_HEADERS),
         )
         record = current_record()  # the id the access log and the worker both see
-        incoming = record.request_id if record else sane_request_id(request.headers.get("x-request-id"))
+        incoming = record.request_id if record else sane_request_id(request.headers.get(REQUEST_ID))
         if incoming:
             ctx.request_id = incoming
         return ctx
 
     @staticmethod
     def headers_for(ctx: RequestContext) -> dict[str, str]:
-        out = {"x-request-id": ctx.request_id}
+        out = {REQUEST_ID: ctx.request_id}
         if ctx.worker_ids:
-            out["x-worker-id"] = ",".join(dict.fromkeys(ctx.worker_ids))
+            out[WORKER_ID] = ",".join(dict.fromkeys(ctx.worker_ids))
         return out
 
     async def handle(
@@ -78,20 +76,26 @@ class HttpDoor:
         request: Request,
         run: Callable[[RequestContext], Any],
         *,
-        admit: bool = False,
+        admit: bool | Literal["batch"] = False,
         auth: Auth | None = None,
     ) -> Response:
         """Run a JSON endpoint with ``auth`` (default: an inference key), admission
-        (``admit``), disconnect watch and error mapping.
+        (``admit``: one slot before ``run``; ``"batch"``: ``run`` calls ``ctx.reserve(k)``
+        with its prompt count before any work), disconnect watch and error mapping.
 
         The admission slot is held until the answer is complete: for a stream, until it ends."""
         state = self.state
         ctx = RequestContext()
         tickets: list[Ticket] = []
 
+        async def take(weight: int) -> None:
+            tickets.append(await state.admission.acquire(ctx.api_key_id, weight))
+
         async def admitted(ctx: RequestContext) -> Any:
-            if admit:
-                tickets.append(await state.admission.acquire(ctx.api_key_id))
+            if admit == "batch":
+                ctx.admit = take  # the route reserves one slot per prompt once it knows the count
+            elif admit:
+                await take(1)
             return await run(ctx)
 
         result: Any = None
@@ -114,11 +118,13 @@ class HttpDoor:
             return result
         return JSONResponse(result, headers=self.headers_for(ctx))
 
-    def sse_stream(self, chunks: AsyncIterator[dict[str, Any]], ctx: RequestContext) -> EventStream:
+    def sse_stream(self, chunks: AsyncIterator[StreamEvent], ctx: RequestContext) -> EventStream:
+        """Each typed event becomes its SSE bytes here, once."""
+
         async def body() -> AsyncIterator[bytes]:
             try:
                 async for chunk in chunks:
-                    yield sse(chunk)
+                    yield b"data: " + chunk.to_json() + b"\n\n"
             except GatewayError as exc:
                 log.warning("request %s failed mid-stream: %s", ctx.request_id, exc.message)
                 yield sse_error(exc.status, exc.message, exc.type, exc.code)

@@ -15,6 +15,8 @@ def health_router(state: GatewayState) -> APIRouter:
 
     @router.get("/health")
     async def health() -> Response:
+        if state.process_set is not None:  # one of serve --processes N: speak for the set
+            return JSONResponse({"status": "ok", "processes": state.process_set.describe()})
         return JSONResponse({"status": "ok"})
 
     @router.get("/readiness")

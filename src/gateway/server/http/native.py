@@ -28,7 +28,7 @@ def native_router(door: HttpDoor) -> APIRouter:
                 return door.sse_stream(await native_route.stream_generate(state.engine, req, ctx), ctx)
             return await native_route.generate(state.engine, req, ctx)
 
-        return await door.handle(request, run, admit=True)
+        return await door.handle(request, run, admit="batch")
 
     @router.post("/v1/tokenize")
     async def tokenize(request: Request) -> Response:
@@ -36,7 +36,7 @@ def native_router(door: HttpDoor) -> APIRouter:
             req = parse_model(TokenizeRequest, await read_json(request, max_body))
             return await native_route.tokenize(state.engine, req)
 
-        return await door.handle(request, run)
+        return await door.handle(request, run, admit=True)  # a tokenization costs CPU like a prompt
 
     @router.post("/v1/detokenize")
     async def detokenize(request: Request) -> Response:
@@ -44,6 +44,6 @@ def native_router(door: HttpDoor) -> APIRouter:
             req = parse_model(DetokenizeRequest, await read_json(request, max_body))
             return native_route.detokenize(state.engine, req)
 
-        return await door.handle(request, run)
+        return await door.handle(request, run, admit=True)
 
     return router

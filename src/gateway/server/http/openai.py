@@ -43,7 +43,7 @@ def openai_router(door: HttpDoor) -> APIRouter:
                 return door.sse_stream(chunks, ctx)
             return await completions_route.complete(state.engine, req, ctx)
 
-        return await door.handle(request, run, admit=True)
+        return await door.handle(request, run, admit="batch")
 
     @router.post("/v1/embeddings")
     async def embeddings(request: Request) -> Response:
@@ -51,13 +51,16 @@ def openai_router(door: HttpDoor) -> APIRouter:
             req = parse_model(EmbeddingRequest, await read_json(request, max_body))
             return await native_route.embed(state.engine, req, ctx)
 
-        return await door.handle(request, run, admit=True)
+        return await door.handle(request, run, admit="batch")
 
     @router.get("/v1/models")
     async def models(request: Request) -> Response:
         async def run(ctx: RequestContext) -> Any:
             cards = [
-                ModelCard(id=e.name, root=e.name, max_model_len=e.max_context_length or None)
+                ModelCard(
+                    id=e.name, root=e.name, max_model_len=e.max_context_length or None,
+                    tool_call_parser=e.tool_call_parser, reasoning_parser=e.reasoning_parser,
+                )
                 for e in state.catalog.entries()
             ]
             return ModelList(data=cards).to_dict()

@@ -18,6 +18,7 @@ from gateway.protocol.completions import CompletionRequest
 from gateway.protocol.embeddings import EmbeddingRequest
 from gateway.protocol.generate import GenerateRequest
 from gateway.protocol.inspect import InspectRequest
+from gateway.protocol.parse import ParseReasoningRequest, ParseToolCallsRequest
 from gateway.protocol.tokens import DetokenizeRequest, TokenizeRequest
 
 REQUEST_BODIES: dict[str, type[BaseModel]] = {
@@ -28,6 +29,8 @@ REQUEST_BODIES: dict[str, type[BaseModel]] = {
     "/v1/tokenize": TokenizeRequest,
     "/v1/detokenize": DetokenizeRequest,
     "/admin/inspect": InspectRequest,
+    "/parse/tool_calls": ParseToolCallsRequest,
+    "/parse/reasoning": ParseReasoningRequest,
     # POST /workers is left out on purpose: a fuzzer must not make the gateway dial made-up addresses.
 }
 

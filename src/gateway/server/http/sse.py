@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
+from gateway.protocol.stream import JsonEvent, StreamChunk
+
 DONE = b"data: [DONE]\n\n"
+
+
+class StreamEvent(Protocol):
+    """What the door frames: a typed event that serializes itself once."""
+
+    def to_json(self) -> bytes: ...
+
+
+__all__ = ["DONE", "JsonEvent", "StreamChunk", "StreamEvent", "sse", "sse_error"]
 
 
 def sse(payload: dict[str, Any]) -> bytes:

@@ -19,6 +19,7 @@ from gateway.protocol.errors import (
     PayloadTooLargeError,
     validation_error_to_gateway,
 )
+from gateway.protocol.headers import RETRY_AFTER
 
 M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
@@ -38,7 +39,7 @@ class JSONResponse(Response):
 def error_response(exc: GatewayError, headers: dict[str, str] | None = None) -> JSONResponse:
     extra = dict(headers or {})
     if exc.retry_after is not None:
-        extra["retry-after"] = str(max(1, round(exc.retry_after)))
+        extra[RETRY_AFTER] = str(max(1, round(exc.retry_after)))
     return JSONResponse(exc.to_dict(), status_code=exc.status, headers=extra)
 
 

@@ -1,0 +1,472 @@
+#!/usr/bin/env python
+"""Scale-out: one process, ``--processes 2``, and two replicas with and without routing sync.
+
+    .venv/bin/python scripts/bench_scaleout.py                        # both sections
+    .venv/bin/python scripts/bench_scaleout.py --sections routing --groups 16
+
+``routing``: the full gsp workload (64 groups x 16 prompts, 2048-token system prompts,
+128-token questions, 128 output tokens) on 8 simulated workers with 40k tokens of KV
+each (a fresh fleet per setup), through
+
+* ``one``: one ``serve`` process;
+* ``processes-2``: ``serve --processes 2`` (its own nats-server, shared ports);
+* ``replicas-sync``: two ``serve`` processes on two ports joined by ``--sync-url``;
+* ``replicas-nosync``: the same two without sync.
+
+For the replica pairs the client alternates requests between the two URLs (request i
+goes to replica i % 2; each replica gets half the concurrency). Reported: hit rate next
+to the ideal (an infinite shared cache), throughput, TTFT p50/p99, requests per worker,
+and for synced setups the sync budgets read from ``/metrics``: bytes published per
+request and the decision-to-remote-tree lag p50/p99 (interpolated in the histogram's
+buckets).
+
+``throughput``: short chat requests (non-streaming, unique prompts, 8 answer tokens) on
+zero-cost workers, closed loop: requests/s of one process and of ``--processes 2``,
+measured in alternating rounds in one run, with the machine's load average beside.
+
+Every run is bounded in requests and seconds; every process started is stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime
+import itertools
+import json
+import math
+import os
+import random
+import sys
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.bench.driver import DriverConfig, RunResult, run_workload
+from gateway.bench.machine import cpu_seconds, describe
+from gateway.bench.report import summarize
+from gateway.bench.serve_process import ServeProcess
+from gateway.bench.workloads import (
+    GspConfig,
+    Vocab,
+    Workload,
+    default_tokenizer_dir,
+    gsp,
+    ideal_hit_rate,
+)
+from gateway.sim.config import SimConfig
+from gateway.sim.fleet import SubprocessFleet
+from gateway.sync.local_server import LocalNatsServer
+
+SETUPS = ("one", "processes-2", "replicas-sync", "replicas-sync-tokens", "replicas-nosync")
+SECTIONS = ("routing", "throughput", "model")
+
+
+def load_note() -> str:
+    one, five, _ = os.getloadavg()
+    return f"load {one:.1f}/{five:.1f}"
+
+
+# ---------------------------------------------------------------- gateways
+
+
+def serve_argv(urls: Sequence[str], scratch: str, *extra: str) -> list[str]:
+    return [
+        sys.executable, "-m", "gateway", "serve", "--worker-urls", *urls, "--policy", "cache_aware",
+        "--host", "127.0.0.1", "--port", "0", "--log-level", "warning",
+        "--tokenizer-path", str(default_tokenizer_dir()), "--tokenizer-cache-dir", scratch, *extra,
+    ]  # fmt: skip
+
+
+@contextlib.asynccontextmanager
+async def gateways(setup: str, urls: Sequence[str], scratch: str) -> AsyncIterator[list[ServeProcess]]:
+    """The setup's gateway process(es); their URLs are what the client drives."""
+    started: list[ServeProcess] = []
+    nats: LocalNatsServer | None = None
+    encoding = ["--sync-encoding", "tokens" if setup.endswith("-tokens") else "blocks"]
+    try:
+        if setup == "one":
+            started.append(await ServeProcess.launch(serve_argv(urls, scratch), "gw-one", ready_timeout_s=120))
+        elif setup.startswith("processes-2"):
+            argv = serve_argv(urls, scratch, "--processes", "2", *encoding)
+            started.append(await ServeProcess.launch(argv, "gw-p2", ready_timeout_s=120))
+        else:
+            extra: list[str] = []
+            if setup.startswith("replicas-sync"):
+                nats = await LocalNatsServer().start()
+                extra = ["--sync-url", nats.url, *encoding]
+            for i in range(2):
+                started.append(await ServeProcess.launch(serve_argv(urls, scratch, *extra), f"gw-r{i}", ready_timeout_s=120))
+        yield started
+    finally:
+        for gw in started:
+            await gw.stop(timeout_s=20)
+            gw.remove_log()
+        if nats is not None:
+            await nats.stop()
+
+
+async def scrape(urls: Sequence[str]) -> list[str]:
+    async with httpx.AsyncClient(trust_env=False, timeout=10) as http:
+        return [(await http.get(u + "/metrics")).text for u in urls]
+
+
+def series(texts: Sequence[str], name: str) -> list[tuple[dict[str, str], float]]:
+    out = []
+    for text in texts:
+        for fam in text_string_to_metric_families(text):
+            out.extend((s.labels, s.value) for s in fam.samples if s.name == name)
+    return out
+
+
+def total(texts: Sequence[str], name: str) -> float:
+    return sum(v for _, v in series(texts, name))
+
+
+def histogram_quantile(texts: Sequence[str], name: str, q: float) -> float | None:
+    """Prometheus-style quantile of a histogram summed over every process, in its unit."""
+    buckets: dict[float, float] = {}
+    for labels, v in series(texts, name + "_bucket"):
+        le = float(labels["le"])
+        buckets[le] = buckets.get(le, 0.0) + v
+    if not buckets:
+        return None
+    edges = sorted(buckets)
+    count = buckets[edges[-1]]
+    if count <= 0:
+        return None
+    rank = q * count
+    prev_edge, prev_count = 0.0, 0.0
+    for edge in edges:
+        c = buckets[edge]
+        if c >= rank:
+            if math.isinf(edge):
+                return prev_edge
+            span = c - prev_count
+            return prev_edge + (edge - prev_edge) * ((rank - prev_count) / span if span else 0.0)
+        prev_edge, prev_count = edge, c
+    return prev_edge
+
+
+# ---------------------------------------------------------------- routing (gsp)
+
+
+def merge_runs(runs: Sequence[RunResult], label: str) -> RunResult:
+    return replace(
+        runs[0], label=label, results=[r for run in runs for r in run.results],
+        wall_s=max(run.wall_s for run in runs), planned=sum(run.planned for run in runs),
+    )
+
+
+async def drive(urls: Sequence[str], workload: Workload, concurrency: int, cap_s: float, label: str) -> RunResult:
+    """Request i goes to ``urls[i % len(urls)]``; each URL gets its share of the concurrency."""
+    if len(urls) == 1:
+        return await run_workload(urls[0], workload, DriverConfig(concurrency=concurrency, duration_s=cap_s), label=label)
+    parts = [Workload(workload.name, workload.requests[i :: len(urls)]) for i in range(len(urls))]
+    per = max(1, concurrency // len(urls))
+    runs = await asyncio.gather(*(
+        run_workload(u, part, DriverConfig(concurrency=per, duration_s=cap_s), label=label)
+        for u, part in zip(urls, parts, strict=True)
+    ))  # fmt: skip
+    return merge_runs(runs, label)
+
+
+def sync_budgets(texts: Sequence[str], requests: int) -> dict[str, Any]:
+    published = total(texts, "token_gateway_sync_published_bytes_total")
+    decisions = total(texts, "token_gateway_sync_published_decisions_total")
+    batches = total(texts, "token_gateway_sync_published_batches_total")
+    p50 = histogram_quantile(texts, "token_gateway_sync_lag_seconds", 0.5)
+    p99 = histogram_quantile(texts, "token_gateway_sync_lag_seconds", 0.99)
+    return {
+        "published_bytes_per_request": round(published / max(1, requests), 1),
+        "published_batches_per_request": round(batches / max(1, requests), 3),
+        "decisions_published": int(decisions),
+        "decisions_applied": int(total(texts, "token_gateway_sync_applied_decisions_total")),
+        "decisions_unresolved": int(total(texts, "token_gateway_sync_unresolved_decisions_total")),
+        "lost_batches": int(total(texts, "token_gateway_sync_lost_batches_total")),
+        "lag_p50_ms": None if p50 is None else round(p50 * 1e3, 3),
+        "lag_p99_ms": None if p99 is None else round(p99 * 1e3, 3),
+    }
+
+
+async def routing_section(args: argparse.Namespace, report: dict[str, Any]) -> None:
+    vocab = Vocab.from_tokenizer_dir()
+    cfg = GspConfig(groups=args.groups, prompts_per_group=args.prompts_per_group, system_tokens=args.system_tokens,
+                    question_tokens=args.question_tokens, output_tokens=args.output_tokens)  # fmt: skip
+    workload = gsp(cfg, vocab, seed=args.seed)
+    ideal = ideal_hit_rate(workload, page_size=args.page_size)
+    sim = SimConfig(
+        page_size=args.page_size, kv_capacity_tokens=args.kv_capacity_tokens, max_running_requests=16,
+        step_base_s=0.01, prefill_token_s=0.0001, decode_seq_s=0.001, time_scale=1.0, seed=0,
+    )  # fmt: skip
+    rows: dict[str, Any] = {"setups": {}}
+    report["routing"] = rows
+    rows["workload"] = {"groups": cfg.groups, "prompts_per_group": cfg.prompts_per_group, "system_tokens": cfg.system_tokens,
+                        "question_tokens": cfg.question_tokens, "output_tokens": cfg.output_tokens,
+                        "workers": args.workers, "kv_capacity_tokens": args.kv_capacity_tokens, "page_size": args.page_size,
+                        "concurrency": args.concurrency, "ideal_hit_rate": round(ideal, 4)}  # fmt: skip
+    scratch = args.scratch
+    for setup in args.setups:
+        with SubprocessFleet(args.workers, sim) as fleet:
+            async with gateways(setup, fleet.urls, scratch) as gws:
+                urls = [g.url for g in gws]
+                t0 = time.monotonic()
+                run = await drive(urls, workload, args.concurrency, args.cap_s, setup)
+                texts = await scrape(urls)
+                wall = time.monotonic() - t0
+            counters = fleet.stop() or {}
+        run.worker_counters = {str(w["url"]): w for w in counters.get("workers", [])}
+        s = summarize(run, ideal_hit_rate=ideal, worker_ids=list(run.worker_counters))
+        row: dict[str, Any] = {
+            "requests": s.requests, "ok": s.ok, "errors": s.errors, "not_sent": s.not_sent,
+            "hit_rate": round(s.hit_rate, 4), "worker_hit_rate": None if s.worker_hit_rate is None else round(s.worker_hit_rate, 4),
+            "ideal_hit_rate": round(ideal, 4), "req_s": round(s.req_s, 2), "output_tok_s": round(s.output_tok_s, 1),
+            "ttft_p50_ms": None if s.ttft_p50_s is None else round(s.ttft_p50_s * 1e3, 1),
+            "ttft_p99_ms": None if s.ttft_p99_s is None else round(s.ttft_p99_s * 1e3, 1),
+            "requests_per_worker": sorted((int(w.get("requests", 0)) for w in run.worker_counters.values()), reverse=True),
+            "wall_s": round(wall, 1), "first_errors": list(s.first_errors),
+        }  # fmt: skip
+        if setup.startswith(("processes-2", "replicas-sync")):
+            row["sync"] = sync_budgets(texts, s.requests)
+        rows["setups"][setup] = row
+        print(f"[routing {setup}] ({load_note()}) " + json.dumps(row), flush=True)
+
+
+# ---------------------------------------------------------------- throughput (short requests)
+
+
+def short_prompts(n: int, seed: int) -> list[list[dict[str, str]]]:
+    vocab = Vocab.from_tokenizer_dir()
+    rng = random.Random(seed)
+    return [[{"role": "user", "content": f"{i}:{vocab.decode(vocab.sample(rng, 24))}"}] for i in range(n)]
+
+
+async def closed_loop(url: str, model: str, prompts: list[list[dict[str, str]]], concurrency: int, requests: int,
+                      cap_s: float) -> tuple[int, int, float]:  # fmt: skip
+    """(ok, failed, seconds) of ``requests`` chat calls, ``concurrency`` at a time, bounded by ``cap_s``."""
+    counter = itertools.count()
+    ok = failed = 0
+    deadline = time.perf_counter() + cap_s
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(trust_env=False, timeout=60, limits=limits) as http:
+
+        async def caller() -> None:
+            nonlocal ok, failed
+            while time.perf_counter() < deadline:
+                i = next(counter)
+                if i >= requests:
+                    return
+                body = {"model": model, "messages": prompts[i % len(prompts)], "max_tokens": 8, "ignore_eos": True}
+                try:
+                    r = await http.post(url + "/v1/chat/completions", content=orjson.dumps(body),
+                                        headers={"content-type": "application/json"})  # fmt: skip
+                    if r.status_code == 200:
+                        ok += 1
+                    else:
+                        failed += 1
+                except httpx.HTTPError:
+                    failed += 1
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(caller() for _ in range(concurrency)))
+        return ok, failed, time.perf_counter() - t0
+
+
+def tree_cpu(pid: int) -> float:
+    """CPU seconds of ``pid`` and its children (a supervisor's serving processes)."""
+    spent = cpu_seconds(pid)
+    with contextlib.suppress(OSError):
+        for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+            spent += tree_cpu(int(child))
+    return spent
+
+
+async def throughput_section(args: argparse.Namespace, report: dict[str, Any]) -> None:
+    sim = SimConfig(step_base_s=0.0, prefill_token_s=0.0, decode_seq_s=0.0, time_scale=0.0, max_running_requests=256,
+                    kv_capacity_tokens=65536)  # fmt: skip
+    scratch = args.scratch
+    prompts = short_prompts(4096, args.seed)
+    rounds: dict[str, list[dict[str, Any]]] = {"one": [], "processes-2": []}
+    loads: list[float] = []
+    with SubprocessFleet(args.throughput_workers, sim) as fleet:
+        one = await ServeProcess.launch(serve_argv(fleet.urls, scratch), "gw-one", ready_timeout_s=120)
+        two = await ServeProcess.launch(serve_argv(fleet.urls, scratch, "--processes", "2"), "gw-p2", ready_timeout_s=120)
+        try:
+            async with httpx.AsyncClient(trust_env=False) as http:
+                model = (await http.get(one.url + "/v1/models")).json()["data"][0]["id"]
+            for gw in (one, two):  # warm: connections, tokenizer caches, first-use costs
+                await closed_loop(gw.url, model, prompts, args.throughput_concurrency, 200, 20)
+            for r in range(args.rounds):
+                order = (("one", one), ("processes-2", two)) if r % 2 == 0 else (("processes-2", two), ("one", one))
+                for name, gw in order:
+                    loads.append(os.getloadavg()[0])
+                    cpu0 = tree_cpu(gw.process.pid)
+                    ok, failed, wall = await closed_loop(gw.url, model, prompts, args.throughput_concurrency,
+                                                         args.throughput_requests, args.cap_s)  # fmt: skip
+                    cpu = tree_cpu(gw.process.pid) - cpu0
+                    row = {"ok": ok, "failed": failed, "seconds": round(wall, 2), "req_s": round(ok / wall, 1),
+                           "gateway_cpu_ms_per_request": round(1e3 * cpu / max(1, ok), 3)}  # fmt: skip
+                    rounds[name].append(row)
+                    print(f"[throughput {name} round {r}] ({load_note()}) {row}", flush=True)
+        finally:
+            await two.stop(timeout_s=20)
+            await one.stop(timeout_s=20)
+            one.remove_log()
+            two.remove_log()
+
+    def med(name: str) -> float:
+        vals = sorted(x["req_s"] for x in rounds[name])
+        return vals[len(vals) // 2]
+
+    report["throughput"] = {
+        "workers": args.throughput_workers, "concurrency": args.throughput_concurrency,
+        "requests_per_round": args.throughput_requests, "rounds": rounds,
+        "median_req_s": {"one": med("one"), "processes-2": med("processes-2")},
+        "ratio": round(med("processes-2") / med("one"), 2) if med("one") else None,
+        "load_1m_seen": [round(x, 1) for x in loads],
+    }  # fmt: skip
+    print(f"[throughput] ratio processes-2 / one = {report['throughput']['ratio']}", flush=True)
+
+
+# ---------------------------------------------------------------- model: 16 replicas, 256 workers
+
+
+def model_section(args: argparse.Namespace, report: dict[str, Any]) -> None:
+    """Measure the per-decision costs on this machine, then project them to a bigger fleet.
+
+    In memory, no servers: gsp prompts (the bench's shape) are published by one outbox and
+    applied by another process's applier (real CacheAwarePolicy trees over ``--model-workers``
+    workers), in both encodings. The projection assumes ``--model-rate`` requests/s per
+    replica and every replica hearing every other (one NATS subject).
+    """
+    from types import SimpleNamespace
+
+    from gateway.policies.base import Decision, RouteRequest, WorkerView
+    from gateway.policies.cache_aware import CacheAwarePolicy
+    from gateway.sync.apply import Applier
+    from gateway.sync.outbox import Outbox
+    from gateway.sync.prefix_book import PrefixBook
+    from gateway.workers.load import WorkerLoad
+
+    n_workers, replicas, rate = args.model_workers, args.model_replicas, args.model_rate
+    ids = [f"10.0.{i // 250}.{i % 250}:30000" for i in range(n_workers)]
+    workers = {w: SimpleNamespace(id=w, model="m", role="regular", load=WorkerLoad(in_flight=1, queued_prefill_tokens=2000),
+                                  remote_load=WorkerLoad(), info=SimpleNamespace(page_size=16)) for w in ids}  # fmt: skip
+
+    class Workers:
+        def get(self, wid: str) -> Any:
+            return workers.get(wid)
+
+        def all(self) -> list[Any]:
+            return list(workers.values())
+
+    vocab = Vocab.from_tokenizer_dir()
+    cfg = GspConfig(groups=args.groups, prompts_per_group=args.prompts_per_group, system_tokens=args.system_tokens,
+                    question_tokens=args.question_tokens, output_tokens=args.output_tokens)  # fmt: skip
+    prompts = [list(r.prompt_token_ids or ()) for r in gsp(cfg, vocab, seed=args.seed).requests]
+    rng = random.Random(args.seed)
+    out: dict[str, Any] = {"workers": n_workers, "replicas": replicas, "rate_per_replica": rate, "encodings": {}}
+    for encoding in ("tokens", "blocks"):
+        book_a = PrefixBook() if encoding == "blocks" else None
+        book_b = PrefixBook() if encoding == "blocks" else None
+        policy = CacheAwarePolicy(eviction_interval_s=0)
+        policy.on_workers_changed([WorkerView(w, w, kv_capacity_tokens=40960, page_size=16) for w in ids])
+
+        class Router:
+            def __init__(self, p: CacheAwarePolicy) -> None:
+                self.p = p
+
+            def policy(self, model: str, role: str) -> CacheAwarePolicy:
+                return self.p
+
+        box = Outbox("a", lambda wid: workers[wid].load, lambda wid: 16, book=book_a)
+        applier = Applier("b", Router(policy), Workers(), book=book_b)
+        sizes: list[int] = []
+        t_encode = t_apply = 0.0
+        for i, prompt in enumerate(prompts):
+            wid = ids[rng.randrange(n_workers)]
+            t0 = time.perf_counter()
+            box.dispatched("regular", RouteRequest(prompt, model="m", request_id=str(i)), Decision(wid, "no_match"))
+            data = box.take()
+            assert data is not None
+            raw = data.SerializeToString()
+            t1 = time.perf_counter()
+            applier.apply_bytes(raw)
+            t2 = time.perf_counter()
+            sizes.append(len(raw))
+            t_encode += t1 - t0
+            t_apply += t2 - t1
+        n = len(prompts)
+        per_req = sum(sizes) / n
+        heartbeat = 4 * 0.5 * n_workers * 12 + n_workers * 30  # changed half of the workers per beat; a full list per s
+        published = rate * per_req + heartbeat
+        received = (replicas - 1) * published
+        apply_cpu = (replicas - 1) * rate * (t_apply / n)
+        out["encodings"][encoding] = {
+            "bytes_per_request": round(per_req, 1),
+            "encode_us": round(1e6 * t_encode / n, 1),
+            "apply_us": round(1e6 * t_apply / n, 1),
+            "unresolved": applier.stats.unresolved,
+            "per_replica_published_kB_s": round(published / 1e3, 1),
+            "per_replica_received_MB_s": round(received / 1e6, 2),
+            "nats_egress_MB_s": round(replicas * received / 1e6, 1),
+            "per_replica_apply_cpu_share": round(apply_cpu, 3),
+        }
+        print(f"[model {encoding}] {out['encodings'][encoding]}", flush=True)
+    report["model"] = out
+
+
+# ---------------------------------------------------------------- main
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS))
+    p.add_argument("--setups", nargs="+", choices=SETUPS, default=list(SETUPS))
+    p.add_argument("--groups", type=int, default=64)
+    p.add_argument("--prompts-per-group", type=int, default=16)
+    p.add_argument("--system-tokens", type=int, default=2048)
+    p.add_argument("--question-tokens", type=int, default=128)
+    p.add_argument("--output-tokens", type=int, default=128)
+    p.add_argument("--workers", type=int, default=8)
+    p.add_argument("--kv-capacity-tokens", type=int, default=40960)
+    p.add_argument("--page-size", type=int, default=16)
+    p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cap-s", type=float, default=240.0, help="wall-time limit of one run, s")
+    p.add_argument("--throughput-workers", type=int, default=4)
+    p.add_argument("--throughput-concurrency", type=int, default=32)
+    p.add_argument("--throughput-requests", type=int, default=1500)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--model-workers", type=int, default=256)
+    p.add_argument("--model-replicas", type=int, default=16)
+    p.add_argument("--model-rate", type=float, default=100.0, help="requests/s per replica in the projection")
+    p.add_argument("--scratch", default="bench_scratch")
+    p.add_argument("--json", default="", help="write the report as JSON here")
+    args = p.parse_args()
+    Path(args.scratch).mkdir(exist_ok=True)
+    args.scratch = str(Path(args.scratch).resolve())
+    report: dict[str, Any] = {"machine": describe(), "date": datetime.date.today().isoformat(), "argv": sys.argv[1:],
+                              "load_before": [round(x, 1) for x in os.getloadavg()]}  # fmt: skip
+    if "routing" in args.sections:
+        asyncio.run(routing_section(args, report))
+    if "throughput" in args.sections:
+        asyncio.run(throughput_section(args, report))
+    if "model" in args.sections:
+        model_section(args, report)
+    text = json.dumps(report, indent=2)
+    if args.json:
+        Path(args.json).write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

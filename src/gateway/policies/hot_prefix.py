@@ -1,0 +1,138 @@
+"""Hot prefixes: which shared prefixes carry more load than one worker can serve, and who holds them.
+
+``cache_aware`` spills a popular prefix when the prefill it saves is smaller than the
+work queued behind it, and the spill goes to whichever worker is cheapest at that
+moment. Under a skewed load that scatters the prefix over the whole pool one spill at
+a time, and every new holder evicts other prefixes to make room. This module gives the
+policy the two facts it needs to replicate a hot prefix deliberately instead:
+
+* the prefix's *load share*: requests are keyed by the chained hash of their first
+  ``depth_tokens`` (``hashing.prefix_key``), and each key keeps an exponentially decayed
+  request count over the last ``window`` requests (logical time, one tick per
+  dispatch, so the figure is the same at any request rate). ``share = count / total``.
+* its *replica set*: an ordered list of the workers chosen to hold it.
+
+In a pool of ``n`` workers each worker serves about ``1/n`` of the traffic, so a prefix
+with ``share * n > 1.25`` is hot and gets ``k = ceil(share * n + 1/4)`` holders (a
+quarter-worker of slack so ``k`` does not flap with the noise of the estimate, half a
+worker of headroom for the other prefixes its holders serve). The policy spreads its
+requests among the first ``k`` holders only; while fewer than ``k`` hold it, the
+cheapest non-holder gets the request and joins the set (one deliberate miss per
+replica, instead of whichever worker a spill happens to land on). Shares count only once
+``min(64, window / 2)`` (decayed) requests have been seen. When the share falls, ``k`` falls, the trailing
+holders stop getting the prefix and their copies age out of the tree and the caches.
+Bounded: at most ``max_tracked`` keys (the coldest are dropped). Pure and synchronous.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+DEFAULT_DEPTH_TOKENS = 256
+DEFAULT_WINDOW = 256
+DEFAULT_MAX_TRACKED = 4096
+SLACK = 0.25  # of a worker's share: a prefix is hot above (1 + SLACK) / n of the traffic
+HEADROOM = 0.5  # of a worker: holders keep room for the other traffic they carry
+
+
+class _Entry:
+    __slots__ = ("count", "holders", "tick")
+
+    def __init__(self, tick: int) -> None:
+        self.count = 0.0
+        self.tick = tick
+        self.holders: list[str] = []
+
+
+class HotPrefixes:
+    """Decayed per-prefix request counts and each hot prefix's ordered holders."""
+
+    def __init__(self, *, window: int = DEFAULT_WINDOW, max_tracked: int = DEFAULT_MAX_TRACKED) -> None:
+        if window < 1:
+            raise ValueError("hot-prefix window must be >= 1 request")
+        self.window = window
+        self.max_tracked = max(16, max_tracked)
+        self._decay = 1.0 - 1.0 / window
+        self._min_total = min(64.0, window / 2)
+        self._tick = 0
+        self._total = 0.0  # decayed count of all requests
+        self._entries: dict[int, _Entry] = {}
+
+    def _value(self, e: _Entry) -> float:
+        if e.tick != self._tick:
+            e.count *= self._decay ** (self._tick - e.tick)
+            e.tick = self._tick
+        return e.count
+
+    def share(self, key: int) -> float:
+        """The decayed share of recent requests that carried ``key`` (0 when unknown)."""
+        e = self._entries.get(key)
+        if e is None or self._total <= 0:
+            return 0.0
+        return min(1.0, self._value(e) / self._total)
+
+    def replicas(self, key: int, n_workers: int) -> int:
+        """How many workers should hold ``key``: 1 up to a share of ``1.25 / n``, then
+        ``ceil(share * n + 1/4)`` (``- SLACK + HEADROOM``), at most ``n``."""
+        if n_workers <= 1 or self._total < self._min_total:
+            return 1  # too few requests seen for a share to mean anything
+        load = self.share(key) * n_workers  # in workers' fair shares
+        # SLACK: the decayed share of a steady 1/n of the traffic wanders by a few points,
+        # and k should not flap with it. HEADROOM: holders also serve other prefixes
+        # that were placed there before this one grew hot; k = share * n exactly left
+        # them overloaded in scripts/bench_policies.py's Zipf gsp.
+        if load <= 1 + SLACK:
+            return 1
+        return max(1, min(n_workers, math.ceil(load - SLACK + HEADROOM)))
+
+    def observe(self, key: int) -> None:
+        """One request with ``key`` was dispatched (advances the logical clock)."""
+        self._tick += 1
+        self._total = self._total * self._decay + 1.0
+        e = self._entries.get(key)
+        if e is None:
+            if len(self._entries) >= self.max_tracked:
+                self._trim()
+            e = self._entries[key] = _Entry(self._tick)
+        self._value(e)
+        e.count += 1.0
+
+    def holders(self, key: int) -> list[str]:
+        """The replica set of ``key`` in the order holders were added (a copy)."""
+        e = self._entries.get(key)
+        return list(e.holders) if e is not None else []
+
+    def add_holder(self, key: int, worker_id: str) -> None:
+        e = self._entries.get(key)
+        if e is None:
+            e = self._entries[key] = _Entry(self._tick)
+        if worker_id not in e.holders:
+            e.holders.append(worker_id)
+
+    def drop_workers(self, gone: Iterable[str]) -> None:
+        """Forget departed workers in every replica set."""
+        gone = set(gone)
+        if gone:
+            for e in self._entries.values():
+                if e.holders:
+                    e.holders = [w for w in e.holders if w not in gone]
+
+    def hot(self, n_workers: int) -> list[tuple[int, float, list[str]]]:
+        """(key, share, holders) of the keys that need more than one worker, hottest first."""
+        out = []
+        for key, e in self._entries.items():
+            s = self.share(key)
+            if s * n_workers > 1 + SLACK:
+                out.append((key, s, list(e.holders)))
+        out.sort(key=lambda r: -r[1])
+        return out
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def _trim(self) -> None:
+        """Drop the coldest half of the tracked keys (amortised O(1) per observe)."""
+        ranked = sorted(self._entries.items(), key=lambda kv: self._value(kv[1]))
+        for key, _ in ranked[: len(ranked) // 2]:
+            del self._entries[key]

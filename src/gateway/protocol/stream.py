@@ -1,0 +1,176 @@
+"""Typed stream events: what the OpenAI endpoints yield, one object per streamed chunk.
+
+Endpoints build these slotted objects once per relayed token batch; each front door
+turns them into its own wire form exactly once: the HTTP door into SSE bytes
+(``to_json``, orjson, the per-stream head pre-serialized), the gRPC door into proto
+messages field by field (``server/grpc/convert.py``). No dicts are read back by key
+between layers. The JSON shapes are OpenAI's ``chat.completion.chunk`` and streamed
+``text_completion`` objects (the openai-client compatibility tests check them):
+
+* a choice's ``logprobs`` and ``finish_reason`` are always present (``null`` until known);
+* a chat delta carries only the keys it has (``role``, ``content``, ``reasoning_content``,
+  ``tool_calls``);
+* SGLang's ``matched_stop`` appears on a choice's last chunk only;
+* ``usage`` appears only on usage chunks (the final one, or every chunk with
+  ``continuous_usage_stats``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from gateway.protocol.responses import ChoiceLogprobs, CompletionLogprobs
+
+CHAT_CHUNK = "chat.completion.chunk"
+TEXT_COMPLETION = "text_completion"
+
+
+@dataclass(slots=True)
+class StreamHead:
+    """What every chunk of one stream repeats: id, object, created, model.
+
+    ``prefix`` is their JSON, serialized once per stream: each chunk's bytes are this
+    prefix, its choices and its usage."""
+
+    id: str
+    object: str
+    created: int
+    model: str
+    prefix: bytes = b""
+
+    def __post_init__(self) -> None:
+        head = orjson.dumps({"id": self.id, "object": self.object, "created": self.created, "model": self.model})
+        self.prefix = head[:-1] + b',"choices":'
+
+
+@dataclass(slots=True)
+class StreamUsage:
+    """Token counts of a usage chunk; ``reasoning_tokens`` None leaves the detail out."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+    reasoning_tokens: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+        }
+        if self.reasoning_tokens is not None:
+            out["completion_tokens_details"] = {"reasoning_tokens": self.reasoning_tokens}
+        return out
+
+
+@dataclass(slots=True)
+class ToolCallFragment:
+    """A streamed tool-call piece: the first names the call (id, name), later ones add arguments."""
+
+    index: int
+    arguments: str = ""
+    id: str | None = None
+    name: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"index": self.index}
+        if self.id is not None:
+            out["id"] = self.id
+            out["type"] = "function"
+        if self.name is not None:
+            out["function"] = {"name": self.name, "arguments": self.arguments}
+        else:
+            out["function"] = {"arguments": self.arguments}
+        return out
+
+
+@dataclass(slots=True)
+class ChatDelta:
+    """One choice of a ``chat.completion.chunk``."""
+
+    index: int
+    role: str | None = None
+    content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[ToolCallFragment] | None = None
+    logprobs: ChoiceLogprobs | None = None
+    finish_reason: str | None = None
+    final: bool = False  # the choice's last chunk: carries matched_stop
+    matched_stop: int | str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        delta: dict[str, Any] = {}
+        if self.role is not None:
+            delta["role"] = self.role
+        if self.reasoning_content is not None:
+            delta["reasoning_content"] = self.reasoning_content
+        if self.content is not None:
+            delta["content"] = self.content
+        if self.tool_calls:
+            delta["tool_calls"] = [c.to_dict() for c in self.tool_calls]
+        out: dict[str, Any] = {
+            "index": self.index,
+            "delta": delta,
+            "logprobs": None if self.logprobs is None else self.logprobs.to_dict(),
+            "finish_reason": self.finish_reason,
+        }
+        if self.final:
+            out["matched_stop"] = self.matched_stop
+        return out
+
+
+@dataclass(slots=True)
+class CompletionDelta:
+    """One choice of a streamed ``text_completion``."""
+
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None = None
+    matched_stop: int | str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "index": self.index,
+            "text": self.text,
+            "logprobs": None if self.logprobs is None else self.logprobs.to_dict(),
+            "finish_reason": self.finish_reason,
+        }
+        if self.finish_reason is not None:
+            out["matched_stop"] = self.matched_stop
+        return out
+
+
+@dataclass(slots=True)
+class StreamChunk:
+    """One streamed event: a ``chat.completion.chunk`` or a ``text_completion``."""
+
+    head: StreamHead
+    choices: list[ChatDelta] | list[CompletionDelta] = field(default_factory=list)
+    usage: StreamUsage | None = None
+
+    def to_json(self) -> bytes:
+        """The event's JSON, built from the stream's pre-serialized head."""
+        body = self.head.prefix + orjson.dumps([c.to_dict() for c in self.choices])
+        if self.usage is not None:
+            body += b',"usage":' + orjson.dumps(self.usage.to_dict())
+        return body + b"}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The same object as a dict (tests, and callers that want to inspect it)."""
+        out: dict[str, Any] = orjson.loads(self.to_json())
+        return out
+
+
+@dataclass(slots=True)
+class JsonEvent:
+    """An already-shaped JSON object (SGLang's native ``/generate`` stream)."""
+
+    data: dict[str, Any]
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(self.data)

@@ -1,0 +1,16 @@
+"""The HTTP server's connection limits (enforced by ``server.http.guard``), kept light for ``--help``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gateway.settings import option
+
+
+@dataclass
+class HttpLimitsConfig:
+    max_header_bytes: int = option(64 * 1024, "largest request head (request line and headers) accepted, bytes; more gets 431")
+    max_headers: int = option(128, "most header lines per request; more gets 431")
+    header_timeout_s: float = option(10.0, "time a client has to send a request's whole head, seconds; then 408")
+    body_timeout_s: float = option(60.0, "time a client has to send a request's whole body after its head, seconds; then 408")
+    keep_alive_timeout_s: float = option(5.0, "idle keep-alive connections are closed after this long, seconds")

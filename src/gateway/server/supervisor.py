@@ -1,0 +1,276 @@
+"""``serve --processes N``: a supervisor and N serving processes sharing the ports.
+
+The supervisor owns what the set shares: the HTTP listening socket (bound once, even
+for port 0, and inherited by every child, which all accept on it: a busy process
+simply accepts less), the gRPC port (resolved once; children bind it with
+SO_REUSEPORT), the NATS sync bus (``--sync-url``, else a nats-server it runs on
+loopback), and a private run folder (the config, ``set.json`` for ``/health``, the
+children's metrics sockets). Each child is a whole gateway (parse, render, tokenize,
+route, relay) started as ``python -m gateway.server.serve`` (its ``child_main``).
+
+A child that dies is restarted (its own clients see their connections end; the others
+are untouched, and their queued connections stay in the shared socket for the
+survivors). SIGTERM is passed to every child, each drains with ``--shutdown-grace-s``;
+a second signal is passed on too (children then force their exit). One ready line is
+printed once every child is ready.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import math
+import os
+import pickle
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from gateway.server.admission import AdmissionConfig
+from gateway.server.config import GatewayConfig
+from gateway.server.process_set import ENV_COUNT, ENV_HTTP_FD, ENV_INDEX, ENV_RUN_DIR, STATUS_FILE
+from gateway.sync.local_server import LocalNatsServer, die_with_parent, free_port
+
+log = logging.getLogger("gateway")
+
+CONFIG_FILE = "config.pickle"
+START_TIMEOUT_S = 180.0  # a child loads tokenizers and probes workers before it is ready
+RESTART_MIN_S = 0.5  # a child that keeps dying is restarted at most this often (doubling to RESTART_MAX_S)
+RESTART_MAX_S = 10.0
+
+
+def share_admission(cfg: AdmissionConfig, index: int, count: int) -> AdmissionConfig:
+    """Process ``index`` of ``count``'s part of the set's limits (the rule --help states)."""
+
+    def split(total: int, floor: int) -> int:
+        part = total // count + (1 if index < total % count else 0)
+        return max(floor, part)
+
+    return dataclasses.replace(
+        cfg,
+        max_concurrent_requests=split(cfg.max_concurrent_requests, 1) if cfg.max_concurrent_requests > 0 else 0,
+        max_queued_requests=split(cfg.max_queued_requests, 0),
+        rate_limit_per_s=cfg.rate_limit_per_s / count,
+        rate_limit_burst=math.ceil(cfg.rate_limit_burst / count) if cfg.rate_limit_burst > 0 else 0,
+    )
+
+
+@dataclasses.dataclass
+class Child:
+    index: int
+    proc: asyncio.subprocess.Process | None = None
+    ready: dict[str, Any] | None = None
+    restarts: int = 0
+    started_at: float = 0.0
+    backoff: float = RESTART_MIN_S
+
+
+class Supervisor:
+    def __init__(self, config: GatewayConfig, count: int) -> None:
+        self.config = config
+        self.count = count
+        self.children = [Child(i) for i in range(count)]
+        self.stopping = False
+        self._signals = 0
+        self.nats: LocalNatsServer | None = None
+        self.run_dir = Path(tempfile.mkdtemp(prefix="token-gateway-"))
+        self.http_sock: socket.socket | None = None
+        self.grpc_reserve: socket.socket | None = None
+        self._done = asyncio.Event()
+
+    # ------------------------------------------------------------ shared resources
+    def _bind(self) -> GatewayConfig:
+        cfg = self.config
+        host = cfg.server.host
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, cfg.server.port))
+        sock.listen(4096)
+        sock.set_inheritable(True)
+        self.http_sock = sock
+        server = dataclasses.replace(cfg.server, port=sock.getsockname()[1])
+        if cfg.server.grpc_port is not None:
+            # Reserve the port (bound, never listening) so it stays ours while children bind it too.
+            res = socket.socket(family)
+            res.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            res.bind((host, cfg.server.grpc_port))
+            self.grpc_reserve = res
+            server = dataclasses.replace(server, grpc_port=res.getsockname()[1])
+        metrics_port = cfg.metrics_port
+        if metrics_port.prometheus_port == 0:  # process 0 serves it: resolve the port once, for restarts too
+            metrics_port = dataclasses.replace(metrics_port, prometheus_port=free_port(metrics_port.prometheus_host or host))
+        return dataclasses.replace(cfg, server=server, metrics_port=metrics_port)
+
+    async def _sync(self, cfg: GatewayConfig) -> GatewayConfig:
+        if cfg.sync.sync_url:
+            return cfg
+        self.nats = await LocalNatsServer(cfg.processes.nats_server).start()
+        url = self.nats.url
+        log.info("routing sync: started nats-server at %s for %d processes", url, self.count)
+        return dataclasses.replace(cfg, sync=dataclasses.replace(cfg.sync, sync_url=url))
+
+    # ------------------------------------------------------------ children
+    def _write_status(self) -> None:
+        alive = [c for c in self.children if c.proc is not None and c.proc.returncode is None and c.ready is not None]
+        status = {
+            "expected": self.count,
+            "alive": len(alive),
+            "restarts": sum(c.restarts for c in self.children),
+            "pids": [c.proc.pid if c.proc is not None and c.proc.returncode is None else None for c in self.children],
+            "stopping": self.stopping,
+        }
+        tmp = self.run_dir / (STATUS_FILE + ".tmp")
+        tmp.write_bytes(orjson.dumps(status))
+        tmp.replace(self.run_dir / STATUS_FILE)
+
+    async def _spawn(self, child: Child) -> None:
+        assert self.http_sock is not None
+        env = {
+            **os.environ,
+            ENV_INDEX: str(child.index), ENV_COUNT: str(self.count),
+            ENV_RUN_DIR: str(self.run_dir), ENV_HTTP_FD: str(self.http_sock.fileno()),
+        }
+        child.ready = None
+        child.started_at = time.monotonic()
+        child.proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "gateway.server.serve",
+            env=env, pass_fds=(self.http_sock.fileno(),), stdout=asyncio.subprocess.PIPE,
+            stdin=asyncio.subprocess.DEVNULL,
+            # Own session: a terminal's Ctrl-C reaches the supervisor only, which passes one SIGTERM on.
+            start_new_session=True, preexec_fn=die_with_parent,
+        )
+
+    async def _await_ready(self, child: Child) -> None:
+        proc = child.proc
+        assert proc is not None and proc.stdout is not None
+        async with asyncio.timeout(START_TIMEOUT_S):
+            while True:
+                line = await proc.stdout.readline()
+                if not line:
+                    raise RuntimeError(f"serving process {child.index} exited before it was ready (code {await proc.wait()})")
+                with contextlib.suppress(orjson.JSONDecodeError):
+                    msg = orjson.loads(line)
+                    if isinstance(msg, dict) and msg.get("event") == "ready":
+                        child.ready = msg
+                        return
+                sys.stdout.buffer.write(line)
+
+    async def _drain_stdout(self, child: Child) -> None:
+        proc = child.proc
+        assert proc is not None and proc.stdout is not None
+        while line := await proc.stdout.readline():
+            sys.stdout.buffer.write(line)
+            sys.stdout.flush()
+
+    async def _watch(self, child: Child) -> None:
+        """Keep one slot of the set alive until shutdown."""
+        while True:
+            proc = child.proc
+            assert proc is not None
+            drain = asyncio.create_task(self._drain_stdout(child))
+            code = await proc.wait()
+            await drain
+            self._write_status()
+            if self.stopping:
+                return
+            lived = time.monotonic() - child.started_at
+            child.backoff = RESTART_MIN_S if lived > 30 else min(child.backoff * 2, RESTART_MAX_S)
+            log.warning("serving process %d (pid %d) exited with code %s; restarting it in %.1f s",
+                        child.index, proc.pid, code, child.backoff)
+            await asyncio.sleep(child.backoff)
+            if self.stopping:
+                return
+            child.restarts += 1
+            try:
+                await self._spawn(child)
+                await self._await_ready(child)
+            except (RuntimeError, TimeoutError) as exc:
+                log.error("serving process %d did not come back: %s", child.index, exc)
+                if child.proc is not None and child.proc.returncode is None:
+                    child.proc.kill()
+                continue
+            self._write_status()
+            log.info("serving process %d is back (pid %d)", child.index, child.proc.pid if child.proc else -1)
+
+    def _signal(self) -> None:
+        self._signals += 1
+        if not self.stopping:
+            self.stopping = True
+            log.info("shutting down %d serving processes (grace %.0f s)", self.count, self.config.server.shutdown_grace_s)
+        for c in self.children:  # a second signal is passed on too: the children force their exit
+            if c.proc is not None and c.proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    c.proc.send_signal(signal.SIGTERM)
+        self._done.set()
+
+    # ------------------------------------------------------------ the whole run
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._signal)
+        watchers: list[asyncio.Task[None]] = []
+        try:
+            cfg = await self._sync(self._bind())
+            (self.run_dir / CONFIG_FILE).write_bytes(pickle.dumps(cfg))
+            for child in self.children:
+                await self._spawn(child)
+            try:
+                await asyncio.gather(*(self._await_ready(c) for c in self.children))
+            except (RuntimeError, TimeoutError) as exc:
+                log.error("%s", exc)
+                self._signal()
+                await self._reap(grace=5.0)
+                return 1
+            self._write_status()
+            first = self.children[0].ready or {}
+            ready = {**first, "processes": self.count, "pids": [c.proc.pid for c in self.children if c.proc],
+                     "sync_url": cfg.sync.sync_url}
+            print(orjson.dumps(ready).decode(), flush=True)
+            watchers = [asyncio.create_task(self._watch(c)) for c in self.children]
+            await self._done.wait()
+            await self._reap(grace=self.config.server.shutdown_grace_s + 15.0)
+            return 0
+        finally:
+            self.stopping = True
+            for w in watchers:
+                w.cancel()
+            for c in self.children:
+                if c.proc is not None and c.proc.returncode is None:
+                    c.proc.kill()
+                    with contextlib.suppress(Exception):
+                        await c.proc.wait()
+            if self.nats is not None:
+                await self.nats.stop()
+            for s in (self.http_sock, self.grpc_reserve):
+                if s is not None:
+                    s.close()
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    async def _reap(self, grace: float) -> None:
+        """Wait for every child to finish its drain (bounded), then kill the stragglers."""
+        procs = [c.proc for c in self.children if c.proc is not None and c.proc.returncode is None]
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(grace):
+                await asyncio.gather(*(p.wait() for p in procs))
+        for p in procs:
+            if p.returncode is None:
+                log.warning("serving process pid %d did not drain in time; killing it", p.pid)
+                p.kill()
+
+
+def run_set(config: GatewayConfig, count: int) -> int:
+    try:
+        return asyncio.run(Supervisor(config, count).run())
+    except RuntimeError as exc:
+        log.error("%s", exc)
+        return 1

@@ -1,0 +1,198 @@
+"""What the others told us: remote decisions into policies, remote load into worker views.
+
+Synchronous and I/O-free (the bus hands it each received ``Batch``), so it is tested
+against fakes. A remote decision becomes ``policy.on_remote(RemoteDecision)``, which
+``cache_aware`` applies to its tree exactly as a local dispatch; remote load is kept
+per origin as the origin's absolute figures and summed into ``Worker.remote_load``,
+which ``Worker.view()`` adds to the local load every policy reads. An origin that
+goes quiet (``peer_timeout_s``) or says goodbye has its load forgotten.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from gateway.policies.base import Policy, RemoteDecision, RemoteEvent, RemoteFinish
+from gateway.proto import sync_pb2
+from gateway.sync.outbox import native_tokens
+from gateway.sync.prefix_book import PrefixBook
+from gateway.workers.load import WorkerLoad
+from gateway.workers.worker import Worker
+
+log = logging.getLogger(__name__)
+
+LAG_SAMPLES = 8192  # recent decision-to-tree lags kept for the benchmark
+
+
+class PolicySource(Protocol):
+    """The pipeline's router, as far as sync needs it (a Protocol: sync sits below pipeline)."""
+
+    def policy(self, model: str, role: str) -> Policy: ...
+
+
+class WorkerSource(Protocol):
+    def get(self, worker_id: str) -> Worker | None: ...
+
+    def all(self) -> list[Worker]: ...
+
+
+@dataclass
+class Peer:
+    """One remote origin: its last known per-worker load and sequence."""
+
+    loads: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    last_seq: int = 0
+    last_seen: float = 0.0
+
+
+@dataclass
+class ApplyStats:
+    batches: int = 0
+    decisions: int = 0
+    finishes: int = 0
+    skipped: int = 0  # decisions for workers this process does not know (yet)
+    unresolved: int = 0  # decisions whose prefix reference was not in this process's book
+    lost_batches: int = 0  # sequence gaps
+    own: int = 0  # our own batches (the bus asks NATS for no echo; counted if one slips through)
+    bad: int = 0  # undecodable messages
+
+
+class Applier:
+    def __init__(
+        self,
+        origin: str,
+        router: PolicySource,
+        workers: WorkerSource,
+        *,
+        peer_timeout_s: float = 3.0,
+        clock: Callable[[], float] = time.monotonic,
+        clock_ns: Callable[[], int] = time.time_ns,
+        on_lag: Callable[[float], None] = lambda seconds: None,
+        book: PrefixBook | None = None,
+    ) -> None:
+        """``book``: resolves prefix references (shared with this process's outbox)."""
+        self.book = book
+        self.origin = origin
+        self.router = router
+        self.workers = workers
+        self.peer_timeout_s = peer_timeout_s
+        self._clock = clock
+        self._clock_ns = clock_ns
+        self._on_lag = on_lag
+        self.peers: dict[str, Peer] = {}
+        self.stats = ApplyStats()
+
+    def apply_bytes(self, data: bytes) -> None:
+        try:
+            batch = sync_pb2.Batch.FromString(data)
+        except Exception:  # a foreign or corrupt message on our subject must not stop the feed
+            self.stats.bad += 1
+            return
+        self.apply(batch)
+
+    def apply(self, batch: sync_pb2.Batch) -> None:
+        st = self.stats
+        if batch.origin == self.origin:
+            st.own += 1
+            return
+        st.batches += 1
+        peer = self.peers.get(batch.origin)
+        if peer is None:
+            peer = self.peers[batch.origin] = Peer()
+            if self.book is not None:
+                self.book.new_epoch()  # the newcomer may lack blocks we would refer to
+        elif peer.last_seq and batch.seq > peer.last_seq + 1:
+            st.lost_batches += batch.seq - peer.last_seq - 1
+        if batch.seq:  # replays are unnumbered
+            peer.last_seq = batch.seq
+        peer.last_seen = self._clock()
+        for d in batch.decisions:
+            self._decision(d)
+        for f in batch.finishes:
+            self._event(f.worker_id, f.model, f.pool, RemoteFinish(f.worker_id, f.model, f.cached_tokens, f.success))
+            st.finishes += 1
+        if batch.decisions and not batch.replay:
+            now = self._clock_ns()
+            for d in batch.decisions:
+                self._on_lag(max(0, now - d.decided_unix_ns) / 1e9)
+        touched: set[str] = set()
+        if batch.goodbye:
+            touched.update(peer.loads)
+            peer.loads.clear()
+        elif batch.full_loads:
+            touched.update(peer.loads)
+            peer.loads = {lo.worker_id: (lo.in_flight, lo.queued_uncached_prefill_tokens, lo.running_decode_tokens) for lo in batch.loads}
+            touched.update(peer.loads)
+        else:
+            for lo in batch.loads:
+                touched.add(lo.worker_id)
+                if lo.in_flight or lo.queued_uncached_prefill_tokens or lo.running_decode_tokens:
+                    peer.loads[lo.worker_id] = (lo.in_flight, lo.queued_uncached_prefill_tokens, lo.running_decode_tokens)
+                else:
+                    peer.loads.pop(lo.worker_id, None)
+        if batch.goodbye:
+            del self.peers[batch.origin]
+        self._resum(touched)
+
+    def _decision(self, d: sync_pb2.Decision) -> None:
+        wire = d.tokens
+        book = self.book
+        if d.prefix_blocks:
+            full = None if book is None else book.decode(d.prefix_hash, d.prefix_blocks, d.tokens, d.block_tokens)
+            if full is None:
+                self.stats.unresolved += 1
+                return
+            wire = full
+        elif book is not None:
+            book.decode(0, 0, d.tokens, book.block_tokens)  # learn its blocks for later references
+        event = RemoteDecision(d.worker_id, d.model, native_tokens(wire), d.prompt_tokens, d.predicted_cached)
+        if self._event(d.worker_id, d.model, d.pool, event):
+            self.stats.decisions += 1
+        else:
+            self.stats.skipped += 1
+
+    def _event(self, worker_id: str, model: str, pool: str, event: RemoteEvent) -> bool:
+        worker = self.workers.get(worker_id)
+        if worker is None or worker.model != model or worker.role != pool:
+            return False
+        on_remote = getattr(self.router.policy(model, pool), "on_remote", None)
+        if on_remote is not None:
+            on_remote(event)
+        return True
+
+    def _resum(self, worker_ids: set[str]) -> None:
+        for wid in worker_ids:
+            worker = self.workers.get(wid)
+            if worker is None:
+                continue
+            total = WorkerLoad()
+            for peer in self.peers.values():
+                lo = peer.loads.get(wid)
+                if lo is not None:
+                    total.in_flight += lo[0]
+                    total.queued_prefill_tokens += lo[1]
+                    total.running_decode_tokens += lo[2]
+            worker.remote_load = total
+
+    def expire(self) -> list[str]:
+        """Forget peers not heard from within ``peer_timeout_s``; returns their origins."""
+        cutoff = self._clock() - self.peer_timeout_s
+        gone = [o for o, p in self.peers.items() if p.last_seen < cutoff]
+        touched: set[str] = set()
+        for origin in gone:
+            touched.update(self.peers.pop(origin).loads)
+        self._resum(touched)
+        return gone
+
+    def forget_all(self) -> None:
+        """The bus is gone: route on local knowledge only (remote load back to zero)."""
+        touched = {w for p in self.peers.values() for w in p.loads}
+        self.peers.clear()
+        self._resum(touched)
+
+    def remote_in_flight(self) -> int:
+        return sum(lo[0] for p in self.peers.values() for lo in p.loads.values())

@@ -1,0 +1,209 @@
+"""What this process tells the others: decisions, finishes and its own load, one batch per tick.
+
+The outbox is synchronous and does no I/O: ``policy_tap.TappedPolicy`` feeds it from
+the request path (a few appends), and ``bus.SyncBus`` drains it into one NATS message
+per event-loop tick. Loads are absolute figures of this process's own work, read at
+drain time, so a lost batch is healed by the next one for the same worker (or the
+heartbeat's full list).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+
+from gateway.policies.base import Decision, RouteRequest
+from gateway.policies.radix_tree import pack
+from gateway.proto import sync_pb2
+from gateway.sync.prefix_book import PrefixBook
+from gateway.workers.load import WorkerLoad
+
+REPLAY_DECISIONS = 256  # recent decisions kept to re-announce after a reconnect
+
+_SWAP = sys.byteorder != "little"  # the wire carries little-endian uint32 token ids
+
+
+def wire_tokens(packed: bytes) -> bytes:
+    """Native uint32 bytes (the tree's format) -> little-endian wire bytes (a no-op on x86/arm)."""
+    if not _SWAP:
+        return packed
+    from array import array
+
+    a = array("I", packed)
+    a.byteswap()
+    return a.tobytes()
+
+
+native_tokens = wire_tokens  # the swap is its own inverse
+
+
+def page_aligned(packed: bytes, page_size: int) -> bytes:
+    """The prompt cut to whole KV pages: the part a worker's prefix cache can hold."""
+    n = len(packed) >> 2
+    if page_size > 1:
+        n -= n % page_size
+    return packed[: 4 * n]
+
+
+_MAX_TRACKED = 1 << 16  # in-flight requests remembered for the uncached-prefill estimate
+Figures = tuple[int, int, int]  # in flight, queued uncached prefill tokens, running decode tokens
+
+
+class Outbox:
+    """Pending events of the current tick; ``take`` turns them into one ``Batch``."""
+
+    def __init__(
+        self,
+        origin: str,
+        loads: Callable[[str], WorkerLoad | None],
+        page_size: Callable[[str], int],
+        *,
+        clock_ns: Callable[[], int] = time.time_ns,
+        on_pending: Callable[[], None] = lambda: None,
+        book: PrefixBook | None = None,
+    ) -> None:
+        """``loads(worker_id)`` is this process's own load on a worker (None: gone);
+        ``on_pending`` is called when the first event of a tick arrives (the bus wakes);
+        ``book``: send shared prefixes by reference (``--sync-encoding blocks``)."""
+        self.origin = origin
+        self.book = book
+        self.recent: deque[sync_pb2.Decision] = deque(maxlen=REPLAY_DECISIONS)
+        self._loads = loads
+        self._page_size = page_size
+        self._clock_ns = clock_ns
+        self._on_pending = on_pending
+        self._seq = 0
+        self._decisions: list[sync_pb2.Decision] = []
+        self._finishes: list[sync_pb2.Finish] = []
+        self._dirty: set[str] = set()
+        self._sent: dict[str, Figures] = {}  # last figures published per worker (absent: zero)
+        self._flight: dict[object, tuple[str, int, int]] = {}  # request -> (worker, prompt, predicted cached)
+        self._sums: dict[str, list[int]] = {}  # worker -> [prompt, predicted cached] of its in-flight requests
+
+    def __bool__(self) -> bool:
+        return bool(self._decisions or self._finishes or self._dirty)
+
+    def _wake(self) -> None:
+        if not self:
+            self._on_pending()
+
+    def dispatched(self, pool: str, request: RouteRequest, decision: Decision) -> None:
+        self._wake()
+        wid = decision.worker_id
+        tokens = page_aligned(pack(request.token_ids), self._page_size(wid))
+        full = sync_pb2.Decision(
+            worker_id=wid, model=request.model, pool=pool, tokens=wire_tokens(tokens),
+            prompt_tokens=len(request.token_ids), predicted_cached=decision.predicted_cached_tokens,
+            decided_unix_ns=self._clock_ns(),
+        )
+        self.recent.append(full)
+        self._decisions.append(self._encoded(full))
+        self._dirty.add(wid)
+        key = request.request_id or id(request)
+        self._untrack(key)
+        prompt = len(request.token_ids)
+        entry = (wid, prompt, min(prompt, decision.predicted_cached_tokens))
+        self._flight[key] = entry
+        s = self._sums.setdefault(wid, [0, 0])
+        s[0] += entry[1]
+        s[1] += entry[2]
+        if len(self._flight) > _MAX_TRACKED:
+            self._untrack(next(iter(self._flight)))
+
+    def _untrack(self, key: object) -> None:
+        entry = self._flight.pop(key, None)
+        if entry is not None:
+            s = self._sums[entry[0]]
+            s[0] -= entry[1]
+            s[1] -= entry[2]
+            if s[0] <= 0:
+                del self._sums[entry[0]]
+
+    def _encoded(self, full: sync_pb2.Decision) -> sync_pb2.Decision:
+        book = self.book
+        if book is None:
+            return full
+        ref, count, tail = book.encode(full.tokens)
+        if count == 0:
+            return full
+        out = sync_pb2.Decision()
+        out.CopyFrom(full)
+        out.tokens = tail
+        out.prefix_hash = ref
+        out.prefix_blocks = count
+        out.block_tokens = book.block_tokens
+        return out
+
+    def replay(self) -> sync_pb2.Batch | None:
+        """The recent decisions again (after a reconnect), in a fresh epoch of the book so
+        that whoever missed the originals can resolve them."""
+        if not self.recent:
+            return None
+        if self.book is not None:
+            self.book.new_epoch()
+        batch = sync_pb2.Batch(origin=self.origin, replay=True, sent_unix_ns=self._clock_ns())
+        batch.decisions.extend(self._encoded(d) for d in self.recent)
+        return batch
+
+    def finished(self, pool: str, request: RouteRequest, worker_id: str, cached_tokens: int, success: bool) -> None:
+        self._wake()
+        self._untrack(request.request_id or id(request))
+        self._finishes.append(sync_pb2.Finish(
+            worker_id=worker_id, model=request.model, pool=pool, cached_tokens=max(0, cached_tokens), success=success,
+        ))
+        self._dirty.add(worker_id)
+
+    def load_changed(self, worker_id: str) -> None:
+        self._wake()
+        self._dirty.add(worker_id)
+
+    def figures(self, worker_id: str) -> Figures:
+        """This process's load on a worker as published: the queued prefill is scaled by the
+        uncached share of its in-flight prompts (what the others' cost formula needs)."""
+        load = self._loads(worker_id)
+        if load is None:
+            return (0, 0, 0)
+        queued = max(0, load.queued_prefill_tokens)
+        s = self._sums.get(worker_id)
+        if queued and s is not None and s[0] > 0:
+            queued = round(queued * (1.0 - s[1] / s[0]))
+        return (max(0, load.in_flight), queued, max(0, load.running_decode_tokens))
+
+    def take(
+        self, *, scan: Iterable[str] | None = None, full: Iterable[str] | None = None, goodbye: bool = False
+    ) -> sync_pb2.Batch | None:
+        """The tick's batch, or None if there is nothing to say. Loads are published when
+        they differ from what was last sent. ``scan``: also look at these workers (a
+        heartbeat; the batch is sent even if empty, to say this process is alive);
+        ``full``: restate every non-zero figure (absent workers mean zero)."""
+        if not self and scan is None and full is None and not goodbye:
+            return None
+        self._seq += 1
+        batch = sync_pb2.Batch(origin=self.origin, seq=self._seq, sent_unix_ns=self._clock_ns(), goodbye=goodbye)
+        batch.decisions.extend(self._decisions)
+        batch.finishes.extend(self._finishes)
+        if full is not None:
+            self._sent = {}
+            for wid in sorted(set(full) | self._dirty):
+                f = self.figures(wid)
+                if any(f):
+                    self._sent[wid] = f
+                    batch.loads.add(worker_id=wid, in_flight=f[0], queued_uncached_prefill_tokens=f[1], running_decode_tokens=f[2])
+            batch.full_loads = True
+        else:
+            ids = self._dirty if scan is None else self._dirty | set(scan)
+            for wid in sorted(ids):
+                f = self.figures(wid)
+                if f == self._sent.get(wid, (0, 0, 0)):
+                    continue
+                if any(f):
+                    self._sent[wid] = f
+                else:
+                    self._sent.pop(wid, None)
+                batch.loads.add(worker_id=wid, in_flight=f[0], queued_uncached_prefill_tokens=f[1], running_decode_tokens=f[2])
+        self._decisions = []
+        self._finishes = []
+        self._dirty = set()
+        return batch

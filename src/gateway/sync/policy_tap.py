@@ -1,0 +1,48 @@
+"""A transparent wrapper that tells the outbox what a pool's policy was told.
+
+The router hands the dispatcher a ``TappedPolicy`` instead of the policy itself when
+sync is on; every hook goes to the real policy first, then the decision or finish
+is queued for the other processes. The policy stays pure and unaware of sync; the
+router keeps the real policy (``isinstance`` checks, the KV-event feeder, inspect).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from gateway.policies.base import Decision, Policy, RouteRequest, WorkerView
+
+
+class DecisionSink(Protocol):
+    def dispatched(self, pool: str, request: RouteRequest, decision: Decision) -> None: ...
+
+    def finished(self, pool: str, request: RouteRequest, worker_id: str, cached_tokens: int, success: bool) -> None: ...
+
+
+class TappedPolicy:
+    __slots__ = ("inner", "name", "needs_loads", "pool", "sink")
+
+    def __init__(self, inner: Policy, pool: str, sink: DecisionSink) -> None:
+        self.inner = inner
+        self.pool = pool
+        self.sink = sink
+        self.name = inner.name
+        self.needs_loads = inner.needs_loads
+
+    def select(self, request: RouteRequest, workers: Sequence[WorkerView]) -> Decision:
+        return self.inner.select(request, workers)
+
+    def on_dispatch(self, request: RouteRequest, decision: Decision) -> None:
+        self.inner.on_dispatch(request, decision)
+        self.sink.dispatched(self.pool, request, decision)
+
+    def on_finish(self, request: RouteRequest, worker_id: str, cached_tokens: int, success: bool) -> None:
+        self.inner.on_finish(request, worker_id, cached_tokens, success)
+        self.sink.finished(self.pool, request, worker_id, cached_tokens, success)
+
+    def on_workers_changed(self, workers: Sequence[WorkerView]) -> None:
+        self.inner.on_workers_changed(workers)
+
+    def __getattr__(self, name: str) -> Any:  # explain(), tree(), stats, close() ...
+        return getattr(self.inner, name)

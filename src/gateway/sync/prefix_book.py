@@ -1,0 +1,97 @@
+"""Prefix references: send a shared prompt prefix over the bus once, then refer to it by hash.
+
+With ``--sync-encoding blocks`` a decision carries the chained xxh3 hash of the
+longest run of leading blocks (``block_tokens`` each) that is already on the bus, plus
+the raw tokens after it. Every process keeps the same book: chain hash -> (parent
+hash, the block's tokens), filled by what it published and what it heard, bounded
+and least-recently-used first out. A receiver rebuilds the full prompt from the book,
+so the tree gets exactly the tokens it would from ``--sync-encoding tokens``; a
+reference it cannot resolve (it joined later than the block was sent, or evicted it)
+is counted and skipped, and the kv events / later decisions correct the tree.
+
+A block counts as "on the bus" only within the current epoch: the epoch moves when a
+new peer appears or the connection comes back, so the next decisions send their
+tokens again for whoever may have missed them.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import xxhash
+
+_xxh3 = xxhash.xxh3_64_intdigest
+DEFAULT_BLOCK_TOKENS = 64
+DEFAULT_MAX_BLOCKS = 1 << 16  # 16 MiB of 64-token blocks
+
+
+class PrefixBook:
+    def __init__(self, block_tokens: int = DEFAULT_BLOCK_TOKENS, max_blocks: int = DEFAULT_MAX_BLOCKS) -> None:
+        self.block_tokens = block_tokens
+        self.max_blocks = max_blocks
+        self._blocks: OrderedDict[int, tuple[int, bytes, int]] = OrderedDict()  # hash -> (parent, tokens, epoch)
+        self.epoch = 0
+        self.unresolved = 0
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def new_epoch(self) -> None:
+        """Someone may have missed earlier blocks: send tokens again until re-announced."""
+        self.epoch += 1
+
+    def _chain(self, wire: bytes, block_tokens: int) -> list[tuple[int, int, bytes]]:
+        step = 4 * block_tokens
+        out: list[tuple[int, int, bytes]] = []
+        h = 0
+        for i in range(len(wire) // step):
+            chunk = wire[i * step : (i + 1) * step]
+            parent, h = h, _xxh3(chunk, h)
+            out.append((h, parent, chunk))
+        return out
+
+    def _learn(self, chain: list[tuple[int, int, bytes]]) -> None:
+        blocks, epoch = self._blocks, self.epoch
+        for h, parent, chunk in chain:
+            blocks[h] = (parent, chunk, epoch)
+            blocks.move_to_end(h)
+        while len(blocks) > self.max_blocks:
+            blocks.popitem(last=False)
+
+    def encode(self, wire: bytes) -> tuple[int, int, bytes]:
+        """(reference hash, blocks it covers, tokens after them) for ``wire`` (little-endian
+        uint32 token bytes); the whole prompt is learned as announced."""
+        chain = self._chain(wire, self.block_tokens)
+        blocks, epoch = self._blocks, self.epoch
+        k = 0
+        for h, _, _ in chain:
+            entry = blocks.get(h)
+            if entry is None or entry[2] != epoch:
+                break
+            k += 1
+        self._learn(chain)
+        if k == 0:
+            return 0, 0, wire
+        return chain[k - 1][0], k, wire[4 * self.block_tokens * k :]
+
+    def decode(self, ref: int, count: int, tail: bytes, block_tokens: int) -> bytes | None:
+        """The full prompt, or None when the reference is not in the book."""
+        if count == 0:
+            full = tail
+        else:
+            parts: list[bytes] = []
+            h = ref
+            blocks = self._blocks
+            for _ in range(count):
+                entry = blocks.get(h)
+                if entry is None:
+                    self.unresolved += 1
+                    return None
+                parts.append(entry[1])
+                h = entry[0]
+            parts.reverse()
+            parts.append(tail)
+            full = b"".join(parts)
+        if block_tokens == self.block_tokens:
+            self._learn(self._chain(full, block_tokens))
+        return full

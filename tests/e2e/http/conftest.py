@@ -1,0 +1,108 @@
+"""An in-process gateway (real uvicorn on loopback) over in-process simulated workers."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import socket
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import uvicorn
+
+from gateway.pipeline.pd import PdWorkerSpec
+from gateway.server.config import GatewayConfig, ServerConfig
+from gateway.server.http.app import create_app
+from gateway.server.http.guard import http_server_config
+from gateway.server.state import GatewayState
+from gateway.sim.config import SimConfig
+from gateway.sim.fleet import SimFleet
+
+ZERO_COST = dict(step_base_s=0.0, prefill_token_s=0.0, decode_seq_s=0.0, time_scale=0.0)
+
+
+@dataclass
+class Stack:
+    fleet: SimFleet
+    state: GatewayState
+    url: str
+    client: openai.AsyncOpenAI
+    http: httpx.AsyncClient
+
+    @property
+    def model(self) -> str:
+        return self.state.catalog.names()[0]
+
+
+@dataclasses.dataclass
+class StackOptions:
+    workers: int = 2
+    sim: dict[str, Any] = dataclasses.field(default_factory=dict)
+    policy: str = "round_robin"
+    server: dict[str, Any] = dataclasses.field(default_factory=dict)
+    retry: dict[str, Any] = dataclasses.field(default_factory=dict)
+    dispatch: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # other GatewayConfig sections by name, e.g. {"admission": {"max_concurrent_requests": 1}}
+    sections: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    roles: list[str] | None = None  # sim role per worker; prefill/decode ones join the PD pools
+    pd: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+async def _serve(state: GatewayState) -> tuple[uvicorn.Server, asyncio.Task[None], str]:
+    app = create_app(state, manage_lifecycle=False)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(http_server_config(app, state.config.http))
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    for _ in range(500):
+        if server.started:
+            break
+        await asyncio.sleep(0.01)
+    return server, task, f"http://127.0.0.1:{port}"
+
+
+async def start_stack(opts: StackOptions, tmp_path: Any) -> AsyncIterator[Stack]:
+    sim = SimConfig(**{**ZERO_COST, **opts.sim})
+    async with SimFleet.start(opts.workers, sim, roles=opts.roles) as fleet:
+        roles = opts.roles or ["regular"] * opts.workers
+        by_role = {r: [u for u, ur in zip(fleet.urls, roles, strict=True) if ur == r] for r in ("regular", "prefill", "decode")}
+        config = GatewayConfig(server=ServerConfig(worker_urls=by_role["regular"], tokenizer_cache_dir=str(tmp_path / "tok"), **opts.server))
+        config.pd.prefill = [PdWorkerSpec(u) for u in by_role["prefill"]]
+        config.pd.decode = [PdWorkerSpec(u) for u in by_role["decode"]]
+        for k, v in opts.pd.items():
+            setattr(config.pd, k, v)
+        config.policy.policy = opts.policy
+        for k, v in opts.retry.items():
+            setattr(config.retry, k, v)
+        for k, v in opts.dispatch.items():
+            setattr(config.dispatch, k, v)
+        for section, values in opts.sections.items():
+            for k, v in values.items():
+                setattr(getattr(config, section), k, v)
+        state = GatewayState(config)
+        await state.start()
+        server, task, url = await _serve(state)
+        key = (opts.server.get("api_keys") or ["none"])[0]
+        client = openai.AsyncOpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=30)
+        http = httpx.AsyncClient(base_url=url, timeout=30)
+        try:
+            yield Stack(fleet, state, url, client, http)
+        finally:
+            await client.close()
+            await http.aclose()
+            server.should_exit = True
+            await task
+            await state.stop()
+
+
+@pytest.fixture
+async def stack(request: pytest.FixtureRequest, tmp_path: Any) -> AsyncIterator[Stack]:
+    marker = request.node.get_closest_marker("stack")
+    opts = StackOptions(**(marker.kwargs if marker else {}))
+    async for s in start_stack(opts, tmp_path):
+        yield s

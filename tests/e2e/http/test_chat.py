@@ -1,0 +1,180 @@
+"""/v1/chat/completions end to end: official openai client -> gateway -> simulated workers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import openai
+import pytest
+
+from tests.e2e.http.conftest import Stack
+
+
+def _reply(text: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": f"please answer <<sim-reply>>{text}<</sim-reply>>"}]
+
+
+async def _stream_text(stack: Stack, **kwargs: object) -> tuple[str, str, list, object]:
+    content, reasoning, calls, usage = [], [], [], None
+    stream = await stack.client.chat.completions.create(model=stack.model, stream=True, **kwargs)  # type: ignore[call-overload]
+    async for chunk in stream:
+        if chunk.usage:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            if choice.delta.content:
+                content.append(choice.delta.content)
+            extra = getattr(choice.delta, "reasoning_content", None)
+            if extra:
+                reasoning.append(extra)
+            if choice.delta.tool_calls:
+                calls.extend(choice.delta.tool_calls)
+    return "".join(content), "".join(reasoning), calls, usage
+
+
+async def test_chat_stream_equals_whole_for_same_seed(stack: Stack) -> None:
+    messages = [{"role": "user", "content": "Tell me something."}]
+    whole = await stack.client.chat.completions.create(
+        model=stack.model, messages=messages, max_tokens=40, seed=3,
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+    )
+    text = whole.choices[0].message.content
+    streamed, _, _, usage = await _stream_text(
+        stack, messages=messages, max_tokens=40, seed=3, stream_options={"include_usage": True},
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+    )
+    assert text and streamed == text
+    assert usage is not None and usage.completion_tokens == whole.usage.completion_tokens
+
+
+async def test_reasoning_split_streaming_and_not(stack: Stack) -> None:
+    messages = _reply("<think>Let me think.</think>The answer is 4.")
+    whole = await stack.client.chat.completions.create(model=stack.model, messages=messages, max_tokens=60)
+    msg = whole.choices[0].message
+    assert msg.content == "The answer is 4."
+    assert getattr(msg, "reasoning_content", None) == "Let me think."
+    assert whole.usage.completion_tokens_details.reasoning_tokens > 0
+    content, reasoning, _, _ = await _stream_text(stack, messages=messages, max_tokens=60)
+    assert content == "The answer is 4."
+    assert reasoning == "Let me think."
+
+
+async def test_tool_call_streaming_and_not(stack: Stack) -> None:
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    messages = _reply(call)
+    kwargs = {"extra_body": {"chat_template_kwargs": {"enable_thinking": False}}}
+    whole = await stack.client.chat.completions.create(model=stack.model, messages=messages, tools=tools, max_tokens=80, **kwargs)
+    choice = whole.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.tool_calls[0].function.name == "get_weather"
+    assert json.loads(choice.message.tool_calls[0].function.arguments) == {"city": "Paris"}
+    _, _, deltas, _ = await _stream_text(stack, messages=messages, tools=tools, max_tokens=80, **kwargs)
+    assert deltas[0].id and deltas[0].function.name == "get_weather"
+    args = "".join(d.function.arguments or "" for d in deltas)
+    assert json.loads(args) == {"city": "Paris"}
+
+
+async def test_stop_string_across_tokens_trims_and_reports(stack: Stack) -> None:
+    messages = _reply("alpha beta gamma delta")
+    kwargs = {"extra_body": {"chat_template_kwargs": {"enable_thinking": False}}}
+    whole = await stack.client.chat.completions.create(model=stack.model, messages=messages, stop=["a gam"], max_tokens=40, **kwargs)
+    assert whole.choices[0].message.content == "alpha bet"
+    assert whole.choices[0].finish_reason == "stop"
+    assert whole.choices[0].model_extra.get("matched_stop") == "a gam"
+    streamed, _, _, _ = await _stream_text(stack, messages=messages, stop=["a gam"], max_tokens=40, **kwargs)
+    assert streamed == "alpha bet"
+
+
+async def test_n_and_logprobs(stack: Stack) -> None:
+    resp = await stack.client.chat.completions.create(
+        model=stack.model, messages=[{"role": "user", "content": "hi"}], n=3, max_tokens=8,
+        logprobs=True, top_logprobs=2, extra_body={"chat_template_kwargs": {"enable_thinking": False}, "ignore_eos": True},
+    )
+    assert [c.index for c in resp.choices] == [0, 1, 2]
+    for c in resp.choices:
+        assert c.logprobs is not None and len(c.logprobs.content) == 8
+        assert all(len(t.top_logprobs) == 2 and t.logprob <= 0 for t in c.logprobs.content)
+    assert resp.usage.completion_tokens == 24
+
+
+@pytest.mark.parametrize(
+    ("body", "status"),
+    [
+        (b"{not json", 400),
+        (b"[]", 400),
+        (json.dumps({"messages": []}).encode(), 400),
+        (json.dumps({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}).encode(), 400),
+        (json.dumps({"messages": [{"role": "user", "content": "x"}], "n": 0}).encode(), 400),
+        (json.dumps({"messages": [{"role": "user", "content": "x"}], "max_tokens": 10**9}).encode(), 400),
+        (json.dumps({"model": "missing", "messages": [{"role": "user", "content": "x"}]}).encode(), 404),
+    ],
+)
+async def test_bad_requests_get_openai_errors(stack: Stack, body: bytes, status: int) -> None:
+    resp = await stack.http.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"})
+    assert resp.status_code == status, resp.text
+    error = resp.json()["error"]
+    assert error["message"] and error["type"]
+    assert (await stack.http.get("/health")).status_code == 200
+
+
+async def test_client_disconnect_during_prefill_aborts_worker(tmp_path) -> None:
+    from tests.e2e.http.conftest import StackOptions, start_stack
+
+    # A slow prefill (100 ms per 1000 tokens of simulated time) so the client leaves before any token.
+    opts = StackOptions(workers=1, sim={"prefill_token_s": 1e-3, "time_scale": 1.0})
+    async for stack in start_stack(opts, tmp_path):
+        worker = stack.fleet.workers[0]
+        task = asyncio.create_task(
+            stack.client.chat.completions.create(
+                model=stack.model, messages=[{"role": "user", "content": "word " * 3000}], max_tokens=50, stream=True
+            )
+        )
+        await asyncio.sleep(0.5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        gw_worker = stack.state.registry.all()[0]
+        for _ in range(50):
+            if gw_worker.load.in_flight == 0 and worker.counters.aborted >= 1:
+                break
+            await asyncio.sleep(0.05)
+        assert gw_worker.load.in_flight == 0
+        assert worker.counters.aborted >= 1
+
+
+async def test_tokenize_roundtrip_models_and_embeddings(stack: Stack) -> None:
+    tok = (await stack.http.post("/v1/tokenize", json={"prompt": "Hello, world"})).json()
+    assert tok["count"] == len(tok["tokens"]) > 0
+    text = (await stack.http.post("/v1/detokenize", json={"tokens": tok["tokens"]})).json()["text"]
+    assert text == "Hello, world"
+    models = await stack.client.models.list()
+    assert [m.id for m in models.data] == [stack.model]
+    emb = await stack.client.embeddings.create(model=stack.model, input=["a b c", "d e"])
+    assert len(emb.data) == 2 and abs(sum(x * x for x in emb.data[0].embedding) - 1) < 1e-3
+
+
+async def test_native_generate(stack: Stack) -> None:
+    resp = (await stack.http.post("/generate", json={"input_ids": [1, 2, 3, 4], "sampling_params": {"max_new_tokens": 5, "ignore_eos": True}})).json()
+    assert len(resp["output_ids"]) == 5
+    assert resp["meta_info"]["finish_reason"]["type"] == "length"
+
+
+async def test_no_worker_is_503(stack: Stack) -> None:
+    for w in stack.state.registry.all():
+        w.healthy = False
+    with pytest.raises(openai.APIStatusError) as info:
+        await stack.client.completions.create(model=stack.model, prompt="x", max_tokens=2)
+    assert info.value.status_code == 503
+
+
+async def test_named_tool_choice_parses_whole_output_as_arguments(stack: Stack) -> None:
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+    resp = await stack.client.chat.completions.create(
+        model=stack.model, messages=_reply('{"city": "Oslo"}'), tools=tools, max_tokens=40,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+    )
+    call = resp.choices[0].message.tool_calls[0]
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Oslo"}

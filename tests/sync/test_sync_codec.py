@@ -1,0 +1,199 @@
+"""The sync layer's encode (outbox) and apply logic, against fakes: no NATS, no servers."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from gateway.policies.base import Decision, RouteRequest, WorkerView
+from gateway.policies.cache_aware import CacheAwarePolicy
+from gateway.proto import sync_pb2
+from gateway.sync.apply import Applier
+from gateway.sync.outbox import Outbox, page_aligned
+from gateway.sync.policy_tap import TappedPolicy
+from gateway.sync.prefix_book import PrefixBook
+from gateway.workers.load import WorkerLoad
+from tests.sync.fakes import WORKERS, FakeRouter, FakeWorkers
+
+
+def _outbox(workers: FakeWorkers, origin: str = "a", clock: list[int] | None = None) -> Outbox:
+    t = clock or [1_000]
+    return Outbox(origin, lambda wid: workers.get(wid).load if workers.get(wid) else None,
+                  lambda wid: workers.get(wid).info.page_size, clock_ns=lambda: t[0])
+
+
+def test_a_remote_decision_enters_the_tree_like_a_local_one() -> None:
+    src, dst = FakeWorkers(), FakeWorkers()
+    local, remote = FakeRouter(), FakeRouter()
+    box = _outbox(src)
+    tap = TappedPolicy(local.p, "regular", box)
+    req = RouteRequest(list(range(100, 164)), model="m", request_id="r1")
+    decision = tap.select(req, [WorkerView(w, w) for w in WORKERS])
+    tap.on_dispatch(req, decision)
+    batch = box.take()
+    assert batch is not None and len(batch.decisions) == 1
+    Applier("b", remote, dst).apply_bytes(batch.SerializeToString())
+    probe = RouteRequest([*list(range(100, 164)), 7, 8], model="m")
+    assert remote.p.tree("m").match_packed(remote.p._packed(probe))[1] == local.p.tree("m").match_packed(local.p._packed(probe))[1]
+    assert remote.p.tree("m").match_packed(remote.p._packed(probe))[1][decision.worker_id] == 64
+
+
+def test_only_whole_pages_are_published() -> None:
+    workers = FakeWorkers(page=16)
+    box = _outbox(workers)
+    box.dispatched("regular", RouteRequest(list(range(40)), model="m"), Decision("w0:1", "no_match"))
+    batch = box.take()
+    assert batch is not None
+    d = batch.decisions[0]
+    assert len(d.tokens) == 4 * 32 and d.prompt_tokens == 40
+    assert page_aligned(b"\0" * 40, 4) == b"\0" * 32
+
+
+def test_one_batch_per_tick_carries_decisions_finishes_and_absolute_loads() -> None:
+    workers = FakeWorkers()
+    woken: list[int] = []
+    box = Outbox("a", lambda wid: workers.get(wid).load, lambda wid: 1, on_pending=lambda: woken.append(1))
+    for i in range(5):
+        workers.w["w0:1"].load.acquire(10, 4)
+        box.dispatched("regular", RouteRequest([i] * 10, model="m"), Decision("w0:1", "no_match"))
+    box.finished("regular", RouteRequest([0] * 10, model="m"), "w0:1", 3, True)
+    assert woken == [1]  # one wake-up for the whole tick
+    batch = box.take()
+    assert batch is not None and len(batch.decisions) == 5 and len(batch.finishes) == 1
+    assert [(lo.worker_id, lo.in_flight, lo.queued_uncached_prefill_tokens) for lo in batch.loads] == [("w0:1", 5, 50)]
+    assert box.take() is None  # nothing new
+
+
+def test_remote_load_is_summed_into_views_and_healed_by_the_next_figures() -> None:
+    src, dst = FakeWorkers(), FakeWorkers()
+    box = _outbox(src)
+    applier = Applier("b", FakeRouter(), dst)
+    guards = [src.w["w1:1"].load.acquire(100, 8) for _ in range(3)]
+    box.load_changed("w1:1")
+    first = box.take()
+    for g in guards[:2]:
+        g.release()
+    box.load_changed("w1:1")
+    second = box.take()
+    assert first is not None and second is not None
+    applier.apply(first)
+    assert dst.w["w1:1"].remote_load.in_flight == 3
+    guards[2].release()
+    box.load_changed("w1:1")
+    third = box.take()  # the second batch is "lost": absolute figures still come out right
+    assert third is not None and [lo.in_flight for lo in third.loads] == [0]
+    applier.apply(third)
+    assert dst.w["w1:1"].remote_load.in_flight == 0
+    assert applier.stats.lost_batches == 1
+
+
+def test_heartbeat_restates_everything_and_silence_or_goodbye_forgets() -> None:
+    src, dst = FakeWorkers(), FakeWorkers()
+    now = [100.0]
+    box = _outbox(src)
+    applier = Applier("b", FakeRouter(), dst, peer_timeout_s=3.0, clock=lambda: now[0])
+    src.w["w0:1"].load.acquire(5, 5)
+    full = box.take(full=WORKERS)
+    assert full is not None and full.full_loads
+    applier.apply(full)
+    assert dst.w["w0:1"].remote_load.in_flight == 1 and len(applier.peers) == 1
+    now[0] += 5
+    assert applier.expire() == ["a"]
+    assert dst.w["w0:1"].remote_load.in_flight == 0
+    applier.apply(full)
+    bye = box.take(goodbye=True)
+    assert bye is not None
+    applier.apply(bye)
+    assert dst.w["w0:1"].remote_load.in_flight == 0 and not applier.peers
+
+
+def test_own_foreign_and_unknown_messages_are_skipped() -> None:
+    workers = FakeWorkers()
+    router = FakeRouter()
+    lags: list[float] = []
+    applier = Applier("a", router, workers, clock_ns=lambda: 3_000_000, on_lag=lags.append)
+    own = sync_pb2.Batch(origin="a", seq=1)
+    own.decisions.add(worker_id="w0:1", model="m", pool="regular", tokens=b"\1\0\0\0")
+    applier.apply(own)
+    applier.apply_bytes(b"\xff\xff not protobuf")
+    other = sync_pb2.Batch(origin="z", seq=1)
+    other.decisions.add(worker_id="gone:1", model="m", pool="regular", tokens=b"\1\0\0\0", decided_unix_ns=1_000_000)
+    other.decisions.add(worker_id="w0:1", model="other-model", pool="regular", tokens=b"\1\0\0\0", decided_unix_ns=1_000_000)
+    applier.apply(other)
+    st = applier.stats
+    assert (st.own, st.bad, st.skipped, st.decisions) == (1, 1, 2, 0)
+    assert lags == [0.002, 0.002]
+    assert router.p.tree("m").worker_tokens("w0:1") == 0
+
+
+def test_published_prefill_is_the_uncached_part_and_heartbeats_send_only_changes() -> None:
+    workers = FakeWorkers()
+    box = _outbox(workers)
+    req = RouteRequest(list(range(100)), model="m", request_id="r")
+    workers.w["w0:1"].load.acquire(100, 10)
+    box.dispatched("regular", req, Decision("w0:1", "cache_hit", predicted_cached_tokens=75))
+    batch = box.take()
+    assert batch is not None and [(lo.in_flight, lo.queued_uncached_prefill_tokens) for lo in batch.loads] == [(1, 25)]
+    beat = box.take(scan=WORKERS)
+    assert beat is not None and not beat.loads  # nothing changed: a bare sign of life
+    workers.w["w0:1"].load = WorkerLoad(in_flight=1, running_decode_tokens=10)  # first token: prefill -> decode
+    beat = box.take(scan=WORKERS)
+    assert beat is not None and [(lo.queued_uncached_prefill_tokens, lo.running_decode_tokens) for lo in beat.loads] == [(0, 10)]
+    box.finished("regular", req, "w0:1", 75, True)
+    workers.w["w0:1"].load = WorkerLoad()
+    done = box.take()
+    assert done is not None and [(lo.worker_id, lo.in_flight) for lo in done.loads] == [("w0:1", 0)]
+
+
+def test_views_add_remote_load_and_the_cost_counts_remote_prefill_once() -> None:
+    from gateway.workers.worker import Worker
+
+    view = Worker.view  # the real view code over a stand-in worker
+    w = SimpleNamespace(
+        id="w0:1", url="grpc://w0:1", role="regular", available=True, load=WorkerLoad(in_flight=1, queued_prefill_tokens=100),
+        remote_load=WorkerLoad(in_flight=2, queued_prefill_tokens=30, running_decode_tokens=8),
+        loads_view=lambda: None, info=SimpleNamespace(kv_capacity_tokens=0, page_size=1), bootstrap_port=None,
+    )
+    v = view(w)  # type: ignore[arg-type]
+    assert (v.in_flight, v.queued_prefill_tokens, v.remote_prefill_tokens, v.running_decode_tokens) == (3, 100, 30, 8)
+    policy = CacheAwarePolicy(eviction_interval_s=0)
+    assert policy._queued_uncached(v) == 130
+
+
+def test_prefix_references_rebuild_the_same_prompt_and_unknown_ones_are_skipped() -> None:
+    def wire(ids: list[int]) -> bytes:
+        return b"".join(i.to_bytes(4, "little") for i in ids)
+
+    a, b = PrefixBook(block_tokens=4), PrefixBook(block_tokens=4)
+    system = list(range(1, 17))  # 4 blocks
+    first, second = wire([*system, 90, 91]), wire([*system, 95, 96, 97, 98, 99])
+    ref, count, tail = a.encode(first)
+    assert count == 0 and tail == first  # nothing on the bus yet: all tokens
+    assert b.decode(ref, count, tail, 4) == first
+    ref, count, tail = a.encode(second)
+    assert count == 4 and tail == wire([95, 96, 97, 98, 99])  # the system prompt by reference
+    assert b.decode(ref, count, tail, 4) == second
+    late = PrefixBook(block_tokens=4)  # joined after the first message
+    assert late.decode(ref, count, tail, 4) is None and late.unresolved == 1
+    a.new_epoch()  # a new peer appeared: send tokens again
+    assert a.encode(second)[1] == 0
+
+
+def test_blocks_encoding_end_to_end_through_outbox_and_applier() -> None:
+    src, dst = FakeWorkers(), FakeWorkers()
+    remote = FakeRouter()
+    book_a, book_b = PrefixBook(block_tokens=16), PrefixBook(block_tokens=16)
+    box = Outbox("a", lambda wid: src.get(wid).load, lambda wid: 1, book=book_a)
+    applier = Applier("b", remote, dst, book=book_b)
+    system = list(range(500, 564))
+    sizes = []
+    for q in range(4):
+        prompt = [*system, *range(1000 * (q + 1), 1000 * (q + 1) + 16)]
+        box.dispatched("regular", RouteRequest(prompt, model="m"), Decision("w1:1", "no_match"))
+        batch = box.take()
+        assert batch is not None
+        sizes.append(len(batch.decisions[0].tokens))
+        applier.apply(batch)
+        tree = remote.p.tree("m")
+        assert tree.match_packed(remote.p._packed(RouteRequest(prompt, model="m")))[1]["w1:1"] == 80
+    assert sizes == [320, 64, 64, 64]  # 80 tokens, then only the 16 new ones
+    assert applier.stats.unresolved == 0 and applier.stats.decisions == 4
