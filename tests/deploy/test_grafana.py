@@ -9,7 +9,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.server.conftest import StackOptions, start_stack
+from tests.e2e.http.conftest import StackOptions, start_stack
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "token-gateway.json"
 SUFFIXES = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_count", "_sum", "_created"),

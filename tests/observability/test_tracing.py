@@ -27,7 +27,7 @@ from gateway.server.state import GatewayState
 from gateway.sim.config import SimConfig
 from gateway.sim.servicer import SimServicer
 from gateway.sim.worker import SimWorker
-from tests.server.conftest import ZERO_COST, _serve
+from tests.e2e.http.conftest import ZERO_COST, _serve
 
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_PARENT = "00f067aa0ba902b7"

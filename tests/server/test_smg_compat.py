@@ -23,7 +23,7 @@ from gateway.server.serve import config_from_args
 from gateway.server.smg_compat import map_value, warn_ignored
 from gateway.sim.config import SimConfig
 from gateway.sim.fleet import SimFleet
-from tests.server.conftest import ZERO_COST
+from tests.e2e.http.conftest import ZERO_COST
 
 W = ["grpc://127.0.0.1:1", "grpc://127.0.0.1:2"]
 

@@ -15,7 +15,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway.server.tls import FrontTlsConfig, TlsConfigError
-from tests.server.certs import make_pki
+from tests.e2e.http.certs import make_pki
 
 
 def test_config_checks(tmp_path: Path) -> None:

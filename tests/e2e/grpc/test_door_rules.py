@@ -19,7 +19,7 @@ from gateway.proto import gateway_pb2_grpc as gpb_grpc
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.proto import sglang_scheduler_pb2_grpc as pb_grpc
 from gateway.server.grpc.server import GATEWAY_SERVICE, SCHEDULER_SERVICE
-from tests.grpc_front.conftest import GrpcStack
+from tests.e2e.grpc.conftest import GrpcStack
 
 A, B, ADMIN = "tenant-a", "tenant-b", "the-admin"
 KEYS = {"server": {"api_keys": [A, B]}, "sections": {

@@ -12,7 +12,7 @@ from typing import Any
 import openai
 import pytest
 
-from tests.server.conftest import Stack
+from tests.e2e.http.conftest import Stack
 
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}},
@@ -166,7 +166,7 @@ def template_file(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 async def test_chat_template_flag_and_template_inputs(tmp_path: Any, template_file: str) -> None:
-    from tests.server.conftest import StackOptions, start_stack
+    from tests.e2e.http.conftest import StackOptions, start_stack
 
     opts = StackOptions(sections={"parsers": {"chat_template": template_file, "reasoning_parser": "none"}})
     async for stack in start_stack(opts, tmp_path):

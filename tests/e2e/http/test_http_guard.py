@@ -10,7 +10,7 @@ import contextlib
 import pytest
 
 from gateway.bench.soak_targets import rss_mb
-from tests.server.conftest import Stack
+from tests.e2e.http.conftest import Stack
 
 KEY = "sk-guard"
 LIMITS = {"max_header_bytes": 8192, "max_headers": 32, "header_timeout_s": 0.5, "body_timeout_s": 0.5}
