@@ -13,9 +13,11 @@ Each request ends ``ok`` (a whole answer / a stream with every event and ``[DONE
 answer within the deadline). For token-gateway the run also reads ``/metrics``:
 streams resumed, retries, and the in-flight gauges at the end (must be 0).
 
-``--soak-seconds N`` instead runs one long mixed load where the sick roles rotate
-every ``--rotate-s``: one worker is SIGKILLed and restarted on its port, one stalls,
-one is flaky, one is healthy.
+``--soak-seconds N`` instead runs one long load where the sick roles rotate every
+``--rotate-s``: one worker is killed (abruptly stopped) and restarted on its port
+half a period later, one stalls, one is flaky, one is healthy. These workers run in
+the driver's process so their faults flip live (the three scenarios use one process
+per worker and a real SIGKILL).
 
     PYTHONPATH=src .venv/bin/python scripts/bench_faults.py --seconds 40
     PYTHONPATH=src .venv/bin/python scripts/bench_faults.py --gateways ours smg
@@ -46,6 +48,7 @@ from gateway.bench.serve_process import ServeProcess
 from gateway.bench.workloads import default_tokenizer_dir
 from gateway.sim.config import SimConfig
 from gateway.sim.fleet import SubprocessFleet
+from gateway.sim.worker import SimWorker
 
 SCENARIOS = ("kill", "stall", "flaky")
 PEERS_PYTHON = str(Path(__file__).resolve().parent.parent / ".peers-venv" / "bin" / "python")
@@ -263,43 +266,107 @@ async def scenario(kind: str, name: str, args: argparse.Namespace) -> Result:
     return result
 
 
-async def soak(args: argparse.Namespace) -> Result:
-    """One worker killed and restarted, one stalling, one flaky; roles rotate."""
-    n = args.workers
-    fleet = Fleet(n)
-    result = Result("ours", f"soak (rotate every {args.rotate_s:g} s)", 0.0)
-    stop: Callable[[], Awaitable[None]] | None = None
-    roles_log: list[str] = []
-    try:
+class LiveFleet:
+    """Workers in this process, so faults flip live; a kill is an abrupt stop (no grace
+    for in-flight streams, as a crash) and a restart is a fresh worker on the same port."""
+
+    def __init__(self) -> None:
+        self.workers: list[SimWorker | None] = []
+        self.ports: list[int] = []
+
+    async def start(self, n: int) -> None:
         for i in range(n):
-            fleet.start_worker(i)
+            w = SimWorker(replace(SIM, seed=i))
+            await w.start("127.0.0.1", 0)
+            self.workers.append(w)
+            self.ports.append(w.port)
+
+    async def kill(self, i: int) -> None:
+        w = self.workers[i]
+        if w is not None:
+            self.workers[i] = None
+            await w.kill()
+
+    async def restart(self, i: int) -> None:
+        w = SimWorker(replace(SIM, seed=i))
+        await w.start("127.0.0.1", self.ports[i])
+        self.workers[i] = w
+
+    def set_faults(self, i: int, kind: str | None) -> None:
+        w = self.workers[i]
+        if w is None:
+            return
+        f = w.faults
+        f.stall_s, f.stall_after_tokens, f.fail_after_tokens, f.fail_share = 0.0, 0, -1, 1.0
+        if kind == "stall":
+            f.stall_s = 30.0
+        elif kind == "flaky":
+            f.fail_after_tokens, f.fail_share = 4, 0.5
+
+    @property
+    def urls(self) -> list[str]:
+        return [f"grpc://127.0.0.1:{p}" for p in self.ports]
+
+    async def stop(self) -> None:
+        for w in self.workers:
+            if w is not None:
+                await w.stop(grace=0.5)
+
+
+async def soak(args: argparse.Namespace) -> Result:
+    """One worker killed and restarted, one stalling, one flaky, one healthy; the roles
+    move one worker along every ``--rotate-s``."""
+    n = args.workers
+    fleet = LiveFleet()
+    result = Result("ours", f"soak (roles rotate every {args.rotate_s:g} s)", 0.0)
+    stop: Callable[[], Awaitable[None]] | None = None
+    pending: set[asyncio.Task[None]] = set()
+    try:
+        await fleet.start(n)
         url, stop = await start_gateway("ours", fleet.urls, args.policy)
-        state = {"round": -1, "dead": -1, "killed_at": 0.0}
+        state = {"round": -1, "dead": -1, "killed_at": 0.0, "rotations": 0}
+
+        async def rotate(rnd: int, elapsed: float) -> None:
+            killed, stalling, flaky = rnd % n, (rnd + 1) % n, (rnd + 2) % n
+            if state["dead"] >= 0:
+                await fleet.restart(int(state["dead"]))
+                state["dead"] = -1
+            for i in range(n):
+                fleet.set_faults(i, "stall" if i == stalling else "flaky" if i == flaky else None)
+            await fleet.kill(killed)
+            state["dead"], state["killed_at"] = killed, elapsed
+            state["rotations"] += 1
+
+        async def revive() -> None:
+            if state["dead"] >= 0:
+                i = int(state["dead"])
+                state["dead"] = -1
+                await fleet.restart(i)
 
         def tick(elapsed: float) -> None:
             rnd = int(elapsed // args.rotate_s)
-            if state["dead"] >= 0 and elapsed - state["killed_at"] >= args.rotate_s / 2:
-                fleet.start_worker(int(state["dead"]))  # back on its port, healthy
-                state["dead"] = -1
-            if rnd == state["round"]:
-                return
-            state["round"] = rnd
-            killed, stalling, flaky = (rnd % n), ((rnd + 1) % n), ((rnd + 2) % n)
-            roles_log.append(f"t={elapsed:.0f}s kill={killed} stall={stalling} flaky={flaky}")
-            for i, faults in ((stalling, FAULT_FLAGS["stall"]), (flaky, FAULT_FLAGS["flaky"]), ((rnd + 3) % n, None)):
-                if fleet.procs[i] is not None:
-                    fleet.kill(i)
-                fleet.start_worker(i, faults)
-            fleet.kill(killed)
-            state["dead"], state["killed_at"] = killed, elapsed
+            job = None
+            if rnd != state["round"]:
+                state["round"] = rnd
+                job = rotate(rnd, elapsed)
+            elif state["dead"] >= 0 and elapsed - state["killed_at"] >= args.rotate_s / 2:
+                job = revive()
+            if job is not None:
+                task = asyncio.ensure_future(job)
+                pending.add(task)
+                task.add_done_callback(pending.discard)
 
         await drive(url, args.soak_seconds, args.clients, args.deadline_s, result, tick)
+        if pending:
+            await asyncio.gather(*pending)
+        for i in range(n):
+            fleet.set_faults(i, None)
         result.counters = await settle(url, "ours")
-        result.counters["rotations"] = len(roles_log)
+        result.counters["rotations"] = state["rotations"]
     finally:
         if stop is not None:
             await stop()
-        fleet.stop()
+        await fleet.stop()
     return result
 
 

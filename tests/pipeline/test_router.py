@@ -122,3 +122,18 @@ async def test_a_worker_whose_page_size_changes_is_logged_and_counted(caplog: py
     f.router.select(route(2))
     assert f.router.cache_param_changes == {"w1:1": 1}
     assert sum("page size" in rec.message for rec in caplog.records) == 1
+
+
+async def test_all_breakers_open_routes_among_the_healthy() -> None:
+    route = RouteRequest(token_ids=[1, 2, 3], model=MODEL, request_id="q1")
+    f = await fleet(FakeTransport("grpc://a:1"), FakeTransport("grpc://b:1"))
+    a, b = f.worker("a:1"), f.worker("b:1")
+    a.breaker.trip("watchdog")
+    assert f.router.select(route).worker is b  # one closed breaker: it alone is chosen
+    b.breaker.trip("watchdog")
+    assert f.router.select(route).worker in (a, b)  # none closed: panic, not a 503
+    a.healthy = False
+    assert f.router.select(route).worker is b  # health still rules out a down worker
+    b.healthy = False
+    with pytest.raises(NoWorkerAvailable):
+        f.router.select(route)

@@ -73,3 +73,36 @@ async def test_cancel_of_the_reader_is_not_a_stall() -> None:
     assert not stream.closed  # the owner (Generation / the door) decides: here it aborts
     await stream.abort("client gone")
     assert stream.lease.outcome is Outcome.OK and f.worker("w1:1").load.in_flight == 0
+
+
+async def test_watchdog_kill_turns_a_first_token_wait_into_a_retry_elsewhere() -> None:
+    import asyncio
+
+    from gateway.pipeline.dispatch import DispatchConfig, open_generate
+    from gateway.pipeline.retry import RetryConfig
+    from gateway.policies.base import RouteRequest
+    from gateway.proto import sglang_scheduler_pb2 as pb
+    from tests.fake_transport import HANG, MODEL, FakeTransport, RecordingObserver, chunk, fleet
+
+    a = FakeTransport("grpc://a:1").script(HANG)
+    b = FakeTransport("grpc://b:1").script(chunk([7]))
+    f = await fleet(a, b)
+    obs = RecordingObserver()
+    task = asyncio.ensure_future(open_generate(
+        f.router, RouteRequest(token_ids=[1, 2, 3], model=MODEL, request_id="q1"),
+        lambda s: pb.GenerateRequest(request_id="q1"), prompt_tokens=3, max_new_tokens=4,
+        retry=RetryConfig(max_attempts=3, backoff_base_s=0.0), config=DispatchConfig(), observer=obs,
+    ))
+    sick = f.worker("a:1")
+    for _ in range(100):
+        if sick.progress.live:
+            break
+        await asyncio.sleep(0)
+    assert sick.progress.live == 1
+    sick.trip("watchdog")
+    assert sick.progress.kill_all() == 1
+    stream = await task
+    assert stream.worker.id == "b:1"
+    assert obs.retries == [("a:1", "WATCHDOG")]
+    assert sick.load.in_flight == 0
+    await stream.abort()

@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from gateway.policies.base import Decision, NoWorkerAvailable, Policy, RouteRequest
+from gateway.policies.base import Decision, NoWorkerAvailable, Policy, RouteRequest, WorkerView
 from gateway.policies.factory import close_policy
 from gateway.policies.quality import DEFAULT_SKETCH_TOKENS, OfferedPrefixes, PoolQuality
 from gateway.sync.policy_tap import DecisionSink, TappedPolicy
@@ -173,7 +173,9 @@ class Router:
             if not views:
                 raise NoWorkerAvailable(f"no {role} worker registered for model {request.model!r}")
             if not any(v.available for v in views):
-                raise NoWorkerAvailable(f"no available {role} worker for model {request.model!r}")
+                views = _panic_views(live, views)
+                if not views:
+                    raise NoWorkerAvailable(f"no available {role} worker for model {request.model!r}")
         for w in live:
             self._check_cache_params(w)
         policy = self.policy(request.model, role)
@@ -189,3 +191,16 @@ class Router:
 
     def exclude(self, request: RouteRequest, worker_id: str) -> RouteRequest:
         return replace(request, exclude=request.exclude | {worker_id})
+
+
+def _panic_views(live: list[Worker], views: list[WorkerView]) -> list[WorkerView]:
+    """Every breaker of the pool is open (no worker is down by its health checks):
+    rather than refuse everyone, route among the healthy ones as if closed, as
+    Envoy's panic threshold does. A breaker protects the pool from one bad worker;
+    with none left it would turn a partial outage into a total one. Retries and
+    resumption still move a failed request on."""
+    by_id = {w.id: w for w in live}
+    return [
+        replace(v, available=True) for v in views
+        if (w := by_id.get(v.worker_id)) is not None and w.healthy and not w.draining
+    ]

@@ -20,6 +20,7 @@ from gateway.pipeline.dispatch import DispatchConfig, flush_aborts
 from gateway.pipeline.engine import EngineConfig
 from gateway.pipeline.limits import LimitsConfig
 from gateway.pipeline.pd import PdConfig, PdFlagError, parse_pool_flags
+from gateway.pipeline.resume import ResumeConfig
 from gateway.pipeline.retry import RetryConfig
 
 # Config dataclasses are imported lazily in add_arguments' callers' process anyway;
@@ -40,6 +41,7 @@ from gateway.workers.discovery.config import DiscoveryConfig
 from gateway.workers.discovery.sources import check_discovery
 from gateway.workers.health import HealthConfig
 from gateway.workers.load_monitor import LoadMonitorConfig
+from gateway.workers.watchdog import WatchdogConfig
 
 log = logging.getLogger("gateway")
 
@@ -65,6 +67,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_options(parser.add_argument_group("tracing (OpenTelemetry, OTLP gRPC)"), TracingConfig)
     add_options(parser.add_argument_group("worker discovery (DNS, Kubernetes)"), DiscoveryConfig)
     add_options(parser.add_argument_group("health checks"), HealthConfig)
+    add_options(parser.add_argument_group("progress watchdog"), WatchdogConfig)
+    add_options(parser.add_argument_group("resuming broken streams"), ResumeConfig)
     add_options(parser.add_argument_group("load polling"), LoadMonitorConfig)
     add_options(parser.add_argument_group("processes"), ProcessConfig)
     add_options(parser.add_argument_group("routing sync (NATS)"), SyncConfig)
@@ -131,6 +135,8 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         limits=from_namespace(LimitsConfig, args),
         security=security,
         health=from_namespace(HealthConfig, args),
+        watchdog=from_namespace(WatchdogConfig, args),
+        resume=from_namespace(ResumeConfig, args),
         load_monitor=from_namespace(LoadMonitorConfig, args),
         processes=from_namespace(ProcessConfig, args),
         sync=from_namespace(SyncConfig, args),

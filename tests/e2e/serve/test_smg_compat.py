@@ -117,6 +117,8 @@ def test_refused_policy_names_our_equivalent(capsys: pytest.CaptureFixture[str])
     (["--max-tree-size", "67108864"], lambda c: c.policy.tree_max_tokens == 67108864),
     (["--cb-failure-threshold", "10"], lambda c: c.health.breaker_failure_threshold == 10),
     (["--cb-timeout-duration-secs", "60"], lambda c: c.health.breaker_cooldown_s == 60.0),
+    (["--cb-success-threshold", "4"], lambda c: c.health.breaker_half_open_probes == 4),
+    (["--cb-window-duration-secs", "20"], lambda c: c.health.breaker_window_s == 20.0),
     (["--retry-initial-backoff-ms", "50", "--retry-max-backoff-ms", "30000"],
      lambda c: (c.retry.backoff_base_s, c.retry.backoff_max_s) == (0.05, 30.0)),
     (["--disable-retries"], lambda c: c.retry.max_attempts == 1),
