@@ -61,8 +61,8 @@ async def test_long_prompt_tokenization_does_not_stall_small_requests(
     gate = _Gate(threshold_chars=stack.state.config.engine.offload_chars * 10)
     if endpoint == "chat":
         monkeypatch.setattr(entry.prompt_cache, "encode", gate.wrap(entry.prompt_cache.encode))
-    else:
-        monkeypatch.setattr(entry.tokenizer, "encode", gate.wrap(entry.tokenizer.encode))
+    else:  # text prompts go through the prefix-reusing prompt encoder (Engine.encode_prompt)
+        monkeypatch.setattr(entry.prompt_cache, "encode_prompt", gate.wrap(entry.prompt_cache.encode_prompt))
     big_text = _long_text(BIG_TOKENS)
 
     async def big() -> Any:
