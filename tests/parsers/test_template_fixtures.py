@@ -1,5 +1,7 @@
 """Parsers against published chat templates kept as fixtures.
 
+Llama 3.1 JSON, Llama 4 pythonic, gpt-oss (Harmony) and Qwen3-Coder.
+
 For models whose chat template no PyPI package ships, the template text is kept
 in ``tests/parsers/fixtures/`` (``fixtures/README.md`` names each file's source
 repository, path and commit). Each test renders a conversation with a tool call
@@ -125,3 +127,15 @@ def test_gpt_oss_template_call_after_analysis_parses_back() -> None:
     reasoning, rest = assert_reasoning_split_invariant(reasoner, text)
     assert reasoning == "Need the forecast."
     assert assert_tool_split_invariant(lambda: get_tool_parser("gpt-oss", tools=TOOLS), rest) == ("", EXPECTED)
+
+
+def test_qwen3_coder_template_call_parses_back() -> None:
+    tpl = _template("qwen3-coder-vllm.jinja")
+    found = detect_parsers(ModelFacts(name="Qwen/Qwen3-Coder-30B-A3B-Instruct", template=tpl.source))
+    assert found.tool == "qwen3_coder", found.why
+    rendered = tpl.render([USER, CALL, RESULT], tools=TOOLS, add_generation_prompt=True)
+    assert "<|im_start|>user\n<tool_response>\nsunny\n</tool_response>\n<|im_end|>\n" in rendered
+    text = _between(rendered, "<|im_start|>assistant\n", "<|im_end|>\n<|im_start|>user\n<tool_response>")
+    assert text == "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>"
+    # days comes back as a number: the value is typed by the tool's schema.
+    assert assert_tool_split_invariant(lambda: get_tool_parser("qwen3_coder", tools=TOOLS), text) == ("", EXPECTED)
