@@ -1,6 +1,6 @@
 """Parsers against published chat templates kept as fixtures.
 
-Llama 3.1 JSON, Llama 4 pythonic, gpt-oss (Harmony) and Qwen3-Coder.
+Llama 3.2 and Llama 3.1 JSON, Llama 4 pythonic, gpt-oss (Harmony) and Qwen3-Coder.
 
 For models whose chat template no PyPI package ships, the template text is kept
 in ``tests/parsers/fixtures/`` (``fixtures/README.md`` names each file's source
@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from gateway.parsers.detect import ModelFacts, detect_parsers
 from gateway.parsers.registry import (
@@ -61,15 +63,24 @@ def _between(text: str, start: str, end: str) -> str:
     return text[text.rindex(start, 0, stop) + len(start) : stop]
 
 
-def test_llama31_json_template_call_parses_back() -> None:
-    tpl = _template("llama3.1-json-vllm.jinja", bos_token="<|begin_of_text|>")
+# Llama 3.2 3B's own template (as llama.cpp keeps it) and vLLM's Llama 3.1 JSON one;
+# the tool result turn each writes.
+LLAMA3_TEMPLATES = {
+    "llama3.2-3b-instruct.jinja": '<|start_header_id|>ipython<|end_header_id|>\n\n"sunny"<|eot_id|>',
+    "llama3.1-json-vllm.jinja": '<|start_header_id|>ipython<|end_header_id|>\n\n{"output": "sunny"}<|eot_id|>',
+}
+
+
+@pytest.mark.parametrize("name", list(LLAMA3_TEMPLATES))
+def test_llama3_json_template_call_parses_back(name: str) -> None:
+    tpl = _template(name, bos_token="<|begin_of_text|>")
     rendered = tpl.render([USER, CALL, RESULT], tools=TOOLS, add_generation_prompt=True)
     # The tool result goes back as an ipython turn, after the call.
-    assert '<|start_header_id|>ipython<|end_header_id|>\n\n{"output": "sunny"}<|eot_id|>' in rendered
+    assert LLAMA3_TEMPLATES[name] in rendered
     text = _between(rendered, "<|start_header_id|>assistant<|end_header_id|>\n\n", "<|eot_id|><|start_header_id|>ipython")
     assert text == '{"name": "get_weather", "parameters": {"city": "Paris", "days": 3}}'
-    # The template has no <|python_tag|>; Llama's config.json model_type decides.
-    found = detect_parsers(ModelFacts(model_type="llama", name="meta-llama/Llama-3.1-8B-Instruct", template=tpl.source))
+    # Neither template has <|python_tag|>; Llama's config.json model_type decides.
+    found = detect_parsers(ModelFacts(model_type="llama", name="meta-llama/Llama-3.2-3B-Instruct", template=tpl.source))
     assert found.tool == "llama3", found.why
     assert assert_tool_split_invariant(lambda: get_tool_parser("llama3", tools=TOOLS), text) == ("", EXPECTED)
 
