@@ -47,6 +47,7 @@ from gateway.pipeline.dispatch import (
     open_on,
     with_retries,
 )
+from gateway.pipeline.merged import MergedStreams
 from gateway.pipeline.observer import NULL_OBSERVER, PipelineObserver
 from gateway.pipeline.retry import RetryConfig
 from gateway.pipeline.router import Router, Selection
@@ -197,7 +198,7 @@ class _Half:
 
 
 # ---------------------------------------------------------------- the stream
-class PdStream:
+class PdStream(MergedStreams):
     """The decode side's stream(s) of one PD request, read like a ``WorkerStream``."""
 
     def __init__(
@@ -209,34 +210,19 @@ class PdStream:
         rooms: list[int],
         attempts: int,
     ) -> None:
+        super().__init__(streams)
         self.selection = decode
         self.worker = decode.worker
         self.prefill_worker = prefill.worker
         self.rooms = rooms
         self.attempts = attempts
-        self._streams = streams
         self.observer = streams[0].observer
         self._halves = halves
-        self._reads: dict[int, asyncio.Task[pb.GenerateResponse | None]] = {}
-        self._live = set(range(len(streams)))
-        self.closed = False
 
     async def read(self) -> pb.GenerateResponse | None:
         """The next decode message (index = sample), or None when every sample ended."""
-        if len(self._streams) == 1:
-            if not self._live:
-                return None
-            msg = await self._streams[0].read()
-            return self._fold(0, msg)
         while self._live:
-            for i in self._live:
-                if i not in self._reads:
-                    self._reads[i] = asyncio.ensure_future(self._streams[i].read())
-            done, _ = await asyncio.wait(self._reads.values(), return_when=asyncio.FIRST_COMPLETED)
-            task = next(iter(done))
-            i = next(k for k, t in self._reads.items() if t is task)
-            del self._reads[i]
-            msg = task.result()  # a worker error propagates; Generation then aborts the rest
+            i, msg = await self._next()  # a worker error propagates; Generation then aborts the rest
             folded = self._fold(i, msg)
             if folded is not None:
                 return folded
@@ -260,41 +246,10 @@ class PdStream:
             if half.input_logprobs is not None and not part.HasField("input_logprobs"):
                 part.input_logprobs.CopyFrom(half.input_logprobs)
         if which == "complete":
-            # One sample per decode request: its complete is its end.
-            self._live.discard(i)
-            self._streams[i].finished()
+            self._part_done(i)  # one sample per decode request: its complete is its end
         return msg
 
-    async def _cancel_reads(self) -> None:
-        reads = list(self._reads.values())
-        self._reads.clear()
-        for task in reads:
-            task.cancel()
-        for task in reads:
-            with contextlib.suppress(BaseException):
-                await task
 
-    def finished(self) -> None:
-        """Every sample completed: free whatever is still held, without an Abort."""
-        for task in self._reads.values():
-            task.cancel()
-        self._reads.clear()
-        for s in self._streams:
-            s.finished()
-        self.closed = True
-
-    async def abort(self, reason: str = "client gone") -> None:
-        """Stop every decode request of this PD request now (prefill halves are already done)."""
-        await self._cancel_reads()
-        for s in self._streams:
-            await s.abort(reason)
-        self.closed = True
-
-    async def aclose(self) -> None:
-        await self.abort("finished by gateway")
-
-
-# ---------------------------------------------------------------- the opener
 class PdOpener:
     """Opens PD requests: select a pair, send both halves of each sample, wait for both."""
 

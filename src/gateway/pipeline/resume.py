@@ -16,11 +16,11 @@ ends with a clean error instead; see docs/reliability.md for why.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from gateway.pipeline.dispatch import TokenStream
+from gateway.pipeline.merged import MergedStreams
 from gateway.pipeline.observer import PipelineObserver
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.protocol.errors import (
@@ -81,16 +81,13 @@ def continuation_request(
     return req
 
 
-class Multiplex:
+class Multiplex(MergedStreams):
     """Several one-sample continuation streams read as one stream of ``n`` samples:
     each message's index is rewritten to the sample it continues."""
 
     def __init__(self, streams: Sequence[TokenStream], indices: Sequence[int]) -> None:
-        self._streams = list(streams)
+        super().__init__(streams)
         self._indices = list(indices)
-        self._live = set(range(len(self._streams)))
-        self._reads: dict[int, asyncio.Future[pb.GenerateResponse | None]] = {}
-        self.closed = False
 
     @property
     def worker(self) -> Worker:
@@ -102,18 +99,7 @@ class Multiplex:
 
     async def read(self) -> pb.GenerateResponse | None:
         while self._live:
-            if len(self._live) == 1 and not self._reads:
-                i = next(iter(self._live))
-                msg = await self._streams[i].read()
-            else:
-                for k in self._live:
-                    if k not in self._reads:
-                        self._reads[k] = asyncio.ensure_future(self._streams[k].read())
-                done, _ = await asyncio.wait(self._reads.values(), return_when=asyncio.FIRST_COMPLETED)
-                task = next(iter(done))
-                i = next(k for k, t in self._reads.items() if t is task)
-                del self._reads[i]
-                msg = task.result()  # a worker error propagates; Generation resumes again
+            i, msg = await self._next()  # a worker error propagates; Generation resumes again
             if msg is None:
                 self._live.discard(i)
                 raise WorkerError(f"worker {self._streams[i].worker.id} ended a resumed sample early")
@@ -122,36 +108,9 @@ class Multiplex:
                 msg.chunk.index = self._indices[i]
             elif which == "complete":
                 msg.complete.index = self._indices[i]
-                self._live.discard(i)
-                self._streams[i].finished()
+                self._part_done(i)
             return msg
         return None
-
-    async def _cancel_reads(self) -> None:
-        reads = list(self._reads.values())
-        self._reads.clear()
-        for task in reads:
-            task.cancel()
-        for task in reads:
-            with contextlib.suppress(BaseException):
-                await task
-
-    def finished(self) -> None:
-        for task in self._reads.values():
-            task.cancel()
-        self._reads.clear()
-        for s in self._streams:
-            s.finished()
-        self.closed = True
-
-    async def abort(self, reason: str = "client gone") -> None:
-        await self._cancel_reads()
-        for s in self._streams:
-            await s.abort(reason)
-        self.closed = True
-
-    async def aclose(self) -> None:
-        await self.abort("finished by gateway")
 
 
 # Opens one continuation (the engine's open path) avoiding the given workers.
