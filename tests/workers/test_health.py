@@ -53,3 +53,27 @@ async def test_draining_workers_are_not_probed() -> None:
     w = f.worker("w:1")
     w.draining = True
     assert not HealthMonitor(f.registry, CONFIG).due(w, time.monotonic() + 1000)
+
+
+async def test_a_probe_that_times_out_while_the_streams_progress_is_not_a_failure() -> None:
+    """Under a burst a real worker's probe (a generation) waits behind the queue; the
+    tokens its streams keep delivering prove it alive, so the timeout is not counted."""
+    t = FakeTransport("grpc://w:1")
+    f = await fleet(t)
+    w = f.worker("w:1")
+    monitor = HealthMonitor(f.registry, CONFIG)
+    t.healthy = rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED)
+    real = t.health_check
+
+    async def slow_probe(*, timeout: float = 5.0):  # type: ignore[no-untyped-def]
+        w.progress.message(time.monotonic())  # a stream message lands while the probe waits
+        return await real(timeout=timeout)
+
+    t.health_check = slow_probe  # type: ignore[method-assign]
+    for _ in range(CONFIG.health_failure_threshold + 1):
+        assert not await monitor.probe(w)
+    assert w.healthy and w.failures == 0
+    t.health_check = real  # type: ignore[method-assign]
+    for _ in range(CONFIG.health_failure_threshold):  # silent and failing: counted as before
+        await monitor.probe(w)
+    assert not w.healthy

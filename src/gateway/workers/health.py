@@ -82,7 +82,7 @@ class HealthMonitor(Periodic):
     async def probe(self, worker: Worker) -> bool:
         """One probe; updates the worker's health and returns whether it answered healthy."""
         cfg = self.config
-        worker.last_probe_at = time.monotonic()
+        started = worker.last_probe_at = time.monotonic()
         worker.suspect = False
         self.probes += 1
         try:
@@ -104,6 +104,10 @@ class HealthMonitor(Periodic):
                 # The probes proved it back; its breaker's record is from before the outage.
                 worker.breaker.reset()
                 log.info("worker %s is healthy again; back in rotation", worker.id)
+        elif worker.progress.last_message_at >= started:
+            # Its streams kept delivering while the probe waited: a busy worker (a real
+            # worker's probe is a generation queued behind the burst), not a dead one.
+            log.debug("worker %s: probe failed (%s) while its streams progressed; not counted", worker.id, reason)
         else:
             worker.successes = 0
             worker.failures += 1

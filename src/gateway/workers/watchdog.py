@@ -70,6 +70,7 @@ class ProgressTracker:
 
     config: WatchdogConfig = field(default_factory=WatchdogConfig)
     last_progress_at: float = 0.0
+    last_message_at: float = 0.0  # the worker's own last message (``last_progress_at`` also restarts on a send)
     step_s: float | None = None  # learned gap between consecutive messages while busy
     prefill_tps: float | None = None  # learned prefill rate, tokens/s
     stalls: int = 0  # verdicts "stalled" acted on
@@ -88,6 +89,7 @@ class ProgressTracker:
             a = self.config.watchdog_learn_alpha
             self.step_s = gap if self.step_s is None else (1 - a) * self.step_s + a * gap
         self.last_progress_at = now
+        self.last_message_at = now
 
     def first_message(self, uncached_tokens: int, waited_s: float) -> None:
         """A request's first message arrived ``waited_s`` after it was sent, having had
