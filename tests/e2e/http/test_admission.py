@@ -141,7 +141,9 @@ async def test_http_429_with_retry_after_when_queue_full(stack: Stack) -> None:
 
 
 @pytest.mark.stack(
-    workers=1, sim=SLOW,
+    # The first request holds the one slot well past the second's queue timeout (a 0.6 s
+    # stall left a race between the first finishing and the second timing out).
+    workers=1, sim={"fault_stall_s": 2.0},
     sections={"admission": {"max_concurrent_requests": 1, "max_queued_requests": 4, "queue_timeout_s": 0.4}},
 )
 async def test_http_408_on_queue_timeout(stack: Stack) -> None:
