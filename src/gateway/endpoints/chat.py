@@ -189,7 +189,7 @@ async def start_chat_stream(
 
 
 def _fragments(calls: list[ToolCallDelta]) -> list[ToolCallFragment]:
-    return [ToolCallFragment(c.index, c.arguments, c.id, c.name) for c in calls]
+    return list(calls)  # a parser's delta is the stream's fragment: no copy per delta
 
 
 async def _chunks(

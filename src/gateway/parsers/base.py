@@ -15,6 +15,7 @@ from typing import Any
 
 from gateway.protocol.responses import DeltaFunctionCall, DeltaToolCall, FunctionCall
 from gateway.protocol.responses import ToolCall as ProtocolToolCall
+from gateway.protocol.stream import ToolCallFragment
 
 
 def new_tool_call_id() -> str:
@@ -49,7 +50,7 @@ class ToolCall:
 
 
 @dataclass(slots=True)
-class ToolCallDelta:
+class ToolCallDelta(ToolCallFragment):
     """One streamed fragment of tool call ``index``.
 
     The first fragment of a call carries ``id``, ``name`` (and ``type`` in the
@@ -57,22 +58,9 @@ class ToolCallDelta:
     only ``index`` and the next piece of ``arguments``.
     """
 
-    index: int
-    arguments: str = ""
-    id: str | None = None
-    name: str | None = None
-
     def to_openai(self) -> dict[str, Any]:
         """The ``choices[].delta.tool_calls[]`` entry of a chat.completion.chunk."""
-        out: dict[str, Any] = {"index": self.index}
-        if self.id is not None:
-            out["id"] = self.id
-            out["type"] = "function"
-        if self.name is not None:
-            out["function"] = {"name": self.name, "arguments": self.arguments}
-        else:
-            out["function"] = {"arguments": self.arguments}
-        return out
+        return self.to_dict()
 
     def to_protocol(self) -> DeltaToolCall:
         return DeltaToolCall(
