@@ -431,6 +431,7 @@ class SimWorker:
             queued_prefill_tokens=self.queued_prompt,
             running_decode_tokens=self.finish_sum - len(self.running) * self.step_no,
             loads=loads, kv_capacity_tokens=self.capacity_tokens, page_size=self.page,
+            max_running_requests=self.timing.max_running,
         )
 
     def plan_step(self) -> float:
@@ -594,6 +595,7 @@ class SimResult:
     predicted_hit: float
     held: int = 0  # requests the prefill gate held
     misses: MissLedger | None = None
+    ttft_of: dict[int, float] = field(default_factory=dict)
     timed_out: int = 0  # ... released by the timeout
     hold_mean_ms: float = 0.0
 
@@ -651,6 +653,7 @@ def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int,
     gate = SimGate(gate_config) if gate_config is not None and gate_config.prefill_gate else None
     trackers = {w.wid: ProgressTracker() for w in workers}  # learned prefill rates, as the gateway's
     jobs_held: dict[int, Job] = {}
+    ttft_of: dict[int, float] = {}  # request -> its TTFT (the ones counted in ``ttft``)
 
     continuing = set(wl.follows.values())
     fresh = [i for i in range(len(wl.prompts)) if i not in continuing]  # first turns (all, without turns)
@@ -759,6 +762,7 @@ def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int,
                     release(now, waiter, False)
             if burst or job.rid >= concurrency:
                 ttft.append(now - job.arrival)
+                ttft_of[job.rid] = now - job.arrival
             cached_total += job.cached
             prompt_total += len(job.tokens)
         for job in done:
@@ -785,6 +789,7 @@ def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int,
         predicted_hit=predicted_total / prompt_total,
     )
     result.misses = ledger
+    result.ttft_of = ttft_of
     if gate is not None:
         result.held, result.timed_out = gate.held, gate.timed_out
         result.hold_mean_ms = gate.hold_s / gate.held * 1000 if gate.held else 0.0
