@@ -553,32 +553,54 @@ def gsp_workload(groups: int, per_group: int, system: int, question: int, output
 
 
 def chat_workload(conversations: int, turns: int, system: int, user: int, reply: int, seed: int,
-                  page: int) -> Workload:
+                  page: int, roundtrip: bool = False) -> Workload:
     """C conversations x T turns (``bench matrix --workloads chat`` in token ids): turn t's
     prompt is the system prompt, the earlier turns' user messages and replies, and a new
     user message; it is sent when turn t-1 finished. The worker caches each turn's prompt
     plus reply (``Workload.after``), so the next turn can hit all of it. The ideal is
-    ``gateway.bench.workloads.ideal_hit_rate`` with those afters, in whole pages."""
+    ``gateway.bench.workloads.ideal_hit_rate`` with those afters, in whole pages.
+
+    ``roundtrip``: as end to end, where the client resends the reply as *text*: the reply
+    is drawn like the simulated worker's output (``gateway.sim.vocab``, ASCII tokens) and
+    the next turn carries ``encode(decode(reply))``, which for random tokens differs from
+    the generated ids after a few tokens (BPE merges across token boundaries); the worker
+    still caches the generated ids. The ideal then counts what a worker can hit."""
     from gateway.bench.workloads import ideal_hit_rate
 
     rng = random.Random(seed)
+    vocab = None
+    if roundtrip:
+        from gateway.sim.vocab import load_vocab
+
+        vocab = load_vocab()
     prompts: list[list[int]] = []
     after: list[list[int]] = []
+    text_after: list[list[int]] = []  # prompt + the reply as the next turn resends it
     follows: dict[int, int] = {}
     for _ in range(conversations):
         history = rand_tokens(rng, system)
         prev = -1
         for _ in range(turns):
             prompt = history + rand_tokens(rng, user)
-            history = prompt + rand_tokens(rng, reply)
+            if vocab is not None:
+                generated = [rng.choice(vocab.output_ids) for _ in range(reply)]
+                history = prompt + vocab.encode(vocab.decode(generated))
+                after.append(prompt + generated)
+                text_after.append(history)
+            else:
+                history = prompt + rand_tokens(rng, reply)
+                after.append(history)
             prompts.append(prompt)
-            after.append(history)
             if prev >= 0:
                 follows[prev] = len(prompts) - 1
             prev = len(prompts) - 1
     order = sorted(range(len(prompts)), key=lambda i: (i % turns, i))  # turn-major, as they are sent
     ideal = ideal_hit_rate([prompts[i] for i in order], page, cached_after=[after[i] for i in order])
     name = f"chat C={conversations} T={turns} system={system} user={user} reply={reply}"
+    if roundtrip:
+        text_ideal = ideal_hit_rate([prompts[i] for i in order], page,
+                                    cached_after=[text_after[i] for i in order])
+        name += f", replies resent as text (ideal if the resent reply were cached: {text_ideal:.1%})"
     return Workload(name, prompts, reply, ideal, follows, after)
 
 
@@ -835,7 +857,10 @@ def sim_rows(variants: list[tuple[str, dict[str, object], float]], wl: Workload,
     rows = []
     pages_cache: dict[int, list[int]] = {}
     for label, overrides, poll in selected(variants, args):
-        for gate in gate_settings(args):
+        gates = gate_settings(args)
+        if overrides["policy"] not in ("cache_aware", "oracle"):
+            gates = gates[:1]  # predicts no cached tokens: the gate never holds anything
+        for gate in gates:
             overrides = {"eviction_interval_s": 0.0, **overrides}
             policy = None if overrides["policy"] == "oracle" else make_policy(PolicyConfig(), **overrides)
             r, used, _ = simulate(policy, wl, args.workers, args.capacity, args.page, args.concurrency, timing, poll,
@@ -866,7 +891,7 @@ def workloads(args: argparse.Namespace) -> list[Workload]:
         out.append(gsp_workload(**base, zipf=args.zipf))  # type: ignore[arg-type]
     if "chat" in args.workload:
         out.append(chat_workload(args.conversations, args.turns, args.chat_system, args.user, args.reply,
-                                 args.seed, args.page))
+                                 args.seed, args.page, args.reply_roundtrip))
     return out
 
 
@@ -945,6 +970,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chat-system", type=int, default=256, help="sim chat: system prompt tokens")
     parser.add_argument("--user", type=int, default=64, help="sim chat: user message tokens")
     parser.add_argument("--reply", type=int, default=64, help="sim chat: reply tokens")
+    parser.add_argument("--reply-roundtrip", action="store_true",
+                        help="sim chat: the next turn resends the reply as text re-tokenized (as end to end)")
     parser.add_argument("--zipf", type=float, default=1.1, help="sim: add a Zipf-skewed gsp (0: leave it out)")
     parser.add_argument("--ramp-s", type=float, default=0.0,
                         help="sim: the first --concurrency requests arrive evenly over this many seconds (0: at once)")
