@@ -406,6 +406,8 @@ def test_a_hot_prefix_overflows_its_holders_only_when_all_their_running_slots_ar
         ws = with_load(ws, h, in_flight=16, running_decode_tokens=16 * 128)
     d = p.select(req(system + tokens(64, 2)), ws)
     assert d.reason == "hot_prefix_overflow" and d.worker_id not in holders, d
+    burst = [replace(w, in_flight=max(w.in_flight, 40)) for w in ws]  # every worker full: stay on the holders
+    assert p.select(req(system + tokens(64, 4)), burst).reason == "hot_prefix"
     ws = with_load(ws, "w1", in_flight=15)  # one holder has a free slot: stay on the holders
     d = p.select(req(system + tokens(64, 3)), ws)
     assert d.reason == "hot_prefix" and d.worker_id == "w1", d

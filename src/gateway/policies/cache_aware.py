@@ -321,10 +321,15 @@ class CacheAwarePolicy(BasePolicy):
                 return None
             held = {w.worker_id for w in holders}
             return [w for w in usable if w.worker_id not in held], HOT_NEW_REASON
-        if self.cost.slot_step_tokens and all(0 < w.max_running_requests <= w.in_flight for w in holders):
-            # Every holder's running slots are taken: the request would queue for a slot
-            # behind the prefix's own traffic. Let the whole pool's cost (slot wait
-            # included) decide; a non-holder that wins joins the set (``on_dispatch``).
+        if (
+            self.cost.slot_step_tokens
+            and all(0 < w.max_running_requests <= w.in_flight for w in holders)
+            and any(w.in_flight < w.max_running_requests for w in usable)
+        ):
+            # Every holder's running slots are taken while another worker has a free one:
+            # the request would queue for a slot behind the prefix's own traffic. Let the
+            # whole pool's cost (slot wait included) decide; a non-holder that wins joins
+            # the set (``on_dispatch``). In a burst every worker is full: no overflow.
             return usable, HOT_OVERFLOW_REASON
         return holders, HOT_REASON
 
