@@ -758,13 +758,15 @@ def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int,
     else:
         for _ in range(concurrency):
             submit(0.0)
-    now = 0.0
+    now = last = 0.0  # ``last``: the last event that did work (the makespan)
     while events:
         now, _, wi = heapq.heappop(events)
+        if wi >= -1 or ((held := jobs_held.get(-2 - wi)) is not None and held.held_at >= 0):
+            last = now
         if wi == -1:  # an arrival of the opening ramp
             submit(now)
             continue
-        if wi < -1:  # a held request's timeout
+        if wi < -1:  # a held request's timeout (stale ones, long released, do not move the clock)
             rid = -2 - wi
             held = jobs_held.get(rid)
             if held is not None and held.held_at >= 0:
@@ -801,13 +803,13 @@ def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int,
     busy = [w.busy_s for w in workers]
     result = SimResult(
         hit_rate=cached_total / prompt_total,
-        throughput_tok_s=finished * wl.output / now,
+        throughput_tok_s=finished * wl.output / last,
         ttft_p50_ms=pct(ttft, 0.5) * 1000,
         ttft_p99_ms=pct(ttft, 0.99) * 1000,
         served_max_over_mean=max(served) / statistics.mean(served),
         busy_max_over_mean=max(busy) / statistics.mean(busy),
         decide_us=statistics.mean(decide),
-        makespan_s=now,
+        makespan_s=last,
         predicted_hit=predicted_total / prompt_total,
     )
     result.misses = ledger

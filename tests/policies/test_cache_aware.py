@@ -382,7 +382,7 @@ def test_short_shared_prefixes_are_not_replicated() -> None:
 
 def _hot_setup() -> tuple[CacheAwarePolicy, list[int], list[str]]:
     """A policy whose tree holds one system prompt on w0-w2, which carries 40% of the traffic."""
-    p = policy()
+    p = policy(cost=CostKnobs(slot_step_tokens=256))
     ws = views(8, kv_capacity_tokens=1 << 20, page_size=16)
     p.on_workers_changed(ws)
     system = tokens(1024, 91)
@@ -414,6 +414,7 @@ def test_a_hot_prefix_overflows_its_holders_only_when_all_their_running_slots_ar
 
 
 def test_without_a_known_slot_cap_or_with_the_term_off_hot_prefixes_stay_on_their_holders() -> None:
+    assert CostKnobs().slot_step_tokens == 0  # off by default
     p, system, holders = _hot_setup()
     ws = views(8, kv_capacity_tokens=1 << 20, page_size=16, in_flight=4)  # max_running_requests unknown
     for h in holders:
@@ -434,7 +435,7 @@ def test_without_a_known_slot_cap_or_with_the_term_off_hot_prefixes_stay_on_thei
 
 
 def test_the_slot_wait_counts_only_for_a_worker_whose_slots_are_all_taken() -> None:
-    p = policy()
+    p = policy(cost=CostKnobs(slot_step_tokens=256))
     ws = views(2, kv_capacity_tokens=1 << 20, page_size=16, max_running_requests=16)
     system = tokens(1024, 5)
     p.on_workers_changed(ws)
