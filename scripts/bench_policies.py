@@ -42,7 +42,7 @@ from gateway.pipeline.prefill_gate import PrefillGateConfig, hold_timeout_s
 from gateway.policies import PolicyConfig, close_policy, make_policy
 from gateway.policies.base import LoadSnapshot, Policy, RouteRequest, WorkerView
 from gateway.policies.cache_aware import CacheAwarePolicy
-from gateway.policies.prefill_gate import PrefillGate
+from gateway.policies.prefill_gate import PrefillGate, slot_free
 from gateway.policies.radix_tree import RadixTree
 from gateway.workers.watchdog import ProgressTracker
 
@@ -655,8 +655,12 @@ def oracle_for(workers: list[SimWorker], page: int) -> Policy:
 def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int, page: int, concurrency: int,
              timing: Timing, poll_interval_s: float, pages_cache: dict[int, list[int]],
              reserve_running: bool = False, ramp_s: float = 0.0,
-             gate_config: PrefillGateConfig | None = None) -> tuple[SimResult, Policy, list[float]]:
-    """Replay ``wl``; the first ``concurrency`` requests arrive evenly over ``ramp_s`` (0: at once)."""
+             gate_config: PrefillGateConfig | None = None,
+             cache_output: bool = False) -> tuple[SimResult, Policy, list[float]]:
+    """Replay ``wl``; the first ``concurrency`` requests arrive evenly over ``ramp_s`` (0: at once).
+
+    ``cache_output``: a finished request leaves its prompt and its (unique) output cached,
+    as SGLang and ``gateway.sim`` do; multi-turn workloads always do (``Workload.after``)."""
     ledger = MissLedger(page)
     workers = [SimWorker(f"w{i}", capacity, page, timing, poll_interval_s, reserve_running, ledger=ledger)
                for i in range(n_workers)]
@@ -698,6 +702,8 @@ def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int,
                 after = pages_cache.get(-1 - i)  # type: ignore[assignment]
                 if after is None:
                     after = pages_cache[-1 - i] = page_hashes(wl.after[i], page)
+            elif cache_output:  # the output is unique to the request: pages nobody else has
+                after = pages + [xxhash.xxh3_64_intdigest(b"out%d:%d" % (i, k)) for k in range(wl.output // page)]
             job = Job(i, toks, pages, wl.output, RouteRequest(toks, request_id=str(i), max_new_tokens=wl.output), now,
                       after_pages=after)
         toks = job.tokens
@@ -714,7 +720,9 @@ def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int,
             packed_fn = getattr(policy, "packed", None)
             job.packed = packed_fn(job.request) if packed_fn is not None else b""
             job.predicted = d.predicted_cached_tokens
-            if job.packed:
+            ahead = len(w.waiting) + len(w.running) + w.held
+            if job.packed and (not gate.config.prefill_gate_free_slot_only
+                               or slot_free(ahead, w.timing.max_running)):
                 found = gate.rule.blocker(d.worker_id, job.packed, d.predicted_cached_tokens,
                                           min_gain_tokens=gate.config.prefill_gate_min_tokens, page=page)
                 if found is not None:  # the prefill gate: counted on w, sent at that request's first token
@@ -866,7 +874,7 @@ def sim_rows(variants: list[tuple[str, dict[str, object], float]], wl: Workload,
             overrides = {"eviction_interval_s": 0.0, **overrides}
             policy = None if overrides["policy"] == "oracle" else make_policy(PolicyConfig(), **overrides)
             r, used, _ = simulate(policy, wl, args.workers, args.capacity, args.page, args.concurrency, timing, poll,
-                                  pages_cache, args.reserve_running, args.ramp_s, gate)
+                                  pages_cache, args.reserve_running, args.ramp_s, gate, args.cache_output)
             close_policy(used)
             predicted = f"{r.predicted_hit:.1%}" if r.predicted_hit else "-"
             held = f"{r.held} ({r.timed_out}), {r.hold_mean_ms:.0f} ms" if gate is not None else "off"
@@ -981,6 +989,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step-base-s", type=float, default=None, help="sim: fixed cost of a step")
     parser.add_argument("--prefill-token-s", type=float, default=None, help="sim: cost per uncached prompt token")
     parser.add_argument("--decode-seq-s", type=float, default=None, help="sim: cost per running sequence per step")
+    parser.add_argument("--cache-output", action="store_true",
+                        help="sim: finished requests leave prompt + output cached (SGLang, gateway.sim): "
+                        "unique output pages add cache pressure")
     parser.add_argument("--prefill-gate", choices=["off", "on", "both"], default="both",
                         help="sim: run each policy without and/or with the gateway's prefill gate")
     parser.add_argument("--gate-min-tokens", type=int, default=PrefillGateConfig().prefill_gate_min_tokens,

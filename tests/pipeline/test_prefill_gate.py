@@ -229,3 +229,20 @@ async def test_pd_prefill_halves_are_gated_and_released_by_the_first_prefill() -
     await a.aclose()
     await b.aclose()
     assert all(w.load.in_flight == 0 for w in f.registry.all())
+
+
+async def test_no_hold_once_the_workers_running_slots_are_spoken_for() -> None:
+    import dataclasses
+
+    t = FakeTransport("grpc://w1:1").script(Later(0.05, chunk([1])), HANG).script(chunk([2]), HANG).script(chunk([3]), HANG)
+    f = await fleet(t, policy="cache_aware")
+    w = f.worker("w1:1")
+    w.info = dataclasses.replace(w.info, max_running_requests=2)
+    first = await start(f, route(1))
+    held = await start(f, route(2))  # one slot left after the blocker: held, it would be batched with it
+    third = await start(f, route(3))  # blocker + held take both slots: sent, it queues behind them
+    assert stats(f).held == 1 and len(t.requests) == 2
+    for task in (first, held, third):
+        stream = await task
+        await stream.aclose()
+    assert w.load.in_flight == 0

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.policies.prefill_gate import PrefillGate, shared_tokens
+from gateway.policies.prefill_gate import PrefillGate, shared_tokens, slot_free
 from gateway.policies.radix_tree import pack
 
 SYSTEM = list(range(1000, 1000 + 1024))
@@ -64,3 +64,9 @@ def test_the_blocker_with_the_largest_gain_is_chosen() -> None:
     assert found is not None and found[0].key == 2 and found[1] == 1536
     gate.add(2, "w1", prompt(2, system=long_system), cached=0)  # re-adding a key replaces it
     assert len(gate) == 2
+
+
+def test_a_hold_needs_a_free_running_slot_when_the_worker_reports_its_cap() -> None:
+    assert slot_free(0, 16) and slot_free(15, 16)
+    assert not slot_free(16, 16) and not slot_free(40, 16)
+    assert slot_free(500, 0)  # cap unknown: no limit

@@ -23,7 +23,12 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from gateway.policies.base import Decision
-from gateway.policies.prefill_gate import DEFAULT_MIN_GAIN_TOKENS, PrefillGate, Prefilling
+from gateway.policies.prefill_gate import (
+    DEFAULT_MIN_GAIN_TOKENS,
+    PrefillGate,
+    Prefilling,
+    slot_free,
+)
 from gateway.settings import option
 from gateway.workers.worker import Worker
 
@@ -47,6 +52,7 @@ class Selection(Protocol):
 @dataclass
 class PrefillGateConfig:
     prefill_gate: bool = option(True, "hold a request while a request sharing its prefix is still in prefill on the chosen worker (dispatched, no first token yet), then route it again: the prefix is computed once, not once per request admitted into the same batch")
+    prefill_gate_free_slot_only: bool = option(True, "prefill gate: hold only while the worker has a free running slot (requests sent < its max_running_requests, when it reports one): then the blocker is being prefilled now and the hold is short; behind a full worker a hold would cost the request its place in the queue")
     prefill_gate_min_tokens: int = option(DEFAULT_MIN_GAIN_TOKENS, "prefill gate: hold only when the wait would make at least this many more prompt tokens cached (whole pages)")
     prefill_gate_factor: float = option(2.0, "prefill gate: hold at most this multiple of the expected prefill time of the worker's queue (queued prompt tokens / its learned prefill rate)")
     prefill_gate_min_s: float = option(0.5, "prefill gate: the shortest hold allowed, seconds (the learned rate may still be noise)")
@@ -100,6 +106,7 @@ class PrefillHolds:
         self.rule = PrefillGate()
         self._events: dict[int, asyncio.Event] = {}
         self._keys = itertools.count(1)
+        self._held: dict[str, int] = {}  # worker -> requests held for it now
         self.stats: dict[tuple[str, str], GateStats] = {}
 
     def dispatched(self, selection: Selection) -> int:
@@ -129,6 +136,12 @@ class PrefillHolds:
         decision = selection.decision
         if not config.prefill_gate or not selection.prompt or selection.role == "decode":
             return None
+        worker = selection.worker
+        # in_flight counts this request's own lease (minus one) and the ones held for this
+        # worker: they all take a slot the moment their blockers are prefilled
+        ahead = worker.load.in_flight - 1
+        if config.prefill_gate_free_slot_only and not slot_free(ahead, worker.info.max_running_requests):
+            return None
         found = self.rule.blocker(
             selection.worker.id, selection.prompt, decision.predicted_cached_tokens,
             min_gain_tokens=config.prefill_gate_min_tokens, page=max(1, selection.worker.info.page_size),
@@ -155,6 +168,8 @@ class PrefillHolds:
         st.held += 1
         st.gained_tokens += hold.gain_tokens
         st.waiting += 1
+        wid = hold.blocker.worker_id
+        self._held[wid] = self._held.get(wid, 0) + 1
         started = time.monotonic()
         try:
             async with asyncio.timeout(hold.timeout_s):
@@ -168,6 +183,11 @@ class PrefillHolds:
         finally:
             st.waiting -= 1
             st.hold_s += time.monotonic() - started
+            left = self._held.get(wid, 0) - 1
+            if left > 0:
+                self._held[wid] = left
+            else:
+                self._held.pop(wid, None)
         st.released += 1
         return True
 

@@ -56,6 +56,19 @@ def shared_tokens(a: bytes, b: bytes, limit: int, page: int = 1) -> int:
     return lo * page
 
 
+def slot_free(sent_in_flight: int, max_running_requests: int) -> bool:
+    """Whether a request sent now would be admitted at once (a running slot is free, or the
+    worker's cap is unknown). Only then is a hold short and safe: the blocker is being
+    prefilled right now. On a worker whose slots are all taken the blocker is queued; a
+    held request would lose its place in the queue to everything sent meanwhile, and the
+    groups released together run back to back, leaving the prefixes of the later ones
+    idle long enough to be evicted by a cache that keeps finished requests' output
+    (SGLang's): in the simulation that cost 4 points on the gsp burst instead of gaining
+    1.7 (docs/BENCHMARKS.md). Requests queued behind a busy worker's blocker are admitted
+    after it has been prefilled anyway, one slot at a time."""
+    return max_running_requests <= 0 or sent_in_flight < max_running_requests
+
+
 class PrefillGate:
     """Requests in prefill per worker, and the rule for holding a new one behind them."""
 
