@@ -7,11 +7,15 @@ prefill* with its packed prompt until its first message arrives or its attempt e
 in any other way (worker error, stall, timeout, cancellation, the client going away):
 ``dispatch.open_on`` calls :meth:`PrefillHolds.prefilled` in a ``finally``, which sets
 the event of anyone waiting on it. A request routed to a worker where the rule finds a
-blocker waits on that blocker's event, bounded by :meth:`PrefillHolds.timeout_s` (a
+blocker waits on that blocker's event *after* taking its lease there (so it counts as
+that worker's load while it waits), bounded by :meth:`PrefillHolds.timeout_s` (a
 multiple of the expected prefill time of the worker's queue at its learned prefill
-rate, capped), then is routed again (its prefix is cached now, or the wait timed out).
-A request waits at most once; the wait is cancellable (nothing to undo: no lease is
-taken yet) and it keeps its admission slot, since the slot is the caller's.
+rate, capped), then is sent to the same worker (its prefix is cached there now, or the
+wait timed out), or fails over through the retry loop if the worker left rotation
+meanwhile. A request waits at most once per attempt; a cancelled wait sends nothing and
+gives the lease back; the admission slot is the caller's and stays held. Holds are only
+taken while the worker's running slots are not all spoken for
+(``prefill_gate_free_slot_only``): see ``policies.prefill_gate.slot_free``.
 """
 
 from __future__ import annotations
@@ -51,8 +55,8 @@ class Selection(Protocol):
 
 @dataclass
 class PrefillGateConfig:
-    prefill_gate: bool = option(True, "hold a request while a request sharing its prefix is still in prefill on the chosen worker (dispatched, no first token yet), then route it again: the prefix is computed once, not once per request admitted into the same batch")
-    prefill_gate_free_slot_only: bool = option(True, "prefill gate: hold only while the worker has a free running slot (requests sent < its max_running_requests, when it reports one): then the blocker is being prefilled now and the hold is short; behind a full worker a hold would cost the request its place in the queue")
+    prefill_gate: bool = option(True, "hold a request while a request sharing its prefix is still in prefill on the chosen worker (dispatched, no first token yet), then send it: the prefix is computed once, not once per request admitted into the same batch")
+    prefill_gate_free_slot_only: bool = option(True, "prefill gate: hold only while the worker's running slots are not all spoken for (its requests, held ones included, below the max_running_requests it reports; no limit when it reports none): then the blocker is being prefilled now and the hold is short; behind a full worker a hold costs the request its place in the queue")
     prefill_gate_min_tokens: int = option(DEFAULT_MIN_GAIN_TOKENS, "prefill gate: hold only when the wait would make at least this many more prompt tokens cached (whole pages)")
     prefill_gate_factor: float = option(2.0, "prefill gate: hold at most this multiple of the expected prefill time of the worker's queue (queued prompt tokens / its learned prefill rate)")
     prefill_gate_min_s: float = option(0.5, "prefill gate: the shortest hold allowed, seconds (the learned rate may still be noise)")

@@ -162,11 +162,8 @@ class Router:
         if policy is not None:
             policy.on_workers_changed([w.view() for w in self._live(*key)])
 
-    def select(self, request: RouteRequest, role: str = "regular", *, offer: bool = True) -> Selection:
+    def select(self, request: RouteRequest, role: str = "regular") -> Selection:
         """Pick a worker of ``role`` for ``request``; raises NoWorkerAvailable.
-
-        ``offer``: count the prompt in the pool's ideal hit rate (first attempts; not when
-        a request held by the prefill gate is routed again).
 
         A pinned ``target_worker`` is resolved in one place, the policies' shared
         ``select_target`` (``policies/common.py``: id or url, available, not already
@@ -188,7 +185,7 @@ class Router:
         decision = policy.select(request, views)
         packed = getattr(policy, "packed", None)  # cache_aware has packed the prompt already
         prompt: bytes = packed(request) if packed is not None else b""
-        if offer and not request.exclude:  # a retry offers nothing new
+        if not request.exclude:  # a retry offers nothing new
             self.quality(request.model, role).offered.offer(prompt if packed is not None else request.token_ids)
         worker = next((w for w in live if w.id == decision.worker_id), None)
         if worker is None:
