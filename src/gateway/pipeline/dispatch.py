@@ -289,6 +289,7 @@ async def open_on(
                         no_worker_error(f"worker {worker.id} left rotation while the request was held"),
                         worker.id, "HELD_WORKER_UNAVAILABLE", retryable=True, backoff=False,
                     )
+                started = time.monotonic()  # the learned prefill rate counts the worker's time only
             # In prefill until the first message or any other ending (``finally`` below):
             # the gate holds requests sharing its prefix on this worker until then.
             gate_key = router.holds.dispatched(selection)
