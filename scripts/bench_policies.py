@@ -618,6 +618,7 @@ class SimResult:
     held: int = 0  # requests the prefill gate held
     misses: MissLedger | None = None
     ttft_of: dict[int, float] = field(default_factory=dict)
+    held_ids: set[int] = field(default_factory=set)  # requests the prefill gate held
     timed_out: int = 0  # ... released by the timeout
     hold_mean_ms: float = 0.0
 
@@ -822,6 +823,7 @@ def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int,
     )
     result.misses = ledger
     result.ttft_of = ttft_of
+    result.held_ids = set(jobs_held)
     if gate is not None:
         result.held, result.timed_out = gate.held, gate.timed_out
         result.hold_mean_ms = gate.hold_s / gate.held * 1000 if gate.held else 0.0
