@@ -110,7 +110,6 @@ class PrefillHolds:
         self.rule = PrefillGate()
         self._events: dict[int, asyncio.Event] = {}
         self._keys = itertools.count(1)
-        self._held: dict[str, int] = {}  # worker -> requests held for it now
         self.stats: dict[tuple[str, str], GateStats] = {}
 
     def dispatched(self, selection: Selection) -> int:
@@ -172,8 +171,6 @@ class PrefillHolds:
         st.held += 1
         st.gained_tokens += hold.gain_tokens
         st.waiting += 1
-        wid = hold.blocker.worker_id
-        self._held[wid] = self._held.get(wid, 0) + 1
         started = time.monotonic()
         try:
             async with asyncio.timeout(hold.timeout_s):
@@ -187,13 +184,5 @@ class PrefillHolds:
         finally:
             st.waiting -= 1
             st.hold_s += time.monotonic() - started
-            left = self._held.get(wid, 0) - 1
-            if left > 0:
-                self._held[wid] = left
-            else:
-                self._held.pop(wid, None)
         st.released += 1
         return True
-
-    def waiting(self) -> int:
-        return sum(st.waiting for st in self.stats.values())
