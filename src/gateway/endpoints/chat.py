@@ -48,6 +48,7 @@ class _Choice:
     in_reasoning: bool = True
     sent_role: bool = False
     ids: list[int] = field(default_factory=list)
+    reply: list[str] | None = None  # streamed content kept for --reply-token-reuse; None: not kept
 
     def count(self, token_ids: list[int]) -> None:
         """Reasoning tokens are those before the think-end token."""
@@ -93,14 +94,16 @@ async def _start(engine: Engine, req: ChatCompletionRequest, ctx: RequestContext
     if parsers.keep_special_tokens and sampling.skip_special_tokens:
         # The model's tool-call / channel markers are special tokens: the parsers need them.
         sampling = dataclasses.replace(sampling, skip_special_tokens=False)
+    salt = effective_salt(ctx.cache_salt, req.cache_salt)
     text, ids = await engine.render_chat(
         entry, req.template_messages(), tools=req.template_tools(), chat_template_kwargs=kwargs or None,
+        cache_salt=salt,
     )
     prepared = engine.prepare(
         entry, ids, sampling, stream=req.stream, request_id=ctx.request_id, prompt_text=text,
         routing_key=ctx.routing_key, target_worker=ctx.target_worker,
         require_reasoning=parsers.reasoning_enabled, prompt_param="messages",
-        cache_salt=effective_salt(ctx.cache_salt, req.cache_salt),
+        cache_salt=salt,
     )
     gen = await engine.start(prepared)
     ctx.worker_ids = [gen.worker_id]
@@ -117,6 +120,16 @@ def _choices(gen: Generation, prompt_text: str, parsers: ChatParsers) -> list[_C
 
 def _reasoning_total(choices: list[_Choice]) -> int:
     return sum(c.reasoning_tokens for c in choices)
+
+
+def _record_reply(entry: ModelEntry, gen: Generation, req: ChatCompletionRequest, ctx: RequestContext, index: int, content: str) -> None:
+    """Remember a finished plain reply's generated ids (``tokenization.reply_cache``), so
+    the next turn that sends it back is tokenized as what the worker cached."""
+    if entry.reply_cache is not None and content:
+        entry.reply_cache.record(
+            effective_salt(ctx.cache_salt, req.cache_salt), content, gen.output_ids(index),
+            gen.prepared.stop_plan.token_stops,
+        )
 
 
 async def complete_chat(engine: Engine, req: ChatCompletionRequest, ctx: RequestContext) -> dict[str, Any]:
@@ -150,6 +163,8 @@ async def complete_chat(engine: Engine, req: ChatCompletionRequest, ctx: Request
                 parsed = parsed[: choice.max_calls]
             calls = [c.to_protocol() for c in parsed] or None
         last = finish.get(i)
+        if last is not None and not reasoning and not calls and content:
+            _record_reply(entry, gen, req, ctx, i, content)
         logprobs = None
         if gen.prepared.sampling.logprobs:
             ids, values, tops = lps.get(i, ([], [], []))
@@ -203,6 +218,9 @@ async def _chunks(
     top_n = gen.prepared.sampling.top_logprobs
     piece = piece_fn(entry) if want_lp else None
     plain = all(c.reasoning is None and c.tools is None for c in choices)  # text goes straight to content
+    if entry.reply_cache is not None:
+        for c in choices:
+            c.reply = []
 
     for i, c in enumerate(choices):
         c.sent_role = True
@@ -219,6 +237,11 @@ async def _chunks(
         logprobs = None
         if piece is not None and d.token_ids:
             logprobs = chat_logprobs(d.token_ids, d.logprobs or [], d.top_logprobs if top_n else None, piece)
+        if c.reply is not None:
+            if reasoning or calls:
+                c.reply = None  # not a plain reply: never recorded
+            elif content:
+                c.reply.append(content)
         if not (reasoning or content or calls) and not final and logprobs is None:
             continue
         delta = ChatDelta(d.index, None, content or None, reasoning or None, _fragments(calls) if calls else None, logprobs)
@@ -227,6 +250,8 @@ async def _chunks(
             delta.finish_reason = openai_finish_reason(d.finish_reason, tool_calls=used_tools)
             delta.final = True
             delta.matched_stop = d.matched_stop
+            if c.reply:
+                _record_reply(entry, gen, req, ctx, d.index, "".join(c.reply))
         yield StreamChunk(head, [delta], stream_usage(gen.usage) if continuous else None)
     if include_usage:
         u = gen.usage

@@ -18,6 +18,7 @@ from gateway.pipeline.model_parsers import settle_model_parsers
 from gateway.protocol.errors import ModelNotFoundError
 from gateway.tokenization import ChatPromptCache, Tokenizer, TokenizerRegistry
 from gateway.tokenization.errors import TokenizationError
+from gateway.tokenization.reply_cache import ReplyTokenCache
 from gateway.workers.worker import Worker
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,7 @@ class ModelEntry:
     worker_model: str = ""  # the name the workers report, which keys policies and pools
     tool_call_parser: str | None = None  # the model's own tool-call format (gateway.parsers)
     reasoning_parser: str | None = None
+    reply_cache: ReplyTokenCache | None = None  # --reply-token-reuse: replies resent as their generated ids
 
 
 class ModelCatalog:
@@ -46,12 +48,16 @@ class ModelCatalog:
         served_name: str | None = None,
         prompt_cache_entries: int = 1024,
         parsers: ParserConfig | None = None,
+        reply_token_reuse: bool = False,
+        reply_cache_entries: int = 4096,
+        reply_cache_bytes: int = 64 * 1024 * 1024,
     ) -> None:
         self._parsers = parsers or ParserConfig()
         self.registry = TokenizerRegistry(cache_dir)
         self._tokenizer_path = tokenizer_path
         self._served_name = served_name
         self._prompt_cache_entries = prompt_cache_entries
+        self._reply_cache = (reply_cache_entries, reply_cache_bytes) if reply_token_reuse else None
         self._entries: dict[str, ModelEntry] = {}
         self._loading: dict[str, asyncio.Task[ModelEntry]] = {}
 
@@ -141,6 +147,7 @@ class ModelCatalog:
             worker_model=model,
             tool_call_parser=chosen.tool_call_parser,
             reasoning_parser=chosen.reasoning_parser,
+            reply_cache=ReplyTokenCache(tokenizer, *self._reply_cache) if self._reply_cache else None,
         )
 
 

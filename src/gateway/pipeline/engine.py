@@ -45,6 +45,7 @@ from gateway.protocol.sampling import SamplingOptions
 from gateway.settings import option
 from gateway.tokenization import StopPlan, Tokenizer
 from gateway.tokenization.errors import ChatTemplateError
+from gateway.tokenization.reply_cache import message_texts
 
 StageObserver = Callable[[str, float], None]  # (stage name, seconds)
 
@@ -164,8 +165,11 @@ class Engine:
         chat_template_kwargs: dict[str, Any] | None,
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
+        cache_salt: str | None = None,
     ) -> tuple[str, list[int]]:
-        """Template then tokenize a conversation (the multi-turn cache makes resent history cheap)."""
+        """Template then tokenize a conversation (the multi-turn cache makes resent history
+        cheap; replies this gateway generated for the same ``cache_salt`` come back as their
+        generated ids, see ``tokenization.reply_cache``)."""
         started = time.perf_counter()
         # The template only adds text: the messages alone may already be hopeless.
         self.refuse_hopeless(entry, "".join(_texts(messages)), param="messages")
@@ -182,7 +186,15 @@ class Engine:
         rendered = time.perf_counter()
         self._observe("template", rendered - started)
         self.refuse_hopeless(entry, text, param="messages")
-        ids: list[int] = await self._offload(len(text), entry.prompt_cache.encode, text)
+        replies = entry.reply_cache
+        spans = replies.spans(cache_salt, text, message_texts(messages)) if replies is not None else None
+        if spans:
+            assert replies is not None
+            ids: list[int] = await self._offload(
+                len(text), replies.encode_spliced, text, spans, entry.prompt_cache.encode
+            )
+        else:
+            ids = await self._offload(len(text), entry.prompt_cache.encode, text)
         self._observe("tokenize", time.perf_counter() - rendered)
         return text, ids
 

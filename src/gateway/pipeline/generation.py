@@ -97,6 +97,12 @@ class Generation:
         self.input_logprobs: pb.InputLogProbs | None = None
         self._stopped_early = False  # a sample ended here before the worker said so
 
+    def output_ids(self, index: int) -> list[int]:
+        """Every token the worker generated for sample ``index`` (continuations included,
+        tokens past a gateway-matched stop too)."""
+        sample = self._sample(index)
+        return sample.ids if sample is not None else []
+
     @property
     def worker_id(self) -> str:
         return self.stream.worker.id

@@ -58,6 +58,9 @@ class GatewayState:
             tokenizer_path=server.tokenizer_path,
             served_name=server.model,
             parsers=config.parsers,
+            reply_token_reuse=server.reply_token_reuse,
+            reply_cache_entries=server.reply_cache_entries,
+            reply_cache_bytes=server.reply_cache_bytes,
         )
         self.metrics = GatewayMetrics()
         self.tracing = make_tracing(config.tracing)  # None (no-op) without --otlp-traces-endpoint
