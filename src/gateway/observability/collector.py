@@ -97,6 +97,26 @@ class TokenizerCacheCollector(Collector):
             evictions.add_metric([entry.name], st.evictions)
             entries.add_metric([entry.name], st.entries)
         yield from (lookups, hits, reused, encoded, evictions, entries)
+        yield from self._replies()
+
+    def _replies(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        """``--reply-token-reuse``: replies recorded and spliced back as their generated ids."""
+        c = CounterMetricFamily
+        recorded = c("token_gateway_reply_cache_recorded", "chat replies remembered with the ids that generated them", labels=["model"])
+        rejected = c("token_gateway_reply_cache_rejected", "replies not remembered: their ids do not decode to the text sent (stop string, reasoning, tool calls) or too large", labels=["model"])
+        spans = c("token_gateway_reply_cache_spliced_spans", "assistant messages tokenized as their generated ids", labels=["model"])
+        tokens = c("token_gateway_reply_cache_spliced_tokens", "prompt tokens taken from generated replies", labels=["model"])
+        evictions = c("token_gateway_reply_cache_evictions", "replies evicted (entries or bytes bound)", labels=["model"])
+        entries = GaugeMetricFamily("token_gateway_reply_cache_entries", "replies held", labels=["model"])
+        size = GaugeMetricFamily("token_gateway_reply_cache_bytes", "memory the held replies account for (text + 4 bytes per token)", labels=["model"])
+        for entry in self._catalog.entries():
+            if entry.reply_cache is None:
+                continue
+            st = entry.reply_cache.stats()
+            for family, value in ((recorded, st.recorded), (rejected, st.rejected), (spans, st.spliced_spans),
+                                  (tokens, st.spliced_tokens), (evictions, st.evictions), (entries, st.entries), (size, st.bytes)):
+                family.add_metric([entry.name], value)
+        yield from (recorded, rejected, spans, tokens, evictions, entries, size)
 
 
 class RoutingQualityCollector(Collector):
