@@ -133,9 +133,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def parse_variant(policy: str) -> tuple[str, dict[str, Any]]:
     """``NAME[:knob=value,...]`` -> (NAME, typed overrides), for ablation cells: knobs of
-    ``PolicyConfig`` and the prefill gate's (``prefill_gate*``, ``DispatchConfig``)."""
+    ``PolicyConfig``, the prefill gate's (``prefill_gate*``, ``DispatchConfig``) and
+    ``reply_token_reuse`` (``ServerConfig``)."""
     from gateway.pipeline.dispatch import DispatchConfig
     from gateway.policies.factory import PolicyConfig
+    from gateway.server.config import ServerConfig
 
     name, _, rest = policy.partition(":")
     knobs: dict[str, Any] = {}
@@ -143,6 +145,7 @@ def parse_variant(policy: str) -> tuple[str, dict[str, Any]]:
         return name, knobs
     fields: dict[str, type] = {f.name: PolicyConfig for f in dataclasses.fields(PolicyConfig)}
     fields |= {f.name: DispatchConfig for f in dataclasses.fields(DispatchConfig) if f.name.startswith("prefill_gate")}
+    fields["reply_token_reuse"] = ServerConfig
     for item in rest.split(","):
         key, sep, raw = item.partition("=")
         key = key.strip().replace("-", "_")
@@ -292,6 +295,7 @@ async def _drive(
         )
         maker = None
         name, knobs = parse_variant(policy)
+        gw_config.server.reply_token_reuse = knobs.pop("reply_token_reuse", True)
         knobs, gate = split_knobs(knobs)
         gw_config.dispatch = dataclasses.replace(gw_config.dispatch, **gate)
         if name == "oracle":
