@@ -371,6 +371,28 @@ def gateway_parts(pid: int) -> dict[str, float]:
     return out
 
 
+def connections_per_process(port: int, pids: Sequence[int]) -> list[int]:
+    """Established TCP connections on local ``port`` held by each of ``pids`` (/proc): how
+    the kernel's SO_REUSEPORT hashing spread a load generator's keep-alive connections."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                f = line.split()
+                if f[3] == "01" and int(f[1].rsplit(":", 1)[1], 16) == port:
+                    inodes.add(f[9])
+    out = []
+    for pid in pids:
+        n = 0
+        with contextlib.suppress(OSError):
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                with contextlib.suppress(OSError):
+                    link = os.readlink(fd)
+                    n += link.startswith("socket:[") and link[8:-1] in inodes
+        out.append(n)
+    return out
+
+
 def machine_busy_s() -> float:
     """CPU seconds the whole machine has spent busy (every core, every process: /proc/stat)."""
     fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
@@ -439,14 +461,24 @@ async def throughput_section(args: argparse.Namespace, report: dict[str, Any]) -
                     meter = CpuBreakdown(gw.process.pid, fleet_pids, other.process.pid)
                     before = meter.sample()
                     if args.load_generator == "wrk":
-                        ok, failed, wall = await wrk_run(gw.url, model, args.throughput_concurrency, args.wrk_seconds, scratch)
+                        run = wrk_run(gw.url, model, args.throughput_concurrency, args.wrk_seconds, scratch)
                     else:
-                        ok, failed, wall = await many_clients(gw.url, model, args.clients, args.throughput_concurrency,
-                                                              args.throughput_requests, args.cap_s, args.seed + r)  # fmt: skip
+                        run = many_clients(gw.url, model, args.clients, args.throughput_concurrency,
+                                           args.throughput_requests, args.cap_s, args.seed + r)  # fmt: skip
+                    task = asyncio.ensure_future(run)
+                    serving = sorted(c for c in children(gw.process.pid) if "gateway.server.serve" in cmdline(c))
+                    spread: list[int] = []
+                    with contextlib.suppress(TimeoutError):  # the load generator's connections, mid-round
+                        await asyncio.wait_for(asyncio.shield(task), timeout=1.0)
+                    if serving and not task.done():
+                        spread = connections_per_process(int(gw.url.rsplit(":", 1)[1]), serving)
+                    ok, failed, wall = await task
                     cpu = CpuBreakdown.delta(before, meter.sample(), ok)
                     gateway_ms = sum(v for k, v in cpu.items() if k.startswith("gateway "))
                     row = {"ok": ok, "failed": failed, "seconds": round(wall, 2), "req_s": round(ok / wall, 1),
                            "gateway_cpu_ms_per_request": round(gateway_ms, 3), "cpu_ms_per_request": cpu}  # fmt: skip
+                    if spread:
+                        row["connections_per_process"] = spread
                     rounds[name].append(row)
                     print(f"[throughput {name} round {r}] ({load_note()}) {row}", flush=True)
         finally:
@@ -624,6 +656,10 @@ def markdown(report: dict[str, Any]) -> str:
             cpu = sorted(x["gateway_cpu_ms_per_request"] for x in rows)[len(rows) // 2]
             lines.append(f"| {name} | {' '.join(str(x['req_s']) for x in rows)} | {tp['median_req_s'][name]} | {cpu} |")
         lines += ["", f"Ratio processes-2 / one (medians): **{tp['ratio']}**; 1-minute load average seen: {tp['load_1m_seen']}.", ""]
+        spreads = [r["connections_per_process"] for r in tp["rounds"].get("processes-2", []) if r.get("connections_per_process")]
+        if spreads:
+            lines += ["Load-generator connections per serving process (SO_REUSEPORT spread), per round: "
+                      + ", ".join("/".join(map(str, x)) for x in spreads) + ".", ""]  # fmt: skip
         lines += cpu_table(tp["rounds"])
     model = report.get("model")
     if model:
