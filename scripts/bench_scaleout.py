@@ -495,7 +495,7 @@ async def throughput_section(args: argparse.Namespace, report: dict[str, Any]) -
         "workers": args.throughput_workers, "fleet_processes": n_fleets, "concurrency": args.throughput_concurrency,
         "client_processes": args.clients,
         "load_generator": args.load_generator,
-        "requests_per_round": args.throughput_requests, "rounds": rounds,
+        "requests_per_round": args.throughput_requests, "wrk_seconds": args.wrk_seconds, "rounds": rounds,
         "median_req_s": {"one": med("one"), "processes-2": med("processes-2")},
         "ratio": round(med("processes-2") / med("one"), 2) if med("one") else None,
         "load_1m_seen": [round(x, 1) for x in loads],
@@ -643,11 +643,13 @@ def markdown(report: dict[str, Any]) -> str:
         lines.append("")
     tp = report.get("throughput")
     if tp:
+        wrk = tp.get("load_generator") == "wrk" and "wrk_seconds" in tp
+        per_round = f"{tp['wrk_seconds']:g} s rounds" if wrk else f"{tp['requests_per_round']} requests per round"
         lines += [
             f"Short chat requests (8 answer tokens, unique ~30-token prompts), {tp['workers']} zero-cost workers, "
             f"concurrency {tp['concurrency']} from "
             f"{'wrk' if tp.get('load_generator') == 'wrk' else str(tp.get('client_processes', 1)) + ' Python client processes'}, "
-            f"{tp['requests_per_round']} requests per round, rounds alternating:",
+            f"{per_round}, rounds alternating:",
             "",
             "| setup | req/s per round | median req/s | gateway CPU ms/request (median) |",
             "| --- | --- | --- | --- |",
