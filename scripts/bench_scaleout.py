@@ -22,7 +22,11 @@ buckets).
 
 ``throughput``: short chat requests (non-streaming, unique prompts, 8 answer tokens) on
 zero-cost workers, closed loop: requests/s of one process and of ``--processes 2``,
-measured in alternating rounds in one run, with the machine's load average beside.
+measured in alternating rounds in one run, with the machine's load average beside, and
+per round where the CPU went (ms per request of each serving process, the supervisor,
+nats-server, the simulated fleet, the load generator, the idle other gateway, and the
+rest of the machine: everyone else's jobs) and how the load generator's connections
+were spread over the serving processes.
 
 Every run is bounded in requests and seconds; every process started is stopped.
 """
