@@ -97,3 +97,12 @@ def test_variants_take_policy_and_prefill_gate_knobs_and_become_serve_flags() ->
         matrix.parse_variant("cache_aware:request_timeout_s=3")
     args = _args("--gateway", "ours-process")
     assert args.gateway == "ours-process"
+
+
+def test_reply_token_reuse_variant_becomes_a_serve_flag() -> None:
+    name, knobs = matrix.parse_variant("oracle:reply_token_reuse=off")
+    assert name == "oracle" and knobs == {"reply_token_reuse": False}
+    assert matrix.knob_flags(knobs) == ["--no-reply-token-reuse"]
+    serve = build_parser().parse_args(["serve", *matrix.knob_flags(knobs)])
+    assert serve.reply_token_reuse is False
+    assert build_parser().parse_args(["serve"]).reply_token_reuse is True
