@@ -451,3 +451,25 @@ def test_the_slot_wait_counts_only_for_a_worker_whose_slots_are_all_taken() -> N
     p._score(req(system + tokens(64, 1)), free, 0, rows, slot_aware=True)
     p._score(req(system + tokens(64, 1)), free, 0, plain)
     assert rows["w0"]["cost"] == plain["w0"]["cost"]
+
+
+def test_the_output_the_worker_caches_is_predicted_for_the_next_turn() -> None:
+    p = policy(hot_prefix_min_tokens=0)
+    ws = views(2, page_size=16)
+    prompt = SYSTEM + tokens(100, 50)
+    r = req(prompt, request_id="t1")
+    d = send(p, r, ws)
+    p.on_finish(r, d.worker_id, 0, True)
+    output = tokens(64, 51)
+    p.on_output(r, d.worker_id, output)
+    whole = (len(prompt) + 64) // 16 * 16  # the worker caches whole pages of prompt + output
+    follow = req(prompt + output + tokens(40, 52), request_id="t2")
+    assert p.tree().match(follow.token_ids).per_worker == {d.worker_id: whole}
+    assert send(p, follow, ws).worker_id == d.worker_id
+    other = "w1" if d.worker_id == "w0" else "w0"
+    p.on_output(r, "w9", output)  # a worker the tree does not know: nothing
+    assert other not in p.tree().match(follow.token_ids).per_worker
+    open_loop = policy(hot_prefix_min_tokens=0, closed_loop=False)
+    d2 = send(open_loop, r, ws)
+    open_loop.on_output(r, d2.worker_id, output)
+    assert open_loop.tree().match(follow.token_ids).per_worker == {d2.worker_id: len(prompt) // 16 * 16}

@@ -149,6 +149,7 @@ class Generation:
                 await self.stream.aclose()
             else:
                 self.stream.finished()
+                self._report_output()
             u = self.usage
             completion = sum(u.per_sample_completion.values())
             observer = self.stream.observer
@@ -161,6 +162,16 @@ class Generation:
                     self.prepared.model, self.worker_id, first_token_at=first, last_token_at=last,
                     output_tokens=completion, token_gaps=gaps,
                 )
+
+    def _report_output(self) -> None:
+        """Tell a cache-aware policy what the worker now also caches: the output of a
+        single-sample request that finished on the worker it was routed to."""
+        if len(self._samples) != 1 or self._resumed:
+            return
+        selection = getattr(self.stream, "selection", None)
+        hook = getattr(selection.policy, "on_output", None) if selection is not None else None
+        if hook is not None:
+            hook(self.stream.route, self.worker_id, self._samples[0].ids)  # type: ignore[attr-defined]
 
     async def _resume(self, error: GatewayError) -> list[SampleDelta]:
         """Continue the unfinished samples elsewhere, or re-raise ``error`` (with why not)."""

@@ -544,6 +544,21 @@ class CacheAwarePolicy(BasePolicy):
             if self.closed_loop and entry[0] == worker_id:
                 self._learn(request, worker_id, cached_tokens, entry[2], entry[3])
 
+    def on_output(self, request: RouteRequest, worker_id: str, output_ids: Sequence[int]) -> None:
+        """A finished request's output: the worker keeps prompt + output cached (SGLang and
+        the simulated worker do, in whole pages), so the next chat turn, which carries the
+        reply as these very ids (``tokenization.reply_cache``), is predicted to hit there."""
+        if not self.closed_loop or not output_ids:
+            return
+        tree = self.tree(request.model)
+        if not tree.has_worker(worker_id):
+            return
+        page = max(tree.page_size(worker_id), 1)
+        whole = (len(request.token_ids) + len(output_ids)) // page * page
+        if whole <= len(request.token_ids):
+            return
+        tree.insert_packed(self._packed(request) + pack(output_ids[: whole - len(request.token_ids)]), worker_id)
+
     def on_remote(self, event: RemoteEvent) -> None:
         """Another gateway process dispatched a prompt: the worker will cache it, exactly as
         if this process had sent it (the tree's half of ``on_dispatch``). Its load reaches
