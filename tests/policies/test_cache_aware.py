@@ -469,7 +469,7 @@ def test_the_output_the_worker_caches_is_predicted_for_the_next_turn() -> None:
     other = "w1" if d.worker_id == "w0" else "w0"
     p.on_output(r, "w9", output)  # a worker the tree does not know: nothing
     assert other not in p.tree().match(follow.token_ids).per_worker
-    open_loop = policy(hot_prefix_min_tokens=0, closed_loop=False)
+    open_loop = policy(hot_prefix_min_tokens=0, learn_output=False)
     d2 = send(open_loop, r, ws)
     open_loop.on_output(r, d2.worker_id, output)
     assert open_loop.tree().match(follow.token_ids).per_worker == {d2.worker_id: len(prompt) // 16 * 16}

@@ -161,6 +161,7 @@ class CacheAwarePolicy(BasePolicy):
         cost: CostKnobs | None = None,
         use_polled_loads: bool = True,
         closed_loop: bool = True,
+        learn_output: bool = True,
         hot_prefix_min_tokens: int = DEFAULT_HOT_PREFIX_MIN_TOKENS,
         hot_prefix_window: int = DEFAULT_HOT_PREFIX_WINDOW,
     ) -> None:
@@ -180,6 +181,7 @@ class CacheAwarePolicy(BasePolicy):
         self._turn = 0
         self._memo: tuple[RouteRequest | None, bytes] = (None, b"")
         self.closed_loop = closed_loop
+        self.learn_output = learn_output
         self.hot_prefix_min_tokens = max(0, hot_prefix_min_tokens)
         self.hot = HotPrefixes(window=hot_prefix_window)
 
@@ -548,7 +550,7 @@ class CacheAwarePolicy(BasePolicy):
         """A finished request's output: the worker keeps prompt + output cached (SGLang and
         the simulated worker do, in whole pages), so the next chat turn, which carries the
         reply as these very ids (``tokenization.reply_cache``), is predicted to hit there."""
-        if not self.closed_loop or not output_ids:
+        if not self.learn_output or not output_ids:
             return
         tree = self.tree(request.model)
         if not tree.has_worker(worker_id):

@@ -105,6 +105,9 @@ class PolicyConfig:
     closed_loop: bool = option(
         True, "cache_aware: correct the tree from each finished request's reported cached tokens"
     )
+    learn_output: bool = option(
+        True, "cache_aware: at a finish, record the output ids behind the prompt on its worker (workers cache them)"
+    )
     hot_prefix_min_tokens: int = option(
         DEFAULT_HOT_PREFIX_MIN_TOKENS,
         "cache_aware: a shared prefix at least this long carrying over 1.25/n of the requests is held "
@@ -146,6 +149,7 @@ def make_policy(config: PolicyConfig | None = None, **overrides: Any) -> Policy:
             ),
             use_polled_loads=cfg.use_polled_loads,
             closed_loop=cfg.closed_loop,
+            learn_output=cfg.learn_output,
             hot_prefix_min_tokens=cfg.hot_prefix_min_tokens,
             hot_prefix_window=cfg.hot_prefix_window,
         )

@@ -51,7 +51,7 @@ class OraclePolicy(CacheAwarePolicy):
     ) -> None:
         # No tree is kept, so nothing needs a background evictor (nor closed-loop upkeep).
         super().__init__(
-            cost=cost, use_polled_loads=use_polled_loads, eviction_interval_s=0, closed_loop=False,
+            cost=cost, use_polled_loads=use_polled_loads, eviction_interval_s=0, closed_loop=False, learn_output=False,
             hot_prefix_min_tokens=hot_prefix_min_tokens, hot_prefix_window=hot_prefix_window,
         )
         self._cached_length = cached_length
