@@ -68,8 +68,9 @@ def create_app(state: GatewayState, *, manage_lifecycle: bool = True, hot_path: 
     app = GatewayApp(title="token-gateway", version="0.1.0", lifespan=lifespan)
     app.state.gateway = state
     door = HttpDoor(state)
-    app.include_router(openai_router(door))
-    app.include_router(native_router(door))
+    hot_routers = [openai_router(door), native_router(door)]
+    for router in hot_routers:
+        app.include_router(router)
     app.include_router(health_router(state))
     app.include_router(admin_router(door))
     app.include_router(parse_router(door))
@@ -87,6 +88,6 @@ def create_app(state: GatewayState, *, manage_lifecycle: bool = True, hot_path: 
     install_observability(app, state.metrics, access_log=state.config.server.access_log, guard=metrics_guard(state))
     describe_request_bodies(app)
     if hot_path:
-        app.hot = HotPath(door, {getattr(r, "path", ""): r for r in app.routes})
+        app.hot = HotPath(door, {getattr(r, "path", ""): r for router in hot_routers for r in router.routes})
         app.hot_stack = ObservabilityMiddleware(app.hot, state.metrics, access_log=state.config.server.access_log)
     return app

@@ -28,7 +28,6 @@ from typing import Any, Literal
 
 import orjson
 from pydantic import BaseModel
-from starlette.datastructures import Headers
 from starlette.routing import BaseRoute
 from starlette.types import Message, Receive, Scope, Send
 
@@ -133,7 +132,10 @@ class HotPath:
         self.state = door.state
         self.max_body = door.max_body
         # The FastAPI route of the same path: scope["route"] gives metrics their endpoint label.
-        self._routes = {r.path: (r, routes[r.path]) for r in HOT_ROUTES if r.path in routes}
+        missing = [r.path for r in HOT_ROUTES if r.path not in routes]
+        if missing:
+            raise RuntimeError(f"hot routes not registered with the app: {missing}")
+        self._routes = {r.path: (r, routes[r.path]) for r in HOT_ROUTES}
 
     def match(self, scope: Scope) -> bool:
         return scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in self._routes
@@ -205,7 +207,7 @@ class _Request:
         watcher: asyncio.Task[None] | None = None
         try:
             try:
-                headers = Headers(scope=self.scope)
+                headers = _headers(self.scope)
                 self.ctx = ctx = door.context_from(headers, state.auth.inference)
                 body = await self._read_body(headers)
                 watcher = asyncio.get_running_loop().create_task(self._watch())
@@ -236,7 +238,7 @@ class _Request:
             for ticket in self.tickets:
                 ticket.release()
 
-    async def _read_body(self, headers: Headers) -> bytes:
+    async def _read_body(self, headers: dict[str, str]) -> bytes:
         """The whole body within ``--max-body-bytes`` (before the disconnect watcher shares
         ``receive``: two readers would race for the body's chunks)."""
         limit = self.path.max_body
@@ -281,6 +283,12 @@ class _Request:
             if aclose is not None:
                 await aclose()  # a client gone mid-stream: the generation ends (and aborts) now
 
+
+
+def _headers(scope: Scope) -> dict[str, str]:
+    """The request's headers by lower-case name, the first of repeated ones (as Starlette's
+    ``Headers.get``), built once instead of a scan of the raw list per lookup."""
+    return {k.decode("latin-1"): v.decode("latin-1") for k, v in reversed(scope["headers"])}
 
 
 def _loads(body: bytes) -> Any:
