@@ -34,6 +34,7 @@ from starlette.types import Message, Receive, Scope, Send
 from gateway.endpoints import chat as chat_route
 from gateway.endpoints import completions as completions_route
 from gateway.endpoints import native as native_route
+from gateway.observability.request_log import current_record
 from gateway.pipeline.engine import Engine
 from gateway.pipeline.request_context import RequestContext
 from gateway.protocol.chat import ChatCompletionRequest
@@ -156,7 +157,8 @@ class _Request:
         self.scope = scope
         self.receive = receive
         self.send_raw = send
-        self.ctx = RequestContext()
+        record = current_record()  # the observability middleware's: the id of this request
+        self.ctx = RequestContext(request_id=record.request_id) if record else RequestContext()
         self.tickets: list[Ticket] = []
         self.started = False  # the response head went out
         self.complete = False  # the response's last byte went out
