@@ -24,7 +24,6 @@ import httptools
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from gateway.server.http.head_write import HeadWithBody
 from gateway.server.http.limits import HttpLimitsConfig
 
 
@@ -192,9 +191,6 @@ class GuardedHttpTools(HttpToolsProtocol):
         self._state = BODY
         self._deadline_at = self.loop.time() + limits.body_timeout_s if limits.body_timeout_s > 0 else None
         super().on_headers_complete()
-        cycle = self.cycle
-        if cycle is not None and cycle.transport is self.transport:
-            cycle.transport = HeadWithBody(self.transport, self.loop)  # type: ignore[assignment]
 
     def on_message_complete(self) -> None:
         self._state = IDLE
