@@ -107,3 +107,17 @@ async def test_an_unexpected_error_is_a_500_in_the_openai_shape(app: GatewayApp,
     async with _client(app) as c:
         r = await c.post("/generate", json={"text": "hi"})
     _assert_openai_error(r, 500)
+
+
+@pytest.mark.parametrize("path", HOT)
+async def test_bad_input_answers_match_the_fastapi_path(app: GatewayApp, path: str) -> None:
+    state: GatewayState = app.state.gateway
+    plain = create_app(state, manage_lifecycle=False, hot_path=False)
+    assert isinstance(plain, GatewayApp) and plain.hot is None
+    bodies = [b"", b"{not json", b"[1]", b"x" * 2000, b'{"model": 5}', b'{"stream": "yes"}']
+    async with _client(app) as hot_client, _client(plain) as plain_client:  # type: ignore[arg-type]
+        for body in bodies:
+            a = await hot_client.post(path, content=body, headers={"x-request-id": "same"})
+            b = await plain_client.post(path, content=body, headers={"x-request-id": "same"})
+            assert (a.status_code, a.json(), a.headers["content-type"]) == (b.status_code, b.json(), b.headers["content-type"])
+            assert a.headers["x-request-id"] == b.headers["x-request-id"] == "same"

@@ -55,6 +55,8 @@ class GatewayApp(FastAPI):
 
 
 def create_app(state: GatewayState, *, manage_lifecycle: bool = True, hot_path: bool = True) -> FastAPI:
+    """The HTTP app; ``hot_path=False`` leaves the hot routes on FastAPI's own path too
+    (the tests compare the two)."""
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if manage_lifecycle:
