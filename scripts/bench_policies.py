@@ -38,10 +38,13 @@ from dataclasses import dataclass, field, replace
 import xxhash
 
 from gateway.bench import machine
+from gateway.pipeline.prefill_gate import PrefillGateConfig, hold_timeout_s
 from gateway.policies import PolicyConfig, close_policy, make_policy
 from gateway.policies.base import LoadSnapshot, Policy, RouteRequest, WorkerView
 from gateway.policies.cache_aware import CacheAwarePolicy
+from gateway.policies.prefill_gate import PrefillGate, slot_free
 from gateway.policies.radix_tree import RadixTree
+from gateway.workers.watchdog import ProgressTracker
 
 VOCAB = 150_000
 
@@ -259,6 +262,61 @@ class Job:
     remaining: int = 0
     cached: int = 0
     worker: str = ""
+    packed: bytes = b""  # its prompt as the policy packed it (prefill gate)
+    predicted: int = 0  # tokens the policy predicted cached
+    held_at: float = -1.0  # when its hold began (-1: not held now)
+    sent: float = 0.0  # when it was dispatched to its worker
+    after_pages: list[int] = field(default_factory=list)  # prompt + reply pages, cached on finish
+
+
+@dataclass
+class SimGate:
+    """The prefill gate in the simulation: the gateway's own rule, waiters per blocker."""
+
+    config: PrefillGateConfig
+    rule: PrefillGate = field(default_factory=PrefillGate)
+    waiters: dict[int, list[Job]] = field(default_factory=dict)
+    held: int = 0
+    timed_out: int = 0
+    hold_s: float = 0.0
+
+
+@dataclass
+class MissLedger:
+    """Why prompt tokens missed, counted per page when a request starts its prefill:
+    never computed anywhere before (unique: no routing avoids it), computed elsewhere but
+    never on this worker (first on worker: a spill or a new replica), computed here and
+    evicted since, or being computed on this worker right now by a request admitted
+    before it (in-batch duplicate: what the prefill gate is for)."""
+
+    page: int
+    seen: set[int] = field(default_factory=set)
+    unique: int = 0
+    first: int = 0
+    evicted: int = 0
+    duplicate: int = 0
+
+    def classify(self, worker: SimWorker, job: Job) -> None:
+        missed = len(job.tokens) - job.cached
+        counted = 0
+        if job.cached % self.page == 0:
+            for h in job.pages[job.cached // self.page :]:
+                if h in worker.computing:
+                    self.duplicate += self.page
+                elif h in worker.ever:
+                    self.evicted += self.page
+                elif h in self.seen:
+                    self.first += self.page
+                else:
+                    self.unique += self.page
+                self.seen.add(h)
+                counted += self.page
+        self.unique += missed - counted  # the last partial page (and the one token always computed)
+
+    def row(self) -> str:
+        total = self.unique + self.first + self.evicted + self.duplicate
+        return " / ".join(f"{n / 1000:.0f}k" if n >= 10_000 else f"{n / 1000:.1f}k"
+                          for n in (self.unique, self.first, self.evicted, self.duplicate)) + f" of {total / 1000:.0f}k"
 
 
 @dataclass
@@ -286,6 +344,10 @@ class SimWorker:
     _snapshot: LoadSnapshot | None = None
     _snapshot_t: float = -1e9
     _in_step: list[Job] = field(default_factory=list)
+    ledger: MissLedger | None = None
+    ever: set[int] = field(default_factory=set)  # pages this worker ever cached
+    computing: dict[int, int] = field(default_factory=dict)  # page -> requests prefilling it now
+    held: int = 0  # requests the prefill gate holds for this worker (counted as its load)
 
     def peek(self, job: Job) -> int:
         n = 0
@@ -340,6 +402,18 @@ class SimWorker:
                 self.pins[h] = n
         self.reserved -= job.output
 
+    def cache_output(self, job: Job) -> None:
+        """A finished request's prompt + output stay cached (SGLang inserts both on finish)."""
+        if not job.after_pages:
+            return
+        cache = self.cache
+        for h in job.after_pages:
+            cache[h] = None
+            cache.move_to_end(h)
+        if self.ledger is not None:
+            self.ever.update(job.after_pages)
+        self._bound()
+
     def view(self, now: float) -> WorkerView:
         loads = None
         if self.poll_interval_s > 0:
@@ -353,10 +427,11 @@ class SimWorker:
             assert self._snapshot is not None
             loads = replace(self._snapshot, age_s=now - self._snapshot_t)
         return WorkerView(
-            self.wid, f"sim://{self.wid}", in_flight=len(self.waiting) + len(self.running),
+            self.wid, f"sim://{self.wid}", in_flight=len(self.waiting) + len(self.running) + self.held,
             queued_prefill_tokens=self.queued_prompt,
             running_decode_tokens=self.finish_sum - len(self.running) * self.step_no,
             loads=loads, kv_capacity_tokens=self.capacity_tokens, page_size=self.page,
+            max_running_requests=self.timing.max_running,
         )
 
     def plan_step(self) -> float:
@@ -376,6 +451,10 @@ class SimWorker:
                 job.cached = self.match(job)
                 job.remaining = len(job.tokens) - job.cached
                 job.started = True
+                if self.ledger is not None:
+                    self.ledger.classify(self, job)
+                    for h in job.pages[job.cached // self.page :]:
+                        self.computing[h] = self.computing.get(h, 0) + 1
             take = min(job.remaining, budget)
             job.remaining -= take
             budget -= take
@@ -396,12 +475,21 @@ class SimWorker:
             f, _, job = heapq.heappop(self.running)
             self.finish_sum -= f
             self.release(job)
+            self.cache_output(job)
             done.append(job)
         first = self._in_step
         for job in first:
             self.waiting.remove(job)
             self.queued_prompt -= len(job.tokens)
             self.insert(job)
+            if self.ledger is not None:
+                self.ever.update(job.pages)
+                for h in job.pages[job.cached // self.page :]:
+                    n = self.computing.get(h, 0) - 1
+                    if n <= 0:
+                        self.computing.pop(h, None)
+                    else:
+                        self.computing[h] = n
             if job.output <= 1:
                 self.release(job)
                 done.append(job)
@@ -423,6 +511,10 @@ class Workload:
     prompts: list[list[int]]
     output: int
     ideal_hit: float
+    # Multi-turn: prompt index -> the prompt that continues it (sent once it finished), and
+    # per prompt the tokens its worker caches on finish (prompt + reply, as SGLang does).
+    follows: dict[int, int] = field(default_factory=dict)
+    after: list[list[int]] = field(default_factory=list)
 
 
 def gsp_workload(groups: int, per_group: int, system: int, question: int, output: int, seed: int,
@@ -460,6 +552,58 @@ def gsp_workload(groups: int, per_group: int, system: int, question: int, output
     return Workload(name, prompts, output, 1 - unique / (total * (system + question)))
 
 
+def chat_workload(conversations: int, turns: int, system: int, user: int, reply: int, seed: int,
+                  page: int, roundtrip: bool = False) -> Workload:
+    """C conversations x T turns (``bench matrix --workloads chat`` in token ids): turn t's
+    prompt is the system prompt, the earlier turns' user messages and replies, and a new
+    user message; it is sent when turn t-1 finished. The worker caches each turn's prompt
+    plus reply (``Workload.after``), so the next turn can hit all of it. The ideal is
+    ``gateway.bench.workloads.ideal_hit_rate`` with those afters, in whole pages.
+
+    ``roundtrip``: as end to end, where the client resends the reply as *text*: the reply
+    is drawn like the simulated worker's output (``gateway.sim.vocab``, ASCII tokens) and
+    the next turn carries ``encode(decode(reply))``, which for random tokens differs from
+    the generated ids after a few tokens (BPE merges across token boundaries); the worker
+    still caches the generated ids. The ideal then counts what a worker can hit."""
+    from gateway.bench.workloads import ideal_hit_rate
+
+    rng = random.Random(seed)
+    vocab = None
+    if roundtrip:
+        from gateway.sim.vocab import load_vocab
+
+        vocab = load_vocab()
+    prompts: list[list[int]] = []
+    after: list[list[int]] = []
+    text_after: list[list[int]] = []  # prompt + the reply as the next turn resends it
+    follows: dict[int, int] = {}
+    for _ in range(conversations):
+        history = rand_tokens(rng, system)
+        prev = -1
+        for _ in range(turns):
+            prompt = history + rand_tokens(rng, user)
+            if vocab is not None:
+                generated = [rng.choice(vocab.output_ids) for _ in range(reply)]
+                history = prompt + vocab.encode(vocab.decode(generated))
+                after.append(prompt + generated)
+                text_after.append(history)
+            else:
+                history = prompt + rand_tokens(rng, reply)
+                after.append(history)
+            prompts.append(prompt)
+            if prev >= 0:
+                follows[prev] = len(prompts) - 1
+            prev = len(prompts) - 1
+    order = sorted(range(len(prompts)), key=lambda i: (i % turns, i))  # turn-major, as they are sent
+    ideal = ideal_hit_rate([prompts[i] for i in order], page, cached_after=[after[i] for i in order])
+    name = f"chat C={conversations} T={turns} system={system} user={user} reply={reply}"
+    if roundtrip:
+        text_ideal = ideal_hit_rate([prompts[i] for i in order], page,
+                                    cached_after=[text_after[i] for i in order])
+        name += f", replies resent as text (ideal if the resent reply were cached: {text_ideal:.1%})"
+    return Workload(name, prompts, reply, ideal, follows, after)
+
+
 @dataclass
 class SimResult:
     hit_rate: float
@@ -471,6 +615,12 @@ class SimResult:
     decide_us: float
     makespan_s: float
     predicted_hit: float
+    held: int = 0  # requests the prefill gate held
+    misses: MissLedger | None = None
+    ttft_of: dict[int, float] = field(default_factory=dict)
+    held_ids: set[int] = field(default_factory=set)  # requests the prefill gate held
+    timed_out: int = 0  # ... released by the timeout
+    hold_mean_ms: float = 0.0
 
 
 def page_hashes(tokens: list[int], page: int) -> list[int]:
@@ -505,9 +655,16 @@ def oracle_for(workers: list[SimWorker], page: int) -> Policy:
 
 def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int, page: int, concurrency: int,
              timing: Timing, poll_interval_s: float, pages_cache: dict[int, list[int]],
-             reserve_running: bool = False, ramp_s: float = 0.0) -> tuple[SimResult, Policy, list[float]]:
-    """Replay ``wl``; the first ``concurrency`` requests arrive evenly over ``ramp_s`` (0: at once)."""
-    workers = [SimWorker(f"w{i}", capacity, page, timing, poll_interval_s, reserve_running) for i in range(n_workers)]
+             reserve_running: bool = False, ramp_s: float = 0.0,
+             gate_config: PrefillGateConfig | None = None,
+             cache_output: bool = False) -> tuple[SimResult, Policy, list[float]]:
+    """Replay ``wl``; the first ``concurrency`` requests arrive evenly over ``ramp_s`` (0: at once).
+
+    ``cache_output``: a finished request leaves its prompt and its (unique) output cached,
+    as SGLang and ``gateway.sim`` do; multi-turn workloads always do (``Workload.after``)."""
+    ledger = MissLedger(page)
+    workers = [SimWorker(f"w{i}", capacity, page, timing, poll_interval_s, reserve_running, ledger=ledger)
+               for i in range(n_workers)]
     if policy is None:
         policy = oracle_for(workers, page)
     by_id = {w.wid: w for w in workers}
@@ -516,61 +673,136 @@ def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int,
     seq = 0
     next_prompt = 0
     ttft: list[float] = []  # after the opening burst of ``concurrency`` simultaneous requests
-    burst = concurrency >= len(wl.prompts)  # one burst: every request counts
+    burst = concurrency >= len(wl.prompts) and not wl.follows  # one burst: every request counts
     decide: list[float] = []
     cached_total = prompt_total = predicted_total = 0
     finished = 0
+    gate = SimGate(gate_config) if gate_config is not None and gate_config.prefill_gate else None
+    trackers = {w.wid: ProgressTracker() for w in workers}  # learned prefill rates, as the gateway's
+    jobs_held: dict[int, Job] = {}
+    ttft_of: dict[int, float] = {}  # request -> its TTFT (the ones counted in ``ttft``)
 
-    def submit(now: float) -> None:
+    continuing = set(wl.follows.values())
+    fresh = [i for i in range(len(wl.prompts)) if i not in continuing]  # first turns (all, without turns)
+
+    def submit(now: float, job: Job | None = None, index: int | None = None) -> None:
         nonlocal next_prompt, seq, predicted_total
-        if next_prompt >= len(wl.prompts):
-            return
-        i = next_prompt
-        next_prompt += 1
-        toks = wl.prompts[i]
-        pages = pages_cache.get(i)
-        if pages is None:
-            pages = pages_cache[i] = page_hashes(toks, page)
-        job = Job(i, toks, pages, wl.output, RouteRequest(toks, request_id=str(i), max_new_tokens=wl.output), now)
+        if job is None:
+            if index is None:
+                if next_prompt >= len(fresh):
+                    return
+                index = fresh[next_prompt]
+                next_prompt += 1
+            i = index
+            toks = wl.prompts[i]
+            pages = pages_cache.get(i)
+            if pages is None:
+                pages = pages_cache[i] = page_hashes(toks, page)
+            after: list[int] = []
+            if wl.after:
+                after = pages_cache.get(-1 - i)  # type: ignore[assignment]
+                if after is None:
+                    after = pages_cache[-1 - i] = page_hashes(wl.after[i], page)
+            elif cache_output:  # the output is unique to the request: pages nobody else has
+                after = pages + [xxhash.xxh3_64_intdigest(b"out%d:%d" % (i, k)) for k in range(wl.output // page)]
+            job = Job(i, toks, pages, wl.output, RouteRequest(toks, request_id=str(i), max_new_tokens=wl.output), now,
+                      after_pages=after)
+        toks = job.tokens
         views = [w.view(now) for w in workers]
         t0 = time.perf_counter_ns()
         d = policy.select(job.request, views)
         decide.append((time.perf_counter_ns() - t0) / 1000)
+        w = by_id[d.worker_id]
         policy.on_dispatch(job.request, d)
         predicted_total += d.predicted_cached_tokens
         job.worker = d.worker_id
-        w = by_id[d.worker_id]
-        w.waiting.append(job)
         w.queued_prompt += len(toks)
+        if gate is not None:
+            packed_fn = getattr(policy, "packed", None)
+            job.packed = packed_fn(job.request) if packed_fn is not None else b""
+            job.predicted = d.predicted_cached_tokens
+            ahead = len(w.waiting) + len(w.running) + w.held
+            if job.packed and (not gate.config.prefill_gate_free_slot_only
+                               or slot_free(ahead, w.timing.max_running)):
+                found = gate.rule.blocker(d.worker_id, job.packed, d.predicted_cached_tokens,
+                                          min_gain_tokens=gate.config.prefill_gate_min_tokens, page=page)
+                if found is not None:  # the prefill gate: counted on w, sent at that request's first token
+                    jobs_held[job.rid] = job
+                    gate.held += 1
+                    w.held += 1
+                    gate.waiters.setdefault(found[0].key, []).append(job)
+                    timeout = hold_timeout_s(w.queued_prompt, trackers[d.worker_id].prefill_tps, gate.config)
+                    job.held_at = now
+                    seq += 1
+                    heapq.heappush(events, (now + timeout, seq, -2 - job.rid))
+                    return
+        send(now, job)
+
+    def send(now: float, job: Job) -> None:
+        nonlocal seq
+        w = by_id[job.worker]
+        if gate is not None and job.packed:
+            gate.rule.add(job.rid, job.worker, job.packed, job.predicted)
+        job.sent = now
+        w.waiting.append(job)
         if not w.busy:
             w.busy = True
             seq += 1
             heapq.heappush(events, (now + w.plan_step(), seq, workers.index(w)))
 
+    def release(now: float, job: Job, timed_out: bool) -> None:
+        if job.held_at < 0:
+            return  # released already
+        gate.hold_s += now - job.held_at  # type: ignore[union-attr]
+        job.held_at = -1.0
+        if timed_out:
+            gate.timed_out += 1  # type: ignore[union-attr]
+        by_id[job.worker].held -= 1
+        send(now, job)
+
     if ramp_s > 0:
-        for i in range(min(concurrency, len(wl.prompts))):
+        for i in range(min(concurrency, len(fresh))):
             seq += 1
             heapq.heappush(events, (i * ramp_s / concurrency, seq, -1))
     else:
         for _ in range(concurrency):
             submit(0.0)
-    now = 0.0
+    now = last = 0.0  # ``last``: the last event that did work (the makespan)
     while events:
         now, _, wi = heapq.heappop(events)
-        if wi < 0:  # an arrival of the opening ramp
+        if wi >= -1 or ((held := jobs_held.get(-2 - wi)) is not None and held.held_at >= 0):
+            last = now
+        if wi == -1:  # an arrival of the opening ramp
             submit(now)
+            continue
+        if wi < -1:  # a held request's timeout (stale ones, long released, do not move the clock)
+            rid = -2 - wi
+            held = jobs_held.get(rid)
+            if held is not None and held.held_at >= 0:
+                for waiters in gate.waiters.values():  # type: ignore[union-attr]
+                    if held in waiters:
+                        waiters.remove(held)
+                        break
+                release(now, held, True)
             continue
         w = workers[wi]
         first, done = w.end_step()
         for job in first:
+            if gate is not None:
+                gate.rule.remove(job.rid)
+                trackers[w.wid].first_message(len(job.tokens) - job.cached, now - job.sent)
+                for waiter in gate.waiters.pop(job.rid, []):
+                    release(now, waiter, False)
             if burst or job.rid >= concurrency:
                 ttft.append(now - job.arrival)
+                ttft_of[job.rid] = now - job.arrival
             cached_total += job.cached
             prompt_total += len(job.tokens)
         for job in done:
             finished += 1
             policy.on_finish(job.request, w.wid, job.cached, True)
-            submit(now)
+            nxt = wl.follows.get(job.rid)
+            submit(now, index=nxt)
         if w.has_work():
             seq += 1
             heapq.heappush(events, (now + w.plan_step(), seq, wi))
@@ -580,15 +812,21 @@ def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int,
     busy = [w.busy_s for w in workers]
     result = SimResult(
         hit_rate=cached_total / prompt_total,
-        throughput_tok_s=finished * wl.output / now,
+        throughput_tok_s=finished * wl.output / last,
         ttft_p50_ms=pct(ttft, 0.5) * 1000,
         ttft_p99_ms=pct(ttft, 0.99) * 1000,
         served_max_over_mean=max(served) / statistics.mean(served),
         busy_max_over_mean=max(busy) / statistics.mean(busy),
         decide_us=statistics.mean(decide),
-        makespan_s=now,
+        makespan_s=last,
         predicted_hit=predicted_total / prompt_total,
     )
+    result.misses = ledger
+    result.ttft_of = ttft_of
+    result.held_ids = set(jobs_held)
+    if gate is not None:
+        result.held, result.timed_out = gate.held, gate.timed_out
+        result.hold_mean_ms = gate.hold_s / gate.held * 1000 if gate.held else 0.0
     return result, policy, ttft
 
 
@@ -612,33 +850,60 @@ SIM_POLICIES: list[tuple[str, dict[str, object], float]] = [
 ]
 
 
+def gate_settings(args: argparse.Namespace) -> list[PrefillGateConfig | None]:
+    """The prefill-gate settings to run (``--prefill-gate off|on|both``)."""
+    on = PrefillGateConfig(prefill_gate_min_tokens=args.gate_min_tokens)
+    return {"off": [None], "on": [on], "both": [None, on]}[args.prefill_gate]
+
+
+def selected(variants: list[tuple[str, dict[str, object], float]], args: argparse.Namespace
+             ) -> list[tuple[str, dict[str, object], float]]:
+    """The variants whose label contains one of ``--only`` (all without it)."""
+    if not args.only:
+        return variants
+    return [v for v in variants if any(o in v[0] for o in args.only)]
+
+
 def sim_rows(variants: list[tuple[str, dict[str, object], float]], wl: Workload, args: argparse.Namespace,
              timing: Timing) -> list[list[str]]:
     rows = []
     pages_cache: dict[int, list[int]] = {}
-    for label, overrides, poll in variants:
-        overrides = {"eviction_interval_s": 0.0, **overrides}
-        policy = None if overrides["policy"] == "oracle" else make_policy(PolicyConfig(), **overrides)
-        r, used, _ = simulate(policy, wl, args.workers, args.capacity, args.page, args.concurrency, timing, poll,
-                              pages_cache, args.reserve_running, args.ramp_s)
-        close_policy(used)
-        predicted = f"{r.predicted_hit:.1%}" if r.predicted_hit else "-"
-        rows.append([label, f"{r.hit_rate:.1%}", predicted, f"{r.throughput_tok_s:,.0f}",
-                     f"{r.ttft_p50_ms:.0f}", f"{r.ttft_p99_ms:.0f}", f"{r.served_max_over_mean:.2f}",
-                     f"{r.busy_max_over_mean:.2f}", f"{r.decide_us:.0f}"])
+    for label, overrides, poll in selected(variants, args):
+        gates = gate_settings(args)
+        if overrides["policy"] not in ("cache_aware", "oracle"):
+            gates = gates[:1]  # predicts no cached tokens: the gate never holds anything
+        for gate in gates:
+            overrides = {"eviction_interval_s": 0.0, **overrides}
+            policy = None if overrides["policy"] == "oracle" else make_policy(PolicyConfig(), **overrides)
+            r, used, _ = simulate(policy, wl, args.workers, args.capacity, args.page, args.concurrency, timing, poll,
+                                  pages_cache, args.reserve_running, args.ramp_s, gate, args.cache_output)
+            close_policy(used)
+            predicted = f"{r.predicted_hit:.1%}" if r.predicted_hit else "-"
+            held = f"{r.held} ({r.timed_out}), {r.hold_mean_ms:.0f} ms" if gate is not None else "off"
+            rows.append([label, held, f"{r.hit_rate:.1%}", predicted, f"{r.throughput_tok_s:,.0f}",
+                         f"{r.ttft_p50_ms:.0f}", f"{r.ttft_p99_ms:.0f}", f"{r.served_max_over_mean:.2f}",
+                         f"{r.busy_max_over_mean:.2f}", f"{r.decide_us:.0f}", r.misses.row() if r.misses else "-"])
     return rows
 
 
-SIM_HEADERS = ["policy", "hit rate", "predicted", "output tok/s", "TTFT p50 ms", "TTFT p99 ms",
-               "served max/mean", "busy max/mean", "decide µs"]
+SIM_HEADERS = ["policy", "prefill gate: held (timeouts), mean hold", "hit rate", "predicted", "output tok/s", "TTFT p50 ms", "TTFT p99 ms",
+               "served max/mean", "busy max/mean", "decide µs",
+               "missed tokens: unique / first on worker / evicted / in-batch duplicate"]
 
 
 def workloads(args: argparse.Namespace) -> list[Workload]:
     base = dict(groups=args.groups, per_group=args.prompts, system=args.system, question=args.question,
                 output=args.output, seed=args.seed)
-    out = [gsp_workload(**base), gsp_workload(**base, hot_share=0.5)]  # type: ignore[arg-type]
-    if args.zipf > 0:
+    out = []
+    if "gsp" in args.workload:
+        out.append(gsp_workload(**base))  # type: ignore[arg-type]
+    if "hot" in args.workload:
+        out.append(gsp_workload(**base, hot_share=0.5))  # type: ignore[arg-type]
+    if "zipf" in args.workload and args.zipf > 0:
         out.append(gsp_workload(**base, zipf=args.zipf))  # type: ignore[arg-type]
+    if "chat" in args.workload:
+        out.append(chat_workload(args.conversations, args.turns, args.chat_system, args.user, args.reply,
+                                 args.seed, args.page, args.reply_roundtrip))
     return out
 
 
@@ -710,6 +975,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--page", type=int, default=16)
     parser.add_argument("--concurrency", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workload", nargs="*", default=["gsp", "hot", "zipf"],
+                        choices=["gsp", "hot", "zipf", "chat"], help="sim: workloads to replay")
+    parser.add_argument("--conversations", type=int, default=32, help="sim chat: conversations")
+    parser.add_argument("--turns", type=int, default=6, help="sim chat: turns per conversation")
+    parser.add_argument("--chat-system", type=int, default=256, help="sim chat: system prompt tokens")
+    parser.add_argument("--user", type=int, default=64, help="sim chat: user message tokens")
+    parser.add_argument("--reply", type=int, default=64, help="sim chat: reply tokens")
+    parser.add_argument("--reply-roundtrip", action="store_true",
+                        help="sim chat: the next turn resends the reply as text re-tokenized (as end to end)")
     parser.add_argument("--zipf", type=float, default=1.1, help="sim: add a Zipf-skewed gsp (0: leave it out)")
     parser.add_argument("--ramp-s", type=float, default=0.0,
                         help="sim: the first --concurrency requests arrive evenly over this many seconds (0: at once)")
@@ -717,6 +991,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step-base-s", type=float, default=None, help="sim: fixed cost of a step")
     parser.add_argument("--prefill-token-s", type=float, default=None, help="sim: cost per uncached prompt token")
     parser.add_argument("--decode-seq-s", type=float, default=None, help="sim: cost per running sequence per step")
+    parser.add_argument("--cache-output", action="store_true",
+                        help="sim: finished requests leave prompt + output cached (SGLang, gateway.sim): "
+                        "unique output pages add cache pressure")
+    parser.add_argument("--prefill-gate", choices=["off", "on", "both"], default="both",
+                        help="sim: run each policy without and/or with the gateway's prefill gate")
+    parser.add_argument("--gate-min-tokens", type=int, default=PrefillGateConfig().prefill_gate_min_tokens,
+                        help="sim: the prefill gate's --prefill-gate-min-tokens")
+    parser.add_argument("--only", nargs="*", default=[],
+                        help="sim: run only the policies whose label contains one of these")
     parser.add_argument("--reserve-running", action="store_true",
                         help="sim: running requests pin their pages and their output's KV (as a real worker)")
     args = parser.parse_args(argv)

@@ -22,7 +22,11 @@ buckets).
 
 ``throughput``: short chat requests (non-streaming, unique prompts, 8 answer tokens) on
 zero-cost workers, closed loop: requests/s of one process and of ``--processes 2``,
-measured in alternating rounds in one run, with the machine's load average beside.
+measured in alternating rounds in one run, with the machine's load average beside, and
+per round where the CPU went (ms per request of each serving process, the supervisor,
+nats-server, the simulated fleet, the load generator, the idle other gateway, and the
+rest of the machine: everyone else's jobs) and how the load generator's connections
+were spread over the serving processes.
 
 Every run is bounded in requests and seconds; every process started is stopped.
 """
@@ -336,13 +340,103 @@ async def wrk_run(url: str, model: str, concurrency: int, seconds: float, scratc
     return int(m.group(1)) - failed, failed, wall
 
 
+def children(pid: int) -> list[int]:
+    with contextlib.suppress(OSError):
+        return [int(c) for t in Path(f"/proc/{pid}/task").iterdir()
+                for c in (t / "children").read_text().split()]  # fmt: skip
+    return []
+
+
 def tree_cpu(pid: int) -> float:
     """CPU seconds of ``pid`` and its children (a supervisor's serving processes)."""
-    spent = cpu_seconds(pid)
+    return cpu_seconds(pid) + sum(tree_cpu(c) for c in children(pid))
+
+
+def cmdline(pid: int) -> str:
     with contextlib.suppress(OSError):
-        for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
-            spent += tree_cpu(int(child))
-    return spent
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    return ""
+
+
+def gateway_parts(pid: int) -> dict[str, float]:
+    """CPU seconds of a gateway's processes by role: ``serve`` (one process), or
+    ``supervisor``, ``serve-0``, ``serve-1``... and ``nats-server`` for a set."""
+    kids = children(pid)
+    if not kids:
+        return {"serve": cpu_seconds(pid)}
+    out = {"supervisor": cpu_seconds(pid)}
+    serving = sorted(c for c in kids if "gateway.server.serve" in cmdline(c))
+    for i, c in enumerate(serving):
+        out[f"serve-{i}"] = tree_cpu(c)
+    for c in kids:
+        if c not in serving:
+            name = "nats-server" if "nats-server" in cmdline(c) else f"other-{c}"
+            out[name] = out.get(name, 0.0) + tree_cpu(c)
+    return out
+
+
+def connections_per_process(port: int, pids: Sequence[int]) -> list[int]:
+    """Established TCP connections on local ``port`` held by each of ``pids`` (/proc): how
+    the kernel's SO_REUSEPORT hashing spread a load generator's keep-alive connections."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                f = line.split()
+                if f[3] == "01" and int(f[1].rsplit(":", 1)[1], 16) == port:
+                    inodes.add(f[9])
+    out = []
+    for pid in pids:
+        n = 0
+        with contextlib.suppress(OSError):
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                with contextlib.suppress(OSError):
+                    link = os.readlink(fd)
+                    n += link.startswith("socket:[") and link[8:-1] in inodes
+        out.append(n)
+    return out
+
+
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine has spent busy (every core, every process: /proc/stat)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuBreakdown:
+    """CPU seconds over one round, per process of the measured setup and around it.
+
+    Parts: the measured gateway's processes (``gateway_parts``), the simulated fleet
+    process(es), the idle other gateway, this script, the load generator (the children it
+    reaped during the round: ``RUSAGE_CHILDREN``), and ``rest of machine`` (everything
+    else busy on the host: other people's jobs; it says how quiet the round was)."""
+
+    def __init__(self, gateway: int, fleets: Sequence[int], idle: int) -> None:
+        self.gateway, self.fleets, self.idle = gateway, fleets, idle
+
+    def sample(self) -> dict[str, float]:
+        import resource
+
+        kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+        parts = {f"gateway {k}": v for k, v in gateway_parts(self.gateway).items()}
+        for i, f in enumerate(self.fleets):
+            parts[f"sim fleet {i}" if len(self.fleets) > 1 else "sim fleet"] = tree_cpu(f)
+        parts["idle other gateway"] = tree_cpu(self.idle)
+        parts["bench script"] = cpu_seconds(os.getpid())
+        parts["load generator"] = kids.ru_utime + kids.ru_stime
+        parts["machine"] = machine_busy_s()
+        return parts
+
+    @staticmethod
+    def delta(before: dict[str, float], after: dict[str, float], requests: int) -> dict[str, float]:
+        """ms of CPU per request, per part; ``rest of machine`` is the machine's busy time
+        not accounted for by the other parts."""
+        d = {k: after[k] - before.get(k, 0.0) for k in after}
+        machine = d.pop("machine")
+        d["rest of machine"] = max(0.0, machine - sum(d.values()))
+        n = max(1, requests)
+        return {k: round(1e3 * v / n, 3) for k, v in d.items()}
 
 
 async def throughput_section(args: argparse.Namespace, report: dict[str, Any]) -> None:
@@ -351,27 +445,44 @@ async def throughput_section(args: argparse.Namespace, report: dict[str, Any]) -
     scratch = args.scratch
     rounds: dict[str, list[dict[str, Any]]] = {"one": [], "processes-2": []}
     loads: list[float] = []
-    with SubprocessFleet(args.throughput_workers, sim) as fleet:
-        one = await ServeProcess.launch(serve_argv(fleet.urls, scratch), "gw-one", ready_timeout_s=120)
-        two = await ServeProcess.launch(serve_argv(fleet.urls, scratch, "--processes", "2"), "gw-p2", ready_timeout_s=120)
+    n_fleets = max(1, min(args.throughput_fleet_processes, args.throughput_workers))
+    sizes = [args.throughput_workers // n_fleets + (1 if i < args.throughput_workers % n_fleets else 0) for i in range(n_fleets)]
+    with contextlib.ExitStack() as stack:
+        fleets = [stack.enter_context(SubprocessFleet(n, sim)) for n in sizes]
+        urls = [u for f in fleets for u in f.urls]
+        fleet_pids = [f.proc.pid for f in fleets if f.proc is not None]
+        one = await ServeProcess.launch(serve_argv(urls, scratch), "gw-one", ready_timeout_s=120)
+        two = await ServeProcess.launch(serve_argv(urls, scratch, "--processes", "2"), "gw-p2", ready_timeout_s=120)
         try:
             async with httpx.AsyncClient(trust_env=False) as http:
                 model = (await http.get(one.url + "/v1/models")).json()["data"][0]["id"]
             for gw in (one, two):  # warm: connections, tokenizer caches, first-use costs
                 await many_clients(gw.url, model, args.clients, args.throughput_concurrency, 200, 20, args.seed)
             for r in range(args.rounds):
-                order = (("one", one), ("processes-2", two)) if r % 2 == 0 else (("processes-2", two), ("one", one))
-                for name, gw in order:
+                order = (("one", one, two), ("processes-2", two, one))
+                for name, gw, other in order if r % 2 == 0 else order[::-1]:
                     loads.append(os.getloadavg()[0])
-                    cpu0 = tree_cpu(gw.process.pid)
+                    meter = CpuBreakdown(gw.process.pid, fleet_pids, other.process.pid)
+                    before = meter.sample()
                     if args.load_generator == "wrk":
-                        ok, failed, wall = await wrk_run(gw.url, model, args.throughput_concurrency, args.wrk_seconds, scratch)
+                        run = wrk_run(gw.url, model, args.throughput_concurrency, args.wrk_seconds, scratch)
                     else:
-                        ok, failed, wall = await many_clients(gw.url, model, args.clients, args.throughput_concurrency,
-                                                              args.throughput_requests, args.cap_s, args.seed + r)  # fmt: skip
-                    cpu = tree_cpu(gw.process.pid) - cpu0
+                        run = many_clients(gw.url, model, args.clients, args.throughput_concurrency,
+                                           args.throughput_requests, args.cap_s, args.seed + r)  # fmt: skip
+                    task = asyncio.ensure_future(run)
+                    serving = sorted(c for c in children(gw.process.pid) if "gateway.server.serve" in cmdline(c))
+                    spread: list[int] = []
+                    with contextlib.suppress(TimeoutError):  # the load generator's connections, mid-round
+                        await asyncio.wait_for(asyncio.shield(task), timeout=1.0)
+                    if serving and not task.done():
+                        spread = connections_per_process(int(gw.url.rsplit(":", 1)[1]), serving)
+                    ok, failed, wall = await task
+                    cpu = CpuBreakdown.delta(before, meter.sample(), ok)
+                    gateway_ms = sum(v for k, v in cpu.items() if k.startswith("gateway "))
                     row = {"ok": ok, "failed": failed, "seconds": round(wall, 2), "req_s": round(ok / wall, 1),
-                           "gateway_cpu_ms_per_request": round(1e3 * cpu / max(1, ok), 3)}  # fmt: skip
+                           "gateway_cpu_ms_per_request": round(gateway_ms, 3), "cpu_ms_per_request": cpu}  # fmt: skip
+                    if spread:
+                        row["connections_per_process"] = spread
                     rounds[name].append(row)
                     print(f"[throughput {name} round {r}] ({load_note()}) {row}", flush=True)
         finally:
@@ -385,9 +496,10 @@ async def throughput_section(args: argparse.Namespace, report: dict[str, Any]) -
         return vals[len(vals) // 2]
 
     report["throughput"] = {
-        "workers": args.throughput_workers, "concurrency": args.throughput_concurrency, "client_processes": args.clients,
+        "workers": args.throughput_workers, "fleet_processes": n_fleets, "concurrency": args.throughput_concurrency,
+        "client_processes": args.clients,
         "load_generator": args.load_generator,
-        "requests_per_round": args.throughput_requests, "rounds": rounds,
+        "requests_per_round": args.throughput_requests, "wrk_seconds": args.wrk_seconds, "rounds": rounds,
         "median_req_s": {"one": med("one"), "processes-2": med("processes-2")},
         "ratio": round(med("processes-2") / med("one"), 2) if med("one") else None,
         "load_1m_seen": [round(x, 1) for x in loads],
@@ -486,6 +598,31 @@ def model_section(args: argparse.Namespace, report: dict[str, Any]) -> None:
 # ---------------------------------------------------------------- markdown
 
 
+def cpu_table(rounds: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """Median CPU ms per request of each part, per setup (the rounds' ``cpu_ms_per_request``)."""
+    names = [n for n, rows in rounds.items() if rows and "cpu_ms_per_request" in rows[0]]
+    if not names:
+        return []
+    parts: list[str] = []
+    for n in names:
+        parts += [k for k in rounds[n][0]["cpu_ms_per_request"] if k not in parts]
+
+    def med(n: str, part: str) -> float | None:
+        vals = sorted(r["cpu_ms_per_request"][part] for r in rounds[n] if part in r["cpu_ms_per_request"])
+        return vals[len(vals) // 2] if vals else None
+
+    lines = ["CPU ms per request by process (median of the rounds):", "",
+             "| process | " + " | ".join(names) + " |", "| --- |" + " --- |" * len(names)]  # fmt: skip
+    for part in parts:
+        lines.append(f"| {part} | " + " | ".join("-" if (v := med(n, part)) is None else f"{v:.3f}" for n in names) + " |")
+    def med_total(n: str) -> float:
+        vals = sorted(sum(v for k, v in r["cpu_ms_per_request"].items() if k != "rest of machine") for r in rounds[n])
+        return vals[len(vals) // 2]
+
+    lines += ["| total, this benchmark's processes | " + " | ".join(f"{med_total(n):.3f}" for n in names) + " |", ""]
+    return lines
+
+
 def markdown(report: dict[str, Any]) -> str:
     lines: list[str] = []
     routing = report.get("routing")
@@ -510,11 +647,13 @@ def markdown(report: dict[str, Any]) -> str:
         lines.append("")
     tp = report.get("throughput")
     if tp:
+        wrk = tp.get("load_generator") == "wrk" and "wrk_seconds" in tp
+        per_round = f"{tp['wrk_seconds']:g} s rounds" if wrk else f"{tp['requests_per_round']} requests per round"
         lines += [
             f"Short chat requests (8 answer tokens, unique ~30-token prompts), {tp['workers']} zero-cost workers, "
             f"concurrency {tp['concurrency']} from "
             f"{'wrk' if tp.get('load_generator') == 'wrk' else str(tp.get('client_processes', 1)) + ' Python client processes'}, "
-            f"{tp['requests_per_round']} requests per round, rounds alternating:",
+            f"{per_round}, rounds alternating:",
             "",
             "| setup | req/s per round | median req/s | gateway CPU ms/request (median) |",
             "| --- | --- | --- | --- |",
@@ -523,6 +662,11 @@ def markdown(report: dict[str, Any]) -> str:
             cpu = sorted(x["gateway_cpu_ms_per_request"] for x in rows)[len(rows) // 2]
             lines.append(f"| {name} | {' '.join(str(x['req_s']) for x in rows)} | {tp['median_req_s'][name]} | {cpu} |")
         lines += ["", f"Ratio processes-2 / one (medians): **{tp['ratio']}**; 1-minute load average seen: {tp['load_1m_seen']}.", ""]
+        spreads = [r["connections_per_process"] for r in tp["rounds"].get("processes-2", []) if r.get("connections_per_process")]
+        if spreads:
+            lines += ["Load-generator connections per serving process (SO_REUSEPORT spread), per round: "
+                      + ", ".join("/".join(map(str, x)) for x in spreads) + ".", ""]  # fmt: skip
+        lines += cpu_table(tp["rounds"])
     model = report.get("model")
     if model:
         lines += [
@@ -559,6 +703,8 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cap-s", type=float, default=240.0, help="wall-time limit of one run, s")
     p.add_argument("--throughput-workers", type=int, default=4)
+    p.add_argument("--throughput-fleet-processes", type=int, default=1,
+                   help="simulated-worker processes the throughput section's workers are spread over")
     p.add_argument("--throughput-concurrency", type=int, default=32)
     p.add_argument("--throughput-requests", type=int, default=1500)
     p.add_argument("--rounds", type=int, default=3)

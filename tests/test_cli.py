@@ -26,3 +26,36 @@ def test_help_defaults_once_and_never_empty(command: str, capsys: pytest.Capture
     assert "(default: None)" not in text
     assert "(default: [])" not in text
     assert not re.search(r"\(default: [^)]*\) \(default:", text), text
+
+
+def test_grpc_defaults_are_set_unless_the_operator_chose() -> None:
+    from gateway.cli import GRPC_EXPERIMENTS, apply_grpc_defaults
+
+    env: dict[str, str] = {}
+    assert apply_grpc_defaults(env) == GRPC_EXPERIMENTS
+    assert env["GRPC_EXPERIMENTS"] == GRPC_EXPERIMENTS
+    chosen = {"GRPC_EXPERIMENTS": ""}  # empty: gRPC's own defaults
+    assert apply_grpc_defaults(chosen) == ""
+    assert chosen == {"GRPC_EXPERIMENTS": ""}
+
+
+def test_the_cli_sets_grpc_experiments_before_grpc_is_imported() -> None:
+    """gRPC reads the variable at import: the command line must set it first."""
+    import subprocess
+    import sys
+
+    code = (
+        "import os, sys\n"
+        "os.environ.pop('GRPC_EXPERIMENTS', None)\n"
+        "import gateway.cli as cli\n"
+        "assert 'grpc' not in sys.modules, 'importing the CLI imported grpc'\n"
+        "try:\n"
+        "    cli.main(['serve', '--help'])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "print(os.environ['GRPC_EXPERIMENTS'])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    from gateway.cli import GRPC_EXPERIMENTS
+
+    assert out.stdout.strip().splitlines()[-1] == GRPC_EXPERIMENTS

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+from collections.abc import MutableMapping
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -69,7 +71,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# gRPC core reads GRPC_EXPERIMENTS once, when ``grpc`` is first imported, so it is set
+# here, before any command module imports it. The EventEngine client (grpcio's default
+# since 1.6x) hands every received message through its own threads before the asyncio
+# poller sees it; the classic client reads in the poller thread. Relaying a worker's
+# token stream, the classic path costs about a third less CPU per message (grpcio 1.85,
+# uvloop: 21-23 against 13-15 µs; docs/BENCHMARKS.md, issue 18). The same holds for the
+# listener of the gRPC front door. An operator's own GRPC_EXPERIMENTS (even empty:
+# gRPC's defaults) wins.
+GRPC_EXPERIMENTS = "-event_engine_client,-event_engine_listener"
+
+
+def apply_grpc_defaults(environ: MutableMapping[str, str] = os.environ) -> str:
+    """Set gRPC core's experiment list unless the operator did; returns what is in effect."""
+    return environ.setdefault("GRPC_EXPERIMENTS", GRPC_EXPERIMENTS)
+
+
 def main(argv: list[str] | None = None) -> int:
+    apply_grpc_defaults()
     args = build_parser().parse_args(argv)
     return int(importlib.import_module(args._module).run(args) or 0)
 

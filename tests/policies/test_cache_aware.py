@@ -378,3 +378,76 @@ def test_short_shared_prefixes_are_not_replicated() -> None:
         d = send(p, r, ws)
         assert d.reason != "hot_prefix"
     assert p.hot.hot(4) == []
+
+
+def _hot_setup() -> tuple[CacheAwarePolicy, list[int], list[str]]:
+    """A policy whose tree holds one system prompt on w0-w2, which carries 40% of the traffic."""
+    p = policy(cost=CostKnobs(slot_step_tokens=256))
+    ws = views(8, kv_capacity_tokens=1 << 20, page_size=16)
+    p.on_workers_changed(ws)
+    system = tokens(1024, 91)
+    for h in ("w0", "w1", "w2"):
+        p.tree("").insert(system + tokens(64, 7), h)
+    key = p._hot_key(req(system + tokens(64, 1)), 1024)
+    assert key is not None
+    for i in range(300):
+        p.hot.observe(key if i % 5 < 2 else 10_000 + i)
+    for h in ("w0", "w1", "w2", "w3"):
+        p.hot.add_holder(key, h)
+    assert p.hot.replicas(key, 8) == 4
+    return p, system, ["w0", "w1", "w2", "w3"]
+
+
+def test_a_hot_prefix_overflows_its_holders_only_when_all_their_running_slots_are_taken() -> None:
+    p, system, holders = _hot_setup()
+    ws = views(8, kv_capacity_tokens=1 << 20, page_size=16, max_running_requests=16, in_flight=4,
+               running_decode_tokens=4 * 128)
+    for h in holders:  # every holder runs 16 of 16: a request sent there waits for a slot
+        ws = with_load(ws, h, in_flight=16, running_decode_tokens=16 * 128)
+    d = p.select(req(system + tokens(64, 2)), ws)
+    assert d.reason == "hot_prefix_overflow" and d.worker_id not in holders, d
+    burst = [replace(w, in_flight=max(w.in_flight, 40)) for w in ws]  # every worker full: stay on the holders
+    assert p.select(req(system + tokens(64, 4)), burst).reason == "hot_prefix"
+    ws = with_load(ws, "w1", in_flight=15)  # one holder has a free slot: stay on the holders
+    d = p.select(req(system + tokens(64, 3)), ws)
+    assert d.reason == "hot_prefix" and d.worker_id == "w1", d
+
+
+def test_without_a_known_slot_cap_or_with_the_term_off_hot_prefixes_stay_on_their_holders() -> None:
+    assert CostKnobs().slot_step_tokens == 0  # off by default
+    p, system, holders = _hot_setup()
+    ws = views(8, kv_capacity_tokens=1 << 20, page_size=16, in_flight=4)  # max_running_requests unknown
+    for h in holders:
+        ws = with_load(ws, h, in_flight=16)
+    assert p.select(req(system + tokens(64, 2)), ws).reason == "hot_prefix"
+    off = CacheAwarePolicy(eviction_interval_s=0, cost=CostKnobs(slot_step_tokens=0))
+    off.on_workers_changed(ws)
+    for h in ("w0", "w1", "w2"):
+        off.tree("").insert(system + tokens(64, 7), h)
+    key = off._hot_key(req(system + tokens(64, 1)), 1024)
+    assert key is not None
+    for i in range(300):
+        off.hot.observe(key if i % 5 < 2 else 10_000 + i)
+    for h in holders:
+        off.hot.add_holder(key, h)
+    capped = [replace(w, max_running_requests=16) for w in ws]
+    assert off.select(req(system + tokens(64, 2)), capped).reason == "hot_prefix"
+
+
+def test_the_slot_wait_counts_only_for_a_worker_whose_slots_are_all_taken() -> None:
+    p = policy(cost=CostKnobs(slot_step_tokens=256))
+    ws = views(2, kv_capacity_tokens=1 << 20, page_size=16, max_running_requests=16)
+    system = tokens(1024, 5)
+    p.on_workers_changed(ws)
+    p.tree("").insert(system + tokens(64, 7), "w0")
+    full = with_load(ws, "w0", in_flight=16, running_decode_tokens=16 * 128)
+    rows: dict[str, dict[str, object]] = {}
+    p._score(req(system + tokens(64, 1)), full, 0, rows, slot_aware=True)
+    plain: dict[str, dict[str, object]] = {}
+    p._score(req(system + tokens(64, 1)), full, 0, plain)
+    assert rows["w0"]["cost"] > plain["w0"]["cost"] and rows["w1"]["cost"] == plain["w1"]["cost"]
+    free = with_load(ws, "w0", in_flight=15, running_decode_tokens=15 * 128)
+    rows, plain = {}, {}
+    p._score(req(system + tokens(64, 1)), free, 0, rows, slot_aware=True)
+    p._score(req(system + tokens(64, 1)), free, 0, plain)
+    assert rows["w0"]["cost"] == plain["w0"]["cost"]

@@ -49,3 +49,40 @@ def test_hot_prefix_stays_balanced_with_cache_aware_but_not_with_sticky_hashing(
     _, ch = run(bench, "consistent_hash", hot_share=0.5)
     assert ca.served_max_over_mean < 1.5
     assert ch.served_max_over_mean > ca.served_max_over_mean
+
+
+def test_the_prefill_gate_removes_in_batch_duplicates_in_a_burst(bench: ModuleType) -> None:
+    from gateway.pipeline.prefill_gate import PrefillGateConfig
+
+    # 2K-token system prompts, the matrix's step costs: 4 x 16 running slots, 256 at once
+    wl = bench.gsp_workload(16, 16, 2048, 128, 64, seed=3)
+    timing = bench.Timing(base_s=0.01, prefill_s_per_token=1e-4, decode_s_per_req=1e-3, max_running=16)
+    out = {}
+    for gate in (None, PrefillGateConfig()):
+        policy = make_policy(PolicyConfig(policy="cache_aware", eviction_interval_s=0))
+        try:
+            out[gate is not None] = bench.simulate(policy, wl, 4, 40960, 16, len(wl.prompts), timing, 0.0, {},
+                                                   True, 0.0, gate, True)[0]
+        finally:
+            close_policy(policy)
+    off, on = out[False], out[True]
+    assert off.misses.duplicate > 0 and off.held == 0  # FCFS admits a group's requests together
+    assert on.held > 0 and on.timed_out == 0
+    assert on.misses.duplicate < off.misses.duplicate and on.hit_rate > off.hit_rate
+    # every missed token has exactly one cause
+    m = on.misses
+    assert m.unique + m.first + m.evicted + m.duplicate == round((1 - on.hit_rate) * sum(map(len, wl.prompts)))
+
+
+def test_multi_turn_chat_reaches_its_ideal_and_resent_text_lowers_it(bench: ModuleType) -> None:
+    ids = bench.chat_workload(4, 3, 64, 16, 16, seed=1, page=16)
+    text = bench.chat_workload(4, 3, 64, 16, 16, seed=1, page=16, roundtrip=True)
+    assert ids.follows and len(ids.prompts) == 12 and text.ideal_hit < ids.ideal_hit
+    for wl in (ids, text):
+        policy = make_policy(PolicyConfig(policy="cache_aware", eviction_interval_s=0))
+        try:
+            r = bench.simulate(policy, wl, 2, 1 << 16, 16, 4, bench.Timing(), 0.0, {}, True)[0]
+        finally:
+            close_policy(policy)
+        assert r.hit_rate == pytest.approx(wl.ideal_hit, abs=1e-9)  # nothing moves, nothing is evicted
+        assert r.misses.first == r.misses.evicted == r.misses.duplicate == 0

@@ -116,3 +116,41 @@ async def test_zero_cost_worker_keeps_many_streams_going() -> None:
     prompts = [[i, *PROMPT] for i in range(40)]
     w, completes, _ = await run_requests(cfg(), prompts, max_new=50)
     assert sum(c.completion_tokens for c in completes) == 2000 == w.counters.generated_tokens
+
+
+async def test_free_steps_give_what_step_by_step_running_gives() -> None:
+    """A worker whose steps cost nothing runs them back to back (decoding each sequence to
+    its end in one go); its outputs, finishes, cache hits, KV state and token counts are
+    those of the same worker stepping one token at a time (a simulated cost, not slept)."""
+    prompts = [[i % 3, *PROMPT, i] for i in range(12)]  # three shared prefixes
+    mixed = dict(eos_probability=0.2, kv_capacity_tokens=1024)  # early stops, evictions
+
+    async def run(config) -> tuple[SimWorker, list, list]:
+        async with SimFleet.start(1, config) as fleet:
+            w = fleet.workers[0]
+            async with grpc.aio.insecure_channel(address(fleet.urls[0])) as ch:
+                stub = pb_grpc.SglangSchedulerStub(ch)
+                first = [by_index(await collect(stub, request(p, rid=f"a{i}", max_new=40)))[0].complete
+                         for i, p in enumerate(prompts)]  # fmt: skip
+                # then all at once: the sequences share steps
+                streams = await asyncio.gather(*(
+                    collect(stub, request(p, rid=f"b{i}", max_new=40, stream=True)) for i, p in enumerate(prompts)
+                ))  # fmt: skip
+                w.cache.check_invariants()
+            return w, first, [by_index(s)[0] for s in streams]
+
+    free, free_first, free_streams = await run(cfg(**mixed))
+    assert free.scheduler.free_steps
+    stepped, step_first, step_streams = await run(cfg(decode_seq_s=1e-6, **mixed))
+    assert not stepped.scheduler.free_steps
+    for a, b in zip(free_first, step_first, strict=True):
+        assert (list(a.output_ids), a.finish_reason, a.cached_tokens, a.prompt_tokens) == (
+            list(b.output_ids), b.finish_reason, b.cached_tokens, b.prompt_tokens)  # fmt: skip
+    assert any(c.finish_reason == "stop" for c in free_first) and any(c.cached_tokens for c in free_first)
+    for a, b in zip(free_streams, step_streams, strict=True):
+        assert a.streamed_ids == b.streamed_ids and a.complete is not None and b.complete is not None
+        assert a.complete.finish_reason == b.complete.finish_reason
+        assert a.complete.completion_tokens == b.complete.completion_tokens
+    for key in ("generated_tokens", "finished", "prompt_tokens"):
+        assert getattr(free.counters, key) == getattr(stepped.counters, key), key
+    assert free.cache.private_tokens == 0 and free.scheduler.reserved == 0

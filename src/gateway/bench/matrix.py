@@ -82,6 +82,13 @@ class MatrixConfig:
     peer_workers: int = option(8, "fleet size of the peer comparison")
     peer_policies: list[str] = option(["round_robin", "cache_aware"], "policies run on ours and on each peer")
     peers_python: str = option(".peers-venv/bin/python", "python of the peers' virtualenv")
+    gateway: str = option(
+        "ours",
+        "where our gateway runs for the matrix cells: in the fleet's process and event loop ('ours'), or as "
+        "its own serve process ('ours-process', the deployment shape: the gateway's CPU does not slow the "
+        "simulated fleet's clock); the oracle always runs in process (it reads the fleet's caches)",
+        choices=["ours", "ours-process"],
+    )
     json_out: str = option("", "write every cell's figures as JSON to this file", flag="--json")
     markdown: str = option("", "write the tables as Markdown to this file")
 
@@ -125,20 +132,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def parse_variant(policy: str) -> tuple[str, dict[str, Any]]:
-    """``NAME[:knob=value,...]`` -> (NAME, typed PolicyConfig overrides), for ablation cells."""
+    """``NAME[:knob=value,...]`` -> (NAME, typed overrides), for ablation cells: knobs of
+    ``PolicyConfig`` and the prefill gate's (``prefill_gate*``, ``DispatchConfig``)."""
+    from gateway.pipeline.dispatch import DispatchConfig
     from gateway.policies.factory import PolicyConfig
 
     name, _, rest = policy.partition(":")
     knobs: dict[str, Any] = {}
     if not rest:
         return name, knobs
-    fields = {f.name: f for f in dataclasses.fields(PolicyConfig)}
+    fields: dict[str, type] = {f.name: PolicyConfig for f in dataclasses.fields(PolicyConfig)}
+    fields |= {f.name: DispatchConfig for f in dataclasses.fields(DispatchConfig) if f.name.startswith("prefill_gate")}
     for item in rest.split(","):
         key, sep, raw = item.partition("=")
         key = key.strip().replace("-", "_")
         if not sep or key not in fields or key in ("policy", "seed"):
-            raise ValueError(f"{item!r} in {policy!r} is not knob=value of a policy setting")
-        default = getattr(PolicyConfig(), key)
+            raise ValueError(f"{item!r} in {policy!r} is not knob=value of a policy or prefill-gate setting")
+        default = getattr(fields[key](), key)
         if isinstance(default, bool):
             if raw.lower() not in ("true", "false", "1", "0", "on", "off"):
                 raise ValueError(f"{key} takes true/false, not {raw!r}")
@@ -150,6 +160,24 @@ def parse_variant(policy: str) -> tuple[str, dict[str, Any]]:
         else:
             knobs[key] = raw
     return name, knobs
+
+
+def split_knobs(knobs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(PolicyConfig knobs, DispatchConfig knobs) of a parsed variant."""
+    gate = {k: v for k, v in knobs.items() if k.startswith("prefill_gate")}
+    return {k: v for k, v in knobs.items() if k not in gate}, gate
+
+
+def knob_flags(knobs: dict[str, Any]) -> list[str]:
+    """A parsed variant's knobs as ``serve`` flags (for the gateway in its own process)."""
+    out: list[str] = []
+    for key, value in knobs.items():
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            out.append(flag if value else "--no-" + key.replace("_", "-"))
+        else:
+            out += [flag, str(value)]
+    return out
 
 
 def sim_config(config: MatrixConfig) -> Any:
@@ -264,6 +292,8 @@ async def _drive(
         )
         maker = None
         name, knobs = parse_variant(policy)
+        knobs, gate = split_knobs(knobs)
+        gw_config.dispatch = dataclasses.replace(gw_config.dispatch, **gate)
         if name == "oracle":
             reader = true_cache_reader(fleet)
             extra = {k: v for k, v in knobs.items() if k in ("hot_prefix_min_tokens", "hot_prefix_window")}
@@ -275,8 +305,10 @@ async def _drive(
     if gateway == "ours-process":
         from gateway.bench.serve_process import ServeProcess
 
-        args = ["--tokenizer-path", tokenizer_dir, "--tokenizer-cache-dir", scratch, "--log-level", "warning"]
-        proc = await ServeProcess.start(fleet.urls, policy, extra_args=args)
+        name, knobs = parse_variant(policy)
+        args = ["--tokenizer-path", tokenizer_dir, "--tokenizer-cache-dir", scratch, "--log-level", "warning",
+                *knob_flags(knobs)]
+        proc = await ServeProcess.start(fleet.urls, name, extra_args=args)
         try:
             return await drive(proc.url, policy)
         finally:
@@ -343,14 +375,15 @@ async def run_matrix(
     """Every (workload, fleet size, policy) cell, then the peer comparison; in that order."""
     workloads = build_workloads(config, args, tokenizer_dir)
     plan: list[tuple[Any, int, str, str]] = [
-        (workloads[w], n, p, "ours") for w in config.workloads for n in config.workers for p in config.policies
+        (workloads[w], n, p, "ours" if parse_variant(p)[0] == "oracle" else config.gateway)
+        for w in config.workloads for n in config.workers for p in config.policies
     ]
     if config.peers:
         text_gsp = dataclasses.replace(from_namespace(GspConfig, args), text_prompts=True)
         from gateway.bench import workloads as wl
 
         peer_workload = dataclasses.replace(
-            wl.gsp(text_gsp, wl.Vocab.from_tokenizer_dir(tokenizer_dir), config.seed), name="gsp-text"
+            wl.gsp(text_gsp, wl.Vocab.from_tokenizer_dir(tokenizer_dir), config.seed), name=PEER_WORKLOAD
         )
         for p in config.peer_policies:
             plan.append((peer_workload, config.peer_workers, p, "ours-process"))
@@ -409,9 +442,16 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
 
-def _find(cells: list[Cell], workload: str, workers: int, policy: str, gateway: str = "ours") -> Cell | None:
+OURS = ("ours", "ours-process")
+PEER_WORKLOAD = "gsp-text"  # the peer comparison's workload (cells of every gateway)
+
+
+def _find(cells: list[Cell], workload: str, workers: int, policy: str, gateway: str | None = None) -> Cell | None:
+    """The cell of (workload, workers, policy) run on ``gateway`` (None: ours, in or out of process)."""
     for c in cells:
-        if (c.workload, c.workers, c.policy, c.gateway) == (workload, workers, policy, gateway):
+        if (c.workload, c.workers, c.policy) == (workload, workers, policy) and (
+            c.gateway == gateway if gateway is not None else c.gateway in OURS
+        ):
             return c
     return None
 
@@ -485,7 +525,7 @@ SCALING_HEADER = [
 def peer_rows(cells: list[Cell]) -> list[list[str]]:
     """The peer comparison; ratios are against ours (as a process) with the same policy."""
     rows = []
-    peer_cells = [c for c in cells if c.gateway != "ours"]
+    peer_cells = [c for c in cells if c.workload == PEER_WORKLOAD]
     ref = {c.policy: c for c in peer_cells if c.gateway == "ours-process" and c.summary}
     for c in peer_cells:
         if c.summary is None:
@@ -530,7 +570,7 @@ def _md(header: list[str], rows: list[list[str]]) -> str:
 def tables(cells: list[Cell], config: MatrixConfig) -> list[tuple[str, list[str], list[list[str]]]]:
     """(title, header, rows) of every table the run prints."""
     out = []
-    names = list(dict.fromkeys(c.workload for c in cells if c.gateway == "ours"))
+    names = list(dict.fromkeys(c.workload for c in cells if c.gateway in OURS and c.workload != PEER_WORKLOAD))
     for w in names:
         out.append((f"{w}", WORKLOAD_HEADER, workload_rows(cells, w, config.workers, config.policies)))
     scaling = scaling_rows(cells, names, config.workers)

@@ -150,3 +150,27 @@ class RoutingQualityCollector(Collector):
             changed.add_metric([worker], n)
         yield from (offered, ideal, sent, reported, predicted, ideal_ratio, achieved_ratio, mismatch, load_only,
                     under, cut, over, hot, changed)
+        yield from self._prefill_gate()
+
+    def _prefill_gate(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        """What the prefill gate (``pipeline.prefill_gate``) held, per (model, pool)."""
+        c, g = CounterMetricFamily, GaugeMetricFamily
+        labels = ["model", "pool"]
+        held = c("token_gateway_prefill_gate_held", "requests held while a request sharing their prefix was in prefill on their worker", labels=labels)
+        timeouts = c("token_gateway_prefill_gate_timeouts", "holds ended by their timeout rather than the blocker's first token", labels=labels)
+        cancelled = c("token_gateway_prefill_gate_cancelled", "held requests cancelled while waiting (client gone, shutdown)", labels=labels)
+        seconds = c("token_gateway_prefill_gate_hold_seconds", "total time requests were held, seconds", labels=labels)
+        gained = c("token_gateway_prefill_gate_gained_tokens", "prompt tokens the holds were to turn from a second prefill into cache hits (predicted)", labels=labels)
+        waiting = g("token_gateway_prefill_gate_waiting", "requests held now", labels=labels)
+        in_prefill = g("token_gateway_prefill_gate_in_prefill", "requests sent that have no first token yet, tracked by the gate")
+        holds = self._router.holds
+        for (model, pool), st in list(holds.stats.items()):
+            lv = [model, pool]
+            held.add_metric(lv, st.held)
+            timeouts.add_metric(lv, st.timed_out)
+            cancelled.add_metric(lv, st.cancelled)
+            seconds.add_metric(lv, st.hold_s)
+            gained.add_metric(lv, st.gained_tokens)
+            waiting.add_metric(lv, st.waiting)
+        in_prefill.add_metric([], len(holds.rule))
+        yield from (held, timeouts, cancelled, seconds, gained, waiting, in_prefill)

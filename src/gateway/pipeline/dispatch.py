@@ -26,6 +26,7 @@ from gateway.pipeline.deadline import worker_timeout
 from gateway.pipeline.errors import map_rpc_error, no_worker_error, worker_stalled_error
 from gateway.pipeline.lease import Lease, Outcome
 from gateway.pipeline.observer import NULL_OBSERVER, PipelineObserver
+from gateway.pipeline.prefill_gate import PrefillGateConfig
 from gateway.pipeline.retry import RetryConfig
 from gateway.pipeline.router import Router, Selection
 from gateway.policies.base import NoWorkerAvailable, RouteRequest
@@ -41,7 +42,7 @@ T = TypeVar("T")
 
 
 @dataclass
-class DispatchConfig:
+class DispatchConfig(PrefillGateConfig):
     request_timeout_s: float = option(600.0, "gRPC deadline for one generation on a worker, seconds")
     first_token_timeout_s: float = option(180.0, "last-resort cap on the wait for a request's first message, seconds (a stalled worker is caught sooner by the progress watchdog, --watchdog-*)")
     stall_timeout_s: float = option(30.0, "give up on one stream that goes silent for this long after it started while its worker stays busy elsewhere, seconds")
@@ -266,6 +267,8 @@ async def open_on(
     started = time.monotonic()
     worker.progress.started(started, idle=worker.load.in_flight == 0)
     lease = Lease(selection, route, prompt_tokens=prompt_tokens, max_new_tokens=max_new_tokens, observer=observer)
+    router = selection.router
+    gate_key = 0
     call: GenerateCall | None = None
     stalled = False
 
@@ -277,6 +280,19 @@ async def open_on(
 
     unwatch = worker.progress.watch(watchdog_kill)
     try:
+        if router is not None and config.prefill_gate:
+            hold = router.holds.check(selection, config)
+            if hold is not None:  # its prefix is being prefilled on this worker now: wait for that
+                await router.holds.wait(hold, route.model, selection.role)
+                if not worker.available:  # it failed or was taken out of rotation meanwhile
+                    raise AttemptFailed(
+                        no_worker_error(f"worker {worker.id} left rotation while the request was held"),
+                        worker.id, "HELD_WORKER_UNAVAILABLE", retryable=True, backoff=False,
+                    )
+                started = time.monotonic()  # the learned prefill rate counts the worker's time only
+            # In prefill until the first message or any other ending (``finally`` below):
+            # the gate holds requests sharing its prefix on this worker until then.
+            gate_key = router.holds.dispatched(selection)
         call = worker.client.generate(request, timeout=worker_timeout(config.request_timeout_s))
         async with asyncio.timeout(config.first_token_timeout_s):
             first = await call.read()
@@ -320,6 +336,9 @@ async def open_on(
             fire_abort(worker, route.request_id, "cancelled")
         lease.release(Outcome.CANCELLED)
         raise
+    finally:
+        if gate_key:
+            router.holds.prefilled(gate_key)  # type: ignore[union-attr]
     unwatch()
     if first is aio.EOF:
         lease.release(Outcome.WORKER_FAILED)

@@ -17,6 +17,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from gateway.pipeline.prefill_gate import PrefillHolds
 from gateway.policies.base import Decision, NoWorkerAvailable, Policy, RouteRequest, WorkerView
 from gateway.policies.factory import close_policy
 from gateway.policies.quality import DEFAULT_SKETCH_TOKENS, OfferedPrefixes, PoolQuality
@@ -36,6 +37,7 @@ class Selection:
     policy: Policy
     router: Router | None = None  # set by Router.select: where the finish is reported
     role: str = "regular"
+    prompt: bytes = b""  # the prompt packed as uint32 (cache-aware policies; the prefill gate compares it)
 
     def finished(self, route: RouteRequest, *, reported_cached: int, sent_prompt: int, reported_prompt: int,
                  success: bool) -> None:
@@ -61,6 +63,7 @@ class Router:
         self._sketch_tokens = sketch_tokens
         self._cache_params: dict[str, tuple[int, int]] = {}  # worker -> (page size, KV capacity) seen
         self.cache_param_changes: dict[str, int] = {}  # worker -> times its page size / capacity changed
+        self.holds = PrefillHolds()  # requests in prefill and their waiters (pipeline.prefill_gate)
         registry.subscribe(self._on_registry_change)
 
     def policy(self, model: str, role: str) -> Policy:
@@ -180,14 +183,15 @@ class Router:
             self._check_cache_params(w)
         policy = self.policy(request.model, role)
         decision = policy.select(request, views)
+        packed = getattr(policy, "packed", None)  # cache_aware has packed the prompt already
+        prompt: bytes = packed(request) if packed is not None else b""
         if not request.exclude:  # a retry offers nothing new
-            packed = getattr(policy, "packed", None)  # cache_aware has packed the prompt already
-            self.quality(request.model, role).offered.offer(packed(request) if packed else request.token_ids)
+            self.quality(request.model, role).offered.offer(prompt if packed is not None else request.token_ids)
         worker = next((w for w in live if w.id == decision.worker_id), None)
         if worker is None:
             raise NoWorkerAvailable(f"policy {policy.name} chose unknown worker {decision.worker_id!r}")
         notified = self._dispatching(request.model, role) if self._sink is not None else policy
-        return Selection(worker, decision, notified, self, role)
+        return Selection(worker, decision, notified, self, role, prompt)
 
     def exclude(self, request: RouteRequest, worker_id: str) -> RouteRequest:
         return replace(request, exclude=request.exclude | {worker_id})

@@ -46,6 +46,7 @@ class WorkerView:
     loads: LoadSnapshot | None = None  # last polled figures, if a policy asked for polling
     kv_capacity_tokens: int = 0  # GetServerInfo max_total_num_tokens (0: unknown)
     page_size: int = 1  # the worker's KV page size in tokens
+    max_running_requests: int = 0  # sequences the worker runs at once at most (0: unknown)
     bootstrap_port: int | None = None  # PD prefill workers only
 
 

@@ -92,10 +92,12 @@ DEFAULT_PREFILL_WEIGHT = 1.0
 DEFAULT_DECODE_WEIGHT = 0.5
 DEFAULT_REQUEST_WEIGHT = 16.0
 DEFAULT_LOADS_MAX_AGE_S = 5.0
+DEFAULT_SLOT_STEP_TOKENS = 0.0  # off: see docs/policies.md, "Slot wait"
 DEFAULT_HOT_PREFIX_MIN_TOKENS = 256
 DEFAULT_HOT_PREFIX_WINDOW = DEFAULT_WINDOW
 HOT_REASON = "hot_prefix"  # spread among the hot prefix's replica set
 HOT_NEW_REASON = "hot_prefix_new_replica"  # the replica set grows by this (cheapest non-holder) worker
+HOT_OVERFLOW_REASON = "hot_prefix_overflow"  # every holder's slots were taken: the whole pool was scored
 _MAX_TRACKED = 1 << 16  # in-flight requests remembered for the queue estimate
 
 
@@ -108,6 +110,7 @@ class CostKnobs:
     decode_weight: float = DEFAULT_DECODE_WEIGHT
     request_weight: float = DEFAULT_REQUEST_WEIGHT
     loads_max_age_s: float = DEFAULT_LOADS_MAX_AGE_S
+    slot_step_tokens: float = DEFAULT_SLOT_STEP_TOKENS  # S_w: one decode step in prefill tokens (0: off)
 
     def __post_init__(self) -> None:
         if self.form not in COST_FORMS:
@@ -266,7 +269,7 @@ class CacheAwarePolicy(BasePolicy):
             matched = self._match(request, workers)  # one walk for the hot-prefix key and the scores
             hot = self._hot_pool(request, workers, matched[0]) if self.hot_prefix_min_tokens else None
         # Filtering is fused into the scoring loop (one pass over the pool, not two).
-        scored = self._score(request, hot[0] if hot else workers, self._turn, None, matched)
+        scored = self._score(request, hot[0] if hot else workers, self._turn, None, matched, slot_aware=hot is not None)
         if scored is None:
             candidates(request, workers)  # raises the right NoWorkerAvailable
             raise NoWorkerAvailable(f"no worker in pool {request.pool!r}")
@@ -318,6 +321,16 @@ class CacheAwarePolicy(BasePolicy):
                 return None
             held = {w.worker_id for w in holders}
             return [w for w in usable if w.worker_id not in held], HOT_NEW_REASON
+        if (
+            self.cost.slot_step_tokens
+            and all(0 < w.max_running_requests <= w.in_flight for w in holders)
+            and any(w.in_flight < w.max_running_requests for w in usable)
+        ):
+            # Every holder's running slots are taken while another worker has a free one:
+            # the request would queue for a slot behind the prefix's own traffic. Let the
+            # whole pool's cost (slot wait included) decide; a non-holder that wins joins
+            # the set (``on_dispatch``). In a burst every worker is full: no overflow.
+            return usable, HOT_OVERFLOW_REASON
         return holders, HOT_REASON
 
     def _choose(self, request: RouteRequest, cands: list[WorkerView]) -> Decision:
@@ -366,6 +379,8 @@ class CacheAwarePolicy(BasePolicy):
         turn: int,
         rows: dict[str, dict[str, Any]] | None,
         matched: tuple[int, dict[str, int]] | None = None,
+        *,
+        slot_aware: bool = False,
     ) -> tuple[WorkerView, str, int, dict[str, float]] | None:
         """(best worker, reason, its predicted cached tokens, costs of the finalists).
 
@@ -378,6 +393,7 @@ class CacheAwarePolicy(BasePolicy):
         knobs = self.cost
         additive = knobs.form == "additive"
         a, b, r, max_age = knobs.prefill_weight, knobs.decode_weight, knobs.request_weight, knobs.loads_max_age_s
+        slot = knobs.slot_step_tokens if slot_aware else 0.0
         miss = self._miss
         exclude = request.exclude
         n = len(workers)
@@ -414,6 +430,11 @@ class CacheAwarePolicy(BasePolicy):
                     if foreign > 0:  # queued work this gateway did not send (see Q_w)
                         q += foreign
                 cost = prompt - c + a * q + b * w.running_decode_tokens + r * w.in_flight
+                cap = w.max_running_requests
+                if cap and slot and w.in_flight >= cap:
+                    # S_w: every running slot is taken; we wait for (in_flight + 1 - cap)
+                    # of them to free, about 2 * avg remaining decode / (cap + 1) steps each.
+                    cost += slot * 2.0 / (cap + 1) * (w.in_flight + 1 - cap) * (w.running_decode_tokens / cap)
             else:
                 cost = (prompt - c + 1) * (1 + w.in_flight)
             if c:

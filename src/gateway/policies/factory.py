@@ -30,6 +30,7 @@ from gateway.policies.cache_aware import (
     DEFAULT_LOADS_MAX_AGE_S,
     DEFAULT_PREFILL_WEIGHT,
     DEFAULT_REQUEST_WEIGHT,
+    DEFAULT_SLOT_STEP_TOKENS,
     CacheAwarePolicy,
     CostKnobs,
 )
@@ -92,6 +93,9 @@ class PolicyConfig:
     request_weight: float = option(
         DEFAULT_REQUEST_WEIGHT, "cache_aware: fixed cost of each in-flight request, in tokens"
     )
+    slot_step_tokens: float = option(
+        DEFAULT_SLOT_STEP_TOKENS, "cache_aware: what one decode step is worth in prefill tokens, for the wait of a request sent to a worker whose running slots (its max_running_requests) are all taken (0: no such term)"
+    )
     loads_max_age_s: float = option(
         DEFAULT_LOADS_MAX_AGE_S, "cache_aware: ignore polled worker loads older than this"
     )
@@ -138,6 +142,7 @@ def make_policy(config: PolicyConfig | None = None, **overrides: Any) -> Policy:
                 decode_weight=cfg.decode_weight,
                 request_weight=cfg.request_weight,
                 loads_max_age_s=cfg.loads_max_age_s,
+                slot_step_tokens=cfg.slot_step_tokens,
             ),
             use_polled_loads=cfg.use_polled_loads,
             closed_loop=cfg.closed_loop,

@@ -33,20 +33,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_options(parser.add_argument_group("worker"), SimConfig)
 
 
+# gRPC core's EventEngine listener hands every read of a served connection to its own
+# threads; the classic poller reads in the completion-queue thread. For a process that
+# only serves small RPCs (zero-cost workers: ~1000/s in the scale-out benchmark) the
+# classic path costs ~10-15% less CPU per RPC (measured on grpcio 1.85). An experiment
+# list set by the operator wins.
+GRPC_EXPERIMENTS = "-event_engine_listener"
+
+
 def run(args: argparse.Namespace) -> int:
     import asyncio
+    import os
+
+    os.environ.setdefault("GRPC_EXPERIMENTS", GRPC_EXPERIMENTS)  # read at gRPC's first server start
 
     config = from_namespace(SimConfig, args)
     if args.num_workers < 1:
         raise SystemExit("--num-workers must be >= 1")
     if args.roles and len(args.roles) != args.num_workers:
         raise SystemExit(f"--roles names {len(args.roles)} roles for {args.num_workers} workers")
+    try:  # the gateway's event loop too: a cheaper loop turn for every RPC a worker serves
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
     return asyncio.run(_serve(config, args))
 
 
 async def _serve(config: SimConfig, args: argparse.Namespace) -> int:
     import asyncio
     import dataclasses
+    import gc
     import json
     import signal
     import sys
@@ -74,6 +92,10 @@ async def _serve(config: SimConfig, args: argparse.Namespace) -> int:
             "bootstrap_ports": [w.bootstrap_port for w in workers],
             "roles": [w.config.role for w in workers],
         }
+        # The vocabulary and the workers live as long as the process: keep them out of
+        # every full garbage collection (each would walk ~150k vocabulary objects).
+        gc.collect()
+        gc.freeze()
         print(json.dumps(ready), flush=True)
         await stop.wait()
     finally:

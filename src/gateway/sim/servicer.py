@@ -155,7 +155,7 @@ class SimServicer(sglang_scheduler_pb2_grpc.SglangSchedulerServicer):
             for seq in seqs:
                 w.scheduler.submit(seq)
             while remaining:
-                await sink.event.wait()
+                await sink.wait()
                 for seq, start, end, final in sink.take():
                     if stall_pending and sent_tokens >= faults.stall_after_tokens:
                         stall_pending = False

@@ -38,6 +38,7 @@ class WorkerInfo:
     disaggregation_mode: str = "null"
     bootstrap_port: int | None = None
     dp_size: int = 1  # data-parallel ranks behind this one address (PD rooms align to them)
+    max_running_requests: int = 0  # server_args max_running_requests (0: not reported)
     default_sampling: dict[str, float] = field(default_factory=dict)
 
     @classmethod
@@ -73,6 +74,7 @@ class WorkerInfo:
             disaggregation_mode=str(args.get("disaggregation_mode") or "null"),
             bootstrap_port=int(bootstrap) if bootstrap else None,
             dp_size=max(1, int(args.get("dp_size") or 1)),
+            max_running_requests=max(0, int(args.get("max_running_requests") or 0)),
             default_sampling=defaults,
         )
 
@@ -177,6 +179,7 @@ class Worker:
             kv_capacity_tokens=self.info.kv_capacity_tokens,
             page_size=self.info.page_size,
             bootstrap_port=self.bootstrap_port,
+            max_running_requests=self.info.max_running_requests,
         )
 
     def describe(self) -> dict[str, object]:

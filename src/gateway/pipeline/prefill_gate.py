@@ -1,0 +1,188 @@
+"""The prefill gate's waiting: hold a request until the request it shares a prefix with
+has been prefilled on the chosen worker.
+
+The rule (who waits, for whom) is ``policies.prefill_gate``; this module owns the
+events. Every request sent to a worker (``dispatch.open_on``) is registered as *in
+prefill* with its packed prompt until its first message arrives or its attempt ends
+in any other way (worker error, stall, timeout, cancellation, the client going away):
+``dispatch.open_on`` calls :meth:`PrefillHolds.prefilled` in a ``finally``, which sets
+the event of anyone waiting on it. A request routed to a worker where the rule finds a
+blocker waits on that blocker's event *after* taking its lease there (so it counts as
+that worker's load while it waits), bounded by :meth:`PrefillHolds.timeout_s` (a
+multiple of the expected prefill time of the worker's queue at its learned prefill
+rate, capped), then is sent to the same worker (its prefix is cached there now, or the
+wait timed out), or fails over through the retry loop if the worker left rotation
+meanwhile. A request waits at most once per attempt; a cancelled wait sends nothing and
+gives the lease back; the admission slot is the caller's and stays held. Holds are only
+taken while the worker's running slots are not all spoken for
+(``prefill_gate_free_slot_only``): see ``policies.prefill_gate.slot_free``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+from gateway.policies.base import Decision
+from gateway.policies.prefill_gate import (
+    DEFAULT_MIN_GAIN_TOKENS,
+    PrefillGate,
+    Prefilling,
+    slot_free,
+)
+from gateway.settings import option
+from gateway.workers.worker import Worker
+
+
+class Selection(Protocol):
+    """What the gate reads of a ``router.Selection`` (a protocol: the router owns the gate)."""
+
+    @property
+    def worker(self) -> Worker: ...
+
+    @property
+    def decision(self) -> Decision: ...
+
+    @property
+    def role(self) -> str: ...
+
+    @property
+    def prompt(self) -> bytes: ...
+
+
+@dataclass
+class PrefillGateConfig:
+    prefill_gate: bool = option(True, "hold a request while a request sharing its prefix is still in prefill on the chosen worker (dispatched, no first token yet), then send it: the prefix is computed once, not once per request admitted into the same batch")
+    prefill_gate_free_slot_only: bool = option(True, "prefill gate: hold only while the worker's running slots are not all spoken for (its requests, held ones included, below the max_running_requests it reports; no limit when it reports none): then the blocker is being prefilled now and the hold is short; behind a full worker a hold costs the request its place in the queue")
+    prefill_gate_min_tokens: int = option(DEFAULT_MIN_GAIN_TOKENS, "prefill gate: hold only when the wait would make at least this many more prompt tokens cached (whole pages)")
+    prefill_gate_factor: float = option(2.0, "prefill gate: hold at most this multiple of the expected prefill time of the worker's queue (queued prompt tokens / its learned prefill rate)")
+    prefill_gate_min_s: float = option(0.5, "prefill gate: the shortest hold allowed, seconds (the learned rate may still be noise)")
+    prefill_gate_max_s: float = option(30.0, "prefill gate: the longest hold ever, seconds")
+    prefill_gate_default_tps: float = option(4000.0, "prefill gate: prefill rate assumed (tokens/s) until the worker's own rate is learned")
+
+    def __post_init__(self) -> None:
+        if self.prefill_gate_min_tokens < 1:
+            raise ValueError("prefill_gate_min_tokens must be >= 1")
+        if self.prefill_gate_factor <= 0 or self.prefill_gate_default_tps <= 0:
+            raise ValueError("prefill_gate_factor and prefill_gate_default_tps must be > 0")
+        if not 0 <= self.prefill_gate_min_s <= self.prefill_gate_max_s:
+            raise ValueError("need 0 <= prefill_gate_min_s <= prefill_gate_max_s")
+
+
+def hold_timeout_s(queued_prefill_tokens: int, prefill_tps: float | None, config: PrefillGateConfig) -> float:
+    """The longest hold on a worker with ``queued_prefill_tokens`` prompt tokens that have no
+    first token yet (the blocker among them) and a learned prefill rate (None: not learned):
+    ``factor`` times the time to prefill that queue, within [min_s, max_s]."""
+    rate = prefill_tps or config.prefill_gate_default_tps
+    expected = queued_prefill_tokens / rate
+    return min(config.prefill_gate_max_s, max(config.prefill_gate_min_s, config.prefill_gate_factor * expected))
+
+
+@dataclass(slots=True)
+class GateStats:
+    """What the gate did for one (model, pool)."""
+
+    held: int = 0  # requests that waited
+    released: int = 0  # ... and were released by their blocker's first token or ending
+    timed_out: int = 0  # ... and were released by the timeout
+    cancelled: int = 0  # ... and were cancelled while waiting (client gone, shutdown)
+    hold_s: float = 0.0  # total time waited
+    gained_tokens: int = 0  # predicted tokens the waits were to turn into cache hits
+    waiting: int = 0  # waiting now
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """A request the rule says should wait, and for whom."""
+
+    blocker: Prefilling
+    gain_tokens: int
+    timeout_s: float
+
+
+class PrefillHolds:
+    """In-prefill requests of every pool and the events their waiters wait on."""
+
+    def __init__(self) -> None:
+        self.rule = PrefillGate()
+        self._events: dict[int, asyncio.Event] = {}
+        self._keys = itertools.count(1)
+        self.stats: dict[tuple[str, str], GateStats] = {}
+
+    def dispatched(self, selection: Selection) -> int:
+        """``selection``'s request was sent: it is in prefill until :meth:`prefilled` (returns its key; 0: not tracked)."""
+        if not selection.prompt or selection.role == "decode":
+            return 0
+        key = next(self._keys)
+        self.rule.add(key, selection.worker.id, selection.prompt, selection.decision.predicted_cached_tokens)
+        return key
+
+    def prefilled(self, key: int) -> None:
+        """The request ``key`` got its first message or ended otherwise: release its waiters."""
+        if not key:
+            return
+        self.rule.remove(key)
+        event = self._events.pop(key, None)
+        if event is not None:
+            event.set()
+
+    def timeout_s(self, selection: Selection, config: PrefillGateConfig) -> float:
+        """The longest this request may wait on the selected worker."""
+        worker = selection.worker
+        return hold_timeout_s(worker.load.queued_prefill_tokens, worker.progress.prefill_tps, config)
+
+    def check(self, selection: Selection, config: PrefillGateConfig) -> Hold | None:
+        """Whether the selected request should wait (the rule, with this gate's settings)."""
+        decision = selection.decision
+        if not config.prefill_gate or not selection.prompt or selection.role == "decode":
+            return None
+        worker = selection.worker
+        # in_flight counts this request's own lease (minus one) and the ones held for this
+        # worker: they all take a slot the moment their blockers are prefilled
+        ahead = worker.load.in_flight - 1
+        if config.prefill_gate_free_slot_only and not slot_free(ahead, worker.info.max_running_requests):
+            return None
+        found = self.rule.blocker(
+            selection.worker.id, selection.prompt, decision.predicted_cached_tokens,
+            min_gain_tokens=config.prefill_gate_min_tokens, page=max(1, selection.worker.info.page_size),
+        )
+        if found is None:
+            return None
+        return Hold(found[0], found[1], self.timeout_s(selection, config))
+
+    def pool_stats(self, model: str, role: str) -> GateStats:
+        st = self.stats.get((model, role))
+        if st is None:
+            st = self.stats[(model, role)] = GateStats()
+        return st
+
+    async def wait(self, hold: Hold, model: str, role: str) -> bool:
+        """Wait for ``hold``'s blocker (True) or its timeout (False); re-raises cancellation."""
+        key = hold.blocker.key
+        if key not in self.rule:
+            return True  # it got its first token already
+        event = self._events.get(key)
+        if event is None:
+            event = self._events[key] = asyncio.Event()
+        st = self.pool_stats(model, role)
+        st.held += 1
+        st.gained_tokens += hold.gain_tokens
+        st.waiting += 1
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(hold.timeout_s):
+                await event.wait()
+        except TimeoutError:
+            st.timed_out += 1
+            return False
+        except asyncio.CancelledError:
+            st.cancelled += 1
+            raise
+        finally:
+            st.waiting -= 1
+            st.hold_s += time.monotonic() - started
+        st.released += 1
+        return True

@@ -1,0 +1,248 @@
+"""The prefill gate in dispatch, against fake workers: a request sharing a prefix with one
+still in prefill on its worker waits for that one's first message, and every ending of the
+blocker (first token, failure, cancellation) and of the waiter (cancellation, timeout)
+lets go."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from gateway.pipeline.dispatch import DispatchConfig, open_generate
+from gateway.pipeline.prefill_gate import PrefillGateConfig, hold_timeout_s
+from gateway.pipeline.retry import RetryConfig
+from gateway.policies.base import RouteRequest
+from gateway.proto import sglang_scheduler_pb2 as pb
+from tests.fake_transport import (
+    HANG,
+    MODEL,
+    FakeTransport,
+    Fleet,
+    Later,
+    chunk,
+    complete,
+    fleet,
+    rpc_error,
+)
+
+RETRY = RetryConfig(max_attempts=1, backoff_base_s=0.0, backoff_max_s=0.0)
+CONFIG = DispatchConfig(first_token_timeout_s=5.0, stall_timeout_s=5.0)
+SYSTEM = list(range(1000, 1000 + 1024))
+
+
+def route(n: int, system: list[int] = SYSTEM) -> RouteRequest:
+    return RouteRequest(token_ids=[*system, *range(20_000 + 100 * n, 20_000 + 100 * n + 32)], model=MODEL,
+                        request_id=f"r{n}", max_new_tokens=4)
+
+
+async def start(f: Fleet, r: RouteRequest, config: DispatchConfig = CONFIG) -> asyncio.Task:  # type: ignore[type-arg]
+    async def run():  # type: ignore[no-untyped-def]
+        return await open_generate(
+            f.router, r, lambda s: pb.GenerateRequest(request_id=r.request_id), prompt_tokens=len(r.token_ids),
+            max_new_tokens=4, retry=RETRY, config=config,
+        )
+
+    task = asyncio.ensure_future(run())
+    for _ in range(5):
+        await asyncio.sleep(0)
+    return task
+
+
+def stats(f: Fleet):  # type: ignore[no-untyped-def]
+    return f.router.holds.pool_stats(MODEL, "regular")
+
+
+async def test_a_follower_waits_for_the_first_token_of_its_prefix_then_goes_to_the_same_worker() -> None:
+    t = FakeTransport("grpc://w1:1").script(Later(0.05, chunk([1])), HANG).script(chunk([2]), HANG)
+    f = await fleet(t, policy="cache_aware")
+    first = await start(f, route(1))
+    follower = await start(f, route(2))
+    w = f.worker("w1:1")
+    assert len(t.requests) == 1  # the follower is held at the gateway...
+    assert stats(f).waiting == 1 and stats(f).held == 1
+    assert w.load.in_flight == 2  # ...but counted on its worker (it holds its lease)
+    a = await first
+    b = await follower
+    assert len(t.requests) == 2 and b.worker.id == "w1:1"
+    st = stats(f)
+    assert (st.released, st.timed_out, st.waiting, st.gained_tokens) == (1, 0, 0, 1024)
+    assert len(f.router.holds.rule) == 0  # both got their first message: nobody is in prefill
+    await a.aclose()
+    await b.aclose()
+    assert w.load.in_flight == 0
+
+
+async def test_unrelated_requests_are_not_held() -> None:
+    t = FakeTransport("grpc://w1:1").script(HANG).script(chunk([2]), HANG)
+    f = await fleet(t, policy="cache_aware")
+    first = await start(f, route(1))
+    other = await start(f, route(2, system=list(range(5000, 6024))))
+    stream = await other
+    assert len(t.requests) == 2 and stats(f).held == 0
+    first.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    await stream.aclose()
+
+
+async def test_the_gate_can_be_turned_off() -> None:
+    t = FakeTransport("grpc://w1:1").script(HANG).script(chunk([2]), HANG)
+    f = await fleet(t, policy="cache_aware")
+    off = DispatchConfig(first_token_timeout_s=5.0, stall_timeout_s=5.0, prefill_gate=False)
+    first = await start(f, route(1), off)
+    stream = await (await start(f, route(2), off))
+    assert len(t.requests) == 2 and stats(f).held == 0 and len(f.router.holds.rule) == 0
+    first.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    await stream.aclose()
+
+
+async def test_a_failed_blocker_releases_its_waiters() -> None:
+    t = FakeTransport("grpc://w1:1").script(Later(0.02, rpc_error(grpc.StatusCode.UNAVAILABLE))).script(chunk([2]), HANG)
+    f = await fleet(t, policy="cache_aware")
+    first = await start(f, route(1))
+    follower = await start(f, route(2))
+    assert stats(f).waiting == 1
+    with pytest.raises(Exception, match=r"fake failure|unavailable"):
+        await first
+    stream = await follower
+    assert stats(f).released == 1 and len(t.requests) == 2
+    await stream.aclose()
+
+
+async def test_a_cancelled_blocker_releases_its_waiters() -> None:
+    t = FakeTransport("grpc://w1:1").script(HANG).script(chunk([2]), HANG)
+    f = await fleet(t, policy="cache_aware")
+    first = await start(f, route(1))
+    follower = await start(f, route(2))
+    assert stats(f).waiting == 1
+    first.cancel()  # its client went away
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    stream = await follower
+    assert stats(f).released == 1 and stream.worker.id == "w1:1"
+    await stream.aclose()
+    assert f.worker("w1:1").load.in_flight == 0
+
+
+async def test_a_cancelled_waiter_gives_its_lease_back_and_sends_nothing() -> None:
+    t = FakeTransport("grpc://w1:1").script(Later(0.05, chunk([1])), HANG)
+    f = await fleet(t, policy="cache_aware")
+    first = await start(f, route(1))
+    follower = await start(f, route(2))
+    w = f.worker("w1:1")
+    assert w.load.in_flight == 2
+    follower.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await follower
+    assert w.load.in_flight == 1 and stats(f).cancelled == 1 and stats(f).waiting == 0
+    assert len(t.requests) == 1
+    stream = await first
+    await stream.aclose()
+    assert w.load.in_flight == 0
+
+
+async def test_a_hold_ends_at_its_timeout() -> None:
+    t = FakeTransport("grpc://w1:1").script(HANG).script(chunk([2]), HANG)
+    f = await fleet(t, policy="cache_aware")
+    quick = DispatchConfig(first_token_timeout_s=5.0, stall_timeout_s=5.0, prefill_gate_min_s=0.02, prefill_gate_max_s=0.02)
+    first = await start(f, route(1), quick)
+    stream = await (await start(f, route(2), quick))
+    assert stats(f).timed_out == 1 and stats(f).released == 0 and len(t.requests) == 2
+    first.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    await stream.aclose()
+
+
+async def test_a_worker_gone_during_the_hold_sends_the_request_elsewhere() -> None:
+    t1 = FakeTransport("grpc://w1:1").script(HANG)
+    t2 = FakeTransport("grpc://w2:1").script(HANG).script(chunk([2]), HANG)
+    f = await fleet(t1, t2, policy="cache_aware")
+    r1 = route(1)
+    first = await start(f, RouteRequest(r1.token_ids, model=MODEL, request_id="r1", max_new_tokens=4,
+                                        target_worker="w1:1"))
+    busy = await start(f, RouteRequest(list(range(30_000, 33_000)), model=MODEL, request_id="busy",
+                                       max_new_tokens=4, target_worker="w2:1"))  # w2 looks loaded: r2 picks w1
+    retry = RetryConfig(max_attempts=2, backoff_base_s=0.0, backoff_max_s=0.0)
+    r2 = route(2)
+
+    async def run():  # type: ignore[no-untyped-def]
+        return await open_generate(f.router, r2, lambda s: pb.GenerateRequest(request_id="r2"),
+                                   prompt_tokens=len(r2.token_ids), max_new_tokens=4, retry=retry, config=CONFIG)
+
+    follower = asyncio.ensure_future(run())
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert stats(f).waiting == 1 and len(t2.requests) == 1
+    f.worker("w1:1").trip("test: taken out of rotation")
+    first.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    stream = await follower
+    assert stream.worker.id == "w2:1" and len(t1.requests) == 1
+    await stream.aclose()
+    busy.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await busy
+
+
+def test_hold_timeout_follows_the_learned_prefill_rate_within_bounds() -> None:
+    cfg = PrefillGateConfig(prefill_gate_factor=2.0, prefill_gate_min_s=0.5, prefill_gate_max_s=30.0,
+                            prefill_gate_default_tps=4000.0)
+    assert hold_timeout_s(8000, 2000.0, cfg) == 8.0  # 2 x 8000 tokens at 2000 tokens/s
+    assert hold_timeout_s(8000, None, cfg) == 4.0  # default rate until learned
+    assert hold_timeout_s(10, 2000.0, cfg) == 0.5
+    assert hold_timeout_s(10**9, 2000.0, cfg) == 30.0
+    with pytest.raises(ValueError):
+        PrefillGateConfig(prefill_gate_min_s=5.0, prefill_gate_max_s=1.0)
+
+
+async def test_pd_prefill_halves_are_gated_and_released_by_the_first_prefill() -> None:
+    from gateway.pipeline.pd import PdOpener
+
+    p = FakeTransport("grpc://p:1", role="prefill", bootstrap_port=9000)
+    d = FakeTransport("grpc://d:1", role="decode")
+    p.script(Later(0.05, complete([], cached=0))).script(complete([], cached=1024))
+    d.script(chunk([7]), HANG).script(chunk([8]), HANG)
+    f = await fleet(p, d, policy="cache_aware")
+    opener = PdOpener(f.router, retry=RETRY, config=CONFIG)
+
+    async def run(r: RouteRequest):  # type: ignore[no-untyped-def]
+        return await opener.open(r, pb.GenerateRequest(request_id=r.request_id, stream=True), samples=1,
+                                 wants_output_logprobs=False, prompt_tokens=len(r.token_ids), max_new_tokens=4)
+
+    first = asyncio.ensure_future(run(route(1)))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    follower = asyncio.ensure_future(run(route(2)))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    pool = f.router.holds.pool_stats(MODEL, "prefill")
+    assert pool.waiting == 1 and len(p.requests) == 1  # the follower's prefill half waits
+    assert len(d.requests) == 2  # its decode half was sent: it waits for the KV like any decode
+    a, b = await first, await follower
+    assert pool.released == 1 and len(p.requests) == 2 and len(f.router.holds.rule) == 0
+    await a.aclose()
+    await b.aclose()
+    assert all(w.load.in_flight == 0 for w in f.registry.all())
+
+
+async def test_no_hold_once_the_workers_running_slots_are_spoken_for() -> None:
+    import dataclasses
+
+    t = FakeTransport("grpc://w1:1").script(Later(0.05, chunk([1])), HANG).script(chunk([2]), HANG).script(chunk([3]), HANG)
+    f = await fleet(t, policy="cache_aware")
+    w = f.worker("w1:1")
+    w.info = dataclasses.replace(w.info, max_running_requests=2)
+    first = await start(f, route(1))
+    held = await start(f, route(2))  # one slot left after the blocker: held, it would be batched with it
+    third = await start(f, route(3))  # blocker + held take both slots: sent, it queues behind them
+    assert stats(f).held == 1 and len(t.requests) == 2
+    for task in (first, held, third):
+        stream = await task
+        await stream.aclose()
+    assert w.load.in_flight == 0
