@@ -27,7 +27,9 @@ A simulated fleet whose steps cost nothing (``SubprocessFleet``, every cost and
 * ``relay`` (only when asked for): CPU per token of the gateway's own relay code, in
   process (worker messages -> detokenize, stops -> stream events -> SSE bytes), next to
   the CPU per message a bare grpc.aio client pays to read a worker's stream and the CPU
-  per event a bare uvicorn app pays to write an SSE stream: the two I/O floors.
+  per event a bare uvicorn app pays to write an SSE stream: the two I/O floors; and the
+  CPU and p50 wall time of one bare grpc.aio Generate call at a time (the floor under the
+  added latency at concurrency 1).
 
 Every chat prompt is unique (fresh seeded words), so the gateway's multi-turn
 tokenization cache does not hide the cost of templating and tokenizing. Every loop is
@@ -515,6 +517,26 @@ async def grpc_read_us_per_message(tokens: int, streams: int, concurrency: int) 
             await target.close()
 
 
+async def grpc_call_c1(tokens: int, calls: int) -> dict[str, float]:
+    """One Generate call at a time from a bare grpc.aio client to a zero-cost worker
+    (``tokens`` streamed): its CPU per call and its p50 wall time, the floor under the
+    gateway's added latency at concurrency 1 (every call pays the poller-thread hand-offs)."""
+    async with SubprocessFleet(1, SimConfig(step_base_s=0.0, prefill_token_s=0.0, decode_seq_s=0.0, time_scale=0.0)) as fleet:
+        target = Target("http://unused", fleet.urls, "m", tokens)
+        try:
+            ids = list(range(1000, 1032))
+            for _ in range(20):
+                await target.direct(ids, True)
+            walls: list[float] = []
+            t0 = time.process_time()
+            for _ in range(calls):
+                walls.append((await target.direct(ids, True)).total_s * 1e3)
+            cpu_ms = 1e3 * (time.process_time() - t0) / calls
+            return {"cpu_ms_per_call": round(cpu_ms, 3), "p50_ms": round(pct(walls, 0.5), 3)}
+        finally:
+            await target.close()
+
+
 _SSE_SERVER = """
 import asyncio, sys, uvicorn, uvloop
 EVENT = b'data: {"id":"cmpl-0123456789abcdef","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":" word","logprobs":null,"finish_reason":null}]}\\\\n\\\\n'
@@ -571,6 +593,7 @@ async def relay_section(prompts: Prompts, args: argparse.Namespace) -> dict[str,
     out["relay_code_us_per_token"] = [round(await relay_code_us_per_token(prompts, 128, 100), 2) for _ in range(3)]
     out["grpc_aio_read_us_per_message"] = [round(await grpc_read_us_per_message(128, 64, 16), 1) for _ in range(3)]
     out["uvicorn_write_us_per_event"] = [round(await http_write_us_per_event(128, 64, 16), 1) for _ in range(3)]
+    out["grpc_aio_call_c1"] = [await grpc_call_c1(8, 300) for _ in range(3)]
     return out
 
 

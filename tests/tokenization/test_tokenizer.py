@@ -51,6 +51,28 @@ def test_encode_batch_equals_encode(qwen: Tokenizer) -> None:
     ]
 
 
+def test_short_and_long_texts_get_the_same_ids_on_either_encode_path(
+    qwen: Tokenizer, hf_qwen: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Short texts are encoded holding the GIL, long ones by encode_batch_fast: same ids."""
+    from gateway.tokenization import tokenizer as tokenizer_module
+
+    long_text = "<|im_start|>user\n" + "héllo wörld 日本語 😀 code() " * 120
+    short_text = long_text[:300]
+    assert len(short_text) <= tokenizer_module.HOLD_GIL_CHARS < len(long_text)
+    for special in (True, False):
+        by_path = {t: qwen.encode(t, add_special_tokens=special) for t in (short_text, long_text)}
+        monkeypatch.setattr(tokenizer_module, "HOLD_GIL_CHARS", 10**9)  # everything the GIL-held way
+        for t, ids in by_path.items():
+            assert qwen.encode(t, add_special_tokens=special) == ids == hf_qwen.encode(t, add_special_tokens=special)
+            assert qwen.encode_batch([t], add_special_tokens=special) == [ids]
+        monkeypatch.setattr(tokenizer_module, "HOLD_GIL_CHARS", -1)  # everything the batch way
+        for t, ids in by_path.items():
+            assert qwen.encode(t, add_special_tokens=special) == ids
+            assert qwen.encode_batch([t], add_special_tokens=special) == [ids]
+        monkeypatch.undo()
+
+
 def test_facts_match_transformers(qwen: Tokenizer, hf_qwen: Any) -> None:
     assert qwen.vocab_size == len(hf_qwen) == 151669
     assert qwen.eos_token_ids == {hf_qwen.eos_token_id} == {IM_END}

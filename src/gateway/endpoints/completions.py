@@ -14,7 +14,7 @@ from typing import Any
 from gateway.pipeline.catalog import ModelEntry
 from gateway.pipeline.engine import Engine
 from gateway.pipeline.fanout import merged
-from gateway.pipeline.generation import Generation, UsageCounts
+from gateway.pipeline.generation import Generation, SampleDelta, UsageCounts
 from gateway.pipeline.limits import check_batch
 from gateway.pipeline.prepared import PreparedRequest
 from gateway.pipeline.request_context import RequestContext
@@ -186,7 +186,7 @@ async def _chunks(
     piece = piece_fn(entry)
     offsets: dict[int, int] = {}
     echoed: set[int] = set()
-    async for g_index, d in merged(gens):
+    def emit(g_index: int, d: SampleDelta) -> StreamChunk | None:
         k = g_index * n + d.index
         gen = gens[g_index]
         text = d.text
@@ -201,9 +201,20 @@ async def _chunks(
             text = _echo_text(gen.prepared, entry) + text
         offsets[k] = offsets.get(k, 0) + len(text)
         if not text and d.finish_reason is None and logprobs is None:
-            continue
+            return None
         choice = CompletionDelta(k, text, logprobs, d.finish_reason, d.matched_stop)
-        yield StreamChunk(head, [choice], stream_usage(sum_usage(gens)) if continuous else None)
+        return StreamChunk(head, [choice], stream_usage(sum_usage(gens)) if continuous else None)
+
+    if len(gens) == 1:  # one prompt: read it directly, without merge's generator layer per token
+        async for d in gens[0]:
+            chunk = emit(0, d)
+            if chunk is not None:
+                yield chunk
+    else:
+        async for g_index, d in merged(gens):
+            chunk = emit(g_index, d)
+            if chunk is not None:
+                yield chunk
     if include_usage:
         yield StreamChunk(head, [], stream_usage(sum_usage(gens)))
 

@@ -60,10 +60,22 @@ class EngineConfig:
         "each chunk costs the gateway one gRPC read and one SSE event, so N cuts its CPU per token "
         "about N-fold, at the price of output arriving N tokens at a time",
     )
+    busy_stream_interval: int = option(
+        0,
+        "opt-in load-adaptive streaming: when > 1, a streamed request that starts while this gateway "
+        "process has --busy-in-flight requests or more on its workers asks its worker for chunks of this "
+        "many tokens (fewer gRPC reads and SSE events when the event loop is the bottleneck); below that "
+        "load, and when 0 (the default), streams stay one token per event",
+    )
+    busy_in_flight: int = option(64, "requests in flight (all workers) from which --busy-stream-interval applies")
 
     def __post_init__(self) -> None:
         if self.worker_stream_interval < 0:
             raise ValueError("worker_stream_interval must be >= 0 (0: the worker's default)")
+        if self.busy_stream_interval < 0:
+            raise ValueError("busy_stream_interval must be >= 0 (0: off)")
+        if self.busy_in_flight < 1:
+            raise ValueError("busy_in_flight must be >= 1")
 
 
 def _texts(messages: Sequence[dict[str, Any]]) -> list[str]:
@@ -346,7 +358,20 @@ class Engine:
             request.tokenized.original_text = prepared.prompt_text
         if self.config.worker_stream_interval > 0:
             request.sampling_params.stream_interval = self.config.worker_stream_interval
+        elif prepared.stream and self.config.busy_stream_interval > 1 and self.busy():
+            request.sampling_params.stream_interval = self.config.busy_stream_interval
         return request
+
+    def busy(self) -> bool:
+        """Whether this process relays enough requests that per-message cost is what limits
+        it (the workers' load counters: every open lease, whatever its front door)."""
+        limit = self.config.busy_in_flight
+        total = 0
+        for worker in self.registry.all():
+            total += worker.load.in_flight
+            if total >= limit:
+                return True
+        return False
 
     # ------------------------------------------------------------- dispatch
     async def start(self, prepared: PreparedRequest) -> Generation:

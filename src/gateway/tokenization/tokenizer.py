@@ -105,6 +105,14 @@ def _chat_template_sources(folder: Path | None, config: Mapping[str, Any]) -> di
     return templates
 
 
+# A text this short is encoded holding the GIL (``encode``, no thread pool): releasing it
+# around ~50 µs of work only invites another thread to take the GIL first, and the event
+# loop then waits for it (measured: 0.7 ms of wall time per short chat prompt under load,
+# see docs/BENCHMARKS.md, issue 18). Longer texts go through ``encode_batch_fast``, which
+# releases the GIL and skips offsets.
+HOLD_GIL_CHARS = 2048
+
+
 class Tokenizer:
     """Encode/decode and special-token facts for one model. Safe to share across threads."""
 
@@ -232,13 +240,18 @@ class Tokenizer:
     # ------------------------------------------------------------------ encode / decode
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:
         """Token ids of ``text``. Use ``add_special_tokens=False`` for rendered chat prompts."""
+        if len(text) <= HOLD_GIL_CHARS:
+            ids: list[int] = self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+            return ids
         # encode_batch_fast skips offset tracking (ids only) and releases the GIL.
         encoding = self.backend.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0]
-        ids: list[int] = encoding.ids
+        ids = encoding.ids
         return ids
 
     def encode_batch(self, texts: Sequence[str], add_special_tokens: bool) -> list[list[int]]:
         """Encode many texts in one call (parallel inside the Rust library)."""
+        if len(texts) == 1 and len(texts[0]) <= HOLD_GIL_CHARS:
+            return [self.backend.encode(texts[0], add_special_tokens=add_special_tokens).ids]
         encodings = self.backend.encode_batch_fast(
             list(texts), add_special_tokens=add_special_tokens
         )

@@ -17,6 +17,7 @@ from gateway.workers.transport import WorkerTransport
 from gateway.workers.watchdog import ProgressTracker
 
 ROLES = ("regular", "prefill", "decode")
+LOADS_VIEW_REUSE_S = 0.01  # a policy's load view is at most this much older than its age says
 
 
 @dataclass
@@ -111,6 +112,7 @@ class Worker:
         self.draining = False
         self.polled: LoadSnapshot | None = None
         self.polled_at = 0.0
+        self._loads_view: tuple[LoadSnapshot, float, LoadSnapshot] | None = None  # (polled, at, view)
         # Health evidence (see workers/health.py): consecutive probe outcomes, the last
         # time a request or probe succeeded, and whether a failure asks for an early probe.
         self.failures = 0
@@ -150,9 +152,18 @@ class Worker:
         self.suspect = True
 
     def loads_view(self) -> LoadSnapshot | None:
-        if self.polled is None:
+        """The last polled load with its age; one copy per poll and 10 ms (a policy reads it
+        for every worker on every request, and ``dataclasses.replace`` is dear)."""
+        polled = self.polled
+        if polled is None:
             return None
-        return dataclasses.replace(self.polled, age_s=max(0.0, time.monotonic() - self.polled_at))
+        now = time.monotonic()
+        cached = self._loads_view
+        if cached is not None and cached[0] is polled and now - cached[1] < LOADS_VIEW_REUSE_S:
+            return cached[2]
+        view = dataclasses.replace(polled, age_s=max(0.0, now - self.polled_at))
+        self._loads_view = (polled, now, view)
+        return view
 
     def view(self) -> WorkerView:
         return WorkerView(

@@ -68,3 +68,32 @@ async def test_worker_stream_interval_batches_tokens_same_text(stack: Stack) -> 
     assert "".join(texts) == whole.choices[0].text
     assert usage is not None and usage.completion_tokens == whole.usage.completion_tokens == 12
     assert len(texts) <= 4  # 12 tokens in chunks of 4 (a chunk's text may wait for a whole character)
+
+
+async def _stream_texts(stack: Stack, **extra: object) -> list[str]:
+    stream = await stack.client.completions.create(
+        model=stack.model, prompt=[100, 200, 300], max_tokens=12, seed=3, stream=True, **extra,  # type: ignore[call-overload]
+    )
+    return [c.choices[0].text async for c in stream if c.choices and c.choices[0].text]
+
+
+@pytest.mark.stack(
+    workers=1, sim={"step_base_s": 0.002, "time_scale": 1.0},
+    sections={"engine": {"busy_stream_interval": 4, "busy_in_flight": 1}},
+)
+async def test_busy_stream_interval_batches_only_under_load(stack: Stack) -> None:
+    """--busy-stream-interval: one token per event while the gateway is not busy; N-token
+    chunks for streams that start while --busy-in-flight requests are already running."""
+    quiet = await _stream_texts(stack)
+    assert len(quiet) == 12  # nothing else in flight: one token per event, as without the flag
+    held = await stack.client.completions.create(
+        model=stack.model, prompt=[7, 8, 9], max_tokens=2000, stream=True, extra_body={"ignore_eos": True},
+    )
+    try:
+        async for _ in held:  # the first event: the held stream is in flight on its worker
+            break
+        busy = await _stream_texts(stack)
+    finally:
+        await held.close()
+    assert "".join(busy) == "".join(quiet)
+    assert len(busy) <= 4  # 12 tokens in chunks of 4

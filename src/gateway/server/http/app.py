@@ -13,17 +13,19 @@ from fastapi import FastAPI
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.protocol.errors import GatewayError
 from gateway.server.http.admin import admin_router
 from gateway.server.http.door import HttpDoor
 from gateway.server.http.health import health_router
+from gateway.server.http.hot import HotPath
 from gateway.server.http.native import native_router
 from gateway.server.http.openai import openai_router
 from gateway.server.http.openapi import describe_request_bodies
 from gateway.server.http.parse import parse_router
 from gateway.server.http.util import error_response
-from gateway.server.observability import install_observability
+from gateway.server.observability import ObservabilityMiddleware, install_observability
 from gateway.server.security import is_loopback
 from gateway.server.state import GatewayState
 
@@ -37,7 +39,24 @@ def metrics_guard(state: GatewayState) -> Callable[[Mapping[str, str]], None] | 
     return state.auth.metrics
 
 
-def create_app(state: GatewayState, *, manage_lifecycle: bool = True) -> FastAPI:
+class GatewayApp(FastAPI):
+    """FastAPI, except that the hot routes (``server.http.hot``) skip its stack."""
+
+    hot: HotPath | None = None
+    hot_stack: ASGIApp | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        hot = self.hot
+        if hot is not None and self.hot_stack is not None and hot.match(scope):
+            scope["app"] = self
+            await self.hot_stack(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
+
+def create_app(state: GatewayState, *, manage_lifecycle: bool = True, hot_path: bool = True) -> FastAPI:
+    """The HTTP app; ``hot_path=False`` leaves the hot routes on FastAPI's own path too
+    (the tests compare the two)."""
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if manage_lifecycle:
@@ -48,11 +67,12 @@ def create_app(state: GatewayState, *, manage_lifecycle: bool = True) -> FastAPI
             if manage_lifecycle:
                 await state.stop()
 
-    app = FastAPI(title="token-gateway", version="0.1.0", lifespan=lifespan)
+    app = GatewayApp(title="token-gateway", version="0.1.0", lifespan=lifespan)
     app.state.gateway = state
     door = HttpDoor(state)
-    app.include_router(openai_router(door))
-    app.include_router(native_router(door))
+    hot_routers = [openai_router(door), native_router(door)]
+    for router in hot_routers:
+        app.include_router(router)
     app.include_router(health_router(state))
     app.include_router(admin_router(door))
     app.include_router(parse_router(door))
@@ -69,4 +89,7 @@ def create_app(state: GatewayState, *, manage_lifecycle: bool = True) -> FastAPI
 
     install_observability(app, state.metrics, access_log=state.config.server.access_log, guard=metrics_guard(state))
     describe_request_bodies(app)
+    if hot_path:
+        app.hot = HotPath(door, {getattr(r, "path", ""): r for router in hot_routers for r in router.routes})
+        app.hot_stack = ObservabilityMiddleware(app.hot, state.metrics, access_log=state.config.server.access_log)
     return app

@@ -8,6 +8,7 @@ admission slot, the request id and the OpenAI error shape are owned here once.
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Literal
 
@@ -52,18 +53,20 @@ class HttpDoor:
         self.max_body = state.config.server.max_body_bytes
 
     def context(self, request: Request, auth: Auth) -> RequestContext:
-        key_id = auth(request.headers)
-        ctx = RequestContext(
+        return self.context_from(request.headers, auth)
+
+    def context_from(self, headers: Mapping[str, str], auth: Auth) -> RequestContext:
+        """Auth (raises before anything else runs), routing headers and the request id."""
+        key_id = auth(headers)
+        record = current_record()  # the id the access log and the worker both see
+        incoming = record.request_id if record else sane_request_id(headers.get(REQUEST_ID))
+        return RequestContext(
+            request_id=incoming or uuid.uuid4().hex,
             api_key_id=key_id,
-            routing_key=first_header(request.headers, ROUTING_KEY_HEADERS),
-            target_worker=first_header(request.headers, TARGET_WORKER_HEADERS),
+            routing_key=first_header(headers, ROUTING_KEY_HEADERS),
+            target_worker=first_header(headers, TARGET_WORKER_HEADERS),
             cache_salt=self.state.auth.key_salt(key_id),
         )
-        record = current_record()  # the id the access log and the worker both see
-        incoming = record.request_id if record else sane_request_id(request.headers.get(REQUEST_ID))
-        if incoming:
-            ctx.request_id = incoming
-        return ctx
 
     @staticmethod
     def headers_for(ctx: RequestContext) -> dict[str, str]:

@@ -1,0 +1,123 @@
+"""The hot routes' thin ASGI path: which requests take it, and its answers where no worker
+is needed (bad input, auth, the body limit, a client gone, an unexpected error).
+
+The whole-stack behaviour (streams, usage, disconnects mid-stream, admission) is covered
+by ``tests/e2e/http``, which runs every request of those routes through this path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+
+from gateway.server.config import GatewayConfig
+from gateway.server.http import hot
+from gateway.server.http.app import GatewayApp, create_app
+from gateway.server.state import GatewayState
+
+HOT = ["/v1/chat/completions", "/v1/completions", "/generate"]
+
+
+@pytest.fixture
+async def app() -> AsyncIterator[GatewayApp]:
+    config = GatewayConfig()
+    config.server.max_body_bytes = 1000
+    state = GatewayState(config)
+    try:
+        made = create_app(state, manage_lifecycle=False)
+        assert isinstance(made, GatewayApp)
+        yield made
+    finally:
+        state.engine.close()
+
+
+def _client(app: GatewayApp) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw")
+
+
+def _assert_openai_error(r: httpx.Response, status: int) -> dict[str, Any]:
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"] == "application/json"
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    return error
+
+
+def test_only_post_on_the_three_routes_takes_the_hot_path(app: GatewayApp) -> None:
+    assert app.hot is not None
+    for path in HOT:
+        assert app.hot.match({"type": "http", "method": "POST", "path": path})
+        assert not app.hot.match({"type": "http", "method": "GET", "path": path})
+    for path in ("/v1/embeddings", "/v1/models", "/health", "/v1/chat/completions/x"):
+        assert not app.hot.match({"type": "http", "method": "POST", "path": path})
+
+
+@pytest.mark.parametrize("path", HOT)
+async def test_bad_bodies_get_the_openai_error_shape(app: GatewayApp, path: str) -> None:
+    async with _client(app) as c:
+        _assert_openai_error(await c.post(path, content=b""), 400)
+        _assert_openai_error(await c.post(path, content=b"{not json"), 400)
+        _assert_openai_error(await c.post(path, content=b"[1, 2]"), 400)
+        _assert_openai_error(await c.post(path, content=b"x" * 2000), 413)
+        r = await c.post(path, json={"model": 5}, headers={"x-request-id": "abc-1"})
+        assert r.status_code == 400 and r.headers["x-request-id"] == "abc-1"
+
+
+async def test_other_methods_still_reach_fastapi(app: GatewayApp) -> None:
+    async with _client(app) as c:
+        r = await c.get("/v1/chat/completions")
+    _assert_openai_error(r, 405)
+
+
+async def test_auth_is_checked_before_the_body(app: GatewayApp) -> None:
+    state: GatewayState = app.state.gateway
+    state.auth._keys = ["sekret"]  # as --api-keys sekret
+    async with _client(app) as c:
+        _assert_openai_error(await c.post("/v1/completions", content=b"x" * 2000), 401)
+        r = await c.post("/v1/completions", content=b"", headers={"authorization": "Bearer sekret"})
+        _assert_openai_error(r, 400)
+
+
+async def test_a_client_gone_while_sending_its_body_gets_499_and_no_work(app: GatewayApp) -> None:
+    sent: list[dict[str, Any]] = []
+    messages = [{"type": "http.request", "body": b'{"model"', "more_body": True}, {"type": "http.disconnect"}]
+
+    async def receive() -> dict[str, Any]:
+        return messages.pop(0)
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": [], "query_string": b""}
+    await app(scope, receive, send)
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 499
+    state: GatewayState = app.state.gateway
+    assert 'endpoint="/v1/completions"' in state.metrics.render().decode()
+
+
+async def test_an_unexpected_error_is_a_500_in_the_openai_shape(app: GatewayApp, monkeypatch: pytest.MonkeyPatch) -> None:
+    async def boom(*args: Any) -> Any:
+        raise RuntimeError("bug")
+
+    routes = {path: (hot.HotRoute(r.path, r.model, boom, r.admit), api) for path, (r, api) in app.hot._routes.items()}  # type: ignore[union-attr]
+    monkeypatch.setattr(app.hot, "_routes", routes)
+    async with _client(app) as c:
+        r = await c.post("/generate", json={"text": "hi"})
+    _assert_openai_error(r, 500)
+
+
+@pytest.mark.parametrize("path", HOT)
+async def test_bad_input_answers_match_the_fastapi_path(app: GatewayApp, path: str) -> None:
+    state: GatewayState = app.state.gateway
+    plain = create_app(state, manage_lifecycle=False, hot_path=False)
+    assert isinstance(plain, GatewayApp) and plain.hot is None
+    bodies = [b"", b"{not json", b"[1]", b"x" * 2000, b'{"model": 5}', b'{"stream": "yes"}']
+    async with _client(app) as hot_client, _client(plain) as plain_client:  # type: ignore[arg-type]
+        for body in bodies:
+            a = await hot_client.post(path, content=body, headers={"x-request-id": "same"})
+            b = await plain_client.post(path, content=body, headers={"x-request-id": "same"})
+            assert (a.status_code, a.json(), a.headers["content-type"]) == (b.status_code, b.json(), b.headers["content-type"])
+            assert a.headers["x-request-id"] == b.headers["x-request-id"] == "same"
