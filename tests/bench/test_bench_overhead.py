@@ -122,8 +122,9 @@ def test_tiny_compare_run_reports_every_load(tmp_path: Path) -> None:
     rows = json.loads(out.read_text())["compare"]["rows"]
     short, gsp = rows
     assert short["short"]["requests"] == 10 and short["c1"]["requests"] == short["c1-stream"]["requests"] == 3
-    # Process CPU is read from /proc in 10 ms clock ticks: four tiny chat turns may fit in
-    # none of them on a quiet machine, so the figure is only required to be there.
+    # Process CPU is read from /proc in 10 ms clock ticks: four tiny chat turns, or three
+    # gsp requests, may fit in none of them on a quiet machine, so the CPU figures are only
+    # required to be there (and never negative).
     assert short["multi-turn"]["requests"] == 4 and short["multi-turn"]["cpu_ms_per_request"] >= 0
     assert gsp["gsp"]["requests"] == 3 and gsp["gsp"]["tokens_per_event"] >= 1.0
-    assert gsp["gsp"]["cpu_us_per_token"] > 0 and "idle_core_percent" in gsp
+    assert gsp["gsp"]["cpu_us_per_token"] >= 0 and "idle_core_percent" in gsp

@@ -39,13 +39,13 @@ from gateway.pipeline.engine import Engine
 from gateway.pipeline.request_context import RequestContext
 from gateway.protocol.chat import ChatCompletionRequest
 from gateway.protocol.completions import CompletionRequest
-from gateway.protocol.errors import GatewayError, InvalidRequestError, PayloadTooLargeError
+from gateway.protocol.errors import GatewayError, PayloadTooLargeError
 from gateway.protocol.generate import GenerateRequest
 from gateway.protocol.headers import RETRY_AFTER
 from gateway.server.admission import Ticket
 from gateway.server.http.door import CLIENT_CLOSED, HttpDoor
 from gateway.server.http.sse import DONE, StreamEvent, sse_error
-from gateway.server.http.util import parse_model
+from gateway.server.http.util import parse_json, parse_model
 
 log = logging.getLogger(__name__)
 
@@ -217,7 +217,7 @@ class _Request:
                     ctx.admit = self._take  # the route reserves one slot per prompt once it knows the count
                 elif route.admit:
                     await self._take(1)
-                req = parse_model(route.model, _loads(body))
+                req = parse_model(route.model, parse_json(body))
                 result = await route.run(state.engine, req, ctx)
                 if isinstance(result, Streamed):
                     await self._stream(result.events, ctx)
@@ -291,12 +291,3 @@ def _headers(scope: Scope) -> dict[str, str]:
     """The request's headers by lower-case name, the first of repeated ones (as Starlette's
     ``Headers.get``), built once instead of a scan of the raw list per lookup."""
     return {k.decode("latin-1"): v.decode("latin-1") for k, v in reversed(scope["headers"])}
-
-
-def _loads(body: bytes) -> Any:
-    if not body:
-        raise InvalidRequestError("the request body is empty; send a JSON object")
-    try:
-        return orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidRequestError(f"the request body is not valid JSON: {exc}") from None

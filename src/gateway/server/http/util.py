@@ -68,7 +68,11 @@ async def buffer_body(request: Request, max_bytes: int) -> bytes:
 
 
 async def read_json(request: Request, max_bytes: int) -> Any:
-    body = await buffer_body(request, max_bytes)
+    return parse_json(await buffer_body(request, max_bytes))
+
+
+def parse_json(body: bytes) -> Any:
+    """A request body as JSON, or the 400 that says what is wrong with it."""
     if not body:
         raise InvalidRequestError("the request body is empty; send a JSON object")
     try:
