@@ -250,7 +250,9 @@ async def routing_section(args: argparse.Namespace, report: dict[str, Any]) -> N
 def short_prompts(n: int, seed: int) -> list[list[dict[str, str]]]:
     vocab = Vocab.from_tokenizer_dir()
     rng = random.Random(seed)
-    return [[{"role": "user", "content": f"{i}:{vocab.decode(vocab.sample(rng, 24))}"}] for i in range(n)]
+    # A zero-padded counter (one token per digit) and 24 one-token words: every prompt has
+    # the same token count, which a canned fleet can report back (the fidelity guard).
+    return [[{"role": "user", "content": f"{i:08d}{vocab.decode(vocab.sample(rng, 24))}"}] for i in range(n)]
 
 
 async def closed_loop(url: str, model: str, prompts: list[list[dict[str, str]]], concurrency: int, requests: int,
@@ -311,7 +313,7 @@ request = function()
   counter = counter + 1
   local parts = {}
   for i = 1, 24 do parts[i] = words[math.random(#words)] end
-  local body = '{"model":"%(model)s","messages":[{"role":"user","content":"' .. counter .. ' ' ..
+  local body = '{"model":"%(model)s","messages":[{"role":"user","content":"' .. string.format("%%08d", counter) .. ' ' ..
     table.concat(parts, " ") .. '"}],"max_tokens":8,"ignore_eos":true}'
   return wrk.format(nil, "/v1/chat/completions", nil, body)
 end
@@ -412,8 +414,8 @@ class CpuBreakdown:
     reaped during the round: ``RUSAGE_CHILDREN``), and ``rest of machine`` (everything
     else busy on the host: other people's jobs; it says how quiet the round was)."""
 
-    def __init__(self, gateway: int, fleets: Sequence[int], idle: int) -> None:
-        self.gateway, self.fleets, self.idle = gateway, fleets, idle
+    def __init__(self, gateway: int, fleets: Sequence[int], idle: int, fleet_label: str = "sim fleet") -> None:
+        self.gateway, self.fleets, self.idle, self.fleet_label = gateway, fleets, idle, fleet_label
 
     def sample(self) -> dict[str, float]:
         import resource
@@ -421,7 +423,7 @@ class CpuBreakdown:
         kids = resource.getrusage(resource.RUSAGE_CHILDREN)
         parts = {f"gateway {k}": v for k, v in gateway_parts(self.gateway).items()}
         for i, f in enumerate(self.fleets):
-            parts[f"sim fleet {i}" if len(self.fleets) > 1 else "sim fleet"] = tree_cpu(f)
+            parts[f"{self.fleet_label} {i}" if len(self.fleets) > 1 else self.fleet_label] = tree_cpu(f)
         parts["idle other gateway"] = tree_cpu(self.idle)
         parts["bench script"] = cpu_seconds(os.getpid())
         parts["load generator"] = kids.ru_utime + kids.ru_stime
@@ -439,30 +441,59 @@ class CpuBreakdown:
         return {k: round(1e3 * v / n, 3) for k, v in d.items()}
 
 
-async def throughput_section(args: argparse.Namespace, report: dict[str, Any]) -> None:
+FLEETS = ("sim", "canned")
+
+
+@contextlib.contextmanager
+def throughput_fleet(kind: str, args: argparse.Namespace) -> Any:
+    """(worker URLs, their process ids, the CPU-breakdown label) of the section's workers:
+    ``sim``, simulated workers with every cost 0 (Python, grpc.aio: a few tenths of a ms of
+    CPU per call on the same cores as the gateway), or ``canned``, nginx answering canned
+    gRPC replies (``gateway.bench.canned_fleet``: a few tens of microseconds per call)."""
+    if kind == "canned":
+        from gateway.bench.canned_fleet import CannedFleet
+
+        with CannedFleet(args.throughput_workers, output_tokens=8, max_running_requests=256) as canned:
+            yield canned, canned.urls, [canned.pid], "canned fleet (nginx)"
+        return
     sim = SimConfig(step_base_s=0.0, prefill_token_s=0.0, decode_seq_s=0.0, time_scale=0.0, max_running_requests=256,
                     kv_capacity_tokens=65536)  # fmt: skip
-    scratch = args.scratch
-    rounds: dict[str, list[dict[str, Any]]] = {"one": [], "processes-2": []}
-    loads: list[float] = []
     n_fleets = max(1, min(args.throughput_fleet_processes, args.throughput_workers))
     sizes = [args.throughput_workers // n_fleets + (1 if i < args.throughput_workers % n_fleets else 0) for i in range(n_fleets)]
     with contextlib.ExitStack() as stack:
         fleets = [stack.enter_context(SubprocessFleet(n, sim)) for n in sizes]
-        urls = [u for f in fleets for u in f.urls]
-        fleet_pids = [f.proc.pid for f in fleets if f.proc is not None]
+        yield None, [u for f in fleets for u in f.urls], [f.proc.pid for f in fleets if f.proc is not None], "sim fleet"
+
+
+async def fidelity(urls: Sequence[str]) -> dict[str, float]:
+    """The tokenizer-fidelity guard's view over every serving process: finishes whose
+    worker-reported prompt length differed from the gateway's, and pools routing by load only."""
+    texts = await scrape(urls)
+    return {"mismatches": total(texts, "token_gateway_tokenizer_mismatch_total"),
+            "load_only_pools": total(texts, "token_gateway_routing_load_only")}  # fmt: skip
+
+
+async def throughput_section(args: argparse.Namespace, report: dict[str, Any], kind: str = "sim") -> None:
+    scratch = args.scratch
+    rounds: dict[str, list[dict[str, Any]]] = {"one": [], "processes-2": []}
+    loads: list[float] = []
+    with throughput_fleet(kind, args) as (canned, urls, fleet_pids, fleet_label):
         one = await ServeProcess.launch(serve_argv(urls, scratch), "gw-one", ready_timeout_s=120)
         two = await ServeProcess.launch(serve_argv(urls, scratch, "--processes", "2"), "gw-p2", ready_timeout_s=120)
         try:
             async with httpx.AsyncClient(trust_env=False) as http:
                 model = (await http.get(one.url + "/v1/models")).json()["data"][0]["id"]
+                if canned is not None:  # report the gateway's own prompt count back, as a worker would
+                    probe = {"model": model, "messages": short_prompts(1, args.seed)[0], "max_tokens": 8}
+                    usage = (await http.post(one.url + "/v1/chat/completions", json=probe, timeout=30)).json()["usage"]
+                    canned.set_prompt_tokens(int(usage["prompt_tokens"]))
             for gw in (one, two):  # warm: connections, tokenizer caches, first-use costs
                 await many_clients(gw.url, model, args.clients, args.throughput_concurrency, 200, 20, args.seed)
             for r in range(args.rounds):
                 order = (("one", one, two), ("processes-2", two, one))
                 for name, gw, other in order if r % 2 == 0 else order[::-1]:
                     loads.append(os.getloadavg()[0])
-                    meter = CpuBreakdown(gw.process.pid, fleet_pids, other.process.pid)
+                    meter = CpuBreakdown(gw.process.pid, fleet_pids, other.process.pid, fleet_label)
                     before = meter.sample()
                     if args.load_generator == "wrk":
                         run = wrk_run(gw.url, model, args.throughput_concurrency, args.wrk_seconds, scratch)
@@ -484,7 +515,8 @@ async def throughput_section(args: argparse.Namespace, report: dict[str, Any]) -
                     if spread:
                         row["connections_per_process"] = spread
                     rounds[name].append(row)
-                    print(f"[throughput {name} round {r}] ({load_note()}) {row}", flush=True)
+                    print(f"[throughput {kind} {name} round {r}] ({load_note()}) {row}", flush=True)
+            guard = {name: await fidelity([gw.url]) for name, gw in (("one", one), ("processes-2", two))}
         finally:
             await two.stop(timeout_s=20)
             await one.stop(timeout_s=20)
@@ -495,16 +527,19 @@ async def throughput_section(args: argparse.Namespace, report: dict[str, Any]) -
         vals = sorted(x["req_s"] for x in rounds[name])
         return vals[len(vals) // 2]
 
-    report["throughput"] = {
-        "workers": args.throughput_workers, "fleet_processes": n_fleets, "concurrency": args.throughput_concurrency,
+    out = {
+        "fleet": kind, "workers": args.throughput_workers, "concurrency": args.throughput_concurrency,
+        "fleet_processes": 1 if kind == "canned" else max(1, min(args.throughput_fleet_processes, args.throughput_workers)),
         "client_processes": args.clients,
         "load_generator": args.load_generator,
         "requests_per_round": args.throughput_requests, "wrk_seconds": args.wrk_seconds, "rounds": rounds,
         "median_req_s": {"one": med("one"), "processes-2": med("processes-2")},
         "ratio": round(med("processes-2") / med("one"), 2) if med("one") else None,
         "load_1m_seen": [round(x, 1) for x in loads],
+        "fidelity_guard": guard,
     }  # fmt: skip
-    print(f"[throughput] ratio processes-2 / one = {report['throughput']['ratio']}", flush=True)
+    report["throughput" if kind == "sim" else f"throughput-{kind}"] = out
+    print(f"[throughput {kind}] ratio processes-2 / one = {out['ratio']}; fidelity guard {guard}", flush=True)
 
 
 # ---------------------------------------------------------------- model: 16 replicas, 256 workers
@@ -623,6 +658,37 @@ def cpu_table(rounds: dict[str, list[dict[str, Any]]]) -> list[str]:
     return lines
 
 
+def throughput_markdown(tp: dict[str, Any]) -> list[str]:
+    """The throughput section's tables, for one fleet."""
+    lines: list[str] = []
+    fleet = tp.get("fleet", "sim")
+    workers = "zero-cost simulated workers" if fleet == "sim" else "canned nginx workers (gateway.bench.canned_fleet)"
+    wrk = tp.get("load_generator") == "wrk" and "wrk_seconds" in tp
+    per_round = f"{tp['wrk_seconds']:g} s rounds" if wrk else f"{tp['requests_per_round']} requests per round"
+    lines += [
+        f"Short chat requests (8 answer tokens, unique ~30-token prompts), {tp['workers']} {workers}, "
+        f"concurrency {tp['concurrency']} from "
+        f"{'wrk' if tp.get('load_generator') == 'wrk' else str(tp.get('client_processes', 1)) + ' Python client processes'}, "
+        f"{per_round}, rounds alternating:",
+        "",
+        "| setup | req/s per round | median req/s | gateway CPU ms/request (median) |",
+        "| --- | --- | --- | --- |",
+    ]
+    for name, rows in tp["rounds"].items():
+        cpu = sorted(x["gateway_cpu_ms_per_request"] for x in rows)[len(rows) // 2]
+        lines.append(f"| {name} | {' '.join(str(x['req_s']) for x in rows)} | {tp['median_req_s'][name]} | {cpu} |")
+    lines += ["", f"Ratio processes-2 / one (medians): **{tp['ratio']}**; 1-minute load average seen: {tp['load_1m_seen']}.", ""]
+    spreads = [r["connections_per_process"] for r in tp["rounds"].get("processes-2", []) if r.get("connections_per_process")]
+    if spreads:
+        lines += ["Load-generator connections per serving process (SO_REUSEPORT spread), per round: "
+                  + ", ".join("/".join(map(str, x)) for x in spreads) + ".", ""]  # fmt: skip
+    lines += cpu_table(tp["rounds"])
+    g = tp.get("fidelity_guard")
+    if g:
+        lines += [f"Tokenizer-fidelity guard after the rounds (mismatched finishes, load-only pools): {g}.", ""]
+    return lines
+
+
 def markdown(report: dict[str, Any]) -> str:
     lines: list[str] = []
     routing = report.get("routing")
@@ -645,28 +711,9 @@ def markdown(report: dict[str, Any]) -> str:
                 f"{sync.get('published_bytes_per_request', '-')} | {lag} |"
             )
         lines.append("")
-    tp = report.get("throughput")
-    if tp:
-        wrk = tp.get("load_generator") == "wrk" and "wrk_seconds" in tp
-        per_round = f"{tp['wrk_seconds']:g} s rounds" if wrk else f"{tp['requests_per_round']} requests per round"
-        lines += [
-            f"Short chat requests (8 answer tokens, unique ~30-token prompts), {tp['workers']} zero-cost workers, "
-            f"concurrency {tp['concurrency']} from "
-            f"{'wrk' if tp.get('load_generator') == 'wrk' else str(tp.get('client_processes', 1)) + ' Python client processes'}, "
-            f"{per_round}, rounds alternating:",
-            "",
-            "| setup | req/s per round | median req/s | gateway CPU ms/request (median) |",
-            "| --- | --- | --- | --- |",
-        ]
-        for name, rows in tp["rounds"].items():
-            cpu = sorted(x["gateway_cpu_ms_per_request"] for x in rows)[len(rows) // 2]
-            lines.append(f"| {name} | {' '.join(str(x['req_s']) for x in rows)} | {tp['median_req_s'][name]} | {cpu} |")
-        lines += ["", f"Ratio processes-2 / one (medians): **{tp['ratio']}**; 1-minute load average seen: {tp['load_1m_seen']}.", ""]
-        spreads = [r["connections_per_process"] for r in tp["rounds"].get("processes-2", []) if r.get("connections_per_process")]
-        if spreads:
-            lines += ["Load-generator connections per serving process (SO_REUSEPORT spread), per round: "
-                      + ", ".join("/".join(map(str, x)) for x in spreads) + ".", ""]  # fmt: skip
-        lines += cpu_table(tp["rounds"])
+    for key in ("throughput", *(f"throughput-{k}" for k in FLEETS if k != "sim")):
+        if report.get(key):
+            lines += throughput_markdown(report[key])
     model = report.get("model")
     if model:
         lines += [
@@ -705,6 +752,8 @@ def main() -> int:
     p.add_argument("--throughput-workers", type=int, default=4)
     p.add_argument("--throughput-fleet-processes", type=int, default=1,
                    help="simulated-worker processes the throughput section's workers are spread over")
+    p.add_argument("--throughput-fleet", nargs="+", choices=FLEETS, default=["sim"],
+                   help="throughput section's workers: sim (simulated, Python) and/or canned (nginx, canned replies)")
     p.add_argument("--throughput-concurrency", type=int, default=32)
     p.add_argument("--throughput-requests", type=int, default=1500)
     p.add_argument("--rounds", type=int, default=3)
@@ -742,7 +791,8 @@ def main() -> int:
     if "routing" in args.sections:
         asyncio.run(routing_section(args, report))
     if "throughput" in args.sections:
-        asyncio.run(throughput_section(args, report))
+        for kind in args.throughput_fleet:
+            asyncio.run(throughput_section(args, report, kind))
     if "model" in args.sections:
         model_section(args, report)
     text = json.dumps(report, indent=2)
