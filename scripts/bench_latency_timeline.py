@@ -74,8 +74,14 @@ def install_probes(out: Path) -> None:
     cur: dict[str, int] = {}
     now = time.perf_counter_ns
 
+    import contextvars
+
+    row_var: contextvars.ContextVar[dict[str, int] | None] = contextvars.ContextVar("lat_row", default=None)
+
     def stamp(name: str) -> None:
-        cur.setdefault(name, now())
+        if name == "app":  # the request's task: later stamps (callbacks included) find its row
+            row_var.set(cur)
+        (row_var.get() or cur).setdefault(name, now())
 
     proto = guard.GuardedHttpTools
     orig_recv = proto.data_received
@@ -346,7 +352,12 @@ def main() -> int:
     report: dict[str, Any] = {}
     prev = "client_send"
     lines = []
-    for stage in STAGES:
+    # In the order they happen (bookkeeping deferred past the answer comes after "written").
+    order = sorted(
+        (st for st in STAGES if any(st in r for r in rows)),
+        key=lambda st: pct([r[st] - r["recv"] for r in rows if st in r], 0.5),
+    )
+    for stage in order:
         d = []
         for (t0, _), row in zip(gw, rows, strict=True):
             start = t0 if prev == "client_send" else row.get(prev)
