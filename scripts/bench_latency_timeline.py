@@ -51,6 +51,8 @@ STAGES = [
     "call",  # the gRPC call object exists (request sent)
     "first_msg",  # the worker's first message reached our code
     "open",  # open_generate returned (lease, stream)
+    "gen_ready",  # the Generation object (detokenizers, stop matchers, resumer) exists
+    "delta",  # the first delta of the generation reached the endpoint
     "gen_done",  # the worker's GenerateComplete read (when it is not the first message)
     "fin_start",  # the generation's end: the stream is finished (lease, metrics, policy)
     "fin_end",
@@ -132,6 +134,15 @@ def install_probes(out: Path) -> None:
     around_sync(generation.Generation, "_report_output", "reported")
     around_async(hot, "_send_json", None, "written")
     around_async(engine.Engine, "open", None, "open")
+    around_async(engine.Engine, "start", None, "gen_ready")
+    orig_feed = generation.Generation._feed
+
+    def feed(self: Any, *a: Any) -> Any:
+        out = orig_feed(self, *a)
+        stamp("delta")
+        return out
+
+    generation.Generation._feed = feed  # type: ignore[method-assign]
 
     orig_observe = engine.Engine.__init__
 
