@@ -211,3 +211,38 @@ def test_references_resolve_through_blocks_learned_from_earlier_tails() -> None:
         counts.append(count)
         assert b.decode(ref, count, tail, 4) == prompt
     assert counts == [0, 6, 8] and b.unresolved == 0
+
+
+def test_a_learned_output_reaches_the_other_trees_and_is_not_load() -> None:
+    src, dst = FakeWorkers(), FakeWorkers()
+    local, remote = FakeRouter(), FakeRouter()
+    box = _outbox(src)
+    tap = TappedPolicy(local.p, "regular", box)
+    prompt = list(range(100, 164))
+    req = RouteRequest(prompt, model="m", request_id="r1")
+    decision = tap.select(req, [WorkerView(w, w) for w in WORKERS])
+    tap.on_dispatch(req, decision)
+    tap.on_finish(req, decision.worker_id, 0, True)
+    output = list(range(900, 940))
+    tap.on_output(req, decision.worker_id, output)
+    batch = box.take()
+    assert batch is not None and len(batch.decisions) == 2
+    learned = batch.decisions[1]
+    assert learned.prompt_tokens == 0 and learned.worker_id == decision.worker_id
+    assert box.figures(decision.worker_id) == (0, 0, 0)  # nothing left in flight
+    Applier("b", remote, dst).apply_bytes(batch.SerializeToString())
+    probe = RouteRequest([*prompt, *output, 1, 2], model="m")
+    here = local.p.tree("m").match_packed(local.p._packed(probe))[1][decision.worker_id]
+    there = remote.p.tree("m").match_packed(remote.p._packed(probe))[1][decision.worker_id]
+    assert here == there == len(prompt) + len(output)  # the fakes' page size is 1
+
+
+def test_no_output_is_published_when_the_policy_does_not_learn_it() -> None:
+    src = FakeWorkers()
+    router = FakeRouter()
+    router.p.learn_output = False
+    box = _outbox(src)
+    tap = TappedPolicy(router.p, "regular", box)
+    req = RouteRequest(list(range(100, 164)), model="m", request_id="r1")
+    tap.on_output(req, WORKERS[0], list(range(900, 940)))
+    assert box.take() is None

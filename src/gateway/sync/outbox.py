@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from gateway.policies.base import Decision, RouteRequest
 from gateway.policies.radix_tree import pack
@@ -111,6 +111,21 @@ class Outbox:
         s[1] += entry[2]
         if len(self._flight) > _MAX_TRACKED:
             self._untrack(next(iter(self._flight)))
+
+    def learned(self, pool: str, model: str, worker_id: str, token_ids: Sequence[int]) -> None:
+        """What a worker now caches beyond a prompt (prompt + output, learned on finish):
+        published as a decision with the whole sequence and no prompt count, so the others'
+        trees also count the output in the worker's share (its budget and evictions follow
+        the worker's real cache). Not tracked as in-flight load."""
+        tokens = page_aligned(pack(token_ids), self._page_size(worker_id))
+        if not tokens:
+            return
+        self._wake()
+        full = sync_pb2.Decision(
+            worker_id=worker_id, model=model, pool=pool, tokens=wire_tokens(tokens), decided_unix_ns=self._clock_ns(),
+        )
+        self.recent.append(full)
+        self._decisions.append(self._encoded(full))
 
     def _untrack(self, key: object) -> None:
         entry = self._flight.pop(key, None)

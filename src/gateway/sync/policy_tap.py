@@ -19,6 +19,8 @@ class DecisionSink(Protocol):
 
     def finished(self, pool: str, request: RouteRequest, worker_id: str, cached_tokens: int, success: bool) -> None: ...
 
+    def learned(self, pool: str, model: str, worker_id: str, token_ids: Sequence[int]) -> None: ...
+
 
 class TappedPolicy:
     __slots__ = ("inner", "name", "needs_loads", "pool", "sink")
@@ -40,6 +42,15 @@ class TappedPolicy:
     def on_finish(self, request: RouteRequest, worker_id: str, cached_tokens: int, success: bool) -> None:
         self.inner.on_finish(request, worker_id, cached_tokens, success)
         self.sink.finished(self.pool, request, worker_id, cached_tokens, success)
+
+    def on_output(self, request: RouteRequest, worker_id: str, output_ids: Sequence[int]) -> None:
+        """A policy that learns outputs (``cache_aware``) learned one: the others learn it too."""
+        hook = getattr(self.inner, "on_output", None)
+        if hook is None:
+            return
+        hook(request, worker_id, output_ids)
+        if output_ids and getattr(self.inner, "learn_output", False):
+            self.sink.learned(self.pool, request.model, worker_id, [*request.token_ids, *output_ids])
 
     def on_workers_changed(self, workers: Sequence[WorkerView]) -> None:
         self.inner.on_workers_changed(workers)
