@@ -454,50 +454,91 @@ class _ScriptedStream:
         self.closed = True
 
 
-async def relay_code_us_per_token(prompts: Prompts, tokens: int, reps: int) -> float:
-    """CPU per token of the gateway's own relay code: worker messages -> Generation
-    (detokenizer, stop matching) -> completion stream events -> SSE bytes, in process."""
+class _NullSend:
+    """The ASGI ``send`` under the hot path's stream loop: counts messages, writes nothing."""
+
+    def __init__(self) -> None:
+        self.messages = 0
+
+    async def __call__(self, message: Any) -> None:
+        self.messages += 1
+
+
+def _hot_request(send: _NullSend) -> Any:
+    """A hot-path request object with only what ``_Request._stream`` uses."""
+    from gateway.server.http import hot
+
+    door = type("Door", (), {"headers_for": staticmethod(lambda ctx: {"x-request-id": ctx.request_id})})()
+    request = hot._Request.__new__(hot._Request)
+    request.send_raw = send
+    request.started = request.complete = request.gone = False
+    request.path = type("Path", (), {"door": door})()
+    return request
+
+
+async def relay_code_us_per_token(prompts: Prompts, tokens: int, reps: int) -> dict[str, float]:
+    """CPU per token of the gateway's own relay code, in process, on the HTTP hot path:
+    serialized worker messages -> protobuf parse -> ``Generation`` (detokenizer, stop
+    handling) -> completion stream events -> SSE bytes -> ``send`` (a null ASGI send:
+    no uvicorn, no socket). Also the protobuf parse alone, per message."""
     from gateway.endpoints import completions
     from gateway.pipeline.generation import Generation
     from gateway.pipeline.prepared import PreparedRequest
     from gateway.pipeline.request_context import RequestContext
     from gateway.protocol.completions import CompletionRequest
     from gateway.protocol.sampling import sampling_from_completion
-    from gateway.server.http.door import HttpDoor
     from gateway.tokenization import StopPlan
 
     tok = prompts.tokenizer
     ids = prompts.make(tokens + 64)[1][-tokens:]
-    req = CompletionRequest.model_validate(
-        {"model": "m", "prompt": [1, 2, 3], "max_tokens": tokens, "stream": True, "ignore_eos": True,
-         "stream_options": {"include_usage": True}}
-    )  # fmt: skip
+    req = CompletionRequest.model_validate({"model": "m", "prompt": [1, 2, 3], "max_tokens": tokens, "stream": True})
     sampling = sampling_from_completion(req)
     entry: Any = type("E", (), {"name": "m", "tokenizer": tok})()
-    door = HttpDoor.__new__(HttpDoor)
+    raw = [
+        pb.GenerateResponse(chunk=pb.GenerateStreamChunk(
+            token_ids=[t], prompt_tokens=2176, completion_tokens=i + 1, cached_tokens=2048,
+        )).SerializeToString()
+        for i, t in enumerate(ids)
+    ]  # fmt: skip
+    raw.append(pb.GenerateResponse(complete=pb.GenerateComplete(
+        output_ids=ids[-1:], finish_reason="length", prompt_tokens=2176, cached_tokens=2048,
+    )).SerializeToString())  # fmt: skip
+    parse = pb.GenerateResponse.FromString
 
-    def messages() -> list[pb.GenerateResponse]:
-        out = [
-            pb.GenerateResponse(chunk=pb.GenerateStreamChunk(token_ids=[t], prompt_tokens=3, completion_tokens=i + 1))
-            for i, t in enumerate(ids)
-        ]
-        out.append(pb.GenerateResponse(complete=pb.GenerateComplete(output_ids=ids[-1:], finish_reason="length", prompt_tokens=3)))
-        return out
+    class Wire(_ScriptedStream):
+        """The worker's messages as bytes, parsed on read as gRPC's deserializer does."""
+
+        def __init__(self) -> None:
+            super().__init__([])
+            self._raw = collections.deque(raw)
+
+        async def read(self) -> pb.GenerateResponse | None:
+            return parse(self._raw.popleft()) if self._raw else None
+
+    send = _NullSend()
 
     async def one() -> None:
-        plan = StopPlan.build(tok, stop=[], stop_token_ids=[], ignore_eos=True, skip_special_tokens=True)
+        plan = StopPlan.build(tok, stop=[], stop_token_ids=[], ignore_eos=False, skip_special_tokens=True)
         prepared = PreparedRequest("r", "m", [1, 2, 3], sampling, plan, tok, stream=True)
         ctx = RequestContext()
-        chunks = completions._chunks(req, entry, [Generation(_ScriptedStream(messages()), prepared)], ctx)  # type: ignore[arg-type]
-        async for _ in door.sse_stream(chunks, ctx).body_iterator:
-            pass
+        chunks = completions._chunks(req, entry, [Generation(Wire(), prepared)], ctx)  # type: ignore[arg-type]
+        await _hot_request(send)._stream(chunks, ctx)
 
     for _ in range(5):
         await one()
     t0 = time.process_time()
     for _ in range(reps):
         await one()
-    return 1e6 * (time.process_time() - t0) / (reps * tokens)
+    relay = 1e6 * (time.process_time() - t0) / (reps * tokens)
+    t0 = time.process_time()
+    for _ in range(reps):
+        for message in raw:
+            parse(message)
+    return {
+        "relay_us_per_token": round(relay, 2),
+        "protobuf_parse_us_per_message": round(1e6 * (time.process_time() - t0) / (reps * len(raw)), 3),
+        "asgi_messages_per_stream": round(send.messages / (reps + 5), 2),  # head, events, [DONE]
+    }
 
 
 async def grpc_read_us_per_message(tokens: int, streams: int, concurrency: int) -> float:
@@ -590,7 +631,7 @@ async def http_write_us_per_event(tokens: int, streams: int, concurrency: int) -
 
 async def relay_section(prompts: Prompts, args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    out["relay_code_us_per_token"] = [round(await relay_code_us_per_token(prompts, 128, 100), 2) for _ in range(3)]
+    out["relay_code_us_per_token"] = [await relay_code_us_per_token(prompts, 128, 100) for _ in range(3)]
     out["grpc_aio_read_us_per_message"] = [round(await grpc_read_us_per_message(128, 64, 16), 1) for _ in range(3)]
     out["uvicorn_write_us_per_event"] = [round(await http_write_us_per_event(128, 64, 16), 1) for _ in range(3)]
     out["grpc_aio_call_c1"] = [await grpc_call_c1(8, 300) for _ in range(3)]

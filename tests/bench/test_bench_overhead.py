@@ -128,3 +128,13 @@ def test_tiny_compare_run_reports_every_load(tmp_path: Path) -> None:
     assert short["multi-turn"]["requests"] == 4 and short["multi-turn"]["cpu_ms_per_request"] >= 0
     assert gsp["gsp"]["requests"] == 3 and gsp["gsp"]["tokens_per_event"] >= 1.0
     assert gsp["gsp"]["cpu_us_per_token"] >= 0 and "idle_core_percent" in gsp
+
+
+def test_relay_code_runs_the_hot_path_in_process(bench: ModuleType) -> None:
+    """The relay section's in-process figure drives the real stream loop: a head, one
+    event per token with text, and [DONE] reach the (null) ASGI send."""
+    import asyncio
+
+    out = asyncio.run(bench.relay_code_us_per_token(bench.Prompts(0), 16, 2))
+    assert out["relay_us_per_token"] > 0 and out["protobuf_parse_us_per_message"] > 0
+    assert 16 / 2 + 2 <= out["asgi_messages_per_stream"] <= 16 + 2
