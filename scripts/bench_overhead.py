@@ -37,7 +37,9 @@ bounded by a request count and ``--cap-s`` seconds. Beside wall-clock figures, t
 script reads each process's CPU time from /proc: on a shared machine, the gateway's
 CPU per request is the steadier number. ``--profile DIR`` samples the gateway with
 py-spy during the throughput and stream phases and prints where its time goes, per
-pipeline stage (HTTP parse, template, tokenize, select, dispatch, relay, SSE encode).
+pipeline stage (HTTP parse, template, tokenize, select, dispatch, relay, SSE encode);
+``--profile-tool py-spy-native`` adds C frames, ``--profile-tool perf`` records every
+thread down to the kernel (``perf report -i DIR/NAME.perf.data``).
 """
 
 from __future__ import annotations
@@ -400,31 +402,49 @@ def summarize_profile(raw: Path, top: int = 25) -> dict[str, Any]:
     return {"samples": total, "stage_percent": share, "top_self_percent": hot}
 
 
+PROFILE_TOOLS = ("py-spy", "py-spy-native", "perf")
+PROFILE_TOOL = "py-spy"  # --profile-tool
+
+
+def profiler_command(tool: str, pid: int, out: Path, rate: int, gil: bool) -> list[str]:
+    """The sampler for ``--profile-tool``: py-spy (Python frames, nonblocking), py-spy with
+    native frames (C extensions too; py-spy then pauses the process per sample), or perf
+    (every thread down to the kernel, ``perf report -i OUT``; needs perf_event access)."""
+    if tool == "perf":
+        return ["perf", "record", "-F", str(rate), "-g", "-p", str(pid), "-o", str(out)]
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    mode = ["--native"] if tool == "py-spy-native" else ["--nonblocking"]
+    return [spy, "record", "--pid", str(pid), "--format", "raw", "--rate", str(rate), *mode, "--threads",
+            *(["--gil"] if gil else []), "-o", str(out)]  # fmt: skip
+
+
 @contextlib.contextmanager
 def profiling(pid: int, out: Path | None, rate: int, gil: bool) -> Any:
-    """py-spy sampling ``pid`` while the block runs (no-op when ``out`` is None)."""
+    """Sample ``pid`` with ``PROFILE_TOOL`` while the block runs (no-op when ``out`` is None;
+    perf writes ``OUT.perf.data`` instead of py-spy's collapsed stacks)."""
     if out is None:
         yield
         return
-    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if PROFILE_TOOL == "perf":
+        out = out.with_suffix(".perf.data")
     out.parent.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen(
-        [spy, "record", "--pid", str(pid), "--format", "raw", "--rate", str(rate), "--nonblocking", "--threads",
-         *(["--gil"] if gil else []), "-o", str(out)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        profiler_command(PROFILE_TOOL, pid, out, rate, gil), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     try:
         time.sleep(0.5)  # let it attach
         yield
     finally:
-        proc.send_signal(2)  # SIGINT: py-spy writes its file and exits
+        proc.send_signal(2)  # SIGINT: the sampler writes its file and exits
         try:
             _, err = proc.communicate(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
             _, err = proc.communicate()
         if not out.exists():
-            print(f"py-spy wrote nothing: {err[-500:]}", file=sys.stderr)
+            print(f"{PROFILE_TOOL} wrote nothing: {err[-500:]}", file=sys.stderr)
+        elif PROFILE_TOOL == "perf":
+            print(f"perf profile: perf report -i {out}", flush=True)
 
 
 # ---------------------------------------------------------------- relay: what one token costs, by part
@@ -1171,6 +1191,8 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--profile", default="", help="directory for py-spy profiles of the gateway")
     parser.add_argument("--profile-rate", type=int, default=200, help="py-spy samples per second")
+    parser.add_argument("--profile-tool", choices=PROFILE_TOOLS, default="py-spy",
+                        help="sampler for --profile: py-spy, py-spy-native (C frames too), perf (every thread, kernel included)")
     parser.add_argument(
         "--profile-gil", action=argparse.BooleanOptionalAction, default=True,
         help="sample only the thread holding the GIL (Python CPU; tokenizer threads release it)",
@@ -1204,6 +1226,8 @@ def main() -> int:
     side.add_argument("--gsp-output-tokens", type=int, default=128)
     side.add_argument("--gsp-concurrency", type=int, default=128, help="gsp: requests in flight (a burst: all at once)")
     args = parser.parse_args()
+    global PROFILE_TOOL
+    PROFILE_TOOL = args.profile_tool
     args.peers_installed = os.path.exists(args.peers_python)
     args.baseline_src = os.path.abspath(args.baseline_src) if args.baseline_src else ""
     try:
