@@ -246,3 +246,16 @@ def test_no_output_is_published_when_the_policy_does_not_learn_it() -> None:
     req = RouteRequest(list(range(100, 164)), model="m", request_id="r1")
     tap.on_output(req, WORKERS[0], list(range(900, 940)))
     assert box.take() is None
+
+
+def test_an_output_that_completes_no_page_is_not_published() -> None:
+    src = FakeWorkers(page=16)
+    router = FakeRouter()
+    box = _outbox(src)
+    tap = TappedPolicy(router.p, "regular", box)
+    req = RouteRequest(list(range(100, 164)), model="m", request_id="r1")  # 4 pages
+    tap.on_output(req, WORKERS[0], list(range(900, 908)))  # 72 tokens: still 4 whole pages
+    assert box.take() is None
+    tap.on_output(req, WORKERS[0], list(range(900, 916)))  # 80 tokens: a fifth page
+    batch = box.take()
+    assert batch is not None and len(batch.decisions) == 1 and len(batch.decisions[0].tokens) == 4 * 80

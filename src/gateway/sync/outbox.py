@@ -112,13 +112,14 @@ class Outbox:
         if len(self._flight) > _MAX_TRACKED:
             self._untrack(next(iter(self._flight)))
 
-    def learned(self, pool: str, model: str, worker_id: str, token_ids: Sequence[int]) -> None:
+    def learned(self, pool: str, model: str, worker_id: str, token_ids: Sequence[int], prompt_tokens: int) -> None:
         """What a worker now caches beyond a prompt (prompt + output, learned on finish):
         published as a decision with the whole sequence and no prompt count, so the others'
         trees also count the output in the worker's share (its budget and evictions follow
-        the worker's real cache). Not tracked as in-flight load."""
+        the worker's real cache). Not tracked as in-flight load; nothing is sent when the
+        output completes no page beyond the prompt (the prompt went out with its decision)."""
         tokens = page_aligned(pack(token_ids), self._page_size(worker_id))
-        if not tokens:
+        if len(tokens) >> 2 <= prompt_tokens:
             return
         self._wake()
         full = sync_pb2.Decision(

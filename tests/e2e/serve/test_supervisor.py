@@ -97,7 +97,9 @@ async def test_the_set_shares_its_ports_and_answers_as_one(tmp_path: Path) -> No
             assert _samples(text, "token_gateway_worker_in_flight")  # the scrape-time collectors survive the merge
             published = sum(v for _, v in _samples(text, "token_gateway_sync_published_decisions_total"))
             applied = sum(v for _, v in _samples(text, "token_gateway_sync_applied_decisions_total"))
-            assert published == 24 and applied == 24  # each decision reached the other process's tree
+            # each decision reached the other process's tree; learned outputs (prompt + output
+            # on finish, when the output completes a page) travel as decisions too
+            assert published >= 24 and applied == published
         finally:
             assert await gw.stop(timeout_s=20) == 0
 
