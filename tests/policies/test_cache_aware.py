@@ -481,18 +481,30 @@ def test_top_load_is_the_hottest_prefix_in_workers_shares() -> None:
 
     hp = HotPrefixes(window=256)
     assert hp.top_load(8) is None
-    for i in range(63):
+    for i in range(15):
         hp.observe(i % 64)
     assert hp.top_load(8) is None  # too few requests seen for a share to mean anything
-    for i in range(63, 2000):
+    hp.observe(15)
+    assert hp.top_load(8) == 0.0  # 16 different prefixes: none seen twice
+    for i in range(16, 2000):
         hp.observe(i % 64)  # 64 prefixes in turn: each 1/64 of the traffic
     load = hp.top_load(8)
-    assert load is not None and 0.1 < load < 0.2
+    assert load is not None and 0.05 < load < 0.2
     for i in range(2000):
         hp.observe(7 if i % 2 else 1000 + i)  # now one prefix carries half the requests
     load = hp.top_load(8)
     assert load is not None and 3.5 < load < 4.5
-    assert hp.top_load(8) == pytest.approx(hp.share(7) * 8)
+    assert load == pytest.approx((hp.share(7) - 1 / hp._total) * 8)  # one request less than its count
+
+
+def test_a_hot_prefix_reads_as_hot_within_sixteen_requests() -> None:
+    from gateway.policies.hot_prefix import HotPrefixes
+
+    hp = HotPrefixes(window=256)
+    for i in range(16):
+        hp.observe(7 if i % 4 == 0 else 100 + i)  # a quarter of the requests share one prefix
+    load = hp.top_load(8)
+    assert load is not None and load > 1.25
 
 
 def test_top_load_survives_trimming_the_tracked_keys() -> None:
@@ -502,7 +514,7 @@ def test_top_load_survives_trimming_the_tracked_keys() -> None:
     for i in range(500):
         hp.observe(3 if i % 3 == 0 else 100 + i)
     assert len(hp) <= 16
-    assert hp.top_load(4) == pytest.approx(hp.share(3) * 4)
+    assert hp.top_load(4) == pytest.approx((hp.share(3) - 1 / hp._total) * 4)
 
 
 def _prime(p: CacheAwarePolicy, hot: bool, n: int = 400) -> None:
@@ -512,7 +524,7 @@ def _prime(p: CacheAwarePolicy, hot: bool, n: int = 400) -> None:
 
 def test_queued_prefill_weight_follows_how_concentrated_the_prefixes_are() -> None:
     p = policy()
-    assert p.queued_prefill_weight(8) == pytest.approx(0.75)  # nothing seen yet: halfway
+    assert p.queued_prefill_weight(8) == 1.0  # nothing seen yet: balance first
     _prime(p, hot=False)
     assert p.queued_prefill_weight(8) == pytest.approx(0.5)  # 64 even prefixes: spread
     q = policy()

@@ -110,7 +110,7 @@ def test_policy_quality_shows_the_queue_weight_and_how_concentrated_the_prefixes
     p = CacheAwarePolicy(eviction_interval_s=0)
     p.on_workers_changed(views(8))
     q = policy_quality(p)
-    assert q["hottest_prefix_load"] is None and q["queued_prefill_weight"] == 0.75  # nothing seen yet
+    assert q["hottest_prefix_load"] is None and q["queued_prefill_weight"] == 1.0  # nothing seen yet
     for i in range(400):
         p.hot.observe(10_000 + i % 64)
     q = policy_quality(p)

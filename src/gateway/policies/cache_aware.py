@@ -38,11 +38,13 @@ a whole shared prefix recomputed elsewhere: queued prefill counts at
 ``spread_prefill_weight`` (0.5), so a holder keeps its prefix until its queue is twice
 the prompt's worth ahead. Once one prefix carries more than ``1 + SLACK`` workers'
 worth, balance needs spills and replicas: it counts at ``prefill_weight`` (1.0),
-linearly in between; halfway while too few requests have been seen; always the full
-weight with hot-prefix tracking off. Measured with
+linearly in between; the full weight until 16 requests have shown how spread the
+traffic is (a prefix that turns out hot is never piled up before that), and always with
+hot-prefix tracking off. Measured with
 ``scripts/bench_policies.py sim`` (docs/BENCHMARKS.md, "Round 4"): uniform gsp keeps 0.5's
-hits (86.9% against 85.8% at a fixed 1.0 in the 8-worker burst) and Zipf keeps 1.0's
-spread (0.5 alone piled 1.45x the mean request count on the hot holders). Every
+hits (86.6% against 85.8% at a fixed 1.0 in the 8-worker burst, 86.9% against 79.5% in
+the closed loop) and Zipf keeps 1.0's spread (0.5 alone piled 1.45x the mean request count
+on the hot holders). Every
 term of the additive form is in tokens, so a cached prefix is worth exactly the
 prefill it saves and is weighed against the work already queued, with no on/off
 threshold. The multiplicative form (uncached prefill times batch size, as some
@@ -303,14 +305,15 @@ class CacheAwarePolicy(BasePolicy):
     def queued_prefill_weight(self, pool_size: int) -> float:
         """``a``, the weight of queued prefill now (see the module docstring): the spread
         weight while no offered prefix is hot, the full weight once one carries more than
-        ``1 + SLACK`` workers' worth, linear in between; halfway while unknown; the full
-        weight when hot prefixes are not tracked (``hot_prefix_min_tokens`` 0)."""
+        ``1 + SLACK`` workers' worth, linear in between; the full weight while too few
+        requests have been seen to tell, and when hot prefixes are not tracked
+        (``hot_prefix_min_tokens`` 0)."""
         hi, lo = self.cost.prefill_weight, self.cost.spread_prefill_weight
         if hi == lo or not self.hot_prefix_min_tokens:
             return hi  # fixed, or no prefix shares are tracked to tell
         load = self.hot.top_load(pool_size)
         if load is None:
-            return (hi + lo) / 2
+            return hi  # no evidence yet that the traffic is spread: balance first
         f = (load - 1.0) / SLACK
         return lo if f <= 0 else (hi if f >= 1 else lo + (hi - lo) * f)
 
