@@ -52,8 +52,10 @@ import json
 import os
 import platform
 import random
+import re
 import shlex
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -189,6 +191,7 @@ class Target:
 
     def __init__(self, gateway_url: str, worker_urls: Sequence[str], model: str, max_tokens: int):
         self.url = gateway_url + "/v1/chat/completions"
+        self.worker_urls = list(worker_urls)
         self.model = model
         self.max_tokens = max_tokens
         limits = httpx.Limits(max_connections=512, max_keepalive_connections=512)
@@ -692,6 +695,171 @@ def _usage(usage: dict[str, Any] | None) -> tuple[int, int, int]:
     return int(usage.get("completion_tokens") or 0), int(usage.get("prompt_tokens") or 0), int(details.get("cached_tokens") or 0)
 
 
+class RawHttp:
+    """The cheapest HTTP client on this side: HTTP/1.1 keep-alive on one blocking socket,
+    pre-built request bytes out, the answer read to its Content-Length or, streamed, to the
+    chunked body's end (TTFT at the first event carrying text). At concurrency 1 nothing
+    else runs on the bench's event loop, so blocking it costs nothing; what aiohttp spends
+    per request (parsing, futures, its own loop wake-ups) is not in these figures."""
+
+    _TEXT = re.compile(rb'"(?:content|reasoning_content|text)":"[^"]')
+
+    def __init__(self, url: str) -> None:
+        host, _, port = url.removeprefix("http://").partition(":")
+        self.host = host
+        self.sock = socket.create_connection((host, int(port)))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.buf = b""
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def request(self, path: str, body: bytes) -> bytes:
+        return (
+            f"POST {path} HTTP/1.1\r\nhost: {self.host}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\n\r\n"
+        ).encode() + body
+
+    def _fill(self) -> None:
+        data = self.sock.recv(65536)
+        if not data:
+            raise RuntimeError("raw client: the server closed the connection")
+        self.buf += data
+
+    def roundtrip(self, raw: bytes) -> tuple[float, float]:
+        """(total s, ttft s) of one request; raises on anything but a 200."""
+        t0 = time.perf_counter()
+        self.sock.sendall(raw)
+        while b"\r\n\r\n" not in self.buf:
+            self._fill()
+        head, _, self.buf = self.buf.partition(b"\r\n\r\n")
+        headers = {}
+        for line in head.split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            headers[name.strip().lower()] = value.strip()
+        ttft = 0.0
+        if b"content-length" in headers:
+            length = int(headers[b"content-length"])
+            while len(self.buf) < length:
+                self._fill()
+            body, self.buf = self.buf[:length], self.buf[length:]
+        else:  # chunked: size line, data, CRLF ... a zero-size chunk ends it
+            parts: list[bytes] = []
+            while True:
+                while b"\r\n" not in self.buf:
+                    self._fill()
+                size_line, _, self.buf = self.buf.partition(b"\r\n")
+                size = int(size_line.split(b";")[0], 16)
+                while len(self.buf) < size + 2:
+                    self._fill()
+                part, self.buf = self.buf[:size], self.buf[size + 2 :]
+                if size == 0:
+                    break
+                if not ttft and self._TEXT.search(part):
+                    ttft = time.perf_counter() - t0
+                parts.append(part)
+            body = b"".join(parts)
+        total = time.perf_counter() - t0
+        if not head.startswith(b"HTTP/1.1 200"):
+            raise RuntimeError(f"raw client: {head[:40]!r}: {body[:300]!r}")
+        if b"[DONE]" not in body and b"content-length" not in headers:
+            raise RuntimeError("raw client: stream ended without [DONE]")
+        return total, ttft or total
+
+
+class SyncDirect:
+    """grpcio's synchronous stub, called from this thread: the other direct caller (beside
+    ``Target.direct``'s grpc.aio), so the cheaper of the two is known and used."""
+
+    def __init__(self, worker_urls: Sequence[str]) -> None:
+        self.channels = [grpc.insecure_channel(u.removeprefix("grpc://")) for u in worker_urls]
+        self.stubs = [pb_grpc.SglangSchedulerStub(c) for c in self.channels]
+        self._next = itertools.count()
+
+    def close(self) -> None:
+        for c in self.channels:
+            c.close()
+
+    def call(self, ids: list[int], stream: bool, max_tokens: int) -> tuple[float, float]:
+        stub = self.stubs[next(self._next) % len(self.stubs)]
+        request = pb.GenerateRequest(
+            request_id=uuid.uuid4().hex, tokenized=pb.TokenizedInput(input_ids=ids),
+            sampling_params=pb.SamplingParams(temperature=0.0, n=1, max_new_tokens=max_tokens, ignore_eos=True),
+            stream=stream,
+        )  # fmt: skip
+        t0 = time.perf_counter()
+        ttft = 0.0
+        for message in stub.Generate(request, timeout=60):
+            if not ttft and message.HasField("chunk"):
+                ttft = time.perf_counter() - t0
+        total = time.perf_counter() - t0
+        return total, ttft or total
+
+
+async def raw_c1(gw: Running, direct: Target, model: str, prompts: Prompts, args: argparse.Namespace, stream: bool) -> dict[str, Any]:
+    """One at a time with the cheapest client on each side: ``RawHttp`` to the gateway,
+    against the same prompt ids sent straight to a worker by grpc.aio and by the sync stub
+    (rotating order); added = gateway minus the faster direct caller at each percentile.
+    The blocking calls block this event loop, which has nothing else to do meanwhile."""
+    http = RawHttp(gw.url)
+    sync = SyncDirect(direct.worker_urls)
+    gw_t: list[tuple[float, float]] = []
+    by: dict[str, list[tuple[float, float]]] = {"sync": [], "aio": []}
+
+    def body(messages: list[dict[str, str]]) -> bytes:
+        one: dict[str, Any] = {
+            "model": model, "messages": messages, "max_tokens": args.short_max_tokens,
+            "temperature": 0.0, "ignore_eos": True, "stream": stream,
+        }  # fmt: skip
+        if stream:
+            one["stream_options"] = {"include_usage": True}
+        return http.request("/v1/chat/completions", orjson.dumps(one))
+
+    async def aio(ids: list[int]) -> tuple[float, float]:
+        t = await direct.direct(ids, stream, args.short_max_tokens)
+        return t.total_s, t.ttft_s
+
+    try:
+        for _ in range(10):  # warm: connections, first-use costs
+            messages, ids = prompts.make(args.short_prompt_tokens)
+            http.roundtrip(body(messages))
+            sync.call(ids, stream, args.short_max_tokens)
+            await aio(ids)
+        c0 = cpu_seconds(gw.pid)
+        deadline = time.perf_counter() + args.cap_s
+        for i in range(args.latency_requests):
+            if time.perf_counter() > deadline:
+                break
+            messages, ids = prompts.make(args.short_prompt_tokens)
+            raw = body(messages)
+            for k in range(3):  # rotate who goes first
+                which = (i + k) % 3
+                if which == 0:
+                    gw_t.append(http.roundtrip(raw))
+                elif which == 1:
+                    by["sync"].append(sync.call(ids, stream, args.short_max_tokens))
+                else:
+                    by["aio"].append(await aio(ids))
+        cpu = cpu_seconds(gw.pid) - c0
+    finally:
+        http.close()
+        sync.close()
+    col = 1 if stream else 0
+    g = [t[col] * 1e3 for t in gw_t]
+    d = {k: [t[col] * 1e3 for t in v] for k, v in by.items()}
+    best = min(d, key=lambda k: pct(d[k], 0.5))
+    row: dict[str, Any] = {
+        "requests": len(gw_t), "cpu_ms_per_request": round(1e3 * cpu / max(1, len(gw_t)), 3),
+        "gateway_p50_ms": round(pct(g, 0.5), 3), "direct_sync_p50_ms": round(pct(d["sync"], 0.5), 3),
+        "direct_aio_p50_ms": round(pct(d["aio"], 0.5), 3), "direct": best,
+        "added_p50_ms": round(pct(g, 0.5) - pct(d[best], 0.5), 3),
+        "added_p99_ms": round(pct(g, 0.99) - pct(d[best], 0.99), 3),
+    }  # fmt: skip
+    if stream:
+        row["total_gateway_p50_ms"] = round(pct([t[0] * 1e3 for t in gw_t], 0.5), 3)
+    return row
+
+
 @dataclass
 class Running:
     """A gateway under test: its URL, its process (CPU from /proc) and how to stop it."""
@@ -816,6 +984,8 @@ async def short_loads(gw: Running, client: Client, direct: Target, prompts: Prom
                 "ttft_added_p99_ms": round(pct(gt, 0.99) - pct(dt, 0.99), 3),
             }  # fmt: skip
         out["c1-stream" if stream else "c1"] = row
+    for stream in (False, True):
+        out["c1-raw-stream" if stream else "c1-raw"] = await raw_c1(gw, direct, client.model, prompts, args, stream)
     return out
 
 
@@ -928,6 +1098,12 @@ COMPARE_FIGURES = [
     ("c1", "added_p99_ms", "short, one at a time: added p99 ms"),
     ("c1-stream", "ttft_added_p50_ms", "short streamed, one at a time: added TTFT p50 ms"),
     ("c1-stream", "ttft_p50_ms", "short streamed, one at a time: TTFT p50 ms"),
+    ("c1-raw", "added_p50_ms", "short, one at a time, cheapest clients: added p50 ms"),
+    ("c1-raw", "added_p99_ms", "short, one at a time, cheapest clients: added p99 ms"),
+    ("c1-raw", "gateway_p50_ms", "short, one at a time, cheapest clients: gateway p50 ms"),
+    ("c1-raw", "direct_sync_p50_ms", "short, one at a time: direct gRPC p50 ms, sync stub"),
+    ("c1-raw", "direct_aio_p50_ms", "short, one at a time: direct gRPC p50 ms, grpc.aio"),
+    ("c1-raw-stream", "added_p50_ms", "short streamed, one at a time, cheapest clients: added TTFT p50 ms"),
     ("gsp", "cpu_ms_per_request", "gsp burst: CPU ms/request"),
     ("gsp", "cpu_us_per_token", "gsp burst: CPU us/relayed token"),
     ("gsp", "ttft_p50_ms", "gsp burst: TTFT p50 ms"),

@@ -122,9 +122,62 @@ def test_tiny_compare_run_reports_every_load(tmp_path: Path) -> None:
     rows = json.loads(out.read_text())["compare"]["rows"]
     short, gsp = rows
     assert short["short"]["requests"] == 10 and short["c1"]["requests"] == short["c1-stream"]["requests"] == 3
+    for key in ("c1-raw", "c1-raw-stream"):  # the cheapest clients, beside aiohttp's figures
+        raw = short[key]
+        assert raw["requests"] == 3 and raw["direct"] in ("sync", "aio")
+        assert raw["gateway_p50_ms"] > 0 and raw["direct_sync_p50_ms"] > 0 and raw["direct_aio_p50_ms"] > 0
     # Process CPU is read from /proc in 10 ms clock ticks: four tiny chat turns, or three
     # gsp requests, may fit in none of them on a quiet machine, so the CPU figures are only
     # required to be there (and never negative).
     assert short["multi-turn"]["requests"] == 4 and short["multi-turn"]["cpu_ms_per_request"] >= 0
     assert gsp["gsp"]["requests"] == 3 and gsp["gsp"]["tokens_per_event"] >= 1.0
     assert gsp["gsp"]["cpu_us_per_token"] >= 0 and "idle_core_percent" in gsp
+
+
+def test_raw_http_reads_content_length_and_chunked_answers(bench: ModuleType) -> None:
+    """The raw client reads a whole answer to its Content-Length and a stream to the
+    chunked body's end, on one keep-alive connection, with TTFT at the first text event."""
+    import socket
+    import threading
+
+    whole = b'{"choices":[{"message":{"content":"hi"}}]}'
+    events = [b'data: {"choices":[{"delta":{"role":"assistant","content":""}}]}\n\n',
+              b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\n', b"data: [DONE]\n\n"]
+    chunked = b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events) + b"0\r\n\r\n"
+    answers = [
+        b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(whole), whole),
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + chunked,
+        b"HTTP/1.1 400 Bad Request\r\ncontent-length: 2\r\n\r\n{}",
+    ]
+    server = socket.create_server(("127.0.0.1", 0))
+    seen: list[bytes] = []
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        with conn:
+            for answer in answers:
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    data += conn.recv(65536)
+                head, _, body = data.partition(b"\r\n\r\n")
+                length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+                while len(body) < length:
+                    body += conn.recv(65536)
+                seen.append(body)
+                conn.sendall(answer)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    client = bench.RawHttp(f"http://127.0.0.1:{server.getsockname()[1]}")
+    try:
+        total, ttft = client.roundtrip(client.request("/x", b'{"a":1}'))
+        assert 0 < ttft <= total
+        total, ttft = client.roundtrip(client.request("/x", b'{"b":2}'))
+        assert 0 < ttft <= total
+        with pytest.raises(RuntimeError, match="400"):
+            client.roundtrip(client.request("/x", b"{}"))
+    finally:
+        client.close()
+        thread.join(5)
+        server.close()
+    assert seen == [b'{"a":1}', b'{"b":2}', b"{}"]

@@ -44,11 +44,17 @@ def test_special_tokens_in_text_become_single_ids(qwen: Tokenizer) -> None:
     assert qwen.decode(ids, skip_special_tokens=False) == "<|im_start|>user\nhi<|im_end|>"
 
 
-def test_encode_batch_equals_encode(qwen: Tokenizer) -> None:
-    texts = ["a", "", "日本語 😀", "<|im_start|>x"]
-    assert qwen.encode_batch(texts, add_special_tokens=False) == [
-        qwen.encode(t, add_special_tokens=False) for t in texts
-    ]
+def test_encode_batch_equals_encode(qwen: Tokenizer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Short batches one by one holding the GIL, long ones in the library's pool: same ids."""
+    from gateway.tokenization import tokenizer as tokenizer_module
+
+    texts = ["a", "", "日本語 😀", "<|im_start|>x", "user\nhéllo wörld<|im_end|>\n"]
+    for special in (False, True):
+        want = [qwen.encode(t, add_special_tokens=special) for t in texts]
+        assert qwen.encode_batch(texts, add_special_tokens=special) == want
+        monkeypatch.setattr(tokenizer_module, "HOLD_GIL_CHARS", -1)  # every batch the pool's way
+        assert qwen.encode_batch(texts, add_special_tokens=special) == want
+        monkeypatch.undo()
 
 
 def test_short_and_long_texts_get_the_same_ids_on_either_encode_path(

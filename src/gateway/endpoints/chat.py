@@ -8,6 +8,7 @@ front door serializes once; a request with neither parser skips both per token.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -163,8 +164,10 @@ async def complete_chat(engine: Engine, req: ChatCompletionRequest, ctx: Request
                 parsed = parsed[: choice.max_calls]
             calls = [c.to_protocol() for c in parsed] or None
         last = finish.get(i)
-        if last is not None and not reasoning and not calls and content:
-            _record_reply(entry, gen, req, ctx, i, content)
+        if last is not None and not reasoning and not calls and content and entry.reply_cache is not None:
+            # For the next turn, which cannot come before this answer: recorded right after
+            # the answer is written (a decode of the reply), not before it.
+            asyncio.get_running_loop().call_soon(_record_reply, entry, gen, req, ctx, i, content)
         logprobs = None
         if gen.prepared.sampling.logprobs:
             ids, values, tops = lps.get(i, ([], [], []))

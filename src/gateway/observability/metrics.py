@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
@@ -143,6 +143,17 @@ class GatewayMetrics(PipelineObserver):
             self.admission_rejections.labels(reason=reason)
         for stage in STAGES:
             self.stage_seconds.labels(stage=stage)
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+
+    def _child(self, metric: Any, *values: str) -> Any:
+        """``metric.labels(*values)`` (values in the metric's label order), memoized:
+        prometheus_client validates and locks on every ``labels()`` call, about ten per
+        request on the request path. Children are never removed, so a memo stays valid."""
+        key = (id(metric), values)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*values)
+        return found
 
     # ------------------------------------------------------------ exposition
     def render(self) -> bytes:
@@ -155,12 +166,12 @@ class GatewayMetrics(PipelineObserver):
             record.model = model
 
     def stage(self, name: str, seconds: float) -> None:
-        self.stage_seconds.labels(stage=name).observe(seconds)
+        self._child(self.stage_seconds, name).observe(seconds)
         if self.tracing is not None:
             self.tracing.stage(name, seconds)
 
     def selected(self, policy: str, reason: str, worker_id: str) -> None:
-        self.decisions.labels(policy=policy, reason=reason).inc()
+        self._child(self.decisions, policy, reason).inc()
         if self.tracing is not None:
             self.tracing.annotate(worker=worker_id, policy=policy, policy_reason=reason)
 
@@ -175,18 +186,18 @@ class GatewayMetrics(PipelineObserver):
         sent_prompt: int = 0, reported_prompt: int = 0, aborted: bool = False,
     ) -> None:
         outcome = "aborted" if aborted else "ok" if success else "error"
-        self.worker_streams.labels(worker=worker_id, outcome=outcome).inc()
+        self._child(self.worker_streams, worker_id, outcome).inc()
         if outcome != "ok":
             return
-        self.cached_predicted.labels(model=model).inc(predicted_cached)
-        self.cached_reported.labels(model=model).inc(reported_cached)
-        self.prediction_error.labels(model=model).observe(abs(reported_cached - predicted_cached))
+        self._child(self.cached_predicted, model).inc(predicted_cached)
+        self._child(self.cached_reported, model).inc(reported_cached)
+        self._child(self.prediction_error, model).observe(abs(reported_cached - predicted_cached))
 
     def generation_done(
         self, model: str, worker_id: str, *, prompt_tokens: int, completion_tokens: int, cached_tokens: int
     ) -> None:
-        self.prompt_tokens.labels(model=model).inc(prompt_tokens)
-        self.completion_tokens.labels(model=model).inc(completion_tokens)
+        self._child(self.prompt_tokens, model).inc(prompt_tokens)
+        self._child(self.completion_tokens, model).inc(completion_tokens)
         record = current_record()
         if record is not None:
             record.add_generation(model, worker_id, prompt_tokens, completion_tokens, cached_tokens)
@@ -197,14 +208,14 @@ class GatewayMetrics(PipelineObserver):
     ) -> None:
         record = current_record()
         if record is not None:
-            self.gen_ttft.labels(model=model, worker=worker_id).observe(max(0.0, first_token_at - record.started))
-            self.e2e.labels(model=model, worker=worker_id).observe(max(0.0, last_token_at - record.started))
+            self._child(self.gen_ttft, model, worker_id).observe(max(0.0, first_token_at - record.started))
+            self._child(self.e2e, model, worker_id).observe(max(0.0, last_token_at - record.started))
         if output_tokens > 1:
-            self.tpot.labels(model=model, worker=worker_id).observe(
+            self._child(self.tpot, model, worker_id).observe(
                 (last_token_at - first_token_at) / (output_tokens - 1)
             )
         if token_gaps:
-            observe_many(self.itl.labels(model=model, worker=worker_id), token_gaps)
+            observe_many(self._child(self.itl, model, worker_id), token_gaps)
 
 
 def observe_many(child: Histogram, values: list[float]) -> None:

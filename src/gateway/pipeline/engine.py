@@ -334,10 +334,11 @@ class Engine:
 
     def generate_request(self, prepared: PreparedRequest) -> pb.GenerateRequest:
         sampling = prepared.sampling
-        # Workers always stream to the gateway: the watchdog sees progress and a broken
+        # Workers stream to the gateway: the watchdog sees progress and a broken
         # generation can resume from the tokens already produced. Clients that do not
         # stream (and need no early stop) get coarser worker messages.
         coarse = not (prepared.stream or prepared.stop_plan.stop_strings)
+        logprobs = sampling.logprobs or sampling.logprob_start_len >= 0
         request = pb.GenerateRequest(
             request_id=prepared.request_id,
             tokenized=pb.TokenizedInput(input_ids=prepared.prompt_ids),
@@ -346,13 +347,13 @@ class Engine:
                 stop_token_ids=prepared.stop_plan.stop_token_ids,
                 max_new_tokens=sampling.max_new_tokens,
             ),
-            return_logprob=sampling.logprobs or sampling.logprob_start_len >= 0,
+            return_logprob=logprobs,
             top_logprobs_num=sampling.top_logprobs if sampling.logprobs else 0,
             logprob_start_len=sampling.logprob_start_len,
-            stream=True,
+            stream=not (coarse and self._fits_one_message(sampling, logprobs)),
             require_reasoning=prepared.require_reasoning,
         )
-        if coarse:
+        if coarse and request.stream:
             request.sampling_params.stream_interval = self.resume.unary_stream_interval
         if prepared.prompt_text:
             request.tokenized.original_text = prepared.prompt_text
@@ -361,6 +362,17 @@ class Engine:
         elif prepared.stream and self.config.busy_stream_interval > 1 and self.busy():
             request.sampling_params.stream_interval = self.config.busy_stream_interval
         return request
+
+    def _fits_one_message(self, sampling: SamplingOptions, logprobs: bool) -> bool:
+        """Whether a coarse (not streamed, no stop strings) answer would come as one chunk
+        anyway: capped at ``--unary-stream-interval`` tokens, one sample, no logprobs. Such
+        a request is sent not streamed (``stream=False``): the worker then answers with its
+        GenerateComplete alone instead of the same tokens as a chunk *and* a complete, one
+        gRPC message and one event-loop wake-up fewer (docs/BENCHMARKS.md, issue 18 round 4).
+        Nothing is lost: the one chunk would have arrived with the complete, so neither
+        progress nor a resume point ever came before it; a failure before it is retried."""
+        cap = sampling.max_new_tokens
+        return cap is not None and cap <= self.resume.unary_stream_interval and sampling.n == 1 and not logprobs
 
     def busy(self) -> bool:
         """Whether this process relays enough requests that per-message cost is what limits

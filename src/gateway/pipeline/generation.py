@@ -11,6 +11,7 @@ samples' text state carries over, so the client sees one uninterrupted stream.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -147,21 +148,40 @@ class Generation:
             if self._open or self._stopped_early:
                 # A stop matched here, or the consumer left: the worker must stop now.
                 await self.stream.aclose()
-            else:
+                self._account(first, last, gaps)
+            elif self.prepared.stream:
                 self.stream.finished()
                 self._report_output()
-            u = self.usage
-            completion = sum(u.per_sample_completion.values())
-            observer = self.stream.observer
-            observer.generation_done(
-                self.prepared.model, self.worker_id, prompt_tokens=u.prompt_tokens,
-                completion_tokens=completion, cached_tokens=u.cached_tokens,
+                self._account(first, last, gaps)
+            else:
+                # A whole answer: the call's end, the lease's release and the policy's
+                # output learning run right after the answer is built and written (the
+                # next loop turn's callbacks, before any new request's task), not before
+                # it (docs/BENCHMARKS.md, issue 18 round 4). The request's own record (the
+                # access log's worker and tokens) is filled now.
+                asyncio.get_running_loop().call_soon(self._finish_whole)
+                self._account(first, last, gaps)
+
+    def _finish_whole(self) -> None:
+        try:
+            self.stream.finished()
+            self._report_output()
+        except Exception:
+            log.exception("request %s: bookkeeping after the answer failed", self.prepared.request_id)
+
+    def _account(self, first: float, last: float, gaps: list[float]) -> None:
+        u = self.usage
+        completion = sum(u.per_sample_completion.values())
+        observer = self.stream.observer
+        observer.generation_done(
+            self.prepared.model, self.worker_id, prompt_tokens=u.prompt_tokens,
+            completion_tokens=completion, cached_tokens=u.cached_tokens,
+        )
+        if first:
+            observer.generation_timing(
+                self.prepared.model, self.worker_id, first_token_at=first, last_token_at=last,
+                output_tokens=completion, token_gaps=gaps,
             )
-            if first:
-                observer.generation_timing(
-                    self.prepared.model, self.worker_id, first_token_at=first, last_token_at=last,
-                    output_tokens=completion, token_gaps=gaps,
-                )
 
     def _report_output(self) -> None:
         """Tell a cache-aware policy what the worker now also caches: the output of a

@@ -38,7 +38,7 @@ from gateway.workers.worker import Worker
 class ResumeConfig:
     resume: bool = option(True, "resume a stream whose worker failed after output started on another worker (--no-resume: end it with an error)")
     max_resumes: int = option(3, "resumptions allowed per request before its stream ends with the worker's error")
-    unary_stream_interval: int = option(16, "tokens per worker message for clients that do not stream (workers always stream to the gateway, so progress is visible and a failure can resume)")
+    unary_stream_interval: int = option(16, "tokens per worker message for clients that do not stream (workers stream to the gateway, so progress is visible and a failure can resume; an answer capped at this many tokens or fewer comes whole, in one message)")
 
     def __post_init__(self) -> None:
         if self.max_resumes < 0 or self.unary_stream_interval < 1:

@@ -249,9 +249,14 @@ class Tokenizer:
         return ids
 
     def encode_batch(self, texts: Sequence[str], add_special_tokens: bool) -> list[list[int]]:
-        """Encode many texts in one call (parallel inside the Rust library)."""
-        if len(texts) == 1 and len(texts[0]) <= HOLD_GIL_CHARS:
-            return [self.backend.encode(texts[0], add_special_tokens=add_special_tokens).ids]
+        """Encode many texts in one call (parallel inside the Rust library). Texts that are
+        short together are encoded one by one holding the GIL: ``encode_batch_fast`` hands
+        them to the library's thread pool, whose threads sleep between requests, and waking
+        them cost ~0.2 ms per short chat prompt at concurrency 1 (docs/BENCHMARKS.md, issue 18
+        round 4) against ~20 µs of work."""
+        if sum(len(t) for t in texts) <= HOLD_GIL_CHARS:
+            encode = self.backend.encode
+            return [encode(t, add_special_tokens=add_special_tokens).ids for t in texts]
         encodings = self.backend.encode_batch_fast(
             list(texts), add_special_tokens=add_special_tokens
         )

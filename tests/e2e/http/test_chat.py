@@ -178,3 +178,64 @@ async def test_named_tool_choice_parses_whole_output_as_arguments(stack: Stack) 
     call = resp.choices[0].message.tool_calls[0]
     assert call.function.name == "get_weather"
     assert json.loads(call.function.arguments) == {"city": "Oslo"}
+
+
+def _spy_worker_requests(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """The GenerateRequests the gateway sends its workers, as sent."""
+    from gateway.workers.client import WorkerClient
+
+    sent: list[object] = []
+    real = WorkerClient.generate
+
+    def generate(self: WorkerClient, request: object, **kwargs: object) -> object:
+        sent.append(request)
+        return real(self, request, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(WorkerClient, "generate", generate)
+    return sent
+
+
+async def test_short_unary_answers_come_whole_from_the_worker(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A non-streamed answer capped at --unary-stream-interval tokens (one sample, no
+    logprobs) is asked of the worker not streamed: one GenerateComplete instead of a chunk
+    and a complete. The answer is the one the streamed path gives; anything else streams."""
+    sent = _spy_worker_requests(monkeypatch)
+    messages = [{"role": "user", "content": "Tell me something."}]
+    off = {"chat_template_kwargs": {"enable_thinking": False}}
+    whole = await stack.client.chat.completions.create(model=stack.model, messages=messages, max_tokens=8, seed=5, extra_body=off)
+    assert [r.stream for r in sent] == [False]  # type: ignore[attr-defined]
+    streamed, _, _, usage = await _stream_text(
+        stack, messages=messages, max_tokens=8, seed=5, stream_options={"include_usage": True}, extra_body=off
+    )
+    assert sent[-1].stream  # type: ignore[attr-defined]
+    assert whole.choices[0].message.content == streamed and streamed
+    assert whole.choices[0].finish_reason == "length"
+    assert usage is not None and whole.usage is not None
+    assert (whole.usage.prompt_tokens, whole.usage.completion_tokens) == (usage.prompt_tokens, usage.completion_tokens) == (usage.prompt_tokens, 8)
+    sent.clear()
+    interval = stack.state.config.resume.unary_stream_interval
+    await stack.client.chat.completions.create(model=stack.model, messages=messages, max_tokens=interval, extra_body=off)
+    await stack.client.chat.completions.create(model=stack.model, messages=messages, max_tokens=interval + 1, extra_body=off)
+    await stack.client.chat.completions.create(model=stack.model, messages=messages, max_tokens=8, n=2, extra_body=off)
+    await stack.client.chat.completions.create(model=stack.model, messages=messages, max_tokens=8, logprobs=True, extra_body=off)
+    await stack.client.chat.completions.create(model=stack.model, messages=messages, max_tokens=8, stop=["zz"], extra_body=off)
+    assert [r.stream for r in sent] == [False, True, True, True, True]  # type: ignore[attr-defined]
+    assert sent[1].sampling_params.stream_interval == interval  # type: ignore[attr-defined]
+
+
+@pytest.mark.stack(workers=2, policy="round_robin")
+async def test_short_unary_answer_retried_when_its_worker_fails_mid_generation(stack: Stack) -> None:
+    """Not streamed, a failure after some tokens is a failure before the first message:
+    the request goes to the other worker and the client gets the whole answer."""
+    stack.fleet.workers[0].faults.fail_after_tokens = 3
+    for _ in range(4):  # round robin: at least two of them meet the failing worker first
+        reply = await stack.client.chat.completions.create(
+            model=stack.model, messages=[{"role": "user", "content": "hello"}], max_tokens=8,
+            extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+        )
+        assert reply.usage is not None and reply.usage.completion_tokens == 8
+        assert reply.choices[0].finish_reason == "length"
+    retried = sum(s.value for m in stack.state.metrics.retries.collect() for s in m.samples if s.name.endswith("_total"))
+    resumed = sum(s.value for m in stack.state.metrics.resumes.collect() for s in m.samples if s.name.endswith("_total"))
+    assert retried >= 2 and resumed == 0  # before any output: retried whole, never resumed
+    assert all(w.load.in_flight == 0 for w in stack.state.registry.all())
