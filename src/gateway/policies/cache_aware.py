@@ -39,13 +39,14 @@ a whole shared prefix recomputed elsewhere: queued prefill counts at
 the prompt's worth ahead. Once one prefix carries more than ``1 + SLACK`` workers'
 worth, balance needs spills and replicas: it counts at ``prefill_weight`` (1.0),
 linearly in between; the full weight until 16 requests have shown how spread the
-traffic is (a prefix that turns out hot is never piled up before that), and always with
-hot-prefix tracking off. Measured with
-``scripts/bench_policies.py sim`` (docs/BENCHMARKS.md, "Round 4"): uniform gsp keeps 0.5's
-hits (86.6% against 85.8% at a fixed 1.0 in the 8-worker burst, 86.9% against 79.5% in
-the closed loop) and Zipf keeps 1.0's spread (0.5 alone piled 1.45x the mean request count
-on the hot holders). Every
-term of the additive form is in tokens, so a cached prefix is worth exactly the
+traffic is (so a prefix that turns out hot is not piled up in the first moments of a
+burst), and always with hot-prefix tracking off. Measured with ``scripts/bench_policies.py
+sim`` (docs/BENCHMARKS.md, "Round 4"): uniform gsp gets most of 0.5's hits (86.6% against
+85.8% at a fixed 1.0 and 86.9% at a fixed 0.5 in the 8-worker burst; 86.9% against 79.5% in
+the closed loop) and Zipf keeps 1.0's behaviour exactly (0.5 alone piled 1.45x the mean
+request count on the hot holders).
+
+Every term of the additive form is in tokens, so a cached prefix is worth exactly the
 prefill it saves and is weighed against the work already queued, with no on/off
 threshold. The multiplicative form (uncached prefill times batch size, as some
 routers do) is kept for comparison; ``scripts/bench_policies.py`` measures both.
