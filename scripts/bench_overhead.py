@@ -37,7 +37,9 @@ bounded by a request count and ``--cap-s`` seconds. Beside wall-clock figures, t
 script reads each process's CPU time from /proc: on a shared machine, the gateway's
 CPU per request is the steadier number. ``--profile DIR`` samples the gateway with
 py-spy during the throughput and stream phases and prints where its time goes, per
-pipeline stage (HTTP parse, template, tokenize, select, dispatch, relay, SSE encode).
+pipeline stage (HTTP parse, template, tokenize, select, dispatch, relay, SSE encode);
+``--profile-tool py-spy-native`` adds C frames, ``--profile-tool perf`` records every
+thread down to the kernel (``perf report -i DIR/NAME.perf.data``).
 """
 
 from __future__ import annotations
@@ -403,31 +405,49 @@ def summarize_profile(raw: Path, top: int = 25) -> dict[str, Any]:
     return {"samples": total, "stage_percent": share, "top_self_percent": hot}
 
 
+PROFILE_TOOLS = ("py-spy", "py-spy-native", "perf")
+PROFILE_TOOL = "py-spy"  # --profile-tool
+
+
+def profiler_command(tool: str, pid: int, out: Path, rate: int, gil: bool) -> list[str]:
+    """The sampler for ``--profile-tool``: py-spy (Python frames, nonblocking), py-spy with
+    native frames (C extensions too; py-spy then pauses the process per sample), or perf
+    (every thread down to the kernel, ``perf report -i OUT``; needs perf_event access)."""
+    if tool == "perf":
+        return ["perf", "record", "-F", str(rate), "-g", "-p", str(pid), "-o", str(out)]
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    mode = ["--native"] if tool == "py-spy-native" else ["--nonblocking"]
+    return [spy, "record", "--pid", str(pid), "--format", "raw", "--rate", str(rate), *mode, "--threads",
+            *(["--gil"] if gil else []), "-o", str(out)]  # fmt: skip
+
+
 @contextlib.contextmanager
 def profiling(pid: int, out: Path | None, rate: int, gil: bool) -> Any:
-    """py-spy sampling ``pid`` while the block runs (no-op when ``out`` is None)."""
+    """Sample ``pid`` with ``PROFILE_TOOL`` while the block runs (no-op when ``out`` is None;
+    perf writes ``OUT.perf.data`` instead of py-spy's collapsed stacks)."""
     if out is None:
         yield
         return
-    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if PROFILE_TOOL == "perf":
+        out = out.with_suffix(".perf.data")
     out.parent.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen(
-        [spy, "record", "--pid", str(pid), "--format", "raw", "--rate", str(rate), "--nonblocking", "--threads",
-         *(["--gil"] if gil else []), "-o", str(out)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        profiler_command(PROFILE_TOOL, pid, out, rate, gil), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     try:
         time.sleep(0.5)  # let it attach
         yield
     finally:
-        proc.send_signal(2)  # SIGINT: py-spy writes its file and exits
+        proc.send_signal(2)  # SIGINT: the sampler writes its file and exits
         try:
             _, err = proc.communicate(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
             _, err = proc.communicate()
         if not out.exists():
-            print(f"py-spy wrote nothing: {err[-500:]}", file=sys.stderr)
+            print(f"{PROFILE_TOOL} wrote nothing: {err[-500:]}", file=sys.stderr)
+        elif PROFILE_TOOL == "perf":
+            print(f"perf profile: perf report -i {out}", flush=True)
 
 
 # ---------------------------------------------------------------- relay: what one token costs, by part
@@ -457,50 +477,91 @@ class _ScriptedStream:
         self.closed = True
 
 
-async def relay_code_us_per_token(prompts: Prompts, tokens: int, reps: int) -> float:
-    """CPU per token of the gateway's own relay code: worker messages -> Generation
-    (detokenizer, stop matching) -> completion stream events -> SSE bytes, in process."""
+class _NullSend:
+    """The ASGI ``send`` under the hot path's stream loop: counts messages, writes nothing."""
+
+    def __init__(self) -> None:
+        self.messages = 0
+
+    async def __call__(self, message: Any) -> None:
+        self.messages += 1
+
+
+def _hot_request(send: _NullSend) -> Any:
+    """A hot-path request object with only what ``_Request._stream`` uses."""
+    from gateway.server.http import hot
+
+    door = type("Door", (), {"headers_for": staticmethod(lambda ctx: {"x-request-id": ctx.request_id})})()
+    request = hot._Request.__new__(hot._Request)
+    request.send_raw = send
+    request.started = request.complete = request.gone = False
+    request.path = type("Path", (), {"door": door})()
+    return request
+
+
+async def relay_code_us_per_token(prompts: Prompts, tokens: int, reps: int) -> dict[str, float]:
+    """CPU per token of the gateway's own relay code, in process, on the HTTP hot path:
+    serialized worker messages -> protobuf parse -> ``Generation`` (detokenizer, stop
+    handling) -> completion stream events -> SSE bytes -> ``send`` (a null ASGI send:
+    no uvicorn, no socket). Also the protobuf parse alone, per message."""
     from gateway.endpoints import completions
     from gateway.pipeline.generation import Generation
     from gateway.pipeline.prepared import PreparedRequest
     from gateway.pipeline.request_context import RequestContext
     from gateway.protocol.completions import CompletionRequest
     from gateway.protocol.sampling import sampling_from_completion
-    from gateway.server.http.door import HttpDoor
     from gateway.tokenization import StopPlan
 
     tok = prompts.tokenizer
     ids = prompts.make(tokens + 64)[1][-tokens:]
-    req = CompletionRequest.model_validate(
-        {"model": "m", "prompt": [1, 2, 3], "max_tokens": tokens, "stream": True, "ignore_eos": True,
-         "stream_options": {"include_usage": True}}
-    )  # fmt: skip
+    req = CompletionRequest.model_validate({"model": "m", "prompt": [1, 2, 3], "max_tokens": tokens, "stream": True})
     sampling = sampling_from_completion(req)
     entry: Any = type("E", (), {"name": "m", "tokenizer": tok})()
-    door = HttpDoor.__new__(HttpDoor)
+    raw = [
+        pb.GenerateResponse(chunk=pb.GenerateStreamChunk(
+            token_ids=[t], prompt_tokens=2176, completion_tokens=i + 1, cached_tokens=2048,
+        )).SerializeToString()
+        for i, t in enumerate(ids)
+    ]  # fmt: skip
+    raw.append(pb.GenerateResponse(complete=pb.GenerateComplete(
+        output_ids=ids[-1:], finish_reason="length", prompt_tokens=2176, cached_tokens=2048,
+    )).SerializeToString())  # fmt: skip
+    parse = pb.GenerateResponse.FromString
 
-    def messages() -> list[pb.GenerateResponse]:
-        out = [
-            pb.GenerateResponse(chunk=pb.GenerateStreamChunk(token_ids=[t], prompt_tokens=3, completion_tokens=i + 1))
-            for i, t in enumerate(ids)
-        ]
-        out.append(pb.GenerateResponse(complete=pb.GenerateComplete(output_ids=ids[-1:], finish_reason="length", prompt_tokens=3)))
-        return out
+    class Wire(_ScriptedStream):
+        """The worker's messages as bytes, parsed on read as gRPC's deserializer does."""
+
+        def __init__(self) -> None:
+            super().__init__([])
+            self._raw = collections.deque(raw)
+
+        async def read(self) -> pb.GenerateResponse | None:
+            return parse(self._raw.popleft()) if self._raw else None
+
+    send = _NullSend()
 
     async def one() -> None:
-        plan = StopPlan.build(tok, stop=[], stop_token_ids=[], ignore_eos=True, skip_special_tokens=True)
+        plan = StopPlan.build(tok, stop=[], stop_token_ids=[], ignore_eos=False, skip_special_tokens=True)
         prepared = PreparedRequest("r", "m", [1, 2, 3], sampling, plan, tok, stream=True)
         ctx = RequestContext()
-        chunks = completions._chunks(req, entry, [Generation(_ScriptedStream(messages()), prepared)], ctx)  # type: ignore[arg-type]
-        async for _ in door.sse_stream(chunks, ctx).body_iterator:
-            pass
+        chunks = completions._chunks(req, entry, [Generation(Wire(), prepared)], ctx)  # type: ignore[arg-type]
+        await _hot_request(send)._stream(chunks, ctx)
 
     for _ in range(5):
         await one()
     t0 = time.process_time()
     for _ in range(reps):
         await one()
-    return 1e6 * (time.process_time() - t0) / (reps * tokens)
+    relay = 1e6 * (time.process_time() - t0) / (reps * tokens)
+    t0 = time.process_time()
+    for _ in range(reps):
+        for message in raw:
+            parse(message)
+    return {
+        "relay_us_per_token": round(relay, 2),
+        "protobuf_parse_us_per_message": round(1e6 * (time.process_time() - t0) / (reps * len(raw)), 3),
+        "asgi_messages_per_stream": round(send.messages / (reps + 5), 2),  # head, events, [DONE]
+    }
 
 
 async def grpc_read_us_per_message(tokens: int, streams: int, concurrency: int) -> float:
@@ -593,7 +654,7 @@ async def http_write_us_per_event(tokens: int, streams: int, concurrency: int) -
 
 async def relay_section(prompts: Prompts, args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    out["relay_code_us_per_token"] = [round(await relay_code_us_per_token(prompts, 128, 100), 2) for _ in range(3)]
+    out["relay_code_us_per_token"] = [await relay_code_us_per_token(prompts, 128, 100) for _ in range(3)]
     out["grpc_aio_read_us_per_message"] = [round(await grpc_read_us_per_message(128, 64, 16), 1) for _ in range(3)]
     out["uvicorn_write_us_per_event"] = [round(await http_write_us_per_event(128, 64, 16), 1) for _ in range(3)]
     out["grpc_aio_call_c1"] = [await grpc_call_c1(8, 300) for _ in range(3)]
@@ -1306,6 +1367,8 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--profile", default="", help="directory for py-spy profiles of the gateway")
     parser.add_argument("--profile-rate", type=int, default=200, help="py-spy samples per second")
+    parser.add_argument("--profile-tool", choices=PROFILE_TOOLS, default="py-spy",
+                        help="sampler for --profile: py-spy, py-spy-native (C frames too), perf (every thread, kernel included)")
     parser.add_argument(
         "--profile-gil", action=argparse.BooleanOptionalAction, default=True,
         help="sample only the thread holding the GIL (Python CPU; tokenizer threads release it)",
@@ -1339,6 +1402,8 @@ def main() -> int:
     side.add_argument("--gsp-output-tokens", type=int, default=128)
     side.add_argument("--gsp-concurrency", type=int, default=128, help="gsp: requests in flight (a burst: all at once)")
     args = parser.parse_args()
+    global PROFILE_TOOL
+    PROFILE_TOOL = args.profile_tool
     args.peers_installed = os.path.exists(args.peers_python)
     args.baseline_src = os.path.abspath(args.baseline_src) if args.baseline_src else ""
     try:

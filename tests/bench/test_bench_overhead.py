@@ -134,6 +134,25 @@ def test_tiny_compare_run_reports_every_load(tmp_path: Path) -> None:
     assert gsp["gsp"]["cpu_us_per_token"] >= 0 and "idle_core_percent" in gsp
 
 
+def test_relay_code_runs_the_hot_path_in_process(bench: ModuleType) -> None:
+    """The relay section's in-process figure drives the real stream loop: a head, one
+    event per token with text, and [DONE] reach the (null) ASGI send."""
+    import asyncio
+
+    out = asyncio.run(bench.relay_code_us_per_token(bench.Prompts(0), 16, 2))
+    assert out["relay_us_per_token"] > 0 and out["protobuf_parse_us_per_message"] > 0
+    assert 16 / 2 + 2 <= out["asgi_messages_per_stream"] <= 16 + 2
+
+
+def test_profiler_commands(bench: ModuleType, tmp_path: Path) -> None:
+    out = tmp_path / "p.txt"
+    spy = bench.profiler_command("py-spy", 42, out, 200, True)
+    assert "--nonblocking" in spy and "--gil" in spy and spy[spy.index("--pid") + 1] == "42"
+    native = bench.profiler_command("py-spy-native", 42, out, 200, False)
+    assert "--native" in native and "--nonblocking" not in native and "--gil" not in native
+    assert bench.profiler_command("perf", 42, out, 499, True) == ["perf", "record", "-F", "499", "-g", "-p", "42", "-o", str(out)]
+
+
 def test_raw_http_reads_content_length_and_chunked_answers(bench: ModuleType) -> None:
     """The raw client reads a whole answer to its Content-Length and a stream to the
     chunked body's end, on one keep-alive connection, with TTFT at the first text event."""

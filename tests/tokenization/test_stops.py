@@ -241,3 +241,27 @@ def test_streaming_and_non_streaming_agree(
 def test_plan_accepts_none_empty_and_a_single_string(qwen: Tokenizer, stop: object) -> None:
     plan = StopPlan.build(qwen, stop=stop)  # type: ignore[arg-type]
     assert plan.stop_strings == (("x",) if stop == "x" else ())
+
+
+def _steps(sample: SampleStream, ids: Sequence[int], size: int) -> list[StopStep]:
+    out = [sample.step(ids[i : i + size]) for i in range(0, len(ids), size)]
+    return [*out, sample.finish()]
+
+
+@PROPERTY
+@given(text=multilingual_text(25), data=st.data(), no_stop_trim=st.booleans(), ignore_eos=st.booleans())
+def test_without_stop_strings_the_plain_path_equals_the_matcher_path(
+    qwen: Tokenizer, text: str, data: st.DataObject, no_stop_trim: bool, ignore_eos: bool
+) -> None:
+    """No stop string: ``step`` skips the text matcher; every step (text, stop, ids used)
+    is what the general path gives, with token stops anywhere in any chunking."""
+    ids = ids_of(qwen, text)
+    if data.draw(st.booleans()):
+        ids.insert(data.draw(st.integers(0, len(ids))), IM_END)
+    plan = StopPlan.build(qwen, ignore_eos=ignore_eos, stop_token_ids=data.draw(st.sampled_from([[], [END_THINK]])))
+    size = data.draw(st.integers(1, 4))
+    plain = SampleStream(qwen, plan, no_stop_trim=no_stop_trim)
+    general = SampleStream(qwen, plan, no_stop_trim=no_stop_trim)
+    assert plain._plain
+    general._plain = False
+    assert _steps(plain, ids, size) == _steps(general, ids, size)

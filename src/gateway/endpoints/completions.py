@@ -186,19 +186,22 @@ async def _chunks(
     piece = piece_fn(entry)
     offsets: dict[int, int] = {}
     echoed: set[int] = set()
+    want_logprobs = [g.prepared.sampling.logprobs for g in gens]
+    echo = req.echo
+
     def emit(g_index: int, d: SampleDelta) -> StreamChunk | None:
         k = g_index * n + d.index
-        gen = gens[g_index]
         text = d.text
         logprobs: CompletionLogprobs | None = None
-        if gen.prepared.sampling.logprobs and d.token_ids:
+        if want_logprobs[g_index] and d.token_ids:
+            gen = gens[g_index]
             logprobs = completion_logprobs(
                 d.token_ids, d.logprobs or [], d.top_logprobs if gen.prepared.sampling.top_logprobs else None,
                 piece, text_offset=offsets.get(k, 0),
             )
-        if req.echo and k not in echoed:
+        if echo and k not in echoed:
             echoed.add(k)
-            text = _echo_text(gen.prepared, entry) + text
+            text = _echo_text(gens[g_index].prepared, entry) + text
         offsets[k] = offsets.get(k, 0) + len(text)
         if not text and d.finish_reason is None and logprobs is None:
             return None

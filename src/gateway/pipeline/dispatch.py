@@ -98,6 +98,8 @@ class WorkerStream:
         # read (those showed in the relay profile; see docs/BENCHMARKS.md, Gateway overhead).
         self._reading_since: float | None = None
         self._watch: asyncio.TimerHandle | None = None
+        # Looked up once: asyncio.get_running_loop() makes a getpid() syscall on 3.11.
+        self._loop = asyncio.get_running_loop()
         self._stalled = False
         self._unwatch = self.worker.progress.watch(self._watchdog_kill)
 
@@ -110,7 +112,7 @@ class WorkerStream:
         if self._pending is not None:
             msg, self._pending = self._pending, None
         else:
-            loop = asyncio.get_running_loop()
+            loop = self._loop
             self._reading_since = loop.time()
             if self._watch is None:
                 self._watch = loop.call_at(self._reading_since + self._config.stall_timeout_s, self._check_stall)
@@ -154,7 +156,7 @@ class WorkerStream:
         if self.closed or since is None:
             return
         limit = self._config.stall_timeout_s
-        loop = asyncio.get_running_loop()
+        loop = self._loop
         if loop.time() - since >= limit:
             self._stalled = True
             self._call.cancel()  # the pending read raises CancelledError; read() maps it

@@ -131,12 +131,13 @@ class Generation:
                 now = clock()
                 which = msg.WhichOneof("response")
                 if which == "chunk":
+                    chunk = msg.chunk
                     if first:
-                        gaps.append((now - last) / (len(msg.chunk.token_ids) or 1))
+                        gaps.append((now - last) / (len(chunk.token_ids) or 1))
                     else:
                         first = now
                     last = now
-                    for delta in self._on_chunk(msg.chunk):
+                    for delta in self._on_chunk(chunk):
                         yield delta
                 elif which == "complete":
                     if not first:
@@ -238,10 +239,13 @@ class Generation:
 
     def _on_chunk(self, chunk: pb.GenerateStreamChunk) -> list[SampleDelta]:
         if not self._resumed:
-            if chunk.prompt_tokens:
-                self.usage.prompt_tokens = chunk.prompt_tokens
-            self.usage.cached_tokens = max(self.usage.cached_tokens, chunk.cached_tokens)
-            if chunk.HasField("input_logprobs") and self.input_logprobs is None:
+            usage = self.usage
+            prompt, cached = chunk.prompt_tokens, chunk.cached_tokens
+            if prompt:
+                usage.prompt_tokens = prompt
+            if cached > usage.cached_tokens:
+                usage.cached_tokens = cached
+            if self.input_logprobs is None and chunk.HasField("input_logprobs"):
                 self.input_logprobs = chunk.input_logprobs
         sample = self._sample(chunk.index)
         if sample is None or sample.done:
@@ -284,7 +288,7 @@ class Generation:
         sample.ids.extend(ids)
         self.usage.per_sample_completion[sample.index] = sample.generated
         step = sample.text.step(ids)
-        if step.stopped:
+        if step.matched is not None:  # step.stopped, without the property call per token
             # Tokens past the stop never reach the client (nor their logprobs).
             used = len(ids) if step.ids_used is None else step.ids_used
             if not any(t in self._token_stops for t in ids[:used + 1]):
@@ -298,7 +302,7 @@ class Generation:
             if tops is not None:
                 tops = tops[: len(ids)]
         delta = SampleDelta(sample.index, step.text, ids, values, tops)
-        if step.stopped:
+        if step.matched is not None:
             delta.finish_reason = "stop"
             delta.matched_stop = step.matched
             self._close(sample)

@@ -102,6 +102,20 @@ class ChatDelta:
     final: bool = False  # the choice's last chunk: carries matched_stop
     matched_stop: int | str | None = None
 
+    def to_json(self) -> bytes:
+        """This choice's JSON: ``orjson.dumps(self.to_dict())``, built directly for the
+        relay's common chunk (content only, no logprobs, not the last)."""
+        if (
+            self.role is None and self.reasoning_content is None and not self.tool_calls
+            and self.logprobs is None and self.finish_reason is None and not self.final
+            and self.content is not None
+        ):  # fmt: skip
+            return b"".join((
+                b'{"index":', str(self.index).encode(), b',"delta":{"content":', orjson.dumps(self.content),
+                b'},"logprobs":null,"finish_reason":null}',
+            ))  # fmt: skip
+        return orjson.dumps(self.to_dict())
+
     def to_dict(self) -> dict[str, Any]:
         content, reasoning = self.content, self.reasoning_content
         if self.role is None and reasoning is None and not self.tool_calls:
@@ -138,6 +152,16 @@ class CompletionDelta:
     finish_reason: str | None = None
     matched_stop: int | str | None = None
 
+    def to_json(self) -> bytes:
+        """This choice's JSON: ``orjson.dumps(self.to_dict())``, built directly for the
+        relay's common chunk (no logprobs, not the last)."""
+        if self.logprobs is None and self.finish_reason is None:
+            return b"".join((
+                b'{"index":', str(self.index).encode(), b',"text":', orjson.dumps(self.text),
+                b',"logprobs":null,"finish_reason":null}',
+            ))  # fmt: skip
+        return orjson.dumps(self.to_dict())
+
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "index": self.index,
@@ -163,7 +187,7 @@ class StreamChunk:
         choices = self.choices
         if self.usage is None:
             if len(choices) == 1:  # the relay's common case: one choice, no usage
-                return b"".join((self.head.prefix, b"[", orjson.dumps(choices[0].to_dict()), b"]}"))
+                return b"".join((self.head.prefix, b"[", choices[0].to_json(), b"]}"))
             return b"".join((self.head.prefix, orjson.dumps([c.to_dict() for c in choices]), b"}"))
         return b"".join((
             self.head.prefix, orjson.dumps([c.to_dict() for c in choices]),

@@ -223,6 +223,9 @@ async def serve(config: GatewayConfig) -> None:
     # uvicorn exposes only a `started` flag, no event to wait on.
     while not server.started and not serving.done():  # noqa: ASYNC110
         await asyncio.sleep(0.01)
+    from gateway.server.gc_policy import tune_gc
+
+    tune_gc(config.server.gc_young_threshold)  # everything alive now lives as long as the process
     print(orjson.dumps(ready).decode(), flush=True)
 
     def stop() -> None:

@@ -84,25 +84,30 @@ class IncrementalDetokenizer:
         """Feed new ids; return the text that is now final ('' while a character is incomplete)."""
         if self._flushed:
             raise RuntimeError("step() after flush(): use a new IncrementalDetokenizer")
-        pieces: list[str] = []
-        for token_id in token_ids:
-            token_id = int(token_id)
-            self._ids.append(token_id)
-            self._pending += 1
-            if self._fallback:
+        if len(token_ids) == 1:
+            return self.step_one(int(token_ids[0]))
+        return "".join([self.step_one(int(token_id)) for token_id in token_ids])
+
+    def step_one(self, token_id: int) -> str:
+        """``step([token_id])`` without the list (the relay feeds one id per worker message)."""
+        if self._flushed:
+            raise RuntimeError("step() after flush(): use a new IncrementalDetokenizer")
+        self._ids.append(token_id)
+        self._pending += 1
+        if self._fallback:
+            piece = self._step_from_full_text()
+        else:
+            try:
+                piece = self._stream.step(self._backend, token_id)
+            except Exception:
+                # DecodeStream raised (inconsistent prefix): stop trusting its state.
+                self._fallback = True
                 piece = self._step_from_full_text()
-            else:
-                try:
-                    piece = self._stream.step(self._backend, token_id)
-                except Exception:
-                    # DecodeStream raised (inconsistent prefix): stop trusting its state.
-                    self._fallback = True
-                    piece = self._step_from_full_text()
-            if piece is not None:
-                self._pending = 0
-                self._emitted_chars += len(piece)
-                pieces.append(piece)
-        return "".join(pieces)
+        if piece is None:
+            return ""
+        self._pending = 0
+        self._emitted_chars += len(piece)
+        return piece
 
     def _step_from_full_text(self) -> str | None:
         text = self.full_text()

@@ -31,9 +31,12 @@ from gateway.tokenization.tokenizer import Tokenizer
 Matched = str | int
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class StopStep:
-    """What one feed produced: text safe to send now, and the stop that fired, if any."""
+    """What one feed produced: text safe to send now, and the stop that fired, if any.
+
+    Not frozen: one is built per relayed token, and a frozen dataclass's ``__init__``
+    goes through ``object.__setattr__`` for every field. Treat it as read-only."""
 
     text: str
     matched: Matched | None = None
@@ -201,6 +204,9 @@ class SampleStream:
         self._detok = IncrementalDetokenizer(tokenizer, skip_special_tokens, context_ids)
         self._matcher = StopMatcher(plan.stop_strings, no_stop_trim)
         self._done = False
+        # No stop string to match on text (the common request): the matcher would only
+        # pass every piece through, so ``step`` skips it.
+        self._plain = not self._matcher._stops
 
     @property
     def stopped(self) -> bool:
@@ -216,6 +222,8 @@ class SampleStream:
         stop, or through it with ``no_stop_trim``): trim ids and logprobs to it."""
         if self._done:
             return StopStep("", ids_used=0)
+        if self._plain:
+            return self._step_plain(token_ids)
         texts: list[str] = []
         for k, token_id in enumerate(token_ids):
             token_id = int(token_id)
@@ -226,6 +234,24 @@ class SampleStream:
             if result.stopped:
                 return StopStep("".join(texts), result.matched, ids_used=k + 1)
         return StopStep("".join(texts), ids_used=len(token_ids))
+
+    def _step_plain(self, token_ids: Sequence[int]) -> StopStep:
+        """``step`` without stop strings: ids straight through the detokenizer; only a
+        token stop can end the sample (the matcher holds nothing back, so it is skipped)."""
+        token_stops = self._plan.token_stops
+        detok_one = self._detok.step_one
+        if len(token_ids) == 1:  # one token per worker message: the relay's common case
+            token_id = int(token_ids[0])
+            if token_id in token_stops:
+                return self._token_stop([], 0, token_id)
+            return StopStep(detok_one(token_id), None, 1)
+        texts: list[str] = []
+        for k, token_id in enumerate(token_ids):
+            token_id = int(token_id)
+            if token_id in token_stops:
+                return self._token_stop(texts, k, token_id)
+            texts.append(detok_one(token_id))
+        return StopStep("".join(texts), None, len(token_ids))
 
     def _token_stop(self, texts: list[str], k: int, token_id: int) -> StopStep:
         # Text up to the stop token (plus the token itself when not trimming) is final.

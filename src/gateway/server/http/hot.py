@@ -272,10 +272,11 @@ class _Request:
         becomes an error event, then ``[DONE]``."""
         send = self.send
         await send(_head(200, self.path.door.headers_for(ctx), _SSE_HEADERS))
+        body = self.send_raw  # a more_body message changes none of self.send's flags: skip its layer
         try:
             try:
                 async for event in events:
-                    await send({"type": "http.response.body", "body": b"data: " + event.to_json() + b"\n\n", "more_body": True})
+                    await body({"type": "http.response.body", "body": b"data: " + event.to_json() + b"\n\n", "more_body": True})
             except GatewayError as exc:
                 log.warning("request %s failed mid-stream: %s", ctx.request_id, exc.message)
                 await send({"type": "http.response.body", "body": sse_error(exc.status, exc.message, exc.type, exc.code), "more_body": True})
