@@ -38,6 +38,7 @@ from dataclasses import dataclass, field, replace
 import xxhash
 
 from gateway.bench import machine
+from gateway.bench.matrix import parse_variant, split_knobs
 from gateway.pipeline.prefill_gate import PrefillGateConfig, hold_timeout_s
 from gateway.policies import PolicyConfig, close_policy, make_policy
 from gateway.policies.base import LoadSnapshot, Policy, RouteRequest, WorkerView
@@ -864,11 +865,24 @@ def selected(variants: list[tuple[str, dict[str, object], float]], args: argpars
     return [v for v in variants if any(o in v[0] for o in args.only)]
 
 
+def extra_variants(args: argparse.Namespace) -> list[tuple[str, dict[str, object], float]]:
+    """``--variant NAME[:knob=value,...]`` as sim variants (``bench matrix``'s syntax; polled loads as the
+    default cache_aware row when the policy polls them)."""
+    out: list[tuple[str, dict[str, object], float]] = []
+    for spec in args.variant:
+        name, knobs = parse_variant(spec)
+        policy_knobs, _ = split_knobs(knobs)
+        poll = 0.1 if name == "cache_aware" and policy_knobs.get("use_polled_loads", True) else 0.0
+        out.append((spec, {"policy": name, **policy_knobs}, poll))
+    return out
+
+
 def sim_rows(variants: list[tuple[str, dict[str, object], float]], wl: Workload, args: argparse.Namespace,
              timing: Timing) -> list[list[str]]:
     rows = []
     pages_cache: dict[int, list[int]] = {}
-    for label, overrides, poll in selected(variants, args):
+    chosen = selected(variants, args) if args.only or not args.variant else []
+    for label, overrides, poll in chosen + extra_variants(args):
         gates = gate_settings(args)
         if overrides["policy"] not in ("cache_aware", "oracle"):
             gates = gates[:1]  # predicts no cached tokens: the gate never holds anything
@@ -1000,6 +1014,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="sim: the prefill gate's --prefill-gate-min-tokens")
     parser.add_argument("--only", nargs="*", default=[],
                         help="sim: run only the policies whose label contains one of these")
+    parser.add_argument("--variant", nargs="*", default=[],
+                        help="sim: extra policy variants, NAME[:knob=value,...] as in bench matrix --policies "
+                        "(with --variant and no --only, only these run)")
     parser.add_argument("--reserve-running", action="store_true",
                         help="sim: running requests pin their pages and their output's KV (as a real worker)")
     args = parser.parse_args(argv)

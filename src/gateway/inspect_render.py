@@ -94,6 +94,10 @@ def _quality(q: dict[str, Any]) -> Table:
         t.add_row("closed loop", f"{q['under_predicted']:,} finishes below the prediction "
                   f"({q['corrected_tokens']:,} tree tokens cut), {q['over_predicted']:,} above "
                   f"({q['learned_tokens']:,} learned), {q['worker_resets']} worker resets")
+    if "queued_prefill_weight" in q:
+        load = q.get("hottest_prefix_load")
+        t.add_row("queue weight", f"{q['queued_prefill_weight']:g} x queued prefill (hottest prefix: "
+                  + ("too few requests seen" if load is None else f"{load:.2f} workers' share") + ")")
     for hp in q.get("hot_prefixes") or []:
         t.add_row("hot prefix", f"{hp['key']}: {100 * hp['share']:.0f}% of requests, {hp['replicas']} replicas "
                   f"on {', '.join(hp['holders'][: hp['replicas']]) or '-'}")

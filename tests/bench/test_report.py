@@ -55,6 +55,8 @@ def test_summary_figures() -> None:
     assert s.ttft_p50_s == pytest.approx(0.04)
     assert s.latency_p50_s == pytest.approx(0.7)
     assert s.ttft_p99_s == pytest.approx(0.04 + 0.98 * 0.06)
+    assert s.ttft_quantiles_s["p50"] == s.ttft_p50_s and s.ttft_quantiles_s["p99"] == s.ttft_p99_s
+    assert list(s.ttft_quantiles_s) == ["p10", "p25", "p50", "p75", "p90", "p99"]
     assert s.spread is not None and s.spread.per_worker == {"a": 2, "b": 1, "c": 0}
     assert (s.spread.min, s.spread.max) == (0, 2)
     assert s.spread.cv == pytest.approx((2 / 3) ** 0.5)  # pstdev(2,1,0)=sqrt(2/3), mean 1

@@ -164,6 +164,26 @@ def test_rendered_chat_prompts_extend_each_other(vocab: Vocab) -> None:
     assert with_replies > ideal_hit_rate([a, b])
 
 
+def test_chat_prompts_as_sent_with_reply_token_reuse(vocab: Vocab) -> None:
+    """With each reply's completion length, a resent reply stands for the ids that generated
+    it (what --reply-token-reuse sends), so the next prompt starts with the previous turn's
+    whole cached output, not with a re-encoding of its text."""
+    from gateway.bench.workloads import render_chat_prompts
+
+    first = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}]
+    second = [*first, {"role": "assistant", "content": "hi friend"}, {"role": "user", "content": "again"}]
+    (a, b), (a_done, b_done) = render_chat_prompts(
+        [first, second], replies=["hi friend", "ok"], reply_tokens=[5, 2]
+    )
+    assert len(a_done) == len(a) + 5 and a_done[: len(a)] == a
+    assert b[: len(a_done)] == a_done  # the second turn resends the first prompt and its 5 generated ids
+    assert len(b_done) == len(b) + 2
+    (_, b_text), _ = render_chat_prompts([first, second], replies=["hi friend", "ok"])
+    assert b_text[: len(a_done)] != a_done  # re-encoded, the reply is not the generated ids
+    ideal = ideal_hit_rate([a, b], cached_after=[a_done, b_done])
+    assert ideal == pytest.approx(len(a_done) / (len(a) + len(b)))
+
+
 def test_ideal_with_outputs_cached() -> None:
     # the first request's output [7, 8] is cached with it, and the second prompt resends it
     prompts = [[1, 2, 3], [1, 2, 3, 7, 8, 4]]

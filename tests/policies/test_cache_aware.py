@@ -473,3 +473,97 @@ def test_the_output_the_worker_caches_is_predicted_for_the_next_turn() -> None:
     d2 = send(open_loop, r, ws)
     open_loop.on_output(r, d2.worker_id, output)
     assert open_loop.tree().match(follow.token_ids).per_worker == {d2.worker_id: len(prompt) // 16 * 16}
+
+
+# ------------------------------------------------- queued-prefill weight adapts to concentration
+def test_top_load_is_the_hottest_prefix_in_workers_shares() -> None:
+    from gateway.policies.hot_prefix import HotPrefixes
+
+    hp = HotPrefixes(window=256)
+    assert hp.top_load(8) is None
+    for i in range(15):
+        hp.observe(i % 64)
+    assert hp.top_load(8) is None  # too few requests seen for a share to mean anything
+    hp.observe(15)
+    assert hp.top_load(8) == 0.0  # 16 different prefixes: none seen twice
+    for i in range(16, 2000):
+        hp.observe(i % 64)  # 64 prefixes in turn: each 1/64 of the traffic
+    load = hp.top_load(8)
+    assert load is not None and 0.05 < load < 0.2
+    for i in range(2000):
+        hp.observe(7 if i % 2 else 1000 + i)  # now one prefix carries half the requests
+    load = hp.top_load(8)
+    assert load is not None and 3.5 < load < 4.5
+    assert load == pytest.approx((hp.share(7) - 1 / hp._total) * 8)  # one request less than its count
+
+
+def test_a_hot_prefix_reads_as_hot_within_sixteen_requests() -> None:
+    from gateway.policies.hot_prefix import HotPrefixes
+
+    hp = HotPrefixes(window=256)
+    for i in range(16):
+        hp.observe(7 if i % 4 == 0 else 100 + i)  # a quarter of the requests share one prefix
+    load = hp.top_load(8)
+    assert load is not None and load > 1.25
+
+
+def test_top_load_survives_trimming_the_tracked_keys() -> None:
+    from gateway.policies.hot_prefix import HotPrefixes
+
+    hp = HotPrefixes(window=64, max_tracked=16)
+    for i in range(500):
+        hp.observe(3 if i % 3 == 0 else 100 + i)
+    assert len(hp) <= 16
+    assert hp.top_load(4) == pytest.approx((hp.share(3) - 1 / hp._total) * 4)
+
+
+def _prime(p: CacheAwarePolicy, hot: bool, n: int = 400) -> None:
+    for i in range(n):
+        p.hot.observe(1 if hot and i % 2 else 10_000 + i % 64)
+
+
+def test_queued_prefill_weight_follows_how_concentrated_the_prefixes_are() -> None:
+    p = policy()
+    assert p.queued_prefill_weight(8) == 1.0  # nothing seen yet: balance first
+    _prime(p, hot=False)
+    assert p.queued_prefill_weight(8) == pytest.approx(0.5)  # 64 even prefixes: spread
+    q = policy()
+    _prime(q, hot=True)
+    assert q.queued_prefill_weight(8) == pytest.approx(1.0)  # one prefix is half the traffic
+    fixed = policy(cost=CostKnobs(prefill_weight=0.5, spread_prefill_weight=0.5))
+    _prime(fixed, hot=True)
+    assert fixed.queued_prefill_weight(8) == 0.5
+    old = policy(cost=CostKnobs(spread_prefill_weight=1.0))
+    _prime(old, hot=False)
+    assert old.queued_prefill_weight(8) == 1.0
+    with pytest.raises(ValueError):
+        CostKnobs(spread_prefill_weight=-1)
+
+
+def test_queued_prefill_weight_is_linear_around_one_workers_share() -> None:
+    p = policy()
+    # the hottest prefix at 1/8 of 9 workers' traffic ... 1.125 workers: halfway up the band
+    for i in range(4000):
+        p.hot.observe(1 if i % 8 == 0 else 10_000 + i % 512)
+    load = p.hot.top_load(9)
+    assert load is not None and 1.0 < load < 1.25
+    assert p.queued_prefill_weight(9) == pytest.approx(0.5 + 0.5 * (load - 1.0) / 0.25)
+
+
+def test_a_holder_keeps_its_prefix_longer_while_no_prefix_is_hot() -> None:
+    """Queued prefill worth 1.5x the cached prefix: under spread traffic (weight 0.5) the
+    holder keeps the request; once some other prefix is hot (weight 1.0) it spills."""
+    for hot, kept in ((False, True), (True, False)):
+        p = policy()
+        _prime(p, hot=hot)
+        ws = views(4)
+        holder = send(p, req(SYSTEM + tokens(100, 2)), ws).worker_id
+        loaded = with_load(ws, holder, queued_prefill_tokens=3_000)
+        d = p.select(req(SYSTEM + tokens(100, 3)), loaded)
+        assert (d.worker_id == holder) is kept, (hot, d)
+        assert d.reason == ("cache_hit" if kept else "load_balanced")
+
+
+def test_without_hot_prefix_tracking_the_weight_is_fixed() -> None:
+    p = policy(hot_prefix_min_tokens=0)
+    assert p.queued_prefill_weight(8) == 1.0

@@ -104,3 +104,14 @@ def test_a_worker_whose_page_size_or_capacity_changes_loses_its_tree_share() -> 
     assert p.stats.worker_resets == 1
     assert p.tree().worker_budget("w1") == 50_000
     assert policy_quality(p)["worker_resets"] == 1
+
+
+def test_policy_quality_shows_the_queue_weight_and_how_concentrated_the_prefixes_are() -> None:
+    p = CacheAwarePolicy(eviction_interval_s=0)
+    p.on_workers_changed(views(8))
+    q = policy_quality(p)
+    assert q["hottest_prefix_load"] is None and q["queued_prefill_weight"] == 1.0  # nothing seen yet
+    for i in range(400):
+        p.hot.observe(10_000 + i % 64)
+    q = policy_quality(p)
+    assert q["hottest_prefix_load"] < 1.0 and q["queued_prefill_weight"] == 0.5

@@ -86,3 +86,26 @@ def test_multi_turn_chat_reaches_its_ideal_and_resent_text_lowers_it(bench: Modu
             close_policy(policy)
         assert r.hit_rate == pytest.approx(wl.ideal_hit, abs=1e-9)  # nothing moves, nothing is evicted
         assert r.misses.first == r.misses.evicted == r.misses.duplicate == 0
+
+
+def test_the_queued_prefill_weight_spills_uniform_prefixes_less_and_leaves_a_hot_one_alone(bench: ModuleType) -> None:
+    """Against the independent caches: on uniform shared prefixes the adaptive weight (0.5
+    while no prefix is hot) recomputes fewer prefixes elsewhere than a fixed 1.0; with one
+    prefix carrying half the traffic it is the fixed 1.0, decision for decision."""
+    timing = bench.Timing(base_s=0.01, prefill_s_per_token=1e-4, decode_s_per_req=1e-3, max_running=16)
+    out = {}
+    for hot_share in (0.0, 0.5):
+        wl = bench.gsp_workload(32, 16, 2048, 128, 64, seed=3, hot_share=hot_share)
+        for label, knobs in (("adaptive", {}), ("fixed", {"spread_prefill_weight": 1.0})):
+            policy = make_policy(PolicyConfig(policy="cache_aware", eviction_interval_s=0), **knobs)
+            try:
+                out[hot_share, label] = bench.simulate(policy, wl, 4, 40960, 16, len(wl.prompts), timing, 0.1, {},
+                                                       True)[0]
+            finally:
+                close_policy(policy)
+    uniform, fixed = out[0.0, "adaptive"], out[0.0, "fixed"]
+    assert uniform.misses.first < fixed.misses.first  # fewer spills: prefixes first computed on a second worker
+    assert uniform.hit_rate >= fixed.hit_rate and uniform.served_max_over_mean < 1.25
+    hot, hot_fixed = out[0.5, "adaptive"], out[0.5, "fixed"]
+    assert (hot.hit_rate, hot.served_max_over_mean, hot.ttft_of) == (
+        hot_fixed.hit_rate, hot_fixed.served_max_over_mean, hot_fixed.ttft_of)

@@ -79,7 +79,8 @@ def ideal_for(workload: Any, runs: list[Any], config: BenchConfig) -> float | No
         # in the order they were sent: a turn's reply is cached before the next turn asks
         sent = sorted((r for r in runs[0].results if r.ok), key=lambda r: r.start_s)
         prompts, afters = wl.render_chat_prompts(
-            [r.messages for r in sent], config.tokenizer_dir or None, replies=[r.text for r in sent]
+            [r.messages for r in sent], config.tokenizer_dir or None, replies=[r.text for r in sent],
+            reply_tokens=[r.completion_tokens for r in sent],
         )
         return wl.ideal_hit_rate(prompts, config.page_size, cached_after=afters)
     if all(s.endpoint == "completions" for s in workload):

@@ -362,7 +362,8 @@ def ideal_of(workload: Any, page_size: int, tokenizer_dir: str) -> Any:
             if not sent:
                 return None
             prompts, afters = wl.render_chat_prompts(
-                [r.messages for r in sent], tokenizer_dir, replies=[r.text for r in sent]
+                [r.messages for r in sent], tokenizer_dir, replies=[r.text for r in sent],
+                reply_tokens=[r.completion_tokens for r in sent],
             )
             return wl.ideal_hit_rate(prompts, page_size, cached_after=afters)
 

@@ -16,6 +16,8 @@ from typing import Any
 
 from gateway.bench.driver import RunResult
 
+TTFT_QUANTILES = (10, 25, 50, 75, 90, 99)
+
 
 def percentile(values: Sequence[float], q: float) -> float | None:
     """The q-th percentile (0-100), linear between closest ranks; None for no values."""
@@ -72,6 +74,8 @@ class RunSummary:
     spread: Spread | None
     first_errors: tuple[str, ...] = ()
     ttfts_s: tuple[float, ...] = field(default=(), repr=False)
+    # the TTFT distribution (p10 ... p99), to compare policies and gateways beyond two points
+    ttft_quantiles_s: dict[str, float | None] = field(default_factory=dict)
 
     def to_dict(self, *, with_samples: bool = False) -> dict[str, Any]:
         data = asdict(self)
@@ -130,6 +134,7 @@ def summarize(
         req_s=len(ok) / wall,
         ttft_p50_s=percentile(ttfts, 50),
         ttft_p99_s=percentile(ttfts, 99),
+        ttft_quantiles_s={f"p{q}": percentile(ttfts, q) for q in TTFT_QUANTILES},
         latency_p50_s=percentile(latencies, 50),
         latency_p99_s=percentile(latencies, 99),
         spread=Spread.of(worker_counts(run, worker_ids)),

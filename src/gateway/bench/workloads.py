@@ -439,6 +439,7 @@ def render_chat_prompts(
     conversations: Iterable[Sequence[Message]],
     tokenizer_dir: str | Path | None = None,
     replies: Iterable[str] | None = None,
+    reply_tokens: Iterable[int] | None = None,
 ) -> tuple[list[list[int]], list[list[int]]]:
     """Token ids of chat requests as sent (template + generation prompt), for the ideal.
 
@@ -447,12 +448,49 @@ def render_chat_prompts(
     returns each prompt followed by its reply's tokens: what the worker holds once the
     turn is done (``ideal_hit_rate``'s ``cached_after``). Rendering uses
     ``transformers``' ``apply_chat_template``, the reference semantics the gateway follows.
+
+    ``reply_tokens`` (each reply's completion token count, with ``replies``): the prompts
+    as the gateway sends them with ``--reply-token-reuse``, a reply resent by a later turn
+    is tokenized as the ids that generated it (``tokenization.reply_cache``), the text
+    around it piece by piece. The run does not keep those ids, and the ideal needs only
+    which tokens repeat: each reply stands for a run of distinct placeholder ids of its
+    completion length, in its own turn's cached output and in every later prompt that
+    resends it. Without ``reply_tokens`` a resent reply is re-encoded from its text,
+    which counted re-encoded tokens as cached that no worker holds (the generated ids
+    differ from ``encode(decode(ids))``).
     """
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir or default_tokenizer_dir()))
+    conversations = list(conversations)
+    reply_list = list(replies) if replies is not None else None
+    standins: dict[str, list[int]] = {}
+    if reply_tokens is not None and reply_list is not None:
+        for k, (text, n) in enumerate(zip(reply_list, reply_tokens, strict=True)):
+            if text and text not in standins:
+                standins[text] = [-(k << 20) - j - 1 for j in range(n)]
+
+    def encode(text: str) -> list[int]:
+        return [int(t) for t in tokenizer.encode(text, add_special_tokens=False)] if text else []
 
     def render(messages: Sequence[Message]) -> list[int]:
+        if standins:
+            rendered: Any = tokenizer.apply_chat_template(
+                [dict(m) for m in messages], add_generation_prompt=True, tokenize=False
+            )
+            ids: list[int] = []
+            at = 0
+            for m in messages:
+                content = m.get("content")
+                if m.get("role") != "assistant" or not isinstance(content, str) or content not in standins:
+                    continue
+                start = rendered.find(content, at)
+                if start < 0:
+                    continue
+                ids += encode(rendered[at:start])
+                ids += standins[content]
+                at = start + len(content)
+            return ids + encode(rendered[at:])
         encoded: Any = tokenizer.apply_chat_template(
             [dict(m) for m in messages], add_generation_prompt=True, tokenize=True
         )  # transformers 5 returns a BatchEncoding, 4.x a list of ids
@@ -461,9 +499,10 @@ def render_chat_prompts(
 
     prompts = [render(m) for m in conversations]
     afters = []
-    if replies is not None:
+    if reply_list is not None:
         # prompt + output ids, as the worker caches them (not a re-render: templates such
         # as Qwen3's render the latest assistant turn differently from older ones)
-        for prompt, reply in zip(prompts, replies, strict=True):
-            afters.append(prompt + list(tokenizer.encode(reply, add_special_tokens=False)))
+        for prompt, reply in zip(prompts, reply_list, strict=True):
+            out = standins.get(reply) if standins else None
+            afters.append(prompt + (out if out is not None else encode(reply)))
     return prompts, afters

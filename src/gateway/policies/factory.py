@@ -31,6 +31,7 @@ from gateway.policies.cache_aware import (
     DEFAULT_PREFILL_WEIGHT,
     DEFAULT_REQUEST_WEIGHT,
     DEFAULT_SLOT_STEP_TOKENS,
+    DEFAULT_SPREAD_PREFILL_WEIGHT,
     CacheAwarePolicy,
     CostKnobs,
 )
@@ -85,7 +86,14 @@ class PolicyConfig:
     )
     cost_form: str = option("additive", "cache_aware: cost formula", choices=list(COST_FORMS))
     prefill_weight: float = option(
-        DEFAULT_PREFILL_WEIGHT, "cache_aware: weight of queued uncached prefill tokens against our own"
+        DEFAULT_PREFILL_WEIGHT,
+        "cache_aware: weight of queued uncached prefill tokens against our own once an offered prefix is hot "
+        "(carries more than 1.25 workers' share of the requests)",
+    )
+    spread_prefill_weight: float = option(
+        DEFAULT_SPREAD_PREFILL_WEIGHT,
+        "cache_aware: the same weight while no offered prefix carries more than one worker's share "
+        "(linear in between; set it to --prefill-weight for a fixed weight)",
     )
     decode_weight: float = option(
         DEFAULT_DECODE_WEIGHT, "cache_aware: weight of running decode tokens, in prefill-token equivalents"
@@ -142,6 +150,7 @@ def make_policy(config: PolicyConfig | None = None, **overrides: Any) -> Policy:
             cost=CostKnobs(
                 form=cfg.cost_form,
                 prefill_weight=cfg.prefill_weight,
+                spread_prefill_weight=cfg.spread_prefill_weight,
                 decode_weight=cfg.decode_weight,
                 request_weight=cfg.request_weight,
                 loads_max_age_s=cfg.loads_max_age_s,

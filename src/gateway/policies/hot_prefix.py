@@ -34,6 +34,7 @@ DEFAULT_WINDOW = 256
 DEFAULT_MAX_TRACKED = 4096
 SLACK = 0.25  # of a worker's share: a prefix is hot above (1 + SLACK) / n of the traffic
 HEADROOM = 0.5  # of a worker: holders keep room for the other traffic they carry
+TOP_MIN_REQUESTS = 16  # before these, the hottest prefix's share is not estimated
 
 
 class _Entry:
@@ -58,6 +59,7 @@ class HotPrefixes:
         self._tick = 0
         self._total = 0.0  # decayed count of all requests
         self._entries: dict[int, _Entry] = {}
+        self._top: _Entry | None = None  # the entry with the largest count (exact: decay is uniform)
 
     def _value(self, e: _Entry) -> float:
         if e.tick != self._tick:
@@ -71,6 +73,20 @@ class HotPrefixes:
         if e is None or self._total <= 0:
             return 0.0
         return min(1.0, self._value(e) / self._total)
+
+    def top_load(self, n_workers: int) -> float | None:
+        """The hottest prefix's load in workers' fair shares (``share * n``), or None before
+        ``TOP_MIN_REQUESTS`` requests have been seen. O(1).
+
+        The share is ``(count - 1) / total``: the largest of a few sample counts overstates
+        the true largest share (16 requests of 64 equally popular prefixes have a top count
+        of 2 or 3 while each prefix is 1/64 of the traffic), and one request less is about
+        that bias, so uniform traffic reads as spread within 16 requests while a prefix
+        carrying a quarter of them already reads as hot."""
+        top = self._top
+        if top is None or self._tick < TOP_MIN_REQUESTS:
+            return None
+        return min(1.0, max(0.0, self._value(top) - 1.0) / self._total) * n_workers
 
     def replicas(self, key: int, n_workers: int) -> int:
         """How many workers should hold ``key``: 1 up to a share of ``1.25 / n``, then
@@ -95,8 +111,11 @@ class HotPrefixes:
             if len(self._entries) >= self.max_tracked:
                 self._trim()
             e = self._entries[key] = _Entry(self._tick)
-        self._value(e)
-        e.count += 1.0
+        e.count = self._value(e) + 1.0
+        # Every count decays by the same factor, so only the observed key can overtake the top.
+        top = self._top
+        if top is None or (top is not e and self._value(top) < e.count):
+            self._top = e
 
     def holders(self, key: int) -> list[str]:
         """The replica set of ``key`` in the order holders were added (a copy)."""
@@ -136,3 +155,5 @@ class HotPrefixes:
         ranked = sorted(self._entries.items(), key=lambda kv: self._value(kv[1]))
         for key, _ in ranked[: len(ranked) // 2]:
             del self._entries[key]
+        if self._top is not None and all(e is not self._top for e in self._entries.values()):
+            self._top = max(self._entries.values(), key=self._value, default=None)

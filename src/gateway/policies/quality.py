@@ -136,6 +136,12 @@ def policy_quality(policy: object) -> dict[str, Any]:
              "holders": holders}
             for key, share, holders in hot.hot(max(1, len(pool)))[:16]
         ]
+    weight = getattr(policy, "queued_prefill_weight", None)
+    if weight is not None and hot is not None and pool is not None:
+        # how concentrated the offered prefixes are, and the queue weight that follows from it
+        load = hot.top_load(max(1, len(pool)))
+        out["hottest_prefix_load"] = None if load is None else round(load, 3)
+        out["queued_prefill_weight"] = round(weight(max(1, len(pool))), 3)
     load_only = getattr(policy, "load_only", None)
     if load_only is not None:
         out["load_only_models"] = sorted(load_only)

@@ -44,6 +44,7 @@ async def test_inspect_predicts_the_cache_of_the_worker_that_served(stack: Stack
     assert quality["ideal_hit_rate"] == 0 and quality["achieved_hit_rate"] == 0  # nothing to reuse yet
     assert quality["load_only"] is False and quality["tokenizer_mismatches"] == 0
     assert quality["under_predicted"] == 0 and quality["hot_prefixes"] == [] and quality["load_only_models"] == []
+    assert quality["hottest_prefix_load"] is None and quality["queued_prefill_weight"] == 1.0  # too few seen yet
 
     # the prediction is what the worker then reports as cached
     again = await stack.client.chat.completions.create(model=stack.model, messages=follow, max_tokens=2)  # type: ignore[arg-type]
