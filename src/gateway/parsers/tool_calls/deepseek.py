@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import re
+from abc import abstractmethod
 from typing import Any
 
 from gateway.parsers.tool_calls.json_calls import arguments_view
@@ -58,9 +59,10 @@ class _DeepSeekSection(SectionToolParser):
     markers = (CALLS_BEGIN,)
     needs_special_tokens = True
 
+    @abstractmethod
     def _call(self, section: str, i: int, final: bool) -> tuple[CallView, int | None] | None:
-        """Read one call after ``<｜tool▁call▁begin｜>``; None while its header is unfinished."""
-        raise NotImplementedError
+        """Read one call after ``<｜tool▁call▁begin｜>``; None while its header is unfinished.
+        Each DeepSeek version below spells a call its own way."""
 
     def scan(self, section: str, *, final: bool) -> SectionView:
         view = SectionView(status="incomplete")
