@@ -18,10 +18,15 @@ can send a prompt where most of it is already cached. Design points, and why:
 * Each worker's share is bounded by a token budget (set from its real KV capacity by
   the policy) and the whole tree by ``max_total_tokens``. Eviction is LRU per worker,
   least recently used leaves first: each worker has a lazy min-heap of
-  ``(stamp, -end_depth, seq, node)``; stale entries are skipped when popped and the
-  heap is compacted when it grows past twice the live entries. Because stamps never
-  increase going down a path and ties pop deepest first, a live popped entry is a
-  leaf of that worker's holdings, so eviction keeps the prefix property.
+  ``(stamp, seq, node)`` holding its *leaves* only (nodes it holds with no child it
+  holds): an insert pushes the one node its path ends at, and dropping a node pushes
+  its parent, which may have become a leaf. Interior nodes are restamped by every
+  insert through them (a shared chat template by every request) but never pushed, so
+  a short unique prompt costs one heap entry, not one per node of its path. Stale
+  entries are skipped when popped and the heap is compacted when it grows past twice
+  the nodes held. Because stamps never increase going down a path and a parent is
+  pushed after its children, a live popped entry is a leaf of that worker's holdings,
+  so eviction keeps the prefix property.
   ``evict`` works in short locked chunks so a background thread never holds the lock
   for long; ``insert`` also evicts inline when a worker or the tree overshoots its
   bound by ``overshoot`` (or always, with ``evict_inline``), so memory never grows
@@ -98,7 +103,7 @@ class _WorkerState:
         self.page_size = max(1, page_size)
         self.tokens = 0  # sum of edge lengths of nodes this worker holds
         self.pairs = 0  # nodes this worker holds
-        self.heap: list[tuple[int, int, int, _Node]] = []
+        self.heap: list[tuple[int, int, _Node]] = []  # (stamp, seq, node): its leaves, lazily
 
 
 class TreeMatch(NamedTuple):
@@ -273,21 +278,24 @@ class RadixTree:
                     st.tokens += length
                     st.pairs += 1
                     added += length
-                    heapq.heappush(heap, (now, -n, next(seq), leaf))
+                    node = leaf
                     break
                 key = child.key
                 b = pos << 2
                 if not pb.startswith(key, b):
                     child = self._split(child, _common_tokens(pb, b, key), pos)
-                length = len(child.key) >> 2
+                    key = child.key
+                length = len(key) >> 2
                 pos += length
-                if worker not in child.workers:
+                held = child.workers
+                if worker not in held:
                     st.tokens += length
                     st.pairs += 1
                     added += length
-                child.workers[worker] = now
-                heapq.heappush(heap, (now, -pos, next(seq), child))
+                held[worker] = now
                 node = child
+            if node is not self._root:  # the path's end: the one node that may be a leaf
+                heapq.heappush(heap, (now, next(seq), node))
             if len(heap) > 2 * st.pairs + 64:
                 self._compact(worker, st)
             self._bound_locked(worker, st)
@@ -297,8 +305,9 @@ class RadixTree:
     def _split(self, node: _Node, m: int, start: int) -> _Node:
         """Cut ``node``'s edge after ``m`` tokens; the new upper node is returned.
 
-        The lower part keeps its identity (so its heap entries and end depth stay
-        valid); the upper node copies the worker stamps and gets heap entries of its own.
+        The lower part keeps its identity (so its heap entries stay valid); the upper
+        node copies the worker stamps and needs no heap entry: every worker on it holds
+        the lower part, so it is a leaf of no one.
         """
         parent = node.parent
         assert parent is not None and parent.children is not None and 0 < m
@@ -309,11 +318,8 @@ class RadixTree:
         parent.children[_first(top.key)] = top
         node.parent = top
         self.node_count += 1
-        end = -(start + m)
-        for w, t in top.workers.items():
-            st = self._workers[w]
-            st.pairs += 1
-            heapq.heappush(st.heap, (t, end, next(self._seq), top))
+        for w in top.workers:
+            self._workers[w].pairs += 1
         return top
 
     # ---------------------------------------------------------------- removals
@@ -323,11 +329,19 @@ class RadixTree:
             st = self._workers.pop(worker, None)
             if st is None:
                 return 0
+            # Every node it holds is an ancestor of (or is) one of its leaves, and every
+            # leaf has a heap entry: collect upwards from them, then drop deepest first.
             held: dict[int, tuple[int, _Node]] = {}
-            for _t, negd, _s, node in st.heap:
-                if worker in node.workers:
-                    held[id(node)] = (negd, node)
-            for _negd, node in sorted(held.values(), key=lambda e: e[0]):
+            for _t, _s, leaf in st.heap:
+                chain: list[_Node] = []
+                node: _Node | None = leaf
+                while node is not None and node is not self._root and id(node) not in held and worker in node.workers:
+                    chain.append(node)
+                    node = node.parent
+                base = held[id(node)][0] if node is not None and id(node) in held else 0
+                for i, c in enumerate(reversed(chain), 1):
+                    held[id(c)] = (base + i, c)
+            for _depth, node in sorted(held.values(), key=lambda e: -e[0]):
                 del node.workers[worker]
                 if not node.workers:
                     self._prune(node)
@@ -461,12 +475,18 @@ class RadixTree:
         return bool(ch) and any(worker in c.workers for c in ch.values())  # type: ignore[union-attr]
 
     def _drop(self, node: _Node, worker: str, st: _WorkerState) -> int:
+        """Drop ``worker`` from ``node`` (a leaf of its holdings); its parent may now be one."""
         del node.workers[worker]
         length = len(node.key) >> 2
         st.tokens -= length
         st.pairs -= 1
+        parent = node.parent
         if not node.workers:
             self._prune(node)
+        if parent is not None and parent is not self._root:
+            t = parent.workers.get(worker)
+            if t is not None:  # pushed even if another child still holds it: checked when popped
+                heapq.heappush(st.heap, (t, next(self._seq), parent))
         return length
 
     def _drop_subtree(self, node: _Node, worker: str, st: _WorkerState) -> int:
@@ -535,20 +555,23 @@ class RadixTree:
     def _pop_live(self, worker: str, st: _WorkerState) -> _Node | None:
         heap = st.heap
         while heap:
-            t, _negd, _s, node = heapq.heappop(heap)
+            t, _s, node = heapq.heappop(heap)
             if node.workers.get(worker) == t:
                 return node
         return None
 
     def _evict_one(self, worker: str, st: _WorkerState) -> bool:
-        node = self._pop_live(worker, st)
-        if node is None:
-            return False
-        if self._has_worker_child(node, worker):  # defensive: keep the prefix property
-            self._drop_subtree(node, worker, st)
-        else:
-            self._drop(node, worker, st)
-        return True
+        """Drop ``worker``'s least recently used leaf; False when it holds nothing."""
+        while True:
+            node = self._pop_live(worker, st)
+            if node is None:
+                return False
+            if not self._has_worker_child(node, worker):
+                self._drop(node, worker, st)
+                return True
+            # A parent pushed when one child went, with a child of the same stamp still
+            # held: not a leaf yet. That child's subtree has a leaf entry of its own, and
+            # the parent is pushed again when its last child goes.
 
     def _evict_worker_locked(self, worker: str, st: _WorkerState, target: int, limit: int | None) -> int:
         n = 0
@@ -563,7 +586,7 @@ class RadixTree:
         tops: list[tuple[int, int, str]] = []
         for w, st in self._workers.items():
             heap = st.heap
-            while heap and heap[0][3].workers.get(w) != heap[0][0]:
+            while heap and heap[0][2].workers.get(w) != heap[0][0]:
                 heapq.heappop(heap)
             if heap:
                 tops.append((heap[0][0], heap[0][1], w))
@@ -575,7 +598,7 @@ class RadixTree:
             self._evict_one(w, st)
             n += 1
             heap = st.heap
-            while heap and heap[0][3].workers.get(w) != heap[0][0]:
+            while heap and heap[0][2].workers.get(w) != heap[0][0]:
                 heapq.heappop(heap)
             if heap:
                 heapq.heapreplace(tops, (heap[0][0], heap[0][1], w))
@@ -584,7 +607,9 @@ class RadixTree:
         return n
 
     def _compact(self, worker: str, st: _WorkerState) -> None:
-        st.heap = [e for e in st.heap if e[3].workers.get(worker) == e[0]]
+        # Live entries only, one per node (a parent may have been pushed once per dropped child).
+        live = {id(e[2]): e for e in st.heap if e[2].workers.get(worker) == e[0]}
+        st.heap = list(live.values())
         heapq.heapify(st.heap)
 
     # ----------------------------------------------------------- introspection
@@ -621,7 +646,7 @@ class RadixTree:
             pairs: dict[str, int] = dict.fromkeys(self._workers, 0)
             live: set[tuple[int, str, int]] = set()
             for w, st in self._workers.items():
-                live.update((id(e[3]), w, e[0]) for e in st.heap)
+                live.update((id(e[2]), w, e[0]) for e in st.heap)
             total = count = 0
             stack: list[_Node] = [self._root]
             while stack:
@@ -638,7 +663,8 @@ class RadixTree:
                         _check(w in tokens, f"unregistered worker {w!r} in tree")
                         tokens[w] += len(node.key) >> 2
                         pairs[w] += 1
-                        _check((id(node), w, t) in live, f"no heap entry for {w!r}")
+                        if not any(w in c.workers for c in (node.children or {}).values()):
+                            _check((id(node), w, t) in live, f"no heap entry for {w!r}'s leaf")
                         if parent is not self._root:
                             pt = parent.workers.get(w)
                             _check(pt is not None, f"{w!r} holds a node but not its parent")
