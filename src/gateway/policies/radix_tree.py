@@ -485,7 +485,7 @@ class RadixTree:
             self._prune(node)
         if parent is not None and parent is not self._root:
             t = parent.workers.get(worker)
-            if t is not None:  # pushed even if another child still holds it: checked when popped
+            if t is not None and not self._has_worker_child(parent, worker):  # it became a leaf
                 heapq.heappush(st.heap, (t, next(self._seq), parent))
         return length
 
