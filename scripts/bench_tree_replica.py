@@ -40,7 +40,7 @@ def prompts(n: int, seed: int) -> list[list[int]]:
 
 def run(label: str, share: int, args: argparse.Namespace, data: list[list[int]]) -> dict[str, float]:
     """Replay ``data``; this process serves request i when i % share == 0."""
-    policy = CacheAwarePolicy(eviction_interval_s=0 if args.inline else 3600.0)
+    policy = CacheAwarePolicy(eviction_interval_s=0 if args.inline else 3600.0, eviction_low_watermark=args.low_watermark)
     views = [WorkerView(f"w{k}", f"w{k}", kv_capacity_tokens=args.kv_tokens, page_size=16) for k in range(args.workers)]
     policy.on_workers_changed(views)
     tree = policy.tree("m")
@@ -86,6 +86,7 @@ def main() -> int:
     p.add_argument("--set", type=int, default=2, help="processes in the set")
     p.add_argument("--evict-every", type=int, default=750, help="requests between evictor passes (0.5 s at 1500/s)")
     p.add_argument("--inline", action="store_true", help="evict inline on insert instead")
+    p.add_argument("--low-watermark", type=float, default=1.0, help="background passes evict down to this fraction of a budget")
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--seed", type=int, default=1)
     args = p.parse_args()

@@ -567,3 +567,26 @@ def test_a_holder_keeps_its_prefix_longer_while_no_prefix_is_hot() -> None:
 def test_without_hot_prefix_tracking_the_weight_is_fixed() -> None:
     p = policy(hot_prefix_min_tokens=0)
     assert p.queued_prefill_weight(8) == 1.0
+
+
+def test_evictor_sweep_skips_trees_with_nothing_new_and_trims_the_rest() -> None:
+    from gateway.policies.cache_aware import _Evictor
+
+    p = CacheAwarePolicy(default_budget_tokens=100, eviction_interval_s=3600, eviction_low_watermark=0.8)
+    try:
+        ws = views(1)
+        p.on_workers_changed(ws)
+        ev = _Evictor(p, 3600)  # driven by hand: sweep() is one wake-up of the thread
+        assert ev.sweep() == 0 and ev.passes == 0  # no tree yet
+        for i in range(11):
+            send(p, req([7000 + i] * 10, request_id=str(i)), ws)
+        tree = p.tree("")
+        assert tree.worker_tokens("w0") == 110  # over budget, inside the inline hard bound
+        assert ev.sweep() == 3 and ev.passes == 1  # down to the 0.8 watermark: 80 tokens
+        assert tree.worker_tokens("w0") == 80
+        assert ev.sweep() == 0 and ev.passes == 1  # nothing inserted since: not even a scan
+        send(p, req([8000] * 10, request_id="x"), ws)
+        assert ev.sweep() == 0 and ev.passes == 1  # 90: changed, looked at, within budget
+        tree.validate()
+    finally:
+        p.close()

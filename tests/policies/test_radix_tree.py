@@ -324,3 +324,95 @@ def test_correct_of_unknown_worker_or_path_is_a_no_op() -> None:
     assert t.correct([7, 8, 9], "a", 0, t.clock + 1) == 0
     assert t.correct([1, 2, 3], "a", 3, t.clock + 1) == 0  # all of it was cached
     t.validate()
+
+
+# ------------------------------------------------------------- leaf-only LRU heap
+def test_heap_holds_leaves_not_every_node_on_a_path() -> None:
+    t = RadixTree()
+    template = [7] * 10
+    for i in range(100):
+        t.insert([*template, i // 10, i % 10, 100 + i], "a")  # a shared template, a digit trie
+    leaves = sum(1 for n in t.nodes() if n.end == 13)
+    assert leaves == 100
+    assert t.stats().heap_entries == 100  # one per leaf; the restamped shared nodes have none
+    t.validate()
+
+
+def test_a_parent_becomes_evictable_once_its_last_child_is_gone() -> None:
+    t = RadixTree(default_budget_tokens=6)
+    t.insert([1, 2, 3, 4], "a")
+    t.insert([1, 2, 5, 6], "a")  # [1,2] -> {[3,4], [5,6]}: 6 tokens
+    t.insert([9], "a")  # 7 > 6: the oldest leaf [3,4] goes, the shared [1,2] stays
+    assert raw(t, [1, 2, 3, 4]) == {"a": 2}
+    assert raw(t, [1, 2, 5, 6]) == {"a": 4}
+    t.insert([8, 8, 8, 8], "a")  # 9 > 6: [5,6] goes, then [1,2] (now a leaf, older than [9])
+    assert raw(t, [1, 2, 5, 6]) == {}
+    assert raw(t, [9]) == {"a": 1} and raw(t, [8, 8, 8, 8]) == {"a": 4}
+    assert t.worker_tokens("a") == 5
+    t.validate()
+
+
+def test_eviction_stops_at_the_budget_when_a_parent_and_child_share_a_stamp() -> None:
+    # Found comparing against the per-node heap: a parent pushed when one child went,
+    # while another child stamped by the same insert is still held, must not take that
+    # child with it (it is not a leaf yet).
+    t = RadixTree(default_budget_tokens=8)
+    for toks, w in [([0], "w0"), ([2, 0, 1], "w0"), ([0, 0, 1, 2, 1, 0], "w1"), ([2, 0, 2], "w0"),
+                    ([0, 1, 2, 0, 1], "w0"), ([0, 1, 0, 0], "w0"), ([0, 1, 0, 1, 0, 0], "w1"), ([0, 1], "w1"),
+                    ([1, 0, 2, 2, 1, 2], "w0")]:  # fmt: skip
+        t.insert(toks, w)
+        t.validate()
+    assert t.worker_tokens("w0") == 8
+    assert raw(t, [0, 1]) == {"w0": 2, "w1": 2}
+
+
+def test_background_pass_evicts_down_to_the_low_watermark_lru_first() -> None:
+    t = RadixTree(default_budget_tokens=100, evict_inline=False, low_watermark=0.8)
+    for i in range(11):
+        t.insert([1000 + i] * 10, "a")  # 110 tokens: over, but inside the 1.25 overshoot
+    assert t.worker_tokens("a") == 110 and t.over_budget()
+    v = t.version
+    t.evict(chunk=1)  # one node per locked step: the pass still runs to the watermark
+    assert t.worker_tokens("a") == 80
+    assert [raw(t, [1000 + i] * 10) for i in (2, 3)] == [{}, {"a": 10}]  # the 3 oldest went
+    assert not t.over_budget() and t.version == v  # eviction is not a change to look at
+    t.insert([5] * 10, "a")  # 90: under budget, nothing to do
+    assert t.evict() == 0 and t.worker_tokens("a") == 90
+    t.validate()
+
+
+def test_hard_bound_in_background_mode_also_goes_to_the_low_watermark() -> None:
+    t = RadixTree(default_budget_tokens=100, evict_inline=False, overshoot=1.2, low_watermark=0.5)
+    for i in range(13):
+        t.insert([2000 + i] * 10, "a")
+        assert t.worker_tokens("a") <= 120
+    # 120 after the 12th insert is within the 1.2 overshoot; the 13th makes 130: down to
+    # 0.5 x 100, the five newest prompts.
+    assert t.worker_tokens("a") == 50
+    assert t.match([2007] * 10).matched == 0 and t.match([2008] * 10).matched == 10
+    t.validate()
+
+
+def test_inline_mode_keeps_the_exact_budget_whatever_the_watermark() -> None:
+    t = RadixTree(default_budget_tokens=20, low_watermark=0.5)
+    for i in range(5):
+        t.insert([3000 + i] * 5, "a")
+    assert t.worker_tokens("a") == 20
+
+
+def test_global_cap_pass_goes_to_the_low_watermark() -> None:
+    t = RadixTree(max_total_tokens=100, evict_inline=False, low_watermark=0.7)
+    for i in range(11):
+        t.insert([4000 + i] * 10, "ab"[i % 2])
+    assert t.total_tokens == 110
+    t.evict(chunk=2)
+    assert t.total_tokens == 70
+    assert t.match([4000] * 10).matched == 0 and t.match([4010] * 10).matched == 10
+    t.validate()
+
+
+def test_bad_watermark_rejected() -> None:
+    with pytest.raises(ValueError):
+        RadixTree(low_watermark=1.5)
+    with pytest.raises(ValueError):
+        RadixTree(low_watermark=0.1)

@@ -106,6 +106,7 @@ COST_FORMS = ("additive", "multiplicative")
 # Defaults, shared with factory.PolicyConfig (tuned with scripts/bench_policies.py tune).
 DEFAULT_BUDGET_FRACTION = 1.0
 DEFAULT_EVICTION_INTERVAL_S = 0.5
+DEFAULT_EVICTION_LOW_WATERMARK = 1.0  # background passes evict an over-budget share down to this fraction
 DEFAULT_PREFILL_WEIGHT = 1.0
 DEFAULT_SPREAD_PREFILL_WEIGHT = 0.5
 DEFAULT_DECODE_WEIGHT = 0.5
@@ -155,19 +156,40 @@ class PredictionStats:
 
 
 class _Evictor(threading.Thread):
-    """Background thread that trims over-budget trees every ``interval`` seconds."""
+    """Background thread that trims over-budget trees every ``interval`` seconds.
+
+    A tree that took no insert and no budget change since its last look (``version``)
+    cannot have gone over budget, so it is skipped without a scan. A pass evicts in
+    ``RadixTree.evict``'s short locked chunks, down to the tree's low watermark.
+    """
 
     def __init__(self, policy: CacheAwarePolicy, interval: float) -> None:
         super().__init__(name="cache-aware-evictor", daemon=True)
         self._policy = policy
         self._interval = interval
         self.stop = threading.Event()
+        self.passes = 0  # trees evicted for (tests and benchmarks read it)
+        self.evicted = 0  # nodes evicted
+        self._seen: dict[int, int] = {}  # id(tree) -> its version when last found within budget
 
     def run(self) -> None:
         while not self.stop.wait(self._interval):
-            for tree in self._policy.trees():
-                if tree.over_budget():
-                    tree.evict()
+            self.sweep()
+
+    def sweep(self) -> int:
+        """One wake-up: evict for every tree that changed and is over budget; nodes evicted."""
+        done = 0
+        for tree in self._policy.trees():
+            version = tree.version
+            if self._seen.get(id(tree)) == version:
+                continue
+            if tree.over_budget():
+                self.passes += 1
+                done += tree.evict()
+            if not tree.over_budget():
+                self._seen[id(tree)] = version
+        self.evicted += done
+        return done
 
 
 class CacheAwarePolicy(BasePolicy):
@@ -180,6 +202,7 @@ class CacheAwarePolicy(BasePolicy):
         default_budget_tokens: int = DEFAULT_BUDGET_TOKENS,
         max_tree_tokens: int = DEFAULT_MAX_TOTAL_TOKENS,
         eviction_interval_s: float = DEFAULT_EVICTION_INTERVAL_S,
+        eviction_low_watermark: float = DEFAULT_EVICTION_LOW_WATERMARK,
         cost: CostKnobs | None = None,
         use_polled_loads: bool = True,
         closed_loop: bool = True,
@@ -193,6 +216,7 @@ class CacheAwarePolicy(BasePolicy):
         self.default_budget_tokens = default_budget_tokens
         self.max_tree_tokens = max_tree_tokens
         self.eviction_interval_s = eviction_interval_s
+        self.eviction_low_watermark = eviction_low_watermark
         self.cost = cost or CostKnobs()
         self.needs_loads = use_polled_loads
         self.stats = PredictionStats()
@@ -224,6 +248,7 @@ class CacheAwarePolicy(BasePolicy):
                 default_budget_tokens=self.default_budget_tokens,
                 max_total_tokens=self.max_tree_tokens,
                 evict_inline=self.eviction_interval_s <= 0,
+                low_watermark=self.eviction_low_watermark,
             )
             for wid, (budget, page) in self._params.items():
                 tree.set_worker(wid, budget_tokens=budget, page_size=page)

@@ -28,9 +28,13 @@ can send a prompt where most of it is already cached. Design points, and why:
   pushed after its children, a live popped entry is a leaf of that worker's holdings,
   so eviction keeps the prefix property.
   ``evict`` works in short locked chunks so a background thread never holds the lock
-  for long; ``insert`` also evicts inline when a worker or the tree overshoots its
+  for long, and brings a share that went over its bound down to ``low_watermark`` of
+  it (1.0 by default: exactly to the bound; lower means fewer, larger passes);
+  ``insert`` also evicts inline when a worker or the tree overshoots its
   bound by ``overshoot`` (or always, with ``evict_inline``), so memory never grows
-  without bound even if the background thread falls behind.
+  without bound even if the background thread falls behind. ``version`` changes with
+  every insert and budget change, so a background thread can skip a tree that cannot
+  have gone over budget since it last looked.
 * Nodes left with no worker are pruned at once, so a removed worker leaves no trace.
 * All public methods take one lock; critical sections are one walk or one chunk.
 
@@ -96,10 +100,11 @@ class _Node:
 
 
 class _WorkerState:
-    __slots__ = ("budget", "heap", "page_size", "pairs", "tokens")
+    __slots__ = ("budget", "evicting", "heap", "page_size", "pairs", "tokens")
 
     def __init__(self, budget: int, page_size: int) -> None:
         self.budget = budget
+        self.evicting = False  # a background pass is bringing it down to the low watermark
         self.page_size = max(1, page_size)
         self.tokens = 0  # sum of edge lengths of nodes this worker holds
         self.pairs = 0  # nodes this worker holds
@@ -144,15 +149,24 @@ class RadixTree:
         max_total_tokens: int = DEFAULT_MAX_TOTAL_TOKENS,
         overshoot: float = DEFAULT_OVERSHOOT,
         evict_inline: bool = True,
+        low_watermark: float = 1.0,
     ) -> None:
         if default_budget_tokens < 1 or max_total_tokens < 1:
             raise ValueError("budgets must be >= 1 token")
         if overshoot < 1.0:
             raise ValueError("overshoot must be >= 1.0")
+        if not 0.5 <= low_watermark <= 1.0:
+            raise ValueError("low_watermark must be in [0.5, 1]")
         self.default_budget_tokens = default_budget_tokens
         self.max_total_tokens = max_total_tokens
         self.overshoot = overshoot
         self.evict_inline = evict_inline
+        # Background passes (``evict``) and the overshoot bound bring a worker (or the tree)
+        # that went over its bound down to this fraction of it, so they run in fewer,
+        # larger batches; inline eviction (``evict_inline``) keeps the exact bound.
+        self.low_watermark = low_watermark
+        self.version = 0  # bumped by every insert and budget change: nothing new, nothing to evict
+        self._evicting_total = False
         self._root = _Node(b"", None)
         self._lock = threading.Lock()
         self._clock = 0
@@ -172,6 +186,7 @@ class RadixTree:
             else:
                 st.budget = budget
                 st.page_size = max(1, page_size)
+            self.version += 1
             if self.evict_inline:
                 self._evict_worker_locked(worker, self._workers[worker], budget, None)
 
@@ -257,6 +272,7 @@ class RadixTree:
             if st is None:
                 st = self._workers[worker] = _WorkerState(self.default_budget_tokens, 1)
             self._clock += 1
+            self.version += 1
             now = self._clock
             heap = st.heap
             seq = self._seq
@@ -515,9 +531,10 @@ class RadixTree:
 
     # ---------------------------------------------------------------- eviction
     def over_budget(self) -> bool:
-        if self.total_tokens > self.max_total_tokens:
+        """A worker or the tree is over its bound, or a pass toward the low watermark is unfinished."""
+        if self.total_tokens > self.max_total_tokens or self._evicting_total:
             return True
-        return any(st.tokens > st.budget for st in list(self._workers.values()))
+        return any(st.tokens > st.budget or st.evicting for st in list(self._workers.values()))
 
     def evict(self, chunk: int = EVICT_CHUNK) -> int:
         """Bring every worker within its budget and the tree within its cap.
@@ -533,24 +550,46 @@ class RadixTree:
             done += n
 
     def evict_step(self, chunk: int = EVICT_CHUNK) -> int:
-        """One locked chunk: evict for the first over-budget worker, else for the global cap."""
+        """One locked chunk: evict for the first over-budget worker, else for the global cap.
+
+        A worker (or the tree) that went over its bound is brought down to
+        ``low_watermark`` of it over as many steps as that takes.
+        """
+        low = self.low_watermark
         with self._lock:
             for w, st in self._workers.items():
                 if st.tokens > st.budget:
-                    n = self._evict_worker_locked(w, st, st.budget, chunk)
+                    st.evicting = True
+                if st.evicting:
+                    target = int(st.budget * low)
+                    n = self._evict_worker_locked(w, st, target, chunk)
+                    if st.tokens <= target or n < chunk:
+                        st.evicting = False
                     if n:
                         return n
             if self.total_tokens > self.max_total_tokens:
-                return self._evict_global_locked(self.max_total_tokens, chunk)
+                self._evicting_total = True
+            if self._evicting_total:
+                target = int(self.max_total_tokens * low)
+                n = self._evict_global_locked(target, chunk)
+                if self.total_tokens <= target or n < chunk:
+                    self._evicting_total = False
+                return n
         return 0
 
     def _bound_locked(self, worker: str, st: _WorkerState) -> None:
         """Inline eviction after an insert: always in inline mode, else only on overshoot."""
-        factor = 1.0 if self.evict_inline else self.overshoot
+        if self.evict_inline:
+            if st.tokens > st.budget:
+                self._evict_worker_locked(worker, st, st.budget, None)
+            if self.total_tokens > self.max_total_tokens:
+                self._evict_global_locked(self.max_total_tokens, None)
+            return
+        factor, low = self.overshoot, self.low_watermark
         if st.tokens > st.budget * factor:
-            self._evict_worker_locked(worker, st, st.budget, None)
+            self._evict_worker_locked(worker, st, int(st.budget * low), None)
         if self.total_tokens > self.max_total_tokens * factor:
-            self._evict_global_locked(self.max_total_tokens, None)
+            self._evict_global_locked(int(self.max_total_tokens * low), None)
 
     def _pop_live(self, worker: str, st: _WorkerState) -> _Node | None:
         heap = st.heap
