@@ -613,10 +613,47 @@ class RadixTree:
             # the parent is pushed again when its last child goes.
 
     def _evict_worker_locked(self, worker: str, st: _WorkerState, target: int, limit: int | None) -> int:
+        """Drop ``worker``'s LRU leaves until it holds ``target`` tokens (at most ``limit`` nodes).
+
+        ``_evict_one`` and ``_drop`` in one loop: in a set of processes every tree
+        evicts for the whole set's traffic, so the per-node cost is paid N times over.
+        """
         n = 0
+        heap = st.heap
+        pop, push, seq, root = heapq.heappop, heapq.heappush, self._seq, self._root
         while st.tokens > target and (limit is None or n < limit):
-            if not self._evict_one(worker, st):
-                break
+            while heap:
+                t, _s, node = pop(heap)
+                held = node.workers
+                if held.get(worker) == t:
+                    ch = node.children
+                    if not ch:
+                        break
+                    for c in ch.values():  # a plain loop: no generator per node
+                        if worker in c.workers:
+                            break  # not a leaf yet: see _evict_one
+                    else:
+                        break
+            else:
+                return n
+            del held[worker]
+            st.tokens -= len(node.key) >> 2
+            st.pairs -= 1
+            parent = node.parent
+            if not held:
+                self._prune(node)
+            if parent is not root and parent is not None:
+                pt = parent.workers.get(worker)
+                if pt is not None:
+                    pch = parent.children
+                    if pch:
+                        for c in pch.values():
+                            if worker in c.workers:
+                                break
+                        else:
+                            push(heap, (pt, next(seq), parent))  # it became a leaf
+                    else:
+                        push(heap, (pt, next(seq), parent))
             n += 1
         return n
 
