@@ -4,7 +4,16 @@ The outbox is synchronous and does no I/O: ``policy_tap.TappedPolicy`` feeds it 
 the request path (a few appends), and ``bus.SyncBus`` drains it into one NATS message
 per event-loop tick. Loads are absolute figures of this process's own work, read at
 drain time, so a lost batch is healed by the next one for the same worker (or the
-heartbeat's full list).
+heartbeat's full list), and a request that starts and ends within one batch adds
+nothing to its loads.
+
+Every decision is numbered; what follows it for the same request refers to that number
+instead of repeating it. A learned output (prompt + output, whole pages) is appended to
+its decision when that is still in the pending batch (one message, one tree insert on
+the other side) and otherwise sent as an extension: the decision's number and the
+output's pages only. A finish names the decision it ends. Without a known decision
+(tracking overflowed, sync started mid-request) both go out in full, as standalone
+messages.
 """
 
 from __future__ import annotations
@@ -48,7 +57,24 @@ def page_aligned(packed: bytes, page_size: int) -> bytes:
 
 
 _MAX_TRACKED = 1 << 16  # in-flight requests remembered for the uncached-prefill estimate
+_MAX_REFS = 1 << 14  # recent decisions a learned output or finish can still refer to
 Figures = tuple[int, int, int]  # in flight, queued uncached prefill tokens, running decode tokens
+
+
+class _Ref:
+    """A published decision a later message of the same request can refer to."""
+
+    __slots__ = ("decision", "finished", "gen", "id", "index", "learned", "tokens", "worker_id")
+
+    def __init__(self, decision_id: int, worker_id: str, tokens: int, gen: int, index: int, decision: sync_pb2.Decision) -> None:
+        self.id = decision_id
+        self.worker_id = worker_id
+        self.tokens = tokens  # tokens the decision (and any output merged into it) carries
+        self.gen = gen  # the batch it is pending in (``Outbox._gen`` at the time)
+        self.index = index  # its place in that batch's decisions
+        self.decision = decision  # the full form kept for replays
+        self.learned = False
+        self.finished = False
 
 
 class Outbox:
@@ -75,6 +101,9 @@ class Outbox:
         self._clock_ns = clock_ns
         self._on_pending = on_pending
         self._seq = 0
+        self._gen = 0  # batches taken so far: a _Ref with this gen is still pending
+        self._next_id = 0
+        self._refs: dict[object, _Ref] = {}  # request key -> its decision (insertion order: oldest first)
         self._decisions: list[sync_pb2.Decision] = []
         self._finishes: list[sync_pb2.Finish] = []
         self._dirty: set[str] = set()
@@ -93,15 +122,21 @@ class Outbox:
         self._wake()
         wid = decision.worker_id
         tokens = page_aligned(pack(request.token_ids), self._page_size(wid))
+        self._next_id += 1
         full = sync_pb2.Decision(
             worker_id=wid, model=request.model, pool=pool, tokens=wire_tokens(tokens),
             prompt_tokens=len(request.token_ids), predicted_cached=decision.predicted_cached_tokens,
-            decided_unix_ns=self._clock_ns(),
+            decided_unix_ns=self._clock_ns(), id=self._next_id,
         )
         self.recent.append(full)
+        key = request.request_id or id(request)
+        refs = self._refs
+        refs.pop(key, None)
+        refs[key] = _Ref(self._next_id, wid, len(tokens) >> 2, self._gen, len(self._decisions), full)
+        if len(refs) > _MAX_REFS:
+            del refs[next(iter(refs))]
         self._decisions.append(self._encoded(full))
         self._dirty.add(wid)
-        key = request.request_id or id(request)
         self._untrack(key)
         prompt = len(request.token_ids)
         entry = (wid, prompt, min(prompt, decision.predicted_cached_tokens))
@@ -112,21 +147,42 @@ class Outbox:
         if len(self._flight) > _MAX_TRACKED:
             self._untrack(next(iter(self._flight)))
 
-    def learned(self, pool: str, model: str, worker_id: str, token_ids: Sequence[int], prompt_tokens: int) -> None:
-        """What a worker now caches beyond a prompt (prompt + output, learned on finish):
-        published as a decision with the whole sequence and no prompt count, so the others'
-        trees also count the output in the worker's share (its budget and evictions follow
-        the worker's real cache). Not tracked as in-flight load; nothing is sent when the
-        output completes no page beyond the prompt (the prompt went out with its decision)."""
-        tokens = page_aligned(pack(token_ids), self._page_size(worker_id))
-        if len(tokens) >> 2 <= prompt_tokens:
+    def learned(self, pool: str, request: RouteRequest, worker_id: str, output_ids: Sequence[int]) -> None:
+        """What a worker now caches beyond a prompt (prompt + output, learned on finish), so
+        the others' trees also count the output in the worker's share (its budget and
+        evictions follow the worker's real cache). Not tracked as in-flight load; nothing is
+        sent when the output completes no page beyond the prompt (the prompt went out with
+        its decision). Merged into the decision while that is pending, else an extension of
+        it; standalone (the whole sequence, no prompt count) when the decision is unknown."""
+        prompt_tokens = len(request.token_ids)
+        tokens = page_aligned(pack([*request.token_ids, *output_ids]), self._page_size(worker_id))
+        n = len(tokens) >> 2
+        if n <= prompt_tokens:
             return
         self._wake()
-        full = sync_pb2.Decision(
-            worker_id=worker_id, model=model, pool=pool, tokens=wire_tokens(tokens), decided_unix_ns=self._clock_ns(),
-        )
-        self.recent.append(full)
-        self._decisions.append(self._encoded(full))
+        key = request.request_id or id(request)
+        ref = self._refs.get(key)
+        if ref is None or ref.worker_id != worker_id or ref.learned or ref.decision.model != request.model or n <= ref.tokens:
+            full = sync_pb2.Decision(
+                worker_id=worker_id, model=request.model, pool=pool, tokens=wire_tokens(tokens), decided_unix_ns=self._clock_ns(),
+            )
+            self.recent.append(full)
+            self._decisions.append(self._encoded(full))
+            return
+        ref.learned = True
+        more = wire_tokens(tokens[ref.tokens << 2 :])
+        if self.book is not None:
+            self.book.learn(wire_tokens(tokens))  # its pages are on the bus now, wherever they went
+        ref.decision.tokens += more  # replays carry the whole sequence
+        if ref.gen == self._gen:
+            pending = self._decisions[ref.index]
+            if pending is not ref.decision:  # the encoded copy that goes out
+                pending.tokens += more
+        else:
+            self._decisions.append(sync_pb2.Decision(extends=ref.id, tokens=more))
+        ref.tokens = n
+        if ref.finished:
+            del self._refs[key]
 
     def _untrack(self, key: object) -> None:
         entry = self._flight.pop(key, None)
@@ -165,10 +221,18 @@ class Outbox:
 
     def finished(self, pool: str, request: RouteRequest, worker_id: str, cached_tokens: int, success: bool) -> None:
         self._wake()
-        self._untrack(request.request_id or id(request))
-        self._finishes.append(sync_pb2.Finish(
-            worker_id=worker_id, model=request.model, pool=pool, cached_tokens=max(0, cached_tokens), success=success,
-        ))
+        key = request.request_id or id(request)
+        self._untrack(key)
+        ref = self._refs.get(key)
+        if ref is not None and ref.worker_id == worker_id:
+            self._finishes.append(sync_pb2.Finish(decision=ref.id, cached_tokens=max(0, cached_tokens), success=success))
+            ref.finished = True
+            if ref.learned:
+                del self._refs[key]
+        else:
+            self._finishes.append(sync_pb2.Finish(
+                worker_id=worker_id, model=request.model, pool=pool, cached_tokens=max(0, cached_tokens), success=success,
+            ))
         self._dirty.add(worker_id)
 
     def load_changed(self, worker_id: str) -> None:
@@ -222,4 +286,5 @@ class Outbox:
         self._decisions = []
         self._finishes = []
         self._dirty = set()
+        self._gen += 1
         return batch

@@ -19,7 +19,7 @@ class DecisionSink(Protocol):
 
     def finished(self, pool: str, request: RouteRequest, worker_id: str, cached_tokens: int, success: bool) -> None: ...
 
-    def learned(self, pool: str, model: str, worker_id: str, token_ids: Sequence[int], prompt_tokens: int) -> None: ...
+    def learned(self, pool: str, request: RouteRequest, worker_id: str, output_ids: Sequence[int]) -> None: ...
 
 
 class TappedPolicy:
@@ -50,7 +50,7 @@ class TappedPolicy:
             return
         hook(request, worker_id, output_ids)
         if output_ids and getattr(self.inner, "learn_output", False):
-            self.sink.learned(self.pool, request.model, worker_id, [*request.token_ids, *output_ids], len(request.token_ids))
+            self.sink.learned(self.pool, request, worker_id, output_ids)
 
     def on_workers_changed(self, workers: Sequence[WorkerView]) -> None:
         self.inner.on_workers_changed(workers)
