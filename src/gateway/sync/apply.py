@@ -20,7 +20,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
 from gateway.policies.base import Policy, RemoteDecision, RemoteEvent, RemoteFinish
 from gateway.proto import sync_pb2
@@ -48,18 +48,11 @@ class WorkerSource(Protocol):
     def all(self) -> list[Worker]: ...
 
 
-class Known(NamedTuple):
-    """A remote decision as a later message of the same request refers to it: where it
-    went, and its tokens as the book's handle (the hash of its last full block and how
-    many blocks that is) plus the tokens after them (all of them without a book). A
-    tuple of atoms, so the collector stops tracking it: thousands are kept per peer."""
-
-    worker_id: str
-    model: str
-    pool: str
-    tip: int
-    blocks: int
-    rest: bytes
+# A remote decision as a later message of the same request refers to it: (worker, model,
+# pool, tip, blocks, rest): where it went, and its tokens as the book's handle (the hash of
+# its last full block and how many blocks that is) plus the tokens after them (all of them
+# without a book). A plain tuple of atoms: cheap to make, and the collector stops tracking it.
+Known = tuple[str, str, str, int, int, bytes]
 
 
 @dataclass
@@ -75,13 +68,12 @@ class Peer:
 
     def remember(self, decision_id: int, entry: Known) -> None:
         known = self.known
-        old = known.pop(decision_id, None)
-        if old is not None:
-            self.known_bytes -= len(old.rest)
+        if decision_id in known:  # a replay
+            self.known_bytes -= len(known.pop(decision_id)[5])
         known[decision_id] = entry
-        self.known_bytes += len(entry.rest)
+        self.known_bytes += len(entry[5])
         while len(known) > REFS_PER_PEER or self.known_bytes > REF_BYTES_PER_PEER:
-            self.known_bytes -= len(known.pop(next(iter(known))).rest)
+            self.known_bytes -= len(known.pop(next(iter(known)))[5])
 
 
 @dataclass
@@ -158,7 +150,7 @@ class Applier:
                 if k is None:
                     st.unresolved_finishes += 1
                     continue
-                wid, model, pool = k.worker_id, k.model, k.pool
+                wid, model, pool = k[0], k[1], k[2]
             else:
                 wid, model, pool = f.worker_id, f.model, f.pool
             self._event(wid, model, pool, RemoteFinish(wid, model, f.cached_tokens, f.success))
@@ -203,7 +195,7 @@ class Applier:
             wire, tip, blocks = out
         if d.id:
             rest = wire[4 * book.block_tokens * blocks :] if book is not None else wire
-            peer.remember(d.id, Known(d.worker_id, d.model, d.pool, tip, blocks, rest))
+            peer.remember(d.id, (d.worker_id, d.model, d.pool, tip, blocks, rest))
         self._insert(d.worker_id, d.model, d.pool, wire, d.prompt_tokens, d.predicted_cached)
 
     def _extension(self, d: sync_pb2.Decision, peer: Peer) -> None:
@@ -214,14 +206,14 @@ class Applier:
         if k is None:
             wire = None
         elif book is None:
-            wire = k.rest + d.tokens
+            wire = k[5] + d.tokens
         else:  # rebuilt from the book, which learns the output's blocks as the sender's did
-            wire = book.decode(k.tip, k.blocks, k.rest + d.tokens, book.block_tokens)
+            wire = book.decode(k[3], k[4], k[5] + d.tokens, book.block_tokens)
         if k is None or wire is None:
             self.stats.unresolved += 1
             return
         self.stats.extensions += 1
-        self._insert(k.worker_id, k.model, k.pool, wire, 0, 0)
+        self._insert(k[0], k[1], k[2], wire, 0, 0)
 
     def _insert(self, worker_id: str, model: str, pool: str, wire: bytes, prompt_tokens: int, predicted: int) -> None:
         event = RemoteDecision(worker_id, model, native_tokens(wire), prompt_tokens, predicted)

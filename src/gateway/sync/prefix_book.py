@@ -61,6 +61,8 @@ class PrefixBook:
     def encode(self, wire: bytes) -> tuple[int, int, bytes]:
         """(reference hash, blocks it covers, tokens after them) for ``wire`` (little-endian
         uint32 token bytes); the whole prompt is learned as announced."""
+        if len(wire) < 4 * self.block_tokens:
+            return 0, 0, wire  # not one whole block: nothing to refer to or learn
         chain = self._chain(wire, self.block_tokens)
         blocks, epoch = self._blocks, self.epoch
         k = 0
@@ -77,7 +79,8 @@ class PrefixBook:
     def learn(self, wire: bytes) -> None:
         """Mark every full block of ``wire`` as on the bus (it went out inside another
         message, e.g. a learned output appended to its decision)."""
-        self._learn(self._chain(wire, self.block_tokens))
+        if len(wire) >= 4 * self.block_tokens:
+            self._learn(self._chain(wire, self.block_tokens))
 
     def decode(self, ref: int, count: int, tail: bytes, block_tokens: int) -> bytes | None:
         """The full prompt, or None when the reference is not in the book."""
@@ -90,6 +93,8 @@ class PrefixBook:
         handle: ``decode(tip_hash, tip_blocks, full[4 * blocks * block_tokens:] + more, ...)``
         rebuilds the prompt extended by ``more`` while its blocks stay in the book."""
         if count == 0:
+            if len(tail) < 4 * block_tokens:
+                return tail, 0, 0  # not one whole block: nothing to learn
             full = tail
             h = 0
         else:
