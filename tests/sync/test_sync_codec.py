@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from gateway.policies.base import Decision, RouteRequest, WorkerView
+from gateway.policies.base import Decision, RemoteDecision, RouteRequest, WorkerView
 from gateway.policies.cache_aware import CacheAwarePolicy
+from gateway.policies.radix_tree import pack
 from gateway.proto import sync_pb2
 from gateway.sync.apply import Applier
 from gateway.sync.outbox import Outbox, page_aligned
@@ -213,28 +214,166 @@ def test_references_resolve_through_blocks_learned_from_earlier_tails() -> None:
     assert counts == [0, 6, 8] and b.unresolved == 0
 
 
-def test_a_learned_output_reaches_the_other_trees_and_is_not_load() -> None:
+def _served(tap: TappedPolicy, prompt: list[int], rid: str) -> tuple[RouteRequest, Decision]:
+    req = RouteRequest(prompt, model="m", request_id=rid)
+    decision = tap.select(req, [WorkerView(w, w) for w in WORKERS])
+    tap.on_dispatch(req, decision)
+    return req, decision
+
+
+def _depth(router: FakeRouter, ids: list[int], worker_id: str) -> int:
+    return router.p.tree("m").match_packed(router.p._packed(RouteRequest(ids, model="m")))[1].get(worker_id, 0)
+
+
+def test_a_learned_output_in_its_decisions_batch_is_merged_into_it() -> None:
     src, dst = FakeWorkers(), FakeWorkers()
     local, remote = FakeRouter(), FakeRouter()
     box = _outbox(src)
     tap = TappedPolicy(local.p, "regular", box)
-    prompt = list(range(100, 164))
-    req = RouteRequest(prompt, model="m", request_id="r1")
-    decision = tap.select(req, [WorkerView(w, w) for w in WORKERS])
-    tap.on_dispatch(req, decision)
-    tap.on_finish(req, decision.worker_id, 0, True)
-    output = list(range(900, 940))
+    prompt, output = list(range(100, 164)), list(range(900, 940))
+    req, decision = _served(tap, prompt, "r1")
     tap.on_output(req, decision.worker_id, output)
+    tap.on_finish(req, decision.worker_id, 0, True)
     batch = box.take()
-    assert batch is not None and len(batch.decisions) == 2
-    learned = batch.decisions[1]
-    assert learned.prompt_tokens == 0 and learned.worker_id == decision.worker_id
+    assert batch is not None and len(batch.decisions) == 1  # one message entry, one remote insert
+    d = batch.decisions[0]
+    assert len(d.tokens) == 4 * (len(prompt) + len(output)) and d.prompt_tokens == len(prompt)
+    f = batch.finishes[0]
+    assert f.decision == d.id and not f.worker_id and not f.model  # the finish names its decision
     assert box.figures(decision.worker_id) == (0, 0, 0)  # nothing left in flight
-    Applier("b", remote, dst).apply_bytes(batch.SerializeToString())
-    probe = RouteRequest([*prompt, *output, 1, 2], model="m")
-    here = local.p.tree("m").match_packed(local.p._packed(probe))[1][decision.worker_id]
-    there = remote.p.tree("m").match_packed(remote.p._packed(probe))[1][decision.worker_id]
-    assert here == there == len(prompt) + len(output)  # the fakes' page size is 1
+    applier = Applier("b", remote, dst)
+    applier.apply_bytes(batch.SerializeToString())
+    probe = [*prompt, *output, 1, 2]
+    assert _depth(local, probe, decision.worker_id) == _depth(remote, probe, decision.worker_id) == len(prompt) + len(output)
+    assert applier.stats.decisions == 1 and applier.stats.finishes == 1 and applier.stats.unresolved_finishes == 0
+
+
+def test_a_later_learned_output_travels_as_an_extension_of_its_decision() -> None:
+    for book in (False, True):
+        src, dst = FakeWorkers(), FakeWorkers()
+        local, remote = FakeRouter(), FakeRouter()
+        box = Outbox("a", lambda wid, src=src: src.get(wid).load, lambda wid: 1, book=PrefixBook(16) if book else None)
+        applier = Applier("b", remote, dst, book=PrefixBook(16) if book else None)
+        tap = TappedPolicy(local.p, "regular", box)
+        prompt, output = list(range(100, 200)), list(range(900, 940))  # 100 tokens: 6 blocks and a tail
+        req, decision = _served(tap, prompt, "r1")
+        first = box.take()
+        assert first is not None
+        applier.apply(first)
+        tap.on_finish(req, decision.worker_id, 0, True)
+        tap.on_output(req, decision.worker_id, output)
+        batch = box.take()
+        assert batch is not None and len(batch.decisions) == 1
+        ext = batch.decisions[0]
+        assert ext.extends == first.decisions[0].id and not ext.worker_id and not ext.model and not ext.pool
+        assert len(ext.tokens) == 4 * len(output)  # only the output's pages travel
+        applier.apply_bytes(batch.SerializeToString())
+        probe = [*prompt, *output, 5]
+        assert _depth(remote, probe, decision.worker_id) == _depth(local, probe, decision.worker_id) == 140
+        assert applier.stats.extensions == 1 and applier.stats.unresolved == 0 and applier.stats.finishes == 1
+        if book:  # the output's blocks are on the bus now: the next turn refers to them
+            nxt = [*prompt, *output, *range(3000, 3020)]
+            box.dispatched("regular", RouteRequest(nxt, model="m", request_id="r2"), Decision(decision.worker_id, "no_match"))
+            again = box.take()
+            assert again is not None and again.decisions[0].prefix_blocks == 8
+            applier.apply(again)
+            assert applier.stats.unresolved == 0 and _depth(remote, nxt, decision.worker_id) == 160
+
+
+def test_an_extension_or_finish_of_an_unknown_decision_is_counted_and_dropped() -> None:
+    src = FakeWorkers()
+    local, late = FakeRouter(), FakeRouter()
+    box = _outbox(src)
+    tap = TappedPolicy(local.p, "regular", box)
+    prompt, output = list(range(100, 164)), list(range(900, 940))
+    req, decision = _served(tap, prompt, "r1")
+    assert box.take() is not None  # the decision went out before this receiver joined
+    tap.on_output(req, decision.worker_id, output)
+    tap.on_finish(req, decision.worker_id, 0, True)
+    batch = box.take()
+    assert batch is not None
+    applier = Applier("late", late, FakeWorkers())
+    applier.apply(batch)
+    st = applier.stats
+    assert (st.unresolved, st.unresolved_finishes, st.decisions, st.finishes) == (1, 1, 0, 0)
+    assert late.p.tree("m").node_count == 0  # nothing half-applied
+    # the next decision from the same origin resolves as usual
+    box.dispatched("regular", RouteRequest(list(range(300, 340)), model="m", request_id="r2"), Decision("w1:1", "no_match"))
+    nxt = box.take()
+    assert nxt is not None
+    applier.apply(nxt)
+    assert st.decisions == 1 and _depth(late, list(range(300, 340)), "w1:1") == 40
+
+
+def test_an_output_without_a_known_decision_goes_out_whole() -> None:
+    src, dst = FakeWorkers(), FakeWorkers()
+    local, remote = FakeRouter(), FakeRouter()
+    box = _outbox(src)
+    tap = TappedPolicy(local.p, "regular", box)
+    prompt, output = list(range(100, 164)), list(range(900, 940))
+    req = RouteRequest(prompt, model="m", request_id="never-dispatched-here")
+    tap.on_output(req, "w1:1", output)
+    tap.on_finish(req, "w1:1", 0, True)
+    batch = box.take()
+    assert batch is not None
+    d, f = batch.decisions[0], batch.finishes[0]
+    assert not d.extends and d.worker_id == "w1:1" and d.prompt_tokens == 0 and len(d.tokens) == 4 * 104
+    assert not f.decision and f.worker_id == "w1:1" and f.model == "m"
+    applier = Applier("b", remote, dst)
+    applier.apply(batch)
+    assert _depth(remote, [*prompt, *output], "w1:1") == 104 and applier.stats.finishes == 1
+
+
+def test_batches_keep_every_decision_before_its_finish_and_extension() -> None:
+    """Decisions, outputs and finishes of many requests spread over batches of every size:
+    the other side applies each decision, its output and its finish exactly once, the
+    decision first, and its tree ends up as if it had been told each one directly."""
+    src, dst = FakeWorkers(page=4), FakeWorkers(page=4)
+    local, remote, expect = FakeRouter(), FakeRouter(), FakeRouter()
+    for r in (local, remote, expect):
+        r.p.on_workers_changed([WorkerView(w, w, page_size=4) for w in WORKERS])
+    box = Outbox("a", lambda wid: src.get(wid).load, lambda wid: 4, book=PrefixBook(8))
+    applier = Applier("b", remote, dst, book=PrefixBook(8))
+    tap = TappedPolicy(local.p, "regular", box)
+    seen: list[tuple[str, int]] = []
+    orig = applier._event
+
+    def spy(wid: str, model: str, pool: str, event: object) -> bool:
+        seen.append((type(event).__name__, len(getattr(event, "tokens", b"")) // 4))
+        return orig(wid, model, pool, event)
+
+    applier._event = spy  # type: ignore[method-assign]
+    open_reqs: list[tuple[RouteRequest, Decision]] = []
+    rng = __import__("random").Random(7)
+    for i in range(300):
+        open_reqs.append(_served(tap, [1, 2, 3, 4, *range(1000 + 50 * i, 1000 + 50 * i + 12 + i % 9)], f"r{i}"))
+        while open_reqs and rng.random() < 0.5:
+            req, dec = open_reqs.pop(rng.randrange(len(open_reqs)))
+            out = list(range(9000, 9000 + rng.randrange(0, 12)))
+            tap.on_output(req, dec.worker_id, out)
+            tap.on_finish(req, dec.worker_id, 0, True)
+            n = len(req.token_ids)
+            for seq in (req.token_ids[: n // 4 * 4], [*req.token_ids, *out][: (n + len(out)) // 4 * 4]):
+                expect.p.on_remote(RemoteDecision(dec.worker_id, "m", pack(seq)))
+        if rng.random() < 0.3:
+            batch = box.take()
+            if batch is not None:
+                applier.apply_bytes(batch.SerializeToString())
+    for req, dec in open_reqs:
+        tap.on_finish(req, dec.worker_id, 0, True)
+    batch = box.take()
+    assert batch is not None
+    applier.apply_bytes(batch.SerializeToString())
+    st = applier.stats
+    assert st.unresolved == st.unresolved_finishes == st.skipped == 0
+    assert st.finishes == 300
+    kinds = [k for k, _ in seen]
+    assert kinds.count("RemoteDecision") == st.decisions and kinds.count("RemoteFinish") == 300
+    for req, dec in open_reqs:  # the unfinished ones
+        expect.p.on_remote(RemoteDecision(dec.worker_id, "m", pack(req.token_ids[: len(req.token_ids) // 4 * 4])))
+    assert remote.p.tree("m").total_tokens == expect.p.tree("m").total_tokens
+    for w in WORKERS:
+        assert remote.p.tree("m").worker_tokens(w) == expect.p.tree("m").worker_tokens(w)
 
 
 def test_no_output_is_published_when_the_policy_does_not_learn_it() -> None:

@@ -48,7 +48,9 @@ class SyncCollector(Collector):
             ("received_batches", "sync batches received from other processes", a.batches),
             ("applied_decisions", "other processes' decisions applied to this process's policies", a.decisions),
             ("skipped_decisions", "other processes' decisions for workers this process does not know", a.skipped),
-            ("unresolved_decisions", "other processes' decisions whose prefix reference this process could not resolve", a.unresolved),
+            ("unresolved_decisions", "other processes' decisions whose prefix reference (or extended decision) this process could not resolve", a.unresolved),
+            ("applied_extensions", "other processes' learned outputs applied as extensions of their decisions (also in applied_decisions)", a.extensions),
+            ("unresolved_finishes", "other processes' finishes of decisions this process did not know (dropped)", a.unresolved_finishes),
             ("lost_batches", "other processes' batches missed (sequence gaps)", a.lost_batches),
             ("bad_messages", "undecodable messages on the sync subject", a.bad),
         ):

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Decision(_message.Message):
-    __slots__ = ("worker_id", "model", "pool", "tokens", "prompt_tokens", "predicted_cached", "decided_unix_ns", "prefix_hash", "prefix_blocks", "block_tokens")
+    __slots__ = ("worker_id", "model", "pool", "tokens", "prompt_tokens", "predicted_cached", "decided_unix_ns", "prefix_hash", "prefix_blocks", "block_tokens", "id", "extends")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
@@ -18,6 +18,8 @@ class Decision(_message.Message):
     PREFIX_HASH_FIELD_NUMBER: _ClassVar[int]
     PREFIX_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     BLOCK_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    EXTENDS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     model: str
     pool: str
@@ -28,21 +30,25 @@ class Decision(_message.Message):
     prefix_hash: int
     prefix_blocks: int
     block_tokens: int
-    def __init__(self, worker_id: _Optional[str] = ..., model: _Optional[str] = ..., pool: _Optional[str] = ..., tokens: _Optional[bytes] = ..., prompt_tokens: _Optional[int] = ..., predicted_cached: _Optional[int] = ..., decided_unix_ns: _Optional[int] = ..., prefix_hash: _Optional[int] = ..., prefix_blocks: _Optional[int] = ..., block_tokens: _Optional[int] = ...) -> None: ...
+    id: int
+    extends: int
+    def __init__(self, worker_id: _Optional[str] = ..., model: _Optional[str] = ..., pool: _Optional[str] = ..., tokens: _Optional[bytes] = ..., prompt_tokens: _Optional[int] = ..., predicted_cached: _Optional[int] = ..., decided_unix_ns: _Optional[int] = ..., prefix_hash: _Optional[int] = ..., prefix_blocks: _Optional[int] = ..., block_tokens: _Optional[int] = ..., id: _Optional[int] = ..., extends: _Optional[int] = ...) -> None: ...
 
 class Finish(_message.Message):
-    __slots__ = ("worker_id", "model", "pool", "cached_tokens", "success")
+    __slots__ = ("worker_id", "model", "pool", "cached_tokens", "success", "decision")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
     CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SUCCESS_FIELD_NUMBER: _ClassVar[int]
+    DECISION_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     model: str
     pool: str
     cached_tokens: int
     success: bool
-    def __init__(self, worker_id: _Optional[str] = ..., model: _Optional[str] = ..., pool: _Optional[str] = ..., cached_tokens: _Optional[int] = ..., success: _Optional[bool] = ...) -> None: ...
+    decision: int
+    def __init__(self, worker_id: _Optional[str] = ..., model: _Optional[str] = ..., pool: _Optional[str] = ..., cached_tokens: _Optional[int] = ..., success: _Optional[bool] = ..., decision: _Optional[int] = ...) -> None: ...
 
 class WorkerLoad(_message.Message):
     __slots__ = ("worker_id", "in_flight", "queued_uncached_prefill_tokens", "running_decode_tokens")

@@ -6,6 +6,12 @@ against fakes. A remote decision becomes ``policy.on_remote(RemoteDecision)``, w
 per origin as the origin's absolute figures and summed into ``Worker.remote_load``,
 which ``Worker.view()`` adds to the local load every policy reads. An origin that
 goes quiet (``peer_timeout_s``) or says goodbye has its load forgotten.
+
+Each origin's recent decisions are kept by number (a book handle and a short tail, not
+the prompt) so that a learned output sent as an extension, or a finish naming its
+decision, resolves without the prompt travelling again; one whose decision is unknown
+here (joined late, batch lost, forgotten) is counted and dropped: the tree then misses
+that output's pages until the worker's reported cache hits or KV events correct it.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ from gateway.workers.worker import Worker
 log = logging.getLogger(__name__)
 
 LAG_SAMPLES = 8192  # recent decision-to-tree lags kept for the benchmark
+REFS_PER_PEER = 1 << 14  # decisions per origin a later extension or finish may refer to
+REF_BYTES_PER_PEER = 8 << 20  # and the token bytes kept for them (only what the book cannot rebuild)
 
 
 class PolicySource(Protocol):
@@ -40,13 +48,32 @@ class WorkerSource(Protocol):
     def all(self) -> list[Worker]: ...
 
 
+# A remote decision as a later message of the same request refers to it: (worker, model,
+# pool, tip, blocks, rest): where it went, and its tokens as the book's handle (the hash of
+# its last full block and how many blocks that is) plus the tokens after them (all of them
+# without a book). A plain tuple of atoms: cheap to make, and the collector stops tracking it.
+Known = tuple[str, str, str, int, int, bytes]
+
+
 @dataclass
 class Peer:
-    """One remote origin: its last known per-worker load and sequence."""
+    """One remote origin: its last known per-worker load and sequence, and its recent
+    decisions by number (oldest first out, bounded in count and in kept bytes)."""
 
     loads: dict[str, tuple[int, int, int]] = field(default_factory=dict)
     last_seq: int = 0
     last_seen: float = 0.0
+    known: dict[int, Known] = field(default_factory=dict)
+    known_bytes: int = 0
+
+    def remember(self, decision_id: int, entry: Known) -> None:
+        known = self.known
+        if decision_id in known:  # a replay
+            self.known_bytes -= len(known.pop(decision_id)[5])
+        known[decision_id] = entry
+        self.known_bytes += len(entry[5])
+        while len(known) > REFS_PER_PEER or self.known_bytes > REF_BYTES_PER_PEER:
+            self.known_bytes -= len(known.pop(next(iter(known)))[5])
 
 
 @dataclass
@@ -54,8 +81,10 @@ class ApplyStats:
     batches: int = 0
     decisions: int = 0
     finishes: int = 0
+    extensions: int = 0  # learned outputs applied as extensions of a known decision (also in decisions)
     skipped: int = 0  # decisions for workers this process does not know (yet)
-    unresolved: int = 0  # decisions whose prefix reference was not in this process's book
+    unresolved: int = 0  # decisions whose prefix reference (or extended decision) this process did not know
+    unresolved_finishes: int = 0  # finishes of decisions this process did not know
     lost_batches: int = 0  # sequence gaps
     own: int = 0  # our own batches (the bus asks NATS for no echo; counted if one slips through)
     bad: int = 0  # undecodable messages
@@ -111,14 +140,26 @@ class Applier:
             peer.last_seq = batch.seq
         peer.last_seen = self._clock()
         for d in batch.decisions:
-            self._decision(d)
+            if d.extends:
+                self._extension(d, peer)
+            else:
+                self._decision(d, peer)
         for f in batch.finishes:
-            self._event(f.worker_id, f.model, f.pool, RemoteFinish(f.worker_id, f.model, f.cached_tokens, f.success))
+            if f.decision:
+                k = peer.known.get(f.decision)
+                if k is None:
+                    st.unresolved_finishes += 1
+                    continue
+                wid, model, pool = k[0], k[1], k[2]
+            else:
+                wid, model, pool = f.worker_id, f.model, f.pool
+            self._event(wid, model, pool, RemoteFinish(wid, model, f.cached_tokens, f.success))
             st.finishes += 1
         if batch.decisions and not batch.replay:
             now = self._clock_ns()
             for d in batch.decisions:
-                self._on_lag(max(0, now - d.decided_unix_ns) / 1e9)
+                if d.decided_unix_ns:  # extensions are not decisions of their own
+                    self._on_lag(max(0, now - d.decided_unix_ns) / 1e9)
         touched: set[str] = set()
         if batch.goodbye:
             touched.update(peer.loads)
@@ -138,19 +179,45 @@ class Applier:
             del self.peers[batch.origin]
         self._resum(touched)
 
-    def _decision(self, d: sync_pb2.Decision) -> None:
+    def _decision(self, d: sync_pb2.Decision, peer: Peer) -> None:
         wire = d.tokens
         book = self.book
-        if d.prefix_blocks:
-            full = None if book is None else book.decode(d.prefix_hash, d.prefix_blocks, d.tokens, d.block_tokens)
-            if full is None:
+        tip = blocks = 0
+        if book is None:
+            if d.prefix_blocks:
                 self.stats.unresolved += 1
                 return
-            wire = full
-        elif book is not None:
-            book.decode(0, 0, d.tokens, book.block_tokens)  # learn its blocks for later references
-        event = RemoteDecision(d.worker_id, d.model, native_tokens(wire), d.prompt_tokens, d.predicted_cached)
-        if self._event(d.worker_id, d.model, d.pool, event):
+        else:
+            out = book.decode_tip(d.prefix_hash, d.prefix_blocks, d.tokens, d.block_tokens or book.block_tokens)  # learns its blocks
+            if out is None:
+                self.stats.unresolved += 1
+                return
+            wire, tip, blocks = out
+        if d.id:
+            rest = wire[4 * book.block_tokens * blocks :] if book is not None else wire
+            peer.remember(d.id, (d.worker_id, d.model, d.pool, tip, blocks, rest))
+        self._insert(d.worker_id, d.model, d.pool, wire, d.prompt_tokens, d.predicted_cached)
+
+    def _extension(self, d: sync_pb2.Decision, peer: Peer) -> None:
+        """A learned output of a decision we know: its sequence continued by ``d.tokens``."""
+        k = peer.known.get(d.extends)
+        book = self.book
+        wire: bytes | None
+        if k is None:
+            wire = None
+        elif book is None:
+            wire = k[5] + d.tokens
+        else:  # rebuilt from the book, which learns the output's blocks as the sender's did
+            wire = book.decode(k[3], k[4], k[5] + d.tokens, book.block_tokens)
+        if k is None or wire is None:
+            self.stats.unresolved += 1
+            return
+        self.stats.extensions += 1
+        self._insert(k[0], k[1], k[2], wire, 0, 0)
+
+    def _insert(self, worker_id: str, model: str, pool: str, wire: bytes, prompt_tokens: int, predicted: int) -> None:
+        event = RemoteDecision(worker_id, model, native_tokens(wire), prompt_tokens, predicted)
+        if self._event(worker_id, model, pool, event):
             self.stats.decisions += 1
         else:
             self.stats.skipped += 1

@@ -4,7 +4,16 @@ The outbox is synchronous and does no I/O: ``policy_tap.TappedPolicy`` feeds it 
 the request path (a few appends), and ``bus.SyncBus`` drains it into one NATS message
 per event-loop tick. Loads are absolute figures of this process's own work, read at
 drain time, so a lost batch is healed by the next one for the same worker (or the
-heartbeat's full list).
+heartbeat's full list), and a request that starts and ends within one batch adds
+nothing to its loads.
+
+Every decision is numbered; what follows it for the same request refers to that number
+instead of repeating it. A learned output (prompt + output, whole pages) is appended to
+its decision when that is still in the pending batch (one message, one tree insert on
+the other side) and otherwise sent as an extension: the decision's number and the
+output's pages only. A finish names the decision it ends. Without a known decision
+(tracking overflowed, sync started mid-request) both go out in full, as standalone
+messages.
 """
 
 from __future__ import annotations
@@ -13,6 +22,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from gateway.policies.base import Decision, RouteRequest
 from gateway.policies.radix_tree import pack
@@ -48,7 +58,24 @@ def page_aligned(packed: bytes, page_size: int) -> bytes:
 
 
 _MAX_TRACKED = 1 << 16  # in-flight requests remembered for the uncached-prefill estimate
+_MAX_REFS = 1 << 14  # recent decisions a learned output or finish can still refer to
 Figures = tuple[int, int, int]  # in flight, queued uncached prefill tokens, running decode tokens
+
+
+class _Ref:
+    """A published decision a later message of the same request can refer to."""
+
+    __slots__ = ("finished", "gen", "id", "index", "learned", "record", "tokens", "worker_id")
+
+    def __init__(self, decision_id: int, worker_id: str, tokens: int, gen: int, index: int, record: list[Any]) -> None:
+        self.id = decision_id
+        self.worker_id = worker_id
+        self.tokens = tokens  # tokens the decision (and any output merged into it) carries
+        self.gen = gen  # the batch it is pending in (``Outbox._gen`` at the time)
+        self.index = index  # its place in that batch's decisions
+        self.record = record  # its entry in ``Outbox.recent`` (what a replay sends)
+        self.learned = False
+        self.finished = False
 
 
 class Outbox:
@@ -69,39 +96,63 @@ class Outbox:
         ``book``: send shared prefixes by reference (``--sync-encoding blocks``)."""
         self.origin = origin
         self.book = book
-        self.recent: deque[sync_pb2.Decision] = deque(maxlen=REPLAY_DECISIONS)
+        # [worker, model, pool, wire tokens, prompt tokens, predicted cached, id] of recent decisions
+        self.recent: deque[list[Any]] = deque(maxlen=REPLAY_DECISIONS)
         self._loads = loads
         self._page_size = page_size
         self._clock_ns = clock_ns
         self._on_pending = on_pending
         self._seq = 0
-        self._decisions: list[sync_pb2.Decision] = []
-        self._finishes: list[sync_pb2.Finish] = []
+        self._gen = 0  # batches taken so far: a _Ref with this gen is still pending
+        self._next_id = 0
+        self._refs: dict[object, _Ref] = {}  # request key -> its decision (insertion order: oldest first)
+        self._batch = sync_pb2.Batch()  # the tick's decisions and finishes, built in place
         self._dirty: set[str] = set()
         self._sent: dict[str, Figures] = {}  # last figures published per worker (absent: zero)
         self._flight: dict[object, tuple[str, int, int]] = {}  # request -> (worker, prompt, predicted cached)
         self._sums: dict[str, list[int]] = {}  # worker -> [prompt, predicted cached] of its in-flight requests
 
     def __bool__(self) -> bool:
-        return bool(self._decisions or self._finishes or self._dirty)
+        b = self._batch
+        return bool(b.decisions or b.finishes or self._dirty)
 
     def _wake(self) -> None:
         if not self:
             self._on_pending()
 
-    def dispatched(self, pool: str, request: RouteRequest, decision: Decision) -> None:
+    def _add(self, batch: sync_pb2.Batch, record: list[Any]) -> None:
+        """One decision into ``batch``: its leading blocks by reference when the book has them."""
+        wid, model, pool, wire, prompt, predicted, did = record
+        book = self.book
+        if book is not None:
+            ref, count, tail = book.encode(wire)
+            if count:
+                batch.decisions.add(
+                    worker_id=wid, model=model, pool=pool, tokens=tail, prompt_tokens=prompt, predicted_cached=predicted,
+                    decided_unix_ns=self._clock_ns(), id=did, prefix_hash=ref, prefix_blocks=count, block_tokens=book.block_tokens,
+                )
+                return
+        batch.decisions.add(
+            worker_id=wid, model=model, pool=pool, tokens=wire, prompt_tokens=prompt, predicted_cached=predicted,
+            decided_unix_ns=self._clock_ns(), id=did,
+        )
+
+    def dispatched(self, pool: str, request: RouteRequest, decision: Decision, packed: bytes | None = None) -> None:
+        """``packed``: the prompt as the policy packed it (saves packing it again)."""
         self._wake()
         wid = decision.worker_id
-        tokens = page_aligned(pack(request.token_ids), self._page_size(wid))
-        full = sync_pb2.Decision(
-            worker_id=wid, model=request.model, pool=pool, tokens=wire_tokens(tokens),
-            prompt_tokens=len(request.token_ids), predicted_cached=decision.predicted_cached_tokens,
-            decided_unix_ns=self._clock_ns(),
-        )
-        self.recent.append(full)
-        self._decisions.append(self._encoded(full))
-        self._dirty.add(wid)
+        tokens = page_aligned(pack(request.token_ids) if packed is None else packed, self._page_size(wid))
+        self._next_id += 1
+        record = [wid, request.model, pool, wire_tokens(tokens), len(request.token_ids), decision.predicted_cached_tokens, self._next_id]
+        self.recent.append(record)
         key = request.request_id or id(request)
+        refs = self._refs
+        refs.pop(key, None)
+        refs[key] = _Ref(self._next_id, wid, len(tokens) >> 2, self._gen, len(self._batch.decisions), record)
+        if len(refs) > _MAX_REFS:
+            del refs[next(iter(refs))]
+        self._add(self._batch, record)
+        self._dirty.add(wid)
         self._untrack(key)
         prompt = len(request.token_ids)
         entry = (wid, prompt, min(prompt, decision.predicted_cached_tokens))
@@ -112,21 +163,42 @@ class Outbox:
         if len(self._flight) > _MAX_TRACKED:
             self._untrack(next(iter(self._flight)))
 
-    def learned(self, pool: str, model: str, worker_id: str, token_ids: Sequence[int], prompt_tokens: int) -> None:
-        """What a worker now caches beyond a prompt (prompt + output, learned on finish):
-        published as a decision with the whole sequence and no prompt count, so the others'
-        trees also count the output in the worker's share (its budget and evictions follow
-        the worker's real cache). Not tracked as in-flight load; nothing is sent when the
-        output completes no page beyond the prompt (the prompt went out with its decision)."""
-        tokens = page_aligned(pack(token_ids), self._page_size(worker_id))
-        if len(tokens) >> 2 <= prompt_tokens:
+    def learned(
+        self, pool: str, request: RouteRequest, worker_id: str, output_ids: Sequence[int], packed: bytes | None = None
+    ) -> None:
+        """What a worker now caches beyond a prompt (prompt + output, learned on finish), so
+        the others' trees also count the output in the worker's share (its budget and
+        evictions follow the worker's real cache). Not tracked as in-flight load; nothing is
+        sent when the output completes no page beyond the prompt (the prompt went out with
+        its decision). Merged into the decision while that is pending, else an extension of
+        it; standalone (the whole sequence, no prompt count) when the decision is unknown."""
+        prompt_tokens = len(request.token_ids)
+        page = self._page_size(worker_id)
+        n = (prompt_tokens + len(output_ids)) // page * page
+        if n <= prompt_tokens:
             return
         self._wake()
-        full = sync_pb2.Decision(
-            worker_id=worker_id, model=model, pool=pool, tokens=wire_tokens(tokens), decided_unix_ns=self._clock_ns(),
-        )
-        self.recent.append(full)
-        self._decisions.append(self._encoded(full))
+        tokens = (pack(request.token_ids) if packed is None else packed) + pack(output_ids[: n - prompt_tokens])
+        key = request.request_id or id(request)
+        ref = self._refs.get(key)
+        if ref is None or ref.worker_id != worker_id or ref.learned or ref.record[1] != request.model or n <= ref.tokens:
+            record = [worker_id, request.model, pool, wire_tokens(tokens), 0, 0, 0]
+            self.recent.append(record)
+            self._add(self._batch, record)
+            return
+        ref.learned = True
+        wire = wire_tokens(tokens)
+        more = wire[ref.tokens << 2 :]
+        if self.book is not None:
+            self.book.learn(wire)  # its pages are on the bus now, wherever they went
+        ref.record[3] = wire  # replays carry the whole sequence
+        if ref.gen == self._gen:
+            self._batch.decisions[ref.index].tokens += more
+        else:
+            self._batch.decisions.add(extends=ref.id, tokens=more)
+        ref.tokens = n
+        if ref.finished:
+            del self._refs[key]
 
     def _untrack(self, key: object) -> None:
         entry = self._flight.pop(key, None)
@@ -137,21 +209,6 @@ class Outbox:
             if s[0] <= 0:
                 del self._sums[entry[0]]
 
-    def _encoded(self, full: sync_pb2.Decision) -> sync_pb2.Decision:
-        book = self.book
-        if book is None:
-            return full
-        ref, count, tail = book.encode(full.tokens)
-        if count == 0:
-            return full
-        out = sync_pb2.Decision()
-        out.CopyFrom(full)
-        out.tokens = tail
-        out.prefix_hash = ref
-        out.prefix_blocks = count
-        out.block_tokens = book.block_tokens
-        return out
-
     def replay(self) -> sync_pb2.Batch | None:
         """The recent decisions again (after a reconnect), in a fresh epoch of the book so
         that whoever missed the originals can resolve them."""
@@ -160,15 +217,24 @@ class Outbox:
         if self.book is not None:
             self.book.new_epoch()
         batch = sync_pb2.Batch(origin=self.origin, replay=True, sent_unix_ns=self._clock_ns())
-        batch.decisions.extend(self._encoded(d) for d in self.recent)
+        for record in self.recent:
+            self._add(batch, record)
         return batch
 
     def finished(self, pool: str, request: RouteRequest, worker_id: str, cached_tokens: int, success: bool) -> None:
         self._wake()
-        self._untrack(request.request_id or id(request))
-        self._finishes.append(sync_pb2.Finish(
-            worker_id=worker_id, model=request.model, pool=pool, cached_tokens=max(0, cached_tokens), success=success,
-        ))
+        key = request.request_id or id(request)
+        self._untrack(key)
+        ref = self._refs.get(key)
+        if ref is not None and ref.worker_id == worker_id:
+            self._batch.finishes.add(decision=ref.id, cached_tokens=max(0, cached_tokens), success=success)
+            ref.finished = True
+            if ref.learned:
+                del self._refs[key]
+        else:
+            self._batch.finishes.add(
+                worker_id=worker_id, model=request.model, pool=pool, cached_tokens=max(0, cached_tokens), success=success,
+            )
         self._dirty.add(worker_id)
 
     def load_changed(self, worker_id: str) -> None:
@@ -197,9 +263,11 @@ class Outbox:
         if not self and scan is None and full is None and not goodbye:
             return None
         self._seq += 1
-        batch = sync_pb2.Batch(origin=self.origin, seq=self._seq, sent_unix_ns=self._clock_ns(), goodbye=goodbye)
-        batch.decisions.extend(self._decisions)
-        batch.finishes.extend(self._finishes)
+        batch, self._batch = self._batch, sync_pb2.Batch()
+        batch.origin = self.origin
+        batch.seq = self._seq
+        batch.sent_unix_ns = self._clock_ns()
+        batch.goodbye = goodbye
         if full is not None:
             self._sent = {}
             for wid in sorted(set(full) | self._dirty):
@@ -219,7 +287,6 @@ class Outbox:
                 else:
                     self._sent.pop(wid, None)
                 batch.loads.add(worker_id=wid, in_flight=f[0], queued_uncached_prefill_tokens=f[1], running_decode_tokens=f[2])
-        self._decisions = []
-        self._finishes = []
         self._dirty = set()
+        self._gen += 1
         return batch

@@ -8,22 +8,24 @@ router keeps the real policy (``isinstance`` checks, the KV-event feeder, inspec
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from gateway.policies.base import Decision, Policy, RouteRequest, WorkerView
 
 
 class DecisionSink(Protocol):
-    def dispatched(self, pool: str, request: RouteRequest, decision: Decision) -> None: ...
+    def dispatched(self, pool: str, request: RouteRequest, decision: Decision, packed: bytes | None = None) -> None: ...
 
     def finished(self, pool: str, request: RouteRequest, worker_id: str, cached_tokens: int, success: bool) -> None: ...
 
-    def learned(self, pool: str, model: str, worker_id: str, token_ids: Sequence[int], prompt_tokens: int) -> None: ...
+    def learned(
+        self, pool: str, request: RouteRequest, worker_id: str, output_ids: Sequence[int], packed: bytes | None = None
+    ) -> None: ...
 
 
 class TappedPolicy:
-    __slots__ = ("inner", "name", "needs_loads", "pool", "sink")
+    __slots__ = ("inner", "name", "needs_loads", "packed_of", "pool", "sink")
 
     def __init__(self, inner: Policy, pool: str, sink: DecisionSink) -> None:
         self.inner = inner
@@ -31,13 +33,15 @@ class TappedPolicy:
         self.sink = sink
         self.name = inner.name
         self.needs_loads = inner.needs_loads
+        self.packed_of: Callable[[RouteRequest], bytes] | None = getattr(inner, "packed", None)  # cache_aware's memo
 
     def select(self, request: RouteRequest, workers: Sequence[WorkerView]) -> Decision:
         return self.inner.select(request, workers)
 
     def on_dispatch(self, request: RouteRequest, decision: Decision) -> None:
         self.inner.on_dispatch(request, decision)
-        self.sink.dispatched(self.pool, request, decision)
+        packed = self.packed_of
+        self.sink.dispatched(self.pool, request, decision, None if packed is None else packed(request))
 
     def on_finish(self, request: RouteRequest, worker_id: str, cached_tokens: int, success: bool) -> None:
         self.inner.on_finish(request, worker_id, cached_tokens, success)
@@ -50,7 +54,8 @@ class TappedPolicy:
             return
         hook(request, worker_id, output_ids)
         if output_ids and getattr(self.inner, "learn_output", False):
-            self.sink.learned(self.pool, request.model, worker_id, [*request.token_ids, *output_ids], len(request.token_ids))
+            packed = self.packed_of
+            self.sink.learned(self.pool, request, worker_id, output_ids, None if packed is None else packed(request))
 
     def on_workers_changed(self, workers: Sequence[WorkerView]) -> None:
         self.inner.on_workers_changed(workers)

@@ -61,6 +61,8 @@ class PrefixBook:
     def encode(self, wire: bytes) -> tuple[int, int, bytes]:
         """(reference hash, blocks it covers, tokens after them) for ``wire`` (little-endian
         uint32 token bytes); the whole prompt is learned as announced."""
+        if len(wire) < 4 * self.block_tokens:
+            return 0, 0, wire  # not one whole block: nothing to refer to or learn
         chain = self._chain(wire, self.block_tokens)
         blocks, epoch = self._blocks, self.epoch
         k = 0
@@ -74,9 +76,25 @@ class PrefixBook:
             return 0, 0, wire
         return chain[k - 1][0], k, wire[4 * self.block_tokens * k :]
 
+    def learn(self, wire: bytes) -> None:
+        """Mark every full block of ``wire`` as on the bus (it went out inside another
+        message, e.g. a learned output appended to its decision)."""
+        if len(wire) >= 4 * self.block_tokens:
+            self._learn(self._chain(wire, self.block_tokens))
+
     def decode(self, ref: int, count: int, tail: bytes, block_tokens: int) -> bytes | None:
         """The full prompt, or None when the reference is not in the book."""
+        out = self.decode_tip(ref, count, tail, block_tokens)
+        return None if out is None else out[0]
+
+    def decode_tip(self, ref: int, count: int, tail: bytes, block_tokens: int) -> tuple[bytes, int, int] | None:
+        """(full prompt, hash of its last full block, blocks before it in the book's own
+        block size), or None when the reference is not in the book. The tip is a compact
+        handle: ``decode(tip_hash, tip_blocks, full[4 * blocks * block_tokens:] + more, ...)``
+        rebuilds the prompt extended by ``more`` while its blocks stay in the book."""
         if count == 0:
+            if len(tail) < 4 * block_tokens:
+                return tail, 0, 0  # not one whole block: nothing to learn
             full = tail
             h = 0
         else:
@@ -95,6 +113,10 @@ class PrefixBook:
             parts.append(tail)
             full = b"".join(parts)
             h = ref
-        if block_tokens == self.block_tokens:
-            self._learn(self._chain(tail, block_tokens, h))  # the referenced blocks are known already
-        return full
+        if block_tokens != self.block_tokens:
+            return full, 0, 0  # a peer with another block size: nothing learned, no tip
+        chain = self._chain(tail, block_tokens, h)
+        self._learn(chain)  # the referenced blocks are known already
+        if chain:
+            return full, chain[-1][0], count + len(chain)
+        return full, h, count
