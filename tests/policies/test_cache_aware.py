@@ -575,6 +575,9 @@ def test_cold_share_is_the_traffic_not_on_hot_prefixes() -> None:
 
     hp = HotPrefixes(window=256)
     assert hp.cold_share() == 1.0  # nothing seen
+    for i in range(15):
+        hp.observe(1000 + i, 16)  # fewer requests than workers: each would read as hot
+    assert hp.cold_share() == 1.0  # so no key is flagged before 16 requests
     for i in range(512):
         hp.observe(i % 8, 16)  # 8 prefixes on 16 workers: each carries two workers' shares
     assert hp.cold_share() == pytest.approx(0.0, abs=0.02)

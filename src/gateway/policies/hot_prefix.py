@@ -40,6 +40,7 @@ DEFAULT_MAX_TRACKED = 4096
 SLACK = 0.25  # of a worker's share: a prefix is hot above (1 + SLACK) / n of the traffic
 HEADROOM = 0.5  # of a worker: holders keep room for the other traffic they carry
 TOP_MIN_REQUESTS = 16  # before these, the hottest prefix's share is not estimated
+MIN_REQUESTS = 64  # (decayed) requests before any prefix gets replicas (at most half the window)
 
 
 class _Entry:
@@ -61,7 +62,7 @@ class HotPrefixes:
         self.window = window
         self.max_tracked = max(16, max_tracked)
         self._decay = 1.0 - 1.0 / window
-        self._min_total = min(64.0, window / 2)
+        self._min_total = min(float(MIN_REQUESTS), window / 2)
         self._tick = 0
         self._total = 0.0  # decayed count of all requests
         self._hot_mass = 0.0  # decayed count of the requests of keys hot when last observed
@@ -134,7 +135,8 @@ class HotPrefixes:
         e.count = self._value(e) + 1.0
         if e.hot:
             self._hot_mass += 1.0
-        if n_workers > 1:
+        if n_workers > 1 and self._tick >= TOP_MIN_REQUESTS:
+            # (not before: with fewer requests than workers every key reads as hot)
             hot = e.count / self._total * n_workers > 1 + SLACK
             if hot != e.hot:
                 e.hot = hot
