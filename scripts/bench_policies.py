@@ -669,6 +669,26 @@ class SmgLikePolicy(BasePolicy):
         return Decision(best.worker_id, reason, c - c % max(1, best.page_size))
 
 
+class PlacedPolicy(BasePolicy):
+    """A hand placement, for the simulation only: the g-th shared first page seen (a gsp
+    group) goes to ``k`` workers of its own, ``g * k .. g * k + k - 1`` (mod the pool), in
+    turn. ``placed_k2`` on 8 groups and 16 workers is the even two-holders-per-group
+    placement the cost rule aims at; ``placed_k1`` is one worker per group (SMG's shape)."""
+
+    name = "placed"
+
+    def __init__(self, k: int) -> None:
+        self.k = max(1, k)
+        self._group: dict[bytes, int] = {}
+        self._sent: dict[int, int] = {}
+
+    def _choose(self, request: RouteRequest, cands: list[WorkerView]) -> Decision:
+        g = self._group.setdefault(pack(request.token_ids[:16]), len(self._group))
+        i = self._sent.get(g, 0)
+        self._sent[g] = i + 1
+        return Decision(cands[(g * self.k + i % self.k) % len(cands)].worker_id, "placed", 0)
+
+
 def page_hashes(tokens: list[int], page: int) -> list[int]:
     out, h = [], 0
     for i in range(len(tokens) // page):
@@ -931,6 +951,9 @@ def build_sim_policy(overrides: dict[str, object]) -> Policy | None:
     """The policy a sim row runs (None: the oracle, built per run on the true caches)."""
     if overrides["policy"] == "oracle":
         return None
+    name = str(overrides["policy"])
+    if name.startswith("placed_k"):
+        return PlacedPolicy(int(name.removeprefix("placed_k")))
     if overrides["policy"] == "smg_like":
         knobs = {k: v for k, v in overrides.items() if k in ("cache_threshold", "balance_abs", "balance_rel")}
         return SmgLikePolicy(**knobs)  # type: ignore[arg-type]
