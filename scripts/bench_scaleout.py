@@ -443,8 +443,9 @@ class CpuBreakdown:
     reaped during the round: ``RUSAGE_CHILDREN``), and ``rest of machine`` (everything
     else busy on the host: other people's jobs; it says how quiet the round was)."""
 
-    def __init__(self, gateway: int, fleets: Sequence[int], idle: int, fleet_label: str = "sim fleet") -> None:
-        self.gateway, self.fleets, self.idle, self.fleet_label = gateway, fleets, idle, fleet_label
+    def __init__(self, gateway: int, fleets: Sequence[int], idle: int | Sequence[int], fleet_label: str = "sim fleet") -> None:
+        self.gateway, self.fleets, self.fleet_label = gateway, fleets, fleet_label
+        self.idle = [idle] if isinstance(idle, int) else list(idle)
 
     def sample(self) -> dict[str, float]:
         import resource
@@ -453,7 +454,7 @@ class CpuBreakdown:
         parts = {f"gateway {k}": v for k, v in gateway_parts(self.gateway).items()}
         for i, f in enumerate(self.fleets):
             parts[f"{self.fleet_label} {i}" if len(self.fleets) > 1 else self.fleet_label] = tree_cpu(f)
-        parts["idle other gateway"] = tree_cpu(self.idle)
+        parts["idle other gateway"] = sum(tree_cpu(p) for p in self.idle)
         parts["bench script"] = cpu_seconds(os.getpid())
         parts["load generator"] = kids.ru_utime + kids.ru_stime
         parts["machine"] = machine_busy_s()
@@ -471,6 +472,17 @@ class CpuBreakdown:
 
 
 FLEETS = ("sim", "canned")
+UNSYNCED = "processes-2-unsynced"  # --throughput-unsynced: the set with its NATS bus unreachable (no sync traffic)
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
 QUIET_REST_MS = 0.1  # ms of other processes' CPU per request under which a round counts as quiet
 
 
@@ -510,7 +522,14 @@ async def throughput_section(args: argparse.Namespace, report: dict[str, Any], k
     with throughput_fleet(kind, args) as (canned, urls, fleet_pids, fleet_label):
         one = await ServeProcess.launch(serve_argv(urls, scratch), "gw-one", ready_timeout_s=120)
         two = await ServeProcess.launch(serve_argv(urls, scratch, "--processes", "2"), "gw-p2", ready_timeout_s=120)
-        for pid in (os.getpid(), one.process.pid, two.process.pid, *fleet_pids):
+        gws = {"one": one, "processes-2": two}
+        if args.throughput_unsynced:  # the same set with its bus unreachable: what the set costs without the sync
+            rounds[UNSYNCED] = []
+            gws[UNSYNCED] = await ServeProcess.launch(
+                serve_argv(urls, scratch, "--processes", "2", "--sync-url", f"nats://127.0.0.1:{closed_port()}"), "gw-p2u",
+                ready_timeout_s=120,
+            )
+        for pid in (os.getpid(), *(g.process.pid for g in gws.values()), *fleet_pids):
             boost(pid, args.nice)
         try:
             async with httpx.AsyncClient(trust_env=False) as http:
@@ -519,13 +538,13 @@ async def throughput_section(args: argparse.Namespace, report: dict[str, Any], k
                     probe = {"model": model, "messages": short_prompts(1, args.seed)[0], "max_tokens": 8}
                     usage = (await http.post(one.url + "/v1/chat/completions", json=probe, timeout=30)).json()["usage"]
                     canned.set_prompt_tokens(int(usage["prompt_tokens"]))
-            for gw in (one, two):  # warm: connections, tokenizer caches, first-use costs
+            for gw in gws.values():  # warm: connections, tokenizer caches, first-use costs
                 await many_clients(gw.url, model, args.clients, args.throughput_concurrency, 200, 20, args.seed)
             for r in range(args.rounds):
-                order = (("one", one, two), ("processes-2", two, one))
+                order = [(name, gw, [o.process.pid for o in gws.values() if o is not gw]) for name, gw in gws.items()]
                 for name, gw, other in order if r % 2 == 0 else order[::-1]:
                     loads.append(os.getloadavg()[0])
-                    meter = CpuBreakdown(gw.process.pid, fleet_pids, other.process.pid, fleet_label)
+                    meter = CpuBreakdown(gw.process.pid, fleet_pids, other, fleet_label)
                     before = meter.sample()
                     if args.load_generator == "wrk":
                         run = wrk_run(gw.url, model, args.throughput_concurrency, args.wrk_seconds, scratch)
@@ -548,12 +567,11 @@ async def throughput_section(args: argparse.Namespace, report: dict[str, Any], k
                         row["connections_per_process"] = spread
                     rounds[name].append(row)
                     print(f"[throughput {kind} {name} round {r}] ({load_note()}) {row}", flush=True)
-            guard = {name: await fidelity([gw.url]) for name, gw in (("one", one), ("processes-2", two))}
+            guard = {name: await fidelity([gw.url]) for name, gw in gws.items()}
         finally:
-            await two.stop(timeout_s=20)
-            await one.stop(timeout_s=20)
-            one.remove_log()
-            two.remove_log()
+            for gw in gws.values():
+                await gw.stop(timeout_s=20)
+                gw.remove_log()
 
     def med(name: str) -> float:
         vals = sorted(x["req_s"] for x in rounds[name])
@@ -589,12 +607,13 @@ async def throughput_section(args: argparse.Namespace, report: dict[str, Any], k
         "client_processes": args.clients,
         "load_generator": args.load_generator,
         "requests_per_round": args.throughput_requests, "wrk_seconds": args.wrk_seconds, "rounds": rounds,
-        "median_req_s": {"one": med("one"), "processes-2": med("processes-2")},
+        "median_req_s": {name: med(name) for name in rounds},
         "ratio": round(med("processes-2") / med("one"), 2) if med("one") else None,
         "round_pair_ratios": pairs,
         "quiet_rounds": {"one": q1, "processes-2": q2},
         "quiet_ratio": round(q2[len(q2) // 2] / q1[len(q1) // 2], 2) if q1 and q2 else None,
         "cpu_bound": cpu_bound,
+        **({"unsynced_ratio": round(med(UNSYNCED) / med("one"), 2) if med("one") else None} if UNSYNCED in rounds else {}),
         "load_1m_seen": [round(x, 1) for x in loads],
         "fidelity_guard": guard,
     }  # fmt: skip
@@ -739,6 +758,8 @@ def throughput_markdown(tp: dict[str, Any]) -> list[str]:
         cpu = sorted(x["gateway_cpu_ms_per_request"] for x in rows)[len(rows) // 2]
         lines.append(f"| {name} | {' '.join(str(x['req_s']) for x in rows)} | {tp['median_req_s'][name]} | {cpu} |")
     lines += ["", f"Ratio processes-2 / one (medians): **{tp['ratio']}**; 1-minute load average seen: {tp['load_1m_seen']}.", ""]
+    if tp.get("unsynced_ratio") is not None:
+        lines += [f"Ratio {UNSYNCED} / one (the set without sync traffic): {tp['unsynced_ratio']}.", ""]
     if "round_pair_ratios" in tp:
         lines += [f"Per round pair: {tp['round_pair_ratios']}; rounds with under {QUIET_REST_MS} ms/request of other "
                   f"processes' CPU: {tp['quiet_rounds']}, ratio {tp['quiet_ratio']}.", ""]  # fmt: skip
@@ -827,6 +848,8 @@ def main() -> int:
     p.add_argument("--throughput-concurrency", type=int, default=32)
     p.add_argument("--throughput-requests", type=int, default=1500)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--throughput-unsynced", action="store_true",
+                   help="also measure --processes 2 with its sync bus unreachable (the set's cost without the routing sync)")
     p.add_argument("--clients", type=int, default=2, help="client processes of the throughput section (python)")
     p.add_argument("--load-generator", choices=["python", "wrk"], default="python",
                    help="throughput client: httpx processes, or wrk (Debian package; far less CPU per request)")
