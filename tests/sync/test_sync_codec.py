@@ -398,3 +398,32 @@ def test_an_output_that_completes_no_page_is_not_published() -> None:
     tap.on_output(req, WORKERS[0], list(range(900, 916)))  # 80 tokens: a fifth page
     batch = box.take()
     assert batch is not None and len(batch.decisions) == 1 and len(batch.decisions[0].tokens) == 4 * 80
+
+
+def test_lag_is_measured_per_decision_from_its_own_stamp_and_not_for_extensions() -> None:
+    """The decision-to-tree lag a receiver reports is its clock minus each decision's own
+    decision time (so a decision merged with its output keeps its original stamp), and an
+    extension, which is not a decision, adds no sample."""
+    src, dst = FakeWorkers(), FakeWorkers()
+    local, remote = FakeRouter(), FakeRouter()
+    t = [1_000_000_000]
+    box = _outbox(src, clock=t)
+    lags: list[float] = []
+    applier = Applier("b", remote, dst, clock_ns=lambda: t[0], on_lag=lags.append)
+    tap = TappedPolicy(local.p, "regular", box)
+    req, decision = _served(tap, list(range(100, 164)), "r1")
+    t[0] += 3_000_000  # 3 ms later the output is learned, still in the same batch
+    tap.on_output(req, decision.worker_id, list(range(900, 916)))
+    first = box.take()
+    t[0] += 2_000_000  # delivered 2 ms after the batch went out
+    assert first is not None
+    applier.apply(first)
+    assert lags == [0.005]
+    req2, decision2 = _served(tap, list(range(300, 364)), "r2")
+    applier.apply(box.take())  # type: ignore[arg-type]
+    tap.on_output(req2, decision2.worker_id, list(range(900, 916)))
+    t[0] += 1_000_000
+    ext = box.take()
+    assert ext is not None and ext.decisions[0].extends
+    applier.apply(ext)
+    assert lags == [0.005, 0.0] and applier.stats.extensions == 1
