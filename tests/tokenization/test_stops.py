@@ -277,7 +277,7 @@ def test_a_joined_stream_gives_the_same_whole_answer(
     with token stops anywhere and in any chunking (a broken trailing character included)."""
     ids = ids_of(qwen, text)
     if data.draw(st.booleans()):
-        ids = ids[: data.draw(st.integers(0, len(ids)))] + [qwen.backend.token_to_id("ä")]  # ends mid-character
+        ids = [*ids[: data.draw(st.integers(0, len(ids)))], qwen.backend.token_to_id("ä")]  # ends mid-character
     if data.draw(st.booleans()):
         ids.insert(data.draw(st.integers(0, len(ids))), IM_END)
     plan = StopPlan.build(qwen, ignore_eos=ignore_eos, stop_token_ids=data.draw(st.sampled_from([[], [END_THINK]])))
