@@ -1,6 +1,6 @@
-"""The guarded httptools protocol's response writes: a response's head goes out with what
-the response writes in the same event-loop turn (a JSON answer's body, a stream's first
-events) in one write; a stream's later events are written as they come.
+"""The guarded httptools protocol's response writes: a response with a Content-Length goes
+out in one write (head and body together); a stream's head and events are written as
+they come.
 
 A real uvicorn server on 127.0.0.1 with the gateway's protocol class; the transport it is
 given records each write (the bytes still go to the socket), and a raw socket client
@@ -119,21 +119,15 @@ async def test_head_request_writes_the_head_alone(server: tuple[int, list[bytes]
     assert len(writes) == 1 and writes[0].endswith(b"\r\n\r\n")
 
 
-async def test_a_stream_s_head_goes_with_its_first_events(server: tuple[int, list[bytes]]) -> None:
+async def test_a_stream_s_head_and_events_are_written_as_they_come(server: tuple[int, list[bytes]]) -> None:
     port, writes = server
-    data = await _exchange(port, b"GET /stream HTTP/1.1\r\nhost: x\r\n\r\n", b"0\r\n\r\n")
-    assert data.count(b"data: ") == 3
-    assert len(writes) == 1  # all sent in one turn: head, events and the chunked end together
-    assert b"transfer-encoding: chunked" in writes[0] and writes[0].endswith(b"0\r\n\r\n")
-
-
-async def test_a_stream_s_later_events_are_written_as_they_come(server: tuple[int, list[bytes]]) -> None:
-    port, writes = server
-    data = await _exchange(port, b"GET /later HTTP/1.1\r\nhost: x\r\n\r\n", b"0\r\n\r\n")
-    assert data.count(b"data: ") == 3
-    # the head with the first event (same turn), then each event when it comes, then the end
-    assert [w.count(b"data: ") for w in writes] == [1, 1, 1, 0]
-    assert writes[0].startswith(b"HTTP/1.1 200 OK") and writes[0].endswith(b"data: 0\n\n\r\n")
+    for path in (b"/stream", b"/later"):
+        writes.clear()
+        data = await _exchange(port, b"GET " + path + b" HTTP/1.1\r\nhost: x\r\n\r\n", b"0\r\n\r\n")
+        assert data.count(b"data: ") == 3
+        assert writes[0].startswith(b"HTTP/1.1 200 OK") and writes[0].endswith(b"\r\n\r\n")  # the head alone
+        assert b"transfer-encoding: chunked" in writes[0]
+        assert [w.count(b"data: ") for w in writes] == [0, 1, 1, 1, 0]  # head, each event, the end
 
 
 class _Wire:
@@ -197,17 +191,16 @@ async def test_a_head_held_when_the_client_left_is_dropped() -> None:
     assert wire.writes == []
 
 
-async def test_a_large_burst_is_not_held_past_the_bound() -> None:
+async def test_a_large_body_is_not_held_past_the_bound() -> None:
     from gateway.server.http.guard import HOLD_BYTES
 
     wire, flow = _Wire(), _Flow()
     cycle = _cycle(wire, flow)
-    await cycle.send({"type": "http.response.start", "status": 200, "headers": []})  # chunked
     big = b"x" * (HOLD_BYTES // 4)
-    for _ in range(5):  # one turn, no await that suspends
-        await cycle.send({"type": "http.response.body", "body": big, "more_body": True})
+    await cycle.send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"%d" % (5 * len(big)))]})
+    for i in range(5):  # one turn, no await that suspends
+        await cycle.send({"type": "http.response.body", "body": big, "more_body": i < 4})
     # the head and the first parts, released once past the bound; the rest as they come
     assert len(wire.writes) == 2 and wire.writes[0].startswith(b"HTTP/1.1 200")
-    assert HOLD_BYTES < len(wire.writes[0]) < HOLD_BYTES + len(big) + 64
-    await cycle.send({"type": "http.response.body", "body": b"", "more_body": False})
-    assert b"".join(wire.writes).endswith(b"0\r\n\r\n") and cycle.response_complete
+    assert HOLD_BYTES < len(wire.writes[0]) < HOLD_BYTES + len(big) + 256
+    assert cycle.response_complete and sum(map(len, wire.writes)) > 5 * len(big)

@@ -95,14 +95,20 @@ class _Collect:
 HOLD_BYTES = 65536  # a response holds at most this much before writing (uvicorn's high-water mark)
 
 
+def _has_length(message: Any) -> bool:
+    return any(name.lower() == b"content-length" for name, _ in message.get("headers", ()))
+
+
 class HeadWithBodyCycle(RequestResponseCycle):
-    """uvicorn's request/response cycle, except that a response's head is not written on
-    its own: it is held, with whatever else the response writes in the same event-loop
-    turn, and written in one piece when the response completes or the turn ends,
-    whichever is first. A JSON answer (head and body sent back to back) and a stream's
-    head with its first events (the role chunk and the first tokens, ready together)
-    then go out as one write, one packet and one wake-up of the client instead of two or
-    three (docs/BENCHMARKS.md, issue 18 round 5). Later events are written as they come.
+    """uvicorn's request/response cycle, except that the head of a response with a
+    Content-Length is not written on its own: it is held, with whatever else the response
+    writes in the same event-loop turn, and written in one piece when the response
+    completes or the turn ends, whichever is first. A JSON answer (head and body sent back
+    to back) then goes out as one write, one packet and one wake-up of the client instead
+    of two (docs/BENCHMARKS.md, issue 18 round 5). A stream's head (no Content-Length) is
+    written at once, as are its events: a client that gets the head early reads it while
+    the gateway still works on the first token (holding it with the first events measured
+    slower at concurrency 1).
 
     uvicorn still builds and checks every byte: its ``send`` runs unchanged on a stand-in
     transport that keeps them. Writes are only held while the transport takes them
@@ -113,7 +119,7 @@ class HeadWithBodyCycle(RequestResponseCycle):
 
     async def send(self, message: Any) -> None:
         held = self._held
-        head = message["type"] == "http.response.start" and not self.response_started
+        head = message["type"] == "http.response.start" and not self.response_started and _has_length(message)
         if (held is None and not head) or self.flow.write_paused:
             self._release()
             await super().send(message)
