@@ -22,7 +22,7 @@ from typing import Any
 
 import httptools
 import uvicorn
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.server.http.limits import HttpLimitsConfig
 
@@ -74,80 +74,6 @@ class _Sweeper:
         for proto in [p for p in self.connections if p._deadline_at is not None and p._deadline_at <= now]:
             proto._expire()
         self._handle = self.loop.call_later(self.interval, self._sweep) if self.connections else None
-
-
-class _Collect:
-    """Stands in for the transport while uvicorn's cycle writes: keeps what it writes."""
-
-    __slots__ = ("closed", "parts")
-
-    def __init__(self) -> None:
-        self.parts: list[bytes] = []
-        self.closed = False
-
-    def write(self, data: bytes) -> None:
-        self.parts.append(data)
-
-    def close(self) -> None:
-        self.closed = True
-
-
-HOLD_BYTES = 65536  # a response holds at most this much before writing (uvicorn's high-water mark)
-
-
-def _has_length(message: Any) -> bool:
-    return any(name.lower() == b"content-length" for name, _ in message.get("headers", ()))
-
-
-class HeadWithBodyCycle(RequestResponseCycle):
-    """uvicorn's request/response cycle, except that the head of a response with a
-    Content-Length is not written on its own: it is held, with whatever else the response
-    writes in the same event-loop turn, and written in one piece when the response
-    completes or the turn ends, whichever is first. A JSON answer (head and body sent back
-    to back) then goes out as one write, one packet and one wake-up of the client instead
-    of two (docs/BENCHMARKS.md, issue 18 round 5). A stream's head (no Content-Length) is
-    written at once, as are its events: a client that gets the head early reads it while
-    the gateway still works on the first token (holding it with the first events measured
-    slower at concurrency 1).
-
-    uvicorn still builds and checks every byte: its ``send`` runs unchanged on a stand-in
-    transport that keeps them. Writes are only held while the transport takes them
-    (writing not paused), so ``send`` never waits with the stand-in installed, and at
-    most ``HOLD_BYTES`` at a time, so back-pressure still bounds a response's memory."""
-
-    _held: list[bytes] | None = None
-
-    async def send(self, message: Any) -> None:
-        held = self._held
-        head = message["type"] == "http.response.start" and not self.response_started and _has_length(message)
-        if (held is None and not head) or self.flow.write_paused:
-            self._release()
-            await super().send(message)
-            return
-        wire = self.transport
-        collect = _Collect()
-        self.transport = collect  # type: ignore[assignment]
-        try:
-            await super().send(message)  # runs to its end: writing is not paused, nothing awaits
-        finally:
-            self.transport = wire
-        if held is None:
-            held = self._held = collect.parts
-            asyncio.get_running_loop().call_soon(self._release)  # at the latest when this turn ends
-        else:
-            held.extend(collect.parts)
-        if self.response_complete or collect.closed or sum(map(len, held)) > HOLD_BYTES:
-            self._release()
-        if collect.closed:
-            wire.close()
-
-    def _release(self) -> None:
-        held = self._held
-        if held is None:
-            return
-        self._held = None
-        if held and not self.disconnected:
-            self.transport.write(b"".join(held))
 
 
 class GuardedHttpTools(HttpToolsProtocol):
@@ -265,9 +191,6 @@ class GuardedHttpTools(HttpToolsProtocol):
         self._state = BODY
         self._deadline_at = self.loop.time() + limits.body_timeout_s if limits.body_timeout_s > 0 else None
         super().on_headers_complete()
-        cycle = self.cycle
-        if type(cycle) is RequestResponseCycle:  # (not an upgrade) its task has not run yet
-            cycle.__class__ = HeadWithBodyCycle
 
     def on_message_complete(self) -> None:
         self._state = IDLE
