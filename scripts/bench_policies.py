@@ -41,10 +41,11 @@ from gateway.bench import machine
 from gateway.bench.matrix import parse_variant, split_knobs
 from gateway.pipeline.prefill_gate import PrefillGateConfig, hold_timeout_s
 from gateway.policies import PolicyConfig, close_policy, make_policy
-from gateway.policies.base import LoadSnapshot, Policy, RouteRequest, WorkerView
+from gateway.policies.base import Decision, LoadSnapshot, Policy, RouteRequest, WorkerView
 from gateway.policies.cache_aware import CacheAwarePolicy
+from gateway.policies.common import BasePolicy
 from gateway.policies.prefill_gate import PrefillGate, slot_free
-from gateway.policies.radix_tree import RadixTree
+from gateway.policies.radix_tree import RadixTree, pack
 from gateway.workers.watchdog import ProgressTracker
 
 VOCAB = 150_000
@@ -622,6 +623,70 @@ class SimResult:
     held_ids: set[int] = field(default_factory=set)  # requests the prefill gate held
     timed_out: int = 0  # ... released by the timeout
     hold_mean_ms: float = 0.0
+    served: list[int] = field(default_factory=list)  # requests per worker
+    holders: list[int] = field(default_factory=list)  # per shared first page (a gsp group): workers sent it
+
+
+class SmgLikePolicy(BasePolicy):
+    """An emulation of SMG's cache_aware rule, for the simulation only (the real SMG runs end
+    to end in ``bench_overhead`` and ``bench matrix --peers smg``).
+
+    As SMG documents it: while the pool is balanced, the worker holding the longest match
+    when the match covers more than ``cache_threshold`` of the prompt (the least loaded of
+    several), else the worker with the smallest tree; the least loaded worker once
+    ``max - min > balance_abs`` and ``max > balance_rel * min`` in-flight requests.
+    Its defaults: 0.3, 64, 1.5. One approximate tree of what was sent, in tokens (SMG's
+    is in characters of the text)."""
+
+    name = "smg_like"
+
+    def __init__(self, cache_threshold: float = 0.3, balance_abs: int = 64, balance_rel: float = 1.5) -> None:
+        self.cache_threshold, self.balance_abs, self.balance_rel = cache_threshold, balance_abs, balance_rel
+        self.tree = RadixTree(evict_inline=True)
+        self._known: set[str] = set()
+
+    def _choose(self, request: RouteRequest, cands: list[WorkerView]) -> Decision:
+        for w in cands:
+            if w.worker_id not in self._known:
+                self._known.add(w.worker_id)
+                self.tree.set_worker(w.worker_id, budget_tokens=w.kv_capacity_tokens or None, page_size=1)
+        loads = [w.in_flight for w in cands]
+        hi, lo = max(loads), min(loads)
+        pb = pack(request.token_ids)
+        _, raw = self.tree.match_packed(pb)
+        if hi - lo > self.balance_abs and hi > self.balance_rel * lo:
+            best, reason = min(cands, key=lambda w: w.in_flight), "load_balanced"
+        else:
+            longest = max((raw.get(w.worker_id, 0) for w in cands), default=0)
+            if longest > self.cache_threshold * len(request.token_ids):
+                best = min((w for w in cands if raw.get(w.worker_id, 0) == longest), key=lambda w: w.in_flight)
+                reason = "cache_hit"
+            else:
+                best = min(cands, key=lambda w: (self.tree.worker_tokens(w.worker_id), w.in_flight))
+                reason = "no_match"
+        self.tree.insert_packed(pb, best.worker_id)
+        c = raw.get(best.worker_id, 0)
+        return Decision(best.worker_id, reason, c - c % max(1, best.page_size))
+
+
+class PlacedPolicy(BasePolicy):
+    """A hand placement, for the simulation only: the g-th shared first page seen (a gsp
+    group) goes to ``k`` workers of its own, ``g * k .. g * k + k - 1`` (mod the pool), in
+    turn. ``placed_k2`` on 8 groups and 16 workers is the even two-holders-per-group
+    placement the cost rule aims at; ``placed_k1`` is one worker per group (SMG's shape)."""
+
+    name = "placed"
+
+    def __init__(self, k: int) -> None:
+        self.k = max(1, k)
+        self._group: dict[bytes, int] = {}
+        self._sent: dict[int, int] = {}
+
+    def _choose(self, request: RouteRequest, cands: list[WorkerView]) -> Decision:
+        g = self._group.setdefault(pack(request.token_ids[:16]), len(self._group))
+        i = self._sent.get(g, 0)
+        self._sent[g] = i + 1
+        return Decision(cands[(g * self.k + i % self.k) % len(cands)].worker_id, "placed", 0)
 
 
 def page_hashes(tokens: list[int], page: int) -> list[int]:
@@ -682,6 +747,7 @@ def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int,
     trackers = {w.wid: ProgressTracker() for w in workers}  # learned prefill rates, as the gateway's
     jobs_held: dict[int, Job] = {}
     ttft_of: dict[int, float] = {}  # request -> its TTFT (the ones counted in ``ttft``)
+    placed: dict[int, set[str]] = {}  # first page of a prompt (a gsp group's system prompt) -> workers sent it
 
     continuing = set(wl.follows.values())
     fresh = [i for i in range(len(wl.prompts)) if i not in continuing]  # first turns (all, without turns)
@@ -717,6 +783,8 @@ def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int,
         policy.on_dispatch(job.request, d)
         predicted_total += d.predicted_cached_tokens
         job.worker = d.worker_id
+        if job.pages:
+            placed.setdefault(job.pages[0], set()).add(d.worker_id)
         w.queued_prompt += len(toks)
         if gate is not None:
             packed_fn = getattr(policy, "packed", None)
@@ -824,6 +892,8 @@ def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int,
     )
     result.misses = ledger
     result.ttft_of = ttft_of
+    result.served = served
+    result.holders = sorted(len(v) for v in placed.values())
     result.held_ids = set(jobs_held)
     if gate is not None:
         result.held, result.timed_out = gate.held, gate.timed_out
@@ -877,6 +947,27 @@ def extra_variants(args: argparse.Namespace) -> list[tuple[str, dict[str, object
     return out
 
 
+def build_sim_policy(overrides: dict[str, object]) -> Policy | None:
+    """The policy a sim row runs (None: the oracle, built per run on the true caches)."""
+    if overrides["policy"] == "oracle":
+        return None
+    name = str(overrides["policy"])
+    if name.startswith("placed_k"):
+        return PlacedPolicy(int(name.removeprefix("placed_k")))
+    if overrides["policy"] == "smg_like":
+        knobs = {k: v for k, v in overrides.items() if k in ("cache_threshold", "balance_abs", "balance_rel")}
+        return SmgLikePolicy(**knobs)  # type: ignore[arg-type]
+    return make_policy(PolicyConfig(), **overrides)
+
+
+def placement(r: SimResult) -> str:
+    """Requests per worker (min-max) and how many workers each shared prefix was sent to."""
+    if not r.served or not r.holders:
+        return "-"
+    return (f"{min(r.served)}-{max(r.served)}; "
+            f"{statistics.mean(r.holders):.2f} ({max(r.holders)})")
+
+
 def sim_rows(variants: list[tuple[str, dict[str, object], float]], wl: Workload, args: argparse.Namespace,
              timing: Timing) -> list[list[str]]:
     rows = []
@@ -888,7 +979,7 @@ def sim_rows(variants: list[tuple[str, dict[str, object], float]], wl: Workload,
             gates = gates[:1]  # predicts no cached tokens: the gate never holds anything
         for gate in gates:
             overrides = {"eviction_interval_s": 0.0, **overrides}
-            policy = None if overrides["policy"] == "oracle" else make_policy(PolicyConfig(), **overrides)
+            policy = build_sim_policy(overrides)
             r, used, _ = simulate(policy, wl, args.workers, args.capacity, args.page, args.concurrency, timing, poll,
                                   pages_cache, args.reserve_running, args.ramp_s, gate, args.cache_output)
             close_policy(used)
@@ -896,12 +987,12 @@ def sim_rows(variants: list[tuple[str, dict[str, object], float]], wl: Workload,
             held = f"{r.held} ({r.timed_out}), {r.hold_mean_ms:.0f} ms" if gate is not None else "off"
             rows.append([label, held, f"{r.hit_rate:.1%}", predicted, f"{r.throughput_tok_s:,.0f}",
                          f"{r.ttft_p50_ms:.0f}", f"{r.ttft_p99_ms:.0f}", f"{r.served_max_over_mean:.2f}",
-                         f"{r.busy_max_over_mean:.2f}", f"{r.decide_us:.0f}", r.misses.row() if r.misses else "-"])
+                         placement(r), f"{r.busy_max_over_mean:.2f}", f"{r.decide_us:.0f}", r.misses.row() if r.misses else "-"])
     return rows
 
 
 SIM_HEADERS = ["policy", "prefill gate: held (timeouts), mean hold", "hit rate", "predicted", "output tok/s", "TTFT p50 ms", "TTFT p99 ms",
-               "served max/mean", "busy max/mean", "decide µs",
+               "served max/mean", "requests per worker min-max; holders per group mean (max)", "busy max/mean", "decide µs",
                "missed tokens: unique / first on worker / evicted / in-batch duplicate"]
 
 

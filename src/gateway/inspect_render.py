@@ -97,7 +97,9 @@ def _quality(q: dict[str, Any]) -> Table:
     if "queued_prefill_weight" in q:
         load = q.get("hottest_prefix_load")
         t.add_row("queue weight", f"{q['queued_prefill_weight']:g} x queued prefill (hottest prefix: "
-                  + ("too few requests seen" if load is None else f"{load:.2f} workers' share") + ")")
+                  + ("too few requests seen" if load is None else f"{load:.2f} workers' share")
+                  + (f"; {100 * q['cold_share']:.0f}% of requests on prefixes that are not hot" if "cold_share" in q else "")
+                  + ")")
     for hp in q.get("hot_prefixes") or []:
         t.add_row("hot prefix", f"{hp['key']}: {100 * hp['share']:.0f}% of requests, {hp['replicas']} replicas "
                   f"on {', '.join(hp['holders'][: hp['replicas']]) or '-'}")

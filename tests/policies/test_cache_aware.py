@@ -567,3 +567,68 @@ def test_a_holder_keeps_its_prefix_longer_while_no_prefix_is_hot() -> None:
 def test_without_hot_prefix_tracking_the_weight_is_fixed() -> None:
     p = policy(hot_prefix_min_tokens=0)
     assert p.queued_prefill_weight(8) == 1.0
+
+
+# --------------------------------------- all traffic on hot prefixes: no headroom, spread weight
+def test_cold_share_is_the_traffic_not_on_hot_prefixes() -> None:
+    from gateway.policies.hot_prefix import HotPrefixes
+
+    hp = HotPrefixes(window=256)
+    assert hp.cold_share() == 1.0  # nothing seen
+    for i in range(15):
+        hp.observe(1000 + i, 16)  # fewer requests than workers: each would read as hot
+    assert hp.cold_share() == 1.0  # so no key is flagged before 16 requests
+    for i in range(512):
+        hp.observe(i % 8, 16)  # 8 prefixes on 16 workers: each carries two workers' shares
+    assert hp.cold_share() == pytest.approx(0.0, abs=0.02)
+    for i in range(2000):
+        hp.observe(7 if i % 4 == 0 else 1000 + i % 64, 8)  # a quarter on one prefix, the rest spread
+    assert hp.cold_share() == pytest.approx(0.75, abs=0.05)
+
+
+def test_replicas_get_headroom_only_for_traffic_that_is_not_hot() -> None:
+    from gateway.policies.hot_prefix import HotPrefixes
+
+    even = HotPrefixes(window=256)
+    for i in range(512):
+        even.observe(i % 8, 16)
+    # 8 equal prefixes, 16 workers: two holders each fill the pool; a third only recomputes
+    assert [even.replicas(k, 16) for k in range(8)] == [2] * 8
+    mixed = HotPrefixes(window=64)
+    for i in range(400):
+        mixed.observe(1 if i % 2 == 0 else 100 + i, 8)
+    # half the traffic: four workers' shares; headroom for the other (cold) half of it
+    assert mixed.replicas(1, 8) == 4
+    assert mixed.cold_share() == pytest.approx(0.5, abs=0.05)
+
+
+def test_the_spread_weight_holds_while_every_offered_prefix_is_hot() -> None:
+    even = policy()
+    for i in range(512):
+        even.hot.observe(i % 8, 16)
+    load = even.hot.top_load(16)
+    assert load is not None and load > 1.25  # the hottest carries two workers' shares ...
+    assert even.queued_prefill_weight(16) == pytest.approx(0.5)  # ... but so does every other one
+    skewed = policy()
+    for i in range(2000):
+        skewed.hot.observe(7 if i % 4 == 0 else 1000 + i % 64, 8)
+    assert skewed.queued_prefill_weight(8) == pytest.approx(1.0)  # one hot prefix among cold ones
+
+
+def test_eight_groups_on_sixteen_workers_keep_about_two_holders_each() -> None:
+    """The bench_overhead gsp burst's shape, scaled down in prompt size: 8 groups x 16 prompts
+    all at once on 16 workers. The policy's own bookkeeping drives the load terms."""
+    p = policy()
+    pool = Pool(16)
+    groups = [tokens(1024, 300 + g) for g in range(8)]
+    holders: dict[int, set[str]] = {}
+    for i in range(128):
+        g = (i * 5 + i // 8) % 8
+        r = req(groups[g] + tokens(64, 20_000 + i), request_id=str(i))
+        d = pool.dispatch(p, r, decode=128)
+        holders.setdefault(g, set()).add(d.worker_id)
+    per_group = sorted(len(h) for h in holders.values())
+    # n / G holders each; with half a worker of headroom per prefix it was three each (24
+    # replicas on 16 workers, one more 1K-token prefill per group for no balance gained)
+    assert per_group == [2] * 8, per_group
+    assert max(pool.in_flight.values()) <= 1.25 * 128 / 16, pool.in_flight

@@ -115,3 +115,14 @@ def test_policy_quality_shows_the_queue_weight_and_how_concentrated_the_prefixes
         p.hot.observe(10_000 + i % 64)
     q = policy_quality(p)
     assert q["hottest_prefix_load"] < 1.0 and q["queued_prefill_weight"] == 0.5
+
+
+def test_policy_quality_shows_the_share_of_traffic_on_prefixes_that_are_not_hot() -> None:
+    p = CacheAwarePolicy(eviction_interval_s=0)
+    p.on_workers_changed(views(16))
+    assert policy_quality(p)["cold_share"] == 1.0
+    for i in range(512):
+        p.hot.observe(i % 8, 16)  # 8 prefixes on 16 workers: all of them hot
+    q = policy_quality(p)
+    assert q["cold_share"] < 0.05 and q["queued_prefill_weight"] == 0.5
+    assert {h["replicas"] for h in q["hot_prefixes"]} == {2}

@@ -109,3 +109,24 @@ def test_the_queued_prefill_weight_spills_uniform_prefixes_less_and_leaves_a_hot
     hot, hot_fixed = out[0.5, "adaptive"], out[0.5, "fixed"]
     assert (hot.hit_rate, hot.served_max_over_mean, hot.ttft_of) == (
         hot_fixed.hit_rate, hot_fixed.served_max_over_mean, hot_fixed.ttft_of)
+
+
+def test_the_simulation_counts_holders_per_group_and_the_reference_placements(bench: ModuleType) -> None:
+    """8 groups on 16 workers at once: SMG's rule keeps each group on one worker, the
+    hand placement on two, and the row reports both (requests per worker, holders)."""
+    wl = bench.gsp_workload(8, 16, 512, 32, 16, seed=3)
+    out = {}
+    for name in ("smg_like", "placed_k2", "cache_aware"):
+        policy = bench.build_sim_policy({"policy": name, "eviction_interval_s": 0.0})
+        try:
+            out[name] = bench.simulate(policy, wl, 16, 8192, 16, 128, bench.Timing(max_running=16), 0.0, {})[0]
+        finally:
+            close_policy(policy)
+    assert out["smg_like"].holders == [1] * 8
+    assert out["placed_k2"].holders == [2] * 8 and out["placed_k2"].served == [8] * 16
+    assert bench.placement(out["placed_k2"]) == "8-8; 2.00 (2)"
+    assert out["smg_like"].hit_rate > out["placed_k2"].hit_rate
+    ca = out["cache_aware"]
+    assert sum(ca.served) == 128 and len(ca.holders) == 8
+    # no headroom replicas when every prefix is hot: 22 holders here, 27 with them
+    assert sum(ca.holders) <= 23, ca.holders

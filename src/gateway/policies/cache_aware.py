@@ -40,7 +40,11 @@ the prompt's worth ahead. Once one prefix carries more than ``1 + SLACK`` worker
 worth, balance needs spills and replicas: it counts at ``prefill_weight`` (1.0),
 linearly in between; the full weight until 16 requests have shown how spread the
 traffic is (so a prefix that turns out hot is not piled up in the first moments of a
-burst), and always with hot-prefix tracking off. Measured with ``scripts/bench_policies.py
+burst), and always with hot-prefix tracking off. The full weight is for one hot prefix
+among cold ones: when nearly all the traffic is on hot prefixes (``HotPrefixes.cold_share``
+below 0.25; 0.5 and up keeps the rule above, linear in between), each prefix gets its own
+replica set sized to its load and those sets balance the pool, so the spread weight holds
+(8 system prompts on 16 workers: 1.0 scattered each over 3-5 workers). Measured with ``scripts/bench_policies.py
 sim`` (docs/BENCHMARKS.md, "Round 4"): uniform gsp gets most of 0.5's hits (86.6% against
 85.8% at a fixed 1.0 and 86.9% at a fixed 0.5 in the 8-worker burst; 86.9% against 79.5% in
 the closed loop) and Zipf keeps 1.0's behaviour exactly (0.5 alone piled 1.45x the mean
@@ -117,6 +121,10 @@ DEFAULT_HOT_PREFIX_WINDOW = DEFAULT_WINDOW
 HOT_REASON = "hot_prefix"  # spread among the hot prefix's replica set
 HOT_NEW_REASON = "hot_prefix_new_replica"  # the replica set grows by this (cheapest non-holder) worker
 HOT_OVERFLOW_REASON = "hot_prefix_overflow"  # every holder's slots were taken: the whole pool was scored
+# Below a cold share (traffic not on hot prefixes) of COLD_SHARE_LO the spread weight holds,
+# above COLD_SHARE_LO + COLD_SHARE_SPAN the hot-prefix rule does, linear in between.
+COLD_SHARE_LO = 0.25
+COLD_SHARE_SPAN = 0.25
 _MAX_TRACKED = 1 << 16  # in-flight requests remembered for the queue estimate
 
 
@@ -316,6 +324,11 @@ class CacheAwarePolicy(BasePolicy):
         if load is None:
             return hi  # no evidence yet that the traffic is spread: balance first
         f = (load - 1.0) / SLACK
+        if f > 0:
+            # Nearly all traffic on hot prefixes: each gets its own replica set sized to its
+            # load, and those sets balance the pool; a full weight would only scatter every
+            # prefix over more workers than its set (see the module docstring).
+            f *= min(1.0, max(0.0, (self.hot.cold_share() - COLD_SHARE_LO) / COLD_SHARE_SPAN))
         return lo if f <= 0 else (hi if f >= 1 else lo + (hi - lo) * f)
 
     # ----------------------------------------------------------- hot prefixes
@@ -548,8 +561,9 @@ class CacheAwarePolicy(BasePolicy):
         if self.hot_prefix_min_tokens and decision.reason != TARGET_REASON:
             hk = self._hot_key(request)  # before the insert: the match it was routed on
             if hk is not None:
-                self.hot.observe(hk)
-                if self.hot.replicas(hk, max(1, len(self._params))) >= 2:
+                n = max(1, len(self._params))
+                self.hot.observe(hk, n)
+                if self.hot.replicas(hk, n) >= 2:
                     self.hot.add_holder(hk, decision.worker_id)
         self._remember(request, pb, decision.worker_id)
         key = request.request_id or id(request)

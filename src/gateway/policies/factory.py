@@ -119,7 +119,7 @@ class PolicyConfig:
     hot_prefix_min_tokens: int = option(
         DEFAULT_HOT_PREFIX_MIN_TOKENS,
         "cache_aware: a shared prefix at least this long carrying over 1.25/n of the requests is held "
-        "on ceil(share x n + 1/4) workers and spread among them only (0 = no replication)",
+        "on ceil(share x n - 1/4 + headroom) workers and spread among them only (0 = no replication)",
     )
     hot_prefix_window: int = option(
         DEFAULT_HOT_PREFIX_WINDOW, "cache_aware: requests over which a prefix's load share is measured (decayed)"

@@ -13,9 +13,14 @@ policy the two facts it needs to replicate a hot prefix deliberately instead:
 * its *replica set*: an ordered list of the workers chosen to hold it.
 
 In a pool of ``n`` workers each worker serves about ``1/n`` of the traffic, so a prefix
-with ``share * n > 1.25`` is hot and gets ``k = ceil(share * n + 1/4)`` holders (a
-quarter-worker of slack so ``k`` does not flap with the noise of the estimate, half a
-worker of headroom for the other prefixes its holders serve). The policy spreads its
+with ``share * n > 1.25`` is hot and gets ``k = ceil(share * n - 1/4 + h)`` holders (a
+quarter-worker of slack so ``k`` does not flap with the noise of the estimate, and
+``h``, up to half a worker of headroom for the other prefixes its holders serve). The
+headroom is in proportion to the traffic that is *not* on hot prefixes (``cold_share``):
+when every offered prefix is hot (8 system prompts on 16 workers) there is no other
+traffic to make room for, and a third holder per prefix only recomputes a 2K-token
+prompt once more and packs 24 replicas onto 16 workers (``scripts/bench_policies.py``,
+docs/BENCHMARKS.md "Routing quality, round 5"). The policy spreads its
 requests among the first ``k`` holders only; while fewer than ``k`` hold it, the
 cheapest non-holder gets the request and joins the set (one deliberate miss per
 replica, instead of whichever worker a spill happens to land on). Shares count only once
@@ -35,14 +40,16 @@ DEFAULT_MAX_TRACKED = 4096
 SLACK = 0.25  # of a worker's share: a prefix is hot above (1 + SLACK) / n of the traffic
 HEADROOM = 0.5  # of a worker: holders keep room for the other traffic they carry
 TOP_MIN_REQUESTS = 16  # before these, the hottest prefix's share is not estimated
+MIN_REQUESTS = 64  # (decayed) requests before any prefix gets replicas (at most half the window)
 
 
 class _Entry:
-    __slots__ = ("count", "holders", "tick")
+    __slots__ = ("count", "holders", "hot", "tick")
 
     def __init__(self, tick: int) -> None:
         self.count = 0.0
         self.tick = tick
+        self.hot = False  # counted in ``_hot_mass`` (hot when last observed)
         self.holders: list[str] = []
 
 
@@ -55,9 +62,10 @@ class HotPrefixes:
         self.window = window
         self.max_tracked = max(16, max_tracked)
         self._decay = 1.0 - 1.0 / window
-        self._min_total = min(64.0, window / 2)
+        self._min_total = min(float(MIN_REQUESTS), window / 2)
         self._tick = 0
         self._total = 0.0  # decayed count of all requests
+        self._hot_mass = 0.0  # decayed count of the requests of keys hot when last observed
         self._entries: dict[int, _Entry] = {}
         self._top: _Entry | None = None  # the entry with the largest count (exact: decay is uniform)
 
@@ -88,9 +96,19 @@ class HotPrefixes:
             return None
         return min(1.0, max(0.0, self._value(top) - 1.0) / self._total) * n_workers
 
+    def cold_share(self) -> float:
+        """The share of recent requests whose prefix is not hot (1.0 before any is).
+
+        O(1): every count decays by the same factor, so the sum of the counts of the keys
+        flagged hot decays by it too; a key's flag is refreshed when it is observed (a key
+        that cooled while unobserved keeps its decaying count in the sum until then)."""
+        if self._total <= 0:
+            return 1.0
+        return min(1.0, max(0.0, 1.0 - self._hot_mass / self._total))
+
     def replicas(self, key: int, n_workers: int) -> int:
         """How many workers should hold ``key``: 1 up to a share of ``1.25 / n``, then
-        ``ceil(share * n + 1/4)`` (``- SLACK + HEADROOM``), at most ``n``."""
+        ``ceil(share * n - SLACK + HEADROOM * cold_share)``, at most ``n``."""
         if n_workers <= 1 or self._total < self._min_total:
             return 1  # too few requests seen for a share to mean anything
         load = self.share(key) * n_workers  # in workers' fair shares
@@ -98,20 +116,31 @@ class HotPrefixes:
         # and k should not flap with it. HEADROOM: holders also serve other prefixes
         # that were placed there before this one grew hot; k = share * n exactly left
         # them overloaded in scripts/bench_policies.py's Zipf gsp.
+        # Headroom only for the traffic that is not on hot prefixes (see the module docstring).
         if load <= 1 + SLACK:
             return 1
-        return max(1, min(n_workers, math.ceil(load - SLACK + HEADROOM)))
+        return max(1, min(n_workers, math.ceil(load - SLACK + HEADROOM * self.cold_share())))
 
-    def observe(self, key: int) -> None:
-        """One request with ``key`` was dispatched (advances the logical clock)."""
+    def observe(self, key: int, n_workers: int = 0) -> None:
+        """One request with ``key`` was dispatched (advances the logical clock); with the
+        pool size, the key's hot flag (``cold_share``) is refreshed too."""
         self._tick += 1
         self._total = self._total * self._decay + 1.0
+        self._hot_mass *= self._decay
         e = self._entries.get(key)
         if e is None:
             if len(self._entries) >= self.max_tracked:
                 self._trim()
             e = self._entries[key] = _Entry(self._tick)
         e.count = self._value(e) + 1.0
+        if e.hot:
+            self._hot_mass += 1.0
+        if n_workers > 1 and self._tick >= TOP_MIN_REQUESTS:
+            # (not before: with fewer requests than workers every key reads as hot)
+            hot = e.count / self._total * n_workers > 1 + SLACK
+            if hot != e.hot:
+                e.hot = hot
+                self._hot_mass += e.count if hot else -e.count
         # Every count decays by the same factor, so only the observed key can overtake the top.
         top = self._top
         if top is None or (top is not e and self._value(top) < e.count):
@@ -153,7 +182,9 @@ class HotPrefixes:
     def _trim(self) -> None:
         """Drop the coldest half of the tracked keys (amortised O(1) per observe)."""
         ranked = sorted(self._entries.items(), key=lambda kv: self._value(kv[1]))
-        for key, _ in ranked[: len(ranked) // 2]:
+        for key, e in ranked[: len(ranked) // 2]:
+            if e.hot:
+                self._hot_mass -= e.count
             del self._entries[key]
         if self._top is not None and all(e is not self._top for e in self._entries.values()):
             self._top = max(self._entries.values(), key=self._value, default=None)

@@ -141,6 +141,9 @@ def policy_quality(policy: object) -> dict[str, Any]:
         # how concentrated the offered prefixes are, and the queue weight that follows from it
         load = hot.top_load(max(1, len(pool)))
         out["hottest_prefix_load"] = None if load is None else round(load, 3)
+        # the share of the traffic not on hot prefixes: below 0.5 the replica sets balance
+        # the pool, and hot prefixes get no headroom replicas (see cache_aware, hot_prefix)
+        out["cold_share"] = round(hot.cold_share(), 3)
         out["queued_prefill_weight"] = round(weight(max(1, len(pool))), 3)
     load_only = getattr(policy, "load_only", None)
     if load_only is not None:
