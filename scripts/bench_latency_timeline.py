@@ -62,7 +62,58 @@ STAGES = [
 ]
 
 
-def install_probes(out: Path) -> None:
+# ``--detail``: finer stamps inside the stages above (each costs about a microsecond).
+DETAIL = [
+    # (module, attribute path, stamp before the call or None, stamp after it or None)
+    ("gateway.server.http.guard", "GuardedHttpTools.on_headers_complete", None, "d_head"),
+    ("gateway.server.http.guard", "GuardedHttpTools.on_message_complete", None, "d_msg"),
+    ("gateway.server.observability", "ObservabilityMiddleware.__call__", "d_obs", None),
+    ("gateway.server.http.door", "HttpDoor.context_from", None, "d_ctx"),
+    ("gateway.endpoints.chat", "choose_parsers", None, "d_parsers"),
+    ("gateway.tokenization.chat_template", "ChatTemplate.render", "d_tpl_in", None),
+    ("gateway.tokenization.chat_template", "normalize_messages", None, "d_tpl_norm"),
+    ("transformers.utils.chat_template_utils", "render_jinja_template", None, "d_tpl_jinja"),
+    ("gateway.tokenization.prefix_cache", "PrefixTokenCache._encode_chunks", "d_tok_in", None),
+    ("gateway.tokenization.tokenizer", "Tokenizer.encode_batch", None, "d_tok_enc"),
+    ("gateway.pipeline.engine", "Engine.generate_request", None, "d_pb"),
+    ("gateway.pipeline.router", "Router.select", "d_route_in", None),
+    ("gateway.policies.cache_aware", "CacheAwarePolicy.select", "d_policy_in", "d_policy"),
+    ("gateway.pipeline.lease", "Lease.__init__", "d_lease_in", "d_lease"),
+    ("gateway.pipeline.prefill_gate", "PrefillHolds.dispatched", None, "d_gate"),
+    ("gateway.pipeline.generation", "Generation._on_complete", "d_complete_in", None),
+    ("gateway.endpoints.chat", "_choices", None, "d_choices"),
+    ("gateway.protocol.responses", "ChatCompletionResponse.to_dict", "d_resp_in", None),
+]
+
+
+def install_detail(stamp: Any) -> None:
+    """Wrap the ``DETAIL`` points (sync callables only) with stamps."""
+    import importlib
+    from functools import wraps
+
+    for module_name, path, before, after in DETAIL:
+        owner: Any = importlib.import_module(module_name)
+        *parents, attr = path.split(".")
+        for name in parents:
+            owner = getattr(owner, name)
+        fn = getattr(owner, attr)
+
+        def make(fn: Any, before: str | None, after: str | None) -> Any:
+            @wraps(fn)
+            def wrapper(*a: Any, **k: Any) -> Any:
+                if before:
+                    stamp(before)
+                result = fn(*a, **k)
+                if after:
+                    stamp(after)
+                return result
+
+            return wrapper
+
+        setattr(owner, attr, make(fn, before, after))
+
+
+def install_probes(out: Path, detail: bool = False) -> None:
     """Wrap the stage boundaries with stamps; write them to ``out`` at exit."""
     import atexit
     from functools import wraps
@@ -188,6 +239,9 @@ def install_probes(out: Path) -> None:
 
     client.WorkerClient.generate = generate  # type: ignore[method-assign]
 
+    if detail:
+        install_detail(stamp)
+
     def dump() -> None:
         out.write_text(json.dumps(rows))
 
@@ -198,7 +252,7 @@ def child_main(argv: list[str]) -> int:
     out = Path(argv[0])
     from gateway.cli import main
 
-    install_probes(out)
+    install_probes(out, detail=os.environ.get("LAT_DETAIL") == "1")
     profile_to = os.environ.get("LAT_CPROFILE")
     if profile_to:  # a deterministic profile of the whole run (inflates every call; read shares)
         import atexit
@@ -252,6 +306,12 @@ class RawHttp:
         self.sock.close()
 
 
+def cpu_s(pid: int) -> float:
+    """A process's CPU seconds so far (user + system, every thread), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def pct(values: list[float], q: float) -> float:
     s = sorted(values)
     return s[min(len(s) - 1, int(q * len(s)))] if s else 0.0
@@ -268,7 +328,10 @@ def main() -> int:
     parser.add_argument("--policy", default="cache_aware")
     parser.add_argument("--serve-args", default="", help="extra serve flags")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--detail", action="store_true", help="finer stamps inside the stages (see DETAIL)")
     args = parser.parse_args()
+    if args.detail:
+        os.environ["LAT_DETAIL"] = "1"  # the gateway child reads it
 
     import grpc
 
@@ -339,6 +402,7 @@ def main() -> int:
                 direct(i, made[i][1])
             gw: list[tuple[int, int]] = []
             dr: list[tuple[int, int]] = []
+            cpu0 = cpu_s(child.pid)
             for i in range(20, 20 + args.requests):
                 messages, ids = made[i]
                 if i % 2:
@@ -347,6 +411,7 @@ def main() -> int:
                 else:
                     dr.append(direct(i, ids))
                     gw.append(gateway(messages))
+            cpu = cpu_s(child.pid) - cpu0
             http.close()
             for c in channels:
                 c.close()
@@ -355,7 +420,7 @@ def main() -> int:
             child.wait(30)
         rows = json.loads(stamps.read_text())
         stamps.unlink()
-        return {"gw": gw, "direct": dr, "rows": rows[-len(gw):], "ready": ready}
+        return {"gw": gw, "direct": dr, "rows": rows[-len(gw):], "ready": ready, "cpu_s": cpu}
 
     result = asyncio.run(with_fleet())
     gw, dr, rows = result["gw"], result["direct"], result["rows"]
@@ -364,8 +429,9 @@ def main() -> int:
     prev = "client_send"
     lines = []
     # In the order they happen (bookkeeping deferred past the answer comes after "written").
+    names = list(dict.fromkeys(n for n in STAGES + [n for d in DETAIL for n in d[2:] if n]))
     order = sorted(
-        (st for st in STAGES if any(st in r for r in rows)),
+        (st for st in names if any(st in r for r in rows)),
         key=lambda st: pct([r[st] - r["recv"] for r in rows if st in r], 0.5),
     )
     for stage in order:
@@ -390,6 +456,8 @@ def main() -> int:
         "gateway_p50_us": pct(g, 0.5), "direct_p50_us": pct(d, 0.5), "added_p50_us": pct(g, 0.5) - pct(d, 0.5),
         "gateway_p99_us": pct(g, 0.99), "direct_p99_us": pct(d, 0.99),
         "inside_gateway_p50_us": pct(inside, 0.5), "grpc_call_to_first_msg_p50_us": pct(grpc_leg, 0.5),
+        # the gateway process's CPU (user + system, all threads) per request, from /proc
+        "gateway_cpu_us_per_request": result["cpu_s"] * 1e6 / max(1, len(gw)),
     }  # fmt: skip
     for k, v in summary.items():
         print(f"  {k}: {v:.1f}")

@@ -143,3 +143,20 @@ def test_inconsistent_decoder_does_not_break_the_stream() -> None:
     detok = IncrementalDetokenizer(Tokenizer(backend))
     pieces = stream(detok, [0, 1, 2, 2])
     assert pieces == ["a", "", "c", "c", ""]  # "a" was already sent; the rest continues
+
+
+@MANY
+@given(data=st.data(), skip=st.booleans())
+def test_step_many_joins_to_the_full_decode(qwen: Tokenizer, data: st.DataObject, skip: bool) -> None:
+    """Several ids per DecodeStream call (a whole answer): the joined text, flush included,
+    is one decode of all ids, whatever the chunking and however the ids end."""
+    ids = data.draw(st.lists(qwen_ids(qwen.vocab_size), max_size=40))
+    sizes = data.draw(st.lists(st.integers(1, 12), min_size=1, max_size=4))
+    detok = IncrementalDetokenizer(qwen, skip)
+    pieces: list[str] = []
+    i = k = 0
+    while i < len(ids):
+        size = sizes[k % len(sizes)]
+        pieces.append(detok.step_many(ids[i : i + size]))
+        i, k = i + size, k + 1
+    assert "".join(pieces) + detok.flush() == qwen.decode(ids, skip_special_tokens=skip)

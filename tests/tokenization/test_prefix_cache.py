@@ -208,3 +208,29 @@ def test_whitespace_swallowing_added_tokens_disable_word_cuts(qwen_dir: Path) ->
     assert not cache.word_cuts
     text = "words and words <R> more words " * 40
     assert cache.encode_prompt(text) == tok.encode(text, add_special_tokens=True)
+
+
+def test_short_chunks_are_encoded_once_wherever_they_sit(qwen: Tokenizer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each new conversation misses the trie after its new message, but the generation
+    prompt after it (a short chunk) comes from the short-chunk table: only the new
+    message is encoded, and the ids stay exactly a full encode's."""
+    cache = PrefixTokenCache(qwen)
+    encoded: list[str] = []
+    real = qwen.encode_batch
+
+    def counting(texts: list[str], add_special_tokens: bool) -> list[list[int]]:
+        encoded.extend(texts)
+        return real(texts, add_special_tokens=add_special_tokens)
+
+    monkeypatch.setattr(qwen, "encode_batch", counting)
+    system = {"role": "system", "content": "You are a helpful assistant. Answer briefly."}
+    for i in range(5):
+        prompt = qwen.apply_chat_template([system, {"role": "user", "content": f"Question number {i}, please?"}])
+        assert cache.encode(prompt) == full(qwen, prompt)
+    tail = "\n<|im_start|>assistant\n"
+    assert encoded.count(tail) == 1
+    assert len(encoded) == 3 + 4  # system, first question, tail; then each new question alone
+    cache.clear()
+    prompt = qwen.apply_chat_template([system, {"role": "user", "content": "Again?"}])
+    assert cache.encode(prompt) == full(qwen, prompt)
+    assert encoded.count(tail) == 2  # clear() forgets the short chunks too

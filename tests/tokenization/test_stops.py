@@ -265,3 +265,28 @@ def test_without_stop_strings_the_plain_path_equals_the_matcher_path(
     assert plain._plain
     general._plain = False
     assert _steps(plain, ids, size) == _steps(general, ids, size)
+
+
+@PROPERTY
+@given(text=multilingual_text(25), data=st.data(), no_stop_trim=st.booleans(), ignore_eos=st.booleans())
+def test_a_joined_stream_gives_the_same_whole_answer(
+    qwen: Tokenizer, text: str, data: st.DataObject, no_stop_trim: bool, ignore_eos: bool
+) -> None:
+    """``joined`` (a whole, not streamed answer) sends several ids to the detokenizer in one
+    call: the joined text, the stop and the ids used are those of the one-id-at-a-time path,
+    with token stops anywhere and in any chunking (a broken trailing character included)."""
+    ids = ids_of(qwen, text)
+    if data.draw(st.booleans()):
+        ids = [*ids[: data.draw(st.integers(0, len(ids)))], qwen.backend.token_to_id("ä")]  # ends mid-character
+    if data.draw(st.booleans()):
+        ids.insert(data.draw(st.integers(0, len(ids))), IM_END)
+    plan = StopPlan.build(qwen, ignore_eos=ignore_eos, stop_token_ids=data.draw(st.sampled_from([[], [END_THINK]])))
+    size = data.draw(st.integers(1, 9))
+    joined = SampleStream(qwen, plan, no_stop_trim=no_stop_trim, joined=True)
+    general = SampleStream(qwen, plan, no_stop_trim=no_stop_trim)
+    general._plain = False
+
+    def whole(steps: list[StopStep]) -> tuple[str, object, list[int | None]]:
+        return "".join(s.text for s in steps), [s.matched for s in steps], [s.ids_used for s in steps]
+
+    assert whole(_steps(joined, ids, size)) == whole(_steps(general, ids, size))

@@ -88,6 +88,7 @@ class Generation:
                     prepared.stop_plan,
                     skip_special_tokens=options.skip_special_tokens,
                     no_stop_trim=options.no_stop_trim,
+                    joined=not prepared.stream,  # a whole answer: its texts are only joined
                 ),
             )
             for i in range(options.n)
@@ -158,30 +159,34 @@ class Generation:
                 # A whole answer: the call's end, the lease's release and the policy's
                 # output learning run right after the answer is built and written (the
                 # next loop turn's callbacks, before any new request's task), not before
-                # it (docs/BENCHMARKS.md, issue 18 round 4). The request's own record (the
-                # access log's worker and tokens) is filled now.
-                asyncio.get_running_loop().call_soon(self._finish_whole)
-                self._account(first, last, gaps)
+                # it (docs/BENCHMARKS.md, issue 18 round 4), and so do its timing histograms
+                # (round 5; the times were taken as the tokens came). The request's own record
+                # (the access log's worker and tokens) is filled now.
+                asyncio.get_running_loop().call_soon(self._finish_whole, first, last, gaps)
+                self._account(first, last, gaps, timing=False)
 
-    def _finish_whole(self) -> None:
+    def _finish_whole(self, first: float, last: float, gaps: list[float]) -> None:
         try:
             self.stream.finished()
             self._report_output()
+            self._timing(first, last, gaps)
         except Exception:
             log.exception("request %s: bookkeeping after the answer failed", self.prepared.request_id)
 
-    def _account(self, first: float, last: float, gaps: list[float]) -> None:
+    def _account(self, first: float, last: float, gaps: list[float], *, timing: bool = True) -> None:
         u = self.usage
-        completion = sum(u.per_sample_completion.values())
-        observer = self.stream.observer
-        observer.generation_done(
+        self.stream.observer.generation_done(
             self.prepared.model, self.worker_id, prompt_tokens=u.prompt_tokens,
-            completion_tokens=completion, cached_tokens=u.cached_tokens,
+            completion_tokens=sum(u.per_sample_completion.values()), cached_tokens=u.cached_tokens,
         )
+        if timing:
+            self._timing(first, last, gaps)
+
+    def _timing(self, first: float, last: float, gaps: list[float]) -> None:
         if first:
-            observer.generation_timing(
+            self.stream.observer.generation_timing(
                 self.prepared.model, self.worker_id, first_token_at=first, last_token_at=last,
-                output_tokens=completion, token_gaps=gaps,
+                output_tokens=sum(self.usage.per_sample_completion.values()), token_gaps=gaps,
             )
 
     def _report_output(self) -> None:

@@ -88,6 +88,31 @@ class IncrementalDetokenizer:
             return self.step_one(int(token_ids[0]))
         return "".join([self.step_one(int(token_id)) for token_id in token_ids])
 
+    def step_many(self, token_ids: list[int]) -> str:
+        """Several ids in one ``DecodeStream`` call, for a caller that only joins the texts
+        (a whole answer: one call instead of one per id). DecodeStream emits all of a call's
+        text or none of it (none while it ends in an incomplete character), so this may hold
+        back text that ``step`` would give now; the joined text (``flush`` included) is the same."""
+        if self._flushed:
+            raise RuntimeError("step() after flush(): use a new IncrementalDetokenizer")
+        if not token_ids:
+            return ""
+        self._ids.extend(token_ids)
+        self._pending += len(token_ids)
+        if self._fallback:
+            piece = self._step_from_full_text()
+        else:
+            try:
+                piece = self._stream.step(self._backend, token_ids)
+            except Exception:
+                self._fallback = True
+                piece = self._step_from_full_text()
+        if piece is None:
+            return ""
+        self._pending = 0
+        self._emitted_chars += len(piece)
+        return piece
+
     def step_one(self, token_id: int) -> str:
         """``step([token_id])`` without the list (the relay feeds one id per worker message)."""
         if self._flushed:

@@ -50,6 +50,12 @@ from dataclasses import dataclass
 from gateway.tokenization.tokenizer import Tokenizer
 
 _ROOT = 0
+# Chunks this short are also kept by their text alone (their ids do not depend on what
+# came before them: every cut is exact), so the ones every conversation ends or starts
+# with (the generation prompt, ``\n<|im_start|>assistant\n``) are never re-encoded
+# after a new message (a trie miss: the message is new) (docs/BENCHMARKS.md, issue 18).
+SHORT_CHUNK_CHARS = 64
+SHORT_CHUNKS = 4096  # at most; the table is emptied when full
 _TEXT_ROOT = -1  # plain-text prompts (word cuts) live under their own root
 _WORD_CUT = re.compile(r"[A-Za-z](?= [A-Za-z])")  # a cut goes right after the match
 # pre-tokenizer regexes whose words take their leading space (JSON-escaped, as in tokenizer.json)
@@ -157,6 +163,7 @@ class PrefixTokenCache:
         self.min_text_chunk_chars = min_text_chunk_chars
         self.word_cuts = _word_cuts_exact(tokenizer)
         self._chunks: OrderedDict[tuple[int, str], _Chunk] = OrderedDict()
+        self._short: dict[str, list[int]] = {}  # short chunk text -> its ids, wherever it sits
         self._lock = threading.Lock()
         self._next_id = _ROOT + 1
         self._cached_tokens = 0
@@ -227,7 +234,7 @@ class PrefixTokenCache:
             self._touch(path)
         reused = len(ids)
         rest = chunks[len(path) :]
-        encoded = self.tokenizer.encode_batch(rest, add_special_tokens=False) if rest else []
+        encoded = self._encode_rest(rest) if rest else []
         for piece_ids in encoded:
             ids.extend(piece_ids)
         with self._lock:
@@ -238,6 +245,28 @@ class PrefixTokenCache:
             if rest:
                 self._insert(parent, path, rest, encoded)
         return ids
+
+    def _encode_rest(self, rest: list[str]) -> list[list[int]]:
+        """The ids of the chunks the trie did not have: short ones from their own table,
+        the others (and new short ones) in one batch."""
+        short = self._short
+        found = [short.get(chunk) if len(chunk) <= SHORT_CHUNK_CHARS else None for chunk in rest]
+        missing = [chunk for chunk, ids in zip(rest, found, strict=True) if ids is None]
+        if not missing:
+            return [list(ids) for ids in found if ids is not None]
+        fresh = iter(self.tokenizer.encode_batch(missing, add_special_tokens=False))
+        out: list[list[int]] = []
+        for chunk, ids in zip(rest, found, strict=True):
+            if ids is None:
+                ids = next(fresh)
+                if len(chunk) <= SHORT_CHUNK_CHARS:
+                    if len(short) >= SHORT_CHUNKS:
+                        short.clear()
+                    short[chunk] = list(ids)
+            else:
+                ids = list(ids)
+            out.append(ids)
+        return out
 
     def _touch(self, path: list[tuple[int, str]]) -> None:
         # Leaf first, so that every parent ends up more recent than its children.
@@ -288,4 +317,5 @@ class PrefixTokenCache:
     def clear(self) -> None:
         with self._lock:
             self._chunks.clear()
+            self._short.clear()
             self._cached_tokens = 0

@@ -198,8 +198,14 @@ class SampleStream:
         skip_special_tokens: bool = True,
         no_stop_trim: bool = False,
         context_ids: Sequence[int] = (),
+        joined: bool = False,
     ) -> None:
         self._plan = plan
+        # The caller only joins the steps' texts (a whole, not streamed answer): several ids
+        # then go to the detokenizer in one call. A step's text may then hold back what one
+        # id at a time would already have given (DecodeStream emits a call's text whole or
+        # not at all); the joined text, stops and ids used are the same.
+        self._joined = joined
         self._no_stop_trim = no_stop_trim
         self._detok = IncrementalDetokenizer(tokenizer, skip_special_tokens, context_ids)
         self._matcher = StopMatcher(plan.stop_strings, no_stop_trim)
@@ -245,6 +251,12 @@ class SampleStream:
             if token_id in token_stops:
                 return self._token_stop([], 0, token_id)
             return StopStep(detok_one(token_id), None, 1)
+        if self._joined:  # the ids before the first token stop, if any, in one call
+            if not token_stops or token_stops.keys().isdisjoint(token_ids):
+                return StopStep(self._detok.step_many(list(map(int, token_ids))), None, len(token_ids))
+            k = next(i for i, token_id in enumerate(token_ids) if token_id in token_stops)
+            head = self._detok.step_many(list(map(int, token_ids[:k]))) if k else ""
+            return self._token_stop([head], k, int(token_ids[k]))
         texts: list[str] = []
         for k, token_id in enumerate(token_ids):
             token_id = int(token_id)
