@@ -99,19 +99,7 @@ class IncrementalDetokenizer:
             return ""
         self._ids.extend(token_ids)
         self._pending += len(token_ids)
-        if self._fallback:
-            piece = self._step_from_full_text()
-        else:
-            try:
-                piece = self._stream.step(self._backend, token_ids)
-            except Exception:
-                self._fallback = True
-                piece = self._step_from_full_text()
-        if piece is None:
-            return ""
-        self._pending = 0
-        self._emitted_chars += len(piece)
-        return piece
+        return self._advance(token_ids)
 
     def step_one(self, token_id: int) -> str:
         """``step([token_id])`` without the list (the relay feeds one id per worker message)."""
@@ -119,11 +107,15 @@ class IncrementalDetokenizer:
             raise RuntimeError("step() after flush(): use a new IncrementalDetokenizer")
         self._ids.append(token_id)
         self._pending += 1
+        return self._advance(token_id)
+
+    def _advance(self, step_arg: int | list[int]) -> str:
+        """Feed ids already appended to ``_ids`` to DecodeStream (one id or a list)."""
         if self._fallback:
             piece = self._step_from_full_text()
         else:
             try:
-                piece = self._stream.step(self._backend, token_id)
+                piece = self._stream.step(self._backend, step_arg)
             except Exception:
                 # DecodeStream raised (inconsistent prefix): stop trusting its state.
                 self._fallback = True
