@@ -655,3 +655,30 @@ def test_eight_groups_on_sixteen_workers_keep_about_two_holders_each() -> None:
     # replicas on 16 workers, one more 1K-token prefill per group for no balance gained)
     assert per_group == [2] * 8, per_group
     assert max(pool.in_flight.values()) <= 1.25 * 128 / 16, pool.in_flight
+
+
+def test_a_remote_extension_continues_from_its_decisions_mark_or_inserts_whole() -> None:
+    from gateway.policies.base import RemoteDecision, RemoteExtension, RemoteFinish
+    from gateway.policies.radix_tree import pack
+
+    p, q = CacheAwarePolicy(eviction_interval_s=0), CacheAwarePolicy(eviction_interval_s=0)
+    ws = [WorkerView("a", "a"), WorkerView("b", "b")]
+    for x in (p, q):
+        x.on_workers_changed(ws)
+    prompt, out = pack([1, 2, 3, 4]), pack([5, 6])
+    mark = p.on_remote(RemoteDecision("a", "m", prompt))
+    assert mark is not None
+    q.on_remote(RemoteDecision("a", "m", prompt))
+    p.on_remote(RemoteExtension("a", "m", mark, out, prompt + out))  # from the mark
+    q.on_remote(RemoteDecision("a", "m", prompt + out))  # the whole sequence
+    for stale in (None, mark):  # no mark; a mark that "b" never held (stands for nothing of b's)
+        p.on_remote(RemoteExtension("b", "m", stale, out, prompt + out))
+        q.on_remote(RemoteDecision("b", "m", prompt + out))
+    assert p.on_remote(RemoteExtension("gone", "m", mark, out, prompt + out)) is None  # not in the pool
+    assert p.on_remote(RemoteFinish("a", "m", 4, True)) is None and not p.remote_finishes
+
+    def snap(x: CacheAwarePolicy) -> list[object]:
+        return sorted((n.start, n.end, n.tokens, sorted(n.workers.items())) for n in x.tree("m").nodes())
+
+    assert snap(p) == snap(q) and p.tree("m").clock == q.tree("m").clock
+    p.tree("m").validate()

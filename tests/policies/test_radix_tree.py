@@ -416,3 +416,111 @@ def test_bad_watermark_rejected() -> None:
         RadixTree(low_watermark=1.5)
     with pytest.raises(ValueError):
         RadixTree(low_watermark=0.1)
+
+
+# ------------------------------------------------------- extend: an insert from a mark
+def _snapshot(t: RadixTree) -> list[tuple[int, int, tuple[int, ...], list[tuple[str, int]]]]:
+    return sorted((n.start, n.end, n.tokens, sorted(n.workers.items())) for n in t.nodes())
+
+
+def _drain_order(t: RadixTree) -> list[tuple[int, tuple[int, ...], str]]:
+    """The order eviction takes every (node, worker) pair: budgets cut to one token, one node at a time."""
+    out = []
+    for w in t.workers():
+        t.set_worker(w, budget_tokens=1, page_size=t.page_size(w))
+    while True:
+        before = {(n.start, n.tokens, w) for n in t.nodes() for w in n.workers}
+        if t.evict_step(1) == 0:
+            return out
+        after = {(n.start, n.tokens, w) for n in t.nodes() for w in n.workers}
+        out.extend(sorted(before - after))
+
+
+def test_extend_from_a_mark_equals_inserting_the_whole_sequence() -> None:
+    """Two trees take the same random stream of inserts, removals, corrections and evictions;
+    one continues learned outputs from the marks its earlier inserts returned (falling back
+    to a whole insert when a mark went stale), the other inserts every whole sequence. After
+    every step they hold the same nodes with the same stamps, and evict in the same order."""
+    import random
+
+    rng = random.Random(5)
+    a = RadixTree(default_budget_tokens=120, evict_inline=False, overshoot=1.25)
+    b = RadixTree(default_budget_tokens=120, evict_inline=False, overshoot=1.25)
+    workers = ["w0", "w1", "w2"]
+    for t in (a, b):
+        for w in workers:
+            t.set_worker(w, budget_tokens=120, page_size=1)
+    marks: list[tuple[str, list[int], object]] = []
+    stale = fresh = 0
+    for step in range(3000):
+        op = rng.random()
+        w = rng.choice(workers)
+        if op < 0.45 or not marks:
+            seq = [1, 2, *[rng.randrange(3, 6) for _ in range(rng.randrange(0, 9))]]
+            added, mark = a.insert_mark(pack(seq), w)
+            assert added == b.insert_packed(pack(seq), w)
+            if mark is not None:
+                marks.append((w, seq, mark))
+        elif op < 0.85:
+            w, seq, mark = marks.pop(rng.randrange(len(marks)))
+            more = [rng.randrange(3, 6) for _ in range(rng.randrange(0, 5))]
+            out = a.extend(mark, pack(more), w)
+            if out is None:
+                stale += 1
+                got = a.insert_packed(pack(seq + more), w)
+            else:
+                fresh += 1
+                got = out[0]
+                marks.append((w, seq + more, out[1]))
+            assert got == b.insert_packed(pack(seq + more), w)
+        elif op < 0.9:
+            seq = [1, 2, *[rng.randrange(3, 6) for _ in range(rng.randrange(0, 6))]]
+            keep = rng.randrange(0, len(seq))
+            assert a.remove_prefix(seq, w, keep) == b.remove_prefix(seq, w, keep)
+        elif op < 0.93:
+            seq = [1, 2, *[rng.randrange(3, 6) for _ in range(rng.randrange(0, 6))]]
+            depth, stamp = rng.randrange(0, len(seq)), rng.randrange(0, a.clock + 1)
+            assert a.correct(pack(seq), w, depth, stamp) == b.correct(pack(seq), w, depth, stamp)
+        elif op < 0.94:
+            assert a.remove_worker(w) == b.remove_worker(w)
+            for t in (a, b):
+                t.set_worker(w, budget_tokens=120, page_size=1)
+        else:
+            assert a.evict() == b.evict()
+        if step % 50 == 0 or step > 2950:
+            a.validate()
+            assert _snapshot(a) == _snapshot(b)
+            assert a.clock == b.clock and a.stats().heap_entries == b.stats().heap_entries
+    assert stale > 50 and fresh > 300  # both paths taken, many times
+    assert _drain_order(a) == _drain_order(b)
+
+
+def test_extend_of_a_stale_mark_changes_nothing() -> None:
+    t = RadixTree(evict_inline=True)
+    t.set_worker("a", budget_tokens=1000)
+    _, mark = t.insert_mark(pack([1, 2, 3, 4]), "a")
+    assert mark is not None
+    t.insert([1, 2, 9], "b")  # splits the marked node: the mark (its lower part) still ends at 4
+    out = t.extend(mark, pack([5, 6]), "a")
+    assert out is not None and out[0] == 2
+    assert raw(t, [1, 2, 3, 4, 5, 6]) == {"a": 6, "b": 2}
+    t.remove_prefix([1, 2, 3, 4, 5, 6], "a", 0)
+    before, clock = _snapshot(t), t.clock
+    assert t.extend(mark, pack([7]), "a") is None  # "a" no longer holds it
+    assert _snapshot(t) == before and t.clock == clock
+    assert t.extend(mark, pack([7]), "nobody") is None
+    t.validate()
+
+
+def test_extend_by_nothing_restamps_the_path_like_a_repeated_insert() -> None:
+    a, b = RadixTree(), RadixTree()
+    _, mark = a.insert_mark(pack([1, 2, 3]), "w")
+    b.insert([1, 2, 3], "w")
+    a.insert([1, 2, 3, 4], "w")
+    b.insert([1, 2, 3, 4], "w")
+    out = a.extend(mark, b"", "w")
+    assert out is not None and out == (0, mark)
+    b.insert([1, 2, 3], "w")
+    assert _snapshot(a) == _snapshot(b) and a.stats().heap_entries == b.stats().heap_entries
+    a.validate()
+    assert _drain_order(a) == _drain_order(b)

@@ -35,7 +35,7 @@ class Node:
         self.workers = FakeWorkers()
         self.router = FakeRouter()
         self.lags: list[float] = []
-        self.bus = SyncBus(CFG, self.router, self.workers, url=url, origin=name, on_lag=self.lags.append)
+        self.bus = SyncBus(CFG, self.router, self.workers, url=url, origin=name, on_lag=self.lags.extend)
 
     def dispatch(self, tokens: list[int], worker: str = "w1:1") -> None:
         """What the dispatcher does: take a load slot, tell the (tapped) policy."""

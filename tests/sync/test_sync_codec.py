@@ -111,7 +111,7 @@ def test_own_foreign_and_unknown_messages_are_skipped() -> None:
     workers = FakeWorkers()
     router = FakeRouter()
     lags: list[float] = []
-    applier = Applier("a", router, workers, clock_ns=lambda: 3_000_000, on_lag=lags.append)
+    applier = Applier("a", router, workers, clock_ns=lambda: 3_000_000, on_lag=lags.extend)
     own = sync_pb2.Batch(origin="a", seq=1)
     own.decisions.add(worker_id="w0:1", model="m", pool="regular", tokens=b"\1\0\0\0")
     applier.apply(own)
@@ -336,13 +336,13 @@ def test_batches_keep_every_decision_before_its_finish_and_extension() -> None:
     applier = Applier("b", remote, dst, book=PrefixBook(8))
     tap = TappedPolicy(local.p, "regular", box)
     seen: list[tuple[str, int]] = []
-    orig = applier._event
+    orig = remote.p.on_remote
 
-    def spy(wid: str, model: str, pool: str, event: object) -> bool:
+    def spy(event: object) -> object:
         seen.append((type(event).__name__, len(getattr(event, "tokens", b"")) // 4))
-        return orig(wid, model, pool, event)
+        return orig(event)  # type: ignore[arg-type]
 
-    applier._event = spy  # type: ignore[method-assign]
+    remote.p.on_remote = spy  # type: ignore[method-assign]
     open_reqs: list[tuple[RouteRequest, Decision]] = []
     rng = __import__("random").Random(7)
     for i in range(300):
@@ -368,7 +368,9 @@ def test_batches_keep_every_decision_before_its_finish_and_extension() -> None:
     assert st.unresolved == st.unresolved_finishes == st.skipped == 0
     assert st.finishes == 300
     kinds = [k for k, _ in seen]
-    assert kinds.count("RemoteDecision") == st.decisions and kinds.count("RemoteFinish") == 300
+    assert kinds.count("RemoteDecision") + kinds.count("RemoteExtension") == st.decisions
+    assert kinds.count("RemoteExtension") == st.extensions > 0
+    assert kinds.count("RemoteFinish") == 0  # cache_aware learns nothing from them: none built
     for req, dec in open_reqs:  # the unfinished ones
         expect.p.on_remote(RemoteDecision(dec.worker_id, "m", pack(req.token_ids[: len(req.token_ids) // 4 * 4])))
     assert remote.p.tree("m").total_tokens == expect.p.tree("m").total_tokens
@@ -409,7 +411,7 @@ def test_lag_is_measured_per_decision_from_its_own_stamp_and_not_for_extensions(
     t = [1_000_000_000]
     box = _outbox(src, clock=t)
     lags: list[float] = []
-    applier = Applier("b", remote, dst, clock_ns=lambda: t[0], on_lag=lags.append)
+    applier = Applier("b", remote, dst, clock_ns=lambda: t[0], on_lag=lags.extend)
     tap = TappedPolicy(local.p, "regular", box)
     req, decision = _served(tap, list(range(100, 164)), "r1")
     t[0] += 3_000_000  # 3 ms later the output is learned, still in the same batch
@@ -427,3 +429,99 @@ def test_lag_is_measured_per_decision_from_its_own_stamp_and_not_for_extensions(
     assert ext is not None and ext.decisions[0].extends
     applier.apply(ext)
     assert lags == [0.005, 0.0] and applier.stats.extensions == 1
+
+
+def _nodes(router: FakeRouter) -> list[tuple[int, int, tuple[int, ...], list[tuple[str, int]]]]:
+    return sorted((n.start, n.end, n.tokens, sorted(n.workers.items())) for n in router.p.tree("m").nodes())
+
+
+def test_the_applied_tree_equals_one_told_every_sequence_whole_stamps_included() -> None:
+    """Decisions, learned outputs (merged, or extensions continued from the decision's mark)
+    and finishes of many requests, over batches of every size, into trees small enough to
+    evict inline all the time (so many marks go stale and the whole sequence is inserted
+    instead): the receiving tree holds exactly the nodes, stamps and heap entries of a tree
+    told each batch's sequences whole, one plain insert each, in the batch's order."""
+    import random
+
+    src, dst = FakeWorkers(page=4), FakeWorkers(page=4)
+    local, remote, expect = FakeRouter(), FakeRouter(), FakeRouter()
+    views = [WorkerView(w, w, page_size=4, kv_capacity_tokens=160) for w in WORKERS]
+    for r in (local, remote, expect):
+        r.p.on_workers_changed(views)
+    box = Outbox("a", lambda wid: src.get(wid).load, lambda wid: 4, book=PrefixBook(8))
+    applier = Applier("b", remote, dst, book=PrefixBook(8))
+    ref_book, ref_known = PrefixBook(8), {}
+
+    def deliver() -> None:
+        batch = box.take()
+        if batch is None:
+            return
+        raw = batch.SerializeToString()
+        applier.apply_bytes(raw)
+        for d in sync_pb2.Batch.FromString(raw).decisions:  # the reference: whole sequences, in order
+            if d.extends:
+                wid, wire = ref_known[d.extends]
+                wire += d.tokens
+            else:
+                wid = d.worker_id
+                wire = ref_book.decode(d.prefix_hash, d.prefix_blocks, d.tokens, d.block_tokens or 8)
+                assert wire is not None
+            ref_known[d.id] = (wid, wire)
+            if wire:
+                expect.p.on_remote(RemoteDecision(wid, "m", wire))
+
+    outcomes: list[bool] = []
+    tree_extend = remote.p.tree("m").extend
+
+    def spy(*a: object) -> object:
+        out = tree_extend(*a)  # type: ignore[arg-type]
+        outcomes.append(out is not None)
+        return out
+
+    remote.p.tree("m").extend = spy  # type: ignore[method-assign]
+    tap = TappedPolicy(local.p, "regular", box)
+    rng = random.Random(11)
+    open_reqs: list[tuple[RouteRequest, Decision]] = []
+    for i in range(600):
+        shared = [1, 2, 3, 4, 5, 6, 7, 8] * rng.randrange(0, 3)  # some prompts share whole blocks
+        open_reqs.append(_served(tap, [*shared, *range(1000 + 50 * i, 1000 + 50 * i + 2 + i % 13)], f"r{i}"))
+        while open_reqs and rng.random() < 0.5:
+            req, dec = open_reqs.pop(rng.randrange(len(open_reqs)))
+            tap.on_output(req, dec.worker_id, list(range(9000, 9000 + rng.randrange(0, 14))))
+            tap.on_finish(req, dec.worker_id, 0, True)
+        if rng.random() < 0.3:
+            deliver()
+        if i % 97 == 0:
+            assert _nodes(remote) == _nodes(expect)
+    for req, dec in open_reqs:
+        tap.on_finish(req, dec.worker_id, 0, True)
+    deliver()
+    st = applier.stats
+    assert st.unresolved == st.unresolved_finishes == st.skipped == 0 and st.finishes == 600
+    assert st.extensions > 100
+    got, want = remote.p.tree("m"), expect.p.tree("m")
+    got.validate()
+    assert _nodes(remote) == _nodes(expect)
+    assert got.clock == want.clock and got.stats() == want.stats()
+    assert got.stats().total_tokens <= 2 * 160  # it evicted all along
+    assert outcomes.count(False) > 20 and outcomes.count(True) > 50  # marks went stale, and many did not
+
+
+def test_an_extension_whose_mark_went_stale_inserts_the_whole_sequence() -> None:
+    """The decision's prompt was evicted from the receiving tree before its output came:
+    the extension puts prompt and output back, as a whole insert would."""
+    src, dst = FakeWorkers(), FakeWorkers()
+    local, remote = FakeRouter(), FakeRouter()
+    box = _outbox(src)
+    applier = Applier("b", remote, dst)
+    tap = TappedPolicy(local.p, "regular", box)
+    req, dec = _served(tap, list(range(100, 120)), "r1")
+    applier.apply_bytes(box.take().SerializeToString())  # type: ignore[union-attr]
+    assert _depth(remote, list(range(100, 120)), dec.worker_id) == 20
+    remote.p.tree("m").remove_worker(dec.worker_id)
+    remote.p.tree("m").set_worker(dec.worker_id)
+    tap.on_output(req, dec.worker_id, [7, 8, 9])
+    applier.apply_bytes(box.take().SerializeToString())  # type: ignore[union-attr]
+    assert applier.stats.extensions == 1 and applier.stats.unresolved == 0
+    assert _depth(remote, [*range(100, 120), 7, 8, 9], dec.worker_id) == 23
+    remote.p.tree("m").validate()

@@ -96,7 +96,21 @@ class RemoteFinish:
     success: bool
 
 
-RemoteEvent = RemoteDecision | RemoteFinish
+@dataclass(frozen=True, slots=True)
+class RemoteExtension:
+    """The sequence of an earlier ``RemoteDecision`` continued by ``tokens`` (a learned
+    output): learn ``full`` (= that sequence + ``tokens``) for ``worker_id``. ``mark`` is
+    what ``on_remote`` returned for that decision (None if nothing): a policy may use it
+    to continue where the decision's insert ended instead of walking ``full`` again."""
+
+    worker_id: str
+    model: str
+    mark: object
+    tokens: bytes
+    full: bytes
+
+
+RemoteEvent = RemoteDecision | RemoteExtension | RemoteFinish
 
 
 @runtime_checkable
@@ -124,6 +138,8 @@ class Policy(Protocol):
         """The pool's membership changed (a worker joined, left or changed role)."""
         ...
 
-    # Optional: ``on_remote(event: RemoteEvent) -> None`` -- what another gateway process
+    # Optional: ``on_remote(event: RemoteEvent) -> object`` -- what another gateway process
     # learned (``BasePolicy`` has a no-op default; the sync layer skips policies without it).
+    # What it returns for a ``RemoteDecision`` comes back as the ``mark`` of that decision's
+    # ``RemoteExtension`` (None: nothing to continue from).
     # Not part of the Protocol so that minimal policies stay valid ``Policy`` instances.

@@ -94,6 +94,7 @@ from gateway.policies.base import (
     NoWorkerAvailable,
     RemoteDecision,
     RemoteEvent,
+    RemoteExtension,
     RouteRequest,
     WorkerView,
 )
@@ -102,6 +103,7 @@ from gateway.policies.hot_prefix import DEFAULT_WINDOW, SLACK, HotPrefixes
 from gateway.policies.radix_tree import (
     DEFAULT_BUDGET_TOKENS,
     DEFAULT_MAX_TOTAL_TOKENS,
+    Mark,
     RadixTree,
     pack,
 )
@@ -640,13 +642,30 @@ class CacheAwarePolicy(BasePolicy):
             return
         tree.insert_packed(self._packed(request) + pack(output_ids[: whole - len(request.token_ids)]), worker_id)
 
-    def on_remote(self, event: RemoteEvent) -> None:
+    def on_remote(self, event: RemoteEvent) -> object:
         """Another gateway process dispatched a prompt: the worker will cache it, exactly as
         if this process had sent it (the tree's half of ``on_dispatch``). Its load reaches
         the cost through ``WorkerView`` (the sync layer adds remote load to the views);
-        remote finishes carry nothing the tree needs. Workers outside the pool are skipped."""
-        if isinstance(event, RemoteDecision) and event.worker_id in self._params and event.tokens:
-            self.tree(event.model).insert_packed(event.tokens, event.worker_id)
+        remote finishes carry nothing the tree needs. Workers outside the pool are skipped.
+
+        Returns a mark (the tree and the node the sequence ended at) that the decision's
+        learned output, a ``RemoteExtension``, carries back: the output is then inserted
+        from that node (``RadixTree.extend``) instead of walking the prompt again, with the
+        same result as inserting the whole sequence, which is what happens when the mark
+        went stale (evicted, removed) or there is none."""
+        if type(event) is RemoteExtension:
+            mark = event.mark
+            if mark is not None and event.worker_id in self._params:
+                marked: tuple[RadixTree, Mark] = mark  # type: ignore[assignment]  # what this method returned
+                out = marked[0].extend(marked[1], event.tokens, event.worker_id)
+                if out is not None:
+                    return marked[0], out[1]
+            event = RemoteDecision(event.worker_id, event.model, event.full)
+        if type(event) is RemoteDecision and event.worker_id in self._params and event.tokens:
+            tree = self.tree(event.model)
+            end = tree.insert_mark(event.tokens, event.worker_id)[1]
+            return None if end is None else (tree, end)
+        return None
 
     def _learn(self, request: RouteRequest, worker_id: str, reported: int, predicted: int, stamp: int) -> None:
         """Bring the tree in line with what ``worker_id`` reported (see ``on_finish``)."""

@@ -125,8 +125,11 @@ class BasePolicy(ABC):
     def on_workers_changed(self, workers: Sequence[WorkerView]) -> None:
         return None
 
-    def on_remote(self, event: RemoteEvent) -> None:
-        """Another gateway process's decision or finish (``sync``); stateless policies ignore it."""
+    remote_finishes = False  # on_remote needs no RemoteFinish (the sync layer then builds none)
+
+    def on_remote(self, event: RemoteEvent) -> object:
+        """Another gateway process's decision, extension or finish (``sync``); stateless
+        policies ignore it (and have no mark to return)."""
         return None
 
     def explain(self, request: RouteRequest, workers: Sequence[WorkerView]) -> dict[str, Any]:

@@ -111,6 +111,9 @@ class _WorkerState:
         self.heap: list[tuple[int, int, _Node]] = []  # (stamp, seq, node): its leaves, lazily
 
 
+Mark = object  # where an inserted sequence ends (a node, opaque to callers): see ``RadixTree.extend``
+
+
 class TreeMatch(NamedTuple):
     """``matched``: tokens of the prompt found in the tree at all; ``per_worker``: tokens
     each worker holds, rounded down to its page size (workers with 0 left out)."""
@@ -264,59 +267,102 @@ class RadixTree:
         return self.insert_packed(pack(tokens), worker)
 
     def insert_packed(self, pb: bytes, worker: str) -> int:
-        mv = memoryview(pb).cast("I")
-        n = len(mv)
-        added = 0
+        return self.insert_mark(pb, worker)[0]
+
+    def insert_mark(self, pb: bytes, worker: str) -> tuple[int, Mark | None]:
+        """``insert_packed`` that also returns a mark of where the sequence ends (None for an
+        empty one), from which ``extend`` continues it without walking it again."""
         with self._lock:
             st = self._workers.get(worker)
             if st is None:
                 st = self._workers[worker] = _WorkerState(self.default_budget_tokens, 1)
             self._clock += 1
             self.version += 1
-            now = self._clock
-            heap = st.heap
-            seq = self._seq
-            node = self._root
-            pos = 0
-            while pos < n:
-                ch = node.children
-                first = mv[pos]
-                child = ch.get(first) if ch else None
-                if child is None:
-                    leaf = _Node(pb[pos << 2 :], node)
-                    if ch is None:
-                        node.children = ch = {}
-                    ch[first] = leaf
-                    length = n - pos
-                    self.total_tokens += length
-                    self.node_count += 1
-                    leaf.workers[worker] = now
-                    st.tokens += length
-                    st.pairs += 1
-                    added += length
-                    node = leaf
-                    break
-                key = child.key
-                b = pos << 2
-                if not pb.startswith(key, b):
-                    child = self._split(child, _common_tokens(pb, b, key), pos)
-                    key = child.key
-                length = len(key) >> 2
-                pos += length
-                held = child.workers
-                if worker not in held:
-                    st.tokens += length
-                    st.pairs += 1
-                    added += length
-                held[worker] = now
-                node = child
-            if node is not self._root:  # the path's end: the one node that may be a leaf
-                heapq.heappush(heap, (now, next(seq), node))
-            if len(heap) > 2 * st.pairs + 64:
+            added, node = self._descend(self._root, pb, worker, st, self._clock)
+            if len(st.heap) > 2 * st.pairs + 64:
                 self._compact(worker, st)
             self._bound_locked(worker, st)
+        return added, None if node is self._root else node
+
+    def extend(self, mark: Mark, more: bytes, worker: str) -> tuple[int, Mark] | None:
+        """Record that ``worker`` now holds the sequence that ends at ``mark`` followed by
+        ``more`` (packed tokens): exactly ``insert_packed(sequence + more, worker)``, but the
+        sequence's path is restamped bottom-up instead of walked from the root. None, with
+        nothing changed, when the mark no longer stands for a sequence ``worker`` holds (it
+        was evicted or removed since): the caller inserts the whole sequence instead.
+
+        Why it equals the full insert: the mark is the node the sequence's insert ended at,
+        and a node's end depth never changes (a split keeps the lower part, which ends
+        where the node did); while ``worker`` holds it, it holds every ancestor too (the
+        prefix property), so a full insert would walk exactly this chain, adding nothing on
+        it and stamping each node, then continue below the mark with ``more``.
+        """
+        with self._lock:
+            st = self._workers.get(worker)
+            node: _Node = mark  # type: ignore[assignment]
+            if st is None or worker not in node.workers:
+                return None
+            self._clock += 1
+            self.version += 1
+            now = self._clock
+            root = self._root
+            up: _Node | None = node
+            while up is not root and up is not None:
+                up.workers[worker] = now
+                up = up.parent
+            added, end = self._descend(node, more, worker, st, now)
+            if end is node:  # ``more`` was empty: the path's end is the mark itself
+                heapq.heappush(st.heap, (now, next(self._seq), node))
+            if len(st.heap) > 2 * st.pairs + 64:
+                self._compact(worker, st)
+            self._bound_locked(worker, st)
+        return added, end
+
+    def _descend(self, node: _Node, pb: bytes, worker: str, st: _WorkerState, now: int) -> tuple[int, _Node]:
+        """Insert ``pb`` below ``node`` for ``worker`` at stamp ``now`` (lock held): the
+        tokens newly attributed to it and the node the path ends at (pushed on its heap
+        when ``pb`` is not empty)."""
+        mv = memoryview(pb).cast("I")
+        n = len(mv)
+        added = 0
+        heap = st.heap
+        pos = 0
+        while pos < n:
+            ch = node.children
+            first = mv[pos]
+            child = ch.get(first) if ch else None
+            if child is None:
+                leaf = _Node(pb[pos << 2 :], node)
+                if ch is None:
+                    node.children = ch = {}
+                ch[first] = leaf
+                length = n - pos
+                self.total_tokens += length
+                self.node_count += 1
+                leaf.workers[worker] = now
+                st.tokens += length
+                st.pairs += 1
+                added += length
+                node = leaf
+                break
+            key = child.key
+            b = pos << 2
+            if not pb.startswith(key, b):
+                child = self._split(child, _common_tokens(pb, b, key), pos)
+                key = child.key
+            length = len(key) >> 2
+            pos += length
+            held = child.workers
+            if worker not in held:
+                st.tokens += length
+                st.pairs += 1
+                added += length
+            held[worker] = now
+            node = child
         mv.release()
-        return added
+        if n and node is not self._root:  # the path's end: the one node that may be a leaf
+            heapq.heappush(heap, (now, next(self._seq), node))
+        return added, node
 
     def _split(self, node: _Node, m: int, start: int) -> _Node:
         """Cut ``node``'s edge after ``m`` tokens; the new upper node is returned.

@@ -94,10 +94,13 @@ class GatewayState:
         self.kv_events = KvEventFeeder(self.registry, self.router) if server.kv_events else None
         self.sync: SyncBus | None = None  # the routing view shared with other processes (gateway.sync)
         if config.sync.sync_url:
+            from functools import partial
+
+            from gateway.observability.metrics import observe_many
             from gateway.observability.sync_metrics import SyncCollector, lag_histogram
 
             lag = lag_histogram(self.metrics.registry)
-            self.sync = SyncBus(config.sync, self.router, self.registry, on_lag=lag.observe)
+            self.sync = SyncBus(config.sync, self.router, self.registry, on_lag=partial(observe_many, lag))
             self.router.tap(self.sync.outbox)
             self.metrics.registry.register(SyncCollector(self.sync))
         self.process_set: SetMember | None = None  # set by serve when one of --processes N

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from gateway.policies.base import Policy, RemoteDecision, RemoteEvent, RemoteFinish
+from gateway.policies.base import Policy, RemoteDecision, RemoteEvent, RemoteExtension, RemoteFinish
 from gateway.proto import sync_pb2
 from gateway.sync.outbox import native_tokens
 from gateway.sync.prefix_book import PrefixBook
@@ -49,10 +49,15 @@ class WorkerSource(Protocol):
 
 
 # A remote decision as a later message of the same request refers to it: (worker, model,
-# pool, tip, blocks, rest): where it went, and its tokens as the book's handle (the hash of
+# pool, tip, blocks, rest, mark): where it went, its tokens as the book's handle (the hash of
 # its last full block and how many blocks that is) plus the tokens after them (all of them
-# without a book). A plain tuple of atoms: cheap to make, and the collector stops tracking it.
-Known = tuple[str, str, str, int, int, bytes]
+# without a book), and what the policy returned for it (where its insert ended in the tree,
+# so that the learned output continues from there). A plain tuple: cheap to make.
+Known = tuple[str, str, str, int, int, bytes, object]
+
+
+def _ignore(event: RemoteEvent) -> object:
+    return None
 
 
 @dataclass
@@ -100,10 +105,11 @@ class Applier:
         peer_timeout_s: float = 3.0,
         clock: Callable[[], float] = time.monotonic,
         clock_ns: Callable[[], int] = time.time_ns,
-        on_lag: Callable[[float], None] = lambda seconds: None,
+        on_lag: Callable[[list[float]], None] = lambda seconds: None,
         book: PrefixBook | None = None,
     ) -> None:
-        """``book``: resolves prefix references (shared with this process's outbox)."""
+        """``book``: resolves prefix references (shared with this process's outbox);
+        ``on_lag``: the decision-to-tree lags of one batch's decisions, in seconds."""
         self.book = book
         self.origin = origin
         self.router = router
@@ -139,11 +145,17 @@ class Applier:
         if batch.seq:  # replays are unnumbered
             peer.last_seq = batch.seq
         peer.last_seen = self._clock()
+        stamps: list[int] | None = None if batch.replay else []
         for d in batch.decisions:
-            if d.extends:
+            if d.extends:  # extensions are not decisions of their own: no lag
                 self._extension(d, peer)
             else:
                 self._decision(d, peer)
+                if stamps is not None and d.decided_unix_ns:
+                    stamps.append(d.decided_unix_ns)
+        if stamps:
+            now = self._clock_ns()
+            self._on_lag([max(0, now - t) / 1e9 for t in stamps])
         for f in batch.finishes:
             if f.decision:
                 k = peer.known.get(f.decision)
@@ -153,13 +165,10 @@ class Applier:
                 wid, model, pool = k[0], k[1], k[2]
             else:
                 wid, model, pool = f.worker_id, f.model, f.pool
-            self._event(wid, model, pool, RemoteFinish(wid, model, f.cached_tokens, f.success))
             st.finishes += 1
-        if batch.decisions and not batch.replay:
-            now = self._clock_ns()
-            for d in batch.decisions:
-                if d.decided_unix_ns:  # extensions are not decisions of their own
-                    self._on_lag(max(0, now - d.decided_unix_ns) / 1e9)
+            if not getattr(self.router.policy(model, pool), "remote_finishes", True):
+                continue  # the pool's policy learns nothing from them: no event built
+            self._event(wid, model, pool, RemoteFinish(wid, model, f.cached_tokens, f.success))
         touched: set[str] = set()
         if batch.goodbye:
             touched.update(peer.loads)
@@ -188,47 +197,61 @@ class Applier:
                 self.stats.unresolved += 1
                 return
         else:
-            out = book.decode_tip(d.prefix_hash, d.prefix_blocks, d.tokens, d.block_tokens or book.block_tokens)  # learns its blocks
+            out = book.decode_tip(d.prefix_hash, d.prefix_blocks, wire, d.block_tokens or book.block_tokens)  # learns its blocks
             if out is None:
                 self.stats.unresolved += 1
                 return
             wire, tip, blocks = out
+        wid, model, pool = d.worker_id, d.model, d.pool
+        target = self._target(wid, model, pool)
+        mark = None
+        if target is None:
+            self.stats.skipped += 1
+        else:
+            self.stats.decisions += 1
+            mark = target(RemoteDecision(wid, model, native_tokens(wire), d.prompt_tokens, d.predicted_cached))
         if d.id:
             rest = wire[4 * book.block_tokens * blocks :] if book is not None else wire
-            peer.remember(d.id, (d.worker_id, d.model, d.pool, tip, blocks, rest))
-        self._insert(d.worker_id, d.model, d.pool, wire, d.prompt_tokens, d.predicted_cached)
+            peer.remember(d.id, (wid, model, pool, tip, blocks, rest, mark))
 
     def _extension(self, d: sync_pb2.Decision, peer: Peer) -> None:
-        """A learned output of a decision we know: its sequence continued by ``d.tokens``."""
+        """A learned output of a decision we know: its sequence continued by ``d.tokens``,
+        inserted from where the decision's insert ended (its mark) when the policy can."""
         k = peer.known.get(d.extends)
         book = self.book
         wire: bytes | None
+        more = d.tokens
         if k is None:
             wire = None
         elif book is None:
-            wire = k[5] + d.tokens
+            wire = k[5] + more
         else:  # rebuilt from the book, which learns the output's blocks as the sender's did
-            wire = book.decode(k[3], k[4], k[5] + d.tokens, book.block_tokens)
+            wire = book.decode(k[3], k[4], k[5] + more, book.block_tokens)
         if k is None or wire is None:
             self.stats.unresolved += 1
             return
         self.stats.extensions += 1
-        self._insert(k[0], k[1], k[2], wire, 0, 0)
-
-    def _insert(self, worker_id: str, model: str, pool: str, wire: bytes, prompt_tokens: int, predicted: int) -> None:
-        event = RemoteDecision(worker_id, model, native_tokens(wire), prompt_tokens, predicted)
-        if self._event(worker_id, model, pool, event):
-            self.stats.decisions += 1
-        else:
+        target = self._target(k[0], k[1], k[2])
+        if target is None:
             self.stats.skipped += 1
+            return
+        self.stats.decisions += 1
+        target(RemoteExtension(k[0], k[1], k[6], native_tokens(more), native_tokens(wire)))
 
-    def _event(self, worker_id: str, model: str, pool: str, event: RemoteEvent) -> bool:
+    def _target(self, worker_id: str, model: str, pool: str) -> Callable[[RemoteEvent], object] | None:
+        """The pool policy's ``on_remote`` for an event on ``worker_id``, or None when this
+        process does not know the worker (yet) in that model and pool (skipped)."""
         worker = self.workers.get(worker_id)
         if worker is None or worker.model != model or worker.role != pool:
+            return None
+        on_remote: Callable[[RemoteEvent], object] | None = getattr(self.router.policy(model, pool), "on_remote", None)
+        return on_remote if on_remote is not None else _ignore
+
+    def _event(self, worker_id: str, model: str, pool: str, event: RemoteEvent) -> bool:
+        target = self._target(worker_id, model, pool)
+        if target is None:
             return False
-        on_remote = getattr(self.router.policy(model, pool), "on_remote", None)
-        if on_remote is not None:
-            on_remote(event)
+        target(event)
         return True
 
     def _resum(self, worker_ids: set[str]) -> None:

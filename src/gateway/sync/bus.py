@@ -62,7 +62,7 @@ class SyncBus:
         *,
         url: str | None = None,
         origin: str | None = None,
-        on_lag: Callable[[float], None] = lambda seconds: None,
+        on_lag: Callable[[list[float]], None] = lambda seconds: None,
     ) -> None:
         self.config = config
         self.url = url or config.sync_url or ""
