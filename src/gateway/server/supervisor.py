@@ -5,7 +5,8 @@ for port 0, and held; each child listens on them with SO_REUSEPORT, so the kerne
 spreads connections over the children), the NATS sync bus (``--sync-url``, else a nats-server it runs on
 loopback), and a private run folder (the config, ``set.json`` for ``/health``, the
 children's metrics sockets). Each child is a whole gateway (parse, render, tokenize,
-route, relay) started as ``python -m gateway.server.serve`` (its ``child_main``).
+route, relay) started as ``python -m gateway.server.serve`` (its ``child_main``), pinned
+to its own share of the CPUs by default (``--process-cpu-affinity``).
 
 A child that dies is restarted (its own clients see their connections end; the others'
 are untouched, and new connections go to the survivors until it is back). SIGTERM is passed to every child, each drains with ``--shutdown-grace-s``;
@@ -18,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import math
 import os
@@ -72,11 +74,19 @@ class Child:
     backoff: float = RESTART_MIN_S
 
 
+def _pinned_child(cpus: set[int]) -> None:
+    """preexec_fn of a pinned child: before exec, so every thread it starts inherits the set."""
+    die_with_parent()
+    with contextlib.suppress(OSError):
+        os.sched_setaffinity(0, cpus)
+
+
 class Supervisor:
     def __init__(self, config: GatewayConfig, count: int) -> None:
         self.config = config
         self.count = count
         self.children = [Child(i) for i in range(count)]
+        self.cpu_shares = config.processes.cpu_shares(count)  # child i's CPUs (None: not pinned)
         self.stopping = False
         self._signals = 0
         self.nats: LocalNatsServer | None = None
@@ -128,6 +138,7 @@ class Supervisor:
             "alive": len(alive),
             "restarts": sum(c.restarts for c in self.children),
             "pids": [c.proc.pid if c.proc is not None and c.proc.returncode is None else None for c in self.children],
+            "cpus": None if self.cpu_shares is None else [sorted(s) for s in self.cpu_shares],
             "stopping": self.stopping,
         }
         tmp = self.run_dir / (STATUS_FILE + ".tmp")
@@ -146,7 +157,8 @@ class Supervisor:
             env=env, stdout=asyncio.subprocess.PIPE,
             stdin=asyncio.subprocess.DEVNULL,
             # Own session: a terminal's Ctrl-C reaches the supervisor only, which passes one SIGTERM on.
-            start_new_session=True, preexec_fn=die_with_parent,
+            start_new_session=True,
+            preexec_fn=die_with_parent if self.cpu_shares is None else functools.partial(_pinned_child, self.cpu_shares[child.index]),
         )
 
     async def _await_ready(self, child: Child) -> None:

@@ -19,11 +19,21 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.bench.serve_process import ServeProcess
 from gateway.server.admission import AdmissionConfig
+from gateway.server.process_config import ProcessConfig
 from gateway.server.supervisor import share_admission
 from gateway.sim.config import SimConfig
 from gateway.sim.fleet import SimFleet
 
 SLOW = SimConfig(step_base_s=0.02, prefill_token_s=0.0, decode_seq_s=0.0, time_scale=1.0)
+
+
+def test_cpu_shares_pin_each_process_to_its_own_cpus_or_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4})
+    assert ProcessConfig().cpu_shares(2) == [{0, 1}, {2, 3}]  # equal contiguous shares; the odd one unused
+    assert ProcessConfig().cpu_shares(5) == [{0}, {1}, {2}, {3}, {4}]
+    assert ProcessConfig().cpu_shares(6) is None  # more processes than CPUs: the kernel balances
+    assert ProcessConfig().cpu_shares(1) is None
+    assert ProcessConfig(process_cpu_affinity="off").cpu_shares(2) is None
 
 
 def test_admission_limits_are_split_so_the_set_keeps_the_totals() -> None:
@@ -88,6 +98,10 @@ async def test_the_set_shares_its_ports_and_answers_as_one(tmp_path: Path) -> No
             async with httpx.AsyncClient(timeout=30, trust_env=False) as http:
                 health = (await http.get(gw.url + "/health")).json()
                 assert health["processes"]["expected"] == 2 and health["processes"]["alive"] == 2
+                shares = ProcessConfig().cpu_shares(2)  # the default: each pinned to its own CPUs
+                assert health["processes"]["cpus"] == (None if shares is None else [sorted(c) for c in shares])
+                if shares is not None:
+                    assert [os.sched_getaffinity(pid) for pid in info["pids"]] == shares
                 text = (await http.get(gw.url + "/metrics")).text
             done = _samples(text, "token_gateway_requests_total")
             completions = sum(v for labels, v in done if labels["endpoint"] == "/v1/completions")
@@ -128,6 +142,9 @@ async def test_a_dead_process_is_restarted_and_the_others_requests_are_unharmed(
                             break
                         await asyncio.sleep(0.2)
                 assert victim not in health["pids"]
+                shares = ProcessConfig().cpu_shares(2)
+                if shares is not None:  # the restarted process is pinned where its predecessor was
+                    assert os.sched_getaffinity(health["pids"][0]) == shares[0]
                 text = (await http.get(gw.url + "/metrics")).text
             # Every stream the survivor (process 1) took finished; only the victim's broke.
             survivor = sum(v for labels, v in _samples(text, "token_gateway_requests_total")
