@@ -57,3 +57,21 @@ async def test_run_pending_applies_now_on_the_loop_thread_only() -> None:
     for _ in range(3):
         await asyncio.sleep(0)  # the scheduled run finds nothing left
     assert seen == [1]
+
+
+def test_each_loop_runs_its_own_items() -> None:
+    """A loop that ended with items queued leaves nothing stuck for the next one."""
+    seen: list[str] = []
+
+    async def queue_and_leave() -> None:
+        later(seen.append, "first loop")
+
+    asyncio.run(queue_and_leave())  # closed before the two turns: its items are dropped with it
+
+    async def queue_and_wait() -> None:
+        later(seen.append, "second loop")
+        for _ in range(3):
+            await asyncio.sleep(0)
+
+    asyncio.run(queue_and_wait())
+    assert "second loop" in seen

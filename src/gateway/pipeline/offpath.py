@@ -21,7 +21,8 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-_pending: deque[tuple[Callable[..., Any], tuple[Any, ...]]] = deque()
+# Per event loop: the items queued on it (an entry exists while a run is scheduled).
+_queues: dict[asyncio.AbstractEventLoop, deque[tuple[Callable[..., Any], tuple[Any, ...]]]] = {}
 
 
 def later(fn: Callable[..., Any], *args: Any) -> None:
@@ -31,15 +32,17 @@ def later(fn: Callable[..., Any], *args: Any) -> None:
     except RuntimeError:
         fn(*args)
         return
-    if not _pending:
-        loop.call_soon(loop.call_soon, _run)  # two turns: after this request's gRPC send starts
-    _pending.append((fn, args))
+    queue = _queues.get(loop)
+    if queue is None:
+        queue = _queues[loop] = deque()
+        loop.call_soon(loop.call_soon, _run, loop)  # two turns: after this request's gRPC send starts
+    queue.append((fn, args))
 
 
-def _run() -> None:
-    pop = _pending.popleft
-    while _pending:
-        fn, args = pop()
+def _run(loop: asyncio.AbstractEventLoop) -> None:
+    queue = _queues.pop(loop, None)  # items queued while these run get a run of their own
+    while queue:
+        fn, args = queue.popleft()
         try:
             fn(*args)
         except Exception:  # a statistic must never break the loop or the other items
@@ -47,10 +50,11 @@ def _run() -> None:
 
 
 def run_pending() -> None:
-    """Apply what is queued now, for a reader that must see every update (a metrics
-    scrape). Only on the loop's own thread: the items touch loop-owned state."""
+    """Apply what this thread's running loop has queued, for a reader that must see every
+    update (a metrics scrape). Without a running loop there is nothing of its own to run:
+    the items touch loop-owned state, so another thread never runs them."""
     try:
-        asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()
     except RuntimeError:
         return
-    _run()
+    _run(loop)
