@@ -376,3 +376,24 @@ def test_plain_is_transformers_plain_template_data(value: Any) -> None:
 
     for v in (value, [value, (1, _Str("s"))], {"k": value, "o": object(), "t": (value,)}):
         assert repr(plain(v)) == repr(_plain_template_data(v))
+
+
+def test_an_older_transformers_without_the_helpers_renders_through_the_wrapper(
+    qwen: Tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from types import SimpleNamespace
+
+    from transformers.utils import chat_template_utils
+
+    from gateway.tokenization import chat_template
+
+    expected = qwen.chat_template().render([{"role": "user", "content": "Hi"}])
+    older = SimpleNamespace(  # the renderer without 5.x's _plain_template_data and reasoning aliases
+        _compile_jinja_template=chat_template_utils._compile_jinja_template,
+        render_jinja_template=chat_template_utils.render_jinja_template,
+    )
+    monkeypatch.setattr(chat_template, "_load_renderer", lambda: older)
+    template = ChatTemplate(qwen.chat_template().source)
+    assert template._alias is None
+    assert template.render([{"role": "user", "content": "Hi"}]) == expected
+    assert plain({"k": (1, "s")}) == {"k": (1, "s")}  # a copy, as before

@@ -19,6 +19,7 @@ into ``ChatTemplateError``.
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -63,7 +64,8 @@ def plain(value: Any) -> Any:
         return {_plain_key(k): plain(v) for k, v in value.items()}
     if kind is list:
         return [plain(v) for v in value]
-    return _load_renderer()._plain_template_data(value)
+    rebuild = getattr(_load_renderer(), "_plain_template_data", None)
+    return rebuild(value) if rebuild is not None else copy.deepcopy(value)  # older transformers: a copy
 
 
 def _plain_key(key: Any) -> Any:
@@ -210,8 +212,12 @@ class ChatTemplate:
         self.content_format: ContentFormat = detect_content_format(ast)
         self.arguments_as_text = arguments_as_text(source)
         self.content_null_aware = _CONTENT_IS_NONE.search(source) is not None
-        self._plain_specials = self._utils._plain_template_data(self.special_tokens)
+        # The direct render needs the helpers transformers' wrapper uses (5.x); with an
+        # older transformers every render goes through the wrapper.
         self._alias = getattr(self._utils, "_alias_reasoning_fields", None)
+        if not hasattr(self._utils, "_plain_template_data"):
+            self._alias = None
+        self._plain_specials = plain(self.special_tokens)
 
     def render(
         self,
