@@ -178,7 +178,7 @@ class Worker:
             info.kv_capacity_tokens, info.page_size, info.max_running_requests, self.bootstrap_port,
             self.id, self.url, self.role,
         )
-        cached = self._view
+        cached = getattr(self, "_view", None)  # (stand-ins for a worker in tests have none)
         if cached is not None and cached[0] == key:
             return cached[1]
         view = WorkerView(
