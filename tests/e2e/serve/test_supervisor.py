@@ -114,6 +114,8 @@ async def test_the_set_shares_its_ports_and_answers_as_one(tmp_path: Path) -> No
             # each decision reached the other process's tree; learned outputs (prompt + output
             # on finish, when the output completes a page) travel as decisions too
             assert published >= 24 and applied == published
+            lags = sum(v for _, v in _samples(text, "token_gateway_sync_lag_seconds_count"))
+            assert 0 < lags <= applied  # each applied decision's lag observed once (extensions have none)
         finally:
             assert await gw.stop(timeout_s=20) == 0
 
