@@ -648,11 +648,14 @@ class CacheAwarePolicy(BasePolicy):
 
         A decision (not a learned output, which carries no prompt count) also counts in the
         hot-prefix tracker, keyed as its sender keyed it (the prompt's longest match before
-        the insert), so every replica measures the fleet's prefix shares and knows the
-        others' holders of a hot prefix: a replica that saw only its own half of the
-        traffic needed twice the requests before it trusted a share (``queued_prefill_weight``'s
-        guard), and in those first moments spilled groups to new holders at the full
-        weight (docs/BENCHMARKS.md, "Routing, round 6")."""
+        the insert), so every replica measures the fleet's prefix shares: a replica that saw
+        only its own half of the traffic needed twice the requests before it trusted a share
+        (``queued_prefill_weight``'s guard), and in those first moments spilled groups to new
+        holders at the full weight (docs/BENCHMARKS.md, "Routing, round 6 (route5)"). A
+        remote decision's worker does not join this process's replica set of a hot prefix:
+        two replicas growing one shared set at once each kept its own newest holder among
+        its first ``k`` and used more holders than either set alone (simulated Zipf and hot
+        gsp, 0.3 points lower, more spread)."""
         if isinstance(event, RemoteDecision) and event.worker_id in self._params and event.tokens:
             tree = self.tree(event.model)
             if self.hot_prefix_min_tokens and event.prompt_tokens > 0:
@@ -667,11 +670,7 @@ class CacheAwarePolicy(BasePolicy):
         found -= found % 16
         if found < self.hot_prefix_min_tokens or found <= 0:
             return
-        key = xxhash.xxh3_64_intdigest(memoryview(pb)[: found << 2])
-        n = max(1, len(self._params))
-        self.hot.observe(key, n)
-        if self.hot.replicas(key, n) >= 2:
-            self.hot.add_holder(key, event.worker_id)
+        self.hot.observe(xxhash.xxh3_64_intdigest(memoryview(pb)[: found << 2]), max(1, len(self._params)))
 
     def _learn(self, request: RouteRequest, worker_id: str, reported: int, predicted: int, stamp: int) -> None:
         """Bring the tree in line with what ``worker_id`` reported (see ``on_finish``)."""
