@@ -18,6 +18,9 @@ capacity and a continuous-batching step clock
 prefill, FCFS); clients run closed-loop at a fixed concurrency. The simulated workers
 are written here from scratch and share nothing with the policies' radix tree, so the
 hit rates they report are an independent check of the policies' predictions.
+``sim --replicas N`` puts N synced gateway replicas (one policy each, request i routed by
+replica i % N) in front of the same workers; they hear each other's decisions and loads
+every ``--sync-lag-s`` (the sync of ``--processes`` / ``--sync-url``, see ``simulate``).
 Figures print as Markdown tables (docs/BENCHMARKS.md keeps the recorded ones).
 """
 
