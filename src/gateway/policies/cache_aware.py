@@ -648,6 +648,17 @@ class CacheAwarePolicy(BasePolicy):
         the cost through ``WorkerView`` (the sync layer adds remote load to the views);
         remote finishes carry nothing the tree needs. Workers outside the pool are skipped.
 
+        A decision (not a learned output, which carries no prompt count) also counts in the
+        hot-prefix tracker, keyed as its sender keyed it (the prompt's longest match before
+        the insert), so every replica measures the fleet's prefix shares: a replica that saw
+        only its own half of the traffic needed twice the requests before it trusted a share
+        (``queued_prefill_weight``'s guard), and in those first moments spilled groups to new
+        holders at the full weight (docs/BENCHMARKS.md, "Routing, round 6 (route5)"). A
+        remote decision's worker does not join this process's replica set of a hot prefix:
+        two replicas growing one shared set at once each kept its own newest holder among
+        its first ``k`` and used more holders than either set alone (simulated Zipf and hot
+        gsp, 0.3 points lower, more spread).
+
         Returns a mark (the tree and the node the sequence ended at) that the decision's
         learned output, a ``RemoteExtension``, carries back: the output is then inserted
         from that node (``RadixTree.extend``) instead of walking the prompt again, with the
@@ -660,12 +671,24 @@ class CacheAwarePolicy(BasePolicy):
                 out = marked[0].extend(marked[1], event.tokens, event.worker_id)
                 if out is not None:
                     return marked[0], out[1]
-            event = RemoteDecision(event.worker_id, event.model, event.full)
+            event = RemoteDecision(event.worker_id, event.model, event.full)  # no prompt count: not observed
         if type(event) is RemoteDecision and event.worker_id in self._params and event.tokens:
             tree = self.tree(event.model)
+            if self.hot_prefix_min_tokens and event.prompt_tokens > 0:
+                self._observe_remote(tree, event)
             end = tree.insert_mark(event.tokens, event.worker_id)[1]
             return None if end is None else (tree, end)
         return None
+
+    def _observe_remote(self, tree: RadixTree, event: RemoteDecision) -> None:
+        pb = event.tokens
+        if len(pb) > event.prompt_tokens << 2:
+            pb = pb[: event.prompt_tokens << 2]
+        found = tree.match_packed(pb)[0]
+        found -= found % 16
+        if found < self.hot_prefix_min_tokens or found <= 0:
+            return
+        self.hot.observe(xxhash.xxh3_64_intdigest(memoryview(pb)[: found << 2]), max(1, len(self._params)))
 
     def _learn(self, request: RouteRequest, worker_id: str, reported: int, predicted: int, stamp: int) -> None:
         """Bring the tree in line with what ``worker_id`` reported (see ``on_finish``)."""
