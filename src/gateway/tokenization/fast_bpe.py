@@ -28,14 +28,13 @@ and tokenizer): do it off the event loop.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from typing import Any
 
 from tokenizers import AddedToken
 from tokenizers import Tokenizer as BackendTokenizer
 
-_UNSAFE = re.compile(r"[^\t\n\r\x20-\x7e]")  # anything but printable ASCII, tab, LF, CR
+_SAFE_BYTES = bytes([9, 10, 13, *range(0x20, 0x7F)])  # printable ASCII, tab, LF, CR
 _SAMPLE = (
     "The quick brown fox jumps over the lazy dog; it's 12:45, isn't it? I'll say we'd "
     "they've    spaces\t\ttabs\n\nnew lines\r\n  trailing  \n"
@@ -92,32 +91,48 @@ class FastBpe:
     """``encode(text)``: the HF ids of ``text`` (``add_special_tokens=False``), or None
     when this text must go through the HF encoder."""
 
-    def __init__(
-        self, encoding: Any, added: re.Pattern[str] | None, added_ids: Mapping[str, int], *, plain_specials: bool
-    ) -> None:
+    def __init__(self, encoding: Any, added_ids: Mapping[str, int], *, plain_specials: bool) -> None:
         self.plain_specials = plain_specials  # add_special_tokens=True adds nothing: the same ids serve both
         self._ordinary = encoding.encode_ordinary
-        self._added = added
         self._added_ids = dict(added_ids)
+        # Added tokens longest first (at one position the longest wins, as in HF), and the
+        # characters they start with: a text holding none of those has no added token, which
+        # ``in`` tells in a fraction of a microsecond where a regex scan of a 2K-token prompt
+        # takes ~110 µs (and the safety scan below 6 µs where the regex took ~170).
+        self._longest_first = sorted(self._added_ids, key=len, reverse=True)
+        self._starts = sorted({t[0] for t in self._added_ids})
 
     def encode(self, text: str) -> list[int] | None:
-        if not text.isascii() or _UNSAFE.search(text) is not None:
-            return None
-        added = self._added
-        if added is None or added.search(text) is None:
-            ids: list[int] = self._ordinary(text)
+        if not text.isascii() or text.encode("ascii").translate(None, _SAFE_BYTES):
+            return None  # a character outside printable ASCII, tab, LF and CR
+        ordinary = self._ordinary
+        if not any(c in text for c in self._starts):
+            ids: list[int] = ordinary(text)
             return ids
         out: list[int] = []
-        start = 0
-        ordinary, added_ids = self._ordinary, self._added_ids
-        for match in added.finditer(text):
-            if match.start() > start:
-                out.extend(ordinary(text[start : match.start()]))
-            out.append(added_ids[match.group()])
-            start = match.end()
+        start = 0  # the text not encoded yet starts here
+        for at in sorted({i for c in self._starts for i in _positions(text, c)}):
+            if at < start:
+                continue  # inside an added token already cut out
+            for token in self._longest_first:
+                if text.startswith(token, at):
+                    if at > start:
+                        out.extend(ordinary(text[start:at]))
+                    out.append(self._added_ids[token])
+                    start = at + len(token)
+                    break
         if start < len(text):
             out.extend(ordinary(text[start:]))
         return out
+
+
+def _positions(text: str, char: str) -> list[int]:
+    found: list[int] = []
+    at = text.find(char)
+    while at >= 0:
+        found.append(at)
+        at = text.find(char, at + 1)
+    return found
 
 
 def _merges_in_rank_order(vocab: Mapping[str, int], merges: list[Any]) -> bool:
@@ -167,7 +182,6 @@ def build_fast_bpe(backend: BackendTokenizer) -> FastBpe | None:
     if any(bytes([b]) not in ranks for b in range(256)):
         return None
     contents = {t.content: i for i, t in added.items() if t.content}
-    alternation = "|".join(re.escape(c) for c in sorted(contents, key=len, reverse=True))
     try:
         encoding = tiktoken.Encoding("gateway", pat_str=pattern, mergeable_ranks=ranks, special_tokens={})
     except Exception:  # a pattern tiktoken's regex engine does not take
@@ -176,15 +190,14 @@ def build_fast_bpe(backend: BackendTokenizer) -> FastBpe | None:
         backend.encode(t, add_special_tokens=True).ids == backend.encode(t, add_special_tokens=False).ids
         for t in ("", "a", _SAMPLE)
     )  # fmt: skip
-    fast = FastBpe(encoding, re.compile(alternation) if alternation else None, contents, plain_specials=plain)
+    fast = FastBpe(encoding, contents, plain_specials=plain)
     # Every token this encoder may meet, each as a whole text (its own pre-token): where a
     # token's rank-order BPE would end on another pair than its HF merge, the two differ here.
     texts = [_SAMPLE]
     for raw in ranks:
         if raw.isascii():
-            token = raw.decode("ascii")
-            if _UNSAFE.search(token) is None:
-                texts.append(token)
+            if not raw.translate(None, _SAFE_BYTES):
+                texts.append(raw.decode("ascii"))
     theirs = backend.encode_batch_fast(texts, add_special_tokens=False)
     for token, hf in zip(texts, theirs, strict=True):
         if fast.encode(token) != hf.ids:
