@@ -1,4 +1,4 @@
-"""The engine builds a model's fast encoder once, off the event loop, at its first long prompt."""
+"""The engine builds a model's fast encoder once, in a thread of its own, at its first long prompt."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def _engine(tmp_path: Path) -> tuple[Engine, ModelEntry]:
     return engine, entry
 
 
-async def test_long_prompts_build_the_encoder_once_in_the_pool(tmp_path: Path) -> None:
+async def test_long_prompts_build_the_encoder_once_off_the_loop(tmp_path: Path) -> None:
     engine, entry = _engine(tmp_path)
     tokenizer = entry.tokenizer
     built_on: list[int] = []
@@ -57,7 +57,7 @@ async def test_long_prompts_build_the_encoder_once_in_the_pool(tmp_path: Path) -
         messages = [{"role": "user", "content": long}]
         text, ids = await engine.render_chat(entry, messages, tools=None, chat_template_kwargs=None)
         assert ids == tokenizer.backend.encode(text, add_special_tokens=False).ids
-        assert len(built_on) == 1 and built_on[0] != threading.get_ident()
+        assert len(built_on) == 1 and built_on[0] != threading.get_ident()  # off the event loop
     finally:
         Tokenizer.fast_bpe.func = real  # type: ignore[attr-defined]
         engine.close()

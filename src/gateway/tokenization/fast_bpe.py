@@ -21,7 +21,7 @@ caller back to the HF encoder:
   its own pre-token: the cases where rank-ordered and merge-ordered BPE could differ)
   and a prose sample with both encoders; any difference disables this encoder.
 
-Building it walks the vocabulary and runs that check (~0.8 s of CPU, once per process
+Building it walks the vocabulary and runs that check (~1.4 s of CPU, once per process
 and tokenizer): do it off the event loop.
 """
 
