@@ -72,7 +72,7 @@ DETAIL = [
     ("gateway.endpoints.chat", "choose_parsers", None, "d_parsers"),
     ("gateway.tokenization.chat_template", "ChatTemplate.render", "d_tpl_in", None),
     ("gateway.tokenization.chat_template", "normalize_messages", None, "d_tpl_norm"),
-    ("transformers.utils.chat_template_utils", "render_jinja_template", None, "d_tpl_jinja"),
+    ("gateway.tokenization.chat_template", "ChatTemplate._render_plain", None, "d_tpl_jinja"),
     ("gateway.tokenization.prefix_cache", "PrefixTokenCache._encode_chunks", "d_tok_in", None),
     ("gateway.tokenization.tokenizer", "Tokenizer.encode_batch", None, "d_tok_enc"),
     ("gateway.pipeline.engine", "Engine.generate_request", None, "d_pb"),

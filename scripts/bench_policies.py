@@ -18,6 +18,9 @@ capacity and a continuous-batching step clock
 prefill, FCFS); clients run closed-loop at a fixed concurrency. The simulated workers
 are written here from scratch and share nothing with the policies' radix tree, so the
 hit rates they report are an independent check of the policies' predictions.
+``sim --replicas N`` puts N synced gateway replicas (one policy each, request i routed by
+replica i % N) in front of the same workers; they hear each other's decisions and loads
+every ``--sync-lag-s`` (the sync of ``--processes`` / ``--sync-url``, see ``simulate``).
 Figures print as Markdown tables (docs/BENCHMARKS.md keeps the recorded ones).
 """
 
@@ -41,7 +44,14 @@ from gateway.bench import machine
 from gateway.bench.matrix import parse_variant, split_knobs
 from gateway.pipeline.prefill_gate import PrefillGateConfig, hold_timeout_s
 from gateway.policies import PolicyConfig, close_policy, make_policy
-from gateway.policies.base import Decision, LoadSnapshot, Policy, RouteRequest, WorkerView
+from gateway.policies.base import (
+    Decision,
+    LoadSnapshot,
+    Policy,
+    RemoteDecision,
+    RouteRequest,
+    WorkerView,
+)
 from gateway.policies.cache_aware import CacheAwarePolicy
 from gateway.policies.common import BasePolicy
 from gateway.policies.prefill_gate import PrefillGate, slot_free
@@ -268,6 +278,7 @@ class Job:
     predicted: int = 0  # tokens the policy predicted cached
     held_at: float = -1.0  # when its hold began (-1: not held now)
     sent: float = 0.0  # when it was dispatched to its worker
+    origin: int = 0  # the gateway replica that routed it (--replicas)
     after_pages: list[int] = field(default_factory=list)  # prompt + reply pages, cached on finish
 
 
@@ -350,6 +361,10 @@ class SimWorker:
     ever: set[int] = field(default_factory=set)  # pages this worker ever cached
     computing: dict[int, int] = field(default_factory=dict)  # page -> requests prefilling it now
     held: int = 0  # requests the prefill gate holds for this worker (counted as its load)
+    # per gateway replica: [in flight, queued prompt tokens, queued uncached (predicted), finish sum, running]
+    by_origin: list[list[int]] = field(default_factory=lambda: [[0, 0, 0, 0, 0]])
+    # what each replica last published about its load here: (in flight, queued uncached, decode owed)
+    heard: list[tuple[int, int, int]] = field(default_factory=lambda: [(0, 0, 0)])
 
     def peek(self, job: Job) -> int:
         n = 0
@@ -416,7 +431,9 @@ class SimWorker:
             self.ever.update(job.after_pages)
         self._bound()
 
-    def view(self, now: float) -> WorkerView:
+    def view(self, now: float, origin: int = -1) -> WorkerView:
+        """The worker as a gateway sees it; with ``origin`` (one of several replicas), that
+        replica's own load on it plus what the others last published (``heard``)."""
         loads = None
         if self.poll_interval_s > 0:
             if now - self._snapshot_t >= self.poll_interval_s:
@@ -428,6 +445,16 @@ class SimWorker:
                 self._snapshot_t = now
             assert self._snapshot is not None
             loads = replace(self._snapshot, age_s=now - self._snapshot_t)
+        if origin >= 0:
+            own = self.by_origin[origin]
+            others = [h for o, h in enumerate(self.heard) if o != origin]
+            return WorkerView(
+                self.wid, f"sim://{self.wid}", in_flight=own[0] + sum(h[0] for h in others),
+                queued_prefill_tokens=own[1], remote_prefill_tokens=sum(h[1] for h in others),
+                running_decode_tokens=own[3] - own[4] * self.step_no + sum(h[2] for h in others),
+                loads=loads, kv_capacity_tokens=self.capacity_tokens, page_size=self.page,
+                max_running_requests=self.timing.max_running,
+            )
         return WorkerView(
             self.wid, f"sim://{self.wid}", in_flight=len(self.waiting) + len(self.running) + self.held,
             queued_prefill_tokens=self.queued_prompt,
@@ -435,6 +462,10 @@ class SimWorker:
             loads=loads, kv_capacity_tokens=self.capacity_tokens, page_size=self.page,
             max_running_requests=self.timing.max_running,
         )
+
+    def publish(self) -> None:
+        """A sync tick: every replica's load here as the others will see it until the next."""
+        self.heard = [(o[0], o[2], o[3] - o[4] * self.step_no) for o in self.by_origin]
 
     def plan_step(self) -> float:
         """Start a step: pick prefill chunks FCFS; returns its duration."""
@@ -476,6 +507,10 @@ class SimWorker:
         while self.running and self.running[0][0] <= self.step_no:
             f, _, job = heapq.heappop(self.running)
             self.finish_sum -= f
+            mine = self.by_origin[job.origin]
+            mine[3] -= f
+            mine[4] -= 1
+            mine[0] -= 1
             self.release(job)
             self.cache_output(job)
             done.append(job)
@@ -483,6 +518,9 @@ class SimWorker:
         for job in first:
             self.waiting.remove(job)
             self.queued_prompt -= len(job.tokens)
+            mine = self.by_origin[job.origin]
+            mine[1] -= len(job.tokens)
+            mine[2] -= len(job.tokens) - job.predicted
             self.insert(job)
             if self.ledger is not None:
                 self.ever.update(job.pages)
@@ -495,10 +533,13 @@ class SimWorker:
             if job.output <= 1:
                 self.release(job)
                 done.append(job)
+                self.by_origin[job.origin][0] -= 1
             else:
                 f = self.step_no + job.output - 1
                 heapq.heappush(self.running, (f, job.rid, job))
                 self.finish_sum += f
+                mine[3] += f
+                mine[4] += 1
         self._in_step = []
         self.served += len(done)
         return first, done
@@ -625,6 +666,7 @@ class SimResult:
     hold_mean_ms: float = 0.0
     served: list[int] = field(default_factory=list)  # requests per worker
     holders: list[int] = field(default_factory=list)  # per shared first page (a gsp group): workers sent it
+    new_holders: tuple[int, int] = (0, 0)  # placements on a new holder of a placed prefix: (informed, blind)
 
 
 class SmgLikePolicy(BasePolicy):
@@ -723,43 +765,60 @@ def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int,
              timing: Timing, poll_interval_s: float, pages_cache: dict[int, list[int]],
              reserve_running: bool = False, ramp_s: float = 0.0,
              gate_config: PrefillGateConfig | None = None,
-             cache_output: bool = False) -> tuple[SimResult, Policy, list[float]]:
+             cache_output: bool = False, replicas: Sequence[Policy | None] = (),
+             sync_lag_s: float = 0.01) -> tuple[SimResult, Policy, list[float]]:
     """Replay ``wl``; the first ``concurrency`` requests arrive evenly over ``ramp_s`` (0: at once).
 
     ``cache_output``: a finished request leaves its prompt and its (unique) output cached,
-    as SGLang and ``gateway.sim`` do; multi-turn workloads always do (``Workload.after``)."""
+    as SGLang and ``gateway.sim`` do; multi-turn workloads always do (``Workload.after``).
+
+    ``replicas``: more gateway replicas (policy instances; None: an oracle) in front of
+    the same workers, as ``scripts/bench_scaleout.py``'s synced pair: prompt ``i`` of the
+    workload is routed by replica ``i % R``, each replica runs its own closed loop of
+    ``concurrency / R`` (and its own prefill gate), and what one replica decided reaches
+    the others' policies (``on_remote``, the sync's ``RemoteDecision``) and load views
+    (in flight, queued uncached prefill, decode owed) at the next sync tick, every
+    ``sync_lag_s`` seconds (a decision waits 0 to ``sync_lag_s``, half of it on average)."""
     ledger = MissLedger(page)
-    workers = [SimWorker(f"w{i}", capacity, page, timing, poll_interval_s, reserve_running, ledger=ledger)
+    n_rep = 1 + len(replicas)
+    workers = [SimWorker(f"w{i}", capacity, page, timing, poll_interval_s, reserve_running, ledger=ledger,
+                         by_origin=[[0, 0, 0, 0, 0] for _ in range(n_rep)], heard=[(0, 0, 0)] * n_rep)
                for i in range(n_workers)]
-    if policy is None:
-        policy = oracle_for(workers, page)
+    policies = [oracle_for(workers, page) if p is None else p for p in (policy, *replicas)]
+    policy = policies[0]
     by_id = {w.wid: w for w in workers}
-    policy.on_workers_changed([w.view(0.0) for w in workers])
+    for pol in policies:
+        pol.on_workers_changed([w.view(0.0) for w in workers])
+    pending: list[tuple[int, RemoteDecision]] = []  # decisions not yet heard by the other replicas
     events: list[tuple[float, int, int]] = []  # (time, seq, worker index)
     seq = 0
-    next_prompt = 0
     ttft: list[float] = []  # after the opening burst of ``concurrency`` simultaneous requests
     burst = concurrency >= len(wl.prompts) and not wl.follows  # one burst: every request counts
     decide: list[float] = []
     cached_total = prompt_total = predicted_total = 0
     finished = 0
-    gate = SimGate(gate_config) if gate_config is not None and gate_config.prefill_gate else None
+    gates = ([SimGate(gate_config) for _ in policies]
+             if gate_config is not None and gate_config.prefill_gate else None)  # one per replica
     trackers = {w.wid: ProgressTracker() for w in workers}  # learned prefill rates, as the gateway's
     jobs_held: dict[int, Job] = {}
     ttft_of: dict[int, float] = {}  # request -> its TTFT (the ones counted in ``ttft``)
     placed: dict[int, set[str]] = {}  # first page of a prompt (a gsp group's system prompt) -> workers sent it
+    new_holders = [0, 0]  # placements of a placed prefix on a new worker: [informed, blind]
 
     continuing = set(wl.follows.values())
     fresh = [i for i in range(len(wl.prompts)) if i not in continuing]  # first turns (all, without turns)
+    fresh_of = [fresh[o::n_rep] for o in range(n_rep)]  # each replica's own closed loop
+    next_of = [0] * n_rep
+    ramp_turn = 0
 
-    def submit(now: float, job: Job | None = None, index: int | None = None) -> None:
-        nonlocal next_prompt, seq, predicted_total
+    def submit(now: float, job: Job | None = None, index: int | None = None, origin: int = 0) -> None:
+        nonlocal seq, predicted_total
         if job is None:
             if index is None:
-                if next_prompt >= len(fresh):
+                if next_of[origin] >= len(fresh_of[origin]):
                     return
-                index = fresh[next_prompt]
-                next_prompt += 1
+                index = fresh_of[origin][next_of[origin]]
+                next_of[origin] += 1
             i = index
             toks = wl.prompts[i]
             pages = pages_cache.get(i)
@@ -773,23 +832,37 @@ def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int,
             elif cache_output:  # the output is unique to the request: pages nobody else has
                 after = pages + [xxhash.xxh3_64_intdigest(b"out%d:%d" % (i, k)) for k in range(wl.output // page)]
             job = Job(i, toks, pages, wl.output, RouteRequest(toks, request_id=str(i), max_new_tokens=wl.output), now,
-                      after_pages=after)
+                      after_pages=after, origin=origin)
         toks = job.tokens
-        views = [w.view(now) for w in workers]
+        pol = policies[job.origin]
+        views = [w.view(now, job.origin if n_rep > 1 else -1) for w in workers]
         t0 = time.perf_counter_ns()
-        d = policy.select(job.request, views)
+        d = pol.select(job.request, views)
         decide.append((time.perf_counter_ns() - t0) / 1000)
         w = by_id[d.worker_id]
-        policy.on_dispatch(job.request, d)
+        pol.on_dispatch(job.request, d)
         predicted_total += d.predicted_cached_tokens
         job.worker = d.worker_id
+        job.predicted = min(d.predicted_cached_tokens, len(toks))
         if job.pages:
-            placed.setdefault(job.pages[0], set()).add(d.worker_id)
+            group = placed.setdefault(job.pages[0], set())
+            if group and d.worker_id not in group:
+                # a new holder of a placed prefix: chosen knowing a holder (a spill, a replica), or blind
+                # (the tree matched nothing: with replicas, another's placement not heard yet)
+                new_holders[1 if d.reason in ("no_match", "cache_miss_balanced") else 0] += 1
+            group.add(d.worker_id)
         w.queued_prompt += len(toks)
-        if gate is not None:
-            packed_fn = getattr(policy, "packed", None)
+        mine = w.by_origin[job.origin]
+        mine[0] += 1
+        mine[1] += len(toks)
+        mine[2] += len(toks) - job.predicted
+        packed_fn = getattr(pol, "packed", None)
+        if n_rep > 1 and packed_fn is not None:
+            pending.append((job.origin, RemoteDecision(d.worker_id, "", packed_fn(job.request), len(toks),
+                                                       d.predicted_cached_tokens)))
+        if gates is not None:
+            gate = gates[job.origin]
             job.packed = packed_fn(job.request) if packed_fn is not None else b""
-            job.predicted = d.predicted_cached_tokens
             ahead = len(w.waiting) + len(w.running) + w.held
             if job.packed and (not gate.config.prefill_gate_free_slot_only
                                or slot_free(ahead, w.timing.max_running)):
@@ -810,8 +883,8 @@ def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int,
     def send(now: float, job: Job) -> None:
         nonlocal seq
         w = by_id[job.worker]
-        if gate is not None and job.packed:
-            gate.rule.add(job.rid, job.worker, job.packed, job.predicted)
+        if gates is not None and job.packed:
+            gates[job.origin].rule.add(job.rid, job.worker, job.packed, job.predicted)
         job.sent = now
         w.waiting.append(job)
         if not w.busy:
@@ -822,10 +895,11 @@ def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int,
     def release(now: float, job: Job, timed_out: bool) -> None:
         if job.held_at < 0:
             return  # released already
-        gate.hold_s += now - job.held_at  # type: ignore[union-attr]
+        gate = gates[job.origin]  # type: ignore[index]
+        gate.hold_s += now - job.held_at
         job.held_at = -1.0
         if timed_out:
-            gate.timed_out += 1  # type: ignore[union-attr]
+            gate.timed_out += 1
         by_id[job.worker].held -= 1
         send(now, job)
 
@@ -834,21 +908,37 @@ def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int,
             seq += 1
             heapq.heappush(events, (i * ramp_s / concurrency, seq, -1))
     else:
-        for _ in range(concurrency):
-            submit(0.0)
+        for k in range(concurrency):
+            submit(0.0, origin=k % n_rep)
+    if n_rep > 1:
+        seq += 1
+        heapq.heappush(events, (sync_lag_s, seq, _SYNC_TICK))
     now = last = 0.0  # ``last``: the last event that did work (the makespan)
     while events:
         now, _, wi = heapq.heappop(events)
+        if wi == _SYNC_TICK:  # the replicas hear each other's decisions and loads
+            for origin, event in pending:
+                for o, pol in enumerate(policies):
+                    if o != origin:
+                        pol.on_remote(event)
+            pending.clear()
+            for w in workers:
+                w.publish()
+            if events:
+                seq += 1
+                heapq.heappush(events, (now + sync_lag_s, seq, _SYNC_TICK))
+            continue
         if wi >= -1 or ((held := jobs_held.get(-2 - wi)) is not None and held.held_at >= 0):
             last = now
         if wi == -1:  # an arrival of the opening ramp
-            submit(now)
+            submit(now, origin=ramp_turn % n_rep)
+            ramp_turn += 1
             continue
         if wi < -1:  # a held request's timeout (stale ones, long released, do not move the clock)
             rid = -2 - wi
             held = jobs_held.get(rid)
             if held is not None and held.held_at >= 0:
-                for waiters in gate.waiters.values():  # type: ignore[union-attr]
+                for waiters in gates[held.origin].waiters.values():  # type: ignore[index]
                     if held in waiters:
                         waiters.remove(held)
                         break
@@ -857,7 +947,8 @@ def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int,
         w = workers[wi]
         first, done = w.end_step()
         for job in first:
-            if gate is not None:
+            if gates is not None:
+                gate = gates[job.origin]
                 gate.rule.remove(job.rid)
                 trackers[w.wid].first_message(len(job.tokens) - job.cached, now - job.sent)
                 for waiter in gate.waiters.pop(job.rid, []):
@@ -869,14 +960,16 @@ def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int,
             prompt_total += len(job.tokens)
         for job in done:
             finished += 1
-            policy.on_finish(job.request, w.wid, job.cached, True)
+            policies[job.origin].on_finish(job.request, w.wid, job.cached, True)
             nxt = wl.follows.get(job.rid)
-            submit(now, index=nxt)
+            submit(now, index=nxt, origin=job.origin)
         if w.has_work():
             seq += 1
             heapq.heappush(events, (now + w.plan_step(), seq, wi))
         else:
             w.busy = False
+    # every replica's load figures on every worker are back to zero (the views were exact)
+    assert all(not any(o) for w in workers for o in w.by_origin), [w.by_origin for w in workers]
     served = [w.served for w in workers]
     busy = [w.busy_s for w in workers]
     result = SimResult(
@@ -894,11 +987,17 @@ def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int,
     result.ttft_of = ttft_of
     result.served = served
     result.holders = sorted(len(v) for v in placed.values())
+    result.new_holders = (new_holders[0], new_holders[1])
     result.held_ids = set(jobs_held)
-    if gate is not None:
-        result.held, result.timed_out = gate.held, gate.timed_out
-        result.hold_mean_ms = gate.hold_s / gate.held * 1000 if gate.held else 0.0
+    if gates is not None:
+        result.held, result.timed_out = sum(g.held for g in gates), sum(g.timed_out for g in gates)
+        result.hold_mean_ms = sum(g.hold_s for g in gates) / result.held * 1000 if result.held else 0.0
+    for extra in policies[1:]:
+        close_policy(extra)
     return result, policy, ttft
+
+
+_SYNC_TICK = -(1 << 40)  # event code of a sync tick (--replicas)
 
 
 SIM_POLICIES: list[tuple[str, dict[str, object], float]] = [
@@ -965,7 +1064,7 @@ def placement(r: SimResult) -> str:
     if not r.served or not r.holders:
         return "-"
     return (f"{min(r.served)}-{max(r.served)}; "
-            f"{statistics.mean(r.holders):.2f} ({max(r.holders)})")
+            f"{statistics.mean(r.holders):.2f} ({max(r.holders)}); new {r.new_holders[0]} + blind {r.new_holders[1]}")
 
 
 def sim_rows(variants: list[tuple[str, dict[str, object], float]], wl: Workload, args: argparse.Namespace,
@@ -980,8 +1079,10 @@ def sim_rows(variants: list[tuple[str, dict[str, object], float]], wl: Workload,
         for gate in gates:
             overrides = {"eviction_interval_s": 0.0, **overrides}
             policy = build_sim_policy(overrides)
+            others = [build_sim_policy(overrides) for _ in range(args.replicas - 1)]
             r, used, _ = simulate(policy, wl, args.workers, args.capacity, args.page, args.concurrency, timing, poll,
-                                  pages_cache, args.reserve_running, args.ramp_s, gate, args.cache_output)
+                                  pages_cache, args.reserve_running, args.ramp_s, gate, args.cache_output,
+                                  others, args.sync_lag_s)
             close_policy(used)
             predicted = f"{r.predicted_hit:.1%}" if r.predicted_hit else "-"
             held = f"{r.held} ({r.timed_out}), {r.hold_mean_ms:.0f} ms" if gate is not None else "off"
@@ -992,7 +1093,7 @@ def sim_rows(variants: list[tuple[str, dict[str, object], float]], wl: Workload,
 
 
 SIM_HEADERS = ["policy", "prefill gate: held (timeouts), mean hold", "hit rate", "predicted", "output tok/s", "TTFT p50 ms", "TTFT p99 ms",
-               "served max/mean", "requests per worker min-max; holders per group mean (max)", "busy max/mean", "decide µs",
+               "served max/mean", "requests per worker min-max; holders per group mean (max); new holders informed + blind", "busy max/mean", "decide µs",
                "missed tokens: unique / first on worker / evicted / in-batch duplicate"]
 
 
@@ -1017,6 +1118,7 @@ def describe(args: argparse.Namespace, wl: Workload, timing: Timing) -> str:
             f"concurrency {args.concurrency}; step = {timing.base_s * 1000:g} ms + "
             f"{timing.prefill_s_per_token * 1e6:.1f} µs/prefill token + {timing.decode_s_per_req * 1000:g} ms/running req, "
             f"chunk {timing.chunk_tokens}" + (f", at most {timing.max_running} running" if timing.max_running else "")
+            + (f"; {args.replicas} synced gateway replicas, sync tick {args.sync_lag_s * 1000:g} ms" if args.replicas > 1 else "")
             + f"; ideal hit rate {wl.ideal_hit:.1%}")
 
 
@@ -1108,6 +1210,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variant", nargs="*", default=[],
                         help="sim: extra policy variants, NAME[:knob=value,...] as in bench matrix --policies "
                         "(with --variant and no --only, only these run)")
+    parser.add_argument("--replicas", type=int, default=1,
+                        help="sim: synced gateway replicas in front of the workers (request i routed by replica i %% R)")
+    parser.add_argument("--sync-lag-s", type=float, default=0.01,
+                        help="sim: with --replicas, the sync tick: decisions and loads reach the other replicas at the next one")
     parser.add_argument("--reserve-running", action="store_true",
                         help="sim: running requests pin their pages and their output's KV (as a real worker)")
     args = parser.parse_args(argv)

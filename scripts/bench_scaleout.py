@@ -62,6 +62,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.bench.driver import DriverConfig, RunResult, run_workload
 from gateway.bench.machine import cpu_seconds, describe
+from gateway.bench.placement import classify_misses
 from gateway.bench.report import summarize
 from gateway.bench.serve_process import ServeProcess
 from gateway.bench.workloads import (
@@ -244,6 +245,9 @@ async def routing_section(args: argparse.Namespace, report: dict[str, Any]) -> N
             "requests_per_worker": sorted((int(w.get("requests", 0)) for w in run.worker_counters.values()), reverse=True),
             "wall_s": round(wall, 1), "first_errors": list(s.first_errors),
         }  # fmt: skip
+        replicas = 2 if setup.startswith("replicas") else 1  # processes-2: one URL, the kernel splits connections
+        misses = classify_misses(run.results, shared_tokens=cfg.system_tokens, replicas=replicas, lag_s=args.lag_window_s)
+        row["placement"] = misses.as_dict()
         if setup.startswith(("processes-2", "replicas-sync")):
             row["sync"] = sync_budgets(texts, s.requests)
         rows["setups"][setup] = row
@@ -790,16 +794,21 @@ def markdown(report: dict[str, Any]) -> str:
             f"{w['question_tokens']}-token questions, {w['output_tokens']} output tokens; {w['workers']} simulated workers, "
             f"{w['kv_capacity_tokens']} KV tokens each, page {w['page_size']}; concurrency {w['concurrency']}.",
             "",
-            "| setup | hit rate (ideal) | req/s | output tok/s | TTFT p50 / p99 ms | requests per worker | sync bytes/request | sync lag p50 / p99 ms |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- |",
+            "| setup | hit rate (ideal) | req/s | output tok/s | TTFT p50 / p99 ms | requests per worker | sync bytes/request "
+            "| sync lag p50 / p99 ms | prefix misses: first / blind new holder / informed new holder / duplicate / evicted "
+            "| holders per group mean (max) |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
         for name, r in routing["setups"].items():
             sync = r.get("sync") or {}
             lag = f"{sync['lag_p50_ms']} / {sync['lag_p99_ms']}" if sync else "-"
+            pl = r.get("placement") or {}
+            miss = " / ".join(str(v) for v in pl.get("misses", {}).values()) or "-"
+            holders = f"{pl['holders_mean']} ({pl['holders_max']})" if pl else "-"
             lines.append(
                 f"| {name} | {100 * r['hit_rate']:.1f}% ({100 * r['ideal_hit_rate']:.1f}%) | {r['req_s']} | {r['output_tok_s']} | "
                 f"{r['ttft_p50_ms']} / {r['ttft_p99_ms']} | {' '.join(map(str, r['requests_per_worker']))} | "
-                f"{sync.get('published_bytes_per_request', '-')} | {lag} |"
+                f"{sync.get('published_bytes_per_request', '-')} | {lag} | {miss} | {holders} |"
             )
         lines.append("")
     for key in ("throughput", *(f"throughput-{k}" for k in FLEETS if k != "sim")):
@@ -840,6 +849,8 @@ def main() -> int:
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cap-s", type=float, default=240.0, help="wall-time limit of one run, s")
+    p.add_argument("--lag-window-s", type=float, default=0.05,
+                   help="routing: a replica is taken not to know of another's placement younger than this (miss breakdown)")
     p.add_argument("--throughput-workers", type=int, default=4)
     p.add_argument("--throughput-fleet-processes", type=int, default=1,
                    help="simulated-worker processes the throughput section's workers are spread over")

@@ -10,6 +10,7 @@ import logging
 import pytest
 
 from gateway.pipeline.lease import Lease, Outcome
+from gateway.pipeline.offpath import run_pending
 from gateway.policies.base import NoWorkerAvailable, RouteRequest
 from gateway.policies.cache_aware import CacheAwarePolicy
 from gateway.policies.common import TARGET_REASON
@@ -77,6 +78,7 @@ async def test_offered_ideal_achieved_and_predicted_per_pool() -> None:
     for i in range(4):
         r = route(i)
         run_one(f, r, cached=512 if i else 0, reported_prompt=len(r.token_ids))
+    run_pending()  # offers are applied off the request's path (pipeline.offpath)
     q = f.router.quality(MODEL, "regular")
     assert q.offered.prompts == 4 and q.offered.prompt_tokens == 4 * 544
     assert q.offered.ideal_cached_tokens == 3 * 512  # every repeat of the system prompt
@@ -84,6 +86,7 @@ async def test_offered_ideal_achieved_and_predicted_per_pool() -> None:
     assert q.predicted_cached_tokens == 3 * 512  # the tree sent each repeat to the holder
     retry = dataclasses.replace(route(9), exclude=frozenset({"w1:1"}))
     f.router.select(retry)
+    run_pending()
     assert q.offered.prompts == 4  # a retry offers nothing new
     assert f.router.qualities() == {(MODEL, "regular"): q}
 

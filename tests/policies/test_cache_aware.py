@@ -655,3 +655,47 @@ def test_eight_groups_on_sixteen_workers_keep_about_two_holders_each() -> None:
     # replicas on 16 workers, one more 1K-token prefill per group for no balance gained)
     assert per_group == [2] * 8, per_group
     assert max(pool.in_flight.values()) <= 1.25 * 128 / 16, pool.in_flight
+
+
+# ------------------------------------------------------------- synced replicas
+def test_a_remote_decision_counts_in_the_hot_prefix_tracker_as_a_local_one() -> None:
+    """Two replicas that each see half the traffic measure the fleet's prefix shares: a remote
+    decision is observed under the key its sender used (the prompt's longest match before the
+    insert); a learned output (no prompt count) is not a request. A hot prefix's replica set
+    stays each process's own (its own decisions)."""
+    from gateway.policies.base import RemoteDecision
+    from gateway.policies.radix_tree import pack
+
+    local, other = policy(), policy()
+    ws = views(8)
+    local.on_workers_changed(ws)
+    other.on_workers_changed(ws)
+    system = tokens(1024, 91)
+    sent: tuple[list[Decision], list[Decision]] = ([], [])
+    for i in range(200):
+        r = req(system + tokens(64, 40_000 + i), request_id=str(i))
+        sender, receiver = (other, local) if i % 2 else (local, other)
+        d = send(sender, r, ws)
+        sent[i % 2].append(d)
+        receiver.on_remote(RemoteDecision(d.worker_id, "", pack(r.token_ids), len(r.token_ids), d.predicted_cached_tokens))
+    key = local._hot_key(req(system + tokens(64, 1)), 1024)
+    assert key is not None
+    assert local.hot.share(key) == pytest.approx(other.hot.share(key)) and local.hot.share(key) > 0.9
+    assert local.hot._tick == other.hot._tick == 199  # every request but the first (cold) counted once
+    mine = {d.worker_id for d in sent[0]}
+    assert set(local.hot.holders(key)) <= mine  # only workers this process chose
+    before = local.hot._tick
+    local.on_remote(RemoteDecision("w0", "", pack(system + tokens(80, 3)), 0, 0))  # an output extension
+    assert local.hot._tick == before
+
+
+def test_without_hot_prefix_tracking_a_remote_decision_only_feeds_the_tree() -> None:
+    from gateway.policies.base import RemoteDecision
+    from gateway.policies.radix_tree import pack
+
+    p = policy(hot_prefix_min_tokens=0)
+    p.on_workers_changed(views(4))
+    toks = tokens(600, 5)
+    for _ in range(3):
+        p.on_remote(RemoteDecision("w2", "", pack(toks), len(toks), 0))
+    assert len(p.hot) == 0 and p.tree().match(toks).per_worker.get("w2") == 600

@@ -124,9 +124,52 @@ def test_the_simulation_counts_holders_per_group_and_the_reference_placements(be
             close_policy(policy)
     assert out["smg_like"].holders == [1] * 8
     assert out["placed_k2"].holders == [2] * 8 and out["placed_k2"].served == [8] * 16
-    assert bench.placement(out["placed_k2"]) == "8-8; 2.00 (2)"
+    assert bench.placement(out["placed_k2"]) == "8-8; 2.00 (2); new 8 + blind 0"
     assert out["smg_like"].hit_rate > out["placed_k2"].hit_rate
     ca = out["cache_aware"]
     assert sum(ca.served) == 128 and len(ca.holders) == 8
     # no headroom replicas when every prefix is hot: 22 holders here, 27 with them
     assert sum(ca.holders) <= 23, ca.holders
+
+
+def test_synced_replicas_in_the_simulation_hear_each_other_and_leave_no_load_behind(bench: ModuleType) -> None:
+    """Two cache_aware replicas in front of the same workers (``--replicas 2``): each routes
+    its own half of the prompts in its own closed loop, and hears the other's decisions and
+    load at the next sync tick. Hearing each other keeps a group on its holders: two
+    replicas that do not (their ``on_remote`` ignored) each place every group on a worker
+    of their own choosing. Every request is served and every per-replica load figure
+    returns to zero."""
+    wl = bench.gsp_workload(16, 8, 512, 32, 32, seed=3)
+
+    def pair(deaf: bool) -> tuple[object, list[object]]:
+        ps = [make_policy(PolicyConfig(policy="cache_aware", eviction_interval_s=0)) for _ in range(2)]
+        if deaf:
+            for p in ps:
+                p.on_remote = lambda event: None  # type: ignore[method-assign]
+        try:
+            r = bench.simulate(ps[0], wl, 4, 4096, 16, 16, bench.Timing(), 0.0, {}, replicas=ps[1:], sync_lag_s=0.01)[0]
+        finally:
+            close_policy(ps[0])
+        return r, ps
+
+    synced, ps = pair(False)
+    deaf, _ = pair(True)
+    assert sum(synced.served) == sum(deaf.served) == len(wl.prompts)
+    assert synced.hit_rate > deaf.hit_rate + 0.05, (synced.hit_rate, deaf.hit_rate)
+    assert sum(synced.holders) < sum(deaf.holders)
+    assert synced.new_holders[1] < deaf.new_holders[1]  # fewer blind placements of a placed group
+    assert ps[0].hot._tick > 0 and ps[1].hot._tick > 0
+
+
+def test_one_replica_is_the_plain_simulation(bench: ModuleType) -> None:
+    """``replicas=()`` is the single gateway: identical results to a run without the argument."""
+    wl = bench.gsp_workload(8, 8, 256, 32, 16, seed=5)
+    out = []
+    for extra in ({}, {"replicas": (), "sync_lag_s": 0.5}):
+        policy = make_policy(PolicyConfig(policy="cache_aware", eviction_interval_s=0))
+        try:
+            r = bench.simulate(policy, wl, 4, 2048, 16, 16, bench.Timing(), 0.0, {}, **extra)[0]
+        finally:
+            close_policy(policy)
+        out.append((r.hit_rate, r.served, r.ttft_of))
+    assert out[0] == out[1]

@@ -255,3 +255,145 @@ def test_template_failures_raise_chat_template_error(qwen: Tokenizer) -> None:
 
 def test_compiled_once_per_tokenizer(qwen: Tokenizer) -> None:
     assert qwen.chat_template() is qwen.chat_template()
+
+
+# ------------------------------------------------ the direct render against transformers' wrapper
+
+from pathlib import Path  # noqa: E402
+
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from gateway.tokenization.chat_template import normalize_messages, plain  # noqa: E402
+
+from .helpers import PROPERTY  # noqa: E402
+
+_FIXTURES = Path(__file__).parent.parent / "parsers" / "fixtures"
+_PARTS_TEMPLATE = (
+    "{% for m in messages %}<{{ m.role }}>{% if m.content is string %}{{ m.content }}"
+    "{% else %}{% for p in m.content %}[{{ p.type }}:{{ p.text | default('') }}]{% endfor %}{% endif %}"
+    "{% if m.reasoning_content %}(r:{{ m.reasoning_content }}|t:{{ m.thinking }}){% endif %}"
+    "{% endfor %}{% if tools %}{{ tools | tojson }}{% endif %}{% if documents %}{{ documents | tojson }}{% endif %}"
+    "{{ bos_token }}{{ extra | default('') }}{% if add_generation_prompt %}<gen>{% endif %}"
+)
+
+
+def _wrapper_render(template: ChatTemplate, messages: list[dict[str, Any]], **options: Any) -> str:
+    """What the previous code rendered: our normalisation, then transformers' wrapper."""
+    conversation = normalize_messages(
+        copy.deepcopy(messages), template.content_format,
+        arguments_text=template.arguments_as_text, content_null_aware=template.content_null_aware,
+    )
+    kwargs = options.pop("chat_template_kwargs", None) or {}
+    from transformers.utils import chat_template_utils
+
+    rendered, _ = chat_template_utils.render_jinja_template(
+        conversations=[conversation], chat_template=template.source, **options,
+        **{**template.special_tokens, **kwargs},
+    )
+    return str(rendered[0])
+
+
+def _templates(qwen: Tokenizer) -> dict[str, ChatTemplate]:
+    specials = {"bos_token": "<s>", "eos_token": "</s>"}
+    found = {p.name: ChatTemplate(p.read_text(encoding="utf-8"), specials) for p in sorted(_FIXTURES.glob("*.jinja"))}
+    found["qwen3"] = qwen.chat_template()
+    found["parts"] = ChatTemplate(_PARTS_TEMPLATE, specials)
+    return found
+
+
+_CONVERSATIONS: list[tuple[list[dict[str, Any]], dict[str, Any]]] = [
+    ([{"role": "user", "content": "Hi"}], {}),
+    ([SYSTEM, {"role": "user", "content": "Hi"}], {"add_generation_prompt": False}),
+    ([SYSTEM, {"role": "user", "content": "Weather?"}], {"tools": [WEATHER_TOOL, TIME_TOOL]}),
+    (TOOL_TURN, {"tools": [WEATHER_TOOL, TIME_TOOL]}),
+    (MULTI_TURN_REASONING, {"chat_template_kwargs": {"enable_thinking": False}}),
+    (
+        [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {"url": "x"}},
+                                      {"type": "text", "text": "b"}]}],
+        {"documents": [{"title": "t", "text": "d"}], "chat_template_kwargs": {"extra": {"k": [1, 2.5, None]}}},
+    ),
+    ([{"role": "user", "content": "q"}, {"role": "assistant", "content": None, "thinking": "hm",
+                                          "tool_calls": [call("get_time", "")]}], {}),
+]
+
+
+@pytest.mark.parametrize("case", range(len(_CONVERSATIONS)))
+def test_direct_render_equals_the_wrapper_for_every_template(qwen: Tokenizer, case: int) -> None:
+    messages, options = _CONVERSATIONS[case]
+    for name, template in _templates(qwen).items():
+        for generation in (True, False):
+            opts = {**copy.deepcopy(options), "add_generation_prompt": generation and options.get("add_generation_prompt", True)}
+            original = copy.deepcopy(messages)
+            try:
+                expected = _wrapper_render(template, messages, **copy.deepcopy(opts))
+            except Exception as exc:  # the template refuses these inputs: ours must refuse too
+                with pytest.raises(ChatTemplateError) as refused:
+                    template.render(messages, **opts)
+                assert str(exc) in str(refused.value)
+                continue
+            assert template.render(messages, **opts) == expected, (name, generation)
+            assert messages == original
+
+
+_TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=40)
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | _TEXT,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_TEXT, inner, max_size=3),
+    max_leaves=10,
+)
+
+
+@PROPERTY
+@given(
+    turns=st.lists(st.tuples(st.sampled_from(["user", "assistant", "system"]), _TEXT, st.none() | _TEXT), min_size=1, max_size=4),
+    extra=_JSON,
+    generation=st.booleans(),
+)
+def test_direct_render_equals_the_wrapper_on_any_text(
+    qwen: Tokenizer, turns: list[tuple[str, str, str | None]], extra: Any, generation: bool
+) -> None:
+    messages = [{"role": r, "content": c, "reasoning_content": rc} for r, c, rc in turns]
+    for template in (qwen.chat_template(), ChatTemplate(_PARTS_TEMPLATE, {"bos_token": "<s>"})):
+        opts: dict[str, Any] = {"add_generation_prompt": generation, "chat_template_kwargs": {"extra": extra}}
+        try:
+            expected = _wrapper_render(template, messages, **copy.deepcopy(opts))
+        except Exception:
+            with pytest.raises(ChatTemplateError):
+                template.render(messages, **opts)
+            continue
+        assert template.render(messages, **opts) == expected
+
+
+class _Str(str):
+    pass
+
+
+@PROPERTY
+@given(value=_JSON)
+def test_plain_is_transformers_plain_template_data(value: Any) -> None:
+    from transformers.utils.chat_template_utils import _plain_template_data
+
+    for v in (value, [value, (1, _Str("s"))], {"k": value, "o": object(), "t": (value,)}):
+        assert repr(plain(v)) == repr(_plain_template_data(v))
+
+
+def test_an_older_transformers_without_the_helpers_renders_through_the_wrapper(
+    qwen: Tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from types import SimpleNamespace
+
+    from transformers.utils import chat_template_utils
+
+    from gateway.tokenization import chat_template
+
+    expected = qwen.chat_template().render([{"role": "user", "content": "Hi"}])
+    older = SimpleNamespace(  # the renderer without 5.x's _plain_template_data and reasoning aliases
+        _compile_jinja_template=chat_template_utils._compile_jinja_template,
+        render_jinja_template=chat_template_utils.render_jinja_template,
+    )
+    monkeypatch.setattr(chat_template, "_load_renderer", lambda: older)
+    template = ChatTemplate(qwen.chat_template().source)
+    assert template._alias is None
+    assert template.render([{"role": "user", "content": "Hi"}]) == expected
+    assert plain({"k": (1, "s")}) == {"k": (1, "s")}  # a copy, as before

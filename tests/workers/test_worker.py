@@ -42,3 +42,37 @@ def test_real_clock_view_age_is_not_negative() -> None:
     w.polled, w.polled_at = LoadSnapshot(), time.monotonic() + 5  # a clock that moved back
     view = w.loads_view()
     assert view is not None and view.age_s == 0.0
+
+
+def _fresh_view(w: Worker) -> object:
+    """The view built from nothing (what ``view`` returned before it reused views)."""
+    w._view = None
+    return w.view()
+
+
+def test_a_view_is_reused_only_while_every_figure_is_the_same() -> None:
+    w = _worker()
+    first = w.view()
+    assert w.view() is first  # nothing changed: the same object
+    changes = [
+        lambda: w.load.acquire(100, 8),
+        lambda: setattr(w.remote_load, "in_flight", 2),
+        lambda: setattr(w.remote_load, "queued_prefill_tokens", 40),
+        lambda: setattr(w.remote_load, "running_decode_tokens", 9),
+        lambda: setattr(w, "healthy", False),
+        lambda: setattr(w, "healthy", True),
+        lambda: setattr(w, "polled", LoadSnapshot(num_running_reqs=5)),
+        lambda: setattr(w, "info", WorkerInfo(model="m", page_size=16, kv_capacity_tokens=4096, max_running_requests=3)),
+        lambda: setattr(w, "bootstrap_port", 8998),
+        lambda: w.trip("stalled"),
+        lambda: (w.breaker.record_success(), setattr(w, "breaker", type(w.breaker)())),
+        lambda: setattr(w, "draining", True),
+    ]
+    before = w.view()
+    for change in changes:
+        change()
+        now = w.view()
+        assert now == _fresh_view(w)  # always what a fresh build says
+        assert now != before
+        before = w.view()
+        assert w.view() is before

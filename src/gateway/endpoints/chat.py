@@ -29,9 +29,10 @@ from gateway.protocol.responses import (
     ChatCompletionChoice,
     ChatCompletionMessage,
     ChatCompletionResponse,
-    Usage,
     now,
     openai_finish_reason,
+    shaped,
+    usage_dict,
 )
 from gateway.protocol.sampling import sampling_from_chat
 from gateway.protocol.stream import CHAT_CHUNK, ChatDelta, StreamChunk, StreamHead, ToolCallFragment
@@ -149,8 +150,7 @@ async def complete_chat(engine: Engine, req: ChatCompletionRequest, ctx: Request
             tops.extend(d.top_logprobs or [[] for _ in d.token_ids])
         if d.finish_reason is not None:
             finish[d.index] = d
-    piece = piece_fn(entry)
-    out: list[ChatCompletionChoice] = []
+    out: list[dict[str, Any]] = []
     for i, choice in enumerate(choices):
         text = "".join(texts.get(i, []))
         reasoning: str | None = None
@@ -168,27 +168,46 @@ async def complete_chat(engine: Engine, req: ChatCompletionRequest, ctx: Request
             # For the next turn, which cannot come before this answer: recorded right after
             # the answer is written (a decode of the reply), not before it.
             asyncio.get_running_loop().call_soon(_record_reply, entry, gen, req, ctx, i, content)
+        finish_reason = openai_finish_reason(last.finish_reason if last else None, tool_calls=bool(calls))
+        matched_stop = last.matched_stop if last else None
+        message_content = content if (content or not calls) else None
+        if not calls and not gen.prepared.sampling.logprobs and _plain_values(message_content, reasoning, matched_stop):
+            # The common answer: its dict built straight from the models' shape (no pydantic).
+            message = shaped(ChatCompletionMessage, {"content": message_content, "reasoning_content": reasoning or None})
+            out.append(shaped(ChatCompletionChoice, {
+                "index": i, "message": message, "finish_reason": finish_reason, "matched_stop": matched_stop,
+            }))
+            continue
         logprobs = None
         if gen.prepared.sampling.logprobs:
             ids, values, tops = lps.get(i, ([], [], []))
-            logprobs = chat_logprobs(ids, values, tops if gen.prepared.sampling.top_logprobs else None, piece)
+            logprobs = chat_logprobs(ids, values, tops if gen.prepared.sampling.top_logprobs else None, piece_fn(entry))
         out.append(
             ChatCompletionChoice(
                 index=i,
-                message=ChatCompletionMessage(content=content if (content or not calls) else None, reasoning_content=reasoning or None, tool_calls=calls),
+                message=ChatCompletionMessage(content=message_content, reasoning_content=reasoning or None, tool_calls=calls),
                 logprobs=logprobs,
-                finish_reason=openai_finish_reason(last.finish_reason if last else None, tool_calls=bool(calls)),
-                matched_stop=last.matched_stop if last else None,
-            )
+                finish_reason=finish_reason,
+                matched_stop=matched_stop,
+            ).to_dict()
         )
     u = gen.usage
     reasoning_tokens = u.reasoning_tokens or _reasoning_total(choices)
-    response = ChatCompletionResponse(
-        id=ctx.response_id("chatcmpl"), model=entry.name, choices=out,
-        usage=Usage.build(u.prompt_tokens, u.completion_tokens, cached_tokens=u.cached_tokens,
-                          reasoning_tokens=reasoning_tokens if parsers.reasoning_enabled else None),
+    return shaped(ChatCompletionResponse, {
+        "id": ctx.response_id("chatcmpl"), "created": now(), "model": entry.name, "choices": out,
+        "usage": usage_dict(u.prompt_tokens, u.completion_tokens, cached_tokens=u.cached_tokens,
+                            reasoning_tokens=reasoning_tokens if parsers.reasoning_enabled else None),
+    })
+
+
+def _plain_values(content: str | None, reasoning: str | None, matched_stop: Any) -> bool:
+    """The answer's values are of the exact types the response model holds (nothing for
+    pydantic to validate or convert), so ``shaped`` builds the same dict."""
+    return (
+        (content is None or type(content) is str)
+        and (reasoning is None or type(reasoning) is str)
+        and (matched_stop is None or type(matched_stop) in (int, str))
     )
-    return response.to_dict()
 
 
 async def stream_chat(engine: Engine, req: ChatCompletionRequest, ctx: RequestContext) -> AsyncIterator[StreamChunk]:

@@ -25,6 +25,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from gateway.observability.request_log import current_record
 from gateway.pipeline.observer import PipelineObserver
+from gateway.pipeline.offpath import later, run_pending
 
 # Seconds: from sub-millisecond gateway stages to multi-minute generations.
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
@@ -157,6 +158,7 @@ class GatewayMetrics(PipelineObserver):
 
     # ------------------------------------------------------------ exposition
     def render(self) -> bytes:
+        run_pending()  # a scrape sees every update already made
         return generate_latest(self.registry)
 
     # ------------------------------------------------------------ PipelineObserver
@@ -166,12 +168,12 @@ class GatewayMetrics(PipelineObserver):
             record.model = model
 
     def stage(self, name: str, seconds: float) -> None:
-        self._child(self.stage_seconds, name).observe(seconds)
+        later(self._child(self.stage_seconds, name).observe, seconds)  # off the request's path
         if self.tracing is not None:
             self.tracing.stage(name, seconds)
 
     def selected(self, policy: str, reason: str, worker_id: str) -> None:
-        self._child(self.decisions, policy, reason).inc()
+        later(self._child(self.decisions, policy, reason).inc)
         if self.tracing is not None:
             self.tracing.annotate(worker=worker_id, policy=policy, policy_reason=reason)
 

@@ -17,6 +17,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from gateway.pipeline.offpath import later
 from gateway.pipeline.prefill_gate import PrefillHolds
 from gateway.policies.base import Decision, NoWorkerAvailable, Policy, RouteRequest, WorkerView
 from gateway.policies.factory import close_policy
@@ -185,8 +186,8 @@ class Router:
         decision = policy.select(request, views)
         packed = getattr(policy, "packed", None)  # cache_aware has packed the prompt already
         prompt: bytes = packed(request) if packed is not None else b""
-        if not request.exclude:  # a retry offers nothing new
-            self.quality(request.model, role).offered.offer(prompt if packed is not None else request.token_ids)
+        if not request.exclude:  # a retry offers nothing new; a statistic: applied off the request's path
+            later(self.quality(request.model, role).offered.offer, prompt if packed is not None else request.token_ids)
         worker = next((w for w in live if w.id == decision.worker_id), None)
         if worker is None:
             raise NoWorkerAvailable(f"policy {policy.name} chose unknown worker {decision.worker_id!r}")

@@ -644,9 +644,33 @@ class CacheAwarePolicy(BasePolicy):
         """Another gateway process dispatched a prompt: the worker will cache it, exactly as
         if this process had sent it (the tree's half of ``on_dispatch``). Its load reaches
         the cost through ``WorkerView`` (the sync layer adds remote load to the views);
-        remote finishes carry nothing the tree needs. Workers outside the pool are skipped."""
+        remote finishes carry nothing the tree needs. Workers outside the pool are skipped.
+
+        A decision (not a learned output, which carries no prompt count) also counts in the
+        hot-prefix tracker, keyed as its sender keyed it (the prompt's longest match before
+        the insert), so every replica measures the fleet's prefix shares: a replica that saw
+        only its own half of the traffic needed twice the requests before it trusted a share
+        (``queued_prefill_weight``'s guard), and in those first moments spilled groups to new
+        holders at the full weight (docs/BENCHMARKS.md, "Routing, round 6 (route5)"). A
+        remote decision's worker does not join this process's replica set of a hot prefix:
+        two replicas growing one shared set at once each kept its own newest holder among
+        its first ``k`` and used more holders than either set alone (simulated Zipf and hot
+        gsp, 0.3 points lower, more spread)."""
         if isinstance(event, RemoteDecision) and event.worker_id in self._params and event.tokens:
-            self.tree(event.model).insert_packed(event.tokens, event.worker_id)
+            tree = self.tree(event.model)
+            if self.hot_prefix_min_tokens and event.prompt_tokens > 0:
+                self._observe_remote(tree, event)
+            tree.insert_packed(event.tokens, event.worker_id)
+
+    def _observe_remote(self, tree: RadixTree, event: RemoteDecision) -> None:
+        pb = event.tokens
+        if len(pb) > event.prompt_tokens << 2:
+            pb = pb[: event.prompt_tokens << 2]
+        found = tree.match_packed(pb)[0]
+        found -= found % 16
+        if found < self.hot_prefix_min_tokens or found <= 0:
+            return
+        self.hot.observe(xxhash.xxh3_64_intdigest(memoryview(pb)[: found << 2]), max(1, len(self._params)))
 
     def _learn(self, request: RouteRequest, worker_id: str, reported: int, predicted: int, stamp: int) -> None:
         """Bring the tree in line with what ``worker_id`` reported (see ``on_finish``)."""

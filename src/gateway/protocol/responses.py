@@ -59,6 +59,42 @@ class ResponseModel(BaseModel):
         return self.model_dump(exclude_none=True)
 
 
+_UNSET: Any = object()
+_FIELD_DEFAULTS: dict[type[ResponseModel], tuple[tuple[str, Any, Any], ...]] = {}
+
+
+def shaped(cls: type[ResponseModel], values: dict[str, Any]) -> dict[str, Any]:
+    """``cls(**values).to_dict()`` without building the model, for values that already are
+    what the model would hold: JSON scalars of the fields' exact types and, for nested
+    models, their own ``shaped`` dicts. The model stays the one owner of the shape (its
+    fields in declaration order, their defaults, its ``_keep_null``); this only skips
+    pydantic's validation and dump on the common unary answer, where they cost tens of
+    µs per request (docs/BENCHMARKS.md, issue 18 round 6). Values that need validation
+    or conversion must go through the model (tests hold the two equal)."""
+    fields = _FIELD_DEFAULTS.get(cls)
+    if fields is None:
+        fields = _FIELD_DEFAULTS[cls] = tuple(
+            (name, _UNSET if f.is_required() else f.default, f.default_factory)
+            for name, f in cls.model_fields.items()
+        )
+    data: dict[str, Any] = {}
+    for name, default, factory in fields:
+        value = values.get(name, _UNSET)
+        if value is _UNSET:
+            if factory is not None:
+                value = factory()  # type: ignore[call-arg]
+            elif default is _UNSET:
+                raise TypeError(f"{cls.__name__}: {name} is required")
+            else:
+                value = default
+        if value is not None:
+            data[name] = value
+    for name in cls._keep_null:
+        if name not in data:
+            data[name] = None
+    return data
+
+
 # ---------------------------------------------------------------- usage
 
 
@@ -100,6 +136,25 @@ class Usage(ResponseModel):
                 else CompletionTokensDetails(reasoning_tokens=reasoning_tokens)
             ),
         )
+
+
+def usage_dict(
+    prompt_tokens: int, completion_tokens: int, *, cached_tokens: int | None = None, reasoning_tokens: int | None = None
+) -> dict[str, Any]:
+    """``Usage.build(...).to_dict()`` for int counts, without the models (``shaped``);
+    anything else (a count that needs pydantic's conversion) goes through them."""
+    counts = (prompt_tokens, completion_tokens, cached_tokens, reasoning_tokens)
+    if not all(c is None or type(c) is int for c in counts):
+        return Usage.build(prompt_tokens, completion_tokens, cached_tokens=cached_tokens,
+                           reasoning_tokens=reasoning_tokens).to_dict()
+    return shaped(Usage, {
+        "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": None if cached_tokens is None else shaped(PromptTokensDetails, {"cached_tokens": cached_tokens}),
+        "completion_tokens_details": (
+            None if reasoning_tokens is None else shaped(CompletionTokensDetails, {"reasoning_tokens": reasoning_tokens})
+        ),
+    })
 
 
 # ---------------------------------------------------------------- logprobs

@@ -1,11 +1,14 @@
 """Chat-template rendering with transformers' ``apply_chat_template`` semantics.
 
-Rendering itself is delegated to ``transformers.utils.chat_template_utils`` (its
-sandboxed jinja environment with ``raise_exception``, ``tojson``, ``strftime_now``,
-``namespace``, loopcontrols and ``{% generation %}``, and its handling of tools,
-documents and ``continue_final_message``), so prompts are byte-identical to what
-``AutoTokenizer.apply_chat_template(..., tokenize=False)`` produces. transformers
-caches each compiled template by its source, so a template is compiled once.
+The template is compiled by ``transformers.utils.chat_template_utils`` (its sandboxed
+jinja environment with ``raise_exception``, ``tojson``, ``strftime_now``, ``namespace``,
+loopcontrols and ``{% generation %}``), so prompts are byte-identical to what
+``AutoTokenizer.apply_chat_template(..., tokenize=False)`` produces. The common render
+calls that compiled template directly with what transformers' ``render_jinja_template``
+would pass it (everything the template sees rebuilt as plain JSON data, reasoning
+fields aliased): the wrapper copies the messages a second time, after our own copy, and
+that copy is on every request's critical path (docs/BENCHMARKS.md, issue 18 round 6).
+``continue_final_message`` (its tag-and-trim logic) still goes through the wrapper.
 
 What this module adds is the OpenAI-request normalisation an inference server does
 before calling the template (as SGLang does): content-part lists flattened for
@@ -44,6 +47,29 @@ def _load_renderer() -> Any:
     except ImportError as exc:  # transformers is a runtime dependency; say so clearly
         raise ChatTemplateError(f"chat templates need transformers: {exc}") from exc
     return chat_template_utils
+
+
+_SCALARS = (str, int, float, bool)
+
+
+def plain(value: Any) -> Any:
+    """``value`` rebuilt from plain JSON types, as transformers' ``_plain_template_data``
+    rebuilds what a template may see (the sandbox does not know the methods of rich
+    objects); plain dicts, lists and exact scalars are handled here, anything else by
+    transformers' own function, so the result is always the one it would give."""
+    kind = type(value)
+    if value is None or kind in _SCALARS:
+        return value
+    if kind is dict:
+        return {_plain_key(k): plain(v) for k, v in value.items()}
+    if kind is list:
+        return [plain(v) for v in value]
+    rebuild = getattr(_load_renderer(), "_plain_template_data", None)
+    return rebuild(value) if rebuild is not None else copy.deepcopy(value)  # older transformers: a copy
+
+
+def _plain_key(key: Any) -> Any:
+    return key if type(key) is str else plain(key)
 
 
 def _is_content_access(node: jinja2.nodes.Node) -> bool:
@@ -149,7 +175,9 @@ def normalize_messages(
         if not isinstance(message.get("role"), str):
             raise ChatTemplateError(f"{where} needs a string 'role'")
         # transformers drops None-valued keys: templates handle a missing key, not None.
-        out = {key: copy.deepcopy(value) for key, value in message.items() if value is not None}
+        # Values are rebuilt as plain JSON data (a fresh copy: the caller's objects are
+        # never changed), exactly as transformers' wrapper rebuilds them before a render.
+        out = {_plain_key(key): plain(value) for key, value in message.items() if value is not None}
         if message.get("content", "") is None and content_null_aware:
             out["content"] = None  # the template tells null content (DeepSeek V3's tool turns)
         elif message.get("content", "") is None and content_format == "string":
@@ -177,13 +205,19 @@ class ChatTemplate:
         self.special_tokens = dict(special_tokens or {})
         self._utils = _load_renderer()
         try:
-            compiled = self._utils._compile_jinja_template(source)
+            compiled = self._compiled = self._utils._compile_jinja_template(source)
             ast = compiled.environment.parse(source)
         except jinja2.TemplateError as exc:
             raise ChatTemplateError(f"the chat template does not compile: {exc}") from exc
         self.content_format: ContentFormat = detect_content_format(ast)
         self.arguments_as_text = arguments_as_text(source)
         self.content_null_aware = _CONTENT_IS_NONE.search(source) is not None
+        # The direct render needs the helpers transformers' wrapper uses (5.x); with an
+        # older transformers every render goes through the wrapper.
+        self._alias = getattr(self._utils, "_alias_reasoning_fields", None)
+        if not hasattr(self._utils, "_plain_template_data"):
+            self._alias = None
+        self._plain_specials = plain(self.special_tokens)
 
     def render(
         self,
@@ -217,14 +251,23 @@ class ChatTemplate:
             content_null_aware=self.content_null_aware,
         )
         try:
-            rendered, _ = self._utils.render_jinja_template(
-                conversations=[conversation],
-                tools=[dict(t) for t in tools] if tools is not None else None,
-                documents=[dict(d) for d in documents] if documents is not None else None,
-                chat_template=self.source,
+            if continue_final_message or self._alias is None:
+                rendered, _ = self._utils.render_jinja_template(
+                    conversations=[conversation],
+                    tools=[dict(t) for t in tools] if tools is not None else None,
+                    documents=[dict(d) for d in documents] if documents is not None else None,
+                    chat_template=self.source,
+                    add_generation_prompt=add_generation_prompt,
+                    continue_final_message=continue_final_message,
+                    **{**self.special_tokens, **kwargs},
+                )
+                return str(rendered[0])
+            return self._render_plain(
+                conversation,
+                tools=plain([dict(t) for t in tools]) if tools is not None else None,
+                documents=plain([dict(d) for d in documents]) if documents is not None else None,
                 add_generation_prompt=add_generation_prompt,
-                continue_final_message=continue_final_message,
-                **{**self.special_tokens, **kwargs},
+                kwargs={**self._plain_specials, **plain(kwargs)} if kwargs else self._plain_specials,
             )
         except ChatTemplateError:
             raise
@@ -233,4 +276,23 @@ class ChatTemplate:
             # raise_exception, an undefined attribute, a type error) means these inputs
             # cannot be rendered, which the server reports as a client error.
             raise ChatTemplateError(f"chat template error: {exc}") from exc
-        return str(rendered[0])
+
+    def _render_plain(
+        self,
+        conversation: list[dict[str, Any]],
+        *,
+        tools: list[Any] | None,
+        documents: list[Any] | None,
+        add_generation_prompt: bool,
+        kwargs: dict[str, Any],
+    ) -> str:
+        """The compiled template on data that is already plain (``render_jinja_template``'s
+        call without its copy): the same names, the same reasoning aliases."""
+        assert self._alias is not None
+        return str(self._compiled.render(
+            messages=self._alias(conversation),
+            tools=tools,
+            documents=documents,
+            add_generation_prompt=add_generation_prompt,
+            **kwargs,
+        ))

@@ -376,12 +376,15 @@ class Tokenizer:
     def chat_template(self, name: str | None = None, *, with_tools: bool = False) -> ChatTemplate:
         """The compiled chat template (cached): ``name``, else ``tool_use`` when tools are
         given and such a template exists, else ``default``."""
-        from gateway.tokenization.chat_template import ChatTemplate
-        from gateway.tokenization.errors import ChatTemplateError
-
         sources = self._chat_template_sources
         if name is None:
             name = "tool_use" if with_tools and "tool_use" in sources else "default"
+        found = self._chat_templates.get(name)  # every request: a dict read, no lock, no import
+        if found is not None and name in sources:
+            return found
+        from gateway.tokenization.chat_template import ChatTemplate
+        from gateway.tokenization.errors import ChatTemplateError
+
         if name not in sources:
             available = ", ".join(sorted(sources)) or "none"
             raise ChatTemplateError(

@@ -113,6 +113,7 @@ class Worker:
         self.polled: LoadSnapshot | None = None
         self.polled_at = 0.0
         self._loads_view: tuple[LoadSnapshot, float, LoadSnapshot] | None = None  # (polled, at, view)
+        self._view: tuple[tuple[object, ...], WorkerView] | None = None  # (what it was built from, view)
         # Health evidence (see workers/health.py): consecutive probe outcomes, the last
         # time a request or probe succeeded, and whether a failure asks for an early probe.
         self.failures = 0
@@ -166,21 +167,37 @@ class Worker:
         return view
 
     def view(self) -> WorkerView:
-        return WorkerView(
+        """What a policy may know of this worker now. The router asks for every worker of a
+        pool on every request and the figures rarely change between two requests, so the
+        last view is handed out again while every figure it was built from is the same
+        (a frozen dataclass of 13 fields costs more to build than its key to compare)."""
+        load, remote, info = self.load, self.remote_load, self.info
+        key = (
+            self.available, load.in_flight, load.queued_prefill_tokens, load.running_decode_tokens,
+            remote.in_flight, remote.queued_prefill_tokens, remote.running_decode_tokens, self.loads_view(),
+            info.kv_capacity_tokens, info.page_size, info.max_running_requests, self.bootstrap_port,
+            self.id, self.url, self.role,
+        )
+        cached = getattr(self, "_view", None)  # (stand-ins for a worker in tests have none)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        view = WorkerView(
             worker_id=self.id,
             url=self.url,
             role=self.role,
-            available=self.available,
-            in_flight=self.load.in_flight + self.remote_load.in_flight,
-            queued_prefill_tokens=self.load.queued_prefill_tokens,
-            remote_prefill_tokens=self.remote_load.queued_prefill_tokens,  # already the uncached part
-            running_decode_tokens=self.load.running_decode_tokens + self.remote_load.running_decode_tokens,
-            loads=self.loads_view(),
-            kv_capacity_tokens=self.info.kv_capacity_tokens,
-            page_size=self.info.page_size,
+            available=key[0],
+            in_flight=load.in_flight + remote.in_flight,
+            queued_prefill_tokens=load.queued_prefill_tokens,
+            remote_prefill_tokens=remote.queued_prefill_tokens,  # already the uncached part
+            running_decode_tokens=load.running_decode_tokens + remote.running_decode_tokens,
+            loads=key[7],
+            kv_capacity_tokens=info.kv_capacity_tokens,
+            page_size=info.page_size,
             bootstrap_port=self.bootstrap_port,
-            max_running_requests=self.info.max_running_requests,
+            max_running_requests=info.max_running_requests,
         )
+        self._view = (key, view)
+        return view
 
     def describe(self) -> dict[str, object]:
         """The admin API's view of this worker."""
