@@ -21,6 +21,7 @@ from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers.processors import TemplateProcessing
 
 from gateway.tokenization.errors import TokenizerLoadError
+from gateway.tokenization.fast_bpe import FastBpe, build_fast_bpe
 from gateway.tokenization.length_bound import LengthBound, length_bound
 
 if TYPE_CHECKING:
@@ -240,6 +241,11 @@ class Tokenizer:
     # ------------------------------------------------------------------ encode / decode
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:
         """Token ids of ``text``. Use ``add_special_tokens=False`` for rendered chat prompts."""
+        fast = self.__dict__.get("fast_bpe")  # once built and checked (off the event loop)
+        if fast is not None and (fast.plain_specials or not add_special_tokens):
+            found = fast.encode(text)
+            if found is not None:
+                return found
         if len(text) <= HOLD_GIL_CHARS:
             ids: list[int] = self.backend.encode(text, add_special_tokens=add_special_tokens).ids
             return ids
@@ -254,6 +260,11 @@ class Tokenizer:
         them to the library's thread pool, whose threads sleep between requests, and waking
         them cost ~0.2 ms per short chat prompt at concurrency 1 (docs/BENCHMARKS.md, issue 18
         round 4) against ~20 µs of work."""
+        fast = self.__dict__.get("fast_bpe")
+        if fast is not None and (fast.plain_specials or not add_special_tokens):
+            found = [fast.encode(t) for t in texts]
+            if all(ids is not None for ids in found):
+                return found  # type: ignore[return-value]
         if sum(len(t) for t in texts) <= HOLD_GIL_CHARS:
             encode = self.backend.encode
             return [encode(t, add_special_tokens=add_special_tokens).ids for t in texts]
@@ -304,6 +315,17 @@ class Tokenizer:
         """A lower bound on token counts from text length (``tokenization.length_bound``);
         the first read walks the vocabulary (run it off the event loop)."""
         return length_bound(self.backend)
+
+    @functools.cached_property
+    def fast_bpe(self) -> FastBpe | None:
+        """tiktoken as this tokenizer's encoder where its ids are exact (``tokenization.fast_bpe``),
+        used by ``encode`` once built; the first read checks it (~1.4 s of CPU: run it off the event loop)."""
+        return build_fast_bpe(self.backend)
+
+    @property
+    def fast_bpe_ready(self) -> bool:
+        """True once ``fast_bpe`` has been built (or found not to apply)."""
+        return "fast_bpe" in self.__dict__
 
     @property
     def length_bound_ready(self) -> bool:

@@ -1,0 +1,63 @@
+"""The engine builds a model's fast encoder once, in a thread of its own, at its first long prompt."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+from gateway.pipeline.catalog import ModelEntry
+from gateway.pipeline.engine import Engine, EngineConfig
+from gateway.pipeline.router import Router
+from gateway.policies.factory import make_policy
+from gateway.tokenization import ChatPromptCache, Tokenizer
+from gateway.workers.registry import WorkerRegistry
+from tests.tokenization.helpers import qwen_files
+
+
+class _Catalog:
+    def __init__(self, entry: ModelEntry) -> None:
+        self.entry = entry
+
+    def get(self, name: str | None) -> ModelEntry:
+        return self.entry
+
+
+def _engine(tmp_path: Path) -> tuple[Engine, ModelEntry]:
+    tokenizer = Tokenizer.from_path(qwen_files())
+    entry = ModelEntry("m", tokenizer, "path", 0, ChatPromptCache(tokenizer))
+    engine = Engine(Router(WorkerRegistry(), lambda role: make_policy()), _Catalog(entry), config=EngineConfig(offload_chars=4096))  # type: ignore[arg-type]
+    return engine, entry
+
+
+async def test_long_prompts_build_the_encoder_once_off_the_loop(tmp_path: Path) -> None:
+    engine, entry = _engine(tmp_path)
+    tokenizer = entry.tokenizer
+    built_on: list[int] = []
+    real = Tokenizer.fast_bpe.func  # type: ignore[attr-defined]
+
+    def spy(self: Tokenizer) -> object:
+        built_on.append(threading.get_ident())
+        return real(self)
+
+    try:
+        Tokenizer.fast_bpe.func = spy  # type: ignore[attr-defined]
+        short = "hello there " * 10
+        assert await engine.encode_prompt(entry, short) == tokenizer.backend.encode(short).ids
+        assert not built_on and not tokenizer.fast_bpe_ready  # short prompts never pay for it
+        long = "alpha river stone light " * 400
+        want = tokenizer.backend.encode(long).ids
+        assert await engine.encode_prompt(entry, long) == want
+        for _ in range(200):
+            if tokenizer.fast_bpe_ready:
+                break
+            await asyncio.sleep(0.05)
+        assert tokenizer.fast_bpe_ready and tokenizer.fast_bpe is not None
+        assert await engine.encode_prompt(entry, long + " again") == tokenizer.backend.encode(long + " again").ids
+        messages = [{"role": "user", "content": long}]
+        text, ids = await engine.render_chat(entry, messages, tools=None, chat_template_kwargs=None)
+        assert ids == tokenizer.backend.encode(text, add_special_tokens=False).ids
+        assert len(built_on) == 1 and built_on[0] != threading.get_ident()  # off the event loop
+    finally:
+        Tokenizer.fast_bpe.func = real  # type: ignore[attr-defined]
+        engine.close()

@@ -1,0 +1,131 @@
+"""tiktoken as the encoder where its ids equal HF tokenizers' (the real Qwen3 tokenizer)."""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from tokenizers import Regex, models, normalizers, pre_tokenizers
+from tokenizers import Tokenizer as BackendTokenizer
+
+from gateway.bench.workloads import GspConfig, Vocab, gsp
+from gateway.tokenization import Tokenizer
+from gateway.tokenization.fast_bpe import FastBpe, _byte_decoder, build_fast_bpe
+
+from .helpers import FRAGMENTS, PROPERTY
+
+QWEN_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+@pytest.fixture(scope="module")
+def fresh(qwen_dir: Path) -> Tokenizer:
+    """A Qwen3 tokenizer of this module's own (the session one keeps the HF encoder)."""
+    return Tokenizer.from_path(qwen_dir)
+
+
+@pytest.fixture(scope="module")
+def fast(fresh: Tokenizer) -> FastBpe:
+    built = fresh.fast_bpe
+    assert built is not None, "Qwen3's byte-level BPE is tiktoken's: the encoder must apply"
+    return built
+
+
+def _hf(tok: Tokenizer, text: str) -> list[int]:
+    ids: list[int] = tok.backend.encode(text, add_special_tokens=False).ids
+    return ids
+
+
+ASCII = string.printable.replace("\x0b", "").replace("\x0c", "")  # printable ASCII, tab, LF, CR
+ADDED = ["<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>", "<|endoftext|>", "<|im_start"]
+
+
+@PROPERTY
+@given(parts=st.lists(st.one_of(st.text(alphabet=ASCII, max_size=80), st.sampled_from(ADDED)), max_size=12))
+def test_ascii_texts_with_added_tokens_match_hf(fresh: Tokenizer, fast: FastBpe, parts: list[str]) -> None:
+    text = "".join(parts)
+    assert fast.encode(text) == _hf(fresh, text)
+    assert fresh.encode(text, add_special_tokens=True) == _hf(fresh, text)
+
+
+def test_gsp_prompts_and_chat_renders_match_hf(fresh: Tokenizer, fast: FastBpe) -> None:
+    config = GspConfig(groups=2, prompts_per_group=2, system_tokens=512, question_tokens=64, text_prompts=True)
+    for spec in gsp(config, Vocab.from_tokenizer_dir(), 3):
+        assert spec.prompt is not None
+        assert fast.encode(spec.prompt) == _hf(fresh, spec.prompt)
+        messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": spec.prompt[:700]}]
+        chat = fresh.apply_chat_template(messages, add_generation_prompt=True)
+        assert fast.encode(chat) == _hf(fresh, chat)
+        assert fresh.encode_batch([chat, spec.prompt], add_special_tokens=False) == [_hf(fresh, chat), _hf(fresh, spec.prompt)]
+
+
+@pytest.mark.parametrize("text", [*FRAGMENTS, "caf\u00e9", "tab\x0bvertical", "form\x0cfeed", "nul\x00byte", "\x1f"])
+def test_other_texts_go_to_the_hf_encoder(fresh: Tokenizer, fast: FastBpe, text: str) -> None:
+    if not text.isascii() or any(c not in ASCII for c in text):
+        assert fast.encode(text) is None
+    assert fresh.encode(text, add_special_tokens=False) == _hf(fresh, text)
+    assert fresh.encode_batch([text, "plain"], add_special_tokens=False) == [_hf(fresh, text), _hf(fresh, "plain")]
+
+
+def test_the_tokenizer_uses_it_only_once_built(qwen_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tok = Tokenizer.from_path(qwen_dir)
+    assert not tok.fast_bpe_ready
+    assert tok.encode("hello world", add_special_tokens=False) == _hf(tok, "hello world")
+    assert tok.fast_bpe is not None and tok.fast_bpe_ready
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the HF encoder ran for an ASCII text")
+
+    monkeypatch.setattr(tok, "backend", type("B", (), {"encode": refuse, "encode_batch_fast": refuse})())
+    assert tok.encode("hello world " * 400, add_special_tokens=True) == tok.fast_bpe.encode("hello world " * 400)
+    assert tok.encode_batch(["a b", "c d" * 2000], add_special_tokens=False) == [[64, 293], tok.fast_bpe.encode("c d" * 2000)]
+
+
+def _byte_level(merges: list[tuple[str, str]], extra: list[str], *, split: str = QWEN_SPLIT) -> BackendTokenizer:
+    alphabet = sorted(_byte_decoder(), key=lambda c: _byte_decoder()[c])
+    vocab = {c: i for i, c in enumerate(alphabet)}
+    for token in extra:
+        vocab[token] = len(vocab)
+    tok = BackendTokenizer(models.BPE(vocab, merges))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(split), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])  # fmt: skip
+    return tok
+
+
+def test_a_small_rank_ordered_vocabulary_is_taken() -> None:
+    tok = _byte_level([("a", "b"), ("ab", "c")], ["ab", "abc"])
+    fast = build_fast_bpe(tok)
+    assert fast is not None
+    assert fast.encode("abc abcab") == tok.encode("abc abcab", add_special_tokens=False).ids
+
+
+def test_merges_out_of_rank_order_are_refused() -> None:
+    # HF merges "bc" first (merge 0); tiktoken merges the lower-ranked token "ab" first.
+    tok = _byte_level([("b", "c"), ("a", "b")], ["ab", "bc"])
+    assert tok.encode("abc", add_special_tokens=False).tokens == ["a", "bc"]
+    assert build_fast_bpe(tok) is None
+
+
+def test_a_token_without_its_merge_is_refused() -> None:
+    # "abc" is in the vocabulary but no merge makes it: HF never forms it, tiktoken's
+    # whole-piece lookup would; the token self-check sees the difference.
+    tok = _byte_level([("a", "b")], ["ab", "abc"])
+    assert build_fast_bpe(tok) is None
+
+
+def test_other_pipelines_are_refused() -> None:
+    tok = _byte_level([("a", "b")], ["ab"])
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    assert build_fast_bpe(tok) is None
+    tok = _byte_level([("a", "b")], ["ab"])
+    tok.normalizer = normalizers.Lowercase()
+    assert build_fast_bpe(tok) is None
+    wordpiece = BackendTokenizer(models.WordPiece({"[UNK]": 0, "a": 1}, unk_token="[UNK]"))
+    assert build_fast_bpe(wordpiece) is None
