@@ -688,7 +688,9 @@ class Client:
         self.base = base_url
         self.model = model
         self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=connections, force_close=False),
+            # Idle connections are dropped here before a gateway's own keep-alive timeout
+            # (ours: 5 s) closes them: reusing one the server is closing fails the request.
+            connector=aiohttp.TCPConnector(limit=connections, force_close=False, keepalive_timeout=2.0),
             timeout=aiohttp.ClientTimeout(total=300),
             trust_env=False,
         )
