@@ -121,6 +121,7 @@ DEFAULT_LOADS_MAX_AGE_S = 5.0
 DEFAULT_SLOT_STEP_TOKENS = 0.0  # off: see docs/policies.md, "Slot wait"
 DEFAULT_HOT_PREFIX_MIN_TOKENS = 256
 DEFAULT_HOT_PREFIX_WINDOW = DEFAULT_WINDOW
+HOT_KEY_BLOCK = 16  # a hot-prefix key covers whole blocks of this many tokens of the longest match
 HOT_REASON = "hot_prefix"  # spread among the hot prefix's replica set
 HOT_NEW_REASON = "hot_prefix_new_replica"  # the replica set grows by this (cheapest non-holder) worker
 HOT_OVERFLOW_REASON = "hot_prefix_overflow"  # every holder's slots were taken: the whole pool was scored
@@ -370,12 +371,17 @@ class CacheAwarePolicy(BasePolicy):
             return key
         if found is None:
             found = self._match(request, ())[0]
-        key = None
-        found -= found % 16
-        if found >= self.hot_prefix_min_tokens and found > 0:
-            key = xxhash.xxh3_64_intdigest(memoryview(self._packed(request))[: found << 2])
+        key = self._prefix_key(self._packed(request), found)
         self._hot_memo = (request, key)
         return key
+
+    def _prefix_key(self, packed: bytes, found: int) -> int | None:
+        """The hot-prefix key of a packed prompt whose longest tree match is ``found``
+        tokens: its first whole ``HOT_KEY_BLOCK`` blocks, hashed; None when too short."""
+        found -= found % HOT_KEY_BLOCK
+        if found < self.hot_prefix_min_tokens or found <= 0:
+            return None
+        return xxhash.xxh3_64_intdigest(memoryview(packed)[: found << 2])
 
     def _hot_pool(
         self, request: RouteRequest, workers: Sequence[WorkerView], found: int
@@ -684,11 +690,9 @@ class CacheAwarePolicy(BasePolicy):
         pb = event.tokens
         if len(pb) > event.prompt_tokens << 2:
             pb = pb[: event.prompt_tokens << 2]
-        found = tree.match_packed(pb)[0]
-        found -= found % 16
-        if found < self.hot_prefix_min_tokens or found <= 0:
-            return
-        self.hot.observe(xxhash.xxh3_64_intdigest(memoryview(pb)[: found << 2]), max(1, len(self._params)))
+        key = self._prefix_key(pb, tree.match_packed(pb)[0])
+        if key is not None:
+            self.hot.observe(key, max(1, len(self._params)))
 
     def _learn(self, request: RouteRequest, worker_id: str, reported: int, predicted: int, stamp: int) -> None:
         """Bring the tree in line with what ``worker_id`` reported (see ``on_finish``)."""
