@@ -997,6 +997,19 @@ async def warm_long_prompt(gw: Running, client: Client, args: argparse.Namespace
     await settle(gw.pid, args.cap_s)
 
 
+async def warm_short_prompts(gw: Running, client: Client, prompts: Prompts, args: argparse.Namespace) -> None:
+    """``--short-warm`` short chats (8 in flight, prompts no measured request uses), then wait
+    until the gateway is quiet: ours builds a model's fast encoder at its 256th prompt
+    (``--fast-encoder-after``, ~2 s of CPU once per process), which is not part of what a short
+    request costs a gateway that has served a while. Every gateway gets the same warm-up."""
+    if args.short_warm <= 0:
+        return
+    warm = [prompts.messages(args.short_prompt_tokens) for _ in range(args.short_warm)]
+    body = {"max_tokens": args.short_max_tokens}
+    await closed_loop(lambda i: client.send("/v1/chat/completions", {**body, "messages": warm[i]}), 8, len(warm), args.cap_s)  # type: ignore[arg-type]
+    await settle(gw.pid, args.cap_s)
+
+
 async def settle(pid: int, cap_s: float, quiet_cpu_s: float = 0.02, window_s: float = 0.5) -> None:
     """Wait (at most ``cap_s``) until process ``pid`` uses under ``quiet_cpu_s`` of CPU in ``window_s``."""
     deadline = time.perf_counter() + cap_s
@@ -1036,6 +1049,7 @@ async def short_loads(gw: Running, client: Client, direct: Target, prompts: Prom
     pool = [prompts.messages(args.short_prompt_tokens) for _ in range(min(args.short_requests, 2048))]
     body = {"max_tokens": args.short_max_tokens}
     await client.send("/v1/chat/completions", {**body, "messages": pool[0]})  # warm
+    await warm_short_prompts(gw, client, prompts, args)
     done, wall, cpu = await timed_loop(
         lambda i: client.send("/v1/chat/completions", {**body, "messages": pool[i % len(pool)]}),
         args.short_concurrency, args.short_requests, args.cap_s, gw.pid,
@@ -1418,6 +1432,11 @@ def main() -> int:
     side.add_argument("--short-max-tokens", type=int, default=8, help="short load: output tokens")
     side.add_argument("--short-concurrency", type=int, default=128, help="short load: requests in flight")
     side.add_argument("--short-requests", type=int, default=3000, help="short load: requests")
+    side.add_argument(
+        "--short-warm", type=int, default=300,
+        help="short load: warm-up requests before it is measured, then a wait for a quiet gateway "
+        "(ours builds its fast encoder at a model's 256th prompt)",
+    )  # fmt: skip
     side.add_argument("--chat-conversations", type=int, default=32)
     side.add_argument("--chat-turns", type=int, default=6)
     side.add_argument("--chat-system-tokens", type=int, default=512)

@@ -17,7 +17,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_latency_timeli
 @pytest.mark.slow
 def test_tiny_run_reports_the_stages_in_order(tmp_path: Path) -> None:
     out = tmp_path / "timeline.json"
-    argv = [sys.executable, str(SCRIPT), "--requests", "6", "--workers", "1", "--json", str(out)]
+    argv = [sys.executable, str(SCRIPT), "--requests", "6", "--warm", "20", "--workers", "1", "--json", str(out)]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=180, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(out.read_text())

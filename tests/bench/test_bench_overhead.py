@@ -110,7 +110,7 @@ def test_tiny_compare_run_reports_every_load(tmp_path: Path) -> None:
     out = tmp_path / "compare.json"
     argv = [
         sys.executable, str(SCRIPT), "--sections", "compare", "--gateways", "ours",
-        "--short-workers", "2", "--short-requests", "10", "--short-concurrency", "4", "--latency-requests", "3",
+        "--short-workers", "2", "--short-requests", "10", "--short-warm", "0", "--short-concurrency", "4", "--latency-requests", "3",
         "--chat-conversations", "2", "--chat-turns", "2", "--chat-system-tokens", "64", "--chat-user-tokens", "16",
         "--chat-reply-tokens", "4", "--chat-concurrency", "2",
         "--gsp-workers", "2", "--gsp-groups", "1", "--gsp-prompts-per-group", "3", "--gsp-system-tokens", "64",

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from tokenizers import Regex, models, normalizers, pre_tokenizers
+from tokenizers import AddedToken, Regex, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as BackendTokenizer
 
 from gateway.bench.workloads import GspConfig, Vocab, gsp
@@ -129,3 +129,38 @@ def test_other_pipelines_are_refused() -> None:
     assert build_fast_bpe(tok) is None
     wordpiece = BackendTokenizer(models.WordPiece({"[UNK]": 0, "a": 1}, unk_token="[UNK]"))
     assert build_fast_bpe(wordpiece) is None
+
+
+# Added tokens that are prefixes of each other and overlap, raw (special) and normalized:
+# HF cuts the raw ones first, then the normalized ones, each pass leftmost, then longest.
+OVERLAPPING = ["<a>", "<a>b", "<a>bc", "b>", "<b", "x<b>y", "[[", "[[[", "]]"]
+
+
+def _with_overlapping_added_tokens() -> tuple[BackendTokenizer, FastBpe]:
+    tok = _byte_level([("a", "b"), ("ab", "c")], ["ab", "abc"])
+    tok.add_special_tokens([AddedToken(t, normalized=False) for t in OVERLAPPING[:4]])
+    tok.add_tokens([AddedToken(t, normalized=True) for t in OVERLAPPING[4:]])
+    fast = build_fast_bpe(tok)
+    assert fast is not None
+    return tok, fast
+
+
+@PROPERTY
+@given(parts=st.lists(st.one_of(st.text(alphabet="<>[]abcxy \n", max_size=12), st.sampled_from(OVERLAPPING)), max_size=12))
+def test_overlapping_added_tokens_are_cut_leftmost_longest_as_in_hf(parts: list[str]) -> None:
+    tok, fast = _OVERLAPPING
+    text = "".join(parts)
+    assert fast.encode(text) == tok.encode(text, add_special_tokens=False).ids
+
+
+def test_overlapping_added_tokens_examples() -> None:
+    tok, fast = _OVERLAPPING
+    ids = {t: tok.token_to_id(t) for t in OVERLAPPING}
+    for text in ["<a>bc", "<a>b", "<a>", "x<a>b>", "x<b>y<a>bc>", "[[[[", "[[[[[", "]]]", "<<a>>", "<a>bcb>", ""]:
+        assert fast.encode(text) == tok.encode(text, add_special_tokens=False).ids, text
+    assert fast.encode("<a>bcb>") == [ids["<a>bc"], ids["b>"]]
+    assert fast.encode("<b>") == [tok.token_to_id("<"), ids["b>"]]  # the raw pass ("b>") before the normalized one ("<b")
+    assert fast.encode("[[[[[") == [ids["[[["], ids["[["]]
+
+
+_OVERLAPPING = _with_overlapping_added_tokens()
