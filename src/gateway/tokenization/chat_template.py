@@ -29,6 +29,7 @@ import jinja2
 import jinja2.nodes
 
 from gateway.tokenization.errors import ChatTemplateError
+from gateway.tokenization.sandbox import memoize_plain_verdicts
 
 ContentFormat = Literal["string", "openai"]
 
@@ -209,6 +210,7 @@ class ChatTemplate:
             ast = compiled.environment.parse(source)
         except jinja2.TemplateError as exc:
             raise ChatTemplateError(f"the chat template does not compile: {exc}") from exc
+        memoize_plain_verdicts(compiled.environment)  # the same sandbox, its verdicts on plain data kept
         self.content_format: ContentFormat = detect_content_format(ast)
         self.arguments_as_text = arguments_as_text(source)
         self.content_null_aware = _CONTENT_IS_NONE.search(source) is not None
