@@ -64,11 +64,45 @@ def test_gsp_prompts_and_chat_renders_match_hf(fresh: Tokenizer, fast: FastBpe) 
 
 
 @pytest.mark.parametrize("text", [*FRAGMENTS, "caf\u00e9", "tab\x0bvertical", "form\x0cfeed", "nul\x00byte", "\x1f"])
-def test_other_texts_go_to_the_hf_encoder(fresh: Tokenizer, fast: FastBpe, text: str) -> None:
-    if not text.isascii() or any(c not in ASCII for c in text):
-        assert fast.encode(text) is None
+def test_other_texts_match_hf(fresh: Tokenizer, fast: FastBpe, text: str) -> None:
+    assert fast.encode(text) == _hf(fresh, text)  # word runs of other characters go to the HF encoder
     assert fresh.encode(text, add_special_tokens=False) == _hf(fresh, text)
     assert fresh.encode_batch([text, "plain"], add_special_tokens=False) == [_hf(fresh, text), _hf(fresh, "plain")]
+
+
+# Letters, digits, spaces and marks where the two encoders' Unicode tables or NFC could matter.
+OTHER = "éèüßøĝĠġΑβЖж東京語\u0301\u0308\u00a0\u2028\u3000\u200b٣४😀\x0b\x0c\x85"
+
+
+@PROPERTY
+@given(
+    parts=st.lists(
+        st.one_of(
+            st.text(alphabet=ASCII, max_size=40), st.text(alphabet=ASCII + OTHER, max_size=40),
+            st.sampled_from([" ", " a", "a ", "é ", " é", "e\u0301 b", "x \u0301y"]), st.sampled_from(ADDED),
+        ),
+        max_size=14,
+    )
+)  # fmt: skip
+def test_any_text_with_added_tokens_matches_hf(fresh: Tokenizer, fast: FastBpe, parts: list[str]) -> None:
+    text = "".join(parts)
+    assert fast.encode(text) == _hf(fresh, text)
+    assert fresh.encode(text, add_special_tokens=True) == _hf(fresh, text)
+
+
+def test_mostly_ascii_texts_send_only_their_other_words_to_hf(fresh: Tokenizer, fast: FastBpe, monkeypatch: pytest.MonkeyPatch) -> None:
+    sent: list[str] = []
+    real = fast._other
+    assert real is not None
+
+    def spy(text: str) -> list[int]:
+        sent.append(text)
+        return real(text)
+
+    monkeypatch.setattr(fast, "_other", spy)
+    text = "<|im_start|>user\nIntact may sur name jordan prend this true return ġġġġġġ var t lip dam?<|im_end|>\n"
+    assert fast.encode(text) == _hf(fresh, text)
+    assert sent == [" return ġġġġġġ var"]
 
 
 def test_the_tokenizer_uses_it_only_once_built(qwen_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,9 +12,14 @@ caller back to the HF encoder:
   pre-tokenizer ``Sequence[Split(regex, Isolated), ByteLevel(no prefix space, no
   regex)]``, a plain BPE model (no dropout, no subword prefix or suffix, no byte
   fallback), and added tokens that neither strip whitespace nor need word context;
-* only texts of printable ASCII plus tab, newline and carriage return are encoded
-  here: NFC is the identity on them, and both regex engines' ``\\p{L}``, ``\\p{N}`` and
-  ``\\s`` agree on ASCII (Unicode tables of different versions could differ elsewhere);
+* only printable ASCII plus tab, newline and carriage return goes through tiktoken:
+  NFC is the identity on it, and both regex engines' ``\\p{L}``, ``\\p{N}`` and ``\\s``
+  agree on ASCII (Unicode tables of different versions could differ elsewhere). In a
+  text with other characters, each run of them, widened to the word cuts around it
+  (the prefix cache's exact cut between an ASCII letter and " x"), goes through the HF
+  encoder and the ASCII between those spans through tiktoken (for the pre-tokenizers
+  whose words take their leading space, when no added token is normalized, and after
+  a self-check on a mixed sample); otherwise such texts go back to the caller;
 * added tokens are cut out first as HF does for tokens without strip flags (those that
   skip normalization, then the normalized ones, each pass leftmost, longest first) and
   the pieces between them are encoded alone;
@@ -22,7 +27,7 @@ caller back to the HF encoder:
   its own pre-token: the cases where rank-ordered and merge-ordered BPE could differ)
   and a prose sample with both encoders; any difference disables this encoder.
 
-Building it walks the vocabulary and runs that check (~1.4 s of CPU, once per process
+Building it walks the vocabulary and runs that check (~1.5-2 s of CPU, once per process
 and tokenizer): do it off the event loop.
 """
 
@@ -91,10 +96,16 @@ def _state(component: Any) -> dict[str, Any] | None:
 
 class FastBpe:
     """``encode(text)``: the HF ids of ``text`` (``add_special_tokens=False``), or None
-    when this text must go through the HF encoder."""
+    when this text must go through the HF encoder whole."""
 
     def __init__(
-        self, encoding: Any, added_ids: Mapping[str, int], *, plain_specials: bool, normalized: Collection[str] = ()
+        self,
+        encoding: Any,
+        added_ids: Mapping[str, int],
+        *,
+        plain_specials: bool,
+        normalized: Collection[str] = (),
+        other: Callable[[str], list[int]] | None = None,
     ) -> None:
         self.plain_specials = plain_specials  # add_special_tokens=True adds nothing: the same ids serve both
         self._ordinary = encoding.encode_ordinary
@@ -111,22 +122,65 @@ class FastBpe:
         # token, which ``in`` tells in a fraction of a microsecond where a regex scan of a
         # 2K-token prompt takes ~110 µs.
         self._starts = sorted({t[0] for t in self._added_ids})
+        # Texts with other characters: cut between words, the words this encoder takes here,
+        # the others through ``other`` (the HF encoder), when word cuts are exact (see
+        # ``_mixed``); None: such texts go back to the caller whole.
+        self._other = other if not normalized else None
 
     def encode(self, text: str) -> list[int] | None:
         if not text.isascii() or text.encode("ascii").translate(None, _SAFE_BYTES):
-            return None  # a character outside printable ASCII, tab, LF and CR
+            if self._other is None:
+                return None  # a character outside printable ASCII, tab, LF and CR
+            out: list[int] = []
+            if self._cuts and any(c in text for c in self._starts):
+                self._cut(text, self._cuts, out, self._mixed)
+            else:
+                self._mixed(text, out)
+            return out
         if not self._cuts or not any(c in text for c in self._starts):
             ids: list[int] = self._ordinary(text)
             return ids
-        out: list[int] = []
-        self._cut(text, self._cuts, out)
+        out = []
+        self._cut(text, self._cuts, out, self._plain)
         return out
 
-    def _cut(self, text: str, cuts: tuple[Callable[[str], Iterator[re.Match[str]]], ...], out: list[int]) -> None:
+    def _plain(self, text: str, out: list[int]) -> None:
+        out.extend(self._ordinary(text))
+
+    def _mixed(self, text: str, out: list[int]) -> None:
+        """A text without added tokens that may hold any character: each run of other
+        characters widened to the word cuts around it (right after an ASCII letter followed
+        by a space and an ASCII letter: the prefix cache's word cut, exact for these
+        pre-tokenizers, where a word takes its leading space, and NFC, which never composes
+        across "letter | space letter") goes through the HF encoder, the printable ASCII
+        between those spans through tiktoken."""
+        start = 0  # the text not encoded yet starts here
+        end = 0  # where the current span of other characters ends
+        for found in _OTHER_RUN(text):
+            a, b = found.span()
+            if a < end:
+                continue  # inside the current span already
+            left = _cut_before(text, a, start)
+            if left > start:
+                out.extend(self._ordinary(text[start:left]))
+                start = left
+            end = _cut_after(text, b)
+            out.extend(self._other(text[start:end]))  # type: ignore[misc]
+            start = end
+        if start < len(text):
+            out.extend(self._ordinary(text[start:]))
+
+    def _cut(
+        self,
+        text: str,
+        cuts: tuple[Callable[[str], Iterator[re.Match[str]]], ...],
+        out: list[int],
+        leaf: Callable[[str, list[int]], None],
+    ) -> None:
         """Append the ids of ``text``: the added tokens the first cut finds, the pieces
-        between them through the next cuts, then the BPE."""
+        between them through the next cuts, then ``leaf``."""
         if not cuts:
-            out.extend(self._ordinary(text))
+            leaf(text, out)
             return
         cut, rest = cuts[0], cuts[1:]
         added = self._added_ids
@@ -134,11 +188,51 @@ class FastBpe:
         for found in cut(text):
             at = found.start()
             if at > start:
-                self._cut(text[start:at], rest, out)
+                self._cut(text[start:at], rest, out, leaf)
             out.append(added[found.group()])
             start = found.end()
         if start < len(text):
-            self._cut(text[start:], rest, out)
+            self._cut(text[start:], rest, out, leaf)
+
+
+_OTHER_RUN = re.compile(r"[^\t\n\r\x20-\x7e]+").finditer  # characters tiktoken does not take here
+
+
+def _is_cut(text: str, at: int) -> bool:
+    """A word cut right before ``text[at]``: an ASCII letter, a space, an ASCII letter."""
+    return 0 < at < len(text) - 1 and text[at] == " " and _ascii_letter(text[at - 1]) and _ascii_letter(text[at + 1])
+
+
+def _ascii_letter(char: str) -> bool:
+    return char.isascii() and char.isalpha()
+
+
+def _cut_before(text: str, at: int, floor: int) -> int:
+    """The last word cut at or before ``at`` (not before ``floor``), else ``floor``."""
+    at = text.rfind(" ", floor, at)
+    while at > floor:
+        if _is_cut(text, at):
+            return at
+        at = text.rfind(" ", floor, at)
+    return floor
+
+
+def _cut_after(text: str, at: int) -> int:
+    """The first word cut at or after ``at``, else the text's end."""
+    at = text.find(" ", at)
+    while at >= 0:
+        if _is_cut(text, at):
+            return at
+        at = text.find(" ", at + 1)
+    return len(text)
+# Pre-tokenizer branches that give a word its leading space (so no pre-token holds
+# "letter | space letter"): Llama-3's and Qwen's, and GPT-2's.
+_WORD_BRANCHES = (r"[^\r\n\p{L}\p{N}]?\p{L}+", r" ?\p{L}+")
+_MIXED_SAMPLE = (
+    "Café naïve Zürich über straße ĝĠġ Ünïcödé words and plain ones: 東京 is Tokyo, слово is word, "
+    "e\u0301 composed é, a\u00a0b nbsp, tab\x0bvt, x\u2028y, ٣ digits 12 34, emoji 😀 ok ÀÉÎõü then "
+    "more ascii words after them, it's l'été, don't stop ça va? ΑΒΓ abc ß ss."
+)
 
 
 def _alternation(tokens: Collection[str]) -> Callable[[str], Iterator[re.Match[str]]] | None:
@@ -204,7 +298,9 @@ def build_fast_bpe(backend: BackendTokenizer) -> FastBpe | None:
         backend.encode(t, add_special_tokens=True).ids == backend.encode(t, add_special_tokens=False).ids
         for t in ("", "a", _SAMPLE)
     )  # fmt: skip
-    fast = FastBpe(encoding, contents, plain_specials=plain, normalized=normalized)
+    word_cuts = any(branch in pattern for branch in _WORD_BRANCHES) and not normalized
+    other = _hf_encoder(backend) if word_cuts else None
+    fast = FastBpe(encoding, contents, plain_specials=plain, normalized=normalized, other=other)
     # Every token this encoder may meet, each as a whole text (its own pre-token): where a
     # token's rank-order BPE would end on another pair than its HF merge, the two differ here.
     texts = [_SAMPLE]
@@ -216,4 +312,16 @@ def build_fast_bpe(backend: BackendTokenizer) -> FastBpe | None:
     for token, hf in zip(texts, theirs, strict=True):
         if fast.encode(token) != hf.ids:
             return None
+    if other is not None and fast.encode(_MIXED_SAMPLE) != backend.encode(_MIXED_SAMPLE, add_special_tokens=False).ids:
+        return FastBpe(encoding, contents, plain_specials=plain, normalized=normalized)  # ASCII texts only
     return fast
+
+
+def _hf_encoder(backend: BackendTokenizer) -> Callable[[str], list[int]]:
+    encode = backend.encode
+
+    def hf(text: str) -> list[int]:
+        ids: list[int] = encode(text, add_special_tokens=False).ids
+        return ids
+
+    return hf
