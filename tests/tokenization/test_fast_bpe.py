@@ -71,7 +71,7 @@ def test_other_texts_match_hf(fresh: Tokenizer, fast: FastBpe, text: str) -> Non
 
 
 # Letters, digits, spaces and marks where the two encoders' Unicode tables or NFC could matter.
-OTHER = "éèüßøĝĠġΑβЖж東京語\u0301\u0308\u00a0\u2028\u3000\u200b٣४😀\x0b\x0c\x85"
+OTHER = "ÀÖØöøÿĀž\u017f\u00d7÷ªµƀßŜİ\u0131ĸŉ'éèüßøĝĠġΑβЖж東京語\u0301\u0308\u00a0\u2028\u3000\u200b٣४😀\x0b\x0c\x85"
 
 
 @PROPERTY
@@ -79,7 +79,8 @@ OTHER = "éèüßøĝĠġΑβЖж東京語\u0301\u0308\u00a0\u2028\u3000\u200b٣
     parts=st.lists(
         st.one_of(
             st.text(alphabet=ASCII, max_size=40), st.text(alphabet=ASCII + OTHER, max_size=40),
-            st.sampled_from([" ", " a", "a ", "é ", " é", "e\u0301 b", "x \u0301y"]), st.sampled_from(ADDED),
+            st.sampled_from([" ", " a", "a ", "é ", " é", "e\u0301 b", "x \u0301y", "'s", "'\u017f", "'ß", "ġ\u0308 x"]),
+            st.sampled_from(ADDED),
         ),
         max_size=14,
     )
@@ -100,9 +101,19 @@ def test_mostly_ascii_texts_send_only_their_other_words_to_hf(fresh: Tokenizer, 
         return real(text)
 
     monkeypatch.setattr(fast, "_other", spy)
-    text = "<|im_start|>user\nIntact may sur name jordan prend this true return ġġġġġġ var t lip dam?<|im_end|>\n"
+    text = "<|im_start|>user\nIntact may sur name jordan prend this true return 東京 var t lip dam?<|im_end|>\n"
     assert fast.encode(text) == _hf(fresh, text)
-    assert sent == [" return ġġġġġġ var"]
+    assert sent == [" return 東京 var"]
+    sent.clear()
+    latin = "<|im_start|>user\nL'été à Zürich, Łódź ġġġġ capacitãł, naïve café<|im_end|>\n"
+    assert fast.latin and fast.encode(latin) == _hf(fresh, latin)
+    assert sent == []  # Latin-1 and Latin Extended-A letters are tiktoken's too
+
+
+@PROPERTY
+@given(text=st.text(alphabet=[chr(c) for c in range(0xC0, 0x180)] + list("aAsStTdDlLmM' 0123.,\n-"), max_size=60))
+def test_latin_letters_match_hf(fresh: Tokenizer, fast: FastBpe, text: str) -> None:
+    assert fast.encode(text) == _hf(fresh, text)
 
 
 def test_the_tokenizer_uses_it_only_once_built(qwen_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:

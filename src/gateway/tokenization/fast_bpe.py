@@ -12,9 +12,10 @@ caller back to the HF encoder:
   pre-tokenizer ``Sequence[Split(regex, Isolated), ByteLevel(no prefix space, no
   regex)]``, a plain BPE model (no dropout, no subword prefix or suffix, no byte
   fallback), and added tokens that neither strip whitespace nor need word context;
-* only printable ASCII plus tab, newline and carriage return goes through tiktoken:
-  NFC is the identity on it, and both regex engines' ``\\p{L}``, ``\\p{N}`` and ``\\s``
-  agree on ASCII (Unicode tables of different versions could differ elsewhere). In a
+* only printable ASCII plus tab, newline and carriage return, and the letters of
+  Latin-1 and Latin Extended-A (``_LATIN``), go through tiktoken: NFC is the identity on
+  them, and both regex engines' ``\\p{L}``, ``\\p{N}`` and ``\\s`` agree on them (Unicode
+  tables of different versions could differ elsewhere). In a
   text with other characters, each run of them, widened to the word cuts around it
   (the prefix cache's exact cut between an ASCII letter and " x"), goes through the HF
   encoder and the ASCII between those spans through tiktoken (for the pre-tokenizers
@@ -23,9 +24,10 @@ caller back to the HF encoder:
 * added tokens are cut out first as HF does for tokens without strip flags (those that
   skip normalization, then the normalized ones, each pass leftmost, longest first) and
   the pieces between them are encoded alone;
-* a self-check at build time encodes every ASCII token of the vocabulary (each one as
-  its own pre-token: the cases where rank-ordered and merge-ordered BPE could differ)
-  and a prose sample with both encoders; any difference disables this encoder.
+* a self-check at build time encodes every ASCII and Latin token of the vocabulary (each
+  one as its own pre-token: the cases where rank-ordered and merge-ordered BPE could
+  differ) and prose samples with both encoders; a difference on ASCII disables this
+  encoder, one on Latin letters leaves them to the HF encoder.
 
 Building it walks the vocabulary and runs that check (~1.5-2 s of CPU, once per process
 and tokenizer): do it off the event loop.
@@ -106,6 +108,7 @@ class FastBpe:
         plain_specials: bool,
         normalized: Collection[str] = (),
         other: Callable[[str], list[int]] | None = None,
+        latin: bool = False,
     ) -> None:
         self.plain_specials = plain_specials  # add_special_tokens=True adds nothing: the same ids serve both
         self._ordinary = encoding.encode_ordinary
@@ -126,11 +129,20 @@ class FastBpe:
         # the others through ``other`` (the HF encoder), when word cuts are exact (see
         # ``_mixed``); None: such texts go back to the caller whole.
         self._other = other if not normalized else None
+        # With ``latin``, the letters of Latin-1 and Latin Extended-A go through tiktoken
+        # too (see ``_LATIN``).
+        self.latin = latin
+        self._unsafe = (_UNSAFE_LATIN if latin else _UNSAFE_ASCII).search
+        self._other_runs = (_OTHER_RUN_LATIN if latin else _OTHER_RUN_ASCII).finditer
 
     def encode(self, text: str) -> list[int] | None:
-        if not text.isascii() or text.encode("ascii").translate(None, _SAFE_BYTES):
+        if text.isascii():
+            safe = not text.encode("ascii").translate(None, _SAFE_BYTES)
+        else:
+            safe = self.latin and self._unsafe(text) is None
+        if not safe:
             if self._other is None:
-                return None  # a character outside printable ASCII, tab, LF and CR
+                return None  # a character tiktoken does not take here
             out: list[int] = []
             if self._cuts and any(c in text for c in self._starts):
                 self._cut(text, self._cuts, out, self._mixed)
@@ -156,7 +168,7 @@ class FastBpe:
         between those spans through tiktoken."""
         start = 0  # the text not encoded yet starts here
         end = 0  # where the current span of other characters ends
-        for found in _OTHER_RUN(text):
+        for found in self._other_runs(text):
             a, b = found.span()
             if a < end:
                 continue  # inside the current span already
@@ -195,7 +207,17 @@ class FastBpe:
             self._cut(text[start:], rest, out, leaf)
 
 
-_OTHER_RUN = re.compile(r"[^\t\n\r\x20-\x7e]+").finditer  # characters tiktoken does not take here
+# The letters of Latin-1 (without U+00D7 and U+00F7) and Latin Extended-A (without U+017F,
+# the long s, which case-folds to "s": the pattern's ``(?i:'s|...)`` could differ between
+# regex engines): letters (Lu/Ll) since Unicode 1.1 in both engines' tables, never ``\s``
+# or ``\p{N}``, unchanged by NFC (precomposed; a combining mark after one is another
+# character, which takes its whole word to the HF encoder). Checked at build time over
+# every vocabulary token made of them.
+_LATIN = "\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u017e"
+_UNSAFE_ASCII = re.compile(r"[^\t\n\r\x20-\x7e]")
+_UNSAFE_LATIN = re.compile(f"[^\\t\\n\\r\\x20-\\x7e{_LATIN}]")
+_OTHER_RUN_ASCII = re.compile(r"[^\t\n\r\x20-\x7e]+")  # characters tiktoken does not take here
+_OTHER_RUN_LATIN = re.compile(f"[^\\t\\n\\r\\x20-\\x7e{_LATIN}]+")
 
 
 def _is_cut(text: str, at: int) -> bool:
@@ -228,6 +250,10 @@ def _cut_after(text: str, at: int) -> int:
 # Pre-tokenizer branches that give a word its leading space (so no pre-token holds
 # "letter | space letter"): Llama-3's and Qwen's, and GPT-2's.
 _WORD_BRANCHES = (r"[^\r\n\p{L}\p{N}]?\p{L}+", r" ?\p{L}+")
+_LATIN_SAMPLE = (
+    "Ça va? L'été à Zürich, naïve café, Łódź, Ağr\u0131, Ŝi ŝatas ĉion; São Paulo's 'ß 'Ŝ 'Đ "
+    "ÀÉÎÕÜàéîõüÿ ĀāĂăĄą Ğğİ\u0131ŁłŒœŠšŽž ĠġĊċ ġġġġ capacitãł"
+)
 _MIXED_SAMPLE = (
     "Café naïve Zürich über straße ĝĠġ Ünïcödé words and plain ones: 東京 is Tokyo, слово is word, "
     "e\u0301 composed é, a\u00a0b nbsp, tab\x0bvt, x\u2028y, ٣ digits 12 34, emoji 😀 ok ÀÉÎõü then "
@@ -300,21 +326,33 @@ def build_fast_bpe(backend: BackendTokenizer) -> FastBpe | None:
     )  # fmt: skip
     word_cuts = any(branch in pattern for branch in _WORD_BRANCHES) and not normalized
     other = _hf_encoder(backend) if word_cuts else None
-    fast = FastBpe(encoding, contents, plain_specials=plain, normalized=normalized, other=other)
+    fast = FastBpe(encoding, contents, plain_specials=plain, normalized=normalized, other=other, latin=True)
     # Every token this encoder may meet, each as a whole text (its own pre-token): where a
     # token's rank-order BPE would end on another pair than its HF merge, the two differ here.
-    texts = [_SAMPLE]
+    texts = [_SAMPLE, _LATIN_SAMPLE]
     for raw in ranks:
         if raw.isascii():
             if not raw.translate(None, _SAFE_BYTES):
                 texts.append(raw.decode("ascii"))
+            continue
+        try:
+            token = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        if _UNSAFE_LATIN.search(token) is None:
+            texts.append(token)
     theirs = backend.encode_batch_fast(texts, add_special_tokens=False)
+    latin = True
     for token, hf in zip(texts, theirs, strict=True):
         if fast.encode(token) != hf.ids:
-            return None
-    if other is not None and fast.encode(_MIXED_SAMPLE) != backend.encode(_MIXED_SAMPLE, add_special_tokens=False).ids:
-        return FastBpe(encoding, contents, plain_specials=plain, normalized=normalized)  # ASCII texts only
-    return fast
+            if token.isascii():
+                return None
+            latin = False  # Latin letters stay with the HF encoder; ASCII is checked alone
+    if other is not None:
+        fast = FastBpe(encoding, contents, plain_specials=plain, normalized=normalized, other=other, latin=latin)
+        if fast.encode(_MIXED_SAMPLE) == backend.encode(_MIXED_SAMPLE, add_special_tokens=False).ids:
+            return fast
+    return FastBpe(encoding, contents, plain_specials=plain, normalized=normalized, latin=latin)
 
 
 def _hf_encoder(backend: BackendTokenizer) -> Callable[[str], list[int]]:
