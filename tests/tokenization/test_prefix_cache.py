@@ -234,3 +234,20 @@ def test_short_chunks_are_encoded_once_wherever_they_sit(qwen: Tokenizer, monkey
     prompt = qwen.apply_chat_template([system, {"role": "user", "content": "Again?"}])
     assert cache.encode(prompt) == full(qwen, prompt)
     assert encoded.count(tail) == 2  # clear() forgets the short chunks too
+
+
+def test_short_texts_go_to_the_fast_encoder_whole_once_it_is_built(qwen_dir: Path) -> None:
+    from gateway.tokenization.prefix_cache import DIRECT_CHARS
+
+    tok = Tokenizer.from_path(qwen_dir)  # its own: the session tokenizer keeps the HF encoder
+    cache = PrefixTokenCache(tok)
+    chat = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHello there, é 東京<|im_end|>\n<|im_start|>assistant\n"
+    assert cache.encode(chat) == full(tok, chat) and cache.stats().lookups == 1  # not built: the cache
+    assert tok.fast_bpe is not None
+    for text in (chat, chat.replace("Hello", "Bye"), "x" * DIRECT_CHARS):
+        assert cache.encode(text) == full(tok, text)
+    assert cache.stats().lookups == 1  # short texts are not looked up any more
+    long = chat + "more words " * (DIRECT_CHARS // 10)
+    assert cache.encode(long) == full(tok, long) and cache.stats().lookups == 2
+    hits = cache.stats().hits
+    assert cache.encode(long + chat) == full(tok, long + chat) and cache.stats().hits == hits + 1
