@@ -7,6 +7,7 @@ by ``tests/e2e/http``, which runs every request of those routes through this pat
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -121,3 +122,60 @@ async def test_bad_input_answers_match_the_fastapi_path(app: GatewayApp, path: s
             b = await plain_client.post(path, content=body, headers={"x-request-id": "same"})
             assert (a.status_code, a.json(), a.headers["content-type"]) == (b.status_code, b.json(), b.headers["content-type"])
             assert a.headers["x-request-id"] == b.headers["x-request-id"] == "same"
+
+
+async def test_the_disconnect_watcher_starts_after_the_requests_own_turn(app: GatewayApp, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The watcher's first ``receive`` runs after what the route scheduled in its first turn
+    (grpc.aio's send of the worker call), and a client that leaves later still cancels it."""
+    order: list[str] = []
+    started = asyncio.Event()
+    cancelled = asyncio.Event()
+
+    async def send_task() -> None:  # stands for grpc.aio's _send_unary_request
+        order.append("send")
+
+    async def slow(engine: Any, req: Any, ctx: Any) -> Any:
+        asyncio.get_running_loop().create_task(send_task())
+        started.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    routes = {path: (hot.HotRoute(r.path, r.model, slow, r.admit), api) for path, (r, api) in app.hot._routes.items()}  # type: ignore[union-attr]
+    monkeypatch.setattr(app.hot, "_routes", routes)
+    gone = asyncio.Event()
+    messages = [{"type": "http.request", "body": b'{"text": "hi"}', "more_body": False}]
+
+    async def receive() -> dict[str, Any]:
+        if messages:
+            return messages.pop(0)
+        order.append("receive")
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/generate", "headers": [], "query_string": b""}
+    request = asyncio.get_running_loop().create_task(app(scope, receive, send))
+    await started.wait()
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert order == ["send", "receive"]
+    gone.set()
+    await asyncio.wait_for(request, 5)
+    assert cancelled.is_set() and sent[0]["status"] == 499
+
+
+async def test_a_request_done_before_its_watcher_starts_leaves_none_behind(app: GatewayApp) -> None:
+    before = len(asyncio.all_tasks())
+    async with _client(app) as c:
+        for _ in range(3):
+            _assert_openai_error(await c.post("/generate", content=b"{not json"), 400)
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert len(asyncio.all_tasks()) <= before

@@ -149,7 +149,9 @@ class HotPath:
 class _Request:
     """One hot-route request: its response state, its disconnect watcher, its slots."""
 
-    __slots__ = ("complete", "ctx", "gone", "path", "receive", "route", "scope", "send_raw", "started", "task", "tickets")
+    __slots__ = (
+        "complete", "ctx", "gone", "path", "receive", "route", "scope", "send_raw", "started", "task", "tickets", "watcher",
+    )  # fmt: skip
 
     def __init__(self, path: HotPath, route: HotRoute, scope: Scope, receive: Receive, send: Send) -> None:
         self.path = path
@@ -163,6 +165,7 @@ class _Request:
         self.started = False  # the response head went out
         self.complete = False  # the response's last byte went out
         self.gone = False  # the client disconnected before that
+        self.watcher: asyncio.Task[None] | None = None
         task = asyncio.current_task()
         assert task is not None
         self.task = task
@@ -173,6 +176,9 @@ class _Request:
         elif not message.get("more_body", False):
             self.complete = True
         await self.send_raw(message)
+
+    def _start_watch(self) -> None:
+        self.watcher = asyncio.get_running_loop().create_task(self._watch())
 
     async def _watch(self) -> None:
         """Wait for the client to leave; then cancel the request's task (its worker stream
@@ -206,13 +212,18 @@ class _Request:
     async def _handle(self) -> None:
         hot, route = self.path, self.route
         state, door = hot.state, hot.door
-        watcher: asyncio.Task[None] | None = None
+        watch: asyncio.Handle | None = None
         try:
             try:
                 headers = _headers(self.scope)
                 self.ctx = ctx = door.context_from(headers, state.auth.inference)
                 body = await self._read_body(headers)
-                watcher = asyncio.get_running_loop().create_task(self._watch())
+                # The watcher is created one loop turn later, and its first step runs one
+                # more turn later: after the request's own turn, which ends once its worker
+                # call is started, and after grpc.aio's send of that call. Created here, its
+                # first step would run before that send, on every request's critical path; a
+                # client that leaves meanwhile is seen a turn later, which changes nothing.
+                watch = asyncio.get_running_loop().call_soon(self._start_watch)
                 if route.admit == "batch":
                     ctx.admit = self._take  # the route reserves one slot per prompt once it knows the count
                 elif route.admit:
@@ -235,8 +246,10 @@ class _Request:
                     raise
                 await _send_error(self.send, exc, door.headers_for(self.ctx))
         finally:
-            if watcher is not None and not watcher.done():
-                watcher.cancel()
+            if watch is not None:
+                watch.cancel()  # not started yet: never will be
+            if self.watcher is not None and not self.watcher.done():
+                self.watcher.cancel()
             for ticket in self.tickets:
                 ticket.release()
 
