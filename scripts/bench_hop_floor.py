@@ -2,7 +2,7 @@
 """What one extra process hop costs on this machine with no work at all: the floor under
 the gateway's added latency.
 
-    flock /tmp/bench.lock timeout 120 .venv/bin/python scripts/bench_hop_floor.py --calls 400
+    .venv/bin/python scripts/bench_hop_floor.py --calls 400
 
 One zero-cost simulated worker (``SubprocessFleet``) and nginx with ``grpc_pass`` in front
 of it (HTTP/2 in, HTTP/2 out, a kept-alive upstream connection, no logging: a proxy that
