@@ -544,7 +544,7 @@ async def relay_code_us_per_token(prompts: Prompts, tokens: int, reps: int) -> d
         plan = StopPlan.build(tok, stop=[], stop_token_ids=[], ignore_eos=False, skip_special_tokens=True)
         prepared = PreparedRequest("r", "m", [1, 2, 3], sampling, plan, tok, stream=True)
         ctx = RequestContext()
-        chunks = completions._chunks(req, entry, [Generation(Wire(), prepared)], ctx)  # type: ignore[arg-type]
+        chunks = completions.json_events(req, entry, [Generation(Wire(), prepared)], ctx)  # type: ignore[arg-type]
         await _hot_request(send)._stream(chunks, ctx)
 
     for _ in range(5):

@@ -65,7 +65,7 @@ class Streamed:
 
     __slots__ = ("events",)
 
-    def __init__(self, events: AsyncIterator[StreamEvent]) -> None:
+    def __init__(self, events: AsyncIterator[StreamEvent | bytes]) -> None:
         self.events = events
 
 
@@ -77,8 +77,7 @@ async def _chat(engine: Engine, req: ChatCompletionRequest, ctx: RequestContext)
 
 async def _completions(engine: Engine, req: CompletionRequest, ctx: RequestContext) -> Any:
     if req.stream:
-        _, chunks = await completions_route.stream_completions(engine, req, ctx)
-        return Streamed(chunks)
+        return Streamed(await completions_route.stream_completions_json(engine, req, ctx))
     return await completions_route.complete(engine, req, ctx)
 
 
@@ -267,16 +266,18 @@ class _Request:
             if not message.get("more_body", False):
                 return bytes(parts)
 
-    async def _stream(self, events: AsyncIterator[StreamEvent], ctx: RequestContext) -> None:
-        """One loop from typed events to SSE bytes on the socket; a mid-stream error
-        becomes an error event, then ``[DONE]``."""
+    async def _stream(self, events: AsyncIterator[StreamEvent | bytes], ctx: RequestContext) -> None:
+        """One loop from typed events (or an event's JSON already made: the common
+        completion token, ``completions.stream_completions_json``) to SSE bytes on the
+        socket; a mid-stream error becomes an error event, then ``[DONE]``."""
         send = self.send
         await send(_head(200, self.path.door.headers_for(ctx), _SSE_HEADERS))
         body = self.send_raw  # a more_body message changes none of self.send's flags: skip its layer
         try:
             try:
                 async for event in events:
-                    await body({"type": "http.response.body", "body": b"data: " + event.to_json() + b"\n\n", "more_body": True})
+                    data = event if type(event) is bytes else event.to_json()  # type: ignore[union-attr]
+                    await body({"type": "http.response.body", "body": b"".join((b"data: ", data, b"\n\n")), "more_body": True})
             except GatewayError as exc:
                 log.warning("request %s failed mid-stream: %s", ctx.request_id, exc.message)
                 await send({"type": "http.response.body", "body": sse_error(exc.status, exc.message, exc.type, exc.code), "more_body": True})
