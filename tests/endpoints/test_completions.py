@@ -49,12 +49,16 @@ def _prepared(tok: Tokenizer, req: CompletionRequest) -> PreparedRequest:
     return PreparedRequest("rid", "m", [1, 2, 3], sampling, plan, tok, stream=True)
 
 
+FRAME = (b"data: ", b"\n\n")  # the HTTP door's
+
+
 async def _bytes(events: AsyncIterator[Any]) -> list[bytes]:
-    """Each event's JSON; a stream that fails ends with the error's text (the door's error event)."""
+    """Each event as the door writes it (bytes as they come, typed events framed); a stream
+    that fails ends with the error's text (the door's error event)."""
     out: list[bytes] = []
     try:
         async for e in events:
-            out.append(e if isinstance(e, bytes) else e.to_json())
+            out.append(e if isinstance(e, bytes) else FRAME[0] + e.to_json() + FRAME[1])
     except GatewayError as exc:
         out.append(f"error {exc.status} {exc.message}".encode())
     return out
@@ -78,7 +82,7 @@ async def _both(tok: Tokenizer, body: dict[str, Any], script: list[Any], resume:
     req = CompletionRequest.model_validate({"model": "m", "prompt": [1, 2, 3], "stream": True, **body})
     runs: list[list[bytes]] = []
     plain = False
-    for make in (completions._chunks, completions.json_events):
+    for make in (completions._chunks, lambda *a: completions.json_events(*a, FRAME)):
         prepared = _prepared(tok, req)
         stream = FakeStream(FakeWorker("w1"), list(script))
         resumer = None

@@ -179,23 +179,25 @@ async def stream_completions(
 
 
 async def stream_completions_json(
-    engine: Engine, req: CompletionRequest, ctx: RequestContext
+    engine: Engine, req: CompletionRequest, ctx: RequestContext, frame: tuple[bytes, bytes] = (b"", b"")
 ) -> AsyncIterator[StreamChunk | bytes]:
-    """``stream_completions`` for a door that writes JSON: the same events, except that
-    the common request's ordinary tokens come as their event's JSON bytes, built from a
-    template around the text (``_plain_json``); byte for byte what ``to_json`` gives."""
+    """``stream_completions`` for a door that writes each event's JSON between the two
+    ``frame`` bytes (SSE: ``data: `` and a blank line): the same events, except that the
+    common request's ordinary tokens come already written, ``frame[0] + to_json() +
+    frame[1]`` byte for byte, built from a template around the text (``_plain_json``)."""
     entry, prepared = await prepare_completions(engine, req, ctx)
     gens = await start_all(engine, prepared)
     ctx.worker_ids = [g.worker_id for g in gens]
-    return json_events(req, entry, gens, ctx)
+    return json_events(req, entry, gens, ctx, frame)
 
 
 def json_events(
-    req: CompletionRequest, entry: ModelEntry, gens: list[Generation], ctx: RequestContext
+    req: CompletionRequest, entry: ModelEntry, gens: list[Generation], ctx: RequestContext,
+    frame: tuple[bytes, bytes] = (b"", b""),
 ) -> AsyncIterator[StreamChunk | bytes]:
     """The started generations' events for a JSON door: the template path when it applies."""
     if len(gens) == 1 and gens[0].plain and not req.echo and not _continuous(req):
-        return _plain_json(req, entry, gens[0], ctx)
+        return _plain_json(req, entry, gens[0], ctx, frame)
     return _chunks(req, entry, gens, ctx)
 
 
@@ -216,14 +218,15 @@ def text_template(head: StreamHead) -> tuple[bytes, bytes]:
 
 
 async def _plain_json(
-    req: CompletionRequest, entry: ModelEntry, gen: Generation, ctx: RequestContext
+    req: CompletionRequest, entry: ModelEntry, gen: Generation, ctx: RequestContext, frame: tuple[bytes, bytes]
 ) -> AsyncIterator[StreamChunk | bytes]:
     """One plain prompt (``Generation.plain``; no echo, no continuous usage): each bare
-    token text from ``Generation.pieces`` becomes its event's JSON from the template;
-    every other delta goes through ``_chunks``'s rules (``_emit`` below is its ``emit``
-    for this case)."""
+    token text from ``Generation.pieces`` becomes its framed event from the template;
+    every other delta goes through ``_chunks``'s rules (``_emit_plain`` is its ``emit``
+    for this case) and comes as a typed event for the door to frame."""
     head = StreamHead(ctx.response_id("cmpl"), TEXT_COMPLETION, now(), entry.name)
     prefix, suffix = text_template(head)
+    prefix, suffix = frame[0] + prefix, suffix + frame[1]
     dumps = orjson.dumps
     async for d in gen.pieces():
         if type(d) is str:

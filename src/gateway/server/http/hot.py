@@ -44,7 +44,7 @@ from gateway.protocol.generate import GenerateRequest
 from gateway.protocol.headers import RETRY_AFTER
 from gateway.server.admission import Ticket
 from gateway.server.http.door import CLIENT_CLOSED, HttpDoor
-from gateway.server.http.sse import DONE, StreamEvent, sse_error
+from gateway.server.http.sse import DONE, SSE_FRAME, StreamEvent, sse_error
 from gateway.server.http.util import parse_json, parse_model
 
 log = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ async def _chat(engine: Engine, req: ChatCompletionRequest, ctx: RequestContext)
 
 async def _completions(engine: Engine, req: CompletionRequest, ctx: RequestContext) -> Any:
     if req.stream:
-        return Streamed(await completions_route.stream_completions_json(engine, req, ctx))
+        return Streamed(await completions_route.stream_completions_json(engine, req, ctx, SSE_FRAME))
     return await completions_route.complete(engine, req, ctx)
 
 
@@ -267,7 +267,7 @@ class _Request:
                 return bytes(parts)
 
     async def _stream(self, events: AsyncIterator[StreamEvent | bytes], ctx: RequestContext) -> None:
-        """One loop from typed events (or an event's JSON already made: the common
+        """One loop from typed events (or an SSE event already written: the common
         completion token, ``completions.stream_completions_json``) to SSE bytes on the
         socket; a mid-stream error becomes an error event, then ``[DONE]``."""
         send = self.send
@@ -276,8 +276,8 @@ class _Request:
         try:
             try:
                 async for event in events:
-                    data = event if type(event) is bytes else event.to_json()  # type: ignore[union-attr]
-                    await body({"type": "http.response.body", "body": b"".join((b"data: ", data, b"\n\n")), "more_body": True})
+                    data = event if type(event) is bytes else b"".join((b"data: ", event.to_json(), b"\n\n"))  # type: ignore[union-attr]
+                    await body({"type": "http.response.body", "body": data, "more_body": True})
             except GatewayError as exc:
                 log.warning("request %s failed mid-stream: %s", ctx.request_id, exc.message)
                 await send({"type": "http.response.body", "body": sse_error(exc.status, exc.message, exc.type, exc.code), "more_body": True})
