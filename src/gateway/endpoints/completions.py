@@ -39,6 +39,7 @@ from gateway.protocol.stream import (
     StreamHead,
     StreamUsage,
 )
+from gateway.protocol.stream import text_template as stream_text_template
 
 
 def piece_fn(entry: ModelEntry) -> Any:
@@ -207,14 +208,8 @@ def _continuous(req: CompletionRequest) -> bool:
 
 def text_template(head: StreamHead) -> tuple[bytes, bytes]:
     """The JSON of a one-choice ``text_completion`` chunk of choice 0 with only text, cut
-    around the text's JSON string: ``prefix + orjson.dumps(text) + suffix`` is that chunk's
-    ``to_json()`` for any ``text`` (cut from a real one, so it cannot drift from it)."""
-    probe = "\x00"
-    whole = StreamChunk(head, [CompletionDelta(0, probe)]).to_json()
-    marker = orjson.dumps(probe)
-    at = whole.index(marker)
-    assert whole.count(marker) == 1
-    return whole[:at], whole[at + len(marker):]
+    around the text (``protocol.stream.text_template``)."""
+    return stream_text_template(head, lambda text: CompletionDelta(0, text))
 
 
 async def _plain_json(

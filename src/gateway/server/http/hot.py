@@ -71,7 +71,7 @@ class Streamed:
 
 async def _chat(engine: Engine, req: ChatCompletionRequest, ctx: RequestContext) -> Any:
     if req.stream:
-        return Streamed(await chat_route.stream_chat(engine, req, ctx))
+        return Streamed(await chat_route.stream_chat_json(engine, req, ctx, SSE_FRAME))
     return await chat_route.complete_chat(engine, req, ctx)
 
 
