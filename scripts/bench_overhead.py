@@ -499,12 +499,16 @@ def _hot_request(send: _NullSend) -> Any:
     return request
 
 
-async def relay_code_us_per_token(prompts: Prompts, tokens: int, reps: int) -> dict[str, float]:
+async def relay_code_us_per_token(prompts: Prompts, tokens: int, reps: int, *, chat: bool = False) -> dict[str, float]:
     """CPU per token of the gateway's own relay code, in process, on the HTTP hot path:
     serialized worker messages -> protobuf parse -> ``Generation`` (detokenizer, stop
-    handling) -> completion stream events -> SSE bytes -> ``send`` (a null ASGI send:
-    no uvicorn, no socket). Also the protobuf parse alone, per message."""
+    handling) -> completion stream events (``chat``: chat chunks, no parser) -> SSE bytes ->
+    ``send`` (a null ASGI send: no uvicorn, no socket). Also the protobuf parse alone, per message."""
+    from gateway.endpoints import chat as chat_route
     from gateway.endpoints import completions
+    from gateway.endpoints.chat_parsers import ChatParsers
+    from gateway.protocol.chat import ChatCompletionRequest
+    from gateway.protocol.sampling import sampling_from_chat
     from gateway.pipeline.generation import Generation
     from gateway.pipeline.prepared import PreparedRequest
     from gateway.pipeline.request_context import RequestContext
@@ -517,7 +521,15 @@ async def relay_code_us_per_token(prompts: Prompts, tokens: int, reps: int) -> d
     ids = prompts.make(tokens + 64)[1][-tokens:]
     req = CompletionRequest.model_validate({"model": "m", "prompt": [1, 2, 3], "max_tokens": tokens, "stream": True})
     sampling = sampling_from_completion(req)
-    entry: Any = type("E", (), {"name": "m", "tokenizer": tok})()
+    chat_req = ChatCompletionRequest.model_validate({
+        "model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": tokens, "stream": True,
+    })  # fmt: skip
+    if chat:
+        sampling = sampling_from_chat(chat_req)
+    no_parsers = ChatParsers(
+        reasoning_enabled=False, enable_thinking=False, separate_reasoning=False, tool_choice="none", tools=(), think_end_id=None,
+    )  # fmt: skip
+    entry: Any = type("E", (), {"name": "m", "tokenizer": tok, "reply_cache": None})()
     raw = [
         pb.GenerateResponse(chunk=pb.GenerateStreamChunk(
             token_ids=[t], prompt_tokens=2176, completion_tokens=i + 1, cached_tokens=2048,
@@ -545,7 +557,11 @@ async def relay_code_us_per_token(prompts: Prompts, tokens: int, reps: int) -> d
         plan = StopPlan.build(tok, stop=[], stop_token_ids=[], ignore_eos=False, skip_special_tokens=True)
         prepared = PreparedRequest("r", "m", [1, 2, 3], sampling, plan, tok, stream=True)
         ctx = RequestContext()
-        chunks = completions.json_events(req, entry, [Generation(Wire(), prepared)], ctx, SSE_FRAME)  # type: ignore[arg-type]
+        gen = Generation(Wire(), prepared)  # type: ignore[arg-type]
+        if chat:
+            chunks: Any = chat_route._chunks(chat_req, entry, gen, "", no_parsers, ctx, SSE_FRAME)
+        else:
+            chunks = completions.json_events(req, entry, [gen], ctx, SSE_FRAME)
         await _hot_request(send)._stream(chunks, ctx)
 
     for _ in range(5):
@@ -656,6 +672,7 @@ async def http_write_us_per_event(tokens: int, streams: int, concurrency: int) -
 async def relay_section(prompts: Prompts, args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
     out["relay_code_us_per_token"] = [await relay_code_us_per_token(prompts, 128, 100) for _ in range(3)]
+    out["chat_relay_code_us_per_token"] = [await relay_code_us_per_token(prompts, 128, 100, chat=True) for _ in range(3)]
     out["grpc_aio_read_us_per_message"] = [round(await grpc_read_us_per_message(128, 64, 16), 1) for _ in range(3)]
     out["uvicorn_write_us_per_event"] = [round(await http_write_us_per_event(128, 64, 16), 1) for _ in range(3)]
     out["grpc_aio_call_c1"] = [await grpc_call_c1(8, 300) for _ in range(3)]
