@@ -507,13 +507,12 @@ async def relay_code_us_per_token(prompts: Prompts, tokens: int, reps: int, *, c
     from gateway.endpoints import chat as chat_route
     from gateway.endpoints import completions
     from gateway.endpoints.chat_parsers import ChatParsers
-    from gateway.protocol.chat import ChatCompletionRequest
-    from gateway.protocol.sampling import sampling_from_chat
     from gateway.pipeline.generation import Generation
     from gateway.pipeline.prepared import PreparedRequest
     from gateway.pipeline.request_context import RequestContext
+    from gateway.protocol.chat import ChatCompletionRequest
     from gateway.protocol.completions import CompletionRequest
-    from gateway.protocol.sampling import sampling_from_completion
+    from gateway.protocol.sampling import sampling_from_chat, sampling_from_completion
     from gateway.server.http.sse import SSE_FRAME
     from gateway.tokenization import StopPlan
 
