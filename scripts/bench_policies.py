@@ -42,6 +42,7 @@ import xxhash
 
 from gateway.bench import machine
 from gateway.bench.matrix import parse_variant, split_knobs
+from gateway.bench.workloads import OUTPUT_SPREADS, output_length
 from gateway.pipeline.prefill_gate import PrefillGateConfig, hold_timeout_s
 from gateway.policies import PolicyConfig, close_policy, make_policy
 from gateway.policies.base import (
@@ -558,6 +559,22 @@ class Workload:
     # per prompt the tokens its worker caches on finish (prompt + reply, as SGLang does).
     follows: dict[int, int] = field(default_factory=dict)
     after: list[list[int]] = field(default_factory=list)
+    outputs: list[int] = field(default_factory=list)  # per prompt (--output-spread); empty: all ``output``
+
+    def output_of(self, i: int) -> int:
+        """Output tokens prompt ``i`` decodes."""
+        return self.outputs[i] if self.outputs else self.output
+
+
+def spread_outputs(wl: Workload, spread: str, seed: int) -> Workload:
+    """``wl`` with per-request output lengths around its ``output`` (``gateway.bench.workloads.output_length``:
+    the same rule as ``bench matrix --output-spread``), seeded per request; ``fixed`` leaves it as it is."""
+    if spread == "fixed":
+        return wl
+    wl.outputs = [output_length(wl.output, spread, random.Random(f"{seed}:output:{i}")) for i in range(len(wl.prompts))]
+    mean = statistics.mean(wl.outputs)
+    wl.name += f", outputs {spread} (mean {mean:.1f}, p50 {pct(wl.outputs, 0.5):.0f}, max {max(wl.outputs)})"
+    return wl
 
 
 def gsp_workload(groups: int, per_group: int, system: int, question: int, output: int, seed: int,
@@ -797,6 +814,7 @@ def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int,
     decide: list[float] = []
     cached_total = prompt_total = predicted_total = 0
     finished = 0
+    finished_tokens = 0  # output tokens of the finished requests
     gates = ([SimGate(gate_config) for _ in policies]
              if gate_config is not None and gate_config.prefill_gate else None)  # one per replica
     trackers = {w.wid: ProgressTracker() for w in workers}  # learned prefill rates, as the gateway's
@@ -830,8 +848,9 @@ def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int,
                 if after is None:
                     after = pages_cache[-1 - i] = page_hashes(wl.after[i], page)
             elif cache_output:  # the output is unique to the request: pages nobody else has
-                after = pages + [xxhash.xxh3_64_intdigest(b"out%d:%d" % (i, k)) for k in range(wl.output // page)]
-            job = Job(i, toks, pages, wl.output, RouteRequest(toks, request_id=str(i), max_new_tokens=wl.output), now,
+                after = pages + [xxhash.xxh3_64_intdigest(b"out%d:%d" % (i, k)) for k in range(wl.output_of(i) // page)]
+            out = wl.output_of(i)
+            job = Job(i, toks, pages, out, RouteRequest(toks, request_id=str(i), max_new_tokens=out), now,
                       after_pages=after, origin=origin)
         toks = job.tokens
         pol = policies[job.origin]
@@ -960,6 +979,7 @@ def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int,
             prompt_total += len(job.tokens)
         for job in done:
             finished += 1
+            finished_tokens += job.output
             policies[job.origin].on_finish(job.request, w.wid, job.cached, True)
             nxt = wl.follows.get(job.rid)
             submit(now, index=nxt, origin=job.origin)
@@ -974,7 +994,7 @@ def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int,
     busy = [w.busy_s for w in workers]
     result = SimResult(
         hit_rate=cached_total / prompt_total,
-        throughput_tok_s=finished * wl.output / last,
+        throughput_tok_s=finished_tokens / last,
         ttft_p50_ms=pct(ttft, 0.5) * 1000,
         ttft_p99_ms=pct(ttft, 0.99) * 1000,
         served_max_over_mean=max(served) / statistics.mean(served),
@@ -1102,11 +1122,11 @@ def workloads(args: argparse.Namespace) -> list[Workload]:
                 output=args.output, seed=args.seed)
     out = []
     if "gsp" in args.workload:
-        out.append(gsp_workload(**base))  # type: ignore[arg-type]
+        out.append(spread_outputs(gsp_workload(**base), args.output_spread, args.seed))  # type: ignore[arg-type]
     if "hot" in args.workload:
-        out.append(gsp_workload(**base, hot_share=0.5))  # type: ignore[arg-type]
+        out.append(spread_outputs(gsp_workload(**base, hot_share=0.5), args.output_spread, args.seed))  # type: ignore[arg-type]
     if "zipf" in args.workload and args.zipf > 0:
-        out.append(gsp_workload(**base, zipf=args.zipf))  # type: ignore[arg-type]
+        out.append(spread_outputs(gsp_workload(**base, zipf=args.zipf), args.output_spread, args.seed))  # type: ignore[arg-type]
     if "chat" in args.workload:
         out.append(chat_workload(args.conversations, args.turns, args.chat_system, args.user, args.reply,
                                  args.seed, args.page, args.reply_roundtrip))
@@ -1139,6 +1159,7 @@ def run_sim(args: argparse.Namespace) -> None:
     for wl in workloads(args):
         print(f"### {describe(args, wl, timing)}\n")
         print(table(SIM_HEADERS, sim_rows(SIM_POLICIES, wl, args, timing)))
+
         print()
 
 
@@ -1177,6 +1198,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--system", type=int, default=2048)
     parser.add_argument("--question", type=int, default=128)
     parser.add_argument("--output", type=int, default=256)
+    parser.add_argument("--output-spread", choices=OUTPUT_SPREADS, default="fixed",
+                        help="sim gsp/hot/zipf: output lengths around --output, seeded per request "
+                        "(bench matrix's --output-spread): fixed, uniform (1..2O-1) or lognormal (sigma 1, cap 8 O)")
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--capacity", type=int, default=65_536, help="sim: cache tokens per worker")
     parser.add_argument("--page", type=int, default=16)
