@@ -279,6 +279,7 @@ class Job:
     predicted: int = 0  # tokens the policy predicted cached
     held_at: float = -1.0  # when its hold began (-1: not held now)
     sent: float = 0.0  # when it was dispatched to its worker
+    admitted: float = -1.0  # when its worker gave it a running slot (its prefill began)
     origin: int = 0  # the gateway replica that routed it (--replicas)
     after_pages: list[int] = field(default_factory=list)  # prompt + reply pages, cached on finish
 
@@ -468,8 +469,8 @@ class SimWorker:
         """A sync tick: every replica's load here as the others will see it until the next."""
         self.heard = [(o[0], o[2], o[3] - o[4] * self.step_no) for o in self.by_origin]
 
-    def plan_step(self) -> float:
-        """Start a step: pick prefill chunks FCFS; returns its duration."""
+    def plan_step(self, now: float = 0.0) -> float:
+        """Start a step at ``now``: pick prefill chunks FCFS; returns its duration."""
         budget = self.timing.chunk_tokens
         cap = self.timing.max_running
         slots = len(self.running) + sum(1 for j in self.waiting if j.started)
@@ -482,6 +483,7 @@ class SimWorker:
                 if cap and slots >= cap:
                     break  # FIFO: a later request never overtakes one waiting for a slot
                 slots += 1
+                job.admitted = now
                 job.cached = self.match(job)
                 job.remaining = len(job.tokens) - job.cached
                 job.started = True
@@ -684,6 +686,9 @@ class SimResult:
     served: list[int] = field(default_factory=list)  # requests per worker
     holders: list[int] = field(default_factory=list)  # per shared first page (a gsp group): workers sent it
     new_holders: tuple[int, int] = (0, 0)  # placements on a new holder of a placed prefix: (informed, blind)
+    # request -> (decision reason, requests on the chosen worker, fewest on any worker) at its decision
+    decided: dict[int, tuple[str, int, int]] = field(default_factory=dict)
+    slot_wait: dict[int, float] = field(default_factory=dict)  # request -> seconds from dispatch to a running slot
 
 
 class SmgLikePolicy(BasePolicy):
@@ -822,6 +827,8 @@ def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int,
     ttft_of: dict[int, float] = {}  # request -> its TTFT (the ones counted in ``ttft``)
     placed: dict[int, set[str]] = {}  # first page of a prompt (a gsp group's system prompt) -> workers sent it
     new_holders = [0, 0]  # placements of a placed prefix on a new worker: [informed, blind]
+    decided: dict[int, tuple[str, int, int]] = {}
+    slot_wait: dict[int, float] = {}
 
     continuing = set(wl.follows.values())
     fresh = [i for i in range(len(wl.prompts)) if i not in continuing]  # first turns (all, without turns)
@@ -859,6 +866,8 @@ def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int,
         d = pol.select(job.request, views)
         decide.append((time.perf_counter_ns() - t0) / 1000)
         w = by_id[d.worker_id]
+        decided[job.rid] = (d.reason, len(w.waiting) + len(w.running) + w.held,
+                            min(len(v.waiting) + len(v.running) + v.held for v in workers))
         pol.on_dispatch(job.request, d)
         predicted_total += d.predicted_cached_tokens
         job.worker = d.worker_id
@@ -909,7 +918,7 @@ def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int,
         if not w.busy:
             w.busy = True
             seq += 1
-            heapq.heappush(events, (now + w.plan_step(), seq, workers.index(w)))
+            heapq.heappush(events, (now + w.plan_step(now), seq, workers.index(w)))
 
     def release(now: float, job: Job, timed_out: bool) -> None:
         if job.held_at < 0:
@@ -975,6 +984,7 @@ def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int,
             if burst or job.rid >= concurrency:
                 ttft.append(now - job.arrival)
                 ttft_of[job.rid] = now - job.arrival
+                slot_wait[job.rid] = job.admitted - job.sent
             cached_total += job.cached
             prompt_total += len(job.tokens)
         for job in done:
@@ -985,7 +995,7 @@ def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int,
             submit(now, index=nxt, origin=job.origin)
         if w.has_work():
             seq += 1
-            heapq.heappush(events, (now + w.plan_step(), seq, wi))
+            heapq.heappush(events, (now + w.plan_step(now), seq, wi))
         else:
             w.busy = False
     # every replica's load figures on every worker are back to zero (the views were exact)
@@ -1009,6 +1019,7 @@ def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int,
     result.holders = sorted(len(v) for v in placed.values())
     result.new_holders = (new_holders[0], new_holders[1])
     result.held_ids = set(jobs_held)
+    result.decided, result.slot_wait = decided, slot_wait
     if gates is not None:
         result.held, result.timed_out = sum(g.held for g in gates), sum(g.timed_out for g in gates)
         result.hold_mean_ms = sum(g.hold_s for g in gates) / result.held * 1000 if result.held else 0.0
@@ -1087,8 +1098,41 @@ def placement(r: SimResult) -> str:
             f"{statistics.mean(r.holders):.2f} ({max(r.holders)}); new {r.new_holders[0]} + blind {r.new_holders[1]}")
 
 
+SLOWEST_HEADERS = ["policy", "slowest 1%: requests (TTFT from s)", "on a hot prefix (> 1.25 workers' share)",
+                   "sent to a full worker while one had a free slot", "decision reasons",
+                   "slot wait / TTFT mean s", "held by the gate", "all requests: sent to a full worker while one was free"]
+
+
+def slowest_row(label: str, r: SimResult, wl: Workload, n_workers: int, max_running: int) -> list[str]:
+    """Who the slowest 1% of TTFT are (``--slowest``): hot or cold prefix, how loaded the chosen
+    worker was at the decision, why it was chosen, and how much of the wait was for a slot."""
+    counts: dict[tuple[int, ...], int] = {}
+    for p in wl.prompts:
+        key = tuple(p[:64])
+        counts[key] = counts.get(key, 0) + 1
+    hot_share = 1.25 / n_workers
+    order = sorted(r.ttft_of, key=r.ttft_of.__getitem__, reverse=True)
+    slow = order[: max(1, len(order) // 100)]
+    cap = max_running or 1 << 30
+
+    def full_while_free(i: int) -> bool:
+        _, ahead, fewest = r.decided[i]
+        return ahead >= cap and fewest < cap
+
+    hot = sum(counts[tuple(wl.prompts[i][:64])] / len(wl.prompts) > hot_share for i in slow)
+    reasons: dict[str, int] = {}
+    for i in slow:
+        reasons[r.decided[i][0]] = reasons.get(r.decided[i][0], 0) + 1
+    why = ", ".join(f"{k} {v}" for k, v in sorted(reasons.items(), key=lambda kv: -kv[1]))
+    everyone = sum(full_while_free(i) for i in order)
+    return [label, f"{len(slow)} ({r.ttft_of[slow[-1]]:.2f})", str(hot), str(sum(full_while_free(i) for i in slow)), why,
+            f"{statistics.mean(r.slot_wait[i] for i in slow):.2f} / {statistics.mean(r.ttft_of[i] for i in slow):.2f}",
+            str(sum(i in r.held_ids for i in slow)), f"{everyone} of {len(order)}"]
+
+
 def sim_rows(variants: list[tuple[str, dict[str, object], float]], wl: Workload, args: argparse.Namespace,
-             timing: Timing) -> list[list[str]]:
+             timing: Timing, slowest: list[list[str]] | None = None) -> list[list[str]]:
+    """One table row per variant (and prefill-gate setting); ``slowest`` collects ``slowest_row``s."""
     rows = []
     pages_cache: dict[int, list[int]] = {}
     chosen = selected(variants, args) if args.only or not args.variant else []
@@ -1109,6 +1153,8 @@ def sim_rows(variants: list[tuple[str, dict[str, object], float]], wl: Workload,
             rows.append([label, held, f"{r.hit_rate:.1%}", predicted, f"{r.throughput_tok_s:,.0f}",
                          f"{r.ttft_p50_ms:.0f}", f"{r.ttft_p99_ms:.0f}", f"{r.served_max_over_mean:.2f}",
                          placement(r), f"{r.busy_max_over_mean:.2f}", f"{r.decide_us:.0f}", r.misses.row() if r.misses else "-"])
+            if slowest is not None and r.ttft_of:
+                slowest.append(slowest_row(label, r, wl, args.workers, timing.max_running))
     return rows
 
 
@@ -1158,9 +1204,12 @@ def run_sim(args: argparse.Namespace) -> None:
     print(f"## simulation ({machine.describe()})\n")
     for wl in workloads(args):
         print(f"### {describe(args, wl, timing)}\n")
-        print(table(SIM_HEADERS, sim_rows(SIM_POLICIES, wl, args, timing)))
-
+        slow: list[list[str]] | None = [] if args.slowest else None
+        print(table(SIM_HEADERS, sim_rows(SIM_POLICIES, wl, args, timing, slow)))
         print()
+        if slow:
+            print(table(SLOWEST_HEADERS, slow))
+            print()
 
 
 def run_tune(args: argparse.Namespace) -> None:
@@ -1234,6 +1283,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variant", nargs="*", default=[],
                         help="sim: extra policy variants, NAME[:knob=value,...] as in bench matrix --policies "
                         "(with --variant and no --only, only these run)")
+    parser.add_argument("--slowest", action="store_true",
+                        help="sim: after each table, who the slowest 1%% of TTFT are (hot/cold prefix, the chosen "
+                        "worker's load at the decision, reasons, slot wait)")
     parser.add_argument("--replicas", type=int, default=1,
                         help="sim: synced gateway replicas in front of the workers (request i routed by replica i %% R)")
     parser.add_argument("--sync-lag-s", type=float, default=0.01,
