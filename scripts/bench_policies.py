@@ -261,6 +261,9 @@ class Timing:
     decode_s_per_req: float = 0.00015
     chunk_tokens: int = 8192
     max_running: int = 0  # sequences running (decoding or being prefilled) at most; 0: no limit
+    # the decode owed a gateway sees (--decode-owed): "remaining" tokens of each running request, or
+    # "max_tokens": each running request's whole max_tokens until it ends (the gateway's WorkerLoad)
+    decode_owed: str = "remaining"
 
 
 @dataclass
@@ -280,6 +283,8 @@ class Job:
     held_at: float = -1.0  # when its hold began (-1: not held now)
     sent: float = 0.0  # when it was dispatched to its worker
     admitted: float = -1.0  # when its worker gave it a running slot (its prefill began)
+    max_tokens: int = 0  # what the gateway knows of its length (its max_tokens; 0: ``output``, exact)
+    owed_until: int = 0  # the step the gateway's decode-owed figure expects it to end at
     origin: int = 0  # the gateway replica that routed it (--replicas)
     after_pages: list[int] = field(default_factory=list)  # prompt + reply pages, cached on finish
 
@@ -351,6 +356,7 @@ class SimWorker:
     running: list[tuple[int, int, Job]] = field(default_factory=list)
     step_no: int = 0
     finish_sum: int = 0
+    owed_total: int = 0  # max_tokens of the running requests (--decode-owed max_tokens)
     queued_prompt: int = 0
     busy: bool = False
     served: int = 0
@@ -460,7 +466,8 @@ class SimWorker:
         return WorkerView(
             self.wid, f"sim://{self.wid}", in_flight=len(self.waiting) + len(self.running) + self.held,
             queued_prefill_tokens=self.queued_prompt,
-            running_decode_tokens=self.finish_sum - len(self.running) * self.step_no,
+            running_decode_tokens=(self.owed_total if self.timing.decode_owed == "max_tokens"
+                                   else self.finish_sum - len(self.running) * self.step_no),
             loads=loads, kv_capacity_tokens=self.capacity_tokens, page_size=self.page,
             max_running_requests=self.timing.max_running,
         )
@@ -509,9 +516,10 @@ class SimWorker:
         done: list[Job] = []
         while self.running and self.running[0][0] <= self.step_no:
             f, _, job = heapq.heappop(self.running)
-            self.finish_sum -= f
+            self.finish_sum -= job.owed_until
+            self.owed_total -= max(job.output, job.max_tokens)
             mine = self.by_origin[job.origin]
-            mine[3] -= f
+            mine[3] -= job.owed_until
             mine[4] -= 1
             mine[0] -= 1
             self.release(job)
@@ -540,8 +548,11 @@ class SimWorker:
             else:
                 f = self.step_no + job.output - 1
                 heapq.heappush(self.running, (f, job.rid, job))
-                self.finish_sum += f
-                mine[3] += f
+                # the gateway counts decode owed from max_tokens: exact with ignore_eos, an upper bound otherwise
+                job.owed_until = self.step_no + max(job.output, job.max_tokens) - 1
+                self.finish_sum += job.owed_until
+                self.owed_total += max(job.output, job.max_tokens)
+                mine[3] += job.owed_until
                 mine[4] += 1
         self._in_step = []
         self.served += len(done)
@@ -562,6 +573,7 @@ class Workload:
     follows: dict[int, int] = field(default_factory=dict)
     after: list[list[int]] = field(default_factory=list)
     outputs: list[int] = field(default_factory=list)  # per prompt (--output-spread); empty: all ``output``
+    max_tokens: int = 0  # every request's max_tokens as the gateway sees it (--max-tokens; 0: its own length)
 
     def output_of(self, i: int) -> int:
         """Output tokens prompt ``i`` decodes."""
@@ -857,8 +869,9 @@ def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int,
             elif cache_output:  # the output is unique to the request: pages nobody else has
                 after = pages + [xxhash.xxh3_64_intdigest(b"out%d:%d" % (i, k)) for k in range(wl.output_of(i) // page)]
             out = wl.output_of(i)
-            job = Job(i, toks, pages, out, RouteRequest(toks, request_id=str(i), max_new_tokens=out), now,
-                      after_pages=after, origin=origin)
+            cap = max(out, wl.max_tokens)
+            job = Job(i, toks, pages, out, RouteRequest(toks, request_id=str(i), max_new_tokens=cap), now,
+                      after_pages=after, origin=origin, max_tokens=cap)
         toks = job.tokens
         pol = policies[job.origin]
         views = [w.view(now, job.origin if n_rep > 1 else -1) for w in workers]
@@ -991,6 +1004,9 @@ def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int,
             finished += 1
             finished_tokens += job.output
             policies[job.origin].on_finish(job.request, w.wid, job.cached, True)
+            decoded = getattr(policies[job.origin], "on_decoded", None)
+            if decoded is not None:  # the gateway's on_output hook, without the output's ids
+                decoded(job.request, job.output)
             nxt = wl.follows.get(job.rid)
             submit(now, index=nxt, origin=job.origin)
         if w.has_work():
@@ -1185,11 +1201,12 @@ def describe(args: argparse.Namespace, wl: Workload, timing: Timing) -> str:
             f"{timing.prefill_s_per_token * 1e6:.1f} µs/prefill token + {timing.decode_s_per_req * 1000:g} ms/running req, "
             f"chunk {timing.chunk_tokens}" + (f", at most {timing.max_running} running" if timing.max_running else "")
             + (f"; {args.replicas} synced gateway replicas, sync tick {args.sync_lag_s * 1000:g} ms" if args.replicas > 1 else "")
+            + (f"; decode owed seen as each running request's {timing.decode_owed}" if timing.decode_owed != "remaining" else "")
             + f"; ideal hit rate {wl.ideal_hit:.1%}")
 
 
 def sim_timing(args: argparse.Namespace) -> Timing:
-    t = Timing(max_running=args.max_running)
+    t = Timing(max_running=args.max_running, decode_owed=args.decode_owed)
     if args.step_base_s is not None:
         t.base_s = args.step_base_s
     if args.prefill_token_s is not None:
@@ -1203,6 +1220,9 @@ def run_sim(args: argparse.Namespace) -> None:
     timing = sim_timing(args)
     print(f"## simulation ({machine.describe()})\n")
     for wl in workloads(args):
+        if args.max_tokens:
+            wl.max_tokens = args.max_tokens
+            wl.name += f", max_tokens {args.max_tokens} (the gateway does not know the lengths)"
         print(f"### {describe(args, wl, timing)}\n")
         slow: list[list[str]] | None = [] if args.slowest else None
         print(table(SIM_HEADERS, sim_rows(SIM_POLICIES, wl, args, timing, slow)))
@@ -1250,6 +1270,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-spread", choices=OUTPUT_SPREADS, default="fixed",
                         help="sim gsp/hot/zipf: output lengths around --output, seeded per request "
                         "(bench matrix's --output-spread): fixed, uniform (1..2O-1) or lognormal (sigma 1, cap 8 O)")
+    parser.add_argument("--max-tokens", type=int, default=0,
+                        help="sim: every request's max_tokens as the gateway sees it, at least its length (requests end at "
+                        "EOS before it: decode owed is counted from it); 0: each request's own length (ignore_eos)")
+    parser.add_argument("--decode-owed", choices=["remaining", "max_tokens"], default="remaining",
+                        help="sim: the decode owed the policy sees per worker: the running requests' remaining tokens "
+                        "(default, as in every earlier figure), or their whole max_tokens until they end, as the "
+                        "gateway's own load counter (workers/load.py) has it; one gateway only (not --replicas)")
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--capacity", type=int, default=65_536, help="sim: cache tokens per worker")
     parser.add_argument("--page", type=int, default=16)
