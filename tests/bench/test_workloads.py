@@ -227,3 +227,11 @@ def test_gsp_and_zipf_spread_outputs_without_changing_prompts(vocab: Vocab) -> N
     z_varied = zipf_gsp(zcfg, spread, vocab, seed=1)
     assert [s.prompt_token_ids for s in z_fixed] == [s.prompt_token_ids for s in z_varied]
     assert len({s.max_tokens for s in z_varied}) > 5 and z_varied.params["output_spread"] == "uniform"
+
+
+def test_gsp_without_ignore_eos_makes_max_tokens_a_cap(vocab: Vocab) -> None:
+    cfg = dataclasses.replace(SMALL, output_tokens=64, ignore_eos=False)
+    assert all(not s.ignore_eos and s.max_tokens == 64 for s in gsp(cfg, vocab, seed=1))
+    assert all(s.ignore_eos for s in gsp(SMALL, vocab, seed=1))
+    z = zipf_gsp(ZipfGspConfig(zipf_groups=3, zipf_requests=10), cfg, vocab, seed=1)
+    assert all(not s.ignore_eos for s in z) and z.params["ignore_eos"] is False

@@ -762,3 +762,16 @@ def test_decode_fill_scales_the_decode_term_by_what_requests_really_decode() -> 
         ws = with_load(ws, "w0", in_flight=8, running_decode_tokens=8 * 1024)
         d = q.select(RouteRequest(prompt), ws)
         assert d.worker_id == ("w0" if fill_learned else "w1"), (fill_learned, d)
+
+
+def test_decode_fill_can_be_turned_off() -> None:
+    from gateway.policies import PolicyConfig, close_policy, make_policy
+
+    p = make_policy(PolicyConfig(policy="cache_aware", eviction_interval_s=0, decode_fill=False))
+    try:
+        assert isinstance(p, CacheAwarePolicy)
+        for i in range(64):
+            p.on_decoded(RouteRequest(tokens(8, i), max_new_tokens=1024), 128)
+        assert p.decode_fill == 1.0
+    finally:
+        close_policy(p)

@@ -172,6 +172,9 @@ class GspConfig:
     output_spread: str = option("fixed", "output lengths around O, seeded per request: fixed (all O), uniform "
                                 "(1..2O-1) or lognormal (sigma 1, capped at 8 O); also zipf-gsp's",
                                 choices=OUTPUT_SPREADS)
+    ignore_eos: bool = option(True, "ask for exactly max_tokens (O, or the --output-spread draw); off: O is only a "
+                              "cap and each request ends at the worker's EOS (the simulated worker's "
+                              "per-token EOS probability), as real traffic does")
     text_prompts: bool = option(False, "send prompts as text instead of token ids")
 
 
@@ -195,6 +198,7 @@ def iter_gsp(config: GspConfig, vocab: Vocab, seed: int = 0) -> Iterator[Request
                 prompt_token_ids=None if config.text_prompts else ids,
                 prompt=vocab.decode(ids) if config.text_prompts else None,
                 group=f"g{g}",
+                ignore_eos=config.ignore_eos,
             )
 
 
@@ -232,6 +236,7 @@ def zipf_gsp(config: ZipfGspConfig, sizes: GspConfig, vocab: Vocab, seed: int = 
                 prompt_token_ids=None if sizes.text_prompts else ids,
                 prompt=vocab.decode(ids) if sizes.text_prompts else None,
                 group=f"g{g}",
+                ignore_eos=sizes.ignore_eos,
             )
         )
     params = dataclasses.asdict(config) | dataclasses.asdict(sizes) | {"seed": seed}

@@ -227,6 +227,7 @@ class CacheAwarePolicy(BasePolicy):
         use_polled_loads: bool = True,
         closed_loop: bool = True,
         learn_output: bool = True,
+        decode_fill: bool = True,
         hot_prefix_min_tokens: int = DEFAULT_HOT_PREFIX_MIN_TOKENS,
         hot_prefix_window: int = DEFAULT_HOT_PREFIX_WINDOW,
     ) -> None:
@@ -248,6 +249,7 @@ class CacheAwarePolicy(BasePolicy):
         self._memo: tuple[RouteRequest | None, bytes] = (None, b"")
         self.closed_loop = closed_loop
         self.learn_output = learn_output
+        self.learn_decode_fill = decode_fill
         self.hot_prefix_min_tokens = max(0, hot_prefix_min_tokens)
         self.hot = HotPrefixes(window=hot_prefix_window)
 
@@ -651,7 +653,7 @@ class CacheAwarePolicy(BasePolicy):
         decode term counts) follows the recent finishes. Exact lengths (ignore_eos) keep it
         at exactly 1."""
         cap = request.max_new_tokens
-        if cap <= 0:
+        if cap <= 0 or not self.learn_decode_fill:
             return
         f = self._fill
         keep = 1.0 - 1.0 / FILL_WINDOW
