@@ -45,6 +45,7 @@ async def test_inspect_predicts_the_cache_of_the_worker_that_served(stack: Stack
     assert quality["load_only"] is False and quality["tokenizer_mismatches"] == 0
     assert quality["under_predicted"] == 0 and quality["hot_prefixes"] == [] and quality["load_only_models"] == []
     assert quality["hottest_prefix_load"] is None and quality["queued_prefill_weight"] == 1.0  # too few seen yet
+    assert quality["decode_fill"] == 1.0  # one finish: too few to trust a fill below 1
 
     # the prediction is what the worker then reports as cached
     again = await stack.client.chat.completions.create(model=stack.model, messages=follow, max_tokens=2)  # type: ignore[arg-type]
