@@ -268,8 +268,8 @@ class _Request:
 
     async def _stream(self, events: AsyncIterator[StreamEvent | bytes], ctx: RequestContext) -> None:
         """One loop from typed events (or an SSE event already written: the common
-        completion token, ``completions.stream_completions_json``) to SSE bytes on the
-        socket; a mid-stream error becomes an error event, then ``[DONE]``."""
+        completion or chat token, ``stream_completions_json`` / ``stream_chat_json``) to SSE
+        bytes on the socket; a mid-stream error becomes an error event, then ``[DONE]``."""
         send = self.send
         await send(_head(200, self.path.door.headers_for(ctx), _SSE_HEADERS))
         body = self.send_raw  # a more_body message changes none of self.send's flags: skip its layer
