@@ -42,6 +42,7 @@ import xxhash
 
 from gateway.bench import machine
 from gateway.bench.matrix import parse_variant, split_knobs
+from gateway.bench.workloads import OUTPUT_SPREADS, output_length
 from gateway.pipeline.prefill_gate import PrefillGateConfig, hold_timeout_s
 from gateway.policies import PolicyConfig, close_policy, make_policy
 from gateway.policies.base import (
@@ -260,6 +261,9 @@ class Timing:
     decode_s_per_req: float = 0.00015
     chunk_tokens: int = 8192
     max_running: int = 0  # sequences running (decoding or being prefilled) at most; 0: no limit
+    # the decode owed a gateway sees (--decode-owed): "remaining" tokens of each running request, or
+    # "max_tokens": each running request's whole max_tokens until it ends (the gateway's WorkerLoad)
+    decode_owed: str = "remaining"
 
 
 @dataclass
@@ -278,6 +282,9 @@ class Job:
     predicted: int = 0  # tokens the policy predicted cached
     held_at: float = -1.0  # when its hold began (-1: not held now)
     sent: float = 0.0  # when it was dispatched to its worker
+    admitted: float = -1.0  # when its worker gave it a running slot (its prefill began)
+    max_tokens: int = 0  # what the gateway knows of its length (its max_tokens; 0: ``output``, exact)
+    owed_until: int = 0  # the step the gateway's decode-owed figure expects it to end at
     origin: int = 0  # the gateway replica that routed it (--replicas)
     after_pages: list[int] = field(default_factory=list)  # prompt + reply pages, cached on finish
 
@@ -349,6 +356,7 @@ class SimWorker:
     running: list[tuple[int, int, Job]] = field(default_factory=list)
     step_no: int = 0
     finish_sum: int = 0
+    owed_total: int = 0  # max_tokens of the running requests (--decode-owed max_tokens)
     queued_prompt: int = 0
     busy: bool = False
     served: int = 0
@@ -458,7 +466,8 @@ class SimWorker:
         return WorkerView(
             self.wid, f"sim://{self.wid}", in_flight=len(self.waiting) + len(self.running) + self.held,
             queued_prefill_tokens=self.queued_prompt,
-            running_decode_tokens=self.finish_sum - len(self.running) * self.step_no,
+            running_decode_tokens=(self.owed_total if self.timing.decode_owed == "max_tokens"
+                                   else self.finish_sum - len(self.running) * self.step_no),
             loads=loads, kv_capacity_tokens=self.capacity_tokens, page_size=self.page,
             max_running_requests=self.timing.max_running,
         )
@@ -467,8 +476,8 @@ class SimWorker:
         """A sync tick: every replica's load here as the others will see it until the next."""
         self.heard = [(o[0], o[2], o[3] - o[4] * self.step_no) for o in self.by_origin]
 
-    def plan_step(self) -> float:
-        """Start a step: pick prefill chunks FCFS; returns its duration."""
+    def plan_step(self, now: float = 0.0) -> float:
+        """Start a step at ``now``: pick prefill chunks FCFS; returns its duration."""
         budget = self.timing.chunk_tokens
         cap = self.timing.max_running
         slots = len(self.running) + sum(1 for j in self.waiting if j.started)
@@ -481,6 +490,7 @@ class SimWorker:
                 if cap and slots >= cap:
                     break  # FIFO: a later request never overtakes one waiting for a slot
                 slots += 1
+                job.admitted = now
                 job.cached = self.match(job)
                 job.remaining = len(job.tokens) - job.cached
                 job.started = True
@@ -506,9 +516,10 @@ class SimWorker:
         done: list[Job] = []
         while self.running and self.running[0][0] <= self.step_no:
             f, _, job = heapq.heappop(self.running)
-            self.finish_sum -= f
+            self.finish_sum -= job.owed_until
+            self.owed_total -= max(job.output, job.max_tokens)
             mine = self.by_origin[job.origin]
-            mine[3] -= f
+            mine[3] -= job.owed_until
             mine[4] -= 1
             mine[0] -= 1
             self.release(job)
@@ -537,8 +548,11 @@ class SimWorker:
             else:
                 f = self.step_no + job.output - 1
                 heapq.heappush(self.running, (f, job.rid, job))
-                self.finish_sum += f
-                mine[3] += f
+                # the gateway counts decode owed from max_tokens: exact with ignore_eos, an upper bound otherwise
+                job.owed_until = self.step_no + max(job.output, job.max_tokens) - 1
+                self.finish_sum += job.owed_until
+                self.owed_total += max(job.output, job.max_tokens)
+                mine[3] += job.owed_until
                 mine[4] += 1
         self._in_step = []
         self.served += len(done)
@@ -558,6 +572,23 @@ class Workload:
     # per prompt the tokens its worker caches on finish (prompt + reply, as SGLang does).
     follows: dict[int, int] = field(default_factory=dict)
     after: list[list[int]] = field(default_factory=list)
+    outputs: list[int] = field(default_factory=list)  # per prompt (--output-spread); empty: all ``output``
+    max_tokens: int = 0  # every request's max_tokens as the gateway sees it (--max-tokens; 0: its own length)
+
+    def output_of(self, i: int) -> int:
+        """Output tokens prompt ``i`` decodes."""
+        return self.outputs[i] if self.outputs else self.output
+
+
+def spread_outputs(wl: Workload, spread: str, seed: int) -> Workload:
+    """``wl`` with per-request output lengths around its ``output`` (``gateway.bench.workloads.output_length``:
+    the same rule as ``bench matrix --output-spread``), seeded per request; ``fixed`` leaves it as it is."""
+    if spread == "fixed":
+        return wl
+    wl.outputs = [output_length(wl.output, spread, random.Random(f"{seed}:output:{i}")) for i in range(len(wl.prompts))]
+    mean = statistics.mean(wl.outputs)
+    wl.name += f", outputs {spread} (mean {mean:.1f}, p50 {pct(wl.outputs, 0.5):.0f}, max {max(wl.outputs)})"
+    return wl
 
 
 def gsp_workload(groups: int, per_group: int, system: int, question: int, output: int, seed: int,
@@ -667,6 +698,9 @@ class SimResult:
     served: list[int] = field(default_factory=list)  # requests per worker
     holders: list[int] = field(default_factory=list)  # per shared first page (a gsp group): workers sent it
     new_holders: tuple[int, int] = (0, 0)  # placements on a new holder of a placed prefix: (informed, blind)
+    # request -> (decision reason, requests on the chosen worker, fewest on any worker) at its decision
+    decided: dict[int, tuple[str, int, int]] = field(default_factory=dict)
+    slot_wait: dict[int, float] = field(default_factory=dict)  # request -> seconds from dispatch to a running slot
 
 
 class SmgLikePolicy(BasePolicy):
@@ -797,6 +831,7 @@ def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int,
     decide: list[float] = []
     cached_total = prompt_total = predicted_total = 0
     finished = 0
+    finished_tokens = 0  # output tokens of the finished requests
     gates = ([SimGate(gate_config) for _ in policies]
              if gate_config is not None and gate_config.prefill_gate else None)  # one per replica
     trackers = {w.wid: ProgressTracker() for w in workers}  # learned prefill rates, as the gateway's
@@ -804,6 +839,8 @@ def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int,
     ttft_of: dict[int, float] = {}  # request -> its TTFT (the ones counted in ``ttft``)
     placed: dict[int, set[str]] = {}  # first page of a prompt (a gsp group's system prompt) -> workers sent it
     new_holders = [0, 0]  # placements of a placed prefix on a new worker: [informed, blind]
+    decided: dict[int, tuple[str, int, int]] = {}
+    slot_wait: dict[int, float] = {}
 
     continuing = set(wl.follows.values())
     fresh = [i for i in range(len(wl.prompts)) if i not in continuing]  # first turns (all, without turns)
@@ -830,9 +867,11 @@ def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int,
                 if after is None:
                     after = pages_cache[-1 - i] = page_hashes(wl.after[i], page)
             elif cache_output:  # the output is unique to the request: pages nobody else has
-                after = pages + [xxhash.xxh3_64_intdigest(b"out%d:%d" % (i, k)) for k in range(wl.output // page)]
-            job = Job(i, toks, pages, wl.output, RouteRequest(toks, request_id=str(i), max_new_tokens=wl.output), now,
-                      after_pages=after, origin=origin)
+                after = pages + [xxhash.xxh3_64_intdigest(b"out%d:%d" % (i, k)) for k in range(wl.output_of(i) // page)]
+            out = wl.output_of(i)
+            cap = max(out, wl.max_tokens)
+            job = Job(i, toks, pages, out, RouteRequest(toks, request_id=str(i), max_new_tokens=cap), now,
+                      after_pages=after, origin=origin, max_tokens=cap)
         toks = job.tokens
         pol = policies[job.origin]
         views = [w.view(now, job.origin if n_rep > 1 else -1) for w in workers]
@@ -840,6 +879,8 @@ def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int,
         d = pol.select(job.request, views)
         decide.append((time.perf_counter_ns() - t0) / 1000)
         w = by_id[d.worker_id]
+        decided[job.rid] = (d.reason, len(w.waiting) + len(w.running) + w.held,
+                            min(len(v.waiting) + len(v.running) + v.held for v in workers))
         pol.on_dispatch(job.request, d)
         predicted_total += d.predicted_cached_tokens
         job.worker = d.worker_id
@@ -890,7 +931,7 @@ def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int,
         if not w.busy:
             w.busy = True
             seq += 1
-            heapq.heappush(events, (now + w.plan_step(), seq, workers.index(w)))
+            heapq.heappush(events, (now + w.plan_step(now), seq, workers.index(w)))
 
     def release(now: float, job: Job, timed_out: bool) -> None:
         if job.held_at < 0:
@@ -956,16 +997,21 @@ def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int,
             if burst or job.rid >= concurrency:
                 ttft.append(now - job.arrival)
                 ttft_of[job.rid] = now - job.arrival
+                slot_wait[job.rid] = job.admitted - job.sent
             cached_total += job.cached
             prompt_total += len(job.tokens)
         for job in done:
             finished += 1
+            finished_tokens += job.output
             policies[job.origin].on_finish(job.request, w.wid, job.cached, True)
+            decoded = getattr(policies[job.origin], "on_decoded", None)
+            if decoded is not None:  # the gateway's on_output hook, without the output's ids
+                decoded(job.request, job.output)
             nxt = wl.follows.get(job.rid)
             submit(now, index=nxt, origin=job.origin)
         if w.has_work():
             seq += 1
-            heapq.heappush(events, (now + w.plan_step(), seq, wi))
+            heapq.heappush(events, (now + w.plan_step(now), seq, wi))
         else:
             w.busy = False
     # every replica's load figures on every worker are back to zero (the views were exact)
@@ -974,7 +1020,7 @@ def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int,
     busy = [w.busy_s for w in workers]
     result = SimResult(
         hit_rate=cached_total / prompt_total,
-        throughput_tok_s=finished * wl.output / last,
+        throughput_tok_s=finished_tokens / last,
         ttft_p50_ms=pct(ttft, 0.5) * 1000,
         ttft_p99_ms=pct(ttft, 0.99) * 1000,
         served_max_over_mean=max(served) / statistics.mean(served),
@@ -989,6 +1035,7 @@ def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int,
     result.holders = sorted(len(v) for v in placed.values())
     result.new_holders = (new_holders[0], new_holders[1])
     result.held_ids = set(jobs_held)
+    result.decided, result.slot_wait = decided, slot_wait
     if gates is not None:
         result.held, result.timed_out = sum(g.held for g in gates), sum(g.timed_out for g in gates)
         result.hold_mean_ms = sum(g.hold_s for g in gates) / result.held * 1000 if result.held else 0.0
@@ -1067,8 +1114,41 @@ def placement(r: SimResult) -> str:
             f"{statistics.mean(r.holders):.2f} ({max(r.holders)}); new {r.new_holders[0]} + blind {r.new_holders[1]}")
 
 
+SLOWEST_HEADERS = ["policy", "slowest 1%: requests (TTFT from s)", "on a hot prefix (> 1.25 workers' share)",
+                   "sent to a full worker while one had a free slot", "decision reasons",
+                   "slot wait / TTFT mean s", "held by the gate", "all requests: sent to a full worker while one was free"]
+
+
+def slowest_row(label: str, r: SimResult, wl: Workload, n_workers: int, max_running: int) -> list[str]:
+    """Who the slowest 1% of TTFT are (``--slowest``): hot or cold prefix, how loaded the chosen
+    worker was at the decision, why it was chosen, and how much of the wait was for a slot."""
+    counts: dict[tuple[int, ...], int] = {}
+    for p in wl.prompts:
+        key = tuple(p[:64])
+        counts[key] = counts.get(key, 0) + 1
+    hot_share = 1.25 / n_workers
+    order = sorted(r.ttft_of, key=r.ttft_of.__getitem__, reverse=True)
+    slow = order[: max(1, len(order) // 100)]
+    cap = max_running or 1 << 30
+
+    def full_while_free(i: int) -> bool:
+        _, ahead, fewest = r.decided[i]
+        return ahead >= cap and fewest < cap
+
+    hot = sum(counts[tuple(wl.prompts[i][:64])] / len(wl.prompts) > hot_share for i in slow)
+    reasons: dict[str, int] = {}
+    for i in slow:
+        reasons[r.decided[i][0]] = reasons.get(r.decided[i][0], 0) + 1
+    why = ", ".join(f"{k} {v}" for k, v in sorted(reasons.items(), key=lambda kv: -kv[1]))
+    everyone = sum(full_while_free(i) for i in order)
+    return [label, f"{len(slow)} ({r.ttft_of[slow[-1]]:.2f})", str(hot), str(sum(full_while_free(i) for i in slow)), why,
+            f"{statistics.mean(r.slot_wait[i] for i in slow):.2f} / {statistics.mean(r.ttft_of[i] for i in slow):.2f}",
+            str(sum(i in r.held_ids for i in slow)), f"{everyone} of {len(order)}"]
+
+
 def sim_rows(variants: list[tuple[str, dict[str, object], float]], wl: Workload, args: argparse.Namespace,
-             timing: Timing) -> list[list[str]]:
+             timing: Timing, slowest: list[list[str]] | None = None) -> list[list[str]]:
+    """One table row per variant (and prefill-gate setting); ``slowest`` collects ``slowest_row``s."""
     rows = []
     pages_cache: dict[int, list[int]] = {}
     chosen = selected(variants, args) if args.only or not args.variant else []
@@ -1089,6 +1169,8 @@ def sim_rows(variants: list[tuple[str, dict[str, object], float]], wl: Workload,
             rows.append([label, held, f"{r.hit_rate:.1%}", predicted, f"{r.throughput_tok_s:,.0f}",
                          f"{r.ttft_p50_ms:.0f}", f"{r.ttft_p99_ms:.0f}", f"{r.served_max_over_mean:.2f}",
                          placement(r), f"{r.busy_max_over_mean:.2f}", f"{r.decide_us:.0f}", r.misses.row() if r.misses else "-"])
+            if slowest is not None and r.ttft_of:
+                slowest.append(slowest_row(label, r, wl, args.workers, timing.max_running))
     return rows
 
 
@@ -1102,11 +1184,11 @@ def workloads(args: argparse.Namespace) -> list[Workload]:
                 output=args.output, seed=args.seed)
     out = []
     if "gsp" in args.workload:
-        out.append(gsp_workload(**base))  # type: ignore[arg-type]
+        out.append(spread_outputs(gsp_workload(**base), args.output_spread, args.seed))  # type: ignore[arg-type]
     if "hot" in args.workload:
-        out.append(gsp_workload(**base, hot_share=0.5))  # type: ignore[arg-type]
+        out.append(spread_outputs(gsp_workload(**base, hot_share=0.5), args.output_spread, args.seed))  # type: ignore[arg-type]
     if "zipf" in args.workload and args.zipf > 0:
-        out.append(gsp_workload(**base, zipf=args.zipf))  # type: ignore[arg-type]
+        out.append(spread_outputs(gsp_workload(**base, zipf=args.zipf), args.output_spread, args.seed))  # type: ignore[arg-type]
     if "chat" in args.workload:
         out.append(chat_workload(args.conversations, args.turns, args.chat_system, args.user, args.reply,
                                  args.seed, args.page, args.reply_roundtrip))
@@ -1119,11 +1201,12 @@ def describe(args: argparse.Namespace, wl: Workload, timing: Timing) -> str:
             f"{timing.prefill_s_per_token * 1e6:.1f} µs/prefill token + {timing.decode_s_per_req * 1000:g} ms/running req, "
             f"chunk {timing.chunk_tokens}" + (f", at most {timing.max_running} running" if timing.max_running else "")
             + (f"; {args.replicas} synced gateway replicas, sync tick {args.sync_lag_s * 1000:g} ms" if args.replicas > 1 else "")
+            + (f"; decode owed seen as each running request's {timing.decode_owed}" if timing.decode_owed != "remaining" else "")
             + f"; ideal hit rate {wl.ideal_hit:.1%}")
 
 
 def sim_timing(args: argparse.Namespace) -> Timing:
-    t = Timing(max_running=args.max_running)
+    t = Timing(max_running=args.max_running, decode_owed=args.decode_owed)
     if args.step_base_s is not None:
         t.base_s = args.step_base_s
     if args.prefill_token_s is not None:
@@ -1137,9 +1220,16 @@ def run_sim(args: argparse.Namespace) -> None:
     timing = sim_timing(args)
     print(f"## simulation ({machine.describe()})\n")
     for wl in workloads(args):
+        if args.max_tokens:
+            wl.max_tokens = args.max_tokens
+            wl.name += f", max_tokens {args.max_tokens} (the gateway does not know the lengths)"
         print(f"### {describe(args, wl, timing)}\n")
-        print(table(SIM_HEADERS, sim_rows(SIM_POLICIES, wl, args, timing)))
+        slow: list[list[str]] | None = [] if args.slowest else None
+        print(table(SIM_HEADERS, sim_rows(SIM_POLICIES, wl, args, timing, slow)))
         print()
+        if slow:
+            print(table(SLOWEST_HEADERS, slow))
+            print()
 
 
 def run_tune(args: argparse.Namespace) -> None:
@@ -1177,6 +1267,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--system", type=int, default=2048)
     parser.add_argument("--question", type=int, default=128)
     parser.add_argument("--output", type=int, default=256)
+    parser.add_argument("--output-spread", choices=OUTPUT_SPREADS, default="fixed",
+                        help="sim gsp/hot/zipf: output lengths around --output, seeded per request "
+                        "(bench matrix's --output-spread): fixed, uniform (1..2O-1) or lognormal (sigma 1, cap 8 O)")
+    parser.add_argument("--max-tokens", type=int, default=0,
+                        help="sim: every request's max_tokens as the gateway sees it, at least its length (requests end at "
+                        "EOS before it: decode owed is counted from it); 0: each request's own length (ignore_eos)")
+    parser.add_argument("--decode-owed", choices=["remaining", "max_tokens"], default="remaining",
+                        help="sim: the decode owed the policy sees per worker: the running requests' remaining tokens "
+                        "(default, as in every earlier figure), or their whole max_tokens until they end, as the "
+                        "gateway's own load counter (workers/load.py) has it; one gateway only (not --replicas)")
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--capacity", type=int, default=65_536, help="sim: cache tokens per worker")
     parser.add_argument("--page", type=int, default=16)
@@ -1210,6 +1310,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variant", nargs="*", default=[],
                         help="sim: extra policy variants, NAME[:knob=value,...] as in bench matrix --policies "
                         "(with --variant and no --only, only these run)")
+    parser.add_argument("--slowest", action="store_true",
+                        help="sim: after each table, who the slowest 1%% of TTFT are (hot/cold prefix, the chosen "
+                        "worker's load at the decision, reasons, slot wait)")
     parser.add_argument("--replicas", type=int, default=1,
                         help="sim: synced gateway replicas in front of the workers (request i routed by replica i %% R)")
     parser.add_argument("--sync-lag-s", type=float, default=0.01,

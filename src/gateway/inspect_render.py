@@ -100,6 +100,8 @@ def _quality(q: dict[str, Any]) -> Table:
                   + ("too few requests seen" if load is None else f"{load:.2f} workers' share")
                   + (f"; {100 * q['cold_share']:.0f}% of requests on prefixes that are not hot" if "cold_share" in q else "")
                   + ")")
+    if "decode_fill" in q:
+        t.add_row("decode fill", f"{q['decode_fill']:g} x running requests' max_tokens counted as decode owed")
     for hp in q.get("hot_prefixes") or []:
         t.add_row("hot prefix", f"{hp['key']}: {100 * hp['share']:.0f}% of requests, {hp['replicas']} replicas "
                   f"on {', '.join(hp['holders'][: hp['replicas']]) or '-'}")

@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import random
+import statistics
 
 import pytest
 from tokenizers import Tokenizer
 
 from gateway.bench.workloads import (
+    LOGNORMAL_CAP,
+    OUTPUT_SPREADS,
     ChatConfig,
     GspConfig,
     LongMixConfig,
     RequestSpec,
     Vocab,
     Workload,
+    ZipfGspConfig,
     default_tokenizer_dir,
     gsp,
     ideal_hit_rate,
@@ -22,8 +27,10 @@ from gateway.bench.workloads import (
     load_trace,
     long_context_mix,
     multi_turn_chat,
+    output_length,
     with_poisson_arrivals,
     write_trace,
+    zipf_gsp,
 )
 
 SMALL = GspConfig(groups=4, prompts_per_group=3, system_tokens=40, question_tokens=7, output_tokens=5)
@@ -189,3 +196,42 @@ def test_ideal_with_outputs_cached() -> None:
     prompts = [[1, 2, 3], [1, 2, 3, 7, 8, 4]]
     assert ideal_hit_rate(prompts) == pytest.approx(3 / 9)
     assert ideal_hit_rate(prompts, cached_after=[[1, 2, 3, 7, 8], [1, 2, 3, 7, 8, 4, 9]]) == pytest.approx(5 / 9)
+
+
+def test_output_length_distributions_keep_the_mean_and_are_seeded() -> None:
+    for spread in OUTPUT_SPREADS:
+        draws = [output_length(128, spread, random.Random(i)) for i in range(4000)]
+        assert draws == [output_length(128, spread, random.Random(i)) for i in range(4000)]
+        assert min(draws) >= 1 and max(draws) <= LOGNORMAL_CAP * 128
+        assert statistics.mean(draws) == pytest.approx(128, rel=0.06)
+    assert {output_length(128, "fixed", random.Random(i)) for i in range(50)} == {128}
+    uniform = [output_length(128, "uniform", random.Random(i)) for i in range(4000)]
+    assert min(uniform) >= 1 and max(uniform) <= 255 and len(set(uniform)) > 200
+    lognormal = sorted(output_length(128, "lognormal", random.Random(i)) for i in range(4000))
+    assert lognormal[len(lognormal) // 2] < 100  # most answers short, a long tail
+    assert lognormal[-40] > 400
+    assert output_length(1, "lognormal", random.Random(0)) == 1
+    with pytest.raises(ValueError, match="output spread"):
+        output_length(128, "pareto", random.Random(0))
+
+
+def test_gsp_and_zipf_spread_outputs_without_changing_prompts(vocab: Vocab) -> None:
+    spread = dataclasses.replace(SMALL, output_tokens=32, output_spread="uniform")
+    fixed, varied = gsp(dataclasses.replace(SMALL, output_tokens=32), vocab, seed=3), gsp(spread, vocab, seed=3)
+    assert [s.prompt_token_ids for s in fixed] == [s.prompt_token_ids for s in varied]
+    assert {s.max_tokens for s in fixed} == {32}
+    assert len({s.max_tokens for s in varied}) > 3
+    assert varied.requests == gsp(spread, vocab, seed=3).requests
+    zcfg = ZipfGspConfig(zipf_groups=4, zipf_requests=40)
+    z_fixed = zipf_gsp(zcfg, dataclasses.replace(SMALL, output_tokens=32), vocab, seed=1)
+    z_varied = zipf_gsp(zcfg, spread, vocab, seed=1)
+    assert [s.prompt_token_ids for s in z_fixed] == [s.prompt_token_ids for s in z_varied]
+    assert len({s.max_tokens for s in z_varied}) > 5 and z_varied.params["output_spread"] == "uniform"
+
+
+def test_gsp_without_ignore_eos_makes_max_tokens_a_cap(vocab: Vocab) -> None:
+    cfg = dataclasses.replace(SMALL, output_tokens=64, ignore_eos=False)
+    assert all(not s.ignore_eos and s.max_tokens == 64 for s in gsp(cfg, vocab, seed=1))
+    assert all(s.ignore_eos for s in gsp(SMALL, vocab, seed=1))
+    z = zipf_gsp(ZipfGspConfig(zipf_groups=3, zipf_requests=10), cfg, vocab, seed=1)
+    assert all(not s.ignore_eos for s in z) and z.params["ignore_eos"] is False

@@ -726,3 +726,52 @@ def test_without_hot_prefix_tracking_a_remote_decision_only_feeds_the_tree() -> 
     for _ in range(3):
         p.on_remote(RemoteDecision("w2", "", pack(toks), len(toks), 0))
     assert len(p.hot) == 0 and p.tree().match(toks).per_worker.get("w2") == 600
+
+
+def test_decode_fill_scales_the_decode_term_by_what_requests_really_decode() -> None:
+    """max_tokens is an upper bound unless ignore_eos: a generous cap counted whole as decode
+    owed outweighs every cached prefix. The fill (decoded / max_tokens of recent finishes)
+    scales the term; exact lengths keep it at exactly 1."""
+    exact = policy()
+    for i in range(40):
+        exact.on_decoded(RouteRequest(tokens(8, i), max_new_tokens=128), 128)
+    assert exact.decode_fill == 1.0
+    exact.on_decoded(RouteRequest(tokens(8, 99)), 50)  # no max_tokens known: nothing learned
+    assert exact.decode_fill == 1.0
+
+    p = policy(hot_prefix_min_tokens=0)
+    for i in range(15):  # too few finishes to trust yet
+        p.on_decoded(RouteRequest(tokens(8, i), max_new_tokens=1024), 128)
+    assert p.decode_fill == 1.0
+    p.on_decoded(RouteRequest(tokens(8, 15), max_new_tokens=1024), 128)
+    assert p.decode_fill == pytest.approx(0.125)
+    p.on_output(RouteRequest(tokens(8, 16), max_new_tokens=1024), "w0", list(range(1024)))  # the gateway's hook
+    assert 0.125 < p.decode_fill < 0.2
+
+    # The holder of a 2,000-token prefix runs 8 requests whose caps are 1,024 (real answers ~128);
+    # an idle worker holds nothing. Counted whole (4,096 at weight 0.5) the holder loses its prefix;
+    # at the learned fill it keeps it.
+    prompt = SYSTEM + tokens(64, 7)
+    for fill_learned in (False, True):
+        q = policy(hot_prefix_min_tokens=0)
+        if fill_learned:
+            for i in range(64):
+                q.on_decoded(RouteRequest(tokens(8, i), max_new_tokens=1024), 128)
+        ws = views(2)
+        assert send(q, RouteRequest(SYSTEM + tokens(64, 1)), ws).worker_id == "w0"  # w0 learns the prefix
+        ws = with_load(ws, "w0", in_flight=8, running_decode_tokens=8 * 1024)
+        d = q.select(RouteRequest(prompt), ws)
+        assert d.worker_id == ("w0" if fill_learned else "w1"), (fill_learned, d)
+
+
+def test_decode_fill_can_be_turned_off() -> None:
+    from gateway.policies import PolicyConfig, close_policy, make_policy
+
+    p = make_policy(PolicyConfig(policy="cache_aware", eviction_interval_s=0, decode_fill=False))
+    try:
+        assert isinstance(p, CacheAwarePolicy)
+        for i in range(64):
+            p.on_decoded(RouteRequest(tokens(8, i), max_new_tokens=1024), 128)
+        assert p.decode_fill == 1.0
+    finally:
+        close_policy(p)

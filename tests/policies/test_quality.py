@@ -117,6 +117,14 @@ def test_policy_quality_shows_the_queue_weight_and_how_concentrated_the_prefixes
     assert q["hottest_prefix_load"] < 1.0 and q["queued_prefill_weight"] == 0.5
 
 
+def test_policy_quality_shows_the_decode_fill() -> None:
+    p = CacheAwarePolicy(eviction_interval_s=0)
+    assert policy_quality(p)["decode_fill"] == 1.0  # exact lengths until shown otherwise
+    for i in range(32):
+        p.on_decoded(req(list(range(i, i + 8)), max_new_tokens=1024), 128)
+    assert policy_quality(p)["decode_fill"] == 0.125
+
+
 def test_policy_quality_shows_the_share_of_traffic_on_prefixes_that_are_not_hot() -> None:
     p = CacheAwarePolicy(eviction_interval_s=0)
     p.on_workers_changed(views(16))

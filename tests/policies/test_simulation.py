@@ -173,3 +173,55 @@ def test_one_replica_is_the_plain_simulation(bench: ModuleType) -> None:
             close_policy(policy)
         out.append((r.hit_rate, r.served, r.ttft_of))
     assert out[0] == out[1]
+
+
+def test_spread_outputs_decode_their_own_lengths(bench: ModuleType) -> None:
+    """``--output-spread``: each request decodes its own length, seeded, around the same mean,
+    with the same prompts; the simulated throughput counts each request's own output."""
+    timing = bench.Timing(base_s=0.01, prefill_s_per_token=1e-4, decode_s_per_req=1e-3, max_running=4)
+    fixed = bench.gsp_workload(8, 12, 512, 32, 48, seed=2, zipf=1.1)
+    spread = bench.spread_outputs(bench.gsp_workload(8, 12, 512, 32, 48, seed=2, zipf=1.1), "uniform", 2)
+    again = bench.spread_outputs(bench.gsp_workload(8, 12, 512, 32, 48, seed=2, zipf=1.1), "uniform", 2)
+    assert spread.outputs == again.outputs and len(spread.outputs) == len(spread.prompts)
+    assert len(set(spread.outputs)) > 10 and "uniform" in spread.name
+    assert bench.spread_outputs(fixed, "fixed", 2).outputs == [] and fixed.output_of(3) == 48
+    assert spread.prompts == fixed.prompts
+    out = {}
+    for wl in (fixed, spread):
+        policy = make_policy(PolicyConfig(policy="cache_aware", eviction_interval_s=0))
+        try:
+            r = bench.simulate(policy, wl, 4, 8192, 16, 16, timing, 0.0, {}, reserve_running=True,
+                               cache_output=True)[0]
+        finally:
+            close_policy(policy)
+        out[wl is spread] = r
+    # the simulated throughput counts each request's own output
+    total = sum(spread.outputs)
+    assert out[True].throughput_tok_s == pytest.approx(total / out[True].makespan_s)
+    assert out[False].throughput_tok_s == pytest.approx(len(fixed.prompts) * 48 / out[False].makespan_s)
+    assert out[True].hit_rate > 0.6 and out[False].hit_rate > 0.6
+
+
+def test_slowest_row_names_who_the_slowest_percent_are(bench: ModuleType) -> None:
+    """``--slowest``: the slowest 1% of TTFT, with each one's decision reason, whether its prefix
+    was hot and whether its worker was full at the decision while another had a free slot."""
+    timing = bench.Timing(base_s=0.01, prefill_s_per_token=1e-4, decode_s_per_req=1e-3, max_running=2)
+    wl = bench.gsp_workload(8, 40, 256, 32, 24, seed=1, zipf=1.1)
+    policy = make_policy(PolicyConfig(policy="cache_aware", eviction_interval_s=0))
+    try:
+        r = bench.simulate(policy, wl, 4, 4096, 16, 8, timing, 0.0, {}, reserve_running=True)[0]
+    finally:
+        close_policy(policy)
+    counted = len(r.ttft_of)
+    assert counted == len(wl.prompts) - 8  # the closed loop leaves out its first 8
+    assert set(r.decided) == set(range(len(wl.prompts))) and set(r.slot_wait) == set(r.ttft_of)
+    assert all(0 <= r.slot_wait[i] <= r.ttft_of[i] + 1e-9 for i in r.ttft_of)
+    row = bench.slowest_row("cache_aware", r, wl, 4, timing.max_running)
+    assert len(row) == len(bench.SLOWEST_HEADERS)
+    n = counted // 100
+    assert row[1].startswith(f"{n} (")
+    assert 0 <= int(row[2]) <= n and 0 <= int(row[3]) <= n and 0 <= int(row[6]) <= n
+    assert sum(int(part.rsplit(" ", 1)[1]) for part in row[4].split(", ")) == n
+    # the slowest waited at least as long as the median request
+    assert float(row[5].split(" / ")[1]) >= sorted(r.ttft_of.values())[counted // 2]
+    assert row[7].endswith(f"of {counted}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import math
 import random
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -135,6 +136,29 @@ def _rng(seed: int, *parts: object) -> random.Random:
 
 # ---------------------------------------------------------------------------- generators
 
+OUTPUT_SPREADS = ["fixed", "uniform", "lognormal"]
+LOGNORMAL_SIGMA = 1.0  # ln-space spread of --output-spread lognormal (ShareGPT-like: median ~0.6x the mean)
+LOGNORMAL_CAP = 8  # ... capped at this many times the mean (a max_tokens limit; ~0.5% of draws)
+
+
+def output_length(mean: int, spread: str, rng: random.Random) -> int:
+    """One request's output tokens around ``mean`` (``--output-spread``).
+
+    Real traffic does not decode equal lengths; with every request decoding exactly the
+    same count, a saturated fleet's slots free in waves, which no real fleet shows.
+    ``fixed``: ``mean``. ``uniform``: 1 .. 2 * mean - 1 (mean ``mean``). ``lognormal``:
+    median ``mean * exp(-sigma**2 / 2)`` so the mean is ``mean`` before the cap at
+    ``LOGNORMAL_CAP * mean`` (a long tail of long answers, most answers short)."""
+    if spread == "fixed" or mean <= 1:
+        return max(1, mean)
+    if spread == "uniform":
+        return rng.randint(1, 2 * mean - 1)
+    if spread == "lognormal":
+        mu = math.log(mean) - LOGNORMAL_SIGMA**2 / 2
+        return max(1, min(LOGNORMAL_CAP * mean, round(rng.lognormvariate(mu, LOGNORMAL_SIGMA))))
+    raise ValueError(f"unknown output spread {spread!r} (one of {', '.join(OUTPUT_SPREADS)})")
+
+
 
 @dataclass(slots=True)
 class GspConfig:
@@ -144,7 +168,13 @@ class GspConfig:
     prompts_per_group: int = option(16, "P: prompts per group")
     system_tokens: int = option(2048, "S: tokens of each group's shared system prompt")
     question_tokens: int = option(128, "Q: tokens of each prompt's unique question")
-    output_tokens: int = option(256, "O: output tokens per request (ignore_eos)")
+    output_tokens: int = option(256, "O: output tokens per request (ignore_eos); the mean with --output-spread")
+    output_spread: str = option("fixed", "output lengths around O, seeded per request: fixed (all O), uniform "
+                                "(1..2O-1) or lognormal (sigma 1, capped at 8 O); also zipf-gsp's",
+                                choices=OUTPUT_SPREADS)
+    ignore_eos: bool = option(True, "ask for exactly max_tokens (O, or the --output-spread draw); off: O is only a "
+                              "cap and each request ends at the worker's EOS (the simulated worker's "
+                              "per-token EOS probability), as real traffic does")
     text_prompts: bool = option(False, "send prompts as text instead of token ids")
 
 
@@ -163,10 +193,12 @@ def iter_gsp(config: GspConfig, vocab: Vocab, seed: int = 0) -> Iterator[Request
             ids = system + vocab.sample(_rng(seed, "gsp", "question", g, p), config.question_tokens)
             yield RequestSpec(
                 endpoint="completions",
-                max_tokens=config.output_tokens,
+                max_tokens=output_length(config.output_tokens, config.output_spread,
+                                         _rng(seed, "gsp", "output", g, p)),
                 prompt_token_ids=None if config.text_prompts else ids,
                 prompt=vocab.decode(ids) if config.text_prompts else None,
                 group=f"g{g}",
+                ignore_eos=config.ignore_eos,
             )
 
 
@@ -200,10 +232,11 @@ def zipf_gsp(config: ZipfGspConfig, sizes: GspConfig, vocab: Vocab, seed: int = 
         requests.append(
             RequestSpec(
                 endpoint="completions",
-                max_tokens=sizes.output_tokens,
+                max_tokens=output_length(sizes.output_tokens, sizes.output_spread, _rng(seed, "zipf", "output", i)),
                 prompt_token_ids=None if sizes.text_prompts else ids,
                 prompt=vocab.decode(ids) if sizes.text_prompts else None,
                 group=f"g{g}",
+                ignore_eos=sizes.ignore_eos,
             )
         )
     params = dataclasses.asdict(config) | dataclasses.asdict(sizes) | {"seed": seed}

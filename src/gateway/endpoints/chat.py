@@ -14,6 +14,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from gateway.endpoints.chat_parsers import ChatParsers, choose_parsers, template_kwargs
 from gateway.endpoints.completions import piece_fn, stream_usage
 from gateway.parsers.base import ReasoningParser, ToolCallDelta, ToolCallParser
@@ -35,7 +37,14 @@ from gateway.protocol.responses import (
     usage_dict,
 )
 from gateway.protocol.sampling import sampling_from_chat
-from gateway.protocol.stream import CHAT_CHUNK, ChatDelta, StreamChunk, StreamHead, ToolCallFragment
+from gateway.protocol.stream import (
+    CHAT_CHUNK,
+    ChatDelta,
+    StreamChunk,
+    StreamHead,
+    ToolCallFragment,
+    text_template,
+)
 
 
 @dataclass
@@ -216,6 +225,18 @@ async def stream_chat(engine: Engine, req: ChatCompletionRequest, ctx: RequestCo
     return chunks
 
 
+async def stream_chat_json(
+    engine: Engine, req: ChatCompletionRequest, ctx: RequestContext, frame: tuple[bytes, bytes]
+) -> AsyncIterator[StreamChunk | bytes]:
+    """``stream_chat`` for a door that writes each event's JSON between the two ``frame``
+    bytes (SSE: ``data: `` and a blank line): the same events, except that the common
+    request's ordinary tokens (no reasoning or tool parser, one sample, no logprobs, no
+    stop string, no continuous usage: ``Generation.pieces``) come already written,
+    ``frame[0] + to_json() + frame[1]`` byte for byte, from a template around the text."""
+    entry, gen, prompt_text, parsers = await _start(engine, req, ctx)
+    return _chunks(req, entry, gen, prompt_text, parsers, ctx, frame)
+
+
 async def start_chat_stream(
     engine: Engine, req: ChatCompletionRequest, ctx: RequestContext
 ) -> tuple[Generation, AsyncIterator[StreamChunk]]:
@@ -230,8 +251,9 @@ def _fragments(calls: list[ToolCallDelta]) -> list[ToolCallFragment]:
 
 
 async def _chunks(
-    req: ChatCompletionRequest, entry: ModelEntry, gen: Generation, prompt_text: str, parsers: ChatParsers, ctx: RequestContext
-) -> AsyncIterator[StreamChunk]:
+    req: ChatCompletionRequest, entry: ModelEntry, gen: Generation, prompt_text: str, parsers: ChatParsers, ctx: RequestContext,
+    frame: tuple[bytes, bytes] | None = None,
+) -> AsyncIterator[StreamChunk | Any]:
     head = StreamHead(ctx.response_id("chatcmpl"), CHAT_CHUNK, now(), entry.name)
     choices = _choices(gen, prompt_text, parsers)
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -247,7 +269,21 @@ async def _chunks(
     for i, c in enumerate(choices):
         c.sent_role = True
         yield StreamChunk(head, [ChatDelta(i, role="assistant", content="")], stream_usage(gen.usage) if continuous else None)
-    async for d in gen:
+    source: AsyncIterator[Any] = gen  # type: ignore[assignment]
+    if frame is not None and plain and piece is None and not continuous and gen.plain:
+        # The template path: a bare text from ``pieces`` is what the loop below makes of
+        # ``SampleDelta(0, text, [id])`` (content only, not final), written directly.
+        source = gen.pieces()
+        prefix, suffix = text_template(head, lambda text: ChatDelta(0, content=text))
+        prefix, suffix = frame[0] + prefix, suffix + frame[1]
+        dumps = orjson.dumps
+        reply = choices[0].reply  # plain: never dropped (no reasoning, no tool calls)
+    async for d in source:
+        if type(d) is str:
+            if reply is not None:
+                reply.append(d)
+            yield b"".join((prefix, dumps(d), suffix))
+            continue
         c = choices[d.index]
         final = d.finish_reason is not None
         calls: list[ToolCallDelta] = []

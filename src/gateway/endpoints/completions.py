@@ -11,6 +11,8 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+import orjson
+
 from gateway.pipeline.catalog import ModelEntry
 from gateway.pipeline.engine import Engine
 from gateway.pipeline.fanout import merged
@@ -37,6 +39,7 @@ from gateway.protocol.stream import (
     StreamHead,
     StreamUsage,
 )
+from gateway.protocol.stream import text_template as stream_text_template
 
 
 def piece_fn(entry: ModelEntry) -> Any:
@@ -176,6 +179,68 @@ async def stream_completions(
     return gens, _chunks(req, entry, gens, ctx)
 
 
+async def stream_completions_json(
+    engine: Engine, req: CompletionRequest, ctx: RequestContext, frame: tuple[bytes, bytes] = (b"", b"")
+) -> AsyncIterator[StreamChunk | bytes]:
+    """``stream_completions`` for a door that writes each event's JSON between the two
+    ``frame`` bytes (SSE: ``data: `` and a blank line): the same events, except that the
+    common request's ordinary tokens come already written, ``frame[0] + to_json() +
+    frame[1]`` byte for byte, built from a template around the text (``_plain_json``)."""
+    entry, prepared = await prepare_completions(engine, req, ctx)
+    gens = await start_all(engine, prepared)
+    ctx.worker_ids = [g.worker_id for g in gens]
+    return json_events(req, entry, gens, ctx, frame)
+
+
+def json_events(
+    req: CompletionRequest, entry: ModelEntry, gens: list[Generation], ctx: RequestContext,
+    frame: tuple[bytes, bytes] = (b"", b""),
+) -> AsyncIterator[StreamChunk | bytes]:
+    """The started generations' events for a JSON door: the template path when it applies."""
+    if len(gens) == 1 and gens[0].plain and not req.echo and not _continuous(req):
+        return _plain_json(req, entry, gens[0], ctx, frame)
+    return _chunks(req, entry, gens, ctx)
+
+
+def _continuous(req: CompletionRequest) -> bool:
+    return bool(req.stream_options and req.stream_options.continuous_usage_stats)
+
+
+def text_template(head: StreamHead) -> tuple[bytes, bytes]:
+    """The JSON of a one-choice ``text_completion`` chunk of choice 0 with only text, cut
+    around the text (``protocol.stream.text_template``)."""
+    return stream_text_template(head, lambda text: CompletionDelta(0, text))
+
+
+async def _plain_json(
+    req: CompletionRequest, entry: ModelEntry, gen: Generation, ctx: RequestContext, frame: tuple[bytes, bytes]
+) -> AsyncIterator[StreamChunk | bytes]:
+    """One plain prompt (``Generation.plain``; no echo, no continuous usage): each bare
+    token text from ``Generation.pieces`` becomes its framed event from the template;
+    every other delta goes through ``_chunks``'s rules (``_emit_plain`` is its ``emit``
+    for this case) and comes as a typed event for the door to frame."""
+    head = StreamHead(ctx.response_id("cmpl"), TEXT_COMPLETION, now(), entry.name)
+    prefix, suffix = text_template(head)
+    prefix, suffix = frame[0] + prefix, suffix + frame[1]
+    dumps = orjson.dumps
+    async for d in gen.pieces():
+        if type(d) is str:
+            yield b"".join((prefix, dumps(d), suffix))
+        else:
+            chunk = _emit_plain(head, d)  # type: ignore[arg-type]
+            if chunk is not None:
+                yield chunk
+    if req.stream_options and req.stream_options.include_usage:
+        yield StreamChunk(head, [], stream_usage(sum_usage([gen])))
+
+
+def _emit_plain(head: StreamHead, d: SampleDelta) -> StreamChunk | None:
+    """``_chunks``'s ``emit`` with one prompt, one sample, no logprobs, no echo, no continuous usage."""
+    if not d.text and d.finish_reason is None:
+        return None
+    return StreamChunk(head, [CompletionDelta(d.index, d.text, None, d.finish_reason, d.matched_stop)])
+
+
 async def _chunks(
     req: CompletionRequest, entry: ModelEntry, gens: list[Generation], ctx: RequestContext
 ) -> AsyncIterator[StreamChunk]:
@@ -222,4 +287,4 @@ async def _chunks(
         yield StreamChunk(head, [], stream_usage(sum_usage(gens)))
 
 
-__all__ = ["complete", "new_id", "stream_completions"]
+__all__ = ["complete", "new_id", "stream_completions", "stream_completions_json", "text_template"]

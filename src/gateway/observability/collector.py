@@ -147,6 +147,7 @@ class RoutingQualityCollector(Collector):
         over = c("token_gateway_routing_tree_learned", "finishes whose reported cached tokens exceeded the prediction (recorded)", labels=labels)
         hot = g("token_gateway_routing_hot_prefixes", "shared prefixes held on more than one worker because of their load share", labels=labels)
         qweight = g("token_gateway_routing_queued_prefill_weight", "cache_aware's current weight of queued prefill (0.5 while no offered prefix is hot, 1.0 once one is)", labels=labels)
+        dfill = g("token_gateway_routing_decode_fill", "cache_aware's share of running requests' max_tokens counted as decode owed (decoded / max_tokens of recent finishes; 1 with exact lengths)", labels=labels)
         changed = c("token_gateway_worker_cache_params_changes", "times a worker's page size or KV capacity changed", labels=["worker"])
         policies = self._router.policies()
         for (model, pool), q in self._router.qualities().items():
@@ -169,10 +170,12 @@ class RoutingQualityCollector(Collector):
                 hot.add_metric(lv, len(pq["hot_prefixes"]))
             if "queued_prefill_weight" in pq:
                 qweight.add_metric(lv, pq["queued_prefill_weight"])
+            if "decode_fill" in pq:
+                dfill.add_metric(lv, pq["decode_fill"])
         for worker, n in self._router.cache_param_changes.items():
             changed.add_metric([worker], n)
         yield from (offered, ideal, sent, reported, predicted, ideal_ratio, achieved_ratio, mismatch, load_only,
-                    under, cut, over, hot, qweight, changed)
+                    under, cut, over, hot, qweight, dfill, changed)
         yield from self._prefill_gate()
 
     def _prefill_gate(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:

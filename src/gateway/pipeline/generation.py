@@ -16,6 +16,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import cast
 
 from gateway.pipeline.dispatch import TokenStream
 from gateway.pipeline.prepared import PreparedRequest
@@ -110,12 +111,34 @@ class Generation:
         return self.stream.worker.id
 
     def __aiter__(self) -> AsyncIterator[SampleDelta]:
-        return self._run()
+        return cast(AsyncIterator[SampleDelta], self._run(False))  # not fast: deltas only
 
-    async def _run(self) -> AsyncIterator[SampleDelta]:
+    @property
+    def plain(self) -> bool:
+        """The relay's common request: one sample, no logprobs, no stop string matched on
+        text (``pieces`` then gives bare text for nearly every token)."""
+        return len(self._samples) == 1 and not self._want_logprobs and self._samples[0].text.plain
+
+    def pieces(self) -> AsyncIterator[str | SampleDelta]:
+        """Iterate as ``SampleDelta``s, except that a ``plain`` request's ordinary token (one
+        id in a chunk of sample 0, not a token stop) comes as its text alone, a bare
+        ``str``, and only when it is not empty: no delta object per token. Everything else
+        (token stops, chunks of several ids, the sample's end, a resumption) is the delta the
+        general path gives, so a consumer that turns ``str`` x into what it would make of
+        ``SampleDelta(0, x, [id])`` sends the same bytes."""
+        return self._run(self.plain)
+
+    async def _run(self, fast: bool) -> AsyncIterator[str | SampleDelta]:
         clock = time.perf_counter
         first = last = 0.0
         gaps: list[float] = []  # per-token gap of each message after the first
+        if fast:
+            sample0 = self._samples[0]
+            text0 = sample0.text
+            step_one = text0.step_one_plain
+            usage = self.usage
+            per_sample = usage.per_sample_completion
+            token_stops = self._token_stops
         try:
             while self._open:
                 try:
@@ -133,11 +156,32 @@ class Generation:
                 which = msg.WhichOneof("response")
                 if which == "chunk":
                     chunk = msg.chunk
+                    ids = chunk.token_ids  # each proto field read costs ~0.1-0.3 us: once each
+                    n_ids = len(ids)
                     if first:
-                        gaps.append((now - last) / (len(chunk.token_ids) or 1))
+                        gaps.append((now - last) / (n_ids or 1))
                     else:
                         first = now
                     last = now
+                    if fast and n_ids == 1:
+                        token_id = ids[0]
+                        if token_id not in token_stops and chunk.index == 0 and not sample0.done:
+                            # _on_chunk + _feed for this case, without the delta objects
+                            # (input logprobs: only sent when logprobs are asked for).
+                            if not self._resumed:
+                                prompt, cached = chunk.prompt_tokens, chunk.cached_tokens
+                                if prompt:
+                                    usage.prompt_tokens = prompt
+                                if cached > usage.cached_tokens:
+                                    usage.cached_tokens = cached
+                            sample0.saw_chunks = True
+                            sample0.generated += 1
+                            sample0.ids.append(token_id)
+                            per_sample[0] = sample0.generated
+                            piece = step_one(token_id)
+                            if piece:
+                                yield piece
+                            continue
                     for delta in self._on_chunk(chunk):
                         yield delta
                 elif which == "complete":

@@ -21,6 +21,13 @@ available worker ``w``::
            its prefix (a 2 s ramp of gsp fell from 85% to 38% hits that way in
            ``scripts/bench_policies.py``).
     D_w  = running_decode_tokens (decode tokens still owed by w's running requests)
+           times the decode fill: the share of its max_tokens a finished request
+           really decoded (decayed over the last ``FILL_WINDOW`` finishes, 1 until
+           ``FILL_MIN_SAMPLES``). max_tokens is exact with ignore_eos and an upper
+           bound otherwise: clients often send a generous cap (or none, and the gateway
+           fills in ``--max-tokens-cap``), and a term counted from caps 8x the real
+           lengths outweighed every cached prefix (Zipf closed loop: 74-76% hits
+           against 84-85%, docs/BENCHMARKS.md, "Routing, round 7").
     R_w  = in_flight requests
 
     additive (default):  cost_w = U_w + a * Q_w
@@ -121,6 +128,8 @@ DEFAULT_LOADS_MAX_AGE_S = 5.0
 DEFAULT_SLOT_STEP_TOKENS = 0.0  # off: see docs/policies.md, "Slot wait"
 DEFAULT_HOT_PREFIX_MIN_TOKENS = 256
 DEFAULT_HOT_PREFIX_WINDOW = DEFAULT_WINDOW
+FILL_WINDOW = 256  # finished requests over which the decode fill (decoded / max_tokens) is measured
+FILL_MIN_SAMPLES = 16  # finishes before the fill is trusted (until then 1: max_tokens taken as the length)
 HOT_KEY_BLOCK = 16  # a hot-prefix key covers whole blocks of this many tokens of the longest match
 HOT_REASON = "hot_prefix"  # spread among the hot prefix's replica set
 HOT_NEW_REASON = "hot_prefix_new_replica"  # the replica set grows by this (cheapest non-holder) worker
@@ -218,6 +227,7 @@ class CacheAwarePolicy(BasePolicy):
         use_polled_loads: bool = True,
         closed_loop: bool = True,
         learn_output: bool = True,
+        decode_fill: bool = True,
         hot_prefix_min_tokens: int = DEFAULT_HOT_PREFIX_MIN_TOKENS,
         hot_prefix_window: int = DEFAULT_HOT_PREFIX_WINDOW,
     ) -> None:
@@ -239,6 +249,7 @@ class CacheAwarePolicy(BasePolicy):
         self._memo: tuple[RouteRequest | None, bytes] = (None, b"")
         self.closed_loop = closed_loop
         self.learn_output = learn_output
+        self.learn_decode_fill = decode_fill
         self.hot_prefix_min_tokens = max(0, hot_prefix_min_tokens)
         self.hot = HotPrefixes(window=hot_prefix_window)
 
@@ -247,6 +258,8 @@ class CacheAwarePolicy(BasePolicy):
         self._inflight: OrderedDict[object, tuple[str, int, int, int]] = OrderedDict()
         self._sums: dict[str, list[int]] = {}  # worker -> [prompt tokens, predicted cached]
         self._miss: dict[str, float] = {}  # worker -> 1 - cached/prompt of its tracked requests
+        self.decode_fill = 1.0  # decoded / max_tokens of recent finishes: scales D_w (see the module docstring)
+        self._fill: list[float] = [0.0, 0.0, 0.0]  # decayed decoded tokens, decayed max_tokens, finishes seen
         self._evictor: _Evictor | None = None
         self._lock = threading.Lock()  # guards _trees creation against the evictor's listing
 
@@ -480,7 +493,8 @@ class CacheAwarePolicy(BasePolicy):
         knobs = self.cost
         additive = knobs.form == "additive"
         a = self.queued_prefill_weight(len(workers) if pool_size is None else pool_size)
-        b, r, max_age = knobs.decode_weight, knobs.request_weight, knobs.loads_max_age_s
+        fill = self.decode_fill
+        b, r, max_age = knobs.decode_weight * fill, knobs.request_weight, knobs.loads_max_age_s
         slot = knobs.slot_step_tokens if slot_aware else 0.0
         miss = self._miss
         exclude = request.exclude
@@ -522,7 +536,7 @@ class CacheAwarePolicy(BasePolicy):
                 if cap and slot and w.in_flight >= cap:
                     # S_w: every running slot is taken; we wait for (in_flight + 1 - cap)
                     # of them to free, about 2 * avg remaining decode / (cap + 1) steps each.
-                    cost += slot * 2.0 / (cap + 1) * (w.in_flight + 1 - cap) * (w.running_decode_tokens / cap)
+                    cost += slot * 2.0 / (cap + 1) * (w.in_flight + 1 - cap) * (w.running_decode_tokens * fill / cap)
             else:
                 cost = (prompt - c + 1) * (1 + w.in_flight)
             if c:
@@ -633,10 +647,28 @@ class CacheAwarePolicy(BasePolicy):
             if self.closed_loop and entry[0] == worker_id:
                 self._learn(request, worker_id, cached_tokens, entry[2], entry[3])
 
+    def on_decoded(self, request: RouteRequest, completion_tokens: int) -> None:
+        """A finished request decoded ``completion_tokens`` of its ``max_new_tokens``: the
+        decode fill (``decode_fill``, how much of the running requests' max_tokens the
+        decode term counts) follows the recent finishes. Exact lengths (ignore_eos) keep it
+        at exactly 1."""
+        cap = request.max_new_tokens
+        if cap <= 0 or not self.learn_decode_fill:
+            return
+        f = self._fill
+        keep = 1.0 - 1.0 / FILL_WINDOW
+        f[0] = f[0] * keep + min(max(0, completion_tokens), cap)
+        f[1] = f[1] * keep + cap
+        f[2] += 1
+        if f[2] >= FILL_MIN_SAMPLES:
+            self.decode_fill = f[0] / f[1]
+
     def on_output(self, request: RouteRequest, worker_id: str, output_ids: Sequence[int]) -> None:
         """A finished request's output: the worker keeps prompt + output cached (SGLang and
         the simulated worker do, in whole pages), so the next chat turn, which carries the
-        reply as these very ids (``tokenization.reply_cache``), is predicted to hit there."""
+        reply as these very ids (``tokenization.reply_cache``), is predicted to hit there.
+        Its length also feeds the decode fill (``on_decoded``)."""
+        self.on_decoded(request, len(output_ids))
         if not self.learn_output or not output_ids:
             return
         tree = self.tree(request.model)

@@ -116,6 +116,10 @@ class PolicyConfig:
     learn_output: bool = option(
         True, "cache_aware: at a finish, record the output ids behind the prompt on its worker (workers cache them)"
     )
+    decode_fill: bool = option(
+        True, "cache_aware: count running requests' max_tokens times the share of max_tokens recent requests "
+        "really decoded (max_tokens is only an upper bound without ignore_eos)"
+    )
     hot_prefix_min_tokens: int = option(
         DEFAULT_HOT_PREFIX_MIN_TOKENS,
         "cache_aware: a shared prefix at least this long carrying over 1.25/n of the requests is held "
@@ -159,6 +163,7 @@ def make_policy(config: PolicyConfig | None = None, **overrides: Any) -> Policy:
             use_polled_loads=cfg.use_polled_loads,
             closed_loop=cfg.closed_loop,
             learn_output=cfg.learn_output,
+            decode_fill=cfg.decode_fill,
             hot_prefix_min_tokens=cfg.hot_prefix_min_tokens,
             hot_prefix_window=cfg.hot_prefix_window,
         )

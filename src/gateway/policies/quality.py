@@ -145,6 +145,10 @@ def policy_quality(policy: object) -> dict[str, Any]:
         # the pool, and hot prefixes get no headroom replicas (see cache_aware, hot_prefix)
         out["cold_share"] = round(hot.cold_share(), 3)
         out["queued_prefill_weight"] = round(weight(max(1, len(pool))), 3)
+    fill = getattr(policy, "decode_fill", None)
+    if fill is not None:
+        # how much of the running requests' max_tokens the decode term counts (1: exact lengths)
+        out["decode_fill"] = round(fill, 4)
     load_only = getattr(policy, "load_only", None)
     if load_only is not None:
         out["load_only_models"] = sorted(load_only)

@@ -17,6 +17,7 @@ between layers. The JSON shapes are OpenAI's ``chat.completion.chunk`` and strea
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -208,3 +209,16 @@ class JsonEvent:
 
     def to_json(self) -> bytes:
         return orjson.dumps(self.data)
+
+
+def text_template(head: StreamHead, choice: Callable[[str], ChatDelta | CompletionDelta]) -> tuple[bytes, bytes]:
+    """A one-choice chunk's JSON cut around its text's JSON string: ``prefix +
+    orjson.dumps(text) + suffix`` is ``StreamChunk(head, [choice(text)]).to_json()`` for any
+    ``text`` (cut from a real chunk around a probe text, so it cannot drift from it)."""
+    probe = "\x00"
+    whole = StreamChunk(head, [choice(probe)]).to_json()  # type: ignore[arg-type]
+    marker = orjson.dumps(probe)
+    if whole.count(marker) != 1:
+        raise ValueError("the probe text must appear exactly once in the chunk")
+    at = whole.index(marker)
+    return whole[:at], whole[at + len(marker):]

@@ -222,6 +222,18 @@ class SampleStream:
     def matched(self) -> Matched | None:
         return self._matcher.matched
 
+    @property
+    def plain(self) -> bool:
+        """No stop string to match on text: only token stops can end the sample."""
+        return self._plain
+
+    def step_one_plain(self, token_id: int) -> str:
+        """``step([token_id]).text`` of a ``plain`` stream for an id that is not a token
+        stop (the caller checked both), without the ``StopStep``: the relay's per-token call."""
+        if self._done:
+            return ""
+        return self._detok.step_one(token_id)
+
     def step(self, token_ids: Sequence[int]) -> StopStep:
         """Feed one chunk's new ids. ``ids_used`` says how many of them the client's
         output covers (through the token that completed a stop string; up to a token

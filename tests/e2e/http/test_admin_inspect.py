@@ -45,6 +45,7 @@ async def test_inspect_predicts_the_cache_of_the_worker_that_served(stack: Stack
     assert quality["load_only"] is False and quality["tokenizer_mismatches"] == 0
     assert quality["under_predicted"] == 0 and quality["hot_prefixes"] == [] and quality["load_only_models"] == []
     assert quality["hottest_prefix_load"] is None and quality["queued_prefill_weight"] == 1.0  # too few seen yet
+    assert quality["decode_fill"] == 1.0  # one finish: too few to trust a fill below 1
 
     # the prediction is what the worker then reports as cached
     again = await stack.client.chat.completions.create(model=stack.model, messages=follow, max_tokens=2)  # type: ignore[arg-type]
@@ -172,3 +173,23 @@ async def test_cli_gateway_tables_show_predicted_cache(stack: Stack, capsys: pyt
     out = capsys.readouterr().out
     assert "what the radix tree predicts is cached" in out and "cache_hit" in out
     assert " 96 " in out  # 100 tokens held, 6 whole pages of 16 predicted
+
+
+@pytest.mark.stack(workers=2, policy="cache_aware")
+async def test_the_decode_fill_is_exactly_one_with_ignore_eos_and_below_with_eos(stack: Stack) -> None:
+    """Finished requests teach the policy how much of max_tokens they decode (``on_output``):
+    with ignore_eos exactly all of it, streamed or not, so the decode term is as before."""
+    async def fill() -> float:
+        r = await stack.http.post("/admin/inspect", json={"model": stack.model, "prompt": "x"})
+        assert r.status_code == 200, r.text
+        return float(r.json()["quality"]["decode_fill"])
+
+    for i in range(20):
+        body = {"model": stack.model, "prompt": f"question {i}", "max_tokens": 6, "ignore_eos": True, "stream": i % 2 == 1}
+        resp = await stack.http.post("/v1/completions", json=body)
+        assert resp.status_code == 200, resp.text
+    assert await fill() == 1.0
+    for i in range(40):  # answers that end at EOS long before a generous cap
+        body = {"model": stack.model, "prompt": f"more {i}", "max_tokens": 400}
+        assert (await stack.http.post("/v1/completions", json=body)).status_code == 200
+    assert 0 < await fill() < 0.8

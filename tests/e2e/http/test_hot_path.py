@@ -26,6 +26,8 @@ REQUESTS: list[tuple[str, dict[str, Any]]] = [
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi there"}], "max_tokens": 7, "seed": 2}),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi there"}], "max_tokens": 7, "seed": 2,
                               "stream": True, "stream_options": {"include_usage": True}}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi there"}], "max_tokens": 7, "seed": 2,
+                              "stream": True, "separate_reasoning": False}),  # no parser: the template path
     ("/generate", {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 6}}),
     ("/generate", {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 6}, "stream": True}),
 ]

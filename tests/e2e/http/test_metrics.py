@@ -97,6 +97,7 @@ async def test_predicted_and_reported_cached_tokens(stack: Stack) -> None:
     assert value(m, "token_gateway_routing_load_only", **pool) == 0
     assert "token_gateway_routing_tree_corrections_total" in m
     assert value(m, "token_gateway_routing_queued_prefill_weight", **pool) == 1.0  # too few requests seen yet
+    assert 0 < value(m, "token_gateway_routing_decode_fill", **pool) <= 1.0
 
 
 @pytest.mark.stack(workers=2, retry={"max_attempts": 3, "backoff_base_s": 0.0})

@@ -44,7 +44,7 @@ from gateway.protocol.generate import GenerateRequest
 from gateway.protocol.headers import RETRY_AFTER
 from gateway.server.admission import Ticket
 from gateway.server.http.door import CLIENT_CLOSED, HttpDoor
-from gateway.server.http.sse import DONE, StreamEvent, sse_error
+from gateway.server.http.sse import DONE, SSE_FRAME, StreamEvent, sse_error
 from gateway.server.http.util import parse_json, parse_model
 
 log = logging.getLogger(__name__)
@@ -65,20 +65,19 @@ class Streamed:
 
     __slots__ = ("events",)
 
-    def __init__(self, events: AsyncIterator[StreamEvent]) -> None:
+    def __init__(self, events: AsyncIterator[StreamEvent | bytes]) -> None:
         self.events = events
 
 
 async def _chat(engine: Engine, req: ChatCompletionRequest, ctx: RequestContext) -> Any:
     if req.stream:
-        return Streamed(await chat_route.stream_chat(engine, req, ctx))
+        return Streamed(await chat_route.stream_chat_json(engine, req, ctx, SSE_FRAME))
     return await chat_route.complete_chat(engine, req, ctx)
 
 
 async def _completions(engine: Engine, req: CompletionRequest, ctx: RequestContext) -> Any:
     if req.stream:
-        _, chunks = await completions_route.stream_completions(engine, req, ctx)
-        return Streamed(chunks)
+        return Streamed(await completions_route.stream_completions_json(engine, req, ctx, SSE_FRAME))
     return await completions_route.complete(engine, req, ctx)
 
 
@@ -280,16 +279,18 @@ class _Request:
             if not message.get("more_body", False):
                 return bytes(parts)
 
-    async def _stream(self, events: AsyncIterator[StreamEvent], ctx: RequestContext) -> None:
-        """One loop from typed events to SSE bytes on the socket; a mid-stream error
-        becomes an error event, then ``[DONE]``."""
+    async def _stream(self, events: AsyncIterator[StreamEvent | bytes], ctx: RequestContext) -> None:
+        """One loop from typed events (or an SSE event already written: the common
+        completion or chat token, ``stream_completions_json`` / ``stream_chat_json``) to SSE
+        bytes on the socket; a mid-stream error becomes an error event, then ``[DONE]``."""
         send = self.send
         await send(_head(200, self.path.door.headers_for(ctx), _SSE_HEADERS))
         body = self.send_raw  # a more_body message changes none of self.send's flags: skip its layer
         try:
             try:
                 async for event in events:
-                    await body({"type": "http.response.body", "body": b"data: " + event.to_json() + b"\n\n", "more_body": True})
+                    data = event if type(event) is bytes else b"".join((b"data: ", event.to_json(), b"\n\n"))  # type: ignore[union-attr]
+                    await body({"type": "http.response.body", "body": data, "more_body": True})
             except GatewayError as exc:
                 log.warning("request %s failed mid-stream: %s", ctx.request_id, exc.message)
                 await send({"type": "http.response.body", "body": sse_error(exc.status, exc.message, exc.type, exc.code), "more_body": True})

@@ -9,6 +9,7 @@ import orjson
 from gateway.protocol.stream import JsonEvent, StreamChunk
 
 DONE = b"data: [DONE]\n\n"
+SSE_FRAME = (b"data: ", b"\n\n")  # what goes around each event's JSON
 
 
 class StreamEvent(Protocol):
@@ -17,11 +18,11 @@ class StreamEvent(Protocol):
     def to_json(self) -> bytes: ...
 
 
-__all__ = ["DONE", "JsonEvent", "StreamChunk", "StreamEvent", "sse", "sse_error"]
+__all__ = ["DONE", "SSE_FRAME", "JsonEvent", "StreamChunk", "StreamEvent", "sse", "sse_error"]
 
 
 def sse(payload: dict[str, Any]) -> bytes:
-    return b"data: " + orjson.dumps(payload) + b"\n\n"
+    return SSE_FRAME[0] + orjson.dumps(payload) + SSE_FRAME[1]
 
 
 def sse_error(status: int, message: str, type_: str, code: str | None = None) -> bytes:

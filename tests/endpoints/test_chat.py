@@ -1,0 +1,117 @@
+"""The chat stream's template path (``_chunks`` with a door's frame) sends, event for event,
+the bytes of the general path, and records the same reply for --reply-token-reuse: random
+token streams in any chunking, token stops, stop strings, usage chunks, reasoning parsers
+(general path), a worker failure resumed mid-stream."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gateway.endpoints import chat
+from gateway.endpoints.chat_parsers import ChatParsers
+from gateway.pipeline.generation import Generation
+from gateway.pipeline.observer import NULL_OBSERVER
+from gateway.pipeline.prepared import PreparedRequest
+from gateway.pipeline.request_context import RequestContext
+from gateway.pipeline.resume import ResumeConfig, Resumer
+from gateway.protocol.chat import ChatCompletionRequest
+from gateway.protocol.errors import WorkerError
+from gateway.protocol.sampling import sampling_from_chat
+from gateway.tokenization import StopPlan, Tokenizer
+from tests.endpoints.test_completions import FRAME, TEXT, _bytes, _script
+from tests.pipeline.test_resume import FakeStream, FakeWorker, Opener, base_request
+from tests.tokenization.helpers import qwen_files
+
+
+@pytest.fixture(scope="module")
+def tok() -> Tokenizer:
+    return Tokenizer.from_path(qwen_files(), name="Qwen/Qwen3-0.6B")
+
+
+class Replies:
+    """A reply cache that records what it is given."""
+
+    def __init__(self) -> None:
+        self.records: list[tuple[Any, ...]] = []
+
+    def record(self, salt: Any, content: str, ids: list[int], stops: Any) -> None:
+        self.records.append((salt, content, list(ids)))
+
+
+def _parsers(reasoning: bool) -> ChatParsers:
+    return ChatParsers(
+        reasoning_enabled=reasoning, enable_thinking=reasoning, separate_reasoning=True, tool_choice="none",
+        tools=(), think_end_id=None, reasoning_parser="qwen3" if reasoning else None,
+    )
+
+
+async def _both(
+    tok: Tokenizer, body: dict[str, Any], script: list[Any], *, reasoning: bool = False, resume: list[Any] | None = None,
+) -> tuple[list[bytes], list[bytes], list[Any], list[Any], bool]:
+    req = ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True, **body})
+    runs: list[list[bytes]] = []
+    records: list[list[Any]] = []
+    plain = False
+    for frame in (None, FRAME):
+        sampling = sampling_from_chat(req)
+        plan = StopPlan.build(
+            tok, stop=list(sampling.stop), stop_token_ids=list(sampling.stop_token_ids or ()),
+            ignore_eos=sampling.ignore_eos, skip_special_tokens=sampling.skip_special_tokens,
+        )
+        prepared = PreparedRequest("rid", "m", [1, 2, 3], sampling, plan, tok, stream=True)
+        resumer = None
+        if resume is not None:
+            resumer = Resumer(base_request(prepared), Opener([("w2", list(resume))]), ResumeConfig(), sampling, NULL_OBSERVER)
+        gen = Generation(FakeStream(FakeWorker("w1"), list(script)), prepared, resumer)  # type: ignore[arg-type]
+        plain = gen.plain
+        replies = Replies()
+        entry: Any = type("Entry", (), {"name": "m", "tokenizer": tok, "reply_cache": replies})()
+        events = chat._chunks(req, entry, gen, "prompt", _parsers(reasoning), RequestContext(request_id="r"), frame)
+        runs.append(await _bytes(events))
+        records.append(replies.records)
+    return runs[0], runs[1], records[0], records[1], plain
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    data=st.data(),
+    cuts=st.lists(st.sampled_from([1, 1, 1, 1, 2, 3]), min_size=1, max_size=6),
+    complete=st.booleans(),
+    usage=st.booleans(),
+    stops=st.sampled_from(["none", "eos", "token", "string"]),
+    reasoning=st.booleans(),
+)
+async def test_template_path_sends_the_general_paths_bytes(
+    tok: Tokenizer, data: st.DataObject, cuts: list[int], complete: bool, usage: bool, stops: str, reasoning: bool,
+) -> None:
+    base = tok.encode(TEXT, False)
+    ids = data.draw(st.lists(st.sampled_from(base), min_size=0, max_size=40))
+    body: dict[str, Any] = {"max_tokens": 64, "ignore_eos": stops != "eos"}
+    if usage:
+        body["stream_options"] = {"include_usage": True}
+    if ids and stops in ("eos", "token"):
+        stop_id = min(tok.eos_token_ids) if stops == "eos" else ids[data.draw(st.integers(0, len(ids) - 1))]
+        at = data.draw(st.integers(0, len(ids)))
+        ids = [*ids[:at], stop_id, *ids[at:]]
+        if stops == "token":
+            body["stop_token_ids"] = [stop_id]
+    if stops == "string":
+        body["stop"] = ["ld!", "va?"]
+    general, template, rec_general, rec_template, plain = await _both(tok, body, _script(ids, cuts, complete), reasoning=reasoning)
+    assert template == general
+    assert rec_template == rec_general
+    assert plain == (stops != "string")
+
+
+async def test_a_resumed_stream_sends_the_same_bytes_and_reply(tok: Tokenizer) -> None:
+    ids = tok.encode(TEXT, False)
+    first = [*_script(ids[:5], [1], False), WorkerError("w1 died")]
+    rest = _script(ids[5:12], [1, 2], True)
+    general, template, rec_general, rec_template, plain = await _both(tok, {"max_tokens": 12, "ignore_eos": True}, first, resume=rest)
+    assert plain and template == general
+    assert rec_template == rec_general and rec_template and rec_template[0][1] == tok.decode(ids[:12])
+    assert sum(1 for e in template if isinstance(e, bytes) and b'"finish_reason":"length"' in e) == 1

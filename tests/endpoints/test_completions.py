@@ -1,0 +1,148 @@
+"""The completion stream's template path (``json_events`` -> ``_plain_json``) sends, event
+for event, the bytes of the general path (``_chunks`` + ``to_json``): random token streams
+in any chunking, token stops anywhere, stop strings, usage chunks, a worker failure resumed
+mid-stream."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gateway.endpoints import completions
+from gateway.pipeline.generation import Generation
+from gateway.pipeline.observer import NULL_OBSERVER
+from gateway.pipeline.prepared import PreparedRequest
+from gateway.pipeline.request_context import RequestContext
+from gateway.pipeline.resume import ResumeConfig, Resumer
+from gateway.proto import sglang_scheduler_pb2 as pb
+from gateway.protocol.completions import CompletionRequest
+from gateway.protocol.errors import GatewayError, WorkerError
+from gateway.protocol.sampling import sampling_from_completion
+from gateway.protocol.stream import CompletionDelta, StreamChunk, StreamHead
+from gateway.tokenization import StopPlan, Tokenizer
+from tests.pipeline.test_resume import FakeStream, FakeWorker, Opener, base_request, chunk
+from tests.tokenization.helpers import qwen_files
+
+TEXT = "Hello, wörld! Ça va? 你好\uff0c世界\u3002 naïve café 🙂🚀 a\tb\nc \"quoted\" \\ back </s> end"
+
+
+@pytest.fixture(scope="module")
+def tok() -> Tokenizer:
+    return Tokenizer.from_path(qwen_files(), name="Qwen/Qwen3-0.6B")
+
+
+def _entry(tok: Tokenizer) -> Any:
+    return type("Entry", (), {"name": "m", "tokenizer": tok})()
+
+
+def _prepared(tok: Tokenizer, req: CompletionRequest) -> PreparedRequest:
+    sampling = sampling_from_completion(req)
+    plan = StopPlan.build(
+        tok, stop=list(sampling.stop), stop_token_ids=list(sampling.stop_token_ids or ()),
+        ignore_eos=sampling.ignore_eos, skip_special_tokens=sampling.skip_special_tokens,
+    )
+    return PreparedRequest("rid", "m", [1, 2, 3], sampling, plan, tok, stream=True)
+
+
+FRAME = (b"data: ", b"\n\n")  # the HTTP door's
+
+
+async def _bytes(events: AsyncIterator[Any]) -> list[bytes]:
+    """Each event as the door writes it (bytes as they come, typed events framed); a stream
+    that fails ends with the error's text (the door's error event)."""
+    out: list[bytes] = []
+    try:
+        async for e in events:
+            out.append(e if isinstance(e, bytes) else FRAME[0] + e.to_json() + FRAME[1])
+    except GatewayError as exc:
+        out.append(f"error {exc.status} {exc.message}".encode())
+    return out
+
+
+def _script(ids: list[int], cuts: list[int], complete: bool) -> list[Any]:
+    """The ids cut into chunks at ``cuts`` (chunk sizes, cycled), then the complete message."""
+    out: list[Any] = []
+    at, k = 0, 0
+    while at < len(ids):
+        size = cuts[k % len(cuts)] if cuts else 1
+        out.append(chunk(ids[at:at + size], prompt_tokens=3, cached=k % 3))
+        at += size
+        k += 1
+    if complete:
+        out.append(pb.GenerateResponse(complete=pb.GenerateComplete(finish_reason="length", prompt_tokens=3)))
+    return out
+
+
+async def _both(tok: Tokenizer, body: dict[str, Any], script: list[Any], resume: list[Any] | None = None) -> tuple[list[bytes], list[bytes], bool]:
+    req = CompletionRequest.model_validate({"model": "m", "prompt": [1, 2, 3], "stream": True, **body})
+    runs: list[list[bytes]] = []
+    plain = False
+    for make in (completions._chunks, lambda *a: completions.json_events(*a, FRAME)):
+        prepared = _prepared(tok, req)
+        stream = FakeStream(FakeWorker("w1"), list(script))
+        resumer = None
+        if resume is not None:
+            opener = Opener([("w2", list(resume))])
+            resumer = Resumer(base_request(prepared), opener, ResumeConfig(), prepared.sampling, NULL_OBSERVER)
+        gen = Generation(stream, prepared, resumer)  # type: ignore[arg-type]
+        plain = gen.plain
+        runs.append(await _bytes(make(req, _entry(tok), [gen], RequestContext(request_id="r"))))  # type: ignore[operator]
+    return runs[0], runs[1], plain
+
+
+def test_the_template_is_the_chunk_cut_around_its_text() -> None:
+    head = StreamHead("cmpl-x", "text_completion", 7, 'mo"del')
+    prefix, suffix = completions.text_template(head)
+    for text in ["", " word", 'quo"te\\', "\x00\n\u2028", "你好🙂"]:
+        assert prefix + orjson.dumps(text) + suffix == StreamChunk(head, [CompletionDelta(0, text)]).to_json()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    data=st.data(),
+    cuts=st.lists(st.sampled_from([1, 1, 1, 1, 2, 3]), min_size=1, max_size=6),
+    complete=st.booleans(),
+    usage=st.booleans(),
+    stops=st.sampled_from(["none", "eos", "token", "string"]),
+)
+async def test_template_path_sends_the_general_paths_bytes(
+    tok: Tokenizer, data: st.DataObject, cuts: list[int], complete: bool, usage: bool, stops: str
+) -> None:
+    base = tok.encode(TEXT, False)
+    ids = data.draw(st.lists(st.sampled_from(base), min_size=0, max_size=40))
+    body: dict[str, Any] = {"max_tokens": 64, "ignore_eos": stops != "eos"}
+    if usage:
+        body["stream_options"] = {"include_usage": True}
+    if ids and stops in ("eos", "token"):
+        stop_id = min(tok.eos_token_ids) if stops == "eos" else ids[data.draw(st.integers(0, len(ids) - 1))]
+        at = data.draw(st.integers(0, len(ids)))
+        ids = [*ids[:at], stop_id, *ids[at:]]
+        if stops == "token":
+            body["stop_token_ids"] = [stop_id]
+    if stops == "string":
+        body["stop"] = ["ld!", "va?"]
+    general, template, plain = await _both(tok, body, _script(ids, cuts, complete))
+    assert template == general
+    assert plain == (stops != "string")
+
+
+async def test_a_resumed_stream_sends_the_same_bytes(tok: Tokenizer) -> None:
+    ids = tok.encode(TEXT, False)
+    first = [*_script(ids[:5], [1], False), WorkerError("w1 died")]
+    rest = _script(ids[5:12], [1, 2], True)
+    general, template, plain = await _both(tok, {"max_tokens": 12, "ignore_eos": True}, first, rest)
+    assert plain and template == general
+    assert b"".join(template).count(b'"finish_reason":"length"') == 1
+
+
+async def test_echo_logprobs_n_and_continuous_usage_take_the_general_path(tok: Tokenizer) -> None:
+    for body in ({"echo": True}, {"logprobs": 1}, {"n": 2}, {"stream_options": {"include_usage": True, "continuous_usage_stats": True}}):
+        req = CompletionRequest.model_validate({"model": "m", "prompt": [1, 2, 3], "stream": True, "max_tokens": 4, **body})
+        gen = Generation(FakeStream(FakeWorker("w1"), []), _prepared(tok, req))  # type: ignore[arg-type]
+        events = completions.json_events(req, _entry(tok), [gen], RequestContext(request_id="r"))
+        assert events.__qualname__ == "_chunks", body  # type: ignore[attr-defined]

@@ -1,0 +1,21 @@
+"""inspect_render: the live routing-quality table of ``inspect --gateway``."""
+
+from __future__ import annotations
+
+from rich.console import Console
+
+from gateway.inspect_render import _quality
+
+
+def text(q: dict[str, object]) -> str:
+    console = Console(record=True, width=200)
+    console.print(_quality(q))
+    return console.export_text()
+
+
+def test_the_quality_table_shows_the_decode_fill_when_the_policy_has_one() -> None:
+    base: dict[str, object] = {"offered_prompts": 3, "ideal_hit_rate": 0.5, "achieved_hit_rate": 0.4,
+                               "predicted_hit_rate": 0.4, "finished": 3}
+    assert "decode fill" not in text(base)
+    shown = text({**base, "decode_fill": 0.125})
+    assert "decode fill" in shown and "0.125 x running requests' max_tokens" in shown
