@@ -287,7 +287,7 @@ class RawHttp:
         self.sock.sendall(raw)
         buf = self.buf
         while b"\r\n\r\n" not in buf:
-            buf += self.sock.recv(65536)
+            buf += self._recv()
         head, _, rest = buf.partition(b"\r\n\r\n")
         length = 0
         for line in head.split(b"\r\n")[1:]:
@@ -295,12 +295,18 @@ class RawHttp:
             if name.strip().lower() == b"content-length":
                 length = int(value)
         while len(rest) < length:
-            rest += self.sock.recv(65536)
+            rest += self._recv()
         t1 = time.perf_counter_ns()
         self.buf = rest[length:]
         if not head.startswith(b"HTTP/1.1 200"):
             raise RuntimeError(f"HTTP {head[:40]!r}: {rest[:200]!r}")
         return t0, t1, rest[:length]
+
+    def _recv(self) -> bytes:
+        data = self.sock.recv(65536)
+        if not data:
+            raise ConnectionError("the gateway closed the connection")
+        return data
 
     def close(self) -> None:
         self.sock.close()
@@ -419,6 +425,8 @@ def main() -> int:
                 if i >= warm - 20:
                     direct(i, made[i][1])
             settle(child.pid)
+            http.close()  # the wait may outlast the gateway's keep-alive (5 s): a fresh connection
+            http = RawHttp("127.0.0.1", port)
             gw: list[tuple[int, int]] = []
             dr: list[tuple[int, int]] = []
             cpu0 = cpu_s(child.pid)
