@@ -22,7 +22,7 @@ from gateway.protocol.chat import ChatCompletionRequest
 from gateway.protocol.errors import WorkerError
 from gateway.protocol.sampling import sampling_from_chat
 from gateway.tokenization import StopPlan, Tokenizer
-from tests.endpoints.test_completions import FRAME, TEXT, _bytes, _script
+from tests.endpoints.test_completions import FRAME, TEXT, _bytes, _script, draw_case
 from tests.pipeline.test_resume import FakeStream, FakeWorker, Opener, base_request
 from tests.tokenization.helpers import qwen_files
 
@@ -88,19 +88,7 @@ async def _both(
 async def test_template_path_sends_the_general_paths_bytes(
     tok: Tokenizer, data: st.DataObject, cuts: list[int], complete: bool, usage: bool, stops: str, reasoning: bool,
 ) -> None:
-    base = tok.encode(TEXT, False)
-    ids = data.draw(st.lists(st.sampled_from(base), min_size=0, max_size=40))
-    body: dict[str, Any] = {"max_tokens": 64, "ignore_eos": stops != "eos"}
-    if usage:
-        body["stream_options"] = {"include_usage": True}
-    if ids and stops in ("eos", "token"):
-        stop_id = min(tok.eos_token_ids) if stops == "eos" else ids[data.draw(st.integers(0, len(ids) - 1))]
-        at = data.draw(st.integers(0, len(ids)))
-        ids = [*ids[:at], stop_id, *ids[at:]]
-        if stops == "token":
-            body["stop_token_ids"] = [stop_id]
-    if stops == "string":
-        body["stop"] = ["ld!", "va?"]
+    ids, body = draw_case(tok, data, usage, stops)
     general, template, rec_general, rec_template, plain = await _both(tok, body, _script(ids, cuts, complete), reasoning=reasoning)
     assert template == general
     assert rec_template == rec_general

@@ -78,6 +78,26 @@ def _script(ids: list[int], cuts: list[int], complete: bool) -> list[Any]:
     return out
 
 
+def draw_case(tok: Tokenizer, data: st.DataObject, usage: bool, stops: str) -> tuple[list[int], dict[str, Any]]:
+    """A random token stream of ``TEXT``'s ids and the request body that goes with ``stops``
+    ("none", "eos" or "token": that stop id inserted anywhere, "string": two stop strings),
+    with a usage chunk asked for when ``usage``."""
+    base = tok.encode(TEXT, False)
+    ids = data.draw(st.lists(st.sampled_from(base), min_size=0, max_size=40))
+    body: dict[str, Any] = {"max_tokens": 64, "ignore_eos": stops != "eos"}
+    if usage:
+        body["stream_options"] = {"include_usage": True}
+    if ids and stops in ("eos", "token"):
+        stop_id = min(tok.eos_token_ids) if stops == "eos" else ids[data.draw(st.integers(0, len(ids) - 1))]
+        at = data.draw(st.integers(0, len(ids)))
+        ids = [*ids[:at], stop_id, *ids[at:]]
+        if stops == "token":
+            body["stop_token_ids"] = [stop_id]
+    if stops == "string":
+        body["stop"] = ["ld!", "va?"]
+    return ids, body
+
+
 async def _both(tok: Tokenizer, body: dict[str, Any], script: list[Any], resume: list[Any] | None = None) -> tuple[list[bytes], list[bytes], bool]:
     req = CompletionRequest.model_validate({"model": "m", "prompt": [1, 2, 3], "stream": True, **body})
     runs: list[list[bytes]] = []
@@ -113,19 +133,7 @@ def test_the_template_is_the_chunk_cut_around_its_text() -> None:
 async def test_template_path_sends_the_general_paths_bytes(
     tok: Tokenizer, data: st.DataObject, cuts: list[int], complete: bool, usage: bool, stops: str
 ) -> None:
-    base = tok.encode(TEXT, False)
-    ids = data.draw(st.lists(st.sampled_from(base), min_size=0, max_size=40))
-    body: dict[str, Any] = {"max_tokens": 64, "ignore_eos": stops != "eos"}
-    if usage:
-        body["stream_options"] = {"include_usage": True}
-    if ids and stops in ("eos", "token"):
-        stop_id = min(tok.eos_token_ids) if stops == "eos" else ids[data.draw(st.integers(0, len(ids) - 1))]
-        at = data.draw(st.integers(0, len(ids)))
-        ids = [*ids[:at], stop_id, *ids[at:]]
-        if stops == "token":
-            body["stop_token_ids"] = [stop_id]
-    if stops == "string":
-        body["stop"] = ["ld!", "va?"]
+    ids, body = draw_case(tok, data, usage, stops)
     general, template, plain = await _both(tok, body, _script(ids, cuts, complete))
     assert template == general
     assert plain == (stops != "string")

@@ -34,18 +34,30 @@ def _engine(tmp_path: Path, **config: int) -> tuple[Engine, ModelEntry]:
     return engine, entry
 
 
-async def test_long_prompts_build_the_encoder_once_off_the_loop(tmp_path: Path) -> None:
-    engine, entry = _engine(tmp_path)
-    tokenizer = entry.tokenizer
+_REAL_BUILD = Tokenizer.fast_bpe.func  # type: ignore[attr-defined]
+
+
+def _spy_on_builds() -> list[int]:
+    """Record the thread of every fast-encoder build (until ``_unspy``)."""
     built_on: list[int] = []
-    real = Tokenizer.fast_bpe.func  # type: ignore[attr-defined]
 
     def spy(self: Tokenizer) -> object:
         built_on.append(threading.get_ident())
-        return real(self)
+        return _REAL_BUILD(self)
 
+    Tokenizer.fast_bpe.func = spy  # type: ignore[attr-defined]
+    return built_on
+
+
+def _unspy() -> None:
+    Tokenizer.fast_bpe.func = _REAL_BUILD  # type: ignore[attr-defined]
+
+
+async def test_long_prompts_build_the_encoder_once_off_the_loop(tmp_path: Path) -> None:
+    engine, entry = _engine(tmp_path)
+    tokenizer = entry.tokenizer
     try:
-        Tokenizer.fast_bpe.func = spy  # type: ignore[attr-defined]
+        built_on = _spy_on_builds()
         short = "hello there " * 10
         assert await engine.encode_prompt(entry, short) == tokenizer.backend.encode(short).ids
         assert not built_on and not tokenizer.fast_bpe_ready  # short prompts never pay for it
@@ -63,22 +75,15 @@ async def test_long_prompts_build_the_encoder_once_off_the_loop(tmp_path: Path) 
         assert ids == tokenizer.backend.encode(text, add_special_tokens=False).ids
         assert len(built_on) == 1 and built_on[0] != threading.get_ident()  # off the event loop
     finally:
-        Tokenizer.fast_bpe.func = real  # type: ignore[attr-defined]
+        _unspy()
         engine.close()
 
 
 async def test_the_nth_short_prompt_builds_the_encoder_once_off_the_loop(tmp_path: Path) -> None:
     engine, entry = _engine(tmp_path, fast_encoder_after=5)
     tokenizer = entry.tokenizer
-    built_on: list[int] = []
-    real = Tokenizer.fast_bpe.func  # type: ignore[attr-defined]
-
-    def spy(self: Tokenizer) -> object:
-        built_on.append(threading.get_ident())
-        return real(self)
-
     try:
-        Tokenizer.fast_bpe.func = spy  # type: ignore[attr-defined]
+        built_on = _spy_on_builds()
         messages = [{"role": "user", "content": "hello there, how are you"}]
         for n in range(4):  # chat renders and plain prompts both count
             if n % 2:
@@ -98,7 +103,7 @@ async def test_the_nth_short_prompt_builds_the_encoder_once_off_the_loop(tmp_pat
             assert await engine.render_chat(entry, messages, tools=None, chat_template_kwargs=None) == (text, ids)
         assert len(built_on) == 1 and built_on[0] != threading.get_ident()
     finally:
-        Tokenizer.fast_bpe.func = real  # type: ignore[attr-defined]
+        _unspy()
         engine.close()
 
 
