@@ -21,6 +21,7 @@ from gateway.server.security import SecurityConfig
 from gateway.server.tls import FrontTlsConfig
 from gateway.settings import option
 from gateway.sync.config import SyncConfig
+from gateway.workers.client import STREAM_TRANSPORTS
 from gateway.workers.discovery.config import DiscoveryConfig
 from gateway.workers.health import HealthConfig
 from gateway.workers.load_monitor import LoadMonitorConfig
@@ -43,6 +44,7 @@ class ServerConfig:
     max_body_bytes: int = option(32 * 1024 * 1024, "largest request body accepted, bytes")
     worker_api_key: str | None = option(None, "bearer token the gateway sends to workers")
     probe_timeout_s: float = option(10.0, "time a new worker has to answer GetModelInfo/GetServerInfo, seconds")
+    worker_stream_transport: str = option("h2", "how Generate streams reach workers: 'h2' (the gateway's own HTTP/2 reader: the tokens that arrived together are read and written together, about half grpc.aio's CPU per token; docs/architecture.md) or 'grpcio' (grpc.aio, like every other worker call)", choices=list(STREAM_TRANSPORTS))
     kv_events: bool = option(False, "subscribe to workers' KV events and feed them to the cache_aware radix tree")
     log_level: str = option("info", "log level", choices=["debug", "info", "warning", "error"])
     log_json: bool = option(False, "structured logs: one JSON object per line, with the request id")

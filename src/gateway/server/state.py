@@ -29,7 +29,7 @@ from gateway.workers.discovery.sources import make_discovery
 from gateway.workers.health import HealthMonitor
 from gateway.workers.kv_events import KvEventFeeder
 from gateway.workers.load_monitor import LoadMonitor
-from gateway.workers.registry import WorkerRegistry
+from gateway.workers.registry import WorkerRegistry, grpc_connect_with
 from gateway.workers.watchdog import ProgressTracker, Watchdog
 from gateway.workers.worker import Worker
 
@@ -48,6 +48,7 @@ class GatewayState:
             probe_timeout_s=server.probe_timeout_s,
             breaker=config.health.breaker,
             progress=lambda: ProgressTracker(config.watchdog),
+            connect=grpc_connect_with(server.worker_stream_transport),
         )
         self.router = Router(
             self.registry,

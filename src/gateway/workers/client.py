@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+import ssl
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,7 @@ from grpc import aio
 from gateway.proto import common_pb2, sglang_scheduler_pb2_grpc
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.protocol.headers import REQUEST_ID, bearer
+from gateway.workers.h2 import H2Call, H2Channel
 from gateway.workers.trace_context import TRACEPARENT
 
 # Prompts of 100K+ tokens and tokenizer zips exceed gRPC's 4 MiB default.
@@ -110,21 +112,51 @@ class TlsOptions:
             certificate_chain=read(self.cert_file),
         )
 
+    def ssl_context(self) -> ssl.SSLContext:
+        """The same trust and client identity for the gateway's own HTTP/2 connections
+        (``workers/h2``), which speak HTTP/2 only (ALPN h2)."""
+        context = ssl.create_default_context(cafile=self.ca_file)
+        if self.cert_file:
+            context.load_cert_chain(self.cert_file, self.key_file)
+        context.set_alpn_protocols(["h2"])
+        return context
+
+
+STREAM_TRANSPORTS = ("h2", "grpcio")
+_GENERATE = "/sglang.grpc.scheduler.SglangScheduler/Generate"
+
 
 class WorkerClient:
-    """Async stubs for one worker over one shared HTTP/2 channel."""
+    """Async stubs for one worker over one shared HTTP/2 channel; Generate streams over
+    the gateway's own HTTP/2 connections (``workers/h2``) unless ``stream_transport`` is
+    ``"grpcio"``."""
 
     def __init__(
-        self, url: str, *, tls: TlsOptions | None = None, api_key: str | None = None
+        self,
+        url: str,
+        *,
+        tls: TlsOptions | None = None,
+        api_key: str | None = None,
+        stream_transport: str = "h2",
     ) -> None:
+        if stream_transport not in STREAM_TRANSPORTS:
+            raise ValueError(f"stream transport must be one of {STREAM_TRANSPORTS}, got {stream_transport!r}")
         self.address = parse_worker_url(url)
         self.url = self.address.url
-        if self.address.scheme == "grpcs":
+        secure = self.address.scheme == "grpcs"
+        if secure:
             creds = (tls or TlsOptions()).credentials()
             self._channel = aio.secure_channel(self.address.target, creds, options=_CHANNEL_OPTIONS)
         else:
             self._channel = aio.insecure_channel(self.address.target, options=_CHANNEL_OPTIONS)
         self._stub = sglang_scheduler_pb2_grpc.SglangSchedulerStub(self._channel)
+        self._streams: H2Channel | None = None
+        if stream_transport == "h2":
+            self._streams = H2Channel(
+                self.address.host, self.address.port, self.address.target,
+                ssl_context=(tls or TlsOptions()).ssl_context() if secure else None,
+                max_message=_MAX_MESSAGE_BYTES,
+            )
         self._auth: tuple[tuple[str, str], ...] = (
             (bearer(api_key),) if api_key else ()
         )
@@ -141,8 +173,13 @@ class WorkerClient:
 
     def generate(
         self, request: pb.GenerateRequest, *, timeout: float | None = None
-    ) -> aio.UnaryStreamCall:
-        """Start a Generate stream; the caller iterates it and may ``cancel()`` it."""
+    ) -> aio.UnaryStreamCall | H2Call:
+        """Start a Generate stream; the caller reads it and may ``cancel()`` it."""
+        if self._streams is not None:
+            return self._streams.unary_stream(
+                _GENERATE, request.SerializeToString(), pb.GenerateResponse.FromString,
+                timeout=timeout, metadata=self._metadata(request.request_id),
+            )
         return self._stub.Generate(
             request, timeout=timeout, metadata=self._metadata(request.request_id)
         )
@@ -223,4 +260,6 @@ class WorkerClient:
         )
 
     async def close(self, grace: float | None = None) -> None:
+        if self._streams is not None:
+            await self._streams.close(grace)
         await self._channel.close(grace)

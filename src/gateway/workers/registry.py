@@ -27,8 +27,17 @@ Connect = Callable[[str, TlsOptions | None, str | None], WorkerTransport]  # (ur
 
 
 def grpc_connect(url: str, tls: TlsOptions | None, api_key: str | None) -> WorkerTransport:
-    """The real transport: a gRPC channel to the worker."""
+    """The real transport: a gRPC channel to the worker (Generate over the gateway's own HTTP/2)."""
     return WorkerClient(url, tls=tls, api_key=api_key)
+
+
+def grpc_connect_with(stream_transport: str) -> Connect:
+    """``grpc_connect`` with Generate streams over ``stream_transport`` ("h2" or "grpcio")."""
+
+    def connect(url: str, tls: TlsOptions | None, api_key: str | None) -> WorkerTransport:
+        return WorkerClient(url, tls=tls, api_key=api_key, stream_transport=stream_transport)
+
+    return connect
 
 
 class WorkerRegistrationError(Exception):

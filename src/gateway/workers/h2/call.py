@@ -1,0 +1,304 @@
+"""One Generate call on an HTTP/2 connection, with grpc.aio's reading semantics.
+
+The connection hands each call the bytes of its DATA frames as they come off the
+socket; the call cuts them into gRPC messages, parses them, and queues them. A reader
+that finds messages queued takes them without waiting (``ready`` says so), which is
+what lets the relay write several tokens that arrived together as one socket write.
+
+What the gateway relies on, as with ``grpc.aio.UnaryStreamCall``:
+- ``read()`` returns the next message, ``grpc.aio.EOF`` after the last one when the
+  status is OK, and raises ``grpc.aio.AioRpcError`` for any other status (after the
+  messages that came before it);
+- ``cancel()`` resets the stream; a pending ``read()`` then raises
+  ``asyncio.CancelledError`` (without cancelling the reader's task), and so does any
+  later one;
+- cancelling the reading task cancels the call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Protocol
+from urllib.parse import unquote
+
+import grpc
+from grpc import aio
+
+from gateway.workers.h2 import frames
+
+Deserialize = Callable[[bytes], Any]
+
+
+class Link(Protocol):
+    """What a call asks of its connection (``H2Connection``)."""
+
+    def detach(self, call: H2Call, reset: int | None) -> None: ...
+
+    def credit(self, stream_id: int, amount: int, force: bool) -> bool: ...
+
+_OK = grpc.StatusCode.OK
+_EOF = aio.EOF
+
+
+class CallStatus:
+    """How a call ended: the status code, its details and the trailing metadata."""
+
+    __slots__ = ("code", "details", "trailing")
+
+    def __init__(self, code: grpc.StatusCode, details: str = "", trailing: tuple[tuple[str, str], ...] = ()) -> None:
+        self.code = code
+        self.details = details
+        self.trailing = trailing
+
+
+class H2Call:
+    """A Generate stream: messages in, read with ``read()``, or stopped with ``cancel()``."""
+
+    __slots__ = (
+        "_conn", "_credit", "_deadline", "_deserialize", "_inbox", "_initial", "_loop", "_max_message",
+        "_partial", "_starting", "_status", "_waiter", "cancelled", "headers_seen", "send_offset",
+        "send_payload", "send_window", "stream_id", "timer",
+    )  # fmt: skip
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, deserialize: Deserialize, max_message: int) -> None:
+        self._loop = loop
+        self._deserialize = deserialize
+        self._max_message = max_message
+        self._inbox: deque[Any] = deque()
+        self._partial = bytearray()  # the start of a message whose end has not arrived
+        self._waiter: asyncio.Future[None] | None = None
+        self._status: CallStatus | None = None
+        self._initial: tuple[tuple[str, str], ...] = ()
+        self._credit = 0  # bytes received and not yet given back as stream window
+        self._conn: Link | None = None
+        self._starting: asyncio.Task[None] | None = None  # the wait for a connection, if any
+        self._deadline: float | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.cancelled = False
+        self.stream_id = 0
+        self.headers_seen = False
+        # The request body still to send (flow control may hold part of it back).
+        self.send_payload = b""
+        self.send_offset = 0
+        self.send_window = 0
+
+    # ------------------------------------------------------------------ reader side
+    def ready(self) -> bool:
+        """``read()`` would return (or raise) without waiting."""
+        return bool(self._inbox) or self._status is not None or self.cancelled
+
+    def done(self) -> bool:
+        return self._status is not None
+
+    @property
+    def status(self) -> CallStatus | None:
+        return self._status
+
+    async def read(self) -> Any:
+        """The next message; ``grpc.aio.EOF`` after the last; raises on a failed call."""
+        while True:
+            if self.cancelled:
+                raise asyncio.CancelledError
+            inbox = self._inbox
+            if inbox:
+                message = inbox.popleft()
+                if not inbox and self._credit:
+                    self._give_credit()
+                return message
+            status = self._status
+            if status is not None:
+                if status.code is _OK:
+                    return _EOF
+                raise aio.AioRpcError(
+                    status.code, aio.Metadata(*self._initial), aio.Metadata(*status.trailing), details=status.details
+                )
+            starting = self._starting
+            if starting is not None:
+                if not starting.done():
+                    try:
+                        await asyncio.shield(starting)
+                    except asyncio.CancelledError:
+                        self._cancel_on_reader_exit()
+                        raise
+                self._starting = None
+                continue
+            waiter = self._waiter = self._loop.create_future()
+            try:
+                await waiter
+            except asyncio.CancelledError:
+                self._waiter = None
+                self._cancel_on_reader_exit()
+                raise
+            self._waiter = None
+
+    def _cancel_on_reader_exit(self) -> None:
+        """The reader's task was cancelled (not the call): stop the call, as grpc.aio does."""
+        if not self.cancelled and self._status is None:
+            self.cancel()
+
+    def __aiter__(self) -> H2Call:
+        return self
+
+    async def __anext__(self) -> Any:
+        message = await self.read()
+        if message is _EOF:
+            raise StopAsyncIteration
+        return message
+
+    def cancel(self) -> bool:
+        """Reset the stream; False when the call had already ended."""
+        if self._status is not None or self.cancelled:
+            return False
+        self.cancelled = True
+        self._inbox.clear()
+        self._end(CallStatus(grpc.StatusCode.CANCELLED, "Locally cancelled by application!"), reset=frames.CANCEL)
+        if self._starting is not None:
+            self._starting.cancel()
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.cancel()
+        return True
+
+    # ------------------------------------------------------------------ connection side
+    def attach(self, conn: Link, stream_id: int, send_window: int) -> None:
+        self._conn = conn
+        self.stream_id = stream_id
+        self.send_window = send_window
+
+    def starting(self, task: asyncio.Task[None]) -> None:
+        """The call waits for a connection: ``read()`` waits for ``task`` first (the task
+        attaches the call to a connection, or ends it; it never raises)."""
+        self._starting = task
+
+    def set_deadline(self, deadline: float) -> None:
+        self._deadline = deadline
+        self.timer = self._loop.call_at(deadline, self._expire)
+
+    def _expire(self) -> None:
+        self.timer = None
+        if self._status is None:
+            self._end(CallStatus(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"), reset=frames.CANCEL)
+
+    def on_data(self, data: bytes | memoryview) -> None:
+        """DATA payload of this stream: cut into gRPC messages (5-byte prefix each)."""
+        if self._status is not None:
+            return
+        self._credit += len(data)
+        partial = self._partial
+        if partial:
+            partial += data
+            buf: bytes | bytearray | memoryview = partial
+        else:
+            buf = data
+        pos, end = 0, len(buf)
+        inbox = self._inbox
+        parse = self._deserialize
+        while end - pos >= 5:
+            size = int.from_bytes(buf[pos + 1:pos + 5], "big")
+            if size > self._max_message:
+                self._fail(grpc.StatusCode.RESOURCE_EXHAUSTED, f"received message larger than max ({size} vs. {self._max_message})")
+                return
+            if end - pos - 5 < size:
+                break
+            if buf[pos]:
+                self._fail(grpc.StatusCode.INTERNAL, "compressed message, but no compression was negotiated")
+                return
+            try:
+                inbox.append(parse(bytes(buf[pos + 5:pos + 5 + size])))
+            except Exception as exc:  # a malformed message fails this call, not the connection
+                self._fail(grpc.StatusCode.INTERNAL, f"could not parse the worker's message: {exc}")
+                return
+            pos += 5 + size
+        if partial:
+            del partial[:pos]
+        elif pos < end:
+            self._partial = bytearray(buf[pos:])
+        if not inbox and self._credit:
+            self._give_credit()  # nothing queued for the reader: the worker may go on
+        self._wake()
+
+    def on_headers(self, headers: list[tuple[bytes, bytes]], end_stream: bool) -> None:
+        """Response headers, trailers, or both at once ("trailers-only")."""
+        if self._status is not None:
+            return
+        if not self.headers_seen:
+            self.headers_seen = True
+            fields = _decode(headers)
+            status = dict(fields).get(":status", "")
+            if status != "200":
+                code = frames.status_for_http(int(status)) if status.isdigit() else grpc.StatusCode.INTERNAL
+                self._end(CallStatus(code, f"Received http2 header with status: {status or 'none'}"), reset=frames.CANCEL)
+                return
+            if not end_stream:
+                self._initial = tuple((k, v) for k, v in fields if not k.startswith(":"))
+                return
+            self._trailers(fields)
+            return
+        if not end_stream:
+            self._fail(grpc.StatusCode.INTERNAL, "headers in the middle of the response")
+            return
+        self._trailers(_decode(headers))
+
+    def _trailers(self, fields: list[tuple[str, str]]) -> None:
+        number: int | None = None
+        details = ""
+        trailing: list[tuple[str, str]] = []
+        for key, value in fields:
+            if key == "grpc-status":
+                number = int(value) if value.isdigit() else None
+            elif key == "grpc-message":
+                details = unquote(value, errors="replace")
+            elif not key.startswith(":"):
+                trailing.append((key, value))
+        if number is None:
+            self._end(CallStatus(grpc.StatusCode.UNKNOWN, "missing grpc-status in the trailers"))
+            return
+        code = frames.status_from_number(number)
+        if code is _OK and self._partial:
+            code, details = grpc.StatusCode.INTERNAL, "stream ended inside a message"
+        self._end(CallStatus(code, details, tuple(trailing)))
+
+    def on_end_without_trailers(self) -> None:
+        """END_STREAM on a DATA frame: gRPC always ends with trailers."""
+        self._fail(grpc.StatusCode.INTERNAL, "the worker ended the stream without a status")
+
+    def on_reset(self, code: int) -> None:
+        self._end(CallStatus(frames.status_for_reset(code), f"stream reset by the worker (HTTP/2 error {code})"))
+
+    def on_lost(self, code: grpc.StatusCode, details: str) -> None:
+        """The connection is gone, or going away without this stream."""
+        self._end(CallStatus(code, details))
+
+    def _fail(self, code: grpc.StatusCode, details: str) -> None:
+        self._end(CallStatus(code, details), reset=frames.CANCEL)
+
+    def _end(self, status: CallStatus, *, reset: int | None = None) -> None:
+        if self._status is not None:
+            return
+        self._status = status
+        self._partial.clear()
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        conn = self._conn
+        if conn is not None:
+            conn.detach(self, reset)
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _give_credit(self) -> None:
+        """Give received bytes back as stream window once there are enough of them, or at
+        once while a message is incomplete (its rest may need more than the window left)."""
+        conn = self._conn
+        if conn is not None and self._status is None and conn.credit(self.stream_id, self._credit, bool(self._partial)):
+            self._credit = 0
+
+
+def _decode(headers: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
+    return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers]

@@ -1,0 +1,411 @@
+"""One HTTP/2 connection to a worker, carrying Generate calls (an asyncio protocol).
+
+Each socket read is cut into frames in one pass; every call whose DATA arrived gets
+its messages queued and its reader woken once, however many messages came. The
+connection owns the HTTP/2 state a client needs for these calls: settings in both
+directions, flow control (receive windows given back as readers consume, the request
+body held back while the worker's windows are full), stream ids, PING answers and
+keepalive, GOAWAY (calls the worker never saw end as UNAVAILABLE, the others finish)
+and RST_STREAM. Anything the worker sends that breaks the protocol closes the
+connection and fails its calls; nothing here raises into the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import cast
+
+import grpc
+from hpack import Decoder
+from hpack.exceptions import HPACKError
+
+from gateway.workers.h2 import frames
+from gateway.workers.h2.call import H2Call
+
+log = logging.getLogger(__name__)
+
+STREAM_WINDOW = 4 * 1024 * 1024  # per call: output a reader has not taken yet, at most
+CONNECTION_WINDOW = 64 * 1024 * 1024
+MAX_HEADER_LIST = 1024 * 1024
+
+_END_STREAM = frames.END_STREAM
+_DATA = frames.DATA
+
+
+class ProtocolViolation(Exception):
+    """The worker broke HTTP/2: the connection is closed with this error code."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class H2Connection(asyncio.Protocol):
+    """The client side of one HTTP/2 connection (prior knowledge, or TLS with ALPN h2)."""
+
+    def __init__(self, authority: str, *, keepalive_s: float = 300.0, keepalive_timeout_s: float = 20.0) -> None:
+        self.authority = authority
+        self.transport: asyncio.Transport | None = None
+        self.calls: dict[int, H2Call] = {}
+        self.next_stream_id = 1
+        self.closing = False  # GOAWAY seen or sent: no new calls
+        self.lost = False
+        self._loop = asyncio.get_running_loop()
+        self._buffer = b""
+        self._decoder = Decoder(max_header_list_size=MAX_HEADER_LIST)
+        self._header_stream = 0  # a header block continued in CONTINUATION frames
+        self._header_flags = 0
+        self._header_block = bytearray()
+        # What the worker allows us (its SETTINGS and WINDOW_UPDATEs).
+        self.peer_max_frame = frames.DEFAULT_MAX_FRAME
+        self.peer_initial_window = frames.DEFAULT_WINDOW
+        self.peer_max_streams = 2**31 - 1
+        self.send_window = frames.DEFAULT_WINDOW
+        self._blocked: dict[int, H2Call] = {}  # calls whose request body waits for window
+        self._received = 0  # DATA bytes not yet given back as connection window
+        self._keepalive_s = keepalive_s
+        self._keepalive_timeout_s = keepalive_timeout_s
+        self._keepalive: asyncio.TimerHandle | None = None
+        self._ping_payload: bytes | None = None
+        self.settings_received = self._loop.create_future()
+
+    # ------------------------------------------------------------------ asyncio.Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
+        transport.write(
+            frames.PREFACE
+            + frames.settings({
+                frames.ENABLE_PUSH: 0,
+                frames.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
+                frames.MAX_HEADER_LIST_SIZE: MAX_HEADER_LIST,
+            })
+            + frames.window_update(0, CONNECTION_WINDOW - frames.DEFAULT_WINDOW)
+        )
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lose(f"connection to the worker lost: {exc}" if exc else "connection to the worker closed")
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self._frames(data)
+        except ProtocolViolation as exc:
+            log.warning("worker %s broke HTTP/2 (%s): closing the connection", self.authority, exc)
+            self._abandon(exc.code, f"worker broke HTTP/2: {exc}")
+        except Exception as exc:  # a bug here must not kill the event loop's reader
+            log.exception("HTTP/2 connection to %s failed", self.authority)
+            self._abandon(frames.INTERNAL_ERROR, f"HTTP/2 client error: {exc}")
+
+    # ------------------------------------------------------------------ calls
+    def can_open(self) -> bool:
+        return (
+            not self.closing
+            and not self.lost
+            and len(self.calls) < self.peer_max_streams
+            and self.next_stream_id < frames.MAX_STREAM_ID
+        )
+
+    def open(self, call: H2Call, header_block: bytes, message: bytes) -> None:
+        """Start ``call``: HEADERS, then the request body as far as the windows allow."""
+        transport = self.transport
+        assert transport is not None
+        stream_id = self.next_stream_id
+        self.next_stream_id += 2
+        self.calls[stream_id] = call
+        call.attach(self, stream_id, self.peer_initial_window)
+        call.send_payload = message
+        call.send_offset = 0
+        out = [frames.frame(frames.HEADERS, frames.END_HEADERS, stream_id, header_block)]
+        self._body(call, out)
+        transport.write(b"".join(out))
+        if self._keepalive is None and self._keepalive_s > 0:
+            self._keepalive = self._loop.call_later(self._keepalive_s, self._send_keepalive)
+
+    def _body(self, call: H2Call, out: list[bytes]) -> None:
+        """Append the DATA frames of ``call``'s request body the windows allow; the last
+        one ends the stream. Whatever is left waits in ``_blocked``."""
+        payload, offset = call.send_payload, call.send_offset
+        total = len(payload)
+        stream_id = call.stream_id
+        while True:
+            size = min(total - offset, self.peer_max_frame, self.send_window, call.send_window)
+            if size <= 0 and offset < total:
+                self._blocked[stream_id] = call
+                break
+            last = offset + size >= total
+            out.append(frames.frame(_DATA, _END_STREAM if last else 0, stream_id, payload[offset:offset + size]))
+            offset += size
+            self.send_window -= size
+            call.send_window -= size
+            if last:
+                self._blocked.pop(stream_id, None)
+                break
+        call.send_offset = offset
+
+    def detach(self, call: H2Call, reset: int | None) -> None:
+        """``call`` ended: forget it, and reset the stream when the worker may still be at it."""
+        stream_id = call.stream_id
+        if self.calls.pop(stream_id, None) is None:
+            return
+        self._blocked.pop(stream_id, None)
+        if reset is None and call.send_offset < len(call.send_payload):
+            reset = frames.CANCEL  # the worker answered before the whole request went out
+        if reset is not None:
+            self._write(frames.rst_stream(stream_id, reset))
+        if self.closing and not self.calls:
+            self.close()
+
+    def credit(self, stream_id: int, amount: int, force: bool) -> bool:
+        """Give ``amount`` received bytes back as window of ``stream_id`` once there are
+        enough to be worth a frame (or now, with ``force``); True when sent."""
+        if not force and amount < STREAM_WINDOW // 4:
+            return False
+        if stream_id in self.calls:
+            self._write(frames.window_update(stream_id, amount))
+        return True
+
+    def close(self) -> None:
+        """Say goodbye and close; calls still open end as UNAVAILABLE."""
+        if self.lost:
+            return
+        self.closing = True
+        transport = self.transport
+        if transport is not None:
+            transport.write(frames.goaway(0, frames.NO_ERROR))
+            transport.close()
+        self._lose("connection to the worker closed by the gateway")
+
+    # ------------------------------------------------------------------ frames
+    def _frames(self, data: bytes) -> None:
+        buf = self._buffer + data if self._buffer else data
+        pos, end = 0, len(buf)
+        calls = self.calls
+        received = 0
+        while end - pos >= 9:
+            length = (buf[pos] << 16) | (buf[pos + 1] << 8) | buf[pos + 2]
+            stop = pos + 9 + length
+            if stop > end:
+                break
+            kind = buf[pos + 3]
+            flags = buf[pos + 4]
+            stream_id = int.from_bytes(buf[pos + 5:pos + 9], "big") & 0x7FFFFFFF
+            if self._header_stream and kind != frames.CONTINUATION:
+                raise ProtocolViolation(frames.PROTOCOL_ERROR, "a header block was interrupted")
+            if kind == _DATA:
+                received += length
+                call = calls.get(stream_id)
+                if call is not None:
+                    if flags & frames.PADDED:
+                        pad = buf[pos + 9] if length else 0
+                        if pad >= length:
+                            raise ProtocolViolation(frames.PROTOCOL_ERROR, "DATA padding exceeds the frame")
+                        call.on_data(buf[pos + 10:stop - pad])
+                    else:
+                        call.on_data(buf[pos + 9:stop])
+                    if flags & _END_STREAM and stream_id in calls:
+                        call.on_end_without_trailers()
+                elif stream_id == 0:
+                    raise ProtocolViolation(frames.PROTOCOL_ERROR, "DATA on stream 0")
+            elif kind == frames.HEADERS:
+                self._headers(stream_id, flags, buf[pos + 9:stop])
+            elif kind == frames.CONTINUATION:
+                self._continuation(stream_id, flags, buf[pos + 9:stop])
+            elif kind == frames.WINDOW_UPDATE:
+                self._window_update(stream_id, buf[pos + 9:stop])
+            elif kind == frames.SETTINGS:
+                self._settings(flags, buf[pos + 9:stop])
+            elif kind == frames.PING:
+                self._ping(flags, buf[pos + 9:stop])
+            elif kind == frames.RST_STREAM:
+                if length != 4:
+                    raise ProtocolViolation(frames.FRAME_SIZE_ERROR, "RST_STREAM of the wrong size")
+                call = calls.get(stream_id)
+                if call is not None:
+                    call.on_reset(frames.u32(buf, pos + 9))
+            elif kind == frames.GOAWAY:
+                self._goaway(buf[pos + 9:stop])
+            elif kind == frames.PUSH_PROMISE:
+                raise ProtocolViolation(frames.PROTOCOL_ERROR, "server push was disabled")
+            # PRIORITY and unknown frame types are ignored (RFC 9113 5.5).
+            pos = stop
+        self._buffer = buf[pos:] if pos < end else b""
+        if received:
+            self._received += received
+            if self._received >= CONNECTION_WINDOW // 2:
+                self._write(frames.window_update(0, self._received))
+                self._received = 0
+
+    def _headers(self, stream_id: int, flags: int, payload: bytes) -> None:
+        if stream_id == 0:
+            raise ProtocolViolation(frames.PROTOCOL_ERROR, "HEADERS on stream 0")
+        start, stop = 0, len(payload)
+        if flags & frames.PADDED:
+            if not payload:
+                raise ProtocolViolation(frames.PROTOCOL_ERROR, "HEADERS padding without a length")
+            start, stop = 1, stop - payload[0]
+        if flags & frames.PRIORITY_FLAG:
+            start += 5
+        if start > stop:
+            raise ProtocolViolation(frames.PROTOCOL_ERROR, "HEADERS padding exceeds the frame")
+        block = payload[start:stop]
+        if flags & frames.END_HEADERS:
+            self._header_block_done(stream_id, flags, block)
+        else:
+            self._header_stream = stream_id
+            self._header_flags = flags
+            self._header_block = bytearray(block)
+
+    def _continuation(self, stream_id: int, flags: int, payload: bytes) -> None:
+        if not self._header_stream or stream_id != self._header_stream:
+            raise ProtocolViolation(frames.PROTOCOL_ERROR, "CONTINUATION without its HEADERS")
+        self._header_block += payload
+        if len(self._header_block) > MAX_HEADER_LIST:
+            raise ProtocolViolation(frames.ENHANCE_YOUR_CALM, "header block too large")
+        if flags & frames.END_HEADERS:
+            block, self._header_stream = bytes(self._header_block), 0
+            self._header_block = bytearray()
+            self._header_block_done(stream_id, self._header_flags, block)
+
+    def _header_block_done(self, stream_id: int, flags: int, block: bytes) -> None:
+        try:
+            headers = self._decoder.decode(block, raw=True)  # every block, to keep the table in step
+        except HPACKError as exc:
+            raise ProtocolViolation(frames.COMPRESSION_ERROR, f"bad header block: {exc}") from exc
+        call = self.calls.get(stream_id)
+        if call is not None:
+            call.on_headers(headers, bool(flags & _END_STREAM))  # type: ignore[arg-type]
+
+    def _window_update(self, stream_id: int, payload: bytes) -> None:
+        if len(payload) != 4:
+            raise ProtocolViolation(frames.FRAME_SIZE_ERROR, "WINDOW_UPDATE of the wrong size")
+        increment = frames.u32(payload) & 0x7FFFFFFF
+        if stream_id == 0:
+            if increment == 0:
+                raise ProtocolViolation(frames.PROTOCOL_ERROR, "WINDOW_UPDATE of 0")
+            self.send_window += increment
+            if self.send_window > frames.MAX_WINDOW:
+                raise ProtocolViolation(frames.FLOW_CONTROL_ERROR, "connection window above 2^31-1")
+        else:
+            call = self.calls.get(stream_id)
+            if call is None:
+                return
+            call.send_window += increment
+            if call.send_window > frames.MAX_WINDOW:
+                call.on_lost(grpc.StatusCode.INTERNAL, "the worker's stream window overflowed")
+                return
+        self._flush_blocked()
+
+    def _flush_blocked(self) -> None:
+        if not self._blocked or self.transport is None:
+            return
+        out: list[bytes] = []
+        for call in list(self._blocked.values()):
+            if self.send_window <= 0:
+                break
+            if call.send_window > 0:
+                self._body(call, out)
+        if out:
+            self._write(b"".join(out))
+
+    def _settings(self, flags: int, payload: bytes) -> None:
+        if flags & frames.ACK:
+            return
+        try:
+            values = frames.parse_settings(payload)
+        except ValueError as exc:
+            raise ProtocolViolation(frames.FRAME_SIZE_ERROR, str(exc)) from exc
+        if frames.MAX_FRAME_SIZE in values:
+            size = values[frames.MAX_FRAME_SIZE]
+            if not frames.DEFAULT_MAX_FRAME <= size <= 2**24 - 1:
+                raise ProtocolViolation(frames.PROTOCOL_ERROR, f"MAX_FRAME_SIZE {size} out of range")
+            self.peer_max_frame = size
+        if frames.INITIAL_WINDOW_SIZE in values:
+            window = values[frames.INITIAL_WINDOW_SIZE]
+            if window > frames.MAX_WINDOW:
+                raise ProtocolViolation(frames.FLOW_CONTROL_ERROR, "INITIAL_WINDOW_SIZE above 2^31-1")
+            delta = window - self.peer_initial_window
+            self.peer_initial_window = window
+            for call in self.calls.values():
+                call.send_window += delta
+        if frames.MAX_CONCURRENT_STREAMS in values:
+            self.peer_max_streams = values[frames.MAX_CONCURRENT_STREAMS]
+        self._write(frames.SETTINGS_ACK)
+        if not self.settings_received.done():
+            self.settings_received.set_result(None)
+        self._flush_blocked()
+
+    def _ping(self, flags: int, payload: bytes) -> None:
+        if len(payload) != 8:
+            raise ProtocolViolation(frames.FRAME_SIZE_ERROR, "PING of the wrong size")
+        if flags & frames.ACK:
+            if payload == self._ping_payload:
+                self._ping_payload = None
+            return
+        self._write(frames.ping(payload, ack=True))
+
+    def _goaway(self, payload: bytes) -> None:
+        if len(payload) < 8:
+            raise ProtocolViolation(frames.FRAME_SIZE_ERROR, "GOAWAY too short")
+        last = frames.u32(payload) & 0x7FFFFFFF
+        code = frames.u32(payload, 4)
+        self.closing = True
+        for stream_id, call in list(self.calls.items()):
+            if stream_id > last:  # the worker never saw it: safe to send elsewhere
+                call.on_lost(grpc.StatusCode.UNAVAILABLE, f"worker is going away (HTTP/2 GOAWAY, error {code})")
+        if not self.calls:
+            self.close()
+
+    def _write(self, data: bytes) -> None:
+        if self.transport is not None and not self.lost:
+            self.transport.write(data)
+
+    # ------------------------------------------------------------------ keepalive and endings
+    def _send_keepalive(self) -> None:
+        """While calls are open, PING every ``keepalive_s``; no answer in time: the worker is gone."""
+        self._keepalive = None
+        if self.lost or not self.calls or self.transport is None:
+            return
+        if self._ping_payload is not None:
+            log.warning("worker %s did not answer a keepalive PING: closing the connection", self.authority)
+            self._abandon(frames.NO_ERROR, "worker did not answer a keepalive ping")
+            return
+        self._ping_payload = os.urandom(8)
+        self._write(frames.ping(self._ping_payload))
+        self._keepalive = self._loop.call_later(self._keepalive_timeout_s, self._check_keepalive)
+
+    def _check_keepalive(self) -> None:
+        self._keepalive = None
+        if self._ping_payload is not None:
+            self._send_keepalive()  # still unanswered: gives up
+        elif self.calls:
+            self._keepalive = self._loop.call_later(self._keepalive_s, self._send_keepalive)
+
+    def _abandon(self, code: int, details: str) -> None:
+        """Close after a protocol error (or a dead peer); the calls end as UNAVAILABLE."""
+        transport = self.transport
+        if transport is not None and not self.lost:
+            last = max(self.calls, default=0)
+            transport.write(frames.goaway(last, code))
+            transport.close()
+        self._lose(details)
+
+    def _lose(self, details: str) -> None:
+        if self.lost:
+            return
+        self.lost = True
+        self.closing = True
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+            self._keepalive = None
+        calls, self.calls = self.calls, {}
+        self._blocked.clear()
+        for call in calls.values():
+            call.on_lost(grpc.StatusCode.UNAVAILABLE, details)
+        if not self.settings_received.done():
+            self.settings_received.set_result(None)
+
+    def __repr__(self) -> str:
+        state = "lost" if self.lost else "closing" if self.closing else "open"
+        return f"<H2Connection {self.authority} {state} calls={len(self.calls)}>"
+
