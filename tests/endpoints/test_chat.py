@@ -22,7 +22,7 @@ from gateway.protocol.chat import ChatCompletionRequest
 from gateway.protocol.errors import WorkerError
 from gateway.protocol.sampling import sampling_from_chat
 from gateway.tokenization import StopPlan, Tokenizer
-from tests.endpoints.test_completions import FRAME, TEXT, _bytes, _script, draw_case
+from tests.endpoints.test_completions import FRAME, TEXT, _bytes, _script, draw_case, same_stream
 from tests.pipeline.test_resume import FakeStream, FakeWorker, Opener, base_request
 from tests.tokenization.helpers import qwen_files
 
@@ -51,6 +51,7 @@ def _parsers(reasoning: bool) -> ChatParsers:
 
 async def _both(
     tok: Tokenizer, body: dict[str, Any], script: list[Any], *, reasoning: bool = False, resume: list[Any] | None = None,
+    together: bool = False,
 ) -> tuple[list[bytes], list[bytes], list[Any], list[Any], bool]:
     req = ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True, **body})
     runs: list[list[bytes]] = []
@@ -66,7 +67,8 @@ async def _both(
         resumer = None
         if resume is not None:
             resumer = Resumer(base_request(prepared), Opener([("w2", list(resume))]), ResumeConfig(), sampling, NULL_OBSERVER)
-        gen = Generation(FakeStream(FakeWorker("w1"), list(script)), prepared, resumer)  # type: ignore[arg-type]
+        stream = FakeStream(FakeWorker("w1"), list(script), together=together and frame is not None)
+        gen = Generation(stream, prepared, resumer)  # type: ignore[arg-type]
         plain = gen.plain
         replies = Replies()
         entry: Any = type("Entry", (), {"name": "m", "tokenizer": tok, "reply_cache": replies})()
@@ -84,22 +86,29 @@ async def _both(
     usage=st.booleans(),
     stops=st.sampled_from(["none", "eos", "token", "string"]),
     reasoning=st.booleans(),
+    together=st.booleans(),
 )
 async def test_template_path_sends_the_general_paths_bytes(
     tok: Tokenizer, data: st.DataObject, cuts: list[int], complete: bool, usage: bool, stops: str, reasoning: bool,
+    together: bool,
 ) -> None:
     ids, body = draw_case(tok, data, usage, stops)
-    general, template, rec_general, rec_template, plain = await _both(tok, body, _script(ids, cuts, complete), reasoning=reasoning)
-    assert template == general
+    general, template, rec_general, rec_template, plain = await _both(
+        tok, body, _script(ids, cuts, complete), reasoning=reasoning, together=together,
+    )
+    assert same_stream(general, template, together)
     assert rec_template == rec_general
     assert plain == (stops != "string")
 
 
-async def test_a_resumed_stream_sends_the_same_bytes_and_reply(tok: Tokenizer) -> None:
+@pytest.mark.parametrize("together", [False, True])
+async def test_a_resumed_stream_sends_the_same_bytes_and_reply(tok: Tokenizer, together: bool) -> None:
     ids = tok.encode(TEXT, False)
     first = [*_script(ids[:5], [1], False), WorkerError("w1 died")]
     rest = _script(ids[5:12], [1, 2], True)
-    general, template, rec_general, rec_template, plain = await _both(tok, {"max_tokens": 12, "ignore_eos": True}, first, resume=rest)
-    assert plain and template == general
+    general, template, rec_general, rec_template, plain = await _both(
+        tok, {"max_tokens": 12, "ignore_eos": True}, first, resume=rest, together=together,
+    )
+    assert plain and same_stream(general, template, together)
     assert rec_template == rec_general and rec_template and rec_template[0][1] == tok.decode(ids[:12])
     assert sum(1 for e in template if isinstance(e, bytes) and b'"finish_reason":"length"' in e) == 1

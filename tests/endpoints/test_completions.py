@@ -98,13 +98,25 @@ def draw_case(tok: Tokenizer, data: st.DataObject, usage: bool, stops: str) -> t
     return ids, body
 
 
-async def _both(tok: Tokenizer, body: dict[str, Any], script: list[Any], resume: list[Any] | None = None) -> tuple[list[bytes], list[bytes], bool]:
+def same_stream(general: list[bytes], template: list[bytes], together: bool) -> bool:
+    """The client gets the same bytes; event for event when each message came alone, in
+    fewer writes when they came together (the texts of a batch are one write)."""
+    if not together:
+        return template == general
+    return b"".join(template) == b"".join(general) and len(template) <= len(general)
+
+
+async def _both(
+    tok: Tokenizer, body: dict[str, Any], script: list[Any], resume: list[Any] | None = None, *, together: bool = False,
+) -> tuple[list[bytes], list[bytes], bool]:
+    """The general path's events, then the template path's (whose worker messages came
+    ``together`` when asked: every one already there when it is read)."""
     req = CompletionRequest.model_validate({"model": "m", "prompt": [1, 2, 3], "stream": True, **body})
     runs: list[list[bytes]] = []
     plain = False
     for make in (completions._chunks, lambda *a: completions.json_events(*a, FRAME)):
         prepared = _prepared(tok, req)
-        stream = FakeStream(FakeWorker("w1"), list(script))
+        stream = FakeStream(FakeWorker("w1"), list(script), together=together and make is not completions._chunks)
         resumer = None
         if resume is not None:
             opener = Opener([("w2", list(resume))])
@@ -129,23 +141,34 @@ def test_the_template_is_the_chunk_cut_around_its_text() -> None:
     complete=st.booleans(),
     usage=st.booleans(),
     stops=st.sampled_from(["none", "eos", "token", "string"]),
+    together=st.booleans(),
 )
 async def test_template_path_sends_the_general_paths_bytes(
-    tok: Tokenizer, data: st.DataObject, cuts: list[int], complete: bool, usage: bool, stops: str
+    tok: Tokenizer, data: st.DataObject, cuts: list[int], complete: bool, usage: bool, stops: str, together: bool,
 ) -> None:
     ids, body = draw_case(tok, data, usage, stops)
-    general, template, plain = await _both(tok, body, _script(ids, cuts, complete))
-    assert template == general
+    general, template, plain = await _both(tok, body, _script(ids, cuts, complete), together=together)
+    assert same_stream(general, template, together)
     assert plain == (stops != "string")
 
 
-async def test_a_resumed_stream_sends_the_same_bytes(tok: Tokenizer) -> None:
+@pytest.mark.parametrize("together", [False, True])
+async def test_a_resumed_stream_sends_the_same_bytes(tok: Tokenizer, together: bool) -> None:
     ids = tok.encode(TEXT, False)
     first = [*_script(ids[:5], [1], False), WorkerError("w1 died")]
     rest = _script(ids[5:12], [1, 2], True)
-    general, template, plain = await _both(tok, {"max_tokens": 12, "ignore_eos": True}, first, rest)
-    assert plain and template == general
+    general, template, plain = await _both(tok, {"max_tokens": 12, "ignore_eos": True}, first, rest, together=together)
+    assert plain and same_stream(general, template, together)
     assert b"".join(template).count(b'"finish_reason":"length"') == 1
+
+
+async def test_tokens_that_arrived_together_go_out_in_one_write(tok: Tokenizer) -> None:
+    ids = tok.encode(TEXT, False)[:12]
+    general, template, _ = await _both(tok, {"max_tokens": 12, "ignore_eos": True}, _script(ids, [1], True), together=True)
+    assert b"".join(template) == b"".join(general)
+    texts = [e for e in general if b'"finish_reason":null' in e]
+    assert len(texts) >= 10  # one event per token on the general path
+    assert sum(1 for e in template if b'"finish_reason":null' in e) == 1  # all of them in one write
 
 
 async def test_echo_logprobs_n_and_continuous_usage_take_the_general_path(tok: Tokenizer) -> None:

@@ -33,13 +33,18 @@ class FakeWorker:
 
 @dataclass
 class FakeStream:
-    """Scripted messages; an Exception in the script is raised at that point."""
+    """Scripted messages; an Exception in the script is raised at that point. ``together``:
+    the whole script has arrived (``ready`` while it lasts), else one message at a time."""
 
     worker: FakeWorker
     script: list[Any]
     observer: PipelineObserver = NULL_OBSERVER
     closed: bool = False
     aborted: list[str] = field(default_factory=list)
+    together: bool = False
+
+    def ready(self) -> bool:
+        return self.together and bool(self.script)
 
     async def read(self) -> pb.GenerateResponse | None:
         if not self.script:

@@ -43,6 +43,7 @@ from gateway.protocol.stream import (
     StreamChunk,
     StreamHead,
     ToolCallFragment,
+    template_events,
     text_template,
 )
 
@@ -283,6 +284,11 @@ async def _chunks(
             if reply is not None:
                 reply.append(d)
             yield b"".join((prefix, dumps(d), suffix))
+            continue
+        if type(d) is list:
+            if reply is not None:
+                reply.extend(d)
+            yield template_events(prefix, suffix, d)
             continue
         c = choices[d.index]
         final = d.finish_reason is not None

@@ -38,6 +38,7 @@ from gateway.protocol.stream import (
     StreamChunk,
     StreamHead,
     StreamUsage,
+    template_events,
 )
 from gateway.protocol.stream import text_template as stream_text_template
 
@@ -226,6 +227,8 @@ async def _plain_json(
     async for d in gen.pieces():
         if type(d) is str:
             yield b"".join((prefix, dumps(d), suffix))
+        elif type(d) is list:
+            yield template_events(prefix, suffix, d)
         else:
             chunk = _emit_plain(head, d)  # type: ignore[arg-type]
             if chunk is not None:

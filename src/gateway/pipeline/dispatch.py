@@ -64,6 +64,8 @@ class TokenStream(Protocol):
 
     async def read(self) -> pb.GenerateResponse | None: ...
 
+    def ready(self) -> bool: ...  # read() would not wait (False when it cannot tell)
+
     def finished(self) -> None: ...
 
     async def aclose(self) -> None: ...
@@ -102,10 +104,17 @@ class WorkerStream:
         self._loop = asyncio.get_running_loop()
         self._stalled = False
         self._unwatch = self.worker.progress.watch(self._watchdog_kill)
+        # Only the gateway's own HTTP/2 calls can tell a queued message (grpc.aio cannot).
+        self._call_ready: Callable[[], bool] = getattr(call, "ready", _never)
 
     @property
     def closed(self) -> bool:
         return self.lease.released
+
+    def ready(self) -> bool:
+        """``read`` would return without waiting: a message (or the end) has arrived. The
+        relay hands the tokens that arrived together to its client in one write."""
+        return self._pending is not None or self._call_ready()
 
     async def read(self) -> pb.GenerateResponse | None:
         """The next message, or None when the worker ended the stream."""
@@ -199,6 +208,10 @@ class WorkerStream:
     async def aclose(self) -> None:
         """End the stream early (a stop string matched, or the client went away)."""
         await self.abort("finished by gateway")
+
+
+def _never() -> bool:
+    return False
 
 
 _background: set[asyncio.Task[None]] = set()

@@ -119,19 +119,23 @@ class Generation:
         text (``pieces`` then gives bare text for nearly every token)."""
         return len(self._samples) == 1 and not self._want_logprobs and self._samples[0].text.plain
 
-    def pieces(self) -> AsyncIterator[str | SampleDelta]:
+    def pieces(self) -> AsyncIterator[str | list[str] | SampleDelta]:
         """Iterate as ``SampleDelta``s, except that a ``plain`` request's ordinary token (one
         id in a chunk of sample 0, not a token stop) comes as its text alone, a bare
-        ``str``, and only when it is not empty: no delta object per token. Everything else
-        (token stops, chunks of several ids, the sample's end, a resumption) is the delta the
-        general path gives, so a consumer that turns ``str`` x into what it would make of
-        ``SampleDelta(0, x, [id])`` sends the same bytes."""
+        ``str``, and only when it is not empty: no delta object per token. Texts of tokens
+        that arrived together (the worker stream was ``ready`` with the next one) come as
+        one ``list`` of them, handed over before the generation waits for the worker, so
+        a consumer writes them at once and never holds one back. Everything else (token
+        stops, chunks of several ids, the sample's end, a resumption) is the delta the
+        general path gives, after the texts before it, so a consumer that turns each text
+        x into what it would make of ``SampleDelta(0, x, [id])`` sends the same bytes."""
         return self._run(self.plain)
 
-    async def _run(self, fast: bool) -> AsyncIterator[str | SampleDelta]:
+    async def _run(self, fast: bool) -> AsyncIterator[str | list[str] | SampleDelta]:
         clock = time.perf_counter
         first = last = 0.0
         gaps: list[float] = []  # per-token gap of each message after the first
+        batch: list[str] = []  # fast: texts of tokens that arrived together, not handed over yet
         if fast:
             sample0 = self._samples[0]
             text0 = sample0.text
@@ -141,6 +145,9 @@ class Generation:
             token_stops = self._token_stops
         try:
             while self._open:
+                if batch and not self.stream.ready():  # about to wait: hand over what came
+                    yield batch[0] if len(batch) == 1 else batch
+                    batch = []
                 try:
                     msg = await self.stream.read()
                     if msg is None:
@@ -149,6 +156,9 @@ class Generation:
                             f"worker {self.worker_id} ended the stream before samples {missing} finished"
                         )
                 except GatewayError as exc:
+                    if batch:
+                        yield batch[0] if len(batch) == 1 else batch
+                        batch = []
                     for delta in await self._resume(exc):
                         yield delta
                     continue
@@ -180,16 +190,24 @@ class Generation:
                             per_sample[0] = sample0.generated
                             piece = step_one(token_id)
                             if piece:
-                                yield piece
+                                batch.append(piece)
                             continue
+                    if batch:
+                        yield batch[0] if len(batch) == 1 else batch
+                        batch = []
                     for delta in self._on_chunk(chunk):
                         yield delta
                 elif which == "complete":
                     if not first:
                         first = now
                     last = now
+                    if batch:
+                        yield batch[0] if len(batch) == 1 else batch
+                        batch = []
                     for delta in self._on_complete(msg.complete):
                         yield delta
+            if batch:
+                yield batch[0] if len(batch) == 1 else batch
         finally:
             if self._open or self._stopped_early:
                 # A stop matched here, or the consumer left: the worker must stop now.

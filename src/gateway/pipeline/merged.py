@@ -41,6 +41,10 @@ class MergedStreams:
         del self._reads[i]
         return i, task.result()
 
+    def ready(self) -> bool:
+        """Whether a read would not wait is not tracked across parts: never claimed."""
+        return False
+
     def _part_done(self, i: int) -> None:
         """Part ``i`` sent its complete: free its slot without an Abort."""
         self._live.discard(i)

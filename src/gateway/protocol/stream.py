@@ -222,3 +222,10 @@ def text_template(head: StreamHead, choice: Callable[[str], ChatDelta | Completi
         raise ValueError("the probe text must appear exactly once in the chunk")
     at = whole.index(marker)
     return whole[:at], whole[at + len(marker):]
+
+
+def template_events(prefix: bytes, suffix: bytes, texts: list[str]) -> bytes:
+    """Several texts' events from one ``text_template`` (framing included), as one write:
+    the bytes of writing each ``prefix + orjson.dumps(text) + suffix`` in turn."""
+    dumps = orjson.dumps
+    return b"".join([part for text in texts for part in (prefix, dumps(text), suffix)])

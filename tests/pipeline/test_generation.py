@@ -1,0 +1,106 @@
+"""``Generation.pieces``: texts of tokens that arrived together come as one batch, handed
+over before the generation waits for the worker (never held back for more)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from gateway.pipeline.generation import Generation, SampleDelta
+from gateway.pipeline.observer import NULL_OBSERVER, PipelineObserver
+from gateway.tokenization import StopPlan, Tokenizer
+from tests.pipeline.test_resume import FakeWorker, chunk, complete, prepare
+from tests.tokenization.helpers import qwen_files
+
+
+@pytest.fixture(scope="module")
+def tok() -> Tokenizer:
+    return Tokenizer.from_path(qwen_files(), name="Qwen/Qwen3-0.6B")
+
+
+@dataclass
+class Arrivals:
+    """Messages that arrive in groups: a group is ``ready`` once released, and a read past
+    it waits for the next release (as a socket read would)."""
+
+    groups: list[list[Any]]
+    worker: FakeWorker = field(default_factory=lambda: FakeWorker("w1"))
+    observer: PipelineObserver = NULL_OBSERVER
+    closed: bool = False
+    waits: int = 0  # reads that found nothing there and had to wait
+    _here: list[Any] = field(default_factory=list)
+    _released: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def release(self) -> None:
+        self._here.extend(self.groups.pop(0))
+        self._released.set()
+
+    def ready(self) -> bool:
+        return bool(self._here)
+
+    async def read(self) -> Any:
+        if not self._here:
+            self.waits += 1
+            self._released.clear()
+            await self._released.wait()
+        return self._here.pop(0)
+
+    def finished(self) -> None:
+        self.closed = True
+
+    async def abort(self, reason: str = "") -> None:
+        self.closed = True
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+async def test_tokens_that_arrived_together_come_as_one_batch_before_the_wait(tok: Tokenizer) -> None:
+    ids = tok.encode(" one two three four five six", False)
+    assert len(ids) == 6
+    stream = Arrivals([[chunk([i]) for i in ids[:4]], [chunk([i]) for i in ids[4:]], [complete()]])
+    gen = Generation(stream, prepare(tok, [1, 2], max_new_tokens=6))  # type: ignore[arg-type]
+    assert gen.plain
+    pieces = gen.pieces()
+    stream.release()
+    first = await pieces.__anext__()
+    # All four texts, handed over before the read that has to wait for the next group.
+    assert first == [" one", " two", " three", " four"]
+    assert stream.waits == 0
+    stream.release()
+    assert await pieces.__anext__() == [" five", " six"]
+    stream.release()
+    last = [d async for d in pieces]
+    assert len(last) == 1 and isinstance(last[0], SampleDelta) and last[0].finish_reason == "length"
+    assert stream.closed
+
+
+async def test_one_token_at_a_time_comes_as_bare_texts(tok: Tokenizer) -> None:
+    ids = tok.encode(" one two three", False)
+    stream = Arrivals([[chunk([i])] for i in ids] + [[complete()]])
+    gen = Generation(stream, prepare(tok, [1, 2], max_new_tokens=3))  # type: ignore[arg-type]
+    pieces = gen.pieces()
+    got: list[Any] = []
+    for _ in range(3):
+        stream.release()
+        got.append(await pieces.__anext__())
+    assert got == [" one", " two", " three"]
+
+
+async def test_a_token_stop_in_a_batch_hands_over_the_texts_before_it(tok: Tokenizer) -> None:
+    ids = tok.encode(" one two three four", False)
+    stop = ids[2]
+    stream = Arrivals([[chunk([i]) for i in ids]])
+    prepared = prepare(tok, [1, 2], max_new_tokens=8)
+    prepared.stop_plan = StopPlan.build(tok, stop_token_ids=[stop], ignore_eos=True)
+    gen = Generation(stream, prepared)  # type: ignore[arg-type]
+    assert gen.plain
+    stream.release()
+    out = [d async for d in gen.pieces()]
+    assert out[0] == [" one", " two"]
+    assert isinstance(out[1], SampleDelta) and out[1].finish_reason == "stop" and out[1].text == ""
+    assert len(out) == 2  # nothing after the stop
+    assert stream.closed
