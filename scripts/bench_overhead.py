@@ -467,6 +467,9 @@ class _ScriptedStream:
     async def read(self) -> pb.GenerateResponse | None:
         return self._messages.popleft() if self._messages else None
 
+    def ready(self) -> bool:
+        return False  # one message per read, as a worker one token ahead of nobody
+
     def finished(self) -> None:
         self.closed = True
 
@@ -597,6 +600,50 @@ async def grpc_read_us_per_message(tokens: int, streams: int, concurrency: int) 
             await target.close()
 
 
+async def h2_read_us_per_message(tokens: int, streams: int, concurrency: int, *, calls_c1: int = 0) -> dict[str, float]:
+    """The same floors for the gateway's own HTTP/2 reader (``workers/h2``, what
+    ``--worker-stream-transport h2`` uses): CPU per message at ``concurrency`` streams, and
+    with ``calls_c1`` the CPU and p50 wall time of one call at a time."""
+    from gateway.workers.h2 import H2Channel
+
+    async with SubprocessFleet(1, SimConfig(step_base_s=0.0, prefill_token_s=0.0, decode_seq_s=0.0, time_scale=0.0)) as fleet:
+        host, _, port = fleet.urls[0].removeprefix("grpc://").rpartition(":")
+        channel = H2Channel(host, int(port), f"{host}:{port}")
+
+        async def one(ids: list[int], n: int) -> int:
+            request = pb.GenerateRequest(
+                request_id=uuid.uuid4().hex, tokenized=pb.TokenizedInput(input_ids=ids),
+                sampling_params=pb.SamplingParams(temperature=0.0, n=1, max_new_tokens=n, ignore_eos=True), stream=True,
+            )  # fmt: skip
+            call = channel.unary_stream(
+                "/sglang.grpc.scheduler.SglangScheduler/Generate", request.SerializeToString(), pb.GenerateResponse.FromString, timeout=60,
+            )  # fmt: skip
+            return sum([1 async for _ in call])
+
+        try:
+            ids = list(range(1000, 1128))
+            await one(ids, tokens)
+            t0, count = time.process_time(), 0
+            for _ in range(max(1, streams // concurrency)):
+                count += sum(await asyncio.gather(*(one(ids, tokens) for _ in range(concurrency))))
+            out = {"read_us_per_message": round(1e6 * (time.process_time() - t0) / max(1, count), 1)}
+            if calls_c1:
+                short = list(range(1000, 1032))
+                for _ in range(20):
+                    await one(short, 8)
+                walls: list[float] = []
+                t0 = time.process_time()
+                for _ in range(calls_c1):
+                    w0 = time.perf_counter()
+                    await one(short, 8)
+                    walls.append((time.perf_counter() - w0) * 1e3)
+                out["cpu_ms_per_call_c1"] = round(1e3 * (time.process_time() - t0) / calls_c1, 3)
+                out["p50_ms_c1"] = round(pct(walls, 0.5), 3)
+            return out
+        finally:
+            await channel.close()
+
+
 async def grpc_call_c1(tokens: int, calls: int) -> dict[str, float]:
     """One Generate call at a time from a bare grpc.aio client to a zero-cost worker
     (``tokens`` streamed): its CPU per call and its p50 wall time, the floor under the
@@ -673,6 +720,7 @@ async def relay_section(prompts: Prompts, args: argparse.Namespace) -> dict[str,
     out["relay_code_us_per_token"] = [await relay_code_us_per_token(prompts, 128, 100) for _ in range(3)]
     out["chat_relay_code_us_per_token"] = [await relay_code_us_per_token(prompts, 128, 100, chat=True) for _ in range(3)]
     out["grpc_aio_read_us_per_message"] = [round(await grpc_read_us_per_message(128, 64, 16), 1) for _ in range(3)]
+    out["h2_reader"] = [await h2_read_us_per_message(128, 64, 16, calls_c1=300) for _ in range(3)]
     out["uvicorn_write_us_per_event"] = [round(await http_write_us_per_event(128, 64, 16), 1) for _ in range(3)]
     out["grpc_aio_call_c1"] = [await grpc_call_c1(8, 300) for _ in range(3)]
     return out
