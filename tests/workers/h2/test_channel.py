@@ -469,3 +469,26 @@ async def test_a_call_cancelled_while_connecting_never_reaches_the_worker() -> N
         assert peer.requests == []
         assert await read_all(start(ch, b"after")) == [b"after", b"after"]
         await ch.close()
+
+
+async def test_a_deadline_passes_while_the_connection_is_still_being_made() -> None:
+    """A worker that accepts TCP but never finishes the TLS handshake: the call ends at its
+    deadline, not at the connect timeout."""
+    import ssl
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await asyncio.sleep(30)
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    context = ssl.create_default_context()
+    context.set_alpn_protocols(["h2"])
+    ch = H2Channel("127.0.0.1", port, f"127.0.0.1:{port}", ssl_context=context, connect_timeout_s=20.0)
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    with pytest.raises(aio.AioRpcError) as err:
+        await read_all(start(ch, timeout=0.2))
+    assert err.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+    assert loop.time() - t0 < 2.0
+    await ch.close()
+    server.close()

@@ -118,7 +118,7 @@ class H2Call:
             if starting is not None:
                 if not starting.done():
                     try:
-                        await asyncio.shield(starting)
+                        await asyncio.wait((starting,))  # raises only if the reader is cancelled
                     except asyncio.CancelledError:
                         self._cancel_on_reader_exit()
                         raise
@@ -154,8 +154,6 @@ class H2Call:
         self.cancelled = True
         self._inbox.clear()
         self._end(CallStatus(grpc.StatusCode.CANCELLED, "Locally cancelled by application!"), reset=frames.CANCEL)
-        if self._starting is not None:
-            self._starting.cancel()
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.cancel()
@@ -282,6 +280,9 @@ class H2Call:
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
+        starting = self._starting
+        if starting is not None and not starting.done() and starting is not asyncio.current_task():
+            starting.cancel()  # still waiting for a connection: stop waiting (the reader goes on)
         conn = self._conn
         if conn is not None:
             conn.detach(self, reset)

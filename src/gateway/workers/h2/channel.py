@@ -157,6 +157,7 @@ class H2Channel:
             task = self._connecting
             if task is None:
                 task = self._connecting = loop.create_task(self._connect())
+                task.add_done_callback(_retrieve)  # its waiters may all be gone by then
             await asyncio.shield(task)
 
     async def _connect(self) -> H2Connection:
@@ -205,3 +206,8 @@ class H2Channel:
         for conn in self.connections:
             conn.close()
         self.connections = []
+
+
+def _retrieve(task: asyncio.Task[H2Connection]) -> None:
+    if not task.cancelled():
+        task.exception()
