@@ -57,7 +57,7 @@ class H2Call:
     """A Generate stream: messages in, read with ``read()``, or stopped with ``cancel()``."""
 
     __slots__ = (
-        "_conn", "_credit", "_deadline", "_deserialize", "_inbox", "_initial", "_loop", "_max_message",
+        "_conn", "_credit", "_deserialize", "_inbox", "_initial", "_loop", "_max_message",
         "_partial", "_starting", "_status", "_waiter", "cancelled", "headers_seen", "send_offset",
         "send_payload", "send_window", "stream_id", "timer",
     )  # fmt: skip
@@ -74,7 +74,6 @@ class H2Call:
         self._credit = 0  # bytes received and not yet given back as stream window
         self._conn: Link | None = None
         self._starting: asyncio.Task[None] | None = None  # the wait for a connection, if any
-        self._deadline: float | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.cancelled = False
         self.stream_id = 0
@@ -171,7 +170,6 @@ class H2Call:
         self._starting = task
 
     def set_deadline(self, deadline: float) -> None:
-        self._deadline = deadline
         self.timer = self._loop.call_at(deadline, self._expire)
 
     def _expire(self) -> None:
