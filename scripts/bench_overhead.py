@@ -1214,8 +1214,12 @@ async def gsp_load(gw: Running, client: Client, args: argparse.Namespace, *, war
 
 
 def _sim_config(args: argparse.Namespace) -> SimConfig:
+    """Zero-cost workers (every step free: the gateway is the bottleneck), or with
+    ``--worker-step-s`` workers whose every step takes that long in real time, as a GPU's
+    decode step does: tokens then come at the workers' pace and a gateway keeps up."""
+    step = args.worker_step_s
     return SimConfig(
-        step_base_s=0.0, prefill_token_s=0.0, decode_seq_s=0.0, time_scale=0.0,
+        step_base_s=step, prefill_token_s=0.0, decode_seq_s=0.0, time_scale=1.0 if step > 0 else 0.0,
         context_length=args.context_length, kv_capacity_tokens=max(65536, 4 * args.context_length),
         max_running_requests=256,
     )  # fmt: skip
@@ -1519,6 +1523,11 @@ def main() -> int:
     side.add_argument("--gsp-question-tokens", type=int, default=128)
     side.add_argument("--gsp-output-tokens", type=int, default=128)
     side.add_argument("--gsp-concurrency", type=int, default=128, help="gsp: requests in flight (a burst: all at once)")
+    side.add_argument(
+        "--worker-step-s", type=float, default=0.0,
+        help="compare: each simulated worker step takes this long in real time (e.g. 0.02: 50 tokens/s per stream, "
+        "a GPU's pace; the gateway keeps up instead of being the bottleneck); 0: zero-cost workers",
+    )
     args = parser.parse_args()
     global PROFILE_TOOL
     PROFILE_TOOL = args.profile_tool
