@@ -97,6 +97,24 @@ async def ok_handler(request: PeerRequest, reply: Reply) -> None:
     reply.trailers(0)
 
 
+def echo_after(release: asyncio.Event) -> Handler:
+    """Answer the headers at once, the request's messages once ``release`` is set."""
+
+    async def handler(request: PeerRequest, reply: Reply) -> None:
+        reply.headers()
+        await release.wait()
+        reply.messages(request.messages())
+        reply.trailers(0)
+
+    return handler
+
+
+async def hang_handler(request: PeerRequest, reply: Reply) -> None:
+    """Answer the headers, then nothing (until the test ends)."""
+    reply.headers()
+    await asyncio.sleep(30)
+
+
 class PeerConnection(asyncio.Protocol):
     def __init__(self, server: Peer) -> None:
         self.server = server

@@ -13,7 +13,16 @@ from grpc import aio
 
 from gateway.workers.h2 import H2Call, H2Channel
 from gateway.workers.h2 import connection as h2_connection
-from tests.workers.h2.peer import ErrorCodes, Peer, PeerRequest, Reply, grpc_message, ok_handler
+from tests.workers.h2.peer import (
+    ErrorCodes,
+    Peer,
+    PeerRequest,
+    Reply,
+    echo_after,
+    grpc_message,
+    hang_handler,
+    ok_handler,
+)
 
 METHOD = "/sglang.grpc.scheduler.SglangScheduler/Generate"
 
@@ -169,11 +178,7 @@ async def test_a_reset_from_the_worker_ends_the_call(code: ErrorCodes, status: g
 
 
 async def test_cancel_resets_the_stream_and_fails_the_pending_read_only() -> None:
-    async def handler(request: PeerRequest, reply: Reply) -> None:
-        reply.headers()
-        await asyncio.sleep(30)
-
-    async with Peer(handler) as peer:
+    async with Peer(hang_handler) as peer:
         ch = channel(peer)
         call = start(ch)
         reader = asyncio.ensure_future(call.read())
@@ -192,11 +197,7 @@ async def test_cancel_resets_the_stream_and_fails_the_pending_read_only() -> Non
 
 
 async def test_cancelling_the_reading_task_cancels_the_call() -> None:
-    async def handler(request: PeerRequest, reply: Reply) -> None:
-        reply.headers()
-        await asyncio.sleep(30)
-
-    async with Peer(handler) as peer:
+    async with Peer(hang_handler) as peer:
         ch = channel(peer)
         call = start(ch)
         task = asyncio.ensure_future(read_all(call))
@@ -212,11 +213,7 @@ async def test_cancelling_the_reading_task_cancels_the_call() -> None:
 
 
 async def test_a_deadline_ends_the_call_and_tells_the_worker() -> None:
-    async def handler(request: PeerRequest, reply: Reply) -> None:
-        reply.headers()
-        await asyncio.sleep(30)
-
-    async with Peer(handler) as peer:
+    async with Peer(hang_handler) as peer:
         ch = channel(peer)
         call = start(ch, timeout=0.2)
         with pytest.raises(aio.AioRpcError) as err:
@@ -302,12 +299,7 @@ async def test_a_malformed_frame_fails_the_connection_and_the_next_call_reconnec
 
 async def test_goaway_fails_only_the_calls_the_worker_never_saw() -> None:
     release = asyncio.Event()
-
-    async def handler(request: PeerRequest, reply: Reply) -> None:
-        reply.headers()
-        await release.wait()
-        reply.messages(request.messages())
-        reply.trailers(0)
+    handler = echo_after(release)
 
     async with Peer(handler) as peer:
         ch = channel(peer)
@@ -421,12 +413,7 @@ async def test_the_receive_window_is_given_back_as_the_reader_takes_messages(mon
 
 async def test_more_calls_than_the_worker_allows_open_another_connection() -> None:
     release = asyncio.Event()
-
-    async def handler(request: PeerRequest, reply: Reply) -> None:
-        reply.headers()
-        await release.wait()
-        reply.messages(request.messages())
-        reply.trailers(0)
+    handler = echo_after(release)
 
     async with Peer(handler, settings={3: 1}) as peer:
         ch = channel(peer)
@@ -442,11 +429,7 @@ async def test_more_calls_than_the_worker_allows_open_another_connection() -> No
 
 
 async def test_closing_the_channel_ends_open_calls_and_refuses_new_ones() -> None:
-    async def handler(request: PeerRequest, reply: Reply) -> None:
-        reply.headers()
-        await asyncio.sleep(30)
-
-    async with Peer(handler) as peer:
+    async with Peer(hang_handler) as peer:
         ch = channel(peer)
         call = start(ch)
         await peer.wait_requests(1)
