@@ -96,7 +96,7 @@ async def test_template_path_sends_the_general_paths_bytes(
     general, template, rec_general, rec_template, plain = await _both(
         tok, body, _script(ids, cuts, complete), reasoning=reasoning, together=together,
     )
-    assert same_stream(general, template, together)
+    assert same_stream(general, template, together, joined=1)
     assert rec_template == rec_general
     assert plain == (stops != "string")
 
@@ -109,6 +109,6 @@ async def test_a_resumed_stream_sends_the_same_bytes_and_reply(tok: Tokenizer, t
     general, template, rec_general, rec_template, plain = await _both(
         tok, {"max_tokens": 12, "ignore_eos": True}, first, resume=rest, together=together,
     )
-    assert plain and same_stream(general, template, together)
+    assert plain and same_stream(general, template, together, joined=1)
     assert rec_template == rec_general and rec_template and rec_template[0][1] == tok.decode(ids[:12])
     assert sum(1 for e in template if isinstance(e, bytes) and b'"finish_reason":"length"' in e) == 1

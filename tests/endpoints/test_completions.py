@@ -5,6 +5,7 @@ mid-stream."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -98,12 +99,16 @@ def draw_case(tok: Tokenizer, data: st.DataObject, usage: bool, stops: str) -> t
     return ids, body
 
 
-def same_stream(general: list[bytes], template: list[bytes], together: bool) -> bool:
-    """The client gets the same bytes; event for event when each message came alone, in
-    fewer writes when they came together (the texts of a batch are one write)."""
-    if not together:
-        return template == general
-    return b"".join(template) == b"".join(general) and len(template) <= len(general)
+def same_stream(general: list[bytes], template: list[bytes], together: bool, *, joined: int = 0) -> bool:
+    """The client gets the same bytes, and each of the template path's writes is whole
+    events of the general path's: event for event when each message came alone (but for
+    ``joined`` writes of two events: a chat's role event and its first text), in fewer
+    writes when they came together (the texts of a batch are one write)."""
+    if b"".join(template) != b"".join(general):
+        return False
+    if not set(itertools.accumulate(map(len, template))) <= set(itertools.accumulate(map(len, general))):
+        return False  # a write that cuts an event
+    return len(template) <= len(general) if together else len(general) - joined <= len(template) <= len(general)
 
 
 async def _both(

@@ -26,6 +26,7 @@ from gateway.pipeline.limits import check_tools
 from gateway.pipeline.request_context import RequestContext
 from gateway.pipeline.tenancy import effective_salt
 from gateway.protocol.chat import ChatCompletionRequest
+from gateway.protocol.errors import GatewayError
 from gateway.protocol.logprobs import chat_logprobs
 from gateway.protocol.responses import (
     ChatCompletionChoice,
@@ -267,10 +268,8 @@ async def _chunks(
         for c in choices:
             c.reply = []
 
-    for i, c in enumerate(choices):
-        c.sent_role = True
-        yield StreamChunk(head, [ChatDelta(i, role="assistant", content="")], stream_usage(gen.usage) if continuous else None)
     source: AsyncIterator[Any] = gen  # type: ignore[assignment]
+    role = b""  # the template path: the role event, written with the first text's
     if frame is not None and plain and piece is None and not continuous and gen.plain:
         # The template path: a bare text from ``pieces`` is what the loop below makes of
         # ``SampleDelta(0, text, [id])`` (content only, not final), written directly.
@@ -279,44 +278,62 @@ async def _chunks(
         prefix, suffix = frame[0] + prefix, suffix + frame[1]
         dumps = orjson.dumps
         reply = choices[0].reply  # plain: never dropped (no reasoning, no tool calls)
-    async for d in source:
-        if type(d) is str:
-            if reply is not None:
-                reply.append(d)
-            yield b"".join((prefix, dumps(d), suffix))
-            continue
-        if type(d) is list:
-            if reply is not None:
-                reply.extend(d)
-            yield template_events(prefix, suffix, d)
-            continue
-        c = choices[d.index]
-        final = d.finish_reason is not None
-        calls: list[ToolCallDelta] = []
-        if plain:
-            reasoning, content = "", d.text
-        else:
-            c.count(d.token_ids)
-            reasoning, content, calls = c.split(d.text, final=final)
-        logprobs = None
-        if piece is not None and d.token_ids:
-            logprobs = chat_logprobs(d.token_ids, d.logprobs or [], d.top_logprobs if top_n else None, piece)
-        if c.reply is not None:
-            if reasoning or calls:
-                c.reply = None  # not a plain reply: never recorded
-            elif content:
-                c.reply.append(content)
-        if not (reasoning or content or calls) and not final and logprobs is None:
-            continue
-        delta = ChatDelta(d.index, None, content or None, reasoning or None, _fragments(calls) if calls else None, logprobs)
-        if final:
-            used_tools = c.tools is not None and c.tools.calls_started > 0
-            delta.finish_reason = openai_finish_reason(d.finish_reason, tool_calls=used_tools)
-            delta.final = True
-            delta.matched_stop = d.matched_stop
-            if c.reply:
-                _record_reply(entry, gen, req, ctx, d.index, "".join(c.reply))
-        yield StreamChunk(head, [delta], stream_usage(gen.usage) if continuous else None)
+        choices[0].sent_role = True
+        role = frame[0] + StreamChunk(head, [ChatDelta(0, role="assistant", content="")]).to_json() + frame[1]
+    else:
+        for i, c in enumerate(choices):
+            c.sent_role = True
+            yield StreamChunk(head, [ChatDelta(i, role="assistant", content="")], stream_usage(gen.usage) if continuous else None)
+    try:
+        async for d in source:
+            if type(d) is str:
+                if reply is not None:
+                    reply.append(d)
+                yield b"".join((role, prefix, dumps(d), suffix))
+                role = b""
+                continue
+            if type(d) is list:
+                if reply is not None:
+                    reply.extend(d)
+                yield role + template_events(prefix, suffix, d)
+                role = b""
+                continue
+            if role:  # the first event is not a bare text: the role goes out on its own first
+                yield role
+                role = b""
+            c = choices[d.index]
+            final = d.finish_reason is not None
+            calls: list[ToolCallDelta] = []
+            if plain:
+                reasoning, content = "", d.text
+            else:
+                c.count(d.token_ids)
+                reasoning, content, calls = c.split(d.text, final=final)
+            logprobs = None
+            if piece is not None and d.token_ids:
+                logprobs = chat_logprobs(d.token_ids, d.logprobs or [], d.top_logprobs if top_n else None, piece)
+            if c.reply is not None:
+                if reasoning or calls:
+                    c.reply = None  # not a plain reply: never recorded
+                elif content:
+                    c.reply.append(content)
+            if not (reasoning or content or calls) and not final and logprobs is None:
+                continue
+            delta = ChatDelta(d.index, None, content or None, reasoning or None, _fragments(calls) if calls else None, logprobs)
+            if final:
+                used_tools = c.tools is not None and c.tools.calls_started > 0
+                delta.finish_reason = openai_finish_reason(d.finish_reason, tool_calls=used_tools)
+                delta.final = True
+                delta.matched_stop = d.matched_stop
+                if c.reply:
+                    _record_reply(entry, gen, req, ctx, d.index, "".join(c.reply))
+            yield StreamChunk(head, [delta], stream_usage(gen.usage) if continuous else None)
+    except GatewayError:
+        if role:
+            yield role  # the role event before the error's, as on the general path
+        raise
+    if role:
+        yield role
     if include_usage:
         u = gen.usage
         usage = stream_usage(u)
