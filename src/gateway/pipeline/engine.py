@@ -10,7 +10,6 @@ import asyncio
 import dataclasses
 import threading
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -42,6 +41,7 @@ from gateway.pipeline.tenancy import salt_prefix
 from gateway.policies.base import RouteRequest
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.protocol.errors import ContextLengthExceededError, InvalidRequestError, NoWorkerError
+from gateway.protocol.ids import random_hex
 from gateway.protocol.sampling import SamplingOptions
 from gateway.settings import option
 from gateway.tokenization import StopPlan, Tokenizer
@@ -320,7 +320,7 @@ class Engine:
             skip_special_tokens=sampling.skip_special_tokens,
         )
         return PreparedRequest(
-            request_id=request_id or uuid.uuid4().hex,
+            request_id=request_id or random_hex(),
             model=entry.name,
             prompt_ids=prompt_ids,
             sampling=sampling,
