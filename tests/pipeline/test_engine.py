@@ -109,3 +109,25 @@ async def test_a_waiter_keeps_its_encode_when_the_first_client_leaves(
     with pytest.raises(asyncio.CancelledError):
         await owner
     assert entry.prompt_cache.stats().hits == 1  # the cancelled client's encode still served the waiter
+
+
+async def test_a_failed_encode_fails_its_waiters_and_leaves_nothing_in_flight(
+    engine: tuple[Engine, ModelEntry, list[tuple[int, int]]], tokenizer: Tokenizer
+) -> None:
+    eng, entry, _ = engine
+    cache = entry.prompt_cache
+    real = cache.finish
+
+    def failing(pending: Pending) -> list[int]:
+        if pending.rest_chars > OFFLOAD_CHARS:
+            raise RuntimeError("tokenizer failed")
+        return real(pending)
+
+    cache.finish = failing  # type: ignore[method-assign]
+    results = await asyncio.gather(
+        *(eng.encode_prompt(entry, SYSTEM + f"Question {i}?") for i in range(3)), return_exceptions=True
+    )
+    assert all(isinstance(r, RuntimeError) for r in results)
+    assert not eng._encoding
+    cache.finish = real  # type: ignore[method-assign]
+    assert await eng.encode_prompt(entry, SYSTEM + "Again?") == tokenizer.encode(SYSTEM + "Again?", add_special_tokens=True)

@@ -233,7 +233,13 @@ class Engine:
         future = asyncio.get_running_loop().run_in_executor(self._pool, cache.finish, pending)
         if flight is not None and flight not in self._encoding:
             self._encoding[flight] = future
-            future.add_done_callback(lambda _: self._encoding.pop(flight, None))
+
+            def settled(done: asyncio.Future[list[int]]) -> None:
+                self._encoding.pop(flight, None)
+                if not done.cancelled():
+                    done.exception()  # seen: a failure whose client left is not "never retrieved"
+
+            future.add_done_callback(settled)
         # Shielded: a client that leaves does not take its encode from the others waiting on it.
         return await asyncio.shield(future)
 
