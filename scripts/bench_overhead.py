@@ -24,6 +24,13 @@ A simulated fleet whose steps cost nothing (``SubprocessFleet``, every cost and
   gRPC), multi-turn chat, and the shared-prefix (gsp) burst; per gateway requests/s, CPU
   per request and per relayed token, SSE events per token, idle CPU. The client is
   aiohttp, cheaper than what it measures. ``--repeat`` runs the round again for the spread.
+* ``start`` (only when asked for): the gsp burst's requests (``--gsp-*``) through the real
+  app in process (``GatewayApp``'s hot path, the engine, the router and its policy over
+  ``--gsp-workers`` simulated workers' registrations), each worker's Generate replaced by
+  an in-memory stream of ``--gsp-output-tokens`` tokens and ``send`` by a null one: the
+  gateway's own code per request without gRPC or uvicorn, CPU per request (every thread)
+  and by thread, over ``--start-bursts`` bursts on cold prompt caches and fresh policies.
+  With ``PYTHONPATH=OTHER/src`` it measures that checkout's code.
 * ``relay`` (only when asked for): CPU per token of the gateway's own relay code, in
   process (worker messages -> detokenize, stops -> stream events -> SSE bytes), next to
   the CPU per message a bare grpc.aio client pays to read a worker's stream and the CPU
@@ -82,7 +89,7 @@ from gateway.sim.fleet import SubprocessFleet
 from gateway.tokenization import Tokenizer
 
 SECTIONS = ["latency", "throughput", "stream", "prompt-scaling", "worker-scaling"]
-ALL_SECTIONS = [*SECTIONS, "compare", "relay"]  # compare and relay run only when asked for
+ALL_SECTIONS = [*SECTIONS, "compare", "relay", "start"]  # compare, relay and start run only when asked for
 LOADS = ["short", "multi-turn", "gsp"]
 SYSTEM_PROMPT = "You are a helpful assistant. Answer briefly."
 
@@ -724,6 +731,153 @@ async def relay_section(prompts: Prompts, args: argparse.Namespace) -> dict[str,
     out["uvicorn_write_us_per_event"] = [round(await http_write_us_per_event(128, 64, 16), 1) for _ in range(3)]
     out["grpc_aio_call_c1"] = [await grpc_call_c1(8, 300) for _ in range(3)]
     return out
+
+
+# ---------------------------------------------------------------- start: a request's fixed part, in process
+
+
+class _MemoryCall:
+    """A worker's Generate as already-serialized messages: ``tokens`` one-token chunks, then
+    the complete (parsed on read, as gRPC's deserializer does; one loop turn per read)."""
+
+    def __init__(self, request: pb.GenerateRequest, tokens: int, cached: int) -> None:
+        n = len(request.tokenized.input_ids)
+        request.SerializeToString()  # what the real call's send pays
+        ids = list(range(1000, 1000 + tokens))
+        messages = [
+            pb.GenerateResponse(chunk=pb.GenerateStreamChunk(
+                token_ids=[t], prompt_tokens=n, completion_tokens=i + 1, cached_tokens=cached,
+            ))
+            for i, t in enumerate(ids)
+        ]  # fmt: skip
+        messages.append(pb.GenerateResponse(complete=pb.GenerateComplete(
+            output_ids=ids[-1:], finish_reason="length", prompt_tokens=n, completion_tokens=tokens, cached_tokens=cached,
+        )))  # fmt: skip
+        self._raw = collections.deque(m.SerializeToString() for m in messages)
+
+    async def read(self) -> Any:
+        await asyncio.sleep(0)
+        if not self._raw:
+            return grpc.aio.EOF
+        return pb.GenerateResponse.FromString(self._raw.popleft())
+
+    def cancel(self) -> bool:
+        return False
+
+
+async def _gated(gate: asyncio.Semaphore, work: Awaitable[None]) -> None:
+    async with gate:
+        await work
+
+
+def _thread_cpu() -> dict[str, tuple[str, float]]:
+    """CPU seconds of each thread of this process, from /proc (task id -> (name, seconds))."""
+    out: dict[str, tuple[str, float]] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for task in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):
+            stat = Path(f"/proc/self/task/{task}/stat").read_text()
+            name = "event loop" if task == str(os.getpid()) else Path(f"/proc/self/task/{task}/comm").read_text().strip()
+            fields = stat[stat.rindex(")") + 2 :].split()
+            out[task] = (name, (int(fields[11]) + int(fields[12])) / tick)
+    return out
+
+
+async def start_section(args: argparse.Namespace) -> dict[str, Any]:
+    """See the module doc (``start``)."""
+    import logging
+
+    from gateway.bench.workloads import GspConfig, Vocab, gsp
+    from gateway.server.config import GatewayConfig
+    from gateway.server.gc_policy import tune_gc
+    from gateway.server.http.app import create_app
+    from gateway.server.state import GatewayState
+
+    logging.getLogger().setLevel(logging.WARNING)  # as the compare section's gateways run
+    vocab = Vocab.from_tokenizer_dir()
+    bursts = [
+        [s.prompt or "" for s in gsp(GspConfig(
+            groups=args.gsp_groups, prompts_per_group=args.gsp_prompts_per_group, system_tokens=args.gsp_system_tokens,
+            question_tokens=args.gsp_question_tokens, output_tokens=args.gsp_output_tokens, text_prompts=True,
+        ), vocab, args.seed + b)]
+        for b in range(args.start_bursts + 1)
+    ]  # fmt: skip
+    cached = args.gsp_system_tokens  # what a worker holding the group's system prompt reports
+    async with SubprocessFleet(args.gsp_workers, _sim_config(args)) as fleet:
+        config = GatewayConfig()
+        config.server.worker_urls = list(fleet.urls)
+        config.server.tokenizer_path = str(default_tokenizer_dir())
+        config.policy.policy = args.policy
+        state = GatewayState(config)
+        app = create_app(state, manage_lifecycle=False)
+        await state.start()
+        try:
+            for worker in state.registry.all():
+                worker.client.generate = (  # type: ignore[method-assign]
+                    lambda request, timeout=None: _MemoryCall(request, args.gsp_output_tokens, cached)
+                )
+            entry = state.catalog.get(None)
+            statuses: collections.Counter[int] = collections.Counter()
+
+            async def one(prompt: str) -> None:
+                body = orjson.dumps({"model": entry.name, "prompt": prompt, "max_tokens": args.gsp_output_tokens, "stream": True})
+                done = asyncio.Event()
+                sent = False
+
+                async def receive() -> dict[str, Any]:
+                    nonlocal sent
+                    if not sent:
+                        sent = True
+                        return {"type": "http.request", "body": body, "more_body": False}
+                    await done.wait()
+                    return {"type": "http.disconnect"}
+
+                async def send(message: dict[str, Any]) -> None:
+                    if message["type"] == "http.response.start":
+                        statuses[message["status"]] += 1
+                    elif not message.get("more_body", False):
+                        done.set()
+
+                scope = {
+                    "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+                    "path": "/v1/completions", "raw_path": b"/v1/completions", "query_string": b"", "root_path": "",
+                    "headers": [(b"host", b"127.0.0.1"), (b"content-type", b"application/json"),
+                                (b"content-length", str(len(body)).encode())],
+                    "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 8000), "state": {},
+                }  # fmt: skip
+                await app(scope, receive, send)  # type: ignore[arg-type]
+
+            # Warm: the model's fast encoder (built once per process), then one burst.
+            await asyncio.to_thread(lambda: entry.tokenizer.fast_bpe)
+            await asyncio.gather(*(one(p) for p in bursts[0]))
+            tune_gc(config.server.gc_young_threshold)  # as serve does once it is up
+            per_request: list[float] = []
+            threads: collections.Counter[str] = collections.Counter()
+            misses = 0
+            for prompts in bursts[1:]:
+                entry.prompt_cache.clear()
+                state.router.reset_policies()
+                before_misses = entry.prompt_cache.stats().misses
+                gate = asyncio.Semaphore(args.gsp_concurrency)
+                t0, c0 = _thread_cpu(), time.process_time()
+                await asyncio.gather(*(_gated(gate, one(p)) for p in prompts))
+                cpu, t1 = time.process_time() - c0, _thread_cpu()
+                per_request.append(1e3 * cpu / len(prompts))
+                for task, (name, seconds) in t1.items():
+                    threads[name] += seconds - t0.get(task, (name, 0.0))[1]
+                misses += entry.prompt_cache.stats().misses - before_misses
+            n = sum(len(b) for b in bursts[1:])
+            in_flight = sum(w.load.in_flight for w in state.registry.all())
+            return {
+                "requests": n, "bursts": len(per_request),
+                "cpu_ms_per_request": round(statistics.median(per_request), 3),
+                "cpu_ms_per_request_bursts": [round(v, 3) for v in per_request],
+                "thread_cpu_ms_per_request": {k: round(1e3 * v / n, 3) for k, v in threads.most_common() if v > 0},
+                "prompt_cache_misses_per_burst": round(misses / max(1, len(per_request)), 2),
+                "statuses": dict(statuses), "in_flight_after": in_flight,
+            }  # fmt: skip
+        finally:
+            await state.stop()
 
 
 # ---------------------------------------------------------------- side by side: ours, SMG, a baseline
@@ -1443,6 +1597,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     if "relay" in sections:
         report["relay"] = await relay_section(prompts, args)
         show("relay, CPU per token by part (3 rounds each)", report["relay"])
+    if "start" in sections:
+        report["start"] = await start_section(args)
+        show("start, the gsp burst's requests in process", report["start"])
     if "compare" in sections:
         report["compare"] = await compare(args, prompts, prof)
     report["load_after"] = list(os.getloadavg())
@@ -1528,6 +1685,7 @@ def main() -> int:
         help="compare: each simulated worker step takes this long in real time (e.g. 0.02: 50 tokens/s per stream, "
         "a GPU's pace; the gateway keeps up instead of being the bottleneck); 0: zero-cost workers",
     )
+    side.add_argument("--start-bursts", type=int, default=10, help="start: gsp bursts measured in process")
     args = parser.parse_args()
     global PROFILE_TOOL
     PROFILE_TOOL = args.profile_tool

@@ -202,3 +202,25 @@ def test_raw_http_reads_content_length_and_chunked_answers(bench: ModuleType) ->
         thread.join(5)
         server.close()
     assert seen == [b'{"a":1}', b'{"b":2}', b"{}"]
+
+
+def test_tiny_start_run_drives_the_app_in_process(tmp_path: Path) -> None:
+    """The start section sends every burst's requests through the real app and engine with
+    in-memory worker streams: each answered, every lease given back, and each group's new
+    system prompt encoded once per burst (cold prompt cache)."""
+    out = tmp_path / "start.json"
+    argv = [
+        sys.executable, str(SCRIPT), "--sections", "start", "--gsp-workers", "2", "--gsp-groups", "2",
+        "--gsp-prompts-per-group", "3", "--gsp-system-tokens", "600", "--gsp-question-tokens", "8",
+        "--gsp-output-tokens", "3", "--start-bursts", "2", "--json", str(out),
+    ]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=240, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    start = json.loads(out.read_text())["start"]
+    assert start["requests"] == 12 and start["bursts"] == 2 and len(start["cpu_ms_per_request_bursts"]) == 2
+    assert start["statuses"] == {"200": 18}  # the warm burst and the two measured ones
+    assert start["in_flight_after"] == 0
+    assert start["prompt_cache_misses_per_burst"] == 2  # one per group
+    # CPU comes in 10 ms clock ticks: twelve tiny requests may fit in none, so it is only required
+    # to be there (and never negative).
+    assert start["cpu_ms_per_request"] >= 0 and all(v > 0 for v in start["thread_cpu_ms_per_request"].values())

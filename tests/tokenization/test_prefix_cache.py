@@ -251,3 +251,49 @@ def test_short_texts_go_to_the_fast_encoder_whole_once_it_is_built(qwen_dir: Pat
     assert cache.encode(long) == full(tok, long) and cache.stats().lookups == 2
     hits = cache.stats().hits
     assert cache.encode(long + chat) == full(tok, long + chat) and cache.stats().hits == hits + 1
+
+
+def test_a_lookup_sizes_the_rest_and_finish_completes_it(qwen: Tokenizer) -> None:
+    """``lookup_prompt`` gives the cached prefix's ids and sizes only the new text;
+    ``finish`` adds the rest, the ids a full encode gives, and remembers it."""
+    cache = PrefixTokenCache(qwen, min_text_chunk_chars=64)
+    system = "You are a careful assistant and you answer in short plain words. " * 20
+    first, second = system + "What is the capital of France?", system + "Name three rivers, please!"
+    fresh = cache.lookup_prompt(first)
+    assert fresh.ids == [] and not fresh.path and fresh.rest_chars == len(first)
+    assert "".join(fresh.rest) == first and fresh.key == (fresh.parent, fresh.rest[0])
+    assert cache.stats().lookups == 0  # counted when finished
+    assert cache.finish(fresh) == qwen.encode(first, add_special_tokens=True)
+    again = cache.lookup_prompt(second)
+    assert again.path and again.ids and 0 < again.rest_chars < len(system)
+    assert again.rest_chars == sum(map(len, again.rest)) and "".join(again.rest) == second[-again.rest_chars :]
+    assert cache.finish(again) == qwen.encode(second, add_special_tokens=True)
+    stats = cache.stats()
+    assert (stats.lookups, stats.hits) == (2, 1)
+    whole = cache.lookup_prompt(first)
+    assert whole.rest == [] and whole.rest_chars == 0 and whole.key is None
+    assert cache.finish(whole) == qwen.encode(first, add_special_tokens=True)
+
+
+def test_lookups_of_one_new_text_share_a_key(qwen: Tokenizer) -> None:
+    """Two prompts that start with the same text no one has encoded yet have the same key
+    (the engine encodes that text once); a prompt that starts elsewhere has another."""
+    cache = PrefixTokenCache(qwen, min_text_chunk_chars=64)
+    system = "Shared words of a long system prompt that no one has seen before. " * 20
+    a, b = cache.lookup_prompt(system + "First question?"), cache.lookup_prompt(system + "Second one!")
+    other = cache.lookup_prompt("Other words entirely, a system prompt of its own. " * 20 + "Third?")
+    assert a.key is not None and a.key == b.key and other.key != a.key
+    assert cache.finish(a) == qwen.encode(system + "First question?", add_special_tokens=True)
+    after = cache.lookup_prompt(system + "Second one!")
+    assert after.key != b.key and after.rest_chars < b.rest_chars  # b's start is cached now
+
+
+def test_texts_encoded_whole_are_sized_by_their_length(qwen: Tokenizer) -> None:
+    """Short plain prompts (no word cut) and texts the cache does not cut come whole: the
+    text's length is the work, there is no key, and nothing is counted as a lookup."""
+    cache = PrefixTokenCache(qwen, min_text_chunk_chars=1024)
+    short = "A short prompt of a few words."
+    pending = cache.lookup_prompt(short)
+    assert pending.whole == short and pending.rest_chars == len(short) and pending.key is None
+    assert cache.finish(pending) == qwen.encode(short, add_special_tokens=True)
+    assert cache.stats().lookups == 0

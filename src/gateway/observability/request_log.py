@@ -94,8 +94,11 @@ def unbind_record(token: contextvars.Token[RequestRecord | None]) -> None:
 
 
 def log_access(record: RequestRecord, latency_s: float) -> None:
+    logger = logging.getLogger(ACCESS_LOGGER)
+    if not logger.isEnabledFor(logging.INFO):
+        return  # access lines are off (--log-level warning): their fields are not built either
     fields = record.access_fields(latency_s)
-    logging.getLogger(ACCESS_LOGGER).info(
+    logger.info(
         "%s %s %s %.1fms", record.method, fields["endpoint"], record.status, fields["latency_ms"],
         extra={"access": fields},
     )

@@ -8,11 +8,11 @@ streamed pieces concatenate to the one-shot result.
 
 from __future__ import annotations
 
-import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.protocol.ids import random_hex
 from gateway.protocol.responses import DeltaFunctionCall, DeltaToolCall, FunctionCall
 from gateway.protocol.responses import ToolCall as ProtocolToolCall
 from gateway.protocol.stream import ToolCallFragment
@@ -20,7 +20,7 @@ from gateway.protocol.stream import ToolCallFragment
 
 def new_tool_call_id() -> str:
     """``call_`` + 24 random hex digits, the shape OpenAI clients expect."""
-    return "call_" + uuid.uuid4().hex[:24]
+    return "call_" + random_hex(12)
 
 
 def partial_suffix(text: str, tag: str) -> int:

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+
+from gateway.protocol.ids import random_hex
 
 
 @dataclass
 class RequestContext:
-    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    request_id: str = field(default_factory=random_hex)
     routing_key: str | None = None
     target_worker: str | None = None
     api_key_id: str | None = None

@@ -16,7 +16,6 @@ of OpenAI's schema would reject it.)
 from __future__ import annotations
 
 import time
-import uuid
 from typing import Any, ClassVar, Literal
 
 from pydantic import (
@@ -27,12 +26,14 @@ from pydantic import (
     model_serializer,
 )
 
+from gateway.protocol.ids import random_hex
+
 FinishReason = Literal["stop", "length", "tool_calls", "content_filter", "abort"]
 
 
 def new_id(prefix: str) -> str:
     """A fresh response id such as ``chatcmpl-<32 hex>``."""
-    return f"{prefix}-{uuid.uuid4().hex}"
+    return f"{prefix}-{random_hex()}"
 
 
 def now() -> int:

@@ -10,7 +10,6 @@ outcome under bounded labels and writes the access-log line.
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Callable, Mapping
 
 import orjson
@@ -29,6 +28,7 @@ from gateway.observability.request_log import (
 )
 from gateway.protocol.errors import GatewayError
 from gateway.protocol.headers import REQUEST_ID
+from gateway.protocol.ids import random_hex
 
 _REQUEST_ID = REQUEST_ID.encode()  # ASGI header names are bytes
 
@@ -52,7 +52,7 @@ class ObservabilityMiddleware:
             if name == _REQUEST_ID:
                 incoming = sane_request_id(value.decode("latin-1"))
                 break
-        record.request_id = incoming or uuid.uuid4().hex
+        record.request_id = incoming or random_hex()
         streaming = False
 
         async def send_wrapper(message: Message) -> None:

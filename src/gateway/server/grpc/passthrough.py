@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import datetime
 import logging
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
@@ -38,6 +37,7 @@ from gateway.protocol.errors import (
     InvalidRequestError,
     NoWorkerError,
 )
+from gateway.protocol.ids import random_hex
 from gateway.server.grpc.util import (
     CallContextReader,
     Role,
@@ -98,7 +98,7 @@ class SchedulerPassthrough(pb_grpc.SglangSchedulerServicer):
         try:
             ctx = self.auth.context(context)
             if not rid:  # the worker needs an id for Abort; the client's x-request-id or a fresh one
-                rid = ctx.request_id or uuid.uuid4().hex
+                rid = ctx.request_id or random_hex()
             if len(rid) > MAX_REQUEST_ID:
                 raise InvalidRequestError(f"request_id is longer than {MAX_REQUEST_ID} characters", param="request_id")
             scope = ctx.api_key_id or ""

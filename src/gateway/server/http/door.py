@@ -8,7 +8,6 @@ admission slot, the request id and the OpenAI error shape are owned here once.
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Literal
 
@@ -25,6 +24,7 @@ from gateway.protocol.headers import (
     WORKER_ID,
     first_header,
 )
+from gateway.protocol.ids import random_hex
 from gateway.server.admission import Ticket
 from gateway.server.http.sse import DONE, StreamEvent, sse_error
 from gateway.server.http.util import (
@@ -61,7 +61,7 @@ class HttpDoor:
         record = current_record()  # the id the access log and the worker both see
         incoming = record.request_id if record else sane_request_id(headers.get(REQUEST_ID))
         return RequestContext(
-            request_id=incoming or uuid.uuid4().hex,
+            request_id=incoming or random_hex(),
             api_key_id=key_id,
             routing_key=first_header(headers, ROUTING_KEY_HEADERS),
             target_worker=first_header(headers, TARGET_WORKER_HEADERS),
