@@ -46,7 +46,6 @@ from gateway.protocol.sampling import SamplingOptions
 from gateway.settings import option
 from gateway.tokenization import StopPlan, Tokenizer
 from gateway.tokenization.errors import ChatTemplateError
-from gateway.tokenization.prefix_cache import Pending, PrefixTokenCache
 from gateway.tokenization.reply_cache import message_texts
 
 StageObserver = Callable[[str, float], None]  # (stage name, seconds)
@@ -55,11 +54,7 @@ StageObserver = Callable[[str, float], None]  # (stage name, seconds)
 @dataclass
 class EngineConfig:
     tokenize_threads: int = option(2, "threads that tokenize long prompts off the event loop")
-    offload_chars: int = option(
-        4096,
-        "prompt text to tokenize longer than this many characters (the part the prompt cache does not "
-        "hold already) is tokenized in the thread pool; shorter text is tokenized on the event loop",
-    )
+    offload_chars: int = option(4096, "prompts longer than this many characters are tokenized in the thread pool")
     fast_encoder_after: int = option(
         256,
         "build a model's tiktoken encoder (exact ids, checked against the HF tokenizer; ~2 s of CPU once, "
@@ -132,8 +127,6 @@ class Engine:
         )
         self._bounding: set[int] = set()  # tokenizers whose length bound is being computed
         self._building: set[int] = set()  # tokenizers whose fast encoder is being built
-        # (prompt cache, Pending.key) -> its encode in the pool: one encode per new text at a time
-        self._encoding: dict[tuple[int, tuple[int, str]], asyncio.Future[list[int]]] = {}
         self._prompts: dict[int, int] = {}  # tokenized prompts per tokenizer, until its fast encoder is built
         self.observer = observer or NULL_OBSERVER
         self._observe = observe_stage or self.observer.stage
@@ -205,43 +198,9 @@ class Engine:
         self.refuse_hopeless(entry, text)
         self._warm_encoder(entry.tokenizer, len(text))
         started = time.perf_counter()
-        ids = await self._cached_ids(entry.prompt_cache, entry.prompt_cache.lookup_prompt, text)
+        ids: list[int] = await self._offload(len(text), entry.prompt_cache.encode_prompt, text)
         self._observe("tokenize", time.perf_counter() - started)
         return ids
-
-    async def _cached_ids(self, cache: PrefixTokenCache, lookup: Callable[[str], Pending], text: str) -> list[int]:
-        """``text``'s ids through the prompt cache, the work sized by what the cache does not
-        hold rather than by the whole text: a shared 2K-token system prompt plus a new
-        question (the gsp burst) leaves ~1.4K characters, encoded here in ~0.1 ms, where the
-        pool's thread wake-ups and GIL hand-offs cost more than the encode (0.5 ms of CPU
-        per request; docs/BENCHMARKS.md, issue 18 round 8). A large rest goes to the pool,
-        once: a lookup whose new text is already being encoded there (a burst's first
-        prompts of one system prompt) waits for it and looks up again."""
-        limit = self.config.offload_chars
-        pending = lookup(text)
-        if pending.rest_chars <= limit:
-            return cache.finish(pending)
-        key = pending.key
-        flight = (id(cache), key) if key is not None else None
-        if flight is not None and (busy := self._encoding.get(flight)) is not None:
-            await asyncio.wait([busy])
-            pending = lookup(text)
-            if pending.rest_chars <= limit:
-                return cache.finish(pending)
-            key = pending.key
-            flight = (id(cache), key) if key is not None else None
-        future = asyncio.get_running_loop().run_in_executor(self._pool, cache.finish, pending)
-        if flight is not None and flight not in self._encoding:
-            self._encoding[flight] = future
-
-            def settled(done: asyncio.Future[list[int]]) -> None:
-                self._encoding.pop(flight, None)
-                if not done.cancelled():
-                    done.exception()  # seen: a failure whose client left is not "never retrieved"
-
-            future.add_done_callback(settled)
-        # Shielded: a client that leaves does not take its encode from the others waiting on it.
-        return await asyncio.shield(future)
 
     async def render_chat(
         self,
@@ -282,7 +241,7 @@ class Engine:
                 len(text), replies.encode_spliced, text, spans, entry.prompt_cache.encode
             )
         else:
-            ids = await self._cached_ids(entry.prompt_cache, entry.prompt_cache.lookup, text)
+            ids = await self._offload(len(text), entry.prompt_cache.encode, text)
         self._observe("tokenize", time.perf_counter() - rendered)
         return text, ids
 

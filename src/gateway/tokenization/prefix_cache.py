@@ -37,12 +37,6 @@ by every prompt of a group) is then tokenized once, not once per request.
 Memory is bounded by ``max_entries`` chunks and ``max_tokens`` cached ids; the least
 recently used chunks are evicted, always leaves first (a chunk's parent is touched
 after it, so it is always more recent than its children).
-
-A lookup is cheap (the cut, a trie walk and the cached ids: ~45 µs warm for a 16K-character
-prompt) and the rest may not be (a new 2K-token prompt: ~1 ms), so the work comes in two steps: ``lookup`` /
-``lookup_prompt`` give a :class:`Pending` (the cached prefix's ids, what is left and its
-size), ``finish`` encodes the rest and remembers it. A caller can then encode a small
-rest where it stands and send only a large one to a thread (``pipeline.engine``).
 """
 
 from __future__ import annotations
@@ -97,40 +91,6 @@ class PrefixCacheStats:
     def reused_token_fraction(self) -> float:
         total = self.reused_tokens + self.encoded_tokens
         return self.reused_tokens / total if total else 0.0
-
-
-class Pending:
-    """A text's ids as far as the cache holds them, and what is left to encode
-    (``PrefixTokenCache.lookup``; ``PrefixTokenCache.finish`` completes it). ``rest_chars``
-    is the size of that work: the text's length when it is encoded whole."""
-
-    __slots__ = ("ids", "parent", "path", "rest", "rest_chars", "special", "whole")
-
-    def __init__(
-        self,
-        ids: list[int],
-        parent: int,
-        path: list[tuple[int, str]],
-        rest: list[str],
-        *,
-        whole: str | None = None,
-        special: bool = False,
-    ) -> None:
-        self.ids = ids  # the cached prefix's ids (the whole answer once finished)
-        self.parent = parent  # the trie node the rest hangs from
-        self.path = path  # the chunks reused, as trie keys
-        self.rest = rest  # the chunks still to encode
-        self.whole = whole  # a text encoded whole, without the cache (no lookup, not counted)
-        self.special = special  # add_special_tokens for ``whole``
-        self.rest_chars = len(whole) if whole is not None else sum(len(chunk) for chunk in rest)
-
-    @property
-    def key(self) -> tuple[int, str] | None:
-        """What the rest starts with (the trie node and the first new chunk): two lookups
-        with the same key are about to encode the same text (None: nothing, or a whole text)."""
-        if self.whole is not None or not self.rest:
-            return None
-        return self.parent, self.rest[0]
 
 
 class _Chunk:
@@ -256,28 +216,19 @@ class PrefixTokenCache:
     def encode_prompt(self, text: str) -> list[int]:
         """``tokenizer.encode(text, add_special_tokens=True)`` for a plain-text prompt,
         reusing the ids of previously seen prefixes when word cuts are exact."""
-        return self.finish(self.lookup_prompt(text))
+        if not self.word_cuts or len(text) < 2 * self.min_text_chunk_chars:
+            return self.tokenizer.encode(text, add_special_tokens=True)
+        return self._encode_chunks(self.split_words(text), _TEXT_ROOT)
 
     def encode(self, text: str) -> list[int]:
-        """``tokenizer.encode(text, add_special_tokens=False)``, reusing cached prefixes."""
-        return self.finish(self.lookup(text))
-
-    def lookup_prompt(self, text: str) -> Pending:
-        """``encode_prompt``'s first step: the cached prefix of a plain-text prompt."""
-        if not self.word_cuts or len(text) < 2 * self.min_text_chunk_chars:
-            return Pending([], _TEXT_ROOT, [], [], whole=text, special=True)
-        return self._lookup(self.split_words(text), _TEXT_ROOT)
-
-    def lookup(self, text: str) -> Pending:
-        """``encode``'s first step: the cached prefix of a text cut at added tokens."""
         tokenizer = self.tokenizer
         if len(text) <= DIRECT_CHARS and tokenizer.fast_bpe_ready and tokenizer.fast_bpe is not None:
             # A short text: the fast encoder takes it whole in less time than the cache's
             # cut, walk and insert (not counted as a lookup: the cache is not asked).
-            return Pending([], _ROOT, [], [], whole=text)
-        return self._lookup(self.split(text), _ROOT)
+            return tokenizer.encode(text, add_special_tokens=False)
+        return self._encode_chunks(self.split(text), _ROOT)
 
-    def _lookup(self, chunks: list[str], root: int) -> Pending:
+    def _encode_chunks(self, chunks: list[str], root: int) -> list[int]:
         ids: list[int] = []
         path: list[tuple[int, str]] = []
         parent = root
@@ -290,26 +241,18 @@ class PrefixTokenCache:
                 path.append((parent, chunk))
                 parent = found.node_id
             self._touch(path)
-        return Pending(ids, parent, path, chunks[len(path) :])
-
-    def finish(self, pending: Pending) -> list[int]:
-        """The whole text's ids: the lookup's prefix plus the rest, encoded now and kept.
-        Safe in any thread; another text may have added the same chunks meanwhile."""
-        if pending.whole is not None:
-            return self.tokenizer.encode(pending.whole, add_special_tokens=pending.special)
-        ids = pending.ids
         reused = len(ids)
-        rest = pending.rest
+        rest = chunks[len(path) :]
         encoded = self._encode_rest(rest) if rest else []
         for piece_ids in encoded:
             ids.extend(piece_ids)
         with self._lock:
             self._lookups += 1
-            self._hits += 1 if pending.path else 0
+            self._hits += 1 if path else 0
             self._reused += reused
             self._encoded += len(ids) - reused
             if rest:
-                self._insert(pending.parent, pending.path, rest, encoded)
+                self._insert(parent, path, rest, encoded)
         return ids
 
     def _encode_rest(self, rest: list[str]) -> list[list[int]]:

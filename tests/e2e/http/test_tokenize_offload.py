@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 
-from gateway.tokenization.prefix_cache import Pending
 from tests.e2e.http.conftest import Stack
 
 BIG_TOKENS = 100_000
@@ -39,13 +38,13 @@ class _Gate:
         self.on_loop_thread: bool | None = None
         self.loop_thread = threading.get_ident()
 
-    def wrap(self, fn: Callable[[Pending], list[int]]) -> Callable[[Pending], list[int]]:
-        def wrapped(pending: Pending) -> list[int]:
-            if pending.rest_chars < self.threshold:
-                return fn(pending)
+    def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapped(text: str, *args: Any) -> Any:
+            if len(text) < self.threshold:
+                return fn(text, *args)
             self.on_loop_thread = threading.get_ident() == self.loop_thread
             self.started.set()
-            result = fn(pending)
+            result = fn(text, *args)
             self.released_in_time = self.release.wait(GATE_TIMEOUT_S)
             return result
 
@@ -60,8 +59,10 @@ async def test_long_prompt_tokenization_does_not_stall_small_requests(
 ) -> None:
     entry = stack.state.catalog.get(stack.model)
     gate = _Gate(threshold_chars=stack.state.config.engine.offload_chars * 10)
-    # Chat renders and text prompts both end in the prompt cache's ``finish`` (Engine._cached_ids).
-    monkeypatch.setattr(entry.prompt_cache, "finish", gate.wrap(entry.prompt_cache.finish))
+    if endpoint == "chat":
+        monkeypatch.setattr(entry.prompt_cache, "encode", gate.wrap(entry.prompt_cache.encode))
+    else:  # text prompts go through the prefix-reusing prompt encoder (Engine.encode_prompt)
+        monkeypatch.setattr(entry.prompt_cache, "encode_prompt", gate.wrap(entry.prompt_cache.encode_prompt))
     big_text = _long_text(BIG_TOKENS)
 
     async def big() -> Any:
