@@ -207,8 +207,8 @@ def test_raw_http_reads_content_length_and_chunked_answers(bench: ModuleType) ->
 
 def test_tiny_start_run_drives_the_app_in_process(tmp_path: Path) -> None:
     """The start section sends every burst's requests through the real app and engine with
-    in-memory worker streams: each answered, every lease given back, and each group's new
-    system prompt encoded once per burst (cold prompt cache)."""
+    in-memory worker streams: each answered, every lease given back, and the prompt cache's
+    misses counted (cold cache: each group's new system prompt at least once per burst)."""
     out = tmp_path / "start.json"
     argv = [
         sys.executable, str(SCRIPT), "--sections", "start", "--gsp-workers", "2", "--gsp-groups", "2",
@@ -221,7 +221,7 @@ def test_tiny_start_run_drives_the_app_in_process(tmp_path: Path) -> None:
     assert start["requests"] == 12 and start["bursts"] == 2 and len(start["cpu_ms_per_request_bursts"]) == 2
     assert start["statuses"] == {"200": 18}  # the warm burst and the two measured ones
     assert start["in_flight_after"] == 0
-    assert start["prompt_cache_misses_per_burst"] == 2  # one per group
+    assert 2 <= start["prompt_cache_misses_per_burst"] <= 6  # at least one per group, at most one per prompt
     # CPU comes in 10 ms clock ticks: twelve tiny requests may fit in none, so it is only required
     # to be there (and never negative).
     assert start["cpu_ms_per_request"] >= 0 and all(v > 0 for v in start["thread_cpu_ms_per_request"].values())
