@@ -78,7 +78,7 @@ async def test_tokens_that_arrived_together_come_as_one_batch_before_the_wait(to
     assert stream.closed
 
 
-async def test_one_token_at_a_time_comes_as_bare_texts(tok: Tokenizer) -> None:
+async def test_one_token_at_a_time_comes_one_text_at_a_time(tok: Tokenizer) -> None:
     ids = tok.encode(" one two three", False)
     stream = Arrivals([[chunk([i])] for i in ids] + [[complete()]])
     gen = Generation(stream, prepare(tok, [1, 2], max_new_tokens=3))  # type: ignore[arg-type]
@@ -87,7 +87,7 @@ async def test_one_token_at_a_time_comes_as_bare_texts(tok: Tokenizer) -> None:
     for _ in range(3):
         stream.release()
         got.append(await pieces.__anext__())
-    assert got == [" one", " two", " three"]
+    assert got == [[" one"], [" two"], [" three"]]
 
 
 async def test_a_token_stop_in_a_batch_hands_over_the_texts_before_it(tok: Tokenizer) -> None:

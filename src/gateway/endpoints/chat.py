@@ -14,8 +14,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
 from gateway.endpoints.chat_parsers import ChatParsers, choose_parsers, template_kwargs
 from gateway.endpoints.completions import piece_fn, stream_usage
 from gateway.parsers.base import ReasoningParser, ToolCallDelta, ToolCallParser
@@ -271,12 +269,11 @@ async def _chunks(
     source: AsyncIterator[Any] = gen  # type: ignore[assignment]
     role = b""  # the template path: the role event, written with the first text's
     if frame is not None and plain and piece is None and not continuous and gen.plain:
-        # The template path: a bare text from ``pieces`` is what the loop below makes of
-        # ``SampleDelta(0, text, [id])`` (content only, not final), written directly.
+        # The template path: each text of a list from ``pieces`` is what the loop below
+        # makes of ``SampleDelta(0, text, [id])`` (content only, not final), written directly.
         source = gen.pieces()
         prefix, suffix = text_template(head, lambda text: ChatDelta(0, content=text))
         prefix, suffix = frame[0] + prefix, suffix + frame[1]
-        dumps = orjson.dumps
         reply = choices[0].reply  # plain: never dropped (no reasoning, no tool calls)
         choices[0].sent_role = True
         role = frame[0] + StreamChunk(head, [ChatDelta(0, role="assistant", content="")]).to_json() + frame[1]
@@ -286,19 +283,13 @@ async def _chunks(
             yield StreamChunk(head, [ChatDelta(i, role="assistant", content="")], stream_usage(gen.usage) if continuous else None)
     try:
         async for d in source:
-            if type(d) is str:
-                if reply is not None:
-                    reply.append(d)
-                yield b"".join((role, prefix, dumps(d), suffix))
-                role = b""
-                continue
             if type(d) is list:
                 if reply is not None:
                     reply.extend(d)
                 yield role + template_events(prefix, suffix, d)
                 role = b""
                 continue
-            if role:  # the first event is not a bare text: the role goes out on its own first
+            if role:  # the first event is not a token's text: the role goes out on its own first
                 yield role
                 role = b""
             c = choices[d.index]

@@ -11,8 +11,6 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-import orjson
-
 from gateway.pipeline.catalog import ModelEntry
 from gateway.pipeline.engine import Engine
 from gateway.pipeline.fanout import merged
@@ -216,18 +214,16 @@ def text_template(head: StreamHead) -> tuple[bytes, bytes]:
 async def _plain_json(
     req: CompletionRequest, entry: ModelEntry, gen: Generation, ctx: RequestContext, frame: tuple[bytes, bytes]
 ) -> AsyncIterator[StreamChunk | bytes]:
-    """One plain prompt (``Generation.plain``; no echo, no continuous usage): each bare
-    token text from ``Generation.pieces`` becomes its framed event from the template;
+    """One plain prompt (``Generation.plain``; no echo, no continuous usage): each token
+    text from ``Generation.pieces`` becomes its framed event from the template (a list of
+    them, one write);
     every other delta goes through ``_chunks``'s rules (``_emit_plain`` is its ``emit``
     for this case) and comes as a typed event for the door to frame."""
     head = StreamHead(ctx.response_id("cmpl"), TEXT_COMPLETION, now(), entry.name)
     prefix, suffix = text_template(head)
     prefix, suffix = frame[0] + prefix, suffix + frame[1]
-    dumps = orjson.dumps
     async for d in gen.pieces():
-        if type(d) is str:
-            yield b"".join((prefix, dumps(d), suffix))
-        elif type(d) is list:
+        if type(d) is list:
             yield template_events(prefix, suffix, d)
         else:
             chunk = _emit_plain(head, d)  # type: ignore[arg-type]

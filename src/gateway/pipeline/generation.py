@@ -116,22 +116,22 @@ class Generation:
     @property
     def plain(self) -> bool:
         """The relay's common request: one sample, no logprobs, no stop string matched on
-        text (``pieces`` then gives bare text for nearly every token)."""
+        text (``pieces`` then gives the text alone for nearly every token)."""
         return len(self._samples) == 1 and not self._want_logprobs and self._samples[0].text.plain
 
-    def pieces(self) -> AsyncIterator[str | list[str] | SampleDelta]:
-        """Iterate as ``SampleDelta``s, except that a ``plain`` request's ordinary token (one
-        id in a chunk of sample 0, not a token stop) comes as its text alone, a bare
-        ``str``, and only when it is not empty: no delta object per token. Texts of tokens
-        that arrived together (the worker stream was ``ready`` with the next one) come as
-        one ``list`` of them, handed over before the generation waits for the worker, so
-        a consumer writes them at once and never holds one back. Everything else (token
-        stops, chunks of several ids, the sample's end, a resumption) is the delta the
-        general path gives, after the texts before it, so a consumer that turns each text
-        x into what it would make of ``SampleDelta(0, x, [id])`` sends the same bytes."""
+    def pieces(self) -> AsyncIterator[list[str] | SampleDelta]:
+        """Iterate as ``SampleDelta``s, except that a ``plain`` request's ordinary tokens (one
+        id in a chunk of sample 0, not a token stop) come as their texts alone, in a
+        ``list``, and only when not empty: no delta object per token. A list holds the
+        texts of the tokens that arrived together (the worker stream was ``ready`` with the
+        next one), handed over before the generation waits for the worker, so a consumer
+        writes them at once and never holds one back. Everything else (token stops, chunks
+        of several ids, the sample's end, a resumption) is the delta the general path gives,
+        after the texts before it, so a consumer that turns each text x into what it would
+        make of ``SampleDelta(0, x, [id])`` sends the same bytes."""
         return self._run(self.plain)
 
-    async def _run(self, fast: bool) -> AsyncIterator[str | list[str] | SampleDelta]:
+    async def _run(self, fast: bool) -> AsyncIterator[list[str] | SampleDelta]:
         clock = time.perf_counter
         first = last = 0.0
         gaps: list[float] = []  # per-token gap of each message after the first
@@ -146,7 +146,7 @@ class Generation:
         try:
             while self._open:
                 if batch and not self.stream.ready():  # about to wait: hand over what came
-                    yield batch[0] if len(batch) == 1 else batch
+                    yield batch
                     batch = []
                 try:
                     msg = await self.stream.read()
@@ -157,7 +157,7 @@ class Generation:
                         )
                 except GatewayError as exc:
                     if batch:
-                        yield batch[0] if len(batch) == 1 else batch
+                        yield batch
                         batch = []
                     for delta in await self._resume(exc):
                         yield delta
@@ -193,7 +193,7 @@ class Generation:
                                 batch.append(piece)
                             continue
                     if batch:
-                        yield batch[0] if len(batch) == 1 else batch
+                        yield batch
                         batch = []
                     for delta in self._on_chunk(chunk):
                         yield delta
@@ -202,12 +202,12 @@ class Generation:
                         first = now
                     last = now
                     if batch:
-                        yield batch[0] if len(batch) == 1 else batch
+                        yield batch
                         batch = []
                     for delta in self._on_complete(msg.complete):
                         yield delta
             if batch:
-                yield batch[0] if len(batch) == 1 else batch
+                yield batch
         finally:
             if self._open or self._stopped_early:
                 # A stop matched here, or the consumer left: the worker must stop now.
