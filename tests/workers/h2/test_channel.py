@@ -475,3 +475,12 @@ async def test_a_deadline_passes_while_the_connection_is_still_being_made() -> N
     assert loop.time() - t0 < 2.0
     await ch.close()
     server.close()
+
+
+async def test_request_headers_larger_than_a_frame_go_in_continuation_frames() -> None:
+    async with Peer() as peer:
+        ch = channel(peer)
+        big = "k" * 40_000
+        assert await read_all(start(ch, b"x", metadata=[("authorization", f"Bearer {big}")])) == [b"x", b"x"]
+        assert peer.requests[0].headers["authorization"] == f"Bearer {big}"
+        await ch.close()

@@ -116,11 +116,22 @@ class H2Connection(asyncio.Protocol):
         call.attach(self, stream_id, self.peer_initial_window)
         call.send_payload = message
         call.send_offset = 0
-        out = [frames.frame(frames.HEADERS, frames.END_HEADERS, stream_id, header_block)]
+        out = self._header_frames(stream_id, header_block)
         self._body(call, out)
         transport.write(b"".join(out))
         if self._keepalive is None and self._keepalive_s > 0:
             self._keepalive = self._loop.call_later(self._keepalive_s, self._send_keepalive)
+
+    def _header_frames(self, stream_id: int, block: bytes) -> list[bytes]:
+        """HEADERS, and CONTINUATION frames for a block larger than the worker's frame size."""
+        size = self.peer_max_frame
+        if len(block) <= size:
+            return [frames.frame(frames.HEADERS, frames.END_HEADERS, stream_id, block)]
+        parts = [block[at:at + size] for at in range(0, len(block), size)]
+        out = [frames.frame(frames.HEADERS, 0, stream_id, parts[0])]
+        out += [frames.frame(frames.CONTINUATION, 0, stream_id, part) for part in parts[1:-1]]
+        out.append(frames.frame(frames.CONTINUATION, frames.END_HEADERS, stream_id, parts[-1]))
+        return out
 
     def _body(self, call: H2Call, out: list[bytes]) -> None:
         """Append the DATA frames of ``call``'s request body the windows allow; the last
