@@ -38,7 +38,7 @@ def test_dashboard_is_well_formed() -> None:
 async def test_every_metric_in_the_dashboard_exists(tmp_path: Path) -> None:
     dash = json.loads(DASHBOARD.read_text())
     used = {name for e in _exprs(dash) for name in re.findall(r"\btoken_gateway_[a-z0-9_]+", e)}
-    async for stack in start_stack(StackOptions(), tmp_path):
+    async with start_stack(StackOptions(), tmp_path) as stack:
         stream = await stack.client.completions.create(model=stack.model, prompt="hi", max_tokens=4, stream=True)
         async for _ in stream:
             pass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -28,8 +29,9 @@ class GrpcStack:
         return self.http.model
 
 
+@contextlib.asynccontextmanager
 async def start_grpc_stack(opts: StackOptions, tmp_path: Any, *, api_key: str | None = None) -> AsyncIterator[GrpcStack]:
-    async for stack in start_stack(opts, tmp_path):
+    async with start_stack(opts, tmp_path) as stack:
         server = await start_grpc_server(stack.state, "127.0.0.1", 0)
         keys = opts.server.get("api_keys") or []
         client = GatewayClient(server.target, api_key=api_key if api_key is not None else (keys[0] if keys else None), timeout=30)
@@ -44,5 +46,5 @@ async def start_grpc_stack(opts: StackOptions, tmp_path: Any, *, api_key: str | 
 async def gstack(request: pytest.FixtureRequest, tmp_path: Any) -> AsyncIterator[GrpcStack]:
     marker = request.node.get_closest_marker("stack")
     opts = StackOptions(**(marker.kwargs if marker else {}))
-    async for s in start_grpc_stack(opts, tmp_path):
+    async with start_grpc_stack(opts, tmp_path) as s:
         yield s

@@ -116,7 +116,7 @@ class LiveGrpcGateway:
         self._stop = asyncio.Event()
         opts = StackOptions(workers=2, sim={"context_length": 2048}, server={"api_keys": [KEY], "max_body_bytes": 1 << 20},
                             sections={"limits": {"max_tokens_cap": 8}})
-        async for stack in start_stack(opts, self._tmp):
+        async with start_stack(opts, self._tmp) as stack:
             self.stack = stack
             self.grpc = await start_grpc_server(stack.state, "127.0.0.1", 0)
             self._ready.set()

@@ -52,7 +52,7 @@ def _doors(gstack: GrpcStack, stub: pb_grpc.SglangSchedulerStub) -> dict[str, Do
 @pytest.mark.parametrize("policy", ["cache_aware", "prefix_hash"])
 async def test_every_door_routes_like_the_policy_says(policy: str, tmp_path: object) -> None:
     opts = StackOptions(workers=3, policy=policy)
-    async for gstack in start_grpc_stack(opts, tmp_path):
+    async with start_grpc_stack(opts, tmp_path) as gstack:
         async with aio.insecure_channel(gstack.target) as channel:
             doors = _doors(gstack, pb_grpc.SglangSchedulerStub(channel))
             names = list(doors)

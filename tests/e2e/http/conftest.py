@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import socket
 from collections.abc import AsyncIterator
@@ -66,7 +67,9 @@ async def _serve(state: GatewayState) -> tuple[uvicorn.Server, asyncio.Task[None
     return server, task, f"http://127.0.0.1:{port}"
 
 
+@contextlib.asynccontextmanager
 async def start_stack(opts: StackOptions, tmp_path: Any) -> AsyncIterator[Stack]:
+    """A whole stack, torn down when the ``async with`` ends, a failing test's included."""
     sim = SimConfig(**{**ZERO_COST, **opts.sim})
     async with SimFleet.start(opts.workers, sim, roles=opts.roles) as fleet:
         roles = opts.roles or ["regular"] * opts.workers
@@ -104,5 +107,5 @@ async def start_stack(opts: StackOptions, tmp_path: Any) -> AsyncIterator[Stack]
 async def stack(request: pytest.FixtureRequest, tmp_path: Any) -> AsyncIterator[Stack]:
     marker = request.node.get_closest_marker("stack")
     opts = StackOptions(**(marker.kwargs if marker else {}))
-    async for s in start_stack(opts, tmp_path):
+    async with start_stack(opts, tmp_path) as s:
         yield s

@@ -155,7 +155,7 @@ CASES = _every_endpoint() + SPECIFIC
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def hostile_stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack]:
     opts = StackOptions(workers=2, server={"api_keys": [KEY], "max_body_bytes": MAX_BODY})
-    async for s in start_stack(opts, tmp_path_factory.mktemp("hostile")):
+    async with start_stack(opts, tmp_path_factory.mktemp("hostile")) as s:
         yield s
 
 

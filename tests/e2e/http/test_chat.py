@@ -123,14 +123,20 @@ async def test_client_disconnect_during_prefill_aborts_worker(tmp_path) -> None:
 
     # A slow prefill (100 ms per 1000 tokens of simulated time) so the client leaves before any token.
     opts = StackOptions(workers=1, sim={"prefill_token_s": 1e-3, "time_scale": 1.0})
-    async for stack in start_stack(opts, tmp_path):
+    async with start_stack(opts, tmp_path) as stack:
         worker = stack.fleet.workers[0]
         task = asyncio.create_task(
             stack.client.chat.completions.create(
                 model=stack.model, messages=[{"role": "user", "content": "word " * 3000}], max_tokens=50, stream=True
             )
         )
-        await asyncio.sleep(0.5)
+        # Leave once the worker holds the request (it prefills for ~3 s): a cold first render can take longer
+        # than any fixed sleep on a loaded machine, and a client gone before dispatch never reaches a worker.
+        for _ in range(200):
+            if worker.counters.requests >= 1 or task.done():
+                break
+            await asyncio.sleep(0.025)
+        assert worker.counters.requests == 1 and not task.done()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

@@ -169,7 +169,7 @@ async def test_chat_template_flag_and_template_inputs(tmp_path: Any, template_fi
     from tests.e2e.http.conftest import StackOptions, start_stack
 
     opts = StackOptions(sections={"parsers": {"chat_template": template_file, "reasoning_parser": "none"}})
-    async for stack in start_stack(opts, tmp_path):
+    async with start_stack(opts, tmp_path) as stack:
         resp = await stack.client.chat.completions.create(
             model=stack.model, messages=[{"role": "user", "content": "hi"}], max_tokens=30,
             reasoning_effort="high", extra_body={"chat_template_kwargs": {"mood": "calm"}},

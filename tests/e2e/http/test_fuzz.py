@@ -69,7 +69,7 @@ class LiveGateway:
         self._stop = asyncio.Event()
         opts = StackOptions(workers=2, sim={"context_length": 2048}, server={"api_keys": [KEY], "max_body_bytes": 1 << 20},
                             sections={"limits": {"max_tokens_cap": 16}})
-        async for stack in start_stack(opts, self._tmp):
+        async with start_stack(opts, self._tmp) as stack:
             self.stack = stack
             self._ready.set()
             await self._stop.wait()

@@ -124,7 +124,7 @@ async def test_worker_without_kv_events_is_left_alone(monkeypatch: pytest.Monkey
 
     monkeypatch.setattr(SimServicer, "SubscribeKvEvents", unimplemented)
     opts = StackOptions(workers=1, policy="cache_aware", server=KV)
-    async for stack in start_stack(opts, tmp_path):
+    async with start_stack(opts, tmp_path) as stack:
         feeder = stack.state.kv_events
         assert feeder is not None
         (w,) = stack.state.registry.all()

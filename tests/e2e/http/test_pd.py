@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import random
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -68,13 +67,6 @@ async def _all_slots_free(stack: Stack) -> None:
 def _rendezvous(stack: Stack) -> tuple[int, int]:
     decodes = _sims(stack, "decode")
     return sum(w.counters.pd_rendezvous_ok for w in decodes), sum(w.counters.pd_rendezvous_failed for w in decodes)
-
-
-@contextlib.asynccontextmanager
-async def _open_stack(opts: StackOptions, tmp_path: Any) -> AsyncIterator[Stack]:
-    """One stack, torn down even when the test fails (a bare ``async for`` would leave it to GC)."""
-    async with contextlib.aclosing(start_stack(opts, tmp_path)) as stacks:  # type: ignore[type-var]
-        yield await anext(stacks)
 
 
 def _reply(text: str) -> list[dict[str, str]]:
@@ -342,7 +334,7 @@ async def test_slow_prefill_delays_first_token_and_times_out_to_another_pair(tmp
         workers=4, roles=PD2, pd={"prefill_policy": "round_robin"}, dispatch={"first_token_timeout_s": 1.0},
         sim={"pd_timeout_s": 10.0},
     )
-    async with _open_stack(opts, tmp_path) as stack:
+    async with start_stack(opts, tmp_path) as stack:
         prefills = _sims(stack, "prefill")
         for w in prefills:
             w.config.prefill_token_s, w.config.time_scale = 0.005, 1.0  # 5 ms per uncached prompt token
@@ -365,7 +357,7 @@ async def test_slow_prefill_delays_first_token_and_times_out_to_another_pair(tmp
 async def test_client_disconnect_aborts_both_halves(tmp_path: Any) -> None:
     # Slow prefill (1 ms of simulated time per token) so the client leaves before the first token.
     opts = StackOptions(workers=2, roles=["prefill", "decode"], sim={"prefill_token_s": 1e-3, "time_scale": 1.0})
-    async with _open_stack(opts, tmp_path) as stack:
+    async with start_stack(opts, tmp_path) as stack:
         (prefill,), (decode,) = _sims(stack, "prefill"), _sims(stack, "decode")
         task = asyncio.create_task(stack.client.chat.completions.create(
             model=stack.model, messages=[{"role": "user", "content": "word " * 3000}], max_tokens=50, stream=True

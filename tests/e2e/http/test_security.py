@@ -114,7 +114,7 @@ LIMIT_CASES: list[tuple[str, dict[str, Any], str]] = [
 
 
 async def test_operator_limits_are_400s(tmp_path: Path) -> None:
-    async for stack in start_stack(StackOptions(workers=1, sections=LIMITS), tmp_path):
+    async with start_stack(StackOptions(workers=1, sections=LIMITS), tmp_path) as stack:
         for path, body, param in LIMIT_CASES:
             resp = await stack.http.post(path, json={"model": stack.model, **body})
             assert resp.status_code == 400, (path, body, resp.text)

@@ -22,7 +22,7 @@ async def transport_stack(request: pytest.FixtureRequest, tmp_path: Any) -> Asyn
         workers=2, policy="round_robin", server={"worker_stream_transport": request.param},
         sim={"decode_seq_s": 0.001, "time_scale": 1.0},
     )
-    async for s in start_stack(opts, tmp_path):
+    async with start_stack(opts, tmp_path) as s:
         yield s
 
 
