@@ -22,6 +22,7 @@ from gateway.proto import common_pb2, sglang_scheduler_pb2_grpc
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.protocol.headers import REQUEST_ID, bearer
 from gateway.workers.h2 import H2Call, H2Channel
+from gateway.workers.h2.batch import BatchParser
 from gateway.workers.trace_context import TRACEPARENT
 
 # Prompts of 100K+ tokens and tokenizer zips exceed gRPC's 4 MiB default.
@@ -124,6 +125,7 @@ class TlsOptions:
 
 STREAM_TRANSPORTS = ("h2", "grpcio")
 _GENERATE = "/sglang.grpc.scheduler.SglangScheduler/Generate"
+_GENERATE_REPLIES = BatchParser(pb.GenerateResponse)  # one parse per socket read (h2/batch.py)
 
 
 class WorkerClient:
@@ -177,7 +179,7 @@ class WorkerClient:
         """Start a Generate stream; the caller reads it and may ``cancel()`` it."""
         if self._streams is not None:
             return self._streams.unary_stream(
-                _GENERATE, request.SerializeToString(), pb.GenerateResponse.FromString,
+                _GENERATE, request.SerializeToString(), _GENERATE_REPLIES,
                 timeout=timeout, metadata=self._metadata(request.request_id),
             )
         return self._stub.Generate(

@@ -1,7 +1,10 @@
 """One Generate call on an HTTP/2 connection, with grpc.aio's reading semantics.
 
 The connection hands each call the bytes of its DATA frames as they come off the
-socket; the call cuts them into gRPC messages, parses them, and queues them. A reader
+socket; the call cuts them into gRPC messages and holds them until the connection has
+read the whole socket read, which then parses the messages of every call together
+(``batch.BatchParser``: one protobuf arena per read, not per token) and hands each call
+its own, in order, before the read's next non-DATA frame. A reader
 that finds messages queued takes them without waiting (``ready`` says so), which is
 what lets the relay write several tokens that arrived together as one socket write.
 
@@ -38,6 +41,10 @@ class Link(Protocol):
 
     def credit(self, stream_id: int, amount: int, force: bool) -> bool: ...
 
+    def defer(self, call: H2Call) -> None: ...
+
+    def flush(self) -> None: ...
+
 _OK = grpc.StatusCode.OK
 _EOF = aio.EOF
 
@@ -57,17 +64,19 @@ class H2Call:
     """A Generate stream: messages in, read with ``read()``, or stopped with ``cancel()``."""
 
     __slots__ = (
-        "_conn", "_credit", "_deserialize", "_inbox", "_initial", "_loop", "_max_message",
-        "_partial", "_starting", "_status", "_waiter", "cancelled", "headers_seen", "send_offset",
+        "_conn", "_credit", "_inbox", "_initial", "_loop", "_max_message", "_parse_one", "_partial",
+        "_starting", "_status", "_waiter", "cancelled", "headers_seen", "parser", "pending", "send_offset",
         "send_payload", "send_window", "stream_id", "timer",
     )  # fmt: skip
 
     def __init__(self, loop: asyncio.AbstractEventLoop, deserialize: Deserialize, max_message: int) -> None:
         self._loop = loop
-        self._deserialize = deserialize
+        self.parser = deserialize  # the connection parses with it (``many`` when it has one)
+        self._parse_one: Deserialize = getattr(deserialize, "one", deserialize)
         self._max_message = max_message
         self._inbox: deque[Any] = deque()
         self._partial = bytearray()  # the start of a message whose end has not arrived
+        self.pending: list[bytes] = []  # messages of this socket read, not yet parsed
         self._waiter: asyncio.Future[None] | None = None
         self._status: CallStatus | None = None
         self._initial: tuple[tuple[str, str], ...] = ()
@@ -177,8 +186,10 @@ class H2Call:
         if self._status is None:
             self._end(CallStatus(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"), reset=frames.CANCEL)
 
-    def on_data(self, data: bytes | memoryview) -> None:
-        """DATA payload of this stream: cut into gRPC messages (5-byte prefix each)."""
+    def on_data(self, data: bytes | memoryview, last: bool = False) -> None:
+        """DATA payload of this stream: cut into gRPC messages (5-byte prefix each).
+        ``last``: nothing else of this socket read is waiting to be parsed or still to come,
+        so a lone message is parsed here and now (the common case at a GPU's pace)."""
         if self._status is not None:
             return
         self._credit += len(data)
@@ -189,31 +200,71 @@ class H2Call:
         else:
             buf = data
         pos, end = 0, len(buf)
-        inbox = self._inbox
-        parse = self._deserialize
+        pending = self.pending
+        had = len(pending)
         while end - pos >= 5:
             size = int.from_bytes(buf[pos + 1:pos + 5], "big")
             if size > self._max_message:
-                self._fail(grpc.StatusCode.RESOURCE_EXHAUSTED, f"received message larger than max ({size} vs. {self._max_message})")
+                self._fail_after_pending(had, grpc.StatusCode.RESOURCE_EXHAUSTED, f"received message larger than max ({size} vs. {self._max_message})")
                 return
             if end - pos - 5 < size:
                 break
             if buf[pos]:
-                self._fail(grpc.StatusCode.INTERNAL, "compressed message, but no compression was negotiated")
+                self._fail_after_pending(had, grpc.StatusCode.INTERNAL, "compressed message, but no compression was negotiated")
                 return
-            try:
-                inbox.append(parse(bytes(buf[pos + 5:pos + 5 + size])))
-            except Exception as exc:  # a malformed message fails this call, not the connection
-                self._fail(grpc.StatusCode.INTERNAL, f"could not parse the worker's message: {exc}")
-                return
+            pending.append(bytes(buf[pos + 5:pos + 5 + size]))
             pos += 5 + size
         if partial:
             del partial[:pos]
         elif pos < end:
             self._partial = bytearray(buf[pos:])
-        if not inbox and self._credit:
+        if pending:
+            if last and not had and len(pending) == 1:
+                self.pending = []
+                try:
+                    message = self._parse_one(pending[0])
+                except Exception as exc:  # a malformed message fails this call, not the connection
+                    self._fail(grpc.StatusCode.INTERNAL, f"could not parse the worker's message: {exc}")
+                    return
+                self._inbox.append(message)
+                self._wake()
+            elif not had and self._conn is not None:
+                self._conn.defer(self)  # parsed with the read's other messages
+        elif not self._inbox and self._credit:
             self._give_credit()  # nothing queued for the reader: the worker may go on
-        self._wake()
+
+    def deliver(self, messages: list[Any]) -> None:
+        """The parsed ``pending`` messages (the connection parsed them)."""
+        self.pending = []
+        if self._status is None:
+            self._inbox.extend(messages)
+            self._wake()
+
+    def deliver_one_by_one(self) -> None:
+        """Parse ``pending`` here, one message at a time, and deliver them up to a malformed
+        one, which fails this call only: for a lone message, a parser without ``many``, or
+        after a batch with a malformed message in it failed."""
+        pending, self.pending = self.pending, []
+        parse = self._parse_one
+        parsed: list[Any] = []
+        for payload in pending:
+            try:
+                parsed.append(parse(payload))
+            except Exception as exc:  # a malformed message fails this call, not the connection
+                self.deliver(parsed)
+                self._fail(grpc.StatusCode.INTERNAL, f"could not parse the worker's message: {exc}")
+                return
+        self.deliver(parsed)
+
+    def _fail_after_pending(self, had: int, code: grpc.StatusCode, details: str) -> None:
+        """Fail the call once the messages that came before the fault are delivered
+        (``had``: how many were pending, so already deferred, before this DATA frame)."""
+        conn = self._conn
+        if self.pending and conn is not None:
+            if not had:
+                conn.defer(self)
+            conn.flush()
+        self._fail(code, details)
 
     def on_headers(self, headers: list[tuple[bytes, bytes]], end_stream: bool) -> None:
         """Response headers, trailers, or both at once ("trailers-only")."""

@@ -65,6 +65,7 @@ class H2Connection(asyncio.Protocol):
         self.send_window = frames.DEFAULT_WINDOW
         self._blocked: dict[int, H2Call] = {}  # calls whose request body waits for window
         self._received = 0  # DATA bytes not yet given back as connection window
+        self._deferred: list[H2Call] = []  # calls with messages of this read not yet parsed
         self._keepalive_s = keepalive_s
         self._keepalive_timeout_s = keepalive_timeout_s
         self._keepalive: asyncio.TimerHandle | None = None
@@ -91,10 +92,12 @@ class H2Connection(asyncio.Protocol):
         try:
             self._frames(data)
         except ProtocolViolation as exc:
+            self._flush_quietly()  # what came before the violation still reaches its readers
             log.warning("worker %s broke HTTP/2 (%s): closing the connection", self.authority, exc)
             self._abandon(exc.code, f"worker broke HTTP/2: {exc}")
         except Exception as exc:  # a bug here must not kill the event loop's reader
             log.exception("HTTP/2 connection to %s failed", self.authority)
+            self._flush_quietly()
             self._abandon(frames.INTERNAL_ERROR, f"HTTP/2 client error: {exc}")
 
     # ------------------------------------------------------------------ calls
@@ -167,6 +170,52 @@ class H2Connection(asyncio.Protocol):
         if self.closing and not self.calls:
             self.close()
 
+    def defer(self, call: H2Call) -> None:
+        """``call`` has messages of this read to parse (``flush`` parses them)."""
+        self._deferred.append(call)
+
+    def flush(self) -> None:
+        """Parse the deferred calls' messages, those with one parser together, and hand each
+        call its own. Runs at the end of every read and before any frame that may end a call."""
+        deferred = self._deferred
+        if not deferred:
+            return
+        self._deferred = []
+        if len(deferred) == 1:
+            if len(deferred[0].pending) == 1:  # one message (a GPU's pace): nothing to share
+                deferred[0].deliver_one_by_one()
+                return
+            groups = [deferred]
+        else:
+            by_parser: dict[int, list[H2Call]] = {}
+            for call in deferred:
+                by_parser.setdefault(id(call.parser), []).append(call)
+            groups = list(by_parser.values())
+        for group in groups:
+            many = getattr(group[0].parser, "many", None)
+            if many is None:
+                for call in group:
+                    call.deliver_one_by_one()
+                continue
+            payloads = group[0].pending if len(group) == 1 else [p for call in group for p in call.pending]
+            try:
+                messages = many(payloads)
+            except Exception:  # a malformed message: find it, call by call
+                for call in group:
+                    call.deliver_one_by_one()
+                continue
+            at = 0
+            for call in group:
+                count = len(call.pending)
+                call.deliver(messages[at:at + count] if len(group) > 1 else messages)
+                at += count
+
+    def _flush_quietly(self) -> None:
+        try:
+            self.flush()
+        except Exception:  # the connection is being given up anyway
+            log.exception("HTTP/2 connection to %s: messages lost while closing", self.authority)
+
     def credit(self, stream_id: int, amount: int, force: bool) -> bool:
         """Give ``amount`` received bytes back as window of ``stream_id`` once there are
         enough to be worth a frame (or now, with ``force``); True when sent."""
@@ -211,13 +260,17 @@ class H2Connection(asyncio.Protocol):
                         pad = buf[pos + 9] if length else 0
                         if pad >= length:
                             raise ProtocolViolation(frames.PROTOCOL_ERROR, "DATA padding exceeds the frame")
-                        call.on_data(buf[pos + 10:stop - pad])
+                        call.on_data(buf[pos + 10:stop - pad], stop == end and not self._deferred)
                     else:
-                        call.on_data(buf[pos + 9:stop])
+                        call.on_data(buf[pos + 9:stop], stop == end and not self._deferred)
                     if flags & _END_STREAM and stream_id in calls:
+                        self.flush()
                         call.on_end_without_trailers()
                 elif stream_id == 0:
                     raise ProtocolViolation(frames.PROTOCOL_ERROR, "DATA on stream 0")
+            elif self._deferred:
+                self.flush()  # any other frame may end a call: its messages come first
+                continue  # the same frame again, now with nothing deferred
             elif kind == frames.HEADERS:
                 self._headers(stream_id, flags, buf[pos + 9:stop])
             elif kind == frames.CONTINUATION:
@@ -241,6 +294,8 @@ class H2Connection(asyncio.Protocol):
             # PRIORITY and unknown frame types are ignored (RFC 9113 5.5).
             pos = stop
         self._buffer = buf[pos:] if pos < end else b""
+        if self._deferred:
+            self.flush()
         if received:
             self._received += received
             if self._received >= CONNECTION_WINDOW // 2:
