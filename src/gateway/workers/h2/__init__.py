@@ -6,8 +6,9 @@ hand-off from gRPC's poller thread, a task wake-up), even when many arrived in t
 same socket read. Profiles of the relay put that at a quarter to a third of the
 gateway's CPU per token (docs/BENCHMARKS.md, issue 18), and no grpc.aio API reads
 "what has already arrived". Here one socket read is cut into frames and messages in
-one pass, each call with new messages is woken once, and a reader sees how many are
-waiting (``H2Call.ready``), so the relay can write them in one go.
+one pass, its messages are parsed with one protobuf parse (``batch.py``), each call with
+new messages is woken once, and a reader sees how many are waiting (``H2Call.ready``),
+so the relay can write them in one go.
 
 Scope, on purpose small: unary-request, server-streaming calls (Generate), on
 ``grpc://`` (HTTP/2 with prior knowledge) and ``grpcs://`` (TLS, ALPN h2); identity

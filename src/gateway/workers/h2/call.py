@@ -2,11 +2,12 @@
 
 The connection hands each call the bytes of its DATA frames as they come off the
 socket; the call cuts them into gRPC messages and holds them until the connection has
-read the whole socket read, which then parses the messages of every call together
+gone through the whole socket read, which then parses the messages of every call together
 (``batch.BatchParser``: one protobuf arena per read, not per token) and hands each call
-its own, in order, before the read's next non-DATA frame. A reader
-that finds messages queued takes them without waiting (``ready`` says so), which is
-what lets the relay write several tokens that arrived together as one socket write.
+its own, in order, before the read's next non-DATA frame; a lone message in a read is
+parsed at once. A reader that finds messages queued takes them without waiting
+(``ready`` says so), which is what lets the relay write several tokens that arrived
+together as one socket write.
 
 What the gateway relies on, as with ``grpc.aio.UnaryStreamCall``:
 - ``read()`` returns the next message, ``grpc.aio.EOF`` after the last one when the
@@ -44,6 +45,7 @@ class Link(Protocol):
     def defer(self, call: H2Call) -> None: ...
 
     def flush(self) -> None: ...
+
 
 _OK = grpc.StatusCode.OK
 _EOF = aio.EOF
