@@ -86,6 +86,9 @@ class CountingParser(BatchParser):
         return super().many(payloads)
 
 
+STATUS_200 = [(":status", "200")]
+
+
 def _message(reply: pb.GenerateResponse) -> bytes:
     payload = reply.SerializeToString()
     return b"\x00" + len(payload).to_bytes(4, "big") + payload
@@ -117,8 +120,8 @@ async def test_one_read_is_one_parse_across_calls_and_each_call_gets_its_own_in_
     ok = [("grpc-status", "0")]
     r = replies()
     conn.data_received(
-        _headers(enc, 1, [(":status", "200")], end=False)
-        + _headers(enc, 3, [(":status", "200")], end=False)
+        _headers(enc, 1, STATUS_200, end=False)
+        + _headers(enc, 3, STATUS_200, end=False)
     )
     conn.data_received(_data(3, _message(r[1])))  # one message alone in its read
     assert parser.batches == []
@@ -147,7 +150,7 @@ async def test_a_malformed_message_fails_its_own_call_after_the_ones_before_it()
     r = replies()
     bad = b"\x00\x00\x00\x00\x03\x0a\xff\xff"
     conn.data_received(
-        _headers(enc, 1, [(":status", "200")], end=False) + _headers(enc, 3, [(":status", "200")], end=False)
+        _headers(enc, 1, STATUS_200, end=False) + _headers(enc, 3, STATUS_200, end=False)
         + _data(1, _message(r[0]), bad, _message(r[1])) + _data(3, _message(r[3]))
     )
     assert await a.read() == r[0]
@@ -164,7 +167,7 @@ async def test_an_oversized_message_fails_the_call_after_the_messages_before_it(
     enc = Encoder()
     r = replies()
     huge = b"\x00" + (2 << 20).to_bytes(4, "big")
-    conn.data_received(_headers(enc, 1, [(":status", "200")], end=False) + _data(1, _message(r[0]), _message(r[1]), huge))
+    conn.data_received(_headers(enc, 1, STATUS_200, end=False) + _data(1, _message(r[0]), _message(r[1]), huge))
     assert [await a.read(), await a.read()] == [r[0], r[1]]
     with pytest.raises(aio.AioRpcError) as err:
         await a.read()
@@ -177,7 +180,7 @@ async def test_a_protocol_violation_still_delivers_what_came_before_it() -> None
     enc = Encoder()
     r = replies()
     conn.data_received(
-        _headers(enc, 1, [(":status", "200")], end=False)
+        _headers(enc, 1, STATUS_200, end=False)
         + _data(1, _message(r[0]))
         + frames.frame(frames.PUSH_PROMISE, 0, 1, b"\x00\x00\x00\x02")
     )
@@ -186,3 +189,26 @@ async def test_a_protocol_violation_still_delivers_what_came_before_it() -> None
     with pytest.raises(aio.AioRpcError) as err:
         await a.read()
     assert err.value.code() is grpc.StatusCode.UNAVAILABLE
+
+
+async def test_end_stream_on_data_and_a_reset_come_after_the_messages_of_their_read() -> None:
+    parser = CountingParser()
+    conn, (a, b) = await _connection(parser, 2)
+    enc = Encoder()
+    r = replies()
+    conn.data_received(
+        _headers(enc, 1, STATUS_200, end=False) + _headers(enc, 3, STATUS_200, end=False)
+        + _data(3, _message(r[2]))
+        + frames.frame(frames.DATA, frames.END_STREAM, 1, _message(r[0]) + _message(r[1]))
+        + _data(3, _message(r[3]))
+        + frames.frame(frames.RST_STREAM, 0, 3, (2).to_bytes(4, "big"))
+    )
+    assert parser.batches == [3]  # flushed before the END_STREAM; the lone one before the reset alone
+    assert [await a.read(), await a.read()] == [r[0], r[1]]
+    with pytest.raises(aio.AioRpcError) as err:
+        await a.read()
+    assert err.value.code() is grpc.StatusCode.INTERNAL and "without a status" in (err.value.details() or "")
+    assert [await b.read(), await b.read()] == [r[2], r[3]]
+    with pytest.raises(aio.AioRpcError) as err:
+        await b.read()
+    assert "reset by the worker" in (err.value.details() or "")
