@@ -66,7 +66,8 @@ async def test_tree_learns_direct_requests_and_forgets_evictions(stack: Stack) -
     for i in range(2, 8):
         await direct(b, prompt(i, 300), f"direct-{i}")
     await eventually(lambda: held(stack, b, p) == 0)
-    assert held(stack, b, prompt(7, 300)) == 288
+    # p's removal and the last prompt's store are separate events: the store may come later
+    await eventually(lambda: held(stack, b, prompt(7, 300)) == 288)
     feed = stack.state.kv_events.feeds[b.id]  # type: ignore[union-attr]
     assert feed.blocks.stats.removed_blocks > 0 and feed.blocks.stats.resets == 0
 
