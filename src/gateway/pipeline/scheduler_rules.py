@@ -139,7 +139,7 @@ def check_scheduler_generate(
     params.n = prepared.sampling.n
     wanted = prepared.sampling.max_new_tokens
     if wanted is None and entry.max_context_length:
-        wanted = entry.max_context_length - len(prepared.prompt_ids)  # explicit: what the worker would do anyway
+        wanted = entry.max_context_length - len(prepared.prompt_ids) - 1  # explicit: the most SGLang admits
     if wanted is not None:
         params.max_new_tokens = wanted
     return out, prepared
