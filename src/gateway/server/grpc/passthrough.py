@@ -129,7 +129,17 @@ class SchedulerPassthrough(pb_grpc.SglangSchedulerServicer):
                     ctx.worker_ids = [stream.worker.id]
                     await context.send_initial_metadata(reply_metadata(ctx))
                     try:
-                        if wid == rid:
+                        if not checked.stream and checked.sampling_params.n > 1:
+                            # SGLang's unary n>1 answers say index 0 for every sample:
+                            # number them in arrival order so each completion has its own.
+                            done = 0
+                            while (message := await stream.read()) is not None:
+                                message.request_id = rid
+                                if message.WhichOneof("response") == "complete":
+                                    message.complete.index = done
+                                    done += 1
+                                yield message
+                        elif wid == rid:
                             while (message := await stream.read()) is not None:
                                 yield message
                         else:
