@@ -39,6 +39,7 @@ Choices where the wire leaves room:
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import time
 from collections.abc import AsyncIterator
@@ -102,6 +103,7 @@ class ServedWorker(Protocol):
     config: SimConfig
     vocab: Vocab
     model_path: Path
+    received: collections.deque[pb.GenerateRequest]
     faults: SimFaults
     counters: SimCounters
     cache: RadixCache
@@ -145,6 +147,7 @@ class SimServicer(sglang_scheduler_pb2_grpc.SglangSchedulerServicer):
         counters = w.counters
         faults = w.faults
         counters.requests += 1
+        w.received.append(request)
         w.scheduler.last_receive = time.time()
         if 0 <= faults.exit_after_requests < counters.requests:
             w.die()

@@ -8,6 +8,7 @@ event loop; each has its own server, port, cache and scheduler task.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import os
@@ -42,6 +43,7 @@ _SERVER_OPTIONS = [
     ("grpc.keepalive_permit_without_calls", True),
 ]
 INPUT_RESERVE_TOKENS = 5  # what SGLang's scheduler keeps back from its longest request
+RECEIVED_KEPT = 64  # Generate requests kept in ``SimWorker.received``
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,6 +100,11 @@ class SimWorker:
         self._health: health.aio.HealthServicer | None = None
         self._task: asyncio.Task[None] | None = None
         self._requests: dict[str, list[list[Sequence]]] = {}
+        # The last Generate requests as they arrived: what a client really sent (sampling
+        # values, limits, stops), for anyone comparing it with what SGLang would receive.
+        self.received: collections.deque[sglang_scheduler_pb2.GenerateRequest] = collections.deque(
+            maxlen=RECEIVED_KEPT
+        )
         self._last_load_key: tuple[int, int] = (0, 0)
 
     # ---------------------------------------------------------------- lifecycle
