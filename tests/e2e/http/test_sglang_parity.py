@@ -134,3 +134,46 @@ async def test_reasoning_tokens_count_only_the_think_block(stack: Stack) -> None
     )
     usage = [c.usage async for c in stream if c.usage]
     assert usage[-1].completion_tokens_details.reasoning_tokens == 0
+
+
+SLOW = {"step_base_s": 0.01, "time_scale": 1.0, "eos_probability": 0.0}
+
+
+async def _settled(stack: Stack) -> None:
+    """Every lease released and every worker idle (bounded wait)."""
+    for _ in range(250):
+        leases = sum(w.load.in_flight for w in stack.state.registry.all())
+        busy = sum(w.scheduler.num_running + w.scheduler.num_waiting for w in stack.fleet.workers)
+        if leases == 0 and busy == 0:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"still {leases} leases and {busy} sequences")
+
+
+@pytest.mark.stack(workers=1, sim=SLOW)
+async def test_a_stop_string_ends_the_request_though_the_aborted_stream_stays_open(stack: Stack) -> None:
+    """The gateway ends its side of a worker stream it no longer needs and then sends Abort;
+    SGLang never ends an aborted stream, so waiting for it would hang the request."""
+    (worker,) = stack.fleet.workers
+    started = asyncio.get_running_loop().time()
+    done = await stack.client.chat.completions.create(
+        model=stack.model, messages=_reply("alpha beta STOP gamma " + "delta " * 300), max_tokens=400, stop=["STOP"],
+    )
+    assert done.choices[0].finish_reason == "stop" and done.choices[0].message.content.startswith("alpha beta")
+    assert asyncio.get_running_loop().time() - started < 3.0  # 400 tokens would take 4 s
+    await _settled(stack)
+    assert worker.counters.aborted == 1
+
+
+@pytest.mark.stack(workers=1, sim=SLOW)
+async def test_a_client_that_goes_away_frees_its_slot(stack: Stack) -> None:
+    (worker,) = stack.fleet.workers
+    async with stack.http.stream(
+        "POST", "/v1/chat/completions",
+        json={"model": stack.model, "messages": HI, "max_tokens": 400, "stream": True},
+    ) as response:
+        async for line in response.aiter_lines():
+            if line.startswith("data: {") and '"content"' in line:
+                break
+    await _settled(stack)
+    assert worker.counters.aborted == 1
