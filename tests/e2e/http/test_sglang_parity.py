@@ -177,3 +177,66 @@ async def test_a_client_that_goes_away_frees_its_slot(stack: Stack) -> None:
                 break
     await _settled(stack)
     assert worker.counters.aborted == 1
+
+
+OPENAI_FALLBACK = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0}
+CHOICES = {"temperature": [None, 0.0, 0.7], "top_p": [None, 0.5], "top_k": [None, 5], "min_p": [None, 0.1],
+           "repetition_penalty": [None, 1.2], "max_tokens": [3, None], "n": [1, 2]}
+
+
+def _corpus(size: int) -> list[dict[str, object]]:
+    """``size`` requests walking every choice of every knob (None: the request omits it)."""
+    out = []
+    for i in range(size):
+        body: dict[str, object] = {}
+        for j, (name, values) in enumerate(CHOICES.items()):
+            value = values[(i // (j + 1) + j) % len(values)]
+            if value is not None:
+                body[name] = value
+        out.append(body)
+    return out
+
+
+def sglang_would_send(body: dict[str, object], *, chat: bool) -> dict[str, object]:
+    """What SGLang's own OpenAI server puts in the scheduler's SamplingParams for ``body``:
+    a value the request sends; for chat, else the model's generation default; else
+    OpenAI's (written from SGLang's rules, independently of the gateway's code)."""
+    out: dict[str, object] = {}
+    for name, fallback in OPENAI_FALLBACK.items():
+        value = body.get(name)
+        if value is None and chat:
+            value = QWEN3_DEFAULTS.get(name)
+        out[name] = fallback if value is None else value
+    out["max_new_tokens"] = body.get("max_tokens", None if chat else 16)  # completions' default is 16
+    out["n"] = body.get("n", 1)
+    return out
+
+
+def received_values(request: object) -> dict[str, object]:
+    sp = request.sampling_params  # type: ignore[attr-defined]
+    return {
+        "temperature": round(sp.temperature, 5), "top_p": round(sp.top_p, 5), "top_k": sp.top_k,
+        "min_p": round(sp.min_p, 5), "repetition_penalty": round(sp.repetition_penalty, 5),
+        "max_new_tokens": sp.max_new_tokens if sp.HasField("max_new_tokens") else None, "n": sp.n,
+    }
+
+
+@pytest.mark.stack(workers=1)
+async def test_a_corpus_reaches_the_worker_as_sglang_would_send_it(stack: Stack) -> None:
+    (worker,) = stack.fleet.workers
+    corpus = _corpus(48)
+    diffs = []
+    for i, body in enumerate(corpus):
+        chat = i % 3 != 2
+        known = {k: v for k, v in body.items() if k in ("temperature", "top_p", "max_tokens", "n")}
+        extra = {k: v for k, v in body.items() if k not in known}  # SGLang's extensions
+        if chat:
+            await stack.client.chat.completions.create(model=stack.model, messages=HI, extra_body=extra, **known)  # type: ignore[call-overload]
+        else:
+            await stack.client.completions.create(model=stack.model, prompt="hi", extra_body=extra, **known)  # type: ignore[call-overload]
+        want = {k: round(v, 5) if isinstance(v, float) else v for k, v in sglang_would_send(body, chat=chat).items()}
+        got = received_values(worker.received[-1])
+        if got != want:
+            diffs.append((body, want, got))
+    assert len(corpus) >= 40
+    assert diffs == [], "\n".join(f"{b}: want {w} got {g}" for b, w, g in diffs[:4])
