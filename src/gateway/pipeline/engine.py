@@ -338,7 +338,7 @@ class Engine:
         if inputs and prompt_tokens >= inputs:
             raise ContextLengthExceededError(
                 f"the prompt has {prompt_tokens} tokens; this model's workers accept prompts of at most "
-                f"{inputs - 1} tokens (the context length {limit} less the room the server keeps)",
+                f"{inputs - 1} tokens (the context length or KV pool, less the room the server keeps)",
                 param=param,
             )
 
