@@ -40,7 +40,8 @@ STRIPPED: dict[str, str] = {
 }
 """GenerateRequest fields the pass-through clears before forwarding, with the reason."""
 
-# custom_params keys the gateway itself sends (the sampling seed); others feed custom logit processors.
+# custom_params keys a pass-through client may send: a seed (validated and relayed; SGLang's
+# sampler does not read it, see pipeline/sampling.py); others feed custom logit processors.
 ALLOWED_CUSTOM_PARAMS = frozenset({"seed"})
 
 
