@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 
-import grpc
 import pytest
 
 from gateway.pipeline.dispatch import AttemptFailed, DispatchConfig, open_on
@@ -14,6 +13,7 @@ from gateway.pipeline.retry import RetryConfig
 from gateway.policies.base import RouteRequest
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.protocol.errors import GatewayTimeoutError, WorkerError
+from gateway.workers.transport import CallCode
 from tests.fake_transport import (
     HANG,
     MODEL,
@@ -58,8 +58,8 @@ async def test_lease_takes_everything_on_creation_and_gives_it_back_once() -> No
     assert (w.load.queued_prefill_tokens, w.load.running_decode_tokens) == (0, 8)
     lease.report(cached_tokens=3, prompt_tokens=4)
     lease.report(cached_tokens=1, prompt_tokens=0)  # counts are cumulative: the largest stays
-    assert lease.release(Outcome.OK) is True
-    assert lease.release(Outcome.WORKER_FAILED) is False  # second release does nothing
+    assert lease.end(Outcome.OK) is True
+    assert lease.end(Outcome.WORKER_FAILED) is False  # second release does nothing
     assert lease.outcome is Outcome.OK
     assert_released_once(f, success=True, cached=3)
     assert obs.stages == ["relay"]
@@ -80,7 +80,7 @@ async def test_each_outcome_tells_breaker_and_policy(outcome: Outcome, breaker_f
     w.breaker.consecutive_failures = 0
     obs = RecordingObserver()
     lease = Lease(f.router.select(ROUTE), ROUTE, prompt_tokens=4, max_new_tokens=8, observer=obs)
-    lease.release(outcome)
+    lease.end(outcome)
     assert_released_once(f, success=success)
     assert w.breaker.consecutive_failures == breaker_failures
     assert obs.done == []  # no output, no relay figures
@@ -113,7 +113,7 @@ async def test_stream_to_its_end_releases_ok_with_reported_counts() -> None:
 
 async def test_worker_error_mid_stream_counts_against_the_worker() -> None:
     f, t = await one_worker()
-    t.script(chunk([5]), rpc_error(grpc.StatusCode.INTERNAL, "boom"))
+    t.script(chunk([5]), rpc_error(CallCode.INTERNAL, "boom"))
     stream = await open_one(f)
     await stream.read()
     with pytest.raises(WorkerError):
@@ -161,7 +161,7 @@ async def test_eof_without_output_fails_the_attempt() -> None:
 
 async def test_bad_request_is_rejected_without_blaming_the_worker() -> None:
     f, t = await one_worker()
-    t.script(rpc_error(grpc.StatusCode.INVALID_ARGUMENT, "bad stop"))
+    t.script(rpc_error(CallCode.INVALID_ARGUMENT, "bad stop"))
     with pytest.raises(AttemptFailed) as info:
         await open_one(f)
     assert not info.value.retryable
@@ -201,5 +201,5 @@ async def test_a_cancelled_half_open_trial_does_not_keep_the_worker_out() -> Non
     w.record_outcome(False)  # open; the cool-down is over at once
     lease = Lease(f.router.select(ROUTE), ROUTE, prompt_tokens=4, max_new_tokens=8)  # the half-open trial
     assert not w.available
-    lease.release(Outcome.CANCELLED)
+    lease.end(Outcome.CANCELLED)
     assert w.available
