@@ -129,9 +129,7 @@ class Router:
             log.warning("model %r: prompt token counts agree again; cache-aware routing resumes", route.model)
         for (model, _role), policy in self._policies.items():
             if model == route.model:
-                set_load_only = getattr(policy, "set_load_only", None)
-                if set_load_only is not None:
-                    set_load_only(model, changed)
+                policy.set_load_only(model, changed)
 
     def _check_cache_params(self, worker: Worker) -> None:
         params = (worker.info.page_size, worker.info.kv_capacity_tokens)
@@ -184,8 +182,8 @@ class Router:
             self._check_cache_params(w)
         policy = self.policy(request.model, role)
         decision = policy.select(request, views)
-        packed = getattr(policy, "packed", None)  # cache_aware has packed the prompt already
-        prompt: bytes = packed(request) if packed is not None else b""
+        packed = policy.packed(request)  # cache_aware has packed the prompt already
+        prompt = packed if packed is not None else b""
         if not request.exclude:  # a retry offers nothing new; a statistic: applied off the request's path
             later(self.quality(request.model, role).offered.offer, prompt if packed is not None else request.token_ids)
         worker = next((w for w in live if w.id == decision.worker_id), None)
