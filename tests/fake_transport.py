@@ -226,6 +226,7 @@ class SpyPolicy(RoundRobinPolicy):
         self.predict = predict
         self.dispatched: list[tuple[str, str]] = []  # (request id, worker id)
         self.finished: list[tuple[str, str, int, bool]] = []  # (request id, worker id, cached, success)
+        self.outputs: list[tuple[str, str, list[int]]] = []  # (request id, worker id, output ids)
 
     def _choose(self, request: RouteRequest, cands: list[WorkerView]) -> Decision:
         chosen = super()._choose(request, cands)
@@ -236,6 +237,9 @@ class SpyPolicy(RoundRobinPolicy):
 
     def on_finish(self, request: RouteRequest, worker_id: str, cached_tokens: int, success: bool) -> None:
         self.finished.append((request.request_id, worker_id, cached_tokens, success))
+
+    def on_output(self, request: RouteRequest, worker_id: str, output_ids: Sequence[int]) -> None:
+        self.outputs.append((request.request_id, worker_id, list(output_ids)))
 
 
 class RecordingObserver(PipelineObserver):

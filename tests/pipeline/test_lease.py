@@ -1,5 +1,6 @@
 """The lease: every ending of a dispatched request gives back slot, breaker verdict,
-policy notification and observer report exactly once."""
+policy notification, observer report, watchdog watch and the worker's side of the
+call exactly once, whether ended by hand or by leaving its ``async with`` block."""
 
 from __future__ import annotations
 
@@ -8,12 +9,12 @@ import asyncio
 import pytest
 
 from gateway.pipeline.dispatch import AttemptFailed, DispatchConfig, open_on
-from gateway.pipeline.lease import Lease, Outcome
+from gateway.pipeline.lease import Lease, LeaseFailure, Outcome
 from gateway.pipeline.retry import RetryConfig
 from gateway.policies.base import RouteRequest
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.protocol.errors import GatewayTimeoutError, WorkerError
-from gateway.workers.transport import CallCode
+from gateway.workers.transport import CallCode, WorkerCallError
 from tests.fake_transport import (
     HANG,
     MODEL,
@@ -203,3 +204,119 @@ async def test_a_cancelled_half_open_trial_does_not_keep_the_worker_out() -> Non
     assert not w.available
     lease.end(Outcome.CANCELLED)
     assert w.available
+
+
+# ------------------------------------------------------------ the lease as a context manager
+def lease_on(f: Fleet, obs: RecordingObserver | None = None) -> Lease:
+    return Lease(f.router.select(ROUTE), ROUTE, prompt_tokens=4, max_new_tokens=8, observer=obs or RecordingObserver())
+
+
+async def test_leaving_the_block_cleanly_ends_the_lease_ok() -> None:
+    f, t = await one_worker()
+    async with lease_on(f) as lease:
+        lease.sent(t.generate(pb.GenerateRequest(request_id="r1")))
+        lease.start()
+        lease.report(cached_tokens=2)
+        assert not lease.released
+    await settle()
+    assert lease.outcome is Outcome.OK and t.aborts == [] and not t.calls[0].cancelled
+    assert_released_once(f, success=True, cached=2)
+
+
+@pytest.mark.parametrize(
+    ("code", "outcome", "failures"),
+    [(CallCode.UNAVAILABLE, Outcome.WORKER_FAILED, 1), (CallCode.INVALID_ARGUMENT, Outcome.REJECTED, 0)],
+)
+async def test_a_worker_call_error_out_of_the_block_is_the_workers_verdict(
+    code: CallCode, outcome: Outcome, failures: int
+) -> None:
+    f, t = await one_worker()
+    with pytest.raises(WorkerCallError):
+        async with lease_on(f) as lease:
+            lease.sent(t.generate(pb.GenerateRequest(request_id="r1")))
+            raise rpc_error(code)
+    await settle()
+    assert lease.outcome is outcome and t.aborts == []  # the worker ended the call itself
+    assert_released_once(f, success=False)
+    assert f.worker("w1:1").breaker.consecutive_failures == failures
+
+
+async def test_a_lease_failure_carries_its_verdict_and_its_abort() -> None:
+    f, t = await one_worker()
+    with pytest.raises(LeaseFailure):
+        async with lease_on(f) as lease:
+            lease.sent(t.generate(pb.GenerateRequest(request_id="r1")))
+            raise LeaseFailure("silent", abort="stalled")
+    await settle()
+    assert lease.outcome is Outcome.WORKER_FAILED
+    assert t.calls[0].cancelled and t.aborts == [("r1", "stalled")]
+    assert_released_once(f, success=False)
+
+
+@pytest.mark.parametrize("sent", [True, False])
+async def test_cancellation_in_the_block_gives_no_verdict_and_aborts_only_what_was_sent(sent: bool) -> None:
+    f, t = await one_worker()
+    started = asyncio.Event()
+
+    async def body() -> None:
+        async with lease_on(f) as lease:
+            if sent:
+                lease.sent(t.generate(pb.GenerateRequest(request_id="r1")))
+            started.set()
+            await asyncio.sleep(10)
+
+    task = asyncio.ensure_future(body())
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await settle()
+    assert t.aborts == ([("r1", "cancelled")] if sent else [])
+    assert [c.cancelled for c in t.calls] == ([True] if sent else [])
+    assert_released_once(f, success=False)
+    assert f.worker("w1:1").breaker.consecutive_failures == 0
+
+
+async def test_a_handed_over_lease_outlives_the_block_and_ends_once() -> None:
+    f, t = await one_worker()
+    async with lease_on(f) as lease:
+        lease.sent(t.generate(pb.GenerateRequest(request_id="r1")))
+        kept = lease.hand_over()
+    assert not kept.released and f.worker("w1:1").load.in_flight == 1
+    assert kept.end(Outcome.OK, abort="client gone", aborted=True) is True
+    assert kept.end(Outcome.WORKER_FAILED) is False
+    await settle()
+    assert t.aborts == [("r1", "client gone")]
+    assert_released_once(f, success=True)
+
+
+async def test_the_watchdog_reaches_the_call_through_the_lease_and_the_end_unwatches() -> None:
+    f, t = await one_worker()
+    progress = f.worker("w1:1").progress
+    with pytest.raises(LeaseFailure):
+        async with lease_on(f) as lease:
+            lease.sent(t.generate(pb.GenerateRequest(request_id="r1")))
+            lease.watch()
+            assert progress.live == 1
+            assert progress.kill_all() == 1
+            assert lease.stalled and t.calls[0].cancelled
+            raise LeaseFailure("stalled", abort="worker stalled")
+    assert progress.live == 0
+    assert_released_once(f, success=False)
+
+
+async def test_the_policy_learns_an_output_through_the_lease() -> None:
+    f, _ = await one_worker()
+    async with lease_on(f) as lease:
+        lease.start()
+    lease.output([7, 8])
+    assert f.spy is not None and f.spy.outputs == [("r1", "w1:1", [7, 8])]
+
+
+async def test_an_empty_stream_through_open_on_unwatches_and_releases_once() -> None:
+    f, t = await one_worker()
+    t.script()  # the end at once
+    with pytest.raises(AttemptFailed):
+        await open_one(f)
+    assert f.worker("w1:1").progress.live == 0
+    assert_released_once(f, success=False)
