@@ -51,7 +51,7 @@ async def test_lease_takes_everything_on_creation_and_gives_it_back_once() -> No
     f, _ = await one_worker(predict=2)
     obs = RecordingObserver()
     selection = f.router.select(ROUTE)
-    lease = Lease(selection, ROUTE, prompt_tokens=4, max_new_tokens=8, observer=obs)
+    lease = Lease(f.router, selection, ROUTE, prompt_tokens=4, max_new_tokens=8, observer=obs)
     w = f.worker("w1:1")
     assert (w.load.in_flight, w.load.queued_prefill_tokens) == (1, 4)
     assert f.spy is not None and f.spy.dispatched == [("r1", "w1:1")]
@@ -80,7 +80,7 @@ async def test_each_outcome_tells_breaker_and_policy(outcome: Outcome, breaker_f
     w = f.worker("w1:1")
     w.breaker.consecutive_failures = 0
     obs = RecordingObserver()
-    lease = Lease(f.router.select(ROUTE), ROUTE, prompt_tokens=4, max_new_tokens=8, observer=obs)
+    lease = Lease(f.router, f.router.select(ROUTE), ROUTE, prompt_tokens=4, max_new_tokens=8, observer=obs)
     lease.end(outcome)
     assert_released_once(f, success=success)
     assert w.breaker.consecutive_failures == breaker_failures
@@ -90,7 +90,7 @@ async def test_each_outcome_tells_breaker_and_policy(outcome: Outcome, breaker_f
 
 async def open_one(f: Fleet, obs: RecordingObserver | None = None, config: DispatchConfig = FAST):  # type: ignore[no-untyped-def]
     return await open_on(
-        f.router.select(ROUTE), ROUTE, pb.GenerateRequest(request_id="r1"),
+        f.router, f.router.select(ROUTE), ROUTE, pb.GenerateRequest(request_id="r1"),
         prompt_tokens=4, max_new_tokens=8, retry=RetryConfig(), config=config,
         observer=obs or RecordingObserver(),
     )
@@ -200,7 +200,7 @@ async def test_a_cancelled_half_open_trial_does_not_keep_the_worker_out() -> Non
     w.breaker.cooldown_s = 0.0
     w.breaker.half_open_probes = 1  # one trial at a time: the trial in flight fills it
     w.record_outcome(False)  # open; the cool-down is over at once
-    lease = Lease(f.router.select(ROUTE), ROUTE, prompt_tokens=4, max_new_tokens=8)  # the half-open trial
+    lease = Lease(f.router, f.router.select(ROUTE), ROUTE, prompt_tokens=4, max_new_tokens=8)  # the half-open trial
     assert not w.available
     lease.end(Outcome.CANCELLED)
     assert w.available
@@ -208,7 +208,7 @@ async def test_a_cancelled_half_open_trial_does_not_keep_the_worker_out() -> Non
 
 # ------------------------------------------------------------ the lease as a context manager
 def lease_on(f: Fleet, obs: RecordingObserver | None = None) -> Lease:
-    return Lease(f.router.select(ROUTE), ROUTE, prompt_tokens=4, max_new_tokens=8, observer=obs or RecordingObserver())
+    return Lease(f.router, f.router.select(ROUTE), ROUTE, prompt_tokens=4, max_new_tokens=8, observer=obs or RecordingObserver())
 
 
 async def test_leaving_the_block_cleanly_ends_the_lease_ok() -> None:

@@ -240,6 +240,7 @@ def select(router: Router, route: RouteRequest, role: str, observer: PipelineObs
 
 
 async def open_on(
+    router: Router,
     selection: Selection,
     route: RouteRequest,
     request: pb.GenerateRequest,
@@ -259,14 +260,13 @@ async def open_on(
     worker = selection.worker
     started = time.monotonic()
     worker.progress.started(started, idle=worker.load.in_flight == 0)
-    router = selection.router
     gate_key = 0
     async with Lease(
-        selection, route, prompt_tokens=prompt_tokens, max_new_tokens=max_new_tokens, observer=observer
+        router, selection, route, prompt_tokens=prompt_tokens, max_new_tokens=max_new_tokens, observer=observer
     ) as lease:
         lease.watch()
         try:
-            if router is not None and config.prefill_gate:
+            if config.prefill_gate:
                 hold = router.holds.check(selection, config)
                 if hold is not None:  # its prefix is being prefilled on this worker now: wait for that
                     await router.holds.wait(hold, route.model, selection.role)
@@ -305,7 +305,7 @@ async def open_on(
             ) from exc
         finally:
             if gate_key:
-                router.holds.prefilled(gate_key)  # type: ignore[union-attr]
+                router.holds.prefilled(gate_key)
         if isinstance(first, EndOfStream):
             raise AttemptFailed(
                 map_rpc_error(None, worker.id, "worker closed the stream without output"),
@@ -339,7 +339,7 @@ async def open_generate(
         if on_attempt is not None:
             on_attempt(selection, n)
         return await open_on(
-            selection, route, build(selection),
+            router, selection, route, build(selection),
             prompt_tokens=prompt_tokens, max_new_tokens=max_new_tokens, retry=retry, config=config, attempt=n,
             observer=observer,
         )
@@ -372,7 +372,7 @@ async def call_embed(
         selection = select(router, route, "regular", observer)
         worker = selection.worker
         async with Lease(
-            selection, route, prompt_tokens=len(route.token_ids), max_new_tokens=0, observer=observer, stage="embed"
+            router, selection, route, prompt_tokens=len(route.token_ids), max_new_tokens=0, observer=observer, stage="embed"
         ) as lease:
             lease.sent()
             try:

@@ -34,7 +34,7 @@ from types import TracebackType
 
 from gateway.pipeline.aborts import fire_abort
 from gateway.pipeline.observer import NULL_OBSERVER, PipelineObserver
-from gateway.pipeline.router import Selection
+from gateway.pipeline.router import Router, Selection
 from gateway.policies.base import RouteRequest
 from gateway.workers.load import LoadGuard
 from gateway.workers.transport import GenerateCall, WorkerCallError
@@ -70,6 +70,7 @@ class Lease:
         "_guard",
         "_held",
         "_observer",
+        "_router",
         "_sent",
         "_stage",
         "_started_at",
@@ -86,6 +87,7 @@ class Lease:
 
     def __init__(
         self,
+        router: Router,
         selection: Selection,
         route: RouteRequest,
         *,
@@ -95,6 +97,7 @@ class Lease:
         stage: str = "relay",
     ) -> None:
         worker = selection.worker
+        self._router = router  # the pool's routing quality hears of the finish
         self.selection = selection
         self.worker: Worker = worker
         self.route = route
@@ -207,8 +210,9 @@ class Lease:
         success = outcome is Outcome.OK
         self.selection.policy.on_finish(self.route, worker.id, self.cached_tokens, success)
         if self._started_at is not None:
-            self.selection.finished(
-                self.route, reported_cached=self.cached_tokens, sent_prompt=self.sent_prompt_tokens,
+            self._router.finished(
+                self.route, self.selection.role, predicted_cached=self.selection.decision.predicted_cached_tokens,
+                reported_cached=self.cached_tokens, sent_prompt=self.sent_prompt_tokens,
                 reported_prompt=self.reported_prompt_tokens, success=success,
             )
             self._observer.stage(self._stage, time.perf_counter() - self._started_at)

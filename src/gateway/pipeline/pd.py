@@ -336,11 +336,11 @@ class PdOpener:
             p_req = prefill_request(request, params, rid, dp_rank)
             d_req = decode_request(request, params, rid, wants_output_logprobs)
             p_task = asyncio.ensure_future(open_on(
-                prefill, sample_route, p_req, prompt_tokens=prompt_tokens, max_new_tokens=1,
+                self.router, prefill, sample_route, p_req, prompt_tokens=prompt_tokens, max_new_tokens=1,
                 retry=self.retry, config=self.config, attempt=attempt, observer=self.observer,
             ))
             d_task = asyncio.ensure_future(open_on(
-                decode, sample_route, d_req, prompt_tokens=prompt_tokens, max_new_tokens=max_new_tokens,
+                self.router, decode, sample_route, d_req, prompt_tokens=prompt_tokens, max_new_tokens=max_new_tokens,
                 retry=self.retry, config=self.config, attempt=attempt, observer=self.observer,
             ))
             tasks.append((p_task, d_task))

@@ -35,20 +35,9 @@ PolicyMaker = Callable[[str], Policy]  # role -> a fresh policy for one pool
 class Selection:
     worker: Worker
     decision: Decision
-    policy: Policy
-    router: Router | None = None  # set by Router.select: where the finish is reported
+    policy: Policy  # the one the lease notifies (the pool's own, or its sync tap)
     role: str = "regular"
     prompt: bytes = b""  # the prompt packed as uint32 (cache-aware policies; the prefill gate compares it)
-
-    def finished(self, route: RouteRequest, *, reported_cached: int, sent_prompt: int, reported_prompt: int,
-                 success: bool) -> None:
-        """The worker stream ended (the lease calls this once): feed the pool's routing quality."""
-        if self.router is not None:
-            self.router.finished(
-                route, self.role, predicted_cached=self.decision.predicted_cached_tokens,
-                reported_cached=reported_cached, sent_prompt=sent_prompt, reported_prompt=reported_prompt,
-                success=success,
-            )
 
 
 class Router:
@@ -110,7 +99,8 @@ class Router:
         self, route: RouteRequest, role: str, *, predicted_cached: int, reported_cached: int,
         sent_prompt: int, reported_prompt: int, success: bool,
     ) -> None:
-        """One worker stream of ``route`` ended with what the worker reported (once per stream)."""
+        """One worker stream of ``route`` ended with what the worker reported (its lease
+        calls this once)."""
         q = self.quality(route.model, role)
         q.finish(sent_prompt=sent_prompt, predicted_cached=predicted_cached,
                  reported_cached=reported_cached, success=success)
@@ -190,7 +180,7 @@ class Router:
         if worker is None:
             raise NoWorkerAvailable(f"policy {policy.name} chose unknown worker {decision.worker_id!r}")
         notified = self._dispatching(request.model, role) if self._sink is not None else policy
-        return Selection(worker, decision, notified, self, role, prompt)
+        return Selection(worker, decision, notified, role, prompt)
 
     def exclude(self, request: RouteRequest, worker_id: str) -> RouteRequest:
         return replace(request, exclude=request.exclude | {worker_id})
