@@ -87,6 +87,7 @@ from gateway.proto import sglang_scheduler_pb2_grpc as pb_grpc
 from gateway.sim.config import SimConfig
 from gateway.sim.fleet import SubprocessFleet
 from gateway.tokenization import Tokenizer
+from gateway.workers.transport import END_OF_STREAM
 
 SECTIONS = ["latency", "throughput", "stream", "prompt-scaling", "worker-scaling"]
 ALL_SECTIONS = [*SECTIONS, "compare", "relay", "start"]  # compare, relay and start run only when asked for
@@ -758,7 +759,7 @@ class _MemoryCall:
     async def read(self) -> Any:
         await asyncio.sleep(0)
         if not self._raw:
-            return grpc.aio.EOF
+            return END_OF_STREAM
         return pb.GenerateResponse.FromString(self._raw.popleft())
 
     def cancel(self) -> bool:

@@ -5,7 +5,9 @@
 * imports point downwards between layers (DESIGN.md: cli > server > endpoints >
   pipeline > sync > workers > policies > tokenization > parsers > protocol > proto);
 * ``sim/`` (the stand-in for a real worker) imports only ``proto/``, itself and the
-  config-dataclass helper ``settings``.
+  config-dataclass helper ``settings``;
+* no ``grpc`` import above ``workers/`` (``workers/transport.py`` is the engine-neutral
+  seam), except in the gRPC front door ``server/grpc`` and the server's assembly.
 """
 
 from __future__ import annotations
@@ -45,6 +47,14 @@ LAYERS: dict[str, int] = {
     "": 0,  # the package itself (gateway/__init__.py)
 }
 SIM_MAY_IMPORT = ("gateway.sim", "gateway.proto", "gateway.settings")
+# Where grpc may not be imported: every layer that talks to workers only through
+# ``workers/transport.py``, and the pure layers below it.
+NO_GRPC = (
+    "gateway.server", "gateway.observability", "gateway.endpoints", "gateway.pipeline", "gateway.sync",
+    "gateway.policies", "gateway.tokenization", "gateway.parsers", "gateway.protocol",
+)
+# The gRPC front door, and the server's assembly (it makes the front door's TLS credentials).
+GRPC_ALLOWED = ("gateway.server.grpc", "gateway.server.serve", "gateway.server.tls")
 
 
 def module_name(path: Path) -> str:
@@ -172,6 +182,39 @@ def test_the_simulator_is_independent() -> None:
         if not b.startswith(SIM_MAY_IMPORT)
     ]
     assert leaks == []
+
+
+def external_imports(path: Path) -> set[str]:
+    """The top-level names of the modules ``path`` imports from outside the gateway."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def is_grpc(top: str) -> bool:
+    return top == "grpc" or top.startswith("grpc_")
+
+
+def test_no_grpc_above_the_worker_seam() -> None:
+    leaks = sorted(
+        f"{name} imports grpc"
+        for name, path in MODULES.items()
+        if name.startswith(NO_GRPC) and not name.startswith(GRPC_ALLOWED)
+        and any(is_grpc(top) for top in external_imports(path))
+    )
+    assert leaks == []
+
+
+def test_the_grpc_checker_sees_every_spelling(tmp_path: Path) -> None:
+    source = tmp_path / "m.py"
+    source.write_text("import grpc.aio\nfrom grpc_health.v1 import health\ndef f():\n    from grpc import aio\n")
+    assert {t for t in external_imports(source) if is_grpc(t)} == {"grpc", "grpc_health"}
+    source.write_text("from opentelemetry.exporter.otlp.proto.grpc import x\nfrom . import grpc\n")
+    assert not any(is_grpc(t) for t in external_imports(source))
 
 
 def test_the_checker_sees_cycles_and_type_only_imports() -> None:

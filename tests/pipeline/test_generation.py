@@ -4,6 +4,7 @@ over before the generation waits for the worker (never held back for more)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,7 @@ class Arrivals:
     observer: PipelineObserver = NULL_OBSERVER
     closed: bool = False
     waits: int = 0  # reads that found nothing there and had to wait
+    outputs: list[list[int]] = field(default_factory=list)  # what the policy was told the worker learned
     _here: list[Any] = field(default_factory=list)
     _released: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -50,6 +52,9 @@ class Arrivals:
 
     def finished(self) -> None:
         self.closed = True
+
+    def output(self, output_ids: Sequence[int]) -> None:
+        self.outputs.append(list(output_ids))
 
     async def abort(self, reason: str = "") -> None:
         self.closed = True
@@ -76,6 +81,7 @@ async def test_tokens_that_arrived_together_come_as_one_batch_before_the_wait(to
     last = [d async for d in pieces]
     assert len(last) == 1 and isinstance(last[0], SampleDelta) and last[0].finish_reason == "length"
     assert stream.closed
+    assert stream.outputs == [ids]  # the one sample's output went to the policy through its stream
 
 
 async def test_one_token_at_a_time_comes_one_text_at_a_time(tok: Tokenizer) -> None:

@@ -256,10 +256,7 @@ class Generation:
         single-sample request that finished on the worker it was routed to."""
         if len(self._samples) != 1 or self._resumed:
             return
-        selection = getattr(self.stream, "selection", None)
-        hook = getattr(selection.policy, "on_output", None) if selection is not None else None
-        if hook is not None:
-            hook(self.stream.route, self.worker_id, self._samples[0].ids)  # type: ignore[attr-defined]
+        self.stream.output(self._samples[0].ids)
 
     async def _resume(self, error: GatewayError) -> list[SampleDelta]:
         """Continue the unfinished samples elsewhere, or re-raise ``error`` (with why not)."""

@@ -292,6 +292,35 @@ class CacheAwarePolicy(BasePolicy):
             return max(1, int(w.kv_capacity_tokens * self.budget_fraction))
         return self.default_budget_tokens
 
+    def quality(self) -> dict[str, Any]:
+        """The closed-loop corrections, hot prefixes, queue weight, decode fill and
+        load-only models (``/metrics`` and ``inspect`` show them)."""
+        stats = self.stats
+        out: dict[str, Any] = {
+            "under_predicted": stats.under_predicted,
+            "over_predicted": stats.over_predicted,
+            "corrected_tokens": stats.corrected_tokens,
+            "learned_tokens": stats.learned_tokens,
+            "worker_resets": stats.worker_resets,
+        }
+        hot, size = self.hot, max(1, len(self._params))
+        out["hot_prefixes"] = [
+            {"key": f"{key:016x}", "share": round(share, 4), "replicas": hot.replicas(key, len(self._params)),
+             "holders": holders}
+            for key, share, holders in hot.hot(size)[:16]
+        ]
+        # how concentrated the offered prefixes are, and the queue weight that follows from it
+        load = hot.top_load(size)
+        out["hottest_prefix_load"] = None if load is None else round(load, 3)
+        # the share of the traffic not on hot prefixes: below 0.5 the replica sets balance
+        # the pool, and hot prefixes get no headroom replicas (see hot_prefix)
+        out["cold_share"] = round(hot.cold_share(), 3)
+        out["queued_prefill_weight"] = round(self.queued_prefill_weight(size), 3)
+        # how much of the running requests' max_tokens the decode term counts (1: exact lengths)
+        out["decode_fill"] = round(self.decode_fill, 4)
+        out["load_only_models"] = sorted(self.load_only)
+        return out
+
     def set_load_only(self, model: str, on: bool) -> None:
         """Route ``model`` by load alone (its prompts are not the token sequences its workers
         cache, see ``quality.FidelityGuard``) or by cache and load again."""

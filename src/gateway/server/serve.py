@@ -16,7 +16,8 @@ import orjson
 
 from gateway.observability.tracing import TracingConfig
 from gateway.parsers.config import ParserConfig
-from gateway.pipeline.dispatch import DispatchConfig, flush_aborts
+from gateway.pipeline.aborts import flush_aborts
+from gateway.pipeline.dispatch import DispatchConfig
 from gateway.pipeline.engine import EngineConfig
 from gateway.pipeline.limits import LimitsConfig
 from gateway.pipeline.pd import PdConfig, PdFlagError, parse_pool_flags

@@ -12,7 +12,6 @@ import asyncio
 import logging
 from typing import Any
 
-import grpc
 from fastapi import APIRouter
 from google.protobuf.json_format import MessageToDict
 from pydantic import BaseModel, ConfigDict, Field
@@ -33,6 +32,7 @@ from gateway.server.http.util import (
 )
 from gateway.workers.client import BadWorkerUrl
 from gateway.workers.registry import WorkerRegistrationError
+from gateway.workers.transport import WorkerCallError
 from gateway.workers.worker import ROLES, Worker
 
 log = logging.getLogger(__name__)
@@ -59,8 +59,8 @@ class FlushCacheRequest(BaseModel):
 
 
 def _rpc_failure(exc: BaseException) -> str:
-    if isinstance(exc, grpc.aio.AioRpcError):
-        return f"{exc.code().name}: {exc.details()}"
+    if isinstance(exc, WorkerCallError):
+        return f"{exc.code.name}: {exc.message}"
     return f"{type(exc).__name__}: {exc}"
 
 

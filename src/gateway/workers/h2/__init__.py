@@ -15,8 +15,8 @@ Scope, on purpose small: unary-request, server-streaming calls (Generate), on
 encoding only; the worker's response headers decoded by the ``hpack`` library. Every
 other RPC (health, loads, abort, embeddings, tokenizer, KV events) stays on grpc.aio,
 and so can Generate (``--worker-stream-transport grpcio``). Calls behave as
-grpc.aio's do for the gateway: ``grpc.aio.EOF`` at the end, ``grpc.aio.AioRpcError``
-with the worker's status and details on failure, deadlines (``grpc-timeout`` and a
+grpc.aio's do for the gateway, in the terms of ``workers/transport``: ``END_OF_STREAM``
+at the end, ``WorkerCallError`` with the worker's status and details on failure, deadlines (``grpc-timeout`` and a
 local timer), cancellation both ways, GOAWAY and lost connections as UNAVAILABLE.
 """
 
