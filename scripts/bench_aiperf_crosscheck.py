@@ -8,7 +8,7 @@ A simulated fleet (``sim-worker``, default simulated costs: the figures are set 
 simulated GPU time, not by this machine) and one ``token-gateway serve`` in front of
 it. The same prompts (written once, as our trace and as aiperf's ``single_turn`` input
 file) are sent as streamed chat requests with a fixed output length (``ignore_eos``) at
-the same concurrency, first by our driver (``gateway.bench.driver``), then by aiperf,
+the same concurrency, first by our driver (``gateway_lab.bench.driver``), then by aiperf,
 offline: aiperf gets the Qwen3 tokenizer files from the local path, no hub. Printed:
 requests/s, output tokens/s, TTFT p50 and end-to-end latency p50 from each.
 """
@@ -24,14 +24,14 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from gateway.bench.driver import DriverConfig, run_workload
-from gateway.bench.machine import describe
-from gateway.bench.report import summarize
-from gateway.bench.serve_process import ServeProcess
-from gateway.bench.workloads import RequestSpec, Workload
-from gateway.sim.config import SimConfig
-from gateway.sim.fleet import SubprocessFleet
-from gateway.sim.vocab import default_tokenizer_path
+from gateway_lab.bench.driver import DriverConfig, run_workload
+from gateway_lab.bench.machine import describe
+from gateway_lab.bench.report import summarize
+from gateway_lab.bench.serve_process import ServeProcess
+from gateway_lab.bench.workloads import RequestSpec, Workload
+from gateway_lab.sim.config import SimConfig
+from gateway_lab.sim.fleet import SubprocessFleet
+from gateway_lab.sim.vocab import default_tokenizer_path
 
 WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november "
          "oscar papa quebec romeo sierra tango uniform victor whiskey xray yankee zulu").split()

@@ -27,10 +27,10 @@ from typing import Any
 
 import httpx
 
-from gateway.bench.serve_process import ServeProcess
+from gateway_lab.bench.serve_process import ServeProcess
 from gateway.server.admission import Admission, AdmissionConfig
-from gateway.sim.config import SimConfig
-from gateway.sim.fleet import SimFleet
+from gateway_lab.sim.config import SimConfig
+from gateway_lab.sim.fleet import SimFleet
 
 
 async def failover(args: argparse.Namespace) -> dict[str, Any]:

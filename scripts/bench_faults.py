@@ -43,12 +43,12 @@ from typing import Any
 import httpx
 import orjson
 
-from gateway.bench.peers import PeerProcess
-from gateway.bench.serve_process import ServeProcess
-from gateway.bench.workloads import default_tokenizer_dir
-from gateway.sim.config import SimConfig
-from gateway.sim.fleet import SubprocessFleet
-from gateway.sim.worker import SimWorker
+from gateway_lab.bench.peers import PeerProcess
+from gateway_lab.bench.serve_process import ServeProcess
+from gateway_lab.bench.workloads import default_tokenizer_dir
+from gateway_lab.sim.config import SimConfig
+from gateway_lab.sim.fleet import SubprocessFleet
+from gateway_lab.sim.worker import SimWorker
 
 SCENARIOS = ("kill", "stall", "flaky")
 PEERS_PYTHON = str(Path(__file__).resolve().parent.parent / ".peers-venv" / "bin" / "python")

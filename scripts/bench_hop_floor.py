@@ -152,8 +152,8 @@ def main() -> int:
         print("nginx is not installed (Debian: apt-get install nginx-light)", file=sys.stderr)
         return 2
 
-    from gateway.sim.config import SimConfig
-    from gateway.sim.fleet import SubprocessFleet
+    from gateway_lab.sim.config import SimConfig
+    from gateway_lab.sim.fleet import SubprocessFleet
 
     sim = SimConfig(step_base_s=0.0, prefill_token_s=0.0, decode_seq_s=0.0, time_scale=0.0)
     with SubprocessFleet(1, sim) as fleet:

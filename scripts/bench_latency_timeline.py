@@ -360,11 +360,11 @@ def main() -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from bench_overhead import Prompts  # type: ignore[import-not-found]
 
-    from gateway.bench.workloads import default_tokenizer_dir
+    from gateway_lab.bench.workloads import default_tokenizer_dir
     from gateway.proto import sglang_scheduler_pb2 as pb
     from gateway.proto import sglang_scheduler_pb2_grpc as pb_grpc
-    from gateway.sim.config import SimConfig
-    from gateway.sim.fleet import SubprocessFleet
+    from gateway_lab.sim.config import SimConfig
+    from gateway_lab.sim.fleet import SubprocessFleet
 
     prompts = Prompts(7)
     warm = max(20, args.warm)

@@ -79,13 +79,13 @@ import grpc
 import httpx
 import orjson
 
-from gateway.bench.machine import cpu_model, cpu_seconds
-from gateway.bench.serve_process import ServeProcess
-from gateway.bench.workloads import default_tokenizer_dir
+from gateway_lab.bench.machine import cpu_model, cpu_seconds
+from gateway_lab.bench.serve_process import ServeProcess
+from gateway_lab.bench.workloads import default_tokenizer_dir
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.proto import sglang_scheduler_pb2_grpc as pb_grpc
-from gateway.sim.config import SimConfig
-from gateway.sim.fleet import SubprocessFleet
+from gateway_lab.sim.config import SimConfig
+from gateway_lab.sim.fleet import SubprocessFleet
 from gateway.tokenization import Tokenizer
 
 SECTIONS = ["latency", "throughput", "stream", "prompt-scaling", "worker-scaling"]
@@ -695,7 +695,7 @@ async def http_write_us_per_event(tokens: int, streams: int, concurrency: int) -
     any gateway code."""
     import aiohttp
 
-    from gateway.bench.peers import free_port
+    from gateway_lab.bench.peers import free_port
 
     port = free_port()
     proc = await asyncio.create_subprocess_exec(sys.executable, "-c", _SSE_SERVER, str(port), str(tokens))
@@ -787,7 +787,7 @@ async def start_section(args: argparse.Namespace) -> dict[str, Any]:
     """See the module doc (``start``)."""
     import logging
 
-    from gateway.bench.workloads import GspConfig, Vocab, gsp
+    from gateway_lab.bench.workloads import GspConfig, Vocab, gsp
     from gateway.server.config import GatewayConfig
     from gateway.server.gc_policy import tune_gc
     from gateway.server.http.app import create_app
@@ -1153,7 +1153,7 @@ class Running:
 
 
 async def start_gateway(name: str, urls: Sequence[str], args: argparse.Namespace) -> Running:
-    from gateway.bench.peers import PeerProcess
+    from gateway_lab.bench.peers import PeerProcess
 
     tokenizer = str(default_tokenizer_dir())
     if name == "smg":
@@ -1205,7 +1205,7 @@ async def warm_long_prompt(gw: Running, client: Client, args: argparse.Namespace
     quiet: what a gateway does once per process at its first long prompt (ours builds its
     fast encoder, ~1.4 s of CPU, see docs/BENCHMARKS.md) is not part of the loads it meets
     after running a while. Every gateway gets the same prompt."""
-    from gateway.bench.workloads import GspConfig, Vocab, gsp
+    from gateway_lab.bench.workloads import GspConfig, Vocab, gsp
 
     sizes = GspConfig(groups=1, prompts_per_group=1, system_tokens=2048, question_tokens=128, text_prompts=True)
     text = next(iter(gsp(sizes, Vocab.from_tokenizer_dir(), args.seed + 7919))).prompt or ""
@@ -1313,7 +1313,7 @@ async def short_loads(gw: Running, client: Client, direct: Target, prompts: Prom
 
 async def multi_turn_load(gw: Running, client: Client, args: argparse.Namespace) -> dict[str, Any]:
     """C conversations x T turns, each turn resending the history, ``--chat-concurrency`` in flight."""
-    from gateway.bench.workloads import ChatConfig, Vocab, multi_turn_chat
+    from gateway_lab.bench.workloads import ChatConfig, Vocab, multi_turn_chat
 
     config = ChatConfig(
         conversations=args.chat_conversations, turns=args.chat_turns, chat_system_tokens=args.chat_system_tokens,
@@ -1349,7 +1349,7 @@ async def multi_turn_load(gw: Running, client: Client, args: argparse.Namespace)
 async def gsp_load(gw: Running, client: Client, args: argparse.Namespace, *, warm: bool = True) -> dict[str, Any]:
     """The shared-prefix burst with text prompts (the peer takes no token-id prompts), streamed
     (``warm=False``: the caller ran ``warm_long_prompt`` already, outside a profile)."""
-    from gateway.bench.workloads import GspConfig, Vocab, gsp
+    from gateway_lab.bench.workloads import GspConfig, Vocab, gsp
 
     config = GspConfig(
         groups=args.gsp_groups, prompts_per_group=args.gsp_prompts_per_group, system_tokens=args.gsp_system_tokens,

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from gateway.bench.machine import describe
+from gateway_lab.bench.machine import describe
 from gateway.parsers.registry import get_tool_parser
 
 FORMATS = {

@@ -6,7 +6,7 @@ decode by default, one ``sim-worker`` process, every cache cold), starts
 policy fixed, ``power_of_two`` by default), drives the same seeded gsp workload
 through it, and reports the prefill workers' own cache hit rate, the decode side's
 rendezvous count, throughput and TTFT. The workload, KV sizing and step costs are
-the demo's (``gateway.demo``), so the figures compare with the demo's regular fleet.
+the demo's (``gateway_lab.demo``), so the figures compare with the demo's regular fleet.
 
     .venv/bin/python scripts/bench_pd.py                   # about 3 minutes on 2 cores
     .venv/bin/python scripts/bench_pd.py --prefill-policies cache_aware --groups 8
@@ -28,15 +28,15 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from gateway.bench import machine, workloads
-from gateway.bench.driver import DriverConfig, RunResult, run_workload
-from gateway.bench.report import RunSummary, summarize
-from gateway.bench.serve_process import ServeProcess
-from gateway.bench.workloads import GspConfig
-from gateway.demo import DEMO_GSP, DemoConfig, sim_options
+from gateway_lab.bench import machine, workloads
+from gateway_lab.bench.driver import DriverConfig, RunResult, run_workload
+from gateway_lab.bench.report import RunSummary, summarize
+from gateway_lab.bench.serve_process import ServeProcess
+from gateway_lab.bench.workloads import GspConfig
+from gateway_lab.demo import DEMO_GSP, DemoConfig, sim_options
 from gateway.settings import add_options, from_namespace, option
-from gateway.sim.config import SimConfig
-from gateway.sim.fleet import SubprocessFleet
+from gateway_lab.sim.config import SimConfig
+from gateway_lab.sim.fleet import SubprocessFleet
 
 
 @dataclass

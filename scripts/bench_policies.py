@@ -40,9 +40,9 @@ from dataclasses import dataclass, field, replace
 
 import xxhash
 
-from gateway.bench import machine
-from gateway.bench.matrix import parse_variant, split_knobs
-from gateway.bench.workloads import OUTPUT_SPREADS, output_length
+from gateway_lab.bench import machine
+from gateway_lab.bench.matrix import parse_variant, split_knobs
+from gateway_lab.bench.workloads import OUTPUT_SPREADS, output_length
 from gateway.pipeline.prefill_gate import PrefillGateConfig, hold_timeout_s
 from gateway.policies import PolicyConfig, close_policy, make_policy
 from gateway.policies.base import (
@@ -581,7 +581,7 @@ class Workload:
 
 
 def spread_outputs(wl: Workload, spread: str, seed: int) -> Workload:
-    """``wl`` with per-request output lengths around its ``output`` (``gateway.bench.workloads.output_length``:
+    """``wl`` with per-request output lengths around its ``output`` (``gateway_lab.bench.workloads.output_length``:
     the same rule as ``bench matrix --output-spread``), seeded per request; ``fixed`` leaves it as it is."""
     if spread == "fixed":
         return wl
@@ -597,7 +597,7 @@ def gsp_workload(groups: int, per_group: int, system: int, question: int, output
 
     ``hot_share > 0`` sends that share of all requests to group 0 (a popular prefix);
     ``zipf > 0`` draws each request's group with weight ``1 / rank ** zipf`` (the
-    same rule as ``gateway.bench.workloads.zipf_gsp``).
+    same rule as ``gateway_lab.bench.workloads.zipf_gsp``).
     """
     rng = random.Random(seed)
     systems = [rand_tokens(rng, system) for _ in range(groups)]
@@ -632,19 +632,19 @@ def chat_workload(conversations: int, turns: int, system: int, user: int, reply:
     prompt is the system prompt, the earlier turns' user messages and replies, and a new
     user message; it is sent when turn t-1 finished. The worker caches each turn's prompt
     plus reply (``Workload.after``), so the next turn can hit all of it. The ideal is
-    ``gateway.bench.workloads.ideal_hit_rate`` with those afters, in whole pages.
+    ``gateway_lab.bench.workloads.ideal_hit_rate`` with those afters, in whole pages.
 
     ``roundtrip``: as end to end, where the client resends the reply as *text*: the reply
-    is drawn like the simulated worker's output (``gateway.sim.vocab``, ASCII tokens) and
+    is drawn like the simulated worker's output (``gateway_lab.sim.vocab``, ASCII tokens) and
     the next turn carries ``encode(decode(reply))``, which for random tokens differs from
     the generated ids after a few tokens (BPE merges across token boundaries); the worker
     still caches the generated ids. The ideal then counts what a worker can hit."""
-    from gateway.bench.workloads import ideal_hit_rate
+    from gateway_lab.bench.workloads import ideal_hit_rate
 
     rng = random.Random(seed)
     vocab = None
     if roundtrip:
-        from gateway.sim.vocab import load_vocab
+        from gateway_lab.sim.vocab import load_vocab
 
         vocab = load_vocab()
     prompts: list[list[int]] = []
@@ -804,7 +804,7 @@ def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int,
     """Replay ``wl``; the first ``concurrency`` requests arrive evenly over ``ramp_s`` (0: at once).
 
     ``cache_output``: a finished request leaves its prompt and its (unique) output cached,
-    as SGLang and ``gateway.sim`` do; multi-turn workloads always do (``Workload.after``).
+    as SGLang and ``gateway_lab.sim`` do; multi-turn workloads always do (``Workload.after``).
 
     ``replicas``: more gateway replicas (policy instances; None: an oracle) in front of
     the same workers, as ``scripts/bench_scaleout.py``'s synced pair: prompt ``i`` of the
@@ -1299,7 +1299,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prefill-token-s", type=float, default=None, help="sim: cost per uncached prompt token")
     parser.add_argument("--decode-seq-s", type=float, default=None, help="sim: cost per running sequence per step")
     parser.add_argument("--cache-output", action="store_true",
-                        help="sim: finished requests leave prompt + output cached (SGLang, gateway.sim): "
+                        help="sim: finished requests leave prompt + output cached (SGLang, gateway_lab.sim): "
                         "unique output pages add cache pressure")
     parser.add_argument("--prefill-gate", choices=["off", "on", "both"], default="both",
                         help="sim: run each policy without and/or with the gateway's prefill gate")

@@ -14,7 +14,7 @@ import random
 import time
 from typing import Any
 
-from gateway.bench import workloads as wl
+from gateway_lab.bench import workloads as wl
 from gateway.tokenization import PrefixTokenCache, Tokenizer
 from gateway.tokenization.reply_cache import ReplyTokenCache, message_texts
 

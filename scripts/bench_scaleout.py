@@ -29,7 +29,7 @@ rest of the machine: everyone else's jobs) and how the load generator's connecti
 were spread over the serving processes. ``--throughput-fleet`` picks the zero-cost
 workers: ``sim`` (simulated workers with every cost 0: Python, a few tenths of a ms of CPU
 per call on the gateway's cores) and/or ``canned`` (nginx answering canned gRPC replies,
-``gateway.bench.canned_fleet``: ~0.02 ms per call, so the figure is the gateway's own
+``gateway_lab.bench.canned_fleet``: ~0.02 ms per call, so the figure is the gateway's own
 scaling). Besides the ratio of the medians it prints each round pair's ratio, the ratio
 over quiet rounds (other processes under 0.1 ms of CPU per request) and the CPU-bound
 ratio; ``--nice -10`` (root) puts the measured processes ahead of other jobs on a shared host.
@@ -60,12 +60,12 @@ import httpx
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.bench.driver import DriverConfig, RunResult, run_workload
-from gateway.bench.machine import cpu_seconds, describe
-from gateway.bench.placement import classify_misses
-from gateway.bench.report import summarize
-from gateway.bench.serve_process import ServeProcess
-from gateway.bench.workloads import (
+from gateway_lab.bench.driver import DriverConfig, RunResult, run_workload
+from gateway_lab.bench.machine import cpu_seconds, describe
+from gateway_lab.bench.placement import classify_misses
+from gateway_lab.bench.report import summarize
+from gateway_lab.bench.serve_process import ServeProcess
+from gateway_lab.bench.workloads import (
     GspConfig,
     Vocab,
     Workload,
@@ -73,8 +73,8 @@ from gateway.bench.workloads import (
     gsp,
     ideal_hit_rate,
 )
-from gateway.sim.config import SimConfig
-from gateway.sim.fleet import SubprocessFleet
+from gateway_lab.sim.config import SimConfig
+from gateway_lab.sim.fleet import SubprocessFleet
 from gateway.sync.local_server import LocalNatsServer
 
 SETUPS = ("one", "processes-2", "replicas-sync", "replicas-sync-tokens", "replicas-nosync")
@@ -495,9 +495,9 @@ def throughput_fleet(kind: str, args: argparse.Namespace) -> Any:
     """(worker URLs, their process ids, the CPU-breakdown label) of the section's workers:
     ``sim``, simulated workers with every cost 0 (Python, grpc.aio: a few tenths of a ms of
     CPU per call on the same cores as the gateway), or ``canned``, nginx answering canned
-    gRPC replies (``gateway.bench.canned_fleet``: a few tens of microseconds per call)."""
+    gRPC replies (``gateway_lab.bench.canned_fleet``: a few tens of microseconds per call)."""
     if kind == "canned":
-        from gateway.bench.canned_fleet import CannedFleet
+        from gateway_lab.bench.canned_fleet import CannedFleet
 
         with CannedFleet(args.throughput_workers, output_tokens=8, max_running_requests=256) as canned:
             yield canned, canned.urls, [canned.pid], "canned fleet (nginx)"
@@ -746,7 +746,7 @@ def throughput_markdown(tp: dict[str, Any]) -> list[str]:
     """The throughput section's tables, for one fleet."""
     lines: list[str] = []
     fleet = tp.get("fleet", "sim")
-    workers = "zero-cost simulated workers" if fleet == "sim" else "canned nginx workers (gateway.bench.canned_fleet)"
+    workers = "zero-cost simulated workers" if fleet == "sim" else "canned nginx workers (gateway_lab.bench.canned_fleet)"
     wrk = tp.get("load_generator") == "wrk" and "wrk_seconds" in tp
     per_round = f"{tp['wrk_seconds']:g} s rounds" if wrk else f"{tp['requests_per_round']} requests per round"
     lines += [

@@ -20,7 +20,7 @@ per round, how wrk's connections and the requests were split over the serving pr
     .venv/bin/python scripts/bench_set_overhead.py pair
     .venv/bin/python scripts/bench_set_overhead.py ab --a "--processes 2" --b "--processes 2" --src-a BASE/src
 
-Workers are ``gateway.bench.canned_fleet`` (nginx, ~0.02 ms per call). Run it under the
+Workers are ``gateway_lab.bench.canned_fleet`` (nginx, ~0.02 ms per call). Run it under the
 shared benchmark lock; every round is bounded (wrk ``--seconds``), every process stopped.
 """
 

@@ -26,11 +26,11 @@ import time
 
 import grpc
 
-from gateway.bench.machine import cpu_model, cpu_seconds
+from gateway_lab.bench.machine import cpu_model, cpu_seconds
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.proto import sglang_scheduler_pb2_grpc as pb_grpc
-from gateway.sim.config import SimConfig
-from gateway.sim.fleet import SubprocessFleet
+from gateway_lab.sim.config import SimConfig
+from gateway_lab.sim.fleet import SubprocessFleet
 
 
 def make_request(rid: str, prompt: list[int], max_new: int, stream: bool) -> pb.GenerateRequest:

@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from gateway.bench.machine import cpu_model
+from gateway_lab.bench.machine import cpu_model
 from gateway.tokenization import PrefixTokenCache, Tokenizer
 
 MAX_REPS = 200

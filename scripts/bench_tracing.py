@@ -23,10 +23,10 @@ import timeit
 import grpc
 import httpx
 
-from gateway.bench.machine import cpu_seconds, describe
-from gateway.bench.serve_process import ServeProcess
-from gateway.sim.config import SimConfig
-from gateway.sim.fleet import SubprocessFleet
+from gateway_lab.bench.machine import cpu_seconds, describe
+from gateway_lab.bench.serve_process import ServeProcess
+from gateway_lab.sim.config import SimConfig
+from gateway_lab.sim.fleet import SubprocessFleet
 
 ZERO = SimConfig(step_base_s=0.0, prefill_token_s=0.0, decode_seq_s=0.0, time_scale=0.0)
 

@@ -106,7 +106,7 @@ def test_unreachable_gateway(capsys: pytest.CaptureFixture[str]) -> None:
 def test_tokenizer_from_path_or_the_serve_cache(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     import shutil
 
-    from gateway.bench.workloads import default_tokenizer_dir
+    from gateway_lab.bench.workloads import default_tokenizer_dir
     from gateway.tokenization import cache_dirname
 
     qwen = default_tokenizer_dir()

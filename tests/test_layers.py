@@ -44,7 +44,7 @@ LAYERS: dict[str, int] = {
     "config_layers": 0,  # --config FILE / TOKEN_GATEWAY_* sources under settings (pydantic-settings)
     "": 0,  # the package itself (gateway/__init__.py)
 }
-SIM_MAY_IMPORT = ("gateway.sim", "gateway.proto", "gateway.settings")
+SIM_MAY_IMPORT = ("gateway_lab.sim", "gateway.proto", "gateway.settings")
 
 
 def module_name(path: Path) -> str:
@@ -167,7 +167,7 @@ def test_the_simulator_is_independent() -> None:
     leaks = [
         f"{a} imports {b}"
         for a, targets in sorted(imports().items())
-        if a.startswith("gateway.sim")
+        if a.startswith("gateway_lab.sim")
         for b in sorted(targets)
         if not b.startswith(SIM_MAY_IMPORT)
     ]
@@ -176,6 +176,6 @@ def test_the_simulator_is_independent() -> None:
 
 def test_the_checker_sees_cycles_and_type_only_imports() -> None:
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
-    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from gateway.sim.worker import SimWorker\n")
-    found = {t for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for t in resolve("gateway.sim.servicer", n)}
-    assert found == {"gateway.sim.worker"}
+    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from gateway_lab.sim.worker import SimWorker\n")
+    found = {t for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for t in resolve("gateway_lab.sim.servicer", n)}
+    assert found == {"gateway_lab.sim.worker"}

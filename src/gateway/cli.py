@@ -17,10 +17,10 @@ from collections.abc import MutableMapping
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("gateway.server.serve", "run the gateway: OpenAI HTTP front door over SGLang gRPC workers"),
-    "sim-worker": ("gateway.sim.cli", "run one simulated SGLang --grpc-mode worker"),
+    "sim-worker": ("gateway_lab.sim.cli", "run one simulated SGLang --grpc-mode worker"),
     "inspect": ("gateway.inspect_cli", "show what the router sees in a prompt: tokens, block hashes, ring owner, cached tokens"),
-    "demo": ("gateway.demo", "run the shared-prefix demo: simulated fleet + gateway + workload, per policy"),
-    "bench": ("gateway.bench.commands", "benchmarks: drive running gateways (run), the policy x workload x fleet matrix"),
+    "demo": ("gateway_lab.demo", "run the shared-prefix demo: simulated fleet + gateway + workload, per policy"),
+    "bench": ("gateway_lab.bench.commands", "benchmarks: drive running gateways (run), the policy x workload x fleet matrix"),
 }
 
 

@@ -183,7 +183,7 @@ def load_tokenizer(args: argparse.Namespace) -> Any:
         found = TokenizerRegistry(Path(args.tokenizer_cache_dir), hub_enabled=False).resolve_local(args.model)
         if found is not None:
             return found.tokenizer
-    from gateway.bench.workloads import default_tokenizer_dir
+    from gateway_lab.bench.workloads import default_tokenizer_dir
 
     try:
         folder = default_tokenizer_dir()

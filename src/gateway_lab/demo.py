@@ -21,11 +21,11 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gateway.bench.workloads import GspConfig
+from gateway_lab.bench.workloads import GspConfig
 from gateway.settings import add_options, from_namespace, option
 
 if TYPE_CHECKING:
-    from gateway.bench.report import RunSummary
+    from gateway_lab.bench.report import RunSummary
 
 # The demo's workload: the reference gsp (64x16, 2048+128 -> 256) scaled down to run in
 # about two minutes for three policies on a 2-core machine.
@@ -107,9 +107,9 @@ async def run_demo(config: DemoConfig, gsp_config: GspConfig, console: Any) -> l
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from gateway.bench import workloads
-    from gateway.bench.driver import DriverConfig
-    from gateway.sim.config import SimConfig
+    from gateway_lab.bench import workloads
+    from gateway_lab.bench.driver import DriverConfig
+    from gateway_lab.sim.config import SimConfig
 
     workload = workloads.gsp(gsp_config, workloads.Vocab.from_tokenizer_dir(), config.seed)
     ideal = workloads.ideal_hit_rate(workload, config.page_size)
@@ -137,7 +137,7 @@ async def run_demo(config: DemoConfig, gsp_config: GspConfig, console: Any) -> l
 
 
 def summarize_run(run: Any, ideal: float) -> RunSummary:
-    from gateway.bench.report import summarize
+    from gateway_lab.bench.report import summarize
 
     return summarize(run, ideal_hit_rate=ideal, worker_ids=run.worker_counters)
 
@@ -155,9 +155,9 @@ async def _run_policy(
     """A fresh fleet, a gateway with ``policy``, one workload run; everything stopped after."""
     import atexit
 
-    from gateway.bench.driver import RequestResult, run_workload
-    from gateway.bench.serve_process import ServeProcess
-    from gateway.sim.fleet import SubprocessFleet
+    from gateway_lab.bench.driver import RequestResult, run_workload
+    from gateway_lab.bench.serve_process import ServeProcess
+    from gateway_lab.sim.fleet import SubprocessFleet
 
     tally = {"prompt": 0, "cached": 0, "errors": 0}
 
@@ -243,7 +243,7 @@ def run(args: argparse.Namespace) -> int:
 
     from rich.console import Console
 
-    from gateway.bench import report
+    from gateway_lab.bench import report
 
     config = from_namespace(DemoConfig, args)
     gsp_config = from_namespace(GspConfig, args)
@@ -292,7 +292,7 @@ def run(args: argparse.Namespace) -> int:
         Path(config.json_out).write_text(json.dumps(report.report_json(summaries, **extra), indent=2))
         console.print(f"figures written to {config.json_out}")
     if config.plot:
-        from gateway.bench.plot import plot_comparison
+        from gateway_lab.bench.plot import plot_comparison
 
         title = (
             f"gsp G={gsp_config.groups} P={gsp_config.prompts_per_group} S={gsp_config.system_tokens} "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.cli import build_parser
-from gateway.demo import policy_variant, run
+from gateway_lab.demo import policy_variant, run
 
 
 def test_policy_variant() -> None:

@@ -6,8 +6,8 @@
   arrivals, timing each streamed request;
 * ``report`` / ``plot``: the figures of a run and policies side by side;
 * ``serve_process``: ``token-gateway serve`` as a child process, cleaned up on any exit;
-* ``cli`` (``python -m gateway.bench``, ``token-gateway bench run``): drive running
-  gateways. ``gateway.demo`` runs the whole thing against simulated fleets it starts itself;
+* ``cli`` (``python -m gateway_lab.bench``, ``token-gateway bench run``): drive running
+  gateways. ``gateway_lab.demo`` runs the whole thing against simulated fleets it starts itself;
 * ``matrix`` (``token-gateway bench matrix``): every policy x workload x fleet size, with
   the evaluation-only oracle (``policies.oracle``) and peers (``peers``: smg from PyPI);
   ``inprocess`` serves the gateway from the benchmark's own process for it;

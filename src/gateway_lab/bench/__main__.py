@@ -1,9 +1,9 @@
-"""``python -m gateway.bench``: drive a workload through running gateways (see bench/cli.py)."""
+"""``python -m gateway_lab.bench``: drive a workload through running gateways (see bench/cli.py)."""
 
 import argparse
 import sys
 
-from gateway.bench import cli
+from gateway_lab.bench import cli
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -11,7 +11,7 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescrip
 
 
 parser = argparse.ArgumentParser(
-    prog="python -m gateway.bench", description=cli.__doc__, formatter_class=_HelpFormatter
+    prog="python -m gateway_lab.bench", description=cli.__doc__, formatter_class=_HelpFormatter
 )
 cli.add_arguments(parser)
 sys.exit(cli.run(parser.parse_args()))

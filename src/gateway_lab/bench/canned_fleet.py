@@ -46,7 +46,7 @@ from google.protobuf.message import Message
 
 from gateway.proto import common_pb2
 from gateway.proto import sglang_scheduler_pb2 as pb
-from gateway.sim.vocab import load_vocab, tokenizer_zip
+from gateway_lab.sim.vocab import load_vocab, tokenizer_zip
 
 SERVICE = "sglang.grpc.scheduler.SglangScheduler"
 TOKENIZER_CHUNK_BYTES = 1 << 20

@@ -1,6 +1,6 @@
 """Drive a workload through running gateways and compare them side by side.
 
-    python -m gateway.bench --workload gsp --target round_robin=http://127.0.0.1:8001 \\
+    python -m gateway_lab.bench --workload gsp --target round_robin=http://127.0.0.1:8001 \\
                                                     cache_aware=http://127.0.0.1:8002
 
 Each target gets the same seeded workload in turn; the table, ``--json`` and ``--plot``
@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gateway.bench.driver import DriverConfig
-from gateway.bench.workloads import ChatConfig, GspConfig, LongMixConfig
+from gateway_lab.bench.driver import DriverConfig
+from gateway_lab.bench.workloads import ChatConfig, GspConfig, LongMixConfig
 from gateway.settings import add_options, from_namespace, option
 
 WORKLOADS = ["gsp", "chat", "long-mix", "trace"]
@@ -55,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def build_workload(config: BenchConfig, args: argparse.Namespace) -> Any:
     """The workload the flags describe (a ``Workload``)."""
-    from gateway.bench import workloads as wl
+    from gateway_lab.bench import workloads as wl
 
     if config.workload == "trace":
         if not config.trace:
@@ -71,7 +71,7 @@ def build_workload(config: BenchConfig, args: argparse.Namespace) -> Any:
 
 def ideal_for(workload: Any, runs: list[Any], config: BenchConfig) -> float | None:
     """The workload's ideal hit rate; chat prompts are rendered from what the run sent."""
-    from gateway.bench import workloads as wl
+    from gateway_lab.bench import workloads as wl
 
     if all(s.prompt_token_ids is not None for s in workload):
         return wl.ideal_hit_rate(workload, config.page_size)
@@ -99,9 +99,9 @@ def run(args: argparse.Namespace) -> int:
 
     from rich.console import Console
 
-    from gateway.bench import report
-    from gateway.bench.driver import run_workload
-    from gateway.bench.workloads import write_trace
+    from gateway_lab.bench import report
+    from gateway_lab.bench.driver import run_workload
+    from gateway_lab.bench.workloads import write_trace
 
     config = from_namespace(BenchConfig, args)
     driver = from_namespace(DriverConfig, args)
@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
         write_trace(workload, config.save_trace)
         console.print(f"trace written to {config.save_trace} ({len(workload)} requests)")
 
-    from gateway.bench.progress import BenchProgress
+    from gateway_lab.bench.progress import BenchProgress
 
     planned = min(len(workload), driver.max_requests) if driver.max_requests > 0 else len(workload)
 
@@ -141,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
         params = dict(workload.params) | {"driver": dataclasses.asdict(driver)}
         Path(config.json_out).write_text(json.dumps(report.report_json(summaries, workload=params), indent=2))
     if config.plot:
-        from gateway.bench.plot import plot_comparison
+        from gateway_lab.bench.plot import plot_comparison
 
         plot_comparison(summaries, config.plot, title=f"{workload.name} workload")
         console.print(f"plot written to {config.plot}")

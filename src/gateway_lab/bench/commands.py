@@ -1,7 +1,7 @@
 """`token-gateway bench SUB ...`: the benchmark sub-commands.
 
 * ``run``: drive a workload through running gateways (``bench/cli.py``, also
-  ``python -m gateway.bench``);
+  ``python -m gateway_lab.bench``);
 * ``matrix``: every policy on every workload against simulated fleets of several
   sizes, with the oracle and optional peers (``bench/matrix.py``).
 
@@ -15,8 +15,8 @@ import argparse
 import importlib
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "run": ("gateway.bench.cli", "drive a workload through running gateways and compare them"),
-    "matrix": ("gateway.bench.matrix", "every policy x workload x fleet size on simulated fleets (+ oracle, peers)"),
+    "run": ("gateway_lab.bench.cli", "drive a workload through running gateways and compare them"),
+    "matrix": ("gateway_lab.bench.matrix", "every policy x workload x fleet size on simulated fleets (+ oracle, peers)"),
 }
 
 

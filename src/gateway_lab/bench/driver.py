@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from gateway.bench.workloads import Message, RequestSpec, Workload, with_poisson_arrivals
+from gateway_lab.bench.workloads import Message, RequestSpec, Workload, with_poisson_arrivals
 from gateway.protocol.headers import WORKER_ID
 from gateway.settings import option
 

@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gateway.bench.machine import facts
-from gateway.bench.workloads import ChatConfig, GspConfig, LongMixConfig, ZipfGspConfig
+from gateway_lab.bench.machine import facts
+from gateway_lab.bench.workloads import ChatConfig, GspConfig, LongMixConfig, ZipfGspConfig
 from gateway.settings import add_options, from_namespace, option
 
 MATRIX_WORKLOADS = ["gsp", "chat", "long-mix", "zipf-gsp"]
@@ -184,7 +184,7 @@ def knob_flags(knobs: dict[str, Any]) -> list[str]:
 
 
 def sim_config(config: MatrixConfig) -> Any:
-    from gateway.sim.config import SimConfig
+    from gateway_lab.sim.config import SimConfig
 
     return SimConfig(
         page_size=config.page_size,
@@ -256,9 +256,9 @@ async def run_cell(
     on_result: Any = None,
 ) -> Cell:
     """A fresh in-process fleet, a gateway (``gateway``) with ``policy``, one run of ``workload``."""
-    from gateway.bench.driver import DriverConfig, run_workload
-    from gateway.bench.report import summarize
-    from gateway.sim.fleet import SimFleet
+    from gateway_lab.bench.driver import DriverConfig, run_workload
+    from gateway_lab.bench.report import summarize
+    from gateway_lab.sim.fleet import SimFleet
 
     driver = DriverConfig(
         concurrency=config.per_worker_concurrency * workers,
@@ -284,7 +284,7 @@ async def _drive(
     gateway: str, drive: Any,
 ) -> Any:  # fmt: skip
     if gateway == "ours":
-        from gateway.bench.inprocess import serve_in_process
+        from gateway_lab.bench.inprocess import serve_in_process
         from gateway.policies.oracle import OraclePolicy
         from gateway.server.config import GatewayConfig, ServerConfig
 
@@ -307,7 +307,7 @@ async def _drive(
         async with serve_in_process(gw_config, policy_maker=maker) as served:
             return await drive(served.url, policy)
     if gateway == "ours-process":
-        from gateway.bench.serve_process import ServeProcess
+        from gateway_lab.bench.serve_process import ServeProcess
 
         name, knobs = parse_variant(policy)
         args = ["--tokenizer-path", tokenizer_dir, "--tokenizer-cache-dir", scratch, "--log-level", "warning",
@@ -318,7 +318,7 @@ async def _drive(
         finally:
             await proc.stop()
             proc.remove_log()
-    from gateway.bench.peers import PeerProcess
+    from gateway_lab.bench.peers import PeerProcess
 
     peer = await PeerProcess.start(config.peers_python, gateway, fleet.urls, policy, tokenizer_dir)
     try:
@@ -332,7 +332,7 @@ async def _drive(
 
 
 def build_workloads(config: MatrixConfig, args: argparse.Namespace, tokenizer_dir: str) -> dict[str, Any]:
-    from gateway.bench import workloads as wl
+    from gateway_lab.bench import workloads as wl
 
     vocab = wl.Vocab.from_tokenizer_dir(tokenizer_dir)
     out: dict[str, Any] = {}
@@ -351,7 +351,7 @@ def build_workloads(config: MatrixConfig, args: argparse.Namespace, tokenizer_di
 
 def ideal_of(workload: Any, page_size: int, tokenizer_dir: str) -> Any:
     """The ideal hit rate, or (chat) a function of the run: chat prompts embed the replies."""
-    from gateway.bench import workloads as wl
+    from gateway_lab.bench import workloads as wl
 
     if all(s.prompt_token_ids is not None for s in workload):
         return wl.ideal_hit_rate(workload, page_size)
@@ -385,7 +385,7 @@ async def run_matrix(
     ]
     if config.peers:
         text_gsp = dataclasses.replace(from_namespace(GspConfig, args), text_prompts=True)
-        from gateway.bench import workloads as wl
+        from gateway_lab.bench import workloads as wl
 
         peer_workload = dataclasses.replace(
             wl.gsp(text_gsp, wl.Vocab.from_tokenizer_dir(tokenizer_dir), config.seed), name=PEER_WORKLOAD
@@ -396,7 +396,7 @@ async def run_matrix(
     ideals: dict[str, Any] = {}
     cells: list[Cell] = []
     t0 = time.monotonic()
-    from gateway.bench.progress import BenchProgress
+    from gateway_lab.bench.progress import BenchProgress
 
     with tempfile.TemporaryDirectory(prefix="token-gateway-matrix-") as scratch, BenchProgress(
         console, cells=len(plan)
@@ -592,7 +592,7 @@ def tables(cells: list[Cell], config: MatrixConfig) -> list[tuple[str, list[str]
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from gateway.bench.workloads import default_tokenizer_dir
+    from gateway_lab.bench.workloads import default_tokenizer_dir
 
     config = from_namespace(MatrixConfig, args)
     try:

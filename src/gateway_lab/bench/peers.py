@@ -19,7 +19,7 @@ from typing import IO
 
 import httpx
 
-from gateway.bench.serve_process import _LIVE, _log_tail, _terminate
+from gateway_lab.bench.serve_process import _LIVE, _log_tail, _terminate
 
 # peer name -> python module run with ``-m``
 PEER_MODULES = {"smg": "smg"}

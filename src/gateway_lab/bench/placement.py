@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from gateway.bench.driver import RequestResult
+from gateway_lab.bench.driver import RequestResult
 
 KINDS = ("first", "blind_new_holder", "informed_new_holder", "duplicate", "evicted")
 

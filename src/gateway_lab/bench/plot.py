@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from gateway.bench.report import RunSummary
+from gateway_lab.bench.report import RunSummary
 
 
 def plot_comparison(summaries: Sequence[RunSummary], path: str | Path, title: str = "") -> Path:

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from gateway.bench.driver import RunResult
+from gateway_lab.bench.driver import RunResult
 
 TTFT_QUANTILES = (10, 25, 50, 75, 90, 99)
 

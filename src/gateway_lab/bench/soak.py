@@ -33,9 +33,9 @@ from typing import Any
 import httpx
 import orjson
 
-from gateway.bench.soak_targets import GatewayProcess, InProcessGateway, SoakGateway, rss_mb
-from gateway.sim.config import SimConfig
-from gateway.sim.fleet import SimFleet
+from gateway_lab.bench.soak_targets import GatewayProcess, InProcessGateway, SoakGateway, rss_mb
+from gateway_lab.sim.config import SimConfig
+from gateway_lab.sim.fleet import SimFleet
 
 KINDS = ("chat", "chat_stream", "completion", "completion_stream", "generate", "generate_stream")
 FAULTS = ("fail_mid_stream", "reject", "stall")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 
 from gateway.settings import add_options, from_namespace
-from gateway.sim.config import ROLES, SimConfig
+from gateway_lab.sim.config import ROLES, SimConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -69,8 +69,8 @@ async def _serve(config: SimConfig, args: argparse.Namespace) -> int:
     import signal
     import sys
 
-    from gateway.sim.vocab import load_vocab
-    from gateway.sim.worker import SimWorker, exit_process
+    from gateway_lab.sim.vocab import load_vocab
+    from gateway_lab.sim.worker import SimWorker, exit_process
 
     load_vocab(config.tokenizer_path, config.output_vocab)  # fail early on a bad path
     workers: list[SimWorker] = []

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from gateway.sim.config import SimConfig
+from gateway_lab.sim.config import SimConfig
 
 
 def status_code(name: str) -> grpc.StatusCode:

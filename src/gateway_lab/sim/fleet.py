@@ -24,8 +24,8 @@ import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
-from gateway.sim.config import SimConfig, config_to_argv
-from gateway.sim.worker import SimTls, SimWorker
+from gateway_lab.sim.config import SimConfig, config_to_argv
+from gateway_lab.sim.worker import SimTls, SimWorker
 
 
 class SimFleet:

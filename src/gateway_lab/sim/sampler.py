@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import xxhash
 
-from gateway.sim.vocab import Vocab
+from gateway_lab.sim.vocab import Vocab
 
 _MASK64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15

@@ -34,10 +34,10 @@ from collections import deque
 from collections.abc import Callable
 from enum import Enum
 
-from gateway.sim.config import SimConfig
-from gateway.sim.counters import SimCounters
-from gateway.sim.radix_cache import Node, RadixCache
-from gateway.sim.sampler import TokenSource
+from gateway_lab.sim.config import SimConfig
+from gateway_lab.sim.counters import SimCounters
+from gateway_lab.sim.radix_cache import Node, RadixCache
+from gateway_lab.sim.sampler import TokenSource
 
 FAULT = "fault"  # internal finish reason of the fail-after-tokens knob
 ZERO_COST_BURST_S = 0.002  # free steps run back to back for at most this long per loop turn

@@ -34,21 +34,21 @@ import grpc
 from google.protobuf import struct_pb2, timestamp_pb2
 
 from gateway.proto import common_pb2, sglang_scheduler_pb2, sglang_scheduler_pb2_grpc
-from gateway.sim.config import SimConfig
-from gateway.sim.counters import SimCounters
-from gateway.sim.faults import SimFaults, status_code
-from gateway.sim.kv_events import KvEventHub
-from gateway.sim.pd import BootstrapServer, RendezvousError, RoomInfo, wait_for_room
-from gateway.sim.radix_cache import RadixCache
-from gateway.sim.sampler import (
+from gateway_lab.sim.config import SimConfig
+from gateway_lab.sim.counters import SimCounters
+from gateway_lab.sim.faults import SimFaults, status_code
+from gateway_lab.sim.kv_events import KvEventHub
+from gateway_lab.sim.pd import BootstrapServer, RendezvousError, RoomInfo, wait_for_room
+from gateway_lab.sim.radix_cache import RadixCache
+from gateway_lab.sim.sampler import (
     TokenSource,
     embedding,
     input_logprob,
     prompt_digest,
     top_alternatives,
 )
-from gateway.sim.scheduler import FAULT, Scheduler, Sequence, Sink
-from gateway.sim.vocab import Vocab, tokenizer_zip
+from gateway_lab.sim.scheduler import FAULT, Scheduler, Sequence, Sink
+from gateway_lab.sim.vocab import Vocab, tokenizer_zip
 
 pb = sglang_scheduler_pb2
 TOKENIZER_CHUNK_BYTES = 512 * 1024

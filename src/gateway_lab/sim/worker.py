@@ -18,15 +18,15 @@ from typing import Any
 import grpc
 
 from gateway.proto import common_pb2, sglang_scheduler_pb2, sglang_scheduler_pb2_grpc
-from gateway.sim.config import SimConfig
-from gateway.sim.counters import SimCounters
-from gateway.sim.faults import SimFaults
-from gateway.sim.kv_events import KvEventHub
-from gateway.sim.pd import BootstrapServer
-from gateway.sim.radix_cache import RadixCache
-from gateway.sim.scheduler import Scheduler, Sequence
-from gateway.sim.servicer import SimServicer
-from gateway.sim.vocab import Vocab, load_vocab
+from gateway_lab.sim.config import SimConfig
+from gateway_lab.sim.counters import SimCounters
+from gateway_lab.sim.faults import SimFaults
+from gateway_lab.sim.kv_events import KvEventHub
+from gateway_lab.sim.pd import BootstrapServer
+from gateway_lab.sim.radix_cache import RadixCache
+from gateway_lab.sim.scheduler import Scheduler, Sequence
+from gateway_lab.sim.servicer import SimServicer
+from gateway_lab.sim.vocab import Vocab, load_vocab
 
 _SERVER_OPTIONS = [
     ("grpc.so_reuseport", 0),  # a taken port must fail loudly, not be shared

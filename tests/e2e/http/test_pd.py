@@ -30,7 +30,7 @@ from gateway.pipeline.pd import (
 )
 from gateway.policies.factory import PolicyConfig
 from gateway.server.serve import add_arguments, config_from_args
-from gateway.sim.worker import SimWorker
+from gateway_lab.sim.worker import SimWorker
 from gateway.workers.worker import Worker
 from tests.e2e.http.conftest import Stack, StackOptions, start_stack
 
@@ -466,7 +466,7 @@ async def test_bench_pd_script_drives_the_serve_cli_over_subprocess_workers() ->
 
     from rich.console import Console
 
-    from gateway.bench.workloads import GspConfig
+    from gateway_lab.bench.workloads import GspConfig
 
     spec = importlib.util.spec_from_file_location("bench_pd", BENCH_PD)
     assert spec is not None and spec.loader is not None

@@ -1,11 +1,11 @@
-"""`python -m gateway.bench` end to end against the fake OpenAI streamer."""
+"""`python -m gateway_lab.bench` end to end against the fake OpenAI streamer."""
 
 from __future__ import annotations
 
 import argparse
 import json
 
-from gateway.bench import cli
+from gateway_lab.bench import cli
 
 from .fake_openai import FakeState, fake_in_thread
 

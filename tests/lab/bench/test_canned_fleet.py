@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.bench.canned_fleet import CannedFleet, find_nginx, grpc_frame
+from gateway_lab.bench.canned_fleet import CannedFleet, find_nginx, grpc_frame
 from gateway.proto import common_pb2
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.proto import sglang_scheduler_pb2_grpc as pb_grpc

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from gateway.bench.driver import DriverConfig, run_workload
-from gateway.bench.workloads import (
+from gateway_lab.bench.driver import DriverConfig, run_workload
+from gateway_lab.bench.workloads import (
     ChatConfig,
     GspConfig,
     RequestSpec,

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from gateway.bench import matrix
-from gateway.bench.peers import peer_argv
+from gateway_lab.bench import matrix
+from gateway_lab.bench.peers import peer_argv
 from gateway.cli import build_parser
 
 ZERO_COST = ["--step-base-s", "0", "--prefill-token-s", "0", "--decode-seq-s", "0", "--time-scale", "0"]
@@ -56,9 +56,9 @@ def test_matrix_every_cell_runs_and_the_oracle_reads_the_true_caches(tmp_path, c
 
 def test_bench_subcommands_parse() -> None:
     args = build_parser().parse_args(["bench", "run", "--target", "a=http://127.0.0.1:1", "--workload", "chat"])
-    assert args._bench_module == "gateway.bench.cli" and args.target == ["a=http://127.0.0.1:1"]
+    assert args._bench_module == "gateway_lab.bench.cli" and args.target == ["a=http://127.0.0.1:1"]
     args = _args("--workers", "4", "8")
-    assert args._bench_module == "gateway.bench.matrix" and args.workers == [4, 8]
+    assert args._bench_module == "gateway_lab.bench.matrix" and args.workers == [4, 8]
     assert args.groups == matrix.MATRIX_GSP.groups  # the matrix's own workload sizes
 
 

@@ -1,9 +1,9 @@
-"""gateway.bench.placement: each shared-prefix miss of a run, classified by cause."""
+"""gateway_lab.bench.placement: each shared-prefix miss of a run, classified by cause."""
 
 from __future__ import annotations
 
-from gateway.bench.driver import RequestResult
-from gateway.bench.placement import KINDS, classify_misses
+from gateway_lab.bench.driver import RequestResult
+from gateway_lab.bench.placement import KINDS, classify_misses
 
 
 def r(index: int, group: str, worker: str, start: float, cached: int, ttft: float = 0.1,

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 from rich.console import Console
 
-from gateway.bench.progress import BenchProgress
+from gateway_lab.bench.progress import BenchProgress
 
 
 def test_counts_requests_errors_and_cells() -> None:

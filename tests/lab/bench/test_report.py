@@ -7,9 +7,9 @@ import json
 import pytest
 from rich.console import Console
 
-from gateway.bench.driver import RequestResult, RunResult
-from gateway.bench.plot import plot_comparison
-from gateway.bench.report import (
+from gateway_lab.bench.driver import RequestResult, RunResult
+from gateway_lab.bench.plot import plot_comparison
+from gateway_lab.bench.report import (
     Spread,
     comparison_table,
     percentile,

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.bench.serve_process import ServeProcess
+from gateway_lab.bench.serve_process import ServeProcess
 
 CHILD = str(Path(__file__).with_name("ready_child.py"))
 

@@ -10,7 +10,7 @@ import statistics
 import pytest
 from tokenizers import Tokenizer
 
-from gateway.bench.workloads import (
+from gateway_lab.bench.workloads import (
     LOGNORMAL_CAP,
     OUTPUT_SPREADS,
     ChatConfig,
@@ -159,7 +159,7 @@ def test_head_bounds_the_workload(vocab: Vocab) -> None:
 
 
 def test_rendered_chat_prompts_extend_each_other(vocab: Vocab) -> None:
-    from gateway.bench.workloads import render_chat_prompts
+    from gateway_lab.bench.workloads import render_chat_prompts
 
     first = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}]
     second = [*first, {"role": "assistant", "content": "hi friend"}, {"role": "user", "content": "again"}]
@@ -175,7 +175,7 @@ def test_chat_prompts_as_sent_with_reply_token_reuse(vocab: Vocab) -> None:
     """With each reply's completion length, a resent reply stands for the ids that generated
     it (what --reply-token-reuse sends), so the next prompt starts with the previous turn's
     whole cached output, not with a re-encoding of its text."""
-    from gateway.bench.workloads import render_chat_prompts
+    from gateway_lab.bench.workloads import render_chat_prompts
 
     first = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}]
     second = [*first, {"role": "assistant", "content": "hi friend"}, {"role": "user", "content": "again"}]

@@ -12,9 +12,9 @@ import pytest
 
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.proto import sglang_scheduler_pb2_grpc as pb_grpc
-from gateway.sim.config import SimConfig
-from gateway.sim.fleet import SimFleet
-from gateway.sim.worker import SimWorker
+from gateway_lab.sim.config import SimConfig
+from gateway_lab.sim.fleet import SimFleet
+from gateway_lab.sim.worker import SimWorker
 
 # No sleeping anywhere, no random EOS unless a test asks for it.
 ZERO = dataclasses.replace(SimConfig().zero_cost(), eos_probability=0.0)

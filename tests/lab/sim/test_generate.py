@@ -7,9 +7,9 @@ import pytest
 from google.protobuf import struct_pb2
 
 from gateway.proto import sglang_scheduler_pb2_grpc as pb_grpc
-from gateway.sim.fleet import SimFleet
-from gateway.sim.vocab import REPLY_CLOSE, REPLY_OPEN
-from gateway.sim.worker import SimWorker
+from gateway_lab.sim.fleet import SimFleet
+from gateway_lab.sim.vocab import REPLY_CLOSE, REPLY_OPEN
+from gateway_lab.sim.worker import SimWorker
 
 from .conftest import PROMPT, address, by_index, cfg, collect, request
 

@@ -8,8 +8,8 @@ import grpc
 
 from gateway.proto import common_pb2
 from gateway.proto import sglang_scheduler_pb2_grpc as pb_grpc
-from gateway.sim.fleet import SimFleet
-from gateway.sim.radix_cache import block_hashes
+from gateway_lab.sim.fleet import SimFleet
+from gateway_lab.sim.radix_cache import block_hashes
 
 from .conftest import PROMPT, address, by_index, cfg, collect, request
 

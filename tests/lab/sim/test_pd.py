@@ -12,7 +12,7 @@ import pytest
 
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.proto import sglang_scheduler_pb2_grpc as pb_grpc
-from gateway.sim.fleet import SimFleet
+from gateway_lab.sim.fleet import SimFleet
 
 from .conftest import PROMPT, address, by_index, cfg, collect, request
 

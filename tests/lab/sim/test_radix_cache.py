@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.sim.radix_cache import (
+from gateway_lab.sim.radix_cache import (
     ClearedEvent,
     RadixCache,
     RemovedEvent,

@@ -9,8 +9,8 @@ import grpc
 import pytest
 
 from gateway.proto import sglang_scheduler_pb2_grpc as pb_grpc
-from gateway.sim.fleet import SimFleet
-from gateway.sim.worker import SimWorker
+from gateway_lab.sim.fleet import SimFleet
+from gateway_lab.sim.worker import SimWorker
 
 from .conftest import PROMPT, address, by_index, cfg, collect, request
 

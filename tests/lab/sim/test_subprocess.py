@@ -14,7 +14,7 @@ import pytest
 
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.proto import sglang_scheduler_pb2_grpc as pb_grpc
-from gateway.sim.fleet import SubprocessFleet
+from gateway_lab.sim.fleet import SubprocessFleet
 
 from .conftest import PROMPT, ZERO, address, by_index, cfg, collect, request
 

@@ -21,8 +21,8 @@ import pytest
 
 from gateway.server.config import GatewayConfig, ServerConfig
 from gateway.server.state import GatewayState
-from gateway.sim.config import SimConfig
-from gateway.sim.worker import SimWorker
+from gateway_lab.sim.config import SimConfig
+from gateway_lab.sim.worker import SimWorker
 from gateway.workers.discovery.config import DiscoveryConfig
 from gateway.workers.discovery.dns import DnsDiscovery
 from gateway.workers.discovery.reconcile import Reconciler, Target
