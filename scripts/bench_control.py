@@ -27,8 +27,8 @@ from typing import Any
 
 import httpx
 
-from gateway_lab.bench.serve_process import ServeProcess
 from gateway.server.admission import Admission, AdmissionConfig
+from gateway_lab.bench.serve_process import ServeProcess
 from gateway_lab.sim.config import SimConfig
 from gateway_lab.sim.fleet import SimFleet
 

@@ -38,12 +38,12 @@ import httpx
 import orjson
 from grpc import aio
 
-from gateway_lab.bench.machine import cpu_model, cpu_seconds
-from gateway_lab.bench.serve_process import ServeProcess
 from gateway.proto import gateway_pb2 as gpb
 from gateway.proto import gateway_pb2_grpc as gpb_grpc
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.proto import sglang_scheduler_pb2_grpc as pb_grpc
+from gateway_lab.bench.machine import cpu_model, cpu_seconds
+from gateway_lab.bench.serve_process import ServeProcess
 from gateway_lab.sim.config import SimConfig
 from gateway_lab.sim.fleet import SubprocessFleet
 

@@ -360,9 +360,9 @@ def main() -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from bench_overhead import Prompts  # type: ignore[import-not-found]
 
-    from gateway_lab.bench.workloads import default_tokenizer_dir
     from gateway.proto import sglang_scheduler_pb2 as pb
     from gateway.proto import sglang_scheduler_pb2_grpc as pb_grpc
+    from gateway_lab.bench.workloads import default_tokenizer_dir
     from gateway_lab.sim.config import SimConfig
     from gateway_lab.sim.fleet import SubprocessFleet
 

@@ -79,14 +79,14 @@ import grpc
 import httpx
 import orjson
 
+from gateway.proto import sglang_scheduler_pb2 as pb
+from gateway.proto import sglang_scheduler_pb2_grpc as pb_grpc
+from gateway.tokenization import Tokenizer
 from gateway_lab.bench.machine import cpu_model, cpu_seconds
 from gateway_lab.bench.serve_process import ServeProcess
 from gateway_lab.bench.workloads import default_tokenizer_dir
-from gateway.proto import sglang_scheduler_pb2 as pb
-from gateway.proto import sglang_scheduler_pb2_grpc as pb_grpc
 from gateway_lab.sim.config import SimConfig
 from gateway_lab.sim.fleet import SubprocessFleet
-from gateway.tokenization import Tokenizer
 
 SECTIONS = ["latency", "throughput", "stream", "prompt-scaling", "worker-scaling"]
 ALL_SECTIONS = [*SECTIONS, "compare", "relay", "start"]  # compare, relay and start run only when asked for
@@ -787,11 +787,11 @@ async def start_section(args: argparse.Namespace) -> dict[str, Any]:
     """See the module doc (``start``)."""
     import logging
 
-    from gateway_lab.bench.workloads import GspConfig, Vocab, gsp
     from gateway.server.config import GatewayConfig
     from gateway.server.gc_policy import tune_gc
     from gateway.server.http.app import create_app
     from gateway.server.state import GatewayState
+    from gateway_lab.bench.workloads import GspConfig, Vocab, gsp
 
     logging.getLogger().setLevel(logging.WARNING)  # as the compare section's gateways run
     vocab = Vocab.from_tokenizer_dir()

@@ -16,8 +16,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from gateway_lab.bench.machine import describe
 from gateway.parsers.registry import get_tool_parser
+from gateway_lab.bench.machine import describe
 
 FORMATS = {
     "hermes": '<tool_call>\n{{"name": "write", "arguments": {{"text": "{x}"}}}}\n</tool_call>',

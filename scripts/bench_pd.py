@@ -28,13 +28,13 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from gateway.settings import add_options, from_namespace, option
 from gateway_lab.bench import machine, workloads
 from gateway_lab.bench.driver import DriverConfig, RunResult, run_workload
 from gateway_lab.bench.report import RunSummary, summarize
 from gateway_lab.bench.serve_process import ServeProcess
 from gateway_lab.bench.workloads import GspConfig
 from gateway_lab.demo import DEMO_GSP, DemoConfig, sim_options
-from gateway.settings import add_options, from_namespace, option
 from gateway_lab.sim.config import SimConfig
 from gateway_lab.sim.fleet import SubprocessFleet
 

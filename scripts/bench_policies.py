@@ -40,9 +40,6 @@ from dataclasses import dataclass, field, replace
 
 import xxhash
 
-from gateway_lab.bench import machine
-from gateway_lab.bench.matrix import parse_variant, split_knobs
-from gateway_lab.bench.workloads import OUTPUT_SPREADS, output_length
 from gateway.pipeline.prefill_gate import PrefillGateConfig, hold_timeout_s
 from gateway.policies import PolicyConfig, close_policy, make_policy
 from gateway.policies.base import (
@@ -58,6 +55,9 @@ from gateway.policies.common import BasePolicy
 from gateway.policies.prefill_gate import PrefillGate, slot_free
 from gateway.policies.radix_tree import RadixTree, pack
 from gateway.workers.watchdog import ProgressTracker
+from gateway_lab.bench import machine
+from gateway_lab.bench.matrix import parse_variant, split_knobs
+from gateway_lab.bench.workloads import OUTPUT_SPREADS, output_length
 
 VOCAB = 150_000
 

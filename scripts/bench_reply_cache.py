@@ -14,9 +14,9 @@ import random
 import time
 from typing import Any
 
-from gateway_lab.bench import workloads as wl
 from gateway.tokenization import PrefixTokenCache, Tokenizer
 from gateway.tokenization.reply_cache import ReplyTokenCache, message_texts
+from gateway_lab.bench import workloads as wl
 
 
 def conversation(tok: Tokenizer, vocab: wl.Vocab, rng: random.Random) -> list[tuple[list[dict[str, Any]], str, list[int]]]:

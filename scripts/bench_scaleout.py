@@ -60,6 +60,7 @@ import httpx
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.sync.local_server import LocalNatsServer
 from gateway_lab.bench.driver import DriverConfig, RunResult, run_workload
 from gateway_lab.bench.machine import cpu_seconds, describe
 from gateway_lab.bench.placement import classify_misses
@@ -75,7 +76,6 @@ from gateway_lab.bench.workloads import (
 )
 from gateway_lab.sim.config import SimConfig
 from gateway_lab.sim.fleet import SubprocessFleet
-from gateway.sync.local_server import LocalNatsServer
 
 SETUPS = ("one", "processes-2", "replicas-sync", "replicas-sync-tokens", "replicas-nosync")
 SECTIONS = ("routing", "throughput", "model")

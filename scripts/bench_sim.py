@@ -26,9 +26,9 @@ import time
 
 import grpc
 
-from gateway_lab.bench.machine import cpu_model, cpu_seconds
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.proto import sglang_scheduler_pb2_grpc as pb_grpc
+from gateway_lab.bench.machine import cpu_model, cpu_seconds
 from gateway_lab.sim.config import SimConfig
 from gateway_lab.sim.fleet import SubprocessFleet
 

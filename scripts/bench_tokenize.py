@@ -35,8 +35,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from gateway_lab.bench.machine import cpu_model
 from gateway.tokenization import PrefixTokenCache, Tokenizer
+from gateway_lab.bench.machine import cpu_model
 
 MAX_REPS = 200
 

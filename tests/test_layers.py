@@ -1,11 +1,15 @@
 """The import rules of the house, checked on the source (ast, nothing imported):
 
-* no import cycle between modules of ``src/gateway`` (imports under ``TYPE_CHECKING``
-  and inside functions count: a cycle hidden that way is still a cycle);
+* no import cycle between modules of ``src/gateway`` and ``src/gateway_lab`` (imports
+  under ``TYPE_CHECKING`` and inside functions count: a cycle hidden that way is still a
+  cycle);
 * imports point downwards between layers (DESIGN.md: cli > server > endpoints >
   pipeline > sync > workers > policies > tokenization > parsers > protocol > proto);
-* ``sim/`` (the stand-in for a real worker) imports only ``proto/``, itself and the
-  config-dataclass helper ``settings``.
+* ``gateway`` never imports ``gateway_lab`` (the simulator, benchmarks and demo sit on
+  top of the product and drive it from outside);
+* ``gateway_lab.sim`` (the stand-in for a real worker) imports only ``gateway.proto``,
+  itself and the config-dataclass helper ``gateway.settings``: it stays an independent
+  witness that never sees the policies or the routing code.
 """
 
 from __future__ import annotations
@@ -15,20 +19,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-PACKAGE = SRC / "gateway"
+PACKAGES = (SRC / "gateway", SRC / "gateway_lab")
+LAB = "gateway_lab"
 
 # Higher may import lower (or equal, within a layer), never higher.
 LAYERS: dict[str, int] = {
     "__main__": 100,
     "cli": 100,
-    # Tools built on the whole gateway (benchmarks, demo, inspect CLI, the Python client).
-    "bench": 90,
-    "demo": 90,
+    # Tools built on the whole gateway (inspect CLI, the Python client).
     "inspect_cli": 90,
     "inspect_render": 90,
     "client": 90,
     "server.serve": 90,  # assembles the doors, the engine and the background loops
-    "sim": 85,  # only tools may start the simulated worker
     "server": 80,  # server/http, server/grpc and what both doors share (state, config, auth, admission)
     "observability": 75,  # metrics and access log: observe the pipeline, used by the doors
     "endpoints": 70,
@@ -44,6 +46,7 @@ LAYERS: dict[str, int] = {
     "config_layers": 0,  # --config FILE / TOKEN_GATEWAY_* sources under settings (pydantic-settings)
     "": 0,  # the package itself (gateway/__init__.py)
 }
+LAB_LAYER = 95  # all of gateway_lab: above the product it drives, below nothing it may import
 SIM_MAY_IMPORT = ("gateway_lab.sim", "gateway.proto", "gateway.settings")
 
 
@@ -54,7 +57,7 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-MODULES: dict[str, Path] = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+MODULES: dict[str, Path] = {module_name(p): p for package in PACKAGES for p in package.rglob("*.py")}
 
 
 def resolve(importer: str, node: ast.ImportFrom | ast.Import) -> Iterator[str]:
@@ -92,6 +95,8 @@ def imports() -> dict[str, set[str]]:
 
 
 def layer(module: str) -> int:
+    if module == LAB or module.startswith(LAB + "."):
+        return LAB_LAYER
     rest = module.removeprefix("gateway").lstrip(".")
     while True:
         if rest in LAYERS:
@@ -161,6 +166,17 @@ def test_imports_point_downwards() -> None:
         if layer(b) > layer(a)
     ]
     assert upward == []
+
+
+def test_the_gateway_never_imports_the_lab() -> None:
+    leaks = [
+        f"{a} imports {b}"
+        for a, targets in sorted(imports().items())
+        if not (a == LAB or a.startswith(LAB + "."))
+        for b in sorted(targets)
+        if b == LAB or b.startswith(LAB + ".")
+    ]
+    assert leaks == []
 
 
 def test_the_simulator_is_independent() -> None:

@@ -21,8 +21,10 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gateway_lab.bench.workloads import GspConfig
 from gateway.settings import add_options, from_namespace, option
+from gateway_lab.bench.workloads import GspConfig
+
+HELP = "run the shared-prefix demo: simulated fleet + gateway + workload, per policy"
 
 if TYPE_CHECKING:
     from gateway_lab.bench.report import RunSummary

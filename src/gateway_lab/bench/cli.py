@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gateway.settings import add_options, from_namespace, option
 from gateway_lab.bench.driver import DriverConfig
 from gateway_lab.bench.workloads import ChatConfig, GspConfig, LongMixConfig
-from gateway.settings import add_options, from_namespace, option
 
 WORKLOADS = ["gsp", "chat", "long-mix", "trace"]
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 import argparse
 import importlib
 
+HELP = "benchmarks: drive running gateways (run), the policy x workload x fleet matrix"
+
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "run": ("gateway_lab.bench.cli", "drive a workload through running gateways and compare them"),
     "matrix": ("gateway_lab.bench.matrix", "every policy x workload x fleet size on simulated fleets (+ oracle, peers)"),

@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from gateway_lab.bench.workloads import Message, RequestSpec, Workload, with_poisson_arrivals
 from gateway.protocol.headers import WORKER_ID
 from gateway.settings import option
+from gateway_lab.bench.workloads import Message, RequestSpec, Workload, with_poisson_arrivals
 
 if TYPE_CHECKING:  # httpx is imported where used: the CLI parser imports this module
     import httpx

@@ -35,9 +35,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gateway.settings import add_options, from_namespace, option
 from gateway_lab.bench.machine import facts
 from gateway_lab.bench.workloads import ChatConfig, GspConfig, LongMixConfig, ZipfGspConfig
-from gateway.settings import add_options, from_namespace, option
 
 MATRIX_WORKLOADS = ["gsp", "chat", "long-mix", "zipf-gsp"]
 MATRIX_POLICIES = ["round_robin", "random", "power_of_two", "least_load", "prefix_hash", "cache_aware", "oracle"]
@@ -284,9 +284,9 @@ async def _drive(
     gateway: str, drive: Any,
 ) -> Any:  # fmt: skip
     if gateway == "ours":
-        from gateway_lab.bench.inprocess import serve_in_process
         from gateway.policies.oracle import OraclePolicy
         from gateway.server.config import GatewayConfig, ServerConfig
+        from gateway_lab.bench.inprocess import serve_in_process
 
         gw_config = GatewayConfig(
             server=ServerConfig(

@@ -23,9 +23,9 @@ from typing import Any, Protocol
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway_lab.bench.serve_process import ServeProcess
 from gateway.observability.heap_trace import ENV_VAR, snapshot_path
 from gateway.server.config import GatewayConfig, ServerConfig
+from gateway_lab.bench.serve_process import ServeProcess
 
 # Gauges that must read zero once traffic stops (per worker, or process-wide).
 IDLE_GAUGES = (

@@ -13,6 +13,8 @@ import argparse
 from gateway.settings import add_options, from_namespace
 from gateway_lab.sim.config import ROLES, SimConfig
 
+HELP = "run one simulated SGLang --grpc-mode worker"
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     hosting = parser.add_argument_group("hosting")

@@ -18,7 +18,13 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 
 from gateway.proto import common_pb2
-from gateway_lab.sim.radix_cache import CacheEvent, ClearedEvent, RadixCache, RemovedEvent, StoredEvent
+from gateway_lab.sim.radix_cache import (
+    CacheEvent,
+    ClearedEvent,
+    RadixCache,
+    RemovedEvent,
+    StoredEvent,
+)
 
 LoadFn = Callable[[bool], common_pb2.EngineLoad]
 

@@ -13,6 +13,9 @@ from collections.abc import AsyncIterator
 import pytest
 import uvicorn
 
+from gateway.server.config import GatewayConfig, ServerConfig
+from gateway.server.http.app import create_app
+from gateway.server.state import GatewayState
 from gateway_lab.bench.driver import DriverConfig, RunResult, run_workload
 from gateway_lab.bench.report import summarize
 from gateway_lab.bench.workloads import (
@@ -23,9 +26,6 @@ from gateway_lab.bench.workloads import (
     ideal_hit_rate,
     multi_turn_chat,
 )
-from gateway.server.config import GatewayConfig, ServerConfig
-from gateway.server.http.app import create_app
-from gateway.server.state import GatewayState
 from gateway_lab.sim.config import SimConfig
 from gateway_lab.sim.fleet import SimFleet
 

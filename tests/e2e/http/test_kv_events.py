@@ -11,8 +11,8 @@ import pytest
 
 from gateway.policies.cache_aware import CacheAwarePolicy
 from gateway.proto import sglang_scheduler_pb2 as pb
-from gateway_lab.sim.worker import SimWorker
 from gateway.workers.worker import Worker
+from gateway_lab.sim.worker import SimWorker
 from tests.e2e.http.conftest import Stack, StackOptions, start_stack
 
 KV = {"kv_events": True}

@@ -30,8 +30,8 @@ from gateway.pipeline.pd import (
 )
 from gateway.policies.factory import PolicyConfig
 from gateway.server.serve import add_arguments, config_from_args
-from gateway_lab.sim.worker import SimWorker
 from gateway.workers.worker import Worker
+from gateway_lab.sim.worker import SimWorker
 from tests.e2e.http.conftest import Stack, StackOptions, start_stack
 
 PD2 = ["prefill", "prefill", "decode", "decode"]

@@ -17,10 +17,10 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway_lab.bench.serve_process import ServeProcess
 from gateway.server.admission import AdmissionConfig
 from gateway.server.process_config import ProcessConfig
 from gateway.server.supervisor import share_admission
+from gateway_lab.bench.serve_process import ServeProcess
 from gateway_lab.sim.config import SimConfig
 from gateway_lab.sim.fleet import SimFleet
 

@@ -14,10 +14,10 @@ import httpx
 import openai
 import pytest
 
-from gateway_lab.bench.canned_fleet import CannedFleet, find_nginx, grpc_frame
 from gateway.proto import common_pb2
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.proto import sglang_scheduler_pb2_grpc as pb_grpc
+from gateway_lab.bench.canned_fleet import CannedFleet, find_nginx, grpc_frame
 from tests.e2e.http.conftest import _serve
 
 pytestmark = pytest.mark.skipif(find_nginx() is None, reason="nginx not installed (apt-get install -y nginx-light)")

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
+from gateway.cli import build_parser
 from gateway_lab.bench import matrix
 from gateway_lab.bench.peers import peer_argv
-from gateway.cli import build_parser
 
 ZERO_COST = ["--step-base-s", "0", "--prefill-token-s", "0", "--decode-seq-s", "0", "--time-scale", "0"]
 TINY = [
