@@ -46,7 +46,7 @@ LAYERS: dict[str, int] = {
     "config_layers": 0,  # --config FILE / TOKEN_GATEWAY_* sources under settings (pydantic-settings)
     "": 0,  # the package itself (gateway/__init__.py)
 }
-LAB_LAYER = 95  # all of gateway_lab: above the product it drives, below nothing it may import
+LAB_LAYER = 101  # all of gateway_lab: above the whole product it drives (its CLI included)
 SIM_MAY_IMPORT = ("gateway_lab.sim", "gateway.proto", "gateway.settings")
 
 

@@ -19,7 +19,7 @@ available worker ``w``::
            requests all count as misses until the first is prefilled, and a
            holder would look loaded by a full prompt per queued hit and shed
            its prefix (a 2 s ramp of gsp fell from 85% to 38% hits that way in
-           ``scripts/bench_policies.py``).
+           ``token-gateway bench policies``).
     D_w  = running_decode_tokens (decode tokens still owed by w's running requests)
            times the decode fill: the share of its max_tokens a finished request
            really decoded (decayed over the last ``FILL_WINDOW`` finishes, 1 until
@@ -51,7 +51,7 @@ burst), and always with hot-prefix tracking off. The full weight is for one hot 
 among cold ones: when nearly all the traffic is on hot prefixes (``HotPrefixes.cold_share``
 below 0.25; 0.5 and up keeps the rule above, linear in between), each prefix gets its own
 replica set sized to its load and those sets balance the pool, so the spread weight holds
-(8 system prompts on 16 workers: 1.0 scattered each over 3-5 workers). Measured with ``scripts/bench_policies.py
+(8 system prompts on 16 workers: 1.0 scattered each over 3-5 workers). Measured with ``token-gateway bench policies
 sim`` (docs/BENCHMARKS.md, "Round 4"): uniform gsp gets most of 0.5's hits (86.6% against
 85.8% at a fixed 1.0 and 86.9% at a fixed 0.5 in the 8-worker burst; 86.9% against 79.5% in
 the closed loop) and Zipf keeps 1.0's behaviour exactly (0.5 alone piled 1.45x the mean
@@ -60,7 +60,7 @@ request count on the hot holders).
 Every term of the additive form is in tokens, so a cached prefix is worth exactly the
 prefill it saves and is weighed against the work already queued, with no on/off
 threshold. The multiplicative form (uncached prefill times batch size, as some
-routers do) is kept for comparison; ``scripts/bench_policies.py`` measures both.
+routers do) is kept for comparison; ``token-gateway bench policies`` measures both.
 
 Why this shape, against the failure modes a cache-aware router can have:
 
@@ -116,7 +116,7 @@ from gateway.policies.radix_tree import (
 )
 
 COST_FORMS = ("additive", "multiplicative")
-# Defaults, shared with factory.PolicyConfig (tuned with scripts/bench_policies.py tune).
+# Defaults, shared with factory.PolicyConfig (tuned with token-gateway bench policies tune).
 DEFAULT_BUDGET_FRACTION = 1.0
 DEFAULT_EVICTION_INTERVAL_S = 0.5
 DEFAULT_EVICTION_LOW_WATERMARK = 1.0  # background passes evict an over-budget share down to this fraction

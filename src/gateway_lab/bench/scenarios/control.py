@@ -11,8 +11,8 @@
 
 Every phase is bounded in time. Run:
 
-    .venv/bin/python scripts/bench_control.py failover
-    .venv/bin/python scripts/bench_control.py admission
+    token-gateway bench control failover
+    token-gateway bench control admission
 """
 
 from __future__ import annotations
@@ -160,8 +160,8 @@ async def admission(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The scenario's flags (``token-gateway bench NAME --help``)."""
     sub = parser.add_subparsers(dest="what", required=True)
     f = sub.add_parser("failover")
     f.add_argument("--workers", type=int, default=4)
@@ -174,10 +174,10 @@ def main() -> None:
     f.add_argument("--log-dir", default=None, help="keep the gateway's log here")
     a = sub.add_parser("admission")
     a.add_argument("--requests", type=int, default=100_000)
-    args = parser.parse_args()
+
+
+def main(args: argparse.Namespace) -> int | None:
+    """Run the scenario with parsed flags; the exit status."""
     result = asyncio.run(failover(args) if args.what == "failover" else admission(args))
     print(json.dumps(result, indent=2))
-
-
-if __name__ == "__main__":
-    main()
+    return 0

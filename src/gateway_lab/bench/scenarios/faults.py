@@ -19,22 +19,20 @@ half a period later, one stalls, one is flaky, one is healthy. These workers run
 the driver's process so their faults flip live (the three scenarios use one process
 per worker and a real SIGKILL).
 
-    PYTHONPATH=src .venv/bin/python scripts/bench_faults.py --seconds 40
-    PYTHONPATH=src .venv/bin/python scripts/bench_faults.py --gateways ours smg
-    PYTHONPATH=src .venv/bin/python scripts/bench_faults.py --soak-seconds 180
+    token-gateway bench faults --seconds 40
+    token-gateway bench faults --gateways ours smg
+    token-gateway bench faults --soak-seconds 180
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import random
 import re
-import sys
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -51,7 +49,7 @@ from gateway_lab.sim.fleet import SubprocessFleet
 from gateway_lab.sim.worker import SimWorker
 
 SCENARIOS = ("kill", "stall", "flaky")
-PEERS_PYTHON = str(Path(__file__).resolve().parent.parent / ".peers-venv" / "bin" / "python")
+PEERS_PYTHON = ".peers-venv/bin/python"  # scripts/peers.sh installs it in the checkout
 SIM = SimConfig(step_base_s=0.002, prefill_token_s=20e-6, decode_seq_s=0.0002)
 SYSTEMS = [f"You are helper {i}. " + "Keep every answer short and exact. " * (8 + 4 * i) for i in range(4)]
 FAULT_FLAGS = {
@@ -144,7 +142,7 @@ async def start_gateway(kind: str, urls: list[str], policy: str) -> tuple[str, C
 
 async def scrape(http: httpx.AsyncClient) -> dict[str, float]:
     text = (await http.get("/metrics")).text
-    out: Counter[str] = Counter()
+    out: dict[str, float] = defaultdict(float)
     wanted = {
         "token_gateway_resumes_total": "resumed",
         "token_gateway_retries_total": "retries",
@@ -370,8 +368,8 @@ async def soak(args: argparse.Namespace) -> Result:
     return result
 
 
-async def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The scenario's flags (``token-gateway bench NAME --help``)."""
     p.add_argument("--seconds", type=float, default=40.0, help="length of each scenario")
     p.add_argument("--clients", type=int, default=16, help="closed-loop clients (even ones stream)")
     p.add_argument("--workers", type=int, default=4)
@@ -382,7 +380,14 @@ async def main() -> int:
     p.add_argument("--soak-seconds", type=float, default=0.0, help="run the rotating fault soak this long instead")
     p.add_argument("--rotate-s", type=float, default=20.0, help="soak: seconds between role rotations")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
-    args = p.parse_args()
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the scenario with parsed flags; the exit status."""
+    return asyncio.run(measure(args))
+
+
+async def measure(args: argparse.Namespace) -> int:
     results: list[Result] = []
     if args.soak_seconds > 0:
         results.append(await soak(args))
@@ -402,8 +407,3 @@ async def main() -> int:
     if args.json:
         args.json.write_text(json.dumps([{**r.__dict__, "outcomes": dict(r.outcomes)} for r in results], indent=2))
     return 0
-
-
-if __name__ == "__main__":
-    with contextlib.suppress(KeyboardInterrupt):
-        sys.exit(asyncio.run(main()))

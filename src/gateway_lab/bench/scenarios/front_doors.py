@@ -17,8 +17,8 @@ whole, in rounds with the doors taking turns; tokens/s at the client and the
 gateway process's CPU time per token and per request (the steadier figure on a
 shared machine). Every phase is bounded by a request count and a time cap.
 
-    .venv/bin/python scripts/bench_front_doors.py            # defaults below
-    .venv/bin/python scripts/bench_front_doors.py --json out.json
+    token-gateway bench front-doors            # defaults below
+    token-gateway bench front-doors --json out.json
 """
 
 from __future__ import annotations
@@ -260,8 +260,8 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The scenario's flags (``token-gateway bench NAME --help``)."""
     parser.add_argument("--doors", nargs="+", choices=DOORS, default=list(DOORS))
     parser.add_argument("--latency-requests", type=int, default=300, help="latency phase: requests per door and mode")
     parser.add_argument("--latency-tokens", type=int, default=8, help="latency phase: output tokens")
@@ -271,7 +271,10 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=32, help="throughput phase: concurrent streams")
     parser.add_argument("--cap-s", type=float, default=60.0, help="time cap per phase and door, seconds")
     parser.add_argument("--json", help="also write the figures to this file")
-    args = parser.parse_args()
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the scenario with parsed flags; the exit status."""
     try:
         import uvloop
 
@@ -284,7 +287,3 @@ def main() -> int:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), **results}, f, indent=1)
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

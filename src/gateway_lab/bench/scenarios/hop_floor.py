@@ -2,7 +2,7 @@
 """What one extra process hop costs on this machine with no work at all: the floor under
 the gateway's added latency.
 
-    .venv/bin/python scripts/bench_hop_floor.py --calls 400
+    token-gateway bench hop-floor --calls 400
 
 One zero-cost simulated worker (``SubprocessFleet``) and nginx with ``grpc_pass`` in front
 of it (HTTP/2 in, HTTP/2 out, a kept-alive upstream connection, no logging: a proxy that
@@ -139,15 +139,18 @@ def measure(worker: str, args: argparse.Namespace, nginx: str) -> dict[str, Any]
     }  # fmt: skip
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The scenario's flags (``token-gateway bench NAME --help``)."""
     parser.add_argument("--calls", type=int, default=400, help="calls each way (bounded by --cap-s)")
     parser.add_argument("--cap-s", type=float, default=60.0)
     parser.add_argument("--prompt-tokens", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--nginx", default=shutil.which("nginx") or "/usr/sbin/nginx")
     parser.add_argument("--json", type=Path)
-    args = parser.parse_args()
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the scenario with parsed flags; the exit status."""
     if not Path(args.nginx).exists():
         print("nginx is not installed (Debian: apt-get install nginx-light)", file=sys.stderr)
         return 2
@@ -162,7 +165,3 @@ def main() -> int:
     if args.json:
         args.json.write_text(json.dumps(row, indent=2))
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

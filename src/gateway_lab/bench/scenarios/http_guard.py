@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """CPU cost of the HTTP guard (``server/http/guard.py``) against plain uvicorn httptools.
 
-    .venv/bin/python scripts/bench_http_guard.py [--requests N] [--rounds R]
+    token-gateway bench http-guard [--requests N] [--rounds R]
 
 Feeds the same keep-alive request (a typical OpenAI client's head and a small JSON body)
 N times through each protocol class on an in-memory transport, with a trivial ASGI app,
@@ -77,11 +77,18 @@ async def run(cls: type, n: int) -> float:
     return cpu / n * 1e6
 
 
-async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The scenario's flags (``token-gateway bench NAME --help``)."""
     parser.add_argument("--requests", type=int, default=20000)
     parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
+
+
+def main(args: argparse.Namespace) -> int | None:
+    """Run the scenario with parsed flags; the exit status."""
+    return asyncio.run(measure(args))
+
+
+async def measure(args: argparse.Namespace) -> None:
     guarded = guarded_protocol(HttpLimitsConfig())
     plain_us: list[float] = []
     guard_us: list[float] = []
@@ -90,7 +97,3 @@ async def main() -> None:
         guard_us.append(await run(guarded, args.requests))
     p, g = sorted(plain_us)[len(plain_us) // 2], sorted(guard_us)[len(guard_us) // 2]
     print(f"httptools: {p:.2f} us CPU/request (median of {args.rounds}); guarded: {g:.2f} us; ratio {g / p:.3f}")
-
-
-if __name__ == "__main__":
-    asyncio.run(main())

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Where one request's time goes at concurrency 1: a stage timeline of the gateway.
 
-    .venv/bin/python scripts/bench_latency_timeline.py --requests 300
+    token-gateway bench latency-timeline --requests 300
 
 A zero-cost simulated fleet (``SubprocessFleet``) runs in one child process and the
 gateway (``token-gateway serve``, as deployed) in another, with probes installed before
@@ -193,7 +193,7 @@ def install_probes(out: Path, detail: bool = False) -> None:
         stamp("delta")
         return out
 
-    generation.Generation._feed = feed  # type: ignore[method-assign]
+    generation.Generation._feed = feed  # type: ignore[method-assign,assignment]
 
     orig_observe = engine.Engine.__init__
 
@@ -333,10 +333,8 @@ def pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))] if s else 0.0
 
 
-def main() -> int:
-    if len(sys.argv) > 1 and sys.argv[1] == "--child-gateway":
-        return child_main(sys.argv[2:])
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The scenario's flags (``token-gateway bench NAME --help``)."""
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--prompt-tokens", type=int, default=32)
@@ -351,17 +349,18 @@ def main() -> int:
     )  # fmt: skip
     parser.add_argument("--json", type=Path)
     parser.add_argument("--detail", action="store_true", help="finer stamps inside the stages (see DETAIL)")
-    args = parser.parse_args()
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the scenario with parsed flags; the exit status."""
     if args.detail:
         os.environ["LAT_DETAIL"] = "1"  # the gateway child reads it
 
     import grpc
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from bench_overhead import Prompts  # type: ignore[import-not-found]
-
     from gateway.proto import sglang_scheduler_pb2 as pb
     from gateway.proto import sglang_scheduler_pb2_grpc as pb_grpc
+    from gateway_lab.bench.scenarios.overhead import Prompts
     from gateway_lab.bench.workloads import default_tokenizer_dir
     from gateway_lab.sim.config import SimConfig
     from gateway_lab.sim.fleet import SubprocessFleet
@@ -382,7 +381,7 @@ def main() -> int:
         port = port_sock.getsockname()[1]
         port_sock.close()
         cmd = [
-            sys.executable, __file__, "--child-gateway", str(stamps), "--worker-urls", *urls, "--policy", args.policy,
+            sys.executable, "-m", __name__, "--child-gateway", str(stamps), "--worker-urls", *urls, "--policy", args.policy,
             "--port", str(port), "--log-level", "warning", "--tokenizer-path", str(default_tokenizer_dir()),
             *args.serve_args.split(),
         ]  # fmt: skip
@@ -495,5 +494,5 @@ def main() -> int:
     return 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+if __name__ == "__main__" and sys.argv[1:2] == ["--child-gateway"]:  # the gateway child main() starts
+    raise SystemExit(child_main(sys.argv[2:]))

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """What the gateway adds on top of its workers: latency, requests/s, relayed tokens/s.
 
-    .venv/bin/python scripts/bench_overhead.py                     # every section
-    .venv/bin/python scripts/bench_overhead.py --sections latency --profile prof/
+    token-gateway bench overhead                     # every section
+    token-gateway bench overhead --sections latency --profile prof/
 
 A simulated fleet whose steps cost nothing (``SubprocessFleet``, every cost and
 ``time_scale`` at 0) runs in one child process and ``token-gateway serve`` in another
@@ -814,7 +814,7 @@ async def start_section(args: argparse.Namespace) -> dict[str, Any]:
         try:
             for worker in state.registry.all():
                 worker.client.generate = (  # type: ignore[method-assign]
-                    lambda request, timeout=None: _MemoryCall(request, args.gsp_output_tokens, cached)
+                    lambda request, timeout=None: _MemoryCall(request, args.gsp_output_tokens, cached)  # type: ignore[misc]
                 )
             entry = state.catalog.get(None)
             statuses: collections.Counter[int] = collections.Counter()
@@ -852,7 +852,7 @@ async def start_section(args: argparse.Namespace) -> dict[str, Any]:
             await asyncio.gather(*(one(p) for p in bursts[0]))
             tune_gc(config.server.gc_young_threshold)  # as serve does once it is up
             per_request: list[float] = []
-            threads: collections.Counter[str] = collections.Counter()
+            threads: dict[str, float] = collections.defaultdict(float)
             misses = 0
             for prompts in bursts[1:]:
                 entry.prompt_cache.clear()
@@ -872,7 +872,7 @@ async def start_section(args: argparse.Namespace) -> dict[str, Any]:
                 "requests": n, "bursts": len(per_request),
                 "cpu_ms_per_request": round(statistics.median(per_request), 3),
                 "cpu_ms_per_request_bursts": [round(v, 3) for v in per_request],
-                "thread_cpu_ms_per_request": {k: round(1e3 * v / n, 3) for k, v in threads.most_common() if v > 0},
+                "thread_cpu_ms_per_request": {k: round(1e3 * v / n, 3) for k, v in sorted(threads.items(), key=lambda kv: -kv[1]) if v > 0},
                 "prompt_cache_misses_per_burst": round(misses / max(1, len(per_request)), 2),
                 "statuses": dict(statuses), "in_flight_after": in_flight,
             }  # fmt: skip
@@ -1225,7 +1225,7 @@ async def warm_short_prompts(gw: Running, client: Client, prompts: Prompts, args
         return
     warm = [prompts.messages(args.short_prompt_tokens) for _ in range(args.short_warm)]
     body = {"max_tokens": args.short_max_tokens}
-    await closed_loop(lambda i: client.send("/v1/chat/completions", {**body, "messages": warm[i]}), 8, len(warm), args.cap_s)  # type: ignore[arg-type]
+    await closed_loop(lambda i: client.send("/v1/chat/completions", {**body, "messages": warm[i]}), 8, len(warm), args.cap_s)  # type: ignore[arg-type,return-value]
     await settle(gw.pid, args.cap_s)
 
 
@@ -1622,8 +1622,8 @@ def machine() -> str:
     return f"{os.cpu_count()} CPUs, {cpu_model()}, Python {platform.python_version()}, grpcio {grpc.__version__}"
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The scenario's flags (``token-gateway bench NAME --help``)."""
     parser.add_argument("--sections", nargs="+", choices=ALL_SECTIONS, default=SECTIONS, help="what to measure")
     parser.add_argument("--policy", default="cache_aware", help="gateway routing policy")
     parser.add_argument("--workers", type=int, default=1, help="simulated workers (all but worker-scaling)")
@@ -1686,7 +1686,10 @@ def main() -> int:
         "a GPU's pace; the gateway keeps up instead of being the bottleneck); 0: zero-cost workers",
     )
     side.add_argument("--start-bursts", type=int, default=10, help="start: gsp bursts measured in process")
-    args = parser.parse_args()
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the scenario with parsed flags; the exit status."""
     global PROFILE_TOOL
     PROFILE_TOOL = args.profile_tool
     args.peers_installed = os.path.exists(args.peers_python)
@@ -1702,7 +1705,3 @@ def main() -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

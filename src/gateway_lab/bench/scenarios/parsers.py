@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """CPU per streamed delta of every tool-call parser (no network, no server).
 
-    PYTHONPATH=src .venv/bin/python scripts/bench_parsers.py             # default sizes
-    PYTHONPATH=src .venv/bin/python scripts/bench_parsers.py --chars 50000 --step 4
+    token-gateway bench parsers             # default sizes
+    token-gateway bench parsers --chars 50000 --step 4
 
 For each format: one call whose single string argument is ``--chars`` long, fed
 ``--step`` characters per delta (about one token), then ``--chars`` of plain
@@ -49,11 +49,14 @@ def cpu_per_delta(name: str, text: str, step: int) -> float:
     return (time.process_time() - started) / len(pieces)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    """The scenario's flags (``token-gateway bench NAME --help``)."""
     ap.add_argument("--chars", type=int, default=20_000, help="length of the long argument")
     ap.add_argument("--step", type=int, default=4, help="characters per delta")
-    args = ap.parse_args()
+
+
+def main(args: argparse.Namespace) -> int | None:
+    """Run the scenario with parsed flags; the exit status."""
     words = ("lorem ipsum dolor sit amet " * (args.chars // 27 + 1))[: args.chars]
     print(f"machine: {describe()}")
     print("| format | long call µs/delta | short call µs/delta | long/short | plain text µs/delta |")
@@ -63,7 +66,4 @@ def main() -> None:
         short = cpu_per_delta(name, template.format(x=words[: args.chars // 10]), args.step)
         plain = cpu_per_delta(name, words, args.step)
         print(f"| {name} | {long * 1e6:.1f} | {short * 1e6:.1f} | {long / short:.2f} | {plain * 1e6:.1f} |")
-
-
-if __name__ == "__main__":
-    main()
+    return 0

@@ -8,8 +8,8 @@ through it, and reports the prefill workers' own cache hit rate, the decode side
 rendezvous count, throughput and TTFT. The workload, KV sizing and step costs are
 the demo's (``gateway_lab.demo``), so the figures compare with the demo's regular fleet.
 
-    .venv/bin/python scripts/bench_pd.py                   # about 3 minutes on 2 cores
-    .venv/bin/python scripts/bench_pd.py --prefill-policies cache_aware --groups 8
+    token-gateway bench pd                   # about 3 minutes on 2 cores
+    token-gateway bench pd --prefill-policies cache_aware --groups 8
 """
 
 from __future__ import annotations
@@ -132,12 +132,15 @@ def table(results: list[tuple[RunSummary, dict[str, Any]]]) -> Table:
     return t
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The scenario's flags (``token-gateway bench NAME --help``)."""
     add_options(parser.add_argument_group("bench"), PdBenchConfig)
     add_options(parser.add_argument_group("gsp workload"), GspConfig)
     parser.set_defaults(**dataclasses.asdict(DEMO_GSP))
-    args = parser.parse_args()
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the scenario with parsed flags; the exit status."""
     config = from_namespace(PdBenchConfig, args)
     gsp = from_namespace(GspConfig, args)
     console = Console(width=200)
@@ -148,7 +151,3 @@ def main() -> int:
         data = [s.to_dict() | {"pd": sides} for s, sides in results]
         Path(config.json_out).write_text(json.dumps(data, indent=2))
     return 0 if all(s.errors == 0 for s, _ in results) else 1
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,10 +1,10 @@
 #!/usr/bin/env python
 """Routing-policy benchmarks: micro figures and a quick pure simulation (no gRPC).
 
-    .venv/bin/python scripts/bench_policies.py micro      # decision time, tree memory, eviction
-    .venv/bin/python scripts/bench_policies.py sim        # gsp-like replay: hit rate, spread
-    .venv/bin/python scripts/bench_policies.py tune       # cache_aware cost / budget grid
-    .venv/bin/python scripts/bench_policies.py all
+    token-gateway bench policies micro      # decision time, tree memory, eviction
+    token-gateway bench policies sim        # gsp-like replay: hit rate, spread
+    token-gateway bench policies tune       # cache_aware cost / budget grid
+    token-gateway bench policies all
 
 ``micro`` times ``policy.select`` on a warm tree of about a million tokens for 2K and
 8K-token prompts with 8 and 256 workers, measures tree memory per million tokens with
@@ -31,7 +31,6 @@ import gc
 import heapq
 import random
 import statistics
-import sys
 import time
 import tracemalloc
 from collections import OrderedDict, deque
@@ -66,7 +65,7 @@ def rand_tokens(rng: random.Random, n: int) -> list[int]:
     return [rng.randrange(1, VOCAB) for _ in range(n)]
 
 
-def pct(values: list[float], q: float) -> float:
+def pct(values: Sequence[float], q: float) -> float:
     s = sorted(values)
     return s[min(len(s) - 1, int(q * len(s)))]
 
@@ -807,7 +806,7 @@ def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int,
     as SGLang and ``gateway_lab.sim`` do; multi-turn workloads always do (``Workload.after``).
 
     ``replicas``: more gateway replicas (policy instances; None: an oracle) in front of
-    the same workers, as ``scripts/bench_scaleout.py``'s synced pair: prompt ``i`` of the
+    the same workers, as ``token-gateway bench scaleout``'s synced pair: prompt ``i`` of the
     workload is routed by replica ``i % R``, each replica runs its own closed loop of
     ``concurrency / R`` (and its own prefill gate), and what one replica decided reaches
     the others' policies (``on_remote``, the sync's ``RemoteDecision``) and load views
@@ -961,7 +960,7 @@ def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int,
             for origin, event in pending:
                 for o, pol in enumerate(policies):
                     if o != origin:
-                        pol.on_remote(event)
+                        pol.on_remote(event)  # type: ignore[attr-defined]
             pending.clear()
             for w in workers:
                 w.publish()
@@ -1070,7 +1069,8 @@ SIM_POLICIES: list[tuple[str, dict[str, object], float]] = [
 def gate_settings(args: argparse.Namespace) -> list[PrefillGateConfig | None]:
     """The prefill-gate settings to run (``--prefill-gate off|on|both``)."""
     on = PrefillGateConfig(prefill_gate_min_tokens=args.gate_min_tokens)
-    return {"off": [None], "on": [on], "both": [None, on]}[args.prefill_gate]
+    choices: dict[str, list[PrefillGateConfig | None]] = {"off": [None], "on": [on], "both": [None, on]}
+    return choices[args.prefill_gate]
 
 
 def selected(variants: list[tuple[str, dict[str, object], float]], args: argparse.Namespace
@@ -1257,8 +1257,8 @@ def run_tune(args: argparse.Namespace) -> None:
         print()
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The scenario's flags (``token-gateway bench NAME --help``)."""
     parser.add_argument("what", choices=["micro", "sim", "tune", "all"])
     parser.add_argument("--requests", type=int, default=2000, help="micro: timed selects per case")
     parser.add_argument("--tree-tokens", type=int, default=1_000_000, help="micro: warm tree size")
@@ -1319,7 +1319,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="sim: with --replicas, the sync tick: decisions and loads reach the other replicas at the next one")
     parser.add_argument("--reserve-running", action="store_true",
                         help="sim: running requests pin their pages and their output's KV (as a real worker)")
-    args = parser.parse_args(argv)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the scenario with parsed flags; the exit status."""
     if args.what in ("micro", "all"):
         run_micro(args)
     if args.what in ("sim", "all"):
@@ -1327,7 +1330,3 @@ def main(argv: list[str] | None = None) -> int:
     if args.what in ("tune", "all"):
         run_tune(args)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

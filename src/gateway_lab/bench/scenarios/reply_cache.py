@@ -4,7 +4,7 @@ A 6-turn conversation (system 256 tokens, user 64, replies 64 generated ids that
 round-trip) is tokenized turn by turn the way ``Engine.render_chat`` does, with the reply
 cache and without it, and each finish is recorded; prints CPU microseconds per request
 (best of ``--repeat``). Pure in-process work: run it under the bench lock anyway (it times
-CPU). ``python scripts/bench_reply_cache.py [--conversations 200] [--repeat 3]``
+CPU). ``token-gateway bench reply-cache [--conversations 200] [--repeat 3]``
 """
 
 from __future__ import annotations
@@ -50,11 +50,14 @@ def run(tok: Tokenizer, convs: list[Any], reuse: bool) -> tuple[float, int]:
     return time.process_time() - start, n
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The scenario's flags (``token-gateway bench NAME --help``)."""
     parser.add_argument("--conversations", type=int, default=200)
     parser.add_argument("--repeat", type=int, default=3)
-    args = parser.parse_args()
+
+
+def main(args: argparse.Namespace) -> int | None:
+    """Run the scenario with parsed flags; the exit status."""
     tok = Tokenizer.from_path(wl.default_tokenizer_dir(), name="Qwen/Qwen3-0.6B")
     vocab = wl.Vocab.from_tokenizer_dir(str(wl.default_tokenizer_dir()))
     rng = random.Random(0)
@@ -63,7 +66,4 @@ def main() -> None:
         best = min(run(tok, convs, reuse)[0] for _ in range(args.repeat))
         n = 6 * len(convs)
         print(f"reply token reuse {'on ' if reuse else 'off'}: {best / n * 1e6:.1f} us CPU per request (tokenize + record), {n} requests")
-
-
-if __name__ == "__main__":
-    main()
+    return 0

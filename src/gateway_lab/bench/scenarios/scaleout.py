@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Scale-out: one process, ``--processes 2``, and two replicas with and without routing sync.
 
-    .venv/bin/python scripts/bench_scaleout.py                        # both sections
-    .venv/bin/python scripts/bench_scaleout.py --sections routing --groups 16
+    token-gateway bench scaleout                        # both sections
+    token-gateway bench scaleout --sections routing --groups 16
 
 ``routing``: the full gsp workload (64 groups x 16 prompts, 2048-token system prompts,
 128-token questions, 128 output tokens) on 8 simulated workers with 40k tokens of KV
@@ -131,7 +131,7 @@ async def scrape(urls: Sequence[str]) -> list[str]:
 
 
 def series(texts: Sequence[str], name: str) -> list[tuple[dict[str, str], float]]:
-    out = []
+    out: list[tuple[dict[str, str], float]] = []
     for text in texts:
         for fam in text_string_to_metric_families(text):
             out.extend((s.labels, s.value) for s in fam.samples if s.name == name)
@@ -303,7 +303,7 @@ async def many_clients(url: str, model: str, clients: int, concurrency: int, req
         return await closed_loop(url, model, short_prompts(4096, seed), concurrency, requests, cap_s)
     procs = [
         await asyncio.create_subprocess_exec(
-            sys.executable, __file__, "--client", url, "--client-model", model, "--seed", str(seed + i),
+            sys.executable, "-m", __name__, "--client", url, "--client-model", model, "--seed", str(seed + i),
             "--throughput-concurrency", str(max(1, concurrency // clients)),
             "--throughput-requests", str(requests // clients), "--cap-s", str(cap_s),
             stdout=asyncio.subprocess.PIPE,
@@ -834,8 +834,8 @@ def markdown(report: dict[str, Any]) -> str:
 # ---------------------------------------------------------------- main
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The scenario's flags (``token-gateway bench NAME --help``)."""
     p.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS))
     p.add_argument("--setups", nargs="+", choices=SETUPS, default=list(SETUPS))
     p.add_argument("--groups", type=int, default=64)
@@ -877,7 +877,10 @@ def main() -> int:
     p.add_argument("--json", default="", help="write the report as JSON here")
     p.add_argument("--markdown", default="", help="write the tables as Markdown here")
     p.add_argument("--from-json", default="", help="only render --markdown from a report written by --json")
-    args = p.parse_args()
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the scenario with parsed flags; the exit status."""
     if args.client:
         ok, failed, wall = asyncio.run(closed_loop(
             args.client, args.client_model, short_prompts(4096, args.seed), args.throughput_concurrency,
@@ -911,5 +914,7 @@ def main() -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # one client process of the throughput section (main() starts them)
+    _parser = argparse.ArgumentParser()
+    add_arguments(_parser)
+    raise SystemExit(main(_parser.parse_args()))

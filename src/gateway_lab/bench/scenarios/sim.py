@@ -11,7 +11,7 @@ drives it from this process with a grpc.aio client:
 Both phases are bounded by a call/token count and a time cap. Prints the
 figures (and a JSON line with them). Run:
 
-    .venv/bin/python scripts/bench_sim.py
+    token-gateway bench sim
 """
 
 from __future__ import annotations
@@ -121,10 +121,8 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
 
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The scenario's flags (``token-gateway bench NAME --help``)."""
     parser.add_argument("--calls", type=int, default=3000, help="unary phase: max Generate calls")
     parser.add_argument(
         "--concurrency", type=int, default=32, help="unary phase: concurrent callers"
@@ -136,7 +134,10 @@ def main() -> int:
     )
     parser.add_argument("--max-running", type=int, default=64, help="worker max_running_requests")
     parser.add_argument("--cap-s", type=float, default=20.0, help="time cap per phase, seconds")
-    args = parser.parse_args()
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the scenario with parsed flags; the exit status."""
     result = asyncio.run(run(args))
     u, s = result["unary"], result["stream"]
     print(f"machine: {os.cpu_count()} CPUs, {cpu_model()}, Python {platform.python_version()}")
@@ -152,7 +153,3 @@ def main() -> int:
     )
     print(json.dumps({"unary": u, "stream": s}))
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

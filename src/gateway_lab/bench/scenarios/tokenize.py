@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Tokenization-layer benchmarks on the real Qwen3 tokenizer (no network, no server).
 
-    .venv/bin/python scripts/bench_tokenize.py            # all sections, default sizes
-    .venv/bin/python scripts/bench_tokenize.py --conversations 16 --turns 10 --seconds 2
+    token-gateway bench tokenize            # all sections, default sizes
+    token-gateway bench tokenize --conversations 16 --turns 10 --seconds 2
 
 Sections (figures print as Markdown tables; docs/BENCHMARKS.md keeps recorded ones):
 
@@ -257,8 +257,8 @@ def bench_multi_turn(
 
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The scenario's flags (``token-gateway bench NAME --help``)."""
     parser.add_argument(
         "--tokenizer",
         type=Path,
@@ -283,7 +283,10 @@ def main() -> int:
     parser.add_argument(
         "--seed", type=int, default=0, help="RNG seed for the generated text (default: 0)"
     )
-    args = parser.parse_args()
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the scenario with parsed flags; the exit status."""
 
     tokenizer = Tokenizer.from_path(args.tokenizer or default_tokenizer_dir())
     gen = TextGen(tokenizer, args.seed)
@@ -300,7 +303,3 @@ def main() -> int:
     print(text, "\n")
     print(f"speed-up (full encode time / cached time, same run): {speedup:.1f}x")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """What tracing and the per-token metrics cost the gateway: CPU per request, off vs on.
 
-    .venv/bin/python scripts/bench_tracing.py --requests 300 --rounds 3
+    token-gateway bench tracing --requests 300 --rounds 3
 
 A zero-cost simulated fleet (one child process) and two ``token-gateway serve``
 children on it: one without tracing, one with ``--otlp-traces-endpoint`` pointed at an
@@ -78,7 +78,7 @@ def hook_costs() -> dict[str, float]:
     return out
 
 
-async def main(args: argparse.Namespace) -> None:
+async def measure(args: argparse.Namespace) -> None:
     print(describe())
     fleet = SubprocessFleet(args.workers, ZERO).start()
     server, port, spans = await receiver()
@@ -112,11 +112,16 @@ async def main(args: argparse.Namespace) -> None:
         print(f"  off path: {name}: {ns:.0f} ns")
 
 
-if __name__ == "__main__":
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The scenario's flags (``token-gateway bench NAME --help``)."""
     p.add_argument("--requests", type=int, default=300)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--tokens", type=int, default=32)
     p.add_argument("--workers", type=int, default=2)
-    asyncio.run(main(p.parse_args()))
+
+
+def main(args: argparse.Namespace) -> int | None:
+    """Run the scenario with parsed flags; the exit status."""
+    asyncio.run(measure(args))
+    return 0

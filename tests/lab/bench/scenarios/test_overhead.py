@@ -1,9 +1,8 @@
-"""scripts/bench_overhead.py: its profile accounting, its prompts, and one tiny real run
+"""`token-gateway bench overhead` (gateway_lab.bench.scenarios.overhead): its profile accounting, its prompts, and one tiny real run
 (a simulated worker process and a gateway process; no timing is asserted)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -12,17 +11,14 @@ from types import ModuleType
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_overhead.py"
+COMMAND = [sys.executable, "-m", "gateway", "bench", "overhead"]
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_overhead", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["bench_overhead"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    from gateway_lab.bench.scenarios import overhead
+
+    return overhead
 
 
 def test_stage_of_takes_the_innermost_known_frame(bench: ModuleType) -> None:
@@ -65,7 +61,7 @@ def test_pct_interpolates(bench: ModuleType) -> None:
 def test_tiny_run_reports_every_figure(tmp_path: Path) -> None:
     out = tmp_path / "overhead.json"
     argv = [
-        sys.executable, str(SCRIPT), "--sections", "latency", "throughput", "stream",
+        *COMMAND, "--sections", "latency", "throughput", "stream",
         "--latency-requests", "3", "--requests", "12", "--concurrency", "4",
         "--streams", "2", "--stream-tokens", "20", "--prompt-tokens", "512", "--cap-s", "20",
         "--json", str(out),
@@ -109,7 +105,7 @@ def test_usage_reads_openai_and_missing_details(bench: ModuleType) -> None:
 def test_tiny_compare_run_reports_every_load(tmp_path: Path) -> None:
     out = tmp_path / "compare.json"
     argv = [
-        sys.executable, str(SCRIPT), "--sections", "compare", "--gateways", "ours",
+        *COMMAND, "--sections", "compare", "--gateways", "ours",
         "--short-workers", "2", "--short-requests", "10", "--short-warm", "0", "--short-concurrency", "4", "--latency-requests", "3",
         "--chat-conversations", "2", "--chat-turns", "2", "--chat-system-tokens", "64", "--chat-user-tokens", "16",
         "--chat-reply-tokens", "4", "--chat-concurrency", "2",
@@ -211,7 +207,7 @@ def test_tiny_start_run_drives_the_app_in_process(tmp_path: Path) -> None:
     misses counted (cold cache: each group's new system prompt at least once per burst)."""
     out = tmp_path / "start.json"
     argv = [
-        sys.executable, str(SCRIPT), "--sections", "start", "--gsp-workers", "2", "--gsp-groups", "2",
+        *COMMAND, "--sections", "start", "--gsp-workers", "2", "--gsp-groups", "2",
         "--gsp-prompts-per-group", "3", "--gsp-system-tokens", "600", "--gsp-question-tokens", "8",
         "--gsp-output-tokens", "3", "--start-bursts", "2", "--json", str(out),
     ]  # fmt: skip

@@ -1,4 +1,4 @@
-"""scripts/bench_latency_timeline.py: one tiny real run (a simulated worker process and a
+"""`token-gateway bench latency-timeline` (gateway_lab.bench.scenarios.latency_timeline): one tiny real run (a simulated worker process and a
 probed gateway process) reports every stage of a request in order; no timing is asserted."""
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_latency_timeline.py"
+COMMAND = [sys.executable, "-m", "gateway", "bench", "latency-timeline"]
 
 
 @pytest.mark.slow
 def test_tiny_run_reports_the_stages_in_order(tmp_path: Path) -> None:
     out = tmp_path / "timeline.json"
-    argv = [sys.executable, str(SCRIPT), "--requests", "6", "--warm", "20", "--workers", "1", "--json", str(out)]
+    argv = [*COMMAND, "--requests", "6", "--warm", "20", "--workers", "1", "--json", str(out)]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=180, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(out.read_text())

@@ -1,4 +1,4 @@
-"""scripts/bench_hop_floor.py: one tiny real run (a simulated worker process behind nginx's
+"""`token-gateway bench hop-floor` (gateway_lab.bench.scenarios.hop_floor): one tiny real run (a simulated worker process behind nginx's
 gRPC proxy) reports both legs; no timing is asserted."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_hop_floor.py"
+COMMAND = [sys.executable, "-m", "gateway", "bench", "hop-floor"]
 
 
 @pytest.mark.slow
@@ -19,7 +19,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_hop_floor.py"
 def test_tiny_run_reports_both_legs(tmp_path: Path) -> None:
     out = tmp_path / "hop.json"
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--calls", "4", "--json", str(out)], capture_output=True, text=True, timeout=120, check=False
+        [*COMMAND, "--calls", "4", "--json", str(out)], capture_output=True, text=True, timeout=120, check=False
     )
     assert done.returncode == 0, done.stderr[-2000:]
     row = json.loads(out.read_text())

@@ -1,28 +1,20 @@
 """End-to-end check of the policies against the independent simulated caches in
-scripts/bench_policies.py (small sizes; no timing is asserted)."""
+`token-gateway bench policies` (gateway_lab.bench.scenarios.policies) (small sizes; no timing is asserted)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
 from gateway.policies import PolicyConfig, close_policy, make_policy
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_policies.py"
-
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_policies", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["bench_policies"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    from gateway_lab.bench.scenarios import policies
+
+    return policies
 
 
 def run(bench: ModuleType, name: str, hot_share: float = 0.0, **overrides: object):  # type: ignore[no-untyped-def]
