@@ -101,8 +101,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 # here, before any command module imports it. The EventEngine client (grpcio's default
 # since 1.6x) hands every received message through its own threads before the asyncio
 # poller sees it; the classic client reads in the poller thread. Relaying a worker's
-# token stream, the classic path costs about a third less CPU per message (grpcio 1.85,
-# uvloop: 21-23 against 13-15 µs; docs/BENCHMARKS.md, issue 18). The same holds for the
+# token stream, the classic path costs markedly less CPU per message (measured with
+# `token-gateway bench overhead`; the figures are in docs/journal/). The same holds for the
 # listener of the gRPC front door. An operator's own GRPC_EXPERIMENTS (even empty:
 # gRPC's defaults) wins.
 GRPC_EXPERIMENTS = "-event_engine_client,-event_engine_listener"

@@ -18,7 +18,7 @@ available worker ``w``::
            requests against the cache *as it is*, so in a burst a group's queued
            requests all count as misses until the first is prefilled, and a
            holder would look loaded by a full prompt per queued hit and shed
-           its prefix (a 2 s ramp of gsp fell from 85% to 38% hits that way in
+           its prefix (a ramped gsp lost most of its hits that way in
            ``token-gateway bench policies``).
     D_w  = running_decode_tokens (decode tokens still owed by w's running requests)
            times the decode fill: the share of its max_tokens a finished request
@@ -26,8 +26,8 @@ available worker ``w``::
            ``FILL_MIN_SAMPLES``). max_tokens is exact with ignore_eos and an upper
            bound otherwise: clients often send a generous cap (or none, and the gateway
            fills in ``--max-tokens-cap``), and a term counted from caps 8x the real
-           lengths outweighed every cached prefix (Zipf closed loop: 74-76% hits
-           against 84-85%, docs/BENCHMARKS.md, "Routing, round 7").
+           lengths outweighed every cached prefix (the Zipf closed loop with a
+           generous cap lost about ten points of hits).
     R_w  = in_flight requests
 
     additive (default):  cost_w = U_w + a * Q_w
@@ -51,11 +51,9 @@ burst), and always with hot-prefix tracking off. The full weight is for one hot 
 among cold ones: when nearly all the traffic is on hot prefixes (``HotPrefixes.cold_share``
 below 0.25; 0.5 and up keeps the rule above, linear in between), each prefix gets its own
 replica set sized to its load and those sets balance the pool, so the spread weight holds
-(8 system prompts on 16 workers: 1.0 scattered each over 3-5 workers). Measured with ``token-gateway bench policies
-sim`` (docs/BENCHMARKS.md, "Round 4"): uniform gsp gets most of 0.5's hits (86.6% against
-85.8% at a fixed 1.0 and 86.9% at a fixed 0.5 in the 8-worker burst; 86.9% against 79.5% in
-the closed loop) and Zipf keeps 1.0's behaviour exactly (0.5 alone piled 1.45x the mean
-request count on the hot holders).
+(8 system prompts on 16 workers: 1.0 scattered each over several workers). Measured
+with ``token-gateway bench policies sim``: uniform gsp gets nearly all of 0.5's hits, and
+Zipf keeps 1.0's behaviour exactly (0.5 alone piled requests onto the hot holders).
 
 Every term of the additive form is in tokens, so a cached prefix is worth exactly the
 prefill it saves and is weighed against the work already queued, with no on/off
@@ -691,7 +689,7 @@ class CacheAwarePolicy(BasePolicy):
         the insert), so every replica measures the fleet's prefix shares: a replica that saw
         only its own half of the traffic needed twice the requests before it trusted a share
         (``queued_prefill_weight``'s guard), and in those first moments spilled groups to new
-        holders at the full weight (docs/BENCHMARKS.md, "Routing, round 6 (route5)"). A
+        holders at the full weight (``token-gateway bench policies sim --replicas 2``). A
         remote decision's worker does not join this process's replica set of a hot prefix:
         two replicas growing one shared set at once each kept its own newest holder among
         its first ``k`` and used more holders than either set alone (simulated Zipf and hot

@@ -7,7 +7,7 @@ situation coming: a request it is about to send shares a long prefix with a requ
 already sent to that worker which has not produced its first token yet (its prefix is
 not cached there yet). Holding the new request until that first token arrives turns a
 second full prefill of the prefix into a cache hit. In the simulated gsp burst these
-*in-batch duplicates* were 18 of the 98 misses (``docs/BENCHMARKS.md``, issue 19).
+*in-batch duplicates* were a large share of the misses that routing alone could not avoid.
 
 ``PrefillGate`` keeps, per worker, the requests in prefill (dispatched, no first token
 yet) with their packed prompt and the tokens the policy predicted cached for them at

@@ -1,6 +1,6 @@
 """Fault benchmark: what clients see when one worker of four is sick.
 
-Scenarios (issue 13), each on a fresh fleet of simulated workers (one process each,
+Scenarios, each on a fresh fleet of simulated workers (one process each,
 so a SIGKILL is real) behind a gateway process, with closed-loop clients (half of
 them streaming) for a bounded time and a per-request deadline:
 
