@@ -6,10 +6,10 @@ import random
 
 import pytest
 
-from gateway.bench.workloads import ideal_hit_rate
 from gateway.policies.base import Decision
 from gateway.policies.cache_aware import CacheAwarePolicy
 from gateway.policies.quality import FidelityGuard, OfferedPrefixes, PoolQuality
+from gateway_lab.bench.workloads import ideal_hit_rate
 
 from .helpers import req, tokens, views
 

@@ -221,8 +221,8 @@ class Generation:
                 # A whole answer: the call's end, the lease's release and the policy's
                 # output learning run right after the answer is built and written (the
                 # next loop turn's callbacks, before any new request's task), not before
-                # it (docs/BENCHMARKS.md, issue 18 round 4), and so do its timing histograms
-                # (round 5; the times were taken as the tokens came). The request's own record
+                # it (they would add to the answer's latency), and so do its timing histograms
+                # (the times were taken as the tokens came). The request's own record
                 # (the access log's worker and tokens) is filled now.
                 asyncio.get_running_loop().call_soon(self._finish_whole, first, last, gaps)
                 self._account(first, last, gaps, timing=False)

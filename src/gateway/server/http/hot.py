@@ -2,8 +2,8 @@
 
 FastAPI's routing and dependency layer and Starlette's middleware stack (the error,
 exception and exit-stack middlewares, each wrapping ``send``) and ``StreamingResponse``
-cost more per request than the rest of the HTTP side together (py-spy, short load;
-see docs/BENCHMARKS.md, issue 18). These three routes are the traffic, so they get
+cost more per request than the rest of the HTTP side together (py-spy profiles of
+the short-request load, ``token-gateway bench overhead --profile``). These three routes are the traffic, so they get
 their own path: the app matches their exact path and method before FastAPI's stack
 and runs them here, under the same observability middleware (request id, metrics,
 access log, tracing). The routes stay registered with FastAPI for the OpenAPI schema

@@ -3,8 +3,8 @@
 Why not grpc.aio for this one call: every streamed token is one gRPC message, and
 grpc.aio hands each message over on its own (a completion-queue operation, a
 hand-off from gRPC's poller thread, a task wake-up), even when many arrived in the
-same socket read. Profiles of the relay put that at a quarter to a third of the
-gateway's CPU per token (docs/BENCHMARKS.md, issue 18), and no grpc.aio API reads
+same socket read. Profiles of the relay put that at a large share of the
+gateway's CPU per token, and no grpc.aio API reads
 "what has already arrived". Here one socket read is cut into frames and messages in
 one pass, its messages are parsed with one protobuf parse (``batch.py``), each call with
 new messages is woken once, and a reader sees how many are waiting (``H2Call.ready``),
