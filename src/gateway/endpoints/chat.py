@@ -151,7 +151,7 @@ async def open(
     ``req.stream``, the started generation's chunks. With ``frame`` (the two bytes a door
     writes around each event's JSON; SSE: ``data: `` and a blank line) the common
     request's ordinary tokens (no reasoning or tool parser, one sample, no logprobs, no
-    stop string, no continuous usage: ``Generation.pieces``) come already written,
+    stop string, no continuous usage: ``Generation.deltas(texts=True)``) come already written,
     ``frame[0] + to_json() + frame[1]`` byte for byte, from a template around the text."""
     entry, gen, prompt_text, parsers = await _start(engine, req, ctx)
     if req.stream:
@@ -166,7 +166,7 @@ async def _answer(
     texts: dict[int, list[str]] = {}
     lps: dict[int, tuple[list[int], list[float], list[Any]]] = {}
     finish: dict[int, SampleDelta] = {}
-    async for d in gen:
+    async for d in gen.deltas():
         texts.setdefault(d.index, []).append(d.text)
         choices[d.index].count(d.token_ids)
         if d.logprobs is not None:
@@ -256,12 +256,12 @@ async def _chunks(
         for c in choices:
             c.reply = []
 
-    source: AsyncIterator[Any] = gen  # type: ignore[assignment]
+    source: AsyncIterator[Any] = gen.deltas()
     role = b""  # the template path: the role event, written with the first text's
     if frame is not None and plain and piece is None and not continuous and gen.plain:
-        # The template path: each text of a list from ``pieces`` is what the loop below
+        # The template path: each text of a list from ``deltas(texts=True)`` is what the loop below
         # makes of ``SampleDelta(0, text, [id])`` (content only, not final), written directly.
-        source = gen.pieces()
+        source = gen.deltas(texts=True)
         prefix, suffix = text_template(head, lambda text: ChatDelta(0, content=text))
         prefix, suffix = frame[0] + prefix, suffix + frame[1]
         reply = choices[0].reply  # plain: never dropped (no reasoning, no tool calls)

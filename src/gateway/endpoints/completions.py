@@ -208,14 +208,14 @@ async def _plain_json(
     req: CompletionRequest, entry: ModelEntry, gen: Generation, ctx: RequestContext, frame: tuple[bytes, bytes]
 ) -> AsyncGenerator[StreamChunk | bytes, None]:
     """One plain prompt (``Generation.plain``; no echo, no continuous usage): each token
-    text from ``Generation.pieces`` becomes its framed event from the template (a list of
+    text from ``Generation.deltas(texts=True)`` becomes its framed event from the template (a list of
     them, one write);
     every other delta goes through ``_chunks``'s rules (``_emit_plain`` is its ``emit``
     for this case) and comes as a typed event for the door to frame."""
     head = StreamHead(ctx.response_id("cmpl"), TEXT_COMPLETION, now(), entry.name)
     prefix, suffix = text_template(head)
     prefix, suffix = frame[0] + prefix, suffix + frame[1]
-    async for d in gen.pieces():
+    async for d in gen.deltas(texts=True):
         if type(d) is list:
             yield template_events(prefix, suffix, d)
         else:
@@ -266,7 +266,7 @@ async def _chunks(
         return StreamChunk(head, [choice], stream_usage(sum_usage(gens)) if continuous else None)
 
     if len(gens) == 1:  # one prompt: read it directly, without merge's generator layer per token
-        async for d in gens[0]:
+        async for d in gens[0].deltas():
             chunk = emit(0, d)
             if chunk is not None:
                 yield chunk
