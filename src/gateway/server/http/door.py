@@ -2,9 +2,8 @@
 
 The inference routes run on ``server.http.inference``'s path, which owns admission,
 the disconnect watch and SSE; the FastAPI routes that answer a small JSON body
-(``/v1/models``, parse, ``/admin/inspect``'s neighbours) run through ``HttpDoor.handle``.
-Both build the request context and the response headers here, and answer errors with
-``util.error_response``.
+(``/v1/models``, parse) run through ``HttpDoor.handle``. Both build the request context
+and the response headers here, and answer errors with ``util.error_response``.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ cost more per request than the rest of the HTTP side together, and these routes 
 the traffic. So ``GatewayApp`` matches their exact path and method before FastAPI's
 stack and runs them here, under the same observability middleware (request id,
 metrics, access log, tracing). FastAPI keeps admin, health, parse and the OpenAPI
-document (``openapi.describe_inference_routes`` adds these routes' bodies to it); each
+document (``openapi.describe_request_bodies`` adds these routes and bodies to it); each
 path is registered with it as a plain route to this app, so any other method gets 405.
 
 Auth before the body is read, the body limit, the OpenAI error shape for every bad
