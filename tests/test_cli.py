@@ -1,4 +1,5 @@
-"""`token-gateway` top level: --version, and --help without doubled or empty defaults."""
+"""`token-gateway` top level: --version, --help without doubled or empty defaults, and
+``serve``'s two help tiers."""
 
 from __future__ import annotations
 
@@ -17,15 +18,48 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().out.strip() == f"token-gateway {__version__}"
 
 
-@pytest.mark.parametrize("command", [*COMMANDS, *added_commands()])
-def test_help_defaults_once_and_never_empty(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "args", [[c, "--help"] for c in [*COMMANDS, *added_commands()]] + [["serve", "--help-all"]]
+)
+def test_help_defaults_once_and_never_empty(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
-        build_parser().parse_args([command, "--help"])
+        build_parser().parse_args(args)
     text = re.sub(r"\s+", " ", capsys.readouterr().out)
     assert "(default: )" not in text
     assert "(default: None)" not in text
     assert "(default: [])" not in text
     assert not re.search(r"\(default: [^)]*\) \(default:", text), text
+
+
+def _flags(argv: list[str], capsys: pytest.CaptureFixture[str]) -> set[str]:
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(argv)
+    assert exit_info.value.code == 0
+    return set(re.findall(r"^  (--[a-z0-9-]+)", capsys.readouterr().out, re.MULTILINE))
+
+
+def test_serve_help_shows_the_operators_flags_and_help_all_every_knob(capsys: pytest.CaptureFixture[str]) -> None:
+    from gateway.server.serve import OPERATOR_FLAGS
+
+    short = _flags(["serve", "--help"], capsys)
+    every = _flags(["serve", "--help-all"], capsys)
+    assert short == {*OPERATOR_FLAGS, "--help-all"}  # and -h, --help
+    assert 25 <= len(OPERATOR_FLAGS) <= 40
+    for flag in ("--worker-urls", "--policy", "--port", "--grpc-port", "--api-keys", "--max-concurrent-requests",
+                 "--tls-cert-file", "--processes", "--prometheus-port", "--otlp-traces-endpoint", "--log-level"):
+        assert flag in short, flag
+    assert short < every and len(every) > 4 * len(short)
+    assert {"--hot-prefix-window", "--watchdog-learn-alpha", "--sync-flush-interval-s"} <= every - short
+
+
+def test_serve_knobs_outside_the_short_help_still_parse_with_unchanged_defaults() -> None:
+    parser = build_parser()
+    defaults = parser.parse_args(["serve"])
+    tuned = parser.parse_args(["serve", "--hot-prefix-window", "77", "--watchdog-learn-alpha", "0.5"])
+    assert (tuned.hot_prefix_window, tuned.watchdog_learn_alpha) == (77, 0.5)
+    from gateway.policies.factory import PolicyConfig
+
+    assert defaults.hot_prefix_window == PolicyConfig().hot_prefix_window
 
 
 def test_grpc_defaults_are_set_unless_the_operator_chose() -> None:

@@ -45,6 +45,7 @@ LAYERS: dict[str, int] = {
     "protocol": 10,
     "proto": 5,
     "settings": 0,  # typed-config helper, imports nothing of the gateway
+    "help_tiers": 0,  # --help / --help-all, imports nothing of the gateway
     "config_layers": 0,  # --config FILE / TOKEN_GATEWAY_* sources under settings (pydantic-settings)
     "": 0,  # the package itself (gateway/__init__.py)
 }

@@ -121,7 +121,7 @@ class Recorder(PipelineObserver):
 
 
 async def collect(gen: Generation) -> list[SampleDelta]:
-    return [d async for d in gen]
+    return [d async for d in gen.deltas()]
 
 
 def words(tok: Tokenizer, text: str) -> list[int]:

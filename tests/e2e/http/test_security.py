@@ -159,7 +159,7 @@ async def test_grpcs_to_a_tls_worker(tmp_path: Path) -> None:
             entry = state.catalog.get(None)
             prepared = state.engine.prepare(entry, entry.tokenizer.encode("hello", False), _sampling(), stream=False)
             gen = await state.engine.start(prepared)
-            async for _ in gen:
+            async for _ in gen.deltas():
                 pass
             assert fleet.workers[0].counters.requests == 1
         finally:

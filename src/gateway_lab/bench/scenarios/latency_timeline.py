@@ -41,7 +41,7 @@ os.environ.setdefault("GRPC_EXPERIMENTS", "-event_engine_client")  # the gateway
 
 STAGES = [
     "recv",  # the HTTP protocol got the request's bytes (data_received)
-    "app",  # the hot route's ASGI call starts
+    "app",  # the inference route's ASGI call starts
     "body",  # body read
     "parsed",  # JSON parsed and the request model validated
     "template",  # chat template rendered
@@ -57,7 +57,7 @@ STAGES = [
     "fin_start",  # the generation's end: the stream is finished (lease, metrics, policy)
     "fin_end",
     "reported",  # the policy told what the worker now caches (prompt + output)
-    "built",  # the response dict built (complete_chat returned)
+    "built",  # the response dict built (chat's _answer returned)
     "written",  # the response's last bytes handed to the transport
 ]
 
@@ -120,7 +120,7 @@ def install_probes(out: Path, detail: bool = False) -> None:
 
     from gateway.endpoints import chat as chat_route
     from gateway.pipeline import dispatch, engine, generation
-    from gateway.server.http import guard, hot
+    from gateway.server.http import guard, inference
     from gateway.workers import client
 
     rows: list[dict[str, int]] = []
@@ -175,15 +175,15 @@ def install_probes(out: Path, detail: bool = False) -> None:
 
         setattr(obj, attr, wrapper)
 
-    around_async(hot.HotPath, "__call__", "app", None)
-    around_async(hot._Request, "_read_body", None, "body")
-    around_sync(hot, "parse_model", "parsed")
+    around_async(inference.InferencePath, "__call__", "app", None)
+    around_async(inference, "read_body", None, "body")
+    around_sync(inference, "parse_model", "parsed")
     around_sync(engine.Engine, "prepare", "prepared")
     around_sync(dispatch, "select", "selected")
-    around_async(chat_route, "complete_chat", None, "built")
+    around_async(chat_route, "_answer", None, "built")
     around_sync(dispatch.WorkerStream, "finished", "fin_end", "fin_start")
     around_sync(generation.Generation, "_report_output", "reported")
-    around_async(hot, "_send_json", None, "written")
+    around_async(inference, "_send_json", None, "written")
     around_async(engine.Engine, "open", None, "open")
     around_async(engine.Engine, "start", None, "gen_ready")
     orig_feed = generation.Generation._feed

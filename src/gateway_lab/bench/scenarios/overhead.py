@@ -25,7 +25,7 @@ A simulated fleet whose steps cost nothing (``SubprocessFleet``, every cost and
   per request and per relayed token, SSE events per token, idle CPU. The client is
   aiohttp, cheaper than what it measures. ``--repeat`` runs the round again for the spread.
 * ``start`` (only when asked for): the gsp burst's requests (``--gsp-*``) through the real
-  app in process (``GatewayApp``'s hot path, the engine, the router and its policy over
+  app in process (``GatewayApp``'s inference path, the engine, the router and its policy over
   ``--gsp-workers`` simulated workers' registrations), each worker's Generate replaced by
   an in-memory stream of ``--gsp-output-tokens`` tokens and ``send`` by a null one: the
   gateway's own code per request without gRPC or uvicorn, CPU per request (every thread)
@@ -374,7 +374,7 @@ async def stream_phase(
 # Pipeline stages, matched against py-spy frames ("function (file:line)"); first match wins,
 # scanning each stack from its innermost frame outwards.
 STAGES: list[tuple[str, tuple[str, ...]]] = [
-    ("sse encode", ("server/http/sse.py", "protocol/stream.py", "HttpDoor.sse_stream")),
+    ("sse encode", ("server/http/sse.py", "protocol/stream.py", "_Request._stream")),
     ("template", ("chat_template.py", "jinja2")),
     ("tokenize", ("prefix_cache.py", "tokenizer.py", "encode_batch", ": tokenize_")),
     ("select (policy)", ("gateway/policies/", "pipeline/router.py")),
@@ -498,12 +498,12 @@ class _NullSend:
         self.messages += 1
 
 
-def _hot_request(send: _NullSend) -> Any:
-    """A hot-path request object with only what ``_Request._stream`` uses."""
-    from gateway.server.http import hot
+def _inference_request(send: _NullSend) -> Any:
+    """An inference-path request object with only what ``_Request._stream`` uses."""
+    from gateway.server.http import inference
 
     door = type("Door", (), {"headers_for": staticmethod(lambda ctx: {"x-request-id": ctx.request_id})})()
-    request = hot._Request.__new__(hot._Request)
+    request = inference._Request.__new__(inference._Request)
     request.send_raw = send
     request.started = request.complete = request.gone = False
     request.path = type("Path", (), {"door": door})()
@@ -518,6 +518,7 @@ async def relay_code_us_per_token(prompts: Prompts, tokens: int, reps: int, *, c
     from gateway.endpoints import chat as chat_route
     from gateway.endpoints import completions
     from gateway.endpoints.chat_parsers import ChatParsers
+    from gateway.endpoints.events import Events
     from gateway.pipeline.generation import Generation
     from gateway.pipeline.prepared import PreparedRequest
     from gateway.pipeline.request_context import RequestContext
@@ -572,7 +573,7 @@ async def relay_code_us_per_token(prompts: Prompts, tokens: int, reps: int, *, c
             chunks: Any = chat_route._chunks(chat_req, entry, gen, "", no_parsers, ctx, SSE_FRAME)
         else:
             chunks = completions.json_events(req, entry, [gen], ctx, SSE_FRAME)
-        await _hot_request(send)._stream(chunks, ctx)
+        await _inference_request(send)._stream(Events(chunks, [gen]), ctx)
 
     for _ in range(5):
         await one()

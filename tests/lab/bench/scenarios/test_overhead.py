@@ -23,7 +23,7 @@ def bench() -> ModuleType:
 
 def test_stage_of_takes_the_innermost_known_frame(bench: ModuleType) -> None:
     loop = "thread (1): MainThread;run (asyncio/runners.py:118)"
-    app = loop + ";run (gateway/server/http/app.py:134);complete_chat (gateway/endpoints/chat.py:110)"
+    app = loop + ";run (gateway/server/http/app.py:134);_answer (gateway/endpoints/chat.py:110)"
     assert bench.stage_of(app + ";Engine.render_chat (gateway/pipeline/engine.py:93);ChatTemplate.render (gateway/tokenization/chat_template.py:185)") == "template"
     assert bench.stage_of(app + ";open_generate (gateway/pipeline/dispatch.py:160);_send (grpc/aio/_call.py:667)") == "dispatch (gRPC)"
     assert bench.stage_of("thread (7): tokenize_0;_worker (concurrent/futures/thread.py:81)") == "tokenize"

@@ -1,5 +1,5 @@
-"""The hot routes' thin ASGI path: which requests take it, and its answers where no worker
-is needed (bad input, auth, the body limit, a client gone, an unexpected error).
+"""The inference routes' one ASGI path: which requests take it, and its answers where no
+worker is needed (bad input, auth, the body limit, a client gone, an unexpected error).
 
 The whole-stack behaviour (streams, usage, disconnects mid-stream, admission) is covered
 by ``tests/e2e/http``, which runs every request of those routes through this path.
@@ -8,6 +8,7 @@ by ``tests/e2e/http``, which runs every request of those routes through this pat
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -15,11 +16,13 @@ import httpx
 import pytest
 
 from gateway.server.config import GatewayConfig
-from gateway.server.http import hot
 from gateway.server.http.app import GatewayApp, create_app
 from gateway.server.state import GatewayState
 
-HOT = ["/v1/chat/completions", "/v1/completions", "/generate"]
+INFERENCE = [
+    "/v1/chat/completions", "/v1/completions", "/generate", "/v1/embeddings", "/v1/tokenize", "/v1/detokenize",
+    "/admin/inspect",
+]
 
 
 @pytest.fixture
@@ -47,29 +50,32 @@ def _assert_openai_error(r: httpx.Response, status: int) -> dict[str, Any]:
     return error
 
 
-def test_only_post_on_the_three_routes_takes_the_hot_path(app: GatewayApp) -> None:
-    assert app.hot is not None
-    for path in HOT:
-        assert app.hot.match({"type": "http", "method": "POST", "path": path})
-        assert not app.hot.match({"type": "http", "method": "GET", "path": path})
-    for path in ("/v1/embeddings", "/v1/models", "/health", "/v1/chat/completions/x"):
-        assert not app.hot.match({"type": "http", "method": "POST", "path": path})
+def test_only_post_on_the_inference_routes_takes_the_path(app: GatewayApp) -> None:
+    assert sorted(app.inference.routes) == sorted(INFERENCE)
+    for path in INFERENCE:
+        assert app.inference.match({"type": "http", "method": "POST", "path": path})
+        assert not app.inference.match({"type": "http", "method": "GET", "path": path})
+    for path in ("/v1/models", "/health", "/parse/reasoning", "/flush_cache", "/v1/chat/completions/x"):
+        assert not app.inference.match({"type": "http", "method": "POST", "path": path})
 
 
-@pytest.mark.parametrize("path", HOT)
+@pytest.mark.parametrize("path", INFERENCE)
 async def test_bad_bodies_get_the_openai_error_shape(app: GatewayApp, path: str) -> None:
     async with _client(app) as c:
         _assert_openai_error(await c.post(path, content=b""), 400)
         _assert_openai_error(await c.post(path, content=b"{not json"), 400)
         _assert_openai_error(await c.post(path, content=b"[1, 2]"), 400)
         _assert_openai_error(await c.post(path, content=b"x" * 2000), 413)
-        r = await c.post(path, json={"model": 5}, headers={"x-request-id": "abc-1"})
-        assert r.status_code == 400 and r.headers["x-request-id"] == "abc-1"
+        for body in (b'{"model": 5}', b'{"stream": "yes"}', b'{"input": {"a": 1}, "text": 5, "tokens": "x"}'):
+            r = await c.post(path, content=body, headers={"x-request-id": "abc-1"})
+            _assert_openai_error(r, 400)
+            assert r.headers["x-request-id"] == "abc-1"
 
 
-async def test_other_methods_still_reach_fastapi(app: GatewayApp) -> None:
+@pytest.mark.parametrize("path", INFERENCE)
+async def test_other_methods_get_405_from_fastapi(app: GatewayApp, path: str) -> None:
     async with _client(app) as c:
-        r = await c.get("/v1/chat/completions")
+        r = await c.get(path)
     _assert_openai_error(r, 405)
 
 
@@ -103,25 +109,11 @@ async def test_an_unexpected_error_is_a_500_in_the_openai_shape(app: GatewayApp,
     async def boom(*args: Any) -> Any:
         raise RuntimeError("bug")
 
-    routes = {path: (hot.HotRoute(r.path, r.model, boom, r.admit), api) for path, (r, api) in app.hot._routes.items()}  # type: ignore[union-attr]
-    monkeypatch.setattr(app.hot, "_routes", routes)
+    routes = {path: dataclasses.replace(r, open=boom) for path, r in app.inference.routes.items()}
+    monkeypatch.setattr(app.inference, "routes", routes)
     async with _client(app) as c:
         r = await c.post("/generate", json={"text": "hi"})
     _assert_openai_error(r, 500)
-
-
-@pytest.mark.parametrize("path", HOT)
-async def test_bad_input_answers_match_the_fastapi_path(app: GatewayApp, path: str) -> None:
-    state: GatewayState = app.state.gateway
-    plain = create_app(state, manage_lifecycle=False, hot_path=False)
-    assert isinstance(plain, GatewayApp) and plain.hot is None
-    bodies = [b"", b"{not json", b"[1]", b"x" * 2000, b'{"model": 5}', b'{"stream": "yes"}']
-    async with _client(app) as hot_client, _client(plain) as plain_client:  # type: ignore[arg-type]
-        for body in bodies:
-            a = await hot_client.post(path, content=body, headers={"x-request-id": "same"})
-            b = await plain_client.post(path, content=body, headers={"x-request-id": "same"})
-            assert (a.status_code, a.json(), a.headers["content-type"]) == (b.status_code, b.json(), b.headers["content-type"])
-            assert a.headers["x-request-id"] == b.headers["x-request-id"] == "same"
 
 
 async def test_the_disconnect_watcher_starts_after_the_requests_own_turn(app: GatewayApp, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -134,7 +126,7 @@ async def test_the_disconnect_watcher_starts_after_the_requests_own_turn(app: Ga
     async def send_task() -> None:  # stands for grpc.aio's _send_unary_request
         order.append("send")
 
-    async def slow(engine: Any, req: Any, ctx: Any) -> Any:
+    async def slow(req: Any, ctx: Any) -> Any:
         asyncio.get_running_loop().create_task(send_task())
         started.set()
         try:
@@ -143,8 +135,8 @@ async def test_the_disconnect_watcher_starts_after_the_requests_own_turn(app: Ga
             cancelled.set()
             raise
 
-    routes = {path: (hot.HotRoute(r.path, r.model, slow, r.admit), api) for path, (r, api) in app.hot._routes.items()}  # type: ignore[union-attr]
-    monkeypatch.setattr(app.hot, "_routes", routes)
+    routes = {path: dataclasses.replace(r, open=slow) for path, r in app.inference.routes.items()}
+    monkeypatch.setattr(app.inference, "routes", routes)
     gone = asyncio.Event()
     messages = [{"type": "http.request", "body": b'{"text": "hi"}', "more_body": False}]
 
