@@ -481,6 +481,9 @@ class _ScriptedStream:
     def finished(self) -> None:
         self.closed = True
 
+    def output(self, output_ids: Any) -> None:
+        """No policy learns from a scripted stream."""
+
     async def aclose(self) -> None:
         self.closed = True
 
