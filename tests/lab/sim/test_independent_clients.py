@@ -30,7 +30,7 @@ from gateway_lab.sim.fleet import SimFleet
 from .conftest import ZERO, address
 
 OFFICIAL_BURST = Path(__file__).resolve().parent / "official_burst.py"
-PEERS_PYTHON = Path(__file__).resolve().parents[2] / ".peers-venv" / "bin" / "python"
+PEERS_PYTHON = Path(__file__).resolve().parents[3] / ".peers-venv" / "bin" / "python"
 REQUESTS, IN_FLIGHT = 128, 32
 STALL_BOUND_S = 2.0  # a zero-cost request takes milliseconds; SMG's stall was 5 s
 
