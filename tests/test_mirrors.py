@@ -54,7 +54,6 @@ UNMIRRORED = frozenset({
     "gateway/pipeline/observer.py",
     "gateway/pipeline/prepared.py",
     "gateway/pipeline/request_context.py",
-    "gateway/pipeline/sampling.py",
     "gateway/pipeline/scheduler_rules.py",
     "gateway/pipeline/tenancy.py",
     "gateway/policies/base.py",

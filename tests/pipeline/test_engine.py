@@ -171,17 +171,32 @@ def test_prepare_checks_the_prompt_and_keeps_what_the_request_asked() -> None:
 
 
 def test_the_context_holds_the_prompt_and_the_tokens_asked_for() -> None:
+    """SGLang's own server's rules: prompt + max_tokens must stay below the context, and
+    a prompt as long as the context is refused whatever is asked for."""
     engine, entry = _checked_engine(context=16)
     try:
-        Engine.check_context(entry, 10, 6, param="messages")  # exactly full: fine
+        Engine.check_context(entry, 10, 5, param="messages")  # one token of room left: fine
         with pytest.raises(ContextLengthExceededError, match="maximum context length is 16") as over:
-            Engine.check_context(entry, 10, 7, param="messages")
+            Engine.check_context(entry, 10, 6, param="messages")
         assert over.value.param == "messages"
-        # A prompt of 12 leaves room for 4: a larger max_tokens is refused, not silently cut.
+        with pytest.raises(ContextLengthExceededError, match="the prompt has 16 tokens"):
+            Engine.check_context(entry, 16, 0, param="messages")
+        # A prompt of 12 leaves room for 3: a larger max_tokens is refused, not silently cut.
         with pytest.raises(ContextLengthExceededError):
-            engine.prepare(entry, list(range(100, 112)), SamplingOptions(max_new_tokens=5), stream=False, prompt_param="messages")
-        prepared = engine.prepare(entry, list(range(100, 112)), SamplingOptions(max_new_tokens=4), stream=False)
-        assert prepared.sampling.max_new_tokens == 4
+            engine.prepare(entry, list(range(100, 112)), SamplingOptions(max_new_tokens=4), stream=False, prompt_param="messages")
+        prepared = engine.prepare(entry, list(range(100, 112)), SamplingOptions(max_new_tokens=3), stream=False)
+        assert prepared.sampling.max_new_tokens == 3
+    finally:
+        engine.close()
+
+
+def test_the_workers_prompt_limit_is_refused_before_any_worker() -> None:
+    engine, entry = _checked_engine(context=16)
+    entry.max_input_tokens = 10  # the schedulers' max_req_input_len
+    try:
+        Engine.check_context(entry, 9, 0, param="prompt")
+        with pytest.raises(ContextLengthExceededError, match="at most 9 tokens"):
+            Engine.check_context(entry, 10, 0, param="prompt")
     finally:
         engine.close()
 

@@ -38,6 +38,7 @@ from gateway.protocol import (
     sglang_top_rows,
     validation_error_to_gateway,
 )
+from gateway.protocol.sampling import MODEL_DEFAULT_KEYS
 
 USER = [{"role": "user", "content": "hi"}]
 
@@ -48,9 +49,17 @@ def chat(**fields: object) -> ChatCompletionRequest:
 
 def test_chat_defaults() -> None:
     opts = sampling_from_chat(chat())
-    assert opts == SamplingOptions()
+    assert opts == SamplingOptions(unset=frozenset(MODEL_DEFAULT_KEYS))
     assert opts.temperature == 1.0 and opts.top_p == 1.0 and opts.top_k == -1
     assert opts.max_new_tokens is None and opts.skip_special_tokens is True and opts.n == 1
+
+
+def test_chat_records_which_model_tunable_knobs_it_left_out() -> None:
+    """A knob the request sets, to any value (0 included), is the client's; the rest may
+    take the model's defaults, as on SGLang's own server."""
+    opts = sampling_from_chat(chat(temperature=0, top_k=5))
+    assert opts.unset == {"top_p", "min_p", "repetition_penalty"}
+    assert sampling_from_completion(CompletionRequest.model_validate({"model": "m", "prompt": "x"})).unset == frozenset()
 
 
 def test_chat_fields_map_through() -> None:

@@ -7,8 +7,9 @@ import time
 import pytest
 
 from gateway.policies.base import LoadSnapshot
+from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.workers import worker as worker_module
-from gateway.workers.worker import Worker, WorkerInfo
+from gateway.workers.worker import PAGE_SIZE_UNKNOWN, Worker, WorkerInfo
 from tests.fake_transport import FakeTransport
 
 
@@ -76,3 +77,36 @@ def test_a_view_is_reused_only_while_every_figure_is_the_same() -> None:
         assert now != before
         before = w.view()
         assert w.view() is before
+
+
+def _info(args: dict[str, object], sched: dict[str, object] | None = None, **model: object) -> WorkerInfo:
+    server = pb.GetServerInfoResponse()
+    server.server_args.update(args)
+    if sched is not None:
+        server.scheduler_info.update(sched)
+    return WorkerInfo.from_replies(pb.GetModelInfoResponse(served_model_name="m", **model), server)  # type: ignore[arg-type]
+
+
+def test_worker_info_keeps_placeholders_apart_and_reads_server_args() -> None:
+    """GetModelInfo's max_context_length is the KV pool and its vocab/EOS are placeholders:
+    kept only as 'reported'; null server arguments are unknown, not zero."""
+    info = _info(
+        {"page_size": None, "context_length": None, "sampling_defaults": "openai"},
+        max_context_length=65536, vocab_size=128256, eos_token_ids=[], max_req_input_len=40954,
+        default_sampling_params_json='{"temperature":0.6}',
+    )
+    assert info.kv_pool_tokens == 65536 and info.reported_vocab_size == 128256
+    assert info.max_req_input_len == 40954 and info.context_length_arg is None
+    assert info.sampling_defaults_mode == "openai" and info.default_sampling_json == '{"temperature":0.6}'
+    assert (info.page_size, info.page_size_source) == (1, PAGE_SIZE_UNKNOWN)
+    assert _info({"context_length": 8192}).context_length_arg == 8192
+
+
+def test_page_size_comes_from_the_most_reliable_source() -> None:
+    assert (_info({"page_size": 64}).page_size, _info({"page_size": 64}).page_size_source) == (64, "server_args.page_size")
+    reported = _info({"page_size": None}, {"page_size": 32})
+    assert (reported.page_size, reported.page_size_source) == (32, "scheduler_info.page_size")
+    unknown = _info({})
+    assert unknown.learn_page_size(16) and (unknown.page_size, unknown.page_size_source) == (16, "kv_events")
+    assert not unknown.learn_page_size(16)
+    assert not reported.learn_page_size(16) and reported.page_size == 32  # a report wins over events

@@ -18,6 +18,7 @@ from gateway.endpoints.chat_parsers import ChatParsers, choose_parsers, template
 from gateway.endpoints.completions import piece_fn, stream_usage
 from gateway.endpoints.events import Answer, Events
 from gateway.parsers.base import ReasoningParser, ToolCallDelta, ToolCallParser
+from gateway.parsers.reasoning_tokens import ReasoningTokenCounter
 from gateway.pipeline.catalog import ModelEntry
 from gateway.pipeline.engine import Engine
 from gateway.pipeline.generation import Generation, SampleDelta
@@ -54,23 +55,19 @@ class _Choice:
 
     reasoning: ReasoningParser | None
     tools: ToolCallParser | None
-    think_end_id: int | None
+    counter: ReasoningTokenCounter | None  # the choice's reasoning tokens (None: no reasoning parsed)
     max_calls: int | None = None  # parallel_tool_calls false: only the first call
-    reasoning_tokens: int = 0
-    in_reasoning: bool = True
     sent_role: bool = False
     ids: list[int] = field(default_factory=list)
     reply: list[str] | None = None  # streamed content kept for --reply-token-reuse; None: not kept
 
+    @property
+    def reasoning_tokens(self) -> int:
+        return self.counter.count if self.counter is not None else 0
+
     def count(self, token_ids: list[int]) -> None:
-        """Reasoning tokens are those before the think-end token."""
-        if self.reasoning is None or not self.in_reasoning or self.think_end_id is None:
-            return
-        for t in token_ids:
-            if t == self.think_end_id:
-                self.in_reasoning = False
-                return
-            self.reasoning_tokens += 1
+        if self.counter is not None:
+            self.counter.feed(token_ids)
 
     def split(self, text: str, *, final: bool) -> tuple[str, str, list[ToolCallDelta]]:
         """(reasoning, content, tool call deltas) for new text."""
@@ -124,10 +121,11 @@ async def _start(engine: Engine, req: ChatCompletionRequest, ctx: RequestContext
 
 def _choices(gen: Generation, prompt_text: str, parsers: ChatParsers) -> list[_Choice]:
     max_calls = None if parsers.parallel_tool_calls else 1
-    return [
-        _Choice(parsers.new_reasoning(prompt_text), parsers.new_tools(), parsers.think_end_id, max_calls)
-        for _ in range(gen.prepared.sampling.n)
-    ]
+    out = []
+    for _ in range(gen.prepared.sampling.n):
+        reasoning = parsers.new_reasoning(prompt_text)
+        out.append(_Choice(reasoning, parsers.new_tools(), parsers.reasoning_counter(reasoning), max_calls))
+    return out
 
 
 def _reasoning_total(choices: list[_Choice]) -> int:
@@ -218,7 +216,7 @@ async def _answer(
             ).to_dict()
         )
     u = gen.usage
-    reasoning_tokens = u.reasoning_tokens or _reasoning_total(choices)
+    reasoning_tokens = _reasoning_total(choices)  # never the worker's count (parsers.reasoning_tokens)
     return shaped(ChatCompletionResponse, {
         "id": ctx.response_id("chatcmpl"), "created": now(), "model": entry.name, "choices": out,
         "usage": usage_dict(u.prompt_tokens, u.completion_tokens, cached_tokens=u.cached_tokens,
@@ -319,5 +317,5 @@ async def _chunks(
         u = gen.usage
         usage = stream_usage(u)
         if parsers.reasoning_enabled:
-            usage.reasoning_tokens = u.reasoning_tokens or _reasoning_total(choices)
+            usage.reasoning_tokens = _reasoning_total(choices)
         yield StreamChunk(head, [], usage)

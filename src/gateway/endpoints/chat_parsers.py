@@ -16,6 +16,7 @@ from typing import Any
 from gateway.endpoints.parser_guard import GuardedReasoningParser, GuardedToolParser
 from gateway.parsers.base import ReasoningParser, ToolCallParser
 from gateway.parsers.constrained import tool_choice_constraint
+from gateway.parsers.reasoning_tokens import ReasoningTokenCounter
 from gateway.parsers.registry import (
     needs_special_tokens,
     reasoning_parser_for_request,
@@ -25,6 +26,7 @@ from gateway.pipeline.catalog import ModelEntry
 from gateway.protocol.chat import ChatCompletionRequest
 
 _END_TAGS = {"kimi": "◁/think▷"}
+_START_TAGS = {"kimi": "◁think▷"}
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,7 @@ class ChatParsers:
     tools: tuple[dict[str, Any], ...]
     think_end_id: int | None
     constraint: tuple[str, str] | None = None
+    think_start_id: int | None = None
     reasoning_parser: str | None = None
     tool_parser: str | None = None
     chat_template_kwargs: tuple[tuple[str, Any], ...] = ()
@@ -54,6 +57,15 @@ class ChatParsers:
             prompt_text=prompt_text,
         )
         return GuardedReasoningParser(parser) if parser is not None else None
+
+    def reasoning_counter(self, parser: ReasoningParser | None) -> ReasoningTokenCounter | None:
+        """A counter of the reasoning tokens of the sample ``parser`` splits (None when
+        no reasoning is split, or the model's think tags are not single tokens)."""
+        if parser is None or self.think_end_id is None:
+            return None
+        inner = getattr(parser, "inner", parser)  # a GuardedReasoningParser wraps the real one
+        opened = bool(getattr(inner, "starts_in_reasoning", False))
+        return ReasoningTokenCounter(self.think_start_id, self.think_end_id, starts_in_reasoning=opened)
 
     def new_tools(self) -> ToolCallParser | None:
         """auto: the model's own format; required/named: the JSON the constraint forces."""
@@ -86,6 +98,8 @@ def choose_parsers(entry: ModelEntry, req: ChatCompletionRequest) -> ChatParsers
     tool_name = entry.tool_call_parser if choice == "auto" and tools else None
     end_tag = _END_TAGS.get(reasoning_name or "", "</think>")
     think_end_id = entry.tokenizer.token_id(end_tag) if reasoning_name else None
+    start_tag = _START_TAGS.get(reasoning_name or "", "<think>")
+    think_start_id = entry.tokenizer.token_id(start_tag) if reasoning_name else None
     # Think tags that are special tokens in this vocabulary must survive decoding too.
     special_tags = reasoning and think_end_id is not None and think_end_id in entry.tokenizer.special_token_ids
     return ChatParsers(
@@ -95,6 +109,7 @@ def choose_parsers(entry: ModelEntry, req: ChatCompletionRequest) -> ChatParsers
         tool_choice=choice,
         tools=tools,
         think_end_id=think_end_id,
+        think_start_id=think_start_id,
         constraint=tuple(constraint) if constraint is not None else None,  # type: ignore[arg-type]
         reasoning_parser=reasoning_name,
         tool_parser=entry.tool_call_parser,

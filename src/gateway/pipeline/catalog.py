@@ -3,17 +3,22 @@
 A model's tokenizer is resolved once, when its first worker registers: from an
 explicit path, the on-disk cache, the worker itself (GetTokenizer, sha256
 checked), or the hub. Loading runs in a thread so registration never blocks
-the event loop.
+the event loop. The model's limits and sampling defaults are settled then too, from
+the model's files and the worker's server arguments (``pipeline.model_facts``); what
+GetModelInfo says about the vocabulary and EOS ids is never used (placeholders on real
+workers: the tokenizer's own files are the source).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from gateway.parsers.config import ParserConfig
+from gateway.pipeline.model_facts import ModelFacts, prompt_limit, resolve_context, resolve_sampling
 from gateway.pipeline.model_parsers import settle_model_parsers
 from gateway.protocol.errors import ModelNotFoundError
 from gateway.tokenization import ChatPromptCache, Tokenizer, TokenizerRegistry
@@ -29,7 +34,7 @@ class ModelEntry:
     name: str
     tokenizer: Tokenizer
     tokenizer_source: str
-    max_context_length: int
+    max_context_length: int  # the model's context length (advertised as max_model_len)
     prompt_cache: ChatPromptCache
     model_type: str = ""
     aliases: set[str] = field(default_factory=set)
@@ -37,6 +42,26 @@ class ModelEntry:
     tool_call_parser: str | None = None  # the model's own tool-call format (gateway.parsers)
     reasoning_parser: str | None = None
     reply_cache: ReplyTokenCache | None = None  # --reply-token-reuse: replies resent as their generated ids
+    facts: ModelFacts = field(default_factory=ModelFacts)  # limits and sampling defaults, with their sources
+    max_input_tokens: int = 0  # prompts this long or longer are refused by some worker's scheduler (0: unknown)
+
+    @property
+    def default_sampling(self) -> dict[str, float]:
+        return dict(self.facts.default_sampling)
+
+    def describe(self) -> dict[str, object]:
+        """Where each fact the gateway uses about this model comes from."""
+        return {
+            "name": self.name,
+            "tokenizer": self.tokenizer_source,
+            "vocab_size": {"value": self.tokenizer.vocab_size, "source": "tokenizer.json"},
+            "eos_token_ids": {
+                "value": sorted(self.tokenizer.eos_token_ids),
+                "source": "tokenizer_config.json, generation_config.json, config.json",
+            },
+            **self.facts.describe(),
+            "max_input_tokens": {"value": self.max_input_tokens, "source": "the workers' schedulers (the lowest)"},
+        }
 
 
 class ModelCatalog:
@@ -110,12 +135,25 @@ class ModelCatalog:
         return entry
 
     def _merge_worker_facts(self, entry: ModelEntry, worker: Worker) -> None:
-        entry.tokenizer.merge_eos_token_ids(worker.info.eos_token_ids)
-        if worker.info.max_context_length:
-            if entry.max_context_length:
-                entry.max_context_length = min(entry.max_context_length, worker.info.max_context_length)
-            else:
-                entry.max_context_length = worker.info.max_context_length
+        """Fold one more worker's facts into its model's: the tightest limits win (a prompt
+        must fit every worker it may be routed to); the vocabulary and EOS ids it reports
+        are not used."""
+        facts = model_facts(entry.tokenizer, worker)
+        if not entry.facts.default_sampling and facts.default_sampling:
+            entry.facts = dataclasses.replace(
+                entry.facts, default_sampling=facts.default_sampling, default_sampling_source=facts.default_sampling_source
+            )
+        if facts.context_length and (not entry.max_context_length or facts.context_length < entry.max_context_length):
+            entry.max_context_length = facts.context_length
+            entry.facts = dataclasses.replace(
+                entry.facts, context_length=facts.context_length, context_source=facts.context_source
+            )
+        limit = prompt_limit(
+            reported=worker.info.max_req_input_len, context_length=entry.max_context_length,
+            kv_pool=worker.info.kv_capacity_tokens or worker.info.kv_pool_tokens,
+        )
+        if limit and (not entry.max_input_tokens or limit < entry.max_input_tokens):
+            entry.max_input_tokens = limit
         entry.aliases.update({worker.model, worker.info.model_path} - {""})
 
     async def _load(self, name: str, worker: Worker) -> ModelEntry:
@@ -136,12 +174,17 @@ class ModelCatalog:
             settle_model_parsers, self._parsers, names, tokenizer, worker.info.model_type
         )
         await asyncio.to_thread(tokenizer.warm_chat_templates)
-        context = worker.info.max_context_length or (tokenizer.model_max_length or 0)
+        facts = model_facts(tokenizer, worker)
+        log.info(
+            "model %s: context length %d (%s), sampling defaults %s (%s)", name, facts.context_length,
+            facts.context_source, facts.default_sampling or "none", facts.default_sampling_source,
+        )
         return ModelEntry(
             name=name,
             tokenizer=tokenizer,
             tokenizer_source=resolved.source,
-            max_context_length=context,
+            max_context_length=facts.context_length,
+            facts=facts,
             prompt_cache=ChatPromptCache(tokenizer, max_entries=self._prompt_cache_entries),
             model_type=worker.info.model_type,
             worker_model=model,
@@ -151,4 +194,18 @@ class ModelCatalog:
         )
 
 
-__all__ = ["ModelCatalog", "ModelEntry", "TokenizationError"]
+def model_facts(tokenizer: Tokenizer, worker: Worker) -> ModelFacts:
+    """One worker's view of its model: its server arguments over the model's files."""
+    info = worker.info
+    context, context_source = resolve_context(
+        context_arg=info.context_length_arg, model_config=tokenizer.model_config,
+        tokenizer_limit=tokenizer.model_max_length, kv_pool=info.kv_pool_tokens,
+    )
+    sampling, sampling_source = resolve_sampling(
+        worker_json=info.default_sampling_json, sampling_mode=info.sampling_defaults_mode,
+        generation_config=tokenizer.generation_config,
+    )
+    return ModelFacts(context, context_source, sampling, sampling_source)
+
+
+__all__ = ["ModelCatalog", "ModelEntry", "TokenizationError", "model_facts"]

@@ -30,6 +30,7 @@ from gateway.pipeline.limits import (
     check_prompt,
     check_token_ids,
 )
+from gateway.pipeline.model_facts import apply_model_defaults
 from gateway.pipeline.observer import NULL_OBSERVER, PipelineObserver
 from gateway.pipeline.pd import PdOpener, serves_pd
 from gateway.pipeline.prepared import PreparedRequest
@@ -272,9 +273,10 @@ class Engine:
         if cache_salt:
             prompt_ids = salt_prefix(cache_salt, entry.tokenizer) + list(prompt_ids)
         check_token_ids(sampling, entry.tokenizer.vocab_size)
+        sampling = apply_model_defaults(sampling, entry.facts.default_sampling)
         limit = entry.max_context_length
         sampling = apply_sampling_limits(
-            sampling, self.limits, room=limit - len(prompt_ids) if limit else None
+            sampling, self.limits, room=limit - len(prompt_ids) - 1 if limit else None
         )
         self.check_context(entry, len(prompt_ids), sampling.max_new_tokens or 0, param=prompt_param)
         plan = StopPlan.build(
@@ -316,12 +318,27 @@ class Engine:
 
     @staticmethod
     def check_context(entry: ModelEntry, prompt_tokens: int, wanted: int, *, param: str) -> None:
-        """The prompt plus the tokens asked for must fit the model's context."""
+        """Refuse, before any worker is touched, what SGLang would refuse: a prompt as long
+        as the model's context or longer, a prompt plus ``wanted`` new tokens that reaches
+        it (the rules of SGLang's own server), and a prompt the workers' schedulers refuse
+        (``max_input_tokens``: the context less the scheduler's reserve, or its KV pool)."""
         limit = entry.max_context_length
-        if limit and prompt_tokens + wanted > limit:
+        if limit and prompt_tokens >= limit:
+            raise ContextLengthExceededError(
+                f"the prompt has {prompt_tokens} tokens; this model's maximum context length is {limit} tokens",
+                param=param,
+            )
+        if limit and wanted and prompt_tokens + wanted >= limit:
             raise ContextLengthExceededError(
                 f"this model's maximum context length is {limit} tokens; the prompt has "
                 f"{prompt_tokens} tokens and {wanted} more were requested",
+                param=param,
+            )
+        inputs = entry.max_input_tokens
+        if inputs and prompt_tokens >= inputs:
+            raise ContextLengthExceededError(
+                f"the prompt has {prompt_tokens} tokens; this model's workers accept prompts of at most "
+                f"{inputs - 1} tokens (the context length or KV pool, less the room the server keeps)",
                 param=param,
             )
 

@@ -48,7 +48,7 @@ class UsageCounts:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
-    reasoning_tokens: int = 0
+    reasoning_tokens: int = 0  # as the worker reports it; the chat endpoint counts its own
     per_sample_completion: dict[int, int] = field(default_factory=dict)
 
 

@@ -129,6 +129,9 @@ class Router:
         self._cache_params[worker.id] = params
         if old is not None and old[1] > 0 and params[1] > 0:
             self.cache_param_changes[worker.id] = self.cache_param_changes.get(worker.id, 0) + 1
+            if old[1] == params[1] and worker.info.page_size_source == "kv_events":
+                log.info("worker %s: page size %d learned from its KV events; its tree share is relearned", worker.id, params[0])
+                return
             log.warning(
                 "worker %s: page size %d -> %d, KV capacity %d -> %d tokens: its cache is not what "
                 "the routing tree remembers; its share is dropped and relearned",

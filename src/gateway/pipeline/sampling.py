@@ -3,13 +3,18 @@
 proto3 cannot say "unset" for scalars, and real workers take temperature and n
 as sent, so both are always written; top_p/top_k/repetition_penalty zeros mean
 "off" on the worker side and are written as their neutral values anyway.
+
+``seed`` is not sent. SGLang samples with a seed only through its
+``sampling_seed`` parameter, and the SglangScheduler wire (smg-grpc-proto 0.4.28,
+smg-grpc-servicer 0.14.1) has no field that reaches it; ``custom_params`` feeds
+custom logit processors only, so a seed put there is silently ignored by the
+sampler. A seeded request is therefore not reproducible on a ``--grpc-mode``
+worker, and the gateway says so (docs/sglang-mapping.md) instead of pretending.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-from google.protobuf import struct_pb2
 
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.protocol.sampling import SamplingOptions
@@ -44,8 +49,4 @@ def to_sampling_params(
     if options.logit_bias:
         for token, bias in options.logit_bias.items():
             params.logit_bias[str(token)] = float(bias)
-    if options.seed is not None:
-        custom = struct_pb2.Struct()
-        custom.update({"seed": int(options.seed)})
-        params.custom_params.CopyFrom(custom)
     return params

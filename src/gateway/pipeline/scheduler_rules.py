@@ -40,7 +40,8 @@ STRIPPED: dict[str, str] = {
 }
 """GenerateRequest fields the pass-through clears before forwarding, with the reason."""
 
-# custom_params keys the gateway itself sends (the sampling seed); others feed custom logit processors.
+# custom_params keys a pass-through client may send: a seed (validated and relayed; SGLang's
+# sampler does not read it, see pipeline/sampling.py); others feed custom logit processors.
 ALLOWED_CUSTOM_PARAMS = frozenset({"seed"})
 
 
@@ -139,7 +140,7 @@ def check_scheduler_generate(
     params.n = prepared.sampling.n
     wanted = prepared.sampling.max_new_tokens
     if wanted is None and entry.max_context_length:
-        wanted = entry.max_context_length - len(prepared.prompt_ids)  # explicit: what the worker would do anyway
+        wanted = entry.max_context_length - len(prepared.prompt_ids) - 1  # explicit: the most SGLang admits
     if wanted is not None:
         params.max_new_tokens = wanted
     return out, prepared

@@ -7,6 +7,11 @@ pipeline never looks at a request model to decide how to sample.
 Defaults are OpenAI's (temperature 1.0, top_p 1.0) and the worker's "off" values
 (top_k -1, min_p 0, repetition_penalty 1.0). ``max_new_tokens`` None means "the
 worker's default" (chat without max_tokens: until the context is full).
+
+A chat request also records which of the model-tunable knobs it left out
+(``unset``): SGLang's own OpenAI server fills exactly those from the model's
+generation defaults, and the pipeline does the same (``pipeline.model_facts``).
+Completions and /generate keep their fixed defaults, as SGLang's server does.
 """
 
 from __future__ import annotations
@@ -27,6 +32,10 @@ ConstraintKind = Literal["regex", "json_schema", "ebnf"]
 
 JSON_OBJECT_SCHEMA = '{"type": "object"}'
 """The constraint for ``response_format: {"type": "json_object"}``: any JSON object."""
+
+
+MODEL_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+"""The knobs a model's generation_config.json may set defaults for (the set SGLang reads)."""
 
 
 class Constraint(NamedTuple):
@@ -61,6 +70,9 @@ class SamplingOptions:
     """-1: no prompt logprobs; k >= 0: prompt logprobs from prompt token k on (echo)."""
     constraint: Constraint | None = None
     logit_bias: Mapping[str, float] = field(default_factory=dict)
+    unset: frozenset[str] = frozenset()
+    """Model-tunable knobs (``MODEL_DEFAULT_KEYS``) the request left out; the model's
+    generation defaults may fill them."""
 
     def with_constraint(self, constraint: Constraint | tuple[str, str] | None) -> SamplingOptions:
         """Add a constraint (e.g. from ``tool_choice``); two constraints are a client error."""
@@ -135,6 +147,7 @@ def sampling_from_chat(req: ChatCompletionRequest) -> SamplingOptions:
     return SamplingOptions(
         **_common(req),  # type: ignore[arg-type]
         max_new_tokens=req.max_new_tokens,
+        unset=frozenset(k for k in MODEL_DEFAULT_KEYS if getattr(req, k) is None),
         logprobs=req.logprobs,
         top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0,
         constraint=constraint,

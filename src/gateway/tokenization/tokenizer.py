@@ -134,6 +134,11 @@ class Tokenizer:
         self.name = name
         self.path = path
         self.config: dict[str, Any] = dict(config or {})
+        # The model files that came with the tokenizer (a worker's GetTokenizer zip and a
+        # hub download carry both): the model's own context length and sampling defaults
+        # are read from them (``pipeline.model_facts``); empty when absent.
+        self.model_config: dict[str, Any] = dict(model_config or {})
+        self.generation_config: dict[str, Any] = dict(generation_config or {})
         folder = path.parent if path is not None and path.is_file() else path
         self._chat_template_sources = _chat_template_sources(folder, self.config)
         self._chat_templates: dict[str, ChatTemplate] = {}

@@ -100,6 +100,17 @@ def apply_batch(feed: FeedState, batch: common_pb2.KvEventBatch) -> None:
     feed.batches += 1
 
 
+def learn_page_size(worker: Worker, batch: common_pb2.KvEventBatch) -> None:
+    """A worker that reported no page size (SGLang's default leaves the argument null)
+    tells it in every stored block: the policies' page alignment follows it."""
+    for ev in batch.events:
+        if ev.WhichOneof("data") == "stored" and ev.stored.blocks:
+            size = ev.stored.blocks[0].block_size
+            if worker.info.learn_page_size(size):
+                log.info("worker %s: page size %d learned from its KV events", worker.url, size)
+            return
+
+
 class KvEventFeeder:
     """Keeps one KV-event subscription per worker whose pool policy is ``cache_aware``."""
 
@@ -168,6 +179,7 @@ class KvEventFeeder:
                     if not feed.connected:
                         feed.connected = True
                         delay = self.retry_s
+                    learn_page_size(worker, batch)
                     apply_batch(feed, batch)
                 feed.last_error = "stream ended"
             except asyncio.CancelledError:

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from google.protobuf.json_format import MessageToDict
 
@@ -20,63 +19,107 @@ ROLES = ("regular", "prefill", "decode")
 LOADS_VIEW_REUSE_S = 0.01  # a policy's load view is at most this much older than its age says
 
 
+PAGE_SIZE_UNKNOWN = "unknown (assumed 1)"
+
+
 @dataclass
 class WorkerInfo:
-    """The worker's self-description from GetModelInfo and GetServerInfo."""
+    """The worker's self-description from GetModelInfo and GetServerInfo, as reported.
+
+    Not every field is true on a real ``--grpc-mode`` worker (see docs/sglang-mapping.md):
+    ``kv_pool_tokens`` is GetModelInfo's ``max_context_length``, which is the KV pool
+    size, not the model's context; ``reported_vocab_size`` and ``reported_eos_token_ids``
+    are placeholders the servicer fills with fixed values, kept only to be shown. The
+    model's real limits and defaults are settled by ``pipeline.model_facts`` from the
+    model's files and the server arguments kept here.
+    """
 
     model: str
     model_path: str = ""
     tokenizer_path: str = ""
-    max_context_length: int = 0
-    vocab_size: int = 0
-    eos_token_ids: tuple[int, ...] = ()
+    kv_pool_tokens: int = 0  # GetModelInfo max_context_length: the KV pool size
+    reported_vocab_size: int = 0  # a placeholder on real workers: never used
+    reported_eos_token_ids: tuple[int, ...] = ()  # a placeholder on real workers: never used
     bos_token_id: int | None = None
     is_generation: bool = True
     model_type: str = ""
     page_size: int = 1
+    page_size_source: str = PAGE_SIZE_UNKNOWN
     kv_capacity_tokens: int = 0
     disaggregation_mode: str = "null"
     bootstrap_port: int | None = None
     dp_size: int = 1  # data-parallel ranks behind this one address (PD rooms align to them)
     max_running_requests: int = 0  # server_args max_running_requests (0: not reported)
-    default_sampling: dict[str, float] = field(default_factory=dict)
+    max_req_input_len: int = 0  # the scheduler's prompt limit (prompts this long or longer are refused)
+    context_length_arg: int | None = None  # server_args.context_length: the operator's override
+    sampling_defaults_mode: str = ""  # server_args.sampling_defaults ("model" or "openai"; "": not reported)
+    default_sampling_json: str = ""  # GetModelInfo default_sampling_params_json, as sent
 
     @classmethod
     def from_replies(
         cls, model_info: pb.GetModelInfoResponse, server_info: pb.GetServerInfoResponse
     ) -> WorkerInfo:
         args = MessageToDict(server_info.server_args) if server_info.HasField("server_args") else {}
+        sched = MessageToDict(server_info.scheduler_info) if server_info.HasField("scheduler_info") else {}
         model = (
             model_info.served_model_name
             or args.get("served_model_name")
             or model_info.model_path
             or "default"
         )
-        defaults: dict[str, float] = {}
-        if model_info.default_sampling_params_json:
-            try:
-                defaults = dict(json.loads(model_info.default_sampling_params_json))
-            except (ValueError, TypeError):
-                defaults = {}
         bootstrap = args.get("disaggregation_bootstrap_port")
+        page, page_source = _page_size(args, sched)
+        context_arg = _positive_int(args.get("context_length"))
         return cls(
             model=str(model),
             model_path=model_info.model_path,
             tokenizer_path=model_info.tokenizer_path,
-            max_context_length=model_info.max_context_length,
-            vocab_size=model_info.vocab_size,
-            eos_token_ids=tuple(model_info.eos_token_ids),
+            kv_pool_tokens=model_info.max_context_length,
+            reported_vocab_size=model_info.vocab_size,
+            reported_eos_token_ids=tuple(model_info.eos_token_ids),
             bos_token_id=model_info.bos_token_id if model_info.bos_token_id > 0 else None,
             is_generation=model_info.is_generation,
             model_type=model_info.model_type,
-            page_size=max(1, int(args.get("page_size") or 1)),
+            page_size=page,
+            page_size_source=page_source,
             kv_capacity_tokens=int(server_info.max_total_num_tokens or args.get("max_total_num_tokens") or 0),
             disaggregation_mode=str(args.get("disaggregation_mode") or "null"),
             bootstrap_port=int(bootstrap) if bootstrap else None,
             dp_size=max(1, int(args.get("dp_size") or 1)),
             max_running_requests=max(0, int(args.get("max_running_requests") or 0)),
-            default_sampling=defaults,
+            max_req_input_len=max(0, model_info.max_req_input_len),
+            context_length_arg=context_arg,
+            sampling_defaults_mode=str(args.get("sampling_defaults") or ""),
+            default_sampling_json=model_info.default_sampling_params_json,
         )
+
+    def learn_page_size(self, block_size: int) -> bool:
+        """A KV event's block size, when the worker reported no page size: True if it changed."""
+        if block_size < 1 or self.page_size_source not in (PAGE_SIZE_UNKNOWN, "kv_events"):
+            return False
+        changed = self.page_size != block_size or self.page_size_source != "kv_events"
+        self.page_size, self.page_size_source = block_size, "kv_events"
+        return changed
+
+
+def _positive_int(value: object) -> int | None:
+    """A server argument that is a real positive number (SGLang leaves unset ones null)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        return None
+    return int(value)
+
+
+def _page_size(args: dict[str, object], sched: dict[str, object]) -> tuple[int, str]:
+    """The worker's page size and where it came from. SGLang's ``page_size`` argument is
+    null unless the operator set it (the server resolves it later, to 64 on some attention
+    backends), so a null one is not 1: it is unknown until the KV events tell."""
+    arg = _positive_int(args.get("page_size"))
+    if arg is not None:
+        return arg, "server_args.page_size"
+    reported = _positive_int(sched.get("page_size"))
+    if reported is not None:
+        return reported, "scheduler_info.page_size"
+    return 1, PAGE_SIZE_UNKNOWN
 
 
 class Worker:
@@ -216,8 +259,14 @@ class Worker:
             "running_decode_tokens": self.load.running_decode_tokens,
             "total_requests": self.load.total_requests,
             "page_size": self.info.page_size,
+            "page_size_source": self.info.page_size_source,
             "kv_capacity_tokens": self.info.kv_capacity_tokens,
-            "max_context_length": self.info.max_context_length,
+            "max_req_input_len": self.info.max_req_input_len,
+            "reported": {  # as the worker sent them; placeholders on real workers, never used
+                "max_context_length (the KV pool size)": self.info.kv_pool_tokens,
+                "vocab_size": self.info.reported_vocab_size,
+                "eos_token_ids": list(self.info.reported_eos_token_ids),
+            },
             "bootstrap_port": self.bootstrap_port,
         }
 

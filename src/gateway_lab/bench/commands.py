@@ -33,6 +33,7 @@ SCENARIOS: dict[str, tuple[str, str]] = {
     "scaleout": ("scaleout", "one process, --processes 2 and synced replicas: routing and throughput"),
     "pd": ("pd", "prefill/decode disaggregation on gsp: prefill-side hit rate per prefill policy"),
     "sim": ("sim", "raw capacity of one simulated worker over loopback gRPC"),
+    "peer-stall": ("peer_stall", "SMG's latency in front of zero-cost simulated workers (seconds: it waits on something)"),
     "tokenize": ("tokenize", "tokenization: encode throughput, chat-template render, multi-turn cache"),
     "control": ("control", "control plane: failover when a worker dies under load; admission cost"),
     "parsers": ("parsers", "CPU per streamed delta of every tool-call parser"),

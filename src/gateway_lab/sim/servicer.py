@@ -9,8 +9,22 @@ Choices where the wire leaves room:
 
 * A matched stop token (EOS or one of ``stop_token_ids``) is part of
   ``output_ids`` and of ``completion_tokens``; the client trims it.
-* Abort (the Abort RPC) ends each unfinished sample with a GenerateComplete
-  whose finish_reason is "abort"; a cancelled client stream just ends.
+* Abort (the Abort RPC) stops the request's samples and, as on SGLang's own
+  server, leaves its Generate stream open: no message, no status, until the
+  client cancels it. A cancelled client stream just ends.
+* Not streamed (``stream`` false), every GenerateComplete of an ``n>1`` request
+  carries ``index`` 0, as SGLang's server sends them; streamed ones carry their
+  sample's index.
+* The prompt limit is the scheduler's: a prompt of ``max_req_input_len`` tokens or
+  more is refused, and ``max_new_tokens`` is cut to what the context leaves.
+* ``custom_params`` is accepted and ignored (SGLang feeds it to custom logit
+  processors only); outputs depend on the prompt, the sample index and the seed
+  option, so the same request gives the same output.
+* GetModelInfo answers as SGLang's servicer does: ``max_context_length`` is the KV
+  pool size, ``vocab_size``, ``eos_token_ids``, ``pad_token_id`` and ``bos_token_id``
+  are the servicer's fixed placeholders, ``default_sampling_params_json`` carries the
+  model's sampling defaults; the true values are in the model folder it reports and
+  serves through GetTokenizer (``sim.model_dir``).
 * Input logprobs go in the first message of each sample: the first chunk when
   streaming (the complete when no chunk was sent), the complete otherwise.
   ``logprob_start_len`` < 0 means none.
@@ -25,9 +39,12 @@ Choices where the wire leaves room:
 from __future__ import annotations
 
 import asyncio
+import collections
+import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import grpc
@@ -38,6 +55,7 @@ from gateway_lab.sim.config import SimConfig
 from gateway_lab.sim.counters import SimCounters
 from gateway_lab.sim.faults import SimFaults, status_code
 from gateway_lab.sim.kv_events import KvEventHub
+from gateway_lab.sim.model_dir import ARCHITECTURE, MODEL_TYPE
 from gateway_lab.sim.pd import BootstrapServer, RendezvousError, RoomInfo, wait_for_room
 from gateway_lab.sim.radix_cache import RadixCache
 from gateway_lab.sim.sampler import (
@@ -53,6 +71,16 @@ from gateway_lab.sim.vocab import Vocab, tokenizer_zip
 pb = sglang_scheduler_pb2
 TOKENIZER_CHUNK_BYTES = 512 * 1024
 SIM_VERSION = "sim-0.1.0"
+# What SGLang's servicer puts in GetModelInfo when its scheduler does not say (it never
+# does for these): clients must not take them for the model's.
+PLACEHOLDER_VOCAB_SIZE = 128256
+PLACEHOLDER_PAD_TOKEN_ID = 0
+PLACEHOLDER_BOS_TOKEN_ID = 1
+
+
+async def _until_cancelled() -> None:
+    """Wait until the client cancels the call (an aborted stream on SGLang never ends)."""
+    await asyncio.Event().wait()
 
 
 class InvalidRequest(Exception):
@@ -74,6 +102,8 @@ class ServedWorker(Protocol):
 
     config: SimConfig
     vocab: Vocab
+    model_path: Path
+    received: collections.deque[pb.GenerateRequest]
     faults: SimFaults
     counters: SimCounters
     cache: RadixCache
@@ -82,6 +112,9 @@ class ServedWorker(Protocol):
     bootstrap: BootstrapServer | None
     started_at: float
     stopping: bool
+
+    @property
+    def max_req_input_len(self) -> int: ...
 
     def die(self) -> None: ...
 
@@ -114,6 +147,7 @@ class SimServicer(sglang_scheduler_pb2_grpc.SglangSchedulerServicer):
         counters = w.counters
         faults = w.faults
         counters.requests += 1
+        w.received.append(request)
         w.scheduler.last_receive = time.time()
         if 0 <= faults.exit_after_requests < counters.requests:
             w.die()
@@ -171,9 +205,11 @@ class SimServicer(sglang_scheduler_pb2_grpc.SglangSchedulerServicer):
                             status_code(faults.fail_status),
                             f"sim fault: failing after {seq.fail_after} generated tokens",
                         )
+                    if final and seq.finish_reason == "abort":
+                        await _until_cancelled()  # the Abort RPC stopped it: SGLang sends nothing more
                     if final:
                         complete = self._complete(
-                            seq, start, end, lp, seq.index not in input_lp_sent
+                            seq, start, end, lp, seq.index not in input_lp_sent, stream
                         )
                         input_lp_sent.add(seq.index)
                         yield pb.GenerateResponse(request_id=rid, complete=complete)
@@ -199,24 +235,21 @@ class SimServicer(sglang_scheduler_pb2_grpc.SglangSchedulerServicer):
             )
         if sp.n < 1:
             raise InvalidRequest("sampling_params.n must be >= 1")
-        if len(prompt) >= cfg.context_length:
+        limit = w.max_req_input_len
+        if len(prompt) >= limit:
             raise InvalidRequest(
-                f"the input ({len(prompt)} tokens) is longer than the model's context length"
-                f" ({cfg.context_length} tokens)"
+                f"Input length ({len(prompt)} tokens) exceeds the maximum allowed length ({limit} tokens)."
+                " Use a shorter input or enable --allow-auto-truncate."
             )
         max_new = sp.max_new_tokens if sp.HasField("max_new_tokens") else cfg.default_max_new_tokens
-        max_new = min(max_new, cfg.context_length - len(prompt))
+        longest = min(cfg.context_length, w.cache.capacity) - 1
+        max_new = max(0, min(max_new, longest - len(prompt) - 1))
         vocab_size = w.vocab.vocab_size
         if max(prompt) >= vocab_size:
             raise InvalidRequest(
                 f"input_ids contain ids outside the vocabulary (size {vocab_size})"
             )
         seed = cfg.seed
-        if "seed" in sp.custom_params.fields:
-            try:
-                seed = int(sp.custom_params["seed"])
-            except (TypeError, ValueError):
-                raise InvalidRequest("custom_params.seed must be a number") from None
         lp = LogprobOptions(
             enabled=request.return_logprob,
             start_len=request.logprob_start_len,
@@ -297,7 +330,7 @@ class SimServicer(sglang_scheduler_pb2_grpc.SglangSchedulerServicer):
         return chunk
 
     def _complete(
-        self, seq: Sequence, start: int, end: int, lp: LogprobOptions, first: bool
+        self, seq: Sequence, start: int, end: int, lp: LogprobOptions, first: bool, stream: bool
     ) -> pb.GenerateComplete:
         complete = pb.GenerateComplete(
             output_ids=seq.output[start:end],
@@ -305,7 +338,7 @@ class SimServicer(sglang_scheduler_pb2_grpc.SglangSchedulerServicer):
             prompt_tokens=seq.prompt_len,
             completion_tokens=end,
             cached_tokens=seq.cached_tokens,
-            index=seq.index,
+            index=seq.index if stream else 0,  # SGLang's unary answers all say 0
         )
         if seq.matched is not None:
             complete.matched_token_id = seq.matched
@@ -394,39 +427,38 @@ class SimServicer(sglang_scheduler_pb2_grpc.SglangSchedulerServicer):
     ) -> pb.GetModelInfoResponse:
         w = self.w
         cfg = w.config
-        vocab = w.vocab
+        defaults = cfg.sampling_defaults_dict()
         return pb.GetModelInfoResponse(
             model_path=cfg.model,
-            tokenizer_path=str(vocab.path),
+            tokenizer_path=str(w.model_path),
             is_generation=True,
             preferred_sampling_params="",
+            default_sampling_params_json=json.dumps(defaults, separators=(",", ":")) if defaults else "",
             weight_version="default",
             served_model_name=cfg.served_name,
-            max_context_length=cfg.context_length,
-            vocab_size=vocab.vocab_size,
+            max_context_length=w.cache.capacity,
+            vocab_size=PLACEHOLDER_VOCAB_SIZE,
             supports_vision=False,
-            model_type="qwen3",
-            eos_token_ids=list(vocab.eos_ids),
-            pad_token_id=vocab.pad_id if vocab.pad_id is not None else 0,
-            bos_token_id=vocab.bos_id if vocab.bos_id is not None else 0,
-            max_req_input_len=cfg.context_length - 1,
-            architectures=["SimulatedForCausalLM"],
+            model_type=MODEL_TYPE,
+            eos_token_ids=[],
+            pad_token_id=PLACEHOLDER_PAD_TOKEN_ID,
+            bos_token_id=PLACEHOLDER_BOS_TOKEN_ID,
+            max_req_input_len=w.max_req_input_len,
+            architectures=[ARCHITECTURE],
         )
 
     async def GetServerInfo(
         self, request: pb.GetServerInfoRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetServerInfoResponse:
         w = self.w
-        cfg = w.config
         server_args = struct_pb2.Struct()
         server_args.update(w.server_args())
         scheduler_info = struct_pb2.Struct()
-        scheduler_info.update(
+        scheduler_info.update(  # what SGLang's scheduler says when it is ready
             {
+                "status": "ready",
                 "max_total_num_tokens": w.cache.capacity,
-                "max_running_requests": cfg.max_running_requests,
-                "page_size": cfg.page_size,
-                "chunked_prefill_size": cfg.chunked_prefill_size,
+                "max_req_input_len": w.max_req_input_len,
             }
         )
         start = timestamp_pb2.Timestamp()
@@ -472,7 +504,7 @@ class SimServicer(sglang_scheduler_pb2_grpc.SglangSchedulerServicer):
     async def GetTokenizer(
         self, request: common_pb2.GetTokenizerRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[common_pb2.GetTokenizerChunk]:
-        data, digest = await asyncio.to_thread(tokenizer_zip, self.w.vocab.path)
+        data, digest = await asyncio.to_thread(tokenizer_zip, self.w.model_path)
         for start in range(0, len(data), TOKENIZER_CHUNK_BYTES):
             end = start + TOKENIZER_CHUNK_BYTES
             yield common_pb2.GetTokenizerChunk(

@@ -8,6 +8,7 @@ event loop; each has its own server, port, cache and scheduler task.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import os
@@ -16,23 +17,33 @@ from collections.abc import Callable
 from typing import Any
 
 import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
 
 from gateway.proto import common_pb2, sglang_scheduler_pb2, sglang_scheduler_pb2_grpc
 from gateway_lab.sim.config import SimConfig
 from gateway_lab.sim.counters import SimCounters
 from gateway_lab.sim.faults import SimFaults
 from gateway_lab.sim.kv_events import KvEventHub
+from gateway_lab.sim.model_dir import model_folder
 from gateway_lab.sim.pd import BootstrapServer
 from gateway_lab.sim.radix_cache import RadixCache
 from gateway_lab.sim.scheduler import Scheduler, Sequence
 from gateway_lab.sim.servicer import SimServicer
 from gateway_lab.sim.vocab import Vocab, load_vocab
 
+# The options SGLang's own gRPC server sets (smg-grpc-servicer): 256 MiB messages, and
+# client keepalive pings every 10 s or more accepted, with or without calls in flight
+# (gRPC core's default answers a ping more often than every 5 minutes with GOAWAY).
 _SERVER_OPTIONS = [
     ("grpc.so_reuseport", 0),  # a taken port must fail loudly, not be shared
-    ("grpc.max_send_message_length", 64 * 1024 * 1024),
-    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.max_send_message_length", 256 * 1024 * 1024),
+    ("grpc.max_receive_message_length", 256 * 1024 * 1024),
+    ("grpc.http2.min_ping_interval_without_data_ms", 10000),
+    ("grpc.keepalive_permit_without_calls", True),
 ]
+INPUT_RESERVE_TOKENS = 5  # what SGLang's scheduler keeps back from its longest request
+RECEIVED_KEPT = 64  # Generate requests kept in ``SimWorker.received``
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +81,7 @@ class SimWorker:
         # A private copy: tests tune a live worker's config without touching others.
         self.config = dataclasses.replace(config) if config is not None else SimConfig()
         self.vocab = vocab or load_vocab(self.config.tokenizer_path, self.config.output_vocab)
+        self.model_path = model_folder(self.config, self.vocab)  # what it reports and zips
         self.faults = SimFaults.from_config(self.config)
         self.counters = SimCounters()
         self.cache = RadixCache(self.config.page_size, self.config.kv_capacity_tokens)
@@ -85,8 +97,14 @@ class SimWorker:
         self.died = False
         self._on_die = on_die
         self._server: grpc.aio.Server | None = None
+        self._health: health.aio.HealthServicer | None = None
         self._task: asyncio.Task[None] | None = None
         self._requests: dict[str, list[list[Sequence]]] = {}
+        # The last Generate requests as they arrived: what a client really sent (sampling
+        # values, limits, stops), for anyone comparing it with what SGLang would receive.
+        self.received: collections.deque[sglang_scheduler_pb2.GenerateRequest] = collections.deque(
+            maxlen=RECEIVED_KEPT
+        )
         self._last_load_key: tuple[int, int] = (0, 0)
 
     # ---------------------------------------------------------------- lifecycle
@@ -113,6 +131,12 @@ class SimWorker:
         self.tls = tls
         server = grpc.aio.server(options=_SERVER_OPTIONS)
         sglang_scheduler_pb2_grpc.add_SglangSchedulerServicer_to_server(SimServicer(self), server)
+        # Like SGLang's server: the standard health service (Kubernetes probes, and
+        # clients such as SMG that check it when they connect) and reflection.
+        self._health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        service = sglang_scheduler_pb2.DESCRIPTOR.services_by_name["SglangScheduler"].full_name
+        reflection.enable_server_reflection((service, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
         address = f"{host}:{port}"
         bound = (
             server.add_secure_port(address, tls.credentials())
@@ -128,6 +152,8 @@ class SimWorker:
                 host, self.config.bootstrap_port if bootstrap_port is None else bootstrap_port
             )
         await server.start()
+        await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
+        await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
         self._server = server
         self.started_at = time.time()
         self._task = asyncio.create_task(self.scheduler.run(), name=f"sim-scheduler-{self.port}")
@@ -137,6 +163,8 @@ class SimWorker:
         if self.stopping:
             return
         self.stopping = True
+        if self._health is not None:
+            await self._health.enter_graceful_shutdown()
         if self._server is not None:
             await self._server.stop(grace)
         self.scheduler.stop()
@@ -203,16 +231,27 @@ class SimWorker:
             self.kv_events.notify_load()
 
     # ---------------------------------------------------------------- reports
+    @property
+    def max_req_input_len(self) -> int:
+        """The scheduler's prompt limit: prompts this long or longer are refused (SGLang's
+        rule: the longest request, context or KV pool less one, less a small reserve)."""
+        longest = min(self.config.context_length, self.cache.capacity) - 1
+        return max(1, longest - INPUT_RESERVE_TOKENS)
+
     def server_args(self) -> dict[str, Any]:
+        """GetServerInfo's server_args, shaped like a real server's: arguments the operator
+        did not set are null (the context length comes from the model's config.json; the
+        page size is reported only when ``report_page_size`` plays an explicit --page-size)."""
         cfg = self.config
         return {
             "model_path": cfg.model,
             "served_model_name": cfg.served_name,
-            "tokenizer_path": str(self.vocab.path),
-            "page_size": cfg.page_size,
+            "tokenizer_path": str(self.model_path),
+            "page_size": cfg.page_size if cfg.report_page_size else None,
             "max_running_requests": cfg.max_running_requests,
             "chunked_prefill_size": cfg.chunked_prefill_size,
-            "context_length": cfg.context_length,
+            "context_length": None,
+            "sampling_defaults": "model",
             "max_total_tokens": cfg.kv_capacity_tokens,
             "disaggregation_mode": "null" if cfg.role == "regular" else cfg.role,
             "disaggregation_bootstrap_port": self.bootstrap_port or cfg.bootstrap_port,

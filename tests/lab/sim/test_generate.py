@@ -11,7 +11,7 @@ from gateway_lab.sim.fleet import SimFleet
 from gateway_lab.sim.vocab import REPLY_CLOSE, REPLY_OPEN
 from gateway_lab.sim.worker import SimWorker
 
-from .conftest import PROMPT, address, by_index, cfg, collect, request
+from .conftest import PROMPT, Sample, address, by_index, cfg, collect, request
 
 
 async def test_streaming_and_non_streaming_agree(stub: pb_grpc.SglangSchedulerStub) -> None:
@@ -31,9 +31,11 @@ async def test_streaming_and_non_streaming_agree(stub: pb_grpc.SglangSchedulerSt
     assert not streamed.complete.HasField("matched_token_id")
 
 
-async def test_outputs_are_deterministic_and_seeded(
+async def test_outputs_are_deterministic_and_custom_params_do_not_seed_them(
     stub: pb_grpc.SglangSchedulerStub, worker: SimWorker
 ) -> None:
+    """SGLang feeds custom_params to custom logit processors only: a seed there changes
+    nothing, like on the real server; the worker's seed option does."""
     async def ids(prompt: list[int], seed: int | None = None) -> list[int]:
         req = request(prompt, max_new=16)
         if seed is not None:
@@ -43,28 +45,31 @@ async def test_outputs_are_deterministic_and_seeded(
     a = await ids(PROMPT)
     assert a == await ids(PROMPT)
     assert a != await ids([*PROMPT[:-1], 7])
-    assert await ids(PROMPT, seed=5) == await ids(PROMPT, seed=5) != a
+    assert await ids(PROMPT, seed=5) == a
+    worker.config.seed = 5
+    assert await ids(PROMPT) != a
+    worker.config.seed = 0
     ordinary = set(worker.vocab.output_ids)
     assert all(t in ordinary for t in a)
     assert not set(a) & set(worker.vocab.eos_ids)
 
 
 async def test_n_samples_are_multiplexed_by_index(stub: pb_grpc.SglangSchedulerStub) -> None:
-    results = {}
-    for stream in (True, False):
-        samples = by_index(await collect(stub, request(PROMPT, stream=stream, n=3, max_new=6)))
-        assert sorted(samples) == [0, 1, 2]
-        assert all(samples[i].complete.index == i for i in range(3))
-        if stream:
-            assert all(c.index == i for i in range(3) for c in samples[i].chunks)
-            results[stream] = [samples[i].streamed_ids for i in range(3)]
-        else:
-            results[stream] = [list(samples[i].complete.output_ids) for i in range(3)]
-    assert results[True] == results[False]
-    assert len({tuple(o) for o in results[False]}) == 3, "each sample has its own output"
+    """Streamed, each sample's messages carry its index; not streamed, every complete says
+    index 0 (SGLang's unary path never sets it), so only their order tells them apart."""
+    samples = by_index(await collect(stub, request(PROMPT, stream=True, n=3, max_new=6)))
+    assert sorted(samples) == [0, 1, 2]
+    assert all(samples[i].complete.index == i for i in range(3))
+    assert all(c.index == i for i in range(3) for c in samples[i].chunks)
+    streamed = [samples[i].streamed_ids for i in range(3)]
+    unary = await collect(stub, request(PROMPT, stream=False, n=3, max_new=6))
+    assert [r.WhichOneof("response") for r in unary] == ["complete"] * 3
+    assert [r.complete.index for r in unary] == [0, 0, 0]
+    assert sorted(list(r.complete.output_ids) for r in unary) == sorted(streamed)
+    assert len({tuple(o) for o in streamed}) == 3, "each sample has its own output"
     # Sample 0 of an n-request is the stream a single-sample request gets.
     alone = by_index(await collect(stub, request(PROMPT, n=1, max_new=6)))[0].complete.output_ids
-    assert list(alone) == results[False][0]
+    assert list(alone) == streamed[0]
 
 
 async def test_stop_token_ids_end_with_matched_token(stub: pb_grpc.SglangSchedulerStub) -> None:
@@ -119,7 +124,7 @@ async def test_max_new_tokens_default_and_context_clip() -> None:
             s = by_index(await collect(stub, request(PROMPT[:20], max_new=None)))[0].complete
             assert s.completion_tokens == 7 and s.finish_reason == "length"
             s = by_index(await collect(stub, request(PROMPT, max_new=100)))[0].complete
-            assert s.completion_tokens == 10  # 40 prompt tokens + 10 = the context length
+            assert s.completion_tokens == 8  # SGLang's clip: context - 1 - 40 prompt tokens - 1
             s = by_index(await collect(stub, request(PROMPT, max_new=0, stream=True)))[0]
             assert s.chunks == [] and s.complete.completion_tokens == 0
             assert s.complete.finish_reason == "length"
@@ -132,7 +137,7 @@ async def test_max_new_tokens_default_and_context_clip() -> None:
         (lambda r: r.sampling_params.ClearField("n"), "n must be"),
         (lambda r: r.tokenized.ClearField("input_ids"), "input_ids"),
         (lambda r: r.tokenized.input_ids.extend([10**7]), "vocabulary"),
-        (lambda r: r.tokenized.input_ids.extend([5] * 40000), "context length"),
+        (lambda r: r.tokenized.input_ids.extend([5] * 40000), "maximum allowed length"),
     ],
 )
 async def test_invalid_requests(
@@ -147,14 +152,19 @@ async def test_invalid_requests(
     assert worker.counters.invalid == 1 and worker.scheduler.num_running == 0
 
 
-async def test_request_larger_than_kv_pool_is_refused() -> None:
+async def test_prompt_limit_is_the_schedulers() -> None:
+    """SGLang's scheduler admits prompts shorter than max_req_input_len: the context or
+    the KV pool, whichever is smaller, less one, less its reserve of 5 (32 - 1 - 5 here)."""
     async with SimFleet.start(1, cfg(kv_capacity_tokens=32, page_size=4)) as fleet:
+        assert fleet.workers[0].max_req_input_len == 26
         async with grpc.aio.insecure_channel(address(fleet.urls[0])) as ch:
             stub = pb_grpc.SglangSchedulerStub(ch)
             with pytest.raises(grpc.aio.AioRpcError) as err:
-                await collect(stub, request(PROMPT, max_new=8))
+                await collect(stub, request(PROMPT[:26], max_new=8))
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-            assert "KV pool" in err.value.details()
+            assert "maximum allowed length (26 tokens)" in err.value.details()
+            done = by_index(await collect(stub, request(PROMPT[:25], max_new=8)))[0].complete
+            assert done.completion_tokens == 5  # clipped to (32 - 1) - 25 prompt tokens - 1
 
 
 async def test_logprobs(stub: pb_grpc.SglangSchedulerStub) -> None:
@@ -247,7 +257,9 @@ async def test_scripted_reply(stub: pb_grpc.SglangSchedulerStub, worker: SimWork
     script = vocab.encode(text)
     eos = vocab.eos_ids[0]
     for stream in (False, True):
-        samples = by_index(await collect(stub, request(prompt, stream=stream, n=2, max_new=200)))
+        messages = await collect(stub, request(prompt, stream=stream, n=2, max_new=200))
+        samples = by_index(messages) if stream else {i: Sample(complete=m.complete) for i, m in enumerate(messages)}
+        assert len(samples) == 2
         for s in samples.values():
             got = s.streamed_ids if stream else list(s.complete.output_ids)
             assert got == [*script, eos]
@@ -270,11 +282,10 @@ async def test_scripted_replies_can_be_turned_off() -> None:
             assert list(s.output_ids) != vocab.encode("hello") and s.finish_reason == "length"
 
 
-async def test_custom_params_seed_must_be_numeric(stub: pb_grpc.SglangSchedulerStub) -> None:
+async def test_custom_params_are_accepted_and_ignored(stub: pb_grpc.SglangSchedulerStub) -> None:
+    plain = by_index(await collect(stub, request(PROMPT)))[0].complete.output_ids
     req = request(PROMPT)
     req.sampling_params.custom_params.CopyFrom(
         struct_pb2.Struct(fields={"seed": struct_pb2.Value(string_value="x")})
     )
-    with pytest.raises(grpc.aio.AioRpcError) as err:
-        await collect(stub, req)
-    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert by_index(await collect(stub, req))[0].complete.output_ids == plain

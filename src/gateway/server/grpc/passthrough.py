@@ -21,7 +21,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
-from grpc import aio
+from grpc import StatusCode, aio
 
 from gateway.observability.request_log import RequestRecord
 from gateway.pipeline.aborts import fire_abort
@@ -63,7 +63,7 @@ class SchedulerPassthrough(pb_grpc.SglangSchedulerServicer):
         self.auth = auth
         # (key id, request id) -> its worker stream (None: not on a worker yet)
         self._live: dict[tuple[str, str], TokenStream | None] = {}
-        self._aborted: set[tuple[str, str]] = set()  # Abort arrived before the request reached a worker
+        self._aborted: set[tuple[str, str]] = set()  # requests the client aborted (before or after they reached a worker)
 
     def admitted(self, ctx: RequestContext, method: str) -> contextlib.AbstractAsyncContextManager[RequestRecord]:
         """Admission, metrics and the access log around every call, shared with the HTTP front door."""
@@ -130,13 +130,29 @@ class SchedulerPassthrough(pb_grpc.SglangSchedulerServicer):
                         return
                     ctx.worker_ids = [stream.worker.id]
                     await context.send_initial_metadata(reply_metadata(ctx))
-                    if wid == rid:
-                        while (message := await stream.read()) is not None:
-                            yield message
-                    else:
-                        while (message := await stream.read()) is not None:
-                            message.request_id = rid  # the client sees its own id, never the scoped one
-                            yield message
+                    try:
+                        if not checked.stream and checked.sampling_params.n > 1:
+                            # SGLang's unary n>1 answers say index 0 for every sample:
+                            # number them in arrival order so each completion has its own.
+                            done = 0
+                            while (message := await stream.read()) is not None:
+                                message.request_id = rid
+                                if message.WhichOneof("response") == "complete":
+                                    message.complete.index = done
+                                    done += 1
+                                yield message
+                        elif wid == rid:
+                            while (message := await stream.read()) is not None:
+                                yield message
+                        else:
+                            while (message := await stream.read()) is not None:
+                                message.request_id = rid  # the client sees its own id, never the scoped one
+                                yield message
+                    except asyncio.CancelledError:
+                        task = asyncio.current_task()
+                        if key not in self._aborted or (task is not None and task.cancelling()):
+                            raise
+                        await context.abort(StatusCode.CANCELLED, "request aborted (Abort)")
         except GatewayError as exc:
             await abort_with(context, exc)
         finally:
@@ -160,15 +176,18 @@ class SchedulerPassthrough(pb_grpc.SglangSchedulerServicer):
                 await stream.abort(request.reason or "aborted by client")
                 return pb.AbortResponse(success=True, message=f"PD request stopped on {stream.worker.id}")
             if stream is not None:
-                # The worker ends the stream itself (a complete with finish_reason "abort"),
-                # which the relay passes on, as a worker answers its own clients.
+                # SGLang's server never ends a Generate stream it aborted (no message, no
+                # status): the gateway ends both sides itself. The worker's call is
+                # cancelled, the slot freed, and the client's stream ends CANCELLED.
                 worker = stream.worker
+                self._aborted.add(key)
                 try:
                     ok = await worker.client.abort(wid, request.reason, timeout=worker_timeout(5.0))
                 except WorkerCallError as exc:
                     await stream.abort(request.reason or "aborted by client")
                     return pb.AbortResponse(success=True, message=f"worker {worker.id} did not answer Abort ({exc.code.name}); stream cancelled")
-                return pb.AbortResponse(success=ok, message=f"abort sent to {worker.id}")
+                await stream.abort(request.reason or "aborted by client")
+                return pb.AbortResponse(success=ok, message=f"abort sent to {worker.id}; stream ended")
             # Not yet on a worker: remember it, and let every worker drop it if queued.
             self._aborted.add(key)
             for worker in self._workers():

@@ -77,7 +77,12 @@ def admin_router(door: HttpDoor) -> APIRouter:
     @app.get("/workers")
     async def list_workers(request: Request) -> Response:
         async def work() -> Response:
-            return JSONResponse({"workers": [w.describe() for w in state.registry.all()]})
+            # Each model's facts name their source (pipeline.model_facts): what a worker
+            # reports in GetModelInfo is shown under its own "reported", never used.
+            return JSONResponse({
+                "workers": [w.describe() for w in state.registry.all()],
+                "models": [e.describe() for e in state.catalog.entries()],
+            })
 
         return await guarded(request, auth.reader, work)
 

@@ -1,0 +1,87 @@
+"""Does a peer gateway (SMG) wait in front of the simulated workers? Latency of short chats.
+
+Starts ``--workers`` zero-cost simulated workers in this process and SMG (from
+``scripts/peers.sh``'s virtualenv) in front of them, sends ``--requests`` short,
+non-streaming chat requests with ``--in-flight`` at a time, and prints the latency
+percentiles (and a JSON line). Zero-cost workers answer in milliseconds: seconds mean
+the peer waits on something. Bounded by the request count and a per-request timeout.
+
+    token-gateway bench peer-stall [--requests 256 --in-flight 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+from pathlib import Path
+
+import httpx
+
+from gateway_lab.bench.peers import PeerProcess
+from gateway_lab.sim.config import SimConfig
+from gateway_lab.sim.fleet import SimFleet
+from gateway_lab.sim.vocab import default_tokenizer_path
+
+PEERS_PYTHON = ".peers-venv/bin/python"  # where scripts/peers.sh installs SMG
+
+
+def summarize(latencies: list[float], wall_s: float) -> dict[str, float]:
+    """Request count, wall time and latency percentiles (ms) of one run."""
+    ordered = sorted(latencies)
+    return {
+        "requests": len(ordered), "wall_s": round(wall_s, 3),
+        "p50_ms": round(statistics.median(ordered) * 1000, 1),
+        "p99_ms": round(ordered[max(0, int(len(ordered) * 0.99) - 1)] * 1000, 1),
+        "max_ms": round(ordered[-1] * 1000, 1),
+    }
+
+
+async def run(args: argparse.Namespace) -> dict[str, float]:
+    config = SimConfig(eos_probability=0.0).zero_cost()
+    async with SimFleet.start(args.workers, config) as fleet:
+        peer = await PeerProcess.start(
+            args.python, "smg", fleet.urls, "round_robin", str(default_tokenizer_path()), ready_timeout_s=90,
+        )
+        try:
+            gate = asyncio.Semaphore(args.in_flight)
+            latencies: list[float] = []
+            async with httpx.AsyncClient(base_url=peer.url, trust_env=False, timeout=args.timeout_s) as client:
+                model = (await client.get("/v1/models")).json()["data"][0]["id"]
+
+                async def one(i: int) -> None:
+                    async with gate:
+                        started = time.perf_counter()
+                        body = {"model": model, "messages": [{"role": "user", "content": f"hello {i}"}], "max_tokens": 16}
+                        response = await client.post("/v1/chat/completions", json=body)
+                        response.raise_for_status()
+                        latencies.append(time.perf_counter() - started)
+
+                started = time.perf_counter()
+                await asyncio.gather(*(one(i) for i in range(args.requests)))
+                wall = time.perf_counter() - started
+        finally:
+            await peer.stop()
+            peer.remove_log()
+    return summarize(latencies, wall)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--python", default=PEERS_PYTHON, help="python of the peers' virtualenv")
+    parser.add_argument("--workers", type=int, default=4, help="simulated workers")
+    parser.add_argument("--requests", type=int, default=256, help="chat requests sent")
+    parser.add_argument("--in-flight", type=int, default=32, help="requests in flight at once")
+    parser.add_argument("--timeout-s", type=float, default=30.0, help="per-request timeout, seconds")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the scenario with parsed flags; the exit status."""
+    if not Path(args.python).exists():
+        raise SystemExit(f"{args.python} not found: run scripts/peers.sh first")
+    figures = asyncio.run(run(args))
+    print(f"smg in front of {args.workers} zero-cost workers: {figures['requests']} chats in {figures['wall_s']} s, "
+          f"p50 {figures['p50_ms']} ms, p99 {figures['p99_ms']} ms, max {figures['max_ms']} ms")
+    print(json.dumps(figures))
+    return 0
