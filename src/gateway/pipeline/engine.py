@@ -296,6 +296,7 @@ class Engine:
             routing_key=routing_key,
             target_worker=target_worker,
             require_reasoning=require_reasoning,
+            output_room=limit - len(prompt_ids) if limit else None,
         )
 
     def check_prompt_ids(
