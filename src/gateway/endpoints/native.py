@@ -26,7 +26,6 @@ from gateway.protocol.tokens import (
     TokenizeRequest,
     TokenizeResponse,
 )
-from gateway.tokenization.errors import ChatTemplateError
 
 
 async def prepare_generate(engine: Engine, req: GenerateRequest, ctx: RequestContext) -> list[PreparedRequest]:
@@ -159,13 +158,10 @@ async def tokenize(engine: Engine, req: TokenizeRequest) -> dict[str, Any]:
     entry = engine.catalog.get(req.model)
     engine.observer.model_resolved(entry.name)
     if req.messages is not None:
-        try:
-            text = entry.tokenizer.apply_chat_template(
-                req.template_messages(), add_generation_prompt=req.add_generation_prompt,
-                chat_template_kwargs=req.chat_template_kwargs,
-            )
-        except ChatTemplateError as exc:  # bad messages (e.g. tool-call arguments that are not JSON): a 400
-            raise InvalidRequestError(str(exc), param="messages") from exc
+        text = await engine.render_template(  # bad messages (e.g. arguments that are not JSON): a 400
+            entry, req.template_messages(), add_generation_prompt=req.add_generation_prompt,
+            chat_template_kwargs=req.chat_template_kwargs,
+        )
         ids = await engine.encode(entry, text, add_special_tokens=req.special_tokens)
     else:
         ids = await engine.encode(entry, req.prompt or "", add_special_tokens=req.special_tokens)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -37,6 +38,7 @@ from gateway.pipeline.resume import OpenContinuation, ResumeConfig, Resumer
 from gateway.pipeline.retry import RetryConfig
 from gateway.pipeline.router import Router
 from gateway.pipeline.sampling import to_sampling_params
+from gateway.pipeline.template_runner import RenderTimeout, TemplateRunner
 from gateway.pipeline.tenancy import salt_prefix
 from gateway.policies.base import RouteRequest
 from gateway.proto import sglang_scheduler_pb2 as pb
@@ -47,6 +49,8 @@ from gateway.settings import option
 from gateway.tokenization import StopPlan, Tokenizer
 from gateway.tokenization.errors import ChatTemplateError
 from gateway.tokenization.reply_cache import message_texts
+
+log = logging.getLogger(__name__)
 
 StageObserver = Callable[[str, float], None]  # (stage name, seconds)
 
@@ -76,12 +80,21 @@ class EngineConfig:
         "load, and when 0 (the default), streams stay one token per event",
     )
     busy_in_flight: int = option(64, "requests in flight (all workers) from which --busy-stream-interval applies")
+    chat_template_timeout_s: float = option(
+        2.0, "longest a chat template may render, in seconds, before its request fails with a 400 (templates "
+        "come from workers and run on threads of their own, never on the event loop)",
+    )
+    chat_template_threads: int = option(2, "threads that render chat templates")
 
     def __post_init__(self) -> None:
         if self.worker_stream_interval < 0:
             raise ValueError("worker_stream_interval must be >= 0 (0: the worker's default)")
         if self.busy_stream_interval < 0:
             raise ValueError("busy_stream_interval must be >= 0 (0: off)")
+        if self.chat_template_timeout_s <= 0:
+            raise ValueError("chat_template_timeout_s must be > 0")
+        if self.chat_template_threads < 1:
+            raise ValueError("chat_template_threads must be >= 1")
         if self.busy_in_flight < 1:
             raise ValueError("busy_in_flight must be >= 1")
         if self.fast_encoder_after < 0:
@@ -125,6 +138,7 @@ class Engine:
         self._pool = ThreadPoolExecutor(
             max_workers=max(1, self.config.tokenize_threads), thread_name_prefix="tokenize"
         )
+        self.templates = TemplateRunner(self.config.chat_template_threads, self.config.chat_template_timeout_s)
         self._bounding: set[int] = set()  # tokenizers whose length bound is being computed
         self._building: set[int] = set()  # tokenizers whose fast encoder is being built
         self._prompts: dict[int, int] = {}  # tokenized prompts per tokenizer, until its fast encoder is built
@@ -134,6 +148,7 @@ class Engine:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self.templates.close()
 
     # ------------------------------------------------------------- tokenization
     async def _offload(self, size: int, fn: Callable[..., Any], *args: Any) -> Any:
@@ -219,16 +234,10 @@ class Engine:
         started = time.perf_counter()
         # The template only adds text: the messages alone may already be hopeless.
         self.refuse_hopeless(entry, "".join(_texts(messages)), param="messages")
-        try:
-            text = entry.tokenizer.apply_chat_template(
-                messages,
-                tools=tools,
-                add_generation_prompt=add_generation_prompt,
-                continue_final_message=continue_final_message,
-                chat_template_kwargs=chat_template_kwargs,
-            )
-        except ChatTemplateError as exc:
-            raise InvalidRequestError(str(exc), param="messages") from exc
+        text = await self.render_template(
+            entry, messages, tools=tools, add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message, chat_template_kwargs=chat_template_kwargs,
+        )
         rendered = time.perf_counter()
         self._observe("template", rendered - started)
         self.refuse_hopeless(entry, text, param="messages")
@@ -244,6 +253,21 @@ class Engine:
             ids = await self._offload(len(text), entry.prompt_cache.encode, text)
         self._observe("tokenize", time.perf_counter() - rendered)
         return text, ids
+
+    async def render_template(self, entry: ModelEntry, messages: Sequence[dict[str, Any]], **options: Any) -> str:
+        """The model's chat template on ``messages``, on a render thread with a deadline
+        (``pipeline.template_runner``): a template error or an overdue render is a 400."""
+        try:
+            text: str = await self.templates.run(entry.tokenizer.apply_chat_template, messages, **options)
+        except ChatTemplateError as exc:
+            raise InvalidRequestError(str(exc), param="messages") from exc
+        except RenderTimeout as exc:
+            log.warning("model %s: the chat template ran past its %gs deadline; request failed", entry.name, self.templates.timeout_s)
+            raise InvalidRequestError(
+                f"{exc}: this model's chat template cannot render these messages", param="messages",
+                code="chat_template_timeout",
+            ) from exc
+        return text
 
     # ------------------------------------------------------------- preparation
     def prepare(

@@ -25,6 +25,7 @@ from gateway.workers.client import STREAM_TRANSPORTS
 from gateway.workers.discovery.config import DiscoveryConfig
 from gateway.workers.health import HealthConfig
 from gateway.workers.load_monitor import LoadMonitorConfig
+from gateway.workers.tokenizer_fetch import DEFAULT_MAX_TOKENIZER_BYTES
 from gateway.workers.watchdog import WatchdogConfig
 
 
@@ -35,7 +36,9 @@ class ServerConfig:
     grpc_port: int | None = option(None, "gRPC port for the gateway's gRPC API and the SGLang pass-through (0: pick a free one; unset: no gRPC)")
     worker_urls: list[str] = option([], "regular workers: grpc://host:port or grpcs://host:port")
     model: str | None = option(None, "model name served to clients (default: what workers report)")
-    tokenizer_path: str | None = option(None, "tokenizer folder or tokenizer.json (default: cache, then the worker, then the hub)")
+    tokenizer_path: str | None = option(None, "tokenizer folder or tokenizer.json (default: cache, then the worker, then the hub if --tokenizer-hub)")
+    tokenizer_hub: bool = option(False, "when a worker cannot send its tokenizer, download the model it names from the Hugging Face hub (off: the worker would choose what the gateway fetches)")
+    max_tokenizer_bytes: int = option(DEFAULT_MAX_TOKENIZER_BYTES, "largest tokenizer zip accepted from a worker's GetTokenizer, bytes (the download stops there)")
     tokenizer_cache_dir: str = option("tokenizer_cache", "where fetched tokenizers are kept")
     reply_token_reuse: bool = option(True, "tokenize a chat reply sent back in a later turn as the ids the model generated (matches the worker's prefix cache; docs/policies.md)")
     reply_cache_entries: int = option(4096, "replies remembered per model for --reply-token-reuse (least recently used go first)")

@@ -62,6 +62,8 @@ class GatewayState:
             reply_token_reuse=server.reply_token_reuse,
             reply_cache_entries=server.reply_cache_entries,
             reply_cache_bytes=server.reply_cache_bytes,
+            tokenizer_hub=server.tokenizer_hub,
+            max_tokenizer_bytes=server.max_tokenizer_bytes,
         )
         self.metrics = GatewayMetrics()
         self.tracing = make_tracing(config.tracing)  # None (no-op) without --otlp-traces-endpoint

@@ -31,6 +31,7 @@ from gateway.server.http.util import (
     parse_model,
     read_json,
 )
+from gateway.tokenization.errors import TokenizationError
 from gateway.workers.client import BadWorkerUrl
 from gateway.workers.registry import WorkerRegistrationError
 from gateway.workers.worker import ROLES, Worker
@@ -110,7 +111,7 @@ def admin_router(door: HttpDoor) -> APIRouter:
                 raise InvalidRequestError(str(exc), param="url") from None
             except WorkerRegistrationError as exc:
                 raise WorkerError(f"registration failed: {exc}", code="worker_registration_failed") from None
-            except (OSError, ValueError) as exc:
+            except (OSError, ValueError, TokenizationError) as exc:
                 raise WorkerError(
                     f"registration failed: could not load the tokenizer: {exc}",
                     code="worker_registration_failed",
