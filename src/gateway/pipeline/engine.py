@@ -82,9 +82,13 @@ class EngineConfig:
     busy_in_flight: int = option(64, "requests in flight (all workers) from which --busy-stream-interval applies")
     chat_template_timeout_s: float = option(
         2.0, "longest a chat template may render, in seconds, before its request fails with a 400 (templates "
-        "come from workers and run on threads of their own, never on the event loop)",
+        "come from workers: see --chat-template-inline-s for how the event loop is kept free)",
     )
-    chat_template_threads: int = option(2, "threads that render chat templates")
+    chat_template_threads: int = option(2, "threads that render chat templates too slow or too large for the event loop")
+    chat_template_inline_s: float = option(
+        0.05, "a chat template render on the event loop longer than this, in seconds, is stopped and run again "
+        "on a template thread, where that template renders from then on",
+    )
 
     def __post_init__(self) -> None:
         if self.worker_stream_interval < 0:
@@ -93,6 +97,8 @@ class EngineConfig:
             raise ValueError("busy_stream_interval must be >= 0 (0: off)")
         if self.chat_template_timeout_s <= 0:
             raise ValueError("chat_template_timeout_s must be > 0")
+        if not 0 < self.chat_template_inline_s <= self.chat_template_timeout_s:
+            raise ValueError("chat_template_inline_s must be > 0 and at most chat_template_timeout_s")
         if self.chat_template_threads < 1:
             raise ValueError("chat_template_threads must be >= 1")
         if self.busy_in_flight < 1:
@@ -138,7 +144,10 @@ class Engine:
         self._pool = ThreadPoolExecutor(
             max_workers=max(1, self.config.tokenize_threads), thread_name_prefix="tokenize"
         )
-        self.templates = TemplateRunner(self.config.chat_template_threads, self.config.chat_template_timeout_s)
+        self.templates = TemplateRunner(
+            self.config.chat_template_threads, self.config.chat_template_timeout_s,
+            inline_timeout_s=self.config.chat_template_inline_s, offload_chars=self.config.offload_chars,
+        )
         self._bounding: set[int] = set()  # tokenizers whose length bound is being computed
         self._building: set[int] = set()  # tokenizers whose fast encoder is being built
         self._prompts: dict[int, int] = {}  # tokenized prompts per tokenizer, until its fast encoder is built
@@ -233,9 +242,10 @@ class Engine:
         generated ids, see ``tokenization.reply_cache``)."""
         started = time.perf_counter()
         # The template only adds text: the messages alone may already be hopeless.
-        self.refuse_hopeless(entry, "".join(_texts(messages)), param="messages")
+        joined = "".join(_texts(messages))
+        self.refuse_hopeless(entry, joined, param="messages")
         text = await self.render_template(
-            entry, messages, tools=tools, add_generation_prompt=add_generation_prompt,
+            entry, messages, size=len(joined), tools=tools, add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final_message, chat_template_kwargs=chat_template_kwargs,
         )
         rendered = time.perf_counter()
@@ -254,11 +264,14 @@ class Engine:
         self._observe("tokenize", time.perf_counter() - rendered)
         return text, ids
 
-    async def render_template(self, entry: ModelEntry, messages: Sequence[dict[str, Any]], **options: Any) -> str:
-        """The model's chat template on ``messages``, on a render thread with a deadline
-        (``pipeline.template_runner``): a template error or an overdue render is a 400."""
+    async def render_template(
+        self, entry: ModelEntry, messages: Sequence[dict[str, Any]], *, size: int = 0, **options: Any
+    ) -> str:
+        """The model's chat template on ``messages`` (``size``: their characters), with a
+        deadline (``pipeline.template_runner``): a template error or an overdue render is a 400."""
+        tokenizer = entry.tokenizer
         try:
-            text: str = await self.templates.run(entry.tokenizer.apply_chat_template, messages, **options)
+            text: str = await self.templates.render(id(tokenizer), size, tokenizer.apply_chat_template, messages, **options)
         except ChatTemplateError as exc:
             raise InvalidRequestError(str(exc), param="messages") from exc
         except RenderTimeout as exc:
