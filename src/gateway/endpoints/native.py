@@ -34,12 +34,13 @@ async def prepare_generate(engine: Engine, req: GenerateRequest, ctx: RequestCon
     prepared = []
     prompts: list[str | list[int]] = list(req.prompts())
     check_batch(len(prompts), engine.limits)
-    await ctx.reserve(len(prompts))  # one admission slot per prompt, before any tokenization
+    samplings = [sampling_from_generate(req, i) for i in range(len(prompts))]
+    await ctx.reserve(sum(s.n for s in samplings))  # one admission slot per sample, before any tokenization
     for i, prompt in enumerate(prompts):
         ids, text = await prompt_ids(engine, entry, prompt)
         prepared.append(
             engine.prepare(
-                entry, ids, sampling_from_generate(req, i), stream=req.stream,
+                entry, ids, samplings[i], stream=req.stream, prompts=len(prompts),
                 request_id=req.rid_for(i) or ctx.sub_id(i), prompt_text=text,
                 routing_key=ctx.routing_key, target_worker=ctx.target_worker,
                 cache_salt=effective_salt(ctx.cache_salt, req.cache_salt),

@@ -29,6 +29,7 @@ from gateway.pipeline.limits import (
     LimitsConfig,
     apply_sampling_limits,
     check_prompt,
+    check_response_bytes,
     check_token_ids,
 )
 from gateway.pipeline.observer import NULL_OBSERVER, PipelineObserver
@@ -297,6 +298,7 @@ class Engine:
         require_reasoning: bool = False,
         prompt_param: str = "prompt",
         cache_salt: str | None = None,
+        prompts: int = 1,
     ) -> PreparedRequest:
         """Check the prompt against the model and settle the stop plan
         (``prompt_param`` names the request field errors about the prompt point at;
@@ -314,6 +316,7 @@ class Engine:
             sampling, self.limits, room=limit - len(prompt_ids) if limit else None
         )
         self.check_context(entry, len(prompt_ids), sampling.max_new_tokens or 0, param=prompt_param)
+        check_response_bytes(sampling, self.limits, prompts=prompts, room=limit - len(prompt_ids) if limit else None)
         plan = StopPlan.build(
             entry.tokenizer,
             stop=list(sampling.stop),

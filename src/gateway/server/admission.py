@@ -153,8 +153,8 @@ class Admission:
         cap = self.config.max_concurrent_requests
         if 0 < cap < weight:
             raise InvalidRequestError(
-                f"a batch of {weight} prompts needs {weight} slots; this gateway runs at most {cap} "
-                "requests at once: send smaller batches", code="batch_too_large",
+                f"a request of {weight} samples (prompts x n) needs {weight} slots; this gateway runs at most {cap} "
+                "requests at once: send smaller batches or a lower n", code="batch_too_large",
             )
         self._check_rate(key or ANONYMOUS, weight)
         if cap <= 0 or (self.in_flight + weight <= cap and not self.queued):

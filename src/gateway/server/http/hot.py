@@ -96,7 +96,7 @@ class HotRoute:
 
 
 HOT_ROUTES = (
-    HotRoute("/v1/chat/completions", ChatCompletionRequest, _chat, True),
+    HotRoute("/v1/chat/completions", ChatCompletionRequest, _chat, "batch"),  # one slot per sample (n)
     HotRoute("/v1/completions", CompletionRequest, _completions, "batch"),
     HotRoute("/generate", GenerateRequest, _generate, "batch"),
 )

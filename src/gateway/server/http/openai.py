@@ -32,7 +32,7 @@ def openai_router(door: HttpDoor) -> APIRouter:
                 return door.sse_stream(await chat_route.stream_chat(state.engine, req, ctx), ctx)
             return await chat_route.complete_chat(state.engine, req, ctx)
 
-        return await door.handle(request, run, admit=True)
+        return await door.handle(request, run, admit="batch")  # the route reserves one slot per sample (n)
 
     @router.post("/v1/completions")
     async def completions(request: Request) -> Response:

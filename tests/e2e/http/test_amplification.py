@@ -1,0 +1,45 @@
+"""``n`` is counted in admission like a batch of prompts, and a small request cannot ask
+for a huge answer (n x max_tokens x top_logprobs, estimated up front)."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+
+from tests.e2e.http.conftest import Stack
+
+CAPPED = {"admission": {"max_concurrent_requests": 32}}
+
+
+@pytest.mark.stack(workers=1, sections=CAPPED)
+async def test_n_takes_one_admission_slot_per_sample(stack: Stack) -> None:
+    for create in (
+        lambda n: stack.client.chat.completions.create(model=stack.model, messages=[{"role": "user", "content": "hi"}], max_tokens=2, n=n),
+        lambda n: stack.client.completions.create(model=stack.model, prompt="hi", max_tokens=2, n=n),
+        lambda n: stack.client.completions.create(model=stack.model, prompt=["hi", "ho", "hu"], max_tokens=2, n=n),
+    ):
+        with pytest.raises(openai.BadRequestError) as err:
+            await create(96)
+        assert err.value.code == "batch_too_large" and "(prompts x n)" in err.value.message
+    ok = await stack.client.chat.completions.create(model=stack.model, messages=[{"role": "user", "content": "hi"}], max_tokens=2, n=8)
+    assert len(ok.choices) == 8
+    with pytest.raises(openai.BadRequestError):  # 3 prompts x n 11 = 33 samples
+        await stack.client.completions.create(model=stack.model, prompt=["hi", "ho", "hu"], max_tokens=2, n=11)
+    assert stack.state.admission.in_flight == 0
+
+
+@pytest.mark.stack(workers=1)
+async def test_an_answer_too_large_to_send_is_refused_up_front(stack: Stack) -> None:
+    with pytest.raises(openai.BadRequestError) as err:
+        await stack.client.chat.completions.create(
+            model=stack.model, messages=[{"role": "user", "content": "hi"}], max_tokens=200, n=128,
+            logprobs=True, top_logprobs=20,
+        )
+    assert err.value.code == "response_too_large" and "lower n, max_tokens or top_logprobs" in err.value.message
+    with pytest.raises(openai.BadRequestError) as err:
+        await stack.client.completions.create(model=stack.model, prompt="hi", max_tokens=20000, n=128, logprobs=5)
+    assert err.value.code == "response_too_large"
+    ok = await stack.client.chat.completions.create(
+        model=stack.model, messages=[{"role": "user", "content": "hi"}], max_tokens=4, n=4, logprobs=True, top_logprobs=20,
+    )
+    assert len(ok.choices) == 4
