@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from pathlib import Path
 
 from gateway.observability.collector import (
@@ -109,6 +110,7 @@ class GatewayState:
         self.process_set: SetMember | None = None  # set by serve when one of --processes N
         self.discovery = make_discovery(config.discovery, self._discovered_add, self.remove_worker)
         self.ready = False
+        self.instance_id = uuid.uuid4().hex  # tells this process apart when it is asked to register itself
 
     def _pool_needs_loads(self, worker: Worker) -> bool:
         policy = self.router.policies().get((worker.model, worker.role))
@@ -127,6 +129,11 @@ class GatewayState:
         known = self.registry.get(url)
         worker = await self.registry.add(url, role=role, bootstrap_port=bootstrap_port, api_key=api_key)
         try:
+            if worker.info.gateway_instance == self.instance_id:
+                # Its pass-through would route to itself, its load polls call themselves.
+                raise InvalidRequestError(
+                    f"{worker.url} is this gateway's own gRPC port; a gateway cannot be its own worker", param="url"
+                )
             if model is not None and worker.model != model:
                 raise InvalidRequestError(
                     f"worker {worker.url} serves model {worker.model!r}, not {model!r}", param="model"

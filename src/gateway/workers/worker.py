@@ -20,6 +20,11 @@ ROLES = ("regular", "prefill", "decode")
 LOADS_VIEW_REUSE_S = 0.01  # a policy's load view is at most this much older than its age says
 
 
+GATEWAY_INSTANCE_ARG = "token_gateway_instance"
+"""The server argument a gateway's SGLang pass-through adds to GetServerInfo: its process's
+instance id, so a gateway asked to register itself as a worker can tell (and refuse)."""
+
+
 @dataclass
 class WorkerInfo:
     """The worker's self-description from GetModelInfo and GetServerInfo."""
@@ -40,6 +45,7 @@ class WorkerInfo:
     dp_size: int = 1  # data-parallel ranks behind this one address (PD rooms align to them)
     max_running_requests: int = 0  # server_args max_running_requests (0: not reported)
     default_sampling: dict[str, float] = field(default_factory=dict)
+    gateway_instance: str = ""  # set when the "worker" is a token-gateway's pass-through (GATEWAY_INSTANCE_ARG)
 
     @classmethod
     def from_replies(
@@ -76,6 +82,7 @@ class WorkerInfo:
             dp_size=max(1, int(args.get("dp_size") or 1)),
             max_running_requests=max(0, int(args.get("max_running_requests") or 0)),
             default_sampling=defaults,
+            gateway_instance=str(args.get(GATEWAY_INSTANCE_ARG) or ""),
         )
 
 

@@ -47,7 +47,7 @@ from gateway.server.grpc.util import (
     reply_metadata,
 )
 from gateway.server.state import GatewayState
-from gateway.workers.worker import Worker
+from gateway.workers.worker import GATEWAY_INSTANCE_ARG, Worker
 
 log = logging.getLogger(__name__)
 
@@ -217,6 +217,7 @@ class SchedulerPassthrough(pb_grpc.SglangSchedulerServicer):
             worker = self._any_worker()
             reply = await self._call(worker, worker.client.server_info())
             reply.active_requests = sum(w.load.in_flight for w in self.state.registry.all())
+            reply.server_args.update({GATEWAY_INSTANCE_ARG: self.state.instance_id})
             if not self._is_admin(context):
                 # Server arguments name hosts, ports and paths of the fleet: the admin's business.
                 safe = pb.GetServerInfoResponse(
@@ -303,7 +304,9 @@ MAX_REQUEST_ID = 128
 
 # GetServerInfo's server_args an inference key may see: how to talk to the fleet, not
 # where it runs (hosts, ports, model and tokenizer paths stay with the admin key).
-SAFE_SERVER_ARGS = ("page_size", "context_length", "disaggregation_mode", "served_model_name", "dp_size", "tp_size")
+SAFE_SERVER_ARGS = (
+    "page_size", "context_length", "disaggregation_mode", "served_model_name", "dp_size", "tp_size", GATEWAY_INSTANCE_ARG,
+)
 
 
 def worker_request_id(rid: str, scope: str) -> str:
