@@ -45,6 +45,8 @@ class ServerConfig:
     reply_cache_bytes: int = option(64 * 1024 * 1024, "memory bound of those replies per model, bytes (text + 4 per token)")
     api_keys: list[str] = option([], "inference API keys clients must send as 'Authorization: Bearer KEY' (none: open)")
     max_body_bytes: int = option(32 * 1024 * 1024, "largest request body accepted, bytes")
+    grpc_max_concurrent_streams: int = option(256, "gRPC door: most streams (calls) open at once on one client connection, advertised in HTTP/2 SETTINGS")
+    grpc_max_connections: int = option(1024, "gRPC door: most client connections open at once; more are refused")
     worker_api_key: str | None = option(None, "bearer token the gateway sends to workers")
     probe_timeout_s: float = option(10.0, "time a new worker has to answer GetModelInfo/GetServerInfo, seconds")
     worker_stream_transport: str = option("h2", "how Generate streams reach workers: 'h2' (the gateway's own HTTP/2 reader: the tokens that arrived together are read and written together, about half grpc.aio's CPU per token; docs/architecture.md) or 'grpcio' (grpc.aio, like every other worker call)", choices=list(STREAM_TRANSPORTS))
