@@ -13,4 +13,9 @@ class HttpLimitsConfig:
     max_headers: int = option(128, "most header lines per request; more gets 431")
     header_timeout_s: float = option(10.0, "time a client has to send a request's whole head, seconds; then 408")
     body_timeout_s: float = option(60.0, "time a client has to send a request's whole body after its head, seconds; then 408")
+    max_pending_body_bytes: int = option(
+        256 * 1024 * 1024,
+        "most bytes of request bodies still arriving, all connections together; the connection whose body "
+        "passes it gets 503 and is closed (0: no bound)",
+    )
     keep_alive_timeout_s: float = option(5.0, "idle keep-alive connections are closed after this long, seconds")
