@@ -1,7 +1,11 @@
-"""``n`` is counted in admission like a batch of prompts, and a small request cannot ask
-for a huge answer (n x max_tokens x top_logprobs, estimated up front)."""
+"""``n`` is counted in admission like a batch of prompts, a small request cannot ask for a
+huge answer (n x max_tokens x top_logprobs, estimated up front), and deeply nested JSON
+is refused before anything walks it."""
 
 from __future__ import annotations
+
+import json
+import logging
 
 import openai
 import pytest
@@ -43,3 +47,30 @@ async def test_an_answer_too_large_to_send_is_refused_up_front(stack: Stack) -> 
         model=stack.model, messages=[{"role": "user", "content": "hi"}], max_tokens=4, n=4, logprobs=True, top_logprobs=20,
     )
     assert len(ok.choices) == 4
+
+
+def _nested(depth: int) -> str:
+    return '{"a": ' * depth + "1" + "}" * depth
+
+
+@pytest.mark.stack(workers=1)
+async def test_deep_nesting_is_a_400_with_no_traceback(stack: Stack, caplog: pytest.LogCaptureFixture) -> None:
+    def chat(arguments: str, kwargs: object = None) -> dict[str, object]:
+        body: dict[str, object] = {"model": stack.model, "max_tokens": 2, "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": arguments}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+        ]}
+        if kwargs is not None:
+            body["chat_template_kwargs"] = kwargs
+        return body
+
+    with caplog.at_level(logging.INFO):
+        for body in (chat(_nested(600)), chat(_nested(5000)), chat("{}", {"k": json.loads(_nested(200))})):
+            reply = await stack.http.post("/v1/chat/completions", json=body)
+            assert reply.status_code == 400, reply.text
+            assert "nested deeper than 64 levels" in reply.json()["error"]["message"]
+    assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
+    ok = await stack.http.post("/v1/chat/completions", json=chat(_nested(40)))
+    assert ok.status_code == 200, ok.text

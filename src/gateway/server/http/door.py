@@ -111,6 +111,10 @@ class HttpDoor:
             return Response(status_code=CLIENT_CLOSED)
         except GatewayError as exc:
             return error_response(exc, self.headers_for(ctx))
+        except Exception as exc:  # a bug: one log line (the traceback at debug level), a 500 in the API's shape
+            log.error("request %s on %s failed: %s: %s", ctx.request_id, request.url.path, type(exc).__name__, exc,
+                      exc_info=log.isEnabledFor(logging.DEBUG))
+            return error_response(GatewayError("internal server error"), self.headers_for(ctx))
         finally:
             for ticket in tickets:
                 if isinstance(result, EventStream):
