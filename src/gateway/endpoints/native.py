@@ -159,11 +159,13 @@ async def tokenize(engine: Engine, req: TokenizeRequest) -> dict[str, Any]:
     entry = engine.catalog.get(req.model)
     engine.observer.model_resolved(entry.name)
     if req.messages is not None:
-        text = await engine.render_template(  # bad messages (e.g. arguments that are not JSON): a 400
-            entry, req.template_messages(), add_generation_prompt=req.add_generation_prompt,
-            chat_template_kwargs=req.chat_template_kwargs,
+        # As the chat endpoint tokenizes them (bad messages, e.g. arguments that are not JSON: a 400).
+        text, ids = await engine.render_chat(
+            entry, req.template_messages(), tools=None, chat_template_kwargs=req.chat_template_kwargs,
+            add_generation_prompt=req.add_generation_prompt,
         )
-        ids = await engine.encode(entry, text, add_special_tokens=req.special_tokens)
+        if req.special_tokens:  # the template writes its own special tokens
+            ids = await engine.encode(entry, text, add_special_tokens=True)
     else:
         ids = await engine.encode(entry, req.prompt or "", add_special_tokens=req.special_tokens)
     return TokenizeResponse(tokens=ids, count=len(ids), max_model_len=entry.max_context_length or None).to_dict()

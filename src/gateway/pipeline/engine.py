@@ -50,6 +50,7 @@ from gateway.settings import option
 from gateway.tokenization import StopPlan, Tokenizer
 from gateway.tokenization.errors import ChatTemplateError
 from gateway.tokenization.reply_cache import message_texts
+from gateway.tokenization.special_text import SpecialTextShield
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +85,11 @@ class EngineConfig:
     chat_template_timeout_s: float = option(
         2.0, "longest a chat template may render, in seconds, before its request fails with a 400 (templates "
         "come from workers: see --chat-template-inline-s for how the event loop is kept free)",
+    )
+    special_tokens_in_messages: bool = option(
+        False, "read special-token strings inside chat messages (contents, tool calls) as special tokens, as "
+        "SGLang and vLLM do; off (the default), client text that spells <|im_start|> stays text and cannot "
+        "forge a turn (the template's own special tokens are real either way)",
     )
     chat_template_threads: int = option(2, "threads that render chat templates too slow or too large for the event loop")
     chat_template_inline_s: float = option(
@@ -245,6 +251,16 @@ class Engine:
         # The template only adds text: the messages alone may already be hopeless.
         joined = "".join(_texts(messages))
         self.refuse_hopeless(entry, joined, param="messages")
+        if not self.config.special_tokens_in_messages:
+            shield = entry.tokenizer.special_text
+            if shield.spelled_in(joined) or any(
+                "tool_calls" in m and shield.spelled_in(repr(m["tool_calls"])) for m in messages
+            ):
+                return await self._render_shielded(
+                    entry, shield, messages, started, len(joined), tools=tools,
+                    add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message,
+                    chat_template_kwargs=chat_template_kwargs,
+                )
         text = await self.render_template(
             entry, messages, size=len(joined), tools=tools, add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final_message, chat_template_kwargs=chat_template_kwargs,
@@ -263,6 +279,24 @@ class Engine:
         else:
             ids = await self._offload(len(text), entry.prompt_cache.encode, text)
         self._observe("tokenize", time.perf_counter() - rendered)
+        return text, ids
+
+    async def _render_shielded(
+        self, entry: ModelEntry, shield: SpecialTextShield, messages: Sequence[dict[str, Any]], started: float,
+        size: int, **options: Any,
+    ) -> tuple[str, list[int]]:
+        """``render_chat`` for messages that spell special tokens: they stay text
+        (``tokenization.special_text``); no prompt or reply cache on this rare path."""
+        shielded, originals = shield.shield(messages)
+        rendered = await self.render_template(entry, shielded, size=size, **options)
+        done = time.perf_counter()
+        self._observe("template", done - started)
+        self.refuse_hopeless(entry, rendered, param="messages")
+        tokenizer = entry.tokenizer
+        text, ids = await self._offload(
+            len(rendered), shield.encode, rendered, originals, lambda piece: tokenizer.encode(piece, False)
+        )
+        self._observe("tokenize", time.perf_counter() - done)
         return text, ids
 
     async def render_template(
