@@ -42,6 +42,15 @@ def option(
     return dataclasses.field(default=default, metadata=meta)
 
 
+def check_at_least(config: Any, least: float, *names: str) -> None:
+    """Refuse (ValueError, one line naming the flag) a setting below ``least``: a negative
+    or zero limit would either refuse everything or bound nothing."""
+    for name in names:
+        value = getattr(config, name)
+        if value is not None and value < least:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least {least:g}, got {value:g}")
+
+
 def mark_explicit(namespace: argparse.Namespace, dest: str) -> None:
     """Record that ``dest`` was given on the command line (it then beats env and file)."""
     given = getattr(namespace, EXPLICIT, None)

@@ -17,7 +17,7 @@ import orjson
 from gateway.protocol import limits as hard
 from gateway.protocol.errors import InvalidRequestError
 from gateway.protocol.sampling import SamplingOptions
-from gateway.settings import option
+from gateway.settings import check_at_least, option
 
 
 @dataclass
@@ -33,6 +33,10 @@ class LimitsConfig:
         "largest answer a request may ask for, estimated up front from prompts x n x max_tokens (x top_logprobs "
         "when logprobs are asked for); larger requests get a 400 (0: no bound)",
     )
+
+    def __post_init__(self) -> None:
+        check_at_least(self, 0, "max_prompt_tokens", "max_tokens_cap", "max_stop_sequences", "max_response_bytes")
+        check_at_least(self, 1, "max_n", "max_batch_size", "max_tool_schema_bytes")
 
 
 def check_batch(size: int, limits: LimitsConfig, *, param: str = "prompt") -> None:

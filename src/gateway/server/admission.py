@@ -30,7 +30,7 @@ from gateway.protocol.errors import (
     RateLimitedError,
     ShuttingDownError,
 )
-from gateway.settings import option
+from gateway.settings import check_at_least, option
 
 ANONYMOUS = "-"
 
@@ -43,6 +43,11 @@ class AdmissionConfig:
     rate_limit_per_s: float = option(0.0, "token-bucket refill per API key, requests per second (0: off; without --api-keys all callers share one bucket)")
     rate_limit_burst: int = option(0, "token-bucket size per API key (0: max(1, rate))")
     rate_limit_max_keys: int = option(10000, "API keys whose buckets are remembered (least recently used go first)")
+
+    def __post_init__(self) -> None:
+        check_at_least(self, 0, "max_concurrent_requests", "max_queued_requests", "queue_timeout_s",
+                       "rate_limit_per_s", "rate_limit_burst")
+        check_at_least(self, 1, "rate_limit_max_keys")
 
 
 class TokenBucket:

@@ -19,7 +19,7 @@ from gateway.server.metrics_port import MetricsPortConfig
 from gateway.server.process_config import ProcessConfig
 from gateway.server.security import SecurityConfig
 from gateway.server.tls import FrontTlsConfig
-from gateway.settings import option
+from gateway.settings import check_at_least, option
 from gateway.sync.config import SyncConfig
 from gateway.workers.client import STREAM_TRANSPORTS
 from gateway.workers.discovery.config import DiscoveryConfig
@@ -57,6 +57,15 @@ class ServerConfig:
     worker_drain_timeout_s: float = option(60.0, "DELETE /workers waits this long for the worker's in-flight requests, seconds")
     shutdown_grace_s: float = option(30.0, "on SIGTERM, in-flight requests get this long to finish before they are aborted, seconds")
     gc_young_threshold: int = option(50_000, "allocations between collections of the garbage collector's youngest generation (CPython's default 700 cost ~8%% of the relay's CPU; 0 keeps the default; the start-up heap is frozen either way)")
+
+    def __post_init__(self) -> None:
+        for name in ("port", "grpc_port"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value <= 65535:
+                raise ValueError(f"--{name.replace('_', '-')} must be a port in 0-65535, got {value}")
+        check_at_least(self, 1, "max_body_bytes", "grpc_max_concurrent_streams", "grpc_max_connections",
+                       "max_tokenizer_bytes", "reply_cache_entries", "reply_cache_bytes")
+        check_at_least(self, 0, "probe_timeout_s", "worker_drain_timeout_s", "shutdown_grace_s")
 
 
 @dataclass

@@ -169,12 +169,22 @@ async def serve(config: GatewayConfig) -> None:
 
     from gateway.server.http.app import create_app
     from gateway.server.http.guard import http_server_config
-    from gateway.server.process_set import member_from_env
+    from gateway.server.process_set import in_process_set, member_from_env
     from gateway.server.state import GatewayState
 
     check_startup(config.server.host, config.security)
     config.parsers.check()
     config.tls.check()
+    # The port first: a busy or impossible one is a one-line error before any worker is probed.
+    sock = socket.socket(socket.AF_INET6 if ":" in config.server.host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if in_process_set():  # one of serve --processes N: the set shares the port (see supervisor)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind((config.server.host, config.server.port))
+    except (OSError, OverflowError) as exc:
+        sock.close()
+        raise RuntimeError(f"cannot listen on {config.server.host}:{config.server.port}: {exc}") from None
     state = GatewayState(config)
     member = member_from_env(state.metrics.render)  # one of serve --processes N, or None
     await state.start()
@@ -183,11 +193,6 @@ async def serve(config: GatewayConfig) -> None:
         state.metrics.federate = member.federate
         await member.start()
     app = create_app(state, manage_lifecycle=False)
-    sock = socket.socket(socket.AF_INET6 if ":" in config.server.host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if member is not None:  # one of serve --processes N: the set shares the port (see supervisor)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind((config.server.host, config.server.port))
     host, port = sock.getsockname()[:2]
     uv_config = http_server_config(
         app, config.http, access_log=False,
@@ -273,7 +278,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         config = config_from_args(args)
-    except (PdFlagError, ConfigError, SecretFileError) as exc:
+    except (PdFlagError, ConfigError, SecretFileError, ValueError) as exc:
         setup_logging("error", False)
         log.error("%s", exc)
         return 2

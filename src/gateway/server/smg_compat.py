@@ -180,8 +180,8 @@ POLICY_DESTS = ("policy", "prefill_policy", "decode_policy")
 def map_value(dest: str, value: Any) -> Any:
     """SMG's spelling of a value -> ours (also applied to environment and file values)."""
     if not isinstance(value, str):
-        if dest == "max_concurrent_requests" and isinstance(value, int) and value < 0:
-            return 0  # SMG: -1 = unlimited; ours: 0
+        if dest == "max_concurrent_requests" and isinstance(value, int) and value == -1:
+            return 0  # SMG: -1 = unlimited; ours: 0 (other negatives are refused as typos)
         return value
     if dest in POLICY_DESTS:
         if value in REFUSED_POLICIES:
@@ -189,7 +189,7 @@ def map_value(dest: str, value: Any) -> Any:
         return POLICY_VALUES.get(value, value)
     if dest == "log_level":
         return LOG_LEVELS.get(value.lower(), value.lower())
-    if dest == "max_concurrent_requests" and value.strip().lstrip("-").isdigit() and int(value) < 0:
+    if dest == "max_concurrent_requests" and value.strip() == "-1":
         return "0"
     return value
 

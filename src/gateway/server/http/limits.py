@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gateway.settings import option
+from gateway.settings import check_at_least, option
 
 
 @dataclass
@@ -18,4 +18,8 @@ class HttpLimitsConfig:
         "most bytes of request bodies still arriving, all connections together; the connection whose body "
         "passes it gets 503 and is closed (0: no bound)",
     )
+
+    def __post_init__(self) -> None:
+        check_at_least(self, 0, "max_pending_body_bytes", "header_timeout_s", "body_timeout_s", "keep_alive_timeout_s")
+        check_at_least(self, 1, "max_header_bytes", "max_headers")
     keep_alive_timeout_s: float = option(5.0, "idle keep-alive connections are closed after this long, seconds")
