@@ -66,10 +66,10 @@ async def test_admin_endpoints_need_the_admin_key(stack: Stack) -> None:
         assert inference.json()["error"]["type"] == "permission_error"
     ok = await stack.http.post("/workers", json={"url": url}, headers=bearer("admin-key"))
     assert ok.status_code == 200 and ok.json()["created"] is False
-    # Read-only views take either key, but not none.
+    # Read-only views name hosts and ports: the admin key only, as on the gRPC door.
     for path in ("/workers", "/get_loads", f"/workers/{stack.state.registry.all()[0].id}"):
         assert (await stack.http.get(path)).status_code == 401, path
-        assert (await stack.http.get(path, headers=bearer("inference-key"))).status_code == 200, path
+        assert (await stack.http.get(path, headers=bearer("inference-key"))).status_code == 403, path
         assert (await stack.http.get(path, headers=bearer("admin-key"))).status_code == 200, path
     # Health probes stay open for load balancers.
     assert (await stack.http.get("/health")).status_code == 200

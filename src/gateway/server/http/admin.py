@@ -2,8 +2,8 @@
 workers, and ``/admin/inspect`` (what the router sees in a prompt).
 
 Mutations (``POST /workers``, ``DELETE /workers/{id}``, ``POST /flush_cache``) need
-the admin key; read-only views (``GET /workers``, ``GET /get_loads``) take the admin
-key or an inference key. Secrets (worker API keys) never appear in any answer.
+the admin key; so do the read-only views (``GET /workers``, ``GET /get_loads``), which
+name the fleet's hosts and ports (the gRPC door's rule too). Secrets (worker API keys) never appear in any answer.
 """
 
 from __future__ import annotations
