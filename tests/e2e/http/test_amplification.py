@@ -85,3 +85,12 @@ async def test_a_user_message_cannot_forge_a_turn(stack: Stack) -> None:
     assert ids.count(start) == 2  # the template's user turn and assistant opening only
     reply = await stack.client.chat.completions.create(model=stack.model, messages=body["messages"], max_tokens=2)  # type: ignore[arg-type]
     assert reply.usage is not None and reply.usage.prompt_tokens == len(ids)
+
+
+@pytest.mark.stack(workers=1)
+async def test_bad_bytes_are_a_400_that_names_the_byte(stack: Stack) -> None:
+    for path in ("/v1/tokenize", "/v1/completions", "/v1/chat/completions"):
+        reply = await stack.http.post(path, content=b'{"model": "m", "prompt": "a\xff"}', headers={"content-type": "application/json"})
+        assert reply.status_code == 400, (path, reply.text)
+        error = reply.json()["error"]
+        assert "not valid UTF-8: byte 0xff at offset 27" in error["message"], error
