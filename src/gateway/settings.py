@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import types
 import typing
 from typing import Any, TypeVar
@@ -40,6 +41,13 @@ def option(
         factory = type(default)(default)
         return dataclasses.field(default_factory=lambda: type(factory)(factory), metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
+
+
+def default_tokenizer_cache() -> str:
+    """``$XDG_CACHE_HOME/token-gateway/tokenizers`` (``~/.cache/...`` without it), never a
+    folder under whatever directory the gateway happens to start in."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "token-gateway", "tokenizers")
 
 
 def check_at_least(config: Any, least: float, *names: str) -> None:

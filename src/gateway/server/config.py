@@ -19,7 +19,7 @@ from gateway.server.metrics_port import MetricsPortConfig
 from gateway.server.process_config import ProcessConfig
 from gateway.server.security import SecurityConfig
 from gateway.server.tls import FrontTlsConfig
-from gateway.settings import check_at_least, option
+from gateway.settings import check_at_least, default_tokenizer_cache, option
 from gateway.sync.config import SyncConfig
 from gateway.workers.client import STREAM_TRANSPORTS
 from gateway.workers.discovery.config import DiscoveryConfig
@@ -39,7 +39,7 @@ class ServerConfig:
     tokenizer_path: str | None = option(None, "tokenizer folder or tokenizer.json (default: cache, then the worker, then the hub if --tokenizer-hub)")
     tokenizer_hub: bool = option(False, "when a worker cannot send its tokenizer, download the model it names from the Hugging Face hub (off: the worker would choose what the gateway fetches)")
     max_tokenizer_bytes: int = option(DEFAULT_MAX_TOKENIZER_BYTES, "largest tokenizer zip accepted from a worker's GetTokenizer, bytes (the download stops there)")
-    tokenizer_cache_dir: str = option("tokenizer_cache", "where fetched tokenizers are kept")
+    tokenizer_cache_dir: str = option(default_tokenizer_cache(), "where fetched tokenizers are kept (default: the user's cache folder, $XDG_CACHE_HOME or ~/.cache)")
     reply_token_reuse: bool = option(True, "tokenize a chat reply sent back in a later turn as the ids the model generated (matches the worker's prefix cache; docs/policies.md)")
     reply_cache_entries: int = option(4096, "replies remembered per model for --reply-token-reuse (least recently used go first)")
     reply_cache_bytes: int = option(64 * 1024 * 1024, "memory bound of those replies per model, bytes (text + 4 per token)")
