@@ -48,6 +48,7 @@ class ServerConfig:
     grpc_max_concurrent_streams: int = option(256, "gRPC door: most streams (calls) open at once on one client connection, advertised in HTTP/2 SETTINGS")
     grpc_max_connections: int = option(1024, "gRPC door: most client connections open at once; more are refused")
     worker_api_key: str | None = option(None, "bearer token the gateway sends to workers")
+    worker_startup_timeout_s: float = option(0.0, "at start, wait up to this long for listed workers that are not up yet before reporting ready, seconds (they are retried in the background either way; /readiness lists them)")
     probe_timeout_s: float = option(10.0, "time a new worker has to answer GetModelInfo/GetServerInfo, seconds")
     worker_stream_transport: str = option("h2", "how Generate streams reach workers: 'h2' (the gateway's own HTTP/2 reader: the tokens that arrived together are read and written together, about half grpc.aio's CPU per token; docs/architecture.md) or 'grpcio' (grpc.aio, like every other worker call)", choices=list(STREAM_TRANSPORTS))
     kv_events: bool = option(False, "subscribe to workers' KV events and feed them to the cache_aware radix tree")
@@ -65,7 +66,7 @@ class ServerConfig:
                 raise ValueError(f"--{name.replace('_', '-')} must be a port in 0-65535, got {value}")
         check_at_least(self, 1, "max_body_bytes", "grpc_max_concurrent_streams", "grpc_max_connections",
                        "max_tokenizer_bytes", "reply_cache_entries", "reply_cache_bytes")
-        check_at_least(self, 0, "probe_timeout_s", "worker_drain_timeout_s", "shutdown_grace_s")
+        check_at_least(self, 0, "worker_startup_timeout_s", "probe_timeout_s", "worker_drain_timeout_s", "shutdown_grace_s")
 
 
 @dataclass

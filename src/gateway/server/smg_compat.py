@@ -89,9 +89,9 @@ ALIASES: tuple[Alias, ...] = (
     Alias("--enable-igw", "ignored", nargs=0, note="several models behind one gateway always work"),
     Alias("--load-monitor-interval", "alias", ("load_poll_interval_s",), float),
     Alias("--pd-disaggregation", "ignored", nargs=0, note="PD mode follows from --prefill/--decode"),
-    Alias("--worker-startup-timeout-secs", "ignored", nargs=1,
-          note="a worker must answer its probe within --probe-timeout-s; register late workers with POST /workers or discovery"),
-    Alias("--worker-startup-check-interval", "ignored", nargs=1, note="see --worker-startup-timeout-secs"),
+    Alias("--worker-startup-timeout-secs", "alias", ("worker_startup_timeout_s",), float),
+    Alias("--worker-startup-check-interval", "ignored", nargs=1,
+          note="listed workers not up at start are retried with a growing pause (0.5 s to 10 s)"),
     # requests, admission, retries, breaker, health
     Alias("--request-timeout-secs", "alias", ("request_timeout_s",), float),
     Alias("--shutdown-grace-period-secs", "alias", ("shutdown_grace_s",), float),
