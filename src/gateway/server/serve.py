@@ -51,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cfg.add_argument("--config", metavar="FILE", default=None,
                      help="TOML or YAML file of settings, keys named like the flags (also TOKEN_GATEWAY_CONFIG)")
     cfg.add_argument("--print-config", action="store_true",
-                     help="print the settings in effect (secrets masked) as YAML and exit")
+                     help="print the settings in effect as YAML, usable as --config, and exit (secrets that are set are named in comments, not printed)")
     add_options(parser.add_argument_group("server"), ServerConfig)
     add_options(parser.add_argument_group("routing policy"), PolicyConfig)
     add_options(parser.add_argument_group("pipeline"), EngineConfig)
@@ -266,10 +266,16 @@ async def serve(config: GatewayConfig) -> None:
 def print_config(args: argparse.Namespace) -> None:
     import yaml
 
-    from gateway.config_layers import masked, secret_names
+    from gateway.config_layers import ENV_PREFIX, secret_names
 
-    shown = masked(args._settings, secret_names(args, _pool_extras()))
+    # Set secrets are left out (named in comments), so the output is a config file as it
+    # stands: a masked value would be taken for the secret itself.
+    secrets = secret_names(args, _pool_extras())
+    held = [name for name, value in args._settings.items() if name in secrets and value]
+    shown = {name: value for name, value in args._settings.items() if name not in held}
     print("# token-gateway serve: settings in effect (flag > env > file > default); usable as --config")
+    for name in held:
+        print(f"# {name}: set, not printed (give it as {ENV_PREFIX}{name.upper()} or with its --{name.replace('_', '-')} flag)")
     print(yaml.safe_dump(shown, sort_keys=False, default_flow_style=False), end="")
 
 
