@@ -127,3 +127,14 @@ async def test_an_inline_error_passes_through(runner: TemplateRunner) -> None:
     with pytest.raises(ValueError, match="bad messages"):
         await runner.render("t", 2, fail)
     assert "t" not in runner.slow
+
+
+async def test_a_render_that_waits_without_working_is_stopped_by_the_wall_clock(runner: TemplateRunner) -> None:
+    def idle() -> None:
+        while True:
+            time.sleep(0.01)  # no CPU: only the wall-clock backstop (3 x the deadline) stops it
+
+    started = time.monotonic()
+    with pytest.raises(RenderTimeout):
+        await runner.run(idle)
+    assert 0.85 < time.monotonic() - started < 3.0

@@ -18,7 +18,8 @@ the event loop keeps answering meanwhile.
 
 Deadlines count the rendering thread's CPU time, not the wall clock: on a busy host a
 thread can wait for a core longer than an honest render takes, and that wait must not
-count against the template.
+count against the template. A render thread's wall time is bounded too, at
+``WALL_FACTOR`` times its deadline, so a starved host still answers in bounded time.
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ TICK_S = 0.01
 IDLE_AFTER_S = 1.0
 """The watchdog sleeps until the next render once none came for this long."""
 
+WALL_FACTOR = 3.0
+"""A render on a template thread is stopped after this many times its deadline in wall time."""
+
 
 class RenderTimeout(Exception):
     """The render ran past its deadline."""
@@ -60,6 +64,7 @@ class _Job:
     fn: Callable[[], Any]
     future: concurrent.futures.Future[Any] | None
     started: float = 0.0  # the rendering thread's CPU time when the render began
+    wall: float = 0.0  # the monotonic clock then
     thread: int = 0
     clock: int = 0  # that thread's CPU-time clock
 
@@ -191,7 +196,7 @@ class TemplateRunner:
             with self._cond:
                 job.started = time.clock_gettime(clock)
                 job.thread, job.clock = me, clock
-                self._last = time.monotonic()
+                self._last = job.wall = time.monotonic()
                 self._busy[me] = job
                 if self._idle:
                     self._idle = False
@@ -219,7 +224,10 @@ class TemplateRunner:
                     self._inline = None  # interrupted once; its own finally finds it gone
                     _interrupt(inline.thread)
                 for thread_id, job in list(self._busy.items()):
-                    if time.clock_gettime(job.clock) - job.started >= self.timeout_s:
+                    if (
+                        time.clock_gettime(job.clock) - job.started >= self.timeout_s
+                        or now - job.wall >= WALL_FACTOR * self.timeout_s
+                    ):
                         del self._busy[thread_id]
                         _interrupt(thread_id)
                 if self._busy or self._inline is not None or now - self._last < IDLE_AFTER_S:
