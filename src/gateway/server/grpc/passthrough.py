@@ -27,8 +27,10 @@ from gateway.observability.request_log import RequestRecord
 from gateway.pipeline.deadline import worker_timeout
 from gateway.pipeline.dispatch import TokenStream, WorkerStream, fire_abort
 from gateway.pipeline.errors import map_rpc_error
+from gateway.pipeline.output_guard import OUTPUT_CEILING
 from gateway.pipeline.request_context import RequestContext
 from gateway.pipeline.scheduler_rules import check_scheduler_generate
+from gateway.policies.base import RouteRequest
 from gateway.proto import common_pb2
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.proto import sglang_scheduler_pb2_grpc as pb_grpc
@@ -38,6 +40,7 @@ from gateway.protocol.errors import (
     NoWorkerError,
 )
 from gateway.protocol.ids import random_hex
+from gateway.server.grpc.relay_guard import RelayGuard
 from gateway.server.grpc.util import (
     CallContextReader,
     Role,
@@ -128,13 +131,15 @@ class SchedulerPassthrough(pb_grpc.SglangSchedulerServicer):
                         return
                     ctx.worker_ids = [stream.worker.id]
                     await context.send_initial_metadata(reply_metadata(ctx))
-                    if wid == rid:
-                        while (message := await stream.read()) is not None:
-                            yield message
-                    else:
-                        while (message := await stream.read()) is not None:
-                            message.request_id = rid  # the client sees its own id, never the scoped one
-                            yield message
+                    guard = self._guard(checked, route, stream.worker.id)
+                    while (message := await stream.read()) is not None:
+                        for out in guard.check(message):
+                            if wid != rid:
+                                out.request_id = rid  # the client sees its own id, never the scoped one
+                            yield out
+                        if guard.stop_worker:
+                            await stream.abort("past max_new_tokens")
+                            return
         except GatewayError as exc:
             await abort_with(context, exc)
         finally:
@@ -143,6 +148,19 @@ class SchedulerPassthrough(pb_grpc.SglangSchedulerServicer):
                 self._aborted.discard(key)
             if stream is not None and not stream.closed:
                 await stream.abort("client gone")
+
+    def _guard(self, request: pb.GenerateRequest, route: RouteRequest, worker_id: str) -> RelayGuard:
+        """The output guard of one relayed Generate: its cap is the request's max_new_tokens,
+        else what the context leaves after the prompt, else ``OUTPUT_CEILING``."""
+        entry = self.engine.catalog.get(None)
+        params = request.sampling_params
+        cap = params.max_new_tokens if params.HasField("max_new_tokens") and params.max_new_tokens > 0 else 0
+        if not cap:
+            room = entry.max_context_length - len(route.token_ids) if entry.max_context_length else 0
+            cap = room if room > 0 else OUTPUT_CEILING
+        return RelayGuard(
+            cap, entry.tokenizer.vocab_size, max(1, params.n), request_id=request.request_id, worker_id=worker_id
+        )
 
     async def Abort(self, request: pb.AbortRequest, context: aio.ServicerContext) -> pb.AbortResponse:
         """Abort one of the caller's own requests: ids are scoped to the API key that made
