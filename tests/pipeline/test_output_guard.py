@@ -35,7 +35,7 @@ async def test_a_stream_past_max_tokens_ends_at_the_cap_with_length(tok: Tokeniz
     with caplog.at_level(logging.WARNING, logger="gateway.pipeline.output_guard"):
         if fast:
             assert gen.plain
-            out = [d async for d in gen.pieces()]
+            out = [d async for d in gen.deltas(texts=True)]
             deltas = [d for d in out if isinstance(d, SampleDelta)]
             texts = [t for d in out if isinstance(d, list) for t in d]
         else:
@@ -77,7 +77,7 @@ async def test_an_id_outside_the_vocabulary_is_a_worker_error(
     stream = FakeStream(FakeWorker("w1"), [chunk([100]), chunk([bad]), chunk([101]), complete()])
     gen = Generation(stream, prepare(tok, [1, 2], max_new_tokens=8))  # type: ignore[arg-type]
     with caplog.at_level(logging.WARNING, logger="gateway.pipeline.output_guard"), pytest.raises(WorkerError) as err:
-        async for _ in gen.pieces() if fast else gen:
+        async for _ in gen.deltas(texts=fast):
             pass
     assert str(bad) in err.value.message and "vocabulary" in err.value.message
     assert err.value.status == 502

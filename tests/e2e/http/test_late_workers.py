@@ -7,8 +7,8 @@ import asyncio
 import socket
 from pathlib import Path
 
-from gateway.sim.config import SimConfig
-from gateway.sim.worker import SimWorker
+from gateway_lab.sim.config import SimConfig
+from gateway_lab.sim.worker import SimWorker
 from tests.e2e.hostile_worker import ZERO_COST, gateway
 
 
