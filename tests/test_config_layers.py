@@ -127,6 +127,14 @@ def test_unknown_key_in_file_is_refused(tmp_path: Path) -> None:
         resolve(_args([]), config_file=str(cfg))
 
 
+def test_an_unknown_key_close_to_a_setting_gets_a_suggestion(tmp_path: Path) -> None:
+    cfg = tmp_path / "gw.toml"
+    cfg.write_text("prot = 1\n")
+    with pytest.raises(ConfigError) as err:
+        resolve(_args([]), config_file=str(cfg))
+    assert "unknown setting 'prot' (did you mean 'port'?)" in str(err.value)
+
+
 def test_missing_or_unparsable_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="does not exist"):
         resolve(_args([]), config_file=str(tmp_path / "nope.toml"))

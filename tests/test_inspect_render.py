@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from gateway.inspect_render import _quality
+from gateway.inspect_render import _quality, _workers
 
 
 def text(q: dict[str, object]) -> str:
@@ -19,3 +19,14 @@ def test_the_quality_table_shows_the_decode_fill_when_the_policy_has_one() -> No
     assert "decode fill" not in text(base)
     shown = text({**base, "decode_fill": 0.125})
     assert "decode fill" in shown and "0.125 x running requests' max_tokens" in shown
+
+
+def test_worker_addresses_are_never_cut_at_80_columns() -> None:
+    ids = ["127.0.0.1:41234", "127.0.0.1:41235"]
+    answer = {"workers": [{"worker_id": w, "available": True, "page_size": 16, "predicted_cached_tokens": 123456,
+                           "raw_match_tokens": 123456, "tree_tokens": 1234567, "tree_budget": 2345678} for w in ids],
+              "decision": {"choice": ids[0], "workers": {}}}
+    console = Console(record=True, width=80)
+    console.print(_workers(answer))
+    shown = console.export_text()
+    assert all(w in shown for w in ids), shown

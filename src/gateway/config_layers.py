@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import json
 import os
 import types
@@ -172,7 +173,7 @@ def _check_file(path: Path) -> None:
         raise ConfigError(f"config file {str(path)!r}: use a .toml, .yaml or .yml file")
 
 
-def _describe(errors: list[Any], explicit: Mapping[str, Any], path: Path | None) -> str:
+def _describe(errors: list[Any], explicit: Mapping[str, Any], path: Path | None, known: Iterable[str] = ()) -> str:
     lines = []
     for err in errors:
         name = str(err["loc"][0]) if err["loc"] else "?"
@@ -183,7 +184,9 @@ def _describe(errors: list[Any], explicit: Mapping[str, Any], path: Path | None)
         else:
             where = f"config file {path}" if path else "settings"
         if err["type"] == "extra_forbidden":
-            lines.append(f"{where}: unknown setting {name!r}")
+            close = difflib.get_close_matches(name, list(known), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            lines.append(f"{where}: unknown setting {name!r}{hint}")
         else:
             lines.append(f"{where}: {name}: {err['msg']} (got {err.get('input')!r})")
     return "; ".join(lines)
@@ -219,7 +222,7 @@ def resolve(
     try:
         settings = model(**explicit)
     except ValidationError as exc:
-        raise ConfigError(_describe(exc.errors(), explicit, path)) from None
+        raise ConfigError(_describe(exc.errors(), explicit, path, spec)) from None
     except (ValueError, OSError) as exc:  # a file that does not parse
         raise ConfigError(f"config file {path}: {exc}") from None
     values = settings.model_dump()

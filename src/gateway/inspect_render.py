@@ -61,7 +61,10 @@ def _workers(answer: dict[str, Any]) -> Table:
     choice = decision.get("choice")
     t = Table(title="per worker: what the radix tree predicts is cached", title_justify="left")
     for col in ("worker", "available", "page", "predicted cached", "raw match", "tree tokens", "budget", "in flight", "cost"):
-        t.add_column(col, justify="left" if col == "worker" else "right")
+        if col == "worker":  # a worker's address is its name: never cut it to "127.0…"
+            t.add_column(col, justify="left", no_wrap=True, min_width=max(6, *(len(w["worker_id"]) + 2 for w in answer.get("workers") or [{"worker_id": ""}])))
+        else:
+            t.add_column(col, justify="right")
     for w in answer.get("workers") or []:
         extra = costs.get(w["worker_id"], {})
         name = w["worker_id"] + (" *" if w["worker_id"] == choice else "")

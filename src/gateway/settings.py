@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import types
 import typing
 from typing import Any, TypeVar
@@ -40,6 +41,22 @@ def option(
         factory = type(default)(default)
         return dataclasses.field(default_factory=lambda: type(factory)(factory), metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
+
+
+def default_tokenizer_cache() -> str:
+    """``$XDG_CACHE_HOME/token-gateway/tokenizers`` (``~/.cache/...`` without it), never a
+    folder under whatever directory the gateway happens to start in."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "token-gateway", "tokenizers")
+
+
+def check_at_least(config: Any, least: float, *names: str) -> None:
+    """Refuse (ValueError, one line naming the flag) a setting below ``least``: a negative
+    or zero limit would either refuse everything or bound nothing."""
+    for name in names:
+        value = getattr(config, name)
+        if value is not None and value < least:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least {least:g}, got {value:g}")
 
 
 def mark_explicit(namespace: argparse.Namespace, dest: str) -> None:

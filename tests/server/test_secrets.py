@@ -75,11 +75,12 @@ def test_print_config_masks_secrets_and_round_trips(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "secret" not in done.stdout
     shown = yaml.safe_load(done.stdout)
-    assert shown["admin_api_key"] == "***" and shown["api_keys"] == ["***", "***"]
+    assert "admin_api_key" not in shown and "api_keys" not in shown  # set secrets: named in comments only
+    assert "# admin_api_key: set, not printed" in done.stdout and "# api_keys: set, not printed" in done.stdout
     assert (shown["port"], shown["policy"], shown["max_attempts"]) == (4001, "round_robin", 2)
-    # the output is itself a valid config file (secrets aside)
+    # the output is itself a valid config file, as printed
     again = tmp_path / "again.yaml"
-    again.write_text(yaml.safe_dump({k: v for k, v in shown.items() if v != "***" and v != ["***", "***"]}))
+    again.write_text(done.stdout)
     second = _serve(["--config", str(again), "--print-config"])
     assert second.returncode == 0, second.stderr
     assert yaml.safe_load(second.stdout)["port"] == 4001

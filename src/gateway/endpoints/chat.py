@@ -95,6 +95,7 @@ class _Choice:
 
 
 async def _start(engine: Engine, req: ChatCompletionRequest, ctx: RequestContext) -> tuple[ModelEntry, Generation, str, ChatParsers]:
+    await ctx.reserve(req.n)  # one admission slot per sample, before any templating
     entry = engine.catalog.get(req.model)
     kwargs = template_kwargs(req)
     check_tools(req.tools_json(), engine.limits)

@@ -77,7 +77,7 @@ async def prepare_completions(
     prepared: list[PreparedRequest] = []
     prompts: list[str | list[int]] = list(req.prompts())
     check_batch(len(prompts), engine.limits)
-    await ctx.reserve(len(prompts))  # one admission slot per prompt, before any tokenization
+    await ctx.reserve(len(prompts) * req.n)  # one admission slot per sample, before any tokenization
     for i, prompt in enumerate(prompts):
         ids, text = await prompt_ids(engine, entry, prompt)
         prepared.append(
@@ -89,6 +89,7 @@ async def prepare_completions(
                 routing_key=ctx.routing_key,
                 target_worker=ctx.target_worker,
                 cache_salt=effective_salt(ctx.cache_salt, req.cache_salt),
+                prompts=len(prompts),
             )
         )
     return entry, prepared

@@ -27,7 +27,6 @@ from gateway.protocol.tokens import (
     TokenizeRequest,
     TokenizeResponse,
 )
-from gateway.tokenization.errors import ChatTemplateError
 
 
 async def prepare_generate(engine: Engine, req: GenerateRequest, ctx: RequestContext) -> list[PreparedRequest]:
@@ -36,12 +35,13 @@ async def prepare_generate(engine: Engine, req: GenerateRequest, ctx: RequestCon
     prepared = []
     prompts: list[str | list[int]] = list(req.prompts())
     check_batch(len(prompts), engine.limits)
-    await ctx.reserve(len(prompts))  # one admission slot per prompt, before any tokenization
+    samplings = [sampling_from_generate(req, i) for i in range(len(prompts))]
+    await ctx.reserve(sum(s.n for s in samplings))  # one admission slot per sample, before any tokenization
     for i, prompt in enumerate(prompts):
         ids, text = await prompt_ids(engine, entry, prompt)
         prepared.append(
             engine.prepare(
-                entry, ids, sampling_from_generate(req, i), stream=req.stream,
+                entry, ids, samplings[i], stream=req.stream, prompts=len(prompts),
                 request_id=req.rid_for(i) or ctx.sub_id(i), prompt_text=text,
                 routing_key=ctx.routing_key, target_worker=ctx.target_worker,
                 cache_salt=effective_salt(ctx.cache_salt, req.cache_salt),
@@ -163,14 +163,13 @@ async def tokenize(engine: Engine, req: TokenizeRequest) -> dict[str, Any]:
     entry = engine.catalog.get(req.model)
     engine.observer.model_resolved(entry.name)
     if req.messages is not None:
-        try:
-            text = entry.tokenizer.apply_chat_template(
-                req.template_messages(), add_generation_prompt=req.add_generation_prompt,
-                chat_template_kwargs=req.chat_template_kwargs,
-            )
-        except ChatTemplateError as exc:  # bad messages (e.g. tool-call arguments that are not JSON): a 400
-            raise InvalidRequestError(str(exc), param="messages") from exc
-        ids = await engine.encode(entry, text, add_special_tokens=req.special_tokens)
+        # As the chat endpoint tokenizes them (bad messages, e.g. arguments that are not JSON: a 400).
+        text, ids = await engine.render_chat(
+            entry, req.template_messages(), tools=None, chat_template_kwargs=req.chat_template_kwargs,
+            add_generation_prompt=req.add_generation_prompt,
+        )
+        if req.special_tokens:  # the template writes its own special tokens
+            ids = await engine.encode(entry, text, add_special_tokens=True)
     else:
         ids = await engine.encode(entry, req.prompt or "", add_special_tokens=req.special_tokens)
     return TokenizeResponse(tokens=ids, count=len(ids), max_model_len=entry.max_context_length or None).to_dict()

@@ -2,11 +2,11 @@
 
 A model's tokenizer is resolved once, when its first worker registers: from an
 explicit path, the on-disk cache, the worker itself (GetTokenizer, sha256
-checked), or the hub. Loading runs in a thread so registration never blocks
-the event loop. The model's limits and sampling defaults are settled then too, from
-the model's files and the worker's server arguments (``pipeline.model_facts``); what
-GetModelInfo says about the vocabulary and EOS ids is never used (placeholders on real
-workers: the tokenizer's own files are the source).
+checked, bounded in size), or the hub when the operator allows it. Loading runs in a thread
+so registration never blocks the event loop. The model's limits and sampling defaults are
+settled then too, from the model's files and the worker's server arguments
+(``pipeline.model_facts``); what GetModelInfo says about the vocabulary and EOS ids is never
+used (placeholders on real workers: the tokenizer's own files are the source).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from gateway.protocol.errors import ModelNotFoundError
 from gateway.tokenization import ChatPromptCache, Tokenizer, TokenizerRegistry
 from gateway.tokenization.errors import TokenizationError
 from gateway.tokenization.reply_cache import ReplyTokenCache
+from gateway.workers.tokenizer_fetch import DEFAULT_MAX_TOKENIZER_BYTES, fetch_tokenizer_zip
 from gateway.workers.worker import Worker
 
 log = logging.getLogger(__name__)
@@ -76,9 +77,14 @@ class ModelCatalog:
         reply_token_reuse: bool = False,
         reply_cache_entries: int = 4096,
         reply_cache_bytes: int = 64 * 1024 * 1024,
+        tokenizer_hub: bool = False,
+        max_tokenizer_bytes: int = DEFAULT_MAX_TOKENIZER_BYTES,
     ) -> None:
         self._parsers = parsers or ParserConfig()
-        self.registry = TokenizerRegistry(cache_dir)
+        # The hub fallback downloads the repository a worker names: an outbound fetch a
+        # worker could aim, so only when the operator asks for it.
+        self.registry = TokenizerRegistry(cache_dir, hub_enabled=tokenizer_hub)
+        self._max_tokenizer_bytes = max_tokenizer_bytes
         self._tokenizer_path = tokenizer_path
         self._served_name = served_name
         self._prompt_cache_entries = prompt_cache_entries
@@ -161,7 +167,7 @@ class ModelCatalog:
         resolved = await asyncio.to_thread(self.registry.resolve_local, model, self._tokenizer_path)
         if resolved is None:
             try:
-                data, sha = await worker.client.tokenizer_zip()
+                data, sha = await fetch_tokenizer_zip(worker.client, max_bytes=self._max_tokenizer_bytes)
             except Exception as exc:
                 log.warning("tokenizer for %s: worker %s could not send it: %s", model, worker.url, exc)
                 resolved = await asyncio.to_thread(self.registry.resolve_remote, model, f"worker {worker.url}: {exc}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -28,6 +29,7 @@ from gateway.pipeline.limits import (
     LimitsConfig,
     apply_sampling_limits,
     check_prompt,
+    check_response_bytes,
     check_token_ids,
 )
 from gateway.pipeline.model_facts import apply_model_defaults
@@ -38,6 +40,7 @@ from gateway.pipeline.resume import OpenContinuation, ResumeConfig, Resumer
 from gateway.pipeline.retry import RetryConfig
 from gateway.pipeline.router import Router
 from gateway.pipeline.sampling import to_sampling_params
+from gateway.pipeline.template_runner import RenderTimeout, TemplateRunner
 from gateway.pipeline.tenancy import salt_prefix
 from gateway.policies.base import RouteRequest
 from gateway.proto import sglang_scheduler_pb2 as pb
@@ -48,6 +51,9 @@ from gateway.settings import option
 from gateway.tokenization import StopPlan, Tokenizer
 from gateway.tokenization.errors import ChatTemplateError
 from gateway.tokenization.reply_cache import message_texts
+from gateway.tokenization.special_text import SpecialTextShield
+
+log = logging.getLogger(__name__)
 
 StageObserver = Callable[[str, float], None]  # (stage name, seconds)
 
@@ -77,12 +83,32 @@ class EngineConfig:
         "load, and when 0 (the default), streams stay one token per event",
     )
     busy_in_flight: int = option(64, "requests in flight (all workers) from which --busy-stream-interval applies")
+    chat_template_timeout_s: float = option(
+        2.0, "longest a chat template may render, in seconds, before its request fails with a 400 (templates "
+        "come from workers: see --chat-template-inline-s for how the event loop is kept free)",
+    )
+    special_tokens_in_messages: bool = option(
+        False, "read special-token strings inside chat messages (contents, tool calls) as special tokens, as "
+        "SGLang and vLLM do; off (the default), client text that spells <|im_start|> stays text and cannot "
+        "forge a turn (the template's own special tokens are real either way)",
+    )
+    chat_template_threads: int = option(2, "threads that render chat templates too slow or too large for the event loop")
+    chat_template_inline_s: float = option(
+        0.05, "a chat template render on the event loop longer than this, in seconds, is stopped and run again "
+        "on a template thread, where that template renders from then on",
+    )
 
     def __post_init__(self) -> None:
         if self.worker_stream_interval < 0:
             raise ValueError("worker_stream_interval must be >= 0 (0: the worker's default)")
         if self.busy_stream_interval < 0:
             raise ValueError("busy_stream_interval must be >= 0 (0: off)")
+        if self.chat_template_timeout_s <= 0:
+            raise ValueError("chat_template_timeout_s must be > 0")
+        if not 0 < self.chat_template_inline_s <= self.chat_template_timeout_s:
+            raise ValueError("chat_template_inline_s must be > 0 and at most chat_template_timeout_s")
+        if self.chat_template_threads < 1:
+            raise ValueError("chat_template_threads must be >= 1")
         if self.busy_in_flight < 1:
             raise ValueError("busy_in_flight must be >= 1")
         if self.fast_encoder_after < 0:
@@ -126,6 +152,10 @@ class Engine:
         self._pool = ThreadPoolExecutor(
             max_workers=max(1, self.config.tokenize_threads), thread_name_prefix="tokenize"
         )
+        self.templates = TemplateRunner(
+            self.config.chat_template_threads, self.config.chat_template_timeout_s,
+            inline_timeout_s=self.config.chat_template_inline_s, offload_chars=self.config.offload_chars,
+        )
         self._bounding: set[int] = set()  # tokenizers whose length bound is being computed
         self._building: set[int] = set()  # tokenizers whose fast encoder is being built
         self._prompts: dict[int, int] = {}  # tokenized prompts per tokenizer, until its fast encoder is built
@@ -135,6 +165,7 @@ class Engine:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self.templates.close()
 
     # ------------------------------------------------------------- tokenization
     async def _offload(self, size: int, fn: Callable[..., Any], *args: Any) -> Any:
@@ -219,17 +250,22 @@ class Engine:
         generated ids, see ``tokenization.reply_cache``)."""
         started = time.perf_counter()
         # The template only adds text: the messages alone may already be hopeless.
-        self.refuse_hopeless(entry, "".join(_texts(messages)), param="messages")
-        try:
-            text = entry.tokenizer.apply_chat_template(
-                messages,
-                tools=tools,
-                add_generation_prompt=add_generation_prompt,
-                continue_final_message=continue_final_message,
-                chat_template_kwargs=chat_template_kwargs,
-            )
-        except ChatTemplateError as exc:
-            raise InvalidRequestError(str(exc), param="messages") from exc
+        joined = "".join(_texts(messages))
+        self.refuse_hopeless(entry, joined, param="messages")
+        if not self.config.special_tokens_in_messages:
+            shield = entry.tokenizer.special_text
+            if shield.spelled_in(joined) or any(
+                "tool_calls" in m and shield.spelled_in(repr(m["tool_calls"])) for m in messages
+            ):
+                return await self._render_shielded(
+                    entry, shield, messages, started, len(joined), tools=tools,
+                    add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message,
+                    chat_template_kwargs=chat_template_kwargs,
+                )
+        text = await self.render_template(
+            entry, messages, size=len(joined), tools=tools, add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message, chat_template_kwargs=chat_template_kwargs,
+        )
         rendered = time.perf_counter()
         self._observe("template", rendered - started)
         self.refuse_hopeless(entry, text, param="messages")
@@ -246,6 +282,42 @@ class Engine:
         self._observe("tokenize", time.perf_counter() - rendered)
         return text, ids
 
+    async def _render_shielded(
+        self, entry: ModelEntry, shield: SpecialTextShield, messages: Sequence[dict[str, Any]], started: float,
+        size: int, **options: Any,
+    ) -> tuple[str, list[int]]:
+        """``render_chat`` for messages that spell special tokens: they stay text
+        (``tokenization.special_text``); no prompt or reply cache on this rare path."""
+        shielded, originals = shield.shield(messages)
+        rendered = await self.render_template(entry, shielded, size=size, **options)
+        done = time.perf_counter()
+        self._observe("template", done - started)
+        self.refuse_hopeless(entry, rendered, param="messages")
+        tokenizer = entry.tokenizer
+        text, ids = await self._offload(
+            len(rendered), shield.encode, rendered, originals, lambda piece: tokenizer.encode(piece, False)
+        )
+        self._observe("tokenize", time.perf_counter() - done)
+        return text, ids
+
+    async def render_template(
+        self, entry: ModelEntry, messages: Sequence[dict[str, Any]], *, size: int = 0, **options: Any
+    ) -> str:
+        """The model's chat template on ``messages`` (``size``: their characters), with a
+        deadline (``pipeline.template_runner``): a template error or an overdue render is a 400."""
+        tokenizer = entry.tokenizer
+        try:
+            text: str = await self.templates.render(id(tokenizer), size, tokenizer.apply_chat_template, messages, **options)
+        except ChatTemplateError as exc:
+            raise InvalidRequestError(str(exc), param="messages") from exc
+        except RenderTimeout as exc:
+            log.warning("model %s: the chat template ran past its %gs deadline; request failed", entry.name, self.templates.timeout_s)
+            raise InvalidRequestError(
+                f"{exc}: this model's chat template cannot render these messages", param="messages",
+                code="chat_template_timeout",
+            ) from exc
+        return text
+
     # ------------------------------------------------------------- preparation
     def prepare(
         self,
@@ -261,6 +333,7 @@ class Engine:
         require_reasoning: bool = False,
         prompt_param: str = "prompt",
         cache_salt: str | None = None,
+        prompts: int = 1,
     ) -> PreparedRequest:
         """Check the prompt against the model and settle the stop plan
         (``prompt_param`` names the request field errors about the prompt point at;
@@ -279,6 +352,7 @@ class Engine:
             sampling, self.limits, room=limit - len(prompt_ids) - 1 if limit else None
         )
         self.check_context(entry, len(prompt_ids), sampling.max_new_tokens or 0, param=prompt_param)
+        check_response_bytes(sampling, self.limits, prompts=prompts, room=limit - len(prompt_ids) if limit else None)
         plan = StopPlan.build(
             entry.tokenizer,
             stop=list(sampling.stop),
@@ -298,6 +372,7 @@ class Engine:
             routing_key=routing_key,
             target_worker=target_worker,
             require_reasoning=require_reasoning,
+            output_room=limit - len(prompt_ids) if limit else None,
         )
 
     def check_prompt_ids(

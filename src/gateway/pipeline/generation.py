@@ -14,11 +14,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, overload
 
 from gateway.pipeline.dispatch import TokenStream
+from gateway.pipeline.output_guard import OutputGuard
 from gateway.pipeline.prepared import PreparedRequest
 from gateway.pipeline.resume import Resumer
 from gateway.proto import sglang_scheduler_pb2 as pb
@@ -99,6 +100,7 @@ class Generation:
         self._top_n = prepared.sampling.top_logprobs if prepared.sampling.logprobs else 0
         self.input_logprobs: pb.InputLogProbs | None = None
         self._stopped_early = False  # a sample ended here before the worker said so
+        self._guard = OutputGuard.for_request(prepared)
 
     def output_ids(self, index: int) -> list[int]:
         """Every token the worker generated for sample ``index`` (continuations included,
@@ -149,6 +151,7 @@ class Generation:
             usage = self.usage
             per_sample = usage.per_sample_completion
             token_stops = self._token_stops
+            cap, vocab = self._guard.cap, self._guard.vocab
         try:
             while self._open:
                 if batch and not self.stream.ready():  # about to wait: hand over what came
@@ -181,7 +184,10 @@ class Generation:
                     last = now
                     if fast and n_ids == 1:
                         token_id = ids[0]
-                        if token_id not in token_stops and chunk.index == 0 and not sample0.done:
+                        if (
+                            token_id not in token_stops and chunk.index == 0 and not sample0.done
+                            and token_id < vocab and sample0.generated < cap  # else the guard's path
+                        ):
                             # _on_chunk + _feed for this case, without the delta objects
                             # (input logprobs: only sent when logprobs are asked for).
                             if not self._resumed:
@@ -322,7 +328,7 @@ class Generation:
             return []
         sample.saw_chunks = True
         lp = chunk.output_logprobs if self._want_logprobs and chunk.HasField("output_logprobs") else None
-        return self._feed(sample, list(chunk.token_ids), lp)
+        return self._feed(sample, chunk.token_ids, lp)
 
     def _on_complete(self, done: pb.GenerateComplete) -> list[SampleDelta]:
         if not self._resumed:
@@ -338,7 +344,7 @@ class Generation:
         out: list[SampleDelta] = []
         if not sample.saw_chunks:
             lp = done.output_logprobs if self._want_logprobs and done.HasField("output_logprobs") else None
-            out.extend(self._feed(sample, list(done.output_ids), lp))
+            out.extend(self._feed(sample, done.output_ids, lp))
             if sample.done:
                 return out
         matched: int | str | None = None
@@ -352,8 +358,11 @@ class Generation:
         out.append(SampleDelta(sample.index, step.text, finish_reason=done.finish_reason or "stop", matched_stop=matched))
         return out
 
-    def _feed(self, sample: _Sample, ids: list[int], lp: pb.OutputLogProbs | None) -> list[SampleDelta]:
-        """Worker tokens through the sample's detokenizer and stop matching."""
+    def _feed(self, sample: _Sample, worker_ids: Sequence[int], lp: pb.OutputLogProbs | None) -> list[SampleDelta]:
+        """Worker tokens through the output guard, the sample's detokenizer and stop matching."""
+        ids, over = self._guard.admit(
+            worker_ids, sample.generated, request_id=self.prepared.request_id, worker_id=self.worker_id, index=sample.index
+        )
         sample.generated += len(ids)
         sample.ids.extend(ids)
         self.usage.per_sample_completion[sample.index] = sample.generated
@@ -375,6 +384,12 @@ class Generation:
         if step.matched is not None:
             delta.finish_reason = "stop"
             delta.matched_stop = step.matched
+            self._close(sample)
+            return [delta]
+        if over:  # the worker went past what was asked: the sample ends here, the worker is stopped
+            delta.text += sample.text.finish().text
+            delta.finish_reason = "length"
+            self._stopped_early = True
             self._close(sample)
             return [delta]
         return [delta] if (step.text or ids) else []

@@ -17,7 +17,7 @@ import orjson
 from gateway.protocol import limits as hard
 from gateway.protocol.errors import InvalidRequestError
 from gateway.protocol.sampling import SamplingOptions
-from gateway.settings import option
+from gateway.settings import check_at_least, option
 
 
 @dataclass
@@ -28,6 +28,15 @@ class LimitsConfig:
     max_batch_size: int = option(hard.MAX_BATCH, "most prompts (or embedding inputs) per request; each also takes its own admission slot and rate-limit token")
     max_stop_sequences: int = option(hard.MAX_STOP_SEQUENCES, "most stop strings per request")
     max_tool_schema_bytes: int = option(hard.MAX_SCHEMA_BYTES, "largest declared tools list, in serialized JSON bytes")
+    max_response_bytes: int = option(
+        16 * 1024 * 1024,
+        "largest answer a request may ask for, estimated up front from prompts x n x max_tokens (x top_logprobs "
+        "when logprobs are asked for); larger requests get a 400 (0: no bound)",
+    )
+
+    def __post_init__(self) -> None:
+        check_at_least(self, 0, "max_prompt_tokens", "max_tokens_cap", "max_stop_sequences", "max_response_bytes")
+        check_at_least(self, 1, "max_n", "max_batch_size", "max_tool_schema_bytes")
 
 
 def check_batch(size: int, limits: LimitsConfig, *, param: str = "prompt") -> None:
@@ -70,6 +79,38 @@ def apply_sampling_limits(
                 param="max_tokens",
             )
     return sampling
+
+
+TEXT_BYTES_PER_TOKEN = 8
+"""Estimated answer bytes of one generated token without logprobs (its text, escaped)."""
+
+LOGPROB_BYTES = 64
+"""Estimated answer bytes of one logprob entry (token, logprob, bytes), chosen or alternative."""
+
+
+def estimated_response_bytes(sampling: SamplingOptions, *, prompts: int = 1, max_tokens: int) -> int:
+    per_token = TEXT_BYTES_PER_TOKEN
+    if sampling.logprobs:
+        per_token += LOGPROB_BYTES * (1 + max(0, sampling.top_logprobs))
+    return prompts * sampling.n * max_tokens * per_token
+
+
+def check_response_bytes(sampling: SamplingOptions, limits: LimitsConfig, *, prompts: int = 1, room: int | None = None) -> None:
+    """Refuse a request whose answer could pass ``--max-response-bytes``: every sample
+    (prompts x n) of up to max_tokens tokens (or what the context leaves, when unset),
+    each with its logprob entries. A small request must not buy a huge answer."""
+    bound = limits.max_response_bytes
+    max_tokens = sampling.max_new_tokens or room
+    if bound <= 0 or not max_tokens or max_tokens <= 0:
+        return
+    size = estimated_response_bytes(sampling, prompts=prompts, max_tokens=max_tokens)
+    if size > bound:
+        raise InvalidRequestError(
+            f"this request could produce about {size} bytes ({prompts * sampling.n} samples of up to {max_tokens} "
+            f"tokens{' with logprobs' if sampling.logprobs else ''}); this gateway answers at most {bound} bytes: "
+            "lower n, max_tokens or top_logprobs",
+            param="n" if sampling.n > 1 else "max_tokens", code="response_too_large",
+        )
 
 
 def check_token_ids(sampling: SamplingOptions, vocab: int) -> None:

@@ -21,4 +21,5 @@ class PreparedRequest:
     routing_key: str | None = None
     target_worker: str | None = None
     require_reasoning: bool = False
+    output_room: int | None = None  # what the context leaves after the prompt, when known
     timings: dict[str, float] = field(default_factory=dict)

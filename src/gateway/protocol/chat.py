@@ -21,6 +21,8 @@ from gateway.protocol.common import (
     SamplingRequest,
     Tool,
     ToolChoice,
+    json_text_too_deep,
+    schema_depth,
 )
 from gateway.protocol.errors import ParamError
 
@@ -43,7 +45,9 @@ class FunctionCallRequest(RequestModel):
     def _arguments_text(cls, value: Any) -> Any:
         # Some clients send the arguments object itself rather than its JSON text.
         if isinstance(value, dict):
-            return json.dumps(value, ensure_ascii=False)
+            value = json.dumps(value, ensure_ascii=False)
+        if isinstance(value, str) and json_text_too_deep(value):
+            raise ValueError(f"tool-call arguments are nested deeper than {limits.MAX_JSON_DEPTH} levels")
         return value
 
 
@@ -160,6 +164,13 @@ class ChatCompletionRequest(SamplingRequest):
                 '{"type": "function", "function": {"name": ...}} or '
                 '{"type": "allowed_tools", "allowed_tools": {"mode": ..., "tools": [...]}}'
             )
+        return value
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _kwargs_depth(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None and schema_depth(value, limits.MAX_JSON_DEPTH) > limits.MAX_JSON_DEPTH:
+            raise ValueError(f"chat_template_kwargs are nested deeper than {limits.MAX_JSON_DEPTH} levels")
         return value
 
     @field_validator("messages")

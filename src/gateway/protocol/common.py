@@ -42,8 +42,35 @@ class RequestModel(BaseModel):
         return {k: v for k, v in data.items() if k not in drop}
 
 
-def schema_depth(node: Any) -> int:
-    """Nesting depth of a JSON value (scalars are 0)."""
+def json_text_too_deep(text: str, limit: int = limits.MAX_JSON_DEPTH) -> bool:
+    """Whether JSON text nests objects and arrays deeper than ``limit``, found without
+    parsing it (a parser recurses, so it is the parse this check protects). Text with no
+    more brackets than ``limit`` cannot be, and is not scanned."""
+    if text.count("{") + text.count("[") <= limit:
+        return False
+    depth = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "{[":
+            depth += 1
+            if depth > limit:
+                return True
+        elif char in "}]":
+            depth -= 1
+    return False
+
+
+def schema_depth(node: Any, limit: int = limits.MAX_SCHEMA_DEPTH) -> int:
+    """Nesting depth of a JSON value (scalars are 0), counted no further than ``limit`` + 1."""
     depth = 0
     stack: list[tuple[Any, int]] = [(node, 0)]
     while stack:
@@ -55,7 +82,7 @@ def schema_depth(node: Any) -> int:
         else:
             continue
         depth = max(depth, level + 1)
-        if level + 1 > limits.MAX_SCHEMA_DEPTH:
+        if level + 1 > limit:
             return level + 1
         stack.extend((child, level + 1) for child in children)
     return depth

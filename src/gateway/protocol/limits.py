@@ -32,6 +32,10 @@ MAX_SCHEMA_BYTES = 64 * 1024
 MAX_SCHEMA_DEPTH = 32
 """Deepest nesting of a JSON schema (objects and arrays)."""
 
+MAX_JSON_DEPTH = 64
+"""Deepest nesting of JSON a request hands to the chat template (tool-call arguments,
+chat_template_kwargs): the template and its helpers walk it recursively."""
+
 MAX_LOGIT_BIAS_ENTRIES = 1024
 
 LOGIT_BIAS_RANGE = (-100.0, 100.0)

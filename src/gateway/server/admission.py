@@ -30,7 +30,7 @@ from gateway.protocol.errors import (
     RateLimitedError,
     ShuttingDownError,
 )
-from gateway.settings import option
+from gateway.settings import check_at_least, option
 
 ANONYMOUS = "-"
 
@@ -43,6 +43,11 @@ class AdmissionConfig:
     rate_limit_per_s: float = option(0.0, "token-bucket refill per API key, requests per second (0: off; without --api-keys all callers share one bucket)")
     rate_limit_burst: int = option(0, "token-bucket size per API key (0: max(1, rate))")
     rate_limit_max_keys: int = option(10000, "API keys whose buckets are remembered (least recently used go first)")
+
+    def __post_init__(self) -> None:
+        check_at_least(self, 0, "max_concurrent_requests", "max_queued_requests", "queue_timeout_s",
+                       "rate_limit_per_s", "rate_limit_burst")
+        check_at_least(self, 1, "rate_limit_max_keys")
 
 
 class TokenBucket:
@@ -153,8 +158,8 @@ class Admission:
         cap = self.config.max_concurrent_requests
         if 0 < cap < weight:
             raise InvalidRequestError(
-                f"a batch of {weight} prompts needs {weight} slots; this gateway runs at most {cap} "
-                "requests at once: send smaller batches", code="batch_too_large",
+                f"a request of {weight} samples (prompts x n) needs {weight} slots; this gateway runs at most {cap} "
+                "requests at once: send smaller batches or a lower n", code="batch_too_large",
             )
         self._check_rate(key or ANONYMOUS, weight)
         if cap <= 0 or (self.in_flight + weight <= cap and not self.queued):

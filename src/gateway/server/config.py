@@ -19,12 +19,13 @@ from gateway.server.metrics_port import MetricsPortConfig
 from gateway.server.process_config import ProcessConfig
 from gateway.server.security import SecurityConfig
 from gateway.server.tls import FrontTlsConfig
-from gateway.settings import option
+from gateway.settings import check_at_least, default_tokenizer_cache, option
 from gateway.sync.config import SyncConfig
 from gateway.workers.client import STREAM_TRANSPORTS
 from gateway.workers.discovery.config import DiscoveryConfig
 from gateway.workers.health import HealthConfig
 from gateway.workers.load_monitor import LoadMonitorConfig
+from gateway.workers.tokenizer_fetch import DEFAULT_MAX_TOKENIZER_BYTES
 from gateway.workers.watchdog import WatchdogConfig
 
 
@@ -35,14 +36,19 @@ class ServerConfig:
     grpc_port: int | None = option(None, "gRPC port for the gateway's gRPC API and the SGLang pass-through (0: pick a free one; unset: no gRPC)")
     worker_urls: list[str] = option([], "regular workers: grpc://host:port or grpcs://host:port")
     model: str | None = option(None, "model name served to clients (default: what workers report)")
-    tokenizer_path: str | None = option(None, "tokenizer folder or tokenizer.json (default: cache, then the worker, then the hub)")
-    tokenizer_cache_dir: str = option("tokenizer_cache", "where fetched tokenizers are kept")
+    tokenizer_path: str | None = option(None, "tokenizer folder or tokenizer.json (default: cache, then the worker, then the hub if --tokenizer-hub)")
+    tokenizer_hub: bool = option(False, "when a worker cannot send its tokenizer, download the model it names from the Hugging Face hub (off: the worker would choose what the gateway fetches)")
+    max_tokenizer_bytes: int = option(DEFAULT_MAX_TOKENIZER_BYTES, "largest tokenizer zip accepted from a worker's GetTokenizer, bytes (the download stops there)")
+    tokenizer_cache_dir: str = option(default_tokenizer_cache(), "where fetched tokenizers are kept (default: the user's cache folder, $XDG_CACHE_HOME or ~/.cache)")
     reply_token_reuse: bool = option(True, "tokenize a chat reply sent back in a later turn as the ids the model generated (matches the worker's prefix cache; docs/policies.md)")
     reply_cache_entries: int = option(4096, "replies remembered per model for --reply-token-reuse (least recently used go first)")
     reply_cache_bytes: int = option(64 * 1024 * 1024, "memory bound of those replies per model, bytes (text + 4 per token)")
     api_keys: list[str] = option([], "inference API keys clients must send as 'Authorization: Bearer KEY' (none: open)")
     max_body_bytes: int = option(32 * 1024 * 1024, "largest request body accepted, bytes")
+    grpc_max_concurrent_streams: int = option(256, "gRPC door: most streams (calls) open at once on one client connection, advertised in HTTP/2 SETTINGS")
+    grpc_max_connections: int = option(1024, "gRPC door: most client connections open at once; more are refused")
     worker_api_key: str | None = option(None, "bearer token the gateway sends to workers")
+    worker_startup_timeout_s: float = option(0.0, "at start, wait up to this long for listed workers that are not up yet before reporting ready, seconds (they are retried in the background either way; /readiness lists them)")
     probe_timeout_s: float = option(10.0, "time a new worker has to answer GetModelInfo/GetServerInfo, seconds")
     worker_stream_transport: str = option("h2", "how Generate streams reach workers: 'h2' (the gateway's own HTTP/2 reader: the tokens that arrived together are read and written together, about half grpc.aio's CPU per token; docs/architecture.md) or 'grpcio' (grpc.aio, like every other worker call)", choices=list(STREAM_TRANSPORTS))
     kv_events: bool = option(False, "subscribe to workers' KV events and feed them to the cache_aware radix tree")
@@ -52,6 +58,15 @@ class ServerConfig:
     worker_drain_timeout_s: float = option(60.0, "DELETE /workers waits this long for the worker's in-flight requests, seconds")
     shutdown_grace_s: float = option(30.0, "on SIGTERM, in-flight requests get this long to finish before they are aborted, seconds")
     gc_young_threshold: int = option(50_000, "allocations between collections of the garbage collector's youngest generation (CPython's default, 700, makes the collector run hundreds of times a second while relaying; 0 keeps the default; the start-up heap is frozen either way)")
+
+    def __post_init__(self) -> None:
+        for name in ("port", "grpc_port"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value <= 65535:
+                raise ValueError(f"--{name.replace('_', '-')} must be a port in 0-65535, got {value}")
+        check_at_least(self, 1, "max_body_bytes", "grpc_max_concurrent_streams", "grpc_max_connections",
+                       "max_tokenizer_bytes", "reply_cache_entries", "reply_cache_bytes")
+        check_at_least(self, 0, "worker_startup_timeout_s", "probe_timeout_s", "worker_drain_timeout_s", "shutdown_grace_s")
 
 
 @dataclass

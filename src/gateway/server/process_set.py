@@ -38,6 +38,11 @@ def metrics_socket(run_dir: Path, index: int) -> Path:
     return run_dir / f"metrics-{index}.sock"
 
 
+def in_process_set() -> bool:
+    """Whether the supervisor started this process (one of ``serve --processes N``)."""
+    return ENV_INDEX in os.environ
+
+
 def member_from_env(render: Callable[[], bytes]) -> SetMember | None:
     """This process's membership, when the supervisor started it (else None)."""
     if ENV_INDEX not in os.environ:

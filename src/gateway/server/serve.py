@@ -52,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cfg.add_argument("--config", metavar="FILE", default=None,
                      help="TOML or YAML file of settings, keys named like the flags (also TOKEN_GATEWAY_CONFIG)")
     cfg.add_argument("--print-config", action="store_true",
-                     help="print the settings in effect (secrets masked) as YAML and exit")
+                     help="print the settings in effect as YAML, usable as --config, and exit (secrets that are set are named in comments, not printed)")
     add_options(parser.add_argument_group("server"), ServerConfig)
     add_options(parser.add_argument_group("routing policy"), PolicyConfig)
     add_options(parser.add_argument_group("pipeline"), EngineConfig)
@@ -195,12 +195,22 @@ async def serve(config: GatewayConfig) -> None:
 
     from gateway.server.http.app import create_app
     from gateway.server.http.guard import http_server_config
-    from gateway.server.process_set import member_from_env
+    from gateway.server.process_set import in_process_set, member_from_env
     from gateway.server.state import GatewayState
 
     check_startup(config.server.host, config.security)
     config.parsers.check()
     config.tls.check()
+    # The port first: a busy or impossible one is a one-line error before any worker is probed.
+    sock = socket.socket(socket.AF_INET6 if ":" in config.server.host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if in_process_set():  # one of serve --processes N: the set shares the port (see supervisor)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind((config.server.host, config.server.port))
+    except (OSError, OverflowError) as exc:
+        sock.close()
+        raise RuntimeError(f"cannot listen on {config.server.host}:{config.server.port}: {exc}") from None
     state = GatewayState(config)
     member = member_from_env(state.metrics.render)  # one of serve --processes N, or None
     await state.start()
@@ -209,11 +219,6 @@ async def serve(config: GatewayConfig) -> None:
         state.metrics.federate = member.federate
         await member.start()
     app = create_app(state, manage_lifecycle=False)
-    sock = socket.socket(socket.AF_INET6 if ":" in config.server.host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if member is not None:  # one of serve --processes N: the set shares the port (see supervisor)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind((config.server.host, config.server.port))
     host, port = sock.getsockname()[:2]
     uv_config = http_server_config(
         app, config.http, access_log=False,
@@ -287,10 +292,16 @@ async def serve(config: GatewayConfig) -> None:
 def print_config(args: argparse.Namespace) -> None:
     import yaml
 
-    from gateway.config_layers import masked, secret_names
+    from gateway.config_layers import ENV_PREFIX, secret_names
 
-    shown = masked(args._settings, secret_names(args, _pool_extras()))
+    # Set secrets are left out (named in comments), so the output is a config file as it
+    # stands: a masked value would be taken for the secret itself.
+    secrets = secret_names(args, _pool_extras())
+    held = [name for name, value in args._settings.items() if name in secrets and value]
+    shown = {name: value for name, value in args._settings.items() if name not in held}
     print("# token-gateway serve: settings in effect (flag > env > file > default); usable as --config")
+    for name in held:
+        print(f"# {name}: set, not printed (give it as {ENV_PREFIX}{name.upper()} or with its --{name.replace('_', '-')} flag)")
     print(yaml.safe_dump(shown, sort_keys=False, default_flow_style=False), end="")
 
 
@@ -299,7 +310,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         config = config_from_args(args)
-    except (PdFlagError, ConfigError, SecretFileError) as exc:
+    except (PdFlagError, ConfigError, SecretFileError, ValueError) as exc:
         setup_logging("error", False)
         log.error("%s", exc)
         return 2

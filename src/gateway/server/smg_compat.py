@@ -89,9 +89,9 @@ ALIASES: tuple[Alias, ...] = (
     Alias("--enable-igw", "ignored", nargs=0, note="several models behind one gateway always work"),
     Alias("--load-monitor-interval", "alias", ("load_poll_interval_s",), float),
     Alias("--pd-disaggregation", "ignored", nargs=0, note="PD mode follows from --prefill/--decode"),
-    Alias("--worker-startup-timeout-secs", "ignored", nargs=1,
-          note="a worker must answer its probe within --probe-timeout-s; register late workers with POST /workers or discovery"),
-    Alias("--worker-startup-check-interval", "ignored", nargs=1, note="see --worker-startup-timeout-secs"),
+    Alias("--worker-startup-timeout-secs", "alias", ("worker_startup_timeout_s",), float),
+    Alias("--worker-startup-check-interval", "ignored", nargs=1,
+          note="listed workers not up at start are retried with a growing pause (0.5 s to 10 s)"),
     # requests, admission, retries, breaker, health
     Alias("--request-timeout-secs", "alias", ("request_timeout_s",), float),
     Alias("--shutdown-grace-period-secs", "alias", ("shutdown_grace_s",), float),
@@ -180,8 +180,8 @@ POLICY_DESTS = ("policy", "prefill_policy", "decode_policy")
 def map_value(dest: str, value: Any) -> Any:
     """SMG's spelling of a value -> ours (also applied to environment and file values)."""
     if not isinstance(value, str):
-        if dest == "max_concurrent_requests" and isinstance(value, int) and value < 0:
-            return 0  # SMG: -1 = unlimited; ours: 0
+        if dest == "max_concurrent_requests" and isinstance(value, int) and value == -1:
+            return 0  # SMG: -1 = unlimited; ours: 0 (other negatives are refused as typos)
         return value
     if dest in POLICY_DESTS:
         if value in REFUSED_POLICIES:
@@ -189,7 +189,7 @@ def map_value(dest: str, value: Any) -> Any:
         return POLICY_VALUES.get(value, value)
     if dest == "log_level":
         return LOG_LEVELS.get(value.lower(), value.lower())
-    if dest == "max_concurrent_requests" and value.strip().lstrip("-").isdigit() and int(value) < 0:
+    if dest == "max_concurrent_requests" and value.strip() == "-1":
         return "0"
     return value
 

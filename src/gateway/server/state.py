@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from pathlib import Path
+from typing import Any
 
 from gateway.observability.collector import (
     RoutingQualityCollector,
@@ -21,9 +23,11 @@ from gateway.policies.factory import close_policy, make_policy
 from gateway.protocol.errors import InvalidRequestError
 from gateway.server.admission import Admission
 from gateway.server.config import GatewayConfig
+from gateway.server.late_workers import LateWorkers
 from gateway.server.process_set import SetMember
 from gateway.server.security import Authenticator
 from gateway.sync.bus import SyncBus
+from gateway.workers.client import BadWorkerUrl
 from gateway.workers.discovery.reconcile import Target
 from gateway.workers.discovery.sources import make_discovery
 from gateway.workers.health import HealthMonitor
@@ -62,6 +66,8 @@ class GatewayState:
             reply_token_reuse=server.reply_token_reuse,
             reply_cache_entries=server.reply_cache_entries,
             reply_cache_bytes=server.reply_cache_bytes,
+            tokenizer_hub=server.tokenizer_hub,
+            max_tokenizer_bytes=server.max_tokenizer_bytes,
         )
         self.metrics = GatewayMetrics()
         self.tracing = make_tracing(config.tracing)  # None (no-op) without --otlp-traces-endpoint
@@ -107,6 +113,8 @@ class GatewayState:
         self.process_set: SetMember | None = None  # set by serve when one of --processes N
         self.discovery = make_discovery(config.discovery, self._discovered_add, self.remove_worker)
         self.ready = False
+        self.late = LateWorkers(self.add_worker)  # listed workers not up at start, retried
+        self.instance_id = uuid.uuid4().hex  # tells this process apart when it is asked to register itself
 
     def _pool_needs_loads(self, worker: Worker) -> bool:
         policy = self.router.policies().get((worker.model, worker.role))
@@ -125,6 +133,11 @@ class GatewayState:
         known = self.registry.get(url)
         worker = await self.registry.add(url, role=role, bootstrap_port=bootstrap_port, api_key=api_key)
         try:
+            if worker.info.gateway_instance == self.instance_id:
+                # Its pass-through would route to itself, its load polls call themselves.
+                raise InvalidRequestError(
+                    f"{worker.url} is this gateway's own gRPC port; a gateway cannot be its own worker", param="url"
+                )
             if model is not None and worker.model != model:
                 raise InvalidRequestError(
                     f"worker {worker.url} serves model {worker.model!r}, not {model!r}", param="model"
@@ -147,16 +160,20 @@ class GatewayState:
 
     async def start(self) -> None:
         pd = self.config.pd
-        urls = [*self.config.server.worker_urls, *(s.url for s in pd.prefill), *(s.url for s in pd.decode)]
-        adds = [self.add_worker(u) for u in self.config.server.worker_urls]
-        adds += [self.add_worker(s.url, role="prefill", bootstrap_port=s.bootstrap_port) for s in pd.prefill]
-        adds += [self.add_worker(s.url, role="decode") for s in pd.decode]
-        results = await asyncio.gather(*adds, return_exceptions=True)
-        failed = [(u, r) for u, r in zip(urls, results, strict=True) if isinstance(r, BaseException)]
-        for url, exc in failed:
-            log.error("worker %s not added: %s", url, exc)
-        if urls and len(failed) == len(urls):
-            raise RuntimeError(f"none of the {len(urls)} workers could be added: {failed[0][1]}")
+        listed: list[tuple[str, dict[str, Any]]] = [(u, {}) for u in self.config.server.worker_urls]
+        listed += [(s.url, {"role": "prefill", "bootstrap_port": s.bootstrap_port}) for s in pd.prefill]
+        listed += [(s.url, {"role": "decode"}) for s in pd.decode]
+        results = await asyncio.gather(*(self.add_worker(u, **o) for u, o in listed), return_exceptions=True)
+        for (url, options), result in zip(listed, results, strict=True):
+            if isinstance(result, BadWorkerUrl):
+                raise RuntimeError(str(result))  # a typo, not a worker still starting
+            if isinstance(result, BaseException):
+                # Started before its workers (compose, Kubernetes): keep trying, never exit.
+                log.warning("worker %s not added yet (%s); retrying in the background", url, result)
+                self.late.retry(url, result, **options)
+        wait = self.config.server.worker_startup_timeout_s
+        if wait > 0 and self.late.describe() and not await self.late.wait(wait):
+            log.warning("%d listed worker(s) not up after %gs; still retrying", len(self.late.describe()), wait)
         for source in self.discovery:
             await source.first_round()  # discovered workers are there before the ready line
         self.ready = bool(self.registry.all())
@@ -171,6 +188,7 @@ class GatewayState:
             self.sync.start()  # connects in the background: never holds up serving
 
     async def stop(self) -> None:
+        await self.late.stop()
         if self.sync is not None:
             await self.sync.stop()
         for source in self.discovery:

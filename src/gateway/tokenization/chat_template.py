@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
@@ -43,6 +44,9 @@ _MESSAGE_NAMES = frozenset({"message", "msg", "m"})
 
 def _load_renderer() -> Any:
     """Import transformers' renderer lazily: importing transformers costs about a second."""
+    # transformers advises at import that PyTorch is missing: the gateway needs only its
+    # template renderer, so the advice is noise on every start (an operator's own value wins).
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     try:
         from transformers.utils import chat_template_utils
     except ImportError as exc:  # transformers is a runtime dependency; say so clearly

@@ -23,6 +23,7 @@ from tokenizers.processors import TemplateProcessing
 from gateway.tokenization.errors import TokenizerLoadError
 from gateway.tokenization.fast_bpe import FastBpe, build_fast_bpe
 from gateway.tokenization.length_bound import LengthBound, length_bound
+from gateway.tokenization.special_text import SpecialTextShield
 
 if TYPE_CHECKING:
     from gateway.tokenization.chat_template import ChatTemplate
@@ -432,6 +433,11 @@ class Tokenizer:
             continue_final_message=continue_final_message,
             chat_template_kwargs=chat_template_kwargs,
         )
+
+    @functools.cached_property
+    def special_text(self) -> SpecialTextShield:
+        """The shield that keeps special-token strings in client text plain (``special_text``)."""
+        return SpecialTextShield(self.backend, [tok.content for tok in self._added.values() if tok.special])
 
     def __repr__(self) -> str:
         return f"Tokenizer(name={self.name!r}, vocab_size={self.vocab_size})"

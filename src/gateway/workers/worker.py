@@ -21,6 +21,10 @@ LOADS_VIEW_REUSE_S = 0.01  # a policy's load view is at most this much older tha
 
 PAGE_SIZE_UNKNOWN = "unknown (assumed 1)"
 
+GATEWAY_INSTANCE_ARG = "token_gateway_instance"
+"""The server argument a gateway's SGLang pass-through adds to GetServerInfo: its process's
+instance id, so a gateway asked to register itself as a worker can tell (and refuse)."""
+
 
 @dataclass
 class WorkerInfo:
@@ -54,6 +58,7 @@ class WorkerInfo:
     context_length_arg: int | None = None  # server_args.context_length: the operator's override
     sampling_defaults_mode: str = ""  # server_args.sampling_defaults ("model" or "openai"; "": not reported)
     default_sampling_json: str = ""  # GetModelInfo default_sampling_params_json, as sent
+    gateway_instance: str = ""  # set when the "worker" is a token-gateway's pass-through (GATEWAY_INSTANCE_ARG)
 
     @classmethod
     def from_replies(
@@ -91,6 +96,7 @@ class WorkerInfo:
             context_length_arg=context_arg,
             sampling_defaults_mode=str(args.get("sampling_defaults") or ""),
             default_sampling_json=model_info.default_sampling_params_json,
+            gateway_instance=str(args.get(GATEWAY_INSTANCE_ARG) or ""),
         )
 
     def learn_page_size(self, block_size: int) -> bool:

@@ -47,11 +47,11 @@ def test_bodies_are_the_apis_own_models(routes: dict[str, InferenceRoute]) -> No
         assert route.summary and callable(route.open)
 
 
-def test_batches_reserve_per_prompt_and_the_rest_take_one_slot(routes: dict[str, InferenceRoute]) -> None:
-    assert {p for p, r in routes.items() if r.admit == "batch"} == {"/v1/completions", "/generate", "/v1/embeddings"}
-    assert {p for p, r in routes.items() if r.admit is True} == {
-        "/v1/chat/completions", "/v1/tokenize", "/v1/detokenize", "/admin/inspect",
+def test_batches_reserve_per_sample_and_the_rest_take_one_slot(routes: dict[str, InferenceRoute]) -> None:
+    assert {p for p, r in routes.items() if r.admit == "batch"} == {
+        "/v1/chat/completions", "/v1/completions", "/generate", "/v1/embeddings",  # chat: one slot per n
     }
+    assert {p for p, r in routes.items() if r.admit is True} == {"/v1/tokenize", "/v1/detokenize", "/admin/inspect"}
 
 
 def test_only_inspection_needs_the_inspector_key(routes: dict[str, InferenceRoute]) -> None:

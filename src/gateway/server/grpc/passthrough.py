@@ -28,8 +28,10 @@ from gateway.pipeline.aborts import fire_abort
 from gateway.pipeline.deadline import worker_timeout
 from gateway.pipeline.dispatch import TokenStream, WorkerStream
 from gateway.pipeline.errors import map_rpc_error
+from gateway.pipeline.output_guard import OUTPUT_CEILING
 from gateway.pipeline.request_context import RequestContext
 from gateway.pipeline.scheduler_rules import check_scheduler_generate
+from gateway.policies.base import RouteRequest
 from gateway.proto import common_pb2
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.proto import sglang_scheduler_pb2_grpc as pb_grpc
@@ -39,6 +41,7 @@ from gateway.protocol.errors import (
     NoWorkerError,
 )
 from gateway.protocol.ids import random_hex
+from gateway.server.grpc.relay_guard import RelayGuard
 from gateway.server.grpc.util import (
     CallContextReader,
     Role,
@@ -49,7 +52,7 @@ from gateway.server.grpc.util import (
 )
 from gateway.server.state import GatewayState
 from gateway.workers.transport import WorkerCallError
-from gateway.workers.worker import Worker
+from gateway.workers.worker import GATEWAY_INSTANCE_ARG, Worker
 
 log = logging.getLogger(__name__)
 
@@ -130,24 +133,23 @@ class SchedulerPassthrough(pb_grpc.SglangSchedulerServicer):
                         return
                     ctx.worker_ids = [stream.worker.id]
                     await context.send_initial_metadata(reply_metadata(ctx))
+                    guard = self._guard(checked, route, stream.worker.id)
+                    # SGLang's unary n>1 answers say index 0 for every sample: number them in
+                    # arrival order so each completion has its own.
+                    number = not checked.stream and checked.sampling_params.n > 1
+                    done = 0
                     try:
-                        if not checked.stream and checked.sampling_params.n > 1:
-                            # SGLang's unary n>1 answers say index 0 for every sample:
-                            # number them in arrival order so each completion has its own.
-                            done = 0
-                            while (message := await stream.read()) is not None:
-                                message.request_id = rid
-                                if message.WhichOneof("response") == "complete":
-                                    message.complete.index = done
+                        while (message := await stream.read()) is not None:
+                            for out in guard.check(message):
+                                if wid != rid:
+                                    out.request_id = rid  # the client sees its own id, never the scoped one
+                                if number and out.WhichOneof("response") == "complete":
+                                    out.complete.index = done
                                     done += 1
-                                yield message
-                        elif wid == rid:
-                            while (message := await stream.read()) is not None:
-                                yield message
-                        else:
-                            while (message := await stream.read()) is not None:
-                                message.request_id = rid  # the client sees its own id, never the scoped one
-                                yield message
+                                yield out
+                            if guard.stop_worker:
+                                await stream.abort("past max_new_tokens")
+                                return
                     except asyncio.CancelledError:
                         task = asyncio.current_task()
                         if key not in self._aborted or (task is not None and task.cancelling()):
@@ -161,6 +163,19 @@ class SchedulerPassthrough(pb_grpc.SglangSchedulerServicer):
                 self._aborted.discard(key)
             if stream is not None and not stream.closed:
                 await stream.abort("client gone")
+
+    def _guard(self, request: pb.GenerateRequest, route: RouteRequest, worker_id: str) -> RelayGuard:
+        """The output guard of one relayed Generate: its cap is the request's max_new_tokens,
+        else what the context leaves after the prompt, else ``OUTPUT_CEILING``."""
+        entry = self.engine.catalog.get(None)
+        params = request.sampling_params
+        cap = params.max_new_tokens if params.HasField("max_new_tokens") and params.max_new_tokens > 0 else 0
+        if not cap:
+            room = entry.max_context_length - len(route.token_ids) if entry.max_context_length else 0
+            cap = room if room > 0 else OUTPUT_CEILING
+        return RelayGuard(
+            cap, entry.tokenizer.vocab_size, max(1, params.n), request_id=request.request_id, worker_id=worker_id
+        )
 
     async def Abort(self, request: pb.AbortRequest, context: aio.ServicerContext) -> pb.AbortResponse:
         """Abort one of the caller's own requests: ids are scoped to the API key that made
@@ -238,6 +253,7 @@ class SchedulerPassthrough(pb_grpc.SglangSchedulerServicer):
             worker = self._any_worker()
             reply = await self._call(worker, worker.client.server_info())
             reply.active_requests = sum(w.load.in_flight for w in self.state.registry.all())
+            reply.server_args.update({GATEWAY_INSTANCE_ARG: self.state.instance_id})
             if not self._is_admin(context):
                 # Server arguments name hosts, ports and paths of the fleet: the admin's business.
                 safe = pb.GetServerInfoResponse(
@@ -324,7 +340,9 @@ MAX_REQUEST_ID = 128
 
 # GetServerInfo's server_args an inference key may see: how to talk to the fleet, not
 # where it runs (hosts, ports, model and tokenizer paths stay with the admin key).
-SAFE_SERVER_ARGS = ("page_size", "context_length", "disaggregation_mode", "served_model_name", "dp_size", "tp_size")
+SAFE_SERVER_ARGS = (
+    "page_size", "context_length", "disaggregation_mode", "served_model_name", "dp_size", "tp_size", GATEWAY_INSTANCE_ARG,
+)
 
 
 def worker_request_id(rid: str, scope: str) -> str:

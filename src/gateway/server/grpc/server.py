@@ -63,12 +63,16 @@ async def start_grpc_server(
 ) -> GrpcServer:
     """Bind ``host:port`` (0: a free port), register every service and start serving.
     ``reuse_port``: share the port with the other processes of ``serve --processes N``."""
-    max_bytes = state.config.server.max_body_bytes
+    config = state.config.server
+    max_bytes = config.max_body_bytes
     server = aio.server(
         options=[
             ("grpc.max_receive_message_length", max_bytes),
             ("grpc.max_send_message_length", max(max_bytes, 64 * 1024 * 1024)),
             ("grpc.so_reuseport", int(reuse_port)),
+            # Idle streams cost memory a client can pile up: one cap per connection, one on connections.
+            ("grpc.max_concurrent_streams", config.grpc_max_concurrent_streams),
+            ("grpc.max_allowed_incoming_connections", config.grpc_max_connections),
         ]
     )
     auth = CallContextReader(state.auth)

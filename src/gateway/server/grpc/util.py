@@ -126,7 +126,9 @@ ADMITTED_METHODS = frozenset(
 
 # Of those, the gateway API's calls that may carry a batch reserve one slot per prompt
 # once the request is parsed (``RequestContext.reserve``), as the HTTP routes do.
-BATCH_METHODS = frozenset({"Completion", "StreamCompletion", "Generate", "Embed"})
+BATCH_METHODS = frozenset(
+    {"Completion", "StreamCompletion", "Generate", "Embed", "ChatCompletion", "StreamChatCompletion"}
+)
 
 
 @contextlib.asynccontextmanager

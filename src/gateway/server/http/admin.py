@@ -3,8 +3,8 @@ workers. (``/admin/inspect``, what the router sees in a prompt, costs a tokeniza
 and takes an admission slot: it runs on the inference path, ``inference_routes``.)
 
 Mutations (``POST /workers``, ``DELETE /workers/{id}``, ``POST /flush_cache``) need
-the admin key; read-only views (``GET /workers``, ``GET /get_loads``) take the admin
-key or an inference key. Secrets (worker API keys) never appear in any answer.
+the admin key; so do the read-only views (``GET /workers``, ``GET /get_loads``), which
+name the fleet's hosts and ports (the gRPC door's rule too). Secrets (worker API keys) never appear in any answer.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from gateway.server.http.util import (
     parse_model,
     read_json,
 )
+from gateway.tokenization.errors import TokenizationError
 from gateway.workers.client import BadWorkerUrl
 from gateway.workers.registry import WorkerRegistrationError
 from gateway.workers.transport import WorkerCallError
@@ -113,7 +114,7 @@ def admin_router(door: HttpDoor) -> APIRouter:
                 raise InvalidRequestError(str(exc), param="url") from None
             except WorkerRegistrationError as exc:
                 raise WorkerError(f"registration failed: {exc}", code="worker_registration_failed") from None
-            except (OSError, ValueError) as exc:
+            except (OSError, ValueError, TokenizationError) as exc:
                 raise WorkerError(
                     f"registration failed: could not load the tokenizer: {exc}",
                     code="worker_registration_failed",

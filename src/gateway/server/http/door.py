@@ -8,6 +8,7 @@ and the response headers here, and answer errors with ``util.error_response``.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -27,6 +28,8 @@ from gateway.protocol.headers import (
 from gateway.protocol.ids import random_hex
 from gateway.server.http.util import ClientGone, JSONResponse, error_response
 from gateway.server.state import GatewayState
+
+log = logging.getLogger(__name__)
 
 # Status for a request whose client left (nginx's convention; nobody reads it).
 CLIENT_CLOSED = 499
@@ -75,6 +78,10 @@ class HttpDoor:
             return Response(status_code=CLIENT_CLOSED)
         except GatewayError as exc:
             return error_response(exc, self.headers_for(ctx))
+        except Exception as exc:  # a bug: one log line (the traceback at debug level), a 500 in the API's shape
+            log.error("request %s on %s failed: %s: %s", ctx.request_id, request.url.path, type(exc).__name__, exc,
+                      exc_info=log.isEnabledFor(logging.DEBUG))
+            return error_response(GatewayError("internal server error"), self.headers_for(ctx))
         if isinstance(result, Response):
             result.headers.update(self.headers_for(ctx))
             return result

@@ -8,7 +8,10 @@ the bytes and lines of each request head *before* the parser accumulates more,
 answers ``431`` past ``--max-header-bytes`` / ``--max-headers`` and closes; a head
 that does not arrive within ``--header-timeout-s`` gets ``408`` and a body that
 does not arrive within ``--body-timeout-s`` of its head gets ``408`` too (a
-slow-loris client cannot hold a connection and an admission slot for ever).
+slow-loris client cannot hold a connection and an admission slot for ever). The
+bytes of bodies still arriving are counted across all connections: the one whose
+body takes the total past ``--max-pending-body-bytes`` gets ``503`` (many slow
+uploads cannot hold the gateway's memory between them).
 
 The cost on the hot path is an integer add per received chunk while a head is being
 read and three clock reads per request; one timer per server sweeps the deadlines
@@ -39,6 +42,14 @@ TOO_LARGE = _plain_response(431, "Request Header Fields Too Large", "request hea
 TOO_MANY = _plain_response(431, "Request Header Fields Too Large", "too many request header fields")
 HEAD_TIMEOUT = _plain_response(408, "Request Timeout", "the request head did not arrive in time")
 BODY_TIMEOUT = _plain_response(408, "Request Timeout", "the request body did not arrive in time")
+_BUSY_BODY = (
+    b'{"error":{"message":"the gateway holds too many request bodies still arriving; retry later",'
+    b'"type":"service_unavailable","param":null,"code":"body_budget_exceeded"}}'
+)
+BODIES_BUSY = (
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\n"
+    b"content-length: %d\r\nconnection: close\r\n\r\n" % len(_BUSY_BODY)
+) + _BUSY_BODY
 
 
 class _Refused(Exception):
@@ -86,6 +97,7 @@ class GuardedHttpTools(HttpToolsProtocol):
 
     limits = HttpLimitsConfig()
     _sweepers: dict[asyncio.AbstractEventLoop, _Sweeper] = {}  # per server class (guarded_protocol), by loop
+    _pending: list[int] = [0]  # per server class: body bytes received for requests not yet complete
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -93,6 +105,7 @@ class GuardedHttpTools(HttpToolsProtocol):
         self._raw_head = 0  # bytes received while the head was incomplete
         self._deadline_at: float | None = None  # loop time the current head or body is due by
         self._lingering = False
+        self._body_held = 0  # this connection's share of _pending
         sweepers = type(self)._sweepers
         sweeper = sweepers.get(self.loop)
         if sweeper is None:
@@ -101,9 +114,15 @@ class GuardedHttpTools(HttpToolsProtocol):
             sweeper = sweepers[self.loop] = _Sweeper(self.loop, max(0.05, min(1.0, min(timeouts) / 4)))
         self._sweeper = sweeper
 
+    def _release_body(self) -> None:
+        if self._body_held:
+            self._pending[0] -= self._body_held
+            self._body_held = 0
+
     def _refuse(self, response: bytes) -> None:
         """Answer (when no response has started) and close the connection."""
         self._deadline_at = None
+        self._release_body()
         if self.transport.is_closing() or self._lingering:
             return
         cycle = self.cycle
@@ -137,6 +156,7 @@ class GuardedHttpTools(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._sweeper.discard(self)
+        self._release_body()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -192,7 +212,19 @@ class GuardedHttpTools(HttpToolsProtocol):
         self._deadline_at = self.loop.time() + limits.body_timeout_s if limits.body_timeout_s > 0 else None
         super().on_headers_complete()
 
+    def on_body(self, body: bytes) -> None:
+        size = len(body)
+        self._body_held += size
+        pending = self._pending
+        pending[0] += size
+        bound = self.limits.max_pending_body_bytes
+        if 0 < bound < pending[0]:
+            self._refuse(BODIES_BUSY)
+            raise _Refused()
+        super().on_body(body)
+
     def on_message_complete(self) -> None:
+        self._release_body()
         self._state = IDLE
         self._raw_head = 0
         self._deadline_at = None
@@ -201,7 +233,7 @@ class GuardedHttpTools(HttpToolsProtocol):
 
 def guarded_protocol(limits: HttpLimitsConfig) -> type[GuardedHttpTools]:
     """The protocol class for one server, bound to its limits."""
-    return type("GuardedHttpTools", (GuardedHttpTools,), {"limits": limits, "_sweepers": {}})
+    return type("GuardedHttpTools", (GuardedHttpTools,), {"limits": limits, "_sweepers": {}, "_pending": [0]})
 
 
 def http_server_config(app: Any, limits: HttpLimitsConfig, **kwargs: Any) -> uvicorn.Config:

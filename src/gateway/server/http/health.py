@@ -22,8 +22,13 @@ def health_router(state: GatewayState) -> APIRouter:
     @router.get("/readiness")
     async def readiness() -> Response:
         available = [w for w in state.registry.all() if w.available]
+        pending = state.late.describe()  # listed workers not up yet, retried in the background
         if not available or not state.catalog.names():
-            return error_response(ServiceUnavailableError("no available worker"))
-        return JSONResponse({"status": "ready", "workers": len(available), "models": state.catalog.names()})
+            waiting = f"; waiting for {', '.join(p['url'] for p in pending)}" if pending else ""
+            return error_response(ServiceUnavailableError(f"no available worker{waiting}"))
+        body: dict[str, object] = {"status": "ready", "workers": len(available), "models": state.catalog.names()}
+        if pending:
+            body["pending_workers"] = pending
+        return JSONResponse(body)
 
     return router

@@ -151,8 +151,9 @@ class _Request:
     async def run(self) -> None:
         try:
             await self._handle()
-        except Exception:
-            log.exception("unhandled error on %s", self.scope["path"])
+        except Exception as exc:  # a bug: one log line (the traceback at debug level), a 500 in the API's shape
+            log.error("request %s on %s failed: %s: %s", self.ctx.request_id, self.scope["path"], type(exc).__name__, exc,
+                      exc_info=log.isEnabledFor(logging.DEBUG))
             if not self.started:
                 await self._send_error(GatewayError("internal server error"), {})
 

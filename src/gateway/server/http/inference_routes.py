@@ -45,7 +45,7 @@ def inference_routes(state: GatewayState) -> tuple[InferenceRoute, ...]:
 
     return (
         InferenceRoute("/v1/chat/completions", ChatCompletionRequest, partial(chat_route.open, engine, frame=SSE_FRAME),
-                       admit=True, summary="Chat completion (OpenAI)"),
+                       admit="batch", summary="Chat completion (OpenAI)"),  # one slot per sample (n)
         InferenceRoute("/v1/completions", CompletionRequest, partial(completions_route.open, engine, frame=SSE_FRAME),
                        admit="batch", summary="Completion (OpenAI)"),
         InferenceRoute("/generate", GenerateRequest, partial(native_route.generate, engine),

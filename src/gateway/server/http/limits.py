@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gateway.settings import option
+from gateway.settings import check_at_least, option
 
 
 @dataclass
@@ -13,4 +13,13 @@ class HttpLimitsConfig:
     max_headers: int = option(128, "most header lines per request; more gets 431")
     header_timeout_s: float = option(10.0, "time a client has to send a request's whole head, seconds; then 408")
     body_timeout_s: float = option(60.0, "time a client has to send a request's whole body after its head, seconds; then 408")
+    max_pending_body_bytes: int = option(
+        256 * 1024 * 1024,
+        "most bytes of request bodies still arriving, all connections together; the connection whose body "
+        "passes it gets 503 and is closed (0: no bound)",
+    )
+
+    def __post_init__(self) -> None:
+        check_at_least(self, 0, "max_pending_body_bytes", "header_timeout_s", "body_timeout_s", "keep_alive_timeout_s")
+        check_at_least(self, 1, "max_header_bytes", "max_headers")
     keep_alive_timeout_s: float = option(5.0, "idle keep-alive connections are closed after this long, seconds")

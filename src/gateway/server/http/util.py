@@ -89,6 +89,13 @@ def parse_json(body: bytes) -> Any:
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError as exc:
+        if "UTF-8" in str(exc):  # orjson's message for bad bytes speaks of surrogates
+            try:
+                body.decode("utf-8")
+            except UnicodeDecodeError as bad:
+                raise InvalidRequestError(
+                    f"the request body is not valid UTF-8: byte 0x{body[bad.start]:02x} at offset {bad.start}"
+                ) from None
         raise InvalidRequestError(f"the request body is not valid JSON: {exc}") from None
 
 

@@ -1,0 +1,175 @@
+"""A worker that lies about its output cannot make the gateway return more than was
+asked, hold a request forever or pass on ids no model has; /health answers meanwhile."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import io
+import json
+import logging
+import statistics
+import time
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from gateway.proto import common_pb2
+from tests.e2e.hostile_worker import HostilePlan, gateway, health_probe, hostile_worker
+from tests.tokenization.helpers import copy_tokenizer, qwen_files
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_flood_past_max_tokens_is_cut_at_max_tokens(tmp_path: Path, stream: bool) -> None:
+    plan = HostilePlan(flood_tokens=300_000)
+    async with hostile_worker(plan) as url, gateway([url], tmp_path / "tok") as gw, health_probe(gw.url) as lat:
+        if stream:
+            chunks = await gw.client.completions.create(
+                model=gw.model, prompt="hello", max_tokens=40, stream=True, stream_options={"include_usage": True})
+            events = [c async for c in chunks]
+            usage = events[-1].usage
+            finish = [c.choices[0].finish_reason for c in events if c.choices and c.choices[0].finish_reason]
+        else:
+            resp = await gw.client.completions.create(model=gw.model, prompt="hello", max_tokens=40)
+            usage, finish = resp.usage, [resp.choices[0].finish_reason]
+        assert usage is not None and usage.completion_tokens == 40
+        assert finish == ["length"]
+        assert plan.sent == [300_000]
+        assert all(w.load.in_flight == 0 for w in gw.state.registry.all())
+    assert max(lat) < 0.1, f"/health took {max(lat):.3f}s"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_endless_stream_ends_at_max_tokens(tmp_path: Path, stream: bool) -> None:
+    plan = HostilePlan(endless=True)
+    async with hostile_worker(plan) as url, gateway([url], tmp_path / "tok") as gw:
+        body = {"model": gw.model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 16}
+        if stream:
+            chunks = await gw.client.chat.completions.create(**body, stream=True)
+            events = [c async for c in chunks]
+            finish = [c.choices[0].finish_reason for c in events if c.choices and c.choices[0].finish_reason]
+        else:
+            resp = await asyncio.wait_for(gw.client.chat.completions.create(**body), 10)
+            assert resp.usage is not None and resp.usage.completion_tokens == 16
+            finish = [resp.choices[0].finish_reason]
+        assert finish == ["length"]
+        for _ in range(100):  # the worker's stream is cancelled: it stops sending
+            if all(w.load.in_flight == 0 for w in gw.state.registry.all()):
+                break
+            await asyncio.sleep(0.01)
+        sent = plan.sent[-1]
+        await asyncio.sleep(0.05)
+        assert plan.sent[-1] == sent < 100
+
+
+@pytest.mark.parametrize("bad", [2**32 - 1, 10**9, 151_700])
+async def test_ids_outside_the_vocabulary_are_a_worker_error(tmp_path: Path, bad: int, caplog: pytest.LogCaptureFixture) -> None:
+    plan = HostilePlan(flood_tokens=3, token_id=bad)
+    async with hostile_worker(plan) as url, gateway([url], tmp_path / "tok") as gw:
+        with caplog.at_level(logging.INFO):
+            caplog.clear()
+            with pytest.raises(openai.APIStatusError) as err:
+                await gw.client.completions.create(model=gw.model, prompt="hello", max_tokens=8)
+            assert err.value.status_code == 502
+            assert "vocabulary" in err.value.message
+            chunks = await gw.client.completions.create(model=gw.model, prompt="hello", max_tokens=8, stream=True)
+            with pytest.raises(openai.APIError, match="vocabulary"):
+                async for _ in chunks:
+                    pass
+        guard = [r for r in caplog.records if r.name == "gateway.pipeline.output_guard"]
+        assert len(guard) == 2, [r.getMessage() for r in caplog.records]  # one line a request
+        assert not any(r.exc_info for r in caplog.records)
+        assert all(w.load.in_flight == 0 for w in gw.state.registry.all())
+
+
+BOMB = "{% for i in range(100000) %}{% for j in range(100000) %}{{ '' }}{% endfor %}{% endfor %}"
+
+
+def _bomb_tokenizer(dest: Path) -> Path:
+    """The real Qwen3 tokenizer with a chat template that loops 10^10 times."""
+    folder = copy_tokenizer(qwen_files(), dest)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["chat_template"] = BOMB
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder
+
+
+async def test_a_template_bomb_fails_its_request_and_health_keeps_answering(tmp_path: Path) -> None:
+    folder = _bomb_tokenizer(tmp_path / "bomb")
+    async with hostile_worker(HostilePlan(), tokenizer_path=str(folder)) as url, gateway([url], tmp_path / "tok") as gw:
+        gw.state.engine.templates.timeout_s = 0.5
+        async with health_probe(gw.url):  # the probe's own first connection, not the bomb's cost
+            pass
+        async with health_probe(gw.url) as lat:
+            started = time.monotonic()
+            with pytest.raises(openai.BadRequestError, match="chat template") as err:
+                await asyncio.wait_for(gw.client.chat.completions.create(
+                    model=gw.model, messages=[{"role": "user", "content": "hi"}], max_tokens=4), 10)
+            assert err.value.code == "chat_template_timeout"
+            assert time.monotonic() - started < 5
+            ok = await gw.client.completions.create(model=gw.model, prompt="hello", max_tokens=4)
+            assert ok.choices[0].finish_reason
+        # Before: no answer for as long as the template ran (hours). The median is what is
+        # asserted at 100 ms: on a loaded shared machine any single probe can wait longer.
+        assert len(lat) >= 5 and statistics.median(lat) < 0.1 and max(lat) < 1.0, f"/health took {sorted(lat)}s"
+
+
+def _chunks_of(data: bytes, sha256: str) -> list[common_pb2.GetTokenizerChunk]:
+    return [common_pb2.GetTokenizerChunk(data=data[i:i + 65536], sha256=sha256 if i + 65536 >= len(data) else "")
+            for i in range(0, len(data), 65536)]
+
+
+def _traversal_zip() -> tuple[bytes, str]:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        for f in qwen_files().iterdir():
+            zf.write(f, f.name)
+        zf.writestr("../../escaped.txt", "out of the cache")
+    data = buf.getvalue()
+    return data, hashlib.sha256(data).hexdigest()
+
+
+class _Endless:
+    """1 MiB chunks for ever (counts what it sent)."""
+
+    def __init__(self) -> None:
+        self.sent = 0
+
+    def __call__(self) -> Iterator[common_pb2.GetTokenizerChunk]:
+        while True:
+            self.sent += 1
+            yield common_pb2.GetTokenizerChunk(data=b"\0" * (1 << 20))
+
+
+@pytest.mark.parametrize("kind", ["oversized", "sha256", "traversal", "fails"])
+async def test_a_bad_tokenizer_download_is_a_502_with_the_reason(tmp_path: Path, kind: str) -> None:
+    endless = _Endless()
+    if kind == "oversized":
+        stream: Any = endless
+        reason = "larger than 8388608 bytes"
+    elif kind == "sha256":
+        data, _ = _traversal_zip()
+        stream = lambda: _chunks_of(data, "0" * 64)  # noqa: E731
+        reason = "sha256 mismatch"
+    elif kind == "traversal":
+        data, digest = _traversal_zip()
+        stream = lambda: _chunks_of(data, digest)  # noqa: E731
+        reason = "escaped.txt"
+    else:
+        def stream() -> Iterator[common_pb2.GetTokenizerChunk]:
+            raise RuntimeError("no tokenizer here")
+        reason = "hub (qwen3-sim): disabled"
+    cache = tmp_path / "a" / "b" / "tok"
+    async with hostile_worker(HostilePlan(tokenizer_chunks=stream)) as url, gateway([], cache, max_tokenizer_bytes=8 << 20) as gw:
+        added = await gw.http.post("/workers", json={"url": url})
+        assert added.status_code == 502, added.text
+        body = added.json()["error"]
+        assert body["code"] == "worker_registration_failed" and reason in body["message"], body["message"]
+        assert gw.state.registry.all() == []
+        assert (await gw.http.get("/health")).status_code == 200
+    assert endless.sent <= 24  # cut soon after 8 MiB (flow-control windows buffer a few more)
+    assert not await asyncio.to_thread(lambda: list(tmp_path.rglob("escaped.txt")))

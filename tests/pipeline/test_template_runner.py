@@ -1,0 +1,140 @@
+"""Chat templates render with a deadline: inline while quick, on the runner's threads once
+slow; a template that loops for ever fails its request, the event loop keeps answering,
+and the threads live on."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from gateway.pipeline.template_runner import RenderTimeout, TemplateRunner
+from gateway.tokenization.chat_template import ChatTemplate
+
+BOMB = "{% for i in range(100000) %}{% for j in range(100000) %}{{ '' }}{% endfor %}{% endfor %}"
+
+
+@pytest.fixture
+def runner() -> Iterator[TemplateRunner]:
+    r = TemplateRunner(threads=2, timeout_s=0.3, inline_timeout_s=0.03, offload_chars=1000)
+    yield r
+    r.close()
+
+
+def _spin() -> None:
+    while True:
+        pass
+
+
+async def test_a_render_past_the_deadline_is_stopped(runner: TemplateRunner) -> None:
+    started = time.monotonic()
+    with pytest.raises(RenderTimeout, match=r"0\.3s"):
+        await runner.run(_spin)
+    assert 0.25 < time.monotonic() - started < 2.0
+    assert await runner.run(lambda: 7) == 7  # the thread is back at work
+    assert all(t.is_alive() for t in runner._threads)
+
+
+async def test_a_template_bomb_stops_and_the_loop_keeps_answering(runner: TemplateRunner) -> None:
+    template = ChatTemplate(BOMB)
+    render = asyncio.ensure_future(runner.render("bomb", 2, template.render, [{"role": "user", "content": "hi"}]))
+    gaps: list[float] = []
+    last = time.perf_counter()
+    while not render.done():
+        await asyncio.sleep(0.01)
+        now = time.perf_counter()
+        gaps.append(now - last)
+        last = now
+    with pytest.raises(RenderTimeout):
+        await render
+    # Deadlines count CPU time; on a loaded host the wall-clock gaps stretch, so the bound
+    # asserted is loose (without the runner the loop would not turn again for hours).
+    assert statistics.median(gaps) < 0.05 and max(gaps) < 0.5, f"the event loop waited {sorted(gaps)}"
+
+
+async def test_errors_and_results_pass_through(runner: TemplateRunner) -> None:
+    def fail() -> None:
+        raise KeyError("x")
+
+    with pytest.raises(KeyError):
+        await runner.run(fail)
+    assert await runner.run(lambda a, b=0: a + b, 2, b=3) == 5
+    assert threading.current_thread() is threading.main_thread()
+
+
+async def test_two_bombs_at_once_both_stop(runner: TemplateRunner) -> None:
+    results = await asyncio.gather(runner.run(_spin), runner.run(_spin), runner.run(lambda: "ok"), return_exceptions=True)
+    assert isinstance(results[0], RenderTimeout) and isinstance(results[1], RenderTimeout)
+    assert results[2] == "ok"
+
+
+async def test_a_caller_that_left_before_its_turn_costs_nothing(runner: TemplateRunner) -> None:
+    ran: list[int] = []
+    busy = [asyncio.ensure_future(runner.run(time.sleep, 0.2)) for _ in range(2)]
+    queued = asyncio.ensure_future(runner.run(lambda: ran.append(1)))
+    await asyncio.sleep(0.05)
+    queued.cancel()
+    await asyncio.gather(*busy)
+    await runner.run(lambda: None)
+    assert ran == []
+
+
+async def test_a_quick_render_runs_inline() -> None:
+    runner = TemplateRunner(threads=1, timeout_s=0.3, inline_timeout_s=0.03, offload_chars=1000)
+    try:
+        template = ChatTemplate("{% for m in messages %}{{ m.content }}{% endfor %}")
+        where: list[str] = []
+
+        def render() -> str:
+            where.append(threading.current_thread().name)
+            return template.render([{"role": "user", "content": "hi"}])
+
+        assert await runner.render("t", 2, render) == "hi"
+        assert await runner.render("t", 5000, render) == "hi"  # large: a thread
+        assert where == ["MainThread", "chat-template-0"]
+    finally:
+        runner.close()
+
+
+async def test_a_slow_template_goes_to_a_thread_once_and_stays_there(runner: TemplateRunner) -> None:
+    where: list[str] = []
+
+    def slow() -> str:
+        where.append(threading.current_thread().name)
+        end = time.monotonic() + 0.1
+        while time.monotonic() < end:
+            pass
+        return "done"
+
+    started = time.monotonic()
+    assert await runner.render("slow", 2, slow) == "done"
+    assert where[0] == "MainThread" and where[1].startswith("chat-template-")
+    assert "slow" in runner.slow and time.monotonic() - started < 0.3
+    where.clear()
+    assert await runner.render("slow", 2, slow) == "done"
+    assert len(where) == 1 and where[0].startswith("chat-template-")
+    assert await runner.render("other", 2, lambda: threading.current_thread().name) == "MainThread"
+
+
+async def test_an_inline_error_passes_through(runner: TemplateRunner) -> None:
+    def fail() -> None:
+        raise ValueError("bad messages")
+
+    with pytest.raises(ValueError, match="bad messages"):
+        await runner.render("t", 2, fail)
+    assert "t" not in runner.slow
+
+
+async def test_a_render_that_waits_without_working_is_stopped_by_the_wall_clock(runner: TemplateRunner) -> None:
+    def idle() -> None:
+        while True:
+            time.sleep(0.01)  # no CPU: only the wall-clock backstop (3 x the deadline) stops it
+
+    started = time.monotonic()
+    with pytest.raises(RenderTimeout):
+        await runner.run(idle)
+    assert 0.85 < time.monotonic() - started < 3.0
