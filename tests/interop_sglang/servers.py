@@ -86,10 +86,18 @@ class Recording:
             return new
         return [r for r in new if not str(r["rid"]).startswith(NOISE_RIDS)]
 
-    def wait_since_mark(self, count: int, timeout: float = 10.0) -> list[dict[str, Any]]:
+    def generates(self) -> list[dict[str, Any]]:
+        """The generate requests received since the mark (health checks and warm-up left out)."""
+        return [r for r in self.since_mark() if r.get("kind") == "generate"]
+
+    def aborts(self) -> list[dict[str, Any]]:
+        return [r for r in self.since_mark() if r.get("kind") == "abort"]
+
+    def wait(self, kind: str, count: int, timeout: float = 10.0) -> list[dict[str, Any]]:
+        """At least ``count`` records of ``kind`` since the mark, or what came before the timeout."""
         deadline = time.monotonic() + timeout
         while True:
-            got = self.since_mark()
+            got = [r for r in self.since_mark() if r.get("kind") == kind]
             if len(got) >= count or time.monotonic() > deadline:
                 return got
             time.sleep(0.02)

@@ -84,6 +84,7 @@ def record_of(req: TokenizedGenerateReqInput) -> dict[str, Any]:
     sp = req.sampling_params
     params = {f: _jsonable(getattr(sp, f)) for f in sp.__struct_fields__}
     return {
+        "kind": "generate",
         "rid": req.rid,
         "input_ids": list(req.input_ids or []),
         "sampling_params": params,
@@ -155,9 +156,12 @@ class StandinScheduler:
     # --- receiving -------------------------------------------------------
 
     def _record(self, recv: TokenizedGenerateReqInput) -> None:
+        self._write(record_of(recv))
+
+    def _write(self, record: dict[str, Any]) -> None:
         if not self.record_path:
             return
-        line = json.dumps(record_of(recv)) + "\n"
+        line = json.dumps(record) + "\n"
         with self.record_lock, open(self.record_path, "a") as f:
             f.write(line)
 
@@ -196,6 +200,7 @@ class StandinScheduler:
 
     def handle_abort(self, recv: AbortReq) -> None:
         """SGLang's rule: a queued request is answered at once, a running one finishes next step."""
+        self._write({"kind": "abort", "rid": recv.rid, "abort_all": recv.abort_all, "time": time.time()})
         def hit(req: Req) -> bool:
             return recv.abort_all or req.rid.startswith(recv.rid or "\0")
 
