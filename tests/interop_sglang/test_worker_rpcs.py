@@ -1,0 +1,64 @@
+"""Health, Abort and client disconnects, and SGLang behaviours the gateway must live with.
+
+The pinned behaviours are read with an independent client on the official stubs
+(``grpc_client``, its own process), straight against the servicer.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+
+from tests.interop_sglang.conftest import run_grpc_client
+from tests.interop_sglang.servers import Process, Recording
+
+MESSAGES = [{"role": "user", "content": "Count to a million"}]
+
+
+def test_gateway_health_and_worker_list(gateway: Process, sglang_grpc: Process) -> None:
+    url = gateway.extra["url"]
+    assert httpx.get(url + "/health", timeout=10).status_code == 200
+    workers = httpx.get(url + "/workers", timeout=10).json()
+    text = str(workers)
+    assert str(sglang_grpc.extra["port"]) in text
+
+
+def test_health_check_runs_a_one_token_generation(sglang_grpc: Process, recording: Recording) -> None:
+    out = run_grpc_client(sglang_grpc.extra["port"], "health")
+    assert out["healthy"] is True
+    health = [r for r in recording.since_mark(keep_noise=True) if str(r["rid"]).startswith("HEALTH_CHECK_")]
+    assert health and health[-1]["sampling_params"]["max_new_tokens"] == 1
+
+
+def test_abort_rpc_reaches_the_scheduler_and_the_stream_never_ends(sglang_grpc: Process,
+                                                                   recording: Recording) -> None:
+    out = run_grpc_client(sglang_grpc.extra["port"], "abort")
+    assert out["abort_success"] is True
+    assert out["messages_before_abort"] >= 3
+    # SGLang's behaviour, pinned: after Abort the Generate stream gets no end (no message, no status).
+    assert out["ended"] is None
+    assert any(a["rid"] == out["request_id"] for a in recording.wait("abort", 1))
+
+
+def test_unary_n_returns_every_completion_with_index_zero(sglang_grpc: Process) -> None:
+    out = run_grpc_client(sglang_grpc.extra["port"], "unary-n")
+    assert out["complete_indexes"] == [0, 0]
+
+
+def test_client_disconnect_aborts_at_the_worker(client: Any, model: str, recording: Recording) -> None:
+    stream = client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=30000, stream=True)
+    got = 0
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            got += 1
+        if got >= 3:
+            break
+    stream.close()
+    [rec] = recording.wait("generate", 1)
+    aborts = recording.wait("abort", 1, timeout=15)
+    assert any(rec["rid"].startswith(str(a["rid"])) or str(a["rid"]).startswith(rec["rid"]) for a in aborts), aborts
+    t0 = time.monotonic()
+    r = client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=2)
+    assert r.usage.completion_tokens == 2 and time.monotonic() - t0 < 10
