@@ -25,7 +25,7 @@ def interop_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def sglang_grpc(interop_dir: Path) -> Iterator[servers.Process]:
-    reason = servers.unavailable_reason()
+    reason = servers.unavailable_reason(require_opt_in=True)
     if reason:
         print(f"interop-sglang skipped: {reason}", file=sys.stderr)
         pytest.skip(reason)

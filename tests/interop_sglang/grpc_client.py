@@ -30,11 +30,12 @@ from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as pb_grpc
 PROMPT = [9707, 1052, 11, 1246, 525, 498, 30]  # "Hello there, how are you?"
 
 
-def _request(max_new: int, *, stream: bool, n: int = 1) -> pb.GenerateRequest:
+def _request(max_new: int, *, stream: bool, n: int = 1, ignore_eos: bool = False) -> pb.GenerateRequest:
     return pb.GenerateRequest(
         request_id=uuid.uuid4().hex,
         tokenized=pb.TokenizedInput(original_text="", input_ids=PROMPT),
-        sampling_params=pb.SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=max_new, n=n),
+        sampling_params=pb.SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=max_new, n=n,
+                                          ignore_eos=ignore_eos),
         stream=stream,
     )
 
@@ -53,7 +54,7 @@ def unary_n(stub: Any) -> dict[str, Any]:
 
 
 def abort(stub: Any, wait_s: float = 3.0) -> dict[str, Any]:
-    req = _request(100000, stream=True)
+    req = _request(100000, stream=True, ignore_eos=True)
     call = stub.Generate(req, timeout=60)
     seen: list[str] = []
     ended: dict[str, Any] = {}

@@ -31,8 +31,14 @@ NOISE_RIDS = ("HEALTH_CHECK_", "smg-warmup", "WARMUP_")
 READY_LINE = "The server is fired up and ready to roll!"
 
 
-def unavailable_reason() -> str | None:
-    """Why the interop environment is missing, or None when it is ready."""
+def unavailable_reason(*, require_opt_in: bool = False) -> str | None:
+    """Why the interop environment is missing, or None when it is ready.
+
+    With ``require_opt_in`` the suite also needs ``INTEROP_SGLANG=1`` (set by
+    ``scripts/run-interop-sglang``), which keeps it out of the default test command.
+    """
+    if require_opt_in and os.environ.get("INTEROP_SGLANG") != "1":
+        return "SGLang interop suite: run it with scripts/run-interop-sglang"
     if not (VENV / "bin" / "python").exists():
         return f"no interop virtualenv at {VENV.name}/ (run scripts/interop/setup-sglang.sh)"
     if not STAMP.exists():

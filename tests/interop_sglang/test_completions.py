@@ -41,9 +41,9 @@ def test_logprobs_with_echo(client: Any, model: str, recording: Recording) -> No
     out_ids = expect.output_ids(3)
     lp = r.choices[0].logprobs
     assert r.choices[0].text == PROMPT + expect.output_text(3)
-    want_prompt = [None] + [fake_model.token_logprob(t, i) for i, t in enumerate(prompt_ids)][1:]
+    want_prompt = [fake_model.token_logprob(t, i) for i, t in enumerate(prompt_ids)]
     want_out = [fake_model.token_logprob(t, i) for i, t in enumerate(out_ids)]
-    assert lp.token_logprobs[0] is None
+    assert lp.token_logprobs[0] is None  # the first prompt token has no logprob
     assert lp.token_logprobs[1:] == pytest.approx(want_prompt[1:] + want_out, abs=1e-5)
     [rec] = recording.generates()
     assert rec["return_logprob"] is True and rec["logprob_start_len"] == 0

@@ -48,7 +48,8 @@ def test_unary_n_returns_every_completion_with_index_zero(sglang_grpc: Process) 
 
 
 def test_client_disconnect_aborts_at_the_worker(client: Any, model: str, recording: Recording) -> None:
-    stream = client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=30000, stream=True)
+    stream = client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=30000, stream=True,
+                                            extra_body={"ignore_eos": True})
     got = 0
     for chunk in stream:
         if chunk.choices and chunk.choices[0].delta.content:

@@ -17,6 +17,10 @@ import math
 FIRST_ID = 1000
 ID_SPAN = 20000
 TOP_SPREAD = 7  # distance between an output id and its runner-up candidates
+# The model ends its answer (Qwen3's <|im_end|>) at this output position, so a
+# request that sets no max_tokens still finishes, as a real model's would.
+EOS_ID = 151645
+EOS_AT = 48
 
 
 def _draw(seed: int, position: int) -> int:
@@ -26,6 +30,8 @@ def _draw(seed: int, position: int) -> int:
 
 def next_token(seed: int | None, position: int) -> int:
     """The id emitted at output ``position`` (0-based) for a request seeded ``seed``."""
+    if position == EOS_AT:
+        return EOS_ID
     return FIRST_ID + _draw(seed or 0, position) % ID_SPAN
 
 

@@ -32,7 +32,6 @@ from array import array
 from typing import Any
 
 import zmq
-
 from sglang.srt.disaggregation.utils import DisaggregationMode
 from sglang.srt.managers.io_struct import (
     AbortReq,
@@ -143,14 +142,16 @@ class StandinScheduler:
         )
         self.waiting: list[Req] = []
         self.running: list[Req] = []
-        self.startup_time = time.time()
+        self.started = time.perf_counter()
 
     def init_info(self) -> dict[str, Any]:
         return {
             "status": "ready",
             "max_total_num_tokens": self.max_total_num_tokens,
             "max_req_input_len": self.max_req_input_len,
-            "startup_time": self.startup_time,
+            # The phases a GPU rank reports; none of them runs here.
+            "startup_time": {"load_weight": 0.0, "kv_cache_allocation": 0.0,
+                             "scheduler_e2e": time.perf_counter() - self.started},
         }
 
     # --- receiving -------------------------------------------------------
