@@ -137,7 +137,7 @@ _FIELD_KIND = {
 
 def classify(name: str, body: dict[str, Any], d: Difference) -> str:
     kind = _FIELD_KIND.get(d.field, "unexplained")
-    if kind == "defaults" and any(k in body for k in ("temperature", "top_p", "top_k")):
+    if kind == "defaults" and d.field.removeprefix("sampling.") in body:
         return "unexplained"  # a value the client set must arrive as sent
     if kind == "seed" and "seed" not in body:
         return "unexplained"

@@ -63,3 +63,10 @@ def test_client_disconnect_aborts_at_the_worker(client: Any, model: str, recordi
     t0 = time.monotonic()
     r = client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=2)
     assert r.usage.completion_tokens == 2 and time.monotonic() - t0 < 10
+
+
+def test_an_independent_grpc_client_sees_no_stall(sglang_grpc: Process) -> None:
+    """The real servicer answers short non-streaming calls without a multi-second wait."""
+    out = run_grpc_client(sglang_grpc.extra["port"], "latency", "64", "8")
+    assert out["requests"] == 64
+    assert out["over_1s"] == 0, out
