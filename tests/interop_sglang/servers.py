@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -48,25 +49,29 @@ def unavailable_reason(*, require_opt_in: bool = False) -> str | None:
     return None
 
 
+# SGLang derives more ports from --port (port + 1 for its HTTP sidecar, port + 10000 for a
+# gRPC one), so ports come from a fixed low range, overridable for a shared machine.
+PORT_RANGE = range(int(os.environ.get("INTEROP_SGLANG_PORT_BASE", "34000")),
+                   int(os.environ.get("INTEROP_SGLANG_PORT_BASE", "34000")) + 100)
+
+
+def _is_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def free_port(span: int = 1) -> int:
-    """A free loopback port whose next ``span - 1`` ports are free too (SGLang takes port+1)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port + span >= 65000:
-            continue
-        ok = True
-        for extra in range(1, span):
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", port + extra))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
+    """A free loopback port of ``PORT_RANGE`` whose next ``span - 1`` ports are free too."""
+    candidates = list(PORT_RANGE)[: len(PORT_RANGE) - span]
+    random.shuffle(candidates)
+    for port in candidates:
+        if all(_is_free(port + k) for k in range(span)):
             return port
-    raise RuntimeError("no free port range on 127.0.0.1")
+    raise RuntimeError(f"no free port in {PORT_RANGE.start}-{PORT_RANGE.stop - 1} on 127.0.0.1")
 
 
 @dataclass
