@@ -10,6 +10,7 @@ Commands:
   abort           a streamed Generate, Abort after a few chunks, then whether the
                   stream ended (and how) within a wait
   latency N C     N short non-streaming Generates, C in flight: p50/p99 latency
+  info            what GetModelInfo and GetServerInfo report
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import grpc
+from google.protobuf.json_format import MessageToDict
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as pb_grpc
 
@@ -101,6 +103,16 @@ def latency(stub: Any, total: int, concurrency: int) -> dict[str, Any]:
             "max_ms": round(times[-1] * 1000, 1), "over_1s": sum(t > 1.0 for t in times)}
 
 
+def info(stub: Any) -> dict[str, Any]:
+    m = stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=30)
+    s = stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=30)
+    server_args = MessageToDict(s.server_args)
+    return {"max_context_length": m.max_context_length, "max_req_input_len": m.max_req_input_len,
+            "vocab_size": m.vocab_size, "eos_token_ids": list(m.eos_token_ids),
+            "default_sampling_params": json.loads(m.default_sampling_params_json or "{}"),
+            "page_size": server_args.get("page_size"), "max_total_num_tokens": s.max_total_num_tokens}
+
+
 def main(argv: list[str]) -> int:
     command, port = argv[0], int(argv[1])
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
@@ -111,6 +123,8 @@ def main(argv: list[str]) -> int:
         out = unary_n(stub)
     elif command == "abort":
         out = abort(stub)
+    elif command == "info":
+        out = info(stub)
     elif command == "latency":
         out = latency(stub, int(argv[2]), int(argv[3]))
     else:

@@ -70,3 +70,17 @@ def test_an_independent_grpc_client_sees_no_stall(sglang_grpc: Process) -> None:
     out = run_grpc_client(sglang_grpc.extra["port"], "latency", "64", "8")
     assert out["requests"] == 64
     assert out["over_1s"] == 0, out
+
+
+def test_what_the_servicer_reports_about_the_model(sglang_grpc: Process) -> None:
+    """Pinned: which GetModelInfo / GetServerInfo values are true and which are placeholders."""
+    out = run_grpc_client(sglang_grpc.extra["port"], "info")
+    # True: the model's generation defaults (generation_config.json) and the scheduler's input limit.
+    assert out["default_sampling_params"] == {"temperature": 0.6, "top_k": 20, "top_p": 0.95}
+    assert out["max_req_input_len"] == 40960 - 1 - 5
+    # The KV pool size, not the model's 40,960-token context.
+    assert out["max_context_length"] == out["max_total_num_tokens"] == 65536
+    # Placeholders: keys the scheduler never sends.
+    assert (out["vocab_size"], out["eos_token_ids"]) == (128256, [])
+    # The raw argument, unresolved.
+    assert out["page_size"] is None
