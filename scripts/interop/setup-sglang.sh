@@ -22,6 +22,8 @@ PYTHON="${PYTHON:-python3}"
 MODEL_DIR="${INTEROP_SGLANG_MODEL_DIR:-.interop-model}"
 
 fail() { echo "interop-sglang: unavailable: $*"; exit 3; }
+# pip, without this machine's index-location warnings; keeps pip's exit status.
+pip_quiet() { "$VENV/bin/python" -m pip install --quiet "$@" 2>&1 | grep -v '^WARNING: Location'; return "${PIPESTATUS[0]}"; }
 
 want="$(cat "$0" "$REQS" | sha256sum | cut -d' ' -f1)"
 stamp="$VENV/.interop-stamp"
@@ -30,16 +32,16 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$VENV/bin/python"
 else
   start=$(date +%s)
   [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV" || fail "cannot create a virtualenv with $PYTHON"
-  "$VENV/bin/python" -m pip install --quiet --no-deps -r "$REQS" \
+  pip_quiet --no-deps -r "$REQS" \
     || fail "pip could not install $REQS (is the package index reachable?)"
-  "$VENV/bin/python" -m pip install --quiet --no-deps "sglang==$SGLANG_VERSION" \
+  pip_quiet --no-deps "sglang==$SGLANG_VERSION" \
     || fail "pip could not install sglang==$SGLANG_VERSION"
   echo "$want" > "$stamp"
   echo "interop-sglang: built $VENV in $(( $(date +%s) - start )) s, $(du -sh "$VENV" | cut -f1)"
 fi
 
 # The imports the stand-in and the server need, checked once per build.
-PYTHONPATH="$PWD" "$VENV/bin/python" - <<'PY' || fail "sglang's server code does not import (see above)"
+PYTHONPATH="$PWD" "$VENV/bin/python" -W ignore - <<'PY' 2>/dev/null || fail "sglang's server code does not import (see above)"
 import sglang.launch_server, sglang.srt.entrypoints.http_server  # noqa: F401
 import smg_grpc_servicer.sglang.server  # noqa: F401
 import tests.interop_sglang.standin.scheduler  # noqa: F401
