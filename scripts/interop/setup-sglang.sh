@@ -41,11 +41,14 @@ else
 fi
 
 # The imports the stand-in and the server need, checked once per build.
-PYTHONPATH="$PWD" "$VENV/bin/python" -W ignore - <<'PY' 2>/dev/null || fail "sglang's server code does not import (see above)"
+if ! import_out="$(PYTHONPATH="$PWD" "$VENV/bin/python" -W ignore - 2>&1 <<'PY'
 import sglang.launch_server, sglang.srt.entrypoints.http_server  # noqa: F401
 import smg_grpc_servicer.sglang.server  # noqa: F401
 import tests.interop_sglang.standin.scheduler  # noqa: F401
 PY
+)"; then
+  fail "sglang's server code does not import: $(echo "$import_out" | tail -n 1)"
+fi
 
 # A Qwen3 model folder with no weights (config + tokenizer files).
 if [ ! -f "$MODEL_DIR/config.json" ]; then

@@ -11,6 +11,7 @@ Commands:
                   stream ended (and how) within a wait
   latency N C     N short non-streaming Generates, C in flight: p50/p99 latency
   info            what GetModelInfo and GetServerInfo report
+  stream-end      a streamed Generate: each chunk's ids and the final complete's
 """
 
 from __future__ import annotations
@@ -103,6 +104,18 @@ def latency(stub: Any, total: int, concurrency: int) -> dict[str, Any]:
             "max_ms": round(times[-1] * 1000, 1), "over_1s": sum(t > 1.0 for t in times)}
 
 
+def stream_end(stub: Any) -> dict[str, Any]:
+    chunks: list[list[int]] = []
+    complete: dict[str, Any] = {}
+    for msg in stub.Generate(_request(5, stream=True), timeout=30):
+        if msg.HasField("chunk"):
+            chunks.append(list(msg.chunk.token_ids))
+        elif msg.HasField("complete"):
+            complete = {"output_ids": list(msg.complete.output_ids), "finish_reason": msg.complete.finish_reason,
+                        "completion_tokens": msg.complete.completion_tokens}
+    return {"chunks": chunks, "complete": complete}
+
+
 def info(stub: Any) -> dict[str, Any]:
     m = stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=30)
     s = stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=30)
@@ -123,6 +136,8 @@ def main(argv: list[str]) -> int:
         out = unary_n(stub)
     elif command == "abort":
         out = abort(stub)
+    elif command == "stream-end":
+        out = stream_end(stub)
     elif command == "info":
         out = info(stub)
     elif command == "latency":

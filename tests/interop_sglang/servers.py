@@ -76,23 +76,33 @@ def free_port(span: int = 1) -> int:
 
 @dataclass
 class Recording:
-    """The JSON lines the stand-in scheduler writes, one per request it receives."""
+    """The JSON lines the stand-in scheduler writes, one per request it receives.
+
+    A mark is a byte offset, so reading what came after it never re-parses the
+    earlier records (some hold prompts of 40,000 ids).
+    """
 
     path: Path
-    _seen: int = 0
+    _offset: int = 0
 
-    def all(self) -> list[dict[str, Any]]:
+    def _read_from(self, offset: int) -> list[dict[str, Any]]:
         if not self.path.exists():
             return []
-        with self.path.open() as f:
-            return [json.loads(line) for line in f if line.strip()]
+        with self.path.open("rb") as f:
+            f.seek(offset)
+            data = f.read()
+        complete = data[: data.rfind(b"\n") + 1]  # a line being written is read next time
+        return [json.loads(line) for line in complete.splitlines() if line.strip()]
+
+    def all(self) -> list[dict[str, Any]]:
+        return self._read_from(0)
 
     def mark(self) -> None:
         """Later ``since_mark`` calls return only what arrives after this."""
-        self._seen = len(self.all())
+        self._offset = self.path.stat().st_size if self.path.exists() else 0
 
     def since_mark(self, *, keep_noise: bool = False) -> list[dict[str, Any]]:
-        new = self.all()[self._seen:]
+        new = self._read_from(self._offset)
         if keep_noise:
             return new
         return [r for r in new if not str(r["rid"]).startswith(NOISE_RIDS)]

@@ -13,6 +13,9 @@ import pytest
 
 from tests.interop_sglang import corpus, servers
 
+# The first test to use the corpus starts SGLang's HTTP server and sends 92 requests.
+pytestmark = pytest.mark.timeout(900)
+
 
 @pytest.fixture(scope="session")
 def sglang_http(interop_dir: Path, sglang_grpc: servers.Process) -> Iterator[servers.Process]:

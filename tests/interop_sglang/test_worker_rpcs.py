@@ -84,3 +84,11 @@ def test_what_the_servicer_reports_about_the_model(sglang_grpc: Process) -> None
     assert (out["vocab_size"], out["eos_token_ids"]) == (128256, [])
     # The raw argument, unresolved.
     assert out["page_size"] is None
+
+
+def test_a_streams_complete_repeats_only_the_last_chunk(sglang_grpc: Process) -> None:
+    """Pinned: count tokens from the chunks; the complete carries the last chunk's ids again."""
+    out = run_grpc_client(sglang_grpc.extra["port"], "stream-end")
+    assert [len(c) for c in out["chunks"]] == [1, 1, 1, 1, 1]
+    assert out["complete"]["output_ids"] == out["chunks"][-1]
+    assert (out["complete"]["finish_reason"], out["complete"]["completion_tokens"]) == ("length", 5)
