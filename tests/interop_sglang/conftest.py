@@ -1,0 +1,72 @@
+"""Fixtures: SGLang's own ``--grpc-mode`` server (stand-in scheduler) and the gateway in front.
+
+The suite skips, with the reason, where the interop virtualenv or the model folder is
+missing (``scripts/interop/setup-sglang.sh`` builds both; ``scripts/run-interop-sglang``
+runs it and then this suite). One server and one gateway serve the whole session.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.interop_sglang import servers
+
+
+@pytest.fixture(scope="session")
+def interop_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("interop-sglang")
+
+
+@pytest.fixture(scope="session")
+def sglang_grpc(interop_dir: Path) -> Iterator[servers.Process]:
+    reason = servers.unavailable_reason(require_opt_in=True)
+    if reason:
+        print(f"interop-sglang skipped: {reason}", file=sys.stderr)
+        pytest.skip(reason)
+    with servers.running(servers.start_sglang(interop_dir, grpc=True)) as proc:
+        yield proc
+
+
+@pytest.fixture(scope="session")
+def gateway(interop_dir: Path, sglang_grpc: servers.Process) -> Iterator[servers.Process]:
+    with servers.running(servers.start_gateway(interop_dir, sglang_grpc.extra["url"])) as proc:
+        yield proc
+
+
+@pytest.fixture()
+def recording(sglang_grpc: servers.Process) -> servers.Recording:
+    """What the stand-in scheduler receives from now on."""
+    rec: servers.Recording = sglang_grpc.extra["recording"]
+    rec.mark()
+    return rec
+
+
+@pytest.fixture(scope="session")
+def model() -> str:
+    return servers.SERVED_MODEL
+
+
+@pytest.fixture()
+def client(gateway: servers.Process) -> Iterator[Any]:
+    import openai
+
+    c = openai.OpenAI(base_url=gateway.extra["url"] + "/v1", api_key="interop", max_retries=0, timeout=60)
+    yield c
+    c.close()
+
+
+def run_grpc_client(port: int, *args: str, timeout: float = 120.0) -> dict[str, Any]:
+    """Run the independent official-stub client (its own process) against the servicer."""
+    import json
+
+    out = subprocess.run([sys.executable, "-m", "tests.interop_sglang.grpc_client", *args[:1], str(port), *args[1:]],
+                         capture_output=True, text=True, timeout=timeout, cwd=servers.REPO, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"grpc_client {args} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout)
