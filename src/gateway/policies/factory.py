@@ -36,6 +36,8 @@ from gateway.policies.cache_aware import (
     CostKnobs,
 )
 from gateway.policies.consistent_hash import FALLBACKS, ConsistentHashPolicy
+from gateway.policies.key_depth import DEFAULT_MAX_TOKENS as DEFAULT_MAX_DEPTH_TOKENS
+from gateway.policies.key_depth import DEFAULT_WINDOW as DEFAULT_DEPTH_WINDOW
 from gateway.policies.prefix_hash import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_DEPTH_TOKENS,
@@ -65,6 +67,14 @@ class PolicyConfig:
     hash_block_size: int = option(DEFAULT_BLOCK_SIZE, "prefix_hash/consistent_hash: tokens per hashed block")
     hash_depth_tokens: int = option(
         DEFAULT_DEPTH_TOKENS, "prefix_hash: prompt tokens (whole blocks, capped by the prompt) that form the ring key"
+    )
+    hash_max_depth_tokens: int = option(
+        DEFAULT_MAX_DEPTH_TOKENS, "prefix_hash: deepest key it may go to when shallower keys are too common"
+    )
+    hash_depth_window: int = option(
+        DEFAULT_DEPTH_WINDOW,
+        "prefix_hash: recent requests over which a key's share is measured; a key carrying over one "
+        "worker's share is too common and the key goes deeper (0 = fixed depth)",
     )
     virtual_nodes: int = option(DEFAULT_VIRTUAL_NODES, "hash ring: virtual nodes per worker")
     load_factor: float = option(
@@ -173,6 +183,8 @@ def make_policy(config: PolicyConfig | None = None, **overrides: Any) -> Policy:
             depth_tokens=cfg.hash_depth_tokens,
             virtual_nodes=cfg.virtual_nodes,
             load_factor=cfg.load_factor,
+            max_depth_tokens=cfg.hash_max_depth_tokens,
+            depth_window=cfg.hash_depth_window,
         )
     if name == "consistent_hash":
         return ConsistentHashPolicy(

@@ -1,14 +1,21 @@
-"""``prefix_hash``: a stateless token-prefix policy on a consistent-hash ring.
+"""``prefix_hash``: a token-prefix policy on a consistent-hash ring.
 
-The key is the chained xxh3 hash (``hashing.prefix_key``) of the prompt's first
-``depth_tokens`` tokens in blocks of ``block_size`` (capped by the prompt length; a
-prompt shorter than one block is hashed whole). Prompts that share that prefix get
-the same key, hence the same worker, in every gateway replica with no coordination.
+The key is the chained xxh3 hash (``hashing.prefix_key``) of the prompt's first D tokens
+in blocks of ``block_size`` (capped by the prompt length; a prompt shorter than one
+block is hashed whole). Prompts that share that prefix get the same key, hence the same
+worker, in every gateway replica with no coordination.
+
+D adapts to the traffic (``key_depth.KeyDepths``): it starts at ``depth_tokens`` and goes
+deeper (doubling, up to ``max_depth_tokens``) while the key at that depth carried more
+than one worker's share of the last ``depth_window`` requests: a prefix every request
+shares would send them all to one worker. ``depth_window = 0`` keeps D fixed.
 
 Bounded load: a worker with ``in_flight >= ceil(load_factor * (total + 1) / n)``
 (above ``load_factor`` times the pool average, counting this request) passes the key
 clockwise to the next acceptable worker; unavailable or retry-excluded workers are
-skipped the same way. ``load_factor = 0`` turns the bound off.
+skipped the same way. ``load_factor = 0`` turns the bound off. And no healthy worker
+stays idle while the chosen one queues (all its running slots taken, or waiting
+requests in its last polled load): the first idle worker clockwise takes the request.
 """
 
 from __future__ import annotations
@@ -16,13 +23,21 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.policies.base import Decision, RouteRequest, WorkerView
-from gateway.policies.hashing import prefix_key
+from gateway.policies.key_depth import DEFAULT_MAX_TOKENS, DEFAULT_WINDOW, KeyDepths
 from gateway.policies.ring import DEFAULT_VIRTUAL_NODES
 from gateway.policies.ring_policy import RingPolicy
 
 DEFAULT_BLOCK_SIZE = 16
 DEFAULT_DEPTH_TOKENS = 256
 DEFAULT_LOAD_FACTOR = 1.5  # tuned with scripts/bench_policies.py tune
+IDLE_REASON = "idle_worker"
+
+
+def queues(w: WorkerView) -> bool:
+    """The worker has requests waiting for a running slot (as far as the gateway can tell)."""
+    if w.max_running_requests and w.in_flight >= w.max_running_requests:
+        return True
+    return w.loads is not None and w.loads.num_waiting_reqs > 0
 
 
 class PrefixHashPolicy(RingPolicy):
@@ -34,6 +49,9 @@ class PrefixHashPolicy(RingPolicy):
         depth_tokens: int = DEFAULT_DEPTH_TOKENS,
         virtual_nodes: int = DEFAULT_VIRTUAL_NODES,
         load_factor: float = DEFAULT_LOAD_FACTOR,
+        *,
+        max_depth_tokens: int = DEFAULT_MAX_TOKENS,
+        depth_window: int = DEFAULT_WINDOW,
     ) -> None:
         if block_size < 1 or depth_tokens < 1:
             raise ValueError("block_size and depth_tokens must be >= 1")
@@ -43,25 +61,52 @@ class PrefixHashPolicy(RingPolicy):
         self.block_size = block_size
         self.depth_tokens = depth_tokens
         self.load_factor = load_factor
+        self.depths = KeyDepths(block_size, depth_tokens, max_depth_tokens, depth_window)
 
-    def key(self, request: RouteRequest) -> int:
-        """The ring key of ``request`` (depends only on its first ``depth_tokens`` tokens)."""
-        return prefix_key(request.token_ids, self.block_size, self.depth_tokens)
+    def key(self, request: RouteRequest, n_workers: int = 0) -> int:
+        """The ring key of ``request`` at the depth the recent traffic makes informative
+        (without ``n_workers``: at ``depth_tokens``)."""
+        keys = self.depths.keys(request.token_ids)
+        return keys[self.depths.pick(keys, n_workers) if n_workers else 0]
 
     def _choose(self, request: RouteRequest, cands: list[WorkerView]) -> Decision:
-        w, reason, _ = self.walk(self.key(request), cands, self.load_limit(cands, self.load_factor))
+        keys = self.depths.keys(request.token_ids)
+        key = keys[self.depths.pick(keys, len(self.ring))]
+        self.depths.record(keys)
+        w, reason, _ = self.walk(key, cands, self.load_limit(cands, self.load_factor))
+        idle = self._idle_instead(w, key, cands)
+        if idle is not None:
+            return Decision(idle.worker_id, IDLE_REASON)
         return Decision(w.worker_id, reason)
 
+    def _idle_instead(self, chosen: WorkerView, key: int, cands: list[WorkerView]) -> WorkerView | None:
+        """The first idle worker clockwise from ``key`` if ``chosen`` queues, else None."""
+        if not queues(chosen):
+            return None
+        by_id = {w.worker_id: w for w in cands}
+        for wid in self.ring.walk(key):
+            w = by_id.get(wid)
+            if w is not None and w.in_flight == 0:
+                return w
+        return None
+
     def _explain_candidates(self, request: RouteRequest, cands: list[WorkerView]) -> dict[str, Any]:
-        key = self.key(request)
+        keys = self.depths.keys(request.token_ids)
+        rung = self.depths.pick(keys, len(self.ring))
+        key = keys[rung]
         limit = self.load_limit(cands, self.load_factor)
         w, reason, walked = self.walk(key, cands, limit)
+        idle = self._idle_instead(w, key, cands)
         return {
-            "choice": w.worker_id,
-            "reason": reason,
+            "choice": (idle or w).worker_id,
+            "reason": IDLE_REASON if idle else reason,
             "ring_position": self._position_row(key),
             "walked": walked,
             "load_limit": limit,
             "block_size": self.block_size,
-            "depth_tokens": min(self.depth_tokens, len(request.token_ids)),
+            "depth_tokens": min(self.depths.depths[rung], len(request.token_ids)),
+            "key_shares": {
+                str(min(d, len(request.token_ids))): round(self.depths.share(k), 4)
+                for d, k in zip(self.depths.depths, keys, strict=False)
+            },
         }
