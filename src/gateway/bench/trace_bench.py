@@ -43,8 +43,8 @@ class FleetShape:
 FLEETS: dict[str, FleetShape] = {
     # the simulator's own cost model (a small model on one GPU)
     "sim": FleetShape(16, 50_000, 64, 0.002, 20e-6, 0.0002),
-    # another build: 4x larger pages, less KV, fewer slots, prefill 3x dearer, decode cheaper
-    "sim-alt": FleetShape(64, 40_000, 24, 0.006, 60e-6, 0.0001),
+    # another build: 2x larger pages, less KV, fewer slots, prefill 3x dearer, decode cheaper
+    "sim-alt": FleetShape(32, 40_000, 24, 0.006, 60e-6, 0.0001),
 }
 TRACE_POLICIES = ["round_robin", "cache_aware", "prefix_hash"]
 

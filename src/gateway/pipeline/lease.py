@@ -130,4 +130,6 @@ class Lease:
                 sent_prompt=self.sent_prompt_tokens, reported_prompt=self.reported_prompt_tokens,
                 aborted=aborted,
             )
+        else:
+            self.selection.abandoned(self.route)
         return True

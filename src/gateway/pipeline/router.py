@@ -21,6 +21,7 @@ from gateway.pipeline.offpath import later
 from gateway.pipeline.prefill_gate import PrefillHolds
 from gateway.policies.base import Decision, NoWorkerAvailable, Policy, RouteRequest, WorkerView
 from gateway.policies.factory import close_policy
+from gateway.policies.miss_causes import DEFAULT_BLOCK_TOKENS, MissCauses, MissTicket
 from gateway.policies.quality import DEFAULT_SKETCH_TOKENS, OfferedPrefixes, PoolQuality
 from gateway.sync.policy_tap import DecisionSink, TappedPolicy
 from gateway.workers.registry import WorkerRegistry
@@ -39,6 +40,7 @@ class Selection:
     router: Router | None = None  # set by Router.select: where the finish is reported
     role: str = "regular"
     prompt: bytes = b""  # the prompt packed as uint32 (cache-aware policies; the prefill gate compares it)
+    miss: MissTicket | None = None  # the miss ledger's view of this dispatch (misses by cause)
 
     def finished(self, route: RouteRequest, *, reported_cached: int, sent_prompt: int, reported_prompt: int,
                  success: bool) -> None:
@@ -47,8 +49,13 @@ class Selection:
             self.router.finished(
                 route, self.role, predicted_cached=self.decision.predicted_cached_tokens,
                 reported_cached=reported_cached, sent_prompt=sent_prompt, reported_prompt=reported_prompt,
-                success=success,
+                success=success, miss=self.miss,
             )
+
+    def abandoned(self, route: RouteRequest) -> None:
+        """The worker stream ended before any output (the lease calls this instead of ``finished``)."""
+        if self.router is not None and self.miss is not None:
+            later(self.router.quality(route.model, self.role).misses.abandoned, self.miss)
 
 
 class Router:
@@ -100,7 +107,9 @@ class Router:
         q = self._quality.get(key)
         if q is None:
             page = max((w.info.page_size for w in self.registry.pool(model, role)), default=1)
-            q = self._quality[key] = PoolQuality(offered=OfferedPrefixes(self._sketch_tokens, page))
+            q = self._quality[key] = PoolQuality(
+                offered=OfferedPrefixes(self._sketch_tokens, page), misses=MissCauses(max(DEFAULT_BLOCK_TOKENS, page))
+            )
         return q
 
     def qualities(self) -> dict[tuple[str, str], PoolQuality]:
@@ -108,12 +117,14 @@ class Router:
 
     def finished(
         self, route: RouteRequest, role: str, *, predicted_cached: int, reported_cached: int,
-        sent_prompt: int, reported_prompt: int, success: bool,
+        sent_prompt: int, reported_prompt: int, success: bool, miss: MissTicket | None = None,
     ) -> None:
         """One worker stream of ``route`` ended with what the worker reported (once per stream)."""
         q = self.quality(route.model, role)
         q.finish(sent_prompt=sent_prompt, predicted_cached=predicted_cached,
                  reported_cached=reported_cached, success=success)
+        if miss is not None:
+            later(q.misses.finished, miss, reported_cached, success)
         if not success:
             return
         changed = q.guard.check(sent_prompt, reported_prompt)
@@ -159,6 +170,12 @@ class Router:
 
     def _on_registry_change(self, event: str, worker: Worker) -> None:
         key = (worker.model, worker.role)
+        q = self._quality.get(key)
+        if q is not None:  # the pool's first workers join before its ledger exists: never "new"
+            if event == "added":
+                q.misses.joined(worker.id)
+            elif event == "removed":
+                q.misses.forget_worker(worker.id)
         policy = self._policies.get(key)
         if policy is not None:
             policy.on_workers_changed([w.view() for w in self._live(*key)])
@@ -192,7 +209,9 @@ class Router:
         if worker is None:
             raise NoWorkerAvailable(f"policy {policy.name} chose unknown worker {decision.worker_id!r}")
         notified = self._dispatching(request.model, role) if self._sink is not None else policy
-        return Selection(worker, decision, notified, self, role, prompt)
+        miss = MissTicket(worker.id, request.token_ids, decision.reason)
+        later(self.quality(request.model, role).misses.dispatched, miss)
+        return Selection(worker, decision, notified, self, role, prompt, miss)
 
     def exclude(self, request: RouteRequest, worker_id: str) -> RouteRequest:
         return replace(request, exclude=request.exclude | {worker_id})
