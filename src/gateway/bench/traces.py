@@ -85,6 +85,20 @@ def is_mooncake(record: Mapping[str, Any]) -> bool:
     return "hash_ids" in record
 
 
+def is_foreign_trace(path: str | Path) -> bool:
+    """Whether the file's first request is in a format of this module (Mooncake's, or a
+    ``timestamp`` in ms), rather than the project's own saved workload (``t`` in s)."""
+    with Path(path).open("rb") as f:
+        for line in f:
+            if line.strip():
+                try:
+                    record = orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    return False
+                return isinstance(record, dict) and ("hash_ids" in record or "timestamp" in record)
+    return False
+
+
 def mooncake_spec(record: Mapping[str, Any], config: TraceConfig, blocks: BlockTokens) -> RequestSpec:
     """One Mooncake line as a completions request over its blocks' token runs."""
     ids = record["hash_ids"]
