@@ -20,7 +20,7 @@ def mooncake(path, conversations: int = 6, turns: int = 2):  # type: ignore[no-u
     """Every request starts with block 0; each conversation's turns extend its own blocks."""
     lines, next_id = [], 1
     own = {}
-    for t in range(turns):
+    for _ in range(turns):
         for c in range(conversations):
             own.setdefault(c, [])
             own[c] += [next_id, next_id + 1]
