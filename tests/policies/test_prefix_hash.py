@@ -14,7 +14,7 @@ from .helpers import req, tokens, views, with_load
 
 
 def test_prompts_sharing_the_hashed_prefix_go_to_the_ring_owner() -> None:
-    p = PrefixHashPolicy(block_size=16, depth_tokens=256)
+    p = PrefixHashPolicy(block_size=16, depth_tokens=256, depth_window=0)  # a fixed depth
     shared = tokens(256, 1)
     ws = views(8)
     ds = [p.select(req(shared + tokens(100, i)), ws) for i in range(20)]

@@ -36,6 +36,7 @@ from gateway.policies.cache_aware import (
     CostKnobs,
 )
 from gateway.policies.consistent_hash import FALLBACKS, ConsistentHashPolicy
+from gateway.policies.key_depth import DEFAULT_MAX_SHARE as DEFAULT_DEPTH_MAX_SHARE
 from gateway.policies.key_depth import DEFAULT_MAX_TOKENS as DEFAULT_MAX_DEPTH_TOKENS
 from gateway.policies.key_depth import DEFAULT_WINDOW as DEFAULT_DEPTH_WINDOW
 from gateway.policies.prefix_hash import (
@@ -73,8 +74,12 @@ class PolicyConfig:
     )
     hash_depth_window: int = option(
         DEFAULT_DEPTH_WINDOW,
-        "prefix_hash: recent requests over which a key's share is measured; a key carrying over one "
-        "worker's share is too common and the key goes deeper (0 = fixed depth)",
+        "prefix_hash: recent requests over which a key's share is measured; a key carrying over "
+        "--hash-depth-max-share of them is too common and the key goes deeper (0 = fixed depth)",
+    )
+    hash_depth_max_share: float = option(
+        DEFAULT_DEPTH_MAX_SHARE,
+        "prefix_hash: share of the recent requests above which a key says nothing (never below one worker's share)",
     )
     virtual_nodes: int = option(DEFAULT_VIRTUAL_NODES, "hash ring: virtual nodes per worker")
     load_factor: float = option(
@@ -185,6 +190,7 @@ def make_policy(config: PolicyConfig | None = None, **overrides: Any) -> Policy:
             load_factor=cfg.load_factor,
             max_depth_tokens=cfg.hash_max_depth_tokens,
             depth_window=cfg.hash_depth_window,
+            depth_max_share=cfg.hash_depth_max_share,
         )
     if name == "consistent_hash":
         return ConsistentHashPolicy(

@@ -6,9 +6,10 @@ block is hashed whole). Prompts that share that prefix get the same key, hence t
 worker, in every gateway replica with no coordination.
 
 D adapts to the traffic (``key_depth.KeyDepths``): it starts at ``depth_tokens`` and goes
-deeper (doubling, up to ``max_depth_tokens``) while the key at that depth carried more
-than one worker's share of the last ``depth_window`` requests: a prefix every request
-shares would send them all to one worker. ``depth_window = 0`` keeps D fixed.
+deeper (in steps of ``depth_tokens``, up to ``max_depth_tokens``) while the key at that
+depth carried more than ``depth_max_share`` of the last ``depth_window`` requests: a
+prefix every request shares would send them all to one worker. ``depth_window = 0``
+keeps D fixed.
 
 Bounded load: a worker with ``in_flight >= ceil(load_factor * (total + 1) / n)``
 (above ``load_factor`` times the pool average, counting this request) passes the key
@@ -23,7 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.policies.base import Decision, RouteRequest, WorkerView
-from gateway.policies.key_depth import DEFAULT_MAX_TOKENS, DEFAULT_WINDOW, KeyDepths
+from gateway.policies.key_depth import DEFAULT_MAX_SHARE, DEFAULT_MAX_TOKENS, DEFAULT_WINDOW, KeyDepths
 from gateway.policies.ring import DEFAULT_VIRTUAL_NODES
 from gateway.policies.ring_policy import RingPolicy
 
@@ -52,6 +53,7 @@ class PrefixHashPolicy(RingPolicy):
         *,
         max_depth_tokens: int = DEFAULT_MAX_TOKENS,
         depth_window: int = DEFAULT_WINDOW,
+        depth_max_share: float = DEFAULT_MAX_SHARE,
     ) -> None:
         if block_size < 1 or depth_tokens < 1:
             raise ValueError("block_size and depth_tokens must be >= 1")
@@ -61,18 +63,17 @@ class PrefixHashPolicy(RingPolicy):
         self.block_size = block_size
         self.depth_tokens = depth_tokens
         self.load_factor = load_factor
-        self.depths = KeyDepths(block_size, depth_tokens, max_depth_tokens, depth_window)
+        self.depths = KeyDepths(block_size, depth_tokens, max_depth_tokens, depth_window, depth_max_share)
 
     def key(self, request: RouteRequest, n_workers: int = 0) -> int:
         """The ring key of ``request`` at the depth the recent traffic makes informative
         (without ``n_workers``: at ``depth_tokens``)."""
-        keys = self.depths.keys(request.token_ids)
-        return keys[self.depths.pick(keys, n_workers) if n_workers else 0]
+        return self.depths.route(request.token_ids, n_workers)[-1]
 
     def _choose(self, request: RouteRequest, cands: list[WorkerView]) -> Decision:
-        keys = self.depths.keys(request.token_ids)
-        key = keys[self.depths.pick(keys, len(self.ring))]
-        self.depths.record(keys)
+        walked = self.depths.route(request.token_ids, len(self.ring))
+        key = walked[-1]
+        self.depths.record(walked)
         w, reason, _ = self.walk(key, cands, self.load_limit(cands, self.load_factor))
         idle = self._idle_instead(w, key, cands)
         if idle is not None:
