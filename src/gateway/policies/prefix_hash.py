@@ -24,7 +24,12 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.policies.base import Decision, RouteRequest, WorkerView
-from gateway.policies.key_depth import DEFAULT_MAX_SHARE, DEFAULT_MAX_TOKENS, DEFAULT_WINDOW, KeyDepths
+from gateway.policies.key_depth import (
+    DEFAULT_MAX_SHARE,
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_WINDOW,
+    KeyDepths,
+)
 from gateway.policies.ring import DEFAULT_VIRTUAL_NODES
 from gateway.policies.ring_policy import RingPolicy
 
