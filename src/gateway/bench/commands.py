@@ -5,7 +5,8 @@
 * ``matrix``: every policy on every workload against simulated fleets of several
   sizes, with the oracle and optional peers (``bench/matrix.py``);
 * ``trace``: a public trace (Mooncake's format, or JSONL prompts with timestamps)
-  through each policy on two differently built fleets (``bench/trace_bench.py``).
+  through each policy on two differently built fleets (``bench/trace_bench.py``);
+* ``elastic``: workers added and removed under load, steady run beside it (``bench/elastic.py``).
 
 Each sub-command module exposes ``add_arguments(parser)`` and ``run(args)``, like the
 top-level commands; add a new one to ``SUBCOMMANDS``.
@@ -20,6 +21,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "run": ("gateway.bench.cli", "drive a workload through running gateways and compare them"),
     "matrix": ("gateway.bench.matrix", "every policy x workload x fleet size on simulated fleets (+ oracle, peers)"),
     "trace": ("gateway.bench.trace_bench", "replay a public trace through each policy on two fleet builds, with its ideals"),
+    "elastic": ("gateway.bench.elastic", "a fleet growing and shrinking under load: time to fair share, hit rate"),
 }
 
 
