@@ -174,11 +174,15 @@ class Router:
         if q is not None:  # the pool's first workers join before its ledger exists: never "new"
             if event == "added":
                 q.misses.joined(worker.id)
-            elif event == "removed":
+            elif event in ("removed", "restarted"):
                 q.misses.forget_worker(worker.id)
         policy = self._policies.get(key)
-        if policy is not None:
-            policy.on_workers_changed([w.view() for w in self._live(*key)])
+        if policy is None:
+            return
+        views = [w.view() for w in self._live(*key)]
+        if event == "restarted":  # leave, then join again: what was learned of its cache goes
+            policy.on_workers_changed([v for v in views if v.worker_id != worker.id])
+        policy.on_workers_changed(views)
 
     def select(self, request: RouteRequest, role: str = "regular") -> Selection:
         """Pick a worker of ``role`` for ``request``; raises NoWorkerAvailable.

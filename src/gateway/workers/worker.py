@@ -40,6 +40,7 @@ class WorkerInfo:
     dp_size: int = 1  # data-parallel ranks behind this one address (PD rooms align to them)
     max_running_requests: int = 0  # server_args max_running_requests (0: not reported)
     default_sampling: dict[str, float] = field(default_factory=dict)
+    start_time: float = 0.0  # GetServerInfo start_time, seconds (0: not reported): a restart changes it
 
     @classmethod
     def from_replies(
@@ -76,7 +77,15 @@ class WorkerInfo:
             dp_size=max(1, int(args.get("dp_size") or 1)),
             max_running_requests=max(0, int(args.get("max_running_requests") or 0)),
             default_sampling=defaults,
+            start_time=start_time_of(server_info),
         )
+
+
+def start_time_of(server_info: pb.GetServerInfoResponse) -> float:
+    """When the worker process started, from GetServerInfo (0.0 when it does not say)."""
+    if not server_info.HasField("start_time"):
+        return 0.0
+    return server_info.start_time.seconds + server_info.start_time.nanos / 1e9
 
 
 class Worker:
