@@ -48,9 +48,11 @@ def test_every_policy_runs_on_both_fleets_next_to_the_trace_ideals(tmp_path, cap
         assert s["ok"] == 12 and s["errors"] == 0
         assert 0 < cell["ideals"]["fleet_kv"] <= cell["ideals"]["unbounded"] < 1
         assert s["hit_rate"] <= cell["ideals"]["unbounded"] + 1e-9
+        misses = cell["sim"]["miss_causes"]  # the gateway's own account of every miss
+        assert misses["_requests"] == 12 and misses["first_sight"]["tokens"] > 0
     assert data["fleets"]["sim-alt"]["page_size"] != data["fleets"]["sim"]["page_size"]
     text = md.read_text()
-    assert "| fleet | policy | hit |" in text and "within the fleet's" in text
+    assert "| fleet | policy | hit |" in text and "within the fleet's" in text and "missed" in text
     assert "sim-alt" in capsys.readouterr().out
 
 

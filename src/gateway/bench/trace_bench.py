@@ -123,10 +123,58 @@ def ideals_line(fleet: str, shape: FleetShape, ideals: TraceIdeals) -> str:
     )
 
 
+async def run_trace_cell(
+    workload: Any, policy: str, config: Any, tokenizer_dir: str, scratch: str, ideal: float
+) -> tuple[Any, dict[str, Any]]:
+    """One cell as ``bench matrix`` runs it, plus the gateway's misses by cause at the end."""
+    from gateway.bench.driver import DriverConfig, run_workload
+    from gateway.bench.inprocess import serve_in_process
+    from gateway.bench.matrix import Cell, parse_variant, sim_config, sim_figures, split_knobs
+    from gateway.bench.report import summarize
+    from gateway.pipeline.offpath import run_pending
+    from gateway.server.config import GatewayConfig, ServerConfig
+    from gateway.sim.fleet import SimFleet
+
+    workers = config.workers[0]
+    driver = DriverConfig(
+        concurrency=config.per_worker_concurrency * workers, duration_s=config.run_timeout_s,
+        request_timeout_s=config.request_timeout_s,
+    )  # fmt: skip
+    name, knobs = parse_variant(policy)
+    knobs, gate = split_knobs(knobs)
+    misses: dict[str, Any] = {}
+    async with SimFleet.start(workers, sim_config(config)) as fleet:
+        gw = GatewayConfig(
+            server=ServerConfig(
+                worker_urls=fleet.urls, tokenizer_path=tokenizer_dir, tokenizer_cache_dir=scratch, log_level="warning"
+            )
+        )
+        gw.policy = dataclasses.replace(gw.policy, policy=name, **knobs)
+        gw.dispatch = dataclasses.replace(gw.dispatch, **gate)
+        async with serve_in_process(gw) as served:
+            run = await run_workload(served.url, workload, driver, label=policy)
+            run_pending()
+            for (_, pool), q in served.state.router.qualities().items():
+                if pool == "regular":
+                    misses = q.misses.snapshot()
+        stats = fleet.stats()
+    run.worker_counters = {str(s["url"]): s for s in stats}
+    summary = summarize(run, ideal_hit_rate=ideal, worker_ids=[str(s["url"]) for s in stats])
+    cell = Cell(workload.name, workers, policy, "ours", summary, sim_figures(stats, run.wall_s, summary.completion_tokens))
+    return cell, misses
+
+
+def misses_line(fleet: str, policy: str, misses: dict[str, Any]) -> str:
+    """The prefill tokens each miss cause cost, largest first."""
+    causes = {k: v["tokens"] for k, v in misses.items() if not k.startswith("_") and v.get("tokens")}
+    total = sum(causes.values()) or 1
+    parts = [f"{k} {100 * n / total:.0f}%" for k, n in sorted(causes.items(), key=lambda kv: -kv[1])]
+    return f"{fleet} {policy}: missed {total:,} prompt tokens: " + (", ".join(parts) or "none")
+
+
 async def run_trace_bench(
     bench: TraceBenchConfig, trace: TraceConfig, console: Any, tokenizer_dir: str
 ) -> tuple[list[tuple[str, Any, TraceIdeals]], list[str]]:
-    from gateway.bench.matrix import run_cell
     from gateway.bench.workloads import Vocab
 
     workload = load_trace_workload(bench.trace, trace, Vocab.from_tokenizer_dir(tokenizer_dir))
@@ -139,6 +187,7 @@ async def run_trace_bench(
 
     rows: list[tuple[str, Any, TraceIdeals]] = []
     lines: list[str] = []
+    miss_lines: list[str] = []
     with tempfile.TemporaryDirectory(prefix="token-gateway-trace-") as scratch:
         for fleet in bench.fleets:
             shape = FLEETS[fleet]
@@ -149,7 +198,9 @@ async def run_trace_bench(
             for policy in bench.policies:
                 start = time.monotonic()
                 try:
-                    cell = await run_cell(workload, bench.workers, policy, config, tokenizer_dir, scratch, ideals.unbounded)
+                    cell, misses = await run_trace_cell(workload, policy, config, tokenizer_dir, scratch, ideals.unbounded)
+                    cell.sim["miss_causes"] = misses
+                    miss_lines.append(misses_line(fleet, policy, misses))
                 except (RuntimeError, OSError, ValueError) as exc:
                     from gateway.bench.matrix import Cell
 
@@ -157,7 +208,7 @@ async def run_trace_bench(
                 rows.append((fleet, cell, ideals))
                 row = cell_row(fleet, cell, ideals)
                 console.print(" | ".join(row) + f"  ({time.monotonic() - start:.0f} s)")
-    return rows, lines
+    return rows, lines + miss_lines
 
 
 def run(args: argparse.Namespace) -> int:
