@@ -140,3 +140,5 @@ def test_an_idle_worker_takes_the_request_when_the_chosen_one_queues() -> None:
     d = p.select(prompt, waiting)
     assert d.reason == "idle_worker" and d.worker_id == walk[2]
     assert explain(p, prompt, waiting)["reason"] == "idle_worker"
+    off = PrefixHashPolicy(load_factor=0, idle_takeover=False)
+    assert off.select(prompt, waiting).worker_id == owner

@@ -81,6 +81,9 @@ class PolicyConfig:
         DEFAULT_DEPTH_MAX_SHARE,
         "prefix_hash: share of the recent requests above which a key says nothing (never below one worker's share)",
     )
+    hash_idle_takeover: bool = option(
+        True, "prefix_hash: when the chosen worker's running slots are all taken, an idle worker takes the request"
+    )
     virtual_nodes: int = option(DEFAULT_VIRTUAL_NODES, "hash ring: virtual nodes per worker")
     load_factor: float = option(
         DEFAULT_LOAD_FACTOR,
@@ -191,6 +194,7 @@ def make_policy(config: PolicyConfig | None = None, **overrides: Any) -> Policy:
             max_depth_tokens=cfg.hash_max_depth_tokens,
             depth_window=cfg.hash_depth_window,
             depth_max_share=cfg.hash_depth_max_share,
+            idle_takeover=cfg.hash_idle_takeover,
         )
     if name == "consistent_hash":
         return ConsistentHashPolicy(

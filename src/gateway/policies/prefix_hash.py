@@ -16,7 +16,8 @@ Bounded load: a worker with ``in_flight >= ceil(load_factor * (total + 1) / n)``
 clockwise to the next acceptable worker; unavailable or retry-excluded workers are
 skipped the same way. ``load_factor = 0`` turns the bound off. And no healthy worker
 stays idle while the chosen one queues (all its running slots taken, or waiting
-requests in its last polled load): the first idle worker clockwise takes the request.
+requests in its last polled load): the first idle worker clockwise takes the request
+(``idle_takeover``).
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ class PrefixHashPolicy(RingPolicy):
         max_depth_tokens: int = DEFAULT_MAX_TOKENS,
         depth_window: int = DEFAULT_WINDOW,
         depth_max_share: float = DEFAULT_MAX_SHARE,
+        idle_takeover: bool = True,
     ) -> None:
         if block_size < 1 or depth_tokens < 1:
             raise ValueError("block_size and depth_tokens must be >= 1")
@@ -68,6 +70,7 @@ class PrefixHashPolicy(RingPolicy):
         self.block_size = block_size
         self.depth_tokens = depth_tokens
         self.load_factor = load_factor
+        self.idle_takeover = idle_takeover
         self.depths = KeyDepths(block_size, depth_tokens, max_depth_tokens, depth_window, depth_max_share)
 
     def key(self, request: RouteRequest, n_workers: int = 0) -> int:
@@ -87,7 +90,7 @@ class PrefixHashPolicy(RingPolicy):
 
     def _idle_instead(self, chosen: WorkerView, key: int, cands: list[WorkerView]) -> WorkerView | None:
         """The first idle worker clockwise from ``key`` if ``chosen`` queues, else None."""
-        if not queues(chosen):
+        if not self.idle_takeover or not queues(chosen):
             return None
         by_id = {w.worker_id: w for w in cands}
         for wid in self.ring.walk(key):
