@@ -14,7 +14,6 @@ from prometheus_client.registry import Collector
 
 from gateway.pipeline.catalog import ModelCatalog
 from gateway.pipeline.router import Router
-from gateway.policies.quality import policy_quality
 from gateway.workers.breaker import BreakerState
 from gateway.workers.registry import WorkerRegistry
 from gateway.workers.worker import Worker
@@ -167,7 +166,7 @@ class RoutingQualityCollector(Collector):
                 miss_tokens.add_metric([*lv, cause], count.tokens)
                 misses.add_metric([*lv, cause], count.requests)
             load_only.add_metric(lv, float(q.guard.tripped))
-            pq = policy_quality(policies[(model, pool)]) if (model, pool) in policies else {}
+            pq = policies[(model, pool)].quality() if (model, pool) in policies else {}
             if "under_predicted" in pq:
                 under.add_metric(lv, pq["under_predicted"])
                 cut.add_metric(lv, pq["corrected_tokens"])

@@ -1,0 +1,61 @@
+"""The inference routes the HTTP front door serves on its one path (``server.http.inference``).
+
+Adding an inference API is one row here: its path, its body's model, its entry point
+in ``endpoints/`` (``(req, ctx) -> Answer | Events``), its admission and a summary for
+the OpenAPI document. The body limit, auth, the disconnect watch, the error shape and
+SSE come with the path; the OpenAPI document describes the row's body.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+from gateway.endpoints import chat as chat_route
+from gateway.endpoints import completions as completions_route
+from gateway.endpoints import native as native_route
+from gateway.endpoints.inspect import Inspector
+from gateway.pipeline.request_context import RequestContext
+from gateway.protocol.chat import ChatCompletionRequest
+from gateway.protocol.completions import CompletionRequest
+from gateway.protocol.embeddings import EmbeddingRequest
+from gateway.protocol.generate import GenerateRequest
+from gateway.protocol.inspect import InspectRequest
+from gateway.protocol.tokens import DetokenizeRequest, TokenizeRequest
+from gateway.server.http.inference import InferenceRoute
+from gateway.server.http.sse import SSE_FRAME
+from gateway.server.state import GatewayState
+
+
+def inference_routes(state: GatewayState) -> tuple[InferenceRoute, ...]:
+    engine = state.engine
+    inspector = Inspector(engine, state.config.policy)
+
+    async def embeddings(req: EmbeddingRequest, ctx: RequestContext) -> dict[str, Any]:
+        return await native_route.embed(engine, req, ctx)
+
+    async def tokenize(req: TokenizeRequest, ctx: RequestContext) -> dict[str, Any]:
+        return await native_route.tokenize(engine, req)
+
+    async def detokenize(req: DetokenizeRequest, ctx: RequestContext) -> dict[str, Any]:
+        return native_route.detokenize(engine, req)
+
+    async def inspect(req: InspectRequest, ctx: RequestContext) -> dict[str, Any]:
+        return (await inspector.inspect(req)).to_dict()
+
+    return (
+        InferenceRoute("/v1/chat/completions", ChatCompletionRequest, partial(chat_route.open, engine, frame=SSE_FRAME),
+                       admit=True, summary="Chat completion (OpenAI)"),
+        InferenceRoute("/v1/completions", CompletionRequest, partial(completions_route.open, engine, frame=SSE_FRAME),
+                       admit="batch", summary="Completion (OpenAI)"),
+        InferenceRoute("/generate", GenerateRequest, partial(native_route.generate, engine),
+                       admit="batch", summary="Generate (SGLang native)"),
+        InferenceRoute("/v1/embeddings", EmbeddingRequest, embeddings, admit="batch", summary="Embeddings (OpenAI)"),
+        # A tokenization costs CPU like a prompt: one admission slot.
+        InferenceRoute("/v1/tokenize", TokenizeRequest, tokenize, admit=True, summary="Tokenize"),
+        InferenceRoute("/v1/detokenize", DetokenizeRequest, detokenize, admit=True, summary="Detokenize"),
+        # The admin key by default (the answer reveals what other tenants' prompts cached);
+        # an admission slot, as it costs a tokenization.
+        InferenceRoute("/admin/inspect", InspectRequest, inspect, admit=True, summary="Inspect a prompt's routing",
+                       auth="inspector"),
+    )  # fmt: skip
