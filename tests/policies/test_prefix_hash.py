@@ -142,3 +142,31 @@ def test_an_idle_worker_takes_the_request_when_the_chosen_one_queues() -> None:
     assert explain(p, prompt, waiting)["reason"] == "idle_worker"
     off = PrefixHashPolicy(load_factor=0, idle_takeover=False)
     assert off.select(prompt, waiting).worker_id == owner
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_new_worker_takes_new_keys_of_its_arcs_while_continuing_ones_stay_for_its_warm_up() -> None:
+    clock = Clock()
+    p = PrefixHashPolicy(warmup_s=30, clock=clock)
+    old, grown = views(4), views(5)
+    prompts = [tokens(300, 500 + i) for i in range(200)]
+    before = {i: p.select(req(x), old).worker_id for i, x in enumerate(prompts)}  # seen: in the window
+    clock.now = 10
+    continuing = {i: p.select(req(x), grown).worker_id for i, x in enumerate(prompts)}
+    assert continuing == before  # every seen key stays where its cache is
+    fresh = [p.select(req(tokens(300, 10_000 + i)), grown).worker_id for i in range(200)]
+    assert "w4" in fresh  # the new worker takes the new keys of its arcs
+    clock.now = 41  # settled: the whole ring, seen or not
+    settled = {i: p.select(req(x), grown).worker_id for i, x in enumerate(prompts)}
+    assert "w4" in settled.values() and all(settled[i] == before[i] for i in settled if settled[i] != "w4")
+    off = PrefixHashPolicy(warmup_s=0)
+    for x in prompts:
+        off.select(req(x), old)
+    assert "w4" in {off.select(req(x), grown).worker_id for x in prompts}

@@ -43,6 +43,7 @@ from gateway.policies.prefix_hash import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_DEPTH_TOKENS,
     DEFAULT_LOAD_FACTOR,
+    DEFAULT_WARMUP_S,
     PrefixHashPolicy,
 )
 from gateway.policies.radix_tree import DEFAULT_BUDGET_TOKENS, DEFAULT_MAX_TOTAL_TOKENS
@@ -83,6 +84,11 @@ class PolicyConfig:
     )
     hash_idle_takeover: bool = option(
         True, "prefix_hash: when the chosen worker's running slots are all taken, an idle worker takes the request"
+    )
+    hash_warmup_s: float = option(
+        DEFAULT_WARMUP_S,
+        "prefix_hash: for this long after a worker joins, keys seen recently (continuing conversations) stay "
+        "where they were and the new worker takes the new keys of its arcs (0 = no warm-up)",
     )
     virtual_nodes: int = option(DEFAULT_VIRTUAL_NODES, "hash ring: virtual nodes per worker")
     load_factor: float = option(
@@ -195,6 +201,7 @@ def make_policy(config: PolicyConfig | None = None, **overrides: Any) -> Policy:
             depth_window=cfg.hash_depth_window,
             depth_max_share=cfg.hash_depth_max_share,
             idle_takeover=cfg.hash_idle_takeover,
+            warmup_s=cfg.hash_warmup_s,
         )
     if name == "consistent_hash":
         return ConsistentHashPolicy(

@@ -129,6 +129,10 @@ class KeyDepths:
                 return i
         return len(keys) - 1
 
+    def seen(self, key: int) -> bool:
+        """Whether a request of the window walked through ``key``."""
+        return key in self._counts
+
     def share(self, key: int) -> float:
         """The share of the last ``window`` requests that walked through ``key``."""
         return self._counts[key] / self.window if self.window else 0.0

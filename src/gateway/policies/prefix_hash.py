@@ -22,6 +22,8 @@ requests in its last polled load): the first idle worker clockwise takes the req
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
 from gateway.policies.base import Decision, RouteRequest, WorkerView
@@ -31,13 +33,14 @@ from gateway.policies.key_depth import (
     DEFAULT_WINDOW,
     KeyDepths,
 )
-from gateway.policies.ring import DEFAULT_VIRTUAL_NODES
+from gateway.policies.ring import DEFAULT_VIRTUAL_NODES, HashRing
 from gateway.policies.ring_policy import RingPolicy
 
 DEFAULT_BLOCK_SIZE = 16
 DEFAULT_DEPTH_TOKENS = 256
 DEFAULT_LOAD_FACTOR = 1.5  # tuned with token-gateway bench policies tune
 IDLE_REASON = "idle_worker"
+DEFAULT_WARMUP_S = 30.0
 
 
 def queues(w: WorkerView) -> bool:
@@ -61,6 +64,8 @@ class PrefixHashPolicy(RingPolicy):
         depth_window: int = DEFAULT_WINDOW,
         depth_max_share: float = DEFAULT_MAX_SHARE,
         idle_takeover: bool = True,
+        warmup_s: float = DEFAULT_WARMUP_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if block_size < 1 or depth_tokens < 1:
             raise ValueError("block_size and depth_tokens must be >= 1")
@@ -71,6 +76,11 @@ class PrefixHashPolicy(RingPolicy):
         self.depth_tokens = depth_tokens
         self.load_factor = load_factor
         self.idle_takeover = idle_takeover
+        self.warmup_s = warmup_s
+        self._clock = clock
+        self._known: set[str] | None = None  # the pool's workers so far (None: not seen yet)
+        self._joined: dict[str, float] = {}  # workers that joined after the first look, and when
+        self._settled = HashRing(virtual_nodes)  # the ring without the workers still warming up
         self.depths = KeyDepths(block_size, depth_tokens, max_depth_tokens, depth_window, depth_max_share)
 
     def key(self, request: RouteRequest, n_workers: int = 0) -> int:
@@ -78,11 +88,38 @@ class PrefixHashPolicy(RingPolicy):
         (without ``n_workers``: at ``depth_tokens``)."""
         return self.depths.route(request.token_ids, n_workers)[-1]
 
+    def _warm_ring(self) -> HashRing | None:
+        """The ring without the workers that joined in the last ``warmup_s``, or None when
+        none is warming up. A key the window has seen is a continuing conversation: during
+        a new worker's warm-up it stays where its cache is, and the new worker takes the new
+        keys of its arcs (its warm-up slice) until it is settled."""
+        members = self.ring.members
+        now = self._clock()
+        if self._known is None:
+            self._known = set(members)  # the pool as first seen: settled
+        elif members != self._known:
+            for wid in members - self._known:
+                self._joined[wid] = now
+            for wid in self._known - members:
+                self._joined.pop(wid, None)
+            self._known = set(members)
+        for wid in [w for w, t in self._joined.items() if now - t >= self.warmup_s]:
+            del self._joined[wid]
+        if not self._joined or self.warmup_s <= 0:
+            return None
+        settled = members - self._joined.keys()
+        if not settled:
+            return None
+        self._settled.set_workers(settled)
+        return self._settled
+
     def _choose(self, request: RouteRequest, cands: list[WorkerView]) -> Decision:
         walked = self.depths.route(request.token_ids, len(self.ring))
         key = walked[-1]
+        warm = self._warm_ring()
+        ring = warm if warm is not None and self.depths.seen(key) else None
         self.depths.record(walked)
-        w, reason, _ = self.walk(key, cands, self.load_limit(cands, self.load_factor))
+        w, reason, _ = self.walk(key, cands, self.load_limit(cands, self.load_factor), ring)
         idle = self._idle_instead(w, key, cands)
         if idle is not None:
             return Decision(idle.worker_id, IDLE_REASON)
