@@ -161,6 +161,8 @@ def test_a_new_worker_takes_new_keys_of_its_arcs_while_continuing_ones_stay_for_
     clock.now = 10
     continuing = {i: p.select(req(x), grown).worker_id for i, x in enumerate(prompts)}
     assert continuing == before  # every seen key stays where its cache is
+    info = explain(p, req(prompts[0]), grown)
+    assert info["warming_workers"] == ["w4"] and info["kept_off_warming_workers"] and info["choice"] == before[0]
     fresh = [p.select(req(tokens(300, 10_000 + i)), grown).worker_id for i in range(200)]
     assert "w4" in fresh  # the new worker takes the new keys of its arcs
     clock.now = 41  # settled: the whole ring, seen or not

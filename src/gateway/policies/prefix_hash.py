@@ -141,7 +141,9 @@ class PrefixHashPolicy(RingPolicy):
         rung = self.depths.pick(keys, len(self.ring))
         key = keys[rung]
         limit = self.load_limit(cands, self.load_factor)
-        w, reason, walked = self.walk(key, cands, limit)
+        warm = self._warm_ring()
+        warming = warm is not None and self.depths.seen(key)
+        w, reason, walked = self.walk(key, cands, limit, warm if warming else None)
         idle = self._idle_instead(w, key, cands)
         return {
             "choice": (idle or w).worker_id,
@@ -151,6 +153,8 @@ class PrefixHashPolicy(RingPolicy):
             "load_limit": limit,
             "block_size": self.block_size,
             "depth_tokens": min(self.depths.depths[rung], len(request.token_ids)),
+            "warming_workers": sorted(self._joined),
+            "kept_off_warming_workers": warming,
             "key_shares": {
                 str(min(d, len(request.token_ids))): round(self.depths.share(k), 4)
                 for d, k in zip(self.depths.depths, keys, strict=False)
