@@ -18,7 +18,7 @@ from gateway_lab.bench.traces import (
 from gateway_lab.bench.workloads import Vocab, ideal_hit_rate
 
 # the public traces live beside the repository (``../shared/traces``), or where the variable says
-TRACE_DIR = Path(os.environ.get("TOKEN_GATEWAY_TRACE_DIR") or Path(__file__).resolve().parents[3] / "shared" / "traces")
+TRACE_DIR = Path(os.environ.get("TOKEN_GATEWAY_TRACE_DIR") or Path(__file__).resolve().parents[4] / "shared" / "traces")
 SHARED_TRACE = TRACE_DIR / "conversation_trace.jsonl"
 
 
