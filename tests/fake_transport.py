@@ -121,6 +121,7 @@ class FakeTransport:
     healthy: bool | BaseException = True
     role: str = "regular"
     bootstrap_port: int | None = None
+    start_time: int = 0  # GetServerInfo start_time, seconds (0: not reported); a restart changes it
     requests: list[pb.GenerateRequest] = field(default_factory=list)
     embed_requests: list[pb.EmbedRequest] = field(default_factory=list)
     calls: list[FakeCall] = field(default_factory=list)
@@ -169,7 +170,10 @@ class FakeTransport:
         args.update({"page_size": 1, "disaggregation_mode": self.role if self.role != "regular" else "null"})
         if self.bootstrap_port is not None:
             args.update({"disaggregation_bootstrap_port": self.bootstrap_port})
-        return pb.GetServerInfoResponse(server_args=args, max_total_num_tokens=100_000)
+        reply = pb.GetServerInfoResponse(server_args=args, max_total_num_tokens=100_000)
+        if self.start_time:
+            reply.start_time.FromSeconds(self.start_time)
+        return reply
 
     async def loads(self, *, timeout: float = 2.0, include: Sequence[str] = ("core",)) -> pb.GetLoadsResponse:
         return pb.GetLoadsResponse()

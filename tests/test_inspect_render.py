@@ -30,3 +30,14 @@ def test_worker_addresses_are_never_cut_at_80_columns() -> None:
     console.print(_workers(answer))
     shown = console.export_text()
     assert all(w in shown for w in ids), shown
+
+
+def test_the_quality_table_shows_misses_by_cause_largest_first() -> None:
+    base: dict[str, object] = {"offered_prompts": 3, "ideal_hit_rate": 0.5, "achieved_hit_rate": 0.4,
+                               "predicted_hit_rate": 0.4, "finished": 3}
+    assert "misses by cause" not in text(base)
+    causes = {"first_sight": {"requests": 3, "tokens": 300}, "evicted": {"requests": 1, "tokens": 100},
+              "in_prefill": {"requests": 0, "tokens": 0}, "_requests": 4, "_missed_requests": 4}
+    shown = text({**base, "miss_causes": causes})
+    assert "misses by cause" in shown and "in_prefill" not in shown
+    assert shown.index("first_sight 300 tokens (75%, 3 requests)") < shown.index("evicted 100 tokens (25%, 1 requests)")

@@ -108,6 +108,13 @@ def _quality(q: dict[str, Any]) -> Table:
     for hp in q.get("hot_prefixes") or []:
         t.add_row("hot prefix", f"{hp['key']}: {100 * hp['share']:.0f}% of requests, {hp['replicas']} replicas "
                   f"on {', '.join(hp['holders'][: hp['replicas']]) or '-'}")
+    causes = {k: v for k, v in (q.get("miss_causes") or {}).items() if not k.startswith("_") and v.get("tokens")}
+    if causes:
+        total = sum(v["tokens"] for v in causes.values()) or 1
+        t.add_row("misses by cause", "; ".join(
+            f"{cause} {v['tokens']:,} tokens ({100 * v['tokens'] / total:.0f}%, {v['requests']:,} requests)"
+            for cause, v in sorted(causes.items(), key=lambda kv: -kv[1]["tokens"])
+        ))
     guard = "load only (workers' prompt_tokens disagree)" if q.get("load_only") else "agree"
     t.add_row("tokenizer", f"{guard}; {q.get('tokenizer_mismatches', 0):,} mismatches")
     return t

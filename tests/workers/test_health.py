@@ -76,3 +76,31 @@ async def test_a_probe_that_times_out_while_the_streams_progress_is_not_a_failur
     for _ in range(CONFIG.health_failure_threshold):  # silent and failing: counted as before
         await monitor.probe(w)
     assert not w.healthy
+
+
+async def test_a_worker_back_with_a_new_start_time_was_restarted_and_its_tree_share_goes() -> None:
+    t, other = FakeTransport("grpc://w:1", start_time=1000), FakeTransport("grpc://w:2", start_time=1000)
+    f = await fleet(t, other, policy="cache_aware")
+    w, w2 = f.worker("w:1"), f.worker("w:2")
+    assert w.info.start_time == 1000.0
+    policy = f.router.policy(w.model, "regular")
+    tree = policy.tree(w.model)  # type: ignore[attr-defined]
+    prompt = list(range(1, 200))
+    tree.insert(prompt, w.id)
+    tree.insert(prompt, w2.id)
+    events: list[str] = []
+    f.registry.subscribe(lambda event, worker: events.append(f"{event} {worker.id}"))
+    monitor = HealthMonitor(f.registry, CONFIG)
+    for target, transport in ((w, t), (w2, other)):  # both go down; only w:1 comes back as a new process
+        transport.healthy = rpc_error(CallCode.UNAVAILABLE)
+        await monitor.probe(target)
+        await monitor.probe(target)
+        transport.healthy = True
+        assert not target.healthy
+    t.start_time = 2000
+    for _ in range(2):
+        await monitor.probe(w)
+        await monitor.probe(w2)
+    assert w.healthy and w2.healthy and w.info.start_time == 2000.0
+    assert events == ["restarted w:1"]
+    assert tree.worker_tokens(w.id) == 0 and tree.worker_tokens(w2.id) == 199  # at once, w:2's share stays

@@ -147,6 +147,9 @@ class RoutingQualityCollector(Collector):
         hot = g("token_gateway_routing_hot_prefixes", "shared prefixes held on more than one worker because of their load share", labels=labels)
         qweight = g("token_gateway_routing_queued_prefill_weight", "cache_aware's current weight of queued prefill (0.5 while no offered prefix is hot, 1.0 once one is)", labels=labels)
         dfill = g("token_gateway_routing_decode_fill", "cache_aware's share of running requests' max_tokens counted as decode owed (decoded / max_tokens of recent finishes; 1 with exact lengths)", labels=labels)
+        cause_labels = ["model", "pool", "cause"]
+        miss_tokens = c("token_gateway_routing_miss_tokens", "prompt tokens the workers had to prefill, by why the cache missed them (first_sight, in_prefill, evicted, new_worker, spilled_for_load, held_elsewhere)", labels=cause_labels)
+        misses = c("token_gateway_routing_misses", "requests that missed part of their prompt, by the cause of their first missed block", labels=cause_labels)
         changed = c("token_gateway_worker_cache_params_changes", "times a worker's page size or KV capacity changed", labels=["worker"])
         policies = self._router.policies()
         for (model, pool), q in self._router.qualities().items():
@@ -159,6 +162,9 @@ class RoutingQualityCollector(Collector):
             ideal_ratio.add_metric(lv, q.offered.ideal_hit_rate)
             achieved_ratio.add_metric(lv, q.reported_cached_tokens / q.prompt_tokens if q.prompt_tokens else 0.0)
             mismatch.add_metric(lv, q.guard.mismatches)
+            for cause, count in q.misses.counts.items():
+                miss_tokens.add_metric([*lv, cause], count.tokens)
+                misses.add_metric([*lv, cause], count.requests)
             load_only.add_metric(lv, float(q.guard.tripped))
             pq = policies[(model, pool)].quality() if (model, pool) in policies else {}
             if "under_predicted" in pq:
@@ -174,7 +180,7 @@ class RoutingQualityCollector(Collector):
         for worker, n in self._router.cache_param_changes.items():
             changed.add_metric([worker], n)
         yield from (offered, ideal, sent, reported, predicted, ideal_ratio, achieved_ratio, mismatch, load_only,
-                    under, cut, over, hot, qweight, dfill, changed)
+                    under, cut, over, hot, qweight, dfill, miss_tokens, misses, changed)
         yield from self._prefill_gate()
 
     def _prefill_gate(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:

@@ -213,7 +213,7 @@ class Lease:
             self._router.finished(
                 self.route, self.selection.role, predicted_cached=self.selection.decision.predicted_cached_tokens,
                 reported_cached=self.cached_tokens, sent_prompt=self.sent_prompt_tokens,
-                reported_prompt=self.reported_prompt_tokens, success=success,
+                reported_prompt=self.reported_prompt_tokens, success=success, miss=self.selection.miss,
             )
             self._observer.stage(self._stage, time.perf_counter() - self._started_at)
             self._observer.worker_done(
@@ -223,4 +223,6 @@ class Lease:
                 sent_prompt=self.sent_prompt_tokens, reported_prompt=self.reported_prompt_tokens,
                 aborted=aborted,
             )
+        else:
+            self._router.abandoned(self.route, self.selection.role, self.selection.miss)
         return True

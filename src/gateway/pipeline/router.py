@@ -21,6 +21,7 @@ from gateway.pipeline.offpath import later
 from gateway.pipeline.prefill_gate import PrefillHolds
 from gateway.policies.base import Decision, NoWorkerAvailable, Policy, RouteRequest, WorkerView
 from gateway.policies.factory import close_policy
+from gateway.policies.miss_causes import DEFAULT_BLOCK_TOKENS, MissCauses, MissTicket
 from gateway.policies.quality import DEFAULT_SKETCH_TOKENS, OfferedPrefixes, PoolQuality
 from gateway.sync.policy_tap import DecisionSink, TappedPolicy
 from gateway.workers.registry import WorkerRegistry
@@ -38,6 +39,7 @@ class Selection:
     policy: Policy  # the one the lease notifies (the pool's own, or its sync tap)
     role: str = "regular"
     prompt: bytes = b""  # the prompt packed as uint32 (cache-aware policies; the prefill gate compares it)
+    miss: MissTicket | None = None  # the miss ledger's view of this dispatch (misses by cause)
 
 
 class Router:
@@ -89,21 +91,31 @@ class Router:
         q = self._quality.get(key)
         if q is None:
             page = max((w.info.page_size for w in self.registry.pool(model, role)), default=1)
-            q = self._quality[key] = PoolQuality(offered=OfferedPrefixes(self._sketch_tokens, page))
+            q = self._quality[key] = PoolQuality(
+                offered=OfferedPrefixes(self._sketch_tokens, page), misses=MissCauses(max(DEFAULT_BLOCK_TOKENS, page))
+            )
         return q
 
     def qualities(self) -> dict[tuple[str, str], PoolQuality]:
         return dict(self._quality)
 
+    def abandoned(self, route: RouteRequest, role: str, miss: MissTicket | None) -> None:
+        """A worker stream of ``route`` ended before any output (its lease calls this instead
+        of ``finished``): the miss ledger lets go of it, nothing is charged."""
+        if miss is not None:
+            later(self.quality(route.model, role).misses.abandoned, miss)
+
     def finished(
         self, route: RouteRequest, role: str, *, predicted_cached: int, reported_cached: int,
-        sent_prompt: int, reported_prompt: int, success: bool,
+        sent_prompt: int, reported_prompt: int, success: bool, miss: MissTicket | None = None,
     ) -> None:
         """One worker stream of ``route`` ended with what the worker reported (its lease
         calls this once)."""
         q = self.quality(route.model, role)
         q.finish(sent_prompt=sent_prompt, predicted_cached=predicted_cached,
                  reported_cached=reported_cached, success=success)
+        if miss is not None:
+            later(q.misses.finished, miss, reported_cached, success)
         if not success:
             return
         changed = q.guard.check(sent_prompt, reported_prompt)
@@ -150,9 +162,19 @@ class Router:
 
     def _on_registry_change(self, event: str, worker: Worker) -> None:
         key = (worker.model, worker.role)
+        q = self._quality.get(key)
+        if q is not None:  # the pool's first workers join before its ledger exists: never "new"
+            if event == "added":
+                q.misses.joined(worker.id)
+            elif event in ("removed", "restarted"):
+                q.misses.forget_worker(worker.id)
         policy = self._policies.get(key)
-        if policy is not None:
-            policy.on_workers_changed([w.view() for w in self._live(*key)])
+        if policy is None:
+            return
+        views = [w.view() for w in self._live(*key)]
+        if event == "restarted":  # leave, then join again: what was learned of its cache goes
+            policy.on_workers_changed([v for v in views if v.worker_id != worker.id])
+        policy.on_workers_changed(views)
 
     def select(self, request: RouteRequest, role: str = "regular") -> Selection:
         """Pick a worker of ``role`` for ``request``; raises NoWorkerAvailable.
@@ -183,7 +205,9 @@ class Router:
         if worker is None:
             raise NoWorkerAvailable(f"policy {policy.name} chose unknown worker {decision.worker_id!r}")
         notified = self._dispatching(request.model, role) if self._sink is not None else policy
-        return Selection(worker, decision, notified, role, prompt)
+        miss = MissTicket(worker.id, request.token_ids, decision.reason)
+        later(self.quality(request.model, role).misses.dispatched, miss)
+        return Selection(worker, decision, notified, role, prompt, miss)
 
     def exclude(self, request: RouteRequest, worker_id: str) -> RouteRequest:
         return replace(request, exclude=request.exclude | {worker_id})

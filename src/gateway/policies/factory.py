@@ -36,10 +36,14 @@ from gateway.policies.cache_aware import (
     CostKnobs,
 )
 from gateway.policies.consistent_hash import FALLBACKS, ConsistentHashPolicy
+from gateway.policies.key_depth import DEFAULT_MAX_SHARE as DEFAULT_DEPTH_MAX_SHARE
+from gateway.policies.key_depth import DEFAULT_MAX_TOKENS as DEFAULT_MAX_DEPTH_TOKENS
+from gateway.policies.key_depth import DEFAULT_WINDOW as DEFAULT_DEPTH_WINDOW
 from gateway.policies.prefix_hash import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_DEPTH_TOKENS,
     DEFAULT_LOAD_FACTOR,
+    DEFAULT_WARMUP_S,
     PrefixHashPolicy,
 )
 from gateway.policies.radix_tree import DEFAULT_BUDGET_TOKENS, DEFAULT_MAX_TOTAL_TOKENS
@@ -65,6 +69,26 @@ class PolicyConfig:
     hash_block_size: int = option(DEFAULT_BLOCK_SIZE, "prefix_hash/consistent_hash: tokens per hashed block")
     hash_depth_tokens: int = option(
         DEFAULT_DEPTH_TOKENS, "prefix_hash: prompt tokens (whole blocks, capped by the prompt) that form the ring key"
+    )
+    hash_max_depth_tokens: int = option(
+        DEFAULT_MAX_DEPTH_TOKENS, "prefix_hash: deepest key it may go to when shallower keys are too common"
+    )
+    hash_depth_window: int = option(
+        DEFAULT_DEPTH_WINDOW,
+        "prefix_hash: recent requests over which a key's share is measured; a key carrying over "
+        "--hash-depth-max-share of them is too common and the key goes deeper (0 = fixed depth)",
+    )
+    hash_depth_max_share: float = option(
+        DEFAULT_DEPTH_MAX_SHARE,
+        "prefix_hash: share of the recent requests above which a key says nothing (never below one worker's share)",
+    )
+    hash_idle_takeover: bool = option(
+        True, "prefix_hash: when the chosen worker's running slots are all taken, an idle worker takes the request"
+    )
+    hash_warmup_s: float = option(
+        DEFAULT_WARMUP_S,
+        "prefix_hash: for this long after a worker joins, keys seen recently (continuing conversations) stay "
+        "where they were and the new worker takes the new keys of its arcs (0 = no warm-up)",
     )
     virtual_nodes: int = option(DEFAULT_VIRTUAL_NODES, "hash ring: virtual nodes per worker")
     load_factor: float = option(
@@ -173,6 +197,11 @@ def make_policy(config: PolicyConfig | None = None, **overrides: Any) -> Policy:
             depth_tokens=cfg.hash_depth_tokens,
             virtual_nodes=cfg.virtual_nodes,
             load_factor=cfg.load_factor,
+            max_depth_tokens=cfg.hash_max_depth_tokens,
+            depth_window=cfg.hash_depth_window,
+            depth_max_share=cfg.hash_depth_max_share,
+            idle_takeover=cfg.hash_idle_takeover,
+            warmup_s=cfg.hash_warmup_s,
         )
     if name == "consistent_hash":
         return ConsistentHashPolicy(

@@ -30,6 +30,7 @@ from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from gateway.policies.miss_causes import MissCauses
 from gateway.policies.radix_tree import RadixTree, pack
 
 DEFAULT_SKETCH_TOKENS = 1 << 22  # 4 Mi tokens: well above the KV of a typical pool's hot set
@@ -124,6 +125,7 @@ class PoolQuality:
     prompt_tokens: int = 0  # of successful streams, as sent
     predicted_cached_tokens: int = 0
     reported_cached_tokens: int = 0
+    misses: MissCauses = field(default_factory=MissCauses)
 
     def finish(self, *, sent_prompt: int, predicted_cached: int, reported_cached: int, success: bool) -> None:
         if not success:
@@ -150,4 +152,5 @@ class PoolQuality:
             "achieved_hit_rate": round(self.reported_cached_tokens / sent, 4) if sent else 0.0,
             "tokenizer_mismatches": self.guard.mismatches,
             "load_only": self.guard.tripped,
+            "miss_causes": self.misses.snapshot(),
         }

@@ -62,13 +62,14 @@ class RingPolicy(BasePolicy):
         return max(1, math.ceil(load_factor * (total + 1) / len(cands)))
 
     def walk(
-        self, key: int, cands: list[WorkerView], limit: int | None
+        self, key: int, cands: list[WorkerView], limit: int | None, ring: HashRing | None = None
     ) -> tuple[WorkerView, str, list[str]]:
-        """First candidate clockwise from ``key`` under ``limit``; (worker, reason, walked ids)."""
+        """First candidate clockwise from ``key`` under ``limit`` (on ``ring``, default the
+        pool's); (worker, reason, walked ids)."""
         by_id = {w.worker_id: w for w in cands}
         walked: list[str] = []
         skipped_for_load = False
-        for wid in self.ring.walk(key):
+        for wid in (ring or self.ring).walk(key):
             walked.append(wid)
             w = by_id.get(wid)
             if w is None:

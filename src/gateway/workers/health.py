@@ -22,7 +22,7 @@ from gateway.workers.breaker import CircuitBreaker
 from gateway.workers.periodic import Periodic
 from gateway.workers.registry import WorkerRegistry
 from gateway.workers.transport import WorkerCallError
-from gateway.workers.worker import Worker
+from gateway.workers.worker import Worker, start_time_of
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +103,7 @@ class HealthMonitor(Periodic):
                 # The probes proved it back; its breaker's record is from before the outage.
                 worker.breaker.reset()
                 log.info("worker %s is healthy again; back in rotation", worker.id)
+                await self._check_restart(worker)
         elif worker.progress.last_message_at >= started:
             # Its streams kept delivering while the probe waited: a busy worker (a real
             # worker's probe is a generation queued behind the burst), not a dead one.
@@ -117,6 +118,24 @@ class HealthMonitor(Periodic):
                     worker.id, worker.failures, reason,
                 )
         return ok
+
+    async def _check_restart(self, worker: Worker) -> None:
+        """After an outage: a worker whose start time changed was restarted, its cache is
+        empty, and the policies must forget what they learned of it now, not as eviction
+        or the closed loop get to it."""
+        try:
+            info = await worker.client.server_info(timeout=self.config.health_check_timeout_s)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # no evidence either way: keep what is known
+            log.debug("worker %s: GetServerInfo after recovery failed: %s", worker.id, exc)
+            return
+        started = start_time_of(info)
+        if started and worker.info.start_time and started != worker.info.start_time:
+            worker.info.start_time = started
+            self.registry.restarted(worker)
+        elif started:
+            worker.info.start_time = started
 
     async def check_once(self) -> None:
         now = time.monotonic()

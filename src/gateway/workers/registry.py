@@ -20,7 +20,7 @@ from gateway.workers.worker import Worker, WorkerInfo
 
 log = logging.getLogger(__name__)
 
-ChangeListener = Callable[[str, Worker], None]  # ("added" | "removed", worker)
+ChangeListener = Callable[[str, Worker], None]  # ("added" | "removed" | "restarted", worker)
 Connect = Callable[[str, TlsOptions | None, str | None], WorkerTransport]  # (url, tls, api key)
 
 
@@ -69,6 +69,12 @@ class WorkerRegistry:
     def _notify(self, event: str, worker: Worker) -> None:
         for listener in self._listeners:
             listener(event, worker)
+
+    def restarted(self, worker: Worker) -> None:
+        """The worker's process was restarted behind the same address: its cache is empty."""
+        if self._workers.get(worker.id) is worker and not worker.draining:
+            log.info("worker %s restarted: what the gateway learned of its cache is dropped", worker.id)
+            self._notify("restarted", worker)
 
     async def add(
         self,

@@ -59,6 +59,7 @@ class WorkerInfo:
     sampling_defaults_mode: str = ""  # server_args.sampling_defaults ("model" or "openai"; "": not reported)
     default_sampling_json: str = ""  # GetModelInfo default_sampling_params_json, as sent
     gateway_instance: str = ""  # set when the "worker" is a token-gateway's pass-through (GATEWAY_INSTANCE_ARG)
+    start_time: float = 0.0  # GetServerInfo start_time, seconds (0: not reported): a restart changes it
 
     @classmethod
     def from_replies(
@@ -97,6 +98,7 @@ class WorkerInfo:
             sampling_defaults_mode=str(args.get("sampling_defaults") or ""),
             default_sampling_json=model_info.default_sampling_params_json,
             gateway_instance=str(args.get(GATEWAY_INSTANCE_ARG) or ""),
+            start_time=start_time_of(server_info),
         )
 
     def learn_page_size(self, block_size: int) -> bool:
@@ -126,6 +128,13 @@ def _page_size(args: dict[str, object], sched: dict[str, object]) -> tuple[int, 
     if reported is not None:
         return reported, "scheduler_info.page_size"
     return 1, PAGE_SIZE_UNKNOWN
+
+
+def start_time_of(server_info: pb.GetServerInfoResponse) -> float:
+    """When the worker process started, from GetServerInfo (0.0 when it does not say)."""
+    if not server_info.HasField("start_time"):
+        return 0.0
+    return server_info.start_time.seconds + server_info.start_time.nanos / 1e9
 
 
 class Worker:

@@ -21,6 +21,7 @@ from typing import Any
 
 from gateway.settings import add_options, from_namespace, option
 from gateway_lab.bench.driver import DriverConfig
+from gateway_lab.bench.traces import TraceConfig
 from gateway_lab.bench.workloads import ChatConfig, GspConfig, LongMixConfig
 
 WORKLOADS = ["gsp", "chat", "long-mix", "trace"]
@@ -32,7 +33,10 @@ class BenchConfig:
 
     target: list[str] = option([], "LABEL=URL of each gateway to drive, in turn")
     workload: str = option("gsp", "workload to generate (or 'trace' to replay --trace)", choices=WORKLOADS)
-    trace: str = option("", "JSONL trace to replay with --workload trace")
+    trace: str = option(
+        "", "JSONL trace to replay with --workload trace: a saved workload, Mooncake's format (hash_ids) "
+        "or prompts with timestamps (scaled by the 'trace scaling' options)"
+    )
     trace_times: bool = option(True, "replay a trace at its timestamps (else closed loop)")
     save_trace: str = option("", "write the workload to this JSONL trace before running")
     seed: int = option(0, "workload seed")
@@ -49,6 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ("gsp workload", GspConfig),
         ("chat workload", ChatConfig),
         ("long-mix workload", LongMixConfig),
+        ("trace scaling (Mooncake and timestamped traces)", TraceConfig),
     ):
         add_options(parser.add_argument_group(title), cls)
 
@@ -60,6 +65,13 @@ def build_workload(config: BenchConfig, args: argparse.Namespace) -> Any:
     if config.workload == "trace":
         if not config.trace:
             raise SystemExit("--workload trace needs --trace FILE")
+        from gateway_lab.bench.traces import is_foreign_trace, load_trace_workload
+
+        if is_foreign_trace(config.trace):
+            scaling = from_namespace(TraceConfig, args)
+            if not config.trace_times:
+                scaling.time_scale = 0.0
+            return load_trace_workload(config.trace, scaling, wl.Vocab.from_tokenizer_dir(config.tokenizer_dir or None))
         return wl.load_trace(config.trace, use_times=config.trace_times)
     vocab = wl.Vocab.from_tokenizer_dir(config.tokenizer_dir or None)
     if config.workload == "gsp":

@@ -4,6 +4,10 @@
   ``python -m gateway_lab.bench``);
 * ``matrix``: every policy on every workload against simulated fleets of several
   sizes, with the oracle and optional peers (``bench/matrix.py``);
+* ``trace``: a public trace (Mooncake's format, or JSONL prompts with timestamps)
+  through each policy on two differently built fleets (``bench/trace_bench.py``);
+* ``elastic``: workers added and removed under load, a steady run beside it
+  (``bench/elastic.py``);
 * one scenario each (``bench/scenarios/``): a fixed measurement on a fleet and gateway
   it starts itself, printing its figures (and JSON where it has a ``--json`` flag).
 
@@ -22,6 +26,8 @@ HELP = "benchmarks: drive running gateways (run), the policy x workload x fleet 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "run": ("gateway_lab.bench.cli", "drive a workload through running gateways and compare them"),
     "matrix": ("gateway_lab.bench.matrix", "every policy x workload x fleet size on simulated fleets (+ oracle, peers)"),
+    "trace": ("gateway_lab.bench.trace_bench", "replay a public trace through each policy on two fleet builds, with its ideals"),
+    "elastic": ("gateway_lab.bench.elastic", "a fleet growing and shrinking under load: time to fair share, hit rate"),
 }
 
 

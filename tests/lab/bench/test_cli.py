@@ -44,3 +44,20 @@ def test_chat_ideal_is_rendered_from_what_was_sent(tmp_path) -> None:
     assert code == 0
     run = json.loads(out.read_text())["runs"][0]
     assert run["ok"] == 6 and 0.3 < run["ideal_hit_rate"] < 1.0
+
+
+def test_a_mooncake_trace_replays_scaled_with_its_ideal(tmp_path) -> None:
+    trace, out = tmp_path / "mooncake.jsonl", tmp_path / "m.json"
+    lines = [
+        {"timestamp": 0, "input_length": 1024, "output_length": 64, "hash_ids": [0, 1]},
+        {"timestamp": 40, "input_length": 1536, "output_length": 64, "hash_ids": [0, 1, 2]},
+        {"timestamp": 80, "input_length": 1024, "output_length": 64, "hash_ids": [0, 3]},
+    ]
+    trace.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    with fake_in_thread(FakeState()) as url:
+        code = cli.run(_args("--target", f"m={url}", "--workload", "trace", "--trace", str(trace),
+                             "--block-tokens", "16", "--page-size", "16", "--time-scale", "0.5", "--json", str(out)))
+    assert code == 0
+    run = json.loads(out.read_text())["runs"][0]
+    # 32 + 48 + 32 prompt tokens; the second hits its first 32, the third its first 16
+    assert run["ok"] == 3 and run["ideal_hit_rate"] == (32 + 16) / 112

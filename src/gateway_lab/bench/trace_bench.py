@@ -1,0 +1,260 @@
+"""`token-gateway bench trace`: replay a public trace through each policy on two fleets.
+
+    token-gateway bench trace --trace conversation_trace.jsonl --policies round_robin cache_aware prefix_hash
+
+Every (fleet, policy) cell gets a fresh, cold simulated fleet, an in-process gateway with
+that policy (real HTTP and gRPC on loopback, as ``bench matrix``) and the same scaled
+trace, sent at its own (scaled) arrival times. The table puts each policy's hit rate
+next to the trace's own ideals: unbounded, and within the fleet's total KV
+(``traces.bounded_ideal_hit_rate``).
+
+Why two fleets: a routing gain that depends on one simulator's timing is no gain. The
+fleets differ in what a routing policy could overfit: KV page size, KV capacity, running
+slots and the prefill/decode cost model (``FLEETS``). A claim holds when it holds on both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gateway.settings import add_options, from_namespace, option
+from gateway_lab.bench.traces import TraceConfig, TraceIdeals, load_trace_workload, trace_ideals
+
+
+@dataclass(frozen=True, slots=True)
+class FleetShape:
+    """The simulated workers' build: page size, KV, slots and step costs."""
+
+    page_size: int
+    kv_capacity_tokens: int
+    max_running_requests: int
+    step_base_s: float
+    prefill_token_s: float
+    decode_seq_s: float
+
+
+FLEETS: dict[str, FleetShape] = {
+    # the simulator's own cost model (a small model on one GPU)
+    "sim": FleetShape(16, 50_000, 64, 0.002, 20e-6, 0.0002),
+    # another build: 2x larger pages, less KV, fewer slots, prefill 3x dearer, decode cheaper
+    "sim-alt": FleetShape(32, 40_000, 24, 0.006, 60e-6, 0.0001),
+}
+TRACE_POLICIES = ["round_robin", "cache_aware", "prefix_hash"]
+
+
+@dataclass(slots=True)
+class TraceBenchConfig:
+    """Which trace, which policies, which fleets."""
+
+    trace: str = option("", "trace file: Mooncake JSONL (hash_ids) or JSONL prompts with timestamps")
+    policies: list[str] = option(
+        list(TRACE_POLICIES), "policies to compare (NAME:knob=value,... sets knobs, as bench matrix)"
+    )
+    fleets: list[str] = option(list(FLEETS), "fleet builds to run every policy on", choices=list(FLEETS))
+    workers: int = option(8, "simulated workers per fleet")
+    per_worker_concurrency: int = option(32, "requests in flight per worker at most (arrivals are timed)")
+    time_scale_sim: float = option(1.0, "wall seconds per simulated second of the workers")
+    run_timeout_s: float = option(600.0, "wall-time limit of one cell, s")
+    request_timeout_s: float = option(120.0, "give up on one request after this many s")
+    json_out: str = option("", "write every cell's figures as JSON to this file", flag="--json")
+    markdown: str = option("", "write the table as Markdown to this file")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_options(parser.add_argument_group("trace bench"), TraceBenchConfig)
+    add_options(parser.add_argument_group("trace scaling"), TraceConfig)
+
+
+def matrix_config(bench: TraceBenchConfig, shape: FleetShape) -> Any:
+    """The ``bench matrix`` cell settings that build fleet ``shape``."""
+    from gateway_lab.bench.matrix import MatrixConfig
+
+    return MatrixConfig(
+        workloads=[], workers=[bench.workers], policies=list(bench.policies),
+        per_worker_concurrency=bench.per_worker_concurrency, kv_capacity_tokens=shape.kv_capacity_tokens,
+        page_size=shape.page_size, max_running_requests=shape.max_running_requests,
+        step_base_s=shape.step_base_s, prefill_token_s=shape.prefill_token_s, decode_seq_s=shape.decode_seq_s,
+        time_scale=bench.time_scale_sim, run_timeout_s=bench.run_timeout_s,
+        request_timeout_s=bench.request_timeout_s,
+    )  # fmt: skip
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{1000 * x:,.0f}"
+
+
+def cell_row(fleet: str, cell: Any, ideals: TraceIdeals) -> list[str]:
+    """fleet, policy, hit, of fleet-KV ideal, TTFT p50 / p99, max/mean requests per worker, idle, ok."""
+    s = cell.summary
+    if s is None:
+        return [fleet, cell.policy, "failed: " + cell.error.splitlines()[0][:60], *["-"] * 5]
+    per_worker = list(s.spread.per_worker.values()) if s.spread else []
+    mean = sum(per_worker) / len(per_worker) if per_worker else 0.0
+    return [
+        fleet, cell.policy, _pct(s.hit_rate),
+        f"{s.hit_rate / ideals.fleet_kv:.2f}" if ideals.fleet_kv else "-",
+        f"{_ms(s.ttft_p50_s)} / {_ms(s.ttft_p99_s)}",
+        f"{max(per_worker) / mean:.2f}" if mean else "-",
+        str(sum(1 for n in per_worker if n == 0)),
+        f"{s.ok}/{s.requests + s.not_sent}",
+    ]  # fmt: skip
+
+
+HEADER = ["fleet", "policy", "hit", "of fleet-KV ideal", "TTFT p50 / p99 ms", "max/mean req per worker",
+          "idle workers", "ok"]  # fmt: skip
+
+
+def ideals_line(fleet: str, shape: FleetShape, ideals: TraceIdeals) -> str:
+    return (
+        f"{fleet}: page {shape.page_size}, {shape.kv_capacity_tokens:,} KV tokens per worker: ideal hit "
+        f"{_pct(ideals.unbounded)} unbounded, {_pct(ideals.fleet_kv)} within the fleet's "
+        f"{ideals.fleet_kv_tokens:,} KV tokens"
+    )
+
+
+async def run_trace_cell(
+    workload: Any, policy: str, config: Any, tokenizer_dir: str, scratch: str, ideal: float
+) -> tuple[Any, dict[str, Any]]:
+    """One cell as ``bench matrix`` runs it, plus the gateway's misses by cause at the end."""
+    from gateway.pipeline.offpath import run_pending
+    from gateway.server.config import GatewayConfig, ServerConfig
+    from gateway_lab.bench.driver import DriverConfig, run_workload
+    from gateway_lab.bench.inprocess import serve_in_process
+    from gateway_lab.bench.matrix import Cell, parse_variant, sim_config, sim_figures, split_knobs
+    from gateway_lab.bench.report import summarize
+    from gateway_lab.sim.fleet import SimFleet
+
+    workers = config.workers[0]
+    driver = DriverConfig(
+        concurrency=config.per_worker_concurrency * workers, duration_s=config.run_timeout_s,
+        request_timeout_s=config.request_timeout_s,
+    )  # fmt: skip
+    name, knobs = parse_variant(policy)
+    knobs, gate = split_knobs(knobs)
+    misses: dict[str, Any] = {}
+    async with SimFleet.start(workers, sim_config(config)) as fleet:
+        gw = GatewayConfig(
+            server=ServerConfig(
+                worker_urls=fleet.urls, tokenizer_path=tokenizer_dir, tokenizer_cache_dir=scratch, log_level="warning"
+            )
+        )
+        gw.policy = dataclasses.replace(gw.policy, policy=name, **knobs)
+        gw.dispatch = dataclasses.replace(gw.dispatch, **gate)
+        async with serve_in_process(gw) as served:
+            run = await run_workload(served.url, workload, driver, label=policy)
+            run_pending()
+            for (_, pool), q in served.state.router.qualities().items():
+                if pool == "regular":
+                    misses = q.misses.snapshot()
+        stats = fleet.stats()
+    run.worker_counters = {str(s["url"]): s for s in stats}
+    summary = summarize(run, ideal_hit_rate=ideal, worker_ids=[str(s["url"]) for s in stats])
+    cell = Cell(workload.name, workers, policy, "ours", summary, sim_figures(stats, run.wall_s, summary.completion_tokens))
+    return cell, misses
+
+
+def misses_line(fleet: str, policy: str, misses: dict[str, Any]) -> str:
+    """The prefill tokens each miss cause cost, largest first."""
+    causes = {k: v["tokens"] for k, v in misses.items() if not k.startswith("_") and v.get("tokens")}
+    total = sum(causes.values()) or 1
+    parts = [f"{k} {100 * n / total:.0f}%" for k, n in sorted(causes.items(), key=lambda kv: -kv[1])]
+    return f"{fleet} {policy}: missed {total:,} prompt tokens: " + (", ".join(parts) or "none")
+
+
+async def run_trace_bench(
+    bench: TraceBenchConfig, trace: TraceConfig, console: Any, tokenizer_dir: str
+) -> tuple[list[tuple[str, Any, TraceIdeals]], list[str]]:
+    from gateway_lab.bench.workloads import Vocab
+
+    workload = load_trace_workload(bench.trace, trace, Vocab.from_tokenizer_dir(tokenizer_dir))
+    span = max((s.arrival_s or 0.0) for s in workload)
+    console.print(
+        f"{workload.name}: {len(workload)} requests over {span:.0f} s ({len(workload) / max(span, 1e-9):.1f} req/s), "
+        f"mean prompt {sum(len(s.prompt_token_ids or ()) for s in workload) / len(workload):.0f} tokens"
+    )
+    import tempfile
+
+    rows: list[tuple[str, Any, TraceIdeals]] = []
+    lines: list[str] = []
+    miss_lines: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="token-gateway-trace-") as scratch:
+        for fleet in bench.fleets:
+            shape = FLEETS[fleet]
+            ideals = trace_ideals(workload, shape.page_size, shape.kv_capacity_tokens * bench.workers)
+            lines.append(ideals_line(fleet, shape, ideals))
+            console.print(lines[-1])
+            config = matrix_config(bench, shape)
+            for policy in bench.policies:
+                start = time.monotonic()
+                try:
+                    cell, misses = await run_trace_cell(workload, policy, config, tokenizer_dir, scratch, ideals.unbounded)
+                    cell.sim["miss_causes"] = misses
+                    miss_lines.append(misses_line(fleet, policy, misses))
+                except (RuntimeError, OSError, ValueError) as exc:
+                    from gateway_lab.bench.matrix import Cell
+
+                    cell = Cell(workload.name, bench.workers, policy, "ours", None, error=str(exc)[:2000])
+                rows.append((fleet, cell, ideals))
+                row = cell_row(fleet, cell, ideals)
+                console.print(" | ".join(row) + f"  ({time.monotonic() - start:.0f} s)")
+    return rows, lines + miss_lines
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from gateway_lab.bench.machine import facts
+    from gateway_lab.bench.workloads import default_tokenizer_dir
+
+    bench = from_namespace(TraceBenchConfig, args)
+    trace = from_namespace(TraceConfig, args)
+    if not bench.trace or not Path(bench.trace).is_file():
+        raise SystemExit("give --trace FILE (a Mooncake trace or JSONL prompts with timestamps)")
+    if not bench.policies or bench.workers < 1:
+        raise SystemExit("give at least one policy and one worker")
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=160)
+    started = facts()
+    try:
+        rows, lines = asyncio.run(run_trace_bench(bench, trace, console, str(default_tokenizer_dir())))
+    except KeyboardInterrupt:
+        console.print("interrupted")
+        return 130
+    table = Table(title=f"trace {Path(bench.trace).name}", title_justify="left")
+    for i, h in enumerate(HEADER):
+        table.add_column(h, justify="left" if i < 2 else "right")
+    rendered = [cell_row(fleet, cell, ideals) for fleet, cell, ideals in rows]
+    for row in rendered:
+        table.add_row(*row)
+    for line in lines:
+        console.print(line)
+    console.print(table)
+    if bench.markdown:
+        md = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+        md += ["| " + " | ".join(r) + " |" for r in rendered]
+        Path(bench.markdown).write_text("\n".join([*lines, "", *md]) + "\n")
+    if bench.json_out:
+        data = {
+            "machine": started | {"load_avg_end": facts()["load_avg"]},
+            "bench": dataclasses.asdict(bench),
+            "trace": dataclasses.asdict(trace),
+            "fleets": {f: dataclasses.asdict(FLEETS[f]) for f in bench.fleets},
+            "cells": [
+                {"fleet": f, "ideals": dataclasses.asdict(i), **c.to_dict()} for f, c, i in rows
+            ],
+        }
+        Path(bench.json_out).write_text(json.dumps(data, indent=2))
+    return 0 if all(c.summary is not None and c.summary.errors == 0 for _, c, _ in rows) else 1

@@ -1,0 +1,61 @@
+"""`token-gateway bench trace` end to end at toy size: a Mooncake trace through two policies
+on both fleet builds, each cell a fresh in-process fleet and gateway."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from gateway.cli import build_parser
+from gateway_lab.bench import trace_bench
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    return build_parser().parse_args(["bench", "trace", *argv])
+
+
+def mooncake(path, conversations: int = 6, turns: int = 2):  # type: ignore[no-untyped-def]
+    """Every request starts with block 0; each conversation's turns extend its own blocks."""
+    lines, next_id = [], 1
+    own = {}
+    for _ in range(turns):
+        for c in range(conversations):
+            own.setdefault(c, [])
+            own[c] += [next_id, next_id + 1]
+            next_id += 2
+            ids = [0, *own[c]]
+            lines.append({"timestamp": 100 * len(lines), "input_length": 512 * len(ids), "output_length": 128,
+                          "hash_ids": ids})
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return path
+
+
+@pytest.mark.slow  # four cells, each a fresh fleet and gateway
+def test_every_policy_runs_on_both_fleets_next_to_the_trace_ideals(tmp_path, capsys) -> None:
+    trace = mooncake(tmp_path / "t.jsonl")
+    out, md = tmp_path / "t.json", tmp_path / "t.md"
+    args = _args("--trace", str(trace), "--policies", "round_robin", "prefix_hash", "--workers", "2",
+                 "--time-scale-sim", "0", "--block-tokens", "16", "--time-scale", "0.01",
+                 "--json", str(out), "--markdown", str(md))
+    assert trace_bench.run(args) == 0
+    data = json.loads(out.read_text())
+    cells = {(c["fleet"], c["policy"]): c for c in data["cells"]}
+    assert set(cells) == {(f, p) for f in trace_bench.FLEETS for p in ("round_robin", "prefix_hash")}
+    for cell in cells.values():
+        s = cell["summary"]
+        assert s["ok"] == 12 and s["errors"] == 0
+        assert 0 < cell["ideals"]["fleet_kv"] <= cell["ideals"]["unbounded"] < 1
+        assert s["hit_rate"] <= cell["ideals"]["unbounded"] + 1e-9
+        misses = cell["sim"]["miss_causes"]  # the gateway's own account of every miss
+        assert misses["_requests"] == 12 and misses["first_sight"]["tokens"] > 0
+    assert data["fleets"]["sim-alt"]["page_size"] != data["fleets"]["sim"]["page_size"]
+    text = md.read_text()
+    assert "| fleet | policy | hit |" in text and "within the fleet's" in text and "missed" in text
+    assert "sim-alt" in capsys.readouterr().out
+
+
+def test_a_missing_trace_is_refused(tmp_path) -> None:
+    with pytest.raises(SystemExit, match="--trace"):
+        trace_bench.run(_args("--trace", str(tmp_path / "nope.jsonl")))

@@ -1,0 +1,125 @@
+"""Traces as workloads: Mooncake blocks -> token runs, plain JSONL prompts, scaling, ideals."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from gateway_lab.bench.traces import (
+    BlockTokens,
+    TraceConfig,
+    bounded_ideal_hit_rate,
+    load_trace_workload,
+    trace_ideals,
+)
+from gateway_lab.bench.workloads import Vocab, ideal_hit_rate
+
+# the public traces live beside the repository (``../shared/traces``), or where the variable says
+TRACE_DIR = Path(os.environ.get("TOKEN_GATEWAY_TRACE_DIR") or Path(__file__).resolve().parents[4] / "shared" / "traces")
+SHARED_TRACE = TRACE_DIR / "conversation_trace.jsonl"
+
+
+@pytest.fixture(scope="module")
+def vocab() -> Vocab:
+    return Vocab.from_tokenizer_dir()
+
+
+def write_lines(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+MOONCAKE = [
+    {"timestamp": 1000, "input_length": 1200, "output_length": 500, "hash_ids": [0, 1, 2]},
+    {"timestamp": 3000, "input_length": 1500, "output_length": 10, "hash_ids": [0, 1, 2, 3]},
+    {"timestamp": 5000, "input_length": 600, "output_length": 20, "hash_ids": [0, 9]},
+]
+
+
+def test_equal_block_ids_give_equal_token_prefixes_scaled_and_capped(tmp_path, vocab) -> None:
+    path = write_lines(tmp_path / "t.jsonl", MOONCAKE)
+    cfg = TraceConfig(block_tokens=8, source_block_tokens=512, max_output_tokens=16, time_scale=0.5)
+    wl = load_trace_workload(path, cfg, vocab)
+    a, b, c = (s.prompt_token_ids for s in wl)
+    assert a is not None and b is not None and c is not None
+    # 1200 tokens at 8/512 -> 19 (ceil), 1500 -> 24, 600 -> 10
+    assert (len(a), len(b), len(c)) == (19, 24, 10)
+    assert b[:19] == a and c[:8] == a[:8] and c[8:] != a[8:10]
+    assert [s.max_tokens for s in wl] == [8, 1, 1]  # 500 * 8/512 = 7.8 -> 8; 10 -> 1 (at least one)
+    assert [s.arrival_s for s in wl] == [0.0, 1.0, 2.0]  # rebased to the first, x0.5
+    assert all(t in vocab.texts for t in a)  # ordinary word tokens: text round-trips to the same ids
+    capped = load_trace_workload(path, TraceConfig(block_tokens=8, max_prompt_tokens=12, max_output_tokens=4), vocab)
+    assert max(len(s.prompt_token_ids or ()) for s in capped) == 12
+    assert max(s.max_tokens for s in capped) <= 4
+
+
+def test_block_runs_are_fixed_per_id_and_seed(vocab) -> None:
+    one, again, other = BlockTokens(vocab, 16), BlockTokens(vocab, 16), BlockTokens(vocab, 16, seed=1)
+    assert one(7) == again(7) and one(7) != one(8) and one(7) != other(7) and len(one(7)) == 16
+
+
+def test_first_requests_only_and_closed_loop(tmp_path, vocab) -> None:
+    path = write_lines(tmp_path / "t.jsonl", MOONCAKE)
+    wl = load_trace_workload(path, TraceConfig(trace_requests=2, time_scale=0), vocab)
+    assert len(wl) == 2 and all(s.arrival_s is None for s in wl)
+    assert wl.params["format"] == "mooncake" and wl.params["requests"] == 2
+
+
+def test_plain_jsonl_prompts_with_timestamps(tmp_path, vocab) -> None:
+    path = write_lines(tmp_path / "p.jsonl", [
+        {"timestamp": 500, "prompt": "hello there", "output_length": 100},
+        {"timestamp": 1500, "input_ids": [5, 6, 7, 8], "max_tokens": 3},
+        {"t": 2.0, "prompt_token_ids": [5, 6], "max_tokens": 2},
+    ])  # fmt: skip
+    wl = load_trace_workload(path, TraceConfig(max_output_tokens=50, max_prompt_tokens=3, time_scale=1.0), vocab)
+    first, second, third = wl.requests
+    assert first.prompt == "hello there" and first.max_tokens == 50
+    assert second.prompt_token_ids == (5, 6, 7) and second.max_tokens == 3
+    assert [s.arrival_s for s in wl] == [0.0, 1.0, 1.5]
+    assert third.prompt_token_ids == (5, 6) and wl.params["format"] == "plain"
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ('{"timestamp": 0, "input_length": 10, "hash_ids": []}', "hash_ids"),
+        ('{"timestamp": 0, "input_length": 10, "hash_ids": ["x"]}', "hash_ids"),
+        ("[1, 2]", "JSON object"),
+        ("{not json", "t.jsonl:1"),
+        ('{"timestamp": 0, "prompt": "x", "max_tokens": 1, "colour": 3}', "unknown trace fields"),
+    ],
+)
+def test_bad_lines_are_refused_with_their_line_number(tmp_path, vocab, line, message) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text(line + "\n")
+    with pytest.raises(ValueError, match=message):
+        load_trace_workload(path, TraceConfig(), vocab)
+    with pytest.raises(ValueError, match="time_scale"):
+        TraceConfig(time_scale=-1)
+
+
+def test_bounded_ideal_is_the_unbounded_one_with_room_and_lower_without() -> None:
+    a, b, c = [1] * 32 + [2] * 32, [3] * 64, [4] * 64
+    prompts = [a, a[:48] + [9] * 16, b, c, a, b]
+    big = bounded_ideal_hit_rate(prompts, 16, 10_000)
+    assert big == pytest.approx(ideal_hit_rate(prompts, 16))
+    # room for 4 pages: a's 4 pages are pushed out by b and c before a comes back
+    assert bounded_ideal_hit_rate(prompts, 16, 64) < big
+    # a prefix outlives its extensions: after [a, a'] the shared 3 pages are the most recent
+    assert bounded_ideal_hit_rate([a, a[:48] + [9] * 16, a[:48] + [8] * 16], 16, 64) == pytest.approx(
+        (48 + 48) / (64 * 3)
+    )
+    with pytest.raises(ValueError):
+        bounded_ideal_hit_rate(prompts, 16, 8)
+
+
+@pytest.mark.skipif(not SHARED_TRACE.exists(), reason="the public trace is not next to the repository")
+def test_the_conversation_trace_loads_and_every_request_shares_its_first_block(vocab) -> None:
+    wl = load_trace_workload(SHARED_TRACE, TraceConfig(trace_requests=300), vocab)
+    firsts = {s.prompt_token_ids[:32] for s in wl if s.prompt_token_ids}
+    assert len(wl) == 300 and len(firsts) == 1
+    ideals = trace_ideals(wl, 16, 8 * 50_000)
+    assert 0.0 < ideals.fleet_kv <= ideals.unbounded < 1.0
