@@ -12,6 +12,7 @@ from gateway.pipeline.limits import LimitsConfig
 from gateway.pipeline.pd import PdConfig
 from gateway.pipeline.resume import ResumeConfig
 from gateway.pipeline.retry import RetryConfig
+from gateway.pipeline.store.config import HistoryConfig
 from gateway.policies.factory import PolicyConfig
 from gateway.server.admission import AdmissionConfig
 from gateway.server.http.limits import HttpLimitsConfig
@@ -77,3 +78,4 @@ class GatewayConfig:
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
     resume: ResumeConfig = field(default_factory=ResumeConfig)
     discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)
+    history: HistoryConfig = field(default_factory=HistoryConfig)

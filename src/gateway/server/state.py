@@ -17,6 +17,7 @@ from gateway.pipeline.catalog import ModelCatalog
 from gateway.pipeline.engine import Engine
 from gateway.pipeline.pd import pool_policy_config
 from gateway.pipeline.router import PolicyMaker, Router
+from gateway.pipeline.store.factory import History
 from gateway.policies.factory import close_policy, make_policy
 from gateway.protocol.errors import InvalidRequestError
 from gateway.server.admission import Admission
@@ -106,6 +107,7 @@ class GatewayState:
             self.metrics.registry.register(SyncCollector(self.sync))
         self.process_set: SetMember | None = None  # set by serve when one of --processes N
         self.discovery = make_discovery(config.discovery, self._discovered_add, self.remove_worker)
+        self.history = History(config.history)  # stored responses and conversations
         self.ready = False
 
     def _pool_needs_loads(self, worker: Worker) -> bool:
@@ -184,5 +186,6 @@ class GatewayState:
             close_policy(policy)
         self.engine.close()
         await self.registry.close()
+        await self.history.close()
         if self.tracing is not None:
             await asyncio.to_thread(self.tracing.shutdown)
