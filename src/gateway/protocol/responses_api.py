@@ -127,7 +127,7 @@ class ConversationCreate(RequestModel):
 
 
 class ConversationUpdate(RequestModel):
-    metadata: dict[str, str] = Field(max_length=16)
+    metadata: dict[str, str] = Field(default_factory=dict, max_length=16)  # null clears it
 
 
 class ItemsCreate(RequestModel):

@@ -3,6 +3,7 @@ against the gateway over simulated workers, history through the SQLite store."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any
 
@@ -121,7 +122,7 @@ async def test_previous_response_hits_what_the_worker_cached(stack: Stack) -> No
     usages = await _chain_usage(stack, 3)
     replies = stack.state.catalog.get(stack.model).reply_cache
     assert replies is not None and replies.stats().spliced_spans >= 2 + 1  # turn 2: one reply, turn 3: two
-    for before, after in zip(usages, usages[1:], strict=False):
+    for before, after in itertools.pairwise(usages):
         covered = (before.input_tokens + before.output_tokens) // PAGE * PAGE
         assert after.input_tokens_details.cached_tokens >= covered - PAGE
 

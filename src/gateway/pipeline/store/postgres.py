@@ -51,7 +51,7 @@ class PostgresStore(SqlStore):
     async def _run(self, sql: str, params: Sequence[Any] = ()) -> tuple[list[Row], int]:
         async with self._pool.connection() as conn:
             cur = await conn.execute(_pg(sql), tuple(params))  # type: ignore[arg-type]
-            rows = list(await cur.fetchall()) if cur.description is not None else []
+            rows: list[Row] = list(await cur.fetchall()) if cur.description is not None else []
             return rows, cur.rowcount
 
     async def _run_many(self, statements: list[tuple[str, Sequence[Any]]]) -> list[list[Row]]:

@@ -64,7 +64,7 @@ class SqliteStore(SqlStore):
     async def _run(self, sql: str, params: Sequence[Any] = ()) -> tuple[list[Row], int]:
         db = self._conn()
         async with self._lock, db.execute(sql, tuple(params)) as cur:
-            rows = list(await cur.fetchall())
+            rows: list[Row] = list(await cur.fetchall())
             return rows, cur.rowcount
 
     async def _run_many(self, statements: list[tuple[str, Sequence[Any]]]) -> list[list[Row]]:
