@@ -22,6 +22,7 @@ from gateway.pipeline.limits import LimitsConfig
 from gateway.pipeline.pd import PdConfig, PdFlagError, parse_pool_flags
 from gateway.pipeline.resume import ResumeConfig
 from gateway.pipeline.retry import RetryConfig
+from gateway.pipeline.store.config import HistoryConfig
 
 # Config dataclasses are imported lazily in add_arguments' callers' process anyway;
 # they are light (no FastAPI/transformers at import).
@@ -73,6 +74,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_options(parser.add_argument_group("processes"), ProcessConfig)
     add_options(parser.add_argument_group("routing sync (NATS)"), SyncConfig)
     add_options(parser.add_argument_group("tool-call and reasoning parsers"), ParserConfig)
+    add_options(parser.add_argument_group("stored responses and conversations"), HistoryConfig)
     pd = parser.add_argument_group("prefill/decode disaggregation")
     pd.add_argument("--prefill", nargs="+", action="append", default=[], metavar="URL [BOOTSTRAP_PORT]",
                     help="prefill worker(s): grpc://host:port, each optionally followed by its bootstrap port "
@@ -146,6 +148,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         discovery=discovery,
         http=from_namespace(HttpLimitsConfig, args),
         parsers=from_namespace(ParserConfig, args),
+        history=from_namespace(HistoryConfig, args),
         pd=from_namespace(
             PdConfig, args,
             prefill=parse_pool_flags(args.prefill, allow_port=True),
