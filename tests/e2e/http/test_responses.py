@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import openai
 import pytest
 
 from tests.e2e.http.conftest import Stack, StackOptions, start_stack
+from tests.postgres_server import PostgresUnavailable, postgres_server
 
 TOOL = {"type": "function", "name": "get_weather", "description": "weather of a city",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
@@ -175,3 +177,26 @@ async def test_bad_requests_are_clean_errors(stack: Stack) -> None:
         await c.responses.create(model=stack.model, input="")
     ok = await c.responses.create(model=stack.model, input="x", max_output_tokens=2)
     assert ok.usage.output_tokens == 2  # type: ignore[union-attr]
+
+
+@pytest.fixture
+def postgres_dsn() -> Iterator[str]:
+    try:
+        with postgres_server() as dsn:
+            yield dsn
+    except PostgresUnavailable as exc:
+        pytest.skip(f"no PostgreSQL server: {exc}")
+
+
+async def test_two_replicas_share_history_through_postgres(tmp_path: Any, postgres_dsn: str) -> None:
+    """A response made through one gateway is read and continued through another: both
+    keep their history in one PostgreSQL database."""
+    history = {"history": {"history_backend": "postgres", "history_dsn": postgres_dsn}}
+    async with start_stack(StackOptions(workers=1, sections=history), tmp_path / "a") as a, \
+            start_stack(StackOptions(workers=1, sections=history), tmp_path / "b") as b:
+        first = await a.client.responses.create(model=a.model, input=_scripted("From replica A."))
+        assert (await b.client.responses.retrieve(first.id)).output_text == "From replica A."
+        follow = await b.client.responses.create(model=b.model, previous_response_id=first.id, input=_scripted("From B."))
+        conv = await b.client.conversations.create(metadata={"by": "b"})
+        assert (await a.client.responses.retrieve(follow.id)).previous_response_id == first.id
+        assert (await a.client.conversations.retrieve(conv.id)).metadata == {"by": "b"}
