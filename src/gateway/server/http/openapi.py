@@ -19,6 +19,7 @@ from gateway.protocol.embeddings import EmbeddingRequest
 from gateway.protocol.generate import GenerateRequest
 from gateway.protocol.inspect import InspectRequest
 from gateway.protocol.parse import ParseReasoningRequest, ParseToolCallsRequest
+from gateway.protocol.responses_api import ConversationCreate, ConversationUpdate, ItemsCreate, ResponsesRequest
 from gateway.protocol.tokens import DetokenizeRequest, TokenizeRequest
 
 REQUEST_BODIES: dict[str, type[BaseModel]] = {
@@ -31,6 +32,11 @@ REQUEST_BODIES: dict[str, type[BaseModel]] = {
     "/admin/inspect": InspectRequest,
     "/parse/tool_calls": ParseToolCallsRequest,
     "/parse/reasoning": ParseReasoningRequest,
+    "/v1/responses": ResponsesRequest,
+    "/v1/conversations": ConversationCreate,
+    "/v1/conversations/{conversation_id}": ConversationUpdate,
+    "/v1/conversations/{conversation_id}/items": ItemsCreate,
+    # /v1/messages is left out: its errors have Anthropic's shape, not the ErrorResponse below.
     # POST /workers is left out on purpose: a fuzzer must not make the gateway dial made-up addresses.
 }
 
