@@ -200,3 +200,44 @@ async def test_two_replicas_share_history_through_postgres(tmp_path: Any, postgr
         conv = await b.client.conversations.create(metadata={"by": "b"})
         assert (await a.client.responses.retrieve(follow.id)).previous_response_id == first.id
         assert (await a.client.conversations.retrieve(conv.id)).metadata == {"by": "b"}
+
+
+async def _hit_rate(stack: Stack, *, via_responses: bool, conversations: int = 3, turns: int = 4) -> float:
+    """cached / prompt tokens over every turn of a few multi-turn conversations."""
+    system = "You are a helpful assistant. " * 12
+    cached = prompt = 0
+    for c in range(conversations):
+        messages: list[dict[str, str]] = [{"role": "system", "content": system}]
+        prev: str | None = None
+        for t in range(turns):
+            question = f"Conversation {c}, question {t}?"
+            seed = {"seed": 100 * c + t}
+            if via_responses:
+                resp = await stack.client.responses.create(
+                    model=stack.model, instructions=system, input=question, previous_response_id=prev,
+                    max_output_tokens=48, extra_body=seed,
+                )
+                prev = resp.id
+                usage = resp.usage
+                assert usage is not None
+                cached += usage.input_tokens_details.cached_tokens
+                prompt += usage.input_tokens
+            else:
+                messages.append({"role": "user", "content": question})
+                chat = await stack.client.chat.completions.create(model=stack.model, messages=messages, max_tokens=48, seed=100 * c + t)  # type: ignore[arg-type]
+                messages.append({"role": "assistant", "content": chat.choices[0].message.content or ""})
+                assert chat.usage is not None and chat.usage.prompt_tokens_details is not None
+                cached += chat.usage.prompt_tokens_details.cached_tokens or 0
+                prompt += chat.usage.prompt_tokens
+    return cached / prompt
+
+
+async def test_previous_response_id_hits_as_well_as_chat_with_reply_reuse(tmp_path: Any) -> None:
+    """The issue's bar: turns chained by previous_response_id reach the hit rate of the same
+    turns sent as chat messages (with reply-token reuse), each on a fresh worker."""
+    async with start_stack(StackOptions(workers=1), tmp_path / "chat") as stack:
+        chat = await _hit_rate(stack, via_responses=False)
+    async with start_stack(StackOptions(workers=1), tmp_path / "responses") as stack:
+        responses = await _hit_rate(stack, via_responses=True)
+    print(f"hit rate: chat {chat:.3f}, responses {responses:.3f}")
+    assert chat > 0.5 and responses >= chat - 0.01
