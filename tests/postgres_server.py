@@ -40,6 +40,17 @@ def _free_port() -> int:
         return port
 
 
+def _accepts(dsn: str) -> bool:
+    import psycopg
+
+    try:
+        with psycopg.connect(dsn, connect_timeout=2) as conn:
+            conn.execute("SELECT 1")
+        return True
+    except psycopg.OperationalError:
+        return False
+
+
 @contextlib.contextmanager
 def postgres_server() -> Iterator[str]:
     """A running server; yields its DSN (database ``postgres``, user ``postgres``, trust auth)."""
@@ -66,16 +77,14 @@ def postgres_server() -> Iterator[str]:
             [*prefix, postgres, "-D", str(data), "-h", "127.0.0.1", "-p", str(port), "-k", str(root), "-F"],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         )
-        deadline = time.monotonic() + 30
-        while True:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
+        dsn = f"postgresql://postgres@127.0.0.1:{port}/postgres"
+        deadline = time.monotonic() + 60
+        while not _accepts(dsn):  # a listening port is not yet a server that takes queries
             if proc.poll() is not None or time.monotonic() > deadline:
                 err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
                 raise PostgresUnavailable(f"postgres did not start: {err[-500:]}")
             time.sleep(0.1)
-        yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
+        yield dsn
     finally:
         if proc is not None:
             proc.terminate()

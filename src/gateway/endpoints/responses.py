@@ -165,8 +165,8 @@ def chat_messages(instructions: str | None, items: list[dict[str, Any]]) -> list
 
 
 def to_chat(req: ResponsesRequest, messages: list[dict[str, Any]]) -> ChatCompletionRequest:
-    if req.background:
-        raise InvalidRequestError("background responses are not supported by this gateway yet", param="background")
+    if req.background and not req.store:
+        raise InvalidRequestError("a background response must be stored: background needs store true", param="background")
     if not messages or all(m["role"] == "system" for m in messages):
         raise InvalidRequestError("the request has no input", param="input")
     body: dict[str, Any] = {
@@ -254,7 +254,7 @@ class Run:
         tool_choice: Any = req.tool_choice if req.tool_choice is not None else "auto"
         return {
             "id": self.id, "object": "response", "created_at": int(self.created_at), "status": status,
-            "background": False, "error": error, "incomplete_details": incomplete,
+            "background": req.background, "error": error, "incomplete_details": incomplete,
             "instructions": req.instructions, "max_output_tokens": req.max_output_tokens, "model": self.entry.name,
             "output": output, "parallel_tool_calls": req.parallel_tool_calls,
             "previous_response_id": req.previous_response_id,
@@ -303,7 +303,8 @@ class ResponsesApi:
         store: Store = await self._store()
         return store
 
-    async def _begin(self, req: ResponsesRequest, ctx: RequestContext) -> Run:
+    async def begin(self, req: ResponsesRequest, ctx: RequestContext) -> Run:
+        """Load the history and start the turn (errors before output raise here)."""
         owner = owner_of(ctx)
         history = await load_history(await self.store(), owner, req) if (req.previous_response_id or req.conversation_id) else History()
         inputs = with_ids(req.input_items())
@@ -337,7 +338,7 @@ class ResponsesApi:
         return body
 
     async def create(self, req: ResponsesRequest, ctx: RequestContext) -> dict[str, Any]:
-        run = await self._begin(req, ctx)
+        run = await self.begin(req, ctx)
         assert run.turn is not None
         self.running[run.id] = run
         try:
@@ -355,19 +356,21 @@ class ResponsesApi:
 
     async def stream(self, req: ResponsesRequest, ctx: RequestContext) -> AsyncIterator[bytes]:
         """Start the run (errors before output raise here), then its event stream."""
-        run = await self._begin(req, ctx)
+        run = await self.begin(req, ctx)
         self.running[run.id] = run
-        return self._events(run)
+        return sse_stream(self.events(run))
 
-    async def _events(self, run: Run) -> AsyncIterator[bytes]:
+    async def events(self, run: Run) -> AsyncIterator[dict[str, Any]]:
+        """The run's Responses stream events, numbered; the run is finished (and stored)
+        before the last one."""
         assert run.turn is not None
         seq = 0
 
-        def event(kind: str, **data: Any) -> bytes:
+        def event(kind: str, **data: Any) -> dict[str, Any]:
             nonlocal seq
             payload = {"type": kind, "sequence_number": seq, **data}
             seq += 1
-            return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
+            return payload
 
         try:
             yield event("response.created", response=run.body("in_progress"))
@@ -441,6 +444,21 @@ class ResponsesApi:
         if rec is None:
             raise NotFoundError(f"response {response_id!r} not found", param="response_id")
         return page(rec.input_items, after=after, limit=limit, order=order)
+
+
+def sse_event(event: dict[str, Any]) -> bytes:
+    """One Responses stream event as SSE: its type as the event name, then its JSON."""
+    return b"event: " + str(event["type"]).encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
+
+
+async def sse_stream(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
+    try:
+        async for event in events:
+            yield sse_event(event)
+    finally:
+        aclose = getattr(events, "aclose", None)
+        if aclose is not None:
+            await aclose()
 
 
 def page(items: list[dict[str, Any]], *, after: str | None, limit: int, order: str) -> dict[str, Any]:

@@ -6,6 +6,8 @@ import asyncio
 import logging
 from pathlib import Path
 
+from gateway.endpoints.background import BackgroundRuns
+from gateway.endpoints.responses import ResponsesApi
 from gateway.observability.collector import (
     RoutingQualityCollector,
     TokenizerCacheCollector,
@@ -108,6 +110,8 @@ class GatewayState:
         self.process_set: SetMember | None = None  # set by serve when one of --processes N
         self.discovery = make_discovery(config.discovery, self._discovered_add, self.remove_worker)
         self.history = History(config.history)  # stored responses and conversations
+        self.responses = ResponsesApi(self.engine, self.history.store)
+        self.background = BackgroundRuns(self.responses)
         self.ready = False
 
     def _pool_needs_loads(self, worker: Worker) -> bool:
@@ -186,6 +190,7 @@ class GatewayState:
             close_policy(policy)
         self.engine.close()
         await self.registry.close()
+        await self.background.close()
         await self.history.close()
         if self.tracing is not None:
             await asyncio.to_thread(self.tracing.shutdown)

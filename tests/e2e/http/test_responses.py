@@ -167,8 +167,6 @@ async def test_bad_requests_are_clean_errors(stack: Stack) -> None:
         await c.responses.create(model=stack.model, input="x", tools=[{"type": "web_search"}])  # type: ignore[list-item]
     with pytest.raises(openai.BadRequestError, match="not supported"):
         await c.responses.create(model=stack.model, input=[{"type": "computer_call_output", "call_id": "x"}])  # type: ignore[list-item]
-    with pytest.raises(openai.BadRequestError, match="background"):
-        await c.responses.create(model=stack.model, input="x", background=True)
     with pytest.raises(openai.NotFoundError):
         await c.responses.create(model=stack.model, input="x", previous_response_id="resp_missing")
     with pytest.raises(openai.NotFoundError):

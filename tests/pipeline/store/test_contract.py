@@ -97,3 +97,14 @@ async def test_prune_deletes_only_what_is_older(store: Store) -> None:
     assert await store.get_conversation("k1", "conv_old") is None
     assert await store.get_item("k1", "conv_old", "msg_o") is None
     assert await store.get_conversation("k1", "conv_new") is not None
+
+
+async def test_event_journal(store: Store) -> None:
+    await store.put_response(_response("resp_j"))
+    await store.append_events("k1", "resp_j", [(0, {"type": "a"}), (1, {"type": "b"})])
+    await store.append_events("k1", "resp_j", [(1, {"type": "b"}), (2, {"type": "c"})])  # a batch written twice keeps one copy
+    assert [s for s, _ in await store.list_events("k1", "resp_j")] == [0, 1, 2]
+    assert await store.list_events("k1", "resp_j", after=0, limit=1) == [(1, {"type": "b"})]
+    assert await store.list_events("k2", "resp_j") == []
+    assert await store.delete_response("k1", "resp_j")
+    assert await store.list_events("k1", "resp_j") == []

@@ -78,7 +78,8 @@ class Store(abc.ABC):
     async def get_response(self, owner: str, response_id: str) -> StoredResponse | None: ...
 
     @abc.abstractmethod
-    async def delete_response(self, owner: str, response_id: str) -> bool: ...
+    async def delete_response(self, owner: str, response_id: str) -> bool:
+        """Delete a response and its event journal."""
 
     # -- conversations
     @abc.abstractmethod
@@ -106,6 +107,15 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def delete_item(self, owner: str, conversation_id: str, item_id: str) -> bool: ...
+
+    # -- the event journal of background responses
+    @abc.abstractmethod
+    async def append_events(self, owner: str, response_id: str, events: list[tuple[int, dict[str, Any]]]) -> None:
+        """Journal a batch of a response's stream events (``(sequence_number, event)``)."""
+
+    @abc.abstractmethod
+    async def list_events(self, owner: str, response_id: str, *, after: int = -1, limit: int = 1000) -> list[tuple[int, dict[str, Any]]]:
+        """Journaled events with a sequence number above ``after``, in order."""
 
     # -- retention
     @abc.abstractmethod

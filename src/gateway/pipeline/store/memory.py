@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+from typing import Any
 
 from gateway.pipeline.store.base import Order, Store, StoredConversation, StoredItem, StoredResponse
 
@@ -19,6 +20,7 @@ class MemoryStore(Store):
         self._conversations: dict[str, StoredConversation] = {}
         self._items: dict[str, dict[str, StoredItem]] = {}  # conversation id -> item id -> item
         self._seq = itertools.count(1)
+        self._events: dict[str, tuple[str, dict[int, dict[str, Any]]]] = {}  # response id -> (owner, seq -> event)
 
     async def put_response(self, rec: StoredResponse) -> None:
         self._responses[rec.id] = copy.deepcopy(rec)
@@ -32,6 +34,7 @@ class MemoryStore(Store):
         if rec is None or rec.owner != owner:
             return False
         del self._responses[response_id]
+        self._events.pop(response_id, None)
         return True
 
     async def put_conversation(self, rec: StoredConversation) -> None:
@@ -84,10 +87,22 @@ class MemoryStore(Store):
         del items[item_id]
         return True
 
+    async def append_events(self, owner: str, response_id: str, events: list[tuple[int, dict[str, Any]]]) -> None:
+        journal = self._events.setdefault(response_id, (owner, {}))[1]
+        for seq, event in events:
+            journal[seq] = copy.deepcopy(event)
+
+    async def list_events(self, owner: str, response_id: str, *, after: int = -1, limit: int = 1000) -> list[tuple[int, dict[str, Any]]]:
+        found = self._events.get(response_id)
+        if found is None or found[0] != owner:
+            return []
+        return [(seq, copy.deepcopy(e)) for seq, e in sorted(found[1].items()) if seq > after][:limit]
+
     async def prune(self, older_than: float) -> int:
         gone = [k for k, r in self._responses.items() if r.created_at < older_than]
         for k in gone:
             del self._responses[k]
+            self._events.pop(k, None)
         convs = [k for k, c in self._conversations.items() if c.created_at < older_than]
         for k in convs:
             del self._conversations[k]

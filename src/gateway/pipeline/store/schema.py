@@ -43,6 +43,15 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         )""",
         "CREATE INDEX conversation_items_order ON conversation_items (conversation_id, seq)",
     ),
+    (  # 2: the event journal of background responses
+        """CREATE TABLE response_events (
+            response_id TEXT NOT NULL,
+            owner TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            event TEXT NOT NULL,
+            PRIMARY KEY (response_id, seq)
+        )""",
+    ),
 )
 
 VERSION_TABLE = "CREATE TABLE IF NOT EXISTS gateway_schema (version INTEGER NOT NULL)"

@@ -73,8 +73,29 @@ class SqlStore(Store):
         return _response(rows[0]) if rows else None
 
     async def delete_response(self, owner: str, response_id: str) -> bool:
-        _, n = await self._run("DELETE FROM responses WHERE id = ? AND owner = ?", (response_id, owner))
-        return n > 0
+        rows = await self._run_many([
+            ("DELETE FROM responses WHERE id = ? AND owner = ? RETURNING id", (response_id, owner)),
+            ("DELETE FROM response_events WHERE response_id = ? AND owner = ?", (response_id, owner)),
+        ])
+        return bool(rows[0])
+
+    async def append_events(self, owner: str, response_id: str, events: list[tuple[int, dict[str, Any]]]) -> None:
+        if events:
+            await self._run_many([
+                (
+                    "INSERT INTO response_events (response_id, owner, seq, event) VALUES (?, ?, ?, ?) "
+                    "ON CONFLICT (response_id, seq) DO NOTHING",
+                    (response_id, owner, seq, _dumps(event)),
+                )
+                for seq, event in events
+            ])
+
+    async def list_events(self, owner: str, response_id: str, *, after: int = -1, limit: int = 1000) -> list[tuple[int, dict[str, Any]]]:
+        rows, _ = await self._run(
+            "SELECT seq, event FROM response_events WHERE response_id = ? AND owner = ? AND seq > ? ORDER BY seq LIMIT ?",
+            (response_id, owner, after, limit),
+        )
+        return [(int(r[0]), _loads(r[1])) for r in rows]
 
     async def put_conversation(self, rec: StoredConversation) -> None:
         await self._run(
@@ -157,5 +178,6 @@ class SqlStore(Store):
             ("DELETE FROM responses WHERE created_at < ? RETURNING id", (older_than,)),
             ("DELETE FROM conversations WHERE created_at < ? RETURNING id", (older_than,)),
             ("DELETE FROM conversation_items WHERE conversation_id NOT IN (SELECT id FROM conversations)", ()),
+            ("DELETE FROM response_events WHERE response_id NOT IN (SELECT id FROM responses)", ()),
         ])
         return len(rows[0]) + len(rows[1])

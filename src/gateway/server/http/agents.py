@@ -19,7 +19,7 @@ from starlette.responses import Response
 
 from gateway.endpoints import conversations as conversations_route
 from gateway.endpoints import messages as messages_route
-from gateway.endpoints.responses import ResponsesApi
+from gateway.endpoints.responses import sse_stream
 from gateway.pipeline.request_context import RequestContext
 from gateway.protocol.errors import GatewayError, InvalidRequestError
 from gateway.protocol.messages import CountTokensRequest, MessagesRequest, anthropic_error
@@ -95,12 +95,16 @@ def agents_router(door: HttpDoor) -> APIRouter:
 
         return _anthropic_shape(await door.handle(request, run, auth=anthropic_auth))
 
-    responses = ResponsesApi(state.engine, state.history.store)
+    responses, background = state.responses, state.background
 
     @router.post("/v1/responses")
     async def create_response(request: Request) -> Response:
         async def run(ctx: RequestContext) -> Any:
             req = parse_model(ResponsesRequest, await read_json(request, max_body))
+            if req.background:
+                if req.stream:
+                    raise InvalidRequestError("stream a background response with GET /v1/responses/{id}?stream=true", param="stream")
+                return await background.start(req, ctx)
             if req.stream:
                 return EventStream(await responses.stream(req, ctx), headers=door.headers_for(ctx))
             return await responses.create(req, ctx)
@@ -109,7 +113,17 @@ def agents_router(door: HttpDoor) -> APIRouter:
 
     @router.get("/v1/responses/{response_id}")
     async def get_response(request: Request, response_id: str) -> Response:
-        return await door.handle(request, lambda ctx: responses.retrieve(ctx, response_id))
+        async def run(ctx: RequestContext) -> Any:
+            q = request.query_params
+            if q.get("stream", "false").lower() != "true":
+                return await responses.retrieve(ctx, response_id)
+            raw = q.get("starting_after", "-1")
+            if not raw.lstrip("-").isdigit():
+                raise InvalidRequestError("starting_after must be an integer", param="starting_after")
+            events = await background.replay(ctx, response_id, int(raw))
+            return EventStream(sse_stream(events), headers=door.headers_for(ctx))
+
+        return await door.handle(request, run)
 
     @router.delete("/v1/responses/{response_id}")
     async def delete_response(request: Request, response_id: str) -> Response:

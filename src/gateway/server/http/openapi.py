@@ -19,7 +19,12 @@ from gateway.protocol.embeddings import EmbeddingRequest
 from gateway.protocol.generate import GenerateRequest
 from gateway.protocol.inspect import InspectRequest
 from gateway.protocol.parse import ParseReasoningRequest, ParseToolCallsRequest
-from gateway.protocol.responses_api import ConversationCreate, ConversationUpdate, ItemsCreate, ResponsesRequest
+from gateway.protocol.responses_api import (
+    ConversationCreate,
+    ConversationUpdate,
+    ItemsCreate,
+    ResponsesRequest,
+)
 from gateway.protocol.tokens import DetokenizeRequest, TokenizeRequest
 
 REQUEST_BODIES: dict[str, type[BaseModel]] = {
