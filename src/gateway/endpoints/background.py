@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -70,8 +70,9 @@ class BackgroundRuns:
         self.live: dict[str, Journal] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
-    async def start(self, req: ResponsesRequest, ctx: RequestContext) -> dict[str, Any]:
-        """Start the run (errors before output raise here) and answer with it in progress."""
+    async def start(self, req: ResponsesRequest, ctx: RequestContext, *, on_end: Callable[[], None] = lambda: None) -> dict[str, Any]:
+        """Start the run (errors before output raise here) and answer with it in progress;
+        ``on_end`` runs when the run ends, however (its admission slot's release)."""
         run = await self.api.begin(req, ctx)
         body = run.body("in_progress")
         store = await self.api.store()
@@ -84,6 +85,7 @@ class BackgroundRuns:
         task = asyncio.get_running_loop().create_task(self._drive(run, journal))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(lambda _: on_end())
         return body
 
     async def _drive(self, run: Run, journal: Journal) -> None:

@@ -88,3 +88,19 @@ async def test_background_errors(stack: Stack) -> None:
         await _read(c, plain.id)
     with pytest.raises(openai.NotFoundError):
         await _read(c, "resp_missing")
+
+
+@pytest.mark.stack(workers=1, sim=SLOW, sections={"admission": {"max_concurrent_requests": 1, "max_queued_requests": 0}})
+async def test_a_background_run_holds_its_admission_slot(stack: Stack) -> None:
+    c = stack.client
+    resp = await c.responses.create(model=stack.model, input="Tell me a story.", background=True, max_output_tokens=60)
+    with pytest.raises(openai.RateLimitError):  # the one slot is the run's until it ends
+        await c.responses.create(model=stack.model, input="x", max_output_tokens=2)
+    events = await _read(c, resp.id)
+    assert events[-1].type == "response.incomplete"
+    for _ in range(50):
+        if stack.state.admission.in_flight == 0:
+            break
+        await asyncio.sleep(0.02)
+    ok = await c.responses.create(model=stack.model, input="x", max_output_tokens=2)
+    assert ok.status == "incomplete"

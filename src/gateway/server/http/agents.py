@@ -104,12 +104,19 @@ def agents_router(door: HttpDoor) -> APIRouter:
             if req.background:
                 if req.stream:
                     raise InvalidRequestError("stream a background response with GET /v1/responses/{id}?stream=true", param="stream")
-                return await background.start(req, ctx)
+                # The run outlives this request: it holds its own admission slot until it ends.
+                ticket = await state.admission.acquire(ctx.api_key_id, 1)
+                try:
+                    return await background.start(req, ctx, on_end=ticket.release)
+                except BaseException:
+                    ticket.release()
+                    raise
+            await ctx.reserve(1)
             if req.stream:
                 return EventStream(await responses.stream(req, ctx), headers=door.headers_for(ctx))
             return await responses.create(req, ctx)
 
-        return await door.handle(request, run, admit=True)
+        return await door.handle(request, run, admit="batch")  # one slot, taken once the body says for what
 
     @router.get("/v1/responses/{response_id}")
     async def get_response(request: Request, response_id: str) -> Response:
