@@ -20,9 +20,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gateway.pipeline.store.base import Store, StoredConversation, StoredItem, StoredResponse  # noqa: E402
-from gateway.pipeline.store.memory import MemoryStore  # noqa: E402
-from gateway.pipeline.store.sqlite import SqliteStore  # noqa: E402
+from gateway.pipeline.store.base import Store, StoredConversation, StoredItem, StoredResponse
+from gateway.pipeline.store.memory import MemoryStore
+from gateway.pipeline.store.sqlite import SqliteStore
 
 
 async def _round(store: Store, n: int) -> None:
