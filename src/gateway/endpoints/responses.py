@@ -33,14 +33,15 @@ from pydantic import ValidationError
 from gateway.endpoints.turn import (
     Block,
     BlockDelta,
+    BlockEvent,
     BlockStart,
-    BlockStop,
     Turn,
     TurnEnd,
     start_turn,
 )
 from gateway.pipeline.catalog import ModelEntry
 from gateway.pipeline.engine import Engine
+from gateway.pipeline.mcp_client import McpConfig, McpServer, McpTools
 from gateway.pipeline.request_context import RequestContext
 from gateway.pipeline.store.base import Store, StoredItem, StoredResponse
 from gateway.pipeline.tenancy import effective_salt
@@ -158,13 +159,19 @@ def chat_messages(instructions: str | None, items: list[dict[str, Any]]) -> list
                     msg["reasoning_content"] = "".join(reasoning)
                     reasoning = []
                 out.append(msg)
+        elif kind == "mcp_call":  # a tool the gateway ran: the call and its result
+            call = {"id": item["id"], "type": "function", "function": {"name": item.get("name", ""), "arguments": item.get("arguments") or "{}"}}
+            out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+            result = item.get("output") if item.get("error") is None else f"Error: {item.get('error')}"
+            out.append({"role": "tool", "tool_call_id": item["id"], "content": result or ""})
         elif kind == "function_call_output":
             output = item.get("output")
             out.append({"role": "tool", "tool_call_id": item["call_id"], "content": output if isinstance(output, str) else json.dumps(output)})
     return out
 
 
-def to_chat(req: ResponsesRequest, messages: list[dict[str, Any]]) -> ChatCompletionRequest:
+def to_chat(req: ResponsesRequest, messages: list[dict[str, Any]], extra_tools: list[dict[str, Any]] | None = None) -> ChatCompletionRequest:
+    """The chat completion of one round; ``extra_tools``: the MCP servers' tools as functions."""
     if req.background and not req.store:
         raise InvalidRequestError("a background response must be stored: background needs store true", param="background")
     if not messages or all(m["role"] == "system" for m in messages):
@@ -178,11 +185,12 @@ def to_chat(req: ResponsesRequest, messages: list[dict[str, Any]]) -> ChatComple
         body["chat_template_kwargs"] = {"enable_thinking": False}
     elif effort is not None:
         body["reasoning_effort"] = effort
-    if req.tools:
-        body["tools"] = [
-            {"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters or {"type": "object"}}}
-            for t in req.tools
-        ]
+    tools = [
+        {"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters or {"type": "object"}}}
+        for t in req.tools or [] if t.type == "function"
+    ] + list(extra_tools or [])
+    if tools:
+        body["tools"] = tools
     choice = req.tool_choice
     if isinstance(choice, dict):
         if choice.get("type") != "function" or not choice.get("name"):
@@ -231,25 +239,34 @@ class Run:
     turn: Turn | None = None
     id: str = field(default_factory=lambda: f"resp_{random_hex()}")
     created_at: float = field(default_factory=time.time)
-    item_ids: dict[int, str] = field(default_factory=dict)
+    item_ids: dict[int, str] = field(default_factory=dict)  # this round's blocks shown as items
     end: TurnEnd | None = None
     cancelled: bool = False
     error: GatewayError | None = None
+    messages: list[dict[str, Any]] = field(default_factory=list)  # this round's chat messages
+    mcp: McpTools | None = None
+    done_output: list[dict[str, Any]] = field(default_factory=list)  # earlier rounds' items
+    past_usage: list[int] = field(default_factory=lambda: [0, 0, 0, 0])  # prompt, completion, cached, reasoning
+    rounds: int = 1
+    out_of_rounds: bool = False
 
     def body(self, status: str) -> dict[str, Any]:
         req = self.req
         blocks = self.turn.blocks.blocks if self.turn else []
-        output = [_output_item(b, self.item_ids, done=True) for b in blocks if b.index in self.item_ids]
+        output = self.done_output + [_output_item(b, self.item_ids, done=True) for b in blocks if b.index in self.item_ids]
         usage = None
         if self.turn is not None and status != "in_progress":
             u = self.turn.gen.usage
-            reasoning = sum(len(self.entry.tokenizer.encode(b.text, add_special_tokens=False)) for b in blocks if b.kind == "reasoning")
+            prompt, completion, cached, reasoning = self.past_usage
+            reasoning += u.reasoning_tokens or self._reasoning_tokens(blocks)
+            prompt, completion, cached = prompt + u.prompt_tokens, completion + u.completion_tokens, cached + u.cached_tokens
             usage = {
-                "input_tokens": u.prompt_tokens, "input_tokens_details": {"cached_tokens": u.cached_tokens},
-                "output_tokens": u.completion_tokens, "output_tokens_details": {"reasoning_tokens": u.reasoning_tokens or reasoning},
-                "total_tokens": u.prompt_tokens + u.completion_tokens,
+                "input_tokens": prompt, "input_tokens_details": {"cached_tokens": cached},
+                "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": reasoning},
+                "total_tokens": prompt + completion,
             }
-        incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
+        reason = "max_tool_rounds" if self.out_of_rounds else "max_output_tokens"
+        incomplete = {"reason": reason} if status == "incomplete" else None
         error = {"code": self.error.code or self.error.type, "message": self.error.message} if self.error else None
         tool_choice: Any = req.tool_choice if req.tool_choice is not None else "auto"
         return {
@@ -266,18 +283,59 @@ class Run:
             "metadata": req.metadata or {},
         }
 
+    def _reasoning_tokens(self, blocks: list[Block]) -> int:
+        return sum(len(self.entry.tokenizer.encode(b.text, add_special_tokens=False)) for b in blocks if b.kind == "reasoning")
+
     def final_status(self) -> str:
         if self.cancelled:
             return "cancelled"
         if self.error is not None:
             return "failed"
-        if self.end is not None and self.end.finish_reason == "length":
+        if self.out_of_rounds or (self.end is not None and self.end.finish_reason == "length"):
             return "incomplete"
         return "completed"
 
+    def mcp_calls(self) -> list[Block]:
+        """This round's calls of MCP tools (run by the gateway), when it made no call the
+        client must run (then the response ends there, with every call in it)."""
+        if self.mcp is None or self.turn is None:
+            return []
+        calls = [b for b in self.turn.blocks.blocks if b.kind == "tool_call"]
+        if not calls or not all(self.mcp.owns(b.name) for b in calls):
+            return []
+        return calls
+
+    def next_round(self, results: list[tuple[Block, dict[str, Any]]]) -> None:
+        """Fold this round into the earlier ones (its items, usage, chat messages) before
+        the next round starts with the tools' results."""
+        assert self.turn is not None
+        blocks = self.turn.blocks.blocks
+        self.done_output += [_output_item(b, self.item_ids, done=True) for b in blocks if b.index in self.item_ids]
+        self.done_output += [item for _, item in results]
+        u = self.turn.gen.usage
+        self.past_usage[0] += u.prompt_tokens
+        self.past_usage[1] += u.completion_tokens
+        self.past_usage[2] += u.cached_tokens
+        self.past_usage[3] += u.reasoning_tokens or self._reasoning_tokens(blocks)
+        text = "".join(b.text for b in blocks if b.kind == "text")
+        reasoning = "".join(b.text for b in blocks if b.kind == "reasoning")
+        assistant: dict[str, Any] = {"role": "assistant", "content": text, "tool_calls": [
+            {"id": item["id"], "type": "function", "function": {"name": item["name"], "arguments": item["arguments"]}}
+            for _, item in results
+        ]}
+        if reasoning:
+            assistant["reasoning_content"] = reasoning
+        self.messages.append(assistant)
+        for _, item in results:
+            content = item["output"] if item.get("error") is None else f"Error: {item['error']}"
+            self.messages.append({"role": "tool", "tool_call_id": item["id"], "content": content or ""})
+        self.item_ids = {}
+        self.end = None
+        self.rounds += 1
+
     def reply_ids(self) -> dict[str, list[int]]:
         """The generated ids of the one plain text answer (what the next turn resends)."""
-        if self.turn is None:
+        if self.turn is None or self.done_output:
             return {}
         blocks = self.turn.blocks.blocks
         if len(blocks) != 1 or blocks[0].kind != "text" or blocks[0].index not in self.item_ids:
@@ -294,9 +352,10 @@ class Run:
 class ResponsesApi:
     """The Responses routes' logic over one engine and one store (opened on first use)."""
 
-    def __init__(self, engine: Engine, store: Any) -> None:
+    def __init__(self, engine: Engine, store: Any, mcp: McpConfig | None = None) -> None:
         self.engine = engine
         self._store = store  # an awaitable factory: ``History.store``
+        self.mcp = mcp or McpConfig()
         self.running: dict[str, Run] = {}
 
     async def store(self) -> Store:
@@ -308,10 +367,19 @@ class ResponsesApi:
         owner = owner_of(ctx)
         history = await load_history(await self.store(), owner, req) if (req.previous_response_id or req.conversation_id) else History()
         inputs = with_ids(req.input_items())
-        chat = to_chat(req, chat_messages(req.instructions, history.items + inputs))
+        messages = chat_messages(req.instructions, history.items + inputs)
+        to_chat(req, messages)  # a bad request fails before any MCP server is dialled
+        servers = [
+            McpServer(t.server_label or "", t.server_url or "", dict(t.headers or {}), t.allowed_names())
+            for t in req.tools or [] if t.type == "mcp"
+        ]
+        mcp = await McpTools.discover(self.mcp, servers) if servers else None
+        chat = to_chat(req, messages, mcp.functions() if mcp else None)
         entry = self.engine.catalog.get(chat.model)
         seed_replies(entry, effective_salt(ctx.cache_salt, chat.cache_salt), history)
-        run = Run(req, ctx, entry, history, inputs)
+        run = Run(req, ctx, entry, history, inputs, messages=messages, mcp=mcp)
+        if mcp is not None:
+            run.done_output = mcp.list_items(lambda: f"mcpl_{random_hex()}")
         run.turn = await start_turn(self.engine, chat, ctx)
         return run
 
@@ -338,21 +406,14 @@ class ResponsesApi:
         return body
 
     async def create(self, req: ResponsesRequest, ctx: RequestContext) -> dict[str, Any]:
+        """The whole response: its stream's events, run to the end and dropped."""
         run = await self.begin(req, ctx)
-        assert run.turn is not None
         self.running[run.id] = run
-        try:
-            async for event in run.turn.events:
-                if isinstance(event, BlockStart):
-                    run.item_ids[event.block.index] = item_id(_kind(event.block))
-                elif isinstance(event, TurnEnd):
-                    run.end = event
-                if run.cancelled:
-                    break
-        finally:
-            self.running.pop(run.id, None)
-            await _close(run)
-        return await self._finish(run)
+        last: dict[str, Any] = {}
+        async for event in self.events(run):
+            last = event
+        body: dict[str, Any] = last["response"]
+        return body
 
     async def stream(self, req: ResponsesRequest, ctx: RequestContext) -> AsyncIterator[bytes]:
         """Start the run (errors before output raise here), then its event stream."""
@@ -375,38 +436,36 @@ class ResponsesApi:
         try:
             yield event("response.created", response=run.body("in_progress"))
             yield event("response.in_progress", response=run.body("in_progress"))
-            async for ev in run.turn.events:
-                if run.cancelled:
+            for at, item in enumerate(run.done_output):  # the MCP servers' tool lists
+                yield event("response.output_item.added", output_index=at, item=item)
+                yield event("response.output_item.done", output_index=at, item=item)
+            while True:
+                assert run.turn is not None
+                async for ev in run.turn.events:
+                    if run.cancelled:
+                        break
+                    for out in _turn_event(run, ev):
+                        yield event(out.pop("type"), **out)
+                calls = run.mcp_calls() if not run.cancelled and run.end is not None else []
+                if not calls:
                     break
-                if isinstance(ev, TurnEnd):
-                    run.end = ev
-                    continue
-                block = ev.block
-                if isinstance(ev, BlockStart):
-                    run.item_ids[block.index] = item_id(_kind(block))
-                iid, at = run.item_ids[block.index], _output_index(run, block)
-                if isinstance(ev, BlockStart):
-                    yield event("response.output_item.added", output_index=at, item=_output_item(block, run.item_ids, done=False))
-                    if block.kind == "text":
-                        yield event("response.content_part.added", item_id=iid, output_index=at, content_index=0,
-                                    part={"type": "output_text", "text": "", "annotations": []})
-                elif isinstance(ev, BlockDelta):
-                    if block.kind == "text":
-                        yield event("response.output_text.delta", item_id=iid, output_index=at, content_index=0, delta=ev.text, logprobs=[])
-                    elif block.kind == "reasoning":
-                        yield event("response.reasoning_text.delta", item_id=iid, output_index=at, content_index=0, delta=ev.text)
-                    else:
-                        yield event("response.function_call_arguments.delta", item_id=iid, output_index=at, delta=ev.text)
-                elif isinstance(ev, BlockStop):
-                    if block.kind == "text":
-                        yield event("response.output_text.done", item_id=iid, output_index=at, content_index=0, text=block.text, logprobs=[])
-                        yield event("response.content_part.done", item_id=iid, output_index=at, content_index=0,
-                                    part={"type": "output_text", "text": block.text, "annotations": []})
-                    elif block.kind == "reasoning":
-                        yield event("response.reasoning_text.done", item_id=iid, output_index=at, content_index=0, text=block.text)
-                    else:
-                        yield event("response.function_call_arguments.done", item_id=iid, output_index=at, name=block.name, arguments=block.text)
-                    yield event("response.output_item.done", output_index=at, item=_output_item(block, run.item_ids, done=True))
+                if run.rounds >= self.mcp.mcp_max_rounds:
+                    run.out_of_rounds = True
+                    break
+                results: list[tuple[Block, dict[str, Any]]] = []
+                for block in calls:
+                    item = {"type": "mcp_call", "id": f"mcp_{random_hex()}", "server_label": run.mcp.tools[block.name or ""].server.label,  # type: ignore[union-attr]
+                            "name": block.name, "arguments": block.text, "output": None, "error": None, "status": "in_progress"}
+                    at = len(run.done_output) + len(run.item_ids) + len(results)
+                    yield event("response.output_item.added", output_index=at, item=dict(item))
+                    output, error = await run.mcp.call(block.name or "", block.text)  # type: ignore[union-attr]
+                    item.update(output=output, error=error, status="completed" if error is None else "failed")
+                    yield event("response.output_item.done", output_index=at, item=dict(item))
+                    results.append((block, item))
+                await _close(run)
+                run.next_round(results)
+                chat = to_chat(run.req, run.messages, run.mcp.functions() if run.mcp else None)
+                run.turn = await start_turn(self.engine, chat, run.ctx)
         except GatewayError as exc:
             run.error = exc
         finally:
@@ -475,12 +534,50 @@ def page(items: list[dict[str, Any]], *, after: str | None, limit: int, order: s
     }
 
 
+def _turn_event(run: Run, ev: BlockEvent) -> list[dict[str, Any]]:
+    """The Responses events of one block event of the current round (calls of MCP tools
+    are the gateway's to run: they show as ``mcp_call`` items, not function calls)."""
+    if isinstance(ev, TurnEnd):
+        run.end = ev
+        return []
+    block = ev.block
+    if block.kind == "tool_call" and run.mcp is not None and run.mcp.owns(block.name):
+        return []
+    if isinstance(ev, BlockStart):
+        run.item_ids[block.index] = item_id(_kind(block))
+    iid, at = run.item_ids[block.index], _output_index(run, block)
+    if isinstance(ev, BlockStart):
+        out = [{"type": "response.output_item.added", "output_index": at, "item": _output_item(block, run.item_ids, done=False)}]
+        if block.kind == "text":
+            out.append({"type": "response.content_part.added", "item_id": iid, "output_index": at, "content_index": 0,
+                        "part": {"type": "output_text", "text": "", "annotations": []}})
+        return out
+    if isinstance(ev, BlockDelta):
+        if block.kind == "text":
+            return [{"type": "response.output_text.delta", "item_id": iid, "output_index": at, "content_index": 0, "delta": ev.text, "logprobs": []}]
+        if block.kind == "reasoning":
+            return [{"type": "response.reasoning_text.delta", "item_id": iid, "output_index": at, "content_index": 0, "delta": ev.text}]
+        return [{"type": "response.function_call_arguments.delta", "item_id": iid, "output_index": at, "delta": ev.text}]
+    if block.kind == "text":
+        out = [
+            {"type": "response.output_text.done", "item_id": iid, "output_index": at, "content_index": 0, "text": block.text, "logprobs": []},
+            {"type": "response.content_part.done", "item_id": iid, "output_index": at, "content_index": 0,
+             "part": {"type": "output_text", "text": block.text, "annotations": []}},
+        ]
+    elif block.kind == "reasoning":
+        out = [{"type": "response.reasoning_text.done", "item_id": iid, "output_index": at, "content_index": 0, "text": block.text}]
+    else:
+        out = [{"type": "response.function_call_arguments.done", "item_id": iid, "output_index": at, "name": block.name, "arguments": block.text}]
+    out.append({"type": "response.output_item.done", "output_index": at, "item": _output_item(block, run.item_ids, done=True)})
+    return out
+
+
 def _kind(block: Block) -> str:
     return {"reasoning": "reasoning", "text": "message", "tool_call": "function_call"}[block.kind]
 
 
 def _output_index(run: Run, block: Block) -> int:
-    return sorted(run.item_ids).index(block.index)
+    return len(run.done_output) + sorted(run.item_ids).index(block.index)
 
 
 async def _close(run: Run) -> None:

@@ -15,7 +15,7 @@ from pydantic import Field, field_validator, model_validator
 from gateway.protocol.common import RequestModel
 from gateway.protocol.errors import ParamError
 
-ITEM_TYPES = {"message", "function_call", "function_call_output", "reasoning"}
+ITEM_TYPES = {"message", "function_call", "function_call_output", "reasoning", "mcp_call", "mcp_list_tools"}
 _ROLES = {"user", "assistant", "system", "developer"}
 
 
@@ -50,20 +50,40 @@ def check_items(items: list[Any], param: str) -> list[dict[str, Any]]:
     return out
 
 
-class FunctionTool(RequestModel):
+class ResponseTool(RequestModel):
+    """A function tool, or an MCP server whose tools the gateway runs itself."""
+
     type: str = "function"
-    name: str = Field(default="", min_length=0)
+    name: str = ""
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
+    server_label: str | None = None
+    server_url: str | None = None
+    allowed_tools: list[str] | dict[str, Any] | None = None
+    headers: dict[str, str] | None = None
+    require_approval: str | dict[str, Any] | None = None
 
     @model_validator(mode="after")
-    def _function_only(self) -> FunctionTool:
-        if self.type != "function":
-            raise ParamError("tools", f"tool type {self.type!r} is not supported; only 'function' tools are")
-        if not self.name:
-            raise ParamError("tools", "a function tool needs a name")
+    def _supported(self) -> ResponseTool:
+        if self.type == "function":
+            if not self.name:
+                raise ParamError("tools", "a function tool needs a name")
+        elif self.type == "mcp":
+            if not self.server_url or not self.server_label:
+                raise ParamError("tools", "an mcp tool needs server_label and server_url (connectors are not supported)")
+            if self.require_approval not in (None, "never"):
+                raise ParamError("tools", "only require_approval 'never' is supported: the gateway runs the tools itself")
+        else:
+            raise ParamError("tools", f"tool type {self.type!r} is not supported; 'function' and 'mcp' tools are")
         return self
+
+    def allowed_names(self) -> list[str] | None:
+        allowed = self.allowed_tools
+        if isinstance(allowed, dict):
+            names = allowed.get("tool_names")
+            return list(names) if isinstance(names, list) else None
+        return allowed
 
 
 class ReasoningParam(RequestModel):
@@ -79,7 +99,7 @@ class ResponsesRequest(RequestModel):
     model: str | None = None
     input: str | list[Any] = ""
     instructions: str | None = None
-    tools: list[FunctionTool] | None = None
+    tools: list[ResponseTool] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool = True
     reasoning: ReasoningParam | None = None

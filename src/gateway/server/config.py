@@ -9,6 +9,7 @@ from gateway.parsers.config import ParserConfig
 from gateway.pipeline.dispatch import DispatchConfig
 from gateway.pipeline.engine import EngineConfig
 from gateway.pipeline.limits import LimitsConfig
+from gateway.pipeline.mcp_client import McpConfig
 from gateway.pipeline.pd import PdConfig
 from gateway.pipeline.resume import ResumeConfig
 from gateway.pipeline.retry import RetryConfig
@@ -79,3 +80,4 @@ class GatewayConfig:
     resume: ResumeConfig = field(default_factory=ResumeConfig)
     discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)
     history: HistoryConfig = field(default_factory=HistoryConfig)
+    mcp: McpConfig = field(default_factory=McpConfig)

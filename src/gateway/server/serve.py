@@ -19,6 +19,7 @@ from gateway.parsers.config import ParserConfig
 from gateway.pipeline.dispatch import DispatchConfig, flush_aborts
 from gateway.pipeline.engine import EngineConfig
 from gateway.pipeline.limits import LimitsConfig
+from gateway.pipeline.mcp_client import McpConfig
 from gateway.pipeline.pd import PdConfig, PdFlagError, parse_pool_flags
 from gateway.pipeline.resume import ResumeConfig
 from gateway.pipeline.retry import RetryConfig
@@ -75,6 +76,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_options(parser.add_argument_group("routing sync (NATS)"), SyncConfig)
     add_options(parser.add_argument_group("tool-call and reasoning parsers"), ParserConfig)
     add_options(parser.add_argument_group("stored responses and conversations"), HistoryConfig)
+    add_options(parser.add_argument_group("MCP tools of Responses requests"), McpConfig)
     pd = parser.add_argument_group("prefill/decode disaggregation")
     pd.add_argument("--prefill", nargs="+", action="append", default=[], metavar="URL [BOOTSTRAP_PORT]",
                     help="prefill worker(s): grpc://host:port, each optionally followed by its bootstrap port "
@@ -149,6 +151,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         http=from_namespace(HttpLimitsConfig, args),
         parsers=from_namespace(ParserConfig, args),
         history=from_namespace(HistoryConfig, args),
+        mcp=from_namespace(McpConfig, args),
         pd=from_namespace(
             PdConfig, args,
             prefill=parse_pool_flags(args.prefill, allow_port=True),

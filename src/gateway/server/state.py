@@ -110,7 +110,7 @@ class GatewayState:
         self.process_set: SetMember | None = None  # set by serve when one of --processes N
         self.discovery = make_discovery(config.discovery, self._discovered_add, self.remove_worker)
         self.history = History(config.history)  # stored responses and conversations
-        self.responses = ResponsesApi(self.engine, self.history.store)
+        self.responses = ResponsesApi(self.engine, self.history.store, config.mcp)
         self.background = BackgroundRuns(self.responses)
         self.ready = False
 
