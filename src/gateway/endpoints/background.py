@@ -65,8 +65,9 @@ def _more(journal: Journal, at: int) -> bool:
 class BackgroundRuns:
     """This process's background runs: start, drive and journal them, replay their events."""
 
-    def __init__(self, api: ResponsesApi) -> None:
+    def __init__(self, api: ResponsesApi, stale_s: float = 15.0) -> None:
         self.api = api
+        self.stale_s = stale_s  # no heartbeat for this long: the run's process is gone
         self.live: dict[str, Journal] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -93,6 +94,7 @@ class BackgroundRuns:
         owner = owner_of(run.ctx)
         pending: list[tuple[int, dict[str, Any]]] = []
         flushed = time.monotonic()
+        beat = asyncio.get_running_loop().create_task(self._beat(run.id, owner))
         try:
             async for event in self.api.events(run):
                 await journal.add(event)
@@ -108,8 +110,19 @@ class BackgroundRuns:
             log.exception("background response %s failed", run.id)
             await self._stopped(run, pending)
         finally:
+            beat.cancel()
             await journal.add(None)
             self.live.pop(run.id, None)
+
+    async def _beat(self, response_id: str, owner: str) -> None:
+        """Say this process still runs the response, several times per ``stale_s``."""
+        store = await self.api.store()
+        while True:
+            try:
+                await store.touch_response(owner, response_id, time.time())
+            except Exception:
+                log.exception("heartbeat of background response %s failed", response_id)
+            await asyncio.sleep(self.stale_s / 5)
 
     async def _stopped(self, run: Run, pending: list[tuple[int, dict[str, Any]]]) -> None:
         """The run ended without its last event (the process is stopping): journal what it
@@ -154,6 +167,7 @@ class BackgroundRuns:
                     return
         store = await self.api.store()
         deadline = time.monotonic() + MAX_POLL_S
+        checked = time.monotonic()
         while True:
             stored = await store.list_events(owner, response_id, after=after)
             for seq, event in stored:
@@ -164,7 +178,29 @@ class BackgroundRuns:
             if not stored:
                 if time.monotonic() > deadline:
                     raise GatewayTimeoutError(f"response {response_id!r} made no progress")
+                if time.monotonic() - checked >= self.stale_s / 5:
+                    checked = time.monotonic()
+                    await self._fail_if_orphaned(owner, response_id, after)
                 await asyncio.sleep(POLL_S)
+
+    async def _fail_if_orphaned(self, owner: str, response_id: str, after: int) -> None:
+        """A run in progress whose process stopped beating (killed, or cut off from the
+        store) is recorded as failed, its last event journaled after the last one there,
+        so every reader ends on the same event."""
+        store = await self.api.store()
+        rec = await store.get_response(owner, response_id)
+        if rec is None or rec.body.get("status") != "in_progress":
+            return
+        if time.time() - (rec.heartbeat or rec.created_at) < self.stale_s:
+            return
+        log.warning("background response %s lost its process; recorded as failed", response_id)
+        rec.body = {**rec.body, "status": "failed", "error": {
+            "code": "server_error", "message": "the gateway process running this response stopped before it finished",
+        }}
+        await store.append_events(owner, response_id, [
+            (after + 1, {"type": "response.failed", "sequence_number": after + 1, "response": rec.body}),
+        ])
+        await store.put_response(rec)
 
     async def close(self) -> None:
         """Stop this process's runs (each is recorded as failed)."""

@@ -111,7 +111,7 @@ class GatewayState:
         self.discovery = make_discovery(config.discovery, self._discovered_add, self.remove_worker)
         self.history = History(config.history)  # stored responses and conversations
         self.responses = ResponsesApi(self.engine, self.history.store, config.mcp)
-        self.background = BackgroundRuns(self.responses)
+        self.background = BackgroundRuns(self.responses, config.history.history_stale_s)
         self.ready = False
 
     def _pool_needs_loads(self, worker: Worker) -> bool:

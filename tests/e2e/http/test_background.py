@@ -5,6 +5,8 @@ event exactly once, in this process or in another one sharing the store."""
 from __future__ import annotations
 
 import asyncio
+import json
+import sys
 from typing import Any
 
 import openai
@@ -104,3 +106,40 @@ async def test_a_background_run_holds_its_admission_slot(stack: Stack) -> None:
         await asyncio.sleep(0.02)
     ok = await c.responses.create(model=stack.model, input="x", max_output_tokens=2)
     assert ok.status == "incomplete"
+
+
+@pytest.mark.slow
+async def test_a_run_whose_process_is_killed_ends_as_failed_for_its_readers(tmp_path: Any) -> None:
+    """SIGKILL the gateway process running a background response: a reader on another
+    gateway sharing the store gets every journaled event once, then ``response.failed``
+    once the dead process's heartbeat is stale."""
+    from gateway.sim.config import SimConfig
+    from gateway.sim.fleet import SimFleet
+
+    async with SimFleet.start(1, SimConfig(**{**SLOW, "decode_seq_s": 0.02})) as fleet:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", "0",
+            "--worker-urls", fleet.urls[0], "--tokenizer-cache-dir", str(tmp_path / "tok"),
+            "--history-path", str(tmp_path / "history.sqlite3"), "--history-stale-s", "1",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, stdin=asyncio.subprocess.DEVNULL,
+        )
+        try:
+            async with asyncio.timeout(60):
+                ready = json.loads(await proc.stdout.readline())  # type: ignore[union-attr]
+            doomed = openai.AsyncOpenAI(base_url=ready["url"] + "/v1", api_key="none", max_retries=0)
+            model = (await doomed.models.list()).data[0].id
+            resp = await doomed.responses.create(model=model, input="Tell me a long story.", background=True, max_output_tokens=2000)
+            seen = await _read(doomed, resp.id, take=20)
+            await doomed.close()
+        finally:
+            proc.kill()
+            await proc.wait()
+        opts = StackOptions(workers=1, sim=SLOW, sections={"history": {"history_stale_s": 1.0}})
+        async with start_stack(opts, tmp_path) as other:
+            rest = await _read(other.client, resp.id, after=seen[-1].sequence_number)
+            seqs = [e.sequence_number for e in seen + rest]
+            assert seqs == list(range(len(seqs)))  # nothing twice, nothing missing
+            assert rest[-1].type == "response.failed"
+            again = await _read(other.client, resp.id, after=seen[-1].sequence_number)  # a second reader: the same end
+            assert [e.sequence_number for e in again] == [e.sequence_number for e in rest]
+            assert (await other.client.responses.retrieve(resp.id)).status == "failed"

@@ -108,3 +108,15 @@ async def test_event_journal(store: Store) -> None:
     assert await store.list_events("k2", "resp_j") == []
     assert await store.delete_response("k1", "resp_j")
     assert await store.list_events("k1", "resp_j") == []
+
+
+async def test_heartbeat(store: Store) -> None:
+    await store.put_response(_response("resp_h"))
+    assert (await store.get_response("k1", "resp_h")).heartbeat is None  # type: ignore[union-attr]
+    await store.touch_response("k2", "resp_h", 5.0)  # another key's touch changes nothing
+    assert (await store.get_response("k1", "resp_h")).heartbeat is None  # type: ignore[union-attr]
+    await store.touch_response("k1", "resp_h", 7.5)
+    rec = await store.get_response("k1", "resp_h")
+    assert rec is not None and rec.heartbeat == 7.5
+    await store.put_response(rec)  # a body update keeps the heartbeat
+    assert (await store.get_response("k1", "resp_h")).heartbeat == 7.5  # type: ignore[union-attr]

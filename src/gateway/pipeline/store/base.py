@@ -35,6 +35,7 @@ class StoredResponse:
     # The ids each output message was generated as (by output item id): the next turn's
     # prompt is tokenized with them, as the worker cached them.
     output_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    heartbeat: float | None = None  # a background run's process was alive then (epoch seconds)
 
 
 @dataclass
@@ -76,6 +77,10 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def get_response(self, owner: str, response_id: str) -> StoredResponse | None: ...
+
+    @abc.abstractmethod
+    async def touch_response(self, owner: str, response_id: str, at: float) -> None:
+        """Record the heartbeat of the process running a background response."""
 
     @abc.abstractmethod
     async def delete_response(self, owner: str, response_id: str) -> bool:

@@ -23,11 +23,20 @@ class MemoryStore(Store):
         self._events: dict[str, tuple[str, dict[int, dict[str, Any]]]] = {}  # response id -> (owner, seq -> event)
 
     async def put_response(self, rec: StoredResponse) -> None:
-        self._responses[rec.id] = copy.deepcopy(rec)
+        old = self._responses.get(rec.id)
+        stored = copy.deepcopy(rec)
+        if old is not None:  # as the SQL upsert: the heartbeat is the runner's alone
+            stored.heartbeat = old.heartbeat
+        self._responses[rec.id] = stored
 
     async def get_response(self, owner: str, response_id: str) -> StoredResponse | None:
         rec = self._responses.get(response_id)
         return copy.deepcopy(rec) if rec is not None and rec.owner == owner else None
+
+    async def touch_response(self, owner: str, response_id: str, at: float) -> None:
+        rec = self._responses.get(response_id)
+        if rec is not None and rec.owner == owner:
+            rec.heartbeat = at
 
     async def delete_response(self, owner: str, response_id: str) -> bool:
         rec = self._responses.get(response_id)

@@ -52,6 +52,9 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             PRIMARY KEY (response_id, seq)
         )""",
     ),
+    (  # 3: the heartbeat of the process running a background response
+        "ALTER TABLE responses ADD COLUMN heartbeat DOUBLE PRECISION",
+    ),
 )
 
 VERSION_TABLE = "CREATE TABLE IF NOT EXISTS gateway_schema (version INTEGER NOT NULL)"

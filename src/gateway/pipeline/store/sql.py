@@ -27,6 +27,7 @@ def _loads(text: str | None) -> Any:
 
 
 _RESPONSE_COLUMNS = "id, owner, created_at, previous_response_id, conversation_id, body, input_items, output_token_ids"
+_RESPONSE_READ = _RESPONSE_COLUMNS + ", heartbeat"
 _ITEM_COLUMNS = "seq, id, conversation_id, owner, created_at, item, token_ids"
 
 
@@ -34,7 +35,7 @@ def _response(row: Row) -> StoredResponse:
     return StoredResponse(
         id=row[0], owner=row[1], created_at=float(row[2]), previous_response_id=row[3], conversation_id=row[4],
         body=_loads(row[5]), input_items=_loads(row[6]),
-        output_token_ids=_loads(row[7]),
+        output_token_ids=_loads(row[7]), heartbeat=None if row[8] is None else float(row[8]),
     )
 
 
@@ -68,9 +69,12 @@ class SqlStore(Store):
 
     async def get_response(self, owner: str, response_id: str) -> StoredResponse | None:
         rows, _ = await self._run(
-            f"SELECT {_RESPONSE_COLUMNS} FROM responses WHERE id = ? AND owner = ?", (response_id, owner)
+            f"SELECT {_RESPONSE_READ} FROM responses WHERE id = ? AND owner = ?", (response_id, owner)
         )
         return _response(rows[0]) if rows else None
+
+    async def touch_response(self, owner: str, response_id: str, at: float) -> None:
+        await self._run("UPDATE responses SET heartbeat = ? WHERE id = ? AND owner = ?", (at, response_id, owner))
 
     async def delete_response(self, owner: str, response_id: str) -> bool:
         rows = await self._run_many([
