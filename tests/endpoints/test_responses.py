@@ -86,3 +86,16 @@ async def test_a_chain_rebuilds_inputs_and_outputs_in_order() -> None:
     assert history.token_ids == {"out_r1": [1], "out_r2": [2]}
     with pytest.raises(NotFoundError):
         await load_history(store, "other-key", req)
+
+
+def test_text_format_becomes_the_response_format() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    req = ResponsesRequest.model_validate({"input": "x", "text": {"format": {"type": "json_schema", "name": "thing", "schema": schema, "strict": True}}})
+    chat = to_chat(req, chat_messages(None, req.input_items()))
+    assert chat.response_format is not None and chat.response_format.type == "json_schema"
+    assert chat.response_format.json_schema is not None and chat.response_format.json_schema.schema_ == schema
+    plain = ResponsesRequest.model_validate({"input": "x", "text": {"format": {"type": "text"}}})
+    assert to_chat(plain, chat_messages(None, plain.input_items())).response_format is None
+    with pytest.raises(InvalidRequestError, match="json_schema"):
+        bad = ResponsesRequest.model_validate({"input": "x", "text": {"format": {"type": "json_schema", "name": "n"}}})
+        to_chat(bad, chat_messages(None, bad.input_items()))

@@ -180,6 +180,8 @@ def to_chat(req: ResponsesRequest, messages: list[dict[str, Any]], extra_tools: 
         "model": req.model, "messages": messages, "max_tokens": req.max_output_tokens,
         "temperature": req.temperature, "top_p": req.top_p, "parallel_tool_calls": req.parallel_tool_calls,
     }
+    if (fmt := req.response_format()) is not None:
+        body["response_format"] = fmt
     effort = req.reasoning.effort if req.reasoning else None
     if effort == "none":
         body["chat_template_kwargs"] = {"enable_thinking": False}
@@ -277,7 +279,7 @@ class Run:
             "previous_response_id": req.previous_response_id,
             "conversation": {"id": req.conversation_id} if req.conversation_id else None,
             "reasoning": {"effort": req.reasoning.effort if req.reasoning else None, "summary": None},
-            "store": req.store, "temperature": req.temperature, "text": {"format": {"type": "text"}},
+            "store": req.store, "temperature": req.temperature, "text": req.text or {"format": {"type": "text"}},
             "tool_choice": tool_choice, "tools": [t.model_dump(exclude_none=True) for t in req.tools or []],
             "top_p": req.top_p, "truncation": "disabled", "usage": usage, "user": req.user,
             "metadata": req.metadata or {},

@@ -113,6 +113,18 @@ class ResponsesRequest(RequestModel):
     stream: bool = False
     background: bool = False
     user: str | None = None
+    text: dict[str, Any] | None = None  # {"format": {"type": "text" | "json_object" | "json_schema", ...}}
+
+    def response_format(self) -> dict[str, Any] | None:
+        """``text.format`` as a chat ``response_format`` (None: plain text)."""
+        fmt = (self.text or {}).get("format")
+        if not isinstance(fmt, dict) or fmt.get("type", "text") == "text":
+            return None
+        if fmt.get("type") == "json_schema":
+            return {"type": "json_schema", "json_schema": {
+                "name": fmt.get("name") or "schema", "schema": fmt.get("schema"), "strict": fmt.get("strict"),
+            }}
+        return {"type": fmt.get("type")}
 
     @field_validator("input")
     @classmethod

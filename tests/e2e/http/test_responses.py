@@ -239,3 +239,14 @@ async def test_previous_response_id_hits_as_well_as_chat_with_reply_reuse(tmp_pa
         responses = await _hit_rate(stack, via_responses=True)
     print(f"hit rate: chat {chat:.3f}, responses {responses:.3f}")
     assert chat > 0.5 and responses >= chat - 0.01
+
+
+async def test_text_format_is_taken_and_echoed(stack: Stack) -> None:
+    """The schema reaches the worker as the chat path's decoding constraint (the unit tests
+    check the mapping; the simulated worker does not constrain its random text)."""
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    resp = await stack.client.responses.create(
+        model=stack.model, input="Where?", max_output_tokens=60,
+        text={"format": {"type": "json_schema", "name": "place", "schema": schema, "strict": True}},
+    )
+    assert resp.text is not None and resp.text.format.type == "json_schema" and resp.status in ("completed", "incomplete")
