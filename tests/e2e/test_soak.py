@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.bench.soak import KINDS, SoakConfig, run_soak
+from gateway_lab.bench.soak import KINDS, SoakConfig, run_soak
 
 # Generous on purpose: RSS moves in allocator-sized steps; a leak of even a few KB
 # per request would add tens of MB over the measured part of the run.

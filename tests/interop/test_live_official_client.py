@@ -15,8 +15,8 @@ from typing import Any
 from google.protobuf import json_format
 
 from gateway.proto import sglang_scheduler_pb2 as pb
-from gateway.sim.config import SimConfig
-from gateway.sim.fleet import SimFleet
+from gateway_lab.sim.config import SimConfig
+from gateway_lab.sim.fleet import SimFleet
 
 from .official import run_official
 from .populate import canonical

@@ -24,9 +24,9 @@ from gateway.proto import sglang_scheduler_pb2_grpc
 from gateway.server.config import GatewayConfig, ServerConfig
 from gateway.server.grpc.server import start_grpc_server
 from gateway.server.state import GatewayState
-from gateway.sim.config import SimConfig
-from gateway.sim.servicer import SimServicer
-from gateway.sim.worker import SimWorker
+from gateway_lab.sim.config import SimConfig
+from gateway_lab.sim.servicer import SimServicer
+from gateway_lab.sim.worker import SimWorker
 from tests.e2e.http.conftest import ZERO_COST, _serve
 
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"

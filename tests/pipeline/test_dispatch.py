@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import asyncio
 
-import grpc
 import pytest
 
-from gateway.pipeline.dispatch import DispatchConfig, call_embed, flush_aborts, open_generate
+from gateway.pipeline.aborts import flush_aborts
+from gateway.pipeline.dispatch import DispatchConfig, call_embed, open_generate
 from gateway.pipeline.lease import Outcome
 from gateway.pipeline.retry import RetryConfig
 from gateway.policies.base import RouteRequest
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.protocol.errors import InvalidRequestError
+from gateway.workers.transport import CallCode
 from tests.fake_transport import (
     HANG,
     MODEL,
@@ -86,7 +87,7 @@ async def test_embed_goes_through_select_lease_and_observer() -> None:
 
 async def test_embed_is_retried_on_another_worker() -> None:
     a = FakeTransport("grpc://a:1")
-    a.embeds.append(rpc_error(grpc.StatusCode.UNAVAILABLE))
+    a.embeds.append(rpc_error(CallCode.UNAVAILABLE))
     b = FakeTransport("grpc://b:1")
     f = await fleet(a, b)
     obs = RecordingObserver()
@@ -98,7 +99,7 @@ async def test_embed_is_retried_on_another_worker() -> None:
 
 async def test_embed_refused_as_bad_is_a_400_and_not_retried() -> None:
     a = FakeTransport("grpc://a:1")
-    a.embeds.append(rpc_error(grpc.StatusCode.INVALID_ARGUMENT, "too long"))
+    a.embeds.append(rpc_error(CallCode.INVALID_ARGUMENT, "too long"))
     b = FakeTransport("grpc://b:1")
     f = await fleet(a, b)
     with pytest.raises(InvalidRequestError, match="too long"):

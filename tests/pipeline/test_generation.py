@@ -1,9 +1,10 @@
-"""``Generation.pieces``: texts of tokens that arrived together come as one batch, handed
+"""``Generation.deltas(texts=True)``: texts of tokens that arrived together come as one batch, handed
 over before the generation waits for the worker (never held back for more)."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,7 @@ class Arrivals:
     observer: PipelineObserver = NULL_OBSERVER
     closed: bool = False
     waits: int = 0  # reads that found nothing there and had to wait
+    outputs: list[list[int]] = field(default_factory=list)  # what the policy was told the worker learned
     _here: list[Any] = field(default_factory=list)
     _released: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -51,6 +53,9 @@ class Arrivals:
     def finished(self) -> None:
         self.closed = True
 
+    def output(self, output_ids: Sequence[int]) -> None:
+        self.outputs.append(list(output_ids))
+
     async def abort(self, reason: str = "") -> None:
         self.closed = True
 
@@ -64,7 +69,7 @@ async def test_tokens_that_arrived_together_come_as_one_batch_before_the_wait(to
     stream = Arrivals([[chunk([i]) for i in ids[:4]], [chunk([i]) for i in ids[4:]], [complete()]])
     gen = Generation(stream, prepare(tok, [1, 2], max_new_tokens=6))  # type: ignore[arg-type]
     assert gen.plain
-    pieces = gen.pieces()
+    pieces = gen.deltas(texts=True)
     stream.release()
     first = await pieces.__anext__()
     # All four texts, handed over before the read that has to wait for the next group.
@@ -76,13 +81,14 @@ async def test_tokens_that_arrived_together_come_as_one_batch_before_the_wait(to
     last = [d async for d in pieces]
     assert len(last) == 1 and isinstance(last[0], SampleDelta) and last[0].finish_reason == "length"
     assert stream.closed
+    assert stream.outputs == [ids]  # the one sample's output went to the policy through its stream
 
 
 async def test_one_token_at_a_time_comes_one_text_at_a_time(tok: Tokenizer) -> None:
     ids = tok.encode(" one two three", False)
     stream = Arrivals([[chunk([i])] for i in ids] + [[complete()]])
     gen = Generation(stream, prepare(tok, [1, 2], max_new_tokens=3))  # type: ignore[arg-type]
-    pieces = gen.pieces()
+    pieces = gen.deltas(texts=True)
     got: list[Any] = []
     for _ in range(3):
         stream.release()
@@ -99,7 +105,7 @@ async def test_a_token_stop_in_a_batch_hands_over_the_texts_before_it(tok: Token
     gen = Generation(stream, prepared)  # type: ignore[arg-type]
     assert gen.plain
     stream.release()
-    out = [d async for d in gen.pieces()]
+    out = [d async for d in gen.deltas(texts=True)]
     assert out[0] == [" one", " two"]
     assert isinstance(out[1], SampleDelta) and out[1].finish_reason == "stop" and out[1].text == ""
     assert len(out) == 2  # nothing after the stop

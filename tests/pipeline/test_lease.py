@@ -1,19 +1,20 @@
 """The lease: every ending of a dispatched request gives back slot, breaker verdict,
-policy notification and observer report exactly once."""
+policy notification, observer report, watchdog watch and the worker's side of the
+call exactly once, whether ended by hand or by leaving its ``async with`` block."""
 
 from __future__ import annotations
 
 import asyncio
 
-import grpc
 import pytest
 
 from gateway.pipeline.dispatch import AttemptFailed, DispatchConfig, open_on
-from gateway.pipeline.lease import Lease, Outcome
+from gateway.pipeline.lease import Lease, LeaseFailure, Outcome
 from gateway.pipeline.retry import RetryConfig
 from gateway.policies.base import RouteRequest
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.protocol.errors import GatewayTimeoutError, WorkerError
+from gateway.workers.transport import CallCode, WorkerCallError
 from tests.fake_transport import (
     HANG,
     MODEL,
@@ -50,7 +51,7 @@ async def test_lease_takes_everything_on_creation_and_gives_it_back_once() -> No
     f, _ = await one_worker(predict=2)
     obs = RecordingObserver()
     selection = f.router.select(ROUTE)
-    lease = Lease(selection, ROUTE, prompt_tokens=4, max_new_tokens=8, observer=obs)
+    lease = Lease(f.router, selection, ROUTE, prompt_tokens=4, max_new_tokens=8, observer=obs)
     w = f.worker("w1:1")
     assert (w.load.in_flight, w.load.queued_prefill_tokens) == (1, 4)
     assert f.spy is not None and f.spy.dispatched == [("r1", "w1:1")]
@@ -58,8 +59,8 @@ async def test_lease_takes_everything_on_creation_and_gives_it_back_once() -> No
     assert (w.load.queued_prefill_tokens, w.load.running_decode_tokens) == (0, 8)
     lease.report(cached_tokens=3, prompt_tokens=4)
     lease.report(cached_tokens=1, prompt_tokens=0)  # counts are cumulative: the largest stays
-    assert lease.release(Outcome.OK) is True
-    assert lease.release(Outcome.WORKER_FAILED) is False  # second release does nothing
+    assert lease.end(Outcome.OK) is True
+    assert lease.end(Outcome.WORKER_FAILED) is False  # second release does nothing
     assert lease.outcome is Outcome.OK
     assert_released_once(f, success=True, cached=3)
     assert obs.stages == ["relay"]
@@ -79,8 +80,8 @@ async def test_each_outcome_tells_breaker_and_policy(outcome: Outcome, breaker_f
     w = f.worker("w1:1")
     w.breaker.consecutive_failures = 0
     obs = RecordingObserver()
-    lease = Lease(f.router.select(ROUTE), ROUTE, prompt_tokens=4, max_new_tokens=8, observer=obs)
-    lease.release(outcome)
+    lease = Lease(f.router, f.router.select(ROUTE), ROUTE, prompt_tokens=4, max_new_tokens=8, observer=obs)
+    lease.end(outcome)
     assert_released_once(f, success=success)
     assert w.breaker.consecutive_failures == breaker_failures
     assert obs.done == []  # no output, no relay figures
@@ -89,7 +90,7 @@ async def test_each_outcome_tells_breaker_and_policy(outcome: Outcome, breaker_f
 
 async def open_one(f: Fleet, obs: RecordingObserver | None = None, config: DispatchConfig = FAST):  # type: ignore[no-untyped-def]
     return await open_on(
-        f.router.select(ROUTE), ROUTE, pb.GenerateRequest(request_id="r1"),
+        f.router, f.router.select(ROUTE), ROUTE, pb.GenerateRequest(request_id="r1"),
         prompt_tokens=4, max_new_tokens=8, retry=RetryConfig(), config=config,
         observer=obs or RecordingObserver(),
     )
@@ -113,7 +114,7 @@ async def test_stream_to_its_end_releases_ok_with_reported_counts() -> None:
 
 async def test_worker_error_mid_stream_counts_against_the_worker() -> None:
     f, t = await one_worker()
-    t.script(chunk([5]), rpc_error(grpc.StatusCode.INTERNAL, "boom"))
+    t.script(chunk([5]), rpc_error(CallCode.INTERNAL, "boom"))
     stream = await open_one(f)
     await stream.read()
     with pytest.raises(WorkerError):
@@ -161,7 +162,7 @@ async def test_eof_without_output_fails_the_attempt() -> None:
 
 async def test_bad_request_is_rejected_without_blaming_the_worker() -> None:
     f, t = await one_worker()
-    t.script(rpc_error(grpc.StatusCode.INVALID_ARGUMENT, "bad stop"))
+    t.script(rpc_error(CallCode.INVALID_ARGUMENT, "bad stop"))
     with pytest.raises(AttemptFailed) as info:
         await open_one(f)
     assert not info.value.retryable
@@ -199,7 +200,123 @@ async def test_a_cancelled_half_open_trial_does_not_keep_the_worker_out() -> Non
     w.breaker.cooldown_s = 0.0
     w.breaker.half_open_probes = 1  # one trial at a time: the trial in flight fills it
     w.record_outcome(False)  # open; the cool-down is over at once
-    lease = Lease(f.router.select(ROUTE), ROUTE, prompt_tokens=4, max_new_tokens=8)  # the half-open trial
+    lease = Lease(f.router, f.router.select(ROUTE), ROUTE, prompt_tokens=4, max_new_tokens=8)  # the half-open trial
     assert not w.available
-    lease.release(Outcome.CANCELLED)
+    lease.end(Outcome.CANCELLED)
     assert w.available
+
+
+# ------------------------------------------------------------ the lease as a context manager
+def lease_on(f: Fleet, obs: RecordingObserver | None = None) -> Lease:
+    return Lease(f.router, f.router.select(ROUTE), ROUTE, prompt_tokens=4, max_new_tokens=8, observer=obs or RecordingObserver())
+
+
+async def test_leaving_the_block_cleanly_ends_the_lease_ok() -> None:
+    f, t = await one_worker()
+    async with lease_on(f) as lease:
+        lease.sent(t.generate(pb.GenerateRequest(request_id="r1")))
+        lease.start()
+        lease.report(cached_tokens=2)
+        assert not lease.released
+    await settle()
+    assert lease.outcome is Outcome.OK and t.aborts == [] and not t.calls[0].cancelled
+    assert_released_once(f, success=True, cached=2)
+
+
+@pytest.mark.parametrize(
+    ("code", "outcome", "failures"),
+    [(CallCode.UNAVAILABLE, Outcome.WORKER_FAILED, 1), (CallCode.INVALID_ARGUMENT, Outcome.REJECTED, 0)],
+)
+async def test_a_worker_call_error_out_of_the_block_is_the_workers_verdict(
+    code: CallCode, outcome: Outcome, failures: int
+) -> None:
+    f, t = await one_worker()
+    with pytest.raises(WorkerCallError):
+        async with lease_on(f) as lease:
+            lease.sent(t.generate(pb.GenerateRequest(request_id="r1")))
+            raise rpc_error(code)
+    await settle()
+    assert lease.outcome is outcome and t.aborts == []  # the worker ended the call itself
+    assert_released_once(f, success=False)
+    assert f.worker("w1:1").breaker.consecutive_failures == failures
+
+
+async def test_a_lease_failure_carries_its_verdict_and_its_abort() -> None:
+    f, t = await one_worker()
+    with pytest.raises(LeaseFailure):
+        async with lease_on(f) as lease:
+            lease.sent(t.generate(pb.GenerateRequest(request_id="r1")))
+            raise LeaseFailure("silent", abort="stalled")
+    await settle()
+    assert lease.outcome is Outcome.WORKER_FAILED
+    assert t.calls[0].cancelled and t.aborts == [("r1", "stalled")]
+    assert_released_once(f, success=False)
+
+
+@pytest.mark.parametrize("sent", [True, False])
+async def test_cancellation_in_the_block_gives_no_verdict_and_aborts_only_what_was_sent(sent: bool) -> None:
+    f, t = await one_worker()
+    started = asyncio.Event()
+
+    async def body() -> None:
+        async with lease_on(f) as lease:
+            if sent:
+                lease.sent(t.generate(pb.GenerateRequest(request_id="r1")))
+            started.set()
+            await asyncio.sleep(10)
+
+    task = asyncio.ensure_future(body())
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await settle()
+    assert t.aborts == ([("r1", "cancelled")] if sent else [])
+    assert [c.cancelled for c in t.calls] == ([True] if sent else [])
+    assert_released_once(f, success=False)
+    assert f.worker("w1:1").breaker.consecutive_failures == 0
+
+
+async def test_a_handed_over_lease_outlives_the_block_and_ends_once() -> None:
+    f, t = await one_worker()
+    async with lease_on(f) as lease:
+        lease.sent(t.generate(pb.GenerateRequest(request_id="r1")))
+        kept = lease.hand_over()
+    assert not kept.released and f.worker("w1:1").load.in_flight == 1
+    assert kept.end(Outcome.OK, abort="client gone", aborted=True) is True
+    assert kept.end(Outcome.WORKER_FAILED) is False
+    await settle()
+    assert t.aborts == [("r1", "client gone")]
+    assert_released_once(f, success=True)
+
+
+async def test_the_watchdog_reaches_the_call_through_the_lease_and_the_end_unwatches() -> None:
+    f, t = await one_worker()
+    progress = f.worker("w1:1").progress
+    with pytest.raises(LeaseFailure):
+        async with lease_on(f) as lease:
+            lease.sent(t.generate(pb.GenerateRequest(request_id="r1")))
+            lease.watch()
+            assert progress.live == 1
+            assert progress.kill_all() == 1
+            assert lease.stalled and t.calls[0].cancelled
+            raise LeaseFailure("stalled", abort="worker stalled")
+    assert progress.live == 0
+    assert_released_once(f, success=False)
+
+
+async def test_the_policy_learns_an_output_through_the_lease() -> None:
+    f, _ = await one_worker()
+    async with lease_on(f) as lease:
+        lease.start()
+    lease.output([7, 8])
+    assert f.spy is not None and f.spy.outputs == [("r1", "w1:1", [7, 8])]
+
+
+async def test_an_empty_stream_through_open_on_unwatches_and_releases_once() -> None:
+    f, t = await one_worker()
+    t.script()  # the end at once
+    with pytest.raises(AttemptFailed):
+        await open_one(f)
+    assert f.worker("w1:1").progress.live == 0
+    assert_released_once(f, success=False)

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import grpc
 import pytest
 
-from gateway.pipeline.dispatch import DispatchConfig, flush_aborts
+from gateway.pipeline.aborts import flush_aborts
+from gateway.pipeline.dispatch import DispatchConfig
 from gateway.pipeline.pd import PdOpener
 from gateway.pipeline.retry import RetryConfig
 from gateway.policies.base import RouteRequest
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.protocol.errors import WorkerError
+from gateway.workers.transport import CallCode
 from tests.fake_transport import (
     HANG,
     MODEL,
@@ -69,7 +70,7 @@ async def test_decode_failure_before_output_aborts_the_prefill_and_retries_the_p
     p, d1, d2 = prefill("p"), decode("d1"), decode("d2")
     p.script(HANG)  # the first prefill is still running when its decode partner fails
     p.script(complete([], cached=1))
-    d1.script(rpc_error(grpc.StatusCode.UNAVAILABLE))
+    d1.script(rpc_error(CallCode.UNAVAILABLE))
     d2.script(chunk([5]), complete([5]))
     f = await fleet(p, d1, d2)
     stream = await open_pd(f)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 
-import grpc
 import pytest
 
 from gateway.pipeline.dispatch import DispatchConfig, open_generate
@@ -15,6 +14,7 @@ from gateway.pipeline.prefill_gate import PrefillGateConfig, hold_timeout_s
 from gateway.pipeline.retry import RetryConfig
 from gateway.policies.base import RouteRequest
 from gateway.proto import sglang_scheduler_pb2 as pb
+from gateway.workers.transport import CallCode
 from tests.fake_transport import (
     HANG,
     MODEL,
@@ -101,7 +101,7 @@ async def test_the_gate_can_be_turned_off() -> None:
 
 
 async def test_a_failed_blocker_releases_its_waiters() -> None:
-    t = FakeTransport("grpc://w1:1").script(Later(0.02, rpc_error(grpc.StatusCode.UNAVAILABLE))).script(chunk([2]), HANG)
+    t = FakeTransport("grpc://w1:1").script(Later(0.02, rpc_error(CallCode.UNAVAILABLE))).script(chunk([2]), HANG)
     f = await fleet(t, policy="cache_aware")
     first = await start(f, route(1))
     follower = await start(f, route(2))

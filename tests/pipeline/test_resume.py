@@ -42,6 +42,7 @@ class FakeStream:
     closed: bool = False
     aborted: list[str] = field(default_factory=list)
     together: bool = False
+    outputs: list[list[int]] = field(default_factory=list)  # what the policy was told the worker learned
 
     def ready(self) -> bool:
         return self.together and bool(self.script)
@@ -57,6 +58,9 @@ class FakeStream:
 
     def finished(self) -> None:
         self.closed = True
+
+    def output(self, output_ids: Sequence[int]) -> None:
+        self.outputs.append(list(output_ids))
 
     async def abort(self, reason: str = "") -> None:
         if not self.closed:
@@ -117,7 +121,7 @@ class Recorder(PipelineObserver):
 
 
 async def collect(gen: Generation) -> list[SampleDelta]:
-    return [d async for d in gen]
+    return [d async for d in gen.deltas()]
 
 
 def words(tok: Tokenizer, text: str) -> list[int]:

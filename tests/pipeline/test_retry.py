@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import grpc
 import pytest
 
 from gateway.pipeline.dispatch import DispatchConfig, open_generate
@@ -10,6 +9,7 @@ from gateway.pipeline.retry import RetryConfig
 from gateway.policies.base import RouteRequest
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.protocol.errors import InvalidRequestError, NoWorkerError, WorkerError
+from gateway.workers.transport import CallCode
 from tests.fake_transport import (
     HANG,
     MODEL,
@@ -38,7 +38,7 @@ def in_flight(f: Fleet) -> int:
 
 
 async def test_a_failed_worker_is_excluded_and_another_one_tried() -> None:
-    a = FakeTransport("grpc://a:1").script(rpc_error(grpc.StatusCode.UNAVAILABLE))
+    a = FakeTransport("grpc://a:1").script(rpc_error(CallCode.UNAVAILABLE))
     b = FakeTransport("grpc://b:1").script(chunk([7]))
     f = await fleet(a, b)
     obs = RecordingObserver()
@@ -63,7 +63,7 @@ async def test_first_token_timeout_retries_elsewhere() -> None:
 
 
 async def test_a_bad_request_is_not_retried() -> None:
-    a = FakeTransport("grpc://a:1").script(rpc_error(grpc.StatusCode.INVALID_ARGUMENT, "no such stop"))
+    a = FakeTransport("grpc://a:1").script(rpc_error(CallCode.INVALID_ARGUMENT, "no such stop"))
     b = FakeTransport("grpc://b:1")
     f = await fleet(a, b)
     with pytest.raises(InvalidRequestError, match="no such stop"):
@@ -72,7 +72,7 @@ async def test_a_bad_request_is_not_retried() -> None:
 
 
 async def test_attempts_are_bounded_and_the_last_error_is_raised() -> None:
-    ts = [FakeTransport(f"grpc://w{i}:1").script(rpc_error(grpc.StatusCode.INTERNAL, f"down {i}")) for i in range(4)]
+    ts = [FakeTransport(f"grpc://w{i}:1").script(rpc_error(CallCode.INTERNAL, f"down {i}")) for i in range(4)]
     f = await fleet(*ts)
     obs = RecordingObserver()
     with pytest.raises(WorkerError) as info:
@@ -85,7 +85,7 @@ async def test_attempts_are_bounded_and_the_last_error_is_raised() -> None:
 
 
 async def test_running_out_of_workers_raises_the_last_worker_error() -> None:
-    a = FakeTransport("grpc://a:1").script(rpc_error(grpc.StatusCode.UNAVAILABLE, "gone"))
+    a = FakeTransport("grpc://a:1").script(rpc_error(CallCode.UNAVAILABLE, "gone"))
     f = await fleet(a)
     with pytest.raises(WorkerError, match="gone"):
         await go(f, RecordingObserver())
@@ -98,7 +98,7 @@ async def test_no_worker_at_all_is_503() -> None:
 
 
 async def test_one_attempt_means_no_retry() -> None:
-    a = FakeTransport("grpc://a:1").script(rpc_error(grpc.StatusCode.UNAVAILABLE))
+    a = FakeTransport("grpc://a:1").script(rpc_error(CallCode.UNAVAILABLE))
     b = FakeTransport("grpc://b:1")
     f = await fleet(a, b)
     with pytest.raises(WorkerError):
@@ -112,4 +112,4 @@ def test_backoff_is_full_jitter_capped() -> None:
     cfg = RetryConfig(backoff_base_s=0.1, backoff_max_s=0.3)
     rng = random.Random(1)
     assert all(0 <= cfg.backoff(n, rng) <= min(0.3, 0.1 * 2 ** (n - 1)) for n in range(1, 8) for _ in range(20))
-    assert cfg.retryable(grpc.StatusCode.UNAVAILABLE) and not cfg.retryable(grpc.StatusCode.INVALID_ARGUMENT)
+    assert cfg.retryable(CallCode.UNAVAILABLE) and not cfg.retryable(CallCode.INVALID_ARGUMENT)

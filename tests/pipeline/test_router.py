@@ -67,10 +67,10 @@ def route(i: int, n: int = 32) -> RouteRequest:
 
 
 def run_one(f, r: RouteRequest, *, cached: int, reported_prompt: int) -> None:  # type: ignore[no-untyped-def]
-    lease = Lease(f.router.select(r), r, prompt_tokens=len(r.token_ids), max_new_tokens=4)
+    lease = Lease(f.router, f.router.select(r), r, prompt_tokens=len(r.token_ids), max_new_tokens=4)
     lease.start()
     lease.report(cached_tokens=cached, prompt_tokens=reported_prompt)
-    lease.release(Outcome.OK)
+    lease.end(Outcome.OK)
 
 
 async def test_offered_ideal_achieved_and_predicted_per_pool() -> None:

@@ -18,7 +18,7 @@ ROUTE = RouteRequest(token_ids=[1, 2, 3], model=MODEL, request_id="s1")
 async def open_with(t: FakeTransport, stall_s: float):  # type: ignore[no-untyped-def]
     f = await fleet(t)
     stream = await open_on(
-        f.router.select(ROUTE), ROUTE, pb.GenerateRequest(request_id="s1"), prompt_tokens=3, max_new_tokens=4,
+        f.router, f.router.select(ROUTE), ROUTE, pb.GenerateRequest(request_id="s1"), prompt_tokens=3, max_new_tokens=4,
         retry=RetryConfig(), config=DispatchConfig(stall_timeout_s=stall_s, first_token_timeout_s=1.0),
     )
     return f, stream

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from gateway.policies.kv_blocks import WorkerBlocks
 from gateway.policies.radix_tree import RadixTree
-from gateway.sim.radix_cache import block_hash
+from gateway_lab.sim.radix_cache import block_hash
 
 PS = 4
 

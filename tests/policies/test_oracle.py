@@ -10,7 +10,7 @@ from gateway.policies import POLICY_NAMES, PolicyConfig, make_policy
 from gateway.policies.base import Decision, RouteRequest, WorkerView
 from gateway.policies.cache_aware import CacheAwarePolicy
 from gateway.policies.oracle import OraclePolicy
-from gateway.sim.radix_cache import RadixCache
+from gateway_lab.sim.radix_cache import RadixCache
 
 from .helpers import req, tokens, views, with_load
 

@@ -6,10 +6,10 @@ import random
 
 import pytest
 
-from gateway.bench.workloads import ideal_hit_rate
 from gateway.policies.base import Decision
 from gateway.policies.cache_aware import CacheAwarePolicy
-from gateway.policies.quality import FidelityGuard, OfferedPrefixes, PoolQuality, policy_quality
+from gateway.policies.quality import FidelityGuard, OfferedPrefixes, PoolQuality
+from gateway_lab.bench.workloads import ideal_hit_rate
 
 from .helpers import req, tokens, views
 
@@ -86,7 +86,7 @@ def test_a_load_only_model_ignores_the_tree() -> None:
     p.set_load_only("", True)
     d = p.select(r, ws)
     assert d.reason == "no_match" and d.predicted_cached_tokens == 0
-    assert policy_quality(p)["load_only_models"] == [""]
+    assert p.quality()["load_only_models"] == [""]
     p.set_load_only("", False)
     assert p.select(r, ws).worker_id == "w3"
 
@@ -103,34 +103,34 @@ def test_a_worker_whose_page_size_or_capacity_changes_loses_its_tree_share() -> 
     assert p.tree().match(system).per_worker == {"w0": 1024}
     assert p.stats.worker_resets == 1
     assert p.tree().worker_budget("w1") == 50_000
-    assert policy_quality(p)["worker_resets"] == 1
+    assert p.quality()["worker_resets"] == 1
 
 
 def test_policy_quality_shows_the_queue_weight_and_how_concentrated_the_prefixes_are() -> None:
     p = CacheAwarePolicy(eviction_interval_s=0)
     p.on_workers_changed(views(8))
-    q = policy_quality(p)
+    q = p.quality()
     assert q["hottest_prefix_load"] is None and q["queued_prefill_weight"] == 1.0  # nothing seen yet
     for i in range(400):
         p.hot.observe(10_000 + i % 64)
-    q = policy_quality(p)
+    q = p.quality()
     assert q["hottest_prefix_load"] < 1.0 and q["queued_prefill_weight"] == 0.5
 
 
 def test_policy_quality_shows_the_decode_fill() -> None:
     p = CacheAwarePolicy(eviction_interval_s=0)
-    assert policy_quality(p)["decode_fill"] == 1.0  # exact lengths until shown otherwise
+    assert p.quality()["decode_fill"] == 1.0  # exact lengths until shown otherwise
     for i in range(32):
         p.on_decoded(req(list(range(i, i + 8)), max_new_tokens=1024), 128)
-    assert policy_quality(p)["decode_fill"] == 0.125
+    assert p.quality()["decode_fill"] == 0.125
 
 
 def test_policy_quality_shows_the_share_of_traffic_on_prefixes_that_are_not_hot() -> None:
     p = CacheAwarePolicy(eviction_interval_s=0)
     p.on_workers_changed(views(16))
-    assert policy_quality(p)["cold_share"] == 1.0
+    assert p.quality()["cold_share"] == 1.0
     for i in range(512):
         p.hot.observe(i % 8, 16)  # 8 prefixes on 16 workers: all of them hot
-    q = policy_quality(p)
+    q = p.quality()
     assert q["cold_share"] < 0.05 and q["queued_prefill_weight"] == 0.5
     assert {h["replicas"] for h in q["hot_prefixes"]} == {2}

@@ -11,12 +11,12 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.bench.serve_process import ServeProcess
 from gateway.policies.base import Decision, RouteRequest
-from gateway.sim.fleet import SimFleet
 from gateway.sync.bus import SyncBus
 from gateway.sync.config import SyncConfig
 from gateway.sync.local_server import LocalNatsServer
+from gateway_lab.bench.serve_process import ServeProcess
+from gateway_lab.sim.fleet import SimFleet
 from tests.sync.fakes import FakeRouter, FakeWorkers
 
 CFG = SyncConfig(sync_heartbeat_s=0.2, sync_peer_timeout_s=0.8)

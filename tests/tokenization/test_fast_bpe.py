@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 from tokenizers import AddedToken, Regex, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as BackendTokenizer
 
-from gateway.bench.workloads import GspConfig, Vocab, gsp
 from gateway.tokenization import Tokenizer
 from gateway.tokenization.fast_bpe import FastBpe, _byte_decoder, build_fast_bpe
+from gateway_lab.bench.workloads import GspConfig, Vocab, gsp
 
 from .helpers import FRAGMENTS, PROPERTY
 

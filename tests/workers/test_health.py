@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import time
 
-import grpc
-
 from gateway.workers.breaker import BreakerState
 from gateway.workers.health import HealthConfig, HealthMonitor
+from gateway.workers.transport import CallCode
 from tests.fake_transport import FakeTransport, fleet, rpc_error
 
 CONFIG = HealthConfig(
@@ -20,7 +19,7 @@ async def test_failed_probes_take_a_worker_out_and_good_ones_bring_it_back() -> 
     f = await fleet(t)
     w = f.worker("w:1")
     monitor = HealthMonitor(f.registry, CONFIG)
-    t.healthy = rpc_error(grpc.StatusCode.UNAVAILABLE)
+    t.healthy = rpc_error(CallCode.UNAVAILABLE)
     assert not await monitor.probe(w) and w.healthy  # one failure is not enough
     assert not await monitor.probe(w) and not w.healthy and not w.available
     w.breaker.record_failure()
@@ -62,7 +61,7 @@ async def test_a_probe_that_times_out_while_the_streams_progress_is_not_a_failur
     f = await fleet(t)
     w = f.worker("w:1")
     monitor = HealthMonitor(f.registry, CONFIG)
-    t.healthy = rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED)
+    t.healthy = rpc_error(CallCode.DEADLINE_EXCEEDED)
     real = t.health_check
 
     async def slow_probe(*, timeout: float = 5.0):  # type: ignore[no-untyped-def]

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
-import grpc
 import pytest
 
 from gateway.workers.registry import WorkerRegistrationError, WorkerRegistry
+from gateway.workers.transport import CallCode
 from tests.fake_transport import MODEL, FakeTransport, fleet, rpc_error
 
 
@@ -36,7 +36,7 @@ async def test_prefill_without_bootstrap_port_is_refused() -> None:
     assert p.closed
 
 
-@pytest.mark.parametrize("health", [False, rpc_error(grpc.StatusCode.UNAVAILABLE)])
+@pytest.mark.parametrize("health", [False, rpc_error(CallCode.UNAVAILABLE)])
 async def test_a_worker_failing_its_probe_is_refused_and_its_channel_closed(health: object) -> None:
     t = FakeTransport("grpc://w:1", healthy=health)  # type: ignore[arg-type]
     with pytest.raises(WorkerRegistrationError):

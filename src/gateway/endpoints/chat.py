@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.endpoints.chat_parsers import ChatParsers, choose_parsers, template_kwargs
 from gateway.endpoints.completions import piece_fn, stream_usage
+from gateway.endpoints.events import Answer, Events
 from gateway.parsers.base import ReasoningParser, ToolCallDelta, ToolCallParser
 from gateway.pipeline.catalog import ModelEntry
 from gateway.pipeline.engine import Engine
@@ -143,13 +144,29 @@ def _record_reply(entry: ModelEntry, gen: Generation, req: ChatCompletionRequest
         )
 
 
-async def complete_chat(engine: Engine, req: ChatCompletionRequest, ctx: RequestContext) -> dict[str, Any]:
+async def open(
+    engine: Engine, req: ChatCompletionRequest, ctx: RequestContext, frame: tuple[bytes, bytes] | None = None
+) -> Answer | Events:
+    """The chat API's one entry point (``endpoints.events``): the whole answer, or, for
+    ``req.stream``, the started generation's chunks. With ``frame`` (the two bytes a door
+    writes around each event's JSON; SSE: ``data: `` and a blank line) the common
+    request's ordinary tokens (no reasoning or tool parser, one sample, no logprobs, no
+    stop string, no continuous usage: ``Generation.deltas(texts=True)``) come already written,
+    ``frame[0] + to_json() + frame[1]`` byte for byte, from a template around the text."""
     entry, gen, prompt_text, parsers = await _start(engine, req, ctx)
+    if req.stream:
+        return Events(_chunks(req, entry, gen, prompt_text, parsers, ctx, frame), [gen])
+    return await _answer(req, ctx, entry, gen, prompt_text, parsers)
+
+
+async def _answer(
+    req: ChatCompletionRequest, ctx: RequestContext, entry: ModelEntry, gen: Generation, prompt_text: str, parsers: ChatParsers
+) -> dict[str, Any]:
     choices = _choices(gen, prompt_text, parsers)
     texts: dict[int, list[str]] = {}
     lps: dict[int, tuple[list[int], list[float], list[Any]]] = {}
     finish: dict[int, SampleDelta] = {}
-    async for d in gen:
+    async for d in gen.deltas():
         texts.setdefault(d.index, []).append(d.text)
         choices[d.index].count(d.token_ids)
         if d.logprobs is not None:
@@ -219,33 +236,6 @@ def _plain_values(content: str | None, reasoning: str | None, matched_stop: Any)
     )
 
 
-async def stream_chat(engine: Engine, req: ChatCompletionRequest, ctx: RequestContext) -> AsyncIterator[StreamChunk]:
-    """Start the generation (errors before output become HTTP errors), then stream chunks."""
-    _, chunks = await start_chat_stream(engine, req, ctx)
-    return chunks
-
-
-async def stream_chat_json(
-    engine: Engine, req: ChatCompletionRequest, ctx: RequestContext, frame: tuple[bytes, bytes]
-) -> AsyncIterator[StreamChunk | bytes]:
-    """``stream_chat`` for a door that writes each event's JSON between the two ``frame``
-    bytes (SSE: ``data: `` and a blank line): the same events, except that the common
-    request's ordinary tokens (no reasoning or tool parser, one sample, no logprobs, no
-    stop string, no continuous usage: ``Generation.pieces``) come already written,
-    ``frame[0] + to_json() + frame[1]`` byte for byte, from a template around the text."""
-    entry, gen, prompt_text, parsers = await _start(engine, req, ctx)
-    return _chunks(req, entry, gen, prompt_text, parsers, ctx, frame)
-
-
-async def start_chat_stream(
-    engine: Engine, req: ChatCompletionRequest, ctx: RequestContext
-) -> tuple[Generation, AsyncIterator[StreamChunk]]:
-    """``stream_chat`` that also hands back the generation, for front doors that must
-    end it themselves when their client goes away mid-stream."""
-    entry, gen, prompt_text, parsers = await _start(engine, req, ctx)
-    return gen, _chunks(req, entry, gen, prompt_text, parsers, ctx)
-
-
 def _fragments(calls: list[ToolCallDelta]) -> list[ToolCallFragment]:
     return list(calls)  # a parser's delta is the stream's fragment: no copy per delta
 
@@ -253,7 +243,7 @@ def _fragments(calls: list[ToolCallDelta]) -> list[ToolCallFragment]:
 async def _chunks(
     req: ChatCompletionRequest, entry: ModelEntry, gen: Generation, prompt_text: str, parsers: ChatParsers, ctx: RequestContext,
     frame: tuple[bytes, bytes] | None = None,
-) -> AsyncIterator[StreamChunk | Any]:
+) -> AsyncGenerator[StreamChunk | Any, None]:
     head = StreamHead(ctx.response_id("chatcmpl"), CHAT_CHUNK, now(), entry.name)
     choices = _choices(gen, prompt_text, parsers)
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -266,12 +256,12 @@ async def _chunks(
         for c in choices:
             c.reply = []
 
-    source: AsyncIterator[Any] = gen  # type: ignore[assignment]
+    source: AsyncIterator[Any] = gen.deltas()
     role = b""  # the template path: the role event, written with the first text's
     if frame is not None and plain and piece is None and not continuous and gen.plain:
-        # The template path: each text of a list from ``pieces`` is what the loop below
+        # The template path: each text of a list from ``deltas(texts=True)`` is what the loop below
         # makes of ``SampleDelta(0, text, [id])`` (content only, not final), written directly.
-        source = gen.pieces()
+        source = gen.deltas(texts=True)
         prefix, suffix = text_template(head, lambda text: ChatDelta(0, content=text))
         prefix, suffix = frame[0] + prefix, suffix + frame[1]
         reply = choices[0].reply  # plain: never dropped (no reasoning, no tool calls)

@@ -8,9 +8,10 @@ the official ``openai`` client types.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
+from gateway.endpoints.events import Answer, Events
 from gateway.pipeline.catalog import ModelEntry
 from gateway.pipeline.engine import Engine
 from gateway.pipeline.fanout import merged
@@ -120,11 +121,26 @@ def _prompt_logprobs(gen: Generation, entry: ModelEntry) -> CompletionLogprobs |
     return completion_logprobs(list(lp.token_ids), values, tops, piece_fn(entry), top_n=gen.prepared.sampling.top_logprobs)
 
 
-async def complete(engine: Engine, req: CompletionRequest, ctx: RequestContext) -> dict[str, Any]:
+async def open(
+    engine: Engine, req: CompletionRequest, ctx: RequestContext, frame: tuple[bytes, bytes] | None = None
+) -> Answer | Events:
+    """The completions API's one entry point (``endpoints.events``): the whole answer, or,
+    for ``req.stream``, the started generations' chunks. With ``frame`` (the two bytes a
+    door writes around each event's JSON; SSE: ``data: `` and a blank line) the common
+    request's ordinary tokens come already written, ``frame[0] + to_json() + frame[1]``
+    byte for byte, built from a template around the text (``json_events``)."""
     entry, prepared = await prepare_completions(engine, req, ctx)
     gens = await start_all(engine, prepared)
     ctx.worker_ids = [g.worker_id for g in gens]
-    n = prepared[0].sampling.n
+    if not req.stream:
+        return await _answer(req, ctx, entry, gens)
+    if frame is not None:
+        return Events(json_events(req, entry, gens, ctx, frame), gens)
+    return Events(_chunks(req, entry, gens, ctx), gens)
+
+
+async def _answer(req: CompletionRequest, ctx: RequestContext, entry: ModelEntry, gens: list[Generation]) -> dict[str, Any]:
+    n = gens[0].prepared.sampling.n
     texts: dict[int, list[str]] = {}
     ids: dict[int, list[int]] = {}
     lps: dict[int, list[float]] = {}
@@ -168,33 +184,10 @@ async def complete(engine: Engine, req: CompletionRequest, ctx: RequestContext) 
     return response.to_dict()
 
 
-async def stream_completions(
-    engine: Engine, req: CompletionRequest, ctx: RequestContext
-) -> tuple[list[Generation], AsyncIterator[StreamChunk]]:
-    """Start the generations (errors before output surface as HTTP errors), then stream."""
-    entry, prepared = await prepare_completions(engine, req, ctx)
-    gens = await start_all(engine, prepared)
-    ctx.worker_ids = [g.worker_id for g in gens]
-    return gens, _chunks(req, entry, gens, ctx)
-
-
-async def stream_completions_json(
-    engine: Engine, req: CompletionRequest, ctx: RequestContext, frame: tuple[bytes, bytes] = (b"", b"")
-) -> AsyncIterator[StreamChunk | bytes]:
-    """``stream_completions`` for a door that writes each event's JSON between the two
-    ``frame`` bytes (SSE: ``data: `` and a blank line): the same events, except that the
-    common request's ordinary tokens come already written, ``frame[0] + to_json() +
-    frame[1]`` byte for byte, built from a template around the text (``_plain_json``)."""
-    entry, prepared = await prepare_completions(engine, req, ctx)
-    gens = await start_all(engine, prepared)
-    ctx.worker_ids = [g.worker_id for g in gens]
-    return json_events(req, entry, gens, ctx, frame)
-
-
 def json_events(
     req: CompletionRequest, entry: ModelEntry, gens: list[Generation], ctx: RequestContext,
     frame: tuple[bytes, bytes] = (b"", b""),
-) -> AsyncIterator[StreamChunk | bytes]:
+) -> AsyncGenerator[StreamChunk | bytes, None]:
     """The started generations' events for a JSON door: the template path when it applies."""
     if len(gens) == 1 and gens[0].plain and not req.echo and not _continuous(req):
         return _plain_json(req, entry, gens[0], ctx, frame)
@@ -213,16 +206,16 @@ def text_template(head: StreamHead) -> tuple[bytes, bytes]:
 
 async def _plain_json(
     req: CompletionRequest, entry: ModelEntry, gen: Generation, ctx: RequestContext, frame: tuple[bytes, bytes]
-) -> AsyncIterator[StreamChunk | bytes]:
+) -> AsyncGenerator[StreamChunk | bytes, None]:
     """One plain prompt (``Generation.plain``; no echo, no continuous usage): each token
-    text from ``Generation.pieces`` becomes its framed event from the template (a list of
+    text from ``Generation.deltas(texts=True)`` becomes its framed event from the template (a list of
     them, one write);
     every other delta goes through ``_chunks``'s rules (``_emit_plain`` is its ``emit``
     for this case) and comes as a typed event for the door to frame."""
     head = StreamHead(ctx.response_id("cmpl"), TEXT_COMPLETION, now(), entry.name)
     prefix, suffix = text_template(head)
     prefix, suffix = frame[0] + prefix, suffix + frame[1]
-    async for d in gen.pieces():
+    async for d in gen.deltas(texts=True):
         if type(d) is list:
             yield template_events(prefix, suffix, d)
         else:
@@ -242,7 +235,7 @@ def _emit_plain(head: StreamHead, d: SampleDelta) -> StreamChunk | None:
 
 async def _chunks(
     req: CompletionRequest, entry: ModelEntry, gens: list[Generation], ctx: RequestContext
-) -> AsyncIterator[StreamChunk]:
+) -> AsyncGenerator[StreamChunk, None]:
     head = StreamHead(ctx.response_id("cmpl"), TEXT_COMPLETION, now(), entry.name)
     n = gens[0].prepared.sampling.n
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -273,7 +266,7 @@ async def _chunks(
         return StreamChunk(head, [choice], stream_usage(sum_usage(gens)) if continuous else None)
 
     if len(gens) == 1:  # one prompt: read it directly, without merge's generator layer per token
-        async for d in gens[0]:
+        async for d in gens[0].deltas():
             chunk = emit(0, d)
             if chunk is not None:
                 yield chunk
@@ -286,4 +279,4 @@ async def _chunks(
         yield StreamChunk(head, [], stream_usage(sum_usage(gens)))
 
 
-__all__ = ["complete", "new_id", "stream_completions", "stream_completions_json", "text_template"]
+__all__ = ["json_events", "new_id", "open", "text_template"]

@@ -18,7 +18,6 @@ from gateway.policies.cache_aware import CacheAwarePolicy
 from gateway.policies.factory import PolicyConfig, close_policy, make_policy
 from gateway.policies.inspection import Inspection, inspect_tokens
 from gateway.policies.prefix_hash import PrefixHashPolicy
-from gateway.policies.quality import policy_quality
 from gateway.policies.ring_policy import RingPolicy
 from gateway.protocol.errors import InvalidRequestError
 from gateway.protocol.inspect import InspectRequest
@@ -141,7 +140,7 @@ class Inspector:
         if views:
             result.quality = {
                 **self.engine.router.quality(model, req.pool).snapshot(),
-                **(policy_quality(policy) if policy is not None else {}),
+                **(policy.quality() if policy is not None else {}),
             }
         if not views:
             result.notes.append(f"no {req.pool} worker serves model {public!r}")

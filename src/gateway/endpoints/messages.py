@@ -14,13 +14,14 @@ Usage: ``input_tokens`` counts the prompt tokens the worker had to compute and
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import orjson
 from pydantic import ValidationError
 
 from gateway.endpoints.chat_parsers import template_kwargs
+from gateway.endpoints.events import Answer, Events
 from gateway.endpoints.turn import (
     BlockDelta,
     BlockEvent,
@@ -181,15 +182,18 @@ def sse(event: str, data: dict[str, Any]) -> bytes:
     return b"event: " + event.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
 
 
-async def stream_message(engine: Engine, req: MessagesRequest, ctx: RequestContext) -> AsyncIterator[bytes]:
-    """Start the turn (errors before output raise here), then Anthropic's stream events:
-    message_start, ping, a content_block_start/delta/stop run per block, message_delta
-    (stop reason, final usage), message_stop; a failure after the start is an ``error`` event."""
+async def open(engine: Engine, req: MessagesRequest, ctx: RequestContext) -> Answer | Events:
+    """The Messages API's one entry point (``endpoints.events``): the whole message, or
+    for ``stream`` the started turn's Anthropic stream events, already framed: message_start,
+    ping, a content_block_start/delta/stop run per block, message_delta (stop reason,
+    final usage), message_stop; a failure after the start is an ``error`` event."""
+    if not req.stream:
+        return await create_message(engine, req, ctx)
     turn = await start_turn(engine, to_chat(req), ctx)
-    return _stream(turn, req, ctx)
+    return Events(_stream(turn, req, ctx), [turn.gen])
 
 
-async def _stream(turn: Turn, req: MessagesRequest, ctx: RequestContext) -> AsyncIterator[bytes]:
+async def _stream(turn: Turn, req: MessagesRequest, ctx: RequestContext) -> AsyncGenerator[bytes, None]:
     gen = turn.gen
     start_usage = {**_usage(gen.usage), "output_tokens": 0}
     yield sse("message_start", {"type": "message_start", "message": {
@@ -211,12 +215,20 @@ async def _stream(turn: Turn, req: MessagesRequest, ctx: RequestContext) -> Asyn
     except GatewayError as exc:
         yield sse("error", anthropic_error(exc))
         return
+    finally:
+        await _close(turn)
     stop_reason, stop_sequence = _stop_reason(end, req, used_tools)
     yield sse("message_delta", {
         "type": "message_delta", "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
         "usage": _usage(gen.usage),
     })
     yield sse("message_stop", {"type": "message_stop"})
+
+
+async def _close(turn: Turn) -> None:
+    aclose = getattr(turn.events, "aclose", None)
+    if aclose is not None:
+        await aclose()
 
 
 def _stream_event(event: BlockEvent) -> bytes | None:

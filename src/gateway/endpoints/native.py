@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from gateway.endpoints.completions import prompt_ids, start_all
+from gateway.endpoints.events import Answer, Events
 from gateway.pipeline.engine import Engine
 from gateway.pipeline.fanout import merged
 from gateway.pipeline.generation import Generation, SampleDelta
@@ -93,10 +94,20 @@ def _result(gen: Generation, acc: _Acc, index: int) -> dict[str, Any]:
     return {"text": "".join(acc.text), "output_ids": acc.ids, "meta_info": meta}
 
 
-async def generate(engine: Engine, req: GenerateRequest, ctx: RequestContext) -> Any:
-    prepared = await prepare_generate(engine, req, ctx)
-    gens = await start_all(engine, prepared)
+async def start_generate(engine: Engine, req: GenerateRequest, ctx: RequestContext) -> list[Generation]:
+    """Prepare and start every prompt's generation (the gRPC Generate frames them itself)."""
+    gens = await start_all(engine, await prepare_generate(engine, req, ctx))
     ctx.worker_ids = [g.worker_id for g in gens]
+    return gens
+
+
+async def generate(engine: Engine, req: GenerateRequest, ctx: RequestContext) -> Answer | Events:
+    """The /generate API's one entry point (``endpoints.events``): the whole answer (one
+    result, or a list for a batch or ``n`` > 1), or, for ``req.stream``, SGLang's stream
+    of cumulative results."""
+    gens = await start_generate(engine, req, ctx)
+    if req.stream:
+        return Events(_stream(gens), gens)
     accs = {(g, s): _Acc() for g in range(len(gens)) for s in range(gens[g].prepared.sampling.n)}
     async for g, d in merged(gens):
         accs[(g, d.index)].add(d)
@@ -104,22 +115,15 @@ async def generate(engine: Engine, req: GenerateRequest, ctx: RequestContext) ->
     return results if (req.is_batch or len(results) > 1) else results[0]
 
 
-async def stream_generate(engine: Engine, req: GenerateRequest, ctx: RequestContext) -> AsyncIterator[JsonEvent]:
-    prepared = await prepare_generate(engine, req, ctx)
-    gens = await start_all(engine, prepared)
-    ctx.worker_ids = [g.worker_id for g in gens]
-
-    async def chunks() -> AsyncIterator[JsonEvent]:
-        # SGLang's native stream sends the cumulative text and ids in every event.
-        accs = {(g, s): _Acc() for g in range(len(gens)) for s in range(gens[g].prepared.sampling.n)}
-        async for g, d in merged(gens):
-            acc = accs[(g, d.index)]
-            acc.add(d)
-            out = _result(gens[g], acc, d.index)
-            out["index"] = g * gens[g].prepared.sampling.n + d.index
-            yield JsonEvent(out)
-
-    return chunks()
+async def _stream(gens: list[Generation]) -> AsyncGenerator[JsonEvent, None]:
+    # SGLang's native stream sends the cumulative text and ids in every event.
+    accs = {(g, s): _Acc() for g in range(len(gens)) for s in range(gens[g].prepared.sampling.n)}
+    async for g, d in merged(gens):
+        acc = accs[(g, d.index)]
+        acc.add(d)
+        out = _result(gens[g], acc, d.index)
+        out["index"] = g * gens[g].prepared.sampling.n + d.index
+        yield JsonEvent(out)
 
 
 async def embed(engine: Engine, req: EmbeddingRequest, ctx: RequestContext) -> dict[str, Any]:

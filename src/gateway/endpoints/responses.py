@@ -23,13 +23,14 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 from pydantic import ValidationError
 
+from gateway.endpoints.events import Answer, Events
 from gateway.endpoints.turn import (
     Block,
     BlockDelta,
@@ -417,11 +418,16 @@ class ResponsesApi:
         body: dict[str, Any] = last["response"]
         return body
 
-    async def stream(self, req: ResponsesRequest, ctx: RequestContext) -> AsyncIterator[bytes]:
-        """Start the run (errors before output raise here), then its event stream."""
+    async def open(self, req: ResponsesRequest, ctx: RequestContext) -> Answer | Events:
+        """The Responses API's one entry point (``endpoints.events``) for requests that are
+        not background runs: the whole response, or the started run's stream events,
+        already framed as SSE."""
+        if not req.stream:
+            return await self.create(req, ctx)
         run = await self.begin(req, ctx)
         self.running[run.id] = run
-        return sse_stream(self.events(run))
+        assert run.turn is not None
+        return Events(sse_stream(self.events(run)), [run.turn.gen])
 
     async def events(self, run: Run) -> AsyncIterator[dict[str, Any]]:
         """The run's Responses stream events, numbered; the run is finished (and stored)
@@ -512,7 +518,7 @@ def sse_event(event: dict[str, Any]) -> bytes:
     return b"event: " + str(event["type"]).encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
 
 
-async def sse_stream(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
+async def sse_stream(events: AsyncIterator[dict[str, Any]]) -> AsyncGenerator[bytes, None]:
     try:
         async for event in events:
             yield sse_event(event)

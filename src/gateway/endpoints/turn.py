@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from gateway.endpoints import chat as chat_route
+from gateway.endpoints.events import Events, events_of
 from gateway.pipeline.engine import Engine
 from gateway.pipeline.generation import Generation
 from gateway.pipeline.request_context import RequestContext
@@ -127,19 +128,19 @@ class Turn:
 async def start_turn(engine: Engine, req: ChatCompletionRequest, ctx: RequestContext) -> Turn:
     """Start the chat generation (errors before output raise here), then stream block events."""
     req = req.model_copy(update={"stream": True, "n": 1, "stream_options": None})
-    gen, chunks = await chat_route.start_chat_stream(engine, req, ctx)
+    chunks = events_of(await chat_route.open(engine, req, ctx))  # typed chunks: no frame
     blocks = TurnBlocks()
-    return Turn(gen, blocks, _events(chunks, blocks))
+    return Turn(chunks.gens[0], blocks, _events(chunks, blocks))
 
 
-async def _events(chunks: AsyncIterator[StreamChunk], blocks: TurnBlocks) -> AsyncIterator[BlockEvent]:
+async def _events(chunks: Events, blocks: TurnBlocks) -> AsyncIterator[BlockEvent]:
     try:
         async for chunk in chunks:
+            if not isinstance(chunk, StreamChunk):
+                continue
             for delta in chunk.choices:
                 if isinstance(delta, ChatDelta):
                     for event in blocks.feed(delta):
                         yield event
     finally:
-        aclose = getattr(chunks, "aclose", None)
-        if aclose is not None:
-            await aclose()
+        await chunks.aclose()  # the generation ends (and its worker request) with the turn

@@ -14,7 +14,6 @@ from prometheus_client.registry import Collector
 
 from gateway.pipeline.catalog import ModelCatalog
 from gateway.pipeline.router import Router
-from gateway.policies.quality import policy_quality
 from gateway.workers.breaker import BreakerState
 from gateway.workers.registry import WorkerRegistry
 from gateway.workers.worker import Worker
@@ -161,7 +160,7 @@ class RoutingQualityCollector(Collector):
             achieved_ratio.add_metric(lv, q.reported_cached_tokens / q.prompt_tokens if q.prompt_tokens else 0.0)
             mismatch.add_metric(lv, q.guard.mismatches)
             load_only.add_metric(lv, float(q.guard.tripped))
-            pq = policy_quality(policies[(model, pool)]) if (model, pool) in policies else {}
+            pq = policies[(model, pool)].quality() if (model, pool) in policies else {}
             if "under_predicted" in pq:
                 under.add_metric(lv, pq["under_predicted"])
                 cut.add_metric(lv, pq["corrected_tokens"])

@@ -10,7 +10,7 @@ to its observer (start = end - duration), so the pipeline itself has no tracing 
 Worker calls carry the request span's ``traceparent`` in their gRPC metadata.
 
 Off, the cost on the hot path is one ``is None`` test per hook and one ContextVar read
-per worker call (docs/BENCHMARKS.md, Tracing overhead).
+per worker call (``token-gateway bench tracing`` measures it).
 """
 
 from __future__ import annotations

@@ -4,27 +4,24 @@
 only once the worker has produced its first message, so a request that fails
 before any output reaches the client is retried elsewhere and one that fails
 after is never replayed. Each attempt holds a :class:`~gateway.pipeline.lease.Lease`
-on its worker (load slot, breaker outcome, policy and observer), released once on
-every ending: completion, worker error, stall, or cancellation. Embeddings take the
-same loop (``call_embed``).
+on its worker (load slot, breaker outcome, policy, observer, watchdog and the worker's
+side of the call) in an ``async with`` block, which ends it once on every ending:
+completion, worker error, stall, or cancellation; an opened stream takes it over.
+Embeddings take the same loop (``call_embed``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-import grpc
-from grpc import aio
-
 from gateway.pipeline.deadline import worker_timeout
 from gateway.pipeline.errors import map_rpc_error, no_worker_error, worker_stalled_error
-from gateway.pipeline.lease import Lease, Outcome
+from gateway.pipeline.lease import Lease, LeaseFailure, Outcome
 from gateway.pipeline.observer import NULL_OBSERVER, PipelineObserver
 from gateway.pipeline.prefill_gate import PrefillGateConfig
 from gateway.pipeline.retry import RetryConfig
@@ -32,7 +29,7 @@ from gateway.pipeline.router import Router, Selection
 from gateway.policies.base import NoWorkerAvailable, RouteRequest
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.settings import option
-from gateway.workers.transport import GenerateCall
+from gateway.workers.transport import END_OF_STREAM, EndOfStream, GenerateCall, WorkerCallError
 from gateway.workers.worker import Worker
 
 log = logging.getLogger(__name__)
@@ -68,14 +65,16 @@ class TokenStream(Protocol):
 
     def finished(self) -> None: ...
 
+    def output(self, output_ids: Sequence[int]) -> None: ...  # the one sample's output, to the policy
+
     async def aclose(self) -> None: ...
 
 
 class WorkerStream:
     """A live Generate call on the worker that accepted the request.
 
-    Its :class:`Lease` holds the slot; every way out of the stream (the last
-    message, a worker error, a stall, ``abort``, ``finished``) releases it once."""
+    It took the opening's :class:`Lease` over; every way out of the stream (the last
+    message, a worker error, a stall, ``abort``, ``finished``) ends it once."""
 
     def __init__(
         self,
@@ -103,7 +102,7 @@ class WorkerStream:
         # Looked up once: asyncio.get_running_loop() makes a getpid() syscall on 3.11.
         self._loop = asyncio.get_running_loop()
         self._stalled = False
-        self._unwatch = self.worker.progress.watch(self._watchdog_kill)
+        lease.watch(self._watchdog_kill)
         # Only the gateway's own HTTP/2 calls can tell a queued message (grpc.aio cannot).
         self._call_ready: Callable[[], bool] = getattr(call, "ready", _never)
 
@@ -133,16 +132,16 @@ class WorkerStream:
                     raise  # our own task is being cancelled (client gone): not a stall
                 self._end_stalled()
                 raise worker_stalled_error(self.worker.id, self._config.stall_timeout_s) from None
-            except aio.AioRpcError as exc:
-                self._release(Outcome.WORKER_FAILED)
+            except WorkerCallError as exc:
+                self._end(Outcome.WORKER_FAILED)
                 raise map_rpc_error(exc, self.worker.id) from exc
             finally:
                 self._reading_since = None
             if self._stalled:  # the message raced the stall verdict; the call is cancelled
                 self._end_stalled()
                 raise worker_stalled_error(self.worker.id, self._config.stall_timeout_s)
-            if got is aio.EOF:
-                self._release(Outcome.OK)
+            if got is END_OF_STREAM:
+                self._end(Outcome.OK)
                 return None
             msg = got  # type: ignore[assignment]
             self.worker.progress.message(time.monotonic())
@@ -181,29 +180,27 @@ class WorkerStream:
 
     def _end_stalled(self) -> None:
         """The worker went silent: stop it and count it against the worker."""
-        if self._release(Outcome.WORKER_FAILED):
-            fire_abort(self.worker, self.request_id, "stalled")
+        self._end(Outcome.WORKER_FAILED, abort="stalled")
 
-    def _release(self, outcome: Outcome, *, aborted: bool = False) -> bool:
-        self._unwatch()
+    def _end(self, outcome: Outcome, *, abort: str | None = None, stop: bool = False, aborted: bool = False) -> None:
         if self._watch is not None:
             self._watch.cancel()
             self._watch = None
-        return self.lease.release(outcome, aborted=aborted)
+        self.lease.end(outcome, abort=abort, stop=stop, aborted=aborted)
 
     async def abort(self, reason: str = "client gone") -> None:
         """Stop the worker's work for this request now and free the slot."""
-        if self.closed:
-            return
-        self._call.cancel()
-        self._release(Outcome.OK, aborted=True)  # not the worker's fault; counted as its own outcome
-        fire_abort(self.worker, self.request_id, reason)
+        if not self.closed:  # not the worker's fault; counted as its own outcome
+            self._end(Outcome.OK, abort=reason, aborted=True)
 
     def finished(self) -> None:
         """Every sample completed on the worker: free the slot without an Abort."""
         if not self.closed:
-            self._call.cancel()
-            self._release(Outcome.OK)
+            self._end(Outcome.OK, stop=True)
+
+    def output(self, output_ids: Sequence[int]) -> None:
+        """The request finished here with ``output_ids``: through the lease, the policy learns them."""
+        self.lease.output(output_ids)
 
     async def aclose(self) -> None:
         """End the stream early (a stop string matched, or the client went away)."""
@@ -214,37 +211,18 @@ def _never() -> bool:
     return False
 
 
-_background: set[asyncio.Task[None]] = set()
-
-
-def fire_abort(worker: object, request_id: str, reason: str) -> None:
-    """Send Abort without making the caller wait for it (a cancelled stream already stops
-    the worker's stream; the explicit Abort also covers work queued under that id)."""
-
-    async def send() -> None:
-        with contextlib.suppress(Exception):
-            await worker.client.abort(request_id, reason, timeout=2.0)  # type: ignore[attr-defined]
-
-    task = asyncio.get_running_loop().create_task(send())
-    _background.add(task)
-    task.add_done_callback(_background.discard)
-
-
-async def flush_aborts(timeout_s: float = 2.0) -> None:
-    """Give Abort calls still in flight a moment to reach their workers (at shutdown)."""
-    pending = list(_background)
-    if pending:
-        await asyncio.wait(pending, timeout=timeout_s)
-
-
-class AttemptFailed(Exception):
-    """One try on one worker failed before any output; the slot is already freed.
+class AttemptFailed(LeaseFailure):
+    """One try on one worker failed before any output; leaving the lease's block ends
+    the lease with ``outcome`` (and an Abort when ``abort`` names one).
 
     ``retryable`` says whether another worker may be tried; ``backoff`` whether to
     sleep first (a worker error, not a timeout or an empty stream)."""
 
-    def __init__(self, error: Exception, worker_id: str, reason: str, *, retryable: bool, backoff: bool) -> None:
-        super().__init__(str(error))
+    def __init__(
+        self, error: Exception, worker_id: str, reason: str, *, retryable: bool, backoff: bool,
+        outcome: Outcome = Outcome.WORKER_FAILED, abort: str | None = None,
+    ) -> None:
+        super().__init__(str(error), outcome=outcome, abort=abort)
         self.error = error
         self.worker_id = worker_id
         self.reason = reason  # the gRPC code's name, or what else went wrong (for metrics)
@@ -262,6 +240,7 @@ def select(router: Router, route: RouteRequest, role: str, observer: PipelineObs
 
 
 async def open_on(
+    router: Router,
     selection: Selection,
     route: RouteRequest,
     request: pb.GenerateRequest,
@@ -281,97 +260,63 @@ async def open_on(
     worker = selection.worker
     started = time.monotonic()
     worker.progress.started(started, idle=worker.load.in_flight == 0)
-    lease = Lease(selection, route, prompt_tokens=prompt_tokens, max_new_tokens=max_new_tokens, observer=observer)
-    router = selection.router
     gate_key = 0
-    call: GenerateCall | None = None
-    stalled = False
-
-    def watchdog_kill() -> None:
-        nonlocal stalled
-        stalled = True
-        if call is not None:
-            call.cancel()
-
-    unwatch = worker.progress.watch(watchdog_kill)
-    try:
-        if router is not None and config.prefill_gate:
-            hold = router.holds.check(selection, config)
-            if hold is not None:  # its prefix is being prefilled on this worker now: wait for that
-                await router.holds.wait(hold, route.model, selection.role)
-                if not worker.available:  # it failed or was taken out of rotation meanwhile
-                    raise AttemptFailed(
-                        no_worker_error(f"worker {worker.id} left rotation while the request was held"),
-                        worker.id, "HELD_WORKER_UNAVAILABLE", retryable=True, backoff=False,
-                    )
-                started = time.monotonic()  # the learned prefill rate counts the worker's time only
-            # In prefill until the first message or any other ending (``finally`` below):
-            # the gate holds requests sharing its prefix on this worker until then.
-            gate_key = router.holds.dispatched(selection)
-        call = worker.client.generate(request, timeout=worker_timeout(config.request_timeout_s))
-        async with asyncio.timeout(config.first_token_timeout_s):
-            first = await call.read()
-    except asyncio.CancelledError:
-        task = asyncio.current_task()
-        if stalled and not (task is not None and task.cancelling()):
-            # The progress watchdog took the worker out of rotation: re-send elsewhere now.
-            unwatch()
-            fire_abort(worker, route.request_id, "worker stalled")
-            lease.release(Outcome.WORKER_FAILED)
+    async with Lease(
+        router, selection, route, prompt_tokens=prompt_tokens, max_new_tokens=max_new_tokens, observer=observer
+    ) as lease:
+        lease.watch()
+        try:
+            if config.prefill_gate:
+                hold = router.holds.check(selection, config)
+                if hold is not None:  # its prefix is being prefilled on this worker now: wait for that
+                    await router.holds.wait(hold, route.model, selection.role)
+                    if not worker.available:  # it failed or was taken out of rotation meanwhile
+                        raise AttemptFailed(
+                            no_worker_error(f"worker {worker.id} left rotation while the request was held"),
+                            worker.id, "HELD_WORKER_UNAVAILABLE", retryable=True, backoff=False,
+                            outcome=Outcome.CANCELLED,
+                        )
+                    started = time.monotonic()  # the learned prefill rate counts the worker's time only
+                # In prefill until the first message or any other ending (``finally`` below):
+                # the gate holds requests sharing its prefix on this worker until then.
+                gate_key = router.holds.dispatched(selection)
+            call = worker.client.generate(request, timeout=worker_timeout(config.request_timeout_s))
+            lease.sent(call)
+            async with asyncio.timeout(config.first_token_timeout_s):
+                first = await call.read()
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if lease.stalled and not (task is not None and task.cancelling()):
+                # The progress watchdog took the worker out of rotation: re-send elsewhere now.
+                raise AttemptFailed(
+                    worker_stalled_error(worker.id, time.monotonic() - started), worker.id, "WATCHDOG",
+                    retryable=True, backoff=False, abort="worker stalled",
+                ) from None
+            raise
+        except TimeoutError:
             raise AttemptFailed(
-                worker_stalled_error(worker.id, time.monotonic() - started), worker.id, "WATCHDOG",
-                retryable=True, backoff=False,
+                worker_stalled_error(worker.id, config.first_token_timeout_s), worker.id, "FIRST_TOKEN_TIMEOUT",
+                retryable=True, backoff=False, abort="first token timeout",
             ) from None
-        unwatch()
-        if call is not None:
-            call.cancel()
-            fire_abort(worker, route.request_id, "cancelled")
-        lease.release(Outcome.CANCELLED)
-        raise
-    except TimeoutError:
-        unwatch()
-        assert call is not None
-        call.cancel()
-        fire_abort(worker, route.request_id, "first token timeout")
-        lease.release(Outcome.WORKER_FAILED)
-        raise AttemptFailed(
-            worker_stalled_error(worker.id, config.first_token_timeout_s), worker.id, "FIRST_TOKEN_TIMEOUT",
-            retryable=True, backoff=False,
-        ) from None
-    except aio.AioRpcError as exc:
-        unwatch()
-        lease.release(Outcome.REJECTED if _client_fault(exc) else Outcome.WORKER_FAILED)
-        raise AttemptFailed(
-            map_rpc_error(exc, worker.id), worker.id, exc.code().name, retryable=retry.retryable(exc.code()), backoff=True
-        ) from exc
-    except BaseException:
-        unwatch()
-        if call is not None:
-            call.cancel()
-            fire_abort(worker, route.request_id, "cancelled")
-        lease.release(Outcome.CANCELLED)
-        raise
-    finally:
-        if gate_key:
-            router.holds.prefilled(gate_key)  # type: ignore[union-attr]
-    unwatch()
-    if first is aio.EOF:
-        lease.release(Outcome.WORKER_FAILED)
-        raise AttemptFailed(
-            map_rpc_error(None, worker.id, "worker closed the stream without output"),
-            worker.id, "EMPTY_STREAM", retryable=True, backoff=False,
-        )
-    now = time.monotonic()
-    worker.progress.message(now, first=True)
-    cached = first.chunk.cached_tokens if first.HasField("chunk") else first.complete.cached_tokens
-    worker.progress.first_message(prompt_tokens - cached, now - started)
-    log.debug("request %s on %s", route.request_id, worker.id)
-    return WorkerStream(lease, call, first, config, attempt, observer)
-
-
-def _client_fault(exc: aio.AioRpcError) -> bool:
-    """The worker refused the request itself (it is healthy; the request is bad)."""
-    return exc.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE)
+        except WorkerCallError as exc:
+            raise AttemptFailed(
+                map_rpc_error(exc, worker.id), worker.id, exc.code.name, retryable=retry.retryable(exc.code),
+                backoff=True, outcome=Outcome.REJECTED if exc.rejected else Outcome.WORKER_FAILED,
+            ) from exc
+        finally:
+            if gate_key:
+                router.holds.prefilled(gate_key)
+        if isinstance(first, EndOfStream):
+            raise AttemptFailed(
+                map_rpc_error(None, worker.id, "worker closed the stream without output"),
+                worker.id, "EMPTY_STREAM", retryable=True, backoff=False,
+            )
+        now = time.monotonic()
+        worker.progress.message(now, first=True)
+        cached = first.chunk.cached_tokens if first.HasField("chunk") else first.complete.cached_tokens
+        worker.progress.first_message(prompt_tokens - cached, now - started)
+        log.debug("request %s on %s", route.request_id, worker.id)
+        return WorkerStream(lease.hand_over(), call, first, config, attempt, observer)
 
 
 async def open_generate(
@@ -394,7 +339,7 @@ async def open_generate(
         if on_attempt is not None:
             on_attempt(selection, n)
         return await open_on(
-            selection, route, build(selection),
+            router, selection, route, build(selection),
             prompt_tokens=prompt_tokens, max_new_tokens=max_new_tokens, retry=retry, config=config, attempt=n,
             observer=observer,
         )
@@ -426,24 +371,19 @@ async def call_embed(
     async def attempt(route: RouteRequest, n: int) -> Embedded:
         selection = select(router, route, "regular", observer)
         worker = selection.worker
-        lease = Lease(
-            selection, route, prompt_tokens=len(route.token_ids), max_new_tokens=0, observer=observer, stage="embed"
-        )
-        try:
-            reply = await worker.client.embed(request, timeout=worker_timeout(config.request_timeout_s))
-        except aio.AioRpcError as exc:
-            lease.release(Outcome.REJECTED if _client_fault(exc) else Outcome.WORKER_FAILED)
-            raise AttemptFailed(
-                map_rpc_error(exc, worker.id), worker.id, exc.code().name,
-                retryable=retry.retryable(exc.code()), backoff=True,
-            ) from exc
-        except BaseException:
-            lease.release(Outcome.CANCELLED)
-            fire_abort(worker, route.request_id, "cancelled")
-            raise
-        lease.start()
-        lease.report(prompt_tokens=reply.prompt_tokens)
-        lease.release(Outcome.OK)
+        async with Lease(
+            router, selection, route, prompt_tokens=len(route.token_ids), max_new_tokens=0, observer=observer, stage="embed"
+        ) as lease:
+            lease.sent()
+            try:
+                reply = await worker.client.embed(request, timeout=worker_timeout(config.request_timeout_s))
+            except WorkerCallError as exc:
+                raise AttemptFailed(
+                    map_rpc_error(exc, worker.id), worker.id, exc.code.name, retryable=retry.retryable(exc.code),
+                    backoff=True, outcome=Outcome.REJECTED if exc.rejected else Outcome.WORKER_FAILED,
+                ) from exc
+            lease.start()
+            lease.report(prompt_tokens=reply.prompt_tokens)
         return Embedded(reply, worker.id, n)
 
     return await with_retries(router, route, attempt, retry, observer)

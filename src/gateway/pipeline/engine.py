@@ -57,9 +57,9 @@ class EngineConfig:
     offload_chars: int = option(4096, "prompts longer than this many characters are tokenized in the thread pool")
     fast_encoder_after: int = option(
         256,
-        "build a model's tiktoken encoder (exact ids, checked against the HF tokenizer; ~2 s of CPU once, "
-        "in a background thread) at its Nth tokenized prompt, or at its first prompt longer than "
-        "--offload-chars if that comes first; afterwards a short prompt encodes in ~10 µs instead of ~40. "
+        "build a model's tiktoken encoder (exact ids, checked against the HF tokenizer; a few seconds of "
+        "CPU once, in a background thread) at its Nth tokenized prompt, or at its first prompt longer than "
+        "--offload-chars if that comes first; afterwards prompts encode several times faster. "
         "0: only at a long prompt",
     )
     worker_stream_interval: int = option(
@@ -393,8 +393,8 @@ class Engine:
             stream=not (coarse and self._fits_one_message(sampling, logprobs)),
             require_reasoning=prepared.require_reasoning,
         )
-        # Filled in place: a TokenizedInput passed to the constructor is built, then copied
-        # (2,176 ids: 57 against 34 µs; docs/BENCHMARKS.md, issue 18 round 6).
+        # Filled in place: a TokenizedInput passed to the constructor is built, then copied,
+        # which for a long prompt costs more than building it.
         request.tokenized.input_ids.extend(prepared.prompt_ids)
         if coarse and request.stream:
             request.sampling_params.stream_interval = self.resume.unary_stream_interval
@@ -411,7 +411,7 @@ class Engine:
         anyway: capped at ``--unary-stream-interval`` tokens, one sample, no logprobs. Such
         a request is sent not streamed (``stream=False``): the worker then answers with its
         GenerateComplete alone instead of the same tokens as a chunk *and* a complete, one
-        gRPC message and one event-loop wake-up fewer (docs/BENCHMARKS.md, issue 18 round 4).
+        gRPC message and one event-loop wake-up fewer per request.
         Nothing is lost: the one chunk would have arrived with the complete, so neither
         progress nor a resume point ever came before it; a failure before it is retried."""
         cap = sampling.max_new_tokens

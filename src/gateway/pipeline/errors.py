@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import grpc
-from grpc import aio
-
 from gateway.protocol.errors import (
     GatewayError,
     GatewayTimeoutError,
@@ -14,28 +11,29 @@ from gateway.protocol.errors import (
     ServiceUnavailableError,
     WorkerError,
 )
+from gateway.workers.transport import CallCode, WorkerCallError
 
-_CLIENT_FAULTS = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.FAILED_PRECONDITION}
+_CLIENT_FAULTS = {CallCode.INVALID_ARGUMENT, CallCode.OUT_OF_RANGE, CallCode.FAILED_PRECONDITION}
 
 
-def map_rpc_error(exc: aio.AioRpcError | None, worker_id: str, message: str | None = None) -> GatewayError:
-    """A worker's gRPC failure as the error the client sees.
+def map_rpc_error(exc: WorkerCallError | None, worker_id: str, message: str | None = None) -> GatewayError:
+    """A worker's failed call as the error the client sees.
 
     The worker's own words are kept for client faults (they explain what to fix);
     for worker faults the client learns which worker and which code.
     """
     if exc is None:
         return WorkerError(f"worker {worker_id}: {message or 'failed'}")
-    code = exc.code()
-    detail = exc.details() or code.name
+    code = exc.code
+    detail = exc.message or code.name
     if code in _CLIENT_FAULTS:
         return InvalidRequestError(detail, code="invalid_request")
     where = f"worker {worker_id}: {code.name}: {detail}"
-    if code is grpc.StatusCode.NOT_FOUND:
+    if code is CallCode.NOT_FOUND:
         return NotFoundError(where)
-    if code is grpc.StatusCode.DEADLINE_EXCEEDED:
+    if code is CallCode.DEADLINE_EXCEEDED:
         return GatewayTimeoutError(where, code="worker_timeout")
-    if code is grpc.StatusCode.RESOURCE_EXHAUSTED:
+    if code is CallCode.RESOURCE_EXHAUSTED:
         return ServiceUnavailableError(where, code="worker_overloaded", retry_after=1.0)
     return WorkerError(where, code=f"worker_{code.name.lower()}")
 

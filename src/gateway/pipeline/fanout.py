@@ -15,14 +15,14 @@ async def merged(generations: Sequence[Generation]) -> AsyncIterator[tuple[int, 
     """Yield ``(generation index, delta)`` as they arrive. One failure fails the whole
     request: the other generations are cancelled, which aborts their worker requests."""
     if len(generations) == 1:
-        async for delta in generations[0]:
+        async for delta in generations[0].deltas():
             yield 0, delta
         return
     queue: asyncio.Queue[tuple[int, object]] = asyncio.Queue()
 
     async def pump(i: int, gen: Generation) -> None:
         try:
-            async for delta in gen:
+            async for delta in gen.deltas():
                 queue.put_nowait((i, delta))
             queue.put_nowait((i, _END))
         except Exception as exc:

@@ -16,7 +16,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Literal, overload
 
 from gateway.pipeline.dispatch import TokenStream
 from gateway.pipeline.prepared import PreparedRequest
@@ -110,26 +110,32 @@ class Generation:
     def worker_id(self) -> str:
         return self.stream.worker.id
 
-    def __aiter__(self) -> AsyncIterator[SampleDelta]:
-        return cast(AsyncIterator[SampleDelta], self._run(False))  # not fast: deltas only
-
     @property
     def plain(self) -> bool:
         """The relay's common request: one sample, no logprobs, no stop string matched on
-        text (``pieces`` then gives the text alone for nearly every token)."""
+        text (``deltas(texts=True)`` then gives the text alone for nearly every token)."""
         return len(self._samples) == 1 and not self._want_logprobs and self._samples[0].text.plain
 
-    def pieces(self) -> AsyncIterator[list[str] | SampleDelta]:
-        """Iterate as ``SampleDelta``s, except that a ``plain`` request's ordinary tokens (one
-        id in a chunk of sample 0, not a token stop) come as their texts alone, in a
-        ``list``, and only when not empty: no delta object per token. A list holds the
-        texts of the tokens that arrived together (the worker stream was ``ready`` with the
-        next one), handed over before the generation waits for the worker, so a consumer
-        writes them at once and never holds one back. Everything else (token stops, chunks
-        of several ids, the sample's end, a resumption) is the delta the general path gives,
-        after the texts before it, so a consumer that turns each text x into what it would
-        make of ``SampleDelta(0, x, [id])`` sends the same bytes."""
-        return self._run(self.plain)
+    @overload
+    def deltas(self, *, texts: Literal[False] = False) -> AsyncIterator[SampleDelta]: ...
+
+    @overload
+    def deltas(self, *, texts: bool) -> AsyncIterator[list[str] | SampleDelta]: ...
+
+    def deltas(self, *, texts: bool = False) -> AsyncIterator[list[str] | SampleDelta]:
+        """The output, read once, as per-sample ``SampleDelta``s.
+
+        With ``texts``, a ``plain`` request's ordinary tokens (one id in a chunk of sample
+        0, not a token stop) come as their texts alone, in a ``list``, and only when not
+        empty: no delta object per token. A list holds the texts of the tokens that
+        arrived together (the worker stream was ``ready`` with the next one), handed over
+        before the generation waits for the worker, so a consumer writes them at once and
+        never holds one back. Everything else (token stops, chunks of several ids, the
+        sample's end, a resumption) is the delta it would be without ``texts``, after the
+        texts before it, so a consumer that turns each text x into what it would make of
+        ``SampleDelta(0, x, [id])`` sends the same bytes. A request that is not ``plain``
+        gets deltas only either way."""
+        return self._run(texts and self.plain)
 
     async def _run(self, fast: bool) -> AsyncIterator[list[str] | SampleDelta]:
         clock = time.perf_counter
@@ -221,8 +227,8 @@ class Generation:
                 # A whole answer: the call's end, the lease's release and the policy's
                 # output learning run right after the answer is built and written (the
                 # next loop turn's callbacks, before any new request's task), not before
-                # it (docs/BENCHMARKS.md, issue 18 round 4), and so do its timing histograms
-                # (round 5; the times were taken as the tokens came). The request's own record
+                # it (they would add to the answer's latency), and so do its timing histograms
+                # (the times were taken as the tokens came). The request's own record
                 # (the access log's worker and tokens) is filled now.
                 asyncio.get_running_loop().call_soon(self._finish_whole, first, last, gaps)
                 self._account(first, last, gaps, timing=False)
@@ -256,10 +262,7 @@ class Generation:
         single-sample request that finished on the worker it was routed to."""
         if len(self._samples) != 1 or self._resumed:
             return
-        selection = getattr(self.stream, "selection", None)
-        hook = getattr(selection.policy, "on_output", None) if selection is not None else None
-        if hook is not None:
-            hook(self.stream.route, self.worker_id, self._samples[0].ids)  # type: ignore[attr-defined]
+        self.stream.output(self._samples[0].ids)
 
     async def _resume(self, error: GatewayError) -> list[SampleDelta]:
         """Continue the unfinished samples elsewhere, or re-raise ``error`` (with why not)."""

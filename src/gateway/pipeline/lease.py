@@ -1,15 +1,24 @@
 """A dispatched request's hold on one worker, given back exactly once.
 
-Sending a request to a worker takes four things that must each be given back
-when the request ends, whichever way it ends: a slot of the worker's load counter
+Sending a request to a worker takes things that must each be given back when the
+request ends, whichever way it ends: a slot of the worker's load counter
 (``workers/load.py``), the breaker's verdict on the worker (``Worker.record_outcome``),
-the policy's bookkeeping (``on_dispatch`` / ``on_finish``) and the observer's
-figures (the relay stage, ``worker_done``). A :class:`Lease` takes all four when it
-is made and gives them back in :meth:`Lease.release`, which does its work once and
-is a no-op afterwards. Every kind of request holds one per worker it reaches:
-a generation (one stream), each half of a PD pair, an embedding, a pass-through
-call. So no ending (success, worker error, stall, cancellation, the client going
-away, an Abort, a stream that ends without output) can leak a slot or count twice.
+the policy's bookkeeping (``on_dispatch`` / ``on_output`` / ``on_finish``), the
+observer's figures (the relay stage, ``worker_done``), the progress watchdog's watch,
+and the worker's side of the call (cancelled, and an Abort sent when the worker may
+still be working on it). A :class:`Lease` takes them when it is made and gives them
+back in :meth:`Lease.end`, which does its work once and is a no-op afterwards.
+
+It is an async context manager: ``async with Lease(...) as lease:`` ends the lease
+on the way out of the block with the outcome the block's exception says (none: OK;
+a ``WorkerCallError``: the worker's failure or its refusal; a :class:`LeaseFailure`:
+the verdict it carries; anything else, cancellation included: no verdict, and an
+Abort if the request reached the worker), unless a longer-lived owner (a worker
+stream) took it over with :meth:`Lease.hand_over` and ends it itself. Every kind of
+request holds one per worker it reaches: a generation (one stream), each half of a
+PD pair, an embedding, a pass-through call. So no ending (success, worker error,
+stall, cancellation, the client going away, an Abort, a stream that ends without
+output) can leak a slot, count twice or forget the worker's side.
 
 The lease also keeps what the worker reported about the prompt (``cached_tokens``
 and ``prompt_tokens``), so the policy learns the real cache hit and the observer
@@ -19,12 +28,16 @@ can compare the worker's prompt length with the gateway's tokenization.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from enum import StrEnum
+from types import TracebackType
 
+from gateway.pipeline.aborts import fire_abort
 from gateway.pipeline.observer import NULL_OBSERVER, PipelineObserver
-from gateway.pipeline.router import Selection
+from gateway.pipeline.router import Router, Selection
 from gateway.policies.base import RouteRequest
 from gateway.workers.load import LoadGuard
+from gateway.workers.transport import GenerateCall, WorkerCallError
 from gateway.workers.worker import Worker
 
 
@@ -37,25 +50,44 @@ class Outcome(StrEnum):
     CANCELLED = "cancelled"  # the gateway gave up before the worker's verdict: no evidence either way
 
 
+class LeaseFailure(Exception):
+    """An ending the lease cannot tell from the exception's type: the worker went silent,
+    sent nothing, or was taken out of rotation. Carries the verdict (``outcome``) and
+    whether the worker must be told to stop (``abort``: the Abort's reason)."""
+
+    def __init__(self, message: str, *, outcome: Outcome = Outcome.WORKER_FAILED, abort: str | None = None) -> None:
+        super().__init__(message)
+        self.outcome = outcome
+        self.abort = abort
+
+
 class Lease:
-    """Owns one request's load slot, breaker outcome, policy notification and observer report."""
+    """Owns one request's load slot, breaker outcome, policy hooks, observer report,
+    watchdog watch and the worker's side of the call."""
 
     __slots__ = (
+        "_call",
         "_guard",
+        "_held",
         "_observer",
+        "_router",
+        "_sent",
         "_stage",
         "_started_at",
+        "_unwatch",
         "cached_tokens",
         "outcome",
         "reported_prompt_tokens",
         "route",
         "selection",
         "sent_prompt_tokens",
+        "stalled",
         "worker",
     )
 
     def __init__(
         self,
+        router: Router,
         selection: Selection,
         route: RouteRequest,
         *,
@@ -65,6 +97,7 @@ class Lease:
         stage: str = "relay",
     ) -> None:
         worker = selection.worker
+        self._router = router  # the pool's routing quality hears of the finish
         self.selection = selection
         self.worker: Worker = worker
         self.route = route
@@ -75,9 +108,58 @@ class Lease:
         self._observer = observer
         self._stage = stage
         self._started_at: float | None = None
+        self._call: GenerateCall | None = None
+        self._sent = False  # the request may have reached the worker: an early end sends Abort
+        self._held = False  # a worker stream took the lease over and ends it itself
+        self._unwatch: Callable[[], None] | None = None
+        self.stalled = False  # the progress watchdog stopped the call
         self._guard: LoadGuard = worker.load.acquire(prompt_tokens, max_new_tokens)
         worker.breaker.on_dispatch()
         selection.policy.on_dispatch(route, selection.decision)
+
+    async def __aenter__(self) -> Lease:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self.outcome is not None or (self._held and exc is None):
+            return
+        if exc is None:
+            self.end(Outcome.OK)
+        elif isinstance(exc, LeaseFailure):
+            self.end(exc.outcome, abort=exc.abort)
+        elif isinstance(exc, WorkerCallError):
+            self.end(Outcome.REJECTED if exc.rejected else Outcome.WORKER_FAILED)
+        else:  # cancelled, or the gateway's own failure: no evidence about the worker
+            self.end(Outcome.CANCELLED, abort="cancelled")
+
+    def sent(self, call: GenerateCall | None = None) -> None:
+        """The request is on its way to the worker (``call``: its stream, to cancel at the end)."""
+        self._sent = True
+        self._call = call
+
+    def watch(self, kill: Callable[[], None] | None = None) -> None:
+        """Let the progress watchdog stop the call when it finds the worker stalled (``kill``,
+        by default: mark the lease stalled and cancel the call); replaces an earlier watch."""
+        if self._unwatch is not None:
+            self._unwatch()
+        self._unwatch = self.worker.progress.watch(kill or self._watchdog_kill)
+
+    def _watchdog_kill(self) -> None:
+        self.stalled = True
+        if self._call is not None:
+            self._call.cancel()
+
+    def hand_over(self) -> Lease:
+        """A longer-lived owner (a worker stream) ends the lease; leaving the block does not."""
+        self._held = True
+        return self
+
+    def output(self, output_ids: Sequence[int]) -> None:
+        """The request finished on this worker with ``output_ids``: the worker caches them
+        too now (the policy learns it, when it learns from output)."""
+        self.selection.policy.on_output(self.route, self.worker.id, output_ids)
 
     @property
     def released(self) -> bool:
@@ -101,12 +183,22 @@ class Lease:
         if prompt_tokens > self.reported_prompt_tokens:
             self.reported_prompt_tokens = prompt_tokens
 
-    def release(self, outcome: Outcome, *, aborted: bool = False) -> bool:
+    def end(self, outcome: Outcome, *, abort: str | None = None, stop: bool = False, aborted: bool = False) -> bool:
         """Give everything back; True the first time, False (and nothing done) after.
-        ``aborted``: the client stopped it (reported to the observer as its own outcome)."""
+        ``abort``: stop the call and send the worker an Abort with this reason (when the
+        request reached it); ``stop``: cancel the call without an Abort (the worker is
+        done with it); ``aborted``: the client stopped it (the observer's own outcome)."""
         if self.outcome is not None:
             return False
         self.outcome = outcome
+        if self._unwatch is not None:
+            self._unwatch()
+            self._unwatch = None
+        call = self._call
+        if call is not None and (stop or abort is not None):
+            call.cancel()
+        if abort is not None and self._sent:
+            fire_abort(self.worker, self.route.request_id, abort)
         self._guard.release()
         worker = self.worker
         if outcome is Outcome.OK or outcome is Outcome.REJECTED:
@@ -118,8 +210,9 @@ class Lease:
         success = outcome is Outcome.OK
         self.selection.policy.on_finish(self.route, worker.id, self.cached_tokens, success)
         if self._started_at is not None:
-            self.selection.finished(
-                self.route, reported_cached=self.cached_tokens, sent_prompt=self.sent_prompt_tokens,
+            self._router.finished(
+                self.route, self.selection.role, predicted_cached=self.selection.decision.predicted_cached_tokens,
+                reported_cached=self.cached_tokens, sent_prompt=self.sent_prompt_tokens,
                 reported_prompt=self.reported_prompt_tokens, success=success,
             )
             self._observer.stage(self._stage, time.perf_counter() - self._started_at)

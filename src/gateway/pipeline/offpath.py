@@ -1,7 +1,7 @@
 """Bookkeeping a request needs done, but not before its worker call: run while the worker computes.
 
-At concurrency 1 the gateway idles ~0.8 ms per request waiting for the worker's answer,
-and everything before the gRPC call is added latency (docs/BENCHMARKS.md, issue 18).
+At concurrency 1 the gateway idles while the worker computes, and everything before
+the gRPC call is added latency.
 Statistics that nothing on the way to the call reads (stage histograms, the decision
 counter, the routing-quality sketch's offered prompts) are queued with ``later`` and
 applied two loop turns on: the request's current turn ends when it awaits its worker,

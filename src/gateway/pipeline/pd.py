@@ -45,6 +45,7 @@ from gateway.pipeline.dispatch import (
     DispatchConfig,
     WorkerStream,
     open_on,
+    select,
     with_retries,
 )
 from gateway.pipeline.merged import MergedStreams
@@ -249,6 +250,11 @@ class PdStream(MergedStreams):
             self._part_done(i)  # one sample per decode request: its complete is its end
         return msg
 
+    def output(self, output_ids: Sequence[int]) -> None:
+        """One sample finished: its decode worker holds the output (its lease tells the policy)."""
+        if len(self._streams) == 1:
+            self._streams[0].output(output_ids)
+
 
 class PdOpener:
     """Opens PD requests: select a pair, send both halves of each sample, wait for both."""
@@ -280,8 +286,8 @@ class PdOpener:
     ) -> PdStream:
         async def attempt(route: RouteRequest, n: int) -> PdStream:
             # Decode first: an empty decode pool fails fast, before the prefill tree is touched.
-            decode = self.router.select(self._for_pool(route, "decode"), "decode")
-            prefill = self.router.select(self._for_pool(route, "prefill"), "prefill")
+            decode = select(self.router, self._for_pool(route, "decode"), "decode", self.observer)
+            prefill = select(self.router, self._for_pool(route, "prefill"), "prefill", self.observer)
             return await self._open_pair(
                 route, request, prefill, decode, n,
                 samples=samples, wants_output_logprobs=wants_output_logprobs,
@@ -330,11 +336,11 @@ class PdOpener:
             p_req = prefill_request(request, params, rid, dp_rank)
             d_req = decode_request(request, params, rid, wants_output_logprobs)
             p_task = asyncio.ensure_future(open_on(
-                prefill, sample_route, p_req, prompt_tokens=prompt_tokens, max_new_tokens=1,
+                self.router, prefill, sample_route, p_req, prompt_tokens=prompt_tokens, max_new_tokens=1,
                 retry=self.retry, config=self.config, attempt=attempt, observer=self.observer,
             ))
             d_task = asyncio.ensure_future(open_on(
-                decode, sample_route, d_req, prompt_tokens=prompt_tokens, max_new_tokens=max_new_tokens,
+                self.router, decode, sample_route, d_req, prompt_tokens=prompt_tokens, max_new_tokens=max_new_tokens,
                 retry=self.retry, config=self.config, attempt=attempt, observer=self.observer,
             ))
             tasks.append((p_task, d_task))

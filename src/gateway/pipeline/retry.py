@@ -5,14 +5,11 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-import grpc
-
 from gateway.settings import option
+from gateway.workers.transport import RETRYABLE_CODES, CallCode
 
-# Codes that say "this worker could not take the request", not "the request is bad".
-# CANCELLED is the worker's side cancelling (a server going down resets its streams):
-# the gateway's own cancels surface as asyncio.CancelledError, never as this code.
-DEFAULT_RETRY_CODES = ["UNAVAILABLE", "RESOURCE_EXHAUSTED", "ABORTED", "INTERNAL", "UNKNOWN", "CANCELLED"]
+# The names of the worker call codes retried by default (``workers/transport.py`` says why).
+DEFAULT_RETRY_CODES = [code.name for code in RETRYABLE_CODES]
 
 
 @dataclass
@@ -22,7 +19,7 @@ class RetryConfig:
     backoff_max_s: float = option(1.0, "cap on one back-off sleep, seconds")
     retry_codes: list[str] = option(list(DEFAULT_RETRY_CODES), "gRPC status codes that are retried on another worker")
 
-    def retryable(self, code: grpc.StatusCode | None) -> bool:
+    def retryable(self, code: CallCode | None) -> bool:
         return code is not None and code.name in self.retry_codes
 
     def backoff(self, attempt: int, rng: random.Random | None = None) -> float:

@@ -35,20 +35,9 @@ PolicyMaker = Callable[[str], Policy]  # role -> a fresh policy for one pool
 class Selection:
     worker: Worker
     decision: Decision
-    policy: Policy
-    router: Router | None = None  # set by Router.select: where the finish is reported
+    policy: Policy  # the one the lease notifies (the pool's own, or its sync tap)
     role: str = "regular"
     prompt: bytes = b""  # the prompt packed as uint32 (cache-aware policies; the prefill gate compares it)
-
-    def finished(self, route: RouteRequest, *, reported_cached: int, sent_prompt: int, reported_prompt: int,
-                 success: bool) -> None:
-        """The worker stream ended (the lease calls this once): feed the pool's routing quality."""
-        if self.router is not None:
-            self.router.finished(
-                route, self.role, predicted_cached=self.decision.predicted_cached_tokens,
-                reported_cached=reported_cached, sent_prompt=sent_prompt, reported_prompt=reported_prompt,
-                success=success,
-            )
 
 
 class Router:
@@ -110,7 +99,8 @@ class Router:
         self, route: RouteRequest, role: str, *, predicted_cached: int, reported_cached: int,
         sent_prompt: int, reported_prompt: int, success: bool,
     ) -> None:
-        """One worker stream of ``route`` ended with what the worker reported (once per stream)."""
+        """One worker stream of ``route`` ended with what the worker reported (its lease
+        calls this once)."""
         q = self.quality(route.model, role)
         q.finish(sent_prompt=sent_prompt, predicted_cached=predicted_cached,
                  reported_cached=reported_cached, success=success)
@@ -129,9 +119,7 @@ class Router:
             log.warning("model %r: prompt token counts agree again; cache-aware routing resumes", route.model)
         for (model, _role), policy in self._policies.items():
             if model == route.model:
-                set_load_only = getattr(policy, "set_load_only", None)
-                if set_load_only is not None:
-                    set_load_only(model, changed)
+                policy.set_load_only(model, changed)
 
     def _check_cache_params(self, worker: Worker) -> None:
         params = (worker.info.page_size, worker.info.kv_capacity_tokens)
@@ -184,15 +172,15 @@ class Router:
             self._check_cache_params(w)
         policy = self.policy(request.model, role)
         decision = policy.select(request, views)
-        packed = getattr(policy, "packed", None)  # cache_aware has packed the prompt already
-        prompt: bytes = packed(request) if packed is not None else b""
+        packed = policy.packed(request)  # cache_aware has packed the prompt already
+        prompt = packed if packed is not None else b""
         if not request.exclude:  # a retry offers nothing new; a statistic: applied off the request's path
             later(self.quality(request.model, role).offered.offer, prompt if packed is not None else request.token_ids)
         worker = next((w for w in live if w.id == decision.worker_id), None)
         if worker is None:
             raise NoWorkerAvailable(f"policy {policy.name} chose unknown worker {decision.worker_id!r}")
         notified = self._dispatching(request.model, role) if self._sink is not None else policy
-        return Selection(worker, decision, notified, self, role, prompt)
+        return Selection(worker, decision, notified, role, prompt)
 
     def exclude(self, request: RouteRequest, worker_id: str) -> RouteRequest:
         return replace(request, exclude=request.exclude | {worker_id})

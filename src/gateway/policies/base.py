@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 
 class NoWorkerAvailable(Exception):
@@ -138,8 +138,44 @@ class Policy(Protocol):
         """The pool's membership changed (a worker joined, left or changed role)."""
         ...
 
-    # Optional: ``on_remote(event: RemoteEvent) -> object`` -- what another gateway process
-    # learned (``BasePolicy`` has a no-op default; the sync layer skips policies without it).
-    # What it returns for a ``RemoteDecision`` comes back as the ``mark`` of that decision's
-    # ``RemoteExtension`` (None: nothing to continue from).
-    # Not part of the Protocol so that minimal policies stay valid ``Policy`` instances.
+    # Capabilities only some policies have; ``policies.common.BasePolicy`` gives each a
+    # no-op default, so the pipeline calls them on every policy instead of probing for them.
+
+    @property
+    def remote_finishes(self) -> bool:
+        """on_remote wants RemoteFinish events (the sync layer builds none otherwise)."""
+        ...
+
+    @property
+    def learn_output(self) -> bool:
+        """on_output learns what the worker caches (other processes are told too)."""
+        ...
+
+    def on_output(self, request: RouteRequest, worker_id: str, output_ids: Sequence[int]) -> None:
+        """The request finished on ``worker_id`` with ``output_ids`` (one sample, not resumed)."""
+        ...
+
+    def on_remote(self, event: RemoteEvent) -> object:
+        """What another gateway process learned. What it returns for a ``RemoteDecision``
+        comes back as the ``mark`` of that decision's ``RemoteExtension`` (None: nothing)."""
+        ...
+
+    def packed(self, request: RouteRequest) -> bytes | None:
+        """The prompt packed as uint32 tokens when the policy has packed it already, else None."""
+        ...
+
+    def set_load_only(self, model: str, on: bool) -> None:
+        """Route ``model`` by load alone while its token counts disagree with the workers'."""
+        ...
+
+    def quality(self) -> dict[str, Any]:
+        """What the policy itself knows about its routing quality (empty when nothing)."""
+        ...
+
+    def explain(self, request: RouteRequest, workers: Sequence[WorkerView]) -> dict[str, Any]:
+        """What the policy would do for ``request`` and why, without changing its state."""
+        ...
+
+    def close(self) -> None:
+        """Release background resources (threads); safe to call twice."""
+        ...

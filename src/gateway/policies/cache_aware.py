@@ -18,16 +18,16 @@ available worker ``w``::
            requests against the cache *as it is*, so in a burst a group's queued
            requests all count as misses until the first is prefilled, and a
            holder would look loaded by a full prompt per queued hit and shed
-           its prefix (a 2 s ramp of gsp fell from 85% to 38% hits that way in
-           ``scripts/bench_policies.py``).
+           its prefix (a ramped gsp lost most of its hits that way in
+           ``token-gateway bench policies``).
     D_w  = running_decode_tokens (decode tokens still owed by w's running requests)
            times the decode fill: the share of its max_tokens a finished request
            really decoded (decayed over the last ``FILL_WINDOW`` finishes, 1 until
            ``FILL_MIN_SAMPLES``). max_tokens is exact with ignore_eos and an upper
            bound otherwise: clients often send a generous cap (or none, and the gateway
            fills in ``--max-tokens-cap``), and a term counted from caps 8x the real
-           lengths outweighed every cached prefix (Zipf closed loop: 74-76% hits
-           against 84-85%, docs/BENCHMARKS.md, "Routing, round 7").
+           lengths outweighed every cached prefix (the Zipf closed loop with a
+           generous cap lost about ten points of hits).
     R_w  = in_flight requests
 
     additive (default):  cost_w = U_w + a * Q_w
@@ -51,16 +51,14 @@ burst), and always with hot-prefix tracking off. The full weight is for one hot 
 among cold ones: when nearly all the traffic is on hot prefixes (``HotPrefixes.cold_share``
 below 0.25; 0.5 and up keeps the rule above, linear in between), each prefix gets its own
 replica set sized to its load and those sets balance the pool, so the spread weight holds
-(8 system prompts on 16 workers: 1.0 scattered each over 3-5 workers). Measured with ``scripts/bench_policies.py
-sim`` (docs/BENCHMARKS.md, "Round 4"): uniform gsp gets most of 0.5's hits (86.6% against
-85.8% at a fixed 1.0 and 86.9% at a fixed 0.5 in the 8-worker burst; 86.9% against 79.5% in
-the closed loop) and Zipf keeps 1.0's behaviour exactly (0.5 alone piled 1.45x the mean
-request count on the hot holders).
+(8 system prompts on 16 workers: 1.0 scattered each over several workers). Measured
+with ``token-gateway bench policies sim``: uniform gsp gets nearly all of 0.5's hits, and
+Zipf keeps 1.0's behaviour exactly (0.5 alone piled requests onto the hot holders).
 
 Every term of the additive form is in tokens, so a cached prefix is worth exactly the
 prefill it saves and is weighed against the work already queued, with no on/off
 threshold. The multiplicative form (uncached prefill times batch size, as some
-routers do) is kept for comparison; ``scripts/bench_policies.py`` measures both.
+routers do) is kept for comparison; ``token-gateway bench policies`` measures both.
 
 Why this shape, against the failure modes a cache-aware router can have:
 
@@ -116,7 +114,7 @@ from gateway.policies.radix_tree import (
 )
 
 COST_FORMS = ("additive", "multiplicative")
-# Defaults, shared with factory.PolicyConfig (tuned with scripts/bench_policies.py tune).
+# Defaults, shared with factory.PolicyConfig (tuned with token-gateway bench policies tune).
 DEFAULT_BUDGET_FRACTION = 1.0
 DEFAULT_EVICTION_INTERVAL_S = 0.5
 DEFAULT_EVICTION_LOW_WATERMARK = 1.0  # background passes evict an over-budget share down to this fraction
@@ -291,6 +289,35 @@ class CacheAwarePolicy(BasePolicy):
         if w.kv_capacity_tokens > 0:
             return max(1, int(w.kv_capacity_tokens * self.budget_fraction))
         return self.default_budget_tokens
+
+    def quality(self) -> dict[str, Any]:
+        """The closed-loop corrections, hot prefixes, queue weight, decode fill and
+        load-only models (``/metrics`` and ``inspect`` show them)."""
+        stats = self.stats
+        out: dict[str, Any] = {
+            "under_predicted": stats.under_predicted,
+            "over_predicted": stats.over_predicted,
+            "corrected_tokens": stats.corrected_tokens,
+            "learned_tokens": stats.learned_tokens,
+            "worker_resets": stats.worker_resets,
+        }
+        hot, size = self.hot, max(1, len(self._params))
+        out["hot_prefixes"] = [
+            {"key": f"{key:016x}", "share": round(share, 4), "replicas": hot.replicas(key, len(self._params)),
+             "holders": holders}
+            for key, share, holders in hot.hot(size)[:16]
+        ]
+        # how concentrated the offered prefixes are, and the queue weight that follows from it
+        load = hot.top_load(size)
+        out["hottest_prefix_load"] = None if load is None else round(load, 3)
+        # the share of the traffic not on hot prefixes: below 0.5 the replica sets balance
+        # the pool, and hot prefixes get no headroom replicas (see hot_prefix)
+        out["cold_share"] = round(hot.cold_share(), 3)
+        out["queued_prefill_weight"] = round(self.queued_prefill_weight(size), 3)
+        # how much of the running requests' max_tokens the decode term counts (1: exact lengths)
+        out["decode_fill"] = round(self.decode_fill, 4)
+        out["load_only_models"] = sorted(self.load_only)
+        return out
 
     def set_load_only(self, model: str, on: bool) -> None:
         """Route ``model`` by load alone (its prompts are not the token sequences its workers
@@ -691,7 +718,7 @@ class CacheAwarePolicy(BasePolicy):
         the insert), so every replica measures the fleet's prefix shares: a replica that saw
         only its own half of the traffic needed twice the requests before it trusted a share
         (``queued_prefill_weight``'s guard), and in those first moments spilled groups to new
-        holders at the full weight (docs/BENCHMARKS.md, "Routing, round 6 (route5)"). A
+        holders at the full weight (``token-gateway bench policies sim --replicas 2``). A
         remote decision's worker does not join this process's replica set of a hot prefix:
         two replicas growing one shared set at once each kept its own newest holder among
         its first ``k`` and used more holders than either set alone (simulated Zipf and hot

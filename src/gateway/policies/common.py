@@ -126,11 +126,24 @@ class BasePolicy(ABC):
         return None
 
     remote_finishes = False  # on_remote needs no RemoteFinish (the sync layer then builds none)
+    learn_output = False  # on_output learns nothing
 
     def on_remote(self, event: RemoteEvent) -> object:
         """Another gateway process's decision, extension or finish (``sync``); stateless
         policies ignore it (and have no mark to return)."""
         return None
+
+    def on_output(self, request: RouteRequest, worker_id: str, output_ids: Sequence[int]) -> None:
+        return None
+
+    def packed(self, request: RouteRequest) -> bytes | None:
+        return None
+
+    def set_load_only(self, model: str, on: bool) -> None:
+        return None
+
+    def quality(self) -> dict[str, Any]:
+        return {}
 
     def explain(self, request: RouteRequest, workers: Sequence[WorkerView]) -> dict[str, Any]:
         """What the policy would do and why, without changing its state."""

@@ -200,15 +200,9 @@ def explain(policy: Policy, request: RouteRequest, workers: Sequence[WorkerView]
     ``predicted_cached_tokens``, ``cost``, tree tokens and budget; ``prefix_hash`` and
     ``consistent_hash`` add ``ring_position`` and the ``walked`` order.
     """
-    fn = getattr(policy, "explain", None)
-    if fn is None:
-        return {"policy": getattr(policy, "name", type(policy).__name__), "error": "policy cannot explain"}
-    result: dict[str, Any] = fn(request, workers)
-    return result
+    return policy.explain(request, workers)
 
 
 def close_policy(policy: Policy) -> None:
     """Stop a policy's background work (the cache_aware evictor thread), if it has any."""
-    fn = getattr(policy, "close", None)
-    if fn is not None:
-        fn()
+    policy.close()

@@ -19,8 +19,8 @@ quarter-worker of slack so ``k`` does not flap with the noise of the estimate, a
 headroom is in proportion to the traffic that is *not* on hot prefixes (``cold_share``):
 when every offered prefix is hot (8 system prompts on 16 workers) there is no other
 traffic to make room for, and a third holder per prefix only recomputes a 2K-token
-prompt once more and packs 24 replicas onto 16 workers (``scripts/bench_policies.py``,
-docs/BENCHMARKS.md "Routing quality, round 5"). The policy spreads its
+prompt once more and packs 24 replicas onto 16 workers (``token-gateway bench
+policies``). The policy spreads its
 requests among the first ``k`` holders only; while fewer than ``k`` hold it, the
 cheapest non-holder gets the request and joins the set (one deliberate miss per
 replica, instead of whichever worker a spill happens to land on). Shares count only once
@@ -115,7 +115,7 @@ class HotPrefixes:
         # SLACK: the decayed share of a steady 1/n of the traffic wanders by a few points,
         # and k should not flap with it. HEADROOM: holders also serve other prefixes
         # that were placed there before this one grew hot; k = share * n exactly left
-        # them overloaded in scripts/bench_policies.py's Zipf gsp.
+        # them overloaded in the Zipf gsp of ``token-gateway bench policies``.
         # Headroom only for the traffic that is not on hot prefixes (see the module docstring).
         if load <= 1 + SLACK:
             return 1

@@ -7,7 +7,7 @@ situation coming: a request it is about to send shares a long prefix with a requ
 already sent to that worker which has not produced its first token yet (its prefix is
 not cached there yet). Holding the new request until that first token arrives turns a
 second full prefill of the prefix into a cache hit. In the simulated gsp burst these
-*in-batch duplicates* were 18 of the 98 misses (``docs/BENCHMARKS.md``, issue 19).
+*in-batch duplicates* were a large share of the misses that routing alone could not avoid.
 
 ``PrefillGate`` keeps, per worker, the requests in prefill (dispatched, no first token
 yet) with their packed prompt and the tokens the policy predicted cached for them at
@@ -63,8 +63,8 @@ def slot_free(sent_in_flight: int, max_running_requests: int) -> bool:
     held request would lose its place in the queue to everything sent meanwhile, and the
     groups released together run back to back, leaving the prefixes of the later ones
     idle long enough to be evicted by a cache that keeps finished requests' output
-    (SGLang's): in the simulation that cost 4 points on the gsp burst instead of gaining
-    1.7 (docs/BENCHMARKS.md). Requests queued behind a busy worker's blocker are admitted
+    (SGLang's): in the simulation that lost hits on the gsp burst instead of gaining
+    them. Requests queued behind a busy worker's blocker are admitted
     after it has been prefilled anyway, one slot at a time."""
     return max_running_requests <= 0 or sent_in_flight < max_running_requests
 

@@ -22,7 +22,7 @@ from gateway.policies.ring_policy import RingPolicy
 
 DEFAULT_BLOCK_SIZE = 16
 DEFAULT_DEPTH_TOKENS = 256
-DEFAULT_LOAD_FACTOR = 1.5  # tuned with scripts/bench_policies.py tune
+DEFAULT_LOAD_FACTOR = 1.5  # tuned with token-gateway bench policies tune
 
 
 class PrefixHashPolicy(RingPolicy):

@@ -29,7 +29,6 @@ from __future__ import annotations
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from gateway.policies.radix_tree import RadixTree, pack
 
@@ -113,46 +112,6 @@ class FidelityGuard:
                 self.tripped = False
                 return False
         return None
-
-
-def policy_quality(policy: object) -> dict[str, Any]:
-    """What a policy itself knows about its routing quality: ``cache_aware``'s closed-loop
-    corrections, hot prefixes and load-only models (empty for stateless policies)."""
-    stats = getattr(policy, "stats", None)
-    out: dict[str, Any] = {}
-    if stats is not None and hasattr(stats, "under_predicted"):
-        out.update(
-            under_predicted=stats.under_predicted,
-            over_predicted=stats.over_predicted,
-            corrected_tokens=stats.corrected_tokens,
-            learned_tokens=stats.learned_tokens,
-            worker_resets=stats.worker_resets,
-        )
-    hot = getattr(policy, "hot", None)
-    pool = getattr(policy, "_params", None)
-    if hot is not None and pool is not None:
-        out["hot_prefixes"] = [
-            {"key": f"{key:016x}", "share": round(share, 4), "replicas": hot.replicas(key, len(pool)),
-             "holders": holders}
-            for key, share, holders in hot.hot(max(1, len(pool)))[:16]
-        ]
-    weight = getattr(policy, "queued_prefill_weight", None)
-    if weight is not None and hot is not None and pool is not None:
-        # how concentrated the offered prefixes are, and the queue weight that follows from it
-        load = hot.top_load(max(1, len(pool)))
-        out["hottest_prefix_load"] = None if load is None else round(load, 3)
-        # the share of the traffic not on hot prefixes: below 0.5 the replica sets balance
-        # the pool, and hot prefixes get no headroom replicas (see cache_aware, hot_prefix)
-        out["cold_share"] = round(hot.cold_share(), 3)
-        out["queued_prefill_weight"] = round(weight(max(1, len(pool))), 3)
-    fill = getattr(policy, "decode_fill", None)
-    if fill is not None:
-        # how much of the running requests' max_tokens the decode term counts (1: exact lengths)
-        out["decode_fill"] = round(fill, 4)
-    load_only = getattr(policy, "load_only", None)
-    if load_only is not None:
-        out["load_only_models"] = sorted(load_only)
-    return out
 
 
 @dataclass(slots=True)

@@ -2,9 +2,8 @@
 
 ``uuid.uuid4()`` reads its 16 bytes with ``os.urandom``, which releases the GIL around
 the ``getrandom`` system call. On a busy gateway another thread (the tokenizer pool,
-gRPC's poller) takes the GIL right there and the request's task waits to get it back:
-~20 µs per request in place in the gsp burst against ~1.6 µs in isolation
-(docs/BENCHMARKS.md, issue 18 round 8). The same operating-system randomness read
+gRPC's poller) takes the GIL right there and the request's task waits to get it back,
+which under load costs an order of magnitude more than the id itself. The same operating-system randomness read
 4 KB at a time serves 256 ids per system call; an id is as unpredictable as before.
 """
 

@@ -69,8 +69,8 @@ def shaped(cls: type[ResponseModel], values: dict[str, Any]) -> dict[str, Any]:
     what the model would hold: JSON scalars of the fields' exact types and, for nested
     models, their own ``shaped`` dicts. The model stays the one owner of the shape (its
     fields in declaration order, their defaults, its ``_keep_null``); this only skips
-    pydantic's validation and dump on the common unary answer, where they cost tens of
-    µs per request (docs/BENCHMARKS.md, issue 18 round 6). Values that need validation
+    pydantic's validation and dump on the common unary answer, where they are a
+    measurable part of every request's CPU. Values that need validation
     or conversion must go through the model (tests hold the two equal)."""
     fields = _FIELD_DEFAULTS.get(cls)
     if fields is None:

@@ -53,7 +53,7 @@ class ServerConfig:
     access_log: bool = option(True, "one log line per HTTP request: endpoint, model, status, worker, latency, tokens")
     worker_drain_timeout_s: float = option(60.0, "DELETE /workers waits this long for the worker's in-flight requests, seconds")
     shutdown_grace_s: float = option(30.0, "on SIGTERM, in-flight requests get this long to finish before they are aborted, seconds")
-    gc_young_threshold: int = option(50_000, "allocations between collections of the garbage collector's youngest generation (CPython's default 700 cost ~8%% of the relay's CPU; 0 keeps the default; the start-up heap is frozen either way)")
+    gc_young_threshold: int = option(50_000, "allocations between collections of the garbage collector's youngest generation (CPython's default, 700, makes the collector run hundreds of times a second while relaying; 0 keeps the default; the start-up heap is frozen either way)")
 
 
 @dataclass

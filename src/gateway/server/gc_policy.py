@@ -5,8 +5,8 @@ allocations and the older ones every 10 of those. The relay allocates a few doze
 containers per relayed token (the worker message, its deltas, the stream event), so at
 thousands of tokens a second the collector ran hundreds of times a second, and each
 older collection walks every live object: the tokenizer's vocabulary, the routing
-tree, the app. In the gsp burst profile it was 7.8% of the event-loop thread
-(``gc_collect_main``; docs/BENCHMARKS.md, issue 18, round 4).
+tree, the app. It showed up in profiles of the gsp burst as a visible share of the
+event-loop thread (``gc_collect_main``).
 
 The request path makes no reference cycles on purpose (a failed task's traceback does,
 briefly), so collecting less often is safe and bounds memory the same way: what is

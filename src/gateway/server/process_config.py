@@ -42,8 +42,8 @@ class ProcessConfig:
 
         Why pin: two busy processes on two CPUs that the kernel moves between them (to
         make room for the load balancer's or nginx's turn) restart on a cold cache each
-        time; pinned, each keeps its own core's caches. Measured on the 2-CPU benchmark
-        host, ``--processes 2``: 7% less CPU per request (docs/BENCHMARKS.md, "Round 6")."""
+        time; pinned, each keeps its own core's caches, and ``--processes 2`` spends less
+        CPU per request (``token-gateway bench scaleout``)."""
         if self.process_cpu_affinity == "off" or count < 2 or not hasattr(os, "sched_getaffinity"):
             return None
         cpus = sorted(os.sched_getaffinity(0))

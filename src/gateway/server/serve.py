@@ -14,9 +14,13 @@ from typing import Any
 
 import orjson
 
+# Config dataclasses are imported lazily in add_arguments' callers' process anyway;
+# they are light (no FastAPI/transformers at import).
+from gateway import help_tiers
 from gateway.observability.tracing import TracingConfig
 from gateway.parsers.config import ParserConfig
-from gateway.pipeline.dispatch import DispatchConfig, flush_aborts
+from gateway.pipeline.aborts import flush_aborts
+from gateway.pipeline.dispatch import DispatchConfig
 from gateway.pipeline.engine import EngineConfig
 from gateway.pipeline.limits import LimitsConfig
 from gateway.pipeline.mcp_client import McpConfig
@@ -24,9 +28,6 @@ from gateway.pipeline.pd import PdConfig, PdFlagError, parse_pool_flags
 from gateway.pipeline.resume import ResumeConfig
 from gateway.pipeline.retry import RetryConfig
 from gateway.pipeline.store.config import HistoryConfig
-
-# Config dataclasses are imported lazily in add_arguments' callers' process anyway;
-# they are light (no FastAPI/transformers at import).
 from gateway.policies.factory import PolicyConfig
 from gateway.server import smg_compat
 from gateway.server.admission import AdmissionConfig
@@ -84,7 +85,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     pd.add_argument("--decode", nargs="+", action="append", default=[], metavar="URL",
                     help="decode worker(s): grpc://host:port; repeatable")
     add_options(pd, PdConfig)
-    smg_compat.install(parser)  # last: it maps onto the flags above
+    smg_compat.install(parser)  # it maps onto the flags above
+    help_tiers.install(parser, OPERATOR_FLAGS)
+
+
+# What ``serve --help`` lists: the flags an operator sets. Every other flag is a tuning
+# knob, listed by ``--help-all`` and set the same ways (flag, environment, config file).
+OPERATOR_FLAGS = (
+    "--config", "--print-config",
+    # workers and models
+    "--worker-urls", "--prefill", "--decode", "--model", "--tokenizer-path", "--dns-workers", "--k8s-discovery",
+    "--k8s-selector",
+    # routing
+    "--policy",
+    # ports and processes
+    "--host", "--port", "--grpc-port", "--processes", "--sync-url",
+    # keys and TLS
+    "--api-keys", "--admin-api-key", "--worker-api-key", "--api-key-file", "--tls-cert-file", "--tls-key-file",
+    "--tls-client-ca-file", "--worker-tls-ca-file",
+    # limits
+    "--max-concurrent-requests", "--max-queued-requests", "--rate-limit-per-s", "--max-body-bytes",
+    "--max-prompt-tokens", "--request-timeout-s",
+    # chat formats
+    "--tool-call-parser", "--reasoning-parser",
+    # stored responses and conversations, MCP tools
+    "--history-backend", "--history-path", "--history-dsn", "--mcp-allowed-urls",
+    # observability
+    "--log-level", "--access-log", "--prometheus-port", "--metrics-access", "--otlp-traces-endpoint",
+)  # fmt: skip
 
 
 # --prefill/--decode are parsed by hand (URL [PORT] groups); in the environment and

@@ -56,10 +56,6 @@ class WorkerSource(Protocol):
 Known = tuple[str, str, str, int, int, bytes, object]
 
 
-def _ignore(event: RemoteEvent) -> object:
-    return None
-
-
 @dataclass
 class Peer:
     """One remote origin: its last known per-worker load and sequence, and its recent
@@ -166,7 +162,7 @@ class Applier:
             else:
                 wid, model, pool = f.worker_id, f.model, f.pool
             st.finishes += 1
-            if not getattr(self.router.policy(model, pool), "remote_finishes", True):
+            if not self.router.policy(model, pool).remote_finishes:
                 continue  # the pool's policy learns nothing from them: no event built
             self._event(wid, model, pool, RemoteFinish(wid, model, f.cached_tokens, f.success))
         touched: set[str] = set()
@@ -244,8 +240,7 @@ class Applier:
         worker = self.workers.get(worker_id)
         if worker is None or worker.model != model or worker.role != pool:
             return None
-        on_remote: Callable[[RemoteEvent], object] | None = getattr(self.router.policy(model, pool), "on_remote", None)
-        return on_remote if on_remote is not None else _ignore
+        return self.router.policy(model, pool).on_remote
 
     def _event(self, worker_id: str, model: str, pool: str, event: RemoteEvent) -> bool:
         target = self._target(worker_id, model, pool)

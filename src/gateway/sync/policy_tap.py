@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from gateway.policies.base import Decision, Policy, RouteRequest, WorkerView
+from gateway.policies.base import Decision, Policy, RemoteEvent, RouteRequest, WorkerView
 
 
 class DecisionSink(Protocol):
@@ -33,15 +33,14 @@ class TappedPolicy:
         self.sink = sink
         self.name = inner.name
         self.needs_loads = inner.needs_loads
-        self.packed_of: Callable[[RouteRequest], bytes] | None = getattr(inner, "packed", None)  # cache_aware's memo
+        self.packed_of: Callable[[RouteRequest], bytes | None] = inner.packed  # cache_aware's memo
 
     def select(self, request: RouteRequest, workers: Sequence[WorkerView]) -> Decision:
         return self.inner.select(request, workers)
 
     def on_dispatch(self, request: RouteRequest, decision: Decision) -> None:
         self.inner.on_dispatch(request, decision)
-        packed = self.packed_of
-        self.sink.dispatched(self.pool, request, decision, None if packed is None else packed(request))
+        self.sink.dispatched(self.pool, request, decision, self.packed_of(request))
 
     def on_finish(self, request: RouteRequest, worker_id: str, cached_tokens: int, success: bool) -> None:
         self.inner.on_finish(request, worker_id, cached_tokens, success)
@@ -49,16 +48,39 @@ class TappedPolicy:
 
     def on_output(self, request: RouteRequest, worker_id: str, output_ids: Sequence[int]) -> None:
         """A policy that learns outputs (``cache_aware``) learned one: the others learn it too."""
-        hook = getattr(self.inner, "on_output", None)
-        if hook is None:
-            return
-        hook(request, worker_id, output_ids)
-        if output_ids and getattr(self.inner, "learn_output", False):
-            packed = self.packed_of
-            self.sink.learned(self.pool, request, worker_id, output_ids, None if packed is None else packed(request))
+        self.inner.on_output(request, worker_id, output_ids)
+        if output_ids and self.inner.learn_output:
+            self.sink.learned(self.pool, request, worker_id, output_ids, self.packed_of(request))
 
     def on_workers_changed(self, workers: Sequence[WorkerView]) -> None:
         self.inner.on_workers_changed(workers)
+
+    # The capabilities the pipeline calls on every policy, passed to the real one.
+    @property
+    def remote_finishes(self) -> bool:
+        return self.inner.remote_finishes
+
+    @property
+    def learn_output(self) -> bool:
+        return self.inner.learn_output
+
+    def on_remote(self, event: RemoteEvent) -> object:
+        return self.inner.on_remote(event)
+
+    def packed(self, request: RouteRequest) -> bytes | None:
+        return self.packed_of(request)
+
+    def set_load_only(self, model: str, on: bool) -> None:
+        self.inner.set_load_only(model, on)
+
+    def quality(self) -> dict[str, Any]:
+        return self.inner.quality()
+
+    def explain(self, request: RouteRequest, workers: Sequence[WorkerView]) -> dict[str, Any]:
+        return self.inner.explain(request, workers)
+
+    def close(self) -> None:
+        self.inner.close()
 
     def __getattr__(self, name: str) -> Any:  # explain(), tree(), stats, close() ...
         return getattr(self.inner, name)

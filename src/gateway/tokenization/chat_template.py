@@ -7,7 +7,7 @@ loopcontrols and ``{% generation %}``), so prompts are byte-identical to what
 calls that compiled template directly with what transformers' ``render_jinja_template``
 would pass it (everything the template sees rebuilt as plain JSON data, reasoning
 fields aliased): the wrapper copies the messages a second time, after our own copy, and
-that copy is on every request's critical path (docs/BENCHMARKS.md, issue 18 round 6).
+that copy is on every request's critical path.
 ``continue_final_message`` (its tag-and-trim logic) still goes through the wrapper.
 
 What this module adds is the OpenAI-request normalisation an inference server does

@@ -1,9 +1,9 @@
 """tiktoken as the encoder of byte-level BPE vocabularies, only where its ids are exact.
 
 HF ``tokenizers`` spends most of a long prompt's encode in its pre-tokenizer's
-Oniguruma regex: ~3.7 ms of CPU for a 2,176-token prompt, about 2 µs per word, where
-``tiktoken`` (the same split pattern through Rust's regex engine, then rank-ordered
-BPE) takes 0.34 ms (docs/BENCHMARKS.md, issue 18 round 6). Qwen's and Llama-3's
+Oniguruma regex, where ``tiktoken`` (the same split pattern through Rust's regex
+engine, then rank-ordered BPE) is about ten times faster on a long prompt
+(``token-gateway bench tokenize``). Qwen's and Llama-3's
 vocabularies were born as tiktoken rank tables, so both encoders agree on them; this
 module uses tiktoken only where that agreement is checked, and ``None`` sends the
 caller back to the HF encoder:

@@ -53,7 +53,7 @@ _ROOT = 0
 # Chunks this short are also kept by their text alone (their ids do not depend on what
 # came before them: every cut is exact), so the ones every conversation ends or starts
 # with (the generation prompt, ``\n<|im_start|>assistant\n``) are never re-encoded
-# after a new message (a trie miss: the message is new) (docs/BENCHMARKS.md, issue 18).
+# after a new message (a trie miss: the message is new).
 SHORT_CHUNK_CHARS = 64
 SHORT_CHUNKS = 4096  # at most; the table is emptied when full
 _TEXT_ROOT = -1  # plain-text prompts (word cuts) live under their own root

@@ -6,7 +6,7 @@ template asks the sandbox whether it is allowed: ``getattr`` first tries the att
 (raising ``AttributeError`` for a dict key), then ``is_safe_attribute`` runs
 ``is_internal_attribute`` and ``modifies_known_mutable`` (about 15 ``isinstance`` checks,
 several against ABCs), and ``call`` runs ``is_safe_callable``. For one Qwen3 message that
-is ~14 µs of a ~44 µs render (docs/BENCHMARKS.md, issue 18 round 7).
+is about a third of the render.
 
 What the template sees is rebuilt as plain JSON data (``chat_template.plain``): dicts,
 lists, str, int, float, bool and None, of exactly those types. For an object of one of

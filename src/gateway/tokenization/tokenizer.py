@@ -107,9 +107,8 @@ def _chat_template_sources(folder: Path | None, config: Mapping[str, Any]) -> di
 
 
 # A text this short is encoded holding the GIL (``encode``, no thread pool): releasing it
-# around ~50 µs of work only invites another thread to take the GIL first, and the event
-# loop then waits for it (measured: 0.7 ms of wall time per short chat prompt under load,
-# see docs/BENCHMARKS.md, issue 18). Longer texts go through ``encode_batch_fast``, which
+# around a short piece of work only invites another thread to take the GIL first, and the
+# event loop then waits for it, far longer than the encode itself under load. Longer texts go through ``encode_batch_fast``, which
 # releases the GIL and skips offsets.
 HOLD_GIL_CHARS = 2048
 
@@ -258,8 +257,7 @@ class Tokenizer:
         """Encode many texts in one call (parallel inside the Rust library). Texts that are
         short together are encoded one by one holding the GIL: ``encode_batch_fast`` hands
         them to the library's thread pool, whose threads sleep between requests, and waking
-        them cost ~0.2 ms per short chat prompt at concurrency 1 (docs/BENCHMARKS.md, issue 18
-        round 4) against ~20 µs of work."""
+        them costs several times the work itself for a short chat prompt at concurrency 1."""
         fast = self.__dict__.get("fast_bpe")
         if fast is not None and (fast.plain_specials or not add_special_tokens):
             found = [fast.encode(t) for t in texts]

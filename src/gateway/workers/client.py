@@ -1,19 +1,20 @@
 """A thin async client for one SGLang `--grpc-mode` worker.
 
 Owns the gRPC channel and nothing else: no retries, no load accounting, no
-error mapping (those each have one home in pipeline/). Keeping it thin means the
-gateway's front doors, health checks and the tokenizer fetch all share it.
+client-facing errors (those each have one home in pipeline/). Keeping it thin means
+the gateway's front doors, health checks and the tokenizer fetch all share it. It is
+one implementation of ``workers/transport.WorkerTransport``: a failed grpc.aio call
+leaves it as a ``WorkerCallError`` (``call_error``), never as a grpc exception.
 """
 
 from __future__ import annotations
 
 import hashlib
-import ipaddress
 import ssl
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlparse
+from typing import TypeVar
 
 import grpc
 from grpc import aio
@@ -21,9 +22,19 @@ from grpc import aio
 from gateway.proto import common_pb2, sglang_scheduler_pb2_grpc
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.protocol.headers import REQUEST_ID, bearer
+from gateway.workers.address import BadWorkerUrl, WorkerAddress, canonical_host, parse_worker_url
 from gateway.workers.h2 import H2Call, H2Channel
 from gateway.workers.h2.batch import BatchParser
 from gateway.workers.trace_context import TRACEPARENT
+from gateway.workers.transport import END_OF_STREAM, CallCode, EndOfStream, WorkerCallError
+
+__all__ = [
+    "STREAM_TRANSPORTS", "BadWorkerUrl", "TlsOptions", "WorkerAddress", "WorkerClient", "call_error",
+    "canonical_host", "parse_worker_url",
+]
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 # Prompts of 100K+ tokens and tokenizer zips exceed gRPC's 4 MiB default.
 _MAX_MESSAGE_BYTES = 256 * 1024 * 1024
@@ -41,58 +52,6 @@ _CHANNEL_OPTIONS: list[tuple[str, int | str]] = [
     ("grpc.initial_reconnect_backoff_ms", 500),
     ("grpc.max_reconnect_backoff_ms", 5_000),
 ]
-
-
-class BadWorkerUrl(ValueError):
-    """A worker URL that is not grpc://host:port or grpcs://host:port."""
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerAddress:
-    scheme: str  # "grpc" or "grpcs"
-    host: str
-    port: int
-
-    @property
-    def target(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{host}:{self.port}"
-
-    @property
-    def url(self) -> str:
-        return f"{self.scheme}://{self.target}"
-
-
-def parse_worker_url(url: str) -> WorkerAddress:
-    """Accept only grpc:// and grpcs:// URLs with an explicit host and port."""
-    parsed = urlparse(url.strip())
-    if parsed.scheme not in ("grpc", "grpcs"):
-        raise BadWorkerUrl(f"worker URL must start with grpc:// or grpcs://, got {url!r}")
-    try:
-        port = parsed.port
-    except ValueError:
-        raise BadWorkerUrl(f"worker URL has a port outside 1-65535: {url!r}") from None
-    if not parsed.hostname or port is None:
-        raise BadWorkerUrl(f"worker URL needs a host and a port: {url!r}")
-    if not 0 < port < 65536:
-        raise BadWorkerUrl(f"worker URL has a port outside 1-65535: {url!r}")
-    if parsed.path not in ("", "/") or parsed.query or parsed.fragment or parsed.username:
-        raise BadWorkerUrl(f"worker URL must be scheme://host:port only: {url!r}")
-    return WorkerAddress(parsed.scheme, canonical_host(parsed.hostname, parsed.scheme), port)
-
-
-def canonical_host(host: str, scheme: str) -> str:
-    """One spelling per address, so one worker cannot be registered twice: IP literals in
-    their compressed form, and (plain grpc only: TLS checks the name) ``localhost`` as
-    ``127.0.0.1``."""
-    host = host.lower().rstrip(".")
-    try:
-        return ipaddress.ip_address(host).compressed
-    except ValueError:
-        pass
-    if host == "localhost" and scheme == "grpc":
-        return "127.0.0.1"
-    return host
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +80,44 @@ class TlsOptions:
             context.load_cert_chain(self.cert_file, self.key_file)
         context.set_alpn_protocols(["h2"])
         return context
+
+
+def call_error(exc: aio.AioRpcError) -> WorkerCallError:
+    """A failed grpc.aio call as the gateway's own call error (the one translation)."""
+    return WorkerCallError(CallCode.from_number(exc.code().value[0]), exc.details() or "")
+
+
+class _GrpcGenerateCall:
+    """A grpc.aio Generate stream read through the transport's terms (the end is
+    ``END_OF_STREAM``, a failure ``WorkerCallError``)."""
+
+    __slots__ = ("_call",)
+
+    def __init__(self, call: aio.UnaryStreamCall) -> None:
+        self._call = call
+
+    async def read(self) -> pb.GenerateResponse | EndOfStream:
+        try:
+            got = await self._call.read()
+        except aio.AioRpcError as exc:
+            raise call_error(exc) from None
+        return END_OF_STREAM if got is aio.EOF else got
+
+    def cancel(self) -> bool:
+        return self._call.cancel()
+
+
+async def _stream(call: AsyncIterator[T]) -> AsyncIterator[T]:
+    """A grpc.aio server stream whose failure is a ``WorkerCallError``."""
+    try:
+        async for item in call:
+            yield item
+    except aio.AioRpcError as exc:
+        raise call_error(exc) from None
+    finally:
+        cancel = getattr(call, "cancel", None)
+        if cancel is not None:
+            cancel()  # the consumer stopped early: end the call on the worker too
 
 
 STREAM_TRANSPORTS = ("h2", "grpcio")
@@ -175,56 +172,62 @@ class WorkerClient:
 
     def generate(
         self, request: pb.GenerateRequest, *, timeout: float | None = None
-    ) -> aio.UnaryStreamCall | H2Call:
+    ) -> _GrpcGenerateCall | H2Call:
         """Start a Generate stream; the caller reads it and may ``cancel()`` it."""
         if self._streams is not None:
             return self._streams.unary_stream(
                 _GENERATE, request.SerializeToString(), _GENERATE_REPLIES,
                 timeout=timeout, metadata=self._metadata(request.request_id),
             )
-        return self._stub.Generate(
+        return _GrpcGenerateCall(self._stub.Generate(
             request, timeout=timeout, metadata=self._metadata(request.request_id)
-        )
+        ))
+
+    async def _unary(self, call: Awaitable[R]) -> R:
+        try:
+            return await call
+        except aio.AioRpcError as exc:
+            raise call_error(exc) from None
 
     async def abort(self, request_id: str, reason: str = "", *, timeout: float = 2.0) -> bool:
-        reply = await self._stub.Abort(
+        reply = await self._unary(self._stub.Abort(
             pb.AbortRequest(request_id=request_id, reason=reason),
             timeout=timeout,
             metadata=self._metadata(request_id),
-        )
+        ))
         return bool(reply.success)
 
     async def health_check(self, *, timeout: float = 5.0) -> pb.HealthCheckResponse:
-        return await self._stub.HealthCheck(
+        return await self._unary(self._stub.HealthCheck(
             pb.HealthCheckRequest(), timeout=timeout, metadata=self._metadata()
-        )
+        ))
 
     async def model_info(self, *, timeout: float = 5.0) -> pb.GetModelInfoResponse:
-        return await self._stub.GetModelInfo(
+        return await self._unary(self._stub.GetModelInfo(
             pb.GetModelInfoRequest(), timeout=timeout, metadata=self._metadata()
-        )
+        ))
 
     async def server_info(self, *, timeout: float = 5.0) -> pb.GetServerInfoResponse:
-        return await self._stub.GetServerInfo(
+        return await self._unary(self._stub.GetServerInfo(
             pb.GetServerInfoRequest(), timeout=timeout, metadata=self._metadata()
-        )
+        ))
 
     async def loads(self, *, timeout: float = 2.0, include: Sequence[str] = ("core",)) -> pb.GetLoadsResponse:
-        return await self._stub.GetLoads(
+        return await self._unary(self._stub.GetLoads(
             pb.GetLoadsRequest(include=list(include)), timeout=timeout, metadata=self._metadata()
-        )
+        ))
 
     async def embed(self, request: pb.EmbedRequest, *, timeout: float | None = None) -> pb.EmbedResponse:
-        return await self._stub.Embed(
+        return await self._unary(self._stub.Embed(
             request, timeout=timeout, metadata=self._metadata(request.request_id)
-        )
+        ))
 
     async def flush_cache(self, timeout_s: float = 0.0, *, timeout: float = 30.0) -> common_pb2.FlushCacheResponse:
-        return await self._stub.FlushCache(
+        return await self._unary(self._stub.FlushCache(
             common_pb2.FlushCacheRequest(timeout_s=timeout_s),
             timeout=timeout,
             metadata=self._metadata(),
-        )
+        ))
 
     async def tokenizer_zip(self, *, timeout: float = 60.0) -> tuple[bytes, str]:
         """Download the worker's tokenizer zip; raises ValueError if its sha256 does not match."""
@@ -233,7 +236,7 @@ class WorkerClient:
         call = self._stub.GetTokenizer(
             common_pb2.GetTokenizerRequest(), timeout=timeout, metadata=self._metadata()
         )
-        async for chunk in call:
+        async for chunk in _stream(call):
             parts.append(chunk.data)
             if chunk.sha256:
                 declared = chunk.sha256
@@ -249,17 +252,17 @@ class WorkerClient:
         self, request: common_pb2.GetTokenizerRequest | None = None, *, timeout: float = 60.0
     ) -> AsyncIterator[common_pb2.GetTokenizerChunk]:
         """The worker's GetTokenizer stream as it comes (the gRPC pass-through relays it)."""
-        return self._stub.GetTokenizer(
+        return _stream(self._stub.GetTokenizer(
             request or common_pb2.GetTokenizerRequest(), timeout=timeout, metadata=self._metadata()
-        )
+        ))
 
     def subscribe_kv_events(self, start_sequence_number: int = 0) -> AsyncIterator[common_pb2.KvEventBatch]:
-        return self._stub.SubscribeKvEvents(
+        return _stream(self._stub.SubscribeKvEvents(
             common_pb2.SubscribeKvEventsRequest(
                 start_sequence_number=start_sequence_number, load_records_before_first_batch=True
             ),
             metadata=self._metadata(),
-        )
+        ))
 
     async def close(self, grace: float | None = None) -> None:
         if self._streams is not None:

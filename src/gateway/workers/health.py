@@ -17,12 +17,11 @@ import logging
 import time
 from dataclasses import dataclass
 
-import grpc
-
 from gateway.settings import option
 from gateway.workers.breaker import CircuitBreaker
 from gateway.workers.periodic import Periodic
 from gateway.workers.registry import WorkerRegistry
+from gateway.workers.transport import WorkerCallError
 from gateway.workers.worker import Worker
 
 log = logging.getLogger(__name__)
@@ -91,8 +90,8 @@ class HealthMonitor(Periodic):
             reason = reply.message
         except asyncio.CancelledError:
             raise
-        except grpc.aio.AioRpcError as exc:
-            ok, reason = False, exc.code().name
+        except WorkerCallError as exc:
+            ok, reason = False, exc.code.name
         except Exception as exc:  # a closed channel or the like: still a failed probe
             ok, reason = False, type(exc).__name__
         if ok:

@@ -21,13 +21,12 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import grpc
-
 from gateway.policies.base import Policy
 from gateway.policies.cache_aware import CacheAwarePolicy
 from gateway.policies.kv_blocks import DEFAULT_MAX_BLOCKS, WorkerBlocks
 from gateway.proto import common_pb2
 from gateway.workers.registry import WorkerRegistry
+from gateway.workers.transport import CallCode, WorkerCallError
 from gateway.workers.worker import Worker
 
 log = logging.getLogger(__name__)
@@ -172,12 +171,12 @@ class KvEventFeeder:
                     apply_batch(feed, batch)
                 feed.last_error = "stream ended"
             except asyncio.CancelledError:
-                call.cancel()
+                await call.aclose()  # ends the worker's stream too
                 raise
-            except grpc.aio.AioRpcError as exc:
+            except WorkerCallError as exc:
                 feed.errors += 1
-                feed.last_error = f"{exc.code().name}: {exc.details()}"
-                if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                feed.last_error = f"{exc.code.name}: {exc.message}"
+                if exc.code is CallCode.UNIMPLEMENTED:
                     log.warning("kv events: %s does not serve SubscribeKvEvents; not subscribing", worker.url)
                     feed.connected = False
                     feed.stopped = True

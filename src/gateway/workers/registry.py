@@ -12,11 +12,9 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-import grpc
-
 from gateway.workers.breaker import CircuitBreaker
 from gateway.workers.client import TlsOptions, WorkerClient, parse_worker_url
-from gateway.workers.transport import WorkerTransport
+from gateway.workers.transport import WorkerCallError, WorkerTransport
 from gateway.workers.watchdog import ProgressTracker
 from gateway.workers.worker import Worker, WorkerInfo
 
@@ -110,10 +108,10 @@ class WorkerRegistry:
                 client.server_info(timeout=self._probe_timeout),
             )
             health = await client.health_check(timeout=self._probe_timeout)
-        except grpc.aio.AioRpcError as exc:
+        except WorkerCallError as exc:
             await client.close()
             raise WorkerRegistrationError(
-                f"worker {url} did not answer its probe: {exc.code().name}: {exc.details()}"
+                f"worker {url} did not answer its probe: {exc.code.name}: {exc.message}"
             ) from exc
         except BaseException:
             await client.close()

@@ -1,35 +1,114 @@
-"""What the gateway needs from a connection to one worker, as a Protocol.
+"""What the gateway needs from a connection to one worker, engine-neutral.
 
-``WorkerClient`` (gRPC, ``workers/client.py``) is the one real implementation.
-Naming the surface lets dispatch, the lease, retries and stall handling be unit
-tested against an in-memory transport without sockets (as httpx's
-``_transports/base.py`` does for HTTP), and keeps what pipeline/ may ask of a
-worker explicit. Errors are gRPC's: a failed call raises ``grpc.aio.AioRpcError``,
-the end of a Generate stream is ``grpc.aio.EOF``.
+``WorkerTransport`` names the calls; ``WorkerCallError`` and ``END_OF_STREAM`` are
+how every implementation reports a failed call and the end of a Generate stream.
+The SGLang gRPC client (``workers/client.py``: grpc.aio, and the gateway's own
+HTTP/2 reader in ``workers/h2``) is one implementation and the in-memory fake of the
+tests is another; each translates its own failures into these at its edge, so
+dispatch, the lease, retries and stall handling above ``workers/`` never see an
+engine's or a library's exception types (as httpx's ``_transports/base.py`` keeps
+HTTP libraries out of its client).
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
-from typing import Any, Protocol
+from enum import IntEnum
+from typing import Final, Protocol
 
 from gateway.proto import common_pb2
 from gateway.proto import sglang_scheduler_pb2 as pb
-from gateway.workers.client import WorkerAddress
+from gateway.workers.address import WorkerAddress
+
+
+class CallCode(IntEnum):
+    """Why a worker call failed: the canonical status set (names and numbers as gRPC's,
+    the vocabulary every engine's API maps onto; ``--retry-codes`` names them)."""
+
+    OK = 0
+    CANCELLED = 1
+    UNKNOWN = 2
+    INVALID_ARGUMENT = 3
+    DEADLINE_EXCEEDED = 4
+    NOT_FOUND = 5
+    ALREADY_EXISTS = 6
+    PERMISSION_DENIED = 7
+    RESOURCE_EXHAUSTED = 8
+    FAILED_PRECONDITION = 9
+    ABORTED = 10
+    OUT_OF_RANGE = 11
+    UNIMPLEMENTED = 12
+    INTERNAL = 13
+    UNAVAILABLE = 14
+    DATA_LOSS = 15
+    UNAUTHENTICATED = 16
+
+    @classmethod
+    def from_number(cls, number: int) -> CallCode:
+        """A status number off the wire; one this set does not know is UNKNOWN."""
+        try:
+            return cls(number)
+        except ValueError:
+            return cls.UNKNOWN
+
+
+# Codes that say "this worker could not take the request", not "the request is bad".
+# CANCELLED is the worker's side cancelling (a server going down resets its streams):
+# the gateway's own cancels surface as asyncio.CancelledError, never as this code.
+RETRYABLE_CODES: Final = (
+    CallCode.UNAVAILABLE, CallCode.RESOURCE_EXHAUSTED, CallCode.ABORTED,
+    CallCode.INTERNAL, CallCode.UNKNOWN, CallCode.CANCELLED,
+)
+# The worker refused the request itself: it is healthy, the request is bad.
+REJECTED_CODES: Final = frozenset((CallCode.INVALID_ARGUMENT, CallCode.OUT_OF_RANGE))
+
+
+class WorkerCallError(Exception):
+    """A call to a worker failed: the status ``code`` and the worker's ``message``."""
+
+    __slots__ = ("code", "message")
+
+    def __init__(self, code: CallCode, message: str = "") -> None:
+        super().__init__(f"{code.name}: {message}" if message else code.name)
+        self.code = code
+        self.message = message
+
+    @property
+    def retryable(self) -> bool:
+        """Whether, by default, another worker may be tried (``RetryConfig`` decides)."""
+        return self.code in RETRYABLE_CODES
+
+    @property
+    def rejected(self) -> bool:
+        """The worker refused the request as bad (no fault of the worker's)."""
+        return self.code in REJECTED_CODES
+
+
+class EndOfStream:
+    """The type of :data:`END_OF_STREAM` (one instance; compare with ``is``)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "END_OF_STREAM"
+
+
+END_OF_STREAM: Final = EndOfStream()
 
 
 class GenerateCall(Protocol):
-    """One open Generate stream: read messages until ``grpc.aio.EOF``, or cancel it.
+    """One open Generate stream: read messages until ``END_OF_STREAM``, or cancel it.
 
-    ``cancel()`` makes a pending ``read()`` raise ``asyncio.CancelledError``."""
+    ``read()`` raises :class:`WorkerCallError` when the call fails; ``cancel()`` makes
+    a pending ``read()`` raise ``asyncio.CancelledError``."""
 
-    async def read(self) -> Any: ...  # pb.GenerateResponse, or grpc.aio.EOF at the end
+    async def read(self) -> pb.GenerateResponse | EndOfStream: ...
 
     def cancel(self) -> bool: ...
 
 
 class WorkerTransport(Protocol):
-    """The calls the gateway makes on one worker (SglangScheduler RPCs)."""
+    """The calls the gateway makes on one worker; each raises :class:`WorkerCallError`."""
 
     @property
     def url(self) -> str: ...

@@ -13,9 +13,12 @@ from collections.abc import AsyncIterator
 import pytest
 import uvicorn
 
-from gateway.bench.driver import DriverConfig, RunResult, run_workload
-from gateway.bench.report import summarize
-from gateway.bench.workloads import (
+from gateway.server.config import GatewayConfig, ServerConfig
+from gateway.server.http.app import create_app
+from gateway.server.state import GatewayState
+from gateway_lab.bench.driver import DriverConfig, RunResult, run_workload
+from gateway_lab.bench.report import summarize
+from gateway_lab.bench.workloads import (
     ChatConfig,
     GspConfig,
     Vocab,
@@ -23,11 +26,8 @@ from gateway.bench.workloads import (
     ideal_hit_rate,
     multi_turn_chat,
 )
-from gateway.server.config import GatewayConfig, ServerConfig
-from gateway.server.http.app import create_app
-from gateway.server.state import GatewayState
-from gateway.sim.config import SimConfig
-from gateway.sim.fleet import SimFleet
+from gateway_lab.sim.config import SimConfig
+from gateway_lab.sim.fleet import SimFleet
 
 FREE = SimConfig(step_base_s=0.0, prefill_token_s=0.0, decode_seq_s=0.0, time_scale=0.0, page_size=4)
 

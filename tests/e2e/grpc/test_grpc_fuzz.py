@@ -21,9 +21,9 @@ from google.protobuf import message_factory
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.bench.soak_targets import rss_mb
 from gateway.proto import gateway_pb2, sglang_scheduler_pb2
 from gateway.server.grpc.server import GrpcServer, start_grpc_server
+from gateway_lab.bench.soak_targets import rss_mb
 from tests.e2e.http.conftest import Stack, StackOptions, start_stack
 
 KEY = "sk-grpc-fuzz"

@@ -6,10 +6,10 @@ import pytest
 from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from gateway.bench.serve_process import ServeProcess
 from gateway.client import GatewayClient, user
-from gateway.sim.config import SimConfig
-from gateway.sim.fleet import SimFleet
+from gateway_lab.bench.serve_process import ServeProcess
+from gateway_lab.sim.config import SimConfig
+from gateway_lab.sim.fleet import SimFleet
 
 
 @pytest.mark.slow

@@ -20,8 +20,8 @@ from gateway.server.config import GatewayConfig, ServerConfig
 from gateway.server.http.app import create_app
 from gateway.server.http.guard import http_server_config
 from gateway.server.state import GatewayState
-from gateway.sim.config import SimConfig
-from gateway.sim.fleet import SimFleet
+from gateway_lab.sim.config import SimConfig
+from gateway_lab.sim.fleet import SimFleet
 
 ZERO_COST = dict(step_base_s=0.0, prefill_token_s=0.0, decode_seq_s=0.0, time_scale=0.0)
 

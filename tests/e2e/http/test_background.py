@@ -113,8 +113,8 @@ async def test_a_run_whose_process_is_killed_ends_as_failed_for_its_readers(tmp_
     """SIGKILL the gateway process running a background response: a reader on another
     gateway sharing the store gets every journaled event once, then ``response.failed``
     once the dead process's heartbeat is stale."""
-    from gateway.sim.config import SimConfig
-    from gateway.sim.fleet import SimFleet
+    from gateway_lab.sim.config import SimConfig
+    from gateway_lab.sim.fleet import SimFleet
 
     async with SimFleet.start(1, SimConfig(**{**SLOW, "decode_seq_s": 0.02})) as fleet:
         proc = await asyncio.create_subprocess_exec(

@@ -13,11 +13,11 @@ import openai
 import pytest
 
 from gateway.policies.cache_aware import CacheAwarePolicy
-from gateway.sim.config import SimConfig
-from gateway.sim.fleet import SimFleet
-from gateway.sim.worker import SimWorker
 from gateway.workers.breaker import BreakerState
 from gateway.workers.health import HealthConfig, HealthMonitor
+from gateway_lab.sim.config import SimConfig
+from gateway_lab.sim.fleet import SimFleet
+from gateway_lab.sim.worker import SimWorker
 from tests.e2e.http.conftest import ZERO_COST, Stack
 
 # Requests that take a little while (5 ms per scheduler step) so they overlap.

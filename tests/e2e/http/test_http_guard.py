@@ -9,7 +9,7 @@ import contextlib
 
 import pytest
 
-from gateway.bench.soak_targets import rss_mb
+from gateway_lab.bench.soak_targets import rss_mb
 from tests.e2e.http.conftest import Stack
 
 KEY = "sk-guard"

@@ -11,8 +11,8 @@ import pytest
 
 from gateway.policies.cache_aware import CacheAwarePolicy
 from gateway.proto import sglang_scheduler_pb2 as pb
-from gateway.sim.worker import SimWorker
 from gateway.workers.worker import Worker
+from gateway_lab.sim.worker import SimWorker
 from tests.e2e.http.conftest import Stack, StackOptions, start_stack
 
 KV = {"kv_events": True}
@@ -113,7 +113,7 @@ async def test_no_subscription_without_a_tree(stack: Stack) -> None:
 
 
 async def test_worker_without_kv_events_is_left_alone(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from gateway.sim.servicer import SimServicer
+    from gateway_lab.sim.servicer import SimServicer
 
     calls = 0
 

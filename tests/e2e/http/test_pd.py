@@ -13,7 +13,6 @@ import json
 import random
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import openai
@@ -30,12 +29,11 @@ from gateway.pipeline.pd import (
 )
 from gateway.policies.factory import PolicyConfig
 from gateway.server.serve import add_arguments, config_from_args
-from gateway.sim.worker import SimWorker
 from gateway.workers.worker import Worker
+from gateway_lab.sim.worker import SimWorker
 from tests.e2e.http.conftest import Stack, StackOptions, start_stack
 
 PD2 = ["prefill", "prefill", "decode", "decode"]
-BENCH_PD = Path(__file__).resolve().parents[3] / "scripts" / "bench_pd.py"
 NO_THINK = {"chat_template_kwargs": {"enable_thinking": False}}
 
 
@@ -459,20 +457,14 @@ def test_worker_info_reads_dp_size_and_bootstrap_port() -> None:
 
 @pytest.mark.slow
 async def test_bench_pd_script_drives_the_serve_cli_over_subprocess_workers() -> None:
-    """scripts/bench_pd.py end to end, tiny: real `serve --prefill ... --decode ...` and sim-worker processes."""
-    import importlib.util
+    """token-gateway bench pd end to end, tiny: real `serve --prefill ... --decode ...` and sim-worker processes."""
     import io
-    import sys
 
     from rich.console import Console
 
-    from gateway.bench.workloads import GspConfig
+    from gateway_lab.bench.scenarios import pd as mod
+    from gateway_lab.bench.workloads import GspConfig
 
-    spec = importlib.util.spec_from_file_location("bench_pd", BENCH_PD)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["bench_pd"] = mod
-    spec.loader.exec_module(mod)
     config = mod.PdBenchConfig(
         prefill_policies=["cache_aware"], prefill_workers=2, decode_workers=2, concurrency=1, run_timeout_s=60
     )

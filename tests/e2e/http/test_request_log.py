@@ -137,9 +137,9 @@ async def test_serve_log_json_writes_access_lines(tmp_path: Any) -> None:
     """`token-gateway serve --log-json` as a real process: JSON access lines on stderr."""
     import httpx
 
-    from gateway.bench.serve_process import ServeProcess
-    from gateway.sim.config import SimConfig
-    from gateway.sim.fleet import SimFleet
+    from gateway_lab.bench.serve_process import ServeProcess
+    from gateway_lab.sim.config import SimConfig
+    from gateway_lab.sim.fleet import SimFleet
     from tests.e2e.http.conftest import ZERO_COST
 
     async with SimFleet.start(1, SimConfig(**ZERO_COST)) as fleet:

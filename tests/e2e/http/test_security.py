@@ -14,9 +14,9 @@ import pytest
 from gateway.server.config import GatewayConfig, ServerConfig
 from gateway.server.security import InsecureAdminError, SecurityConfig, check_startup, is_loopback
 from gateway.server.state import GatewayState
-from gateway.sim.config import SimConfig
-from gateway.sim.fleet import SimFleet
-from gateway.sim.worker import SimTls
+from gateway_lab.sim.config import SimConfig
+from gateway_lab.sim.fleet import SimFleet
+from gateway_lab.sim.worker import SimTls
 from tests.e2e.http.certs import make_pki
 from tests.e2e.http.conftest import ZERO_COST, Stack, StackOptions, start_stack
 
@@ -159,7 +159,7 @@ async def test_grpcs_to_a_tls_worker(tmp_path: Path) -> None:
             entry = state.catalog.get(None)
             prepared = state.engine.prepare(entry, entry.tokenizer.encode("hello", False), _sampling(), stream=False)
             gen = await state.engine.start(prepared)
-            async for _ in gen:
+            async for _ in gen.deltas():
                 pass
             assert fleet.workers[0].counters.requests == 1
         finally:

@@ -12,8 +12,8 @@ import httpx
 import openai
 import pytest
 
-from gateway.sim.config import SimConfig
-from gateway.sim.fleet import SimFleet
+from gateway_lab.sim.config import SimConfig
+from gateway_lab.sim.fleet import SimFleet
 from tests.e2e.http.conftest import ZERO_COST
 
 pytestmark = pytest.mark.slow

@@ -11,9 +11,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.bench.serve_process import ServeProcess
-from gateway.sim.config import SimConfig
-from gateway.sim.fleet import SimFleet
+from gateway_lab.bench.serve_process import ServeProcess
+from gateway_lab.sim.config import SimConfig
+from gateway_lab.sim.fleet import SimFleet
 
 # 20 ms per scheduler step: a 30-token answer takes ~0.6 s, a 400-token one ~8 s.
 SLOW = SimConfig(step_base_s=0.02, prefill_token_s=0.0, decode_seq_s=0.0, time_scale=1.0)

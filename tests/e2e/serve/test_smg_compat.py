@@ -21,8 +21,8 @@ import pytest
 from gateway.cli import build_parser
 from gateway.server.serve import config_from_args
 from gateway.server.smg_compat import map_value, warn_ignored
-from gateway.sim.config import SimConfig
-from gateway.sim.fleet import SimFleet
+from gateway_lab.sim.config import SimConfig
+from gateway_lab.sim.fleet import SimFleet
 from tests.e2e.http.conftest import ZERO_COST
 
 W = ["grpc://127.0.0.1:1", "grpc://127.0.0.1:2"]

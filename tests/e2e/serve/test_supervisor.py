@@ -17,12 +17,12 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.bench.serve_process import ServeProcess
 from gateway.server.admission import AdmissionConfig
 from gateway.server.process_config import ProcessConfig
 from gateway.server.supervisor import share_admission
-from gateway.sim.config import SimConfig
-from gateway.sim.fleet import SimFleet
+from gateway_lab.bench.serve_process import ServeProcess
+from gateway_lab.sim.config import SimConfig
+from gateway_lab.sim.fleet import SimFleet
 
 SLOW = SimConfig(step_base_s=0.02, prefill_token_s=0.0, decode_seq_s=0.0, time_scale=1.0)
 

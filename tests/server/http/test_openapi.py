@@ -1,9 +1,10 @@
-"""The OpenAPI document describes the JSON bodies the raw-JSON routes accept."""
+"""The OpenAPI document describes the JSON bodies the raw-JSON routes accept, the
+inference routes (which do not run on FastAPI) included."""
 
 from __future__ import annotations
 
 from gateway.server.config import GatewayConfig
-from gateway.server.http.app import create_app
+from gateway.server.http.app import GatewayApp, create_app
 from gateway.server.http.openapi import REQUEST_BODIES
 from gateway.server.state import GatewayState
 
@@ -11,13 +12,18 @@ from gateway.server.state import GatewayState
 def test_every_body_route_documents_its_model() -> None:
     state = GatewayState(GatewayConfig())
     try:
-        schema = create_app(state, manage_lifecycle=False).openapi()
+        app = create_app(state, manage_lifecycle=False)
+        assert isinstance(app, GatewayApp)
+        schema = app.openapi()
     finally:
         state.engine.close()
     components = schema["components"]["schemas"]
     assert "/metrics" not in schema["paths"]
-    for path, model in REQUEST_BODIES.items():
+    inference = {path: route.model for path, route in app.inference.routes.items()}
+    assert {"/v1/chat/completions", "/v1/completions", "/generate", "/v1/embeddings"} <= set(inference)
+    for path, model in {**REQUEST_BODIES, **inference}.items():
         op = schema["paths"][path]["post"]
+        assert op["operationId"] and op["responses"]["200"]
         ref = op["requestBody"]["content"]["application/json"]["schema"]["$ref"]
         assert ref == f"#/components/schemas/{model.__name__}"
         body = components[model.__name__]

@@ -21,12 +21,12 @@ import pytest
 
 from gateway.server.config import GatewayConfig, ServerConfig
 from gateway.server.state import GatewayState
-from gateway.sim.config import SimConfig
-from gateway.sim.worker import SimWorker
 from gateway.workers.discovery.config import DiscoveryConfig
 from gateway.workers.discovery.dns import DnsDiscovery
 from gateway.workers.discovery.reconcile import Reconciler, Target
 from gateway.workers.discovery.targets import parse_dns_target, worker_url
+from gateway_lab.sim.config import SimConfig
+from gateway_lab.sim.worker import SimWorker
 
 ZERO_COST = dict(step_base_s=0.0, prefill_token_s=0.0, decode_seq_s=0.0, time_scale=0.0)
 

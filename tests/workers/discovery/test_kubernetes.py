@@ -174,9 +174,9 @@ async def test_pods_feed_the_gateway_registry(fake_api: tuple[FakeApi, str], tmp
 
     from gateway.server.config import GatewayConfig, ServerConfig
     from gateway.server.state import GatewayState
-    from gateway.sim.config import SimConfig
-    from gateway.sim.worker import SimWorker
     from gateway.workers.discovery import kubernetes as k8s
+    from gateway_lab.sim.config import SimConfig
+    from gateway_lab.sim.worker import SimWorker
 
     api, host = fake_api
     with socket.socket() as s:

@@ -6,15 +6,14 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import grpc
 import pytest
 from google.protobuf.message import DecodeError
-from grpc import aio
 from hpack import Encoder
 
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.workers.h2 import H2Call, H2Connection, frames
 from gateway.workers.h2.batch import BatchParser
+from gateway.workers.transport import END_OF_STREAM, CallCode, WorkerCallError
 
 
 def replies() -> list[pb.GenerateResponse]:
@@ -139,7 +138,7 @@ async def test_one_read_is_one_parse_across_calls_and_each_call_gets_its_own_in_
     conn.data_received(_data(3, _message(r[4]), _message(r[0])) + _headers(enc, 3, ok, end=True) + _data(1, _message(r[1])))
     assert parser.batches == [4, 2]  # the read's last frame, a lone message: parsed at once
     assert [await b.read(), await b.read()] == [r[4], r[0]]
-    assert await b.read() is aio.EOF
+    assert await b.read() is END_OF_STREAM
     assert await a.read() == r[1]
 
 
@@ -154,9 +153,9 @@ async def test_a_malformed_message_fails_its_own_call_after_the_ones_before_it()
         + _data(1, _message(r[0]), bad, _message(r[1])) + _data(3, _message(r[3]))
     )
     assert await a.read() == r[0]
-    with pytest.raises(aio.AioRpcError) as err:
+    with pytest.raises(WorkerCallError) as err:
         await a.read()
-    assert err.value.code() is grpc.StatusCode.INTERNAL and "could not parse" in (err.value.details() or "")
+    assert err.value.code is CallCode.INTERNAL and "could not parse" in err.value.message
     assert await b.read() == r[3]  # the other call is untouched
     assert b.status is None and not conn.lost
 
@@ -169,9 +168,9 @@ async def test_an_oversized_message_fails_the_call_after_the_messages_before_it(
     huge = b"\x00" + (2 << 20).to_bytes(4, "big")
     conn.data_received(_headers(enc, 1, STATUS_200, end=False) + _data(1, _message(r[0]), _message(r[1]), huge))
     assert [await a.read(), await a.read()] == [r[0], r[1]]
-    with pytest.raises(aio.AioRpcError) as err:
+    with pytest.raises(WorkerCallError) as err:
         await a.read()
-    assert err.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert err.value.code is CallCode.RESOURCE_EXHAUSTED
 
 
 async def test_a_protocol_violation_still_delivers_what_came_before_it() -> None:
@@ -186,9 +185,9 @@ async def test_a_protocol_violation_still_delivers_what_came_before_it() -> None
     )
     assert conn.lost
     assert await a.read() == r[0]
-    with pytest.raises(aio.AioRpcError) as err:
+    with pytest.raises(WorkerCallError) as err:
         await a.read()
-    assert err.value.code() is grpc.StatusCode.UNAVAILABLE
+    assert err.value.code is CallCode.UNAVAILABLE
 
 
 async def test_end_stream_on_data_and_a_reset_come_after_the_messages_of_their_read() -> None:
@@ -205,10 +204,10 @@ async def test_end_stream_on_data_and_a_reset_come_after_the_messages_of_their_r
     )
     assert parser.batches == [3]  # flushed before the END_STREAM; the lone one before the reset alone
     assert [await a.read(), await a.read()] == [r[0], r[1]]
-    with pytest.raises(aio.AioRpcError) as err:
+    with pytest.raises(WorkerCallError) as err:
         await a.read()
-    assert err.value.code() is grpc.StatusCode.INTERNAL and "without a status" in (err.value.details() or "")
+    assert err.value.code is CallCode.INTERNAL and "without a status" in err.value.message
     assert [await b.read(), await b.read()] == [r[2], r[3]]
-    with pytest.raises(aio.AioRpcError) as err:
+    with pytest.raises(WorkerCallError) as err:
         await b.read()
-    assert "reset by the worker" in (err.value.details() or "")
+    assert "reset by the worker" in err.value.message

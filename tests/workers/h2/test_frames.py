@@ -3,13 +3,13 @@ timeout format and its mapping of HTTP/2 endings to status codes."""
 
 from __future__ import annotations
 
-import grpc
 import hyperframe.frame
 from hpack import Decoder
 from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.workers.h2 import frames
+from gateway.workers.transport import CallCode
 
 _names = st.text(alphabet="abcdefghijklmnopqrstuvwxyz-0123456789", min_size=1, max_size=300)
 _values = st.text(alphabet=st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=3000)
@@ -78,13 +78,13 @@ def test_grpc_timeouts_fit_eight_digits_and_round_up() -> None:
 
 
 def test_status_mappings() -> None:
-    assert frames.status_for_reset(frames.REFUSED_STREAM) is grpc.StatusCode.UNAVAILABLE
-    assert frames.status_for_reset(frames.CANCEL) is grpc.StatusCode.CANCELLED
-    assert frames.status_for_reset(frames.ENHANCE_YOUR_CALM) is grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert frames.status_for_reset(frames.PROTOCOL_ERROR) is grpc.StatusCode.INTERNAL
-    assert frames.status_for_http(404) is grpc.StatusCode.UNIMPLEMENTED
-    assert frames.status_for_http(503) is grpc.StatusCode.UNAVAILABLE
-    assert frames.status_for_http(401) is grpc.StatusCode.UNAUTHENTICATED
-    assert frames.status_for_http(500) is grpc.StatusCode.UNKNOWN
-    assert frames.status_from_number(3) is grpc.StatusCode.INVALID_ARGUMENT
-    assert frames.status_from_number(99) is grpc.StatusCode.UNKNOWN
+    assert frames.status_for_reset(frames.REFUSED_STREAM) is CallCode.UNAVAILABLE
+    assert frames.status_for_reset(frames.CANCEL) is CallCode.CANCELLED
+    assert frames.status_for_reset(frames.ENHANCE_YOUR_CALM) is CallCode.RESOURCE_EXHAUSTED
+    assert frames.status_for_reset(frames.PROTOCOL_ERROR) is CallCode.INTERNAL
+    assert frames.status_for_http(404) is CallCode.UNIMPLEMENTED
+    assert frames.status_for_http(503) is CallCode.UNAVAILABLE
+    assert frames.status_for_http(401) is CallCode.UNAUTHENTICATED
+    assert frames.status_for_http(500) is CallCode.UNKNOWN
+    assert frames.status_from_number(3) is CallCode.INVALID_ARGUMENT
+    assert frames.status_from_number(99) is CallCode.UNKNOWN

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, TypeVar
 
 from grpc import aio
@@ -21,6 +21,7 @@ from grpc import aio
 from gateway.endpoints import chat as chat_route
 from gateway.endpoints import completions as completions_route
 from gateway.endpoints import native as native_route
+from gateway.endpoints.events import Events, answer_of, events_of
 from gateway.endpoints.inspect import Inspector
 from gateway.observability.request_log import RequestRecord
 from gateway.pipeline.fanout import merged
@@ -52,8 +53,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-Started = tuple[list[Generation], AsyncIterator[Any]]
-StartFn = Callable[[Any, Any, RequestContext], Awaitable[Started]]
+StartFn = Callable[[Any, Any, RequestContext], Awaitable[Events]]
 
 
 def _streaming(
@@ -65,16 +65,15 @@ def _streaming(
     worker requests. One generator frame per message: the relay is the hot path."""
 
     async def handler(self: TokenGatewayService, request: Any, context: aio.ServicerContext) -> AsyncGenerator[Any, None]:
-        gens: list[Generation] = []
         try:
             ctx = self.auth.context(context)
             with client_deadline(context):
                 async with self.admitted(ctx, method) as record:
-                    gens, chunks = await start(self, request, ctx)
-                    await context.send_initial_metadata(reply_metadata(ctx))
-                    workers = list(dict.fromkeys(ctx.worker_ids)) if name_workers else []
-                    async with contextlib.aclosing(chunks):  # type: ignore[type-var]
-                        async for chunk in chunks:
+                    events = await start(self, request, ctx)
+                    async with events:  # however the call ends, its worker requests end with it
+                        await context.send_initial_metadata(reply_metadata(ctx))
+                        workers = list(dict.fromkeys(ctx.worker_ids)) if name_workers else []
+                        async for chunk in events.events:
                             message = to_message(chunk) if to_message is not None else chunk
                             if workers:
                                 message.worker_ids.extend(workers)  # the first message names the workers
@@ -84,10 +83,6 @@ def _streaming(
         except GatewayError as exc:
             log.info("gRPC %s failed: %s", method, exc.message)
             await abort_with(context, exc)
-        finally:
-            for gen in gens:
-                if not gen.stream.closed:
-                    await gen.stream.abort("client gone")
 
     handler.__name__ = handler.__qualname__ = method
     return handler
@@ -125,36 +120,35 @@ class TokenGatewayService(gpb_grpc.TokenGatewayServicer):
     async def ChatCompletion(self, request: gpb.ChatCompletionRequest, context: aio.ServicerContext) -> gpb.ChatCompletionResponse:
         async def run(ctx: RequestContext) -> gpb.ChatCompletionResponse:
             req = parse_model(ChatCompletionRequest, convert.chat_request(request, stream=False))
-            out = await chat_route.complete_chat(self.engine, req, ctx)
+            out = answer_of(await chat_route.open(self.engine, req, ctx))
             return convert.chat_response(out, list(dict.fromkeys(ctx.worker_ids)))
 
         return await self._unary(context, "ChatCompletion", run)
 
-    async def _start_chat_stream(self, request: gpb.ChatCompletionRequest, ctx: RequestContext) -> Started:
+    async def _start_chat_stream(self, request: gpb.ChatCompletionRequest, ctx: RequestContext) -> Events:
         req = parse_model(ChatCompletionRequest, convert.chat_request(request, stream=True))
-        gen, chunks = await chat_route.start_chat_stream(self.engine, req, ctx)
-        return [gen], chunks
+        return events_of(await chat_route.open(self.engine, req, ctx))
 
     # ---------------------------------------------------------------- completion
     async def Completion(self, request: gpb.CompletionRequest, context: aio.ServicerContext) -> gpb.CompletionResponse:
         async def run(ctx: RequestContext) -> gpb.CompletionResponse:
             req = parse_model(CompletionRequest, convert.completion_request(request, stream=False))
-            out = await completions_route.complete(self.engine, req, ctx)
+            out = answer_of(await completions_route.open(self.engine, req, ctx))
             return convert.completion_response(out, list(dict.fromkeys(ctx.worker_ids)))
 
         return await self._unary(context, "Completion", run)
 
-    async def _start_completion_stream(self, request: gpb.CompletionRequest, ctx: RequestContext) -> Started:
+    async def _start_completion_stream(self, request: gpb.CompletionRequest, ctx: RequestContext) -> Events:
         req = parse_model(CompletionRequest, convert.completion_request(request, stream=True))
-        return await completions_route.stream_completions(self.engine, req, ctx)
+        return events_of(await completions_route.open(self.engine, req, ctx))
 
     # ---------------------------------------------------------------- generate
-    async def _start_generate(self, request: gpb.GenerateRequest, ctx: RequestContext) -> Started:
+    async def _start_generate(self, request: gpb.GenerateRequest, ctx: RequestContext) -> Events:
+        """The gateway API's Generate sends each sample's deltas (or one whole message per
+        sample), not SGLang's cumulative results: its messages are framed here."""
         req = parse_model(GenerateRequest, convert.generate_request(request))
-        prepared = await native_route.prepare_generate(self.engine, req, ctx)
-        gens = await completions_route.start_all(self.engine, prepared)
-        ctx.worker_ids = [g.worker_id for g in gens]
-        return gens, _generate_messages(gens, stream=req.stream)
+        gens = await native_route.start_generate(self.engine, req, ctx)
+        return Events(_generate_messages(gens, stream=req.stream), gens)
 
     # ---------------------------------------------------------------- tokens, embeddings
     async def Tokenize(self, request: gpb.TokenizeRequest, context: aio.ServicerContext) -> gpb.TokenizeResponse:

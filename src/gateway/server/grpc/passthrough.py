@@ -24,8 +24,9 @@ from typing import TypeVar
 from grpc import aio
 
 from gateway.observability.request_log import RequestRecord
+from gateway.pipeline.aborts import fire_abort
 from gateway.pipeline.deadline import worker_timeout
-from gateway.pipeline.dispatch import TokenStream, WorkerStream, fire_abort
+from gateway.pipeline.dispatch import TokenStream, WorkerStream
 from gateway.pipeline.errors import map_rpc_error
 from gateway.pipeline.request_context import RequestContext
 from gateway.pipeline.scheduler_rules import check_scheduler_generate
@@ -47,6 +48,7 @@ from gateway.server.grpc.util import (
     reply_metadata,
 )
 from gateway.server.state import GatewayState
+from gateway.workers.transport import WorkerCallError
 from gateway.workers.worker import Worker
 
 log = logging.getLogger(__name__)
@@ -163,9 +165,9 @@ class SchedulerPassthrough(pb_grpc.SglangSchedulerServicer):
                 worker = stream.worker
                 try:
                     ok = await worker.client.abort(wid, request.reason, timeout=worker_timeout(5.0))
-                except aio.AioRpcError as exc:
+                except WorkerCallError as exc:
                     await stream.abort(request.reason or "aborted by client")
-                    return pb.AbortResponse(success=True, message=f"worker {worker.id} did not answer Abort ({exc.code().name}); stream cancelled")
+                    return pb.AbortResponse(success=True, message=f"worker {worker.id} did not answer Abort ({exc.code.name}); stream cancelled")
                 return pb.AbortResponse(success=ok, message=f"abort sent to {worker.id}")
             # Not yet on a worker: remember it, and let every worker drop it if queued.
             self._aborted.add(key)
@@ -272,7 +274,7 @@ class SchedulerPassthrough(pb_grpc.SglangSchedulerServicer):
                 yield chunk
         except GatewayError as exc:
             await abort_with(context, exc)
-        except aio.AioRpcError as exc:
+        except WorkerCallError as exc:
             await abort_with(context, map_rpc_error(exc, "tokenizer source"))
 
     async def FlushCache(self, request: common_pb2.FlushCacheRequest, context: aio.ServicerContext) -> common_pb2.FlushCacheResponse:
@@ -295,7 +297,7 @@ class SchedulerPassthrough(pb_grpc.SglangSchedulerServicer):
     async def _call(self, worker: Worker, call: Awaitable[T]) -> T:
         try:
             return await call
-        except aio.AioRpcError as exc:
+        except WorkerCallError as exc:
             raise map_rpc_error(exc, worker.id) from exc
 
 

@@ -1,5 +1,6 @@
 """Admin endpoints: the worker registry over HTTP, loads and cache flush fanned out to
-workers, and ``/admin/inspect`` (what the router sees in a prompt).
+workers. (``/admin/inspect``, what the router sees in a prompt, costs a tokenization
+and takes an admission slot: it runs on the inference path, ``inference_routes``.)
 
 Mutations (``POST /workers``, ``DELETE /workers/{id}``, ``POST /flush_cache``) need
 the admin key; read-only views (``GET /workers``, ``GET /get_loads``) take the admin
@@ -12,17 +13,13 @@ import asyncio
 import logging
 from typing import Any
 
-import grpc
 from fastapi import APIRouter
 from google.protobuf.json_format import MessageToDict
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.endpoints.inspect import Inspector
-from gateway.pipeline.request_context import RequestContext
 from gateway.protocol.errors import GatewayError, InvalidRequestError, NotFoundError, WorkerError
-from gateway.protocol.inspect import InspectRequest
 from gateway.server.http.door import HttpDoor
 from gateway.server.http.util import (
     JSONResponse,
@@ -33,6 +30,7 @@ from gateway.server.http.util import (
 )
 from gateway.workers.client import BadWorkerUrl
 from gateway.workers.registry import WorkerRegistrationError
+from gateway.workers.transport import WorkerCallError
 from gateway.workers.worker import ROLES, Worker
 
 log = logging.getLogger(__name__)
@@ -59,8 +57,8 @@ class FlushCacheRequest(BaseModel):
 
 
 def _rpc_failure(exc: BaseException) -> str:
-    if isinstance(exc, grpc.aio.AioRpcError):
-        return f"{exc.code().name}: {exc.details()}"
+    if isinstance(exc, WorkerCallError):
+        return f"{exc.code.name}: {exc.message}"
     return f"{type(exc).__name__}: {exc}"
 
 
@@ -181,17 +179,5 @@ def admin_router(door: HttpDoor) -> APIRouter:
             return JSONResponse({"success": ok, "workers": out})
 
         return await guarded(request, auth.admin, work)
-
-    inspector = Inspector(state.engine, state.config.policy)
-
-    @app.post("/admin/inspect")
-    async def admin_inspect(request: Request) -> Response:
-        async def run(ctx: RequestContext) -> Any:
-            req = parse_model(InspectRequest, await read_json(request, door.max_body))
-            return (await inspector.inspect(req)).to_dict()
-
-        # Admin key by default (the answer reveals what other tenants' prompts cached);
-        # an admission slot, as it costs a tokenization.
-        return await door.handle(request, run, admit=True, auth=auth.inspector)
 
     return app

@@ -1,7 +1,9 @@
-"""The HTTP front door: one FastAPI app composed of one router per route group.
+"""The HTTP front door: the inference routes on one ASGI path, FastAPI for the rest.
 
-Routes only parse, authenticate and frame (``door.HttpDoor``); the request pipeline
-lives in ``pipeline/`` and the OpenAI / SGLang response shaping in ``endpoints/``.
+Every inference route (``inference_routes``) runs on ``server.http.inference``'s path;
+FastAPI serves admin, health, parse, ``/v1/models`` and the OpenAPI document, one
+router per route group (``door.HttpDoor``). The request pipeline lives in
+``pipeline/`` and the OpenAI / SGLang response shaping in ``endpoints/``.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from fastapi import FastAPI
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.protocol.errors import GatewayError
@@ -20,8 +23,8 @@ from gateway.server.http.admin import admin_router
 from gateway.server.http.agents import agents_router
 from gateway.server.http.door import HttpDoor
 from gateway.server.http.health import health_router
-from gateway.server.http.hot import HotPath
-from gateway.server.http.native import native_router
+from gateway.server.http.inference import InferencePath
+from gateway.server.http.inference_routes import inference_routes
 from gateway.server.http.openai import openai_router
 from gateway.server.http.openapi import describe_request_bodies
 from gateway.server.http.parse import parse_router
@@ -41,23 +44,21 @@ def metrics_guard(state: GatewayState) -> Callable[[Mapping[str, str]], None] | 
 
 
 class GatewayApp(FastAPI):
-    """FastAPI, except that the hot routes (``server.http.hot``) skip its stack."""
+    """FastAPI, except that the inference routes (``server.http.inference``) skip its stack."""
 
-    hot: HotPath | None = None
-    hot_stack: ASGIApp | None = None
+    inference: InferencePath
+    inference_stack: ASGIApp
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        hot = self.hot
-        if hot is not None and self.hot_stack is not None and hot.match(scope):
+        if self.inference.match(scope):
             scope["app"] = self
-            await self.hot_stack(scope, receive, send)
+            await self.inference_stack(scope, receive, send)
             return
         await super().__call__(scope, receive, send)
 
 
-def create_app(state: GatewayState, *, manage_lifecycle: bool = True, hot_path: bool = True) -> FastAPI:
-    """The HTTP app; ``hot_path=False`` leaves the hot routes on FastAPI's own path too
-    (the tests compare the two)."""
+def create_app(state: GatewayState, *, manage_lifecycle: bool = True) -> FastAPI:
+    """The HTTP app of one gateway process."""
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if manage_lifecycle:
@@ -71,9 +72,13 @@ def create_app(state: GatewayState, *, manage_lifecycle: bool = True, hot_path: 
     app = GatewayApp(title="token-gateway", version="0.1.0", lifespan=lifespan)
     app.state.gateway = state
     door = HttpDoor(state)
-    hot_routers = [openai_router(door), native_router(door)]
-    for router in hot_routers:
-        app.include_router(router)
+    app.inference = InferencePath(door, inference_routes(state))
+    for path in app.inference.routes:
+        # In FastAPI's router too: its other methods get 405, and metrics get the route's path.
+        route = Route(path, app.inference, methods=["POST"], include_in_schema=False)
+        app.router.routes.append(route)
+        app.inference.labels[path] = route
+    app.include_router(openai_router(door))
     app.include_router(health_router(state))
     app.include_router(admin_router(door))
     app.include_router(parse_router(door))
@@ -90,8 +95,6 @@ def create_app(state: GatewayState, *, manage_lifecycle: bool = True, hot_path: 
         return error_response(GatewayError(str(exc.detail), status=status, type=kind))
 
     install_observability(app, state.metrics, access_log=state.config.server.access_log, guard=metrics_guard(state))
-    describe_request_bodies(app)
-    if hot_path:
-        app.hot = HotPath(door, {getattr(r, "path", ""): r for router in hot_routers for r in router.routes})
-        app.hot_stack = ObservabilityMiddleware(app.hot, state.metrics, access_log=state.config.server.access_log)
+    describe_request_bodies(app, app.inference.routes.values())
+    app.inference_stack = ObservabilityMiddleware(app.inference, state.metrics, access_log=state.config.server.access_log)
     return app

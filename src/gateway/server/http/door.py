@@ -1,15 +1,15 @@
-"""What every HTTP route shares: auth, request context, admission, disconnect watch, errors, SSE.
+"""What every HTTP route shares: auth, the request context and its response headers.
 
-Route modules (``openai``, ``native``, ``admin``, ``health``) only parse their body
-and call the pipeline; ``HttpDoor.handle`` runs each of them the same way, so an
-admission slot, the request id and the OpenAI error shape are owned here once.
+The inference routes run on ``server.http.inference``'s path, which owns admission,
+the disconnect watch and SSE; the FastAPI routes that answer a small JSON body
+(``/v1/models``, parse) run through ``HttpDoor.handle``. Both build the request context
+and the response headers here, and answer errors with ``util.error_response``.
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any, Literal
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -25,19 +25,8 @@ from gateway.protocol.headers import (
     first_header,
 )
 from gateway.protocol.ids import random_hex
-from gateway.server.admission import Ticket
-from gateway.server.http.sse import DONE, StreamEvent, sse_error
-from gateway.server.http.util import (
-    ClientGone,
-    EventStream,
-    JSONResponse,
-    buffer_body,
-    error_response,
-    unless_disconnected,
-)
+from gateway.server.http.util import ClientGone, JSONResponse, error_response
 from gateway.server.state import GatewayState
-
-log = logging.getLogger(__name__)
 
 # Status for a request whose client left (nginx's convention; nobody reads it).
 CLIENT_CLOSED = 499
@@ -75,63 +64,18 @@ class HttpDoor:
             out[WORKER_ID] = ",".join(dict.fromkeys(ctx.worker_ids))
         return out
 
-    async def handle(
-        self,
-        request: Request,
-        run: Callable[[RequestContext], Any],
-        *,
-        admit: bool | Literal["batch"] = False,
-        auth: Auth | None = None,
-    ) -> Response:
-        """Run a JSON endpoint with ``auth`` (default: an inference key), admission
-        (``admit``: one slot before ``run``; ``"batch"``: ``run`` calls ``ctx.reserve(k)``
-        with its prompt count before any work), disconnect watch and error mapping.
-
-        The admission slot is held until the answer is complete: for a stream, until it ends."""
-        state = self.state
+    async def handle(self, request: Request, run: Callable[[RequestContext], Any], *, auth: Auth | None = None) -> Response:
+        """Run a small JSON route with ``auth`` (default: an inference key) and the error
+        mapping. Its body, if any, is read by ``run`` (``util.read_json``)."""
         ctx = RequestContext()
-        tickets: list[Ticket] = []
-
-        async def take(weight: int) -> None:
-            tickets.append(await state.admission.acquire(ctx.api_key_id, weight))
-
-        async def admitted(ctx: RequestContext) -> Any:
-            if admit == "batch":
-                ctx.admit = take  # the route reserves one slot per prompt once it knows the count
-            elif admit:
-                await take(1)
-            return await run(ctx)
-
-        result: Any = None
         try:
-            ctx = self.context(request, auth or state.auth.inference)
-            await buffer_body(request, self.max_body)  # before the disconnect watcher shares `receive`
-            result = await unless_disconnected(request, admitted(ctx))
+            ctx = self.context(request, auth or self.state.auth.inference)
+            result = await run(ctx)
         except ClientGone:
             return Response(status_code=CLIENT_CLOSED)
         except GatewayError as exc:
             return error_response(exc, self.headers_for(ctx))
-        finally:
-            for ticket in tickets:
-                if isinstance(result, EventStream):
-                    result.on_close = ticket.release
-                else:
-                    ticket.release()
         if isinstance(result, Response):
             result.headers.update(self.headers_for(ctx))
             return result
         return JSONResponse(result, headers=self.headers_for(ctx))
-
-    def sse_stream(self, chunks: AsyncIterator[StreamEvent], ctx: RequestContext) -> EventStream:
-        """Each typed event becomes its SSE bytes here, once."""
-
-        async def body() -> AsyncIterator[bytes]:
-            try:
-                async for chunk in chunks:
-                    yield b"data: " + chunk.to_json() + b"\n\n"
-            except GatewayError as exc:
-                log.warning("request %s failed mid-stream: %s", ctx.request_id, exc.message)
-                yield sse_error(exc.status, exc.message, exc.type, exc.code)
-            yield DONE
-
-        return EventStream(body(), headers=self.headers_for(ctx))

@@ -12,7 +12,7 @@ slow-loris client cannot hold a connection and an admission slot for ever).
 
 The cost on the hot path is an integer add per received chunk while a head is being
 read and three clock reads per request; one timer per server sweeps the deadlines
-(see docs/BENCHMARKS.md, ``scripts/bench_http_guard.py``).
+(see docs/BENCHMARKS.md, ``token-gateway bench http-guard``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""OpenAI routes: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``, ``/v1/models``."""
+"""OpenAI's ``GET /v1/models`` (its POST routes run on the inference path, ``inference_routes``)."""
 
 from __future__ import annotations
 
@@ -8,50 +8,14 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.endpoints import chat as chat_route
-from gateway.endpoints import completions as completions_route
-from gateway.endpoints import native as native_route
 from gateway.pipeline.request_context import RequestContext
-from gateway.protocol.chat import ChatCompletionRequest
-from gateway.protocol.completions import CompletionRequest
-from gateway.protocol.embeddings import EmbeddingRequest
 from gateway.protocol.responses import ModelCard, ModelList
 from gateway.server.http.door import HttpDoor
-from gateway.server.http.util import parse_model, read_json
 
 
 def openai_router(door: HttpDoor) -> APIRouter:
     router = APIRouter()
-    state, max_body = door.state, door.max_body
-
-    @router.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Response:
-        async def run(ctx: RequestContext) -> Any:
-            req = parse_model(ChatCompletionRequest, await read_json(request, max_body))
-            if req.stream:
-                return door.sse_stream(await chat_route.stream_chat(state.engine, req, ctx), ctx)
-            return await chat_route.complete_chat(state.engine, req, ctx)
-
-        return await door.handle(request, run, admit=True)
-
-    @router.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        async def run(ctx: RequestContext) -> Any:
-            req = parse_model(CompletionRequest, await read_json(request, max_body))
-            if req.stream:
-                _, chunks = await completions_route.stream_completions(state.engine, req, ctx)
-                return door.sse_stream(chunks, ctx)
-            return await completions_route.complete(state.engine, req, ctx)
-
-        return await door.handle(request, run, admit="batch")
-
-    @router.post("/v1/embeddings")
-    async def embeddings(request: Request) -> Response:
-        async def run(ctx: RequestContext) -> Any:
-            req = parse_model(EmbeddingRequest, await read_json(request, max_body))
-            return await native_route.embed(state.engine, req, ctx)
-
-        return await door.handle(request, run, admit="batch")
+    state = door.state
 
     @router.get("/v1/models")
     async def models(request: Request) -> Response:

@@ -1,47 +1,32 @@
 """Request-body schemas in the OpenAPI document for routes that read raw JSON.
 
-The handlers parse bodies themselves (orjson, size limit, OpenAI-shaped
-errors), so FastAPI cannot see what they accept. This adds each route's
-pydantic model as its ``requestBody`` without changing how it is handled, so
-clients, docs and schema-driven fuzzers (schemathesis) know the real shapes.
+Every route parses its body itself (orjson, size limit, OpenAI-shaped errors), and
+the inference routes do not run on FastAPI at all (``server.http.inference``), so
+FastAPI cannot see what they accept. This adds each inference route's operation and
+each route's pydantic model as its ``requestBody`` without changing how it is
+handled, so clients, docs and schema-driven fuzzers (schemathesis) know the real shapes.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from typing import Any
 
 from fastapi import FastAPI
 from pydantic import BaseModel
 
-from gateway.protocol.chat import ChatCompletionRequest
-from gateway.protocol.completions import CompletionRequest
-from gateway.protocol.embeddings import EmbeddingRequest
-from gateway.protocol.generate import GenerateRequest
-from gateway.protocol.inspect import InspectRequest
 from gateway.protocol.parse import ParseReasoningRequest, ParseToolCallsRequest
-from gateway.protocol.responses_api import (
-    ConversationCreate,
-    ConversationUpdate,
-    ItemsCreate,
-    ResponsesRequest,
-)
-from gateway.protocol.tokens import DetokenizeRequest, TokenizeRequest
+from gateway.protocol.responses_api import ConversationCreate, ConversationUpdate, ItemsCreate
+from gateway.server.http.inference import InferenceRoute
 
+# The FastAPI routes with a JSON body (the inference routes bring their own models).
 REQUEST_BODIES: dict[str, type[BaseModel]] = {
-    "/v1/chat/completions": ChatCompletionRequest,
-    "/v1/completions": CompletionRequest,
-    "/generate": GenerateRequest,
-    "/v1/embeddings": EmbeddingRequest,
-    "/v1/tokenize": TokenizeRequest,
-    "/v1/detokenize": DetokenizeRequest,
-    "/admin/inspect": InspectRequest,
     "/parse/tool_calls": ParseToolCallsRequest,
     "/parse/reasoning": ParseReasoningRequest,
-    "/v1/responses": ResponsesRequest,
     "/v1/conversations": ConversationCreate,
     "/v1/conversations/{conversation_id}": ConversationUpdate,
     "/v1/conversations/{conversation_id}/items": ItemsCreate,
-    # /v1/messages is left out: its errors have Anthropic's shape, not the ErrorResponse below.
     # POST /workers is left out on purpose: a fuzzer must not make the gateway dial made-up addresses.
 }
 
@@ -77,19 +62,33 @@ def _error_responses() -> dict[str, Any]:
     }
 
 
-def describe_request_bodies(app: FastAPI, bodies: dict[str, type[BaseModel]] | None = None) -> None:
-    """Wrap ``app.openapi`` so the POST routes in ``bodies`` document their JSON body."""
-    bodies = REQUEST_BODIES if bodies is None else bodies
+def _operation(route: InferenceRoute) -> dict[str, Any]:
+    """An inference route's POST operation, as FastAPI would describe a handler of its path."""
+    return {
+        "summary": route.summary,
+        "operationId": re.sub(r"\W", "_", route.path.strip("/")) + "_post",
+        "responses": {"200": {"description": "Successful Response", "content": {"application/json": {"schema": {}}}}},
+    }
+
+
+def describe_request_bodies(app: FastAPI, inference: Iterable[InferenceRoute] = ()) -> None:
+    """Wrap ``app.openapi`` so the ``inference`` routes are in it and every POST route
+    with a JSON body (those and ``REQUEST_BODIES``) documents it."""
+    inference = list(inference)
+    bodies = {**REQUEST_BODIES, **{r.path: r.model for r in inference}}
     base = app.openapi
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema:
             return app.openapi_schema
         schema = base()
+        paths = schema.setdefault("paths", {})
+        for route in inference:
+            paths.setdefault(route.path, {})["post"] = _operation(route)
         components = schema.setdefault("components", {}).setdefault("schemas", {})
         components["ErrorResponse"] = ERROR_SCHEMA
         for path, model in bodies.items():
-            operation = schema.get("paths", {}).get(path, {}).get("post")
+            operation = paths.get(path, {}).get("post")
             if operation is None:
                 continue
             body = model.model_json_schema(ref_template=_REF, mode="validation")

@@ -3,8 +3,8 @@
 Why not grpc.aio for this one call: every streamed token is one gRPC message, and
 grpc.aio hands each message over on its own (a completion-queue operation, a
 hand-off from gRPC's poller thread, a task wake-up), even when many arrived in the
-same socket read. Profiles of the relay put that at a quarter to a third of the
-gateway's CPU per token (docs/BENCHMARKS.md, issue 18), and no grpc.aio API reads
+same socket read. Profiles of the relay put that at a large share of the
+gateway's CPU per token, and no grpc.aio API reads
 "what has already arrived". Here one socket read is cut into frames and messages in
 one pass, its messages are parsed with one protobuf parse (``batch.py``), each call with
 new messages is woken once, and a reader sees how many are waiting (``H2Call.ready``),
@@ -15,8 +15,8 @@ Scope, on purpose small: unary-request, server-streaming calls (Generate), on
 encoding only; the worker's response headers decoded by the ``hpack`` library. Every
 other RPC (health, loads, abort, embeddings, tokenizer, KV events) stays on grpc.aio,
 and so can Generate (``--worker-stream-transport grpcio``). Calls behave as
-grpc.aio's do for the gateway: ``grpc.aio.EOF`` at the end, ``grpc.aio.AioRpcError``
-with the worker's status and details on failure, deadlines (``grpc-timeout`` and a
+grpc.aio's do for the gateway, in the terms of ``workers/transport``: ``END_OF_STREAM``
+at the end, ``WorkerCallError`` with the worker's status and details on failure, deadlines (``grpc-timeout`` and a
 local timer), cancellation both ways, GOAWAY and lost connections as UNAVAILABLE.
 """
 

@@ -3,9 +3,8 @@
 Why: protobuf's upb runtime gives every parsed message its own arena, and its Python
 module calls glibc's ``malloc_trim(0)`` after every 10,000 arena frees. ``malloc_trim``
 consolidates and walks the whole heap (hundreds of MB in a serving gateway), so at one
-arena per streamed token it cost about 8% of the gsp burst's CPU (perf: glibc's
-``malloc_consolidate`` and ``unlink_chunk`` under ``upb_Arena_Free``; docs/BENCHMARKS.md,
-issue 18, round 9). Parsed as the elements of one wrapper message
+arena per streamed token it was a visible share of the gsp burst's CPU (perf: glibc's
+``malloc_consolidate`` and ``unlink_chunk`` under ``upb_Arena_Free``). Parsed as the elements of one wrapper message
 (``repeated <Message> messages = 1``), the messages of one socket read, all its calls',
 share one arena: the same objects, a fraction of the arena frees and trims. A lone
 message in a read is parsed on its own, as before (the wrapper only pays from two).

@@ -1,4 +1,4 @@
-"""One Generate call on an HTTP/2 connection, with grpc.aio's reading semantics.
+"""One Generate call on an HTTP/2 connection, read in the transport's terms.
 
 The connection hands each call the bytes of its DATA frames as they come off the
 socket; the call cuts them into gRPC messages and holds them until the connection has
@@ -9,10 +9,11 @@ parsed at once. A reader that finds messages queued takes them without waiting
 (``ready`` says so), which is what lets the relay write several tokens that arrived
 together as one socket write.
 
-What the gateway relies on, as with ``grpc.aio.UnaryStreamCall``:
-- ``read()`` returns the next message, ``grpc.aio.EOF`` after the last one when the
-  status is OK, and raises ``grpc.aio.AioRpcError`` for any other status (after the
-  messages that came before it);
+What the gateway relies on (``workers/transport.GenerateCall``, as grpc.aio's
+``UnaryStreamCall`` behaves):
+- ``read()`` returns the next message, ``END_OF_STREAM`` after the last one when the
+  status is OK, and raises ``WorkerCallError`` with the worker's status for any other
+  (after the messages that came before it);
 - ``cancel()`` resets the stream; a pending ``read()`` then raises
   ``asyncio.CancelledError`` (without cancelling the reader's task), and so does any
   later one;
@@ -27,10 +28,8 @@ from collections.abc import Callable
 from typing import Any, Protocol
 from urllib.parse import unquote
 
-import grpc
-from grpc import aio
-
 from gateway.workers.h2 import frames
+from gateway.workers.transport import END_OF_STREAM, CallCode, WorkerCallError
 
 Deserialize = Callable[[bytes], Any]
 
@@ -47,8 +46,8 @@ class Link(Protocol):
     def flush(self) -> None: ...
 
 
-_OK = grpc.StatusCode.OK
-_EOF = aio.EOF
+_OK = CallCode.OK
+_EOF = END_OF_STREAM
 
 
 class CallStatus:
@@ -56,7 +55,7 @@ class CallStatus:
 
     __slots__ = ("code", "details", "trailing")
 
-    def __init__(self, code: grpc.StatusCode, details: str = "", trailing: tuple[tuple[str, str], ...] = ()) -> None:
+    def __init__(self, code: CallCode, details: str = "", trailing: tuple[tuple[str, str], ...] = ()) -> None:
         self.code = code
         self.details = details
         self.trailing = trailing
@@ -106,8 +105,14 @@ class H2Call:
     def status(self) -> CallStatus | None:
         return self._status
 
+    @property
+    def initial_metadata(self) -> tuple[tuple[str, str], ...]:
+        """The worker's response headers (not pseudo-headers), for diagnostics."""
+        return self._initial
+
     async def read(self) -> Any:
-        """The next message; ``grpc.aio.EOF`` after the last; raises on a failed call."""
+        """The next message; ``END_OF_STREAM`` after the last; raises ``WorkerCallError``
+        on a failed call."""
         while True:
             if self.cancelled:
                 raise asyncio.CancelledError
@@ -121,9 +126,7 @@ class H2Call:
             if status is not None:
                 if status.code is _OK:
                     return _EOF
-                raise aio.AioRpcError(
-                    status.code, aio.Metadata(*self._initial), aio.Metadata(*status.trailing), details=status.details
-                )
+                raise WorkerCallError(status.code, status.details)
             starting = self._starting
             if starting is not None:
                 if not starting.done():
@@ -163,7 +166,7 @@ class H2Call:
             return False
         self.cancelled = True
         self._inbox.clear()
-        self._end(CallStatus(grpc.StatusCode.CANCELLED, "Locally cancelled by application!"), reset=frames.CANCEL)
+        self._end(CallStatus(CallCode.CANCELLED, "Locally cancelled by application!"), reset=frames.CANCEL)
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.cancel()
@@ -186,7 +189,7 @@ class H2Call:
     def _expire(self) -> None:
         self.timer = None
         if self._status is None:
-            self._end(CallStatus(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"), reset=frames.CANCEL)
+            self._end(CallStatus(CallCode.DEADLINE_EXCEEDED, "Deadline Exceeded"), reset=frames.CANCEL)
 
     def on_data(self, data: bytes | memoryview, last: bool = False) -> None:
         """DATA payload of this stream: cut into gRPC messages (5-byte prefix each).
@@ -207,12 +210,12 @@ class H2Call:
         while end - pos >= 5:
             size = int.from_bytes(buf[pos + 1:pos + 5], "big")
             if size > self._max_message:
-                self._fail_after_pending(had, grpc.StatusCode.RESOURCE_EXHAUSTED, f"received message larger than max ({size} vs. {self._max_message})")
+                self._fail_after_pending(had, CallCode.RESOURCE_EXHAUSTED, f"received message larger than max ({size} vs. {self._max_message})")
                 return
             if end - pos - 5 < size:
                 break
             if buf[pos]:
-                self._fail_after_pending(had, grpc.StatusCode.INTERNAL, "compressed message, but no compression was negotiated")
+                self._fail_after_pending(had, CallCode.INTERNAL, "compressed message, but no compression was negotiated")
                 return
             pending.append(bytes(buf[pos + 5:pos + 5 + size]))
             pos += 5 + size
@@ -226,7 +229,7 @@ class H2Call:
                 try:
                     message = self._parse_one(pending[0])
                 except Exception as exc:  # a malformed message fails this call, not the connection
-                    self._fail(grpc.StatusCode.INTERNAL, f"could not parse the worker's message: {exc}")
+                    self._fail(CallCode.INTERNAL, f"could not parse the worker's message: {exc}")
                     return
                 self._inbox.append(message)
                 self._wake()
@@ -254,11 +257,11 @@ class H2Call:
                 parsed.append(parse(payload))
             except Exception as exc:  # a malformed message fails this call, not the connection
                 self.deliver(parsed)
-                self._fail(grpc.StatusCode.INTERNAL, f"could not parse the worker's message: {exc}")
+                self._fail(CallCode.INTERNAL, f"could not parse the worker's message: {exc}")
                 return
         self.deliver(parsed)
 
-    def _fail_after_pending(self, had: int, code: grpc.StatusCode, details: str) -> None:
+    def _fail_after_pending(self, had: int, code: CallCode, details: str) -> None:
         """Fail the call once the messages that came before the fault are delivered
         (``had``: how many were pending, so already deferred, before this DATA frame)."""
         conn = self._conn
@@ -277,7 +280,7 @@ class H2Call:
             fields = _decode(headers)
             status = dict(fields).get(":status", "")
             if status != "200":
-                code = frames.status_for_http(int(status)) if status.isdigit() else grpc.StatusCode.INTERNAL
+                code = frames.status_for_http(int(status)) if status.isdigit() else CallCode.INTERNAL
                 self._end(CallStatus(code, f"Received http2 header with status: {status or 'none'}"), reset=frames.CANCEL)
                 return
             if not end_stream:
@@ -286,7 +289,7 @@ class H2Call:
             self._trailers(fields)
             return
         if not end_stream:
-            self._fail(grpc.StatusCode.INTERNAL, "headers in the middle of the response")
+            self._fail(CallCode.INTERNAL, "headers in the middle of the response")
             return
         self._trailers(_decode(headers))
 
@@ -302,25 +305,25 @@ class H2Call:
             elif not key.startswith(":"):
                 trailing.append((key, value))
         if number is None:
-            self._end(CallStatus(grpc.StatusCode.UNKNOWN, "missing grpc-status in the trailers"))
+            self._end(CallStatus(CallCode.UNKNOWN, "missing grpc-status in the trailers"))
             return
         code = frames.status_from_number(number)
         if code is _OK and self._partial:
-            code, details = grpc.StatusCode.INTERNAL, "stream ended inside a message"
+            code, details = CallCode.INTERNAL, "stream ended inside a message"
         self._end(CallStatus(code, details, tuple(trailing)))
 
     def on_end_without_trailers(self) -> None:
         """END_STREAM on a DATA frame: gRPC always ends with trailers."""
-        self._fail(grpc.StatusCode.INTERNAL, "the worker ended the stream without a status")
+        self._fail(CallCode.INTERNAL, "the worker ended the stream without a status")
 
     def on_reset(self, code: int) -> None:
         self._end(CallStatus(frames.status_for_reset(code), f"stream reset by the worker (HTTP/2 error {code})"))
 
-    def on_lost(self, code: grpc.StatusCode, details: str) -> None:
+    def on_lost(self, code: CallCode, details: str) -> None:
         """The connection is gone, or going away without this stream."""
         self._end(CallStatus(code, details))
 
-    def _fail(self, code: grpc.StatusCode, details: str) -> None:
+    def _fail(self, code: CallCode, details: str) -> None:
         self._end(CallStatus(code, details), reset=frames.CANCEL)
 
     def _end(self, status: CallStatus, *, reset: int | None = None) -> None:

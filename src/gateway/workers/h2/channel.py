@@ -16,17 +16,16 @@ import logging
 import ssl
 from collections.abc import Sequence
 
-import grpc
-
 from gateway import __version__
 from gateway.workers.h2 import frames
 from gateway.workers.h2.call import Deserialize, H2Call
 from gateway.workers.h2.connection import H2Connection
+from gateway.workers.transport import CallCode
 
 log = logging.getLogger(__name__)
 
 USER_AGENT = f"token-gateway/{__version__} (h2)".encode()
-_UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
+_UNAVAILABLE = CallCode.UNAVAILABLE
 
 
 class _Unavailable(Exception):

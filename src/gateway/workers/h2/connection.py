@@ -17,12 +17,12 @@ import logging
 import os
 from typing import cast
 
-import grpc
 from hpack import Decoder
 from hpack.exceptions import HPACKError
 
 from gateway.workers.h2 import frames
 from gateway.workers.h2.call import H2Call
+from gateway.workers.transport import CallCode
 
 log = logging.getLogger(__name__)
 
@@ -358,7 +358,7 @@ class H2Connection(asyncio.Protocol):
                 return
             call.send_window += increment
             if call.send_window > frames.MAX_WINDOW:
-                call.on_lost(grpc.StatusCode.INTERNAL, "the worker's stream window overflowed")
+                call.on_lost(CallCode.INTERNAL, "the worker's stream window overflowed")
                 return
         self._flush_blocked()
 
@@ -418,7 +418,7 @@ class H2Connection(asyncio.Protocol):
         self.closing = True
         for stream_id, call in list(self.calls.items()):
             if stream_id > last:  # the worker never saw it: safe to send elsewhere
-                call.on_lost(grpc.StatusCode.UNAVAILABLE, f"worker is going away (HTTP/2 GOAWAY, error {code})")
+                call.on_lost(CallCode.UNAVAILABLE, f"worker is going away (HTTP/2 GOAWAY, error {code})")
         if not self.calls:
             self.close()
 
@@ -467,7 +467,7 @@ class H2Connection(asyncio.Protocol):
         calls, self.calls = self.calls, {}
         self._blocked.clear()
         for call in calls.values():
-            call.on_lost(grpc.StatusCode.UNAVAILABLE, details)
+            call.on_lost(CallCode.UNAVAILABLE, details)
         if not self.settings_received.done():
             self.settings_received.set_result(None)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import struct
 
-import grpc
+from gateway.workers.transport import CallCode
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
@@ -152,36 +152,33 @@ def grpc_timeout(seconds: float) -> bytes:
     return b"99999999H"
 
 
-def status_for_reset(code: int) -> grpc.StatusCode:
+def status_for_reset(code: int) -> CallCode:
     """gRPC's status for a stream the peer reset (PROTOCOL-HTTP2, "Errors")."""
     if code == REFUSED_STREAM:
-        return grpc.StatusCode.UNAVAILABLE  # never processed: safe to retry
+        return CallCode.UNAVAILABLE  # never processed: safe to retry
     if code == CANCEL:
-        return grpc.StatusCode.CANCELLED
+        return CallCode.CANCELLED
     if code == ENHANCE_YOUR_CALM:
-        return grpc.StatusCode.RESOURCE_EXHAUSTED
+        return CallCode.RESOURCE_EXHAUSTED
     if code == INADEQUATE_SECURITY:
-        return grpc.StatusCode.PERMISSION_DENIED
-    return grpc.StatusCode.INTERNAL
+        return CallCode.PERMISSION_DENIED
+    return CallCode.INTERNAL
 
 
-def status_for_http(status: int) -> grpc.StatusCode:
+def status_for_http(status: int) -> CallCode:
     """gRPC's status for a response that is not ``200`` (gRPC's "http-grpc-status-mapping")."""
     if status == 400:
-        return grpc.StatusCode.INTERNAL
+        return CallCode.INTERNAL
     if status == 401:
-        return grpc.StatusCode.UNAUTHENTICATED
+        return CallCode.UNAUTHENTICATED
     if status == 403:
-        return grpc.StatusCode.PERMISSION_DENIED
+        return CallCode.PERMISSION_DENIED
     if status == 404:
-        return grpc.StatusCode.UNIMPLEMENTED
+        return CallCode.UNIMPLEMENTED
     if status in (429, 502, 503, 504):
-        return grpc.StatusCode.UNAVAILABLE
-    return grpc.StatusCode.UNKNOWN
+        return CallCode.UNAVAILABLE
+    return CallCode.UNKNOWN
 
 
-_CODES = {code.value[0]: code for code in grpc.StatusCode}
-
-
-def status_from_number(number: int) -> grpc.StatusCode:
-    return _CODES.get(number, grpc.StatusCode.UNKNOWN)
+def status_from_number(number: int) -> CallCode:
+    return CallCode.from_number(number)

@@ -1,0 +1,67 @@
+"""What an API's one entry point returns: a whole answer, or the events of a started stream.
+
+Each API module (``chat``, ``completions``, ``native``) has one ``open``-style entry
+point that every front door calls. A request that is not streamed gets its answer as
+JSON-able data; a streamed one gets ``Events``: its generations are already started (so
+an error before the first output is raised by the entry point, and a door still answers
+it with a status), and the events come as the door iterates. A door that writes SSE may
+ask for the common events already framed (``bytes``); a door that converts each event
+(gRPC) asks for typed events only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from types import TracebackType
+from typing import Any
+
+from gateway.pipeline.generation import Generation
+
+# A whole answer: the JSON-able body the door writes (OpenAI and SGLang answers are
+# objects; a batch of ``/generate`` prompts is a list).
+Answer = dict[str, Any] | list[Any]
+
+
+class Events:
+    """A started stream: iterate for its events; ``aclose`` (or leaving ``async with``)
+    ends it however the door stops reading, and the worker requests with it."""
+
+    __slots__ = ("events", "gens")
+
+    def __init__(self, events: AsyncGenerator[Any, None], gens: list[Generation]) -> None:
+        self.events = events
+        self.gens = gens
+
+    def __aiter__(self) -> AsyncGenerator[Any, None]:
+        return self.events
+
+    async def aclose(self) -> None:
+        """Close the events' generator, then abort any generation still open: a client that
+        left mid-stream frees its worker's slot now, not when the generator is collected."""
+        await self.events.aclose()
+        for gen in self.gens:
+            if not gen.stream.closed:
+                await gen.stream.abort("client gone")
+
+    async def __aenter__(self) -> Events:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+
+def answer_of(result: Answer | Events) -> dict[str, Any]:
+    """The answer of a chat or completions request sent with ``stream`` false (for a door
+    that knows which it asked for)."""
+    if not isinstance(result, dict):
+        raise TypeError("a request that was not streamed did not return one answer")
+    return result
+
+
+def events_of(result: Answer | Events) -> Events:
+    """The events of a request sent with ``stream`` true."""
+    if not isinstance(result, Events):
+        raise TypeError("a streamed request returned a whole answer")
+    return result

@@ -1,0 +1,274 @@
+"""The one ASGI path of every inference route (``inference_routes``): body, auth,
+admission, disconnect watch, errors and SSE, each written once.
+
+FastAPI's routing and dependency layer and Starlette's middleware stack (the error,
+exception and exit-stack middlewares, each wrapping ``send``) and ``StreamingResponse``
+cost more per request than the rest of the HTTP side together, and these routes are
+the traffic. So ``GatewayApp`` matches their exact path and method before FastAPI's
+stack and runs them here, under the same observability middleware (request id,
+metrics, access log, tracing). FastAPI keeps admin, health, parse and the OpenAPI
+document (``openapi.describe_request_bodies`` adds these routes and bodies to it); each
+path is registered with it as a plain route to this app, so any other method gets 405.
+
+Auth before the body is read, the body limit, the OpenAI error shape for every bad
+input, one admission slot (or one per prompt) held until the answer is complete, the
+worker stream cancelled the moment the client leaves. One watcher task per request
+waits for the disconnect and cancels the request's own task; a stream is one loop
+from the endpoint's events to ``send``, without an async-generator layer or a
+response object between.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import orjson
+from pydantic import BaseModel
+from starlette.types import Message, Receive, Scope, Send
+
+from gateway.endpoints.events import Answer, Events
+from gateway.observability.request_log import current_record
+from gateway.pipeline.request_context import RequestContext
+from gateway.protocol.errors import GatewayError
+from gateway.server.admission import Ticket
+from gateway.server.http.door import CLIENT_CLOSED, HttpDoor
+from gateway.server.http.sse import DONE, sse_error
+from gateway.server.http.util import (
+    ClientGone,
+    JSONResponse,
+    error_response,
+    parse_json,
+    parse_model,
+    read_body,
+)
+
+log = logging.getLogger(__name__)
+
+# An API's one entry point, bound to the gateway (``endpoints.events``): the parsed body
+# and the request's context in, a whole answer or a started stream's events out.
+Open = Callable[[Any, RequestContext], Awaitable[Answer | Events]]
+
+_JSON = (b"content-type", b"application/json")
+_SSE_HEADERS = [
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+]
+
+
+@dataclass(frozen=True, slots=True)
+class InferenceRoute:
+    """One inference route: its path (POST), its body's model, its API's entry point,
+    its admission (one slot before ``open``; ``"batch"``: ``open`` reserves one per prompt
+    through ``ctx.reserve``; ``False``: none) and who may call it (``anthropic``: an
+    inference key, also taken from Anthropic's ``x-api-key`` header).
+
+    An API with its own error shape gives ``error_body`` (the JSON of an error answer;
+    mid-stream, an ``error`` event of that JSON); one whose stream does not end with
+    OpenAI's ``data: [DONE]`` gives its own ``done`` (``b""``: nothing)."""
+
+    path: str
+    model: type[BaseModel]
+    open: Open
+    admit: bool | Literal["batch"]
+    summary: str
+    auth: Literal["inference", "inspector", "anthropic"] = "inference"
+    error_body: Callable[[GatewayError], Any] | None = None
+    done: bytes = DONE
+
+
+ANTHROPIC_KEY = "x-api-key"
+
+
+def with_bearer(headers: Mapping[str, str]) -> Mapping[str, str]:
+    """Anthropic's ``x-api-key`` as the bearer token the authenticator reads."""
+    if "authorization" in headers or ANTHROPIC_KEY not in headers:
+        return headers
+    return {**headers, "authorization": f"Bearer {headers[ANTHROPIC_KEY]}"}
+
+
+def _head(status: int, headers: dict[str, str], extra: list[tuple[bytes, bytes]]) -> Message:
+    raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+    return {"type": "http.response.start", "status": status, "headers": raw + extra}
+
+
+async def _send_json(send: Send, status: int, content: Any, headers: dict[str, str]) -> None:
+    body = orjson.dumps(content)
+    await send(_head(status, headers, [(b"content-length", str(len(body)).encode()), _JSON]))
+    await send({"type": "http.response.body", "body": body})
+
+
+class InferencePath:
+    """Runs the inference routes as plain ASGI (see the module doc); ``match`` says which."""
+
+    def __init__(self, door: HttpDoor, routes: Sequence[InferenceRoute]) -> None:
+        self.door = door
+        self.state = door.state
+        self.max_body = door.max_body
+        self.routes = {r.path: r for r in routes}
+        # What scope["route"] is for metrics' endpoint label: the app's route of the same path.
+        self.labels: dict[str, Any] = {}
+
+    def match(self, scope: Scope) -> bool:
+        return scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in self.routes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope["path"]
+        label = self.labels.get(path)
+        if label is not None:
+            scope["route"] = label
+        await _Request(self, self.routes[path], scope, receive, send).run()
+
+
+class _Request:
+    """One inference request: its response state, its disconnect watcher, its slots."""
+
+    __slots__ = (
+        "complete", "ctx", "gone", "path", "receive", "route", "scope", "send_raw", "started", "task", "tickets", "watcher",
+    )  # fmt: skip
+
+    def __init__(self, path: InferencePath, route: InferenceRoute, scope: Scope, receive: Receive, send: Send) -> None:
+        self.path = path
+        self.route = route
+        self.scope = scope
+        self.receive = receive
+        self.send_raw = send
+        record = current_record()  # the observability middleware's: the id of this request
+        self.ctx = RequestContext(request_id=record.request_id) if record else RequestContext()
+        self.tickets: list[Ticket] = []
+        self.started = False  # the response head went out
+        self.complete = False  # the response's last byte went out
+        self.gone = False  # the client disconnected before that
+        self.watcher: asyncio.Task[None] | None = None
+        task = asyncio.current_task()
+        assert task is not None
+        self.task = task
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.started = True
+        elif not message.get("more_body", False):
+            self.complete = True
+        await self.send_raw(message)
+
+    def _start_watch(self) -> None:
+        self.watcher = asyncio.get_running_loop().create_task(self._watch())
+
+    async def _watch(self) -> None:
+        """Wait for the client to leave; then cancel the request's task (its worker stream
+        with it). After the response is complete uvicorn reports a disconnect too: ignored."""
+        receive = self.receive
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        if not self.complete:
+            self.gone = True
+            self.task.cancel()
+
+    async def _take(self, weight: int) -> None:
+        self.tickets.append(await self.path.state.admission.acquire(self.ctx.api_key_id, weight))
+
+    async def run(self) -> None:
+        try:
+            await self._handle()
+        except Exception:
+            log.exception("unhandled error on %s", self.scope["path"])
+            if not self.started:
+                await self._send_error(GatewayError("internal server error"), {})
+
+    async def _closed(self) -> None:
+        """The client left: nothing to say (nginx's 499 for the metrics and the access log)."""
+        if self.started:
+            return
+        with contextlib.suppress(Exception):
+            await self.send({"type": "http.response.start", "status": CLIENT_CLOSED, "headers": []})
+            await self.send({"type": "http.response.body", "body": b""})
+
+    async def _handle(self) -> None:
+        path, route = self.path, self.route
+        state, door = path.state, path.door
+        watch: asyncio.Handle | None = None
+        try:
+            try:
+                headers = _headers(self.scope)
+                if route.auth == "anthropic":
+                    headers = dict(with_bearer(headers))
+                auth = state.auth.inspector if route.auth == "inspector" else state.auth.inference
+                self.ctx = ctx = door.context_from(headers, auth)
+                # The whole body before the disconnect watcher shares ``receive``: two
+                # readers would race for the body's chunks.
+                body = await read_body(self.receive, headers.get("content-length"), path.max_body)
+                # The watcher is created one loop turn later, and its first step runs one
+                # more turn later: after the request's own turn, which ends once its worker
+                # call is started, and after grpc.aio's send of that call. Created here, its
+                # first step would run before that send, on every request's critical path; a
+                # client that leaves meanwhile is seen a turn later, which changes nothing.
+                watch = asyncio.get_running_loop().call_soon(self._start_watch)
+                if route.admit == "batch":
+                    ctx.admit = self._take  # the route reserves one slot per prompt once it knows the count
+                elif route.admit:
+                    await self._take(1)
+                req = parse_model(route.model, parse_json(body))
+                result = await route.open(req, ctx)
+                if type(result) is Events:
+                    await self._stream(result, ctx)
+                else:
+                    await _send_json(self.send, 200, result, door.headers_for(ctx))
+            except asyncio.CancelledError:
+                if not self.gone:
+                    raise
+                self.task.uncancel()
+                await self._closed()
+            except ClientGone:
+                await self._closed()
+            except GatewayError as exc:
+                if self.started:
+                    raise
+                await self._send_error(exc, door.headers_for(self.ctx))
+        finally:
+            if watch is not None:
+                watch.cancel()  # not started yet: never will be
+            if self.watcher is not None and not self.watcher.done():
+                self.watcher.cancel()
+            for ticket in self.tickets:
+                ticket.release()
+
+    async def _send_error(self, exc: GatewayError, headers: dict[str, str]) -> None:
+        response = error_response(exc, headers)
+        if self.route.error_body is not None:
+            kept = {k: v for k, v in response.headers.items() if k not in ("content-length", "content-type")}
+            response = JSONResponse(self.route.error_body(exc), status_code=response.status_code, headers=kept)
+        await response(self.scope, self.receive, self.send)
+
+    async def _stream(self, events: Events, ctx: RequestContext) -> None:
+        """The one SSE writer: one loop from typed events (or an event already written: the
+        common completion or chat token, asked for with ``SSE_FRAME``) to SSE bytes on the
+        socket; a mid-stream error becomes an error event, then ``[DONE]``."""
+        send = self.send
+        await send(_head(200, self.path.door.headers_for(ctx), _SSE_HEADERS))
+        body = self.send_raw  # a more_body message changes none of self.send's flags: skip its layer
+        try:
+            try:
+                async for event in events.events:
+                    data = event if type(event) is bytes else b"".join((b"data: ", event.to_json(), b"\n\n"))
+                    await body({"type": "http.response.body", "body": data, "more_body": True})
+            except GatewayError as exc:
+                log.warning("request %s failed mid-stream: %s", ctx.request_id, exc.message)
+                shape = self.route.error_body
+                error = sse_error(exc.status, exc.message, exc.type, exc.code) if shape is None else (
+                    b"event: error\ndata: " + orjson.dumps(shape(exc)) + b"\n\n"
+                )
+                await send({"type": "http.response.body", "body": error, "more_body": True})
+            await send({"type": "http.response.body", "body": self.route.done, "more_body": False})
+        finally:
+            await events.aclose()  # a client gone mid-stream: the generation ends (and aborts) now
+
+
+def _headers(scope: Scope) -> dict[str, str]:
+    """The request's headers by lower-case name, the first of repeated ones (as Starlette's
+    ``Headers.get``), built once instead of a scan of the raw list per lookup."""
+    return {k.decode("latin-1"): v.decode("latin-1") for k, v in reversed(scope["headers"])}

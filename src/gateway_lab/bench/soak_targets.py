@@ -1,0 +1,218 @@
+"""The gateway a soak drives: in the soak's own process, or a ``token-gateway serve`` child.
+
+In-process is quick to start and lets the soak read every counter directly, but its
+RSS is the sum of the gateway, the simulated workers (their KV radix caches) and the
+client. The child process runs the very same settings and is measured alone: its
+RSS comes from ``/proc/PID/status``, its counters from its own ``/metrics`` and
+``GET /workers``, and with ``heap_dir`` it traces its Python heap and dumps
+snapshots on SIGUSR2 (``gateway.observability.heap_trace``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import time
+import tracemalloc
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.observability.heap_trace import ENV_VAR, snapshot_path
+from gateway.server.config import GatewayConfig, ServerConfig
+from gateway_lab.bench.serve_process import ServeProcess
+
+# Gauges that must read zero once traffic stops (per worker, or process-wide).
+IDLE_GAUGES = (
+    "token_gateway_worker_in_flight",
+    "token_gateway_worker_queued_prefill_tokens",
+    "token_gateway_worker_running_decode_tokens",
+    "token_gateway_http_requests_in_flight",
+    "token_gateway_queue_depth",
+)
+SELF_COUNTED = "token_gateway_http_requests_in_flight"  # the /metrics scrape reading it is one of them
+BACKOFF_BASE_S = 0.005  # retries should not dominate the soak's wall time
+
+
+def rss_mb(pid: int | str = "self") -> float:
+    """Resident set size of a process in MB (Linux /proc; 0 elsewhere or once it is gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+class SoakGateway(Protocol):
+    url: str
+    model: str
+    pid: int
+
+    def rss_mb(self) -> float: ...
+
+    def traced_mb(self) -> float | None: ...
+
+    async def leftover(self) -> dict[str, Any]: ...
+
+    async def close(self) -> None: ...
+
+
+class InProcessGateway:
+    """``GatewayState`` + uvicorn on this event loop (the soak's original set-up)."""
+
+    def __init__(self, state: Any, server: Any, task: asyncio.Task[None], url: str) -> None:
+        self.state, self._server, self._task, self.url = state, server, task, url
+        self.model = state.catalog.names()[0]
+        self.pid = os.getpid()
+
+    @classmethod
+    async def start(
+        cls, worker_urls: list[str], policy: str, first_token_timeout_s: float, stall_timeout_s: float, tmp_dir: Path
+    ) -> InProcessGateway:
+        import uvicorn
+
+        from gateway.server.http.app import create_app
+        from gateway.server.state import GatewayState
+
+        gw = GatewayConfig(server=ServerConfig(worker_urls=worker_urls, tokenizer_cache_dir=str(tmp_dir / "tok"), access_log=False))
+        gw.policy.policy = policy
+        gw.retry.backoff_base_s = BACKOFF_BASE_S
+        gw.dispatch.first_token_timeout_s = first_token_timeout_s
+        gw.dispatch.stall_timeout_s = stall_timeout_s
+        state = GatewayState(gw)
+        await state.start()
+        app = create_app(state, manage_lifecycle=False)
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", loop="none", access_log=False))
+        task = asyncio.create_task(server.serve(sockets=[sock]))
+        for _ in range(1000):
+            if server.started:
+                break
+            await asyncio.sleep(0.01)
+        return cls(state, server, task, f"http://127.0.0.1:{port}")
+
+    def rss_mb(self) -> float:
+        return rss_mb()
+
+    def traced_mb(self) -> float | None:
+        return tracemalloc.get_traced_memory()[0] / 2**20 if tracemalloc.is_tracing() else None
+
+    async def leftover(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for w in self.state.registry.all():
+            load = w.load
+            if load.in_flight or load.queued_prefill_tokens or load.running_decode_tokens:
+                out[f"gateway:{w.id}"] = {
+                    "in_flight": load.in_flight, "queued_prefill_tokens": load.queued_prefill_tokens,
+                    "running_decode_tokens": load.running_decode_tokens,
+                }
+        http_in_flight = self.state.metrics.in_flight._value.get()
+        if http_in_flight:
+            out["gateway:http_in_flight"] = http_in_flight
+        return out
+
+    async def close(self) -> None:
+        self._server.should_exit = True
+        await self._task
+        await self.state.stop()
+
+
+class GatewayProcess:
+    """``python -m gateway serve`` with the soak's settings, measured from outside."""
+
+    def __init__(self, served: ServeProcess, model: str, heap_dir: Path | None) -> None:
+        self.served = served
+        self.url = served.url
+        self.model = model
+        self.pid = served.process.pid
+        self.heap_dir = heap_dir
+        self.snapshots: list[Path] = []  # written, in order
+        self._signalled = 0
+        self._http = httpx.AsyncClient(base_url=self.url, timeout=10.0, trust_env=False)
+
+    @classmethod
+    async def start(
+        cls, worker_urls: list[str], policy: str, first_token_timeout_s: float, stall_timeout_s: float,
+        tmp_dir: Path, heap_dir: Path | None = None,
+    ) -> GatewayProcess:
+        args = [
+            "--tokenizer-cache-dir", str(tmp_dir / "tok"), "--no-access-log", "--log-level", "warning",
+            "--backoff-base-s", str(BACKOFF_BASE_S),
+            "--first-token-timeout-s", str(first_token_timeout_s), "--stall-timeout-s", str(stall_timeout_s),
+        ]  # fmt: skip
+        env_before = os.environ.get(ENV_VAR)
+        if heap_dir is not None:  # the child inherits it; ours stays as it was
+            os.environ[ENV_VAR] = str(heap_dir)
+        try:
+            served = await ServeProcess.start(worker_urls, policy, extra_args=args, log_dir=tmp_dir)
+        finally:
+            if env_before is None:
+                os.environ.pop(ENV_VAR, None)
+            else:
+                os.environ[ENV_VAR] = env_before
+        models = served.ready_info.get("models") or []
+        return cls(served, str(models[0]) if models else "", heap_dir)
+
+    def rss_mb(self) -> float:
+        return rss_mb(self.pid)
+
+    def traced_mb(self) -> float | None:
+        return None  # the child's heap is read from its snapshots instead
+
+    async def snapshot(self, timeout_s: float = 60.0) -> Path | None:
+        """Ask the child for a heap snapshot (SIGUSR2) and wait until it is written."""
+        if self.heap_dir is None:
+            return None
+        self._signalled += 1
+        path = snapshot_path(self.heap_dir, self._signalled)
+        os.kill(self.pid, signal.SIGUSR2)
+        deadline = time.monotonic() + timeout_s
+        while not path.exists():
+            if time.monotonic() > deadline or self.served.process.returncode is not None:
+                return None
+            await asyncio.sleep(0.1)
+        self.snapshots.append(path)
+        return path
+
+    async def leftover(self) -> dict[str, Any]:
+        """Non-zero in-flight gauges from ``/metrics`` and per-worker loads from ``GET /workers``."""
+        out: dict[str, Any] = {}
+        for name, worker, value in await self._idle_samples():
+            if value:
+                out[f"metrics:{name}{'{' + worker + '}' if worker else ''}"] = value
+        for w in (await self._http.get("/workers")).json()["workers"]:
+            busy = {k: w[k] for k in ("in_flight", "queued_prefill_tokens", "running_decode_tokens") if w.get(k)}
+            if busy:
+                out[f"workers:{w['id']}"] = busy
+        return out
+
+    async def idle_gauges(self) -> dict[str, float]:
+        """Every idle gauge's total as the child reports it (for the record, zeros included)."""
+        totals = dict.fromkeys(IDLE_GAUGES, 0.0)
+        for name, _, value in await self._idle_samples():
+            totals[name] += value
+        return totals
+
+    async def _idle_samples(self) -> list[tuple[str, str, float]]:
+        """(gauge, worker label, value) of each idle gauge, not counting the scrape itself."""
+        out = []
+        for family in text_string_to_metric_families((await self._http.get("/metrics")).text):
+            for sample in family.samples:
+                if sample.name in IDLE_GAUGES:
+                    value = sample.value - (1 if sample.name == SELF_COUNTED else 0)
+                    out.append((sample.name, sample.labels.get("worker", ""), value))
+        return out
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await self._http.aclose()
+        await self.served.stop()

@@ -1,0 +1,295 @@
+"""One simulated SGLang ``--grpc-mode`` worker: a real grpc.aio server on loopback.
+
+Owns the pieces (cache, scheduler, KV-event hub, PD bootstrap server, counters,
+faults) and their lifecycle. Several workers can share one process and one
+event loop; each has its own server, port, cache and scheduler task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from gateway.proto import common_pb2, sglang_scheduler_pb2, sglang_scheduler_pb2_grpc
+from gateway_lab.sim.config import SimConfig
+from gateway_lab.sim.counters import SimCounters
+from gateway_lab.sim.faults import SimFaults
+from gateway_lab.sim.kv_events import KvEventHub
+from gateway_lab.sim.pd import BootstrapServer
+from gateway_lab.sim.radix_cache import RadixCache
+from gateway_lab.sim.scheduler import Scheduler, Sequence
+from gateway_lab.sim.servicer import SimServicer
+from gateway_lab.sim.vocab import Vocab, load_vocab
+
+_SERVER_OPTIONS = [
+    ("grpc.so_reuseport", 0),  # a taken port must fail loudly, not be shared
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class SimTls:
+    """Serve grpcs:// with this PEM certificate chain and key; with ``client_ca``,
+    also require a client certificate signed by it (mutual TLS)."""
+
+    cert_chain: bytes
+    private_key: bytes
+    client_ca: bytes | None = None
+
+    def credentials(self) -> grpc.ServerCredentials:
+        return grpc.ssl_server_credentials(
+            [(self.private_key, self.cert_chain)],
+            root_certificates=self.client_ca,
+            require_client_auth=self.client_ca is not None,
+        )
+
+
+def exit_process() -> None:
+    """The subprocess flavour of the exit fault: vanish without cleanup."""
+    os._exit(17)
+
+
+class SimWorker:
+    """A simulated worker; ``await start()``, use ``url``, ``await stop()``."""
+
+    def __init__(
+        self,
+        config: SimConfig | None = None,
+        *,
+        on_die: Callable[[], None] | None = None,
+        vocab: Vocab | None = None,
+    ) -> None:
+        # A private copy: tests tune a live worker's config without touching others.
+        self.config = dataclasses.replace(config) if config is not None else SimConfig()
+        self.vocab = vocab or load_vocab(self.config.tokenizer_path, self.config.output_vocab)
+        self.faults = SimFaults.from_config(self.config)
+        self.counters = SimCounters()
+        self.cache = RadixCache(self.config.page_size, self.config.kv_capacity_tokens)
+        self.scheduler = Scheduler(self.config, self.cache, self.counters)
+        self.kv_events = KvEventHub(self.cache, self.config.kv_events_history)
+        self.scheduler.after_step = self._after_step
+        self.bootstrap: BootstrapServer | None = None
+        self.host = "127.0.0.1"
+        self.port = 0
+        self.tls: SimTls | None = None
+        self.started_at = time.time()
+        self.stopping = False
+        self.died = False
+        self._on_die = on_die
+        self._server: grpc.aio.Server | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._requests: dict[str, list[list[Sequence]]] = {}
+        self._last_load_key: tuple[int, int] = (0, 0)
+
+    # ---------------------------------------------------------------- lifecycle
+    @property
+    def url(self) -> str:
+        scheme = "grpcs" if self.tls is not None else "grpc"
+        return f"{scheme}://{self.host}:{self.port}"
+
+    @property
+    def bootstrap_port(self) -> int | None:
+        return self.bootstrap.port if self.bootstrap is not None else None
+
+    async def start(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        bootstrap_port: int | None = None,
+        *,
+        tls: SimTls | None = None,
+    ) -> None:
+        """Listen on ``host:port`` (0: ephemeral), over TLS when ``tls`` is given;
+        a prefill worker also opens its bootstrap port."""
+        self.host = host
+        self.tls = tls
+        server = grpc.aio.server(options=_SERVER_OPTIONS)
+        sglang_scheduler_pb2_grpc.add_SglangSchedulerServicer_to_server(SimServicer(self), server)
+        address = f"{host}:{port}"
+        bound = (
+            server.add_secure_port(address, tls.credentials())
+            if tls is not None
+            else server.add_insecure_port(address)
+        )
+        if bound == 0:
+            raise OSError(f"cannot listen on {host}:{port}")
+        self.port = bound
+        if self.config.role == "prefill":
+            self.bootstrap = BootstrapServer()
+            await self.bootstrap.start(
+                host, self.config.bootstrap_port if bootstrap_port is None else bootstrap_port
+            )
+        await server.start()
+        self._server = server
+        self.started_at = time.time()
+        self._task = asyncio.create_task(self.scheduler.run(), name=f"sim-scheduler-{self.port}")
+
+    async def stop(self, grace: float | None = 1.0) -> None:
+        """Stop serving: in-flight streams get ``grace`` seconds, then everything ends."""
+        if self.stopping:
+            return
+        self.stopping = True
+        if self._server is not None:
+            await self._server.stop(grace)
+        self.scheduler.stop()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self.bootstrap is not None:
+            await self.bootstrap.stop()
+
+    async def kill(self) -> None:
+        """Stop at once, as a crash would (no grace for in-flight streams)."""
+        self.died = True
+        await self.stop(grace=None)
+
+    def die(self) -> None:
+        """The exit fault fired: exit the process, or (in-process) kill this worker."""
+        if self._on_die is not None:
+            self._on_die()
+            return
+        if not self.died:
+            self.died = True
+            asyncio.get_running_loop().create_task(self.kill())
+
+    # ---------------------------------------------------------------- requests
+    def track(self, rid: str, seqs: list[Sequence]) -> None:
+        self._requests.setdefault(rid, []).append(seqs)
+
+    def untrack(self, rid: str, seqs: list[Sequence]) -> None:
+        groups = self._requests.get(rid)
+        if groups is not None:
+            with contextlib.suppress(ValueError):
+                groups.remove(seqs)
+            if not groups:
+                del self._requests[rid]
+
+    def abort(self, rid: str) -> int:
+        """Abort every unfinished sequence of request ``rid``; returns how many."""
+        n = 0
+        for seqs in list(self._requests.get(rid, [])):
+            for seq in seqs:
+                if self.scheduler.abort(seq):
+                    n += 1
+        return n
+
+    async def flush_cache(self, timeout_s: float) -> tuple[bool, str]:
+        """Clear the KV cache once idle; ``timeout_s`` 0 means now or fail."""
+        sched = self.scheduler
+        if timeout_s > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(sched.idle.wait(), timeout_s)
+        busy = sched.num_running + sched.num_waiting
+        if busy:
+            return False, f"cannot flush: {busy} request(s) in flight"
+        self.cache.clear()
+        self.kv_events.publish()
+        return True, "cache flushed"
+
+    def _after_step(self) -> None:
+        self.kv_events.publish()
+        key = (self.scheduler.num_running, self.scheduler.num_waiting)
+        if key != self._last_load_key:
+            self._last_load_key = key
+            self.kv_events.notify_load()
+
+    # ---------------------------------------------------------------- reports
+    def server_args(self) -> dict[str, Any]:
+        cfg = self.config
+        return {
+            "model_path": cfg.model,
+            "served_model_name": cfg.served_name,
+            "tokenizer_path": str(self.vocab.path),
+            "page_size": cfg.page_size,
+            "max_running_requests": cfg.max_running_requests,
+            "chunked_prefill_size": cfg.chunked_prefill_size,
+            "context_length": cfg.context_length,
+            "max_total_tokens": cfg.kv_capacity_tokens,
+            "disaggregation_mode": "null" if cfg.role == "regular" else cfg.role,
+            "disaggregation_bootstrap_port": self.bootstrap_port or cfg.bootstrap_port,
+            "skip_tokenizer_init": True,
+            "grpc_mode": True,
+            "host": self.host,
+            "port": self.port,
+            "dp_size": 1,
+            "tp_size": 1,
+            "simulated": True,
+        }
+
+    def scheduler_load(self) -> sglang_scheduler_pb2.SchedulerLoad:
+        sched = self.scheduler
+        cache = self.cache
+        cfg = self.config
+        running = sched.num_running
+        waiting = sched.num_waiting
+        pb = sglang_scheduler_pb2
+        load = pb.SchedulerLoad(
+            dp_rank=0,
+            num_running_reqs=running,
+            num_waiting_reqs=waiting,
+            num_total_reqs=running + waiting,
+            num_used_tokens=cache.used_tokens,
+            max_total_num_tokens=cache.capacity,
+            token_usage=cache.used_tokens / cache.capacity,
+            gen_throughput=sched.gen_throughput(),
+            cache_hit_rate=self.counters.cache_hit_rate,
+            utilization=running / cfg.max_running_requests,
+            max_running_requests=cfg.max_running_requests,
+            memory=pb.MemoryMetrics(token_capacity=cache.capacity),
+            queues=pb.QueueMetrics(waiting=waiting),
+            num_waiting_uncached_tokens=sched.waiting_uncached_tokens(),
+        )
+        if cfg.role != "regular":
+            load.disaggregation.CopyFrom(pb.DisaggregationMetrics(mode=cfg.role))
+        return load
+
+    def engine_load(self, full: bool) -> common_pb2.EngineLoad:
+        """The load record attached to KV-event batches (``full``: with telemetry)."""
+        sched = self.scheduler
+        cache = self.cache
+        cfg = self.config
+        load = common_pb2.EngineLoad(
+            running_requests=sched.num_running,
+            waiting_requests=sched.num_waiting,
+            waiting_uncached_tokens=sched.waiting_uncached_tokens(),
+            token_usage=cache.used_tokens / cache.capacity,
+            active_token_usage=(cache.protected_tokens + cache.private_tokens) / cache.capacity,
+            gen_throughput=sched.gen_throughput(),
+            max_running_requests=cfg.max_running_requests,
+            age_ms=0,
+            prefill_pending_tokens=sched.prefill_pending_tokens(),
+        )
+        if sched.num_running or sched.num_waiting:
+            silence = time.monotonic() - sched.last_step
+            load.engine_silence_ms = min(int(silence * 1000), 2**32 - 1)
+        if full:
+            load.cache_hit_rate = self.counters.cache_hit_rate
+            load.num_used_tokens = cache.used_tokens
+            load.max_total_num_tokens = cache.capacity
+            load.memory.CopyFrom(common_pb2.EngineMemory(token_capacity=cache.capacity))
+            load.queues.CopyFrom(common_pb2.EngineQueues(waiting=sched.num_waiting))
+            if cfg.role != "regular":
+                load.disaggregation.CopyFrom(common_pb2.EngineDisaggregation(mode=cfg.role))
+        return load
+
+    def stats(self) -> dict[str, Any]:
+        """Counters plus cache state, as one JSON-friendly dict."""
+        out: dict[str, Any] = {"url": self.url, "role": self.config.role}
+        out.update(self.counters.as_dict())
+        out.update(
+            evicted_tokens=self.cache.evicted_tokens,
+            cache_tree_tokens=self.cache.tree_tokens,
+            cache_used_tokens=self.cache.used_tokens,
+            kv_capacity_tokens=self.cache.capacity,
+            kv_event_batches=self.kv_events.batches_published,
+        )
+        return out

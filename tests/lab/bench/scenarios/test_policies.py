@@ -1,0 +1,219 @@
+"""End-to-end check of the policies against the independent simulated caches in
+`token-gateway bench policies` (gateway_lab.bench.scenarios.policies) (small sizes; no timing is asserted)."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import pytest
+
+from gateway.policies import PolicyConfig, close_policy, make_policy
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    from gateway_lab.bench.scenarios import policies
+
+    return policies
+
+
+def run(bench: ModuleType, name: str, hot_share: float = 0.0, **overrides: object):  # type: ignore[no-untyped-def]
+    wl = bench.gsp_workload(16, 8, 512, 32, 32, seed=3, hot_share=hot_share)
+    policy = make_policy(PolicyConfig(policy=name, eviction_interval_s=0), **overrides)
+    try:
+        return wl, bench.simulate(policy, wl, 4, 4096, 16, 16, bench.Timing(), 0.0, {})[0]
+    finally:
+        close_policy(policy)
+
+
+def test_cache_aware_approaches_the_ideal_hit_rate_and_beats_cache_blind_routing(bench: ModuleType) -> None:
+    wl, ca = run(bench, "cache_aware")
+    _, rr = run(bench, "round_robin")
+    assert ca.hit_rate > 0.85 * wl.ideal_hit
+    assert ca.hit_rate > rr.hit_rate + 0.2
+    assert ca.throughput_tok_s > rr.throughput_tok_s
+    # the tree's predictions track what the independent caches really held
+    assert abs(ca.predicted_hit - ca.hit_rate) < 0.1
+
+
+def test_hot_prefix_stays_balanced_with_cache_aware_but_not_with_sticky_hashing(bench: ModuleType) -> None:
+    _, ca = run(bench, "cache_aware", hot_share=0.5)
+    _, ch = run(bench, "consistent_hash", hot_share=0.5)
+    assert ca.served_max_over_mean < 1.5
+    assert ch.served_max_over_mean > ca.served_max_over_mean
+
+
+def test_the_prefill_gate_removes_in_batch_duplicates_in_a_burst(bench: ModuleType) -> None:
+    from gateway.pipeline.prefill_gate import PrefillGateConfig
+
+    # 2K-token system prompts, the matrix's step costs: 4 x 16 running slots, 256 at once
+    wl = bench.gsp_workload(16, 16, 2048, 128, 64, seed=3)
+    timing = bench.Timing(base_s=0.01, prefill_s_per_token=1e-4, decode_s_per_req=1e-3, max_running=16)
+    out = {}
+    for gate in (None, PrefillGateConfig()):
+        policy = make_policy(PolicyConfig(policy="cache_aware", eviction_interval_s=0))
+        try:
+            out[gate is not None] = bench.simulate(policy, wl, 4, 40960, 16, len(wl.prompts), timing, 0.0, {},
+                                                   True, 0.0, gate, True)[0]
+        finally:
+            close_policy(policy)
+    off, on = out[False], out[True]
+    assert off.misses.duplicate > 0 and off.held == 0  # FCFS admits a group's requests together
+    assert on.held > 0 and on.timed_out == 0
+    assert on.misses.duplicate < off.misses.duplicate and on.hit_rate > off.hit_rate
+    # every missed token has exactly one cause
+    m = on.misses
+    assert m.unique + m.first + m.evicted + m.duplicate == round((1 - on.hit_rate) * sum(map(len, wl.prompts)))
+
+
+def test_multi_turn_chat_reaches_its_ideal_and_resent_text_lowers_it(bench: ModuleType) -> None:
+    ids = bench.chat_workload(4, 3, 64, 16, 16, seed=1, page=16)
+    text = bench.chat_workload(4, 3, 64, 16, 16, seed=1, page=16, roundtrip=True)
+    assert ids.follows and len(ids.prompts) == 12 and text.ideal_hit < ids.ideal_hit
+    for wl in (ids, text):
+        policy = make_policy(PolicyConfig(policy="cache_aware", eviction_interval_s=0))
+        try:
+            r = bench.simulate(policy, wl, 2, 1 << 16, 16, 4, bench.Timing(), 0.0, {}, True)[0]
+        finally:
+            close_policy(policy)
+        assert r.hit_rate == pytest.approx(wl.ideal_hit, abs=1e-9)  # nothing moves, nothing is evicted
+        assert r.misses.first == r.misses.evicted == r.misses.duplicate == 0
+
+
+def test_the_queued_prefill_weight_spills_uniform_prefixes_less_and_leaves_a_hot_one_alone(bench: ModuleType) -> None:
+    """Against the independent caches: on uniform shared prefixes the adaptive weight (0.5
+    while no prefix is hot) recomputes fewer prefixes elsewhere than a fixed 1.0; with one
+    prefix carrying half the traffic it is the fixed 1.0, decision for decision."""
+    timing = bench.Timing(base_s=0.01, prefill_s_per_token=1e-4, decode_s_per_req=1e-3, max_running=16)
+    out = {}
+    for hot_share in (0.0, 0.5):
+        wl = bench.gsp_workload(32, 16, 2048, 128, 64, seed=3, hot_share=hot_share)
+        for label, knobs in (("adaptive", {}), ("fixed", {"spread_prefill_weight": 1.0})):
+            policy = make_policy(PolicyConfig(policy="cache_aware", eviction_interval_s=0), **knobs)
+            try:
+                out[hot_share, label] = bench.simulate(policy, wl, 4, 40960, 16, len(wl.prompts), timing, 0.1, {},
+                                                       True)[0]
+            finally:
+                close_policy(policy)
+    uniform, fixed = out[0.0, "adaptive"], out[0.0, "fixed"]
+    assert uniform.misses.first < fixed.misses.first  # fewer spills: prefixes first computed on a second worker
+    assert uniform.hit_rate >= fixed.hit_rate and uniform.served_max_over_mean < 1.25
+    hot, hot_fixed = out[0.5, "adaptive"], out[0.5, "fixed"]
+    assert (hot.hit_rate, hot.served_max_over_mean, hot.ttft_of) == (
+        hot_fixed.hit_rate, hot_fixed.served_max_over_mean, hot_fixed.ttft_of)
+
+
+def test_the_simulation_counts_holders_per_group_and_the_reference_placements(bench: ModuleType) -> None:
+    """8 groups on 16 workers at once: SMG's rule keeps each group on one worker, the
+    hand placement on two, and the row reports both (requests per worker, holders)."""
+    wl = bench.gsp_workload(8, 16, 512, 32, 16, seed=3)
+    out = {}
+    for name in ("smg_like", "placed_k2", "cache_aware"):
+        policy = bench.build_sim_policy({"policy": name, "eviction_interval_s": 0.0})
+        try:
+            out[name] = bench.simulate(policy, wl, 16, 8192, 16, 128, bench.Timing(max_running=16), 0.0, {})[0]
+        finally:
+            close_policy(policy)
+    assert out["smg_like"].holders == [1] * 8
+    assert out["placed_k2"].holders == [2] * 8 and out["placed_k2"].served == [8] * 16
+    assert bench.placement(out["placed_k2"]) == "8-8; 2.00 (2); new 8 + blind 0"
+    assert out["smg_like"].hit_rate > out["placed_k2"].hit_rate
+    ca = out["cache_aware"]
+    assert sum(ca.served) == 128 and len(ca.holders) == 8
+    # no headroom replicas when every prefix is hot: 22 holders here, 27 with them
+    assert sum(ca.holders) <= 23, ca.holders
+
+
+def test_synced_replicas_in_the_simulation_hear_each_other_and_leave_no_load_behind(bench: ModuleType) -> None:
+    """Two cache_aware replicas in front of the same workers (``--replicas 2``): each routes
+    its own half of the prompts in its own closed loop, and hears the other's decisions and
+    load at the next sync tick. Hearing each other keeps a group on its holders: two
+    replicas that do not (their ``on_remote`` ignored) each place every group on a worker
+    of their own choosing. Every request is served and every per-replica load figure
+    returns to zero."""
+    wl = bench.gsp_workload(16, 8, 512, 32, 32, seed=3)
+
+    def pair(deaf: bool) -> tuple[object, list[object]]:
+        ps = [make_policy(PolicyConfig(policy="cache_aware", eviction_interval_s=0)) for _ in range(2)]
+        if deaf:
+            for p in ps:
+                p.on_remote = lambda event: None  # type: ignore[method-assign]
+        try:
+            r = bench.simulate(ps[0], wl, 4, 4096, 16, 16, bench.Timing(), 0.0, {}, replicas=ps[1:], sync_lag_s=0.01)[0]
+        finally:
+            close_policy(ps[0])
+        return r, ps
+
+    synced, ps = pair(False)
+    deaf, _ = pair(True)
+    assert sum(synced.served) == sum(deaf.served) == len(wl.prompts)
+    assert synced.hit_rate > deaf.hit_rate + 0.05, (synced.hit_rate, deaf.hit_rate)
+    assert sum(synced.holders) < sum(deaf.holders)
+    assert synced.new_holders[1] < deaf.new_holders[1]  # fewer blind placements of a placed group
+    assert ps[0].hot._tick > 0 and ps[1].hot._tick > 0
+
+
+def test_one_replica_is_the_plain_simulation(bench: ModuleType) -> None:
+    """``replicas=()`` is the single gateway: identical results to a run without the argument."""
+    wl = bench.gsp_workload(8, 8, 256, 32, 16, seed=5)
+    out = []
+    for extra in ({}, {"replicas": (), "sync_lag_s": 0.5}):
+        policy = make_policy(PolicyConfig(policy="cache_aware", eviction_interval_s=0))
+        try:
+            r = bench.simulate(policy, wl, 4, 2048, 16, 16, bench.Timing(), 0.0, {}, **extra)[0]
+        finally:
+            close_policy(policy)
+        out.append((r.hit_rate, r.served, r.ttft_of))
+    assert out[0] == out[1]
+
+
+def test_spread_outputs_decode_their_own_lengths(bench: ModuleType) -> None:
+    """``--output-spread``: each request decodes its own length, seeded, around the same mean,
+    with the same prompts; the simulated throughput counts each request's own output."""
+    timing = bench.Timing(base_s=0.01, prefill_s_per_token=1e-4, decode_s_per_req=1e-3, max_running=4)
+    fixed = bench.gsp_workload(8, 12, 512, 32, 48, seed=2, zipf=1.1)
+    spread = bench.spread_outputs(bench.gsp_workload(8, 12, 512, 32, 48, seed=2, zipf=1.1), "uniform", 2)
+    again = bench.spread_outputs(bench.gsp_workload(8, 12, 512, 32, 48, seed=2, zipf=1.1), "uniform", 2)
+    assert spread.outputs == again.outputs and len(spread.outputs) == len(spread.prompts)
+    assert len(set(spread.outputs)) > 10 and "uniform" in spread.name
+    assert bench.spread_outputs(fixed, "fixed", 2).outputs == [] and fixed.output_of(3) == 48
+    assert spread.prompts == fixed.prompts
+    out = {}
+    for wl in (fixed, spread):
+        policy = make_policy(PolicyConfig(policy="cache_aware", eviction_interval_s=0))
+        try:
+            r = bench.simulate(policy, wl, 4, 8192, 16, 16, timing, 0.0, {}, reserve_running=True,
+                               cache_output=True)[0]
+        finally:
+            close_policy(policy)
+        out[wl is spread] = r
+    # the simulated throughput counts each request's own output
+    total = sum(spread.outputs)
+    assert out[True].throughput_tok_s == pytest.approx(total / out[True].makespan_s)
+    assert out[False].throughput_tok_s == pytest.approx(len(fixed.prompts) * 48 / out[False].makespan_s)
+    assert out[True].hit_rate > 0.6 and out[False].hit_rate > 0.6
+
+
+def test_slowest_row_names_who_the_slowest_percent_are(bench: ModuleType) -> None:
+    """``--slowest``: the slowest 1% of TTFT, with each one's decision reason, whether its prefix
+    was hot and whether its worker was full at the decision while another had a free slot."""
+    timing = bench.Timing(base_s=0.01, prefill_s_per_token=1e-4, decode_s_per_req=1e-3, max_running=2)
+    wl = bench.gsp_workload(8, 40, 256, 32, 24, seed=1, zipf=1.1)
+    policy = make_policy(PolicyConfig(policy="cache_aware", eviction_interval_s=0))
+    try:
+        r = bench.simulate(policy, wl, 4, 4096, 16, 8, timing, 0.0, {}, reserve_running=True)[0]
+    finally:
+        close_policy(policy)
+    counted = len(r.ttft_of)
+    assert counted == len(wl.prompts) - 8  # the closed loop leaves out its first 8
+    assert set(r.decided) == set(range(len(wl.prompts))) and set(r.slot_wait) == set(r.ttft_of)
+    assert all(0 <= r.slot_wait[i] <= r.ttft_of[i] + 1e-9 for i in r.ttft_of)
+    row = bench.slowest_row("cache_aware", r, wl, 4, timing.max_running)
+    assert len(row) == len(bench.SLOWEST_HEADERS)
+    n = counted // 100
+    assert row[1].startswith(f"{n} (")
+    assert 0 <= int(row[2]) <= n and 0 <= int(row[3]) <= n and 0 <= int(row[6]) <= n
+    assert sum(int(part.rsplit(" ", 1)[1]) for part in row[4].split(", ")) == n
+    # the slowest waited at least as long as the median request
+    assert float(row[5].split(" / ")[1]) >= sorted(r.ttft_of.values())[counted // 2]
+    assert row[7].endswith(f"of {counted}")

@@ -1,0 +1,108 @@
+"""`token-gateway bench matrix` end to end at toy sizes: in-process fleet + gateway + oracle."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from gateway.cli import build_parser
+from gateway_lab.bench import matrix
+from gateway_lab.bench.peers import peer_argv
+
+ZERO_COST = ["--step-base-s", "0", "--prefill-token-s", "0", "--decode-seq-s", "0", "--time-scale", "0"]
+TINY = [
+    "--groups", "3", "--prompts-per-group", "4", "--system-tokens", "64", "--question-tokens", "16",
+    "--output-tokens", "2",
+    "--conversations", "2", "--turns", "2", "--chat-system-tokens", "48", "--user-tokens", "8", "--reply-tokens", "2",
+]  # fmt: skip
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    return build_parser().parse_args(["bench", "matrix", *argv])
+
+
+@pytest.mark.slow  # six cells, each a fresh fleet and gateway: ~15-25 s
+def test_matrix_every_cell_runs_and_the_oracle_reads_the_true_caches(tmp_path, capsys) -> None:
+    out, md = tmp_path / "m.json", tmp_path / "m.md"
+    args = _args(
+        "--workloads", "gsp", "chat", "--workers", "2", "--policies", "round_robin", "cache_aware", "oracle",
+        "--per-worker-concurrency", "1",
+        "--json", str(out), "--markdown", str(md), *ZERO_COST, *TINY,
+    )  # fmt: skip
+    assert matrix.run(args) == 0
+    data = json.loads(out.read_text())
+    cells = {(c["workload"], c["policy"]): c for c in data["cells"]}
+    assert set(cells) == {(w, p) for w in ("gsp", "chat") for p in ("round_robin", "cache_aware", "oracle")}
+    expected = {"gsp": 12, "chat": 4}
+    for (workload, _), cell in cells.items():
+        s = cell["summary"]
+        assert s["ok"] == expected[workload] and s["errors"] == 0 and s["not_sent"] == 0
+        assert 0.0 < s["ideal_hit_rate"] < 1.0
+        # the gateway's usage figures and the workers' own counters agree
+        assert s["hit_rate"] == pytest.approx(cell["sim"]["worker_hit_rate"])
+        assert sum(s["spread"]["per_worker"].values()) == expected[workload]
+    # gsp: 3 groups on 2 workers; round robin sends every group to both, the oracle keeps them
+    assert cells[("gsp", "oracle")]["summary"]["hit_rate"] > cells[("gsp", "round_robin")]["summary"]["hit_rate"]
+    assert cells[("gsp", "oracle")]["summary"]["hit_rate"] <= cells[("gsp", "oracle")]["summary"]["ideal_hit_rate"]
+    assert data["machine"]["cpus"] >= 1 and data["workloads"]["gsp"]["groups"] == 3
+    text = md.read_text()
+    assert "| workers | policy | hit rate (ideal) |" in text
+    assert "#### scaling" in text and "| gsp | 2 |" in text and "| chat | 2 |" in text
+    printed = capsys.readouterr().out
+    assert "oracle" in printed and "[6/6]" in printed and "long-mix" not in printed
+
+
+def test_bench_subcommands_parse() -> None:
+    args = build_parser().parse_args(["bench", "run", "--target", "a=http://127.0.0.1:1", "--workload", "chat"])
+    assert args._bench_module == "gateway_lab.bench.cli" and args.target == ["a=http://127.0.0.1:1"]
+    args = _args("--workers", "4", "8")
+    assert args._bench_module == "gateway_lab.bench.matrix" and args.workers == [4, 8]
+    assert args.groups == matrix.MATRIX_GSP.groups  # the matrix's own workload sizes
+
+
+def test_bad_matrix_arguments_are_refused(tmp_path) -> None:
+    with pytest.raises(SystemExit, match="bad --policies"):
+        matrix.run(_args("--policies", "nope"))
+    with pytest.raises(SystemExit, match=r"peers\.sh"):
+        matrix.run(_args("--peers", "smg", "--peers-python", str(tmp_path / "missing" / "python")))
+
+
+def test_peer_command_line() -> None:
+    argv = peer_argv("py", "smg", ["grpc://127.0.0.1:1", "grpc://127.0.0.1:2"], "cache_aware", "/tok", 9000, 9001)
+    assert argv[:4] == ["py", "-m", "smg", "launch"]
+    assert argv[argv.index("--worker-urls") + 1 : argv.index("--worker-urls") + 3] == [
+        "grpc://127.0.0.1:1", "grpc://127.0.0.1:2",
+    ]  # fmt: skip
+    assert argv[argv.index("--policy") + 1] == "cache_aware" and argv[argv.index("--port") + 1] == "9000"
+    with pytest.raises(ValueError):
+        peer_argv("py", "smg", [], "oracle", "/tok", 1, 2)
+    with pytest.raises(ValueError):
+        peer_argv("py", "vllm-router", [], "cache_aware", "/tok", 1, 2)
+
+
+def test_variants_take_policy_and_prefill_gate_knobs_and_become_serve_flags() -> None:
+    name, knobs = matrix.parse_variant("cache_aware:prefill_weight=0.5,prefill_gate=off,prefill-gate-min-tokens=256")
+    assert name == "cache_aware" and knobs == {"prefill_weight": 0.5, "prefill_gate": False, "prefill_gate_min_tokens": 256}
+    policy, gate = matrix.split_knobs(knobs)
+    assert policy == {"prefill_weight": 0.5} and gate == {"prefill_gate": False, "prefill_gate_min_tokens": 256}
+    assert matrix.knob_flags(knobs) == [
+        "--prefill-weight", "0.5", "--no-prefill-gate", "--prefill-gate-min-tokens", "256",
+    ]  # fmt: skip
+    # the flags are the gateway's own: serve parses them
+    serve = build_parser().parse_args(["serve", *matrix.knob_flags(knobs)])
+    assert serve.prefill_weight == 0.5 and serve.prefill_gate is False and serve.prefill_gate_min_tokens == 256
+    with pytest.raises(ValueError, match="not knob=value"):
+        matrix.parse_variant("cache_aware:request_timeout_s=3")
+    args = _args("--gateway", "ours-process")
+    assert args.gateway == "ours-process"
+
+
+def test_reply_token_reuse_variant_becomes_a_serve_flag() -> None:
+    name, knobs = matrix.parse_variant("oracle:reply_token_reuse=off")
+    assert name == "oracle" and knobs == {"reply_token_reuse": False}
+    assert matrix.knob_flags(knobs) == ["--no-reply-token-reuse"]
+    serve = build_parser().parse_args(["serve", *matrix.knob_flags(knobs)])
+    assert serve.reply_token_reuse is False
+    assert build_parser().parse_args(["serve"]).reply_token_reuse is True

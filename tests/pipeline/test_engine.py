@@ -1,0 +1,251 @@
+"""The engine (pipeline/engine.py): the prompt checks every request gets, the worker
+request it builds from a prepared request, and the model's fast encoder, built once in a
+thread of its own at its first long prompt or its Nth prompt."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+import pytest
+
+from gateway.pipeline.catalog import ModelEntry
+from gateway.pipeline.engine import Engine, EngineConfig
+from gateway.pipeline.limits import LimitsConfig
+from gateway.pipeline.resume import ResumeConfig
+from gateway.pipeline.router import Router
+from gateway.policies.factory import make_policy
+from gateway.protocol.errors import ContextLengthExceededError, InvalidRequestError
+from gateway.protocol.sampling import SamplingOptions
+from gateway.tokenization import ChatPromptCache, Tokenizer
+from gateway.workers.registry import WorkerRegistry
+from tests.tokenization.helpers import qwen_files
+
+
+class _Catalog:
+    def __init__(self, entry: ModelEntry) -> None:
+        self.entry = entry
+
+    def get(self, name: str | None) -> ModelEntry:
+        return self.entry
+
+    def worker_model(self, name: str) -> str:
+        return self.entry.worker_model or name
+
+
+def _engine(tmp_path: Path, **config: int) -> tuple[Engine, ModelEntry]:
+    tokenizer = Tokenizer.from_path(qwen_files())
+    entry = ModelEntry("m", tokenizer, "path", 0, ChatPromptCache(tokenizer))
+    settings = EngineConfig(**{"offload_chars": 4096, "fast_encoder_after": 0, **config})
+    engine = Engine(Router(WorkerRegistry(), lambda role: make_policy()), _Catalog(entry), config=settings)  # type: ignore[arg-type]
+    return engine, entry
+
+
+_REAL_BUILD = Tokenizer.fast_bpe.func  # type: ignore[attr-defined]
+
+
+def _spy_on_builds() -> list[int]:
+    """Record the thread of every fast-encoder build (until ``_unspy``)."""
+    built_on: list[int] = []
+
+    def spy(self: Tokenizer) -> object:
+        built_on.append(threading.get_ident())
+        return _REAL_BUILD(self)
+
+    Tokenizer.fast_bpe.func = spy  # type: ignore[attr-defined]
+    return built_on
+
+
+def _unspy() -> None:
+    Tokenizer.fast_bpe.func = _REAL_BUILD  # type: ignore[attr-defined]
+
+
+async def test_long_prompts_build_the_encoder_once_off_the_loop(tmp_path: Path) -> None:
+    engine, entry = _engine(tmp_path)
+    tokenizer = entry.tokenizer
+    try:
+        built_on = _spy_on_builds()
+        short = "hello there " * 10
+        assert await engine.encode_prompt(entry, short) == tokenizer.backend.encode(short).ids
+        assert not built_on and not tokenizer.fast_bpe_ready  # short prompts never pay for it
+        long = "alpha river stone light " * 400
+        want = tokenizer.backend.encode(long).ids
+        assert await engine.encode_prompt(entry, long) == want
+        for _ in range(200):
+            if tokenizer.fast_bpe_ready:
+                break
+            await asyncio.sleep(0.05)
+        assert tokenizer.fast_bpe_ready and tokenizer.fast_bpe is not None
+        assert await engine.encode_prompt(entry, long + " again") == tokenizer.backend.encode(long + " again").ids
+        messages = [{"role": "user", "content": long}]
+        text, ids = await engine.render_chat(entry, messages, tools=None, chat_template_kwargs=None)
+        assert ids == tokenizer.backend.encode(text, add_special_tokens=False).ids
+        assert len(built_on) == 1 and built_on[0] != threading.get_ident()  # off the event loop
+    finally:
+        _unspy()
+        engine.close()
+
+
+async def test_the_nth_short_prompt_builds_the_encoder_once_off_the_loop(tmp_path: Path) -> None:
+    engine, entry = _engine(tmp_path, fast_encoder_after=5)
+    tokenizer = entry.tokenizer
+    try:
+        built_on = _spy_on_builds()
+        messages = [{"role": "user", "content": "hello there, how are you"}]
+        for n in range(4):  # chat renders and plain prompts both count
+            if n % 2:
+                await engine.encode_prompt(entry, f"short prompt {n}")
+            else:
+                await engine.render_chat(entry, messages, tools=None, chat_template_kwargs=None)
+        await asyncio.sleep(0.05)
+        assert not built_on and not tokenizer.fast_bpe_ready
+        text, ids = await engine.render_chat(entry, messages, tools=None, chat_template_kwargs=None)
+        assert ids == tokenizer.backend.encode(text, add_special_tokens=False).ids  # HF serves meanwhile
+        for _ in range(200):
+            if tokenizer.fast_bpe_ready:
+                break
+            await asyncio.sleep(0.05)
+        assert tokenizer.fast_bpe_ready and tokenizer.fast_bpe is not None
+        for _ in range(10):  # built once, not again
+            assert await engine.render_chat(entry, messages, tools=None, chat_template_kwargs=None) == (text, ids)
+        assert len(built_on) == 1 and built_on[0] != threading.get_ident()
+    finally:
+        _unspy()
+        engine.close()
+
+
+async def test_zero_builds_only_at_a_long_prompt(tmp_path: Path) -> None:
+    engine, entry = _engine(tmp_path, fast_encoder_after=0)
+    try:
+        for n in range(300):
+            await engine.encode_prompt(entry, f"short prompt {n}")
+        await asyncio.sleep(0.05)
+        assert not entry.tokenizer.fast_bpe_ready and not engine._building
+    finally:
+        engine.close()
+
+
+def test_a_negative_count_is_refused() -> None:
+    with pytest.raises(ValueError, match="fast_encoder_after"):
+        EngineConfig(fast_encoder_after=-1)
+
+
+# ------------------------------------------------------------- checks and the worker request
+
+_TOKENIZER: Tokenizer | None = None
+
+
+def _checked_engine(
+    context: int = 0, *, limits: LimitsConfig | None = None, resume: ResumeConfig | None = None, **config: int
+) -> tuple[Engine, ModelEntry]:
+    global _TOKENIZER
+    if _TOKENIZER is None:
+        _TOKENIZER = Tokenizer.from_path(qwen_files())
+    entry = ModelEntry("m", _TOKENIZER, "path", context, ChatPromptCache(_TOKENIZER), worker_model="worker-m")
+    engine = Engine(
+        Router(WorkerRegistry(), lambda role: make_policy()), _Catalog(entry),  # type: ignore[arg-type]
+        config=EngineConfig(**config), limits=limits, resume=resume,
+    )
+    return engine, entry
+
+
+def test_prepare_checks_the_prompt_and_keeps_what_the_request_asked() -> None:
+    engine, entry = _checked_engine(context=64)
+    try:
+        sampling = SamplingOptions(temperature=0.0, max_new_tokens=8, stop=("END",))
+        prepared = engine.prepare(entry, [11, 12, 13], sampling, stream=True, request_id="r1", routing_key="k")
+        assert (prepared.request_id, prepared.model, prepared.prompt_ids) == ("r1", "m", [11, 12, 13])
+        assert prepared.sampling.max_new_tokens == 8 and prepared.stream and prepared.routing_key == "k"
+        assert "END" in prepared.stop_plan.stop_strings
+        route = engine.route_request(prepared)
+        assert (route.model, route.token_ids, route.max_new_tokens, route.pool) == ("worker-m", [11, 12, 13], 8, "regular")
+        with pytest.raises(InvalidRequestError, match="empty") as empty:
+            engine.prepare(entry, [], sampling, stream=False)
+        assert empty.value.param == "prompt"
+        with pytest.raises(InvalidRequestError, match="token ids must be in") as outside:
+            engine.prepare(entry, [entry.tokenizer.vocab_size], sampling, stream=False)
+        assert (outside.value.status, outside.value.param) == (400, "prompt")
+    finally:
+        engine.close()
+
+
+def test_the_context_holds_the_prompt_and_the_tokens_asked_for() -> None:
+    engine, entry = _checked_engine(context=16)
+    try:
+        Engine.check_context(entry, 10, 6, param="messages")  # exactly full: fine
+        with pytest.raises(ContextLengthExceededError, match="maximum context length is 16") as over:
+            Engine.check_context(entry, 10, 7, param="messages")
+        assert over.value.param == "messages"
+        # A prompt of 12 leaves room for 4: a larger max_tokens is refused, not silently cut.
+        with pytest.raises(ContextLengthExceededError):
+            engine.prepare(entry, list(range(100, 112)), SamplingOptions(max_new_tokens=5), stream=False, prompt_param="messages")
+        prepared = engine.prepare(entry, list(range(100, 112)), SamplingOptions(max_new_tokens=4), stream=False)
+        assert prepared.sampling.max_new_tokens == 4
+    finally:
+        engine.close()
+
+
+def test_a_hopeless_prompt_is_refused_before_the_tokenizer_runs() -> None:
+    engine, entry = _checked_engine(limits=LimitsConfig(max_prompt_tokens=8))
+    try:
+        entry.tokenizer.length_bound  # noqa: B018  (computed once; the engine submits it to its pool otherwise)
+        engine.refuse_hopeless(entry, "x" * 8)  # no more characters than the limit: never refused unread
+        with pytest.raises(InvalidRequestError, match="at most 8") as refused:
+            engine.refuse_hopeless(entry, "hello world " * 400, param="messages")
+        assert (refused.value.param, refused.value.code) == ("messages", "prompt_too_long")
+    finally:
+        engine.close()
+
+
+def test_the_worker_request_always_carries_temperature_n_and_the_prompt() -> None:
+    """Workers read proto3 zeros as values: temperature 0 is greedy, so it is always sent."""
+    engine, entry = _checked_engine()
+    try:
+        sampling = SamplingOptions(temperature=0.0, n=1, max_new_tokens=200, seed=7)
+        prepared = engine.prepare(entry, [5, 6, 7], sampling, stream=True, request_id="r2", prompt_text="abc")
+        request = engine.generate_request(prepared)
+        assert request.request_id == "r2" and list(request.tokenized.input_ids) == [5, 6, 7]
+        assert request.tokenized.original_text == "abc"
+        assert request.sampling_params.temperature == 0.0 and request.sampling_params.n == 1
+        assert request.sampling_params.max_new_tokens == 200
+        assert request.stream and not request.return_logprob
+    finally:
+        engine.close()
+
+
+def test_a_short_whole_answer_is_asked_for_in_one_message() -> None:
+    """Not streamed, no stop strings, one sample and capped at the unary interval: the worker
+    answers with its complete alone; longer answers stream in coarse chunks so progress shows."""
+    engine, entry = _checked_engine(resume=ResumeConfig(unary_stream_interval=16))
+    try:
+        short = engine.generate_request(engine.prepare(entry, [5, 6], SamplingOptions(max_new_tokens=16), stream=False))
+        assert not short.stream
+        long = engine.generate_request(engine.prepare(entry, [5, 6], SamplingOptions(max_new_tokens=17), stream=False))
+        assert long.stream and long.sampling_params.stream_interval == 16
+        many = engine.generate_request(engine.prepare(entry, [5, 6], SamplingOptions(max_new_tokens=4, n=2), stream=False))
+        assert many.stream
+        stops = engine.generate_request(
+            engine.prepare(entry, [5, 6], SamplingOptions(max_new_tokens=4, stop=("x",)), stream=False)
+        )
+        assert stops.stream and not stops.sampling_params.HasField("stream_interval")
+        streamed = engine.generate_request(engine.prepare(entry, [5, 6], SamplingOptions(max_new_tokens=4), stream=True))
+        assert streamed.stream and not streamed.sampling_params.HasField("stream_interval")
+    finally:
+        engine.close()
+
+
+def test_the_operator_stream_interval_wins() -> None:
+    engine, entry = _checked_engine(worker_stream_interval=4)
+    try:
+        request = engine.generate_request(engine.prepare(entry, [5, 6], SamplingOptions(max_new_tokens=64), stream=True))
+        assert request.sampling_params.stream_interval == 4
+    finally:
+        engine.close()
+
+
+def test_engine_config_refuses_negative_knobs() -> None:
+    for bad in ({"worker_stream_interval": -1}, {"busy_stream_interval": -1}, {"busy_in_flight": 0}, {"fast_encoder_after": -1}):
+        with pytest.raises(ValueError):
+            EngineConfig(**bad)
+

@@ -1,0 +1,185 @@
+"""The inference routes' one ASGI path: which requests take it, and its answers where no
+worker is needed (bad input, auth, the body limit, a client gone, an unexpected error).
+
+The whole-stack behaviour (streams, usage, disconnects mid-stream, admission) is covered
+by ``tests/e2e/http``, which runs every request of those routes through this path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+
+from gateway.server.config import GatewayConfig
+from gateway.server.http.app import GatewayApp, create_app
+from gateway.server.state import GatewayState
+
+INFERENCE = [
+    "/v1/chat/completions", "/v1/completions", "/generate", "/v1/embeddings", "/v1/tokenize", "/v1/detokenize",
+    "/admin/inspect", "/v1/responses",
+]
+ANTHROPIC = ["/v1/messages", "/v1/messages/count_tokens"]  # the same path, Anthropic's error shape
+
+
+@pytest.fixture
+async def app() -> AsyncIterator[GatewayApp]:
+    config = GatewayConfig()
+    config.server.max_body_bytes = 1000
+    state = GatewayState(config)
+    try:
+        made = create_app(state, manage_lifecycle=False)
+        assert isinstance(made, GatewayApp)
+        yield made
+    finally:
+        state.engine.close()
+
+
+def _client(app: GatewayApp) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw")
+
+
+def _assert_openai_error(r: httpx.Response, status: int) -> dict[str, Any]:
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"] == "application/json"
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    return error
+
+
+def test_only_post_on_the_inference_routes_takes_the_path(app: GatewayApp) -> None:
+    assert sorted(app.inference.routes) == sorted(INFERENCE + ANTHROPIC)
+    for path in INFERENCE + ANTHROPIC:
+        assert app.inference.match({"type": "http", "method": "POST", "path": path})
+        assert not app.inference.match({"type": "http", "method": "GET", "path": path})
+    for path in ("/v1/models", "/health", "/parse/reasoning", "/flush_cache", "/v1/chat/completions/x"):
+        assert not app.inference.match({"type": "http", "method": "POST", "path": path})
+
+
+@pytest.mark.parametrize("path", ANTHROPIC)
+async def test_bad_bodies_get_the_anthropic_error_shape(app: GatewayApp, path: str) -> None:
+    async with _client(app) as c:
+        for body, status in ((b"", 400), (b"{not json", 400), (b'{"model": 5}', 400), (b"x" * 2000, 413)):
+            r = await c.post(path, content=body, headers={"x-request-id": "abc-2"})
+            assert r.status_code == status and r.headers["x-request-id"] == "abc-2"
+            got = r.json()
+            assert got["type"] == "error" and set(got["error"]) == {"type", "message"} and got["error"]["message"]
+            assert got["error"]["type"] == ("request_too_large" if status == 413 else "invalid_request_error")
+
+
+@pytest.mark.parametrize("path", INFERENCE)
+async def test_bad_bodies_get_the_openai_error_shape(app: GatewayApp, path: str) -> None:
+    async with _client(app) as c:
+        _assert_openai_error(await c.post(path, content=b""), 400)
+        _assert_openai_error(await c.post(path, content=b"{not json"), 400)
+        _assert_openai_error(await c.post(path, content=b"[1, 2]"), 400)
+        _assert_openai_error(await c.post(path, content=b"x" * 2000), 413)
+        for body in (b'{"model": 5}', b'{"stream": "yes"}', b'{"input": {"a": 1}, "text": 5, "tokens": "x"}'):
+            r = await c.post(path, content=body, headers={"x-request-id": "abc-1"})
+            _assert_openai_error(r, 400)
+            assert r.headers["x-request-id"] == "abc-1"
+
+
+@pytest.mark.parametrize("path", INFERENCE)
+async def test_other_methods_get_405_from_fastapi(app: GatewayApp, path: str) -> None:
+    async with _client(app) as c:
+        r = await c.get(path)
+    _assert_openai_error(r, 405)
+
+
+async def test_auth_is_checked_before_the_body(app: GatewayApp) -> None:
+    state: GatewayState = app.state.gateway
+    state.auth._keys = ["sekret"]  # as --api-keys sekret
+    async with _client(app) as c:
+        _assert_openai_error(await c.post("/v1/completions", content=b"x" * 2000), 401)
+        r = await c.post("/v1/completions", content=b"", headers={"authorization": "Bearer sekret"})
+        _assert_openai_error(r, 400)
+
+
+async def test_a_client_gone_while_sending_its_body_gets_499_and_no_work(app: GatewayApp) -> None:
+    sent: list[dict[str, Any]] = []
+    messages = [{"type": "http.request", "body": b'{"model"', "more_body": True}, {"type": "http.disconnect"}]
+
+    async def receive() -> dict[str, Any]:
+        return messages.pop(0)
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": [], "query_string": b""}
+    await app(scope, receive, send)
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 499
+    state: GatewayState = app.state.gateway
+    assert 'endpoint="/v1/completions"' in state.metrics.render().decode()
+
+
+async def test_an_unexpected_error_is_a_500_in_the_openai_shape(app: GatewayApp, monkeypatch: pytest.MonkeyPatch) -> None:
+    async def boom(*args: Any) -> Any:
+        raise RuntimeError("bug")
+
+    routes = {path: dataclasses.replace(r, open=boom) for path, r in app.inference.routes.items()}
+    monkeypatch.setattr(app.inference, "routes", routes)
+    async with _client(app) as c:
+        r = await c.post("/generate", json={"text": "hi"})
+    _assert_openai_error(r, 500)
+
+
+async def test_the_disconnect_watcher_starts_after_the_requests_own_turn(app: GatewayApp, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The watcher's first ``receive`` runs after what the route scheduled in its first turn
+    (grpc.aio's send of the worker call), and a client that leaves later still cancels it."""
+    order: list[str] = []
+    started = asyncio.Event()
+    cancelled = asyncio.Event()
+
+    async def send_task() -> None:  # stands for grpc.aio's _send_unary_request
+        order.append("send")
+
+    async def slow(req: Any, ctx: Any) -> Any:
+        asyncio.get_running_loop().create_task(send_task())
+        started.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    routes = {path: dataclasses.replace(r, open=slow) for path, r in app.inference.routes.items()}
+    monkeypatch.setattr(app.inference, "routes", routes)
+    gone = asyncio.Event()
+    messages = [{"type": "http.request", "body": b'{"text": "hi"}', "more_body": False}]
+
+    async def receive() -> dict[str, Any]:
+        if messages:
+            return messages.pop(0)
+        order.append("receive")
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/generate", "headers": [], "query_string": b""}
+    request = asyncio.get_running_loop().create_task(app(scope, receive, send))
+    await started.wait()
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert order == ["send", "receive"]
+    gone.set()
+    await asyncio.wait_for(request, 5)
+    assert cancelled.is_set() and sent[0]["status"] == 499
+
+
+async def test_a_request_done_before_its_watcher_starts_leaves_none_behind(app: GatewayApp) -> None:
+    before = len(asyncio.all_tasks())
+    async with _client(app) as c:
+        for _ in range(3):
+            _assert_openai_error(await c.post("/generate", content=b"{not json"), 400)
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert len(asyncio.all_tasks()) <= before

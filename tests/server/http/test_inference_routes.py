@@ -1,0 +1,59 @@
+"""The table of inference routes: every API on the one path once, with its body model,
+its admission and who may call it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from pydantic import BaseModel
+
+from gateway.protocol.chat import ChatCompletionRequest
+from gateway.protocol.completions import CompletionRequest
+from gateway.protocol.generate import GenerateRequest
+from gateway.protocol.inspect import InspectRequest
+from gateway.server.config import GatewayConfig
+from gateway.server.http.inference import InferenceRoute
+from gateway.server.http.inference_routes import inference_routes
+from gateway.server.state import GatewayState
+
+
+@pytest.fixture
+def routes() -> Iterator[dict[str, InferenceRoute]]:
+    state = GatewayState(GatewayConfig())
+    try:
+        yield {route.path: route for route in inference_routes(state)}
+    finally:
+        state.engine.close()
+
+
+def test_each_path_is_in_the_table_once(routes: dict[str, InferenceRoute]) -> None:
+    state = GatewayState(GatewayConfig())
+    try:
+        paths = [route.path for route in inference_routes(state)]
+    finally:
+        state.engine.close()
+    assert len(paths) == len(set(paths)) == len(routes)
+    assert all(path.startswith("/") for path in paths)
+
+
+def test_bodies_are_the_apis_own_models(routes: dict[str, InferenceRoute]) -> None:
+    assert routes["/v1/chat/completions"].model is ChatCompletionRequest
+    assert routes["/v1/completions"].model is CompletionRequest
+    assert routes["/generate"].model is GenerateRequest
+    assert routes["/admin/inspect"].model is InspectRequest
+    for route in routes.values():
+        assert issubclass(route.model, BaseModel)
+        assert route.summary and callable(route.open)
+
+
+def test_batches_reserve_per_prompt_and_the_rest_take_one_slot(routes: dict[str, InferenceRoute]) -> None:
+    # /v1/responses reserves its one slot once the body says whether the run outlives the request
+    assert {p for p, r in routes.items() if r.admit == "batch"} == {"/v1/completions", "/generate", "/v1/embeddings", "/v1/responses"}
+    assert {p for p, r in routes.items() if r.admit is True} == {
+        "/v1/chat/completions", "/v1/tokenize", "/v1/detokenize", "/admin/inspect", "/v1/messages", "/v1/messages/count_tokens",
+    }
+
+
+def test_only_inspection_needs_the_inspector_key(routes: dict[str, InferenceRoute]) -> None:
+    assert {p for p, r in routes.items() if r.auth == "inspector"} == {"/admin/inspect"}

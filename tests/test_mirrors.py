@@ -1,0 +1,185 @@
+"""The test rule, checked on the tree: every module with logic has a unit test file that
+mirrors it (``src/gateway/<package>/<module>.py`` -> ``tests/<package>/test_<module>.py``;
+``src/gateway_lab/...`` -> ``tests/lab/...``). Whole-stack tests live under ``tests/e2e/``
+by topic and do not count as a module's mirror.
+
+Modules that had no mirror when the rule was written are listed in ``UNMIRRORED``. The
+list can only shrink: a new module needs its test file, and a module that gets one (or
+goes away) must leave the list.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src"
+TESTS = ROOT / "tests"
+PACKAGES = {"gateway": TESTS, "gateway_lab": TESTS / "lab"}
+NOT_MODULES = {"__init__.py", "__main__.py"}
+GENERATED = SRC / "gateway" / "proto"
+
+UNMIRRORED = frozenset({
+    "gateway/client.py",
+    "gateway/endpoints/inspect.py",
+    "gateway/endpoints/native.py",
+    "gateway/endpoints/parse.py",
+    "gateway/observability/collector.py",
+    "gateway/observability/heap_trace.py",
+    "gateway/observability/metrics.py",
+    "gateway/observability/sync_metrics.py",
+    "gateway/parsers/base.py",
+    "gateway/parsers/constrained.py",
+    "gateway/parsers/harmony_reasoning.py",
+    "gateway/parsers/json_scan.py",
+    "gateway/parsers/registry.py",
+    "gateway/parsers/tool_calls/deepseek.py",
+    "gateway/parsers/tool_calls/harmony.py",
+    "gateway/parsers/tool_calls/json_calls.py",
+    "gateway/parsers/tool_calls/kimi.py",
+    "gateway/parsers/tool_calls/llama.py",
+    "gateway/parsers/tool_calls/mistral.py",
+    "gateway/parsers/tool_calls/passthrough.py",
+    "gateway/parsers/tool_calls/pythonic.py",
+    "gateway/parsers/tool_calls/section.py",
+    "gateway/parsers/tool_calls/values.py",
+    "gateway/parsers/tool_calls/xml_params.py",
+    "gateway/pipeline/catalog.py",
+    "gateway/pipeline/deadline.py",
+    "gateway/pipeline/errors.py",
+    "gateway/pipeline/fanout.py",
+    "gateway/pipeline/limits.py",
+    "gateway/pipeline/merged.py",
+    "gateway/pipeline/observer.py",
+    "gateway/pipeline/prepared.py",
+    "gateway/pipeline/request_context.py",
+    "gateway/pipeline/sampling.py",
+    "gateway/pipeline/scheduler_rules.py",
+    "gateway/pipeline/tenancy.py",
+    "gateway/policies/base.py",
+    "gateway/policies/common.py",
+    "gateway/policies/consistent_hash.py",
+    "gateway/policies/hot_prefix.py",
+    "gateway/policies/ring_policy.py",
+    "gateway/protocol/chat.py",
+    "gateway/protocol/common.py",
+    "gateway/protocol/completions.py",
+    "gateway/protocol/embeddings.py",
+    "gateway/protocol/errors.py",
+    "gateway/protocol/generate.py",
+    "gateway/protocol/inspect.py",
+    "gateway/protocol/logprobs.py",
+    "gateway/protocol/parse.py",
+    "gateway/protocol/sampling.py",
+    "gateway/protocol/tokens.py",
+    "gateway/server/admission.py",
+    "gateway/server/config.py",
+    "gateway/server/grpc/front.py",
+    "gateway/server/grpc/inspect.py",
+    "gateway/server/grpc/passthrough.py",
+    "gateway/server/grpc/server.py",
+    "gateway/server/grpc/strict.py",
+    "gateway/server/grpc/util.py",
+    "gateway/server/http/admin.py",
+    "gateway/server/http/app.py",
+    "gateway/server/http/door.py",
+    "gateway/server/http/guard.py",
+    "gateway/server/http/health.py",
+    "gateway/server/http/limits.py",
+    "gateway/server/http/openai.py",
+    "gateway/server/http/parse.py",
+    "gateway/server/http/sse.py",
+    "gateway/server/http/util.py",
+    "gateway/server/metrics_port.py",
+    "gateway/server/observability.py",
+    "gateway/server/process_config.py",
+    "gateway/server/process_set.py",
+    "gateway/server/security.py",
+    "gateway/server/serve.py",
+    "gateway/server/smg_compat.py",
+    "gateway/server/state.py",
+    "gateway/server/supervisor.py",
+    "gateway/server/tls.py",
+    "gateway/settings.py",
+    "gateway/sync/apply.py",
+    "gateway/sync/config.py",
+    "gateway/sync/local_server.py",
+    "gateway/sync/outbox.py",
+    "gateway/sync/policy_tap.py",
+    "gateway/sync/prefix_book.py",
+    "gateway/tokenization/errors.py",
+    "gateway/workers/discovery/config.py",
+    "gateway/workers/discovery/sources.py",
+    "gateway/workers/discovery/targets.py",
+    "gateway/workers/h2/call.py",
+    "gateway/workers/h2/connection.py",
+    "gateway/workers/kv_events.py",
+    "gateway/workers/load_monitor.py",
+    "gateway/workers/periodic.py",
+    "gateway_lab/bench/inprocess.py",
+    "gateway_lab/bench/machine.py",
+    "gateway_lab/bench/peers.py",
+    "gateway_lab/bench/plot.py",
+    "gateway_lab/bench/scenarios/control.py",
+    "gateway_lab/bench/scenarios/faults.py",
+    "gateway_lab/bench/scenarios/front_doors.py",
+    "gateway_lab/bench/scenarios/http_guard.py",
+    "gateway_lab/bench/scenarios/parsers.py",
+    "gateway_lab/bench/scenarios/pd.py",
+    "gateway_lab/bench/scenarios/reply_cache.py",
+    "gateway_lab/bench/scenarios/scaleout.py",
+    "gateway_lab/bench/scenarios/sim.py",
+    "gateway_lab/bench/scenarios/tokenize.py",
+    "gateway_lab/bench/scenarios/tracing.py",
+    "gateway_lab/bench/soak.py",
+    "gateway_lab/bench/soak_targets.py",
+    "gateway_lab/sim/config.py",
+    "gateway_lab/sim/counters.py",
+    "gateway_lab/sim/fleet.py",
+    "gateway_lab/sim/sampler.py",
+    "gateway_lab/sim/vocab.py",
+    "gateway_lab/sim/worker.py",
+})
+
+
+def has_logic(path: Path) -> bool:
+    """A module with a function or a class of its own (re-export and constant modules have none)."""
+    tree = ast.parse(path.read_text(), str(path))
+    return any(isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) for n in tree.body)
+
+
+def mirror(path: Path) -> Path:
+    """Where a module's unit tests live."""
+    rel = path.relative_to(SRC)
+    return PACKAGES[rel.parts[0]].joinpath(*rel.parts[1:-1], "test_" + rel.name)
+
+
+def modules_with_logic() -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for package in PACKAGES:
+        for path in sorted((SRC / package).rglob("*.py")):
+            if path.name in NOT_MODULES or path.is_relative_to(GENERATED) or not has_logic(path):
+                continue
+            found[path.relative_to(SRC).as_posix()] = path
+    return found
+
+
+def unmirrored() -> set[str]:
+    return {name for name, path in modules_with_logic().items() if not mirror(path).exists()}
+
+
+def test_every_new_module_with_logic_has_its_mirror_test_file() -> None:
+    missing = sorted(unmirrored() - UNMIRRORED)
+    assert missing == [], "add tests/<package>/test_<module>.py for: " + ", ".join(missing)
+
+
+def test_the_allow_list_only_shrinks() -> None:
+    stale = sorted(UNMIRRORED - unmirrored())
+    assert stale == [], "these now have a mirror (or are gone): remove them from UNMIRRORED: " + ", ".join(stale)
+
+
+def test_the_mirror_of_a_module() -> None:
+    assert mirror(SRC / "gateway" / "pipeline" / "engine.py") == TESTS / "pipeline" / "test_engine.py"
+    assert mirror(SRC / "gateway" / "cli.py") == TESTS / "test_cli.py"
+    assert mirror(SRC / "gateway_lab" / "sim" / "radix_cache.py") == TESTS / "lab" / "sim" / "test_radix_cache.py"
