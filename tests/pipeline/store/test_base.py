@@ -1,4 +1,4 @@
-"""The store contract, run on every backend (memory, SQLite, PostgreSQL): round trips,
+"""The ``Store`` contract, run on every backend (memory, SQLite, PostgreSQL): round trips,
 owner scoping, conversation order and paging, deletes, retention."""
 
 from __future__ import annotations
