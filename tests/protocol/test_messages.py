@@ -6,7 +6,12 @@ import pytest
 from pydantic import ValidationError
 
 from gateway.protocol.errors import GatewayError
-from gateway.protocol.messages import CountTokensRequest, MessagesRequest, anthropic_error, anthropic_error_type
+from gateway.protocol.messages import (
+    CountTokensRequest,
+    MessagesRequest,
+    anthropic_error,
+    anthropic_error_type,
+)
 
 
 def test_blocks_and_system_text() -> None:

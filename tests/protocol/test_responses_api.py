@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from gateway.protocol.responses_api import ConversationCreate, ConversationUpdate, ItemsCreate, ResponsesRequest
+from gateway.protocol.responses_api import (
+    ConversationCreate,
+    ConversationUpdate,
+    ItemsCreate,
+    ResponsesRequest,
+)
 
 
 def test_input_forms() -> None:
