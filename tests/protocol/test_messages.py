@@ -46,3 +46,9 @@ def test_count_tokens_needs_no_max_tokens() -> None:
 def test_error_types() -> None:
     assert anthropic_error_type(413) == "request_too_large" and anthropic_error_type(418) == "api_error"
     assert anthropic_error(GatewayError("slow down", status=429)) == {"type": "error", "error": {"type": "rate_limit_error", "message": "slow down"}}
+
+
+@pytest.mark.parametrize("kind", [{"a": 1}, [1], 5, None])
+def test_a_block_type_of_the_wrong_json_type_is_a_validation_error(kind: object) -> None:
+    with pytest.raises(ValidationError, match="not supported"):
+        MessagesRequest.model_validate({"max_tokens": 1, "messages": [{"role": "user", "content": [{"type": kind}]}]})

@@ -53,3 +53,9 @@ def test_conversation_bodies() -> None:
         ItemsCreate.model_validate({"items": []})
     with pytest.raises(ValidationError):
         ConversationCreate.model_validate({"items": [{"type": "message", "role": "user", "content": "x"}] * 21})
+
+
+@pytest.mark.parametrize("item", [{"type": {"a": 1}}, {"type": [1]}, {"role": {"a": 1}, "content": "x"}, {"role": ["user"], "content": "x"}])
+def test_fields_of_the_wrong_json_type_are_validation_errors(item: dict[str, object]) -> None:
+    with pytest.raises(ValidationError):
+        ResponsesRequest.model_validate({"input": [item]})

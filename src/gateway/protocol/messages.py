@@ -50,7 +50,7 @@ def _check_block_types(value: Any) -> Any:
     if isinstance(value, list):
         for block in value:
             kind = block.get("type") if isinstance(block, dict) else None
-            if kind not in _SUPPORTED_BLOCKS:
+            if not isinstance(kind, str) or kind not in _SUPPORTED_BLOCKS:
                 raise ValueError(f"content block type {kind!r} is not supported; supported: {', '.join(sorted(_SUPPORTED_BLOCKS))}")
     return value
 

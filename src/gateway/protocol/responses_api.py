@@ -27,10 +27,10 @@ def check_items(items: list[Any], param: str) -> list[dict[str, Any]]:
         if not isinstance(item, dict):
             raise ParamError(where, "an input item must be an object")
         kind = item.get("type", "message")
-        if kind not in ITEM_TYPES:
+        if not isinstance(kind, str) or kind not in ITEM_TYPES:
             raise ParamError(f"{where}.type", f"input item type {kind!r} is not supported; supported: {', '.join(sorted(ITEM_TYPES))}")
         if kind == "message":
-            if item.get("role") not in _ROLES:
+            if not isinstance(item.get("role"), str) or item.get("role") not in _ROLES:
                 raise ParamError(f"{where}.role", f"a message's role must be one of {', '.join(sorted(_ROLES))}")
             content = item.get("content")
             if isinstance(content, list):

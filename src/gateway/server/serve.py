@@ -109,7 +109,7 @@ OPERATOR_FLAGS = (
     # chat formats
     "--tool-call-parser", "--reasoning-parser",
     # stored responses and conversations, MCP tools
-    "--history-backend", "--history-path", "--history-dsn", "--mcp-allowed-urls",
+    "--history-backend", "--history-dsn", "--mcp-allowed-urls",
     # observability
     "--log-level", "--access-log", "--prometheus-port", "--metrics-access", "--otlp-traces-endpoint",
 )  # fmt: skip
