@@ -20,7 +20,9 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from gateway.endpoints.responses import ResponsesApi, Run, owner_of
+from gateway.endpoints.response_history import owner_of
+from gateway.endpoints.response_run import Run
+from gateway.endpoints.responses import ResponsesApi
 from gateway.pipeline.request_context import RequestContext
 from gateway.pipeline.store.base import StoredResponse
 from gateway.protocol.errors import (

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from gateway.endpoints.responses import owner_of, with_ids
+from gateway.endpoints.response_history import owner_of, with_ids
 from gateway.pipeline.request_context import RequestContext
 from gateway.pipeline.store.base import Store, StoredConversation, StoredItem
 from gateway.protocol.errors import NotFoundError

@@ -14,6 +14,7 @@ import asyncio
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from gateway.pipeline.store.base import Store, StoredConversation, StoredItem, StoredResponse
 from gateway.pipeline.store.memory import MemoryStore
@@ -22,7 +23,7 @@ from gateway.pipeline.store.sqlite import SqliteStore
 
 async def one_round(store: Store, n: int) -> None:
     rid = f"resp_{n}"
-    body = {"id": rid, "object": "response", "status": "completed",
+    body: dict[str, Any] = {"id": rid, "object": "response", "status": "completed",
             "output": [{"type": "message", "id": f"msg_{n}", "content": [{"type": "output_text", "text": "word " * 256}]}]}
     await store.put_response(StoredResponse(rid, "key", time.time(), body, [{"type": "message", "role": "user", "content": "q" * 200}],
                                             output_token_ids={f"msg_{n}": list(range(256))}))
