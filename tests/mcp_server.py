@@ -1,6 +1,7 @@
 """A real MCP server for tests, built with the official ``mcp`` SDK, on streamable HTTP.
 
-Run as a script: ``python -m tests.mcp_server PORT``. Its tools answer in the simulated
+Run as a script: ``python -m tests.mcp_server PORT`` (streamable HTTP) or
+``python -m tests.mcp_server stdio``. Its tools answer in the simulated
 worker's script marker, so the model's next round says what the tool returned.
 """
 
@@ -28,4 +29,7 @@ def get_time(zone: str) -> str:
 
 
 if __name__ == "__main__":
-    uvicorn.run(app.streamable_http_app(), host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
+    if sys.argv[1] == "stdio":
+        app.run("stdio")
+    else:
+        uvicorn.run(app.streamable_http_app(), host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")

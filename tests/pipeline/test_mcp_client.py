@@ -33,3 +33,14 @@ async def test_tool_shapes_and_bad_arguments() -> None:
                       "tools": [{"name": "get_weather", "description": "weather", "input_schema": {"type": "object"}}]}
     assert await tools.call("get_weather", "{not json") == (None, "the arguments are not valid JSON")
     assert await tools.call("get_weather", "[1]") == (None, "the arguments are not a JSON object")
+
+
+def test_stdio_servers_by_label() -> None:
+    config = McpConfig(mcp_stdio_servers=["local=python -m tools.server --flag 'a b'", "bad"])
+    assert config.stdio_command("local") == ["python", "-m", "tools.server", "--flag", "a b"]
+    assert config.stdio_command("bad") is None and config.stdio_command("other") is None
+
+
+async def test_an_unconfigured_label_is_refused() -> None:
+    with pytest.raises(InvalidRequestError, match="no MCP server is configured"):
+        await McpTools.discover(McpConfig(), [McpServer("nowhere", None)])

@@ -36,7 +36,7 @@ def test_tools() -> None:
     {"input": [{"type": "function_call", "name": "f"}]},  # no call_id
     {"input": [{"type": "file_search_call"}]},
     {"input": "x", "tools": [{"type": "web_search"}]},
-    {"input": "x", "tools": [{"type": "mcp", "server_label": "s"}]},  # no server_url
+    {"input": "x", "tools": [{"type": "mcp", "server_url": "http://h/mcp"}]},  # no server_label
     {"input": "x", "tools": [{"type": "mcp", "server_label": "s", "server_url": "http://h/mcp", "require_approval": "always"}]},
     {"input": "x", "previous_response_id": "r", "conversation": "c"},
     {"input": "x", "max_output_tokens": 0},

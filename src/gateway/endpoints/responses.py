@@ -78,7 +78,7 @@ class ResponsesApi:
         messages = chat_messages(req.instructions, history.items + inputs)
         to_chat(req, messages)  # a bad request fails before any MCP server is dialled
         servers = [
-            McpServer(t.server_label or "", t.server_url or "", dict(t.headers or {}), t.allowed_names())
+            McpServer(t.server_label or "", t.server_url or None, dict(t.headers or {}), t.allowed_names())
             for t in req.tools or [] if t.type == "mcp"
         ]
         mcp = await McpTools.discover(self.mcp, servers) if servers else None

@@ -2,7 +2,8 @@
 
 The gateway dials only the URLs the operator allows (``--mcp-allowed-urls``, prefixes):
 a client-supplied ``server_url`` would otherwise make the gateway a proxy into its own
-network. Each listing and each call opens its own streamable-HTTP session and closes it
+network. Local servers run over stdio only as the operator configures them
+(``--mcp-stdio-servers LABEL=COMMAND``); a request names one by its label alone. Each listing and each call opens its own streamable-HTTP session and closes it
 in the same task (the SDK's transport is a task group that must end where it began),
 under ``--mcp-timeout-s``. The ``mcp`` package is an optional extra, imported here only.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shlex
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -25,6 +27,15 @@ class McpConfig:
     mcp_allowed_urls: list[str] = option([], "MCP server URL prefixes a Responses request may name in an 'mcp' tool (none: MCP tools are refused)")
     mcp_max_rounds: int = option(8, "model/tool rounds of one response at most; past that it ends as incomplete")
     mcp_timeout_s: float = option(60.0, "time one MCP listing or tool call may take, seconds")
+    mcp_stdio_servers: list[str] = option([], "local MCP servers over stdio, each 'LABEL=COMMAND ARG...'; a request names one as {\"type\": \"mcp\", \"server_label\": LABEL} without server_url")
+
+    def stdio_command(self, label: str) -> list[str] | None:
+        """The command of the stdio server configured under ``label``, if any."""
+        for spec in self.mcp_stdio_servers:
+            name, _, command = spec.partition("=")
+            if name.strip() == label and command.strip():
+                return shlex.split(command)
+        return None
 
 
 @dataclass
@@ -32,9 +43,10 @@ class McpServer:
     """One ``{"type": "mcp"}`` tool of a request."""
 
     label: str
-    url: str
+    url: str | None  # None: an operator-configured stdio server (``command``)
     headers: dict[str, str] = field(default_factory=dict)
     allowed_tools: list[str] | None = None
+    command: list[str] | None = None
 
 
 @dataclass
@@ -55,7 +67,14 @@ class McpTools:
     @classmethod
     async def discover(cls, config: McpConfig, servers: list[McpServer]) -> McpTools:
         for server in servers:
-            if not any(server.url.startswith(prefix) for prefix in config.mcp_allowed_urls):
+            if server.url is None:
+                server.command = config.stdio_command(server.label)
+                if server.command is None:
+                    raise InvalidRequestError(
+                        f"no MCP server is configured under the label {server.label!r} (give server_url, or see --mcp-stdio-servers)",
+                        param="tools",
+                    )
+            elif not any(server.url.startswith(prefix) for prefix in config.mcp_allowed_urls):
                 raise InvalidRequestError(
                     f"MCP server {server.url!r} is not allowed on this gateway (--mcp-allowed-urls)", param="tools",
                 )
@@ -123,9 +142,17 @@ async def _session(server: McpServer) -> AsyncIterator[Any]:
     try:
         import httpx2
         from mcp import ClientSession
+        from mcp.client.stdio import StdioServerParameters, stdio_client
         from mcp.client.streamable_http import streamable_http_client
     except ImportError as exc:
         raise InvalidRequestError("MCP tools need the gateway's 'mcp' extra", param="tools") from exc
+    if server.command is not None:
+        params = StdioServerParameters(command=server.command[0], args=server.command[1:])
+        async with stdio_client(params) as streams, ClientSession(streams[0], streams[1]) as session:
+            await session.initialize()
+            yield session
+        return
+    assert server.url is not None
     async with httpx2.AsyncClient(headers=server.headers, timeout=30) as http, \
             streamable_http_client(server.url, http_client=http) as streams, \
             ClientSession(streams[0], streams[1]) as session:

@@ -70,8 +70,8 @@ class ResponseTool(RequestModel):
             if not self.name:
                 raise ParamError("tools", "a function tool needs a name")
         elif self.type == "mcp":
-            if not self.server_url or not self.server_label:
-                raise ParamError("tools", "an mcp tool needs server_label and server_url (connectors are not supported)")
+            if not self.server_label:
+                raise ParamError("tools", "an mcp tool needs server_label (and server_url unless the gateway configures the server)")
             if self.require_approval not in (None, "never"):
                 raise ParamError("tools", "only require_approval 'never' is supported: the gateway runs the tools itself")
         else:

@@ -108,3 +108,18 @@ async def test_servers_the_operator_did_not_allow_are_refused(mcp_stack: Stack) 
         await mcp_stack.client.responses.create(
             model=mcp_stack.model, input="x", tools=[{**_tool("http://127.0.0.1:9/mcp"), "require_approval": "always"}],  # type: ignore[list-item]
         )
+
+
+async def test_an_operator_configured_stdio_server(tmp_path: Any) -> None:
+    """A local server the operator configures runs over stdio; a request names it by label."""
+    spec = f"local={sys.executable} -m tests.mcp_server stdio"
+    opts = StackOptions(workers=1, sections={"mcp": {"mcp_stdio_servers": [spec]}})
+    async with start_stack(opts, tmp_path) as stack:
+        resp = await stack.client.responses.create(
+            model=stack.model, input=_scripted(_call("get_weather", {"city": "Oslo"})),
+            tools=[{"type": "mcp", "server_label": "local", "require_approval": "never"}],  # type: ignore[list-item]
+        )
+        assert [o.type for o in resp.output] == ["mcp_list_tools", "mcp_call", "message"]
+        assert resp.output_text == "It is sunny in Oslo."
+        with pytest.raises(openai.BadRequestError, match="no MCP server is configured"):
+            await stack.client.responses.create(model=stack.model, input="x", tools=[{"type": "mcp", "server_label": "other"}])  # type: ignore[list-item]
