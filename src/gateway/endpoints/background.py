@@ -7,6 +7,14 @@ this process and to the store in bounded batches (``JOURNAL_BATCH`` events or
 process or replica too, can replay them: ``GET /v1/responses/{id}?stream=true
 &starting_after=N`` sends every event after ``N`` exactly once, then follows the run
 until its last event.
+
+The running process beats a heartbeat into the store several times per
+``--history-stale-s``; a reader that finds a run in progress without a recent beat
+(its process was killed, or lost the store) journals ``response.failed`` after the
+last stored event and ends there, as every later reader does. A run whose process
+only stalled that long is cut off the same way: its later events are not read.
+Continuing such a run elsewhere (the resume path over the journaled tokens) is not
+done yet.
 """
 
 from __future__ import annotations
