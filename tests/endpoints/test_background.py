@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from gateway.endpoints import background as bg
-from gateway.endpoints.background import BackgroundRuns, Journal
+from gateway.endpoints.background import Alignment, BackgroundRuns, Journal
 from gateway.pipeline.request_context import RequestContext
 from gateway.pipeline.store.base import StoredResponse
 from gateway.protocol.errors import InvalidRequestError, NotFoundError
@@ -49,7 +49,7 @@ async def test_replay_after_starting_after_until_the_last_event(state: GatewaySt
     assert got == [2, 3, 4]
 
 
-async def test_a_run_without_heartbeat_ends_failed_once_for_every_reader(state: GatewayState, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_run_that_cannot_be_continued_ends_failed_once_for_every_reader(state: GatewayState, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(bg, "POLL_S", 0.01)
     await _put(state, "resp_b", "in_progress", heartbeat=time.time() - 60)
     store = await state.history.store()
@@ -74,9 +74,30 @@ async def test_a_live_journal_is_read_from_memory(state: GatewayState) -> None:
     runs: BackgroundRuns = state.background
     await _put(state, "resp_d", "in_progress", heartbeat=time.time())
     journal = runs.live["resp_d"] = Journal("k")
-    for n in range(3):
-        await journal.add({"type": "x", "sequence_number": n})
-    await journal.add({"type": "response.completed", "sequence_number": 3})
-    await journal.add(None)
+    await journal.add([{"type": "x", "sequence_number": n} for n in range(3)])
+    await journal.add([{"type": "response.completed", "sequence_number": 3}], close=True)
     got = [e["sequence_number"] async for e in await runs.replay(CTX, "resp_d", 0)]
     assert got == [1, 2, 3]
+
+
+def test_alignment_sends_only_what_was_not_journaled() -> None:
+    journaled = [
+        {"type": "response.created", "sequence_number": 0},
+        {"type": "response.output_item.added", "sequence_number": 1, "output_index": 0, "item": {"id": "msg_1"}},
+        {"type": "response.output_text.delta", "sequence_number": 2, "item_id": "msg_1", "delta": "Hel"},
+        {"type": "response.output_text.delta", "sequence_number": 3, "item_id": "msg_1", "delta": "lo w"},
+    ]
+    align = Alignment(journaled)
+    assert align.item_ids == ["msg_1"]
+    recomputed = [
+        {"type": "response.created", "sequence_number": 0},
+        {"type": "response.output_item.added", "sequence_number": 1, "output_index": 0, "item": {"id": "msg_1"}},
+        {"type": "response.output_text.delta", "sequence_number": 2, "item_id": "msg_1", "delta": "Hello"},  # all journaled
+        {"type": "response.output_text.delta", "sequence_number": 3, "item_id": "msg_1", "delta": " world"},
+        {"type": "response.output_text.done", "sequence_number": 4, "item_id": "msg_1", "text": "Hello world"},
+    ]
+    out = [e for e in (align.align(e) for e in recomputed) if e is not None]
+    assert [(e["type"], e.get("delta"), e["sequence_number"]) for e in out] == [
+        ("response.output_text.delta", "orld", 4), ("response.output_text.done", None, 5),
+    ]
+    assert "".join(e["delta"] for e in journaled[2:]) + out[0]["delta"] == "Hello world"

@@ -52,7 +52,7 @@ def test_request_options_reach_the_chat_request() -> None:
     with pytest.raises(InvalidRequestError, match="no input"):
         to_chat(ResponsesRequest.model_validate({"input": "", "instructions": "x"}), chat_messages("x", []))
     with pytest.raises(ValueError, match="not supported"):
-        ResponsesRequest.model_validate({"input": "x", "tools": [{"type": "mcp", "server_url": "http://x"}]})
+        ResponsesRequest.model_validate({"input": "x", "tools": [{"type": "file_search"}]})
     with pytest.raises(ValueError, match="cannot be used together"):
         ResponsesRequest.model_validate({"input": "x", "previous_response_id": "r", "conversation": "c"})
 

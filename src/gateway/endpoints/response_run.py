@@ -64,6 +64,7 @@ class Run:
     done_output: list[dict[str, Any]] = field(default_factory=list)  # earlier rounds' items
     past_usage: list[int] = field(default_factory=lambda: [0, 0, 0, 0])  # prompt, completion, cached, reasoning
     rounds: int = 1
+    preset_ids: list[str] = field(default_factory=list)  # a continued run: its items' ids so far, in order
     out_of_rounds: bool = False
 
     def body(self, status: str) -> dict[str, Any]:
@@ -175,7 +176,7 @@ def turn_events(run: Run, ev: BlockEvent) -> list[dict[str, Any]]:
     if block.kind == "tool_call" and run.mcp is not None and run.mcp.owns(block.name):
         return []
     if isinstance(ev, BlockStart):
-        run.item_ids[block.index] = item_id(_kind(block))
+        run.item_ids[block.index] = run.preset_ids.pop(0) if run.preset_ids else item_id(_kind(block))
     iid, at = run.item_ids[block.index], _output_index(run, block)
     if isinstance(ev, BlockStart):
         out = [{"type": "response.output_item.added", "output_index": at, "item": _output_item(block, run.item_ids, done=False)}]

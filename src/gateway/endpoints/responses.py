@@ -70,11 +70,13 @@ class ResponsesApi:
         store: Store = await self._store()
         return store
 
-    async def begin(self, req: ResponsesRequest, ctx: RequestContext) -> Run:
-        """Load the history and start the turn (errors before output raise here)."""
+    async def begin(self, req: ResponsesRequest, ctx: RequestContext, *, resume: StoredResponse | None = None) -> Run:
+        """Load the history and start the turn (errors before output raise here).
+        ``resume``: the stored response of a run another process began (its id, its input
+        items; ``ctx.journal_ids`` the tokens it generated)."""
         owner = owner_of(ctx)
         history = await load_history(await self.store(), owner, req) if (req.previous_response_id or req.conversation_id) else History()
-        inputs = with_ids(req.input_items())
+        inputs = resume.input_items if resume is not None else with_ids(req.input_items())
         messages = chat_messages(req.instructions, history.items + inputs)
         to_chat(req, messages)  # a bad request fails before any MCP server is dialled
         servers = [
@@ -86,6 +88,8 @@ class ResponsesApi:
         entry = self.engine.catalog.get(chat.model)
         seed_replies(entry, effective_salt(ctx.cache_salt, chat.cache_salt), history)
         run = Run(req, ctx, entry, history, inputs, messages=messages, mcp=mcp)
+        if resume is not None:
+            run.id, run.created_at = resume.id, resume.created_at
         if mcp is not None:
             run.done_output = mcp.list_items(lambda: f"mcpl_{random_hex()}")
         run.turn = await start_turn(self.engine, chat, ctx)

@@ -111,7 +111,10 @@ class GatewayState:
         self.discovery = make_discovery(config.discovery, self._discovered_add, self.remove_worker)
         self.history = History(config.history)  # stored responses and conversations
         self.responses = ResponsesApi(self.engine, self.history.store, config.mcp)
-        self.background = BackgroundRuns(self.responses, config.history.history_stale_s)
+        self.background = BackgroundRuns(
+            self.responses, config.history.history_stale_s,
+            salt_of=self.auth.key_salt, store_in_use=self.history.in_use,
+        )
         self.ready = False
 
     def _pool_needs_loads(self, worker: Worker) -> bool:
@@ -152,6 +155,7 @@ class GatewayState:
         )
 
     async def start(self) -> None:
+        self.background.start_sweeper()  # continues background runs whose process died
         pd = self.config.pd
         urls = [*self.config.server.worker_urls, *(s.url for s in pd.prefill), *(s.url for s in pd.decode)]
         adds = [self.add_worker(u) for u in self.config.server.worker_urls]

@@ -5,6 +5,7 @@ event exactly once, in this process or in another one sharing the store."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
 from typing import Any
@@ -12,6 +13,8 @@ from typing import Any
 import openai
 import pytest
 
+from gateway_lab.sim.config import SimConfig
+from gateway_lab.sim.fleet import SimFleet
 from tests.e2e.http.conftest import Stack, StackOptions, start_stack
 
 SLOW = {"step_base_s": 0.0, "prefill_token_s": 0.0, "decode_seq_s": 0.005, "time_scale": 1.0, "eos_probability": 0.0}  # ~200 tokens/s, to the budget
@@ -109,14 +112,12 @@ async def test_a_background_run_holds_its_admission_slot(stack: Stack) -> None:
 
 
 @pytest.mark.slow
-async def test_a_run_whose_process_is_killed_ends_as_failed_for_its_readers(tmp_path: Any) -> None:
-    """SIGKILL the gateway process running a background response: a reader on another
-    gateway sharing the store gets every journaled event once, then ``response.failed``
-    once the dead process's heartbeat is stale."""
-    from gateway_lab.sim.config import SimConfig
-    from gateway_lab.sim.fleet import SimFleet
-
-    async with SimFleet.start(1, SimConfig(**{**SLOW, "decode_seq_s": 0.02})) as fleet:
+async def test_a_run_whose_process_is_killed_is_continued_by_another(tmp_path: Any) -> None:
+    """SIGKILL the gateway process running a background response halfway: another gateway
+    sharing the store claims the run once its heartbeat is stale and continues it from
+    the journaled tokens; a client that resumes with ``starting_after`` gets every event
+    exactly once and a response whose text is the whole of its deltas."""
+    async with SimFleet.start(1, SimConfig(**{**SLOW, "decode_seq_s": 0.01})) as fleet:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", "0",
             "--worker-urls", fleet.urls[0], "--tokenizer-cache-dir", str(tmp_path / "tok"),
@@ -128,18 +129,40 @@ async def test_a_run_whose_process_is_killed_ends_as_failed_for_its_readers(tmp_
                 ready = json.loads(await proc.stdout.readline())  # type: ignore[union-attr]
             doomed = openai.AsyncOpenAI(base_url=ready["url"] + "/v1", api_key="none", max_retries=0)
             model = (await doomed.models.list()).data[0].id
-            resp = await doomed.responses.create(model=model, input="Tell me a long story.", background=True, max_output_tokens=2000)
-            seen = await _read(doomed, resp.id, take=20)
+            resp = await doomed.responses.create(model=model, input="Tell me a long story.", background=True, max_output_tokens=300)
+            seen = await _read(doomed, resp.id, take=40)
             await doomed.close()
         finally:
             proc.kill()
             await proc.wait()
-        opts = StackOptions(workers=1, sim=SLOW, sections={"history": {"history_stale_s": 1.0}})
+        opts = StackOptions(workers=1, sim={**SLOW, "decode_seq_s": 0.01}, sections={"history": {"history_stale_s": 1.0}})
         async with start_stack(opts, tmp_path) as other:
             rest = await _read(other.client, resp.id, after=seen[-1].sequence_number)
-            seqs = [e.sequence_number for e in seen + rest]
-            assert seqs == list(range(len(seqs)))  # nothing twice, nothing missing
-            assert rest[-1].type == "response.failed"
-            again = await _read(other.client, resp.id, after=seen[-1].sequence_number)  # a second reader: the same end
-            assert [e.sequence_number for e in again] == [e.sequence_number for e in rest]
-            assert (await other.client.responses.retrieve(resp.id)).status == "failed"
+            events = seen + rest
+            assert [e.sequence_number for e in events] == list(range(len(events)))  # nothing twice, nothing missing
+            assert rest[-1].type == "response.incomplete"  # it ran to max_output_tokens
+            done = rest[-1].response  # type: ignore[union-attr]
+            text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+            assert done.output_text == text and done.usage.output_tokens == 300
+            assert (await other.client.responses.retrieve(resp.id)).status == "incomplete"
+            again = await _read(other.client, resp.id)  # a late reader: the same events from the store
+            assert [e.sequence_number for e in again] == [e.sequence_number for e in events]
+
+
+async def test_a_run_that_cannot_be_continued_ends_failed(tmp_path: Any) -> None:
+    """A constrained run (a JSON format) cannot be continued faithfully on another worker
+    (the grammar state is the worker's): when its process stops, readers end with
+    ``response.failed``."""
+    opts = StackOptions(workers=1, sim=SLOW, sections={"history": {"history_stale_s": 0.5}})
+    async with start_stack(opts, tmp_path) as a:
+        resp = await a.client.responses.create(
+            model=a.model, input="Tell me a story.", background=True, max_output_tokens=2000,
+            text={"format": {"type": "json_object"}},
+        )
+        await _read(a.client, resp.id, take=5)
+        task = next(iter(a.state.background._tasks))
+        task.cancel()  # as if the process stopped: its run is left to others
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        events = await _read(a.client, resp.id)
+        assert events[-1].type == "response.failed" and "constrained" in (events[-1].response.error.message or "")  # type: ignore[union-attr]

@@ -120,3 +120,19 @@ async def test_heartbeat(store: Store) -> None:
     assert rec is not None and rec.heartbeat == 7.5
     await store.put_response(rec)  # a body update keeps the heartbeat
     assert (await store.get_response("k1", "resp_h")).heartbeat == 7.5  # type: ignore[union-attr]
+
+
+async def test_runs_to_continue_and_their_claim(store: Store) -> None:
+    now = time.time()
+    await store.put_response(_response("resp_r", created=now - 100))
+    await store.put_run("k1", "resp_r", {"request": {"input": "x"}})
+    await store.save_generated("k1", "resp_r", [4, 5, 6])
+    assert await store.get_run("k1", "resp_r") == ({"request": {"input": "x"}}, [4, 5, 6])
+    assert await store.get_run("k2", "resp_r") is None
+    await store.touch_response("k1", "resp_r", now - 30)
+    assert await store.claim_stale(now - 60, now) == []  # beat 30 s ago: alive
+    assert await store.claim_stale(now - 10, now) == [("k1", "resp_r")]
+    assert await store.claim_stale(now - 10, now + 1) == []  # claimed: its beat is now
+    await store.end_run("k1", "resp_r")
+    assert await store.get_run("k1", "resp_r") is None
+    assert await store.claim_stale(now + 100, now + 100) == []

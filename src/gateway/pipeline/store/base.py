@@ -122,6 +122,29 @@ class Store(abc.ABC):
     async def list_events(self, owner: str, response_id: str, *, after: int = -1, limit: int = 1000) -> list[tuple[int, dict[str, Any]]]:
         """Journaled events with a sequence number above ``after``, in order."""
 
+    # -- continuing a background run elsewhere
+    @abc.abstractmethod
+    async def put_run(self, owner: str, response_id: str, spec: dict[str, Any]) -> None:
+        """Record a background run's spec (what continuing it needs), with no output yet."""
+
+    @abc.abstractmethod
+    async def save_generated(self, owner: str, response_id: str, token_ids: list[int]) -> None:
+        """The ids the run generated so far (saved with each journal flush)."""
+
+    @abc.abstractmethod
+    async def get_run(self, owner: str, response_id: str) -> tuple[dict[str, Any], list[int]] | None:
+        """(spec, generated ids) of a run still in progress, or None."""
+
+    @abc.abstractmethod
+    async def end_run(self, owner: str, response_id: str) -> None:
+        """The run ended (however): nothing left to continue."""
+
+    @abc.abstractmethod
+    async def claim_stale(self, beat_before: float, now: float) -> list[tuple[str, str]]:
+        """Claim the runs whose heartbeat is older than ``beat_before``: each becomes this
+        caller's (its heartbeat set to ``now``), exactly one caller per run; returns the
+        claimed ``(owner, response_id)``s."""
+
     # -- retention
     @abc.abstractmethod
     async def prune(self, older_than: float) -> int:

@@ -85,6 +85,15 @@ class History:
         self._opened = False
         self._lock = asyncio.Lock()
 
+    def in_use(self) -> bool:
+        """Whether the store is open or holds data already (a file, a shared database):
+        what sweeping for other processes' runs may open without creating anything."""
+        if self._opened or self.config.history_backend == "postgres":
+            return True
+        if self.config.history_backend == "sqlite":
+            return Path(self.config.history_path or default_sqlite_path()).exists()
+        return False
+
     async def store(self) -> Store:
         if not self._opened:
             async with self._lock:

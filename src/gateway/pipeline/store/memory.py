@@ -21,6 +21,7 @@ class MemoryStore(Store):
         self._items: dict[str, dict[str, StoredItem]] = {}  # conversation id -> item id -> item
         self._seq = itertools.count(1)
         self._events: dict[str, tuple[str, dict[int, dict[str, Any]]]] = {}  # response id -> (owner, seq -> event)
+        self._runs: dict[str, tuple[str, dict[str, Any], list[int]]] = {}  # response id -> (owner, spec, generated)
 
     async def put_response(self, rec: StoredResponse) -> None:
         old = self._responses.get(rec.id)
@@ -106,6 +107,32 @@ class MemoryStore(Store):
         if found is None or found[0] != owner:
             return []
         return [(seq, copy.deepcopy(e)) for seq, e in sorted(found[1].items()) if seq > after][:limit]
+
+    async def put_run(self, owner: str, response_id: str, spec: dict[str, Any]) -> None:
+        self._runs[response_id] = (owner, copy.deepcopy(spec), [])
+
+    async def save_generated(self, owner: str, response_id: str, token_ids: list[int]) -> None:
+        run = self._runs.get(response_id)
+        if run is not None and run[0] == owner:
+            self._runs[response_id] = (owner, run[1], list(token_ids))
+
+    async def get_run(self, owner: str, response_id: str) -> tuple[dict[str, Any], list[int]] | None:
+        run = self._runs.get(response_id)
+        return (copy.deepcopy(run[1]), list(run[2])) if run is not None and run[0] == owner else None
+
+    async def end_run(self, owner: str, response_id: str) -> None:
+        run = self._runs.get(response_id)
+        if run is not None and run[0] == owner:
+            del self._runs[response_id]
+
+    async def claim_stale(self, beat_before: float, now: float) -> list[tuple[str, str]]:
+        claimed = []
+        for rid, (owner, _, _) in self._runs.items():
+            rec = self._responses.get(rid)
+            if rec is not None and (rec.heartbeat or rec.created_at) < beat_before:
+                rec.heartbeat = now
+                claimed.append((owner, rid))
+        return claimed
 
     async def prune(self, older_than: float) -> int:
         gone = [k for k, r in self._responses.items() if r.created_at < older_than]

@@ -55,6 +55,14 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (  # 3: the heartbeat of the process running a background response
         "ALTER TABLE responses ADD COLUMN heartbeat DOUBLE PRECISION",
     ),
+    (  # 4: what another process needs to continue a background run
+        """CREATE TABLE background_runs (
+            response_id TEXT PRIMARY KEY,
+            owner TEXT NOT NULL,
+            spec TEXT NOT NULL,
+            generated TEXT NOT NULL
+        )""",
+    ),
 )
 
 VERSION_TABLE = "CREATE TABLE IF NOT EXISTS gateway_schema (version INTEGER NOT NULL)"

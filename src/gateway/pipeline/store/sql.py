@@ -177,11 +177,50 @@ class SqlStore(Store):
         )
         return n > 0
 
+    async def put_run(self, owner: str, response_id: str, spec: dict[str, Any]) -> None:
+        await self._run(
+            "INSERT INTO background_runs (response_id, owner, spec, generated) VALUES (?, ?, ?, '[]') "
+            "ON CONFLICT (response_id) DO UPDATE SET spec = excluded.spec",
+            (response_id, owner, _dumps(spec)),
+        )
+
+    async def save_generated(self, owner: str, response_id: str, token_ids: list[int]) -> None:
+        await self._run(
+            "UPDATE background_runs SET generated = ? WHERE response_id = ? AND owner = ?",
+            (_dumps(token_ids), response_id, owner),
+        )
+
+    async def get_run(self, owner: str, response_id: str) -> tuple[dict[str, Any], list[int]] | None:
+        rows, _ = await self._run(
+            "SELECT spec, generated FROM background_runs WHERE response_id = ? AND owner = ?", (response_id, owner)
+        )
+        return (_loads(rows[0][0]), _loads(rows[0][1])) if rows else None
+
+    async def end_run(self, owner: str, response_id: str) -> None:
+        await self._run("DELETE FROM background_runs WHERE response_id = ? AND owner = ?", (response_id, owner))
+
+    async def claim_stale(self, beat_before: float, now: float) -> list[tuple[str, str]]:
+        rows, _ = await self._run(
+            "SELECT b.owner, b.response_id, COALESCE(r.heartbeat, r.created_at) FROM background_runs b "
+            "JOIN responses r ON r.id = b.response_id WHERE COALESCE(r.heartbeat, r.created_at) < ?",
+            (beat_before,),
+        )
+        claimed = []
+        for owner, rid, beat in rows:
+            _, n = await self._run(  # one winner: the heartbeat must still be the stale one
+                "UPDATE responses SET heartbeat = ? WHERE id = ? AND COALESCE(heartbeat, created_at) = ?",
+                (now, rid, beat),
+            )
+            if n == 1:
+                claimed.append((owner, rid))
+        return claimed
+
     async def prune(self, older_than: float) -> int:
         rows = await self._run_many([
             ("DELETE FROM responses WHERE created_at < ? RETURNING id", (older_than,)),
             ("DELETE FROM conversations WHERE created_at < ? RETURNING id", (older_than,)),
             ("DELETE FROM conversation_items WHERE conversation_id NOT IN (SELECT id FROM conversations)", ()),
             ("DELETE FROM response_events WHERE response_id NOT IN (SELECT id FROM responses)", ()),
+            ("DELETE FROM background_runs WHERE response_id NOT IN (SELECT id FROM responses)", ()),
         ])
         return len(rows[0]) + len(rows[1])
