@@ -46,6 +46,7 @@ from gateway.protocol.errors import (
     NotFoundError,
     ServiceUnavailableError,
 )
+from gateway.protocol.ids import random_hex
 from gateway.protocol.responses_api import ResponsesRequest
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,10 @@ POLL_S = 0.1  # how often a reader of a run in another process looks for more
 MAX_POLL_S = 3600.0  # a reader of a run that stopped progressing gives up after this long
 TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
 DELTAS = frozenset({"response.output_text.delta", "response.reasoning_text.delta", "response.function_call_arguments.delta"})
+
+
+class _LostClaim(Exception):
+    """This process's run was claimed by another (it stalled past the stale time)."""
 
 
 @dataclass
@@ -130,6 +135,7 @@ class BackgroundRuns:
         self.stale_s = stale_s  # no heartbeat for this long: the run's process is gone
         self.salt_of = salt_of  # a key's cache salt (a continued run's context)
         self.store_in_use = store_in_use  # whether sweeping may open the store
+        self.runner = random_hex()  # this process, as the runner of its runs in the store
         self.live: dict[str, Journal] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._sweeper: asyncio.Task[None] | None = None
@@ -147,7 +153,7 @@ class BackgroundRuns:
         ))
         await store.touch_response(owner, run.id, time.time())
         if run.mcp is None:  # tool rounds are not continued elsewhere
-            await store.put_run(owner, run.id, {"request": req.model_dump(mode="json", exclude_none=True)})
+            await store.put_run(owner, run.id, {"request": req.model_dump(mode="json", exclude_none=True)}, self.runner)
         self._launch(run, Journal(owner), None, on_end)
         return body
 
@@ -169,9 +175,10 @@ class BackgroundRuns:
         async def flush() -> None:
             nonlocal pending, flushed
             batch, pending, flushed = pending, [], time.monotonic()
-            await store.append_events(owner, run.id, [(e["sequence_number"], e) for e in batch])
             if run.turn is not None and run.mcp is None:
-                await store.save_generated(owner, run.id, run.turn.gen.output_ids(0))
+                if not await store.save_generated(owner, run.id, run.turn.gen.output_ids(0), self.runner):
+                    raise _LostClaim(run.id)  # another process continues it: stop without a word
+            await store.append_events(owner, run.id, [(e["sequence_number"], e) for e in batch])
             await journal.add(batch)  # readers here see only what is journaled
 
         try:
@@ -183,6 +190,8 @@ class BackgroundRuns:
                     await flush()
             await flush()
             await store.end_run(owner, run.id)
+        except _LostClaim:
+            log.warning("background response %s is run by another process now; stopped here", run.id)
         except asyncio.CancelledError:
             with contextlib.suppress(Exception):
                 await flush()  # a clean stop: what it has is journaled; the run is continued
@@ -238,7 +247,7 @@ class BackgroundRuns:
             try:
                 store = await self.api.store()
                 now = time.time()
-                for owner, response_id in await store.claim_stale(now - self.stale_s, now):
+                for owner, response_id in await store.claim_stale(now - self.stale_s, now, self.runner):
                     await self.take_over(store, owner, response_id)
             except Exception:
                 log.exception("sweeping for background runs to continue failed")

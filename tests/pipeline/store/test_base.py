@@ -125,14 +125,16 @@ async def test_heartbeat(store: Store) -> None:
 async def test_runs_to_continue_and_their_claim(store: Store) -> None:
     now = time.time()
     await store.put_response(_response("resp_r", created=now - 100))
-    await store.put_run("k1", "resp_r", {"request": {"input": "x"}})
-    await store.save_generated("k1", "resp_r", [4, 5, 6])
+    await store.put_run("k1", "resp_r", {"request": {"input": "x"}}, "p1")
+    assert await store.save_generated("k1", "resp_r", [4, 5, 6], "p1")
     assert await store.get_run("k1", "resp_r") == ({"request": {"input": "x"}}, [4, 5, 6])
     assert await store.get_run("k2", "resp_r") is None
     await store.touch_response("k1", "resp_r", now - 30)
-    assert await store.claim_stale(now - 60, now) == []  # beat 30 s ago: alive
-    assert await store.claim_stale(now - 10, now) == [("k1", "resp_r")]
-    assert await store.claim_stale(now - 10, now + 1) == []  # claimed: its beat is now
+    assert await store.claim_stale(now - 60, now, "p2") == []  # beat 30 s ago: alive
+    assert await store.claim_stale(now - 10, now, "p2") == [("k1", "resp_r")]
+    assert await store.claim_stale(now - 10, now + 1, "p3") == []  # claimed: its beat is now
+    assert not await store.save_generated("k1", "resp_r", [4, 5, 6, 7], "p1")  # p1 lost it: it must stop
+    assert await store.save_generated("k1", "resp_r", [4, 5, 6, 7], "p2")
     await store.end_run("k1", "resp_r")
     assert await store.get_run("k1", "resp_r") is None
-    assert await store.claim_stale(now + 100, now + 100) == []
+    assert await store.claim_stale(now + 100, now + 100, "p2") == []

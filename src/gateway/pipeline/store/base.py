@@ -124,12 +124,13 @@ class Store(abc.ABC):
 
     # -- continuing a background run elsewhere
     @abc.abstractmethod
-    async def put_run(self, owner: str, response_id: str, spec: dict[str, Any]) -> None:
-        """Record a background run's spec (what continuing it needs), with no output yet."""
+    async def put_run(self, owner: str, response_id: str, spec: dict[str, Any], runner: str) -> None:
+        """Record a background run's spec (what continuing it needs) and the process that runs it."""
 
     @abc.abstractmethod
-    async def save_generated(self, owner: str, response_id: str, token_ids: list[int]) -> None:
-        """The ids the run generated so far (saved with each journal flush)."""
+    async def save_generated(self, owner: str, response_id: str, token_ids: list[int], runner: str) -> bool:
+        """The ids the run generated so far (saved with each journal flush); False when
+        ``runner`` no longer runs it (another process claimed it: it must stop)."""
 
     @abc.abstractmethod
     async def get_run(self, owner: str, response_id: str) -> tuple[dict[str, Any], list[int]] | None:
@@ -140,10 +141,10 @@ class Store(abc.ABC):
         """The run ended (however): nothing left to continue."""
 
     @abc.abstractmethod
-    async def claim_stale(self, beat_before: float, now: float) -> list[tuple[str, str]]:
-        """Claim the runs whose heartbeat is older than ``beat_before``: each becomes this
-        caller's (its heartbeat set to ``now``), exactly one caller per run; returns the
-        claimed ``(owner, response_id)``s."""
+    async def claim_stale(self, beat_before: float, now: float, runner: str) -> list[tuple[str, str]]:
+        """Claim the runs whose heartbeat is older than ``beat_before``: each becomes
+        ``runner``'s (its heartbeat set to ``now``), exactly one caller per run; returns
+        the claimed ``(owner, response_id)``s."""
 
     # -- retention
     @abc.abstractmethod

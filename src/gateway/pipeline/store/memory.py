@@ -21,7 +21,7 @@ class MemoryStore(Store):
         self._items: dict[str, dict[str, StoredItem]] = {}  # conversation id -> item id -> item
         self._seq = itertools.count(1)
         self._events: dict[str, tuple[str, dict[int, dict[str, Any]]]] = {}  # response id -> (owner, seq -> event)
-        self._runs: dict[str, tuple[str, dict[str, Any], list[int]]] = {}  # response id -> (owner, spec, generated)
+        self._runs: dict[str, tuple[str, dict[str, Any], list[int], str]] = {}  # id -> (owner, spec, generated, runner)
 
     async def put_response(self, rec: StoredResponse) -> None:
         old = self._responses.get(rec.id)
@@ -108,13 +108,15 @@ class MemoryStore(Store):
             return []
         return [(seq, copy.deepcopy(e)) for seq, e in sorted(found[1].items()) if seq > after][:limit]
 
-    async def put_run(self, owner: str, response_id: str, spec: dict[str, Any]) -> None:
-        self._runs[response_id] = (owner, copy.deepcopy(spec), [])
+    async def put_run(self, owner: str, response_id: str, spec: dict[str, Any], runner: str) -> None:
+        self._runs[response_id] = (owner, copy.deepcopy(spec), [], runner)
 
-    async def save_generated(self, owner: str, response_id: str, token_ids: list[int]) -> None:
+    async def save_generated(self, owner: str, response_id: str, token_ids: list[int], runner: str) -> bool:
         run = self._runs.get(response_id)
-        if run is not None and run[0] == owner:
-            self._runs[response_id] = (owner, run[1], list(token_ids))
+        if run is None or run[0] != owner or run[3] != runner:
+            return False
+        self._runs[response_id] = (owner, run[1], list(token_ids), runner)
+        return True
 
     async def get_run(self, owner: str, response_id: str) -> tuple[dict[str, Any], list[int]] | None:
         run = self._runs.get(response_id)
@@ -125,12 +127,13 @@ class MemoryStore(Store):
         if run is not None and run[0] == owner:
             del self._runs[response_id]
 
-    async def claim_stale(self, beat_before: float, now: float) -> list[tuple[str, str]]:
+    async def claim_stale(self, beat_before: float, now: float, runner: str) -> list[tuple[str, str]]:
         claimed = []
-        for rid, (owner, _, _) in self._runs.items():
+        for rid, (owner, spec, generated, _) in list(self._runs.items()):
             rec = self._responses.get(rid)
             if rec is not None and (rec.heartbeat or rec.created_at) < beat_before:
                 rec.heartbeat = now
+                self._runs[rid] = (owner, spec, generated, runner)
                 claimed.append((owner, rid))
         return claimed
 

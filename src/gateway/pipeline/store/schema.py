@@ -60,7 +60,8 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             response_id TEXT PRIMARY KEY,
             owner TEXT NOT NULL,
             spec TEXT NOT NULL,
-            generated TEXT NOT NULL
+            generated TEXT NOT NULL,
+            runner TEXT NOT NULL
         )""",
     ),
 )

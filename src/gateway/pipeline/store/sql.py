@@ -177,18 +177,19 @@ class SqlStore(Store):
         )
         return n > 0
 
-    async def put_run(self, owner: str, response_id: str, spec: dict[str, Any]) -> None:
+    async def put_run(self, owner: str, response_id: str, spec: dict[str, Any], runner: str) -> None:
         await self._run(
-            "INSERT INTO background_runs (response_id, owner, spec, generated) VALUES (?, ?, ?, '[]') "
-            "ON CONFLICT (response_id) DO UPDATE SET spec = excluded.spec",
-            (response_id, owner, _dumps(spec)),
+            "INSERT INTO background_runs (response_id, owner, spec, generated, runner) VALUES (?, ?, ?, '[]', ?) "
+            "ON CONFLICT (response_id) DO UPDATE SET spec = excluded.spec, runner = excluded.runner",
+            (response_id, owner, _dumps(spec), runner),
         )
 
-    async def save_generated(self, owner: str, response_id: str, token_ids: list[int]) -> None:
-        await self._run(
-            "UPDATE background_runs SET generated = ? WHERE response_id = ? AND owner = ?",
-            (_dumps(token_ids), response_id, owner),
+    async def save_generated(self, owner: str, response_id: str, token_ids: list[int], runner: str) -> bool:
+        _, n = await self._run(
+            "UPDATE background_runs SET generated = ? WHERE response_id = ? AND owner = ? AND runner = ?",
+            (_dumps(token_ids), response_id, owner, runner),
         )
+        return n == 1
 
     async def get_run(self, owner: str, response_id: str) -> tuple[dict[str, Any], list[int]] | None:
         rows, _ = await self._run(
@@ -199,7 +200,7 @@ class SqlStore(Store):
     async def end_run(self, owner: str, response_id: str) -> None:
         await self._run("DELETE FROM background_runs WHERE response_id = ? AND owner = ?", (response_id, owner))
 
-    async def claim_stale(self, beat_before: float, now: float) -> list[tuple[str, str]]:
+    async def claim_stale(self, beat_before: float, now: float, runner: str) -> list[tuple[str, str]]:
         rows, _ = await self._run(
             "SELECT b.owner, b.response_id, COALESCE(r.heartbeat, r.created_at) FROM background_runs b "
             "JOIN responses r ON r.id = b.response_id WHERE COALESCE(r.heartbeat, r.created_at) < ?",
@@ -212,6 +213,7 @@ class SqlStore(Store):
                 (now, rid, beat),
             )
             if n == 1:
+                await self._run("UPDATE background_runs SET runner = ? WHERE response_id = ?", (runner, rid))
                 claimed.append((owner, rid))
         return claimed
 
