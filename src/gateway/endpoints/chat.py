@@ -115,7 +115,7 @@ async def _start(engine: Engine, req: ChatCompletionRequest, ctx: RequestContext
         require_reasoning=parsers.reasoning_enabled, prompt_param="messages",
         cache_salt=salt,
     )
-    gen = await engine.start(prepared)
+    gen = await (engine.start(prepared) if ctx.journal_ids is None else engine.start_from_journal(prepared, ctx.journal_ids))
     ctx.worker_ids = [gen.worker_id]
     return entry, gen, text, parsers
 

@@ -25,6 +25,7 @@ from gateway.pipeline.dispatch import (
     open_generate,
 )
 from gateway.pipeline.generation import Generation
+from gateway.pipeline.journal_stream import JournalStream
 from gateway.pipeline.limits import (
     LimitsConfig,
     apply_sampling_limits,
@@ -44,7 +45,11 @@ from gateway.pipeline.template_runner import RenderTimeout, TemplateRunner
 from gateway.pipeline.tenancy import salt_prefix
 from gateway.policies.base import RouteRequest
 from gateway.proto import sglang_scheduler_pb2 as pb
-from gateway.protocol.errors import ContextLengthExceededError, InvalidRequestError, NoWorkerError
+from gateway.protocol.errors import (
+    ContextLengthExceededError,
+    InvalidRequestError,
+    NoWorkerError,
+)
 from gateway.protocol.ids import random_hex
 from gateway.protocol.sampling import SamplingOptions
 from gateway.settings import option
@@ -532,6 +537,15 @@ class Engine:
         )
         resumer = Resumer(request, self._continuation_opener(prepared), self.resume, prepared.sampling, self.observer)
         return Generation(stream, prepared, resumer)
+
+    async def start_from_journal(self, prepared: PreparedRequest, generated: list[int]) -> Generation:
+        """A generation that goes on from ``generated`` (tokens another process journaled
+        before it died) through the resume path (``pipeline.journal_stream``)."""
+        request = self.generate_request(prepared)
+        resumer = Resumer(request, self._continuation_opener(prepared), self.resume, prepared.sampling, self.observer)
+        if resumer.refusal is not None:
+            raise InvalidRequestError(f"the generation cannot be continued elsewhere: {resumer.refusal}")
+        return Generation(JournalStream(generated, len(prepared.prompt_ids), self.observer), prepared, resumer)
 
     def _continuation_opener(self, prepared: PreparedRequest) -> OpenContinuation:
         """How a broken generation's continuation is opened: the one open path (PD pairs

@@ -17,6 +17,9 @@ class RequestContext:
     worker_ids: list[str] = field(default_factory=list)  # who served it (for headers/logs)
     cache_salt: str | None = None  # the caller's key's salt (--cache-salt-per-key)
     traceparent: str | None = None  # the client's W3C trace context (gRPC metadata)
+    # Tokens a dead process generated for this request: the generation goes on from them
+    # (a background response continued elsewhere, ``Engine.start_from_journal``).
+    journal_ids: list[int] | None = None
     # Set by a front door that defers admission until the batch size is known.
     admit: Callable[[int], Awaitable[None]] | None = field(default=None, repr=False, compare=False)
 

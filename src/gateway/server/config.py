@@ -9,9 +9,11 @@ from gateway.parsers.config import ParserConfig
 from gateway.pipeline.dispatch import DispatchConfig
 from gateway.pipeline.engine import EngineConfig
 from gateway.pipeline.limits import LimitsConfig
+from gateway.pipeline.mcp_client import McpConfig
 from gateway.pipeline.pd import PdConfig
 from gateway.pipeline.resume import ResumeConfig
 from gateway.pipeline.retry import RetryConfig
+from gateway.pipeline.store.config import HistoryConfig
 from gateway.policies.factory import PolicyConfig
 from gateway.server.admission import AdmissionConfig
 from gateway.server.http.limits import HttpLimitsConfig
@@ -92,3 +94,5 @@ class GatewayConfig:
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
     resume: ResumeConfig = field(default_factory=ResumeConfig)
     discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)
+    history: HistoryConfig = field(default_factory=HistoryConfig)
+    mcp: McpConfig = field(default_factory=McpConfig)

@@ -23,9 +23,11 @@ from gateway.pipeline.aborts import flush_aborts
 from gateway.pipeline.dispatch import DispatchConfig
 from gateway.pipeline.engine import EngineConfig
 from gateway.pipeline.limits import LimitsConfig
+from gateway.pipeline.mcp_client import McpConfig
 from gateway.pipeline.pd import PdConfig, PdFlagError, parse_pool_flags
 from gateway.pipeline.resume import ResumeConfig
 from gateway.pipeline.retry import RetryConfig
+from gateway.pipeline.store.config import HistoryConfig
 from gateway.policies.factory import PolicyConfig
 from gateway.server import smg_compat
 from gateway.server.admission import AdmissionConfig
@@ -74,6 +76,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_options(parser.add_argument_group("processes"), ProcessConfig)
     add_options(parser.add_argument_group("routing sync (NATS)"), SyncConfig)
     add_options(parser.add_argument_group("tool-call and reasoning parsers"), ParserConfig)
+    add_options(parser.add_argument_group("stored responses and conversations"), HistoryConfig)
+    add_options(parser.add_argument_group("MCP tools of Responses requests"), McpConfig)
     pd = parser.add_argument_group("prefill/decode disaggregation")
     pd.add_argument("--prefill", nargs="+", action="append", default=[], metavar="URL [BOOTSTRAP_PORT]",
                     help="prefill worker(s): grpc://host:port, each optionally followed by its bootstrap port "
@@ -104,6 +108,8 @@ OPERATOR_FLAGS = (
     "--max-prompt-tokens", "--request-timeout-s",
     # chat formats
     "--tool-call-parser", "--reasoning-parser",
+    # stored responses and conversations, MCP tools
+    "--history-backend", "--history-dsn", "--mcp-allowed-urls",
     # observability
     "--log-level", "--access-log", "--prometheus-port", "--metrics-access", "--otlp-traces-endpoint",
 )  # fmt: skip
@@ -172,6 +178,8 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         discovery=discovery,
         http=from_namespace(HttpLimitsConfig, args),
         parsers=from_namespace(ParserConfig, args),
+        history=from_namespace(HistoryConfig, args),
+        mcp=from_namespace(McpConfig, args),
         pd=from_namespace(
             PdConfig, args,
             prefill=parse_pool_flags(args.prefill, allow_port=True),

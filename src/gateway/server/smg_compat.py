@@ -149,7 +149,6 @@ ALIASES: tuple[Alias, ...] = (
     Alias("--reasoning-parser", "alias", ("reasoning_parser",), str),
     Alias("--tool-call-parser", "alias", ("tool_call_parser",), str),
     Alias("--backend", "check", convert=_sglang_only, nargs=1),
-    Alias("--history-backend", "ignored", nargs=1, note="stored responses live in gateway memory"),
     # discovery and HA
     Alias("--service-discovery", "switch", ("k8s_discovery",), const=True),
     Alias("--selector", "alias", ("k8s_selector",), _selector, nargs="+"),

@@ -8,6 +8,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from gateway.endpoints.background import BackgroundRuns
+from gateway.endpoints.responses import ResponsesApi
 from gateway.observability.collector import (
     RoutingQualityCollector,
     TokenizerCacheCollector,
@@ -19,6 +21,7 @@ from gateway.pipeline.catalog import ModelCatalog
 from gateway.pipeline.engine import Engine
 from gateway.pipeline.pd import pool_policy_config
 from gateway.pipeline.router import PolicyMaker, Router
+from gateway.pipeline.store.factory import History
 from gateway.policies.factory import close_policy, make_policy
 from gateway.protocol.errors import InvalidRequestError
 from gateway.server.admission import Admission
@@ -112,6 +115,12 @@ class GatewayState:
             self.metrics.registry.register(SyncCollector(self.sync))
         self.process_set: SetMember | None = None  # set by serve when one of --processes N
         self.discovery = make_discovery(config.discovery, self._discovered_add, self.remove_worker)
+        self.history = History(config.history)  # stored responses and conversations
+        self.responses = ResponsesApi(self.engine, self.history.store, config.mcp)
+        self.background = BackgroundRuns(
+            self.responses, config.history.history_stale_s,
+            salt_of=self.auth.key_salt, store_in_use=self.history.in_use,
+        )
         self.ready = False
         self.late = LateWorkers(self.add_worker)  # listed workers not up at start, retried
         self.instance_id = uuid.uuid4().hex  # tells this process apart when it is asked to register itself
@@ -159,6 +168,7 @@ class GatewayState:
         )
 
     async def start(self) -> None:
+        self.background.start_sweeper()  # continues background runs whose process died
         pd = self.config.pd
         listed: list[tuple[str, dict[str, Any]]] = [(u, {}) for u in self.config.server.worker_urls]
         listed += [(s.url, {"role": "prefill", "bootstrap_port": s.bootstrap_port}) for s in pd.prefill]
@@ -202,5 +212,7 @@ class GatewayState:
             close_policy(policy)
         self.engine.close()
         await self.registry.close()
+        await self.background.close()
+        await self.history.close()
         if self.tracing is not None:
             await asyncio.to_thread(self.tracing.shutdown)

@@ -80,6 +80,7 @@ async def start_stack(opts: StackOptions, tmp_path: Any) -> AsyncIterator[Stack]
         for k, v in opts.pd.items():
             setattr(config.pd, k, v)
         config.policy.policy = opts.policy
+        config.history.history_path = str(tmp_path / "history.sqlite3")  # never the user's own store
         for k, v in opts.retry.items():
             setattr(config.retry, k, v)
         for k, v in opts.dispatch.items():

@@ -21,8 +21,9 @@ from gateway.server.state import GatewayState
 
 INFERENCE = [
     "/v1/chat/completions", "/v1/completions", "/generate", "/v1/embeddings", "/v1/tokenize", "/v1/detokenize",
-    "/admin/inspect",
+    "/admin/inspect", "/v1/responses",
 ]
+ANTHROPIC = ["/v1/messages", "/v1/messages/count_tokens"]  # the same path, Anthropic's error shape
 
 
 @pytest.fixture
@@ -51,12 +52,23 @@ def _assert_openai_error(r: httpx.Response, status: int) -> dict[str, Any]:
 
 
 def test_only_post_on_the_inference_routes_takes_the_path(app: GatewayApp) -> None:
-    assert sorted(app.inference.routes) == sorted(INFERENCE)
-    for path in INFERENCE:
+    assert sorted(app.inference.routes) == sorted(INFERENCE + ANTHROPIC)
+    for path in INFERENCE + ANTHROPIC:
         assert app.inference.match({"type": "http", "method": "POST", "path": path})
         assert not app.inference.match({"type": "http", "method": "GET", "path": path})
     for path in ("/v1/models", "/health", "/parse/reasoning", "/flush_cache", "/v1/chat/completions/x"):
         assert not app.inference.match({"type": "http", "method": "POST", "path": path})
+
+
+@pytest.mark.parametrize("path", ANTHROPIC)
+async def test_bad_bodies_get_the_anthropic_error_shape(app: GatewayApp, path: str) -> None:
+    async with _client(app) as c:
+        for body, status in ((b"", 400), (b"{not json", 400), (b'{"model": 5}', 400), (b"x" * 2000, 413)):
+            r = await c.post(path, content=body, headers={"x-request-id": "abc-2"})
+            assert r.status_code == status and r.headers["x-request-id"] == "abc-2"
+            got = r.json()
+            assert got["type"] == "error" and set(got["error"]) == {"type", "message"} and got["error"]["message"]
+            assert got["error"]["type"] == ("request_too_large" if status == 413 else "invalid_request_error")
 
 
 @pytest.mark.parametrize("path", INFERENCE)

@@ -48,10 +48,14 @@ def test_bodies_are_the_apis_own_models(routes: dict[str, InferenceRoute]) -> No
 
 
 def test_batches_reserve_per_sample_and_the_rest_take_one_slot(routes: dict[str, InferenceRoute]) -> None:
+    # chat: one slot per n; /v1/responses reserves its one slot once the body says whether
+    # the run outlives the request
     assert {p for p, r in routes.items() if r.admit == "batch"} == {
-        "/v1/chat/completions", "/v1/completions", "/generate", "/v1/embeddings",  # chat: one slot per n
+        "/v1/chat/completions", "/v1/completions", "/generate", "/v1/embeddings", "/v1/responses",
     }
-    assert {p for p, r in routes.items() if r.admit is True} == {"/v1/tokenize", "/v1/detokenize", "/admin/inspect"}
+    assert {p for p, r in routes.items() if r.admit is True} == {
+        "/v1/tokenize", "/v1/detokenize", "/admin/inspect", "/v1/messages", "/v1/messages/count_tokens",
+    }
 
 
 def test_only_inspection_needs_the_inspector_key(routes: dict[str, InferenceRoute]) -> None:

@@ -20,6 +20,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.protocol.errors import GatewayError
 from gateway.server.http.admin import admin_router
+from gateway.server.http.agents import agents_router
 from gateway.server.http.door import HttpDoor
 from gateway.server.http.health import health_router
 from gateway.server.http.inference import InferencePath
@@ -81,6 +82,7 @@ def create_app(state: GatewayState, *, manage_lifecycle: bool = True) -> FastAPI
     app.include_router(health_router(state))
     app.include_router(admin_router(door))
     app.include_router(parse_router(door))
+    app.include_router(agents_router(door))
 
     @app.exception_handler(GatewayError)
     async def gateway_error(request: Request, exc: GatewayError) -> Response:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -38,7 +38,14 @@ from gateway.protocol.errors import GatewayError
 from gateway.server.admission import Ticket
 from gateway.server.http.door import CLIENT_CLOSED, HttpDoor
 from gateway.server.http.sse import DONE, sse_error
-from gateway.server.http.util import ClientGone, error_response, parse_json, parse_model, read_body
+from gateway.server.http.util import (
+    ClientGone,
+    JSONResponse,
+    error_response,
+    parse_json,
+    parse_model,
+    read_body,
+)
 
 log = logging.getLogger(__name__)
 
@@ -58,14 +65,31 @@ _SSE_HEADERS = [
 class InferenceRoute:
     """One inference route: its path (POST), its body's model, its API's entry point,
     its admission (one slot before ``open``; ``"batch"``: ``open`` reserves one per prompt
-    through ``ctx.reserve``; ``False``: none) and who may call it."""
+    through ``ctx.reserve``; ``False``: none) and who may call it (``anthropic``: an
+    inference key, also taken from Anthropic's ``x-api-key`` header).
+
+    An API with its own error shape gives ``error_body`` (the JSON of an error answer;
+    mid-stream, an ``error`` event of that JSON); one whose stream does not end with
+    OpenAI's ``data: [DONE]`` gives its own ``done`` (``b""``: nothing)."""
 
     path: str
     model: type[BaseModel]
     open: Open
     admit: bool | Literal["batch"]
     summary: str
-    auth: Literal["inference", "inspector"] = "inference"
+    auth: Literal["inference", "inspector", "anthropic"] = "inference"
+    error_body: Callable[[GatewayError], Any] | None = None
+    done: bytes = DONE
+
+
+ANTHROPIC_KEY = "x-api-key"
+
+
+def with_bearer(headers: Mapping[str, str]) -> Mapping[str, str]:
+    """Anthropic's ``x-api-key`` as the bearer token the authenticator reads."""
+    if "authorization" in headers or ANTHROPIC_KEY not in headers:
+        return headers
+    return {**headers, "authorization": f"Bearer {headers[ANTHROPIC_KEY]}"}
 
 
 def _head(status: int, headers: dict[str, str], extra: list[tuple[bytes, bytes]]) -> Message:
@@ -172,7 +196,9 @@ class _Request:
         try:
             try:
                 headers = _headers(self.scope)
-                auth = state.auth.inference if route.auth == "inference" else state.auth.inspector
+                if route.auth == "anthropic":
+                    headers = dict(with_bearer(headers))
+                auth = state.auth.inspector if route.auth == "inspector" else state.auth.inference
                 self.ctx = ctx = door.context_from(headers, auth)
                 # The whole body before the disconnect watcher shares ``receive``: two
                 # readers would race for the body's chunks.
@@ -213,7 +239,11 @@ class _Request:
                 ticket.release()
 
     async def _send_error(self, exc: GatewayError, headers: dict[str, str]) -> None:
-        await error_response(exc, headers)(self.scope, self.receive, self.send)
+        response = error_response(exc, headers)
+        if self.route.error_body is not None:
+            kept = {k: v for k, v in response.headers.items() if k not in ("content-length", "content-type")}
+            response = JSONResponse(self.route.error_body(exc), status_code=response.status_code, headers=kept)
+        await response(self.scope, self.receive, self.send)
 
     async def _stream(self, events: Events, ctx: RequestContext) -> None:
         """The one SSE writer: one loop from typed events (or an event already written: the
@@ -229,8 +259,12 @@ class _Request:
                     await body({"type": "http.response.body", "body": data, "more_body": True})
             except GatewayError as exc:
                 log.warning("request %s failed mid-stream: %s", ctx.request_id, exc.message)
-                await send({"type": "http.response.body", "body": sse_error(exc.status, exc.message, exc.type, exc.code), "more_body": True})
-            await send({"type": "http.response.body", "body": DONE, "more_body": False})
+                shape = self.route.error_body
+                error = sse_error(exc.status, exc.message, exc.type, exc.code) if shape is None else (
+                    b"event: error\ndata: " + orjson.dumps(shape(exc)) + b"\n\n"
+                )
+                await send({"type": "http.response.body", "body": error, "more_body": True})
+            await send({"type": "http.response.body", "body": self.route.done, "more_body": False})
         finally:
             await events.aclose()  # a client gone mid-stream: the generation ends (and aborts) now
 

@@ -13,14 +13,19 @@ from typing import Any
 
 from gateway.endpoints import chat as chat_route
 from gateway.endpoints import completions as completions_route
+from gateway.endpoints import messages as messages_route
 from gateway.endpoints import native as native_route
+from gateway.endpoints.events import Answer, Events
 from gateway.endpoints.inspect import Inspector
 from gateway.pipeline.request_context import RequestContext
 from gateway.protocol.chat import ChatCompletionRequest
 from gateway.protocol.completions import CompletionRequest
 from gateway.protocol.embeddings import EmbeddingRequest
+from gateway.protocol.errors import InvalidRequestError
 from gateway.protocol.generate import GenerateRequest
 from gateway.protocol.inspect import InspectRequest
+from gateway.protocol.messages import CountTokensRequest, MessagesRequest, anthropic_error
+from gateway.protocol.responses_api import ResponsesRequest
 from gateway.protocol.tokens import DetokenizeRequest, TokenizeRequest
 from gateway.server.http.inference import InferenceRoute
 from gateway.server.http.sse import SSE_FRAME
@@ -43,6 +48,23 @@ def inference_routes(state: GatewayState) -> tuple[InferenceRoute, ...]:
     async def inspect(req: InspectRequest, ctx: RequestContext) -> dict[str, Any]:
         return (await inspector.inspect(req)).to_dict()
 
+    async def count_tokens(req: CountTokensRequest, ctx: RequestContext) -> dict[str, Any]:
+        return await messages_route.count_tokens(engine, req, ctx)
+
+    async def responses(req: ResponsesRequest, ctx: RequestContext) -> Answer | Events:
+        if not req.background:
+            await ctx.reserve(1)
+            return await state.responses.open(req, ctx)
+        if req.stream:
+            raise InvalidRequestError("stream a background response with GET /v1/responses/{id}?stream=true", param="stream")
+        # The run outlives this request: it holds an admission slot of its own until it ends.
+        ticket = await state.admission.acquire(ctx.api_key_id, 1)
+        try:
+            return await state.background.start(req, ctx, on_end=ticket.release)
+        except BaseException:
+            ticket.release()
+            raise
+
     return (
         InferenceRoute("/v1/chat/completions", ChatCompletionRequest, partial(chat_route.open, engine, frame=SSE_FRAME),
                        admit="batch", summary="Chat completion (OpenAI)"),  # one slot per sample (n)
@@ -58,4 +80,11 @@ def inference_routes(state: GatewayState) -> tuple[InferenceRoute, ...]:
         # an admission slot, as it costs a tokenization.
         InferenceRoute("/admin/inspect", InspectRequest, inspect, admit=True, summary="Inspect a prompt's routing",
                        auth="inspector"),
+        InferenceRoute("/v1/messages", MessagesRequest, partial(messages_route.open, engine), admit=True,
+                       summary="Messages (Anthropic)", auth="anthropic", error_body=anthropic_error, done=b""),
+        InferenceRoute("/v1/messages/count_tokens", CountTokensRequest, count_tokens, admit=True,
+                       summary="Count a message's tokens (Anthropic)", auth="anthropic", error_body=anthropic_error, done=b""),
+        # One slot, taken once the body says whether the run outlives the request.
+        InferenceRoute("/v1/responses", ResponsesRequest, responses, admit="batch", summary="Create a response (OpenAI)",
+                       done=b""),
     )  # fmt: skip

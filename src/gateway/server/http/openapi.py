@@ -17,12 +17,16 @@ from fastapi import FastAPI
 from pydantic import BaseModel
 
 from gateway.protocol.parse import ParseReasoningRequest, ParseToolCallsRequest
+from gateway.protocol.responses_api import ConversationCreate, ConversationUpdate, ItemsCreate
 from gateway.server.http.inference import InferenceRoute
 
 # The FastAPI routes with a JSON body (the inference routes bring their own models).
 REQUEST_BODIES: dict[str, type[BaseModel]] = {
     "/parse/tool_calls": ParseToolCallsRequest,
     "/parse/reasoning": ParseReasoningRequest,
+    "/v1/conversations": ConversationCreate,
+    "/v1/conversations/{conversation_id}": ConversationUpdate,
+    "/v1/conversations/{conversation_id}/items": ItemsCreate,
     # POST /workers is left out on purpose: a fuzzer must not make the gateway dial made-up addresses.
 }
 

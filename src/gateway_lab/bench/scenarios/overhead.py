@@ -504,12 +504,14 @@ class _NullSend:
 def _inference_request(send: _NullSend) -> Any:
     """An inference-path request object with only what ``_Request._stream`` uses."""
     from gateway.server.http import inference
+    from gateway.server.http.sse import DONE
 
     door = type("Door", (), {"headers_for": staticmethod(lambda ctx: {"x-request-id": ctx.request_id})})()
     request = inference._Request.__new__(inference._Request)
     request.send_raw = send
     request.started = request.complete = request.gone = False
     request.path = type("Path", (), {"door": door})()
+    request.route = type("Route", (), {"done": DONE, "error_body": None})()  # an OpenAI route's stream end
     return request
 
 

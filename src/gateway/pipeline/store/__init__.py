@@ -1,0 +1,1 @@
+"""Stored responses and conversations: one async interface, several backends."""

@@ -1,0 +1,130 @@
+"""The agents' stored-state routes: ``/v1/responses/{id}`` and ``/v1/conversations``.
+
+Thin on purpose: parse, authenticate and frame through ``HttpDoor`` like every other
+FastAPI route; the shaping lives in ``endpoints.responses`` / ``endpoints.background``
+/ ``endpoints.conversations`` and the state in ``pipeline.store``. The inference routes
+of these APIs (``POST /v1/messages``, ``/v1/messages/count_tokens``, ``/v1/responses``)
+run on the one inference path (``inference_routes``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from gateway.endpoints import conversations as conversations_route
+from gateway.endpoints.responses import sse_stream
+from gateway.pipeline.request_context import RequestContext
+from gateway.protocol.errors import InvalidRequestError
+from gateway.protocol.responses_api import ConversationCreate, ConversationUpdate, ItemsCreate
+from gateway.server.http.door import HttpDoor
+from gateway.server.http.util import parse_model, read_json
+
+_SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+def _paging(request: Request) -> tuple[str | None, int, str]:
+    """``after``, ``limit`` (1-100, default 20) and ``order`` (default ``desc``) of a list route."""
+    q = request.query_params
+    raw = q.get("limit", "20")
+    if not raw.isdigit() or not 1 <= int(raw) <= 100:
+        raise InvalidRequestError("limit must be an integer from 1 to 100", param="limit")
+    order = q.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise InvalidRequestError("order must be 'asc' or 'desc'", param="order")
+    return q.get("after"), int(raw), order
+
+
+def agents_router(door: HttpDoor) -> APIRouter:
+    router = APIRouter()
+    state, max_body = door.state, door.max_body
+    responses, background = state.responses, state.background
+
+    @router.get("/v1/responses/{response_id}")
+    async def get_response(request: Request, response_id: str) -> Response:
+        async def run(ctx: RequestContext) -> Any:
+            q = request.query_params
+            if q.get("stream", "false").lower() != "true":
+                return await responses.retrieve(ctx, response_id)
+            raw = q.get("starting_after", "-1")
+            if not raw.lstrip("-").isdigit():
+                raise InvalidRequestError("starting_after must be an integer", param="starting_after")
+            events = await background.replay(ctx, response_id, int(raw))
+            return StreamingResponse(sse_stream(events), media_type="text/event-stream", headers=_SSE_HEADERS)
+
+        return await door.handle(request, run)
+
+    @router.delete("/v1/responses/{response_id}")
+    async def delete_response(request: Request, response_id: str) -> Response:
+        return await door.handle(request, lambda ctx: responses.delete(ctx, response_id))
+
+    @router.post("/v1/responses/{response_id}/cancel")
+    async def cancel_response(request: Request, response_id: str) -> Response:
+        return await door.handle(request, lambda ctx: responses.cancel(ctx, response_id))
+
+    @router.get("/v1/responses/{response_id}/input_items")
+    async def response_input_items(request: Request, response_id: str) -> Response:
+        async def run(ctx: RequestContext) -> Any:
+            after, limit, order = _paging(request)
+            return await responses.input_items(ctx, response_id, after=after, limit=limit, order=order)
+
+        return await door.handle(request, run)
+
+    async def store() -> Any:
+        return await state.history.store()
+
+    async def with_store(fn: Any, ctx: RequestContext, *args: str) -> Any:
+        return await fn(await store(), ctx, *args)
+
+    @router.post("/v1/conversations")
+    async def create_conversation(request: Request) -> Response:
+        async def run(ctx: RequestContext) -> Any:
+            req = parse_model(ConversationCreate, await read_json(request, max_body))
+            return await conversations_route.create(await store(), req, ctx)
+
+        return await door.handle(request, run)
+
+    @router.get("/v1/conversations/{conversation_id}")
+    async def get_conversation(request: Request, conversation_id: str) -> Response:
+        return await door.handle(request, lambda ctx: with_store(conversations_route.retrieve, ctx, conversation_id))
+
+    @router.post("/v1/conversations/{conversation_id}")
+    async def update_conversation(request: Request, conversation_id: str) -> Response:
+        async def run(ctx: RequestContext) -> Any:
+            req = parse_model(ConversationUpdate, await read_json(request, max_body))
+            return await conversations_route.update(await store(), req, ctx, conversation_id)
+
+        return await door.handle(request, run)
+
+    @router.delete("/v1/conversations/{conversation_id}")
+    async def delete_conversation(request: Request, conversation_id: str) -> Response:
+        return await door.handle(request, lambda ctx: with_store(conversations_route.delete, ctx, conversation_id))
+
+    @router.post("/v1/conversations/{conversation_id}/items")
+    async def add_items(request: Request, conversation_id: str) -> Response:
+        async def run(ctx: RequestContext) -> Any:
+            req = parse_model(ItemsCreate, await read_json(request, max_body))
+            return await conversations_route.add_items(await store(), req, ctx, conversation_id)
+
+        return await door.handle(request, run)
+
+    @router.get("/v1/conversations/{conversation_id}/items")
+    async def list_items(request: Request, conversation_id: str) -> Response:
+        async def run(ctx: RequestContext) -> Any:
+            after, limit, order = _paging(request)
+            return await conversations_route.list_items(await store(), ctx, conversation_id, after=after, limit=limit, order=order)
+
+        return await door.handle(request, run)
+
+    @router.get("/v1/conversations/{conversation_id}/items/{item_id}")
+    async def get_item(request: Request, conversation_id: str, item_id: str) -> Response:
+        return await door.handle(request, lambda ctx: with_store(conversations_route.get_item, ctx, conversation_id, item_id))
+
+    @router.delete("/v1/conversations/{conversation_id}/items/{item_id}")
+    async def delete_item(request: Request, conversation_id: str, item_id: str) -> Response:
+        return await door.handle(request, lambda ctx: with_store(conversations_route.delete_item, ctx, conversation_id, item_id))
+
+    return router
