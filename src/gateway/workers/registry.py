@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from gateway.workers.breaker import CircuitBreaker
 from gateway.workers.client import TlsOptions, WorkerClient, parse_worker_url
+from gateway.workers.sglang_http import SglangHttpClient
 from gateway.workers.transport import WorkerCallError, WorkerTransport
 from gateway.workers.watchdog import ProgressTracker
 from gateway.workers.worker import Worker, WorkerInfo
@@ -25,14 +26,18 @@ Connect = Callable[[str, TlsOptions | None, str | None], WorkerTransport]  # (ur
 
 
 def grpc_connect(url: str, tls: TlsOptions | None, api_key: str | None) -> WorkerTransport:
-    """The real transport: a gRPC channel to the worker (Generate over the gateway's own HTTP/2)."""
-    return WorkerClient(url, tls=tls, api_key=api_key)
+    """The real transport, picked by the URL's scheme: a gRPC channel to a ``--grpc-mode``
+    worker (Generate over the gateway's own HTTP/2), or SGLang's HTTP server for
+    ``http(s)://`` (which engine answers there is checked by the probe)."""
+    return grpc_connect_with("h2")(url, tls, api_key)
 
 
 def grpc_connect_with(stream_transport: str) -> Connect:
-    """``grpc_connect`` with Generate streams over ``stream_transport`` ("h2" or "grpcio")."""
+    """``grpc_connect`` with gRPC Generate streams over ``stream_transport`` ("h2" or "grpcio")."""
 
     def connect(url: str, tls: TlsOptions | None, api_key: str | None) -> WorkerTransport:
+        if parse_worker_url(url).is_http:
+            return SglangHttpClient(url, tls=tls, api_key=api_key)
         return WorkerClient(url, tls=tls, api_key=api_key, stream_transport=stream_transport)
 
     return connect
