@@ -64,7 +64,7 @@ class HttpGenerateCall:
     HTTP answer into a queue, so ``cancel()`` can end both a pending ``read()``
     (``CancelledError``) and the HTTP request (closing it makes SGLang abort it)."""
 
-    __slots__ = ("_items", "_task", "_waiter")
+    __slots__ = ("_cancelled", "_items", "_task", "_waiter")
 
     def __init__(
         self, http: httpx.AsyncClient, request: pb.GenerateRequest, headers: dict[str, str],
@@ -72,6 +72,7 @@ class HttpGenerateCall:
     ) -> None:
         self._items: deque[_Item] = deque()
         self._waiter: asyncio.Future[None] | None = None
+        self._cancelled = False
         self._task = asyncio.get_running_loop().create_task(
             self._pump(http, request, headers, timeout)
         )
@@ -136,14 +137,15 @@ class HttpGenerateCall:
                 )
 
     async def read(self) -> pb.GenerateResponse | EndOfStream:
-        while not self._items:
-            if self._task.cancelled():
+        while not self._items or self._cancelled:
+            if self._cancelled:
                 raise asyncio.CancelledError
             waiter = self._waiter = asyncio.get_running_loop().create_future()
             try:
                 await waiter
             except asyncio.CancelledError:
-                self._task.cancel()  # a cancelled reader cancels the call
+                if not self._cancelled:  # a cancelled reader cancels the call (once: a
+                    self._task.cancel()  # second cancel would cut the connection's close short)
                 raise
             finally:
                 self._waiter = None
@@ -153,6 +155,9 @@ class HttpGenerateCall:
         return item
 
     def cancel(self) -> bool:
+        if self._cancelled:
+            return False
+        self._cancelled = True
         cancelled = self._task.cancel()
         waiter = self._waiter
         if waiter is not None and not waiter.done():
