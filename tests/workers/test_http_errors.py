@@ -5,7 +5,12 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from gateway.workers.http_errors import body_message, http_status_error, status_code, transport_error
+from gateway.workers.http_errors import (
+    body_message,
+    http_status_error,
+    status_code,
+    transport_error,
+)
 from gateway.workers.transport import CallCode
 
 
