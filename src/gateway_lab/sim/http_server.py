@@ -188,6 +188,8 @@ class SimHttpWorker:
             if pending is not None:
                 yield _sse(builder.chunk(pending, lp))
         except CallAborted as exc:
+            if pending is not None:  # tokens made before the failure were sent
+                yield _sse(builder.chunk(pending, lp))
             yield _sse({"error": {"message": exc.details}})
         yield b"data: [DONE]\n\n"
 
