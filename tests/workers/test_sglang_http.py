@@ -275,3 +275,18 @@ async def test_an_unreachable_worker_is_unavailable() -> None:
         assert err.value.code is CallCode.UNAVAILABLE
     finally:
         await client.close()
+
+
+async def test_cancel_after_the_last_complete_keeps_the_connection(peer: tuple[Peer, SglangHttpClient]) -> None:
+    p, client = peer
+    p.routes["/generate"] = p.sse([ans([7]), ans([7, 8], {"type": "length"})])
+    for _ in range(3):  # the pipeline stops at the complete and cancels the call
+        call = client.generate(request())
+        while not (await call.read()).HasField("complete"):
+            pass
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call.read()
+    await asyncio.sleep(0.1)
+    pool = client._http._transport._pool  # type: ignore[attr-defined]
+    assert len(pool.connections) == 1  # drained to its end, reused, never dropped

@@ -47,7 +47,21 @@ _STREAM_TIMEOUT = httpx.Timeout(connect=10.0, read=None, write=30.0, pool=30.0)
 # below what the worker's own admission allows.
 _LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=512, keepalive_expiry=60.0)
 
+# After the last sample finished, how long the end of the stream may take to arrive.
+_DRAIN_S = 5.0
+
 _Item = pb.GenerateResponse | EndOfStream | WorkerCallError
+
+
+def _call_error(exc: Exception, timeout: float | None) -> WorkerCallError:
+    """What ended a Generate call, in the seam's terms."""
+    if isinstance(exc, WorkerCallError):
+        return exc
+    if isinstance(exc, httpx.TransportError):
+        return transport_error(exc)
+    if isinstance(exc, TimeoutError):
+        return WorkerCallError(CallCode.DEADLINE_EXCEEDED, f"no answer within {timeout} s")
+    return WorkerCallError(CallCode.INTERNAL, f"the worker's answer is malformed: {exc}")
 
 
 def http_ssl_context(tls: TlsOptions | None) -> ssl.SSLContext:
@@ -64,7 +78,7 @@ class HttpGenerateCall:
     HTTP answer into a queue, so ``cancel()`` can end both a pending ``read()``
     (``CancelledError``) and the HTTP request (closing it makes SGLang abort it)."""
 
-    __slots__ = ("_cancelled", "_items", "_task", "_waiter")
+    __slots__ = ("_cancelled", "_draining", "_items", "_task", "_waiter")
 
     def __init__(
         self, http: httpx.AsyncClient, request: pb.GenerateRequest, headers: dict[str, str],
@@ -73,6 +87,7 @@ class HttpGenerateCall:
         self._items: deque[_Item] = deque()
         self._waiter: asyncio.Future[None] | None = None
         self._cancelled = False
+        self._draining = False  # every sample finished: only the stream's end is left to read
         self._task = asyncio.get_running_loop().create_task(
             self._pump(http, request, headers, timeout)
         )
@@ -88,21 +103,17 @@ class HttpGenerateCall:
         timeout: float | None,
     ) -> None:
         try:
-            async with asyncio.timeout(timeout):
-                await self._exchange(http, request, headers)
-        except WorkerCallError as exc:
-            self._push(exc)
-        except httpx.TransportError as exc:
-            self._push(transport_error(exc))
-        except TimeoutError:
-            self._push(WorkerCallError(CallCode.DEADLINE_EXCEEDED, f"no answer within {timeout} s"))
-        except (AnswerError, orjson.JSONDecodeError) as exc:
-            self._push(WorkerCallError(CallCode.INTERNAL, f"the worker's answer is malformed: {exc}"))
+            async with asyncio.timeout(timeout) as deadline:
+                await self._exchange(http, request, headers, deadline)
+        except (WorkerCallError, httpx.TransportError, TimeoutError, AnswerError, orjson.JSONDecodeError) as exc:
+            # Once every sample was answered, a bad ending of the stream loses nothing.
+            self._push(END_OF_STREAM if self._draining else _call_error(exc, timeout))
         else:
             self._push(END_OF_STREAM)
 
     async def _exchange(
-        self, http: httpx.AsyncClient, request: pb.GenerateRequest, headers: dict[str, str]
+        self, http: httpx.AsyncClient, request: pb.GenerateRequest, headers: dict[str, str],
+        deadline: asyncio.Timeout,
     ) -> None:
         rid = request.request_id
         body = orjson.dumps(generate_body(request))
@@ -121,7 +132,7 @@ class HttpGenerateCall:
                     continue
                 payload = line[5:].strip()
                 if payload == "[DONE]":
-                    break
+                    continue  # read on to the body's end, so the connection goes back to the pool
                 answer = orjson.loads(payload)
                 refused = error_message(answer)
                 if refused is not None:
@@ -131,6 +142,13 @@ class HttpGenerateCall:
                     self._push(out)
                     if out.HasField("complete"):
                         finished += 1
+                if finished >= samples and not self._draining:
+                    # The reader may stop (and cancel) now; reading the last bytes instead
+                    # of dropping the connection keeps it in the pool. Bounded.
+                    self._draining = True
+                    when = asyncio.get_running_loop().time() + _DRAIN_S
+                    current = deadline.when()
+                    deadline.reschedule(when if current is None else min(current, when))
             if finished < samples:
                 raise WorkerCallError(
                     CallCode.UNAVAILABLE, "the worker ended the stream before the generation finished"
@@ -158,7 +176,7 @@ class HttpGenerateCall:
         if self._cancelled:
             return False
         self._cancelled = True
-        cancelled = self._task.cancel()
+        cancelled = True if self._draining else self._task.cancel()
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.cancel()
@@ -186,7 +204,8 @@ class SglangHttpClient:
             headers=headers,
             timeout=_STREAM_TIMEOUT,
             limits=_LIMITS,
-            verify=http_ssl_context(tls) if self.address.scheme == "https" else True,
+            # Plain http:// has no TLS: False skips loading a CA bundle per worker.
+            verify=http_ssl_context(tls) if self.address.scheme == "https" else False,
             trust_env=False,  # workers sit next to the gateway: no proxy from the environment
         )
 

@@ -26,6 +26,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--num-workers", type=int, default=1, help="independent workers on consecutive ports"
     )
     hosting.add_argument(
+        "--http", action="store_true",
+        help="speak SGLang's native HTTP API (http:// URLs) instead of --grpc-mode gRPC",
+    )
+    hosting.add_argument(
         "--roles",
         nargs="*",
         choices=ROLES,
@@ -71,14 +75,16 @@ async def _serve(config: SimConfig, args: argparse.Namespace) -> int:
     import signal
     import sys
 
+    from gateway_lab.sim.http_server import SimHttpWorker
     from gateway_lab.sim.vocab import load_vocab
     from gateway_lab.sim.worker import SimWorker, exit_process
 
     load_vocab(config.tokenizer_path, config.output_vocab)  # fail early on a bad path
-    workers: list[SimWorker] = []
+    workers: list[SimWorker | SimHttpWorker] = []
     for i in range(args.num_workers):
         cfg = config if not args.roles else dataclasses.replace(config, role=args.roles[i])
-        workers.append(SimWorker(cfg, on_die=exit_process))
+        kind = SimHttpWorker if args.http else SimWorker
+        workers.append(kind(cfg, on_die=exit_process))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import socket
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 import grpc
@@ -72,8 +72,8 @@ def _sse(answer: dict[str, Any]) -> bytes:
 class SimHttpWorker:
     """One simulated SGLang HTTP server; ``await start()``, use ``url``, ``await stop()``."""
 
-    def __init__(self, config: SimConfig | None = None) -> None:
-        self.worker = SimWorker(config)
+    def __init__(self, config: SimConfig | None = None, *, on_die: Callable[[], None] | None = None) -> None:
+        self.worker = SimWorker(config, on_die=on_die)
         self.servicer = SimServicer(self.worker)
         self.host = "127.0.0.1"
         self.port = 0
@@ -94,9 +94,20 @@ class SimHttpWorker:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
+    @property
+    def config(self) -> SimConfig:
+        return self.worker.config
+
+    @property
+    def bootstrap_port(self) -> int | None:
+        return self.worker.bootstrap_port
+
+    def stats(self) -> dict[str, Any]:
+        return {**self.worker.stats(), "url": self.url}
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0, bootstrap_port: int | None = None) -> None:
         """Start the worker (its gRPC port stays unused) and listen for HTTP on ``host:port``."""
-        await self.worker.start(host)
+        await self.worker.start(host, bootstrap_port=bootstrap_port)
         sock = socket.socket()
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
@@ -110,14 +121,14 @@ class SimHttpWorker:
             await asyncio.sleep(0.01)
         raise OSError(f"the simulated HTTP worker did not start on {host}:{port}")
 
-    async def stop(self) -> None:
+    async def stop(self, grace: float | None = 0.5) -> None:
         if self._server is not None:
             self._server.should_exit = True
         if self._task is not None:
             await self._task
             self._task = None
         if self.worker.port:
-            await self.worker.stop(grace=0.5)
+            await self.worker.stop(grace=grace)
 
     async def kill(self) -> None:
         """Vanish as a crashed server would: every open connection is dropped."""
