@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import httpx
+import aiohttp
 import pytest
 
 from gateway.workers.http_errors import (
@@ -49,8 +49,9 @@ def test_the_workers_own_words_are_kept(body: bytes, message: str) -> None:
 
 
 def test_transport_failures() -> None:
-    request = httpx.Request("POST", "http://127.0.0.1:1/generate")
-    assert transport_error(httpx.ConnectError("refused", request=request)).code is CallCode.UNAVAILABLE
-    assert transport_error(httpx.ReadTimeout("slow", request=request)).code is CallCode.DEADLINE_EXCEEDED
-    dropped = transport_error(httpx.RemoteProtocolError("peer closed", request=request))
-    assert dropped.code is CallCode.UNAVAILABLE and dropped.retryable
+    assert transport_error(aiohttp.ClientConnectionError("refused")).code is CallCode.UNAVAILABLE
+    assert transport_error(aiohttp.ServerTimeoutError("slow")).code is CallCode.DEADLINE_EXCEEDED
+    dropped = transport_error(aiohttp.ServerDisconnectedError())
+    assert dropped.code is CallCode.UNAVAILABLE and dropped.retryable and "closed the connection" in dropped.message
+    cut = transport_error(aiohttp.ClientPayloadError("truncated body"))
+    assert cut.code is CallCode.UNAVAILABLE

@@ -32,6 +32,7 @@ class Peer:
         self.bodies: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
         self.disconnected = asyncio.Event()
+        self.server: uvicorn.Server | None = None
 
         async def dispatch(request: Request) -> Response:
             if request.method == "POST":
@@ -75,7 +76,7 @@ async def peer() -> AsyncIterator[tuple[Peer, SglangHttpClient]]:
     p = Peer()
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(p.app, log_level="warning", lifespan="off"))
+    server = p.server = uvicorn.Server(uvicorn.Config(p.app, log_level="warning", lifespan="off"))
     task = asyncio.create_task(server.serve(sockets=[sock]))
     for _ in range(500):
         if server.started:
@@ -288,5 +289,13 @@ async def test_cancel_after_the_last_complete_keeps_the_connection(peer: tuple[P
         with pytest.raises(asyncio.CancelledError):
             await call.read()
     await asyncio.sleep(0.1)
-    pool = client._http._transport._pool  # type: ignore[attr-defined]
-    assert len(pool.connections) == 1  # drained to its end, reused, never dropped
+    assert p.server is not None
+    assert len(p.server.server_state.connections) == 1  # drained to its end, reused, never dropped
+
+
+async def test_a_long_cumulative_answer_is_one_line_however_long(peer: tuple[Peer, SglangHttpClient]) -> None:
+    p, client = peer
+    ids = list(range(100_000, 120_000))  # ~140 KB on one SSE line
+    p.routes["/generate"] = p.sse([ans(ids[:-1]), ans(ids, {"type": "length"})])
+    got = await drain(client.generate(request()))
+    assert [t for m in got if m.HasField("chunk") for t in m.chunk.token_ids] == ids

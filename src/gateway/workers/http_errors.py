@@ -9,7 +9,7 @@ UNAVAILABLE / RESOURCE_EXHAUSTED (retried elsewhere).
 
 from __future__ import annotations
 
-import httpx
+import aiohttp
 import orjson
 
 from gateway.workers.transport import CallCode, WorkerCallError
@@ -67,11 +67,11 @@ def http_status_error(status: int, body: bytes) -> WorkerCallError:
     return WorkerCallError(status_code(status), body_message(body) or f"HTTP {status}")
 
 
-def transport_error(exc: httpx.TransportError) -> WorkerCallError:
+def transport_error(exc: aiohttp.ClientError) -> WorkerCallError:
     """A failure below HTTP (connect, read, timeout, a dropped connection)."""
-    if isinstance(exc, httpx.TimeoutException):
+    if isinstance(exc, aiohttp.ServerTimeoutError):
         return WorkerCallError(CallCode.DEADLINE_EXCEEDED, f"worker did not answer in time: {exc!r}")
-    if isinstance(exc, httpx.RemoteProtocolError):
+    if isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError)):
         return WorkerCallError(CallCode.UNAVAILABLE, f"the worker closed the connection: {exc}")
     return WorkerCallError(CallCode.UNAVAILABLE, f"worker unreachable: {exc!r}")
 
