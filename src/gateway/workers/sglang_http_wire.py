@@ -181,9 +181,7 @@ def _complete(
         cached_tokens=_count(meta, "cached_tokens"),
         index=index,
     )
-    if isinstance(matched, bool):
-        pass
-    elif isinstance(matched, int):
+    if isinstance(matched, int) and not isinstance(matched, bool) and matched >= 0:
         complete.matched_token_id = matched
     elif isinstance(matched, str):
         complete.matched_stop_str = matched
