@@ -209,3 +209,44 @@ async def test_a_prompt_the_worker_refuses_is_a_clean_400(tmp_path: Any, stream:
                     pass
         ok = await stack.client.completions.create(model=stack.model, prompt="short", max_tokens=2)
         assert ok.usage is not None and ok.usage.completion_tokens == 2
+
+
+async def test_one_model_on_a_mixed_fleet_of_grpc_and_http_workers(tmp_path: Any) -> None:
+    from gateway_lab.sim.fleet import SimFleet
+
+    sim = SimConfig(**ZERO_COST)
+    async with SimFleet.start(1, sim) as grpc_fleet, http_fleet(1, sim) as http_workers:
+        config = GatewayConfig(server=ServerConfig(
+            worker_urls=[grpc_fleet.urls[0], http_workers[0].url], tokenizer_cache_dir=str(tmp_path / "tok"),
+        ))
+        config.policy.policy = "round_robin"
+        state = GatewayState(config)
+        await state.start()
+        try:
+            assert sorted(w.client.kind for w in state.registry.all()) == ["sglang/grpc", "sglang/http"]
+            assert len({w.model for w in state.registry.all()}) == 1
+            model = state.catalog.names()[0]
+            app = create_app(state, manage_lifecycle=False)
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            server = uvicorn.Server(http_server_config(app, state.config.http))
+            task = asyncio.create_task(server.serve(sockets=[sock]))
+            for _ in range(500):
+                if server.started:
+                    break
+                await asyncio.sleep(0.01)
+            client = openai.AsyncOpenAI(
+                base_url=f"http://127.0.0.1:{sock.getsockname()[1]}/v1", api_key="none", max_retries=0, timeout=30,
+            )
+            try:
+                for _ in range(4):
+                    done = await client.completions.create(model=model, prompt="same model, two kinds", max_tokens=3)
+                    assert done.usage is not None and done.usage.completion_tokens == 3
+            finally:
+                await client.close()
+                server.should_exit = True
+                await task
+            assert grpc_fleet.workers[0].counters.requests == 2
+            assert http_workers[0].worker.counters.requests == 2
+        finally:
+            await state.stop()
