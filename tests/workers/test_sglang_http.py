@@ -5,6 +5,7 @@ messages, its errors, cancel, abort and the self-description calls."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -44,8 +45,7 @@ class Peer:
                 return JSONResponse({"detail": "Not Found"}, status_code=404)
             return await handler(request)
 
-        paths = ["/generate", "/health", "/get_model_info", "/get_server_info", "/get_load", "/abort_request", "/flush_cache"]
-        self.app = Starlette(routes=[Route(p, dispatch, methods=["GET", "POST"]) for p in paths])
+        self.app = Starlette(routes=[Route("/{path:path}", dispatch, methods=["GET", "POST"])])
 
     def sse(self, events: list[Any], *, done: bool = True, hang: bool = False) -> Handler:
         async def handler(request: Request) -> Response:
@@ -71,8 +71,9 @@ def reply(body: Any, status: int = 200) -> Handler:
     return handler
 
 
-@pytest.fixture
-async def peer() -> AsyncIterator[tuple[Peer, SglangHttpClient]]:
+@contextlib.asynccontextmanager
+async def serving() -> AsyncIterator[tuple[Peer, str]]:
+    """A :class:`Peer` listening on loopback, and its URL."""
     p = Peer()
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
@@ -82,14 +83,22 @@ async def peer() -> AsyncIterator[tuple[Peer, SglangHttpClient]]:
         if server.started:
             break
         await asyncio.sleep(0.01)
-    client = SglangHttpClient(f"http://localhost:{sock.getsockname()[1]}", api_key="k")
     try:
-        yield p, client
+        yield p, f"http://localhost:{sock.getsockname()[1]}"
     finally:
-        await client.close()
         server.should_exit = True
         server.force_exit = True
         await task
+
+
+@pytest.fixture
+async def peer() -> AsyncIterator[tuple[Peer, SglangHttpClient]]:
+    async with serving() as (p, url):
+        client = SglangHttpClient(url, api_key="k")
+        try:
+            yield p, client
+        finally:
+            await client.close()
 
 
 def ans(ids: list[int], done: Any = None, **meta: Any) -> dict[str, Any]:

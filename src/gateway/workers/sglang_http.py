@@ -19,8 +19,8 @@ import asyncio
 import ssl
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any, Protocol, TypeVar
 
 import aiohttp
 import orjson
@@ -50,6 +50,43 @@ _STREAM_TIMEOUT = aiohttp.ClientTimeout(total=None, connect=30.0, sock_connect=1
 _DRAIN_S = 5.0
 
 _Item = pb.GenerateResponse | EndOfStream | WorkerCallError
+_C = TypeVar("_C", bound="HttpWorkerClient")
+
+
+class AnswerReader(Protocol):
+    """Reads one streamed answer's JSON objects into the seam's messages."""
+
+    @property
+    def started(self) -> bool: ...
+
+    def feed(self, answer: object) -> Iterator[pb.GenerateResponse]: ...
+
+
+class Dialect(Protocol):
+    """One engine's generate route: where, what body, how its answers read."""
+
+    path: str
+
+    def body(self, request: pb.GenerateRequest) -> bytes: ...
+
+    def reader(self, request_id: str) -> AnswerReader: ...
+
+    def whole(self, request_id: str, answer: object) -> list[pb.GenerateResponse]: ...
+
+
+class SglangDialect:
+    """SGLang's ``/generate`` with ``input_ids``."""
+
+    path = "/generate"
+
+    def body(self, request: pb.GenerateRequest) -> bytes:
+        return orjson.dumps(generate_body(request))
+
+    def reader(self, request_id: str) -> AnswerReader:
+        return StreamReader(request_id)
+
+    def whole(self, request_id: str, answer: object) -> list[pb.GenerateResponse]:
+        return whole_answer(request_id, answer)
 
 
 async def _lines(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
@@ -95,15 +132,15 @@ class HttpGenerateCall:
     __slots__ = ("_cancelled", "_draining", "_items", "_task", "_waiter")
 
     def __init__(
-        self, http: aiohttp.ClientSession, request: pb.GenerateRequest, headers: dict[str, str],
-        timeout: float | None,
+        self, http: aiohttp.ClientSession, dialect: Dialect, request: pb.GenerateRequest,
+        headers: dict[str, str], timeout: float | None,
     ) -> None:
         self._items: deque[_Item] = deque()
         self._waiter: asyncio.Future[None] | None = None
         self._cancelled = False
         self._draining = False  # every sample finished: only the stream's end is left to read
         self._task = asyncio.get_running_loop().create_task(
-            self._pump(http, request, headers, timeout)
+            self._pump(http, dialect, request, headers, timeout)
         )
 
     def _push(self, item: _Item) -> None:
@@ -113,12 +150,12 @@ class HttpGenerateCall:
             waiter.set_result(None)
 
     async def _pump(
-        self, http: aiohttp.ClientSession, request: pb.GenerateRequest, headers: dict[str, str],
-        timeout: float | None,
+        self, http: aiohttp.ClientSession, dialect: Dialect, request: pb.GenerateRequest,
+        headers: dict[str, str], timeout: float | None,
     ) -> None:
         try:
             async with asyncio.timeout(timeout) as deadline:
-                await self._exchange(http, request, headers, deadline)
+                await self._exchange(http, dialect, request, headers, deadline)
         except (WorkerCallError, aiohttp.ClientError, TimeoutError, AnswerError, orjson.JSONDecodeError) as exc:
             # Once every sample was answered, a bad ending of the stream loses nothing.
             self._push(END_OF_STREAM if self._draining else _call_error(exc, timeout))
@@ -126,19 +163,18 @@ class HttpGenerateCall:
             self._push(END_OF_STREAM)
 
     async def _exchange(
-        self, http: aiohttp.ClientSession, request: pb.GenerateRequest, headers: dict[str, str],
-        deadline: asyncio.Timeout,
+        self, http: aiohttp.ClientSession, dialect: Dialect, request: pb.GenerateRequest,
+        headers: dict[str, str], deadline: asyncio.Timeout,
     ) -> None:
         rid = request.request_id
-        body = orjson.dumps(generate_body(request))
-        async with http.post("/generate", data=body, headers=headers) as response:
+        async with http.post(dialect.path, data=dialect.body(request), headers=headers) as response:
             if response.status != 200:
                 raise http_status_error(response.status, await response.read())
             if not request.stream:
-                for message in whole_answer(rid, orjson.loads(await response.read())):
+                for message in dialect.whole(rid, orjson.loads(await response.read())):
                     self._push(message)
                 return
-            reader = StreamReader(rid)
+            reader = dialect.reader(rid)
             samples = max(1, request.sampling_params.n)
             finished = 0
             async for line in _lines(response.content):
@@ -204,10 +240,15 @@ def _struct(values: dict[str, Any]) -> struct_pb2.Struct:
     return out
 
 
-class SglangHttpClient:
-    """The worker seam over one SGLang HTTP server (``--engine sglang`` on ``http(s)://``)."""
+class HttpWorkerClient:
+    """What every HTTP worker client shares: one aiohttp session per worker, small calls
+    with their failures as call errors, Generate through the engine's :class:`Dialect`,
+    and the calls an engine's HTTP server does not offer (tokenizer download, KV events,
+    embeddings here) failing as UNIMPLEMENTED with the engine's name."""
 
-    kind = "sglang/http"
+    kind = "http"
+    engine = "an HTTP worker"
+    _dialect: Dialect
 
     def __init__(self, url: str, *, tls: TlsOptions | None = None, api_key: str | None = None) -> None:
         self.address: WorkerAddress = parse_worker_url(url)
@@ -215,6 +256,12 @@ class SglangHttpClient:
         self._auth = {"authorization": f"Bearer {api_key}"} if api_key else {}
         self._ssl: ssl.SSLContext | bool = http_ssl_context(tls) if self.address.scheme == "https" else False
         self._session: aiohttp.ClientSession | None = None
+        self._options = (tls, api_key)
+
+    def same_worker_as(self, kind: type[_C]) -> _C:
+        """A client of another engine's kind for this worker (engine detection)."""
+        tls, api_key = self._options
+        return kind(self.url, tls=tls, api_key=api_key)
 
     @property
     def _http(self) -> aiohttp.ClientSession:
@@ -265,7 +312,50 @@ class SglangHttpClient:
             raise WorkerCallError(CallCode.INTERNAL, f"{path} did not answer JSON") from None
 
     def generate(self, request: pb.GenerateRequest, *, timeout: float | None = None) -> HttpGenerateCall:
-        return HttpGenerateCall(self._http, request, self._headers(request.request_id), timeout)
+        return HttpGenerateCall(self._http, self._dialect, request, self._headers(request.request_id), timeout)
+
+    async def embed(self, request: pb.EmbedRequest, *, timeout: float | None = None) -> pb.EmbedResponse:
+        raise WorkerCallError(CallCode.UNIMPLEMENTED, f"embeddings are not supported on {self.engine} yet")
+
+    async def health_check(self, *, timeout: float = 5.0) -> pb.HealthCheckResponse:
+        status, _ = await self._call("GET", "/health", timeout)
+        if status == 200:
+            return pb.HealthCheckResponse(healthy=True, message="ok")
+        return pb.HealthCheckResponse(healthy=False, message=f"/health answered HTTP {status}")
+
+    async def tokenizer_zip(self, *, timeout: float = 60.0) -> tuple[bytes, str]:
+        raise WorkerCallError(
+            CallCode.UNIMPLEMENTED, f"{self.engine} does not serve its tokenizer: give --tokenizer"
+        )
+
+    async def _no_tokenizer(self) -> AsyncIterator[common_pb2.GetTokenizerChunk]:
+        raise WorkerCallError(CallCode.UNIMPLEMENTED, f"{self.engine} does not serve its tokenizer")
+        yield common_pb2.GetTokenizerChunk()  # pragma: no cover - makes this an async generator
+
+    def tokenizer_chunks(
+        self, request: common_pb2.GetTokenizerRequest | None = None, *, timeout: float = 60.0
+    ) -> AsyncIterator[common_pb2.GetTokenizerChunk]:
+        return self._no_tokenizer()
+
+    async def _no_kv_events(self) -> AsyncIterator[common_pb2.KvEventBatch]:
+        raise WorkerCallError(CallCode.UNIMPLEMENTED, f"{self.engine} has no KV-event stream")
+        yield common_pb2.KvEventBatch()  # pragma: no cover - makes this an async generator
+
+    def subscribe_kv_events(self, start_sequence_number: int = 0) -> AsyncIterator[common_pb2.KvEventBatch]:
+        return self._no_kv_events()
+
+    async def close(self, grace: float | None = None) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+
+
+class SglangHttpClient(HttpWorkerClient):
+    """The worker seam over one SGLang HTTP server (``http(s)://``)."""
+
+    kind = "sglang/http"
+    engine = "SGLang's HTTP server"
+    _dialect: Dialect = SglangDialect()
 
     async def abort(self, request_id: str, reason: str = "", *, timeout: float = 2.0) -> bool:
         status, content = await self._call(
@@ -274,15 +364,6 @@ class SglangHttpClient:
         if status >= 300:
             raise http_status_error(status, content)
         return True
-
-    async def embed(self, request: pb.EmbedRequest, *, timeout: float | None = None) -> pb.EmbedResponse:
-        raise WorkerCallError(CallCode.UNIMPLEMENTED, "embeddings are not supported on SGLang HTTP workers yet")
-
-    async def health_check(self, *, timeout: float = 5.0) -> pb.HealthCheckResponse:
-        status, _ = await self._call("GET", "/health", timeout)
-        if status == 200:
-            return pb.HealthCheckResponse(healthy=True, message="ok")
-        return pb.HealthCheckResponse(healthy=False, message=f"/health answered HTTP {status}")
 
     async def model_info(self, *, timeout: float = 5.0) -> pb.GetModelInfoResponse:
         try:
@@ -355,30 +436,7 @@ class SglangHttpClient:
         message = content.decode("utf-8", "replace").strip()
         return common_pb2.FlushCacheResponse(success=status == 200, message=message)
 
-    async def tokenizer_zip(self, *, timeout: float = 60.0) -> tuple[bytes, str]:
-        raise WorkerCallError(
-            CallCode.UNIMPLEMENTED, "SGLang's HTTP server does not serve its tokenizer: give --tokenizer"
-        )
 
-    async def _no_tokenizer(self) -> AsyncIterator[common_pb2.GetTokenizerChunk]:
-        raise WorkerCallError(CallCode.UNIMPLEMENTED, "SGLang's HTTP server does not serve its tokenizer")
-        yield common_pb2.GetTokenizerChunk()  # pragma: no cover - makes this an async generator
-
-    def tokenizer_chunks(
-        self, request: common_pb2.GetTokenizerRequest | None = None, *, timeout: float = 60.0
-    ) -> AsyncIterator[common_pb2.GetTokenizerChunk]:
-        return self._no_tokenizer()
-
-    async def _no_kv_events(self) -> AsyncIterator[common_pb2.KvEventBatch]:
-        raise WorkerCallError(CallCode.UNIMPLEMENTED, "SGLang's HTTP server has no KV-event stream")
-        yield common_pb2.KvEventBatch()  # pragma: no cover - makes this an async generator
-
-    def subscribe_kv_events(self, start_sequence_number: int = 0) -> AsyncIterator[common_pb2.KvEventBatch]:
-        return self._no_kv_events()
-
-    async def close(self, grace: float | None = None) -> None:
-        if self._session is not None:
-            await self._session.close()
-
-
-__all__ = ["HttpGenerateCall", "SglangHttpClient", "http_ssl_context"]
+__all__ = [
+    "Dialect", "HttpGenerateCall", "HttpWorkerClient", "SglangDialect", "SglangHttpClient", "http_ssl_context",
+]
