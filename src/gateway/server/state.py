@@ -120,10 +120,13 @@ class GatewayState:
         bootstrap_port: int | None = None,
         api_key: str | None = None,
         model: str | None = None,
+        engine: str | None = None,
     ) -> Worker:
         """Probe, register and load the model's tokenizer before the worker takes traffic."""
         known = self.registry.get(url)
-        worker = await self.registry.add(url, role=role, bootstrap_port=bootstrap_port, api_key=api_key)
+        worker = await self.registry.add(
+            url, role=role, bootstrap_port=bootstrap_port, api_key=api_key, engine=engine,
+        )
         try:
             if model is not None and worker.model != model:
                 raise InvalidRequestError(

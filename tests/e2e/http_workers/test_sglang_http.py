@@ -250,3 +250,17 @@ async def test_one_model_on_a_mixed_fleet_of_grpc_and_http_workers(tmp_path: Any
             assert http_workers[0].worker.counters.requests == 2
         finally:
             await state.stop()
+
+
+async def test_the_admin_api_adds_http_workers_with_or_without_naming_the_engine(tmp_path: Any) -> None:
+    async with http_stack(tmp_path, workers=1) as stack, http_fleet(2, SimConfig(**ZERO_COST)) as extra:
+        named = await stack.http.post("/workers", json={"url": extra[0].url, "engine": "sglang"})
+        assert named.status_code in (200, 201), named.text
+        assert named.json()["kind"] == "sglang/http"
+        wrong = await stack.http.post("/workers", json={"url": extra[1].url, "engine": "vllm"})
+        assert wrong.status_code >= 400 and "registration failed" in wrong.text
+        bad = await stack.http.post("/workers", json={"url": extra[1].url, "engine": "tgi"})
+        assert bad.status_code == 400
+        assert len(stack.state.registry.all()) == 2
+        done = await stack.client.completions.create(model=stack.model, prompt="still serving", max_tokens=2)
+        assert done.usage is not None and done.usage.completion_tokens == 2
