@@ -27,7 +27,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     hosting.add_argument(
         "--http", action="store_true",
-        help="speak SGLang's native HTTP API (http:// URLs) instead of --grpc-mode gRPC",
+        help="serve HTTP (http:// URLs) instead of --grpc-mode gRPC, with the API of --http-api",
+    )
+    hosting.add_argument(
+        "--http-api", choices=["sglang", "vllm"], default="sglang",
+        help="with --http: SGLang's native API or vLLM's OpenAI server (token-id prompts)",
     )
     hosting.add_argument(
         "--roles",
@@ -83,8 +87,10 @@ async def _serve(config: SimConfig, args: argparse.Namespace) -> int:
     workers: list[SimWorker | SimHttpWorker] = []
     for i in range(args.num_workers):
         cfg = config if not args.roles else dataclasses.replace(config, role=args.roles[i])
-        kind = SimHttpWorker if args.http else SimWorker
-        workers.append(kind(cfg, on_die=exit_process))
+        if args.http:
+            workers.append(SimHttpWorker(cfg, on_die=exit_process, api=args.http_api))
+        else:
+            workers.append(SimWorker(cfg, on_die=exit_process))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -1,9 +1,11 @@
-"""A simulated worker that speaks SGLang's native HTTP API (``http://`` workers).
+"""A simulated worker that speaks SGLang's native HTTP API or vLLM's OpenAI server.
 
 The same worker as the gRPC mode (``SimWorker``: radix cache, step loop, faults),
-served on SGLang's HTTP routes with Starlette on uvicorn: ``POST /generate``
-(whole or SSE-streamed), ``GET /health``, ``/health_generate``, ``/get_model_info``,
+served with Starlette on uvicorn. SGLang's routes: ``POST /generate`` (whole or
+SSE-streamed), ``GET /health``, ``/health_generate``, ``/get_model_info``,
 ``/get_server_info``, ``/get_load``, ``POST /abort_request``, ``/flush_cache``.
+vLLM's (``api="vllm"``): ``POST /v1/completions`` with a token-id prompt and
+``return_token_ids``, ``GET /v1/models``, ``/health``, ``/metrics``.
 Requests run through the gRPC mode's own servicer with an in-process call context,
 so both modes validate, cache and fail alike. Like SGLang's server, a streamed
 request reports errors as a ``data: {"error": ...}`` event, a whole one as HTTP 400,
@@ -29,7 +31,13 @@ from starlette.routing import Route
 
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway_lab.sim.config import SimConfig
-from gateway_lab.sim.http_wire import AnswerBuilder, BadBody, generate_request
+from gateway_lab.sim.http_wire import (
+    AnswerBuilder,
+    BadBody,
+    CompletionBuilder,
+    completion_request,
+    generate_request,
+)
 from gateway_lab.sim.servicer import SIM_VERSION, SimServicer
 from gateway_lab.sim.worker import SimWorker
 
@@ -69,17 +77,30 @@ def _sse(answer: dict[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(answer) + b"\n\n"
 
 
+HTTP_APIS = ("sglang", "vllm")
+
+
 class SimHttpWorker:
     """One simulated SGLang HTTP server; ``await start()``, use ``url``, ``await stop()``."""
 
-    def __init__(self, config: SimConfig | None = None, *, on_die: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self, config: SimConfig | None = None, *, on_die: Callable[[], None] | None = None, api: str = "sglang",
+    ) -> None:
+        if api not in HTTP_APIS:
+            raise ValueError(f"api must be one of {HTTP_APIS}, got {api!r}")
         self.worker = SimWorker(config, on_die=on_die)
+        self.api = api
         self.servicer = SimServicer(self.worker)
         self.host = "127.0.0.1"
         self.port = 0
         self._server: uvicorn.Server | None = None
         self._task: asyncio.Task[None] | None = None
         self.app = Starlette(routes=[
+            Route("/health", self.health, methods=["GET"]),
+            Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/v1/models", self.models, methods=["GET"]),
+            Route("/metrics", self.metrics, methods=["GET"]),
+        ] if api == "vllm" else [
             Route("/generate", self.generate, methods=["POST", "PUT"]),
             Route("/health", self.health, methods=["GET"]),
             Route("/health_generate", self.health, methods=["GET"]),
@@ -204,6 +225,100 @@ class SimHttpWorker:
             yield _sse({"error": {"message": exc.details}})
         yield b"data: [DONE]\n\n"
 
+    # ----------------------------------------------------- vLLM's OpenAI server
+    async def completions(self, request: Request) -> Response:
+        """``/v1/completions`` with a token-id prompt, as vLLM answers it with
+        ``return_token_ids``: refusals are HTTP 400 before any stream starts."""
+        try:
+            body = orjson.loads(await request.body())
+            req = completion_request(body, uuid.uuid4().hex)
+        except (orjson.JSONDecodeError, BadBody) as exc:
+            return _error(str(exc), 400)
+        builder = CompletionBuilder(req.request_id, self.worker.config.served_name)
+        messages = self._run(req)
+        try:
+            first = await anext(messages)
+        except CallAborted as exc:
+            await messages.aclose()
+            return _error(exc.details, _HTTP_STATUS.get(exc.code, 500))
+        except StopAsyncIteration:
+            return _error("the worker produced nothing", 500)
+        if req.stream:
+            options = body.get("stream_options") or {}
+            return StreamingResponse(
+                self._completion_stream(messages, first, builder, bool(options.get("continuous_usage_stats")),
+                                        bool(options.get("include_usage"))),
+                media_type="text/event-stream",
+            )
+        ids: dict[int, list[int]] = {}
+        choices: dict[int, dict[str, Any]] = {}
+        try:
+            async with contextlib.aclosing(messages):
+                message: pb.GenerateResponse | None = first
+                while message is not None:
+                    if message.HasField("chunk"):
+                        c = message.chunk
+                        ids.setdefault(c.index, []).extend(builder.chunk(c, False)["choices"][0]["token_ids"])
+                    else:
+                        done = message.complete
+                        choice = builder.finish(done, True, ids.get(done.index, []))["choices"][0]
+                        choices[done.index] = choice
+                    message = await anext(messages, None)
+        except CallAborted as exc:
+            return _error(exc.details, _HTTP_STATUS.get(exc.code, 500))
+        answer = builder.usage_only()
+        answer["choices"] = [choices[i] for i in sorted(choices)]
+        return JSONResponse(answer)
+
+    async def _completion_stream(
+        self, messages: AsyncGenerator[pb.GenerateResponse, None], first: pb.GenerateResponse,
+        builder: CompletionBuilder, continuous: bool, final_usage: bool,
+    ) -> AsyncIterator[bytes]:
+        pending: pb.GenerateStreamChunk | None = None
+        try:
+            async with contextlib.aclosing(messages):
+                message: pb.GenerateResponse | None = first
+                while message is not None:
+                    if message.HasField("chunk"):
+                        if pending is not None:
+                            yield _sse(builder.chunk(pending, continuous))
+                        pending = message.chunk
+                    else:
+                        done = message.complete
+                        carried: list[int] = []
+                        if pending is not None and pending.index == done.index:
+                            carried = builder.chunk(pending, False)["choices"][0]["token_ids"]
+                        elif pending is not None:
+                            yield _sse(builder.chunk(pending, continuous))
+                        pending = None
+                        yield _sse(builder.finish(done, continuous, carried))
+                    message = await anext(messages, None)
+            if pending is not None:
+                yield _sse(builder.chunk(pending, continuous))
+            if final_usage:
+                yield _sse(builder.usage_only())
+        except CallAborted as exc:
+            if pending is not None:
+                yield _sse(builder.chunk(pending, continuous))
+            yield _sse({"error": {"message": exc.details, "type": "InternalServerError", "code": 500}})
+        yield b"data: [DONE]\n\n"
+
+    async def models(self, request: Request) -> Response:
+        cfg = self.worker.config
+        return JSONResponse({"object": "list", "data": [{
+            "id": cfg.served_name, "object": "model", "root": cfg.model, "max_model_len": cfg.context_length,
+        }]})
+
+    async def metrics(self, request: Request) -> Response:
+        sched = self.worker.scheduler
+        lines = [
+            "# TYPE vllm:num_requests_running gauge",
+            f'vllm:num_requests_running{{engine="0",model_name="{self.worker.config.served_name}"}} {sched.num_running}',
+            "# TYPE vllm:num_requests_waiting gauge",
+            f'vllm:num_requests_waiting{{engine="0",model_name="{self.worker.config.served_name}"}} {sched.num_waiting}',
+        ]
+        return Response("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
+
     async def health(self, request: Request) -> Response:
         self.worker.counters.health_checks += 1
         return Response(status_code=503 if self.worker.stopping else 200)
@@ -258,9 +373,11 @@ class SimHttpWorker:
 
 
 @contextlib.asynccontextmanager
-async def http_fleet(n: int, config: SimConfig | None = None) -> AsyncIterator[list[SimHttpWorker]]:
-    """``n`` simulated SGLang HTTP workers in this process, stopped on exit."""
-    workers = [SimHttpWorker(config) for _ in range(n)]
+async def http_fleet(
+    n: int, config: SimConfig | None = None, *, api: str = "sglang"
+) -> AsyncIterator[list[SimHttpWorker]]:
+    """``n`` simulated HTTP workers (SGLang's API or vLLM's) in this process, stopped on exit."""
+    workers = [SimHttpWorker(config, api=api) for _ in range(n)]
     try:
         for w in workers:
             await w.start()

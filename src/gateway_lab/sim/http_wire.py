@@ -180,4 +180,77 @@ class AnswerBuilder:
         return self._answer(complete.index, complete, finish, logprob)
 
 
-__all__ = ["AnswerBuilder", "BadBody", "generate_request"]
+
+
+# ------------------------------------------------------------------ vLLM's OpenAI server
+
+
+def completion_request(body: Any, request_id: str) -> pb.GenerateRequest:
+    """A vLLM ``/v1/completions`` body with a token-id prompt as the servicer's request."""
+    if not isinstance(body, dict):
+        raise BadBody("the body must be a JSON object")
+    prompt = body.get("prompt")
+    if not isinstance(prompt, list) or not prompt or not all(isinstance(t, int) for t in prompt):
+        raise BadBody("this worker takes token-id prompts (a list of ints)")
+    params: dict[str, Any] = {
+        key: body[src] for src, key in (
+            ("temperature", "temperature"), ("top_p", "top_p"), ("top_k", "top_k"), ("n", "n"),
+            ("max_tokens", "max_new_tokens"), ("min_tokens", "min_new_tokens"), ("stop_token_ids", "stop_token_ids"),
+            ("ignore_eos", "ignore_eos"), ("seed", "sampling_seed"), ("repetition_penalty", "repetition_penalty"),
+        ) if body.get(src) is not None
+    }
+    return generate_request(
+        {"rid": request_id, "input_ids": prompt, "sampling_params": params, "stream": bool(body.get("stream"))},
+        request_id,
+    )
+
+
+class CompletionBuilder:
+    """The completion objects vLLM sends for one request (``return_token_ids``: new ids
+    per streamed chunk, all ids in a whole answer; usage with cached prompt tokens)."""
+
+    def __init__(self, request_id: str, model: str) -> None:
+        self.request_id = request_id
+        self.model = model
+        self.sent: dict[int, int] = {}
+        self.usage: dict[str, Any] = {}
+
+    def _note(self, counts: Any) -> None:
+        total = sum(self.sent.values())
+        self.usage = {
+            "prompt_tokens": counts.prompt_tokens, "completion_tokens": total,
+            "total_tokens": counts.prompt_tokens + total,
+            "prompt_tokens_details": {"cached_tokens": counts.cached_tokens},
+        }
+
+    def _delta(self, index: int, ids: list[int], completion_tokens: int) -> list[int]:
+        fresh = max(0, completion_tokens - self.sent.get(index, 0))
+        self.sent[index] = max(self.sent.get(index, 0), completion_tokens)
+        return ids[len(ids) - fresh:] if fresh else []
+
+    def _object(self, choices: list[dict[str, Any]], usage: bool) -> dict[str, Any]:
+        return {
+            "id": f"cmpl-{self.request_id}", "object": "text_completion", "model": self.model,
+            "choices": choices, "usage": dict(self.usage) if usage else None,
+        }
+
+    def chunk(self, chunk: pb.GenerateStreamChunk, usage: bool) -> dict[str, Any]:
+        ids = self._delta(chunk.index, list(chunk.token_ids), chunk.completion_tokens)
+        self._note(chunk)
+        return self._object([{"index": chunk.index, "text": "", "token_ids": ids, "finish_reason": None,
+                              "stop_reason": None}], usage)
+
+    def finish(self, complete: pb.GenerateComplete, usage: bool, carried: list[int]) -> dict[str, Any]:
+        ids = carried + self._delta(complete.index, list(complete.output_ids), complete.completion_tokens)
+        self._note(complete)
+        which = complete.WhichOneof("matched_stop")
+        return self._object([{
+            "index": complete.index, "text": "", "token_ids": ids, "finish_reason": complete.finish_reason,
+            "stop_reason": getattr(complete, which) if which is not None else None,
+        }], usage)
+
+    def usage_only(self) -> dict[str, Any]:
+        return self._object([], True)
+
+
+__all__ = ["AnswerBuilder", "BadBody", "CompletionBuilder", "completion_request", "generate_request"]

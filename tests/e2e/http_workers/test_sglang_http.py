@@ -43,10 +43,12 @@ class HttpStack:
 
 @contextlib.asynccontextmanager
 async def http_stack(tmp_path: Any, *, workers: int = 2, policy: str = "round_robin",
-                     sim: dict[str, Any] | None = None) -> AsyncIterator[HttpStack]:
-    async with http_fleet(workers, SimConfig(**{**ZERO_COST, **(sim or {})})) as fleet:
+                     sim: dict[str, Any] | None = None, api: str = "sglang") -> AsyncIterator[HttpStack]:
+    async with http_fleet(workers, SimConfig(**{**ZERO_COST, **(sim or {})}), api=api) as fleet:
+        # vLLM's server does not say where its tokenizer is (SGLang's does): give it, as operators do.
+        tokenizer = str(fleet[0].worker.vocab.path) if api == "vllm" else None
         config = GatewayConfig(server=ServerConfig(
-            worker_urls=[w.url for w in fleet], tokenizer_cache_dir=str(tmp_path / "tok"),
+            worker_urls=[w.url for w in fleet], tokenizer_cache_dir=str(tmp_path / "tok"), tokenizer_path=tokenizer,
         ))
         config.policy.policy = policy
         state = GatewayState(config)

@@ -131,3 +131,12 @@ def test_http_fleet_serves_sglangs_http_api_and_reports_counters() -> None:
     workers = fleet.counters["workers"]
     assert [w["url"] for w in workers] == fleet.urls
     assert [w["requests"] for w in workers] == [1, 1]
+
+
+def test_http_fleet_can_speak_vllms_api() -> None:
+    import httpx
+
+    with SubprocessFleet(1, ZERO, extra_args=["--http", "--http-api", "vllm"]) as fleet:
+        models = httpx.get(fleet.urls[0] + "/v1/models", timeout=20).json()
+        assert models["data"][0]["id"]
+    assert fleet.returncode == 0

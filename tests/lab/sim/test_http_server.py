@@ -124,3 +124,28 @@ async def test_kill_drops_open_streams() -> None:
                     async for line in response.aiter_lines():
                         if line.startswith("data: "):
                             await worker.kill()
+
+
+async def test_the_vllm_api_answers_completions_models_and_metrics() -> None:
+    async with http_fleet(1, cfg(), api="vllm") as (worker,):
+        async with httpx.AsyncClient(base_url=worker.url, timeout=10) as http:
+            models = (await http.get("/v1/models")).json()
+            assert models["data"][0]["id"] == worker.worker.config.served_name
+            body = {"model": "m", "prompt": list(range(100, 140)), "max_tokens": 4, "temperature": 0,
+                    "return_token_ids": True}
+            whole = (await http.post("/v1/completions", json=body)).json()
+            assert len(whole["choices"][0]["token_ids"]) == 4 and whole["usage"]["completion_tokens"] == 4
+            streamed = events((await http.post("/v1/completions", json={
+                **body, "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+            })).text)
+            assert streamed[-1] == "[DONE]" and streamed[-2]["choices"] == []
+            ids = [t for e in streamed[:-2] for c in e["choices"] for t in c["token_ids"]]
+            assert ids == whole["choices"][0]["token_ids"]
+            assert streamed[-2]["usage"]["prompt_tokens_details"]["cached_tokens"] == 32
+            refused = await http.post("/v1/completions", json={**body, "prompt": [], "stream": True})
+            assert refused.status_code == 400
+            metrics = (await http.get("/metrics")).text
+            assert "vllm:num_requests_running" in metrics and "vllm:num_requests_waiting" in metrics
+            assert (await http.get("/get_model_info")).status_code == 404  # not SGLang's API
+    with pytest.raises(ValueError, match="api must be one of"):
+        SimHttpWorker(cfg(), api="tgi")

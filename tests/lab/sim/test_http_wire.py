@@ -82,3 +82,28 @@ def test_input_logprobs_are_rows_with_a_null_first_value() -> None:
     chunk = pb.GenerateStreamChunk(token_ids=[9], completion_tokens=1, input_logprobs=inp)
     got = b.chunk(chunk, True)
     assert got["meta_info"]["input_token_logprobs"] == [[None, 1, None], [-1.5, 2, None]]
+
+
+def test_a_vllm_completion_body_becomes_the_servicers_request() -> None:
+    from gateway_lab.sim.http_wire import completion_request
+
+    req = completion_request({"model": "m", "prompt": [5, 6], "max_tokens": 4, "n": 2, "seed": 3,
+                              "ignore_eos": True, "stream": True, "return_token_ids": True}, "rid-1")
+    assert list(req.tokenized.input_ids) == [5, 6] and req.stream and req.request_id == "rid-1"
+    assert req.sampling_params.max_new_tokens == 4 and req.sampling_params.n == 2
+    assert req.sampling_params.custom_params["seed"] == 3 and req.sampling_params.ignore_eos
+    for bad in ({"prompt": "text"}, {"prompt": []}, [1]):
+        with pytest.raises(BadBody):
+            completion_request(bad, "r")
+
+
+def test_vllm_completion_objects_carry_new_ids_and_usage() -> None:
+    from gateway_lab.sim.http_wire import CompletionBuilder
+
+    b = CompletionBuilder("r", "served")
+    first = b.chunk(pb.GenerateStreamChunk(token_ids=[5], prompt_tokens=3, completion_tokens=1, cached_tokens=2), True)
+    assert first["choices"][0]["token_ids"] == [5] and first["usage"]["prompt_tokens_details"]["cached_tokens"] == 2
+    done = b.finish(pb.GenerateComplete(output_ids=[6], finish_reason="stop", matched_token_id=6, prompt_tokens=3,
+                                        completion_tokens=2), False, [])
+    assert done["choices"][0]["token_ids"] == [6] and done["choices"][0]["stop_reason"] == 6
+    assert done["usage"] is None and b.usage_only()["usage"]["completion_tokens"] == 2
