@@ -1,4 +1,4 @@
-"""gsp through the gateway to simulated SGLang workers over gRPC and over HTTP, in one run.
+"""gsp through the gateway to simulated workers: SGLang over gRPC and HTTP, vLLM over HTTP, in one run.
 
 Same workload, same fleet size and cache size, same policy: the prefix-cache hit rate
 the workers themselves report (their cached / prompt token counters) and the CPU time
@@ -30,10 +30,14 @@ async def one(transport: str, policy: str, args: argparse.Namespace, workload: w
     """One run: a fresh fleet (in its own process, so this process's CPU time is the
     gateway's and the load driver's, the same for both transports) and a fresh gateway."""
     sim = dataclasses.replace(SimConfig().zero_cost(), kv_capacity_tokens=args.kv_tokens, eos_probability=0.0)
-    extra = ["--http"] if transport == "http" else []
+    extra = {"grpc": [], "http": ["--http"], "vllm": ["--http", "--http-api", "vllm"]}[transport]
     async with SubprocessFleet(args.workers, sim, extra_args=extra) as fleet:
         with tempfile.TemporaryDirectory() as tok:
-            config = GatewayConfig(server=ServerConfig(worker_urls=fleet.urls, tokenizer_cache_dir=tok))
+            # vLLM's server does not say where its tokenizer is: give it, as operators do.
+            tokenizer = str(wl.default_tokenizer_dir()) if transport == "vllm" else None
+            config = GatewayConfig(server=ServerConfig(
+                worker_urls=fleet.urls, tokenizer_cache_dir=tok, tokenizer_path=tokenizer,
+            ))
             config.policy.policy = policy
             async with serve_in_process(config) as gateway:
                 cpu0 = time.process_time()
@@ -61,7 +65,7 @@ async def main() -> None:
     parser.add_argument("--kv-tokens", type=int, default=8192)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--policies", default="cache_aware,round_robin")
-    parser.add_argument("--transports", default="grpc,http")
+    parser.add_argument("--transports", default="grpc,http,vllm", help="grpc (SGLang), http (SGLang), vllm (HTTP)")
     args = parser.parse_args()
     workload = wl.gsp(wl.GspConfig(
         groups=args.groups, prompts_per_group=args.prompts, system_tokens=args.system_tokens,

@@ -16,6 +16,8 @@ from tests.workers.test_sglang_http import Peer, drain, reply, request, serving
 
 MODELS = {"object": "list", "data": [{"id": "qwen", "root": "Qwen/Qwen3-0.6B", "max_model_len": 4096}]}
 METRICS = (
+    "# TYPE vllm:cache_config_info gauge\n"
+    'vllm:cache_config_info{block_size="16",num_gpu_blocks="500",enable_prefix_caching="True"} 1.0\n'
     "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
     "# TYPE vllm:num_requests_running gauge\n"
     'vllm:num_requests_running{engine="0",model_name="qwen"} 3.0\n'
@@ -76,6 +78,8 @@ async def test_loads_come_from_metrics(vllm: tuple[Peer, VllmHttpClient]) -> Non
         return PlainTextResponse(METRICS)
 
     p.routes["/metrics"] = metrics
+    server = await client.server_info()
+    assert server.max_total_num_tokens == 8000 and server.server_args["page_size"] == 16
     load = (await client.loads()).loads[0]
     assert (load.num_running_reqs, load.num_waiting_reqs, load.num_total_reqs) == (3, 2, 5)
     assert not await client.abort("r")  # no abort route: closing the request aborts it

@@ -7,8 +7,7 @@ translated in ``vllm_http_wire``; the session, errors and Generate call are the 
 worker machinery of ``sglang_http``.
 
 What vLLM's server lacks is reported, not faked: no abort route (closing the request is
-its abort), no tokenizer download, no KV capacity (``GET /workers`` shows 0 and the
-cache-aware budget falls back to its default), loads only from ``/metrics``.
+its abort), no tokenizer download, KV capacity and loads only from ``/metrics``.
 """
 
 from __future__ import annotations
@@ -80,25 +79,47 @@ class VllmHttpClient(HttpWorkerClient):
             max_context_length=length if isinstance(length, int) else 0,
         )
 
+    async def _metrics(self, timeout: float) -> list[Any]:
+        """The samples of ``/metrics`` (Prometheus text)."""
+        status, content = await self._call("GET", "/metrics", timeout)
+        if status != 200:
+            raise http_status_error(status, content)
+        try:
+            return [
+                sample
+                for family in text_string_to_metric_families(content.decode("utf-8", "replace"))
+                for sample in family.samples
+            ]
+        except ValueError as exc:
+            raise WorkerCallError(CallCode.INTERNAL, f"/metrics is not Prometheus text: {exc}") from None
+
     async def server_info(self, *, timeout: float = 5.0) -> pb.GetServerInfoResponse:
+        """The served name, and the KV pool from ``vllm:cache_config_info`` (its
+        ``num_gpu_blocks`` x ``block_size`` labels) when ``/metrics`` has it: the
+        cache-aware budget follows the real capacity, pages are vLLM's blocks."""
         card = await self._model_card(timeout)
-        reply = pb.GetServerInfoResponse(server_type="vllm-http")
-        reply.server_args.update({"served_model_name": str(card["id"])})
+        args: dict[str, Any] = {"served_model_name": str(card["id"])}
+        capacity = 0
+        try:
+            samples = await self._metrics(timeout)
+        except WorkerCallError:
+            samples = []
+        for sample in samples:
+            if sample.name.startswith("vllm:cache_config_info"):
+                blocks, size = sample.labels.get("num_gpu_blocks"), sample.labels.get("block_size")
+                if blocks and size and blocks.isdigit() and size.isdigit():
+                    capacity = int(blocks) * int(size)
+                    args["page_size"] = int(size)
+        reply = pb.GetServerInfoResponse(server_type="vllm-http", max_total_num_tokens=capacity)
+        reply.server_args.update(args)
         return reply
 
     async def loads(self, *, timeout: float = 2.0, include: Sequence[str] = ("core",)) -> pb.GetLoadsResponse:
         """Running and waiting requests from the Prometheus text of ``/metrics``."""
-        status, content = await self._call("GET", "/metrics", timeout)
-        if status != 200:
-            raise http_status_error(status, content)
         figures = {_RUNNING: 0.0, _WAITING: 0.0}
-        try:
-            for family in text_string_to_metric_families(content.decode("utf-8", "replace")):
-                for sample in family.samples:
-                    if sample.name in figures:
-                        figures[sample.name] += sample.value
-        except ValueError as exc:
-            raise WorkerCallError(CallCode.INTERNAL, f"/metrics is not Prometheus text: {exc}") from None
+        for sample in await self._metrics(timeout):
+            if sample.name in figures:
+                figures[sample.name] += sample.value
         running, waiting = int(figures[_RUNNING]), int(figures[_WAITING])
         load = pb.SchedulerLoad(
             num_running_reqs=running, num_waiting_reqs=waiting, num_total_reqs=running + waiting,

@@ -311,7 +311,11 @@ class SimHttpWorker:
 
     async def metrics(self, request: Request) -> Response:
         sched = self.worker.scheduler
+        cfg = self.worker.config
+        blocks = self.worker.cache.capacity // cfg.page_size
         lines = [
+            "# TYPE vllm:cache_config_info gauge",
+            f'vllm:cache_config_info{{block_size="{cfg.page_size}",num_gpu_blocks="{blocks}"}} 1.0',
             "# TYPE vllm:num_requests_running gauge",
             f'vllm:num_requests_running{{engine="0",model_name="{self.worker.config.served_name}"}} {sched.num_running}',
             "# TYPE vllm:num_requests_waiting gauge",
