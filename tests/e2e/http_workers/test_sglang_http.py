@@ -43,7 +43,8 @@ class HttpStack:
 
 @contextlib.asynccontextmanager
 async def http_stack(tmp_path: Any, *, workers: int = 2, policy: str = "round_robin",
-                     sim: dict[str, Any] | None = None, api: str = "sglang") -> AsyncIterator[HttpStack]:
+                     sim: dict[str, Any] | None = None, api: str = "sglang",
+                     stall_timeout_s: float | None = None) -> AsyncIterator[HttpStack]:
     async with http_fleet(workers, SimConfig(**{**ZERO_COST, **(sim or {})}), api=api) as fleet:
         # vLLM's server does not say where its tokenizer is (SGLang's does): give it, as operators do.
         tokenizer = str(fleet[0].worker.vocab.path) if api == "vllm" else None
@@ -51,6 +52,8 @@ async def http_stack(tmp_path: Any, *, workers: int = 2, policy: str = "round_ro
             worker_urls=[w.url for w in fleet], tokenizer_cache_dir=str(tmp_path / "tok"), tokenizer_path=tokenizer,
         ))
         config.policy.policy = policy
+        if stall_timeout_s is not None:
+            config.dispatch.stall_timeout_s = stall_timeout_s
         state = GatewayState(config)
         await state.start()
         app = create_app(state, manage_lifecycle=False)
@@ -266,3 +269,22 @@ async def test_the_admin_api_adds_http_workers_with_or_without_naming_the_engine
         assert len(stack.state.registry.all()) == 2
         done = await stack.client.completions.create(model=stack.model, prompt="still serving", max_tokens=2)
         assert done.usage is not None and done.usage.completion_tokens == 2
+
+
+async def test_a_worker_stalling_mid_stream_is_left_and_the_stream_resumes(tmp_path: Any) -> None:
+    async with http_stack(tmp_path, workers=2, stall_timeout_s=0.3) as stack:
+        stalling = stack.workers[0].worker.faults
+        stalling.stall_s = 30.0
+        stalling.stall_after_tokens = 3
+        started = time.monotonic()
+        for _ in range(2):  # round robin: one of the two lands on the stalling worker
+            stream = await stack.client.completions.create(
+                model=stack.model, prompt="hello there", max_tokens=20, stream=True,
+                extra_body={"ignore_eos": True}, stream_options={"include_usage": True},
+            )
+            usage = None
+            async for chunk in stream:
+                usage = chunk.usage or usage
+            assert usage is not None and usage.completion_tokens == 20
+        assert time.monotonic() - started < 15  # left after the stall timeout, not after the stall
+        await eventually(lambda: idle(stack))
