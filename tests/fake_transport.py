@@ -127,6 +127,7 @@ class FakeTransport:
     calls: list[FakeCall] = field(default_factory=list)
     aborts: list[tuple[str, str]] = field(default_factory=list)
     closed: bool = False
+    kind: str = "fake/memory"
 
     def __post_init__(self) -> None:
         self.address: WorkerAddress = parse_worker_url(self.url)

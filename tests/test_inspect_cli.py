@@ -81,7 +81,7 @@ def test_input_ids_and_tables(capsys: pytest.CaptureFixture[str]) -> None:
         (["--input-ids", "1,,x"], "integers"),
         (["--input-ids", "999999999"], "input_ids must be in"),
         (["--file", "/nonexistent/prompt.txt"], "cannot read"),
-        (["a", "--workers", "http://127.0.0.1:1"], "bad worker url"),
+        (["a", "--workers", "ftp://127.0.0.1:1"], "bad worker url"),
         (["a", "--tokenizer-path", "/nonexistent/tok"], "does not exist"),
         (["a", "--chat-template-kwargs", "[1]"], "JSON object"),
         (["a", "--gateway", "http://127.0.0.1:9", "--workers", "127.0.0.1:1"], "offline use"),

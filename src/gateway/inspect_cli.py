@@ -47,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="add the tokenizer's special tokens (default: yes for text, no for messages)",
     )  # fmt: skip
     where = parser.add_argument_group("where to look")
-    where.add_argument("--workers", nargs="+", default=[], metavar="URL", help="offline: worker URLs (grpc://host:port) forming the ring")
+    where.add_argument("--workers", nargs="+", default=[], metavar="URL", help="offline: worker URLs (grpc://host:port, http://host:port) forming the ring")
     where.add_argument("--gateway", default=None, metavar="URL", help="ask a running gateway (http://host:port) instead")
     where.add_argument("--api-key", default=None, help="bearer key for --gateway")
     where.add_argument("--pool", default="regular", choices=["regular", "prefill", "decode"], help="worker pool to inspect")

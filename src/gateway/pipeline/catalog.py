@@ -21,7 +21,7 @@ from gateway.parsers.config import ParserConfig
 from gateway.pipeline.model_facts import ModelFacts, prompt_limit, resolve_context, resolve_sampling
 from gateway.pipeline.model_parsers import settle_model_parsers
 from gateway.protocol.errors import ModelNotFoundError
-from gateway.tokenization import ChatPromptCache, Tokenizer, TokenizerRegistry
+from gateway.tokenization import ChatPromptCache, ResolvedTokenizer, Tokenizer, TokenizerRegistry
 from gateway.tokenization.errors import TokenizationError
 from gateway.tokenization.reply_cache import ReplyTokenCache
 from gateway.workers.tokenizer_fetch import DEFAULT_MAX_TOKENIZER_BYTES, fetch_tokenizer_zip
@@ -162,6 +162,10 @@ class ModelCatalog:
             entry.max_input_tokens = limit
         entry.aliases.update({worker.model, worker.info.model_path} - {""})
 
+    def _reported_folder(self, model: str, path: str) -> ResolvedTokenizer | None:
+        """The tokenizer in the folder a worker reports, if that folder is on this host."""
+        return self.registry.resolve_local(model, path) if Path(path).is_dir() else None
+
     async def _load(self, name: str, worker: Worker) -> ModelEntry:
         model = worker.model
         resolved = await asyncio.to_thread(self.registry.resolve_local, model, self._tokenizer_path)
@@ -170,7 +174,15 @@ class ModelCatalog:
                 data, sha = await fetch_tokenizer_zip(worker.client, max_bytes=self._max_tokenizer_bytes)
             except Exception as exc:
                 log.warning("tokenizer for %s: worker %s could not send it: %s", model, worker.url, exc)
-                resolved = await asyncio.to_thread(self.registry.resolve_remote, model, f"worker {worker.url}: {exc}")
+                # Workers that cannot send it (SGLang's HTTP server) still say where theirs
+                # is: usable when that folder is on this host too (a shared volume).
+                reported = worker.info.tokenizer_path
+                if reported:
+                    resolved = await asyncio.to_thread(self._reported_folder, model, reported)
+                if resolved is None:
+                    resolved = await asyncio.to_thread(
+                        self.registry.resolve_remote, model, f"worker {worker.url}: {exc}"
+                    )
             else:
                 resolved = await asyncio.to_thread(self.registry.install_and_load, model, data, sha)
         log.info("tokenizer for %s loaded from %s (%s)", model, resolved.source, resolved.location)

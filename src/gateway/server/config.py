@@ -36,7 +36,7 @@ class ServerConfig:
     host: str = option("127.0.0.1", "address the HTTP server binds")
     port: int = option(30000, "HTTP port (0: pick a free one and print it in the ready line)")
     grpc_port: int | None = option(None, "gRPC port for the gateway's gRPC API and the SGLang pass-through (0: pick a free one; unset: no gRPC)")
-    worker_urls: list[str] = option([], "regular workers: grpc://host:port or grpcs://host:port")
+    worker_urls: list[str] = option([], "regular workers: grpc(s)://host:port (SGLang --grpc-mode) or http(s)://host:port (SGLang or vLLM HTTP server, detected)")
     model: str | None = option(None, "model name served to clients (default: what workers report)")
     tokenizer_path: str | None = option(None, "tokenizer folder or tokenizer.json (default: cache, then the worker, then the hub if --tokenizer-hub)")
     tokenizer_hub: bool = option(False, "when a worker cannot send its tokenizer, download the model it names from the Hugging Face hub (off: the worker would choose what the gateway fetches)")

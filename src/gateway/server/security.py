@@ -28,8 +28,8 @@ class SecurityConfig:
     inspect_access: str = option("admin", "who may inspect the live routing tree (/admin/inspect, InspectPrefix): 'admin' (its answers reveal other tenants' cached prefixes) or 'any' inference key (single-tenant deployments)", choices=["admin", "any"])
     cache_salt_per_key: bool = option(False, "give every API key its own cache salt: tenants never share prefix cache (costs 4 prompt tokens per request; see docs/security.md)")
     metrics_access: str = option("auto", "who may read /metrics: 'open', 'key' (any API key), or 'auto' (open on a loopback address, else needs a key)", choices=["auto", "open", "key"])
-    worker_tls_ca_file: str | None = option(None, "CA bundle that signs grpcs:// workers' certificates (unset: system roots)")
-    worker_tls_cert_file: str | None = option(None, "client certificate for mutual TLS to grpcs:// workers")
+    worker_tls_ca_file: str | None = option(None, "CA bundle that signs grpcs:// and https:// workers' certificates (unset: system roots)")
+    worker_tls_cert_file: str | None = option(None, "client certificate for mutual TLS to grpcs:// and https:// workers")
     worker_tls_key_file: str | None = option(None, "private key of --worker-tls-cert-file")
 
     def tls(self) -> TlsOptions | None:

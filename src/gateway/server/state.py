@@ -137,10 +137,13 @@ class GatewayState:
         bootstrap_port: int | None = None,
         api_key: str | None = None,
         model: str | None = None,
+        engine: str | None = None,
     ) -> Worker:
         """Probe, register and load the model's tokenizer before the worker takes traffic."""
         known = self.registry.get(url)
-        worker = await self.registry.add(url, role=role, bootstrap_port=bootstrap_port, api_key=api_key)
+        worker = await self.registry.add(
+            url, role=role, bootstrap_port=bootstrap_port, api_key=api_key, engine=engine,
+        )
         try:
             if worker.info.gateway_instance == self.instance_id:
                 # Its pass-through would route to itself, its load polls call themselves.

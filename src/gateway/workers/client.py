@@ -130,6 +130,8 @@ class WorkerClient:
     the gateway's own HTTP/2 connections (``workers/h2``) unless ``stream_transport`` is
     ``"grpcio"``."""
 
+    kind = "sglang/grpc"
+
     def __init__(
         self,
         url: str,

@@ -14,7 +14,9 @@ from collections.abc import Callable
 
 from gateway.workers.breaker import CircuitBreaker
 from gateway.workers.client import TlsOptions, WorkerClient, parse_worker_url
-from gateway.workers.transport import WorkerCallError, WorkerTransport
+from gateway.workers.sglang_http import HttpWorkerClient, SglangHttpClient
+from gateway.workers.transport import CallCode, WorkerCallError, WorkerTransport
+from gateway.workers.vllm_http import VllmHttpClient
 from gateway.workers.watchdog import ProgressTracker
 from gateway.workers.worker import Worker, WorkerInfo
 
@@ -25,14 +27,18 @@ Connect = Callable[[str, TlsOptions | None, str | None], WorkerTransport]  # (ur
 
 
 def grpc_connect(url: str, tls: TlsOptions | None, api_key: str | None) -> WorkerTransport:
-    """The real transport: a gRPC channel to the worker (Generate over the gateway's own HTTP/2)."""
-    return WorkerClient(url, tls=tls, api_key=api_key)
+    """The real transport, picked by the URL's scheme: a gRPC channel to a ``--grpc-mode``
+    worker (Generate over the gateway's own HTTP/2), or SGLang's HTTP server for
+    ``http(s)://`` (which engine answers there is checked by the probe)."""
+    return grpc_connect_with("h2")(url, tls, api_key)
 
 
 def grpc_connect_with(stream_transport: str) -> Connect:
-    """``grpc_connect`` with Generate streams over ``stream_transport`` ("h2" or "grpcio")."""
+    """``grpc_connect`` with gRPC Generate streams over ``stream_transport`` ("h2" or "grpcio")."""
 
     def connect(url: str, tls: TlsOptions | None, api_key: str | None) -> WorkerTransport:
+        if parse_worker_url(url).is_http:
+            return SglangHttpClient(url, tls=tls, api_key=api_key)
         return WorkerClient(url, tls=tls, api_key=api_key, stream_transport=stream_transport)
 
     return connect
@@ -40,6 +46,42 @@ def grpc_connect_with(stream_transport: str) -> Connect:
 
 class WorkerRegistrationError(Exception):
     """The worker could not be probed or does not fit the fleet."""
+
+
+HTTP_ENGINES: dict[str, type[SglangHttpClient] | type[VllmHttpClient]] = {
+    "sglang": SglangHttpClient, "vllm": VllmHttpClient,
+}
+ENGINES = ("auto", *HTTP_ENGINES)
+
+
+async def with_engine(
+    client: WorkerTransport, engine: str | None, timeout: float
+) -> WorkerTransport:
+    """The client for the engine behind an ``http(s)://`` worker: ``engine`` when given,
+    else detected from what answers (SGLang's ``/get_model_info``, then vLLM's
+    ``/v1/models``). gRPC clients (and the tests' fakes) pass through."""
+    if not isinstance(client, HttpWorkerClient):
+        if engine not in (None, "auto", "sglang"):
+            await client.close()
+            raise WorkerRegistrationError(f"worker {client.url}: engine {engine!r} over gRPC is not supported yet")
+        return client
+    if engine not in (None, "auto"):
+        if engine not in HTTP_ENGINES:
+            await client.close()
+            raise WorkerRegistrationError(f"worker {client.url}: unknown engine {engine!r} (one of {ENGINES})")
+        chosen = HTTP_ENGINES[engine]
+        if isinstance(client, chosen):
+            return client
+        await client.close()
+        return client.same_worker_as(chosen)
+    try:
+        await client.model_info(timeout=timeout)
+        return client
+    except WorkerCallError as exc:
+        if exc.code is not CallCode.UNIMPLEMENTED or not isinstance(client, SglangHttpClient):
+            return client  # the probe reports the failure
+    await client.close()
+    return client.same_worker_as(VllmHttpClient)
 
 
 class WorkerRegistry:
@@ -83,15 +125,17 @@ class WorkerRegistry:
         role: str | None = None,
         bootstrap_port: int | None = None,
         api_key: str | None = None,
+        engine: str | None = None,
     ) -> Worker:
-        """Probe and register ``url``; adding a known URL returns the existing worker."""
+        """Probe and register ``url``; adding a known URL returns the existing worker.
+        ``engine`` names the engine behind an ``http(s)://`` URL (default: detected)."""
         address = parse_worker_url(url)
         existing = self._workers.get(address.target)
         if existing is not None and not existing.draining:
             return existing
         pending = self._adding.get(address.target)
         if pending is None:
-            pending = asyncio.ensure_future(self._probe(address.url, role, bootstrap_port, api_key))
+            pending = asyncio.ensure_future(self._probe(address.url, role, bootstrap_port, api_key, engine))
             self._adding[address.target] = pending
         try:
             worker = await asyncio.shield(pending)
@@ -105,9 +149,10 @@ class WorkerRegistry:
         return self._workers[address.target]
 
     async def _probe(
-        self, url: str, role: str | None, bootstrap_port: int | None, api_key: str | None
+        self, url: str, role: str | None, bootstrap_port: int | None, api_key: str | None,
+        engine: str | None = None,
     ) -> Worker:
-        client = self._connect(url, self._tls, api_key or self._api_key)
+        client = await with_engine(self._connect(url, self._tls, api_key or self._api_key), engine, self._probe_timeout)
         try:
             model_info, server_info = await asyncio.gather(
                 client.model_info(timeout=self._probe_timeout),

@@ -262,6 +262,9 @@ class Worker:
         return {
             "id": self.id,
             "url": self.url,
+            "kind": self.client.kind,
+            # Every kind so far takes token ids, so routing sees what the worker caches.
+            "token_ids": True,
             "role": self.role,
             "model": self.model,
             "healthy": self.healthy,

@@ -26,6 +26,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--num-workers", type=int, default=1, help="independent workers on consecutive ports"
     )
     hosting.add_argument(
+        "--http", action="store_true",
+        help="serve HTTP (http:// URLs) instead of --grpc-mode gRPC, with the API of --http-api",
+    )
+    hosting.add_argument(
+        "--http-api", choices=["sglang", "vllm"], default="sglang",
+        help="with --http: SGLang's native API or vLLM's OpenAI server (token-id prompts)",
+    )
+    hosting.add_argument(
         "--roles",
         nargs="*",
         choices=ROLES,
@@ -71,14 +79,18 @@ async def _serve(config: SimConfig, args: argparse.Namespace) -> int:
     import signal
     import sys
 
+    from gateway_lab.sim.http_server import SimHttpWorker
     from gateway_lab.sim.vocab import load_vocab
     from gateway_lab.sim.worker import SimWorker, exit_process
 
     load_vocab(config.tokenizer_path, config.output_vocab)  # fail early on a bad path
-    workers: list[SimWorker] = []
+    workers: list[SimWorker | SimHttpWorker] = []
     for i in range(args.num_workers):
         cfg = config if not args.roles else dataclasses.replace(config, role=args.roles[i])
-        workers.append(SimWorker(cfg, on_die=exit_process))
+        if args.http:
+            workers.append(SimHttpWorker(cfg, on_die=exit_process, api=args.http_api))
+        else:
+            workers.append(SimWorker(cfg, on_die=exit_process))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

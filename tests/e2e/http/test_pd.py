@@ -418,9 +418,11 @@ def test_room_allocator_spreads_dp_ranks_and_pins_them() -> None:
 def test_pool_flags_and_policies() -> None:
     specs = parse_pool_flags([["grpc://a:1", "9000", "grpc://b:2"], ["grpc://c:3"]], allow_port=True)
     assert [(s.url, s.bootstrap_port) for s in specs] == [("grpc://a:1", 9000), ("grpc://b:2", None), ("grpc://c:3", None)]
-    for bad, allow in ([["9000"]], True), ([["grpc://a:1", "1", "2"]], True), ([["grpc://a:1", "9"]], False), ([["http://x:1"]], True):
+    for bad, allow in ([["9000"]], True), ([["grpc://a:1", "1", "2"]], True), ([["grpc://a:1", "9"]], False), ([["ftp://x:1"]], True):
         with pytest.raises(PdFlagError):
             parse_pool_flags(bad, allow_port=allow)
+    # SGLang HTTP workers pair too (the bootstrap fields go in both JSON bodies)
+    assert [s.url for s in parse_pool_flags([["http://x:1", "8998"]], allow_port=True)] == ["http://x:1"]
     base = PolicyConfig(policy="round_robin", hash_block_size=32)
     pd = PdConfig(prefill_policy="prefix_hash", decode_policy="least_load")
     assert pool_policy_config(base, pd, "prefill").policy == "prefix_hash"

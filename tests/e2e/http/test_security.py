@@ -131,8 +131,8 @@ async def test_operator_limits_are_400s(tmp_path: Path) -> None:
 
 
 @pytest.mark.stack(workers=1, sections=ADMIN)
-async def test_only_grpc_worker_urls(stack: Stack) -> None:
-    for url in ("http://127.0.0.1:1", "127.0.0.1:1", "grpc://127.0.0.1", "file:///etc/passwd", "grpc://u:p@127.0.0.1:1"):
+async def test_only_worker_urls_of_known_schemes(stack: Stack) -> None:
+    for url in ("ftp://127.0.0.1:1", "127.0.0.1:1", "grpc://127.0.0.1", "file:///etc/passwd", "grpc://u:p@127.0.0.1:1"):
         resp = await stack.http.post("/workers", json={"url": url}, headers=bearer("admin-key"))
         assert resp.status_code == 400, url
         assert resp.json()["error"]["param"] == "url"

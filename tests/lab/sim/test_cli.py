@@ -115,3 +115,29 @@ def test_official_stub_client_talks_to_the_sim() -> None:
         assert complete["output_ids"] == chunks[-1]["token_ids"]
         assert complete["finish_reason"] == "length" and complete["completion_tokens"] == 6
         assert streamed in unary_outputs
+
+
+def test_http_fleet_serves_sglangs_http_api_and_reports_counters() -> None:
+    import httpx
+
+    with SubprocessFleet(2, ZERO, extra_args=["--http"]) as fleet:
+        assert all(u.startswith("http://127.0.0.1:") for u in fleet.urls)
+        for url in fleet.urls:
+            got = httpx.post(url + "/generate", json={
+                "input_ids": list(PROMPT), "sampling_params": {"max_new_tokens": 3, "temperature": 0},
+            }, timeout=20).json()
+            assert got["meta_info"]["completion_tokens"] == 3
+            assert httpx.get(url + "/health", timeout=20).status_code == 200
+    assert fleet.returncode == 0 and fleet.counters is not None
+    workers = fleet.counters["workers"]
+    assert [w["url"] for w in workers] == fleet.urls
+    assert [w["requests"] for w in workers] == [1, 1]
+
+
+def test_http_fleet_can_speak_vllms_api() -> None:
+    import httpx
+
+    with SubprocessFleet(1, ZERO, extra_args=["--http", "--http-api", "vllm"]) as fleet:
+        models = httpx.get(fleet.urls[0] + "/v1/models", timeout=20).json()
+        assert models["data"][0]["id"]
+    assert fleet.returncode == 0

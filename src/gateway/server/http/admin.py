@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter
 from google.protobuf.json_format import MessageToDict
@@ -49,6 +49,9 @@ class AddWorkerRequest(BaseModel):
     bootstrap_port: int | None = Field(default=None, ge=1, le=65535)
     model: str | None = Field(default=None, max_length=512, description="expected served model name")
     api_key: str | None = Field(default=None, max_length=4096, description="bearer token for this worker")
+    engine: Literal["auto", "sglang", "vllm"] = Field(
+        default="auto", description="the engine behind an http(s):// URL (auto: detected from what answers)",
+    )
 
 
 class FlushCacheRequest(BaseModel):
@@ -108,7 +111,7 @@ def admin_router(door: HttpDoor) -> APIRouter:
             try:
                 worker = await state.add_worker(
                     req.url, role=req.role, bootstrap_port=req.bootstrap_port,
-                    api_key=req.api_key, model=req.model,
+                    api_key=req.api_key, model=req.model, engine=req.engine,
                 )
             except BadWorkerUrl as exc:
                 raise InvalidRequestError(str(exc), param="url") from None

@@ -1,0 +1,143 @@
+"""A ``WorkerTransport`` for vLLM's OpenAI server (``http://`` / ``https://`` workers).
+
+vLLM is the most deployed engine; its OpenAI server takes the routed token ids as a
+completion prompt and returns the ids it generated (``return_token_ids``), so the
+policy routes on the same ids the worker caches, as with SGLang. The shapes are
+translated in ``vllm_http_wire``; the session, errors and Generate call are the HTTP
+worker machinery of ``sglang_http``.
+
+What vLLM's server lacks is reported, not faked: no abort route (closing the request is
+its abort), no tokenizer download, KV capacity and loads only from ``/metrics``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.proto import common_pb2
+from gateway.proto import sglang_scheduler_pb2 as pb
+from gateway.workers.http_errors import http_status_error
+from gateway.workers.sglang_http import AnswerReader, Dialect, HttpWorkerClient
+from gateway.workers.transport import CallCode, WorkerCallError
+from gateway.workers.vllm_http_wire import CompletionStreamReader, completion_body, whole_completion
+
+
+class VllmDialect:
+    """vLLM's ``/v1/completions`` with a token-id prompt, for one served model name."""
+
+    path = "/v1/completions"
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+
+    def body(self, request: pb.GenerateRequest) -> bytes:
+        return orjson.dumps(completion_body(request, self.model))
+
+    def reader(self, request_id: str) -> AnswerReader:
+        return CompletionStreamReader(request_id)
+
+    def whole(self, request_id: str, answer: object) -> list[pb.GenerateResponse]:
+        return whole_completion(request_id, answer)
+
+
+_RUNNING = "vllm:num_requests_running"
+_WAITING = "vllm:num_requests_waiting"
+
+
+class VllmHttpClient(HttpWorkerClient):
+    """The worker seam over one vLLM OpenAI server."""
+
+    kind = "vllm/http"
+    engine = "vLLM's OpenAI server"
+
+    def __init__(self, url: str, **kwargs: Any) -> None:
+        super().__init__(url, **kwargs)
+        self._dialect: Dialect = VllmDialect("")
+
+    async def _model_card(self, timeout: float) -> dict[str, Any]:
+        models = await self._get_json("/v1/models", timeout)
+        data = models.get("data") if isinstance(models, dict) else None
+        if not isinstance(data, list) or not data or not isinstance(data[0], dict) or not data[0].get("id"):
+            raise WorkerCallError(CallCode.INTERNAL, "/v1/models lists no model")
+        card: dict[str, Any] = data[0]
+        self._dialect = VllmDialect(str(card["id"]))  # the name completions must carry
+        return card
+
+    async def model_info(self, *, timeout: float = 5.0) -> pb.GetModelInfoResponse:
+        card = await self._model_card(timeout)
+        length = card.get("max_model_len")
+        return pb.GetModelInfoResponse(
+            model_path=str(card.get("root") or card["id"]),
+            tokenizer_path=str(card.get("root") or ""),
+            is_generation=True,
+            served_model_name=str(card["id"]),
+            max_context_length=length if isinstance(length, int) else 0,
+        )
+
+    async def _metrics(self, timeout: float) -> list[Any]:
+        """The samples of ``/metrics`` (Prometheus text)."""
+        status, content = await self._call("GET", "/metrics", timeout)
+        if status != 200:
+            raise http_status_error(status, content)
+        try:
+            return [
+                sample
+                for family in text_string_to_metric_families(content.decode("utf-8", "replace"))
+                for sample in family.samples
+            ]
+        except ValueError as exc:
+            raise WorkerCallError(CallCode.INTERNAL, f"/metrics is not Prometheus text: {exc}") from None
+
+    async def server_info(self, *, timeout: float = 5.0) -> pb.GetServerInfoResponse:
+        """The served name, and the KV pool from ``vllm:cache_config_info`` (its
+        ``num_gpu_blocks`` x ``block_size`` labels) when ``/metrics`` has it: the
+        cache-aware budget follows the real capacity, pages are vLLM's blocks."""
+        card = await self._model_card(timeout)
+        args: dict[str, Any] = {"served_model_name": str(card["id"])}
+        capacity = 0
+        try:
+            samples = await self._metrics(timeout)
+        except WorkerCallError:
+            samples = []
+        for sample in samples:
+            if sample.name.startswith("vllm:cache_config_info"):
+                blocks, size = sample.labels.get("num_gpu_blocks"), sample.labels.get("block_size")
+                if blocks and size and blocks.isdigit() and size.isdigit():
+                    capacity = int(blocks) * int(size)
+                    args["page_size"] = int(size)
+        reply = pb.GetServerInfoResponse(server_type="vllm-http", max_total_num_tokens=capacity)
+        reply.server_args.update(args)
+        return reply
+
+    async def loads(self, *, timeout: float = 2.0, include: Sequence[str] = ("core",)) -> pb.GetLoadsResponse:
+        """Running and waiting requests from the Prometheus text of ``/metrics``."""
+        figures = {_RUNNING: 0.0, _WAITING: 0.0}
+        for sample in await self._metrics(timeout):
+            if sample.name in figures:
+                figures[sample.name] += sample.value
+        running, waiting = int(figures[_RUNNING]), int(figures[_WAITING])
+        load = pb.SchedulerLoad(
+            num_running_reqs=running, num_waiting_reqs=waiting, num_total_reqs=running + waiting,
+        )
+        return pb.GetLoadsResponse(
+            timestamp=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), dp_rank_count=1, loads=[load],
+            aggregate=pb.AggregateMetrics(
+                total_running_reqs=running, total_waiting_reqs=waiting, total_reqs=running + waiting,
+            ),
+        )
+
+    async def abort(self, request_id: str, reason: str = "", *, timeout: float = 2.0) -> bool:
+        return False  # no abort route: the cancelled call's closed connection aborts it
+
+    async def flush_cache(self, timeout_s: float = 0.0, *, timeout: float = 30.0) -> common_pb2.FlushCacheResponse:
+        status, content = await self._call("POST", "/reset_prefix_cache", timeout)
+        message = content.decode("utf-8", "replace").strip() or f"HTTP {status}"
+        return common_pb2.FlushCacheResponse(success=status == 200, message=message)
+
+
+__all__ = ["VllmDialect", "VllmHttpClient"]

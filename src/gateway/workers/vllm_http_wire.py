@@ -1,0 +1,179 @@
+"""vLLM's OpenAI server in the worker seam's terms: no I/O, only translation.
+
+vLLM takes token ids as a completion prompt (``"prompt": [ids]``) on
+``/v1/completions`` and, asked with ``return_token_ids``, returns the ids it generated
+(``choices[].token_ids``; streamed, each chunk carries only its new ids). Usage comes
+with every chunk under ``stream_options.continuous_usage_stats``, cached prompt tokens in
+``usage.prompt_tokens_details.cached_tokens`` when the server runs with
+``--enable-prompt-tokens-details``. Logprob rows name tokens as ``token_id:N`` when
+asked with ``return_tokens_as_token_ids``. A matched stop token is ``stop_reason``;
+an end at EOS has ``finish_reason`` "stop" and no ``stop_reason``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from google.protobuf.json_format import MessageToDict
+
+from gateway.proto import sglang_scheduler_pb2 as pb
+from gateway.workers.sglang_http_wire import AnswerError
+
+
+def completion_body(request: pb.GenerateRequest, model: str) -> dict[str, Any]:
+    """The JSON body of ``POST /v1/completions`` for one tokenized request."""
+    sp = request.sampling_params
+    body: dict[str, Any] = {
+        "model": model,
+        "prompt": list(request.tokenized.input_ids),
+        "temperature": sp.temperature,
+        "top_p": sp.top_p or 1.0,
+        "top_k": sp.top_k or -1,
+        "min_p": sp.min_p,
+        "frequency_penalty": sp.frequency_penalty,
+        "presence_penalty": sp.presence_penalty,
+        "repetition_penalty": sp.repetition_penalty or 1.0,
+        "n": max(1, sp.n),
+        "ignore_eos": sp.ignore_eos,
+        "skip_special_tokens": sp.skip_special_tokens,
+        "spaces_between_special_tokens": sp.spaces_between_special_tokens,
+        "stream": request.stream,
+        "return_token_ids": True,
+    }
+    if request.stream:
+        body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+    if sp.HasField("max_new_tokens"):
+        body["max_tokens"] = sp.max_new_tokens
+    if sp.min_new_tokens:
+        body["min_tokens"] = sp.min_new_tokens
+    if sp.stop_token_ids:
+        body["stop_token_ids"] = list(sp.stop_token_ids)
+    if sp.logit_bias:
+        body["logit_bias"] = dict(sp.logit_bias)
+    custom = MessageToDict(sp.custom_params) if sp.HasField("custom_params") else {}
+    if "seed" in custom:
+        body["seed"] = int(custom["seed"])
+    constraint = sp.WhichOneof("constraint")
+    if constraint is not None:
+        key = {"regex": "regex", "json_schema": "json", "ebnf_grammar": "grammar", "structural_tag": "structural_tag"}
+        body["structured_outputs"] = {key[constraint]: getattr(sp, constraint)}
+    if request.return_logprob:
+        body["logprobs"] = max(1, request.top_logprobs_num)
+        body["return_tokens_as_token_ids"] = True
+    return body
+
+
+def _token_id(name: object) -> int:
+    if isinstance(name, str) and name.startswith("token_id:"):
+        return int(name[9:])
+    raise AnswerError(f"logprob tokens must be 'token_id:N', got {name!r}")
+
+
+def _logprobs(choice: dict[str, Any], ids: list[int]) -> pb.OutputLogProbs | None:
+    lp = choice.get("logprobs")
+    if not isinstance(lp, dict) or not ids:
+        return None
+    values = lp.get("token_logprobs") or []
+    out = pb.OutputLogProbs(token_logprobs=[float(v or 0.0) for v in values[-len(ids):]], token_ids=ids)
+    for top in (lp.get("top_logprobs") or [])[-len(ids):]:
+        items = list((top or {}).items())
+        out.top_logprobs.add(values=[float(v) for _, v in items], token_ids=[_token_id(k) for k, _ in items])
+    return out
+
+
+def _usage(answer: dict[str, Any]) -> tuple[int, int]:
+    """(prompt_tokens, cached_tokens) from ``usage``, zeros when absent."""
+    usage = answer.get("usage")
+    if not isinstance(usage, dict):
+        return 0, 0
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else 0
+    return int(usage.get("prompt_tokens") or 0), int(cached or 0)
+
+
+def _choices(answer: object) -> list[dict[str, Any]]:
+    if not isinstance(answer, dict):
+        raise AnswerError("each answer must be a JSON object")
+    choices = answer.get("choices")
+    if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
+        raise AnswerError("choices must be a list of objects")
+    return choices
+
+
+def _ids(choice: dict[str, Any]) -> list[int]:
+    ids = choice.get("token_ids")
+    if ids is None:
+        raise AnswerError("the answer has no token_ids: the vLLM server must support return_token_ids")
+    if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
+        raise AnswerError("token_ids must be a list of token ids")
+    return ids
+
+
+def _complete(
+    rid: str, index: int, ids: list[int], total: int, prompt: int, cached: int, choice: dict[str, Any],
+    logprobs: pb.OutputLogProbs | None,
+) -> pb.GenerateResponse:
+    reason = choice.get("finish_reason")
+    complete = pb.GenerateComplete(
+        output_ids=ids, finish_reason=str(reason), prompt_tokens=prompt, completion_tokens=total,
+        cached_tokens=cached, index=index,
+    )
+    stop = choice.get("stop_reason")
+    if isinstance(stop, int) and not isinstance(stop, bool):
+        complete.matched_token_id = stop
+    elif isinstance(stop, str):
+        complete.matched_stop_str = stop
+    if logprobs is not None:
+        complete.output_logprobs.CopyFrom(logprobs)
+    return pb.GenerateResponse(request_id=rid, complete=complete)
+
+
+def whole_completion(rid: str, answer: object) -> list[pb.GenerateResponse]:
+    """A non-streamed completion as one complete per choice."""
+    choices = _choices(answer)
+    prompt, cached = _usage(answer)  # type: ignore[arg-type]
+    out = []
+    for position, choice in enumerate(choices):
+        ids = _ids(choice)
+        index = int(choice.get("index", position))
+        out.append(_complete(rid, index, ids, len(ids), prompt, cached, choice, _logprobs(choice, ids)))
+    return out
+
+
+class CompletionStreamReader:
+    """Turns streamed completion chunks into the chunks and completes a gRPC worker sends."""
+
+    __slots__ = ("_request_id", "_sent")
+
+    def __init__(self, request_id: str) -> None:
+        self._request_id = request_id
+        self._sent: dict[int, int] = {}
+
+    @property
+    def started(self) -> bool:
+        return any(self._sent.values())
+
+    def feed(self, answer: object) -> Iterator[pb.GenerateResponse]:
+        choices = _choices(answer)
+        prompt, cached = _usage(answer)  # type: ignore[arg-type]
+        for choice in choices:
+            index = choice.get("index", 0)
+            if not isinstance(index, int) or index < 0:
+                raise AnswerError(f"index must be a non-negative integer, got {index!r}")
+            ids = _ids(choice)
+            total = self._sent.get(index, 0) + len(ids)
+            self._sent[index] = total
+            logprobs = _logprobs(choice, ids)
+            if ids:
+                chunk = pb.GenerateStreamChunk(
+                    token_ids=ids, prompt_tokens=prompt, completion_tokens=total, cached_tokens=cached, index=index,
+                )
+                if logprobs is not None:
+                    chunk.output_logprobs.CopyFrom(logprobs)
+                yield pb.GenerateResponse(request_id=self._request_id, chunk=chunk)
+            if choice.get("finish_reason") is not None:
+                yield _complete(self._request_id, index, ids, total, prompt, cached, choice, logprobs)
+
+
+__all__ = ["CompletionStreamReader", "completion_body", "whole_completion"]

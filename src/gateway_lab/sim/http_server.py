@@ -1,0 +1,393 @@
+"""A simulated worker that speaks SGLang's native HTTP API or vLLM's OpenAI server.
+
+The same worker as the gRPC mode (``SimWorker``: radix cache, step loop, faults),
+served with Starlette on uvicorn. SGLang's routes: ``POST /generate`` (whole or
+SSE-streamed), ``GET /health``, ``/health_generate``, ``/get_model_info``,
+``/get_server_info``, ``/get_load``, ``POST /abort_request``, ``/flush_cache``.
+vLLM's (``api="vllm"``): ``POST /v1/completions`` with a token-id prompt and
+``return_token_ids``, ``GET /v1/models``, ``/health``, ``/metrics``.
+Requests run through the gRPC mode's own servicer with an in-process call context,
+so both modes validate, cache and fail alike. Like SGLang's server, a streamed
+request reports errors as a ``data: {"error": ...}`` event, a whole one as HTTP 400,
+and a client that disconnects has its request aborted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from typing import Any
+
+import grpc
+import orjson
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from gateway.proto import sglang_scheduler_pb2 as pb
+from gateway_lab.sim.config import SimConfig
+from gateway_lab.sim.http_wire import (
+    AnswerBuilder,
+    BadBody,
+    CompletionBuilder,
+    completion_request,
+    generate_request,
+)
+from gateway_lab.sim.servicer import SIM_VERSION, SimServicer
+from gateway_lab.sim.worker import SimWorker
+
+
+class CallAborted(Exception):
+    """The servicer ended the call with a status (what ``context.abort`` raises)."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self.code = code
+        self.details = details
+
+
+class InProcessContext:
+    """The part of ``grpc.aio.ServicerContext`` the servicer's Generate uses."""
+
+    async def abort(self, code: grpc.StatusCode, details: str = "", *_: Any) -> None:
+        raise CallAborted(code, details)
+
+    def cancelled(self) -> bool:
+        return False
+
+
+_HTTP_STATUS = {
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.OUT_OF_RANGE: 400,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+    grpc.StatusCode.UNAVAILABLE: 503,
+}
+
+
+def _error(message: str, status: int) -> JSONResponse:
+    return JSONResponse({"error": {"message": message}}, status_code=status)
+
+
+def _sse(answer: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(answer) + b"\n\n"
+
+
+HTTP_APIS = ("sglang", "vllm")
+
+
+class SimHttpWorker:
+    """One simulated SGLang HTTP server; ``await start()``, use ``url``, ``await stop()``."""
+
+    def __init__(
+        self, config: SimConfig | None = None, *, on_die: Callable[[], None] | None = None, api: str = "sglang",
+    ) -> None:
+        if api not in HTTP_APIS:
+            raise ValueError(f"api must be one of {HTTP_APIS}, got {api!r}")
+        self.worker = SimWorker(config, on_die=on_die)
+        self.api = api
+        self.servicer = SimServicer(self.worker)
+        self.host = "127.0.0.1"
+        self.port = 0
+        self._server: uvicorn.Server | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.app = Starlette(routes=[
+            Route("/health", self.health, methods=["GET"]),
+            Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/v1/models", self.models, methods=["GET"]),
+            Route("/metrics", self.metrics, methods=["GET"]),
+        ] if api == "vllm" else [
+            Route("/generate", self.generate, methods=["POST", "PUT"]),
+            Route("/health", self.health, methods=["GET"]),
+            Route("/health_generate", self.health, methods=["GET"]),
+            Route("/get_model_info", self.model_info, methods=["GET"]),
+            Route("/get_server_info", self.server_info, methods=["GET"]),
+            Route("/get_load", self.load, methods=["GET"]),
+            Route("/abort_request", self.abort, methods=["POST"]),
+            Route("/flush_cache", self.flush_cache, methods=["GET", "POST"]),
+        ])
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def config(self) -> SimConfig:
+        return self.worker.config
+
+    @property
+    def bootstrap_port(self) -> int | None:
+        return self.worker.bootstrap_port
+
+    def stats(self) -> dict[str, Any]:
+        return {**self.worker.stats(), "url": self.url}
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0, bootstrap_port: int | None = None) -> None:
+        """Start the worker (its gRPC port stays unused) and listen for HTTP on ``host:port``."""
+        await self.worker.start(host, bootstrap_port=bootstrap_port)
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        self.host, self.port = host, sock.getsockname()[1]
+        config = uvicorn.Config(self.app, log_level="warning", lifespan="off", timeout_graceful_shutdown=1)
+        self._server = uvicorn.Server(config)
+        self._task = asyncio.create_task(self._server.serve(sockets=[sock]))
+        for _ in range(500):
+            if self._server.started:
+                return
+            await asyncio.sleep(0.01)
+        raise OSError(f"the simulated HTTP worker did not start on {host}:{port}")
+
+    async def stop(self, grace: float | None = 0.5) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._task is not None:
+            await self._task
+            self._task = None
+        if self.worker.port:
+            await self.worker.stop(grace=grace)
+
+    async def kill(self) -> None:
+        """Vanish as a crashed server would: every open connection is dropped."""
+        if self._server is not None:
+            for conn in list(self._server.server_state.connections):
+                transport = getattr(conn, "transport", None)
+                if transport is not None:
+                    transport.abort()
+            self._server.should_exit = True
+            self._server.force_exit = True
+        if self._task is not None:
+            with contextlib.suppress(Exception):
+                await self._task
+            self._task = None
+        await self.worker.kill()
+
+    # ------------------------------------------------------------------ routes
+    def _run(self, req: pb.GenerateRequest) -> AsyncGenerator[pb.GenerateResponse, None]:
+        """The gRPC mode's Generate, in process (closing it aborts the request)."""
+        return self.servicer.Generate(req, InProcessContext())  # type: ignore[arg-type,return-value]
+
+    async def generate(self, request: Request) -> Response:
+        try:
+            body = orjson.loads(await request.body())
+            req = generate_request(body, uuid.uuid4().hex)
+        except (orjson.JSONDecodeError, BadBody) as exc:
+            return _error(str(exc), 400)
+        if req.stream:
+            return StreamingResponse(self._stream(req), media_type="text/event-stream")
+        builder = AnswerBuilder(req.request_id)
+        answers: dict[int, dict[str, Any]] = {}
+        try:
+            async with contextlib.aclosing(self._run(req)) as messages:
+                async for message in messages:
+                    if message.HasField("chunk"):
+                        builder.chunk(message.chunk, req.return_logprob)
+                        continue
+                    answers[message.complete.index] = builder.complete(message.complete, req.return_logprob)
+        except CallAborted as exc:
+            return _error(exc.details, _HTTP_STATUS.get(exc.code, 500))
+        ordered = [answers[i] for i in sorted(answers)]
+        for answer in ordered:
+            del answer["index"]  # a single answer carries no index in SGLang
+        return JSONResponse(ordered[0] if len(ordered) == 1 else ordered)
+
+    async def _stream(self, req: pb.GenerateRequest) -> AsyncIterator[bytes]:
+        """SSE events; the last chunk of a sample and its complete make one event, as in
+        SGLang, where the finishing output carries both tokens and finish_reason."""
+        builder = AnswerBuilder(req.request_id)
+        lp = req.return_logprob
+        pending: pb.GenerateStreamChunk | None = None
+        try:
+            async with contextlib.aclosing(self._run(req)) as messages:
+                async for message in messages:
+                    if message.HasField("chunk"):
+                        if pending is not None:
+                            yield _sse(builder.chunk(pending, lp))
+                        pending = message.chunk
+                        continue
+                    complete = message.complete
+                    if pending is not None:
+                        if pending.index == complete.index:
+                            builder.chunk(pending, lp)
+                        else:
+                            yield _sse(builder.chunk(pending, lp))
+                        pending = None
+                    yield _sse(builder.complete(complete, lp))
+            if pending is not None:
+                yield _sse(builder.chunk(pending, lp))
+        except CallAborted as exc:
+            if pending is not None:  # tokens made before the failure were sent
+                yield _sse(builder.chunk(pending, lp))
+            yield _sse({"error": {"message": exc.details}})
+        yield b"data: [DONE]\n\n"
+
+    # ----------------------------------------------------- vLLM's OpenAI server
+    async def completions(self, request: Request) -> Response:
+        """``/v1/completions`` with a token-id prompt, as vLLM answers it with
+        ``return_token_ids``: refusals are HTTP 400 before any stream starts."""
+        try:
+            body = orjson.loads(await request.body())
+            req = completion_request(body, uuid.uuid4().hex)
+        except (orjson.JSONDecodeError, BadBody) as exc:
+            return _error(str(exc), 400)
+        builder = CompletionBuilder(req.request_id, self.worker.config.served_name)
+        messages = self._run(req)
+        try:
+            first = await anext(messages)
+        except CallAborted as exc:
+            await messages.aclose()
+            return _error(exc.details, _HTTP_STATUS.get(exc.code, 500))
+        except StopAsyncIteration:
+            return _error("the worker produced nothing", 500)
+        if req.stream:
+            options = body.get("stream_options") or {}
+            return StreamingResponse(
+                self._completion_stream(messages, first, builder, bool(options.get("continuous_usage_stats")),
+                                        bool(options.get("include_usage"))),
+                media_type="text/event-stream",
+            )
+        ids: dict[int, list[int]] = {}
+        choices: dict[int, dict[str, Any]] = {}
+        try:
+            async with contextlib.aclosing(messages):
+                message: pb.GenerateResponse | None = first
+                while message is not None:
+                    if message.HasField("chunk"):
+                        c = message.chunk
+                        ids.setdefault(c.index, []).extend(builder.chunk(c, False)["choices"][0]["token_ids"])
+                    else:
+                        done = message.complete
+                        choice = builder.finish(done, True, ids.get(done.index, []))["choices"][0]
+                        choices[done.index] = choice
+                    message = await anext(messages, None)
+        except CallAborted as exc:
+            return _error(exc.details, _HTTP_STATUS.get(exc.code, 500))
+        answer = builder.usage_only()
+        answer["choices"] = [choices[i] for i in sorted(choices)]
+        return JSONResponse(answer)
+
+    async def _completion_stream(
+        self, messages: AsyncGenerator[pb.GenerateResponse, None], first: pb.GenerateResponse,
+        builder: CompletionBuilder, continuous: bool, final_usage: bool,
+    ) -> AsyncIterator[bytes]:
+        pending: pb.GenerateStreamChunk | None = None
+        try:
+            async with contextlib.aclosing(messages):
+                message: pb.GenerateResponse | None = first
+                while message is not None:
+                    if message.HasField("chunk"):
+                        if pending is not None:
+                            yield _sse(builder.chunk(pending, continuous))
+                        pending = message.chunk
+                    else:
+                        done = message.complete
+                        carried: list[int] = []
+                        if pending is not None and pending.index == done.index:
+                            carried = builder.chunk(pending, False)["choices"][0]["token_ids"]
+                        elif pending is not None:
+                            yield _sse(builder.chunk(pending, continuous))
+                        pending = None
+                        yield _sse(builder.finish(done, continuous, carried))
+                    message = await anext(messages, None)
+            if pending is not None:
+                yield _sse(builder.chunk(pending, continuous))
+            if final_usage:
+                yield _sse(builder.usage_only())
+        except CallAborted as exc:
+            if pending is not None:
+                yield _sse(builder.chunk(pending, continuous))
+            yield _sse({"error": {"message": exc.details, "type": "InternalServerError", "code": 500}})
+        yield b"data: [DONE]\n\n"
+
+    async def models(self, request: Request) -> Response:
+        cfg = self.worker.config
+        return JSONResponse({"object": "list", "data": [{
+            "id": cfg.served_name, "object": "model", "root": cfg.model, "max_model_len": cfg.context_length,
+        }]})
+
+    async def metrics(self, request: Request) -> Response:
+        sched = self.worker.scheduler
+        cfg = self.worker.config
+        blocks = self.worker.cache.capacity // cfg.page_size
+        lines = [
+            "# TYPE vllm:cache_config_info gauge",
+            f'vllm:cache_config_info{{block_size="{cfg.page_size}",num_gpu_blocks="{blocks}"}} 1.0',
+            "# TYPE vllm:num_requests_running gauge",
+            f'vllm:num_requests_running{{engine="0",model_name="{self.worker.config.served_name}"}} {sched.num_running}',
+            "# TYPE vllm:num_requests_waiting gauge",
+            f'vllm:num_requests_waiting{{engine="0",model_name="{self.worker.config.served_name}"}} {sched.num_waiting}',
+        ]
+        return Response("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
+
+    async def health(self, request: Request) -> Response:
+        self.worker.counters.health_checks += 1
+        return Response(status_code=503 if self.worker.stopping else 200)
+
+    async def model_info(self, request: Request) -> Response:
+        cfg = self.worker.config
+        return JSONResponse({
+            "model_path": cfg.model,
+            "tokenizer_path": str(self.worker.vocab.path),
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": "default",
+        })
+
+    async def server_info(self, request: Request) -> Response:
+        w = self.worker
+        cfg = w.config
+        args = dict(w.server_args())
+        args.update(grpc_mode=False, skip_tokenizer_init=False, port=self.port)
+        scheduler = {
+            "max_total_num_tokens": w.cache.capacity,
+            "max_req_input_len": cfg.context_length - 1,
+        }
+        state = {
+            "last_gen_throughput": w.scheduler.gen_throughput(),
+            "load": w.scheduler.num_running + w.scheduler.num_waiting,
+        }
+        return JSONResponse({**args, **scheduler, "internal_states": [state], "version": SIM_VERSION})
+
+    async def load(self, request: Request) -> Response:
+        load = self.worker.scheduler_load()
+        return JSONResponse([{
+            "dp_rank": 0,
+            "num_reqs": load.num_running_reqs + load.num_waiting_reqs,
+            "num_waiting_reqs": load.num_waiting_reqs,
+            "num_tokens": load.num_used_tokens,
+        }])
+
+    async def abort(self, request: Request) -> Response:
+        try:
+            body = orjson.loads(await request.body())
+        except orjson.JSONDecodeError:
+            return _error("the body must be JSON", 400)
+        rid = body.get("rid") if isinstance(body, dict) else None
+        if isinstance(rid, str):
+            self.worker.abort(rid)
+        return Response(status_code=200)
+
+    async def flush_cache(self, request: Request) -> Response:
+        ok, message = await self.worker.flush_cache(0.0)
+        return Response(message + "\n", status_code=200 if ok else 400)
+
+
+@contextlib.asynccontextmanager
+async def http_fleet(
+    n: int, config: SimConfig | None = None, *, api: str = "sglang"
+) -> AsyncIterator[list[SimHttpWorker]]:
+    """``n`` simulated HTTP workers (SGLang's API or vLLM's) in this process, stopped on exit."""
+    workers = [SimHttpWorker(config, api=api) for _ in range(n)]
+    try:
+        for w in workers:
+            await w.start()
+        yield workers
+    finally:
+        await asyncio.gather(*(w.stop() for w in workers), return_exceptions=True)
+
+
+__all__ = ["CallAborted", "InProcessContext", "SimHttpWorker", "http_fleet"]

@@ -1,0 +1,57 @@
+"""The official openai client -> gateway -> simulated *vLLM* HTTP workers (OpenAI server
+with token-id prompts and ``return_token_ids``): detected by what they answer, routed on
+the ids they cache, resumed after a failure."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.e2e.http_workers.test_sglang_http import eventually, http_stack, idle
+
+
+async def test_vllm_workers_are_detected_and_serve_chat_and_completions(tmp_path: Any) -> None:
+    async with http_stack(tmp_path, api="vllm") as stack:
+        assert {w.client.kind for w in stack.state.registry.all()} == {"vllm/http"}
+        whole = await stack.client.chat.completions.create(
+            model=stack.model, messages=[{"role": "user", "content": "hi"}], max_tokens=10,
+            extra_body={"ignore_eos": True},
+        )
+        assert whole.choices[0].finish_reason == "length" and whole.choices[0].message.content
+        assert whole.usage is not None and whole.usage.completion_tokens == 10
+        stream = await stack.client.completions.create(
+            model=stack.model, prompt="tell me", max_tokens=10, stream=True,
+            extra_body={"ignore_eos": True}, stream_options={"include_usage": True},
+        )
+        text, usage = "", None
+        async for chunk in stream:
+            if chunk.choices:
+                text += chunk.choices[0].text or ""
+            usage = chunk.usage or usage
+        assert text and usage is not None and usage.completion_tokens == 10
+        assert idle(stack)
+
+
+async def test_vllm_workers_report_cached_tokens_and_route_on_them(tmp_path: Any) -> None:
+    async with http_stack(tmp_path, workers=2, api="vllm", policy="cache_aware") as stack:
+        prompt = "a long shared preamble about routing on tokens " * 8
+        for _ in range(3):
+            last = await stack.client.completions.create(model=stack.model, prompt=prompt, max_tokens=3)
+        assert last.usage is not None and last.usage.prompt_tokens_details is not None
+        assert last.usage.prompt_tokens_details.cached_tokens
+        served = sorted(w.worker.counters.requests for w in stack.workers)
+        assert served == [0, 3]  # cache_aware kept the prefix on one worker
+
+
+async def test_a_vllm_worker_failing_mid_stream_is_resumed(tmp_path: Any) -> None:
+    async with http_stack(tmp_path, workers=2, api="vllm") as stack:
+        stack.workers[0].worker.faults.fail_after_tokens = 4
+        for _ in range(2):
+            stream = await stack.client.completions.create(
+                model=stack.model, prompt="hello there", max_tokens=20, stream=True,
+                extra_body={"ignore_eos": True}, stream_options={"include_usage": True},
+            )
+            usage = None
+            async for chunk in stream:
+                usage = chunk.usage or usage
+            assert usage is not None and usage.completion_tokens == 20
+        await eventually(lambda: idle(stack))

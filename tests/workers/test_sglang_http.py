@@ -1,0 +1,310 @@
+"""The SGLang HTTP client against a real HTTP server on loopback that answers the way
+SGLang's own server does (Starlette on uvicorn, scripted per test): the seam's
+messages, its errors, cancel, abort and the self-description calls."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import orjson
+import pytest
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from gateway.proto import sglang_scheduler_pb2 as pb
+from gateway.workers.sglang_http import SglangHttpClient
+from gateway.workers.transport import END_OF_STREAM, CallCode, WorkerCallError
+
+Handler = Callable[[Request], Any]
+
+
+class Peer:
+    """A loopback HTTP server whose routes each test sets; it records what it got."""
+
+    def __init__(self) -> None:
+        self.routes: dict[str, Handler] = {}
+        self.bodies: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []
+        self.disconnected = asyncio.Event()
+        self.server: uvicorn.Server | None = None
+
+        async def dispatch(request: Request) -> Response:
+            if request.method == "POST":
+                raw = await request.body()
+                self.bodies.append(orjson.loads(raw) if raw else {})
+            self.headers.append(dict(request.headers))
+            handler = self.routes.get(request.url.path)
+            if handler is None:
+                return JSONResponse({"detail": "Not Found"}, status_code=404)
+            return await handler(request)
+
+        self.app = Starlette(routes=[Route("/{path:path}", dispatch, methods=["GET", "POST"])])
+
+    def sse(self, events: list[Any], *, done: bool = True, hang: bool = False) -> Handler:
+        async def handler(request: Request) -> Response:
+            async def body() -> AsyncIterator[bytes]:
+                try:
+                    for event in events:
+                        yield b"data: " + orjson.dumps(event) + b"\n\n"
+                    for _ in range(600 if hang else 0):
+                        await asyncio.sleep(0.05)
+                        if await request.is_disconnected():
+                            return
+                    if done:
+                        yield b"data: [DONE]\n\n"
+                finally:
+                    self.disconnected.set()
+            return StreamingResponse(body(), media_type="text/event-stream")
+        return handler
+
+
+def reply(body: Any, status: int = 200) -> Handler:
+    async def handler(request: Request) -> Response:
+        return JSONResponse(body, status_code=status)
+    return handler
+
+
+@contextlib.asynccontextmanager
+async def serving() -> AsyncIterator[tuple[Peer, str]]:
+    """A :class:`Peer` listening on loopback, and its URL."""
+    p = Peer()
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = p.server = uvicorn.Server(uvicorn.Config(p.app, log_level="warning", lifespan="off"))
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    for _ in range(500):
+        if server.started:
+            break
+        await asyncio.sleep(0.01)
+    try:
+        yield p, f"http://localhost:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        server.force_exit = True
+        await task
+
+
+@pytest.fixture
+async def peer() -> AsyncIterator[tuple[Peer, SglangHttpClient]]:
+    async with serving() as (p, url):
+        client = SglangHttpClient(url, api_key="k")
+        try:
+            yield p, client
+        finally:
+            await client.close()
+
+
+def ans(ids: list[int], done: Any = None, **meta: Any) -> dict[str, Any]:
+    info = {"id": "r", "finish_reason": done, "prompt_tokens": 3, "completion_tokens": len(ids), "cached_tokens": 0}
+    info.update(meta)
+    return {"text": "", "output_ids": ids, "meta_info": info}
+
+
+def request(stream: bool = True, **kw: Any) -> pb.GenerateRequest:
+    return pb.GenerateRequest(
+        request_id="req-1", tokenized=pb.TokenizedInput(input_ids=[1, 2, 3]),
+        sampling_params=pb.SamplingParams(temperature=0.0, n=1, max_new_tokens=4), stream=stream, **kw,
+    )
+
+
+async def drain(call: Any) -> list[pb.GenerateResponse]:
+    out = []
+    while (item := await call.read()) is not END_OF_STREAM:
+        out.append(item)
+    return out
+
+
+async def test_a_streamed_generate_reads_as_chunks_then_a_complete(peer: tuple[Peer, SglangHttpClient]) -> None:
+    p, client = peer
+    assert client.url.startswith("http://127.0.0.1:") and client.kind == "sglang/http"
+    p.routes["/generate"] = p.sse([ans([7]), ans([7, 8], {"type": "stop", "matched": 8})])
+    got = await drain(client.generate(request()))
+    assert [m.WhichOneof("response") for m in got] == ["chunk", "chunk", "complete"]
+    assert list(got[1].chunk.token_ids) == [8] and got[2].complete.matched_token_id == 8
+    body = p.bodies[-1]
+    assert body["input_ids"] == [1, 2, 3] and body["rid"] == "req-1" and body["stream"] is True
+    assert p.headers[-1]["authorization"] == "Bearer k" and p.headers[-1]["x-request-id"] == "req-1"
+
+
+async def test_a_whole_generate_is_one_complete(peer: tuple[Peer, SglangHttpClient]) -> None:
+    p, client = peer
+    p.routes["/generate"] = reply(ans([4, 5, 6], {"type": "length", "length": 3}))
+    (only,) = await drain(client.generate(request(stream=False)))
+    assert list(only.complete.output_ids) == [4, 5, 6] and only.complete.finish_reason == "length"
+
+
+@pytest.mark.parametrize(("status", "code"), [(400, CallCode.INVALID_ARGUMENT), (503, CallCode.UNAVAILABLE)])
+async def test_error_statuses_are_call_errors(peer: tuple[Peer, SglangHttpClient], status: int, code: CallCode) -> None:
+    p, client = peer
+    p.routes["/generate"] = reply({"error": {"message": "nope"}}, status)
+    with pytest.raises(WorkerCallError) as err:
+        await drain(client.generate(request()))
+    assert err.value.code is code and err.value.message == "nope"
+
+
+async def test_an_error_event_is_a_refusal_before_output_and_an_abort_after(peer: tuple[Peer, SglangHttpClient]) -> None:
+    p, client = peer
+    p.routes["/generate"] = p.sse([{"error": {"message": "too long"}}])
+    with pytest.raises(WorkerCallError) as err:
+        await drain(client.generate(request()))
+    assert err.value.code is CallCode.INVALID_ARGUMENT and err.value.message == "too long"
+    p.routes["/generate"] = p.sse([ans([1]), {"error": {"message": "scheduler gone"}}])
+    call = client.generate(request())
+    assert (await call.read()).HasField("chunk")
+    with pytest.raises(WorkerCallError) as err:
+        await call.read()
+    assert err.value.code is CallCode.ABORTED and err.value.retryable
+
+
+async def test_a_stream_that_ends_unfinished_is_unavailable(peer: tuple[Peer, SglangHttpClient]) -> None:
+    p, client = peer
+    p.routes["/generate"] = p.sse([ans([1])], done=False)
+    call = client.generate(request())
+    assert (await call.read()).HasField("chunk")
+    with pytest.raises(WorkerCallError) as err:
+        await call.read()
+    assert err.value.code is CallCode.UNAVAILABLE
+
+
+async def test_a_malformed_answer_is_internal(peer: tuple[Peer, SglangHttpClient]) -> None:
+    p, client = peer
+    p.routes["/generate"] = p.sse([{"output_ids": "x", "meta_info": {}}])
+    with pytest.raises(WorkerCallError) as err:
+        await drain(client.generate(request()))
+    assert err.value.code is CallCode.INTERNAL and "malformed" in err.value.message
+
+
+async def test_cancel_ends_a_pending_read_and_the_http_request(peer: tuple[Peer, SglangHttpClient]) -> None:
+    p, client = peer
+    p.routes["/generate"] = p.sse([ans([1])], hang=True)
+    call = client.generate(request())
+    assert (await call.read()).HasField("chunk")
+    pending = asyncio.ensure_future(call.read())
+    await asyncio.sleep(0.05)
+    assert call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await pending
+    await asyncio.wait_for(p.disconnected.wait(), 5)  # the worker saw the request go
+
+
+async def test_a_deadline_ends_the_call(peer: tuple[Peer, SglangHttpClient]) -> None:
+    p, client = peer
+    p.routes["/generate"] = p.sse([ans([1])], hang=True)
+    call = client.generate(request(), timeout=0.2)
+    assert (await call.read()).HasField("chunk")
+    with pytest.raises(WorkerCallError) as err:
+        await call.read()
+    assert err.value.code is CallCode.DEADLINE_EXCEEDED
+
+
+async def test_abort_names_the_request(peer: tuple[Peer, SglangHttpClient]) -> None:
+    p, client = peer
+    p.routes["/abort_request"] = reply({})
+    assert await client.abort("req-9")
+    assert p.bodies[-1] == {"rid": "req-9"}
+
+
+async def test_health_model_and_server_info(peer: tuple[Peer, SglangHttpClient]) -> None:
+    p, client = peer
+    p.routes["/health"] = reply({}, 503)
+    assert not (await client.health_check()).healthy
+    p.routes["/health"] = reply({})
+    assert (await client.health_check()).healthy
+    p.routes["/get_model_info"] = reply({
+        "model_path": "Qwen/Qwen3-0.6B", "tokenizer_path": "/models/qwen", "is_generation": True,
+        "preferred_sampling_params": None, "weight_version": "default",
+    })
+    info = await client.model_info()
+    assert info.model_path == "Qwen/Qwen3-0.6B" and info.tokenizer_path == "/models/qwen" and info.is_generation
+    p.routes["/get_server_info"] = reply({
+        "served_model_name": "qwen", "page_size": 16, "dp_size": 1, "context_length": None,
+        "max_total_num_tokens": 5000, "internal_states": [{"load": 2}], "version": "0.5.0",
+    })
+    server = await client.server_info()
+    assert server.max_total_num_tokens == 5000 and server.sglang_version == "0.5.0"
+    assert server.server_args["served_model_name"] == "qwen" and "context_length" not in server.server_args
+    assert server.scheduler_info["load"] == 2
+
+
+async def test_a_server_that_is_not_sglang_says_so(peer: tuple[Peer, SglangHttpClient]) -> None:
+    _, client = peer
+    with pytest.raises(WorkerCallError) as err:
+        await client.model_info()
+    assert err.value.code is CallCode.UNIMPLEMENTED and "not an SGLang HTTP server" in err.value.message
+
+
+@pytest.mark.parametrize(
+    ("body", "total", "waiting"),
+    [
+        ([{"dp_rank": 0, "num_reqs": 5, "num_waiting_reqs": 2, "num_tokens": 100}], 5, 2),
+        ({"load": 4}, 4, 0),
+    ],
+)
+async def test_loads_of_both_shapes(peer: tuple[Peer, SglangHttpClient], body: Any, total: int, waiting: int) -> None:
+    p, client = peer
+    p.routes["/get_load"] = reply(body)
+    loads = await client.loads()
+    assert loads.dp_rank_count == 1
+    assert (loads.loads[0].num_total_reqs, loads.loads[0].num_waiting_reqs) == (total, waiting)
+    assert loads.loads[0].num_running_reqs == total - waiting
+
+
+async def test_what_the_http_server_lacks_is_unimplemented(peer: tuple[Peer, SglangHttpClient]) -> None:
+    _, client = peer
+    for attempt in (client.tokenizer_zip(), client.embed(pb.EmbedRequest())):
+        with pytest.raises(WorkerCallError) as err:
+            await attempt
+        assert err.value.code is CallCode.UNIMPLEMENTED
+    with pytest.raises(WorkerCallError):
+        async for _ in client.subscribe_kv_events():
+            pass
+    with pytest.raises(WorkerCallError):
+        async for _ in client.tokenizer_chunks():
+            pass
+
+
+async def test_an_unreachable_worker_is_unavailable() -> None:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    client = SglangHttpClient(f"http://127.0.0.1:{port}")
+    try:
+        with pytest.raises(WorkerCallError) as err:
+            await client.health_check(timeout=2)
+        assert err.value.code is CallCode.UNAVAILABLE
+        with pytest.raises(WorkerCallError) as err:
+            await drain(client.generate(request()))
+        assert err.value.code is CallCode.UNAVAILABLE
+    finally:
+        await client.close()
+
+
+async def test_cancel_after_the_last_complete_keeps_the_connection(peer: tuple[Peer, SglangHttpClient]) -> None:
+    p, client = peer
+    p.routes["/generate"] = p.sse([ans([7]), ans([7, 8], {"type": "length"})])
+    for _ in range(3):  # the pipeline stops at the complete and cancels the call
+        call = client.generate(request())
+        while not (await call.read()).HasField("complete"):
+            pass
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call.read()
+    await asyncio.sleep(0.1)
+    assert p.server is not None
+    assert len(p.server.server_state.connections) == 1  # drained to its end, reused, never dropped
+
+
+async def test_a_long_cumulative_answer_is_one_line_however_long(peer: tuple[Peer, SglangHttpClient]) -> None:
+    p, client = peer
+    ids = list(range(100_000, 120_000))  # ~140 KB on one SSE line
+    p.routes["/generate"] = p.sse([ans(ids[:-1]), ans(ids, {"type": "length"})])
+    got = await drain(client.generate(request()))
+    assert [t for m in got if m.HasField("chunk") for t in m.chunk.token_ids] == ids
