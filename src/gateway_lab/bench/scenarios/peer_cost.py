@@ -40,7 +40,7 @@ from typing import Any
 
 import httpx
 
-from gateway_lab.bench.machine import cpu_seconds, describe
+from gateway_lab.bench.machine import describe
 from gateway_lab.bench.scenarios.overhead import (
     Client,
     Prompts,
@@ -49,8 +49,10 @@ from gateway_lab.bench.scenarios.overhead import (
     closed_loop,
     flush_caches,
     pct,
+    profiling,
     settle,
     start_gateway,
+    summarize_profile,
 )  # fmt: skip
 from gateway_lab.bench.workloads import default_tokenizer_dir
 from gateway_lab.bench.zero_fleet import ZeroFleet
@@ -64,6 +66,7 @@ FIGURES = (
     ("ttft_p50_ms", "TTFT p50 ms"),
     ("cpu_ms_per_request", "CPU ms/request"),
     ("cpu_us_per_token", "CPU µs/relayed token"),
+    ("system_share", "share of CPU in the kernel"),
     ("hit_rate", "hit rate"),
 )
 
@@ -102,10 +105,23 @@ def ordered(gateways: Sequence[str], rnd: int) -> list[str]:
     return list(gateways) if rnd % 2 == 1 else list(reversed(gateways))
 
 
+def user_system_s(pid: int) -> tuple[float, float]:
+    """User and system CPU seconds of process ``pid`` (Linux /proc; zeros elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        tick = os.sysconf("SC_CLK_TCK")
+        return int(fields[11]) / tick, int(fields[12]) / tick
+    except (OSError, IndexError, ValueError):
+        return 0.0, 0.0
+
+
 async def _measure(gw: Running, client: Client, bodies: Sequence[tuple[str, dict[str, Any]]], concurrency: int, cap_s: float) -> dict[str, Any]:
-    c0 = cpu_seconds(gw.pid)
+    u0, s0 = user_system_s(gw.pid)
     done, wall = await closed_loop(lambda i: client.send(*bodies[i]), concurrency, len(bodies), cap_s)  # type: ignore[arg-type,return-value]
-    return load_row(done, wall, cpu_seconds(gw.pid) - c0)  # type: ignore[arg-type]
+    u1, s1 = user_system_s(gw.pid)
+    row = load_row(done, wall, (u1 - u0) + (s1 - s0))  # type: ignore[arg-type]
+    row["system_share"] = round((s1 - s0) / max(1e-9, (u1 - u0) + (s1 - s0)), 2)
+    return row
 
 
 def short_bodies(prompts: Prompts, args: argparse.Namespace, n: int, stream: bool) -> list[tuple[str, dict[str, Any]]]:
@@ -151,7 +167,9 @@ async def run_gateway(name: str, fleet: ZeroFleet, loads: Sequence[str], prompts
                 await settle(gw.pid, args.cap_s)
                 if load == "gsp-paced":
                     await flush_caches(fleet.urls)
-                out[load] = await _measure(gw, client, bodies, args.concurrency, args.cap_s)
+                spy = Path(args.profile) / f"{name}-{load}.txt" if args.profile and name != "smg" else None
+                with profiling(gw.pid, spy, args.profile_rate, True):
+                    out[load] = await _measure(gw, client, bodies, args.concurrency, args.cap_s)
                 print(f"  {name} {load}: {out[load]}", flush=True)
         finally:
             await client.close()
@@ -245,6 +263,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stall-ratio", type=float, default=10.0)
     parser.add_argument("--cap-s", type=float, default=60.0, help="time cap per load, seconds")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--profile", default="", help="directory for py-spy profiles of our gateway's measured loads")
+    parser.add_argument("--profile-rate", type=int, default=200, help="py-spy samples per second")
     parser.add_argument("--json", default="", help="write every figure to this JSON file")
 
 
@@ -262,6 +282,13 @@ def main(args: argparse.Namespace) -> int:
     print("\n" + report["table"])
     print(f"\nmachine: {report['machine']}; {datetime.datetime.now(datetime.UTC):%H:%M UTC}; "
           f"load before {report['load_before'][0]:.1f}, after {report['load_after'][0]:.1f}")
+    for raw in sorted(Path(args.profile).glob("*.txt")) if args.profile else ():
+        summary = summarize_profile(raw, top=30)
+        print(f"\nprofile {raw.stem}: {summary['samples']} samples")
+        for stage, share in summary["stage_percent"].items():
+            print(f"  {share:5.1f}%  {stage}")
+        for share, frame in summary["top_self_percent"]:
+            print(f"  {share:5.1f}%  {frame}")
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
     return 0
