@@ -105,14 +105,35 @@ def ordered(gateways: Sequence[str], rnd: int) -> list[str]:
     return list(gateways) if rnd % 2 == 1 else list(reversed(gateways))
 
 
-def user_system_s(pid: int) -> tuple[float, float]:
-    """User and system CPU seconds of process ``pid`` (Linux /proc; zeros elsewhere)."""
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        tick = os.sysconf("SC_CLK_TCK")
-        return int(fields[11]) / tick, int(fields[12]) / tick
-    except (OSError, IndexError, ValueError):
-        return 0.0, 0.0
+        for task in os.listdir(f"/proc/{pid}/task"):
+            out += [int(c) for c in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
+    except (OSError, ValueError):
+        pass
+    return out
+
+
+def user_system_s(pid: int) -> tuple[float, float]:
+    """User and system CPU seconds of process ``pid`` and its live descendants (a gateway
+    run with ``--processes N`` serves from children; Linux /proc, zeros elsewhere)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    user = system = 0.0
+    todo, seen = [pid], set()
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            user += int(fields[11]) / tick
+            system += int(fields[12]) / tick
+        except (OSError, IndexError, ValueError):
+            continue
+        todo += _children(p)
+    return user, system
 
 
 async def _measure(gw: Running, client: Client, bodies: Sequence[tuple[str, dict[str, Any]]], concurrency: int, cap_s: float) -> dict[str, Any]:

@@ -5,8 +5,10 @@ gateway process; no timing is asserted)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -75,3 +77,19 @@ def test_tiny_run_reports_every_load(tmp_path: Path) -> None:
     assert figures["short"]["cpu_ms_per_request"] > 0
     verdicts = [line for line in report["table"].splitlines() if line.startswith("round 1 (ours), ")]
     assert [v.split(", ")[1].split(":")[0] for v in verdicts] == ["short", "short-stream", "gsp-paced"]
+
+
+
+def test_cpu_counts_the_process_and_its_children() -> None:
+    busy = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\ntime.sleep(30)"
+    child = subprocess.Popen([sys.executable, "-c", busy])
+    try:
+        deadline = time.monotonic() + 20
+        while sum(peer_cost.user_system_s(child.pid)) < 0.3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        mine = os.times()
+        total = sum(peer_cost.user_system_s(os.getpid()))
+        assert total >= mine.user + mine.system - 0.02 + 0.29  # this process, and its child's busy loop
+    finally:
+        child.kill()
+        child.wait()
