@@ -34,6 +34,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 # name -> (module under gateway_lab.bench.scenarios, one-line help)
 SCENARIOS: dict[str, tuple[str, str]] = {
     "overhead": ("overhead", "what the gateway adds on top of its workers; gateways side by side (compare)"),
+    "peer-cost": ("peer_cost", "our CPU per request against SMG's on zero-cost workers both serve without stalls"),
     "policies": ("policies", "routing policies: decision time, tree memory, eviction; pure simulation of hit rates"),
     "faults": ("faults", "what clients see when one worker of four is killed, stalls or fails"),
     "scaleout": ("scaleout", "one process, --processes 2 and synced replicas: routing and throughput"),

@@ -143,10 +143,12 @@ class PeerConnection(asyncio.Protocol):
         self.transport.write(data)
 
     def data_received(self, data: bytes) -> None:
+        opened: list[int] = []  # streams whose request began in this read
         for event in self.h2.receive_data(data):
             if isinstance(event, h2.events.RequestReceived):
                 headers = dict(event.headers)  # type: ignore[arg-type]
                 req = PeerRequest(event.stream_id, headers)  # type: ignore[arg-type]
+                opened.append(event.stream_id)  # type: ignore[arg-type]
                 self.requests[event.stream_id] = req  # type: ignore[index]
                 self.server.requests.append(req)
             elif isinstance(event, h2.events.DataReceived):
@@ -167,6 +169,8 @@ class PeerConnection(asyncio.Protocol):
                     req.reset_seen.set()
             elif isinstance(event, h2.events.PingAckReceived):
                 self.pings_acked += 1
+        if opened:
+            self.server.opened_per_read.append(opened)
         self.flush()
 
     def release_window(self) -> None:
@@ -200,6 +204,7 @@ class Peer:
         self.hold_window = hold_window
         self.requests: list[PeerRequest] = []
         self.connections: list[PeerConnection] = []
+        self.opened_per_read: list[list[int]] = []  # per socket read that began requests, their stream ids
         self.tasks: set[asyncio.Task[None]] = set()
         self.port = 0
         self._server: asyncio.Server | None = None

@@ -5,6 +5,8 @@ every way a call ends, flow control both ways, GOAWAY, lost connections and reco
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
 import urllib.parse
 
 import pytest
@@ -482,4 +484,26 @@ async def test_request_headers_larger_than_a_frame_go_in_continuation_frames() -
         big = "k" * 40_000
         assert await read_all(start(ch, b"x", metadata=[("authorization", f"Bearer {big}")])) == [b"x", b"x"]
         assert peer.requests[0].headers["authorization"] == f"Bearer {big}"
+        await ch.close()
+
+
+
+async def test_calls_opened_in_one_loop_turn_leave_in_one_socket_write() -> None:
+    async with Peer() as peer:
+        ch = channel(peer)
+        assert await read_all(start(ch, b"first")) == [b"first", b"first"]  # the connection is up
+        await asyncio.sleep(0.05)  # the peer has read everything sent so far
+        transport = peer.connections[0].transport
+        assert transport is not None
+        # A second handle on the peer's socket, to look at what the kernel holds for it.
+        server_side = socket.socket(fileno=os.dup(transport.get_extra_info("socket").fileno()))
+        try:
+            calls = [start(ch, f"r{i}".encode()) for i in range(4)]  # one turn: no await in between
+            with pytest.raises(BlockingIOError):  # nothing was written yet: it leaves at the turn's end
+                server_side.recv(65536, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        finally:
+            server_side.close()  # the duplicate only: the peer's own handle stays open
+        assert [await read_all(c) for c in calls] == [[f"r{i}".encode()] * 2 for i in range(4)]
+        assert len(peer.opened_per_read[-1]) == 4  # the four requests arrived together
+        assert [r.messages() for r in peer.requests[1:]] == [[f"r{i}".encode()] for i in range(4)]
         await ch.close()

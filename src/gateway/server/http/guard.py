@@ -27,6 +27,7 @@ import httptools
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from gateway.server.http.coalesce import CoalescingTransport
 from gateway.server.http.limits import HttpLimitsConfig
 
 
@@ -149,7 +150,8 @@ class GuardedHttpTools(HttpToolsProtocol):
 
     # ------------------------------------------------------------------ protocol
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+        # A response's head and body (or the SSE events of one loop turn) in one write.
+        super().connection_made(CoalescingTransport(transport, self.loop))  # type: ignore[arg-type]
         if self.limits.header_timeout_s > 0:  # bounds connect-and-say-nothing
             self._deadline_at = self.loop.time() + self.limits.header_timeout_s
         self._sweeper.add(self)

@@ -66,6 +66,7 @@ class H2Connection(asyncio.Protocol):
         self._blocked: dict[int, H2Call] = {}  # calls whose request body waits for window
         self._received = 0  # DATA bytes not yet given back as connection window
         self._deferred: list[H2Call] = []  # calls with messages of this read not yet parsed
+        self._outbox: list[bytes] = []  # frames written in this turn of the event loop, sent at its end
         self._keepalive_s = keepalive_s
         self._keepalive_timeout_s = keepalive_timeout_s
         self._keepalive: asyncio.TimerHandle | None = None
@@ -121,7 +122,10 @@ class H2Connection(asyncio.Protocol):
         call.send_offset = 0
         out = self._header_frames(stream_id, header_block)
         self._body(call, out)
-        transport.write(b"".join(out))
+        outbox = self._outbox
+        if not outbox:
+            self._loop.call_soon(self._send_outbox)
+        outbox += out
         if self._keepalive is None and self._keepalive_s > 0:
             self._keepalive = self._loop.call_later(self._keepalive_s, self._send_keepalive)
 
@@ -232,6 +236,7 @@ class H2Connection(asyncio.Protocol):
         self.closing = True
         transport = self.transport
         if transport is not None:
+            self._send_outbox()
             transport.write(frames.goaway(0, frames.NO_ERROR))
             transport.close()
         self._lose("connection to the worker closed by the gateway")
@@ -423,8 +428,21 @@ class H2Connection(asyncio.Protocol):
             self.close()
 
     def _write(self, data: bytes) -> None:
+        """Queue ``data`` for the end of this turn of the event loop: the calls opened and
+        the windows given back in one turn leave in one socket write (a write to a socket
+        is a system call, the largest fixed cost of a short call)."""
         if self.transport is not None and not self.lost:
-            self.transport.write(data)
+            if not self._outbox:
+                self._loop.call_soon(self._send_outbox)
+            self._outbox.append(data)
+
+    def _send_outbox(self) -> None:
+        outbox = self._outbox
+        if not outbox:
+            return
+        self._outbox = []
+        if self.transport is not None and not self.lost:
+            self.transport.write(outbox[0] if len(outbox) == 1 else b"".join(outbox))
 
     # ------------------------------------------------------------------ keepalive and endings
     def _send_keepalive(self) -> None:
@@ -452,6 +470,7 @@ class H2Connection(asyncio.Protocol):
         transport = self.transport
         if transport is not None and not self.lost:
             last = max(self.calls, default=0)
+            self._send_outbox()
             transport.write(frames.goaway(last, code))
             transport.close()
         self._lose(details)

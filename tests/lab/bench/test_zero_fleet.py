@@ -1,0 +1,136 @@
+"""The zero-cost fleet: its prefix cache, its SGLang-shaped answers (read by the official
+smg-grpc-proto client in its own process, and by the project's stubs), and a real gateway
+in front of it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import openai
+import pytest
+
+from gateway.proto import common_pb2
+from gateway.proto import sglang_scheduler_pb2 as pb
+from gateway.proto import sglang_scheduler_pb2_grpc as pb_grpc
+from gateway_lab.bench.workloads import default_tokenizer_dir
+from gateway_lab.bench.zero_fleet import PAGE_SIZE, PrefixCache, ZeroFleet, model_folder
+from tests.e2e.http.conftest import _serve
+
+OFFICIAL_CLIENT = Path(__file__).resolve().parents[1] / "sim" / "official_client.py"
+
+
+def test_prefix_cache_counts_whole_pages_of_a_seen_prefix() -> None:
+    cache = PrefixCache(capacity_tokens=1024)
+    first = list(range(100))
+    assert cache.admit(first) == 0
+    assert cache.admit(first) == 96  # 6 whole pages of 16; the last 4 tokens are no page
+    assert cache.admit(first[:40] + [999] * 60) == 32  # diverges inside the third page
+    assert cache.admit([7, *first[1:]]) == 0  # a different first token: the chain never matches
+
+
+def test_prefix_cache_evicts_least_recently_used_pages() -> None:
+    cache = PrefixCache(capacity_tokens=4 * PAGE_SIZE)
+    a, b = list(range(64)), list(range(1000, 1064))
+    cache.admit(a)
+    cache.admit(b)  # four more pages: all of a's are gone
+    assert cache.admit(b) == 64
+    assert cache.admit(a) == 0
+    cache.clear()
+    assert cache.admit(a) == 0
+
+
+def test_model_folder_has_the_tokenizer_and_a_config(tmp_path: Path) -> None:
+    folder = model_folder(default_tokenizer_dir(), tmp_path, 4096)
+    assert (folder / "tokenizer.json").is_file()
+    config = json.loads((folder / "config.json").read_text())
+    assert config["max_position_embeddings"] == 4096 and config["model_type"] == "qwen3"
+
+
+@pytest.fixture(scope="module")
+def fleet() -> Iterator[ZeroFleet]:
+    f = ZeroFleet(3, default_tokenizer_dir(), processes=2, capacity_tokens=8192, context_length=4096).start()
+    try:
+        yield f
+    finally:
+        f.stop()
+
+
+@pytest.fixture
+async def stub(fleet: ZeroFleet) -> AsyncIterator[pb_grpc.SglangSchedulerStub]:
+    async with grpc.aio.insecure_channel(fleet.urls[0].removeprefix("grpc://")) as channel:
+        yield pb_grpc.SglangSchedulerStub(channel)
+
+
+def test_the_official_client_reads_sglang_shaped_answers(fleet: ZeroFleet) -> None:
+    spec = {"input_ids": list(range(1, 50)), "max_new_tokens": 4, "n": 1}
+    out = subprocess.run(
+        [sys.executable, str(OFFICIAL_CLIENT), fleet.urls[1].removeprefix("grpc://")],
+        input=json.dumps(spec), capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    result = json.loads(out.stdout)
+    assert (Path(result["model_path"]) / "config.json").is_file()  # a model folder, as a real server reports
+    stream = result["stream"]
+    assert [m["kind"] for m in stream] == ["chunk"] * 4 + ["complete"]
+    assert [m["completion_tokens"] for m in stream[:4]] == [1, 2, 3, 4]
+    assert all(len(m["token_ids"]) == 1 for m in stream[:4])
+    assert stream[-1]["output_ids"] == stream[3]["token_ids"]  # the complete repeats the last chunk
+    assert stream[-1]["finish_reason"] == "length"
+    unary = result["unary"]
+    assert [m["kind"] for m in unary] == ["complete"]
+    assert unary[0]["output_ids"] == [m["token_ids"][0] for m in stream[:4]]
+    assert unary[0]["cached_tokens"] == 48  # the streamed call cached the prompt's 3 whole pages
+
+
+async def test_control_calls_and_bad_input(fleet: ZeroFleet, stub: pb_grpc.SglangSchedulerStub) -> None:
+    assert (await stub.HealthCheck(pb.HealthCheckRequest(), timeout=5)).healthy
+    server = await stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=5)
+    assert server.max_total_num_tokens == 8192 and server.scheduler_info["page_size"] == PAGE_SIZE
+    loads = await stub.GetLoads(pb.GetLoadsRequest(), timeout=5)
+    assert loads.loads[0].num_running_reqs == 0
+    assert not (await stub.Abort(pb.AbortRequest(request_id="x"), timeout=5)).success
+    assert (await stub.FlushCache(common_pb2.FlushCacheRequest(), timeout=5)).success
+    chunks = [c async for c in stub.GetTokenizer(common_pb2.GetTokenizerRequest(), timeout=30)]
+    assert chunks[-1].sha256
+    for request in (
+        pb.GenerateRequest(request_id="empty", tokenized=pb.TokenizedInput(input_ids=[])),
+        pb.GenerateRequest(
+            request_id="long", tokenized=pb.TokenizedInput(input_ids=[1] * 4000),
+            sampling_params=pb.SamplingParams(max_new_tokens=200),
+        ),
+    ):  # fmt: skip
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            [r async for r in stub.Generate(request, timeout=5)]
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_a_gateway_in_front_serves_chat(fleet: ZeroFleet, tmp_path: Any) -> None:
+    from gateway.server.config import GatewayConfig, ServerConfig
+    from gateway.server.state import GatewayState
+
+    config = GatewayConfig(server=ServerConfig(worker_urls=fleet.urls, tokenizer_cache_dir=str(tmp_path / "tok")))
+    state = GatewayState(config)
+    await state.start()
+    server, task, url = await _serve(state)
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=30)
+    try:
+        model = state.catalog.names()[0]
+        messages: Any = [{"role": "user", "content": "hello there"}]
+        reply = await client.chat.completions.create(model=model, messages=messages, max_tokens=6)
+        assert reply.choices[0].finish_reason == "length"
+        assert reply.usage is not None and reply.usage.completion_tokens == 6
+        text = reply.choices[0].message.content
+        assert text
+        stream = await client.chat.completions.create(model=model, messages=messages, max_tokens=6, stream=True)
+        pieces = [c.choices[0].delta.content or "" async for c in stream if c.choices]
+        assert "".join(pieces) == text
+    finally:
+        await client.close()
+        server.should_exit = True
+        await task
+        await state.stop()
