@@ -55,8 +55,6 @@ def test_explicit_sampling_values_reach_the_scheduler(client: Any, model: str, r
     assert sp["max_new_tokens"] == 3
 
 
-@pytest.mark.xfail(strict=True, reason="the gateway does not apply the model's generation defaults "
-                   "(GetModelInfo default_sampling) to a request that omits them")
 def test_model_defaults_apply_when_the_request_omits_them(client: Any, model: str, recording: Recording) -> None:
     client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=2)
     sp = only(recording.generates())["sampling_params"]
@@ -124,8 +122,6 @@ def test_stop_token_id_ends_the_answer(client: Any, model: str, recording: Recor
     assert ids[3] in only(recording.generates())["sampling_params"]["stop_token_ids"]
 
 
-@pytest.mark.xfail(strict=True, reason="usage.completion_tokens_details.reasoning_tokens counts the whole "
-                   "answer when it has no <think> block")
 def test_no_reasoning_tokens_without_a_think_block(client: Any, model: str) -> None:
     r = client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=5)
     details = r.usage.completion_tokens_details

@@ -51,7 +51,6 @@ def test_every_difference_has_a_known_reason(corpus_result: dict[str, Any]) -> N
     assert _of_kind(corpus_result, "unexplained") == []
 
 
-@pytest.mark.xfail(strict=True, reason="the gateway does not apply the model's generation defaults")
 def test_model_defaults_match(corpus_result: dict[str, Any]) -> None:
     assert _of_kind(corpus_result, "defaults") == []
 

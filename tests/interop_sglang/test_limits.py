@@ -34,8 +34,6 @@ def test_prompt_at_the_limit_is_refused_cleanly(client: Any, model: str) -> None
     assert client.completions.create(model=model, prompt="ok", max_tokens=1).usage.completion_tokens == 1
 
 
-@pytest.mark.xfail(strict=True, reason="the gateway takes the servicer's max_context_length (the KV pool "
-                   "size) for the model's context and lets SGLang refuse the prompt")
 def test_prompt_over_the_limit_is_refused_before_any_worker(client: Any, model: str, recording: Recording) -> None:
     prompt = [1000 + i % 5000 for i in range(45000)]
     with pytest.raises(openai.BadRequestError):
@@ -43,8 +41,6 @@ def test_prompt_over_the_limit_is_refused_before_any_worker(client: Any, model: 
     assert recording.generates() == []
 
 
-@pytest.mark.xfail(strict=True, reason="max_model_len comes from the servicer's max_context_length "
-                   "(the KV pool size), not the model's context")
 def test_models_list_advertises_the_models_context(gateway: Process, model: str) -> None:
     body = httpx.get(gateway.extra["url"] + "/v1/models", timeout=10).json()
     [entry] = [m for m in body["data"] if m["id"] == model]
