@@ -25,6 +25,7 @@ from gateway.tokenization import ChatPromptCache, ResolvedTokenizer, Tokenizer, 
 from gateway.tokenization.errors import TokenizationError
 from gateway.tokenization.reply_cache import ReplyTokenCache
 from gateway.workers.tokenizer_fetch import DEFAULT_MAX_TOKENIZER_BYTES, fetch_tokenizer_zip
+from gateway.workers.transport import CallCode, WorkerCallError
 from gateway.workers.worker import Worker
 
 log = logging.getLogger(__name__)
@@ -174,10 +175,13 @@ class ModelCatalog:
                 data, sha = await fetch_tokenizer_zip(worker.client, max_bytes=self._max_tokenizer_bytes)
             except Exception as exc:
                 log.warning("tokenizer for %s: worker %s could not send it: %s", model, worker.url, exc)
-                # Workers that cannot send it (SGLang's HTTP server) still say where theirs
-                # is: usable when that folder is on this host too (a shared volume).
+                # Workers that do not serve it at all (SGLang's HTTP server) still say where
+                # theirs is: usable when that folder is on this host too (a shared volume).
+                # A worker that served a bad one (too large, wrong sha256, unsafe paths) gets
+                # no second chance through a local path it names.
                 reported = worker.info.tokenizer_path
-                if reported:
+                unserved = isinstance(exc, WorkerCallError) and exc.code is CallCode.UNIMPLEMENTED
+                if reported and unserved:
                     resolved = await asyncio.to_thread(self._reported_folder, model, reported)
                 if resolved is None:
                     resolved = await asyncio.to_thread(
