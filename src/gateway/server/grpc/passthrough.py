@@ -140,12 +140,12 @@ class SchedulerPassthrough(pb_grpc.SglangSchedulerServicer):
                     done = 0
                     try:
                         while (message := await stream.read()) is not None:
+                            if number and message.WhichOneof("response") == "complete":
+                                message.complete.index = done  # before the guard counts samples
+                                done += 1
                             for out in guard.check(message):
                                 if wid != rid:
                                     out.request_id = rid  # the client sees its own id, never the scoped one
-                                if number and out.WhichOneof("response") == "complete":
-                                    out.complete.index = done
-                                    done += 1
                                 yield out
                             if guard.stop_worker:
                                 await stream.abort("past max_new_tokens")

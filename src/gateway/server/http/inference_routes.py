@@ -57,7 +57,9 @@ def inference_routes(state: GatewayState) -> tuple[InferenceRoute, ...]:
             return await state.responses.open(req, ctx)
         if req.stream:
             raise InvalidRequestError("stream a background response with GET /v1/responses/{id}?stream=true", param="stream")
-        # The run outlives this request: it holds an admission slot of its own until it ends.
+        # The run outlives this request: it holds an admission slot of its own until it ends,
+        # and that slot is its admission (the chat path under it reserves nothing more).
+        ctx.admit = None
         ticket = await state.admission.acquire(ctx.api_key_id, 1)
         try:
             return await state.background.start(req, ctx, on_end=ticket.release)
