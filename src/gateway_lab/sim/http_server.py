@@ -54,6 +54,10 @@ class CallAborted(Exception):
 class InProcessContext:
     """The part of ``grpc.aio.ServicerContext`` the servicer's Generate uses."""
 
+    # SGLang's HTTP server ends an aborted request with finish_reason "abort" (its gRPC
+    # servicer leaves the stream open): the servicer asks its context which it plays.
+    ends_aborted_streams = True
+
     async def abort(self, code: grpc.StatusCode, details: str = "", *_: Any) -> None:
         raise CallAborted(code, details)
 
@@ -187,7 +191,8 @@ class SimHttpWorker:
                     if message.HasField("chunk"):
                         builder.chunk(message.chunk, req.return_logprob)
                         continue
-                    answers[message.complete.index] = builder.complete(message.complete, req.return_logprob)
+                    # SGLang's unary n>1 completes all say index 0: their order is the sample's
+                    answers[len(answers)] = builder.complete(message.complete, req.return_logprob)
         except CallAborted as exc:
             return _error(exc.details, _HTTP_STATUS.get(exc.code, 500))
         ordered = [answers[i] for i in sorted(answers)]

@@ -205,8 +205,10 @@ class SimServicer(sglang_scheduler_pb2_grpc.SglangSchedulerServicer):
                             status_code(faults.fail_status),
                             f"sim fault: failing after {seq.fail_after} generated tokens",
                         )
-                    if final and seq.finish_reason == "abort":
-                        await _until_cancelled()  # the Abort RPC stopped it: SGLang sends nothing more
+                    if final and seq.finish_reason == "abort" and not getattr(context, "ends_aborted_streams", False):
+                        # The Abort RPC stopped it: SGLang's gRPC servicer sends nothing more (its
+                        # HTTP server, which the HTTP mode plays in process, ends it as "abort").
+                        await _until_cancelled()
                     if final:
                         complete = self._complete(
                             seq, start, end, lp, seq.index not in input_lp_sent, stream
