@@ -114,7 +114,7 @@ async def test_the_registry_registers_a_vllm_worker_by_detection() -> None:
         try:
             worker = await registry.add(url)
             assert worker.client.kind == "vllm/http" and worker.model == "qwen"
-            assert worker.info.max_context_length == 4096
+            assert worker.info.context_length_arg == 4096  # max_model_len is the context
         finally:
             await registry.close()
 

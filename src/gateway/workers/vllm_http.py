@@ -99,6 +99,9 @@ class VllmHttpClient(HttpWorkerClient):
         cache-aware budget follows the real capacity, pages are vLLM's blocks."""
         card = await self._model_card(timeout)
         args: dict[str, Any] = {"served_model_name": str(card["id"])}
+        length = card.get("max_model_len")
+        if isinstance(length, int) and length > 0:
+            args["context_length"] = length  # vLLM's max_model_len is the model's context, not its KV pool
         capacity = 0
         try:
             samples = await self._metrics(timeout)
