@@ -83,7 +83,6 @@ UNMIRRORED = frozenset({
     "gateway/server/http/door.py",
     "gateway/server/http/guard.py",
     "gateway/server/http/health.py",
-    "gateway/server/http/limits.py",
     "gateway/server/http/openai.py",
     "gateway/server/http/parse.py",
     "gateway/server/http/sse.py",

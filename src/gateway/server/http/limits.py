@@ -22,4 +22,9 @@ class HttpLimitsConfig:
     def __post_init__(self) -> None:
         check_at_least(self, 0, "max_pending_body_bytes", "header_timeout_s", "body_timeout_s", "keep_alive_timeout_s")
         check_at_least(self, 1, "max_header_bytes", "max_headers")
-    keep_alive_timeout_s: float = option(5.0, "idle keep-alive connections are closed after this long, seconds")
+    # Longer than the pools of common clients (httpx and the openai SDK drop idle connections
+    # after 5 s): the client must be the side that closes an idle connection. A server that
+    # closes first races the client's next request on it, which then fails with no response.
+    keep_alive_timeout_s: float = option(
+        75.0, "idle keep-alive connections are closed after this long, seconds (keep it above clients' pool expiry)"
+    )
