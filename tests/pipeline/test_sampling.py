@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from gateway.pipeline.sampling import to_sampling_params
-from gateway.protocol.sampling import SamplingOptions
+from gateway.protocol.chat import ChatCompletionRequest
+from gateway.protocol.sampling import SamplingOptions, sampling_from_chat
 
 
 def test_seed_is_not_put_in_custom_params() -> None:
@@ -18,3 +19,17 @@ def test_temperature_and_n_are_always_written() -> None:
     assert params.temperature == 0.0 and params.n == 1
     assert params.top_p == 1.0 and params.top_k == -1 and not params.HasField("max_new_tokens")
     assert list(params.stop_token_ids) == [3]
+
+
+def test_spaces_between_special_tokens_defaults_to_true_as_in_sglang() -> None:
+    """proto3 would read an unwritten flag as false; SGLang's default is true."""
+    params = to_sampling_params(SamplingOptions(), stop_token_ids=[], max_new_tokens=None)
+    assert params.spaces_between_special_tokens is True
+    off = to_sampling_params(SamplingOptions(spaces_between_special_tokens=False), stop_token_ids=[], max_new_tokens=None)
+    assert off.spaces_between_special_tokens is False
+
+
+def test_a_chat_request_that_omits_spaces_between_special_tokens_sends_true() -> None:
+    req = ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    params = to_sampling_params(sampling_from_chat(req), stop_token_ids=[], max_new_tokens=None)
+    assert params.spaces_between_special_tokens is True

@@ -3,6 +3,10 @@
 proto3 cannot say "unset" for scalars, and real workers take temperature and n
 as sent, so both are always written; top_p/top_k/repetition_penalty zeros mean
 "off" on the worker side and are written as their neutral values anyway.
+The detokenization flags are written too: proto3 reads an unwritten
+``spaces_between_special_tokens`` as false, while SGLang (and the OpenAI-style
+request) defaults it to true, so leaving it out would change what a worker that
+detokenizes itself (stop strings, its own text output) sees.
 
 ``seed`` is not sent. SGLang samples with a seed only through its
 ``sampling_seed`` parameter, and the SglangScheduler wire (smg-grpc-proto 0.4.28,
@@ -36,6 +40,7 @@ def to_sampling_params(
         repetition_penalty=float(options.repetition_penalty or 1.0),
         stop_token_ids=list(stop_token_ids),
         skip_special_tokens=bool(options.skip_special_tokens),
+        spaces_between_special_tokens=bool(options.spaces_between_special_tokens),
         n=max(1, int(options.n)),
         min_new_tokens=int(options.min_new_tokens or 0),
         ignore_eos=bool(options.ignore_eos),
