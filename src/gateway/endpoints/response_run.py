@@ -76,7 +76,9 @@ class Run:
             u = self.turn.gen.usage
             prompt, completion, cached, reasoning = self.past_usage
             reasoning += u.reasoning_tokens or self._reasoning_tokens(blocks)
-            prompt, completion, cached = prompt + u.prompt_tokens, completion + u.completion_tokens, cached + u.cached_tokens
+            # A run cut short (its client left) has no final count yet: the tokens it got so far.
+            made = u.completion_tokens or sum(u.per_sample_completion.values())
+            prompt, completion, cached = prompt + u.prompt_tokens, completion + made, cached + u.cached_tokens
             usage = {
                 "input_tokens": prompt, "input_tokens_details": {"cached_tokens": cached},
                 "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": reasoning},

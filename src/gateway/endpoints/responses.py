@@ -15,12 +15,16 @@ in another process, on another replica or after a restart.
 
 ``store: false`` leaves nothing behind (a ``conversation`` still gets the turn's
 items: it is stored by its own creation). Cancelling reaches runs in progress in
-this process; a finished response cannot be cancelled.
+this process; a finished response cannot be cancelled. A client that leaves before
+its response ends cancels it: the worker's request stops, and the response is stored
+as ``cancelled`` with what it had produced.
 """
 
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
@@ -56,6 +60,7 @@ from gateway.protocol.errors import (
 from gateway.protocol.ids import random_hex
 from gateway.protocol.responses_api import ResponsesRequest
 
+log = logging.getLogger(__name__)
 
 class ResponsesApi:
     """The Responses routes' logic over one engine and one store (opened on first use)."""
@@ -185,12 +190,28 @@ class ResponsesApi:
                 run.turn = await start_turn(self.engine, chat, run.ctx)
         except GatewayError as exc:
             run.error = exc
+        except (GeneratorExit, asyncio.CancelledError):
+            if not run.req.background:  # a background run stopped here is continued elsewhere
+                await self._abandoned(run)
+            raise
         finally:
             self.running.pop(run.id, None)
             await close_run(run)
         body = await self._finish(run)
         kind = {"completed": "response.completed", "incomplete": "response.incomplete", "failed": "response.failed"}.get(body["status"], "response.incomplete")
         yield event(kind, response=body)
+
+    async def _abandoned(self, run: Run) -> None:
+        """The client left mid-run (its stream closed, its request cancelled): the worker
+        request ends now and the response is stored as ``cancelled``, never lost nor left
+        ``in_progress``. The store write is shielded from a second cancel of the task."""
+        run.cancelled = True
+        self.running.pop(run.id, None)
+        await close_run(run)
+        try:
+            await asyncio.shield(self._finish(run))
+        except Exception:  # the store failing must not mask the client's leaving
+            log.exception("storing cancelled response %s failed", run.id)
 
     async def retrieve(self, ctx: RequestContext, response_id: str) -> dict[str, Any]:
         run = self.running.get(response_id)

@@ -3,6 +3,7 @@ against the gateway over simulated workers, history through the SQLite store."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 from collections.abc import Iterator
@@ -250,3 +251,58 @@ async def test_text_format_is_taken_and_echoed(stack: Stack) -> None:
         text={"format": {"type": "json_schema", "name": "place", "schema": schema, "strict": True}},
     )
     assert resp.text is not None and resp.text.format.type == "json_schema" and resp.status in ("completed", "incomplete")
+
+
+SLOW = {"workers": 1, "sim": {"decode_seq_s": 0.002, "time_scale": 1.0, "eos_probability": 0.0}}
+
+
+async def _settled(stack: Stack, response_id: str) -> str:
+    """The stored status once the gateway has unwound the request (bounded wait)."""
+    status = "in_progress"
+    for _ in range(100):
+        status = (await stack.client.responses.retrieve(response_id)).status or ""
+        if status != "in_progress" and stack.state.admission.in_flight == 0 \
+                and all(w.load.in_flight == 0 for w in stack.state.registry.all()):
+            break
+        await asyncio.sleep(0.05)
+    return status
+
+
+@pytest.mark.stack(**SLOW)
+async def test_a_client_leaving_a_stream_cancels_the_stored_response(stack: Stack) -> None:
+    body = {"model": stack.model, "input": "Tell me a long story.", "max_output_tokens": 4000, "stream": True}
+    response_id, deltas = "", 0
+    async with stack.http.stream("POST", "/v1/responses", json=body) as resp:
+        async for line in resp.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            event = json.loads(line.removeprefix("data: "))
+            if event["type"] == "response.created":
+                response_id = event["response"]["id"]
+            deltas += event["type"] == "response.output_text.delta"
+            if deltas == 3:
+                break  # leave mid-answer: the connection closes with the block
+    assert response_id and await _settled(stack, response_id) == "cancelled"
+    stored = await stack.client.responses.retrieve(response_id)
+    assert stored.output_text and stored.usage is not None and 3 <= stored.usage.output_tokens < 4000
+    assert stack.fleet.workers[0].counters.aborted >= 1  # the worker's request stopped, its slot free
+
+
+@pytest.mark.stack(**SLOW)
+async def test_a_client_leaving_a_whole_response_cancels_it(stack: Stack) -> None:
+    task = asyncio.create_task(stack.client.responses.create(model=stack.model, input="Tell me a long story.", max_output_tokens=4000))
+    running = stack.state.responses.running
+    for _ in range(200):  # the run is started and the worker generates
+        if running and stack.fleet.workers[0].counters.requests >= 1:
+            break
+        await asyncio.sleep(0.025)
+    assert len(running) == 1 and not task.done()
+    (response_id,) = running
+    await asyncio.sleep(0.1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await _settled(stack, response_id) == "cancelled"
+    assert stack.fleet.workers[0].counters.aborted >= 1
+    ok = await stack.client.responses.create(model=stack.model, input="hi", max_output_tokens=2)
+    assert ok.status == "incomplete" and ok.usage is not None and ok.usage.output_tokens == 2
