@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from gateway.endpoints.response_history import chat_messages, load_history, page, to_chat, with_ids
+from gateway.endpoints.response_history import chat_messages, drop_oldest, load_history, page, to_chat, with_ids
 from gateway.pipeline.store.base import StoredResponse
 from gateway.pipeline.store.memory import MemoryStore
 from gateway.protocol.errors import InvalidRequestError, NotFoundError
@@ -99,3 +99,20 @@ def test_text_format_becomes_the_response_format() -> None:
     with pytest.raises(InvalidRequestError, match="json_schema"):
         bad = ResponsesRequest.model_validate({"input": "x", "text": {"format": {"type": "json_schema", "name": "n"}}})
         to_chat(bad, chat_messages(None, bad.input_items()))
+
+
+def test_drop_oldest_keeps_the_system_message_and_the_last_input() -> None:
+    msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "u1"},
+            {"role": "assistant", "content": "", "tool_calls": [{"id": "c"}]}, {"role": "tool", "content": "r"},
+            {"role": "assistant", "content": "a1"}, {"role": "user", "content": "u2"}]
+    assert drop_oldest(msgs)  # the first turn goes whole: no reply or tool result opens the context
+    assert [m["content"] for m in msgs] == ["s", "u2"]
+    assert not drop_oldest(msgs) and len(msgs) == 2
+
+
+def test_include_and_truncation_reach_the_chat_request() -> None:
+    req = ResponsesRequest(input="x", include=["message.output_text.logprobs"], top_logprobs=2, truncation="auto")
+    chat = to_chat(req, chat_messages(None, req.input_items()))
+    assert chat.logprobs and chat.top_logprobs == 2
+    plain = to_chat(ResponsesRequest(input="x", top_logprobs=2), [{"role": "user", "content": "x"}])
+    assert not plain.logprobs  # top_logprobs alone asks for nothing

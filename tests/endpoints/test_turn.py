@@ -55,3 +55,21 @@ def test_empty_answer_ends_without_blocks() -> None:
     t = TurnBlocks()
     assert _names(t.feed(ChatDelta(0, finish_reason="length", final=True))) == ["TurnEnd"]
     assert t.blocks == []
+
+
+def test_text_logprobs_follow_their_text() -> None:
+    """A token whose text is held back (a partial stop, a split character) gives its logprob
+    with the text that comes out later; reasoning tokens' logprobs are not the text's."""
+    from gateway.protocol.responses import ChoiceLogprobs, TokenLogprob
+
+    def lps(*tokens: str) -> ChoiceLogprobs:
+        return ChoiceLogprobs(content=[TokenLogprob(token=t, logprob=-0.5) for t in tokens])
+
+    t = TurnBlocks()
+    events = t.feed(ChatDelta(0, reasoning_content="hm", logprobs=lps("hm")))
+    events += t.feed(ChatDelta(0, logprobs=lps("He")))  # held back: no text yet
+    events += t.feed(ChatDelta(0, content="Hello", logprobs=lps("llo")))
+    events += t.feed(ChatDelta(0, logprobs=lps("<end>"), finish_reason="stop", final=True))
+    deltas = [e for e in events if isinstance(e, BlockDelta) and e.block.kind == "text"]
+    assert [[lp.token for lp in d.logprobs or []] for d in deltas] == [["He", "llo"]]
+    assert [lp.token for lp in t.blocks[1].logprobs] == ["He", "llo", "<end>"] and t.blocks[0].logprobs == []

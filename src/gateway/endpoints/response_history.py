@@ -154,6 +154,10 @@ def to_chat(req: ResponsesRequest, messages: list[dict[str, Any]], extra_tools: 
     }
     if (fmt := req.response_format()) is not None:
         body["response_format"] = fmt
+    if req.logprobs:
+        body["logprobs"] = True
+        if req.top_logprobs:
+            body["top_logprobs"] = req.top_logprobs
     effort = req.reasoning.effort if req.reasoning else None
     if effort == "none":
         body["chat_template_kwargs"] = {"enable_thinking": False}
@@ -176,6 +180,24 @@ def to_chat(req: ResponsesRequest, messages: list[dict[str, Any]], extra_tools: 
         return ChatCompletionRequest.model_validate(body)
     except ValidationError as exc:
         raise validation_error_to_gateway(exc) from None
+
+
+# The engine's refusals of a prompt too long for the model or the gateway.
+TOO_LONG = frozenset({"context_length_exceeded", "prompt_too_long"})
+
+
+def drop_oldest(messages: list[dict[str, Any]]) -> bool:
+    """Drop the oldest turn of a context (``truncation: auto``): its first message after
+    the system ones, then any that would open the context on a reply rather than a user
+    message (an assistant turn, a tool result cut from its call). Keeps the last message;
+    False when nothing more can go."""
+    first = next((n for n, m in enumerate(messages) if m["role"] != "system"), len(messages))
+    if len(messages) - first <= 1:
+        return False
+    del messages[first]
+    while len(messages) - first > 1 and messages[first]["role"] not in ("user", "system"):
+        del messages[first]
+    return True
 
 
 def seed_replies(entry: ModelEntry, salt: str | None, history: History) -> None:

@@ -29,7 +29,19 @@ from gateway.protocol.errors import (
     GatewayError,
 )
 from gateway.protocol.ids import random_hex
+from gateway.protocol.responses import TokenLogprob
 from gateway.protocol.responses_api import ResponsesRequest
+
+
+def logprobs_json(logprobs: list[TokenLogprob]) -> list[dict[str, Any]]:
+    """Chat logprobs in the Responses shape (``bytes`` always a list)."""
+    def raw(token: str, got: list[int] | None) -> list[int]:
+        return got if got is not None else list(token.encode("utf-8"))
+
+    return [{
+        "token": lp.token, "logprob": lp.logprob, "bytes": raw(lp.token, lp.bytes),
+        "top_logprobs": [{"token": t.token, "logprob": t.logprob, "bytes": raw(t.token, t.bytes)} for t in lp.top_logprobs],
+    } for lp in logprobs]
 
 
 def _output_item(block: Block, item_ids: dict[int, str], *, done: bool) -> dict[str, Any]:
@@ -38,7 +50,7 @@ def _output_item(block: Block, item_ids: dict[int, str], *, done: bool) -> dict[
     if block.kind == "reasoning":
         return {"type": "reasoning", "id": iid, "summary": [], "content": [{"type": "reasoning_text", "text": block.text}] if done else [], "status": status}
     if block.kind == "text":
-        content = [{"type": "output_text", "text": block.text, "annotations": [], "logprobs": []}] if done else []
+        content = [{"type": "output_text", "text": block.text, "annotations": [], "logprobs": logprobs_json(block.logprobs)}] if done else []
         return {"type": "message", "id": iid, "role": "assistant", "status": status, "content": content}
     return {"type": "function_call", "id": iid, "call_id": block.call_id or f"call_{random_hex()}", "name": block.name or "", "arguments": block.text if done else "", "status": status}
 
@@ -98,7 +110,8 @@ class Run:
             "reasoning": {"effort": req.reasoning.effort if req.reasoning else None, "summary": None},
             "store": req.store, "temperature": req.temperature, "text": req.text or {"format": {"type": "text"}},
             "tool_choice": tool_choice, "tools": [t.model_dump(exclude_none=True) for t in req.tools or []],
-            "top_p": req.top_p, "truncation": "disabled", "usage": usage, "user": req.user,
+            "top_p": req.top_p, "truncation": req.truncation, "usage": usage, "user": req.user,
+            "top_logprobs": req.top_logprobs,
             "metadata": req.metadata or {},
         }
 
@@ -188,15 +201,17 @@ def turn_events(run: Run, ev: BlockEvent) -> list[dict[str, Any]]:
         return out
     if isinstance(ev, BlockDelta):
         if block.kind == "text":
-            return [{"type": "response.output_text.delta", "item_id": iid, "output_index": at, "content_index": 0, "delta": ev.text, "logprobs": []}]
+            return [{"type": "response.output_text.delta", "item_id": iid, "output_index": at, "content_index": 0, "delta": ev.text,
+                     "logprobs": logprobs_json(ev.logprobs) if ev.logprobs else []}]
         if block.kind == "reasoning":
             return [{"type": "response.reasoning_text.delta", "item_id": iid, "output_index": at, "content_index": 0, "delta": ev.text}]
         return [{"type": "response.function_call_arguments.delta", "item_id": iid, "output_index": at, "delta": ev.text}]
     if block.kind == "text":
         out = [
-            {"type": "response.output_text.done", "item_id": iid, "output_index": at, "content_index": 0, "text": block.text, "logprobs": []},
+            {"type": "response.output_text.done", "item_id": iid, "output_index": at, "content_index": 0, "text": block.text,
+             "logprobs": logprobs_json(block.logprobs)},
             {"type": "response.content_part.done", "item_id": iid, "output_index": at, "content_index": 0,
-             "part": {"type": "output_text", "text": block.text, "annotations": []}},
+             "part": {"type": "output_text", "text": block.text, "annotations": [], "logprobs": logprobs_json(block.logprobs)}},
         ]
     elif block.kind == "reasoning":
         out = [{"type": "response.reasoning_text.done", "item_id": iid, "output_index": at, "content_index": 0, "text": block.text}]

@@ -33,8 +33,10 @@ import orjson
 
 from gateway.endpoints.events import Answer, Events
 from gateway.endpoints.response_history import (
+    TOO_LONG,
     History,
     chat_messages,
+    drop_oldest,
     load_history,
     owner_of,
     page,
@@ -45,6 +47,7 @@ from gateway.endpoints.response_history import (
 from gateway.endpoints.response_run import Run, close_run, turn_events
 from gateway.endpoints.turn import (
     Block,
+    Turn,
     start_turn,
 )
 from gateway.pipeline.engine import Engine
@@ -52,6 +55,7 @@ from gateway.pipeline.mcp_client import McpConfig, McpServer, McpTools
 from gateway.pipeline.request_context import RequestContext
 from gateway.pipeline.store.base import Store, StoredItem, StoredResponse
 from gateway.pipeline.tenancy import effective_salt
+from gateway.protocol.chat import ChatCompletionRequest
 from gateway.protocol.errors import (
     GatewayError,
     InvalidRequestError,
@@ -97,8 +101,20 @@ class ResponsesApi:
             run.id, run.created_at = resume.id, resume.created_at
         if mcp is not None:
             run.done_output = mcp.list_items(lambda: f"mcpl_{random_hex()}")
-        run.turn = await start_turn(self.engine, chat, ctx)
+        run.turn = await self._start_fitting(run, chat)
         return run
+
+    async def _start_fitting(self, run: Run, chat: ChatCompletionRequest) -> Turn:
+        """Start the round's turn; with ``truncation: auto``, a context that does not fit
+        loses its oldest items (never the system message, never the last input) until it
+        does. The engine's own length check decides, so the rule is the chat path's."""
+        while True:
+            try:
+                return await start_turn(self.engine, chat, run.ctx)
+            except InvalidRequestError as exc:
+                if run.req.truncation != "auto" or exc.code not in TOO_LONG or not drop_oldest(run.messages):
+                    raise
+            chat = chat.model_copy(update={"messages": to_chat(run.req, run.messages).messages})
 
     async def _finish(self, run: Run) -> dict[str, Any]:
         body = run.body(run.final_status())
@@ -187,7 +203,7 @@ class ResponsesApi:
                 await close_run(run)
                 run.next_round(results)
                 chat = to_chat(run.req, run.messages, run.mcp.functions() if run.mcp else None)
-                run.turn = await start_turn(self.engine, chat, run.ctx)
+                run.turn = await self._start_fitting(run, chat)
         except GatewayError as exc:
             run.error = exc
         except (GeneratorExit, asyncio.CancelledError):

@@ -22,6 +22,7 @@ from gateway.pipeline.engine import Engine
 from gateway.pipeline.generation import Generation
 from gateway.pipeline.request_context import RequestContext
 from gateway.protocol.chat import ChatCompletionRequest
+from gateway.protocol.responses import TokenLogprob
 from gateway.protocol.stream import ChatDelta, StreamChunk
 
 BlockKind = Literal["reasoning", "text", "tool_call"]
@@ -36,6 +37,7 @@ class Block:
     text: str = ""
     call_id: str | None = None
     name: str | None = None
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # a text block's tokens, when asked for
 
 
 @dataclass(slots=True)
@@ -47,6 +49,7 @@ class BlockStart:
 class BlockDelta:
     block: Block
     text: str
+    logprobs: list[TokenLogprob] | None = None  # the tokens of ``text`` (a text block's, when asked for)
 
 
 @dataclass(slots=True)
@@ -74,6 +77,7 @@ class TurnBlocks:
     blocks: list[Block] = field(default_factory=list)
     _open: Block | None = None
     _calls: dict[int, Block] = field(default_factory=dict)
+    _logprobs: list[TokenLogprob] = field(default_factory=list)  # text tokens whose text is not out yet
 
     def _text_block(self, kind: BlockKind, out: list[BlockEvent]) -> Block:
         """The open block if it is of ``kind`` (not a call), else a new one (the open one stops)."""
@@ -90,11 +94,17 @@ class TurnBlocks:
 
     def feed(self, delta: ChatDelta) -> list[BlockEvent]:
         out: list[BlockEvent] = []
+        if delta.logprobs is not None and delta.logprobs.content and not delta.reasoning_content:
+            self._logprobs.extend(delta.logprobs.content)  # tokens of text (held back, or in this delta)
         for kind, text in (("reasoning", delta.reasoning_content), ("text", delta.content)):
             if text:
                 block = self._text_block(kind, out)  # type: ignore[arg-type]
                 block.text += text
-                out.append(BlockDelta(block, text))
+                lps = None
+                if kind == "text" and self._logprobs:
+                    lps, self._logprobs = self._logprobs, []
+                    block.logprobs.extend(lps)
+                out.append(BlockDelta(block, text, lps))
         for frag in delta.tool_calls or ():
             call = self._calls.get(frag.index)
             if call is None:
@@ -109,6 +119,9 @@ class TurnBlocks:
                 call.text += frag.arguments
                 out.append(BlockDelta(call, frag.arguments))
         if delta.finish_reason is not None or delta.final:
+            if self._logprobs and self._open is not None and self._open.kind == "text":
+                self._open.logprobs.extend(self._logprobs)  # tokens that ended without text of their own
+            self._logprobs = []
             if self._open is not None:
                 out.append(BlockStop(self._open))
                 self._open = None

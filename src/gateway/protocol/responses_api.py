@@ -2,8 +2,9 @@
 
 Input is a string or a list of items: messages (``input_text`` / ``output_text``
 parts or a string), ``function_call``, ``function_call_output`` and ``reasoning``
-items. Tools are function tools; other tool types (web search, file search, MCP,
-computer use) are refused with a clear error rather than silently ignored.
+items. Tools are function tools and MCP servers; other tool types (web search, file
+search, computer use) are refused with a clear error rather than silently ignored, and
+so is any ``include`` value but the output text's logprobs.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pydantic import Field, field_validator, model_validator
 
 from gateway.protocol.common import RequestModel
 from gateway.protocol.errors import ParamError
+from gateway.protocol.limits import MAX_TOP_LOGPROBS
 
 ITEM_TYPES = {"message", "function_call", "function_call_output", "reasoning", "mcp_call", "mcp_list_tools"}
 _ROLES = {"user", "assistant", "system", "developer"}
@@ -86,6 +88,29 @@ class ResponseTool(RequestModel):
         return allowed
 
 
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+# What OpenAI's ``include`` may ask for that this gateway cannot give (no hosted tools,
+# images or encrypted reasoning): refused by name rather than silently left out.
+_UNSUPPORTED_INCLUDE = frozenset({
+    "file_search_call.results", "web_search_call.results", "web_search_call.action.sources",
+    "message.input_image.image_url", "computer_call_output.output.image_url", "code_interpreter_call.outputs",
+    "reasoning.encrypted_content",
+})
+
+
+def check_include(values: list[Any]) -> list[str]:
+    """``include`` values: the output text's logprobs are supported, the rest refused."""
+    for value in values:
+        where = "include"
+        if not isinstance(value, str):
+            raise ParamError(where, "an include value must be a string")
+        if value in _UNSUPPORTED_INCLUDE:
+            raise ParamError(where, f"include value {value!r} is not supported; supported: {LOGPROBS_INCLUDE!r}")
+        if value != LOGPROBS_INCLUDE:
+            raise ParamError(where, f"unknown include value {value!r}; supported: {LOGPROBS_INCLUDE!r}")
+    return list(dict.fromkeys(values))
+
+
 class ReasoningParam(RequestModel):
     effort: Literal["minimal", "low", "medium", "high", "none"] | None = None
     summary: str | None = None
@@ -114,6 +139,15 @@ class ResponsesRequest(RequestModel):
     background: bool = False
     user: str | None = None
     text: dict[str, Any] | None = None  # {"format": {"type": "text" | "json_object" | "json_schema", ...}}
+    include: list[Any] | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS, strict=True)
+    truncation: str = "disabled"  # "auto": drop the oldest items until the context fits
+
+    @property
+    def logprobs(self) -> bool:
+        """Whether the output text carries its tokens' logprobs (``include``)."""
+        return LOGPROBS_INCLUDE in (self.include or ())
+
 
     def response_format(self) -> dict[str, Any] | None:
         """``text.format`` as a chat ``response_format`` (None: plain text)."""
@@ -135,6 +169,10 @@ class ResponsesRequest(RequestModel):
     def _consistent(self) -> ResponsesRequest:
         if self.previous_response_id and self.conversation is not None:
             raise ParamError("previous_response_id", "previous_response_id and conversation cannot be used together")
+        if self.include is not None:
+            self.include = check_include(self.include)
+        if self.truncation not in ("auto", "disabled"):
+            raise ParamError("truncation", f"truncation must be 'auto' or 'disabled', not {self.truncation!r}")
         return self
 
     @property

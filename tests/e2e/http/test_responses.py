@@ -306,3 +306,56 @@ async def test_a_client_leaving_a_whole_response_cancels_it(stack: Stack) -> Non
     assert stack.fleet.workers[0].counters.aborted >= 1
     ok = await stack.client.responses.create(model=stack.model, input="hi", max_output_tokens=2)
     assert ok.status == "incomplete" and ok.usage is not None and ok.usage.output_tokens == 2
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_output_text_logprobs_when_included(stack: Stack, stream: bool) -> None:
+    kwargs: dict[str, Any] = {"model": stack.model, "input": _scripted("Some words to score."), "max_output_tokens": 40,
+                              "include": ["message.output_text.logprobs"], "top_logprobs": 3}
+    if stream:
+        events = [e async for e in await stack.client.responses.create(stream=True, **kwargs)]
+        streamed = [lp for e in events if e.type == "response.output_text.delta" for lp in e.logprobs]  # type: ignore[union-attr]
+        resp = events[-1].response  # type: ignore[union-attr]
+    else:
+        resp = await stack.client.responses.create(**kwargs)
+    part = resp.output[0].content[0]  # type: ignore[union-attr]
+    assert part.text == "Some words to score." and resp.top_logprobs == 3
+    assert part.logprobs and "".join(lp.token for lp in part.logprobs) == part.text
+    assert resp.usage is not None and len(part.logprobs) == resp.usage.output_tokens - 1  # the end token has no text
+    assert all(lp.logprob <= 0 and len(lp.top_logprobs) == 3 and bytes(lp.bytes).decode() == lp.token for lp in part.logprobs)
+    if stream:
+        assert [lp.token for lp in streamed] == [lp.token for lp in part.logprobs]
+    plain = await stack.client.responses.create(model=stack.model, input=_scripted("No scores."), max_output_tokens=20)
+    assert plain.output[0].content[0].logprobs == []  # type: ignore[union-attr]
+
+
+async def test_unsupported_include_values_are_400s(stack: Stack) -> None:
+    for value, says in (("reasoning.encrypted_content", "not supported"), ("message.everything", "unknown include value")):
+        resp = await stack.http.post("/v1/responses", json={"model": stack.model, "input": "x", "include": [value]})
+        assert resp.status_code == 400, resp.text
+        error = resp.json()["error"]
+        assert says in error["message"] and error["param"].startswith("include") and error["type"] == "invalid_request_error"
+    resp = await stack.http.post("/v1/responses", json={"model": stack.model, "input": "x", "truncation": "middle"})
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "truncation"
+    resp = await stack.http.post("/v1/responses", json={"model": stack.model, "input": "x", "top_logprobs": 21})
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "top_logprobs"
+
+
+@pytest.mark.stack(workers=1, sim={"context_length": 256})
+async def test_truncation_auto_drops_the_oldest_turns(stack: Stack) -> None:
+    c = stack.client
+    prev = None
+    for n in range(3):  # a history longer than the context
+        resp = await c.responses.create(model=stack.model, instructions="Be brief.", input=f"Turn {n}: " + "tell me more " * 25,
+                                        previous_response_id=prev, max_output_tokens=16, truncation="auto")
+        prev = resp.id
+        assert resp.usage is not None and resp.usage.input_tokens + 16 < 256
+    with pytest.raises(openai.BadRequestError) as refused:
+        await c.responses.create(model=stack.model, input="And now?", previous_response_id=prev, max_output_tokens=16)
+    assert refused.value.code == "context_length_exceeded"
+    cut = await c.responses.create(model=stack.model, input="And now?", previous_response_id=prev, max_output_tokens=16,
+                                   truncation="auto")
+    assert cut.status in ("completed", "incomplete") and cut.truncation == "auto"
+    assert cut.usage is not None and cut.usage.input_tokens + 16 < 256
+    with pytest.raises(openai.BadRequestError):  # one input that cannot fit is refused, not emptied
+        await c.responses.create(model=stack.model, input="word " * 400, max_output_tokens=16, truncation="auto")
