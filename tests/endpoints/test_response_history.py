@@ -6,7 +6,14 @@ import time
 
 import pytest
 
-from gateway.endpoints.response_history import chat_messages, drop_oldest, load_history, page, to_chat, with_ids
+from gateway.endpoints.response_history import (
+    chat_messages,
+    drop_oldest,
+    load_history,
+    page,
+    to_chat,
+    with_ids,
+)
 from gateway.pipeline.store.base import StoredResponse
 from gateway.pipeline.store.memory import MemoryStore
 from gateway.protocol.errors import InvalidRequestError, NotFoundError
