@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from google.protobuf.descriptor_pb2 import FileDescriptorProto
 
-from gateway.proto import common_pb2, sglang_scheduler_pb2
+from gateway.proto import common_pb2, sglang_scheduler_pb2, vllm_engine_pb2
 
-OUR_MODULES = (sglang_scheduler_pb2, common_pb2)
+OUR_MODULES = (sglang_scheduler_pb2, common_pb2, vllm_engine_pb2)
 
 # The RPCs DESIGN.md ("The wire contract with SGLang workers") says the gateway uses.
 DESIGN_RPCS = (
@@ -25,8 +25,15 @@ DESIGN_RPCS = (
 # Fields the reference has in messages we declare but that we deliberately omit,
 # by message full name -> field numbers. Messages we do not declare at all (the
 # LoRA adapter and profiler RPCs) are out of scope. An omitted field would reach
-# us as an unknown field, so each entry needs a reason; today there are none.
-ACCEPTED_OMISSIONS: dict[str, frozenset[int]] = {}
+# us as an unknown field, so each entry needs a reason.
+ACCEPTED_OMISSIONS: dict[str, frozenset[int]] = {
+    # vLLM: the gateway sends text-only token-id prompts, never multimodal inputs
+    # (mm_inputs 7, media_refs 10, extra_mm_inputs 11), so the tensor and media
+    # messages they need are not declared; a prefill worker's media identity (15)
+    # comes back only for media the gateway never sends.
+    "vllm.grpc.engine.GenerateRequest": frozenset({7, 10, 11}),
+    "vllm.grpc.engine.GenerateComplete": frozenset({15}),
+}
 
 
 def our_files() -> list[FileDescriptorProto]:

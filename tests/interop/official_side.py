@@ -6,7 +6,8 @@ in one process. The tests run this script with `sys.executable` and exchange
 serialized messages as base64 in JSON.
 
 Commands (JSON on stdin, JSON on stdout):
-  describe     the reference FileDescriptorProtos of sglang_scheduler.proto and common.proto
+  describe     the reference FileDescriptorProtos of sglang_scheduler.proto, common.proto
+               and vllm_engine.proto
   roundtrip    parse given bytes with the official classes, re-serialize them, and
                build the same plans with the official classes
   serve LOG    run an official SglangSchedulerServicer on 127.0.0.1:0, print
@@ -45,12 +46,13 @@ from smg_grpc_proto.generated import (
     common_pb2,
     sglang_scheduler_pb2,
     sglang_scheduler_pb2_grpc,
+    vllm_engine_pb2,
 )
 
 from interop import scenario
 from interop.populate import Plan, canonical, populate, unknown_fields
 
-REFERENCE_FILES = (sglang_scheduler_pb2.DESCRIPTOR, common_pb2.DESCRIPTOR)
+REFERENCE_FILES = (sglang_scheduler_pb2.DESCRIPTOR, common_pb2.DESCRIPTOR, vllm_engine_pb2.DESCRIPTOR)
 _SERVICE = sglang_scheduler_pb2.DESCRIPTOR.services_by_name["SglangScheduler"]
 
 

@@ -63,19 +63,26 @@ class Plan:
     """How to fill one message: a seed, a presence policy and one member per oneof.
 
     `choices` maps a oneof's full name to the field name to set; a oneof not
-    listed gets its first member. JSON-friendly so it can cross the process line.
+    listed gets its first member. `skip` names field numbers, by message full name,
+    to leave unset: fields one side knowingly does not declare. JSON-friendly so it
+    can cross the process line.
     """
 
     seed: int
     presence: str = SET
     choices: Mapping[str, str] = field(default_factory=dict)
+    skip: Mapping[str, frozenset[int]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {"seed": self.seed, "presence": self.presence, "choices": dict(self.choices)}
+        return {
+            "seed": self.seed, "presence": self.presence, "choices": dict(self.choices),
+            "skip": {name: sorted(numbers) for name, numbers in self.skip.items()},
+        }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Plan:
-        return cls(int(data["seed"]), str(data["presence"]), dict(data["choices"]))
+        skip = {name: frozenset(numbers) for name, numbers in data.get("skip", {}).items()}
+        return cls(int(data["seed"]), str(data["presence"]), dict(data["choices"]), skip)
 
 
 def populate(message: Message, plan: Plan) -> Message:
@@ -224,7 +231,10 @@ def _fill(message: Message, plan: Plan, presence: str, path: str, depth: int) ->
         oneof.full_name: plan.choices.get(oneof.full_name, oneof.fields[0].name)
         for oneof in real_oneofs(descriptor)
     }
+    skipped = plan.skip.get(descriptor.full_name, frozenset())
     for fd in sorted(descriptor.fields, key=lambda item: item.number):
+        if fd.number in skipped:
+            continue
         field_path = f"{path}.{fd.name}"
         oneof = fd.containing_oneof
         in_real_oneof = oneof is not None and fd.name not in optional_names

@@ -82,7 +82,7 @@ def _build_cases() -> list[Case]:
                 if presence == UNSET and choices != next(oneof_choices(descriptor)):
                     continue  # absent oneofs make every combination the same message
                 seed += 1
-                plan = Plan(seed, presence, choices)
+                plan = Plan(seed, presence, choices, ACCEPTED_OMISSIONS)
                 label = _choice_label(choices) if presence != UNSET else ""
                 case_id = f"{short}/{presence}" + (f"/{label}" if label else "")
                 cases.append(Case(case_id, descriptor, plan, populate(_new(descriptor), plan)))

@@ -117,3 +117,31 @@ def test_the_comparison_catches_each_kind_of_drift(
     assert not differences(our_files(), reference)
     for kind, mutate in mutations.items():
         assert drift(mutate), f"a changed {kind} went unnoticed"
+
+
+# The RPCs the gateway makes on a vLLM gRPC worker (workers/vllm_grpc.py).
+VLLM_RPCS = frozenset({
+    "Generate", "Embed", "HealthCheck", "FlushCache", "Abort", "GetModelInfo", "GetServerInfo",
+    "GetLoads", "GetTokenizer", "SubscribeKvEvents",
+})
+
+
+def test_the_vllm_engine_file_was_compared_message_by_message(
+    reference_files: dict[str, FileDescriptorProto],
+) -> None:
+    """vllm_engine.proto: every message and the service were seen by the comparison, the
+    service is vLLM's by its full name, and it declares exactly the RPCs the client makes."""
+    (ours,) = [f for f in our_files() if f.name == "vllm_engine.proto"]
+    theirs = reference_files["vllm_engine.proto"]
+    assert ours.package == theirs.package == "vllm.grpc.engine"
+    assert not differences([ours], [theirs])
+    our_messages, their_messages = messages(ours), messages(theirs)
+    assert len(our_messages) >= 25
+    assert set(our_messages) <= set(their_messages)
+    (service,) = services(ours).values()
+    assert f"{ours.package}.{service.name}" == "vllm.grpc.engine.VllmEngine"
+    assert {m.name for m in service.method} == VLLM_RPCS
+    (their_service,) = services(theirs).values()
+    assert VLLM_RPCS <= {m.name for m in their_service.method}
+    field = next(f for f in our_messages["vllm.grpc.engine.SamplingParams"].field if f.name == "top_k")
+    assert field.type == FieldDescriptorProto.TYPE_UINT32  # vLLM's top_k is unsigned, SGLang's is not
