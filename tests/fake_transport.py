@@ -128,6 +128,7 @@ class FakeTransport:
     aborts: list[tuple[str, str]] = field(default_factory=list)
     closed: bool = False
     kind: str = "fake/memory"
+    lacks: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         self.address: WorkerAddress = parse_worker_url(self.url)

@@ -23,10 +23,16 @@ from gateway.proto import common_pb2, sglang_scheduler_pb2_grpc
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.protocol.headers import REQUEST_ID, bearer
 from gateway.workers.address import BadWorkerUrl, WorkerAddress, canonical_host, parse_worker_url
-from gateway.workers.h2 import H2Call, H2Channel
+from gateway.workers.h2 import H2Channel
 from gateway.workers.h2.batch import BatchParser
 from gateway.workers.trace_context import TRACEPARENT
-from gateway.workers.transport import END_OF_STREAM, CallCode, EndOfStream, WorkerCallError
+from gateway.workers.transport import (
+    END_OF_STREAM,
+    CallCode,
+    EndOfStream,
+    GenerateCall,
+    WorkerCallError,
+)
 
 __all__ = [
     "STREAM_TRANSPORTS", "BadWorkerUrl", "TlsOptions", "WorkerAddress", "WorkerClient", "call_error",
@@ -35,6 +41,7 @@ __all__ = [
 
 T = TypeVar("T")
 R = TypeVar("R")
+_W = TypeVar("_W", bound="WorkerClient")
 
 # Prompts of 100K+ tokens and tokenizer zips exceed gRPC's 4 MiB default.
 _MAX_MESSAGE_BYTES = 256 * 1024 * 1024
@@ -131,6 +138,7 @@ class WorkerClient:
     ``"grpcio"``."""
 
     kind = "sglang/grpc"
+    lacks: frozenset[str] = frozenset()  # features of the seam this engine cannot serve
 
     def __init__(
         self,
@@ -161,6 +169,12 @@ class WorkerClient:
         self._auth: tuple[tuple[str, str], ...] = (
             (bearer(api_key),) if api_key else ()
         )
+        self._options = (tls, api_key, stream_transport)
+
+    def same_worker_as(self, kind: type[_W]) -> _W:
+        """A client of another engine's service for this worker (engine detection)."""
+        tls, api_key, stream_transport = self._options
+        return kind(self.url, tls=tls, api_key=api_key, stream_transport=stream_transport)
 
     def _metadata(self, request_id: str | None = None) -> tuple[tuple[str, str], ...]:
         # gRPC refuses non-ASCII header values before sending; such an id stays in the body only.
@@ -172,9 +186,7 @@ class WorkerClient:
             out = (*out, ("traceparent", traceparent))
         return out
 
-    def generate(
-        self, request: pb.GenerateRequest, *, timeout: float | None = None
-    ) -> _GrpcGenerateCall | H2Call:
+    def generate(self, request: pb.GenerateRequest, *, timeout: float | None = None) -> GenerateCall:
         """Start a Generate stream; the caller reads it and may ``cancel()`` it."""
         if self._streams is not None:
             return self._streams.unary_stream(
@@ -235,10 +247,7 @@ class WorkerClient:
         """Download the worker's tokenizer zip; raises ValueError if its sha256 does not match."""
         parts: list[bytes] = []
         declared = ""
-        call = self._stub.GetTokenizer(
-            common_pb2.GetTokenizerRequest(), timeout=timeout, metadata=self._metadata()
-        )
-        async for chunk in _stream(call):
+        async for chunk in self.tokenizer_chunks(timeout=timeout):
             parts.append(chunk.data)
             if chunk.sha256:
                 declared = chunk.sha256

@@ -16,6 +16,7 @@ from gateway.workers.breaker import CircuitBreaker
 from gateway.workers.client import TlsOptions, WorkerClient, parse_worker_url
 from gateway.workers.sglang_http import HttpWorkerClient, SglangHttpClient
 from gateway.workers.transport import CallCode, WorkerCallError, WorkerTransport
+from gateway.workers.vllm_grpc import VllmGrpcClient
 from gateway.workers.vllm_http import VllmHttpClient
 from gateway.workers.watchdog import ProgressTracker
 from gateway.workers.worker import Worker, WorkerInfo
@@ -51,19 +52,42 @@ class WorkerRegistrationError(Exception):
 HTTP_ENGINES: dict[str, type[SglangHttpClient] | type[VllmHttpClient]] = {
     "sglang": SglangHttpClient, "vllm": VllmHttpClient,
 }
+GRPC_ENGINES: dict[str, type[WorkerClient]] = {"sglang": WorkerClient, "vllm": VllmGrpcClient}
 ENGINES = ("auto", *HTTP_ENGINES)
+
+
+async def _grpc_engine(client: WorkerClient, engine: str | None, timeout: float) -> WorkerTransport:
+    """The client for the service a ``grpc(s)://`` worker serves: ``engine`` when given,
+    else asked of the worker (SGLang's scheduler service first; a worker that does not
+    know it is tried as vLLM's engine service)."""
+    if engine not in (None, "auto"):
+        if engine not in GRPC_ENGINES:
+            await client.close()
+            raise WorkerRegistrationError(f"worker {client.url}: unknown engine {engine!r} (one of {ENGINES})")
+        chosen = GRPC_ENGINES[engine]
+        if type(client) is chosen:
+            return client
+        await client.close()
+        return client.same_worker_as(chosen)
+    try:
+        await client.model_info(timeout=timeout)
+        return client
+    except WorkerCallError as exc:
+        if exc.code is not CallCode.UNIMPLEMENTED or type(client) is not WorkerClient:
+            return client  # the probe reports the failure
+    await client.close()
+    return client.same_worker_as(VllmGrpcClient)
 
 
 async def with_engine(
     client: WorkerTransport, engine: str | None, timeout: float
 ) -> WorkerTransport:
-    """The client for the engine behind an ``http(s)://`` worker: ``engine`` when given,
-    else detected from what answers (SGLang's ``/get_model_info``, then vLLM's
-    ``/v1/models``). gRPC clients (and the tests' fakes) pass through."""
+    """The client for the engine behind a worker: ``engine`` when given, else detected
+    from what answers (over HTTP SGLang's ``/get_model_info``, then vLLM's
+    ``/v1/models``; over gRPC the service the worker knows). The tests' fakes pass through."""
+    if isinstance(client, WorkerClient):
+        return await _grpc_engine(client, engine, timeout)
     if not isinstance(client, HttpWorkerClient):
-        if engine not in (None, "auto", "sglang"):
-            await client.close()
-            raise WorkerRegistrationError(f"worker {client.url}: engine {engine!r} over gRPC is not supported yet")
         return client
     if engine not in (None, "auto"):
         if engine not in HTTP_ENGINES:
@@ -128,7 +152,7 @@ class WorkerRegistry:
         engine: str | None = None,
     ) -> Worker:
         """Probe and register ``url``; adding a known URL returns the existing worker.
-        ``engine`` names the engine behind an ``http(s)://`` URL (default: detected)."""
+        ``engine`` names the engine behind the URL (default: detected)."""
         address = parse_worker_url(url)
         existing = self._workers.get(address.target)
         if existing is not None and not existing.draining:
@@ -173,6 +197,12 @@ class WorkerRegistry:
         info = WorkerInfo.from_replies(model_info, server_info)
         if role is None:
             role = info.disaggregation_mode if info.disaggregation_mode in ("prefill", "decode") else "regular"
+        if role in ("prefill", "decode") and "pd_bootstrap" in client.lacks:
+            await client.close()
+            raise WorkerRegistrationError(
+                f"{client.kind} worker {url} cannot take the {role} role: the gateway pairs prefill and"
+                " decode workers through SGLang's bootstrap, which this engine lacks"
+            )
         if role == "prefill" and bootstrap_port is None and info.bootstrap_port is None:
             await client.close()
             raise WorkerRegistrationError(

@@ -248,6 +248,8 @@ class HttpWorkerClient:
 
     kind = "http"
     engine = "an HTTP worker"
+    # The calls below that fail as UNIMPLEMENTED (GET /workers shows them).
+    lacks: frozenset[str] = frozenset({"embed", "tokenizer_download", "kv_events"})
     _dialect: Dialect
 
     def __init__(self, url: str, *, tls: TlsOptions | None = None, api_key: str | None = None) -> None:

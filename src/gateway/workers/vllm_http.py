@@ -54,6 +54,7 @@ class VllmHttpClient(HttpWorkerClient):
 
     kind = "vllm/http"
     engine = "vLLM's OpenAI server"
+    lacks = HttpWorkerClient.lacks | {"abort"}
 
     def __init__(self, url: str, **kwargs: Any) -> None:
         super().__init__(url, **kwargs)

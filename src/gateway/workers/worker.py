@@ -265,6 +265,7 @@ class Worker:
             "kind": self.client.kind,
             # Every kind so far takes token ids, so routing sees what the worker caches.
             "token_ids": True,
+            "lacks": sorted(self.client.lacks),
             "role": self.role,
             "model": self.model,
             "healthy": self.healthy,

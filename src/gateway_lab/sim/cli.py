@@ -26,6 +26,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--num-workers", type=int, default=1, help="independent workers on consecutive ports"
     )
     hosting.add_argument(
+        "--engine", choices=["sglang", "vllm"], default="sglang",
+        help="gRPC mode: serve SGLang's scheduler service (--grpc-mode) or vLLM's engine service",
+    )
+    hosting.add_argument(
         "--http", action="store_true",
         help="serve HTTP (http:// URLs) instead of --grpc-mode gRPC, with the API of --http-api",
     )
@@ -90,7 +94,7 @@ async def _serve(config: SimConfig, args: argparse.Namespace) -> int:
         if args.http:
             workers.append(SimHttpWorker(cfg, on_die=exit_process, api=args.http_api))
         else:
-            workers.append(SimWorker(cfg, on_die=exit_process))
+            workers.append(SimWorker(cfg, on_die=exit_process, engine=args.engine))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

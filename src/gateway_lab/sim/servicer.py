@@ -136,6 +136,10 @@ class ServedWorker(Protocol):
 class SimServicer(sglang_scheduler_pb2_grpc.SglangSchedulerServicer):
     """Serves one simulated worker (a :class:`ServedWorker`)."""
 
+    # An unstreamed n>1 answer: SGLang's servicer numbers every complete 0, vLLM's
+    # numbers them by sample (``sim.vllm_servicer`` turns this on).
+    numbers_unary_samples = False
+
     def __init__(self, worker: ServedWorker) -> None:
         self.w = worker
 
@@ -340,7 +344,7 @@ class SimServicer(sglang_scheduler_pb2_grpc.SglangSchedulerServicer):
             prompt_tokens=seq.prompt_len,
             completion_tokens=end,
             cached_tokens=seq.cached_tokens,
-            index=seq.index if stream else 0,  # SGLang's unary answers all say 0
+            index=seq.index if stream or self.numbers_unary_samples else 0,  # SGLang's unary answers all say 0
         )
         if seq.matched is not None:
             complete.matched_token_id = seq.matched

@@ -20,7 +20,12 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from gateway.proto import common_pb2, sglang_scheduler_pb2, sglang_scheduler_pb2_grpc
+from gateway.proto import (
+    common_pb2,
+    sglang_scheduler_pb2,
+    sglang_scheduler_pb2_grpc,
+    vllm_engine_pb2_grpc,
+)
 from gateway_lab.sim.config import SimConfig
 from gateway_lab.sim.counters import SimCounters
 from gateway_lab.sim.faults import SimFaults
@@ -30,6 +35,8 @@ from gateway_lab.sim.pd import BootstrapServer
 from gateway_lab.sim.radix_cache import RadixCache
 from gateway_lab.sim.scheduler import Scheduler, Sequence
 from gateway_lab.sim.servicer import SimServicer
+from gateway_lab.sim.vllm_servicer import SERVICE as VLLM_SERVICE
+from gateway_lab.sim.vllm_servicer import VllmSimServicer
 from gateway_lab.sim.vocab import Vocab, load_vocab
 
 # The options SGLang's own gRPC server sets (smg-grpc-servicer): 256 MiB messages, and
@@ -44,6 +51,7 @@ _SERVER_OPTIONS = [
 ]
 INPUT_RESERVE_TOKENS = 5  # what SGLang's scheduler keeps back from its longest request
 RECEIVED_KEPT = 64  # Generate requests kept in ``SimWorker.received``
+ENGINES = ("sglang", "vllm")  # the gRPC services a simulated worker can serve
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,7 +85,11 @@ class SimWorker:
         *,
         on_die: Callable[[], None] | None = None,
         vocab: Vocab | None = None,
+        engine: str = "sglang",
     ) -> None:
+        if engine not in ENGINES:
+            raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+        self.engine = engine  # whose gRPC service it serves: SGLang's scheduler or vLLM's engine
         # A private copy: tests tune a live worker's config without touching others.
         self.config = dataclasses.replace(config) if config is not None else SimConfig()
         self.vocab = vocab or load_vocab(self.config.tokenizer_path, self.config.output_vocab)
@@ -130,12 +142,16 @@ class SimWorker:
         self.host = host
         self.tls = tls
         server = grpc.aio.server(options=_SERVER_OPTIONS)
-        sglang_scheduler_pb2_grpc.add_SglangSchedulerServicer_to_server(SimServicer(self), server)
+        if self.engine == "vllm":
+            vllm_engine_pb2_grpc.add_VllmEngineServicer_to_server(VllmSimServicer(self), server)
+            service = VLLM_SERVICE
+        else:
+            sglang_scheduler_pb2_grpc.add_SglangSchedulerServicer_to_server(SimServicer(self), server)
+            service = sglang_scheduler_pb2.DESCRIPTOR.services_by_name["SglangScheduler"].full_name
         # Like SGLang's server: the standard health service (Kubernetes probes, and
         # clients such as SMG that check it when they connect) and reflection.
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-        service = sglang_scheduler_pb2.DESCRIPTOR.services_by_name["SglangScheduler"].full_name
         reflection.enable_server_reflection((service, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
         address = f"{host}:{port}"
         bound = (

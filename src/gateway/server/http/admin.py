@@ -50,7 +50,7 @@ class AddWorkerRequest(BaseModel):
     model: str | None = Field(default=None, max_length=512, description="expected served model name")
     api_key: str | None = Field(default=None, max_length=4096, description="bearer token for this worker")
     engine: Literal["auto", "sglang", "vllm"] = Field(
-        default="auto", description="the engine behind an http(s):// URL (auto: detected from what answers)",
+        default="auto", description="the engine behind the URL, gRPC or HTTP (auto: detected from what answers)",
     )
 
 
