@@ -1,0 +1,86 @@
+"""One normalized ``SamplingOptions`` from three request shapes (protocol/sampling.py):
+defaults settled once, constraints exclusive, logprob options per API."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from gateway.protocol.chat import ChatCompletionRequest
+from gateway.protocol.completions import CompletionRequest
+from gateway.protocol.errors import InvalidRequestError
+from gateway.protocol.generate import GenerateRequest
+from gateway.protocol.sampling import (
+    JSON_OBJECT_SCHEMA,
+    MODEL_DEFAULT_KEYS,
+    Constraint,
+    SamplingOptions,
+    sampling_from_chat,
+    sampling_from_completion,
+    sampling_from_generate,
+)
+
+USER = [{"role": "user", "content": "hi"}]
+
+
+def _chat(**fields: Any) -> SamplingOptions:
+    return sampling_from_chat(ChatCompletionRequest.model_validate({"messages": USER, **fields}))
+
+
+def _completion(**fields: Any) -> SamplingOptions:
+    return sampling_from_completion(CompletionRequest.model_validate({"prompt": "x", **fields}))
+
+
+def test_chat_defaults_and_what_the_model_may_fill() -> None:
+    s = _chat()
+    assert (s.temperature, s.top_p, s.top_k, s.repetition_penalty, s.max_new_tokens) == (1.0, 1.0, -1, 1.0, None)
+    assert s.unset == frozenset(MODEL_DEFAULT_KEYS)
+    s = _chat(temperature=0.0, top_k=0, stop="END", max_completion_tokens=5, seed=3, logit_bias={"5": 1})
+    assert (s.temperature, s.top_k, s.stop, s.max_new_tokens, s.seed) == (0.0, -1, ("END",), 5, 3)  # top_k 0 is "off"
+    assert "temperature" not in s.unset and "top_k" not in s.unset and "top_p" in s.unset
+    assert dict(s.logit_bias) == {"5": 1.0}
+
+
+def test_chat_logprobs_and_response_formats() -> None:
+    assert (_chat(logprobs=True, top_logprobs=3).top_logprobs, _chat().top_logprobs) == (3, 0)
+    assert _chat(response_format={"type": "text"}).constraint is None
+    assert _chat(response_format={"type": "json_object"}).constraint == Constraint("json_schema", JSON_OBJECT_SCHEMA)
+    schema = {"type": "object", "properties": {"é": {"type": "string"}}}
+    c = _chat(response_format={"type": "json_schema", "json_schema": {"schema": schema}}).constraint
+    assert c is not None and c.kind == "json_schema" and json.loads(c.value) == schema and "é" in c.value
+    with pytest.raises(InvalidRequestError, match="regex, response_format") as err:
+        _chat(regex="a+", response_format={"type": "json_object"})
+    assert err.value.param == "response_format"
+
+
+def test_completion_defaults_logprobs_and_echo() -> None:
+    s = _completion()
+    assert (s.max_new_tokens, s.logprobs, s.logprob_start_len, s.unset) == (16, False, -1, frozenset())
+    s = _completion(logprobs=2, echo=True)
+    assert (s.logprobs, s.top_logprobs, s.logprob_start_len) == (True, 2, 0)  # echo: prompt logprobs too
+    assert _completion(logprobs=0).logprobs is True
+    assert _completion(json_schema='{"type": "object"}').constraint == Constraint("json_schema", '{"type": "object"}')
+
+
+def test_generate_keeps_sglangs_fields_per_prompt() -> None:
+    req = GenerateRequest.model_validate({
+        "text": ["a", "b"], "return_logprob": True, "top_logprobs_num": 2, "logprob_start_len": 1,
+        "sampling_params": [{"top_k": 0, "sampling_seed": 9, "ebnf": "root ::= x"}, {"max_new_tokens": 3, "stop": "S"}],
+    })
+    first, second = sampling_from_generate(req, 0), sampling_from_generate(req, 1)
+    assert (first.top_k, first.seed, first.constraint) == (-1, 9, Constraint("ebnf", "root ::= x"))
+    assert (second.max_new_tokens, second.stop, second.top_logprobs, second.logprob_start_len) == (3, ("S",), 2, 1)
+    plain = sampling_from_generate(GenerateRequest.model_validate({"text": "a", "top_logprobs_num": 2}))
+    assert (plain.logprobs, plain.top_logprobs, plain.logprob_start_len, plain.max_new_tokens) == (False, 0, -1, 128)
+
+
+def test_a_second_constraint_is_a_client_error() -> None:
+    s = SamplingOptions()
+    assert s.with_constraint(None) is s
+    constrained = s.with_constraint(("regex", "a+"))
+    assert constrained.constraint == Constraint("regex", "a+") and s.constraint is None
+    with pytest.raises(InvalidRequestError, match="already constrains the output with regex") as err:
+        constrained.with_constraint(("json_schema", "{}"))
+    assert err.value.param == "tool_choice"
