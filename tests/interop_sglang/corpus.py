@@ -117,9 +117,8 @@ class Difference:
 KINDS: dict[str, str] = {
     "defaults": "the gateway does not apply the model's generation defaults (chat only: SGLang's "
                 "HTTP server applies them to chat, not to completions)",
-    "seed": "the gateway sends seed in custom_params; SGLang reads sampling_seed",
-    "spaces": "the gateway never writes spaces_between_special_tokens (proto3 false); SGLang's "
-              "default is true (no effect on token ids: the gateway detokenizes)",
+    "seed": "blocked upstream: the SglangScheduler proto has no seed field and the servicer never "
+            "sets sampling_seed (SGLang's HTTP server does)",
     "stops": "by design: the gateway matches stop strings itself (a one-token stop string goes "
              "to the worker as a stop id)",
     "unary-stream": "by design: the gateway streams non-streaming requests from the worker in "
@@ -129,7 +128,7 @@ KINDS: dict[str, str] = {
 }
 _FIELD_KIND = {
     "sampling.temperature": "defaults", "sampling.top_p": "defaults", "sampling.top_k": "defaults",
-    "sampling.sampling_seed": "seed", "sampling.spaces_between_special_tokens": "spaces",
+    "sampling.sampling_seed": "seed",
     "sampling.stop_strs": "stops", "sampling.stop_token_ids": "stops",
     "sampling.stream_interval": "unary-stream", "sampling.n": "fan-out",
 }

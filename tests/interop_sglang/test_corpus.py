@@ -55,11 +55,12 @@ def test_model_defaults_match(corpus_result: dict[str, Any]) -> None:
     assert _of_kind(corpus_result, "defaults") == []
 
 
-@pytest.mark.xfail(strict=True, reason="the gateway sends seed in custom_params, not sampling_seed")
+@pytest.mark.xfail(strict=True, reason="the SglangScheduler proto has no seed field: the servicer never sets sampling_seed")
 def test_seeds_match(corpus_result: dict[str, Any]) -> None:
     assert _of_kind(corpus_result, "seed") == []
 
 
-@pytest.mark.xfail(strict=True, reason="the gateway never writes spaces_between_special_tokens")
 def test_detokenization_options_match(corpus_result: dict[str, Any]) -> None:
-    assert _of_kind(corpus_result, "spaces") == []
+    assert [d for d in corpus_result["differences"]
+            if d["field"] in ("sampling.spaces_between_special_tokens", "sampling.skip_special_tokens",
+                              "sampling.no_stop_trim")] == []
