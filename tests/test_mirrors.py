@@ -44,7 +44,6 @@ UNMIRRORED = frozenset({
     "gateway/parsers/tool_calls/section.py",
     "gateway/parsers/tool_calls/values.py",
     "gateway/parsers/tool_calls/xml_params.py",
-    "gateway/server/admission.py",
     "gateway/server/config.py",
     "gateway/server/grpc/front.py",
     "gateway/server/grpc/inspect.py",

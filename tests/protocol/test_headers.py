@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from gateway.protocol import headers
+from gateway.protocol.errors import InvalidRequestError
+from gateway.protocol.headers import priority_header
 
 
 def test_smg_names_come_first_so_smg_clients_work_unchanged() -> None:
@@ -19,3 +23,11 @@ def test_first_header_takes_the_first_non_empty_name() -> None:
 
 def test_bearer() -> None:
     assert headers.bearer("k") == ("authorization", "Bearer k")
+
+
+def test_priority_header() -> None:
+    assert priority_header({}) is None and priority_header({"x-priority": ""}) is None
+    assert priority_header({"x-priority": " -3 "}) == -3
+    for bad in ["high", "1.5", str(2**31)]:
+        with pytest.raises(InvalidRequestError):
+            priority_header({"x-priority": bad})

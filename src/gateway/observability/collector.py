@@ -7,7 +7,7 @@ series of a removed worker by itself.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -205,3 +205,24 @@ class RoutingQualityCollector(Collector):
             waiting.add_metric(lv, st.waiting)
         in_prefill.add_metric([], len(holds.rule))
         yield from (held, timeouts, cancelled, seconds, gained, waiting, in_prefill)
+
+
+class QueueCollector(Collector):
+    """Requests waiting for admission by priority class and tenant (API key id, ``-``
+    without keys), read from the admission queue at scrape time."""
+
+    def __init__(self, waiting: Callable[[], Mapping[tuple[str, str], int]]) -> None:
+        self._waiting = waiting
+
+    def describe(self) -> Iterable[object]:
+        return []
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "token_gateway_queue_waiting",
+            "requests waiting for admission, by priority (above, default or below the default 0) and tenant (API key id)",
+            labels=["priority", "tenant"],
+        )
+        for (priority, tenant), count in sorted(self._waiting().items()):
+            family.add_metric([priority, tenant], count)
+        yield family

@@ -16,6 +16,7 @@ class RequestContext:
     api_key_id: str | None = None
     worker_ids: list[str] = field(default_factory=list)  # who served it (for headers/logs)
     cache_salt: str | None = None  # the caller's key's salt (--cache-salt-per-key)
+    priority: int | None = None  # admission order within the caller's key (x-priority header, else the body's)
     traceparent: str | None = None  # the client's W3C trace context (gRPC metadata)
     # Tokens a dead process generated for this request: the generation goes on from them
     # (a background response continued elsewhere, ``Engine.start_from_journal``).

@@ -345,6 +345,8 @@ class SamplingRequest(StopFieldsChecks):
     stream_options: StreamOptions | None = None
     logit_bias: dict[str, float] | None = None
     user: str | None = None
+    # SGLang's and vLLM's request priority: the gateway's admission order within the caller's key.
+    priority: int | None = Field(default=None, ge=-(2**31), lt=2**31)
     # SGLang extras.
     regex: str | None = None
     ebnf: str | None = None

@@ -70,6 +70,7 @@ class GenerateRequest(RequestModel):
     return_hidden_states: bool = False
     rid: str | list[str] | None = None
     cache_salt: str | None = Field(default=None, min_length=1, max_length=256)  # vLLM's: no cache shared across salts
+    priority: int | None = Field(default=None, ge=-(2**31), lt=2**31)  # SGLang's: admission order within the key
 
     @field_validator("rid")
     @classmethod

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from gateway.protocol.errors import InvalidRequestError
+
 ROUTING_KEY_HEADERS: tuple[str, ...] = ("x-smg-routing-key", "x-routing-key")
 TARGET_WORKER_HEADERS: tuple[str, ...] = ("x-smg-target-worker", "x-target-worker")
 
@@ -22,6 +24,7 @@ AUTHORIZATION = "authorization"  # "Bearer KEY", to the gateway and from it to w
 REQUEST_ID = "x-request-id"  # the client's id for the request, echoed on the reply
 WORKER_ID = "x-worker-id"  # on replies: the worker(s) that served the request
 RETRY_AFTER = "retry-after"
+PRIORITY = "x-priority"  # the request's priority in the admission queue (overrides the body's ``priority``)
 
 # gRPC trailing metadata carrying the OpenAI error fields of a failed call.
 ERROR_TYPE = "x-error-type"
@@ -33,6 +36,20 @@ HTTP_STATUS = "x-http-status"
 def bearer(api_key: str) -> tuple[str, str]:
     """The authorization header (metadata pair) for ``api_key``."""
     return (AUTHORIZATION, f"Bearer {api_key}")
+
+
+def priority_header(headers: Mapping[str, str]) -> int | None:
+    """The ``x-priority`` header as an int (None when absent); a 400 when it is not a 32-bit integer."""
+    value = headers.get(PRIORITY)
+    if not value:
+        return None
+    try:
+        priority = int(value.strip())
+    except ValueError:
+        priority = 2**31
+    if not -(2**31) <= priority < 2**31:
+        raise InvalidRequestError(f"the {PRIORITY} header must be a 32-bit integer", param=PRIORITY)
+    return priority
 
 
 def first_header(headers: Mapping[str, str], names: tuple[str, ...]) -> str | None:

@@ -11,7 +11,14 @@ or, when the slot must outlive the handler (a streamed response),
 raise ``GatewayError`` subclasses: 429 ``QueueFullError`` (with a Retry-After hint)
 when the queue is full, 408 ``QueueTimeoutError`` after waiting too long, 429
 ``RateLimitedError`` when the key is over its rate, 503 ``ShuttingDownError`` once
-``close()`` was called. Waiters are served strictly first in, first out.
+``close()`` was called.
+
+Waiters are served in ``server.fair_queue`` order: by priority within an API key, and
+by weighted fair shares between keys. A waiter whose client leaves gives up its place
+at once. The cap is ``--max-concurrent-requests``, and, with ``--fleet-headroom``, the
+fleet's own running slots (the sum of its workers' ``max_running_requests``, plus the
+headroom per worker): past that, a request sent on would only wait in a worker's
+first-come queue, where no share or priority holds.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
@@ -30,6 +37,7 @@ from gateway.protocol.errors import (
     RateLimitedError,
     ShuttingDownError,
 )
+from gateway.server.fair_queue import Entry, FairQueue, parse_weights
 from gateway.settings import check_at_least, option
 
 ANONYMOUS = "-"
@@ -43,11 +51,18 @@ class AdmissionConfig:
     rate_limit_per_s: float = option(0.0, "token-bucket refill per API key, requests per second (0: off; without --api-keys all callers share one bucket)")
     rate_limit_burst: int = option(0, "token-bucket size per API key (0: max(1, rate))")
     rate_limit_max_keys: int = option(10000, "API keys whose buckets are remembered (least recently used go first)")
+    fleet_headroom: int = option(-1, "also queue in the gateway once the requests in flight reach the fleet's running slots (the sum of its workers' max_running_requests) plus this many per worker, so priorities and key weights decide who runs (-1: off; a worker that reports no max_running_requests turns it off)")
+    key_weights: list[str] = option([], "KEY=WEIGHT: an API key's (or its id's) share of admission when requests queue, against the others' (default weight 1)")
+    priority_aging_s: float = option(10.0, "every this many seconds in the queue raise a request's priority one level, so low priorities are not starved (0: no aging)")
+    low_priority_values_first: bool = option(False, "a lower 'priority' value goes first (vLLM's sense); by default a higher one does (SGLang's)")
+    priority_across_keys: bool = option(False, "priority orders the queue across API keys too, fair shares applying only among equal priorities (by default priority orders each key's own requests: a key cannot jump others by claiming a high priority)")
 
     def __post_init__(self) -> None:
         check_at_least(self, 0, "max_concurrent_requests", "max_queued_requests", "queue_timeout_s",
-                       "rate_limit_per_s", "rate_limit_burst")
+                       "rate_limit_per_s", "rate_limit_burst", "priority_aging_s")
         check_at_least(self, 1, "rate_limit_max_keys")
+        check_at_least(self, -1, "fleet_headroom")
+        parse_weights(self.key_weights)
 
 
 class TokenBucket:
@@ -70,6 +85,11 @@ class TokenBucket:
             self.tokens -= count
             return 0.0
         return (count - self.tokens) / self.rate
+
+
+def priority_class(priority: int) -> str:
+    """A bounded label for a priority (clients choose the numbers)."""
+    return "default" if priority == 0 else ("above" if priority > 0 else "below")
 
 
 def _granted(waiter: asyncio.Future[None]) -> bool:
@@ -99,13 +119,24 @@ class Admission:
         *,
         clock: Callable[[], float] = time.monotonic,
         on_reject: Callable[[str], None] = lambda reason: None,
+        fleet_slots: Callable[[], tuple[int, int]] = lambda: (0, 0),
+        weights: dict[str, float] | None = None,
     ) -> None:
         """``on_reject`` hears each refusal's reason (queue_full, queue_timeout, rate_limited)
-        so metrics can count them without this module knowing about Prometheus."""
-        self.config = config or AdmissionConfig()
+        so metrics can count them without this module knowing about Prometheus.
+        ``fleet_slots`` gives (the workers' running slots, the workers) now, for
+        ``fleet_headroom`` (slots 0: unknown, no fleet cap). ``weights``: tenant -> weight, keyed as ``acquire``'s
+        ``key`` (the key ids; default ``--key-weights`` as given)."""
+        self.config = config = config or AdmissionConfig()
         self._clock = clock
         self._on_reject = on_reject
-        self._waiters: deque[tuple[asyncio.Future[None], int]] = deque()  # (waiter, weight)
+        self._fleet_slots = fleet_slots
+        self._waiters = FairQueue(
+            parse_weights(config.key_weights) if weights is None else weights,
+            aging_s=config.priority_aging_s,
+            low_values_first=config.low_priority_values_first,
+            across_tenants=config.priority_across_keys,
+        )
         self._buckets: OrderedDict[str, TokenBucket] = OrderedDict()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -117,7 +148,22 @@ class Admission:
 
     @property
     def queued(self) -> int:
-        return sum(1 for w, _ in self._waiters if not w.done())
+        return len(self._waiters)
+
+    def waiting(self) -> Counter[tuple[str, str]]:
+        """Requests waiting now by (priority class, tenant), for ``/metrics``."""
+        return Counter((priority_class(e.priority), e.tenant) for e in self._waiters.entries())
+
+    def cap(self) -> int:
+        """Slots admitted at once now (0: no cap): the configured cap, and the fleet's with ``fleet_headroom``."""
+        cap = self.config.max_concurrent_requests
+        headroom = self.config.fleet_headroom
+        if headroom >= 0:
+            slots, workers = self._fleet_slots()
+            if slots > 0:
+                fleet = slots + headroom * workers
+                cap = fleet if cap <= 0 else min(cap, fleet)
+        return cap
 
     # ------------------------------------------------------------------ rate
     def _check_rate(self, key: str, weight: int) -> None:
@@ -147,22 +193,25 @@ class Admission:
             )
 
     # ------------------------------------------------------------------ slots
-    async def acquire(self, key: str | None = None, weight: int = 1) -> Ticket:
-        """Wait (FIFO) for ``weight`` slots (a batch of k prompts takes k: each is a worker
-        request); raises the errors listed in the module docstring, and 400 for a batch
-        larger than the concurrency cap or the rate-limit burst (it could never pass)."""
+    async def acquire(self, key: str | None = None, weight: int = 1, priority: int = 0) -> Ticket:
+        """Wait for ``weight`` slots (a batch of k prompts takes k: each is a worker request),
+        in fair-queue order (``priority`` within the key); raises the errors listed in the
+        module docstring, and 400 for a batch larger than the concurrency cap or the
+        rate-limit burst (it could never pass)."""
         weight = max(1, weight)
         if self.closed:
             self._on_reject("shutting_down")
             raise ShuttingDownError("the gateway is shutting down")
-        cap = self.config.max_concurrent_requests
-        if 0 < cap < weight:
+        fixed = self.config.max_concurrent_requests
+        if 0 < fixed < weight:
             raise InvalidRequestError(
-                f"a request of {weight} samples (prompts x n) needs {weight} slots; this gateway runs at most {cap} "
+                f"a request of {weight} samples (prompts x n) needs {weight} slots; this gateway runs at most {fixed} "
                 "requests at once: send smaller batches or a lower n", code="batch_too_large",
             )
-        self._check_rate(key or ANONYMOUS, weight)
-        if cap <= 0 or (self.in_flight + weight <= cap and not self.queued):
+        tenant = key or ANONYMOUS
+        self._check_rate(tenant, weight)
+        cap = self.cap()
+        if cap <= 0 or ((self.in_flight + weight <= cap or self.in_flight == 0) and not self._waiters):
             self._take(weight)
             return Ticket(self, weight)
         if self.queued >= self.config.max_queued_requests:
@@ -174,7 +223,7 @@ class Admission:
                 retry_after=1.0,
             )
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append((waiter, weight))
+        entry = self._waiters.push(tenant, priority, weight, self._clock(), waiter)
         try:
             async with asyncio.timeout(self.config.queue_timeout_s):
                 await asyncio.shield(waiter)
@@ -182,8 +231,7 @@ class Admission:
             if _granted(waiter):
                 # The slot was handed over just as the timer fired: keep it.
                 return Ticket(self, weight)
-            waiter.cancel()
-            self._grant()  # a heavy waiter leaving the head may let lighter ones in
+            self._leave(entry)
             self.timed_out += 1
             self._on_reject("queue_timeout")
             raise QueueTimeoutError(
@@ -193,10 +241,15 @@ class Admission:
             if _granted(waiter):
                 self._release(weight)  # granted, but the caller is gone: pass it on
             else:
-                waiter.cancel()
-                self._grant()
+                self._leave(entry)
             raise
         return Ticket(self, weight)
+
+    def _leave(self, entry: Entry) -> None:
+        """A waiter gives up its place (its client left, or it timed out)."""
+        entry.handle.cancel()
+        self._waiters.remove(entry)
+        self._grant()  # a heavy waiter leaving the head may let lighter ones in
 
     def _take(self, weight: int = 1) -> None:
         self.in_flight += weight
@@ -209,23 +262,29 @@ class Admission:
             self._idle.set()
 
     def _grant(self) -> None:
-        """Hand free slots to waiters, strictly first in, first out (a heavy head waits
-        for room rather than being overtaken)."""
-        cap = self.config.max_concurrent_requests
+        """Hand free slots to waiters in fair-queue order (a heavy head waits for room
+        rather than being overtaken)."""
+        if not self._waiters:
+            return
+        cap = self.cap()
+        now = self._clock()
         while self._waiters:
-            waiter, weight = self._waiters[0]
-            if waiter.done():
-                self._waiters.popleft()
-                continue
-            if cap > 0 and self.in_flight + weight > cap:
+            entry = self._waiters.peek(now)
+            if entry is None:
                 return
-            self._waiters.popleft()
-            self._take(weight)
+            waiter = entry.handle
+            if waiter.done():  # refused at shutdown
+                self._waiters.remove(entry)
+                continue
+            if cap > 0 and self.in_flight > 0 and self.in_flight + entry.slots > cap:
+                return
+            self._waiters.pop(entry)
+            self._take(entry.slots)
             waiter.set_result(None)
 
     @contextlib.asynccontextmanager
-    async def admit(self, key: str | None = None, weight: int = 1) -> AsyncIterator[Ticket]:
-        ticket = await self.acquire(key, weight)
+    async def admit(self, key: str | None = None, weight: int = 1, priority: int = 0) -> AsyncIterator[Ticket]:
+        ticket = await self.acquire(key, weight, priority)
         try:
             yield ticket
         finally:
@@ -235,10 +294,9 @@ class Admission:
     def close(self) -> None:
         """Refuse new requests from now on; queued ones are refused too."""
         self.closed = True
-        while self._waiters:
-            waiter, _ = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_exception(ShuttingDownError("the gateway is shutting down"))
+        for entry in self._waiters.drain():
+            if not entry.handle.done():
+                entry.handle.set_exception(ShuttingDownError("the gateway is shutting down"))
 
     async def wait_idle(self, timeout: float) -> bool:
         """Wait until no admitted request is left; False if ``timeout`` passed first."""

@@ -11,6 +11,7 @@ from typing import Any
 from gateway.endpoints.background import BackgroundRuns
 from gateway.endpoints.responses import ResponsesApi
 from gateway.observability.collector import (
+    QueueCollector,
     RoutingQualityCollector,
     TokenizerCacheCollector,
     WorkerCollector,
@@ -26,9 +27,10 @@ from gateway.policies.factory import close_policy, make_policy
 from gateway.protocol.errors import InvalidRequestError
 from gateway.server.admission import Admission
 from gateway.server.config import GatewayConfig
+from gateway.server.fair_queue import parse_weights
 from gateway.server.late_workers import LateWorkers
 from gateway.server.process_set import SetMember
-from gateway.server.security import Authenticator
+from gateway.server.security import Authenticator, key_id
 from gateway.sync.bus import SyncBus
 from gateway.workers.client import BadWorkerUrl
 from gateway.workers.discovery.reconcile import Target
@@ -41,6 +43,13 @@ from gateway.workers.watchdog import ProgressTracker, Watchdog
 from gateway.workers.worker import Worker
 
 log = logging.getLogger(__name__)
+
+
+def key_weights(items: list[str], api_keys: list[str]) -> dict[str, float]:
+    """``--key-weights`` by key id (what admission sees): an entry may name a configured
+    key itself or its id (as logs and metrics show it)."""
+    keys = set(api_keys)
+    return {(key_id(name) or name) if name in keys else name: weight for name, weight in parse_weights(items).items()}
 
 
 class GatewayState:
@@ -90,9 +99,11 @@ class GatewayState:
         )
         rejections = self.metrics.admission_rejections
         self.admission = Admission(
-            config.admission, on_reject=lambda reason: rejections.labels(reason=reason).inc()
+            config.admission, on_reject=lambda reason: rejections.labels(reason=reason).inc(),
+            fleet_slots=self._fleet_slots, weights=key_weights(config.admission.key_weights, server.api_keys),
         )
         self.metrics.queue_depth.set_function(lambda: self.admission.queued)
+        self.metrics.registry.register(QueueCollector(self.admission.waiting))
         self.auth = Authenticator(server.api_keys, config.security)
         self.health = HealthMonitor(self.registry, config.health)
         self.watchdog = Watchdog(self.registry.all, config.watchdog)
@@ -124,6 +135,19 @@ class GatewayState:
         self.ready = False
         self.late = LateWorkers(self.add_worker)  # listed workers not up at start, retried
         self.instance_id = uuid.uuid4().hex  # tells this process apart when it is asked to register itself
+
+    def _fleet_slots(self) -> tuple[int, int]:
+        """(running slots, workers) of the available workers that run requests to the end
+        (regular and decode); (0, 0) when one of them reports no max_running_requests."""
+        slots = workers = 0
+        for w in self.registry.all():
+            if w.role == "prefill" or not w.available:
+                continue
+            if w.info.max_running_requests <= 0:
+                return 0, 0
+            slots += w.info.max_running_requests
+            workers += 1
+        return slots, workers
 
     def _pool_needs_loads(self, worker: Worker) -> bool:
         policy = self.router.policies().get((worker.model, worker.role))

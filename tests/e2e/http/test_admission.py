@@ -275,3 +275,62 @@ async def test_a_cancelled_heavy_waiter_lets_lighter_ones_in() -> None:
     ticket.release()
     one.release()
     assert adm.in_flight == 0
+
+
+# ---------------------------------------------------------------- priority, key shares, the fleet's slots
+
+
+@pytest.mark.stack(
+    workers=1, sim=SLOW, server={"api_keys": ["key-a"]},
+    sections={"admission": {"max_concurrent_requests": 1, "max_queued_requests": 8}},
+)
+async def test_priority_from_the_body_or_the_header_orders_the_queue(stack: Stack) -> None:
+    auth = {"authorization": "Bearer key-a"}
+    body = {"model": stack.model, "prompt": "hello", "max_tokens": 2}
+    done: list[str] = []
+
+    async def send(label: str, extra: dict[str, object], headers: dict[str, str]) -> None:
+        resp = await stack.http.post("/v1/completions", json={**body, **extra}, headers={**auth, **headers})
+        assert resp.status_code == 200, resp.text
+        done.append(label)
+
+    first = asyncio.ensure_future(send("first", {}, {}))
+    await asyncio.sleep(0.2)
+    tasks = [asyncio.ensure_future(send("low", {"priority": -1}, {}))]
+    await asyncio.sleep(0.05)
+    tasks.append(asyncio.ensure_future(send("normal", {}, {})))
+    await asyncio.sleep(0.05)
+    tasks.append(asyncio.ensure_future(send("high by header", {"priority": -5}, {"x-priority": "3"})))
+    await asyncio.sleep(0.1)
+    metrics = (await stack.http.get("/metrics", headers=auth)).text
+    tenant = stack.state.admission.waiting()
+    assert sum(tenant.values()) == 3
+    for (level, key), count in tenant.items():
+        assert f'token_gateway_queue_waiting{{priority="{level}",tenant="{key}"}} {float(count)}' in metrics
+    await asyncio.wait_for(asyncio.gather(first, *tasks), 30)
+    assert done == ["first", "high by header", "normal", "low"]
+
+
+@pytest.mark.stack(workers=1)
+async def test_a_priority_that_is_not_an_integer_is_a_400(stack: Stack) -> None:
+    body = {"model": stack.model, "prompt": "hello", "max_tokens": 1}
+    resp = await stack.http.post("/v1/completions", json=body, headers={"x-priority": "urgent"})
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "x-priority"
+    resp = await stack.http.post("/v1/completions", json={**body, "priority": 2**40})
+    assert resp.status_code == 400 and "priority" in resp.text
+    ok = await stack.client.completions.create(model=stack.model, prompt="x", max_tokens=1, extra_body={"priority": 2})
+    assert ok.choices
+
+
+@pytest.mark.stack(
+    workers=2, sim={**SLOW, "max_running_requests": 1},
+    sections={"admission": {"fleet_headroom": 0, "max_queued_requests": 8}},
+)
+async def test_fleet_headroom_queues_in_the_gateway_past_the_workers_running_slots(stack: Stack) -> None:
+    assert stack.state.admission.cap() == 2  # two workers of one running slot each
+    body = {"model": stack.model, "prompt": "hello", "max_tokens": 2}
+    sends = [asyncio.ensure_future(stack.http.post("/v1/completions", json=body)) for _ in range(3)]
+    await asyncio.sleep(0.3)
+    assert stack.state.admission.in_flight == 2 and stack.state.admission.queued == 1
+    assert all(r.status_code == 200 for r in await asyncio.wait_for(asyncio.gather(*sends), 30))
+    assert stack.state.admission.in_flight == 0 and stack.state.admission.queued == 0

@@ -107,6 +107,7 @@ class CallContextReader:
             api_key_id=check(meta),
             routing_key=headers.first_header(meta, headers.ROUTING_KEY_HEADERS),
             target_worker=headers.first_header(meta, headers.TARGET_WORKER_HEADERS),
+            priority=headers.priority_header(meta),
         )
         ctx.traceparent = meta.get("traceparent")
         ctx.cache_salt = self.keys.key_salt(ctx.api_key_id)
@@ -140,13 +141,13 @@ async def admitted(admission: Admission, ctx: RequestContext, method: str) -> As
         yield
         return
     if service or name not in BATCH_METHODS:  # the pass-through's calls carry one prompt each
-        async with admission.admit(ctx.api_key_id):
+        async with admission.admit(ctx.api_key_id, 1, ctx.priority or 0):
             yield
         return
     tickets: list[Ticket] = []
 
     async def take(weight: int) -> None:
-        tickets.append(await admission.acquire(ctx.api_key_id, weight))
+        tickets.append(await admission.acquire(ctx.api_key_id, weight, ctx.priority or 0))
 
     ctx.admit = take
     try:

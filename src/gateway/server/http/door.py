@@ -24,6 +24,7 @@ from gateway.protocol.headers import (
     TARGET_WORKER_HEADERS,
     WORKER_ID,
     first_header,
+    priority_header,
 )
 from gateway.protocol.ids import random_hex
 from gateway.server.http.util import ClientGone, JSONResponse, error_response
@@ -58,6 +59,7 @@ class HttpDoor:
             routing_key=first_header(headers, ROUTING_KEY_HEADERS),
             target_worker=first_header(headers, TARGET_WORKER_HEADERS),
             cache_salt=self.state.auth.key_salt(key_id),
+            priority=priority_header(headers),
         )
 
     @staticmethod

@@ -170,7 +170,7 @@ class _Request:
             self.task.cancel()
 
     async def _take(self, weight: int) -> None:
-        self.tickets.append(await self.path.state.admission.acquire(self.ctx.api_key_id, weight))
+        self.tickets.append(await self.path.state.admission.acquire(self.ctx.api_key_id, weight, self.ctx.priority or 0))
 
     async def run(self) -> None:
         try:
@@ -209,11 +209,13 @@ class _Request:
                 # first step would run before that send, on every request's critical path; a
                 # client that leaves meanwhile is seen a turn later, which changes nothing.
                 watch = asyncio.get_running_loop().call_soon(self._start_watch)
+                req = parse_model(route.model, parse_json(body))
+                if ctx.priority is None:
+                    ctx.priority = getattr(req, "priority", None)
                 if route.admit == "batch":
                     ctx.admit = self._take  # the route reserves one slot per prompt once it knows the count
                 elif route.admit:
                     await self._take(1)
-                req = parse_model(route.model, parse_json(body))
                 result = await route.open(req, ctx)
                 if type(result) is Events:
                     await self._stream(result, ctx)

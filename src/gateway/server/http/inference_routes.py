@@ -60,7 +60,7 @@ def inference_routes(state: GatewayState) -> tuple[InferenceRoute, ...]:
         # The run outlives this request: it holds an admission slot of its own until it ends,
         # and that slot is its admission (the chat path under it reserves nothing more).
         ctx.admit = None
-        ticket = await state.admission.acquire(ctx.api_key_id, 1)
+        ticket = await state.admission.acquire(ctx.api_key_id, 1, ctx.priority or 0)
         try:
             return await state.background.start(req, ctx, on_end=ticket.release)
         except BaseException:

@@ -1,0 +1,131 @@
+"""Admission's fair queue: priority, key weights, the fleet's slots as the cap, leaving waiters.
+
+(The cap, timeouts, rate limits and the HTTP side: ``tests/e2e/http/test_admission.py``.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+import pytest
+
+from gateway.protocol.errors import QueueTimeoutError
+from gateway.server.admission import Admission, AdmissionConfig
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def run_in_order(adm: Admission, waiters: list[tuple[str, int, str]], served: list[str]) -> None:
+    """Queue ``(key, priority, label)`` waiters behind one held slot, release it, and
+    record the order they are admitted in (each holds its slot for one loop turn)."""
+    holder = await adm.acquire("holder")
+
+    async def one(key: str, priority: int, label: str) -> None:
+        async with adm.admit(key, 1, priority):
+            served.append(label)
+            await asyncio.sleep(0)
+
+    tasks = []
+    for key, priority, label in waiters:
+        tasks.append(asyncio.ensure_future(one(key, priority, label)))
+        await settle()
+    holder.release()
+    await asyncio.wait_for(asyncio.gather(*tasks), 5)
+
+
+async def test_priority_orders_one_keys_waiters() -> None:
+    adm = Admission(AdmissionConfig(max_concurrent_requests=1, priority_aging_s=0))
+    served: list[str] = []
+    await run_in_order(adm, [("k", 0, "normal"), ("k", -1, "low"), ("k", 7, "high"), ("k", 0, "normal 2")], served)
+    assert served == ["high", "normal", "normal 2", "low"]
+    assert adm.in_flight == 0 and adm.queued == 0
+
+
+async def test_low_priority_values_first_reads_priority_as_vllm_does() -> None:
+    adm = Admission(AdmissionConfig(max_concurrent_requests=1, low_priority_values_first=True))
+    served: list[str] = []
+    await run_in_order(adm, [("k", 0, "normal"), ("k", 7, "late"), ("k", -1, "soon")], served)
+    assert served == ["soon", "normal", "late"]
+
+
+async def test_keys_share_the_queue_by_weight() -> None:
+    adm = Admission(AdmissionConfig(max_concurrent_requests=1, max_queued_requests=1000), weights={"gold": 2.0})
+    waiters = [("bulk", 0, "bulk")] * 60 + [("gold", 0, "gold")] * 30
+    served: list[str] = []
+    await run_in_order(adm, waiters, served)
+    # While both are backlogged (the first 45 admissions), gold gets two for bulk's one.
+    assert Counter(served[:45]) == {"gold": 30, "bulk": 15}
+
+
+async def test_a_light_key_goes_ahead_of_a_heavy_keys_backlog() -> None:
+    adm = Admission(AdmissionConfig(max_concurrent_requests=1, max_queued_requests=1000))
+    served: list[str] = []
+    await run_in_order(adm, [("heavy", 0, "heavy")] * 20 + [("light", 0, "light")], served)
+    assert served.index("light") <= 1
+
+
+async def test_a_key_named_in_key_weights_by_config() -> None:
+    adm = Admission(AdmissionConfig(max_concurrent_requests=1, key_weights=["gold=3"]))
+    assert adm._waiters.weights == {"gold": 3.0}
+    with pytest.raises(ValueError, match="--key-weights"):
+        AdmissionConfig(key_weights=["gold"])
+
+
+async def test_fleet_headroom_caps_admission_at_the_fleets_running_slots() -> None:
+    fleet = {"slots": 4, "workers": 2}
+    adm = Admission(AdmissionConfig(fleet_headroom=1), fleet_slots=lambda: (fleet["slots"], fleet["workers"]))
+    assert adm.cap() == 6  # 4 slots + 1 per worker
+    tickets = [await adm.acquire("k") for _ in range(6)]
+    waiter = asyncio.ensure_future(adm.acquire("k"))
+    await settle()
+    assert not waiter.done() and adm.queued == 1
+    fleet["slots"] = 0  # a worker reports no max_running_requests: no fleet cap
+    assert adm.cap() == 0
+    fleet["slots"] = 4
+    tickets.pop().release()
+    tickets.append(await asyncio.wait_for(waiter, 1))
+    for t in tickets:
+        t.release()
+    assert adm.in_flight == 0
+    off = Admission(AdmissionConfig(fleet_headroom=-1), fleet_slots=lambda: (4, 2))
+    assert off.cap() == 0
+    both = Admission(AdmissionConfig(max_concurrent_requests=3, fleet_headroom=0), fleet_slots=lambda: (4, 2))
+    assert both.cap() == 3
+
+
+async def test_a_lone_batch_larger_than_the_fleet_cap_still_runs() -> None:
+    adm = Admission(AdmissionConfig(fleet_headroom=0), fleet_slots=lambda: (2, 1))
+    ticket = await asyncio.wait_for(adm.acquire("k", 5), 1)
+    assert adm.in_flight == 5
+    ticket.release()
+
+
+async def test_waiters_by_priority_class_and_key_and_leaving_frees_the_place() -> None:
+    adm = Admission(AdmissionConfig(max_concurrent_requests=1, queue_timeout_s=0.2))
+    holder = await adm.acquire("k")
+    high = asyncio.ensure_future(adm.acquire("a", 1, 3))
+    low = asyncio.ensure_future(adm.acquire("b", 1, -2))
+    await settle()
+    plain = asyncio.ensure_future(adm.acquire(None, 1, 0))
+    await settle()
+    assert adm.waiting() == {("above", "a"): 1, ("below", "b"): 1, ("default", "-"): 1}
+    high.cancel()  # its client left
+    await asyncio.gather(high, return_exceptions=True)
+    assert adm.queued == 2 and ("above", "a") not in adm.waiting()
+    low.cancel()
+    await asyncio.gather(low, return_exceptions=True)
+    assert adm.waiting() == {("default", "-"): 1}
+    holder.release()  # the one left is next, not a departed waiter
+    ticket = await asyncio.wait_for(plain, 1)
+    assert adm.in_flight == 1 and adm.queued == 0 and not adm.waiting()
+    ticket.release()
+    holder = await adm.acquire("k")
+    with pytest.raises(QueueTimeoutError):
+        await adm.acquire("b", 1, 5)
+    assert adm.queued == 0 and not adm.waiting()
+    holder.release()
+    assert adm.in_flight == 0
