@@ -54,9 +54,9 @@ def test_aging_lets_an_old_low_priority_request_pass_newer_high_ones() -> None:
 
 def test_backlogged_tenants_share_by_weight() -> None:
     q = FairQueue({"heavy": 1.0, "gold": 3.0})
-    for i in range(400):
+    for _ in range(400):
         q.push("heavy", 0, 1, 0.0, "heavy")
-    for i in range(100):
+    for _ in range(100):
         q.push("gold", 0, 1, 0.0, "gold")
     served = Counter(drain(q, 0.0, count=100))
     assert served == {"gold": 75, "heavy": 25}
