@@ -154,6 +154,8 @@ def to_chat(req: ResponsesRequest, messages: list[dict[str, Any]], extra_tools: 
     }
     if (fmt := req.response_format()) is not None:
         body["response_format"] = fmt
+    if req.seed is not None:
+        body["seed"] = req.seed
     if req.logprobs:
         body["logprobs"] = True
         if req.top_logprobs:

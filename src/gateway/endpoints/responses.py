@@ -148,18 +148,20 @@ class ResponsesApi:
         body: dict[str, Any] = last["response"]
         return body
 
-    async def open(self, req: ResponsesRequest, ctx: RequestContext) -> Answer | Events:
+    async def open(self, req: ResponsesRequest, ctx: RequestContext, *, sse: bool = True) -> Answer | Events:
         """The Responses API's one entry point (``endpoints.events``) for requests that are
-        not background runs: the whole response, or the started run's stream events,
-        already framed as SSE."""
+        not background runs: the whole response, or the started run's stream events
+        (``sse``: already framed as SSE; else the event objects, for a door that converts
+        each)."""
         if not req.stream:
             return await self.create(req, ctx)
         run = await self.begin(req, ctx)
         self.running[run.id] = run
         assert run.turn is not None
-        return Events(sse_stream(self.events(run)), [run.turn.gen])
+        events = self.events(run)
+        return Events(sse_stream(events) if sse else events, [run.turn.gen])
 
-    async def events(self, run: Run) -> AsyncIterator[dict[str, Any]]:
+    async def events(self, run: Run) -> AsyncGenerator[dict[str, Any], None]:
         """The run's Responses stream events, numbered; the run is finished (and stored)
         before the last one."""
         assert run.turn is not None

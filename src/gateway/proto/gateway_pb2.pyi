@@ -799,3 +799,156 @@ class InspectPrefixResponse(_message.Message):
     text: str
     notes: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, model: _Optional[str] = ..., pool: _Optional[str] = ..., token_count: _Optional[int] = ..., block_size: _Optional[int] = ..., tokens: _Optional[_Iterable[_Union[InspectToken, _Mapping]]] = ..., blocks: _Optional[_Iterable[_Union[InspectBlock, _Mapping]]] = ..., ring: _Optional[_Union[RingMapping, _Mapping]] = ..., tree: _Optional[bool] = ..., tree_match_tokens: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerPrediction, _Mapping]]] = ..., policy: _Optional[str] = ..., chosen_worker: _Optional[str] = ..., reason: _Optional[str] = ..., decision: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., text: _Optional[str] = ..., notes: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class CreateResponseRequest(_message.Message):
+    __slots__ = ("model", "input_text", "input_items", "instructions", "tools", "tool_choice", "parallel_tool_calls", "reasoning_effort", "max_output_tokens", "temperature", "top_p", "store", "metadata", "previous_response_id", "conversation", "background", "user", "text", "include", "top_logprobs", "truncation", "seed")
+    class MetadataEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    INPUT_TEXT_FIELD_NUMBER: _ClassVar[int]
+    INPUT_ITEMS_FIELD_NUMBER: _ClassVar[int]
+    INSTRUCTIONS_FIELD_NUMBER: _ClassVar[int]
+    TOOLS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CHOICE_FIELD_NUMBER: _ClassVar[int]
+    PARALLEL_TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    REASONING_EFFORT_FIELD_NUMBER: _ClassVar[int]
+    MAX_OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    STORE_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_RESPONSE_ID_FIELD_NUMBER: _ClassVar[int]
+    CONVERSATION_FIELD_NUMBER: _ClassVar[int]
+    BACKGROUND_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATION_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    input_text: str
+    input_items: InputItems
+    instructions: str
+    tools: _containers.RepeatedCompositeFieldContainer[_struct_pb2.Struct]
+    tool_choice: ToolChoice
+    parallel_tool_calls: bool
+    reasoning_effort: str
+    max_output_tokens: int
+    temperature: float
+    top_p: float
+    store: bool
+    metadata: _containers.ScalarMap[str, str]
+    previous_response_id: str
+    conversation: str
+    background: bool
+    user: str
+    text: _struct_pb2.Struct
+    include: _containers.RepeatedScalarFieldContainer[str]
+    top_logprobs: int
+    truncation: str
+    seed: int
+    def __init__(self, model: _Optional[str] = ..., input_text: _Optional[str] = ..., input_items: _Optional[_Union[InputItems, _Mapping]] = ..., instructions: _Optional[str] = ..., tools: _Optional[_Iterable[_Union[_struct_pb2.Struct, _Mapping]]] = ..., tool_choice: _Optional[_Union[ToolChoice, _Mapping]] = ..., parallel_tool_calls: _Optional[bool] = ..., reasoning_effort: _Optional[str] = ..., max_output_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., store: _Optional[bool] = ..., metadata: _Optional[_Mapping[str, str]] = ..., previous_response_id: _Optional[str] = ..., conversation: _Optional[str] = ..., background: _Optional[bool] = ..., user: _Optional[str] = ..., text: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., include: _Optional[_Iterable[str]] = ..., top_logprobs: _Optional[int] = ..., truncation: _Optional[str] = ..., seed: _Optional[int] = ...) -> None: ...
+
+class InputItems(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[_struct_pb2.Struct]
+    def __init__(self, items: _Optional[_Iterable[_Union[_struct_pb2.Struct, _Mapping]]] = ...) -> None: ...
+
+class ResponseUsage(_message.Message):
+    __slots__ = ("input_tokens", "cached_tokens", "output_tokens", "reasoning_tokens", "total_tokens")
+    INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REASONING_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    input_tokens: int
+    cached_tokens: int
+    output_tokens: int
+    reasoning_tokens: int
+    total_tokens: int
+    def __init__(self, input_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., reasoning_tokens: _Optional[int] = ..., total_tokens: _Optional[int] = ...) -> None: ...
+
+class Response(_message.Message):
+    __slots__ = ("id", "status", "model", "created_at", "output_text", "usage", "body", "worker_ids")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_TEXT_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    WORKER_IDS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    status: str
+    model: str
+    created_at: int
+    output_text: str
+    usage: ResponseUsage
+    body: _struct_pb2.Struct
+    worker_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, id: _Optional[str] = ..., status: _Optional[str] = ..., model: _Optional[str] = ..., created_at: _Optional[int] = ..., output_text: _Optional[str] = ..., usage: _Optional[_Union[ResponseUsage, _Mapping]] = ..., body: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., worker_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ResponseEvent(_message.Message):
+    __slots__ = ("type", "sequence_number", "delta", "event")
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_NUMBER_FIELD_NUMBER: _ClassVar[int]
+    DELTA_FIELD_NUMBER: _ClassVar[int]
+    EVENT_FIELD_NUMBER: _ClassVar[int]
+    type: str
+    sequence_number: int
+    delta: str
+    event: _struct_pb2.Struct
+    def __init__(self, type: _Optional[str] = ..., sequence_number: _Optional[int] = ..., delta: _Optional[str] = ..., event: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+
+class ResponseRef(_message.Message):
+    __slots__ = ("response_id",)
+    RESPONSE_ID_FIELD_NUMBER: _ClassVar[int]
+    response_id: str
+    def __init__(self, response_id: _Optional[str] = ...) -> None: ...
+
+class StreamStoredResponseRequest(_message.Message):
+    __slots__ = ("response_id", "starting_after")
+    RESPONSE_ID_FIELD_NUMBER: _ClassVar[int]
+    STARTING_AFTER_FIELD_NUMBER: _ClassVar[int]
+    response_id: str
+    starting_after: int
+    def __init__(self, response_id: _Optional[str] = ..., starting_after: _Optional[int] = ...) -> None: ...
+
+class DeleteResponseReply(_message.Message):
+    __slots__ = ("id", "deleted")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    deleted: bool
+    def __init__(self, id: _Optional[str] = ..., deleted: _Optional[bool] = ...) -> None: ...
+
+class ListInputItemsRequest(_message.Message):
+    __slots__ = ("response_id", "after", "limit", "order")
+    RESPONSE_ID_FIELD_NUMBER: _ClassVar[int]
+    AFTER_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    ORDER_FIELD_NUMBER: _ClassVar[int]
+    response_id: str
+    after: str
+    limit: int
+    order: str
+    def __init__(self, response_id: _Optional[str] = ..., after: _Optional[str] = ..., limit: _Optional[int] = ..., order: _Optional[str] = ...) -> None: ...
+
+class ItemList(_message.Message):
+    __slots__ = ("data", "first_id", "last_id", "has_more")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    FIRST_ID_FIELD_NUMBER: _ClassVar[int]
+    LAST_ID_FIELD_NUMBER: _ClassVar[int]
+    HAS_MORE_FIELD_NUMBER: _ClassVar[int]
+    data: _containers.RepeatedCompositeFieldContainer[_struct_pb2.Struct]
+    first_id: str
+    last_id: str
+    has_more: bool
+    def __init__(self, data: _Optional[_Iterable[_Union[_struct_pb2.Struct, _Mapping]]] = ..., first_id: _Optional[str] = ..., last_id: _Optional[str] = ..., has_more: _Optional[bool] = ...) -> None: ...

@@ -89,6 +89,41 @@ class TokenGatewayStub:
                 request_serializer=gateway__pb2.InspectPrefixRequest.SerializeToString,
                 response_deserializer=gateway__pb2.InspectPrefixResponse.FromString,
                 _registered_method=True)
+        self.CreateResponse = channel.unary_unary(
+                '/token_gateway.v1.TokenGateway/CreateResponse',
+                request_serializer=gateway__pb2.CreateResponseRequest.SerializeToString,
+                response_deserializer=gateway__pb2.Response.FromString,
+                _registered_method=True)
+        self.StreamResponse = channel.unary_stream(
+                '/token_gateway.v1.TokenGateway/StreamResponse',
+                request_serializer=gateway__pb2.CreateResponseRequest.SerializeToString,
+                response_deserializer=gateway__pb2.ResponseEvent.FromString,
+                _registered_method=True)
+        self.GetResponse = channel.unary_unary(
+                '/token_gateway.v1.TokenGateway/GetResponse',
+                request_serializer=gateway__pb2.ResponseRef.SerializeToString,
+                response_deserializer=gateway__pb2.Response.FromString,
+                _registered_method=True)
+        self.StreamStoredResponse = channel.unary_stream(
+                '/token_gateway.v1.TokenGateway/StreamStoredResponse',
+                request_serializer=gateway__pb2.StreamStoredResponseRequest.SerializeToString,
+                response_deserializer=gateway__pb2.ResponseEvent.FromString,
+                _registered_method=True)
+        self.DeleteResponse = channel.unary_unary(
+                '/token_gateway.v1.TokenGateway/DeleteResponse',
+                request_serializer=gateway__pb2.ResponseRef.SerializeToString,
+                response_deserializer=gateway__pb2.DeleteResponseReply.FromString,
+                _registered_method=True)
+        self.CancelResponse = channel.unary_unary(
+                '/token_gateway.v1.TokenGateway/CancelResponse',
+                request_serializer=gateway__pb2.ResponseRef.SerializeToString,
+                response_deserializer=gateway__pb2.Response.FromString,
+                _registered_method=True)
+        self.ListResponseInputItems = channel.unary_unary(
+                '/token_gateway.v1.TokenGateway/ListResponseInputItems',
+                request_serializer=gateway__pb2.ListInputItemsRequest.SerializeToString,
+                response_deserializer=gateway__pb2.ItemList.FromString,
+                _registered_method=True)
 
 
 class TokenGatewayServicer:
@@ -170,6 +205,56 @@ class TokenGatewayServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateResponse(self, request, context):
+        """OpenAI Responses, the same calls as /v1/responses and with the same objects: a
+        response, its input items and its stream events travel as the JSON the HTTP API
+        sends (a Struct), with the fields a client reads most also typed.
+        Create a response: whole, or (background) at once with status in_progress.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StreamResponse(self, request, context):
+        """Create a response and stream its events (response.created ... response.completed).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetResponse(self, request, context):
+        """A stored response, or one in progress in this process.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StreamStoredResponse(self, request, context):
+        """A background response's events after starting_after, then its next ones until its last.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteResponse(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CancelResponse(self, request, context):
+        """Cancel a response in progress (a finished one: INVALID_ARGUMENT, the HTTP API's 400).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListResponseInputItems(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TokenGatewayServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -227,6 +312,41 @@ def add_TokenGatewayServicer_to_server(servicer, server):
                     servicer.InspectPrefix,
                     request_deserializer=gateway__pb2.InspectPrefixRequest.FromString,
                     response_serializer=gateway__pb2.InspectPrefixResponse.SerializeToString,
+            ),
+            'CreateResponse': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateResponse,
+                    request_deserializer=gateway__pb2.CreateResponseRequest.FromString,
+                    response_serializer=gateway__pb2.Response.SerializeToString,
+            ),
+            'StreamResponse': grpc.unary_stream_rpc_method_handler(
+                    servicer.StreamResponse,
+                    request_deserializer=gateway__pb2.CreateResponseRequest.FromString,
+                    response_serializer=gateway__pb2.ResponseEvent.SerializeToString,
+            ),
+            'GetResponse': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetResponse,
+                    request_deserializer=gateway__pb2.ResponseRef.FromString,
+                    response_serializer=gateway__pb2.Response.SerializeToString,
+            ),
+            'StreamStoredResponse': grpc.unary_stream_rpc_method_handler(
+                    servicer.StreamStoredResponse,
+                    request_deserializer=gateway__pb2.StreamStoredResponseRequest.FromString,
+                    response_serializer=gateway__pb2.ResponseEvent.SerializeToString,
+            ),
+            'DeleteResponse': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteResponse,
+                    request_deserializer=gateway__pb2.ResponseRef.FromString,
+                    response_serializer=gateway__pb2.DeleteResponseReply.SerializeToString,
+            ),
+            'CancelResponse': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelResponse,
+                    request_deserializer=gateway__pb2.ResponseRef.FromString,
+                    response_serializer=gateway__pb2.Response.SerializeToString,
+            ),
+            'ListResponseInputItems': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListResponseInputItems,
+                    request_deserializer=gateway__pb2.ListInputItemsRequest.FromString,
+                    response_serializer=gateway__pb2.ItemList.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -526,6 +646,195 @@ class TokenGateway:
             '/token_gateway.v1.TokenGateway/InspectPrefix',
             gateway__pb2.InspectPrefixRequest.SerializeToString,
             gateway__pb2.InspectPrefixResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateResponse(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/token_gateway.v1.TokenGateway/CreateResponse',
+            gateway__pb2.CreateResponseRequest.SerializeToString,
+            gateway__pb2.Response.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StreamResponse(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/token_gateway.v1.TokenGateway/StreamResponse',
+            gateway__pb2.CreateResponseRequest.SerializeToString,
+            gateway__pb2.ResponseEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetResponse(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/token_gateway.v1.TokenGateway/GetResponse',
+            gateway__pb2.ResponseRef.SerializeToString,
+            gateway__pb2.Response.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StreamStoredResponse(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/token_gateway.v1.TokenGateway/StreamStoredResponse',
+            gateway__pb2.StreamStoredResponseRequest.SerializeToString,
+            gateway__pb2.ResponseEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteResponse(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/token_gateway.v1.TokenGateway/DeleteResponse',
+            gateway__pb2.ResponseRef.SerializeToString,
+            gateway__pb2.DeleteResponseReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelResponse(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/token_gateway.v1.TokenGateway/CancelResponse',
+            gateway__pb2.ResponseRef.SerializeToString,
+            gateway__pb2.Response.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListResponseInputItems(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/token_gateway.v1.TokenGateway/ListResponseInputItems',
+            gateway__pb2.ListInputItemsRequest.SerializeToString,
+            gateway__pb2.ItemList.FromString,
             options,
             channel_credentials,
             insecure,

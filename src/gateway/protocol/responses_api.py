@@ -70,14 +70,14 @@ class ResponseTool(RequestModel):
     def _supported(self) -> ResponseTool:
         if self.type == "function":
             if not self.name:
-                raise ParamError("tools", "a function tool needs a name")
+                raise ParamError("name", "a function tool needs a name")
         elif self.type == "mcp":
             if not self.server_label:
-                raise ParamError("tools", "an mcp tool needs server_label (and server_url unless the gateway configures the server)")
+                raise ParamError("server_label", "an mcp tool needs server_label (and server_url unless the gateway configures the server)")
             if self.require_approval not in (None, "never"):
-                raise ParamError("tools", "only require_approval 'never' is supported: the gateway runs the tools itself")
+                raise ParamError("require_approval", "only require_approval 'never' is supported: the gateway runs the tools itself")
         else:
-            raise ParamError("tools", f"tool type {self.type!r} is not supported; 'function' and 'mcp' tools are")
+            raise ParamError("type", f"tool type {self.type!r} is not supported; 'function' and 'mcp' tools are")
         return self
 
     def allowed_names(self) -> list[str] | None:
@@ -142,6 +142,7 @@ class ResponsesRequest(RequestModel):
     include: list[Any] | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS, strict=True)
     truncation: str = "disabled"  # "auto": drop the oldest items until the context fits
+    seed: int | None = Field(default=None, strict=True)  # an extension (as on chat): reproducible sampling
 
     @property
     def logprobs(self) -> bool:

@@ -30,6 +30,7 @@ from gateway.server.config import GatewayConfig
 from gateway.server.fair_queue import parse_weights
 from gateway.server.late_workers import LateWorkers
 from gateway.server.process_set import SetMember
+from gateway.server.responses_entry import ResponsesEntry
 from gateway.server.security import Authenticator, key_id
 from gateway.sync.bus import SyncBus
 from gateway.workers.client import BadWorkerUrl
@@ -132,6 +133,7 @@ class GatewayState:
             self.responses, config.history.history_stale_s,
             salt_of=self.auth.key_salt, store_in_use=self.history.in_use,
         )
+        self.responses_entry = ResponsesEntry(self.responses, self.background, self.admission)  # both doors' one path
         self.ready = False
         self.late = LateWorkers(self.add_worker)  # listed workers not up at start, retried
         self.instance_id = uuid.uuid4().hex  # tells this process apart when it is asked to register itself

@@ -2,7 +2,8 @@
 
 Handlers only authenticate, translate and frame, exactly as the HTTP handlers in
 ``server/app.py`` do: each request becomes the HTTP API's request model and runs
-through the same pipeline functions in ``endpoints/`` (chat, completions, native),
+through the same pipeline functions in ``endpoints/`` (chat, completions, native;
+the Responses calls through ``server.responses_entry``, in ``server/grpc/responses.py``),
 so validation, routing, retries, load accounting and stop handling are shared.
 A client's deadline bounds the worker calls; a client that cancels or runs out
 of time cancels the handler, which aborts the worker request and frees its slot.
@@ -37,6 +38,7 @@ from gateway.protocol.generate import GenerateRequest
 from gateway.protocol.tokens import DetokenizeRequest, TokenizeRequest
 from gateway.server.grpc import convert as convert
 from gateway.server.grpc.inspect import inspect_prefix
+from gateway.server.grpc.responses import ResponsesRpcs
 from gateway.server.grpc.util import (
     CallContextReader,
     Role,
@@ -88,9 +90,10 @@ def _streaming(
     return handler
 
 
-class TokenGatewayService(gpb_grpc.TokenGatewayServicer):
+class TokenGatewayService(ResponsesRpcs, gpb_grpc.TokenGatewayServicer):
     def __init__(self, state: GatewayState, auth: CallContextReader) -> None:
         self.state = state
+        self.responses_entry = state.responses_entry
         self.engine = state.engine
         self.auth = auth
         self.inspector = Inspector(state.engine, state.config.policy)

@@ -121,14 +121,15 @@ class CallContextReader:
 # slot, as their HTTP counterparts do; metadata calls do not queue.
 ADMITTED_METHODS = frozenset(
     {"ChatCompletion", "Completion", "StreamChatCompletion", "StreamCompletion", "Generate", "Embed",
-     "Tokenize", "Detokenize", "InspectPrefix"}
+     "Tokenize", "Detokenize", "InspectPrefix", "CreateResponse", "StreamResponse"}
 )
 
 
 # Of those, the gateway API's calls that may carry a batch reserve one slot per prompt
 # once the request is parsed (``RequestContext.reserve``), as the HTTP routes do.
 BATCH_METHODS = frozenset(
-    {"Completion", "StreamCompletion", "Generate", "Embed", "ChatCompletion", "StreamChatCompletion"}
+    {"Completion", "StreamCompletion", "Generate", "Embed", "ChatCompletion", "StreamChatCompletion",
+     "CreateResponse", "StreamResponse"}  # a response reserves its slot once it knows if it runs in the background
 )
 
 

@@ -2,7 +2,8 @@
 
 Thin on purpose: parse, authenticate and frame through ``HttpDoor`` like every other
 FastAPI route; the shaping lives in ``endpoints.responses`` / ``endpoints.background``
-/ ``endpoints.conversations`` and the state in ``pipeline.store``. The inference routes
+/ ``endpoints.conversations`` and the state in ``pipeline.store``; the Responses routes go
+through ``server.responses_entry``, the one path the gRPC door shares. The inference routes
 of these APIs (``POST /v1/messages``, ``/v1/messages/count_tokens``, ``/v1/responses``)
 run on the one inference path (``inference_routes``).
 """
@@ -22,26 +23,20 @@ from gateway.protocol.errors import InvalidRequestError
 from gateway.protocol.responses_api import ConversationCreate, ConversationUpdate, ItemsCreate
 from gateway.server.http.door import HttpDoor
 from gateway.server.http.util import parse_model, read_json
+from gateway.server.responses_entry import paging
 
 _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
-def _paging(request: Request) -> tuple[str | None, int, str]:
-    """``after``, ``limit`` (1-100, default 20) and ``order`` (default ``desc``) of a list route."""
+def _paging(request: Request) -> tuple[str | None, str | None, str | None]:
     q = request.query_params
-    raw = q.get("limit", "20")
-    if not raw.isdigit() or not 1 <= int(raw) <= 100:
-        raise InvalidRequestError("limit must be an integer from 1 to 100", param="limit")
-    order = q.get("order", "desc")
-    if order not in ("asc", "desc"):
-        raise InvalidRequestError("order must be 'asc' or 'desc'", param="order")
-    return q.get("after"), int(raw), order
+    return q.get("after"), q.get("limit"), q.get("order")
 
 
 def agents_router(door: HttpDoor) -> APIRouter:
     router = APIRouter()
     state, max_body = door.state, door.max_body
-    responses, background = state.responses, state.background
+    responses = state.responses_entry
 
     @router.get("/v1/responses/{response_id}")
     async def get_response(request: Request, response_id: str) -> Response:
@@ -52,7 +47,7 @@ def agents_router(door: HttpDoor) -> APIRouter:
             raw = q.get("starting_after", "-1")
             if not raw.lstrip("-").isdigit():
                 raise InvalidRequestError("starting_after must be an integer", param="starting_after")
-            events = await background.replay(ctx, response_id, int(raw))
+            events = await responses.replay(ctx, response_id, int(raw))
             return StreamingResponse(sse_stream(events), media_type="text/event-stream", headers=_SSE_HEADERS)
 
         return await door.handle(request, run)
@@ -114,7 +109,7 @@ def agents_router(door: HttpDoor) -> APIRouter:
     @router.get("/v1/conversations/{conversation_id}/items")
     async def list_items(request: Request, conversation_id: str) -> Response:
         async def run(ctx: RequestContext) -> Any:
-            after, limit, order = _paging(request)
+            after, limit, order = paging(*_paging(request))
             return await conversations_route.list_items(await store(), ctx, conversation_id, after=after, limit=limit, order=order)
 
         return await door.handle(request, run)

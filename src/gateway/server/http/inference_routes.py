@@ -21,7 +21,6 @@ from gateway.pipeline.request_context import RequestContext
 from gateway.protocol.chat import ChatCompletionRequest
 from gateway.protocol.completions import CompletionRequest
 from gateway.protocol.embeddings import EmbeddingRequest
-from gateway.protocol.errors import InvalidRequestError
 from gateway.protocol.generate import GenerateRequest
 from gateway.protocol.inspect import InspectRequest
 from gateway.protocol.messages import CountTokensRequest, MessagesRequest, anthropic_error
@@ -52,20 +51,7 @@ def inference_routes(state: GatewayState) -> tuple[InferenceRoute, ...]:
         return await messages_route.count_tokens(engine, req, ctx)
 
     async def responses(req: ResponsesRequest, ctx: RequestContext) -> Answer | Events:
-        if not req.background:
-            await ctx.reserve(1)
-            return await state.responses.open(req, ctx)
-        if req.stream:
-            raise InvalidRequestError("stream a background response with GET /v1/responses/{id}?stream=true", param="stream")
-        # The run outlives this request: it holds an admission slot of its own until it ends,
-        # and that slot is its admission (the chat path under it reserves nothing more).
-        ctx.admit = None
-        ticket = await state.admission.acquire(ctx.api_key_id, 1, ctx.priority or 0)
-        try:
-            return await state.background.start(req, ctx, on_end=ticket.release)
-        except BaseException:
-            ticket.release()
-            raise
+        return await state.responses_entry.create(req, ctx, sse=True)
 
     return (
         InferenceRoute("/v1/chat/completions", ChatCompletionRequest, partial(chat_route.open, engine, frame=SSE_FRAME),
@@ -86,7 +72,7 @@ def inference_routes(state: GatewayState) -> tuple[InferenceRoute, ...]:
                        summary="Messages (Anthropic)", auth="anthropic", error_body=anthropic_error, done=b""),
         InferenceRoute("/v1/messages/count_tokens", CountTokensRequest, count_tokens, admit=True,
                        summary="Count a message's tokens (Anthropic)", auth="anthropic", error_body=anthropic_error, done=b""),
-        # One slot, taken once the body says whether the run outlives the request.
+        # One slot, taken once the body says whether the run outlives the request (``server.responses_entry``).
         InferenceRoute("/v1/responses", ResponsesRequest, responses, admit="batch", summary="Create a response (OpenAI)",
                        done=b""),
     )  # fmt: skip
