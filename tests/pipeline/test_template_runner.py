@@ -15,8 +15,6 @@ import pytest
 from gateway.pipeline.template_runner import RenderTimeout, TemplateRunner
 from gateway.tokenization.chat_template import ChatTemplate
 
-BOMB = "{% for i in range(100000) %}{% for j in range(100000) %}{{ '' }}{% endfor %}{% endfor %}"
-
 
 @pytest.fixture
 def runner() -> Iterator[TemplateRunner]:
@@ -39,9 +37,10 @@ async def test_a_render_past_the_deadline_is_stopped(runner: TemplateRunner) -> 
     assert all(t.is_alive() for t in runner._threads)
 
 
-async def test_a_template_bomb_stops_and_the_loop_keeps_answering(runner: TemplateRunner) -> None:
-    template = ChatTemplate(BOMB)
-    render = asyncio.ensure_future(runner.render("bomb", 2, template.render, [{"role": "user", "content": "hi"}]))
+async def test_a_render_that_spins_stops_and_the_loop_keeps_answering(runner: TemplateRunner) -> None:
+    # Template bombs fail on their render budget first (tokenization.render_budget); the
+    # deadline is for renders that stay inside it and are still slow.
+    render = asyncio.ensure_future(runner.render("bomb", 2, _spin))
     gaps: list[float] = []
     last = time.perf_counter()
     while not render.done():

@@ -378,7 +378,7 @@ def test_plain_is_transformers_plain_template_data(value: Any) -> None:
         assert repr(plain(v)) == repr(_plain_template_data(v))
 
 
-def test_an_older_transformers_without_the_helpers_renders_through_the_wrapper(
+def test_an_older_transformers_without_the_helpers_renders_the_same(
     qwen: Tokenizer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from types import SimpleNamespace
@@ -393,7 +393,7 @@ def test_an_older_transformers_without_the_helpers_renders_through_the_wrapper(
         render_jinja_template=chat_template_utils.render_jinja_template,
     )
     monkeypatch.setattr(chat_template, "_load_renderer", lambda: older)
-    template = ChatTemplate(qwen.chat_template().source)
-    assert template._alias is None
+    template = ChatTemplate(qwen.chat_template().source)  # its environment: an overlay of the cached one
+    assert template._compiled.environment.linked_to is not None
     assert template.render([{"role": "user", "content": "Hi"}]) == expected
     assert plain({"k": (1, "s")}) == {"k": (1, "s")}  # a copy, as before

@@ -54,7 +54,7 @@ from gateway.protocol.ids import random_hex
 from gateway.protocol.sampling import SamplingOptions
 from gateway.settings import option
 from gateway.tokenization import StopPlan, Tokenizer
-from gateway.tokenization.errors import ChatTemplateError
+from gateway.tokenization.errors import ChatTemplateBudgetError, ChatTemplateError
 from gateway.tokenization.reply_cache import message_texts
 from gateway.tokenization.special_text import SpecialTextShield
 
@@ -313,6 +313,12 @@ class Engine:
         tokenizer = entry.tokenizer
         try:
             text: str = await self.templates.render(id(tokenizer), size, tokenizer.apply_chat_template, messages, **options)
+        except ChatTemplateBudgetError as exc:
+            log.warning("model %s: the chat template went over its render budget: %s", entry.name, exc)
+            raise InvalidRequestError(
+                f"{exc}: this model's chat template cannot render these messages", param="messages",
+                code="chat_template_budget",
+            ) from exc
         except ChatTemplateError as exc:
             raise InvalidRequestError(str(exc), param="messages") from exc
         except RenderTimeout as exc:

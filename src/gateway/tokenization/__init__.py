@@ -10,6 +10,7 @@ from gateway.tokenization.chat_template import ChatTemplate, normalize_messages
 from gateway.tokenization.detokenizer import IncrementalDetokenizer
 from gateway.tokenization.errors import (
     Attempt,
+    ChatTemplateBudgetError,
     ChatTemplateError,
     TokenizationError,
     TokenizerArchiveError,
@@ -39,6 +40,7 @@ __all__ = [
     "Attempt",
     "ChatPromptCache",
     "ChatTemplate",
+    "ChatTemplateBudgetError",
     "ChatTemplateError",
     "IncrementalDetokenizer",
     "PrefixCacheStats",

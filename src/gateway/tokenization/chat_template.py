@@ -1,14 +1,17 @@
 """Chat-template rendering with transformers' ``apply_chat_template`` semantics.
 
-The template is compiled by ``transformers.utils.chat_template_utils`` (its sandboxed
-jinja environment with ``raise_exception``, ``tojson``, ``strftime_now``, ``namespace``,
-loopcontrols and ``{% generation %}``), so prompts are byte-identical to what
-``AutoTokenizer.apply_chat_template(..., tokenize=False)`` produces. The common render
-calls that compiled template directly with what transformers' ``render_jinja_template``
-would pass it (everything the template sees rebuilt as plain JSON data, reasoning
-fields aliased): the wrapper copies the messages a second time, after our own copy, and
-that copy is on every request's critical path.
-``continue_final_message`` (its tag-and-trim logic) still goes through the wrapper.
+The template is compiled in the environment ``transformers.utils.chat_template_utils``
+builds (its sandboxed jinja environment with ``raise_exception``, ``tojson``,
+``strftime_now``, ``namespace``, loopcontrols and ``{% generation %}``), so prompts are
+byte-identical to what ``AutoTokenizer.apply_chat_template(..., tokenize=False)``
+produces. Every render calls that compiled template directly with what transformers'
+``render_jinja_template`` would pass it (everything the template sees rebuilt as plain
+JSON data, reasoning fields aliased): the wrapper copies the messages a second time,
+after our own copy, and that copy is on every request's critical path.
+
+The template is a worker's code, so it is compiled with ``render_budget``'s checks and
+without constant folding, and every render runs under a budget sized by the request: a
+template bomb is ``ChatTemplateBudgetError`` within about a millisecond.
 
 What this module adds is the OpenAI-request normalisation an inference server does
 before calling the template (as SGLang does): content-part lists flattened for
@@ -29,7 +32,9 @@ from typing import Any, Literal
 import jinja2
 import jinja2.nodes
 
-from gateway.tokenization.errors import ChatTemplateError
+from gateway.tokenization import render_budget
+from gateway.tokenization.errors import ChatTemplateBudgetError, ChatTemplateError
+from gateway.tokenization.render_budget import BudgetExceeded
 from gateway.tokenization.sandbox import memoize_plain_verdicts
 
 ContentFormat = Literal["string", "openai"]
@@ -38,6 +43,8 @@ ContentFormat = Literal["string", "openai"]
 _RESERVED_KWARGS = frozenset(
     {"messages", "tools", "documents", "add_generation_prompt", "continue_final_message"}
 )
+# What transformers appends to the final message to find where it ends in the render.
+_CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
 # Loop variables under which templates iterate over a message's content parts.
 _MESSAGE_NAMES = frozenset({"message", "msg", "m"})
 
@@ -209,21 +216,32 @@ class ChatTemplate:
         self.source = source
         self.special_tokens = dict(special_tokens or {})
         self._utils = _load_renderer()
+        environment = self._environment()
         try:
-            compiled = self._compiled = self._utils._compile_jinja_template(source)
-            ast = compiled.environment.parse(source)
+            ast = environment.parse(source)
+            self.content_format: ContentFormat = detect_content_format(ast)
+            self._compiled = environment.from_string(render_budget.budgeted(ast))
         except jinja2.TemplateError as exc:
             raise ChatTemplateError(f"the chat template does not compile: {exc}") from exc
-        memoize_plain_verdicts(compiled.environment)  # the same sandbox, its verdicts on plain data kept
-        self.content_format: ContentFormat = detect_content_format(ast)
+        except BudgetExceeded as exc:  # nothing runs at compile time; kept for safety
+            raise ChatTemplateBudgetError(str(exc)) from None
+        memoize_plain_verdicts(environment)  # the same sandbox, its verdicts on plain data kept
         self.arguments_as_text = arguments_as_text(source)
         self.content_null_aware = _CONTENT_IS_NONE.search(source) is not None
-        # The direct render needs the helpers transformers' wrapper uses (5.x); with an
-        # older transformers every render goes through the wrapper.
-        self._alias = getattr(self._utils, "_alias_reasoning_fields", None)
-        if not hasattr(self._utils, "_plain_template_data"):
-            self._alias = None
+        # transformers 5.x aliases reasoning fields for templates; older ones did not.
+        self._alias = getattr(self._utils, "_alias_reasoning_fields", None) or (lambda chat: chat)
         self._plain_specials = plain(self.special_tokens)
+
+    def _environment(self) -> Any:
+        """A fresh environment exactly as transformers builds it (a template that is plain
+        text compiles nothing), owned by this template and made budgeted."""
+        build = getattr(self._utils, "_cached_compile_jinja_template", None)  # the uncached builder
+        if build is not None:
+            environment = build("").environment
+        else:
+            environment = self._utils._compile_jinja_template("").environment.overlay()
+        render_budget.install(environment)
+        return environment
 
     def render(
         self,
@@ -256,32 +274,27 @@ class ChatTemplate:
             arguments_text=self.arguments_as_text,
             content_null_aware=self.content_null_aware,
         )
+        render_budget.start(messages, tools, documents)
         try:
-            if continue_final_message or self._alias is None:
-                rendered, _ = self._utils.render_jinja_template(
-                    conversations=[conversation],
-                    tools=[dict(t) for t in tools] if tools is not None else None,
-                    documents=[dict(d) for d in documents] if documents is not None else None,
-                    chat_template=self.source,
-                    add_generation_prompt=add_generation_prompt,
-                    continue_final_message=continue_final_message,
-                    **{**self.special_tokens, **kwargs},
-                )
-                return str(rendered[0])
             return self._render_plain(
                 conversation,
                 tools=plain([dict(t) for t in tools]) if tools is not None else None,
                 documents=plain([dict(d) for d in documents]) if documents is not None else None,
                 add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
                 kwargs={**self._plain_specials, **plain(kwargs)} if kwargs else self._plain_specials,
             )
         except ChatTemplateError:
             raise
+        except BudgetExceeded as exc:
+            raise ChatTemplateBudgetError(str(exc)) from None
         except Exception as exc:
             # A template is arbitrary code: any failure while rendering it (its own
             # raise_exception, an undefined attribute, a type error) means these inputs
             # cannot be rendered, which the server reports as a client error.
             raise ChatTemplateError(f"chat template error: {exc}") from exc
+        finally:
+            render_budget.stop()
 
     def _render_plain(
         self,
@@ -290,15 +303,57 @@ class ChatTemplate:
         tools: list[Any] | None,
         documents: list[Any] | None,
         add_generation_prompt: bool,
+        continue_final_message: bool,
         kwargs: dict[str, Any],
     ) -> str:
         """The compiled template on data that is already plain (``render_jinja_template``'s
-        call without its copy): the same names, the same reasoning aliases."""
-        assert self._alias is not None
-        return str(self._compiled.render(
-            messages=self._alias(conversation),
+        call without its copy): the same names, the same reasoning aliases, and its
+        tag-and-trim for ``continue_final_message``."""
+        chat = self._alias(conversation)
+        final = _tag_final_message(chat, self.source) if continue_final_message else None
+        rendered = str(self._compiled.render(
+            messages=chat,
             tools=tools,
             documents=documents,
             add_generation_prompt=add_generation_prompt,
             **kwargs,
         ))
+        return rendered if final is None else _trim_at_tag(rendered, final)
+
+
+def _tag_final_message(chat: list[dict[str, Any]], source: str) -> str:
+    """Append the continue tag to the final message's content (its last text part, for a
+    list); the content as it was. transformers' checks and messages."""
+    last = chat[-1] = dict(chat[-1])  # the aliased list may share the message: tag a copy
+    content = last.get("content")
+    if content is None:
+        raise ChatTemplateError('continue_final_message is set but the final message has no "content" to continue!')
+    if "content" not in source:
+        raise ChatTemplateError(
+            'continue_final_message is set to "content" but this is not an accepted field in the chat_template'
+        )
+    if isinstance(content, list):
+        parts = last["content"] = [dict(p) if isinstance(p, dict) else p for p in content]
+        for part in reversed(parts):
+            if isinstance(part, dict) and "text" in part:
+                final = str(part["text"])
+                part["text"] = final + _CONTINUE_TAG
+                return final
+        raise ChatTemplateError("continue_final_message is set but we could not find any text to continue in the final message!")
+    last["content"] = content + _CONTINUE_TAG
+    return str(content)
+
+
+def _trim_at_tag(rendered: str, final: str) -> str:
+    """The render cut where the final message's tag starts (trailing space trimmed when the
+    template trimmed it)."""
+    tag = _CONTINUE_TAG.strip()
+    if final.strip() not in rendered or tag not in rendered:
+        raise ChatTemplateError(
+            "continue_final_message is set but the final message does not appear in the chat after applying the "
+            "chat template! This can happen if the chat template deletes portions of the final message."
+        )
+    at = rendered.rindex(tag)
+    if rendered[at : at + len(_CONTINUE_TAG)] == _CONTINUE_TAG:
+        return rendered[:at]
+    return rendered[:at].rstrip()

@@ -46,3 +46,8 @@ class TokenizerArchiveError(TokenizationError):
 
 class ChatTemplateError(TokenizationError):
     """The chat template cannot be compiled, or cannot render these messages (HTTP 400)."""
+
+
+class ChatTemplateBudgetError(ChatTemplateError):
+    """The chat template went over its render budget (``render_budget``): a template bomb,
+    or inputs far larger than the template can render (HTTP 400 ``chat_template_budget``)."""

@@ -20,7 +20,8 @@ read, and a ``str.format`` among them wrapped, every time). Everything else (und
 values, classes, functions, ``str.format``, unsafe names) takes jinja2's own path
 unchanged, so nothing the sandbox refuses becomes allowed. The memo is installed only on
 an environment of exactly jinja2's ``ImmutableSandboxedEnvironment`` class (transformers'
-choice), and is bounded.
+choice) or of the render budget's subclass of it (``render_budget.BudgetSandbox``, which
+changes calls only), and is bounded.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from jinja2.runtime import LoopContext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import Namespace
 
+from gateway.tokenization.render_budget import BudgetSandbox
+
 _PLAIN = frozenset({dict, list, str, int, float, bool, type(None)})
 _MEMO_LIMIT = 4096  # (type, name) pairs; names come from the template, or from data via |attr
 _NO_ATTRIBUTE = 0  # ``getattr`` raises AttributeError: the item of that name, else undefined
@@ -39,8 +42,8 @@ _SAFE = 1  # the attribute exists, is allowed, and is not ``str.format``/``forma
 _JINJA = 2  # jinja2's own path (unsafe, or ``str.format``, which it wraps)
 
 
-class PlainMemoSandbox(ImmutableSandboxedEnvironment):
-    """``ImmutableSandboxedEnvironment`` whose verdicts on plain JSON data (and on its own
+class PlainMemoSandbox(BudgetSandbox):
+    """``ImmutableSandboxedEnvironment`` (with the render budget's checks) whose verdicts on plain JSON data (and on its own
     loop and namespace objects) are computed once per type and attribute name."""
 
     _verdicts: dict[tuple[type, str], int]
@@ -114,7 +117,7 @@ def memoize_plain_verdicts(environment: object) -> bool:
     environment class is left alone: its verdicts might depend on more than the type."""
     if type(environment) is PlainMemoSandbox:
         return True
-    if type(environment) is not ImmutableSandboxedEnvironment:
+    if type(environment) is not ImmutableSandboxedEnvironment and type(environment) is not BudgetSandbox:
         return False
     objects: set[type] = {LoopContext, Namespace}
     made = environment.globals.get("namespace")  # transformers' TemplateNamespace
