@@ -1,0 +1,55 @@
+"""GetLoads polling (workers/load_monitor.py): one figure per worker over its DP ranks,
+and only workers whose pool's policy reads loads are asked."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.proto import sglang_scheduler_pb2 as pb
+from gateway.workers.load_monitor import LoadMonitor, LoadMonitorConfig, snapshot
+from gateway.workers.transport import CallCode, WorkerCallError
+from tests.fake_transport import FakeTransport, fleet
+
+
+def _rank(**fields: float) -> pb.SchedulerLoad:
+    return pb.SchedulerLoad(**fields)  # type: ignore[arg-type]
+
+
+def test_dp_ranks_are_summed_and_ratios_averaged() -> None:
+    reply = pb.GetLoadsResponse(loads=[
+        _rank(num_running_reqs=2, num_waiting_reqs=1, num_used_tokens=100, max_total_num_tokens=1000,
+              token_usage=0.1, num_waiting_uncached_tokens=50, cache_hit_rate=0.5),
+        _rank(num_running_reqs=3, num_waiting_reqs=0, num_used_tokens=300, max_total_num_tokens=1000,
+              token_usage=0.3, num_waiting_uncached_tokens=10, cache_hit_rate=0.7),
+    ])
+    s = snapshot(reply)
+    assert (s.num_running_reqs, s.num_waiting_reqs, s.num_used_tokens, s.max_total_num_tokens) == (5, 1, 400, 2000)
+    assert s.num_waiting_uncached_tokens == 60
+    assert s.token_usage == pytest.approx(0.2) and s.cache_hit_rate == pytest.approx(0.6)
+    assert snapshot(pb.GetLoadsResponse()).num_running_reqs == 0
+
+
+async def test_only_needed_live_workers_are_polled_and_failures_keep_old_figures() -> None:
+    a, b, c = FakeTransport("grpc://a:1"), FakeTransport("grpc://b:1"), FakeTransport("grpc://c:1")
+    f = await fleet(a, b, c)
+
+    async def loads(*, timeout: float = 2.0, include: object = ()) -> pb.GetLoadsResponse:
+        return pb.GetLoadsResponse(loads=[_rank(num_running_reqs=7)])
+
+    async def broken(*, timeout: float = 2.0, include: object = ()) -> pb.GetLoadsResponse:
+        raise WorkerCallError(CallCode.UNAVAILABLE, "down")
+
+    a.loads = loads  # type: ignore[method-assign]
+    c.loads = loads  # type: ignore[method-assign]
+    monitor = LoadMonitor(f.registry, lambda w: w.id != "b:1", LoadMonitorConfig(load_poll_interval_s=0))
+    f.worker("c:1").draining = True
+    assert await monitor.poll_once()
+    assert f.worker("a:1").polled is not None and f.worker("a:1").polled.num_running_reqs == 7
+    assert f.worker("b:1").polled is None and f.worker("c:1").polled is None  # not needed; draining
+    assert monitor.polls == 1
+    a.loads = broken  # type: ignore[method-assign]
+    await monitor.round()
+    assert f.worker("a:1").polled.num_running_reqs == 7 and monitor.polls == 1  # the old figures age
+    none = LoadMonitor(f.registry, lambda w: False)
+    assert not await none.poll_once()
+    assert none.interval_s() == 0.5
