@@ -57,14 +57,15 @@ class SimFleet:
         roles: list[str] | None = None,
         host: str = "127.0.0.1",
         tls: SimTls | None = None,
+        engine: str = "sglang",
     ) -> AsyncIterator[SimFleet]:
         """Start ``n`` workers on ephemeral ports; ``roles`` overrides ``config.role`` per worker;
-        ``tls`` makes them serve grpcs://."""
+        ``tls`` makes them serve grpcs://; ``engine`` picks the gRPC service (SGLang's or vLLM's)."""
         config = config or SimConfig()
         if roles is not None and len(roles) != n:
             raise ValueError(f"got {len(roles)} roles for {n} workers")
         workers = [
-            SimWorker(config if roles is None else _with_role(config, roles[i])) for i in range(n)
+            SimWorker(config if roles is None else _with_role(config, roles[i]), engine=engine) for i in range(n)
         ]
         fleet = cls(workers)
         try:

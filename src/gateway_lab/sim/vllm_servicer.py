@@ -217,12 +217,14 @@ class VllmSimServicer(vllm_engine_pb2_grpc.VllmEngineServicer):
     ) -> common_pb2.FlushCacheResponse:
         return await self._sglang.FlushCache(request, context)
 
-    def GetTokenizer(
+    async def GetTokenizer(
         self, request: common_pb2.GetTokenizerRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[common_pb2.GetTokenizerChunk]:
-        return self._sglang.GetTokenizer(request, context)
+        async for chunk in self._sglang.GetTokenizer(request, context):
+            yield chunk
 
-    def SubscribeKvEvents(
+    async def SubscribeKvEvents(
         self, request: common_pb2.SubscribeKvEventsRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[common_pb2.KvEventBatch]:
-        return self._sglang.SubscribeKvEvents(request, context)
+        async for batch in self._sglang.SubscribeKvEvents(request, context):
+            yield batch

@@ -22,8 +22,44 @@ from gateway.server.http.guard import http_server_config
 from gateway.server.state import GatewayState
 from gateway_lab.sim.config import SimConfig
 from gateway_lab.sim.fleet import SimFleet
+from gateway_lab.sim.http_server import http_fleet
+from gateway_lab.sim.worker import SimWorker
 
 ZERO_COST = dict(step_base_s=0.0, prefill_token_s=0.0, decode_seq_s=0.0, time_scale=0.0)
+
+# Every worker kind the conformance checks run against: the gRPC services (SGLang's
+# scheduler, vLLM's engine) and the HTTP servers (SGLang's native API, vLLM's OpenAI one).
+ENGINES = ["sglang", "vllm", "sglang-http", "vllm-http"]
+
+
+def only(engine: str, kinds: set[str], why: str) -> None:
+    """Skip a conformance check on the worker kinds it does not apply to, saying why."""
+    if engine not in kinds:
+        pytest.skip(f"{engine}: {why}")
+
+
+class _HttpFleet(SimFleet):
+    """Simulated HTTP workers seen as a fleet: the same workers, their HTTP URLs."""
+
+    def __init__(self, workers: list[SimWorker], urls: list[str]) -> None:
+        super().__init__(workers)
+        self._urls = urls
+
+    @property
+    def urls(self) -> list[str]:
+        return self._urls
+
+
+@contextlib.asynccontextmanager
+async def _fleet(opts: StackOptions, sim: SimConfig) -> AsyncIterator[SimFleet]:
+    if not opts.engine.endswith("-http"):
+        async with SimFleet.start(opts.workers, sim, roles=opts.roles, engine=opts.engine) as fleet:
+            yield fleet
+        return
+    if opts.roles:
+        raise ValueError("the HTTP kinds of this stack serve the regular role only")
+    async with http_fleet(opts.workers, sim, api=opts.engine.removesuffix("-http")) as workers:
+        yield _HttpFleet([w.worker for w in workers], [w.url for w in workers])
 
 
 @dataclass
@@ -51,6 +87,7 @@ class StackOptions:
     sections: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     roles: list[str] | None = None  # sim role per worker; prefill/decode ones join the PD pools
     pd: dict[str, Any] = dataclasses.field(default_factory=dict)
+    engine: str = "sglang"  # one of ENGINES: the gRPC service or HTTP server the workers serve
 
 
 async def _serve(state: GatewayState) -> tuple[uvicorn.Server, asyncio.Task[None], str]:
@@ -71,10 +108,13 @@ async def _serve(state: GatewayState) -> tuple[uvicorn.Server, asyncio.Task[None
 async def start_stack(opts: StackOptions, tmp_path: Any) -> AsyncIterator[Stack]:
     """A whole stack, torn down when the ``async with`` ends, a failing test's included."""
     sim = SimConfig(**{**ZERO_COST, **opts.sim})
-    async with SimFleet.start(opts.workers, sim, roles=opts.roles) as fleet:
+    async with _fleet(opts, sim) as fleet:
         roles = opts.roles or ["regular"] * opts.workers
         by_role = {r: [u for u, ur in zip(fleet.urls, roles, strict=True) if ur == r] for r in ("regular", "prefill", "decode")}
-        config = GatewayConfig(server=ServerConfig(worker_urls=by_role["regular"], tokenizer_cache_dir=str(tmp_path / "tok"), **opts.server))
+        server = dict(opts.server)
+        if opts.engine == "vllm-http":  # vLLM's HTTP server does not say where its tokenizer is
+            server.setdefault("tokenizer_path", str(fleet.workers[0].vocab.path))
+        config = GatewayConfig(server=ServerConfig(worker_urls=by_role["regular"], tokenizer_cache_dir=str(tmp_path / "tok"), **server))
         config.pd.prefill = [PdWorkerSpec(u) for u in by_role["prefill"]]
         config.pd.decode = [PdWorkerSpec(u) for u in by_role["decode"]]
         for k, v in opts.pd.items():
@@ -105,8 +145,15 @@ async def start_stack(opts: StackOptions, tmp_path: Any) -> AsyncIterator[Stack]
 
 
 @pytest.fixture
-async def stack(request: pytest.FixtureRequest, tmp_path: Any) -> AsyncIterator[Stack]:
+def engine() -> str:
+    """The kind of simulated worker (one of ENGINES); modules of conformance checks
+    parametrize it to run against every kind."""
+    return "sglang"
+
+
+@pytest.fixture
+async def stack(request: pytest.FixtureRequest, tmp_path: Any, engine: str) -> AsyncIterator[Stack]:
     marker = request.node.get_closest_marker("stack")
-    opts = StackOptions(**(marker.kwargs if marker else {}))
+    opts = StackOptions(**{"engine": engine, **(marker.kwargs if marker else {})})
     async with start_stack(opts, tmp_path) as s:
         yield s

@@ -8,7 +8,10 @@ import json
 import openai
 import pytest
 
-from tests.e2e.http.conftest import Stack
+from tests.e2e.http.conftest import ENGINES, Stack, only
+
+# Conformance: the same OpenAI checks against every kind of worker.
+pytestmark = pytest.mark.parametrize("engine", ENGINES)
 
 
 def _reply(text: str) -> list[dict[str, str]]:
@@ -86,7 +89,8 @@ async def test_stop_string_across_tokens_trims_and_reports(stack: Stack) -> None
     assert streamed == "alpha bet"
 
 
-async def test_n_and_logprobs(stack: Stack) -> None:
+async def test_n_and_logprobs(stack: Stack, engine: str) -> None:
+    only(engine, {"sglang", "vllm", "sglang-http"}, "the simulator's vLLM HTTP mode returns no logprobs yet")
     resp = await stack.client.chat.completions.create(
         model=stack.model, messages=[{"role": "user", "content": "hi"}], n=3, max_tokens=8,
         logprobs=True, top_logprobs=2, extra_body={"chat_template_kwargs": {"enable_thinking": False}, "ignore_eos": True},
@@ -118,11 +122,11 @@ async def test_bad_requests_get_openai_errors(stack: Stack, body: bytes, status:
     assert (await stack.http.get("/health")).status_code == 200
 
 
-async def test_client_disconnect_during_prefill_aborts_worker(tmp_path) -> None:
+async def test_client_disconnect_during_prefill_aborts_worker(tmp_path, engine: str) -> None:
     from tests.e2e.http.conftest import StackOptions, start_stack
 
     # A slow prefill (100 ms per 1000 tokens of simulated time) so the client leaves before any token.
-    opts = StackOptions(workers=1, sim={"prefill_token_s": 1e-3, "time_scale": 1.0})
+    opts = StackOptions(workers=1, sim={"prefill_token_s": 1e-3, "time_scale": 1.0}, engine=engine)
     async with start_stack(opts, tmp_path) as stack:
         worker = stack.fleet.workers[0]
         task = asyncio.create_task(
@@ -149,7 +153,8 @@ async def test_client_disconnect_during_prefill_aborts_worker(tmp_path) -> None:
         assert worker.counters.aborted >= 1
 
 
-async def test_tokenize_roundtrip_models_and_embeddings(stack: Stack) -> None:
+async def test_tokenize_roundtrip_models_and_embeddings(stack: Stack, engine: str) -> None:
+    only(engine, {"sglang", "vllm"}, "HTTP workers lack embeddings (GET /workers lists it)")
     tok = (await stack.http.post("/v1/tokenize", json={"prompt": "Hello, world"})).json()
     assert tok["count"] == len(tok["tokens"]) > 0
     text = (await stack.http.post("/v1/detokenize", json={"tokens": tok["tokens"]})).json()["text"]
@@ -187,17 +192,24 @@ async def test_named_tool_choice_parses_whole_output_as_arguments(stack: Stack) 
 
 
 def _spy_worker_requests(monkeypatch: pytest.MonkeyPatch) -> list[object]:
-    """The GenerateRequests the gateway sends its workers, as sent."""
+    """The GenerateRequests the gateway sends its workers, as sent (every kind of client)."""
     from gateway.workers.client import WorkerClient
+    from gateway.workers.sglang_http import HttpWorkerClient
+    from gateway.workers.vllm_grpc import VllmGrpcClient
 
     sent: list[object] = []
-    real = WorkerClient.generate
 
-    def generate(self: WorkerClient, request: object, **kwargs: object) -> object:
-        sent.append(request)
-        return real(self, request, **kwargs)  # type: ignore[arg-type]
+    def spy(cls: type) -> None:
+        real = cls.generate
 
-    monkeypatch.setattr(WorkerClient, "generate", generate)
+        def generate(self: object, request: object, **kwargs: object) -> object:
+            sent.append(request)
+            return real(self, request, **kwargs)
+
+        monkeypatch.setattr(cls, "generate", generate)
+
+    for cls in (WorkerClient, VllmGrpcClient, HttpWorkerClient):
+        spy(cls)
     return sent
 
 

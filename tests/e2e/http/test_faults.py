@@ -5,7 +5,10 @@ from __future__ import annotations
 import openai
 import pytest
 
-from tests.e2e.http.conftest import Stack
+from tests.e2e.http.conftest import ENGINES, Stack
+
+# Conformance: the same fault checks against every kind of worker.
+pytestmark = pytest.mark.parametrize("engine", ENGINES)
 
 
 @pytest.mark.stack(workers=2, policy="round_robin")
