@@ -122,6 +122,7 @@ class FakeTransport:
     role: str = "regular"
     bootstrap_port: int | None = None
     start_time: int = 0  # GetServerInfo start_time, seconds (0: not reported); a restart changes it
+    server_args: dict[str, Any] = field(default_factory=dict)  # more GetServerInfo server arguments
     requests: list[pb.GenerateRequest] = field(default_factory=list)
     embed_requests: list[pb.EmbedRequest] = field(default_factory=list)
     calls: list[FakeCall] = field(default_factory=list)
@@ -170,6 +171,7 @@ class FakeTransport:
     async def server_info(self, *, timeout: float = 5.0) -> pb.GetServerInfoResponse:
         args = struct_pb2.Struct()
         args.update({"page_size": 1, "disaggregation_mode": self.role if self.role != "regular" else "null"})
+        args.update(self.server_args)
         if self.bootstrap_port is not None:
             args.update({"disaggregation_bootstrap_port": self.bootstrap_port})
         reply = pb.GetServerInfoResponse(server_args=args, max_total_num_tokens=100_000)

@@ -34,6 +34,13 @@ def sglang_grpc(interop_dir: Path) -> Iterator[servers.Process]:
 
 
 @pytest.fixture(scope="session")
+def sglang_http(interop_dir: Path, sglang_grpc: servers.Process) -> Iterator[servers.Process]:
+    """SGLang's own OpenAI HTTP server, same stand-in scheduler: the reference frontend."""
+    with servers.running(servers.start_sglang(interop_dir, grpc=False)) as proc:
+        yield proc
+
+
+@pytest.fixture(scope="session")
 def gateway(interop_dir: Path, sglang_grpc: servers.Process) -> Iterator[servers.Process]:
     with servers.running(servers.start_gateway(interop_dir, sglang_grpc.extra["url"])) as proc:
         yield proc

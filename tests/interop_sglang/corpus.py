@@ -119,8 +119,6 @@ KINDS: dict[str, str] = {
                 "HTTP server applies them to chat, not to completions)",
     "seed": "blocked upstream: the SglangScheduler proto has no seed field and the servicer never "
             "sets sampling_seed (SGLang's HTTP server does)",
-    "stops": "by design: the gateway matches stop strings itself (a one-token stop string goes "
-             "to the worker as a stop id)",
     "unary-stream": "by design: the gateway streams non-streaming requests from the worker in "
                     "chunks (resume after a worker failure)",
     "fan-out": "SGLang's own frontends: the servicer sends each of the n samples with n=1, the "
@@ -129,7 +127,6 @@ KINDS: dict[str, str] = {
 _FIELD_KIND = {
     "sampling.temperature": "defaults", "sampling.top_p": "defaults", "sampling.top_k": "defaults",
     "sampling.sampling_seed": "seed",
-    "sampling.stop_strs": "stops", "sampling.stop_token_ids": "stops",
     "sampling.stream_interval": "unary-stream", "sampling.n": "fan-out",
 }
 
@@ -139,8 +136,6 @@ def classify(name: str, body: dict[str, Any], d: Difference) -> str:
     if kind == "defaults" and d.field.removeprefix("sampling.") in body:
         return "unexplained"  # a value the client set must arrive as sent
     if kind == "seed" and "seed" not in body:
-        return "unexplained"
-    if kind == "stops" and not body.get("stop"):
         return "unexplained"
     if kind == "unary-stream" and (body.get("stream") or d.via_sglang_http is not None):
         return "unexplained"

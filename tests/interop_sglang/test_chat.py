@@ -61,7 +61,7 @@ def test_model_defaults_apply_when_the_request_omits_them(client: Any, model: st
     assert (sp["temperature"], sp["top_p"], sp["top_k"]) == (pytest.approx(0.6), pytest.approx(0.95), 20)
 
 
-@pytest.mark.xfail(strict=True, reason="the gateway sends seed in custom_params; SGLang reads sampling_seed")
+@pytest.mark.xfail(strict=True, reason="the SglangScheduler proto has no seed field: the servicer never sets sampling_seed")
 def test_seed_reaches_the_scheduler_as_sampling_seed(client: Any, model: str, recording: Recording) -> None:
     r = client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=5, seed=1234)
     assert only(recording.generates())["sampling_params"]["sampling_seed"] == 1234

@@ -5,8 +5,6 @@ totals are printed by ``python -m tests.interop_sglang.corpus``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,12 +13,6 @@ from tests.interop_sglang import corpus, servers
 
 # The first test to use the corpus starts SGLang's HTTP server and sends 92 requests.
 pytestmark = pytest.mark.timeout(900)
-
-
-@pytest.fixture(scope="session")
-def sglang_http(interop_dir: Path, sglang_grpc: servers.Process) -> Iterator[servers.Process]:
-    with servers.running(servers.start_sglang(interop_dir, grpc=False)) as proc:
-        yield proc
 
 
 @pytest.fixture(scope="session")
@@ -53,6 +45,12 @@ def test_every_difference_has_a_known_reason(corpus_result: dict[str, Any]) -> N
 
 def test_model_defaults_match(corpus_result: dict[str, Any]) -> None:
     assert _of_kind(corpus_result, "defaults") == []
+
+
+def test_stops_match(corpus_result: dict[str, Any]) -> None:
+    """A worker with its own tokenizer gets the stop strings and ids as the client sent them."""
+    assert [d for d in corpus_result["differences"]
+            if d["field"] in ("sampling.stop_strs", "sampling.stop_token_ids")] == []
 
 
 @pytest.mark.xfail(strict=True, reason="the SglangScheduler proto has no seed field: the servicer never sets sampling_seed")

@@ -16,6 +16,7 @@ from gateway.pipeline.limits import LimitsConfig
 from gateway.pipeline.resume import ResumeConfig
 from gateway.pipeline.router import Router
 from gateway.policies.factory import make_policy
+from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.protocol.errors import ContextLengthExceededError, InvalidRequestError
 from gateway.protocol.sampling import SamplingOptions
 from gateway.tokenization import ChatPromptCache, Tokenizer
@@ -264,3 +265,30 @@ def test_engine_config_refuses_negative_knobs() -> None:
         with pytest.raises(ValueError):
             EngineConfig(**bad)
 
+
+
+async def test_stop_strings_go_to_workers_that_match_them_and_ids_to_the_rest() -> None:
+    """Workers that say they have a tokenizer get the client's stop strings as sent (SGLang's
+    own frontends' form); a fleet with any worker that has none gets one-token strings as ids."""
+    from tests.fake_transport import MODEL, FakeTransport, fleet
+
+    tokenizer = Tokenizer.from_path(qwen_files())
+    entry = ModelEntry("m", tokenizer, "path", 0, ChatPromptCache(tokenizer), worker_model=MODEL)
+    sampling = SamplingOptions(max_new_tokens=8, stop=("\n\n", " Paris"), stop_token_ids=(9,))
+    one_token = [tokenizer.token_id(s) for s in sampling.stop]
+    assert None not in one_token
+
+    async def worker_params(*transports: FakeTransport) -> pb.SamplingParams:
+        f = await fleet(*transports)
+        engine = Engine(f.router, _Catalog(entry), config=EngineConfig())  # type: ignore[arg-type]
+        try:
+            return engine.generate_request(engine.prepare(entry, [5, 6], sampling, stream=True)).sampling_params
+        finally:
+            engine.close()
+            await f.registry.close()
+
+    sp = await worker_params(FakeTransport("grpc://10.0.0.1:1", server_args={"skip_tokenizer_init": False}))
+    assert list(sp.stop) == ["\n\n", " Paris"] and list(sp.stop_token_ids) == [9]
+    sp = await worker_params(FakeTransport("grpc://10.0.0.1:1", server_args={"skip_tokenizer_init": False}),
+                             FakeTransport("grpc://10.0.0.2:1"))
+    assert list(sp.stop) == [] and list(sp.stop_token_ids) == [9, *one_token]

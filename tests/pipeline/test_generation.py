@@ -110,3 +110,28 @@ async def test_a_token_stop_in_a_batch_hands_over_the_texts_before_it(tok: Token
     assert isinstance(out[1], SampleDelta) and out[1].finish_reason == "stop" and out[1].text == ""
     assert len(out) == 2  # nothing after the stop
     assert stream.closed
+
+
+async def test_completion_tokens_count_through_a_text_stop_not_past_it(tok: Tokenizer) -> None:
+    """A worker chunk can carry tokens past the one that completed a stop string; the
+    usage counts through that token, as SGLang's completion_tokens does."""
+    ids = tok.encode(" one two three four five", False)
+    stream = Arrivals([[chunk(ids), complete()]])
+    gen = Generation(stream, prepare(tok, [1, 2], max_new_tokens=8, stop=(" two",)))  # type: ignore[arg-type]
+    stream.release()
+    out = [d async for d in gen.deltas()]
+    assert "".join(d.text for d in out) == " one"
+    assert out[-1].finish_reason == "stop" and out[-1].matched_stop == " two"
+    assert gen.usage.completion_tokens == 2
+
+
+async def test_completion_tokens_count_a_token_stop_itself(tok: Tokenizer) -> None:
+    ids = tok.encode(" one two three four", False)
+    stream = Arrivals([[chunk(ids), complete()]])
+    prepared = prepare(tok, [1, 2], max_new_tokens=8)
+    prepared.stop_plan = StopPlan.build(tok, stop_token_ids=[ids[1]], ignore_eos=True)
+    gen = Generation(stream, prepared)  # type: ignore[arg-type]
+    stream.release()
+    out = [d async for d in gen.deltas()]
+    assert "".join(d.text for d in out) == " one" and out[-1].matched_stop == ids[1]
+    assert gen.usage.completion_tokens == 2

@@ -33,3 +33,9 @@ def test_a_chat_request_that_omits_spaces_between_special_tokens_sends_true() ->
     req = ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
     params = to_sampling_params(sampling_from_chat(req), stop_token_ids=[], max_new_tokens=None)
     assert params.spaces_between_special_tokens is True
+
+
+def test_stop_strings_given_for_the_worker_go_in_stop_in_order() -> None:
+    params = to_sampling_params(SamplingOptions(), stop_token_ids=[7], max_new_tokens=None, stop_strings=["b", "a"])
+    assert list(params.stop) == ["b", "a"] and list(params.stop_token_ids) == [7]
+    assert list(to_sampling_params(SamplingOptions(), stop_token_ids=[], max_new_tokens=None).stop) == []

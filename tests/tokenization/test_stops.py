@@ -22,12 +22,17 @@ from .helpers import PROPERTY, multilingual_text
 IM_END, END_THINK = 151645, 151668
 
 
-def reference(text: str, stops: Sequence[str], no_stop_trim: bool) -> tuple[str, str | None]:
-    """Character-at-a-time model: the first stop to be complete wins (client order on ties)."""
-    for end in range(1, len(text) + 1):
+def reference(pieces: Sequence[str], stops: Sequence[str], no_stop_trim: bool) -> tuple[str, str | None]:
+    """SGLang's model, one step per piece: after each step the stops are checked in the
+    client's order against the text so far, and the text is cut where the matched stop
+    first occurs (its scheduler's stop check, then its detokenizer's trim)."""
+    text = ""
+    for piece in pieces:
+        text += piece
         for stop in stops:
-            if stop and text[:end].endswith(stop):
-                return (text[:end] if no_stop_trim else text[: end - len(stop)]), stop
+            if stop and stop in text:
+                pos = text.find(stop)
+                return (text[: pos + len(stop)] if no_stop_trim else text[:pos]), stop
     return text, None
 
 
@@ -63,11 +68,12 @@ ALPHABET = "ab日😀 "
     sizes=st.lists(st.integers(1, 7), min_size=1, max_size=4),
     no_stop_trim=st.booleans(),
 )
-def test_matcher_equals_the_character_model_for_any_chunking(
+def test_matcher_equals_sglangs_step_model_for_any_chunking(
     text: str, stops: list[str], sizes: list[int], no_stop_trim: bool
 ) -> None:
-    expected_text, expected_stop = reference(text, stops, no_stop_trim)
-    got_text, got_stop, sent = run_matcher(StopMatcher(stops, no_stop_trim), chunk(text, sizes))
+    pieces = chunk(text, sizes)
+    expected_text, expected_stop = reference(pieces, stops, no_stop_trim)
+    got_text, got_stop, sent = run_matcher(StopMatcher(stops, no_stop_trim), pieces)
     assert (got_text, got_stop) == (expected_text, expected_stop)
     if not no_stop_trim:  # no piece ever sent part of a stop string that then matched
         assert all(expected_stop is None or expected_stop not in p for p in sent)
@@ -91,12 +97,14 @@ def test_false_start_is_released() -> None:
 
 
 def test_overlapping_stops_first_complete_wins() -> None:
-    assert run_matcher(StopMatcher(["abcd", "bc"]), ["abcd"])[:2] == ("a", "bc")
-    assert run_matcher(StopMatcher(["bc", "abc"]), ["xabc"])[:2] == ("xa", "bc")  # tie
-    assert run_matcher(StopMatcher(["abc", "bc"]), ["xabc"])[:2] == (
-        "x",
-        "abc",
-    )  # tie: client order
+    """Across steps the stop complete first wins; within one step, the client's order
+    (SGLang checks its stop strings in order after each token)."""
+    assert run_matcher(StopMatcher(["abcd", "bc"]), ["ab", "c", "d"])[:2] == ("a", "bc")
+    assert run_matcher(StopMatcher(["abcd", "bc"]), ["abcd"])[:2] == ("", "abcd")
+    assert run_matcher(StopMatcher(["bc", "abc"]), ["xabc"])[:2] == ("xa", "bc")
+    assert run_matcher(StopMatcher(["abc", "bc"]), ["xabc"])[:2] == ("x", "abc")
+    # A later-listed stop that ends earlier in the same step loses, as on SGLang.
+    assert run_matcher(StopMatcher(["cd", "a"]), ["abcd"])[:2] == ("ab", "cd")
 
 
 def test_stop_at_the_very_start_and_multibyte() -> None:
@@ -290,3 +298,29 @@ def test_a_joined_stream_gives_the_same_whole_answer(
         return "".join(s.text for s in steps), [s.matched for s in steps], [s.ids_used for s in steps]
 
     assert whole(_steps(joined, ids, size)) == whole(_steps(general, ids, size))
+
+
+def test_a_worker_with_a_tokenizer_gets_the_strings_as_sent_and_no_derived_ids(qwen: Tokenizer) -> None:
+    """SGLang's own frontends send stop strings as the client gave them and stop ids as
+    given; the gateway sends the same to a worker that matches strings, and still
+    matches every string itself."""
+    plan = StopPlan.build(
+        qwen, stop=["<|im_end|>", " hello", "two words", "", " hello"], stop_token_ids=[42, 42],
+        worker_matches_strings=True,
+    )
+    assert plan.worker_stop_strings == ("<|im_end|>", " hello", "two words")
+    assert plan.stop_token_ids == (42,)
+    assert plan.stop_strings == (" hello", "two words")
+    assert plan.token_stops[IM_END] == "<|im_end|>"
+    assert plan.matched_for_token(qwen.token_id(" hello")) == " hello"
+    # Without a worker-side tokenizer: no strings, one-token ones as ids.
+    assert StopPlan.build(qwen, stop=[" hello"]).worker_stop_strings == ()
+
+
+def test_a_token_stop_counts_through_the_stop_token(qwen: Tokenizer) -> None:
+    """The stop token is generated output (SGLang counts it in completion tokens) though its
+    text is trimmed: ``ids_through`` includes it, ``ids_used`` does not."""
+    ids = qwen.encode(" one two three", False)
+    stream = SampleStream(qwen, StopPlan.build(qwen, stop_token_ids=[ids[1]], ignore_eos=True))
+    step = stream.step(ids)
+    assert (step.text, step.matched, step.ids_used, step.ids_through) == (" one", ids[1], 1, 2)

@@ -110,3 +110,11 @@ def test_page_size_comes_from_the_most_reliable_source() -> None:
     assert unknown.learn_page_size(16) and (unknown.page_size, unknown.page_size_source) == (16, "kv_events")
     assert not unknown.learn_page_size(16)
     assert not reported.learn_page_size(16) and reported.page_size == 32  # a report wins over events
+
+
+def test_a_worker_matches_stop_strings_only_when_it_says_it_has_a_tokenizer() -> None:
+    """SGLang reports skip_tokenizer_init: false means its scheduler matches stop strings;
+    true, or not reported at all (other engines, the simulator), means it cannot."""
+    assert _info({"skip_tokenizer_init": False}).matches_stop_strings is True
+    assert _info({"skip_tokenizer_init": True}).matches_stop_strings is False
+    assert _info({}).matches_stop_strings is False

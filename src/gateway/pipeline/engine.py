@@ -370,6 +370,7 @@ class Engine:
             stop_token_ids=list(sampling.stop_token_ids),
             ignore_eos=sampling.ignore_eos,
             skip_special_tokens=sampling.skip_special_tokens,
+            worker_matches_strings=bool(sampling.stop) and self.workers_match_stop_strings(entry),
         )
         return PreparedRequest(
             request_id=request_id or random_hex(),
@@ -385,6 +386,14 @@ class Engine:
             require_reasoning=require_reasoning,
             output_room=limit - len(prompt_ids) if limit else None,
         )
+
+    def workers_match_stop_strings(self, entry: ModelEntry) -> bool:
+        """Whether every worker of the model has its own tokenizer, so stop strings can go
+        to it as the client sent them (a fleet with any worker that has none keeps the
+        gateway-only form: one-token strings as stop ids)."""
+        model = self.catalog.worker_model(entry.name)
+        workers = [w for w in self.registry.all() if w.model == model]
+        return bool(workers) and all(w.info.matches_stop_strings for w in workers)
 
     def check_prompt_ids(
         self, entry: ModelEntry, prompt_ids: Sequence[int], *, param: str, limit_param: str | None = None,
@@ -489,6 +498,7 @@ class Engine:
                 sampling,
                 stop_token_ids=prepared.stop_plan.stop_token_ids,
                 max_new_tokens=sampling.max_new_tokens,
+                stop_strings=prepared.stop_plan.worker_stop_strings,
             ),
             return_logprob=logprobs,
             top_logprobs_num=sampling.top_logprobs if sampling.logprobs else 0,

@@ -368,8 +368,12 @@ class Generation:
         self.usage.per_sample_completion[sample.index] = sample.generated
         step = sample.text.step(ids)
         if step.matched is not None:  # step.stopped, without the property call per token
-            # Tokens past the stop never reach the client (nor their logprobs).
+            # Tokens past the stop never reach the client (nor their logprobs), nor its
+            # usage: completion tokens count through the stop, as SGLang counts them.
             used = len(ids) if step.ids_used is None else step.ids_used
+            through = used if step.ids_through is None else step.ids_through
+            sample.generated -= len(ids) - through
+            self.usage.per_sample_completion[sample.index] = sample.generated
             if not any(t in self._token_stops for t in ids[:used + 1]):
                 self._stopped_early = True  # a text stop: the worker does not know to stop
             ids = ids[:used]

@@ -27,9 +27,11 @@ _CONSTRAINT_FIELD = {"regex": "regex", "json_schema": "json_schema", "ebnf": "eb
 
 
 def to_sampling_params(
-    options: SamplingOptions, *, stop_token_ids: Sequence[int], max_new_tokens: int | None
+    options: SamplingOptions, *, stop_token_ids: Sequence[int], max_new_tokens: int | None,
+    stop_strings: Sequence[str] = (),
 ) -> pb.SamplingParams:
-    """Build the worker-side params; string stops never go to the worker (the gateway owns them)."""
+    """Build the worker-side params. The gateway matches stop strings itself; ``stop_strings``
+    are the ones the worker may match too (only a worker with its own tokenizer gets any)."""
     params = pb.SamplingParams(
         temperature=float(options.temperature),
         top_p=float(options.top_p) if options.top_p else 1.0,
@@ -38,6 +40,7 @@ def to_sampling_params(
         frequency_penalty=float(options.frequency_penalty or 0.0),
         presence_penalty=float(options.presence_penalty or 0.0),
         repetition_penalty=float(options.repetition_penalty or 1.0),
+        stop=list(stop_strings),
         stop_token_ids=list(stop_token_ids),
         skip_special_tokens=bool(options.skip_special_tokens),
         spaces_between_special_tokens=bool(options.spaces_between_special_tokens),

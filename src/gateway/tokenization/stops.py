@@ -1,7 +1,11 @@
 """Stop handling: which stops the worker enforces, which the gateway matches on text.
 
-Workers started without a tokenizer cannot match stop *strings*, so the gateway owns
-them. ``StopPlan.build`` splits a request's stops:
+The gateway matches every stop string itself, whatever the worker: it detokenizes, and
+a resumed generation goes on from the text it already sent. A worker that has its own
+tokenizer (SGLang's servers, unless started with ``--skip-tokenizer-init``) is also sent
+the client's stop strings as they are, exactly as SGLang's own frontends send them, so
+it stops by itself where the gateway does. Workers started without a tokenizer cannot
+match stop *strings*; for them ``StopPlan.build`` splits a request's stops:
 
 * a stop string that is exactly one token is also sent to the worker as a stop token
   id, so the worker stops by itself on the common spelling (``<|im_end|>``,
@@ -42,6 +46,10 @@ class StopStep:
     matched: Matched | None = None
     ids_used: int | None = None
     """``SampleStream`` only: how many of the step's ids the output covers."""
+    ids_through: int | None = None
+    """``SampleStream`` only, on a token stop: the step's ids through the stop token (it is
+    generated output, counted in completion tokens as SGLang counts it, though its text is
+    trimmed). None: the same as ``ids_used``."""
 
     @property
     def stopped(self) -> bool:
@@ -63,6 +71,8 @@ class StopPlan:
     string_token_ids: Mapping[int, str] = field(default_factory=dict)
     """One-token stop strings by id (the worker may report these as ``matched_token_id``)."""
     ignore_eos: bool = False
+    worker_stop_strings: tuple[str, ...] = ()
+    """Send to the worker as ``SamplingParams.stop`` (only to a worker that matches them)."""
 
     def matched_for_token(self, token_id: int) -> Matched:
         """What ``matched_stop`` to report when the worker says it stopped on ``token_id``:
@@ -78,8 +88,11 @@ class StopPlan:
         eos_token_ids: Iterable[int] | None = None,
         ignore_eos: bool = False,
         skip_special_tokens: bool = True,
+        worker_matches_strings: bool = False,
     ) -> StopPlan:
-        """``eos_token_ids`` defaults to the tokenizer's (merged with the worker's)."""
+        """``eos_token_ids`` defaults to the tokenizer's (merged with the worker's).
+        With ``worker_matches_strings`` the worker gets the stop strings and the client's
+        stop ids as sent (SGLang's own frontends' form), no ids derived from strings."""
         strings: list[str] = []
         for s in [stop] if isinstance(stop, str) else list(stop or []):
             if s and s not in strings:  # an empty stop string would match everywhere
@@ -97,7 +110,7 @@ class StopPlan:
             tid = tokenizer.token_id(s)
             if tid is not None:
                 string_ids.setdefault(tid, s)
-                if tid not in worker_ids:
+                if tid not in worker_ids and not worker_matches_strings:
                     worker_ids.append(tid)
                 if tokenizer.decode([tid], skip_special_tokens=skip_special_tokens) != s:
                     token_stops[tid] = s  # invisible in the text: only the id can match it
@@ -109,6 +122,7 @@ class StopPlan:
             token_stops=token_stops,
             string_token_ids=string_ids,
             ignore_eos=ignore_eos,
+            worker_stop_strings=tuple(strings) if worker_matches_strings else (),
         )
 
 
@@ -116,9 +130,13 @@ class StopMatcher:
     """Text-level stop-string matching over a stream of text pieces (one per sample).
 
     Holds back the longest tail that could still become a stop string, so a stop split
-    across tokens is never partly sent. When several stop strings occur, the one that
-    is complete first (earliest end; ties in the client's order) wins, so the result
-    does not depend on how the text was chunked.
+    across tokens is never partly sent. Each ``feed`` is one step (the text of one
+    token, as the caller feeds it): a stop string that is complete at an earlier step
+    wins; among those complete at the same step, the first in the client's order wins,
+    and the text is cut where that string first occurs. That is SGLang's rule (its
+    scheduler checks the stop strings in order after every token, and its detokenizer
+    trims the output at the matched string's first occurrence), so a worker and the
+    gateway agree on which stop fired and where the text ends.
     """
 
     def __init__(self, stop_strings: Sequence[str], no_stop_trim: bool = False) -> None:
@@ -140,16 +158,14 @@ class StopMatcher:
         if self.stopped:
             return StopStep("")
         buffer = self._held + text
-        best: tuple[int, int, str] | None = None  # (end, start, stop)
+        # Every stop complete in ``buffer`` completed at this step (an earlier one would
+        # have fired), and each starts inside it (the held tail covers any stop's prefix).
         for stop in self._stops:
             start = buffer.find(stop)
-            if start >= 0 and (best is None or start + len(stop) < best[0]):
-                best = (start + len(stop), start, stop)
-        if best is not None:
-            end, start, stop = best
-            self._held = ""
-            self.matched = stop
-            return StopStep(buffer[: end if self._no_stop_trim else start], stop)
+            if start >= 0:
+                self._held = ""
+                self.matched = stop
+                return StopStep(buffer[: start + len(stop) if self._no_stop_trim else start], stop)
         keep = self._partial_match_length(buffer)
         self._held = buffer[len(buffer) - keep :] if keep else ""
         return StopStep(buffer[: len(buffer) - keep])
@@ -287,7 +303,7 @@ class SampleStream:
             self._done = True
             result = self._matcher.stop_at_token(self._plan.token_stops[token_id])
             texts.append(result.text)
-        return StopStep("".join(texts), result.matched, ids_used=used)
+        return StopStep("".join(texts), result.matched, ids_used=used, ids_through=k + 1)
 
     def _feed(self, text: str) -> StopStep:
         result = self._matcher.feed(text)

@@ -60,6 +60,9 @@ class WorkerInfo:
     default_sampling_json: str = ""  # GetModelInfo default_sampling_params_json, as sent
     gateway_instance: str = ""  # set when the "worker" is a token-gateway's pass-through (GATEWAY_INSTANCE_ARG)
     start_time: float = 0.0  # GetServerInfo start_time, seconds (0: not reported): a restart changes it
+    matches_stop_strings: bool = False
+    """The worker has its own tokenizer (``skip_tokenizer_init`` reported false), so it can
+    take stop strings; not reported means it cannot."""
 
     @classmethod
     def from_replies(
@@ -99,6 +102,7 @@ class WorkerInfo:
             default_sampling_json=model_info.default_sampling_params_json,
             gateway_instance=str(args.get(GATEWAY_INSTANCE_ARG) or ""),
             start_time=start_time_of(server_info),
+            matches_stop_strings=args.get("skip_tokenizer_init") is False,
         )
 
     def learn_page_size(self, block_size: int) -> bool:

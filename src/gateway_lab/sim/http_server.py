@@ -346,7 +346,9 @@ class SimHttpWorker:
         w = self.worker
         cfg = w.config
         args = dict(w.server_args())
-        args.update(grpc_mode=False, skip_tokenizer_init=False, port=self.port)
+        # The simulator matches no stop strings (it has no tokenizer of its own), so it says
+        # so: a gateway sends it stop ids only, as to any worker without a tokenizer.
+        args.update(grpc_mode=False, skip_tokenizer_init=True, port=self.port)
         scheduler = {
             "max_total_num_tokens": w.cache.capacity,
             "max_req_input_len": cfg.context_length - 1,
