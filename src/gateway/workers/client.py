@@ -9,7 +9,6 @@ leaves it as a ``WorkerCallError`` (``call_error``), never as a grpc exception.
 
 from __future__ import annotations
 
-import hashlib
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from dataclasses import dataclass
@@ -58,6 +57,16 @@ _CHANNEL_OPTIONS: list[tuple[str, int | str]] = [
     # be reachable again within seconds so the health checks can re-admit it.
     ("grpc.initial_reconnect_backoff_ms", 500),
     ("grpc.max_reconnect_backoff_ms", 5_000),
+]
+
+MAX_TOKENIZER_MESSAGE_BYTES = 4 * 1024 * 1024
+"""Largest single GetTokenizer message accepted (gRPC's own default; workers send chunks of
+about 1 MiB). The channel for other calls allows far larger messages, so GetTokenizer has a
+channel of its own: one message cannot make the gateway hold hundreds of MiB before the
+download's total bound (``tokenizer_fetch``) even sees it."""
+_TOKENIZER_CHANNEL_OPTIONS: list[tuple[str, int | str]] = [
+    ("grpc.max_receive_message_length", MAX_TOKENIZER_MESSAGE_BYTES) if name == "grpc.max_receive_message_length"
+    else (name, value) for name, value in _CHANNEL_OPTIONS
 ]
 
 
@@ -153,11 +162,8 @@ class WorkerClient:
         self.address = parse_worker_url(url)
         self.url = self.address.url
         secure = self.address.scheme == "grpcs"
-        if secure:
-            creds = (tls or TlsOptions()).credentials()
-            self._channel = aio.secure_channel(self.address.target, creds, options=_CHANNEL_OPTIONS)
-        else:
-            self._channel = aio.insecure_channel(self.address.target, options=_CHANNEL_OPTIONS)
+        self._channel = self._open_channel(tls, _CHANNEL_OPTIONS)
+        self._tokenizer_channel: aio.Channel | None = None  # opened by the first GetTokenizer
         self._stub = sglang_scheduler_pb2_grpc.SglangSchedulerStub(self._channel)
         self._streams: H2Channel | None = None
         if stream_transport == "h2":
@@ -170,6 +176,18 @@ class WorkerClient:
             (bearer(api_key),) if api_key else ()
         )
         self._options = (tls, api_key, stream_transport)
+
+    def _open_channel(self, tls: TlsOptions | None, options: list[tuple[str, int | str]]) -> aio.Channel:
+        if self.address.scheme == "grpcs":
+            creds = (tls or TlsOptions()).credentials()
+            return aio.secure_channel(self.address.target, creds, options=options)
+        return aio.insecure_channel(self.address.target, options=options)
+
+    def tokenizer_channel(self) -> aio.Channel:
+        """The channel GetTokenizer runs on: its messages capped at ``MAX_TOKENIZER_MESSAGE_BYTES``."""
+        if self._tokenizer_channel is None:
+            self._tokenizer_channel = self._open_channel(self._options[0], _TOKENIZER_CHANNEL_OPTIONS)
+        return self._tokenizer_channel
 
     def same_worker_as(self, kind: type[_W]) -> _W:
         """A client of another engine's service for this worker (engine detection)."""
@@ -244,26 +262,19 @@ class WorkerClient:
         ))
 
     async def tokenizer_zip(self, *, timeout: float = 60.0) -> tuple[bytes, str]:
-        """Download the worker's tokenizer zip; raises ValueError if its sha256 does not match."""
-        parts: list[bytes] = []
-        declared = ""
-        async for chunk in self.tokenizer_chunks(timeout=timeout):
-            parts.append(chunk.data)
-            if chunk.sha256:
-                declared = chunk.sha256
-        data = b"".join(parts)
-        actual = hashlib.sha256(data).hexdigest()
-        if not declared or declared.lower() != actual:
-            raise ValueError(
-                f"tokenizer from {self.url}: sha256 mismatch (declared {declared!r}, got {actual})"
-            )
-        return data, actual
+        """Download the worker's tokenizer zip, bounded (``tokenizer_fetch``); raises
+        ``TokenizerFetchError`` (a ValueError) if it is too large or its sha256 does not match."""
+        from gateway.workers.tokenizer_fetch import DEFAULT_MAX_TOKENIZER_BYTES, fetch_tokenizer_zip
+
+        return await fetch_tokenizer_zip(self, max_bytes=DEFAULT_MAX_TOKENIZER_BYTES, timeout=timeout)
 
     def tokenizer_chunks(
         self, request: common_pb2.GetTokenizerRequest | None = None, *, timeout: float = 60.0
     ) -> AsyncIterator[common_pb2.GetTokenizerChunk]:
-        """The worker's GetTokenizer stream as it comes (the gRPC pass-through relays it)."""
-        return _stream(self._stub.GetTokenizer(
+        """The worker's GetTokenizer stream as it comes (the gRPC pass-through relays it);
+        a message over ``MAX_TOKENIZER_MESSAGE_BYTES`` fails the call (RESOURCE_EXHAUSTED)."""
+        stub = sglang_scheduler_pb2_grpc.SglangSchedulerStub(self.tokenizer_channel())
+        return _stream(stub.GetTokenizer(
             request or common_pb2.GetTokenizerRequest(), timeout=timeout, metadata=self._metadata()
         ))
 
@@ -278,4 +289,6 @@ class WorkerClient:
     async def close(self, grace: float | None = None) -> None:
         if self._streams is not None:
             await self._streams.close(grace)
+        if self._tokenizer_channel is not None:
+            await self._tokenizer_channel.close(grace)
         await self._channel.close(grace)

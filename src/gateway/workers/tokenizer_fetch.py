@@ -3,7 +3,8 @@
 The zip comes in chunks with its sha256 on the last one. A worker is trusted no more
 than a client, so the chunks are counted as they arrive and the stream is cancelled
 the moment their total passes the bound: an endless or huge stream costs at most the
-bound in memory, never the whole stream. Every way the download can fail is a
+bound in memory, never the whole stream. One message is capped on its own, before it is
+read (``workers.client.MAX_TOKENIZER_MESSAGE_BYTES``). Every way the download can fail is a
 ``TokenizerFetchError`` with the reason, which ``POST /workers`` reports as a 502.
 """
 
@@ -13,7 +14,7 @@ import hashlib
 from collections.abc import AsyncIterator
 
 from gateway.proto import common_pb2
-from gateway.workers.transport import WorkerTransport
+from gateway.workers.transport import CallCode, WorkerCallError, WorkerTransport
 
 DEFAULT_MAX_TOKENIZER_BYTES = 64 * 1024 * 1024
 """Largest tokenizer zip accepted from a worker (a large vocabulary zips to ~10 MiB)."""
@@ -41,6 +42,12 @@ async def read_tokenizer_zip(
             parts.append(chunk.data)
             if chunk.sha256:
                 declared = chunk.sha256
+    except WorkerCallError as exc:
+        if exc.code is not CallCode.RESOURCE_EXHAUSTED:
+            raise
+        raise TokenizerFetchError(  # one message past the channel's per-message cap
+            f"tokenizer from {source}: a GetTokenizer message is too large ({exc.message}); download stopped"
+        ) from None
     finally:
         cancel = getattr(chunks, "cancel", None)
         if cancel is not None:

@@ -139,7 +139,8 @@ class VllmGrpcClient(WorkerClient):
     def tokenizer_chunks(
         self, request: common_pb2.GetTokenizerRequest | None = None, *, timeout: float = 60.0
     ) -> AsyncIterator[common_pb2.GetTokenizerChunk]:
-        return _stream(self._engine.GetTokenizer(
+        stub = vllm_engine_pb2_grpc.VllmEngineStub(self.tokenizer_channel())  # messages capped (WorkerClient)
+        return _stream(stub.GetTokenizer(
             request or common_pb2.GetTokenizerRequest(), timeout=timeout, metadata=self._metadata()
         ))
 

@@ -19,6 +19,7 @@ import openai
 import pytest
 
 from gateway.proto import common_pb2
+from gateway.workers.client import MAX_TOKENIZER_MESSAGE_BYTES
 from tests.e2e.hostile_worker import HostilePlan, gateway, health_probe, hostile_worker
 from tests.tokenization.helpers import copy_tokenizer, qwen_files
 
@@ -185,12 +186,16 @@ class _Endless:
             yield common_pb2.GetTokenizerChunk(data=b"\0" * (1 << 20))
 
 
-@pytest.mark.parametrize("kind", ["oversized", "sha256", "traversal", "fails"])
+@pytest.mark.parametrize("kind", ["oversized", "one big message", "sha256", "traversal", "fails"])
 async def test_a_bad_tokenizer_download_is_a_502_with_the_reason(tmp_path: Path, kind: str) -> None:
     endless = _Endless()
     if kind == "oversized":
         stream: Any = endless
         reason = "larger than 8388608 bytes"
+    elif kind == "one big message":  # inside --max-tokenizer-bytes, past the per-message cap
+        big = common_pb2.GetTokenizerChunk(data=b"\0" * (MAX_TOKENIZER_MESSAGE_BYTES + 1), sha256="0" * 64)
+        stream = lambda: [big]  # noqa: E731
+        reason = "GetTokenizer message is too large"
     elif kind == "sha256":
         data, _ = _traversal_zip()
         stream = lambda: _chunks_of(data, "0" * 64)  # noqa: E731
