@@ -49,6 +49,7 @@ SCENARIOS: dict[str, tuple[str, str]] = {
     "http-guard": ("http_guard", "CPU cost of the HTTP connection guard against plain httptools"),
     "reply-cache": ("reply_cache", "CPU cost of reply token reuse per multi-turn chat request"),
     "store": ("store", "cost of the history store per stored turn: memory, SQLite, PostgreSQL"),
+    "agent-turns": ("agent_turns", "prefix-cache hit rate of multi-turn agents: previous_response_id against chat messages"),
     "latency-timeline": ("latency_timeline", "where one request's time goes at concurrency 1, stage by stage"),
     "hop-floor": ("hop_floor", "what one extra proxy hop costs with no work at all (nginx grpc_pass)"),
 }
