@@ -56,3 +56,36 @@ def test_samples_are_counted_apart() -> None:
 def test_an_id_outside_the_vocabulary_is_a_worker_error() -> None:
     with pytest.raises(WorkerError, match="outside the model's vocabulary"):
         guard().check(chunk([1, 1000]))
+
+
+def _logprobs(n: int) -> pb.OutputLogProbs:
+    return pb.OutputLogProbs(
+        token_logprobs=[-0.5] * n, token_ids=list(range(n)),
+        top_logprobs=[pb.TopLogProbs(values=[-0.5], token_ids=[1])] * n,
+    )
+
+
+def test_logprobs_are_cut_with_their_tokens() -> None:
+    g = guard()
+    g.check(chunk([1, 2, 3]))
+    tail = chunk([4, 5, 6])
+    tail.chunk.output_logprobs.CopyFrom(_logprobs(3))
+    cut, _ = g.check(tail)
+    lp = cut.chunk.output_logprobs
+    assert list(cut.chunk.token_ids) == [4]
+    assert len(lp.token_logprobs) == len(lp.token_ids) == len(lp.top_logprobs) == 1
+    whole = complete(list(range(10)))
+    whole.complete.output_logprobs.CopyFrom(_logprobs(10))
+    (out,) = guard().check(whole)
+    assert len(out.complete.output_logprobs.token_logprobs) == len(out.complete.output_logprobs.top_logprobs) == 4
+
+
+def test_more_logprobs_than_tokens_are_not_relayed() -> None:
+    padded = chunk([1, 2])
+    padded.chunk.output_logprobs.CopyFrom(_logprobs(100_000))
+    (out,) = guard().check(padded)
+    assert len(out.chunk.output_logprobs.token_logprobs) == len(out.chunk.output_logprobs.top_logprobs) == 2
+    kept = chunk([1, 2])
+    kept.chunk.output_logprobs.CopyFrom(_logprobs(2))
+    (same,) = guard().check(kept)
+    assert same.chunk.output_logprobs == _logprobs(2)

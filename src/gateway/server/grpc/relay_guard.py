@@ -4,7 +4,8 @@ vocabulary gets through (the same rules as ``pipeline.output_guard`` on the othe
 
 A chunk that passes a sample's cap is cut at it and followed by a GenerateComplete with
 ``finish_reason`` "length", as a worker that stopped there would have sent; once every
-sample is done the caller stops the worker.
+sample is done the caller stops the worker. A message's output logprobs (one entry per
+token) are cut with its tokens, and never relayed for more tokens than it carries.
 """
 
 from __future__ import annotations
@@ -54,20 +55,29 @@ class RelayGuard:
                         self._request_id, self._worker_id, bad, self.vocab)
             raise WorkerError(f"worker {self._worker_id} sent token id {bad}, outside the model's vocabulary [0, {self.vocab})")
         if which == "complete":
+            done = message.complete
             if len(ids) > self.cap:
-                del message.complete.output_ids[self.cap:]
-                message.complete.finish_reason = "length"
-                message.complete.completion_tokens = self.cap
+                del done.output_ids[self.cap:]
+                done.finish_reason = "length"
+                done.completion_tokens = self.cap
+            if done.HasField("output_logprobs"):
+                _keep_logprobs(done.output_logprobs, len(done.output_ids))
+            del done.all_hidden_states[len(done.output_ids):]
             self._end(index)
             return [message]
         room = self.cap - self._counts[index]
         if len(ids) <= room:
             self._counts[index] += len(ids)
+            if message.chunk.HasField("output_logprobs"):
+                _keep_logprobs(message.chunk.output_logprobs, len(ids))
             return [message]
         log.warning("request %s: worker %s sent more than the %d tokens asked for (sample %d); stopped it there",
                     self._request_id, self._worker_id, self.cap, index)
         self.cut = True
         del message.chunk.token_ids[room:]
+        if message.chunk.HasField("output_logprobs"):
+            _keep_logprobs(message.chunk.output_logprobs, room)
+        del message.chunk.hidden_states[:]  # per-token vectors, flattened: not cuttable (and never asked for)
         message.chunk.completion_tokens = self.cap
         end = pb.GenerateResponse(request_id=message.request_id, complete=pb.GenerateComplete(
             index=index, finish_reason="length", prompt_tokens=message.chunk.prompt_tokens,
@@ -80,3 +90,12 @@ class RelayGuard:
         if self._counts[index] >= 0:
             self._counts[index] = -1
             self._open -= 1
+
+
+def _keep_logprobs(lp: pb.OutputLogProbs, n: int) -> None:
+    """Keep the entries of the first ``n`` tokens (each list has one per token)."""
+    if len(lp.token_logprobs) > n or len(lp.token_ids) > n or len(lp.top_logprobs) > n or len(lp.token_ids_logprobs) > n:
+        del lp.token_logprobs[n:]
+        del lp.token_ids[n:]
+        del lp.top_logprobs[n:]
+        del lp.token_ids_logprobs[n:]
