@@ -124,6 +124,46 @@ class TokenGatewayStub:
                 request_serializer=gateway__pb2.ListInputItemsRequest.SerializeToString,
                 response_deserializer=gateway__pb2.ItemList.FromString,
                 _registered_method=True)
+        self.CreateConversation = channel.unary_unary(
+                '/token_gateway.v1.TokenGateway/CreateConversation',
+                request_serializer=gateway__pb2.CreateConversationRequest.SerializeToString,
+                response_deserializer=gateway__pb2.Conversation.FromString,
+                _registered_method=True)
+        self.GetConversation = channel.unary_unary(
+                '/token_gateway.v1.TokenGateway/GetConversation',
+                request_serializer=gateway__pb2.ConversationRef.SerializeToString,
+                response_deserializer=gateway__pb2.Conversation.FromString,
+                _registered_method=True)
+        self.UpdateConversation = channel.unary_unary(
+                '/token_gateway.v1.TokenGateway/UpdateConversation',
+                request_serializer=gateway__pb2.UpdateConversationRequest.SerializeToString,
+                response_deserializer=gateway__pb2.Conversation.FromString,
+                _registered_method=True)
+        self.DeleteConversation = channel.unary_unary(
+                '/token_gateway.v1.TokenGateway/DeleteConversation',
+                request_serializer=gateway__pb2.ConversationRef.SerializeToString,
+                response_deserializer=gateway__pb2.DeleteConversationReply.FromString,
+                _registered_method=True)
+        self.AddConversationItems = channel.unary_unary(
+                '/token_gateway.v1.TokenGateway/AddConversationItems',
+                request_serializer=gateway__pb2.AddConversationItemsRequest.SerializeToString,
+                response_deserializer=gateway__pb2.ItemList.FromString,
+                _registered_method=True)
+        self.ListConversationItems = channel.unary_unary(
+                '/token_gateway.v1.TokenGateway/ListConversationItems',
+                request_serializer=gateway__pb2.ListConversationItemsRequest.SerializeToString,
+                response_deserializer=gateway__pb2.ItemList.FromString,
+                _registered_method=True)
+        self.GetConversationItem = channel.unary_unary(
+                '/token_gateway.v1.TokenGateway/GetConversationItem',
+                request_serializer=gateway__pb2.ConversationItemRef.SerializeToString,
+                response_deserializer=gateway__pb2.ConversationItem.FromString,
+                _registered_method=True)
+        self.DeleteConversationItem = channel.unary_unary(
+                '/token_gateway.v1.TokenGateway/DeleteConversationItem',
+                request_serializer=gateway__pb2.ConversationItemRef.SerializeToString,
+                response_deserializer=gateway__pb2.Conversation.FromString,
+                _registered_method=True)
 
 
 class TokenGatewayServicer:
@@ -255,6 +295,58 @@ class TokenGatewayServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateConversation(self, request, context):
+        """OpenAI Conversations, the same calls as /v1/conversations; items are the HTTP
+        API's JSON objects. A response with `conversation` reads and extends one.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetConversation(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateConversation(self, request, context):
+        """Replace a conversation's metadata (an empty map clears it).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteConversation(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AddConversationItems(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListConversationItems(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetConversationItem(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteConversationItem(self, request, context):
+        """Delete an item; answers with its conversation.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TokenGatewayServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -347,6 +439,46 @@ def add_TokenGatewayServicer_to_server(servicer, server):
                     servicer.ListResponseInputItems,
                     request_deserializer=gateway__pb2.ListInputItemsRequest.FromString,
                     response_serializer=gateway__pb2.ItemList.SerializeToString,
+            ),
+            'CreateConversation': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateConversation,
+                    request_deserializer=gateway__pb2.CreateConversationRequest.FromString,
+                    response_serializer=gateway__pb2.Conversation.SerializeToString,
+            ),
+            'GetConversation': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetConversation,
+                    request_deserializer=gateway__pb2.ConversationRef.FromString,
+                    response_serializer=gateway__pb2.Conversation.SerializeToString,
+            ),
+            'UpdateConversation': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateConversation,
+                    request_deserializer=gateway__pb2.UpdateConversationRequest.FromString,
+                    response_serializer=gateway__pb2.Conversation.SerializeToString,
+            ),
+            'DeleteConversation': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteConversation,
+                    request_deserializer=gateway__pb2.ConversationRef.FromString,
+                    response_serializer=gateway__pb2.DeleteConversationReply.SerializeToString,
+            ),
+            'AddConversationItems': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddConversationItems,
+                    request_deserializer=gateway__pb2.AddConversationItemsRequest.FromString,
+                    response_serializer=gateway__pb2.ItemList.SerializeToString,
+            ),
+            'ListConversationItems': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListConversationItems,
+                    request_deserializer=gateway__pb2.ListConversationItemsRequest.FromString,
+                    response_serializer=gateway__pb2.ItemList.SerializeToString,
+            ),
+            'GetConversationItem': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetConversationItem,
+                    request_deserializer=gateway__pb2.ConversationItemRef.FromString,
+                    response_serializer=gateway__pb2.ConversationItem.SerializeToString,
+            ),
+            'DeleteConversationItem': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteConversationItem,
+                    request_deserializer=gateway__pb2.ConversationItemRef.FromString,
+                    response_serializer=gateway__pb2.Conversation.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -835,6 +967,222 @@ class TokenGateway:
             '/token_gateway.v1.TokenGateway/ListResponseInputItems',
             gateway__pb2.ListInputItemsRequest.SerializeToString,
             gateway__pb2.ItemList.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateConversation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/token_gateway.v1.TokenGateway/CreateConversation',
+            gateway__pb2.CreateConversationRequest.SerializeToString,
+            gateway__pb2.Conversation.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetConversation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/token_gateway.v1.TokenGateway/GetConversation',
+            gateway__pb2.ConversationRef.SerializeToString,
+            gateway__pb2.Conversation.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateConversation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/token_gateway.v1.TokenGateway/UpdateConversation',
+            gateway__pb2.UpdateConversationRequest.SerializeToString,
+            gateway__pb2.Conversation.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteConversation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/token_gateway.v1.TokenGateway/DeleteConversation',
+            gateway__pb2.ConversationRef.SerializeToString,
+            gateway__pb2.DeleteConversationReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddConversationItems(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/token_gateway.v1.TokenGateway/AddConversationItems',
+            gateway__pb2.AddConversationItemsRequest.SerializeToString,
+            gateway__pb2.ItemList.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListConversationItems(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/token_gateway.v1.TokenGateway/ListConversationItems',
+            gateway__pb2.ListConversationItemsRequest.SerializeToString,
+            gateway__pb2.ItemList.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetConversationItem(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/token_gateway.v1.TokenGateway/GetConversationItem',
+            gateway__pb2.ConversationItemRef.SerializeToString,
+            gateway__pb2.ConversationItem.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteConversationItem(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/token_gateway.v1.TokenGateway/DeleteConversationItem',
+            gateway__pb2.ConversationItemRef.SerializeToString,
+            gateway__pb2.Conversation.FromString,
             options,
             channel_credentials,
             insecure,

@@ -27,6 +27,7 @@ from gateway.policies.factory import close_policy, make_policy
 from gateway.protocol.errors import InvalidRequestError
 from gateway.server.admission import Admission
 from gateway.server.config import GatewayConfig
+from gateway.server.conversations_entry import ConversationsEntry
 from gateway.server.fair_queue import parse_weights
 from gateway.server.late_workers import LateWorkers
 from gateway.server.process_set import SetMember
@@ -134,6 +135,7 @@ class GatewayState:
             salt_of=self.auth.key_salt, store_in_use=self.history.in_use,
         )
         self.responses_entry = ResponsesEntry(self.responses, self.background, self.admission)  # both doors' one path
+        self.conversations_entry = ConversationsEntry(self.history.store)
         self.ready = False
         self.late = LateWorkers(self.add_worker)  # listed workers not up at start, retried
         self.instance_id = uuid.uuid4().hex  # tells this process apart when it is asked to register itself

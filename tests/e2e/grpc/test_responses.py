@@ -141,3 +141,31 @@ async def test_a_cancelled_stream_cancels_the_response(gstack: GrpcStack, stub: 
     assert status == "cancelled" and gstack.http.state.admission.in_flight == 0
     assert all(w.load.in_flight == 0 for w in gstack.http.state.registry.all())
     assert gstack.http.fleet.workers[0].counters.aborted >= 1
+
+
+async def test_conversations_over_grpc_and_http(gstack: GrpcStack, stub: gpb_grpc.TokenGatewayStub) -> None:
+    first = _struct({"type": "message", "role": "user", "content": "Remember the number 7."})
+    conv = await stub.CreateConversation(gpb.CreateConversationRequest(items=[first], metadata={"topic": "numbers"}))
+    assert conv.id.startswith("conv_") and dict(conv.metadata) == {"topic": "numbers"}
+    http = await gstack.http.client.conversations.retrieve(conv.id)  # the HTTP door sees what gRPC stored
+    assert http.metadata == {"topic": "numbers"}
+    resp = await stub.CreateResponse(gpb.CreateResponseRequest(model=gstack.model, input_text=_scripted("Seven."), conversation=conv.id))
+    assert resp.output_text == "Seven."
+    items = await stub.ListConversationItems(gpb.ListConversationItemsRequest(conversation_id=conv.id, order="asc"))
+    kinds = [(MessageToDict(i)["type"], MessageToDict(i).get("role")) for i in items.data]
+    assert kinds == [("message", "user"), ("message", "user"), ("message", "assistant")] and not items.has_more
+    added = await stub.AddConversationItems(gpb.AddConversationItemsRequest(
+        conversation_id=conv.id, items=[_struct({"type": "message", "role": "user", "content": "And 8."})]))
+    new_id = MessageToDict(added.data[0])["id"]
+    got = await stub.GetConversationItem(gpb.ConversationItemRef(conversation_id=conv.id, item_id=new_id))
+    assert MessageToDict(got.item)["content"] == [{"type": "input_text", "text": "And 8."}]  # stored as OpenAI does
+    assert (await stub.DeleteConversationItem(gpb.ConversationItemRef(conversation_id=conv.id, item_id=new_id))).id == conv.id
+    updated = await stub.UpdateConversation(gpb.UpdateConversationRequest(conversation_id=conv.id, metadata={"topic": "done"}))
+    assert dict(updated.metadata) == {"topic": "done"}
+    with pytest.raises(grpc.aio.AioRpcError) as bad:
+        await stub.AddConversationItems(gpb.AddConversationItemsRequest(conversation_id=conv.id))
+    assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # at least one item, as on HTTP
+    assert (await stub.DeleteConversation(gpb.ConversationRef(conversation_id=conv.id))).deleted
+    with pytest.raises(grpc.aio.AioRpcError) as gone:
+        await stub.GetConversation(gpb.ConversationRef(conversation_id=conv.id))
+    assert gone.value.code() == grpc.StatusCode.NOT_FOUND

@@ -3,7 +3,8 @@
 Handlers only authenticate, translate and frame, exactly as the HTTP handlers in
 ``server/app.py`` do: each request becomes the HTTP API's request model and runs
 through the same pipeline functions in ``endpoints/`` (chat, completions, native;
-the Responses calls through ``server.responses_entry``, in ``server/grpc/responses.py``),
+the Responses and Conversations calls through ``server.responses_entry`` and
+``server.conversations_entry``, in ``server/grpc/responses.py`` and ``conversations.py``),
 so validation, routing, retries, load accounting and stop handling are shared.
 A client's deadline bounds the worker calls; a client that cancels or runs out
 of time cancels the handler, which aborts the worker request and frees its slot.
@@ -37,6 +38,7 @@ from gateway.protocol.errors import GatewayError
 from gateway.protocol.generate import GenerateRequest
 from gateway.protocol.tokens import DetokenizeRequest, TokenizeRequest
 from gateway.server.grpc import convert as convert
+from gateway.server.grpc.conversations import ConversationsRpcs
 from gateway.server.grpc.inspect import inspect_prefix
 from gateway.server.grpc.responses import ResponsesRpcs
 from gateway.server.grpc.util import (
@@ -90,10 +92,11 @@ def _streaming(
     return handler
 
 
-class TokenGatewayService(ResponsesRpcs, gpb_grpc.TokenGatewayServicer):
+class TokenGatewayService(ResponsesRpcs, ConversationsRpcs, gpb_grpc.TokenGatewayServicer):
     def __init__(self, state: GatewayState, auth: CallContextReader) -> None:
         self.state = state
         self.responses_entry = state.responses_entry
+        self.conversations_entry = state.conversations_entry
         self.engine = state.engine
         self.auth = auth
         self.inspector = Inspector(state.engine, state.config.policy)

@@ -2,10 +2,11 @@
 
 Thin on purpose: parse, authenticate and frame through ``HttpDoor`` like every other
 FastAPI route; the shaping lives in ``endpoints.responses`` / ``endpoints.background``
-/ ``endpoints.conversations`` and the state in ``pipeline.store``; the Responses routes go
-through ``server.responses_entry``, the one path the gRPC door shares. The inference routes
-of these APIs (``POST /v1/messages``, ``/v1/messages/count_tokens``, ``/v1/responses``)
-run on the one inference path (``inference_routes``).
+/ ``endpoints.conversations`` and the state in ``pipeline.store``; the routes go through
+``server.responses_entry`` and ``server.conversations_entry``, the paths the gRPC door
+shares. The inference routes of these APIs (``POST /v1/messages``,
+``/v1/messages/count_tokens``, ``/v1/responses``) run on the one inference path
+(``inference_routes``).
 """
 
 from __future__ import annotations
@@ -16,14 +17,11 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from gateway.endpoints import conversations as conversations_route
 from gateway.endpoints.responses import sse_stream
 from gateway.pipeline.request_context import RequestContext
 from gateway.protocol.errors import InvalidRequestError
-from gateway.protocol.responses_api import ConversationCreate, ConversationUpdate, ItemsCreate
 from gateway.server.http.door import HttpDoor
-from gateway.server.http.util import parse_model, read_json
-from gateway.server.responses_entry import paging
+from gateway.server.http.util import read_json
 
 _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
@@ -68,58 +66,51 @@ def agents_router(door: HttpDoor) -> APIRouter:
 
         return await door.handle(request, run)
 
-    async def store() -> Any:
-        return await state.history.store()
-
-    async def with_store(fn: Any, ctx: RequestContext, *args: str) -> Any:
-        return await fn(await store(), ctx, *args)
+    conversations = state.conversations_entry
 
     @router.post("/v1/conversations")
     async def create_conversation(request: Request) -> Response:
         async def run(ctx: RequestContext) -> Any:
-            req = parse_model(ConversationCreate, await read_json(request, max_body))
-            return await conversations_route.create(await store(), req, ctx)
+            return await conversations.create(ctx, await read_json(request, max_body))
 
         return await door.handle(request, run)
 
     @router.get("/v1/conversations/{conversation_id}")
     async def get_conversation(request: Request, conversation_id: str) -> Response:
-        return await door.handle(request, lambda ctx: with_store(conversations_route.retrieve, ctx, conversation_id))
+        return await door.handle(request, lambda ctx: conversations.retrieve(ctx, conversation_id))
 
     @router.post("/v1/conversations/{conversation_id}")
     async def update_conversation(request: Request, conversation_id: str) -> Response:
         async def run(ctx: RequestContext) -> Any:
-            req = parse_model(ConversationUpdate, await read_json(request, max_body))
-            return await conversations_route.update(await store(), req, ctx, conversation_id)
+            return await conversations.update(ctx, conversation_id, await read_json(request, max_body))
 
         return await door.handle(request, run)
 
     @router.delete("/v1/conversations/{conversation_id}")
     async def delete_conversation(request: Request, conversation_id: str) -> Response:
-        return await door.handle(request, lambda ctx: with_store(conversations_route.delete, ctx, conversation_id))
+        return await door.handle(request, lambda ctx: conversations.delete(ctx, conversation_id))
 
     @router.post("/v1/conversations/{conversation_id}/items")
     async def add_items(request: Request, conversation_id: str) -> Response:
         async def run(ctx: RequestContext) -> Any:
-            req = parse_model(ItemsCreate, await read_json(request, max_body))
-            return await conversations_route.add_items(await store(), req, ctx, conversation_id)
+            return await conversations.add_items(ctx, conversation_id, await read_json(request, max_body))
 
         return await door.handle(request, run)
 
     @router.get("/v1/conversations/{conversation_id}/items")
     async def list_items(request: Request, conversation_id: str) -> Response:
         async def run(ctx: RequestContext) -> Any:
-            after, limit, order = paging(*_paging(request))
-            return await conversations_route.list_items(await store(), ctx, conversation_id, after=after, limit=limit, order=order)
+            after, limit, order = _paging(request)
+            return await conversations.list_items(ctx, conversation_id, after=after, limit=limit, order=order)
 
         return await door.handle(request, run)
 
     @router.get("/v1/conversations/{conversation_id}/items/{item_id}")
     async def get_item(request: Request, conversation_id: str, item_id: str) -> Response:
-        return await door.handle(request, lambda ctx: with_store(conversations_route.get_item, ctx, conversation_id, item_id))
+        return await door.handle(request, lambda ctx: conversations.get_item(ctx, conversation_id, item_id))
 
     @router.delete("/v1/conversations/{conversation_id}/items/{item_id}")
     async def delete_item(request: Request, conversation_id: str, item_id: str) -> Response:
-        return await door.handle(request, lambda ctx: with_store(conversations_route.delete_item, ctx, conversation_id, item_id))
+        return await door.handle(request, lambda ctx: conversations.delete_item(ctx, conversation_id, item_id))
 
     return router
