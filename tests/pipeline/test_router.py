@@ -11,7 +11,8 @@ import pytest
 
 from gateway.pipeline.lease import Lease, Outcome
 from gateway.pipeline.offpath import run_pending
-from gateway.policies.base import NoWorkerAvailable, RouteRequest
+from gateway.pipeline.router import slot_bounded
+from gateway.policies.base import NoWorkerAvailable, RouteRequest, WorkerView
 from gateway.policies.cache_aware import CacheAwarePolicy
 from gateway.policies.common import TARGET_REASON
 from tests.fake_transport import MODEL, FakeTransport, fleet
@@ -140,3 +141,30 @@ async def test_all_breakers_open_routes_among_the_healthy() -> None:
     b.healthy = False
     with pytest.raises(NoWorkerAvailable):
         f.router.select(route)
+
+
+def test_slot_bounded_offers_full_workers_only_when_every_worker_is_full() -> None:
+    def view(name: str, in_flight: int, cap: int = 2, available: bool = True) -> WorkerView:
+        return WorkerView(name, f"grpc://{name}", in_flight=in_flight, max_running_requests=cap, available=available)
+
+    views = [view("a", 2), view("b", 1), view("c", 5, cap=0), view("d", 0, available=False)]
+    bounded = slot_bounded(views, 0)
+    assert [v.available for v in bounded] == [False, True, True, False]  # c reports no cap: never full
+    assert [v.available for v in slot_bounded(views, 1)] == [True, True, True, False]  # a has 2 + 1 slots
+    all_full = [view("a", 2), view("b", 3), view("d", 0, available=False)]
+    assert slot_bounded(all_full, 0) is all_full  # nowhere better: the policy decides among all
+
+
+async def test_with_a_slot_headroom_the_router_avoids_a_full_worker() -> None:
+    f = await fleet(*(FakeTransport(f"grpc://{n}:1") for n in "abc"), policy="cache_aware")
+    for w in f.registry.all():
+        w.info = dataclasses.replace(w.info, max_running_requests=1)
+    prompt = RouteRequest(list(range(64)), model=MODEL)
+    first = f.router.select(prompt)
+    first.worker.load.acquire(64, 1)  # the one running slot of the prefix's worker is taken
+    f.router.slot_headroom = 0
+    assert all(f.router.select(prompt).worker.id != first.worker.id for _ in range(6))
+    for w in f.registry.all():
+        if w is not first.worker:
+            w.load.acquire(64, 1)
+    assert {f.router.select(prompt).worker.id for _ in range(6)} <= {w.id for w in f.registry.all()}  # all full: any

@@ -129,3 +129,24 @@ async def test_waiters_by_priority_class_and_key_and_leaving_frees_the_place() -
     assert adm.queued == 0 and not adm.waiting()
     holder.release()
     assert adm.in_flight == 0
+
+
+async def test_fair_reserve_keeps_the_last_slots_for_a_key_below_its_share() -> None:
+    adm = Admission(AdmissionConfig(fleet_headroom=0, fair_reserve=1), fleet_slots=lambda: (8, 2))
+    alone = [await adm.acquire("heavy") for _ in range(8)]  # a key alone may take every slot
+    for t in alone:
+        t.release()
+    (await adm.acquire("light")).release()  # light was here a moment ago: it shares the cap
+    heavy = [await adm.acquire("heavy") for _ in range(6)]  # cap 8, reserve 2: past its share, heavy fills 6
+    blocked = asyncio.ensure_future(adm.acquire("heavy"))
+    await settle()
+    assert not blocked.done() and adm.in_flight == 6
+    light = await asyncio.wait_for(adm.acquire("light"), 1)  # below its share (4 of 8): takes a reserved slot at once
+    assert adm.in_flight == 7 and not blocked.done()
+    light.release()
+    heavy.pop().release()  # heavy's own release lets its waiter in, up to cap - reserve again
+    heavy.append(await asyncio.wait_for(blocked, 1))
+    assert adm.in_flight == 6
+    for t in heavy:
+        t.release()
+    assert adm.in_flight == 0 and not adm._held

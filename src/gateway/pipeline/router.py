@@ -56,6 +56,9 @@ class Router:
         self._cache_params: dict[str, tuple[int, int]] = {}  # worker -> (page size, KV capacity) seen
         self.cache_param_changes: dict[str, int] = {}  # worker -> times its page size / capacity changed
         self.holds = PrefillHolds()  # requests in prefill and their waiters (pipeline.prefill_gate)
+        # Set with the admission queue's fleet cap (``--fleet-headroom``): a worker whose running
+        # slots plus this headroom are all taken is offered to the policy only when every one is.
+        self.slot_headroom = -1
         registry.subscribe(self._on_registry_change)
 
     def policy(self, model: str, role: str) -> Policy:
@@ -193,6 +196,8 @@ class Router:
                 views = _panic_views(live, views)
                 if not views:
                     raise NoWorkerAvailable(f"no available {role} worker for model {request.model!r}")
+            if self.slot_headroom >= 0:
+                views = slot_bounded(views, self.slot_headroom)
         for w in live:
             self._check_cache_params(w)
         policy = self.policy(request.model, role)
@@ -211,6 +216,23 @@ class Router:
 
     def exclude(self, request: RouteRequest, worker_id: str) -> RouteRequest:
         return replace(request, exclude=request.exclude | {worker_id})
+
+
+def slot_bounded(views: list[WorkerView], headroom: int) -> list[WorkerView]:
+    """``views`` with every worker whose ``max_running_requests + headroom`` slots are all
+    taken marked unavailable, while another available worker has one free.
+
+    Why: when the gateway queues at the fleet's running slots, the fleet as a whole has
+    room for each request it admits, but a locality policy may still pile requests on the
+    worker that holds their prefix while another sits idle; there they wait in the
+    worker's first-come queue, where no key's share or priority holds, and a light key's
+    request waits behind a heavy key's. Locality decides among the workers with room."""
+    full = [
+        v.available and 0 < v.max_running_requests and v.max_running_requests + headroom <= v.in_flight for v in views
+    ]
+    if not any(full) or not any(v.available and not f for v, f in zip(views, full, strict=True)):
+        return views
+    return [replace(v, available=False) if f else v for v, f in zip(views, full, strict=True)]
 
 
 def _panic_views(live: list[Worker], views: list[WorkerView]) -> list[WorkerView]:

@@ -41,6 +41,8 @@ from gateway.server.fair_queue import Entry, FairQueue, parse_weights
 from gateway.settings import check_at_least, option
 
 ANONYMOUS = "-"
+RECENT_S = 30.0
+"""A key that asked for a slot this recently shares the cap (``fair_reserve``)."""
 
 
 @dataclass
@@ -53,13 +55,14 @@ class AdmissionConfig:
     rate_limit_max_keys: int = option(10000, "API keys whose buckets are remembered (least recently used go first)")
     fleet_headroom: int = option(-1, "also queue in the gateway once the requests in flight reach the fleet's running slots (the sum of its workers' max_running_requests) plus this many per worker, so priorities and key weights decide who runs (-1: off; a worker that reports no max_running_requests turns it off)")
     key_weights: list[str] = option([], "KEY=WEIGHT: an API key's (or its id's) share of admission when requests queue, against the others' (default weight 1)")
+    fair_reserve: int = option(0, "of the capped slots, this many (per worker with --fleet-headroom) are kept for API keys holding less than their weighted share: a light key's request finds a slot at once instead of waiting for a heavy key's to end (the fleet runs that many slots short while every key is at its share)")
     priority_aging_s: float = option(10.0, "every this many seconds in the queue raise a request's priority one level, so low priorities are not starved (0: no aging)")
     low_priority_values_first: bool = option(False, "a lower 'priority' value goes first (vLLM's sense); by default a higher one does (SGLang's)")
     priority_across_keys: bool = option(False, "priority orders the queue across API keys too, fair shares applying only among equal priorities (by default priority orders each key's own requests: a key cannot jump others by claiming a high priority)")
 
     def __post_init__(self) -> None:
         check_at_least(self, 0, "max_concurrent_requests", "max_queued_requests", "queue_timeout_s",
-                       "rate_limit_per_s", "rate_limit_burst", "priority_aging_s")
+                       "rate_limit_per_s", "rate_limit_burst", "priority_aging_s", "fair_reserve")
         check_at_least(self, 1, "rate_limit_max_keys")
         check_at_least(self, -1, "fleet_headroom")
         parse_weights(self.key_weights)
@@ -99,17 +102,18 @@ def _granted(waiter: asyncio.Future[None]) -> bool:
 class Ticket:
     """One admitted request's slots (``weight``: one per prompt of a batch); ``release()`` is idempotent."""
 
-    __slots__ = ("_admission", "released", "weight")
+    __slots__ = ("_admission", "released", "tenant", "weight")
 
-    def __init__(self, admission: Admission, weight: int = 1) -> None:
+    def __init__(self, admission: Admission, weight: int = 1, tenant: str = ANONYMOUS) -> None:
         self._admission = admission
         self.weight = weight
+        self.tenant = tenant
         self.released = False
 
     def release(self) -> None:
         if not self.released:
             self.released = True
-            self._admission._release(self.weight)
+            self._admission._release(self.weight, self.tenant)
 
 
 class Admission:
@@ -141,6 +145,8 @@ class Admission:
         self._idle = asyncio.Event()
         self._idle.set()
         self.in_flight = 0
+        self._held: Counter[str] = Counter()  # slots in flight by tenant
+        self._seen: dict[str, float] = {}  # tenant -> when it last asked for a slot
         self.closed = False
         self.rejected_full = 0
         self.timed_out = 0
@@ -156,14 +162,44 @@ class Admission:
 
     def cap(self) -> int:
         """Slots admitted at once now (0: no cap): the configured cap, and the fleet's with ``fleet_headroom``."""
+        return self._limits()[0]
+
+    def _limits(self) -> tuple[int, int]:
+        """(cap, reserve): slots admitted at once (0: no cap), and of those the ones only
+        keys below their weighted share may take (``fair_reserve``)."""
         cap = self.config.max_concurrent_requests
         headroom = self.config.fleet_headroom
+        reserve = self.config.fair_reserve if cap > 0 else 0
         if headroom >= 0:
             slots, workers = self._fleet_slots()
             if slots > 0:
                 fleet = slots + headroom * workers
-                cap = fleet if cap <= 0 else min(cap, fleet)
-        return cap
+                if cap <= 0 or fleet < cap:
+                    cap, reserve = fleet, self.config.fair_reserve * workers
+        return cap, reserve
+
+    def _room(self, tenant: str, slots: int, cap: int, reserve: int) -> bool:
+        """Whether ``tenant`` may take ``slots`` more now: under the cap (a lone request
+        always may), and past ``cap - reserve`` only while it holds less than its share."""
+        if cap <= 0 or self.in_flight == 0:
+            return True
+        after = self.in_flight + slots
+        if after > cap:
+            return False
+        if reserve <= 0 or after <= cap - reserve:
+            return True
+        return self._held[tenant] < self._share(tenant, cap)
+
+    def _share(self, tenant: str, cap: int) -> float:
+        """``tenant``'s weighted share of ``cap`` among the keys that asked for a slot in the
+        last ``RECENT_S`` (a light key between two requests still counts: its reserve is
+        what lets its next one in at once)."""
+        horizon = self._clock() - RECENT_S
+        if len(self._seen) > 1024:
+            self._seen = {t: at for t, at in self._seen.items() if at >= horizon}
+        active = {t for t, at in self._seen.items() if at >= horizon} | set(self._held) | {tenant}
+        weight = self._waiters.weight
+        return cap * weight(tenant) / sum(weight(t) for t in active)
 
     # ------------------------------------------------------------------ rate
     def _check_rate(self, key: str, weight: int) -> None:
@@ -210,10 +246,11 @@ class Admission:
             )
         tenant = key or ANONYMOUS
         self._check_rate(tenant, weight)
-        cap = self.cap()
-        if cap <= 0 or ((self.in_flight + weight <= cap or self.in_flight == 0) and not self._waiters):
-            self._take(weight)
-            return Ticket(self, weight)
+        self._seen[tenant] = self._clock()
+        cap, reserve = self._limits()
+        if not self._waiters and self._room(tenant, weight, cap, reserve):
+            self._take(weight, tenant)
+            return Ticket(self, weight, tenant)
         if self.queued >= self.config.max_queued_requests:
             self.rejected_full += 1
             self._on_reject("queue_full")
@@ -224,13 +261,15 @@ class Admission:
             )
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         entry = self._waiters.push(tenant, priority, weight, self._clock(), waiter)
+        if reserve:
+            self._grant()  # a key below its share may go ahead of a waiter held back by the reserve
         try:
             async with asyncio.timeout(self.config.queue_timeout_s):
                 await asyncio.shield(waiter)
         except TimeoutError:
             if _granted(waiter):
                 # The slot was handed over just as the timer fired: keep it.
-                return Ticket(self, weight)
+                return Ticket(self, weight, tenant)
             self._leave(entry)
             self.timed_out += 1
             self._on_reject("queue_timeout")
@@ -239,11 +278,11 @@ class Admission:
             ) from None
         except BaseException:
             if _granted(waiter):
-                self._release(weight)  # granted, but the caller is gone: pass it on
+                self._release(weight, tenant)  # granted, but the caller is gone: pass it on
             else:
                 self._leave(entry)
             raise
-        return Ticket(self, weight)
+        return Ticket(self, weight, tenant)
 
     def _leave(self, entry: Entry) -> None:
         """A waiter gives up its place (its client left, or it timed out)."""
@@ -251,12 +290,18 @@ class Admission:
         self._waiters.remove(entry)
         self._grant()  # a heavy waiter leaving the head may let lighter ones in
 
-    def _take(self, weight: int = 1) -> None:
+    def _take(self, weight: int, tenant: str) -> None:
         self.in_flight += weight
+        self._held[tenant] += weight
         self._idle.clear()
 
-    def _release(self, weight: int = 1) -> None:
+    def _release(self, weight: int, tenant: str) -> None:
         self.in_flight -= weight
+        held = self._held[tenant] - weight
+        if held > 0:
+            self._held[tenant] = held
+        else:
+            del self._held[tenant]
         self._grant()
         if self.in_flight == 0:
             self._idle.set()
@@ -266,20 +311,24 @@ class Admission:
         rather than being overtaken)."""
         if not self._waiters:
             return
-        cap = self.cap()
+        cap, reserve = self._limits()
         now = self._clock()
+        held_back: set[str] = set()  # keys past their share while only reserved slots are free
         while self._waiters:
-            entry = self._waiters.peek(now)
+            entry = self._waiters.peek(now, held_back)
             if entry is None:
                 return
             waiter = entry.handle
             if waiter.done():  # refused at shutdown
                 self._waiters.remove(entry)
                 continue
-            if cap > 0 and self.in_flight > 0 and self.in_flight + entry.slots > cap:
-                return
+            if not self._room(entry.tenant, entry.slots, cap, reserve):
+                if cap > 0 and self.in_flight + entry.slots > cap:
+                    return  # no room for anyone this size: first in order waits first
+                held_back.add(entry.tenant)
+                continue
             self._waiters.pop(entry)
-            self._take(entry.slots)
+            self._take(entry.slots, entry.tenant)
             waiter.set_result(None)
 
     @contextlib.asynccontextmanager

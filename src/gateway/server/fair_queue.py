@@ -118,12 +118,12 @@ class FairQueue:
             heapq.heappop(heap)
         return heap[0][2] if heap else None
 
-    def peek(self, now: float) -> Entry | None:
-        """The entry to admit next (not taken out)."""
+    def peek(self, now: float, skip: frozenset[str] | set[str] = frozenset()) -> Entry | None:
+        """The entry to admit next (not taken out), of a tenant not in ``skip``."""
         best: tuple[float, float, int] | None = None
         chosen: Entry | None = None
-        for t in self._tenants.values():
-            if t.waiting == 0:
+        for name, t in self._tenants.items():
+            if t.waiting == 0 or name in skip:
                 continue
             head = self._head(t)
             if head is None:
@@ -154,6 +154,13 @@ class FairQueue:
             return
         for name in [n for n, t in self._tenants.items() if t.waiting == 0 and t.vtime <= self._vtime]:
             del self._tenants[name]
+
+    def weight(self, tenant: str) -> float:
+        return self.weights.get(tenant, self.default_weight)
+
+    def backlogged(self) -> Iterator[str]:
+        """Tenants with requests waiting."""
+        return (name for name, t in self._tenants.items() if t.waiting)
 
     def entries(self) -> Iterator[Entry]:
         """Every live waiting entry, in no particular order."""

@@ -8,6 +8,8 @@
   through each policy on two differently built fleets (``bench/trace_bench.py``);
 * ``elastic``: workers added and removed under load, a steady run beside it
   (``bench/elastic.py``);
+* ``fairness``: API keys sharing a saturated fleet through the admission queue
+  (``bench/fairness.py``);
 * one scenario each (``bench/scenarios/``): a fixed measurement on a fleet and gateway
   it starts itself, printing its figures (and JSON where it has a ``--json`` flag).
 
@@ -28,6 +30,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "matrix": ("gateway_lab.bench.matrix", "every policy x workload x fleet size on simulated fleets (+ oracle, peers)"),
     "trace": ("gateway_lab.bench.trace_bench", "replay a public trace through each policy on two fleet builds, with its ideals"),
     "elastic": ("gateway_lab.bench.elastic", "a fleet growing and shrinking under load: time to fair share, hit rate"),
+    "fairness": ("gateway_lab.bench.fairness", "API keys sharing a saturated fleet: a light key's TTFT beside a heavy one, shares by weight"),
 }
 
 
