@@ -55,11 +55,7 @@ UNMIRRORED = frozenset({
     "gateway_lab/bench/scenarios/tracing.py",
     "gateway_lab/bench/soak.py",
     "gateway_lab/bench/soak_targets.py",
-    "gateway_lab/sim/config.py",
-    "gateway_lab/sim/counters.py",
     "gateway_lab/sim/fleet.py",
-    "gateway_lab/sim/sampler.py",
-    "gateway_lab/sim/vocab.py",
     "gateway_lab/sim/worker.py",
 })
 
