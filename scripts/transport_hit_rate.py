@@ -1,4 +1,4 @@
-"""gsp through the gateway to simulated workers: SGLang over gRPC and HTTP, vLLM over HTTP, in one run.
+"""gsp through the gateway to simulated workers: SGLang and vLLM over gRPC and HTTP, in one run.
 
 Same workload, same fleet size and cache size, same policy: the prefix-cache hit rate
 the workers themselves report (their cached / prompt token counters) and the CPU time
@@ -30,7 +30,11 @@ async def one(transport: str, policy: str, args: argparse.Namespace, workload: w
     """One run: a fresh fleet (in its own process, so this process's CPU time is the
     gateway's and the load driver's, the same for both transports) and a fresh gateway."""
     sim = dataclasses.replace(SimConfig().zero_cost(), kv_capacity_tokens=args.kv_tokens, eos_probability=0.0)
-    extra = {"grpc": [], "http": ["--http"], "vllm": ["--http", "--http-api", "vllm"]}[transport]
+    extra = {
+        "grpc": [], "vllm-grpc": ["--engine", "vllm"], "http": ["--http"], "vllm": ["--http", "--http-api", "vllm"],
+    }[transport]
+    if args.fleet == "sim-alt":  # the second build: bigger pages, less KV, fewer running slots
+        sim = dataclasses.replace(sim, page_size=32, kv_capacity_tokens=args.kv_tokens * 4 // 5, max_running_requests=24)
     async with SubprocessFleet(args.workers, sim, extra_args=extra) as fleet:
         with tempfile.TemporaryDirectory() as tok:
             # vLLM's server does not say where its tokenizer is: give it, as operators do.
@@ -48,7 +52,7 @@ async def one(transport: str, policy: str, args: argparse.Namespace, workload: w
     cached = sum(c["cached_tokens"] for c in counters)
     prompt = sum(c["prompt_tokens"] for c in counters)
     return {
-        "transport": transport, "policy": policy, "ok": ok, "failed": len(run.results) - ok,
+        "transport": transport, "fleet": args.fleet, "policy": policy, "ok": ok, "failed": len(run.results) - ok,
         "hit_rate": cached / prompt if prompt else 0.0, "cpu_ms_per_request": 1000 * cpu / max(1, ok),
         "worker_requests": sum(c["requests"] for c in counters),
     }
@@ -65,7 +69,13 @@ async def main() -> None:
     parser.add_argument("--kv-tokens", type=int, default=8192)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--policies", default="cache_aware,round_robin")
-    parser.add_argument("--transports", default="grpc,http,vllm", help="grpc (SGLang), http (SGLang), vllm (HTTP)")
+    parser.add_argument(
+        "--transports", default="grpc,http,vllm", help="grpc (SGLang), vllm-grpc, http (SGLang), vllm (HTTP)",
+    )
+    parser.add_argument(
+        "--fleet", default="sim", choices=["sim", "sim-alt"],
+        help="sim: page 16, --kv-tokens KV, 64 slots; sim-alt: page 32, 4/5 of the KV, 24 slots",
+    )
     args = parser.parse_args()
     workload = wl.gsp(wl.GspConfig(
         groups=args.groups, prompts_per_group=args.prompts, system_tokens=args.system_tokens,

@@ -91,14 +91,15 @@ HEADER = (
 class Fleet:
     """Four one-worker processes; any of them can be killed and restarted on its port."""
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, engine: str = "sglang") -> None:
         self.n = n
+        self.engine = engine  # the gRPC service the workers serve: SGLang's or vLLM's
         self.procs: list[SubprocessFleet | None] = [None] * n
         self.ports: list[int] = [0] * n
 
     def start_worker(self, i: int, faults: dict[str, Any] | None = None) -> None:
         config = replace(SIM, seed=i, **(faults or {}))
-        extra = ["--port", str(self.ports[i])] if self.ports[i] else []
+        extra = ["--engine", self.engine] + (["--port", str(self.ports[i])] if self.ports[i] else [])
         proc = SubprocessFleet(1, config, extra_args=extra).start()
         self.procs[i] = proc
         self.ports[i] = int(proc.urls[0].rsplit(":", 1)[1])
@@ -239,7 +240,7 @@ async def settle(url: str, kind: str, timeout_s: float = 10.0) -> dict[str, floa
 
 # ---------------------------------------------------------------- runs
 async def scenario(kind: str, name: str, args: argparse.Namespace) -> Result:
-    fleet = Fleet(args.workers)
+    fleet = Fleet(args.workers, args.engine)
     result = Result(kind, name, 0.0)
     stop: Callable[[], Awaitable[None]] | None = None
     try:
@@ -373,6 +374,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seconds", type=float, default=40.0, help="length of each scenario")
     p.add_argument("--clients", type=int, default=16, help="closed-loop clients (even ones stream)")
     p.add_argument("--workers", type=int, default=4)
+    p.add_argument(
+        "--engine", default="sglang", choices=["sglang", "vllm"],
+        help="the gRPC service the simulated workers serve (the three scenarios; the soak runs SGLang's)",
+    )
     p.add_argument("--deadline-s", type=float, default=20.0, help="per-request deadline; past it a request counts as hung")
     p.add_argument("--policy", default="cache_aware")
     p.add_argument("--gateways", nargs="+", default=["ours"], choices=["ours", "smg"])
