@@ -5,6 +5,8 @@
         print(reply.choices[0].message.content, reply.worker_ids)
         async for chunk in client.stream_chat([user("Count to 5")]):
             print(chunk.choices[0].delta.content, end="")
+        first = await client.create_response("Hi", model="m", instructions="Be brief.")
+        again = await client.create_response("More?", previous_response_id=first.id)
 
     with SyncGatewayClient("127.0.0.1:50051") as client:   # the same calls, blocking
         print(client.complete("Once upon a time", max_tokens=8).choices[0].text)
@@ -23,6 +25,7 @@ from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from typing import Any, TypeVar, cast
 
 import grpc
+from google.protobuf.struct_pb2 import Struct
 from grpc import aio
 
 from gateway.proto import gateway_pb2 as gpb
@@ -37,6 +40,7 @@ __all__ = [
     "SyncGatewayClient",
     "assistant",
     "gpb",
+    "response_request",
     "system",
     "tool",
     "user",
@@ -162,6 +166,47 @@ def inspect_request(prompt: str | Sequence[int] | None = None, *, messages: Mess
     return request
 
 
+def _struct(value: dict[str, Any]) -> Struct:
+    out = Struct()
+    out.update(value)
+    return out
+
+
+def response_request(input: str | Sequence[dict[str, Any]] | gpb.CreateResponseRequest, **fields: Any) -> gpb.CreateResponseRequest:
+    """A Responses request: ``input`` a string or the HTTP API's item dicts; ``tools`` and
+    ``text`` as the HTTP API's dicts, ``tool_choice`` a mode string or ``{"name": ...}``,
+    the rest the message's own fields (``model``, ``previous_response_id``, ``include``...)."""
+    if isinstance(input, gpb.CreateResponseRequest):
+        return input
+    request = gpb.CreateResponseRequest()
+    if isinstance(input, str):
+        request.input_text = input
+    else:
+        request.input_items.items.extend(_struct(dict(item)) for item in input)
+    request.tools.extend(_struct(dict(t)) for t in fields.pop("tools", None) or ())
+    if (text := fields.pop("text", None)) is not None:
+        request.text.CopyFrom(_struct(dict(text)))
+    choice = fields.pop("tool_choice", None)
+    if isinstance(choice, str):
+        request.tool_choice.mode = choice
+    elif isinstance(choice, dict):
+        request.tool_choice.function_name = choice["name"]
+    request.metadata.update(fields.pop("metadata", None) or {})
+    request.include.extend(fields.pop("include", None) or ())
+    for name, value in fields.items():
+        setattr(request, name, value)
+    return request
+
+
+def _fields(fields: dict[str, Any]) -> dict[str, Any]:
+    """A client method's keywords as ``response_request``'s (``response_metadata`` is the
+    response's ``metadata``: the methods' own ``metadata`` is the call's)."""
+    out = dict(fields)
+    if "response_metadata" in out:
+        out["metadata"] = out.pop("response_metadata")
+    return out
+
+
 def _auth(api_key: str | None, metadata: Sequence[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
     return tuple(metadata) + ((headers.bearer(api_key),) if api_key else ())
 
@@ -261,6 +306,42 @@ class GatewayClient:
     async def inspect_prefix(self, prompt: str | Sequence[int] | None = None, *, messages: Messages | None = None, **fields: Any) -> gpb.InspectPrefixResponse:
         """What the router sees for a prompt (text, token ids, or chat messages)."""
         reply: gpb.InspectPrefixResponse = await self._unary(self.stub.InspectPrefix, inspect_request(prompt, messages=messages, **fields))
+        return reply
+
+    # ---------------------------------------------------------------- responses
+    async def create_response(self, input: str | Sequence[dict[str, Any]] | gpb.CreateResponseRequest, *, metadata: Metadata = None, timeout: float | None = None, **fields: Any) -> gpb.Response:
+        """A whole response (``background=True``: at once, in progress); the whole
+        Responses object is in ``.body``, the common fields typed. ``metadata`` is the
+        call's gRPC metadata, as everywhere here; the response's own is ``response_metadata``."""
+        reply: gpb.Response = await self._unary(self.stub.CreateResponse, response_request(input, **_fields(fields)), metadata, timeout)
+        return reply
+
+    def stream_response(self, input: str | Sequence[dict[str, Any]] | gpb.CreateResponseRequest, *, metadata: Metadata = None, timeout: float | None = None, **fields: Any) -> AsyncIterator[gpb.ResponseEvent]:
+        """The response's stream events; leaving early cancels the response."""
+        return self._stream(self.stub.StreamResponse, response_request(input, **_fields(fields)), metadata, timeout)
+
+    async def get_response(self, response_id: str) -> gpb.Response:
+        reply: gpb.Response = await self._unary(self.stub.GetResponse, gpb.ResponseRef(response_id=response_id))
+        return reply
+
+    def stream_stored_response(self, response_id: str, starting_after: int | None = None, *, timeout: float | None = None) -> AsyncIterator[gpb.ResponseEvent]:
+        """A background response's events after ``starting_after``, then the rest as it runs."""
+        request = gpb.StreamStoredResponseRequest(response_id=response_id)
+        if starting_after is not None:
+            request.starting_after = starting_after
+        return self._stream(self.stub.StreamStoredResponse, request, None, timeout)
+
+    async def delete_response(self, response_id: str) -> bool:
+        reply = await self._unary(self.stub.DeleteResponse, gpb.ResponseRef(response_id=response_id))
+        return bool(reply.deleted)
+
+    async def cancel_response(self, response_id: str) -> gpb.Response:
+        reply: gpb.Response = await self._unary(self.stub.CancelResponse, gpb.ResponseRef(response_id=response_id))
+        return reply
+
+    async def list_response_input_items(self, response_id: str, **paging: Any) -> gpb.ItemList:
+        """``after``, ``limit`` (1-100), ``order`` (``asc`` / ``desc``) as keywords."""
+        reply: gpb.ItemList = await self._unary(self.stub.ListResponseInputItems, gpb.ListInputItemsRequest(response_id=response_id, **paging))
         return reply
 
 

@@ -169,3 +169,22 @@ async def test_conversations_over_grpc_and_http(gstack: GrpcStack, stub: gpb_grp
     with pytest.raises(grpc.aio.AioRpcError) as gone:
         await stub.GetConversation(gpb.ConversationRef(conversation_id=conv.id))
     assert gone.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_the_typed_client_chains_streams_and_replays(gstack: GrpcStack) -> None:
+    client = gstack.client
+    first = await client.create_response(_scripted("One."), model=gstack.model, instructions="Be brief.", response_metadata={"n": "1"})
+    second = await client.create_response(_scripted("Two."), model=gstack.model, previous_response_id=first.id,
+                                          tools=[{"type": "function", "name": "f"}], tool_choice="none")
+    assert (first.output_text, second.output_text) == ("One.", "Two.") and MessageToDict(first.body)["metadata"] == {"n": "1"}
+    body = MessageToDict(second.body)
+    assert body["previous_response_id"] == first.id and body["tools"][0]["name"] == "f" and body["tool_choice"] == "none"
+    events = [e async for e in client.stream_response(_scripted("Three."), model=gstack.model, previous_response_id=second.id)]
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == "Three."
+    items = await client.list_response_input_items(first.id, order="asc", limit=5)
+    assert len(items.data) == 1
+    bg = await client.create_response(_scripted("Later."), model=gstack.model, background=True)
+    replayed = [e async for e in client.stream_stored_response(bg.id, starting_after=1)]
+    assert replayed[0].sequence_number == 2 and replayed[-1].type == "response.completed"
+    assert (await client.get_response(bg.id)).output_text == "Later."
+    assert await client.delete_response(first.id)
