@@ -22,14 +22,10 @@ GENERATED = SRC / "gateway" / "proto"
 
 UNMIRRORED = frozenset({
     "gateway/client.py",
-    "gateway/endpoints/inspect.py",
     "gateway/endpoints/native.py",
     "gateway/server/grpc/front.py",
-    "gateway/server/grpc/inspect.py",
     "gateway/server/grpc/passthrough.py",
     "gateway/server/grpc/server.py",
-    "gateway/server/grpc/strict.py",
-    "gateway/server/grpc/util.py",
     "gateway/server/http/app.py",
     "gateway/server/http/guard.py",
     "gateway/server/process_set.py",
