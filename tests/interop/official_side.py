@@ -14,6 +14,8 @@ Commands (JSON on stdin, JSON on stdout):
                {"port": N}, log every request to LOG, stop when stdin closes
   client       call Generate (streaming and not) and some unary RPCs on a target
                with the official stub
+  serve-vllm LOG  run an official VllmEngineServicer answering as vLLM's servicer does
+               (VLLM_* below), logging every request to LOG
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from smg_grpc_proto.generated import (
     sglang_scheduler_pb2,
     sglang_scheduler_pb2_grpc,
     vllm_engine_pb2,
+    vllm_engine_pb2_grpc,
 )
 
 from interop import scenario
@@ -194,6 +197,75 @@ def serve(log_path: str) -> None:
     server.stop(grace=None)
 
 
+
+
+class OfficialVllmServicer(vllm_engine_pb2_grpc.VllmEngineServicer):
+    """vLLM's engine service on the official classes, answering as ``scenario.VLLM_*`` says."""
+
+    def __init__(self, log: _Log) -> None:
+        self._log = log
+
+    def Generate(self, request: Message, context: grpc.ServicerContext) -> Iterator[Message]:
+        self._log.record("Generate", request)
+        v = vllm_engine_pb2
+        counts = {"prompt_tokens": scenario.VLLM_PROMPT_TOKENS, "cached_tokens": scenario.VLLM_CACHED}
+        for index in range(max(1, request.sampling_params.n)):
+            if request.stream:
+                for ids in scenario.VLLM_STREAM:
+                    yield v.GenerateResponse(chunk=v.GenerateStreamChunk(
+                        token_ids=ids, completion_tokens=len(ids), index=index, **counts))
+                last = scenario.VLLM_STREAM[-1]
+                yield v.GenerateResponse(complete=v.GenerateComplete(
+                    output_ids=last, completion_tokens=len(last), finish_reason="stop", matched_token_id=last[-1],
+                    index=index, **counts))
+            else:
+                yield v.GenerateResponse(complete=v.GenerateComplete(
+                    output_ids=scenario.VLLM_UNARY, completion_tokens=len(scenario.VLLM_UNARY), finish_reason="length",
+                    index=index, **counts))
+
+    def HealthCheck(self, request: Message, context: grpc.ServicerContext) -> Message:
+        self._log.record("HealthCheck", request)
+        return vllm_engine_pb2.HealthCheckResponse(healthy=True, message="Health")
+
+    def Abort(self, request: Message, context: grpc.ServicerContext) -> Message:
+        self._log.record("Abort", request)
+        return vllm_engine_pb2.AbortResponse()
+
+    def GetModelInfo(self, request: Message, context: grpc.ServicerContext) -> Message:
+        self._log.record("GetModelInfo", request)
+        return vllm_engine_pb2.GetModelInfoResponse(
+            model_path="/models/m", served_model_name="m", max_context_length=scenario.VLLM_CONTEXT, vocab_size=1000,
+            eos_token_ids=[2], is_generation=True, max_req_input_len=scenario.VLLM_CONTEXT,
+        )
+
+    def GetServerInfo(self, request: Message, context: grpc.ServicerContext) -> Message:
+        self._log.record("GetServerInfo", request)
+        return vllm_engine_pb2.GetServerInfoResponse(
+            server_type="vllm-grpc", block_size=scenario.VLLM_BLOCK, data_parallel_size=1, max_num_seqs=8, uptime_seconds=3.0,
+        )
+
+    def GetLoads(self, request: Message, context: grpc.ServicerContext) -> Message:
+        self._log.record("GetLoads", request)
+        return vllm_engine_pb2.GetLoadsResponse(dp_rank_count=1, loads=[vllm_engine_pb2.SchedulerLoad(
+            num_running_reqs=1, num_waiting_reqs=2, num_total_reqs=3, max_total_num_tokens=scenario.VLLM_KV,
+        )])
+
+    def Embed(self, request: Message, context: grpc.ServicerContext) -> Message:
+        self._log.record("Embed", request)
+        return vllm_engine_pb2.EmbedResponse(embedding=[0.5, -0.5], prompt_tokens=len(request.tokenized.input_ids),
+                                             embedding_dim=2)
+
+
+def serve_vllm(log_path: str) -> None:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    vllm_engine_pb2_grpc.add_VllmEngineServicer_to_server(OfficialVllmServicer(_Log(Path(log_path))), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    print(json.dumps({"port": port}), flush=True)
+    sys.stdin.read()  # the test closes our stdin to stop us
+    server.stop(grace=None)
+
+
 def client(request: dict[str, Any]) -> dict[str, Any]:
     """Call `target` with the official stub: Generate streaming and not, then each
     method in `unary` with an empty request. Replies come back as canonical dicts
@@ -228,6 +300,9 @@ def main(argv: list[str]) -> int:
     command = argv[1]
     if command == "serve":
         serve(argv[2])
+        return 0
+    if command == "serve-vllm":
+        serve_vllm(argv[2])
         return 0
     result = COMMANDS[command](json.load(sys.stdin))
     json.dump(result, sys.stdout)

@@ -57,3 +57,14 @@ KV_EVENT_REPLIES = (
 # GetTokenizer: these bytes in pieces of this size; the last piece carries the sha256.
 TOKENIZER_ZIP = bytes(range(256)) * 5
 TOKENIZER_PIECE = 500
+
+# What the official vLLM peer (official_side.py serve-vllm) answers: a streamed answer in two
+# chunks (each with its own count, no request id) and a complete repeating the last chunk;
+# an unstreamed one as one complete per sample with every id; the facts a vLLM server reports.
+VLLM_STREAM = ((11, 12), (13,))
+VLLM_UNARY = (11, 12, 13)
+VLLM_PROMPT_TOKENS = 40
+VLLM_CACHED = 32
+VLLM_BLOCK = 16
+VLLM_KV = 9000
+VLLM_CONTEXT = 4096
