@@ -129,6 +129,8 @@ async def test_server_info_reads_as_sglang_server_arguments(client: VllmGrpcClie
     loads = await client.loads()
     assert loads.dp_rank_count == 1 and loads.loads[0].max_total_num_tokens == vllm_worker.cache.capacity
     assert (await client.health_check()).healthy
+    again = await client.server_info()
+    assert again.start_time == info.start_time and info.start_time.seconds > 0  # no restart seen between polls
 
 
 async def test_abort_ends_the_stream_without_a_complete(vllm_worker: SimWorker) -> None:

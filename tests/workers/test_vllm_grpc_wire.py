@@ -92,10 +92,10 @@ def test_input_logprobs_are_cut_to_the_start_asked() -> None:
 
 def test_server_and_load_info_read_as_sglangs() -> None:
     model = vpb.GetModelInfoResponse(served_model_name="m", max_context_length=4096)
-    info = wire.server_info(vpb.GetServerInfoResponse(block_size=32, data_parallel_size=2, max_num_seqs=8, uptime_seconds=5), model, 1000)
+    info = wire.server_info(vpb.GetServerInfoResponse(block_size=32, data_parallel_size=2, max_num_seqs=8), model, 1000, 99.5)
     args = dict(info.server_args)
     assert args == {"page_size": 32, "dp_size": 2, "max_running_requests": 8, "served_model_name": "m", "context_length": 4096}
-    assert info.max_total_num_tokens == 1000 and info.HasField("start_time")
+    assert info.max_total_num_tokens == 1000 and info.start_time.ToNanoseconds() == 99_500_000_000
     loads = vpb.GetLoadsResponse(dp_rank_count=2, loads=[
         vpb.SchedulerLoad(dp_rank=0, num_running_reqs=2, max_total_num_tokens=500, token_usage=0.5),
         vpb.SchedulerLoad(dp_rank=1, num_waiting_reqs=3, max_total_num_tokens=500, token_usage=0.1),
@@ -103,3 +103,12 @@ def test_server_and_load_info_read_as_sglangs() -> None:
     seam = wire.loads(loads)
     assert seam.aggregate.total_running_reqs == 2 and seam.aggregate.total_waiting_reqs == 3
     assert seam.aggregate.avg_token_usage == pytest.approx(0.3) and wire.kv_pool_tokens(loads) == 1000
+
+
+def test_the_start_time_holds_between_polls_and_moves_on_a_restart() -> None:
+    clock = wire.StartClock(tolerance_s=2.0)
+    first = clock.observe(100.0, now=1000.0)
+    assert first == 900.0
+    assert clock.observe(130.7, now=1031.2) == first  # polls drift by their own delays: same start
+    assert clock.observe(0.0, now=1040.0) == first  # no uptime reported: nothing learned
+    assert clock.observe(3.0, now=1100.0) == 1097.0  # uptime started over: a restart

@@ -69,6 +69,7 @@ class VllmGrpcClient(WorkerClient):
     def __init__(self, url: str, **kwargs: Any) -> None:
         super().__init__(url, **kwargs)
         self._engine = vllm_engine_pb2_grpc.VllmEngineStub(self._channel)
+        self._started = wire.StartClock()
 
     def generate(self, request: pb.GenerateRequest, *, timeout: float | None = None) -> GenerateCall:
         missing = wire.lacking(request)
@@ -120,7 +121,7 @@ class VllmGrpcClient(WorkerClient):
             kv_tokens = wire.kv_pool_tokens(await self._loads(timeout))
         except WorkerCallError:
             kv_tokens = 0  # unknown: the cache-aware budget falls back as for any worker
-        return wire.server_info(reply, model, kv_tokens)
+        return wire.server_info(reply, model, kv_tokens, self._started.observe(reply.uptime_seconds))
 
     async def loads(self, *, timeout: float = 2.0, include: Sequence[str] = ("core",)) -> pb.GetLoadsResponse:
         return wire.loads(await self._loads(timeout, include))

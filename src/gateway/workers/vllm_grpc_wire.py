@@ -215,11 +215,13 @@ def model_info(reply: vpb.GetModelInfoResponse) -> pb.GetModelInfoResponse:
 
 
 def server_info(
-    reply: vpb.GetServerInfoResponse, model: vpb.GetModelInfoResponse | None, kv_tokens: int
+    reply: vpb.GetServerInfoResponse, model: vpb.GetModelInfoResponse | None, kv_tokens: int,
+    started: float = 0.0,
 ) -> pb.GetServerInfoResponse:
     """vLLM's server info as server arguments: the block size is the page size, the
     data-parallel size the rank count, ``max_num_seqs`` the running cap; the KV pool
-    (``kv_tokens``) comes from GetLoads, which alone reports it."""
+    (``kv_tokens``) comes from GetLoads, which alone reports it. vLLM reports its uptime,
+    not its start: ``started`` is the start the caller settled on (see ``StartClock``)."""
     args: dict[str, Any] = {"dp_size": max(1, reply.data_parallel_size)}
     if reply.block_size > 0:
         args["page_size"] = reply.block_size
@@ -238,9 +240,33 @@ def server_info(
         server_type=reply.server_type or "vllm-grpc", max_total_num_tokens=max(0, kv_tokens),
     )
     out.server_args.update(args)
-    if reply.uptime_seconds > 0:  # a restart behind the same address changes it
-        out.start_time.FromSeconds(int(time.time() - reply.uptime_seconds))
+    if started > 0:  # a restart behind the same address changes it
+        out.start_time.FromNanoseconds(int(started * 1e9))
     return out
+
+
+class StartClock:
+    """A worker's start time from the uptimes it reports, held steady between polls.
+
+    ``now - uptime`` moves by the poll's own delays each time; the gateway takes a changed
+    start time for a restart (and forgets the worker's cache), so a start within
+    ``tolerance_s`` of the one held is the same start, and only a larger jump (uptime
+    starting over) is a new one."""
+
+    __slots__ = ("started", "tolerance_s")
+
+    def __init__(self, tolerance_s: float = 2.0) -> None:
+        self.tolerance_s = tolerance_s
+        self.started = 0.0
+
+    def observe(self, uptime_s: float, now: float | None = None) -> float:
+        """The start time to report for this uptime (0.0 when the worker gives none)."""
+        if uptime_s <= 0:
+            return self.started
+        derived = (time.time() if now is None else now) - uptime_s
+        if not self.started or abs(derived - self.started) > self.tolerance_s:
+            self.started = derived
+        return self.started
 
 
 def loads(reply: vpb.GetLoadsResponse) -> pb.GetLoadsResponse:
@@ -285,6 +311,6 @@ def kv_pool_tokens(reply: vpb.GetLoadsResponse) -> int:
 
 
 __all__ = [
-    "LACKS", "ReplyReader", "embed_request", "embed_response", "generate_request", "kv_pool_tokens", "lacking",
+    "LACKS", "ReplyReader", "StartClock", "embed_request", "embed_response", "generate_request", "kv_pool_tokens", "lacking",
     "loads", "model_info", "refusal", "sampling_params", "server_info",
 ]
