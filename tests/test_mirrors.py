@@ -22,15 +22,12 @@ GENERATED = SRC / "gateway" / "proto"
 
 UNMIRRORED = frozenset({
     "gateway/client.py",
-    "gateway/endpoints/native.py",
     "gateway/server/grpc/front.py",
     "gateway/server/grpc/passthrough.py",
     "gateway/server/grpc/server.py",
-    "gateway/server/http/app.py",
     "gateway/server/http/guard.py",
     "gateway/server/process_set.py",
     "gateway/server/serve.py",
-    "gateway/server/state.py",
     "gateway/server/supervisor.py",
     "gateway/workers/h2/call.py",
     "gateway/workers/h2/connection.py",

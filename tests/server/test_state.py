@@ -1,0 +1,60 @@
+"""Everything one gateway process owns (server/state.py): a worker is probed, its model
+loaded and only then in rotation; wrong models and the gateway's own port are refused and
+leave nothing behind; listed workers not up at start are retried in the background."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.protocol.errors import InvalidRequestError
+from gateway.server.config import GatewayConfig
+from gateway.workers.worker import GATEWAY_INSTANCE_ARG
+from tests.fake_transport import FakeTransport
+from tests.server.http.gateway_app import gateway
+
+
+async def test_a_worker_joins_with_its_model_loaded() -> None:
+    async with gateway() as (state, _):
+        worker = await state.add_worker("grpc://w1:1")
+        assert state.registry.get("w1:1") is worker and state.catalog.names() == ["fake-model"]
+        assert await state.add_worker("grpc://w1:1") is worker  # registering twice keeps the one worker
+        removed = await state.remove_worker("w1:1")
+        assert removed is worker and state.registry.all() == []
+
+
+async def test_refused_workers_leave_nothing_behind() -> None:
+    async with gateway() as (state, _):
+        with pytest.raises(InvalidRequestError, match="serves model 'fake-model', not 'other'") as err:
+            await state.add_worker("grpc://w1:1", model="other")
+        assert err.value.param == "model" and state.registry.all() == []
+        itself = FakeTransport("grpc://w3:1")  # this gateway's own gRPC port, named as a worker
+        plain_info = itself.server_info
+
+        async def self_info(*, timeout: float = 5.0) -> object:
+            reply = await plain_info(timeout=timeout)
+            reply.server_args.update({GATEWAY_INSTANCE_ARG: state.instance_id})
+            return reply
+
+        itself.server_info = self_info  # type: ignore[method-assign]
+        state.transports[itself.url] = itself  # type: ignore[attr-defined]
+        with pytest.raises(InvalidRequestError, match="own gRPC port"):
+            await state.add_worker("grpc://w3:1")
+        assert state.registry.all() == []
+
+
+async def test_start_retries_listed_workers_that_are_not_up() -> None:
+    config = GatewayConfig()
+    config.server.worker_urls = ["grpc://up:1", "grpc://down:1"]
+    async with gateway(config) as (state, _):
+        def connect(url: str, tls: object, api_key: str | None) -> object:
+            if "down" in url:
+                raise ConnectionError("refused")
+            return state.transports.setdefault(url, FakeTransport(url))  # type: ignore[attr-defined]
+
+        state.registry._connect = connect  # type: ignore[assignment]
+        await state.start()
+        try:
+            assert state.ready and [w.id for w in state.registry.all()] == ["up:1"]
+            assert [p["url"] for p in state.late.describe()] == ["grpc://down:1"]
+        finally:
+            await state.stop()
