@@ -31,10 +31,7 @@ UNMIRRORED = frozenset({
     "gateway/server/supervisor.py",
     "gateway/workers/h2/call.py",
     "gateway/workers/h2/connection.py",
-    "gateway_lab/bench/inprocess.py",
-    "gateway_lab/bench/machine.py",
     "gateway_lab/bench/peers.py",
-    "gateway_lab/bench/plot.py",
     "gateway_lab/bench/scenarios/control.py",
     "gateway_lab/bench/scenarios/faults.py",
     "gateway_lab/bench/scenarios/front_doors.py",
@@ -48,7 +45,6 @@ UNMIRRORED = frozenset({
     "gateway_lab/bench/scenarios/tracing.py",
     "gateway_lab/bench/soak.py",
     "gateway_lab/bench/soak_targets.py",
-    "gateway_lab/sim/fleet.py",
     "gateway_lab/sim/worker.py",
 })
 
