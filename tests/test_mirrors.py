@@ -21,10 +21,7 @@ NOT_MODULES = {"__init__.py", "__main__.py"}
 GENERATED = SRC / "gateway" / "proto"
 
 UNMIRRORED = frozenset({
-    "gateway/client.py",
-    "gateway/server/grpc/front.py",
     "gateway/server/grpc/passthrough.py",
-    "gateway/server/grpc/server.py",
     "gateway/server/http/guard.py",
     "gateway/server/process_set.py",
     "gateway/server/serve.py",

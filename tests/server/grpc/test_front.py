@@ -1,0 +1,56 @@
+"""The gateway's own gRPC API (server/grpc/front.py), called with the official stub
+through the Python client: the same pipeline as the HTTP door, the same keys, and
+gateway errors as gRPC statuses."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from gateway.client import GatewayClient, GatewayRpcError, user
+from gateway.server.config import GatewayConfig
+from tests.fake_transport import chunk, complete
+from tests.server.grpc.grpc_gateway import grpc_gateway
+
+
+async def test_chat_completion_and_generate_reach_the_worker() -> None:
+    async with grpc_gateway() as (state, server), GatewayClient(server.target) as client:
+        worker = state.transports["grpc://w1:1"]  # type: ignore[attr-defined]
+        worker.script(complete([9707, 1879], finish="stop"))
+        reply = await client.chat([user("hi")], max_tokens=4)
+        assert reply.choices[0].message.content == "Hello world" and reply.choices[0].finish_reason == "stop"
+        assert list(reply.worker_ids) == ["w1:1"] and worker.requests[-1].sampling_params.max_new_tokens == 4
+        worker.script(chunk([9707]), complete([], finish="length"))
+        pieces = [c.choices[0].text async for c in client.stream_complete("Say", max_tokens=1) if c.choices]
+        assert "".join(pieces) == "Hello"
+        worker.script(chunk([9707]), complete([], finish="stop"))
+        messages = [m async for m in client.generate([1, 2, 3], stream=True, max_new_tokens=2)]
+        assert [list(m.token_ids) for m in messages if m.token_ids] == [[9707]] and messages[-1].finish_reason == "stop"
+
+
+async def test_tokens_models_workers_and_embeddings() -> None:
+    async with grpc_gateway() as (state, server), GatewayClient(server.target) as client:
+        tokens = await client.tokenize("Hello world")
+        assert list(tokens.tokens) == state.catalog.get(None).tokenizer.encode("Hello world", True)
+        assert await client.detokenize(list(tokens.tokens)) == "Hello world"
+        models = await client.list_models()
+        assert [(m.id, m.worker_count) for m in models] == [("fake-model", 1)]
+        assert [w.id for w in await client.list_workers()] == ["w1:1"]
+        emb = await client.embed(["a", "b"])
+        assert len(emb.data) == 2 and emb.prompt_tokens > 0 and list(emb.worker_ids) == ["w1:1"]
+
+
+async def test_keys_and_errors_as_grpc_statuses() -> None:
+    config = GatewayConfig()
+    config.server.api_keys = ["k1"]
+    async with grpc_gateway(config) as (_, server):
+        async with GatewayClient(server.target) as anonymous:
+            with pytest.raises(GatewayRpcError) as err:
+                await anonymous.tokenize("hi")
+            assert err.value.code == grpc.StatusCode.UNAUTHENTICATED and err.value.type == "authentication_error"
+        async with GatewayClient(server.target, api_key="k1") as client:
+            with pytest.raises(GatewayRpcError) as bad:
+                await client.chat([user("hi")], max_tokens=0)
+            assert bad.value.code == grpc.StatusCode.INVALID_ARGUMENT and bad.value.param
+            inspected = await client.inspect_prefix("hi")  # no admin key: any inference key may inspect
+            assert inspected.chosen_worker == "w1:1"
