@@ -21,9 +21,7 @@ NOT_MODULES = {"__init__.py", "__main__.py"}
 GENERATED = SRC / "gateway" / "proto"
 
 UNMIRRORED = frozenset({
-    "gateway/server/grpc/passthrough.py",
     "gateway/server/http/guard.py",
-    "gateway/server/process_set.py",
     "gateway/server/serve.py",
     "gateway/server/supervisor.py",
     "gateway/workers/h2/call.py",
