@@ -24,7 +24,6 @@ UNMIRRORED = frozenset({
     "gateway/server/http/guard.py",
     "gateway/server/serve.py",
     "gateway/server/supervisor.py",
-    "gateway/workers/h2/call.py",
     "gateway/workers/h2/connection.py",
     "gateway_lab/bench/peers.py",
     "gateway_lab/bench/scenarios/control.py",
