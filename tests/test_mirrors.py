@@ -31,8 +31,6 @@ UNMIRRORED = frozenset({
     "gateway_lab/bench/scenarios/front_doors.py",
     "gateway_lab/bench/scenarios/pd.py",
     "gateway_lab/bench/scenarios/scaleout.py",
-    "gateway_lab/bench/scenarios/sim.py",
-    "gateway_lab/bench/scenarios/tokenize.py",
     "gateway_lab/bench/scenarios/tracing.py",
     "gateway_lab/bench/soak.py",
     "gateway_lab/bench/soak_targets.py",
