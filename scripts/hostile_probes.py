@@ -56,6 +56,8 @@ BOMBS = {
     ),
     "constant 'x'|center(10^9)": "{{ 'x'|center(1000000000) }}",
 }
+ONLY = ""  # --only: run the probes whose name contains this
+
 MIN_PROBE_S = 2.0
 """Each probe repeats its attack for at least this long, so /health is polled ~100 times."""
 
@@ -178,7 +180,7 @@ async def run(port_base: int) -> list[dict[str, Any]]:
                                 break
                         await asyncio.sleep(0.1)
                     await _chat(http, "bomb")  # warm: the template compiled, the first request's costs paid
-                    rows += await _probes(http, port, gateway.pid)
+                    rows += [row for row in await _probes(http, port, gateway.pid) if row is not None]
             finally:
                 gateway.terminate()
                 await asyncio.wait_for(gateway.wait(), 20)
@@ -187,7 +189,9 @@ async def run(port_base: int) -> list[dict[str, Any]]:
 
 async def _measure(
     port: int, pid: int, name: str, attempt: Callable[[], Awaitable[str]], times: int = 1
-) -> dict[str, Any]:
+) -> dict[str, Any] | None:
+    if ONLY and ONLY not in name:
+        return None
     rss_before, _ = _rss(pid)
     answers: list[str] = []
     took: list[float] = []
@@ -210,8 +214,8 @@ async def _measure(
     return row
 
 
-async def _probes(http: httpx.AsyncClient, port: int, pid: int) -> list[dict[str, Any]]:
-    rows = []
+async def _probes(http: httpx.AsyncClient, port: int, pid: int) -> list[dict[str, Any] | None]:
+    rows: list[dict[str, Any] | None] = []
 
     async def idle() -> str:
         await asyncio.sleep(2.0)
@@ -321,9 +325,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--port-base", type=int, default=21220, help="the gateway's HTTP port")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON instead of Markdown")
+    parser.add_argument("--only", default="", help="run only the probes whose name contains this text")
     parser.add_argument("--render-cost-against", type=Path, metavar="DIR",
                         help="measure the render budget's cost against another checkout's src/gateway/tokenization")
     args = parser.parse_args()
+    global ONLY
+    ONLY = args.only
     if args.render_cost_against:
         render_cost(args.render_cost_against)
         return

@@ -3,7 +3,7 @@ about a millisecond instead of spinning a core or filling memory.
 
 A chat template is code that usually comes from a worker. jinja2's sandbox keeps it from
 reaching outside, but not from multiplying work or memory: nested loops, ``'x' * 10**9``,
-``9 ** 9 ** 9``, a macro calling itself, a string doubled in a loop, or a filter with a
+``9 ** (9 ** 9)``, a macro calling itself, a string doubled in a loop, or a filter with a
 huge width. Some of these would even run at compile time (jinja2 folds constant
 expressions while compiling). A CPU deadline alone cannot stop the ones that run inside a
 single C call (a 10 GB string multiplication never returns to the bytecode loop).
