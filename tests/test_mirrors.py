@@ -34,7 +34,6 @@ UNMIRRORED = frozenset({
     "gateway_lab/bench/scenarios/tracing.py",
     "gateway_lab/bench/soak.py",
     "gateway_lab/bench/soak_targets.py",
-    "gateway_lab/sim/worker.py",
 })
 
 
