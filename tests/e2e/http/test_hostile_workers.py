@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import openai
 import pytest
 
@@ -136,6 +137,39 @@ async def test_template_bombs_fail_at_once_and_health_keeps_answering(tmp_path: 
                 assert time.monotonic() - started < 1.0, name
         assert statistics.median(lat) < 0.1 and max(lat) < 1.0, f"/health took {sorted(lat)}s"
         assert all(w.load.in_flight == 0 for w in gw.state.registry.all())
+
+
+async def test_template_bombs_on_the_grpc_door_are_invalid_argument_in_the_same_shape(tmp_path: Path) -> None:
+    from google.protobuf import struct_pb2
+    from grpc import aio
+
+    from gateway.proto import gateway_pb2, gateway_pb2_grpc
+    from gateway.server.grpc.server import start_grpc_server
+
+    folder = _bomb_tokenizer(tmp_path / "bomb")
+    async with hostile_worker(HostilePlan(), tokenizer_path=str(folder)) as url, gateway([url], tmp_path / "tok") as gw:
+        server = await start_grpc_server(gw.state, "127.0.0.1", 0)
+        try:
+            async with aio.insecure_channel(server.target) as channel:
+                stub = gateway_pb2_grpc.TokenGatewayStub(channel)
+                for name in BOMBS:
+                    kwargs = struct_pb2.Struct()
+                    kwargs.update({"bomb": name})
+                    request = gateway_pb2.ChatCompletionRequest(
+                        messages=[gateway_pb2.ChatMessage(role="user", content="hi")], max_completion_tokens=4,
+                        chat_template_kwargs=kwargs)
+                    with pytest.raises(aio.AioRpcError) as err:
+                        await asyncio.wait_for(stub.ChatCompletion(request), 10)
+                    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, name
+                    trailing = dict(err.value.trailing_metadata() or ())
+                    assert trailing.get("x-error-code") == "chat_template_budget", (name, trailing)
+                    assert trailing.get("x-http-status") == "400"
+                ok = await stub.ChatCompletion(gateway_pb2.ChatCompletionRequest(
+                    messages=[gateway_pb2.ChatMessage(role="user", content="hi")], max_completion_tokens=4))
+                assert ok.choices[0].finish_reason
+        finally:
+            await server.stop(0)
+        assert (await gw.http.get("/health")).status_code == 200
 
 
 async def test_a_slow_template_inside_its_budget_meets_the_deadline(tmp_path: Path) -> None:
