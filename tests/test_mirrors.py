@@ -25,13 +25,11 @@ UNMIRRORED = frozenset({
     "gateway/server/serve.py",
     "gateway/server/supervisor.py",
     "gateway/workers/h2/connection.py",
-    "gateway_lab/bench/peers.py",
     "gateway_lab/bench/scenarios/control.py",
     "gateway_lab/bench/scenarios/faults.py",
     "gateway_lab/bench/scenarios/front_doors.py",
     "gateway_lab/bench/scenarios/pd.py",
     "gateway_lab/bench/scenarios/scaleout.py",
-    "gateway_lab/bench/scenarios/tracing.py",
     "gateway_lab/bench/soak.py",
     "gateway_lab/bench/soak_targets.py",
 })
