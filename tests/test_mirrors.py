@@ -31,7 +31,6 @@ UNMIRRORED = frozenset({
     "gateway_lab/bench/scenarios/pd.py",
     "gateway_lab/bench/scenarios/scaleout.py",
     "gateway_lab/bench/soak.py",
-    "gateway_lab/bench/soak_targets.py",
 })
 
 

@@ -1,0 +1,38 @@
+"""What the soak measures a gateway by (gateway_lab/bench/soak_targets.py): resident
+memory from /proc, and the load a gateway still holds once every request has ended."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from types import SimpleNamespace
+
+from gateway_lab.bench.soak_targets import InProcessGateway, rss_mb
+from tests.server.http.gateway_app import gateway
+
+
+def test_resident_memory_of_a_live_process_and_of_none() -> None:
+    assert rss_mb() > 1 and rss_mb(os.getpid()) > 1
+    assert rss_mb(2**22 + 4321) == 0.0
+
+
+async def test_leftover_load_names_each_worker_still_holding_some() -> None:
+    async with gateway() as (state, _):
+        await state.add_worker("grpc://w1:1")
+        await state.add_worker("grpc://w2:1")
+        server = SimpleNamespace(should_exit=False)
+
+        async def serving() -> None:
+            return None
+
+        target = InProcessGateway(state, server, asyncio.ensure_future(serving()), "http://127.0.0.1:1")
+        assert target.model == "fake-model" and target.pid == os.getpid() and target.rss_mb() > 1
+        assert await target.leftover() == {}
+        guard = state.registry.get("w2:1").load.acquire(100, 8)  # type: ignore[union-attr]
+        assert await target.leftover() == {
+            "gateway:w2:1": {"in_flight": 1, "queued_prefill_tokens": 100, "running_decode_tokens": 0}}
+        guard.release()
+        assert await target.leftover() == {}
+        assert target.traced_mb() is None  # tracemalloc is off
+        await target.close()
+        assert server.should_exit
