@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -124,6 +125,16 @@ def test_a_large_honest_conversation_renders_as_before(qwen: Tokenizer) -> None:
     template = qwen.chat_template()
     rendered = template.render(conversation, tools=[WEATHER_TOOL] * 50)
     assert rendered.count("<tool_call>") == rendered.count("</tool_call>") >= 600
+
+
+def test_a_template_that_scans_ahead_from_every_message_renders_a_long_agent_conversation() -> None:
+    # gpt-oss looks ahead over the rest of the conversation from every tool call: its steps
+    # grow with the square of the conversation, and its comparisons write nothing.
+    source = (Path(__file__).parent.parent / "parsers" / "fixtures" / "gpt-oss-120b.jinja").read_text()
+    template = ChatTemplate(source, {"bos_token": "<s>", "eos_token": "</s>"})
+    conversation = [TOOL_TURN[0]] + copy.deepcopy(TOOL_TURN[1:]) * 600  # 3,001 messages
+    rendered = template.render(conversation, tools=[WEATHER_TOOL] * 40)
+    assert rendered.count("<|call|>") == 600
 
 
 def _wrapper(template: ChatTemplate, messages: list[dict[str, Any]], **options: Any) -> str:

@@ -55,6 +55,11 @@ BASE_BYTES = 4 << 20
 BYTES_PER_CHAR = 8
 """More per character of the messages' text."""
 
+QUADRATIC_ITEMS = 4096
+"""Steps also grow by items x min(items, this) / 2: honest templates scan the conversation
+once per message (gpt-oss looks ahead from every tool call), so long conversations need
+quadratic room; a bomb sent with thousands of tiny messages is left to the CPU deadline."""
+
 CHARS_PER_TOOL = 16 << 10
 """Characters a tool or document counts for in the byte budget."""
 
@@ -116,8 +121,9 @@ class RenderBudget:
                 n, c = _measure(message, 4)
                 items += n
                 chars += c
-            self.steps += STEPS_PER_ITEM * items
-            self.total_steps += STEPS_PER_ITEM * items
+            steps = STEPS_PER_ITEM * items + items * min(items, QUADRATIC_ITEMS) // 2
+            self.steps += steps
+            self.total_steps += steps
             self.bytes += BYTES_PER_CHAR * chars
             self.total_bytes += BYTES_PER_CHAR * chars
         if self.steps < 0:
@@ -678,16 +684,20 @@ def _check(node: nodes.Node, name: str, *args: nodes.Expr) -> nodes.Filter:
 
 
 def _literal_chars(body: Sequence[nodes.Node]) -> int:
-    """The literal text a loop body writes per iteration (nested loops charge their own)."""
+    """The most literal text a loop body can write per iteration: the template data and
+    constant strings of its outputs, every branch counted (nested loops charge their own;
+    computed outputs are charged as they are written)."""
     total = 0
     stack: list[nodes.Node] = list(body)
     while stack:
         node = stack.pop()
-        if isinstance(node, nodes.TemplateData):
-            total += len(node.data)
-        elif isinstance(node, nodes.Const) and isinstance(node.value, str):
-            total += len(node.value)
-        elif not isinstance(node, nodes.For | nodes.Macro | nodes.CallBlock):
+        if isinstance(node, nodes.Output):
+            for child in node.nodes:
+                if isinstance(child, nodes.TemplateData):
+                    total += len(child.data)
+                elif isinstance(child, nodes.Const) and isinstance(child.value, str):
+                    total += len(child.value)
+        elif isinstance(node, nodes.Stmt) and not isinstance(node, nodes.For | nodes.Macro):
             stack.extend(node.iter_child_nodes())
     return total
 
