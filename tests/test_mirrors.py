@@ -22,8 +22,6 @@ GENERATED = SRC / "gateway" / "proto"
 
 UNMIRRORED = frozenset({
     "gateway/server/http/guard.py",
-    "gateway/server/serve.py",
-    "gateway/server/supervisor.py",
     "gateway/workers/h2/connection.py",
     "gateway_lab/bench/scenarios/control.py",
     "gateway_lab/bench/scenarios/faults.py",

@@ -1,0 +1,66 @@
+"""The supervisor of ``serve --processes N`` (server/supervisor.py), without children:
+each process's share of the set's admission limits, the ports reserved for the set, a
+local nats-server when no sync URL is given, and the set's status file."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import socket
+
+import orjson
+import pytest
+
+from gateway.server.admission import AdmissionConfig
+from gateway.server.config import GatewayConfig
+from gateway.server.process_set import STATUS_FILE
+from gateway.server.supervisor import Supervisor, share_admission
+
+
+def test_the_set_limits_are_split_with_the_remainder_to_the_first() -> None:
+    cfg = AdmissionConfig(max_concurrent_requests=10, max_queued_requests=5, rate_limit_per_s=9.0, rate_limit_burst=7)
+    parts = [share_admission(cfg, i, 3) for i in range(3)]
+    assert [p.max_concurrent_requests for p in parts] == [4, 3, 3]  # sums to the set's 10
+    assert [p.max_queued_requests for p in parts] == [2, 2, 1]
+    assert {p.rate_limit_per_s for p in parts} == {3.0} and {p.rate_limit_burst for p in parts} == {3}
+    tiny = share_admission(AdmissionConfig(max_concurrent_requests=2), 3, 4)
+    assert tiny.max_concurrent_requests == 1  # at least one slot each
+    unlimited = share_admission(AdmissionConfig(), 0, 4)
+    assert (unlimited.max_concurrent_requests, unlimited.rate_limit_burst) == (0, 0)  # off stays off
+
+
+async def test_ports_are_reserved_and_a_local_bus_is_started() -> None:
+    config = GatewayConfig()
+    config.server.port, config.server.grpc_port = 0, 0
+    config.metrics_port.prometheus_port = 0
+    sup = Supervisor(config, 2)
+    try:
+        cfg = sup._bind()
+        assert cfg.server.port > 0 and cfg.server.grpc_port and cfg.metrics_port.prometheus_port
+        with socket.socket() as other:  # the reserved port stays the set's
+            with pytest.raises(OSError):
+                other.bind(("127.0.0.1", cfg.server.port))
+        synced = await sup._sync(cfg)
+        assert synced.sync.sync_url is not None and synced.sync.sync_url.startswith("nats://127.0.0.1:")
+        given = dataclasses.replace(cfg, sync=dataclasses.replace(cfg.sync, sync_url="nats://elsewhere:4222"))
+        assert await sup._sync(given) is given
+    finally:
+        if sup.nats is not None:
+            await sup.nats.stop()
+        for s in (sup.http_sock, sup.grpc_reserve):
+            if s is not None:
+                s.close()
+        shutil.rmtree(sup.run_dir, ignore_errors=True)
+
+
+def test_the_status_file_accounts_for_the_set() -> None:
+    sup = Supervisor(GatewayConfig(), 3)
+    try:
+        sup.children[1].restarts = 2
+        sup._write_status()
+        status = orjson.loads((sup.run_dir / STATUS_FILE).read_bytes())
+        assert status["expected"] == 3 and status["alive"] == 0 and status["restarts"] == 2
+        assert status["pids"] == [None, None, None] and status["stopping"] is False
+        assert not (sup.run_dir / (STATUS_FILE + ".tmp")).exists()  # written whole, then renamed
+    finally:
+        shutil.rmtree(sup.run_dir, ignore_errors=True)
