@@ -4,7 +4,9 @@ uvicorn writes a response's head and its body (and every SSE event) with one
 ``transport.write`` each, and uvloop sends each at once: a system call, on loopback
 the largest fixed cost of a short request. ``CoalescingTransport`` queues the writes of
 one turn of the event loop and sends them together at its end (``loop.call_soon``), so
-a head and its body, or the events relayed in one turn, leave in one write. Closing
+a head and its body, or the events relayed in one turn, leave in one write; the HTTP
+protocol (``guard``) flushes as soon as a response is complete, without waiting for the
+rest of the turn. Closing
 (or half-closing) sends what is queued first; aborting drops it. Everything else is the
 wrapped transport's own.
 """

@@ -151,10 +151,18 @@ class GuardedHttpTools(HttpToolsProtocol):
     # ------------------------------------------------------------------ protocol
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         # A response's head and body (or the SSE events of one loop turn) in one write.
-        super().connection_made(CoalescingTransport(transport, self.loop))  # type: ignore[arg-type]
+        self._coalescing = CoalescingTransport(transport, self.loop)
+        super().connection_made(self._coalescing)  # type: ignore[arg-type]
         if self.limits.header_timeout_s > 0:  # bounds connect-and-say-nothing
             self._deadline_at = self.loop.time() + self.limits.header_timeout_s
         self._sweeper.add(self)
+
+    def on_response_complete(self) -> None:
+        # The response's last bytes leave now: the end of the loop turn would add to its
+        # latency whatever else the turn still runs (the request's own bookkeeping after
+        # its answer). One connection carries one response at a time: nothing is lost.
+        self._coalescing.flush()
+        super().on_response_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._sweeper.discard(self)
