@@ -67,6 +67,7 @@ class H2Connection(asyncio.Protocol):
         self._received = 0  # DATA bytes not yet given back as connection window
         self._deferred: list[H2Call] = []  # calls with messages of this read not yet parsed
         self._outbox: list[bytes] = []  # frames written in this turn of the event loop, sent at its end
+        self._turn_open = False  # this turn wrote already: an end-of-turn send is scheduled
         self._keepalive_s = keepalive_s
         self._keepalive_timeout_s = keepalive_timeout_s
         self._keepalive: asyncio.TimerHandle | None = None
@@ -122,10 +123,14 @@ class H2Connection(asyncio.Protocol):
         call.send_offset = 0
         out = self._header_frames(stream_id, header_block)
         self._body(call, out)
-        outbox = self._outbox
-        if not outbox:
+        if self._turn_open:  # frames of this turn are queued: these join them
+            self._outbox += out
+        else:
+            # The turn's first write leaves at once (a call alone, at concurrency 1, waits
+            # for nothing else the turn runs); later ones of the turn leave together at its end.
+            self._turn_open = True
             self._loop.call_soon(self._send_outbox)
-        outbox += out
+            transport.write(out[0] if len(out) == 1 else b"".join(out))
         if self._keepalive is None and self._keepalive_s > 0:
             self._keepalive = self._loop.call_later(self._keepalive_s, self._send_keepalive)
 
@@ -432,11 +437,13 @@ class H2Connection(asyncio.Protocol):
         the windows given back in one turn leave in one socket write (a write to a socket
         is a system call, the largest fixed cost of a short call)."""
         if self.transport is not None and not self.lost:
-            if not self._outbox:
+            if not self._turn_open:
+                self._turn_open = True
                 self._loop.call_soon(self._send_outbox)
             self._outbox.append(data)
 
     def _send_outbox(self) -> None:
+        self._turn_open = False
         outbox = self._outbox
         if not outbox:
             return
