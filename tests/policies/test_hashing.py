@@ -12,7 +12,13 @@ from array import array
 import pytest
 import xxhash
 
-from gateway.policies.hashing import block_hashes, pack_tokens, prefix_key, string_key
+from gateway.policies.hashing import (
+    block_hashes,
+    chained_hashes,
+    pack_tokens,
+    prefix_key,
+    string_key,
+)
 
 from .helpers import tokens
 
@@ -36,6 +42,15 @@ def test_block_hashes_match_reference_and_ranges() -> None:
     got = block_hashes(toks, 16)
     assert [h.hash for h in got] == reference_chain(toks, 16)
     assert [(h.start, h.end) for h in got] == [(16 * i, 16 * (i + 1)) for i in range(6)]
+
+
+def test_chained_hashes_are_the_block_hashes_alone() -> None:
+    for n in (0, 15, 16, 33, 100):
+        toks = tokens(n, 4)
+        assert chained_hashes(toks, 16) == reference_chain(toks, 16) == [h.hash for h in block_hashes(toks, 16)]
+    assert chained_hashes(array("I", tokens(40, 5)), 8) == reference_chain(tokens(40, 5), 8)
+    with pytest.raises(ValueError):
+        chained_hashes([1, 2], 0)
 
 
 def test_each_block_hash_covers_everything_before_it() -> None:

@@ -14,7 +14,7 @@ prompt_tokens disagree with the gateway's count.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from gateway.pipeline.offpath import later
@@ -204,14 +204,17 @@ class Router:
         decision = policy.select(request, views)
         packed = policy.packed(request)  # cache_aware has packed the prompt already
         prompt = packed if packed is not None else b""
-        if not request.exclude:  # a retry offers nothing new; a statistic: applied off the request's path
-            later(self.quality(request.model, role).offered.offer, prompt if packed is not None else request.token_ids)
+        # A retry offers nothing new to the sketch; both are statistics, applied off the request's path.
+        offer = None if request.exclude else prompt if packed is not None else request.token_ids
+        quality = self.quality(request.model, role)
         worker = next((w for w in live if w.id == decision.worker_id), None)
         if worker is None:
+            if offer is not None:
+                later(quality.offered.offer, offer)
             raise NoWorkerAvailable(f"policy {policy.name} chose unknown worker {decision.worker_id!r}")
         notified = self._dispatching(request.model, role) if self._sink is not None else policy
         miss = MissTicket(worker.id, request.token_ids, decision.reason)
-        later(self.quality(request.model, role).misses.dispatched, miss)
+        later(_dispatched, quality, offer, miss)
         return Selection(worker, decision, notified, role, prompt, miss)
 
     def exclude(self, request: RouteRequest, worker_id: str) -> RouteRequest:
@@ -233,6 +236,13 @@ def slot_bounded(views: list[WorkerView], headroom: int) -> list[WorkerView]:
     if not any(full) or not any(v.available and not f for v, f in zip(views, full, strict=True)):
         return views
     return [replace(v, available=False) if f else v for v, f in zip(views, full, strict=True)]
+
+
+def _dispatched(quality: PoolQuality, offer: bytes | Sequence[int] | None, miss: MissTicket) -> None:
+    """A first attempt's prompt to the pool's prefix sketch, and the dispatch to its miss ledger."""
+    if offer is not None:
+        quality.offered.offer(offer)
+    quality.misses.dispatched(miss)
 
 
 def _panic_views(live: list[Worker], views: list[WorkerView]) -> list[WorkerView]:

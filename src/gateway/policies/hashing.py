@@ -59,18 +59,26 @@ def pack_tokens(tokens: Sequence[int] | array) -> bytes:
 
 def block_hashes(tokens: Sequence[int] | array, block_size: int) -> list[BlockHash]:
     """Chained hashes of every full block of ``tokens`` (a trailing partial block is skipped)."""
+    return [
+        BlockHash(h, i * block_size, (i + 1) * block_size) for i, h in enumerate(chained_hashes(tokens, block_size))
+    ]
+
+
+def chained_hashes(tokens: Sequence[int] | array, block_size: int) -> list[int]:
+    """The hashes of ``block_hashes`` alone, without a tuple per block (the request path's
+    bookkeeping hashes every prompt)."""
     if block_size < 1:
         raise ValueError("block_size must be >= 1")
     n_blocks = len(tokens) // block_size
     if n_blocks == 0:
         return []
-    data = pack_tokens(tokens[: n_blocks * block_size])
+    data = pack_tokens(tokens)  # the partial tail block too: cheaper than slicing it off first
     step = 4 * block_size
-    out: list[BlockHash] = []
+    out: list[int] = []
     h = 0
-    for i in range(n_blocks):
-        h = _xxh3(data[i * step : (i + 1) * step], h)
-        out.append(BlockHash(h, i * block_size, (i + 1) * block_size))
+    for at in range(0, n_blocks * step, step):
+        h = _xxh3(data[at : at + step], h)
+        out.append(h)
     return out
 
 

@@ -1,7 +1,7 @@
 """Why each cache miss happened: the prefill tokens a pool paid, counted by cause.
 
 An achieved hit rate below the ideal says routing lost something, not what. Each
-dispatched prompt's blocks (chained hashes, ``hashing.block_hashes``) are classified
+dispatched prompt's blocks (chained hashes, ``hashing.chained_hashes``) are classified
 when it is sent, from what the gateway itself saw before, and the tokens the worker then
 reports as not cached are charged to those causes:
 
@@ -25,12 +25,12 @@ Pure and synchronous; the router calls it off the request's path.
 from __future__ import annotations
 
 import time
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.policies.hashing import block_hashes
+from gateway.policies.hashing import chained_hashes
 
 CAUSES = ("first_sight", "in_prefill", "evicted", "new_worker", "spilled_for_load", "held_elsewhere")
 # decision reasons that mean "the policy knew better places but chose this one for load"
@@ -81,7 +81,7 @@ class MissCauses:
         self.new_worker_s = new_worker_s
         self._clock = clock
         self._held: dict[str, OrderedDict[int, None]] = {}
-        self._prefilling: dict[str, Counter[int]] = {}
+        self._prefilling: dict[str, dict[int, int]] = {}  # worker -> block -> requests in flight with it
         self._seen: OrderedDict[int, None] = OrderedDict()
         self._joined: dict[str, float] = {}
         self.counts: dict[str, CauseCount] = {c: CauseCount() for c in CAUSES}
@@ -95,8 +95,10 @@ class MissCauses:
         w = ticket.worker_id
         joined = self._joined.get(w)
         new = joined is not None and self._clock() - joined < self.new_worker_s
-        hashes = [b.hash for b in block_hashes(ticket.tokens, self.block_tokens)]
-        prefilling = self._prefilling.setdefault(w, Counter())
+        hashes = chained_hashes(ticket.tokens, self.block_tokens)
+        prefilling = self._prefilling.get(w)
+        if prefilling is None:
+            prefilling = self._prefilling[w] = {}
         held = self._held.get(w)
         seen = self._seen
         runs: list[tuple[int, str]] = []
@@ -114,7 +116,8 @@ class MissCauses:
                 runs[-1] = (i + 1, cause)
             else:
                 runs.append((i + 1, cause))
-        prefilling.update(hashes)
+        for h in hashes:
+            prefilling[h] = prefilling.get(h, 0) + 1
         ticket.blocks = hashes
         ticket.runs = runs
 
@@ -126,10 +129,12 @@ class MissCauses:
         w = ticket.worker_id
         prefilling = self._prefilling.get(w)
         if prefilling is not None:
-            prefilling.subtract(ticket.blocks)
             for h in ticket.blocks:
-                if prefilling[h] <= 0:
-                    del prefilling[h]
+                left = prefilling.get(h, 0) - 1
+                if left > 0:
+                    prefilling[h] = left
+                else:
+                    prefilling.pop(h, None)
         if not success:
             return
         self.requests += 1
