@@ -40,7 +40,7 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 TICK_S = 0.01
-"""How often the watchdog looks at running renders (only while renders come)."""
+"""The watchdog's shortest sleep: an overdue render is stopped at most about this late."""
 
 IDLE_AFTER_S = 1.0
 """The watchdog sleeps until the next render once none came for this long."""
@@ -107,7 +107,9 @@ class TemplateRunner:
         self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._busy: dict[int, _Job] = {}  # render thread id -> its job
         self._inline: _Job | None = None
-        self._cond = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()  # taken directly on the event loop's path: cheaper than the Condition's
+        self._cond = threading.Condition(self._lock)
+        self.checks = 0  # the watchdog's wake-ups (it sleeps until the soonest deadline that may pass)
         self._closed = False
         self._idle = True  # the watchdog sleeps until a render starts
         self._last = 0.0  # when the last render started
@@ -154,7 +156,7 @@ class TemplateRunner:
     def _run_inline(self, job: _Job) -> Any:
         """``job.fn()`` on this thread; ``_Interrupt`` if it passed the inline deadline."""
         clock = _thread_clock()
-        with self._cond:
+        with self._lock:
             job.started = time.clock_gettime(clock)
             job.thread, job.clock = threading.get_ident(), clock
             self._last = time.monotonic()
@@ -165,7 +167,7 @@ class TemplateRunner:
         try:
             return job.fn()
         finally:
-            with self._cond:
+            with self._lock:
                 self._inline = None
                 _checkpoint()
 
@@ -216,22 +218,35 @@ class TemplateRunner:
 
     # ------------------------------------------------------------------ watchdog
     def _watch(self) -> None:
+        """Stop overdue renders. It sleeps until the soonest deadline that may pass: that of
+        a running render (what is left of its CPU time is at least as much wall time), or
+        for a render that starts meanwhile, a whole deadline; it does not tick."""
+        soonest = min(self.inline_timeout_s, self.timeout_s)  # a render starting now: overdue no sooner
         with self._cond:
             while not self._closed:
+                self.checks += 1
                 now = time.monotonic()
+                wait = soonest
                 inline = self._inline
-                if inline is not None and time.clock_gettime(inline.clock) - inline.started >= self.inline_timeout_s:
-                    self._inline = None  # interrupted once; its own finally finds it gone
-                    _interrupt(inline.thread)
+                if inline is not None:
+                    left = self.inline_timeout_s - (time.clock_gettime(inline.clock) - inline.started)
+                    if left <= 0:
+                        self._inline = None  # interrupted once; its own finally finds it gone
+                        _interrupt(inline.thread)
+                    else:
+                        wait = min(wait, left)
                 for thread_id, job in list(self._busy.items()):
-                    if (
-                        time.clock_gettime(job.clock) - job.started >= self.timeout_s
-                        or now - job.wall >= WALL_FACTOR * self.timeout_s
-                    ):
+                    left = min(
+                        self.timeout_s - (time.clock_gettime(job.clock) - job.started),
+                        WALL_FACTOR * self.timeout_s - (now - job.wall),
+                    )
+                    if left <= 0:
                         del self._busy[thread_id]
                         _interrupt(thread_id)
+                    else:
+                        wait = min(wait, left)
                 if self._busy or self._inline is not None or now - self._last < IDLE_AFTER_S:
-                    self._cond.wait(TICK_S)
+                    self._cond.wait(max(TICK_S, wait))
                 else:
                     self._idle = True
                     self._cond.wait()
