@@ -1,13 +1,17 @@
 """One normalized ``SamplingOptions`` from three request shapes (protocol/sampling.py):
-defaults settled once, constraints exclusive, logprob options per API."""
+defaults settled once (a chat's model defaults filled as it is built), constraints exclusive,
+logprob options per API."""
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import json
 from typing import Any
 
 import pytest
 
+from gateway.pipeline.model_facts import apply_model_defaults
 from gateway.protocol.chat import ChatCompletionRequest
 from gateway.protocol.completions import CompletionRequest
 from gateway.protocol.errors import InvalidRequestError
@@ -17,6 +21,7 @@ from gateway.protocol.sampling import (
     MODEL_DEFAULT_KEYS,
     Constraint,
     SamplingOptions,
+    model_default_values,
     sampling_from_chat,
     sampling_from_completion,
     sampling_from_generate,
@@ -84,3 +89,28 @@ def test_a_second_constraint_is_a_client_error() -> None:
     with pytest.raises(InvalidRequestError, match="already constrains the output with regex") as err:
         constrained.with_constraint(("json_schema", "{}"))
     assert err.value.param == "tool_choice"
+
+
+CHOSEN = {"temperature": 0.3, "top_p": 0.5, "top_k": 7, "min_p": 0.1, "repetition_penalty": 1.2}
+DEFAULTS = [{}, {"temperature": 0.6, "top_p": 0.95, "top_k": 20}, {"top_k": 0, "min_p": 0.05, "repetition_penalty": 1.1}]
+
+
+def test_defaults_filled_while_building_equal_defaults_filled_after() -> None:
+    for given in itertools.product((False, True), repeat=len(MODEL_DEFAULT_KEYS)):
+        knobs = {k: CHOSEN[k] for k, chosen in zip(MODEL_DEFAULT_KEYS, given, strict=True) if chosen}
+        req = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}], **knobs)
+        plain = sampling_from_chat(req)
+        assert plain.unset == frozenset(MODEL_DEFAULT_KEYS) - knobs.keys()
+        for defaults in DEFAULTS:
+            after = apply_model_defaults(plain, defaults)
+            built = sampling_from_chat(req, defaults)
+            filled = model_default_values(plain.unset, defaults)
+            assert built == dataclasses.replace(after, unset=plain.unset - filled.keys())
+            assert apply_model_defaults(built, defaults) == built  # nothing left to fill
+            assert sampling_from_chat(req, None) == plain
+
+
+def test_a_zero_top_k_default_means_off() -> None:
+    req = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}])
+    assert sampling_from_chat(req, {"top_k": 0}).top_k == -1
+    assert model_default_values(frozenset({"top_k", "top_p"}), {"top_k": 5.0}) == {"top_k": 5}

@@ -100,7 +100,7 @@ async def _start(engine: Engine, req: ChatCompletionRequest, ctx: RequestContext
     kwargs = template_kwargs(req)
     check_tools(req.tools_json(), engine.limits)
     parsers = choose_parsers(entry, req)
-    sampling = sampling_from_chat(req).with_constraint(parsers.constraint)
+    sampling = sampling_from_chat(req, entry.facts.default_sampling).with_constraint(parsers.constraint)
     if parsers.keep_special_tokens and sampling.skip_special_tokens:
         # The model's tool-call / channel markers are special tokens: the parsers need them.
         sampling = dataclasses.replace(sampling, skip_special_tokens=False)

@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.protocol.sampling import MODEL_DEFAULT_KEYS, SamplingOptions
+from gateway.protocol.sampling import MODEL_DEFAULT_KEYS, SamplingOptions, model_default_values
 
 CONTEXT_LENGTH_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "model_max_length", "max_position_embeddings")
 """config.json keys that give a model's context length, in the order SGLang reads them."""
@@ -140,11 +140,5 @@ def apply_model_defaults(sampling: SamplingOptions, defaults: Mapping[str, float
     """Fill the knobs the request left out from the model's defaults (nothing else changes)."""
     if not sampling.unset or not defaults:
         return sampling
-    changes: dict[str, Any] = {}
-    for key in sampling.unset:
-        if key in defaults:
-            value = defaults[key]
-            changes[key] = int(value) if key == "top_k" else float(value)
-    if "top_k" in changes and changes["top_k"] == 0:
-        changes["top_k"] = -1  # 0 means "off" in generation_config.json, as for clients
-    return dataclasses.replace(sampling, **changes) if changes else sampling
+    changes = model_default_values(sampling.unset, defaults)
+    return dataclasses.replace(sampling, **changes) if changes else sampling  # type: ignore[arg-type]

@@ -10,13 +10,16 @@ worker's default" (chat without max_tokens: until the context is full).
 
 A chat request also records which of the model-tunable knobs it left out
 (``unset``): SGLang's own OpenAI server fills exactly those from the model's
-generation defaults, and the pipeline does the same (``pipeline.model_facts``).
+generation defaults, and the pipeline does the same (``pipeline.model_facts``); a
+caller that knows the model's defaults already passes them to ``sampling_from_chat``,
+which fills them as it builds the options (one object, not a copy per request).
 Completions and /generate keep their fixed defaults, as SGLang's server does.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -36,6 +39,24 @@ JSON_OBJECT_SCHEMA = '{"type": "object"}'
 
 MODEL_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 """The knobs a model's generation_config.json may set defaults for (the set SGLang reads)."""
+
+# The unset keys by which of them a chat request left out (in MODEL_DEFAULT_KEYS order).
+_UNSET = {
+    flags: frozenset(k for k, left_out in zip(MODEL_DEFAULT_KEYS, flags, strict=True) if left_out)
+    for flags in itertools.product((False, True), repeat=len(MODEL_DEFAULT_KEYS))
+}
+
+
+def model_default_values(unset: frozenset[str], defaults: Mapping[str, float]) -> dict[str, int | float]:
+    """The values a model's generation ``defaults`` give the knobs a request left out."""
+    values: dict[str, int | float] = {}
+    for key in unset:
+        if key in defaults:
+            value = defaults[key]
+            values[key] = int(value) if key == "top_k" else float(value)
+    if values.get("top_k") == 0:
+        values["top_k"] = -1  # 0 means "off" in generation_config.json, as for clients
+    return values
 
 
 class Constraint(NamedTuple):
@@ -135,8 +156,9 @@ def _response_format_schema(req: ChatCompletionRequest) -> str | None:
     return json.dumps(fmt.json_schema.schema_, ensure_ascii=False)
 
 
-def sampling_from_chat(req: ChatCompletionRequest) -> SamplingOptions:
-    """Sampling for a chat request (tool_choice constraints are added by the caller)."""
+def sampling_from_chat(req: ChatCompletionRequest, model_defaults: Mapping[str, float] | None = None) -> SamplingOptions:
+    """Sampling for a chat request (tool_choice constraints are added by the caller); the
+    knobs it left out take ``model_defaults`` (the model's generation defaults) when given."""
     constraint = _constraint(
         [
             ("regex", "regex", req.regex),
@@ -144,10 +166,19 @@ def sampling_from_chat(req: ChatCompletionRequest) -> SamplingOptions:
             ("response_format", "json_schema", _response_format_schema(req)),
         ]
     )
+    unset = _UNSET[
+        (req.temperature is None, req.top_p is None, req.top_k is None, req.min_p is None, req.repetition_penalty is None)
+    ]
+    common = _common(req)
+    if unset and model_defaults:
+        filled = model_default_values(unset, model_defaults)
+        if filled:
+            common.update(filled)
+            unset = unset.difference(filled)  # filled now: nothing left for the pipeline to fill
     return SamplingOptions(
-        **_common(req),  # type: ignore[arg-type]
+        **common,  # type: ignore[arg-type]
         max_new_tokens=req.max_new_tokens,
-        unset=frozenset(k for k in MODEL_DEFAULT_KEYS if getattr(req, k) is None),
+        unset=unset,
         logprobs=req.logprobs,
         top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0,
         constraint=constraint,
