@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 log = logging.getLogger(__name__)
 
 # Per event loop: the items queued on it (an entry exists while a run is scheduled).
-_queues: dict[asyncio.AbstractEventLoop, deque[tuple[Callable[..., Any], tuple[Any, ...]]]] = {}
+_queues: dict[asyncio.AbstractEventLoop, list[tuple[Callable[..., Any], tuple[Any, ...]]]] = {}
 
 
 def later(fn: Callable[..., Any], *args: Any) -> None:
@@ -34,15 +33,14 @@ def later(fn: Callable[..., Any], *args: Any) -> None:
         return
     queue = _queues.get(loop)
     if queue is None:
-        queue = _queues[loop] = deque()
+        queue = _queues[loop] = []
         loop.call_soon(loop.call_soon, _run, loop)  # two turns: after this request's gRPC send starts
     queue.append((fn, args))
 
 
 def _run(loop: asyncio.AbstractEventLoop) -> None:
     queue = _queues.pop(loop, None)  # items queued while these run get a run of their own
-    while queue:
-        fn, args = queue.popleft()
+    for fn, args in queue or ():
         try:
             fn(*args)
         except Exception:  # a statistic must never break the loop or the other items
