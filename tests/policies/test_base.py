@@ -60,3 +60,10 @@ def test_every_shipped_policy_satisfies_the_protocol(name: str) -> None:
             policy.select(RouteRequest(token_ids=[1]), [])
     finally:
         policy.close()
+
+
+def test_a_load_snapshot_re_aged_keeps_every_other_figure() -> None:
+    fields = [f.name for f in dataclasses.fields(LoadSnapshot)]
+    polled = LoadSnapshot(**{name: i + 1 for i, name in enumerate(fields)})  # every field distinct
+    assert polled.aged(0.25) == dataclasses.replace(polled, age_s=0.25)
+    assert polled.aged(0.25) is not polled and polled.age_s == fields.index("age_s") + 1

@@ -30,6 +30,14 @@ class LoadSnapshot:
     cache_hit_rate: float = 0.0
     age_s: float = 0.0
 
+    def aged(self, age_s: float) -> LoadSnapshot:
+        """The same figures at ``age_s`` (a worker's view of them is rebuilt every few ms
+        while requests come: one constructor call, not ``dataclasses.replace``)."""
+        return LoadSnapshot(
+            self.num_running_reqs, self.num_waiting_reqs, self.num_used_tokens, self.max_total_num_tokens,
+            self.token_usage, self.num_waiting_uncached_tokens, self.cache_hit_rate, age_s,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class WorkerView:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -216,7 +215,7 @@ class Worker:
 
     def loads_view(self) -> LoadSnapshot | None:
         """The last polled load with its age; one copy per poll and 10 ms (a policy reads it
-        for every worker on every request, and ``dataclasses.replace`` is dear)."""
+        for every worker on every request)."""
         polled = self.polled
         if polled is None:
             return None
@@ -224,7 +223,7 @@ class Worker:
         cached = self._loads_view
         if cached is not None and cached[0] is polled and now - cached[1] < LOADS_VIEW_REUSE_S:
             return cached[2]
-        view = dataclasses.replace(polled, age_s=max(0.0, now - self.polled_at))
+        view = polled.aged(max(0.0, now - self.polled_at))
         self._loads_view = (polled, now, view)
         return view
 
