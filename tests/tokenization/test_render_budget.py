@@ -43,6 +43,10 @@ BOMBS = {
         "{% set ns = namespace(x=['abc']) %}{% for i in range(30) %}{% set ns.x = [ns.x, ns.x] %}{% endfor %}"
         "{{ ns.x }}"
     ),
+    "new strings kept in a growing list": (
+        "{% set ns = namespace(big='x' * 1000000, l=[]) %}{% for i in range(4000) %}"
+        "{% set ns.l = ns.l + [ns.big ~ i] %}{% endfor %}{{ ns.l|length }}"
+    ),
     "filler repeated by batch": (
         "{% set d = ['x' * 1000000] %}{{ [1]|batch(4000, fill_with=d)|list|string|length }}"
     ),

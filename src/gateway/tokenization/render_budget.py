@@ -239,10 +239,12 @@ def _weight(budget: RenderBudget, value: Any) -> int:
 
 
 def _admit(budget: RenderBudget, value: Any, weight: int) -> Any:
-    """Remember a container the template built; refuse it when writing it out could pass
-    the bytes left."""
-    if weight > budget.bytes:
-        budget.short("bytes", weight)
+    """Remember a container the template built, its weight charged: what it holds may be
+    new (``[big ~ i]`` in a loop keeps a new string each time) and writing it out costs
+    that much."""
+    budget.bytes -= weight
+    if budget.bytes < 0:
+        budget.short("bytes")
     budget.weights[id(value)] = (value, weight)
     return value
 
