@@ -21,7 +21,6 @@ NOT_MODULES = {"__init__.py", "__main__.py"}
 GENERATED = SRC / "gateway" / "proto"
 
 UNMIRRORED = frozenset({
-    "gateway/workers/h2/connection.py",
     "gateway_lab/bench/scenarios/control.py",
     "gateway_lab/bench/scenarios/faults.py",
     "gateway_lab/bench/scenarios/front_doors.py",
