@@ -305,6 +305,23 @@ async def test_the_watchdog_reaches_the_call_through_the_lease_and_the_end_unwat
     assert_released_once(f, success=False)
 
 
+async def test_a_second_watch_swaps_the_kill_and_a_fired_watch_registers_anew() -> None:
+    f, t = await one_worker()
+    progress = f.worker("w1:1").progress
+    killed: list[str] = []
+    async with lease_on(f) as lease:
+        lease.sent(t.generate(pb.GenerateRequest(request_id="r1")))
+        lease.watch()
+        lease.watch(lambda: killed.append("stream"))  # a worker stream took over
+        assert progress.live == 1
+        assert progress.kill_all() == 1 and killed == ["stream"] and not lease.stalled
+        lease.watch(lambda: killed.append("again"))
+        assert progress.live == 1
+        assert progress.kill_all() == 1 and killed == ["stream", "again"]
+    assert progress.live == 0
+    assert_released_once(f, success=True)
+
+
 async def test_the_policy_learns_an_output_through_the_lease() -> None:
     f, _ = await one_worker()
     async with lease_on(f) as lease:

@@ -69,6 +69,7 @@ class Lease:
         "_call",
         "_guard",
         "_held",
+        "_kill",
         "_observer",
         "_router",
         "_sent",
@@ -112,6 +113,7 @@ class Lease:
         self._sent = False  # the request may have reached the worker: an early end sends Abort
         self._held = False  # a worker stream took the lease over and ends it itself
         self._unwatch: Callable[[], None] | None = None
+        self._kill: Callable[[], None] | None = None  # what a stall does (None: the lease's own)
         self.stalled = False  # the progress watchdog stopped the call
         self._guard: LoadGuard = worker.load.acquire(prompt_tokens, max_new_tokens)
         worker.breaker.on_dispatch()
@@ -141,10 +143,19 @@ class Lease:
 
     def watch(self, kill: Callable[[], None] | None = None) -> None:
         """Let the progress watchdog stop the call when it finds the worker stalled (``kill``,
-        by default: mark the lease stalled and cancel the call); replaces an earlier watch."""
-        if self._unwatch is not None:
-            self._unwatch()
-        self._unwatch = self.worker.progress.watch(kill or self._watchdog_kill)
+        by default: mark the lease stalled and cancel the call); replaces an earlier watch
+        (the lease stays registered once: a worker stream taking over only swaps ``kill``)."""
+        self._kill = kill
+        if self._unwatch is None:
+            self._unwatch = self.worker.progress.watch(self._on_stall)
+
+    def _on_stall(self) -> None:
+        self._unwatch = None  # a watchdog forgets every watch it fires: a later watch registers anew
+        kill = self._kill
+        if kill is not None:
+            kill()
+        else:
+            self._watchdog_kill()
 
     def _watchdog_kill(self) -> None:
         self.stalled = True
