@@ -141,6 +141,15 @@ def test_a_template_that_scans_ahead_from_every_message_renders_a_long_agent_con
     assert rendered.count("<|call|>") == 600
 
 
+def test_a_namespace_accumulator_costs_its_final_size() -> None:
+    template = ChatTemplate(
+        "{% set ns = namespace(p='') %}{% for m in messages %}{% set ns.p = ns.p + m.content + '|' %}{% endfor %}"
+        "{{ ns.p|length }}"
+    )
+    conversation = [{"role": "user", "content": "y" * 2000}] * 3000  # 6 MB; charged per store: 9 GB
+    assert template.render(conversation) == str(2001 * 3000)
+
+
 def _wrapper(template: ChatTemplate, messages: list[dict[str, Any]], **options: Any) -> str:
     from transformers.utils import chat_template_utils
 

@@ -19,7 +19,7 @@ few calls:
   the input's length, and every macro, ``caller()``, block or recursive ``loop()`` call
   charges one and may nest at most ``MAX_DEPTH`` deep;
 * **bytes**: every value written to the output or stored (``set``, ``with``, a macro's
-  string arguments) is charged its length; operations that multiply (``*``, ``**``,
+  string arguments) is charged its length (a namespace attribute what it grew by); operations that multiply (``*``, ``**``,
   ``%``, ``str.format`` widths, ``center``, ``indent``, ``replace``, ``join``,
   ``tojson(indent=...)``, ``lipsum``) are checked on their predicted size before they run.
 
@@ -312,6 +312,18 @@ def _keep(context: Context, value: Any) -> Any:
     if budget is not None:
         kind = type(value)
         budget.bytes -= len(value) if kind is str else _size(value)
+        if budget.bytes < 0:
+            budget.short("bytes")
+    return value
+
+
+@pass_context
+def _grow(context: Context, value: Any, before: Any) -> Any:
+    """A value stored in a namespace attribute: what it is larger than the attribute's
+    previous value charged."""
+    budget = _tls.budget
+    if budget is not None:
+        budget.bytes -= max(0, _size(value) - _size(before))
         if budget.bytes < 0:
             budget.short("bytes")
     return value
@@ -643,8 +655,8 @@ class _Dict:
 
 # Names of the checks in the environment's filters: not valid template identifiers' usual
 # spelling, and harmless if a template calls them itself (they only check and pass through).
-LOOP, OUT, KEEP, MUL, POW, MOD, MADE = (
-    f"__render_budget_{n}" for n in ("loop", "out", "keep", "mul", "pow", "mod", "made")
+LOOP, OUT, KEEP, GROW, MUL, POW, MOD, MADE = (
+    f"__render_budget_{n}" for n in ("loop", "out", "keep", "grow", "mul", "pow", "mod", "made")
 )
 
 
@@ -667,7 +679,7 @@ def install(environment: ImmutableSandboxedEnvironment) -> None:
     for name in ("batch", "slice"):
         if name in filters:
             filters[name] = _filling(filters[name])
-    filters.update({LOOP: _loop, OUT: _out, KEEP: _keep, MUL: _mul, POW: _pow, MOD: _mod, MADE: _made})
+    filters.update({LOOP: _loop, OUT: _out, KEEP: _keep, GROW: _grow, MUL: _mul, POW: _pow, MOD: _mod, MADE: _made})
     environment.filters = filters
     global_names = dict(environment.globals)
     global_names["range"] = _range
@@ -762,7 +774,12 @@ class _Rewriter:
         elif isinstance(node, nodes.For):
             node.iter = _check(node.iter, LOOP, nodes.Const(_literal_chars(node.body)))
         elif isinstance(node, nodes.Assign):
-            if not _refers(node.node):
+            if isinstance(node.target, nodes.NSRef) and not _refers(node.node):
+                # a namespace attribute outlives the iteration: what it grows by is charged,
+                # so an accumulator costs its final size and a doubling its final size too
+                before = nodes.Getattr(nodes.Name(node.target.name, "load"), node.target.attr, "load")
+                node.node = _check(node.node, GROW, before)
+            elif not _refers(node.node):
                 node.node = _check(node.node, KEEP)
         elif isinstance(node, nodes.With):
             node.values = [v if _refers(v) else _check(v, KEEP) for v in node.values]
