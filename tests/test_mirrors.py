@@ -21,9 +21,7 @@ NOT_MODULES = {"__init__.py", "__main__.py"}
 GENERATED = SRC / "gateway" / "proto"
 
 UNMIRRORED = frozenset({
-    "gateway_lab/bench/scenarios/control.py",
     "gateway_lab/bench/scenarios/faults.py",
-    "gateway_lab/bench/scenarios/front_doors.py",
     "gateway_lab/bench/scenarios/pd.py",
     "gateway_lab/bench/scenarios/scaleout.py",
     "gateway_lab/bench/soak.py",
