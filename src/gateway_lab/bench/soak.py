@@ -163,6 +163,14 @@ def _spec(rng: random.Random, model: str, disconnect_rate: float) -> _Spec:
     return _Spec(kind, path, body, stream, hang_up)
 
 
+def _json(body: bytes) -> Any:
+    """A body as JSON, or None when it is not (a proxy's HTML page, a plain-text 431)."""
+    try:
+        return orjson.loads(body) if body else None
+    except orjson.JSONDecodeError:
+        return None
+
+
 def _is_error_body(data: Any) -> bool:
     err = data.get("error") if isinstance(data, dict) else None
     return isinstance(err, dict) and bool(err.get("message")) and bool(err.get("type"))
@@ -172,7 +180,7 @@ async def _send(http: httpx.AsyncClient, spec: _Spec) -> tuple[str, str]:
     """(outcome, status or detail) of one request."""
     if not spec.stream:
         r = await http.post(spec.path, json=spec.body)
-        data = orjson.loads(r.content) if r.content else None
+        data = _json(r.content)
         if r.status_code == 200:
             ok = isinstance(data, (dict, list)) and not _is_error_body(data)
             return ("ok" if ok else "unclean"), "200"
@@ -180,7 +188,7 @@ async def _send(http: httpx.AsyncClient, spec: _Spec) -> tuple[str, str]:
     async with http.stream("POST", spec.path, json=spec.body) as r:
         if r.status_code != 200:
             body = await r.aread()
-            clean = _is_error_body(orjson.loads(body)) if body else False
+            clean = _is_error_body(_json(body))
             return ("clean_error" if clean else "unclean"), str(r.status_code)
         saw_error = saw_done = False
         events = 0
@@ -193,7 +201,7 @@ async def _send(http: httpx.AsyncClient, spec: _Spec) -> tuple[str, str]:
                     saw_done = True
                     break
                 events += 1
-                if _is_error_body(orjson.loads(payload)):
+                if _is_error_body(_json(payload.encode())):
                     saw_error = True
         except httpx.TransportError as exc:
             return "unclean", f"{type(exc).__name__} after 200 and {events} events (error event seen: {saw_error})"
