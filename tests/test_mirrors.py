@@ -24,7 +24,6 @@ UNMIRRORED = frozenset({
     "gateway_lab/bench/scenarios/faults.py",
     "gateway_lab/bench/scenarios/pd.py",
     "gateway_lab/bench/scenarios/scaleout.py",
-    "gateway_lab/bench/soak.py",
 })
 
 
