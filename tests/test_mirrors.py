@@ -22,7 +22,6 @@ GENERATED = SRC / "gateway" / "proto"
 
 UNMIRRORED = frozenset({
     "gateway_lab/bench/scenarios/faults.py",
-    "gateway_lab/bench/scenarios/pd.py",
     "gateway_lab/bench/scenarios/scaleout.py",
 })
 
