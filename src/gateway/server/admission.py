@@ -145,7 +145,7 @@ class Admission:
         self._idle = asyncio.Event()
         self._idle.set()
         self.in_flight = 0
-        self._held: Counter[str] = Counter()  # slots in flight by tenant
+        self._held: dict[str, int] = {}  # slots in flight by tenant
         self._seen: dict[str, float] = {}  # tenant -> when it last asked for a slot
         self.closed = False
         self.rejected_full = 0
@@ -167,15 +167,17 @@ class Admission:
     def _limits(self) -> tuple[int, int]:
         """(cap, reserve): slots admitted at once (0: no cap), and of those the ones only
         keys below their weighted share may take (``fair_reserve``)."""
-        cap = self.config.max_concurrent_requests
-        headroom = self.config.fleet_headroom
-        reserve = self.config.fair_reserve if cap > 0 else 0
-        if headroom >= 0:
-            slots, workers = self._fleet_slots()
-            if slots > 0:
-                fleet = slots + headroom * workers
-                if cap <= 0 or fleet < cap:
-                    cap, reserve = fleet, self.config.fair_reserve * workers
+        config = self.config
+        cap = config.max_concurrent_requests
+        headroom = config.fleet_headroom
+        if headroom < 0:
+            return cap, config.fair_reserve if cap > 0 else 0
+        reserve = config.fair_reserve if cap > 0 else 0
+        slots, workers = self._fleet_slots()
+        if slots > 0:
+            fleet = slots + headroom * workers
+            if cap <= 0 or fleet < cap:
+                cap, reserve = fleet, config.fair_reserve * workers
         return cap, reserve
 
     def _room(self, tenant: str, slots: int, cap: int, reserve: int) -> bool:
@@ -188,7 +190,7 @@ class Admission:
             return False
         if reserve <= 0 or after <= cap - reserve:
             return True
-        return self._held[tenant] < self._share(tenant, cap)
+        return self._held.get(tenant, 0) < self._share(tenant, cap)
 
     def _share(self, tenant: str, cap: int) -> float:
         """``tenant``'s weighted share of ``cap`` among the keys that asked for a slot in the
@@ -246,9 +248,10 @@ class Admission:
             )
         tenant = key or ANONYMOUS
         self._check_rate(tenant, weight)
-        self._seen[tenant] = self._clock()
+        if self.config.fair_reserve:
+            self._seen[tenant] = self._clock()
         cap, reserve = self._limits()
-        if not self._waiters and self._room(tenant, weight, cap, reserve):
+        if (cap <= 0 or self._room(tenant, weight, cap, reserve)) and not self._waiters:
             self._take(weight, tenant)
             return Ticket(self, weight, tenant)
         if self.queued >= self.config.max_queued_requests:
@@ -292,7 +295,8 @@ class Admission:
 
     def _take(self, weight: int, tenant: str) -> None:
         self.in_flight += weight
-        self._held[tenant] += weight
+        held = self._held
+        held[tenant] = held.get(tenant, 0) + weight
         self._idle.clear()
 
     def _release(self, weight: int, tenant: str) -> None:
