@@ -31,6 +31,7 @@ import asyncio
 import dataclasses
 import json
 import math
+import shlex
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -65,6 +66,7 @@ class FairnessConfig:
     system_tokens: int = option(512, "tokens of each group's system prompt")
     question_tokens: int = option(64, "tokens of each request's own question")
     output_tokens: int = option(32, "output tokens per request")
+    serve_args: str = option("", "more 'token-gateway serve' flags for the gateway, in one quoted string")
     json_out: str = option("", "write the figures as JSON to this file", flag="--json")
     markdown: str = option("", "write the table as Markdown to this file")
 
@@ -238,7 +240,10 @@ async def run_cell(config: FairnessConfig, fleet: str, queue: str, vocab: Any, t
             ]  # fmt: skip
             if weights:
                 args += ["--key-weights", *weights]
-            served = await ServeProcess.start(workers.urls, config.policy, extra_args=args, log_dir=scratch)
+            args += shlex.split(config.serve_args)
+            served = await ServeProcess.start(
+                workers.urls, config.policy, extra_args=args, log_dir=scratch, ready_timeout_s=180.0
+            )
             try:
                 results = await drive(served.url, loads, config)
             finally:
