@@ -71,3 +71,31 @@ async def test_grpc_calls_are_counted_and_logged_like_http_requests(
     assert 'token_gateway_time_to_first_token_seconds_count{endpoint="grpc StreamCompletion"} 1.0' in text
     lines = [r for r in caplog.records if r.name == "gateway.access"]
     assert any(getattr(r, "access", {}).get("endpoint") == "grpc Completion" for r in lines)
+
+
+@pytest.mark.stack(workers=1, sim=SLOW, sections={"admission": {"max_concurrent_requests": 1, "max_queued_requests": 8}})
+async def test_grpc_x_priority_metadata_orders_the_shared_queue(gstack: GrpcStack) -> None:
+    done: list[str] = []
+
+    async def grpc_call(label: str, priority: str | None) -> None:
+        metadata = (("x-priority", priority),) if priority is not None else None
+        assert (await gstack.client.complete("hello", max_tokens=2, metadata=metadata)).choices
+        done.append(label)
+
+    body = {"model": gstack.model, "prompt": "hello", "max_tokens": 2}
+    first = asyncio.ensure_future(gstack.http.http.post("/v1/completions", json=body))
+    for _ in range(100):  # bounded: until the HTTP request holds the only slot
+        if gstack.http.state.admission.in_flight:
+            break
+        await asyncio.sleep(0.005)
+    low = asyncio.ensure_future(grpc_call("low", "-1"))
+    await asyncio.sleep(0.1)
+    high = asyncio.ensure_future(grpc_call("high", "4"))
+    await asyncio.sleep(0.1)
+    assert gstack.http.state.admission.queued == 2
+    assert (await first).status_code == 200
+    await asyncio.wait_for(asyncio.gather(low, high), 30)
+    assert done == ["high", "low"]
+    with pytest.raises(GatewayRpcError) as err:
+        await gstack.client.complete("hello", max_tokens=1, metadata=(("x-priority", "soon"),))
+    assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
