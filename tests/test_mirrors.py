@@ -21,7 +21,6 @@ NOT_MODULES = {"__init__.py", "__main__.py"}
 GENERATED = SRC / "gateway" / "proto"
 
 UNMIRRORED = frozenset({
-    "gateway_lab/bench/scenarios/scaleout.py",
 })
 
 

@@ -1,0 +1,64 @@
+"""`token-gateway bench scaleout` (gateway_lab.bench.scenarios.scaleout), the parts that
+need no fleet: reading series, totals, histogram quantiles and sync budgets from several
+processes' expositions, the process tree's CPU, and the serve command line."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.exposition import generate_latest
+
+from gateway_lab.bench.scenarios import scaleout as scenario
+
+
+def _process(published: float, lags: list[float]) -> str:
+    registry = CollectorRegistry()
+    Counter("token_gateway_sync_published_bytes", "b", registry=registry).inc(published)
+    Counter("token_gateway_sync_published_decisions", "d", registry=registry).inc(10)
+    lag = Histogram("token_gateway_sync_lag_seconds", "l", buckets=(0.001, 0.01, 0.1), registry=registry)
+    for value in lags:
+        lag.observe(value)
+    return generate_latest(registry).decode()
+
+
+def test_series_totals_and_quantiles_over_every_process() -> None:
+    texts = [_process(1000, [0.0005] * 50), _process(3000, [0.005] * 50)]
+    assert scenario.total(texts, "token_gateway_sync_published_bytes_total") == 4000
+    assert len(scenario.series(texts, "token_gateway_sync_lag_seconds_count")) == 2
+    p50 = scenario.histogram_quantile(texts, "token_gateway_sync_lag_seconds", 0.5)
+    assert p50 is not None and p50 == pytest.approx(0.001)  # half the samples fall in the first bucket
+    p99 = scenario.histogram_quantile(texts, "token_gateway_sync_lag_seconds", 0.99)
+    assert p99 is not None and 0.001 < p99 <= 0.01
+    assert scenario.histogram_quantile(texts, "no_such_histogram", 0.5) is None
+    budgets = scenario.sync_budgets(texts, requests=100)
+    assert budgets["published_bytes_per_request"] == 40.0 and budgets["decisions_published"] == 20
+    assert budgets["lag_p50_ms"] == pytest.approx(1.0)
+
+
+def test_the_cpu_of_a_process_tree_counts_its_children() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.2: pass\ntime.sleep(5)"])
+    try:
+        for _ in range(100):  # bounded: until the child has burnt its CPU
+            if scenario.cpu_seconds(child.pid) >= 0.15:
+                break
+            time.sleep(0.05)
+        burnt = scenario.cpu_seconds(child.pid)
+        assert burnt > 0 and child.pid in scenario.children(os.getpid())
+        assert scenario.tree_cpu(os.getpid()) >= scenario.cpu_seconds(os.getpid()) + 0.9 * burnt
+        assert "time.process_time" in scenario.cmdline(child.pid)
+    finally:
+        child.kill()
+        child.wait()
+    assert scenario.children(2**22 + 777) == [] and scenario.cmdline(2**22 + 777) == ""
+
+
+def test_the_serve_command_line() -> None:
+    argv = scenario.serve_argv(["grpc://a:1"], "/scratch", "--processes", "2")
+    assert argv[1:4] == ["-m", "gateway", "serve"] and argv[-2:] == ["--processes", "2"]
+    assert argv[argv.index("--worker-urls") + 1] == "grpc://a:1" and "--tokenizer-cache-dir" in argv
+    assert scenario.load_note().startswith("load ")
