@@ -49,6 +49,8 @@ def test_chained_hashes_are_the_block_hashes_alone() -> None:
         toks = tokens(n, 4)
         assert chained_hashes(toks, 16) == reference_chain(toks, 16) == [h.hash for h in block_hashes(toks, 16)]
     assert chained_hashes(array("I", tokens(40, 5)), 8) == reference_chain(tokens(40, 5), 8)
+    for n in (0, 7, 8, 41):  # ids packed already, as a cache-aware policy packs a prompt
+        assert chained_hashes(array("I", tokens(n, 6)).tobytes(), 8) == reference_chain(tokens(n, 6), 8)
     with pytest.raises(ValueError):
         chained_hashes([1, 2], 0)
 

@@ -213,7 +213,7 @@ class Router:
                 later(quality.offered.offer, offer)
             raise NoWorkerAvailable(f"policy {policy.name} chose unknown worker {decision.worker_id!r}")
         notified = self._dispatching(request.model, role) if self._sink is not None else policy
-        miss = MissTicket(worker.id, request.token_ids, decision.reason)
+        miss = MissTicket(worker.id, request.token_ids, decision.reason, packed=prompt)
         later(_dispatched, quality, offer, miss)
         return Selection(worker, decision, notified, role, prompt, miss)
 

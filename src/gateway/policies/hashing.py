@@ -64,15 +64,20 @@ def block_hashes(tokens: Sequence[int] | array, block_size: int) -> list[BlockHa
     ]
 
 
-def chained_hashes(tokens: Sequence[int] | array, block_size: int) -> list[int]:
+def chained_hashes(tokens: Sequence[int] | array | bytes, block_size: int) -> list[int]:
     """The hashes of ``block_hashes`` alone, without a tuple per block (the request path's
-    bookkeeping hashes every prompt)."""
+    bookkeeping hashes every prompt). ``bytes`` are the ids packed already as native uint32
+    (``token_array(ids).tobytes()``, as a cache-aware policy packs a prompt)."""
     if block_size < 1:
         raise ValueError("block_size must be >= 1")
-    n_blocks = len(tokens) // block_size
+    if isinstance(tokens, bytes):
+        n_blocks = (len(tokens) >> 2) // block_size
+        data = tokens if not _BIG_ENDIAN else pack_tokens(array(_UINT32, tokens))
+    else:
+        n_blocks = len(tokens) // block_size
+        data = pack_tokens(tokens)  # the partial tail block too: cheaper than slicing it off first
     if n_blocks == 0:
         return []
-    data = pack_tokens(tokens)  # the partial tail block too: cheaper than slicing it off first
     step = 4 * block_size
     out: list[int] = []
     h = 0

@@ -53,6 +53,7 @@ class MissTicket:
     blocks: list[int] | None = None  # chained block hashes, computed off the request path
     runs: list[tuple[int, str]] = field(default_factory=list)  # (end block, cause) from block 0 on
     done: bool = False
+    packed: bytes = b""  # ``tokens`` packed as native uint32, when the policy packed them already
 
 
 @dataclass(slots=True)
@@ -95,7 +96,7 @@ class MissCauses:
         w = ticket.worker_id
         joined = self._joined.get(w)
         new = joined is not None and self._clock() - joined < self.new_worker_s
-        hashes = chained_hashes(ticket.tokens, self.block_tokens)
+        hashes = chained_hashes(ticket.packed or ticket.tokens, self.block_tokens)
         prefilling = self._prefilling.get(w)
         if prefilling is None:
             prefilling = self._prefilling[w] = {}
@@ -153,22 +154,25 @@ class MissCauses:
 
     def _charge(self, ticket: MissTicket, cached_tokens: int) -> None:
         last = len(ticket.tokens) - 1  # always computed by the worker: never a miss
-        start = max(0, cached_tokens)
+        start = cached_tokens if cached_tokens > 0 else 0
         if start >= last:
             return
         b = self.block_tokens
+        counts = self.counts
         first: str | None = None
         begin = 0
-        for end_block, cause in ticket.runs:
-            lo, hi = max(begin * b, start), min(end_block * b, last)
+        for end_block, cause in ticket.runs:  # (bounds by comparison: no min/max call per run)
+            lo = begin * b if begin * b > start else start
+            hi = end_block * b if end_block * b < last else last
             if hi > lo:
-                self.counts[cause].tokens += hi - lo
+                counts[cause].tokens += hi - lo
                 first = first or cause
             begin = end_block
         covered = begin * b
-        if last > max(covered, start):  # the partial tail block: new unless its whole prefix was known
+        tail = covered if covered > start else start
+        if last > tail:  # the partial tail block: new unless its whole prefix was known
             tail_cause = ticket.runs[-1][1] if ticket.runs else "first_sight"
-            self.counts[tail_cause].tokens += last - max(covered, start)
+            counts[tail_cause].tokens += last - tail
             first = first or tail_cause
         if first is not None:
             self.counts[first].requests += 1
