@@ -55,6 +55,7 @@ class AdmissionConfig:
     rate_limit_max_keys: int = option(10000, "API keys whose buckets are remembered (least recently used go first)")
     fleet_headroom: int = option(-1, "also queue in the gateway once the requests in flight reach the fleet's running slots (the sum of its workers' max_running_requests) plus this many per worker, so priorities and key weights decide who runs (-1: off; a worker that reports no max_running_requests turns it off)")
     key_weights: list[str] = option([], "KEY=WEIGHT: an API key's (or its id's) share of admission when requests queue, against the others' (default weight 1)")
+    fleet_slot_bound: bool = option(True, "with --fleet-headroom: offer the routing policy a worker whose running slots plus the headroom are all taken only while every worker's are (off: locality decides alone, and requests may wait in a full worker's first-come queue)")
     fair_reserve: int = option(0, "of the capped slots, this many (per worker with --fleet-headroom) are kept for API keys holding less than their weighted share: a light key's request finds a slot at once instead of waiting for a heavy key's to end (the fleet runs that many slots short while every key is at its share)")
     priority_aging_s: float = option(10.0, "every this many seconds in the queue raise a request's priority one level, so low priorities are not starved (0: no aging)")
     low_priority_values_first: bool = option(False, "a lower 'priority' value goes first (vLLM's sense); by default a higher one does (SGLang's)")

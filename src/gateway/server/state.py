@@ -104,7 +104,8 @@ class GatewayState:
             config.admission, on_reject=lambda reason: rejections.labels(reason=reason).inc(),
             fleet_slots=self._fleet_slots, weights=key_weights(config.admission.key_weights, server.api_keys),
         )
-        self.router.slot_headroom = config.admission.fleet_headroom
+        if config.admission.fleet_slot_bound:
+            self.router.slot_headroom = config.admission.fleet_headroom
         self.metrics.queue_depth.set_function(lambda: self.admission.queued)
         self.metrics.registry.register(QueueCollector(self.admission.waiting))
         self.auth = Authenticator(server.api_keys, config.security)

@@ -328,9 +328,15 @@ async def test_a_priority_that_is_not_an_integer_is_a_400(stack: Stack) -> None:
 )
 async def test_fleet_headroom_queues_in_the_gateway_past_the_workers_running_slots(stack: Stack) -> None:
     assert stack.state.admission.cap() == 2  # two workers of one running slot each
+    assert stack.state.router.slot_headroom == 0
     body = {"model": stack.model, "prompt": "hello", "max_tokens": 2}
     sends = [asyncio.ensure_future(stack.http.post("/v1/completions", json=body)) for _ in range(3)]
     await asyncio.sleep(0.3)
     assert stack.state.admission.in_flight == 2 and stack.state.admission.queued == 1
     assert all(r.status_code == 200 for r in await asyncio.wait_for(asyncio.gather(*sends), 30))
     assert stack.state.admission.in_flight == 0 and stack.state.admission.queued == 0
+
+
+@pytest.mark.stack(workers=2, sections={"admission": {"fleet_headroom": 1, "fleet_slot_bound": False}})
+async def test_the_slot_bound_follows_the_fleet_cap_unless_turned_off(stack: Stack) -> None:
+    assert stack.state.admission.cap() > 0 and stack.state.router.slot_headroom == -1
