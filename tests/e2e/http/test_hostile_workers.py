@@ -250,5 +250,8 @@ async def test_a_bad_tokenizer_download_is_a_502_with_the_reason(tmp_path: Path,
         assert body["code"] == "worker_registration_failed" and reason in body["message"], body["message"]
         assert gw.state.registry.all() == []
         assert (await gw.http.get("/health")).status_code == 200
-    assert endless.sent <= 24  # cut soon after 8 MiB (flow-control windows buffer a few more)
+    # Cut soon after 8 MiB: the chunks past it are what HTTP/2 flow-control windows and the
+    # server's send queue held when the call ended. gRPC's BDP probe grows those windows with
+    # timing, so the count moves (24-27 seen); an uncut download would run on without end.
+    assert endless.sent <= 40
     assert not await asyncio.to_thread(lambda: list(tmp_path.rglob("escaped.txt")))
