@@ -18,7 +18,7 @@ from gateway.pipeline.request_context import RequestContext
 from gateway.proto import gateway_pb2 as gpb
 from gateway.server.conversations_entry import ConversationsEntry
 from gateway.server.grpc import convert
-from gateway.server.grpc.responses import item_list
+from gateway.server.grpc.responses import item_list, page_args
 
 Unary = Callable[[aio.ServicerContext, str, Callable[[RequestContext], Awaitable[Any]]], Awaitable[Any]]
 
@@ -84,9 +84,7 @@ class ConversationsRpcs:
     async def ListConversationItems(self, request: gpb.ListConversationItemsRequest, context: aio.ServicerContext) -> gpb.ItemList:
         async def run(ctx: RequestContext) -> gpb.ItemList:
             page = await self.conversations_entry.list_items(
-                ctx, request.conversation_id, after=request.after if request.HasField("after") else None,
-                limit=request.limit if request.HasField("limit") else None,
-                order=request.order if request.HasField("order") else None,
+                ctx, request.conversation_id, **page_args(request)
             )
             return item_list(page)
 

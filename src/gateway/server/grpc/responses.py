@@ -100,6 +100,11 @@ def event_message(event: dict[str, Any]) -> gpb.ResponseEvent:
     )
 
 
+def page_args(request: Any) -> dict[str, Any]:
+    """A list request's optional paging fields, unset ones as None (the entries' defaults)."""
+    return {name: getattr(request, name) if request.HasField(name) else None for name in ("after", "limit", "order")}
+
+
 def item_list(page: dict[str, Any]) -> gpb.ItemList:
     return gpb.ItemList(
         data=[_struct(item) for item in page.get("data") or ()], first_id=page.get("first_id") or "",
@@ -155,9 +160,7 @@ class ResponsesRpcs:
     async def ListResponseInputItems(self, request: gpb.ListInputItemsRequest, context: aio.ServicerContext) -> gpb.ItemList:
         async def run(ctx: RequestContext) -> gpb.ItemList:
             page = await self.responses_entry.input_items(
-                ctx, request.response_id, after=request.after if request.HasField("after") else None,
-                limit=request.limit if request.HasField("limit") else None,
-                order=request.order if request.HasField("order") else None,
+                ctx, request.response_id, **page_args(request)
             )
             return item_list(page)
 
