@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import Any, cast
 
 from gateway.workers.breaker import CircuitBreaker
 from gateway.workers.client import TlsOptions, WorkerClient, parse_worker_url
@@ -56,27 +57,28 @@ GRPC_ENGINES: dict[str, type[WorkerClient]] = {"sglang": WorkerClient, "vllm": V
 ENGINES = ("auto", *HTTP_ENGINES)
 
 
-async def _grpc_engine(client: WorkerClient, engine: str | None, timeout: float) -> WorkerTransport:
-    """The client for the service a ``grpc(s)://`` worker serves: ``engine`` when given,
-    else asked of the worker (SGLang's scheduler service first; a worker that does not
-    know it is tried as vLLM's engine service)."""
+async def _engine_client(client: Any, engine: str | None, engines: dict[str, Any], timeout: float) -> WorkerTransport:
+    """The client of ``engines`` for the worker behind ``client`` (one transport's kinds):
+    ``engine`` when given, else asked of the worker: SGLang's API first; a worker that
+    answers it with UNIMPLEMENTED is taken as vLLM's. Any other failure stays with the
+    probe, which reports it."""
     if engine not in (None, "auto"):
-        if engine not in GRPC_ENGINES:
+        if engine not in engines:
             await client.close()
             raise WorkerRegistrationError(f"worker {client.url}: unknown engine {engine!r} (one of {ENGINES})")
-        chosen = GRPC_ENGINES[engine]
+        chosen = engines[engine]
         if type(client) is chosen:
-            return client
+            return cast(WorkerTransport, client)
         await client.close()
-        return client.same_worker_as(chosen)
+        return cast(WorkerTransport, client.same_worker_as(chosen))
     try:
         await client.model_info(timeout=timeout)
-        return client
+        return cast(WorkerTransport, client)
     except WorkerCallError as exc:
-        if exc.code is not CallCode.UNIMPLEMENTED or type(client) is not WorkerClient:
-            return client  # the probe reports the failure
+        if exc.code is not CallCode.UNIMPLEMENTED or type(client) is not engines["sglang"]:
+            return cast(WorkerTransport, client)
     await client.close()
-    return client.same_worker_as(VllmGrpcClient)
+    return cast(WorkerTransport, client.same_worker_as(engines["vllm"]))
 
 
 async def with_engine(
@@ -86,26 +88,10 @@ async def with_engine(
     from what answers (over HTTP SGLang's ``/get_model_info``, then vLLM's
     ``/v1/models``; over gRPC the service the worker knows). The tests' fakes pass through."""
     if isinstance(client, WorkerClient):
-        return await _grpc_engine(client, engine, timeout)
-    if not isinstance(client, HttpWorkerClient):
-        return client
-    if engine not in (None, "auto"):
-        if engine not in HTTP_ENGINES:
-            await client.close()
-            raise WorkerRegistrationError(f"worker {client.url}: unknown engine {engine!r} (one of {ENGINES})")
-        chosen = HTTP_ENGINES[engine]
-        if isinstance(client, chosen):
-            return client
-        await client.close()
-        return client.same_worker_as(chosen)
-    try:
-        await client.model_info(timeout=timeout)
-        return client
-    except WorkerCallError as exc:
-        if exc.code is not CallCode.UNIMPLEMENTED or not isinstance(client, SglangHttpClient):
-            return client  # the probe reports the failure
-    await client.close()
-    return client.same_worker_as(VllmHttpClient)
+        return await _engine_client(client, engine, GRPC_ENGINES, timeout)
+    if isinstance(client, HttpWorkerClient):
+        return await _engine_client(client, engine, HTTP_ENGINES, timeout)
+    return client
 
 
 class WorkerRegistry:
