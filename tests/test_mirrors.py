@@ -57,3 +57,9 @@ def test_the_rule_reads_the_tree() -> None:
     found = modules_with_logic()
     assert "gateway/pipeline/engine.py" in found and "gateway_lab/bench/soak.py" in found
     assert "gateway/proto/gateway_pb2.py" not in found
+
+
+def test_the_mirror_of_a_module() -> None:
+    assert mirror(SRC / "gateway" / "pipeline" / "engine.py") == TESTS / "pipeline" / "test_engine.py"
+    assert mirror(SRC / "gateway" / "cli.py") == TESTS / "test_cli.py"
+    assert mirror(SRC / "gateway_lab" / "sim" / "radix_cache.py") == TESTS / "lab" / "sim" / "test_radix_cache.py"
