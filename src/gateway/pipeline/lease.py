@@ -205,6 +205,7 @@ class Lease:
         if self._unwatch is not None:
             self._unwatch()
             self._unwatch = None
+        self._kill = None  # a worker stream's bound method: kept, it would close a reference cycle
         call = self._call
         if call is not None and (stop or abort is not None):
             call.cancel()

@@ -163,8 +163,14 @@ class _Request:
         """Wait for the client to leave; then cancel the request's task (its worker stream
         with it). After the response is complete uvicorn reports a disconnect too: ignored."""
         receive = self.receive
-        while (await receive())["type"] != "http.disconnect":
-            pass
+        try:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+        except asyncio.CancelledError:
+            # The request ended first (the usual case). Returning, not raising, keeps the
+            # error's traceback (this frame, and through it the request's whole object
+            # graph) out of a reference cycle that only the cyclic collector could free.
+            return
         if not self.complete:
             self.gone = True
             self.task.cancel()
@@ -235,8 +241,13 @@ class _Request:
         finally:
             if watch is not None:
                 watch.cancel()  # not started yet: never will be
-            if self.watcher is not None and not self.watcher.done():
-                self.watcher.cancel()
+            watcher = self.watcher
+            if watcher is not None:
+                # Dropped, not only cancelled: a task cancelled before its first step keeps
+                # the error's traceback, whose frame holds this request.
+                self.watcher = None
+                if not watcher.done():
+                    watcher.cancel()
             for ticket in self.tickets:
                 ticket.release()
 
