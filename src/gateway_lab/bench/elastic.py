@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import json
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -122,30 +121,20 @@ async def run_one(
     *, fleet_name: str, elastic: bool,
 ) -> ElasticRun:
     """One run on a fresh fleet of ``peak_workers``, the gateway starting with ``start_workers``."""
-    from gateway.server.config import GatewayConfig, ServerConfig
+    from gateway_lab.bench import launch
     from gateway_lab.bench.driver import DriverConfig, run_workload
     from gateway_lab.bench.inprocess import serve_in_process
-    from gateway_lab.bench.matrix import parse_variant, sim_config, split_knobs
+    from gateway_lab.bench.matrix import sim_config
     from gateway_lab.bench.report import summarize
-    from gateway_lab.sim.fleet import SimFleet
 
     mc = matrix_config(_as_trace_bench(config), shape)
-    name, knobs = parse_variant(policy)
-    knobs, gate = split_knobs(knobs)
     driver = DriverConfig(
         concurrency=config.per_worker_concurrency * config.peak_workers, duration_s=config.run_timeout_s,
         request_timeout_s=120.0,
     )  # fmt: skip
-    async with SimFleet.start(config.peak_workers, sim_config(mc)) as fleet:
+    async with launch.fleet("sim", config.peak_workers, sim_config(mc)) as fleet:
         urls = fleet.urls
-        gw = GatewayConfig(
-            server=ServerConfig(
-                worker_urls=urls[: config.start_workers], tokenizer_path=tokenizer_dir,
-                tokenizer_cache_dir=scratch, log_level="warning",
-            )
-        )  # fmt: skip
-        gw.policy = dataclasses.replace(gw.policy, policy=name, **knobs)
-        gw.dispatch = dataclasses.replace(gw.dispatch, **gate)
+        gw = launch.ours_config(urls[: config.start_workers], policy, tokenizer_dir, scratch)
         async with serve_in_process(gw) as served:
             state = served.state
             original = [w.id for w in state.registry.all()]
@@ -247,9 +236,8 @@ async def run_elastic(config: ElasticConfig, trace: TraceConfig, console: Any, t
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
-    from rich.table import Table
 
-    from gateway_lab.bench.machine import facts
+    from gateway_lab.bench.results import Result, Table, write
     from gateway_lab.bench.workloads import default_tokenizer_dir
 
     try:
@@ -262,31 +250,19 @@ def run(args: argparse.Namespace) -> int:
     console = Console()
     if not console.is_terminal:
         console = Console(width=180)
-    started = facts()
+    result = Result()
     pairs = asyncio.run(run_elastic(config, trace, console, str(default_tokenizer_dir())))
-    rows = [row(e, s, config) for e, s in pairs]
-    table = Table(title=f"elastic fleet {config.start_workers} -> {config.peak_workers} -> {config.end_workers}",
-                  title_justify="left")
-    for i, h in enumerate(HEADER):
-        table.add_column(h, justify="left" if i < 2 else "right")
-    for r in rows:
-        table.add_row(*r)
-    console.print(table)
-    if config.markdown:
-        md = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)] + ["| " + " | ".join(r) + " |" for r in rows]
-        Path(config.markdown).write_text("\n".join(md) + "\n")
-    if config.json_out:
-        data = {
-            "machine": started | {"load_avg_end": facts()["load_avg"]},
-            "elastic": dataclasses.asdict(config),
-            "trace": dataclasses.asdict(trace),
-            "rows": [dict(zip(HEADER, r, strict=True)) for r in rows],
-            "runs": [
-                {"fleet": r.fleet, "policy": r.policy, "elastic": r.elastic, "added_at": r.added_at,
-                 "removed_at": r.removed_at, "original": r.original, "added": r.added, "removed": r.removed,
-                 "summary": r.summary.to_dict()}
-                for pair in pairs for r in pair
-            ],
-        }  # fmt: skip
-        Path(config.json_out).write_text(json.dumps(data, indent=2))
+    title = f"elastic fleet {config.start_workers} -> {config.peak_workers} -> {config.end_workers}"
+    result.tables.append(Table.of(title, HEADER, [row(e, s, config) for e, s in pairs]))
+    result.data = {
+        "elastic": dataclasses.asdict(config),
+        "trace": dataclasses.asdict(trace),
+        "runs": [
+            {"fleet": r.fleet, "policy": r.policy, "elastic": r.elastic, "added_at": r.added_at,
+             "removed_at": r.removed_at, "original": r.original, "added": r.added, "removed": r.removed,
+             "summary": r.summary.to_dict()}
+            for pair in pairs for r in pair
+        ],
+    }  # fmt: skip
+    write(result, console, json_path=config.json_out, markdown_path=config.markdown)
     return 0 if all(e.summary.errors == 0 and s.summary.errors == 0 for e, s in pairs) else 1

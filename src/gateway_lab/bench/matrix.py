@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import json
 import signal
 import tempfile
 import time
@@ -36,7 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from gateway.settings import add_options, from_namespace, option
-from gateway_lab.bench.machine import facts
+from gateway_lab.bench import launch
+from gateway_lab.bench.launch import knob_flags, parse_variant
+from gateway_lab.bench.results import Result, Table, write
 from gateway_lab.bench.workloads import ChatConfig, GspConfig, LongMixConfig, ZipfGspConfig
 
 MATRIX_WORKLOADS = ["gsp", "chat", "long-mix", "zipf-gsp"]
@@ -131,58 +132,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 # ---------------------------------------------------------------------------- one cell
 
 
-def parse_variant(policy: str) -> tuple[str, dict[str, Any]]:
-    """``NAME[:knob=value,...]`` -> (NAME, typed overrides), for ablation cells: knobs of
-    ``PolicyConfig``, the prefill gate's (``prefill_gate*``, ``DispatchConfig``) and
-    ``reply_token_reuse`` (``ServerConfig``)."""
-    from gateway.pipeline.dispatch import DispatchConfig
-    from gateway.policies.factory import PolicyConfig
-    from gateway.server.config import ServerConfig
-
-    name, _, rest = policy.partition(":")
-    knobs: dict[str, Any] = {}
-    if not rest:
-        return name, knobs
-    fields: dict[str, type] = {f.name: PolicyConfig for f in dataclasses.fields(PolicyConfig)}
-    fields |= {f.name: DispatchConfig for f in dataclasses.fields(DispatchConfig) if f.name.startswith("prefill_gate")}
-    fields["reply_token_reuse"] = ServerConfig
-    for item in rest.split(","):
-        key, sep, raw = item.partition("=")
-        key = key.strip().replace("-", "_")
-        if not sep or key not in fields or key in ("policy", "seed"):
-            raise ValueError(f"{item!r} in {policy!r} is not knob=value of a policy or prefill-gate setting")
-        default = getattr(fields[key](), key)
-        if isinstance(default, bool):
-            if raw.lower() not in ("true", "false", "1", "0", "on", "off"):
-                raise ValueError(f"{key} takes true/false, not {raw!r}")
-            knobs[key] = raw.lower() in ("true", "1", "on")
-        elif isinstance(default, int):
-            knobs[key] = int(raw)
-        elif isinstance(default, float):
-            knobs[key] = float(raw)
-        else:
-            knobs[key] = raw
-    return name, knobs
-
-
-def split_knobs(knobs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(PolicyConfig knobs, DispatchConfig knobs) of a parsed variant."""
-    gate = {k: v for k, v in knobs.items() if k.startswith("prefill_gate")}
-    return {k: v for k, v in knobs.items() if k not in gate}, gate
-
-
-def knob_flags(knobs: dict[str, Any]) -> list[str]:
-    """A parsed variant's knobs as ``serve`` flags (for the gateway in its own process)."""
-    out: list[str] = []
-    for key, value in knobs.items():
-        flag = "--" + key.replace("_", "-")
-        if isinstance(value, bool):
-            out.append(flag if value else "--no-" + key.replace("_", "-"))
-        else:
-            out += [flag, str(value)]
-    return out
-
-
 def sim_config(config: MatrixConfig) -> Any:
     from gateway_lab.sim.config import SimConfig
 
@@ -258,14 +207,13 @@ async def run_cell(
     """A fresh in-process fleet, a gateway (``gateway``) with ``policy``, one run of ``workload``."""
     from gateway_lab.bench.driver import DriverConfig, run_workload
     from gateway_lab.bench.report import summarize
-    from gateway_lab.sim.fleet import SimFleet
 
     driver = DriverConfig(
         concurrency=config.per_worker_concurrency * workers,
         duration_s=config.run_timeout_s,
         request_timeout_s=config.request_timeout_s,
     )
-    async with SimFleet.start(workers, sim_config(config)) as fleet:
+    async with launch.fleet("sim", workers, sim_config(config)) as fleet:
         def drive(url: str, label: str) -> Any:
             return run_workload(url, workload, driver, label=label, on_result=on_result)
 
@@ -283,49 +231,29 @@ async def _drive(
     fleet: Any, workload: Any, policy: str, config: MatrixConfig, tokenizer_dir: str, scratch: str,
     gateway: str, drive: Any,
 ) -> Any:  # fmt: skip
+    name, knobs = parse_variant(policy)
     if gateway == "ours":
         from gateway.policies.oracle import OraclePolicy
-        from gateway.server.config import GatewayConfig, ServerConfig
         from gateway_lab.bench.inprocess import serve_in_process
 
-        gw_config = GatewayConfig(
-            server=ServerConfig(
-                worker_urls=fleet.urls, tokenizer_path=tokenizer_dir, tokenizer_cache_dir=scratch, log_level="warning"
-            )
-        )
+        oracle = name == "oracle"
+        gw_config = launch.ours_config(fleet.urls, policy, tokenizer_dir, scratch, seed=config.seed, own_policy=not oracle)
         maker = None
-        name, knobs = parse_variant(policy)
-        gw_config.server.reply_token_reuse = knobs.pop("reply_token_reuse", True)
-        knobs, gate = split_knobs(knobs)
-        gw_config.dispatch = dataclasses.replace(gw_config.dispatch, **gate)
-        if name == "oracle":
+        if oracle:
             reader = true_cache_reader(fleet)
             extra = {k: v for k, v in knobs.items() if k in ("hot_prefix_min_tokens", "hot_prefix_window")}
             maker = lambda role: OraclePolicy(reader, **extra)  # noqa: E731
-        else:
-            gw_config.policy = dataclasses.replace(gw_config.policy, policy=name, seed=config.seed, **knobs)
         async with serve_in_process(gw_config, policy_maker=maker) as served:
             return await drive(served.url, policy)
     if gateway == "ours-process":
-        from gateway_lab.bench.serve_process import ServeProcess
-
-        name, knobs = parse_variant(policy)
         args = ["--tokenizer-path", tokenizer_dir, "--tokenizer-cache-dir", scratch, "--log-level", "warning",
                 *knob_flags(knobs)]
-        proc = await ServeProcess.start(fleet.urls, name, extra_args=args)
-        try:
+        async with launch.gateway("ours", fleet.urls, name, extra_args=args) as proc:
             return await drive(proc.url, policy)
-        finally:
-            await proc.stop()
-            proc.remove_log()
-    from gateway_lab.bench.peers import PeerProcess
-
-    peer = await PeerProcess.start(config.peers_python, gateway, fleet.urls, policy, tokenizer_dir)
-    try:
+    async with launch.gateway(
+        gateway, fleet.urls, policy, peers_python=config.peers_python, tokenizer_dir=tokenizer_dir
+    ) as peer:
         return await drive(peer.url, f"{gateway} {policy}")
-    finally:
-        await peer.stop()
-        peer.remove_log()
 
 
 # ---------------------------------------------------------------------------- the matrix
@@ -555,35 +483,18 @@ PEER_HEADER = [
 ]  # fmt: skip
 
 
-def _rich(title: str, header: list[str], rows: list[list[str]]) -> Any:
-    from rich.table import Table
-
-    table = Table(title=title, title_justify="left")
-    for i, h in enumerate(header):
-        table.add_column(h, justify="left" if i < 2 else "right")
-    for row in rows:
-        table.add_row(*row)
-    return table
-
-
-def _md(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(lines)
-
-
-def tables(cells: list[Cell], config: MatrixConfig) -> list[tuple[str, list[str], list[list[str]]]]:
-    """(title, header, rows) of every table the run prints."""
+def tables(cells: list[Cell], config: MatrixConfig) -> list[Table]:
+    """Every table the run prints."""
     out = []
     names = list(dict.fromkeys(c.workload for c in cells if c.gateway in OURS and c.workload != PEER_WORKLOAD))
     for w in names:
-        out.append((f"{w}", WORKLOAD_HEADER, workload_rows(cells, w, config.workers, config.policies)))
+        out.append(Table.of(f"{w}", WORKLOAD_HEADER, workload_rows(cells, w, config.workers, config.policies)))
     scaling = scaling_rows(cells, names, config.workers)
     if scaling:
-        out.append(("scaling: cache_aware against round_robin and the oracle", SCALING_HEADER, scaling))
+        out.append(Table.of("scaling: cache_aware against round_robin and the oracle", SCALING_HEADER, scaling))
     peers = peer_rows(cells)
     if peers:
-        out.append((f"peers: gsp (text prompts), {config.peer_workers} workers", PEER_HEADER, peers))
+        out.append(Table.of(f"peers: gsp (text prompts), {config.peer_workers} workers", PEER_HEADER, peers))
     return out
 
 
@@ -609,7 +520,7 @@ def run(args: argparse.Namespace) -> int:
     if not console.is_terminal:  # a log file: do not squeeze the tables into 80 columns
         console = Console(width=160)
     tokenizer_dir = str(default_tokenizer_dir())
-    started = facts()
+    result = Result()
     try:
         cells = asyncio.run(run_matrix(config, args, console, tokenizer_dir))
     except KeyboardInterrupt:
@@ -617,26 +528,17 @@ def run(args: argparse.Namespace) -> int:
         return 130
     finally:
         signal.signal(signal.SIGTERM, previous)
-    rendered = tables(cells, config)
-    for title, header, rows in rendered:
-        console.print(_rich(title, header, rows))
-    if config.json_out:
-        data = {
-            "machine": started | {"load_avg_end": facts()["load_avg"]},
-            "matrix": dataclasses.asdict(config),
-            "workloads": {
-                "gsp": dataclasses.asdict(from_namespace(GspConfig, args)),
-                "chat": dataclasses.asdict(from_namespace(ChatConfig, args)),
-                "long-mix": dataclasses.asdict(from_namespace(LongMixConfig, args)),
-                "zipf-gsp": dataclasses.asdict(from_namespace(ZipfGspConfig, args)),
-            },
-            "cells": [c.to_dict() for c in cells],
-        }
-        Path(config.json_out).write_text(json.dumps(data, indent=2))
-        console.print(f"figures written to {config.json_out}")
-    if config.markdown:
-        text = "\n\n".join(f"#### {t}\n\n{_md(h, r)}" for t, h, r in rendered)
-        Path(config.markdown).write_text(text + "\n")
-        console.print(f"tables written to {config.markdown}")
+    result.tables = tables(cells, config)
+    result.data = {
+        "matrix": dataclasses.asdict(config),
+        "workloads": {
+            "gsp": dataclasses.asdict(from_namespace(GspConfig, args)),
+            "chat": dataclasses.asdict(from_namespace(ChatConfig, args)),
+            "long-mix": dataclasses.asdict(from_namespace(LongMixConfig, args)),
+            "zipf-gsp": dataclasses.asdict(from_namespace(ZipfGspConfig, args)),
+        },
+        "cells": [c.to_dict() for c in cells],
+    }
+    write(result, console, json_path=config.json_out, markdown_path=config.markdown)
     failed = [c for c in cells if c.summary is None or c.summary.errors]
     return 1 if failed else 0

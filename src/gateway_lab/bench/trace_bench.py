@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,30 +127,20 @@ async def run_trace_cell(
 ) -> tuple[Any, dict[str, Any]]:
     """One cell as ``bench matrix`` runs it, plus the gateway's misses by cause at the end."""
     from gateway.pipeline.offpath import run_pending
-    from gateway.server.config import GatewayConfig, ServerConfig
+    from gateway_lab.bench import launch
     from gateway_lab.bench.driver import DriverConfig, run_workload
     from gateway_lab.bench.inprocess import serve_in_process
-    from gateway_lab.bench.matrix import Cell, parse_variant, sim_config, sim_figures, split_knobs
+    from gateway_lab.bench.matrix import Cell, sim_config, sim_figures
     from gateway_lab.bench.report import summarize
-    from gateway_lab.sim.fleet import SimFleet
 
     workers = config.workers[0]
     driver = DriverConfig(
         concurrency=config.per_worker_concurrency * workers, duration_s=config.run_timeout_s,
         request_timeout_s=config.request_timeout_s,
     )  # fmt: skip
-    name, knobs = parse_variant(policy)
-    knobs, gate = split_knobs(knobs)
     misses: dict[str, Any] = {}
-    async with SimFleet.start(workers, sim_config(config)) as fleet:
-        gw = GatewayConfig(
-            server=ServerConfig(
-                worker_urls=fleet.urls, tokenizer_path=tokenizer_dir, tokenizer_cache_dir=scratch, log_level="warning"
-            )
-        )
-        gw.policy = dataclasses.replace(gw.policy, policy=name, **knobs)
-        gw.dispatch = dataclasses.replace(gw.dispatch, **gate)
-        async with serve_in_process(gw) as served:
+    async with launch.fleet("sim", workers, sim_config(config)) as fleet:
+        async with serve_in_process(launch.ours_config(fleet.urls, policy, tokenizer_dir, scratch)) as served:
             run = await run_workload(served.url, workload, driver, label=policy)
             run_pending()
             for (_, pool), q in served.state.router.qualities().items():
@@ -213,9 +202,8 @@ async def run_trace_bench(
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
-    from rich.table import Table
 
-    from gateway_lab.bench.machine import facts
+    from gateway_lab.bench.results import Result, Table, write
     from gateway_lab.bench.workloads import default_tokenizer_dir
 
     bench = from_namespace(TraceBenchConfig, args)
@@ -227,34 +215,20 @@ def run(args: argparse.Namespace) -> int:
     console = Console()
     if not console.is_terminal:
         console = Console(width=160)
-    started = facts()
+    result = Result()
     try:
         rows, lines = asyncio.run(run_trace_bench(bench, trace, console, str(default_tokenizer_dir())))
     except KeyboardInterrupt:
         console.print("interrupted")
         return 130
-    table = Table(title=f"trace {Path(bench.trace).name}", title_justify="left")
-    for i, h in enumerate(HEADER):
-        table.add_column(h, justify="left" if i < 2 else "right")
-    rendered = [cell_row(fleet, cell, ideals) for fleet, cell, ideals in rows]
-    for row in rendered:
-        table.add_row(*row)
-    for line in lines:
-        console.print(line)
-    console.print(table)
-    if bench.markdown:
-        md = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
-        md += ["| " + " | ".join(r) + " |" for r in rendered]
-        Path(bench.markdown).write_text("\n".join([*lines, "", *md]) + "\n")
-    if bench.json_out:
-        data = {
-            "machine": started | {"load_avg_end": facts()["load_avg"]},
-            "bench": dataclasses.asdict(bench),
-            "trace": dataclasses.asdict(trace),
-            "fleets": {f: dataclasses.asdict(FLEETS[f]) for f in bench.fleets},
-            "cells": [
-                {"fleet": f, "ideals": dataclasses.asdict(i), **c.to_dict()} for f, c, i in rows
-            ],
-        }
-        Path(bench.json_out).write_text(json.dumps(data, indent=2))
+    table = Table.of(f"trace {Path(bench.trace).name}", HEADER, [cell_row(fleet, cell, ideals) for fleet, cell, ideals in rows])
+    result.tables.append(table)
+    result.notes += lines
+    result.data = {
+        "bench": dataclasses.asdict(bench),
+        "trace": dataclasses.asdict(trace),
+        "fleets": {f: dataclasses.asdict(FLEETS[f]) for f in bench.fleets},
+        "cells": [{"fleet": f, "ideals": dataclasses.asdict(i), **c.to_dict()} for f, c, i in rows],
+    }
+    write(result, console, json_path=bench.json_out, markdown_path=bench.markdown)
     return 0 if all(c.summary is not None and c.summary.errors == 0 for _, c, _ in rows) else 1

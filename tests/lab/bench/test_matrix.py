@@ -82,27 +82,6 @@ def test_peer_command_line() -> None:
         peer_argv("py", "vllm-router", [], "cache_aware", "/tok", 1, 2)
 
 
-def test_variants_take_policy_and_prefill_gate_knobs_and_become_serve_flags() -> None:
-    name, knobs = matrix.parse_variant("cache_aware:prefill_weight=0.5,prefill_gate=off,prefill-gate-min-tokens=256")
-    assert name == "cache_aware" and knobs == {"prefill_weight": 0.5, "prefill_gate": False, "prefill_gate_min_tokens": 256}
-    policy, gate = matrix.split_knobs(knobs)
-    assert policy == {"prefill_weight": 0.5} and gate == {"prefill_gate": False, "prefill_gate_min_tokens": 256}
-    assert matrix.knob_flags(knobs) == [
-        "--prefill-weight", "0.5", "--no-prefill-gate", "--prefill-gate-min-tokens", "256",
-    ]  # fmt: skip
-    # the flags are the gateway's own: serve parses them
-    serve = build_parser().parse_args(["serve", *matrix.knob_flags(knobs)])
-    assert serve.prefill_weight == 0.5 and serve.prefill_gate is False and serve.prefill_gate_min_tokens == 256
-    with pytest.raises(ValueError, match="not knob=value"):
-        matrix.parse_variant("cache_aware:request_timeout_s=3")
+def test_our_gateway_can_run_as_its_own_process() -> None:
     args = _args("--gateway", "ours-process")
     assert args.gateway == "ours-process"
-
-
-def test_reply_token_reuse_variant_becomes_a_serve_flag() -> None:
-    name, knobs = matrix.parse_variant("oracle:reply_token_reuse=off")
-    assert name == "oracle" and knobs == {"reply_token_reuse": False}
-    assert matrix.knob_flags(knobs) == ["--no-reply-token-reuse"]
-    serve = build_parser().parse_args(["serve", *matrix.knob_flags(knobs)])
-    assert serve.reply_token_reuse is False
-    assert build_parser().parse_args(["serve"]).reply_token_reuse is True

@@ -55,7 +55,7 @@ from gateway.policies.prefill_gate import PrefillGate, slot_free
 from gateway.policies.radix_tree import RadixTree, pack
 from gateway.workers.watchdog import ProgressTracker
 from gateway_lab.bench import machine
-from gateway_lab.bench.matrix import parse_variant, split_knobs
+from gateway_lab.bench.launch import parse_variant, split_knobs
 from gateway_lab.bench.workloads import OUTPUT_SPREADS, output_length
 
 VOCAB = 150_000

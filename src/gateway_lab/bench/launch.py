@@ -1,0 +1,228 @@
+"""Start what a benchmark measures, one way for every scenario: a fleet of workers of a
+given kind, our gateway or a peer (SMG) in front of it, and stop both however the run ends.
+
+Fleets (``fleet(kind, n, ...)``):
+
+* ``sim``: simulated workers in this process (``SimFleet``): their caches, counters and
+  fault knobs are at hand;
+* ``process``: simulated workers in one child process (``SubprocessFleet``): their cost
+  stays out of this process's CPU, their counters arrive when they stop;
+* ``zero``: zero-cost workers with no step loop (``ZeroFleet``), for gateway CPU figures.
+
+Gateways (``gateway(kind, urls, policy, ...)``): ``ours`` is ``token-gateway serve`` in a
+child process (``ServeProcess``; ``argv`` replaces its command line, ``env`` its
+environment, e.g. another checkout's ``PYTHONPATH``), ``smg`` the peer from
+``scripts/peers.sh`` (``PeerProcess``). ``ours_config`` builds our settings for a policy
+variant, for ``bench.inprocess.serve_in_process`` (scenarios that read the gateway's state).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import dataclasses
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, overload
+
+from gateway_lab.sim.config import SimConfig
+
+if TYPE_CHECKING:
+    from gateway.server.config import GatewayConfig
+    from gateway_lab.bench.peers import PeerProcess
+    from gateway_lab.bench.serve_process import ServeProcess
+    from gateway_lab.bench.zero_fleet import ZeroFleet
+    from gateway_lab.sim.fleet import SimFleet, SubprocessFleet
+
+FLEETS = ("sim", "process", "zero")
+PEERS = ("smg",)  # peers.PEER_MODULES: what scripts/peers.sh installs
+GATEWAYS = ("ours", *PEERS)
+PEERS_PYTHON = ".peers-venv/bin/python"  # scripts/peers.sh installs it in the checkout
+
+# workers whose steps cost nothing: what a gateway adds is all there is to measure
+ZERO_COST = SimConfig(step_base_s=0.0, prefill_token_s=0.0, decode_seq_s=0.0, time_scale=0.0)
+
+
+@overload
+def fleet(kind: Literal["sim"], n: int, sim: SimConfig | None = ..., **options: Any) -> contextlib.AbstractAsyncContextManager[SimFleet]: ...
+@overload
+def fleet(kind: Literal["process"], n: int, sim: SimConfig | None = ..., **options: Any) -> contextlib.AbstractAsyncContextManager[SubprocessFleet]: ...
+@overload
+def fleet(kind: Literal["zero"], n: int, sim: SimConfig | None = ..., **options: Any) -> contextlib.AbstractAsyncContextManager[ZeroFleet]: ...
+def fleet(kind: str, n: int, sim: SimConfig | None = None, **options: Any) -> contextlib.AbstractAsyncContextManager[Any]:  # fmt: skip
+    """``n`` workers of ``kind``, stopped on exit. ``options`` go to the fleet's class:
+    ``roles``, ``engine`` or ``tls`` (sim); ``roles``, ``extra_args`` or ``ready_timeout``
+    (process); ``tokenizer_dir``, ``step_s`` or ``processes`` (zero)."""
+    if kind not in FLEETS:
+        raise ValueError(f"unknown fleet kind {kind!r}; known: {', '.join(FLEETS)}")
+    if n < 1:
+        raise ValueError(f"a fleet needs at least one worker, not {n}")
+    return _fleet(kind, n, sim, options)
+
+
+@contextlib.asynccontextmanager
+async def _fleet(kind: str, n: int, sim: SimConfig | None, options: dict[str, Any]) -> AsyncIterator[Any]:
+    if kind == "sim":
+        from gateway_lab.sim.fleet import SimFleet
+
+        async with SimFleet.start(n, sim, **options) as in_process:
+            yield in_process
+    elif kind == "process":
+        from gateway_lab.sim.fleet import SubprocessFleet
+
+        child = SubprocessFleet(n, sim, **options)
+        atexit.register(child.kill)  # in case this process dies before the finally below
+        try:
+            async with child:
+                yield child
+        finally:
+            child.kill()  # also when the start itself was cancelled
+            atexit.unregister(child.kill)
+    else:
+        from gateway_lab.bench.workloads import default_tokenizer_dir
+        from gateway_lab.bench.zero_fleet import ZeroFleet
+
+        tokenizer_dir = Path(options.pop("tokenizer_dir", None) or default_tokenizer_dir())
+        async with ZeroFleet(n, tokenizer_dir, **options) as zero:
+            yield zero
+
+
+@dataclass(frozen=True, slots=True)
+class Gateway:
+    """A gateway under test: where to send requests, and its process for CPU and RSS."""
+
+    kind: str
+    url: str
+    pid: int
+    log_path: Path
+    ready_info: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@contextlib.asynccontextmanager
+async def gateway(
+    kind: str,
+    urls: Sequence[str],
+    policy: str,
+    *,
+    extra_args: Sequence[str] = (),
+    argv: Sequence[str] = (),
+    name: str = "",
+    env: dict[str, str] | None = None,
+    log_dir: str | Path | None = None,
+    ready_timeout_s: float = 60.0,
+    peers_python: str = PEERS_PYTHON,
+    tokenizer_dir: str = "",
+    keep_log: bool = False,
+) -> AsyncIterator[Gateway]:
+    """Gateway ``kind`` routing with ``policy`` over ``urls``; stopped on exit, its log removed
+    after a clean run unless ``keep_log``. A gateway that fails to start raises with its log's tail."""
+    process: ServeProcess | PeerProcess
+    if kind == "ours":
+        from gateway_lab.bench.serve_process import ServeProcess
+
+        options: dict[str, Any] = {"ready_timeout_s": ready_timeout_s, "log_dir": log_dir, "env": env}
+        if argv:
+            process = await ServeProcess.launch(argv, name or f"gateway-{policy}", **options)
+        else:
+            process = await ServeProcess.start(urls, policy, extra_args=extra_args, **options)
+        info = process.ready_info
+    elif kind in PEERS:
+        from gateway_lab.bench.peers import PeerProcess
+        from gateway_lab.bench.workloads import default_tokenizer_dir
+
+        tokenizer = tokenizer_dir or str(default_tokenizer_dir())
+        process = await PeerProcess.start(peers_python, kind, urls, policy, tokenizer, ready_timeout_s=ready_timeout_s)
+        info = {}
+    else:
+        raise ValueError(f"unknown gateway {kind!r}; known: {', '.join(GATEWAYS)}")
+    clean = False
+    try:
+        yield Gateway(kind, process.url, process.process.pid, process.log_path, info)
+        clean = True
+    finally:
+        await process.stop()
+        if clean and not keep_log:  # a failed run keeps its log for the post-mortem
+            process.remove_log()
+
+
+# ---------------------------------------------------------------------------- policy variants
+
+
+def parse_variant(policy: str) -> tuple[str, dict[str, Any]]:
+    """``NAME[:knob=value,...]`` -> (NAME, typed overrides), for ablation cells: knobs of
+    ``PolicyConfig``, the prefill gate's (``prefill_gate*``, ``DispatchConfig``) and
+    ``reply_token_reuse`` (``ServerConfig``)."""
+    from gateway.pipeline.dispatch import DispatchConfig
+    from gateway.policies.factory import PolicyConfig
+    from gateway.server.config import ServerConfig
+
+    name, _, rest = policy.partition(":")
+    knobs: dict[str, Any] = {}
+    if not rest:
+        return name, knobs
+    fields: dict[str, type] = {f.name: PolicyConfig for f in dataclasses.fields(PolicyConfig)}
+    fields |= {f.name: DispatchConfig for f in dataclasses.fields(DispatchConfig) if f.name.startswith("prefill_gate")}
+    fields["reply_token_reuse"] = ServerConfig
+    for item in rest.split(","):
+        key, sep, raw = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or key not in fields or key in ("policy", "seed"):
+            raise ValueError(f"{item!r} in {policy!r} is not knob=value of a policy or prefill-gate setting")
+        default = getattr(fields[key](), key)
+        if isinstance(default, bool):
+            if raw.lower() not in ("true", "false", "1", "0", "on", "off"):
+                raise ValueError(f"{key} takes true/false, not {raw!r}")
+            knobs[key] = raw.lower() in ("true", "1", "on")
+        elif isinstance(default, int):
+            knobs[key] = int(raw)
+        elif isinstance(default, float):
+            knobs[key] = float(raw)
+        else:
+            knobs[key] = raw
+    return name, knobs
+
+
+def split_knobs(knobs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(PolicyConfig knobs, DispatchConfig knobs) of a parsed variant."""
+    gate = {k: v for k, v in knobs.items() if k.startswith("prefill_gate")}
+    return {k: v for k, v in knobs.items() if k not in gate}, gate
+
+
+def knob_flags(knobs: dict[str, Any]) -> list[str]:
+    """A parsed variant's knobs as ``serve`` flags (for the gateway in its own process)."""
+    out: list[str] = []
+    for key, value in knobs.items():
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            out.append(flag if value else "--no-" + key.replace("_", "-"))
+        else:
+            out += [flag, str(value)]
+    return out
+
+
+def ours_config(
+    urls: Sequence[str], variant: str, tokenizer_dir: str, scratch: str, *, seed: int | None = None,
+    own_policy: bool = True,
+) -> GatewayConfig:
+    """Our gateway's settings for ``NAME[:knob=value,...]`` (``parse_variant``) over ``urls``.
+
+    ``own_policy=False`` leaves the policy settings at their defaults, for a policy the
+    caller makes itself (the oracle); the gate and reply knobs still apply."""
+    from gateway.server.config import GatewayConfig, ServerConfig
+
+    config = GatewayConfig(
+        server=ServerConfig(
+            worker_urls=list(urls), tokenizer_path=tokenizer_dir, tokenizer_cache_dir=scratch, log_level="warning"
+        )
+    )
+    name, knobs = parse_variant(variant)
+    config.server.reply_token_reuse = knobs.pop("reply_token_reuse", True)
+    knobs, gate = split_knobs(knobs)
+    config.dispatch = dataclasses.replace(config.dispatch, **gate)
+    if seed is not None:
+        knobs["seed"] = seed
+    if own_policy:
+        config.policy = dataclasses.replace(config.policy, policy=name, **knobs)
+    return config
+
