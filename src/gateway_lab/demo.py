@@ -155,11 +155,8 @@ async def _run_policy(
     task: Any,
 ) -> Any:
     """A fresh fleet, a gateway with ``policy``, one workload run; everything stopped after."""
-    import atexit
-
+    from gateway_lab.bench import launch
     from gateway_lab.bench.driver import RequestResult, run_workload
-    from gateway_lab.bench.serve_process import ServeProcess
-    from gateway_lab.sim.fleet import SubprocessFleet
 
     tally = {"prompt": 0, "cached": 0, "errors": 0}
 
@@ -172,25 +169,15 @@ async def _run_policy(
         hit = f"{100 * tally['cached'] / tally['prompt']:.1f}%" if tally["prompt"] else "-"
         progress.update(task, advance=1, hit=hit, errors=tally["errors"])
 
-    fleet = SubprocessFleet(config.workers, sim_config, ready_timeout=config.ready_timeout_s)
-    atexit.register(fleet.kill)  # in case this process dies before the finally below
-    try:
-        progress.update(task, description=f"{policy} (starting)")
-        async with fleet:
-            name, variant_args = policy_variant(policy)
-            gateway = await ServeProcess.start(
-                fleet.urls, name, extra_args=[*gateway_args, *variant_args], ready_timeout_s=config.ready_timeout_s
-            )
-            try:
-                progress.update(task, description=policy)
-                progress.start_task(task)
-                run = await run_workload(gateway.url, workload, driver, label=policy, on_result=on_result)
-            finally:
-                await gateway.stop()
-            gateway.remove_log()
-    finally:
-        fleet.kill()
-        atexit.unregister(fleet.kill)
+    progress.update(task, description=f"{policy} (starting)")
+    name, variant_args = policy_variant(policy)
+    async with launch.fleet("process", config.workers, sim_config, ready_timeout=config.ready_timeout_s) as fleet:
+        async with launch.gateway(
+            "ours", fleet.urls, name, extra_args=[*gateway_args, *variant_args], ready_timeout_s=config.ready_timeout_s
+        ) as gateway:
+            progress.update(task, description=policy)
+            progress.start_task(task)
+            run = await run_workload(gateway.url, workload, driver, label=policy, on_result=on_result)
     run.worker_counters = {str(w["url"]): w for w in (fleet.counters or {}).get("workers", [])}
     return run
 
@@ -239,13 +226,13 @@ def _verdict(summaries: list[RunSummary]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     import asyncio
-    import json
     import signal
-    from pathlib import Path
 
     from rich.console import Console
 
     from gateway_lab.bench import report
+    from gateway_lab.bench.machine import facts
+    from gateway_lab.bench.results import write
 
     config = from_namespace(DemoConfig, args)
     gsp_config = from_namespace(GspConfig, args)
@@ -255,6 +242,7 @@ def run(args: argparse.Namespace) -> int:
     if unknown or not config.policies:
         raise SystemExit(f"unknown policies {unknown}; choose from {', '.join(POLICY_NAMES)}")
     console = Console()
+    started = facts()
     interrupted: list[int] = []
 
     async def main() -> list[RunSummary]:
@@ -283,16 +271,13 @@ def run(args: argparse.Namespace) -> int:
             return 1
         console.print("[yellow]interrupted: every process the demo started has been stopped[/]")
         return 130
-    console.print(report.comparison_table(summaries, title="token-gateway demo: policies side by side"))
-    for line in report.errors_text(summaries):
-        console.print(f"[red]{line}[/]")
+    extra = {"workload": dataclasses.asdict(gsp_config), "demo": dataclasses.asdict(config)}
+    result = report.comparison(summaries, "token-gateway demo: policies side by side", **extra)
+    result.machine = started
     verdict = _verdict(summaries)
     if verdict:
-        console.print(verdict)
-    if config.json_out:
-        extra = {"workload": dataclasses.asdict(gsp_config), "demo": dataclasses.asdict(config)}
-        Path(config.json_out).write_text(json.dumps(report.report_json(summaries, **extra), indent=2))
-        console.print(f"figures written to {config.json_out}")
+        result.notes.append(verdict)
+    write(result, console, json_path=config.json_out)
     if config.plot:
         from gateway_lab.bench.plot import plot_comparison
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -113,6 +112,8 @@ def run(args: argparse.Namespace) -> int:
 
     from gateway_lab.bench import report
     from gateway_lab.bench.driver import run_workload
+    from gateway_lab.bench.machine import facts
+    from gateway_lab.bench.results import write
     from gateway_lab.bench.workloads import write_trace
 
     config = from_namespace(BenchConfig, args)
@@ -121,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
     if not targets or any(not url for _, _, url in targets):
         raise SystemExit("give at least one --target LABEL=URL")
     console = Console()
+    started = facts()
     workload = build_workload(config, args)
     if config.save_trace:
         write_trace(workload, config.save_trace)
@@ -146,12 +148,10 @@ def run(args: argparse.Namespace) -> int:
         return 130
     ideal = ideal_for(workload, runs, config)
     summaries = [report.summarize(r, ideal_hit_rate=ideal) for r in runs]
-    console.print(report.comparison_table(summaries, title=f"{workload.name}: {len(workload)} requests"))
-    for line in report.errors_text(summaries):
-        console.print(f"[red]{line}[/]")
-    if config.json_out:
-        params = dict(workload.params) | {"driver": dataclasses.asdict(driver)}
-        Path(config.json_out).write_text(json.dumps(report.report_json(summaries, workload=params), indent=2))
+    params = dict(workload.params) | {"driver": dataclasses.asdict(driver)}
+    result = report.comparison(summaries, f"{workload.name}: {len(workload)} requests", workload=params)
+    result.machine = started
+    write(result, console, json_path=config.json_out)
     if config.plot:
         from gateway_lab.bench.plot import plot_comparison
 

@@ -29,14 +29,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import json
 import math
 import shlex
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from gateway.settings import add_options, from_namespace, option
@@ -211,9 +209,8 @@ async def drive(url: str, loads: dict[str, tuple[str, Any]], config: FairnessCon
 
 
 async def run_cell(config: FairnessConfig, fleet: str, queue: str, vocab: Any, tokenizer_dir: str, scratch: str) -> Cell:
-    from gateway_lab.bench.serve_process import ServeProcess
+    from gateway_lab.bench import launch
     from gateway_lab.sim.config import SimConfig
-    from gateway_lab.sim.fleet import SubprocessFleet
 
     shape: FleetShape = FLEETS[fleet]
     sim = SimConfig(
@@ -231,23 +228,19 @@ async def run_cell(config: FairnessConfig, fleet: str, queue: str, vocab: Any, t
 
     async def one_run(loads: dict[str, tuple[str, Any]], weights: list[str]) -> dict[str, list[Any]]:
         nonlocal prompt, cached
-        async with SubprocessFleet(config.workers, sim) as workers:
-            args = [
-                "--tokenizer-path", tokenizer_dir, "--tokenizer-cache-dir", scratch, "--log-level", "warning",
-                "--api-keys", *[key for key, _ in loads.values()], "--fleet-headroom", str(headroom),
-                "--fair-reserve", str(reserve), "--max-queued-requests", "100000",
-                "--queue-timeout-s", str(config.duration_s + config.grace_s),
-            ]  # fmt: skip
-            if weights:
-                args += ["--key-weights", *weights]
-            args += shlex.split(config.serve_args)
-            served = await ServeProcess.start(
-                workers.urls, config.policy, extra_args=args, log_dir=scratch, ready_timeout_s=180.0
-            )
-            try:
-                results = await drive(served.url, loads, config)
-            finally:
-                await served.stop()
+        args = [
+            "--tokenizer-path", tokenizer_dir, "--tokenizer-cache-dir", scratch, "--log-level", "warning",
+            "--api-keys", *[key for key, _ in loads.values()], "--fleet-headroom", str(headroom),
+            "--fair-reserve", str(reserve), "--max-queued-requests", "100000",
+            "--queue-timeout-s", str(config.duration_s + config.grace_s),
+        ]  # fmt: skip
+        if weights:
+            args += ["--key-weights", *weights]
+        args += shlex.split(config.serve_args)
+        async with launch.fleet("process", config.workers, sim) as workers, launch.gateway(
+            "ours", workers.urls, config.policy, extra_args=args, log_dir=scratch, ready_timeout_s=180.0
+        ) as served:
+            results = await drive(served.url, loads, config)
         for rs in results.values():
             for r in rs:
                 if r.ok:
@@ -290,9 +283,8 @@ async def run_all(config: FairnessConfig, console: Any, tokenizer_dir: str) -> l
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
-    from rich.table import Table
 
-    from gateway_lab.bench.machine import facts
+    from gateway_lab.bench.results import Result, Table, write
     from gateway_lab.bench.workloads import default_tokenizer_dir
 
     try:
@@ -302,25 +294,11 @@ def run(args: argparse.Namespace) -> int:
     console = Console()
     if not console.is_terminal:
         console = Console(width=200)
-    started = facts()
+    result = Result()
     cells = asyncio.run(run_all(config, console, str(default_tokenizer_dir())))
-    head = header(config)
-    rows = [row(c) for c in cells]
-    table = Table(title=f"fairness: light {config.light_rate:g}/s beside heavy x{config.heavy_factor:g}; "
-                        f"shares at {config.share_rate:g}/s each", title_justify="left")
-    for i, h in enumerate(head):
-        table.add_column(h, justify="left" if i < 2 else "right")
-    for r in rows:
-        table.add_row(*r)
-    console.print(table)
-    if config.markdown:
-        md = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in rows]
-        Path(config.markdown).write_text("\n".join(md) + "\n")
-    if config.json_out:
-        data = {
-            "machine": started | {"load_avg_end": facts()["load_avg"]},
-            "fairness": dataclasses.asdict(config),
-            "rows": [dict(zip(head, r, strict=True)) for r in rows],
-        }
-        Path(config.json_out).write_text(json.dumps(data, indent=2))
+    title = (f"fairness: light {config.light_rate:g}/s beside heavy x{config.heavy_factor:g}; "
+             f"shares at {config.share_rate:g}/s each")  # fmt: skip
+    result.tables.append(Table.of(title, header(config), [row(c) for c in cells]))
+    result.data = {"fairness": dataclasses.asdict(config)}
+    write(result, console, json_path=config.json_out, markdown_path=config.markdown)
     return 0

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from gateway_lab.bench.driver import RunResult
+from gateway_lab.bench.results import Result, Table
 
 TTFT_QUANTILES = (10, 25, 50, 75, 90, 99)
 
@@ -179,33 +180,20 @@ _ROWS: list[tuple[str, Any, Any, int]] = [
 ]
 
 
-def comparison_table(summaries: Sequence[RunSummary], title: str = "") -> Any:
-    """A ``rich`` table: one column per run (policy), one row per figure, best in bold."""
-    from rich.table import Table
-
-    table = Table(title=title or None, title_justify="left")
-    table.add_column("")
-    for s in summaries:
-        table.add_column(s.label, justify="right")
-    for name, get, fmt, better in _ROWS:
+def comparison_table(summaries: Sequence[RunSummary], title: str = "") -> Table:
+    """One column per run (policy), one row per figure, the best of each row marked."""
+    rows, best = [], set()
+    for r, (name, get, fmt, better) in enumerate(_ROWS):
         values = [get(s) for s in summaries]
         numeric = [v for v in values if isinstance(v, int | float) and not math.isnan(v)]
-        best = None
         if better and len(numeric) > 1 and len(set(numeric)) > 1:
-            best = max(numeric) if better > 0 else min(numeric)
-        cells = [
-            f"[bold green]{fmt(v)}[/]" if best is not None and v == best else fmt(v)
-            for v in values
-        ]
-        table.add_row(name, *cells)
-    return table
+            top = max(numeric) if better > 0 else min(numeric)
+            best |= {(r, 1 + i) for i, v in enumerate(values) if v == top}
+        rows.append([name, *(fmt(v) for v in values)])
+    return Table.of(title, ["figure", *(s.label for s in summaries)], rows, labels=1, best=frozenset(best))
 
 
-def errors_text(summaries: Sequence[RunSummary]) -> list[str]:
-    """One line per distinct error message of each run (the first few)."""
-    return [f"{s.label}: {e}" for s in summaries for e in s.first_errors]
-
-
-def report_json(summaries: Sequence[RunSummary], **extra: Any) -> dict[str, Any]:
-    """A JSON-ready dict: ``{"runs": [...], **extra}``."""
-    return {"runs": [s.to_dict() for s in summaries], **extra}
+def comparison(summaries: Sequence[RunSummary], title: str = "", **data: Any) -> Result:
+    """The runs side by side, their errors as notes; JSON ``{"runs": [...], **data}``."""
+    notes = [f"{s.label}: {e}" for s in summaries for e in s.first_errors]
+    return Result([comparison_table(summaries, title)], notes, {"runs": [s.to_dict() for s in summaries], **data})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -11,12 +12,13 @@ from gateway_lab.bench.driver import RequestResult, RunResult
 from gateway_lab.bench.plot import plot_comparison
 from gateway_lab.bench.report import (
     Spread,
+    comparison,
     comparison_table,
     percentile,
-    report_json,
     summarize,
     worker_counts,
 )
+from gateway_lab.bench.results import rich_table
 
 
 def _ok(i: int, worker: str, prompt: int, cached: int, ttft: float, latency: float) -> RequestResult:
@@ -83,11 +85,17 @@ def test_spread_edge_cases() -> None:
 def test_table_and_json() -> None:
     a, b = summarize(_run("round_robin"), ideal_hit_rate=0.8), summarize(_run("cache_aware"))
     console = Console(width=160, record=True)
-    console.print(comparison_table([a, b], title="demo"))
+    table = comparison_table([a, b], title="demo")
+    console.print(rich_table(table))
     text = console.export_text()
     for needle in ("round_robin", "cache_aware", "cache hit rate", "50.0%", "80.0%", "TTFT p99"):
         assert needle in text
-    data = json.loads(json.dumps(report_json([a, b], workload={"G": 1})))
+    assert table.header == ("figure", "round_robin", "cache_aware") and table.labels == 1
+    assert table.best == frozenset()  # equal runs: nothing is best
+    faster = comparison_table([a, dataclasses.replace(b, output_tok_s=2 * b.output_tok_s)])
+    assert faster.best == {([r[0] for r in faster.rows].index("output tok/s"), 2)}
+    result = comparison([a, b], "demo", workload={"G": 1})
+    data = json.loads(json.dumps(result.to_json()))
     assert [r["label"] for r in data["runs"]] == ["round_robin", "cache_aware"]
     assert data["runs"][0]["hit_rate"] == 0.5 and "ttfts_s" not in data["runs"][0]
     assert data["workload"] == {"G": 1}
