@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from google.protobuf.descriptor_pb2 import FileDescriptorProto
 
-from gateway.proto import common_pb2, sglang_scheduler_pb2, vllm_engine_pb2
+from gateway.proto import common_pb2, sglang_scheduler_pb2, trtllm_service_pb2, vllm_engine_pb2
 
-OUR_MODULES = (sglang_scheduler_pb2, common_pb2, vllm_engine_pb2)
+OUR_MODULES = (sglang_scheduler_pb2, common_pb2, vllm_engine_pb2, trtllm_service_pb2)
 
 # The RPCs DESIGN.md ("The wire contract with SGLang workers") says the gateway uses.
 DESIGN_RPCS = (
@@ -33,6 +33,12 @@ ACCEPTED_OMISSIONS: dict[str, frozenset[int]] = {
     # comes back only for media the gateway never sends.
     "vllm.grpc.engine.GenerateRequest": frozenset({7, 10, 11}),
     "vllm.grpc.engine.GenerateComplete": frozenset({15}),
+    # TensorRT-LLM: the gateway sends no LoRA adapter (13), prompt-tuning table (14),
+    # multimodal input (15), KV retention hint (16), TensorRT-LLM disaggregation of its
+    # own kind (17) or lookahead settings (18), so their messages are not declared; it
+    # never asks for timings (10) or logits (11, 12), which come back only on request.
+    "trtllm.GenerateRequest": frozenset({13, 14, 15, 16, 17, 18}),
+    "trtllm.GenerateComplete": frozenset({10, 11, 12}),
 }
 
 

@@ -36,7 +36,7 @@ def run_official(command: str, payload: dict[str, Any], *, timeout: float = 60.0
 @contextmanager
 def official_server(log_path: Path, *, start_timeout: float = 20.0, command: str = "serve") -> Iterator[int]:
     """An official-stub servicer on 127.0.0.1 (SglangScheduler; ``command="serve-vllm"``:
-    VllmEngine); yields its port."""
+    VllmEngine; ``"serve-trtllm"``: TrtllmService); yields its port."""
     process = subprocess.Popen(
         [sys.executable, str(SCRIPT), command, str(log_path)],
         stdin=subprocess.PIPE,

@@ -6,8 +6,8 @@ in one process. The tests run this script with `sys.executable` and exchange
 serialized messages as base64 in JSON.
 
 Commands (JSON on stdin, JSON on stdout):
-  describe     the reference FileDescriptorProtos of sglang_scheduler.proto, common.proto
-               and vllm_engine.proto
+  describe     the reference FileDescriptorProtos of sglang_scheduler.proto, common.proto,
+               vllm_engine.proto and trtllm_service.proto
   roundtrip    parse given bytes with the official classes, re-serialize them, and
                build the same plans with the official classes
   serve LOG    run an official SglangSchedulerServicer on 127.0.0.1:0, print
@@ -16,6 +16,7 @@ Commands (JSON on stdin, JSON on stdout):
                with the official stub
   serve-vllm LOG  run an official VllmEngineServicer answering as vLLM's servicer does
                (VLLM_* below), logging every request to LOG
+  serve-trtllm LOG  the same for TensorRT-LLM's TrtllmService (scenario.TRT_*)
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ from smg_grpc_proto.generated import (
     common_pb2,
     sglang_scheduler_pb2,
     sglang_scheduler_pb2_grpc,
+    trtllm_service_pb2,
+    trtllm_service_pb2_grpc,
     vllm_engine_pb2,
     vllm_engine_pb2_grpc,
 )
@@ -55,7 +58,9 @@ from smg_grpc_proto.generated import (
 from interop import scenario
 from interop.populate import Plan, canonical, populate, unknown_fields
 
-REFERENCE_FILES = (sglang_scheduler_pb2.DESCRIPTOR, common_pb2.DESCRIPTOR, vllm_engine_pb2.DESCRIPTOR)
+REFERENCE_FILES = (
+    sglang_scheduler_pb2.DESCRIPTOR, common_pb2.DESCRIPTOR, vllm_engine_pb2.DESCRIPTOR, trtllm_service_pb2.DESCRIPTOR,
+)
 _SERVICE = sglang_scheduler_pb2.DESCRIPTOR.services_by_name["SglangScheduler"]
 
 
@@ -266,6 +271,61 @@ def serve_vllm(log_path: str) -> None:
     server.stop(grace=None)
 
 
+class OfficialTrtllmServicer(trtllm_service_pb2_grpc.TrtllmServiceServicer):
+    """TensorRT-LLM's service on the official classes, answering as ``scenario.TRT_*`` says:
+    chunks with running counts and a complete holding every id, as its servicer sends them."""
+
+    def __init__(self, log: _Log) -> None:
+        self._log = log
+
+    def Generate(self, request: Message, context: grpc.ServicerContext) -> Iterator[Message]:
+        self._log.record("Generate", request)
+        t = trtllm_service_pb2
+        counts = {"prompt_tokens": scenario.TRT_PROMPT_TOKENS, "cached_tokens": scenario.TRT_CACHED}
+        every = [i for ids in scenario.TRT_STREAM for i in ids]
+        for index in range(max(1, request.sampling_config.num_return_sequences)):
+            if request.streaming:
+                yield t.GenerateResponse(request_id=request.request_id, chunk=t.GenerateStreamChunk(
+                    sequence_index=index, **counts))  # nothing yet: an empty chunk
+                total = 0
+                for ids in scenario.TRT_STREAM:
+                    total += len(ids)
+                    yield t.GenerateResponse(request_id=request.request_id, chunk=t.GenerateStreamChunk(
+                        token_ids=ids, completion_tokens=total, sequence_index=index, **counts))
+            yield t.GenerateResponse(request_id=request.request_id, complete=t.GenerateComplete(
+                output_token_ids=every, completion_tokens=len(every), finish_reason="stop_word",
+                matched_token_id=every[-1], sequence_index=index, **counts))
+
+    def HealthCheck(self, request: Message, context: grpc.ServicerContext) -> Message:
+        self._log.record("HealthCheck", request)
+        return trtllm_service_pb2.HealthCheckResponse(status="OK")
+
+    def Abort(self, request: Message, context: grpc.ServicerContext) -> Message:
+        self._log.record("Abort", request)
+        return trtllm_service_pb2.AbortResponse(success=False, message=f"Request {request.request_id} not found")
+
+    def GetModelInfo(self, request: Message, context: grpc.ServicerContext) -> Message:
+        self._log.record("GetModelInfo", request)
+        return trtllm_service_pb2.GetModelInfoResponse(
+            model_id="org/m", max_input_len=scenario.TRT_CONTEXT - 1, max_seq_len=scenario.TRT_CONTEXT,
+            max_batch_size=8, vocab_size=scenario.TRT_VOCAB,
+        )
+
+    def GetServerInfo(self, request: Message, context: grpc.ServicerContext) -> Message:
+        self._log.record("GetServerInfo", request)
+        return trtllm_service_pb2.GetServerInfoResponse(version="1.0", backend="pytorch", tensor_parallel_size=1)
+
+
+def serve_trtllm(log_path: str) -> None:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    trtllm_service_pb2_grpc.add_TrtllmServiceServicer_to_server(OfficialTrtllmServicer(_Log(Path(log_path))), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    print(json.dumps({"port": port}), flush=True)
+    sys.stdin.read()  # the test closes our stdin to stop us
+    server.stop(grace=None)
+
+
 def client(request: dict[str, Any]) -> dict[str, Any]:
     """Call `target` with the official stub: Generate streaming and not, then each
     method in `unary` with an empty request. Replies come back as canonical dicts
@@ -303,6 +363,9 @@ def main(argv: list[str]) -> int:
         return 0
     if command == "serve-vllm":
         serve_vllm(argv[2])
+        return 0
+    if command == "serve-trtllm":
+        serve_trtllm(argv[2])
         return 0
     result = COMMANDS[command](json.load(sys.stdin))
     json.dump(result, sys.stdout)

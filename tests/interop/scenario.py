@@ -68,3 +68,12 @@ VLLM_CACHED = 32
 VLLM_BLOCK = 16
 VLLM_KV = 9000
 VLLM_CONTEXT = 4096
+
+# What the official TensorRT-LLM peer (official_side.py serve-trtllm) answers: streamed, an
+# empty chunk, two chunks with running counts and a complete holding every id (stopped on
+# a stop word); unstreamed, the complete alone; the facts its servicer reports.
+TRT_STREAM = ((21, 22), (23,))
+TRT_PROMPT_TOKENS = 40
+TRT_CACHED = 16
+TRT_CONTEXT = 4096
+TRT_VOCAB = 1000

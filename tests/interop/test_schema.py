@@ -145,3 +145,30 @@ def test_the_vllm_engine_file_was_compared_message_by_message(
     assert VLLM_RPCS <= {m.name for m in their_service.method}
     field = next(f for f in our_messages["vllm.grpc.engine.SamplingParams"].field if f.name == "top_k")
     assert field.type == FieldDescriptorProto.TYPE_UINT32  # vLLM's top_k is unsigned, SGLang's is not
+
+
+# The RPCs the gateway makes on a TensorRT-LLM gRPC worker (workers/trtllm_grpc.py): all
+# the service has (it has no GetLoads and no FlushCache).
+TRTLLM_RPCS = frozenset({
+    "Generate", "Embed", "HealthCheck", "Abort", "GetModelInfo", "GetServerInfo", "GetTokenizer", "SubscribeKvEvents",
+})
+
+
+def test_the_trtllm_service_file_was_compared_message_by_message(
+    reference_files: dict[str, FileDescriptorProto],
+) -> None:
+    """trtllm_service.proto: every message and the service were seen by the comparison, the
+    service is TensorRT-LLM's by its full name and declares every RPC the reference has."""
+    (ours,) = [f for f in our_files() if f.name == "trtllm_service.proto"]
+    theirs = reference_files["trtllm_service.proto"]
+    assert ours.package == theirs.package == "trtllm"
+    assert not differences([ours], [theirs])
+    our_messages, their_messages = messages(ours), messages(theirs)
+    assert len(our_messages) >= 20
+    assert set(our_messages) <= set(their_messages)
+    (service,) = services(ours).values()
+    assert f"{ours.package}.{service.name}" == "trtllm.TrtllmService"
+    (their_service,) = services(theirs).values()
+    assert {m.name for m in service.method} == TRTLLM_RPCS == {m.name for m in their_service.method}
+    field = next(f for f in our_messages["trtllm.GenerateRequest"].field if f.name == "max_tokens")
+    assert field.type == FieldDescriptorProto.TYPE_UINT32 and field.number == 5

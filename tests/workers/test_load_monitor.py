@@ -53,3 +53,22 @@ async def test_only_needed_live_workers_are_polled_and_failures_keep_old_figures
     none = LoadMonitor(f.registry, lambda w: False)
     assert not await none.poll_once()
     assert none.interval_s() == 0.5
+
+
+async def test_a_worker_whose_engine_has_no_loads_is_not_asked() -> None:
+    plain, loadless = FakeTransport("grpc://a:1"), FakeTransport("grpc://b:1")
+    loadless.lacks = frozenset({"loads"})
+    asked: list[str] = []
+
+    def answering(name: str) -> object:
+        async def loads(*, timeout: float = 2.0, include: object = ()) -> pb.GetLoadsResponse:
+            asked.append(name)
+            return pb.GetLoadsResponse(loads=[_rank(num_running_reqs=1)])
+        return loads
+
+    plain.loads = answering("a")  # type: ignore[method-assign]
+    loadless.loads = answering("b")  # type: ignore[method-assign]
+    f = await fleet(plain, loadless)
+    monitor = LoadMonitor(f.registry, lambda w: True, LoadMonitorConfig(load_poll_interval_s=0))
+    assert await monitor.poll_once()
+    assert asked == ["a"] and f.worker("b:1").polled is None

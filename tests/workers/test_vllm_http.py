@@ -102,7 +102,7 @@ async def test_the_engine_is_detected_or_named() -> None:
         named = await with_engine(SglangHttpClient(url), "vllm", 5.0)  # the override wins
         assert isinstance(named, VllmHttpClient)
         await named.close()
-        with pytest.raises(WorkerRegistrationError, match="unknown engine"):
+        with pytest.raises(WorkerRegistrationError, match="not served over this transport"):
             await with_engine(SglangHttpClient(url), "trtllm", 5.0)
 
 

@@ -3,7 +3,7 @@
 Policies that weigh the workers' own queue figures (``policy.needs_loads``) read
 them from ``Worker.polled`` through ``WorkerView.loads``; ``needed(worker)`` says
 whether the policy of the worker's pool is one of them, and other workers are not
-asked at all.
+asked at all, nor are workers whose engine has no loads to give (``lacks``).
 """
 
 from __future__ import annotations
@@ -76,7 +76,10 @@ class LoadMonitor(Periodic):
 
     async def poll_once(self) -> bool:
         """Poll the live workers whose pool's policy needs loads; returns whether any was."""
-        workers = [w for w in self.registry.all() if not w.draining and w.healthy and self.needed(w)]
+        workers = [
+            w for w in self.registry.all()
+            if not w.draining and w.healthy and "loads" not in w.client.lacks and self.needed(w)
+        ]
         await asyncio.gather(*(self.poll(w) for w in workers))
         return bool(workers)
 

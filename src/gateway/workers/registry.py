@@ -17,6 +17,7 @@ from gateway.workers.breaker import CircuitBreaker
 from gateway.workers.client import TlsOptions, WorkerClient, parse_worker_url
 from gateway.workers.sglang_http import HttpWorkerClient, SglangHttpClient
 from gateway.workers.transport import CallCode, WorkerCallError, WorkerTransport
+from gateway.workers.trtllm_grpc import TrtllmGrpcClient
 from gateway.workers.vllm_grpc import VllmGrpcClient
 from gateway.workers.vllm_http import VllmHttpClient
 from gateway.workers.watchdog import ProgressTracker
@@ -53,32 +54,41 @@ class WorkerRegistrationError(Exception):
 HTTP_ENGINES: dict[str, type[SglangHttpClient] | type[VllmHttpClient]] = {
     "sglang": SglangHttpClient, "vllm": VllmHttpClient,
 }
-GRPC_ENGINES: dict[str, type[WorkerClient]] = {"sglang": WorkerClient, "vllm": VllmGrpcClient}
-ENGINES = ("auto", *HTTP_ENGINES)
+# Asked in this order when the engine is not named: each answers its own service, and a
+# worker that answers a service's GetModelInfo with UNIMPLEMENTED is asked the next one's.
+GRPC_ENGINES: dict[str, type[WorkerClient]] = {
+    "sglang": WorkerClient, "vllm": VllmGrpcClient, "trtllm": TrtllmGrpcClient,
+}
+ENGINES = ("auto", *dict.fromkeys([*HTTP_ENGINES, *GRPC_ENGINES]))
 
 
 async def _engine_client(client: Any, engine: str | None, engines: dict[str, Any], timeout: float) -> WorkerTransport:
     """The client of ``engines`` for the worker behind ``client`` (one transport's kinds):
-    ``engine`` when given, else asked of the worker: SGLang's API first; a worker that
-    answers it with UNIMPLEMENTED is taken as vLLM's. Any other failure stays with the
-    probe, which reports it."""
+    ``engine`` when given, else asked of the worker, each engine's API in the table's
+    order until one is not UNIMPLEMENTED. Any other failure stays with the probe, which
+    reports it."""
     if engine not in (None, "auto"):
         if engine not in engines:
             await client.close()
-            raise WorkerRegistrationError(f"worker {client.url}: unknown engine {engine!r} (one of {ENGINES})")
+            raise WorkerRegistrationError(
+                f"worker {client.url}: engine {engine!r} is not served over this transport (one of {tuple(engines)})"
+            )
         chosen = engines[engine]
         if type(client) is chosen:
             return cast(WorkerTransport, client)
         await client.close()
         return cast(WorkerTransport, client.same_worker_as(chosen))
-    try:
-        await client.model_info(timeout=timeout)
-        return cast(WorkerTransport, client)
-    except WorkerCallError as exc:
-        if exc.code is not CallCode.UNIMPLEMENTED or type(client) is not engines["sglang"]:
+    kinds = list(engines.values())
+    for following in kinds[kinds.index(type(client)) + 1:] if type(client) in kinds else []:
+        try:
+            await client.model_info(timeout=timeout)
             return cast(WorkerTransport, client)
-    await client.close()
-    return cast(WorkerTransport, client.same_worker_as(engines["vllm"]))
+        except WorkerCallError as exc:
+            if exc.code is not CallCode.UNIMPLEMENTED:
+                return cast(WorkerTransport, client)
+        await client.close()
+        client = client.same_worker_as(following)
+    return cast(WorkerTransport, client)
 
 
 async def with_engine(

@@ -103,7 +103,7 @@ def sampling_params(sp: pb.SamplingParams, seed: int | None = None) -> vpb.Sampl
     return out
 
 
-def _seed(sp: pb.SamplingParams) -> int | None:
+def custom_seed(sp: pb.SamplingParams) -> int | None:
     """A pass-through client's ``custom_params.seed``: vLLM has a field for it."""
     if not sp.HasField("custom_params"):
         return None
@@ -115,7 +115,7 @@ def generate_request(request: pb.GenerateRequest) -> vpb.GenerateRequest:
     """The vLLM request for one seam request (``lacking`` is checked by the caller)."""
     out = vpb.GenerateRequest(
         request_id=request.request_id,
-        sampling_params=sampling_params(request.sampling_params, _seed(request.sampling_params)),
+        sampling_params=sampling_params(request.sampling_params, custom_seed(request.sampling_params)),
         stream=request.stream,
     )
     out.tokenized.input_ids.extend(request.tokenized.input_ids)
@@ -311,6 +311,6 @@ def kv_pool_tokens(reply: vpb.GetLoadsResponse) -> int:
 
 
 __all__ = [
-    "LACKS", "ReplyReader", "StartClock", "embed_request", "embed_response", "generate_request", "kv_pool_tokens", "lacking",
+    "LACKS", "ReplyReader", "StartClock", "custom_seed", "embed_request", "embed_response", "generate_request", "kv_pool_tokens", "lacking",
     "loads", "model_info", "refusal", "sampling_params", "server_info",
 ]

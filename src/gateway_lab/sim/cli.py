@@ -26,8 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--num-workers", type=int, default=1, help="independent workers on consecutive ports"
     )
     hosting.add_argument(
-        "--engine", choices=["sglang", "vllm"], default="sglang",
-        help="gRPC mode: serve SGLang's scheduler service (--grpc-mode) or vLLM's engine service",
+        "--engine", choices=["sglang", "vllm", "trtllm"], default="sglang",
+        help="gRPC mode: serve SGLang's scheduler service (--grpc-mode), vLLM's engine service or TensorRT-LLM's",
     )
     hosting.add_argument(
         "--http", action="store_true",

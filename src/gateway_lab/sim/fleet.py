@@ -60,7 +60,7 @@ class SimFleet:
         engine: str = "sglang",
     ) -> AsyncIterator[SimFleet]:
         """Start ``n`` workers on ephemeral ports; ``roles`` overrides ``config.role`` per worker;
-        ``tls`` makes them serve grpcs://; ``engine`` picks the gRPC service (SGLang's or vLLM's)."""
+        ``tls`` makes them serve grpcs://; ``engine`` picks the gRPC service (SGLang's, vLLM's or TensorRT-LLM's)."""
         config = config or SimConfig()
         if roles is not None and len(roles) != n:
             raise ValueError(f"got {len(roles)} roles for {n} workers")

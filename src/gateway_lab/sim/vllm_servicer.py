@@ -42,7 +42,7 @@ class _SglangSide(SimServicer):
     numbers_unary_samples = True
 
 
-class _EndsAbortedStreams:
+class EndsAbortedStreams:
     """The call context, except that an aborted request ends its stream (as vLLM's does)."""
 
     ends_aborted_streams = True
@@ -146,7 +146,7 @@ class VllmSimServicer(vllm_engine_pb2_grpc.VllmEngineServicer):
         if request.WhichOneof("input") != "tokenized":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "this worker takes token ids only")
         inner = scheduler_request(request)
-        async for reply in self._sglang.Generate(inner, _EndsAbortedStreams(context)):  # type: ignore[arg-type]
+        async for reply in self._sglang.Generate(inner, EndsAbortedStreams(context)):  # type: ignore[arg-type]
             if reply.HasField("complete") and reply.complete.finish_reason == "abort":
                 return  # vLLM ends an aborted request's stream
             yield engine_reply(reply)

@@ -24,6 +24,7 @@ from gateway.proto import (
     common_pb2,
     sglang_scheduler_pb2,
     sglang_scheduler_pb2_grpc,
+    trtllm_service_pb2_grpc,
     vllm_engine_pb2_grpc,
 )
 from gateway_lab.sim.config import SimConfig
@@ -35,6 +36,8 @@ from gateway_lab.sim.pd import BootstrapServer
 from gateway_lab.sim.radix_cache import RadixCache
 from gateway_lab.sim.scheduler import Scheduler, Sequence
 from gateway_lab.sim.servicer import SimServicer
+from gateway_lab.sim.trtllm_servicer import SERVICE as TRTLLM_SERVICE
+from gateway_lab.sim.trtllm_servicer import TrtllmSimServicer
 from gateway_lab.sim.vllm_servicer import SERVICE as VLLM_SERVICE
 from gateway_lab.sim.vllm_servicer import VllmSimServicer
 from gateway_lab.sim.vocab import Vocab, load_vocab
@@ -51,7 +54,7 @@ _SERVER_OPTIONS = [
 ]
 INPUT_RESERVE_TOKENS = 5  # what SGLang's scheduler keeps back from its longest request
 RECEIVED_KEPT = 64  # Generate requests kept in ``SimWorker.received``
-ENGINES = ("sglang", "vllm")  # the gRPC services a simulated worker can serve
+ENGINES = ("sglang", "vllm", "trtllm")  # the gRPC services a simulated worker can serve
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,7 +92,7 @@ class SimWorker:
     ) -> None:
         if engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
-        self.engine = engine  # whose gRPC service it serves: SGLang's scheduler or vLLM's engine
+        self.engine = engine  # whose gRPC service it serves: SGLang's scheduler, vLLM's engine or TensorRT-LLM's
         # A private copy: tests tune a live worker's config without touching others.
         self.config = dataclasses.replace(config) if config is not None else SimConfig()
         self.vocab = vocab or load_vocab(self.config.tokenizer_path, self.config.output_vocab)
@@ -145,6 +148,9 @@ class SimWorker:
         if self.engine == "vllm":
             vllm_engine_pb2_grpc.add_VllmEngineServicer_to_server(VllmSimServicer(self), server)
             service = VLLM_SERVICE
+        elif self.engine == "trtllm":
+            trtllm_service_pb2_grpc.add_TrtllmServiceServicer_to_server(TrtllmSimServicer(self), server)
+            service = TRTLLM_SERVICE
         else:
             sglang_scheduler_pb2_grpc.add_SglangSchedulerServicer_to_server(SimServicer(self), server)
             service = sglang_scheduler_pb2.DESCRIPTOR.services_by_name["SglangScheduler"].full_name

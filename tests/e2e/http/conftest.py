@@ -28,8 +28,9 @@ from gateway_lab.sim.worker import SimWorker
 ZERO_COST = dict(step_base_s=0.0, prefill_token_s=0.0, decode_seq_s=0.0, time_scale=0.0)
 
 # Every worker kind the conformance checks run against: the gRPC services (SGLang's
-# scheduler, vLLM's engine) and the HTTP servers (SGLang's native API, vLLM's OpenAI one).
-ENGINES = ["sglang", "vllm", "sglang-http", "vllm-http"]
+# scheduler, vLLM's engine, TensorRT-LLM's service) and the HTTP servers (SGLang's native
+# API, vLLM's OpenAI one).
+ENGINES = ["sglang", "vllm", "trtllm", "sglang-http", "vllm-http"]
 
 
 def only(engine: str, kinds: set[str], why: str) -> None:

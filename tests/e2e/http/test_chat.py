@@ -90,7 +90,7 @@ async def test_stop_string_across_tokens_trims_and_reports(stack: Stack) -> None
 
 
 async def test_n_and_logprobs(stack: Stack, engine: str) -> None:
-    only(engine, {"sglang", "vllm", "sglang-http"}, "the simulator's vLLM HTTP mode returns no logprobs yet")
+    only(engine, {"sglang", "vllm", "trtllm", "sglang-http"}, "the simulator's vLLM HTTP mode returns no logprobs yet")
     resp = await stack.client.chat.completions.create(
         model=stack.model, messages=[{"role": "user", "content": "hi"}], n=3, max_tokens=8,
         logprobs=True, top_logprobs=2, extra_body={"chat_template_kwargs": {"enable_thinking": False}, "ignore_eos": True},
@@ -154,7 +154,7 @@ async def test_client_disconnect_during_prefill_aborts_worker(tmp_path, engine: 
 
 
 async def test_tokenize_roundtrip_models_and_embeddings(stack: Stack, engine: str) -> None:
-    only(engine, {"sglang", "vllm"}, "HTTP workers lack embeddings (GET /workers lists it)")
+    only(engine, {"sglang", "vllm"}, "HTTP and TensorRT-LLM workers lack embeddings (GET /workers lists it)")
     tok = (await stack.http.post("/v1/tokenize", json={"prompt": "Hello, world"})).json()
     assert tok["count"] == len(tok["tokens"]) > 0
     text = (await stack.http.post("/v1/detokenize", json={"tokens": tok["tokens"]})).json()["text"]
@@ -195,6 +195,7 @@ def _spy_worker_requests(monkeypatch: pytest.MonkeyPatch) -> list[object]:
     """The GenerateRequests the gateway sends its workers, as sent (every kind of client)."""
     from gateway.workers.client import WorkerClient
     from gateway.workers.sglang_http import HttpWorkerClient
+    from gateway.workers.trtllm_grpc import TrtllmGrpcClient
     from gateway.workers.vllm_grpc import VllmGrpcClient
 
     sent: list[object] = []
@@ -208,7 +209,7 @@ def _spy_worker_requests(monkeypatch: pytest.MonkeyPatch) -> list[object]:
 
         monkeypatch.setattr(cls, "generate", generate)
 
-    for cls in (WorkerClient, VllmGrpcClient, HttpWorkerClient):
+    for cls in (WorkerClient, VllmGrpcClient, TrtllmGrpcClient, HttpWorkerClient):
         spy(cls)
     return sent
 

@@ -57,7 +57,7 @@ async def test_unknown_model_is_404(stack: Stack) -> None:
 @pytest.mark.stack(workers=1, sections={"engine": {"worker_stream_interval": 4}})
 async def test_worker_stream_interval_batches_tokens_same_text(stack: Stack, engine: str) -> None:
     """--worker-stream-interval asks workers for N-token chunks: fewer events, same text and usage."""
-    only(engine, {"sglang", "sglang-http"}, "vLLM lacks a stream interval (it streams every step)")
+    only(engine, {"sglang", "sglang-http"}, "vLLM and TensorRT-LLM lack a stream interval (they stream every step)")
     whole = await stack.client.completions.create(model=stack.model, prompt=[100, 200, 300], max_tokens=12, seed=3)
     stream = await stack.client.completions.create(
         model=stack.model, prompt=[100, 200, 300], max_tokens=12, seed=3, stream=True,
@@ -86,7 +86,7 @@ async def _stream_texts(stack: Stack, **extra: object) -> list[str]:
     sections={"engine": {"busy_stream_interval": 4, "busy_in_flight": 1}},
 )
 async def test_busy_stream_interval_batches_only_under_load(stack: Stack, engine: str) -> None:
-    only(engine, {"sglang", "sglang-http"}, "vLLM lacks a stream interval (it streams every step)")
+    only(engine, {"sglang", "sglang-http"}, "vLLM and TensorRT-LLM lack a stream interval (they stream every step)")
     """--busy-stream-interval: one token per event while the gateway is not busy; N-token
     chunks for streams that start while --busy-in-flight requests are already running."""
     quiet = await _stream_texts(stack)

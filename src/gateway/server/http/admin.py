@@ -49,7 +49,7 @@ class AddWorkerRequest(BaseModel):
     bootstrap_port: int | None = Field(default=None, ge=1, le=65535)
     model: str | None = Field(default=None, max_length=512, description="expected served model name")
     api_key: str | None = Field(default=None, max_length=4096, description="bearer token for this worker")
-    engine: Literal["auto", "sglang", "vllm"] = Field(
+    engine: Literal["auto", "sglang", "vllm", "trtllm"] = Field(
         default="auto", description="the engine behind the URL, gRPC or HTTP (auto: detected from what answers)",
     )
 

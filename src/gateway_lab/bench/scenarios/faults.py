@@ -375,7 +375,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--clients", type=int, default=16, help="closed-loop clients (even ones stream)")
     p.add_argument("--workers", type=int, default=4)
     p.add_argument(
-        "--engine", default="sglang", choices=["sglang", "vllm"],
+        "--engine", default="sglang", choices=["sglang", "vllm", "trtllm"],
         help="the gRPC service the simulated workers serve (the three scenarios; the soak runs SGLang's)",
     )
     p.add_argument("--deadline-s", type=float, default=20.0, help="per-request deadline; past it a request counts as hung")
