@@ -38,8 +38,13 @@ class SimConfig:
         "report page_size in GetServerInfo's server_args, as a server started with --page-size does"
         " (off: null, as SGLang's default leaves it; clients then learn it from the KV events)",
     )
-    kv_capacity_tokens: int = option(65536, "KV pool size in tokens (max_total_num_tokens)")
-    max_running_requests: int = option(64, "max sequences running at once")
+    kv_capacity_tokens: int = option(65536, "KV pool size in tokens (max_total_num_tokens), per data-parallel rank")
+    dp_size: int = option(
+        1,
+        "data-parallel ranks behind this one endpoint, as SGLang's --dp-size: each its own scheduler and KV"
+        " cache; a request's data_parallel_rank picks one, else they take turns (round robin)",
+    )
+    max_running_requests: int = option(64, "max sequences running at once, per data-parallel rank")
     chunked_prefill_size: int = option(8192, "prefill token budget per scheduler step")
     step_base_s: float = option(0.002, "fixed cost of one scheduler step, seconds")
     prefill_token_s: float = option(20e-6, "cost per uncached prompt token prefilled, seconds")
@@ -99,6 +104,8 @@ class SimConfig:
             raise ValueError("page_size must be >= 1")
         if self.kv_capacity_tokens < self.page_size:
             raise ValueError("kv_capacity_tokens must hold at least one page")
+        if not 1 <= self.dp_size <= 64:
+            raise ValueError("dp_size must be in [1, 64]")
         if self.max_running_requests < 1 or self.chunked_prefill_size < 1:
             raise ValueError("max_running_requests and chunked_prefill_size must be >= 1")
         if self.role not in ROLES:

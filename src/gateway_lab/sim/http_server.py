@@ -353,20 +353,22 @@ class SimHttpWorker:
             "max_total_num_tokens": w.cache.capacity,
             "max_req_input_len": cfg.context_length - 1,
         }
-        state = {
-            "last_gen_throughput": w.scheduler.gen_throughput(),
-            "load": w.scheduler.num_running + w.scheduler.num_waiting,
-        }
-        return JSONResponse({**args, **scheduler, "internal_states": [state], "version": SIM_VERSION})
+        states = [  # one per data-parallel rank, as SGLang lists its schedulers'
+            {"last_gen_throughput": r.scheduler.gen_throughput(), "load": r.scheduler.num_running + r.scheduler.num_waiting}
+            for r in w.ranks
+        ]
+        return JSONResponse({**args, **scheduler, "internal_states": states, "version": SIM_VERSION})
 
     async def load(self, request: Request) -> Response:
-        load = self.worker.scheduler_load()
-        return JSONResponse([{
-            "dp_rank": 0,
-            "num_reqs": load.num_running_reqs + load.num_waiting_reqs,
-            "num_waiting_reqs": load.num_waiting_reqs,
-            "num_tokens": load.num_used_tokens,
-        }])
+        return JSONResponse([
+            {
+                "dp_rank": load.dp_rank,
+                "num_reqs": load.num_running_reqs + load.num_waiting_reqs,
+                "num_waiting_reqs": load.num_waiting_reqs,
+                "num_tokens": load.num_used_tokens,
+            }
+            for load in self.worker.scheduler_loads()
+        ])
 
     async def abort(self, request: Request) -> Response:
         try:

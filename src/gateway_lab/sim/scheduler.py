@@ -105,6 +105,7 @@ class Sequence:
         "private",
         "prompt",
         "prompt_len",
+        "rank",
         "reported_cached",
         "reserve_left",
         "rid",
@@ -153,6 +154,7 @@ class Sequence:
         self.transferred = transferred  # PD decode: the prompt's KV arrives ready
         self.reported_cached = reported_cached
         self.on_prefilled = on_prefilled
+        self.rank = 0  # the data-parallel rank (scheduler) that runs it
         self.output: list[int] = []
         self.logprobs: list[float] = []
         self.state = State.WAITING

@@ -42,7 +42,7 @@ import asyncio
 import collections
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -95,6 +95,18 @@ class LogprobOptions:
     token_ids: tuple[int, ...]
 
 
+class SimRank:
+    """One data-parallel rank: its own KV cache, scheduler and KV-event hub."""
+
+    def __init__(self, index: int, config: SimConfig, counters: SimCounters, after_step: Callable[[SimRank], None]) -> None:
+        self.index = index
+        self.cache = RadixCache(config.page_size, config.kv_capacity_tokens)
+        self.scheduler = Scheduler(config, self.cache, counters)
+        self.kv_events = KvEventHub(self.cache, config.kv_events_history)
+        self.scheduler.after_step = lambda: after_step(self)
+        self.last_load_key: tuple[int, int] = (0, 0)
+
+
 class ServedWorker(Protocol):
     """What the servicer reads and calls on the worker it serves (``SimWorker``,
     in ``sim/worker.py``, which builds the servicer: naming the surface here keeps the
@@ -109,12 +121,16 @@ class ServedWorker(Protocol):
     cache: RadixCache
     scheduler: Scheduler
     kv_events: KvEventHub
+    ranks: list[SimRank]
     bootstrap: BootstrapServer | None
     started_at: float
     stopping: bool
 
     @property
     def max_req_input_len(self) -> int: ...
+
+    @property
+    def busy(self) -> int: ...
 
     def die(self) -> None: ...
 
@@ -128,7 +144,11 @@ class ServedWorker(Protocol):
 
     def server_args(self) -> dict[str, Any]: ...
 
-    def scheduler_load(self) -> pb.SchedulerLoad: ...
+    def rank_for(self, requested: int | None) -> SimRank: ...
+
+    def scheduler_loads(self) -> list[pb.SchedulerLoad]: ...
+
+    def scheduler_load(self, rank: int = 0) -> pb.SchedulerLoad: ...
 
     def engine_load(self, full: bool) -> common_pb2.EngineLoad: ...
 
@@ -190,8 +210,9 @@ class SimServicer(sglang_scheduler_pb2_grpc.SglangSchedulerServicer):
         sent_tokens = 0
         input_lp_sent: set[int] = set()
         try:
+            sched = w.ranks[seqs[0].rank].scheduler
             for seq in seqs:
-                w.scheduler.submit(seq)
+                sched.submit(seq)
             while remaining:
                 await sink.wait()
                 for seq, start, end, final in sink.take():
@@ -223,7 +244,7 @@ class SimServicer(sglang_scheduler_pb2_grpc.SglangSchedulerServicer):
         finally:
             for seq in seqs:
                 if not seq.done:
-                    w.scheduler.abort(seq)
+                    w.ranks[seq.rank].scheduler.abort(seq)
             w.untrack(rid, seqs)
 
     async def _build(self, request: pb.GenerateRequest) -> tuple[list[Sequence], LogprobOptions]:
@@ -247,6 +268,10 @@ class SimServicer(sglang_scheduler_pb2_grpc.SglangSchedulerServicer):
                 f"Input length ({len(prompt)} tokens) exceeds the maximum allowed length ({limit} tokens)."
                 " Use a shorter input or enable --allow-auto-truncate."
             )
+        try:
+            rank = w.rank_for(request.data_parallel_rank if request.HasField("data_parallel_rank") else None)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from None
         max_new = sp.max_new_tokens if sp.HasField("max_new_tokens") else cfg.default_max_new_tokens
         longest = min(cfg.context_length, w.cache.capacity) - 1
         max_new = max(0, min(max_new, longest - len(prompt) - 1))
@@ -284,7 +309,7 @@ class SimServicer(sglang_scheduler_pb2_grpc.SglangSchedulerServicer):
                 if seq.index == 0 and w.bootstrap is not None:
                     w.bootstrap.register(room, RoomInfo(seq.prompt_len, seq.cached_tokens))
 
-        if not w.scheduler.fits(len(prompt), max_new):
+        if not rank.scheduler.fits(len(prompt), max_new):
             raise InvalidRequest(
                 f"the input ({len(prompt)} tokens) plus max_new_tokens ({max_new}) does not fit"
                 f" in the KV pool ({w.cache.capacity} tokens)"
@@ -297,7 +322,7 @@ class SimServicer(sglang_scheduler_pb2_grpc.SglangSchedulerServicer):
         script = w.vocab.scripted_reply(prompt) if cfg.scripted_replies else None
         sink = Sink()
         stop_ids = frozenset(sp.stop_token_ids)
-        return [
+        seqs = [
             Sequence(
                 request.request_id,
                 i,
@@ -316,7 +341,10 @@ class SimServicer(sglang_scheduler_pb2_grpc.SglangSchedulerServicer):
                 on_prefilled=on_prefilled,
             )
             for i in range(sp.n)
-        ], lp
+        ]
+        for seq in seqs:
+            seq.rank = rank.index
+        return seqs, lp
 
     # ---------------------------------------------------------------- messages
     def _chunk(
@@ -472,7 +500,7 @@ class SimServicer(sglang_scheduler_pb2_grpc.SglangSchedulerServicer):
         return pb.GetServerInfoResponse(
             server_args=server_args,
             scheduler_info=scheduler_info,
-            active_requests=w.scheduler.num_running + w.scheduler.num_waiting,
+            active_requests=w.busy,
             is_paused=False,
             last_receive_timestamp=w.scheduler.last_receive,
             uptime_seconds=time.time() - w.started_at,
@@ -485,19 +513,22 @@ class SimServicer(sglang_scheduler_pb2_grpc.SglangSchedulerServicer):
     async def GetLoads(
         self, request: pb.GetLoadsRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetLoadsResponse:
-        load = self.w.scheduler_load()
+        loads = self.w.scheduler_loads()
+        if request.HasField("dp_rank"):
+            loads = [x for x in loads if x.dp_rank == request.dp_rank]
+        n = max(1, len(loads))
         return pb.GetLoadsResponse(
             timestamp=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             version=SIM_VERSION,
-            dp_rank_count=1,
-            loads=[load],
+            dp_rank_count=len(loads),
+            loads=loads,
             aggregate=pb.AggregateMetrics(
-                total_running_reqs=load.num_running_reqs,
-                total_waiting_reqs=load.num_waiting_reqs,
-                total_reqs=load.num_total_reqs,
-                avg_token_usage=load.token_usage,
-                avg_throughput=load.gen_throughput,
-                avg_utilization=load.utilization,
+                total_running_reqs=sum(x.num_running_reqs for x in loads),
+                total_waiting_reqs=sum(x.num_waiting_reqs for x in loads),
+                total_reqs=sum(x.num_total_reqs for x in loads),
+                avg_token_usage=sum(x.token_usage for x in loads) / n,
+                avg_throughput=sum(x.gen_throughput for x in loads) / n,
+                avg_utilization=sum(x.utilization for x in loads) / n,
             ),
         )
 

@@ -192,24 +192,26 @@ class VllmSimServicer(vllm_engine_pb2_grpc.VllmEngineServicer):
     ) -> vpb.GetServerInfoResponse:
         w = self.w
         return vpb.GetServerInfoResponse(
-            active_requests=w.scheduler.num_running + w.scheduler.num_waiting,
+            active_requests=w.busy,
             last_receive_timestamp=w.scheduler.last_receive, uptime_seconds=time.time() - w.started_at,
-            server_type="vllm-grpc", data_parallel_size=1, block_size=w.config.page_size,
+            server_type="vllm-grpc", data_parallel_size=w.config.dp_size, block_size=w.config.page_size,
             max_num_seqs=w.config.max_running_requests,
         )
 
     async def GetLoads(self, request: vpb.GetLoadsRequest, context: grpc.aio.ServicerContext) -> vpb.GetLoadsResponse:
-        s = self.w.scheduler_load()
-        load = vpb.SchedulerLoad(
-            dp_rank=0, num_running_reqs=s.num_running_reqs, num_waiting_reqs=s.num_waiting_reqs,
-            num_total_reqs=s.num_total_reqs, num_used_tokens=s.num_used_tokens,
-            max_total_num_tokens=s.max_total_num_tokens, token_usage=s.token_usage, gen_throughput=s.gen_throughput,
-            cache_hit_rate=s.cache_hit_rate, utilization=s.utilization, max_running_requests=s.max_running_requests,
-            num_waiting_uncached_tokens=s.num_waiting_uncached_tokens,
-        )
+        loads = [
+            vpb.SchedulerLoad(
+                dp_rank=s.dp_rank, num_running_reqs=s.num_running_reqs, num_waiting_reqs=s.num_waiting_reqs,
+                num_total_reqs=s.num_total_reqs, num_used_tokens=s.num_used_tokens,
+                max_total_num_tokens=s.max_total_num_tokens, token_usage=s.token_usage, gen_throughput=s.gen_throughput,
+                cache_hit_rate=s.cache_hit_rate, utilization=s.utilization, max_running_requests=s.max_running_requests,
+                num_waiting_uncached_tokens=s.num_waiting_uncached_tokens,
+            )
+            for s in self.w.scheduler_loads()
+        ]
         return vpb.GetLoadsResponse(
-            timestamp=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), version=SIM_VERSION, dp_rank_count=1,
-            loads=[load],
+            timestamp=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), version=SIM_VERSION,
+            dp_rank_count=len(loads), loads=loads,
         )
 
     async def FlushCache(

@@ -3,6 +3,11 @@
 Owns the pieces (cache, scheduler, KV-event hub, PD bootstrap server, counters,
 faults) and their lifecycle. Several workers can share one process and one
 event loop; each has its own server, port, cache and scheduler task.
+
+With ``dp_size`` N (SGLang's ``--dp-size``) one endpoint runs N ranks, each its own
+scheduler and KV cache (:class:`SimRank`): a request naming ``data_parallel_rank``
+runs there, others take turns, and GetLoads lists every rank. The KV-event stream
+covers rank 0 only, as SGLang's does under DP attention.
 """
 
 from __future__ import annotations
@@ -30,12 +35,10 @@ from gateway.proto import (
 from gateway_lab.sim.config import SimConfig
 from gateway_lab.sim.counters import SimCounters
 from gateway_lab.sim.faults import SimFaults
-from gateway_lab.sim.kv_events import KvEventHub
 from gateway_lab.sim.model_dir import model_folder
 from gateway_lab.sim.pd import BootstrapServer
-from gateway_lab.sim.radix_cache import RadixCache
-from gateway_lab.sim.scheduler import Scheduler, Sequence
-from gateway_lab.sim.servicer import SimServicer
+from gateway_lab.sim.scheduler import Sequence
+from gateway_lab.sim.servicer import SimRank, SimServicer
 from gateway_lab.sim.trtllm_servicer import SERVICE as TRTLLM_SERVICE
 from gateway_lab.sim.trtllm_servicer import TrtllmSimServicer
 from gateway_lab.sim.vllm_servicer import SERVICE as VLLM_SERVICE
@@ -99,10 +102,12 @@ class SimWorker:
         self.model_path = model_folder(self.config, self.vocab)  # what it reports and zips
         self.faults = SimFaults.from_config(self.config)
         self.counters = SimCounters()
-        self.cache = RadixCache(self.config.page_size, self.config.kv_capacity_tokens)
-        self.scheduler = Scheduler(self.config, self.cache, self.counters)
-        self.kv_events = KvEventHub(self.cache, self.config.kv_events_history)
-        self.scheduler.after_step = self._after_step
+        self.ranks = [SimRank(i, self.config, self.counters, self._after_step) for i in range(self.config.dp_size)]
+        self._next_rank = 0
+        # Rank 0's: what a one-rank worker is, and what reports for the whole worker read.
+        self.cache = self.ranks[0].cache
+        self.scheduler = self.ranks[0].scheduler
+        self.kv_events = self.ranks[0].kv_events
         self.bootstrap: BootstrapServer | None = None
         self.host = "127.0.0.1"
         self.port = 0
@@ -113,14 +118,13 @@ class SimWorker:
         self._on_die = on_die
         self._server: grpc.aio.Server | None = None
         self._health: health.aio.HealthServicer | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
         self._requests: dict[str, list[list[Sequence]]] = {}
         # The last Generate requests as they arrived: what a client really sent (sampling
         # values, limits, stops), for anyone comparing it with what SGLang would receive.
         self.received: collections.deque[sglang_scheduler_pb2.GenerateRequest] = collections.deque(
             maxlen=RECEIVED_KEPT
         )
-        self._last_load_key: tuple[int, int] = (0, 0)
 
     # ---------------------------------------------------------------- lifecycle
     @property
@@ -178,7 +182,9 @@ class SimWorker:
         await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
         self._server = server
         self.started_at = time.time()
-        self._task = asyncio.create_task(self.scheduler.run(), name=f"sim-scheduler-{self.port}")
+        self._tasks = [
+            asyncio.create_task(r.scheduler.run(), name=f"sim-scheduler-{self.port}-{r.index}") for r in self.ranks
+        ]
 
     async def stop(self, grace: float | None = 1.0) -> None:
         """Stop serving: in-flight streams get ``grace`` seconds, then everything ends."""
@@ -189,11 +195,12 @@ class SimWorker:
             await self._health.enter_graceful_shutdown()
         if self._server is not None:
             await self._server.stop(grace)
-        self.scheduler.stop()
-        if self._task is not None:
-            self._task.cancel()
+        for r in self.ranks:
+            r.scheduler.stop()
+        for task in self._tasks:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+                await task
         if self.bootstrap is not None:
             await self.bootstrap.stop()
 
@@ -212,6 +219,23 @@ class SimWorker:
             asyncio.get_running_loop().create_task(self.kill())
 
     # ---------------------------------------------------------------- requests
+    def rank_for(self, requested: int | None) -> SimRank:
+        """The rank a request runs on: the one it names, else the next in turn (SGLang's DP
+        controller's round robin). A rank the worker does not have is a ValueError."""
+        n = len(self.ranks)
+        if requested is not None:
+            if not 0 <= requested < n:
+                raise ValueError(f"data_parallel_rank {requested} is out of range: this worker has {n} rank(s)")
+            return self.ranks[requested]
+        rank = self.ranks[self._next_rank % n]
+        self._next_rank += 1
+        return rank
+
+    @property
+    def busy(self) -> int:
+        """Requests running or waiting on every rank."""
+        return sum(r.scheduler.num_running + r.scheduler.num_waiting for r in self.ranks)
+
     def track(self, rid: str, seqs: list[Sequence]) -> None:
         self._requests.setdefault(rid, []).append(seqs)
 
@@ -228,29 +252,31 @@ class SimWorker:
         n = 0
         for seqs in list(self._requests.get(rid, [])):
             for seq in seqs:
-                if self.scheduler.abort(seq):
+                if self.ranks[seq.rank].scheduler.abort(seq):
                     n += 1
         return n
 
     async def flush_cache(self, timeout_s: float) -> tuple[bool, str]:
         """Clear the KV cache once idle; ``timeout_s`` 0 means now or fail."""
-        sched = self.scheduler
         if timeout_s > 0:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(sched.idle.wait(), timeout_s)
-        busy = sched.num_running + sched.num_waiting
+                await asyncio.wait_for(
+                    asyncio.gather(*(r.scheduler.idle.wait() for r in self.ranks)), timeout_s
+                )
+        busy = self.busy
         if busy:
             return False, f"cannot flush: {busy} request(s) in flight"
-        self.cache.clear()
-        self.kv_events.publish()
+        for r in self.ranks:
+            r.cache.clear()
+            r.kv_events.publish()
         return True, "cache flushed"
 
-    def _after_step(self) -> None:
-        self.kv_events.publish()
-        key = (self.scheduler.num_running, self.scheduler.num_waiting)
-        if key != self._last_load_key:
-            self._last_load_key = key
-            self.kv_events.notify_load()
+    def _after_step(self, rank: SimRank) -> None:
+        rank.kv_events.publish()
+        key = (rank.scheduler.num_running, rank.scheduler.num_waiting)
+        if key != rank.last_load_key:
+            rank.last_load_key = key
+            rank.kv_events.notify_load()
 
     # ---------------------------------------------------------------- reports
     @property
@@ -281,20 +307,24 @@ class SimWorker:
             "grpc_mode": True,
             "host": self.host,
             "port": self.port,
-            "dp_size": 1,
+            "dp_size": cfg.dp_size,
             "tp_size": 1,
             "simulated": True,
         }
 
-    def scheduler_load(self) -> sglang_scheduler_pb2.SchedulerLoad:
-        sched = self.scheduler
-        cache = self.cache
+    def scheduler_loads(self) -> list[sglang_scheduler_pb2.SchedulerLoad]:
+        """One load row per data-parallel rank, as GetLoads lists them."""
+        return [self.scheduler_load(r.index) for r in self.ranks]
+
+    def scheduler_load(self, rank: int = 0) -> sglang_scheduler_pb2.SchedulerLoad:
+        sched = self.ranks[rank].scheduler
+        cache = self.ranks[rank].cache
         cfg = self.config
         running = sched.num_running
         waiting = sched.num_waiting
         pb = sglang_scheduler_pb2
         load = pb.SchedulerLoad(
-            dp_rank=0,
+            dp_rank=rank,
             num_running_reqs=running,
             num_waiting_reqs=waiting,
             num_total_reqs=running + waiting,
@@ -344,13 +374,14 @@ class SimWorker:
 
     def stats(self) -> dict[str, Any]:
         """Counters plus cache state, as one JSON-friendly dict."""
-        out: dict[str, Any] = {"url": self.url, "role": self.config.role}
+        out: dict[str, Any] = {"url": self.url, "role": self.config.role, "dp_size": len(self.ranks)}
         out.update(self.counters.as_dict())
+        caches = [r.cache for r in self.ranks]
         out.update(
-            evicted_tokens=self.cache.evicted_tokens,
-            cache_tree_tokens=self.cache.tree_tokens,
-            cache_used_tokens=self.cache.used_tokens,
-            kv_capacity_tokens=self.cache.capacity,
+            evicted_tokens=sum(c.evicted_tokens for c in caches),
+            cache_tree_tokens=sum(c.tree_tokens for c in caches),
+            cache_used_tokens=sum(c.used_tokens for c in caches),
+            kv_capacity_tokens=sum(c.capacity for c in caches),
             kv_event_batches=self.kv_events.batches_published,
         )
         return out

@@ -17,6 +17,7 @@ from gateway_lab.sim.config import SimConfig, config_to_argv
     ("fields", "match"),
     [
         ({"page_size": 0}, "page_size"),
+        ({"dp_size": 0}, "dp_size"),
         ({"kv_capacity_tokens": 8}, "at least one page"),
         ({"role": "leader"}, "role"),
         ({"eos_probability": 1.5}, "eos_probability"),

@@ -149,3 +149,18 @@ async def test_the_vllm_api_answers_completions_models_and_metrics() -> None:
             assert (await http.get("/get_model_info")).status_code == 404  # not SGLang's API
     with pytest.raises(ValueError, match="api must be one of"):
         SimHttpWorker(cfg(), api="tgi")
+
+
+async def test_dp_ranks_over_http_honour_the_rank_field_and_load_per_rank() -> None:
+    async with http_fleet(1, cfg(dp_size=2)) as (worker,):
+        async with httpx.AsyncClient(base_url=worker.url, timeout=10) as http:
+            first = (await http.post("/generate", json={**BODY, "data_parallel_rank": 1})).json()
+            again = (await http.post("/generate", json={**BODY, "data_parallel_rank": 1})).json()
+            other = (await http.post("/generate", json={**BODY, "data_parallel_rank": 0})).json()
+            assert [r["meta_info"]["cached_tokens"] for r in (first, again, other)] == [0, 32, 0]
+            loads = (await http.get("/get_load")).json()
+            assert [row["dp_rank"] for row in loads] == [0, 1] and all(row["num_tokens"] > 0 for row in loads)
+            info = (await http.get("/get_server_info")).json()
+            assert info["dp_size"] == 2 and len(info["internal_states"]) == 2
+            bad = await http.post("/generate", json={**BODY, "data_parallel_rank": 2})
+            assert bad.status_code == 400 and "out of range" in bad.text

@@ -251,3 +251,41 @@ async def test_embed(stub: pb_grpc.SglangSchedulerStub, worker: SimWorker) -> No
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await stub.Embed(req([]))
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_dp_ranks_keep_their_own_caches_and_loads() -> None:
+    async with SimFleet.start(1, cfg(dp_size=3)) as fleet:
+        w = fleet.workers[0]
+        async with grpc.aio.insecure_channel(address(fleet.urls[0])) as ch:
+            stub = pb_grpc.SglangSchedulerStub(ch)
+            info = await stub.GetServerInfo(pb.GetServerInfoRequest())
+            assert info.server_args["dp_size"] == 3
+
+            def on(rank: int | None, rid: str) -> pb.GenerateRequest:
+                req = request(PROMPT, rid=rid)
+                if rank is not None:
+                    req.data_parallel_rank = rank
+                return req
+
+            first = by_index(await collect(stub, on(1, "a")))[0].complete
+            again = by_index(await collect(stub, on(1, "b")))[0].complete
+            elsewhere = by_index(await collect(stub, on(2, "c")))[0].complete
+            assert first is not None and again is not None and elsewhere is not None
+            assert (first.cached_tokens, again.cached_tokens, elsewhere.cached_tokens) == (0, 32, 0)  # a cache per rank
+            assert [r.cache.tree_tokens > 0 for r in w.ranks] == [False, True, True]
+            # unpinned requests take turns: ranks 0, 1, 2
+            for i in range(3):
+                await collect(stub, request([5000 + i, *PROMPT], rid=f"rr{i}"))
+            assert [r.scheduler.counters is w.counters for r in w.ranks] == [True] * 3
+            assert w.ranks[0].cache.tree_tokens > 0
+            loads = await stub.GetLoads(pb.GetLoadsRequest())
+            assert loads.dp_rank_count == 3 and [x.dp_rank for x in loads.loads] == [0, 1, 2]
+            assert [x.num_used_tokens > 0 for x in loads.loads] == [True, True, True]
+            one = await stub.GetLoads(pb.GetLoadsRequest(dp_rank=2))
+            assert [x.dp_rank for x in one.loads] == [2]
+            with pytest.raises(grpc.aio.AioRpcError) as bad:
+                await collect(stub, on(3, "d"))
+            assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "out of range" in (bad.value.details() or "")
+            assert w.stats()["dp_size"] == 3 and w.stats()["kv_capacity_tokens"] == 3 * w.cache.capacity
+            flushed = await stub.FlushCache(common_pb2.FlushCacheRequest())
+            assert flushed.success and all(r.cache.tree_tokens == 0 for r in w.ranks)
