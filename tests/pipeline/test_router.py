@@ -168,3 +168,12 @@ async def test_with_a_slot_headroom_the_router_avoids_a_full_worker() -> None:
         if w is not first.worker:
             w.load.acquire(64, 1)
     assert {f.router.select(prompt).worker.id for _ in range(6)} <= {w.id for w in f.registry.all()}  # all full: any
+
+
+async def test_a_failed_rank_excludes_its_whole_engine() -> None:
+    f = await fleet(FakeTransport("grpc://a:1", server_args={"dp_size": 2}), FakeTransport("grpc://b:1"))
+    assert {w.id for w in f.registry.all()} == {"a:1@0", "a:1@1", "b:1"}
+    assert {f.router.select(pinned(exclude=frozenset({"a:1@1"}))).worker.id for _ in range(4)} == {"b:1"}
+    assert f.router.select(pinned("a:1@1")).worker.id == "a:1@1"  # a rank can be pinned by id
+    with pytest.raises(NoWorkerAvailable, match="no regular worker"):
+        f.router.select(pinned(exclude=frozenset({"a:1@0", "b:1"})))

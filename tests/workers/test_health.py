@@ -104,3 +104,34 @@ async def test_a_worker_back_with_a_new_start_time_was_restarted_and_its_tree_sh
     assert w.healthy and w2.healthy and w.info.start_time == 2000.0
     assert events == ["restarted w:1"]
     assert tree.worker_tokens(w.id) == 0 and tree.worker_tokens(w2.id) == 199  # at once, w:2's share stays
+
+
+async def test_an_engine_is_probed_once_for_all_its_ranks() -> None:
+    t = FakeTransport("grpc://w:1", server_args={"dp_size": 4})
+    f = await fleet(t)
+    ranks = f.registry.all()
+    probes = 0
+    real = t.health_check
+
+    async def counted(*, timeout: float = 5.0) -> object:
+        nonlocal probes
+        probes += 1
+        return await real(timeout=timeout)
+
+    t.health_check = counted  # type: ignore[method-assign, assignment]
+    monitor = HealthMonitor(f.registry, CONFIG)
+    t.healthy = rpc_error(CallCode.UNAVAILABLE)
+    for r in ranks:
+        r.suspect = True  # each asks for an early probe
+    await monitor.check_once()
+    assert probes == 1 and all(r.failures == 1 and not r.suspect for r in ranks)
+    for r in ranks:
+        r.last_probe_at = 0.0
+    await monitor.check_once()
+    assert probes == 2 and not any(r.healthy for r in ranks)  # the engine is down: every rank is
+    t.healthy = True
+    for _ in range(2):
+        for r in ranks:
+            r.last_probe_at = 0.0
+        await monitor.check_once()
+    assert probes == 4 and all(r.healthy and r.available for r in ranks)

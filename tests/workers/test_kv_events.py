@@ -120,3 +120,12 @@ async def test_no_subscription_where_the_policy_keeps_no_tree() -> None:
     feeder.start()
     assert feeder.feeds == {}
     await feeder.close()
+
+
+async def test_no_subscription_for_an_engine_with_dp_ranks() -> None:
+    t = FakeTransport("grpc://w1:1", server_args={"dp_size": 2})
+    f = await fleet(t, policy="cache_aware")
+    feeder = KvEventFeeder(f.registry, f.router)
+    feeder.start()
+    assert feeder.feeds == {} and len(f.registry.all()) == 2  # one stream per engine cannot feed two ranks' shares
+    await feeder.close()

@@ -72,3 +72,27 @@ async def test_a_worker_whose_engine_has_no_loads_is_not_asked() -> None:
     monitor = LoadMonitor(f.registry, lambda w: True, LoadMonitorConfig(load_poll_interval_s=0))
     assert await monitor.poll_once()
     assert asked == ["a"] and f.worker("b:1").polled is None
+
+
+def test_a_rank_takes_its_own_row() -> None:
+    reply = pb.GetLoadsResponse(loads=[_rank(dp_rank=0, num_running_reqs=2), _rank(dp_rank=1, num_running_reqs=5)])
+    assert snapshot(reply, 1).num_running_reqs == 5 and snapshot(reply, 0).num_running_reqs == 2
+    assert snapshot(reply).num_running_reqs == 7 and snapshot(reply, 4) == snapshot(pb.GetLoadsResponse())
+
+
+async def test_an_engine_with_dp_ranks_is_polled_once_for_all_of_them() -> None:
+    t = FakeTransport("grpc://a:1", server_args={"dp_size": 3})
+    f = await fleet(t)
+    calls = 0
+
+    async def loads(*, timeout: float = 2.0, include: object = ()) -> pb.GetLoadsResponse:
+        nonlocal calls
+        calls += 1
+        return pb.GetLoadsResponse(loads=[_rank(dp_rank=r, num_waiting_reqs=10 * r) for r in range(3)])
+
+    t.loads = loads  # type: ignore[method-assign]
+    monitor = LoadMonitor(f.registry, lambda w: True, LoadMonitorConfig(load_poll_interval_s=0))
+    assert await monitor.poll_once()
+    assert calls == 1 and monitor.polls == 1
+    assert [w.polled.num_waiting_reqs for w in f.registry.all() if w.polled] == [0, 10, 20]
+    assert len({w.polled_at for w in f.registry.all()}) == 1

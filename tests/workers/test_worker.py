@@ -118,3 +118,43 @@ def test_a_worker_matches_stop_strings_only_when_it_says_it_has_a_tokenizer() ->
     assert _info({"skip_tokenizer_init": False}).matches_stop_strings is True
     assert _info({"skip_tokenizer_init": True}).matches_stop_strings is False
     assert _info({}).matches_stop_strings is False
+
+
+def test_rank_ids_are_the_engine_id_and_the_rank() -> None:
+    assert worker_module.rank_id("h:1", None) == "h:1" and worker_module.rank_id("h:1", 3) == "h:1@3"
+    assert worker_module.engine_of("h:1@3") == "h:1" and worker_module.engine_of("h:1") == "h:1"
+    assert worker_module.engine_of("[::1]:5@0") == "[::1]:5" and worker_module.engine_of("a@b:1") == "a@b:1"
+
+
+def _ranked(client: FakeTransport, rank: int | None, dp: int = 4) -> Worker:
+    return Worker(client.url, client, WorkerInfo(model="m", dp_size=dp), dp_rank=rank)  # type: ignore[arg-type]
+
+
+def test_a_rank_is_a_target_of_its_own_sharing_the_engine() -> None:
+    client = FakeTransport("grpc://127.0.0.1:5000")
+    ranks = [_ranked(client, r) for r in range(4)]
+    assert [w.id for w in ranks] == [f"127.0.0.1:5000@{r}" for r in range(4)]
+    assert {w.engine_id for w in ranks} == {"127.0.0.1:5000"} and len({id(w.load) for w in ranks}) == 4
+    other = _worker()
+    assert worker_module.one_per_engine([*ranks, other, ranks[2]]) == [ranks[0], other]
+    shown = ranks[2].describe()
+    assert (shown["id"], shown["engine_id"], shown["dp_rank"], shown["dp_size"]) == ("127.0.0.1:5000@2", "127.0.0.1:5000", 2, 4)
+    assert "kv_events" in shown["lacks"] and "kv_events" not in other.describe()["lacks"]
+    with pytest.raises(ValueError, match="dp_rank 4"):
+        _ranked(client, 4)
+
+
+def test_a_rank_pins_its_requests_and_a_plain_worker_clears_a_stale_pin() -> None:
+    client = FakeTransport("grpc://127.0.0.1:5000")
+    req = pb.GenerateRequest(request_id="r")
+    _ranked(client, 0).pin(req)
+    assert req.HasField("data_parallel_rank") and req.data_parallel_rank == 0  # rank 0 is a pin too
+    _ranked(client, 3).pin(req)
+    assert req.data_parallel_rank == 3
+    _worker().pin(req)  # a retry on an engine without ranks
+    assert not req.HasField("data_parallel_rank")
+    embed = pb.EmbedRequest(request_id="e")
+    _ranked(client, 2).pin(embed)
+    assert embed.data_parallel_rank == 2
+    _worker().pin(embed)
+    assert embed.data_parallel_rank == 0

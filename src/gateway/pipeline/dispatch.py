@@ -280,6 +280,7 @@ async def open_on(
                 # In prefill until the first message or any other ending (``finally`` below):
                 # the gate holds requests sharing its prefix on this worker until then.
                 gate_key = router.holds.dispatched(selection)
+            worker.pin(request)  # a DP rank runs it where its prefix is
             call = worker.client.generate(request, timeout=worker_timeout(config.request_timeout_s))
             lease.sent(call)
             async with asyncio.timeout(config.first_token_timeout_s):
@@ -376,6 +377,7 @@ async def call_embed(
         ) as lease:
             lease.sent()
             try:
+                worker.pin(request)
                 reply = await worker.client.embed(request, timeout=worker_timeout(config.request_timeout_s))
             except WorkerCallError as exc:
                 raise AttemptFailed(

@@ -14,9 +14,10 @@ What SGLang expects, and this module does:
   HTTP mini load balancer uses 63 bits; the gRPC contract cannot carry that).
 * A data-parallel prefill worker (``dp_size`` > 1) runs the request on rank
   ``room % dp_size``, and the decode side finds the KV there by the same rule.
-  The gateway chooses the rank (round robin per prefill worker), draws a room
-  congruent to it, and also pins ``data_parallel_rank`` on the prefill request so
-  the prefill lands on that rank whatever its own DP balancing is.
+  Each rank is its own prefill target (the registry's ``host:port@rank``): the
+  policy picks the rank, the room is drawn congruent to it, and dispatch pins
+  ``data_parallel_rank`` on the prefill request so it lands on that rank whatever
+  the engine's own DP balancing is.
 * ``n > 1``: one room carries one KV transfer, so each sample is its own pair of
   requests (n = 1 each, its own room) on the chosen pair, merged back by index.
 * Prompt logprobs are computed where the prompt is: the prefill side. Its
@@ -34,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import itertools
 import logging
 import random
 from collections.abc import Sequence
@@ -134,19 +134,16 @@ def serves_pd(registry: WorkerRegistry, model: str) -> bool:
 
 # ---------------------------------------------------------------- rooms
 class RoomAllocator:
-    """Fresh bootstrap rooms, aligned to the prefill's DP rank when it has several."""
+    """Fresh bootstrap rooms, aligned to the prefill target's DP rank when it has one."""
 
     def __init__(self, rng: random.Random | None = None) -> None:
         self._rng = rng or random.SystemRandom()
-        self._ranks: dict[str, itertools.count[int]] = {}
 
-    def room(self, prefill: Worker) -> tuple[int, int | None]:
-        """(room, DP rank to pin or None) for one request on ``prefill``."""
-        dp = max(1, prefill.info.dp_size)
-        if dp == 1:
-            return self._rng.randrange(ROOM_LIMIT), None
-        rank = next(self._ranks.setdefault(prefill.id, itertools.count())) % dp
-        return room_for_rank(self._rng, rank, dp), rank
+    def room(self, prefill: Worker) -> int:
+        """A room for one request on ``prefill`` (congruent to its rank modulo dp_size)."""
+        if prefill.dp_rank is None:
+            return self._rng.randrange(ROOM_LIMIT)
+        return room_for_rank(self._rng, prefill.dp_rank, max(1, prefill.info.dp_size))
 
 
 def room_for_rank(rng: random.Random, rank: int, dp_size: int) -> int:
@@ -158,7 +155,7 @@ def room_for_rank(rng: random.Random, rank: int, dp_size: int) -> int:
 
 
 # ---------------------------------------------------------------- requests
-def prefill_request(base: pb.GenerateRequest, params: pb.DisaggregatedParams, rid: str, dp_rank: int | None) -> pb.GenerateRequest:
+def prefill_request(base: pb.GenerateRequest, params: pb.DisaggregatedParams, rid: str) -> pb.GenerateRequest:
     """The prefill half: one sample, one token, not streamed; prompt logprobs live here."""
     req = pb.GenerateRequest()
     req.CopyFrom(base)
@@ -170,8 +167,6 @@ def prefill_request(base: pb.GenerateRequest, params: pb.DisaggregatedParams, ri
     if not wants_prompt_lp:
         req.top_logprobs_num = 0
     req.disaggregated_params.CopyFrom(params)
-    if dp_rank is not None:
-        req.data_parallel_rank = dp_rank
     return req
 
 
@@ -328,12 +323,12 @@ class PdOpener:
         rooms: list[int] = []
         tasks: list[tuple[asyncio.Task[WorkerStream], asyncio.Task[WorkerStream]]] = []
         for i in range(samples):
-            room, dp_rank = self.rooms.room(pw)
+            room = self.rooms.room(pw)
             rooms.append(room)
             params = pb.DisaggregatedParams(bootstrap_host=host, bootstrap_port=pw.bootstrap_port, bootstrap_room=room)
             rid = route.request_id if samples == 1 else f"{route.request_id}-{i}"
             sample_route = route if samples == 1 else dataclasses.replace(route, request_id=rid)
-            p_req = prefill_request(request, params, rid, dp_rank)
+            p_req = prefill_request(request, params, rid)
             d_req = decode_request(request, params, rid, wants_output_logprobs)
             p_task = asyncio.ensure_future(open_on(
                 self.router, prefill, sample_route, p_req, prompt_tokens=prompt_tokens, max_new_tokens=1,

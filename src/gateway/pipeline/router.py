@@ -25,7 +25,7 @@ from gateway.policies.miss_causes import DEFAULT_BLOCK_TOKENS, MissCauses, MissT
 from gateway.policies.quality import DEFAULT_SKETCH_TOKENS, OfferedPrefixes, PoolQuality
 from gateway.sync.policy_tap import DecisionSink, TappedPolicy
 from gateway.workers.registry import WorkerRegistry
-from gateway.workers.worker import Worker
+from gateway.workers.worker import Worker, engine_of
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +189,9 @@ class Router:
         if request.target_worker:
             views = [w.view() for w in live]
         else:
-            views = [w.view() for w in live if w.id not in request.exclude]
+            # A failed attempt avoids its whole engine: its other DP ranks share its process.
+            avoid = {engine_of(i) for i in request.exclude} if request.exclude else request.exclude
+            views = [w.view() for w in live if w.engine_id not in avoid]
             if not views:
                 raise NoWorkerAvailable(f"no {role} worker registered for model {request.model!r}")
             if not any(v.available for v in views):

@@ -27,6 +27,7 @@ from gateway.workers.client import STREAM_TRANSPORTS
 from gateway.workers.discovery.config import DiscoveryConfig
 from gateway.workers.health import HealthConfig
 from gateway.workers.load_monitor import LoadMonitorConfig
+from gateway.workers.registry import MAX_DP_SIZE
 from gateway.workers.tokenizer_fetch import DEFAULT_MAX_TOKENIZER_BYTES
 from gateway.workers.watchdog import WatchdogConfig
 
@@ -50,6 +51,7 @@ class ServerConfig:
     grpc_max_concurrent_streams: int = option(256, "gRPC door: most streams (calls) open at once on one client connection, advertised in HTTP/2 SETTINGS")
     grpc_max_connections: int = option(1024, "gRPC door: most client connections open at once; more are refused")
     worker_api_key: str | None = option(None, "bearer token the gateway sends to workers")
+    worker_dp_size: int = option(0, "data-parallel ranks behind every worker URL, each routed to as its own target with its own cache (0: what each worker reports, dp_size; 1: one target per URL, the engine balances its ranks)")
     worker_startup_timeout_s: float = option(0.0, "at start, wait up to this long for listed workers that are not up yet before reporting ready, seconds (they are retried in the background either way; /readiness lists them)")
     probe_timeout_s: float = option(10.0, "time a new worker has to answer GetModelInfo/GetServerInfo, seconds")
     worker_stream_transport: str = option("h2", "how Generate streams reach workers: 'h2' (the gateway's own HTTP/2 reader: the tokens that arrived together are read and written together, about half grpc.aio's CPU per token; docs/architecture.md) or 'grpcio' (grpc.aio, like every other worker call)", choices=list(STREAM_TRANSPORTS))
@@ -68,7 +70,10 @@ class ServerConfig:
                 raise ValueError(f"--{name.replace('_', '-')} must be a port in 0-65535, got {value}")
         check_at_least(self, 1, "max_body_bytes", "grpc_max_concurrent_streams", "grpc_max_connections",
                        "max_tokenizer_bytes", "reply_cache_entries", "reply_cache_bytes")
-        check_at_least(self, 0, "worker_startup_timeout_s", "probe_timeout_s", "worker_drain_timeout_s", "shutdown_grace_s")
+        check_at_least(self, 0, "worker_startup_timeout_s", "probe_timeout_s", "worker_drain_timeout_s", "shutdown_grace_s",
+                       "worker_dp_size")
+        if self.worker_dp_size > MAX_DP_SIZE:
+            raise ValueError(f"--worker-dp-size must be at most {MAX_DP_SIZE}, got {self.worker_dp_size}")
 
 
 @dataclass

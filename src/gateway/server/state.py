@@ -168,11 +168,15 @@ class GatewayState:
         api_key: str | None = None,
         model: str | None = None,
         engine: str | None = None,
+        dp_size: int | None = None,
     ) -> Worker:
-        """Probe, register and load the model's tokenizer before the worker takes traffic."""
+        """Probe, register and load the model's tokenizer before the worker takes traffic.
+        ``dp_size`` overrides the worker's data-parallel ranks (default: --worker-dp-size,
+        else what it reports)."""
         known = self.registry.get(url)
         worker = await self.registry.add(
             url, role=role, bootstrap_port=bootstrap_port, api_key=api_key, engine=engine,
+            dp_size=dp_size or self.config.server.worker_dp_size or None,
         )
         try:
             if worker.info.gateway_instance == self.instance_id:

@@ -8,6 +8,8 @@ the circuit breaker's job, kept separate). ``failure_threshold`` failed probes i
 row take a worker out of rotation; ``success_threshold`` good ones bring it back
 (and close its breaker, since the probes proved it answers again).
 ``Worker.available`` is then ``healthy and breaker allows`` (and not draining).
+An engine's data-parallel ranks are probed together: one probe per engine, its
+outcome judged for each rank (health is the engine's; breakers are each rank's).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from gateway.workers.breaker import CircuitBreaker
 from gateway.workers.periodic import Periodic
 from gateway.workers.registry import WorkerRegistry
 from gateway.workers.transport import WorkerCallError
-from gateway.workers.worker import Worker, start_time_of
+from gateway.workers.worker import Worker, one_per_engine, start_time_of
 
 log = logging.getLogger(__name__)
 
@@ -78,11 +80,16 @@ class HealthMonitor(Periodic):
             return False  # a recent success is evidence enough
         return now - worker.last_probe_at >= cfg.health_check_interval_s
 
-    async def probe(self, worker: Worker) -> bool:
-        """One probe; updates the worker's health and returns whether it answered healthy."""
+    async def probe(self, worker: Worker, ranks: list[Worker] | None = None) -> bool:
+        """One probe of ``worker``'s engine; updates the health of each of ``ranks`` (default:
+        the worker alone; an engine's DP ranks share its process, so one probe judges them
+        all) and returns whether it answered healthy."""
         cfg = self.config
-        started = worker.last_probe_at = time.monotonic()
-        worker.suspect = False
+        started = time.monotonic()
+        targets = ranks or [worker]
+        for w in targets:
+            w.last_probe_at = started
+            w.suspect = False
         self.probes += 1
         try:
             reply = await worker.client.health_check(timeout=cfg.health_check_timeout_s)
@@ -94,6 +101,14 @@ class HealthMonitor(Periodic):
             ok, reason = False, exc.code.name
         except Exception as exc:  # a closed channel or the like: still a failed probe
             ok, reason = False, type(exc).__name__
+        recovered = [w for w in targets if self._judge(w, ok, reason, started)]
+        if recovered:
+            await self._check_restart(recovered[0])
+        return ok
+
+    def _judge(self, worker: Worker, ok: bool, reason: str, started: float) -> bool:
+        """Apply one probe's outcome to one target; True when it brought it back."""
+        cfg = self.config
         if ok:
             worker.failures = 0
             worker.successes += 1
@@ -103,7 +118,7 @@ class HealthMonitor(Periodic):
                 # The probes proved it back; its breaker's record is from before the outage.
                 worker.breaker.reset()
                 log.info("worker %s is healthy again; back in rotation", worker.id)
-                await self._check_restart(worker)
+                return True
         elif worker.progress.last_message_at >= started:
             # Its streams kept delivering while the probe waited: a busy worker (a real
             # worker's probe is a generation queued behind the burst), not a dead one.
@@ -117,7 +132,7 @@ class HealthMonitor(Periodic):
                     "worker %s unhealthy after %d failed probes (%s); out of rotation",
                     worker.id, worker.failures, reason,
                 )
-        return ok
+        return False
 
     async def _check_restart(self, worker: Worker) -> None:
         """After an outage: a worker whose start time changed was restarted, its cache is
@@ -138,10 +153,12 @@ class HealthMonitor(Periodic):
             worker.info.start_time = started
 
     async def check_once(self) -> None:
+        """Probe each engine with a target due, once, for all its live targets."""
         now = time.monotonic()
-        due = [w for w in self.registry.all() if self.due(w, now)]
+        live = [w for w in self.registry.all() if not w.draining]
+        due = one_per_engine([w for w in live if self.due(w, now)])
         if due:
-            await asyncio.gather(*(self.probe(w) for w in due))
+            await asyncio.gather(*(self.probe(h, [w for w in live if w.client is h.client]) for h in due))
 
     def interval_s(self) -> float:
         if self.config.health_check_interval_s <= 0:

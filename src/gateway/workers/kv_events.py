@@ -10,7 +10,8 @@ that worker's ``policies.kv_blocks.WorkerBlocks`` on the event loop (the tree's 
 lock covers the background evictor). A broken stream is reopened with exponential
 backoff, resuming after the last sequence number seen; a gap or a restarted worker
 (a sequence number other than the next one) resets that worker's share of the tree,
-since events were lost. Workers whose pool policy keeps no tree are not subscribed.
+since events were lost. Workers whose pool policy keeps no tree are not subscribed,
+nor engines with data-parallel ranks (one stream per engine, rank 0's only on SGLang).
 """
 
 from __future__ import annotations
@@ -155,6 +156,11 @@ class KvEventFeeder:
 
     def _start(self, worker: Worker) -> None:
         if not self._started or worker.id in self._tasks:
+            return
+        if worker.dp_rank is not None:
+            # One stream per engine, and under DP attention SGLang's covers rank 0 only: a
+            # rank's share of the tree learns from routing alone (GET /workers says so).
+            log.info("kv events: %s has data-parallel ranks; its ranks' trees learn from routing, not events", worker.url)
             return
         policy = self.router.policy(worker.model, worker.role)
         if not isinstance(policy, CacheAwarePolicy):

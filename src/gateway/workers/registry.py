@@ -2,8 +2,11 @@
 
 Registration probes the worker (GetModelInfo, GetServerInfo, then one HealthCheck)
 before it can take traffic, so a dead or wrong URL fails loudly instead of black-holing requests.
+An engine that reports several data-parallel ranks (``dp_size``, or the operator's
+override) is registered as one routing target per rank, all sharing its client.
 Removal drains: the worker stops getting new requests at once and leaves the
-registry when its in-flight requests are done (or a timeout passes).
+registry when its in-flight requests are done (or a timeout passes); removing any
+rank of an engine removes the engine, all its ranks.
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ from gateway.workers.trtllm_grpc import TrtllmGrpcClient
 from gateway.workers.vllm_grpc import VllmGrpcClient
 from gateway.workers.vllm_http import VllmHttpClient
 from gateway.workers.watchdog import ProgressTracker
-from gateway.workers.worker import Worker, WorkerInfo
+from gateway.workers.worker import Worker, WorkerInfo, engine_of
+
+MAX_DP_SIZE = 1024  # ranks one engine may claim (a bogus report must not make a million targets)
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +128,7 @@ class WorkerRegistry:
         self._progress = progress
         self._connect = connect
         self._listeners: list[ChangeListener] = []
-        self._adding: dict[str, asyncio.Task[Worker]] = {}
+        self._adding: dict[str, asyncio.Task[list[Worker]]] = {}
 
     def subscribe(self, listener: ChangeListener) -> None:
         self._listeners.append(listener)
@@ -133,10 +138,19 @@ class WorkerRegistry:
             listener(event, worker)
 
     def restarted(self, worker: Worker) -> None:
-        """The worker's process was restarted behind the same address: its cache is empty."""
-        if self._workers.get(worker.id) is worker and not worker.draining:
-            log.info("worker %s restarted: what the gateway learned of its cache is dropped", worker.id)
-            self._notify("restarted", worker)
+        """The worker's process was restarted behind the same address: its cache is empty
+        (every rank's, for an engine with several)."""
+        for rank in self.ranks(worker):
+            if self._workers.get(rank.id) is rank and not rank.draining:
+                log.info("worker %s restarted: what the gateway learned of its cache is dropped", rank.id)
+                self._notify("restarted", rank)
+
+    def ranks(self, worker: Worker) -> list[Worker]:
+        """Every registered target of ``worker``'s engine (just ``worker`` without DP ranks)."""
+        return [w for w in self._workers.values() if w.client is worker.client] or [worker]
+
+    def _engine(self, engine_id: str) -> list[Worker]:
+        return [w for w in self._workers.values() if w.engine_id == engine_id]
 
     async def add(
         self,
@@ -146,32 +160,43 @@ class WorkerRegistry:
         bootstrap_port: int | None = None,
         api_key: str | None = None,
         engine: str | None = None,
+        dp_size: int | None = None,
     ) -> Worker:
         """Probe and register ``url``; adding a known URL returns the existing worker.
-        ``engine`` names the engine behind the URL (default: detected)."""
+        ``engine`` names the engine behind the URL (default: detected); ``dp_size`` its
+        data-parallel ranks (default: what it reports; 1 routes to it as one target and
+        leaves the balancing between its ranks to the engine). An engine with several
+        ranks returns its rank 0 (``ranks()`` gives them all)."""
+        if dp_size is not None and not 1 <= dp_size <= MAX_DP_SIZE:
+            raise WorkerRegistrationError(f"worker {url}: dp_size must be in [1, {MAX_DP_SIZE}], got {dp_size}")
         address = parse_worker_url(url)
-        existing = self._workers.get(address.target)
-        if existing is not None and not existing.draining:
-            return existing
+        existing = [w for w in self._engine(address.target) if not w.draining]
+        if existing:
+            return existing[0]
         pending = self._adding.get(address.target)
         if pending is None:
-            pending = asyncio.ensure_future(self._probe(address.url, role, bootstrap_port, api_key, engine))
+            pending = asyncio.ensure_future(self._probe(address.url, role, bootstrap_port, api_key, engine, dp_size))
             self._adding[address.target] = pending
         try:
-            worker = await asyncio.shield(pending)
+            workers = await asyncio.shield(pending)
         finally:
             if pending.done():
                 self._adding.pop(address.target, None)
-        if address.target not in self._workers or self._workers[address.target].draining:
-            self._workers[address.target] = worker
-            log.info("worker added: %s role=%s model=%s", worker.url, worker.role, worker.model)
+        live = [w for w in self._engine(address.target) if not w.draining]
+        if live:
+            return live[0]
+        for worker in workers:
+            self._workers[worker.id] = worker
+        head = workers[0]
+        log.info("worker added: %s role=%s model=%s dp_size=%d", head.url, head.role, head.model, len(workers))
+        for worker in workers:
             self._notify("added", worker)
-        return self._workers[address.target]
+        return head
 
     async def _probe(
         self, url: str, role: str | None, bootstrap_port: int | None, api_key: str | None,
-        engine: str | None = None,
-    ) -> Worker:
+        engine: str | None = None, dp_size: int | None = None,
+    ) -> list[Worker]:
         client = await with_engine(self._connect(url, self._tls, api_key or self._api_key), engine, self._probe_timeout)
         try:
             model_info, server_info = await asyncio.gather(
@@ -204,38 +229,63 @@ class WorkerRegistry:
             raise WorkerRegistrationError(
                 f"prefill worker {url} has no bootstrap port (give one or set it on the worker)"
             )
-        return Worker(url, client, info, role=role, bootstrap_port=bootstrap_port, breaker=self._breaker(),
-            progress=self._progress(),
-        )
+        if dp_size is not None:
+            info.dp_size = dp_size
+        elif info.dp_size > MAX_DP_SIZE:
+            await client.close()
+            raise WorkerRegistrationError(f"worker {url} reports dp_size {info.dp_size} (at most {MAX_DP_SIZE})")
+        if info.dp_size > 1 and "dp_rank" in client.lacks:
+            await client.close()
+            raise WorkerRegistrationError(
+                f"{client.kind} worker {url} cannot be routed to by data-parallel rank: a request to it cannot"
+                " name one (register it with dp_size 1: the engine balances its ranks itself)"
+            )
+        ranks: list[int | None] = [None] if info.dp_size == 1 else list(range(info.dp_size))
+        return [
+            Worker(url, client, info, role=role, bootstrap_port=bootstrap_port, breaker=self._breaker(),
+                   progress=self._progress(), dp_rank=rank)
+            for rank in ranks
+        ]
 
     async def remove(self, worker_id: str, *, drain_timeout_s: float = 30.0) -> Worker:
-        """Stop routing to the worker, wait for its in-flight requests, then forget it."""
+        """Stop routing to the worker (every rank of its engine), wait for their in-flight
+        requests, then forget them and close the engine's client."""
         worker = self.get(worker_id)
         if worker is None:
             raise KeyError(worker_id)
-        worker.draining = True
-        self._notify("removed", worker)
+        ranks = self.ranks(worker)
+        for rank in ranks:
+            rank.draining = True
+            self._notify("removed", rank)
         deadline = asyncio.get_running_loop().time() + drain_timeout_s
         # Polling keeps WorkerLoad free of asyncio; a drain is rare and 50 ms is plenty.
-        while worker.load.in_flight > 0 and asyncio.get_running_loop().time() < deadline:  # noqa: ASYNC110
+        while any(r.load.in_flight > 0 for r in ranks) and asyncio.get_running_loop().time() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(0.05)
-        if self._workers.get(worker.id) is worker:
-            del self._workers[worker.id]
+        for rank in ranks:
+            if self._workers.get(rank.id) is rank:
+                del self._workers[rank.id]
         await worker.client.close(grace=1.0)
         log.info("worker removed: %s", worker.url)
         return worker
 
     def get(self, key: str) -> Worker | None:
-        """Find a worker by id (host:port) or URL."""
+        """Find a worker by id (host:port, or host:port@rank for one rank) or URL; an
+        engine's id or URL finds its first rank."""
         if key in self._workers:
             return self._workers[key]
         for worker in self._workers.values():
             if worker.url == key:
                 return worker
+        if engine_of(key) != key:
+            return None  # a rank this registry does not have
+        ranks = self._engine(key)
+        if ranks:
+            return ranks[0]
         try:
-            return self._workers.get(parse_worker_url(key).target)
+            target = parse_worker_url(key).target
         except ValueError:
             return None
+        return self._workers.get(target) or next(iter(self._engine(target)), None)
 
     def all(self) -> list[Worker]:
         return list(self._workers.values())
@@ -252,6 +302,9 @@ class WorkerRegistry:
         return sorted({w.model for w in self._workers.values() if not w.draining})
 
     async def close(self) -> None:
+        closed: set[int] = set()
         for worker in list(self._workers.values()):
-            await worker.client.close()
+            if id(worker.client) not in closed:
+                closed.add(id(worker.client))
+                await worker.client.close()
         self._workers.clear()

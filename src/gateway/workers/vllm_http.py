@@ -54,7 +54,7 @@ class VllmHttpClient(HttpWorkerClient):
 
     kind = "vllm/http"
     engine = "vLLM's OpenAI server"
-    lacks = HttpWorkerClient.lacks | {"abort"}
+    lacks = HttpWorkerClient.lacks | {"abort", "dp_rank"}  # its completions route names no DP rank
 
     def __init__(self, url: str, **kwargs: Any) -> None:
         super().__init__(url, **kwargs)

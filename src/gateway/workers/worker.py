@@ -19,6 +19,31 @@ LOADS_VIEW_REUSE_S = 0.01  # a policy's load view is at most this much older tha
 
 
 PAGE_SIZE_UNKNOWN = "unknown (assumed 1)"
+RANK_SEPARATOR = "@"
+"""Between an engine's id and a data-parallel rank in a rank's worker id (``host:port@2``, SMG's form)."""
+
+
+def rank_id(engine_id: str, dp_rank: int | None) -> str:
+    """The routing id of one data-parallel rank of an engine (the engine's own id without one)."""
+    return engine_id if dp_rank is None else f"{engine_id}{RANK_SEPARATOR}{dp_rank}"
+
+
+def engine_of(worker_id: str) -> str:
+    """The engine a worker id belongs to: the id without its ``@rank`` suffix."""
+    base, sep, rank = worker_id.rpartition(RANK_SEPARATOR)
+    return base if sep and rank.isdigit() else worker_id
+
+
+def one_per_engine(workers: list[Worker]) -> list[Worker]:
+    """The first worker of each engine in ``workers``, in order: for the calls that answer
+    for the whole engine (loads, flush, health, server info), made once, not once per rank."""
+    seen: set[int] = set()
+    out: list[Worker] = []
+    for w in workers:
+        if id(w.client) not in seen:
+            seen.add(id(w.client))
+            out.append(w)
+    return out
 
 GATEWAY_INSTANCE_ARG = "token_gateway_instance"
 """The server argument a gateway's SGLang pass-through adds to GetServerInfo: its process's
@@ -51,7 +76,7 @@ class WorkerInfo:
     kv_capacity_tokens: int = 0
     disaggregation_mode: str = "null"
     bootstrap_port: int | None = None
-    dp_size: int = 1  # data-parallel ranks behind this one address (PD rooms align to them)
+    dp_size: int = 1  # data-parallel ranks behind this one address: one routing target each
     max_running_requests: int = 0  # server_args max_running_requests (0: not reported)
     max_req_input_len: int = 0  # the scheduler's prompt limit (prompts this long or longer are refused)
     context_length_arg: int | None = None  # server_args.context_length: the operator's override
@@ -141,7 +166,14 @@ def start_time_of(server_info: pb.GetServerInfoResponse) -> float:
 
 
 class Worker:
-    """A worker as the gateway tracks it. Mutated only on the event loop."""
+    """A worker as the gateway tracks it: one routing target. Mutated only on the event loop.
+
+    An engine with several data-parallel ranks (SGLang ``--dp-size N``) is N of these, one
+    per rank (``dp_rank``, id ``host:port@rank``): each rank has its own KV cache, so its
+    own share of the policy's tree, its own load, breaker and watchdog record. The ranks
+    share the engine's client (one connection) and its ``info``; the calls that answer for
+    the whole engine (health, loads, flush) are made once per engine (``one_per_engine``).
+    """
 
     def __init__(
         self,
@@ -153,12 +185,17 @@ class Worker:
         bootstrap_port: int | None = None,
         breaker: CircuitBreaker | None = None,
         progress: ProgressTracker | None = None,
+        dp_rank: int | None = None,
     ) -> None:
         if role not in ROLES:
             raise ValueError(f"unknown worker role {role!r}; expected one of {ROLES}")
+        if dp_rank is not None and not 0 <= dp_rank < info.dp_size:
+            raise ValueError(f"dp_rank {dp_rank} not in [0, {info.dp_size})")
         self.client = client
         self.url = client.url
-        self.id = client.address.target
+        self.engine_id = client.address.target
+        self.dp_rank = dp_rank
+        self.id = rank_id(self.engine_id, dp_rank)
         self.info = info
         self.role = role
         self.bootstrap_port = bootstrap_port if bootstrap_port is not None else info.bootstrap_port
@@ -203,6 +240,16 @@ class Worker:
         else:
             self.breaker.record_failure()
             self.suspect = True
+
+    def pin(self, request: pb.GenerateRequest | pb.EmbedRequest) -> None:
+        """Name this rank in ``request`` (``data_parallel_rank``), so the engine runs it where
+        the policy predicted its prefix is cached; clear a rank another target set (a retry)."""
+        if self.dp_rank is not None:
+            request.data_parallel_rank = self.dp_rank
+        elif isinstance(request, pb.GenerateRequest):
+            request.ClearField("data_parallel_rank")
+        else:
+            request.data_parallel_rank = 0
 
     def load_figures(self) -> tuple[int, int]:
         """(requests in flight, prompt tokens with no first message yet), for the watchdog."""
@@ -265,10 +312,14 @@ class Worker:
         return {
             "id": self.id,
             "url": self.url,
+            "engine_id": self.engine_id,
+            "dp_rank": self.dp_rank,
+            "dp_size": self.info.dp_size,
             "kind": self.client.kind,
             # Every kind so far takes token ids, so routing sees what the worker caches.
             "token_ids": True,
-            "lacks": sorted(self.client.lacks),
+            # A rank's tree learns from routing only: KV events come per engine (rank 0's on SGLang).
+            "lacks": sorted(self.client.lacks | ({"kv_events"} if self.dp_rank is not None else set())),
             "role": self.role,
             "model": self.model,
             "healthy": self.healthy,

@@ -52,7 +52,7 @@ from gateway.server.grpc.util import (
 )
 from gateway.server.state import GatewayState
 from gateway.workers.transport import WorkerCallError
-from gateway.workers.worker import GATEWAY_INSTANCE_ARG, Worker
+from gateway.workers.worker import GATEWAY_INSTANCE_ARG, Worker, one_per_engine
 
 log = logging.getLogger(__name__)
 
@@ -290,7 +290,7 @@ class SchedulerPassthrough(pb_grpc.SglangSchedulerServicer):
     async def GetLoads(self, request: pb.GetLoadsRequest, context: aio.ServicerContext) -> pb.GetLoadsResponse:
         """Every worker's scheduler loads, ranks renumbered across the fleet, one aggregate."""
         async def run(ctx: RequestContext) -> pb.GetLoadsResponse:
-            workers = self._workers()
+            workers = one_per_engine(self._workers())  # an engine answers for all its DP ranks
             include = list(request.include) or ["core"]
             replies = await asyncio.gather(
                 *(w.client.loads(include=include, timeout=worker_timeout(2.0)) for w in workers),
@@ -314,11 +314,11 @@ class SchedulerPassthrough(pb_grpc.SglangSchedulerServicer):
 
     async def FlushCache(self, request: common_pb2.FlushCacheRequest, context: aio.ServicerContext) -> common_pb2.FlushCacheResponse:
         async def run(ctx: RequestContext) -> common_pb2.FlushCacheResponse:
-            workers = self._workers()
+            workers = one_per_engine(self._workers())
             replies = await asyncio.gather(
                 *(w.client.flush_cache(request.timeout_s) for w in workers), return_exceptions=True
             )
-            failed = [w.id for w, r in zip(workers, replies, strict=True) if not (isinstance(r, common_pb2.FlushCacheResponse) and r.success)]
+            failed = [w.engine_id for w, r in zip(workers, replies, strict=True) if not (isinstance(r, common_pb2.FlushCacheResponse) and r.success)]
             ok = bool(workers) and not failed
             if ok:  # the workers' caches are empty now; the policies' guesses must forget too (as POST /flush_cache)
                 self.state.router.reset_policies()

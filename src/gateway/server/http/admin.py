@@ -30,9 +30,9 @@ from gateway.server.http.util import (
 )
 from gateway.tokenization.errors import TokenizationError
 from gateway.workers.client import BadWorkerUrl
-from gateway.workers.registry import WorkerRegistrationError
+from gateway.workers.registry import MAX_DP_SIZE, WorkerRegistrationError
 from gateway.workers.transport import WorkerCallError
-from gateway.workers.worker import ROLES, Worker
+from gateway.workers.worker import ROLES, Worker, one_per_engine
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,10 @@ class AddWorkerRequest(BaseModel):
     api_key: str | None = Field(default=None, max_length=4096, description="bearer token for this worker")
     engine: Literal["auto", "sglang", "vllm", "trtllm"] = Field(
         default="auto", description="the engine behind the URL, gRPC or HTTP (auto: detected from what answers)",
+    )
+    dp_size: int | None = Field(
+        default=None, ge=1, le=MAX_DP_SIZE,
+        description="data-parallel ranks behind the URL, one routing target each (default: what the worker reports)",
     )
 
 
@@ -111,7 +115,7 @@ def admin_router(door: HttpDoor) -> APIRouter:
             try:
                 worker = await state.add_worker(
                     req.url, role=req.role, bootstrap_port=req.bootstrap_port,
-                    api_key=req.api_key, model=req.model, engine=req.engine,
+                    api_key=req.api_key, model=req.model, engine=req.engine, dp_size=req.dp_size,
                 )
             except BadWorkerUrl as exc:
                 raise InvalidRequestError(str(exc), param="url") from None
@@ -123,6 +127,7 @@ def admin_router(door: HttpDoor) -> APIRouter:
                     code="worker_registration_failed",
                 ) from None
             body = worker.describe()
+            body["ranks"] = [w.id for w in state.registry.ranks(worker)]
             body["created"] = not existed
             body["registration"] = (
                 ["already registered"]
@@ -153,10 +158,10 @@ def admin_router(door: HttpDoor) -> APIRouter:
     @app.get("/get_loads")
     async def get_loads(request: Request) -> Response:
         async def work() -> Response:
-            workers = [w for w in state.registry.all() if not w.draining]
+            workers = one_per_engine([w for w in state.registry.all() if not w.draining])
             out: list[dict[str, Any]] = []
             for worker, result in await fan_out(lambda w: w.client.loads(timeout=5.0), workers):
-                row: dict[str, Any] = {"id": worker.id, "url": worker.url, "role": worker.role}
+                row: dict[str, Any] = {"id": worker.engine_id, "url": worker.url, "role": worker.role}
                 if isinstance(result, BaseException):
                     row["error"] = _rpc_failure(result)
                 else:
@@ -171,11 +176,11 @@ def admin_router(door: HttpDoor) -> APIRouter:
         async def work() -> Response:
             raw = await buffer_body(request, _ADMIN_BODY_BYTES)
             req = parse_model(FlushCacheRequest, await read_json(request, _ADMIN_BODY_BYTES)) if raw.strip() else FlushCacheRequest()
-            workers = [w for w in state.registry.all() if not w.draining]
+            workers = one_per_engine([w for w in state.registry.all() if not w.draining])
             out: list[dict[str, Any]] = []
             timeout = req.timeout_s + 10.0
             for worker, result in await fan_out(lambda w: w.client.flush_cache(req.timeout_s, timeout=timeout), workers):
-                row: dict[str, Any] = {"id": worker.id, "url": worker.url}
+                row: dict[str, Any] = {"id": worker.engine_id, "url": worker.url}
                 if isinstance(result, BaseException):
                     row.update(success=False, message=_rpc_failure(result))
                 else:
