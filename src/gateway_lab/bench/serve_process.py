@@ -67,16 +67,14 @@ class ServeProcess:
     ) -> ServeProcess:
         """Start the gateway on an ephemeral loopback port; return once it is ready to route.
 
-        ``env`` replaces the child's environment (a benchmark runs another checkout's
-        code with its own ``PYTHONPATH``)."""
-        argv = [
-            sys.executable, "-m", "gateway", "serve",
-            "--worker-urls", *worker_urls,
-            "--policy", policy,
-            "--host", "127.0.0.1", "--port", "0",
-            *extra_args,
-        ]  # fmt: skip
-        return await cls.launch(argv, f"gateway-{policy}", ready_timeout_s=ready_timeout_s, log_dir=log_dir, env=env)
+        No ``worker_urls`` or ``policy`` leaves their flags out (``extra_args`` names the
+        workers otherwise, e.g. prefill and decode pools). ``env`` replaces the child's
+        environment (a benchmark runs another checkout's code with its own ``PYTHONPATH``)."""
+        argv = [sys.executable, "-m", "gateway", "serve"]
+        argv += ["--worker-urls", *worker_urls] if worker_urls else []
+        argv += ["--policy", policy] if policy else []
+        argv += ["--host", "127.0.0.1", "--port", "0", *extra_args]
+        return await cls.launch(argv, f"gateway-{policy or 'serve'}", ready_timeout_s=ready_timeout_s, log_dir=log_dir, env=env)
 
     @classmethod
     async def launch(

@@ -59,3 +59,22 @@ async def test_never_ready_times_out_and_is_killed(tmp_path) -> None:
         await ServeProcess.launch([sys.executable, CHILD, "hang"], "child", ready_timeout_s=0.5,
                                   log_dir=tmp_path)
     assert time.perf_counter() - t < 5
+
+
+async def test_the_serve_command_line_leaves_out_what_it_is_not_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[list[str]] = []
+
+    async def fake_launch(argv: list[str], name: str, **_: object) -> str:
+        seen.append([*argv, name])
+        return name
+
+    monkeypatch.setattr(ServeProcess, "launch", fake_launch)
+    await ServeProcess.start(["grpc://a:1"], "cache_aware", extra_args=["--log-level", "warning"])
+    await ServeProcess.start([], "", extra_args=["--prefill", "grpc://p:1", "--decode", "grpc://d:1"])
+    assert seen[0][3:] == [
+        "serve", "--worker-urls", "grpc://a:1", "--policy", "cache_aware", "--host", "127.0.0.1", "--port", "0",
+        "--log-level", "warning", "gateway-cache_aware",
+    ]  # fmt: skip
+    assert seen[1][3:] == [
+        "serve", "--host", "127.0.0.1", "--port", "0", "--prefill", "grpc://p:1", "--decode", "grpc://d:1", "gateway-serve",
+    ]  # fmt: skip

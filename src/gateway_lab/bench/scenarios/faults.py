@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import random
 import re
 import time
 from collections import Counter, defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -41,15 +42,12 @@ from typing import Any
 import httpx
 import orjson
 
-from gateway_lab.bench.peers import PeerProcess
-from gateway_lab.bench.serve_process import ServeProcess
-from gateway_lab.bench.workloads import default_tokenizer_dir
+from gateway_lab.bench import launch, results
 from gateway_lab.sim.config import SimConfig
 from gateway_lab.sim.fleet import SubprocessFleet
 from gateway_lab.sim.worker import SimWorker
 
 SCENARIOS = ("kill", "stall", "flaky")
-PEERS_PYTHON = ".peers-venv/bin/python"  # scripts/peers.sh installs it in the checkout
 SIM = SimConfig(step_base_s=0.002, prefill_token_s=20e-6, decode_seq_s=0.0002)
 SYSTEMS = [f"You are helper {i}. " + "Keep every answer short and exact. " * (8 + 4 * i) for i in range(4)]
 FAULT_FLAGS = {
@@ -67,24 +65,15 @@ class Result:
     examples: list[str] = field(default_factory=list)
     counters: dict[str, float] = field(default_factory=dict)
 
-    def row(self) -> str:
-        o = self.outcomes
-        c = self.counters
-        extra = ""
-        if c:
-            extra = (
-                f" | {c.get('resumed', 0):g} | {c.get('retries', 0):g} | {c.get('watchdog_stalls', 0):g}"
-                f" | {c.get('breaker_opens', 0):g} | {c.get('in_flight_end', 0):g}"
-            )
-        else:
-            extra = " | n/a | n/a | n/a | n/a | n/a"
-        return f"| {self.gateway} | {self.scenario} | {self.seconds:.0f} | {o['ok']} | {o['failed']} | {o['hung']}{extra} |"
+    def row(self) -> list[str]:
+        o, c = self.outcomes, self.counters
+        counted = [f"{c.get(k, 0):g}" if c else "n/a" for k in COUNTERS]
+        return [self.gateway, self.scenario, f"{self.seconds:.0f}", str(o["ok"]), str(o["failed"]), str(o["hung"]), *counted]
 
 
-HEADER = (
-    "| gateway | fault | s | ok | failed | hung | resumed | retries | watchdog stalls | breaker opens | in flight at end |\n"
-    "|---|---|---|---|---|---|---|---|---|---|---|"
-)
+COUNTERS = ("resumed", "retries", "watchdog_stalls", "breaker_opens", "in_flight_end")
+HEADER = ("gateway", "fault", "s", "ok", "failed", "hung", "resumed", "retries", "watchdog stalls", "breaker opens",
+          "in flight at end")  # fmt: skip
 
 
 # ---------------------------------------------------------------- workers
@@ -122,23 +111,11 @@ class Fleet:
 
 
 # ---------------------------------------------------------------- gateways
-async def start_gateway(kind: str, urls: list[str], policy: str) -> tuple[str, Callable[[], Awaitable[None]]]:
-    if kind == "ours":
-        served = await ServeProcess.start(
-            urls, policy, extra_args=["--log-level", "warning", "--no-access-log", "--health-check-interval-s", "2"],
-        )
+OURS_FLAGS = ["--log-level", "warning", "--no-access-log", "--health-check-interval-s", "2"]
 
-        async def stop_ours() -> None:
-            await served.stop()
 
-        return served.url, stop_ours
-    python = PEERS_PYTHON
-    peer = await PeerProcess.start(python, "smg", urls, policy, str(default_tokenizer_dir()))
-
-    async def stop_peer() -> None:
-        await peer.stop()
-
-    return peer.url, stop_peer
+def start_gateway(kind: str, urls: list[str], policy: str) -> contextlib.AbstractAsyncContextManager[launch.Gateway]:
+    return launch.gateway(kind, urls, policy, extra_args=OURS_FLAGS if kind == "ours" else ())
 
 
 async def scrape(http: httpx.AsyncClient) -> dict[str, float]:
@@ -242,25 +219,22 @@ async def settle(url: str, kind: str, timeout_s: float = 10.0) -> dict[str, floa
 async def scenario(kind: str, name: str, args: argparse.Namespace) -> Result:
     fleet = Fleet(args.workers, args.engine)
     result = Result(kind, name, 0.0)
-    stop: Callable[[], Awaitable[None]] | None = None
     try:
         for i in range(args.workers):
             fleet.start_worker(i, FAULT_FLAGS.get(name) if i == 0 else None)
         policy = "round_robin" if name == "stall" else args.policy
-        url, stop = await start_gateway(kind, fleet.urls, policy)
-        killed = False
+        async with start_gateway(kind, fleet.urls, policy) as gw:
+            killed = False
 
-        def tick(elapsed: float) -> None:
-            nonlocal killed
-            if name == "kill" and not killed and elapsed >= args.seconds / 3:
-                killed = True
-                fleet.kill(0)
+            def tick(elapsed: float) -> None:
+                nonlocal killed
+                if name == "kill" and not killed and elapsed >= args.seconds / 3:
+                    killed = True
+                    fleet.kill(0)
 
-        await drive(url, args.seconds, args.clients, args.deadline_s, result, tick)
-        result.counters = await settle(url, kind)
+            await drive(gw.url, args.seconds, args.clients, args.deadline_s, result, tick)
+            result.counters = await settle(gw.url, kind)
     finally:
-        if stop is not None:
-            await stop()
         fleet.stop()
     return result
 
@@ -318,55 +292,58 @@ async def soak(args: argparse.Namespace) -> Result:
     n = args.workers
     fleet = LiveFleet()
     result = Result("ours", f"soak (roles rotate every {args.rotate_s:g} s)", 0.0)
-    stop: Callable[[], Awaitable[None]] | None = None
-    pending: set[asyncio.Task[None]] = set()
     try:
         await fleet.start(n)
-        url, stop = await start_gateway("ours", fleet.urls, args.policy)
-        state = {"round": -1, "dead": -1, "killed_at": 0.0, "rotations": 0}
-
-        async def rotate(rnd: int, elapsed: float) -> None:
-            killed, stalling, flaky = rnd % n, (rnd + 1) % n, (rnd + 2) % n
-            if state["dead"] >= 0:
-                await fleet.restart(int(state["dead"]))
-                state["dead"] = -1
-            for i in range(n):
-                fleet.set_faults(i, "stall" if i == stalling else "flaky" if i == flaky else None)
-            await fleet.kill(killed)
-            state["dead"], state["killed_at"] = killed, elapsed
-            state["rotations"] += 1
-
-        async def revive() -> None:
-            if state["dead"] >= 0:
-                i = int(state["dead"])
-                state["dead"] = -1
-                await fleet.restart(i)
-
-        def tick(elapsed: float) -> None:
-            rnd = int(elapsed // args.rotate_s)
-            job = None
-            if rnd != state["round"]:
-                state["round"] = rnd
-                job = rotate(rnd, elapsed)
-            elif state["dead"] >= 0 and elapsed - state["killed_at"] >= args.rotate_s / 2:
-                job = revive()
-            if job is not None:
-                task = asyncio.ensure_future(job)
-                pending.add(task)
-                task.add_done_callback(pending.discard)
-
-        await drive(url, args.soak_seconds, args.clients, args.deadline_s, result, tick)
-        if pending:
-            await asyncio.gather(*pending)
-        for i in range(n):
-            fleet.set_faults(i, None)
-        result.counters = await settle(url, "ours")
-        result.counters["rotations"] = state["rotations"]
+        async with start_gateway("ours", fleet.urls, args.policy) as gw:
+            await _rotating(gw.url, fleet, args, result)
     finally:
-        if stop is not None:
-            await stop()
         await fleet.stop()
     return result
+
+
+async def _rotating(url: str, fleet: LiveFleet, args: argparse.Namespace, result: Result) -> None:
+    """The soak's load while the roles rotate; the counters once it has settled."""
+    n = args.workers
+    pending: set[asyncio.Task[None]] = set()
+    state = {"round": -1, "dead": -1, "killed_at": 0.0, "rotations": 0}
+
+    async def rotate(rnd: int, elapsed: float) -> None:
+        killed, stalling, flaky = rnd % n, (rnd + 1) % n, (rnd + 2) % n
+        if state["dead"] >= 0:
+            await fleet.restart(int(state["dead"]))
+            state["dead"] = -1
+        for i in range(n):
+            fleet.set_faults(i, "stall" if i == stalling else "flaky" if i == flaky else None)
+        await fleet.kill(killed)
+        state["dead"], state["killed_at"] = killed, elapsed
+        state["rotations"] += 1
+
+    async def revive() -> None:
+        if state["dead"] >= 0:
+            i = int(state["dead"])
+            state["dead"] = -1
+            await fleet.restart(i)
+
+    def tick(elapsed: float) -> None:
+        rnd = int(elapsed // args.rotate_s)
+        job = None
+        if rnd != state["round"]:
+            state["round"] = rnd
+            job = rotate(rnd, elapsed)
+        elif state["dead"] >= 0 and elapsed - state["killed_at"] >= args.rotate_s / 2:
+            job = revive()
+        if job is not None:
+            task = asyncio.ensure_future(job)
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+
+    await drive(url, args.soak_seconds, args.clients, args.deadline_s, result, tick)
+    if pending:
+        await asyncio.gather(*pending)
+    for i in range(n):
+        fleet.set_faults(i, None)
+    result.counters = await settle(url, "ours")
+    result.counters["rotations"] = state["rotations"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -393,22 +370,21 @@ def main(args: argparse.Namespace) -> int:
 
 
 async def measure(args: argparse.Namespace) -> int:
-    results: list[Result] = []
+    outcome = results.Result()
+    runs: list[Result] = []
     if args.soak_seconds > 0:
-        results.append(await soak(args))
+        runs.append(await soak(args))
     else:
         for kind in args.gateways:
             for name in args.scenarios:
                 r = await scenario(kind, name, args)
-                results.append(r)
-                print(r.row(), flush=True)
-    print(HEADER)
-    for r in results:
-        print(r.row())
-        for ex in r.examples[:3]:
-            print(f"    e.g. {ex}")
+                runs.append(r)
+                print(" | ".join(r.row()), flush=True)
+    outcome.tables.append(results.Table.of("what clients see with one sick worker", HEADER, [r.row() for r in runs]))
+    for r in runs:
+        outcome.notes += [f"{r.gateway} {r.scenario}: e.g. {ex}" for ex in r.examples[:3]]
         if r.counters:
-            print("    counters at the end:", json.dumps(r.counters, sort_keys=True))
-    if args.json:
-        args.json.write_text(json.dumps([{**r.__dict__, "outcomes": dict(r.outcomes)} for r in results], indent=2))
+            outcome.notes.append(f"{r.gateway} {r.scenario}: counters at the end: {json.dumps(r.counters, sort_keys=True)}")
+    outcome.data = {"runs": [{**r.__dict__, "outcomes": dict(r.outcomes)} for r in runs]}
+    results.write(outcome, json_path=args.json or "")
     return 0

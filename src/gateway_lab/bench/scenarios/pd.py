@@ -17,26 +17,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import json
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
 from gateway.settings import add_options, from_namespace, option
-from gateway_lab.bench import machine, workloads
+from gateway_lab.bench import launch, workloads
 from gateway_lab.bench.driver import DriverConfig, RunResult, run_workload
 from gateway_lab.bench.report import RunSummary, summarize
-from gateway_lab.bench.serve_process import ServeProcess
+from gateway_lab.bench.results import Result, Table, write
 from gateway_lab.bench.workloads import GspConfig
 from gateway_lab.demo import DEMO_GSP, DemoConfig, sim_options
 from gateway_lab.sim.config import SimConfig
-from gateway_lab.sim.fleet import SubprocessFleet
 
 
 @dataclass
@@ -60,24 +55,15 @@ async def run_one(
     policy: str, config: PdBenchConfig, sim: SimConfig, workload: Any, scratch: str
 ) -> tuple[RunResult, dict[str, Any]]:
     roles = ["prefill"] * config.prefill_workers + ["decode"] * config.decode_workers
-    fleet = SubprocessFleet(len(roles), sim, roles=roles, ready_timeout=60.0)
     driver = DriverConfig(concurrency=config.concurrency, duration_s=config.run_timeout_s, request_timeout_s=60.0)
-    try:
-        async with fleet:
-            prefill, decode = fleet.urls[: config.prefill_workers], fleet.urls[config.prefill_workers :]
-            argv = [
-                sys.executable, "-m", "gateway", "serve", "--prefill", *prefill, "--decode", *decode,
-                "--prefill-policy", policy, "--decode-policy", config.decode_policy,
-                "--host", "127.0.0.1", "--port", "0", "--tokenizer-cache-dir", scratch, "--log-level", "warning",
-            ]  # fmt: skip
-            gateway = await ServeProcess.launch(argv, f"gateway-pd-{policy}")
-            try:
-                run = await run_workload(gateway.url, workload, driver, label=policy)
-            finally:
-                await gateway.stop()
-            gateway.remove_log()
-    finally:
-        fleet.kill()
+    async with launch.fleet("process", len(roles), sim, roles=roles, ready_timeout=60.0) as fleet:
+        prefill, decode = fleet.urls[: config.prefill_workers], fleet.urls[config.prefill_workers :]
+        args = [
+            "--prefill", *prefill, "--decode", *decode, "--prefill-policy", policy,
+            "--decode-policy", config.decode_policy, "--tokenizer-cache-dir", scratch, "--log-level", "warning",
+        ]  # fmt: skip
+        async with launch.gateway("ours", [], "", extra_args=args) as gateway:
+            run = await run_workload(gateway.url, workload, driver, label=policy)
     counters = {str(w["url"]): w for w in (fleet.counters or {}).get("workers", [])}
     run.worker_counters = {u: c for u, c in counters.items() if c.get("role") == "prefill"}
     pre = list(run.worker_counters.values())
@@ -116,20 +102,19 @@ async def main_async(config: PdBenchConfig, gsp: GspConfig, console: Console) ->
 
 
 def table(results: list[tuple[RunSummary, dict[str, Any]]]) -> Table:
-    t = Table(title="PD: prefill policy on gsp (4 prefill + 4 decode)")
-    for col in ("prefill policy", "ok/err", "prefill hit", "client hit", "ideal", "out tok/s", "req/s",
-                "TTFT p50", "TTFT p99", "prefill reqs", "rendezvous"):  # fmt: skip
-        t.add_column(col, justify="right")
+    rows = []
     for s, sides in results:
         hit = sides["prefill_cached_tokens"] / sides["prefill_prompt_tokens"] if sides["prefill_prompt_tokens"] else 0
-        t.add_row(
+        rows.append([
             s.label, f"{s.ok}/{s.errors}", f"{100 * hit:.1f}%", f"{100 * s.hit_rate:.1f}%",
             f"{100 * (s.ideal_hit_rate or 0):.1f}%", f"{s.output_tok_s:.0f}", f"{s.req_s:.2f}",
             f"{1000 * (s.ttft_p50_s or 0):.0f} ms", f"{1000 * (s.ttft_p99_s or 0):.0f} ms",
             "/".join(map(str, sides["prefill_requests"])),
             f"{sides['rendezvous_ok']} ok, {sides['rendezvous_failed']} failed",
-        )  # fmt: skip
-    return t
+        ])  # fmt: skip
+    header = ["prefill policy", "ok/err", "prefill hit", "client hit", "ideal", "out tok/s", "req/s",
+              "TTFT p50", "TTFT p99", "prefill reqs", "rendezvous"]  # fmt: skip
+    return Table.of("PD: prefill policy on gsp (4 prefill + 4 decode)", header, rows, labels=0)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -144,10 +129,9 @@ def main(args: argparse.Namespace) -> int:
     config = from_namespace(PdBenchConfig, args)
     gsp = from_namespace(GspConfig, args)
     console = Console(width=200)
+    result = Result()
     results = asyncio.run(main_async(config, gsp, console))
-    console.print(table(results))
-    console.print(f"machine: {machine.describe()}")
-    if config.json_out:
-        data = [s.to_dict() | {"pd": sides} for s, sides in results]
-        Path(config.json_out).write_text(json.dumps(data, indent=2))
+    result.tables.append(table(results))
+    result.data = {"runs": [s.to_dict() | {"pd": sides} for s, sides in results]}
+    write(result, console, json_path=config.json_out)
     return 0 if all(s.errors == 0 for s, _ in results) else 1

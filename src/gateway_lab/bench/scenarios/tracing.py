@@ -23,12 +23,9 @@ import timeit
 import grpc
 import httpx
 
-from gateway_lab.bench.machine import cpu_seconds, describe
-from gateway_lab.bench.serve_process import ServeProcess
-from gateway_lab.sim.config import SimConfig
-from gateway_lab.sim.fleet import SubprocessFleet
-
-ZERO = SimConfig(step_base_s=0.0, prefill_token_s=0.0, decode_seq_s=0.0, time_scale=0.0)
+from gateway_lab.bench import launch
+from gateway_lab.bench.machine import cpu_seconds
+from gateway_lab.bench.results import Result, Table, write
 
 
 async def receiver() -> tuple[grpc.aio.Server, int, list[int]]:
@@ -78,38 +75,42 @@ def hook_costs() -> dict[str, float]:
     return out
 
 
-async def measure(args: argparse.Namespace) -> None:
-    print(describe())
-    fleet = SubprocessFleet(args.workers, ZERO).start()
-    server, port, spans = await receiver()
-    off = await ServeProcess.start(fleet.urls, "round_robin", extra_args=["--no-access-log", "--log-level", "warning"])
-    on = await ServeProcess.start(fleet.urls, "round_robin", extra_args=[
-        "--no-access-log", "--log-level", "warning", "--otlp-traces-endpoint", f"127.0.0.1:{port}"])
+async def measure(args: argparse.Namespace) -> Result:
+    result = Result()
+    quiet = ["--no-access-log", "--log-level", "warning"]
     cpu: dict[str, list[float]] = {"off": [], "on": []}
+    server, port, spans = await receiver()
     try:
-        for proc in (off, on):  # warm-up: templates compiled, connections open
-            await batch(proc.url, 20, args.concurrency, args.tokens)
-        for _ in range(args.rounds):
-            for name, proc in (("off", off), ("on", on)):
-                pid = proc.process.pid
-                before = cpu_seconds(pid)
-                t0 = time.perf_counter()
-                await batch(proc.url, args.requests, args.concurrency, args.tokens)
-                wall = time.perf_counter() - t0
-                used = cpu_seconds(pid) - before
-                cpu[name].append(used / args.requests * 1e6)
-                print(f"  {name:3} {args.requests} requests: {used:.2f} s CPU, {wall:.2f} s wall")
-        await asyncio.sleep(2.5)  # the last span batch
+        async with (
+            launch.fleet("process", args.workers, launch.ZERO_COST) as fleet,
+            launch.gateway("ours", fleet.urls, "round_robin", extra_args=quiet) as off,
+            launch.gateway(
+                "ours", fleet.urls, "round_robin", extra_args=[*quiet, "--otlp-traces-endpoint", f"127.0.0.1:{port}"]
+            ) as on,
+        ):
+            for gw in (off, on):  # warm-up: templates compiled, connections open
+                await batch(gw.url, 20, args.concurrency, args.tokens)
+            for _ in range(args.rounds):
+                for name, gw in (("off", off), ("on", on)):
+                    before = cpu_seconds(gw.pid)
+                    t0 = time.perf_counter()
+                    await batch(gw.url, args.requests, args.concurrency, args.tokens)
+                    wall = time.perf_counter() - t0
+                    used = cpu_seconds(gw.pid) - before
+                    cpu[name].append(used / args.requests * 1e6)
+                    print(f"  {name:3} {args.requests} requests: {used:.2f} s CPU, {wall:.2f} s wall")
+            await asyncio.sleep(2.5)  # the last span batch
     finally:
-        await off.stop()
-        await on.stop()
         await server.stop(0)
-        fleet.stop()
     off_us, on_us = statistics.median(cpu["off"]), statistics.median(cpu["on"])
-    print(f"gateway CPU per streamed request ({args.tokens} tokens): tracing off {off_us:.0f} us, "
-          f"on {on_us:.0f} us (x{on_us / off_us:.2f}); spans received: {spans[0]}")
-    for name, ns in hook_costs().items():
-        print(f"  off path: {name}: {ns:.0f} ns")
+    result.tables.append(Table.of(
+        f"gateway CPU per streamed request ({args.tokens} tokens), median of {args.rounds} rounds",
+        ["tracing off, us", "tracing on, us", "on / off", "spans received"],
+        [[f"{off_us:.0f}", f"{on_us:.0f}", f"{on_us / off_us:.2f}", str(spans[0])]], labels=0,
+    ))  # fmt: skip
+    hooks = hook_costs()
+    result.tables.append(Table.of("the off path, per call", ["hook", "ns"], [[k, f"{v:.0f}"] for k, v in hooks.items()], labels=1))
+    return result
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -123,5 +124,5 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int | None:
     """Run the scenario with parsed flags; the exit status."""
-    asyncio.run(measure(args))
+    write(asyncio.run(measure(args)))
     return 0

@@ -26,10 +26,10 @@ async def test_the_counters_come_from_a_real_gateways_metrics() -> None:
 def test_result_rows_with_and_without_counters() -> None:
     measured = scenario.Result("ours", "kill", 40.4, Counter(ok=90, failed=3, hung=0),
                                counters={"resumed": 2, "retries": 5, "breaker_opens": 1})
-    assert measured.row() == "| ours | kill | 40 | 90 | 3 | 0 | 2 | 5 | 0 | 1 | 0 |"
+    assert measured.row() == ["ours", "kill", "40", "90", "3", "0", "2", "5", "0", "1", "0"]
     peer = scenario.Result("smg", "stall", 12.0, Counter(ok=1))
-    assert peer.row().endswith("| n/a | n/a | n/a | n/a | n/a |")
-    assert scenario.HEADER.count("|") == 2 * (measured.row().count("|"))
+    assert peer.row()[-5:] == ["n/a"] * 5
+    assert len(scenario.HEADER) == len(measured.row())
 
 
 def test_flags() -> None:

@@ -9,6 +9,7 @@ from rich.console import Console
 
 from gateway.settings import from_namespace
 from gateway_lab.bench.report import RunSummary
+from gateway_lab.bench.results import rich_table
 from gateway_lab.bench.scenarios import pd as scenario
 
 
@@ -35,7 +36,7 @@ def test_the_table_shows_the_prefill_sides_own_hit_rate() -> None:
     sides = {"prefill_cached_tokens": 300, "prefill_prompt_tokens": 400, "prefill_requests": [5, 5],
              "rendezvous_ok": 10, "rendezvous_failed": 0}
     console = Console(width=220, record=True)
-    console.print(scenario.table([(_summary("cache_aware"), sides), (_summary("round_robin"), {**sides, "prefill_prompt_tokens": 0})]))
+    console.print(rich_table(scenario.table([(_summary("cache_aware"), sides), (_summary("round_robin"), {**sides, "prefill_prompt_tokens": 0})])))
     text = console.export_text()
     assert "cache_aware" in text and "75.0%" in text and "9/1" in text and "5/5" in text and "10 ok, 0 failed" in text
     assert "0.0%" in text  # no prefill tokens counted: a 0 rate, not a division by zero
