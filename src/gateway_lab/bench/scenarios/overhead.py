@@ -4,9 +4,9 @@
     token-gateway bench overhead                     # every section
     token-gateway bench overhead --sections latency --profile prof/
 
-A simulated fleet whose steps cost nothing (``SubprocessFleet``, every cost and
-``time_scale`` at 0) runs in one child process and ``token-gateway serve`` in another
-(``ServeProcess``); this process is the client. Sections:
+A simulated fleet whose steps cost nothing (every cost and ``time_scale`` at 0) runs in
+one child process and ``token-gateway serve`` in another (both from
+``gateway_lab.bench.launch``); this process is the client. Sections:
 
 * ``latency``: one request at a time, alternating between the gateway
   (``/v1/chat/completions``, httpx) and the same worker called directly over gRPC with
@@ -55,11 +55,10 @@ import argparse
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import datetime
 import itertools
-import json
 import os
-import platform
 import random
 import re
 import shlex
@@ -70,7 +69,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -83,11 +82,11 @@ from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.proto import sglang_scheduler_pb2_grpc as pb_grpc
 from gateway.tokenization import Tokenizer
 from gateway.workers.transport import END_OF_STREAM
-from gateway_lab.bench.machine import cpu_model, cpu_seconds
-from gateway_lab.bench.serve_process import ServeProcess
+from gateway_lab.bench import launch
+from gateway_lab.bench.machine import cpu_seconds
+from gateway_lab.bench.results import Result, Table, write
 from gateway_lab.bench.workloads import default_tokenizer_dir
 from gateway_lab.sim.config import SimConfig
-from gateway_lab.sim.fleet import SubprocessFleet
 
 SECTIONS = ["latency", "throughput", "stream", "prompt-scaling", "worker-scaling"]
 ALL_SECTIONS = [*SECTIONS, "compare", "relay", "start"]  # compare, relay and start run only when asked for
@@ -600,7 +599,7 @@ async def relay_code_us_per_token(prompts: Prompts, tokens: int, reps: int, *, c
 async def grpc_read_us_per_message(tokens: int, streams: int, concurrency: int) -> float:
     """CPU per message of a bare grpc.aio client reading streams from a zero-cost
     simulated worker: the floor a Python relay on grpcio pays before any work of its own."""
-    async with SubprocessFleet(1, SimConfig(step_base_s=0.0, prefill_token_s=0.0, decode_seq_s=0.0, time_scale=0.0)) as fleet:
+    async with launch.fleet("process", 1, launch.ZERO_COST) as fleet:
         target = Target("http://unused", fleet.urls, "m", tokens)
         try:
             ids = list(range(1000, 1128))
@@ -620,7 +619,7 @@ async def h2_read_us_per_message(tokens: int, streams: int, concurrency: int, *,
     with ``calls_c1`` the CPU and p50 wall time of one call at a time."""
     from gateway.workers.h2 import H2Channel
 
-    async with SubprocessFleet(1, SimConfig(step_base_s=0.0, prefill_token_s=0.0, decode_seq_s=0.0, time_scale=0.0)) as fleet:
+    async with launch.fleet("process", 1, launch.ZERO_COST) as fleet:
         host, _, port = fleet.urls[0].removeprefix("grpc://").rpartition(":")
         channel = H2Channel(host, int(port), f"{host}:{port}")
 
@@ -662,7 +661,7 @@ async def grpc_call_c1(tokens: int, calls: int) -> dict[str, float]:
     """One Generate call at a time from a bare grpc.aio client to a zero-cost worker
     (``tokens`` streamed): its CPU per call and its p50 wall time, the floor under the
     gateway's added latency at concurrency 1 (every call pays the poller-thread hand-offs)."""
-    async with SubprocessFleet(1, SimConfig(step_base_s=0.0, prefill_token_s=0.0, decode_seq_s=0.0, time_scale=0.0)) as fleet:
+    async with launch.fleet("process", 1, launch.ZERO_COST) as fleet:
         target = Target("http://unused", fleet.urls, "m", tokens)
         try:
             ids = list(range(1000, 1032))
@@ -810,7 +809,7 @@ async def start_section(args: argparse.Namespace) -> dict[str, Any]:
         for b in range(args.start_bursts + 1)
     ]  # fmt: skip
     cached = args.gsp_system_tokens  # what a worker holding the group's system prompt reports
-    async with SubprocessFleet(args.gsp_workers, _sim_config(args)) as fleet:
+    async with launch.fleet("process", args.gsp_workers, _sim_config(args)) as fleet:
         config = GatewayConfig()
         config.server.worker_urls = list(fleet.urls)
         config.server.tokenizer_path = str(default_tokenizer_dir())
@@ -1085,7 +1084,7 @@ class SyncDirect:
         return total, ttft or total
 
 
-async def raw_c1(gw: Running, direct: Target, model: str, prompts: Prompts, args: argparse.Namespace, stream: bool) -> dict[str, Any]:
+async def raw_c1(gw: launch.Gateway, direct: Target, model: str, prompts: Prompts, args: argparse.Namespace, stream: bool) -> dict[str, Any]:
     """One at a time with the cheapest client on each side: ``RawHttp`` to the gateway,
     against the same prompt ids sent straight to a worker by grpc.aio and by the sync stub
     (rotating order); added = gateway minus the faster direct caller at each percentile.
@@ -1149,41 +1148,15 @@ async def raw_c1(gw: Running, direct: Target, model: str, prompts: Prompts, args
     return row
 
 
-@dataclass
-class Running:
-    """A gateway under test: its URL, its process (CPU from /proc) and how to stop it."""
-
-    name: str
-    url: str
-    pid: int
-    stop: Callable[[], Awaitable[Any]]
-
-
-async def start_gateway(name: str, urls: Sequence[str], args: argparse.Namespace) -> Running:
-    from gateway_lab.bench.peers import PeerProcess
-
-    tokenizer = str(default_tokenizer_dir())
+def start_gateway(name: str, urls: Sequence[str], args: argparse.Namespace) -> contextlib.AbstractAsyncContextManager[launch.Gateway]:
+    """Gateway ``name`` (ours, smg, or ``before``: ours from ``--baseline-src``) over ``urls``."""
     if name == "smg":
-        peer = await PeerProcess.start(args.peers_python, "smg", urls, args.policy, tokenizer)
-
-        async def stop_peer() -> None:
-            await peer.stop()
-            peer.remove_log()
-
-        return Running(name, peer.url, peer.process.pid, stop_peer)
-    env = None
-    if name == "before":
-        env = dict(os.environ, PYTHONPATH=args.baseline_src)
-    extra = ["--log-level", "warning", "--tokenizer-path", tokenizer]
+        return launch.gateway("smg", urls, args.policy, peers_python=args.peers_python)
+    env = dict(os.environ, PYTHONPATH=args.baseline_src) if name == "before" else None
+    extra = ["--log-level", "warning", "--tokenizer-path", str(default_tokenizer_dir())]
     if name == "ours":
         extra += shlex.split(args.ours_args)
-    served = await ServeProcess.start(urls, args.policy, extra_args=extra, env=env)
-
-    async def stop_ours() -> None:
-        await served.stop()
-        served.remove_log()
-
-    return Running(name, served.url, served.process.pid, stop_ours)
+    return launch.gateway("ours", urls, args.policy, extra_args=extra, env=env)
 
 
 async def flush_caches(urls: Sequence[str]) -> None:
@@ -1207,7 +1180,7 @@ async def idle_cpu(pid: int, seconds: float) -> dict[str, Any]:
     return {"idle_core_percent": round(100 * spent / (time.perf_counter() - t0), 2)}
 
 
-async def warm_long_prompt(gw: Running, client: Client, args: argparse.Namespace, *, chat: bool) -> None:
+async def warm_long_prompt(gw: launch.Gateway, client: Client, args: argparse.Namespace, *, chat: bool) -> None:
     """One long prompt of words no measured prompt uses, then wait until the gateway is
     quiet: what a gateway does once per process at its first long prompt (ours builds its
     fast encoder, ~1.4 s of CPU, see docs/BENCHMARKS.md) is not part of the loads it meets
@@ -1223,7 +1196,7 @@ async def warm_long_prompt(gw: Running, client: Client, args: argparse.Namespace
     await settle(gw.pid, args.cap_s)
 
 
-async def warm_short_prompts(gw: Running, client: Client, prompts: Prompts, args: argparse.Namespace) -> None:
+async def warm_short_prompts(gw: launch.Gateway, client: Client, prompts: Prompts, args: argparse.Namespace) -> None:
     """``--short-warm`` short chats (8 in flight, prompts no measured request uses), then wait
     until the gateway is quiet: ours builds a model's fast encoder at its 256th prompt
     (``--fast-encoder-after``, ~2 s of CPU once per process), which is not part of what a short
@@ -1269,7 +1242,7 @@ def _cpu_row(done: Sequence[Reply], wall: float, cpu: float) -> dict[str, Any]:
     }  # fmt: skip
 
 
-async def short_loads(gw: Running, client: Client, direct: Target, prompts: Prompts, args: argparse.Namespace) -> dict[str, Any]:
+async def short_loads(gw: launch.Gateway, client: Client, direct: Target, prompts: Prompts, args: argparse.Namespace) -> dict[str, Any]:
     """Short chat: 128 in flight non-streaming, then one at a time against direct gRPC."""
     out: dict[str, Any] = {}
     pool = [prompts.messages(args.short_prompt_tokens) for _ in range(min(args.short_requests, 2048))]
@@ -1318,7 +1291,7 @@ async def short_loads(gw: Running, client: Client, direct: Target, prompts: Prom
     return out
 
 
-async def multi_turn_load(gw: Running, client: Client, args: argparse.Namespace) -> dict[str, Any]:
+async def multi_turn_load(gw: launch.Gateway, client: Client, args: argparse.Namespace) -> dict[str, Any]:
     """C conversations x T turns, each turn resending the history, ``--chat-concurrency`` in flight."""
     from gateway_lab.bench.workloads import ChatConfig, Vocab, multi_turn_chat
 
@@ -1353,7 +1326,7 @@ async def multi_turn_load(gw: Running, client: Client, args: argparse.Namespace)
     return row
 
 
-async def gsp_load(gw: Running, client: Client, args: argparse.Namespace, *, warm: bool = True) -> dict[str, Any]:
+async def gsp_load(gw: launch.Gateway, client: Client, args: argparse.Namespace, *, warm: bool = True) -> dict[str, Any]:
     """The shared-prefix burst with text prompts (the peer takes no token-id prompts), streamed
     (``warm=False``: the caller ran ``warm_long_prompt`` already, outside a profile)."""
     from gateway_lab.bench.workloads import GspConfig, Vocab, gsp
@@ -1392,11 +1365,10 @@ async def compare_fleet(
 ) -> list[dict[str, Any]]:
     """Every gateway in turn on one fleet (caches flushed in between), the same loads each."""
     rows: list[dict[str, Any]] = []
-    async with SubprocessFleet(workers, _sim_config(args)) as fleet:
+    async with launch.fleet("process", workers, _sim_config(args)) as fleet:
         for name in gateways:
             await flush_caches(fleet.urls)
-            gw = await start_gateway(name, fleet.urls, args)
-            try:
+            async with start_gateway(name, fleet.urls, args) as gw:
                 async with httpx.AsyncClient(trust_env=False) as probe:
                     model = (await probe.get(gw.url + "/v1/models")).json()["data"][0]["id"]
                 connections = max(args.short_concurrency, args.gsp_concurrency, args.chat_concurrency)
@@ -1424,8 +1396,6 @@ async def compare_fleet(
                 finally:
                     await client.close()
                     await direct.close()
-            finally:
-                await gw.stop()
     return rows
 
 
@@ -1454,9 +1424,9 @@ COMPARE_FIGURES = [
 ]
 
 
-def compare_table(rows: Sequence[dict[str, Any]], gateways: Sequence[str]) -> str:
-    """Markdown: one line per figure, per gateway the median over repetitions and the range
-    (the ratio is of the medians)."""
+def compare_table(rows: Sequence[dict[str, Any]], gateways: Sequence[str]) -> Table:
+    """One line per figure, per gateway the median over repetitions and the range (the
+    ratio is of the medians)."""
     def values(name: str, load: str, key: str) -> list[float]:
         out = []
         for row in rows:
@@ -1474,8 +1444,8 @@ def compare_table(rows: Sequence[dict[str, Any]], gateways: Sequence[str]) -> st
         return f"{med:g}" if len(v) == 1 else f"{med:g} ({min(v):g}-{max(v):g})"
 
     figures = [("idle", "idle_core_percent", f"idle, % of a core ({w} workers)") for w in sorted({r['workers'] for r in rows})]
-    lines = ["| figure | " + " | ".join(gateways) + (" | ours / smg |" if {"ours", "smg"} <= set(gateways) else " |")]
-    lines.append("|---" * (len(gateways) + 1 + ({"ours", "smg"} <= set(gateways))) + "|")
+    both = {"ours", "smg"} <= set(gateways)
+    lines: list[list[str]] = []
     for load, key, label in figures[:0] + COMPARE_FIGURES + figures:
         per = {g: values(g, load, key) for g in gateways}
         if load == "idle":
@@ -1483,13 +1453,13 @@ def compare_table(rows: Sequence[dict[str, Any]], gateways: Sequence[str]) -> st
             per = {g: [float(r["idle_core_percent"]) for r in rows if r["gateway"] == g and r["workers"] == w] for g in gateways}
         if not any(per.values()):
             continue
-        line = f"| {label} | " + " | ".join(cell(per[g]) for g in gateways)
-        if {"ours", "smg"} <= set(gateways):
+        line = [label, *(cell(per[g]) for g in gateways)]
+        if both:
             o, s = per["ours"], per["smg"]
-            ratio = f"{statistics.median(o) / statistics.median(s):.2f}x" if o and s and statistics.median(s) else "-"
-            line += f" | {ratio}"
-        lines.append(line + " |")
-    return "\n".join(lines)
+            line.append(f"{statistics.median(o) / statistics.median(s):.2f}x" if o and s and statistics.median(s) else "-")
+        lines.append(line)
+    header = ["figure", *gateways, *(["ours / smg"] if both else [])]
+    return Table.of("gateways side by side", header, lines, labels=1)
 
 
 async def compare(args: argparse.Namespace, prompts: Prompts, prof: Path | None) -> dict[str, Any]:
@@ -1507,9 +1477,7 @@ async def compare(args: argparse.Namespace, prompts: Prompts, prof: Path | None)
             )
         if "gsp" in loads:
             rows += await compare_fleet(args.gsp_workers, ["gsp"], gateways, args, prompts, prof, rep)
-    table = compare_table(rows, gateways)
-    print("\n" + table, flush=True)
-    return {"rows": rows, "table": table}
+    return {"rows": rows, "gateways": gateways, "table": "\n".join(compare_table(rows, gateways).markdown())}
 
 
 # ---------------------------------------------------------------- orchestration
@@ -1517,37 +1485,34 @@ async def compare(args: argparse.Namespace, prompts: Prompts, prof: Path | None)
 
 @dataclass
 class Deployment:
-    fleet: SubprocessFleet
-    gateway: ServeProcess
+    fleet: Any  # a process fleet (launch.fleet)
+    gateway: launch.Gateway
     target: Target
     meter: CpuMeter
 
 
 @contextlib.asynccontextmanager
-async def deploy(workers: int, args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    sim = SimConfig(
-        step_base_s=0.0, prefill_token_s=0.0, decode_seq_s=0.0, time_scale=0.0,
-        context_length=args.context_length, kv_capacity_tokens=max(65536, 4 * args.context_length),
+async def deploy(workers: int, args: argparse.Namespace) -> AsyncIterator[Deployment]:
+    sim = dataclasses.replace(
+        launch.ZERO_COST, context_length=args.context_length, kv_capacity_tokens=max(65536, 4 * args.context_length),
         max_running_requests=256,
     )  # fmt: skip
-    async with SubprocessFleet(workers, sim) as fleet:
-        extra = ["--log-level", "warning", "--tokenizer-path", str(default_tokenizer_dir())]
-        gateway = await ServeProcess.start(fleet.urls, args.policy, extra_args=extra)
+    extra = ["--log-level", "warning", "--tokenizer-path", str(default_tokenizer_dir())]
+    async with (
+        launch.fleet("process", workers, sim) as fleet,
+        launch.gateway("ours", fleet.urls, args.policy, extra_args=extra) as gateway,
+    ):
+        async with httpx.AsyncClient(trust_env=False) as client:
+            model = (await client.get(gateway.url + "/v1/models")).json()["data"][0]["id"]
+        target = Target(gateway.url, fleet.urls, model, args.max_tokens)
+        first = await target.gateway(Prompts.first_chat(), False)  # what the first client waits
+        show(f"first chat request after ready, {workers} workers", {"first_request_ms": round(first.total_s * 1e3, 1)})
+        assert fleet.proc is not None
+        meter = CpuMeter({"gateway": gateway.pid, "workers": fleet.proc.pid, "client": os.getpid()})
         try:
-            async with httpx.AsyncClient(trust_env=False) as client:
-                model = (await client.get(gateway.url + "/v1/models")).json()["data"][0]["id"]
-            target = Target(gateway.url, fleet.urls, model, args.max_tokens)
-            first = await target.gateway(Prompts.first_chat(), False)  # what the first client waits
-            show(f"first chat request after ready, {workers} workers", {"first_request_ms": round(first.total_s * 1e3, 1)})
-            assert fleet.proc is not None
-            meter = CpuMeter({"gateway": gateway.process.pid, "workers": fleet.proc.pid, "client": os.getpid()})
-            try:
-                yield Deployment(fleet, gateway, target, meter)
-            finally:
-                await target.close()
+            yield Deployment(fleet, gateway, target, meter)
         finally:
-            await gateway.stop()
-            gateway.remove_log()
+            await target.close()
 
 
 def show(title: str, row: dict[str, Any]) -> None:
@@ -1557,7 +1522,7 @@ def show(title: str, row: dict[str, Any]) -> None:
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     prompts = Prompts(args.seed)
     report: dict[str, Any] = {
-        "machine": machine(), "date": datetime.date.today().isoformat(), "policy": args.policy,
+        "date": datetime.date.today().isoformat(), "policy": args.policy,
         "argv": sys.argv[1:], "load_before": list(os.getloadavg()),
     }  # fmt: skip
     sections = set(args.sections)
@@ -1571,14 +1536,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     report.setdefault("latency", []).append(row)
                     show("latency" + (" stream" if stream else ""), row)
             if "throughput" in sections:
-                with profiling(d.gateway.process.pid, prof / "throughput.txt" if prof else None, args.profile_rate, args.profile_gil):
+                with profiling(d.gateway.pid, prof / "throughput.txt" if prof else None, args.profile_rate, args.profile_gil):
                     row = await throughput_phase(
                         d.target, prompts, d.meter, args.prompt_tokens, args.concurrency, args.requests, args.cap_s
                     )
                 report["throughput"] = row
                 show("throughput", row)
             if "stream" in sections:
-                with profiling(d.gateway.process.pid, prof / "stream.txt" if prof else None, args.profile_rate, args.profile_gil):
+                with profiling(d.gateway.pid, prof / "stream.txt" if prof else None, args.profile_rate, args.profile_gil):
                     row = await stream_phase(d.target, prompts, d.meter, args.streams, args.stream_tokens, args.cap_s)
                 report["stream"] = row
                 show("stream", row)
@@ -1596,7 +1561,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         for workers in args.worker_counts:
             async with deploy(workers, args) as d:
                 lat = await latency_phase(d.target, prompts, args.prompt_tokens, args.latency_requests // 2, False, args.cap_s)
-                with profiling(d.gateway.process.pid, prof / f"workers-{workers}.txt" if prof else None, args.profile_rate, args.profile_gil):
+                with profiling(d.gateway.pid, prof / f"workers-{workers}.txt" if prof else None, args.profile_rate, args.profile_gil):
                     thr = await throughput_phase(d.target, prompts, d.meter, args.prompt_tokens, args.concurrency, args.requests, args.cap_s)
                 row = {"workers": workers, **lat, **{k: v for k, v in thr.items() if k not in lat}}
                 report.setdefault("worker_scaling", []).append(row)
@@ -1623,10 +1588,6 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 for share, frame in summary["top_self_percent"][:15]:
                     print(f"  {share:5.1f}%  {frame}")
     return report
-
-
-def machine() -> str:
-    return f"{os.cpu_count()} CPUs, {cpu_model()}, Python {platform.python_version()}, grpcio {grpc.__version__}"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -1707,8 +1668,11 @@ def main(args: argparse.Namespace) -> int:
         uvloop.install()
     except ImportError:
         pass
+    result = Result()
     report = asyncio.run(run(args))
-    print(f"\nmachine: {report['machine']}; {report['date']}; load before {report['load_before'][0]:.1f}, after {report['load_after'][0]:.1f}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2))
+    if "compare" in report:
+        result.tables.append(compare_table(report["compare"]["rows"], report["compare"]["gateways"]))
+    result.notes.append(f"grpcio {grpc.__version__}; load before {report['load_before'][0]:.1f}, after {report['load_after'][0]:.1f}")
+    result.data = report
+    write(result, json_path=args.json)
     return 0

@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
-import json
 import os
 import statistics
 import sys
@@ -40,12 +38,12 @@ from typing import Any
 
 import httpx
 
-from gateway_lab.bench.machine import describe
+from gateway_lab.bench import launch
+from gateway_lab.bench.results import Result, Table, write
 from gateway_lab.bench.scenarios.overhead import (
     Client,
     Prompts,
     Reply,
-    Running,
     closed_loop,
     flush_caches,
     pct,
@@ -136,7 +134,7 @@ def user_system_s(pid: int) -> tuple[float, float]:
     return user, system
 
 
-async def _measure(gw: Running, client: Client, bodies: Sequence[tuple[str, dict[str, Any]]], concurrency: int, cap_s: float) -> dict[str, Any]:
+async def _measure(gw: launch.Gateway, client: Client, bodies: Sequence[tuple[str, dict[str, Any]]], concurrency: int, cap_s: float) -> dict[str, Any]:
     u0, s0 = user_system_s(gw.pid)
     done, wall = await closed_loop(lambda i: client.send(*bodies[i]), concurrency, len(bodies), cap_s)  # type: ignore[arg-type,return-value]
     u1, s1 = user_system_s(gw.pid)
@@ -169,9 +167,8 @@ def gsp_bodies(args: argparse.Namespace, seed: int) -> list[tuple[str, dict[str,
 async def run_gateway(name: str, fleet: ZeroFleet, loads: Sequence[str], prompts: Prompts, args: argparse.Namespace) -> dict[str, Any]:
     """One gateway in front of ``fleet``: every load, each after its own warm-up."""
     await flush_caches(fleet.urls)
-    gw = await start_gateway(name, fleet.urls, args)
     out: dict[str, Any] = {}
-    try:
+    async with start_gateway(name, fleet.urls, args) as gw:
         async with httpx.AsyncClient(trust_env=False) as probe:
             model = (await probe.get(gw.url + "/v1/models")).json()["data"][0]["id"]
         client = Client(gw.url, model, args.concurrency)
@@ -194,38 +191,36 @@ async def run_gateway(name: str, fleet: ZeroFleet, loads: Sequence[str], prompts
                 print(f"  {name} {load}: {out[load]}", flush=True)
         finally:
             await client.close()
-    finally:
-        await gw.stop()
     return out
 
 
-def table(rounds: list[dict[str, Any]], gateways: Sequence[str], loads: Sequence[str], ratio: float) -> str:
-    """Markdown: per load and figure, each gateway's median over rounds and its range, and ours / smg."""
+def table(rounds: list[dict[str, Any]], gateways: Sequence[str], loads: Sequence[str], ratio: float) -> Result:
+    """Per load and figure, each gateway's median over rounds and its range, and ours / smg;
+    a stall verdict per round and load as notes."""
     both = {"ours", "smg"} <= set(gateways)
-    lines = ["| load | figure | " + " | ".join(gateways) + (" | ours / smg |" if both else " |")]
-    lines.append("|---|---" + "|---" * (len(gateways) + both) + "|")
+    lines: list[list[str]] = []
     for load in loads:
         for key, label in FIGURES:
             per = {g: [r["gateways"][g][load][key] for r in rounds if r["gateways"].get(g, {}).get(load, {}).get(key) is not None] for g in gateways}
             if not any(per.values()):
                 continue
-            cells = []
+            cells = [load, label]
             for g in gateways:
                 v = per[g]
                 med = statistics.median(v) if v else None
                 cells.append("-" if med is None else (f"{med:g}" if len(v) == 1 else f"{med:g} ({min(v):g}-{max(v):g})"))
-            line = f"| {load} | {label} | " + " | ".join(cells)
             if both:
                 o, s = per["ours"], per["smg"]
-                line += f" | {statistics.median(o) / statistics.median(s):.2f}x" if o and s and statistics.median(s) else " | -"
-            lines.append(line + " |")
-    lines.append("")
+                cells.append(f"{statistics.median(o) / statistics.median(s):.2f}x" if o and s and statistics.median(s) else "-")
+            lines.append(cells)
+    notes = []
     for rnd in rounds:
         for load in loads:
             rows = {g: rnd["gateways"][g][load] for g in rnd["order"] if load in rnd["gateways"].get(g, {})}
             why = stalls(rows, ratio)
-            lines.append(f"round {rnd['round']} ({' then '.join(rnd['order'])}), {load}: " + ("STALLED: " + "; ".join(why) if why else "no stall"))
-    return "\n".join(lines)
+            notes.append(f"round {rnd['round']} ({' then '.join(rnd['order'])}), {load}: " + ("STALLED: " + "; ".join(why) if why else "no stall"))
+    header = ["load", "figure", *gateways, *(["ours / smg"] if both else [])]
+    return Result([Table.of("CPU per request side by side", header, lines)], notes)
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -236,22 +231,25 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit("--gateways before needs --baseline-src DIR (another checkout's src/)")
     prompts = Prompts(args.seed)
     tokenizer = default_tokenizer_dir()
-    report: dict[str, Any] = {"machine": describe(), "argv": sys.argv[1:], "load_before": list(os.getloadavg()), "rounds": []}
+    report: dict[str, Any] = {"argv": sys.argv[1:], "load_before": list(os.getloadavg()), "rounds": []}
     fast = [x for x in args.loads if x != "gsp-paced"]
     for rnd in range(1, args.repeat + 1):
         order = ordered(gateways, rnd)
         entry: dict[str, Any] = {"round": rnd, "order": order, "gateways": {g: {} for g in order}, "load": os.getloadavg()[0]}
         if fast:
-            async with ZeroFleet(args.workers, tokenizer, processes=args.fleet_processes) as fleet:
+            async with launch.fleet("zero", args.workers, tokenizer_dir=tokenizer, processes=args.fleet_processes) as fleet:
                 for name in order:
                     entry["gateways"][name] |= await run_gateway(name, fleet, fast, prompts, args)
         if "gsp-paced" in args.loads:
-            async with ZeroFleet(args.gsp_workers, tokenizer, step_s=args.worker_step_s, processes=args.fleet_processes) as fleet:
+            async with launch.fleet(
+                "zero", args.gsp_workers, tokenizer_dir=tokenizer, step_s=args.worker_step_s, processes=args.fleet_processes
+            ) as fleet:
                 for name in order:
                     entry["gateways"][name] |= await run_gateway(name, fleet, ["gsp-paced"], prompts, args)
         report["rounds"].append(entry)
     report["load_after"] = list(os.getloadavg())
-    report["table"] = table(report["rounds"], gateways, args.loads, args.stall_ratio)
+    report["table"] = table(report["rounds"], gateways, args.loads, args.stall_ratio).markdown()
+    report["gateways"] = gateways
     return report
 
 
@@ -300,9 +298,8 @@ def main(args: argparse.Namespace) -> int:
     except ImportError:
         pass
     report = asyncio.run(run(args))
-    print("\n" + report["table"])
-    print(f"\nmachine: {report['machine']}; {datetime.datetime.now(datetime.UTC):%H:%M UTC}; "
-          f"load before {report['load_before'][0]:.1f}, after {report['load_after'][0]:.1f}")
+    result = table(report["rounds"], report["gateways"], args.loads, args.stall_ratio)
+    result.notes.append(f"load before {report['load_before'][0]:.1f}, after {report['load_after'][0]:.1f}")
     for raw in sorted(Path(args.profile).glob("*.txt")) if args.profile else ():
         summary = summarize_profile(raw, top=30)
         print(f"\nprofile {raw.stem}: {summary['samples']} samples")
@@ -310,6 +307,6 @@ def main(args: argparse.Namespace) -> int:
             print(f"  {share:5.1f}%  {stage}")
         for share, frame in summary["top_self_percent"]:
             print(f"  {share:5.1f}%  {frame}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2))
+    result.data = report
+    write(result, json_path=args.json)
     return 0

@@ -85,7 +85,7 @@ def test_compare_table_gives_median_range_and_ratio(bench: ModuleType) -> None:
         {"gateway": "ours", "workers": 8, "rep": 2, "idle_core_percent": 0.4, "short": {"requests_per_s": 120.0, "cpu_ms_per_request": 3.0}},
         {"gateway": "smg", "workers": 8, "rep": 2, "idle_core_percent": 0.6, "short": {"requests_per_s": 220.0, "cpu_ms_per_request": 1.5}},
     ]
-    table = bench.compare_table(rows, ["ours", "smg"]).splitlines()
+    table = bench.compare_table(rows, ["ours", "smg"]).markdown()
     assert table[0] == "| figure | ours | smg | ours / smg |"
     cpu = next(line for line in table if "128 in flight: CPU" in line)
     assert cpu == "| short, 128 in flight: CPU ms/request | 2.5 (2-3) | 1.25 (1-1.5) | 2.00x |"

@@ -50,7 +50,7 @@ def test_table_gives_median_range_ratio_and_a_verdict_per_round() -> None:
         {"round": 1, "order": ["ours", "smg"], "gateways": {"ours": {"short": row(500, 0.6)}, "smg": {"short": row(800, 0.3)}}},
         {"round": 2, "order": ["smg", "ours"], "gateways": {"smg": {"short": row(900, 0.4, p99=500.0)}, "ours": {"short": row(600, 0.8)}}},
     ]
-    lines = peer_cost.table(rounds, ["ours", "smg"], ["short"], 10.0).splitlines()
+    lines = peer_cost.table(rounds, ["ours", "smg"], ["short"], 10.0).markdown().splitlines()
     assert lines[0] == "| load | figure | ours | smg | ours / smg |"
     assert "| short | CPU ms/request | 0.7 (0.6-0.8) | 0.35 (0.3-0.4) | 2.00x |" in lines
     assert not any("hit rate" in line for line in lines)  # no gateway had one
