@@ -72,6 +72,11 @@ class MatrixConfig:
         8192, "KV capacity per worker, tokens (below all gsp system prompts, so one worker cannot keep them all)"
     )
     page_size: int = option(16, "KV page size of the simulated workers, tokens")
+    dp_size: int = option(
+        1,
+        "data-parallel ranks per simulated endpoint: --workers counts ranks (caches), so --workers 8 --dp-size 4"
+        " is 2 endpoints of 4 ranks, routed to rank by rank",
+    )
     max_running_requests: int = option(16, "max sequences running at once per worker")
     step_base_s: float = option(0.01, "simulated cost of one scheduler step, s")
     prefill_token_s: float = option(0.0001, "simulated cost per uncached prompt token, s")
@@ -139,6 +144,7 @@ def sim_config(config: MatrixConfig) -> Any:
         page_size=config.page_size,
         kv_capacity_tokens=config.kv_capacity_tokens,
         max_running_requests=config.max_running_requests,
+        dp_size=config.dp_size,
         step_base_s=config.step_base_s,
         prefill_token_s=config.prefill_token_s,
         decode_seq_s=config.decode_seq_s,
@@ -213,7 +219,7 @@ async def run_cell(
         duration_s=config.run_timeout_s,
         request_timeout_s=config.request_timeout_s,
     )
-    async with launch.fleet("sim", workers, sim_config(config)) as fleet:
+    async with launch.fleet("sim", workers // config.dp_size, sim_config(config)) as fleet:
         def drive(url: str, label: str) -> Any:
             return run_workload(url, workload, driver, label=label, on_result=on_result)
 
@@ -332,7 +338,7 @@ async def run_matrix(
         # Warm-up, not recorded: the first chat request of the process compiles the chat
         # template, which would otherwise land in the first chat cell's TTFT.
         for workload in workloads.values():
-            await run_cell(workload.head(4), 1, "round_robin", config, tokenizer_dir, scratch, None)
+            await run_cell(workload.head(4), config.dp_size, "round_robin", config, tokenizer_dir, scratch, None)
         console.print(f"warm-up done ({time.monotonic() - t0:.0f}s)")
         for i, (workload, n, policy, gateway) in enumerate(plan, 1):
             if workload.name not in ideals:
@@ -512,6 +518,10 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"bad --policies: {exc}") from exc
     if unknown or not config.policies or not config.workers or min(config.workers) < 1:
         raise SystemExit(f"bad --policies/--workers (policies from {', '.join(MATRIX_POLICIES)})")
+    if config.dp_size < 1 or any(n % config.dp_size for n in config.workers):
+        raise SystemExit("--workers must be multiples of --dp-size (they count ranks)")
+    if config.dp_size > 1 and ("oracle" in [parse_variant(p)[0] for p in config.policies] or config.peers):
+        raise SystemExit("--dp-size > 1 runs our gateway only, without the oracle (it reads one cache per endpoint)")
     if config.peers and not Path(config.peers_python).exists():
         raise SystemExit(f"{config.peers_python} not found: run scripts/peers.sh first")
     # SIGTERM unwinds like Ctrl-C, so the finally blocks stop the fleets and any peer process.

@@ -67,6 +67,15 @@ def test_bad_matrix_arguments_are_refused(tmp_path) -> None:
         matrix.run(_args("--policies", "nope"))
     with pytest.raises(SystemExit, match=r"peers\.sh"):
         matrix.run(_args("--peers", "smg", "--peers-python", str(tmp_path / "missing" / "python")))
+    with pytest.raises(SystemExit, match="multiples of --dp-size"):
+        matrix.run(_args("--workers", "6", "--dp-size", "4"))
+    with pytest.raises(SystemExit, match="without the oracle"):
+        matrix.run(_args("--workers", "8", "--dp-size", "4", "--policies", "oracle"))
+
+
+def test_dp_ranks_count_as_workers() -> None:
+    config = matrix.MatrixConfig(dp_size=4, workers=[8])
+    assert matrix.sim_config(config).dp_size == 4
 
 
 def test_peer_command_line() -> None:
