@@ -84,7 +84,7 @@ ALIASES: tuple[Alias, ...] = (
     Alias("--prefix-hash-load-factor", "alias", ("load_factor",), float),
     Alias("--max-idle-secs", "ignored", nargs=1, note="manual maps to consistent_hash, whose key ring needs no idle eviction"),
     Alias("--assignment-mode", "ignored", nargs=1, note="manual maps to consistent_hash: new keys go to their ring owner"),
-    Alias("--dp-aware", "ignored", nargs=0, note="workers are routed as whole replicas; SGLang balances its DP ranks inside a worker"),
+    Alias("--dp-aware", "ignored", nargs=0, note="always on: a worker that reports dp_size > 1 is routed to rank by rank (host:port@rank); --worker-dp-size overrides the reported size"),
     Alias("--dp-minimum-tokens-scheduler", "ignored", nargs=0, note="see --dp-aware"),
     Alias("--enable-igw", "ignored", nargs=0, note="several models behind one gateway always work"),
     Alias("--load-monitor-interval", "alias", ("load_poll_interval_s",), float),
