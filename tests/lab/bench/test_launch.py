@@ -137,6 +137,9 @@ def test_a_variant_becomes_our_settings() -> None:
     assert config.dispatch.prefill_gate is False and config.server.reply_token_reuse is False
     plain = launch.ours_config(["grpc://a:1"], "round_robin", "", "")
     assert plain.policy.policy == "round_robin" and plain.server.reply_token_reuse is True
+    assert plain.server.worker_dp_size == 0  # DP ranks as the workers report them
+    hidden = launch.ours_config(["grpc://a:1"], "cache_aware:worker_dp_size=1", "", "")
+    assert hidden.server.worker_dp_size == 1 and hidden.policy.policy == "cache_aware"
     with pytest.raises(ValueError, match="not knob=value"):
         launch.ours_config([], "cache_aware:nope=1", "", "")
 
