@@ -57,11 +57,6 @@ def _one_ca(values: list[str]) -> str:
     return values[0]
 
 
-def _sglang_only(value: str) -> None:
-    if value != "sglang":
-        raise ValueError(f"token-gateway serves SGLang gRPC workers only, not {value!r}")
-
-
 def _selector(values: list[str]) -> list[str]:
     return list(values)
 
@@ -148,7 +143,6 @@ ALIASES: tuple[Alias, ...] = (
     Alias("--chat-template", "alias", ("chat_template",), str),
     Alias("--reasoning-parser", "alias", ("reasoning_parser",), str),
     Alias("--tool-call-parser", "alias", ("tool_call_parser",), str),
-    Alias("--backend", "check", convert=_sglang_only, nargs=1),
     # discovery and HA
     Alias("--service-discovery", "switch", ("k8s_discovery",), const=True),
     Alias("--selector", "alias", ("k8s_selector",), _selector, nargs="+"),

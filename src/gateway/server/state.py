@@ -23,6 +23,7 @@ from gateway.pipeline.engine import Engine
 from gateway.pipeline.pd import pool_policy_config
 from gateway.pipeline.router import PolicyMaker, Router
 from gateway.pipeline.store.factory import History
+from gateway.pipeline.text_relay import TextRelay, takes_text
 from gateway.policies.factory import close_policy, make_policy
 from gateway.protocol.errors import InvalidRequestError
 from gateway.server.admission import Admission
@@ -83,6 +84,7 @@ class GatewayState:
             tokenizer_hub=server.tokenizer_hub,
             max_tokenizer_bytes=server.max_tokenizer_bytes,
         )
+        self.text_relay = TextRelay(self.registry)  # workers that take text only (--backend openai)
         self.metrics = GatewayMetrics()
         self.tracing = make_tracing(config.tracing)  # None (no-op) without --otlp-traces-endpoint
         self.metrics.tracing = self.tracing
@@ -188,7 +190,8 @@ class GatewayState:
                 raise InvalidRequestError(
                     f"worker {worker.url} serves model {worker.model!r}, not {model!r}", param="model"
                 )
-            await self.catalog.ensure(worker)
+            if not takes_text(worker):  # a text-only worker needs no tokenizer: its requests go unchanged
+                await self.catalog.ensure(worker)
         except BaseException:
             if known is not worker:
                 await self.registry.remove(worker.id, drain_timeout_s=0)
@@ -207,7 +210,9 @@ class GatewayState:
     async def start(self) -> None:
         self.background.start_sweeper()  # continues background runs whose process died
         pd = self.config.pd
-        listed: list[tuple[str, dict[str, Any]]] = [(u, {}) for u in self.config.server.worker_urls]
+        named = self.config.server.backend
+        backend = {"engine": named} if named != "auto" else {}
+        listed: list[tuple[str, dict[str, Any]]] = [(u, dict(backend)) for u in self.config.server.worker_urls]
         listed += [(s.url, {"role": "prefill", "bootstrap_port": s.bootstrap_port}) for s in pd.prefill]
         listed += [(s.url, {"role": "decode"}) for s in pd.decode]
         results = await asyncio.gather(*(self.add_worker(u, **o) for u, o in listed), return_exceptions=True)

@@ -18,6 +18,7 @@ from typing import Any, cast
 
 from gateway.workers.breaker import CircuitBreaker
 from gateway.workers.client import TlsOptions, WorkerClient, parse_worker_url
+from gateway.workers.openai_backend import OpenAiBackendClient
 from gateway.workers.sglang_http import HttpWorkerClient, SglangHttpClient
 from gateway.workers.transport import CallCode, WorkerCallError, WorkerTransport
 from gateway.workers.trtllm_grpc import TrtllmGrpcClient
@@ -56,8 +57,9 @@ class WorkerRegistrationError(Exception):
     """The worker could not be probed or does not fit the fleet."""
 
 
-HTTP_ENGINES: dict[str, type[SglangHttpClient] | type[VllmHttpClient]] = {
-    "sglang": SglangHttpClient, "vllm": VllmHttpClient,
+# An OpenAI backend is never detected (any OpenAI server lists its models): it is named.
+HTTP_ENGINES: dict[str, type[HttpWorkerClient]] = {
+    "sglang": SglangHttpClient, "vllm": VllmHttpClient, "openai": OpenAiBackendClient,
 }
 # Asked in this order when the engine is not named: each answers its own service, and a
 # worker that answers a service's GetModelInfo with UNIMPLEMENTED is asked the next one's.
@@ -83,7 +85,7 @@ async def _engine_client(client: Any, engine: str | None, engines: dict[str, Any
             return cast(WorkerTransport, client)
         await client.close()
         return cast(WorkerTransport, client.same_worker_as(chosen))
-    kinds = list(engines.values())
+    kinds = [k for k in engines.values() if k is not OpenAiBackendClient]
     for following in kinds[kinds.index(type(client)) + 1:] if type(client) in kinds else []:
         try:
             await client.model_info(timeout=timeout)
@@ -291,11 +293,12 @@ class WorkerRegistry:
         return list(self._workers.values())
 
     def pool(self, model: str | None, role: str) -> list[Worker]:
-        """Workers of one role serving ``model`` (any model when None), draining ones included."""
+        """Workers of one role serving ``model`` (any model when None), draining ones included;
+        only those that take token ids (text-only ones are ``pipeline.text_relay``'s)."""
         return [
             w
             for w in self._workers.values()
-            if w.role == role and (model is None or w.model == model)
+            if w.role == role and (model is None or w.model == model) and "token_ids" not in w.client.lacks
         ]
 
     def models(self) -> list[str]:

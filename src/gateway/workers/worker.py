@@ -316,8 +316,9 @@ class Worker:
             "dp_rank": self.dp_rank,
             "dp_size": self.info.dp_size,
             "kind": self.client.kind,
-            # Every kind so far takes token ids, so routing sees what the worker caches.
-            "token_ids": True,
+            # Token ids: routing sees what the worker caches. Without (an OpenAI backend): text, load only.
+            "token_ids": "token_ids" not in self.client.lacks,
+            "routing": "tokens" if "token_ids" not in self.client.lacks else "load only (text)",
             # A rank's tree learns from routing only: KV events come per engine (rank 0's on SGLang).
             "lacks": sorted(self.client.lacks | ({"kv_events"} if self.dp_rank is not None else set())),
             "role": self.role,

@@ -49,8 +49,10 @@ class AddWorkerRequest(BaseModel):
     bootstrap_port: int | None = Field(default=None, ge=1, le=65535)
     model: str | None = Field(default=None, max_length=512, description="expected served model name")
     api_key: str | None = Field(default=None, max_length=4096, description="bearer token for this worker")
-    engine: Literal["auto", "sglang", "vllm", "trtllm"] = Field(
-        default="auto", description="the engine behind the URL, gRPC or HTTP (auto: detected from what answers)",
+    engine: Literal["auto", "sglang", "vllm", "trtllm", "openai"] = Field(
+        default="auto",
+        description="the engine behind the URL, gRPC or HTTP (auto: detected from what answers; openai: an external"
+        " OpenAI-compatible endpoint, requests forwarded unchanged, api_key sent to it)",
     )
     dp_size: int | None = Field(
         default=None, ge=1, le=MAX_DP_SIZE,

@@ -37,6 +37,7 @@ from gateway.pipeline.request_context import RequestContext
 from gateway.protocol.errors import GatewayError
 from gateway.server.admission import Ticket
 from gateway.server.http.door import CLIENT_CLOSED, HttpDoor
+from gateway.server.http.forward import forward
 from gateway.server.http.sse import DONE, sse_error
 from gateway.server.http.util import (
     ClientGone,
@@ -46,6 +47,7 @@ from gateway.server.http.util import (
     parse_model,
     read_body,
 )
+from gateway.workers.openai_backend import FORWARDED_PATHS
 
 log = logging.getLogger(__name__)
 
@@ -215,7 +217,14 @@ class _Request:
                 # first step would run before that send, on every request's critical path; a
                 # client that leaves meanwhile is seen a turn later, which changes nothing.
                 watch = asyncio.get_running_loop().call_soon(self._start_watch)
-                req = parse_model(route.model, parse_json(body))
+                data = parse_json(body)
+                model = data.get("model") if type(data) is dict and route.path in FORWARDED_PATHS else None
+                if model is not None and state.text_relay.serves(model):
+                    # Text-only workers (OpenAI backends): the body goes as it is, on load only.
+                    await self._take(1)
+                    await forward(state.text_relay, route.path, body, model, ctx.request_id, self.send, door.headers_for(ctx))
+                    return
+                req = parse_model(route.model, data)
                 if ctx.priority is None:
                     ctx.priority = getattr(req, "priority", None)
                 if route.admit == "batch":

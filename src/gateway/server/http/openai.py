@@ -27,6 +27,8 @@ def openai_router(door: HttpDoor) -> APIRouter:
                 )
                 for e in state.catalog.entries()
             ]
+            known = {c.id for c in cards}  # models of text-only workers (OpenAI backends), as they list them
+            cards += [ModelCard(id=m, root=m) for m in state.text_relay.models() if m not in known]
             return ModelList(data=cards).to_dict()
 
         return await door.handle(request, run)
