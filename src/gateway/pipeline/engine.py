@@ -182,7 +182,7 @@ class Engine:
 
     def _warm_encoder(self, tokenizer: Tokenizer, size: int) -> None:
         """Build a model's tiktoken encoder once, in a thread of its own
-        (``tokenization.fast_bpe``: ~2 s of CPU; encodes then take 3-10x less; the tokenize
+        (``tokenization.fast_bpe``: seconds of CPU; encodes then cost several times less; the tokenize
         pool stays free for prompts), at its first long prompt or its
         ``fast_encoder_after``-th prompt: a process that serves traffic pays it once, early,
         and one that serves a handful of requests (a test, a probe) never does. Until it is
@@ -351,8 +351,8 @@ class Engine:
         ``cache_salt`` isolates the prompt's cache, see ``pipeline.tenancy``)."""
         self.observer.model_resolved(entry.name)
         # Ids this gateway's tokenizer made from ``prompt_text`` (and replies its workers
-        # generated, spliced back by the reply cache) need no range scan (min and max over
-        # 2K ids, ~40 µs): that check is for ids a client sent.
+        # generated, spliced back by the reply cache) need no range scan (a min and a max over
+        # every id): that check is for ids a client sent.
         self.check_prompt_ids(entry, prompt_ids, param="prompt", limit_param=prompt_param, tokenized=bool(prompt_text))
         if cache_salt:
             prompt_ids = salt_prefix(cache_salt, entry.tokenizer) + list(prompt_ids)

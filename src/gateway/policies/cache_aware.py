@@ -25,9 +25,9 @@ available worker ``w``::
            really decoded (decayed over the last ``FILL_WINDOW`` finishes, 1 until
            ``FILL_MIN_SAMPLES``). max_tokens is exact with ignore_eos and an upper
            bound otherwise: clients often send a generous cap (or none, and the gateway
-           fills in ``--max-tokens-cap``), and a term counted from caps 8x the real
-           lengths outweighed every cached prefix (the Zipf closed loop with a
-           generous cap lost about ten points of hits).
+           fills in ``--max-tokens-cap``), and a term counted from caps far above the
+           real lengths outweighed every cached prefix (the Zipf closed loop with a
+           generous cap lost hits).
     R_w  = in_flight requests
 
     additive (default):  cost_w = U_w + a * Q_w

@@ -29,7 +29,7 @@ caller back to the HF encoder:
   differ) and prose samples with both encoders; a difference on ASCII disables this
   encoder, one on Latin letters leaves them to the HF encoder.
 
-Building it walks the vocabulary and runs that check (~1.5-2 s of CPU, once per process
+Building it walks the vocabulary and runs that check (seconds of CPU, once per process
 and tokenizer): do it off the event loop.
 """
 
@@ -117,13 +117,12 @@ class FastBpe:
         # the normalized ones out of each piece left (NFC is the identity on the texts taken
         # here), each pass leftmost, longest first. One compiled alternation per pass, longest
         # first: at a position Python's ``re`` takes the first alternative that matches (so the
-        # longest) and ``finditer`` scans leftmost first without overlaps (~1 µs for a short
-        # chat render, where a loop over the tokens at every candidate position took ~6).
+        # longest) and ``finditer`` scans leftmost first without overlaps (one scan, where a loop
+        # over the tokens at every candidate position costs several times more).
         raw = [t for t in self._added_ids if t not in normalized]
         self._cuts = tuple(c for c in (_alternation(raw), _alternation([t for t in self._added_ids if t in normalized])) if c)
         # The characters the tokens start with: a text holding none of them has no added
-        # token, which ``in`` tells in a fraction of a microsecond where a regex scan of a
-        # 2K-token prompt takes ~110 µs.
+        # token, which ``in`` tells far sooner than a regex scan of a long prompt.
         self._starts = sorted({t[0] for t in self._added_ids})
         # Texts with other characters: cut between words, the words this encoder takes here,
         # the others through ``other`` (the HF encoder), when word cuts are exact (see

@@ -58,8 +58,8 @@ SHORT_CHUNK_CHARS = 64
 SHORT_CHUNKS = 4096  # at most; the table is emptied when full
 _TEXT_ROOT = -1  # plain-text prompts (word cuts) live under their own root
 # Once a tokenizer's fast encoder is built (``tokenization.fast_bpe``), a chat this short is
-# encoded whole: ~20 µs for a short chat render against ~30 through the cache, whose saving
-# (a repeated system prompt) is worth less than its cut, trie walk and insert at this size.
+# encoded whole, faster than through the cache, whose saving (a repeated system prompt) is
+# worth less than its cut, trie walk and insert at this size.
 DIRECT_CHARS = 512
 _WORD_CUT = re.compile(r"[A-Za-z](?= [A-Za-z])")  # a cut goes right after the match
 # pre-tokenizer regexes whose words take their leading space (JSON-escaped, as in tokenizer.json)

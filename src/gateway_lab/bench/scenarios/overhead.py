@@ -103,7 +103,7 @@ class Prompts:
     Text is sentences of the vocabulary's whole words drawn with a Zipf law over
     vocabulary order, as in ``bench_tokenize.py``: common words repeat as in real text.
     (Uniform draws make every word rare, which defeats the tokenizer's word cache and
-    makes tokenization about 3x dearer than on real text.)
+    makes tokenization dearer than on real text.)
     """
 
     def __init__(self, seed: int) -> None:
@@ -904,8 +904,8 @@ class Reply:
 
 class Client:
     """aiohttp to one gateway: the client shares the machine with the gateway under test,
-    so it must cost less than what it measures (httpx costs ~9 ms of CPU per short
-    request at 128 in flight, several times the gateway's own cost)."""
+    so it must cost less than what it measures (httpx costs several times the gateway's
+    own CPU per short request at 128 in flight)."""
 
     def __init__(self, base_url: str, model: str, connections: int) -> None:
         import aiohttp
@@ -1183,7 +1183,7 @@ async def idle_cpu(pid: int, seconds: float) -> dict[str, Any]:
 async def warm_long_prompt(gw: launch.Gateway, client: Client, args: argparse.Namespace, *, chat: bool) -> None:
     """One long prompt of words no measured prompt uses, then wait until the gateway is
     quiet: what a gateway does once per process at its first long prompt (ours builds its
-    fast encoder, ~1.4 s of CPU, see docs/BENCHMARKS.md) is not part of the loads it meets
+    fast encoder: seconds of CPU) is not part of the loads it meets
     after running a while. Every gateway gets the same prompt."""
     from gateway_lab.bench.workloads import GspConfig, Vocab, gsp
 
@@ -1199,7 +1199,7 @@ async def warm_long_prompt(gw: launch.Gateway, client: Client, args: argparse.Na
 async def warm_short_prompts(gw: launch.Gateway, client: Client, prompts: Prompts, args: argparse.Namespace) -> None:
     """``--short-warm`` short chats (8 in flight, prompts no measured request uses), then wait
     until the gateway is quiet: ours builds a model's fast encoder at its 256th prompt
-    (``--fast-encoder-after``, ~2 s of CPU once per process), which is not part of what a short
+    (``--fast-encoder-after``, seconds of CPU once per process), which is not part of what a short
     request costs a gateway that has served a while. Every gateway gets the same warm-up."""
     if args.short_warm <= 0:
         return

@@ -27,10 +27,10 @@ per round where the CPU went (ms per request of each serving process, the superv
 nats-server, the simulated fleet, the load generator, the idle other gateway, and the
 rest of the machine: everyone else's jobs) and how the load generator's connections
 were spread over the serving processes. ``--throughput-fleet`` picks the zero-cost
-workers: ``sim`` (simulated workers with every cost 0: Python, a few tenths of a ms of CPU
-per call on the gateway's cores) and/or ``canned`` (nginx answering canned gRPC replies,
-``gateway_lab.bench.canned_fleet``: ~0.02 ms per call, so the figure is the gateway's own
-scaling). Besides the ratio of the medians it prints each round pair's ratio, the ratio
+workers: ``sim`` (simulated workers with every cost 0: Python, whose CPU per call is spent
+on the gateway's cores) and/or ``canned`` (nginx answering canned gRPC replies,
+``gateway_lab.bench.canned_fleet``: a small fraction of that, so the figure is the gateway's
+own scaling). Besides the ratio of the medians it prints each round pair's ratio, the ratio
 over quiet rounds (other processes under 0.1 ms of CPU per request) and the CPU-bound
 ratio; ``--nice -10`` (root) puts the measured processes ahead of other jobs on a shared host.
 
