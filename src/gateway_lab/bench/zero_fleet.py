@@ -7,7 +7,10 @@ streaming shape of SGLang's ``--grpc-mode`` servicer (one chunk per token with r
 counts, then a ``GenerateComplete`` that repeats the last chunk's tokens), one complete when
 not streaming, finish ``length`` after ``max_new_tokens``. It keeps a set of chained
 page hashes as its prefix cache (LRU, bounded in tokens), so ``cached_tokens`` is true for
-prefixes it has seen and a router's hit rate is visible.
+prefixes it has seen and a router's hit rate is visible. With ``record`` set, each worker
+appends one JSON line per ``Generate`` (its port, the time, a key of the prompt's first
+``KEY_TOKENS`` tokens, prompt and cached tokens) to that file: which worker got which
+shared prefix, told by the fleet itself, so two gateways are compared by one witness.
 
 It reports a model folder (the tokenizer files plus a ``config.json``), as a real server
 does: a peer gateway that loads ``config.json`` from the reported path must find it.
@@ -37,7 +40,7 @@ import time
 import zipfile
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import grpc
 from google.protobuf import struct_pb2
@@ -47,6 +50,7 @@ from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.proto import sglang_scheduler_pb2_grpc as pb_grpc
 
 PAGE_SIZE = 16
+KEY_TOKENS = 256  # a recorded prompt's group key covers this many leading tokens (whole pages)
 DEFAULT_MAX_NEW_TOKENS = 128
 TOKENIZER_CHUNK_BYTES = 1 << 20
 VERSION = "zero-0"
@@ -76,7 +80,13 @@ class PrefixCache:
 
     def admit(self, ids: Sequence[int]) -> int:
         """Cached tokens of ``ids`` (its longest cached page prefix), then cache all its pages."""
+        return self.admit_keyed(ids)[0]
+
+    def admit_keyed(self, ids: Sequence[int]) -> tuple[int, str]:
+        """``admit``, and the prompt's key: the chained hash of its first ``KEY_TOKENS``
+        tokens in whole pages (fewer when the prompt is shorter; "" under one page)."""
         chain = self._chain(ids)
+        key = chain[min(len(chain), KEY_TOKENS // self.page_size) - 1].hex()[:16] if chain else ""
         hits = 0
         for digest in chain:
             if digest not in self._pages:
@@ -87,7 +97,7 @@ class PrefixCache:
             self._pages.move_to_end(digest)
         while len(self._pages) > self.capacity_pages:
             self._pages.popitem(last=False)
-        return hits * self.page_size
+        return hits * self.page_size, key
 
     def clear(self) -> None:
         self._pages.clear()
@@ -117,8 +127,13 @@ def reply_ids(tokenizer_dir: Path) -> list[int]:
 class ZeroWorker(pb_grpc.SglangSchedulerServicer):
     """One worker: answers from its arguments, keeps no request state but its prefix cache."""
 
-    def __init__(self, folder: Path, output: Sequence[int], step_s: float, capacity_tokens: int, context_length: int) -> None:
+    def __init__(
+        self, folder: Path, output: Sequence[int], step_s: float, capacity_tokens: int, context_length: int,
+        port: int = 0, record: IO[str] | None = None,
+    ) -> None:  # fmt: skip
         self.folder = folder
+        self.port = port
+        self.record = record
         self.output = list(output)
         self.step_s = step_s
         self.capacity_tokens = capacity_tokens
@@ -140,7 +155,10 @@ class ZeroWorker(pb_grpc.SglangSchedulerServicer):
         if len(prompt) + max_new > self.context_length:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the prompt plus max_new_tokens exceeds the context")
         n = max(1, sp.n)
-        cached = self.cache.admit(prompt)
+        cached, key = self.cache.admit_keyed(prompt)
+        if self.record is not None:
+            line = {"port": self.port, "t": round(time.time(), 4), "key": key, "prompt": len(prompt), "cached": cached}
+            self.record.write(json.dumps(line) + "\n")
         rid = request.request_id
         prompt_len = len(prompt)
         tokens = self._tokens(max_new)
@@ -229,13 +247,17 @@ class ZeroWorker(pb_grpc.SglangSchedulerServicer):
             yield common_pb2.GetTokenizerChunk(data=data[start : start + TOKENIZER_CHUNK_BYTES], sha256=digest if last else "")
 
 
-async def serve(ports: Sequence[int], folder: Path, step_s: float, capacity_tokens: int, context_length: int) -> None:
+async def serve(
+    ports: Sequence[int], folder: Path, step_s: float, capacity_tokens: int, context_length: int,
+    record: IO[str] | None = None,
+) -> None:  # fmt: skip
     """One grpc.aio server per port until SIGTERM/SIGINT."""
     output = reply_ids(folder)
     servers = []
     for port in ports:
         server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-        pb_grpc.add_SglangSchedulerServicer_to_server(ZeroWorker(folder, output, step_s, capacity_tokens, context_length), server)
+        worker = ZeroWorker(folder, output, step_s, capacity_tokens, context_length, port, record)
+        pb_grpc.add_SglangSchedulerServicer_to_server(worker, server)
         server.add_insecure_port(f"127.0.0.1:{port}")
         await server.start()
         servers.append(server)
@@ -244,8 +266,65 @@ async def serve(ports: Sequence[int], folder: Path, step_s: float, capacity_toke
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    flusher = asyncio.create_task(_flush_every(record, 0.2)) if record is not None else None
     await stop.wait()
+    if flusher is not None:
+        flusher.cancel()
     await asyncio.gather(*(s.stop(0.5) for s in servers))
+    if record is not None:
+        record.flush()
+
+
+async def _flush_every(record: IO[str], interval_s: float) -> None:
+    """Flush the record now and then: a reader sees each load's lines soon after it ends."""
+    while True:
+        await asyncio.sleep(interval_s)
+        record.flush()
+
+
+def read_records(folder: Path, since: float = 0.0, until: float = float("inf")) -> list[dict[str, Any]]:
+    """Every worker's recorded ``Generate`` lines under ``folder`` with ``since <= t <= until``."""
+    out: list[dict[str, Any]] = []
+    for path in sorted(folder.glob("zero-*.jsonl")):
+        for line in path.read_text().splitlines():
+            with contextlib.suppress(ValueError):
+                rec = json.loads(line)
+                if since <= rec["t"] <= until:
+                    out.append(rec)
+    out.sort(key=lambda r: r["t"])
+    return out
+
+
+def placement(records: Sequence[dict[str, Any]], min_group: int = 2) -> dict[str, Any]:
+    """Where each prompt group (a key seen at least ``min_group`` times) went, from records.
+
+    ``holders``: distinct workers per group (1 is perfect stickiness); ``spread``: requests
+    per worker of each group, largest first; ``hit_rate`` over every record; ``ideal``: the
+    hit rate were every group on one worker with the first request's cached tokens as the
+    only miss (whole pages of the shared part, read from the records' best hit per group).
+    """
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for rec in records:
+        groups.setdefault(rec["key"], []).append(rec)
+    prompt = sum(r["prompt"] for r in records)
+    cached = sum(r["cached"] for r in records)
+    ideal = 0
+    spread: dict[str, list[int]] = {}
+    for key, recs in groups.items():
+        if len(recs) < min_group or not key:
+            continue
+        per = collections.Counter(r["port"] for r in recs)
+        spread[key] = sorted(per.values(), reverse=True)
+        ideal += max(r["cached"] for r in recs) * (len(recs) - 1)
+    holders = [len(v) for v in spread.values()]
+    return {
+        "requests": len(records), "groups": len(spread),
+        "hit_rate": round(cached / prompt, 4) if prompt else None,
+        "ideal": round(ideal / prompt, 4) if prompt else None,
+        "holders_mean": round(sum(holders) / len(holders), 3) if holders else 0.0,
+        "holders_max": max(holders, default=0),
+        "spread": spread,
+    }  # fmt: skip
 
 
 def free_ports(n: int) -> list[int]:
@@ -266,9 +345,10 @@ class ZeroFleet:
 
     def __init__(
         self, workers: int, tokenizer_dir: Path, *, step_s: float = 0.0, processes: int = 1,
-        capacity_tokens: int = 65536, context_length: int = 40960,
+        capacity_tokens: int = 65536, context_length: int = 40960, record_dir: Path | None = None,
     ) -> None:  # fmt: skip
         self.ports = free_ports(workers)
+        self.record_dir = record_dir
         self.tokenizer_dir = tokenizer_dir
         self.step_s = step_s
         self.processes = max(1, min(processes, workers))
@@ -296,6 +376,8 @@ class ZeroFleet:
                     "--step-s", str(self.step_s), "--capacity-tokens", str(self.capacity_tokens),
                     "--context-length", str(self.context_length), "--ports", *map(str, ports),
                 ]  # fmt: skip
+                if self.record_dir is not None:
+                    argv += ["--record", str(self.record_dir / f"zero-{ports[0]}.jsonl")]
                 self.procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, start_new_session=True))
             deadline = time.monotonic() + ready_timeout_s
             for proc in self.procs:
@@ -341,8 +423,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--step-s", type=float, default=0.0, help="seconds per generated token (0: at once)")
     parser.add_argument("--capacity-tokens", type=int, default=65536, help="prefix cache size per worker")
     parser.add_argument("--context-length", type=int, default=40960)
+    parser.add_argument("--record", default="", help="append one JSON line per Generate to this file")
     args = parser.parse_args(argv)
-    asyncio.run(serve(args.ports, Path(args.folder), args.step_s, args.capacity_tokens, args.context_length))
+    record = open(args.record, "a", encoding="utf-8") if args.record else None
+    try:
+        asyncio.run(serve(args.ports, Path(args.folder), args.step_s, args.capacity_tokens, args.context_length, record))
+    finally:
+        if record is not None:
+            record.close()
     return 0
 
 

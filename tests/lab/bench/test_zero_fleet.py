@@ -19,7 +19,15 @@ from gateway.proto import common_pb2
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.proto import sglang_scheduler_pb2_grpc as pb_grpc
 from gateway_lab.bench.workloads import default_tokenizer_dir
-from gateway_lab.bench.zero_fleet import PAGE_SIZE, PrefixCache, ZeroFleet, model_folder
+from gateway_lab.bench.zero_fleet import (
+    KEY_TOKENS,
+    PAGE_SIZE,
+    PrefixCache,
+    ZeroFleet,
+    model_folder,
+    placement,
+    read_records,
+)
 from tests.e2e.http.conftest import _serve
 
 OFFICIAL_CLIENT = Path(__file__).resolve().parents[1] / "sim" / "official_client.py"
@@ -43,6 +51,57 @@ def test_prefix_cache_evicts_least_recently_used_pages() -> None:
     assert cache.admit(a) == 0
     cache.clear()
     assert cache.admit(a) == 0
+
+
+def test_prompts_sharing_their_first_pages_share_a_key() -> None:
+    cache = PrefixCache(capacity_tokens=1 << 16)
+    shared = list(range(KEY_TOKENS))
+    _, a = cache.admit_keyed([*shared, 1, 2, 3])
+    cached, b = cache.admit_keyed([*shared, 9] * 2)
+    assert a == b and len(a) == 16 and cached == KEY_TOKENS
+    assert cache.admit_keyed([5, *shared])[1] != a
+    assert cache.admit_keyed([1, 2, 3])[1] == ""  # under a page: no key
+
+
+def test_placement_counts_workers_per_group_and_the_one_holder_ideal() -> None:
+    recs = [
+        {"port": 1, "t": 0.0, "key": "a", "prompt": 100, "cached": 0},
+        {"port": 1, "t": 0.1, "key": "a", "prompt": 100, "cached": 80},
+        {"port": 2, "t": 0.2, "key": "a", "prompt": 100, "cached": 0},  # a second holder: a miss
+        {"port": 3, "t": 0.3, "key": "b", "prompt": 100, "cached": 0},
+        {"port": 3, "t": 0.4, "key": "b", "prompt": 100, "cached": 80},
+        {"port": 4, "t": 0.5, "key": "c", "prompt": 100, "cached": 0},  # seen once: no group
+    ]
+    out = placement(recs)
+    assert out["groups"] == 2 and out["spread"] == {"a": [2, 1], "b": [2]}
+    assert out["holders_mean"] == 1.5 and out["holders_max"] == 2
+    assert out["hit_rate"] == round(160 / 600, 4)
+    assert out["ideal"] == round((80 * 2 + 80) / 600, 4)  # every group's later requests at its best hit
+
+
+def test_the_fleet_records_which_worker_got_which_prompt(tmp_path: Path) -> None:
+    import asyncio
+
+    async def send(url: str, ids: list[int]) -> None:
+        async with grpc.aio.insecure_channel(url.removeprefix("grpc://")) as channel:
+            request = pb.GenerateRequest(
+                request_id="r", tokenized=pb.TokenizedInput(input_ids=ids), stream=False,
+                sampling_params=pb.SamplingParams(max_new_tokens=1),
+            )  # fmt: skip
+            [r async for r in pb_grpc.SglangSchedulerStub(channel).Generate(request, timeout=10)]
+
+    f = ZeroFleet(2, default_tokenizer_dir(), processes=2, capacity_tokens=8192, context_length=4096,
+                  record_dir=tmp_path).start()  # fmt: skip
+    try:
+        prompt = list(range(1, 300))
+        for url in (f.urls[0], f.urls[0], f.urls[1]):
+            asyncio.run(send(url, prompt))
+    finally:
+        f.stop()  # flushes the record
+    recs = read_records(tmp_path)
+    assert [(r["port"], r["cached"]) for r in recs] == [(f.ports[0], 0), (f.ports[0], 288), (f.ports[1], 0)]
+    assert placement(recs)["spread"] == {recs[0]["key"]: [2, 1]}
+    assert read_records(tmp_path, since=recs[1]["t"]) == recs[1:]
 
 
 def test_model_folder_has_the_tokenizer_and_a_config(tmp_path: Path) -> None:

@@ -19,7 +19,8 @@ neither always runs first. Loads, each bounded in requests and ``--cap-s``:
 
 Per gateway and load: requests/s, latency p50/p99 (TTFT for streams), the router
 process's user+system CPU over the load window divided by requests served (and by
-relayed tokens), the hit rate (gsp); a line says whether either gateway stalled (p99 over
+relayed tokens), the hit rate (gsp) and, as the fleet itself recorded it, where each
+prompt group went (distinct workers per group: 1 is perfect stickiness); a line says whether either gateway stalled (p99 over
 ``--stall-ratio`` x its p50, or requests/s under 1/``--stall-ratio`` of the other's).
 Before each measured load, ``--warm`` requests of the same kind run and the gateway is let
 go quiet: one-off costs (ours: the fast encoder's build) stay out of the window.
@@ -32,6 +33,8 @@ import asyncio
 import os
 import statistics
 import sys
+import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -53,7 +56,7 @@ from gateway_lab.bench.scenarios.overhead import (
     summarize_profile,
 )  # fmt: skip
 from gateway_lab.bench.workloads import default_tokenizer_dir
-from gateway_lab.bench.zero_fleet import ZeroFleet
+from gateway_lab.bench.zero_fleet import ZeroFleet, placement, read_records
 
 LOADS = ("short", "short-stream", "gsp-paced")
 GATEWAYS = ("ours", "smg", "before")
@@ -66,6 +69,9 @@ FIGURES = (
     ("cpu_us_per_token", "CPU µs/relayed token"),
     ("system_share", "share of CPU in the kernel"),
     ("hit_rate", "hit rate"),
+    ("fleet_ideal", "hit rate, every group on one worker"),
+    ("holders_mean", "workers per prompt group, mean"),
+    ("holders_max", "workers per prompt group, max"),
 )
 
 
@@ -186,8 +192,14 @@ async def run_gateway(name: str, fleet: ZeroFleet, loads: Sequence[str], prompts
                 if load == "gsp-paced":
                     await flush_caches(fleet.urls)
                 spy = Path(args.profile) / f"{name}-{load}.txt" if args.profile and name != "smg" else None
+                t0 = time.time()
                 with profiling(gw.pid, spy, args.profile_rate, True):
                     out[load] = await _measure(gw, client, bodies, args.concurrency, args.cap_s)
+                if fleet.record_dir is not None:
+                    await asyncio.sleep(0.5)  # the fleet flushes its record every 0.2 s
+                    where = placement(read_records(fleet.record_dir, t0, time.time()))
+                    out[load] |= {"holders_mean": where["holders_mean"], "holders_max": where["holders_max"],
+                                  "fleet_ideal": where["ideal"], "spread": where["spread"]}
                 print(f"  {name} {load}: {out[load]}", flush=True)
         finally:
             await client.close()
@@ -241,11 +253,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 for name in order:
                     entry["gateways"][name] |= await run_gateway(name, fleet, fast, prompts, args)
         if "gsp-paced" in args.loads:
-            async with launch.fleet(
-                "zero", args.gsp_workers, tokenizer_dir=tokenizer, step_s=args.worker_step_s, processes=args.fleet_processes
-            ) as fleet:
-                for name in order:
-                    entry["gateways"][name] |= await run_gateway(name, fleet, ["gsp-paced"], prompts, args)
+            with tempfile.TemporaryDirectory(prefix="zero-record-") as record:
+                async with launch.fleet(
+                    "zero", args.gsp_workers, tokenizer_dir=tokenizer, step_s=args.worker_step_s,
+                    processes=args.fleet_processes, record_dir=Path(record),
+                ) as fleet:  # fmt: skip
+                    for name in order:
+                        entry["gateways"][name] |= await run_gateway(name, fleet, ["gsp-paced"], prompts, args)
         report["rounds"].append(entry)
     report["load_after"] = list(os.getloadavg())
     report["table"] = table(report["rounds"], gateways, args.loads, args.stall_ratio).markdown()
