@@ -10,6 +10,7 @@ import pytest
 from gateway.policies import explain
 from gateway.policies.base import Decision, LoadSnapshot, RouteRequest, WorkerView
 from gateway.policies.cache_aware import CacheAwarePolicy, CostKnobs
+from gateway.policies.hot_prefix import sure_count
 
 from .helpers import req, tokens, views, with_load
 
@@ -489,20 +490,20 @@ def test_top_load_is_the_hottest_prefix_in_workers_shares() -> None:
     for i in range(16, 2000):
         hp.observe(i % 64)  # 64 prefixes in turn: each 1/64 of the traffic
     load = hp.top_load(8)
-    assert load is not None and 0.05 < load < 0.2
+    assert load is not None and 0 <= load < 0.2
     for i in range(2000):
         hp.observe(7 if i % 2 else 1000 + i)  # now one prefix carries half the requests
     load = hp.top_load(8)
-    assert load is not None and 3.5 < load < 4.5
-    assert load == pytest.approx((hp.share(7) - 1 / hp._total) * 8)  # one request less than its count
+    assert load is not None and 3.0 < load < 4.5
+    assert load == pytest.approx(sure_count(hp.share(7) * hp._total) / hp._total * 8)  # its count less its noise
 
 
-def test_a_hot_prefix_reads_as_hot_within_sixteen_requests() -> None:
+def test_a_hot_prefix_reads_as_hot_within_two_dozen_requests() -> None:
     from gateway.policies.hot_prefix import HotPrefixes
 
     hp = HotPrefixes(window=256)
-    for i in range(16):
-        hp.observe(7 if i % 4 == 0 else 100 + i)  # a quarter of the requests share one prefix
+    for i in range(24):
+        hp.observe(7 if i % 2 == 0 else 100 + i)  # half of the requests share one prefix
     load = hp.top_load(8)
     assert load is not None and load > 1.25
 
@@ -514,7 +515,7 @@ def test_top_load_survives_trimming_the_tracked_keys() -> None:
     for i in range(500):
         hp.observe(3 if i % 3 == 0 else 100 + i)
     assert len(hp) <= 16
-    assert hp.top_load(4) == pytest.approx((hp.share(3) - 1 / hp._total) * 4)
+    assert hp.top_load(4) == pytest.approx(sure_count(hp.share(3) * hp._total) / hp._total * 4)
 
 
 def _prime(p: CacheAwarePolicy, hot: bool, n: int = 400) -> None:
@@ -542,9 +543,9 @@ def test_queued_prefill_weight_follows_how_concentrated_the_prefixes_are() -> No
 
 def test_queued_prefill_weight_is_linear_around_one_workers_share() -> None:
     p = policy()
-    # the hottest prefix at 1/8 of 9 workers' traffic ... 1.125 workers: halfway up the band
+    # the hottest prefix at 1/6 of 9 workers' traffic, its noise discounted: inside the band
     for i in range(4000):
-        p.hot.observe(1 if i % 8 == 0 else 10_000 + i % 512)
+        p.hot.observe(1 if i % 6 == 0 else 10_000 + i % 512)
     load = p.hot.top_load(9)
     assert load is not None and 1.0 < load < 1.25
     assert p.queued_prefill_weight(9) == pytest.approx(0.5 + 0.5 * (load - 1.0) / 0.25)
@@ -655,6 +656,42 @@ def test_eight_groups_on_sixteen_workers_keep_about_two_holders_each() -> None:
     # replicas on 16 workers, one more 1K-token prefill per group for no balance gained)
     assert per_group == [2] * 8, per_group
     assert max(pool.in_flight.values()) <= 1.25 * 128 / 16, pool.in_flight
+
+
+def test_as_many_even_groups_as_workers_keep_one_holder_each_in_a_burst() -> None:
+    """The zero-cost fleet's gsp burst: 16 groups x 8 prompts all at once on 16 workers, none
+    finished yet. Each group carries one worker's share: one holder per group is both the
+    ideal and balanced. At the full queued-prefill weight a group's second request spilled
+    to an idle worker, and the luckiest groups' shares read as hot and got replicas."""
+    p = policy()
+    pool = Pool(16)
+    groups = [tokens(2048, 900 + g) for g in range(16)]
+    holders: dict[int, set[str]] = {}
+    for i in range(128):
+        g = (i * 7 + i // 16) % 16
+        d = pool.dispatch(p, req(groups[g] + tokens(128, 40_000 + i), request_id=str(i)), decode=128)
+        holders.setdefault(g, set()).add(d.worker_id)
+    assert sorted(len(h) for h in holders.values()) == [1] * 16, holders
+    assert max(pool.in_flight.values()) == 8, pool.in_flight
+
+
+def test_a_hot_prefix_gets_a_new_holder_only_when_its_holders_are_busier() -> None:
+    p = policy()
+    ws = views(8)
+    hot_sys = tokens(1024, 78)
+    for i in range(120):  # one prefix carries a fifth of the traffic: 1.6 workers' worth, not beyond luck
+        send(p, req((hot_sys if i % 5 == 0 else tokens(1024, 600 + i % 16)) + tokens(32, 70_000 + i), request_id=f"h{i}"), ws)
+    r = req(hot_sys + tokens(32, 1), request_id="x")
+    key = p._hot_key(r, 1024)
+    assert key is not None and p.hot.replicas(key, 8) >= 2 and not p.hot.surely_hot(key, 8)
+    holders = p.hot.holders(key)
+    even = p.select(r, ws)  # the holders are no busier than the rest: no new holder
+    assert even.worker_id in holders and even.reason == "hot_prefix", even
+    busy = ws
+    for h in holders:
+        busy = with_load(busy, h, running_decode_tokens=8_000, in_flight=32)
+    spilled = p.select(r, busy)  # they are: the cheapest non-holder joins the set
+    assert spilled.worker_id not in holders and spilled.reason == "hot_prefix_new_replica", spilled
 
 
 def test_a_remote_extension_continues_from_its_decisions_mark_or_inserts_whole() -> None:

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from gateway.policies.hot_prefix import MIN_REQUESTS, SLACK, TOP_MIN_REQUESTS, HotPrefixes
+from gateway.policies.hot_prefix import MIN_REQUESTS, NOISE_Z, SLACK, TOP_MIN_REQUESTS, HotPrefixes, sure_count
 
 
 def _feed(hot: HotPrefixes, pattern: list[int], rounds: int, n_workers: int = 0) -> None:
@@ -52,12 +52,23 @@ def test_the_top_load_waits_for_enough_requests_and_discounts_sampling_luck() ->
     _feed(hot, [5], rounds=TOP_MIN_REQUESTS - 1)
     assert hot.top_load(4) is None
     hot.observe(5)
-    assert hot.top_load(4) == pytest.approx(4 * (TOP_MIN_REQUESTS - 1) / TOP_MIN_REQUESTS, rel=0.05)
+    n = TOP_MIN_REQUESTS  # all of them one key: its count less two standard deviations
+    assert hot.top_load(4) == pytest.approx(4 * (n - 2 * math.sqrt(n)) / n, rel=0.05)
     uniform = HotPrefixes(window=256)
     for key in range(64):
         uniform.observe(key)
     top = uniform.top_load(4)
     assert top is not None and top == 0.0  # 64 prefixes seen once each: nothing is hot
+    even = HotPrefixes(window=256)
+    for i in range(48):
+        even.observe(i % 16 if i % 8 else 3)  # 16 even groups, key 3 the luckiest: 8 of 48
+    top = even.top_load(16)
+    assert top is not None and top < 1.0  # read at face value, 2.7 workers' worth
+
+
+def test_sure_count_is_the_count_less_its_noise() -> None:
+    assert sure_count(0) == 0.0 and sure_count(4) == 0.0 and sure_count(-1) == 0.0
+    assert sure_count(100) == pytest.approx(100 - NOISE_Z * 10)
 
 
 def test_holders_keep_their_order_and_departed_workers_are_forgotten() -> None:

@@ -367,7 +367,7 @@ class CacheAwarePolicy(BasePolicy):
             hot = None
         else:
             matched = self._match(request, workers)  # one walk for the hot-prefix key and the scores
-            hot = self._hot_pool(request, workers, matched[0]) if self.hot_prefix_min_tokens else None
+            hot = self._hot_pool(request, workers, matched) if self.hot_prefix_min_tokens else None
         # Filtering is fused into the scoring loop (one pass over the pool, not two).
         scored = self._score(request, hot[0] if hot else workers, self._turn, None, matched, slot_aware=hot is not None,
                              pool_size=len(workers))
@@ -424,16 +424,21 @@ class CacheAwarePolicy(BasePolicy):
         return xxhash.xxh3_64_intdigest(memoryview(packed)[: found << 2])
 
     def _hot_pool(
-        self, request: RouteRequest, workers: Sequence[WorkerView], found: int
+        self, request: RouteRequest, workers: Sequence[WorkerView], matched: tuple[int, dict[str, int]]
     ) -> tuple[list[WorkerView], str] | None:
         """(the workers a hot prefix's request may go to, reason), or None when not hot.
 
         ``k`` holders serve the prefix (``HotPrefixes.replicas``). With ``k`` of them
         available the request goes to the cheapest of them only; with fewer, to the
-        cheapest non-holder, which joins the set. Before the first holder is known
-        the whole pool is scored as usual. See ``hot_prefix``.
+        cheapest non-holder, which joins the set, when the prefix is hot beyond
+        sampling luck (``HotPrefixes.surely_hot``) or the cost says the holders are
+        busier: the cheapest non-holder costs less than the cheapest holder, the prefix
+        a holder saves counted (else the cheapest holder gets it). A share read as hot
+        from a few requests' luck (as many uniform groups as workers) then adds no holder
+        while the holders are no busier than the rest. Before the first holder is
+        known the whole pool is scored as usual. See ``hot_prefix``.
         """
-        key = self._hot_key(request, found)
+        key = self._hot_key(request, matched[0])
         if key is None:
             return None
         usable = [w for w in workers if w.available and w.worker_id not in request.exclude]
@@ -446,7 +451,12 @@ class CacheAwarePolicy(BasePolicy):
             if not holders:
                 return None
             held = {w.worker_id for w in holders}
-            return [w for w in usable if w.worker_id not in held], HOT_NEW_REASON
+            others = [w for w in usable if w.worker_id not in held]
+            if not self.hot.surely_hot(key, len(usable)) and not self._replica_needed(
+                request, holders, others, matched, len(workers)
+            ):
+                return holders, HOT_REASON
+            return others, HOT_NEW_REASON
         if (
             self.cost.slot_step_tokens
             and all(0 < w.max_running_requests <= w.in_flight for w in holders)
@@ -458,6 +468,18 @@ class CacheAwarePolicy(BasePolicy):
             # the set (``on_dispatch``). In a burst every worker is full: no overflow.
             return usable, HOT_OVERFLOW_REASON
         return holders, HOT_REASON
+
+    def _replica_needed(
+        self, request: RouteRequest, holders: list[WorkerView], others: list[WorkerView],
+        matched: tuple[int, dict[str, int]], pool_size: int,
+    ) -> bool:  # fmt: skip
+        """Whether the cheapest non-holder costs less than the cheapest holder (a new
+        replica relieves busier holders, rather than recomputing the prefix for nothing)."""
+        mine = self._score(request, holders, self._turn, None, matched, slot_aware=True, pool_size=pool_size)
+        theirs = self._score(request, others, self._turn, None, matched, slot_aware=True, pool_size=pool_size)
+        if mine is None or theirs is None:
+            return theirs is not None
+        return theirs[3][theirs[0].worker_id] < mine[3][mine[0].worker_id]
 
     def _choose(self, request: RouteRequest, cands: list[WorkerView]) -> Decision:
         scored = self._score(request, cands, self._turn, None)
@@ -596,8 +618,9 @@ class CacheAwarePolicy(BasePolicy):
         scored = self._score(request, cands, self._turn, rows)
         assert scored is not None  # cands is never empty
         best, reason, cached, _ = scored
-        found, _ = self._match(request, cands)
-        hot = self._hot_pool(request, cands, found) if self.hot_prefix_min_tokens else None
+        matched = self._match(request, cands)
+        found = matched[0]
+        hot = self._hot_pool(request, cands, matched) if self.hot_prefix_min_tokens else None
         key = self._hot_key(request, found) if self.hot_prefix_min_tokens else None
         if hot is not None:
             hot_scored = self._score(request, hot[0], self._turn, None)

@@ -24,8 +24,16 @@ policies``). The policy spreads its
 requests among the first ``k`` holders only; while fewer than ``k`` hold it, the
 cheapest non-holder gets the request and joins the set (one deliberate miss per
 replica, instead of whichever worker a spill happens to land on). Shares count only once
-``min(64, window / 2)`` (decayed) requests have been seen. When the share falls, ``k`` falls, the trailing
-holders stop getting the prefix and their copies age out of the tree and the caches.
+``min(64, window / 2)`` (decayed) requests have been seen. The hottest prefix's load
+(``top_load``, which sets the policy's weight of queued prefill) reads its count by the
+lower confidence bound ``count - NOISE_Z * sqrt(count)`` (the count is about Poisson):
+with as many equally popular prefixes as workers each carries exactly a worker's share,
+and the luckiest of them reads half again as much for the first hundred requests; taken
+at face value that made a uniform burst look hot and spilled its groups to new holders
+(16 groups on 16 workers, ``token-gateway bench peer-cost``, where one holder per group
+is the ideal). A replica set is sized by the plain share, so a prefix that is hot gets
+its holders at once; ``cache_aware`` adds a holder when the prefix is hot beyond luck
+(``surely_hot``) or when its cost says the current holders are busier than the rest.
 Bounded: at most ``max_tracked`` keys (the coldest are dropped). Pure and synchronous.
 """
 
@@ -41,6 +49,13 @@ SLACK = 0.25  # of a worker's share: a prefix is hot above (1 + SLACK) / n of th
 HEADROOM = 0.5  # of a worker: holders keep room for the other traffic they carry
 TOP_MIN_REQUESTS = 16  # before these, the hottest prefix's share is not estimated
 MIN_REQUESTS = 64  # (decayed) requests before any prefix gets replicas (at most half the window)
+NOISE_Z = 2.0  # a count is read as count - NOISE_Z * sqrt(count): sampling luck makes no prefix hot
+
+
+def sure_count(count: float) -> float:
+    """The part of a (decayed) request count that is not sampling luck: its lower confidence
+    bound under a Poisson count, ``count - NOISE_Z * sqrt(count)`` (0 at most 4 requests)."""
+    return max(0.0, count - NOISE_Z * math.sqrt(count)) if count > 0 else 0.0
 
 
 class _Entry:
@@ -82,19 +97,28 @@ class HotPrefixes:
             return 0.0
         return min(1.0, self._value(e) / self._total)
 
+    def surely_hot(self, key: int, n_workers: int) -> bool:
+        """Whether ``key`` carries more than ``1 + SLACK`` workers' worth even with its count
+        read by its lower confidence bound (``sure_count``): hot beyond sampling luck."""
+        e = self._entries.get(key)
+        if e is None or self._total <= 0:
+            return False
+        return sure_count(self._value(e)) / self._total * n_workers > 1 + SLACK
+
     def top_load(self, n_workers: int) -> float | None:
         """The hottest prefix's load in workers' fair shares (``share * n``), or None before
         ``TOP_MIN_REQUESTS`` requests have been seen. O(1).
 
-        The share is ``(count - 1) / total``: the largest of a few sample counts overstates
-        the true largest share (16 requests of 64 equally popular prefixes have a top count
-        of 2 or 3 while each prefix is 1/64 of the traffic), and one request less is about
-        that bias, so uniform traffic reads as spread within 16 requests while a prefix
-        carrying a quarter of them already reads as hot."""
+        The share is ``sure_count(count) / total``: the largest of many sample counts
+        overstates the true largest share (16 requests of 64 equally popular prefixes have a
+        top count of 2 or 3 while each is 1/64 of the traffic; 40 requests of 16 prefixes on
+        16 workers, a top count of 5 or 6, which reads as two workers' worth while each is
+        one), so uniform traffic reads as spread, while a prefix carrying half the requests
+        reads as hot within about 20 of them."""
         top = self._top
         if top is None or self._tick < TOP_MIN_REQUESTS:
             return None
-        return min(1.0, max(0.0, self._value(top) - 1.0) / self._total) * n_workers
+        return min(1.0, sure_count(self._value(top)) / self._total) * n_workers
 
     def cold_share(self) -> float:
         """The share of recent requests whose prefix is not hot (1.0 before any is).
