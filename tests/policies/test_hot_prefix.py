@@ -7,7 +7,14 @@ import math
 
 import pytest
 
-from gateway.policies.hot_prefix import MIN_REQUESTS, NOISE_Z, SLACK, TOP_MIN_REQUESTS, HotPrefixes, sure_count
+from gateway.policies.hot_prefix import (
+    MIN_REQUESTS,
+    NOISE_Z,
+    SLACK,
+    TOP_MIN_REQUESTS,
+    HotPrefixes,
+    sure_count,
+)
 
 
 def _feed(hot: HotPrefixes, pattern: list[int], rounds: int, n_workers: int = 0) -> None:
