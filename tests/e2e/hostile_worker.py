@@ -42,6 +42,7 @@ class HostilePlan:
     flood_tokens: int = 0  # answer every Generate with this many tokens, whatever was asked
     endless: bool = False  # stream one token every ``gap_s`` until cancelled
     gap_s: float = 0.001
+    chunk_tokens: int = 1000  # tokens per streamed chunk of a flood
     token_id: int = 100  # the id it sends (an id past the vocabulary makes an OOV worker)
     tokenizer_chunks: Callable[[], Iterable[common_pb2.GetTokenizerChunk]] | None = None
     sent: list[int] = field(default_factory=list)  # tokens sent per Generate call
@@ -71,9 +72,10 @@ class HostileServicer(SimServicer):
         ids = [plan.token_id] * plan.flood_tokens
         plan.sent[-1] = len(ids)
         if request.stream:
-            for start in range(0, len(ids), 1000):
+            step = plan.chunk_tokens
+            for start in range(0, len(ids), step):
                 yield pb.GenerateResponse(chunk=pb.GenerateStreamChunk(
-                    token_ids=ids[start:start + 1000], prompt_tokens=prompt, completion_tokens=start + 1000))
+                    token_ids=ids[start:start + step], prompt_tokens=prompt, completion_tokens=start + step))
         yield pb.GenerateResponse(complete=pb.GenerateComplete(
             output_ids=ids, finish_reason="length", prompt_tokens=prompt, completion_tokens=len(ids)))
 

@@ -14,6 +14,7 @@ from gateway.protocol.errors import (
     ServiceUnavailableError,
     WorkerError,
 )
+from gateway.workers.reply_bound import ReplyTooLarge
 from gateway.workers.transport import CallCode, WorkerCallError
 
 
@@ -53,3 +54,9 @@ def test_a_failure_without_a_call_error_and_the_other_shapes() -> None:
     stalled = worker_stalled_error("w4", 2.5)
     assert isinstance(stalled, GatewayTimeoutError) and stalled.code == "worker_timeout"
     assert stalled.message == "worker w4 sent nothing for 2.5 s"
+
+
+def test_a_reply_past_its_bound_is_the_workers_fault_not_its_load() -> None:
+    err = map_rpc_error(ReplyTooLarge(5000, 100), "w3")
+    assert isinstance(err, WorkerError) and err.status == 502 and err.code == "worker_reply_too_large"
+    assert "w3" in err.message and "5000 bytes vs. 100" in err.message

@@ -16,6 +16,7 @@ from grpc import aio
 from gateway.proto import common_pb2, sglang_scheduler_pb2_grpc
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.workers.client import WorkerClient, call_error
+from gateway.workers.reply_bound import ReplyTooLarge
 from gateway.workers.transport import END_OF_STREAM, CallCode, WorkerCallError
 
 
@@ -112,3 +113,21 @@ async def test_an_unreachable_worker_is_unavailable() -> None:
 def test_every_grpc_status_has_its_code(status: grpc.StatusCode) -> None:
     err = call_error(aio.AioRpcError(status, aio.Metadata(), aio.Metadata(), details="why"))
     assert err.code.name == status.name and err.message == "why"
+
+
+def test_a_message_over_the_channel_bound_is_reply_too_large() -> None:
+    details = "Stream removed (CLIENT: Received message larger than max (5000123 vs. 4194304))"
+    err = call_error(aio.AioRpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, aio.Metadata(), aio.Metadata(), details=details))
+    assert isinstance(err, ReplyTooLarge) and (err.size, err.bound) == (5000123, 4194304)
+    overloaded = call_error(aio.AioRpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, aio.Metadata(), aio.Metadata(), details="busy"))
+    assert not isinstance(overloaded, ReplyTooLarge)
+
+
+async def test_generate_runs_on_a_channel_sized_for_its_reply() -> None:
+    client = WorkerClient("grpc://127.0.0.1:1", stream_transport="grpcio")
+    try:
+        assert client.bounded_channel(100) is client.tokenizer_channel()  # the control channel
+        big = client.bounded_channel(10 << 20)
+        assert big is client.bounded_channel(12 << 20) and big is not client.bounded_channel(100 << 20)
+    finally:
+        await client.close()

@@ -19,6 +19,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from gateway.proto import sglang_scheduler_pb2 as pb
+from gateway.workers.reply_bound import CONTROL_REPLY_BYTES, ReplyTooLarge, json_reply_bytes
 from gateway.workers.sglang_http import SglangHttpClient
 from gateway.workers.transport import END_OF_STREAM, CallCode, WorkerCallError
 
@@ -306,5 +307,35 @@ async def test_a_long_cumulative_answer_is_one_line_however_long(peer: tuple[Pee
     p, client = peer
     ids = list(range(100_000, 120_000))  # ~140 KB on one SSE line
     p.routes["/generate"] = p.sse([ans(ids[:-1]), ans(ids, {"type": "length"})])
-    got = await drain(client.generate(request()))
+    asked = request()
+    asked.sampling_params.max_new_tokens = len(ids)
+    got = await drain(client.generate(asked))
     assert [t for m in got if m.HasField("chunk") for t in m.chunk.token_ids] == ids
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_answer_past_what_the_request_allows_is_reply_too_large(
+    peer: tuple[Peer, SglangHttpClient], stream: bool
+) -> None:
+    p, client = peer
+    flood = list(range(100_000, 140_000))  # ~280 KB where 4 tokens allow ~140 KB
+    if stream:
+        p.routes["/generate"] = p.sse([ans(flood, {"type": "length"})])
+    else:
+        p.routes["/generate"] = reply(ans(flood, {"type": "length"}))
+    with pytest.raises(ReplyTooLarge) as err:
+        await drain(client.generate(request(stream=stream)))
+    assert err.value.bound == json_reply_bytes(request())
+    p.routes["/generate"] = p.sse([ans([5, 6], {"type": "length"})])  # the client goes on
+    assert len(await drain(client.generate(request()))) == 2
+
+
+async def test_small_calls_and_refusals_read_a_bounded_body(peer: tuple[Peer, SglangHttpClient]) -> None:
+    p, client = peer
+    p.routes["/get_model_info"] = reply({"pad": "x" * (CONTROL_REPLY_BYTES + 10)})
+    with pytest.raises(ReplyTooLarge):
+        await client.model_info()
+    p.routes["/generate"] = reply({"error": {"message": "no " + "x" * 200_000}}, status=400)
+    with pytest.raises(WorkerCallError) as err:
+        await drain(client.generate(request()))
+    assert err.value.code is CallCode.INVALID_ARGUMENT and len(err.value.message) < 70_000

@@ -11,6 +11,7 @@ from gateway.protocol.errors import (
     ServiceUnavailableError,
     WorkerError,
 )
+from gateway.workers.reply_bound import ReplyTooLarge
 from gateway.workers.transport import CallCode, WorkerCallError
 
 _CLIENT_FAULTS = {CallCode.INVALID_ARGUMENT, CallCode.OUT_OF_RANGE, CallCode.FAILED_PRECONDITION}
@@ -33,6 +34,8 @@ def map_rpc_error(exc: WorkerCallError | None, worker_id: str, message: str | No
         return NotFoundError(where)
     if code is CallCode.DEADLINE_EXCEEDED:
         return GatewayTimeoutError(where, code="worker_timeout")
+    if isinstance(exc, ReplyTooLarge):  # the worker's fault, not its load
+        return WorkerError(where, code="worker_reply_too_large")
     if code is CallCode.RESOURCE_EXHAUSTED:
         return ServiceUnavailableError(where, code="worker_overloaded", retry_after=1.0)
     return WorkerError(where, code=f"worker_{code.name.lower()}")

@@ -9,6 +9,7 @@ leaves it as a ``WorkerCallError`` (``call_error``), never as a grpc exception.
 
 from __future__ import annotations
 
+import re
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from dataclasses import dataclass
@@ -24,6 +25,15 @@ from gateway.protocol.headers import REQUEST_ID, bearer
 from gateway.workers.address import BadWorkerUrl, WorkerAddress, canonical_host, parse_worker_url
 from gateway.workers.h2 import H2Channel
 from gateway.workers.h2.batch import BatchParser
+from gateway.workers.reply_bound import (
+    CONTROL_REPLY_BYTES,
+    GRPC_TOO_LARGE,
+    KV_EVENT_REPLY_BYTES,
+    MAX_REPLY_BYTES,
+    ReplyTooLarge,
+    channel_bound,
+    grpc_reply_bytes,
+)
 from gateway.workers.trace_context import TRACEPARENT
 from gateway.workers.transport import (
     END_OF_STREAM,
@@ -42,32 +52,33 @@ T = TypeVar("T")
 R = TypeVar("R")
 _W = TypeVar("_W", bound="WorkerClient")
 
-# Prompts of 100K+ tokens and tokenizer zips exceed gRPC's 4 MiB default.
-_MAX_MESSAGE_BYTES = 256 * 1024 * 1024
-_CHANNEL_OPTIONS: list[tuple[str, int | str]] = [
-    ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
-    ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
-    # Keepalive only while calls are open, and no more often than a gRPC server with
-    # default settings accepts (one ping per 5 min without data): faster pings earn a
-    # GOAWAY "too_many_pings". Dead idle workers are the health checks' job.
-    ("grpc.keepalive_time_ms", 300_000),
-    ("grpc.keepalive_timeout_ms", 20_000),
-    ("grpc.keepalive_permit_without_calls", 0),
-    # gRPC's default reconnect back-off grows to 120 s; a worker that restarts should
-    # be reachable again within seconds so the health checks can re-admit it.
-    ("grpc.initial_reconnect_backoff_ms", 500),
-    ("grpc.max_reconnect_backoff_ms", 5_000),
-]
+# Prompts of 100K+ tokens exceed gRPC's 4 MiB default on the way out; what comes back is
+# bounded per call (``reply_bound``).
+_MAX_SEND_BYTES = 256 * 1024 * 1024
 
-MAX_TOKENIZER_MESSAGE_BYTES = 4 * 1024 * 1024
-"""Largest single GetTokenizer message accepted (gRPC's own default; workers send chunks of
-about 1 MiB). The channel for other calls allows far larger messages, so GetTokenizer has a
-channel of its own: one message cannot make the gateway hold hundreds of MiB before the
-download's total bound (``tokenizer_fetch``) even sees it."""
-_TOKENIZER_CHANNEL_OPTIONS: list[tuple[str, int | str]] = [
-    ("grpc.max_receive_message_length", MAX_TOKENIZER_MESSAGE_BYTES) if name == "grpc.max_receive_message_length"
-    else (name, value) for name, value in _CHANNEL_OPTIONS
-]
+
+def _channel_options(receive_bytes: int) -> list[tuple[str, int | str]]:
+    """A worker channel's options, its messages in capped at ``receive_bytes``."""
+    return [
+        ("grpc.max_send_message_length", _MAX_SEND_BYTES),
+        ("grpc.max_receive_message_length", receive_bytes),
+        # Keepalive only while calls are open, and no more often than a gRPC server with
+        # default settings accepts (one ping per 5 min without data): faster pings earn a
+        # GOAWAY "too_many_pings". Dead idle workers are the health checks' job.
+        ("grpc.keepalive_time_ms", 300_000),
+        ("grpc.keepalive_timeout_ms", 20_000),
+        ("grpc.keepalive_permit_without_calls", 0),
+        # gRPC's default reconnect back-off grows to 120 s; a worker that restarts should
+        # be reachable again within seconds so the health checks can re-admit it.
+        ("grpc.initial_reconnect_backoff_ms", 500),
+        ("grpc.max_reconnect_backoff_ms", 5_000),
+    ]
+
+
+MAX_TOKENIZER_MESSAGE_BYTES = CONTROL_REPLY_BYTES
+"""Largest single GetTokenizer message accepted (workers send chunks of about 1 MiB): the
+control channel's bound, so one message cannot make the gateway hold hundreds of MiB
+before the download's total bound (``tokenizer_fetch``) even sees it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,8 +110,19 @@ class TlsOptions:
 
 
 def call_error(exc: aio.AioRpcError) -> WorkerCallError:
-    """A failed grpc.aio call as the gateway's own call error (the one translation)."""
-    return WorkerCallError(CallCode.from_number(exc.code().value[0]), exc.details() or "")
+    """A failed grpc.aio call as the gateway's own call error (the one translation); a
+    message over the channel's receive bound is ``ReplyTooLarge``."""
+    code = CallCode.from_number(exc.code().value[0])
+    details = exc.details() or ""
+    if code is CallCode.RESOURCE_EXHAUSTED and GRPC_TOO_LARGE in details:
+        return ReplyTooLarge(*_sizes(details))
+    return WorkerCallError(code, details)
+
+
+def _sizes(details: str) -> tuple[int | None, int]:
+    """(size, bound) from grpc's "Received message larger than max (SIZE vs. BOUND)"."""
+    numbers = [int(n) for n in re.findall(r"\d+", details)]
+    return (numbers[0], numbers[1]) if len(numbers) >= 2 else (None, numbers[0] if numbers else 0)
 
 
 class _GrpcGenerateCall:
@@ -162,32 +184,46 @@ class WorkerClient:
         self.address = parse_worker_url(url)
         self.url = self.address.url
         secure = self.address.scheme == "grpcs"
-        self._channel = self._open_channel(tls, _CHANNEL_OPTIONS)
-        self._tokenizer_channel: aio.Channel | None = None  # opened by the first GetTokenizer
+        self._tls = tls
+        # Calls other than Generate: their replies are small (``CONTROL_REPLY_BYTES``).
+        self._channel = self._open_channel(CONTROL_REPLY_BYTES)
         self._stub = sglang_scheduler_pb2_grpc.SglangSchedulerStub(self._channel)
+        # grpc.aio bounds messages per channel: Generate and KV events run on channels
+        # sized for them, opened on first use (``reply_bound.channel_bound``).
+        self._bounded: dict[int, aio.Channel] = {}
         self._streams: H2Channel | None = None
         if stream_transport == "h2":
             self._streams = H2Channel(
                 self.address.host, self.address.port, self.address.target,
                 ssl_context=(tls or TlsOptions()).ssl_context() if secure else None,
-                max_message=_MAX_MESSAGE_BYTES,
+                max_message=MAX_REPLY_BYTES,  # each call passes its own, smaller bound
             )
         self._auth: tuple[tuple[str, str], ...] = (
             (bearer(api_key),) if api_key else ()
         )
         self._options = (tls, api_key, stream_transport)
 
-    def _open_channel(self, tls: TlsOptions | None, options: list[tuple[str, int | str]]) -> aio.Channel:
+    def _open_channel(self, receive_bytes: int) -> aio.Channel:
+        options = _channel_options(receive_bytes)
         if self.address.scheme == "grpcs":
-            creds = (tls or TlsOptions()).credentials()
+            creds = (self._tls or TlsOptions()).credentials()
             return aio.secure_channel(self.address.target, creds, options=options)
         return aio.insecure_channel(self.address.target, options=options)
 
+    def bounded_channel(self, need: int) -> aio.Channel:
+        """A channel whose receive bound fits ``need`` bytes (the smallest power-of-four
+        tier, ``reply_bound.channel_bound``); the control channel when that is enough."""
+        bound = channel_bound(need)
+        if bound <= CONTROL_REPLY_BYTES:
+            return self._channel
+        channel = self._bounded.get(bound)
+        if channel is None:
+            channel = self._bounded[bound] = self._open_channel(bound)
+        return channel
+
     def tokenizer_channel(self) -> aio.Channel:
         """The channel GetTokenizer runs on: its messages capped at ``MAX_TOKENIZER_MESSAGE_BYTES``."""
-        if self._tokenizer_channel is None:
-            self._tokenizer_channel = self._open_channel(self._options[0], _TOKENIZER_CHANNEL_OPTIONS)
-        return self._tokenizer_channel
+        return self._channel
 
     def same_worker_as(self, kind: type[_W]) -> _W:
         """A client of another engine's service for this worker (engine detection)."""
@@ -206,12 +242,14 @@ class WorkerClient:
 
     def generate(self, request: pb.GenerateRequest, *, timeout: float | None = None) -> GenerateCall:
         """Start a Generate stream; the caller reads it and may ``cancel()`` it."""
+        bound = grpc_reply_bytes(request)
         if self._streams is not None:
             return self._streams.unary_stream(
                 _GENERATE, request.SerializeToString(), _GENERATE_REPLIES,
-                timeout=timeout, metadata=self._metadata(request.request_id),
+                timeout=timeout, metadata=self._metadata(request.request_id), max_message=bound,
             )
-        return _GrpcGenerateCall(self._stub.Generate(
+        stub = sglang_scheduler_pb2_grpc.SglangSchedulerStub(self.bounded_channel(bound))
+        return _GrpcGenerateCall(stub.Generate(
             request, timeout=timeout, metadata=self._metadata(request.request_id)
         ))
 
@@ -279,7 +317,8 @@ class WorkerClient:
         ))
 
     def subscribe_kv_events(self, start_sequence_number: int = 0) -> AsyncIterator[common_pb2.KvEventBatch]:
-        return _stream(self._stub.SubscribeKvEvents(
+        stub = sglang_scheduler_pb2_grpc.SglangSchedulerStub(self.bounded_channel(KV_EVENT_REPLY_BYTES))
+        return _stream(stub.SubscribeKvEvents(
             common_pb2.SubscribeKvEventsRequest(
                 start_sequence_number=start_sequence_number, load_records_before_first_batch=True
             ),
@@ -289,6 +328,6 @@ class WorkerClient:
     async def close(self, grace: float | None = None) -> None:
         if self._streams is not None:
             await self._streams.close(grace)
-        if self._tokenizer_channel is not None:
-            await self._tokenizer_channel.close(grace)
+        for channel in self._bounded.values():
+            await channel.close(grace)
         await self._channel.close(grace)

@@ -32,6 +32,7 @@ from gateway.protocol.headers import REQUEST_ID
 from gateway.workers.address import WorkerAddress, parse_worker_url
 from gateway.workers.client import TlsOptions
 from gateway.workers.http_errors import http_status_error, transport_error
+from gateway.workers.reply_bound import CONTROL_REPLY_BYTES, ReplyTooLarge, json_reply_bytes
 from gateway.workers.sglang_http_wire import (
     AnswerError,
     StreamReader,
@@ -89,19 +90,58 @@ class SglangDialect:
         return whole_answer(request_id, answer)
 
 
-async def _lines(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
-    """The body's lines, however long (a cumulative ``output_ids`` list outgrows
-    aiohttp's line limit on long generations)."""
+async def _lines(content: aiohttp.StreamReader, bound: int) -> AsyncIterator[bytes]:
+    """The body's lines, each at most ``bound`` bytes (a cumulative ``output_ids`` list
+    outgrows aiohttp's own line limit on long generations; a line past what the request
+    can bring back is ``ReplyTooLarge``, raised before more of it is held)."""
     pending = b""
     async for data in content.iter_any():
         pending += data
         if b"\n" not in data:
+            if len(pending) > bound:
+                raise ReplyTooLarge(None, bound)
             continue
         *complete, pending = pending.split(b"\n")
         for line in complete:
+            if len(line) > bound:
+                raise ReplyTooLarge(len(line), bound)
             yield line
+        if len(pending) > bound:
+            raise ReplyTooLarge(None, bound)
     if pending:
         yield pending
+
+
+async def read_bounded(response: aiohttp.ClientResponse, bound: int) -> bytes:
+    """A whole answer body, refused (``ReplyTooLarge``) as soon as it passes ``bound``
+    bytes: by its Content-Length before reading, else as it arrives."""
+    length = response.content_length
+    if length is not None and length > bound:
+        raise ReplyTooLarge(length, bound)
+    parts: list[bytes] = []
+    size = 0
+    async for data in response.content.iter_any():
+        size += len(data)
+        if size > bound:
+            raise ReplyTooLarge(None, bound)
+        parts.append(data)
+    return b"".join(parts)
+
+
+ERROR_BODY_BYTES = 64 << 10
+"""What of a refusal's body is read (its message for the client's error)."""
+
+
+async def read_head(response: aiohttp.ClientResponse, limit: int = ERROR_BODY_BYTES) -> bytes:
+    """At most the first ``limit`` bytes of a body (the rest is dropped with the connection)."""
+    parts: list[bytes] = []
+    size = 0
+    async for data in response.content.iter_any():
+        parts.append(data)
+        size += len(data)
+        if size >= limit:
+            break
+    return b"".join(parts)[:limit]
 
 
 def _call_error(exc: Exception, timeout: float | None) -> WorkerCallError:
@@ -169,15 +209,16 @@ class HttpGenerateCall:
         rid = request.request_id
         async with http.post(dialect.path, data=dialect.body(request), headers=headers) as response:
             if response.status != 200:
-                raise http_status_error(response.status, await response.read())
+                raise http_status_error(response.status, await read_head(response))
+            bound = json_reply_bytes(request)
             if not request.stream:
-                for message in dialect.whole(rid, orjson.loads(await response.read())):
+                for message in dialect.whole(rid, orjson.loads(await read_bounded(response, bound))):
                     self._push(message)
                 return
             reader = dialect.reader(rid)
             samples = max(1, request.sampling_params.n)
             finished = 0
-            async for line in _lines(response.content):
+            async for line in _lines(response.content, bound):
                 if not line.startswith(b"data:"):
                     continue
                 payload = line[5:].strip()
@@ -298,7 +339,7 @@ class HttpWorkerClient:
             async with self._http.request(
                 method, path, data=body, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout),
             ) as response:
-                return response.status, await response.read()
+                return response.status, await read_bounded(response, CONTROL_REPLY_BYTES)
         except aiohttp.ClientError as exc:
             raise transport_error(exc) from None
         except TimeoutError:

@@ -25,22 +25,54 @@ from tests.e2e.hostile_worker import HostilePlan, gateway, health_probe, hostile
 from tests.tokenization.helpers import copy_tokenizer, qwen_files
 
 
-@pytest.mark.parametrize("stream", [False, True])
-async def test_a_flood_past_max_tokens_is_cut_at_max_tokens(tmp_path: Path, stream: bool) -> None:
-    plan = HostilePlan(flood_tokens=300_000)
+async def test_a_streamed_flood_past_max_tokens_is_cut_at_max_tokens(tmp_path: Path) -> None:
+    plan = HostilePlan(flood_tokens=300_000)  # chunks of 1,000 tokens: each within its bound
     async with hostile_worker(plan) as url, gateway([url], tmp_path / "tok") as gw, health_probe(gw.url) as lat:
-        if stream:
-            chunks = await gw.client.completions.create(
-                model=gw.model, prompt="hello", max_tokens=40, stream=True, stream_options={"include_usage": True})
-            events = [c async for c in chunks]
-            usage = events[-1].usage
-            finish = [c.choices[0].finish_reason for c in events if c.choices and c.choices[0].finish_reason]
-        else:
-            resp = await gw.client.completions.create(model=gw.model, prompt="hello", max_tokens=40)
-            usage, finish = resp.usage, [resp.choices[0].finish_reason]
+        chunks = await gw.client.completions.create(
+            model=gw.model, prompt="hello", max_tokens=40, stream=True, stream_options={"include_usage": True})
+        events = [c async for c in chunks]
+        usage = events[-1].usage
+        finish = [c.choices[0].finish_reason for c in events if c.choices and c.choices[0].finish_reason]
         assert usage is not None and usage.completion_tokens == 40
         assert finish == ["length"]
         assert plan.sent == [300_000]
+        assert all(w.load.in_flight == 0 for w in gw.state.registry.all())
+    assert max(lat) < 0.1, f"/health took {max(lat):.3f}s"
+
+
+@pytest.mark.parametrize(("transport", "stream", "tokens"), [
+    ("h2", False, 300_000),  # one GenerateComplete of ~300 KB where 40 tokens need ~130 KB
+    ("h2", True, 300_000),  # one chunk as large
+    ("grpcio", False, 5_000_000),  # grpc.aio bounds per channel: the 4 MiB tier
+])
+async def test_a_reply_past_what_the_request_allows_is_a_502_and_a_worker_failure(
+    tmp_path: Path, transport: str, stream: bool, tokens: int
+) -> None:
+    bad_plan = HostilePlan(flood_tokens=tokens, chunk_tokens=tokens)
+    async with (
+        hostile_worker(bad_plan, served_model_name="flood") as bad,
+        hostile_worker(HostilePlan(), served_model_name="good") as good,
+        gateway([bad, good], tmp_path / "tok", worker_stream_transport=transport) as gw,
+        health_probe(gw.url) as lat,
+    ):
+        flood = next(w for w in gw.state.registry.all() if w.url == bad)
+
+        async def honest() -> int:
+            body = {"model": "good", "prompt": "hello", "max_tokens": 8}
+            return sum([(await gw.http.post("/v1/completions", json=body)).status_code == 200 for _ in range(10)])
+
+        others = asyncio.create_task(honest())
+        body = {"model": "flood", "prompt": "hello", "max_tokens": 40, "stream": stream}
+        resp = await gw.http.post("/v1/completions", json=body)
+        if stream and resp.status_code == 200:  # refused after the stream began: an error event
+            error = json.loads(next(line[6:] for line in resp.text.splitlines() if '"error"' in line))["error"]
+        else:
+            assert resp.status_code == 502, resp.text
+            error = resp.json()["error"]
+        assert error["code"] == "worker_reply_too_large", error
+        assert "larger than this request allows" in error["message"]
+        assert await others == 10  # requests to another worker are not harmed
+        assert flood.breaker.window_counts()[1] >= 1  # counted as the worker's failure
         assert all(w.load.in_flight == 0 for w in gw.state.registry.all())
     assert max(lat) < 0.1, f"/health took {max(lat):.3f}s"
 

@@ -10,6 +10,7 @@ import pytest
 
 from gateway.workers.h2 import frames
 from gateway.workers.h2.call import H2Call
+from gateway.workers.reply_bound import ReplyTooLarge
 from gateway.workers.transport import END_OF_STREAM, CallCode, WorkerCallError
 
 OK_HEADERS = [(b":status", b"200"), (b"content-type", b"application/grpc"), (b"x-worker", b"w1")]
@@ -120,9 +121,9 @@ async def test_malformed_compressed_or_oversized_messages_fail_the_call() -> Non
     small, _ = await _call(max_message=4)
     small.on_headers(OK_HEADERS, end_stream=False)
     small.on_data(_msg(b"too long"), last=True)
-    with pytest.raises(WorkerCallError) as err:
+    with pytest.raises(ReplyTooLarge) as err:
         await small.read()
-    assert err.value.code is CallCode.RESOURCE_EXHAUSTED
+    assert err.value.code is CallCode.RESOURCE_EXHAUSTED and (err.value.size, err.value.bound) == (8, 4)
 
 
 async def test_cancel_fails_a_pending_read_and_cancelling_the_reader_cancels_the_call() -> None:

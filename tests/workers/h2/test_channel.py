@@ -13,6 +13,7 @@ import pytest
 
 from gateway.workers.h2 import H2Call, H2Channel
 from gateway.workers.h2 import connection as h2_connection
+from gateway.workers.reply_bound import ReplyTooLarge
 from gateway.workers.transport import END_OF_STREAM, CallCode, WorkerCallError
 from tests.workers.h2.peer import (
     ErrorCodes,
@@ -276,6 +277,9 @@ async def test_a_compressed_or_oversized_message_fails_the_call_not_the_connecti
             await read_all(start(ch, b"big"))
         assert err.value.code is CallCode.RESOURCE_EXHAUSTED
         assert await read_all(start(ch, b"ok")) == [b"fine"]
+        # a call's own bound, below the channel's, refuses what the channel would take
+        with pytest.raises(ReplyTooLarge):
+            await read_all(start(ch, b"ok", max_message=3))
         assert len(peer.connections) == 1
         await ch.close()
 

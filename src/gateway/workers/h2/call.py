@@ -29,6 +29,7 @@ from typing import Any, Protocol
 from urllib.parse import unquote
 
 from gateway.workers.h2 import frames
+from gateway.workers.reply_bound import ReplyTooLarge
 from gateway.workers.transport import END_OF_STREAM, CallCode, WorkerCallError
 
 Deserialize = Callable[[bytes], Any]
@@ -53,12 +54,16 @@ _EOF = END_OF_STREAM
 class CallStatus:
     """How a call ended: the status code, its details and the trailing metadata."""
 
-    __slots__ = ("code", "details", "trailing")
+    __slots__ = ("code", "details", "error", "trailing")
 
-    def __init__(self, code: CallCode, details: str = "", trailing: tuple[tuple[str, str], ...] = ()) -> None:
+    def __init__(
+        self, code: CallCode, details: str = "", trailing: tuple[tuple[str, str], ...] = (),
+        error: WorkerCallError | None = None,
+    ) -> None:
         self.code = code
         self.details = details
         self.trailing = trailing
+        self.error = error  # what ``read()`` raises, when more particular than the code
 
 
 class H2Call:
@@ -126,7 +131,7 @@ class H2Call:
             if status is not None:
                 if status.code is _OK:
                     return _EOF
-                raise WorkerCallError(status.code, status.details)
+                raise status.error or WorkerCallError(status.code, status.details)
             starting = self._starting
             if starting is not None:
                 if not starting.done():
@@ -209,13 +214,13 @@ class H2Call:
         had = len(pending)
         while end - pos >= 5:
             size = int.from_bytes(buf[pos + 1:pos + 5], "big")
-            if size > self._max_message:
-                self._fail_after_pending(had, CallCode.RESOURCE_EXHAUSTED, f"received message larger than max ({size} vs. {self._max_message})")
+            if size > self._max_message:  # refused before any of it is held
+                self._fail_after_pending(had, ReplyTooLarge(size, self._max_message))
                 return
             if end - pos - 5 < size:
                 break
             if buf[pos]:
-                self._fail_after_pending(had, CallCode.INTERNAL, "compressed message, but no compression was negotiated")
+                self._fail_after_pending(had, WorkerCallError(CallCode.INTERNAL, "compressed message, but no compression was negotiated"))
                 return
             pending.append(bytes(buf[pos + 5:pos + 5 + size]))
             pos += 5 + size
@@ -261,7 +266,7 @@ class H2Call:
                 return
         self.deliver(parsed)
 
-    def _fail_after_pending(self, had: int, code: CallCode, details: str) -> None:
+    def _fail_after_pending(self, had: int, error: WorkerCallError) -> None:
         """Fail the call once the messages that came before the fault are delivered
         (``had``: how many were pending, so already deferred, before this DATA frame)."""
         conn = self._conn
@@ -269,7 +274,7 @@ class H2Call:
             if not had:
                 conn.defer(self)
             conn.flush()
-        self._fail(code, details)
+        self._end(CallStatus(error.code, error.message, error=error), reset=frames.CANCEL)
 
     def on_headers(self, headers: list[tuple[bytes, bytes]], end_stream: bool) -> None:
         """Response headers, trailers, or both at once ("trailers-only")."""

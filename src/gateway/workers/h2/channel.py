@@ -75,13 +75,16 @@ class H2Channel:
         *,
         timeout: float | None = None,
         metadata: Sequence[tuple[str, str]] = (),
+        max_message: int | None = None,
     ) -> H2Call:
         """Start ``method`` (``/package.Service/Method``) with one serialized request; read
-        the replies from the returned call."""
+        the replies from the returned call. ``max_message``: the largest reply this call
+        accepts (at most the channel's)."""
         loop = self._loop
         if loop is None or loop.is_closed():
             loop = self._loop = asyncio.get_running_loop()
-        call = H2Call(loop, deserialize, self._max_message)
+        bound = self._max_message if max_message is None else min(max_message, self._max_message)
+        call = H2Call(loop, deserialize, bound)
         if self._closed:
             call.on_lost(_UNAVAILABLE, "the channel to the worker is closed")
             return call
