@@ -20,6 +20,7 @@ from gateway.proto import trtllm_service_pb2 as tpb
 from gateway.workers import trtllm_grpc_wire as wire
 from gateway.workers.client import WorkerClient, _GrpcGenerateCall, _stream
 from gateway.workers.h2.batch import BatchParser
+from gateway.workers.reply_bound import KV_EVENT_REPLY_BYTES, grpc_reply_bytes
 from gateway.workers.transport import (
     END_OF_STREAM,
     CallCode,
@@ -92,12 +93,14 @@ class TrtllmGrpcClient(WorkerClient):
             return _Refused(exc)
         metadata = self._metadata(request.request_id)
         reader = wire.ReplyReader(request)
+        bound = grpc_reply_bytes(request)  # TensorRT-LLM's rows are the same ids and floats
         if self._streams is not None:
             call: Any = self._streams.unary_stream(
-                _GENERATE, sent.SerializeToString(), _REPLIES, timeout=timeout, metadata=metadata,
+                _GENERATE, sent.SerializeToString(), _REPLIES, timeout=timeout, metadata=metadata, max_message=bound,
             )
         else:
-            call = _GrpcGenerateCall(self._engine.Generate(sent, timeout=timeout, metadata=metadata))
+            engine = trtllm_service_pb2_grpc.TrtllmServiceStub(self.bounded_channel(bound))
+            call = _GrpcGenerateCall(engine.Generate(sent, timeout=timeout, metadata=metadata))
         return _TranslatedCall(call, reader)
 
     async def abort(self, request_id: str, reason: str = "", *, timeout: float = 2.0) -> bool:
@@ -149,7 +152,8 @@ class TrtllmGrpcClient(WorkerClient):
         ))
 
     def subscribe_kv_events(self, start_sequence_number: int = 0) -> AsyncIterator[common_pb2.KvEventBatch]:
-        return _stream(self._engine.SubscribeKvEvents(
+        engine = trtllm_service_pb2_grpc.TrtllmServiceStub(self.bounded_channel(KV_EVENT_REPLY_BYTES))
+        return _stream(engine.SubscribeKvEvents(
             common_pb2.SubscribeKvEventsRequest(
                 start_sequence_number=start_sequence_number, load_records_before_first_batch=True
             ),
