@@ -43,6 +43,7 @@ class HostilePlan:
     endless: bool = False  # stream one token every ``gap_s`` until cancelled
     gap_s: float = 0.001
     chunk_tokens: int = 1000  # tokens per streamed chunk of a flood
+    padding: int = 0  # bytes of matched_stop_str the flood's complete carries (a large message, cheap to build)
     token_id: int = 100  # the id it sends (an id past the vocabulary makes an OOV worker)
     tokenizer_chunks: Callable[[], Iterable[common_pb2.GetTokenizerChunk]] | None = None
     sent: list[int] = field(default_factory=list)  # tokens sent per Generate call
@@ -76,8 +77,10 @@ class HostileServicer(SimServicer):
             for start in range(0, len(ids), step):
                 yield pb.GenerateResponse(chunk=pb.GenerateStreamChunk(
                     token_ids=ids[start:start + step], prompt_tokens=prompt, completion_tokens=start + step))
-        yield pb.GenerateResponse(complete=pb.GenerateComplete(
-            output_ids=ids, finish_reason="length", prompt_tokens=prompt, completion_tokens=len(ids)))
+        complete = pb.GenerateComplete(output_ids=ids, finish_reason="length", prompt_tokens=prompt, completion_tokens=len(ids))
+        if plan.padding:
+            complete.matched_stop_str = "x" * plan.padding
+        yield pb.GenerateResponse(complete=complete)
 
     async def GetTokenizer(
         self, request: common_pb2.GetTokenizerRequest, context: grpc.aio.ServicerContext

@@ -21,7 +21,7 @@ import pytest
 
 from gateway.proto import common_pb2
 from gateway.workers.client import MAX_TOKENIZER_MESSAGE_BYTES
-from tests.e2e.hostile_worker import HostilePlan, gateway, health_probe, hostile_worker
+from tests.e2e.hostile_worker import Gateway, HostilePlan, gateway, health_probe, hostile_worker
 from tests.tokenization.helpers import copy_tokenizer, qwen_files
 
 
@@ -40,41 +40,47 @@ async def test_a_streamed_flood_past_max_tokens_is_cut_at_max_tokens(tmp_path: P
     assert max(lat) < 0.1, f"/health took {max(lat):.3f}s"
 
 
-@pytest.mark.parametrize(("transport", "stream", "tokens"), [
-    ("h2", False, 300_000),  # one GenerateComplete of ~300 KB where 40 tokens need ~130 KB
-    ("h2", True, 300_000),  # one chunk as large
-    ("grpcio", False, 5_000_000),  # grpc.aio bounds per channel: the 4 MiB tier
+@pytest.mark.parametrize(("transport", "stream", "tokens", "padding"), [
+    ("h2", False, 300_000, 0),  # one GenerateComplete of ~300 KB where 40 tokens need ~130 KB
+    ("h2", True, 300_000, 0),  # one chunk as large
+    ("grpcio", False, 10, 5_000_000),  # grpc.aio bounds per channel: a 5 MB complete, past the 4 MiB tier
 ])
 async def test_a_reply_past_what_the_request_allows_is_a_502_and_a_worker_failure(
-    tmp_path: Path, transport: str, stream: bool, tokens: int
+    tmp_path: Path, transport: str, stream: bool, tokens: int, padding: int
 ) -> None:
-    bad_plan = HostilePlan(flood_tokens=tokens, chunk_tokens=tokens)
+    bad_plan = HostilePlan(flood_tokens=tokens, chunk_tokens=tokens, padding=padding)
     async with (
         hostile_worker(bad_plan, served_model_name="flood") as bad,
         hostile_worker(HostilePlan(), served_model_name="good") as good,
         gateway([bad, good], tmp_path / "tok", worker_stream_transport=transport) as gw,
-        health_probe(gw.url) as lat,
     ):
-        flood = next(w for w in gw.state.registry.all() if w.url == bad)
+        async with health_probe(gw.url):  # the probe's own first connection, not the reply's cost
+            pass
+        async with health_probe(gw.url) as lat:
+            await _one_oversized_reply_among_honest_requests(gw, bad, stream)
+        assert max(lat) < 0.1, f"/health took {max(lat):.3f}s"
 
-        async def honest() -> int:
-            body = {"model": "good", "prompt": "hello", "max_tokens": 8}
-            return sum([(await gw.http.post("/v1/completions", json=body)).status_code == 200 for _ in range(10)])
 
-        others = asyncio.create_task(honest())
-        body = {"model": "flood", "prompt": "hello", "max_tokens": 40, "stream": stream}
-        resp = await gw.http.post("/v1/completions", json=body)
-        if stream and resp.status_code == 200:  # refused after the stream began: an error event
-            error = json.loads(next(line[6:] for line in resp.text.splitlines() if '"error"' in line))["error"]
-        else:
-            assert resp.status_code == 502, resp.text
-            error = resp.json()["error"]
-        assert error["code"] == "worker_reply_too_large", error
-        assert "larger than this request allows" in error["message"]
-        assert await others == 10  # requests to another worker are not harmed
-        assert flood.breaker.window_counts()[1] >= 1  # counted as the worker's failure
-        assert all(w.load.in_flight == 0 for w in gw.state.registry.all())
-    assert max(lat) < 0.1, f"/health took {max(lat):.3f}s"
+async def _one_oversized_reply_among_honest_requests(gw: Gateway, bad: str, stream: bool) -> None:
+    flood = next(w for w in gw.state.registry.all() if w.url == bad)
+
+    async def honest() -> int:
+        body = {"model": "good", "prompt": "hello", "max_tokens": 8}
+        return sum([(await gw.http.post("/v1/completions", json=body)).status_code == 200 for _ in range(10)])
+
+    others = asyncio.create_task(honest())
+    body = {"model": "flood", "prompt": "hello", "max_tokens": 40, "stream": stream}
+    resp = await gw.http.post("/v1/completions", json=body)
+    if stream and resp.status_code == 200:  # refused after the stream began: an error event
+        error = json.loads(next(line[6:] for line in resp.text.splitlines() if '"error"' in line))["error"]
+    else:
+        assert resp.status_code == 502, resp.text
+        error = resp.json()["error"]
+    assert error["code"] == "worker_reply_too_large", error
+    assert "larger than this request allows" in error["message"]
+    assert await others == 10  # requests to another worker are not harmed
+    assert flood.breaker.consecutive_failures >= 1  # counted as the worker's failure
+    assert all(w.load.in_flight == 0 for w in gw.state.registry.all())
 
 
 @pytest.mark.parametrize("stream", [False, True])
