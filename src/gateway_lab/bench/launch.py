@@ -7,7 +7,9 @@ Fleets (``fleet(kind, n, ...)``):
   fault knobs are at hand;
 * ``process``: simulated workers in one child process (``SubprocessFleet``): their cost
   stays out of this process's CPU, their counters arrive when they stop;
-* ``zero``: zero-cost workers with no step loop (``ZeroFleet``), for gateway CPU figures.
+* ``zero``: zero-cost workers with no step loop (``ZeroFleet``), for gateway CPU figures;
+* ``http``: simulated workers speaking SGLang's or vLLM's HTTP API in this process
+  (``HttpFleet``).
 
 Gateways (``gateway(kind, urls, policy, ...)``): ``ours`` is ``token-gateway serve`` in a
 child process (``ServeProcess``; ``argv`` replaces its command line, ``env`` its
@@ -34,8 +36,9 @@ if TYPE_CHECKING:
     from gateway_lab.bench.serve_process import ServeProcess
     from gateway_lab.bench.zero_fleet import ZeroFleet
     from gateway_lab.sim.fleet import SimFleet, SubprocessFleet
+    from gateway_lab.sim.http_server import SimHttpWorker
 
-FLEETS = ("sim", "process", "zero")
+FLEETS = ("sim", "process", "zero", "http")
 PEERS = ("smg",)  # peers.PEER_MODULES: what scripts/peers.sh installs
 GATEWAYS = ("ours", *PEERS)
 PEERS_PYTHON = ".peers-venv/bin/python"  # scripts/peers.sh installs it in the checkout
@@ -50,10 +53,12 @@ def fleet(kind: Literal["sim"], n: int, sim: SimConfig | None = ..., **options: 
 def fleet(kind: Literal["process"], n: int, sim: SimConfig | None = ..., **options: Any) -> contextlib.AbstractAsyncContextManager[SubprocessFleet]: ...
 @overload
 def fleet(kind: Literal["zero"], n: int, sim: SimConfig | None = ..., **options: Any) -> contextlib.AbstractAsyncContextManager[ZeroFleet]: ...
+@overload
+def fleet(kind: Literal["http"], n: int, sim: SimConfig | None = ..., **options: Any) -> contextlib.AbstractAsyncContextManager[HttpFleet]: ...
 def fleet(kind: str, n: int, sim: SimConfig | None = None, **options: Any) -> contextlib.AbstractAsyncContextManager[Any]:  # fmt: skip
     """``n`` workers of ``kind``, stopped on exit. ``options`` go to the fleet's class:
     ``roles``, ``engine`` or ``tls`` (sim); ``roles``, ``extra_args`` or ``ready_timeout``
-    (process); ``tokenizer_dir``, ``step_s`` or ``processes`` (zero)."""
+    (process); ``tokenizer_dir``, ``step_s`` or ``processes`` (zero); ``api`` (http)."""
     if kind not in FLEETS:
         raise ValueError(f"unknown fleet kind {kind!r}; known: {', '.join(FLEETS)}")
     if n < 1:
@@ -79,6 +84,11 @@ async def _fleet(kind: str, n: int, sim: SimConfig | None, options: dict[str, An
         finally:
             child.kill()  # also when the start itself was cancelled
             atexit.unregister(child.kill)
+    elif kind == "http":
+        from gateway_lab.sim.http_server import http_fleet
+
+        async with http_fleet(n, sim, **options) as workers:
+            yield HttpFleet(workers)
     else:
         from gateway_lab.bench.workloads import default_tokenizer_dir
         from gateway_lab.bench.zero_fleet import ZeroFleet
@@ -86,6 +96,17 @@ async def _fleet(kind: str, n: int, sim: SimConfig | None, options: dict[str, An
         tokenizer_dir = Path(options.pop("tokenizer_dir", None) or default_tokenizer_dir())
         async with ZeroFleet(n, tokenizer_dir, **options) as zero:
             yield zero
+
+
+@dataclass(frozen=True, slots=True)
+class HttpFleet:
+    """Simulated HTTP workers in this process."""
+
+    workers: list[SimHttpWorker]
+
+    @property
+    def urls(self) -> list[str]:
+        return [w.url for w in self.workers]
 
 
 @dataclass(frozen=True, slots=True)

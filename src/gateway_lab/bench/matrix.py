@@ -87,7 +87,7 @@ class MatrixConfig:
     peers: list[str] = option([], "peer gateways to compare on gsp at --peer-workers (smg; see scripts/peers.sh)")
     peer_workers: int = option(8, "fleet size of the peer comparison")
     peer_policies: list[str] = option(["round_robin", "cache_aware"], "policies run on ours and on each peer")
-    peers_python: str = option(".peers-venv/bin/python", "python of the peers' virtualenv")
+    peers_python: str = option(launch.PEERS_PYTHON, "python of the peers' virtualenv")
     gateway: str = option(
         "ours",
         "where our gateway runs for the matrix cells: in the fleet's process and event loop ('ours'), or as "

@@ -92,6 +92,18 @@ async def test_an_in_process_fleet_serves_inside_its_block() -> None:
     assert all(w.stopping for w in fleet.workers)
 
 
+async def test_an_http_fleet_speaks_sglangs_api_inside_its_block() -> None:
+    import httpx
+
+    async with launch.fleet("http", 2, launch.ZERO_COST, api="sglang") as fleet:
+        assert len(fleet.urls) == 2
+        async with httpx.AsyncClient(trust_env=False) as client:
+            assert (await client.get(fleet.urls[0] + "/health")).status_code == 200
+    async with httpx.AsyncClient(trust_env=False) as client:
+        with pytest.raises(httpx.HTTPError):
+            await client.get(fleet.urls[0] + "/health")
+
+
 class _FakeChild:
     made: list[_FakeChild] = []
 

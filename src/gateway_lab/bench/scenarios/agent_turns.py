@@ -33,6 +33,7 @@ import orjson
 
 from gateway.pipeline.offpath import run_pending
 from gateway.server.config import GatewayConfig, ServerConfig
+from gateway_lab.bench import launch
 from gateway_lab.bench import workloads as wl
 from gateway_lab.bench.inprocess import serve_in_process
 from gateway_lab.sim.config import SimConfig
@@ -111,16 +112,13 @@ async def one_conversation(client: Any, model: str, mode: str, shape: Turns, c: 
 
 @contextlib.asynccontextmanager
 async def fleet_urls(fleet: str, workers: int, sim: SimConfig) -> AsyncIterator[list[str]]:
+    """The simulator over gRPC (``sim``) or speaking SGLang's HTTP API, in this process."""
     if fleet == "sim":
-        from gateway_lab.sim.fleet import SimFleet
-
-        async with SimFleet.start(workers, sim) as grpc_fleet:
-            yield list(grpc_fleet.urls)
+        async with launch.fleet("sim", workers, sim) as grpc_fleet:
+            yield grpc_fleet.urls
     else:
-        from gateway_lab.sim.http_server import http_fleet
-
-        async with http_fleet(workers, sim, api="sglang") as http_workers:
-            yield [w.url for w in http_workers]
+        async with launch.fleet("http", workers, sim, api="sglang") as http_workers:
+            yield http_workers.urls
 
 
 async def run_cell(fleet: str, mode: str, shape: Turns, args: argparse.Namespace, vocab: wl.Vocab, scratch: str) -> Cell:

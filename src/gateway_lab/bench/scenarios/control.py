@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 
 from gateway.server.admission import Admission, AdmissionConfig
-from gateway_lab.bench.serve_process import ServeProcess
+from gateway_lab.bench import launch
 from gateway_lab.sim.config import SimConfig
 from gateway_lab.sim.fleet import SimFleet
 
@@ -36,24 +36,22 @@ from gateway_lab.sim.fleet import SimFleet
 async def failover(args: argparse.Namespace) -> dict[str, Any]:
     sim = SimConfig(step_base_s=0.004, prefill_token_s=0.0, decode_seq_s=0.0001, time_scale=1.0)
     with tempfile.TemporaryDirectory() as tmp:
-        async with SimFleet.start(args.workers, sim) as fleet:
-            gw = await ServeProcess.start(
-                fleet.urls, args.policy,
-                extra_args=[
-                    "--tokenizer-cache-dir", f"{tmp}/tok",
-                    "--health-check-interval-s", str(args.health_interval),
-                    "--health-unhealthy-interval-s", str(args.health_interval / 2),
-                    "--health-failure-threshold", "2",
-                ],
-                log_dir=args.log_dir or tmp,
-            )
-            try:
-                return await _drive(args, fleet, gw)
-            finally:
-                await gw.stop()
+        flags = [
+            "--tokenizer-cache-dir", f"{tmp}/tok",
+            "--health-check-interval-s", str(args.health_interval),
+            "--health-unhealthy-interval-s", str(args.health_interval / 2),
+            "--health-failure-threshold", "2",
+        ]  # fmt: skip
+        async with (
+            launch.fleet("sim", args.workers, sim) as fleet,
+            launch.gateway(
+                "ours", fleet.urls, args.policy, extra_args=flags, log_dir=args.log_dir or tmp, keep_log=bool(args.log_dir)
+            ) as gw,
+        ):
+            return await _drive(args, fleet, gw)
 
 
-async def _drive(args: argparse.Namespace, fleet: SimFleet, gw: ServeProcess) -> dict[str, Any]:
+async def _drive(args: argparse.Namespace, fleet: SimFleet, gw: launch.Gateway) -> dict[str, Any]:
     victim = fleet.workers[0]
     victim_id = f"{victim.host}:{victim.port}"
     limits = httpx.Limits(max_connections=args.clients + 4)

@@ -42,10 +42,9 @@ from gateway.proto import gateway_pb2 as gpb
 from gateway.proto import gateway_pb2_grpc as gpb_grpc
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.proto import sglang_scheduler_pb2_grpc as pb_grpc
+from gateway_lab.bench import launch
 from gateway_lab.bench.machine import cpu_model, cpu_seconds
-from gateway_lab.bench.serve_process import ServeProcess
 from gateway_lab.sim.config import SimConfig
-from gateway_lab.sim.fleet import SubprocessFleet
 
 PROMPT = list(range(1000, 1064))  # 64 ordinary token ids
 DOORS = ("worker", "passthrough", "grpc", "http")
@@ -188,45 +187,42 @@ async def throughput_phase(doors: dict[str, Door], *, stream: bool, rounds: int,
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     config = SimConfig(eos_probability=0.0, max_running_requests=256, kv_capacity_tokens=1 << 20).zero_cost()
     results: dict[str, Any] = {"latency": {}, "throughput": {}}
-    async with SubprocessFleet(1, config) as fleet:
-        served = await ServeProcess.start(
-            fleet.urls, "round_robin", extra_args=["--grpc-port", "0", "--log-level", "warning"],
-        )
-        try:
-            gateway_pid = served.process.pid
-            limits = httpx.Limits(max_connections=args.concurrency + 4, max_keepalive_connections=args.concurrency + 4)
-            async with (
-                aio.insecure_channel(fleet.urls[0].removeprefix("grpc://")) as worker_channel,
-                aio.insecure_channel(served.ready_info["grpc_target"]) as gateway_channel,
-                httpx.AsyncClient(base_url=served.url, limits=limits, timeout=60) as http,
-            ):
-                doors: dict[str, Door] = {
-                    "worker": scheduler_door(pb_grpc.SglangSchedulerStub(worker_channel), "w"),
-                    "passthrough": scheduler_door(pb_grpc.SglangSchedulerStub(gateway_channel), "p"),
-                    "grpc": grpc_door(gpb_grpc.TokenGatewayStub(gateway_channel)),
-                    "http": http_door(http),
-                }
-                chosen = {name: doors[name] for name in args.doors}
-                for stream in (False, True):
-                    mode = "stream" if stream else "unary"
-                    rows = await latency_phase(
-                        chosen, stream=stream, requests=args.latency_requests, max_tokens=args.latency_tokens, cap_s=args.cap_s,
-                    )
-                    for name, row in rows.items():
-                        results["latency"][f"{name}/{mode}"] = row
-                        print(f"latency    {name}/{mode:14s} {row}", file=sys.stderr, flush=True)
-                for stream in (True, False):
-                    mode = "stream" if stream else "unary"
-                    rows = await throughput_phase(
-                        chosen, stream=stream, rounds=args.rounds, gateway_pid=gateway_pid,
-                        concurrency=args.concurrency, requests=args.throughput_requests,
-                        max_tokens=args.throughput_tokens, cap_s=args.cap_s,
-                    )
-                    for name, row in rows.items():
-                        results["throughput"][f"{name}/{mode}"] = row
-                        print(f"throughput {name}/{mode:14s} {row}", file=sys.stderr, flush=True)
-        finally:
-            await served.stop()
+    async with (
+        launch.fleet("process", 1, config) as fleet,
+        launch.gateway("ours", fleet.urls, "round_robin", extra_args=["--grpc-port", "0", "--log-level", "warning"]) as served,
+    ):
+        gateway_pid = served.pid
+        limits = httpx.Limits(max_connections=args.concurrency + 4, max_keepalive_connections=args.concurrency + 4)
+        async with (
+            aio.insecure_channel(fleet.urls[0].removeprefix("grpc://")) as worker_channel,
+            aio.insecure_channel(served.ready_info["grpc_target"]) as gateway_channel,
+            httpx.AsyncClient(base_url=served.url, limits=limits, timeout=60) as http,
+        ):
+            doors: dict[str, Door] = {
+                "worker": scheduler_door(pb_grpc.SglangSchedulerStub(worker_channel), "w"),
+                "passthrough": scheduler_door(pb_grpc.SglangSchedulerStub(gateway_channel), "p"),
+                "grpc": grpc_door(gpb_grpc.TokenGatewayStub(gateway_channel)),
+                "http": http_door(http),
+            }
+            chosen = {name: doors[name] for name in args.doors}
+            for stream in (False, True):
+                mode = "stream" if stream else "unary"
+                rows = await latency_phase(
+                    chosen, stream=stream, requests=args.latency_requests, max_tokens=args.latency_tokens, cap_s=args.cap_s,
+                )
+                for name, row in rows.items():
+                    results["latency"][f"{name}/{mode}"] = row
+                    print(f"latency    {name}/{mode:14s} {row}", file=sys.stderr, flush=True)
+            for stream in (True, False):
+                mode = "stream" if stream else "unary"
+                rows = await throughput_phase(
+                    chosen, stream=stream, rounds=args.rounds, gateway_pid=gateway_pid,
+                    concurrency=args.concurrency, requests=args.throughput_requests,
+                    max_tokens=args.throughput_tokens, cap_s=args.cap_s,
+                )
+                for name, row in rows.items():
+                    results["throughput"][f"{name}/{mode}"] = row
+                    print(f"throughput {name}/{mode:14s} {row}", file=sys.stderr, flush=True)
     return results
 
 

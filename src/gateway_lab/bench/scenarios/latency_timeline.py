@@ -360,18 +360,16 @@ def main(args: argparse.Namespace) -> int:
 
     from gateway.proto import sglang_scheduler_pb2 as pb
     from gateway.proto import sglang_scheduler_pb2_grpc as pb_grpc
+    from gateway_lab.bench import launch
     from gateway_lab.bench.scenarios.overhead import Prompts
     from gateway_lab.bench.workloads import default_tokenizer_dir
-    from gateway_lab.sim.config import SimConfig
-    from gateway_lab.sim.fleet import SubprocessFleet
 
     prompts = Prompts(7)
     warm = max(20, args.warm)
     made = [prompts.make(args.prompt_tokens) for _ in range(args.requests + warm)]
 
     async def with_fleet() -> dict[str, Any]:
-        sim = SimConfig(step_base_s=0.0, prefill_token_s=0.0, decode_seq_s=0.0, time_scale=0.0)
-        async with SubprocessFleet(args.workers, sim) as fleet:
+        async with launch.fleet("process", args.workers, launch.ZERO_COST) as fleet:
             return await asyncio.get_running_loop().run_in_executor(None, run_against, fleet.urls)
 
     def run_against(urls: list[str]) -> dict[str, Any]:

@@ -1621,7 +1621,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="who runs each load, in this order (smg: when --peers-python exists; before: --baseline-src)")
     side.add_argument("--loads", nargs="+", choices=LOADS, default=LOADS, help="compare: loads to run")
     side.add_argument("--repeat", type=int, default=1, help="compare: repetitions of the whole round (report the spread)")
-    side.add_argument("--peers-python", default=".peers-venv/bin/python", help="python of the peers' virtualenv")
+    side.add_argument("--peers-python", default=launch.PEERS_PYTHON, help="python of the peers' virtualenv")
     side.add_argument("--baseline-src", default="", help="src/ of another checkout, run as gateway 'before'")
     side.add_argument("--ours-args", default="", help="extra 'token-gateway serve' flags for gateway 'ours' only")
     side.add_argument("--idle-s", type=float, default=5.0, help="idle CPU: seconds measured with no traffic")

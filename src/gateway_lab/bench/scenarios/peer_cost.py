@@ -274,7 +274,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--loads", nargs="+", choices=LOADS, default=list(LOADS))
     parser.add_argument("--repeat", type=int, default=2, help="rounds (2: both orders once)")
     parser.add_argument("--policy", default="cache_aware", help="routing policy, the same name for every gateway")
-    parser.add_argument("--peers-python", default=".peers-venv/bin/python", help="python of the peers' virtualenv")
+    parser.add_argument("--peers-python", default=launch.PEERS_PYTHON, help="python of the peers' virtualenv")
     parser.add_argument("--baseline-src", default="", help="src/ of another checkout, run as gateway 'before'")
     parser.add_argument("--ours-args", default="", help="extra 'token-gateway serve' flags for gateway 'ours' only")
     parser.add_argument("--workers", type=int, default=8, help="short loads: zero-cost workers")

@@ -20,12 +20,9 @@ from pathlib import Path
 
 import httpx
 
-from gateway_lab.bench.peers import PeerProcess
+from gateway_lab.bench import launch
 from gateway_lab.sim.config import SimConfig
-from gateway_lab.sim.fleet import SimFleet
 from gateway_lab.sim.vocab import default_tokenizer_path
-
-PEERS_PYTHON = ".peers-venv/bin/python"  # where scripts/peers.sh installs SMG
 
 
 def summarize(latencies: list[float], wall_s: float) -> dict[str, float]:
@@ -41,11 +38,11 @@ def summarize(latencies: list[float], wall_s: float) -> dict[str, float]:
 
 async def run(args: argparse.Namespace) -> dict[str, float]:
     config = SimConfig(eos_probability=0.0).zero_cost()
-    async with SimFleet.start(args.workers, config) as fleet:
-        peer = await PeerProcess.start(
-            args.python, "smg", fleet.urls, "round_robin", str(default_tokenizer_path()), ready_timeout_s=90,
-        )
-        try:
+    async with launch.fleet("sim", args.workers, config) as fleet:
+        async with launch.gateway(
+            "smg", fleet.urls, "round_robin", peers_python=args.python, tokenizer_dir=str(default_tokenizer_path()),
+            ready_timeout_s=90,
+        ) as peer:
             gate = asyncio.Semaphore(args.in_flight)
             latencies: list[float] = []
             async with httpx.AsyncClient(base_url=peer.url, trust_env=False, timeout=args.timeout_s) as client:
@@ -62,14 +59,11 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
                 started = time.perf_counter()
                 await asyncio.gather(*(one(i) for i in range(args.requests)))
                 wall = time.perf_counter() - started
-        finally:
-            await peer.stop()
-            peer.remove_log()
     return summarize(latencies, wall)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--python", default=PEERS_PYTHON, help="python of the peers' virtualenv")
+    parser.add_argument("--python", default=launch.PEERS_PYTHON, help="python of the peers' virtualenv")
     parser.add_argument("--workers", type=int, default=4, help="simulated workers")
     parser.add_argument("--requests", type=int, default=256, help="chat requests sent")
     parser.add_argument("--in-flight", type=int, default=32, help="requests in flight at once")

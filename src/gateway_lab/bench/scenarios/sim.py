@@ -28,9 +28,9 @@ import grpc
 
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.proto import sglang_scheduler_pb2_grpc as pb_grpc
+from gateway_lab.bench import launch
 from gateway_lab.bench.machine import cpu_model, cpu_seconds
 from gateway_lab.sim.config import SimConfig
-from gateway_lab.sim.fleet import SubprocessFleet
 
 
 def make_request(rid: str, prompt: list[int], max_new: int, stream: bool) -> pb.GenerateRequest:
@@ -100,7 +100,7 @@ async def stream_phase(
 
 async def run(args: argparse.Namespace) -> dict[str, object]:
     config = dataclasses.replace(SimConfig().zero_cost(), max_running_requests=args.max_running)
-    async with SubprocessFleet(1, config) as fleet:
+    async with launch.fleet("process", 1, config) as fleet:
         assert fleet.proc is not None
         pid = fleet.proc.pid
         async with grpc.aio.insecure_channel(fleet.urls[0].removeprefix("grpc://")) as channel:
