@@ -100,7 +100,7 @@ async def test_fleet_unary_calls(gstack: GrpcStack) -> None:
         info = await stub.GetModelInfo(pb.GetModelInfoRequest())
         assert info.served_model_name == gstack.model and info.vocab_size > 0
         server = await stub.GetServerInfo(pb.GetServerInfoRequest())
-        assert server.max_total_num_tokens > 0
+        assert server.max_total_num_tokens > 0 and server.server_args["dp_size"] == 1  # it takes no rank
         loads = await stub.GetLoads(pb.GetLoadsRequest(include=["all"]))
         assert loads.dp_rank_count == 2 and [row.dp_rank for row in loads.loads] == [0, 1]
         assert loads.aggregate.total_reqs == sum(row.num_total_reqs for row in loads.loads)

@@ -253,7 +253,9 @@ class SchedulerPassthrough(pb_grpc.SglangSchedulerServicer):
             worker = self._any_worker()
             reply = await self._call(worker, worker.client.server_info())
             reply.active_requests = sum(w.load.in_flight for w in self.state.registry.all())
-            reply.server_args.update({GATEWAY_INSTANCE_ARG: self.state.instance_id})
+            # One target to whoever routes to it: the door clears data_parallel_rank and
+            # balances its fleet itself (its GetLoads rows are the fleet's, summed by such a client).
+            reply.server_args.update({GATEWAY_INSTANCE_ARG: self.state.instance_id, "dp_size": 1})
             if not self._is_admin(context):
                 # Server arguments name hosts, ports and paths of the fleet: the admin's business.
                 safe = pb.GetServerInfoResponse(
