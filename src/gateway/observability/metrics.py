@@ -16,6 +16,7 @@ reason one of ``ADMISSION_REASONS``.
 
 from __future__ import annotations
 
+import time
 from bisect import bisect_left
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -178,6 +179,9 @@ class GatewayMetrics(PipelineObserver):
 
     def selected(self, policy: str, reason: str, worker_id: str) -> None:
         later(self._child(self.decisions, policy, reason).inc)
+        record = current_record()
+        if record is not None and record.routed_s is None:
+            record.routed_s = time.perf_counter() - record.started
         if self.tracing is not None:
             self.tracing.annotate(worker=worker_id, policy=policy, policy_reason=reason)
 

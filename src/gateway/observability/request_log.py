@@ -51,6 +51,8 @@ class RequestRecord:
     completion_tokens: int = 0
     cached_tokens: int = 0
     ttft_s: float | None = None
+    queued_s: float | None = None  # waited for admission (the gateway's queue), summed over a batch's slots
+    routed_s: float | None = None  # from arrival until the first worker was chosen (admission, render, tokenize, route)
 
     def add_generation(self, model: str, worker_id: str, prompt: int, completion: int, cached: int) -> None:
         self.model = self.model or model
@@ -74,6 +76,10 @@ class RequestRecord:
             out["worker"] = ",".join(self.workers)
         if self.ttft_s is not None:
             out["ttft_ms"] = round(self.ttft_s * 1e3, 2)
+        if self.queued_s is not None:
+            out["queue_ms"] = round(self.queued_s * 1e3, 2)
+        if self.routed_s is not None:
+            out["routed_ms"] = round(self.routed_s * 1e3, 2)
         if self.prompt_tokens or self.completion_tokens:
             out["prompt_tokens"] = self.prompt_tokens
             out["completion_tokens"] = self.completion_tokens

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -178,7 +179,11 @@ class _Request:
             self.task.cancel()
 
     async def _take(self, weight: int) -> None:
+        asked = time.perf_counter()
         self.tickets.append(await self.path.state.admission.acquire(self.ctx.api_key_id, weight, self.ctx.priority or 0))
+        record = current_record()
+        if record is not None:  # the access log's queue_ms: time spent in the gateway's queue
+            record.queued_s = (record.queued_s or 0.0) + time.perf_counter() - asked
 
     async def run(self) -> None:
         try:
