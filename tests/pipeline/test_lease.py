@@ -337,3 +337,29 @@ async def test_an_empty_stream_through_open_on_unwatches_and_releases_once() -> 
         await open_one(f)
     assert f.worker("w1:1").progress.live == 0
     assert_released_once(f, success=False)
+
+
+async def test_a_request_past_the_workers_slots_waits_in_the_gate_and_its_lease_gives_the_slot_back() -> None:
+    import dataclasses
+
+    from gateway.pipeline.worker_gate import WorkerGate
+
+    f, t = await one_worker()
+    w = f.worker("w1:1")
+    w.info = dataclasses.replace(w.info, max_running_requests=1)
+    f.router.gate = gate = WorkerGate()
+    blocker = await gate.enter(w.id, 1)  # the worker's one running slot is taken
+    t.script(chunk([7], prompt=4), complete([7], prompt=4))
+    opening = asyncio.ensure_future(open_on(
+        f.router, f.router.select(ROUTE), ROUTE, pb.GenerateRequest(request_id="r1"),
+        prompt_tokens=4, max_new_tokens=8, retry=RetryConfig(), config=FAST,
+    ))
+    await settle()
+    assert not opening.done() and gate.held(w.id) == 1 and t.calls == []  # held in the gateway, not sent
+    assert w.load.in_flight == 1  # the policy sees it as the worker's load meanwhile
+    blocker()
+    stream = await asyncio.wait_for(opening, 2)
+    assert len(t.calls) == 1 and gate.through(w.id) == 1
+    while await stream.read() is not None:
+        pass
+    assert gate.through(w.id) == 0 and w.load.in_flight == 0

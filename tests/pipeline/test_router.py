@@ -12,6 +12,7 @@ import pytest
 from gateway.pipeline.lease import Lease, Outcome
 from gateway.pipeline.offpath import run_pending
 from gateway.pipeline.router import slot_bounded
+from gateway.pipeline.worker_gate import WorkerGate
 from gateway.policies.base import NoWorkerAvailable, RouteRequest, WorkerView
 from gateway.policies.cache_aware import CacheAwarePolicy
 from gateway.policies.common import TARGET_REASON
@@ -153,6 +154,20 @@ def test_slot_bounded_offers_full_workers_only_when_every_worker_is_full() -> No
     assert [v.available for v in slot_bounded(views, 1)] == [True, True, True, False]  # a has 2 + 1 slots
     all_full = [view("a", 2), view("b", 3), view("d", 0, available=False)]
     assert slot_bounded(all_full, 0) is all_full  # nowhere better: the policy decides among all
+
+
+async def test_with_a_worker_gate_the_router_keeps_a_full_workers_prefix() -> None:
+    f = await fleet(*(FakeTransport(f"grpc://{n}:1") for n in "abc"), policy="cache_aware")
+    for w in f.registry.all():
+        w.info = dataclasses.replace(w.info, max_running_requests=1)
+    prompt = RouteRequest(list(range(512)), model=MODEL)
+    first = f.router.select(prompt)
+    first.policy.on_dispatch(prompt, first.decision)
+    first.worker.load.acquire(64, 1)
+    f.router.slot_headroom = 0
+    assert f.router.select(prompt).worker.id != first.worker.id  # the hard bound sends it away, cold
+    f.router.gate = WorkerGate()  # the request waits for the holder's slot in the gateway instead
+    assert f.router.select(prompt).worker.id == first.worker.id
 
 
 async def test_with_a_slot_headroom_the_router_avoids_a_full_worker() -> None:

@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from gateway.server.fair_queue import FairQueue, parse_weights
+from gateway.policies.fair_queue import FairQueue, parse_weights
 
 
 def drain(q: FairQueue, now: float = 0.0, count: int | None = None) -> list[object]:

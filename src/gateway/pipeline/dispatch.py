@@ -266,6 +266,19 @@ async def open_on(
     ) as lease:
         lease.watch()
         try:
+            gate = router.gate
+            if gate is not None and worker.info.max_running_requests > 0:
+                # Its running slots may all be taken: wait here, in fair order, not in its first-come queue.
+                waited = gate.through(worker.id) >= worker.info.max_running_requests + gate.headroom
+                lease.gated(await gate.enter(worker.id, worker.info.max_running_requests))
+                if waited:
+                    if not worker.available:  # it failed or was taken out of rotation meanwhile
+                        raise AttemptFailed(
+                            no_worker_error(f"worker {worker.id} left rotation while the request waited for a slot"),
+                            worker.id, "HELD_WORKER_UNAVAILABLE", retryable=True, backoff=False,
+                            outcome=Outcome.CANCELLED,
+                        )
+                    started = time.monotonic()  # the learned prefill rate counts the worker's time only
             if config.prefill_gate:
                 hold = router.holds.check(selection, config)
                 if hold is not None:  # its prefix is being prefilled on this worker now: wait for that

@@ -67,6 +67,7 @@ class Lease:
 
     __slots__ = (
         "_call",
+        "_gate_exit",
         "_guard",
         "_held",
         "_kill",
@@ -114,6 +115,7 @@ class Lease:
         self._held = False  # a worker stream took the lease over and ends it itself
         self._unwatch: Callable[[], None] | None = None
         self._kill: Callable[[], None] | None = None  # what a stall does (None: the lease's own)
+        self._gate_exit: Callable[[], None] | None = None  # gives back a worker-gate slot (pipeline.worker_gate)
         self.stalled = False  # the progress watchdog stopped the call
         self._guard: LoadGuard = worker.load.acquire(prompt_tokens, max_new_tokens)
         worker.breaker.on_dispatch()
@@ -161,6 +163,10 @@ class Lease:
         self.stalled = True
         if self._call is not None:
             self._call.cancel()
+
+    def gated(self, release: Callable[[], None]) -> None:
+        """The request holds a slot of the worker gate: ``release`` gives it back when the lease ends."""
+        self._gate_exit = release
 
     def hand_over(self) -> Lease:
         """A longer-lived owner (a worker stream) ends the lease; leaving the block does not."""
@@ -212,6 +218,10 @@ class Lease:
         if abort is not None and self._sent:
             fire_abort(self.worker, self.route.request_id, abort)
         self._guard.release()
+        gate_exit = self._gate_exit
+        if gate_exit is not None:
+            self._gate_exit = None
+            gate_exit()
         worker = self.worker
         if outcome is Outcome.OK or outcome is Outcome.REJECTED:
             worker.record_outcome(True)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 
 from gateway.pipeline.offpath import later
 from gateway.pipeline.prefill_gate import PrefillHolds
+from gateway.pipeline.worker_gate import WorkerGate
 from gateway.policies.base import Decision, NoWorkerAvailable, Policy, RouteRequest, WorkerView
 from gateway.policies.factory import close_policy
 from gateway.policies.miss_causes import DEFAULT_BLOCK_TOKENS, MissCauses, MissTicket
@@ -59,6 +60,9 @@ class Router:
         # Set with the admission queue's fleet cap (``--fleet-headroom``): a worker whose running
         # slots plus this headroom are all taken is offered to the policy only when every one is.
         self.slot_headroom = -1
+        # With the fleet cap, when set: requests for a worker whose running slots are all taken
+        # wait for one in the gateway, in fair order (instead of the hard slot bound above).
+        self.gate: WorkerGate | None = None
         registry.subscribe(self._on_registry_change)
 
     def policy(self, model: str, role: str) -> Policy:
@@ -198,7 +202,7 @@ class Router:
                 views = _panic_views(live, views)
                 if not views:
                     raise NoWorkerAvailable(f"no available {role} worker for model {request.model!r}")
-            if self.slot_headroom >= 0:
+            if self.slot_headroom >= 0 and self.gate is None:
                 views = slot_bounded(views, self.slot_headroom)
         for w in live:
             self._check_cache_params(w)

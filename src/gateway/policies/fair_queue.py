@@ -21,7 +21,8 @@ moment, and a plain heap keeps it.
 goes first, fair shares only among tenants at that level): for one operator's own
 tiers, not for untrusted keys, who could then all claim the top.
 
-Pure and synchronous: the caller (``server.admission``) owns the futures and the clock.
+Pure and synchronous: the callers (``server.admission`` for the fleet, ``pipeline.worker_gate`` for
+one worker's slots) own the futures and the clock.
 """
 
 from __future__ import annotations

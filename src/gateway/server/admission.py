@@ -13,7 +13,7 @@ when the queue is full, 408 ``QueueTimeoutError`` after waiting too long, 429
 ``RateLimitedError`` when the key is over its rate, 503 ``ShuttingDownError`` once
 ``close()`` was called.
 
-Waiters are served in ``server.fair_queue`` order: by priority within an API key, and
+Waiters are served in ``policies.fair_queue`` order: by priority within an API key, and
 by weighted fair shares between keys. A waiter whose client leaves gives up its place
 at once. The cap is ``--max-concurrent-requests``, and, with ``--fleet-headroom``, the
 fleet's own running slots (the sum of its workers' ``max_running_requests``, plus the
@@ -30,6 +30,8 @@ from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
+from gateway.pipeline.worker_gate import CALLER
+from gateway.policies.fair_queue import Entry, FairQueue, parse_weights
 from gateway.protocol.errors import (
     InvalidRequestError,
     QueueFullError,
@@ -37,7 +39,6 @@ from gateway.protocol.errors import (
     RateLimitedError,
     ShuttingDownError,
 )
-from gateway.server.fair_queue import Entry, FairQueue, parse_weights
 from gateway.settings import check_at_least, option
 
 ANONYMOUS = "-"
@@ -56,6 +57,7 @@ class AdmissionConfig:
     fleet_headroom: int = option(-1, "also queue in the gateway once the requests in flight reach the fleet's running slots (the sum of its workers' max_running_requests) plus this many per worker, so priorities and key weights decide who runs (-1: off; a worker that reports no max_running_requests turns it off)")
     key_weights: list[str] = option([], "KEY=WEIGHT: an API key's (or its id's) share of admission when requests queue, against the others' (default weight 1)")
     fleet_slot_bound: bool = option(True, "with --fleet-headroom: offer the routing policy a worker whose running slots plus the headroom are all taken only while every worker's are (off: locality decides alone, and requests may wait in a full worker's first-come queue)")
+    fleet_slot_wait: bool = option(True, "with --fleet-headroom and the slot bound: a request whose chosen worker has its running slots plus the headroom all taken waits in the gateway for one of that worker's, the waiters of one worker let through in fair order, instead of going to a worker with a free slot and a cold cache (off: the hard bound; a cold prefill where prefill is dear stalls the running requests' decode)")
     fair_reserve: int = option(0, "of the capped slots, this many (per worker with --fleet-headroom) are kept for API keys holding less than their weighted share: a light key's request finds a slot at once instead of waiting for a heavy key's to end (the fleet runs that many slots short while every key is at its share)")
     priority_aging_s: float = option(10.0, "every this many seconds in the queue raise a request's priority one level, so low priorities are not starved (0: no aging)")
     low_priority_values_first: bool = option(False, "a lower 'priority' value goes first (vLLM's sense); by default a higher one does (SGLang's)")
@@ -249,6 +251,7 @@ class Admission:
             )
         tenant = key or ANONYMOUS
         self._check_rate(tenant, weight)
+        CALLER.set((tenant, priority))  # the worker gate orders this task's request by it
         if self.config.fair_reserve:
             self._seen[tenant] = self._clock()
         cap, reserve = self._limits()

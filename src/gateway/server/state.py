@@ -24,12 +24,13 @@ from gateway.pipeline.pd import pool_policy_config
 from gateway.pipeline.router import PolicyMaker, Router
 from gateway.pipeline.store.factory import History
 from gateway.pipeline.text_relay import TextRelay, takes_text
+from gateway.pipeline.worker_gate import WorkerGate
 from gateway.policies.factory import close_policy, make_policy
+from gateway.policies.fair_queue import parse_weights
 from gateway.protocol.errors import InvalidRequestError
 from gateway.server.admission import Admission
 from gateway.server.config import GatewayConfig
 from gateway.server.conversations_entry import ConversationsEntry
-from gateway.server.fair_queue import parse_weights
 from gateway.server.late_workers import LateWorkers
 from gateway.server.process_set import SetMember
 from gateway.server.responses_entry import ResponsesEntry
@@ -102,12 +103,20 @@ class GatewayState:
             resume=config.resume,
         )
         rejections = self.metrics.admission_rejections
+        admission = config.admission
+        weights = key_weights(admission.key_weights, server.api_keys)
         self.admission = Admission(
-            config.admission, on_reject=lambda reason: rejections.labels(reason=reason).inc(),
-            fleet_slots=self._fleet_slots, weights=key_weights(config.admission.key_weights, server.api_keys),
+            admission, on_reject=lambda reason: rejections.labels(reason=reason).inc(),
+            fleet_slots=self._fleet_slots, weights=weights,
         )
-        if config.admission.fleet_slot_bound:
-            self.router.slot_headroom = config.admission.fleet_headroom
+        if admission.fleet_headroom >= 0 and admission.fleet_slot_bound:
+            self.router.slot_headroom = admission.fleet_headroom
+            if admission.fleet_slot_wait:
+                self.router.gate = WorkerGate(
+                    weights, headroom=admission.fleet_headroom, aging_s=admission.priority_aging_s,
+                    low_values_first=admission.low_priority_values_first,
+                    across_tenants=admission.priority_across_keys,
+                )
         self.metrics.queue_depth.set_function(lambda: self.admission.queued)
         self.metrics.registry.register(QueueCollector(self.admission.waiting))
         self.auth = Authenticator(server.api_keys, config.security)

@@ -13,7 +13,8 @@ requests (Poisson arrivals, shared prefixes, so locality still counts):
 * *alone*: the light key by itself at ``light_rate``: its TTFT when nobody competes;
 * *together*: the same light traffic while a heavy key sends ``heavy_factor`` times its
   rate, far past the fleet's capacity: the light key's TTFT p50 / p99 beside its alone
-  figures (the goal: p99 within 1.5x), and what the heavy key still got through;
+  figures (the goal: p99 within 1.5x), and what the heavy key and both keys got through
+  (compare both: a fair queue serves light's whole rate, first-come service starves it);
 * *shares*: two keys with weights ``share_weights`` both sending ``share_rate`` (each alone
   past capacity): each key's share of the requests completed while both are backlogged,
   divided by its weight's share (1.00 is exact; first-come service gives each key half,
@@ -129,6 +130,7 @@ class Cell:
     light_p99: float = math.nan
     light_ok: str = ""
     heavy_done_per_s: float = 0.0
+    all_done_per_s: float = 0.0  # both keys: what the fleet got through (a fair queue gives light its whole rate)
     share: dict[str, float] = dataclasses.field(default_factory=dict)
     hit_rate: float | None = None
 
@@ -143,7 +145,7 @@ def _ms(x: float) -> str:
 
 HEADER = [
     "fleet", "gateway queue (headroom:reserve)", "light alone TTFT p50 / p99 ms", "light beside heavy TTFT p50 / p99 ms",
-    "p99 together / alone", "light ok", "heavy completed /s", "shares / weight (w {a:g}, w {b:g})", "hit",
+    "p99 together / alone", "light ok", "heavy completed /s", "both keys completed /s", "shares / weight (w {a:g}, w {b:g})", "hit",
 ]  # fmt: skip
 
 
@@ -158,7 +160,7 @@ def row(cell: Cell) -> list[str]:
         cell.fleet, cell.queue,
         f"{_ms(cell.alone_p50)} / {_ms(cell.alone_p99)}", f"{_ms(cell.light_p50)} / {_ms(cell.light_p99)}",
         "-" if math.isnan(cell.ratio) else ("inf" if math.isinf(cell.ratio) else f"{cell.ratio:.2f}"),
-        cell.light_ok, f"{cell.heavy_done_per_s:.1f}", share,
+        cell.light_ok, f"{cell.heavy_done_per_s:.1f}", f"{cell.all_done_per_s:.1f}", share,
         "-" if cell.hit_rate is None else f"{100 * cell.hit_rate:.1f}%",
     ]  # fmt: skip
 
@@ -254,8 +256,13 @@ async def run_cell(config: FairnessConfig, fleet: str, queue: str, vocab: Any, t
     cell.light_p50, cell.light_p99 = ttft_percentile(together["light"], 50), ttft_percentile(together["light"], 99)
     cell.light_ok = f"{sum(r.ok for r in together['light'])}/{len(light.requests)}"
     window = (config.duration_s / 3, config.duration_s)
-    heavy_done = sum(1 for r in together["heavy"] if r.ok and window[0] <= r.start_s + (r.latency_s or 0) < window[1])
-    cell.heavy_done_per_s = heavy_done / (window[1] - window[0])
+
+    def done_per_s(results: Sequence[Any]) -> float:
+        done = sum(1 for r in results if r.ok and window[0] <= r.start_s + (r.latency_s or 0) < window[1])
+        return done / (window[1] - window[0])
+
+    cell.heavy_done_per_s = done_per_s(together["heavy"])
+    cell.all_done_per_s = cell.heavy_done_per_s + done_per_s(together["light"])
     if config.shares:
         wa, wb = config.share_weights
         both = await one_run({"a": ("key-a", share_a), "b": ("key-b", share_b)}, [f"key-a={wa:g}", f"key-b={wb:g}"])

@@ -1,0 +1,155 @@
+"""The worker gate: per worker, requests past its running slots wait in fair order."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from gateway.pipeline.worker_gate import CALLER, WorkerGate
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def enter_as(gate: WorkerGate, worker: str, slots: int, tenant: str, priority: int = 0) -> Callable[[], None]:
+    """``gate.enter`` from a task whose caller is ``tenant`` (admission sets it per task)."""
+    CALLER.set((tenant, priority))
+    return await gate.enter(worker, slots)
+
+
+def start(gate: WorkerGate, worker: str, slots: int, tenant: str, priority: int = 0) -> asyncio.Task[Callable[[], None]]:
+    return asyncio.create_task(enter_as(gate, worker, slots, tenant, priority))  # a task runs in its own context
+
+
+async def test_free_slots_pass_at_once_and_the_rest_wait() -> None:
+    gate = WorkerGate()
+    first = await gate.enter("w1", 2)
+    second = await gate.enter("w1", 2)
+    third = start(gate, "w1", 2, "k")
+    await settle()
+    assert not third.done() and gate.held("w1") == 1 and gate.through("w1") == 2
+    other = await gate.enter("w2", 2)  # another worker's slots are its own
+    first()
+    first()  # a release is given back once, however often it is called
+    await settle()
+    assert third.done() and gate.through("w1") == 2 and gate.held() == 0
+    second()
+    (await third)()
+    other()
+    assert gate.through("w1") == 0 and gate.through("w2") == 0
+
+
+async def test_unknown_slots_never_wait() -> None:
+    gate = WorkerGate()
+    releases = [await gate.enter("w", 0) for _ in range(50)]
+    assert gate.through("w") == 0
+    for release in releases:
+        release()
+
+
+async def test_headroom_lets_more_through() -> None:
+    gate = WorkerGate(headroom=1)
+    held = [await gate.enter("w", 1), await gate.enter("w", 1)]
+    waiting = start(gate, "w", 1, "k")
+    await settle()
+    assert not waiting.done()
+    held[0]()
+    await settle()
+    assert waiting.done()
+
+
+async def test_a_light_key_takes_the_next_slot_before_a_heavy_backlog() -> None:
+    gate = WorkerGate()
+    running = await gate.enter("w", 1)
+    heavy = [start(gate, "w", 1, "heavy") for _ in range(5)]
+    await settle()
+    light = start(gate, "w", 1, "light")
+    await settle()
+    order: list[str] = []
+    release = running
+    for _ in range(6):
+        release()
+        await settle()
+        done = [t for t in (*heavy, light) if t.done() and not getattr(t, "seen", False)]
+        assert len(done) == 1
+        t = done[0]
+        t.seen = True  # type: ignore[attr-defined]
+        order.append("light" if t is light else "heavy")
+        release = t.result()
+    release()
+    # both keys start level and heavy's head came first; light then overtakes heavy's other four
+    assert order == ["heavy", "light", "heavy", "heavy", "heavy", "heavy"]
+
+
+async def test_weights_share_one_workers_slots() -> None:
+    gate = WorkerGate({"a": 2.0, "b": 1.0})
+    running = await gate.enter("w", 1)
+    tasks = {key: [start(gate, "w", 1, key) for _ in range(12)] for key in ("a", "b")}
+    await settle()
+    served: list[str] = []
+    release = running
+    for _ in range(12):
+        release()
+        await settle()
+        ready = [(k, t) for k, ts in tasks.items() for t in ts if t.done() and not getattr(t, "seen", False)]
+        assert len(ready) == 1
+        key, t = ready[0]
+        t.seen = True  # type: ignore[attr-defined]
+        served.append(key)
+        release = t.result()
+    assert served.count("a") == 8 and served.count("b") == 4
+    release()
+    for ts in tasks.values():
+        for t in ts:
+            if not t.done():
+                t.cancel()
+    await settle()
+    assert gate.held() == 0
+
+
+async def test_priority_orders_one_keys_waiters() -> None:
+    gate = WorkerGate()
+    running = await gate.enter("w", 1)
+    low = start(gate, "w", 1, "k", 0)
+    await settle()
+    high = start(gate, "w", 1, "k", 5)
+    await settle()
+    running()
+    await settle()
+    assert high.done() and not low.done()
+    high.result()()
+    await settle()
+    assert low.done()
+    low.result()()
+
+
+async def test_a_cancelled_waiter_leaves_and_frees_nothing() -> None:
+    gate = WorkerGate()
+    running = await gate.enter("w", 1)
+    gone = start(gate, "w", 1, "k")
+    stays = start(gate, "w", 1, "k")
+    await settle()
+    gone.cancel()
+    await settle()
+    assert gate.held("w") == 1 and gate.through("w") == 1
+    running()
+    await settle()
+    assert stays.done() and gate.through("w") == 1
+    stays.result()()
+    assert gate.through("w") == 0
+
+
+async def test_a_slot_granted_to_a_waiter_that_left_goes_to_the_next() -> None:
+    gate = WorkerGate()
+    running = await gate.enter("w", 1)
+    first = start(gate, "w", 1, "k")
+    second = start(gate, "w", 1, "k")
+    await settle()
+    running()  # the slot is handed to ``first`` ...
+    first.cancel()  # ... which is cancelled before it resumes
+    await settle()
+    assert first.cancelled() and second.done() and gate.through("w") == 1
+    second.result()()
+    assert gate.through("w") == 0 and gate.held() == 0
