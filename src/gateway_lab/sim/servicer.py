@@ -268,8 +268,12 @@ class SimServicer(sglang_scheduler_pb2_grpc.SglangSchedulerServicer):
                 f"Input length ({len(prompt)} tokens) exceeds the maximum allowed length ({limit} tokens)."
                 " Use a shorter input or enable --allow-auto-truncate."
             )
+        pinned = request.data_parallel_rank if request.HasField("data_parallel_rank") else None
+        room = request.disaggregated_params if request.HasField("disaggregated_params") else None
+        if pinned is None and cfg.role != "regular" and room is not None and room.bootstrap_host:
+            pinned = room.bootstrap_room % len(w.ranks)  # SGLang's DP controller: a PD room picks its rank
         try:
-            rank = w.rank_for(request.data_parallel_rank if request.HasField("data_parallel_rank") else None)
+            rank = w.rank_for(pinned)
         except ValueError as exc:
             raise InvalidRequest(str(exc)) from None
         max_new = sp.max_new_tokens if sp.HasField("max_new_tokens") else cfg.default_max_new_tokens

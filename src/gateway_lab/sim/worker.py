@@ -6,7 +6,8 @@ event loop; each has its own server, port, cache and scheduler task.
 
 With ``dp_size`` N (SGLang's ``--dp-size``) one endpoint runs N ranks, each its own
 scheduler and KV cache (:class:`SimRank`): a request naming ``data_parallel_rank``
-runs there, others take turns, and GetLoads lists every rank. The KV-event stream
+runs there, a prefill or decode request with a bootstrap room on rank ``room % N``,
+others take turns, and GetLoads lists every rank. The KV-event stream
 covers rank 0 only, as SGLang's does under DP attention.
 """
 

@@ -98,3 +98,16 @@ async def test_regular_workers_ignore_disaggregated_params(pd_fleet) -> None:
     _, (_, _, regular, _) = pd_fleet
     s = by_index(await collect(regular, pd_request(1, 1, stream=False)))[0].complete
     assert s.completion_tokens == 12 and s.finish_reason == "length"
+
+
+async def test_a_dp_prefill_runs_an_unpinned_room_on_rank_room_mod_dp() -> None:
+    async with SimFleet.start(1, cfg(dp_size=3), roles=["prefill"]) as fleet:
+        w = fleet.workers[0]
+        async with grpc.aio.insecure_channel(address(fleet.urls[0])) as ch:
+            stub = pb_grpc.SglangSchedulerStub(ch)
+            await collect(stub, pd_request(w.bootstrap_port or 0, 7, stream=False))
+            assert [r.cache.tree_tokens > 0 for r in w.ranks] == [False, True, False]  # 7 % 3
+            pinned = pd_request(w.bootstrap_port or 0, 8, stream=False)
+            pinned.data_parallel_rank = 0  # a named rank wins over the room's
+            await collect(stub, pinned)
+            assert [r.cache.tree_tokens > 0 for r in w.ranks] == [True, True, False]
