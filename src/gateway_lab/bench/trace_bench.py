@@ -8,6 +8,12 @@ trace, sent at its own (scaled) arrival times. The table puts each policy's hit 
 next to the trace's own ideals: unbounded, and within the fleet's total KV
 (``traces.bounded_ideal_hit_rate``).
 
+With ``--peers smg`` each fleet also gets, per ``--peer-policies`` policy, the peer gateway
+(``scripts/peers.sh``) and ours as a child process (``ours-process``), both sent the same
+trace as text (each block word is one token, so the text tokenizes back to the trace's
+ids; the peer takes no token-id prompts): a like-for-like comparison through
+``launch.gateway``.
+
 Why two fleets: a routing gain that depends on one simulator's timing is no gain. The
 fleets differ in what a routing policy could overfit: KV page size, KV capacity, running
 slots and the prefill/decode cost model (``FLEETS``). A claim holds when it holds on both.
@@ -62,6 +68,10 @@ class TraceBenchConfig:
     time_scale_sim: float = option(1.0, "wall seconds per simulated second of the workers")
     run_timeout_s: float = option(600.0, "wall-time limit of one cell, s")
     request_timeout_s: float = option(120.0, "give up on one request after this many s")
+    peers: list[str] = option([], "peer gateways to run on the trace as text, beside ours as a process "
+                              "(see scripts/peers.sh)", choices=["smg"])
+    peer_policies: list[str] = option(["cache_aware"], "policies run on ours-process and on each peer")
+    peers_python: str = option(".peers-venv/bin/python", "python of the peers' virtualenv")
     json_out: str = option("", "write every cell's figures as JSON to this file", flag="--json")
     markdown: str = option("", "write the table as Markdown to this file")
 
@@ -96,12 +106,13 @@ def _ms(x: float | None) -> str:
 def cell_row(fleet: str, cell: Any, ideals: TraceIdeals) -> list[str]:
     """fleet, policy, hit, of fleet-KV ideal, TTFT p50 / p99, max/mean requests per worker, idle, ok."""
     s = cell.summary
+    who = cell.policy if cell.gateway == "ours" else f"{cell.gateway} {cell.policy}"
     if s is None:
-        return [fleet, cell.policy, "failed: " + cell.error.splitlines()[0][:60], *["-"] * 5]
+        return [fleet, who, "failed: " + cell.error.splitlines()[0][:60], *["-"] * 5]
     per_worker = list(s.spread.per_worker.values()) if s.spread else []
     mean = sum(per_worker) / len(per_worker) if per_worker else 0.0
     return [
-        fleet, cell.policy, _pct(s.hit_rate),
+        fleet, who, _pct(s.hit_rate),
         f"{s.hit_rate / ideals.fleet_kv:.2f}" if ideals.fleet_kv else "-",
         f"{_ms(s.ttft_p50_s)} / {_ms(s.ttft_p99_s)}",
         f"{max(per_worker) / mean:.2f}" if mean else "-",
@@ -153,6 +164,23 @@ async def run_trace_cell(
     return cell, misses
 
 
+def as_text(workload: Any, vocab: Any) -> Any:
+    """The workload with every token-id prompt sent as its text (a peer takes no token ids)."""
+    specs = tuple(
+        dataclasses.replace(s, prompt=vocab.decode(s.prompt_token_ids), prompt_token_ids=None)
+        if s.prompt_token_ids is not None else s
+        for s in workload
+    )  # fmt: skip
+    return dataclasses.replace(workload, requests=specs, name=workload.name + " (text)")
+
+
+def peer_plan(bench: TraceBenchConfig) -> list[tuple[str, str]]:
+    """(gateway, policy) of the text cells: ours as a process, then each peer, per policy."""
+    if not bench.peers:
+        return []
+    return [(gw, p) for p in bench.peer_policies for gw in ("ours-process", *bench.peers)]
+
+
 def misses_line(fleet: str, policy: str, misses: dict[str, Any]) -> str:
     """The prefill tokens each miss cause cost, largest first."""
     causes = {k: v["tokens"] for k, v in misses.items() if not k.startswith("_") and v.get("tokens")}
@@ -161,12 +189,27 @@ def misses_line(fleet: str, policy: str, misses: dict[str, Any]) -> str:
     return f"{fleet} {policy}: missed {total:,} prompt tokens: " + (", ".join(parts) or "none")
 
 
+async def run_peer_cell(
+    workload: Any, gateway: str, policy: str, config: Any, tokenizer_dir: str, scratch: str, ideal: float
+) -> Any:
+    """One text cell with ``gateway`` (``ours-process`` or a peer) as ``bench matrix`` runs its
+    peer cells; a gateway that fails to start is a failed cell, not a failed bench."""
+    from gateway_lab.bench.matrix import Cell, run_cell
+
+    try:
+        return await run_cell(workload, config.workers[0], policy, config, tokenizer_dir, scratch, ideal, gateway=gateway)
+    except (RuntimeError, OSError, ValueError) as exc:
+        return Cell(workload.name, config.workers[0], policy, gateway, None, error=str(exc)[:2000])
+
+
 async def run_trace_bench(
     bench: TraceBenchConfig, trace: TraceConfig, console: Any, tokenizer_dir: str
 ) -> tuple[list[tuple[str, Any, TraceIdeals]], list[str]]:
     from gateway_lab.bench.workloads import Vocab
 
-    workload = load_trace_workload(bench.trace, trace, Vocab.from_tokenizer_dir(tokenizer_dir))
+    vocab = Vocab.from_tokenizer_dir(tokenizer_dir)
+    workload = load_trace_workload(bench.trace, trace, vocab)
+    text = as_text(workload, vocab) if bench.peers else None
     span = max((s.arrival_s or 0.0) for s in workload)
     console.print(
         f"{workload.name}: {len(workload)} requests over {span:.0f} s ({len(workload) / max(span, 1e-9):.1f} req/s), "
@@ -197,6 +240,12 @@ async def run_trace_bench(
                 rows.append((fleet, cell, ideals))
                 row = cell_row(fleet, cell, ideals)
                 console.print(" | ".join(row) + f"  ({time.monotonic() - start:.0f} s)")
+            for gateway, policy in peer_plan(bench):
+                start = time.monotonic()
+                cell = await run_peer_cell(text, gateway, policy, dataclasses.replace(config, peers_python=bench.peers_python),
+                                           tokenizer_dir, scratch, ideals.unbounded)  # fmt: skip
+                rows.append((fleet, cell, ideals))
+                console.print(" | ".join(cell_row(fleet, cell, ideals)) + f"  ({time.monotonic() - start:.0f} s)")
     return rows, lines + miss_lines
 
 
@@ -212,6 +261,8 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("give --trace FILE (a Mooncake trace or JSONL prompts with timestamps)")
     if not bench.policies or bench.workers < 1:
         raise SystemExit("give at least one policy and one worker")
+    if bench.peers and not Path(bench.peers_python).exists():
+        raise SystemExit(f"{bench.peers_python} not found: run scripts/peers.sh first")
     console = Console()
     if not console.is_terminal:
         console = Console(width=160)

@@ -59,3 +59,33 @@ def test_every_policy_runs_on_both_fleets_next_to_the_trace_ideals(tmp_path, cap
 def test_a_missing_trace_is_refused(tmp_path) -> None:
     with pytest.raises(SystemExit, match="--trace"):
         trace_bench.run(_args("--trace", str(tmp_path / "nope.jsonl")))
+
+
+def test_peer_cells_are_ours_as_a_process_then_each_peer_per_policy() -> None:
+    bench = trace_bench.TraceBenchConfig(peers=["smg"], peer_policies=["round_robin", "cache_aware"])
+    assert trace_bench.peer_plan(bench) == [
+        ("ours-process", "round_robin"), ("smg", "round_robin"), ("ours-process", "cache_aware"), ("smg", "cache_aware"),
+    ]  # fmt: skip
+    assert trace_bench.peer_plan(trace_bench.TraceBenchConfig()) == []
+
+
+def test_the_text_workload_tokenizes_back_to_the_trace_ids(tmp_path) -> None:
+    from tokenizers import Tokenizer
+
+    from gateway_lab.bench.traces import TraceConfig, load_trace_workload
+    from gateway_lab.bench.workloads import Vocab, default_tokenizer_dir
+
+    vocab = Vocab.from_tokenizer_dir(str(default_tokenizer_dir()))
+    workload = load_trace_workload(str(mooncake(tmp_path / "t.jsonl")), TraceConfig(block_tokens=16), vocab)
+    text = trace_bench.as_text(workload, vocab)
+    assert len(text) == len(workload) and text.name.endswith("(text)")
+    tok = Tokenizer.from_file(str(default_tokenizer_dir() / "tokenizer.json"))
+    for spec, sent in zip(workload, text, strict=True):
+        assert sent.prompt_token_ids is None and sent.arrival_s == spec.arrival_s
+        assert tok.encode(sent.prompt, add_special_tokens=False).ids == list(spec.prompt_token_ids)
+
+
+def test_peers_without_their_virtualenv_are_refused(tmp_path) -> None:
+    trace = mooncake(tmp_path / "t.jsonl")
+    with pytest.raises(SystemExit, match=r"peers\.sh"):
+        trace_bench.run(_args("--trace", str(trace), "--peers", "smg", "--peers-python", str(tmp_path / "none")))
