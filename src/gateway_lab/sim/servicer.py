@@ -269,9 +269,9 @@ class SimServicer(sglang_scheduler_pb2_grpc.SglangSchedulerServicer):
                 " Use a shorter input or enable --allow-auto-truncate."
             )
         pinned = request.data_parallel_rank if request.HasField("data_parallel_rank") else None
-        room = request.disaggregated_params if request.HasField("disaggregated_params") else None
-        if pinned is None and cfg.role != "regular" and room is not None and room.bootstrap_host:
-            pinned = room.bootstrap_room % len(w.ranks)  # SGLang's DP controller: a PD room picks its rank
+        bootstrap = request.disaggregated_params if request.HasField("disaggregated_params") else None
+        if pinned is None and cfg.role != "regular" and bootstrap is not None and bootstrap.bootstrap_host:
+            pinned = bootstrap.bootstrap_room % len(w.ranks)  # SGLang's DP controller: a PD room picks its rank
         try:
             rank = w.rank_for(pinned)
         except ValueError as exc:
