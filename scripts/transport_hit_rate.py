@@ -1,4 +1,4 @@
-"""gsp through the gateway to simulated workers: SGLang and vLLM over gRPC and HTTP, in one run.
+"""gsp through the gateway to simulated workers: SGLang, vLLM and TensorRT-LLM over gRPC, SGLang and vLLM over HTTP, in one run.
 
 Same workload, same fleet size and cache size, same policy: the prefix-cache hit rate
 the workers themselves report (their cached / prompt token counters) and the CPU time
@@ -31,7 +31,8 @@ async def one(transport: str, policy: str, args: argparse.Namespace, workload: w
     gateway's and the load driver's, the same for both transports) and a fresh gateway."""
     sim = dataclasses.replace(SimConfig().zero_cost(), kv_capacity_tokens=args.kv_tokens, eos_probability=0.0)
     extra = {
-        "grpc": [], "vllm-grpc": ["--engine", "vllm"], "http": ["--http"], "vllm": ["--http", "--http-api", "vllm"],
+        "grpc": [], "vllm-grpc": ["--engine", "vllm"], "trtllm-grpc": ["--engine", "trtllm"],
+        "http": ["--http"], "vllm": ["--http", "--http-api", "vllm"],
     }[transport]
     if args.fleet == "sim-alt":  # the second build: bigger pages, less KV, fewer running slots
         sim = dataclasses.replace(sim, page_size=32, kv_capacity_tokens=args.kv_tokens * 4 // 5, max_running_requests=24)
@@ -43,6 +44,9 @@ async def one(transport: str, policy: str, args: argparse.Namespace, workload: w
                 worker_urls=fleet.urls, tokenizer_cache_dir=tok, tokenizer_path=tokenizer,
             ))
             config.policy.policy = policy
+            config.server.kv_events = args.kv_events
+            if args.tree_default_budget_tokens > 0:  # for workers that report no KV pool (TensorRT-LLM)
+                config.policy.tree_default_budget_tokens = args.tree_default_budget_tokens
             async with serve_in_process(config) as gateway:
                 cpu0 = time.process_time()
                 run = await run_workload(gateway.url, workload, DriverConfig(concurrency=args.concurrency))
@@ -52,7 +56,7 @@ async def one(transport: str, policy: str, args: argparse.Namespace, workload: w
     cached = sum(c["cached_tokens"] for c in counters)
     prompt = sum(c["prompt_tokens"] for c in counters)
     return {
-        "transport": transport, "fleet": args.fleet, "policy": policy, "ok": ok, "failed": len(run.results) - ok,
+        "transport": transport, "fleet": args.fleet, "kv_events": args.kv_events, "policy": policy, "ok": ok, "failed": len(run.results) - ok,
         "hit_rate": cached / prompt if prompt else 0.0, "cpu_ms_per_request": 1000 * cpu / max(1, ok),
         "worker_requests": sum(c["requests"] for c in counters),
     }
@@ -70,11 +74,19 @@ async def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--policies", default="cache_aware,round_robin")
     parser.add_argument(
-        "--transports", default="grpc,http,vllm", help="grpc (SGLang), vllm-grpc, http (SGLang), vllm (HTTP)",
+        "--transports", default="grpc,http,vllm", help="grpc (SGLang), vllm-grpc, trtllm-grpc, http (SGLang), vllm (HTTP)",
     )
     parser.add_argument(
         "--fleet", default="sim", choices=["sim", "sim-alt"],
         help="sim: page 16, --kv-tokens KV, 64 slots; sim-alt: page 32, 4/5 of the KV, 24 slots",
+    )
+    parser.add_argument(
+        "--kv-events", action="store_true",
+        help="the gateway subscribes to the workers' KV events (the page size and cache contents from the workers)",
+    )
+    parser.add_argument(
+        "--tree-default-budget-tokens", type=int, default=0,
+        help="cache_aware's tree budget for workers that report no KV pool, as an operator would set it (0: the default)",
     )
     args = parser.parse_args()
     workload = wl.gsp(wl.GspConfig(
