@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import socket
+import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -91,6 +93,13 @@ class StackOptions:
     engine: str = "sglang"  # one of ENGINES: the gRPC service or HTTP server the workers serve
 
 
+@functools.cache
+def _tls() -> ssl.SSLContext:
+    """One client TLS context for the whole session: building one reads the CA bundle,
+    a real share of a stack's start-up, and a loopback ``http://`` gateway never uses it."""
+    return httpx.create_ssl_context()
+
+
 async def _serve(state: GatewayState) -> tuple[uvicorn.Server, asyncio.Task[None], str]:
     app = create_app(state, manage_lifecycle=False)
     sock = socket.socket()
@@ -133,8 +142,11 @@ async def start_stack(opts: StackOptions, tmp_path: Any) -> AsyncIterator[Stack]
         await state.start()
         server, task, url = await _serve(state)
         key = (opts.server.get("api_keys") or ["none"])[0]
-        client = openai.AsyncOpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=30)
-        http = httpx.AsyncClient(base_url=url, timeout=30)
+        client = openai.AsyncOpenAI(
+            base_url=url + "/v1", api_key=key, max_retries=0, timeout=30,
+            http_client=openai.DefaultAsyncHttpxClient(verify=_tls()),
+        )
+        http = httpx.AsyncClient(base_url=url, timeout=30, verify=_tls())
         try:
             yield Stack(fleet, state, url, client, http)
         finally:
