@@ -153,3 +153,23 @@ async def test_a_slot_granted_to_a_waiter_that_left_goes_to_the_next() -> None:
     assert first.cancelled() and second.done() and gate.through("w") == 1
     second.result()()
     assert gate.through("w") == 0 and gate.held() == 0
+
+
+async def test_a_reserved_slot_goes_only_to_a_key_below_its_share() -> None:
+    below = {"light"}
+    gate = WorkerGate(reserve=1, below_share=lambda tenant: tenant in below)
+    running = await gate.enter("w", 2)  # 2 slots, 1 reserved: one for anyone
+    heavy = start(gate, "w", 2, "heavy")
+    await settle()
+    assert not heavy.done() and gate.through("w") == 1  # heavy is at its share: the reserved slot waits
+    light = start(gate, "w", 2, "light")
+    await settle()
+    assert light.done() and not heavy.done()  # light takes it at once, past heavy's waiter
+    light.result()()
+    await settle()
+    assert not heavy.done()
+    running()
+    await settle()
+    assert heavy.done()
+    heavy.result()()
+    assert gate.through("w") == 0 and gate.held() == 0

@@ -150,3 +150,14 @@ async def test_fair_reserve_keeps_the_last_slots_for_a_key_below_its_share() -> 
     for t in heavy:
         t.release()
     assert adm.in_flight == 0 and not adm._held
+
+
+async def test_below_share_tells_a_key_under_its_weighted_share_of_the_cap() -> None:
+    adm = Admission(AdmissionConfig(max_concurrent_requests=4, fair_reserve=1), weights={"a": 3.0})
+    held = [await adm.acquire("a") for _ in range(2)] + [await adm.acquire("b")]
+    assert adm.below_share("a") and not adm.below_share("b")  # shares 3 and 1 of 4
+    held.append(await adm.acquire("a"))
+    assert not adm.below_share("a")
+    assert Admission(AdmissionConfig()).below_share("anyone")  # no cap: nobody is past a share
+    for ticket in held:
+        ticket.release()

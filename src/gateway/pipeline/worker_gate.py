@@ -52,12 +52,20 @@ class WorkerGate:
         weights: dict[str, float] | None = None,
         *,
         headroom: int = 0,
+        reserve: int = 0,
+        below_share: Callable[[str], bool] = lambda tenant: False,
         aging_s: float = 0.0,
         low_values_first: bool = False,
         across_tenants: bool = False,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``reserve``: of each worker's slots, this many go only to a key that
+        ``below_share`` says holds less than its weighted share (admission's count): the
+        light key's request then finds a running slot at once instead of waiting for one to
+        end, which with equal answer lengths can take a whole wave of the worker's batch."""
         self.headroom = max(0, headroom)
+        self.reserve = max(0, reserve)
+        self._below_share = below_share
         self._queue_args = (dict(weights or {}), aging_s, low_values_first, across_tenants)
         self._clock = clock
         self._workers: dict[str, _Slots] = {}
@@ -90,12 +98,13 @@ class WorkerGate:
             return _noop
         slots = self._slots(worker_id)
         slots.cap = running_slots + self.headroom
-        if slots.through < slots.cap and not slots.queue:
+        if slots.through < slots.cap - self.reserve and not slots.queue:
             slots.through += 1
             return self._release_once(worker_id, slots)
         tenant, priority = CALLER.get()
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         entry = slots.queue.push(tenant, priority, 1, self._clock(), waiter)
+        self._grant(slots)  # a key below its share may take a reserved slot at once
         try:
             await waiter
         except BaseException:
@@ -123,12 +132,18 @@ class WorkerGate:
         self._grant(slots)
 
     def _grant(self, slots: _Slots) -> None:
+        """Let waiters through in fair order while there is room; past ``cap - reserve``
+        only keys below their share (the others are passed over, not dropped)."""
         queue = slots.queue
         now = self._clock()
+        held_back: set[str] = set()
         while queue and slots.through < slots.cap:
-            entry = queue.peek(now)
+            entry = queue.peek(now, held_back)
             if entry is None:
                 return
+            if slots.through >= slots.cap - self.reserve and not self._below_share(entry.tenant):
+                held_back.add(entry.tenant)
+                continue
             queue.pop(entry)
             waiter = entry.handle
             if waiter.done():  # cancelled: its own handler removes it; nothing to hand over

@@ -58,7 +58,7 @@ class AdmissionConfig:
     key_weights: list[str] = option([], "KEY=WEIGHT: an API key's (or its id's) share of admission when requests queue, against the others' (default weight 1)")
     fleet_slot_bound: bool = option(True, "with --fleet-headroom: offer the routing policy a worker whose running slots plus the headroom are all taken only while every worker's are (off: locality decides alone, and requests may wait in a full worker's first-come queue)")
     fleet_slot_wait: bool = option(True, "with --fleet-headroom and the slot bound: a request whose chosen worker has its running slots plus the headroom all taken waits in the gateway for one of that worker's, the waiters of one worker let through in fair order, instead of going to a worker with a free slot and a cold cache (off: the hard bound; a cold prefill where prefill is dear stalls the running requests' decode)")
-    fair_reserve: int = option(0, "of the capped slots, this many (per worker with --fleet-headroom) are kept for API keys holding less than their weighted share: a light key's request finds a slot at once instead of waiting for a heavy key's to end (the fleet runs that many slots short while every key is at its share)")
+    fair_reserve: int = option(0, "of the capped slots, this many (per worker with --fleet-headroom, in the fleet cap and in each worker's own slots) are kept for API keys holding less than their weighted share: a light key's request finds a slot at once instead of waiting for a heavy key's to end (the fleet runs that many slots short while every key is at its share)")
     priority_aging_s: float = option(10.0, "every this many seconds in the queue raise a request's priority one level, so low priorities are not starved (0: no aging)")
     low_priority_values_first: bool = option(False, "a lower 'priority' value goes first (vLLM's sense); by default a higher one does (SGLang's)")
     priority_across_keys: bool = option(False, "priority orders the queue across API keys too, fair shares applying only among equal priorities (by default priority orders each key's own requests: a key cannot jump others by claiming a high priority)")
@@ -194,6 +194,12 @@ class Admission:
         if reserve <= 0 or after <= cap - reserve:
             return True
         return self._held.get(tenant, 0) < self._share(tenant, cap)
+
+    def below_share(self, tenant: str) -> bool:
+        """Whether ``tenant`` holds fewer slots than its weighted share of the cap now (the
+        worker gate's ``fair_reserve`` asks; no cap: every key is)."""
+        cap = self._limits()[0]
+        return cap <= 0 or self._held.get(tenant, 0) < self._share(tenant, cap)
 
     def _share(self, tenant: str, cap: int) -> float:
         """``tenant``'s weighted share of ``cap`` among the keys that asked for a slot in the

@@ -113,7 +113,8 @@ class GatewayState:
             self.router.slot_headroom = admission.fleet_headroom
             if admission.fleet_slot_wait:
                 self.router.gate = WorkerGate(
-                    weights, headroom=admission.fleet_headroom, aging_s=admission.priority_aging_s,
+                    weights, headroom=admission.fleet_headroom, reserve=admission.fair_reserve,
+                    below_share=self.admission.below_share, aging_s=admission.priority_aging_s,
                     low_values_first=admission.low_priority_values_first,
                     across_tenants=admission.priority_across_keys,
                 )
