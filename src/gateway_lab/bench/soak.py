@@ -33,6 +33,7 @@ from typing import Any
 import httpx
 import orjson
 
+from gateway_lab.bench import launch
 from gateway_lab.bench.soak_targets import GatewayProcess, InProcessGateway, SoakGateway, rss_mb
 from gateway_lab.sim.config import SimConfig
 from gateway_lab.sim.fleet import SimFleet
@@ -347,7 +348,7 @@ async def run_soak(cfg: SoakConfig, tmp_dir: Path) -> SoakReport:
     sim = SimConfig(**cfg.sim)
     if cfg.trace_memory and not cfg.gateway_process:
         tracemalloc.start()
-    async with SimFleet.start(cfg.workers, sim) as fleet:
+    async with launch.fleet("sim", cfg.workers, sim) as fleet:
         gateway = await _start_gateway(cfg, fleet, tmp_dir)
         child = gateway if isinstance(gateway, GatewayProcess) else None
         report.rss_of = f"gateway process (pid {gateway.pid})" if child else "soak process (gateway + workers + client)"

@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import time
 import tracemalloc
 from pathlib import Path
@@ -65,40 +64,27 @@ class SoakGateway(Protocol):
 
 
 class InProcessGateway:
-    """``GatewayState`` + uvicorn on this event loop (the soak's original set-up)."""
+    """The gateway served on this event loop (``bench.inprocess``; the soak's original set-up)."""
 
-    def __init__(self, state: Any, server: Any, task: asyncio.Task[None], url: str) -> None:
-        self.state, self._server, self._task, self.url = state, server, task, url
-        self.model = state.catalog.names()[0]
+    def __init__(self, served: Any, stack: contextlib.AsyncExitStack) -> None:
+        self.state, self.url, self._stack = served.state, served.url, stack
+        self.model = self.state.catalog.names()[0]
         self.pid = os.getpid()
 
     @classmethod
     async def start(
         cls, worker_urls: list[str], policy: str, first_token_timeout_s: float, stall_timeout_s: float, tmp_dir: Path
     ) -> InProcessGateway:
-        import uvicorn
-
-        from gateway.server.http.app import create_app
-        from gateway.server.state import GatewayState
+        from gateway_lab.bench.inprocess import serve_in_process
 
         gw = GatewayConfig(server=ServerConfig(worker_urls=worker_urls, tokenizer_cache_dir=str(tmp_dir / "tok"), access_log=False))
         gw.policy.policy = policy
         gw.retry.backoff_base_s = BACKOFF_BASE_S
         gw.dispatch.first_token_timeout_s = first_token_timeout_s
         gw.dispatch.stall_timeout_s = stall_timeout_s
-        state = GatewayState(gw)
-        await state.start()
-        app = create_app(state, manage_lifecycle=False)
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", loop="none", access_log=False))
-        task = asyncio.create_task(server.serve(sockets=[sock]))
-        for _ in range(1000):
-            if server.started:
-                break
-            await asyncio.sleep(0.01)
-        return cls(state, server, task, f"http://127.0.0.1:{port}")
+        stack = contextlib.AsyncExitStack()
+        served = await stack.enter_async_context(serve_in_process(gw))
+        return cls(served, stack)
 
     def rss_mb(self) -> float:
         return rss_mb()
@@ -121,9 +107,7 @@ class InProcessGateway:
         return out
 
     async def close(self) -> None:
-        self._server.should_exit = True
-        await self._task
-        await self.state.stop()
+        await self._stack.aclose()
 
 
 class GatewayProcess:

@@ -3,7 +3,7 @@ memory from /proc, and the load a gateway still holds once every request has end
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import os
 from types import SimpleNamespace
 
@@ -20,12 +20,10 @@ async def test_leftover_load_names_each_worker_still_holding_some() -> None:
     async with gateway() as (state, _):
         await state.add_worker("grpc://w1:1")
         await state.add_worker("grpc://w2:1")
-        server = SimpleNamespace(should_exit=False)
-
-        async def serving() -> None:
-            return None
-
-        target = InProcessGateway(state, server, asyncio.ensure_future(serving()), "http://127.0.0.1:1")
+        stack = contextlib.AsyncExitStack()
+        closed: list[bool] = []
+        stack.callback(closed.append, True)
+        target = InProcessGateway(SimpleNamespace(state=state, url="http://127.0.0.1:1"), stack)
         assert target.model == "fake-model" and target.pid == os.getpid() and target.rss_mb() > 1
         assert await target.leftover() == {}
         guard = state.registry.get("w2:1").load.acquire(100, 8)  # type: ignore[union-attr]
@@ -35,4 +33,4 @@ async def test_leftover_load_names_each_worker_still_holding_some() -> None:
         assert await target.leftover() == {}
         assert target.traced_mb() is None  # tracemalloc is off
         await target.close()
-        assert server.should_exit
+        assert closed == [True]  # closing stops what served it
