@@ -235,8 +235,7 @@ async def run_elastic(config: ElasticConfig, trace: TraceConfig, console: Any, t
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
+    from gateway_lab.bench import results
     from gateway_lab.bench.results import Result, Table, write
     from gateway_lab.bench.workloads import default_tokenizer_dir
 
@@ -247,9 +246,7 @@ def run(args: argparse.Namespace) -> int:
     trace = from_namespace(TraceConfig, args)
     if not config.trace or not Path(config.trace).is_file():
         raise SystemExit("give --trace FILE (a Mooncake trace or JSONL prompts with timestamps)")
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=180)
+    console = results.console(180)
     result = Result()
     pairs = asyncio.run(run_elastic(config, trace, console, str(default_tokenizer_dir())))
     title = f"elastic fleet {config.start_workers} -> {config.peak_workers} -> {config.end_workers}"

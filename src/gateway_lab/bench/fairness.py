@@ -289,8 +289,7 @@ async def run_all(config: FairnessConfig, console: Any, tokenizer_dir: str) -> l
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
+    from gateway_lab.bench import results
     from gateway_lab.bench.results import Result, Table, write
     from gateway_lab.bench.workloads import default_tokenizer_dir
 
@@ -298,9 +297,7 @@ def run(args: argparse.Namespace) -> int:
         config = from_namespace(FairnessConfig, args)
     except ValueError as exc:
         raise SystemExit(f"bad arguments: {exc}") from exc
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=200)
+    console = results.console(200)
     result = Result()
     cells = asyncio.run(run_all(config, console, str(default_tokenizer_dir())))
     title = (f"fairness: light {config.light_rate:g}/s beside heavy x{config.heavy_factor:g}; "

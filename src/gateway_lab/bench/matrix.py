@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.settings import add_options, from_namespace, option
-from gateway_lab.bench import launch
+from gateway_lab.bench import launch, results
 from gateway_lab.bench.launch import knob_flags, parse_variant
 from gateway_lab.bench.results import Result, Table, write
 from gateway_lab.bench.workloads import ChatConfig, GspConfig, LongMixConfig, ZipfGspConfig
@@ -507,7 +507,6 @@ def tables(cells: list[Cell], config: MatrixConfig) -> list[Table]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
 
     from gateway_lab.bench.workloads import default_tokenizer_dir
 
@@ -526,9 +525,7 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"{config.peers_python} not found: run scripts/peers.sh first")
     # SIGTERM unwinds like Ctrl-C, so the finally blocks stop the fleets and any peer process.
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
-    console = Console()
-    if not console.is_terminal:  # a log file: do not squeeze the tables into 80 columns
-        console = Console(width=160)
+    console = results.console(160)
     tokenizer_dir = str(default_tokenizer_dir())
     result = Result()
     try:

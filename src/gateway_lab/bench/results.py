@@ -93,19 +93,24 @@ def rich_table(table: Table) -> Any:
     return out
 
 
-def write(result: Result, console: Any = None, *, json_path: str | Path = "", markdown_path: str | Path = "") -> None:
-    """Print ``result`` (tables, notes, machine line) and write it where asked."""
-    if console is None:
-        from rich.console import Console
+def console(width: int = 200) -> Any:
+    """A ``rich`` console; writing to a file or a pipe (a log), ``width`` columns wide
+    instead of 80, so the tables are not squeezed."""
+    from rich.console import Console
 
-        console = Console()
-        if not console.is_terminal:
-            console = Console(width=200)
+    out = Console()
+    return out if out.is_terminal else Console(width=width)
+
+
+def write(result: Result, out: Any = None, *, json_path: str | Path = "", markdown_path: str | Path = "") -> None:
+    """Print ``result`` (tables, notes, machine line) on ``out`` (a ``rich`` console) and
+    write it where asked."""
+    screen = out if out is not None else console()
     for table in result.tables:
-        console.print(rich_table(table))
+        screen.print(rich_table(table))
     for note in result.notes:
-        console.print(note, markup=False, highlight=False)
-    console.print(f"machine: {machine.describe()}", markup=False, highlight=False)
+        screen.print(note, markup=False, highlight=False)
+    screen.print(f"machine: {machine.describe()}", markup=False, highlight=False)
     if markdown_path:
         Path(markdown_path).write_text(result.markdown())
     if json_path:

@@ -250,8 +250,7 @@ async def run_trace_bench(
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
+    from gateway_lab.bench import results
     from gateway_lab.bench.results import Result, Table, write
     from gateway_lab.bench.workloads import default_tokenizer_dir
 
@@ -263,9 +262,7 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("give at least one policy and one worker")
     if bench.peers and not Path(bench.peers_python).exists():
         raise SystemExit(f"{bench.peers_python} not found: run scripts/peers.sh first")
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=160)
+    console = results.console(160)
     result = Result()
     try:
         rows, lines = asyncio.run(run_trace_bench(bench, trace, console, str(default_tokenizer_dir())))

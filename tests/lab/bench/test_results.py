@@ -57,3 +57,9 @@ def test_label_columns_are_left_and_the_best_cell_is_bold() -> None:
     rendered = rich_table(table)
     assert [c.justify for c in rendered.columns] == ["left", "right", "right"]
     assert list(rendered.columns[2].cells) == ["[bold green]2.0[/]"]
+
+
+def test_a_console_writing_to_a_log_is_wide() -> None:
+    from gateway_lab.bench.results import console
+
+    assert console(160).width == 160  # pytest captures stdout: not a terminal
