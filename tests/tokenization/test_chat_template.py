@@ -397,3 +397,31 @@ def test_an_older_transformers_without_the_helpers_renders_the_same(
     assert template._compiled.environment.linked_to is not None
     assert template.render([{"role": "user", "content": "Hi"}]) == expected
     assert plain({"k": (1, "s")}) == {"k": (1, "s")}  # a copy, as before
+
+
+def _wrapper(template: ChatTemplate, messages: list[dict[str, Any]], **options: Any) -> str:
+    from transformers.utils import chat_template_utils
+
+    conversation = normalize_messages(copy.deepcopy(messages), template.content_format)
+    rendered, _ = chat_template_utils.render_jinja_template(
+        conversations=[conversation], chat_template=template.source, **options, **template.special_tokens
+    )
+    return str(rendered[0])
+
+
+def test_continue_final_message_cuts_where_transformers_cuts(qwen: Tokenizer) -> None:
+    cases = [
+        [{"role": "user", "content": "Name a color."}, {"role": "assistant", "content": "The color is "}],
+        [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}],
+        [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": [{"type": "text", "text": "A b"}]}],
+    ]
+    for name, template in _templates(qwen).items():
+        for messages in cases:
+            options = {"add_generation_prompt": False, "continue_final_message": True}
+            try:
+                expected = _wrapper(template, messages, **options)
+            except Exception:  # the template refuses these inputs: ours must refuse too
+                with pytest.raises(ChatTemplateError):
+                    template.render(messages, **options)
+                continue
+            assert template.render(messages, **options) == expected, name

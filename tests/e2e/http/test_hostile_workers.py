@@ -210,25 +210,26 @@ async def test_template_bombs_on_the_grpc_door_are_invalid_argument_in_the_same_
         assert (await gw.http.get("/health")).status_code == 200
 
 
-async def test_a_slow_template_inside_its_budget_meets_the_deadline(tmp_path: Path) -> None:
+async def test_a_template_that_loops_without_writing_is_refused_quickly_and_health_answers(tmp_path: Path) -> None:
     folder = _bomb_tokenizer(tmp_path / "bomb")
     async with hostile_worker(HostilePlan(), tokenizer_path=str(folder)) as url, gateway([url], tmp_path / "tok") as gw:
-        gw.state.engine.templates.timeout_s = 0.5
         async with health_probe(gw.url):  # the probe's own first connection, not the template's cost
             pass
         async with health_probe(gw.url) as lat:
-            started = time.monotonic()
-            with pytest.raises(openai.BadRequestError, match="chat template") as err:
-                await asyncio.wait_for(gw.client.chat.completions.create(
-                    model=gw.model, messages=[{"role": "user", "content": "x" * 200_000}], max_tokens=4,
-                    extra_body={"chat_template_kwargs": {"bomb": "slow"}}), 10)
-            assert err.value.code == "chat_template_timeout"
-            assert time.monotonic() - started < 5
+            took = []
+            for _ in range(5):  # it serializes a 200 KB conversation 3,000 times and writes nothing
+                started = time.monotonic()
+                with pytest.raises(openai.BadRequestError, match="read or made more than") as err:
+                    await asyncio.wait_for(gw.client.chat.completions.create(
+                        model=gw.model, messages=[{"role": "user", "content": "x" * 200_000}], max_tokens=4,
+                        extra_body={"chat_template_kwargs": {"bomb": "slow"}}), 10)
+                took.append(time.monotonic() - started)
+                assert err.value.code == "chat_template_budget"
             ok = await gw.client.completions.create(model=gw.model, prompt="hello", max_tokens=4)
             assert ok.choices[0].finish_reason
-        # The median is what is asserted at 100 ms: on a loaded shared machine any single
-        # probe can wait longer while the render thread holds the GIL in turns.
-        assert len(lat) >= 5 and statistics.median(lat) < 0.1 and max(lat) < 1.0, f"/health took {sorted(lat)}s"
+        # it ran into the 2 s CPU deadline before; a loaded shared host still answers well within 1 s
+        assert statistics.median(took) < 1.0, took
+        assert len(lat) >= 3 and statistics.median(lat) < 0.1 and max(lat) < 0.5, f"/health took {sorted(lat)}s"
 
 
 def _chunks_of(data: bytes, sha256: str) -> list[common_pb2.GetTokenizerChunk]:
