@@ -58,3 +58,14 @@ async def test_start_retries_listed_workers_that_are_not_up() -> None:
             assert [p["url"] for p in state.late.describe()] == ["grpc://down:1"]
         finally:
             await state.stop()
+
+
+async def test_a_text_only_worker_needs_no_tokenizer_and_its_models_are_served() -> None:
+    async with gateway() as (state, _):
+        text = FakeTransport("http://t:1", lacks=frozenset({"token_ids"}))
+        text.models = ("hosted-a", "fake-model")  # type: ignore[attr-defined]
+        state.transports[text.url] = text  # type: ignore[attr-defined]
+        await state.add_worker("http://t:1")
+        assert state.catalog.names() == []  # no tokenizer was loaded for it
+        await state.add_worker("grpc://w1:1")
+        assert state.model_names() == ["fake-model", "hosted-a"]  # each name once, token models first

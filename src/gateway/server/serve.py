@@ -238,7 +238,7 @@ async def serve(config: GatewayConfig) -> None:
     shown = f"[{host}]" if ":" in host else host
     scheme = "https" if config.tls.enabled else "http"
     ready = {"event": "ready", "url": f"{scheme}://{shown}:{port}", "workers": len(state.registry.all()),
-             "models": state.catalog.names(), "policy": config.policy.policy}
+             "models": state.model_names(), "policy": config.policy.policy}
     grpc_server = None
     if config.server.grpc_port is not None:
         from gateway.server.grpc.server import start_grpc_server

@@ -171,6 +171,12 @@ class GatewayState:
         policy = self.router.policies().get((worker.model, worker.role))
         return policy is not None and policy.needs_loads
 
+    def model_names(self) -> list[str]:
+        """Every model clients may ask for: those the gateway tokenizes for, then those only
+        text workers (OpenAI backends) list."""
+        names = self.catalog.names()
+        return names + [m for m in self.text_relay.models() if m not in names]
+
     async def add_worker(
         self,
         url: str,

@@ -60,6 +60,9 @@ async def test_requests_go_unchanged_with_the_workers_key_and_answers_come_back(
         (worker,) = state.registry.all()
         row = worker.describe()
         assert row["kind"] == "openai/http" and row["token_ids"] is False and "cache_aware" in row["lacks"]
+        async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+            ready = await http.get("/readiness")  # a gateway of OpenAI backends alone is ready
+        assert ready.status_code == 200 and ready.json()["models"] == [upstream.model]
         client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="front-key-unused", max_retries=0, timeout=30)
         try:
             models = [m.id async for m in client.models.list()]

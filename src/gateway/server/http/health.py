@@ -23,10 +23,11 @@ def health_router(state: GatewayState) -> APIRouter:
     async def readiness() -> Response:
         available = [w for w in state.registry.all() if w.available]
         pending = state.late.describe()  # listed workers not up yet, retried in the background
-        if not available or not state.catalog.names():
+        models = state.model_names()
+        if not available or not models:
             waiting = f"; waiting for {', '.join(p['url'] for p in pending)}" if pending else ""
             return error_response(ServiceUnavailableError(f"no available worker{waiting}"))
-        body: dict[str, object] = {"status": "ready", "workers": len(available), "models": state.catalog.names()}
+        body: dict[str, object] = {"status": "ready", "workers": len(available), "models": models}
         if pending:
             body["pending_workers"] = pending
         return JSONResponse(body)
