@@ -92,24 +92,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 # What ``serve --help`` lists: the flags an operator sets. Every other flag is a tuning
 # knob, listed by ``--help-all`` and set the same ways (flag, environment, config file).
 OPERATOR_FLAGS = (
-    "--config", "--print-config",
+    "--config",
     # workers and models
     "--worker-urls", "--prefill", "--decode", "--model", "--tokenizer-path", "--dns-workers", "--k8s-discovery",
-    "--k8s-selector",
     # routing
     "--policy",
     # ports and processes
     "--host", "--port", "--grpc-port", "--processes", "--sync-url",
     # keys and TLS
     "--api-keys", "--admin-api-key", "--worker-api-key", "--api-key-file", "--tls-cert-file", "--tls-key-file",
-    "--tls-client-ca-file", "--worker-tls-ca-file",
+    "--worker-tls-ca-file",
     # limits
     "--max-concurrent-requests", "--max-queued-requests", "--rate-limit-per-s", "--max-body-bytes",
     "--max-prompt-tokens", "--request-timeout-s",
-    # chat formats
-    "--tool-call-parser", "--reasoning-parser",
-    # stored responses and conversations, MCP tools
-    "--history-backend", "--history-dsn", "--mcp-allowed-urls",
     # observability
     "--log-level", "--access-log", "--prometheus-port", "--metrics-access", "--otlp-traces-endpoint",
 )  # fmt: skip
