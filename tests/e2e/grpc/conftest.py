@@ -45,6 +45,7 @@ async def start_grpc_stack(opts: StackOptions, tmp_path: Any, *, api_key: str | 
 @pytest.fixture
 async def gstack(request: pytest.FixtureRequest, tmp_path: Any) -> AsyncIterator[GrpcStack]:
     marker = request.node.get_closest_marker("stack")
-    opts = StackOptions(**(marker.kwargs if marker else {}))
+    # An indirect parametrization's options (``request.param``) win over the marker's.
+    opts = StackOptions(**{**(marker.kwargs if marker else {}), **getattr(request, "param", {})})
     async with start_grpc_stack(opts, tmp_path) as s:
         yield s

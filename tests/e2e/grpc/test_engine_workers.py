@@ -1,6 +1,6 @@
-"""A fleet of simulated vLLM gRPC workers behind the gateway: detected at registration,
-what vLLM lacks listed in GET /workers, and a request that needs one of those refused
-by name (INVALID_ARGUMENT on the gRPC door), the worker left healthy."""
+"""Fleets of simulated vLLM and TensorRT-LLM gRPC workers behind the gateway: detected at
+registration, what each engine lacks listed in GET /workers, and a request that needs one
+of those refused by name (INVALID_ARGUMENT on the gRPC door), the worker left healthy."""
 
 from __future__ import annotations
 
@@ -13,12 +13,18 @@ from gateway.proto import sglang_scheduler_pb2_grpc as pb_grpc
 from tests.e2e.grpc.conftest import GrpcStack
 
 
-@pytest.mark.stack(workers=2, engine="vllm", sim={"eos_probability": 0.0})
-async def test_vllm_workers_show_their_lacks_and_refuse_what_needs_them(gstack: GrpcStack) -> None:
+@pytest.mark.stack(workers=2, sim={"eos_probability": 0.0})
+@pytest.mark.parametrize(("gstack", "kind", "lacking"), [
+    ({"engine": "vllm"}, "vllm/grpc", {"token_ids_logprob", "lora", "pd_bootstrap"}),
+    ({"engine": "trtllm"}, "trtllm/grpc", {"token_ids_logprob", "lora", "pd_bootstrap", "loads", "flush_cache"}),
+], indirect=["gstack"], ids=["vllm", "trtllm"])
+async def test_engine_workers_show_their_lacks_and_refuse_what_needs_them(
+    gstack: GrpcStack, kind: str, lacking: set[str]
+) -> None:
     rows = (await gstack.http.http.get("/workers")).json()
     rows = rows["workers"] if isinstance(rows, dict) else rows
-    assert {row["kind"] for row in rows} == {"vllm/grpc"}
-    assert all({"token_ids_logprob", "lora", "pd_bootstrap"} <= set(row["lacks"]) for row in rows)
+    assert {row["kind"] for row in rows} == {kind}
+    assert all(lacking <= set(row["lacks"]) for row in rows)
 
     request = pb.GenerateRequest(
         request_id="needs-ids-logprob", tokenized=pb.TokenizedInput(input_ids=list(range(1000, 1040))), stream=True,
