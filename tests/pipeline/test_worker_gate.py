@@ -173,3 +173,20 @@ async def test_a_reserved_slot_goes_only_to_a_key_below_its_share() -> None:
     assert heavy.done()
     heavy.result()()
     assert gate.through("w") == 0 and gate.held() == 0
+
+
+async def test_the_reserve_keeps_running_slots_free_past_the_headroom() -> None:
+    gate = WorkerGate(headroom=1, reserve=1, below_share=lambda tenant: tenant == "light")
+    heavy = [start(gate, "w", 2, "heavy") for _ in range(3)]
+    await settle()
+    assert sum(t.done() for t in heavy) == 1  # 2 running slots, 1 reserved: the headroom is not heavy's either
+    light = [start(gate, "w", 2, "light") for _ in range(3)]
+    await settle()
+    assert sum(t.done() for t in light) == 2 and gate.through("w") == 3  # running slots plus the headroom
+    for t in (*heavy, *light):
+        if t.done():
+            t.result()()
+        else:
+            t.cancel()
+    await settle()
+    assert gate.through("w") == 0 and gate.held() == 0

@@ -40,7 +40,8 @@ class _Slots:
 
     queue: FairQueue
     through: int = 0
-    cap: int = 0
+    cap: int = 0  # running slots + headroom: at most this many let through
+    open: int = 0  # running slots - reserve: past this many, only keys below their share
 
 
 class WorkerGate:
@@ -59,10 +60,11 @@ class WorkerGate:
         across_tenants: bool = False,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """``reserve``: of each worker's slots, this many go only to a key that
-        ``below_share`` says holds less than its weighted share (admission's count): the
-        light key's request then finds a running slot at once instead of waiting for one to
-        end, which with equal answer lengths can take a whole wave of the worker's batch."""
+        """``reserve``: of each worker's *running* slots, this many go only to a key that
+        ``below_share`` says holds less than its weighted share (admission's count), and
+        the headroom past them too: the light key's request then finds a running slot at
+        once instead of waiting in the worker's queue for one to end, which with equal
+        answer lengths can take a whole wave of the worker's batch."""
         self.headroom = max(0, headroom)
         self.reserve = max(0, reserve)
         self._below_share = below_share
@@ -98,7 +100,8 @@ class WorkerGate:
             return _noop
         slots = self._slots(worker_id)
         slots.cap = running_slots + self.headroom
-        if slots.through < slots.cap - self.reserve and not slots.queue:
+        slots.open = running_slots - self.reserve if self.reserve else slots.cap
+        if slots.through < slots.open and not slots.queue:
             slots.through += 1
             return self._release_once(worker_id, slots)
         tenant, priority = CALLER.get()
@@ -132,8 +135,9 @@ class WorkerGate:
         self._grant(slots)
 
     def _grant(self, slots: _Slots) -> None:
-        """Let waiters through in fair order while there is room; past ``cap - reserve``
-        only keys below their share (the others are passed over, not dropped)."""
+        """Let waiters through in fair order while there is room; once only the reserved
+        running slots are left (``open``), only keys below their share (the others are
+        passed over, not dropped)."""
         queue = slots.queue
         now = self._clock()
         held_back: set[str] = set()
@@ -141,7 +145,7 @@ class WorkerGate:
             entry = queue.peek(now, held_back)
             if entry is None:
                 return
-            if slots.through >= slots.cap - self.reserve and not self._below_share(entry.tenant):
+            if slots.through >= slots.open and not self._below_share(entry.tenant):
                 held_back.add(entry.tenant)
                 continue
             queue.pop(entry)
