@@ -2,7 +2,7 @@
 
 At the end every request succeeded or got a clean error, every in-flight counter
 (gateway load guards, HTTP in-flight gauge, simulated workers' queues) is zero,
-and resident memory stopped growing after warm-up. ``scripts/soak.py`` runs the
+and resident memory stopped growing after warm-up. ``token-gateway bench soak`` runs the
 long version for docs/BENCHMARKS.md.
 """
 

@@ -55,6 +55,8 @@ SCENARIOS: dict[str, tuple[str, str]] = {
     "agent-turns": ("agent_turns", "prefix-cache hit rate of multi-turn agents: previous_response_id against chat messages"),
     "latency-timeline": ("latency_timeline", "where one request's time goes at concurrency 1, stage by stage"),
     "hop-floor": ("hop_floor", "what one extra proxy hop costs with no work at all (nginx grpc_pass)"),
+    "soak": ("soak", "a long run under random worker faults and client hang-ups: clean outcomes, flat memory"),
+    "transports": ("transports", "gsp hit rate and gateway CPU per worker engine and transport, in one run"),
 }
 
 

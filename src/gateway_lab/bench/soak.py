@@ -13,7 +13,7 @@ What it checks at the end, and reports:
   in-flight gauge, and each simulated worker's running/waiting queues;
 - memory is flat after warm-up (RSS, and traced Python memory if asked).
 
-Used by ``tests/e2e/test_soak.py`` (bounded) and ``scripts/soak.py`` (figures).
+Used by ``tests/e2e/test_soak.py`` (bounded) and ``token-gateway bench soak`` (figures).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ per request of the process running the gateway and the load driver (the workers 
 a child process), for each transport. Zero-cost simulated steps, so the run measures
 routing and the gateway's own work, not simulated GPU time.
 
-    .venv/bin/python scripts/transport_hit_rate.py --groups 16 --prompts 8 --workers 4
+    token-gateway bench transports --groups 16 --prompts 8 --workers 4
 """
 
 from __future__ import annotations
@@ -62,8 +62,8 @@ async def one(transport: str, policy: str, args: argparse.Namespace, workload: w
     }
 
 
-async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The scenario's flags (``token-gateway bench transports --help``)."""
     parser.add_argument("--groups", type=int, default=16)
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--system-tokens", type=int, default=1024)
@@ -88,7 +88,9 @@ async def main() -> None:
         "--tree-default-budget-tokens", type=int, default=0,
         help="cache_aware's tree budget for workers that report no KV pool, as an operator would set it (0: the default)",
     )
-    args = parser.parse_args()
+
+
+async def _run(args: argparse.Namespace) -> None:
     workload = wl.gsp(wl.GspConfig(
         groups=args.groups, prompts_per_group=args.prompts, system_tokens=args.system_tokens,
         question_tokens=args.question_tokens, output_tokens=args.output_tokens,
@@ -102,5 +104,8 @@ async def main() -> None:
             print(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
 
 
-if __name__ == "__main__":
-    asyncio.run(main())
+
+def main(args: argparse.Namespace) -> int:
+    """Run the scenario with parsed flags."""
+    asyncio.run(_run(args))
+    return 0

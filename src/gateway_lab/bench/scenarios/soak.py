@@ -9,8 +9,8 @@ RSS series is that process's alone.
 Exits non-zero if any request ended uncleanly, a counter was left non-zero, or
 memory grew more than ``--max-growth-mb``. Run:
 
-    .venv/bin/python scripts/soak.py --requests 20000 --trace-memory --json soak.json
-    .venv/bin/python scripts/soak.py --requests 40000 --gateway-process --json soak-gw.json
+    token-gateway bench soak --requests 20000 --trace-memory --json soak.json
+    token-gateway bench soak --requests 40000 --gateway-process --json soak-gw.json
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from rich.table import Table
 from gateway_lab.bench.soak import SoakConfig, run_soak
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The scenario's flags (``token-gateway bench soak --help``)."""
     d = SoakConfig()
     p.add_argument("--requests", type=int, default=d.requests)
     p.add_argument("--concurrency", type=int, default=d.concurrency)
@@ -48,7 +48,10 @@ def main() -> int:
                    help="run the gateway as its own `token-gateway serve` process and measure its RSS alone")
     p.add_argument("--max-growth-mb", type=float, default=24.0, help="fail if memory grew more than this after warm-up")
     p.add_argument("--json", type=Path, help="write the full report here")
-    args = p.parse_args()
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the soak with parsed flags; 0 when every request ended cleanly and memory stayed flat."""
     # SIGTERM exits through atexit, which stops a --gateway-process child (it has its own session).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     # The gateway logs every retry and mid-stream failure as a warning; thousands are expected here.
@@ -97,6 +100,3 @@ def main() -> int:
     console.print("[green]PASS[/green]" if ok else "[red]FAIL[/red]")
     return 0 if ok else 1
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())
