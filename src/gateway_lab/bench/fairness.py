@@ -2,7 +2,7 @@
 
 The gateway and the fleet each run in their own process (as deployed), the driver in this one.
 
-    token-gateway bench fairness --fleets sim sim-alt --queues off 0 0:1
+    token-gateway bench fairness --fleets sim sim-alt --queues off 1 1:1
 
 For each fleet build and each admission setting (``--queues``: ``off``, the gateway does not
 queue and the workers' first-come queues take the overload; ``H``, ``--fleet-headroom H``;
@@ -49,7 +49,7 @@ class FairnessConfig:
     """The fleets, the gateway's queue settings and the offered load."""
 
     fleets: list[str] = option(list(FLEETS), "fleet builds to run on", choices=list(FLEETS))
-    queues: list[str] = option(["off", "0", "0:1"], "admission settings to compare: off (no gateway queue), H (--fleet-headroom H) or H:R (and --fair-reserve R)")
+    queues: list[str] = option(["off", "1", "1:1"], "admission settings to compare: off (no gateway queue), H (--fleet-headroom H) or H:R (and --fair-reserve R)")
     shares: bool = option(True, "also run the shares run (two backlogged keys with --share-weights)")
     workers: int = option(4, "simulated workers per fleet")
     max_running: int = option(8, "running slots per worker (the fleet's own build is scaled to saturate on this machine)")
