@@ -363,3 +363,26 @@ async def test_a_request_past_the_workers_slots_waits_in_the_gate_and_its_lease_
     while await stream.read() is not None:
         pass
     assert gate.through(w.id) == 0 and w.load.in_flight == 0
+
+
+async def test_a_pd_half_is_never_held_by_the_worker_gate() -> None:
+    import dataclasses
+
+    from gateway.pipeline.worker_gate import WorkerGate
+
+    f, t = await one_worker()
+    w = f.worker("w1:1")
+    w.info = dataclasses.replace(w.info, max_running_requests=1)
+    f.router.gate = gate = WorkerGate()
+    blocker = await gate.enter(w.id, 1)
+    t.script(chunk([7], prompt=4), complete([7], prompt=4))
+    selection = dataclasses.replace(f.router.select(ROUTE), role="decode")
+    stream = await asyncio.wait_for(open_on(
+        f.router, selection, ROUTE, pb.GenerateRequest(request_id="r1"),
+        prompt_tokens=4, max_new_tokens=8, retry=RetryConfig(), config=FAST,
+    ), 2)
+    assert len(t.calls) == 1 and gate.held() == 0 and gate.through(w.id) == 1  # sent at once, not counted
+    while await stream.read() is not None:
+        pass
+    blocker()
+    assert gate.through(w.id) == 0

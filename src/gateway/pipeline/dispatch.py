@@ -267,8 +267,9 @@ async def open_on(
         lease.watch()
         try:
             gate = router.gate
-            if gate is not None and worker.info.max_running_requests > 0:
+            if gate is not None and selection.role == "regular" and worker.info.max_running_requests > 0:
                 # Its running slots may all be taken: wait here, in fair order, not in its first-come queue.
+                # (Not a PD half: held apart from its partner, the other half would wait for it on the worker.)
                 waited = gate.through(worker.id) >= worker.info.max_running_requests + gate.headroom
                 lease.gated(await gate.enter(worker.id, worker.info.max_running_requests))
                 if waited:
