@@ -1,9 +1,10 @@
 """Hostile probes against a real gateway process: /health latency, answers and RSS.
 
-Three hostile workers run in this process over real gRPC on loopback (each serving its
+Four hostile workers run in this process over real gRPC on loopback (each serving its
 own model name): ``bomb`` sends a chat template full of template bombs (picked per
 request with ``chat_template_kwargs``), ``flood`` answers every Generate with 300,000
-tokens, ``endless`` streams one token every millisecond for ever. The gateway under test
+tokens, ``endless`` streams one token every millisecond for ever, ``oversize`` answers
+with one 32 MiB message. The gateway under test
 is ``token-gateway serve`` in a child process; /health is polled every 20 ms by another
 child process on its own kept-alive connection (TCP_NODELAY), so neither the workers'
 nor the client's work in this process slows what is measured. RSS is the gateway
@@ -57,6 +58,9 @@ BOMBS = {
     "constant 'x'|center(10^9)": "{{ 'x'|center(1000000000) }}",
 }
 ONLY = ""  # --only: run the probes whose name contains this
+
+OVERSIZE = 32 << 20
+"""Bytes of the one message the ``oversize`` worker answers every Generate with."""
 
 MIN_PROBE_S = 2.0
 """Each probe repeats its attack for at least this long, so /health is polled ~100 times."""
@@ -167,9 +171,11 @@ async def run(port_base: int) -> list[dict[str, Any]]:
                 HostilePlan(flood_tokens=300_000), served_model_name="flood"))
             endless = await stack.enter_async_context(hostile_worker(
                 HostilePlan(endless=True), served_model_name="endless"))
+            oversize = await stack.enter_async_context(hostile_worker(
+                HostilePlan(flood_tokens=10, chunk_tokens=10, padding=OVERSIZE), served_model_name="oversize"))
             port = port_base
             gateway = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "gateway", "serve", "--worker-urls", bomb, flood, endless,
+                sys.executable, "-m", "gateway", "serve", "--worker-urls", bomb, flood, endless, oversize,
                 "--port", str(port), "--tokenizer-cache-dir", str(Path(tmp) / "cache"), "--log-level", "error",
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )
@@ -264,6 +270,10 @@ async def _probes(http: httpx.AsyncClient, port: int, pid: int) -> list[dict[str
         reply = (await http.post("/v1/completions", json={"model": "endless", "prompt": "hi", "max_tokens": 16})).json()
         return f"completion_tokens {reply['usage']['completion_tokens']}"
     rows.append(await _measure(port, pid, "worker streams for ever, max_tokens 16", endless_stream, times=5))
+
+    async def oversized() -> str:
+        return _code(await http.post("/v1/completions", json={"model": "oversize", "prompt": "hi", "max_tokens": 40}))
+    rows.append(await _measure(port, pid, "worker answers with one 32 MiB message, max_tokens 40", oversized, times=5))
 
     async def amplified() -> str:
         return _code(await _chat(http, "bomb", n=128, max_tokens=200, logprobs=True, top_logprobs=20))
