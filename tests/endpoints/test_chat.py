@@ -5,7 +5,9 @@ token streams in any chunking, token stops, stop strings, usage chunks, reasonin
 
 from __future__ import annotations
 
+import time
 from typing import Any
+from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -57,24 +59,26 @@ async def _both(
     runs: list[list[bytes]] = []
     records: list[list[Any]] = []
     plain = False
-    for frame in (None, FRAME):
-        sampling = sampling_from_chat(req)
-        plan = StopPlan.build(
-            tok, stop=list(sampling.stop), stop_token_ids=list(sampling.stop_token_ids or ()),
-            ignore_eos=sampling.ignore_eos, skip_special_tokens=sampling.skip_special_tokens,
-        )
-        prepared = PreparedRequest("rid", "m", [1, 2, 3], sampling, plan, tok, stream=True)
-        resumer = None
-        if resume is not None:
-            resumer = Resumer(base_request(prepared), Opener([("w2", list(resume))]), ResumeConfig(), sampling, NULL_OBSERVER)
-        stream = FakeStream(FakeWorker("w1"), list(script), together=together and frame is not None)
-        gen = Generation(stream, prepared, resumer)  # type: ignore[arg-type]
-        plain = gen.plain
-        replies = Replies()
-        entry: Any = type("Entry", (), {"name": "m", "tokenizer": tok, "reply_cache": replies})()
-        events = chat._chunks(req, entry, gen, "prompt", _parsers(reasoning), RequestContext(request_id="r"), frame)
-        runs.append(await _bytes(events))
-        records.append(replies.records)
+    created = int(time.time())  # both paths stamp the same second, however long a run takes
+    with mock.patch.object(chat, "now", lambda: created):
+        for frame in (None, FRAME):
+            sampling = sampling_from_chat(req)
+            plan = StopPlan.build(
+                tok, stop=list(sampling.stop), stop_token_ids=list(sampling.stop_token_ids or ()),
+                ignore_eos=sampling.ignore_eos, skip_special_tokens=sampling.skip_special_tokens,
+            )
+            prepared = PreparedRequest("rid", "m", [1, 2, 3], sampling, plan, tok, stream=True)
+            resumer = None
+            if resume is not None:
+                resumer = Resumer(base_request(prepared), Opener([("w2", list(resume))]), ResumeConfig(), sampling, NULL_OBSERVER)
+            stream = FakeStream(FakeWorker("w1"), list(script), together=together and frame is not None)
+            gen = Generation(stream, prepared, resumer)  # type: ignore[arg-type]
+            plain = gen.plain
+            replies = Replies()
+            entry: Any = type("Entry", (), {"name": "m", "tokenizer": tok, "reply_cache": replies})()
+            events = chat._chunks(req, entry, gen, "prompt", _parsers(reasoning), RequestContext(request_id="r"), frame)
+            runs.append(await _bytes(events))
+            records.append(replies.records)
     return runs[0], runs[1], records[0], records[1], plain
 
 

@@ -6,8 +6,10 @@ mid-stream."""
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import AsyncIterator
 from typing import Any
+from unittest import mock
 
 import orjson
 import pytest
@@ -119,16 +121,18 @@ async def _both(
     req = CompletionRequest.model_validate({"model": "m", "prompt": [1, 2, 3], "stream": True, **body})
     runs: list[list[bytes]] = []
     plain = False
-    for make in (completions._chunks, lambda *a: completions.json_events(*a, FRAME)):
-        prepared = _prepared(tok, req)
-        stream = FakeStream(FakeWorker("w1"), list(script), together=together and make is not completions._chunks)
-        resumer = None
-        if resume is not None:
-            opener = Opener([("w2", list(resume))])
-            resumer = Resumer(base_request(prepared), opener, ResumeConfig(), prepared.sampling, NULL_OBSERVER)
-        gen = Generation(stream, prepared, resumer)  # type: ignore[arg-type]
-        plain = gen.plain
-        runs.append(await _bytes(make(req, _entry(tok), [gen], RequestContext(request_id="r"))))  # type: ignore[operator]
+    created = int(time.time())  # both paths stamp the same second, however long a run takes
+    with mock.patch.object(completions, "now", lambda: created):
+        for make in (completions._chunks, lambda *a: completions.json_events(*a, FRAME)):
+            prepared = _prepared(tok, req)
+            stream = FakeStream(FakeWorker("w1"), list(script), together=together and make is not completions._chunks)
+            resumer = None
+            if resume is not None:
+                opener = Opener([("w2", list(resume))])
+                resumer = Resumer(base_request(prepared), opener, ResumeConfig(), prepared.sampling, NULL_OBSERVER)
+            gen = Generation(stream, prepared, resumer)  # type: ignore[arg-type]
+            plain = gen.plain
+            runs.append(await _bytes(make(req, _entry(tok), [gen], RequestContext(request_id="r"))))  # type: ignore[operator]
     return runs[0], runs[1], plain
 
 
