@@ -46,6 +46,26 @@ def gateway(interop_dir: Path, sglang_grpc: servers.Process) -> Iterator[servers
         yield proc
 
 
+@pytest.fixture(scope="session")
+def gateway_over_http(interop_dir: Path, sglang_http: servers.Process) -> Iterator[servers.Process]:
+    """The gateway in front of SGLang's own HTTP server as an SGLang-HTTP worker (``/generate``
+    with token ids); HTTP workers do not serve their tokenizer, so it is given."""
+    workdir = interop_dir / "over-http"
+    workdir.mkdir(exist_ok=True)
+    with servers.running(servers.start_gateway(
+            workdir, sglang_http.extra["url"], extra_args=["--tokenizer-path", str(servers.MODEL_DIR)])) as proc:
+        servers.wait_for_model(proc)  # a slow first probe leaves the worker to the background retries
+        yield proc
+
+
+@pytest.fixture(params=["grpc-worker", "http-worker"])
+def front(request: pytest.FixtureRequest) -> servers.Process:
+    """The gateway in front of either kind of SGLang worker."""
+    name = "gateway" if request.param == "grpc-worker" else "gateway_over_http"
+    proc: servers.Process = request.getfixturevalue(name)
+    return proc
+
+
 @pytest.fixture()
 def recording(sglang_grpc: servers.Process) -> servers.Recording:
     """What the stand-in scheduler receives from now on."""

@@ -210,6 +210,21 @@ def start_gateway(workdir: Path, worker_url: str, *, extra_args: list[str] | Non
     return proc
 
 
+def wait_for_model(gateway: Process, timeout: float = 180.0) -> None:
+    """Until the gateway serves ``SERVED_MODEL`` (a worker that answered its first probe
+    late is added by the gateway's background retries)."""
+    import httpx
+
+    def listed() -> bool:
+        try:
+            reply = httpx.get(gateway.extra["url"] + "/v1/models", timeout=5)
+        except httpx.HTTPError:
+            return False
+        return reply.status_code == 200 and any(m.get("id") == SERVED_MODEL for m in reply.json().get("data", []))
+
+    _wait_for(gateway, listed, "the gateway's worker", timeout)
+
+
 @contextlib.contextmanager
 def running(proc: Process) -> Iterator[Process]:
     try:

@@ -24,6 +24,7 @@ from tests.interop_sglang import expect, servers
 pytestmark = pytest.mark.timeout(900)
 
 MESSAGES = [{"role": "user", "content": "Say something"}]
+LOGPROB_CASES = ("stop-token-id", "eos", "string-across-tokens")
 CASES = ("string-across-tokens", "same-token-client-order", "one-token-string", "no-stop-trim",
          "stop-token-id", "eos")
 
@@ -83,13 +84,13 @@ def _outcome(base: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"], ids=["chat", "completions"])
 @pytest.mark.parametrize("case", CASES)
 def test_the_answer_ends_where_sglangs_own_server_ends_it(
-    gateway: servers.Process, sglang_http: servers.Process, case: str, path: str, stream: bool
+    front: servers.Process, sglang_http: servers.Process, case: str, path: str, stream: bool
 ) -> None:
     fields = _case(case)
     body: dict[str, Any] = {"model": servers.SERVED_MODEL, "stream": stream, **fields}
     body.update({"messages": MESSAGES} if path.endswith("chat/completions") else {"prompt": "Say something"})
     via_sglang = _outcome(sglang_http.extra["url"], path, body)
-    via_gateway = _outcome(gateway.extra["url"], path, body)
+    via_gateway = _outcome(front.extra["url"], path, body)
     assert via_sglang["finish_reason"] == "stop"  # the case does stop on SGLang's own server
     assert via_gateway == via_sglang
 
@@ -107,3 +108,63 @@ def test_the_worker_gets_the_stop_strings_as_the_client_sent_them(
     [rec] = recording.generates()
     assert rec["sampling_params"]["stop_strs"] == fields["stop"]
     assert not rec["sampling_params"]["stop_token_ids"]
+
+
+def _logprobs(base: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """The logprob entries of one answer (streamed or not): tokens, rounded logprobs and how
+    many top entries each has, with the finish reason and the completion-token count."""
+    chat = path.endswith("chat/completions")
+    body = {**body, "logprobs": True, "top_logprobs": 2} if chat else {**body, "logprobs": 2}
+    tokens: list[str] = []
+    values: list[float] = []
+    tops: list[int] = []
+    finish, usage = None, None
+
+    def take(choice: dict[str, Any]) -> None:
+        lp = choice.get("logprobs") or {}
+        if chat:
+            for entry in lp.get("content") or []:
+                tokens.append(entry["token"])
+                values.append(round(entry["logprob"], 3))
+                tops.append(len(entry.get("top_logprobs") or []))
+        else:
+            tokens.extend(lp.get("tokens") or [])
+            values.extend(round(v, 3) for v in lp.get("token_logprobs") or [])
+            tops.extend(len(t or {}) for t in lp.get("top_logprobs") or [])
+
+    with httpx.Client(timeout=60) as c:
+        if not body.get("stream"):
+            r = c.post(base + path, json=body)
+            assert r.status_code == 200, r.text
+            data = r.json()
+            take(data["choices"][0])
+            finish, usage = data["choices"][0]["finish_reason"], data["usage"]["completion_tokens"]
+        else:
+            with c.stream("POST", base + path, json={**body, "stream_options": {"include_usage": True}}) as r:
+                assert r.status_code == 200
+                for line in r.iter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    event = json.loads(line[len("data: "):])
+                    if event.get("usage"):
+                        usage = event["usage"]["completion_tokens"]
+                    for choice in event.get("choices") or []:
+                        take(choice)
+                        finish = choice.get("finish_reason") or finish
+    return {"tokens": tokens, "logprobs": values, "tops": tops, "finish_reason": finish, "completion_tokens": usage}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"], ids=["chat", "completions"])
+@pytest.mark.parametrize("case", LOGPROB_CASES)
+def test_the_stop_tokens_logprob_is_where_sglangs_own_server_puts_it(
+    front: servers.Process, sglang_http: servers.Process, case: str, path: str, stream: bool
+) -> None:
+    """An answer that ends on a stop token (a stop id, the model's EOS) or a stop string
+    carries logprob entries for exactly the tokens SGLang's own server gives them for."""
+    body: dict[str, Any] = {"model": servers.SERVED_MODEL, "stream": stream, "temperature": 0, **_case(case)}
+    body.update({"messages": MESSAGES} if path.endswith("chat/completions") else {"prompt": "Say something"})
+    via_sglang = _logprobs(sglang_http.extra["url"], path, body)
+    via_gateway = _logprobs(front.extra["url"], path, body)
+    assert via_sglang["finish_reason"] == "stop"
+    assert via_gateway == via_sglang

@@ -135,3 +135,65 @@ async def test_completion_tokens_count_a_token_stop_itself(tok: Tokenizer) -> No
     out = [d async for d in gen.deltas()]
     assert "".join(d.text for d in out) == " one" and out[-1].matched_stop == ids[1]
     assert gen.usage.completion_tokens == 2
+
+
+def _with_logprobs(ids: Sequence[int]) -> Any:
+
+    message = chunk(ids)
+    lp = message.chunk.output_logprobs
+    lp.token_logprobs.extend([-0.5 - i for i in range(len(ids))])
+    lp.token_ids.extend(ids)
+    for i, t in enumerate(ids):
+        lp.top_logprobs.add(values=[-0.5 - i], token_ids=[t])
+    return message
+
+
+@pytest.mark.parametrize("want", [True, False])
+async def test_a_token_stops_logprob_is_the_last_entry_as_sglang_reports_it(tok: Tokenizer, want: bool) -> None:
+    ids = tok.encode(" one two three four", False)
+    stream = Arrivals([[_with_logprobs(ids), complete()]])
+    prepared = prepare(tok, [1, 2], max_new_tokens=8, logprobs=want, top_logprobs=1 if want else 0)
+    prepared.stop_plan = StopPlan.build(tok, stop_token_ids=[ids[1]], ignore_eos=True)
+    gen = Generation(stream, prepared)  # type: ignore[arg-type]
+    stream.release()
+    out = [d async for d in gen.deltas()]
+    last = out[-1]
+    assert "".join(d.text for d in out) == " one" and last.matched_stop == ids[1]
+    assert [t for d in out for t in d.token_ids] == ids[:1]  # the stop token's text is trimmed
+    if want:
+        assert last.stop_token == ids[1] and last.logprob_ids == ids[:2]
+        assert last.logprobs == [-0.5, -1.5] and last.top_logprobs == [[(ids[0], -0.5)], [(ids[1], -1.5)]]
+    else:
+        assert last.stop_token is None and last.logprobs is None and last.logprob_ids == last.token_ids
+    assert gen.usage.completion_tokens == 2
+
+
+async def test_a_text_stop_carries_no_extra_logprob(tok: Tokenizer) -> None:
+    ids = tok.encode(" one two three four", False)
+    stream = Arrivals([[_with_logprobs(ids), complete()]])
+    prepared = prepare(tok, [1, 2], max_new_tokens=8, logprobs=True, stop=["two"])
+    gen = Generation(stream, prepared)  # type: ignore[arg-type]
+    stream.release()
+    out = [d async for d in gen.deltas()]
+    assert out[-1].stop_token is None
+    assert sum(len(d.logprobs or []) for d in out) == sum(len(d.token_ids) for d in out)
+
+
+async def test_a_stop_token_only_in_the_complete_still_gets_its_logprob_row(tok: Tokenizer) -> None:
+    from gateway.proto import sglang_scheduler_pb2 as pb
+
+    ids = tok.encode(" one two", False)
+    done = pb.GenerateResponse(complete=pb.GenerateComplete(finish_reason="stop", matched_token_id=ids[1], output_ids=[ids[1]]))
+    done.complete.output_logprobs.token_logprobs.append(-1.25)
+    done.complete.output_logprobs.token_ids.append(ids[1])
+    done.complete.output_logprobs.top_logprobs.add(values=[-1.25], token_ids=[ids[1]])
+    stream = Arrivals([[_with_logprobs(ids[:1]), done]])
+    prepared = prepare(tok, [1, 2], max_new_tokens=8, logprobs=True, top_logprobs=1)
+    prepared.stop_plan = StopPlan.build(tok, stop_token_ids=[ids[1]], ignore_eos=True)
+    gen = Generation(stream, prepared)  # type: ignore[arg-type]
+    stream.release()
+    out = [d async for d in gen.deltas()]
+    assert "".join(d.text for d in out) == " one"
+    assert [v for d in out for v in d.logprobs or []] == [-0.5, -1.25]
+    assert out[-1].stop_token == ids[1] and out[-1].logprob_ids == [ids[1]]
+    assert out[-1].top_logprobs == [[(ids[1], -1.25)]]

@@ -170,9 +170,10 @@ async def _answer(
         choices[d.index].count(d.token_ids)
         if d.logprobs is not None:
             ids, values, tops = lps.setdefault(d.index, ([], [], []))
-            ids.extend(d.token_ids)
+            lp_ids = d.logprob_ids
+            ids.extend(lp_ids)
             values.extend(d.logprobs)
-            tops.extend(d.top_logprobs or [[] for _ in d.token_ids])
+            tops.extend(d.top_logprobs or [[] for _ in lp_ids])
         if d.finish_reason is not None:
             finish[d.index] = d
     out: list[dict[str, Any]] = []
@@ -291,6 +292,8 @@ async def _chunks(
                 reasoning, content, calls = c.split(d.text, final=final)
             logprobs = None
             if piece is not None and d.token_ids:
+                # Streamed, the stop token's row is not sent: SGLang's own server attaches a
+                # step's rows to its text, and the stop token's text is trimmed.
                 logprobs = chat_logprobs(d.token_ids, d.logprobs or [], d.top_logprobs if top_n else None, piece)
             if c.reply is not None:
                 if reasoning or calls:

@@ -150,10 +150,10 @@ async def _answer(req: CompletionRequest, ctx: RequestContext, entry: ModelEntry
     async for g_index, d in merged(gens):
         k = g_index * n + d.index
         texts.setdefault(k, []).append(d.text)
-        ids.setdefault(k, []).extend(d.token_ids)
+        ids.setdefault(k, []).extend(d.logprob_ids)
         if d.logprobs is not None:
             lps.setdefault(k, []).extend(d.logprobs)
-            tops.setdefault(k, []).extend(d.top_logprobs or [[] for _ in d.token_ids])
+            tops.setdefault(k, []).extend(d.top_logprobs or [[] for _ in d.logprob_ids])
         if d.finish_reason is not None:
             finish[k] = (d.finish_reason, d.matched_stop)
     choices: list[CompletionChoice] = []
@@ -251,10 +251,10 @@ async def _chunks(
         k = g_index * n + d.index
         text = d.text
         logprobs: CompletionLogprobs | None = None
-        if want_logprobs[g_index] and d.token_ids:
+        if want_logprobs[g_index] and (lp_ids := d.logprob_ids):
             gen = gens[g_index]
             logprobs = completion_logprobs(
-                d.token_ids, d.logprobs or [], d.top_logprobs if gen.prepared.sampling.top_logprobs else None,
+                lp_ids, d.logprobs or [], d.top_logprobs if gen.prepared.sampling.top_logprobs else None,
                 piece, text_offset=offsets.get(k, 0),
             )
         if echo and k not in echoed:

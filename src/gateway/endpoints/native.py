@@ -63,7 +63,7 @@ class _Acc:
         self.text.append(d.text)
         self.ids.extend(d.token_ids)
         if d.logprobs is not None:
-            self.logprobs.extend((lp, t, None) for lp, t in zip(d.logprobs, d.token_ids, strict=False))
+            self.logprobs.extend((lp, t, None) for lp, t in zip(d.logprobs, d.logprob_ids, strict=False))
         if d.finish_reason is not None:
             self.finish = _finish_reason(d, len(self.ids))
 

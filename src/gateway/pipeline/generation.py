@@ -42,6 +42,17 @@ class SampleDelta:
     top_logprobs: list[TopRow] | None = None
     finish_reason: str | None = None  # set on the sample's last delta
     matched_stop: int | str | None = None
+    stop_token: int | None = None
+    """The stop token (a stop id, EOS) the sample ended on: generated and counted, its text
+    trimmed, and, as SGLang's own server reports it, the last entry of ``logprobs``."""
+
+    @property
+    def logprob_ids(self) -> list[int]:
+        """The tokens ``logprobs`` (and ``top_logprobs``) are for: ``token_ids``, then the
+        stop token when the sample ended on one and logprobs were asked for."""
+        if self.stop_token is None:
+            return self.token_ids
+        return [*self.token_ids, self.stop_token]
 
 
 @dataclass(slots=True)
@@ -355,8 +366,23 @@ class Generation:
             matched = done.matched_stop_str
         step = sample.text.finish()
         self._close(sample)
-        out.append(SampleDelta(sample.index, step.text, finish_reason=done.finish_reason or "stop", matched_stop=matched))
+        delta = SampleDelta(sample.index, step.text, finish_reason=done.finish_reason or "stop", matched_stop=matched)
+        if kind == "matched_token_id" and self._want_logprobs:
+            self._stop_row(delta, done)
+        out.append(delta)
         return out
+
+    def _stop_row(self, delta: SampleDelta, done: pb.GenerateComplete) -> None:
+        """The stop token arrived in the complete only (no chunk carried it): its logprob row
+        is the complete's last, reported as SGLang's own server reports it."""
+        lp = done.output_logprobs
+        token = done.matched_token_id
+        if not done.output_ids or done.output_ids[-1] != token or not lp.token_logprobs:
+            return
+        values, tops = _logprob_rows(lp, self._top_n)
+        delta.logprobs = values[-1:]
+        delta.top_logprobs = tops[-1:] if tops else None
+        delta.stop_token = token
 
     def _feed(self, sample: _Sample, worker_ids: Sequence[int], lp: pb.OutputLogProbs | None) -> list[SampleDelta]:
         """Worker tokens through the output guard, the sample's detokenizer and stop matching."""
@@ -367,6 +393,7 @@ class Generation:
         sample.ids.extend(ids)
         self.usage.per_sample_completion[sample.index] = sample.generated
         step = sample.text.step(ids)
+        stop_token: int | None = None
         if step.matched is not None:  # step.stopped, without the property call per token
             # Tokens past the stop never reach the client (nor their logprobs), nor its
             # usage: completion tokens count through the stop, as SGLang counts them.
@@ -376,15 +403,20 @@ class Generation:
             self.usage.per_sample_completion[sample.index] = sample.generated
             if not any(t in self._token_stops for t in ids[:used + 1]):
                 self._stopped_early = True  # a text stop: the worker does not know to stop
+            if through > used and lp is not None:
+                stop_token = ids[used]  # its logprob is reported, as SGLang's own server does
             ids = ids[:used]
         values: list[float] | None = None
         tops: list[TopRow] | None = None
         if lp is not None:
+            keep = len(ids) + (stop_token is not None)
             values, tops = _logprob_rows(lp, self._top_n)
-            values = values[: len(ids)]
+            values = values[:keep]
             if tops is not None:
-                tops = tops[: len(ids)]
-        delta = SampleDelta(sample.index, step.text, ids, values, tops)
+                tops = tops[:keep]
+            if len(values) < keep:  # the worker sent no logprob for the stop token
+                stop_token = None
+        delta = SampleDelta(sample.index, step.text, ids, values, tops, stop_token=stop_token)
         if step.matched is not None:
             delta.finish_reason = "stop"
             delta.matched_stop = step.matched
