@@ -38,6 +38,8 @@ from sglang.srt.managers.io_struct import (
     BatchTokenizedGenerateReqInput,
     FlushCacheReqInput,
     FlushCacheReqOutput,
+    GetInternalStateReq,
+    GetInternalStateReqOutput,
     TokenizedGenerateReqInput,
 )
 from sglang.srt.managers.schedule_batch import FINISH_ABORT, Req
@@ -226,6 +228,9 @@ class StandinScheduler:
             self.handle_abort(obj)
         elif isinstance(obj, FlushCacheReqInput):
             self.channels.send_to_tokenizer.send_output(FlushCacheReqOutput(success=True), obj)
+        elif isinstance(obj, GetInternalStateReq):  # the HTTP server's /get_server_info waits for it
+            state = {"max_total_num_tokens": self.max_total_num_tokens, "last_gen_throughput": 0.0}
+            self.channels.send_to_tokenizer.send_output(GetInternalStateReqOutput(internal_state=state), obj)
         else:
             logger.info("stand-in scheduler ignores %s", type(obj).__name__)
 
