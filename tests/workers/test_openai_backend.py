@@ -18,6 +18,7 @@ from starlette.routing import Route
 
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.workers.openai_backend import OpenAiBackendClient
+from gateway.workers.reply_bound import ReplyTooLarge
 from gateway.workers.transport import CallCode, WorkerCallError
 
 SEEN: list[tuple[bytes, str | None]] = []
@@ -39,6 +40,13 @@ async def _completions(request: Request) -> Response:
                 raise RuntimeError("dropped")
             yield b"data: [DONE]\n\n"
         return StreamingResponse(events(), media_type="text/event-stream")
+    if b'"huge"' in body:  # 5,000 bytes, with its length or (chunked) without it
+        if b'"chunked"' in body:
+            async def pieces() -> AsyncIterator[bytes]:
+                for _ in range(5):
+                    yield b" " * 1000
+            return StreamingResponse(pieces(), media_type="application/json")
+        return Response(b" " * 5000, media_type="application/json")
     return Response(b'{"id": "x"}', media_type="application/json")
 
 
@@ -81,6 +89,24 @@ async def test_bodies_go_as_they_are_with_the_workers_key_and_come_back_as_sent(
                     pass
             assert caught.value.code is CallCode.UNAVAILABLE and broken.failed
             broken.close()
+        finally:
+            await client.close()
+
+
+@pytest.mark.parametrize("shape", ['"huge"', '"huge", "chunked"'])
+async def test_a_whole_answer_past_its_bound_is_the_endpoints_fault(shape: str) -> None:
+    async with endpoint() as url:
+        client = OpenAiBackendClient(url, api_key="k")
+        try:
+            whole = await client.forward("/v1/completions", b'{"model": "m1", "x": [%s]}' % shape.encode())
+            whole.limit = 4096
+            with pytest.raises(ReplyTooLarge) as caught:
+                await whole.read()
+            assert caught.value.bound == 4096 and whole.failed
+            whole.close()
+            within = await client.forward("/v1/completions", b'{"model": "m1", "x": [%s]}' % shape.encode())
+            assert len(await within.read()) == 5000 and not within.failed  # the default bound takes it
+            within.close()
         finally:
             await client.close()
 

@@ -18,6 +18,7 @@ import aiohttp
 from gateway.proto import common_pb2
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.workers.http_errors import transport_error
+from gateway.workers.reply_bound import FORWARDED_ANSWER_BYTES, ReplyTooLarge
 from gateway.workers.sglang_http import HttpWorkerClient
 from gateway.workers.transport import CallCode, EndOfStream, WorkerCallError
 
@@ -47,10 +48,11 @@ class Upstream:
     them, and its body as it arrives (a failure below HTTP is a ``WorkerCallError``, and
     ``failed`` remembers it for the worker's breaker)."""
 
-    __slots__ = ("_response", "content_type", "failed", "on_data", "status")
+    __slots__ = ("_response", "content_type", "failed", "limit", "on_data", "status")
 
-    def __init__(self, response: aiohttp.ClientResponse) -> None:
+    def __init__(self, response: aiohttp.ClientResponse, limit: int = FORWARDED_ANSWER_BYTES) -> None:
         self._response = response
+        self.limit = limit  # bytes of a whole answer (``read``)
         self.status = response.status
         self.content_type = response.headers.get("content-type", "application/json")
         self.failed = False
@@ -71,11 +73,26 @@ class Upstream:
             raise transport_error(exc) from None
 
     async def read(self) -> bytes:
+        """The whole answer; past ``limit`` bytes it is the endpoint's fault (``ReplyTooLarge``),
+        found from its Content-Length or as the bytes arrive, before more of it is held."""
+        limit = self.limit
+        length = self._response.content_length
+        if length is not None and length > limit:
+            self.failed = True
+            raise ReplyTooLarge(length, limit)
+        parts: list[bytes] = []
+        size = 0
         try:
-            return await self._response.read()
+            async for data in self._response.content.iter_any():
+                size += len(data)
+                if size > limit:
+                    self.failed = True
+                    raise ReplyTooLarge(None, limit)
+                parts.append(data)
         except aiohttp.ClientError as exc:
             self.failed = True
             raise transport_error(exc) from None
+        return b"".join(parts)
 
     def close(self) -> None:
         """Let go of the connection (closing it when the body was not read to its end)."""

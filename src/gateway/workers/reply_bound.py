@@ -31,6 +31,11 @@ KV_EVENT_REPLY_BYTES = 16 << 20
 MAX_REPLY_BYTES = 256 << 20
 """No Generate reply is accepted past this, whatever the request asked."""
 
+FORWARDED_ANSWER_BYTES = 32 << 20
+"""Largest whole (not streamed) answer taken from an OpenAI-compatible backend: the
+gateway forwards its request unread, so no bound can be computed from it; a stream is
+passed on piece by piece and holds none of it."""
+
 BASE_REPLY_BYTES = 64 << 10
 """What any Generate reply may take besides its tokens (ids, counts, reasons, stop text)."""
 

@@ -8,9 +8,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
+import pytest
 
 from gateway.protocol.errors import GatewayError
-from gateway.server.http.forward import _stream, upstream_error
+from gateway.server.http.forward import _broken, _stream, _whole, upstream_error
+from gateway.workers.reply_bound import ReplyTooLarge
 from gateway.workers.transport import CallCode, WorkerCallError
 
 
@@ -60,3 +62,23 @@ async def test_a_stream_passes_through_and_a_broken_one_ends_cleanly() -> None:
     assert event["error"]["type"] == "worker_error" and "dropped" in event["error"]["message"]
     done_then_broken = await _sent([b"data: [DONE]\n\n", WorkerCallError(CallCode.UNAVAILABLE, "late")])
     assert done_then_broken[-1]["body"] == b""  # the stream had ended: nothing added after [DONE]
+
+
+async def test_an_oversized_whole_answer_is_a_502_named_for_it() -> None:
+    class Huge:
+        status = 200
+        content_type = "application/json"
+
+        async def read(self) -> bytes:
+            raise ReplyTooLarge(5000, 4096)
+
+    sent: list[Any] = []
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    with pytest.raises(WorkerCallError) as caught:
+        await _whole(Huge(), send, {})  # type: ignore[arg-type]
+    error = _broken(caught.value)
+    assert error.status == 502 and error.code == "worker_reply_too_large" and "5000 bytes" in error.message
+    assert sent == []  # nothing of the answer went out

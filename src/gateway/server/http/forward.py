@@ -19,6 +19,7 @@ from gateway.protocol.errors import GatewayError, WorkerError
 from gateway.server.http.sse import DONE, sse_error
 from gateway.workers.http_errors import body_message
 from gateway.workers.openai_backend import Upstream
+from gateway.workers.reply_bound import ReplyTooLarge
 from gateway.workers.transport import WorkerCallError
 
 
@@ -59,6 +60,8 @@ async def _whole(upstream: Upstream, send: Send, headers: dict[str, str]) -> Non
 
 
 def _broken(exc: WorkerCallError) -> WorkerError:
+    if isinstance(exc, ReplyTooLarge):
+        return WorkerError(f"the upstream answer broke: {exc.message}", code="worker_reply_too_large")
     return WorkerError(f"the upstream answer broke: {exc.code.name}: {exc.message}", code=f"worker_{exc.code.name.lower()}")
 
 
