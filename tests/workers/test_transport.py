@@ -1,4 +1,4 @@
-"""The worker seam's own terms: call codes, the call error and the end of a stream."""
+"""The worker seam's own terms: call codes, the call error, the end of a stream and a refused call."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from gateway.workers.transport import (
     RETRYABLE_CODES,
     CallCode,
     EndOfStream,
+    RefusedCall,
     WorkerCallError,
 )
 
@@ -51,3 +52,11 @@ def test_retry_codes_keep_their_names_and_map_onto_the_codes() -> None:
 def test_the_end_of_a_stream_is_one_marker() -> None:
     assert isinstance(END_OF_STREAM, EndOfStream) and repr(END_OF_STREAM) == "END_OF_STREAM"
     assert not isinstance(END_OF_STREAM, BaseException)
+
+
+async def test_a_refused_call_raises_its_reason_at_the_first_read_and_cannot_be_cancelled() -> None:
+    why = WorkerCallError(CallCode.UNIMPLEMENTED, "takes text only")
+    call = RefusedCall(why)
+    with pytest.raises(WorkerCallError) as caught:
+        await call.read()
+    assert caught.value is why and call.cancel() is False

@@ -20,27 +20,10 @@ from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.workers.http_errors import transport_error
 from gateway.workers.reply_bound import FORWARDED_ANSWER_BYTES, ReplyTooLarge
 from gateway.workers.sglang_http import HttpWorkerClient
-from gateway.workers.transport import CallCode, EndOfStream, WorkerCallError
+from gateway.workers.transport import CallCode, RefusedCall, WorkerCallError
 
 # Paths a client's request may be forwarded to, unchanged.
 FORWARDED_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
-
-
-class _TakesText:
-    """A Generate call to a worker that takes text only: its first read fails."""
-
-    __slots__ = ("_url",)
-
-    def __init__(self, url: str) -> None:
-        self._url = url
-
-    async def read(self) -> pb.GenerateResponse | EndOfStream:
-        raise WorkerCallError(
-            CallCode.UNIMPLEMENTED, f"the OpenAI backend at {self._url} takes text requests only, not token ids",
-        )
-
-    def cancel(self) -> bool:
-        return False
 
 
 class Upstream:
@@ -110,8 +93,10 @@ class OpenAiBackendClient(HttpWorkerClient):
         super().__init__(url, **kwargs)
         self.models: tuple[str, ...] = ()  # what the endpoint lists on /v1/models
 
-    def generate(self, request: pb.GenerateRequest, *, timeout: float | None = None) -> _TakesText:  # type: ignore[override]
-        return _TakesText(self.url)
+    def generate(self, request: pb.GenerateRequest, *, timeout: float | None = None) -> RefusedCall:  # type: ignore[override]
+        return RefusedCall(WorkerCallError(
+            CallCode.UNIMPLEMENTED, f"the OpenAI backend at {self.url} takes text requests only, not token ids",
+        ))
 
     async def forward(self, path: str, body: bytes, request_id: str | None = None) -> Upstream:
         """Send the client's ``body`` to ``path`` as it is; the answer's head is back when

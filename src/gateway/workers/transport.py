@@ -107,6 +107,21 @@ class GenerateCall(Protocol):
     def cancel(self) -> bool: ...
 
 
+class RefusedCall:
+    """The Generate call of a request a worker cannot serve: its first read raises why."""
+
+    __slots__ = ("_error",)
+
+    def __init__(self, error: WorkerCallError) -> None:
+        self._error = error
+
+    async def read(self) -> pb.GenerateResponse | EndOfStream:
+        raise self._error
+
+    def cancel(self) -> bool:
+        return False
+
+
 class WorkerTransport(Protocol):
     """The calls the gateway makes on one worker; each raises :class:`WorkerCallError`."""
 

@@ -26,6 +26,7 @@ from gateway.workers.transport import (
     CallCode,
     EndOfStream,
     GenerateCall,
+    RefusedCall,
     WorkerCallError,
 )
 
@@ -56,20 +57,6 @@ class _TranslatedCall:
         return bool(self._call.cancel())
 
 
-class _Refused:
-    """The call of a request the engine cannot serve: its first read fails."""
-
-    __slots__ = ("_error",)
-
-    def __init__(self, error: WorkerCallError) -> None:
-        self._error = error
-
-    async def read(self) -> pb.GenerateResponse | EndOfStream:
-        raise self._error
-
-    def cancel(self) -> bool:
-        return False
-
 
 class TrtllmGrpcClient(WorkerClient):
     """The worker seam over one TensorRT-LLM gRPC server."""
@@ -86,11 +73,11 @@ class TrtllmGrpcClient(WorkerClient):
     def generate(self, request: pb.GenerateRequest, *, timeout: float | None = None) -> GenerateCall:
         missing = wire.lacking(request, self._vocab_size)
         if missing:
-            return _Refused(wire.refusal(self.kind, self.url, missing))
+            return RefusedCall(wire.refusal(self.kind, self.url, missing))
         try:
             sent = wire.generate_request(request, self._max_seq_len, self._vocab_size)
         except WorkerCallError as exc:
-            return _Refused(exc)
+            return RefusedCall(exc)
         metadata = self._metadata(request.request_id)
         reader = wire.ReplyReader(request)
         bound = grpc_reply_bytes(request)  # TensorRT-LLM's rows are the same ids and floats

@@ -21,7 +21,13 @@ from gateway.workers import vllm_grpc_wire as wire
 from gateway.workers.client import WorkerClient, _GrpcGenerateCall, _stream
 from gateway.workers.h2.batch import BatchParser
 from gateway.workers.reply_bound import KV_EVENT_REPLY_BYTES, grpc_reply_bytes
-from gateway.workers.transport import END_OF_STREAM, EndOfStream, GenerateCall, WorkerCallError
+from gateway.workers.transport import (
+    END_OF_STREAM,
+    EndOfStream,
+    GenerateCall,
+    RefusedCall,
+    WorkerCallError,
+)
 
 _GENERATE = "/vllm.grpc.engine.VllmEngine/Generate"
 _REPLIES = BatchParser(vpb.GenerateResponse)
@@ -46,20 +52,6 @@ class _TranslatedCall:
         return bool(self._call.cancel())
 
 
-class _Refused:
-    """The call of a request the engine cannot serve: its first read fails."""
-
-    __slots__ = ("_error",)
-
-    def __init__(self, error: WorkerCallError) -> None:
-        self._error = error
-
-    async def read(self) -> pb.GenerateResponse | EndOfStream:
-        raise self._error
-
-    def cancel(self) -> bool:
-        return False
-
 
 class VllmGrpcClient(WorkerClient):
     """The worker seam over one vLLM gRPC server."""
@@ -75,7 +67,7 @@ class VllmGrpcClient(WorkerClient):
     def generate(self, request: pb.GenerateRequest, *, timeout: float | None = None) -> GenerateCall:
         missing = wire.lacking(request)
         if missing:
-            return _Refused(wire.refusal(self.kind, self.url, missing))
+            return RefusedCall(wire.refusal(self.kind, self.url, missing))
         sent = wire.generate_request(request)
         metadata = self._metadata(request.request_id)
         reader = wire.ReplyReader(request)
