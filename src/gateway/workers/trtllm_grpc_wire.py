@@ -31,6 +31,7 @@ from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.proto import trtllm_service_pb2 as tpb
 from gateway.workers.transport import CallCode, WorkerCallError
 from gateway.workers.vllm_grpc_wire import custom_seed
+from gateway.workers.vllm_grpc_wire import lacking as vllm_lacking
 
 # What the service has no field (or no RPC) for: feature -> why it is refused or missing.
 LACKS: dict[str, str] = {
@@ -58,22 +59,10 @@ _FINISH = {"stop_word": "stop", "cancelled": "abort", "timeout": "abort"}
 
 
 def lacking(request: pb.GenerateRequest, vocab_size: int = 0) -> list[str]:
-    """The features of ``request`` that TensorRT-LLM's gRPC service lacks."""
-    out = []
-    if request.token_ids_logprob:
-        out.append("token_ids_logprob")
-    if request.return_hidden_states:
-        out.append("hidden_states")
-    if request.lora_id:
-        out.append("lora")
-    if request.custom_logit_processor:
-        out.append("custom_logit_processor")
-    if request.input_embeds:
-        out.append("input_embeds")
-    if request.HasField("mm_inputs"):
-        out.append("multimodal")
-    if request.HasField("disaggregated_params") and request.disaggregated_params.bootstrap_host:
-        out.append("pd_bootstrap")
+    """The features of ``request`` that TensorRT-LLM's gRPC service lacks: those vLLM's
+    lacks too (the two contracts leave out the same SGLang fields), a rank to pin, and a
+    logit bias while the vocabulary is unknown."""
+    out = vllm_lacking(request)
     if request.HasField("data_parallel_rank") and request.data_parallel_rank > 0:
         out.append("dp_rank")
     if request.sampling_params.logit_bias and vocab_size <= 0:
