@@ -57,6 +57,7 @@ SCENARIOS: dict[str, tuple[str, str]] = {
     "hop-floor": ("hop_floor", "what one extra proxy hop costs with no work at all (nginx grpc_pass)"),
     "soak": ("soak", "a long run under random worker faults and client hang-ups: clean outcomes, flat memory"),
     "transports": ("transports", "gsp hit rate and gateway CPU per worker engine and transport, in one run"),
+    "hostile": ("hostile", "hostile workers and chat templates against a gateway process: answers, /health latency, RSS"),
 }
 
 

@@ -13,7 +13,8 @@ from grpc import aio
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.proto import sglang_scheduler_pb2_grpc as pb_grpc
 from gateway.server.grpc.server import start_grpc_server
-from tests.e2e.hostile_worker import HostilePlan, gateway, hostile_worker
+from gateway_lab.sim.hostile import HostilePlan, hostile_worker
+from tests.e2e.live_gateway import gateway
 
 
 def _request(rid: str, max_new: int) -> pb.GenerateRequest:

@@ -22,7 +22,7 @@ async def test_the_gateway_refuses_itself_as_a_worker(gstack: GrpcStack) -> None
 
 @pytest.mark.stack(workers=1)
 async def test_another_gateway_may_be_a_worker(gstack: GrpcStack, tmp_path: object) -> None:
-    from tests.e2e.hostile_worker import gateway
+    from tests.e2e.live_gateway import gateway
 
     async with gateway([f"grpc://{gstack.target}"], tmp_path / "front") as front:  # type: ignore[operator]
         assert [w.url for w in front.state.registry.all()] == [f"grpc://{gstack.target}"]

@@ -21,7 +21,8 @@ import pytest
 
 from gateway.proto import common_pb2
 from gateway.workers.client import MAX_TOKENIZER_MESSAGE_BYTES
-from tests.e2e.hostile_worker import Gateway, HostilePlan, gateway, health_probe, hostile_worker
+from gateway_lab.sim.hostile import HostilePlan, hostile_worker
+from tests.e2e.live_gateway import Gateway, gateway, health_probe
 from tests.tokenization.helpers import copy_tokenizer, qwen_files
 
 

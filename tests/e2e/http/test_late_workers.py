@@ -9,7 +9,8 @@ from pathlib import Path
 
 from gateway_lab.sim.config import SimConfig
 from gateway_lab.sim.worker import SimWorker
-from tests.e2e.hostile_worker import ZERO_COST, gateway
+from tests.e2e.http.conftest import ZERO_COST
+from tests.e2e.live_gateway import gateway
 
 
 def _free_port() -> int:

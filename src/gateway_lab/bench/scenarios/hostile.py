@@ -1,0 +1,324 @@
+"""Hostile probes against a real gateway process: /health latency, answers and RSS.
+
+Four hostile workers (``gateway_lab.sim.hostile``) run in this process over real gRPC on
+loopback, each serving its own model name: ``bomb`` sends a chat template full of
+template bombs (picked per request with ``chat_template_kwargs``), ``flood`` answers
+every Generate with 300,000 tokens, ``endless`` streams one token every millisecond for
+ever, ``oversize`` answers with one 32 MiB message. The gateway under test is
+``token-gateway serve`` in a child process; /health is polled every 20 ms by another
+child process on its own kept-alive connection (TCP_NODELAY), so neither the workers'
+nor the client's work in this process slows what is measured. RSS is the gateway
+process's VmRSS (before, after each probe) and VmHWM (its peak) from /proc.
+
+    token-gateway bench hostile
+    token-gateway bench hostile --only "template bomb" --markdown hostile.md
+
+Each probe repeats its attack for at least ``--probe-seconds``; one row a probe.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import multiprocessing
+import shutil
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+BOMBS = {
+    "nested range(100000) loops": "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}",
+    "'x' * 10^9": "{{ 'x' * 1000000000 }}",
+    "9 ** (9 ** 9)": "{{ 9 ** (9 ** 9) }}",
+    "self-recursive macro": "{% macro f(x) %}{{ f(x) }}{% endmacro %}{{ f(1) }}",
+    "string doubled 60 times": (
+        "{% set ns = namespace(x='ab') %}{% for i in range(60) %}{% set ns.x = ns.x ~ ns.x %}{% endfor %}"
+    ),
+    "shared list doubled 30 times, printed": (
+        "{% set ns = namespace(x=['abc']) %}{% for i in range(30) %}{% set ns.x = [ns.x, ns.x] %}{% endfor %}"
+        "{{ ns.x }}"
+    ),
+    "constant 'x'|center(10^9)": "{{ 'x'|center(1000000000) }}",
+}
+
+OVERSIZE = 32 << 20
+"""Bytes of the one message the ``oversize`` worker answers every Generate with."""
+
+# Inside the step and byte budgets, writing nothing: each of 3,000 steps serializes the
+# messages as JSON and drops it (the work budget stops it).
+SLOW = "{% for i in range(3000) %}{% if (messages|tojson|length) < 0 %}x{% endif %}{% endfor %}"
+
+HEADER = ("probe", "answer", "answer time (median)", "/health p50", "/health p99", "/health max", "RSS after", "RSS growth")
+
+
+def template() -> str:
+    """One chat template holding every bomb: ``chat_template_kwargs={"bomb": key}`` picks
+    one (``b0``.., ``slow``); without it the template renders honestly."""
+    branches = [(f"b{i}", source) for i, source in enumerate(BOMBS.values())] + [("slow", SLOW)]
+    body = "".join(f"{{% if bomb == '{key}' %}}{source}{{% endif %}}" for key, source in branches)
+    honest = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    return body + "{% if bomb is not defined %}" + honest + "<|im_start|>assistant\n{% endif %}"
+
+
+def bomb_tokenizer(source: Path, dest: Path) -> Path:
+    """A copy of the tokenizer folder ``source`` whose chat template is ``template()``."""
+    shutil.copytree(source, dest)
+    config_path = dest / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["chat_template"] = template()
+    config_path.write_text(json.dumps(config))
+    return dest
+
+
+# ------------------------------------------------------------------ /health prober
+def probe_health(port: int, ready: Any, stop: Any, out: Any, every_s: float = 0.02) -> None:
+    """GET /health every ``every_s`` on one kept-alive connection (run in a child process);
+    puts the latencies (seconds; a failed or 10 s answer counts as its wait) on ``out``
+    when ``stop`` is set. ``ready`` is set once its connection answered (what came before
+    is not measured)."""
+    latencies: list[float] = []
+    request = b"GET /health HTTP/1.1\r\nHost: probe\r\n\r\n"
+    sock: socket.socket | None = None
+    while not stop.is_set():
+        started = time.perf_counter()
+        try:
+            if sock is None:
+                sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.sendall(request)
+            _read_answer(sock)
+        except OSError:
+            if sock is not None:
+                sock.close()
+            sock = None
+        if ready.is_set():
+            latencies.append(time.perf_counter() - started)
+        elif sock is not None:
+            ready.set()
+        time.sleep(every_s)
+    if sock is not None:
+        sock.close()
+    out.put(latencies)
+
+
+def _read_answer(sock: socket.socket) -> None:
+    """Read one HTTP answer (head and a Content-Length body) off ``sock``."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        got = sock.recv(65536)
+        if not got:
+            raise ConnectionResetError("the gateway closed the connection")
+        data += got
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                   if line.lower().startswith(b"content-length")), 0)  # fmt: skip
+    while len(body) < length:
+        got = sock.recv(65536)
+        if not got:
+            raise ConnectionResetError("the gateway closed the connection")
+        body += got
+
+
+@contextlib.asynccontextmanager
+async def health_probe(port: int) -> AsyncIterator[list[float]]:
+    """/health latencies measured by a child process while the block runs."""
+    ctx = multiprocessing.get_context("spawn")
+    ready, stop, out = ctx.Event(), ctx.Event(), ctx.Queue()
+    proc = ctx.Process(target=probe_health, args=(port, ready, stop, out), daemon=True)
+    proc.start()
+    await asyncio.to_thread(ready.wait, 60)
+    result: list[float] = []
+    try:
+        yield result
+    finally:
+        stop.set()
+        result.extend(await asyncio.to_thread(out.get, True, 30))
+        proc.join(10)
+
+
+def rss(pid: int) -> tuple[float, float]:
+    """(VmRSS, VmHWM) of ``pid`` in MiB."""
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
+
+
+def quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+# ---------------------------------------------------------------------- the probes
+class Prober:
+    """Runs each probe against one gateway: its attack repeated while /health is polled."""
+
+    def __init__(self, http: Any, port: int, pid: int, only: str, seconds: float) -> None:
+        self.http, self.port, self.pid, self.only, self.seconds = http, port, pid, only, seconds
+        self.rows: list[dict[str, Any]] = []
+
+    async def chat(self, model: str, **body: Any) -> Any:
+        body.setdefault("messages", [{"role": "user", "content": "hi"}])
+        return await self.http.post("/v1/chat/completions", json={"model": model, **body})
+
+    async def measure(self, name: str, attempt: Callable[[], Awaitable[str]], times: int = 1) -> None:
+        """One row: the attack ``times`` times and for at least ``seconds``, the most
+        frequent answer, the median time of one, /health meanwhile and RSS around it."""
+        if self.only not in name:
+            return
+        rss_before, _ = rss(self.pid)
+        answers: list[str] = []
+        took: list[float] = []
+        async with health_probe(self.port) as lat:
+            begun = time.perf_counter()
+            while len(answers) < times or time.perf_counter() - begun < self.seconds:
+                started = time.perf_counter()
+                answers.append(await attempt())
+                took.append(time.perf_counter() - started)
+            await asyncio.sleep(0.2)
+        rss_after, peak = rss(self.pid)
+        row = {
+            "probe": name, "answer": max(set(answers), key=answers.count), "times": len(answers),
+            "answer_ms": statistics.median(took) * 1000,
+            "health_p50_ms": quantile(lat, 0.5) * 1000, "health_p99_ms": quantile(lat, 0.99) * 1000,
+            "health_max_ms": max(lat) * 1000 if lat else float("nan"), "polls": len(lat),
+            "rss_mib": rss_after, "rss_growth_mib": rss_after - rss_before, "peak_mib": peak,
+        }  # fmt: skip
+        print(json.dumps(row), file=sys.stderr, flush=True)
+        self.rows.append(row)
+
+
+def code(resp: Any) -> str:
+    """``200``, or the status and the error's code (or type) of an error answer."""
+    if resp.status_code == 200:
+        return "200"
+    error = resp.json().get("error", {})
+    return f"{resp.status_code} {error.get('code') or error.get('type')}"
+
+
+async def probes(p: Prober) -> None:
+    """Every probe, in the table's order."""
+    http = p.http
+
+    async def idle() -> str:
+        await asyncio.sleep(2.0)
+        return "-"
+
+    await p.measure("nothing hostile (baseline)", idle)
+    for i, name in enumerate(BOMBS):
+        async def bomb(key: str = f"b{i}") -> str:
+            return code(await p.chat("bomb", max_tokens=4, chat_template_kwargs={"bomb": key}))
+        await p.measure(f"template bomb: {name}", bomb, times=20)
+
+    async def slow() -> str:
+        return code(await p.chat("bomb", max_tokens=4, chat_template_kwargs={"bomb": "slow"},
+                                 messages=[{"role": "user", "content": "x" * 800_000}]))  # fmt: skip
+    await p.measure("template serializing an 800 KB conversation in a loop, writing nothing", slow, times=2)
+
+    async def honest_flood() -> str:
+        replies = await asyncio.gather(*(p.chat("bomb", max_tokens=8) for _ in range(200)))
+        return "200 x200" if all(r.status_code == 200 for r in replies) else ",".join({code(r) for r in replies})
+    await p.measure("200 honest chat requests at once", honest_flood, times=3)
+
+    async def bomb_flood() -> str:
+        replies = await asyncio.gather(*(p.chat("bomb", max_tokens=4, chat_template_kwargs={"bomb": "b0"})
+                                         for _ in range(200)))  # fmt: skip
+        return ",".join(sorted({code(r) for r in replies})) + " x200"
+    await p.measure("200 template bombs at once", bomb_flood, times=3)
+
+    async def flooded(stream: bool = False) -> str:
+        body = {"model": "flood", "prompt": "hello", "max_tokens": 40}
+        if not stream:
+            reply = (await http.post("/v1/completions", json=body)).json()
+            return f"completion_tokens {reply['usage']['completion_tokens']}"
+        tokens = 0
+        async with http.stream("POST", "/v1/completions", json={
+                **body, "stream": True, "stream_options": {"include_usage": True}}) as resp:  # fmt: skip
+            async for line in resp.aiter_lines():
+                if line.startswith("data: {"):
+                    usage = json.loads(line[6:]).get("usage")
+                    tokens = usage["completion_tokens"] if usage else tokens
+        return f"completion_tokens {tokens}"
+    await p.measure("worker sends 300,000 tokens for max_tokens 40", flooded, times=5)
+    await p.measure("same, streamed", lambda: flooded(True), times=5)
+
+    async def endless_stream() -> str:
+        reply = (await http.post("/v1/completions", json={"model": "endless", "prompt": "hi", "max_tokens": 16})).json()
+        return f"completion_tokens {reply['usage']['completion_tokens']}"
+    await p.measure("worker streams for ever, max_tokens 16", endless_stream, times=5)
+
+    async def oversized() -> str:
+        return code(await http.post("/v1/completions", json={"model": "oversize", "prompt": "hi", "max_tokens": 40}))
+    await p.measure("worker answers with one 32 MiB message, max_tokens 40", oversized, times=5)
+
+    async def amplified() -> str:
+        return code(await p.chat("bomb", n=128, max_tokens=200, logprobs=True, top_logprobs=20))
+    await p.measure("n 128, top_logprobs 20 (154-byte request)", amplified, times=5)
+
+
+async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The four hostile workers, the gateway in front of them, every probe asked for."""
+    import httpx
+
+    from gateway_lab.bench import launch
+    from gateway_lab.bench.workloads import default_tokenizer_dir
+    from gateway_lab.sim.hostile import HostilePlan, hostile_worker
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = bomb_tokenizer(Path(args.tokenizer_dir or default_tokenizer_dir()), Path(tmp) / "bomb-tokenizer")
+        plans = {
+            "bomb": (HostilePlan(), {"tokenizer_path": str(folder)}),
+            "flood": (HostilePlan(flood_tokens=300_000), {}),
+            "endless": (HostilePlan(endless=True), {}),
+            "oversize": (HostilePlan(flood_tokens=10, chunk_tokens=10, padding=OVERSIZE), {}),
+        }
+        async with contextlib.AsyncExitStack() as stack:
+            urls = [
+                await stack.enter_async_context(hostile_worker(plan, served_model_name=name, **sim))
+                for name, (plan, sim) in plans.items()
+            ]
+            flags = ["--tokenizer-cache-dir", str(Path(tmp) / "cache"), "--log-level", "error"]
+            gw = await stack.enter_async_context(launch.gateway("ours", urls, "", extra_args=flags, log_dir=tmp))
+            http = await stack.enter_async_context(httpx.AsyncClient(base_url=gw.url, timeout=60, trust_env=False))
+            prober = Prober(http, int(gw.url.rsplit(":", 1)[1]), gw.pid, args.only, args.probe_seconds)
+            await prober.chat("bomb")  # warm: the template compiled, the first request's costs paid
+            await probes(prober)
+    return prober.rows
+
+
+def result(rows: list[dict[str, Any]]) -> Any:
+    """The rows in the common result format: one table, the peak RSS as a note."""
+    from gateway_lab.bench.results import Result, Table
+
+    cells = [
+        (r["probe"], f"{r['answer']} (x{r['times']})", f"{r['answer_ms']:.1f} ms", f"{r['health_p50_ms']:.1f} ms",
+         f"{r['health_p99_ms']:.1f} ms", f"{r['health_max_ms']:.1f} ms", f"{r['rss_mib']:.0f} MiB",
+         f"{r['rss_growth_mib']:+.0f} MiB")
+        for r in rows
+    ]  # fmt: skip
+    notes = [f"peak RSS (VmHWM) {max(r['peak_mib'] for r in rows):.0f} MiB"] if rows else ["no probe matched --only"]
+    return Result(tables=[Table.of("hostile probes", HEADER, cells)], notes=notes, data={"probes": rows})
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The scenario's flags (``token-gateway bench hostile --help``)."""
+    parser.add_argument("--only", default="", help="run only the probes whose name contains this text")
+    parser.add_argument("--probe-seconds", type=float, default=2.0,
+                        help="each probe repeats its attack at least this long (/health is polled every 20 ms)")  # fmt: skip
+    parser.add_argument("--tokenizer-dir", default="", help="the tokenizer the bomb worker serves (empty: the bundled Qwen3 files)")
+    parser.add_argument("--json", default="", help="also write the results here as JSON")
+    parser.add_argument("--markdown", default="", help="also write the table here as Markdown")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the scenario with parsed flags; 1 when no probe matched ``--only``."""
+    from gateway_lab.bench.results import write
+
+    rows = asyncio.run(run(args))
+    write(result(rows), json_path=args.json, markdown_path=args.markdown)
+    return 0 if rows else 1
