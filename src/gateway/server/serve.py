@@ -194,8 +194,7 @@ def setup_logging(level: str, as_json: bool) -> None:
 
 
 async def serve(config: GatewayConfig) -> None:
-    import uvicorn
-
+    from gateway.server.http.acceptor import AcceptingServer
     from gateway.server.http.app import create_app
     from gateway.server.http.guard import http_server_config
     from gateway.server.process_set import in_process_set, member_from_env
@@ -229,7 +228,7 @@ async def serve(config: GatewayConfig) -> None:
         timeout_graceful_shutdown=max(0.1, config.server.shutdown_grace_s),  # type: ignore[arg-type]
         **config.tls.uvicorn_kwargs(),
     )
-    server = uvicorn.Server(uv_config)
+    server = AcceptingServer(uv_config)  # a burst of new connections is accepted in one loop turn
     shown = f"[{host}]" if ":" in host else host
     scheme = "https" if config.tls.enabled else "http"
     ready = {"event": "ready", "url": f"{scheme}://{shown}:{port}", "workers": len(state.registry.all()),
