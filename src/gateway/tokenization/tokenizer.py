@@ -155,6 +155,10 @@ class Tokenizer:
                 self._named_special[key] = content
 
         self._added: dict[int, AddedToken] = dict(backend.get_added_tokens_decoder())
+        # Read once like the added tokens above (the backend is never changed after this):
+        # the request path asks for it several times per request, and the backend counts
+        # its whole vocabulary on every ask.
+        self._vocab_size = int(backend.get_vocab_size(with_added_tokens=True))
         self.special_token_ids: frozenset[int] = frozenset(
             i for i, tok in self._added.items() if tok.special
         )
@@ -339,7 +343,7 @@ class Tokenizer:
     @property
     def vocab_size(self) -> int:
         """Number of ids this tokenizer knows, added tokens included (``len(hf_tokenizer)``)."""
-        return int(self.backend.get_vocab_size(with_added_tokens=True))
+        return self._vocab_size
 
     @property
     def added_tokens(self) -> Mapping[int, AddedToken]:
