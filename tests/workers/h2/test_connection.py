@@ -99,3 +99,36 @@ async def test_close_and_goaway_end_the_open_calls() -> None:
             assert conn.closing and not conn.can_open() and seen.stream_id in conn.calls  # the worker saw it: it goes on
         finally:
             conn.close()
+
+
+async def test_header_blocks_decode_as_a_fresh_decoder_does_while_repeats_are_kept() -> None:
+    """Kept header lists are handed out only while the dynamic table is as it was: blocks
+    that insert (with and without evictions in a small table), shrink the table, or repeat
+    decode exactly as an independent decoder fed every block."""
+    import random
+
+    from hpack import Decoder, Encoder
+
+    encoder, reference = Encoder(), Decoder()
+    conn = H2Connection("127.0.0.1:1")
+    rng = random.Random(7)
+    pool = [(b":status", b"200"), (b"content-type", b"application/grpc"), (b"grpc-status", b"0"),
+            (b"grpc-message", b""), (b"x-a", b"1"), (b"x-a", b"2"), (b"x-b", b"long" * 20)]
+    kept = 0
+    # A one-entry table: the same index names another header after an insertion evicts.
+    encoder.header_table_size = 48
+    for headers in ([(b"x-a", b"1")], [(b"x-a", b"1")], [(b"x-a", b"2")], [(b"x-a", b"2")], [(b"x-a", b"1")]):
+        block = encoder.encode(headers)
+        assert [tuple(h) for h in conn._decode_block(block)] == [tuple(h) for h in reference.decode(block, raw=True)]
+    encoder.header_table_size = 4096
+    for step in range(400):
+        if step in (100, 250):
+            encoder.header_table_size = 96 if step == 100 else 4096  # evictions, then room again
+        headers = rng.sample(pool, rng.randint(1, 3))
+        block = encoder.encode(headers)
+        expected = reference.decode(block, raw=True)
+        before = conn._decoded.get(block)
+        got = conn._decode_block(block)
+        assert [tuple(h) for h in got] == [tuple(h) for h in expected]
+        kept += before is not None and got is before
+    assert kept > 100  # repeats are the common case

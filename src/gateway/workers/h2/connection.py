@@ -30,6 +30,8 @@ STREAM_WINDOW = 4 * 1024 * 1024  # per call: output a reader has not taken yet, 
 CONNECTION_WINDOW = 64 * 1024 * 1024
 MAX_HEADER_LIST = 1024 * 1024
 
+_DECODED_BLOCKS = 64  # distinct header blocks kept decoded per connection
+
 _END_STREAM = frames.END_STREAM
 _DATA = frames.DATA
 
@@ -55,6 +57,10 @@ class H2Connection(asyncio.Protocol):
         self._loop = asyncio.get_running_loop()
         self._buffer = b""
         self._decoder = Decoder(max_header_list_size=MAX_HEADER_LIST)
+        # Header blocks seen before, decoded, while the dynamic table is as it was then
+        # (``_decode_block``): a worker sends every call the same few blocks.
+        self._decoded: dict[bytes, list[tuple[bytes, bytes]]] = {}
+        self._table_state: tuple[int, object, int] = self._table_now()
         self._header_stream = 0  # a header block continued in CONTINUATION frames
         self._header_flags = 0
         self._header_block = bytearray()
@@ -344,13 +350,38 @@ class H2Connection(asyncio.Protocol):
             self._header_block_done(stream_id, self._header_flags, block)
 
     def _header_block_done(self, stream_id: int, flags: int, block: bytes) -> None:
-        try:
-            headers = self._decoder.decode(block, raw=True)  # every block, to keep the table in step
-        except HPACKError as exc:
-            raise ProtocolViolation(frames.COMPRESSION_ERROR, f"bad header block: {exc}") from exc
+        headers = self._decode_block(block)
         call = self.calls.get(stream_id)
         if call is not None:
             call.on_headers(headers, bool(flags & _END_STREAM))  # type: ignore[arg-type]
+
+    def _table_now(self) -> tuple[int, object, int]:
+        """What identifies the decoder's dynamic table: an insertion puts a new entry object
+        first (evicting or not), an eviction shortens it, a size update changes its size.
+        The first entry is held here, so its identity cannot pass to another object."""
+        table = self._decoder.header_table
+        entries = table.dynamic_entries
+        return len(entries), entries[0] if entries else None, table.maxsize
+
+    def _decode_block(self, block: bytes) -> list[tuple[bytes, bytes]]:
+        """The header list of ``block`` (never changed by its readers). A block that left the
+        dynamic table as it was decodes the same way while the table stays so: its list is
+        kept and handed out again; any block that changes the table drops what was kept.
+        Every other block is decoded, so the table stays in step with the worker's."""
+        found = self._decoded.get(block)
+        if found is not None:
+            return found
+        try:
+            headers = cast(list[tuple[bytes, bytes]], self._decoder.decode(block, raw=True))
+        except HPACKError as exc:
+            raise ProtocolViolation(frames.COMPRESSION_ERROR, f"bad header block: {exc}") from exc
+        state, was = self._table_now(), self._table_state
+        if state[0] != was[0] or state[1] is not was[1] or state[2] != was[2]:  # the entry itself, not an equal one
+            self._table_state = state
+            self._decoded.clear()
+        elif len(self._decoded) < _DECODED_BLOCKS:
+            self._decoded[block] = headers
+        return headers
 
     def _window_update(self, stream_id: int, payload: bytes) -> None:
         if len(payload) != 4:
