@@ -11,3 +11,52 @@ def test_no_created_series() -> None:
     text = metrics.render().decode()
     assert "token_gateway" in text
     assert "_created" not in text
+
+
+def test_recorders_update_series_exactly_as_prometheus_client_does() -> None:
+    """A recorder and the plain child, fed the same values (on a bucket bound, between,
+    past the last, zero, negative, NaN), expose the same samples; a negative counter
+    increment is refused the same way."""
+    import math
+
+    import pytest
+    from prometheus_client import CollectorRegistry, Counter, Histogram
+
+    from gateway.observability.metrics import STAGE_BUCKETS, FastChild, fast_child
+
+    def exposition(registry: CollectorRegistry) -> list[tuple[str, list[tuple[str, str]], float]]:
+        return sorted((s.name, sorted(s.labels.items()), s.value) for m in registry.collect() for s in m.samples if not math.isnan(s.value))
+
+    regs = [CollectorRegistry(), CollectorRegistry()]
+    hists = [Histogram("h", "h", ["stage"], buckets=STAGE_BUCKETS, registry=r).labels("x") for r in regs]
+    counts = [Counter("c", "c", ["model"], registry=r).labels("m") for r in regs]
+    fast_h, fast_c = fast_child(hists[1]), fast_child(counts[1])
+    assert isinstance(fast_h, FastChild) and isinstance(fast_c, FastChild)
+    values = [0.0, 0.0001, 0.00011, 0.0025, 0.7, 600, 601, 1e9, -1.0, float("nan")]
+    for v in values:
+        hists[0].observe(v)
+        fast_h.observe(v)
+    for n in (1, 3, 0.5, 0):
+        counts[0].inc(n)
+        fast_c.inc(n)
+    assert exposition(regs[0]) == exposition(regs[1])
+    with pytest.raises(ValueError):
+        fast_c.inc(-1)
+
+
+def test_a_recorder_is_the_plain_child_where_values_are_not_plain() -> None:
+    from prometheus_client import CollectorRegistry, Counter
+
+    from gateway.observability.metrics import fast_child
+
+    child = Counter("c", "c", ["model"], registry=CollectorRegistry()).labels("m")
+    child._value = object()  # as another value class (multiprocess mode) would be
+    assert fast_child(child) is child
+
+
+def test_the_gateway_memoizes_one_recorder_per_series() -> None:
+    metrics = GatewayMetrics()
+    first = metrics.recorder(metrics.latency, "/v1/chat/completions")
+    assert metrics.recorder(metrics.latency, "/v1/chat/completions") is first
+    first.observe(0.2)
+    assert 'token_gateway_request_duration_seconds_count{endpoint="/v1/chat/completions"} 1.0' in metrics.render().decode()

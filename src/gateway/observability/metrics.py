@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.values import MutexValue
 
 from gateway.observability.request_log import current_record
 from gateway.pipeline.observer import PipelineObserver
@@ -150,6 +151,7 @@ class GatewayMetrics(PipelineObserver):
         for stage in STAGES:
             self.stage_seconds.labels(stage=stage)
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        self._recorders: dict[tuple[int, tuple[str, ...]], Any] = {}
 
     def _child(self, metric: Any, *values: str) -> Any:
         """``metric.labels(*values)`` (values in the metric's label order), memoized:
@@ -159,6 +161,15 @@ class GatewayMetrics(PipelineObserver):
         found = self._children.get(key)
         if found is None:
             found = self._children[key] = metric.labels(*values)
+        return found
+
+    def recorder(self, metric: Any, *values: str) -> Any:
+        """``_child``'s child as a ``FastChild`` where it can be (memoized the same way): the
+        per-request counters and histograms, about fifteen updates per request."""
+        key = (id(metric), values)
+        found = self._recorders.get(key)
+        if found is None:
+            found = self._recorders[key] = fast_child(self._child(metric, *values))
         return found
 
     # ------------------------------------------------------------ exposition
@@ -173,12 +184,12 @@ class GatewayMetrics(PipelineObserver):
             record.model = model
 
     def stage(self, name: str, seconds: float) -> None:
-        later(self._child(self.stage_seconds, name).observe, seconds)  # off the request's path
+        later(self.recorder(self.stage_seconds, name).observe, seconds)  # off the request's path
         if self.tracing is not None:
             self.tracing.stage(name, seconds)
 
     def selected(self, policy: str, reason: str, worker_id: str) -> None:
-        later(self._child(self.decisions, policy, reason).inc)
+        later(self.recorder(self.decisions, policy, reason).inc)
         record = current_record()
         if record is not None and record.routed_s is None:
             record.routed_s = time.perf_counter() - record.started
@@ -196,18 +207,18 @@ class GatewayMetrics(PipelineObserver):
         sent_prompt: int = 0, reported_prompt: int = 0, aborted: bool = False,
     ) -> None:
         outcome = "aborted" if aborted else "ok" if success else "error"
-        self._child(self.worker_streams, worker_id, outcome).inc()
+        self.recorder(self.worker_streams, worker_id, outcome).inc()
         if outcome != "ok":
             return
-        self._child(self.cached_predicted, model).inc(predicted_cached)
-        self._child(self.cached_reported, model).inc(reported_cached)
-        self._child(self.prediction_error, model).observe(abs(reported_cached - predicted_cached))
+        self.recorder(self.cached_predicted, model).inc(predicted_cached)
+        self.recorder(self.cached_reported, model).inc(reported_cached)
+        self.recorder(self.prediction_error, model).observe(abs(reported_cached - predicted_cached))
 
     def generation_done(
         self, model: str, worker_id: str, *, prompt_tokens: int, completion_tokens: int, cached_tokens: int
     ) -> None:
-        self._child(self.prompt_tokens, model).inc(prompt_tokens)
-        self._child(self.completion_tokens, model).inc(completion_tokens)
+        self.recorder(self.prompt_tokens, model).inc(prompt_tokens)
+        self.recorder(self.completion_tokens, model).inc(completion_tokens)
         record = current_record()
         if record is not None:
             record.add_generation(model, worker_id, prompt_tokens, completion_tokens, cached_tokens)
@@ -218,14 +229,62 @@ class GatewayMetrics(PipelineObserver):
     ) -> None:
         record = current_record()
         if record is not None:
-            self._child(self.gen_ttft, model, worker_id).observe(max(0.0, first_token_at - record.started))
-            self._child(self.e2e, model, worker_id).observe(max(0.0, last_token_at - record.started))
+            self.recorder(self.gen_ttft, model, worker_id).observe(max(0.0, first_token_at - record.started))
+            self.recorder(self.e2e, model, worker_id).observe(max(0.0, last_token_at - record.started))
         if output_tokens > 1:
-            self._child(self.tpot, model, worker_id).observe(
+            self.recorder(self.tpot, model, worker_id).observe(
                 (last_token_at - first_token_at) / (output_tokens - 1)
             )
         if token_gaps:
             observe_many(self._child(self.itl, model, worker_id), token_gaps)
+
+
+class FastChild:
+    """A labelled counter or histogram child updated through its own value objects, as its
+    ``inc`` / ``observe`` would (the same lock, the same bucket), minus the checks and calls
+    prometheus_client repeats on every update: a histogram's bucket found by bisection
+    instead of a walk over the bounds. Only for children whose values are plain
+    ``MutexValue``s (not multiprocess mode: ``fast_child`` leaves those as they are)."""
+
+    __slots__ = ("_bounds", "_buckets", "_child", "_sum", "_value")
+
+    def __init__(self, child: Any) -> None:
+        self._child = child
+        self._value: Any = getattr(child, "_value", None)  # a counter's
+        self._bounds: Any = getattr(child, "_upper_bounds", None)  # a histogram's
+        self._buckets: Any = getattr(child, "_buckets", None)
+        self._sum: Any = getattr(child, "_sum", None)
+
+    def inc(self, amount: float = 1) -> None:
+        if amount < 0:
+            self._child.inc(amount)  # prometheus_client's own error
+            return
+        value = self._value
+        with value._lock:
+            value._value += amount
+
+    def observe(self, amount: float) -> None:
+        if amount != amount:  # NaN lands in no bucket: prometheus_client's own walk says so
+            self._child.observe(amount)
+            return
+        bucket = self._buckets[bisect_left(self._bounds, amount)]
+        with bucket._lock:
+            bucket._value += 1
+        total = self._sum
+        with total._lock:
+            total._value += amount
+
+
+def fast_child(child: Any) -> Any:
+    """``child`` as a ``FastChild`` when its values are plain ``MutexValue``s, else itself."""
+    parts = [getattr(child, "_value", None)] if isinstance(child, Counter) else (
+        [getattr(child, "_sum", None), *getattr(child, "_buckets", [None])] if isinstance(child, Histogram) else [None]
+    )
+    if isinstance(child, Histogram) and not isinstance(getattr(child, "_upper_bounds", None), list):
+        return child
+    if not all(type(v) is MutexValue for v in parts):
+        return child
+    return FastChild(child)
 
 
 def observe_many(child: Histogram, values: list[float]) -> None:

@@ -105,10 +105,10 @@ class ObservabilityMiddleware:
 def observe_request(m: GatewayMetrics, record: RequestRecord, latency: float) -> None:
     """Count one finished request (HTTP or gRPC) under bounded labels."""
     status = str(record.status or 499)  # no response started: the client left first
-    m.requests.labels(endpoint=record.endpoint, model=record.model or NO_MODEL, status=status).inc()
-    m.latency.labels(endpoint=record.endpoint).observe(latency)
+    m.recorder(m.requests, record.endpoint, record.model or NO_MODEL, status).inc()
+    m.recorder(m.latency, record.endpoint).observe(latency)
     if record.ttft_s is not None:
-        m.ttft.labels(endpoint=record.endpoint).observe(record.ttft_s)
+        m.recorder(m.ttft, record.endpoint).observe(record.ttft_s)
 
 
 def install_observability(
