@@ -4,10 +4,13 @@ given kind, our gateway or a peer (SMG) in front of it, and stop both however th
 Fleets (``fleet(kind, n, ...)``):
 
 * ``sim``: simulated workers in this process (``SimFleet``): their caches, counters and
-  fault knobs are at hand;
+  fault knobs are at hand, and one can be killed and restarted on its port;
 * ``process``: simulated workers in one child process (``SubprocessFleet``): their cost
   stays out of this process's CPU, their counters arrive when they stop;
+* ``processes``: one child process per simulated worker (``WorkerProcesses``), so one
+  can be SIGKILLed alone and restarted on its port;
 * ``zero``: zero-cost workers with no step loop (``ZeroFleet``), for gateway CPU figures;
+* ``canned``: nginx answering canned gRPC replies (``CannedFleet``), cheaper still;
 * ``http``: simulated workers speaking SGLang's or vLLM's HTTP API in this process
   (``HttpFleet``).
 
@@ -20,6 +23,7 @@ variant, for ``bench.inprocess.serve_in_process`` (scenarios that read the gatew
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import contextlib
 import dataclasses
@@ -32,13 +36,14 @@ from gateway_lab.sim.config import SimConfig
 
 if TYPE_CHECKING:
     from gateway.server.config import GatewayConfig
+    from gateway_lab.bench.canned_fleet import CannedFleet
     from gateway_lab.bench.peers import PeerProcess
     from gateway_lab.bench.serve_process import ServeProcess
     from gateway_lab.bench.zero_fleet import ZeroFleet
-    from gateway_lab.sim.fleet import SimFleet, SubprocessFleet
+    from gateway_lab.sim.fleet import SimFleet, SubprocessFleet, WorkerProcesses
     from gateway_lab.sim.http_server import SimHttpWorker
 
-FLEETS = ("sim", "process", "zero", "http")
+FLEETS = ("sim", "process", "processes", "zero", "canned", "http")
 PEERS = ("smg",)  # peers.PEER_MODULES: what scripts/peers.sh installs
 GATEWAYS = ("ours", *PEERS)
 PEERS_PYTHON = ".peers-venv/bin/python"  # scripts/peers.sh installs it in the checkout
@@ -52,13 +57,20 @@ def fleet(kind: Literal["sim"], n: int, sim: SimConfig | None = ..., **options: 
 @overload
 def fleet(kind: Literal["process"], n: int, sim: SimConfig | None = ..., **options: Any) -> contextlib.AbstractAsyncContextManager[SubprocessFleet]: ...
 @overload
+def fleet(kind: Literal["processes"], n: int, sim: SimConfig | None = ..., **options: Any) -> contextlib.AbstractAsyncContextManager[WorkerProcesses]: ...
+@overload
+def fleet(kind: Literal["canned"], n: int, sim: SimConfig | None = ..., **options: Any) -> contextlib.AbstractAsyncContextManager[CannedFleet]: ...
+@overload
 def fleet(kind: Literal["zero"], n: int, sim: SimConfig | None = ..., **options: Any) -> contextlib.AbstractAsyncContextManager[ZeroFleet]: ...
 @overload
 def fleet(kind: Literal["http"], n: int, sim: SimConfig | None = ..., **options: Any) -> contextlib.AbstractAsyncContextManager[HttpFleet]: ...
 def fleet(kind: str, n: int, sim: SimConfig | None = None, **options: Any) -> contextlib.AbstractAsyncContextManager[Any]:  # fmt: skip
     """``n`` workers of ``kind``, stopped on exit. ``options`` go to the fleet's class:
     ``roles``, ``engine`` or ``tls`` (sim); ``roles``, ``extra_args`` or ``ready_timeout``
-    (process); ``tokenizer_dir``, ``step_s`` or ``processes`` (zero); ``api`` (http)."""
+    (process); ``faults`` (worker index -> ``SimConfig`` fields only that worker gets),
+    ``extra_args`` or ``ready_timeout`` (processes); ``tokenizer_dir``, ``step_s`` or
+    ``processes`` (zero); ``output_tokens`` or ``max_running_requests`` (canned, which
+    takes no ``sim``); ``api`` (http)."""
     if kind not in FLEETS:
         raise ValueError(f"unknown fleet kind {kind!r}; known: {', '.join(FLEETS)}")
     if n < 1:
@@ -84,6 +96,33 @@ async def _fleet(kind: str, n: int, sim: SimConfig | None, options: dict[str, An
         finally:
             child.kill()  # also when the start itself was cancelled
             atexit.unregister(child.kill)
+    elif kind == "processes":
+        from gateway_lab.sim.fleet import WorkerProcesses
+
+        base = sim or SimConfig()
+        faults: dict[int, dict[str, Any]] = options.pop("faults", None) or {}
+        if not set(faults) <= set(range(n)):
+            raise ValueError(f"faults for workers {sorted(set(faults) - set(range(n)))}, of {n}")
+        configs = [dataclasses.replace(base, **faults.get(i, {})) for i in range(n)]
+        children = WorkerProcesses(configs, **options)
+        atexit.register(children.kill_all)  # in case this process dies before the finally below
+        try:
+            async with children:
+                yield children
+        finally:
+            children.kill_all()
+            atexit.unregister(children.kill_all)
+    elif kind == "canned":
+        from gateway_lab.bench.canned_fleet import CannedFleet
+
+        if sim is not None:
+            raise ValueError("a canned fleet has no simulator settings; give output_tokens or max_running_requests")
+        canned = CannedFleet(n, **options)
+        await asyncio.to_thread(canned.start)
+        try:
+            yield canned
+        finally:
+            await asyncio.to_thread(canned.stop)
     elif kind == "http":
         from gateway_lab.sim.http_server import http_fleet
 
@@ -132,12 +171,14 @@ async def gateway(
     env: dict[str, str] | None = None,
     log_dir: str | Path | None = None,
     ready_timeout_s: float = 60.0,
+    stop_timeout_s: float = 5.0,
     peers_python: str = PEERS_PYTHON,
     tokenizer_dir: str = "",
     keep_log: bool = False,
 ) -> AsyncIterator[Gateway]:
-    """Gateway ``kind`` routing with ``policy`` over ``urls``; stopped on exit, its log removed
-    after a clean run unless ``keep_log``. A gateway that fails to start raises with its log's tail."""
+    """Gateway ``kind`` routing with ``policy`` over ``urls``; stopped on exit (SIGTERM, then
+    SIGKILL after ``stop_timeout_s``), its log removed after a clean run unless ``keep_log``.
+    A gateway that fails to start raises with its log's tail."""
     process: ServeProcess | PeerProcess
     if kind == "ours":
         from gateway_lab.bench.serve_process import ServeProcess
@@ -162,7 +203,7 @@ async def gateway(
         yield Gateway(kind, process.url, process.process.pid, process.log_path, info)
         clean = True
     finally:
-        await process.stop()
+        await process.stop(stop_timeout_s)
         if clean and not keep_log:  # a failed run keeps its log for the post-mortem
             process.remove_log()
 

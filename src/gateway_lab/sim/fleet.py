@@ -2,11 +2,16 @@
 
 * :class:`SimFleet` runs N workers in this process, on the current event loop
   (``async with SimFleet.start(4, config) as fleet``), with direct access to
-  each worker's cache, counters and fault knobs.
+  each worker's cache, counters and fault knobs; one can be killed (no grace, as
+  a crash) and started again on its port.
 * :class:`SubprocessFleet` runs ``python -m gateway sim-worker --num-workers N``
   as a child process (sync or async context manager), learns the addresses
   from its ready line, and on exit stops it with SIGTERM and collects its
   counters; the child is killed if it does not go, or if anything goes wrong.
+* :class:`WorkerProcesses` runs each worker in a child process of its own, so one
+  worker can be SIGKILLed alone and started again on its port.
+
+The benchmarks start these through ``gateway_lab.bench.launch.fleet``.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from gateway_lab.sim.config import SimConfig, config_to_argv
@@ -44,6 +49,20 @@ class SimFleet:
 
     def stats(self) -> list[dict[str, Any]]:
         return [w.stats() for w in self.workers]
+
+    async def kill(self, i: int) -> None:
+        """Stop worker ``i`` at once, as a crash would: its streams end without grace."""
+        await self.workers[i].kill()
+
+    async def restart(self, i: int) -> None:
+        """A fresh worker ``i`` (same settings, an empty cache) on the port it had; it must
+        have been killed or stopped first."""
+        old = self.workers[i]
+        if not old.stopping:
+            raise RuntimeError(f"worker {i} ({old.url}) is running: kill it before a restart")
+        new = SimWorker(old.config, engine=old.engine)
+        await new.start(old.host, old.port, bootstrap_port=old.bootstrap_port or 0, tls=old.tls)
+        self.workers[i] = new
 
     async def stop(self) -> None:
         await asyncio.gather(*(w.stop(grace=0.5) for w in self.workers))
@@ -94,8 +113,10 @@ class SubprocessFleet:
         stop_timeout: float = 10.0,
         python: str = sys.executable,
         extra_args: list[str] | None = None,
+        port: int = 0,
     ) -> None:
         self.n = n
+        self.port = port  # the first worker's port (0: ephemeral), e.g. a restarted worker's old one
         self.config = config or SimConfig()
         self.roles = roles
         self.host = host
@@ -115,7 +136,7 @@ class SubprocessFleet:
 
     def argv(self) -> list[str]:
         args = [self.python, "-m", "gateway", "sim-worker", "--num-workers", str(self.n)]
-        args += ["--host", self.host, "--port", "0", *config_to_argv(self.config)]
+        args += ["--host", self.host, "--port", str(self.port), *config_to_argv(self.config)]
         if self.roles:
             args += ["--roles", *self.roles]
         return args + self.extra_args
@@ -216,3 +237,77 @@ class SubprocessFleet:
             await asyncio.to_thread(self.stop)
         finally:
             self.kill()
+
+
+class WorkerProcesses:
+    """One ``SubprocessFleet`` of one worker per config: a kill is a real SIGKILL of that
+    worker alone (streams break mid-token), and a restart brings it back on its port."""
+
+    def __init__(self, configs: Sequence[SimConfig], *, extra_args: Sequence[str] = (), ready_timeout: float = 60.0) -> None:
+        if not configs:
+            raise ValueError("WorkerProcesses needs at least one worker config")
+        self.configs = list(configs)
+        self.extra_args = list(extra_args)
+        self.ready_timeout = ready_timeout
+        self.procs: list[SubprocessFleet | None] = [None] * len(self.configs)
+        self.ports = [0] * len(self.configs)
+
+    @property
+    def urls(self) -> list[str]:
+        return [f"grpc://127.0.0.1:{port}" for port in self.ports]
+
+    @property
+    def pids(self) -> list[int]:
+        """The running workers' process ids."""
+        return [p.proc.pid for p in self.procs if p is not None and p.proc is not None]
+
+    def start(self) -> WorkerProcesses:
+        """Start every worker not running (each on its old port once it has had one)."""
+        try:
+            for i, proc in enumerate(self.procs):
+                if proc is None:
+                    self.restart(i)
+        except BaseException:
+            self.kill_all()
+            raise
+        return self
+
+    def restart(self, i: int) -> None:
+        """Start worker ``i`` (on its old port after a kill); it must not be running."""
+        if self.procs[i] is not None:
+            raise RuntimeError(f"worker {i} is running: kill it before a restart")
+        child = SubprocessFleet(
+            1, self.configs[i], extra_args=self.extra_args, port=self.ports[i], ready_timeout=self.ready_timeout
+        )
+        self.procs[i] = child.start()
+        self.ports[i] = int(child.urls[0].rsplit(":", 1)[1])
+
+    def kill(self, i: int) -> None:
+        """SIGKILL worker ``i``: no grace, as a crash."""
+        proc, self.procs[i] = self.procs[i], None
+        if proc is not None:
+            proc.kill()
+
+    def stop(self) -> None:
+        """SIGTERM every running worker (each is killed if it lingers)."""
+        for i, proc in enumerate(self.procs):
+            if proc is not None:
+                self.procs[i] = None
+                proc.stop()
+
+    def kill_all(self) -> None:
+        for i in range(len(self.procs)):
+            self.kill(i)
+
+    async def __aenter__(self) -> WorkerProcesses:
+        try:
+            return await asyncio.to_thread(self.start)
+        except BaseException:
+            self.kill_all()
+            raise
+
+    async def __aexit__(self, *exc: object) -> None:
+        try:
+            await asyncio.to_thread(self.stop)
+        finally:
+            self.kill_all()

@@ -67,8 +67,8 @@ class _FakePeer:
         cls.last = cls()
         return cls.last
 
-    async def stop(self) -> int:
-        self.stopped = True
+    async def stop(self, timeout_s: float = 5.0) -> int:
+        self.stopped = timeout_s
         return 0
 
     def remove_log(self) -> None:
@@ -79,10 +79,12 @@ async def test_smg_starts_through_the_peer_launcher_with_our_tokenizer(monkeypat
     from gateway_lab.bench import peers
 
     monkeypatch.setattr(peers, "PeerProcess", _FakePeer)
-    async with launch.gateway("smg", ["grpc://w:1"], "cache_aware", peers_python="py", tokenizer_dir="/tok") as gw:
+    async with launch.gateway(
+        "smg", ["grpc://w:1"], "cache_aware", peers_python="py", tokenizer_dir="/tok", stop_timeout_s=20
+    ) as gw:
         assert (gw.kind, gw.url, gw.pid) == ("smg", "http://peer", 4242)
     assert _FakePeer.started[-1] == ("py", "smg", ["grpc://w:1"], "cache_aware", "/tok")
-    assert _FakePeer.last.stopped and _FakePeer.last.removed
+    assert _FakePeer.last.stopped == 20 and _FakePeer.last.removed
 
 
 async def test_an_in_process_fleet_serves_inside_its_block() -> None:
@@ -131,6 +133,56 @@ async def test_a_child_process_fleet_is_stopped_then_killed(monkeypatch: pytest.
             assert child.entered and child.options == {"roles": ["prefill"] * 3}
             raise RuntimeError("the run failed")
     assert child.exited and child.killed and child.n == 3
+
+
+class _FakeProcesses(_FakeChild):
+    def __init__(self, configs: list[SimConfig], **options: Any) -> None:
+        super().__init__(len(configs), None, **options)
+        self.configs = configs
+
+    def kill_all(self) -> None:
+        self.killed = True
+
+
+async def test_one_process_per_worker_with_faults_for_some(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gateway_lab.sim import fleet as sim_fleet
+
+    monkeypatch.setattr(sim_fleet, "WorkerProcesses", _FakeProcesses)
+    faults = {0: {"fault_fail_after_tokens": 4, "fault_fail_share": 0.5}}
+    async with launch.fleet("processes", 3, launch.ZERO_COST, faults=faults, extra_args=["--engine", "vllm"]) as procs:
+        assert procs.entered and procs.options == {"extra_args": ["--engine", "vllm"]}
+        assert [c.fault_fail_after_tokens for c in procs.configs] == [4, -1, -1] and procs.configs[0].fault_fail_share == 0.5
+        assert procs.configs[1] == launch.ZERO_COST
+    assert procs.exited and procs.killed
+    with pytest.raises(ValueError, match=r"faults for workers \[5\], of 3"):
+        async with launch.fleet("processes", 3, faults={5: {}}):
+            pass
+
+
+async def test_a_canned_fleet_takes_its_own_options(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gateway_lab.bench import canned_fleet
+
+    made: list[Any] = []
+
+    class Canned:
+        def __init__(self, n: int, **options: Any) -> None:
+            self.n, self.options, self.running = n, options, False
+            made.append(self)
+
+        def start(self) -> Canned:
+            self.running = True
+            return self
+
+        def stop(self) -> None:
+            self.running = False
+
+    monkeypatch.setattr(canned_fleet, "CannedFleet", Canned)
+    async with launch.fleet("canned", 2, output_tokens=8) as canned:
+        assert canned.running and (canned.n, canned.options) == (2, {"output_tokens": 8})
+    assert not made[0].running
+    with pytest.raises(ValueError, match="no simulator settings"):
+        async with launch.fleet("canned", 2, launch.ZERO_COST):
+            pass
 
 
 async def test_bad_fleets_are_refused() -> None:

@@ -35,16 +35,15 @@ import re
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import httpx
 import orjson
 
 from gateway_lab.bench import launch, results
 from gateway_lab.sim.config import SimConfig
-from gateway_lab.sim.fleet import SubprocessFleet
+from gateway_lab.sim.fleet import SimFleet
 from gateway_lab.sim.worker import SimWorker
 
 SCENARIOS = ("kill", "stall", "flaky")
@@ -74,40 +73,6 @@ class Result:
 COUNTERS = ("resumed", "retries", "watchdog_stalls", "breaker_opens", "in_flight_end")
 HEADER = ("gateway", "fault", "s", "ok", "failed", "hung", "resumed", "retries", "watchdog stalls", "breaker opens",
           "in flight at end")  # fmt: skip
-
-
-# ---------------------------------------------------------------- workers
-class Fleet:
-    """Four one-worker processes; any of them can be killed and restarted on its port."""
-
-    def __init__(self, n: int, engine: str = "sglang") -> None:
-        self.n = n
-        self.engine = engine  # the gRPC service the workers serve: SGLang's or vLLM's
-        self.procs: list[SubprocessFleet | None] = [None] * n
-        self.ports: list[int] = [0] * n
-
-    def start_worker(self, i: int, faults: dict[str, Any] | None = None) -> None:
-        config = replace(SIM, seed=i, **(faults or {}))
-        extra = ["--engine", self.engine] + (["--port", str(self.ports[i])] if self.ports[i] else [])
-        proc = SubprocessFleet(1, config, extra_args=extra).start()
-        self.procs[i] = proc
-        self.ports[i] = int(proc.urls[0].rsplit(":", 1)[1])
-
-    def kill(self, i: int) -> None:
-        proc = self.procs[i]
-        if proc is not None:
-            proc.kill()  # SIGKILL: no grace, streams break mid-token
-            self.procs[i] = None
-
-    @property
-    def urls(self) -> list[str]:
-        return [f"grpc://127.0.0.1:{p}" for p in self.ports]
-
-    def stop(self) -> None:
-        for i, proc in enumerate(self.procs):
-            if proc is not None:
-                proc.stop()
-                self.procs[i] = None
 
 
 # ---------------------------------------------------------------- gateways
@@ -217,11 +182,9 @@ async def settle(url: str, kind: str, timeout_s: float = 10.0) -> dict[str, floa
 
 # ---------------------------------------------------------------- runs
 async def scenario(kind: str, name: str, args: argparse.Namespace) -> Result:
-    fleet = Fleet(args.workers, args.engine)
     result = Result(kind, name, 0.0)
-    try:
-        for i in range(args.workers):
-            fleet.start_worker(i, FAULT_FLAGS.get(name) if i == 0 else None)
+    faults = {0: FAULT_FLAGS[name]} if name in FAULT_FLAGS else {}
+    async with launch.fleet("processes", args.workers, SIM, faults=faults, extra_args=["--engine", args.engine]) as fleet:
         policy = "round_robin" if name == "stall" else args.policy
         async with start_gateway(kind, fleet.urls, policy) as gw:
             killed = False
@@ -234,74 +197,30 @@ async def scenario(kind: str, name: str, args: argparse.Namespace) -> Result:
 
             await drive(gw.url, args.seconds, args.clients, args.deadline_s, result, tick)
             result.counters = await settle(gw.url, kind)
-    finally:
-        fleet.stop()
     return result
 
 
-class LiveFleet:
-    """Workers in this process, so faults flip live; a kill is an abrupt stop (no grace
-    for in-flight streams, as a crash) and a restart is a fresh worker on the same port."""
-
-    def __init__(self) -> None:
-        self.workers: list[SimWorker | None] = []
-        self.ports: list[int] = []
-
-    async def start(self, n: int) -> None:
-        for i in range(n):
-            w = SimWorker(replace(SIM, seed=i))
-            await w.start("127.0.0.1", 0)
-            self.workers.append(w)
-            self.ports.append(w.port)
-
-    async def kill(self, i: int) -> None:
-        w = self.workers[i]
-        if w is not None:
-            self.workers[i] = None
-            await w.kill()
-
-    async def restart(self, i: int) -> None:
-        w = SimWorker(replace(SIM, seed=i))
-        await w.start("127.0.0.1", self.ports[i])
-        self.workers[i] = w
-
-    def set_faults(self, i: int, kind: str | None) -> None:
-        w = self.workers[i]
-        if w is None:
-            return
-        f = w.faults
-        f.stall_s, f.stall_after_tokens, f.fail_after_tokens, f.fail_share = 0.0, 0, -1, 1.0
-        if kind == "stall":
-            f.stall_s = 30.0
-        elif kind == "flaky":
-            f.fail_after_tokens, f.fail_share = 4, 0.5
-
-    @property
-    def urls(self) -> list[str]:
-        return [f"grpc://127.0.0.1:{p}" for p in self.ports]
-
-    async def stop(self) -> None:
-        for w in self.workers:
-            if w is not None:
-                await w.stop(grace=0.5)
+def set_faults(worker: SimWorker, kind: str | None) -> None:
+    """Make a live worker stall, fail half its requests, or behave (``None``)."""
+    f = worker.faults
+    f.stall_s, f.stall_after_tokens, f.fail_after_tokens, f.fail_share = 0.0, 0, -1, 1.0
+    if kind == "stall":
+        f.stall_s = 30.0
+    elif kind == "flaky":
+        f.fail_after_tokens, f.fail_share = 4, 0.5
 
 
 async def soak(args: argparse.Namespace) -> Result:
     """One worker killed and restarted, one stalling, one flaky, one healthy; the roles
-    move one worker along every ``--rotate-s``."""
-    n = args.workers
-    fleet = LiveFleet()
+    move one worker along every ``--rotate-s``. The workers run in this process, so their
+    faults flip live."""
     result = Result("ours", f"soak (roles rotate every {args.rotate_s:g} s)", 0.0)
-    try:
-        await fleet.start(n)
-        async with start_gateway("ours", fleet.urls, args.policy) as gw:
-            await _rotating(gw.url, fleet, args, result)
-    finally:
-        await fleet.stop()
+    async with launch.fleet("sim", args.workers, SIM) as fleet, start_gateway("ours", fleet.urls, args.policy) as gw:
+        await _rotating(gw.url, fleet, args, result)
     return result
 
 
-async def _rotating(url: str, fleet: LiveFleet, args: argparse.Namespace, result: Result) -> None:
+async def _rotating(url: str, fleet: SimFleet, args: argparse.Namespace, result: Result) -> None:
     """The soak's load while the roles rotate; the counters once it has settled."""
     n = args.workers
     pending: set[asyncio.Task[None]] = set()
@@ -312,8 +231,8 @@ async def _rotating(url: str, fleet: LiveFleet, args: argparse.Namespace, result
         if state["dead"] >= 0:
             await fleet.restart(int(state["dead"]))
             state["dead"] = -1
-        for i in range(n):
-            fleet.set_faults(i, "stall" if i == stalling else "flaky" if i == flaky else None)
+        for i, worker in enumerate(fleet.workers):
+            set_faults(worker, "stall" if i == stalling else "flaky" if i == flaky else None)
         await fleet.kill(killed)
         state["dead"], state["killed_at"] = killed, elapsed
         state["rotations"] += 1
@@ -340,8 +259,8 @@ async def _rotating(url: str, fleet: LiveFleet, args: argparse.Namespace, result
     await drive(url, args.soak_seconds, args.clients, args.deadline_s, result, tick)
     if pending:
         await asyncio.gather(*pending)
-    for i in range(n):
-        fleet.set_faults(i, None)
+    for worker in fleet.workers:
+        set_faults(worker, None)
     result.counters = await settle(url, "ours")
     result.counters["rotations"] = state["rotations"]
 

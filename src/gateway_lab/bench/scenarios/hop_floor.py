@@ -4,7 +4,7 @@ the gateway's added latency.
 
     token-gateway bench hop-floor --calls 400
 
-One zero-cost simulated worker (``SubprocessFleet``) and nginx with ``grpc_pass`` in front
+One zero-cost simulated worker in a child process and nginx with ``grpc_pass`` in front
 of it (HTTP/2 in, HTTP/2 out, a kept-alive upstream connection, no logging: a proxy that
 does nothing but forward frames, in C). This process calls the worker's ``Generate`` with
 grpcio's synchronous stub, the gateway benchmark's cheapest direct caller (32 prompt ids,
@@ -17,7 +17,7 @@ straight and through nginx, one call at a time. Printed: p50/p99 of each, the di
 from __future__ import annotations
 
 import argparse
-import json
+import asyncio
 import os
 import shutil
 import socket
@@ -139,6 +139,15 @@ def measure(worker: str, args: argparse.Namespace, nginx: str) -> dict[str, Any]
     }  # fmt: skip
 
 
+async def _measure_on_a_fleet(args: argparse.Namespace) -> dict[str, Any]:
+    """Both legs against one zero-cost worker started by the launcher; the calls are
+    synchronous (grpcio's blocking stub), so they run off the event loop."""
+    from gateway_lab.bench import launch
+
+    async with launch.fleet("process", 1, launch.ZERO_COST) as fleet:
+        return await asyncio.to_thread(measure, fleet.urls[0].removeprefix("grpc://"), args, args.nginx)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The scenario's flags (``token-gateway bench NAME --help``)."""
     parser.add_argument("--calls", type=int, default=400, help="calls each way (bounded by --cap-s)")
@@ -155,13 +164,22 @@ def main(args: argparse.Namespace) -> int:
         print("nginx is not installed (Debian: apt-get install nginx-light)", file=sys.stderr)
         return 2
 
-    from gateway_lab.sim.config import SimConfig
-    from gateway_lab.sim.fleet import SubprocessFleet
+    from gateway_lab.bench import results
 
-    sim = SimConfig(step_base_s=0.0, prefill_token_s=0.0, decode_seq_s=0.0, time_scale=0.0)
-    with SubprocessFleet(1, sim) as fleet:
-        row = measure(fleet.urls[0].removeprefix("grpc://"), args, args.nginx)
-    print(json.dumps(row, indent=2))
-    if args.json:
-        args.json.write_text(json.dumps(row, indent=2))
+    row = asyncio.run(_measure_on_a_fleet(args))
+    results.write(result(row), json_path=args.json or "")
     return 0
+
+
+HEADER = ("calls", "direct p50", "through nginx p50", "added p50", "direct p99", "through nginx p99", "added p99",
+          "nginx CPU per call")  # fmt: skip
+
+
+def result(row: dict[str, Any]) -> Any:
+    """The measured row in the common result format (its figures also at the JSON's top level)."""
+    from gateway_lab.bench.results import Result, Table
+
+    cells = [row["calls"], *(f"{row[k]:.3f} ms" for k in (
+        "direct_p50_ms", "nginx_p50_ms", "added_p50_ms", "direct_p99_ms", "nginx_p99_ms", "added_p99_ms")),
+        f"{row['nginx_cpu_us_per_call']:.1f} us"]  # fmt: skip
+    return Result(tables=[Table.of("one extra hop, no work (nginx grpc_pass)", HEADER, [cells], labels=1)], data=row)

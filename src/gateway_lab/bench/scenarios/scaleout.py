@@ -61,11 +61,11 @@ import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.sync.local_server import LocalNatsServer
+from gateway_lab.bench import launch
 from gateway_lab.bench.driver import DriverConfig, RunResult, run_workload
 from gateway_lab.bench.machine import cpu_seconds, describe
 from gateway_lab.bench.placement import classify_misses
 from gateway_lab.bench.report import summarize
-from gateway_lab.bench.serve_process import ServeProcess
 from gateway_lab.bench.workloads import (
     GspConfig,
     Vocab,
@@ -75,7 +75,6 @@ from gateway_lab.bench.workloads import (
     ideal_hit_rate,
 )
 from gateway_lab.sim.config import SimConfig
-from gateway_lab.sim.fleet import SubprocessFleet
 
 SETUPS = ("one", "processes-2", "replicas-sync", "replicas-sync-tokens", "replicas-nosync")
 SECTIONS = ("routing", "throughput", "model")
@@ -97,32 +96,30 @@ def serve_argv(urls: Sequence[str], scratch: str, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
+def start(urls: Sequence[str], scratch: str, name: str, *extra: str) -> contextlib.AbstractAsyncContextManager[launch.Gateway]:
+    """One ``serve`` process of a setup, through the launcher (its shutdown may take a
+    supervisor and its children down: 20 s before the kill)."""
+    return launch.gateway(
+        "ours", urls, "cache_aware", argv=serve_argv(urls, scratch, *extra), name=name, ready_timeout_s=120, stop_timeout_s=20,
+    )  # fmt: skip
+
+
 @contextlib.asynccontextmanager
-async def gateways(setup: str, urls: Sequence[str], scratch: str) -> AsyncIterator[list[ServeProcess]]:
+async def gateways(setup: str, urls: Sequence[str], scratch: str) -> AsyncIterator[list[launch.Gateway]]:
     """The setup's gateway process(es); their URLs are what the client drives."""
-    started: list[ServeProcess] = []
-    nats: LocalNatsServer | None = None
     encoding = ["--sync-encoding", "tokens" if setup.endswith("-tokens") else "blocks"]
-    try:
+    async with contextlib.AsyncExitStack() as stack:
         if setup == "one":
-            started.append(await ServeProcess.launch(serve_argv(urls, scratch), "gw-one", ready_timeout_s=120))
+            yield [await stack.enter_async_context(start(urls, scratch, "gw-one"))]
         elif setup.startswith("processes-2"):
-            argv = serve_argv(urls, scratch, "--processes", "2", *encoding)
-            started.append(await ServeProcess.launch(argv, "gw-p2", ready_timeout_s=120))
+            yield [await stack.enter_async_context(start(urls, scratch, "gw-p2", "--processes", "2", *encoding))]
         else:
             extra: list[str] = []
             if setup.startswith("replicas-sync"):
                 nats = await LocalNatsServer().start()
+                stack.push_async_callback(nats.stop)
                 extra = ["--sync-url", nats.url, *encoding]
-            for i in range(2):
-                started.append(await ServeProcess.launch(serve_argv(urls, scratch, *extra), f"gw-r{i}", ready_timeout_s=120))
-        yield started
-    finally:
-        for gw in started:
-            await gw.stop(timeout_s=20)
-            gw.remove_log()
-        if nats is not None:
-            await nats.stop()
+            yield [await stack.enter_async_context(start(urls, scratch, f"gw-r{i}", *extra)) for i in range(2)]
 
 
 async def scrape(urls: Sequence[str]) -> list[str]:
@@ -226,14 +223,14 @@ async def routing_section(args: argparse.Namespace, report: dict[str, Any]) -> N
                         "concurrency": args.concurrency, "ideal_hit_rate": round(ideal, 4)}  # fmt: skip
     scratch = args.scratch
     for setup in args.setups:
-        with SubprocessFleet(args.workers, sim) as fleet:
+        async with launch.fleet("process", args.workers, sim) as fleet:
             async with gateways(setup, fleet.urls, scratch) as gws:
                 urls = [g.url for g in gws]
                 t0 = time.monotonic()
                 run = await drive(urls, workload, args.concurrency, args.cap_s, setup)
                 texts = await scrape(urls)
                 wall = time.monotonic() - t0
-            counters = fleet.stop() or {}
+        counters = fleet.counters or {}  # the workers report them as they stop
         run.worker_counters = {str(w["url"]): w for w in counters.get("workers", [])}
         s = summarize(run, ideal_hit_rate=ideal, worker_ids=list(run.worker_counters))
         row: dict[str, Any] = {
@@ -490,24 +487,23 @@ def closed_port() -> int:
 QUIET_REST_MS = 0.1  # ms of other processes' CPU per request under which a round counts as quiet
 
 
-@contextlib.contextmanager
-def throughput_fleet(kind: str, args: argparse.Namespace) -> Any:
-    """(worker URLs, their process ids, the CPU-breakdown label) of the section's workers:
-    ``sim``, simulated workers with every cost 0 (Python, grpc.aio: a few tenths of a ms of
-    CPU per call on the same cores as the gateway), or ``canned``, nginx answering canned
+@contextlib.asynccontextmanager
+async def throughput_fleet(kind: str, args: argparse.Namespace) -> AsyncIterator[tuple[Any, list[str], list[int], str]]:
+    """(the canned fleet or None, worker URLs, their process ids, the CPU-breakdown label) of
+    the section's workers: ``sim``, simulated workers with every cost 0 (Python, grpc.aio: a
+    few tenths of a ms of CPU per call on the same cores as the gateway), in
+    ``--throughput-fleet-processes`` child processes, or ``canned``, nginx answering canned
     gRPC replies (``gateway_lab.bench.canned_fleet``: a few tens of microseconds per call)."""
     if kind == "canned":
-        from gateway_lab.bench.canned_fleet import CannedFleet
-
-        with CannedFleet(args.throughput_workers, output_tokens=8, max_running_requests=256) as canned:
-            yield canned, canned.urls, [canned.pid], "canned fleet (nginx)"
+        async with launch.fleet("canned", args.throughput_workers, output_tokens=8, max_running_requests=256) as canned:
+            yield canned, canned.urls, [pid for pid in (canned.pid,) if pid is not None], "canned fleet (nginx)"
         return
     sim = SimConfig(step_base_s=0.0, prefill_token_s=0.0, decode_seq_s=0.0, time_scale=0.0, max_running_requests=256,
                     kv_capacity_tokens=65536)  # fmt: skip
     n_fleets = max(1, min(args.throughput_fleet_processes, args.throughput_workers))
     sizes = [args.throughput_workers // n_fleets + (1 if i < args.throughput_workers % n_fleets else 0) for i in range(n_fleets)]
-    with contextlib.ExitStack() as stack:
-        fleets = [stack.enter_context(SubprocessFleet(n, sim)) for n in sizes]
+    async with contextlib.AsyncExitStack() as stack:
+        fleets = [await stack.enter_async_context(launch.fleet("process", n, sim)) for n in sizes]
         yield None, [u for f in fleets for u in f.urls], [f.proc.pid for f in fleets if f.proc is not None], "sim fleet"
 
 
@@ -523,59 +519,54 @@ async def throughput_section(args: argparse.Namespace, report: dict[str, Any], k
     scratch = args.scratch
     rounds: dict[str, list[dict[str, Any]]] = {"one": [], "processes-2": []}
     loads: list[float] = []
-    with throughput_fleet(kind, args) as (canned, urls, fleet_pids, fleet_label):
-        one = await ServeProcess.launch(serve_argv(urls, scratch), "gw-one", ready_timeout_s=120)
-        two = await ServeProcess.launch(serve_argv(urls, scratch, "--processes", "2"), "gw-p2", ready_timeout_s=120)
+    async with throughput_fleet(kind, args) as (canned, urls, fleet_pids, fleet_label), contextlib.AsyncExitStack() as stack:
+        one = await stack.enter_async_context(start(urls, scratch, "gw-one"))
+        two = await stack.enter_async_context(start(urls, scratch, "gw-p2", "--processes", "2"))
         gws = {"one": one, "processes-2": two}
         if args.throughput_unsynced:  # the same set with its bus unreachable: what the set costs without the sync
             rounds[UNSYNCED] = []
-            gws[UNSYNCED] = await ServeProcess.launch(
-                serve_argv(urls, scratch, "--processes", "2", "--sync-url", f"nats://127.0.0.1:{closed_port()}"), "gw-p2u",
-                ready_timeout_s=120,
+            unreachable = f"nats://127.0.0.1:{closed_port()}"
+            gws[UNSYNCED] = await stack.enter_async_context(
+                start(urls, scratch, "gw-p2u", "--processes", "2", "--sync-url", unreachable)
             )
-        for pid in (os.getpid(), *(g.process.pid for g in gws.values()), *fleet_pids):
+        for pid in (os.getpid(), *(g.pid for g in gws.values()), *fleet_pids):
             boost(pid, args.nice)
-        try:
-            async with httpx.AsyncClient(trust_env=False) as http:
-                model = (await http.get(one.url + "/v1/models")).json()["data"][0]["id"]
-                if canned is not None:  # report the gateway's own prompt count back, as a worker would
-                    probe = {"model": model, "messages": short_prompts(1, args.seed)[0], "max_tokens": 8}
-                    usage = (await http.post(one.url + "/v1/chat/completions", json=probe, timeout=30)).json()["usage"]
-                    canned.set_prompt_tokens(int(usage["prompt_tokens"]))
-            for gw in gws.values():  # warm: connections, tokenizer caches, first-use costs
-                await many_clients(gw.url, model, args.clients, args.throughput_concurrency, 200, 20, args.seed)
-            for r in range(args.rounds):
-                order = [(name, gw, [o.process.pid for o in gws.values() if o is not gw]) for name, gw in gws.items()]
-                for name, gw, other in order if r % 2 == 0 else order[::-1]:
-                    loads.append(os.getloadavg()[0])
-                    meter = CpuBreakdown(gw.process.pid, fleet_pids, other, fleet_label)
-                    before = meter.sample()
-                    if args.load_generator == "wrk":
-                        run = wrk_run(gw.url, model, args.throughput_concurrency, args.wrk_seconds, scratch)
-                    else:
-                        run = many_clients(gw.url, model, args.clients, args.throughput_concurrency,
-                                           args.throughput_requests, args.cap_s, args.seed + r)  # fmt: skip
-                    task = asyncio.ensure_future(run)
-                    serving = sorted(c for c in children(gw.process.pid) if "gateway.server.serve" in cmdline(c))
-                    spread: list[int] = []
-                    with contextlib.suppress(TimeoutError):  # the load generator's connections, mid-round
-                        await asyncio.wait_for(asyncio.shield(task), timeout=1.0)
-                    if serving and not task.done():
-                        spread = connections_per_process(int(gw.url.rsplit(":", 1)[1]), serving)
-                    ok, failed, wall = await task
-                    cpu = CpuBreakdown.delta(before, meter.sample(), ok)
-                    gateway_ms = sum(v for k, v in cpu.items() if k.startswith("gateway "))
-                    row = {"ok": ok, "failed": failed, "seconds": round(wall, 2), "req_s": round(ok / wall, 1),
-                           "gateway_cpu_ms_per_request": round(gateway_ms, 3), "cpu_ms_per_request": cpu}  # fmt: skip
-                    if spread:
-                        row["connections_per_process"] = spread
-                    rounds[name].append(row)
-                    print(f"[throughput {kind} {name} round {r}] ({load_note()}) {row}", flush=True)
-            guard = {name: await fidelity([gw.url]) for name, gw in gws.items()}
-        finally:
-            for gw in gws.values():
-                await gw.stop(timeout_s=20)
-                gw.remove_log()
+        async with httpx.AsyncClient(trust_env=False) as http:
+            model = (await http.get(one.url + "/v1/models")).json()["data"][0]["id"]
+            if canned is not None:  # report the gateway's own prompt count back, as a worker would
+                probe = {"model": model, "messages": short_prompts(1, args.seed)[0], "max_tokens": 8}
+                usage = (await http.post(one.url + "/v1/chat/completions", json=probe, timeout=30)).json()["usage"]
+                canned.set_prompt_tokens(int(usage["prompt_tokens"]))
+        for gw in gws.values():  # warm: connections, tokenizer caches, first-use costs
+            await many_clients(gw.url, model, args.clients, args.throughput_concurrency, 200, 20, args.seed)
+        for r in range(args.rounds):
+            order = [(name, gw, [o.pid for o in gws.values() if o is not gw]) for name, gw in gws.items()]
+            for name, gw, other in order if r % 2 == 0 else order[::-1]:
+                loads.append(os.getloadavg()[0])
+                meter = CpuBreakdown(gw.pid, fleet_pids, other, fleet_label)
+                before = meter.sample()
+                if args.load_generator == "wrk":
+                    run = wrk_run(gw.url, model, args.throughput_concurrency, args.wrk_seconds, scratch)
+                else:
+                    run = many_clients(gw.url, model, args.clients, args.throughput_concurrency,
+                                       args.throughput_requests, args.cap_s, args.seed + r)  # fmt: skip
+                task = asyncio.ensure_future(run)
+                serving = sorted(c for c in children(gw.pid) if "gateway.server.serve" in cmdline(c))
+                spread: list[int] = []
+                with contextlib.suppress(TimeoutError):  # the load generator's connections, mid-round
+                    await asyncio.wait_for(asyncio.shield(task), timeout=1.0)
+                if serving and not task.done():
+                    spread = connections_per_process(int(gw.url.rsplit(":", 1)[1]), serving)
+                ok, failed, wall = await task
+                cpu = CpuBreakdown.delta(before, meter.sample(), ok)
+                gateway_ms = sum(v for k, v in cpu.items() if k.startswith("gateway "))
+                row = {"ok": ok, "failed": failed, "seconds": round(wall, 2), "req_s": round(ok / wall, 1),
+                       "gateway_cpu_ms_per_request": round(gateway_ms, 3), "cpu_ms_per_request": cpu}  # fmt: skip
+                if spread:
+                    row["connections_per_process"] = spread
+                rounds[name].append(row)
+                print(f"[throughput {kind} {name} round {r}] ({load_note()}) {row}", flush=True)
+        guard = {name: await fidelity([gw.url]) for name, gw in gws.items()}
 
     def med(name: str) -> float:
         vals = sorted(x["req_s"] for x in rounds[name])

@@ -19,11 +19,11 @@ import time
 from typing import Any
 
 from gateway.server.config import GatewayConfig, ServerConfig
+from gateway_lab.bench import launch
 from gateway_lab.bench import workloads as wl
 from gateway_lab.bench.driver import DriverConfig, run_workload
 from gateway_lab.bench.inprocess import serve_in_process
 from gateway_lab.sim.config import SimConfig
-from gateway_lab.sim.fleet import SubprocessFleet
 
 
 async def one(transport: str, policy: str, args: argparse.Namespace, workload: wl.Workload) -> dict[str, Any]:
@@ -36,7 +36,7 @@ async def one(transport: str, policy: str, args: argparse.Namespace, workload: w
     }[transport]
     if args.fleet == "sim-alt":  # the second build: bigger pages, less KV, fewer running slots
         sim = dataclasses.replace(sim, page_size=32, kv_capacity_tokens=args.kv_tokens * 4 // 5, max_running_requests=24)
-    async with SubprocessFleet(args.workers, sim, extra_args=extra) as fleet:
+    async with launch.fleet("process", args.workers, sim, extra_args=extra) as fleet:
         with tempfile.TemporaryDirectory() as tok:
             # vLLM's server does not say where its tokenizer is: give it, as operators do.
             tokenizer = str(wl.default_tokenizer_dir()) if transport == "vllm" else None

@@ -1,13 +1,17 @@
 """`token-gateway bench scaleout` (gateway_lab.bench.scenarios.scaleout), the parts that
 need no fleet: reading series, totals, histogram quantiles and sync budgets from several
-processes' expositions, the process tree's CPU, and the serve command line."""
+processes' expositions, the process tree's CPU, the serve command line, and each setup's
+gateways started and stopped through the launcher."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -62,3 +66,47 @@ def test_the_serve_command_line() -> None:
     assert argv[1:4] == ["-m", "gateway", "serve"] and argv[-2:] == ["--processes", "2"]
     assert argv[argv.index("--worker-urls") + 1] == "grpc://a:1" and "--tokenizer-cache-dir" in argv
     assert scenario.load_note().startswith("load ")
+
+
+class _Nats:
+    made: list[_Nats] = []
+
+    def __init__(self) -> None:
+        self.url, self.running = "nats://127.0.0.1:4999", False
+        _Nats.made.append(self)
+
+    async def start(self) -> _Nats:
+        self.running = True
+        return self
+
+    async def stop(self) -> None:
+        self.running = False
+
+
+@pytest.mark.parametrize(("setup", "count", "flags", "nats"), [
+    ("one", 1, [], False),
+    ("processes-2", 1, ["--processes", "2", "--sync-encoding", "blocks"], False),
+    ("replicas-sync-tokens", 2, ["--sync-url", "nats://127.0.0.1:4999", "--sync-encoding", "tokens"], True),
+    ("replicas-nosync", 2, [], False),
+])  # fmt: skip
+async def test_each_setup_starts_its_gateways_through_the_launcher(
+    monkeypatch: pytest.MonkeyPatch, setup: str, count: int, flags: list[str], nats: bool
+) -> None:
+    started: list[dict[str, Any]] = []
+
+    @contextlib.asynccontextmanager
+    async def gateway(kind: str, urls: list[str], policy: str, **options: Any) -> AsyncIterator[str]:
+        started.append(options)
+        yield f"http://gw{len(started)}"
+        options["stopped"] = True
+
+    monkeypatch.setattr(scenario.launch, "gateway", gateway)
+    monkeypatch.setattr(scenario, "LocalNatsServer", _Nats)
+    _Nats.made.clear()
+    async with scenario.gateways(setup, ["grpc://a:1"], "/scratch") as gws:
+        assert len(gws) == count and len(set(gws)) == count
+        assert all(not o.get("stopped") for o in started) and all(n.running for n in _Nats.made)
+    assert len(started) == count and all(o["stopped"] and o["stop_timeout_s"] == 20 for o in started)
+    assert all(o["argv"][-len(flags):] == flags for o in started if flags)
+    assert all("--sync-url" not in o["argv"] for o in started if not nats)
+    assert bool(_Nats.made) == nats and not any(n.running for n in _Nats.made)
