@@ -64,6 +64,23 @@ def _no_template_warmup(monkeypatch: pytest.MonkeyPatch) -> list[Tokenizer]:
     return warmed
 
 
+@pytest.fixture(autouse=True)
+def _encoders_warmed(monkeypatch: pytest.MonkeyPatch) -> list[Tokenizer]:
+    """Building the fast encoder takes seconds of CPU: recorded, not run."""
+    warmed: list[Tokenizer] = []
+    monkeypatch.setattr(Tokenizer, "warm_encoders", lambda self: warmed.append(self))
+    return warmed
+
+
+async def test_the_encoders_are_built_before_the_model_takes_traffic(
+    shared: TokenizerRegistry, _encoders_warmed: list[Tokenizer]
+) -> None:
+    entry = await _catalog(shared).ensure(_worker())  # type: ignore[arg-type]
+    assert _encoders_warmed == [entry.tokenizer]
+    await _catalog(shared, warm_encoders=False).ensure(_worker())  # type: ignore[arg-type]
+    assert len(_encoders_warmed) == 1  # --no-encoder-at-load: built lazily by the engine
+
+
 async def test_the_first_worker_loads_the_model_once(shared: TokenizerRegistry, _no_template_warmup: list[Tokenizer]) -> None:
     catalog = _catalog(shared)
     worker = _worker(model_path="/models/qwen", context_length_arg=2048)

@@ -209,3 +209,23 @@ def test_overlapping_added_tokens_examples() -> None:
 
 
 _OVERLAPPING = _with_overlapping_added_tokens()
+
+
+def test_warming_builds_once_per_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Gateways that share one parsed tokenizer (several in one process) build its encoder
+    and length bound once; warm_encoders leaves both ready (the catalog calls it at load)."""
+    from gateway.tokenization import tokenizer as tokenizer_module
+
+    calls: list[str] = []
+    monkeypatch.setattr(tokenizer_module, "build_fast_bpe", lambda backend: calls.append("fast") or "encoder")
+    monkeypatch.setattr(tokenizer_module, "length_bound", lambda backend: calls.append("bound") or "bound")
+    backend = BackendTokenizer(models.WordPiece({"[UNK]": 0, "a": 1}, unk_token="[UNK]"))
+    first, second = Tokenizer(backend), Tokenizer(backend)
+    assert not first.fast_bpe_ready and not first.length_bound_ready
+    first.warm_encoders()
+    second.warm_encoders()
+    assert first.fast_bpe_ready and second.length_bound_ready
+    assert (second.fast_bpe, second.length_bound) == ("encoder", "bound")
+    assert sorted(calls) == ["bound", "fast"]
+    Tokenizer(BackendTokenizer(models.WordPiece({"[UNK]": 0}, unk_token="[UNK]"))).warm_encoders()
+    assert sorted(calls) == ["bound", "bound", "fast", "fast"]  # another backend builds its own

@@ -80,7 +80,9 @@ class ModelCatalog:
         reply_cache_bytes: int = 64 * 1024 * 1024,
         tokenizer_hub: bool = False,
         max_tokenizer_bytes: int = DEFAULT_MAX_TOKENIZER_BYTES,
+        warm_encoders: bool = True,
     ) -> None:
+        self._warm_encoders = warm_encoders  # build the fast encoder and length bound before traffic
         self._parsers = parsers or ParserConfig()
         # The hub fallback downloads the repository a worker names: an outbound fetch a
         # worker could aim, so only when the operator asks for it.
@@ -196,6 +198,8 @@ class ModelCatalog:
             settle_model_parsers, self._parsers, names, tokenizer, worker.info.model_type
         )
         await asyncio.to_thread(tokenizer.warm_chat_templates)
+        if self._warm_encoders:
+            await asyncio.to_thread(tokenizer.warm_encoders)
         facts = model_facts(tokenizer, worker)
         log.info(
             "model %s: context length %d (%s), sampling defaults %s (%s)", name, facts.context_length,

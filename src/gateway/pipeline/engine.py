@@ -67,11 +67,17 @@ StageObserver = Callable[[str, float], None]  # (stage name, seconds)
 class EngineConfig:
     tokenize_threads: int = option(2, "threads that tokenize long prompts off the event loop")
     offload_chars: int = option(4096, "prompts longer than this many characters are tokenized in the thread pool")
+    encoder_at_load: bool = option(
+        True,
+        "build a model's tiktoken encoder (exact ids, checked against the HF tokenizer; prompts then encode "
+        "several times faster) and its prompt-length bound when the model loads, before it takes traffic: "
+        "a few seconds of CPU once per process and tokenizer. Off: lazily, see --fast-encoder-after "
+        "(the build's long native calls hold the GIL and stall the requests arriving meanwhile)",
+    )
     fast_encoder_after: int = option(
         256,
-        "build a model's tiktoken encoder (exact ids, checked against the HF tokenizer; a few seconds of "
-        "CPU once, in a background thread) at its Nth tokenized prompt, or at its first prompt longer than "
-        "--offload-chars if that comes first; afterwards prompts encode several times faster. "
+        "with --no-encoder-at-load: build a model's tiktoken encoder in a background thread at its Nth "
+        "tokenized prompt, or at its first prompt longer than --offload-chars if that comes first. "
         "0: only at a long prompt",
     )
     worker_stream_interval: int = option(

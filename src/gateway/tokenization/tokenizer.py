@@ -43,6 +43,28 @@ TOKENIZER_FILES: tuple[str, ...] = (
 _NO_LIMIT = 10**18
 # token_id() answers kept per tokenizer (cleared when full).
 _TOKEN_ID_MEMO = 4096
+# Built encoders and bounds per backend object (kept alive with them, so an id is never
+# reused): tokenizers that share one parsed backend (one per tokenizer file in a process
+# that starts several gateways, as a test run does) build them once.
+_BUILT: dict[tuple[str, int], tuple[BackendTokenizer, Any]] = {}
+_BUILT_MAX = 16
+_BUILT_LOCK = threading.Lock()
+
+
+def _built(kind: str, backend: BackendTokenizer, build: Any) -> Any:
+    """``build(backend)``, once per backend object and kind."""
+    key = (kind, id(backend))
+    with _BUILT_LOCK:
+        found = _BUILT.get(key)
+    if found is not None and found[0] is backend:
+        return found[1]
+    value = build(backend)
+    with _BUILT_LOCK:
+        if len(_BUILT) >= _BUILT_MAX:
+            _BUILT.pop(next(iter(_BUILT)))
+        _BUILT[key] = (backend, value)
+    return value
+
 
 _NAMED_SPECIAL_TOKENS = (
     "bos_token",
@@ -322,13 +344,22 @@ class Tokenizer:
     def length_bound(self) -> LengthBound | None:
         """A lower bound on token counts from text length (``tokenization.length_bound``);
         the first read walks the vocabulary (run it off the event loop)."""
-        return length_bound(self.backend)
+        return _built("length_bound", self.backend, length_bound)  # type: ignore[no-any-return]
 
     @functools.cached_property
     def fast_bpe(self) -> FastBpe | None:
         """tiktoken as this tokenizer's encoder where its ids are exact (``tokenization.fast_bpe``),
         used by ``encode`` once built; the first read checks it (seconds of CPU: run it off the event loop)."""
-        return build_fast_bpe(self.backend)
+        return _built("fast_bpe", self.backend, build_fast_bpe)  # type: ignore[no-any-return]
+
+    def warm_encoders(self) -> None:
+        """Build the tiktoken encoder and the length bound now, off the event loop, before
+        the model takes traffic. Built lazily instead, in a thread beside the serving loop,
+        their long native calls (the vocabulary's serialization and parse, tiktoken's
+        table) hold the GIL for long stretches on a busy host, and every request that
+        arrives meanwhile waits: a fresh gateway under load answered its first requests
+        late while its workers sat idle."""
+        _ = self.fast_bpe, self.length_bound
 
     @property
     def fast_bpe_ready(self) -> bool:
