@@ -573,6 +573,8 @@ class Workload:
     after: list[list[int]] = field(default_factory=list)
     outputs: list[int] = field(default_factory=list)  # per prompt (--output-spread); empty: all ``output``
     max_tokens: int = 0  # every request's max_tokens as the gateway sees it (--max-tokens; 0: its own length)
+    # Open loop: prompt i arrives at arrivals[i] s (sorted), whatever is in flight; empty: closed loop.
+    arrivals: list[float] = field(default_factory=list)
 
     def output_of(self, i: int) -> int:
         """Output tokens prompt ``i`` decodes."""
@@ -675,6 +677,26 @@ def chat_workload(conversations: int, turns: int, system: int, user: int, reply:
                                     cached_after=[text_after[i] for i in order])
         name += f", replies resent as text (ideal if the resent reply were cached: {text_ideal:.1%})"
     return Workload(name, prompts, reply, ideal, follows, after)
+
+
+def trace_workload(path: str, requests: int, time_scale: float, page: int) -> Workload:
+    """A public trace (``bench trace``'s formats and scaling, ``gateway_lab.bench.traces``) as an open-loop
+    workload: each prompt at its own scaled arrival time, its own output length."""
+    from gateway_lab.bench.traces import TraceConfig, load_trace_workload
+    from gateway_lab.bench.workloads import Vocab, ideal_hit_rate
+
+    config = TraceConfig(trace_requests=requests, time_scale=time_scale)
+    specs = [s for s in load_trace_workload(path, config, Vocab.from_tokenizer_dir()) if s.prompt_token_ids]
+    if not specs:
+        raise SystemExit(f"{path}: no token-id prompts to simulate")
+    prompts = [list(s.prompt_token_ids or ()) for s in specs]
+    outputs = [max(1, s.max_tokens) for s in specs]
+    arrivals = [s.arrival_s or 0.0 for s in specs]
+    span = max(arrivals) or 1e-9
+    name = (f"trace {path.rsplit('/', 1)[-1]}: {len(specs)} requests over {span:.0f} s "
+            f"({len(specs) / span:.1f}/s), time x{time_scale:g}, mean prompt {statistics.mean(map(len, prompts)):.0f}")
+    return Workload(name, prompts, round(statistics.mean(outputs)), ideal_hit_rate(prompts, page),
+                    outputs=outputs, arrivals=arrivals)
 
 
 @dataclass
@@ -826,7 +848,7 @@ def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int,
     events: list[tuple[float, int, int]] = []  # (time, seq, worker index)
     seq = 0
     ttft: list[float] = []  # after the opening burst of ``concurrency`` simultaneous requests
-    burst = concurrency >= len(wl.prompts) and not wl.follows  # one burst: every request counts
+    burst = (concurrency >= len(wl.prompts) and not wl.follows) or bool(wl.arrivals)  # every request counts
     decide: list[float] = []
     cached_total = prompt_total = predicted_total = 0
     finished = 0
@@ -943,7 +965,11 @@ def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int,
         by_id[job.worker].held -= 1
         send(now, job)
 
-    if ramp_s > 0:
+    if wl.arrivals:  # open loop: each fresh prompt at its own time, in turn per replica as the ramp
+        for i in fresh:
+            seq += 1
+            heapq.heappush(events, (wl.arrivals[i], seq, -1))
+    elif ramp_s > 0:
         for i in range(min(concurrency, len(fresh))):
             seq += 1
             heapq.heappush(events, (i * ramp_s / concurrency, seq, -1))
@@ -1007,7 +1033,8 @@ def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int,
             if decoded is not None:  # the gateway's on_output hook, without the output's ids
                 decoded(job.request, job.output)
             nxt = wl.follows.get(job.rid)
-            submit(now, index=nxt, origin=job.origin)
+            if nxt is not None or not wl.arrivals:  # closed loop: a finish sends the next prompt
+                submit(now, index=nxt, origin=job.origin)
         if w.has_work():
             seq += 1
             heapq.heappush(events, (now + w.plan_step(now), seq, wi))
@@ -1189,6 +1216,10 @@ def workloads(args: argparse.Namespace) -> list[Workload]:
         out.append(spread_outputs(gsp_workload(**base, hot_share=0.5), args.output_spread, args.seed))  # type: ignore[arg-type]
     if "zipf" in args.workload and args.zipf > 0:
         out.append(spread_outputs(gsp_workload(**base, zipf=args.zipf), args.output_spread, args.seed))  # type: ignore[arg-type]
+    if "trace" in args.workload:
+        if not args.trace:
+            raise SystemExit("--workload trace needs --trace FILE")
+        out.append(trace_workload(args.trace, args.trace_requests, args.trace_time_scale, args.page))
     if "chat" in args.workload:
         out.append(chat_workload(args.conversations, args.turns, args.chat_system, args.user, args.reply,
                                  args.seed, args.page, args.reply_roundtrip))
@@ -1283,7 +1314,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workload", nargs="*", default=["gsp", "hot", "zipf"],
-                        choices=["gsp", "hot", "zipf", "chat"], help="sim: workloads to replay")
+                        choices=["gsp", "hot", "zipf", "chat", "trace"], help="sim: workloads to replay")
+    parser.add_argument("--trace", default="", help="sim trace: a trace file in bench trace's formats (open loop)")
+    parser.add_argument("--trace-requests", type=int, default=2000, help="sim trace: its first N requests (0: all)")
+    parser.add_argument("--trace-time-scale", type=float, default=0.25, help="sim trace: arrival times x this")
     parser.add_argument("--conversations", type=int, default=32, help="sim chat: conversations")
     parser.add_argument("--turns", type=int, default=6, help="sim chat: turns per conversation")
     parser.add_argument("--chat-system", type=int, default=256, help="sim chat: system prompt tokens")

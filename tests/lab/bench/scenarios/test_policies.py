@@ -217,3 +217,21 @@ def test_slowest_row_names_who_the_slowest_percent_are(bench: ModuleType) -> Non
     # the slowest waited at least as long as the median request
     assert float(row[5].split(" / ")[1]) >= sorted(r.ttft_of.values())[counted // 2]
     assert row[7].endswith(f"of {counted}")
+
+
+def test_an_open_loop_trace_arrives_on_its_own_times(bench: ModuleType, tmp_path: object) -> None:
+    """A trace replays open loop: each request at its arrival time, whatever is in flight (a
+    closed loop of 1 would send the second only after the first ended), every one counted."""
+    import orjson
+
+    trace = tmp_path / "t.jsonl"  # type: ignore[operator]
+    lines = [{"timestamp": 1000 * t, "input_length": 1024, "output_length": 512, "hash_ids": [1, 2 + i]}
+             for i, t in enumerate((0, 0, 4, 4))]
+    trace.write_bytes(b"\n".join(orjson.dumps(x) for x in lines))
+    wl = bench.trace_workload(str(trace), 0, 0.5, 16)
+    assert wl.arrivals == [0.0, 0.0, 2.0, 2.0] and wl.outputs == [32] * 4
+    assert len(wl.prompts[0]) == 64 and wl.prompts[0][:32] == wl.prompts[3][:32]
+    policy = bench.build_sim_policy({"policy": "round_robin"})
+    r = bench.simulate(policy, wl, 2, 4096, 16, 1, bench.Timing(), 0.0, {})[0]
+    assert len(r.ttft_of) == 4 and r.makespan_s > 2.0
+    assert max(r.ttft_of.values()) < 0.1  # nobody waited for another's end
