@@ -214,8 +214,10 @@ async def gateway(
 def parse_variant(policy: str) -> tuple[str, dict[str, Any]]:
     """``NAME[:knob=value,...]`` -> (NAME, typed overrides), for ablation cells: knobs of
     ``PolicyConfig``, the prefill gate's (``prefill_gate*``, ``DispatchConfig``),
-    ``reply_token_reuse`` and ``worker_dp_size`` (``ServerConfig``)."""
+    ``reply_token_reuse`` and ``worker_dp_size`` (``ServerConfig``), ``encoder_at_load``
+    (``EngineConfig``)."""
     from gateway.pipeline.dispatch import DispatchConfig
+    from gateway.pipeline.engine import EngineConfig
     from gateway.policies.factory import PolicyConfig
     from gateway.server.config import ServerConfig
 
@@ -226,6 +228,7 @@ def parse_variant(policy: str) -> tuple[str, dict[str, Any]]:
     fields: dict[str, type] = {f.name: PolicyConfig for f in dataclasses.fields(PolicyConfig)}
     fields |= {f.name: DispatchConfig for f in dataclasses.fields(DispatchConfig) if f.name.startswith("prefill_gate")}
     fields["reply_token_reuse"] = fields["worker_dp_size"] = ServerConfig
+    fields["encoder_at_load"] = EngineConfig
     for item in rest.split(","):
         key, sep, raw = item.partition("=")
         key = key.strip().replace("-", "_")
@@ -281,6 +284,7 @@ def ours_config(
     name, knobs = parse_variant(variant)
     config.server.reply_token_reuse = knobs.pop("reply_token_reuse", True)
     config.server.worker_dp_size = knobs.pop("worker_dp_size", 0)  # 1: DP ranks hidden, the engine balances them
+    config.engine.encoder_at_load = knobs.pop("encoder_at_load", True)
     knobs, gate = split_knobs(knobs)
     config.dispatch = dataclasses.replace(config.dispatch, **gate)
     if seed is not None:

@@ -204,6 +204,10 @@ def test_a_variant_becomes_our_settings() -> None:
     assert plain.server.worker_dp_size == 0  # DP ranks as the workers report them
     hidden = launch.ours_config(["grpc://a:1"], "cache_aware:worker_dp_size=1", "", "")
     assert hidden.server.worker_dp_size == 1 and hidden.policy.policy == "cache_aware"
+    assert plain.engine.encoder_at_load is True
+    lazy = launch.ours_config(["grpc://a:1"], "cache_aware:encoder_at_load=off", "", "")
+    assert lazy.engine.encoder_at_load is False and lazy.policy.policy == "cache_aware"
+    assert launch.knob_flags(launch.parse_variant("cache_aware:encoder_at_load=off")[1]) == ["--no-encoder-at-load"]
     with pytest.raises(ValueError, match="not knob=value"):
         launch.ours_config([], "cache_aware:nope=1", "", "")
 
