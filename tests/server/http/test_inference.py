@@ -183,3 +183,50 @@ async def test_a_request_done_before_its_watcher_starts_leaves_none_behind(app: 
     for _ in range(3):
         await asyncio.sleep(0)
     assert len(asyncio.all_tasks()) <= before
+
+
+async def test_a_server_disconnect_hook_cancels_the_request_without_a_watcher_task(app: GatewayApp, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under the gateway's own server the request watches its client through the scope's
+    ``DisconnectHook``: no task waits on ``receive``, and the hook firing cancels the route."""
+    from gateway.server.http.guard import DISCONNECT_HOOK, DisconnectHook
+
+    started = asyncio.Event()
+    cancelled = asyncio.Event()
+    tasks_while_running: list[int] = []
+
+    async def slow(req: Any, ctx: Any) -> Any:
+        for _ in range(3):
+            await asyncio.sleep(0)
+        tasks_while_running.append(len(asyncio.all_tasks()))
+        started.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    routes = {path: dataclasses.replace(r, open=slow) for path, r in app.inference.routes.items()}
+    monkeypatch.setattr(app.inference, "routes", routes)
+    messages = [{"type": "http.request", "body": b'{"text": "hi"}', "more_body": False}]
+
+    async def receive() -> dict[str, Any]:
+        if messages:
+            return messages.pop(0)
+        raise AssertionError("nothing may wait on receive once the body is read")
+
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    hook = DisconnectHook()
+    scope = {"type": "http", "method": "POST", "path": "/generate", "headers": [], "query_string": b"",
+             "extensions": {DISCONNECT_HOOK: hook}}
+    before = len(asyncio.all_tasks())
+    request = asyncio.get_running_loop().create_task(app(scope, receive, send))
+    await started.wait()
+    assert tasks_while_running == [before + 1]  # the request's own task, nothing else
+    hook.fire()
+    await asyncio.wait_for(request, 5)
+    assert cancelled.is_set() and sent[0]["status"] == 499
+    assert hook.callback is None

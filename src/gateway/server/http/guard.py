@@ -21,6 +21,7 @@ read and three clock reads per request; one timer per server sweeps the deadline
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import httptools
@@ -51,6 +52,45 @@ BODIES_BUSY = (
     b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\n"
     b"content-length: %d\r\nconnection: close\r\n\r\n" % len(_BUSY_BODY)
 ) + _BUSY_BODY
+
+
+DISCONNECT_HOOK = "gateway.disconnect"  # scope["extensions"] key: the request's DisconnectHook
+
+
+class DisconnectHook:
+    """Tells one request's handler that its client left, by a plain callback: the server
+    fires it when the connection is lost (or refused) before the response completed, so
+    the handler needs no task of its own waiting on ``receive`` for an ``http.disconnect``
+    (a task, a future and a cancellation per request). A callback set after the client
+    left runs at once."""
+
+    __slots__ = ("callback", "gone")
+
+    def __init__(self) -> None:
+        self.callback: Callable[[], None] | None = None
+        self.gone = False
+
+    def watch(self, callback: Callable[[], None] | None) -> None:
+        """Call ``callback`` once when the client leaves (None: stop watching)."""
+        if callback is not None and self.gone:
+            callback()
+            return
+        self.callback = callback
+
+    def fire(self) -> None:
+        self.gone = True
+        callback, self.callback = self.callback, None
+        if callback is not None:
+            callback()
+
+
+def _client_left(cycle: Any) -> None:
+    """Fire the hook of ``cycle``'s request if its client left before the response completed."""
+    if cycle is None or not cycle.disconnected:
+        return
+    hook = cycle.scope.get("extensions", {}).get(DISCONNECT_HOOK)
+    if hook is not None:
+        hook.fire()
 
 
 class _Refused(Exception):
@@ -130,6 +170,7 @@ class GuardedHttpTools(HttpToolsProtocol):
         if cycle is not None and not cycle.response_complete:
             cycle.disconnected = True  # the app sees http.disconnect and frees its slot
             cycle.message_event.set()
+            _client_left(cycle)
         if cycle is not None and cycle.response_started:
             self.transport.close()
             return
@@ -168,6 +209,7 @@ class GuardedHttpTools(HttpToolsProtocol):
         self._sweeper.discard(self)
         self._release_body()
         super().connection_lost(exc)
+        _client_left(self.cycle)
 
     def data_received(self, data: bytes) -> None:
         if self._lingering:  # refused: drop what still arrives, within bounds
@@ -220,6 +262,11 @@ class GuardedHttpTools(HttpToolsProtocol):
                 raise _Refused()
         self._state = BODY
         self._deadline_at = self.loop.time() + limits.body_timeout_s if limits.body_timeout_s > 0 else None
+        scope: dict[str, Any] = self.scope  # type: ignore[assignment]
+        extensions: dict[str, Any] | None = scope.get("extensions")
+        if extensions is None:
+            extensions = scope["extensions"] = {}
+        extensions[DISCONNECT_HOOK] = DisconnectHook()
         super().on_headers_complete()
 
     def on_body(self, body: bytes) -> None:

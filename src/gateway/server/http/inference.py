@@ -12,8 +12,10 @@ path is registered with it as a plain route to this app, so any other method get
 
 Auth before the body is read, the body limit, the OpenAI error shape for every bad
 input, one admission slot (or one per prompt) held until the answer is complete, the
-worker stream cancelled the moment the client leaves. One watcher task per request
-waits for the disconnect and cancels the request's own task; a stream is one loop
+worker stream cancelled the moment the client leaves: the gateway's own HTTP server
+(``server.http.guard``) calls the request back when its client leaves; under any other
+ASGI server one watcher task per request waits for the disconnect. Either cancels the
+request's own task; a stream is one loop
 from the endpoint's events to ``send``, without an async-generator layer or a
 response object between.
 """
@@ -39,6 +41,7 @@ from gateway.protocol.errors import GatewayError
 from gateway.server.admission import Ticket
 from gateway.server.http.door import CLIENT_CLOSED, HttpDoor
 from gateway.server.http.forward import forward
+from gateway.server.http.guard import DISCONNECT_HOOK, DisconnectHook
 from gateway.server.http.sse import DONE, sse_error
 from gateway.server.http.util import (
     ClientGone,
@@ -162,6 +165,12 @@ class _Request:
     def _start_watch(self) -> None:
         self.watcher = asyncio.get_running_loop().create_task(self._watch())
 
+    def _client_left(self) -> None:
+        """The server's ``DisconnectHook`` fired: the client left before the response's end."""
+        if not self.complete:
+            self.gone = True
+            self.task.cancel()
+
     async def _watch(self) -> None:
         """Wait for the client to leave; then cancel the request's task (its worker stream
         with it). After the response is complete uvicorn reports a disconnect too: ignored."""
@@ -206,6 +215,7 @@ class _Request:
         path, route = self.path, self.route
         state, door = path.state, path.door
         watch: asyncio.Handle | None = None
+        hook: DisconnectHook | None = self.scope.get("extensions", {}).get(DISCONNECT_HOOK)
         try:
             try:
                 headers = _headers(self.scope)
@@ -216,12 +226,15 @@ class _Request:
                 # The whole body before the disconnect watcher shares ``receive``: two
                 # readers would race for the body's chunks.
                 body = await read_body(self.receive, headers.get("content-length"), path.max_body)
-                # The watcher is created one loop turn later, and its first step runs one
-                # more turn later: after the request's own turn, which ends once its worker
-                # call is started, and after grpc.aio's send of that call. Created here, its
-                # first step would run before that send, on every request's critical path; a
-                # client that leaves meanwhile is seen a turn later, which changes nothing.
-                watch = asyncio.get_running_loop().call_soon(self._start_watch)
+                if hook is not None:  # this gateway's server says when the client leaves: no watcher task
+                    hook.watch(self._client_left)
+                else:
+                    # The watcher is created one loop turn later, and its first step runs one
+                    # more turn later: after the request's own turn, which ends once its worker
+                    # call is started, and after grpc.aio's send of that call. Created here, its
+                    # first step would run before that send, on every request's critical path; a
+                    # client that leaves meanwhile is seen a turn later, which changes nothing.
+                    watch = asyncio.get_running_loop().call_soon(self._start_watch)
                 data = parse_json(body)
                 model = data.get("model") if type(data) is dict and route.path in FORWARDED_PATHS else None
                 if model is not None and state.text_relay.serves(model):
@@ -253,6 +266,8 @@ class _Request:
                     raise
                 await self._send_error(exc, door.headers_for(self.ctx))
         finally:
+            if hook is not None:
+                hook.watch(None)
             if watch is not None:
                 watch.cancel()  # not started yet: never will be
             watcher = self.watcher
