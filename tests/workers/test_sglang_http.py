@@ -134,6 +134,21 @@ async def test_a_streamed_generate_reads_as_chunks_then_a_complete(peer: tuple[P
     assert p.headers[-1]["authorization"] == "Bearer k" and p.headers[-1]["x-request-id"] == "req-1"
 
 
+async def test_ready_says_whether_a_read_would_wait(peer: tuple[Peer, SglangHttpClient]) -> None:
+    p, client = peer
+    # The last token and its finish come in one event: one read of the answer, two messages.
+    p.routes["/generate"] = p.sse([ans([7, 8], {"type": "length"})], hang=True)
+    call = client.generate(request())
+    assert not call.ready()  # nothing has arrived yet
+    first = await call.read()
+    assert isinstance(first, pb.GenerateResponse) and first.HasField("chunk")
+    assert call.ready()  # the complete came with it: the pipeline takes both as one batch
+    last = await call.read()
+    assert isinstance(last, pb.GenerateResponse) and last.HasField("complete")
+    call.cancel()
+    assert call.ready()  # a cancelled call's read raises at once
+
+
 async def test_a_whole_generate_is_one_complete(peer: tuple[Peer, SglangHttpClient]) -> None:
     p, client = peer
     p.routes["/generate"] = reply(ans([4, 5, 6], {"type": "length", "length": 3}))

@@ -136,6 +136,13 @@ def test_a_count_that_goes_backwards_is_refused() -> None:
     assert reader.started
 
 
+def test_a_new_id_that_is_no_token_id_is_refused() -> None:
+    reader = StreamReader("r")
+    list(reader.feed(answer([1])))
+    with pytest.raises(AnswerError, match="output_ids"):
+        list(reader.feed(answer([1, "2"])))  # type: ignore[list-item]
+
+
 def test_error_events_are_recognised() -> None:
     assert error_message({"error": {"message": "too long"}}) == "too long"
     assert error_message({"error": "plain"}) == "plain"

@@ -95,19 +95,18 @@ async def _lines(content: aiohttp.StreamReader, bound: int) -> AsyncIterator[byt
     outgrows aiohttp's own line limit on long generations; a line past what the request
     can bring back is ``ReplyTooLarge``, raised before more of it is held)."""
     pending = b""
-    async for data in content.iter_any():
-        pending += data
-        if b"\n" not in data:
-            if len(pending) > bound:
-                raise ReplyTooLarge(None, bound)
-            continue
-        *complete, pending = pending.split(b"\n")
-        for line in complete:
-            if len(line) > bound:
-                raise ReplyTooLarge(len(line), bound)
-            yield line
+    while data := await content.readany():
+        if pending:
+            data = pending + data
+        lines = data.split(b"\n")
+        pending = lines.pop()
         if len(pending) > bound:
             raise ReplyTooLarge(None, bound)
+        for line in lines:
+            if line:  # SSE's blank separator lines carry nothing
+                if len(line) > bound:
+                    raise ReplyTooLarge(len(line), bound)
+                yield line
     if pending:
         yield pending
 
@@ -185,9 +184,18 @@ class HttpGenerateCall:
 
     def _push(self, item: _Item) -> None:
         self._items.append(item)
+        self._wake()
+
+    def _wake(self) -> None:
+        """Wake a pending ``read()`` once for everything queued since it began to wait."""
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+
+    def ready(self) -> bool:
+        """``read()`` would return (or raise) without waiting: the pipeline takes the
+        tokens that came in one read of the worker's answer as one batch."""
+        return bool(self._items) or self._cancelled
 
     async def _pump(
         self, http: aiohttp.ClientSession, dialect: Dialect, request: pb.GenerateRequest,
@@ -219,7 +227,7 @@ class HttpGenerateCall:
             samples = max(1, request.sampling_params.n)
             finished = 0
             async for line in _lines(response.content, bound):
-                if not line.startswith(b"data:"):
+                if line[:5] != b"data:":
                     continue
                 payload = line[5:].strip()
                 if payload == b"[DONE]":
@@ -230,9 +238,10 @@ class HttpGenerateCall:
                     code = CallCode.ABORTED if reader.started else CallCode.INVALID_ARGUMENT
                     raise WorkerCallError(code, refused)
                 for out in reader.feed(answer):
-                    self._push(out)
+                    self._items.append(out)
                     if out.HasField("complete"):
                         finished += 1
+                self._wake()
                 if finished >= samples and not self._draining:
                     # The reader may stop (and cancel) now; reading the last bytes instead
                     # of dropping the connection keeps it in the pool. Bounded.

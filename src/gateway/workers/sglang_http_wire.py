@@ -192,7 +192,8 @@ def _complete(
     return pb.GenerateResponse(request_id=request_id, complete=complete)
 
 
-def _parts(answer: object) -> tuple[list[int], dict[str, Any], int]:
+def _parts(answer: object, *, check_ids: bool = True) -> tuple[list[int], dict[str, Any], int]:
+    """``(output_ids, meta_info, index)``; ``check_ids=False`` checks only that the ids are a list."""
     if not isinstance(answer, dict):
         raise AnswerError("each answer must be a JSON object")
     meta = answer.get("meta_info")
@@ -201,7 +202,12 @@ def _parts(answer: object) -> tuple[list[int], dict[str, Any], int]:
     index = answer.get("index", 0)
     if not isinstance(index, int) or index < 0:
         raise AnswerError(f"index must be a non-negative integer, got {index!r}")
-    return _ints(answer.get("output_ids"), "output_ids"), meta, index
+    ids = answer.get("output_ids")
+    if check_ids:
+        return _ints(ids, "output_ids"), meta, index
+    if not isinstance(ids, list):
+        raise AnswerError("output_ids must be a list of token ids")
+    return ids, meta, index
 
 
 def whole_answer(request_id: str, answer: object) -> list[pb.GenerateResponse]:
@@ -237,7 +243,9 @@ class StreamReader:
         return any(self._sent.values())
 
     def feed(self, answer: object) -> Iterator[pb.GenerateResponse]:
-        ids, meta, index = _parts(answer)
+        # Once per streamed token: only the new ids are checked (a cumulative list's
+        # older ids were checked when they were new), and the message is built in place.
+        ids, meta, index = _parts(answer, check_ids=False)
         total = _count(meta, "completion_tokens")
         sent = self._sent.get(index, 0)
         fresh = total - sent
@@ -245,7 +253,7 @@ class StreamReader:
             raise AnswerError(
                 f"completion_tokens went from {sent} to {total} with {len(ids)} output ids"
             )
-        new = ids[len(ids) - fresh:] if fresh else []
+        new = _ints(ids[len(ids) - fresh:], "output_ids") if fresh else []
         self._sent[index] = total
         logprobs = _output_logprobs(meta, fresh)
         input_lp = None
@@ -254,19 +262,19 @@ class StreamReader:
             if input_lp is not None:
                 self._input_sent.add(index)
         if new:
-            chunk = pb.GenerateStreamChunk(
-                token_ids=new,
-                prompt_tokens=_count(meta, "prompt_tokens"),
-                completion_tokens=total,
-                cached_tokens=_count(meta, "cached_tokens"),
-                index=index,
-            )
+            message = pb.GenerateResponse(request_id=self._request_id)
+            chunk = message.chunk
+            chunk.token_ids.extend(new)
+            chunk.prompt_tokens = _count(meta, "prompt_tokens")
+            chunk.completion_tokens = total
+            chunk.cached_tokens = _count(meta, "cached_tokens")
+            chunk.index = index
             if logprobs is not None:
                 chunk.output_logprobs.CopyFrom(logprobs)
             if input_lp is not None:
                 chunk.input_logprobs.CopyFrom(input_lp)
                 input_lp = None
-            yield pb.GenerateResponse(request_id=self._request_id, chunk=chunk)
+            yield message
         finish = _finish(meta)
         if finish is not None:
             yield _complete(self._request_id, index, new, meta, finish, logprobs, input_lp)
