@@ -16,8 +16,8 @@ It reports a model folder (the tokenizer files plus a ``config.json``), as a rea
 does: a peer gateway that loads ``config.json`` from the reported path must find it.
 
 Run as ``python -m gateway_lab.bench.zero_fleet --ports P1 P2 ...``: one process, one
-grpc.aio server per port, each with its own cache. :class:`ZeroFleet` starts such
-processes and stops them.
+grpc.aio server per port, each with its own cache (``--http``: SGLang's HTTP API instead,
+``zero_http``). :class:`ZeroFleet` starts such processes and stops them.
 """
 
 from __future__ import annotations
@@ -142,9 +142,20 @@ class ZeroWorker(pb_grpc.SglangSchedulerServicer):
         self.running = 0
         self.started = time.time()
 
-    def _tokens(self, n: int) -> list[int]:
+    version = VERSION
+
+    def tokens(self, n: int) -> list[int]:
+        """The first ``n`` output tokens (the reply, cycled)."""
         out = self.output
         return [out[i % len(out)] for i in range(n)]
+
+    def admit(self, prompt: Sequence[int]) -> int:
+        """The prompt's cached tokens (then cached whole), recorded when recording."""
+        cached, key = self.cache.admit_keyed(prompt)
+        if self.record is not None:
+            line = {"port": self.port, "t": round(time.time(), 4), "key": key, "prompt": len(prompt), "cached": cached}
+            self.record.write(json.dumps(line) + "\n")
+        return cached
 
     async def Generate(self, request: pb.GenerateRequest, context: Any) -> AsyncIterator[pb.GenerateResponse]:
         prompt = request.tokenized.input_ids
@@ -155,13 +166,10 @@ class ZeroWorker(pb_grpc.SglangSchedulerServicer):
         if len(prompt) + max_new > self.context_length:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the prompt plus max_new_tokens exceeds the context")
         n = max(1, sp.n)
-        cached, key = self.cache.admit_keyed(prompt)
-        if self.record is not None:
-            line = {"port": self.port, "t": round(time.time(), 4), "key": key, "prompt": len(prompt), "cached": cached}
-            self.record.write(json.dumps(line) + "\n")
+        cached = self.admit(prompt)
         rid = request.request_id
         prompt_len = len(prompt)
-        tokens = self._tokens(max_new)
+        tokens = self.tokens(max_new)
         self.running += 1
         try:
             if not request.stream:
@@ -249,14 +257,20 @@ class ZeroWorker(pb_grpc.SglangSchedulerServicer):
 
 async def serve(
     ports: Sequence[int], folder: Path, step_s: float, capacity_tokens: int, context_length: int,
-    record: IO[str] | None = None,
+    record: IO[str] | None = None, http: bool = False,
 ) -> None:  # fmt: skip
-    """One grpc.aio server per port until SIGTERM/SIGINT."""
+    """One server per port until SIGTERM/SIGINT: grpc.aio, or SGLang's HTTP API (``http``)."""
     output = reply_ids(folder)
     servers = []
+    runners = []
     for port in ports:
-        server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         worker = ZeroWorker(folder, output, step_s, capacity_tokens, context_length, port, record)
+        if http:
+            from gateway_lab.bench import zero_http
+
+            runners.append(await zero_http.start(worker, port))
+            continue
+        server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         pb_grpc.add_SglangSchedulerServicer_to_server(worker, server)
         server.add_insecure_port(f"127.0.0.1:{port}")
         await server.start()
@@ -270,7 +284,7 @@ async def serve(
     await stop.wait()
     if flusher is not None:
         flusher.cancel()
-    await asyncio.gather(*(s.stop(0.5) for s in servers))
+    await asyncio.gather(*(s.stop(0.5) for s in servers), *(r.cleanup() for r in runners))
     if record is not None:
         record.flush()
 
@@ -346,8 +360,10 @@ class ZeroFleet:
     def __init__(
         self, workers: int, tokenizer_dir: Path, *, step_s: float = 0.0, processes: int = 1,
         capacity_tokens: int = 65536, context_length: int = 40960, record_dir: Path | None = None,
+        http: bool = False,
     ) -> None:  # fmt: skip
         self.ports = free_ports(workers)
+        self.http = http
         self.record_dir = record_dir
         self.tokenizer_dir = tokenizer_dir
         self.step_s = step_s
@@ -359,7 +375,8 @@ class ZeroFleet:
 
     @property
     def urls(self) -> list[str]:
-        return [f"grpc://127.0.0.1:{p}" for p in self.ports]
+        scheme = "http" if self.http else "grpc"
+        return [f"{scheme}://127.0.0.1:{p}" for p in self.ports]
 
     @property
     def pids(self) -> list[int]:
@@ -376,6 +393,8 @@ class ZeroFleet:
                     "--step-s", str(self.step_s), "--capacity-tokens", str(self.capacity_tokens),
                     "--context-length", str(self.context_length), "--ports", *map(str, ports),
                 ]  # fmt: skip
+                if self.http:
+                    argv.append("--http")
                 if self.record_dir is not None:
                     argv += ["--record", str(self.record_dir / f"zero-{ports[0]}.jsonl")]
                 self.procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, start_new_session=True))
@@ -424,10 +443,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--capacity-tokens", type=int, default=65536, help="prefix cache size per worker")
     parser.add_argument("--context-length", type=int, default=40960)
     parser.add_argument("--record", default="", help="append one JSON line per Generate to this file")
+    parser.add_argument("--http", action="store_true", help="serve SGLang's HTTP API instead of its gRPC service")
     args = parser.parse_args(argv)
     record = open(args.record, "a", encoding="utf-8") if args.record else None
     try:
-        asyncio.run(serve(args.ports, Path(args.folder), args.step_s, args.capacity_tokens, args.context_length, record))
+        asyncio.run(serve(
+            args.ports, Path(args.folder), args.step_s, args.capacity_tokens, args.context_length, record, args.http,
+        ))  # fmt: skip
     finally:
         if record is not None:
             record.close()

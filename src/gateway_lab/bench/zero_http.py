@@ -1,0 +1,159 @@
+"""The zero-cost workers' SGLang HTTP face: the same worker as ``zero_fleet``'s gRPC one,
+answering SGLang's native HTTP API.
+
+Why a second HTTP worker beside the simulator's (``gateway_lab/sim/http_server.py``):
+a claim about the gateway's HTTP worker client must hold on two differently built
+fleets. This one shares no code with the simulator: aiohttp's web server instead of
+Starlette on uvicorn, no step loop, no servicer behind it. It answers what SGLang's HTTP
+server answers: ``POST /generate`` with ``input_ids`` (whole, or SSE-streamed with the
+output so far in each event, SGLang's default, then ``data: [DONE]``), ``GET /health``,
+``/health_generate``, ``/get_model_info``, ``/get_server_info``, ``/get_load`` (a list of
+per-rank loads), ``POST /flush_cache`` and ``/abort_request``. Each streamed event is its
+own write, as a server that generates one token at a time sends it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from aiohttp import web
+
+if TYPE_CHECKING:
+    from gateway_lab.bench.zero_fleet import ZeroWorker
+
+DEFAULT_MAX_NEW_TOKENS = 128
+
+
+class BadRequest(ValueError):
+    """A body SGLang's server would refuse with HTTP 400."""
+
+
+def _json(value: Any, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(value), status=status, content_type="application/json")
+
+
+def _error(message: str, status: int = 400) -> web.Response:
+    return _json({"error": {"message": message}}, status)
+
+
+def parse_generate(body: Any, context_length: int) -> tuple[list[int], int, int, bool, str]:
+    """``(input_ids, max_new_tokens, n, stream, rid)`` of a ``/generate`` body, or BadRequest."""
+    if not isinstance(body, dict):
+        raise BadRequest("the body must be a JSON object")
+    ids = body.get("input_ids")
+    if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and t >= 0 for t in ids):
+        raise BadRequest("input_ids must be a non-empty list of token ids")
+    params = body.get("sampling_params")
+    params = {} if params is None else params
+    if not isinstance(params, dict):
+        raise BadRequest("sampling_params must be an object")
+    max_new = params.get("max_new_tokens")
+    max_new = DEFAULT_MAX_NEW_TOKENS if max_new is None else max_new
+    n = params.get("n", 1)
+    if not isinstance(max_new, int) or max_new < 0 or not isinstance(n, int) or n < 1:
+        raise BadRequest("max_new_tokens must be a count and n at least 1")
+    if len(ids) + max_new > context_length:
+        raise BadRequest("the prompt plus max_new_tokens exceeds the context")
+    return ids, max_new, n, bool(body.get("stream", False)), str(body.get("rid") or "")
+
+
+def answer(rid: str, output: list[int], index: int, prompt: int, cached: int, done: bool) -> dict[str, Any]:
+    """One SGLang answer object: the output so far and its counts."""
+    meta = {
+        "id": rid, "finish_reason": {"type": "length", "matched": None} if done else None,
+        "prompt_tokens": prompt, "completion_tokens": len(output), "cached_tokens": cached,
+    }  # fmt: skip
+    return {"text": "", "output_ids": output, "meta_info": meta, "index": index}
+
+
+class ZeroHttpWorker:
+    """SGLang's HTTP routes over one :class:`ZeroWorker` (its cache, output and record)."""
+
+    def __init__(self, worker: ZeroWorker) -> None:
+        self.worker = worker
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 << 20)
+        app.router.add_post("/generate", self.generate)
+        for path in ("/health", "/health_generate"):
+            app.router.add_get(path, self.health)
+        app.router.add_get("/get_model_info", self.model_info)
+        app.router.add_get("/get_server_info", self.server_info)
+        app.router.add_get("/get_load", self.load)
+        app.router.add_post("/flush_cache", self.flush)
+        app.router.add_post("/abort_request", self.abort)
+        return app
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        w = self.worker
+        try:
+            ids, max_new, n, stream, rid = parse_generate(orjson.loads(await request.read()), w.context_length)
+        except (BadRequest, orjson.JSONDecodeError) as exc:
+            return _error(str(exc))
+        cached = w.admit(ids)
+        tokens = w.tokens(max_new)
+        w.running += 1
+        try:
+            if not stream:
+                if w.step_s:
+                    await asyncio.sleep(w.step_s * max_new)
+                whole = [answer(rid, tokens, i, len(ids), cached, True) for i in range(n)]
+                return _json(whole[0] if n == 1 else whole)
+            response = web.StreamResponse(headers={"content-type": "text/event-stream", "cache-control": "no-cache"})
+            await response.prepare(request)
+            for done in range(1, max_new + 1):
+                if w.step_s:
+                    await asyncio.sleep(w.step_s)
+                for index in range(n):
+                    event = answer(rid, tokens[:done], index, len(ids), cached, done == max_new)
+                    await response.write(b"data: " + orjson.dumps(event) + b"\n\n")
+            await response.write(b"data: [DONE]\n\n")
+            await response.write_eof()
+            return response
+        finally:
+            w.running -= 1
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(text="")
+
+    async def model_info(self, request: web.Request) -> web.Response:
+        folder = str(self.worker.folder)
+        return _json({
+            "model_path": folder, "tokenizer_path": folder, "is_generation": True,
+            "served_model_name": "zero", "weight_version": "default", "preferred_sampling_params": None,
+        })  # fmt: skip
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        w = self.worker
+        folder = str(w.folder)
+        return _json({
+            "model_path": folder, "tokenizer_path": folder, "served_model_name": "zero",
+            "page_size": w.cache.page_size, "context_length": w.context_length, "skip_tokenizer_init": False,
+            "max_total_num_tokens": w.capacity_tokens, "dp_size": 1, "version": w.version,
+            "internal_states": [{"max_total_num_tokens": w.capacity_tokens, "page_size": w.cache.page_size}],
+            "uptime_seconds": time.time() - w.started,
+        })  # fmt: skip
+
+    async def load(self, request: web.Request) -> web.Response:
+        return _json([{"dp_rank": 0, "num_reqs": self.worker.running, "num_waiting_reqs": 0, "num_tokens": 0}])
+
+    async def flush(self, request: web.Request) -> web.Response:
+        self.worker.cache.clear()
+        return web.Response(text="Cache flushed.\n")
+
+    async def abort(self, request: web.Request) -> web.Response:
+        return web.Response(text="")
+
+
+async def start(worker: ZeroWorker, port: int) -> web.AppRunner:
+    """Serve ``worker`` over HTTP on 127.0.0.1:``port``; the runner stops it."""
+    runner = web.AppRunner(ZeroHttpWorker(worker).app(), access_log=None, handle_signals=False)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner
+
+
+__all__ = ["BadRequest", "ZeroHttpWorker", "answer", "parse_generate", "start"]
