@@ -1,65 +1,103 @@
 """gsp through the gateway to simulated workers: SGLang, vLLM and TensorRT-LLM over gRPC, SGLang and vLLM over HTTP, in one run.
 
 Same workload, same fleet size and cache size, same policy: the prefix-cache hit rate
-the workers themselves report (their cached / prompt token counters) and the CPU time
-per request of the process running the gateway and the load driver (the workers run in
-a child process), for each transport. Zero-cost simulated steps, so the run measures
-routing and the gateway's own work, not simulated GPU time.
+the workers report (their cached / prompt token counts, relayed in each answer's usage)
+and the gateway's CPU time per request, for each transport. The gateway is
+``token-gateway serve`` in its own process (as deployed), the workers in another, the
+load driver in this one: the CPU figure is the gateway's alone. Zero-cost steps by
+default, so the run measures routing and the gateway's own work, not simulated GPU
+time; ``--step-ms`` paces the workers instead, so tokens arrive one at a time as from a
+GPU on every transport. Two fleets: the simulator (``sim``, ``sim-alt``) and the
+zero-cost workers (``zero``: gRPC or SGLang HTTP, no simulator code in them).
 
     token-gateway bench transports --groups 16 --prompts 8 --workers 4
+    token-gateway bench transports --fleet zero --transports grpc,http --gateways ours before --baseline-src ../main/src
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
-import tempfile
+import os
 import time
-from typing import Any
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
 
-from gateway.server.config import GatewayConfig, ServerConfig
 from gateway_lab.bench import launch
 from gateway_lab.bench import workloads as wl
 from gateway_lab.bench.driver import DriverConfig, run_workload
-from gateway_lab.bench.inprocess import serve_in_process
+from gateway_lab.bench.scenarios.peer_cost import user_system_s
 from gateway_lab.sim.config import SimConfig
 
+if TYPE_CHECKING:
+    from gateway_lab.bench.zero_fleet import ZeroFleet
+    from gateway_lab.sim.fleet import SubprocessFleet
 
-async def one(transport: str, policy: str, args: argparse.Namespace, workload: wl.Workload) -> dict[str, Any]:
-    """One run: a fresh fleet (in its own process, so this process's CPU time is the
-    gateway's and the load driver's, the same for both transports) and a fresh gateway."""
+SIM_KINDS = {
+    "grpc": [], "vllm-grpc": ["--engine", "vllm"], "trtllm-grpc": ["--engine", "trtllm"],
+    "http": ["--http"], "vllm": ["--http", "--http-api", "vllm"],
+}  # fmt: skip
+ZERO_KINDS = ("grpc", "http")
+
+
+@contextlib.asynccontextmanager
+async def _fleet(transport: str, args: argparse.Namespace) -> AsyncIterator[SubprocessFleet | ZeroFleet]:
+    """A fresh fleet of ``transport`` workers in child processes."""
+    if args.fleet == "zero":
+        if transport not in ZERO_KINDS:
+            raise SystemExit(f"the zero-cost fleet serves {', '.join(ZERO_KINDS)}, not {transport}")
+        async with launch.fleet(
+            "zero", args.workers, step_s=args.step_ms / 1e3, capacity_tokens=args.kv_tokens, http=transport == "http",
+        ) as zero:  # fmt: skip
+            yield zero
+        return
     sim = dataclasses.replace(SimConfig().zero_cost(), kv_capacity_tokens=args.kv_tokens, eos_probability=0.0)
-    extra = {
-        "grpc": [], "vllm-grpc": ["--engine", "vllm"], "trtllm-grpc": ["--engine", "trtllm"],
-        "http": ["--http"], "vllm": ["--http", "--http-api", "vllm"],
-    }[transport]
+    if args.step_ms > 0:  # one step per token for every running request, slept in wall time
+        sim = dataclasses.replace(sim, step_base_s=args.step_ms / 1e3, time_scale=1.0)
     if args.fleet == "sim-alt":  # the second build: bigger pages, less KV, fewer running slots
         sim = dataclasses.replace(sim, page_size=32, kv_capacity_tokens=args.kv_tokens * 4 // 5, max_running_requests=24)
-    async with launch.fleet("process", args.workers, sim, extra_args=extra) as fleet:
-        with tempfile.TemporaryDirectory() as tok:
-            # vLLM's server does not say where its tokenizer is: give it, as operators do.
-            tokenizer = str(wl.default_tokenizer_dir()) if transport == "vllm" else None
-            config = GatewayConfig(server=ServerConfig(
-                worker_urls=fleet.urls, tokenizer_cache_dir=tok, tokenizer_path=tokenizer,
-            ))
-            config.policy.policy = policy
-            config.server.kv_events = args.kv_events
-            if args.tree_default_budget_tokens > 0:  # for workers that report no KV pool (TensorRT-LLM)
-                config.policy.tree_default_budget_tokens = args.tree_default_budget_tokens
-            async with serve_in_process(config) as gateway:
-                cpu0 = time.process_time()
-                run = await run_workload(gateway.url, workload, DriverConfig(concurrency=args.concurrency))
-                cpu = time.process_time() - cpu0
-    counters = (fleet.counters or {}).get("workers", [])
-    ok = sum(r.ok for r in run.results)
-    cached = sum(c["cached_tokens"] for c in counters)
-    prompt = sum(c["prompt_tokens"] for c in counters)
+    async with launch.fleet("process", args.workers, sim, extra_args=SIM_KINDS[transport]) as fleet:
+        yield fleet
+
+
+def _gateway_flags(transport: str, args: argparse.Namespace) -> list[str]:
+    flags = ["--no-access-log", "--log-level", "warning"]
+    if transport == "vllm" or (args.fleet == "zero" and transport == "http"):
+        # HTTP servers do not send their tokenizer: give it, as operators do.
+        flags += ["--tokenizer-path", str(wl.default_tokenizer_dir())]
+    if args.kv_events:
+        flags.append("--kv-events")
+    if args.tree_default_budget_tokens > 0:  # for workers that report no KV pool (TensorRT-LLM)
+        flags += ["--tree-default-budget-tokens", str(args.tree_default_budget_tokens)]
+    return flags
+
+
+async def one(
+    transport: str, policy: str, args: argparse.Namespace, workload: wl.Workload, warm: wl.Workload, gateway: str = "ours",
+) -> dict[str, Any]:
+    """One run: a fresh fleet and a fresh gateway process (``before``: the gateway from
+    ``--baseline-src``), a short warm-up of other prompts, then the measured workload."""
+    env = {**os.environ, "PYTHONPATH": args.baseline_src} if gateway == "before" else None
+    async with _fleet(transport, args) as fleet:
+        async with launch.gateway("ours", fleet.urls, policy, extra_args=_gateway_flags(transport, args), env=env) as gw:
+            if warm.requests:
+                await run_workload(gw.url, warm, DriverConfig(concurrency=args.concurrency))
+            u0, s0 = user_system_s(gw.pid)
+            t0 = time.perf_counter()
+            run = await run_workload(gw.url, workload, DriverConfig(concurrency=args.concurrency))
+            wall = time.perf_counter() - t0
+            u1, s1 = user_system_s(gw.pid)
+    done = [r for r in run.results if r.ok]
+    prompt = sum(r.prompt_tokens for r in done)
+    cpu = (u1 - u0) + (s1 - s0)
     return {
-        "transport": transport, "fleet": args.fleet, "kv_events": args.kv_events, "policy": policy, "ok": ok, "failed": len(run.results) - ok,
-        "hit_rate": cached / prompt if prompt else 0.0, "cpu_ms_per_request": 1000 * cpu / max(1, ok),
-        "worker_requests": sum(c["requests"] for c in counters),
-    }
+        "transport": transport, "gateway": gateway, "fleet": args.fleet, "step_ms": args.step_ms,
+        "kv_events": args.kv_events, "policy": policy, "ok": len(done), "failed": len(run.results) - len(done),
+        "hit_rate": sum(r.cached_tokens for r in done) / prompt if prompt else 0.0,
+        "cpu_ms_per_request": 1000 * cpu / max(1, len(done)), "requests_per_s": len(done) / wall if wall > 0 else 0.0,
+    }  # fmt: skip
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -77,9 +115,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--transports", default="grpc,http,vllm", help="grpc (SGLang), vllm-grpc, trtllm-grpc, http (SGLang), vllm (HTTP)",
     )
     parser.add_argument(
-        "--fleet", default="sim", choices=["sim", "sim-alt"],
-        help="sim: page 16, --kv-tokens KV, 64 slots; sim-alt: page 32, 4/5 of the KV, 24 slots",
+        "--fleet", default="sim", choices=["sim", "sim-alt", "zero"],
+        help="sim: page 16, --kv-tokens KV, 64 slots; sim-alt: page 32, 4/5 of the KV, 24 slots;"
+        " zero: the zero-cost workers (grpc and http only), page 16, --kv-tokens KV",
     )
+    parser.add_argument(
+        "--step-ms", type=float, default=0.0,
+        help="milliseconds per generated token on every worker (0: zero cost, tokens as fast as they go)",
+    )
+    parser.add_argument("--warm", type=int, default=8, help="requests of other prompts before each measured run")
+    parser.add_argument(
+        "--gateways", nargs="+", choices=["ours", "before"], default=["ours"],
+        help="who runs each transport, in this order for odd transports and reversed for even ones",
+    )
+    parser.add_argument("--baseline-src", default="", help="src/ of another checkout, run as gateway 'before'")
     parser.add_argument(
         "--kv-events", action="store_true",
         help="the gateway subscribes to the workers' KV events (the page size and cache contents from the workers)",
@@ -91,21 +140,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 async def _run(args: argparse.Namespace) -> None:
-    workload = wl.gsp(wl.GspConfig(
+    config = wl.GspConfig(
         groups=args.groups, prompts_per_group=args.prompts, system_tokens=args.system_tokens,
         question_tokens=args.question_tokens, output_tokens=args.output_tokens,
-    ), wl.Vocab.from_tokenizer_dir(), seed=0)
+    )
+    vocab = wl.Vocab.from_tokenizer_dir()
+    workload = wl.gsp(config, vocab, seed=0)
+    warm_all = wl.gsp(dataclasses.replace(config, groups=1, prompts_per_group=max(1, args.warm)), vocab, seed=7919)
+    warm = dataclasses.replace(warm_all, requests=warm_all.requests[: args.warm])
     unique = args.groups * args.system_tokens + len(workload.requests) * args.question_tokens
     total = len(workload.requests) * (args.system_tokens + args.question_tokens)
     print(f"gsp {args.groups}x{args.prompts}, ideal hit rate {1 - unique / total:.3f}")
+    step = 0
     for policy in args.policies.split(","):
         for transport in args.transports.split(","):
-            row = await one(transport, policy, args, workload)
-            print(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
-
+            step += 1
+            for gateway in args.gateways if step % 2 else reversed(args.gateways):
+                row = await one(transport, policy, args, workload, warm, gateway)
+                print(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
 
 
 def main(args: argparse.Namespace) -> int:
     """Run the scenario with parsed flags."""
+    if "before" in args.gateways and not args.baseline_src:
+        raise SystemExit("--gateways before needs --baseline-src DIR (another checkout's src/)")
+    args.baseline_src = os.path.abspath(args.baseline_src) if args.baseline_src else ""
     asyncio.run(_run(args))
     return 0
