@@ -16,15 +16,39 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
 
 import orjson
 from aiohttp import web
 
-if TYPE_CHECKING:
-    from gateway_lab.bench.zero_fleet import ZeroWorker
-
 DEFAULT_MAX_NEW_TOKENS = 128
+
+
+class Cache(Protocol):
+    page_size: int
+
+    def clear(self) -> None: ...
+
+
+class ZeroWorker(Protocol):
+    """What this face needs of ``zero_fleet.ZeroWorker`` (which imports this module)."""
+
+    folder: Path
+    step_s: float
+    capacity_tokens: int
+    context_length: int
+    running: int
+    started: float
+    version: str
+
+    @property
+    def cache(self) -> Cache: ...
+
+    def admit(self, prompt: Sequence[int]) -> int: ...
+
+    def tokens(self, n: int) -> list[int]: ...
 
 
 class BadRequest(ValueError):
