@@ -18,6 +18,7 @@ import uvicorn
 
 from gateway.pipeline.router import PolicyMaker
 from gateway.server.config import GatewayConfig
+from gateway.server.http.acceptor import AcceptingServer
 from gateway.server.http.app import create_app
 from gateway.server.state import GatewayState
 
@@ -40,7 +41,8 @@ async def serve_in_process(
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
         app = create_app(state, manage_lifecycle=False)
-        server = uvicorn.Server(
+        # the gateway's own accepting server: a burst of new connections is accepted in one loop turn
+        server = AcceptingServer(
             uvicorn.Config(app, log_level="warning", lifespan="off", loop="none", access_log=False)
         )
         task = asyncio.create_task(server.serve(sockets=[sock]))
