@@ -22,6 +22,7 @@ from uvicorn.server import ServerState
 
 from gateway.server.http.guard import guarded_protocol
 from gateway.server.http.limits import HttpLimitsConfig
+from gateway_lab.bench import results
 
 BODY = b'{"model": "m", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 16}'
 REQUEST = (
@@ -81,14 +82,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The scenario's flags (``token-gateway bench NAME --help``)."""
     parser.add_argument("--requests", type=int, default=20000)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--json", default="", help="also write the results here as JSON")
 
 
 def main(args: argparse.Namespace) -> int | None:
     """Run the scenario with parsed flags; the exit status."""
-    return asyncio.run(measure(args))
+    p, g = asyncio.run(measure(args))
+    header = ("protocol", "µs CPU per request", "ratio")
+    rows = [("httptools", f"{p:.2f}", "1.000"), ("guarded", f"{g:.2f}", f"{g / p:.3f}")]
+    table = results.Table.of(f"median of {args.rounds} rounds of {args.requests} requests", header, rows, labels=1)
+    data = {"httptools_us": p, "guarded_us": g, "ratio": g / p}
+    results.write(results.Result(tables=[table], data=data), json_path=args.json)
+    return 0
 
 
-async def measure(args: argparse.Namespace) -> None:
+async def measure(args: argparse.Namespace) -> tuple[float, float]:
+    """Median µs of CPU per request of plain httptools and of the guarded protocol."""
     guarded = guarded_protocol(HttpLimitsConfig())
     plain_us: list[float] = []
     guard_us: list[float] = []
@@ -96,4 +105,4 @@ async def measure(args: argparse.Namespace) -> None:
         plain_us.append(await run(HttpToolsProtocol, args.requests))
         guard_us.append(await run(guarded, args.requests))
     p, g = sorted(plain_us)[len(plain_us) // 2], sorted(guard_us)[len(guard_us) // 2]
-    print(f"httptools: {p:.2f} us CPU/request (median of {args.rounds}); guarded: {g:.2f} us; ratio {g / p:.3f}")
+    return p, g

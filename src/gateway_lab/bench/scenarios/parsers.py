@@ -17,7 +17,7 @@ import argparse
 import time
 
 from gateway.parsers.registry import get_tool_parser
-from gateway_lab.bench.machine import describe
+from gateway_lab.bench import results
 
 FORMATS = {
     "hermes": '<tool_call>\n{{"name": "write", "arguments": {{"text": "{x}"}}}}\n</tool_call>',
@@ -53,17 +53,24 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     """The scenario's flags (``token-gateway bench NAME --help``)."""
     ap.add_argument("--chars", type=int, default=20_000, help="length of the long argument")
     ap.add_argument("--step", type=int, default=4, help="characters per delta")
+    ap.add_argument("--json", default="", help="also write the results here as JSON")
+    ap.add_argument("--markdown", default="", help="also write the table here as Markdown")
+
+
+HEADER = ("format", "long call µs/delta", "short call µs/delta", "long/short", "plain text µs/delta")
 
 
 def main(args: argparse.Namespace) -> int | None:
     """Run the scenario with parsed flags; the exit status."""
     words = ("lorem ipsum dolor sit amet " * (args.chars // 27 + 1))[: args.chars]
-    print(f"machine: {describe()}")
-    print("| format | long call µs/delta | short call µs/delta | long/short | plain text µs/delta |")
-    print("| --- | --- | --- | --- | --- |")
+    rows, data = [], []
     for name, template in FORMATS.items():
         long = cpu_per_delta(name, template.format(x=words), args.step)
         short = cpu_per_delta(name, template.format(x=words[: args.chars // 10]), args.step)
         plain = cpu_per_delta(name, words, args.step)
-        print(f"| {name} | {long * 1e6:.1f} | {short * 1e6:.1f} | {long / short:.2f} | {plain * 1e6:.1f} |")
+        rows.append((name, f"{long * 1e6:.1f}", f"{short * 1e6:.1f}", f"{long / short:.2f}", f"{plain * 1e6:.1f}"))
+        data.append({"format": name, "long_s_per_delta": long, "short_s_per_delta": short, "plain_s_per_delta": plain})
+    table = results.Table.of(f"CPU per delta: a {args.chars}-character argument, {args.step} per delta", HEADER, rows, labels=1)
+    out = results.Result(tables=[table], data={"chars": args.chars, "step": args.step, "formats": data})
+    results.write(out, json_path=args.json, markdown_path=args.markdown)
     return 0

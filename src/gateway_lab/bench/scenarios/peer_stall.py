@@ -3,7 +3,7 @@
 Starts ``--workers`` zero-cost simulated workers in this process and SMG (from
 ``scripts/peers.sh``'s virtualenv) in front of them, sends ``--requests`` short,
 non-streaming chat requests with ``--in-flight`` at a time, and prints the latency
-percentiles (and a JSON line). Zero-cost workers answer in milliseconds: seconds mean
+percentiles (``--json`` writes them too). Zero-cost workers answer in milliseconds: seconds mean
 the peer waits on something. Bounded by the request count and a per-request timeout.
 
     token-gateway bench peer-stall [--requests 256 --in-flight 32]
@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
-from gateway_lab.bench import launch
+from gateway_lab.bench import launch, results
 from gateway_lab.sim.config import SimConfig
 from gateway_lab.sim.vocab import default_tokenizer_path
 
@@ -68,6 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--requests", type=int, default=256, help="chat requests sent")
     parser.add_argument("--in-flight", type=int, default=32, help="requests in flight at once")
     parser.add_argument("--timeout-s", type=float, default=30.0, help="per-request timeout, seconds")
+    parser.add_argument("--json", default="", help="also write the results here as JSON")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -75,7 +76,14 @@ def main(args: argparse.Namespace) -> int:
     if not Path(args.python).exists():
         raise SystemExit(f"{args.python} not found: run scripts/peers.sh first")
     figures = asyncio.run(run(args))
-    print(f"smg in front of {args.workers} zero-cost workers: {figures['requests']} chats in {figures['wall_s']} s, "
-          f"p50 {figures['p50_ms']} ms, p99 {figures['p99_ms']} ms, max {figures['max_ms']} ms")
-    print(json.dumps(figures))
+    results.write(result(figures, args.workers), json_path=args.json)
     return 0
+
+
+def result(figures: dict[str, Any], workers: int) -> results.Result:
+    """The figures as one row of the common result format (and at the JSON's top level)."""
+    header = ("peer", "chats", "wall", "p50", "p99", "max")
+    row = ("smg", figures["requests"], f"{figures['wall_s']} s", f"{figures['p50_ms']} ms", f"{figures['p99_ms']} ms",
+           f"{figures['max_ms']} ms")  # fmt: skip
+    table = results.Table.of(f"in front of {workers} zero-cost workers", header, [row], labels=1)
+    return results.Result(tables=[table], data=figures)

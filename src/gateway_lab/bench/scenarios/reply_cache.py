@@ -2,7 +2,7 @@
 
 A 6-turn conversation (system 256 tokens, user 64, replies 64 generated ids that do not
 round-trip) is tokenized turn by turn the way ``Engine.render_chat`` does, with the reply
-cache and without it, and each finish is recorded; prints CPU microseconds per request
+cache and without it, and each finish is recorded; reports CPU microseconds per request
 (best of ``--repeat``). Pure in-process work: run it under the bench lock anyway (it times
 CPU). ``token-gateway bench reply-cache [--conversations 200] [--repeat 3]``
 """
@@ -16,6 +16,7 @@ from typing import Any
 
 from gateway.tokenization import PrefixTokenCache, Tokenizer
 from gateway.tokenization.reply_cache import ReplyTokenCache, message_texts
+from gateway_lab.bench import results
 from gateway_lab.bench import workloads as wl
 
 
@@ -54,6 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The scenario's flags (``token-gateway bench NAME --help``)."""
     parser.add_argument("--conversations", type=int, default=200)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--json", default="", help="also write the results here as JSON")
+    parser.add_argument("--markdown", default="", help="also write the table here as Markdown")
 
 
 def main(args: argparse.Namespace) -> int | None:
@@ -62,8 +65,13 @@ def main(args: argparse.Namespace) -> int | None:
     vocab = wl.Vocab.from_tokenizer_dir(str(wl.default_tokenizer_dir()))
     rng = random.Random(0)
     convs = [conversation(tok, vocab, rng) for _ in range(args.conversations)]
+    rows, data = [], {}
     for reuse in (False, True):
         best = min(run(tok, convs, reuse)[0] for _ in range(args.repeat))
         n = 6 * len(convs)
-        print(f"reply token reuse {'on ' if reuse else 'off'}: {best / n * 1e6:.1f} us CPU per request (tokenize + record), {n} requests")
+        rows.append(("on" if reuse else "off", f"{best / n * 1e6:.1f}", n))
+        data["on" if reuse else "off"] = {"us_cpu_per_request": best / n * 1e6, "requests": n}
+    header = ("reply token reuse", "µs CPU per request (tokenize + record)", "requests")
+    table = results.Table.of(f"chat tokenization, best of {args.repeat}", header, rows, labels=1)
+    results.write(results.Result(tables=[table], data=data), json_path=args.json, markdown_path=args.markdown)
     return 0

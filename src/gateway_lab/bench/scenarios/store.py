@@ -19,6 +19,7 @@ from typing import Any
 from gateway.pipeline.store.base import Store, StoredConversation, StoredItem, StoredResponse
 from gateway.pipeline.store.memory import MemoryStore
 from gateway.pipeline.store.sqlite import SqliteStore
+from gateway_lab.bench import results
 
 
 async def one_round(store: Store, n: int) -> None:
@@ -50,23 +51,32 @@ async def measure(name: str, store: Store, rounds: int) -> tuple[float, float]:
         await store.close()
 
 
-async def _run(args: argparse.Namespace) -> None:
+async def _run(args: argparse.Namespace) -> dict[str, tuple[float, float]]:
+    """(wall, CPU) seconds per round of each backend."""
+    out: dict[str, tuple[float, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        await measure("memory", MemoryStore(), args.rounds)
-        await measure("sqlite", SqliteStore(Path(tmp) / "h.sqlite3"), args.rounds)
+        out["memory"] = await measure("memory", MemoryStore(), args.rounds)
+        out["sqlite"] = await measure("sqlite", SqliteStore(Path(tmp) / "h.sqlite3"), args.rounds)
     if args.dsn:
         from gateway.pipeline.store.postgres import PostgresStore
 
-        await measure("postgres", PostgresStore(args.dsn), args.rounds)
+        out["postgres"] = await measure("postgres", PostgresStore(args.dsn), args.rounds)
+    return out
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The scenario's flags (``token-gateway bench NAME --help``)."""
     parser.add_argument("--rounds", type=int, default=300)
     parser.add_argument("--dsn", default=None, help="also measure PostgreSQL at this DSN (an empty database is best)")
+    parser.add_argument("--json", default="", help="also write the results here as JSON")
+    parser.add_argument("--markdown", default="", help="also write the table here as Markdown")
 
 
 def main(args: argparse.Namespace) -> int | None:
     """Run the scenario with parsed flags; the exit status."""
-    asyncio.run(_run(args))
+    measured = asyncio.run(_run(args))
+    rows = [(name, f"{1e3 * wall:.3f}", f"{1e3 * cpu:.3f}") for name, (wall, cpu) in measured.items()]
+    table = results.Table.of(f"one stored turn, {args.rounds} rounds", ("backend", "ms wall/round", "ms CPU/round"), rows, labels=1)
+    data = {name: {"wall_s_per_round": wall, "cpu_s_per_round": cpu} for name, (wall, cpu) in measured.items()}
+    results.write(results.Result(tables=[table], data=data), json_path=args.json, markdown_path=args.markdown)
     return 0

@@ -4,8 +4,9 @@ request through plain httptools and the guard on an in-memory transport."""
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 
-import pytest
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.server.http.guard import guarded_protocol
@@ -18,9 +19,11 @@ async def test_both_protocols_serve_the_request() -> None:
     assert await scenario.run(guarded_protocol(HttpLimitsConfig()), 20) > 0
 
 
-async def test_a_tiny_measurement(capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_tiny_measurement(tmp_path: Path) -> None:
     parser = argparse.ArgumentParser()
     scenario.add_arguments(parser)
-    await scenario.measure(parser.parse_args(["--requests", "20", "--rounds", "1"]))
-    line = capsys.readouterr().out.strip()
-    assert line.startswith("httptools: ") and "guarded: " in line and "ratio " in line
+    out = tmp_path / "g.json"
+    assert scenario.main(parser.parse_args(["--requests", "20", "--rounds", "1", "--json", str(out)])) == 0
+    written = json.loads(out.read_text())
+    assert [r["protocol"] for r in written["rows"]] == ["httptools", "guarded"]
+    assert written["httptools_us"] > 0 and written["ratio"] == written["guarded_us"] / written["httptools_us"]

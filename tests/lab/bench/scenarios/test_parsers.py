@@ -1,10 +1,11 @@
 """`token-gateway bench parsers` (gateway_lab.bench.scenarios.parsers): every format's
-template really is a call its parser reads, and a tiny run prints one row per format."""
+template really is a call its parser reads, and a tiny run writes one row per format."""
 
 from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import pytest
 
@@ -20,9 +21,12 @@ def test_each_template_is_one_call_of_its_format(name: str) -> None:
     assert scenario.cpu_per_delta(name, text, 4) >= 0
 
 
-def test_a_tiny_run(capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_tiny_run(tmp_path: Path) -> None:
     parser = argparse.ArgumentParser()
     scenario.add_arguments(parser)
-    assert scenario.main(parser.parse_args(["--chars", "200", "--step", "50"])) == 0
-    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    md, out = tmp_path / "p.md", tmp_path / "p.json"
+    assert scenario.main(parser.parse_args(["--chars", "200", "--step", "50", "--markdown", str(md), "--json", str(out)])) == 0
+    rows = [line for line in md.read_text().splitlines() if line.startswith("| ") and "---" not in line][1:]
     assert [row.split(" | ")[0][2:] for row in rows] == list(scenario.FORMATS)
+    written = json.loads(out.read_text())
+    assert [f["format"] for f in written["formats"]] == list(scenario.FORMATS) and "machine" in written

@@ -4,9 +4,9 @@ conversation it replays, both modes tokenizing every turn, and a tiny run."""
 from __future__ import annotations
 
 import argparse
+import json
 import random
-
-import pytest
+from pathlib import Path
 
 from gateway.tokenization import Tokenizer
 from gateway_lab.bench import workloads as wl
@@ -26,10 +26,10 @@ def test_six_turns_each_resending_the_replies_and_both_modes_tokenize_them_all()
         assert n == 6 and cpu >= 0
 
 
-def test_a_tiny_run(capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_tiny_run(tmp_path: Path) -> None:
     parser = argparse.ArgumentParser()
     scenario.add_arguments(parser)
-    assert scenario.main(parser.parse_args(["--conversations", "2", "--repeat", "1"])) == 0
-    out = capsys.readouterr().out.splitlines()
-    assert [line.split(":")[0] for line in out] == ["reply token reuse off", "reply token reuse on "]
-    assert all("12 requests" in line for line in out)
+    out = tmp_path / "r.json"
+    assert scenario.main(parser.parse_args(["--conversations", "2", "--repeat", "1", "--json", str(out)])) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["reply token reuse"] for r in rows] == ["off", "on"] and all(r["requests"] == "12" for r in rows)

@@ -4,6 +4,7 @@ each embedded backend, and a PostgreSQL one when a server can be started."""
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import pytest
@@ -26,3 +27,12 @@ def test_flags() -> None:
     scenario.add_arguments(parser)
     args = parser.parse_args(["--rounds", "5"])
     assert (args.rounds, args.dsn) == (5, None)
+
+
+def test_main_writes_one_row_per_backend(tmp_path: Path) -> None:
+    parser = argparse.ArgumentParser()
+    scenario.add_arguments(parser)
+    out = tmp_path / "s.json"
+    assert scenario.main(parser.parse_args(["--rounds", "2", "--json", str(out)])) == 0
+    written = json.loads(out.read_text())
+    assert [r["backend"] for r in written["rows"]] == ["memory", "sqlite"] and written["sqlite"]["wall_s_per_round"] > 0
