@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 
 from gateway.server.admission import Admission, AdmissionConfig
-from gateway_lab.bench import launch
+from gateway_lab.bench import launch, results
 from gateway_lab.sim.config import SimConfig
 from gateway_lab.sim.fleet import SimFleet
 
@@ -172,10 +172,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     f.add_argument("--log-dir", default=None, help="keep the gateway's log here")
     a = sub.add_parser("admission")
     a.add_argument("--requests", type=int, default=100_000)
+    for phase in (f, a):
+        phase.add_argument("--json", default="", help="also write the results here as JSON")
 
 
 def main(args: argparse.Namespace) -> int | None:
     """Run the scenario with parsed flags; the exit status."""
-    result = asyncio.run(failover(args) if args.what == "failover" else admission(args))
-    print(json.dumps(result, indent=2))
+    figures = asyncio.run(failover(args) if args.what == "failover" else admission(args))
+    results.write(result(args.what, figures), json_path=args.json)
     return 0
+
+
+def result(what: str, figures: dict[str, Any]) -> results.Result:
+    """A phase's figures as a two-column table of the common result format (and at the JSON's top level)."""
+    rows = [(name, json.dumps(value) if isinstance(value, dict) else value) for name, value in figures.items()]
+    return results.Result(tables=[results.Table.of(what, ("figure", "value"), rows, labels=1)], data=figures)

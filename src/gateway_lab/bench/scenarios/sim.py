@@ -9,7 +9,7 @@ drives it from this process with a grpc.aio client:
   from ``--streams`` concurrent streams.
 
 Both phases are bounded by a call/token count and a time cap. Prints the
-figures (and a JSON line with them). Run:
+figures (``--json`` writes them too). Run:
 
     token-gateway bench sim
 """
@@ -19,17 +19,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import json
-import os
-import platform
 import time
+from typing import Any
 
 import grpc
 
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.proto import sglang_scheduler_pb2_grpc as pb_grpc
-from gateway_lab.bench import launch
-from gateway_lab.bench.machine import cpu_model, cpu_seconds
+from gateway_lab.bench import launch, results
+from gateway_lab.bench.machine import cpu_seconds
 from gateway_lab.sim.config import SimConfig
 
 
@@ -134,22 +132,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--max-running", type=int, default=64, help="worker max_running_requests")
     parser.add_argument("--cap-s", type=float, default=20.0, help="time cap per phase, seconds")
+    parser.add_argument("--json", default="", help="also write the results here as JSON")
 
 
 def main(args: argparse.Namespace) -> int:
     """Run the scenario with parsed flags; the exit status."""
-    result = asyncio.run(run(args))
-    u, s = result["unary"], result["stream"]
-    print(f"machine: {os.cpu_count()} CPUs, {cpu_model()}, Python {platform.python_version()}")
-    print(
-        f"unary Generate (16-token prompt, {args.unary_tokens} tokens, {args.concurrency} callers): "
-        f"{u['calls_per_s']} calls/s ({u['calls']} calls in {u['seconds']} s;"  # type: ignore[index]
-        f" worker CPU {u['worker_cpu_ms_per_call']} ms/call)"  # type: ignore[index]
-    )
-    print(
-        f"streamed tokens ({args.streams} streams x {args.stream_tokens} tokens): "
-        f"{s['tokens_per_s']} tokens/s ({s['tokens']} tokens, {s['chunks']} chunks in {s['seconds']} s;"  # type: ignore[index]
-        f" worker CPU {s['worker_cpu_us_per_token']} us/token)"  # type: ignore[index]
-    )
-    print(json.dumps({"unary": u, "stream": s}))
+    measured = asyncio.run(run(args))
+    results.write(result(measured, args), json_path=args.json)
     return 0
+
+
+def result(measured: dict[str, Any], args: argparse.Namespace) -> results.Result:
+    """Both phases as two rows of the common result format (the JSON keeps ``unary`` and ``stream``)."""
+    u, s = measured["unary"], measured["stream"]
+    header = ("phase", "load", "rate", "done", "seconds", "worker CPU")
+    rows = [
+        ("unary Generate", f"16-token prompt, {args.unary_tokens} tokens, {args.concurrency} callers",
+         f"{u['calls_per_s']} calls/s", f"{u['calls']} calls", u["seconds"], f"{u['worker_cpu_ms_per_call']} ms/call"),
+        ("streamed tokens", f"{args.streams} streams x {args.stream_tokens} tokens", f"{s['tokens_per_s']} tokens/s",
+         f"{s['tokens']} tokens, {s['chunks']} chunks", s["seconds"], f"{s['worker_cpu_us_per_token']} us/token"),
+    ]  # fmt: skip
+    table = results.Table.of("one simulated worker, zero step costs", header, rows, labels=2)
+    return results.Result(tables=[table], data={"unary": u, "stream": s})

@@ -33,3 +33,18 @@ def test_flags() -> None:
     scenario.add_arguments(parser)
     args = parser.parse_args(["--calls", "10", "--cap-s", "1"])
     assert (args.calls, args.cap_s, args.streams, args.max_running) == (10, 1.0, 32, 64)
+
+
+def test_both_phases_become_two_rows() -> None:
+    parser = argparse.ArgumentParser()
+    scenario.add_arguments(parser)
+    measured = {
+        "unary": {"calls": 300, "calls_per_s": 1500.2, "seconds": 0.2, "worker_cpu_ms_per_call": 0.41},
+        "stream": {"streams": 2, "tokens": 4000, "chunks": 40, "tokens_per_s": 90000.0, "seconds": 0.04,
+                   "worker_cpu_us_per_token": 3.1},
+    }  # fmt: skip
+    out = scenario.result(measured, parser.parse_args([]))
+    unary, stream = out.tables[0].rows
+    assert unary[2:] == ("1500.2 calls/s", "300 calls", "0.2", "0.41 ms/call") and "32 callers" in unary[1]
+    assert stream[2] == "90000.0 tokens/s" and stream[-1] == "3.1 us/token"
+    assert out.to_json()["unary"] == measured["unary"]
