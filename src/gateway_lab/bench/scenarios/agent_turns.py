@@ -29,11 +29,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
 from gateway.pipeline.offpath import run_pending
 from gateway.server.config import GatewayConfig, ServerConfig
-from gateway_lab.bench import launch
+from gateway_lab.bench import launch, results
 from gateway_lab.bench import workloads as wl
 from gateway_lab.bench.inprocess import serve_in_process
 from gateway_lab.sim.config import SimConfig
@@ -179,12 +177,6 @@ def row(cell: Cell) -> list[str]:
             f"{cell.hit:.3f}", f"{cell.ideal:.3f}", causes, f"{cell.wall_s:.1f}"]
 
 
-def markdown(cells: list[Cell]) -> str:
-    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
-    lines += ["| " + " | ".join(row(c)) + " |" for c in cells]
-    return "\n".join(lines) + "\n"
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The scenario's flags (``token-gateway bench NAME --help``)."""
     parser.add_argument("--conversations", type=int, default=16)
@@ -204,7 +196,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int | None:
-    """Run every (fleet, mode) cell; print the table."""
+    """Run every (fleet, mode) cell; write the table."""
     shape = Turns(args.conversations, args.turns, args.instructions_tokens, args.task_tokens, args.user_tokens,
                   args.reply_tokens, args.concurrency, args.seed)
     vocab = wl.Vocab.from_tokenizer_dir()
@@ -215,15 +207,10 @@ def main(args: argparse.Namespace) -> int | None:
                 cell = asyncio.run(run_cell(fleet, mode, shape, args, vocab, scratch))
                 cells.append(cell)
                 print("  ".join(row(cell)), flush=True)
-    table = markdown(cells)
-    print(table)
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(table)
-    if args.json_out:
-        out = {"shape": dataclasses.asdict(shape), "policy": args.policy, "workers": args.workers,
-               "cells": [{"fleet": c.fleet, "mode": c.mode, "requests": c.requests, "prompt_tokens": c.prompt_tokens,
-                          "cached_tokens": c.cached_tokens, "hit": c.hit, "ideal": c.ideal, "misses": c.misses, "wall_s": c.wall_s} for c in cells]}
-        with open(args.json_out, "wb") as f:
-            f.write(orjson.dumps(out, option=orjson.OPT_INDENT_2))
+    data = {"shape": dataclasses.asdict(shape), "policy": args.policy, "workers": args.workers,
+            "cells": [{"fleet": c.fleet, "mode": c.mode, "requests": c.requests, "prompt_tokens": c.prompt_tokens,
+                       "cached_tokens": c.cached_tokens, "hit": c.hit, "ideal": c.ideal, "misses": c.misses, "wall_s": c.wall_s}
+                      for c in cells]}  # fmt: skip
+    table = results.Table.of(f"{args.conversations} conversations x {args.turns} turns, {args.policy}", HEADER, [row(c) for c in cells])
+    results.write(results.Result(tables=[table], data=data), json_path=args.json_out, markdown_path=args.markdown)
     return 0

@@ -28,4 +28,4 @@ def test_tiny_run_hits_alike_through_both_apis(tmp_path: Path) -> None:
         assert chat["requests"] == resp["requests"] == 6
         assert chat["prompt_tokens"] == resp["prompt_tokens"] and chat["cached_tokens"] == resp["cached_tokens"] > 0
         assert resp["hit"] == chat["hit"] and abs(resp["hit"] - resp["ideal"]) < 0.02
-    assert "| sim | responses |" in done.stdout
+    assert [(r["fleet"], r["mode"]) for r in json.loads(out.read_text())["rows"]][:2] == [("sim", "chat"), ("sim", "responses")]
