@@ -263,12 +263,16 @@ async def serve(
     output = reply_ids(folder)
     servers = []
     runners = []
+    tokenizer = None
     for port in ports:
         worker = ZeroWorker(folder, output, step_s, capacity_tokens, context_length, port, record)
         if http:
+            from tokenizers import Tokenizer
+
             from gateway_lab.bench import zero_http
 
-            runners.append(await zero_http.start(worker, port))
+            tokenizer = tokenizer or Tokenizer.from_file(str(folder / "tokenizer.json"))
+            runners.append(await zero_http.start(worker, port, tokenizer))
             continue
         server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         pb_grpc.add_SglangSchedulerServicer_to_server(worker, server)

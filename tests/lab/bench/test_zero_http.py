@@ -94,3 +94,56 @@ async def test_the_gateways_client_reads_its_streams_and_whole_answers(worker: t
         assert again.complete.cached_tokens == 0
     finally:
         await client.close()
+
+
+def test_openai_bodies_read_as_token_ids() -> None:
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(default_tokenizer_dir() / "tokenizer.json"))
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": True,
+            "stream_options": {"include_usage": True}}  # fmt: skip
+    ids, max_new, stream, include_usage = zero_http.parse_openai(chat, tok, 4096, chat=True)
+    assert tok.decode(ids, skip_special_tokens=False) == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert (max_new, stream, include_usage) == (3, True, True)
+    assert zero_http.parse_openai({"prompt": [5, 6]}, tok, 4096, chat=False)[:3] == ([5, 6], 16, False)
+    for body, chat_route, why in (
+        ({"messages": []}, True, "non-empty list"),
+        ({"messages": [{"role": "user"}]}, True, "text content"),
+        ({"prompt": ""}, False, "prompt must be"),
+        ({"prompt": "x", "max_tokens": -1}, False, "max_tokens"),
+        ({"prompt": [1] * 4000, "max_tokens": 200}, False, "exceeds the context"),
+    ):
+        with pytest.raises(zero_http.BadRequest, match=why):
+            zero_http.parse_openai(body, tok, 4096, chat=chat_route)
+
+
+async def test_openai_routes_answer_text_with_cached_usage(worker: tuple[ZeroWorker, str]) -> None:
+    import httpx
+    import orjson
+
+    w, url = worker
+    body = {"model": "zero", "prompt": "a shared system prompt " * 8, "max_tokens": 3}
+    async with httpx.AsyncClient(base_url=url, trust_env=False, timeout=10) as client:
+        assert (await client.get("/v1/models")).json()["data"][0]["id"] == "zero"
+        first = (await client.post("/v1/completions", json=body)).json()
+        assert first["choices"][0]["finish_reason"] == "length" and first["usage"]["completion_tokens"] == 3
+        expected = "".join(zero_http_text(w, 3))
+        assert first["choices"][0]["text"] == expected
+        second = (await client.post("/v1/completions", json=body)).json()
+        cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+        assert cached == second["usage"]["prompt_tokens"] // PAGE_SIZE * PAGE_SIZE > 0
+        chat = {"model": "zero", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": True,
+                "stream_options": {"include_usage": True}}  # fmt: skip
+        reply = await client.post("/v1/chat/completions", json=chat)
+        events = [orjson.loads(line[6:]) for line in reply.text.split("\n\n") if line.startswith("data: {")]
+        assert "".join(e["choices"][0]["delta"]["content"] for e in events if e["choices"]) == expected
+        assert events[0]["choices"][0]["delta"]["role"] == "assistant"
+        assert events[-1]["usage"]["completion_tokens"] == 3 and reply.text.endswith("data: [DONE]\n\n")
+        assert (await client.post("/v1/chat/completions", json={"messages": "x"})).status_code == 400
+
+
+def zero_http_text(w: ZeroWorker, n: int) -> list[str]:
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(w.folder / "tokenizer.json"))
+    return [tok.decode([t]) for t in w.tokens(n)]
