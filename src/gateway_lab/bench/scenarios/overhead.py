@@ -1161,10 +1161,10 @@ def start_gateway(name: str, urls: Sequence[str], args: argparse.Namespace) -> c
 
 async def flush_caches(urls: Sequence[str]) -> None:
     """Empty every simulated worker's KV cache, so each gateway starts on cold caches."""
-    from gateway.workers.client import WorkerClient
+    from gateway.workers.registry import grpc_connect
 
     for url in urls:
-        client = WorkerClient(url)
+        client = grpc_connect(url, None, None)  # gRPC or SGLang HTTP, by the URL's scheme
         try:
             await client.flush_cache(2.0)
         finally:

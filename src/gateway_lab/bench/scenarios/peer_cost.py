@@ -6,8 +6,9 @@
 
 The fleet is ``ZeroFleet`` (gateway_lab/bench/zero_fleet.py): zero-cost workers with no
 simulator code in them that answer the SGLang service as its ``--grpc-mode`` servicer does
-and report a model folder, so a peer that reads the model's ``config.json`` from the
-reported path finds it. The same fleet serves every gateway (caches flushed in between);
+(``--worker-transport http``: SGLang's HTTP server, ``zero_http``; ours sends it token ids,
+SMG the OpenAI request) and report a model folder, so a peer that reads the model's
+``config.json`` from the reported path finds it. The same fleet serves every gateway (caches flushed in between);
 a round runs the gateways in the order given, the next round in the reverse order, so
 neither always runs first. Loads, each bounded in requests and ``--cap-s``:
 
@@ -249,14 +250,16 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         order = ordered(gateways, rnd)
         entry: dict[str, Any] = {"round": rnd, "order": order, "gateways": {g: {} for g in order}, "load": os.getloadavg()[0]}
         if fast:
-            async with launch.fleet("zero", args.workers, tokenizer_dir=tokenizer, processes=args.fleet_processes) as fleet:
+            async with launch.fleet(
+                "zero", args.workers, tokenizer_dir=tokenizer, processes=args.fleet_processes, http=args.worker_transport == "http",
+            ) as fleet:  # fmt: skip
                 for name in order:
                     entry["gateways"][name] |= await run_gateway(name, fleet, fast, prompts, args)
         if "gsp-paced" in args.loads:
             with tempfile.TemporaryDirectory(prefix="zero-record-") as record:
                 async with launch.fleet(
                     "zero", args.gsp_workers, tokenizer_dir=tokenizer, step_s=args.worker_step_s,
-                    processes=args.fleet_processes, record_dir=Path(record),
+                    processes=args.fleet_processes, record_dir=Path(record), http=args.worker_transport == "http",
                 ) as fleet:  # fmt: skip
                     for name in order:
                         entry["gateways"][name] |= await run_gateway(name, fleet, ["gsp-paced"], prompts, args)
@@ -278,6 +281,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--baseline-src", default="", help="src/ of another checkout, run as gateway 'before'")
     parser.add_argument("--ours-args", default="", help="extra 'token-gateway serve' flags for gateway 'ours' only")
     parser.add_argument("--workers", type=int, default=8, help="short loads: zero-cost workers")
+    parser.add_argument(
+        "--worker-transport", choices=["grpc", "http"], default="grpc",
+        help="how the zero-cost workers are reached: SGLang's gRPC service, or its HTTP server (ours sends token ids"
+        " to /generate, SMG forwards the OpenAI request)",
+    )
     parser.add_argument("--fleet-processes", type=int, default=2, help="processes the zero-cost workers share")
     parser.add_argument("--concurrency", type=int, default=128, help="requests in flight")
     parser.add_argument("--requests", type=int, default=4000, help="short loads: measured requests")

@@ -59,10 +59,11 @@ def test_table_gives_median_range_ratio_and_a_verdict_per_round() -> None:
 
 
 @pytest.mark.slow
-def test_tiny_run_reports_every_load(tmp_path: Path) -> None:
+@pytest.mark.parametrize("transport", ["grpc", "http"])
+def test_tiny_run_reports_every_load(tmp_path: Path, transport: str) -> None:
     out = tmp_path / "peer.json"
     argv = [
-        *COMMAND, "--gateways", "ours", "--repeat", "1", "--workers", "2", "--fleet-processes", "1",
+        *COMMAND, "--gateways", "ours", "--worker-transport", transport, "--repeat", "1", "--workers", "2", "--fleet-processes", "1",
         "--requests", "12", "--warm", "4", "--concurrency", "4", "--short-max-tokens", "3", "--stream-max-tokens", "5",
         "--gsp-workers", "2", "--gsp-groups", "1", "--gsp-prompts-per-group", "3", "--gsp-system-tokens", "64",
         "--gsp-question-tokens", "8", "--gsp-output-tokens", "4", "--gsp-warm", "1", "--worker-step-s", "0.001",
