@@ -1,7 +1,7 @@
 """The accepting server under uvloop: a burst of queued connections is accepted within a
 few loop turns (uvloop's own server takes one turn per connection), every connection is
-served, shutdown stops accepting, and running out of descriptors pauses accepting
-instead of spinning the loop."""
+served, and shutdown stops accepting; the drain takes at most its batch, and leaves the
+queue to the loop's own accept when the process is out of descriptors."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from gateway.server.http.acceptor import AcceptingServer, Acceptor
+from gateway.server.http.acceptor import AcceptingServer, Drain
 from gateway.server.http.guard import http_server_config
 from gateway.server.http.limits import HttpLimitsConfig
 
@@ -108,11 +108,8 @@ class _Exhausted(socket.socket):
         return super().accept()
 
 
-def test_running_out_of_descriptors_pauses_accepting_then_resumes(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("gateway.server.http.acceptor.RETRY_S", 0.05)
-
+def test_the_drain_leaves_the_queue_to_the_loop_when_out_of_descriptors_and_opens_what_waits() -> None:
     async def scenario() -> None:
-        loop = asyncio.get_running_loop()
         made: list[asyncio.BaseTransport] = []
 
         class Keep(asyncio.Protocol):
@@ -121,21 +118,25 @@ def test_running_out_of_descriptors_pauses_accepting_then_resumes(monkeypatch: p
 
         sock = _Exhausted()
         sock.bind(("127.0.0.1", 0))
-        acceptor = Acceptor(sock, Keep).start()
-        client = socket.create_connection(sock.getsockname())
+        sock.listen(8)
+        drain = Drain([sock], Keep, batch=2)
+        clients = [socket.create_connection(sock.getsockname()) for _ in range(3)]
         try:
+            assert drain() == 0 and sock.failures == 0  # no error raised: the loop's accept copes
+            assert drain() == 2  # at most the batch at once
+            assert drain() == 1
+            assert drain() == 0  # nothing waits: one accept that finds nothing
             for _ in range(200):
-                if made:
+                if len(made) == 3:
                     break
                 await asyncio.sleep(0.01)
-            assert made and sock.failures == 0  # failed once, paused, then accepted it
-            assert acceptor.is_serving() and acceptor.get_loop() is loop
+            assert len(made) == 3
         finally:
-            client.close()
+            for client in clients:
+                client.close()
             for transport in made:
                 transport.close()
-            acceptor.close()
-            await acceptor.wait_closed()
-        assert not acceptor.is_serving()
+            sock.close()
+        assert drain() == 0  # a closed listener: nothing taken, nothing raised
 
     _on_uvloop(scenario)
