@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.observability.heap_trace import ENV_VAR, snapshot_path
 from gateway.server.config import GatewayConfig, ServerConfig
-from gateway_lab.bench.serve_process import ServeProcess
+from gateway_lab.bench import launch
 
 # Gauges that must read zero once traffic stops (per worker, or process-wide).
 IDLE_GAUGES = (
@@ -111,15 +111,17 @@ class InProcessGateway:
 
 
 class GatewayProcess:
-    """``python -m gateway serve`` with the soak's settings, measured from outside."""
+    """``python -m gateway serve`` with the soak's settings (started by the launcher),
+    measured from outside."""
 
-    def __init__(self, served: ServeProcess, model: str, heap_dir: Path | None) -> None:
-        self.served = served
-        self.url = served.url
-        self.model = model
-        self.pid = served.process.pid
+    def __init__(self, gateway: launch.Gateway, stack: contextlib.AsyncExitStack, heap_dir: Path | None) -> None:
+        self.url = gateway.url
+        models = gateway.ready_info.get("models") or []
+        self.model = str(models[0]) if models else ""
+        self.pid = gateway.pid
         self.heap_dir = heap_dir
         self.snapshots: list[Path] = []  # written, in order
+        self._stack = stack  # owns the process: closing it stops the gateway
         self._signalled = 0
         self._http = httpx.AsyncClient(base_url=self.url, timeout=10.0, trust_env=False)
 
@@ -133,18 +135,16 @@ class GatewayProcess:
             "--backoff-base-s", str(BACKOFF_BASE_S),
             "--first-token-timeout-s", str(first_token_timeout_s), "--stall-timeout-s", str(stall_timeout_s),
         ]  # fmt: skip
-        env_before = os.environ.get(ENV_VAR)
-        if heap_dir is not None:  # the child inherits it; ours stays as it was
-            os.environ[ENV_VAR] = str(heap_dir)
+        env = {**os.environ, ENV_VAR: str(heap_dir)} if heap_dir is not None else None  # the child traces its heap
+        stack = contextlib.AsyncExitStack()
         try:
-            served = await ServeProcess.start(worker_urls, policy, extra_args=args, log_dir=tmp_dir)
-        finally:
-            if env_before is None:
-                os.environ.pop(ENV_VAR, None)
-            else:
-                os.environ[ENV_VAR] = env_before
-        models = served.ready_info.get("models") or []
-        return cls(served, str(models[0]) if models else "", heap_dir)
+            gateway = await stack.enter_async_context(
+                launch.gateway("ours", worker_urls, policy, extra_args=args, env=env, log_dir=tmp_dir)
+            )
+        except BaseException:
+            await stack.aclose()
+            raise
+        return cls(gateway, stack, heap_dir)
 
     def rss_mb(self) -> float:
         return rss_mb(self.pid)
@@ -161,7 +161,7 @@ class GatewayProcess:
         os.kill(self.pid, signal.SIGUSR2)
         deadline = time.monotonic() + timeout_s
         while not path.exists():
-            if time.monotonic() > deadline or self.served.process.returncode is not None:
+            if time.monotonic() > deadline or not _running(self.pid):
                 return None
             await asyncio.sleep(0.1)
         self.snapshots.append(path)
@@ -199,4 +199,13 @@ class GatewayProcess:
     async def close(self) -> None:
         with contextlib.suppress(Exception):
             await self._http.aclose()
-        await self.served.stop()
+        await self._stack.aclose()
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is alive (an exited child not yet reaped is a zombie: not running)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"

@@ -1,13 +1,17 @@
 """What the soak measures a gateway by (gateway_lab/bench/soak_targets.py): resident
-memory from /proc, and the load a gateway still holds once every request has ended."""
+memory from /proc, the load a gateway still holds once every request has ended, and
+whether the gateway's process still runs."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
+import sys
+import time
 from types import SimpleNamespace
 
-from gateway_lab.bench.soak_targets import InProcessGateway, rss_mb
+from gateway_lab.bench.soak_targets import InProcessGateway, _running, rss_mb
 from tests.server.http.gateway_app import gateway
 
 
@@ -34,3 +38,13 @@ async def test_leftover_load_names_each_worker_still_holding_some() -> None:
         assert target.traced_mb() is None  # tracemalloc is off
         await target.close()
         assert closed == [True]  # closing stops what served it
+
+
+def test_a_child_that_exited_is_not_running() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 10
+    while _running(child.pid) and time.monotonic() < deadline:  # it exits; unreaped, it is a zombie
+        time.sleep(0.01)
+    assert not _running(child.pid) and _running(os.getpid())
+    child.wait()
+    assert not _running(child.pid)

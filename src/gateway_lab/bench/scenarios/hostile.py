@@ -283,7 +283,10 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 for name, (plan, sim) in plans.items()
             ]
             flags = ["--tokenizer-cache-dir", str(Path(tmp) / "cache"), "--log-level", "error"]
-            gw = await stack.enter_async_context(launch.gateway("ours", urls, "", extra_args=flags, log_dir=tmp))
+            gw = await stack.enter_async_context(
+                launch.gateway("ours", urls, "", extra_args=flags, log_dir=args.log_dir or tmp, keep_log=bool(args.log_dir),
+                               ready_timeout_s=args.ready_timeout_s)
+            )  # fmt: skip
             http = await stack.enter_async_context(httpx.AsyncClient(base_url=gw.url, timeout=60, trust_env=False))
             prober = Prober(http, int(gw.url.rsplit(":", 1)[1]), gw.pid, args.only, args.probe_seconds)
             await prober.chat("bomb")  # warm: the template compiled, the first request's costs paid
@@ -311,6 +314,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--probe-seconds", type=float, default=2.0,
                         help="each probe repeats its attack at least this long (/health is polled every 20 ms)")  # fmt: skip
     parser.add_argument("--tokenizer-dir", default="", help="the tokenizer the bomb worker serves (empty: the bundled Qwen3 files)")
+    parser.add_argument("--ready-timeout-s", type=float, default=180.0,
+                        help="how long the gateway may take to start (it compiles the bomb template)")  # fmt: skip
+    parser.add_argument("--log-dir", default="", help="keep the gateway's log here")
     parser.add_argument("--json", default="", help="also write the results here as JSON")
     parser.add_argument("--markdown", default="", help="also write the table here as Markdown")
 

@@ -148,4 +148,4 @@ def test_main_writes_the_common_format_and_fails_when_nothing_matched(monkeypatc
     assert written["rows"][0]["answer"] == "400 chat_template_budget (x20)" and written["probes"] == [ROW]
     assert "machine" in written and "| template bomb: x |" in md.read_text()
     assert scenario.main(_args("--only", "nothing like this")) == 1
-    assert _args().probe_seconds == 2.0 and _args().only == ""
+    assert (_args().probe_seconds, _args().only, _args().ready_timeout_s, _args().log_dir) == (2.0, "", 180.0, "")
