@@ -41,6 +41,9 @@ from gateway_lab.sim.http_wire import (
 from gateway_lab.sim.servicer import SIM_VERSION, SimServicer
 from gateway_lab.sim.worker import SimWorker
 
+# vLLM's OpenAI server reads a request's data-parallel rank from this header.
+DP_RANK_HEADER = "x-data-parallel-rank"
+
 
 class CallAborted(Exception):
     """The servicer ended the call with a status (what ``context.abort`` raises)."""
@@ -239,6 +242,9 @@ class SimHttpWorker:
             req = completion_request(body, uuid.uuid4().hex)
         except (orjson.JSONDecodeError, BadBody) as exc:
             return _error(str(exc), 400)
+        rank = request.headers.get(DP_RANK_HEADER, "")
+        if rank.isdigit():  # vLLM pins the request to that engine; a header it cannot read it ignores
+            req.data_parallel_rank = int(rank)
         builder = CompletionBuilder(req.request_id, self.worker.config.served_name)
         messages = self._run(req)
         try:
@@ -315,17 +321,19 @@ class SimHttpWorker:
         }]})
 
     async def metrics(self, request: Request) -> Response:
-        sched = self.worker.scheduler
         cfg = self.worker.config
         blocks = self.worker.cache.capacity // cfg.page_size
+        ranks = self.worker.ranks  # one engine per data-parallel rank, each its own series
+        name = cfg.served_name
         lines = [
             "# TYPE vllm:cache_config_info gauge",
-            f'vllm:cache_config_info{{block_size="{cfg.page_size}",num_gpu_blocks="{blocks}"}} 1.0',
+            *(f'vllm:cache_config_info{{block_size="{cfg.page_size}",engine="{r.index}",num_gpu_blocks="{blocks}"}} 1.0'
+              for r in ranks),
             "# TYPE vllm:num_requests_running gauge",
-            f'vllm:num_requests_running{{engine="0",model_name="{self.worker.config.served_name}"}} {sched.num_running}',
+            *(f'vllm:num_requests_running{{engine="{r.index}",model_name="{name}"}} {r.scheduler.num_running}' for r in ranks),
             "# TYPE vllm:num_requests_waiting gauge",
-            f'vllm:num_requests_waiting{{engine="0",model_name="{self.worker.config.served_name}"}} {sched.num_waiting}',
-        ]
+            *(f'vllm:num_requests_waiting{{engine="{r.index}",model_name="{name}"}} {r.scheduler.num_waiting}' for r in ranks),
+        ]  # fmt: skip
         return Response("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
 
     async def health(self, request: Request) -> Response:

@@ -164,3 +164,19 @@ async def test_dp_ranks_over_http_honour_the_rank_field_and_load_per_rank() -> N
             assert info["dp_size"] == 2 and len(info["internal_states"]) == 2
             bad = await http.post("/generate", json={**BODY, "data_parallel_rank": 2})
             assert bad.status_code == 400 and "out of range" in bad.text
+
+
+async def test_the_vllm_api_pins_a_rank_by_header_and_reports_each_engine() -> None:
+    async with http_fleet(1, cfg(dp_size=2), api="vllm") as (worker,):
+        async with httpx.AsyncClient(base_url=worker.url, timeout=10) as http:
+            body = {"model": "m", "prompt": list(range(100, 140)), "max_tokens": 2, "return_token_ids": True}
+            pinned = {"x-data-parallel-rank": "1"}
+            first = (await http.post("/v1/completions", json=body, headers=pinned)).json()
+            again = (await http.post("/v1/completions", json=body, headers=pinned)).json()
+            other = (await http.post("/v1/completions", json=body, headers={"x-data-parallel-rank": "0"})).json()
+            cached = [r["usage"]["prompt_tokens_details"]["cached_tokens"] for r in (first, again, other)]
+            assert cached == [0, 32, 0]
+            metrics = (await http.get("/metrics")).text
+            assert 'vllm:num_requests_running{engine="1"' in metrics and 'engine="1",num_gpu_blocks=' in metrics
+            bad = await http.post("/v1/completions", json=body, headers={"x-data-parallel-rank": "2"})
+            assert bad.status_code == 400 and "out of range" in bad.text
