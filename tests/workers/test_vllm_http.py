@@ -89,6 +89,40 @@ async def test_loads_come_from_metrics(vllm: tuple[Peer, VllmHttpClient]) -> Non
     assert err.value.code is CallCode.UNIMPLEMENTED and "vLLM" in err.value.message
 
 
+DP_METRICS = (
+    "# TYPE vllm:cache_config_info gauge\n"
+    'vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="500"} 1.0\n'
+    'vllm:cache_config_info{block_size="16",engine="1",num_gpu_blocks="500"} 1.0\n'
+    "# TYPE vllm:num_requests_running gauge\n"
+    'vllm:num_requests_running{engine="0",model_name="qwen"} 3.0\n'
+    'vllm:num_requests_running{engine="1",model_name="qwen"} 1.0\n'
+    "# TYPE vllm:num_requests_waiting gauge\n"
+    'vllm:num_requests_waiting{engine="0",model_name="qwen"} 2.0\n'
+    'vllm:num_requests_waiting{engine="1",model_name="qwen"} 0.0\n'
+)
+
+
+async def test_data_parallel_engines_are_ranks_named_in_a_header(vllm: tuple[Peer, VllmHttpClient]) -> None:
+    p, client = vllm
+
+    async def metrics(_: Any) -> Any:
+        from starlette.responses import PlainTextResponse
+        return PlainTextResponse(DP_METRICS)
+
+    p.routes["/metrics"] = metrics
+    server = await client.server_info()
+    assert server.server_args["dp_size"] == 2 and server.max_total_num_tokens == 8000  # per rank
+    loads = await client.loads()
+    assert [(x.dp_rank, x.num_running_reqs, x.num_waiting_reqs) for x in loads.loads] == [(0, 3, 2), (1, 1, 0)]
+    assert loads.dp_rank_count == 2 and loads.aggregate.total_reqs == 6
+    assert "dp_rank" not in client.lacks
+    p.routes["/v1/completions"] = p.sse([vllm_chunk([6], "length")])
+    await drain(client.generate(request(data_parallel_rank=1)))
+    assert p.headers[-1]["x-data-parallel-rank"] == "1"
+    await drain(client.generate(request()))
+    assert "x-data-parallel-rank" not in p.headers[-1]  # no rank named: vLLM balances its engines itself
+
+
 async def test_the_engine_is_detected_or_named() -> None:
     async with serving() as (p, url):
         p.routes["/v1/models"] = reply(MODELS)

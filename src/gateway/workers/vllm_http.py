@@ -7,7 +7,10 @@ translated in ``vllm_http_wire``; the session, errors and Generate call are the 
 worker machinery of ``sglang_http``.
 
 What vLLM's server lacks is reported, not faked: no abort route (closing the request is
-its abort), no tokenizer download, KV capacity and loads only from ``/metrics``.
+its abort), no tokenizer download, KV capacity and loads only from ``/metrics``. A server
+started with data-parallel engines (``--data-parallel-size``) is one endpoint of several
+ranks: ``/metrics`` labels each engine's series (``engine="N"``), which gives the ranks
+and their loads, and a request names its rank in the ``X-data-parallel-rank`` header.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway.proto import common_pb2
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.workers.http_errors import http_status_error
-from gateway.workers.sglang_http import AnswerReader, Dialect, HttpWorkerClient
+from gateway.workers.sglang_http import AnswerReader, Dialect, HttpGenerateCall, HttpWorkerClient
 from gateway.workers.transport import CallCode, WorkerCallError
 from gateway.workers.vllm_http_wire import CompletionStreamReader, completion_body, whole_completion
 
@@ -47,6 +50,13 @@ class VllmDialect:
 
 _RUNNING = "vllm:num_requests_running"
 _WAITING = "vllm:num_requests_waiting"
+DP_RANK_HEADER = "x-data-parallel-rank"
+
+
+def _engine(sample: Any) -> int:
+    """The data-parallel engine a ``/metrics`` sample belongs to (0 when unlabelled)."""
+    label = sample.labels.get("engine", "0")
+    return int(label) if label.isdigit() else 0
 
 
 class VllmHttpClient(HttpWorkerClient):
@@ -54,11 +64,17 @@ class VllmHttpClient(HttpWorkerClient):
 
     kind = "vllm/http"
     engine = "vLLM's OpenAI server"
-    lacks = HttpWorkerClient.lacks | {"abort", "dp_rank"}  # its completions route names no DP rank
+    lacks = HttpWorkerClient.lacks | {"abort"}
 
     def __init__(self, url: str, **kwargs: Any) -> None:
         super().__init__(url, **kwargs)
         self._dialect: Dialect = VllmDialect("")
+
+    def generate(self, request: pb.GenerateRequest, *, timeout: float | None = None) -> HttpGenerateCall:
+        headers = self._headers(request.request_id)
+        if request.HasField("data_parallel_rank"):
+            headers[DP_RANK_HEADER] = str(request.data_parallel_rank)
+        return HttpGenerateCall(self._http, self._dialect, request, headers, timeout)
 
     async def _model_card(self, timeout: float) -> dict[str, Any]:
         models = await self._get_json("/v1/models", timeout)
@@ -108,6 +124,9 @@ class VllmHttpClient(HttpWorkerClient):
             samples = await self._metrics(timeout)
         except WorkerCallError:
             samples = []
+        engines = {_engine(x) for x in samples if x.name == _RUNNING}
+        if len(engines) > 1:  # one rank per data-parallel engine, each with its own KV pool
+            args["dp_size"] = max(engines) + 1
         for sample in samples:
             if sample.name.startswith("vllm:cache_config_info"):
                 blocks, size = sample.labels.get("num_gpu_blocks"), sample.labels.get("block_size")
@@ -119,19 +138,25 @@ class VllmHttpClient(HttpWorkerClient):
         return reply
 
     async def loads(self, *, timeout: float = 2.0, include: Sequence[str] = ("core",)) -> pb.GetLoadsResponse:
-        """Running and waiting requests from the Prometheus text of ``/metrics``."""
-        figures = {_RUNNING: 0.0, _WAITING: 0.0}
+        """Running and waiting requests per data-parallel engine from the Prometheus text of ``/metrics``."""
+        figures: dict[int, dict[str, float]] = {}
         for sample in await self._metrics(timeout):
-            if sample.name in figures:
-                figures[sample.name] += sample.value
-        running, waiting = int(figures[_RUNNING]), int(figures[_WAITING])
-        load = pb.SchedulerLoad(
-            num_running_reqs=running, num_waiting_reqs=waiting, num_total_reqs=running + waiting,
-        )
+            if sample.name in (_RUNNING, _WAITING):
+                per = figures.setdefault(_engine(sample), {_RUNNING: 0.0, _WAITING: 0.0})
+                per[sample.name] += sample.value
+        loads = []
+        for rank in sorted(figures) or [0]:
+            per = figures.get(rank, {})
+            running, waiting = int(per.get(_RUNNING, 0.0)), int(per.get(_WAITING, 0.0))
+            loads.append(pb.SchedulerLoad(
+                dp_rank=rank, num_running_reqs=running, num_waiting_reqs=waiting, num_total_reqs=running + waiting,
+            ))
         return pb.GetLoadsResponse(
-            timestamp=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), dp_rank_count=1, loads=[load],
+            timestamp=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), dp_rank_count=len(loads), loads=loads,
             aggregate=pb.AggregateMetrics(
-                total_running_reqs=running, total_waiting_reqs=waiting, total_reqs=running + waiting,
+                total_running_reqs=sum(x.num_running_reqs for x in loads),
+                total_waiting_reqs=sum(x.num_waiting_reqs for x in loads),
+                total_reqs=sum(x.num_total_reqs for x in loads),
             ),
         )
 
@@ -144,4 +169,4 @@ class VllmHttpClient(HttpWorkerClient):
         return common_pb2.FlushCacheResponse(success=status == 200, message=message)
 
 
-__all__ = ["VllmDialect", "VllmHttpClient"]
+__all__ = ["DP_RANK_HEADER", "VllmDialect", "VllmHttpClient"]

@@ -55,3 +55,16 @@ async def test_a_vllm_worker_failing_mid_stream_is_resumed(tmp_path: Any) -> Non
                 usage = chunk.usage or usage
             assert usage is not None and usage.completion_tokens == 20
         await eventually(lambda: idle(stack))
+
+
+async def test_a_data_parallel_vllm_worker_is_one_target_per_rank(tmp_path: Any) -> None:
+    async with http_stack(tmp_path, workers=1, api="vllm", policy="cache_aware", sim={"dp_size": 2}) as stack:
+        ranks = sorted(w.id for w in stack.state.registry.all())
+        assert len(ranks) == 2 and all("@" in r for r in ranks)
+        for preamble in ("one shared preamble about tokens " * 8, "another preamble on routing, quite different " * 8):
+            for _ in range(2):
+                last = await stack.client.completions.create(model=stack.model, prompt=preamble, max_tokens=2)
+            assert last.usage is not None and last.usage.prompt_tokens_details is not None
+            # Pinned to the rank that holds it: unpinned, the worker takes its ranks in turn,
+            # and the second request would find the other rank's cache empty.
+            assert last.usage.prompt_tokens_details.cached_tokens
