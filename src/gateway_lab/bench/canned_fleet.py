@@ -46,6 +46,7 @@ from google.protobuf.message import Message
 
 from gateway.proto import common_pb2
 from gateway.proto import sglang_scheduler_pb2 as pb
+from gateway_lab.bench.ports import free_ports
 from gateway_lab.sim.vocab import load_vocab, tokenizer_zip
 
 SERVICE = "sglang.grpc.scheduler.SglangScheduler"
@@ -91,20 +92,6 @@ def ensure_nginx() -> str:
     if not found:
         raise RuntimeError(f"apt-get install {NGINX_PACKAGE} did not provide nginx")
     return found
-
-
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct loopback ports the kernel just handed out (bound, then released)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 class CannedFleet:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import tempfile
 import time
 from collections.abc import Sequence
@@ -19,18 +18,13 @@ from typing import IO
 
 import httpx
 
+from gateway_lab.bench.ports import free_ports
 from gateway_lab.bench.serve_process import _LIVE, _log_tail, _terminate
 
 # peer name -> python module run with ``-m``
 PEER_MODULES = {"smg": "smg"}
 # our policies the peer has under the same name
 PEER_POLICIES = ("cache_aware", "round_robin", "random", "power_of_two", "prefix_hash")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def peer_argv(
@@ -71,8 +65,8 @@ class PeerProcess:
         *,
         ready_timeout_s: float = 60.0,
     ) -> PeerProcess:
-        port = free_port()
-        argv = peer_argv(python, peer, worker_urls, policy, tokenizer_dir, port, free_port())
+        port, metrics_port = free_ports(2)
+        argv = peer_argv(python, peer, worker_urls, policy, tokenizer_dir, port, metrics_port)
         log_file: IO[bytes] = tempfile.NamedTemporaryFile(prefix=f"peer-{peer}-", suffix=".log", delete=False)
         try:
             process = await asyncio.create_subprocess_exec(

@@ -32,7 +32,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -48,6 +47,7 @@ from google.protobuf import struct_pb2
 from gateway.proto import common_pb2
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.proto import sglang_scheduler_pb2_grpc as pb_grpc
+from gateway_lab.bench.ports import free_ports
 
 PAGE_SIZE = 16
 KEY_TOKENS = 256  # a recorded prompt's group key covers this many leading tokens (whole pages)
@@ -343,19 +343,6 @@ def placement(records: Sequence[dict[str, Any]], min_group: int = 2) -> dict[str
         "holders_max": max(holders, default=0),
         "spread": spread,
     }  # fmt: skip
-
-
-def free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [int(s.getsockname()[1]) for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 class ZeroFleet:

@@ -233,3 +233,4 @@ def test_reply_token_reuse_variant_becomes_a_serve_flag() -> None:
     serve = build_parser().parse_args(["serve", *launch.knob_flags(knobs)])
     assert serve.reply_token_reuse is False
     assert build_parser().parse_args(["serve"]).reply_token_reuse is True
+

@@ -29,6 +29,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from gateway_lab.bench import launch, ports
+
 NGINX_CONF = """
 daemon off;
 master_process off;
@@ -55,12 +57,6 @@ http {{
     }}
 }}
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def cpu_s(pid: int) -> float:
@@ -90,7 +86,7 @@ def measure(worker: str, args: argparse.Namespace, nginx: str) -> dict[str, Any]
     from gateway.proto import sglang_scheduler_pb2_grpc as pb_grpc
 
     root = Path(tempfile.mkdtemp(prefix="hop-floor-"))
-    port = free_port()
+    port = ports.free_port()
     (root / "nginx.conf").write_text(NGINX_CONF.format(root=root, worker=worker, port=port))
     proc = subprocess.Popen([nginx, "-p", str(root), "-c", str(root / "nginx.conf"), "-e", str(root / "error.log")])
     try:
@@ -142,8 +138,6 @@ def measure(worker: str, args: argparse.Namespace, nginx: str) -> dict[str, Any]
 async def _measure_on_a_fleet(args: argparse.Namespace) -> dict[str, Any]:
     """Both legs against one zero-cost worker started by the launcher; the calls are
     synchronous (grpcio's blocking stub), so they run off the event loop."""
-    from gateway_lab.bench import launch
-
     async with launch.fleet("process", 1, launch.ZERO_COST) as fleet:
         return await asyncio.to_thread(measure, fleet.urls[0].removeprefix("grpc://"), args, args.nginx)
 

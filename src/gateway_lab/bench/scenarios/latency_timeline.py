@@ -360,7 +360,7 @@ def main(args: argparse.Namespace) -> int:
 
     from gateway.proto import sglang_scheduler_pb2 as pb
     from gateway.proto import sglang_scheduler_pb2_grpc as pb_grpc
-    from gateway_lab.bench import launch
+    from gateway_lab.bench import launch, ports
     from gateway_lab.bench.scenarios.overhead import Prompts
     from gateway_lab.bench.workloads import default_tokenizer_dir
 
@@ -374,10 +374,7 @@ def main(args: argparse.Namespace) -> int:
 
     def run_against(urls: list[str]) -> dict[str, Any]:
         stamps = Path(tempfile.mkstemp(prefix="lat-stamps-", suffix=".json")[1])
-        port_sock = socket.socket()
-        port_sock.bind(("127.0.0.1", 0))
-        port = port_sock.getsockname()[1]
-        port_sock.close()
+        port = ports.free_port()
         cmd = [
             sys.executable, "-m", __name__, "--child-gateway", str(stamps), "--worker-urls", *urls, "--policy", args.policy,
             "--port", str(port), "--log-level", "warning", "--tokenizer-path", str(default_tokenizer_dir()),

@@ -701,7 +701,7 @@ async def http_write_us_per_event(tokens: int, streams: int, concurrency: int) -
     any gateway code."""
     import aiohttp
 
-    from gateway_lab.bench.peers import free_port
+    from gateway_lab.bench.ports import free_port
 
     port = free_port()
     proc = await asyncio.create_subprocess_exec(sys.executable, "-c", _SSE_SERVER, str(port), str(tokens))

@@ -61,7 +61,7 @@ import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.sync.local_server import LocalNatsServer
-from gateway_lab.bench import launch
+from gateway_lab.bench import launch, ports
 from gateway_lab.bench.driver import DriverConfig, RunResult, run_workload
 from gateway_lab.bench.machine import cpu_seconds, describe
 from gateway_lab.bench.placement import classify_misses
@@ -476,14 +476,6 @@ FLEETS = ("sim", "canned")
 UNSYNCED = "processes-2-unsynced"  # --throughput-unsynced: the set with its NATS bus unreachable (no sync traffic)
 
 
-def closed_port() -> int:
-    """A loopback port nothing listens on (bound, then released)."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 QUIET_REST_MS = 0.1  # ms of other processes' CPU per request under which a round counts as quiet
 
 
@@ -525,7 +517,7 @@ async def throughput_section(args: argparse.Namespace, report: dict[str, Any], k
         gws = {"one": one, "processes-2": two}
         if args.throughput_unsynced:  # the same set with its bus unreachable: what the set costs without the sync
             rounds[UNSYNCED] = []
-            unreachable = f"nats://127.0.0.1:{closed_port()}"
+            unreachable = f"nats://127.0.0.1:{ports.free_port()}"  # nothing listens there
             gws[UNSYNCED] = await stack.enter_async_context(
                 start(urls, scratch, "gw-p2u", "--processes", "2", "--sync-url", unreachable)
             )
