@@ -21,12 +21,10 @@ RNG. Every timing loop is bounded by ``--seconds`` and a repetition cap.
 from __future__ import annotations
 
 import argparse
-import datetime
 import functools
 import importlib.util
 import itertools
 import os
-import platform
 import random
 import sys
 import time
@@ -36,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.tokenization import PrefixTokenCache, Tokenizer
-from gateway_lab.bench.machine import cpu_model
+from gateway_lab.bench import results
 
 MAX_REPS = 200
 
@@ -108,12 +106,6 @@ def timed(fn: Callable[[], Any], seconds: float) -> tuple[float, int]:
     return (time.perf_counter() - started) / reps, reps
 
 
-def table(headers: list[str], rows: list[list[object]]) -> str:
-    out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(out)
-
-
 def prompt_of(tokenizer: Tokenizer, gen: TextGen, tokens: int) -> str:
     """Text of about ``tokens`` tokens (grown paragraph by paragraph, then trimmed)."""
     text = ""
@@ -123,7 +115,7 @@ def prompt_of(tokenizer: Tokenizer, gen: TextGen, tokens: int) -> str:
     return tokenizer.decode(ids)
 
 
-def bench_encode(tokenizer: Tokenizer, gen: TextGen, seconds: float, threads: int) -> str:
+def bench_encode(tokenizer: Tokenizer, gen: TextGen, seconds: float, threads: int) -> results.Table:
     rows: list[list[object]] = []
     with ThreadPoolExecutor(max_workers=threads) as pool:
         for size in (2048, 8192, 32768):
@@ -160,7 +152,7 @@ def bench_encode(tokenizer: Tokenizer, gen: TextGen, seconds: float, threads: in
         f"prompts/s ({threads} threads)",
         "reps",
     ]
-    return table(headers, rows)
+    return results.Table.of("Encode throughput", headers, rows, labels=1)
 
 
 def conversation_messages(gen: TextGen, turns: int) -> list[dict[str, Any]]:
@@ -196,7 +188,7 @@ def conversation_messages(gen: TextGen, turns: int) -> list[dict[str, Any]]:
     return messages
 
 
-def bench_template(tokenizer: Tokenizer, gen: TextGen, seconds: float) -> str:
+def bench_template(tokenizer: Tokenizer, gen: TextGen, seconds: float) -> results.Table:
     rows: list[list[object]] = []
     template = tokenizer.chat_template()
     for turns in (1, 10, 40):
@@ -205,12 +197,13 @@ def bench_template(tokenizer: Tokenizer, gen: TextGen, seconds: float) -> str:
         per_call, reps = timed(functools.partial(template.render, messages, tools=TOOLS), seconds)
         n = len(tokenizer.encode(text, add_special_tokens=False))
         rows.append([len(messages), n, f"{per_call * 1e3:.3f}", reps])
-    return table(["messages", "rendered tokens", "render ms", "reps"], rows)
+    header = ["messages", "rendered tokens", "render ms", "reps"]
+    return results.Table.of("Chat-template render (Qwen3 template, one tool)", header, rows, labels=1)
 
 
 def bench_multi_turn(
     tokenizer: Tokenizer, gen: TextGen, conversations: int, turns: int
-) -> tuple[str, float]:
+) -> tuple[results.Table, float]:
     """C conversations x T turns, turn-major; full encode vs cache, same prompts."""
     chats = [conversation_messages(gen, turns) for _ in range(conversations)]
     cache = PrefixTokenCache(tokenizer)
@@ -252,7 +245,8 @@ def bench_multi_turn(
         ],
     ]
     headers = ["method", "prompts", "prompt tokens", "total s", "tokens/s", "tokens reused"]
-    return table(headers, rows), speedup
+    title = f"Multi-turn cache ({conversations} conversations x {turns} turns)"
+    return results.Table.of(title, headers, rows, labels=1), speedup
 
 
 
@@ -283,6 +277,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--seed", type=int, default=0, help="RNG seed for the generated text (default: 0)"
     )
+    parser.add_argument("--json", default="", help="also write the results here as JSON")
+    parser.add_argument("--markdown", default="", help="also write the tables here as Markdown")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -290,16 +286,9 @@ def main(args: argparse.Namespace) -> int:
 
     tokenizer = Tokenizer.from_path(args.tokenizer or default_tokenizer_dir())
     gen = TextGen(tokenizer, args.seed)
-    print(
-        f"machine: {os.cpu_count()} CPUs, {cpu_model()}; python {platform.python_version()}; "
-        f"date {datetime.date.today().isoformat()}\n"
-    )
-    print("### Encode throughput\n")
-    print(bench_encode(tokenizer, gen, args.seconds, args.threads), "\n")
-    print("### Chat-template render (Qwen3 template, one tool)\n")
-    print(bench_template(tokenizer, gen, args.seconds), "\n")
-    print(f"### Multi-turn cache ({args.conversations} conversations x {args.turns} turns)\n")
-    text, speedup = bench_multi_turn(tokenizer, gen, args.conversations, args.turns)
-    print(text, "\n")
-    print(f"speed-up (full encode time / cached time, same run): {speedup:.1f}x")
+    tables = [bench_encode(tokenizer, gen, args.seconds, args.threads), bench_template(tokenizer, gen, args.seconds)]
+    multi, speedup = bench_multi_turn(tokenizer, gen, args.conversations, args.turns)
+    notes = [f"speed-up (full encode time / cached time, same run): {speedup:.1f}x"]
+    out = results.Result(tables=[*tables, multi], notes=notes, data={"multi_turn_speedup": speedup})
+    results.write(out, json_path=args.json, markdown_path=args.markdown)
     return 0

@@ -32,11 +32,10 @@ def test_conversations_render_and_the_cache_matches_full_encodes() -> None:
     roles = [m["role"] for m in messages]
     assert roles[0] == "system" and roles.count("user") == 3 and "tool" in roles
     table, speedup = scenario.bench_multi_turn(tok, gen, 2, 2)  # exits if the cache ever differs
-    assert "PrefixTokenCache" in table and speedup > 0
+    assert any("PrefixTokenCache" in row[0] for row in table.rows) and speedup > 0
 
 
 def test_timing_helpers() -> None:
     calls: list[int] = []
     per_call, reps = scenario.timed(lambda: calls.append(1), 0.0)
     assert reps == 1 and len(calls) == 2 and per_call >= 0  # a warm-up call, then at least one timed
-    assert scenario.table(["a", "b"], [[1, 2]]) == "| a | b |\n|---|---|\n| 1 | 2 |"
