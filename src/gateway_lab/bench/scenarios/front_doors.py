@@ -25,9 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -42,8 +39,8 @@ from gateway.proto import gateway_pb2 as gpb
 from gateway.proto import gateway_pb2_grpc as gpb_grpc
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.proto import sglang_scheduler_pb2_grpc as pb_grpc
-from gateway_lab.bench import launch
-from gateway_lab.bench.machine import cpu_model, cpu_seconds
+from gateway_lab.bench import launch, results
+from gateway_lab.bench.machine import cpu_seconds
 from gateway_lab.sim.config import SimConfig
 
 PROMPT = list(range(1000, 1064))  # 64 ordinary token ids
@@ -186,7 +183,7 @@ async def throughput_phase(doors: dict[str, Door], *, stream: bool, rounds: int,
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     config = SimConfig(eos_probability=0.0, max_running_requests=256, kv_capacity_tokens=1 << 20).zero_cost()
-    results: dict[str, Any] = {"latency": {}, "throughput": {}}
+    figures: dict[str, Any] = {"latency": {}, "throughput": {}}
     async with (
         launch.fleet("process", 1, config) as fleet,
         launch.gateway("ours", fleet.urls, "round_robin", extra_args=["--grpc-port", "0", "--log-level", "warning"]) as served,
@@ -211,7 +208,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     chosen, stream=stream, requests=args.latency_requests, max_tokens=args.latency_tokens, cap_s=args.cap_s,
                 )
                 for name, row in rows.items():
-                    results["latency"][f"{name}/{mode}"] = row
+                    figures["latency"][f"{name}/{mode}"] = row
                     print(f"latency    {name}/{mode:14s} {row}", file=sys.stderr, flush=True)
             for stream in (True, False):
                 mode = "stream" if stream else "unary"
@@ -221,39 +218,38 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     max_tokens=args.throughput_tokens, cap_s=args.cap_s,
                 )
                 for name, row in rows.items():
-                    results["throughput"][f"{name}/{mode}"] = row
+                    figures["throughput"][f"{name}/{mode}"] = row
                     print(f"throughput {name}/{mode:14s} {row}", file=sys.stderr, flush=True)
-    return results
+    return figures
 
 
-def report(results: dict[str, Any], args: argparse.Namespace) -> str:
-    lines = [
-        f"machine: {os.cpu_count()} CPUs, {cpu_model()}, Python {platform.python_version()}",
-        f"latency, one request at a time, 64-token prompt, {args.latency_tokens} output tokens:",
-        "| door | mode | mean ms | p50 ms | p99 ms | overhead vs worker (p50) |",
-        "| --- | --- | ---: | ---: | ---: | ---: |",
-    ]
-    lat = results["latency"]
+def report(figures: dict[str, Any], args: argparse.Namespace) -> results.Result:
+    """The latency and throughput tables in the common result format (the JSON keeps
+    ``latency``, ``throughput`` and the flags)."""
+    lat = figures["latency"]
+    latency_rows = []
     for key, row in lat.items():
         name, mode = key.split("/")
         base = lat.get(f"worker/{mode}")
         over = f"{row['p50_ms'] - base['p50_ms']:+.2f} ms" if base and name != "worker" else "-"
-        lines.append(f"| {name} | {mode} | {row['mean_ms']:.2f} | {row['p50_ms']:.2f} | {row['p99_ms']:.2f} | {over} |")
-    lines += [
-        "",
-        f"throughput, {args.concurrency} concurrent callers x {args.throughput_tokens} tokens, {args.rounds} rounds x {args.throughput_requests} requests per door (streams: one token per chunk):",
-        "| door | mode | requests/s | tokens/s | gateway CPU us/token | gateway CPU ms/request |",
-        "| --- | --- | ---: | ---: | ---: | ---: |",
-    ]
-    for key, row in results["throughput"].items():
+        latency_rows.append((name, mode, f"{row['mean_ms']:.2f}", f"{row['p50_ms']:.2f}", f"{row['p99_ms']:.2f}", over))
+    throughput_rows = []
+    for key, row in figures["throughput"].items():
         name, mode = key.split("/")
         cpu = row.get("gateway_cpu_us_per_token")
         per_req = row.get("gateway_cpu_ms_per_request")
-        lines.append(
-            f"| {name} | {mode} | {row['requests_per_s']:.1f} | {row['tokens_per_s']:.0f} | "
-            f"{cpu if cpu is not None else '-'} | {per_req if per_req is not None else '-'} |"
-        )
-    return "\n".join(lines)
+        throughput_rows.append((name, mode, f"{row['requests_per_s']:.1f}", f"{row['tokens_per_s']:.0f}",
+                                cpu if cpu is not None else "-", per_req if per_req is not None else "-"))  # fmt: skip
+    latency = results.Table.of(
+        f"latency, one request at a time, 64-token prompt, {args.latency_tokens} output tokens",
+        ("door", "mode", "mean ms", "p50 ms", "p99 ms", "overhead vs worker (p50)"), latency_rows,
+    )  # fmt: skip
+    throughput = results.Table.of(
+        f"throughput, {args.concurrency} concurrent callers x {args.throughput_tokens} tokens, {args.rounds} rounds x "
+        f"{args.throughput_requests} requests per door (streams: one token per chunk)",
+        ("door", "mode", "requests/s", "tokens/s", "gateway CPU us/token", "gateway CPU ms/request"), throughput_rows,
+    )  # fmt: skip
+    return results.Result(tables=[latency, throughput], data={"args": vars(args), **figures})
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -277,9 +273,6 @@ def main(args: argparse.Namespace) -> int:
         uvloop.install()
     except ImportError:
         pass
-    results = asyncio.run(run(args))
-    print(report(results, args))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"args": vars(args), **results}, f, indent=1)
+    figures = asyncio.run(run(args))
+    results.write(report(figures, args), json_path=args.json or "")
     return 0
