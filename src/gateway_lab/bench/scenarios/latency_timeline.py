@@ -360,7 +360,7 @@ def main(args: argparse.Namespace) -> int:
 
     from gateway.proto import sglang_scheduler_pb2 as pb
     from gateway.proto import sglang_scheduler_pb2_grpc as pb_grpc
-    from gateway_lab.bench import launch, ports
+    from gateway_lab.bench import launch, ports, results
     from gateway_lab.bench.scenarios.overhead import Prompts
     from gateway_lab.bench.workloads import default_tokenizer_dir
 
@@ -445,10 +445,9 @@ def main(args: argparse.Namespace) -> int:
 
     result = asyncio.run(with_fleet())
     gw, dr, rows = result["gw"], result["direct"], result["rows"]
-    print(f"{len(gw)} requests; load {os.getloadavg()[0]:.2f}")
     report: dict[str, Any] = {}
     prev = "client_send"
-    lines = []
+    lines: list[tuple[str, str, str, int]] = []
     # In the order they happen (bookkeeping deferred past the answer comes after "written").
     names = list(dict.fromkeys(n for n in STAGES + [n for d in DETAIL for n in d[2:] if n]))
     order = sorted(
@@ -462,17 +461,16 @@ def main(args: argparse.Namespace) -> int:
             if stage in row and start is not None:
                 d.append((row[stage] - start) / 1e3)
         if d:
-            lines.append(f"  {prev:>12} -> {stage:<10} p50 {pct(d, 0.5):8.1f} us   (n={len(d)})")
+            lines.append((prev, stage, f"{pct(d, 0.5):.1f}", len(d)))
             report[f"{prev}->{stage}"] = round(pct(d, 0.5), 1)
             prev = stage
     back = [(t1 - row["written"]) / 1e3 for (_, t1), row in zip(gw, rows, strict=True) if "written" in row]
-    lines.append(f"  {'written':>12} -> client_recv p50 {pct(back, 0.5):8.1f} us")
+    lines.append(("written", "client_recv", f"{pct(back, 0.5):.1f}", len(back)))
     report["written->client_recv"] = round(pct(back, 0.5), 1)
     inside = [(row["written"] - row["recv"]) / 1e3 for row in rows if "written" in row]
     grpc_leg = [(row["first_msg"] - row["call"]) / 1e3 for row in rows if "first_msg" in row]
     g = [(t1 - t0) / 1e3 for t0, t1 in gw]
     d = [(t1 - t0) / 1e3 for t0, t1 in dr]
-    print("\n".join(lines))
     summary = {
         "gateway_p50_us": pct(g, 0.5), "direct_p50_us": pct(d, 0.5), "added_p50_us": pct(g, 0.5) - pct(d, 0.5),
         "gateway_p99_us": pct(g, 0.99), "direct_p99_us": pct(d, 0.99),
@@ -480,12 +478,11 @@ def main(args: argparse.Namespace) -> int:
         # the gateway process's CPU (user + system, all threads) per request, from /proc
         "gateway_cpu_us_per_request": result["cpu_s"] * 1e6 / max(1, len(gw)),
     }  # fmt: skip
-    for k, v in summary.items():
-        print(f"  {k}: {v:.1f}")
     report |= {k: round(v, 1) for k, v in summary.items()}
     report["load_1min"] = round(os.getloadavg()[0], 2)
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=2))
+    stages = results.Table.of(f"{len(gw)} requests, stage by stage", ("from", "to", "p50 us", "n"), lines)
+    totals = results.Table.of("totals", ("figure", "us"), [(k, f"{v:.1f}") for k, v in summary.items()], labels=1)
+    results.write(results.Result(tables=[stages, totals], data=report), json_path=args.json or "")
     return 0
 
 
