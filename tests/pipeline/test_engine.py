@@ -1,6 +1,6 @@
 """The engine (pipeline/engine.py): the prompt checks every request gets, the worker
-request it builds from a prepared request, and the model's fast encoder, built once in a
-thread of its own at its first long prompt or its Nth prompt."""
+request it builds from a prepared request, and the model's fast encoder, built once off the
+event loop at its first long prompt or its Nth prompt."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from gateway.pipeline import encoder_build
 from gateway.pipeline.catalog import ModelEntry
 from gateway.pipeline.engine import Engine, EngineConfig
 from gateway.pipeline.limits import LimitsConfig
@@ -20,6 +21,7 @@ from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.protocol.errors import ContextLengthExceededError, InvalidRequestError
 from gateway.protocol.sampling import SamplingOptions
 from gateway.tokenization import ChatPromptCache, Tokenizer
+from gateway.tokenization.fast_bpe import FastBpePlan
 from gateway.workers.registry import WorkerRegistry
 from tests.tokenization.helpers import qwen_files
 
@@ -43,23 +45,27 @@ def _engine(tmp_path: Path, **config: int) -> tuple[Engine, ModelEntry]:
     return engine, entry
 
 
-_REAL_BUILD = Tokenizer.fast_bpe.func  # type: ignore[attr-defined]
+_REAL_INSTALL = Tokenizer.install_fast_bpe
+_REAL_PLAN_IN_CHILD = encoder_build.plan_in_child
 
 
 def _spy_on_builds() -> list[int]:
-    """Record the thread of every fast-encoder build (until ``_unspy``)."""
+    """Record the thread of every fast-encoder build (until ``_unspy``). The plan is made in
+    this process (``pipeline/test_encoder_build.py`` covers the child process)."""
     built_on: list[int] = []
 
-    def spy(self: Tokenizer) -> object:
+    def spy(self: Tokenizer, plan: FastBpePlan | None) -> object:
         built_on.append(threading.get_ident())
-        return _REAL_BUILD(self)
+        return _REAL_INSTALL(self, plan)
 
-    Tokenizer.fast_bpe.func = spy  # type: ignore[attr-defined]
+    Tokenizer.install_fast_bpe = spy  # type: ignore[method-assign]
+    encoder_build.plan_in_child = lambda path, make: make(path)  # type: ignore[assignment]
     return built_on
 
 
 def _unspy() -> None:
-    Tokenizer.fast_bpe.func = _REAL_BUILD  # type: ignore[attr-defined]
+    Tokenizer.install_fast_bpe = _REAL_INSTALL  # type: ignore[method-assign]
+    encoder_build.plan_in_child = _REAL_PLAN_IN_CHILD
 
 
 async def test_long_prompts_build_the_encoder_once_off_the_loop(tmp_path: Path) -> None:

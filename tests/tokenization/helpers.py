@@ -34,6 +34,28 @@ def copy_tokenizer(src: Path, dest: Path) -> Path:
     return dest
 
 
+def small_byte_level_tokenizer(dest: Path) -> Path:
+    """A folder with a tokenizer.json of a tiny byte-level BPE vocabulary (the 256 bytes,
+    "ab" and "abc") that the fast encoder applies to: its build takes milliseconds."""
+    from tokenizers import Regex, models, normalizers, pre_tokenizers
+    from tokenizers import Tokenizer as BackendTokenizer
+
+    from gateway.tokenization.fast_bpe import _byte_decoder
+
+    decoder = _byte_decoder()
+    vocab = {c: i for i, c in enumerate(sorted(decoder, key=decoder.__getitem__))}
+    vocab["ab"], vocab["abc"] = 256, 257
+    tok = BackendTokenizer(models.BPE(vocab, [("a", "b"), ("ab", "c")]))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(r"[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s+"), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])  # fmt: skip
+    dest.mkdir(parents=True, exist_ok=True)
+    tok.save(str(dest / "tokenizer.json"))
+    return dest
+
+
 # Fragments that stress byte-level BPE: CJK, RTL, emoji (incl. ZWJ sequences and skin
 # tones), combining marks that NFC composes, whitespace runs, and added-token strings.
 FRAGMENTS: tuple[str, ...] = (

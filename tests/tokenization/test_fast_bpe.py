@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import string
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from tokenizers import AddedToken, Regex, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as BackendTokenizer
 
 from gateway.tokenization import Tokenizer
-from gateway.tokenization.fast_bpe import FastBpe, _byte_decoder, build_fast_bpe
+from gateway.tokenization.fast_bpe import FastBpe, _byte_decoder, build_fast_bpe, plan_fast_bpe
 from gateway_lab.bench.workloads import GspConfig, Vocab, gsp
 
 from .helpers import FRAGMENTS, PROPERTY
@@ -149,6 +150,22 @@ def test_a_small_rank_ordered_vocabulary_is_taken() -> None:
     fast = build_fast_bpe(tok)
     assert fast is not None
     assert fast.encode("abc abcab") == tok.encode("abc abcab", add_special_tokens=False).ids
+
+
+def test_a_plan_is_plain_data_that_builds_the_same_encoder() -> None:
+    tok = _byte_level([("a", "b"), ("ab", "c")], ["ab", "abc"])
+    plan = plan_fast_bpe(tok)
+    assert plan is not None
+    fast = pickle.loads(pickle.dumps(plan)).build(tok)  # what a child process hands back
+    direct = build_fast_bpe(tok)
+    assert fast is not None and direct is not None
+    for text in ("abc abcab", "x abc, 12 ab!", "L'été abc"):
+        assert fast.encode(text) == direct.encode(text) == tok.encode(text, add_special_tokens=False).ids
+
+
+def test_a_plan_builds_nothing_for_another_tokenizer(fresh: Tokenizer) -> None:
+    plan = plan_fast_bpe(_byte_level([("a", "b"), ("ab", "c")], ["ab", "abc"]))
+    assert plan is not None and plan.build(fresh.backend) is None  # its ids would be another model's
 
 
 def test_merges_out_of_rank_order_are_refused() -> None:

@@ -11,8 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.tokenization import Tokenizer, TokenizerLoadError
+from gateway.tokenization.tokenizer import plan_fast_bpe_at
 
-from .helpers import PROPERTY, copy_tokenizer, multilingual_text
+from .helpers import PROPERTY, copy_tokenizer, multilingual_text, small_byte_level_tokenizer
 
 IM_START, IM_END, ENDOFTEXT = 151644, 151645, 151643
 
@@ -162,3 +163,17 @@ def test_load_errors_are_clear(tmp_path: Path) -> None:
     (tmp_path / "tokenizer.json").write_text("{not json")
     with pytest.raises(TokenizerLoadError, match="cannot parse"):
         Tokenizer.from_path(tmp_path)
+
+
+def test_a_plan_made_from_the_files_is_installed_as_the_fast_encoder(tmp_path: Path) -> None:
+    folder = small_byte_level_tokenizer(tmp_path / "small")
+    plan = plan_fast_bpe_at(str(folder))
+    tok = Tokenizer.from_path(folder)
+    assert plan is not None and not tok.fast_bpe_ready
+    assert tok.install_fast_bpe(plan) is not None and tok.fast_bpe_ready
+    assert tok.encode("abc abcab", add_special_tokens=False) == [257, 32, 257, 256]
+    other = Tokenizer.from_path(folder)
+    assert other.install_fast_bpe(None) is None  # none applies: the HF encoder serves, nothing is built
+    assert other.fast_bpe_ready and other.fast_bpe is None
+    assert other.encode("abc abcab", add_special_tokens=False) == [257, 32, 257, 256]
+

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -24,6 +23,7 @@ from gateway.pipeline.dispatch import (
     call_embed,
     open_generate,
 )
+from gateway.pipeline.encoder_build import start_build
 from gateway.pipeline.generation import Generation
 from gateway.pipeline.journal_stream import JournalStream
 from gateway.pipeline.limits import (
@@ -187,9 +187,9 @@ class Engine:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
     def _warm_encoder(self, tokenizer: Tokenizer, size: int) -> None:
-        """Build a model's tiktoken encoder once, in a thread of its own
-        (``tokenization.fast_bpe``: seconds of CPU; encodes then cost several times less; the tokenize
-        pool stays free for prompts), at its first long prompt or its
+        """Build a model's tiktoken encoder once, planned in a child process
+        (``pipeline.encoder_build``: seconds of CPU, much of it holding the GIL; encodes then cost
+        several times less; the tokenize pool stays free for prompts), at its first long prompt or its
         ``fast_encoder_after``-th prompt: a process that serves traffic pays it once, early,
         and one that serves a handful of requests (a test, a probe) never does. Until it is
         ready, and where it does not apply, the HF encoder serves."""
@@ -205,7 +205,7 @@ class Engine:
         if key not in self._building:
             self._building.add(key)
             self._prompts.pop(key, None)
-            threading.Thread(target=lambda: tokenizer.fast_bpe, name="fast-bpe-build", daemon=True).start()
+            start_build(tokenizer)
 
     def refuse_hopeless(self, entry: ModelEntry, text: str, *, param: str = "prompt") -> None:
         """Refuse, before the tokenizer runs, a text that has more tokens than could ever be

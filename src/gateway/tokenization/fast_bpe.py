@@ -38,6 +38,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Collection, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from tokenizers import AddedToken
@@ -282,9 +283,46 @@ def _merges_in_rank_order(vocab: Mapping[str, int], merges: list[Any]) -> bool:
     return True
 
 
+@dataclass(frozen=True, slots=True)
+class FastBpePlan:
+    """What a checked encoder is made of (``plan_fast_bpe``): plain data, so the vocabulary
+    walk and the self-check can run in another process and only ``build`` here."""
+
+    pattern: str
+    ranks: dict[bytes, int]
+    contents: dict[str, int]
+    plain: bool
+    normalized: frozenset[str]
+    latin: bool
+    mixed: bool  # texts with other characters: cut at words, the HF encoder between
+
+    def build(self, backend: BackendTokenizer) -> FastBpe | None:
+        """The encoder for ``backend`` (the tokenizer the plan was made from, loaded here);
+        None when it differs from ``backend`` on the prose sample (not the same tokenizer)."""
+        import tiktoken
+
+        encoding = tiktoken.Encoding("gateway", pat_str=self.pattern, mergeable_ranks=self.ranks, special_tokens={})
+        fast = FastBpe(
+            encoding, self.contents, plain_specials=self.plain, normalized=self.normalized,
+            other=_hf_encoder(backend) if self.mixed else None, latin=self.latin,
+        )  # fmt: skip
+        if fast.encode(_SAMPLE) != backend.encode(_SAMPLE, add_special_tokens=False).ids:
+            return None
+        return fast
+
+
 def build_fast_bpe(backend: BackendTokenizer) -> FastBpe | None:
     """A checked tiktoken encoder for this HF tokenizer, or None (not installed, another
     pipeline, or the checks found a difference)."""
+    plan = plan_fast_bpe(backend)
+    return plan.build(backend) if plan is not None else None
+
+
+def plan_fast_bpe(backend: BackendTokenizer) -> FastBpePlan | None:
+    """The checked plan of a tiktoken encoder for this HF tokenizer, or None (not installed,
+    another pipeline, or the checks found a difference). Seconds of CPU, most of it with
+    the GIL held in long C calls (the model's JSON, tiktoken's tables): a process that
+    serves run it in another process and ``build`` the plan it returns."""
     try:
         import tiktoken
     except ImportError:
@@ -347,11 +385,11 @@ def build_fast_bpe(backend: BackendTokenizer) -> FastBpe | None:
             if token.isascii():
                 return None
             latin = False  # Latin letters stay with the HF encoder; ASCII is checked alone
+    mixed = False
     if other is not None:
         fast = FastBpe(encoding, contents, plain_specials=plain, normalized=normalized, other=other, latin=latin)
-        if fast.encode(_MIXED_SAMPLE) == backend.encode(_MIXED_SAMPLE, add_special_tokens=False).ids:
-            return fast
-    return FastBpe(encoding, contents, plain_specials=plain, normalized=normalized, latin=latin)
+        mixed = fast.encode(_MIXED_SAMPLE) == backend.encode(_MIXED_SAMPLE, add_special_tokens=False).ids
+    return FastBpePlan(pattern, ranks, contents, plain, frozenset(normalized), latin, mixed)
 
 
 def _hf_encoder(backend: BackendTokenizer) -> Callable[[str], list[int]]:

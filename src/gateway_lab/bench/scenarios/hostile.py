@@ -4,7 +4,9 @@ Four hostile workers (``gateway_lab.sim.hostile``) run in this process over real
 loopback, each serving its own model name: ``bomb`` sends a chat template full of
 template bombs (picked per request with ``chat_template_kwargs``), ``flood`` answers
 every Generate with 300,000 tokens, ``endless`` streams one token every millisecond for
-ever, ``oversize`` answers with one 32 MiB message. The gateway under test is
+ever, ``oversize`` answers with one 32 MiB message; an honest worker of a fifth model
+joins the running gateway in the second row (``POST /workers``: the gateway loads its
+tokenizer and builds its fast encoder while serving). The gateway under test is
 ``token-gateway serve`` in a child process; /health is polled every 20 ms by another
 child process on its own kept-alive connection (TCP_NODELAY), so neither the workers'
 nor the client's work in this process slows what is measured. RSS is the gateway
@@ -158,8 +160,10 @@ def quantile(values: list[float], q: float) -> float:
 class Prober:
     """Runs each probe against one gateway: its attack repeated while /health is polled."""
 
-    def __init__(self, http: Any, port: int, pid: int, only: str, seconds: float) -> None:
+    def __init__(self, http: Any, port: int, pid: int, only: str, seconds: float, late_url: str = "") -> None:
         self.http, self.port, self.pid, self.only, self.seconds = http, port, pid, only, seconds
+        self.late_url = late_url  # an honest worker of another model, added while the probes run
+        self.joined: list[str] = []
         self.rows: list[dict[str, Any]] = []
 
     async def chat(self, model: str, **body: Any) -> Any:
@@ -210,6 +214,14 @@ async def probes(p: Prober) -> None:
         return "-"
 
     await p.measure("nothing hostile (baseline)", idle)
+
+    async def join() -> str:  # once: the rows' gateway keeps the model
+        if not p.joined:
+            p.joined.append(code(await http.post("/workers", json={"url": p.late_url})))
+        else:
+            await asyncio.sleep(0.5)
+        return p.joined[0]
+    await p.measure("a worker of a new model joins (its tokenizer and fast encoder are built)", join)
     for i, name in enumerate(BOMBS):
         async def bomb(key: str = f"b{i}") -> str:
             return code(await p.chat("bomb", max_tokens=4, chat_template_kwargs={"bomb": key}))
@@ -282,13 +294,14 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 await stack.enter_async_context(hostile_worker(plan, served_model_name=name, **sim))
                 for name, (plan, sim) in plans.items()
             ]
+            late = await stack.enter_async_context(hostile_worker(HostilePlan(), served_model_name="late"))
             flags = ["--tokenizer-cache-dir", str(Path(tmp) / "cache"), "--log-level", "error"]
             gw = await stack.enter_async_context(
                 launch.gateway("ours", urls, "", extra_args=flags, log_dir=args.log_dir or tmp, keep_log=bool(args.log_dir),
                                ready_timeout_s=args.ready_timeout_s)
             )  # fmt: skip
             http = await stack.enter_async_context(httpx.AsyncClient(base_url=gw.url, timeout=60, trust_env=False))
-            prober = Prober(http, int(gw.url.rsplit(":", 1)[1]), gw.pid, args.only, args.probe_seconds)
+            prober = Prober(http, int(gw.url.rsplit(":", 1)[1]), gw.pid, args.only, args.probe_seconds, late)
             await prober.chat("bomb")  # warm: the template compiled, the first request's costs paid
             await probes(prober)
     return prober.rows
