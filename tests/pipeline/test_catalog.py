@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from gateway.pipeline import catalog as catalog_module
 from gateway.pipeline.catalog import ModelCatalog, model_facts
 from gateway.protocol.errors import ModelNotFoundError
 from gateway.tokenization import Tokenizer, TokenizerRegistry
@@ -66,9 +67,9 @@ def _no_template_warmup(monkeypatch: pytest.MonkeyPatch) -> list[Tokenizer]:
 
 @pytest.fixture(autouse=True)
 def _encoders_warmed(monkeypatch: pytest.MonkeyPatch) -> list[Tokenizer]:
-    """Building the fast encoder takes seconds of CPU: recorded, not run."""
+    """Building the fast encoder takes seconds of CPU (and a child process): recorded, not run."""
     warmed: list[Tokenizer] = []
-    monkeypatch.setattr(Tokenizer, "warm_encoders", lambda self: warmed.append(self))
+    monkeypatch.setattr(catalog_module, "build_encoder", lambda tokenizer: warmed.append(tokenizer))
     return warmed
 
 

@@ -6,24 +6,27 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from pathlib import Path
 
 import pytest
 from tokenizers import Tokenizer as BackendTokenizer
 
+from gateway.pipeline import encoder_build
 from gateway.pipeline.encoder_build import build_encoder, plan_in_child, start_build
 from gateway.tokenization import Tokenizer
 from gateway.tokenization.fast_bpe import FastBpePlan
+from gateway.tokenization.length_bound import LengthBound
 from tests.tokenization.helpers import small_byte_level_tokenizer
 
 TEXTS = ["abc abcab", "hello world, abc!", "L'été à Zürich 東京"]
 
 
-def _pid(path: str) -> int:
-    return os.getpid()
+def _pid(path: str) -> tuple[int, None]:
+    return os.getpid(), None
 
 
-def _fail(path: str) -> FastBpePlan | None:
+def _fail(path: str) -> tuple[FastBpePlan | None, LengthBound | None]:
     raise RuntimeError(f"no plan for {path}")
 
 
@@ -47,22 +50,36 @@ def no_build_here(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 def test_the_plan_is_made_in_another_process() -> None:
-    assert plan_in_child("unused", _pid) != os.getpid()  # type: ignore[arg-type]
+    assert plan_in_child("unused", _pid)[0] != os.getpid()  # type: ignore[arg-type]
 
 
 def test_the_encoder_is_planned_in_a_child_and_built_here(tmp_path: Path, no_build_here: list[str]) -> None:
-    tok = Tokenizer.from_path(small_byte_level_tokenizer(tmp_path / "small"), name="small")
+    tok = Tokenizer.from_path(small_byte_level_tokenizer(tmp_path / "small", "child"), name="small")
     build_encoder(tok)
-    assert no_build_here == []  # the vocabulary walk and the self-check ran elsewhere
-    assert tok.fast_bpe_ready and tok.fast_bpe is not None
+    assert no_build_here == []  # the vocabulary walks and the self-check ran elsewhere
+    assert tok.fast_bpe_ready and tok.fast_bpe is not None and tok.length_bound_ready
+    assert tok.length_bound is not None and tok.length_bound.chars_per_token == 3  # "abc"
     for text in TEXTS:
         assert tok.encode(text, add_special_tokens=False) == _hf(tok, text)
+
+
+def test_encoders_built_for_the_backend_need_no_child(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = small_byte_level_tokenizer(tmp_path / "small", "shared")
+    first = Tokenizer.from_path(folder, name="first")
+    first.warm_encoders()
+    again = Tokenizer.from_path(folder, name="again")
+    again.backend = first.backend  # one parsed backend (several gateways in one process)
+    asked: list[str] = []
+    monkeypatch.setattr(encoder_build, "plan_in_child", lambda path, make: asked.append(path))
+    assert again.encoders_built()
+    build_encoder(again)
+    assert asked == [] and again.fast_bpe is first.fast_bpe and again.length_bound == first.length_bound
 
 
 def test_a_failing_child_leaves_the_build_to_this_process(
     tmp_path: Path, no_build_here: list[str], caplog: pytest.LogCaptureFixture
 ) -> None:
-    tok = Tokenizer.from_path(small_byte_level_tokenizer(tmp_path / "small"), name="small")
+    tok = Tokenizer.from_path(small_byte_level_tokenizer(tmp_path / "small", "failing"), name="small")
     with caplog.at_level(logging.WARNING, logger="gateway.pipeline.encoder_build"):
         build_encoder(tok, _fail)
     assert no_build_here == ["small"] and tok.fast_bpe is not None
@@ -70,8 +87,28 @@ def test_a_failing_child_leaves_the_build_to_this_process(
 
 
 def test_a_tokenizer_without_files_is_built_in_a_thread_here(tmp_path: Path, no_build_here: list[str]) -> None:
-    files = small_byte_level_tokenizer(tmp_path / "small")
+    files = small_byte_level_tokenizer(tmp_path / "small", "in-memory")
     tok = Tokenizer(BackendTokenizer.from_file(str(files / "tokenizer.json")), name="in-memory")
     start_build(tok, _fail).join(30)  # the child is never asked
     assert no_build_here == ["in-memory"] and tok.fast_bpe_ready and tok.fast_bpe is not None
     assert tok.encode(TEXTS[0], add_special_tokens=False) == _hf(tok, TEXTS[0])
+
+
+def test_models_sharing_a_backend_build_it_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = small_byte_level_tokenizer(tmp_path / "small", "together")
+    first = Tokenizer.from_path(folder, name="first")
+    second = Tokenizer.from_path(folder, name="second")
+    second.backend = first.backend  # two models, one parsed backend
+    asked: list[str] = []
+
+    def slow_plan(path: str, make: object) -> object:
+        asked.append(path)
+        time.sleep(0.2)  # the other build arrives meanwhile
+        return encoder_build.encoder_facts_at(path)
+
+    monkeypatch.setattr(encoder_build, "plan_in_child", slow_plan)
+    threads = [start_build(first), start_build(second)]
+    for thread in threads:
+        thread.join(30)
+    assert len(asked) == 1 and first.fast_bpe is second.fast_bpe is not None
+    assert encoder_build._LOCKS == {}  # nothing kept once the builds are done

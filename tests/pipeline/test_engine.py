@@ -21,7 +21,6 @@ from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.protocol.errors import ContextLengthExceededError, InvalidRequestError
 from gateway.protocol.sampling import SamplingOptions
 from gateway.tokenization import ChatPromptCache, Tokenizer
-from gateway.tokenization.fast_bpe import FastBpePlan
 from gateway.workers.registry import WorkerRegistry
 from tests.tokenization.helpers import qwen_files
 
@@ -45,7 +44,7 @@ def _engine(tmp_path: Path, **config: int) -> tuple[Engine, ModelEntry]:
     return engine, entry
 
 
-_REAL_INSTALL = Tokenizer.install_fast_bpe
+_REAL_BUILD = encoder_build.build_encoder
 _REAL_PLAN_IN_CHILD = encoder_build.plan_in_child
 
 
@@ -54,17 +53,17 @@ def _spy_on_builds() -> list[int]:
     this process (``pipeline/test_encoder_build.py`` covers the child process)."""
     built_on: list[int] = []
 
-    def spy(self: Tokenizer, plan: FastBpePlan | None) -> object:
+    def spy(tokenizer: Tokenizer, make: object = None) -> None:
         built_on.append(threading.get_ident())
-        return _REAL_INSTALL(self, plan)
+        _REAL_BUILD(tokenizer)
 
-    Tokenizer.install_fast_bpe = spy  # type: ignore[method-assign]
+    encoder_build.build_encoder = spy  # type: ignore[assignment]
     encoder_build.plan_in_child = lambda path, make: make(path)  # type: ignore[assignment]
     return built_on
 
 
 def _unspy() -> None:
-    Tokenizer.install_fast_bpe = _REAL_INSTALL  # type: ignore[method-assign]
+    encoder_build.build_encoder = _REAL_BUILD
     encoder_build.plan_in_child = _REAL_PLAN_IN_CHILD
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import shutil
 from pathlib import Path
 
@@ -34,9 +35,11 @@ def copy_tokenizer(src: Path, dest: Path) -> Path:
     return dest
 
 
-def small_byte_level_tokenizer(dest: Path) -> Path:
+def small_byte_level_tokenizer(dest: Path, name: str = "small") -> Path:
     """A folder with a tokenizer.json of a tiny byte-level BPE vocabulary (the 256 bytes,
-    "ab" and "abc") that the fast encoder applies to: its build takes milliseconds."""
+    "ab" and "abc") that the fast encoder applies to: its build takes milliseconds. ``name``
+    goes into its tokenizer_config.json (outside tests/tokenization, tokenizers with the
+    same files share one parsed backend, and so its encoders)."""
     from tokenizers import Regex, models, normalizers, pre_tokenizers
     from tokenizers import Tokenizer as BackendTokenizer
 
@@ -53,6 +56,7 @@ def small_byte_level_tokenizer(dest: Path) -> Path:
     ])  # fmt: skip
     dest.mkdir(parents=True, exist_ok=True)
     tok.save(str(dest / "tokenizer.json"))
+    (dest / "tokenizer_config.json").write_text(json.dumps({"name_or_path": name}))
     return dest
 
 

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.tokenization import Tokenizer, TokenizerLoadError
-from gateway.tokenization.tokenizer import plan_fast_bpe_at
+from gateway.tokenization.tokenizer import encoder_facts_at
 
 from .helpers import PROPERTY, copy_tokenizer, multilingual_text, small_byte_level_tokenizer
 
@@ -167,13 +167,14 @@ def test_load_errors_are_clear(tmp_path: Path) -> None:
 
 def test_a_plan_made_from_the_files_is_installed_as_the_fast_encoder(tmp_path: Path) -> None:
     folder = small_byte_level_tokenizer(tmp_path / "small")
-    plan = plan_fast_bpe_at(str(folder))
+    plan, bound = encoder_facts_at(str(folder))
     tok = Tokenizer.from_path(folder)
-    assert plan is not None and not tok.fast_bpe_ready
-    assert tok.install_fast_bpe(plan) is not None and tok.fast_bpe_ready
+    assert plan is not None and bound is not None and not tok.fast_bpe_ready and not tok.encoders_built()
+    assert tok.install_encoders(plan, bound) is not None and tok.fast_bpe_ready and tok.encoders_built()
+    assert tok.length_bound == bound
     assert tok.encode("abc abcab", add_special_tokens=False) == [257, 32, 257, 256]
     other = Tokenizer.from_path(folder)
-    assert other.install_fast_bpe(None) is None  # none applies: the HF encoder serves, nothing is built
-    assert other.fast_bpe_ready and other.fast_bpe is None
+    assert other.install_encoders(None, None) is None  # none applies: the HF encoder serves, nothing is built
+    assert other.fast_bpe_ready and other.fast_bpe is None and other.length_bound is None
     assert other.encode("abc abcab", add_special_tokens=False) == [257, 32, 257, 256]
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gateway.parsers.config import ParserConfig
+from gateway.pipeline.encoder_build import build_encoder
 from gateway.pipeline.model_facts import ModelFacts, prompt_limit, resolve_context, resolve_sampling
 from gateway.pipeline.model_parsers import settle_model_parsers
 from gateway.protocol.errors import ModelNotFoundError
@@ -199,7 +200,7 @@ class ModelCatalog:
         )
         await asyncio.to_thread(tokenizer.warm_chat_templates)
         if self._warm_encoders:
-            await asyncio.to_thread(tokenizer.warm_encoders)
+            await asyncio.to_thread(build_encoder, tokenizer)  # in a child process, from its files
         facts = model_facts(tokenizer, worker)
         log.info(
             "model %s: context length %d (%s), sampling defaults %s (%s)", name, facts.context_length,

@@ -361,13 +361,23 @@ class Tokenizer:
         late while its workers sat idle."""
         _ = self.fast_bpe, self.length_bound
 
-    def install_fast_bpe(self, plan: FastBpePlan | None) -> FastBpe | None:
-        """Take ``plan`` (made by ``plan_fast_bpe_at`` in another process) as this tokenizer's
-        fast encoder: what ``fast_bpe`` returns from now on. Building it from the plan holds
-        the GIL for tiktoken's tables only (about a tenth of a second for 150k tokens)."""
-        fast = plan.build(self.backend) if plan is not None else None
+    def encoders_built(self) -> bool:
+        """Whether the fast encoder and the length bound are built for this tokenizer's
+        backend already (reading them is then free)."""
+        backend = self.backend
+        with _BUILT_LOCK:
+            found = [_BUILT.get((kind, id(backend))) for kind in ("fast_bpe", "length_bound")]
+        return all(f is not None and f[0] is backend for f in found)
+
+    def install_encoders(self, plan: FastBpePlan | None, bound: LengthBound | None) -> FastBpe | None:
+        """Take what ``encoder_facts_at`` worked out in another process as this tokenizer's
+        fast encoder and length bound (what ``fast_bpe`` and ``length_bound`` return from now
+        on); the encoder, built from the plan. That holds the GIL for tiktoken's table only
+        (about a tenth of a second of one core for 150k tokens)."""
+        fast = _built("fast_bpe", self.backend, lambda backend: plan.build(backend) if plan is not None else None)
         self.__dict__["fast_bpe"] = fast
-        return fast
+        self.__dict__["length_bound"] = _built("length_bound", self.backend, lambda backend: bound)
+        return fast  # type: ignore[no-any-return]
 
     @property
     def fast_bpe_ready(self) -> bool:
@@ -486,8 +496,9 @@ class Tokenizer:
         return f"Tokenizer(name={self.name!r}, vocab_size={self.vocab_size})"
 
 
-def plan_fast_bpe_at(path: str) -> FastBpePlan | None:
-    """The fast encoder's plan for the tokenizer at ``path``, loaded as ``Tokenizer.from_path``
-    loads it: what a child process runs, so the vocabulary walk, the self-check and their
-    long GIL-holding calls never share a process with an event loop."""
-    return plan_fast_bpe(Tokenizer.from_path(path).backend)
+def encoder_facts_at(path: str) -> tuple[FastBpePlan | None, LengthBound | None]:
+    """The fast encoder's plan and the length bound of the tokenizer at ``path``, loaded as
+    ``Tokenizer.from_path`` loads it: what a child process runs, so the vocabulary walks, the
+    self-check and their long GIL-holding calls never share a process with an event loop."""
+    backend = Tokenizer.from_path(path).backend
+    return plan_fast_bpe(backend), length_bound(backend)
