@@ -166,11 +166,33 @@ def _wait_for(proc: Process, done: Any, what: str, timeout: float) -> None:
     raise RuntimeError(f"{what} not ready after {timeout:.0f} s:\n{proc.log_text()[-4000:]}")
 
 
+# What SGLang prints when its port was taken between our check and its bind (the gRPC
+# server's bind, or uvicorn's).
+_PORT_TAKEN = ("Failed to bind to address", "address already in use")
+
+
 def start_sglang(workdir: Path, *, grpc: bool, port: int | None = None,
                  extra_args: list[str] | None = None, step_ms: float = 2.0,
-                 timeout: float = 240.0) -> Process:
-    """SGLang's own server, ``--grpc-mode`` or HTTP, in front of the stand-in scheduler."""
-    port = port or free_port(span=3)
+                 timeout: float = 240.0, tries: int = 3) -> Process:
+    """SGLang's own server, ``--grpc-mode`` or HTTP, in front of the stand-in scheduler.
+
+    A port picked here is free when picked and bound by SGLang seconds later; the range
+    lies in the kernel's ephemeral range, so any outgoing connection on the host may take
+    it meanwhile. A server that fails to bind its port is started again on another one."""
+    if port is not None:
+        return _start_sglang_on(workdir, grpc=grpc, port=port, extra_args=extra_args, step_ms=step_ms, timeout=timeout)
+    for attempt in range(1, tries + 1):
+        try:
+            return _start_sglang_on(workdir, grpc=grpc, port=free_port(span=3), extra_args=extra_args,
+                                    step_ms=step_ms, timeout=timeout)
+        except RuntimeError as exc:
+            if attempt == tries or not any(sign in str(exc) for sign in _PORT_TAKEN):
+                raise
+    raise AssertionError("unreachable")
+
+
+def _start_sglang_on(workdir: Path, *, grpc: bool, port: int, extra_args: list[str] | None,
+                     step_ms: float, timeout: float) -> Process:
     record = workdir / f"scheduler-{'grpc' if grpc else 'http'}-{port}.jsonl"
     env = dict(os.environ)
     env.update({

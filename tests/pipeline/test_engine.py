@@ -297,3 +297,49 @@ async def test_stop_strings_go_to_workers_that_match_them_and_ids_to_the_rest() 
     sp = await worker_params(FakeTransport("grpc://10.0.0.1:1", server_args={"skip_tokenizer_init": False}),
                              FakeTransport("grpc://10.0.0.2:1"))
     assert list(sp.stop) == [] and list(sp.stop_token_ids) == [9, *one_token]
+
+
+async def test_a_whole_answer_goes_unstreamed_when_its_slowest_worker_bounds_it() -> None:
+    """A client that does not stream gets its answer unstreamed (SGLang's own frontends' form),
+    n > 1 and logprobs included, when the longest it may take on the slowest worker of its
+    model is within --unary-whole-max-s; past that, or with no max_tokens, or on a model
+    served disaggregated, it streams in coarse chunks."""
+    from gateway.workers.watchdog import WatchdogConfig
+    from tests.fake_transport import MODEL, FakeTransport, fleet
+
+    tokenizer = Tokenizer.from_path(qwen_files())
+    entry = ModelEntry("m", tokenizer, "path", 0, ChatPromptCache(tokenizer), worker_model=MODEL)
+    f = await fleet(FakeTransport("grpc://10.0.0.1:1"), FakeTransport("grpc://10.0.0.2:1"))
+    pace = WatchdogConfig(watchdog_floor_s=1.0, watchdog_answer_factor=2.0, watchdog_default_token_s=0.01)
+    for w in f.registry.all():
+        w.progress.config = pace
+    engine = Engine(f.router, _Catalog(entry), config=EngineConfig(),  # type: ignore[arg-type]
+                    resume=ResumeConfig(unary_stream_interval=16, unary_whole_max_s=10.0))
+
+    def sent(stream: bool = False, **sampling: object) -> pb.GenerateRequest:
+        return engine.generate_request(engine.prepare(entry, [5, 6], SamplingOptions(**sampling), stream=stream))  # type: ignore[arg-type]
+
+    try:
+        # 2 x 400 tokens x 10 ms = 8 s: whole, for every shape a whole answer can take.
+        for shape in ({}, {"n": 2}, {"logprobs": True, "top_logprobs": 2}):
+            request = sent(max_new_tokens=400, **shape)
+            assert not request.stream and not request.sampling_params.HasField("stream_interval"), shape
+        # 2 x 600 x 10 ms = 12 s > 10 s: streamed in chunks, so the watchdog sees progress.
+        assert sent(max_new_tokens=600).sampling_params.stream_interval == 16
+        # One slow worker is enough to stream (its pace, learned from whole answers).
+        slow = f.registry.all()[1]
+        slow.progress.whole_answer(10, 1.0)  # 100 ms per token
+        assert sent(max_new_tokens=400).stream
+        assert not sent(max_new_tokens=16).stream  # one message anyway: always whole
+        assert sent(max_new_tokens=None).stream  # no cap: only the context would bound it
+        assert sent(stream=True, max_new_tokens=4).stream
+        slow.progress.token_s = None
+        assert not sent(max_new_tokens=400).stream
+        slow.role = "decode"  # served disaggregated: its halves keep the shared rules
+        assert sent(max_new_tokens=400).stream and not sent(max_new_tokens=16).stream
+        slow.role = "regular"
+        engine.resume.unary_whole_max_s = 0.0
+        assert sent(max_new_tokens=400).stream  # 0: only one-message answers go whole
+    finally:
+        engine.close()
+        await f.registry.close()

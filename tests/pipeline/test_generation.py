@@ -197,3 +197,38 @@ async def test_a_stop_token_only_in_the_complete_still_gets_its_logprob_row(tok:
     assert [v for d in out for v in d.logprobs or []] == [-0.5, -1.25]
     assert out[-1].stop_token == ids[1] and out[-1].logprob_ids == [ids[1]]
     assert out[-1].top_logprobs == [[(ids[1], -1.25)]]
+
+
+async def test_whole_answers_all_sent_with_index_0_fill_the_samples_in_order(tok: Tokenizer) -> None:
+    """SGLang's servicer sets a complete's index on its streamed path only: unstreamed, every
+    sample comes back with index 0. Each complete is a whole sample; they fill the samples
+    in the order they arrive."""
+    from gateway.proto import sglang_scheduler_pb2 as pb
+
+    a, b = tok.encode(" one two", False), tok.encode(" three four", False)
+    answers = [pb.GenerateResponse(complete=pb.GenerateComplete(index=0, finish_reason="length", output_ids=ids))
+               for ids in (a, b)]
+    stream = Arrivals([answers])
+    prepared = prepare(tok, [1, 2], max_new_tokens=2, n=2)
+    prepared.stream = False
+    gen = Generation(stream, prepared)  # type: ignore[arg-type]
+    stream.release()
+    out = [d async for d in gen.deltas()]
+    texts = {i: "".join(d.text for d in out if d.index == i) for i in (0, 1)}
+    assert texts == {0: " one two", 1: " three four"}
+    assert sorted(d.index for d in out if d.finish_reason == "length") == [0, 1]
+    assert gen.usage.completion_tokens == 4
+
+
+async def test_a_streamed_samples_repeated_complete_is_not_taken_for_another_sample(tok: Tokenizer) -> None:
+    """Once any chunk came the indexes are the worker's own: a complete naming a finished
+    sample is dropped, and a sample that never finished is the worker's fault."""
+    from gateway.protocol.errors import GatewayError
+
+    ids = tok.encode(" one two", False)
+    stream = Arrivals([[chunk(ids, index=0), complete(index=0), complete(index=0), None]])  # None: the stream's end
+    prepared = prepare(tok, [1, 2], max_new_tokens=2, n=2)
+    gen = Generation(stream, prepared)  # type: ignore[arg-type]
+    stream.release()
+    with pytest.raises(GatewayError):
+        _ = [d async for d in gen.deltas()]

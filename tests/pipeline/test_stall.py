@@ -1,16 +1,33 @@
-"""Stall handling of a started stream: one timer per stream, no false alarms."""
+"""Stall handling: a started stream (one timer per stream, no false alarms), and a whole answer
+asked for unstreamed (its own deadline; a hung or dead worker is left, a busy one waited for)."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import pytest
 
-from gateway.pipeline.dispatch import DispatchConfig, open_on
+from gateway.pipeline.dispatch import DispatchConfig, open_generate, open_on
 from gateway.pipeline.lease import Outcome
 from gateway.pipeline.retry import RetryConfig
 from gateway.policies.base import RouteRequest
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.protocol.errors import GatewayTimeoutError
-from tests.fake_transport import HANG, MODEL, FakeTransport, Later, chunk, complete, fleet, settle
+from gateway.workers.transport import CallCode
+from gateway.workers.watchdog import Watchdog, WatchdogConfig
+from tests.fake_transport import (
+    HANG,
+    MODEL,
+    FakeTransport,
+    Later,
+    RecordingObserver,
+    chunk,
+    complete,
+    fleet,
+    rpc_error,
+    settle,
+)
 
 ROUTE = RouteRequest(token_ids=[1, 2, 3], model=MODEL, request_id="s1")
 
@@ -105,4 +122,118 @@ async def test_watchdog_kill_turns_a_first_token_wait_into_a_retry_elsewhere() -
     assert stream.worker.id == "b:1"
     assert obs.retries == [("a:1", "WATCHDOG")]
     assert sick.load.in_flight == 0
+    await stream.abort()
+
+
+# ------------------------------------------------------------------ whole answers asked for unstreamed
+FAST = WatchdogConfig(watchdog_floor_s=0.05, watchdog_default_token_s=0.001, watchdog_learn_alpha=1.0)
+
+
+def whole_request(rid: str = "w1", max_new_tokens: int = 4) -> pb.GenerateRequest:
+    """A whole answer, as a client that does not stream gets it: ``stream`` False."""
+    return pb.GenerateRequest(request_id=rid, sampling_params=pb.SamplingParams(max_new_tokens=max_new_tokens))
+
+
+async def open_whole(*transports: FakeTransport, config: DispatchConfig | None = None):  # type: ignore[no-untyped-def]
+    f = await fleet(*transports)
+    for w in f.registry.all():
+        w.progress.config = FAST
+    obs = RecordingObserver()
+    task = asyncio.ensure_future(open_generate(
+        f.router, RouteRequest(token_ids=[1, 2, 3], model=MODEL, request_id="w1"), lambda s: whole_request(),
+        prompt_tokens=3, max_new_tokens=4, retry=RetryConfig(max_attempts=3, backoff_base_s=0.0),
+        config=config or DispatchConfig(first_token_timeout_s=5.0), observer=obs,
+    ))
+    return f, obs, task
+
+
+async def test_a_hung_worker_under_an_unstreamed_call_is_found_and_the_answer_comes_from_another() -> None:
+    """The worker says nothing on any call past the answer's deadline: the attempt ends as
+    stalled (Abort sent, the worker out of rotation, its slot back) and the request goes to
+    the next worker from scratch; the client has seen nothing."""
+    a = FakeTransport("grpc://a:1").script(HANG)
+    b = FakeTransport("grpc://b:1").script(complete([7, 8, 9]))
+    f, obs, task = await open_whole(a, b)
+    stream = await asyncio.wait_for(task, 2.0)
+    assert stream.worker.id == "b:1"
+    assert obs.retries == [("a:1", "ANSWER_OVERDUE")]
+    await settle()
+    sick = f.worker("a:1")
+    assert a.calls[0].cancelled and a.aborts == [("w1", "worker stalled")]
+    assert not sick.available and sick.breaker.last_reason == "watchdog" and sick.progress.stalls == 1
+    assert sick.breaker.consecutive_failures == 1
+    assert (sick.load.in_flight, sick.load.silent, sick.load.queued_prefill_tokens) == (0, 0, 0)
+    msg = await stream.read()
+    assert msg is not None and list(msg.complete.output_ids) == [7, 8, 9]
+    assert await stream.read() is None
+    healthy = f.worker("b:1")
+    assert (healthy.load.in_flight, healthy.load.silent) == (0, 0)
+    assert healthy.progress.token_s is not None  # its pace, learned from the whole answer
+
+
+async def test_a_dead_worker_under_an_unstreamed_call_is_left_at_once() -> None:
+    """The connection breaks (the worker process died): the call's error ends the wait
+    now, not at the deadline."""
+    a = FakeTransport("grpc://a:1").script(Later(0.01, rpc_error(CallCode.UNAVAILABLE, "connection lost")))
+    b = FakeTransport("grpc://b:1").script(complete([7]))
+    f, obs, task = await open_whole(a, b)
+    f.worker("a:1").progress.config = WatchdogConfig(watchdog_floor_s=30.0)  # its deadline far away
+    stream = await asyncio.wait_for(task, 5.0)  # long before that deadline
+    assert stream.worker.id == "b:1" and obs.retries == [("a:1", "UNAVAILABLE")]
+    assert f.worker("a:1").load.silent == 0
+    await stream.abort()
+
+
+async def test_a_busy_worker_is_waited_for_past_the_deadline() -> None:
+    """Past the deadline, a worker that keeps answering its other calls is busy, not hung:
+    the answer is waited for, and it comes."""
+    a = FakeTransport("grpc://a:1").script(Later(0.3, complete([5, 6])))
+    f, obs, task = await open_whole(a)
+    busy = f.worker("a:1")
+    while not task.done():
+        busy.progress.message(time.monotonic())  # another call's message
+        await asyncio.sleep(0.02)
+    stream = task.result()
+    assert stream.worker.id == "a:1" and obs.retries == []
+    assert busy.available
+    await stream.abort()
+
+
+async def test_a_busy_worker_is_not_waited_for_past_the_last_resort_cap() -> None:
+    a = FakeTransport("grpc://a:1").script(HANG)
+    b = FakeTransport("grpc://b:1").script(complete([1]))
+    f, obs, task = await open_whole(a, b, config=DispatchConfig(first_token_timeout_s=0.2))
+    busy = f.worker("a:1")
+    while not task.done():
+        busy.progress.message(time.monotonic())
+        await asyncio.sleep(0.02)
+    stream = task.result()
+    assert stream.worker.id == "b:1" and obs.retries == [("a:1", "FIRST_TOKEN_TIMEOUT")]
+    assert busy.available  # busy, not hung: it stays in rotation
+    await stream.abort()
+
+
+async def test_the_watchdog_leaves_unstreamed_calls_out_and_its_verdict_still_moves_them() -> None:
+    """A worker holding only unstreamed calls is silent by design: the watchdog does not
+    call it stalled. When its streamed calls stall, the verdict moves the unstreamed ones too."""
+    a = FakeTransport("grpc://a:1").script(HANG)
+    b = FakeTransport("grpc://b:1").script(complete([1]))
+    f, obs, task = await open_whole(a, b, config=DispatchConfig(first_token_timeout_s=5.0))
+    sick = f.worker("a:1")
+    sick.progress.config = WatchdogConfig(watchdog_floor_s=30.0)  # its own deadline far away
+    for _ in range(100):
+        if sick.progress.live:
+            break
+        await asyncio.sleep(0)
+    assert sick.load_figures() == (0, 3)  # not judged: silent by design
+    dog = Watchdog(f.registry.all, WatchdogConfig(watchdog_floor_s=0.01))
+    assert dog.check(time.monotonic() + 60.0) == []
+    sick.load.silent -= 1  # as if it were a streamed call: now it is judged, and stalled
+    try:
+        assert dog.check(time.monotonic() + 60.0) == ["a:1"]
+    finally:
+        sick.load.silent += 1
+    stream = await asyncio.wait_for(task, 2.0)
+    assert stream.worker.id == "b:1" and obs.retries == [("a:1", "WATCHDOG")]
+    assert (sick.load.in_flight, sick.load.silent) == (0, 0)
     await stream.abort()

@@ -42,3 +42,15 @@ def test_many_guards_sum() -> None:
     for g in guards:
         g.release()
     assert (load.in_flight, load.queued_prefill_tokens, load.running_decode_tokens) == (0, 0, 0)
+
+
+def test_a_silent_call_is_counted_apart_until_released_once() -> None:
+    load = WorkerLoad()
+    guard = load.acquire(10, 4, silent=True)
+    other = load.acquire(10, 4)
+    assert (load.in_flight, load.silent) == (2, 1)
+    guard.release()
+    guard.release()
+    assert (load.in_flight, load.silent) == (1, 0)
+    other.release()
+    assert (load.in_flight, load.silent) == (0, 0)

@@ -132,3 +132,22 @@ def test_config_rejects_nonsense() -> None:
         WatchdogConfig(watchdog_floor_s=0)
     with pytest.raises(ValueError):
         WatchdogConfig(watchdog_learn_alpha=0)
+
+
+def test_an_unstreamed_answer_gets_its_prefill_and_its_tokens_at_the_workers_pace() -> None:
+    p = tracker(watchdog_floor_s=1.0, watchdog_answer_factor=3.0, watchdog_default_token_s=0.05,
+                watchdog_default_prefill_tps=1000.0, watchdog_learn_alpha=1.0)
+    # Unlearned: 2,000 held prompt tokens at 1,000 tokens/s + 100 tokens at 0.05 s, times 3.
+    assert p.answer_allowed_s(100, 2000) == pytest.approx(3 * (2.0 + 5.0))
+    p.whole_answer(200, 2.0)  # learned: 10 ms per token, queueing and prefill included
+    assert p.token_s == pytest.approx(0.01)
+    assert p.answer_allowed_s(100, 2000) == pytest.approx(3 * (2.0 + 1.0))
+    assert p.answer_allowed_s(1, 0) == pytest.approx(1.0)  # never under the floor
+    p.whole_answer(0, 1.0)  # an empty answer says nothing about the pace
+    assert p.token_s == pytest.approx(0.01)
+
+
+def test_answer_knobs_are_checked() -> None:
+    for bad in ({"watchdog_answer_factor": 0.5}, {"watchdog_default_token_s": 0.0}):
+        with pytest.raises(ValueError):
+            WatchdogConfig(**bad)  # type: ignore[arg-type]

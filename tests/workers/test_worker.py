@@ -158,3 +158,13 @@ def test_a_rank_pins_its_requests_and_a_plain_worker_clears_a_stale_pin() -> Non
     assert embed.data_parallel_rank == 2
     _worker().pin(embed)
     assert embed.data_parallel_rank == 0
+
+
+def test_the_watchdog_figures_leave_unstreamed_calls_out() -> None:
+    w = _worker()
+    silent = w.load.acquire(40, 8, silent=True)
+    streamed = w.load.acquire(10, 8)
+    assert w.load_figures() == (1, 50)  # held prompts all count; the silent call is not judged
+    streamed.release()
+    assert w.load_figures() == (0, 40)
+    silent.release()

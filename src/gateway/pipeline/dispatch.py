@@ -30,6 +30,7 @@ from gateway.policies.base import NoWorkerAvailable, RouteRequest
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.settings import option
 from gateway.workers.transport import END_OF_STREAM, EndOfStream, GenerateCall, WorkerCallError
+from gateway.workers.watchdog import stalled
 from gateway.workers.worker import Worker
 
 log = logging.getLogger(__name__)
@@ -259,10 +260,14 @@ async def open_on(
     """
     worker = selection.worker
     started = time.monotonic()
-    worker.progress.started(started, idle=worker.load.in_flight == 0)
+    # A whole answer asked for unstreamed says nothing until it is done: the watchdog
+    # leaves it out and it gets a deadline of its own (PD halves keep the shared rules).
+    silent = not request.stream and not request.HasField("disaggregated_params")
+    worker.progress.started(started, idle=worker.load_figures()[0] == 0)
     gate_key = 0
     async with Lease(
-        router, selection, route, prompt_tokens=prompt_tokens, max_new_tokens=max_new_tokens, observer=observer
+        router, selection, route, prompt_tokens=prompt_tokens, max_new_tokens=max_new_tokens, observer=observer,
+        silent=silent,
     ) as lease:
         lease.watch()
         try:
@@ -297,8 +302,11 @@ async def open_on(
             worker.pin(request)  # a DP rank runs it where its prefix is
             call = worker.client.generate(request, timeout=worker_timeout(config.request_timeout_s))
             lease.sent(call)
-            async with asyncio.timeout(config.first_token_timeout_s):
-                first = await call.read()
+            if silent:
+                first = await _whole_answer(call, worker, request, started, config)
+            else:
+                async with asyncio.timeout(config.first_token_timeout_s):
+                    first = await call.read()
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if lease.stalled and not (task is not None and task.cancelling()):
@@ -308,6 +316,14 @@ async def open_on(
                     retryable=True, backoff=False, abort="worker stalled",
                 ) from None
             raise
+        except AnswerOverdue as overdue:
+            # The watchdog's verdict, reached by this call's deadline: the worker's other
+            # live requests move too (this one's own watch goes when the lease ends).
+            stalled(worker, time.monotonic(), overdue.silent_s, overdue.allowed_s)
+            raise AttemptFailed(
+                worker_stalled_error(worker.id, overdue.silent_s), worker.id, "ANSWER_OVERDUE",
+                retryable=True, backoff=False, abort="worker stalled",
+            ) from None
         except TimeoutError:
             raise AttemptFailed(
                 worker_stalled_error(worker.id, config.first_token_timeout_s), worker.id, "FIRST_TOKEN_TIMEOUT",
@@ -328,10 +344,56 @@ async def open_on(
             )
         now = time.monotonic()
         worker.progress.message(now, first=True)
-        cached = first.chunk.cached_tokens if first.HasField("chunk") else first.complete.cached_tokens
-        worker.progress.first_message(prompt_tokens - cached, now - started)
+        if silent:  # the whole answer's time: its pace per token, not a prefill rate
+            worker.progress.whole_answer(len(first.complete.output_ids), now - started)
+        else:
+            cached = first.chunk.cached_tokens if first.HasField("chunk") else first.complete.cached_tokens
+            worker.progress.first_message(prompt_tokens - cached, now - started)
         log.debug("request %s on %s", route.request_id, worker.id)
         return WorkerStream(lease.hand_over(), call, first, config, attempt, observer)
+
+
+class AnswerOverdue(Exception):
+    """A whole answer asked for unstreamed is past its deadline and its worker sent
+    nothing on any call meanwhile: the worker is taken for stalled."""
+
+    def __init__(self, silent_s: float, allowed_s: float) -> None:
+        super().__init__(f"silent for {silent_s:.1f} s (allowed {allowed_s:.1f} s)")
+        self.silent_s = silent_s
+        self.allowed_s = allowed_s
+
+
+async def _whole_answer(
+    call: GenerateCall, worker: Worker, request: pb.GenerateRequest, started: float, config: DispatchConfig
+) -> pb.GenerateResponse | EndOfStream:
+    """Wait for an unstreamed call's one answer. Its deadline is the worker's expected time
+    for it (``ProgressTracker.answer_allowed_s``: the prefill of the prompts the worker
+    holds and the answer's token budget at its learned pace, times a factor). Past it, a
+    worker that sent anything on any call within the last deadline is busy, not hung, and
+    is waited for again, up to ``first_token_timeout_s`` in all; one that sent nothing is
+    stalled (:class:`AnswerOverdue`). A dead worker or connection ends the read at once
+    (the call's error), and the progress watchdog's verdict on the worker's streamed calls
+    cancels this one too. The client has seen nothing: the caller retries elsewhere."""
+    params = request.sampling_params
+    budget = params.max_new_tokens if params.HasField("max_new_tokens") else 0
+    read = asyncio.ensure_future(call.read())
+    wait_s = worker.progress.answer_allowed_s(budget, worker.load.queued_prefill_tokens)
+    try:
+        while True:
+            done, _ = await asyncio.wait((read,), timeout=wait_s)
+            if done:
+                return read.result()
+            now = time.monotonic()
+            if now - started >= config.first_token_timeout_s:
+                raise TimeoutError  # the last-resort cap, as for any first message
+            allowed = worker.progress.answer_allowed_s(budget, worker.load.queued_prefill_tokens)
+            silent_s = now - max(started, worker.progress.last_message_at)
+            if silent_s >= allowed:
+                raise AnswerOverdue(silent_s, allowed)
+            wait_s = min(allowed - silent_s, started + config.first_token_timeout_s - now)
+    finally:
+        if not read.done():
+            read.cancel()
 
 
 async def open_generate(

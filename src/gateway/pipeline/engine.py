@@ -493,9 +493,10 @@ class Engine:
 
     def generate_request(self, prepared: PreparedRequest) -> pb.GenerateRequest:
         sampling = prepared.sampling
-        # Workers stream to the gateway: the watchdog sees progress and a broken
-        # generation can resume from the tokens already produced. Clients that do not
-        # stream (and need no early stop) get coarser worker messages.
+        # A client that does not stream (and needs no early stop here) gets its answer
+        # whole, as SGLang's own frontends ask for it, when its worker's silence is short
+        # enough to judge (``_whole``); else the worker streams in coarse chunks, so the
+        # watchdog sees progress and a broken generation resumes from its tokens.
         coarse = not (prepared.stream or prepared.stop_plan.stop_strings)
         logprobs = sampling.logprobs or sampling.logprob_start_len >= 0
         request = pb.GenerateRequest(
@@ -509,7 +510,7 @@ class Engine:
             return_logprob=logprobs,
             top_logprobs_num=sampling.top_logprobs if sampling.logprobs else 0,
             logprob_start_len=sampling.logprob_start_len,
-            stream=not (coarse and self._fits_one_message(sampling, logprobs)),
+            stream=not (coarse and self._whole(prepared, logprobs)),
             require_reasoning=prepared.require_reasoning,
         )
         # Filled in place: a TokenizedInput passed to the constructor is built, then copied,
@@ -525,16 +526,36 @@ class Engine:
             request.sampling_params.stream_interval = self.config.busy_stream_interval
         return request
 
-    def _fits_one_message(self, sampling: SamplingOptions, logprobs: bool) -> bool:
-        """Whether a coarse (not streamed, no stop strings) answer would come as one chunk
-        anyway: capped at ``--unary-stream-interval`` tokens, one sample, no logprobs. Such
-        a request is sent not streamed (``stream=False``): the worker then answers with its
-        GenerateComplete alone instead of the same tokens as a chunk *and* a complete, one
-        gRPC message and one event-loop wake-up fewer per request.
-        Nothing is lost: the one chunk would have arrived with the complete, so neither
-        progress nor a resume point ever came before it; a failure before it is retried."""
+    def _whole(self, prepared: PreparedRequest, logprobs: bool) -> bool:
+        """Whether a coarse (not streamed, no stop strings) answer is asked for unstreamed
+        (``stream=False``): the worker then sends its GenerateComplete(s) alone.
+
+        Always when it would come as one chunk anyway (capped at ``--unary-stream-interval``
+        tokens, one sample, no logprobs): neither progress nor a resume point could come
+        before it. Otherwise when it has a token cap and the longest it may take on the
+        slowest worker of its model (``ProgressTracker.answer_allowed_s``) is at most
+        ``--unary-whole-max-s``: that bounds how long a hung worker can hold it before
+        ``dispatch`` sends it elsewhere. Not for a model served disaggregated (its halves
+        keep the shared rules), nor without a cap (only the context would bound it)."""
+        sampling = prepared.sampling
         cap = sampling.max_new_tokens
-        return cap is not None and cap <= self.resume.unary_stream_interval and sampling.n == 1 and not logprobs
+        if cap is None:
+            return False
+        if cap <= self.resume.unary_stream_interval and sampling.n == 1 and not logprobs:
+            return True
+        limit = self.resume.unary_whole_max_s
+        if limit <= 0:
+            return False
+        model = self.catalog.worker_model(prepared.model)
+        prompt = len(prepared.prompt_ids)
+        slowest = 0.0
+        for worker in self.registry.all():
+            if worker.model != model:
+                continue
+            if worker.role != "regular":
+                return False
+            slowest = max(slowest, worker.progress.answer_allowed_s(cap, worker.load.queued_prefill_tokens + prompt))
+        return 0.0 < slowest <= limit
 
     def busy(self) -> bool:
         """Whether this process relays enough requests that per-message cost is what limits

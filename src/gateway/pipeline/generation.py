@@ -324,6 +324,15 @@ class Generation:
             return self._samples[index]
         return None
 
+    def _next_whole_sample(self) -> _Sample | None:
+        """Where a whole answer's complete goes when its index names a finished sample:
+        SGLang's servicer sets the index on its streamed path only and sends every
+        unstreamed completion with index 0, so such completes (no chunk came for any
+        sample) fill the samples in the order they arrive."""
+        if any(s.saw_chunks for s in self._samples):
+            return None
+        return next((s for s in self._samples if not s.done), None)
+
     def _on_chunk(self, chunk: pb.GenerateStreamChunk) -> list[SampleDelta]:
         if not self._resumed:
             usage = self.usage
@@ -351,7 +360,9 @@ class Generation:
         self.usage.reasoning_tokens += done.reasoning_tokens
         sample = self._sample(done.index)
         if sample is None or sample.done:
-            return []
+            sample = self._next_whole_sample()
+            if sample is None:
+                return []
         out: list[SampleDelta] = []
         if not sample.saw_chunks:
             lp = done.output_logprobs if self._want_logprobs and done.HasField("output_logprobs") else None

@@ -97,6 +97,7 @@ class Lease:
         max_new_tokens: int,
         observer: PipelineObserver = NULL_OBSERVER,
         stage: str = "relay",
+        silent: bool = False,
     ) -> None:
         worker = selection.worker
         self._router = router  # the pool's routing quality hears of the finish
@@ -117,7 +118,7 @@ class Lease:
         self._kill: Callable[[], None] | None = None  # what a stall does (None: the lease's own)
         self._gate_exit: Callable[[], None] | None = None  # gives back a worker-gate slot (pipeline.worker_gate)
         self.stalled = False  # the progress watchdog stopped the call
-        self._guard: LoadGuard = worker.load.acquire(prompt_tokens, max_new_tokens)
+        self._guard: LoadGuard = worker.load.acquire(prompt_tokens, max_new_tokens, silent=silent)
         worker.breaker.on_dispatch()
         selection.policy.on_dispatch(route, selection.decision)
 

@@ -38,11 +38,12 @@ from gateway.workers.worker import Worker
 class ResumeConfig:
     resume: bool = option(True, "resume a stream whose worker failed after output started on another worker (--no-resume: end it with an error)")
     max_resumes: int = option(3, "resumptions allowed per request before its stream ends with the worker's error")
-    unary_stream_interval: int = option(16, "tokens per worker message for clients that do not stream (workers stream to the gateway, so progress is visible and a failure can resume; an answer capped at this many tokens or fewer comes whole, in one message)")
+    unary_stream_interval: int = option(16, "tokens per worker message for clients that do not stream, when their answer streams from the worker (see --unary-whole-max-s; an answer capped at this many tokens or fewer, one sample, no logprobs, always comes whole, in one message)")
+    unary_whole_max_s: float = option(60.0, "a client that does not stream gets its answer from the worker whole (unstreamed, as SGLang's own frontends ask for it) when it has max_tokens and the time it may take on the slowest worker of its model (the prefill of what that worker holds and max_tokens at its learned pace, times --watchdog-answer-factor) is at most this many seconds: a hung worker is then found within that time and the request sent again elsewhere from scratch; other answers stream in chunks of --unary-stream-interval tokens, so the watchdog sees progress and a failure resumes where it stopped (0: only the one-message answers go whole)")
 
     def __post_init__(self) -> None:
-        if self.max_resumes < 0 or self.unary_stream_interval < 1:
-            raise ValueError("max_resumes must be >= 0 and unary_stream_interval >= 1")
+        if self.max_resumes < 0 or self.unary_stream_interval < 1 or self.unary_whole_max_s < 0:
+            raise ValueError("max_resumes and unary_whole_max_s must be >= 0 and unary_stream_interval >= 1")
 
 
 # Errors that say "this worker failed", not "the request is bad" (those are not resumed).

@@ -18,23 +18,27 @@ class WorkerLoad:
     queued_prefill_tokens: int = 0  # prompt tokens sent, no first token back yet
     running_decode_tokens: int = 0  # max_new_tokens owed by requests past prefill
     total_requests: int = 0
+    silent: int = 0  # of ``in_flight``: whole answers asked for unstreamed (no message until done)
 
-    def acquire(self, prompt_tokens: int, max_new_tokens: int) -> LoadGuard:
+    def acquire(self, prompt_tokens: int, max_new_tokens: int, *, silent: bool = False) -> LoadGuard:
         self.in_flight += 1
         self.total_requests += 1
         self.queued_prefill_tokens += prompt_tokens
-        return LoadGuard(self, prompt_tokens, max_new_tokens)
+        if silent:
+            self.silent += 1
+        return LoadGuard(self, prompt_tokens, max_new_tokens, silent)
 
 
 class LoadGuard:
     """Moves a request's weight from "prefill queued" to "decoding" to "gone"."""
 
-    __slots__ = ("_decode", "_load", "_prefill", "released")
+    __slots__ = ("_decode", "_load", "_prefill", "_silent", "released")
 
-    def __init__(self, load: WorkerLoad, prompt_tokens: int, max_new_tokens: int) -> None:
+    def __init__(self, load: WorkerLoad, prompt_tokens: int, max_new_tokens: int, silent: bool = False) -> None:
         self._load = load
         self._prefill = prompt_tokens
         self._decode = max_new_tokens
+        self._silent = silent
         self.released = False
 
     def first_token(self) -> None:
@@ -51,6 +55,8 @@ class LoadGuard:
         self.released = True
         load = self._load
         load.in_flight -= 1
+        if self._silent:
+            load.silent -= 1
         if self._prefill:
             load.queued_prefill_tokens -= self._prefill
         else:

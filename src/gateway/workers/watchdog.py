@@ -14,6 +14,12 @@ worker normally does:
   a worker busy with one huge prompt is given that prompt's expected prefill time,
 * a floor (``watchdog_floor_s``) below which nothing is ever called a stall.
 
+A whole answer asked for unstreamed (as SGLang's own frontends ask for it) is silent
+by design until it is done, so the worker's silence says nothing about it: it is left
+out of the in-flight count judged here, and the call gets a deadline of its own instead
+(``answer_allowed_s``): the prefill of what the worker holds plus the answer's token
+budget at the worker's learned pace per output token, times a factor.
+
 ``ProgressTracker`` is the pure bookkeeping and verdict (unit-tested with a fake
 clock); ``Watchdog`` is the asyncio driver that applies a verdict: the worker's
 breaker opens (out of rotation) and its requests still waiting for their first
@@ -43,10 +49,14 @@ class WatchdogConfig:
     watchdog_prefill_factor: float = option(3.0, "progress watchdog: silence allowed as a multiple of the expected prefill time of the prompts it holds (queued prefill tokens / learned rate)")
     watchdog_default_prefill_tps: float = option(2000.0, "progress watchdog: prefill rate assumed (tokens/s) until the worker's own rate is learned")
     watchdog_learn_alpha: float = option(0.1, "progress watchdog: weight of each new sample in the learned step interval and prefill rate (EWMA)")
+    watchdog_answer_factor: float = option(3.0, "progress watchdog: an answer sent unstreamed may take this multiple of its expected time (prefill of what the worker holds + its token budget at the worker's learned pace) before its worker is called stalled")
+    watchdog_default_token_s: float = option(0.05, "progress watchdog: seconds per output token of one answer assumed until the worker's own pace is learned from whole answers")
 
     def __post_init__(self) -> None:
         if self.watchdog_floor_s <= 0 or self.watchdog_default_prefill_tps <= 0:
             raise ValueError("watchdog_floor_s and watchdog_default_prefill_tps must be > 0")
+        if self.watchdog_answer_factor < 1 or self.watchdog_default_token_s <= 0:
+            raise ValueError("watchdog_answer_factor must be >= 1 and watchdog_default_token_s > 0")
         if not 0.0 < self.watchdog_learn_alpha <= 1.0:
             raise ValueError("watchdog_learn_alpha must be in (0, 1]")
 
@@ -73,6 +83,7 @@ class ProgressTracker:
     last_message_at: float = 0.0  # the worker's own last message (``last_progress_at`` also restarts on a send)
     step_s: float | None = None  # learned gap between consecutive messages while busy
     prefill_tps: float | None = None  # learned prefill rate, tokens/s
+    token_s: float | None = None  # learned seconds per output token of one whole answer (queue and prefill included)
     stalls: int = 0  # verdicts "stalled" acted on
     _kills: set[Callable[[], None]] = field(default_factory=set, repr=False)
 
@@ -100,6 +111,26 @@ class ProgressTracker:
         rate = uncached_tokens / waited_s
         a = self.config.watchdog_learn_alpha
         self.prefill_tps = rate if self.prefill_tps is None else (1 - a) * self.prefill_tps + a * rate
+
+    def whole_answer(self, tokens: int, took_s: float) -> None:
+        """An answer sent unstreamed came back with ``tokens`` output tokens ``took_s`` after
+        it was sent. Its queueing and prefill count as decode time: the pace learned is
+        slower than the worker's decode, which only makes the allowance generous."""
+        if tokens < 1 or took_s <= 0:
+            return
+        pace = took_s / tokens
+        a = self.config.watchdog_learn_alpha
+        self.token_s = pace if self.token_s is None else (1 - a) * self.token_s + a * pace
+
+    def answer_allowed_s(self, max_new_tokens: int, queued_prefill_tokens: int) -> float:
+        """The longest an answer sent unstreamed may take on this worker before the worker
+        is called stalled: the prefill of every prompt it holds (this one's included) and
+        ``max_new_tokens`` at the worker's pace, times ``watchdog_answer_factor``."""
+        cfg = self.config
+        rate = self.prefill_tps or cfg.watchdog_default_prefill_tps
+        pace = self.token_s or cfg.watchdog_default_token_s
+        expected = queued_prefill_tokens / rate + max_new_tokens * pace
+        return max(cfg.watchdog_floor_s, cfg.watchdog_answer_factor * expected)
 
     def allowed_s(self, queued_prefill_tokens: int) -> float:
         """The longest silence this worker may show now without being called stalled."""
@@ -153,12 +184,30 @@ class WatchedWorker(Protocol):
     def progress(self) -> ProgressTracker: ...
 
     def load_figures(self) -> tuple[int, int]:
-        """(requests in flight, prompt tokens sent that have no first message yet)."""
+        """(requests in flight that stream to the gateway, prompt tokens sent that have no
+        first message yet)."""
         ...
 
     def trip(self, reason: str) -> None:
         """Take the worker out of rotation (open its breaker)."""
         ...
+
+
+def stalled(worker: WatchedWorker, now: float, silent_s: float, allowed_s: float) -> int:
+    """Act on a stall verdict (the watchdog's, or an unstreamed answer's overdue deadline):
+    the worker goes out of rotation and every live request on it is cancelled, so each
+    is retried or resumed elsewhere. Returns how many were cancelled."""
+    progress = worker.progress
+    progress.stalls += 1
+    progress.last_progress_at = now  # the next verdict judges fresh silence
+    worker.trip("watchdog")
+    killed = progress.kill_all()
+    log.warning(
+        "worker %s sent nothing for %.1f s with work in flight (allowed %.1f s): "
+        "out of rotation, %d requests moved elsewhere",
+        worker.id, silent_s, allowed_s, killed,
+    )
+    return killed
 
 
 class Watchdog(Periodic):
@@ -181,15 +230,7 @@ class Watchdog(Periodic):
             verdict = progress.judge(now, in_flight=in_flight, queued_prefill_tokens=queued)
             if not verdict.stalled:
                 continue
-            progress.stalls += 1
-            progress.last_progress_at = now  # the next verdict judges fresh silence
-            worker.trip("watchdog")
-            killed = progress.kill_all()
-            log.warning(
-                "worker %s sent nothing for %.1f s with %d requests in flight (allowed %.1f s): "
-                "out of rotation, %d requests moved elsewhere",
-                worker.id, verdict.silent_s, in_flight, verdict.allowed_s, killed,
-            )
+            stalled(worker, now, verdict.silent_s, verdict.allowed_s)
             tripped.append(worker.id)
         return tripped
 

@@ -252,8 +252,10 @@ class Worker:
             request.data_parallel_rank = 0
 
     def load_figures(self) -> tuple[int, int]:
-        """(requests in flight, prompt tokens with no first message yet), for the watchdog."""
-        return self.load.in_flight, self.load.queued_prefill_tokens
+        """(requests in flight that stream to the gateway, prompt tokens with no first message
+        yet), for the watchdog: an answer asked for unstreamed is silent by design until it
+        is done and has a deadline of its own (``dispatch.open_on``)."""
+        return self.load.in_flight - self.load.silent, self.load.queued_prefill_tokens
 
     def trip(self, reason: str) -> None:
         """Out of rotation now (the watchdog saw it stop); half-open trials bring it back."""

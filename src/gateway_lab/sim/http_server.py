@@ -272,6 +272,12 @@ class SimHttpWorker:
                         ids.setdefault(c.index, []).extend(builder.chunk(c, False)["choices"][0]["token_ids"])
                     else:
                         done = message.complete
+                        if done.index in choices:
+                            # vLLM numbers its choices; the unary n>1 completes under it all
+                            # say index 0 (SGLang's form): their order is the choice's.
+                            done = pb.GenerateComplete()
+                            done.CopyFrom(message.complete)
+                            done.index = len(choices)
                         choice = builder.finish(done, True, ids.get(done.index, []))["choices"][0]
                         choices[done.index] = choice
                     message = await anext(messages, None)

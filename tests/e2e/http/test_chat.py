@@ -215,9 +215,10 @@ def _spy_worker_requests(monkeypatch: pytest.MonkeyPatch) -> list[object]:
 
 
 async def test_short_unary_answers_come_whole_from_the_worker(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A non-streamed answer capped at --unary-stream-interval tokens (one sample, no
-    logprobs) is asked of the worker not streamed: one GenerateComplete instead of a chunk
-    and a complete. The answer is the one the streamed path gives; anything else streams."""
+    """A non-streamed answer is asked of the worker not streamed, as SGLang's own frontends
+    ask (its GenerateComplete alone), when its time on the workers is within
+    --unary-whole-max-s: n > 1 and logprobs included. The answer is the one the streamed
+    path gives. Stop strings matched here stream; past the bound, coarse chunks."""
     sent = _spy_worker_requests(monkeypatch)
     messages = [{"role": "user", "content": "Tell me something."}]
     off = {"chat_template_kwargs": {"enable_thinking": False}}
@@ -238,8 +239,26 @@ async def test_short_unary_answers_come_whole_from_the_worker(stack: Stack, monk
     await stack.client.chat.completions.create(model=stack.model, messages=messages, max_tokens=8, n=2, extra_body=off)
     await stack.client.chat.completions.create(model=stack.model, messages=messages, max_tokens=8, logprobs=True, extra_body=off)
     await stack.client.chat.completions.create(model=stack.model, messages=messages, max_tokens=8, stop=["zz"], extra_body=off)
-    assert [r.stream for r in sent] == [False, True, True, True, True]  # type: ignore[attr-defined]
+    assert [r.stream for r in sent] == [False, False, False, False, True]  # type: ignore[attr-defined]
+    sent.clear()
+    stack.state.engine.resume.unary_whole_max_s = 0.0  # only one-message answers go whole
+    many = await stack.client.chat.completions.create(
+        model=stack.model, messages=messages, max_tokens=8, n=2, logprobs=True, extra_body=off
+    )
+    await stack.client.chat.completions.create(model=stack.model, messages=messages, max_tokens=interval + 1, extra_body=off)
+    assert [r.stream for r in sent] == [True, True]  # type: ignore[attr-defined]
     assert sent[1].sampling_params.stream_interval == interval  # type: ignore[attr-defined]
+    stack.state.engine.resume.unary_whole_max_s = 60.0
+    whole_many = await stack.client.chat.completions.create(
+        model=stack.model, messages=messages, max_tokens=8, n=2, logprobs=True, extra_body=off
+    )
+    assert not sent[-1].stream  # type: ignore[attr-defined]
+    for streamed_choice, whole_choice in zip(many.choices, whole_many.choices, strict=True):
+        assert whole_choice.index == streamed_choice.index and whole_choice.finish_reason == "length"
+        assert whole_choice.message.content and streamed_choice.message.content
+        assert whole_choice.logprobs is not None and streamed_choice.logprobs is not None
+        # The same rows either way (a fleet whose workers report no logprobs has none in both).
+        assert len(whole_choice.logprobs.content or []) == len(streamed_choice.logprobs.content or [])
 
 
 @pytest.mark.stack(workers=2, policy="round_robin")

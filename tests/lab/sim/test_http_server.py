@@ -144,6 +144,9 @@ async def test_the_vllm_api_answers_completions_models_and_metrics() -> None:
             assert streamed[-2]["usage"]["prompt_tokens_details"]["cached_tokens"] == 32
             refused = await http.post("/v1/completions", json={**body, "prompt": [], "stream": True})
             assert refused.status_code == 400
+            many = (await http.post("/v1/completions", json={**body, "n": 2, "temperature": 1.0, "ignore_eos": True})).json()
+            assert [c["index"] for c in many["choices"]] == [0, 1]  # numbered, as vLLM numbers them
+            assert all(len(c["token_ids"]) == 4 for c in many["choices"])
             metrics = (await http.get("/metrics")).text
             assert "vllm:num_requests_running" in metrics and "vllm:num_requests_waiting" in metrics
             assert (await http.get("/get_model_info")).status_code == 404  # not SGLang's API
