@@ -40,7 +40,7 @@ SAMPLING_FIELDS = (
     "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim",
     "sampling_seed", "logit_bias", "json_schema", "regex", "ebnf", "stream_interval",
 )
-REQUEST_FIELDS = ("input_ids", "return_logprob", "top_logprobs_num", "logprob_start_len", "token_ids_logprob")
+REQUEST_FIELDS = ("input_ids", "stream", "return_logprob", "top_logprobs_num", "logprob_start_len", "token_ids_logprob")
 
 
 def _chat(name: str, **body: Any) -> tuple[str, str, dict[str, Any]]:
@@ -119,15 +119,16 @@ KINDS: dict[str, str] = {
                 "HTTP server applies them to chat, not to completions)",
     "seed": "blocked upstream: the SglangScheduler proto has no seed field and the servicer never "
             "sets sampling_seed (SGLang's HTTP server does)",
-    "unary-stream": "by design: the gateway streams non-streaming requests from the worker in "
-                    "chunks (resume after a worker failure)",
+    "unary-stream": "by design: a whole answer with no max_tokens (chat) streams from the worker in "
+                    "chunks: only the context would bound its silence, so the watchdog must see "
+                    "progress (and a worker failure resumes)",
     "fan-out": "SGLang's own frontends: the servicer sends each of the n samples with n=1, the "
                "HTTP server leaves n=N on each (same number of scheduler requests)",
 }
 _FIELD_KIND = {
     "sampling.temperature": "defaults", "sampling.top_p": "defaults", "sampling.top_k": "defaults",
     "sampling.sampling_seed": "seed",
-    "sampling.stream_interval": "unary-stream", "sampling.n": "fan-out",
+    "sampling.stream_interval": "unary-stream", "stream": "unary-stream", "sampling.n": "fan-out",
 }
 
 
@@ -137,11 +138,16 @@ def classify(name: str, body: dict[str, Any], d: Difference) -> str:
         return "unexplained"  # a value the client set must arrive as sent
     if kind == "seed" and "seed" not in body:
         return "unexplained"
-    if kind == "unary-stream" and (body.get("stream") or d.via_sglang_http is not None):
+    if kind == "unary-stream" and (body.get("stream") or _capped(body) or d.via_sglang_http not in (None, False)):
         return "unexplained"
     if kind == "fan-out" and body.get("n", 1) == 1:
         return "unexplained"
     return kind
+
+
+def _capped(body: dict[str, Any]) -> bool:
+    """Whether the client capped the answer (such answers go to the worker unstreamed)."""
+    return any(body.get(k) is not None for k in ("max_tokens", "max_completion_tokens"))
 
 
 def _norm(name: str, value: Any) -> Any:

@@ -343,3 +343,27 @@ async def test_a_whole_answer_goes_unstreamed_when_its_slowest_worker_bounds_it(
     finally:
         engine.close()
         await f.registry.close()
+
+
+async def test_stop_strings_a_worker_matches_itself_need_no_stream() -> None:
+    """Stop strings keep an answer streamed only where the gateway alone matches them (it
+    must stop the worker early); workers that get them stop by themselves."""
+    from tests.fake_transport import MODEL, FakeTransport, fleet
+
+    tokenizer = Tokenizer.from_path(qwen_files())
+    entry = ModelEntry("m", tokenizer, "path", 0, ChatPromptCache(tokenizer), worker_model=MODEL)
+    sampling = SamplingOptions(max_new_tokens=64, stop=("\n\n", "zz"))
+
+    async def sent(*transports: FakeTransport) -> pb.GenerateRequest:
+        f = await fleet(*transports)
+        engine = Engine(f.router, _Catalog(entry), config=EngineConfig())  # type: ignore[arg-type]
+        try:
+            return engine.generate_request(engine.prepare(entry, [5, 6], sampling, stream=False))
+        finally:
+            engine.close()
+            await f.registry.close()
+
+    own = await sent(FakeTransport("grpc://10.0.0.1:1", server_args={"skip_tokenizer_init": False}))
+    assert not own.stream and list(own.sampling_params.stop) == ["\n\n", "zz"]
+    gateway_only = await sent(FakeTransport("grpc://10.0.0.1:1"))
+    assert gateway_only.stream and not gateway_only.sampling_params.HasField("stream_interval")

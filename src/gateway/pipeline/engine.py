@@ -493,11 +493,13 @@ class Engine:
 
     def generate_request(self, prepared: PreparedRequest) -> pb.GenerateRequest:
         sampling = prepared.sampling
-        # A client that does not stream (and needs no early stop here) gets its answer
-        # whole, as SGLang's own frontends ask for it, when its worker's silence is short
-        # enough to judge (``_whole``); else the worker streams in coarse chunks, so the
-        # watchdog sees progress and a broken generation resumes from its tokens.
-        coarse = not (prepared.stream or prepared.stop_plan.stop_strings)
+        # A client that does not stream (and needs no early stop here: no stop strings, or
+        # a worker that matches them itself) gets its answer whole, as SGLang's own
+        # frontends ask for it, when its worker's silence is short enough to judge
+        # (``_whole``); else the worker streams in coarse chunks, so the watchdog sees
+        # progress and a broken generation resumes from its tokens.
+        plan = prepared.stop_plan
+        coarse = not (prepared.stream or (plan.stop_strings and not plan.worker_stop_strings))
         logprobs = sampling.logprobs or sampling.logprob_start_len >= 0
         request = pb.GenerateRequest(
             request_id=prepared.request_id,
@@ -527,7 +529,7 @@ class Engine:
         return request
 
     def _whole(self, prepared: PreparedRequest, logprobs: bool) -> bool:
-        """Whether a coarse (not streamed, no stop strings) answer is asked for unstreamed
+        """Whether a coarse (not streamed, no stop strings matched here) answer is asked for unstreamed
         (``stream=False``): the worker then sends its GenerateComplete(s) alone.
 
         Always when it would come as one chunk anyway (capped at ``--unary-stream-interval``
