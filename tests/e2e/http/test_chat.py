@@ -197,6 +197,7 @@ def _spy_worker_requests(monkeypatch: pytest.MonkeyPatch) -> list[object]:
     from gateway.workers.sglang_http import HttpWorkerClient
     from gateway.workers.trtllm_grpc import TrtllmGrpcClient
     from gateway.workers.vllm_grpc import VllmGrpcClient
+    from gateway.workers.vllm_http import VllmHttpClient
 
     sent: list[object] = []
 
@@ -209,7 +210,7 @@ def _spy_worker_requests(monkeypatch: pytest.MonkeyPatch) -> list[object]:
 
         monkeypatch.setattr(cls, "generate", generate)
 
-    for cls in (WorkerClient, VllmGrpcClient, TrtllmGrpcClient, HttpWorkerClient):
+    for cls in (WorkerClient, VllmGrpcClient, TrtllmGrpcClient, HttpWorkerClient, VllmHttpClient):
         spy(cls)
     return sent
 
