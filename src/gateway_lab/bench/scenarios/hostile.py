@@ -198,9 +198,10 @@ class Prober:
 
 
 def code(resp: Any) -> str:
-    """``200``, or the status and the error's code (or type) of an error answer."""
-    if resp.status_code == 200:
-        return "200"
+    """The status of a success (``200``, ``201``), or the status and the error's code (or
+    type) of an error answer."""
+    if resp.status_code < 300:
+        return str(resp.status_code)
     error = resp.json().get("error", {})
     return f"{resp.status_code} {error.get('code') or error.get('type')}"
 
