@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -112,3 +113,25 @@ def test_models_sharing_a_backend_build_it_once(tmp_path: Path, monkeypatch: pyt
         thread.join(30)
     assert len(asked) == 1 and first.fast_bpe is second.fast_bpe is not None
     assert encoder_build._LOCKS == {}  # nothing kept once the builds are done
+
+
+def test_at_most_two_children_work_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tokenizers = [Tokenizer.from_path(small_byte_level_tokenizer(tmp_path / f"m{i}", f"model {i}")) for i in range(5)]
+    lock = threading.Lock()
+    running: list[int] = [0, 0]  # now, most at once
+
+    def counted_plan(path: str, make: object) -> object:
+        with lock:
+            running[0] += 1
+            running[1] = max(running[1], running[0])
+        time.sleep(0.1)
+        with lock:
+            running[0] -= 1
+        return encoder_build.encoder_facts_at(path)
+
+    monkeypatch.setattr(encoder_build, "plan_in_child", counted_plan)
+    threads = [start_build(tok) for tok in tokenizers]
+    for thread in threads:
+        thread.join(30)
+    assert running[1] == encoder_build.CHILDREN_AT_ONCE == 2
+    assert all(tok.fast_bpe is not None for tok in tokenizers)

@@ -9,7 +9,8 @@ GIL back from the loop every few milliseconds. The encoder's plan and the bound
 (``encoder_facts_at``: the vocabulary walks and the self-check) are therefore worked out
 in a child process started for it, from the tokenizer's files; this process only builds
 tiktoken's table from the plan. A tokenizer with no files (built in memory), or a child that cannot be started
-or fails, falls back to building it in a thread here, as before.
+or fails, falls back to building it in a thread here, as before. At most
+``CHILDREN_AT_ONCE`` children run at a time.
 """
 
 from __future__ import annotations
@@ -27,6 +28,12 @@ from gateway.tokenization.length_bound import LengthBound
 from gateway.tokenization.tokenizer import encoder_facts_at
 
 log = logging.getLogger(__name__)
+
+CHILDREN_AT_ONCE = 2
+"""Children working out encoders at the same time (each holds a parsed tokenizer and its
+tables, a few hundred MB for a 150k vocabulary, while it runs): models loading together,
+at start-up, wait their turn."""
+_CHILDREN = threading.BoundedSemaphore(CHILDREN_AT_ONCE)
 
 Facts = tuple["FastBpePlan | None", "LengthBound | None"]
 PlanMaker = Callable[[str], Facts]
@@ -47,7 +54,9 @@ def build_encoder(tokenizer: Tokenizer, make: PlanMaker = encoder_facts_at) -> N
         path = tokenizer.path
         if path is not None and not tokenizer.encoders_built():
             try:
-                fast = tokenizer.install_encoders(*plan_in_child(str(path), make))
+                with _CHILDREN:
+                    facts = plan_in_child(str(path), make)
+                fast = tokenizer.install_encoders(*facts)
             except Exception as exc:  # no child process here, or it failed: build it in this one
                 log.warning("fast encoder for %s: the child process failed (%s); building it in this process",
                             tokenizer.name, exc)
