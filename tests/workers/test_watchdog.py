@@ -143,7 +143,8 @@ def test_an_unstreamed_answer_gets_its_prefill_and_its_tokens_at_the_workers_pac
     assert p.token_s == pytest.approx(0.01)
     assert p.answer_allowed_s(100, 2000) == pytest.approx(3 * (2.0 + 1.0))
     assert p.answer_allowed_s(1, 0) == pytest.approx(1.0)  # never under the floor
-    p.whole_answer(0, 1.0)  # an empty answer says nothing about the pace
+    p.whole_answer(4, 2.0)  # a short answer is mostly its queueing and prefill: not a pace
+    p.whole_answer(0, 1.0)
     assert p.token_s == pytest.approx(0.01)
 
 

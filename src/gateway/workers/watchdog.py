@@ -72,6 +72,8 @@ class Verdict:
 _MIN_RATE_SAMPLE_TOKENS = 64
 # Gaps longer than this are idle time or prefill, not a decode step.
 _MAX_STEP_SAMPLE_S = 2.0
+# Whole answers shorter than this say more about queueing and prefill than decode pace.
+_MIN_PACE_SAMPLE_TOKENS = 8
 
 
 @dataclass
@@ -116,7 +118,7 @@ class ProgressTracker:
         """An answer sent unstreamed came back with ``tokens`` output tokens ``took_s`` after
         it was sent. Its queueing and prefill count as decode time: the pace learned is
         slower than the worker's decode, which only makes the allowance generous."""
-        if tokens < 1 or took_s <= 0:
+        if tokens < _MIN_PACE_SAMPLE_TOKENS or took_s <= 0:
             return
         pace = took_s / tokens
         a = self.config.watchdog_learn_alpha
