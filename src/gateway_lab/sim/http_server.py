@@ -45,6 +45,30 @@ from gateway_lab.sim.worker import SimWorker
 DP_RANK_HEADER = "x-data-parallel-rank"
 
 
+class ClientGone(Exception):
+    """The client closed its connection before the first message of its answer."""
+
+
+async def _first_unless_gone(
+    request: Request, messages: AsyncGenerator[pb.GenerateResponse, None]
+) -> pb.GenerateResponse:
+    """The answer's first message, or ``ClientGone`` when the client leaves first: vLLM's
+    server cancels a request whose client disconnects even while it is still prefilling
+    (the request's body is read, so the next ASGI message is the disconnect)."""
+    first = asyncio.ensure_future(anext(messages))
+    gone = asyncio.ensure_future(request.receive())
+    try:
+        await asyncio.wait((first, gone), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if first.done():
+        return first.result()
+    first.cancel()  # runs the generation's cleanup, which aborts it on the worker
+    with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration, CallAborted):
+        await first
+    raise ClientGone
+
+
 class CallAborted(Exception):
     """The servicer ended the call with a status (what ``context.abort`` raises)."""
 
@@ -248,12 +272,14 @@ class SimHttpWorker:
         builder = CompletionBuilder(req.request_id, self.worker.config.served_name)
         messages = self._run(req)
         try:
-            first = await anext(messages)
+            first = await _first_unless_gone(request, messages)
         except CallAborted as exc:
             await messages.aclose()
             return _error(exc.details, _HTTP_STATUS.get(exc.code, 500))
         except StopAsyncIteration:
             return _error("the worker produced nothing", 500)
+        except ClientGone:
+            return Response(status_code=499)  # nobody reads it: the connection is closed
         if req.stream:
             options = body.get("stream_options") or {}
             return StreamingResponse(
