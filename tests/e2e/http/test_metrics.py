@@ -29,7 +29,9 @@ def value(samples: dict[str, list[tuple[dict[str, str], float]]], name: str, **l
 
 
 async def test_requests_stages_and_worker_state(stack: Stack) -> None:
-    messages = [{"role": "user", "content": "Say something short."}]
+    # A system prompt past the size the fast encoder takes whole, so the prompt cache is used.
+    messages = [{"role": "system", "content": "You answer in one short line. " * 20},
+                {"role": "user", "content": "Say something short."}]
     await stack.client.chat.completions.create(model=stack.model, messages=messages, max_tokens=8, extra_body=NO_THINK)
     stream = await stack.client.chat.completions.create(
         model=stack.model, messages=messages, max_tokens=8, stream=True, extra_body=NO_THINK
