@@ -10,7 +10,7 @@ time; ``--step-ms`` paces the workers instead, so tokens arrive one at a time as
 GPU on every transport. Two fleets: the simulator (``sim``, ``sim-alt``) and the
 zero-cost workers (``zero``: gRPC or SGLang HTTP, no simulator code in them).
 
-    token-gateway bench transports --groups 16 --prompts 8 --workers 4
+    token-gateway bench transports --groups 16 --prompts 8 --workers 4 --json transports.json
     token-gateway bench transports --fleet zero --transports grpc,http --gateways ours before --baseline-src ../main/src
 """
 
@@ -25,9 +25,10 @@ import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from gateway_lab.bench import launch
+from gateway_lab.bench import launch, machine, results
 from gateway_lab.bench import workloads as wl
 from gateway_lab.bench.driver import DriverConfig, run_workload
+from gateway_lab.bench.results import Result, Table
 from gateway_lab.bench.scenarios.peer_cost import user_system_s
 from gateway_lab.sim.config import SimConfig
 
@@ -40,6 +41,12 @@ SIM_KINDS = {
     "http": ["--http"], "vllm": ["--http", "--http-api", "vllm"],
 }  # fmt: skip
 ZERO_KINDS = ("grpc", "http")
+# a run's keys, in the table's order: the first LABELS name the run, the rest are its figures
+COLUMNS = (
+    "transport", "gateway", "fleet", "step_ms", "kv_events", "policy",
+    "ok", "failed", "hit_rate", "cpu_ms_per_request", "requests_per_s",
+)  # fmt: skip
+LABELS = 6
 
 
 @contextlib.asynccontextmanager
@@ -137,9 +144,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--tree-default-budget-tokens", type=int, default=0,
         help="cache_aware's tree budget for workers that report no KV pool, as an operator would set it (0: the default)",
     )
+    parser.add_argument("--json", default="", help="also write the figures here as JSON")
+    parser.add_argument("--markdown", default="", help="also write the table here as Markdown")
 
 
-async def _run(args: argparse.Namespace) -> None:
+def result(runs: list[dict[str, Any]], ideal: float, args: argparse.Namespace) -> Result:
+    """The runs as one table (a row per run, a column per key, floats to three places);
+    the raw runs and the ideal hit rate go to the JSON as they are."""
+    cells = [[f"{run[c]:.3f}" if isinstance(run[c], float) else run[c] for c in COLUMNS] for run in runs]
+    title = f"gsp {args.groups}x{args.prompts}, ideal hit rate {ideal:.3f}"
+    return Result(tables=[Table.of(title, COLUMNS, cells, labels=LABELS)], data={"ideal_hit_rate": ideal, "runs": runs})
+
+
+async def _run(args: argparse.Namespace) -> Result:
+    started = machine.facts()
     config = wl.GspConfig(
         groups=args.groups, prompts_per_group=args.prompts, system_tokens=args.system_tokens,
         question_tokens=args.question_tokens, output_tokens=args.output_tokens,
@@ -150,14 +168,21 @@ async def _run(args: argparse.Namespace) -> None:
     warm = dataclasses.replace(warm_all, requests=warm_all.requests[: args.warm])
     unique = args.groups * args.system_tokens + len(workload.requests) * args.question_tokens
     total = len(workload.requests) * (args.system_tokens + args.question_tokens)
-    print(f"gsp {args.groups}x{args.prompts}, ideal hit rate {1 - unique / total:.3f}")
+    runs = []
     step = 0
     for policy in args.policies.split(","):
         for transport in args.transports.split(","):
             step += 1
             for gateway in args.gateways if step % 2 else reversed(args.gateways):
                 row = await one(transport, policy, args, workload, warm, gateway)
-                print(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
+                runs.append(row)
+                print(
+                    f"[{transport} {gateway} {policy}] hit {row['hit_rate']:.3f}, "
+                    f"{row['cpu_ms_per_request']:.3f} CPU ms/request, {row['failed']} failed", flush=True,
+                )
+    out = result(runs, 1 - unique / total, args)
+    out.machine = started
+    return out
 
 
 def main(args: argparse.Namespace) -> int:
@@ -165,5 +190,6 @@ def main(args: argparse.Namespace) -> int:
     if "before" in args.gateways and not args.baseline_src:
         raise SystemExit("--gateways before needs --baseline-src DIR (another checkout's src/)")
     args.baseline_src = os.path.abspath(args.baseline_src) if args.baseline_src else ""
-    asyncio.run(_run(args))
+    out = asyncio.run(_run(args))
+    results.write(out, json_path=args.json, markdown_path=args.markdown)
     return 0
