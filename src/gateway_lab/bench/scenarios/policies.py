@@ -21,7 +21,8 @@ hit rates they report are an independent check of the policies' predictions.
 ``sim --replicas N`` puts N synced gateway replicas (one policy each, request i routed by
 replica i % N) in front of the same workers; they hear each other's decisions and loads
 every ``--sync-lag-s`` (the sync of ``--processes`` / ``--sync-url``, see ``simulate``).
-Figures print as Markdown tables (docs/BENCHMARKS.md keeps the recorded ones).
+``micro`` prints through the lab's result format (``--json``, ``--markdown``); ``sim`` and
+``tune`` print Markdown tables (docs/BENCHMARKS.md keeps the recorded ones).
 """
 
 from __future__ import annotations
@@ -54,8 +55,9 @@ from gateway.policies.common import BasePolicy
 from gateway.policies.prefill_gate import PrefillGate, slot_free
 from gateway.policies.radix_tree import RadixTree, pack
 from gateway.workers.watchdog import ProgressTracker
-from gateway_lab.bench import machine
+from gateway_lab.bench import machine, results
 from gateway_lab.bench.launch import parse_variant, split_knobs
+from gateway_lab.bench.results import Result, Table
 from gateway_lab.bench.workloads import OUTPUT_SPREADS, output_length
 
 VOCAB = 150_000
@@ -146,7 +148,7 @@ def best_of(policy: Policy, ws: list[WorkerView], reqs: list[RouteRequest]) -> t
     return min(runs, key=lambda r: r[1])
 
 
-def bench_decisions(n_requests: int, tree_tokens: int) -> str:
+def bench_decisions(n_requests: int, tree_tokens: int) -> Table:
     rows = []
     for prompt_len in (2048, 8192):
         for n_workers in (8, 256):
@@ -180,10 +182,11 @@ def bench_decisions(n_requests: int, tree_tokens: int) -> str:
         rows.append([2048, 8, f"{policy.tree('').total_tokens / 1e6:.2f}M", "cache_aware hit",
                      f"{p50:.0f}", f"{p99:.0f}"])
         policy.close()
-    return table(["prompt tokens", "workers", "tree", "policy / request", "p50 µs", "p99 µs"], rows)
+    title = f"decision time (`select`, packing included; best of {REPEATS} runs of {n_requests})"
+    return Table.of(title, ["prompt tokens", "workers", "tree", "policy / request", "p50 µs", "p99 µs"], rows, labels=4)
 
 
-def bench_memory(tree_tokens: int) -> str:
+def bench_memory(tree_tokens: int) -> Table:
     rows = []
     cases = (("gsp-like: 1920-token system prompt + 128-token question, 4 per system", 0.25, 128),
              ("unrelated 2K prompts", 1.0, 128),
@@ -205,10 +208,11 @@ def bench_memory(tree_tokens: int) -> str:
         rows.append([label, f"{st.total_tokens / 1e6:.2f}M", st.node_count, st.heap_entries,
                      f"{used / 1e6:.1f}", f"{used / st.total_tokens:.1f}"])
         del tree
-    return table(["tree", "tokens", "nodes", "heap entries", "MB", "bytes per token"], rows)
+    header = ["tree", "tokens", "nodes", "heap entries", "MB", "bytes per token"]
+    return Table.of("tree memory (tracemalloc)", header, rows, labels=1)
 
 
-def bench_eviction(tree_tokens: int) -> str:
+def bench_eviction(tree_tokens: int) -> Table:
     rows = []
     for n_workers in (8, 256):
         rng = random.Random(3)
@@ -238,18 +242,16 @@ def bench_eviction(tree_tokens: int) -> str:
                      done, f"{total_s * 1000:.0f}", f"{total_s / max(done, 1) * 1e6:.1f}",
                      f"{total_s / max(freed, 1) * 1e9:.0f}", f"{max(chunk_ms):.2f}"])
         tree.validate()
-    return table(["workers", "tree before", "after (budgets halved)", "nodes evicted", "total ms",
-                  "µs per node", "ns per token freed", "longest 256-node chunk ms"], rows)
+    header = ["workers", "tree before", "after (budgets halved)", "nodes evicted", "total ms",
+              "µs per node", "ns per token freed", "longest 256-node chunk ms"]
+    return Table.of("eviction (per-worker budgets halved, LRU leaves first)", header, rows, labels=1)
 
 
-def run_micro(args: argparse.Namespace) -> None:
-    print(f"## micro ({machine.describe()})\n")
-    print(f"### decision time (`select`, packing included; best of {REPEATS} runs of {args.requests})\n")
-    print(bench_decisions(args.requests, args.tree_tokens))
-    print("\n### tree memory (tracemalloc)\n")
-    print(bench_memory(args.tree_tokens))
-    print("\n### eviction (per-worker budgets halved, LRU leaves first)\n")
-    print(bench_eviction(args.tree_tokens))
+def run_micro(args: argparse.Namespace) -> Result:
+    """The micro section: decision time, tree memory and eviction, one table each."""
+    started = machine.facts()
+    tables = [bench_decisions(args.requests, args.tree_tokens), bench_memory(args.tree_tokens), bench_eviction(args.tree_tokens)]
+    return Result(tables=tables, data={"requests": args.requests, "tree_tokens": args.tree_tokens}, machine=started)
 
 
 # ===================================================================== simulation
@@ -1293,6 +1295,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("what", choices=["micro", "sim", "tune", "all"])
     parser.add_argument("--requests", type=int, default=2000, help="micro: timed selects per case")
     parser.add_argument("--tree-tokens", type=int, default=1_000_000, help="micro: warm tree size")
+    parser.add_argument("--json", default="", help="micro: also write its figures here as JSON")
+    parser.add_argument("--markdown", default="", help="micro: also write its tables here as Markdown")
     parser.add_argument("--groups", type=int, default=64)
     parser.add_argument("--prompts", type=int, default=16, help="prompts per group")
     parser.add_argument("--system", type=int, default=2048)
@@ -1358,7 +1362,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     """Run the scenario with parsed flags; the exit status."""
     if args.what in ("micro", "all"):
-        run_micro(args)
+        results.write(run_micro(args), json_path=args.json, markdown_path=args.markdown)
     if args.what in ("sim", "all"):
         run_sim(args)
     if args.what in ("tune", "all"):

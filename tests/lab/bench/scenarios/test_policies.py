@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import argparse
+import json
+from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -235,3 +238,25 @@ def test_an_open_loop_trace_arrives_on_its_own_times(bench: ModuleType, tmp_path
     r = bench.simulate(policy, wl, 2, 4096, 16, 1, bench.Timing(), 0.0, {})[0]
     assert len(r.ttft_of) == 4 and r.makespan_s > 2.0
     assert max(r.ttft_of.values()) < 0.1  # nobody waited for another's end
+
+
+def test_micro_writes_its_tables_as_json_and_markdown(
+    bench: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    # the decision-time table builds multi-million-token trees: a small one stands in for it here
+    small = bench.Table.of("decision time", ["policy / request", "p50 µs"], [["cache_aware hit", "12"]], labels=1)
+    monkeypatch.setattr(bench, "bench_decisions", lambda n_requests, tree_tokens: small)
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    out_json, out_md = tmp_path / "micro.json", tmp_path / "micro.md"
+    args = parser.parse_args(["micro", "--tree-tokens", "10000", "--json", str(out_json), "--markdown", str(out_md)])
+    assert bench.main(args) == 0
+    assert "machine:" in capsys.readouterr().out
+    report = json.loads(out_json.read_text())
+    assert list(report["rows"]) == ["decision time", "tree memory (tracemalloc)", "eviction (per-worker budgets halved, LRU leaves first)"]
+    assert report["rows"]["decision time"] == [{"policy / request": "cache_aware hit", "p50 µs": "12"}]
+    assert report["tree_tokens"] == 10_000 and "load_avg_end" in report["machine"]
+    memory, eviction = report["rows"]["tree memory (tracemalloc)"], report["rows"]["eviction (per-worker budgets halved, LRU leaves first)"]
+    assert len(memory) == 3 and all(float(row["bytes per token"]) > 0 for row in memory)
+    assert [row["workers"] for row in eviction] == ["8", "256"] and all(int(row["nodes evicted"]) > 0 for row in eviction)
+    assert "#### tree memory (tracemalloc)" in out_md.read_text()
