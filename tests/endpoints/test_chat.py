@@ -1,11 +1,13 @@
 """The chat stream's template path (``_chunks`` with a door's frame) sends, event for event,
 the bytes of the general path, and records the same reply for --reply-token-reuse: random
-token streams in any chunking, token stops, stop strings, usage chunks, reasoning parsers
-(general path), a worker failure resumed mid-stream."""
+token streams in any chunking, token stops, stop strings, usage chunks, reasoning parsers,
+a reasoning answer whose tokens after ``</think>`` take the template path, a worker failure
+resumed mid-stream."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 from unittest import mock
 
@@ -44,17 +46,21 @@ class Replies:
         self.records.append((salt, content, list(ids)))
 
 
-def _parsers(reasoning: bool) -> ChatParsers:
+def _parsers(reasoning: bool, think_ids: tuple[int, int] | None = None, *, thinking: bool = True) -> ChatParsers:
     return ChatParsers(
         reasoning_enabled=reasoning, enable_thinking=reasoning, separate_reasoning=True, tool_choice="none",
-        tools=(), think_end_id=None, reasoning_parser="qwen3" if reasoning else None,
+        tools=(), think_end_id=think_ids[1] if think_ids else None, think_start_id=think_ids[0] if think_ids else None,
+        reasoning_parser="qwen3" if reasoning else None,
+        chat_template_kwargs=() if thinking else (("enable_thinking", False),),
     )
 
 
 async def _both(
     tok: Tokenizer, body: dict[str, Any], script: list[Any], *, reasoning: bool = False, resume: list[Any] | None = None,
-    together: bool = False,
+    together: bool = False, parsers: ChatParsers | None = None, raw: list[int] | None = None,
 ) -> tuple[list[bytes], list[bytes], list[Any], list[Any], bool]:
+    """Both paths' bytes and recorded replies; ``raw`` gets how many events the template
+    run wrote as ready bytes (the template path's)."""
     req = ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True, **body})
     runs: list[list[bytes]] = []
     records: list[list[Any]] = []
@@ -76,10 +82,21 @@ async def _both(
             plain = gen.plain
             replies = Replies()
             entry: Any = type("Entry", (), {"name": "m", "tokenizer": tok, "reply_cache": replies})()
-            events = chat._chunks(req, entry, gen, "prompt", _parsers(reasoning), RequestContext(request_id="r"), frame)
+            chosen = parsers if parsers is not None else _parsers(reasoning)
+            events = _count_raw(
+                chat._chunks(req, entry, gen, "prompt", chosen, RequestContext(request_id="r"), frame),
+                raw if frame is not None else None,
+            )
             runs.append(await _bytes(events))
             records.append(replies.records)
     return runs[0], runs[1], records[0], records[1], plain
+
+
+async def _count_raw(events: AsyncIterator[Any], raw: list[int] | None) -> AsyncIterator[Any]:
+    async for e in events:
+        if raw is not None and isinstance(e, bytes):
+            raw.append(len(e))
+        yield e
 
 
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -116,3 +133,46 @@ async def test_a_resumed_stream_sends_the_same_bytes_and_reply(tok: Tokenizer, t
     assert plain and same_stream(general, template, together, joined=1)
     assert rec_template == rec_general and rec_template and rec_template[0][1] == tok.decode(ids[:12])
     assert sum(1 for e in template if isinstance(e, bytes) and b'"finish_reason":"length"' in e) == 1
+
+
+REASONING = "<think>\nLet me see: wörld 🙂, 2+2.\n</think>\n\nThe answer is 4, naïve café 🚀 end"
+
+
+@pytest.mark.parametrize("cuts", [[1], [1, 2], [3, 1, 1]])
+@pytest.mark.parametrize("together", [False, True])
+@pytest.mark.parametrize("complete", [False, True])
+async def test_a_reasoning_answers_content_goes_the_template_way_in_the_same_bytes(
+    tok: Tokenizer, cuts: list[int], together: bool, complete: bool
+) -> None:
+    ids = tok.encode(REASONING, False)
+    think = (tok.encode("<think>", False)[0], tok.encode("</think>", False)[0])
+    assert ids[0] == think[0] and think[1] in ids  # the tags are single tokens: the count is exact
+    raw: list[int] = []
+    body = {"max_tokens": 64, "ignore_eos": True, "stream_options": {"include_usage": True}}
+    general, template, rec_general, rec_template, _ = await _both(
+        tok, body, _script(ids, cuts, complete), together=together, parsers=_parsers(True, think), raw=raw,
+    )
+    assert same_stream(general, template, together)
+    assert rec_template == rec_general == []  # a reasoning reply is never recorded
+    joined = b"".join(general)
+    assert b'"reasoning_content":"Let' in joined and b'"content":"The' in joined
+    if complete:  # else the stream ends in the worker's error, after the same content
+        counted = f'"reasoning_tokens":{ids.index(think[1]) + 1}}}'.encode()
+        assert b'"usage"' in general[-1] and counted in general[-1]
+    else:
+        assert general[-1].startswith(b"error 502")
+    assert raw  # the content after the split went out as template bytes
+
+
+@pytest.mark.parametrize("together", [False, True])
+async def test_thinking_off_sends_the_template_paths_bytes_from_the_first_token(tok: Tokenizer, together: bool) -> None:
+    ids = tok.encode("Plain answer, wörld 🙂 end", False)
+    think = (tok.encode("<think>", False)[0], tok.encode("</think>", False)[0])
+    raw: list[int] = []
+    body = {"max_tokens": 64, "ignore_eos": True, "stream_options": {"include_usage": True}}
+    general, template, rec_general, rec_template, _ = await _both(
+        tok, body, _script(ids, [1], True), together=together, parsers=_parsers(True, think, thinking=False), raw=raw,
+    )
+    assert same_stream(general, template, together)
+    assert rec_template == rec_general and rec_general[0][1] == "Plain answer, wörld 🙂 end"
+    assert raw

@@ -9,6 +9,7 @@ import pytest
 from gateway.endpoints.parser_guard import GuardedReasoningParser, GuardedToolParser
 from gateway.parsers.base import ReasoningParser, ToolCall, ToolCallParser, ToolStreamDelta
 from gateway.parsers.hermes import HermesToolParser
+from gateway.parsers.reasoning import Qwen3ReasoningParser
 
 
 class Exploding(ToolCallParser):
@@ -55,6 +56,15 @@ def test_reasoning_failure_is_content() -> None:
     assert guard.feed("x") == ("", "x")
     assert guard.feed("y") == ("", "y")
     assert GuardedReasoningParser(ExplodingReasoning()).parse("t") == (None, "t")
+    assert guard.passes_through  # a failed parser's output is content from then on
+
+
+def test_passes_through_is_the_inner_parsers() -> None:
+    guard = GuardedReasoningParser(Qwen3ReasoningParser())
+    guard.feed("<think>a")
+    assert not guard.passes_through
+    guard.feed("</think>B")
+    assert guard.passes_through
 
 
 def test_working_parser_is_untouched() -> None:

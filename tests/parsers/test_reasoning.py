@@ -111,6 +111,34 @@ def test_in_reasoning_tracks_the_stream() -> None:
     assert not parser.in_reasoning
 
 
+@pytest.mark.parametrize(
+    ("parser", "chunks", "after"),
+    [
+        (Qwen3ReasoningParser(), ["<think>", "a", "</think>", "\n\n", "B"], 5),  # past the answer's first character
+        (Qwen3ReasoningParser(), ["Plain"], 1),  # no block
+        (Qwen3ReasoningParser(), [" ", "<th", "x"], 3),  # a partial tag that was not one
+        (Qwen3ReasoningParser(enable_thinking=False), [], 0),
+        (DeepSeekR1ReasoningParser(), ["a", "</think>", "B"], 3),
+    ],
+)
+def test_passes_through_once_the_split_is_decided(parser: ThinkTagReasoningParser, chunks: list[str], after: int) -> None:
+    for k, chunk in enumerate(chunks):
+        assert not parser.passes_through, k
+        parser.feed(chunk)
+    assert parser.passes_through and len(chunks) == after
+    assert parser.feed(" \n<think>x</think> ") == ("", " \n<think>x</think> ")  # from now on: content as generated
+    assert parser.finish() == ("", "")
+
+
+def test_whitespace_after_the_end_tag_keeps_the_parser_in_the_way() -> None:
+    parser = Qwen3ReasoningParser()
+    parser.feed("<think>a</think>")
+    parser.feed("\n")
+    assert not parser.passes_through  # the answer's leading whitespace is still dropped
+    assert parser.feed("\nB") == ("", "B")
+    assert parser.passes_through
+
+
 FRAGMENTS = st.sampled_from(
     [
         "<think>",

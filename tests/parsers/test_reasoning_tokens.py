@@ -57,3 +57,14 @@ def test_an_unfinished_block_is_all_reasoning(qwen: Tokenizer) -> None:
 def test_a_think_tag_later_in_the_answer_is_content(qwen: Tokenizer) -> None:
     reasoning, _ = count(qwen, "Answer first. <think>not a block</think> more")
     assert reasoning == 0
+
+
+def test_done_once_the_count_is_final(qwen: Tokenizer) -> None:
+    c = counter(qwen)
+    c.feed(qwen.encode("<think>\nhm", add_special_tokens=False))
+    assert not c.done
+    c.feed(qwen.encode("</think>", add_special_tokens=False))
+    assert c.done
+    answer = counter(qwen)
+    answer.feed(qwen.encode("Paris", add_special_tokens=False)[:1])
+    assert answer.done and answer.count == 0

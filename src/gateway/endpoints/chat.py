@@ -236,6 +236,22 @@ def _plain_values(content: str | None, reasoning: str | None, matched_stop: Any)
     )
 
 
+def _settled(c: _Choice) -> bool:
+    """The choice's reasoning split is decided: every later text is content as generated
+    and its reasoning-token count is final, so the loop's per-token work would only copy
+    each text into a content-only chunk."""
+    return (
+        c.reasoning is not None and c.reasoning.passes_through
+        and (c.counter is None or c.counter.done)
+    )  # fmt: skip
+
+
+def _go_plain(gen: Generation) -> bool:
+    """Switch the running deltas to text lists; False (nothing left to switch)."""
+    gen.texts_from_now()
+    return False
+
+
 def _fragments(calls: list[ToolCallDelta]) -> list[ToolCallFragment]:
     return list(calls)  # a parser's delta is the stream's fragment: no copy per delta
 
@@ -264,18 +280,29 @@ async def _chunks(
         source = gen.deltas(texts=True)
         prefix, suffix = text_template(head, lambda text: ChatDelta(0, content=text))
         prefix, suffix = frame[0] + prefix, suffix + frame[1]
-        reply = choices[0].reply  # plain: never dropped (no reasoning, no tool calls)
         choices[0].sent_role = True
         role = frame[0] + StreamChunk(head, [ChatDelta(0, role="assistant", content="")]).to_json() + frame[1]
     else:
         for i, c in enumerate(choices):
             c.sent_role = True
             yield StreamChunk(head, [ChatDelta(i, role="assistant", content="")], stream_usage(gen.usage) if continuous else None)
+    # A reasoning answer: once the split is decided, its remaining tokens are plain content
+    # and go through the template path too (``_settled``).
+    first = choices[0]  # the only choice whenever text lists come
+    late = len(choices) == 1 and first.reasoning is not None and first.tools is None
+    late = late and piece is None and not continuous and gen.plain
+    if late and frame is not None:
+        prefix, suffix = text_template(head, lambda text: ChatDelta(0, content=text))
+        prefix, suffix = frame[0] + prefix, suffix + frame[1]
+        if _settled(first):
+            late = _go_plain(gen)
+    else:
+        late = False
     try:
         async for d in source:
             if type(d) is list:
-                if reply is not None:
-                    reply.extend(d)
+                if first.reply is not None:
+                    first.reply.extend(d)
                 yield role + template_events(prefix, suffix, d)
                 role = b""
                 continue
@@ -311,6 +338,8 @@ async def _chunks(
                 if c.reply:
                     _record_reply(entry, gen, req, ctx, d.index, "".join(c.reply))
             yield StreamChunk(head, [delta], stream_usage(gen.usage) if continuous else None)
+            if late and _settled(c):
+                late = _go_plain(gen)
     except GatewayError:
         if role:
             yield role  # the role event before the error's, as on the general path

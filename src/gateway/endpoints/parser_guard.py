@@ -95,3 +95,8 @@ class GuardedReasoningParser(ReasoningParser):
             return self.inner.finish()
         except Exception as exc:
             return self._fail(exc, "")
+
+    @property
+    def passes_through(self) -> bool:
+        """The inner parser's (a failed one's output is content from then on)."""
+        return self.inner is None or self.inner.passes_through

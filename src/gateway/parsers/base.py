@@ -106,6 +106,13 @@ class ReasoningParser(ABC):
     @abstractmethod
     def finish(self) -> tuple[str, str]: ...
 
+    @property
+    def passes_through(self) -> bool:
+        """True once every later ``feed(delta)`` is ``("", delta)`` and ``finish()`` is
+        ``("", "")``: the split is decided and the rest is content as generated (a relay may
+        then skip the parser). False unless a parser knows it."""
+        return False
+
 
 class ToolCallParser(ABC):
     """Pull tool calls out of the answer text.

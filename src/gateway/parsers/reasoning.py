@@ -109,6 +109,12 @@ class ThinkTagReasoningParser(ReasoningParser):
         """True while the stream is still inside the reasoning block (or undecided)."""
         return self._state in ("start", "reasoning") and self.active
 
+    @property
+    def passes_through(self) -> bool:
+        """No block (or thinking off), or past ``</think>`` with the answer's first
+        character out (the whitespace after the tag is no longer dropped)."""
+        return self._state == "passthrough" or (self._state == "content" and self._content_started)
+
     def _decide_start(self) -> tuple[str, str] | None:
         """Leave the start state once the buffer shows whether a ``<think>`` opens the output.
 

@@ -31,6 +31,11 @@ class ReasoningTokenCounter:
         self._state: _State = "reasoning" if starts_in_reasoning else "start"
         self.count = 0
 
+    @property
+    def done(self) -> bool:
+        """The count is final: later ids are not fed through."""
+        return self._state == "done"
+
     def feed(self, token_ids: Iterable[int]) -> None:
         state = self._state
         if state == "done":

@@ -89,6 +89,7 @@ class Generation:
         self.stream = stream
         self._resumer = resumer
         self._resumed = False  # a continuation's prompt/cached counts are not the request's
+        self._texts = False  # deltas(): ordinary tokens come as text lists (see ``deltas``)
         self.prepared = prepared
         self.usage = UsageCounts(prompt_tokens=len(prepared.prompt_ids))
         options = prepared.sampling
@@ -147,8 +148,16 @@ class Generation:
         sample's end, a resumption) is the delta it would be without ``texts``, after the
         texts before it, so a consumer that turns each text x into what it would make of
         ``SampleDelta(0, x, [id])`` sends the same bytes. A request that is not ``plain``
-        gets deltas only either way."""
-        return self._run(texts and self.plain)
+        gets deltas only either way (``texts_from_now`` can switch a running one)."""
+        self._texts = texts and self.plain
+        return self._run(self.plain)
+
+    def texts_from_now(self) -> None:
+        """Turn a running ``deltas()`` of a ``plain`` request into ``deltas(texts=True)`` from
+        the next token on: for a consumer whose own per-token work has ended mid-stream (a
+        reasoning split that is decided, whose remaining text is plain content)."""
+        if self.plain:
+            self._texts = True
 
     async def _run(self, fast: bool) -> AsyncIterator[list[str] | SampleDelta]:
         clock = time.perf_counter
@@ -193,7 +202,7 @@ class Generation:
                     else:
                         first = now
                     last = now
-                    if fast and n_ids == 1:
+                    if n_ids == 1 and fast and self._texts:
                         token_id = ids[0]
                         if (
                             token_id not in token_stops and chunk.index == 0 and not sample0.done
