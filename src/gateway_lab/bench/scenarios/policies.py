@@ -21,8 +21,7 @@ hit rates they report are an independent check of the policies' predictions.
 ``sim --replicas N`` puts N synced gateway replicas (one policy each, request i routed by
 replica i % N) in front of the same workers; they hear each other's decisions and loads
 every ``--sync-lag-s`` (the sync of ``--processes`` / ``--sync-url``, see ``simulate``).
-``micro`` prints through the lab's result format (``--json``, ``--markdown``); ``sim`` and
-``tune`` print Markdown tables (docs/BENCHMARKS.md keeps the recorded ones).
+Every section's tables print through the lab's result format (``--json``, ``--markdown``).
 """
 
 from __future__ import annotations
@@ -72,10 +71,6 @@ def pct(values: Sequence[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
-def table(headers: list[str], rows: Sequence[Sequence[object]]) -> str:
-    out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
-    return "\n".join(out)
 
 
 
@@ -247,11 +242,9 @@ def bench_eviction(tree_tokens: int) -> Table:
     return Table.of("eviction (per-worker budgets halved, LRU leaves first)", header, rows, labels=1)
 
 
-def run_micro(args: argparse.Namespace) -> Result:
+def run_micro(args: argparse.Namespace) -> list[Table]:
     """The micro section: decision time, tree memory and eviction, one table each."""
-    started = machine.facts()
-    tables = [bench_decisions(args.requests, args.tree_tokens), bench_memory(args.tree_tokens), bench_eviction(args.tree_tokens)]
-    return Result(tables=tables, data={"requests": args.requests, "tree_tokens": args.tree_tokens}, machine=started)
+    return [bench_decisions(args.requests, args.tree_tokens), bench_memory(args.tree_tokens), bench_eviction(args.tree_tokens)]
 
 
 # ===================================================================== simulation
@@ -1249,23 +1242,25 @@ def sim_timing(args: argparse.Namespace) -> Timing:
     return t
 
 
-def run_sim(args: argparse.Namespace) -> None:
+def run_sim(args: argparse.Namespace) -> list[Table]:
+    """The simulation section: a table per workload (and ``--slowest``'s after it)."""
     timing = sim_timing(args)
-    print(f"## simulation ({machine.describe()})\n")
+    tables = []
     for wl in workloads(args):
         if args.max_tokens:
             wl.max_tokens = args.max_tokens
             wl.name += f", max_tokens {args.max_tokens} (the gateway does not know the lengths)"
-        print(f"### {describe(args, wl, timing)}\n")
+        about = describe(args, wl, timing)
         slow: list[list[str]] | None = [] if args.slowest else None
-        print(table(SIM_HEADERS, sim_rows(SIM_POLICIES, wl, args, timing, slow)))
-        print()
+        tables.append(Table.of(f"simulation: {about}", SIM_HEADERS, sim_rows(SIM_POLICIES, wl, args, timing, slow), labels=1))
+        print(f"[sim] {wl.name}: done", flush=True)
         if slow:
-            print(table(SLOWEST_HEADERS, slow))
-            print()
+            tables.append(Table.of(f"slowest 1% of TTFT: {about}", SLOWEST_HEADERS, slow, labels=1))
+    return tables
 
 
-def run_tune(args: argparse.Namespace) -> None:
+def run_tune(args: argparse.Namespace) -> list[Table]:
+    """The tuning section: cache_aware's cost and budget grid and prefix_hash's load factor, a table per workload."""
     timing = sim_timing(args)
     grid: list[tuple[str, dict[str, object], float]] = []
     for dw in (0.0, 0.25, 0.5, 1.0):
@@ -1283,11 +1278,11 @@ def run_tune(args: argparse.Namespace) -> None:
                                     "use_polled_loads": False}, 0.0))
     for lf in (1.1, 1.25, 1.5, 2.0, 3.0, 0.0):
         grid.append((f"prefix_hash load_factor={lf}", {"policy": "prefix_hash", "load_factor": lf}, 0.0))
-    print(f"## policy tuning ({machine.describe()})\n")
+    tables = []
     for wl in workloads(args):
-        print(f"### {describe(args, wl, timing)}\n")
-        print(table(SIM_HEADERS, sim_rows(grid, wl, args, timing)))
-        print()
+        tables.append(Table.of(f"tuning: {describe(args, wl, timing)}", SIM_HEADERS, sim_rows(grid, wl, args, timing), labels=1))
+        print(f"[tune] {wl.name}: done", flush=True)
+    return tables
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -1295,8 +1290,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("what", choices=["micro", "sim", "tune", "all"])
     parser.add_argument("--requests", type=int, default=2000, help="micro: timed selects per case")
     parser.add_argument("--tree-tokens", type=int, default=1_000_000, help="micro: warm tree size")
-    parser.add_argument("--json", default="", help="micro: also write its figures here as JSON")
-    parser.add_argument("--markdown", default="", help="micro: also write its tables here as Markdown")
+    parser.add_argument("--json", default="", help="also write the figures here as JSON")
+    parser.add_argument("--markdown", default="", help="also write the tables here as Markdown")
     parser.add_argument("--groups", type=int, default=64)
     parser.add_argument("--prompts", type=int, default=16, help="prompts per group")
     parser.add_argument("--system", type=int, default=2048)
@@ -1361,10 +1356,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Run the scenario with parsed flags; the exit status."""
+    started = machine.facts()
+    tables: list[Table] = []
     if args.what in ("micro", "all"):
-        results.write(run_micro(args), json_path=args.json, markdown_path=args.markdown)
+        tables += run_micro(args)
     if args.what in ("sim", "all"):
-        run_sim(args)
+        tables += run_sim(args)
     if args.what in ("tune", "all"):
-        run_tune(args)
+        tables += run_tune(args)
+    out = Result(tables=tables, data={"what": args.what, "args": vars(args)}, machine=started)
+    results.write(out, json_path=args.json, markdown_path=args.markdown)
     return 0

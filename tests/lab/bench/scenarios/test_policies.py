@@ -255,8 +255,27 @@ def test_micro_writes_its_tables_as_json_and_markdown(
     report = json.loads(out_json.read_text())
     assert list(report["rows"]) == ["decision time", "tree memory (tracemalloc)", "eviction (per-worker budgets halved, LRU leaves first)"]
     assert report["rows"]["decision time"] == [{"policy / request": "cache_aware hit", "p50 µs": "12"}]
-    assert report["tree_tokens"] == 10_000 and "load_avg_end" in report["machine"]
+    assert report["args"]["tree_tokens"] == 10_000 and "load_avg_end" in report["machine"]
     memory, eviction = report["rows"]["tree memory (tracemalloc)"], report["rows"]["eviction (per-worker budgets halved, LRU leaves first)"]
     assert len(memory) == 3 and all(float(row["bytes per token"]) > 0 for row in memory)
     assert [row["workers"] for row in eviction] == ["8", "256"] and all(int(row["nodes evicted"]) > 0 for row in eviction)
     assert "#### tree memory (tracemalloc)" in out_md.read_text()
+
+
+def test_sim_and_tune_write_a_table_per_workload(bench: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    out_json = tmp_path / "sim.json"
+    small = ["--groups", "2", "--prompts", "2", "--system", "64", "--question", "16", "--output", "4", "--workers", "2",
+             "--capacity", "1024", "--concurrency", "2", "--workload", "gsp", "hot", "--zipf", "0", "--prefill-gate", "off"]
+    args = parser.parse_args(["sim", *small, "--only", "round_robin", "--slowest", "--json", str(out_json)])
+    assert bench.main(args) == 0
+    rows = json.loads(out_json.read_text())["rows"]
+    titles = list(rows)
+    assert [t.split(":")[0] for t in titles] == ["simulation", "slowest 1% of TTFT", "simulation", "slowest 1% of TTFT"]
+    assert all(row["policy"] == "round_robin" for row in rows[titles[0]]) and rows[titles[0]][0]["hit rate"].endswith("%")
+    args = parser.parse_args(["tune", *small[:-6], "--workload", "gsp", "--json", str(out_json)])
+    assert bench.main(args) == 0
+    grid = json.loads(out_json.read_text())["rows"]  # one table: its rows, not keyed by title
+    assert len(grid) > 20 and {row["policy"].split()[0] for row in grid} == {"additive", "multiplicative", "prefix_hash"}
+    assert "tuning: " in capsys.readouterr().out
