@@ -246,12 +246,6 @@ def _settled(c: _Choice) -> bool:
     )  # fmt: skip
 
 
-def _go_plain(gen: Generation) -> bool:
-    """Switch the running deltas to text lists; False (nothing left to switch)."""
-    gen.texts_from_now()
-    return False
-
-
 def _fragments(calls: list[ToolCallDelta]) -> list[ToolCallFragment]:
     return list(calls)  # a parser's delta is the stream's fragment: no copy per delta
 
@@ -295,7 +289,8 @@ async def _chunks(
         prefix, suffix = text_template(head, lambda text: ChatDelta(0, content=text))
         prefix, suffix = frame[0] + prefix, suffix + frame[1]
         if _settled(first):
-            late = _go_plain(gen)
+            gen.texts_from_now()
+            late = False
     else:
         late = False
     try:
@@ -339,7 +334,8 @@ async def _chunks(
                     _record_reply(entry, gen, req, ctx, d.index, "".join(c.reply))
             yield StreamChunk(head, [delta], stream_usage(gen.usage) if continuous else None)
             if late and _settled(c):
-                late = _go_plain(gen)
+                gen.texts_from_now()  # nothing left to switch after this
+                late = False
     except GatewayError:
         if role:
             yield role  # the role event before the error's, as on the general path
