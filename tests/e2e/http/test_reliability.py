@@ -120,7 +120,9 @@ async def test_watchdog_moves_requests_off_a_worker_that_stalls_before_its_first
     assert all(answers)
     assert sick.breaker.state is BreakerState.OPEN and sick.breaker.last_reason == "watchdog"
     assert sick.progress.stalls >= 1
-    assert retries(stack, "WATCHDOG") >= 1
+    # Round robin may hand the sick worker only unstreamed whole answers: their own
+    # deadline reaches the watchdog's verdict and retries them as ANSWER_OVERDUE.
+    assert retries(stack, "WATCHDOG") + retries(stack, "ANSWER_OVERDUE") >= 1
     workers = (await stack.http.get("/workers")).json()
     listed = next(w for w in (workers["workers"] if isinstance(workers, dict) else workers) if w["id"] == sick.id)
     assert listed["breaker"] == "open" and listed["breaker_detail"]["last_open_reason"] == "watchdog"
