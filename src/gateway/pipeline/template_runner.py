@@ -231,8 +231,12 @@ class TemplateRunner:
                 if inline is not None:
                     left = self.inline_timeout_s - (time.clock_gettime(inline.clock) - inline.started)
                     if left <= 0:
-                        self._inline = None  # interrupted once; its own finally finds it gone
+                        # Interrupted; watched on until its own ``finally`` clears it, and interrupted
+                        # again after another deadline: an interrupt that lands in a weakref callback
+                        # or a ``__del__`` is reported there and lost, and the render goes on.
                         _interrupt(inline.thread)
+                        inline.started = time.clock_gettime(inline.clock)
+                        wait = min(wait, self.inline_timeout_s)
                     else:
                         wait = min(wait, left)
                 for thread_id, job in list(self._busy.items()):
@@ -240,9 +244,10 @@ class TemplateRunner:
                         self.timeout_s - (time.clock_gettime(job.clock) - job.started),
                         WALL_FACTOR * self.timeout_s - (now - job.wall),
                     )
-                    if left <= 0:
-                        del self._busy[thread_id]
+                    if left <= 0:  # likewise: watched on until its thread takes it off ``_busy``
                         _interrupt(thread_id)
+                        job.started, job.wall = time.clock_gettime(job.clock), now
+                        wait = min(wait, self.timeout_s)
                     else:
                         wait = min(wait, left)
                 if self._busy or self._inline is not None or now - self._last < IDLE_AFTER_S:
