@@ -27,7 +27,6 @@ import asyncio
 import json
 import os
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -360,7 +359,7 @@ def main(args: argparse.Namespace) -> int:
 
     from gateway.proto import sglang_scheduler_pb2 as pb
     from gateway.proto import sglang_scheduler_pb2_grpc as pb_grpc
-    from gateway_lab.bench import launch, ports, results
+    from gateway_lab.bench import launch, results
     from gateway_lab.bench.scenarios.overhead import Prompts
     from gateway_lab.bench.workloads import default_tokenizer_dir
 
@@ -368,83 +367,84 @@ def main(args: argparse.Namespace) -> int:
     warm = max(20, args.warm)
     made = [prompts.make(args.prompt_tokens) for _ in range(args.requests + warm)]
 
-    async def with_fleet() -> dict[str, Any]:
+    async def with_fleet(stamps: Path) -> dict[str, Any]:
         async with launch.fleet("process", args.workers, launch.ZERO_COST) as fleet:
-            return await asyncio.get_running_loop().run_in_executor(None, run_against, fleet.urls)
+            argv = [
+                sys.executable, "-m", __name__, "--child-gateway", str(stamps), "--worker-urls", *fleet.urls,
+                "--policy", args.policy, "--host", "127.0.0.1", "--port", "0", "--log-level", "warning",
+                "--tokenizer-path", str(default_tokenizer_dir()), *args.serve_args.split(),
+            ]  # fmt: skip
+            # a generous stop: the child writes its stamps at exit, after its graceful shutdown
+            async with launch.gateway("ours", fleet.urls, args.policy, argv=argv, name="gateway-stamped",
+                                      stop_timeout_s=30) as gw:  # fmt: skip
+                return await asyncio.get_running_loop().run_in_executor(None, run_against, fleet.urls, gw)
 
-    def run_against(urls: list[str]) -> dict[str, Any]:
-        stamps = Path(tempfile.mkstemp(prefix="lat-stamps-", suffix=".json")[1])
-        port = ports.free_port()
-        cmd = [
-            sys.executable, "-m", __name__, "--child-gateway", str(stamps), "--worker-urls", *urls, "--policy", args.policy,
-            "--port", str(port), "--log-level", "warning", "--tokenizer-path", str(default_tokenizer_dir()),
-            *args.serve_args.split(),
-        ]  # fmt: skip
-        child = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    def run_against(urls: list[str], gw: launch.Gateway) -> dict[str, Any]:
+        host, _, port_text = gw.url.removeprefix("http://").rpartition(":")
+        port = int(port_text)
+        model_probe = RawHttp(host, port)
+        model_probe.sock.sendall(b"GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n")
+        time.sleep(0.2)
+        body = model_probe.sock.recv(65536).partition(b"\r\n\r\n")[2]
+        model = json.loads(body)["data"][0]["id"]
+        model_probe.close()
+        http = RawHttp(host, port)
+        channels = [grpc.insecure_channel(u.removeprefix("grpc://")) for u in urls]
+        stubs = [pb_grpc.SglangSchedulerStub(c) for c in channels]
+
+        def direct(i: int, ids: list[int]) -> tuple[int, int]:
+            request = pb.GenerateRequest(
+                request_id=uuid.uuid4().hex, tokenized=pb.TokenizedInput(input_ids=ids),
+                sampling_params=pb.SamplingParams(temperature=0.0, n=1, max_new_tokens=args.max_tokens, ignore_eos=True),
+                stream=False,
+            )  # fmt: skip
+            t0 = time.perf_counter_ns()
+            for _ in stubs[i % len(stubs)].Generate(request, timeout=60):
+                pass
+            return t0, time.perf_counter_ns()
+
+        def gateway(messages: list[dict[str, str]]) -> tuple[int, int]:
+            body = json.dumps({
+                "model": model, "messages": messages, "max_tokens": args.max_tokens,
+                "temperature": 0.0, "ignore_eos": True,
+            }).encode()  # fmt: skip
+            raw = http_request(host, port, "/v1/chat/completions", body)
+            t0, t1, _ = http.roundtrip(raw)
+            return t0, t1
+
         try:
-            assert child.stdout is not None
-            ready = json.loads(child.stdout.readline())
-            model_probe = RawHttp("127.0.0.1", port)
-            model_probe.sock.sendall(b"GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n")
-            time.sleep(0.2)
-            body = model_probe.sock.recv(65536).partition(b"\r\n\r\n")[2]
-            model = json.loads(body)["data"][0]["id"]
-            model_probe.close()
-            http = RawHttp("127.0.0.1", port)
-            channels = [grpc.insecure_channel(u.removeprefix("grpc://")) for u in urls]
-            stubs = [pb_grpc.SglangSchedulerStub(c) for c in channels]
-
-            def direct(i: int, ids: list[int]) -> tuple[int, int]:
-                request = pb.GenerateRequest(
-                    request_id=uuid.uuid4().hex, tokenized=pb.TokenizedInput(input_ids=ids),
-                    sampling_params=pb.SamplingParams(temperature=0.0, n=1, max_new_tokens=args.max_tokens, ignore_eos=True),
-                    stream=False,
-                )  # fmt: skip
-                t0 = time.perf_counter_ns()
-                for _ in stubs[i % len(stubs)].Generate(request, timeout=60):
-                    pass
-                return t0, time.perf_counter_ns()
-
-            def gateway(messages: list[dict[str, str]]) -> tuple[int, int]:
-                body = json.dumps({
-                    "model": model, "messages": messages, "max_tokens": args.max_tokens,
-                    "temperature": 0.0, "ignore_eos": True,
-                }).encode()  # fmt: skip
-                raw = http_request("127.0.0.1", port, "/v1/chat/completions", body)
-                t0, t1, _ = http.roundtrip(raw)
-                return t0, t1
-
             for i in range(warm):  # warm: connections, first-use costs, one-off builds
                 gateway(made[i][0])
                 if i >= warm - 20:
                     direct(i, made[i][1])
-            settle(child.pid)
+            settle(gw.pid)
             http.close()  # the wait may outlast the gateway's keep-alive (5 s): a fresh connection
-            http = RawHttp("127.0.0.1", port)
-            gw: list[tuple[int, int]] = []
+            http = RawHttp(host, port)
+            gw_times: list[tuple[int, int]] = []
             dr: list[tuple[int, int]] = []
-            cpu0 = cpu_s(child.pid)
+            cpu0 = cpu_s(gw.pid)
             for i in range(warm, warm + args.requests):
                 messages, ids = made[i]
                 if i % 2:
-                    gw.append(gateway(messages))
+                    gw_times.append(gateway(messages))
                     dr.append(direct(i, ids))
                 else:
                     dr.append(direct(i, ids))
-                    gw.append(gateway(messages))
-            cpu = cpu_s(child.pid) - cpu0
+                    gw_times.append(gateway(messages))
+            cpu = cpu_s(gw.pid) - cpu0
+        finally:
             http.close()
             for c in channels:
                 c.close()
-        finally:
-            child.terminate()
-            child.wait(30)
-        rows = json.loads(stamps.read_text())
-        stamps.unlink()
-        return {"gw": gw, "direct": dr, "rows": rows[-len(gw):], "ready": ready, "cpu_s": cpu}
+        return {"gw": gw_times, "direct": dr, "ready": gw.ready_info, "cpu_s": cpu}
 
-    result = asyncio.run(with_fleet())
-    gw, dr, rows = result["gw"], result["direct"], result["rows"]
+    stamps = Path(tempfile.mkstemp(prefix="lat-stamps-", suffix=".json")[1])
+    try:
+        result = asyncio.run(with_fleet(stamps))
+        gw, dr = result["gw"], result["direct"]
+        rows = json.loads(stamps.read_text())[-len(gw):]
+    finally:
+        stamps.unlink(missing_ok=True)
     report: dict[str, Any] = {}
     prev = "client_send"
     lines: list[tuple[str, str, str, int]] = []
