@@ -8,6 +8,7 @@ import asyncio
 
 import pytest
 
+from gateway.pipeline.aborts import flush_aborts
 from gateway.pipeline.dispatch import AttemptFailed, DispatchConfig, open_on
 from gateway.pipeline.lease import Lease, LeaseFailure, Outcome
 from gateway.pipeline.retry import RetryConfig
@@ -386,3 +387,73 @@ async def test_a_pd_half_is_never_held_by_the_worker_gate() -> None:
         pass
     blocker()
     assert gate.through(w.id) == 0
+
+
+async def test_a_paced_request_waits_for_the_first_token_of_the_pending_prefill_not_its_end() -> None:
+    import dataclasses
+
+    from gateway.pipeline.worker_gate import WorkerGate
+
+    f, t = await one_worker()
+    w = f.worker("w1:1")
+    w.info = dataclasses.replace(w.info, max_running_requests=8)
+    f.router.gate = gate = WorkerGate(prefill_budget=4)  # room for one uncached 4-token prompt
+    first_token = asyncio.Event()
+    t.script(chunk([7], prompt=4), HANG)
+    t.script(chunk([8], prompt=4), complete([8], prompt=4))
+    real_generate = t.generate
+
+    def generate(request: pb.GenerateRequest, *, timeout: float | None = None):  # type: ignore[no-untyped-def]
+        call = real_generate(request, timeout=timeout)
+        if len(t.calls) == 1:  # the first call's first message comes only when the test says so
+            read = call.read
+
+            async def slow_read():  # type: ignore[no-untyped-def]
+                await first_token.wait()
+                return await read()
+
+            call.read = slow_read  # type: ignore[method-assign]
+        return call
+
+    t.generate = generate  # type: ignore[method-assign]
+    config = dataclasses.replace(FAST, first_token_timeout_s=5.0, stall_timeout_s=5.0)
+    one = asyncio.ensure_future(open_one(f, config=config))
+    await settle()
+    two = asyncio.ensure_future(open_one(f, config=config))
+    await settle()
+    assert len(t.calls) == 1 and gate.held(w.id) == 1 and gate.prefill_pending(w.id) == 4  # a slot is free: the budget holds it
+    first_token.set()
+    stream = await asyncio.wait_for(one, 2)  # its first message: the budget frees, its slot stays
+    other = await asyncio.wait_for(two, 2)
+    assert len(t.calls) == 2 and gate.through(w.id) == 2
+    while await other.read() is not None:
+        pass
+    await stream.aclose()
+    await flush_aborts()
+    assert gate.through(w.id) == 0 and gate.prefill_pending(w.id) == 0 and w.load.in_flight == 0
+
+
+async def test_an_unstreamed_request_frees_the_prefill_budget_at_its_expected_prefill_time() -> None:
+    import dataclasses
+
+    from gateway.pipeline.worker_gate import WorkerGate
+
+    f, t = await one_worker()
+    w = f.worker("w1:1")
+    w.info = dataclasses.replace(w.info, max_running_requests=8)
+    f.router.gate = gate = WorkerGate(prefill_budget=4)
+    t.script(HANG)  # the whole answer never comes
+    config = dataclasses.replace(FAST, first_token_timeout_s=5.0, prefill_gate_default_tps=400.0)  # 4 tokens: 10 ms
+    silent = asyncio.ensure_future(open_on(
+        f.router, f.router.select(ROUTE), ROUTE, pb.GenerateRequest(request_id="r1", stream=False),
+        prompt_tokens=4, max_new_tokens=8, retry=RetryConfig(), config=config,
+    ))
+    await settle()
+    assert gate.prefill_pending(w.id) == 4
+    await asyncio.sleep(0.05)
+    assert gate.prefill_pending(w.id) == 0 and gate.through(w.id) == 1 and not silent.done()
+    silent.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await silent
+    await flush_aborts()
+    assert gate.through(w.id) == 0 and gate.prefill_pending(w.id) == 0

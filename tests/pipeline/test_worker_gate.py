@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from gateway.pipeline.worker_gate import CALLER, WorkerGate
+from gateway.pipeline.worker_gate import CALLER, Pass, WorkerGate
 
 
 async def settle() -> None:
@@ -190,3 +190,103 @@ async def test_the_reserve_keeps_running_slots_free_past_the_headroom() -> None:
             t.cancel()
     await settle()
     assert gate.through("w") == 0 and gate.held() == 0
+
+
+async def enter_paced(gate: WorkerGate, worker: str, tokens: int, tenant: str = "k", slots: int = 8) -> Pass:
+    CALLER.set((tenant, 0))
+    return await gate.enter(worker, slots, tokens)
+
+
+def start_paced(gate: WorkerGate, worker: str, tokens: int, tenant: str = "k") -> asyncio.Task[Pass]:
+    return asyncio.create_task(enter_paced(gate, worker, tokens, tenant))
+
+
+async def test_the_prefill_budget_holds_a_request_with_a_free_slot_until_a_first_token() -> None:
+    gate = WorkerGate(prefill_budget=1000)
+    first = await enter_paced(gate, "w", 600)
+    second = await enter_paced(gate, "w", 400)  # 1,000 pending: exactly the budget
+    third = start_paced(gate, "w", 100)
+    await settle()
+    assert not third.done() and gate.prefill_pending("w") == 1000 and gate.through("w") == 2 and gate.paced == 1
+    first.prefilled()  # its first token: its tokens leave the budget, its slot stays taken
+    first.prefilled()  # once
+    await settle()
+    assert third.done() and gate.prefill_pending("w") == 500 and gate.through("w") == 3
+    for p in (first, second, third.result()):
+        p()
+    assert gate.prefill_pending("w") == 0 and gate.through("w") == 0
+
+
+async def test_a_request_alone_passes_whatever_its_size_and_its_end_frees_its_tokens() -> None:
+    gate = WorkerGate(prefill_budget=100)
+    big = await enter_paced(gate, "w", 5000)
+    assert not big.waited and gate.prefill_pending("w") == 5000
+    small = start_paced(gate, "w", 1)
+    await settle()
+    assert not small.done()
+    big()  # it ended before any first token (a worker error): its tokens go with its slot
+    big.prefilled()
+    await settle()
+    assert small.done() and small.result().waited and gate.prefill_pending("w") == 1
+    small.result()()
+    assert gate.prefill_pending("w") == 0
+
+
+async def test_without_a_budget_prefill_tokens_hold_nothing() -> None:
+    gate = WorkerGate()
+    passes = [await enter_paced(gate, "w", 10_000) for _ in range(8)]
+    assert gate.prefill_pending("w") == 0 and gate.through("w") == 8 and gate.paced == 0
+    for p in passes:
+        p()
+
+
+async def test_the_freed_budget_goes_to_the_light_key_first() -> None:
+    gate = WorkerGate(prefill_budget=500)
+    pending = await enter_paced(gate, "w", 500, "heavy")
+    heavy = [start_paced(gate, "w", 500, "heavy") for _ in range(4)]
+    await settle()
+    light = start_paced(gate, "w", 500, "light")
+    await settle()
+    order: list[str] = []
+    current = pending
+    for _ in range(5):
+        current.prefilled()
+        await settle()
+        done = [t for t in (*heavy, light) if t.done() and not getattr(t, "seen", False)]
+        assert len(done) == 1
+        done[0].seen = True  # type: ignore[attr-defined]
+        order.append("light" if done[0] is light else "heavy")
+        current = done[0].result()
+    # the keys start level and heavy's head came first; light then overtakes heavy's other three
+    assert order == ["heavy", "light", "heavy", "heavy", "heavy"]
+    assert gate.through("w") == 6
+
+
+async def test_a_cold_head_is_not_starved_by_smaller_requests_behind_it() -> None:
+    gate = WorkerGate(prefill_budget=1000)
+    pending = await enter_paced(gate, "w", 900, "a")
+    cold = start_paced(gate, "w", 800, "b")
+    await settle()
+    warm = start_paced(gate, "w", 50, "c")  # would fit, but waits behind the head of the fair order
+    await settle()
+    assert not cold.done() and not warm.done()
+    pending.prefilled()
+    await settle()
+    assert cold.done() and warm.done() and gate.prefill_pending("w") == 850
+    for p in (pending, cold.result(), warm.result()):
+        p()
+
+
+async def test_a_granted_waiter_that_left_gives_its_tokens_back() -> None:
+    gate = WorkerGate(prefill_budget=100)
+    pending = await enter_paced(gate, "w", 100)
+    first = start_paced(gate, "w", 100)
+    second = start_paced(gate, "w", 100)
+    await settle()
+    pending.prefilled()  # the budget is handed to ``first`` ...
+    first.cancel()  # ... which is cancelled before it resumes
+    await settle()
+    assert first.cancelled() and second.done() and gate.prefill_pending("w") == 100
+    pending()
+    second.result()()
+    assert gate.prefill_pending("w") == 0 and gate.through("w") == 0 and gate.held() == 0

@@ -26,6 +26,7 @@ from gateway.pipeline.observer import NULL_OBSERVER, PipelineObserver
 from gateway.pipeline.prefill_gate import PrefillGateConfig
 from gateway.pipeline.retry import RetryConfig
 from gateway.pipeline.router import Router, Selection
+from gateway.pipeline.worker_gate import NO_GATE
 from gateway.policies.base import NoWorkerAvailable, RouteRequest
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.settings import option
@@ -265,6 +266,7 @@ async def open_on(
     silent = not request.stream and not request.HasField("disaggregated_params")
     worker.progress.started(started, idle=worker.load_figures()[0] == 0)
     gate_key = 0
+    gate_pass = NO_GATE
     async with Lease(
         router, selection, route, prompt_tokens=prompt_tokens, max_new_tokens=max_new_tokens, observer=observer,
         silent=silent,
@@ -275,9 +277,11 @@ async def open_on(
             if gate is not None and selection.role == "regular" and worker.info.max_running_requests > 0:
                 # Its running slots may all be taken: wait here, in fair order, not in its first-come queue.
                 # (Not a PD half: held apart from its partner, the other half would wait for it on the worker.)
-                waited = gate.through(worker.id) >= worker.info.max_running_requests + gate.headroom
-                lease.gated(await gate.enter(worker.id, worker.info.max_running_requests))
-                if waited:
+                # Its prefill is paced too: the tokens the policy predicts it must compute there.
+                uncached = max(0, prompt_tokens - selection.decision.predicted_cached_tokens)
+                gate_pass = await gate.enter(worker.id, worker.info.max_running_requests, uncached)
+                lease.gated(gate_pass)
+                if gate_pass.waited:
                     if not worker.available:  # it failed or was taken out of rotation meanwhile
                         raise AttemptFailed(
                             no_worker_error(f"worker {worker.id} left rotation while the request waited for a slot"),
@@ -303,6 +307,9 @@ async def open_on(
             call = worker.client.generate(request, timeout=worker_timeout(config.request_timeout_s))
             lease.sent(call)
             if silent:
+                if gate_pass.tokens:  # no first message before the whole answer: free the budget at its expected prefill
+                    rate = worker.progress.prefill_tps or config.prefill_gate_default_tps
+                    asyncio.get_running_loop().call_later(gate_pass.tokens / rate, gate_pass.prefilled)
                 first = await _whole_answer(call, worker, request, started, config)
             else:
                 async with asyncio.timeout(config.first_token_timeout_s):
@@ -335,6 +342,7 @@ async def open_on(
                 backoff=True, outcome=Outcome.REJECTED if exc.rejected else Outcome.WORKER_FAILED,
             ) from exc
         finally:
+            gate_pass.prefilled()  # its prefill is done (or will never be): the worker's budget frees
             if gate_key:
                 router.holds.prefilled(gate_key)
         if isinstance(first, EndOfStream):

@@ -12,6 +12,16 @@ chosen worker frees, and the held requests of one worker are let through by
 key's request takes the worker's next free slot. The policy still sees a held request as
 the worker's load (its lease is taken before the wait), so a long wait makes it spill.
 
+Prefill pacing (``prefill_budget``): a free running slot is not enough. A worker prefills
+the requests it admitted first come, first served, and a step that prefills several cold
+prompts is long; a light key's request admitted behind a heavy key's cold prefills gets
+its first token only after all of them. So each worker also has a budget of uncached
+prefill tokens: a request let through adds the tokens the policy predicts it must
+prefill there, its first message (or any other end of its opening) takes them off, and
+while the budget is spent the next request waits here, where the fair order picks it,
+rather than in the worker's queue. A request alone always passes, however large; the
+budget only ever holds requests while others' prefills are pending on that worker.
+
 ``CALLER`` carries the request's API key and priority from admission (set in the
 request's own task) to here without threading them through every layer between.
 """
@@ -30,10 +40,6 @@ CALLER: contextvars.ContextVar[tuple[str, int]] = contextvars.ContextVar("token_
 """(API key id or "-", priority) of the request running in this task (set at admission)."""
 
 
-def _noop() -> None:
-    return None
-
-
 @dataclass(slots=True)
 class _Slots:
     """One worker's requests let through (sent, not yet ended) and the ones held."""
@@ -42,6 +48,57 @@ class _Slots:
     through: int = 0
     cap: int = 0  # running slots + headroom: at most this many let through
     open: int = 0  # running slots - reserve: past this many, only keys below their share
+    prefill: int = 0  # predicted uncached prefill tokens let through that have no first message yet
+
+    def fits(self, tokens: int, budget: int) -> bool:
+        """Whether ``tokens`` more prefill tokens fit the pacing ``budget`` (0: no pacing;
+        nothing pending: anything fits)."""
+        return budget <= 0 or self.prefill == 0 or self.prefill + tokens <= budget
+
+
+class Pass:
+    """A request let through: calling it gives its slot back (and its prefill tokens, if
+    still pending); ``prefilled`` gives back only the tokens (its first message came).
+    Both are idempotent. ``waited``: it was held before it passed."""
+
+    __slots__ = ("_gate", "_slots", "released", "tokens", "waited")
+
+    def __init__(self, gate: WorkerGate | None, slots: _Slots | None, tokens: int, waited: bool = False) -> None:
+        self._gate = gate
+        self._slots = slots
+        self.tokens = tokens  # pending prefill tokens (0 once given back)
+        self.waited = waited
+        self.released = False
+
+    def prefilled(self) -> None:
+        slots, tokens = self._slots, self.tokens
+        if slots is None or not tokens:
+            return
+        self.tokens = 0
+        slots.prefill -= tokens
+        assert self._gate is not None
+        self._gate._grant(slots)
+
+    def __call__(self) -> None:
+        if self.released or self._slots is None:
+            return
+        self.released = True
+        slots = self._slots
+        slots.prefill -= self.tokens
+        self.tokens = 0
+        slots.through -= 1
+        assert self._gate is not None
+        self._gate._grant(slots)
+
+
+NO_GATE = Pass(None, None, 0)
+"""What a request passes with where the gate does not apply (the worker reports no slots)."""
+
+
+@dataclass(slots=True)
+class _Waiter:
+    future: asyncio.Future[None]
+    tokens: int
 
 
 class WorkerGate:
@@ -58,15 +115,20 @@ class WorkerGate:
         aging_s: float = 0.0,
         low_values_first: bool = False,
         across_tenants: bool = False,
+        prefill_budget: int = 0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """``reserve``: of each worker's *running* slots, this many go only to a key that
+        """``prefill_budget``: uncached prefill tokens each worker may have pending (let
+        through, no first message yet) before the next request waits (0: no pacing).
+        ``reserve``: of each worker's *running* slots, this many go only to a key that
         ``below_share`` says holds less than its weighted share (admission's count), and
         the headroom past them too: the light key's request then finds a running slot at
         once instead of waiting in the worker's queue for one to end, which with equal
         answer lengths can take a whole wave of the worker's batch."""
         self.headroom = max(0, headroom)
         self.reserve = max(0, reserve)
+        self.prefill_budget = max(0, prefill_budget)
+        self.paced = 0  # requests that had a free slot but waited for the prefill budget
         self._below_share = below_share
         self._queue_args = (dict(weights or {}), aging_s, low_values_first, across_tenants)
         self._clock = clock
@@ -85,6 +147,11 @@ class WorkerGate:
         slots = self._workers.get(worker_id)
         return slots.through if slots else 0
 
+    def prefill_pending(self, worker_id: str) -> int:
+        """Predicted uncached prefill tokens let through to ``worker_id`` with no first message yet."""
+        slots = self._workers.get(worker_id)
+        return slots.prefill if slots else 0
+
     def held(self, worker_id: str | None = None) -> int:
         """Requests waiting for a slot (of ``worker_id``, or of any worker)."""
         if worker_id is not None:
@@ -92,52 +159,44 @@ class WorkerGate:
             return len(slots.queue) if slots else 0
         return sum(len(s.queue) for s in self._workers.values())
 
-    async def enter(self, worker_id: str, running_slots: int) -> Callable[[], None]:
+    async def enter(self, worker_id: str, running_slots: int, prefill_tokens: int = 0) -> Pass:
         """Wait until ``worker_id`` has fewer than ``running_slots + headroom`` requests let
-        through (``running_slots`` 0, unknown: no wait); returns what gives the slot back.
-        A waiter that is cancelled leaves the queue (or passes a slot granted meanwhile on)."""
+        through (``running_slots`` 0, unknown: no wait) and room in its prefill budget for
+        ``prefill_tokens`` (the request's predicted uncached prompt tokens there); returns
+        the :class:`Pass` that gives them back. A waiter that is cancelled leaves the queue
+        (or passes what it was granted meanwhile on)."""
         if running_slots <= 0:
-            return _noop
+            return NO_GATE
+        tokens = max(0, prefill_tokens) if self.prefill_budget else 0
         slots = self._slots(worker_id)
         slots.cap = running_slots + self.headroom
         slots.open = running_slots - self.reserve if self.reserve else slots.cap
-        if slots.through < slots.open and not slots.queue:
-            slots.through += 1
-            return self._release_once(worker_id, slots)
+        if not slots.queue and slots.through < slots.open:
+            if slots.fits(tokens, self.prefill_budget):
+                slots.through += 1
+                slots.prefill += tokens
+                return Pass(self, slots, tokens)
+            self.paced += 1
         tenant, priority = CALLER.get()
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiter = _Waiter(asyncio.get_running_loop().create_future(), tokens)
         entry = slots.queue.push(tenant, priority, 1, self._clock(), waiter)
         self._grant(slots)  # a key below its share may take a reserved slot at once
         try:
-            await waiter
+            await waiter.future
         except BaseException:
-            if waiter.done() and not waiter.cancelled():
-                self._release(slots)  # granted as the caller left: the slot goes to the next one
+            if waiter.future.done() and not waiter.future.cancelled():
+                Pass(self, slots, tokens)()  # granted as the caller left: it goes to the next one
             else:
                 slots.queue.remove(entry)
                 self._grant(slots)
             raise
-        return self._release_once(worker_id, slots)
-
-    def _release_once(self, worker_id: str, slots: _Slots) -> Callable[[], None]:
-        done = False
-
-        def release() -> None:
-            nonlocal done
-            if not done:
-                done = True
-                self._release(slots)
-
-        return release
-
-    def _release(self, slots: _Slots) -> None:
-        slots.through -= 1
-        self._grant(slots)
+        return Pass(self, slots, tokens, waited=True)
 
     def _grant(self, slots: _Slots) -> None:
         """Let waiters through in fair order while there is room; once only the reserved
         running slots are left (``open``), only keys below their share (the others are
-        passed over, not dropped)."""
+        passed over, not dropped). A head whose prefill does not fit the budget waits for
+        it, and everyone behind it too: letting smaller ones past would starve a cold one."""
         queue = slots.queue
         now = self._clock()
         held_back: set[str] = set()
@@ -148,9 +207,13 @@ class WorkerGate:
             if slots.through >= slots.open and not self._below_share(entry.tenant):
                 held_back.add(entry.tenant)
                 continue
-            queue.pop(entry)
-            waiter = entry.handle
-            if waiter.done():  # cancelled: its own handler removes it; nothing to hand over
+            waiter: _Waiter = entry.handle
+            if waiter.future.done():  # cancelled: its own handler removes it; nothing to hand over
+                queue.remove(entry)
                 continue
+            if not slots.fits(waiter.tokens, self.prefill_budget):
+                return
+            queue.pop(entry)
             slots.through += 1
-            waiter.set_result(None)
+            slots.prefill += waiter.tokens
+            waiter.future.set_result(None)

@@ -6,7 +6,7 @@ The gateway and the fleet each run in their own process (as deployed), the drive
 
 For each fleet build and each admission setting (``--queues``: ``off``, the gateway does not
 queue and the workers' first-come queues take the overload; ``H``, ``--fleet-headroom H``;
-``H:R``, also ``--fair-reserve R``), on a fresh simulated fleet (its own
+``H:R``, also ``--fair-reserve R``; ``H:R:B``, also ``--prefill-budget-tokens B``), on a fresh simulated fleet (its own
 process) behind an in-process gateway with two API keys, three timed runs of gsp-shaped
 requests (Poisson arrivals, shared prefixes, so locality still counts):
 
@@ -49,7 +49,7 @@ class FairnessConfig:
     """The fleets, the gateway's queue settings and the offered load."""
 
     fleets: list[str] = option(list(FLEETS), "fleet builds to run on", choices=list(FLEETS))
-    queues: list[str] = option(["off", "1", "1:1"], "admission settings to compare: off (no gateway queue), H (--fleet-headroom H) or H:R (and --fair-reserve R)")
+    queues: list[str] = option(["off", "1", "1:1"], "admission settings to compare: off (no gateway queue), H (--fleet-headroom H), H:R (and --fair-reserve R) or H:R:B (and --prefill-budget-tokens B)")
     shares: bool = option(True, "also run the shares run (two backlogged keys with --share-weights)")
     workers: int = option(4, "simulated workers per fleet")
     max_running: int = option(8, "running slots per worker (the fleet's own build is scaled to saturate on this machine)")
@@ -78,18 +78,20 @@ class FairnessConfig:
             raise ValueError("rates, factor and duration must be positive")
 
 
-def parse_queue(text: str) -> tuple[int, int]:
-    """``off`` / ``H`` / ``H:R`` into (fleet headroom, fair reserve); headroom -1 is off."""
+def parse_queue(text: str) -> tuple[int, int, int]:
+    """``off`` / ``H`` / ``H:R`` / ``H:R:B`` into (fleet headroom, fair reserve, prefill budget
+    tokens); headroom -1 is off."""
     if text == "off":
-        return -1, 0
-    head, _, reserve = text.partition(":")
+        return -1, 0, 0
+    parts = text.split(":")
     try:
-        h, r = int(head), int(reserve or 0)
+        values = [int(p) for p in parts] if len(parts) <= 3 else [-1]
     except ValueError:
-        h = r = -1
-    if h < 0 or r < 0:
-        raise ValueError(f"--queues takes off, H or H:R with non-negative integers, got {text!r}")
-    return h, r
+        values = [-1]
+    if min(values) < 0:
+        raise ValueError(f"--queues takes off, H, H:R or H:R:B with non-negative integers, got {text!r}")
+    h, r, b = (*values, 0, 0)[:3]
+    return h, r, b
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -225,7 +227,7 @@ async def run_cell(config: FairnessConfig, fleet: str, queue: str, vocab: Any, t
     share_a = tenant_workload(config, vocab, config.share_rate, seed=3)
     share_b = tenant_workload(config, vocab, config.share_rate, seed=4)
     cell = Cell(fleet, queue)
-    headroom, reserve = parse_queue(queue)
+    headroom, reserve, budget = parse_queue(queue)
     prompt = cached = 0
 
     async def one_run(loads: dict[str, tuple[str, Any]], weights: list[str]) -> dict[str, list[Any]]:
@@ -233,7 +235,7 @@ async def run_cell(config: FairnessConfig, fleet: str, queue: str, vocab: Any, t
         args = [
             "--tokenizer-path", tokenizer_dir, "--tokenizer-cache-dir", scratch, "--log-level", "warning",
             "--api-keys", *[key for key, _ in loads.values()], "--fleet-headroom", str(headroom),
-            "--fair-reserve", str(reserve), "--max-queued-requests", "100000",
+            "--fair-reserve", str(reserve), "--prefill-budget-tokens", str(budget), "--max-queued-requests", "100000",
             "--queue-timeout-s", str(config.duration_s + config.grace_s),
         ]  # fmt: skip
         if weights:

@@ -22,10 +22,11 @@ def result(ok: bool = True, ttft: float | None = 0.1, start: float = 0.0, latenc
 
 
 def test_queue_settings() -> None:
-    assert parse_queue("off") == (-1, 0)
-    assert parse_queue("0") == (0, 0)
-    assert parse_queue("2:1") == (2, 1)
-    for bad in ["-1", "x", "1:-1", "1:y"]:
+    assert parse_queue("off") == (-1, 0, 0)
+    assert parse_queue("0") == (0, 0, 0)
+    assert parse_queue("2:1") == (2, 1, 0)
+    assert parse_queue("1:1:1024") == (1, 1, 1024)
+    for bad in ["-1", "x", "1:-1", "1:y", "1:1:-5", "1:1:1:1"]:
         with pytest.raises(ValueError, match="--queues"):
             parse_queue(bad)
     with pytest.raises(ValueError):
