@@ -151,10 +151,12 @@ def run(args: argparse.Namespace) -> int:
     params = dict(workload.params) | {"driver": dataclasses.asdict(driver)}
     result = report.comparison(summaries, f"{workload.name}: {len(workload)} requests", workload=params)
     result.machine = started
-    write(result, console, json_path=config.json_out)
+    for summary in summaries:
+        result.count_failed(summary.label, summary.errors, summary.requests)
+    status = write(result, console, json_path=config.json_out)
     if config.plot:
         from gateway_lab.bench.plot import plot_comparison
 
         plot_comparison(summaries, config.plot, title=f"{workload.name} workload")
         console.print(f"plot written to {config.plot}")
-    return 0 if all(s.errors == 0 for s in summaries) else 1
+    return status

@@ -15,7 +15,9 @@
 
 Each sub-command module exposes ``add_arguments(parser)`` and ``run(args)``, like the
 top-level commands; a scenario module exposes ``add_arguments(parser)`` and
-``main(args)``. Add a new one to ``SUBCOMMANDS`` or ``SCENARIOS``.
+``main(args)``. Add a new one to ``SUBCOMMANDS`` or ``SCENARIOS``. Every one exits by the
+same rule: its exit status is its result's (``results.write``, ``Result.exit_status``),
+non-zero when the run is invalid (failed requests, a stall, a gateway that died).
 """
 
 from __future__ import annotations

@@ -261,5 +261,7 @@ def run(args: argparse.Namespace) -> int:
             for pair in pairs for r in pair
         ],
     }  # fmt: skip
-    write(result, console, json_path=config.json_out, markdown_path=config.markdown)
-    return 0 if all(e.summary.errors == 0 and s.summary.errors == 0 for e, s in pairs) else 1
+    for run in (r for pair in pairs for r in pair):
+        kind = "elastic" if run.elastic else "steady"
+        result.count_failed(f"{run.fleet} {run.policy} {kind}", run.summary.errors, run.summary.requests)
+    return write(result, console, json_path=config.json_out, markdown_path=config.markdown)

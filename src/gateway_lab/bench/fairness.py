@@ -306,5 +306,4 @@ def run(args: argparse.Namespace) -> int:
              f"shares at {config.share_rate:g}/s each")  # fmt: skip
     result.tables.append(Table.of(title, header(config), [row(c) for c in cells]))
     result.data = {"fairness": dataclasses.asdict(config)}
-    write(result, console, json_path=config.json_out, markdown_path=config.markdown)
-    return 0
+    return write(result, console, json_path=config.json_out, markdown_path=config.markdown)

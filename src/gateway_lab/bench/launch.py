@@ -178,7 +178,8 @@ async def gateway(
 ) -> AsyncIterator[Gateway]:
     """Gateway ``kind`` routing with ``policy`` over ``urls``; stopped on exit (SIGTERM, then
     SIGKILL after ``stop_timeout_s``), its log removed after a clean run unless ``keep_log``.
-    A gateway that fails to start raises with its log's tail."""
+    A gateway that fails to start, or exits by itself before the block ends, raises with
+    its log's tail (the run is invalid: the benchmark exits non-zero)."""
     process: ServeProcess | PeerProcess
     if kind == "ours":
         from gateway_lab.bench.serve_process import ServeProcess
@@ -203,9 +204,15 @@ async def gateway(
         yield Gateway(kind, process.url, process.process.pid, process.log_path, info)
         clean = True
     finally:
+        died = process.process.returncode  # before our stop: it exited on its own during the run
         await process.stop(stop_timeout_s)
-        if clean and not keep_log:  # a failed run keeps its log for the post-mortem
+        if clean and died is None and not keep_log:  # a failed run keeps its log for the post-mortem
             process.remove_log()
+    if died is not None:  # the figures measured a dying gateway: never a valid run
+        from gateway_lab.bench.serve_process import _log_tail
+
+        raise RuntimeError(f"{kind} gateway exited during the run (code {died}); log {process.log_path}:\n"
+                           f"{_log_tail(process.log_path)}")  # fmt: skip
 
 
 # ---------------------------------------------------------------------------- policy variants

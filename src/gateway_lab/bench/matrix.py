@@ -122,6 +122,14 @@ class Cell:
             "sim": self.sim,
         }
 
+    def judge(self, result: Result, where: str = "") -> None:
+        """Mark ``result`` invalid if this cell did not run or any of its requests failed."""
+        label = " ".join(filter(None, (where, self.workload, f"{self.workers} workers", self.policy, self.gateway)))
+        if self.summary is None:
+            result.require(False, f"{label}: did not run ({self.error[:200]})")
+        else:
+            result.count_failed(label, self.summary.errors, self.summary.requests)
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_options(parser.add_argument_group("matrix"), MatrixConfig)
@@ -546,6 +554,6 @@ def run(args: argparse.Namespace) -> int:
         },
         "cells": [c.to_dict() for c in cells],
     }
-    write(result, console, json_path=config.json_out, markdown_path=config.markdown)
-    failed = [c for c in cells if c.summary is None or c.summary.errors]
-    return 1 if failed else 0
+    for cell in cells:
+        cell.judge(result)
+    return write(result, console, json_path=config.json_out, markdown_path=config.markdown)

@@ -3,7 +3,12 @@ writer that prints it as a table and writes it as Markdown and JSON.
 
 A ``Result`` holds one or more ``Table``s (a header and rows of already formatted cells),
 notes (lines said after the tables: errors, verdicts, ideals), the scenario's raw figures for JSON (``data``,
-written as they are) and the machine it ran on, taken when the run started. Every figure
+written as they are), the machine it ran on, taken when the run started, and why the run
+is invalid if it is. That last list is the one rule every benchmark exits by: a run with
+failed requests, a stall or a process that died reports it with ``require`` (or
+``count_failed``), and ``write`` says why and returns 1, so no scenario keeps its own rule
+and none exits 0 on figures it cannot vouch for. (A gateway that dies mid-run is the
+launcher's to catch: ``launch.gateway`` raises.) Every figure
 in docs/BENCHMARKS.md names its command, machine and date: the writer always prints the
 machine line, and the JSON always carries ``machine`` (with the load at the end) and each
 table's rows keyed by its header.
@@ -57,6 +62,22 @@ class Result:
     notes: list[str] = field(default_factory=list)
     data: dict[str, Any] = field(default_factory=dict)
     machine: dict[str, Any] = field(default_factory=machine.facts)
+    # why the figures cannot be trusted; empty for a valid run
+    invalid: list[str] = field(default_factory=list)
+
+    def require(self, ok: bool, reason: str) -> None:
+        """Mark the run invalid, for ``reason``, unless ``ok``."""
+        if not ok:
+            self.invalid.append(reason)
+
+    def count_failed(self, label: str, failed: int, total: int) -> None:
+        """A measured request that failed (an error, a timeout, a stalled stream) makes the run invalid."""
+        self.require(failed == 0, f"{label}: {failed} of {total} requests failed")
+
+    @property
+    def exit_status(self) -> int:
+        """The process's exit status for this run: 1 when invalid, else 0."""
+        return 1 if self.invalid else 0
 
     def to_json(self) -> dict[str, Any]:
         """``{"machine", "rows", **data}``; with several tables ``rows`` is keyed by title."""
@@ -66,16 +87,17 @@ class Result:
         else:
             rows = {t.title: r for t, r in zip(self.tables, rows, strict=True)}
         end = {"load_avg_end": machine.facts()["load_avg"]}
-        return {"machine": self.machine | end, "rows": rows, **self.data}
+        return {"machine": self.machine | end, "rows": rows, "invalid": list(self.invalid), **self.data}
 
     def markdown(self) -> str:
-        """Each table (under a ``####`` heading of its title when there are several), then the notes."""
+        """Each table (under a ``####`` heading of its title when there are several), then the
+        notes and why the run is invalid (so an invalid table never passes for figures)."""
         blocks = []
         for table in self.tables:
             heading = [f"#### {table.title}", ""] if len(self.tables) > 1 else []
             blocks.append("\n".join(heading + table.markdown()))
-        if self.notes:
-            blocks.append("\n".join(self.notes))
+        if self.notes or self.invalid:
+            blocks.append("\n".join([*self.notes, *(f"INVALID run: {r}" for r in self.invalid)]))
         return "\n\n".join(blocks) + "\n"
 
 
@@ -102,16 +124,19 @@ def console(width: int = 200) -> Any:
     return out if out.is_terminal else Console(width=width)
 
 
-def write(result: Result, out: Any = None, *, json_path: str | Path = "", markdown_path: str | Path = "") -> None:
-    """Print ``result`` (tables, notes, machine line) on ``out`` (a ``rich`` console) and
-    write it where asked."""
+def write(result: Result, out: Any = None, *, json_path: str | Path = "", markdown_path: str | Path = "") -> int:
+    """Print ``result`` (tables, notes, why it is invalid, machine line) on ``out`` (a ``rich``
+    console), write it where asked, and return the run's exit status (``Result.exit_status``)."""
     screen = out if out is not None else console()
     for table in result.tables:
         screen.print(rich_table(table))
     for note in result.notes:
         screen.print(note, markup=False, highlight=False)
+    for reason in result.invalid:
+        screen.print(f"INVALID run: {reason}", markup=False, highlight=False, style="bold red")
     screen.print(f"machine: {machine.describe()}", markup=False, highlight=False)
     if markdown_path:
         Path(markdown_path).write_text(result.markdown())
     if json_path:
         Path(json_path).write_text(json.dumps(result.to_json(), indent=2))
+    return result.exit_status

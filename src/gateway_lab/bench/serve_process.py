@@ -140,6 +140,8 @@ class ServeProcess:
     async def stop(self, timeout_s: float = 5.0) -> int | None:
         """SIGTERM the gateway's process group, SIGKILL it after ``timeout_s``; return the exit code."""
         await _terminate(self.process, timeout_s)
+        # the group's last writer just died: let the drain read the end, so the pipe closes now
+        await asyncio.wait([self._drain], timeout=1.0)
         self._drain.cancel()
         await asyncio.wait([self._drain])  # unlike `await task`, never mistakes its cancel for ours
         return self.process.returncode

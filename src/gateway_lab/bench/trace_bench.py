@@ -278,5 +278,6 @@ def run(args: argparse.Namespace) -> int:
         "fleets": {f: dataclasses.asdict(FLEETS[f]) for f in bench.fleets},
         "cells": [{"fleet": f, "ideals": dataclasses.asdict(i), **c.to_dict()} for f, c, i in rows],
     }
-    write(result, console, json_path=bench.json_out, markdown_path=bench.markdown)
-    return 0 if all(c.summary is not None and c.summary.errors == 0 for _, c, _ in rows) else 1
+    for fleet, cell, _ in rows:
+        cell.judge(result, fleet)
+    return write(result, console, json_path=bench.json_out, markdown_path=bench.markdown)

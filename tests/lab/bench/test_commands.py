@@ -31,3 +31,22 @@ def test_a_scenario_runs_through_its_main() -> None:
 
 def test_scenario_names_do_not_shadow_the_drivers() -> None:
     assert not set(SCENARIOS) & set(SUBCOMMANDS)
+
+
+def _entries() -> list[tuple[str, str]]:
+    named = [(module, "run") for module, _ in SUBCOMMANDS.values()]
+    return named + [(f"gateway_lab.bench.scenarios.{module}", "main") for module, _ in SCENARIOS.values()]
+
+
+@pytest.mark.parametrize(("module", "entry"), _entries())
+def test_every_benchmark_exits_by_the_one_rule(module: str, entry: str) -> None:
+    """A benchmark's exit status is its result's (``results.write`` / ``Result.exit_status``,
+    non-zero when the run is invalid), never a constant after the figures are written."""
+    import ast
+    import inspect
+
+    source = inspect.getsource(importlib.import_module(module))
+    (func,) = [n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == entry]
+    last = func.body[-1]
+    assert isinstance(last, ast.Return) and last.value is not None
+    assert not isinstance(last.value, ast.Constant), f"{module}.{entry} ends by returning a constant"

@@ -4,6 +4,7 @@ the block ends, and a variant's knobs land in our gateway's settings."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 from pathlib import Path
@@ -54,12 +55,23 @@ async def test_a_gateway_that_cannot_start_says_why(tmp_path: Path) -> None:
             pass
 
 
+async def test_a_gateway_that_dies_during_the_run_makes_it_fail_and_keeps_its_log(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match=r"(?s)ours gateway exited during the run \(code 4\).*dying now"):
+        async with launch.gateway("ours", [], "rr", argv=[sys.executable, CHILD, "die"], log_dir=tmp_path) as gw:
+            for _ in range(200):  # it exits once it has answered its readiness probe
+                if not _alive(gw.pid):
+                    break
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.5)  # the event loop's child watcher records the exit
+    assert not _alive(gw.pid) and gw.log_path.exists()
+
+
 class _FakePeer:
     started: list[tuple[Any, ...]] = []
 
     def __init__(self) -> None:
         self.url, self.log_path, self.stopped, self.removed = "http://peer", Path("peer.log"), False, False
-        self.process = type("P", (), {"pid": 4242})()
+        self.process = type("P", (), {"pid": 4242, "returncode": None})()
 
     @classmethod
     async def start(cls, *args: Any, **kwargs: Any) -> _FakePeer:

@@ -63,3 +63,27 @@ def test_a_console_writing_to_a_log_is_wide() -> None:
     from gateway_lab.bench.results import console
 
     assert console(160).width == 160  # pytest captures stdout: not a terminal
+
+
+def test_a_valid_run_exits_zero_and_says_nothing_more() -> None:
+    out = io.StringIO()
+    assert write(_result(), Console(file=out, width=120)) == 0
+    assert "INVALID" not in out.getvalue() and _result().to_json()["invalid"] == []
+
+
+def test_failed_requests_make_the_run_invalid_everywhere_it_is_written(tmp_path: Path) -> None:
+    result = _result()
+    result.count_failed("grpc ours cache_aware", 0, 8)  # none failed: still valid
+    assert result.exit_status == 0
+    result.count_failed("http ours cache_aware", 2, 8)
+    result.require(True, "never said")
+    result.require(False, "the worker stalled")
+    out = io.StringIO()
+    status = write(result, Console(file=out, width=120), json_path=tmp_path / "r.json", markdown_path=tmp_path / "r.md")
+    assert status == result.exit_status == 1
+    reasons = ["http ours cache_aware: 2 of 8 requests failed", "the worker stalled"]
+    assert result.invalid == reasons
+    text = out.getvalue()
+    assert all(f"INVALID run: {r}" in text for r in reasons) and text.index("INVALID") < text.index("machine: ")
+    assert json.loads((tmp_path / "r.json").read_text())["invalid"] == reasons
+    assert (tmp_path / "r.md").read_text().splitlines()[-2:] == [f"INVALID run: {r}" for r in reasons]

@@ -212,5 +212,4 @@ def main(args: argparse.Namespace) -> int | None:
                        "cached_tokens": c.cached_tokens, "hit": c.hit, "ideal": c.ideal, "misses": c.misses, "wall_s": c.wall_s}
                       for c in cells]}  # fmt: skip
     table = results.Table.of(f"{args.conversations} conversations x {args.turns} turns, {args.policy}", HEADER, [row(c) for c in cells])
-    results.write(results.Result(tables=[table], data=data), json_path=args.json_out, markdown_path=args.markdown)
-    return 0
+    return results.write(results.Result(tables=[table], data=data), json_path=args.json_out, markdown_path=args.markdown)

@@ -179,8 +179,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int | None:
     """Run the scenario with parsed flags; the exit status."""
     figures = asyncio.run(failover(args) if args.what == "failover" else admission(args))
-    results.write(result(args.what, figures), json_path=args.json)
-    return 0
+    out = result(args.what, figures)
+    # before the kill every worker is healthy: an error then is the run's, not the failover's
+    out.require(not figures.get("errors_before_kill"), f"errors before the kill: {figures.get('errors_before_kill')}")
+    return results.write(out, json_path=args.json)
 
 
 def result(what: str, figures: dict[str, Any]) -> results.Result:

@@ -305,5 +305,4 @@ async def measure(args: argparse.Namespace) -> int:
         if r.counters:
             outcome.notes.append(f"{r.gateway} {r.scenario}: counters at the end: {json.dumps(r.counters, sort_keys=True)}")
     outcome.data = {"runs": [{**r.__dict__, "outcomes": dict(r.outcomes)} for r in runs]}
-    results.write(outcome, json_path=args.json or "")
-    return 0
+    return results.write(outcome, json_path=args.json or "")

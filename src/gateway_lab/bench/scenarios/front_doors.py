@@ -274,5 +274,4 @@ def main(args: argparse.Namespace) -> int:
     except ImportError:
         pass
     figures = asyncio.run(run(args))
-    results.write(report(figures, args), json_path=args.json or "")
-    return 0
+    return results.write(report(figures, args), json_path=args.json or "")

@@ -161,8 +161,7 @@ def main(args: argparse.Namespace) -> int:
     from gateway_lab.bench import results
 
     row = asyncio.run(_measure_on_a_fleet(args))
-    results.write(result(row), json_path=args.json or "")
-    return 0
+    return results.write(result(row), json_path=args.json or "")
 
 
 HEADER = ("calls", "direct p50", "through nginx p50", "added p50", "direct p99", "through nginx p99", "added p99",

@@ -342,5 +342,6 @@ def main(args: argparse.Namespace) -> int:
     from gateway_lab.bench.results import write
 
     rows = asyncio.run(run(args))
-    write(result(rows), json_path=args.json, markdown_path=args.markdown)
-    return 0 if rows else 1
+    out = result(rows)
+    out.require(bool(rows), "no probe matched --only")
+    return write(out, json_path=args.json, markdown_path=args.markdown)

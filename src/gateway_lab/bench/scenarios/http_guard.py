@@ -92,8 +92,7 @@ def main(args: argparse.Namespace) -> int | None:
     rows = [("httptools", f"{p:.2f}", "1.000"), ("guarded", f"{g:.2f}", f"{g / p:.3f}")]
     table = results.Table.of(f"median of {args.rounds} rounds of {args.requests} requests", header, rows, labels=1)
     data = {"httptools_us": p, "guarded_us": g, "ratio": g / p}
-    results.write(results.Result(tables=[table], data=data), json_path=args.json)
-    return 0
+    return results.write(results.Result(tables=[table], data=data), json_path=args.json)
 
 
 async def measure(args: argparse.Namespace) -> tuple[float, float]:

@@ -482,8 +482,7 @@ def main(args: argparse.Namespace) -> int:
     report["load_1min"] = round(os.getloadavg()[0], 2)
     stages = results.Table.of(f"{len(gw)} requests, stage by stage", ("from", "to", "p50 us", "n"), lines)
     totals = results.Table.of("totals", ("figure", "us"), [(k, f"{v:.1f}") for k, v in summary.items()], labels=1)
-    results.write(results.Result(tables=[stages, totals], data=report), json_path=args.json or "")
-    return 0
+    return results.write(results.Result(tables=[stages, totals], data=report), json_path=args.json or "")
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--child-gateway"]:  # the gateway child main() starts

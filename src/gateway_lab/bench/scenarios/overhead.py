@@ -1674,5 +1674,4 @@ def main(args: argparse.Namespace) -> int:
         result.tables.append(compare_table(report["compare"]["rows"], report["compare"]["gateways"]))
     result.notes.append(f"grpcio {grpc.__version__}; load before {report['load_before'][0]:.1f}, after {report['load_after'][0]:.1f}")
     result.data = report
-    write(result, json_path=args.json)
-    return 0
+    return write(result, json_path=args.json)

@@ -72,5 +72,4 @@ def main(args: argparse.Namespace) -> int | None:
         data.append({"format": name, "long_s_per_delta": long, "short_s_per_delta": short, "plain_s_per_delta": plain})
     table = results.Table.of(f"CPU per delta: a {args.chars}-character argument, {args.step} per delta", HEADER, rows, labels=1)
     out = results.Result(tables=[table], data={"chars": args.chars, "step": args.step, "formats": data})
-    results.write(out, json_path=args.json, markdown_path=args.markdown)
-    return 0
+    return results.write(out, json_path=args.json, markdown_path=args.markdown)

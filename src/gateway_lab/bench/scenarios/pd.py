@@ -133,5 +133,6 @@ def main(args: argparse.Namespace) -> int:
     results = asyncio.run(main_async(config, gsp, console))
     result.tables.append(table(results))
     result.data = {"runs": [s.to_dict() | {"pd": sides} for s, sides in results]}
-    write(result, console, json_path=config.json_out)
-    return 0 if all(s.errors == 0 for s, _ in results) else 1
+    for summary, _ in results:
+        result.count_failed(summary.label, summary.errors, summary.requests)
+    return write(result, console, json_path=config.json_out)

@@ -330,5 +330,4 @@ def main(args: argparse.Namespace) -> int:
         for share, frame in summary["top_self_percent"]:
             print(f"  {share:5.1f}%  {frame}")
     result.data = report
-    write(result, json_path=args.json)
-    return 0
+    return write(result, json_path=args.json)

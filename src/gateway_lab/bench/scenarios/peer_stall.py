@@ -76,8 +76,7 @@ def main(args: argparse.Namespace) -> int:
     if not Path(args.python).exists():
         raise SystemExit(f"{args.python} not found: run scripts/peers.sh first")
     figures = asyncio.run(run(args))
-    results.write(result(figures, args.workers), json_path=args.json)
-    return 0
+    return results.write(result(figures, args.workers), json_path=args.json)
 
 
 def result(figures: dict[str, Any], workers: int) -> results.Result:

@@ -1365,5 +1365,4 @@ def main(args: argparse.Namespace) -> int:
     if args.what in ("tune", "all"):
         tables += run_tune(args)
     out = Result(tables=tables, data={"what": args.what, "args": vars(args)}, machine=started)
-    results.write(out, json_path=args.json, markdown_path=args.markdown)
-    return 0
+    return results.write(out, json_path=args.json, markdown_path=args.markdown)

@@ -73,5 +73,4 @@ def main(args: argparse.Namespace) -> int | None:
         data["on" if reuse else "off"] = {"us_cpu_per_request": best / n * 1e6, "requests": n}
     header = ("reply token reuse", "µs CPU per request (tokenize + record)", "requests")
     table = results.Table.of(f"chat tokenization, best of {args.repeat}", header, rows, labels=1)
-    results.write(results.Result(tables=[table], data=data), json_path=args.json, markdown_path=args.markdown)
-    return 0
+    return results.write(results.Result(tables=[table], data=data), json_path=args.json, markdown_path=args.markdown)

@@ -66,6 +66,7 @@ from gateway_lab.bench.driver import DriverConfig, RunResult, run_workload
 from gateway_lab.bench.machine import cpu_seconds, describe
 from gateway_lab.bench.placement import classify_misses
 from gateway_lab.bench.report import summarize
+from gateway_lab.bench.results import Result
 from gateway_lab.bench.workloads import (
     GspConfig,
     Vocab,
@@ -894,7 +895,24 @@ def main(args: argparse.Namespace) -> int:
     if args.markdown:
         Path(args.markdown).write_text(markdown(report))
     print(text)
-    return 0
+    verdict = judge(report)
+    for reason in verdict.invalid:
+        print(f"INVALID run: {reason}", file=sys.stderr)
+    return verdict.exit_status
+
+
+def judge(report: dict[str, Any]) -> Result:
+    """The report under the rule every benchmark exits by: a failed request in a routing
+    setup or a throughput round makes the run invalid."""
+    verdict = Result(machine={})
+    for setup, row in report.get("routing", {}).get("setups", {}).items():
+        verdict.count_failed(f"routing {setup}", row["errors"], row["requests"])
+    for key, section in report.items():
+        if key.startswith("throughput"):
+            for name, rounds in section["rounds"].items():
+                for i, r in enumerate(rounds):
+                    verdict.count_failed(f"{key} {name} round {i}", r["failed"], r["ok"] + r["failed"])
+    return verdict
 
 
 if __name__ == "__main__":  # one client process of the throughput section (main() starts them)

@@ -138,8 +138,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     """Run the scenario with parsed flags; the exit status."""
     measured = asyncio.run(run(args))
-    results.write(result(measured, args), json_path=args.json)
-    return 0
+    return results.write(result(measured, args), json_path=args.json)
 
 
 def result(measured: dict[str, Any], args: argparse.Namespace) -> results.Result:

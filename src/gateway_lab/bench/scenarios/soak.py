@@ -27,6 +27,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from gateway_lab.bench.results import Result
 from gateway_lab.bench.soak import SoakConfig, run_soak
 
 
@@ -96,7 +97,12 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
     flat = report.growth(report.rss_mb) < args.max_growth_mb and report.growth(report.traced_mb) < args.max_growth_mb
-    ok = report.all_clean and report.idle and flat
-    console.print("[green]PASS[/green]" if ok else "[red]FAIL[/red]")
-    return 0 if ok else 1
+    verdict = Result()  # the rule every benchmark exits by
+    verdict.require(report.all_clean, f"{report.outcomes.get('unclean', 0)} requests ended uncleanly")
+    verdict.require(report.idle, "in-flight counters left non-zero")
+    verdict.require(flat, f"memory grew {args.max_growth_mb:g} MB or more after warm-up")
+    for reason in verdict.invalid:
+        console.print(f"INVALID run: {reason}", markup=False, highlight=False)
+    console.print("[green]PASS[/green]" if not verdict.exit_status else "[red]FAIL[/red]")
+    return verdict.exit_status
 

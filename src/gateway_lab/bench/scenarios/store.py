@@ -78,5 +78,4 @@ def main(args: argparse.Namespace) -> int | None:
     rows = [(name, f"{1e3 * wall:.3f}", f"{1e3 * cpu:.3f}") for name, (wall, cpu) in measured.items()]
     table = results.Table.of(f"one stored turn, {args.rounds} rounds", ("backend", "ms wall/round", "ms CPU/round"), rows, labels=1)
     data = {name: {"wall_s_per_round": wall, "cpu_s_per_round": cpu} for name, (wall, cpu) in measured.items()}
-    results.write(results.Result(tables=[table], data=data), json_path=args.json, markdown_path=args.markdown)
-    return 0
+    return results.write(results.Result(tables=[table], data=data), json_path=args.json, markdown_path=args.markdown)

@@ -290,5 +290,4 @@ def main(args: argparse.Namespace) -> int:
     multi, speedup = bench_multi_turn(tokenizer, gen, args.conversations, args.turns)
     notes = [f"speed-up (full encode time / cached time, same run): {speedup:.1f}x"]
     out = results.Result(tables=[*tables, multi], notes=notes, data={"multi_turn_speedup": speedup})
-    results.write(out, json_path=args.json, markdown_path=args.markdown)
-    return 0
+    return results.write(out, json_path=args.json, markdown_path=args.markdown)

@@ -124,5 +124,4 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int | None:
     """Run the scenario with parsed flags; the exit status."""
-    write(asyncio.run(measure(args)))
-    return 0
+    return write(asyncio.run(measure(args)))

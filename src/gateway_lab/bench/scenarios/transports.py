@@ -182,6 +182,8 @@ async def _run(args: argparse.Namespace) -> Result:
                 )
     out = result(runs, 1 - unique / total, args)
     out.machine = started
+    for row in runs:
+        out.count_failed(f"{row['transport']} {row['gateway']} {row['policy']}", row["failed"], row["ok"] + row["failed"])
     return out
 
 
@@ -191,5 +193,4 @@ def main(args: argparse.Namespace) -> int:
         raise SystemExit("--gateways before needs --baseline-src DIR (another checkout's src/)")
     args.baseline_src = os.path.abspath(args.baseline_src) if args.baseline_src else ""
     out = asyncio.run(_run(args))
-    results.write(out, json_path=args.json, markdown_path=args.markdown)
-    return 0
+    return results.write(out, json_path=args.json, markdown_path=args.markdown)

@@ -61,3 +61,22 @@ def test_the_zero_fleet_serves_grpc_and_http_only() -> None:
     args = parser.parse_args(["--fleet", "zero", "--transports", "vllm", "--groups", "1", "--prompts", "1", "--warm", "0"])
     with pytest.raises(SystemExit, match="serves grpc, http"):
         transports.main(args)
+
+
+def test_a_run_with_failed_requests_exits_non_zero(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    async def one(transport: str, policy: str, *_: object) -> dict[str, object]:
+        failed = 1 if transport == "http" else 0
+        return {
+            "transport": transport, "gateway": "ours", "fleet": "sim", "step_ms": 0.0, "kv_events": False,
+            "policy": policy, "ok": 6 - failed, "failed": failed, "hit_rate": 0.5, "cpu_ms_per_request": 1.0,
+            "requests_per_s": 10.0,
+        }  # fmt: skip
+
+    monkeypatch.setattr(transports, "one", one)
+    parser = argparse.ArgumentParser()
+    transports.add_arguments(parser)
+    args = parser.parse_args(["--groups", "1", "--prompts", "2", "--policies", "cache_aware", "--warm", "1"])
+    assert transports.main(args) == 1
+    assert "INVALID run: http ours cache_aware: 1 of 6 requests failed" in capsys.readouterr().out
+    monkeypatch.setattr(transports, "one", lambda *a, **k: one("grpc", "cache_aware"))
+    assert transports.main(args) == 0
