@@ -203,7 +203,7 @@ def inspect_tokens(
         tree=tree is not None,
         tree_match_tokens=found,
         workers=cache_rows,
-        policy=getattr(policy, "name", None) if policy is not None else None,
+        policy=policy.name if policy is not None else None,
         decision=decision,
         source=source,
         text=text,
