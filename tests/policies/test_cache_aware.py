@@ -1,7 +1,9 @@
-"""cache_aware: cost behaviour on the known failure modes, tree upkeep, reasons, explain."""
+"""cache_aware: cost behaviour on the known failure modes, tree upkeep (the background evictor too), reasons, explain."""
 
 from __future__ import annotations
 
+import random
+import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
@@ -816,3 +818,29 @@ def test_decode_fill_can_be_turned_off() -> None:
         assert p.decode_fill == 1.0
     finally:
         close_policy(p)
+
+
+EVICTOR_DEADLINE_S = 10.0  # the background evictor brings the tree under budget within this
+
+
+def test_policy_with_background_evictor_thread_stays_within_budget() -> None:
+    policy = CacheAwarePolicy(default_budget_tokens=2_000, eviction_interval_s=0.005)
+    try:
+        ws = views(4)
+        policy.on_workers_changed(ws)
+        rng = random.Random(5)
+        for i in range(600):
+            r = req([rng.randrange(8)] * 50 + [rng.randrange(10**6) for _ in range(30)], request_id=str(i))
+            d = policy.select(r, ws)
+            policy.on_dispatch(r, d)
+            policy.on_finish(r, d.worker_id, 0, True)
+        tree = policy.tree("")
+        deadline = time.monotonic() + EVICTOR_DEADLINE_S
+        while tree.over_budget() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not tree.over_budget()
+        assert all(v <= 2_000 for v in tree.stats().worker_tokens.values())
+        tree.validate()
+    finally:
+        policy.close()
+    assert policy._evictor is None

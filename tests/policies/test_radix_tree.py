@@ -1,6 +1,11 @@
-"""Token radix tree: unit cases and property-based invariants (hypothesis state machine)."""
+"""Token radix tree: unit cases, property-based invariants (hypothesis state machine), and threads
+routing, inserting and evicting at once."""
 
 from __future__ import annotations
+
+import random
+import threading
+import time
 
 import hypothesis.strategies as st
 import pytest
@@ -524,3 +529,66 @@ def test_extend_by_nothing_restamps_the_path_like_a_repeated_insert() -> None:
     assert _snapshot(a) == _snapshot(b) and a.stats().heap_entries == b.stats().heap_entries
     a.validate()
     assert _drain_order(a) == _drain_order(b)
+
+
+# Under threads: routing, outside inserts and eviction at once.
+DEADLINE_S = 10.0
+
+
+def _run(threads: list[threading.Thread]) -> None:
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=DEADLINE_S)
+        assert not t.is_alive(), "a worker thread hung"
+
+
+def test_concurrent_insert_match_remove_and_evict_keep_the_tree_consistent() -> None:
+    tree = RadixTree(default_budget_tokens=400, max_total_tokens=1500, evict_inline=False)
+    prefixes = [[p] * 30 for p in range(1, 6)]
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def guarded(fn):  # type: ignore[no-untyped-def]
+        def run() -> None:
+            try:
+                fn()
+            except BaseException as exc:  # surfaced by the assert below
+                errors.append(exc)
+                stop.set()
+
+        return run
+
+    def inserter(seed: int) -> None:
+        rng = random.Random(seed)
+        for _ in range(1500):
+            toks = rng.choice(prefixes) + [rng.randrange(1000) for _ in range(rng.randrange(1, 20))]
+            tree.insert(toks, f"w{rng.randrange(6)}")
+
+    def matcher() -> None:
+        rng = random.Random(3)
+        for _ in range(3000):
+            m = tree.match([*rng.choice(prefixes), rng.randrange(1000)])
+            assert all(v <= m.matched for v in m.per_worker.values())
+
+    def evictor() -> None:
+        rng = random.Random(4)
+        while not stop.is_set():
+            tree.evict(chunk=16)
+            tree.remove_prefix(rng.choice(prefixes), f"w{rng.randrange(6)}", keep=10)
+            if rng.random() < 0.05:
+                tree.remove_worker(f"w{rng.randrange(6)}")
+            time.sleep(0)
+
+    workers = [threading.Thread(target=guarded(lambda s=s: inserter(s))) for s in (1, 2)]
+    workers.append(threading.Thread(target=guarded(matcher)))
+    ev = threading.Thread(target=guarded(evictor))
+    ev.start()
+    _run(workers)
+    stop.set()
+    ev.join(timeout=DEADLINE_S)
+    assert not errors, errors
+    tree.validate()
+    tree.evict()
+    assert not tree.over_budget()
+    tree.validate()

@@ -1,6 +1,7 @@
 """``token-gateway serve``'s settings (server/serve.py): flags over the environment over a
 config file, each concern's section built from them, SMG's spellings accepted, PD pools
-parsed, bad settings an exit status 2, and --print-config a usable config without secrets."""
+parsed, the reliability sections (watchdog, breaker window, resume), bad settings an exit status 2,
+and --print-config a usable config without secrets."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gateway import cli
 from gateway.server import serve
 
 
@@ -66,3 +68,34 @@ def test_logging_is_text_or_json_at_the_level_asked() -> None:
     finally:
         root.handlers[:] = before[0]
         root.setLevel(before[1])
+
+
+# The reliability flags reach the gateway's config (watchdog, breaker window, resume).
+@pytest.fixture
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    for key in list(os.environ):
+        if key.startswith("TOKEN_GATEWAY_"):
+            monkeypatch.delenv(key)
+
+
+@pytest.mark.usefixtures("_clean_env")
+def test_flags_set_the_watchdog_breaker_and_resume_sections() -> None:
+    args = cli.build_parser().parse_args([
+        "serve", "--worker-urls", "grpc://127.0.0.1:1", "--no-resume", "--max-resumes", "1",
+        "--watchdog-floor-s", "2", "--watchdog-interval-s", "0.25", "--breaker-window-s", "10",
+        "--breaker-failure-ratio", "0.5", "--breaker-half-open-probes", "3",
+    ])
+    c = serve.config_from_args(args)
+    assert not c.resume.resume and c.resume.max_resumes == 1
+    assert c.watchdog.watchdog_floor_s == 2.0 and c.watchdog.watchdog_interval_s == 0.25
+    b = c.health.breaker()
+    assert (b.window_s, b.failure_ratio, b.half_open_probes) == (10.0, 0.5, 3)
+
+
+@pytest.mark.usefixtures("_clean_env")
+def test_defaults_resume_and_watch() -> None:
+    c = serve.config_from_args(cli.build_parser().parse_args(["serve", "--worker-urls", "grpc://127.0.0.1:1"]))
+    assert c.resume.resume and c.resume.max_resumes == 3
+    assert c.watchdog.watchdog_interval_s > 0 and c.dispatch.first_token_timeout_s == 180.0
