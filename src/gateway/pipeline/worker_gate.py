@@ -20,7 +20,10 @@ prefill tokens: a request let through adds the tokens the policy predicts it mus
 prefill there, its first message (or any other end of its opening) takes them off, and
 while the budget is spent the next request waits here, where the fair order picks it,
 rather than in the worker's queue. A request alone always passes, however large; the
-budget only ever holds requests while others' prefills are pending on that worker.
+budget only ever holds requests while others' prefills are pending on that worker, and
+only while the fleet is saturated (``saturated``: admission has requests waiting or every
+slot taken). Below that nobody competes, and a worker prefilling several requests in one
+step is cheaper than the gateway feeding them one first token at a time.
 
 ``CALLER`` carries the request's API key and priority from admission (set in the
 request's own task) to here without threading them through every layer between.
@@ -116,10 +119,12 @@ class WorkerGate:
         low_values_first: bool = False,
         across_tenants: bool = False,
         prefill_budget: int = 0,
+        saturated: Callable[[], bool] = lambda: True,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``prefill_budget``: uncached prefill tokens each worker may have pending (let
-        through, no first message yet) before the next request waits (0: no pacing).
+        through, no first message yet) before the next request waits (0: no pacing), while
+        ``saturated`` says the fleet is.
         ``reserve``: of each worker's *running* slots, this many go only to a key that
         ``below_share`` says holds less than its weighted share (admission's count), and
         the headroom past them too: the light key's request then finds a running slot at
@@ -128,6 +133,7 @@ class WorkerGate:
         self.headroom = max(0, headroom)
         self.reserve = max(0, reserve)
         self.prefill_budget = max(0, prefill_budget)
+        self._saturated = saturated
         self.paced = 0  # requests that had a free slot but waited for the prefill budget
         self._below_share = below_share
         self._queue_args = (dict(weights or {}), aging_s, low_values_first, across_tenants)
@@ -146,6 +152,10 @@ class WorkerGate:
         """Requests let through to ``worker_id`` and not ended."""
         slots = self._workers.get(worker_id)
         return slots.through if slots else 0
+
+    def _budget(self) -> int:
+        """The prefill budget in force now (0: none; the fleet is not saturated)."""
+        return self.prefill_budget if self.prefill_budget and self._saturated() else 0
 
     def prefill_pending(self, worker_id: str) -> int:
         """Predicted uncached prefill tokens let through to ``worker_id`` with no first message yet."""
@@ -172,7 +182,7 @@ class WorkerGate:
         slots.cap = running_slots + self.headroom
         slots.open = running_slots - self.reserve if self.reserve else slots.cap
         if not slots.queue and slots.through < slots.open:
-            if slots.fits(tokens, self.prefill_budget):
+            if slots.fits(tokens, self._budget()):
                 slots.through += 1
                 slots.prefill += tokens
                 return Pass(self, slots, tokens)
@@ -200,6 +210,7 @@ class WorkerGate:
         queue = slots.queue
         now = self._clock()
         held_back: set[str] = set()
+        budget = self._budget() if queue else 0
         while queue and slots.through < slots.cap:
             entry = queue.peek(now, held_back)
             if entry is None:
@@ -211,7 +222,7 @@ class WorkerGate:
             if waiter.future.done():  # cancelled: its own handler removes it; nothing to hand over
                 queue.remove(entry)
                 continue
-            if not slots.fits(waiter.tokens, self.prefill_budget):
+            if not slots.fits(waiter.tokens, budget):
                 return
             queue.pop(entry)
             slots.through += 1

@@ -222,10 +222,12 @@ def parse_variant(policy: str) -> tuple[str, dict[str, Any]]:
     """``NAME[:knob=value,...]`` -> (NAME, typed overrides), for ablation cells: knobs of
     ``PolicyConfig``, the prefill gate's (``prefill_gate*``, ``DispatchConfig``),
     ``reply_token_reuse`` and ``worker_dp_size`` (``ServerConfig``), ``encoder_at_load``
-    (``EngineConfig``)."""
+    (``EngineConfig``), the worker gate's ``fleet_headroom``, ``fair_reserve`` and
+    ``prefill_budget_tokens`` (``AdmissionConfig``)."""
     from gateway.pipeline.dispatch import DispatchConfig
     from gateway.pipeline.engine import EngineConfig
     from gateway.policies.factory import PolicyConfig
+    from gateway.server.admission import AdmissionConfig
     from gateway.server.config import ServerConfig
 
     name, _, rest = policy.partition(":")
@@ -236,6 +238,7 @@ def parse_variant(policy: str) -> tuple[str, dict[str, Any]]:
     fields |= {f.name: DispatchConfig for f in dataclasses.fields(DispatchConfig) if f.name.startswith("prefill_gate")}
     fields["reply_token_reuse"] = fields["worker_dp_size"] = ServerConfig
     fields["encoder_at_load"] = EngineConfig
+    fields |= dict.fromkeys(ADMISSION_KNOBS, AdmissionConfig)
     for item in rest.split(","):
         key, sep, raw = item.partition("=")
         key = key.strip().replace("-", "_")
@@ -255,10 +258,14 @@ def parse_variant(policy: str) -> tuple[str, dict[str, Any]]:
     return name, knobs
 
 
+ADMISSION_KNOBS = ("fleet_headroom", "fair_reserve", "prefill_budget_tokens")
+"""The ``AdmissionConfig`` knobs a variant may set (the worker gate and its prefill pacing)."""
+
+
 def split_knobs(knobs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(PolicyConfig knobs, DispatchConfig knobs) of a parsed variant."""
+    """(PolicyConfig knobs, DispatchConfig knobs) of a parsed variant (admission knobs in neither)."""
     gate = {k: v for k, v in knobs.items() if k.startswith("prefill_gate")}
-    return {k: v for k, v in knobs.items() if k not in gate}, gate
+    return {k: v for k, v in knobs.items() if k not in gate and k not in ADMISSION_KNOBS}, gate
 
 
 def knob_flags(knobs: dict[str, Any]) -> list[str]:
@@ -292,6 +299,8 @@ def ours_config(
     config.server.reply_token_reuse = knobs.pop("reply_token_reuse", True)
     config.server.worker_dp_size = knobs.pop("worker_dp_size", 0)  # 1: DP ranks hidden, the engine balances them
     config.engine.encoder_at_load = knobs.pop("encoder_at_load", True)
+    admission = {k: knobs[k] for k in ADMISSION_KNOBS if k in knobs}
+    config.admission = dataclasses.replace(config.admission, **admission)
     knobs, gate = split_knobs(knobs)
     config.dispatch = dataclasses.replace(config.dispatch, **gate)
     if seed is not None:

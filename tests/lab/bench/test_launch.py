@@ -220,6 +220,11 @@ def test_a_variant_becomes_our_settings() -> None:
     lazy = launch.ours_config(["grpc://a:1"], "cache_aware:encoder_at_load=off", "", "")
     assert lazy.engine.encoder_at_load is False and lazy.policy.policy == "cache_aware"
     assert launch.knob_flags(launch.parse_variant("cache_aware:encoder_at_load=off")[1]) == ["--no-encoder-at-load"]
+    paced = launch.ours_config(["grpc://a:1"], "cache_aware:fleet_headroom=1,prefill_budget_tokens=1024", "", "")
+    assert (paced.admission.fleet_headroom, paced.admission.prefill_budget_tokens) == (1, 1024)
+    assert paced.policy.policy == "cache_aware" and plain.admission.fleet_headroom == -1
+    serve = build_parser().parse_args(["serve", *launch.knob_flags(launch.parse_variant("x:fair_reserve=1")[1])])
+    assert serve.fair_reserve == 1
     with pytest.raises(ValueError, match="not knob=value"):
         launch.ours_config([], "cache_aware:nope=1", "", "")
 
