@@ -292,13 +292,13 @@ async def test_a_granted_waiter_that_left_gives_its_tokens_back() -> None:
     assert gate.prefill_pending("w") == 0 and gate.through("w") == 0 and gate.held() == 0
 
 
-async def test_the_budget_holds_only_while_the_fleet_is_saturated() -> None:
-    saturated = [False]
-    gate = WorkerGate(prefill_budget=100, saturated=lambda: saturated[0])
+async def test_the_budget_holds_only_while_the_fleet_is_contended() -> None:
+    contended = [False]
+    gate = WorkerGate(prefill_budget=100, contended=lambda: contended[0])
     first = await enter_paced(gate, "w", 100)
     second = await enter_paced(gate, "w", 100)  # nobody competes: both prefill in one step
     assert gate.prefill_pending("w") == 200
-    saturated[0] = True
+    contended[0] = True
     third = start_paced(gate, "w", 100)
     await settle()
     assert not third.done()

@@ -97,22 +97,29 @@ async def test_fleet_headroom_caps_admission_at_the_fleets_running_slots() -> No
     assert both.cap() == 3
 
 
-async def test_saturated_while_every_slot_is_taken_or_someone_waits() -> None:
+async def test_contended_while_every_slot_is_taken_someone_waits_or_two_keys_hold_slots() -> None:
     adm = Admission(AdmissionConfig(fleet_headroom=0), fleet_slots=lambda: (2, 1))
-    assert not adm.saturated()
+    assert not adm.contended()
     tickets = [await adm.acquire("k")]
-    assert not adm.saturated()
+    assert not adm.contended()  # one key with room: nobody needs to go first
     tickets.append(await adm.acquire("k"))
-    assert adm.saturated()  # the cap is reached: the worker gate paces prefill now
+    assert adm.contended()  # the cap is reached: the worker gate paces prefill now
     waiter = asyncio.ensure_future(adm.acquire("k"))
     await settle()
     tickets.pop().release()  # handed to the waiter: still full
     tickets.append(await asyncio.wait_for(waiter, 1))
-    assert adm.saturated()
+    assert adm.contended()
     for t in tickets:
         t.release()
-    assert not adm.saturated()
-    assert not Admission(AdmissionConfig(), fleet_slots=lambda: (2, 1)).saturated()  # no cap: never
+    assert not adm.contended()
+    free = Admission(AdmissionConfig(), fleet_slots=lambda: (2, 1))
+    one = await free.acquire("a")
+    assert not free.contended()  # no cap, one key
+    other = await free.acquire("b")
+    assert free.contended()  # two keys share the fleet
+    other.release()
+    one.release()
+    assert not free.contended()
 
 
 async def test_a_lone_batch_larger_than_the_fleet_cap_still_runs() -> None:

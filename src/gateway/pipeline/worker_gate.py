@@ -21,9 +21,10 @@ prefill there, its first message (or any other end of its opening) takes them of
 while the budget is spent the next request waits here, where the fair order picks it,
 rather than in the worker's queue. A request alone always passes, however large; the
 budget only ever holds requests while others' prefills are pending on that worker, and
-only while the fleet is saturated (``saturated``: admission has requests waiting or every
-slot taken). Below that nobody competes, and a worker prefilling several requests in one
-step is cheaper than the gateway feeding them one first token at a time.
+only while the fleet is contended (``contended``: admission has requests waiting, every
+slot taken, or more than one API key holding slots). Otherwise nobody needs to go first,
+and a worker prefilling several requests in one step beats the gateway feeding them one
+first token at a time.
 
 ``CALLER`` carries the request's API key and priority from admission (set in the
 request's own task) to here without threading them through every layer between.
@@ -119,12 +120,12 @@ class WorkerGate:
         low_values_first: bool = False,
         across_tenants: bool = False,
         prefill_budget: int = 0,
-        saturated: Callable[[], bool] = lambda: True,
+        contended: Callable[[], bool] = lambda: True,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``prefill_budget``: uncached prefill tokens each worker may have pending (let
         through, no first message yet) before the next request waits (0: no pacing), while
-        ``saturated`` says the fleet is.
+        ``contended`` says the fleet is.
         ``reserve``: of each worker's *running* slots, this many go only to a key that
         ``below_share`` says holds less than its weighted share (admission's count), and
         the headroom past them too: the light key's request then finds a running slot at
@@ -133,7 +134,7 @@ class WorkerGate:
         self.headroom = max(0, headroom)
         self.reserve = max(0, reserve)
         self.prefill_budget = max(0, prefill_budget)
-        self._saturated = saturated
+        self._contended = contended
         self.paced = 0  # requests that had a free slot but waited for the prefill budget
         self._below_share = below_share
         self._queue_args = (dict(weights or {}), aging_s, low_values_first, across_tenants)
@@ -154,8 +155,8 @@ class WorkerGate:
         return slots.through if slots else 0
 
     def _budget(self) -> int:
-        """The prefill budget in force now (0: none; the fleet is not saturated)."""
-        return self.prefill_budget if self.prefill_budget and self._saturated() else 0
+        """The prefill budget in force now (0: none, or the fleet is not contended)."""
+        return self.prefill_budget if self.prefill_budget and self._contended() else 0
 
     def prefill_pending(self, worker_id: str) -> int:
         """Predicted uncached prefill tokens let through to ``worker_id`` with no first message yet."""

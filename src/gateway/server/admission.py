@@ -59,7 +59,7 @@ class AdmissionConfig:
     fleet_slot_bound: bool = option(True, "with --fleet-headroom: offer the routing policy a worker whose running slots plus the headroom are all taken only while every worker's are (off: locality decides alone, and requests may wait in a full worker's first-come queue)")
     fleet_slot_wait: bool = option(True, "with --fleet-headroom and the slot bound: a request whose chosen worker has its running slots plus the headroom all taken waits in the gateway for one of that worker's, the waiters of one worker let through in fair order, instead of going to a worker with a free slot and a cold cache (off: the hard bound; a cold prefill where prefill is dear stalls the running requests' decode)")
     fair_reserve: int = option(0, "of the capped slots, this many (per worker with --fleet-headroom, in the fleet cap and in each worker's own slots) are kept for API keys holding less than their weighted share: a light key's request finds a slot at once instead of waiting for a heavy key's to end (the fleet runs that many slots short while every key is at its share)")
-    prefill_budget_tokens: int = option(0, "with --fleet-headroom and the worker gate: uncached prompt tokens (the policy's prediction) each worker may have sent and not yet answered with a first token; past that its next request waits in the gateway, where the fair order picks it, instead of queueing behind other keys' cold prefills in the worker's first-come queue; only while the fleet is saturated (requests wait for admission or every slot is taken), and a request alone on its worker always passes (0: no pacing)")
+    prefill_budget_tokens: int = option(0, "with --fleet-headroom and the worker gate: uncached prompt tokens (the policy's prediction) each worker may have sent and not yet answered with a first token; past that its next request waits in the gateway, where the fair order picks it, instead of queueing behind other keys' cold prefills in the worker's first-come queue; only while the fleet is contended (requests wait for admission, every slot is taken, or more than one API key holds slots), and a request alone on its worker always passes (0: no pacing)")
     priority_aging_s: float = option(10.0, "every this many seconds in the queue raise a request's priority one level, so low priorities are not starved (0: no aging)")
     low_priority_values_first: bool = option(False, "a lower 'priority' value goes first (vLLM's sense); by default a higher one does (SGLang's)")
     priority_across_keys: bool = option(False, "priority orders the queue across API keys too, fair shares applying only among equal priorities (by default priority orders each key's own requests: a key cannot jump others by claiming a high priority)")
@@ -197,10 +197,11 @@ class Admission:
             return True
         return self._held.get(tenant, 0) < self._share(tenant, cap)
 
-    def saturated(self) -> bool:
-        """Whether requests wait for a slot or every slot is taken (the worker gate paces
-        prefill only then)."""
-        if self._waiters:
+    def contended(self) -> bool:
+        """Whether the fleet is contended: requests wait for a slot, every slot is taken, or
+        more than one API key holds slots (the worker gate paces prefill only then: its
+        point is who goes first, and with one key and room for all nobody needs to wait)."""
+        if self._waiters or len(self._held) > 1:
             return True
         cap = self._limits()[0]
         return cap > 0 and self.in_flight >= cap
