@@ -109,6 +109,9 @@ class FakeCall:
             self._waiter.cancel()
         return True
 
+    def ready(self) -> bool:
+        return False  # like grpc.aio: it cannot tell
+
 
 @dataclass
 class FakeTransport:

@@ -105,8 +105,7 @@ class WorkerStream:
         self._loop = asyncio.get_running_loop()
         self._stalled = False
         lease.watch(self._watchdog_kill)
-        # Only the gateway's own HTTP/2 calls can tell a queued message (grpc.aio cannot).
-        self._call_ready: Callable[[], bool] = getattr(call, "ready", _never)
+        self._call_ready: Callable[[], bool] = call.ready
 
     @property
     def closed(self) -> bool:
@@ -207,10 +206,6 @@ class WorkerStream:
     async def aclose(self) -> None:
         """End the stream early (a stop string matched, or the client went away)."""
         await self.abort("finished by gateway")
-
-
-def _never() -> bool:
-    return False
 
 
 class AttemptFailed(LeaseFailure):

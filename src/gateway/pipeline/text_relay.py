@@ -45,8 +45,7 @@ def takes_text(worker: Worker) -> bool:
 
 
 def _listed(worker: Worker) -> tuple[str, ...]:
-    models: tuple[str, ...] = getattr(worker.client, "models", ())
-    return models or (worker.model,)
+    return worker.client.models or (worker.model,)
 
 
 class TextRelay:

@@ -144,6 +144,9 @@ class _GrpcGenerateCall:
     def cancel(self) -> bool:
         return self._call.cancel()
 
+    def ready(self) -> bool:
+        return False  # grpc.aio cannot tell whether a message has arrived
+
 
 async def _stream(call: AsyncIterator[T]) -> AsyncIterator[T]:
     """A grpc.aio server stream whose failure is a ``WorkerCallError``."""
@@ -170,6 +173,7 @@ class WorkerClient:
 
     kind = "sglang/grpc"
     lacks: frozenset[str] = frozenset()  # features of the seam this engine cannot serve
+    models: tuple[str, ...] = ()  # a gRPC worker serves the one model it reports
 
     def __init__(
         self,

@@ -300,6 +300,7 @@ class HttpWorkerClient:
     engine = "an HTTP worker"
     # The calls below that fail as UNIMPLEMENTED (GET /workers shows them).
     lacks: frozenset[str] = frozenset({"embed", "tokenizer_download", "kv_events"})
+    models: tuple[str, ...] = ()  # an engine's HTTP server serves the one model it reports
     _dialect: Dialect
 
     def __init__(self, url: str, *, tls: TlsOptions | None = None, api_key: str | None = None) -> None:

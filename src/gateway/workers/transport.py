@@ -106,6 +106,11 @@ class GenerateCall(Protocol):
 
     def cancel(self) -> bool: ...
 
+    def ready(self) -> bool:
+        """``read()`` would return (or raise) without waiting; False when the transport
+        cannot tell. The relay hands the tokens that arrived together over in one batch."""
+        ...
+
 
 class RefusedCall:
     """The Generate call of a request a worker cannot serve: its first read raises why."""
@@ -120,6 +125,9 @@ class RefusedCall:
 
     def cancel(self) -> bool:
         return False
+
+    def ready(self) -> bool:
+        return False  # its one read fails before any relay asks
 
 
 class WorkerTransport(Protocol):
@@ -140,6 +148,12 @@ class WorkerTransport(Protocol):
     def lacks(self) -> frozenset[str]:
         """Features of the seam this engine cannot serve: shown in GET /workers, and a
         request that needs one fails as INVALID_ARGUMENT naming it, never silently."""
+        ...
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        """The models the worker lists itself (an OpenAI backend's ``/v1/models``); empty
+        for a worker that serves the one model it reports."""
         ...
 
     def generate(self, request: pb.GenerateRequest, *, timeout: float | None = None) -> GenerateCall: ...

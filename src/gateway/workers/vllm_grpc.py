@@ -51,6 +51,9 @@ class _TranslatedCall:
     def cancel(self) -> bool:
         return bool(self._call.cancel())
 
+    def ready(self) -> bool:
+        return False  # the translation relays its replies one read at a time
+
 
 
 class VllmGrpcClient(WorkerClient):

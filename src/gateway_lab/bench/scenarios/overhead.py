@@ -770,6 +770,9 @@ class _MemoryCall:
     def cancel(self) -> bool:
         return False
 
+    def ready(self) -> bool:
+        return False  # one loop turn per read, as a grpc.aio call
+
 
 async def _gated(gate: asyncio.Semaphore, work: Awaitable[None]) -> None:
     async with gate:
