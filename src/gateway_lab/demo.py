@@ -277,7 +277,10 @@ def run(args: argparse.Namespace) -> int:
     verdict = _verdict(summaries)
     if verdict:
         result.notes.append(verdict)
-    write(result, console, json_path=config.json_out)
+    for summary in summaries:  # the bench's one rule for an invalid run
+        result.count_failed(summary.label, summary.errors, summary.requests)
+        result.require(summary.not_sent == 0, f"{summary.label}: {summary.not_sent} of {summary.requests} requests not sent")
+    status = write(result, console, json_path=config.json_out)
     if config.plot:
         from gateway_lab.bench.plot import plot_comparison
 
@@ -287,4 +290,4 @@ def run(args: argparse.Namespace) -> int:
         )
         plot_comparison(summaries, config.plot, title=title)
         console.print(f"plot written to {config.plot}")
-    return 0 if all(s.errors == 0 and s.not_sent == 0 for s in summaries) else 1
+    return status

@@ -34,7 +34,7 @@ def test_scenario_names_do_not_shadow_the_drivers() -> None:
 
 
 def _entries() -> list[tuple[str, str]]:
-    named = [(module, "run") for module, _ in SUBCOMMANDS.values()]
+    named = [(module, "run") for module, _ in SUBCOMMANDS.values()] + [("gateway_lab.demo", "run")]
     return named + [(f"gateway_lab.bench.scenarios.{module}", "main") for module, _ in SCENARIOS.values()]
 
 
