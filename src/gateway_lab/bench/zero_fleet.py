@@ -55,6 +55,9 @@ DEFAULT_MAX_NEW_TOKENS = 128
 TOKENIZER_CHUNK_BYTES = 1 << 20
 VERSION = "zero-0"
 REPLY_TEXT = " The answer comes from a zero-cost worker that says the same words to everyone who asks it."
+# With ``think``: a reasoning model's answer, the reply after a think block (a reasoning
+# parser then splits every streamed token until the block ends).
+THINK_TEXT = "<think>\nThe user asked a short question; a short answer in plain words will do.\n</think>\n\n"
 
 
 class PrefixCache:
@@ -116,12 +119,13 @@ def model_folder(tokenizer_dir: Path, root: Path, context_length: int) -> Path:
     return folder
 
 
-def reply_ids(tokenizer_dir: Path) -> list[int]:
-    """Ordinary token ids the workers cycle through as output (the same reply for everyone)."""
+def reply_ids(tokenizer_dir: Path, think: bool = False) -> list[int]:
+    """Ordinary token ids the workers cycle through as output (the same reply for everyone),
+    a think block first with ``think``."""
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
-    return list(tok.encode(REPLY_TEXT, add_special_tokens=False).ids)
+    return list(tok.encode((THINK_TEXT if think else "") + REPLY_TEXT, add_special_tokens=False).ids)
 
 
 class ZeroWorker(pb_grpc.SglangSchedulerServicer):
@@ -257,10 +261,10 @@ class ZeroWorker(pb_grpc.SglangSchedulerServicer):
 
 async def serve(
     ports: Sequence[int], folder: Path, step_s: float, capacity_tokens: int, context_length: int,
-    record: IO[str] | None = None, http: bool = False,
+    record: IO[str] | None = None, http: bool = False, think: bool = False,
 ) -> None:  # fmt: skip
     """One server per port until SIGTERM/SIGINT: grpc.aio, or SGLang's HTTP API (``http``)."""
-    output = reply_ids(folder)
+    output = reply_ids(folder, think)
     servers = []
     runners = []
     tokenizer = None
@@ -351,10 +355,11 @@ class ZeroFleet:
     def __init__(
         self, workers: int, tokenizer_dir: Path, *, step_s: float = 0.0, processes: int = 1,
         capacity_tokens: int = 65536, context_length: int = 40960, record_dir: Path | None = None,
-        http: bool = False,
+        http: bool = False, think: bool = False,
     ) -> None:  # fmt: skip
         self.ports = free_ports(workers)
         self.http = http
+        self.think = think
         self.record_dir = record_dir
         self.tokenizer_dir = tokenizer_dir
         self.step_s = step_s
@@ -386,6 +391,8 @@ class ZeroFleet:
                 ]  # fmt: skip
                 if self.http:
                     argv.append("--http")
+                if self.think:
+                    argv.append("--think")
                 if self.record_dir is not None:
                     argv += ["--record", str(self.record_dir / f"zero-{ports[0]}.jsonl")]
                 self.procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, start_new_session=True))
@@ -435,11 +442,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--context-length", type=int, default=40960)
     parser.add_argument("--record", default="", help="append one JSON line per Generate to this file")
     parser.add_argument("--http", action="store_true", help="serve SGLang's HTTP API instead of its gRPC service")
+    parser.add_argument("--think", action="store_true", help="answer as a reasoning model: a think block, then the reply")
     args = parser.parse_args(argv)
     record = open(args.record, "a", encoding="utf-8") if args.record else None
     try:
         asyncio.run(serve(
-            args.ports, Path(args.folder), args.step_s, args.capacity_tokens, args.context_length, record, args.http,
+            args.ports, Path(args.folder), args.step_s, args.capacity_tokens, args.context_length, record, args.http, args.think,
         ))  # fmt: skip
     finally:
         if record is not None:

@@ -14,6 +14,7 @@ from typing import Any
 import grpc
 import openai
 import pytest
+from tokenizers import Tokenizer
 
 from gateway.proto import common_pb2
 from gateway.proto import sglang_scheduler_pb2 as pb
@@ -27,6 +28,7 @@ from gateway_lab.bench.zero_fleet import (
     model_folder,
     placement,
     read_records,
+    reply_ids,
 )
 from tests.e2e.http.conftest import _serve
 
@@ -109,6 +111,13 @@ def test_model_folder_has_the_tokenizer_and_a_config(tmp_path: Path) -> None:
     assert (folder / "tokenizer.json").is_file()
     config = json.loads((folder / "config.json").read_text())
     assert config["max_position_embeddings"] == 4096 and config["model_type"] == "qwen3"
+
+
+def test_a_thinking_reply_opens_with_a_think_block() -> None:
+    plain, think = reply_ids(default_tokenizer_dir()), reply_ids(default_tokenizer_dir(), think=True)
+    tok = Tokenizer.from_file(str(default_tokenizer_dir() / "tokenizer.json"))
+    text = tok.decode(think, skip_special_tokens=False)
+    assert text.startswith("<think>\n") and "</think>\n\n" in text and think[-len(plain):] == plain
 
 
 @pytest.fixture(scope="module")

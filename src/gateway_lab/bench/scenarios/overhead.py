@@ -1159,6 +1159,8 @@ def start_gateway(name: str, urls: Sequence[str], args: argparse.Namespace) -> c
     extra = ["--log-level", "warning", "--tokenizer-path", str(default_tokenizer_dir())]
     if name == "ours":
         extra += shlex.split(args.ours_args)
+    if getattr(args, "door", "http") == "grpc":
+        extra += ["--grpc-port", "0"]  # the gRPC front door, its address in the ready info
     return launch.gateway("ours", urls, args.policy, extra_args=extra, env=env)
 
 

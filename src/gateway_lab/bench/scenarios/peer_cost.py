@@ -15,6 +15,8 @@ neither always runs first. Loads, each bounded in requests and ``--cap-s``:
 * ``short``: chat, ``--short-prompt-tokens`` rendered prompt tokens (unique prompts),
   ``--short-max-tokens`` out, ``--concurrency`` in flight, non-streaming;
 * ``short-stream``: the same streamed, ``--stream-max-tokens`` out;
+* ``short-stream-think``: the same on workers whose answers open with a think block (the
+  reasoning parser splits the tokens until it ends; ``short-stream``'s answers have none);
 * ``gsp-paced``: the shared-prefix burst (text completions, streamed) on ``--gsp-workers``
   workers that emit one token per ``--worker-step-s``, a GPU's pace.
 
@@ -25,6 +27,8 @@ prompt group went (distinct workers per group: 1 is perfect stickiness); a line 
 ``--stall-ratio`` x its p50, or requests/s under 1/``--stall-ratio`` of the other's).
 Before each measured load, ``--warm`` requests of the same kind run and the gateway is let
 go quiet: one-off costs (ours: the fast encoder's build) stay out of the window.
+``--door grpc`` sends the chat loads to our gateway's own gRPC API (``StreamChatCompletion``,
+``ChatCompletion``) instead of HTTP; SMG is not run then.
 """
 
 from __future__ import annotations
@@ -59,7 +63,8 @@ from gateway_lab.bench.scenarios.overhead import (
 from gateway_lab.bench.workloads import default_tokenizer_dir
 from gateway_lab.bench.zero_fleet import ZeroFleet, placement, read_records
 
-LOADS = ("short", "short-stream", "gsp-paced")
+LOADS = ("short", "short-stream", "short-stream-think", "gsp-paced")
+SHORT_STREAMED = ("short-stream", "short-stream-think")
 GATEWAYS = ("ours", "smg", "before")
 FIGURES = (
     ("requests_per_s", "requests/s"),
@@ -141,7 +146,59 @@ def user_system_s(pid: int) -> tuple[float, float]:
     return user, system
 
 
-async def _measure(gw: launch.Gateway, client: Client, bodies: Sequence[tuple[str, dict[str, Any]]], concurrency: int, cap_s: float) -> dict[str, Any]:
+class GrpcClient:
+    """Chat requests to our gateway's own gRPC API, read as ``Client`` reads HTTP replies."""
+
+    def __init__(self, target: str, model: str) -> None:
+        from grpc import aio
+
+        from gateway.proto import gateway_pb2_grpc as gpb_grpc
+
+        self.channel = aio.insecure_channel(target)
+        self.stub = gpb_grpc.TokenGatewayStub(self.channel)
+        self.model = model
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+    async def send(self, path: str, body: dict[str, Any]) -> Reply:
+        from gateway.proto import gateway_pb2 as gpb
+
+        if path != "/v1/chat/completions":
+            raise ValueError(f"the gRPC door serves chat loads only, not {path}")
+        request = gpb.ChatCompletionRequest(
+            model=self.model, messages=[gpb.ChatMessage(role=m["role"], content=m["content"]) for m in body["messages"]],
+            sampling=gpb.Sampling(max_tokens=body["max_tokens"], temperature=0.0, ignore_eos=True),
+        )  # fmt: skip
+        t0 = time.perf_counter()
+        if not body.get("stream"):
+            reply = await self.stub.ChatCompletion(request)
+            total = time.perf_counter() - t0
+            u = reply.usage
+            return Reply(total, total, u.completion_tokens, reply.choices[0].message.content, u.prompt_tokens,
+                         u.cached_tokens)  # fmt: skip
+        request.stream_options.include_usage = True
+        ttft = 0.0
+        pieces: list[str] = []
+        events = 0
+        usage = None
+        async for chunk in self.stub.StreamChatCompletion(request):
+            for c in chunk.choices:
+                piece = c.delta.reasoning_content + c.delta.content
+                if piece:
+                    ttft = ttft or time.perf_counter() - t0
+                    pieces.append(piece)
+                    events += 1
+            if chunk.HasField("usage"):
+                usage = chunk.usage
+        total = time.perf_counter() - t0
+        if usage is None:
+            raise RuntimeError("StreamChatCompletion ended without a usage chunk")
+        return Reply(total, ttft or total, usage.completion_tokens, "".join(pieces), usage.prompt_tokens,
+                     usage.cached_tokens, events)  # fmt: skip
+
+
+async def _measure(gw: launch.Gateway, client: Client | GrpcClient, bodies: Sequence[tuple[str, dict[str, Any]]], concurrency: int, cap_s: float) -> dict[str, Any]:
     u0, s0 = user_system_s(gw.pid)
     done, wall = await closed_loop(lambda i: client.send(*bodies[i]), concurrency, len(bodies), cap_s)  # type: ignore[arg-type,return-value]
     u1, s1 = user_system_s(gw.pid)
@@ -178,14 +235,18 @@ async def run_gateway(name: str, fleet: ZeroFleet, loads: Sequence[str], prompts
     async with start_gateway(name, fleet.urls, args) as gw:
         async with httpx.AsyncClient(trust_env=False) as probe:
             model = (await probe.get(gw.url + "/v1/models")).json()["data"][0]["id"]
-        client = Client(gw.url, model, args.concurrency)
+        client: Client | GrpcClient
+        if args.door == "grpc":
+            client = GrpcClient(gw.ready_info["grpc_target"], model)
+        else:
+            client = Client(gw.url, model, args.concurrency)
         try:
             for load in loads:
                 if load == "gsp-paced":
                     warm = gsp_bodies(args, args.seed + 7919)[: args.gsp_warm]
                     bodies = gsp_bodies(args, args.seed)
                 else:
-                    stream = load == "short-stream"
+                    stream = load in SHORT_STREAMED
                     warm = short_bodies(prompts, args, args.warm, stream)
                     bodies = short_bodies(prompts, args, args.requests, stream)
                 await _measure(gw, client, warm, min(8, args.concurrency), args.cap_s)
@@ -237,7 +298,9 @@ def table(rounds: list[dict[str, Any]], gateways: Sequence[str], loads: Sequence
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    gateways = [g for g in args.gateways if g != "smg" or args.peers_installed]
+    gateways = [g for g in args.gateways if g != "smg" or (args.peers_installed and args.door == "http")]
+    if args.door == "grpc" and "gsp-paced" in args.loads:
+        raise SystemExit("--door grpc runs the chat loads only (gsp-paced sends text completions over HTTP)")
     if "smg" in args.gateways and "smg" not in gateways:
         print(f"smg skipped: no peers' python at {args.peers_python} (scripts/peers.sh installs it)", flush=True)
     if "before" in gateways and not args.baseline_src:
@@ -245,7 +308,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     prompts = Prompts(args.seed)
     tokenizer = default_tokenizer_dir()
     report: dict[str, Any] = {"argv": sys.argv[1:], "load_before": list(os.getloadavg()), "rounds": []}
-    fast = [x for x in args.loads if x != "gsp-paced"]
+    fast = [x for x in args.loads if x not in ("gsp-paced", "short-stream-think")]
     for rnd in range(1, args.repeat + 1):
         order = ordered(gateways, rnd)
         entry: dict[str, Any] = {"round": rnd, "order": order, "gateways": {g: {} for g in order}, "load": os.getloadavg()[0]}
@@ -255,6 +318,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             ) as fleet:  # fmt: skip
                 for name in order:
                     entry["gateways"][name] |= await run_gateway(name, fleet, fast, prompts, args)
+        if "short-stream-think" in args.loads:
+            async with launch.fleet(
+                "zero", args.workers, tokenizer_dir=tokenizer, processes=args.fleet_processes,
+                http=args.worker_transport == "http", think=True,
+            ) as fleet:  # fmt: skip
+                for name in order:
+                    entry["gateways"][name] |= await run_gateway(name, fleet, ["short-stream-think"], prompts, args)
         if "gsp-paced" in args.loads:
             with tempfile.TemporaryDirectory(prefix="zero-record-") as record:
                 async with launch.fleet(
@@ -274,8 +344,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The scenario's flags (``token-gateway bench peer-cost --help``)."""
     parser.add_argument("--gateways", nargs="+", choices=GATEWAYS, default=["ours", "smg"],
                         help="who runs, in this order in odd rounds and reversed in even ones")
-    parser.add_argument("--loads", nargs="+", choices=LOADS, default=list(LOADS))
+    parser.add_argument("--loads", nargs="+", choices=LOADS, default=["short", "short-stream", "gsp-paced"])
     parser.add_argument("--repeat", type=int, default=2, help="rounds (2: both orders once)")
+    parser.add_argument("--door", choices=["http", "grpc"], default="http",
+                        help="our gateway's front door for the chat loads (grpc: its own gRPC API; SMG is not run)")
     parser.add_argument("--policy", default="cache_aware", help="routing policy, the same name for every gateway")
     parser.add_argument("--peers-python", default=launch.PEERS_PYTHON, help="python of the peers' virtualenv")
     parser.add_argument("--baseline-src", default="", help="src/ of another checkout, run as gateway 'before'")

@@ -81,6 +81,24 @@ def test_tiny_run_reports_every_load(tmp_path: Path, transport: str) -> None:
 
 
 
+@pytest.mark.slow
+def test_the_grpc_door_and_the_think_load(tmp_path: Path) -> None:
+    out = tmp_path / "peer.json"
+    argv = [
+        *COMMAND, "--gateways", "ours", "smg", "--door", "grpc", "--loads", "short", "short-stream", "short-stream-think",
+        "--repeat", "1", "--workers", "2", "--fleet-processes", "1", "--requests", "12", "--warm", "4", "--concurrency", "4",
+        "--short-max-tokens", "3", "--stream-max-tokens", "24", "--cap-s", "30", "--json", str(out),
+    ]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=240, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["gateways"] == ["ours"]  # SMG has no such door: not run
+    figures = report["rounds"][0]["gateways"]["ours"]
+    for load in ("short", "short-stream", "short-stream-think"):
+        assert figures[load]["requests"] == 12 and figures[load]["cpu_ms_per_request"] > 0, load
+    assert figures["short-stream-think"]["cpu_us_per_token"] > 0
+
+
 def test_cpu_counts_the_process_and_its_children() -> None:
     busy = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\ntime.sleep(30)"
     child = subprocess.Popen([sys.executable, "-c", busy])
