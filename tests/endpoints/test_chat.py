@@ -1,7 +1,9 @@
-"""The chat stream's template path (``_chunks`` with a door's frame) sends, event for event,
-the bytes of the general path, and records the same reply for --reply-token-reuse: random
-token streams in any chunking, token stops, stop strings, usage chunks, reasoning parsers,
-a reasoning answer whose tokens after ``</think>`` take the template path, a worker failure
+"""The chat stream's text path (``_chunks`` with a door's frame) sends, event for event,
+the bytes of the general path when each worker message comes alone, one event per batch
+that reads the same when they come together, and records the same reply for
+--reply-token-reuse: random token streams in any chunking, token stops, stop strings, usage
+chunks, reasoning parsers (a batch's text split as one piece, its tokens counted), a
+reasoning answer whose tokens after ``</think>`` take the template path, a worker failure
 resumed mid-stream."""
 
 from __future__ import annotations
@@ -162,6 +164,23 @@ async def test_a_reasoning_answers_content_goes_the_template_way_in_the_same_byt
     else:
         assert general[-1].startswith(b"error 502")
     assert raw  # the content after the split went out as template bytes
+
+
+# (tokens kept, chunk sizes): a byte piece with no text of its own (the 5th token) comes
+# alone, then the end of the stream; then a chunk of two; then any cutting of the whole.
+@pytest.mark.parametrize(("keep", "cuts"), [(5, [1]), (7, [1, 1, 1, 1, 1, 2]), (10, [1, 2]), (10, [2, 1, 3])])
+@pytest.mark.parametrize("together", [False, True])
+async def test_tokens_with_no_text_inside_the_think_block_are_counted_once(
+    tok: Tokenizer, keep: int, cuts: list[int], together: bool
+) -> None:
+    ids = tok.encode("<think>\nhmm \U0001d518\U0001d52b\U0001d526", False)[:keep]
+    assert tok.decode(ids[4:5]).endswith("\ufffd")  # the first byte of a four-byte character
+    think = (tok.encode("<think>", False)[0], tok.encode("</think>", False)[0])
+    body = {"max_tokens": 64, "ignore_eos": True, "stream_options": {"include_usage": True}}
+    general, template, *_ = await _both(tok, body, _script(ids, cuts, True), together=together, parsers=_parsers(True, think))
+    assert same_stream(general, template, together)
+    counted = f'"reasoning_tokens":{len(ids)}}}'.encode()  # never closed: every token is reasoning
+    assert counted in general[-1] and counted in template[-1]
 
 
 @pytest.mark.parametrize("together", [False, True])

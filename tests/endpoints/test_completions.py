@@ -1,7 +1,8 @@
 """The completion stream's template path (``json_events`` -> ``_plain_json``) sends, event
-for event, the bytes of the general path (``_chunks`` + ``to_json``): random token streams
-in any chunking, token stops anywhere, stop strings, usage chunks, a worker failure resumed
-mid-stream."""
+for event, the bytes of the general path (``_chunks`` + ``to_json``) when each worker
+message comes alone, and one event per batch that reads the same when they come together:
+random token streams in any chunking, token stops anywhere, stop strings, usage chunks, a
+worker failure resumed mid-stream."""
 
 from __future__ import annotations
 
@@ -101,16 +102,45 @@ def draw_case(tok: Tokenizer, data: st.DataObject, usage: bool, stops: str) -> t
     return ids, body
 
 
+def reading(events: list[bytes]) -> dict[str, Any]:
+    """What a client reads from a stream: per choice its texts joined (content, reasoning,
+    completion text), finish_reason and matched_stop; the usage; the error the stream ended
+    in. Every event must be a whole, valid chunk."""
+    choices: dict[int, dict[str, Any]] = {}
+    out: dict[str, Any] = {"choices": choices, "usage": None, "error": None}
+    for e in events:
+        if not e.startswith(FRAME[0]):
+            out["error"] = e
+            continue
+        for part in e.split(FRAME[1])[:-1]:
+            assert part.startswith(FRAME[0]), part
+            chunk = orjson.loads(part[len(FRAME[0]):])
+            assert {"id", "object", "created", "model", "choices"} <= chunk.keys()
+            for c in chunk["choices"]:
+                got = choices.setdefault(c["index"], {"content": "", "reasoning": "", "text": "", "finish": None})
+                delta = c.get("delta") or {}
+                got["content"] += delta.get("content") or ""
+                got["reasoning"] += delta.get("reasoning_content") or ""
+                got["text"] += c.get("text") or ""
+                if c["finish_reason"] is not None:
+                    got["finish"] = (c["finish_reason"], c.get("matched_stop"))
+            if chunk.get("usage"):
+                out["usage"] = chunk["usage"]
+    return out
+
+
 def same_stream(general: list[bytes], template: list[bytes], together: bool, *, joined: int = 0) -> bool:
-    """The client gets the same bytes, and each of the template path's writes is whole
-    events of the general path's: event for event when each message came alone (but for
-    ``joined`` writes of two events: a chat's role event and its first text), in fewer
-    writes when they came together (the texts of a batch are one write)."""
+    """The client gets the same bytes, event for event, when each message came alone (but
+    for ``joined`` writes of two events: a chat's role event and its first text); when they
+    came together, the texts of a batch are one event (in fewer writes), and the client reads
+    the same texts, finish reasons, usage and error."""
+    if together:
+        return reading(template) == reading(general) and len(template) <= len(general)
     if b"".join(template) != b"".join(general):
         return False
     if not set(itertools.accumulate(map(len, template))) <= set(itertools.accumulate(map(len, general))):
         return False  # a write that cuts an event
-    return len(template) <= len(general) if together else len(general) - joined <= len(template) <= len(general)
+    return len(general) - joined <= len(template) <= len(general)
 
 
 async def _both(
@@ -171,13 +201,14 @@ async def test_a_resumed_stream_sends_the_same_bytes(tok: Tokenizer, together: b
     assert b"".join(template).count(b'"finish_reason":"length"') == 1
 
 
-async def test_tokens_that_arrived_together_go_out_in_one_write(tok: Tokenizer) -> None:
+async def test_tokens_that_arrived_together_go_out_in_one_event(tok: Tokenizer) -> None:
     ids = tok.encode(TEXT, False)[:12]
     general, template, _ = await _both(tok, {"max_tokens": 12, "ignore_eos": True}, _script(ids, [1], True), together=True)
-    assert b"".join(template) == b"".join(general)
+    assert reading(template) == reading(general) and reading(general)["choices"][0]["text"] == tok.decode(ids)
     texts = [e for e in general if b'"finish_reason":null' in e]
     assert len(texts) >= 10  # one event per token on the general path
-    assert sum(1 for e in template if b'"finish_reason":null' in e) == 1  # all of them in one write
+    ours = [e for e in template if b'"finish_reason":null' in e]
+    assert len(ours) == 1 and ours[0].count(FRAME[0]) == 1  # all of them in one event
 
 
 async def test_echo_logprobs_n_and_continuous_usage_take_the_general_path(tok: Tokenizer) -> None:

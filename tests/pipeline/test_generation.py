@@ -96,35 +96,18 @@ async def test_one_token_at_a_time_comes_one_text_at_a_time(tok: Tokenizer) -> N
     assert got == [[" one"], [" two"], [" three"]]
 
 
-async def test_texts_from_now_turns_running_deltas_into_text_lists(tok: Tokenizer) -> None:
-    ids = tok.encode(" one two three four", False)
-    stream = Arrivals([[chunk([i])] for i in ids] + [[complete()]])
-    gen = Generation(stream, prepare(tok, [1, 2], max_new_tokens=4))  # type: ignore[arg-type]
-    pieces = gen.deltas()
+async def test_a_delta_says_where_its_tokens_begin_in_the_output(tok: Tokenizer) -> None:
+    ids = tok.encode(" one two three four five", False)
+    stream = Arrivals([[chunk([ids[0]]), chunk([ids[1]]), chunk(ids[2:4]), chunk([ids[4]]), complete()]])
+    gen = Generation(stream, prepare(tok, [1, 2], max_new_tokens=5))  # type: ignore[arg-type]
     stream.release()
-    first = await pieces.__anext__()
-    assert isinstance(first, SampleDelta) and first.text == " one"
-    gen.texts_from_now()
-    got: list[Any] = []
-    for _ in range(3):
-        stream.release()
-        got.append(await pieces.__anext__())
-    assert got == [[" two"], [" three"], [" four"]]
-    stream.release()
-    last = [d async for d in pieces]
-    assert len(last) == 1 and isinstance(last[0], SampleDelta) and last[0].finish_reason == "length"
-    assert gen.output_ids(0) == ids and gen.usage.completion_tokens == 4
-
-
-async def test_texts_from_now_leaves_a_request_that_is_not_plain_alone(tok: Tokenizer) -> None:
-    ids = tok.encode(" one two three", False)
-    stream = Arrivals([[chunk([i]) for i in ids] + [complete()]])
-    gen = Generation(stream, prepare(tok, [1, 2], max_new_tokens=8, stop=(" zzz",)))  # type: ignore[arg-type]
-    assert not gen.plain
-    gen.texts_from_now()
-    stream.release()
-    out = [d async for d in gen.deltas()]
-    assert all(isinstance(d, SampleDelta) for d in out) and "".join(d.text for d in out) == " one two three"
+    out = [d async for d in gen.deltas(texts=True)]
+    assert out[0] == [" one", " two"]
+    several, last = out[1], out[3]
+    assert isinstance(several, SampleDelta) and several.token_ids == ids[2:4] and several.at == 2
+    assert out[2] == [" five"]
+    assert isinstance(last, SampleDelta) and last.finish_reason == "length" and last.at == 5  # after every token
+    assert gen.output_ids(0) == ids
 
 
 async def test_a_token_stop_in_a_batch_hands_over_the_texts_before_it(tok: Tokenizer) -> None:

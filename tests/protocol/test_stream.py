@@ -4,6 +4,7 @@ common chunk are exactly what serializing the event's dict gives."""
 from __future__ import annotations
 
 import orjson
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -17,6 +18,7 @@ from gateway.protocol.stream import (
     StreamHead,
     StreamUsage,
     ToolCallFragment,
+    text_events,
 )
 
 texts = st.text()  # any unicode: quotes, escapes, control characters, surrogates excluded by hypothesis
@@ -78,3 +80,13 @@ def test_usage_and_several_choices_keep_their_shape() -> None:
         "prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12, "prompt_tokens_details": {"cached_tokens": 2},
     }  # fmt: skip
     assert usage.to_dict()["choices"] == []
+
+
+@pytest.mark.parametrize("batch", [[" one"], [" one", " two", ""], ['quo"te\\', "\u2028", "你好🙂"]])
+def test_a_batch_of_texts_is_one_event_of_their_joined_text(batch: list[str]) -> None:
+    head = StreamHead("chatcmpl-x", "chat.completion.chunk", 7, 'mo"del')
+    whole = StreamChunk(head, [ChatDelta(0, content="".join(batch))])
+    framed = text_events(head, lambda text: ChatDelta(0, content=text), (b"data: ", b"\n\n"))(batch)
+    assert framed == b"data: " + whole.to_json() + b"\n\n"
+    typed = text_events(head, lambda text: CompletionDelta(0, text), None)(batch)
+    assert isinstance(typed, StreamChunk) and typed.to_dict()["choices"][0]["text"] == "".join(batch)

@@ -44,8 +44,7 @@ from gateway.protocol.stream import (
     StreamChunk,
     StreamHead,
     ToolCallFragment,
-    template_events,
-    text_template,
+    text_events,
 )
 
 
@@ -144,17 +143,20 @@ def _record_reply(entry: ModelEntry, gen: Generation, req: ChatCompletionRequest
 
 
 async def open(
-    engine: Engine, req: ChatCompletionRequest, ctx: RequestContext, frame: tuple[bytes, bytes] | None = None
+    engine: Engine, req: ChatCompletionRequest, ctx: RequestContext, frame: tuple[bytes, bytes] | None = None,
+    *, typed: bool = False,
 ) -> Answer | Events:
     """The chat API's one entry point (``endpoints.events``): the whole answer, or, for
     ``req.stream``, the started generation's chunks. With ``frame`` (the two bytes a door
     writes around each event's JSON; SSE: ``data: `` and a blank line) the common
-    request's ordinary tokens (no reasoning or tool parser, one sample, no logprobs, no
-    stop string, no continuous usage: ``Generation.deltas(texts=True)``) come already written,
-    ``frame[0] + to_json() + frame[1]`` byte for byte, from a template around the text."""
+    request's ordinary tokens (no tool parser, one sample, no logprobs, no stop string,
+    no continuous usage: ``Generation.deltas(texts=True)``; content once a reasoning split
+    is decided) come already written, ``frame[0] + to_json() + frame[1]`` byte for byte,
+    from a template around the text; with ``typed`` (a door that builds its own messages)
+    the texts of tokens that arrived together come as one chunk (``text_events``)."""
     entry, gen, prompt_text, parsers = await _start(engine, req, ctx)
     if req.stream:
-        return Events(_chunks(req, entry, gen, prompt_text, parsers, ctx, frame), [gen])
+        return Events(_chunks(req, entry, gen, prompt_text, parsers, ctx, frame, typed), [gen])
     return await _answer(req, ctx, entry, gen, prompt_text, parsers)
 
 
@@ -252,7 +254,7 @@ def _fragments(calls: list[ToolCallDelta]) -> list[ToolCallFragment]:
 
 async def _chunks(
     req: ChatCompletionRequest, entry: ModelEntry, gen: Generation, prompt_text: str, parsers: ChatParsers, ctx: RequestContext,
-    frame: tuple[bytes, bytes] | None = None,
+    frame: tuple[bytes, bytes] | None = None, typed: bool = False,
 ) -> AsyncGenerator[StreamChunk | Any, None]:
     head = StreamHead(ctx.response_id("chatcmpl"), CHAT_CHUNK, now(), entry.name)
     choices = _choices(gen, prompt_text, parsers)
@@ -267,39 +269,57 @@ async def _chunks(
             c.reply = []
 
     source: AsyncIterator[Any] = gen.deltas()
-    role = b""  # the template path: the role event, written with the first text's
-    if frame is not None and plain and piece is None and not continuous and gen.plain:
-        # The template path: each text of a list from ``deltas(texts=True)`` is what the loop below
-        # makes of ``SampleDelta(0, text, [id])`` (content only, not final), written directly.
+    role = b""  # a framed text path: the role event, written with the first text's
+    first = choices[0]  # the only choice whenever text lists come
+    # The text path: ordinary tokens come as lists of texts (``Generation.deltas(texts=True)``),
+    # for one choice with text only (no tool parser, logprobs or continuous usage). With no
+    # reasoning parser, or once its split is decided (``_settled``), a list is content as
+    # generated and becomes the door's event directly; before that, the list's text goes
+    # through the parser as one piece, its ids through the reasoning counter.
+    lists = (frame is not None or typed) and first.tools is None and piece is None and not continuous and gen.plain
+    event: Any = None
+    if lists:
         source = gen.deltas(texts=True)
-        prefix, suffix = text_template(head, lambda text: ChatDelta(0, content=text))
-        prefix, suffix = frame[0] + prefix, suffix + frame[1]
-        choices[0].sent_role = True
-        role = frame[0] + StreamChunk(head, [ChatDelta(0, role="assistant", content="")]).to_json() + frame[1]
+        event = text_events(head, lambda text: ChatDelta(0, content=text), frame)
+        first.sent_role = True
+        opening = StreamChunk(head, [ChatDelta(0, role="assistant", content="")])
+        if frame is not None:
+            role = frame[0] + opening.to_json() + frame[1]
+        else:
+            yield opening
     else:
         for i, c in enumerate(choices):
             c.sent_role = True
             yield StreamChunk(head, [ChatDelta(i, role="assistant", content="")], stream_usage(gen.usage) if continuous else None)
-    # A reasoning answer: once the split is decided, its remaining tokens are plain content
-    # and go through the template path too (``_settled``).
-    first = choices[0]  # the only choice whenever text lists come
-    late = len(choices) == 1 and first.reasoning is not None and first.tools is None
-    late = late and piece is None and not continuous and gen.plain
-    if late and frame is not None:
-        prefix, suffix = text_template(head, lambda text: ChatDelta(0, content=text))
-        prefix, suffix = frame[0] + prefix, suffix + frame[1]
-        if _settled(first):
-            gen.texts_from_now()
-            late = False
-    else:
-        late = False
+    splitting = lists and first.reasoning is not None and not _settled(first)
+    counted = 0  # splitting: choice 0's output ids already fed to its reasoning counter
     try:
         async for d in source:
             if type(d) is list:
+                if not splitting:
+                    if first.reply is not None:
+                        first.reply.extend(d)
+                    out = event(d)
+                    if role:
+                        out = role + out
+                        role = b""
+                    yield out
+                    continue
+                ids = gen.output_ids(0)
+                first.count(ids[counted:])  # the list's tokens, empty texts' included
+                counted = len(ids)
+                reasoning, content, _ = first.split("".join(d), final=False)
                 if first.reply is not None:
-                    first.reply.extend(d)
-                yield role + template_events(prefix, suffix, d)
-                role = b""
+                    if reasoning:
+                        first.reply = None
+                    elif content:
+                        first.reply.append(content)
+                if reasoning or content:
+                    if role:
+                        yield role
+                        role = b""
+                    yield StreamChunk(head, [ChatDelta(0, None, content or None, reasoning or None)])
+                splitting = not _settled(first)
                 continue
             if role:  # the first event is not a token's text: the role goes out on its own first
                 yield role
@@ -310,6 +330,10 @@ async def _chunks(
             if plain:
                 reasoning, content = "", d.text
             else:
+                if splitting:  # tokens with empty texts that came in no list, then the delta's
+                    ids = gen.output_ids(0)
+                    c.count(ids[counted:d.at])
+                    counted = len(ids)
                 c.count(d.token_ids)
                 reasoning, content, calls = c.split(d.text, final=final)
             logprobs = None
@@ -333,9 +357,8 @@ async def _chunks(
                 if c.reply:
                     _record_reply(entry, gen, req, ctx, d.index, "".join(c.reply))
             yield StreamChunk(head, [delta], stream_usage(gen.usage) if continuous else None)
-            if late and _settled(c):
-                gen.texts_from_now()  # nothing left to switch after this
-                late = False
+            if splitting:
+                splitting = not _settled(c)
     except GatewayError:
         if role:
             yield role  # the role event before the error's, as on the general path

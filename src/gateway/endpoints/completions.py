@@ -37,7 +37,7 @@ from gateway.protocol.stream import (
     StreamChunk,
     StreamHead,
     StreamUsage,
-    template_events,
+    text_events,
 )
 from gateway.protocol.stream import text_template as stream_text_template
 
@@ -123,19 +123,22 @@ def _prompt_logprobs(gen: Generation, entry: ModelEntry) -> CompletionLogprobs |
 
 
 async def open(
-    engine: Engine, req: CompletionRequest, ctx: RequestContext, frame: tuple[bytes, bytes] | None = None
+    engine: Engine, req: CompletionRequest, ctx: RequestContext, frame: tuple[bytes, bytes] | None = None,
+    *, typed: bool = False,
 ) -> Answer | Events:
     """The completions API's one entry point (``endpoints.events``): the whole answer, or,
     for ``req.stream``, the started generations' chunks. With ``frame`` (the two bytes a
     door writes around each event's JSON; SSE: ``data: `` and a blank line) the common
     request's ordinary tokens come already written, ``frame[0] + to_json() + frame[1]``
-    byte for byte, built from a template around the text (``json_events``)."""
+    byte for byte, built from a template around the text (``json_events``); with ``typed``
+    (a door that builds its own messages) the texts of tokens that arrived together come as
+    one chunk (``protocol.stream.text_events``)."""
     entry, prepared = await prepare_completions(engine, req, ctx)
     gens = await start_all(engine, prepared)
     ctx.worker_ids = [g.worker_id for g in gens]
     if not req.stream:
         return await _answer(req, ctx, entry, gens)
-    if frame is not None:
+    if frame is not None or typed:
         return Events(json_events(req, entry, gens, ctx, frame), gens)
     return Events(_chunks(req, entry, gens, ctx), gens)
 
@@ -187,9 +190,10 @@ async def _answer(req: CompletionRequest, ctx: RequestContext, entry: ModelEntry
 
 def json_events(
     req: CompletionRequest, entry: ModelEntry, gens: list[Generation], ctx: RequestContext,
-    frame: tuple[bytes, bytes] = (b"", b""),
+    frame: tuple[bytes, bytes] | None = (b"", b""),
 ) -> AsyncGenerator[StreamChunk | bytes, None]:
-    """The started generations' events for a JSON door: the template path when it applies."""
+    """The started generations' events for a door that takes text batches (a JSON door's
+    ``frame``; None: typed chunks): the template path when it applies."""
     if len(gens) == 1 and gens[0].plain and not req.echo and not _continuous(req):
         return _plain_json(req, entry, gens[0], ctx, frame)
     return _chunks(req, entry, gens, ctx)
@@ -206,19 +210,18 @@ def text_template(head: StreamHead) -> tuple[bytes, bytes]:
 
 
 async def _plain_json(
-    req: CompletionRequest, entry: ModelEntry, gen: Generation, ctx: RequestContext, frame: tuple[bytes, bytes]
+    req: CompletionRequest, entry: ModelEntry, gen: Generation, ctx: RequestContext, frame: tuple[bytes, bytes] | None
 ) -> AsyncGenerator[StreamChunk | bytes, None]:
-    """One plain prompt (``Generation.plain``; no echo, no continuous usage): each token
-    text from ``Generation.deltas(texts=True)`` becomes its framed event from the template (a list of
-    them, one write);
-    every other delta goes through ``_chunks``'s rules (``_emit_plain`` is its ``emit``
+    """One plain prompt (``Generation.plain``; no echo, no continuous usage): each list of
+    texts from ``Generation.deltas(texts=True)`` becomes the door's event for it
+    (``protocol.stream.text_events``: framed events from the template in one write, or one
+    typed chunk); every other delta goes through ``_chunks``'s rules (``_emit_plain`` is its ``emit``
     for this case) and comes as a typed event for the door to frame."""
     head = StreamHead(ctx.response_id("cmpl"), TEXT_COMPLETION, now(), entry.name)
-    prefix, suffix = text_template(head)
-    prefix, suffix = frame[0] + prefix, suffix + frame[1]
+    event = text_events(head, lambda text: CompletionDelta(0, text), frame)
     async for d in gen.deltas(texts=True):
         if type(d) is list:
-            yield template_events(prefix, suffix, d)
+            yield event(d)
         else:
             chunk = _emit_plain(head, d)  # type: ignore[arg-type]
             if chunk is not None:

@@ -45,6 +45,9 @@ class SampleDelta:
     stop_token: int | None = None
     """The stop token (a stop id, EOS) the sample ended on: generated and counted, its text
     trimmed, and, as SGLang's own server reports it, the last entry of ``logprobs``."""
+    at: int = 0
+    """Where in the sample's output ids (``Generation.output_ids``) this delta's tokens begin:
+    the ids before it that no delta carried came as texts (``deltas(texts=True)``)."""
 
     @property
     def logprob_ids(self) -> list[int]:
@@ -148,16 +151,9 @@ class Generation:
         sample's end, a resumption) is the delta it would be without ``texts``, after the
         texts before it, so a consumer that turns each text x into what it would make of
         ``SampleDelta(0, x, [id])`` sends the same bytes. A request that is not ``plain``
-        gets deltas only either way (``texts_from_now`` can switch a running one)."""
+        gets deltas only either way."""
         self._texts = texts and self.plain
         return self._run(self.plain)
-
-    def texts_from_now(self) -> None:
-        """Turn a running ``deltas()`` of a ``plain`` request into ``deltas(texts=True)`` from
-        the next token on: for a consumer whose own per-token work has ended mid-stream (a
-        reasoning split that is decided, whose remaining text is plain content)."""
-        if self.plain:
-            self._texts = True
 
     async def _run(self, fast: bool) -> AsyncIterator[list[str] | SampleDelta]:
         clock = time.perf_counter
@@ -314,7 +310,7 @@ class Generation:
                 # Its last token arrived but the worker failed before saying it was done.
                 step = sample.text.finish()
                 self._close(sample)
-                out.append(SampleDelta(sample.index, step.text, finish_reason="length"))
+                out.append(SampleDelta(sample.index, step.text, finish_reason="length", at=len(sample.ids)))
                 continue
             sample.saw_chunks = False
             pending.append((sample.index, sample.ids))
@@ -386,7 +382,9 @@ class Generation:
             matched = done.matched_stop_str
         step = sample.text.finish()
         self._close(sample)
-        delta = SampleDelta(sample.index, step.text, finish_reason=done.finish_reason or "stop", matched_stop=matched)
+        delta = SampleDelta(
+            sample.index, step.text, finish_reason=done.finish_reason or "stop", matched_stop=matched, at=len(sample.ids),
+        )
         if kind == "matched_token_id" and self._want_logprobs:
             self._stop_row(delta, done)
         out.append(delta)
@@ -410,6 +408,7 @@ class Generation:
             worker_ids, sample.generated, request_id=self.prepared.request_id, worker_id=self.worker_id, index=sample.index
         )
         sample.generated += len(ids)
+        at = len(sample.ids)
         sample.ids.extend(ids)
         self.usage.per_sample_completion[sample.index] = sample.generated
         step = sample.text.step(ids)
@@ -436,7 +435,7 @@ class Generation:
                 tops = tops[:keep]
             if len(values) < keep:  # the worker sent no logprob for the stop token
                 stop_token = None
-        delta = SampleDelta(sample.index, step.text, ids, values, tops, stop_token=stop_token)
+        delta = SampleDelta(sample.index, step.text, ids, values, tops, stop_token=stop_token, at=at)
         if step.matched is not None:
             delta.finish_reason = "stop"
             delta.matched_stop = step.matched

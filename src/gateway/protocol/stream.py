@@ -224,8 +224,17 @@ def text_template(head: StreamHead, choice: Callable[[str], ChatDelta | Completi
     return whole[:at], whole[at + len(marker):]
 
 
-def template_events(prefix: bytes, suffix: bytes, texts: list[str]) -> bytes:
-    """Several texts' events from one ``text_template`` (framing included), as one write:
-    the bytes of writing each ``prefix + orjson.dumps(text) + suffix`` in turn."""
+def text_events(
+    head: StreamHead, choice: Callable[[str], ChatDelta | CompletionDelta], frame: tuple[bytes, bytes] | None,
+) -> Callable[[list[str]], Any]:
+    """What a door gets for the texts of tokens that arrived together (``Generation.deltas(
+    texts=True)``) on a one-choice stream whose chunks carry text only: one event whose text
+    is theirs, joined (one message per batch, not per token; no logprobs ride on these).
+    With ``frame`` (a JSON door's bytes around each event) its framed bytes, built from the
+    ``text_template``; without it (a door that builds its own messages) the typed chunk."""
+    if frame is None:
+        return lambda texts: StreamChunk(head, [choice(texts[0] if len(texts) == 1 else "".join(texts))])  # type: ignore[arg-type]
+    prefix, suffix = text_template(head, choice)
+    prefix, suffix = frame[0] + prefix, suffix + frame[1]
     dumps = orjson.dumps
-    return b"".join([part for text in texts for part in (prefix, dumps(text), suffix)])
+    return lambda texts: b"".join((prefix, dumps(texts[0] if len(texts) == 1 else "".join(texts)), suffix))

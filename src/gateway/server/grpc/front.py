@@ -133,7 +133,7 @@ class TokenGatewayService(ResponsesRpcs, ConversationsRpcs, gpb_grpc.TokenGatewa
 
     async def _start_chat_stream(self, request: gpb.ChatCompletionRequest, ctx: RequestContext) -> Events:
         req = parse_model(ChatCompletionRequest, convert.chat_request(request, stream=True))
-        return events_of(await chat_route.open(self.engine, req, ctx))
+        return events_of(await chat_route.open(self.engine, req, ctx, typed=True))
 
     # ---------------------------------------------------------------- completion
     async def Completion(self, request: gpb.CompletionRequest, context: aio.ServicerContext) -> gpb.CompletionResponse:
@@ -146,7 +146,7 @@ class TokenGatewayService(ResponsesRpcs, ConversationsRpcs, gpb_grpc.TokenGatewa
 
     async def _start_completion_stream(self, request: gpb.CompletionRequest, ctx: RequestContext) -> Events:
         req = parse_model(CompletionRequest, convert.completion_request(request, stream=True))
-        return events_of(await completions_route.open(self.engine, req, ctx))
+        return events_of(await completions_route.open(self.engine, req, ctx, typed=True))
 
     # ---------------------------------------------------------------- generate
     async def _start_generate(self, request: gpb.GenerateRequest, ctx: RequestContext) -> Events:
