@@ -121,7 +121,8 @@ class FakeTransport:
     scripts: deque[list[Any]] = field(default_factory=deque)
     default_script: list[Any] = field(default_factory=lambda: [chunk([1]), complete([1])])
     embeds: deque[pb.EmbedResponse | BaseException] = field(default_factory=deque)
-    healthy: bool | BaseException = True
+    healthy: bool | BaseException | _Hang = True  # HANG: a probe that is never answered
+    health_checks: int = 0
     role: str = "regular"
     bootstrap_port: int | None = None
     start_time: int = 0  # GetServerInfo start_time, seconds (0: not reported); a restart changes it
@@ -164,9 +165,13 @@ class FakeTransport:
         return item
 
     async def health_check(self, *, timeout: float = 5.0) -> pb.HealthCheckResponse:
+        self.health_checks += 1
+        if self.healthy is HANG:  # a hung worker: the probe's own deadline ends it
+            await asyncio.sleep(timeout)
+            raise WorkerCallError(CallCode.DEADLINE_EXCEEDED, "health probe timed out")
         if isinstance(self.healthy, BaseException):
             raise self.healthy
-        return pb.HealthCheckResponse(healthy=self.healthy, message="ok" if self.healthy else "sick")
+        return pb.HealthCheckResponse(healthy=bool(self.healthy), message="ok" if self.healthy else "sick")
 
     async def model_info(self, *, timeout: float = 5.0) -> pb.GetModelInfoResponse:
         return pb.GetModelInfoResponse(served_model_name=MODEL, model_path=MODEL, max_context_length=4096, vocab_size=1000, is_generation=True)

@@ -113,17 +113,34 @@ class Difference:
     kind: str = ""
 
 
-# Why a field differs, where the reason is known. Anything else is "unexplained".
-KINDS: dict[str, str] = {
-    "defaults": "the gateway does not apply the model's generation defaults (chat only: SGLang's "
-                "HTTP server applies them to chat, not to completions)",
-    "seed": "blocked upstream: the SglangScheduler proto has no seed field and the servicer never "
-            "sets sampling_seed (SGLang's HTTP server does)",
-    "unary-stream": "by design: a whole answer with no max_tokens (chat) streams from the worker in "
-                    "chunks: only the context would bound its silence, so the watchdog must see "
-                    "progress (and a worker failure resumes)",
-    "fan-out": "SGLang's own frontends: the servicer sends each of the n samples with n=1, the "
-               "HTTP server leaves n=N on each (same number of scheduler requests)",
+@dataclass(frozen=True)
+class Kind:
+    """Why a field differs: whose doing it is (``gateway``, or ``upstream``: SGLang's
+    ``--grpc-mode`` servicer or its proto, which the gateway cannot change) and how."""
+
+    cause: str
+    reason: str
+
+
+GATEWAY, UPSTREAM = "gateway", "upstream (servicer/proto)"
+
+# Why a field differs, where the reason is known. Anything else is "unexplained", and the
+# gateway's until shown otherwise.
+KINDS: dict[str, Kind] = {
+    "defaults": Kind(GATEWAY, "the model's generation defaults were not applied (SGLang's HTTP server "
+                              "applies them to chat, not to completions)"),
+    "unary-stream": Kind(GATEWAY, "a whole answer the client did not stream reached the worker streamed in "
+                                  "chunks (SGLang's frontends ask for it unstreamed)"),
+    "seed": Kind(UPSTREAM, "smg-grpc-proto 0.4.28's SamplingParams has no seed field "
+                           "(sglang_scheduler.proto lines 75-110) and smg-grpc-servicer 0.14.1's "
+                           "_convert_sampling_params never sets sampling_seed (servicer.py lines 1129-1153); "
+                           "SGLang's HTTP server sets it from seed (entrypoints/openai/protocol.py line 1233)"),
+    "fan-out": Kind(UPSTREAM, "smg-grpc-servicer 0.14.1 sets n=1 on the prefix request and on each of the n "
+                              "samples it sends the scheduler (request_manager.py lines 342 and 362); SGLang's "
+                              "HTTP server keeps n=N on them (managers/tokenizer_manager.py lines 2145-2180). "
+                              "The gateway sends n=N once, as the proto asks; no request it can send reaches "
+                              "the scheduler with n=N. Same number of scheduler requests, same samples"),
+    "unexplained": Kind(GATEWAY, "no known reason: a new disagreement, the gateway's until shown otherwise"),
 }
 _FIELD_KIND = {
     "sampling.temperature": "defaults", "sampling.top_p": "defaults", "sampling.top_k": "defaults",
@@ -138,16 +155,15 @@ def classify(name: str, body: dict[str, Any], d: Difference) -> str:
         return "unexplained"  # a value the client set must arrive as sent
     if kind == "seed" and "seed" not in body:
         return "unexplained"
-    if kind == "unary-stream" and (body.get("stream") or _capped(body) or d.via_sglang_http not in (None, False)):
+    if kind == "unary-stream" and (body.get("stream") or d.via_sglang_http not in (None, False)):
         return "unexplained"
     if kind == "fan-out" and body.get("n", 1) == 1:
         return "unexplained"
     return kind
 
 
-def _capped(body: dict[str, Any]) -> bool:
-    """Whether the client capped the answer (such answers go to the worker unstreamed)."""
-    return any(body.get(k) is not None for k in ("max_tokens", "max_completion_tokens"))
+def cause(kind: str) -> str:
+    return KINDS.get(kind, KINDS["unexplained"]).cause
 
 
 def _norm(name: str, value: Any) -> Any:
@@ -237,11 +253,14 @@ def _run_corpus(grpc: servers.Process, http: servers.Process, gw: servers.Proces
             d.kind = classify(name, body, d)
         diffs.extend(found)
     by_kind: dict[str, int] = {}
+    by_cause: dict[str, int] = {GATEWAY: 0, UPSTREAM: 0}
     for d in diffs:
         by_kind[d.kind] = by_kind.get(d.kind, 0) + 1
-    return {"requests": len(CORPUS), "differences": [d.__dict__ for d in diffs],
+        by_cause[cause(d.kind)] += 1
+    return {"requests": len(CORPUS), "differences": [{**d.__dict__, "cause": cause(d.kind)} for d in diffs],
             "requests_with_differences": len({d.request for d in diffs}), "statuses": statuses,
-            "by_kind": by_kind}
+            "by_kind": by_kind, "by_cause": by_cause,
+            "requests_by_cause": {c: len({d.request for d in diffs if cause(d.kind) == c}) for c in by_cause}}
 
 
 def print_table(result: dict[str, Any]) -> None:
@@ -250,14 +269,16 @@ def print_table(result: dict[str, Any]) -> None:
         from rich.table import Table
     except ImportError:  # plain text where rich is missing
         for d in result["differences"]:
-            print(f"{d['request']:28} {d['field']:34} {d['via_gateway']!s:24} {d['via_sglang_http']!s:24} {d['kind']}")
+            print(f"{d['request']:28} {d['field']:34} {d['via_gateway']!s:24} {d['via_sglang_http']!s:24} "
+                  f"{d['kind']:12} {d['cause']}")
     else:
         table = Table(title="TokenizedGenerateReqInput: via the gateway vs via SGLang's own HTTP server")
-        for col in ("request", "field", "via gateway", "via SGLang HTTP", "why"):
+        for col in ("request", "field", "via gateway", "via SGLang HTTP", "why", "caused by"):
             table.add_column(col)
         for d in result["differences"]:
-            table.add_row(d["request"], d["field"], str(d["via_gateway"]), str(d["via_sglang_http"]), d["kind"])
-        Console(width=160).print(table)
+            table.add_row(d["request"], d["field"], str(d["via_gateway"]), str(d["via_sglang_http"]), d["kind"],
+                          d["cause"])
+        Console(width=170).print(table)
     by_field: dict[str, int] = {}
     for d in result["differences"]:
         by_field[d["field"]] = by_field.get(d["field"], 0) + 1
@@ -265,9 +286,14 @@ def print_table(result: dict[str, Any]) -> None:
           f"differences: {len(result['differences'])}")
     for f, n in sorted(by_field.items(), key=lambda kv: -kv[1]):
         print(f"  {f}: {n}")
+    print("by cause:")
+    for c, n in result["by_cause"].items():
+        print(f"  {n} differences (in {result['requests_by_cause'][c]} requests) the {c} causes"
+              if c == GATEWAY else f"  {n} differences (in {result['requests_by_cause'][c]} requests) caused {c}")
     print("by reason:")
     for kind, n in sorted(result["by_kind"].items(), key=lambda kv: -kv[1]):
-        print(f"  {kind} ({n}): {KINDS.get(kind, 'no known reason: a new disagreement')}")
+        k = KINDS.get(kind, KINDS["unexplained"])
+        print(f"  {kind} ({n}, {k.cause}): {k.reason}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from tests.interop_sglang import expect
+from tests.interop_sglang.corpus import KINDS
 from tests.interop_sglang.servers import Recording
 from tests.interop_sglang.standin import fake_model
 
@@ -27,6 +28,17 @@ def test_whole_answer_is_the_models_tokens(client: Any, model: str, recording: R
     assert rec["input_ids"] == expect.chat_ids(MESSAGES)
     assert rec["sampling_params"]["max_new_tokens"] == 6
     assert r.id.endswith(rec["rid"]) or rec["rid"] in r.id
+
+
+def test_an_uncapped_whole_answer_is_asked_for_unstreamed(client: Any, model: str, recording: Recording) -> None:
+    """No max_tokens and not streamed: asked for unstreamed as SGLang's HTTP server asks (its
+    budget is what the context leaves, its deadline the gateway's), no cap on the wire."""
+    r = client.chat.completions.create(model=model, messages=MESSAGES)
+    assert r.choices[0].finish_reason == "stop"
+    assert r.choices[0].message.content == expect.output_text(fake_model.EOS_AT)
+    rec = only(recording.generates())
+    assert rec["stream"] is False
+    assert rec["sampling_params"]["max_new_tokens"] is None and rec["sampling_params"]["stream_interval"] is None
 
 
 def test_streamed_answer_equals_the_whole_one(client: Any, model: str, recording: Recording) -> None:
@@ -61,7 +73,7 @@ def test_model_defaults_apply_when_the_request_omits_them(client: Any, model: st
     assert (sp["temperature"], sp["top_p"], sp["top_k"]) == (pytest.approx(0.6), pytest.approx(0.95), 20)
 
 
-@pytest.mark.xfail(strict=True, reason="the SglangScheduler proto has no seed field: the servicer never sets sampling_seed")
+@pytest.mark.xfail(strict=True, reason=KINDS["seed"].reason)
 def test_seed_reaches_the_scheduler_as_sampling_seed(client: Any, model: str, recording: Recording) -> None:
     r = client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=5, seed=1234)
     assert only(recording.generates())["sampling_params"]["sampling_seed"] == 1234

@@ -43,6 +43,18 @@ def test_every_difference_has_a_known_reason(corpus_result: dict[str, Any]) -> N
     assert _of_kind(corpus_result, "unexplained") == []
 
 
+def test_the_gateway_causes_no_difference(corpus_result: dict[str, Any]) -> None:
+    """What remains is SGLang's servicer or its proto (``corpus.KINDS``), each pinned below."""
+    assert [d for d in corpus_result["differences"] if d["cause"] == corpus.GATEWAY] == []
+    assert corpus_result["by_cause"][corpus.GATEWAY] == 0
+
+
+def test_whole_answers_reach_the_scheduler_unstreamed(corpus_result: dict[str, Any]) -> None:
+    """A client that does not stream, capped or not (``chat-bare`` has no max_tokens: its budget
+    is the context the prompt leaves), is asked for unstreamed, as SGLang's HTTP server asks."""
+    assert _of_kind(corpus_result, "unary-stream") == []
+
+
 def test_model_defaults_match(corpus_result: dict[str, Any]) -> None:
     assert _of_kind(corpus_result, "defaults") == []
 
@@ -53,9 +65,14 @@ def test_stops_match(corpus_result: dict[str, Any]) -> None:
             if d["field"] in ("sampling.stop_strs", "sampling.stop_token_ids")] == []
 
 
-@pytest.mark.xfail(strict=True, reason="the SglangScheduler proto has no seed field: the servicer never sets sampling_seed")
+@pytest.mark.xfail(strict=True, reason=corpus.KINDS["seed"].reason)
 def test_seeds_match(corpus_result: dict[str, Any]) -> None:
     assert _of_kind(corpus_result, "seed") == []
+
+
+@pytest.mark.xfail(strict=True, reason=corpus.KINDS["fan-out"].reason)
+def test_n_reaches_the_scheduler_as_sglang_http_sends_it(corpus_result: dict[str, Any]) -> None:
+    assert _of_kind(corpus_result, "fan-out") == []
 
 
 def test_detokenization_options_match(corpus_result: dict[str, Any]) -> None:

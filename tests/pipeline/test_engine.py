@@ -14,6 +14,7 @@ from gateway.pipeline import encoder_build
 from gateway.pipeline.catalog import ModelEntry
 from gateway.pipeline.engine import Engine, EngineConfig
 from gateway.pipeline.limits import LimitsConfig
+from gateway.pipeline.prepared import PreparedRequest
 from gateway.pipeline.resume import ResumeConfig
 from gateway.pipeline.router import Router
 from gateway.policies.factory import make_policy
@@ -299,47 +300,52 @@ async def test_stop_strings_go_to_workers_that_match_them_and_ids_to_the_rest() 
     assert list(sp.stop) == [] and list(sp.stop_token_ids) == [9, *one_token]
 
 
-async def test_a_whole_answer_goes_unstreamed_when_its_slowest_worker_bounds_it() -> None:
+async def test_a_whole_answer_goes_unstreamed_when_its_budget_is_known() -> None:
     """A client that does not stream gets its answer unstreamed (SGLang's own frontends' form),
-    n > 1 and logprobs included, when the longest it may take on the slowest worker of its
-    model is within --unary-whole-max-s; past that, or with no max_tokens, or on a model
-    served disaggregated, it streams in coarse chunks."""
-    from gateway.workers.watchdog import WatchdogConfig
+    n > 1 and logprobs included, whenever its token budget is known: its max_tokens, or with
+    none what the model's context leaves after the prompt. Its wait is checked once its
+    worker is unheard for --unary-whole-max-s (``whole_answer``). With neither a cap nor a
+    known context, or on a model served disaggregated, it streams in coarse chunks."""
+    import math
+
     from tests.fake_transport import MODEL, FakeTransport, fleet
 
     tokenizer = Tokenizer.from_path(qwen_files())
-    entry = ModelEntry("m", tokenizer, "path", 0, ChatPromptCache(tokenizer), worker_model=MODEL)
+    known = ModelEntry("m", tokenizer, "path", 4096, ChatPromptCache(tokenizer), worker_model=MODEL)
+    unknown = ModelEntry("m", tokenizer, "path", 0, ChatPromptCache(tokenizer), worker_model=MODEL)
     f = await fleet(FakeTransport("grpc://10.0.0.1:1"), FakeTransport("grpc://10.0.0.2:1"))
-    pace = WatchdogConfig(watchdog_floor_s=1.0, watchdog_answer_factor=2.0, watchdog_default_token_s=0.01)
-    for w in f.registry.all():
-        w.progress.config = pace
-    engine = Engine(f.router, _Catalog(entry), config=EngineConfig(),  # type: ignore[arg-type]
+    engine = Engine(f.router, _Catalog(known), config=EngineConfig(),  # type: ignore[arg-type]
                     resume=ResumeConfig(unary_stream_interval=16, unary_whole_max_s=10.0))
 
-    def sent(stream: bool = False, **sampling: object) -> pb.GenerateRequest:
-        return engine.generate_request(engine.prepare(entry, [5, 6], SamplingOptions(**sampling), stream=stream))  # type: ignore[arg-type]
+    def prepared(entry: ModelEntry = known, stream: bool = False, **sampling: object) -> PreparedRequest:
+        return engine.prepare(entry, [5, 6], SamplingOptions(**sampling), stream=stream)  # type: ignore[arg-type]
+
+    def sent(entry: ModelEntry = known, stream: bool = False, **sampling: object) -> pb.GenerateRequest:
+        return engine.generate_request(prepared(entry, stream, **sampling))
 
     try:
-        # 2 x 400 tokens x 10 ms = 8 s: whole, for every shape a whole answer can take.
         for shape in ({}, {"n": 2}, {"logprobs": True, "top_logprobs": 2}):
-            request = sent(max_new_tokens=400, **shape)
-            assert not request.stream and not request.sampling_params.HasField("stream_interval"), shape
-        # 2 x 600 x 10 ms = 12 s > 10 s: streamed in chunks, so the watchdog sees progress.
-        assert sent(max_new_tokens=600).sampling_params.stream_interval == 16
-        # One slow worker is enough to stream (its pace, learned from whole answers).
-        slow = f.registry.all()[1]
-        slow.progress.whole_answer(10, 1.0)  # 100 ms per token
-        assert sent(max_new_tokens=400).stream
-        assert not sent(max_new_tokens=16).stream  # one message anyway: always whole
-        assert sent(max_new_tokens=None).stream  # no cap: only the context would bound it
+            for cap in (400, 3000, None):  # whatever the cap, and with none
+                request = sent(max_new_tokens=cap, **shape)
+                assert not request.stream and not request.sampling_params.HasField("stream_interval"), (shape, cap)
+                # No cap reaches the worker: its own default is the context's end, as SGLang's server sends it.
+                assert request.sampling_params.HasField("max_new_tokens") is (cap is not None)
+        assert engine._answer_budget(prepared(max_new_tokens=400)) == 400
+        assert engine._answer_budget(prepared(max_new_tokens=None)) == 4096 - 2  # the context after the prompt
+        assert engine.whole_answer(4094).check_s == 10.0
+        # No cap and no known context: nothing bounds its deadline, it streams in chunks.
+        assert engine._answer_budget(prepared(unknown, max_new_tokens=None)) == 0
+        assert sent(unknown, max_new_tokens=None).sampling_params.stream_interval == 16
+        assert not sent(unknown, max_new_tokens=400).stream
         assert sent(stream=True, max_new_tokens=4).stream
-        slow.progress.token_s = None
-        assert not sent(max_new_tokens=400).stream
+        slow = f.registry.all()[1]
         slow.role = "decode"  # served disaggregated: its halves keep the shared rules
         assert sent(max_new_tokens=400).stream and not sent(max_new_tokens=16).stream
         slow.role = "regular"
         engine.resume.unary_whole_max_s = 0.0
         assert sent(max_new_tokens=400).stream  # 0: only one-message answers go whole
+        assert sent(max_new_tokens=None).stream and not sent(max_new_tokens=16).stream
+        assert engine.whole_answer(400).check_s == math.inf  # their deadline alone
     finally:
         engine.close()
         await f.registry.close()

@@ -1,5 +1,6 @@
 """Stall handling: a started stream (one timer per stream, no false alarms), and a whole answer
-asked for unstreamed (its own deadline; a hung or dead worker is left, a busy one waited for)."""
+asked for unstreamed (its own deadline, checked no later than its check point; a hung or dead
+worker is left, a busy one or one that answers its health probe waited for)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import time
 
 import pytest
 
-from gateway.pipeline.dispatch import DispatchConfig, open_generate, open_on
+from gateway.pipeline.dispatch import DispatchConfig, WholeAnswer, open_generate, open_on
 from gateway.pipeline.lease import Outcome
 from gateway.pipeline.retry import RetryConfig
 from gateway.policies.base import RouteRequest
@@ -134,26 +135,36 @@ def whole_request(rid: str = "w1", max_new_tokens: int = 4) -> pb.GenerateReques
     return pb.GenerateRequest(request_id=rid, sampling_params=pb.SamplingParams(max_new_tokens=max_new_tokens))
 
 
-async def open_whole(*transports: FakeTransport, config: DispatchConfig | None = None):  # type: ignore[no-untyped-def]
+async def open_whole(  # type: ignore[no-untyped-def]
+    *transports: FakeTransport, config: DispatchConfig | None = None, whole: WholeAnswer | None = None,
+    pace: WatchdogConfig = FAST, hung: tuple[FakeTransport, ...] = (),
+):
+    """The fleet, then one whole answer on its way (``hung``: workers whose health probes
+    go unanswered from now on, as a hung worker's do)."""
     f = await fleet(*transports)
     for w in f.registry.all():
-        w.progress.config = FAST
+        w.progress.config = pace
+    for t in transports:
+        t.health_checks = 0  # registration's probe is not the one the tests count
+    for t in hung:
+        t.healthy = HANG
     obs = RecordingObserver()
     task = asyncio.ensure_future(open_generate(
         f.router, RouteRequest(token_ids=[1, 2, 3], model=MODEL, request_id="w1"), lambda s: whole_request(),
         prompt_tokens=3, max_new_tokens=4, retry=RetryConfig(max_attempts=3, backoff_base_s=0.0),
-        config=config or DispatchConfig(first_token_timeout_s=5.0), observer=obs,
+        config=config or DispatchConfig(first_token_timeout_s=5.0), observer=obs, whole=whole or WholeAnswer(),
     ))
     return f, obs, task
 
 
 async def test_a_hung_worker_under_an_unstreamed_call_is_found_and_the_answer_comes_from_another() -> None:
-    """The worker says nothing on any call past the answer's deadline: the attempt ends as
-    stalled (Abort sent, the worker out of rotation, its slot back) and the request goes to
-    the next worker from scratch; the client has seen nothing."""
+    """The worker says nothing on any call past the answer's deadline and does not answer
+    the health probe either: the attempt ends as stalled (Abort sent, the worker out of
+    rotation, its slot back) and the request goes to the next worker from scratch; the
+    client has seen nothing."""
     a = FakeTransport("grpc://a:1").script(HANG)
     b = FakeTransport("grpc://b:1").script(complete(list(range(7, 17))))
-    f, obs, task = await open_whole(a, b)
+    f, obs, task = await open_whole(a, b, hung=(a,))
     stream = await asyncio.wait_for(task, 2.0)
     assert stream.worker.id == "b:1"
     assert obs.retries == [("a:1", "ANSWER_OVERDUE")]
@@ -161,7 +172,7 @@ async def test_a_hung_worker_under_an_unstreamed_call_is_found_and_the_answer_co
     sick = f.worker("a:1")
     assert a.calls[0].cancelled and a.aborts == [("w1", "worker stalled")]
     assert not sick.available and sick.breaker.last_reason == "watchdog" and sick.progress.stalls == 1
-    assert sick.breaker.consecutive_failures == 1
+    assert sick.breaker.consecutive_failures == 1 and a.health_checks == 1
     assert (sick.load.in_flight, sick.load.silent, sick.load.queued_prefill_tokens) == (0, 0, 0)
     msg = await stream.read()
     assert msg is not None and list(msg.complete.output_ids) == list(range(7, 17))
@@ -236,4 +247,63 @@ async def test_the_watchdog_leaves_unstreamed_calls_out_and_its_verdict_still_mo
     stream = await asyncio.wait_for(task, 2.0)
     assert stream.worker.id == "b:1" and obs.retries == [("a:1", "WATCHDOG")]
     assert (sick.load.in_flight, sick.load.silent) == (0, 0)
+    await stream.abort()
+
+
+async def test_a_quiet_worker_that_answers_its_probe_is_waited_for() -> None:
+    """Nothing else runs on the worker, so nothing is heard past the deadline; it answers
+    its health probe (a real SGLang probe is a generation through the same scheduler):
+    alive, so the answer is waited for, and it comes. One probe per check point."""
+    a = FakeTransport("grpc://a:1").script(Later(0.4, complete([5, 6])))
+    f, obs, task = await open_whole(a)
+    stream = await asyncio.wait_for(task, 3.0)
+    assert stream.worker.id == "a:1" and obs.retries == []
+    w = f.worker("a:1")
+    assert w.available and w.progress.stalls == 0
+    assert 1 <= a.health_checks <= 0.4 / FAST.watchdog_floor_s + 1
+    assert w.progress.last_alive_at > 0.0
+    await stream.abort()
+
+
+async def test_an_uncapped_answer_is_checked_at_its_check_point_not_at_its_deadline() -> None:
+    """No max_tokens: its budget is what the context leaves (here 40,000 tokens, a deadline
+    of hours at the default pace); a hung worker is still found once unheard for
+    ``check_s`` (``--unary-whole-max-s``) and its probe unanswered."""
+    a = FakeTransport("grpc://a:1").script(HANG)
+    b = FakeTransport("grpc://b:1").script(complete([7]))
+    pace = WatchdogConfig(watchdog_floor_s=0.05)  # default pace: 50 ms per token
+    assert pace.watchdog_answer_factor * 40_000 * pace.watchdog_default_token_s > 3600
+    started = time.monotonic()
+    f, obs, task = await open_whole(a, b, whole=WholeAnswer(budget=40_000, check_s=0.1), pace=pace, hung=(a,))
+    stream = await asyncio.wait_for(task, 3.0)
+    assert time.monotonic() - started < 2.0
+    assert stream.worker.id == "b:1" and obs.retries == [("a:1", "ANSWER_OVERDUE")]
+    assert not f.worker("a:1").available and a.aborts == [("w1", "worker stalled")]
+    await stream.abort()
+
+
+async def test_a_long_answer_that_keeps_its_worker_alive_outlasts_the_first_token_timeout() -> None:
+    """The last resort for a whole answer is its deadline when that is longer than
+    --first-token-timeout-s: a long uncapped answer on a live worker is not cut there."""
+    a = FakeTransport("grpc://a:1").script(Later(0.5, complete(list(range(40)))))
+    _, obs, task = await open_whole(
+        a, config=DispatchConfig(first_token_timeout_s=0.1), whole=WholeAnswer(budget=40_000, check_s=0.1),
+    )
+    stream = await asyncio.wait_for(task, 3.0)
+    assert stream.worker.id == "a:1" and obs.retries == [] and a.health_checks >= 1
+    await stream.abort()
+
+
+async def test_a_probe_that_fails_while_other_calls_progress_is_not_a_stall() -> None:
+    """The probe went unanswered but the worker's other calls sent messages meanwhile: busy
+    (its probe queued behind them), not hung."""
+    a = FakeTransport("grpc://a:1").script(Later(0.4, complete([5, 6])))
+    f, obs, task = await open_whole(a, hung=(a,))
+    busy = f.worker("a:1")
+    await asyncio.sleep(0.06)  # past the first check point: probing now
+    while not task.done():
+        busy.progress.message(time.monotonic())
+        await asyncio.sleep(0.01)
+    stream = task.result()
+    assert stream.worker.id == "a:1" and obs.retries == [] and busy.available
     await stream.abort()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from gateway.pipeline.worker_gate import NO_GATE
 from gateway.policies.base import NoWorkerAvailable, RouteRequest
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.settings import option
+from gateway.workers.liveness import answers_probe
 from gateway.workers.transport import END_OF_STREAM, EndOfStream, GenerateCall, WorkerCallError
 from gateway.workers.watchdog import stalled
 from gateway.workers.worker import Worker
@@ -45,6 +47,17 @@ class DispatchConfig(PrefillGateConfig):
     request_timeout_s: float = option(600.0, "gRPC deadline for one generation on a worker, seconds")
     first_token_timeout_s: float = option(180.0, "last-resort cap on the wait for a request's first message, seconds (a stalled worker is caught sooner by the progress watchdog, --watchdog-*)")
     stall_timeout_s: float = option(30.0, "give up on one stream that goes silent for this long after it started while its worker stays busy elsewhere, seconds")
+
+
+@dataclass(frozen=True, slots=True)
+class WholeAnswer:
+    """How an answer asked for unstreamed is waited for (``_whole_answer``): ``budget`` output
+    tokens at most (the client's cap, or what the model's context leaves after the prompt;
+    0: the request's own ``max_new_tokens``, if any) and ``check_s``, the longest its worker
+    may go unheard on every call before a health probe must show that it runs."""
+
+    budget: int = 0
+    check_s: float = math.inf
 
 
 class TokenStream(Protocol):
@@ -248,8 +261,10 @@ async def open_on(
     config: DispatchConfig,
     attempt: int = 1,
     observer: PipelineObserver = NULL_OBSERVER,
+    whole: WholeAnswer = WholeAnswer(),
 ) -> WorkerStream:
-    """Send ``request`` to the selected worker and wait for its first message.
+    """Send ``request`` to the selected worker and wait for its first message (``whole``:
+    how an unstreamed one is waited for).
 
     Raises :class:`AttemptFailed` (lease released) when the worker fails, stalls or
     says nothing; on cancellation aborts the worker request and releases the lease.
@@ -305,7 +320,7 @@ async def open_on(
                 if gate_pass.tokens:  # no first message before the whole answer: free the budget at its expected prefill
                     rate = worker.progress.prefill_tps or config.prefill_gate_default_tps
                     asyncio.get_running_loop().call_later(gate_pass.tokens / rate, gate_pass.prefilled)
-                first = await _whole_answer(call, worker, request, started, config)
+                first = await _whole_answer(call, worker, request, started, config, whole)
             else:
                 async with asyncio.timeout(config.first_token_timeout_s):
                     first = await call.read()
@@ -367,33 +382,52 @@ class AnswerOverdue(Exception):
 
 
 async def _whole_answer(
-    call: GenerateCall, worker: Worker, request: pb.GenerateRequest, started: float, config: DispatchConfig
+    call: GenerateCall, worker: Worker, request: pb.GenerateRequest, started: float, config: DispatchConfig,
+    whole: WholeAnswer,
 ) -> pb.GenerateResponse | EndOfStream:
-    """Wait for an unstreamed call's one answer. Its deadline is the worker's expected time
-    for it (``ProgressTracker.answer_allowed_s``: the prefill of the prompts the worker
-    holds and the answer's token budget at its learned pace, times a factor). Past it, a
-    worker that sent anything on any call within the last deadline is busy, not hung, and
-    is waited for again, up to ``first_token_timeout_s`` in all; one that sent nothing is
-    stalled (:class:`AnswerOverdue`). A dead worker or connection ends the read at once
-    (the call's error), and the progress watchdog's verdict on the worker's streamed calls
-    cancels this one too. The client has seen nothing: the caller retries elsewhere."""
+    """Wait for an unstreamed call's one answer.
+
+    Its deadline is the worker's expected time for it (``ProgressTracker.answer_allowed_s``:
+    the prefill of the prompts the worker holds and the answer's token budget at its learned
+    pace, times a factor), checked no later than ``whole.check_s``. At each check, a worker
+    heard from within that time (a message on any call, an answered probe) is busy, not hung,
+    and is waited for again; one unheard is asked directly (``liveness.answers_probe``, within
+    the silence the watchdog allows it), and if it does not answer either it is stalled
+    (:class:`AnswerOverdue`). The last resort is ``first_token_timeout_s`` or the deadline,
+    whichever is longer (the call's own gRPC deadline still applies). A dead worker or
+    connection ends the read at once (the call's error), and the progress watchdog's verdict
+    on the worker's streamed calls cancels this one too. The client has seen nothing: the
+    caller retries elsewhere."""
     params = request.sampling_params
-    budget = params.max_new_tokens if params.HasField("max_new_tokens") else 0
+    budget = whole.budget or (params.max_new_tokens if params.HasField("max_new_tokens") else 0)
+    progress = worker.progress
+
+    def allowed_s() -> float:
+        return min(progress.answer_allowed_s(budget, worker.load.queued_prefill_tokens), whole.check_s)
+
+    last_resort = max(config.first_token_timeout_s, progress.answer_allowed_s(budget, worker.load.queued_prefill_tokens))
     read = asyncio.ensure_future(call.read())
-    wait_s = worker.progress.answer_allowed_s(budget, worker.load.queued_prefill_tokens)
+    wait_s = min(allowed_s(), last_resort)
     try:
         while True:
             done, _ = await asyncio.wait((read,), timeout=wait_s)
             if done:
                 return read.result()
             now = time.monotonic()
-            if now - started >= config.first_token_timeout_s:
+            if now - started >= last_resort:
                 raise TimeoutError  # the last-resort cap, as for any first message
-            allowed = worker.progress.answer_allowed_s(budget, worker.load.queued_prefill_tokens)
-            silent_s = now - max(started, worker.progress.last_message_at)
+            allowed = allowed_s()
+            silent_s = now - max(started, progress.last_heard_at)
             if silent_s >= allowed:
-                raise AnswerOverdue(silent_s, allowed)
-            wait_s = min(allowed - silent_s, started + config.first_token_timeout_s - now)
+                asked = time.monotonic()
+                probe_s = progress.allowed_s(worker.load.queued_prefill_tokens)
+                if not await answers_probe(worker, probe_s) and progress.last_heard_at < asked:
+                    if read.done():
+                        return read.result()
+                    raise AnswerOverdue(time.monotonic() - max(started, progress.last_heard_at), allowed)
+                now = time.monotonic()
+                silent_s = now - max(started, progress.last_heard_at)
+            wait_s = max(0.0, min(allowed - silent_s, started + last_resort - now))
     finally:
         if not read.done():
             read.cancel()
@@ -411,6 +445,7 @@ async def open_generate(
     role: str = "regular",
     on_attempt: Callable[[Selection, int], None] | None = None,
     observer: PipelineObserver = NULL_OBSERVER,
+    whole: WholeAnswer = WholeAnswer(),
 ) -> WorkerStream:
     """Select, send and wait for the first message, retrying on other workers."""
 
@@ -421,7 +456,7 @@ async def open_generate(
         return await open_on(
             router, selection, route, build(selection),
             prompt_tokens=prompt_tokens, max_new_tokens=max_new_tokens, retry=retry, config=config, attempt=n,
-            observer=observer,
+            observer=observer, whole=whole,
         )
 
     return await with_retries(router, route, attempt, retry, observer)

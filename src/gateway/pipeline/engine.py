@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -20,6 +21,7 @@ from gateway.pipeline.dispatch import (
     DispatchConfig,
     Embedded,
     TokenStream,
+    WholeAnswer,
     call_embed,
     open_generate,
 )
@@ -534,30 +536,33 @@ class Engine:
 
         Always when it would come as one chunk anyway (capped at ``--unary-stream-interval``
         tokens, one sample, no logprobs): neither progress nor a resume point could come
-        before it. Otherwise when it has a token cap and the longest it may take on the
-        slowest worker of its model (``ProgressTracker.answer_allowed_s``) is at most
-        ``--unary-whole-max-s``: that bounds how long a hung worker can hold it before
-        ``dispatch`` sends it elsewhere. Not for a model served disaggregated (its halves
-        keep the shared rules), nor without a cap (only the context would bound it)."""
+        before it. Otherwise, with ``--unary-whole-max-s`` above 0, when its token budget is
+        known (``max_tokens``, or what the model's context leaves after the prompt): its wait
+        then has a deadline from that budget, and a worker unheard for ``--unary-whole-max-s``
+        is probed and, silent still, left for another (``dispatch._whole_answer``). Not for a
+        model served disaggregated (its halves keep the shared rules)."""
         sampling = prepared.sampling
         cap = sampling.max_new_tokens
-        if cap is None:
-            return False
-        if cap <= self.resume.unary_stream_interval and sampling.n == 1 and not logprobs:
+        if cap is not None and cap <= self.resume.unary_stream_interval and sampling.n == 1 and not logprobs:
             return True
-        limit = self.resume.unary_whole_max_s
-        if limit <= 0:
+        if self.resume.unary_whole_max_s <= 0 or not self._answer_budget(prepared):
             return False
         model = self.catalog.worker_model(prepared.model)
-        prompt = len(prepared.prompt_ids)
-        slowest = 0.0
-        for worker in self.registry.all():
-            if worker.model != model:
-                continue
-            if worker.role != "regular":
-                return False
-            slowest = max(slowest, worker.progress.answer_allowed_s(cap, worker.load.queued_prefill_tokens + prompt))
-        return 0.0 < slowest <= limit
+        roles = {worker.role for worker in self.registry.all() if worker.model == model}
+        return roles == {"regular"}
+
+    @staticmethod
+    def _answer_budget(prepared: PreparedRequest) -> int:
+        """The most output tokens one sample may get: the client's cap, else what the model's
+        context leaves after the prompt (0 when neither is known)."""
+        cap = prepared.sampling.max_new_tokens
+        return cap if cap is not None else max(0, prepared.output_room or 0)
+
+    def whole_answer(self, budget: int = 0) -> WholeAnswer:
+        """How an answer asked for unstreamed is waited for: ``budget`` tokens at most (0: the
+        request's ``max_new_tokens``), its worker checked once unheard for ``--unary-whole-max-s``."""
+        limit = self.resume.unary_whole_max_s
+        return WholeAnswer(budget=budget, check_s=limit if limit > 0 else math.inf)
 
     def busy(self) -> bool:
         """Whether this process relays enough requests that per-message cost is what limits
@@ -579,6 +584,7 @@ class Engine:
             request,
             samples=prepared.sampling.n,
             wants_output_logprobs=prepared.sampling.logprobs,
+            answer_budget=self._answer_budget(prepared),
         )
         resumer = Resumer(request, self._continuation_opener(prepared), self.resume, prepared.sampling, self.observer)
         return Generation(stream, prepared, resumer)
@@ -623,11 +629,14 @@ class Engine:
         *,
         samples: int = 1,
         wants_output_logprobs: bool = False,
+        answer_budget: int = 0,
     ) -> TokenStream:
         """The one way a generation reaches workers (chat, completions, /generate, the
         gateway's gRPC API and the SGLang pass-through): a prefill/decode pair when the
         model is served disaggregated, else one worker; the one retry loop either way,
-        a lease on every worker reached. Returns once the first message arrived."""
+        a lease on every worker reached. Returns once the first message arrived.
+        ``answer_budget``: the most tokens an answer asked for unstreamed may take (0: its
+        ``max_new_tokens``), which sets its deadline (:meth:`whole_answer`)."""
         started = time.perf_counter()
         samples = max(1, samples)
         stream: TokenStream
@@ -650,6 +659,7 @@ class Engine:
                 retry=self.retry,
                 config=self.dispatch,
                 observer=self.observer,
+                whole=self.whole_answer(answer_budget),
             )
         self._observe("first_token", time.perf_counter() - started)
         return stream

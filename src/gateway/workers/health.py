@@ -113,6 +113,7 @@ class HealthMonitor(Periodic):
             worker.failures = 0
             worker.successes += 1
             worker.last_ok_at = time.monotonic()
+            worker.progress.alive(worker.last_ok_at)  # it runs: evidence for its silent answers
             if not worker.healthy and worker.successes >= cfg.health_success_threshold:
                 worker.healthy = True
                 # The probes proved it back; its breaker's record is from before the outage.

@@ -83,6 +83,7 @@ class ProgressTracker:
     config: WatchdogConfig = field(default_factory=WatchdogConfig)
     last_progress_at: float = 0.0
     last_message_at: float = 0.0  # the worker's own last message (``last_progress_at`` also restarts on a send)
+    last_alive_at: float = 0.0  # the worker's last answered health probe (it runs, though its answers may be silent)
     step_s: float | None = None  # learned gap between consecutive messages while busy
     prefill_tps: float | None = None  # learned prefill rate, tokens/s
     token_s: float | None = None  # learned seconds per output token of one whole answer (queue and prefill included)
@@ -103,6 +104,16 @@ class ProgressTracker:
             self.step_s = gap if self.step_s is None else (1 - a) * self.step_s + a * gap
         self.last_progress_at = now
         self.last_message_at = now
+
+    def alive(self, now: float) -> None:
+        """The worker answered a health probe: evidence that it runs, for answers asked for
+        unstreamed (``last_heard_at``); never progress for the watchdog's streamed calls."""
+        self.last_alive_at = now
+
+    @property
+    def last_heard_at(self) -> float:
+        """The last time the worker showed it runs: a message on any call or an answered probe."""
+        return max(self.last_message_at, self.last_alive_at)
 
     def first_message(self, uncached_tokens: int, waited_s: float) -> None:
         """A request's first message arrived ``waited_s`` after it was sent, having had

@@ -218,7 +218,7 @@ class SimServicer(sglang_scheduler_pb2_grpc.SglangSchedulerServicer):
                 for seq, start, end, final in sink.take():
                     if stall_pending and sent_tokens >= faults.stall_after_tokens:
                         stall_pending = False
-                        await asyncio.sleep(faults.stall_s)
+                        await w.stall(faults.stall_s)
                     fault = final and seq.finish_reason == FAULT
                     if stream and end > start:
                         chunk = self._chunk(seq, start, end, lp, seq.index not in input_lp_sent)
@@ -448,6 +448,8 @@ class SimServicer(sglang_scheduler_pb2_grpc.SglangSchedulerServicer):
         self.w.counters.health_checks += 1
         if self.w.stopping:
             return pb.HealthCheckResponse(healthy=False, message="shutting down")
+        # SGLang's probe is a one-token generation: it cannot pass a stall its scheduler is in.
+        await self.w.unstalled()
         return pb.HealthCheckResponse(healthy=True, message="ok")
 
     async def Abort(

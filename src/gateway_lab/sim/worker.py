@@ -121,6 +121,12 @@ class SimWorker:
         self._health: health.aio.HealthServicer | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._requests: dict[str, list[list[Sequence]]] = {}
+        # Requests in a stall fault right now, and an event set while there are none: a
+        # HealthCheck waits for it (a real worker's probe is a generation through the same
+        # scheduler, so a worker whose generations hang cannot answer it either).
+        self.stalling = 0
+        self._unstalled = asyncio.Event()
+        self._unstalled.set()
         # The last Generate requests as they arrived: what a client really sent (sampling
         # values, limits, stops), for anyone comparing it with what SGLang would receive.
         self.received: collections.deque[sglang_scheduler_pb2.GenerateRequest] = collections.deque(
@@ -236,6 +242,21 @@ class SimWorker:
     def busy(self) -> int:
         """Requests running or waiting on every rank."""
         return sum(r.scheduler.num_running + r.scheduler.num_waiting for r in self.ranks)
+
+    async def stall(self, seconds: float) -> None:
+        """Go silent for ``seconds`` (the stall fault); HealthCheck waits meanwhile."""
+        self.stalling += 1
+        self._unstalled.clear()
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            self.stalling -= 1
+            if not self.stalling:
+                self._unstalled.set()
+
+    async def unstalled(self) -> None:
+        """Return once no request is in a stall fault."""
+        await self._unstalled.wait()
 
     def track(self, rid: str, seqs: list[Sequence]) -> None:
         self._requests.setdefault(rid, []).append(seqs)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import time
 
@@ -75,6 +76,29 @@ async def test_stall_mid_stream(stub: pb_grpc.SglangSchedulerStub, worker: SimWo
     gaps = [b[0] - a[0] for a, b in itertools.pairwise(stamps)]
     assert gaps[1] >= 0.29  # between token 2 and token 3
     assert max(gaps) == gaps[1]  # the stall happened there, once
+
+
+async def test_health_check_waits_out_a_stall_as_a_real_probe_generation_would(
+    stub: pb_grpc.SglangSchedulerStub, worker: SimWorker
+) -> None:
+    """SGLang's HealthCheck is a one-token generation through the scheduler: while a request
+    of this worker stalls, the probe waits too (a client's deadline ends it); otherwise it
+    answers at once."""
+    assert (await stub.HealthCheck(pb.HealthCheckRequest(), timeout=1.0)).healthy
+    worker.faults.stall_s = 0.5
+    call = stub.Generate(request(PROMPT, stream=False, max_new=2))
+    for _ in range(200):  # until the request reaches its stall (bounded)
+        if worker.stalling:
+            break
+        await asyncio.sleep(0.01)
+    assert worker.stalling == 1
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await stub.HealthCheck(pb.HealthCheckRequest(), timeout=0.1)
+    assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    t0 = time.monotonic()
+    assert (await stub.HealthCheck(pb.HealthCheckRequest(), timeout=2.0)).healthy  # once the stall ends
+    assert time.monotonic() - t0 >= 0.05 and worker.stalling == 0
+    assert [r.WhichOneof("response") async for r in call] == ["complete"]
 
 
 async def test_reject_every_generate(stub: pb_grpc.SglangSchedulerStub, worker: SimWorker) -> None:
