@@ -4,7 +4,8 @@ Every whole-stack test starts a gateway that fetches its model's tokenizer from 
 simulated worker into a fresh folder and loads it. Parsing a real tokenizer.json (the
 Rust ``tokenizers`` parse of several megabytes) is most of a stack's start-up, and it is
 the same files each time; so within one test process the parsed backend is kept per
-content of the files that shape it. Fetching, unpacking, checking and wrapping the
+content of the files that shape it (the catalog's parse in a child process, too, is
+replaced by this: tests/pipeline/test_encoder_build.py tests that one). Fetching, unpacking, checking and wrapping the
 tokenizer still happen for every gateway, and the first load of each tokenizer parses it
 for real. The tokenizer's own tests (tests/tokenization) change the backends they load
 and test the loading itself, so they always parse.
@@ -20,6 +21,7 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer as BackendTokenizer
 
+from gateway.pipeline import catalog as catalog_module
 from gateway.tokenization import tokenizer as tokenizer_module
 
 # The files Tokenizer's constructor reads to adjust the backend it is given (truncation,
@@ -57,4 +59,5 @@ def _tokenizer_parsed_once(request: pytest.FixtureRequest) -> Iterator[None]:
         return
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(tokenizer_module, "BackendTokenizer", _ParsedOnce)
+        mp.setattr(catalog_module, "parse_in_child", lambda json_file: _ParsedOnce.from_file(str(json_file)))
         yield

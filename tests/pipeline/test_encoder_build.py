@@ -135,3 +135,68 @@ def test_at_most_two_children_work_at_once(tmp_path: Path, monkeypatch: pytest.M
         thread.join(30)
     assert running[1] == encoder_build.CHILDREN_AT_ONCE == 2
     assert all(tok.fast_bpe is not None for tok in tokenizers)
+
+
+@pytest.fixture
+def no_whole_parse_here(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Records every parse of a whole tokenizer.json in this process (the child is another
+    process: its parses are not seen)."""
+    parsed: list[str] = []
+    real = BackendTokenizer.from_file
+
+    def spy(path: str) -> BackendTokenizer:
+        parsed.append(path)
+        return real(path)
+
+    monkeypatch.setattr(encoder_build.BackendTokenizer, "from_file", spy)
+    return parsed
+
+
+def test_a_tokenizer_file_is_read_in_a_child_and_rebuilt_here_from_its_parts(
+    tmp_path: Path, no_whole_parse_here: list[str], no_build_here: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = small_byte_level_tokenizer(tmp_path / "small", "parts")
+    tok = Tokenizer.from_path(folder, name="small", parse=encoder_build.parse_in_child)
+    assert no_whole_parse_here == []  # the file's parse ran in the child only
+    assert tok.backend.to_str() == Tokenizer.from_path(folder).backend.to_str()
+    asked: list[str] = []
+    monkeypatch.setattr(encoder_build, "plan_in_child", lambda path, make: asked.append(path))
+    build_encoder(tok)  # takes the plan and the bound the same child worked out
+    assert asked == [] and no_build_here == [] and encoder_build._PREPARED == {}
+    assert tok.fast_bpe is not None and tok.length_bound is not None
+    for text in TEXTS:
+        assert tok.encode(text, add_special_tokens=False) == _hf(tok, text)
+
+
+def _no_parts(path: str) -> tuple[None, FastBpePlan | None, LengthBound | None]:
+    return None, *encoder_build.encoder_facts_at(path)
+
+
+def test_a_file_without_parts_is_parsed_whole_here_and_keeps_its_facts(tmp_path: Path, no_whole_parse_here: list[str]) -> None:
+    json_file = small_byte_level_tokenizer(tmp_path / "small", "whole") / "tokenizer.json"
+    backend = encoder_build.parse_in_child(json_file, _no_parts)
+    assert no_whole_parse_here == [str(json_file)]
+    assert encoder_build._take_prepared(backend) is not None and encoder_build._take_prepared(backend) is None
+
+
+def _broken(path: str) -> object:
+    raise RuntimeError(f"cannot read {path}")
+
+
+def test_a_failing_child_leaves_the_parse_to_this_process(
+    tmp_path: Path, no_whole_parse_here: list[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    json_file = small_byte_level_tokenizer(tmp_path / "small", "broken") / "tokenizer.json"
+    with caplog.at_level(logging.WARNING, logger="gateway.pipeline.encoder_build"):
+        backend = encoder_build.parse_in_child(json_file, _broken)  # type: ignore[arg-type]
+    assert no_whole_parse_here == [str(json_file)] and encoder_build._take_prepared(backend) is None
+    assert "cannot read" in caplog.text and "parsing it in this process" in caplog.text
+
+
+def test_kept_facts_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(encoder_build, "plan_in_child", lambda path, make: make(path))  # no child: only the bound
+    json_file = small_byte_level_tokenizer(tmp_path / "small", "bounded") / "tokenizer.json"
+    backends = [encoder_build.parse_in_child(json_file, _no_parts) for _ in range(encoder_build.PREPARED_MAX + 2)]
+    assert len(encoder_build._PREPARED) == encoder_build.PREPARED_MAX
+    assert encoder_build._take_prepared(backends[0]) is None and encoder_build._take_prepared(backends[-1]) is not None
+    encoder_build._PREPARED.clear()

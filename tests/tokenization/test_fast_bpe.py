@@ -246,3 +246,18 @@ def test_warming_builds_once_per_backend(monkeypatch: pytest.MonkeyPatch) -> Non
     assert sorted(calls) == ["bound", "fast"]
     Tokenizer(BackendTokenizer(models.WordPiece({"[UNK]": 0}, unk_token="[UNK]"))).warm_encoders()
     assert sorted(calls) == ["bound", "bound", "fast", "fast"]  # another backend builds its own
+
+
+def test_a_plan_pickles_with_its_ranks_packed(qwen: Tokenizer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plan crosses from the child process as flat byte strings and comes back equal, its
+    ranks dict rebuilt in steps (no single long unpickle of 150k entries)."""
+    from gateway.tokenization import fast_bpe
+
+    plan = fast_bpe.plan_fast_bpe(qwen.backend)
+    assert plan is not None
+    monkeypatch.setattr(fast_bpe, "_UNPACK_STEP", 1000)
+    packed = plan.__reduce__()[1][1]
+    assert [type(p) for p in packed] == [bytes, bytes, bytes]  # three objects to unpickle, not 150k
+    back = pickle.loads(pickle.dumps(plan))
+    assert back == plan and list(back.ranks.items()) == list(plan.ranks.items())
+    assert back.build(qwen.backend) is not None

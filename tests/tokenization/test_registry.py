@@ -95,6 +95,23 @@ def test_async_caller_flow(registry: TokenizerRegistry, qwen_dir: Path) -> None:
     assert registry.resolve_local(MODEL) is not None
 
 
+def test_the_registry_parses_with_the_parse_it_was_given(tmp_path: Path, qwen_dir: Path) -> None:
+    """The catalog gives its registry a parse that runs in a child process; every load uses it."""
+    from tokenizers import Tokenizer as BackendTokenizer
+
+    parsed: list[Path] = []
+
+    def parse(json_file: Path) -> BackendTokenizer:
+        parsed.append(json_file)
+        return BackendTokenizer.from_file(str(json_file))
+
+    registry = TokenizerRegistry(tmp_path, hub_enabled=False, parse=parse)
+    data, sha = qwen_zip(qwen_dir)
+    resolved = registry.install_and_load(MODEL, data, sha)
+    assert parsed == [resolved.path / "tokenizer.json"]
+    assert resolved.tokenizer.encode("hi", add_special_tokens=False) == [6023]
+
+
 def test_zip_replaces_an_older_copy_atomically(registry: TokenizerRegistry, qwen_dir: Path) -> None:
     old, old_sha = make_zip({"stale.txt": b"old"})
     registry.install_zip(MODEL, old, old_sha)

@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from tokenizers import Tokenizer as BackendTokenizer
 
 from gateway.tokenization import Tokenizer, TokenizerLoadError
-from gateway.tokenization.tokenizer import encoder_facts_at
+from gateway.tokenization.tokenizer import encoder_facts_at, load_facts_at
 
 from .helpers import PROPERTY, copy_tokenizer, multilingual_text, small_byte_level_tokenizer
 
@@ -178,3 +179,25 @@ def test_a_plan_made_from_the_files_is_installed_as_the_fast_encoder(tmp_path: P
     assert other.fast_bpe_ready and other.fast_bpe is None and other.length_bound is None
     assert other.encode("abc abcab", add_special_tokens=False) == [257, 32, 257, 256]
 
+
+
+def test_a_child_sends_the_file_in_parts_with_the_plan_of_the_tokenizer_they_make(tmp_path: Path) -> None:
+    folder = small_byte_level_tokenizer(tmp_path / "small")
+    parts, plan, bound = load_facts_at(str(folder / "tokenizer.json"))
+    assert parts is not None and (plan, bound) == encoder_facts_at(str(folder))
+    tok = Tokenizer.from_path(folder, parse=lambda _: parts.build())
+    assert tok.install_encoders(plan, bound) is not None
+    assert tok.encode("abc abcab", add_special_tokens=False) == [257, 32, 257, 256]
+
+
+def test_a_parse_given_makes_the_backend(tmp_path: Path) -> None:
+    folder = small_byte_level_tokenizer(tmp_path / "small")
+    asked: list[Path] = []
+
+    def parse(json_file: Path) -> BackendTokenizer:
+        asked.append(json_file)
+        raise ValueError("unreadable")
+
+    with pytest.raises(TokenizerLoadError, match="unreadable"):
+        Tokenizer.from_path(folder, parse=parse)
+    assert asked == [folder / "tokenizer.json"]

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gateway.parsers.config import ParserConfig
-from gateway.pipeline.encoder_build import build_encoder
+from gateway.pipeline.encoder_build import build_encoder, parse_in_child
 from gateway.pipeline.model_facts import ModelFacts, prompt_limit, resolve_context, resolve_sampling
 from gateway.pipeline.model_parsers import settle_model_parsers
 from gateway.protocol.errors import ModelNotFoundError
@@ -87,7 +87,10 @@ class ModelCatalog:
         self._parsers = parsers or ParserConfig()
         # The hub fallback downloads the repository a worker names: an outbound fetch a
         # worker could aim, so only when the operator asks for it.
-        self.registry = TokenizerRegistry(cache_dir, hub_enabled=tokenizer_hub)
+        # tokenizer.json files are read in a child process and the tokenizer rebuilt here
+        # from their parts (``encoder_build.parse_in_child``): a model joining a running
+        # gateway stalls its event loop for the BPE model's build, not the whole file's parse.
+        self.registry = TokenizerRegistry(cache_dir, hub_enabled=tokenizer_hub, parse=parse_in_child)
         self._max_tokenizer_bytes = max_tokenizer_bytes
         self._tokenizer_path = tokenizer_path
         self._served_name = served_name

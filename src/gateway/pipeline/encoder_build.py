@@ -11,6 +11,13 @@ in a child process started for it, from the tokenizer's files; this process only
 tiktoken's table from the plan. A tokenizer with no files (built in memory), or a child that cannot be started
 or fails, falls back to building it in a thread here, as before. At most
 ``CHILDREN_AT_ONCE`` children run at a time.
+
+The tokenizer itself is loaded the same way when the catalog loads a model
+(``parse_in_child``): ``tokenizers`` parses a ``tokenizer.json`` in one native call that
+holds the GIL throughout, so the child reads the file and sends it back in parts this
+process rebuilds it from in short steps (``tokenization.backend_parts``), with the
+encoder's plan and the bound worked out in the same child; ``build_encoder`` then takes
+those instead of starting another child.
 """
 
 from __future__ import annotations
@@ -21,11 +28,16 @@ import multiprocessing
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import TypeVar
+
+from tokenizers import Tokenizer as BackendTokenizer
 
 from gateway.tokenization import Tokenizer
+from gateway.tokenization.backend_parts import BackendParts
 from gateway.tokenization.fast_bpe import FastBpePlan
 from gateway.tokenization.length_bound import LengthBound
-from gateway.tokenization.tokenizer import encoder_facts_at
+from gateway.tokenization.tokenizer import encoder_facts_at, load_facts_at
 
 log = logging.getLogger(__name__)
 
@@ -37,21 +49,63 @@ _CHILDREN = threading.BoundedSemaphore(CHILDREN_AT_ONCE)
 
 Facts = tuple["FastBpePlan | None", "LengthBound | None"]
 PlanMaker = Callable[[str], Facts]
+LoadFacts = tuple["BackendParts | None", "FastBpePlan | None", "LengthBound | None"]
+T = TypeVar("T")
 
 
-def plan_in_child(path: str, make: PlanMaker = encoder_facts_at) -> Facts:
+def plan_in_child(path: str, make: Callable[[str], T] = encoder_facts_at) -> T:  # type: ignore[assignment]
     """``make(path)`` run in a fresh child process (spawned: nothing of this process's
     threads or sockets is inherited), which exits once it answered."""
     with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
         return pool.submit(make, path).result()
 
 
+PREPARED_MAX = 8
+"""Plans and bounds worked out with a parse and not taken by ``build_encoder`` yet (a
+model whose encoder is built later, on its first prompts, takes them then)."""
+_PREPARED: dict[int, tuple[BackendTokenizer, Facts]] = {}  # backend id -> (backend, its facts)
+_PREPARED_LOCK = threading.Lock()
+
+
+def parse_in_child(json_file: Path, make: Callable[[str], LoadFacts] = load_facts_at) -> BackendTokenizer:
+    """The HF tokenizer of ``json_file`` (``Tokenizer.from_path``'s ``parse``), rebuilt here
+    from the parts a child process cut the file into, the fast encoder's plan and the
+    length bound kept for ``build_encoder``. When the file cannot be cut so (not a BPE
+    model) or the child fails, the file is parsed here, holding the GIL as long as that takes."""
+    try:
+        with _CHILDREN:
+            parts, plan, bound = plan_in_child(str(json_file), make)
+        backend = parts.build() if parts is not None else BackendTokenizer.from_file(str(json_file))
+    except Exception as exc:  # no child process here, or it failed: parse it in this one
+        log.warning("tokenizer %s: the child process failed (%s); parsing it in this process", json_file, exc)
+        return BackendTokenizer.from_file(str(json_file))
+    with _PREPARED_LOCK:
+        while len(_PREPARED) >= PREPARED_MAX:
+            _PREPARED.pop(next(iter(_PREPARED)))
+        _PREPARED[id(backend)] = (backend, (plan, bound))
+    log.info("tokenizer %s: %s", json_file, "rebuilt from its parts" if parts is not None else "parsed whole")
+    return backend
+
+
+def _take_prepared(backend: BackendTokenizer) -> Facts | None:
+    """The facts ``parse_in_child`` kept for ``backend``, once."""
+    with _PREPARED_LOCK:
+        found = _PREPARED.pop(id(backend), None)
+    return found[1] if found is not None and found[0] is backend else None
+
+
 def build_encoder(tokenizer: Tokenizer, make: PlanMaker = encoder_facts_at) -> None:
     """Give ``tokenizer`` its fast encoder and length bound (``fast_bpe_ready`` is True
-    afterwards, whatever happens): worked out in a child process when it has files and
-    they are not built for its backend yet, else here."""
+    afterwards, whatever happens): from what ``parse_in_child`` kept for its backend, else
+    worked out in a child process when it has files and they are not built for its backend
+    yet, else here."""
     with _lock_for(tokenizer):  # models that share one parsed backend: one build
         path = tokenizer.path
+        prepared = _take_prepared(tokenizer.backend)
+        if prepared is not None and not tokenizer.encoders_built():
+            fast = tokenizer.install_encoders(*prepared)
+            log.info("fast encoder for %s: %s", tokenizer.name, "ready" if fast is not None else "does not apply")
+            return
         if path is not None and not tokenizer.encoders_built():
             try:
                 with _CHILDREN:

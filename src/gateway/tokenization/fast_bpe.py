@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 import re
+from array import array
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -296,6 +297,16 @@ class FastBpePlan:
     latin: bool
     mixed: bool  # texts with other characters: cut at words, the HF encoder between
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Pickled with the ranks as two flat byte strings (the tokens, their lengths and
+        ranks): one copy each to unpickle, where a dict of 150k entries unpickles in one
+        long native call that holds the GIL; ``_unpacked_plan`` rebuilds it in steps."""
+        keys = list(self.ranks)
+        sizes = array("I", map(len, keys))
+        ranks = array("I", (self.ranks[k] for k in keys))
+        packed = (b"".join(keys), sizes.tobytes(), ranks.tobytes())
+        return _unpacked_plan, (self.pattern, packed, self.contents, self.plain, self.normalized, self.latin, self.mixed)
+
     def build(self, backend: BackendTokenizer) -> FastBpe | None:
         """The encoder for ``backend`` (the tokenizer the plan was made from, loaded here);
         None when it differs from ``backend`` on the prose sample (not the same tokenizer)."""
@@ -309,6 +320,30 @@ class FastBpePlan:
         if fast.encode(_SAMPLE) != backend.encode(_SAMPLE, add_special_tokens=False).ids:
             return None
         return fast
+
+
+_UNPACK_STEP = 8192  # ranks put into the dict per native call
+
+
+def _unpacked_plan(
+    pattern: str, packed: tuple[bytes, bytes, bytes], contents: dict[str, int], plain: bool,
+    normalized: frozenset[str], latin: bool, mixed: bool,
+) -> FastBpePlan:
+    """The plan ``FastBpePlan.__reduce__`` packed, its ranks dict rebuilt a step at a time
+    (another thread may take the GIL between steps)."""
+    blob, sizes_bytes, ranks_bytes = packed
+    sizes, values = array("I"), array("I")
+    sizes.frombytes(sizes_bytes)
+    values.frombytes(ranks_bytes)
+    ranks: dict[bytes, int] = {}
+    at = 0
+    for start in range(0, len(sizes), _UNPACK_STEP):
+        keys = []
+        for size in sizes[start : start + _UNPACK_STEP]:
+            keys.append(blob[at : at + size])
+            at += size
+        ranks.update(zip(keys, values[start : start + _UNPACK_STEP], strict=True))
+    return FastBpePlan(pattern, ranks, contents, plain, normalized, latin, mixed)
 
 
 def build_fast_bpe(backend: BackendTokenizer) -> FastBpe | None:

@@ -36,7 +36,7 @@ from gateway.tokenization.errors import (
     TokenizerLoadError,
     TokenizerNotFound,
 )
-from gateway.tokenization.tokenizer import TOKENIZER_FILES, Tokenizer
+from gateway.tokenization.tokenizer import TOKENIZER_FILES, ParseFile, Tokenizer
 
 Source = Literal["path", "cache", "worker", "hub"]
 WorkerFetch = Callable[[str], tuple[bytes, str]]
@@ -117,8 +117,10 @@ class TokenizerRegistry:
         hub_enabled: bool = True,
         hub_timeout_s: float = 5.0,
         hub_endpoint: str | None = None,
+        parse: ParseFile | None = None,
     ) -> None:
         self.cache_dir = Path(cache_dir)
+        self.parse = parse  # how tokenizer.json files are parsed (``Tokenizer.from_path``)
         self.hub_enabled = hub_enabled
         self.hub_timeout_s = hub_timeout_s
         self.hub_endpoint = hub_endpoint
@@ -134,7 +136,7 @@ class TokenizerRegistry:
     ) -> ResolvedTokenizer:
         """Load the tokenizer at ``path`` (raises ``TokenizerLoadError``)."""
         root = _tokenizer_root(path) if path.is_dir() else path
-        tokenizer = Tokenizer.from_path(root, name=model)
+        tokenizer = Tokenizer.from_path(root, name=model, parse=self.parse)
         return ResolvedTokenizer(model, tokenizer, source, root, attempts)
 
     def _try(

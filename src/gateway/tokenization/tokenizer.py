@@ -12,7 +12,7 @@ import contextlib
 import functools
 import json
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +20,7 @@ from tokenizers import AddedToken
 from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers.processors import TemplateProcessing
 
+from gateway.tokenization.backend_parts import BackendParts, split_backend
 from gateway.tokenization.errors import TokenizerLoadError
 from gateway.tokenization.fast_bpe import FastBpe, FastBpePlan, build_fast_bpe, plan_fast_bpe
 from gateway.tokenization.length_bound import LengthBound, length_bound
@@ -27,6 +28,9 @@ from gateway.tokenization.special_text import SpecialTextShield
 
 if TYPE_CHECKING:
     from gateway.tokenization.chat_template import ChatTemplate
+
+ParseFile = Callable[[Path], BackendTokenizer]
+"""Makes the HF tokenizer of a ``tokenizer.json`` file (``Tokenizer.from_path``'s ``parse``)."""
 
 # Files that make up a tokenizer folder (the hub download and worker zips use these).
 TOKENIZER_FILES: tuple[str, ...] = (
@@ -203,8 +207,10 @@ class Tokenizer:
 
     # ------------------------------------------------------------------ loading
     @classmethod
-    def from_path(cls, path: str | Path, name: str | None = None) -> Tokenizer:
-        """Load from a tokenizer folder or a ``tokenizer.json`` file (configs read from beside it)."""
+    def from_path(cls, path: str | Path, name: str | None = None, parse: ParseFile | None = None) -> Tokenizer:
+        """Load from a tokenizer folder or a ``tokenizer.json`` file (configs read from beside it).
+        ``parse`` makes the HF tokenizer from the ``tokenizer.json`` file (default: parsed here,
+        in one native call that holds the GIL throughout)."""
         path = Path(path)
         if path.is_file():
             folder, json_file = path.parent, path
@@ -215,7 +221,7 @@ class Tokenizer:
         if not json_file.is_file():
             raise TokenizerLoadError(f"no tokenizer.json in {folder}")
         try:
-            backend = BackendTokenizer.from_file(str(json_file))
+            backend = parse(json_file) if parse is not None else BackendTokenizer.from_file(str(json_file))
         except Exception as exc:  # tokenizers raises plain Exception on bad JSON
             raise TokenizerLoadError(f"cannot parse {json_file}: {exc}") from exc
         return cls(
@@ -502,3 +508,15 @@ def encoder_facts_at(path: str) -> tuple[FastBpePlan | None, LengthBound | None]
     self-check and their long GIL-holding calls never share a process with an event loop."""
     backend = Tokenizer.from_path(path).backend
     return plan_fast_bpe(backend), length_bound(backend)
+
+
+def load_facts_at(path: str) -> tuple[BackendParts | None, FastBpePlan | None, LengthBound | None]:
+    """What a child process works out from the ``tokenizer.json`` at ``path`` for a process
+    that serves: the file in parts it can rebuild the HF tokenizer from in short steps
+    (``backend_parts``; None: it parses the file whole), and, as ``encoder_facts_at``, the
+    fast encoder's plan and the length bound of the tokenizer so rebuilt."""
+    json_file = Path(path)
+    parts = split_backend(json_file.read_text(encoding="utf-8"))
+    parse = (lambda _: parts.build()) if parts is not None else None
+    backend = Tokenizer.from_path(json_file, parse=parse).backend
+    return parts, plan_fast_bpe(backend), length_bound(backend)

@@ -1,0 +1,118 @@
+"""A BPE ``tokenizer.json`` cut into parts that another process parses and this one
+rebuilds the HF tokenizer from, without one long stall.
+
+``tokenizers`` parses a ``tokenizer.json`` in one native call that holds the GIL for as
+long as the parse takes (its Python binding releases the GIL in encoding and training,
+not in ``from_str``/``from_file``/``from_buffer``); for a 150k-token vocabulary that is
+hundreds of milliseconds in which no other thread of the process runs, the event loop
+included. Nearly all of that time is the BPE model (the JSON's vocabulary and merges):
+the rest of the file, without them, parses in well under a millisecond.
+
+So a child process reads the file and hands back (``split_backend``): the file without
+the model's vocabulary and merges and without the added tokens (the *shell*), the
+vocabulary and the merges as flat strings (a few MB that unpickle in one copy), and the
+added tokens. ``BackendParts.build`` then makes the vocabulary dict and the merge list in
+small steps (another thread may take the GIL between any two), parses the shell, sets
+the model from those Python objects (one native call still, about half of the whole
+file's parse), and adds the added tokens as the file's parse does. ``split_backend``
+rebuilds the tokenizer itself and compares its serialization with the file's parse: any
+difference (a model that is not BPE, an option it does not know) gives None, and the
+caller parses the file whole.
+"""
+
+from __future__ import annotations
+
+import json
+from array import array
+from dataclasses import dataclass
+from typing import Any
+
+from tokenizers import AddedToken, models
+from tokenizers import Tokenizer as BackendTokenizer
+
+SEPARATOR = "\x00"
+"""Joins the vocabulary's pieces and the merges' halves (a piece that holds it: no parts)."""
+STEP = 8192
+"""Entries put into the vocabulary dict or the merge list per native call."""
+_BPE_OPTIONS = frozenset(
+    {"dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix", "fuse_unk", "byte_fallback", "ignore_merges"}
+)
+_ADDED_FLAGS = ("single_word", "lstrip", "rstrip", "normalized", "special")
+
+
+@dataclass(frozen=True, slots=True)
+class BackendParts:
+    """A BPE tokenizer.json in parts that are cheap to pickle (see the module's docstring)."""
+
+    shell: str  # the file without the model's vocabulary and merges, without added tokens
+    options: dict[str, Any]  # the BPE model's options (``models.BPE`` keywords)
+    pieces: str  # the vocabulary's pieces, SEPARATOR between them
+    ids: bytes  # their ids, an ``array("I")``
+    merges: str  # left and right of every merge, in order, SEPARATOR between them
+    added: tuple[tuple[int, str, dict[str, bool]], ...]  # (id, content, flags) in the file's order
+
+    def build(self) -> BackendTokenizer:
+        """The tokenizer these parts came from. Raises ValueError when an added token gets
+        another id than it had in the file."""
+        pieces = self.pieces.split(SEPARATOR) if self.pieces else []
+        ids = array("I")
+        ids.frombytes(self.ids)
+        vocab: dict[str, int] = {}
+        for start in range(0, len(pieces), STEP):
+            vocab.update(zip(pieces[start : start + STEP], ids[start : start + STEP], strict=True))
+        halves = self.merges.split(SEPARATOR) if self.merges else []
+        merges: list[tuple[str, str]] = []
+        for start in range(0, len(halves), 2 * STEP):
+            chunk = halves[start : start + 2 * STEP]
+            merges.extend(zip(chunk[0::2], chunk[1::2], strict=True))
+        backend = BackendTokenizer.from_str(self.shell)
+        backend.model = models.BPE(vocab, merges, **self.options)
+        backend.add_tokens([AddedToken(content, **flags) for _, content, flags in self.added])
+        for token_id, content, _ in self.added:
+            if backend.token_to_id(content) != token_id:
+                raise ValueError(f"added token {content!r} got id {backend.token_to_id(content)}, not {token_id}")
+        return backend
+
+
+def split_backend(text: str) -> BackendParts | None:
+    """``text`` (a tokenizer.json) in parts whose ``build`` gives exactly the tokenizer
+    ``BackendTokenizer.from_str(text)`` gives (checked here by comparing both
+    serializations), or None. Seconds of CPU for a large vocabulary: run it in a process
+    that serves nothing."""
+    try:
+        parts = _cut(text)
+        same = parts is not None and parts.build().to_str() == BackendTokenizer.from_str(text).to_str()
+    except Exception:  # a shape or an option the rebuild does not take: the file is parsed whole
+        return None
+    return parts if same else None
+
+
+def _cut(text: str) -> BackendParts | None:
+    data = json.loads(text)
+    model = data.get("model") if isinstance(data, dict) else None
+    if not isinstance(model, dict) or model.get("type", "BPE") != "BPE":
+        return None
+    vocab, merges = model.get("vocab"), model.get("merges")
+    options = {k: v for k, v in model.items() if k not in ("type", "vocab", "merges")}
+    if not isinstance(vocab, dict) or not isinstance(merges, list) or not set(options) <= _BPE_OPTIONS:
+        return None
+    options = {k: v for k, v in options.items() if v is not None}  # None: the option's default
+    halves: list[str] = []
+    for merge in merges:
+        pair = merge.split(" ", 1) if isinstance(merge, str) else merge
+        if not isinstance(pair, list) or len(pair) != 2:
+            return None
+        halves.extend(pair)
+    added = []
+    for token in data.get("added_tokens") or []:
+        flags = {k: bool(token.get(k)) for k in _ADDED_FLAGS}
+        added.append((int(token["id"]), str(token["content"]), flags))
+    pieces = list(vocab)
+    if any(SEPARATOR in p for p in pieces) or any(not isinstance(h, str) or SEPARATOR in h for h in halves):
+        return None
+    ids = array("I", (int(vocab[p]) for p in pieces))
+    shell = {**data, "model": {**model, "vocab": {}, "merges": []}, "added_tokens": []}
+    return BackendParts(
+        shell=json.dumps(shell), options=options, pieces=SEPARATOR.join(pieces), ids=ids.tobytes(),
+        merges=SEPARATOR.join(halves), added=tuple(added),
+    )  # fmt: skip
