@@ -28,9 +28,12 @@ def _ids(backend: BackendTokenizer, text: str) -> list[int]:
 
 def test_the_real_tokenizer_rebuilt_from_its_parts_is_the_same(qwen_dir: Path) -> None:
     text = (qwen_dir / "tokenizer.json").read_text(encoding="utf-8")
-    parts = split_backend(text)
-    assert parts is not None and parts.added and "\x00" in parts.pieces
+    split = split_backend(text)
+    assert split is not None
+    parts, built_there = split
+    assert parts.added and "\x00" in parts.pieces
     whole = BackendTokenizer.from_str(text)
+    assert built_there.to_str() == whole.to_str()
     rebuilt = pickle.loads(pickle.dumps(parts)).build()  # what a child sends, rebuilt here
     assert rebuilt.to_str() == whole.to_str()
     assert rebuilt.get_vocab_size(with_added_tokens=True) == whole.get_vocab_size(with_added_tokens=True)
@@ -42,9 +45,9 @@ def test_the_real_tokenizer_rebuilt_from_its_parts_is_the_same(qwen_dir: Path) -
 def test_the_vocabulary_is_rebuilt_in_steps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(backend_parts, "STEP", 7)  # 258 pieces: many steps, a short last one
     text = (small_byte_level_tokenizer(tmp_path / "small") / "tokenizer.json").read_text()
-    parts = split_backend(text)
-    assert parts is not None
-    assert parts.build().to_str() == BackendTokenizer.from_str(text).to_str()
+    split = split_backend(text)
+    assert split is not None
+    assert split[0].build().to_str() == BackendTokenizer.from_str(text).to_str()
 
 
 def test_a_model_that_is_not_bpe_has_no_parts() -> None:
@@ -65,8 +68,10 @@ def test_a_piece_holding_the_separator_or_an_unknown_option_gives_no_parts(tmp_p
 def test_an_added_token_that_would_get_another_id_is_refused(tmp_path: Path) -> None:
     tok = BackendTokenizer.from_file(str(small_byte_level_tokenizer(tmp_path / "small") / "tokenizer.json"))
     tok.add_special_tokens(["<|end|>"])  # id 258, right after the vocabulary
-    parts = split_backend(tok.to_str())
-    assert parts is not None and parts.added[0][:2] == (258, "<|end|>")
+    split = split_backend(tok.to_str())
+    assert split is not None
+    parts = split[0]
+    assert parts.added[0][:2] == (258, "<|end|>")
     wrong = dataclasses.replace(parts, added=((300, "<|end|>", parts.added[0][2]),))
     with pytest.raises(ValueError, match="got id 258, not 300"):
         wrong.build()

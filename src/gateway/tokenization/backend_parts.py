@@ -10,8 +10,8 @@ the rest of the file, without them, parses in well under a millisecond.
 
 So a child process reads the file and hands back (``split_backend``): the file without
 the model's vocabulary and merges and without the added tokens (the *shell*), the
-vocabulary and the merges as flat strings (a few MB that unpickle in one copy), and the
-added tokens. ``BackendParts.build`` then makes the vocabulary dict and the merge list in
+vocabulary as one flat string and the merges as positions in it (a few MB that unpickle
+in one copy each), and the added tokens. ``BackendParts.build`` then makes the vocabulary dict and the merge list in
 small steps (another thread may take the GIL between any two), parses the shell, sets
 the model from those Python objects (one native call still, about half of the whole
 file's parse), and adds the added tokens as the file's parse does. ``split_backend``
@@ -31,7 +31,7 @@ from tokenizers import AddedToken, models
 from tokenizers import Tokenizer as BackendTokenizer
 
 SEPARATOR = "\x00"
-"""Joins the vocabulary's pieces and the merges' halves (a piece that holds it: no parts)."""
+"""Joins the vocabulary's pieces (a piece that holds it: no parts)."""
 STEP = 8192
 """Entries put into the vocabulary dict or the merge list per native call."""
 _BPE_OPTIONS = frozenset(
@@ -48,7 +48,7 @@ class BackendParts:
     options: dict[str, Any]  # the BPE model's options (``models.BPE`` keywords)
     pieces: str  # the vocabulary's pieces, SEPARATOR between them
     ids: bytes  # their ids, an ``array("I")``
-    merges: str  # left and right of every merge, in order, SEPARATOR between them
+    merges: bytes  # left and right of every merge, in order, as positions in ``pieces`` (an ``array("I")``)
     added: tuple[tuple[int, str, dict[str, bool]], ...]  # (id, content, flags) in the file's order
 
     def build(self) -> BackendTokenizer:
@@ -60,11 +60,12 @@ class BackendParts:
         vocab: dict[str, int] = {}
         for start in range(0, len(pieces), STEP):
             vocab.update(zip(pieces[start : start + STEP], ids[start : start + STEP], strict=True))
-        halves = self.merges.split(SEPARATOR) if self.merges else []
+        halves = array("I")
+        halves.frombytes(self.merges)
         merges: list[tuple[str, str]] = []
         for start in range(0, len(halves), 2 * STEP):
             chunk = halves[start : start + 2 * STEP]
-            merges.extend(zip(chunk[0::2], chunk[1::2], strict=True))
+            merges.extend(zip(map(pieces.__getitem__, chunk[0::2]), map(pieces.__getitem__, chunk[1::2]), strict=True))
         backend = BackendTokenizer.from_str(self.shell)
         backend.model = models.BPE(vocab, merges, **self.options)
         backend.add_tokens([AddedToken(content, **flags) for _, content, flags in self.added])
@@ -74,17 +75,20 @@ class BackendParts:
         return backend
 
 
-def split_backend(text: str) -> BackendParts | None:
+def split_backend(text: str) -> tuple[BackendParts, BackendTokenizer] | None:
     """``text`` (a tokenizer.json) in parts whose ``build`` gives exactly the tokenizer
     ``BackendTokenizer.from_str(text)`` gives (checked here by comparing both
-    serializations), or None. Seconds of CPU for a large vocabulary: run it in a process
-    that serves nothing."""
+    serializations), and the tokenizer so built; or None. Seconds of CPU for a large
+    vocabulary: run it in a process that serves nothing."""
     try:
         parts = _cut(text)
-        same = parts is not None and parts.build().to_str() == BackendTokenizer.from_str(text).to_str()
+        if parts is None:
+            return None
+        rebuilt = parts.build()
+        same = rebuilt.to_str() == BackendTokenizer.from_str(text).to_str()
     except Exception:  # a shape or an option the rebuild does not take: the file is parsed whole
         return None
-    return parts if same else None
+    return (parts, rebuilt) if same else None
 
 
 def _cut(text: str) -> BackendParts | None:
@@ -108,11 +112,12 @@ def _cut(text: str) -> BackendParts | None:
         flags = {k: bool(token.get(k)) for k in _ADDED_FLAGS}
         added.append((int(token["id"]), str(token["content"]), flags))
     pieces = list(vocab)
-    if any(SEPARATOR in p for p in pieces) or any(not isinstance(h, str) or SEPARATOR in h for h in halves):
-        return None
+    position = {p: i for i, p in enumerate(pieces)}
+    if any(SEPARATOR in p for p in pieces) or any(h not in position for h in halves):
+        return None  # a merge of something outside the vocabulary: left to the whole parse
     ids = array("I", (int(vocab[p]) for p in pieces))
     shell = {**data, "model": {**model, "vocab": {}, "merges": []}, "added_tokens": []}
     return BackendParts(
         shell=json.dumps(shell), options=options, pieces=SEPARATOR.join(pieces), ids=ids.tobytes(),
-        merges=SEPARATOR.join(halves), added=tuple(added),
+        merges=array("I", map(position.__getitem__, halves)).tobytes(), added=tuple(added),
     )  # fmt: skip

@@ -516,7 +516,10 @@ def load_facts_at(path: str) -> tuple[BackendParts | None, FastBpePlan | None, L
     (``backend_parts``; None: it parses the file whole), and, as ``encoder_facts_at``, the
     fast encoder's plan and the length bound of the tokenizer so rebuilt."""
     json_file = Path(path)
-    parts = split_backend(json_file.read_text(encoding="utf-8"))
-    parse = (lambda _: parts.build()) if parts is not None else None
-    backend = Tokenizer.from_path(json_file, parse=parse).backend
+    split = split_backend(json_file.read_text(encoding="utf-8"))
+    if split is None:
+        backend = Tokenizer.from_path(json_file).backend
+        return None, plan_fast_bpe(backend), length_bound(backend)
+    parts, rebuilt = split
+    backend = Tokenizer.from_path(json_file, parse=lambda _: rebuilt).backend
     return parts, plan_fast_bpe(backend), length_bound(backend)
