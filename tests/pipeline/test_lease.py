@@ -5,6 +5,8 @@ call exactly once, whether ended by hand or by leaving its ``async with`` block.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -89,9 +91,9 @@ async def test_each_outcome_tells_breaker_and_policy(outcome: Outcome, breaker_f
     assert w.suspect is (outcome is Outcome.WORKER_FAILED)
 
 
-async def open_one(f: Fleet, obs: RecordingObserver | None = None, config: DispatchConfig = FAST):  # type: ignore[no-untyped-def]
+async def open_one(f: Fleet, obs: RecordingObserver | None = None, config: DispatchConfig = FAST, *, stream: bool = False):  # type: ignore[no-untyped-def]
     return await open_on(
-        f.router, f.router.select(ROUTE), ROUTE, pb.GenerateRequest(request_id="r1"),
+        f.router, f.router.select(ROUTE), ROUTE, pb.GenerateRequest(request_id="r1", stream=stream),
         prompt_tokens=4, max_new_tokens=8, retry=RetryConfig(), config=config,
         observer=obs or RecordingObserver(),
     )
@@ -390,15 +392,19 @@ async def test_a_pd_half_is_never_held_by_the_worker_gate() -> None:
 
 
 async def test_a_paced_request_waits_for_the_first_token_of_the_pending_prefill_not_its_end() -> None:
+    """Streamed requests only: an unstreamed one frees its budget on a timer (the next test).
+    No sleeps: each step waits for the state it needs, and the first message comes only
+    when the test releases it, so no wall-clock time frees the budget."""
     import dataclasses
 
-    from gateway.pipeline.worker_gate import WorkerGate
+    from gateway.pipeline.worker_gate import Pass, WorkerGate
 
     f, t = await one_worker()
     w = f.worker("w1:1")
     w.info = dataclasses.replace(w.info, max_running_requests=8)
     f.router.gate = gate = WorkerGate(prefill_budget=4)  # room for one uncached 4-token prompt
     first_token = asyncio.Event()
+    sent = asyncio.Event()
     t.script(chunk([7], prompt=4), HANG)
     t.script(chunk([8], prompt=4), complete([8], prompt=4))
     real_generate = t.generate
@@ -413,19 +419,31 @@ async def test_a_paced_request_waits_for_the_first_token_of_the_pending_prefill_
                 return await read()
 
             call.read = slow_read  # type: ignore[method-assign]
+            sent.set()
         return call
 
+    entered = asyncio.Event()  # the second request reached the gate
+    real_enter = gate.enter
+
+    async def enter(worker_id: str, running_slots: int, prefill_tokens: int = 0) -> Pass:
+        if sent.is_set():
+            entered.set()  # the real enter queues the caller before the test's task runs again
+        return await real_enter(worker_id, running_slots, prefill_tokens)
+
+    gate.enter = enter  # type: ignore[method-assign]
     t.generate = generate  # type: ignore[method-assign]
     config = dataclasses.replace(FAST, first_token_timeout_s=5.0, stall_timeout_s=5.0)
-    one = asyncio.ensure_future(open_one(f, config=config))
-    await settle()
-    two = asyncio.ensure_future(open_one(f, config=config))
-    await settle()
+    one = asyncio.ensure_future(open_one(f, config=config, stream=True))
+    await asyncio.wait_for(sent.wait(), 2)
+    two = asyncio.ensure_future(open_one(f, config=config, stream=True))
+    await asyncio.wait_for(entered.wait(), 2)
+    await settle()  # nothing but the first message lets it through
     assert len(t.calls) == 1 and gate.held(w.id) == 1 and gate.prefill_pending(w.id) == 4  # a slot is free: the budget holds it
+    assert gate.through(w.id) == 1 and not one.done() and not two.done()
     first_token.set()
     stream = await asyncio.wait_for(one, 2)  # its first message: the budget frees, its slot stays
     other = await asyncio.wait_for(two, 2)
-    assert len(t.calls) == 2 and gate.through(w.id) == 2
+    assert len(t.calls) == 2 and gate.through(w.id) == 2 and gate.held(w.id) == 0
     while await other.read() is not None:
         pass
     await stream.aclose()
@@ -433,24 +451,47 @@ async def test_a_paced_request_waits_for_the_first_token_of_the_pending_prefill_
     assert gate.through(w.id) == 0 and gate.prefill_pending(w.id) == 0 and w.load.in_flight == 0
 
 
-async def test_an_unstreamed_request_frees_the_prefill_budget_at_its_expected_prefill_time() -> None:
+async def test_an_unstreamed_request_frees_the_prefill_budget_at_its_expected_prefill_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The timer that frees the budget is caught and fired by the test: no wall clock."""
     import dataclasses
 
-    from gateway.pipeline.worker_gate import WorkerGate
+    from gateway.pipeline.worker_gate import Pass, WorkerGate
 
     f, t = await one_worker()
     w = f.worker("w1:1")
     w.info = dataclasses.replace(w.info, max_running_requests=8)
     f.router.gate = gate = WorkerGate(prefill_budget=4)
     t.script(HANG)  # the whole answer never comes
+    loop = asyncio.get_running_loop()
+    timers: list[tuple[float, Callable[..., object]]] = []
+    real_call_later = loop.call_later
+
+    def call_later(delay: float, callback: Callable[..., object], *args: object, **kwargs: Any) -> asyncio.TimerHandle:
+        if isinstance(getattr(callback, "__self__", None), Pass):
+            timers.append((delay, callback))
+            return real_call_later(3600.0, lambda: None)
+        return real_call_later(delay, callback, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "call_later", call_later)
+    sent = asyncio.Event()
+    real_generate = t.generate
+
+    def generate(request: pb.GenerateRequest, *, timeout: float | None = None):  # type: ignore[no-untyped-def]
+        sent.set()
+        return real_generate(request, timeout=timeout)
+
+    t.generate = generate  # type: ignore[method-assign]
     config = dataclasses.replace(FAST, first_token_timeout_s=5.0, prefill_gate_default_tps=400.0)  # 4 tokens: 10 ms
     silent = asyncio.ensure_future(open_on(
         f.router, f.router.select(ROUTE), ROUTE, pb.GenerateRequest(request_id="r1", stream=False),
         prompt_tokens=4, max_new_tokens=8, retry=RetryConfig(), config=config,
     ))
+    await asyncio.wait_for(sent.wait(), 2)
     await settle()
-    assert gate.prefill_pending(w.id) == 4
-    await asyncio.sleep(0.05)
+    assert gate.prefill_pending(w.id) == 4 and [delay for delay, _ in timers] == [pytest.approx(0.01)]
+    timers[0][1]()  # its expected prefill time has come
     assert gate.prefill_pending(w.id) == 0 and gate.through(w.id) == 1 and not silent.done()
     silent.cancel()
     with pytest.raises(asyncio.CancelledError):
