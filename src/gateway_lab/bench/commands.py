@@ -60,6 +60,7 @@ SCENARIOS: dict[str, tuple[str, str]] = {
     "soak": ("soak", "a long run under random worker faults and client hang-ups: clean outcomes, flat memory"),
     "transports": ("transports", "gsp hit rate and gateway CPU per worker engine and transport, in one run"),
     "hostile": ("hostile", "hostile workers and chat templates against a gateway process: answers, /health latency, RSS"),
+    "join-holds": ("join_holds", "CPU of each GIL-holding native call of a model joining a running gateway"),
 }
 
 
