@@ -261,3 +261,19 @@ def test_a_plan_pickles_with_its_ranks_packed(qwen: Tokenizer, monkeypatch: pyte
     back = pickle.loads(pickle.dumps(plan))
     assert back == plan and list(back.ranks.items()) == list(plan.ranks.items())
     assert back.build(qwen.backend) is not None
+
+
+def test_the_table_holds_only_tokens_made_of_bytes_the_encoder_is_given(qwen: Tokenizer) -> None:
+    """tiktoken sees printable ASCII and Latin letters only: tokens with other bytes could never
+    be looked up, and are left out of its table (which builds faster for it)."""
+    from gateway.tokenization.fast_bpe import _LATIN_SAMPLE, _SAMPLE, _TAKEN_BYTES
+
+    plan = plan_fast_bpe(qwen.backend)
+    assert plan is not None and plan.latin
+    assert all(not raw.translate(None, _TAKEN_BYTES) for raw in plan.ranks)
+    assert 0 < len(plan.ranks) < qwen.vocab_size
+    assert bytes(range(256)).translate(None, _TAKEN_BYTES)  # some bytes are left out
+    fast = plan.build(qwen.backend)
+    assert fast is not None
+    for text in (_SAMPLE, _LATIN_SAMPLE, "Ça va? naïve Zürich 東京 слово 😀 ok"):
+        assert fast.encode(text) == qwen.backend.encode(text, add_special_tokens=False).ids
