@@ -206,3 +206,57 @@ async def test_registration_shows_what_the_engine_lacks_and_refuses_pd_roles(trt
                 await other.stop(grace=0)
     finally:
         await registry.close()
+
+
+class _Inner:
+    """An inner Generate call holding the replies that have arrived (``ready`` when any has)."""
+
+    def __init__(self, *replies: object) -> None:
+        self.replies = list(replies)
+
+    async def read(self) -> object:
+        return self.replies.pop(0) if self.replies else END_OF_STREAM
+
+    def cancel(self) -> bool:
+        return True
+
+    def ready(self) -> bool:
+        return bool(self.replies)
+
+
+async def test_ready_counts_translated_messages_waiting_and_the_inner_calls_replies() -> None:
+    from gateway.proto import trtllm_service_pb2 as tpb
+    from gateway.workers import trtllm_grpc_wire as wire
+    from gateway.workers.trtllm_grpc import _TranslatedCall
+
+    chunk = tpb.GenerateResponse(chunk=tpb.GenerateStreamChunk(token_ids=[11], prompt_tokens=4, completion_tokens=1))
+    done = tpb.GenerateResponse(complete=tpb.GenerateComplete(
+        output_token_ids=[11, 12], finish_reason="length", prompt_tokens=4, completion_tokens=2,
+    ))
+    inner = _Inner(chunk, done)
+    call = _TranslatedCall(inner, wire.ReplyReader(_request("b1", stream=True)))
+    assert call.ready()
+    first = await call.read()
+    assert isinstance(first, pb.GenerateResponse) and list(first.chunk.token_ids) == [11]
+    assert call.ready()  # the complete has arrived
+    tail = await call.read()  # the complete reads as the id no chunk carried, then itself
+    assert isinstance(tail, pb.GenerateResponse) and list(tail.chunk.token_ids) == [12]
+    assert not inner.ready() and call.ready()  # the inner call is drained; its complete waits translated
+    last = await call.read()
+    assert isinstance(last, pb.GenerateResponse) and last.HasField("complete")
+    assert not call.ready()
+
+
+@pytest.mark.parametrize("transport", ["h2", "grpcio"])
+async def test_a_stream_read_to_its_end_is_ready_over_h2_and_cannot_tell_over_grpcio(
+    trt_worker: SimWorker, transport: str
+) -> None:
+    c = TrtllmGrpcClient(trt_worker.url, stream_transport=transport)
+    await c.model_info()
+    try:
+        call = c.generate(_request("e1", stream=True, max_new=3), timeout=10)
+        while await call.read() is not END_OF_STREAM:
+            pass
+        assert call.ready() is (transport == "h2")  # the ended h2 call answers at once; grpc.aio cannot tell
+    finally:
+        await c.close()

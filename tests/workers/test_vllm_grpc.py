@@ -183,3 +183,51 @@ async def test_registration_shows_what_the_engine_lacks_and_refuses_pd_roles(vll
             await other.stop(grace=0)
     finally:
         await registry.close()
+
+
+class _Inner:
+    """An inner Generate call holding the replies that have arrived (``ready`` when any has)."""
+
+    def __init__(self, *replies: object) -> None:
+        self.replies = list(replies)
+
+    async def read(self) -> object:
+        return self.replies.pop(0) if self.replies else END_OF_STREAM
+
+    def cancel(self) -> bool:
+        return True
+
+    def ready(self) -> bool:
+        return bool(self.replies)
+
+
+async def test_ready_is_the_inner_calls_so_the_relay_batches_what_arrived_together() -> None:
+    from gateway.proto import vllm_engine_pb2 as vpb
+    from gateway.workers import vllm_grpc_wire as wire
+    from gateway.workers.vllm_grpc import _TranslatedCall
+
+    def reply(ids: list[int]) -> vpb.GenerateResponse:
+        return vpb.GenerateResponse(chunk=vpb.GenerateStreamChunk(token_ids=ids, completion_tokens=len(ids)))
+
+    inner = _Inner(reply([1]), reply([2]))
+    call = _TranslatedCall(inner, wire.ReplyReader(_request("b1", stream=True)))
+    assert call.ready()
+    got = await call.read()
+    assert not isinstance(got, type(END_OF_STREAM)) and list(got.chunk.token_ids) == [1]
+    assert call.ready()  # the second reply has arrived too: read would not wait
+    await call.read()
+    assert not call.ready()  # nothing more has arrived: the relay hands its batch over now
+
+
+@pytest.mark.parametrize("transport", ["h2", "grpcio"])
+async def test_a_stream_read_to_its_end_is_ready_over_h2_and_cannot_tell_over_grpcio(
+    vllm_worker: SimWorker, transport: str
+) -> None:
+    c = VllmGrpcClient(vllm_worker.url, stream_transport=transport)
+    try:
+        call = c.generate(_request("e1", stream=True, max_new=3), timeout=10)
+        while await call.read() is not END_OF_STREAM:
+            pass
+        assert call.ready() is (transport == "h2")  # the ended h2 call answers at once; grpc.aio cannot tell
+    finally:
+        await c.close()

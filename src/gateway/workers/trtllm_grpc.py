@@ -57,8 +57,11 @@ class _TranslatedCall:
         return bool(self._call.cancel())
 
     def ready(self) -> bool:
-        return False  # the translation relays its replies one read at a time
-
+        """A translated message is waiting, or the inner call has a reply (or its end). A
+        reply that reads as no message (TensorRT-LLM's "nothing yet") makes this True
+        while ``read`` then waits for the next reply: the relay's batch goes out with that
+        reply instead of before the wait (late, never lost)."""
+        return bool(self._pending) or bool(self._call.ready())
 
 
 class TrtllmGrpcClient(WorkerClient):

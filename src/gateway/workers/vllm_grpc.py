@@ -52,8 +52,9 @@ class _TranslatedCall:
         return bool(self._call.cancel())
 
     def ready(self) -> bool:
-        return False  # the translation relays its replies one read at a time
-
+        """The inner call's answer: each vLLM reply reads as exactly one message, so the
+        relay can hand the tokens that arrived together over in one batch."""
+        return bool(self._call.ready())
 
 
 class VllmGrpcClient(WorkerClient):
