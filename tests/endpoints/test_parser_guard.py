@@ -8,20 +8,26 @@ import pytest
 
 from gateway.endpoints.parser_guard import GuardedReasoningParser, GuardedToolParser
 from gateway.parsers.base import ReasoningParser, ToolCall, ToolCallParser, ToolStreamDelta
+from gateway.parsers.constrained import NamedToolCallParser, RequiredToolCallParser
+from gateway.parsers.harmony_reasoning import HarmonyReasoningParser
 from gateway.parsers.hermes import HermesToolParser
 from gateway.parsers.reasoning import Qwen3ReasoningParser
 
 
 class Exploding(ToolCallParser):
     def __init__(self) -> None:
-        self._buf = ""
+        self.text = ""
+
+    @property
+    def held(self) -> str:
+        return self.text
 
     def parse(self, text: str) -> tuple[str, list[ToolCall]]:
         raise RuntimeError("bug")
 
     def feed(self, delta: str) -> ToolStreamDelta:
-        self._buf += delta
-        if "!" in self._buf:
+        self.text += delta
+        if "!" in self.text:
             raise RuntimeError("bug")
         return ToolStreamDelta()
 
@@ -71,3 +77,36 @@ def test_working_parser_is_untouched() -> None:
     guard = GuardedToolParser(HermesToolParser())
     out = guard.feed('<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>')
     assert out.tool_calls and guard.calls_started == 1
+
+
+def test_the_guard_reads_and_sets_where_the_inner_parser_starts() -> None:
+    inner = Qwen3ReasoningParser()
+    guard = GuardedReasoningParser(inner)
+    assert not guard.starts_in_reasoning
+    guard.starts_in_reasoning = True
+    assert inner.starts_in_reasoning and guard.starts_in_reasoning
+    assert guard.feed("a</think>b") == ("a", "b")  # read as reasoning from the start
+    failed = GuardedReasoningParser(ExplodingReasoning())
+    failed.starts_in_reasoning = True  # a parser that splits on no start tag keeps the default
+    assert failed.starts_in_reasoning
+    failed.feed("x")
+    assert not failed.starts_in_reasoning  # failed: the rest is content
+
+
+@pytest.mark.parametrize(
+    ("parser", "text"),
+    [
+        (HermesToolParser(), "answer <tool_"),
+        (Qwen3ReasoningParser(), "<thi"),
+        (HarmonyReasoningParser(), "<|channel|>analysis<|message|>a<|en"),
+        (NamedToolCallParser("f"), '{"a": 1'),
+        (RequiredToolCallParser(), '[{"name": "f"'),
+    ],
+)
+def test_what_a_parser_holds_is_public_where_the_guard_reads_it(
+    parser: ToolCallParser | ReasoningParser, text: str
+) -> None:
+    parser.feed(text)
+    assert parser.held and text.endswith(parser.held)  # the undecided tail at least
+    guard = GuardedToolParser(parser) if isinstance(parser, ToolCallParser) else GuardedReasoningParser(parser)
+    assert guard.held == parser.held

@@ -6,8 +6,10 @@ from __future__ import annotations
 import re
 
 from gateway.parsers.base import (
+    ReasoningParser,
     ToolCall,
     ToolCallDelta,
+    ToolCallParser,
     ToolStreamDelta,
     new_tool_call_id,
     partial_suffix,
@@ -44,3 +46,33 @@ def test_openai_shapes() -> None:
     assert later.id is None and later.type is None and later.function.arguments == "}"
     call = ToolCall(id="call_a", name="f", arguments='{"a": 1}').to_protocol()
     assert call.id == "call_a" and call.function.name == "f" and call.function.arguments == '{"a": 1}'
+
+
+class _Plain(ReasoningParser):
+    def parse(self, text: str) -> tuple[str | None, str]:
+        return None, text
+
+    def feed(self, delta: str) -> tuple[str, str]:
+        return "", delta
+
+    def finish(self) -> tuple[str, str]:
+        return "", ""
+
+
+class _NoCalls(ToolCallParser):
+    def parse(self, text: str) -> tuple[str, list[ToolCall]]:
+        return text, []
+
+    def feed(self, delta: str) -> ToolStreamDelta:
+        return ToolStreamDelta(content=delta)
+
+    def finish(self) -> ToolStreamDelta:
+        return ToolStreamDelta()
+
+
+def test_optional_capabilities_have_defaults_every_parser_answers() -> None:
+    plain, calls = _Plain(), _NoCalls()
+    assert plain.held == "" and calls.held == "" and not plain.passes_through
+    assert plain.starts_in_reasoning is False
+    plain.starts_in_reasoning = True  # settable on any parser; one that splits on no tag ignores it
+    assert plain.feed("x") == ("", "x") and _Plain().starts_in_reasoning is False

@@ -63,8 +63,7 @@ class ChatParsers:
         no reasoning is split, or the model's think tags are not single tokens)."""
         if parser is None or self.think_end_id is None:
             return None
-        inner = getattr(parser, "inner", parser)  # a GuardedReasoningParser wraps the real one
-        opened = bool(getattr(inner, "starts_in_reasoning", False))
+        opened = parser.starts_in_reasoning  # a GuardedReasoningParser answers for the one it wraps
         return ReasoningTokenCounter(self.think_start_id, self.think_end_id, starts_in_reasoning=opened)
 
     def new_tools(self) -> ToolCallParser | None:

@@ -45,7 +45,7 @@ def parse_reasoning(req: ParseReasoningRequest) -> dict[str, Any]:
         return ParseReasoningResponse(reasoning_content=None, content=req.text).to_dict()
     parser = reasoning_parser_for_request(req.parser)
     assert parser is not None
-    if req.starts_in_reasoning is not None and hasattr(parser, "starts_in_reasoning"):
+    if req.starts_in_reasoning is not None:  # a parser that splits on no start tag ignores it
         parser.starts_in_reasoning = req.starts_in_reasoning
     reasoning, content = parser.parse(req.text)
     return ParseReasoningResponse(reasoning_content=reasoning, content=content).to_dict()

@@ -15,11 +15,6 @@ from gateway.parsers.base import ReasoningParser, ToolCall, ToolCallParser, Tool
 log = logging.getLogger(__name__)
 
 
-def _held(parser: object) -> str:
-    held = getattr(parser, "_buf", "")
-    return held if isinstance(held, str) else ""
-
-
 class GuardedToolParser(ToolCallParser):
     def __init__(self, inner: ToolCallParser) -> None:
         self.inner: ToolCallParser | None = inner
@@ -28,7 +23,7 @@ class GuardedToolParser(ToolCallParser):
     def _fail(self, exc: Exception, delta: str) -> ToolStreamDelta:
         inner, self.inner = self.inner, None
         log.error("tool-call parser %s failed (%r); the rest of the output is content", type(inner).__name__, exc)
-        held = _held(inner)
+        held = inner.held if inner is not None else ""
         return ToolStreamDelta(content=held if held.endswith(delta) else held + delta)
 
     def parse(self, text: str) -> tuple[str, list[ToolCall]]:
@@ -50,6 +45,10 @@ class GuardedToolParser(ToolCallParser):
         self.calls_started = self.inner.calls_started
         return out
 
+    @property
+    def held(self) -> str:
+        return self.inner.held if self.inner is not None else ""
+
     def finish(self) -> ToolStreamDelta:
         if self.inner is None:
             return ToolStreamDelta()
@@ -68,7 +67,7 @@ class GuardedReasoningParser(ReasoningParser):
     def _fail(self, exc: Exception, delta: str) -> tuple[str, str]:
         inner, self.inner = self.inner, None
         log.error("reasoning parser %s failed (%r); the rest of the output is content", type(inner).__name__, exc)
-        held = _held(inner)
+        held = inner.held if inner is not None else ""
         return "", held if held.endswith(delta) else held + delta
 
     def parse(self, text: str) -> tuple[str | None, str]:
@@ -100,3 +99,17 @@ class GuardedReasoningParser(ReasoningParser):
     def passes_through(self) -> bool:
         """The inner parser's (a failed one's output is content from then on)."""
         return self.inner is None or self.inner.passes_through
+
+    @property
+    def starts_in_reasoning(self) -> bool:
+        """The inner parser's (False once it failed: the rest is content)."""
+        return self.inner is not None and self.inner.starts_in_reasoning
+
+    @starts_in_reasoning.setter
+    def starts_in_reasoning(self, on: bool) -> None:
+        if self.inner is not None:
+            self.inner.starts_in_reasoning = on
+
+    @property
+    def held(self) -> str:
+        return self.inner.held if self.inner is not None else ""

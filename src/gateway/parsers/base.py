@@ -113,6 +113,18 @@ class ReasoningParser(ABC):
         then skip the parser). False unless a parser knows it."""
         return False
 
+    # Capabilities only some parsers have, with defaults here, so callers read and set
+    # them on every parser instead of probing for them.
+
+    starts_in_reasoning: bool = False
+    """The text starts inside the reasoning block (the prompt opened it). Parsers that do
+    not split on a start tag ignore it."""
+
+    @property
+    def held(self) -> str:
+        """Text the parser holds, not yet decided (what a failed parser's guard hands over as content)."""
+        return ""
+
 
 class ToolCallParser(ABC):
     """Pull tool calls out of the answer text.
@@ -132,3 +144,9 @@ class ToolCallParser(ABC):
 
     @abstractmethod
     def finish(self) -> ToolStreamDelta: ...
+
+    @property
+    def held(self) -> str:
+        """Text the parser holds, not yet decided (what a failed parser's guard hands over
+        as content); empty unless the parser holds text back."""
+        return ""

@@ -151,6 +151,10 @@ class NamedToolCallParser(_StreamDefinedParser):
         self._end: int | None = None  # end of the arguments object once it closed
         self._id = ""
 
+    @property
+    def held(self) -> str:
+        return self._buf
+
     def _fresh(self) -> NamedToolCallParser:
         return NamedToolCallParser(self.name)
 
@@ -212,6 +216,10 @@ class RequiredToolCallParser(_StreamDefinedParser):
         self._buf = ""  # everything from the "[" on
         self._pos = 1  # where the current item (or the whitespace before it) starts
         self._new_item()
+
+    @property
+    def held(self) -> str:
+        return self._buf
 
     def _new_item(self) -> None:
         self._header_sent = False

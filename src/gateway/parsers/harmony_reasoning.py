@@ -48,6 +48,10 @@ class HarmonyReasoningParser(ReasoningParser):
         self._buf = ""
         self._first = True
 
+    @property
+    def held(self) -> str:
+        return self._buf
+
     def parse(self, text: str) -> tuple[str | None, str]:
         fresh = HarmonyReasoningParser(separate_reasoning=self._state != "passthrough")
         r1, c1 = fresh.feed(text)

@@ -56,6 +56,10 @@ class HermesToolParser(ToolCallParser):
         self._strip_leading = False  # just after a call: drop the content's leading whitespace
         self._reset_call()
 
+    @property
+    def held(self) -> str:
+        return self._buf
+
     def _reset_call(self) -> None:
         self._call_id = ""
         self._header_sent = False

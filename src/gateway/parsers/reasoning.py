@@ -58,6 +58,10 @@ class ThinkTagReasoningParser(ReasoningParser):
         self._reasoning_started = False  # some reasoning text already emitted
         self._content_started = False  # some content after </think> already emitted
 
+    @property
+    def held(self) -> str:
+        return self._buf
+
     # ------------------------------------------------------------------ one-shot
 
     def parse(self, text: str) -> tuple[str | None, str]:

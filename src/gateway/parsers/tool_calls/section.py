@@ -193,6 +193,10 @@ class SectionToolParser(ToolCallParser):
         self._strip_leading = False
         self._reset_section()
 
+    @property
+    def held(self) -> str:
+        return self._buf
+
     def _reset_section(self) -> None:
         self._marker_len = 0
         self._sent: list[tuple[int, str, str]] = []  # per call of the section: (index, id, args sent)
