@@ -297,12 +297,17 @@ async def test_a_long_answer_that_keeps_its_worker_alive_outlasts_the_first_toke
 async def test_a_probe_that_fails_while_other_calls_progress_is_not_a_stall() -> None:
     """The probe went unanswered but the worker's other calls sent messages meanwhile: busy
     (its probe queued behind them), not hung."""
-    a = FakeTransport("grpc://a:1").script(Later(0.4, complete([5, 6])))
-    f, obs, task = await open_whole(a, hung=(a,))
+    a = FakeTransport("grpc://a:1").script(Later(0.8, complete([5, 6])))
+    pace = WatchdogConfig(watchdog_floor_s=0.5, watchdog_default_token_s=0.001, watchdog_learn_alpha=1.0)
+    f, obs, task = await open_whole(a, whole=WholeAnswer(check_s=0.05), pace=pace, hung=(a,))
     busy = f.worker("a:1")
-    await asyncio.sleep(0.06)  # past the first check point: probing now
+    for _ in range(300):  # until the check point asks its probe (which will go unanswered)
+        if a.health_checks:
+            break
+        await asyncio.sleep(0.01)
+    assert a.health_checks == 1 and not task.done()
     while not task.done():
-        busy.progress.message(time.monotonic())
+        busy.progress.message(time.monotonic())  # other calls' messages, during the probe and after
         await asyncio.sleep(0.01)
     stream = task.result()
     assert stream.worker.id == "a:1" and obs.retries == [] and busy.available
