@@ -73,6 +73,7 @@ FIGURES = (
     ("ttft_p50_ms", "TTFT p50 ms"),
     ("cpu_ms_per_request", "CPU ms/request"),
     ("cpu_us_per_token", "CPU µs/relayed token"),
+    ("tokens_per_event", "relayed tokens per streamed text event"),
     ("system_share", "share of CPU in the kernel"),
     ("hit_rate", "hit rate"),
     ("fleet_ideal", "hit rate, every group on one worker"),
@@ -87,6 +88,7 @@ def load_row(done: Sequence[Reply], wall: float, cpu: float) -> dict[str, Any]:
     ttft = [r.ttft_s * 1e3 for r in done]
     tokens = sum(r.tokens for r in done)
     prompt = sum(r.prompt_tokens for r in done)
+    events = sum(r.events for r in done)
     return {
         "requests": len(done), "seconds": round(wall, 2),
         "requests_per_s": round(len(done) / wall, 1) if wall > 0 else 0.0,
@@ -94,6 +96,7 @@ def load_row(done: Sequence[Reply], wall: float, cpu: float) -> dict[str, Any]:
         "ttft_p50_ms": round(pct(ttft, 0.5), 2),
         "cpu_ms_per_request": round(1e3 * cpu / max(1, len(done)), 3),
         "cpu_us_per_token": round(1e6 * cpu / max(1, tokens), 1),
+        "tokens_per_event": round(tokens / events, 2) if events else None,
         "hit_rate": round(sum(r.cached_tokens for r in done) / prompt, 3) if prompt else None,
     }  # fmt: skip
 

@@ -20,9 +20,10 @@ COMMAND = [sys.executable, "-m", "gateway", "bench", "peer-cost"]
 
 
 def test_load_row_divides_cpu_by_requests_and_tokens() -> None:
-    done = [Reply(total_s=0.010 * (i + 1), ttft_s=0.005, tokens=8, prompt_tokens=32, cached_tokens=16) for i in range(4)]
+    done = [Reply(total_s=0.010 * (i + 1), ttft_s=0.005, tokens=8, prompt_tokens=32, cached_tokens=16, events=4) for i in range(4)]
     row = peer_cost.load_row(done, wall=2.0, cpu=0.004)
-    assert row["requests"] == 4 and row["requests_per_s"] == 2.0
+    assert row["requests"] == 4 and row["requests_per_s"] == 2.0 and row["tokens_per_event"] == 2.0
+    assert peer_cost.load_row(done[:1] and [Reply(0.01, 0.01, 8)], wall=1.0, cpu=0.001)["tokens_per_event"] is None
     assert row["cpu_ms_per_request"] == 1.0 and row["cpu_us_per_token"] == 125.0
     assert row["p50_ms"] == 25.0 and row["ttft_p50_ms"] == 5.0 and row["hit_rate"] == 0.5
 
