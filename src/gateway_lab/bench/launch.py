@@ -223,7 +223,7 @@ def parse_variant(policy: str) -> tuple[str, dict[str, Any]]:
     ``PolicyConfig``, the prefill gate's (``prefill_gate*``, ``DispatchConfig``),
     ``reply_token_reuse`` and ``worker_dp_size`` (``ServerConfig``), ``encoder_at_load``
     (``EngineConfig``), the worker gate's ``fleet_headroom``, ``fair_reserve`` and
-    ``prefill_budget_tokens`` (``AdmissionConfig``)."""
+    ``prefill_budget_tokens``, ``queue_timeout_s`` (``AdmissionConfig``)."""
     from gateway.pipeline.dispatch import DispatchConfig
     from gateway.pipeline.engine import EngineConfig
     from gateway.policies.factory import PolicyConfig
@@ -258,8 +258,9 @@ def parse_variant(policy: str) -> tuple[str, dict[str, Any]]:
     return name, knobs
 
 
-ADMISSION_KNOBS = ("fleet_headroom", "fair_reserve", "prefill_budget_tokens")
-"""The ``AdmissionConfig`` knobs a variant may set (the worker gate and its prefill pacing)."""
+ADMISSION_KNOBS = ("fleet_headroom", "fair_reserve", "prefill_budget_tokens", "queue_timeout_s")
+"""The ``AdmissionConfig`` knobs a variant may set (the worker gate, its prefill pacing, and the
+queue timeout a whole burst behind the fleet cap needs)."""
 
 
 def split_knobs(knobs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
