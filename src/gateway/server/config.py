@@ -55,7 +55,7 @@ class ServerConfig:
     backend: str = option("auto", "what --worker-urls are (SMG's --backend): 'auto' (each worker's engine detected from what it answers), an engine named for all of them ('sglang', 'vllm', 'trtllm'), or 'openai' (external OpenAI-compatible endpoints: requests forwarded unchanged, routed on load only)", choices=["auto", "sglang", "vllm", "trtllm", "openai"])
     worker_startup_timeout_s: float = option(0.0, "at start, wait up to this long for listed workers that are not up yet before reporting ready, seconds (they are retried in the background either way; /readiness lists them)")
     probe_timeout_s: float = option(10.0, "time a new worker has to answer GetModelInfo/GetServerInfo, seconds")
-    worker_stream_transport: str = option("h2", "how Generate streams reach workers: 'h2' (the gateway's own HTTP/2 reader: the tokens that arrived together are read and written together, about half grpc.aio's CPU per token; docs/architecture.md) or 'grpcio' (grpc.aio, like every other worker call)", choices=list(STREAM_TRANSPORTS))
+    worker_stream_transport: str = option("h2", "how Generate streams reach workers: 'h2' (the gateway's own HTTP/2 reader: the tokens that arrived together are read and written together; docs/architecture.md) or 'grpcio' (grpc.aio, like every other worker call)", choices=list(STREAM_TRANSPORTS))
     kv_events: bool = option(False, "subscribe to workers' KV events and feed them to the cache_aware radix tree")
     log_level: str = option("info", "log level", choices=["debug", "info", "warning", "error"])
     log_json: bool = option(False, "structured logs: one JSON object per line, with the request id")

@@ -43,8 +43,25 @@ def test_bodies_are_the_apis_own_models(routes: dict[str, InferenceRoute]) -> No
     assert routes["/generate"].model is GenerateRequest
     assert routes["/admin/inspect"].model is InspectRequest
     for route in routes.values():
-        assert issubclass(route.model, BaseModel)
+        # A GET replays a stored stream: no body.
+        assert (route.model is None) if route.method == "GET" else issubclass(route.model, BaseModel)  # type: ignore[arg-type]
         assert route.summary and callable(route.open)
+
+
+def test_a_stored_stream_is_matched_only_when_asked_for(routes: dict[str, InferenceRoute]) -> None:
+    replay = routes["/v1/responses/{response_id}"]
+    assert replay.method == "GET" and replay.admit is False and replay.done == b""
+
+    def scope(path: str, query: bytes) -> dict[str, object]:
+        return {"type": "http", "method": "GET", "path": path, "query_string": query}
+
+    ref = replay.stored(scope("/v1/responses/resp_1", b"stream=TRUE&starting_after=3"))
+    assert ref is not None and ref.id == "resp_1" and ref.query["starting_after"] == "3"
+    assert replay.stored(scope("/v1/responses/resp_1", b"")) is None  # a plain read: FastAPI's
+    assert replay.stored(scope("/v1/responses/resp_1", b"stream=false")) is None
+    assert replay.stored(scope("/v1/responses/resp_1/input_items", b"stream=true")) is None
+    assert replay.stored(scope("/v1/responses/", b"stream=true")) is None
+    assert replay.stored(scope("/v1/conversations/c_1", b"stream=true")) is None
 
 
 def test_batches_reserve_per_sample_and_the_rest_take_one_slot(routes: dict[str, InferenceRoute]) -> None:

@@ -15,15 +15,11 @@ from typing import Any
 
 from fastapi import APIRouter
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
-from gateway.endpoints.responses import sse_stream
 from gateway.pipeline.request_context import RequestContext
-from gateway.protocol.errors import InvalidRequestError
 from gateway.server.http.door import HttpDoor
 from gateway.server.http.util import read_json
-
-_SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
 def _paging(request: Request) -> tuple[str | None, str | None, str | None]:
@@ -38,17 +34,9 @@ def agents_router(door: HttpDoor) -> APIRouter:
 
     @router.get("/v1/responses/{response_id}")
     async def get_response(request: Request, response_id: str) -> Response:
-        async def run(ctx: RequestContext) -> Any:
-            q = request.query_params
-            if q.get("stream", "false").lower() != "true":
-                return await responses.retrieve(ctx, response_id)
-            raw = q.get("starting_after", "-1")
-            if not raw.lstrip("-").isdigit():
-                raise InvalidRequestError("starting_after must be an integer", param="starting_after")
-            events = await responses.replay(ctx, response_id, int(raw))
-            return StreamingResponse(sse_stream(events), media_type="text/event-stream", headers=_SSE_HEADERS)
-
-        return await door.handle(request, run)
+        # With ``stream=true`` the request never gets here: the one inference path replays the
+        # stored stream (``inference_routes``), with the SSE writer and disconnect watch of a live one.
+        return await door.handle(request, lambda ctx: responses.retrieve(ctx, response_id))
 
     @router.delete("/v1/responses/{response_id}")
     async def delete_response(request: Request, response_id: str) -> Response:

@@ -83,6 +83,8 @@ def create_app(state: GatewayState, *, manage_lifecycle: bool = True) -> FastAPI
     app.include_router(admin_router(door))
     app.include_router(parse_router(door))
     app.include_router(agents_router(door))
+    for get in app.inference.gets:  # FastAPI's own route of that path reads the stored object: a label only
+        app.inference.labels[get.path] = Route(get.path, app.inference, methods=["GET"], include_in_schema=False)
 
     @app.exception_handler(GatewayError)
     async def gateway_error(request: Request, exc: GatewayError) -> Response:

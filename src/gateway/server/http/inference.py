@@ -29,6 +29,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
+from urllib.parse import parse_qsl
 
 import orjson
 from pydantic import BaseModel
@@ -79,13 +80,34 @@ class InferenceRoute:
     OpenAI's ``data: [DONE]`` gives its own ``done`` (``b""``: nothing)."""
 
     path: str
-    model: type[BaseModel]
+    model: type[BaseModel] | None
     open: Open
     admit: bool | Literal["batch"]
     summary: str
     auth: Literal["inference", "inspector", "anthropic"] = "inference"
     error_body: Callable[[GatewayError], Any] | None = None
     done: bytes = DONE
+    method: Literal["POST", "GET"] = "POST"
+
+    def stored(self, scope: Scope) -> StoredRef | None:
+        """For a ``GET`` route (``path`` ends in one ``{name}`` segment): the stored object
+        this request names, if it asks for its stream (``stream=true``); else ``None`` (a
+        plain read of the object is FastAPI's, like any small JSON route)."""
+        prefix = self.path[: self.path.index("{")]
+        path = scope["path"]
+        name = path[len(prefix):]
+        if not path.startswith(prefix) or not name or "/" in name:
+            return None
+        query = dict(parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True))
+        return StoredRef(name, query) if query.get("stream", "false").lower() == "true" else None
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRef:
+    """What a ``GET`` route's entry point gets: the stored object's id and the query."""
+
+    id: str
+    query: dict[str, str]
 
 
 ANTHROPIC_KEY = "x-api-key"
@@ -116,19 +138,31 @@ class InferencePath:
         self.door = door
         self.state = door.state
         self.max_body = door.max_body
-        self.routes = {r.path: r for r in routes}
+        self.routes = {r.path: r for r in routes if r.method == "POST"}
+        self.gets = [r for r in routes if r.method == "GET"]  # stored streams replayed (``InferenceRoute.stored``)
         # What scope["route"] is for metrics' endpoint label: the app's route of the same path.
         self.labels: dict[str, Any] = {}
 
+    def _route(self, scope: Scope) -> InferenceRoute | None:
+        if scope["type"] != "http":
+            return None
+        method = scope["method"]
+        if method == "POST":
+            return self.routes.get(scope["path"])
+        if method == "GET":
+            return next((r for r in self.gets if r.stored(scope) is not None), None)
+        return None
+
     def match(self, scope: Scope) -> bool:
-        return scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in self.routes
+        return self._route(scope) is not None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path = scope["path"]
-        label = self.labels.get(path)
+        route = self._route(scope)
+        assert route is not None, "called for a request match() refused"
+        label = self.labels.get(route.path)
         if label is not None:
             scope["route"] = label
-        await _Request(self, self.routes[path], scope, receive, send).run()
+        await _Request(self, route, scope, receive, send).run()
 
 
 class _Request:
@@ -224,8 +258,10 @@ class _Request:
                 auth = state.auth.inspector if route.auth == "inspector" else state.auth.inference
                 self.ctx = ctx = door.context_from(headers, auth)
                 # The whole body before the disconnect watcher shares ``receive``: two
-                # readers would race for the body's chunks.
-                body = await read_body(self.receive, headers.get("content-length"), path.max_body)
+                # readers would race for the body's chunks. A GET has none.
+                body = b"" if route.method == "GET" else await read_body(
+                    self.receive, headers.get("content-length"), path.max_body
+                )
                 if hook is not None:  # this gateway's server says when the client leaves: no watcher task
                     hook.watch(self._client_left)
                 else:
@@ -235,6 +271,13 @@ class _Request:
                     # first step would run before that send, on every request's critical path; a
                     # client that leaves meanwhile is seen a turn later, which changes nothing.
                     watch = asyncio.get_running_loop().call_soon(self._start_watch)
+                if route.model is None:  # a stored stream: no body, no admission (nothing is computed)
+                    stored = route.stored(self.scope)
+                    assert stored is not None
+                    events = await route.open(stored, ctx)
+                    assert type(events) is Events
+                    await self._stream(events, ctx)
+                    return
                 data = parse_json(body)
                 model = data.get("model") if type(data) is dict and route.path in FORWARDED_PATHS else None
                 if model is not None and state.text_relay.serves(model):

@@ -17,16 +17,18 @@ from gateway.endpoints import messages as messages_route
 from gateway.endpoints import native as native_route
 from gateway.endpoints.events import Answer, Events
 from gateway.endpoints.inspect import Inspector
+from gateway.endpoints.responses import sse_stream
 from gateway.pipeline.request_context import RequestContext
 from gateway.protocol.chat import ChatCompletionRequest
 from gateway.protocol.completions import CompletionRequest
 from gateway.protocol.embeddings import EmbeddingRequest
+from gateway.protocol.errors import InvalidRequestError
 from gateway.protocol.generate import GenerateRequest
 from gateway.protocol.inspect import InspectRequest
 from gateway.protocol.messages import CountTokensRequest, MessagesRequest, anthropic_error
 from gateway.protocol.responses_api import ResponsesRequest
 from gateway.protocol.tokens import DetokenizeRequest, TokenizeRequest
-from gateway.server.http.inference import InferenceRoute
+from gateway.server.http.inference import InferenceRoute, StoredRef
 from gateway.server.http.sse import SSE_FRAME
 from gateway.server.state import GatewayState
 
@@ -53,6 +55,12 @@ def inference_routes(state: GatewayState) -> tuple[InferenceRoute, ...]:
     async def responses(req: ResponsesRequest, ctx: RequestContext) -> Answer | Events:
         return await state.responses_entry.create(req, ctx, sse=True)
 
+    async def replay(ref: StoredRef, ctx: RequestContext) -> Events:
+        raw = ref.query.get("starting_after", "-1")
+        if not raw.lstrip("-").isdigit():
+            raise InvalidRequestError("starting_after must be an integer", param="starting_after")
+        return Events(sse_stream(await state.responses_entry.replay(ctx, ref.id, int(raw))), [])
+
     return (
         InferenceRoute("/v1/chat/completions", ChatCompletionRequest, partial(chat_route.open, engine, frame=SSE_FRAME),
                        admit="batch", summary="Chat completion (OpenAI)"),  # one slot per sample (n)
@@ -75,4 +83,8 @@ def inference_routes(state: GatewayState) -> tuple[InferenceRoute, ...]:
         # One slot, taken once the body says whether the run outlives the request (``server.responses_entry``).
         InferenceRoute("/v1/responses", ResponsesRequest, responses, admit="batch", summary="Create a response (OpenAI)",
                        done=b""),
+        # A background response's events again, from ``starting_after`` (``?stream=true``; without it, FastAPI's
+        # plain read of the stored response).
+        InferenceRoute("/v1/responses/{response_id}", None, replay, admit=False, summary="Stream a stored response",
+                       done=b"", method="GET"),
     )  # fmt: skip

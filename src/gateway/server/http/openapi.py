@@ -75,7 +75,7 @@ def describe_request_bodies(app: FastAPI, inference: Iterable[InferenceRoute] = 
     """Wrap ``app.openapi`` so the ``inference`` routes are in it and every POST route
     with a JSON body (those and ``REQUEST_BODIES``) documents it."""
     inference = list(inference)
-    bodies = {**REQUEST_BODIES, **{r.path: r.model for r in inference}}
+    bodies = {**REQUEST_BODIES, **{r.path: r.model for r in inference if r.model is not None}}
     base = app.openapi
 
     def openapi() -> dict[str, Any]:
