@@ -200,3 +200,16 @@ def test_unreachable_hub_fails_fast(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert time.monotonic() - started < 5
     hub = caught.value.attempts[-1]
     assert hub.source == "hub" and hub.reason
+
+
+def test_an_oversized_tokenizer_json_from_a_worker_is_refused(registry: TokenizerRegistry) -> None:
+    from gateway.tokenization.registry import MAX_TOKENIZER_JSON_BYTES
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:  # a few hundred KB on the wire
+        archive.writestr("model/tokenizer.json", b" " * (MAX_TOKENIZER_JSON_BYTES + 1))
+        archive.writestr("model/tokenizer_config.json", b"{}")
+    data = buffer.getvalue()
+    with pytest.raises(TokenizerArchiveError, match=r"tokenizer\.json in the tokenizer zip is"):
+        registry.install_zip(MODEL, data, hashlib.sha256(data).hexdigest())
+    assert not registry.cache_path(MODEL).exists()

@@ -44,6 +44,10 @@ WorkerFetch = Callable[[str], tuple[bytes, str]]
 # Limits on a worker zip: tokenizer folders are tens of MB at most.
 MAX_ZIP_MEMBERS = 64
 MAX_UNPACKED_BYTES = 512 * 1024 * 1024
+MAX_TOKENIZER_JSON_BYTES = 64 * 1024 * 1024
+"""A worker's ``tokenizer.json``, at most (the largest published ones are about half of it):
+the gateway's own process builds the BPE model from its vocabulary and merges in one native
+call that holds the GIL, so its size bounds how long a worker's tokenizer can stop the loop."""
 # File patterns fetched from the hub (never weights).
 HUB_PATTERNS: tuple[str, ...] = (*TOKENIZER_FILES, "*.model", "vocab.json", "merges.txt")
 
@@ -259,6 +263,12 @@ class TokenizerRegistry:
             if sum(m.file_size for m in members) > MAX_UNPACKED_BYTES:
                 raise TokenizerArchiveError("tokenizer zip unpacks to more than 512 MiB")
             planned = [(m, _check_member(m)) for m in members]
+            for info, rel in planned:
+                if rel is not None and rel.name == "tokenizer.json" and info.file_size > MAX_TOKENIZER_JSON_BYTES:
+                    raise TokenizerArchiveError(
+                        f"tokenizer.json in the tokenizer zip is {info.file_size} bytes, over the "
+                        f"{MAX_TOKENIZER_JSON_BYTES} a worker's tokenizer may have"
+                    )
             self.cache_dir.mkdir(parents=True, exist_ok=True)
             tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=self.cache_dir))
             try:
