@@ -114,6 +114,23 @@ class FakeCall:
 
 
 @dataclass
+class ArrivedCall:
+    """An inner Generate call holding the replies that have arrived (``ready`` when any has):
+    what an engine's translating call wraps."""
+
+    def __init__(self, *replies: object) -> None:
+        self.replies = list(replies)
+
+    async def read(self) -> object:
+        return self.replies.pop(0) if self.replies else END_OF_STREAM
+
+    def cancel(self) -> bool:
+        return True
+
+    def ready(self) -> bool:
+        return bool(self.replies)
+
+
 class FakeTransport:
     """One worker's calls, scripted and recorded."""
 

@@ -18,6 +18,7 @@ from gateway.workers.transport import END_OF_STREAM, CallCode, WorkerCallError
 from gateway.workers.trtllm_grpc import TrtllmGrpcClient
 from gateway_lab.sim.config import SimConfig
 from gateway_lab.sim.worker import SimWorker
+from tests.fake_transport import ArrivedCall
 
 ZERO = dataclasses.replace(SimConfig().zero_cost(), eos_probability=0.0, page_size=16)
 
@@ -208,22 +209,6 @@ async def test_registration_shows_what_the_engine_lacks_and_refuses_pd_roles(trt
         await registry.close()
 
 
-class _Inner:
-    """An inner Generate call holding the replies that have arrived (``ready`` when any has)."""
-
-    def __init__(self, *replies: object) -> None:
-        self.replies = list(replies)
-
-    async def read(self) -> object:
-        return self.replies.pop(0) if self.replies else END_OF_STREAM
-
-    def cancel(self) -> bool:
-        return True
-
-    def ready(self) -> bool:
-        return bool(self.replies)
-
-
 async def test_ready_counts_translated_messages_waiting_and_the_inner_calls_replies() -> None:
     from gateway.proto import trtllm_service_pb2 as tpb
     from gateway.workers import trtllm_grpc_wire as wire
@@ -233,7 +218,7 @@ async def test_ready_counts_translated_messages_waiting_and_the_inner_calls_repl
     done = tpb.GenerateResponse(complete=tpb.GenerateComplete(
         output_token_ids=[11, 12], finish_reason="length", prompt_tokens=4, completion_tokens=2,
     ))
-    inner = _Inner(chunk, done)
+    inner = ArrivedCall(chunk, done)
     call = _TranslatedCall(inner, wire.ReplyReader(_request("b1", stream=True)))
     assert call.ready()
     first = await call.read()

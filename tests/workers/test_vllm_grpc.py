@@ -17,6 +17,7 @@ from gateway.workers.transport import END_OF_STREAM, CallCode, WorkerCallError
 from gateway.workers.vllm_grpc import VllmGrpcClient
 from gateway_lab.sim.config import SimConfig
 from gateway_lab.sim.worker import SimWorker
+from tests.fake_transport import ArrivedCall
 
 ZERO = dataclasses.replace(SimConfig().zero_cost(), eos_probability=0.0, page_size=16)
 
@@ -185,22 +186,6 @@ async def test_registration_shows_what_the_engine_lacks_and_refuses_pd_roles(vll
         await registry.close()
 
 
-class _Inner:
-    """An inner Generate call holding the replies that have arrived (``ready`` when any has)."""
-
-    def __init__(self, *replies: object) -> None:
-        self.replies = list(replies)
-
-    async def read(self) -> object:
-        return self.replies.pop(0) if self.replies else END_OF_STREAM
-
-    def cancel(self) -> bool:
-        return True
-
-    def ready(self) -> bool:
-        return bool(self.replies)
-
-
 async def test_ready_is_the_inner_calls_so_the_relay_batches_what_arrived_together() -> None:
     from gateway.proto import vllm_engine_pb2 as vpb
     from gateway.workers import vllm_grpc_wire as wire
@@ -209,7 +194,7 @@ async def test_ready_is_the_inner_calls_so_the_relay_batches_what_arrived_togeth
     def reply(ids: list[int]) -> vpb.GenerateResponse:
         return vpb.GenerateResponse(chunk=vpb.GenerateStreamChunk(token_ids=ids, completion_tokens=len(ids)))
 
-    inner = _Inner(reply([1]), reply([2]))
+    inner = ArrivedCall(reply([1]), reply([2]))
     call = _TranslatedCall(inner, wire.ReplyReader(_request("b1", stream=True)))
     assert call.ready()
     got = await call.read()
