@@ -113,7 +113,6 @@ class FakeCall:
         return False  # like grpc.aio: it cannot tell
 
 
-@dataclass
 class ArrivedCall:
     """An inner Generate call holding the replies that have arrived (``ready`` when any has):
     what an engine's translating call wraps."""
@@ -131,6 +130,7 @@ class ArrivedCall:
         return bool(self.replies)
 
 
+@dataclass
 class FakeTransport:
     """One worker's calls, scripted and recorded."""
 
