@@ -9,11 +9,11 @@ from gateway.parsers.base import (
     ReasoningParser,
     ToolCall,
     ToolCallDelta,
-    ToolCallParser,
     ToolStreamDelta,
     new_tool_call_id,
     partial_suffix,
 )
+from gateway.parsers.tool_calls.passthrough import PassthroughToolParser
 
 
 def test_call_ids_have_openais_shape_and_differ() -> None:
@@ -59,19 +59,8 @@ class _Plain(ReasoningParser):
         return "", ""
 
 
-class _NoCalls(ToolCallParser):
-    def parse(self, text: str) -> tuple[str, list[ToolCall]]:
-        return text, []
-
-    def feed(self, delta: str) -> ToolStreamDelta:
-        return ToolStreamDelta(content=delta)
-
-    def finish(self) -> ToolStreamDelta:
-        return ToolStreamDelta()
-
-
 def test_optional_capabilities_have_defaults_every_parser_answers() -> None:
-    plain, calls = _Plain(), _NoCalls()
+    plain, calls = _Plain(), PassthroughToolParser()  # neither overrides the defaults
     assert plain.held == "" and calls.held == "" and not plain.passes_through
     assert plain.starts_in_reasoning is False
     plain.starts_in_reasoning = True  # settable on any parser; one that splits on no tag ignores it

@@ -57,12 +57,8 @@ async def test_streaming_resume_with_official_client(stack: Stack) -> None:
     assert resumes(stack) >= 1
 
 
-# Whole answers streamed from the worker in coarse chunks (none asked for unstreamed).
-COARSE = {"resume": {"unary_whole_max_s": 0.0}}
-
-
-@pytest.mark.stack(workers=2, policy="round_robin", sections=COARSE)
-async def test_non_streaming_n2_resumes_into_one_whole_answer(stack: Stack) -> None:
+async def _two_n2_answers_one_on_a_worker_failing_after_4_tokens(stack: Stack) -> None:
+    """Two whole n=2 completions (one lands on the failing worker); each comes back whole."""
     stack.fleet.workers[0].faults.fail_after_tokens = 4
     for i in range(2):
         resp = await stack.client.completions.create(
@@ -71,6 +67,15 @@ async def test_non_streaming_n2_resumes_into_one_whole_answer(stack: Stack) -> N
         assert sorted(c.index for c in resp.choices) == [0, 1]
         assert all(c.finish_reason == "length" and c.text for c in resp.choices)
         assert resp.usage is not None and resp.usage.completion_tokens == 80
+
+
+# Whole answers streamed from the worker in coarse chunks (none asked for unstreamed).
+COARSE = {"resume": {"unary_whole_max_s": 0.0}}
+
+
+@pytest.mark.stack(workers=2, policy="round_robin", sections=COARSE)
+async def test_non_streaming_n2_resumes_into_one_whole_answer(stack: Stack) -> None:
+    await _two_n2_answers_one_on_a_worker_failing_after_4_tokens(stack)
     assert idle(stack)
     assert resumes(stack) >= 1
 
@@ -79,14 +84,7 @@ async def test_non_streaming_n2_resumes_into_one_whole_answer(stack: Stack) -> N
 async def test_non_streaming_n2_asked_for_unstreamed_is_sent_again_whole(stack: Stack) -> None:
     """Asked for unstreamed, a failure after some tokens is a failure before any output:
     the request is sent again from scratch to the other worker, never resumed."""
-    stack.fleet.workers[0].faults.fail_after_tokens = 4
-    for i in range(2):
-        resp = await stack.client.completions.create(
-            model=stack.model, prompt=f"hello {i}", max_tokens=40, n=2, extra_body={"ignore_eos": True},
-        )
-        assert sorted(c.index for c in resp.choices) == [0, 1]
-        assert all(c.finish_reason == "length" and c.text for c in resp.choices)
-        assert resp.usage is not None and resp.usage.completion_tokens == 80
+    await _two_n2_answers_one_on_a_worker_failing_after_4_tokens(stack)
     assert idle(stack)
     assert resumes(stack) == 0
 
