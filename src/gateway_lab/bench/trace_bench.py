@@ -5,8 +5,10 @@
 Every (fleet, policy) cell gets a fresh, cold simulated fleet, an in-process gateway with
 that policy (real HTTP and gRPC on loopback, as ``bench matrix``) and the same scaled
 trace, sent at its own (scaled) arrival times. The table puts each policy's hit rate
-next to the trace's own ideals: unbounded, and within the fleet's total KV
-(``traces.bounded_ideal_hit_rate``).
+next to the trace's own ideals: unbounded, and within the fleet's total KV, pooled as one
+LRU cache (``traces.bounded_ideal_hit_rate``, the "of fleet-KV ideal" column) and with
+offline-optimal eviction (``traces.optimal_bounded_hit_rate``: the ceiling no router
+reaches past).
 
 With ``--peers smg`` each fleet also gets, per ``--peer-policies`` policy, the peer gateway
 (``scripts/peers.sh``) and ours as a child process (``ours-process``), both sent the same
@@ -129,7 +131,8 @@ def ideals_line(fleet: str, shape: FleetShape, ideals: TraceIdeals) -> str:
     return (
         f"{fleet}: page {shape.page_size}, {shape.kv_capacity_tokens:,} KV tokens per worker: ideal hit "
         f"{_pct(ideals.unbounded)} unbounded, {_pct(ideals.fleet_kv)} within the fleet's "
-        f"{ideals.fleet_kv_tokens:,} KV tokens"
+        f"{ideals.fleet_kv_tokens:,} KV tokens as one LRU cache, {_pct(ideals.fleet_kv_optimal)} "
+        f"with offline-optimal eviction (the ceiling)"
     )
 
 

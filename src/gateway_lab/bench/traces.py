@@ -18,12 +18,16 @@ Times are multiplied by ``time_scale`` (0.25 replays four times faster). The ide
 rate of a trace is printed twice: with an unbounded cache (``workloads.ideal_hit_rate``)
 and with one shared LRU cache as large as the whole fleet's KV (``bounded_ideal_hit_rate``):
 what a router that could pool every worker's memory would reach, the bar for the fleet
-actually measured.
+actually measured. That LRU figure is a yardstick, not a ceiling: eight separate caches
+can beat one shared LRU (a router that keeps one-off prompts away from hot prefixes).
+The ceiling is ``optimal_bounded_hit_rate``: the same pooled KV run with offline-optimal
+eviction, which no router in front of that much KV can exceed.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import math
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
@@ -216,13 +220,57 @@ def bounded_ideal_hit_rate(prompts: Iterable[Sequence[int]], page_size: int, cap
     return cached / total if total else 0.0
 
 
+def optimal_bounded_hit_rate(prompts: Sequence[Sequence[int]], page_size: int, capacity_tokens: int) -> float:
+    """Hit rate of one page cache of ``capacity_tokens`` with offline-optimal eviction: a ceiling.
+
+    A worker caches every prompt it serves (its KV must hold the prompt to compute it),
+    and evicts whatever it likes later. So the union of a fleet's caches, whose sizes add
+    up to ``capacity_tokens``, is one pooled cache of that size that admits every prompt
+    when it is served; a request hits on its worker only pages that are in that union.
+    Taken in arrival order, the most such a pooled cache can hit is reached by Belady's
+    rule at request granularity: admit the prompt's pages, then drop the pages needed
+    again furthest in the future (never again: first; ties: the deeper page, so the
+    cache stays prefix-closed and a page hit is a prefix hit). Outputs, partial pages
+    and running requests take no room here, so a real fleet behind any router only
+    falls short of it.
+    """
+    if page_size < 1 or capacity_tokens < page_size:
+        raise ValueError("need page_size >= 1 and capacity_tokens >= page_size")
+    keyed = [_page_keys(ids, page_size) for ids in prompts]
+    never = math.inf
+    nexts: list[list[float]] = []
+    last_seen: dict[int, float] = {}
+    for i in range(len(keyed) - 1, -1, -1):  # each page's next request, by a backward pass
+        nexts.append([last_seen.get(k, never) for k in keyed[i]])
+        for k in keyed[i]:
+            last_seen[k] = i
+    nexts.reverse()
+    limit = capacity_tokens // page_size
+    cached_next: dict[int, tuple[float, int]] = {}  # page -> (next request using it, depth)
+    heap: list[tuple[float, int, int]] = []  # (-next request, -depth, page); stale entries skipped
+    total = cached = 0
+    for ids, keys, row in zip(prompts, keyed, nexts, strict=True):
+        total += len(ids)
+        cached += page_size * sum(1 for k in keys if k in cached_next)
+        for d, (k, nxt) in enumerate(zip(keys, row, strict=True)):
+            cached_next[k] = (nxt, d)
+            heapq.heappush(heap, (-nxt, -d, k))
+        while len(cached_next) > limit:
+            far, deep, victim = heapq.heappop(heap)
+            if cached_next.get(victim) == (-far, -deep):
+                del cached_next[victim]
+    return cached / total if total else 0.0
+
+
 @dataclass(frozen=True, slots=True)
 class TraceIdeals:
-    """The best hit rates a trace allows: unbounded, and within the fleet's total KV."""
+    """The best hit rates a trace allows: unbounded, and within the fleet's total KV
+    (shared LRU, the yardstick; offline-optimal eviction, the ceiling)."""
 
     unbounded: float
     fleet_kv: float
     fleet_kv_tokens: int
+    fleet_kv_optimal: float = 0.0
 
 
 def trace_ideals(workload: Workload, page_size: int, fleet_kv_tokens: int) -> TraceIdeals:
@@ -235,4 +283,5 @@ def trace_ideals(workload: Workload, page_size: int, fleet_kv_tokens: int) -> Tr
         unbounded=ideal_hit_rate(prompts, page_size),
         fleet_kv=bounded_ideal_hit_rate(prompts, page_size, fleet_kv_tokens),
         fleet_kv_tokens=fleet_kv_tokens,
+        fleet_kv_optimal=optimal_bounded_hit_rate(prompts, page_size, fleet_kv_tokens),
     )
