@@ -226,6 +226,11 @@ class ChatTemplate:
         except BudgetExceeded as exc:  # nothing runs at compile time; kept for safety
             raise ChatTemplateBudgetError(str(exc)) from None
         memoize_plain_verdicts(environment)  # the same sandbox, its verdicts on plain data kept
+        # jinja2 keeps a template's globals as a ChainMap over the environment's, which every
+        # render copies key by key in Python (twice: the context's parent and its key set).
+        # This environment is the template's own and nothing adds globals after compiling,
+        # so one plain dict of the same names and values reads the same and copies in C.
+        self._compiled.globals = dict(self._compiled.globals)
         self.arguments_as_text = arguments_as_text(source)
         self.content_null_aware = _CONTENT_IS_NONE.search(source) is not None
         # transformers 5.x aliases reasoning fields for templates; older ones did not.
