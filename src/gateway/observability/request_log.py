@@ -20,6 +20,7 @@ from typing import Any
 import orjson
 
 ACCESS_LOGGER = "gateway.access"
+_access_log = logging.getLogger(ACCESS_LOGGER)  # one object per name for the process's life: looked up once
 
 # A client's X-Request-Id is reused only if it is short and plain: it becomes the
 # worker-side request id and appears in logs, so no spaces, quotes or controls.
@@ -100,7 +101,7 @@ def unbind_record(token: contextvars.Token[RequestRecord | None]) -> None:
 
 
 def log_access(record: RequestRecord, latency_s: float) -> None:
-    logger = logging.getLogger(ACCESS_LOGGER)
+    logger = _access_log
     if not logger.isEnabledFor(logging.INFO):
         return  # access lines are off (--log-level warning): their fields are not built either
     fields = record.access_fields(latency_s)
