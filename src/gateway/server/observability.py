@@ -59,12 +59,16 @@ class ObservabilityMiddleware:
             nonlocal streaming
             if message["type"] == "http.response.start":
                 record.status = message["status"]
-                headers = list(message.get("headers", []))
-                names = {k.lower() for k, _ in headers}
-                streaming = any(k.lower() == b"content-type" and v.startswith(b"text/event-stream") for k, v in headers)
-                if _REQUEST_ID not in names:
-                    headers.append((_REQUEST_ID, record.request_id.encode()))
-                    message = {**message, "headers": headers}
+                headers = message.get("headers", [])
+                named = False
+                for k, v in headers:  # one pass: is the id there, is it a stream
+                    k = k.lower()
+                    if k == _REQUEST_ID:
+                        named = True
+                    elif k == b"content-type" and v.startswith(b"text/event-stream"):
+                        streaming = True
+                if not named:
+                    message = {**message, "headers": [*headers, (_REQUEST_ID, record.request_id.encode())]}
             elif streaming and record.ttft_s is None and message.get("body"):
                 record.ttft_s = time.perf_counter() - record.started
             await send(message)
