@@ -129,7 +129,10 @@ def pool_policy_config(base: PolicyConfig, pd: PdConfig, role: str) -> PolicyCon
 
 def serves_pd(registry: WorkerRegistry, model: str) -> bool:
     """A model with any prefill or decode worker registered is served disaggregated."""
-    return any(w.role in ("prefill", "decode") and w.model == model for w in registry.all())
+    for w in registry.all():  # a loop, not any(genexpr): asked on every request, one frame per worker saved
+        if w.role in ("prefill", "decode") and w.model == model:
+            return True
+    return False
 
 
 # ---------------------------------------------------------------- rooms
