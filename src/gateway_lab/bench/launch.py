@@ -147,6 +147,10 @@ class HttpFleet:
     def urls(self) -> list[str]:
         return [w.url for w in self.workers]
 
+    def stats(self) -> list[dict[str, Any]]:
+        """Each worker's counters, as ``SimFleet.stats`` gives them."""
+        return [w.stats() for w in self.workers]
+
 
 @dataclass(frozen=True, slots=True)
 class Gateway:

@@ -19,7 +19,12 @@ among more caches: how routing's benefit scales with worker count.
 
 ``--peers smg`` adds, for gsp at ``--peer-workers`` workers, the peer gateway (installed by
 ``scripts/peers.sh``) next to ours, both as child processes over the same in-process
-fleet, with text prompts (the peer takes no token-id prompts).
+fleet, with text prompts (the peer takes no token-id prompts); ``--peer-rounds 2`` runs them
+a second time in the other order, and a stall line per round says whether either stalled.
+
+``--worker-transport http`` builds every cell's fleet from the simulator's SGLang HTTP
+workers instead of its gRPC ones: ours sends them the routed token ids on ``/generate``, a
+peer forwards the OpenAI request (text) to their ``/v1/completions``.
 """
 
 from __future__ import annotations
@@ -88,6 +93,12 @@ class MatrixConfig:
     peer_workers: int = option(8, "fleet size of the peer comparison")
     peer_policies: list[str] = option(["round_robin", "cache_aware"], "policies run on ours and on each peer")
     peers_python: str = option(launch.PEERS_PYTHON, "python of the peers' virtualenv")
+    peer_rounds: int = option(1, "rounds of the peer comparison; even rounds run the gateways in reverse order")
+    stall_ratio: float = option(10.0, "a peer-comparison cell stalled: TTFT p99 over this x its p50, or requests/s "
+                                "under 1/this of the best of its round")
+    worker_transport: str = option(
+        "grpc", "how the simulated workers are reached: SGLang's gRPC service, or its HTTP server", choices=["grpc", "http"]
+    )
     gateway: str = option(
         "ours",
         "where our gateway runs for the matrix cells: in the fleet's process and event loop ('ours'), or as "
@@ -110,6 +121,8 @@ class Cell:
     summary: Any  # report.RunSummary
     sim: dict[str, Any] = field(default_factory=dict)
     error: str = ""
+    round: int = 1  # the peer comparison's round
+
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -118,6 +131,7 @@ class Cell:
             "policy": self.policy,
             "gateway": self.gateway,
             "error": self.error,
+            "round": self.round,
             "summary": self.summary.to_dict() if self.summary is not None else None,
             "sim": self.sim,
         }
@@ -227,7 +241,8 @@ async def run_cell(
         duration_s=config.run_timeout_s,
         request_timeout_s=config.request_timeout_s,
     )
-    async with launch.fleet("sim", workers // config.dp_size, sim_config(config)) as fleet:
+    kind = "http" if config.worker_transport == "http" else "sim"
+    async with launch.fleet(kind, workers // config.dp_size, sim_config(config)) as fleet:  # type: ignore[call-overload]
         def drive(url: str, label: str) -> Any:
             return run_workload(url, workload, driver, label=label, on_result=on_result)
 
@@ -332,9 +347,10 @@ async def run_matrix(
         peer_workload = dataclasses.replace(
             wl.gsp(text_gsp, wl.Vocab.from_tokenizer_dir(tokenizer_dir), config.seed), name=PEER_WORKLOAD
         )
-        for p in config.peer_policies:
-            plan.append((peer_workload, config.peer_workers, p, "ours-process"))
-            plan += [(peer_workload, config.peer_workers, p, peer) for peer in config.peers]
+        for rnd in range(1, config.peer_rounds + 1):
+            for p in config.peer_policies:
+                order = ["ours-process", *config.peers]
+                plan += [(peer_workload, config.peer_workers, p, gw) for gw in (order if rnd % 2 else order[::-1])]
     ideals: dict[str, Any] = {}
     cells: list[Cell] = []
     t0 = time.monotonic()
@@ -360,6 +376,8 @@ async def run_matrix(
                 )
             except (RuntimeError, OSError, ValueError) as exc:
                 cell = Cell(workload.name, n, policy, gateway, None, error=str(exc)[:2000])
+            if workload.name == PEER_WORKLOAD:
+                cell.round = 1 + sum(1 for c in cells if (c.workload, c.policy, c.gateway) == (PEER_WORKLOAD, policy, gateway))
             cells.append(cell)
             bars.cell_done()
             console.print(_progress_line(i, len(plan), cell, time.monotonic() - start, time.monotonic() - t0))
@@ -470,19 +488,20 @@ SCALING_HEADER = [
 
 
 def peer_rows(cells: list[Cell]) -> list[list[str]]:
-    """The peer comparison; ratios are against ours (as a process) with the same policy."""
+    """The peer comparison; ratios are against ours (as a process) with the same policy and round."""
     rows = []
     peer_cells = [c for c in cells if c.workload == PEER_WORKLOAD]
-    ref = {c.policy: c for c in peer_cells if c.gateway == "ours-process" and c.summary}
+    ref = {(c.policy, c.round): c for c in peer_cells if c.gateway == "ours-process" and c.summary}
     for c in peer_cells:
         if c.summary is None:
-            rows.append([c.gateway, c.policy, "failed: " + c.error.splitlines()[0][:80], *["-"] * 5])
+            rows.append([str(c.round), c.gateway, c.policy, "failed: " + c.error.splitlines()[0][:80], *["-"] * 6])
             continue
         s = c.summary
-        r = ref.get(c.policy)
+        r = ref.get((c.policy, c.round))
         rs = r.summary if r else None
         rows.append([
-            c.gateway, c.policy, f"{_pct(s.hit_rate)} ({_pct(s.ideal_hit_rate)})",
+            str(c.round), c.gateway, c.policy, f"{_pct(s.hit_rate)} ({_pct(s.ideal_hit_rate)})",
+            f"{s.req_s:,.1f} ({_x(s.req_s, rs.req_s if rs else None)})",
             f"{s.output_tok_s:,.0f} ({_x(s.output_tok_s, rs.output_tok_s if rs else None)})",
             f"{c.sim.get('sim_tok_s') or 0:,.0f} ({_x(c.sim.get('sim_tok_s'), r.sim.get('sim_tok_s') if r else None)})",
             f"{_ms(s.ttft_p50_s)} / {_ms(s.ttft_p99_s)}",
@@ -492,9 +511,30 @@ def peer_rows(cells: list[Cell]) -> list[list[str]]:
 
 
 PEER_HEADER = [
-    "gateway", "policy", "hit rate (ideal)", "output tok/s (x ours)", "sim tok/s (x ours)", "TTFT p50 / p99 ms",
+    "round", "gateway", "policy", "hit rate (ideal)", "requests/s (x ours)", "output tok/s (x ours)", "sim tok/s (x ours)", "TTFT p50 / p99 ms",
     "util", "ok",
 ]  # fmt: skip
+
+
+def peer_stalls(cells: list[Cell], ratio: float) -> list[str]:
+    """Per round and policy of the peer comparison, whether a gateway stalled (TTFT p99 over
+    ``ratio`` x its p50, or requests/s under 1/``ratio`` of the round's best): such a round
+    does not count."""
+    out = []
+    peer_cells = [c for c in cells if c.workload == PEER_WORKLOAD and c.summary is not None]
+    for rnd, policy in dict.fromkeys((c.round, c.policy) for c in peer_cells):
+        group = [c for c in peer_cells if (c.round, c.policy) == (rnd, policy)]
+        best = max(c.summary.req_s for c in group)
+        why = []
+        for c in group:
+            s = c.summary
+            if s.ttft_p50_s and s.ttft_p99_s and s.ttft_p99_s > ratio * s.ttft_p50_s:
+                why.append(f"{c.gateway}: TTFT p99 {_ms(s.ttft_p99_s)} ms > {ratio:g} x p50 {_ms(s.ttft_p50_s)} ms")
+            if best > 0 and s.req_s * ratio < best:
+                why.append(f"{c.gateway}: {s.req_s:.1f} requests/s < 1/{ratio:g} of {best:.1f}")
+        order = " then ".join(c.gateway for c in group)
+        out.append(f"peers round {rnd} ({order}), {policy}: " + ("STALLED: " + "; ".join(why) if why else "no stall"))
+    return out
 
 
 def tables(cells: list[Cell], config: MatrixConfig) -> list[Table]:
@@ -529,6 +569,8 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("--workers must be multiples of --dp-size (they count ranks)")
     if config.dp_size > 1 and ("oracle" in [parse_variant(p)[0] for p in config.policies] or config.peers):
         raise SystemExit("--dp-size > 1 runs our gateway only, without the oracle (it reads one cache per endpoint)")
+    if config.worker_transport == "http" and (config.dp_size > 1 or "oracle" in [parse_variant(p)[0] for p in config.policies]):
+        raise SystemExit("--worker-transport http runs without --dp-size and without the oracle")
     if config.peers and not Path(config.peers_python).exists():
         raise SystemExit(f"{config.peers_python} not found: run scripts/peers.sh first")
     # SIGTERM unwinds like Ctrl-C, so the finally blocks stop the fleets and any peer process.
@@ -544,6 +586,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
     result.tables = tables(cells, config)
+    result.notes += peer_stalls(cells, config.stall_ratio)
     result.data = {
         "matrix": dataclasses.asdict(config),
         "workloads": {

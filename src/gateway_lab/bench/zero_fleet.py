@@ -2,7 +2,9 @@
 
 Why: a side-by-side of two gateways is only fair on a fleet both serve without stalls, and
 it is a second witness beside the simulator, so it shares none of the simulator's code.
-Each worker answers ``Generate`` at once (or at ``step_s`` per token, a GPU's pace): the
+Each worker answers ``Generate`` at once (or at ``step_s`` per token, a GPU's pace; with
+``prefill_token_s``, after its uncached prompt tokens' prefill, one request's at a time, so a
+router that loses the cache, or piles misses on one worker, pays in time to first token): the
 streaming shape of SGLang's ``--grpc-mode`` servicer (one chunk per token with running
 counts, then a ``GenerateComplete`` that repeats the last chunk's tokens), one complete when
 not streaming, finish ``length`` after ``max_new_tokens``. It keeps a set of chained
@@ -133,9 +135,11 @@ class ZeroWorker(pb_grpc.SglangSchedulerServicer):
 
     def __init__(
         self, folder: Path, output: Sequence[int], step_s: float, capacity_tokens: int, context_length: int,
-        port: int = 0, record: IO[str] | None = None,
+        port: int = 0, record: IO[str] | None = None, prefill_token_s: float = 0.0,
     ) -> None:  # fmt: skip
         self.folder = folder
+        self.prefill_token_s = prefill_token_s
+        self._prefill = asyncio.Lock()
         self.port = port
         self.record = record
         self.output = list(output)
@@ -152,6 +156,14 @@ class ZeroWorker(pb_grpc.SglangSchedulerServicer):
         """The first ``n`` output tokens (the reply, cycled)."""
         out = self.output
         return [out[i % len(out)] for i in range(n)]
+
+    async def prefill(self, uncached: int) -> None:
+        """Spend the prefill of ``uncached`` prompt tokens: one prompt at a time per worker
+        (prefill is compute-bound on a GPU), so misses queue behind each other."""
+        if self.prefill_token_s <= 0 or uncached <= 0:
+            return
+        async with self._prefill:
+            await asyncio.sleep(self.prefill_token_s * uncached)
 
     def admit(self, prompt: Sequence[int]) -> int:
         """The prompt's cached tokens (then cached whole), recorded when recording."""
@@ -176,6 +188,7 @@ class ZeroWorker(pb_grpc.SglangSchedulerServicer):
         tokens = self.tokens(max_new)
         self.running += 1
         try:
+            await self.prefill(prompt_len - cached)
             if not request.stream:
                 for index in range(n):
                     complete = pb.GenerateComplete(
@@ -261,7 +274,7 @@ class ZeroWorker(pb_grpc.SglangSchedulerServicer):
 
 async def serve(
     ports: Sequence[int], folder: Path, step_s: float, capacity_tokens: int, context_length: int,
-    record: IO[str] | None = None, http: bool = False, think: bool = False,
+    record: IO[str] | None = None, http: bool = False, think: bool = False, prefill_token_s: float = 0.0,
 ) -> None:  # fmt: skip
     """One server per port until SIGTERM/SIGINT: grpc.aio, or SGLang's HTTP API (``http``)."""
     output = reply_ids(folder, think)
@@ -269,7 +282,7 @@ async def serve(
     runners = []
     tokenizer = None
     for port in ports:
-        worker = ZeroWorker(folder, output, step_s, capacity_tokens, context_length, port, record)
+        worker = ZeroWorker(folder, output, step_s, capacity_tokens, context_length, port, record, prefill_token_s)
         if http:
             from tokenizers import Tokenizer
 
@@ -355,9 +368,10 @@ class ZeroFleet:
     def __init__(
         self, workers: int, tokenizer_dir: Path, *, step_s: float = 0.0, processes: int = 1,
         capacity_tokens: int = 65536, context_length: int = 40960, record_dir: Path | None = None,
-        http: bool = False, think: bool = False,
+        http: bool = False, think: bool = False, prefill_token_s: float = 0.0,
     ) -> None:  # fmt: skip
         self.ports = free_ports(workers)
+        self.prefill_token_s = prefill_token_s
         self.http = http
         self.think = think
         self.record_dir = record_dir
@@ -386,7 +400,8 @@ class ZeroFleet:
             for ports in share:
                 argv = [
                     sys.executable, "-m", "gateway_lab.bench.zero_fleet", "--folder", str(folder),
-                    "--step-s", str(self.step_s), "--capacity-tokens", str(self.capacity_tokens),
+                    "--step-s", str(self.step_s), "--prefill-token-s", str(self.prefill_token_s),
+                    "--capacity-tokens", str(self.capacity_tokens),
                     "--context-length", str(self.context_length), "--ports", *map(str, ports),
                 ]  # fmt: skip
                 if self.http:
@@ -438,7 +453,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--ports", type=int, nargs="+", required=True)
     parser.add_argument("--folder", required=True, help="model folder (tokenizer files and config.json)")
     parser.add_argument("--step-s", type=float, default=0.0, help="seconds per generated token (0: at once)")
-    parser.add_argument("--capacity-tokens", type=int, default=65536, help="prefix cache size per worker")
+    parser.add_argument("--prefill-token-s", type=float, default=0.0,
+                        help="seconds per uncached prompt token before the first token (one prompt at a time)")
+    parser.add_argument("--capacity-tokens", type=int, default=65536, help="prefix cache size per worker, LRU")
     parser.add_argument("--context-length", type=int, default=40960)
     parser.add_argument("--record", default="", help="append one JSON line per Generate to this file")
     parser.add_argument("--http", action="store_true", help="serve SGLang's HTTP API instead of its gRPC service")
@@ -448,6 +465,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         asyncio.run(serve(
             args.ports, Path(args.folder), args.step_s, args.capacity_tokens, args.context_length, record, args.http, args.think,
+            args.prefill_token_s,
         ))  # fmt: skip
     finally:
         if record is not None:

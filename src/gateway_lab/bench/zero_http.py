@@ -54,6 +54,8 @@ class ZeroWorker(Protocol):
 
     def admit(self, prompt: Sequence[int]) -> int: ...
 
+    async def prefill(self, uncached: int) -> None: ...
+
     def tokens(self, n: int) -> list[int]: ...
 
 
@@ -196,6 +198,7 @@ class ZeroHttpWorker:
         head = {"id": f"zero-{time.monotonic_ns()}", "created": int(time.time()), "model": "zero"}
         w.running += 1
         try:
+            await w.prefill(len(ids) - cached)
             if not stream:
                 if w.step_s:
                     await asyncio.sleep(w.step_s * max_new)
@@ -232,6 +235,7 @@ class ZeroHttpWorker:
         tokens = w.tokens(max_new)
         w.running += 1
         try:
+            await w.prefill(len(ids) - cached)
             if not stream:
                 if w.step_s:
                     await asyncio.sleep(w.step_s * max_new)

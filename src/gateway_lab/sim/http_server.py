@@ -3,7 +3,8 @@
 The same worker as the gRPC mode (``SimWorker``: radix cache, step loop, faults),
 served with Starlette on uvicorn. SGLang's routes: ``POST /generate`` (whole or
 SSE-streamed), ``GET /health``, ``/health_generate``, ``/get_model_info``,
-``/get_server_info``, ``/get_load``, ``POST /abort_request``, ``/flush_cache``.
+``/get_server_info``, ``/get_load``, ``POST /abort_request``, ``/flush_cache``, and its
+OpenAI ``POST /v1/completions`` (text or token ids in, text out) and ``GET /v1/models``.
 vLLM's (``api="vllm"``): ``POST /v1/completions`` with a token-id prompt and
 ``return_token_ids``, ``GET /v1/models``, ``/health``, ``/metrics``.
 Requests run through the gRPC mode's own servicer with an in-process call context,
@@ -140,6 +141,8 @@ class SimHttpWorker:
             Route("/get_load", self.load, methods=["GET"]),
             Route("/abort_request", self.abort, methods=["POST"]),
             Route("/flush_cache", self.flush_cache, methods=["GET", "POST"]),
+            Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/v1/models", self.models, methods=["GET"]),
         ])
 
     @property
@@ -260,16 +263,20 @@ class SimHttpWorker:
     # ----------------------------------------------------- vLLM's OpenAI server
     async def completions(self, request: Request) -> Response:
         """``/v1/completions`` with a token-id prompt, as vLLM answers it with
-        ``return_token_ids``: refusals are HTTP 400 before any stream starts."""
+        ``return_token_ids``: refusals are HTTP 400 before any stream starts. SGLang's
+        server (``api="sglang"``) also takes a text prompt, tokenized here, and answers
+        with text: what a gateway that forwards OpenAI requests unchanged sends it."""
+        text = self.api == "sglang"
+        vocab = self.worker.vocab
         try:
             body = orjson.loads(await request.body())
-            req = completion_request(body, uuid.uuid4().hex)
+            req = completion_request(body, uuid.uuid4().hex, vocab.encode if text else None)
         except (orjson.JSONDecodeError, BadBody) as exc:
             return _error(str(exc), 400)
         rank = request.headers.get(DP_RANK_HEADER, "")
         if rank.isdigit():  # vLLM pins the request to that engine; a header it cannot read it ignores
             req.data_parallel_rank = int(rank)
-        builder = CompletionBuilder(req.request_id, self.worker.config.served_name)
+        builder = CompletionBuilder(req.request_id, self.worker.config.served_name, vocab.decode if text else None)
         messages = self._run(req)
         try:
             first = await _first_unless_gone(request, messages)

@@ -13,6 +13,7 @@ an independent witness of that client.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from google.protobuf import struct_pb2
@@ -185,13 +186,19 @@ class AnswerBuilder:
 # ------------------------------------------------------------------ vLLM's OpenAI server
 
 
-def completion_request(body: Any, request_id: str) -> pb.GenerateRequest:
-    """A vLLM ``/v1/completions`` body with a token-id prompt as the servicer's request."""
+def completion_request(
+    body: Any, request_id: str, tokenize: Callable[[str], list[int]] | None = None
+) -> pb.GenerateRequest:
+    """A ``/v1/completions`` body as the servicer's request: a token-id prompt (vLLM's
+    ``return_token_ids`` form), or a text prompt when ``tokenize`` is given (SGLang's
+    OpenAI route, which a gateway that forwards text, such as SMG over HTTP, calls)."""
     if not isinstance(body, dict):
         raise BadBody("the body must be a JSON object")
     prompt = body.get("prompt")
+    if isinstance(prompt, str) and prompt and tokenize is not None:
+        prompt = tokenize(prompt)
     if not isinstance(prompt, list) or not prompt or not all(isinstance(t, int) for t in prompt):
-        raise BadBody("this worker takes token-id prompts (a list of ints)")
+        raise BadBody("prompt must be a list of token ids" + (" or a non-empty text" if tokenize else ""))
     params: dict[str, Any] = {
         key: body[src] for src, key in (
             ("temperature", "temperature"), ("top_p", "top_p"), ("top_k", "top_k"), ("n", "n"),
@@ -207,11 +214,14 @@ def completion_request(body: Any, request_id: str) -> pb.GenerateRequest:
 
 class CompletionBuilder:
     """The completion objects vLLM sends for one request (``return_token_ids``: new ids
-    per streamed chunk, all ids in a whole answer; usage with cached prompt tokens)."""
+    per streamed chunk, all ids in a whole answer; usage with cached prompt tokens).
+    With ``decode`` each choice also carries its tokens' text, as a server that detokenizes
+    (SGLang's) sends it; without, the text is empty and the ids are the answer."""
 
-    def __init__(self, request_id: str, model: str) -> None:
+    def __init__(self, request_id: str, model: str, decode: Callable[[list[int]], str] | None = None) -> None:
         self.request_id = request_id
         self.model = model
+        self.decode = decode
         self.sent: dict[int, int] = {}
         self.usage: dict[str, Any] = {}
 
@@ -234,10 +244,13 @@ class CompletionBuilder:
             "choices": choices, "usage": dict(self.usage) if usage else None,
         }
 
+    def _text(self, ids: list[int]) -> str:
+        return self.decode(ids) if self.decode is not None and ids else ""
+
     def chunk(self, chunk: pb.GenerateStreamChunk, usage: bool) -> dict[str, Any]:
         ids = self._delta(chunk.index, list(chunk.token_ids), chunk.completion_tokens)
         self._note(chunk)
-        return self._object([{"index": chunk.index, "text": "", "token_ids": ids, "finish_reason": None,
+        return self._object([{"index": chunk.index, "text": self._text(ids), "token_ids": ids, "finish_reason": None,
                               "stop_reason": None}], usage)
 
     def finish(self, complete: pb.GenerateComplete, usage: bool, carried: list[int]) -> dict[str, Any]:
@@ -245,7 +258,7 @@ class CompletionBuilder:
         self._note(complete)
         which = complete.WhichOneof("matched_stop")
         return self._object([{
-            "index": complete.index, "text": "", "token_ids": ids, "finish_reason": complete.finish_reason,
+            "index": complete.index, "text": self._text(ids), "token_ids": ids, "finish_reason": complete.finish_reason,
             "stop_reason": getattr(complete, which) if which is not None else None,
         }], usage)
 

@@ -94,3 +94,44 @@ def test_peer_command_line() -> None:
 def test_our_gateway_can_run_as_its_own_process() -> None:
     args = _args("--gateway", "ours-process")
     assert args.gateway == "ours-process"
+
+
+def _peer_cell(gateway: str, rnd: int, req_s: float, p50: float, p99: float) -> matrix.Cell:
+    from gateway_lab.bench.report import RunSummary
+
+    summary = RunSummary(
+        label=gateway, workload=matrix.PEER_WORKLOAD, requests=10, ok=10, errors=0, not_sent=0, wall_s=1.0,
+        prompt_tokens=100, completion_tokens=10, cached_tokens=50, hit_rate=0.5, ideal_hit_rate=0.6,
+        worker_hit_rate=0.5, output_tok_s=10.0, total_tok_s=110.0, req_s=req_s, ttft_p50_s=p50, ttft_p99_s=p99,
+        latency_p50_s=p50, latency_p99_s=p99, spread=None,
+    )  # fmt: skip
+    return matrix.Cell(matrix.PEER_WORKLOAD, 8, "cache_aware", gateway, summary, round=rnd)
+
+
+def test_the_peer_comparison_gives_requests_per_s_per_round_and_a_stall_line() -> None:
+    cells = [
+        _peer_cell("ours-process", 1, 40.0, 0.1, 0.3), _peer_cell("smg", 1, 30.0, 0.1, 0.4),
+        _peer_cell("smg", 2, 30.0, 0.1, 2.0), _peer_cell("ours-process", 2, 20.0, 0.1, 0.3),
+    ]  # fmt: skip
+    rows = matrix.peer_rows(cells)
+    assert [r[:2] for r in rows] == [["1", "ours-process"], ["1", "smg"], ["2", "smg"], ["2", "ours-process"]]
+    assert rows[1][4] == "30.0 (0.75x)" and rows[2][4] == "30.0 (1.50x)"  # against ours in the same round
+    lines = matrix.peer_stalls(cells, 10.0)
+    assert lines[0] == "peers round 1 (ours-process then smg), cache_aware: no stall"
+    assert lines[1].startswith("peers round 2 (smg then ours-process), cache_aware: STALLED: smg: TTFT p99 2,000 ms")
+
+
+@pytest.mark.slow  # two cells over simulated SGLang HTTP workers: ~5-10 s
+def test_matrix_cells_over_sglang_http_workers(tmp_path) -> None:
+    out = tmp_path / "m.json"
+    args = _args(
+        "--workloads", "gsp", "--workers", "2", "--policies", "round_robin", "cache_aware", "--worker-transport", "http",
+        "--per-worker-concurrency", "1", "--json", str(out), *ZERO_COST, *TINY,
+    )  # fmt: skip
+    assert matrix.run(args) == 0
+    cells = {c["policy"]: c for c in json.loads(out.read_text())["cells"]}
+    for cell in cells.values():
+        assert cell["summary"]["ok"] == 12 and cell["summary"]["hit_rate"] == pytest.approx(cell["sim"]["worker_hit_rate"])
+    assert cells["cache_aware"]["summary"]["hit_rate"] > cells["round_robin"]["summary"]["hit_rate"]
+    with pytest.raises(SystemExit, match="without the oracle"):
+        matrix.run(_args("--worker-transport", "http", "--policies", "oracle"))

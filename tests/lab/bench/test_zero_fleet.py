@@ -25,6 +25,7 @@ from gateway_lab.bench.zero_fleet import (
     PAGE_SIZE,
     PrefixCache,
     ZeroFleet,
+    ZeroWorker,
     model_folder,
     placement,
     read_records,
@@ -53,6 +54,21 @@ def test_prefix_cache_evicts_least_recently_used_pages() -> None:
     assert cache.admit(a) == 0
     cache.clear()
     assert cache.admit(a) == 0
+
+
+async def test_uncached_prompt_tokens_cost_prefill_time_one_prompt_at_a_time(tmp_path: Path) -> None:
+    import asyncio
+    import time
+
+    folder = model_folder(default_tokenizer_dir(), tmp_path, 4096)
+    worker = ZeroWorker(folder, [1], 0.0, 8192, 4096, prefill_token_s=0.001)
+    t0 = time.perf_counter()
+    await asyncio.gather(worker.prefill(40), worker.prefill(40), worker.prefill(0))
+    assert time.perf_counter() - t0 >= 0.08  # two 40 ms prefills queue on one worker; a full hit costs nothing
+    free = ZeroWorker(folder, [1], 0.0, 8192, 4096)
+    t0 = time.perf_counter()
+    await free.prefill(10_000)
+    assert time.perf_counter() - t0 < 0.05
 
 
 def test_prompts_sharing_their_first_pages_share_a_key() -> None:

@@ -183,3 +183,20 @@ async def test_the_vllm_api_pins_a_rank_by_header_and_reports_each_engine() -> N
             assert 'vllm:num_requests_running{engine="1"' in metrics and 'engine="1",num_gpu_blocks=' in metrics
             bad = await http.post("/v1/completions", json=body, headers={"x-data-parallel-rank": "2"})
             assert bad.status_code == 400 and "out of range" in bad.text
+
+
+async def test_the_sglang_api_takes_text_completions_and_caches_their_tokens(
+    sim: tuple[SimHttpWorker, httpx.AsyncClient],
+) -> None:
+    worker, http = sim
+    prompt = "The same long system prompt for everyone. " * 8
+    body = {"model": "m", "prompt": prompt, "max_tokens": 3, "stream": True, "stream_options": {"include_usage": True}}
+    await http.post("/v1/completions", json=body)
+    got = events((await http.post("/v1/completions", json=body)).text)
+    assert got[-1] == "[DONE]"
+    text = "".join(c["text"] for e in got[:-1] for c in e["choices"])
+    usage = got[-2]["usage"]
+    assert text and usage["completion_tokens"] == 3
+    ids = worker.worker.vocab.encode(prompt)
+    assert usage["prompt_tokens"] == len(ids) and usage["prompt_tokens_details"]["cached_tokens"] == len(ids) // 16 * 16
+    assert (await http.get("/v1/models")).json()["data"][0]["id"] == worker.config.served_name

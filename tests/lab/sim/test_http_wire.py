@@ -107,3 +107,22 @@ def test_vllm_completion_objects_carry_new_ids_and_usage() -> None:
                                         completion_tokens=2), False, [])
     assert done["choices"][0]["token_ids"] == [6] and done["choices"][0]["stop_reason"] == 6
     assert done["usage"] is None and b.usage_only()["usage"]["completion_tokens"] == 2
+
+
+def test_a_text_completion_is_tokenized_only_where_the_server_has_a_tokenizer() -> None:
+    from gateway_lab.sim.http_wire import completion_request
+
+    req = completion_request({"prompt": "ab", "max_tokens": 2}, "r", tokenize=lambda s: [ord(c) for c in s])
+    assert list(req.tokenized.input_ids) == [97, 98] and req.sampling_params.max_new_tokens == 2
+    with pytest.raises(BadBody, match="or a non-empty text"):
+        completion_request({"prompt": ""}, "r", tokenize=lambda s: [1])
+
+
+def test_completion_objects_carry_text_when_the_server_detokenizes() -> None:
+    from gateway_lab.sim.http_wire import CompletionBuilder
+
+    b = CompletionBuilder("r", "served", decode=lambda ids: "".join(chr(i) for i in ids))
+    chunk = b.chunk(pb.GenerateStreamChunk(token_ids=[104], prompt_tokens=3, completion_tokens=1), False)
+    assert chunk["choices"][0]["text"] == "h"
+    done = b.finish(pb.GenerateComplete(output_ids=[105], finish_reason="length", completion_tokens=2), False, [])
+    assert done["choices"][0]["text"] == "i" and done["choices"][0]["token_ids"] == [105]

@@ -18,7 +18,10 @@ neither always runs first. Loads, each bounded in requests and ``--cap-s``:
 * ``short-stream-think``: the same on workers whose answers open with a think block (the
   reasoning parser splits the tokens until it ends; ``short-stream``'s answers have none);
 * ``gsp-paced``: the shared-prefix burst (text completions, streamed) on ``--gsp-workers``
-  workers that emit one token per ``--worker-step-s``, a GPU's pace.
+  workers that emit one token per ``--worker-step-s``, a GPU's pace, ``--gsp-concurrency``
+  in flight. ``--gsp-kv-tokens`` bounds each worker's prefix cache (LRU) and
+  ``--gsp-prefill-token-s`` makes its uncached prompt tokens cost time before the first
+  token, so a router that spreads a group over workers loses hits and pays in TTFT.
 
 Per gateway and load: requests/s, latency p50/p99 (TTFT for streams), the router
 process's user+system CPU over the load window divided by requests served (and by
@@ -71,6 +74,7 @@ FIGURES = (
     ("p50_ms", "latency p50 ms"),
     ("p99_ms", "latency p99 ms"),
     ("ttft_p50_ms", "TTFT p50 ms"),
+    ("ttft_p99_ms", "TTFT p99 ms"),
     ("cpu_ms_per_request", "CPU ms/request"),
     ("cpu_us_per_token", "CPU µs/relayed token"),
     ("tokens_per_event", "relayed tokens per streamed text event"),
@@ -93,7 +97,7 @@ def load_row(done: Sequence[Reply], wall: float, cpu: float) -> dict[str, Any]:
         "requests": len(done), "seconds": round(wall, 2),
         "requests_per_s": round(len(done) / wall, 1) if wall > 0 else 0.0,
         "p50_ms": round(pct(lat, 0.5), 2), "p99_ms": round(pct(lat, 0.99), 2),
-        "ttft_p50_ms": round(pct(ttft, 0.5), 2),
+        "ttft_p50_ms": round(pct(ttft, 0.5), 2), "ttft_p99_ms": round(pct(ttft, 0.99), 2),
         "cpu_ms_per_request": round(1e3 * cpu / max(1, len(done)), 3),
         "cpu_us_per_token": round(1e6 * cpu / max(1, tokens), 1),
         "tokens_per_event": round(tokens / events, 2) if events else None,
@@ -259,7 +263,8 @@ async def run_gateway(name: str, fleet: ZeroFleet, loads: Sequence[str], prompts
                 spy = Path(args.profile) / f"{name}-{load}.txt" if args.profile and name != "smg" else None
                 t0 = time.time()
                 with profiling(gw.pid, spy, args.profile_rate, True):
-                    out[load] = await _measure(gw, client, bodies, args.concurrency, args.cap_s)
+                    concurrency = (args.gsp_concurrency or args.concurrency) if load == "gsp-paced" else args.concurrency
+                    out[load] = await _measure(gw, client, bodies, concurrency, args.cap_s)
                 if fleet.record_dir is not None:
                     await asyncio.sleep(0.5)  # the fleet flushes its record every 0.2 s
                     where = placement(read_records(fleet.record_dir, t0, time.time()))
@@ -333,6 +338,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 async with launch.fleet(
                     "zero", args.gsp_workers, tokenizer_dir=tokenizer, step_s=args.worker_step_s,
                     processes=args.fleet_processes, record_dir=Path(record), http=args.worker_transport == "http",
+                    capacity_tokens=args.gsp_kv_tokens, prefill_token_s=args.gsp_prefill_token_s,
                 ) as fleet:  # fmt: skip
                     for name in order:
                         entry["gateways"][name] |= await run_gateway(name, fleet, ["gsp-paced"], prompts, args)
@@ -375,6 +381,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gsp-question-tokens", type=int, default=128)
     parser.add_argument("--gsp-output-tokens", type=int, default=128)
     parser.add_argument("--gsp-warm", type=int, default=32, help="gsp: warm-up requests (other prompts), then caches flushed")
+    parser.add_argument("--gsp-concurrency", type=int, default=0, help="gsp: requests in flight (0: --concurrency)")
+    parser.add_argument("--gsp-kv-tokens", type=int, default=65536, help="gsp: each worker's prefix cache, tokens (LRU)")
+    parser.add_argument("--gsp-prefill-token-s", type=float, default=0.0,
+                        help="gsp: seconds per uncached prompt token before the first token, one prompt at a time per worker")
     parser.add_argument("--worker-step-s", type=float, default=0.02, help="gsp-paced: seconds per token per stream")
     parser.add_argument("--stall-ratio", type=float, default=10.0)
     parser.add_argument("--cap-s", type=float, default=60.0, help="time cap per load, seconds")

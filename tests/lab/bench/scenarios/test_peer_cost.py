@@ -25,7 +25,7 @@ def test_load_row_divides_cpu_by_requests_and_tokens() -> None:
     assert row["requests"] == 4 and row["requests_per_s"] == 2.0 and row["tokens_per_event"] == 2.0
     assert peer_cost.load_row(done[:1] and [Reply(0.01, 0.01, 8)], wall=1.0, cpu=0.001)["tokens_per_event"] is None
     assert row["cpu_ms_per_request"] == 1.0 and row["cpu_us_per_token"] == 125.0
-    assert row["p50_ms"] == 25.0 and row["ttft_p50_ms"] == 5.0 and row["hit_rate"] == 0.5
+    assert row["p50_ms"] == 25.0 and row["ttft_p50_ms"] == 5.0 and row["ttft_p99_ms"] == 5.0 and row["hit_rate"] == 0.5
 
 
 def test_stalls_name_a_long_tail_and_a_collapsed_rate() -> None:
@@ -68,6 +68,7 @@ def test_tiny_run_reports_every_load(tmp_path: Path, transport: str) -> None:
         "--requests", "12", "--warm", "4", "--concurrency", "4", "--short-max-tokens", "3", "--stream-max-tokens", "5",
         "--gsp-workers", "2", "--gsp-groups", "1", "--gsp-prompts-per-group", "3", "--gsp-system-tokens", "64",
         "--gsp-question-tokens", "8", "--gsp-output-tokens", "4", "--gsp-warm", "1", "--worker-step-s", "0.001",
+        "--gsp-concurrency", "2", "--gsp-kv-tokens", "4096", "--gsp-prefill-token-s", "0.0001",
         "--cap-s", "30", "--json", str(out),
     ]  # fmt: skip
     done = subprocess.run(argv, capture_output=True, text=True, timeout=240, check=False)
