@@ -127,3 +127,89 @@ async def test_a_client_that_leaves_fires_its_requests_hook_and_a_finished_one_d
         server.should_exit = True
         server.force_exit = True
         await serving
+
+
+def _raw(port: int, path: str) -> bytes:
+    """A whole HTTP/1.1 response to a GET that closes its connection, head and body."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(f"GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n".encode())
+        got = b""
+        while chunk := sock.recv(65536):
+            got += chunk
+        return got
+
+
+async def test_a_chunk_writer_sends_the_bytes_send_would_and_declines_what_send_must_do() -> None:
+    """On a real server: the request's ``ChunkWriter`` puts on the wire exactly what ``send``
+    does for ``more_body`` chunks (an empty one ends nothing); before the head, and for a
+    response with a content-length, it declines (False) and the caller uses ``send``."""
+    from gateway.server.http.guard import CHUNK_WRITER
+
+    declined: list[tuple[str, bool]] = []
+    parts = [b"data: a\n\n", b"", b"data: \xc3\xa9\n\n" * 20]
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        writer = scope["extensions"][CHUNK_WRITER]
+        declined.append(("before head", writer.write(b"x")))
+        if scope["path"] == "/sized":
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"4")]})
+            declined.append(("sized", writer.write(b"x")))
+            await send({"type": "http.response.body", "body": b"done"})
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+        for part in parts:
+            if scope["path"] == "/send":
+                await send({"type": "http.response.body", "body": part, "more_body": True})
+            else:
+                assert writer.write(part)
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+
+    server = uvicorn.Server(http_server_config(app, HttpLimitsConfig(), host="127.0.0.1", port=0))
+    serving = asyncio.create_task(server.serve())
+    try:
+        for _ in range(1000):
+            if server.started:
+                break
+            await asyncio.sleep(0.01)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        sent = await asyncio.to_thread(_raw, port, "/send")
+        written = await asyncio.to_thread(_raw, port, "/write")
+        sized = await asyncio.to_thread(_raw, port, "/sized")
+    finally:
+        server.should_exit = True
+        await serving
+    body = sent.split(b"\r\n\r\n", 1)[1]
+    assert body == b"9\r\ndata: a\n\n\r\n" + b"%x\r\n" % len(parts[2]) + parts[2] + b"\r\n" + b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n"
+    assert written.split(b"\r\n\r\n", 1)[1] == body
+    assert sized.endswith(b"\r\n\r\ndone")
+    assert declined == [("before head", False)] * 3 + [("sized", False)]
+
+
+def test_a_chunk_writer_declines_while_writes_are_paused_and_drops_a_gone_clients_chunks() -> None:
+    """Paused writes are ``send``'s to wait out (False); a client that left gets nothing and
+    the caller goes on (True), as ``send`` returns silently then."""
+    from types import SimpleNamespace
+
+    from gateway.server.http.guard import ChunkWriter
+
+    class Cycle(SimpleNamespace):  # uvicorn's cycle, as far as the writer reads it (weakly referable)
+        pass
+
+    out: list[bytes] = []
+    cycle = Cycle(
+        disconnected=False, flow=SimpleNamespace(write_paused=True), chunked_encoding=True,
+        response_started=True, response_complete=False, transport=SimpleNamespace(write=out.append),
+    )
+    writer = ChunkWriter(cycle)
+    assert writer.write(b"paused") is False
+    cycle.flow.write_paused = False
+    assert writer.write(b"ok") is True
+    cycle.response_complete = True
+    assert writer.write(b"late") is False
+    cycle.response_complete, cycle.disconnected = False, True
+    assert writer.write(b"gone") is True
+    assert out == [b"2\r\nok\r\n"]
+    del cycle
+    assert writer.write(b"freed") is True  # the request is gone with its cycle

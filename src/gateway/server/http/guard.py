@@ -21,6 +21,7 @@ read and three clock reads per request; one timer per server sweeps the deadline
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -82,6 +83,41 @@ class DisconnectHook:
         callback, self.callback = self.callback, None
         if callback is not None:
             callback()
+
+
+CHUNK_WRITER = "gateway.chunk_writer"  # scope["extensions"] key: the request's ChunkWriter
+
+
+class ChunkWriter:
+    """Writes a streamed response's body chunks straight to the connection, as uvicorn's
+    ``send`` would for an ``http.response.body`` message with ``more_body`` (the same
+    chunked-encoding bytes, to the same coalescing transport), without the message dict
+    and the coroutines of ``send`` and of every middleware that wraps it: the relay writes
+    one such chunk per token. Only where ``send`` would do nothing else: ``write`` says
+    False when the response is not a started, unfinished, chunked one or the transport
+    asked to pause writing, and the caller then sends the message the ASGI way (which
+    waits for the drain)."""
+
+    __slots__ = ("_cycle",)
+
+    def __init__(self, cycle: Any) -> None:
+        # uvicorn's RequestResponseCycle of this request, which holds the scope that holds
+        # this writer: weakly, so a finished request is freed without the cyclic collector.
+        self._cycle = weakref.ref(cycle)
+
+    def write(self, body: bytes) -> bool:
+        """Send ``body`` as the next chunk now; False: use ``send`` instead. A client that
+        left: True, the chunk dropped (as ``send`` drops it)."""
+        cycle = self._cycle()
+        if cycle is None or cycle.disconnected or not body:  # an empty chunk would end the response: ``send`` skips it too
+            return True
+        if (
+            cycle.flow.write_paused or cycle.chunked_encoding is not True
+            or not cycle.response_started or cycle.response_complete
+        ):
+            return False
+        cycle.transport.write(b"%x\r\n%b\r\n" % (len(body), body))
+        return True
 
 
 def _client_left(cycle: Any) -> None:
@@ -268,6 +304,10 @@ class GuardedHttpTools(HttpToolsProtocol):
             extensions = scope["extensions"] = {}
         extensions[DISCONNECT_HOOK] = DisconnectHook()
         super().on_headers_complete()
+        cycle = self.cycle
+        if cycle is not None and cycle.scope is scope and scope["method"] != "HEAD":
+            # Before the request's task first runs (it starts on a later loop turn).
+            extensions[CHUNK_WRITER] = ChunkWriter(cycle)
 
     def on_body(self, body: bytes) -> None:
         size = len(body)

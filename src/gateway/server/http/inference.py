@@ -42,7 +42,7 @@ from gateway.protocol.errors import GatewayError
 from gateway.server.admission import Ticket
 from gateway.server.http.door import CLIENT_CLOSED, HttpDoor
 from gateway.server.http.forward import forward
-from gateway.server.http.guard import DISCONNECT_HOOK, DisconnectHook
+from gateway.server.http.guard import CHUNK_WRITER, DISCONNECT_HOOK, ChunkWriter, DisconnectHook
 from gateway.server.http.sse import DONE, sse_error
 from gateway.server.http.util import (
     ClientGone,
@@ -337,11 +337,19 @@ class _Request:
         send = self.send
         await send(_head(200, self.path.door.headers_for(ctx), _SSE_HEADERS))
         body = self.send_raw  # a more_body message changes none of self.send's flags: skip its layer
+        # The gateway's own server writes the events after the first straight to the
+        # connection (``guard.ChunkWriter``); the first goes through ``send``, whose
+        # observability layer times it (TTFT).
+        writer: ChunkWriter | None = self.scope.get("extensions", {}).get(CHUNK_WRITER)
+        write: Callable[[bytes], bool] | None = None
         try:
             try:
                 async for event in events.events:
                     data = event if type(event) is bytes else b"".join((b"data: ", event.to_json(), b"\n\n"))
-                    await body({"type": "http.response.body", "body": data, "more_body": True})
+                    if write is None or not write(data):
+                        await body({"type": "http.response.body", "body": data, "more_body": True})
+                        if writer is not None:
+                            write = writer.write
             except GatewayError as exc:
                 log.warning("request %s failed mid-stream: %s", ctx.request_id, exc.message)
                 shape = self.route.error_body
