@@ -312,3 +312,35 @@ async def test_a_probe_that_fails_while_other_calls_progress_is_not_a_stall() ->
     stream = task.result()
     assert stream.worker.id == "a:1" and obs.retries == [] and busy.available
     await stream.abort()
+
+
+async def test_an_answer_before_the_first_check_makes_no_task_for_the_checks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The common case costs no task: the read runs in the request's own task and the checks
+    only start (as a task of their own) once the first check's time is up."""
+    a = FakeTransport("grpc://a:1").script(complete([5, 6]))
+    _, obs, task = await open_whole(a)
+    loop = asyncio.get_running_loop()
+    made: list[object] = []
+    real = loop.create_task
+    monkeypatch.setattr(loop, "create_task", lambda coro, **kw: made.append(coro) or real(coro, **kw))
+    stream = await asyncio.wait_for(task, 2.0)
+    assert stream.worker.id == "a:1" and obs.retries == [] and a.health_checks == 0
+    assert made == []
+    await stream.abort()
+
+
+async def test_a_client_that_leaves_while_the_checks_run_cancels_the_request() -> None:
+    """Cancelling the request while its worker is being checked is the client's cancel: the
+    request ends cancelled (no retry elsewhere, no stall verdict), the call is stopped and
+    its slot freed."""
+    a = FakeTransport("grpc://a:1").script(HANG)
+    b = FakeTransport("grpc://b:1").script(complete([7]))
+    f, obs, task = await open_whole(a, b, whole=WholeAnswer(check_s=0.05), hung=(a,))
+    await asyncio.sleep(0.08)  # past the first check point: the checks (a probe that hangs) run
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await settle()
+    sick = f.worker("a:1")
+    assert obs.retries == [] and a.calls[0].cancelled and sick.progress.stalls == 0
+    assert (sick.load.in_flight, sick.load.silent) == (0, 0)

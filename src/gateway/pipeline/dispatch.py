@@ -406,31 +406,57 @@ async def _whole_answer(
         return min(progress.answer_allowed_s(budget, worker.load.queued_prefill_tokens), whole.check_s)
 
     last_resort = max(config.first_token_timeout_s, progress.answer_allowed_s(budget, worker.load.queued_prefill_tokens))
-    read = asyncio.ensure_future(call.read())
-    wait_s = min(allowed_s(), last_resort)
+    # The read runs in this task. Most answers come within the first check's time, so no
+    # task or wait set is made for the checks up front: a timer starts them when that time
+    # is up, and a verdict stops the call (its pending read raises CancelledError), which
+    # this task turns into the verdict. A call that ended first (its answer in) is not
+    # stopped, and that answer is returned.
+    loop = asyncio.get_running_loop()
+    verdict: list[BaseException] = []
+    checks: list[asyncio.Task[None]] = []
+
+    async def check() -> None:
+        try:
+            failure = await _overdue(worker, started, last_resort, allowed_s)
+        except Exception as exc:  # a check that fails ends the wait with its error, as it did inline
+            failure = exc
+        verdict.append(failure)
+        if not call.cancel():
+            verdict.clear()
+
+    timer = loop.call_later(min(allowed_s(), last_resort), lambda: checks.append(loop.create_task(check())))
     try:
-        while True:
-            done, _ = await asyncio.wait((read,), timeout=wait_s)
-            if done:
-                return read.result()
-            now = time.monotonic()
-            if now - started >= last_resort:
-                raise TimeoutError  # the last-resort cap, as for any first message
-            allowed = allowed_s()
-            silent_s = now - max(started, progress.last_heard_at)
-            if silent_s >= allowed:
-                asked = time.monotonic()
-                probe_s = progress.allowed_s(worker.load.queued_prefill_tokens)
-                if not await answers_probe(worker, probe_s) and progress.last_heard_at < asked:
-                    if read.done():
-                        return read.result()
-                    raise AnswerOverdue(time.monotonic() - max(started, progress.last_heard_at), allowed)
-                now = time.monotonic()
-                silent_s = now - max(started, progress.last_heard_at)
-            wait_s = max(0.0, min(allowed - silent_s, started + last_resort - now))
+        return await call.read()
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if verdict and not (task is not None and task.cancelling()):
+            raise verdict[0] from None
+        raise
     finally:
-        if not read.done():
-            read.cancel()
+        timer.cancel()
+        if checks:
+            checks[0].cancel()
+
+
+async def _overdue(worker: Worker, started: float, last_resort: float, allowed_s: Callable[[], float]) -> BaseException:
+    """The checks of ``_whole_answer`` once its first wait is over, until one fails: a
+    ``TimeoutError`` at the last resort, ``AnswerOverdue`` for a worker that stays unheard
+    and does not answer its probe. A worker heard from is waited for again."""
+    progress = worker.progress
+    while True:
+        now = time.monotonic()
+        if now - started >= last_resort:
+            return TimeoutError()  # the last-resort cap, as for any first message
+        allowed = allowed_s()
+        silent_s = now - max(started, progress.last_heard_at)
+        if silent_s >= allowed:
+            asked = time.monotonic()
+            probe_s = progress.allowed_s(worker.load.queued_prefill_tokens)
+            if not await answers_probe(worker, probe_s) and progress.last_heard_at < asked:
+                return AnswerOverdue(time.monotonic() - max(started, progress.last_heard_at), allowed)
+            now = time.monotonic()
+            silent_s = now - max(started, progress.last_heard_at)
+        await asyncio.sleep(max(0.0, min(allowed - silent_s, started + last_resort - now)))
 
 
 async def open_generate(
