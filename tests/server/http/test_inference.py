@@ -230,3 +230,86 @@ async def test_a_server_disconnect_hook_cancels_the_request_without_a_watcher_ta
     await asyncio.wait_for(request, 5)
     assert cancelled.is_set() and sent[0]["status"] == 499
     assert hook.callback is None
+
+
+class _Stream:
+    """A generation's worker stream, as ``Events.aclose`` sees it."""
+
+    def __init__(self) -> None:
+        self.closed = False
+        self.aborts: list[str] = []
+
+    async def abort(self, reason: str = "client gone") -> None:
+        self.aborts.append(reason)
+        self.closed = True
+
+
+async def _run_streamed(app: GatewayApp, monkeypatch: pytest.MonkeyPatch, events: Any, *, fire_in_open: bool) -> tuple[list[dict[str, Any]], _Stream, asyncio.Task[None], Any]:
+    """One streamed request on the path whose route opens ``events()``; the client leaves
+    (its ``DisconnectHook`` fires) inside ``open`` or once the first event went out."""
+    from types import SimpleNamespace
+
+    from gateway.endpoints.events import Events
+    from gateway.server.http.guard import DISCONNECT_HOOK, DisconnectHook
+
+    hook = DisconnectHook()
+    stream = _Stream()
+
+    async def open_(req: Any, ctx: Any) -> Any:
+        if fire_in_open:
+            hook.fire()
+        return Events(events(), [SimpleNamespace(stream=stream)])  # type: ignore[list-item]
+
+    routes = {path: dataclasses.replace(r, open=open_) for path, r in app.inference.routes.items()}
+    monkeypatch.setattr(app.inference, "routes", routes)
+    messages = [{"type": "http.request", "body": b'{"text": "hi", "stream": true}', "more_body": False}]
+    sent: list[dict[str, Any]] = []
+    first = asyncio.Event()
+
+    async def receive() -> dict[str, Any]:
+        return messages.pop(0)
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+        if message.get("body"):
+            first.set()
+
+    scope = {"type": "http", "method": "POST", "path": "/generate", "headers": [], "query_string": b"",
+             "extensions": {DISCONNECT_HOOK: hook}}
+    request = asyncio.get_running_loop().create_task(app(scope, receive, send))
+    if not fire_in_open:
+        await asyncio.wait_for(first.wait(), 5)
+        hook.fire()
+    await asyncio.wait_for(request, 5)
+    return sent, stream, request, hook
+
+
+async def test_a_stream_is_relayed_in_a_task_of_its_own_that_a_client_leaving_cancels(app: GatewayApp, monkeypatch: pytest.MonkeyPatch) -> None:
+    relayed_in: list[asyncio.Task[Any] | None] = []
+    ended: list[str] = []
+
+    async def events() -> Any:
+        relayed_in.append(asyncio.current_task())
+        try:
+            yield b"data: one\n\n"
+            await asyncio.sleep(30)
+            yield b"data: never\n\n"
+        finally:
+            ended.append("generator closed")
+
+    sent, stream, request, _ = await _run_streamed(app, monkeypatch, events, fire_in_open=False)
+    assert relayed_in and relayed_in[0] is not request and relayed_in[0] is not None and relayed_in[0].cancelled()
+    assert ended == ["generator closed"] and stream.aborts == ["client gone"]
+    assert [m.get("body") for m in sent if m["type"] == "http.response.body"] == [b"data: one\n\n"]
+
+
+async def test_a_client_that_leaves_before_its_relay_ever_ran_still_ends_its_generations(app: GatewayApp, monkeypatch: pytest.MonkeyPatch) -> None:
+    ran: list[bool] = []
+
+    async def events() -> Any:
+        ran.append(True)
+        yield b"data: never\n\n"
+
+    sent, stream, _, _ = await _run_streamed(app, monkeypatch, events, fire_in_open=True)
+    assert ran == [] and stream.aborts == ["client gone"]
+    assert sent[0]["status"] == 499  # nothing of the stream went out: nginx's 499

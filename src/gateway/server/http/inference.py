@@ -331,6 +331,19 @@ class _Request:
         await response(self.scope, self.receive, self.send)
 
     async def _stream(self, events: Events, ctx: RequestContext) -> None:
+        """``_relay`` in a task of its own. A task's every wake-up resumes each coroutine
+        it awaits through, and the request's own task awaits through the server's,
+        the middleware's and this path's frames before it reaches the relay's: resumed
+        once per relayed token, they cost more than the one task per stream. Cancelling
+        the request's task (the client left) cancels this one; ``events`` is closed here
+        too, in case that happened before the relay ever ran."""
+        relay = self.task.get_loop().create_task(self._relay(events, ctx))
+        try:
+            await relay
+        finally:
+            await events.aclose()
+
+    async def _relay(self, events: Events, ctx: RequestContext) -> None:
         """The one SSE writer: one loop from typed events (or an event already written: the
         common completion or chat token, asked for with ``SSE_FRAME``) to SSE bytes on the
         socket; a mid-stream error becomes an error event, then ``[DONE]``."""
