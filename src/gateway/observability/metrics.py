@@ -152,6 +152,7 @@ class GatewayMetrics(PipelineObserver):
             self.stage_seconds.labels(stage=stage)
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self._recorders: dict[tuple[int, tuple[str, ...]], Any] = {}
+        self._stage_observe: dict[str, Any] = {}
 
     def _child(self, metric: Any, *values: str) -> Any:
         """``metric.labels(*values)`` (values in the metric's label order), memoized:
@@ -184,7 +185,10 @@ class GatewayMetrics(PipelineObserver):
             record.model = model
 
     def stage(self, name: str, seconds: float) -> None:
-        later(self.recorder(self.stage_seconds, name).observe, seconds)  # off the request's path
+        observe = self._stage_observe.get(name)
+        if observe is None:  # one lookup per stage name for the process's life, not per request
+            observe = self._stage_observe[name] = self.recorder(self.stage_seconds, name).observe
+        later(observe, seconds)  # off the request's path
         if self.tracing is not None:
             self.tracing.stage(name, seconds)
 
