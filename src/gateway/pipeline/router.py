@@ -204,8 +204,11 @@ class Router:
                     raise NoWorkerAvailable(f"no available {role} worker for model {request.model!r}")
             if self.slot_headroom >= 0 and self.gate is None:
                 views = slot_bounded(views, self.slot_headroom)
-        for w in live:
-            self._check_cache_params(w)
+        known = self._cache_params
+        for w in live:  # the check's own call only when a worker's figures differ from what it last saw
+            info = w.info
+            if known.get(w.id) != (info.page_size, info.kv_capacity_tokens):
+                self._check_cache_params(w)
         policy = self.policy(request.model, role)
         decision = policy.select(request, views)
         packed = policy.packed(request)  # cache_aware has packed the prompt already
