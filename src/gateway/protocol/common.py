@@ -28,18 +28,25 @@ class RequestModel(BaseModel):
     def _null_means_default(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
-        fields = cls.model_fields
-        drop = [
-            key
-            for key, value in data.items()
-            if value is None
-            and key in fields
-            and not fields[key].is_required()
-            and (fields[key].default is not None or fields[key].default_factory is not None)
-        ]
+        for value in data.values():
+            if value is None:
+                break
+        else:  # no null at all: the common request, answered without the fields' walk
+            return data
+        defaulted = _NULL_DEFAULTED.get(cls)
+        if defaulted is None:  # a class's fields are fixed once it is built: worked out once
+            defaulted = _NULL_DEFAULTED[cls] = frozenset(
+                key for key, f in cls.model_fields.items()
+                if not f.is_required() and (f.default is not None or f.default_factory is not None)
+            )
+        drop = [key for key, value in data.items() if value is None and key in defaulted]
         if not drop:
             return data
         return {k: v for k, v in data.items() if k not in drop}
+
+
+# Per request model: the fields whose explicit null means their (non-null) default.
+_NULL_DEFAULTED: dict[type[RequestModel], frozenset[str]] = {}
 
 
 def json_text_too_deep(text: str, limit: int = limits.MAX_JSON_DEPTH) -> bool:
