@@ -11,7 +11,7 @@ import pytest
 
 from gateway.policies import explain
 from gateway.policies.base import Decision, LoadSnapshot, RouteRequest, WorkerView
-from gateway.policies.cache_aware import CacheAwarePolicy, CostKnobs
+from gateway.policies.cache_aware import DEFAULT_SPREAD_PREFILL_WEIGHT, CacheAwarePolicy, CostKnobs
 from gateway.policies.hot_prefix import sure_count
 
 from .helpers import req, tokens, views, with_load
@@ -529,7 +529,7 @@ def test_queued_prefill_weight_follows_how_concentrated_the_prefixes_are() -> No
     p = policy()
     assert p.queued_prefill_weight(8) == 1.0  # nothing seen yet: balance first
     _prime(p, hot=False)
-    assert p.queued_prefill_weight(8) == pytest.approx(0.5)  # 64 even prefixes: spread
+    assert p.queued_prefill_weight(8) == pytest.approx(DEFAULT_SPREAD_PREFILL_WEIGHT)  # 64 even prefixes: spread
     q = policy()
     _prime(q, hot=True)
     assert q.queued_prefill_weight(8) == pytest.approx(1.0)  # one prefix is half the traffic
@@ -550,21 +550,40 @@ def test_queued_prefill_weight_is_linear_around_one_workers_share() -> None:
         p.hot.observe(1 if i % 6 == 0 else 10_000 + i % 512)
     load = p.hot.top_load(9)
     assert load is not None and 1.0 < load < 1.25
-    assert p.queued_prefill_weight(9) == pytest.approx(0.5 + 0.5 * (load - 1.0) / 0.25)
+    lo = DEFAULT_SPREAD_PREFILL_WEIGHT
+    assert p.queued_prefill_weight(9) == pytest.approx(lo + (1.0 - lo) * (load - 1.0) / 0.25)
 
 
 def test_a_holder_keeps_its_prefix_longer_while_no_prefix_is_hot() -> None:
-    """Queued prefill worth 1.5x the cached prefix: under spread traffic (weight 0.5) the
-    holder keeps the request; once some other prefix is hot (weight 1.0) it spills."""
-    for hot, kept in ((False, True), (True, False)):
-        p = policy()
-        _prime(p, hot=hot)
-        ws = views(4)
-        holder = send(p, req(SYSTEM + tokens(100, 2)), ws).worker_id
-        loaded = with_load(ws, holder, queued_prefill_tokens=3_000)
-        d = p.select(req(SYSTEM + tokens(100, 3)), loaded)
-        assert (d.worker_id == holder) is kept, (hot, d)
-        assert d.reason == ("cache_hit" if kept else "load_balanced")
+    """Queued prefill worth 1.5x and 3x the cached prefix: under spread traffic the holder
+    keeps the request; once some other prefix is hot (weight 1.0) it spills."""
+    for queued in (3_000, 6_000):
+        for hot, kept in ((False, True), (True, False)):
+            p = policy()
+            _prime(p, hot=hot)
+            ws = views(4)
+            holder = send(p, req(SYSTEM + tokens(100, 2)), ws).worker_id
+            loaded = with_load(ws, holder, queued_prefill_tokens=queued)
+            d = p.select(req(SYSTEM + tokens(100, 3)), loaded)
+            assert (d.worker_id == holder) is kept, (queued, hot, d)
+            assert d.reason == ("cache_hit" if kept else "load_balanced")
+
+
+def test_a_conversation_turn_stays_behind_one_long_queued_prompt_under_spread_traffic() -> None:
+    """The conversation trace's lost hits: a turn whose history (600 tokens) one worker holds,
+    that worker prefilling one other 2,000-token prompt, another idle. A spill recomputes the
+    history for a few milliseconds of this turn's wait and leaves it on two workers."""
+    p = policy()
+    _prime(p, hot=False)
+    ws = views(4)
+    history = tokens(600, 11)
+    holder = send(p, req(history + tokens(40, 12)), ws).worker_id
+    loaded = with_load(ws, holder, queued_prefill_tokens=2_000, in_flight=1)
+    d = p.select(req(history + tokens(40, 12) + tokens(60, 13)), loaded)
+    assert d.worker_id == holder and d.reason == "cache_hit", d
+    # a queue many times the history still sends it elsewhere
+    d = p.select(req(history + tokens(40, 12) + tokens(60, 13)), with_load(ws, holder, queued_prefill_tokens=8_000))
+    assert d.worker_id != holder and d.reason == "load_balanced", d
 
 
 def test_without_hot_prefix_tracking_the_weight_is_fixed() -> None:
@@ -634,7 +653,7 @@ def test_the_spread_weight_holds_while_every_offered_prefix_is_hot() -> None:
         even.hot.observe(i % 8, 16)
     load = even.hot.top_load(16)
     assert load is not None and load > 1.25  # the hottest carries two workers' shares ...
-    assert even.queued_prefill_weight(16) == pytest.approx(0.5)  # ... but so does every other one
+    assert even.queued_prefill_weight(16) == pytest.approx(DEFAULT_SPREAD_PREFILL_WEIGHT)  # ... but so does every other one
     skewed = policy()
     for i in range(2000):
         skewed.hot.observe(7 if i % 4 == 0 else 1000 + i % 64, 8)

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from gateway.policies.base import Decision
-from gateway.policies.cache_aware import CacheAwarePolicy
+from gateway.policies.cache_aware import DEFAULT_SPREAD_PREFILL_WEIGHT, CacheAwarePolicy
 from gateway.policies.quality import FidelityGuard, OfferedPrefixes, PoolQuality
 from gateway_lab.bench.workloads import ideal_hit_rate
 
@@ -114,7 +114,7 @@ def test_policy_quality_shows_the_queue_weight_and_how_concentrated_the_prefixes
     for i in range(400):
         p.hot.observe(10_000 + i % 64)
     q = p.quality()
-    assert q["hottest_prefix_load"] < 1.0 and q["queued_prefill_weight"] == 0.5
+    assert q["hottest_prefix_load"] < 1.0 and q["queued_prefill_weight"] == DEFAULT_SPREAD_PREFILL_WEIGHT
 
 
 def test_policy_quality_shows_the_decode_fill() -> None:
@@ -132,5 +132,5 @@ def test_policy_quality_shows_the_share_of_traffic_on_prefixes_that_are_not_hot(
     for i in range(512):
         p.hot.observe(i % 8, 16)  # 8 prefixes on 16 workers: all of them hot
     q = p.quality()
-    assert q["cold_share"] < 0.05 and q["queued_prefill_weight"] == 0.5
+    assert q["cold_share"] < 0.05 and q["queued_prefill_weight"] == DEFAULT_SPREAD_PREFILL_WEIGHT
     assert {h["replicas"] for h in q["hot_prefixes"]} == {2}

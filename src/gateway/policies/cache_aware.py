@@ -42,8 +42,11 @@ The weight ``a`` of queued prefill adapts to how concentrated the offered prefix
 pool size). While no prefix carries more than one worker's fair share, whole prefixes
 can be placed so that the pool balances by itself, and a spill buys little balance for
 a whole shared prefix recomputed elsewhere: queued prefill counts at
-``spread_prefill_weight`` (0.5), so a holder keeps its prefix until its queue is twice
-the prompt's worth ahead. Once one prefix carries more than ``1 + SLACK`` workers'
+``spread_prefill_weight`` (0.25), so a holder keeps its prefix until its queue is four
+times the prefix's worth ahead. A spill is for good: the prefix now lives on two workers,
+each copy pushes other prefixes out of a full cache, and the next requests of it (a
+conversation's next turns) split between them; at a momentary queue of one or two long
+prompts it buys a few milliseconds of one request's wait for that. Once one prefix carries more than ``1 + SLACK`` workers'
 worth, balance needs spills and replicas: it counts at ``prefill_weight`` (1.0),
 linearly in between; the full weight until 16 requests have shown how spread the
 traffic is (so a prefix that turns out hot is not piled up in the first moments of a
@@ -52,8 +55,9 @@ among cold ones: when nearly all the traffic is on hot prefixes (``HotPrefixes.c
 below 0.25; 0.5 and up keeps the rule above, linear in between), each prefix gets its own
 replica set sized to its load and those sets balance the pool, so the spread weight holds
 (8 system prompts on 16 workers: 1.0 scattered each over several workers). Measured
-with ``token-gateway bench policies sim``: uniform gsp gets nearly all of 0.5's hits, and
-Zipf keeps 1.0's behaviour exactly (0.5 alone piled requests onto the hot holders).
+with ``token-gateway bench policies sim``: uniform gsp and the conversation trace keep
+their prefixes at the spread weight, and Zipf keeps 1.0's behaviour exactly (a fixed low
+weight alone piled requests onto the hot holders).
 
 Every term of the additive form is in tokens, so a cached prefix is worth exactly the
 prefill it saves and is weighed against the work already queued, with no on/off
@@ -119,7 +123,7 @@ DEFAULT_BUDGET_FRACTION = 1.0
 DEFAULT_EVICTION_INTERVAL_S = 0.5
 DEFAULT_EVICTION_LOW_WATERMARK = 1.0  # background passes evict an over-budget share down to this fraction
 DEFAULT_PREFILL_WEIGHT = 1.0
-DEFAULT_SPREAD_PREFILL_WEIGHT = 0.5
+DEFAULT_SPREAD_PREFILL_WEIGHT = 0.25
 DEFAULT_DECODE_WEIGHT = 0.5
 DEFAULT_REQUEST_WEIGHT = 16.0
 DEFAULT_LOADS_MAX_AGE_S = 5.0

@@ -84,9 +84,10 @@ def test_multi_turn_chat_reaches_its_ideal_and_resent_text_lowers_it(bench: Modu
 
 
 def test_the_queued_prefill_weight_spills_uniform_prefixes_less_and_leaves_a_hot_one_alone(bench: ModuleType) -> None:
-    """Against the independent caches: on uniform shared prefixes the adaptive weight (0.5
+    """Against the independent caches: on uniform shared prefixes the adaptive weight (the spread weight
     while no prefix is hot) recomputes fewer prefixes elsewhere than a fixed 1.0; with one
-    prefix carrying half the traffic it is the fixed 1.0, decision for decision."""
+    prefix carrying half the traffic it is the fixed 1.0 once that prefix reads as hot: the
+    few decisions before take the spread weight, and the pool stays balanced."""
     timing = bench.Timing(base_s=0.01, prefill_s_per_token=1e-4, decode_s_per_req=1e-3, max_running=16)
     out = {}
     for hot_share in (0.0, 0.5):
@@ -102,8 +103,8 @@ def test_the_queued_prefill_weight_spills_uniform_prefixes_less_and_leaves_a_hot
     assert uniform.misses.first < fixed.misses.first  # fewer spills: prefixes first computed on a second worker
     assert uniform.hit_rate >= fixed.hit_rate and uniform.served_max_over_mean < 1.25
     hot, hot_fixed = out[0.5, "adaptive"], out[0.5, "fixed"]
-    assert (hot.hit_rate, hot.served_max_over_mean, hot.ttft_of) == (
-        hot_fixed.hit_rate, hot_fixed.served_max_over_mean, hot_fixed.ttft_of)
+    assert hot.hit_rate >= hot_fixed.hit_rate and hot.served_max_over_mean < 1.25
+    assert hot.ttft_p99_ms <= hot_fixed.ttft_p99_ms
 
 
 def test_the_simulation_counts_holders_per_group_and_the_reference_placements(bench: ModuleType) -> None:
