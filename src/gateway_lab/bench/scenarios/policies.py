@@ -36,7 +36,9 @@ import tracemalloc
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
+import orjson
 import xxhash
 
 from gateway.pipeline.prefill_gate import PrefillGateConfig, hold_timeout_s
@@ -816,7 +818,8 @@ def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int,
              reserve_running: bool = False, ramp_s: float = 0.0,
              gate_config: PrefillGateConfig | None = None,
              cache_output: bool = False, replicas: Sequence[Policy | None] = (),
-             sync_lag_s: float = 0.01) -> tuple[SimResult, Policy, list[float]]:
+             sync_lag_s: float = 0.01, decisions: list[dict[str, object]] | None = None,
+             ) -> tuple[SimResult, Policy, list[float]]:
     """Replay ``wl``; the first ``concurrency`` requests arrive evenly over ``ramp_s`` (0: at once).
 
     ``cache_output``: a finished request leaves its prompt and its (unique) output cached,
@@ -828,7 +831,12 @@ def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int,
     ``concurrency / R`` (and its own prefill gate), and what one replica decided reaches
     the others' policies (``on_remote``, the sync's ``RemoteDecision``) and load views
     (in flight, queued uncached prefill, decode owed) at the next sync tick, every
-    ``sync_lag_s`` seconds (a decision waits 0 to ``sync_lag_s``, half of it on average)."""
+    ``sync_lag_s`` seconds (a decision waits 0 to ``sync_lag_s``, half of it on average).
+
+    ``decisions``: one record per request is appended (``--decisions``): when it was
+    routed, where and why, what the policy predicted, what every worker's true cache held
+    of its prompt at that moment and how many requests each had, and what it hit when its
+    prefill began; the per-request evidence behind a hit-rate gap between two policies."""
     ledger = MissLedger(page)
     n_rep = 1 + len(replicas)
     workers = [SimWorker(f"w{i}", capacity, page, timing, poll_interval_s, reserve_running, ledger=ledger,
@@ -857,6 +865,7 @@ def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int,
     new_holders = [0, 0]  # placements of a placed prefix on a new worker: [informed, blind]
     decided: dict[int, tuple[str, int, int]] = {}
     slot_wait: dict[int, float] = {}
+    records: dict[int, dict[str, object]] = {}  # request -> its ``decisions`` record
 
     continuing = set(wl.follows.values())
     fresh = [i for i in range(len(wl.prompts)) if i not in continuing]  # first turns (all, without turns)
@@ -897,6 +906,15 @@ def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int,
         w = by_id[d.worker_id]
         decided[job.rid] = (d.reason, len(w.waiting) + len(w.running) + w.held,
                             min(len(v.waiting) + len(v.running) + v.held for v in workers))
+        if decisions is not None:
+            record: dict[str, object] = {
+                "request": job.rid, "at_s": round(now, 6), "worker": d.worker_id, "reason": d.reason,
+                "prompt": len(toks), "predicted": d.predicted_cached_tokens,
+                "held": {v.wid: v.peek(job) for v in workers},
+                "in_flight": {v.wid: len(v.waiting) + len(v.running) + v.held for v in workers},
+            }
+            decisions.append(record)
+            records[job.rid] = record
         pol.on_dispatch(job.request, d)
         predicted_total += d.predicted_cached_tokens
         job.worker = d.worker_id
@@ -1020,6 +1038,8 @@ def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int,
                 slot_wait[job.rid] = job.admitted - job.sent
             cached_total += job.cached
             prompt_total += len(job.tokens)
+            if job.rid in records:
+                records[job.rid]["cached"] = job.cached
         for job in done:
             finished += 1
             finished_tokens += job.output
@@ -1168,6 +1188,28 @@ def slowest_row(label: str, r: SimResult, wl: Workload, n_workers: int, max_runn
             str(sum(i in r.held_ids for i in slow)), f"{everyone} of {len(order)}"]
 
 
+def decision_summary(records: Sequence[dict[str, Any]]) -> str:
+    """What ``--decisions`` records add up to: of all prompt tokens, the share the best
+    holder held at each decision, the share the chosen worker held, and the hit when the
+    prefill began; and the decisions that left the best holder, by reason. A policy whose
+    chosen share lags the best one throws hits away in its choices; one whose best share
+    lags another policy's keeps less of the workload in its caches."""
+    prompt = sum(r["prompt"] for r in records) or 1
+    best = sum(max(r["held"].values(), default=0) for r in records)
+    chosen = sum(r["held"][r["worker"]] for r in records)
+    cached = sum(r.get("cached", 0) for r in records)
+    away: dict[str, list[int]] = {}
+    for r in records:
+        lost = max(r["held"].values(), default=0) - r["held"][r["worker"]]
+        if lost > 0:
+            n = away.setdefault(r["reason"], [0, 0])
+            n[0] += 1
+            n[1] += lost
+    why = ", ".join(f"{k} {n} ({t:,} tokens)" for k, (n, t) in sorted(away.items(), key=lambda kv: -kv[1][1]))
+    return (f"best holder held {best / prompt:.2%}, the chosen worker {chosen / prompt:.2%}, hit at prefill "
+            f"{cached / prompt:.2%}; away from the best holder: {why or 'none'}")
+
+
 def sim_rows(variants: list[tuple[str, dict[str, object], float]], wl: Workload, args: argparse.Namespace,
              timing: Timing, slowest: list[list[str]] | None = None) -> list[list[str]]:
     """One table row per variant (and prefill-gate setting); ``slowest`` collects ``slowest_row``s."""
@@ -1182,9 +1224,16 @@ def sim_rows(variants: list[tuple[str, dict[str, object], float]], wl: Workload,
             overrides = {"eviction_interval_s": 0.0, **overrides}
             policy = build_sim_policy(overrides)
             others = [build_sim_policy(overrides) for _ in range(args.replicas - 1)]
+            log: list[dict[str, object]] | None = [] if args.decisions else None
             r, used, _ = simulate(policy, wl, args.workers, args.capacity, args.page, args.concurrency, timing, poll,
                                   pages_cache, args.reserve_running, args.ramp_s, gate, args.cache_output,
-                                  others, args.sync_lag_s)
+                                  others, args.sync_lag_s, log)
+            if log is not None:
+                with open(args.decisions, "ab") as f:
+                    for record in log:
+                        f.write(orjson.dumps({"workload": wl.name, "policy": label, "gate": gate is not None, **record}))
+                        f.write(b"\n")
+                print(f"[decisions] {label}{', gate on' if gate is not None else ''}: {decision_summary(log)}", flush=True)
             close_policy(used)
             predicted = f"{r.predicted_hit:.1%}" if r.predicted_hit else "-"
             held = f"{r.held} ({r.timed_out}), {r.hold_mean_ms:.0f} ms" if gate is not None else "off"
@@ -1246,6 +1295,8 @@ def run_sim(args: argparse.Namespace) -> list[Table]:
     """The simulation section: a table per workload (and ``--slowest``'s after it)."""
     timing = sim_timing(args)
     tables = []
+    if args.decisions:
+        open(args.decisions, "wb").close()  # each run's records are appended to a fresh file
     for wl in workloads(args):
         if args.max_tokens:
             wl.max_tokens = args.max_tokens
@@ -1350,6 +1401,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="sim: synced gateway replicas in front of the workers (request i routed by replica i %% R)")
     parser.add_argument("--sync-lag-s", type=float, default=0.01,
                         help="sim: with --replicas, the sync tick: decisions and loads reach the other replicas at the next one")
+    parser.add_argument("--decisions", default="",
+                        help="sim: write every routing decision here as JSON lines (worker, reason, what each worker's "
+                        "true cache held of the prompt then, the hit at prefill) and print what they add up to")
     parser.add_argument("--reserve-running", action="store_true",
                         help="sim: running requests pin their pages and their output's KV (as a real worker)")
 

@@ -280,3 +280,38 @@ def test_sim_and_tune_write_a_table_per_workload(bench: ModuleType, tmp_path: Pa
     grid = json.loads(out_json.read_text())["rows"]  # one table: its rows, not keyed by title
     assert len(grid) > 20 and {row["policy"].split()[0] for row in grid} == {"additive", "multiplicative", "prefix_hash"}
     assert "tuning: " in capsys.readouterr().out
+
+
+def test_decision_records_add_up_to_the_hit_rate_and_show_who_left_the_best_holder(bench: ModuleType) -> None:
+    wl = bench.gsp_workload(16, 8, 512, 32, 32, seed=3)
+    out = {}
+    for name in ("cache_aware", "round_robin"):
+        policy = make_policy(PolicyConfig(policy=name, eviction_interval_s=0))
+        log: list[dict[str, object]] = []
+        try:
+            r = bench.simulate(policy, wl, 4, 4096, 16, 16, bench.Timing(), 0.0, {}, decisions=log)[0]
+        finally:
+            close_policy(policy)
+        assert sorted(rec["request"] for rec in log) == list(range(len(wl.prompts)))
+        assert sum(rec["cached"] for rec in log) / sum(rec["prompt"] for rec in log) == pytest.approx(r.hit_rate)
+        assert all(set(rec["held"]) == set(rec["in_flight"]) == {"w0", "w1", "w2", "w3"} for rec in log)
+        out[name] = log
+    away = [rec for rec in out["round_robin"] if rec["held"][rec["worker"]] < max(rec["held"].values())]
+    assert away and all(rec["reason"] == "round_robin" for rec in away)
+    summary = bench.decision_summary(out["round_robin"])
+    assert "away from the best holder: round_robin" in summary
+    assert bench.decision_summary(out["cache_aware"]).startswith("best holder held ")
+
+
+def test_the_sim_section_writes_decisions_as_json_lines(bench: ModuleType, tmp_path: Path, capsys) -> None:
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    path = tmp_path / "decisions.jsonl"
+    args = parser.parse_args(["sim", "--workload", "gsp", "--groups", "4", "--prompts", "4", "--system", "64",
+                              "--question", "16", "--output", "4", "--workers", "2", "--concurrency", "4",
+                              "--zipf", "0", "--prefill-gate", "off", "--variant", "round_robin",
+                              "--decisions", str(path)])
+    bench.run_sim(args)
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(lines) == 16 and {rec["policy"] for rec in lines} == {"round_robin"}
+    assert "[decisions] round_robin: best holder held" in capsys.readouterr().out
