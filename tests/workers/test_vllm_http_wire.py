@@ -33,22 +33,47 @@ def test_the_body_is_a_token_id_prompt_asking_for_token_ids() -> None:
     assert body["model"] == "served" and body["prompt"] == [1, 2, 3] and body["return_token_ids"] is True
     assert body["max_tokens"] == 9 and body["stop_token_ids"] == [7] and body["seed"] == 5
     assert body["top_p"] == 1.0 and body["top_k"] == -1 and body["repetition_penalty"] == 1.0
-    assert body["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+    assert body["stream_options"] == {"include_usage": True}  # usage once, at the end: chunks stay short
     assert body["structured_outputs"] == {"json": "{}"}
     assert body["logprobs"] == 2 and body["return_tokens_as_token_ids"] is True
 
 
 def test_streamed_deltas_become_chunks_and_the_finish_a_complete() -> None:
     reader = CompletionStreamReader("r")
-    usage = {"prompt_tokens": 5, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": 4}}
-    out = [*reader.feed(chunk([10], **usage)), *reader.feed(chunk([11, 12], "stop", 12, **usage)),
-           *reader.feed({"choices": [], "usage": usage})]
-    assert [list(m.chunk.token_ids) for m in out if m.HasField("chunk")] == [[10], [11, 12]]
-    assert [m.chunk.completion_tokens for m in out if m.HasField("chunk")] == [1, 3]
-    assert out[0].chunk.prompt_tokens == 5 and out[0].chunk.cached_tokens == 4
-    done = out[-1].complete
-    assert done.finish_reason == "stop" and done.matched_token_id == 12 and done.completion_tokens == 3
-    assert list(done.output_ids) == [11, 12] and reader.started
+    first = chunk([10])
+    first["choices"][0]["prompt_token_ids"] = [1, 2, 3, 4, 5]
+    closing = {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 3,
+                                        "prompt_tokens_details": {"cached_tokens": 4}}}
+    out = [*reader.feed(first), *reader.feed(chunk([11, 12], "stop", 12))]
+    assert [list(m.chunk.token_ids) for m in out] == [[10], [11, 12]]  # the complete waits for the counts
+    assert [m.chunk.completion_tokens for m in out] == [1, 3] and out[0].chunk.prompt_tokens == 5
+    (done,) = reader.feed(closing)
+    assert done.complete.finish_reason == "stop" and done.complete.matched_token_id == 12
+    assert done.complete.completion_tokens == 3 and list(done.complete.output_ids) == [11, 12]
+    assert (done.complete.prompt_tokens, done.complete.cached_tokens) == (5, 4) and reader.started
+    assert list(reader.close()) == []
+
+
+def test_cached_tokens_come_only_with_the_closing_usage_chunk() -> None:
+    """vLLM's per-chunk usage (continuous_usage_stats) has no prompt_tokens_details: the
+    cached count a worker reports must be read from the last chunk, not from the finish."""
+    reader = CompletionStreamReader("r")
+    per_chunk = {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}
+    assert [m.chunk.cached_tokens for m in reader.feed(chunk([10], "length", **per_chunk))] == [0]
+    (done,) = reader.feed({"choices": [], "usage": {**per_chunk, "prompt_tokens_details": {"cached_tokens": 4}}})
+    assert (done.complete.prompt_tokens, done.complete.cached_tokens) == (5, 4)
+
+
+def test_a_stream_without_a_usage_chunk_still_ends_its_samples() -> None:
+    reader = CompletionStreamReader("r")
+    out = [*reader.feed(chunk([7], index=1)), *reader.feed(chunk([8], "length", index=0)),
+           *reader.feed(chunk([9], "stop", index=1))]
+    assert [m.WhichOneof("response") for m in out] == ["chunk", "chunk", "chunk"]
+    ends = list(reader.close())
+    assert [(m.complete.index, m.complete.completion_tokens, m.complete.finish_reason) for m in ends] == [
+        (0, 1, "length"), (1, 2, "stop"),
+    ]
+    assert list(reader.close()) == []  # released once
 
 
 def test_a_whole_completion_and_a_stop_string() -> None:
@@ -64,16 +89,17 @@ def test_logprobs_named_by_token_id() -> None:
     answer = chunk([10], "length")
     answer["choices"][0]["logprobs"] = {"tokens": ["token_id:10"], "token_logprobs": [-0.5],
                                         "top_logprobs": [{"token_id:10": -0.5, "token_id:3": -2.0}]}
-    first, done = reader.feed(answer)
+    (first,) = reader.feed(answer)
     assert list(first.chunk.output_logprobs.token_ids) == [10]
     assert list(first.chunk.output_logprobs.top_logprobs[0].token_ids) == [10, 3]
-    assert done.complete.finish_reason == "length"
+    (done,) = reader.close()
+    assert done.complete.finish_reason == "length" and list(done.complete.output_logprobs.token_ids) == [10]
 
 
 @pytest.mark.parametrize(
     "bad",
     [[], {"choices": "x"}, {"choices": [{"text": "no ids"}]}, {"choices": [{"token_ids": ["a"]}]},
-     {"choices": [{"token_ids": [1], "index": -1}]}],
+     {"choices": [{"token_ids": [1], "index": -1}]}, {"choices": [{"token_ids": [True]}]}],
 )
 def test_answers_without_usable_ids_are_refused(bad: Any) -> None:
     with pytest.raises(AnswerError):

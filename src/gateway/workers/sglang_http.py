@@ -62,6 +62,11 @@ class AnswerReader(Protocol):
 
     def feed(self, answer: object) -> Iterator[pb.GenerateResponse]: ...
 
+    def close(self) -> Iterator[pb.GenerateResponse]:
+        """What the reader still holds when the stream ends (an engine may send a sample's
+        end before the counts that belong in it)."""
+        ...
+
 
 class Dialect(Protocol):
     """One engine's generate route: where, what body, how its answers read."""
@@ -237,11 +242,7 @@ class HttpGenerateCall:
                 if refused is not None:
                     code = CallCode.ABORTED if reader.started else CallCode.INVALID_ARGUMENT
                     raise WorkerCallError(code, refused)
-                for out in reader.feed(answer):
-                    self._items.append(out)
-                    if out.HasField("complete"):
-                        finished += 1
-                self._wake()
+                finished += self._take(reader.feed(answer))
                 if finished >= samples and not self._draining:
                     # The reader may stop (and cancel) now; reading the last bytes instead
                     # of dropping the connection keeps it in the pool. Bounded.
@@ -249,10 +250,23 @@ class HttpGenerateCall:
                     when = asyncio.get_running_loop().time() + _DRAIN_S
                     current = deadline.when()
                     deadline.reschedule(when if current is None else min(current, when))
+            finished += self._take(reader.close())
             if finished < samples:
                 raise WorkerCallError(
                     CallCode.UNAVAILABLE, "the worker ended the stream before the generation finished"
                 )
+
+    def _take(self, messages: Iterator[pb.GenerateResponse]) -> int:
+        """Queue ``messages`` (one wake for all of them); how many were completes."""
+        finished = 0
+        queued = len(self._items)
+        for out in messages:
+            self._items.append(out)
+            if out.HasField("complete"):
+                finished += 1
+        if len(self._items) > queued:
+            self._wake()
+        return finished
 
     async def read(self) -> pb.GenerateResponse | EndOfStream:
         while not self._items or self._cancelled:

@@ -279,6 +279,10 @@ class StreamReader:
         if finish is not None:
             yield _complete(self._request_id, index, new, meta, finish, logprobs, input_lp)
 
+    def close(self) -> Iterator[pb.GenerateResponse]:
+        """Nothing is held: SGLang's finishing answer carries its own counts."""
+        return iter(())
+
 
 def error_message(answer: object) -> str | None:
     """The message of an ``{"error": {"message": ...}}`` answer, else None."""

@@ -2,12 +2,16 @@
 
 vLLM takes token ids as a completion prompt (``"prompt": [ids]``) on
 ``/v1/completions`` and, asked with ``return_token_ids``, returns the ids it generated
-(``choices[].token_ids``; streamed, each chunk carries only its new ids). Usage comes
-with every chunk under ``stream_options.continuous_usage_stats``, cached prompt tokens in
-``usage.prompt_tokens_details.cached_tokens`` when the server runs with
-``--enable-prompt-tokens-details``. Logprob rows name tokens as ``token_id:N`` when
-asked with ``return_tokens_as_token_ids``. A matched stop token is ``stop_reason``;
-an end at EOS has ``finish_reason`` "stop" and no ``stop_reason``.
+(``choices[].token_ids``; streamed, each chunk carries only its new ids, and the first
+one the prompt's ids, ``prompt_token_ids``). A stream asks for usage once, at its end
+(``stream_options.include_usage``): that last, choiceless chunk is the only one that
+carries cached prompt tokens (``usage.prompt_tokens_details.cached_tokens``, when the
+server runs with ``--enable-prompt-tokens-details``; vLLM's per-chunk usage never
+does), so a finished choice's complete waits for it, and per-chunk usage is not asked
+for: it would only make every chunk longer to write and to read. Logprob rows name
+tokens as ``token_id:N`` when asked with ``return_tokens_as_token_ids``. A matched stop
+token is ``stop_reason``; an end at EOS has ``finish_reason`` "stop" and no
+``stop_reason``.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ def completion_body(request: pb.GenerateRequest, model: str) -> dict[str, Any]:
         "return_token_ids": True,
     }
     if request.stream:
-        body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+        body["stream_options"] = {"include_usage": True}
     if sp.HasField("max_new_tokens"):
         body["max_tokens"] = sp.max_new_tokens
     if sp.min_new_tokens:
@@ -82,9 +86,8 @@ def _logprobs(choice: dict[str, Any], ids: list[int]) -> pb.OutputLogProbs | Non
     return out
 
 
-def _usage(answer: dict[str, Any]) -> tuple[int, int]:
-    """(prompt_tokens, cached_tokens) from ``usage``, zeros when absent."""
-    usage = answer.get("usage")
+def _usage(usage: object) -> tuple[int, int]:
+    """(prompt_tokens, cached_tokens) of a ``usage`` object, zeros when absent."""
     if not isinstance(usage, dict):
         return 0, 0
     details = usage.get("prompt_tokens_details")
@@ -105,7 +108,7 @@ def _ids(choice: dict[str, Any]) -> list[int]:
     ids = choice.get("token_ids")
     if ids is None:
         raise AnswerError("the answer has no token_ids: the vLLM server must support return_token_ids")
-    if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
+    if type(ids) is not list or not all(type(t) is int for t in ids):
         raise AnswerError("token_ids must be a list of token ids")
     return ids
 
@@ -114,11 +117,14 @@ def _complete(
     rid: str, index: int, ids: list[int], total: int, prompt: int, cached: int, choice: dict[str, Any],
     logprobs: pb.OutputLogProbs | None,
 ) -> pb.GenerateResponse:
-    reason = choice.get("finish_reason")
-    complete = pb.GenerateComplete(
-        output_ids=ids, finish_reason=str(reason), prompt_tokens=prompt, completion_tokens=total,
-        cached_tokens=cached, index=index,
-    )
+    message = pb.GenerateResponse(request_id=rid)
+    complete = message.complete  # filled in place: a message passed to a constructor is copied
+    complete.output_ids.extend(ids)
+    complete.finish_reason = str(choice.get("finish_reason"))
+    complete.prompt_tokens = prompt
+    complete.completion_tokens = total
+    complete.cached_tokens = cached
+    complete.index = index
     stop = choice.get("stop_reason")
     if isinstance(stop, int) and not isinstance(stop, bool):
         complete.matched_token_id = stop
@@ -126,13 +132,13 @@ def _complete(
         complete.matched_stop_str = stop
     if logprobs is not None:
         complete.output_logprobs.CopyFrom(logprobs)
-    return pb.GenerateResponse(request_id=rid, complete=complete)
+    return message
 
 
 def whole_completion(rid: str, answer: object) -> list[pb.GenerateResponse]:
     """A non-streamed completion as one complete per choice."""
     choices = _choices(answer)
-    prompt, cached = _usage(answer)  # type: ignore[arg-type]
+    prompt, cached = _usage(answer.get("usage"))  # type: ignore[attr-defined]
     out = []
     for position, choice in enumerate(choices):
         ids = _ids(choice)
@@ -142,38 +148,74 @@ def whole_completion(rid: str, answer: object) -> list[pb.GenerateResponse]:
 
 
 class CompletionStreamReader:
-    """Turns streamed completion chunks into the chunks and completes a gRPC worker sends."""
+    """Turns streamed completion chunks into the chunks and completes a gRPC worker sends.
 
-    __slots__ = ("_request_id", "_sent")
+    Once per streamed token, so the common chunk (one choice, new ids, no logprobs) is
+    read with as few lookups as its checks allow and its message built in place. A
+    finished choice's complete is held until the closing usage chunk brings the prompt
+    and cached counts, or until the stream ends without one (``close``)."""
+
+    __slots__ = ("_cached", "_held", "_prompt", "_request_id", "_sent")
 
     def __init__(self, request_id: str) -> None:
         self._request_id = request_id
         self._sent: dict[int, int] = {}
+        self._prompt = 0  # the prompt's length: from the first chunk's prompt_token_ids, then from usage
+        self._cached = 0
+        self._held: list[tuple[int, list[int], int, dict[str, Any], pb.OutputLogProbs | None]] = []
 
     @property
     def started(self) -> bool:
         return any(self._sent.values())
 
+    def _note(self, usage: object) -> None:
+        prompt, cached = _usage(usage)
+        if prompt:
+            self._prompt = prompt
+        if cached:
+            self._cached = cached
+
+    def _release(self) -> Iterator[pb.GenerateResponse]:
+        held, self._held = self._held, []
+        for index, ids, total, choice, logprobs in held:
+            yield _complete(self._request_id, index, ids, total, self._prompt, self._cached, choice, logprobs)
+
     def feed(self, answer: object) -> Iterator[pb.GenerateResponse]:
         choices = _choices(answer)
-        prompt, cached = _usage(answer)  # type: ignore[arg-type]
+        usage = answer.get("usage")  # type: ignore[attr-defined]
+        if usage is not None:
+            self._note(usage)
         for choice in choices:
             index = choice.get("index", 0)
-            if not isinstance(index, int) or index < 0:
+            if type(index) is not int or index < 0:
                 raise AnswerError(f"index must be a non-negative integer, got {index!r}")
             ids = _ids(choice)
+            if not self._prompt:
+                prompt_ids = choice.get("prompt_token_ids")
+                if isinstance(prompt_ids, list):
+                    self._prompt = len(prompt_ids)
             total = self._sent.get(index, 0) + len(ids)
             self._sent[index] = total
-            logprobs = _logprobs(choice, ids)
+            logprobs = _logprobs(choice, ids) if choice.get("logprobs") else None
             if ids:
-                chunk = pb.GenerateStreamChunk(
-                    token_ids=ids, prompt_tokens=prompt, completion_tokens=total, cached_tokens=cached, index=index,
-                )
+                message = pb.GenerateResponse(request_id=self._request_id)
+                chunk = message.chunk
+                chunk.token_ids.extend(ids)
+                chunk.prompt_tokens = self._prompt
+                chunk.completion_tokens = total
+                chunk.cached_tokens = self._cached
+                chunk.index = index
                 if logprobs is not None:
                     chunk.output_logprobs.CopyFrom(logprobs)
-                yield pb.GenerateResponse(request_id=self._request_id, chunk=chunk)
+                yield message
             if choice.get("finish_reason") is not None:
-                yield _complete(self._request_id, index, ids, total, prompt, cached, choice, logprobs)
+                self._held.append((index, ids, total, choice, logprobs))
+        if not choices and self._held:  # the closing usage chunk
+            yield from self._release()
+
+    def close(self) -> Iterator[pb.GenerateResponse]:
+        """The completes still held when the stream ended without a usage chunk."""
+        return self._release()
 
 
 __all__ = ["CompletionStreamReader", "completion_body", "whole_completion"]

@@ -276,7 +276,10 @@ class SimHttpWorker:
         rank = request.headers.get(DP_RANK_HEADER, "")
         if rank.isdigit():  # vLLM pins the request to that engine; a header it cannot read it ignores
             req.data_parallel_rank = int(rank)
-        builder = CompletionBuilder(req.request_id, self.worker.config.served_name, vocab.decode if text else None)
+        prompt_ids = req.tokenized.input_ids if body.get("return_token_ids") else ()  # vLLM sends them back only when asked
+        builder = CompletionBuilder(
+            req.request_id, self.worker.config.served_name, vocab.decode if text else None, prompt_ids,
+        )  # fmt: skip
         messages = self._run(req)
         try:
             first = await _first_unless_gone(request, messages)
@@ -302,7 +305,7 @@ class SimHttpWorker:
                 while message is not None:
                     if message.HasField("chunk"):
                         c = message.chunk
-                        ids.setdefault(c.index, []).extend(builder.chunk(c, False)["choices"][0]["token_ids"])
+                        ids.setdefault(c.index, []).extend(builder.carry(c))
                     else:
                         done = message.complete
                         if done.index in choices:
@@ -337,7 +340,7 @@ class SimHttpWorker:
                         done = message.complete
                         carried: list[int] = []
                         if pending is not None and pending.index == done.index:
-                            carried = builder.chunk(pending, False)["choices"][0]["token_ids"]
+                            carried = builder.carry(pending)
                         elif pending is not None:
                             yield _sse(builder.chunk(pending, continuous))
                         pending = None

@@ -13,7 +13,7 @@ an independent witness of that client.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from google.protobuf import struct_pb2
@@ -213,57 +213,84 @@ def completion_request(
 
 
 class CompletionBuilder:
-    """The completion objects vLLM sends for one request (``return_token_ids``: new ids
-    per streamed chunk, all ids in a whole answer; usage with cached prompt tokens).
+    """The completion objects vLLM sends for one request (``return_token_ids``: the
+    prompt's ids on each choice's first chunk, new ids per streamed chunk, all ids in a
+    whole answer). As in vLLM, per-chunk usage (``continuous_usage_stats``) has the
+    token counts only; cached prompt tokens come in the whole answer's usage and in the
+    closing usage chunk of a stream (a server run with ``--enable-prompt-tokens-details``).
     With ``decode`` each choice also carries its tokens' text, as a server that detokenizes
     (SGLang's) sends it; without, the text is empty and the ids are the answer."""
 
-    def __init__(self, request_id: str, model: str, decode: Callable[[list[int]], str] | None = None) -> None:
+    def __init__(
+        self, request_id: str, model: str, decode: Callable[[list[int]], str] | None = None,
+        prompt_ids: Sequence[int] = (),
+    ) -> None:  # fmt: skip
         self.request_id = request_id
         self.model = model
         self.decode = decode
+        self.prompt_ids = list(prompt_ids)
         self.sent: dict[int, int] = {}
-        self.usage: dict[str, Any] = {}
+        self.prompted: set[int] = set()  # the choices whose prompt ids were sent
+        self.prompt_tokens = 0
+        self.cached_tokens = 0
 
     def _note(self, counts: Any) -> None:
+        self.prompt_tokens = counts.prompt_tokens
+        self.cached_tokens = max(self.cached_tokens, counts.cached_tokens)
+
+    def _usage(self, details: bool) -> dict[str, Any]:
         total = sum(self.sent.values())
-        self.usage = {
-            "prompt_tokens": counts.prompt_tokens, "completion_tokens": total,
-            "total_tokens": counts.prompt_tokens + total,
-            "prompt_tokens_details": {"cached_tokens": counts.cached_tokens},
-        }
+        usage: dict[str, Any] = {
+            "prompt_tokens": self.prompt_tokens, "completion_tokens": total, "total_tokens": self.prompt_tokens + total,
+        }  # fmt: skip
+        if details:
+            usage["prompt_tokens_details"] = {"cached_tokens": self.cached_tokens}
+        return usage
 
     def _delta(self, index: int, ids: list[int], completion_tokens: int) -> list[int]:
         fresh = max(0, completion_tokens - self.sent.get(index, 0))
         self.sent[index] = max(self.sent.get(index, 0), completion_tokens)
         return ids[len(ids) - fresh:] if fresh else []
 
+    def _choice(self, index: int, ids: list[int], finish: str | None, stop: Any) -> dict[str, Any]:
+        choice: dict[str, Any] = {
+            "index": index, "text": self._text(ids), "token_ids": ids, "finish_reason": finish, "stop_reason": stop,
+        }  # fmt: skip
+        if self.prompt_ids and index not in self.prompted:
+            choice["prompt_token_ids"] = self.prompt_ids
+            self.prompted.add(index)
+        return choice
+
     def _object(self, choices: list[dict[str, Any]], usage: bool) -> dict[str, Any]:
         return {
             "id": f"cmpl-{self.request_id}", "object": "text_completion", "model": self.model,
-            "choices": choices, "usage": dict(self.usage) if usage else None,
+            "choices": choices, "usage": self._usage(False) if usage else None,
         }
 
     def _text(self, ids: list[int]) -> str:
         return self.decode(ids) if self.decode is not None and ids else ""
 
-    def chunk(self, chunk: pb.GenerateStreamChunk, usage: bool) -> dict[str, Any]:
-        ids = self._delta(chunk.index, list(chunk.token_ids), chunk.completion_tokens)
+    def carry(self, chunk: pb.GenerateStreamChunk) -> list[int]:
+        """A chunk's new ids, kept for the object that will carry them (the finishing one)."""
         self._note(chunk)
-        return self._object([{"index": chunk.index, "text": self._text(ids), "token_ids": ids, "finish_reason": None,
-                              "stop_reason": None}], usage)
+        return self._delta(chunk.index, list(chunk.token_ids), chunk.completion_tokens)
+
+    def chunk(self, chunk: pb.GenerateStreamChunk, usage: bool) -> dict[str, Any]:
+        ids = self.carry(chunk)
+        return self._object([self._choice(chunk.index, ids, None, None)], usage)
 
     def finish(self, complete: pb.GenerateComplete, usage: bool, carried: list[int]) -> dict[str, Any]:
         ids = carried + self._delta(complete.index, list(complete.output_ids), complete.completion_tokens)
         self._note(complete)
         which = complete.WhichOneof("matched_stop")
-        return self._object([{
-            "index": complete.index, "text": self._text(ids), "token_ids": ids, "finish_reason": complete.finish_reason,
-            "stop_reason": getattr(complete, which) if which is not None else None,
-        }], usage)
+        stop = getattr(complete, which) if which is not None else None
+        return self._object([self._choice(complete.index, ids, complete.finish_reason, stop)], usage)
 
     def usage_only(self) -> dict[str, Any]:
-        return self._object([], True)
+        """The closing usage chunk of a stream, and the usage of a whole answer."""
+        out = self._object([], False)
+        out["usage"] = self._usage(True)
+        return out
 
 
 __all__ = ["AnswerBuilder", "BadBody", "CompletionBuilder", "completion_request", "generate_request"]

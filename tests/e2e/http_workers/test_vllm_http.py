@@ -38,8 +38,17 @@ async def test_vllm_workers_report_cached_tokens_and_route_on_them(tmp_path: Any
             last = await stack.client.completions.create(model=stack.model, prompt=prompt, max_tokens=3)
         assert last.usage is not None and last.usage.prompt_tokens_details is not None
         assert last.usage.prompt_tokens_details.cached_tokens
+        # Streamed, vLLM reports cached tokens only in its closing usage chunk.
+        stream = await stack.client.completions.create(
+            model=stack.model, prompt=prompt, max_tokens=3, stream=True, stream_options={"include_usage": True},
+        )
+        usage = None
+        async for chunk in stream:
+            usage = chunk.usage or usage
+        assert usage is not None and usage.prompt_tokens_details is not None
+        assert usage.prompt_tokens_details.cached_tokens == last.usage.prompt_tokens_details.cached_tokens
         served = sorted(w.worker.counters.requests for w in stack.workers)
-        assert served == [0, 3]  # cache_aware kept the prefix on one worker
+        assert served == [0, 4]  # cache_aware kept the prefix on one worker
 
 
 async def test_a_vllm_worker_failing_mid_stream_is_resumed(tmp_path: Any) -> None:

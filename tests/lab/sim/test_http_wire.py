@@ -100,13 +100,27 @@ def test_a_vllm_completion_body_becomes_the_servicers_request() -> None:
 def test_vllm_completion_objects_carry_new_ids_and_usage() -> None:
     from gateway_lab.sim.http_wire import CompletionBuilder
 
-    b = CompletionBuilder("r", "served")
+    b = CompletionBuilder("r", "served", prompt_ids=[1, 2, 3])
     first = b.chunk(pb.GenerateStreamChunk(token_ids=[5], prompt_tokens=3, completion_tokens=1, cached_tokens=2), True)
-    assert first["choices"][0]["token_ids"] == [5] and first["usage"]["prompt_tokens_details"]["cached_tokens"] == 2
+    assert first["choices"][0]["token_ids"] == [5] and first["choices"][0]["prompt_token_ids"] == [1, 2, 3]
+    assert first["usage"] == {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}  # no cached count per chunk
     done = b.finish(pb.GenerateComplete(output_ids=[6], finish_reason="stop", matched_token_id=6, prompt_tokens=3,
-                                        completion_tokens=2), False, [])
+                                        completion_tokens=2, cached_tokens=2), False, [])
     assert done["choices"][0]["token_ids"] == [6] and done["choices"][0]["stop_reason"] == 6
-    assert done["usage"] is None and b.usage_only()["usage"]["completion_tokens"] == 2
+    assert "prompt_token_ids" not in done["choices"][0]  # the first chunk of a choice only
+    closing = b.usage_only()
+    assert done["usage"] is None and closing["choices"] == []
+    assert closing["usage"]["completion_tokens"] == 2 and closing["usage"]["prompt_tokens_details"] == {"cached_tokens": 2}
+
+
+def test_vllm_carried_ids_keep_the_prompt_ids_for_the_object_that_sends_them() -> None:
+    from gateway_lab.sim.http_wire import CompletionBuilder
+
+    b = CompletionBuilder("r", "served", prompt_ids=[1, 2])
+    carried = b.carry(pb.GenerateStreamChunk(token_ids=[5], prompt_tokens=2, completion_tokens=1))
+    done = b.finish(pb.GenerateComplete(output_ids=[5], finish_reason="length", prompt_tokens=2, completion_tokens=1),
+                    False, carried)
+    assert done["choices"][0]["token_ids"] == [5] and done["choices"][0]["prompt_token_ids"] == [1, 2]
 
 
 def test_a_text_completion_is_tokenized_only_where_the_server_has_a_tokenizer() -> None:
