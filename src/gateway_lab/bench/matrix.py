@@ -93,6 +93,7 @@ class MatrixConfig:
     peer_workers: int = option(8, "fleet size of the peer comparison")
     peer_policies: list[str] = option(["round_robin", "cache_aware"], "policies run on ours and on each peer")
     peers_python: str = option(launch.PEERS_PYTHON, "python of the peers' virtualenv")
+    peers_only: bool = option(False, "run the peer comparison alone, without the matrix cells")
     peer_rounds: int = option(1, "rounds of the peer comparison; even rounds run the gateways in reverse order")
     stall_ratio: float = option(10.0, "a peer-comparison cell stalled: TTFT p99 over this x its p50, or requests/s "
                                 "under 1/this of the best of its round")
@@ -335,11 +336,11 @@ async def run_matrix(
     config: MatrixConfig, args: argparse.Namespace, console: Any, tokenizer_dir: str
 ) -> list[Cell]:
     """Every (workload, fleet size, policy) cell, then the peer comparison; in that order."""
-    workloads = build_workloads(config, args, tokenizer_dir)
+    workloads = build_workloads(config, args, tokenizer_dir) if not config.peers_only else {}
     plan: list[tuple[Any, int, str, str]] = [
         (workloads[w], n, p, "ours" if parse_variant(p)[0] == "oracle" else config.gateway)
         for w in config.workloads for n in config.workers for p in config.policies
-    ]
+    ] if not config.peers_only else []
     if config.peers:
         text_gsp = dataclasses.replace(from_namespace(GspConfig, args), text_prompts=True)
         from gateway_lab.bench import workloads as wl
@@ -571,6 +572,8 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("--dp-size > 1 runs our gateway only, without the oracle (it reads one cache per endpoint)")
     if config.worker_transport == "http" and (config.dp_size > 1 or "oracle" in [parse_variant(p)[0] for p in config.policies]):
         raise SystemExit("--worker-transport http runs without --dp-size and without the oracle")
+    if config.peers_only and not config.peers:
+        raise SystemExit("--peers-only needs --peers")
     if config.peers and not Path(config.peers_python).exists():
         raise SystemExit(f"{config.peers_python} not found: run scripts/peers.sh first")
     # SIGTERM unwinds like Ctrl-C, so the finally blocks stop the fleets and any peer process.

@@ -135,3 +135,5 @@ def test_matrix_cells_over_sglang_http_workers(tmp_path) -> None:
     assert cells["cache_aware"]["summary"]["hit_rate"] > cells["round_robin"]["summary"]["hit_rate"]
     with pytest.raises(SystemExit, match="without the oracle"):
         matrix.run(_args("--worker-transport", "http", "--policies", "oracle"))
+    with pytest.raises(SystemExit, match="needs --peers"):
+        matrix.run(_args("--peers-only"))
