@@ -570,7 +570,8 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("--workers must be multiples of --dp-size (they count ranks)")
     if config.dp_size > 1 and ("oracle" in [parse_variant(p)[0] for p in config.policies] or config.peers):
         raise SystemExit("--dp-size > 1 runs our gateway only, without the oracle (it reads one cache per endpoint)")
-    if config.worker_transport == "http" and (config.dp_size > 1 or "oracle" in [parse_variant(p)[0] for p in config.policies]):
+    oracle = not config.peers_only and "oracle" in [parse_variant(p)[0] for p in config.policies]
+    if config.worker_transport == "http" and (config.dp_size > 1 or oracle):
         raise SystemExit("--worker-transport http runs without --dp-size and without the oracle")
     if config.peers_only and not config.peers:
         raise SystemExit("--peers-only needs --peers")
