@@ -161,3 +161,26 @@ async def test_a_server_of_neither_engine_is_refused() -> None:
         await registry.close()
 
 
+
+
+def test_only_the_metrics_the_client_reads_reach_the_parser() -> None:
+    """A real page is mostly histograms; the pure-Python Prometheus parser gets only the
+    request gauges and the cache config, and reads them as it reads the whole page."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from gateway.workers.vllm_http import read_lines
+
+    noise = "".join(
+        f'# TYPE vllm:e2e_request_latency_seconds histogram\nvllm:e2e_request_latency_seconds_bucket{{le="{b}"}} 0.0\n'
+        for b in (0.1, 1.0, "+Inf")
+    ) + 'vllm:num_requests_waiting_by_reason{engine="0",reason="capacity"} 7.0\n'
+    page = (noise + DP_METRICS + "# HELP python_gc_objects_collected_total x\npython_gc_objects_collected_total 5.0\n").encode()
+    kept = read_lines(page)
+    assert "histogram" not in kept and "python_gc" not in kept and "# TYPE" not in kept
+
+    def samples(text: str) -> list[tuple[str, dict[str, str], float]]:
+        names = {"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:cache_config_info"}
+        return [(s.name, s.labels, s.value) for f in text_string_to_metric_families(text) for s in f.samples
+                if s.name in names]
+
+    assert samples(kept) == samples(page.decode()) and len(samples(kept)) == 6

@@ -50,7 +50,18 @@ class VllmDialect:
 
 _RUNNING = "vllm:num_requests_running"
 _WAITING = "vllm:num_requests_waiting"
+_CACHE_CONFIG = "vllm:cache_config_info"
 DP_RANK_HEADER = "x-data-parallel-rank"
+_READ = tuple(name.encode() for name in (_RUNNING, _WAITING, _CACHE_CONFIG))
+
+
+def read_lines(content: bytes) -> str:
+    """The sample lines of a ``/metrics`` page that the client reads. A vLLM server's page
+    is mostly histograms (hundreds of lines per model) and is polled for loads several
+    times a second; the Prometheus parser is pure Python, so it is given only these."""
+    return "\n".join(
+        line.decode("utf-8", "replace") for line in content.split(b"\n") if line.startswith(_READ)
+    ) + "\n"
 
 
 def _engine(sample: Any) -> int:
@@ -97,14 +108,14 @@ class VllmHttpClient(HttpWorkerClient):
         )
 
     async def _metrics(self, timeout: float) -> list[Any]:
-        """The samples of ``/metrics`` (Prometheus text)."""
+        """The samples of ``/metrics`` (Prometheus text) the client reads."""
         status, content = await self._call("GET", "/metrics", timeout)
         if status != 200:
             raise http_status_error(status, content)
         try:
             return [
                 sample
-                for family in text_string_to_metric_families(content.decode("utf-8", "replace"))
+                for family in text_string_to_metric_families(read_lines(content))
                 for sample in family.samples
             ]
         except ValueError as exc:
@@ -128,7 +139,7 @@ class VllmHttpClient(HttpWorkerClient):
         if len(engines) > 1:  # one rank per data-parallel engine, each with its own KV pool
             args["dp_size"] = max(engines) + 1
         for sample in samples:
-            if sample.name.startswith("vllm:cache_config_info"):
+            if sample.name.startswith(_CACHE_CONFIG):
                 blocks, size = sample.labels.get("num_gpu_blocks"), sample.labels.get("block_size")
                 if blocks and size and blocks.isdigit() and size.isdigit():
                     capacity = int(blocks) * int(size)
@@ -169,4 +180,4 @@ class VllmHttpClient(HttpWorkerClient):
         return common_pb2.FlushCacheResponse(success=status == 200, message=message)
 
 
-__all__ = ["DP_RANK_HEADER", "VllmDialect", "VllmHttpClient"]
+__all__ = ["DP_RANK_HEADER", "VllmDialect", "VllmHttpClient", "read_lines"]
