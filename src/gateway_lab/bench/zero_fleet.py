@@ -19,7 +19,8 @@ does: a peer gateway that loads ``config.json`` from the reported path must find
 
 Run as ``python -m gateway_lab.bench.zero_fleet --ports P1 P2 ...``: one process, one
 grpc.aio server per port, each with its own cache (``--http``: SGLang's HTTP API instead,
-``zero_http``). :class:`ZeroFleet` starts such processes and stops them.
+``zero_http``; ``--http --http-api vllm``: vLLM's OpenAI server, ``zero_vllm``).
+:class:`ZeroFleet` starts such processes and stops them.
 """
 
 from __future__ import annotations
@@ -128,6 +129,9 @@ def reply_ids(tokenizer_dir: Path, think: bool = False) -> list[int]:
 
     tok = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
     return list(tok.encode((THINK_TEXT if think else "") + REPLY_TEXT, add_special_tokens=False).ids)
+
+
+HTTP_APIS = ("sglang", "vllm")
 
 
 class ZeroWorker(pb_grpc.SglangSchedulerServicer):
@@ -275,8 +279,10 @@ class ZeroWorker(pb_grpc.SglangSchedulerServicer):
 async def serve(
     ports: Sequence[int], folder: Path, step_s: float, capacity_tokens: int, context_length: int,
     record: IO[str] | None = None, http: bool = False, think: bool = False, prefill_token_s: float = 0.0,
+    http_api: str = "sglang",
 ) -> None:  # fmt: skip
-    """One server per port until SIGTERM/SIGINT: grpc.aio, or SGLang's HTTP API (``http``)."""
+    """One server per port until SIGTERM/SIGINT: grpc.aio, or over HTTP (``http``) SGLang's
+    API or vLLM's (``http_api``)."""
     output = reply_ids(folder, think)
     servers = []
     runners = []
@@ -286,10 +292,11 @@ async def serve(
         if http:
             from tokenizers import Tokenizer
 
-            from gateway_lab.bench import zero_http
+            from gateway_lab.bench import zero_http, zero_vllm
 
             tokenizer = tokenizer or Tokenizer.from_file(str(folder / "tokenizer.json"))
-            runners.append(await zero_http.start(worker, port, tokenizer))
+            face = zero_vllm if http_api == "vllm" else zero_http
+            runners.append(await face.start(worker, port, tokenizer))
             continue
         server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         pb_grpc.add_SglangSchedulerServicer_to_server(worker, server)
@@ -368,11 +375,14 @@ class ZeroFleet:
     def __init__(
         self, workers: int, tokenizer_dir: Path, *, step_s: float = 0.0, processes: int = 1,
         capacity_tokens: int = 65536, context_length: int = 40960, record_dir: Path | None = None,
-        http: bool = False, think: bool = False, prefill_token_s: float = 0.0,
+        http: bool = False, think: bool = False, prefill_token_s: float = 0.0, http_api: str = "sglang",
     ) -> None:  # fmt: skip
+        if http_api not in HTTP_APIS:
+            raise ValueError(f"http_api must be one of {', '.join(HTTP_APIS)}, not {http_api!r}")
         self.ports = free_ports(workers)
         self.prefill_token_s = prefill_token_s
         self.http = http
+        self.http_api = http_api
         self.think = think
         self.record_dir = record_dir
         self.tokenizer_dir = tokenizer_dir
@@ -405,7 +415,7 @@ class ZeroFleet:
                     "--context-length", str(self.context_length), "--ports", *map(str, ports),
                 ]  # fmt: skip
                 if self.http:
-                    argv.append("--http")
+                    argv += ["--http", "--http-api", self.http_api]
                 if self.think:
                     argv.append("--think")
                 if self.record_dir is not None:
@@ -458,14 +468,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--capacity-tokens", type=int, default=65536, help="prefix cache size per worker, LRU")
     parser.add_argument("--context-length", type=int, default=40960)
     parser.add_argument("--record", default="", help="append one JSON line per Generate to this file")
-    parser.add_argument("--http", action="store_true", help="serve SGLang's HTTP API instead of its gRPC service")
+    parser.add_argument("--http", action="store_true", help="serve an HTTP API instead of SGLang's gRPC service")
+    parser.add_argument("--http-api", choices=HTTP_APIS, default="sglang",
+                        help="with --http: SGLang's native API or vLLM's OpenAI server")
     parser.add_argument("--think", action="store_true", help="answer as a reasoning model: a think block, then the reply")
     args = parser.parse_args(argv)
     record = open(args.record, "a", encoding="utf-8") if args.record else None
     try:
         asyncio.run(serve(
             args.ports, Path(args.folder), args.step_s, args.capacity_tokens, args.context_length, record, args.http, args.think,
-            args.prefill_token_s,
+            args.prefill_token_s, args.http_api,
         ))  # fmt: skip
     finally:
         if record is not None:

@@ -8,7 +8,7 @@ load driver in this one: the CPU figure is the gateway's alone. Zero-cost steps 
 default, so the run measures routing and the gateway's own work, not simulated GPU
 time; ``--step-ms`` paces the workers instead, so tokens arrive one at a time as from a
 GPU on every transport. Two fleets: the simulator (``sim``, ``sim-alt``) and the
-zero-cost workers (``zero``: gRPC or SGLang HTTP, no simulator code in them).
+zero-cost workers (``zero``: gRPC, SGLang HTTP or vLLM HTTP, no simulator code in them).
 
     token-gateway bench transports --groups 16 --prompts 8 --workers 4 --json transports.json
     token-gateway bench transports --fleet zero --transports grpc,http --gateways ours before --baseline-src ../main/src
@@ -40,7 +40,7 @@ SIM_KINDS = {
     "grpc": [], "vllm-grpc": ["--engine", "vllm"], "trtllm-grpc": ["--engine", "trtllm"],
     "http": ["--http"], "vllm": ["--http", "--http-api", "vllm"],
 }  # fmt: skip
-ZERO_KINDS = ("grpc", "http")
+ZERO_KINDS = ("grpc", "http", "vllm")
 # a run's keys, in the table's order: the first LABELS name the run, the rest are its figures
 COLUMNS = (
     "transport", "gateway", "fleet", "step_ms", "kv_events", "policy",
@@ -56,7 +56,8 @@ async def _fleet(transport: str, args: argparse.Namespace) -> AsyncIterator[Subp
         if transport not in ZERO_KINDS:
             raise SystemExit(f"the zero-cost fleet serves {', '.join(ZERO_KINDS)}, not {transport}")
         async with launch.fleet(
-            "zero", args.workers, step_s=args.step_ms / 1e3, capacity_tokens=args.kv_tokens, http=transport == "http",
+            "zero", args.workers, step_s=args.step_ms / 1e3, capacity_tokens=args.kv_tokens,
+            http=transport in ("http", "vllm"), http_api="vllm" if transport == "vllm" else "sglang",
         ) as zero:  # fmt: skip
             yield zero
         return
@@ -124,7 +125,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--fleet", default="sim", choices=["sim", "sim-alt", "zero"],
         help="sim: page 16, --kv-tokens KV, 64 slots; sim-alt: page 32, 4/5 of the KV, 24 slots;"
-        " zero: the zero-cost workers (grpc and http only), page 16, --kv-tokens KV",
+        " zero: the zero-cost workers (grpc, http and vllm), page 16, --kv-tokens KV",
     )
     parser.add_argument(
         "--step-ms", type=float, default=0.0,

@@ -14,7 +14,7 @@ from gateway_lab.bench.scenarios import transports
 
 
 def test_one_row_per_transport_with_the_workers_hit_rate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    fleet, kinds = "zero", ["grpc", "http"]  # the zero-cost workers' two faces, a gateway process in front
+    fleet, kinds = "zero", ["grpc", "http", "vllm"]  # the zero-cost workers' three faces, a gateway process in front
     parser = argparse.ArgumentParser()
     transports.add_arguments(parser)
     out_json, out_md = tmp_path / "t.json", tmp_path / "t.md"
@@ -55,11 +55,11 @@ def test_the_table_formats_floats_and_keeps_the_columns_order() -> None:
     assert result.data["runs"][0]["hit_rate"] == 0.66049 and result.data["ideal_hit_rate"] == 0.625
 
 
-def test_the_zero_fleet_serves_grpc_and_http_only() -> None:
+def test_the_zero_fleet_serves_no_other_engines_grpc() -> None:
     parser = argparse.ArgumentParser()
     transports.add_arguments(parser)
-    args = parser.parse_args(["--fleet", "zero", "--transports", "vllm", "--groups", "1", "--prompts", "1", "--warm", "0"])
-    with pytest.raises(SystemExit, match="serves grpc, http"):
+    args = parser.parse_args(["--fleet", "zero", "--transports", "vllm-grpc", "--groups", "1", "--prompts", "1", "--warm", "0"])
+    with pytest.raises(SystemExit, match="serves grpc, http, vllm, not vllm-grpc"):
         transports.main(args)
 
 
