@@ -138,3 +138,23 @@ async def test_a_target_worker_is_honoured() -> None:
     assert stream.worker.id == "b:1" and a.requests == []
     stream.finished()
     assert stream.lease.outcome is Outcome.OK
+
+
+async def test_the_lease_keeps_the_largest_counts_the_stream_reported() -> None:
+    """Cumulative counts, read from every message: the largest of each reaches the policy
+    and the observer however the messages order them (a larger one after equal ones, a
+    smaller one after it, the complete's own)."""
+    t = FakeTransport("grpc://w1:1").script(
+        chunk([1], prompt=5, cached=0), chunk([2], prompt=5, cached=0), chunk([3], prompt=6, cached=4),
+        chunk([4], prompt=5, cached=2), complete([4], prompt=6, cached=4),
+    )
+    f = await fleet(t)
+    obs = RecordingObserver()
+    stream = await open_generate(
+        f.router, ROUTE, lambda s: pb.GenerateRequest(request_id="d1"), prompt_tokens=5, max_new_tokens=6,
+        retry=RETRY, config=CONFIG, observer=obs,
+    )
+    while await stream.read() is not None:
+        pass
+    assert f.spy is not None and f.spy.finished == [("d1", "w1:1", 4, True)]
+    assert obs.done[0]["reported_prompt"] == 6 and obs.done[0]["cached"] == 4

@@ -117,6 +117,7 @@ class WorkerStream:
         # Looked up once: asyncio.get_running_loop() makes a getpid() syscall on 3.11.
         self._loop = asyncio.get_running_loop()
         self._stalled = False
+        self._first = True  # no message read yet
         lease.watch(self._watchdog_kill)
         self._call_ready: Callable[[], bool] = call.ready
 
@@ -160,14 +161,21 @@ class WorkerStream:
             msg = got  # type: ignore[assignment]
             self.worker.progress.message(time.monotonic())
         lease = self.lease
-        lease.start()
+        if self._first:  # the worker's first output: its prefill is done
+            self._first = False
+            lease.start()
         which = msg.WhichOneof("response")
         if which == "chunk":
             part = msg.chunk
-            lease.report(cached_tokens=part.cached_tokens, prompt_tokens=part.prompt_tokens)
         elif which == "complete":
             part = msg.complete  # type: ignore[assignment]
-            lease.report(cached_tokens=part.cached_tokens, prompt_tokens=part.prompt_tokens)
+        else:
+            return msg
+        # Cumulative counts: the lease keeps the largest, which after the first message
+        # they seldom pass (asked here, not by a call per message).
+        cached, prompt = part.cached_tokens, part.prompt_tokens
+        if cached > lease.cached_tokens or prompt > lease.reported_prompt_tokens:
+            lease.report(cached_tokens=cached, prompt_tokens=prompt)
         return msg
 
     def _check_stall(self) -> None:

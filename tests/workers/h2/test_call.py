@@ -167,3 +167,20 @@ async def test_resets_losses_and_the_deadline() -> None:
     no_trailers.on_end_without_trailers()
     with pytest.raises(WorkerCallError, match="without a status"):
         await no_trailers.read()
+
+
+async def test_a_reader_asks_for_credit_only_past_the_connections_step_or_inside_a_message() -> None:
+    call = H2Call(asyncio.get_running_loop(), _parse, 1 << 20)
+    link = _Link()
+    call.attach(link, 1, 65535, credit_step=20)
+    call.on_headers(OK_HEADERS, end_stream=False)
+    call.on_data(_msg(b"one"), last=True)  # 8 bytes held
+    assert await call.read() == "one" and link.credits == []  # below the step: not asked
+    call.on_data(_msg(b"two") + _msg(b"three")[:4], last=True)  # 20 held, a message begun
+    assert await call.read() == "two" and link.credits == [20]  # at the step (and inside a message)
+    call.on_data(_msg(b"three")[4:] + _msg(b"x"), last=True)  # 12 more; 5 + 6 bytes delivered
+    link.flush()
+    assert await call.read() == "three" and link.credits == [20]  # the next message is waiting
+    assert await call.read() == "x" and link.credits == [20]  # 12 bytes, nothing incomplete: below
+    call.on_data(_msg(b"four")[:3], last=True)  # nothing queued for the reader: given at once
+    assert link.credits == [20, 15]

@@ -70,7 +70,7 @@ class H2Call:
     """A Generate stream: messages in, read with ``read()``, or stopped with ``cancel()``."""
 
     __slots__ = (
-        "_conn", "_credit", "_inbox", "_initial", "_loop", "_max_message", "_parse_one", "_partial",
+        "_conn", "_credit", "_credit_step", "_inbox", "_initial", "_loop", "_max_message", "_parse_one", "_partial",
         "_starting", "_status", "_waiter", "cancelled", "headers_seen", "parser", "pending", "send_offset",
         "send_payload", "send_window", "stream_id", "timer",
     )  # fmt: skip
@@ -87,6 +87,7 @@ class H2Call:
         self._status: CallStatus | None = None
         self._initial: tuple[tuple[str, str], ...] = ()
         self._credit = 0  # bytes received and not yet given back as stream window
+        self._credit_step = 0  # the connection's threshold for giving them back (``attach``)
         self._conn: Link | None = None
         self._starting: asyncio.Task[None] | None = None  # the wait for a connection, if any
         self.timer: asyncio.TimerHandle | None = None
@@ -124,7 +125,8 @@ class H2Call:
             inbox = self._inbox
             if inbox:
                 message = inbox.popleft()
-                if not inbox and self._credit:
+                # The connection's own test, first here: per message, it would say no.
+                if not inbox and self._credit and (self._credit >= self._credit_step or self._partial):
                     self._give_credit()
                 return message
             status = self._status
@@ -178,10 +180,14 @@ class H2Call:
         return True
 
     # ------------------------------------------------------------------ connection side
-    def attach(self, conn: Link, stream_id: int, send_window: int) -> None:
+    def attach(self, conn: Link, stream_id: int, send_window: int, credit_step: int = 0) -> None:
+        """On ``conn`` as ``stream_id``; ``credit_step``: received bytes below which (and
+        with no message incomplete) ``conn.credit`` gives nothing back, so the reader
+        need not ask after every message."""
         self._conn = conn
         self.stream_id = stream_id
         self.send_window = send_window
+        self._credit_step = credit_step
 
     def starting(self, task: asyncio.Task[None]) -> None:
         """The call waits for a connection: ``read()`` waits for ``task`` first (the task

@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 
 STREAM_WINDOW = 4 * 1024 * 1024  # per call: output a reader has not taken yet, at most
 CONNECTION_WINDOW = 64 * 1024 * 1024
+CREDIT_STEP = STREAM_WINDOW // 4  # received bytes worth a WINDOW_UPDATE of their own
 MAX_HEADER_LIST = 1024 * 1024
 
 _DECODED_BLOCKS = 64  # distinct header blocks kept decoded per connection
@@ -124,7 +125,7 @@ class H2Connection(asyncio.Protocol):
         stream_id = self.next_stream_id
         self.next_stream_id += 2
         self.calls[stream_id] = call
-        call.attach(self, stream_id, self.peer_initial_window)
+        call.attach(self, stream_id, self.peer_initial_window, CREDIT_STEP)
         call.send_payload = message
         call.send_offset = 0
         out = self._header_frames(stream_id, header_block)
@@ -234,7 +235,7 @@ class H2Connection(asyncio.Protocol):
     def credit(self, stream_id: int, amount: int, force: bool) -> bool:
         """Give ``amount`` received bytes back as window of ``stream_id`` once there are
         enough to be worth a frame (or now, with ``force``); True when sent."""
-        if not force and amount < STREAM_WINDOW // 4:
+        if not force and amount < CREDIT_STEP:
             return False
         if stream_id in self.calls:
             self._write(frames.window_update(stream_id, amount))
