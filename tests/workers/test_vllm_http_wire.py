@@ -45,9 +45,10 @@ def test_streamed_deltas_become_chunks_and_the_finish_a_complete() -> None:
     closing = {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 3,
                                         "prompt_tokens_details": {"cached_tokens": 4}}}
     out = [*reader.feed(first), *reader.feed(chunk([11, 12], "stop", 12))]
-    assert [list(m.chunk.token_ids) for m in out] == [[10], [11, 12]]  # the complete waits for the counts
-    assert [m.chunk.completion_tokens for m in out] == [1, 3] and out[0].chunk.prompt_tokens == 5
-    (done,) = reader.feed(closing)
+    assert [list(m.chunk.token_ids) for m in out] == [[10]]  # the finishing chunk waits for the counts
+    assert out[0].chunk.completion_tokens == 1 and out[0].chunk.prompt_tokens == 5
+    last, done = reader.feed(closing)
+    assert list(last.chunk.token_ids) == [11, 12] and last.chunk.completion_tokens == 3 and last.chunk.cached_tokens == 4
     assert done.complete.finish_reason == "stop" and done.complete.matched_token_id == 12
     assert done.complete.completion_tokens == 3 and list(done.complete.output_ids) == [11, 12]
     assert (done.complete.prompt_tokens, done.complete.cached_tokens) == (5, 4) and reader.started
@@ -59,18 +60,20 @@ def test_cached_tokens_come_only_with_the_closing_usage_chunk() -> None:
     cached count a worker reports must be read from the last chunk, not from the finish."""
     reader = CompletionStreamReader("r")
     per_chunk = {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}
-    assert [m.chunk.cached_tokens for m in reader.feed(chunk([10], "length", **per_chunk))] == [0]
-    (done,) = reader.feed({"choices": [], "usage": {**per_chunk, "prompt_tokens_details": {"cached_tokens": 4}}})
-    assert (done.complete.prompt_tokens, done.complete.cached_tokens) == (5, 4)
+    assert [m.chunk.cached_tokens for m in reader.feed(chunk([9], **per_chunk))] == [0]
+    assert list(reader.feed(chunk([10], "length", **per_chunk))) == []
+    last, done = reader.feed({"choices": [], "usage": {**per_chunk, "prompt_tokens_details": {"cached_tokens": 4}}})
+    assert list(last.chunk.token_ids) == [10] and (done.complete.prompt_tokens, done.complete.cached_tokens) == (5, 4)
 
 
 def test_a_stream_without_a_usage_chunk_still_ends_its_samples() -> None:
     reader = CompletionStreamReader("r")
     out = [*reader.feed(chunk([7], index=1)), *reader.feed(chunk([8], "length", index=0)),
            *reader.feed(chunk([9], "stop", index=1))]
-    assert [m.WhichOneof("response") for m in out] == ["chunk", "chunk", "chunk"]
+    assert [(m.chunk.index, list(m.chunk.token_ids)) for m in out] == [(1, [7])]
     ends = list(reader.close())
-    assert [(m.complete.index, m.complete.completion_tokens, m.complete.finish_reason) for m in ends] == [
+    assert [m.WhichOneof("response") for m in ends] == ["chunk", "complete"] * 2
+    assert [(m.complete.index, m.complete.completion_tokens, m.complete.finish_reason) for m in ends[1::2]] == [
         (0, 1, "length"), (1, 2, "stop"),
     ]
     assert list(reader.close()) == []  # released once
@@ -89,10 +92,10 @@ def test_logprobs_named_by_token_id() -> None:
     answer = chunk([10], "length")
     answer["choices"][0]["logprobs"] = {"tokens": ["token_id:10"], "token_logprobs": [-0.5],
                                         "top_logprobs": [{"token_id:10": -0.5, "token_id:3": -2.0}]}
-    (first,) = reader.feed(answer)
+    assert list(reader.feed(answer)) == []
+    first, done = reader.close()
     assert list(first.chunk.output_logprobs.token_ids) == [10]
     assert list(first.chunk.output_logprobs.top_logprobs[0].token_ids) == [10, 3]
-    (done,) = reader.close()
     assert done.complete.finish_reason == "length" and list(done.complete.output_logprobs.token_ids) == [10]
 
 

@@ -152,8 +152,10 @@ class CompletionStreamReader:
 
     Once per streamed token, so the common chunk (one choice, new ids, no logprobs) is
     read with as few lookups as its checks allow and its message built in place. A
-    finished choice's complete is held until the closing usage chunk brings the prompt
-    and cached counts, or until the stream ends without one (``close``)."""
+    finished choice's last chunk and its complete are held until the closing usage chunk
+    brings the prompt and cached counts, or until the stream ends without one
+    (``close``): both then come in one read, as the finishing answer of a worker that
+    sends its counts with it does, so the relay ends the sample in one wake-up."""
 
     __slots__ = ("_cached", "_held", "_prompt", "_request_id", "_sent")
 
@@ -175,9 +177,23 @@ class CompletionStreamReader:
         if cached:
             self._cached = cached
 
+    def _chunk(self, index: int, ids: list[int], total: int, logprobs: pb.OutputLogProbs | None) -> pb.GenerateResponse:
+        message = pb.GenerateResponse(request_id=self._request_id)
+        chunk = message.chunk
+        chunk.token_ids.extend(ids)
+        chunk.prompt_tokens = self._prompt
+        chunk.completion_tokens = total
+        chunk.cached_tokens = self._cached
+        chunk.index = index
+        if logprobs is not None:
+            chunk.output_logprobs.CopyFrom(logprobs)
+        return message
+
     def _release(self) -> Iterator[pb.GenerateResponse]:
         held, self._held = self._held, []
         for index, ids, total, choice, logprobs in held:
+            if ids:
+                yield self._chunk(index, ids, total, logprobs)
             yield _complete(self._request_id, index, ids, total, self._prompt, self._cached, choice, logprobs)
 
     def feed(self, answer: object) -> Iterator[pb.GenerateResponse]:
@@ -197,19 +213,10 @@ class CompletionStreamReader:
             total = self._sent.get(index, 0) + len(ids)
             self._sent[index] = total
             logprobs = _logprobs(choice, ids) if choice.get("logprobs") else None
-            if ids:
-                message = pb.GenerateResponse(request_id=self._request_id)
-                chunk = message.chunk
-                chunk.token_ids.extend(ids)
-                chunk.prompt_tokens = self._prompt
-                chunk.completion_tokens = total
-                chunk.cached_tokens = self._cached
-                chunk.index = index
-                if logprobs is not None:
-                    chunk.output_logprobs.CopyFrom(logprobs)
-                yield message
             if choice.get("finish_reason") is not None:
                 self._held.append((index, ids, total, choice, logprobs))
+            elif ids:
+                yield self._chunk(index, ids, total, logprobs)
         if not choices and self._held:  # the closing usage chunk
             yield from self._release()
 
