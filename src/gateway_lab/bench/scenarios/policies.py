@@ -34,7 +34,7 @@ import statistics
 import time
 import tracemalloc
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -723,29 +723,50 @@ class SimResult:
 
 class SmgLikePolicy(BasePolicy):
     """An emulation of SMG's cache_aware rule, for the simulation only (the real SMG runs end
-    to end in ``bench_overhead`` and ``bench matrix --peers smg``).
+    to end in ``bench trace --peers smg`` and ``bench matrix --peers smg``).
 
-    As SMG documents it: while the pool is balanced, the worker holding the longest match
-    when the match covers more than ``cache_threshold`` of the prompt (the least loaded of
-    several), else the worker with the smallest tree; the least loaded worker once
-    ``max - min > balance_abs`` and ``max > balance_rel * min`` in-flight requests.
-    Its defaults: 0.3, 64, 1.5. One approximate tree of what was sent, in tokens (SMG's
-    is in characters of the text)."""
+    While the pool is balanced: with ``events`` (SMG in front of gRPC workers that serve
+    KV events, which it subscribes to by itself, as the project's simulated workers do),
+    the worker whose *true* cache holds the longest match, however short, the least loaded
+    of several; without, the longest match in one approximate tree of what was sent (in
+    tokens; SMG's is in characters of the text) when it covers more than
+    ``cache_threshold`` of the prompt (the least loaded of several), else the least
+    loaded worker. Either way the least loaded worker once ``max - min > balance_abs``
+    and ``max > balance_rel * min`` in-flight requests. Its defaults: 0.3, 64, 1.5.
+    ``smallest_tree`` sends a short match to the worker with the smallest tree instead
+    of the least loaded (what older SMG releases did and their comments still say)."""
 
     name = "smg_like"
 
-    def __init__(self, cache_threshold: float = 0.3, balance_abs: int = 64, balance_rel: float = 1.5) -> None:
+    def __init__(self, cache_threshold: float = 0.3, balance_abs: int = 64, balance_rel: float = 1.5,
+                 events: bool = False, smallest_tree: bool = False) -> None:
         self.cache_threshold, self.balance_abs, self.balance_rel = cache_threshold, balance_abs, balance_rel
+        self.events, self.smallest_tree = events, smallest_tree
         self.tree = RadixTree(evict_inline=True)
         self._known: set[str] = set()
+        self._true: Callable[[str, Sequence[int]], int] | None = None
+
+    def bind_true_caches(self, cached_length: Callable[[str, Sequence[int]], int]) -> None:
+        """What the workers' KV events tell SMG: a worker URL and a prompt -> its cached prefix."""
+        self._true = cached_length
 
     def _choose(self, request: RouteRequest, cands: list[WorkerView]) -> Decision:
+        loads = [w.in_flight for w in cands]
+        hi, lo = max(loads), min(loads)
+        if self.events:
+            if self._true is None:
+                raise RuntimeError("smg_like with events needs bind_true_caches (simulate binds it)")
+            held = {w.worker_id: self._true(w.url, request.token_ids) for w in cands}
+            if hi - lo > self.balance_abs and hi > self.balance_rel * lo:
+                best, reason = min(cands, key=lambda w: w.in_flight), "load_balanced"
+            else:
+                best = max(cands, key=lambda w: (held[w.worker_id], -w.in_flight))
+                reason = "cache_hit" if held[best.worker_id] else "no_match"
+            return Decision(best.worker_id, reason, held[best.worker_id])
         for w in cands:
             if w.worker_id not in self._known:
                 self._known.add(w.worker_id)
                 self.tree.set_worker(w.worker_id, budget_tokens=w.kv_capacity_tokens or None, page_size=1)
-        loads = [w.in_flight for w in cands]
-        hi, lo = max(loads), min(loads)
         pb = pack(request.token_ids)
         _, raw = self.tree.match_packed(pb)
         if hi - lo > self.balance_abs and hi > self.balance_rel * lo:
@@ -755,8 +776,11 @@ class SmgLikePolicy(BasePolicy):
             if longest > self.cache_threshold * len(request.token_ids):
                 best = min((w for w in cands if raw.get(w.worker_id, 0) == longest), key=lambda w: w.in_flight)
                 reason = "cache_hit"
-            else:
+            elif self.smallest_tree:
                 best = min(cands, key=lambda w: (self.tree.worker_tokens(w.worker_id), w.in_flight))
+                reason = "no_match"
+            else:
+                best = min(cands, key=lambda w: w.in_flight)
                 reason = "no_match"
         self.tree.insert_packed(pb, best.worker_id)
         c = raw.get(best.worker_id, 0)
@@ -795,6 +819,11 @@ def oracle_for(workers: list[SimWorker], page: int) -> Policy:
     """The oracle policy reading the simulated workers' true page caches."""
     from gateway.policies.oracle import OraclePolicy
 
+    return OraclePolicy(true_caches(workers, page), use_polled_loads=False)
+
+
+def true_caches(workers: list[SimWorker], page: int) -> Callable[[str, Sequence[int]], int]:
+    """(worker URL, prompt) -> tokens of the prompt that worker's true page cache holds."""
     by_url = {f"sim://{w.wid}": w for w in workers}
     memo: dict[int, tuple[Sequence[int], list[int]]] = {}
 
@@ -810,7 +839,7 @@ def oracle_for(workers: list[SimWorker], page: int) -> Policy:
             n += 1
         return n * page
 
-    return OraclePolicy(cached_length, use_polled_loads=False)
+    return cached_length
 
 
 def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int, page: int, concurrency: int,
@@ -844,6 +873,10 @@ def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int,
                for i in range(n_workers)]
     policies = [oracle_for(workers, page) if p is None else p for p in (policy, *replicas)]
     policy = policies[0]
+    for pol in policies:
+        bind = getattr(pol, "bind_true_caches", None)
+        if bind is not None:  # a peer's emulation that reads the workers' KV events
+            bind(true_caches(workers, page))
     by_id = {w.wid: w for w in workers}
     for pol in policies:
         pol.on_workers_changed([w.view(0.0) for w in workers])
@@ -1142,9 +1175,10 @@ def build_sim_policy(overrides: dict[str, object]) -> Policy | None:
     name = str(overrides["policy"])
     if name.startswith("placed_k"):
         return PlacedPolicy(int(name.removeprefix("placed_k")))
-    if overrides["policy"] == "smg_like":
-        knobs = {k: v for k, v in overrides.items() if k in ("cache_threshold", "balance_abs", "balance_rel")}
-        return SmgLikePolicy(**knobs)  # type: ignore[arg-type]
+    if overrides["policy"] in ("smg_like", "smg_events"):
+        knobs = {k: v for k, v in overrides.items()
+                 if k in ("cache_threshold", "balance_abs", "balance_rel", "smallest_tree")}
+        return SmgLikePolicy(**knobs, events=overrides["policy"] == "smg_events")  # type: ignore[arg-type]
     return make_policy(PolicyConfig(), **overrides)
 
 

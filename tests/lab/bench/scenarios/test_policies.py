@@ -5,12 +5,18 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
 from gateway.policies import PolicyConfig, close_policy, make_policy
+from gateway.policies.base import RouteRequest, WorkerView
+
+
+def views(n: int) -> list[WorkerView]:
+    return [WorkerView(f"w{i}", f"sim://w{i}", kv_capacity_tokens=1 << 16, page_size=16) for i in range(n)]
 
 
 @pytest.fixture(scope="module")
@@ -315,3 +321,27 @@ def test_the_sim_section_writes_decisions_as_json_lines(bench: ModuleType, tmp_p
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     assert len(lines) == 16 and {rec["policy"] for rec in lines} == {"round_robin"}
     assert "[decisions] round_robin: best holder held" in capsys.readouterr().out
+
+
+def test_smg_events_follows_the_true_caches_and_the_tree_emulation_sends_short_matches_to_the_least_loaded(
+    bench: ModuleType,
+) -> None:
+    """SMG with KV events routes on the workers' true caches: it keeps every gsp group on one
+    worker from the start, and never predicts a hit the caches do not hold; without events a
+    prompt whose match is under the threshold goes to the least loaded worker, or with
+    ``smallest_tree`` to the emptiest tree."""
+    wl = bench.gsp_workload(8, 8, 512, 32, 16, seed=5)
+    events = bench.build_sim_policy({"policy": "smg_events"})
+    log: list[dict[str, object]] = []
+    r = bench.simulate(events, wl, 4, 1 << 16, 16, 4, bench.Timing(), 0.0, {}, decisions=log)[0]
+    assert r.hit_rate > 0.8 * wl.ideal_hit
+    assert all(rec["predicted"] == rec["held"][rec["worker"]] for rec in log)
+    with pytest.raises(RuntimeError, match="bind_true_caches"):
+        bench.SmgLikePolicy(events=True).select(RouteRequest([1] * 32), views(2))
+    for smallest, expected in ((False, "w0"), (True, "w1")):
+        p = bench.SmgLikePolicy(smallest_tree=smallest)
+        ws = views(2)
+        first = p.select(RouteRequest([9] * 64), [replace(ws[0], in_flight=0), replace(ws[1], in_flight=5)])
+        assert first.worker_id == "w0"  # the least loaded, and both trees empty: w0's tree grows
+        d = p.select(RouteRequest([7] * 64), [replace(ws[0], in_flight=1), replace(ws[1], in_flight=3)])
+        assert (d.worker_id, d.reason) == (expected, "no_match")
