@@ -225,7 +225,7 @@ async def gateway(
 def parse_variant(policy: str) -> tuple[str, dict[str, Any]]:
     """``NAME[:knob=value,...]`` -> (NAME, typed overrides), for ablation cells: knobs of
     ``PolicyConfig``, the prefill gate's (``prefill_gate*``, ``DispatchConfig``),
-    ``reply_token_reuse`` and ``worker_dp_size`` (``ServerConfig``), ``encoder_at_load``
+    ``reply_token_reuse``, ``worker_dp_size`` and ``kv_events`` (``ServerConfig``), ``encoder_at_load``
     (``EngineConfig``), the worker gate's ``fleet_headroom``, ``fair_reserve`` and
     ``prefill_budget_tokens``, ``queue_timeout_s`` (``AdmissionConfig``)."""
     from gateway.pipeline.dispatch import DispatchConfig
@@ -240,7 +240,7 @@ def parse_variant(policy: str) -> tuple[str, dict[str, Any]]:
         return name, knobs
     fields: dict[str, type] = {f.name: PolicyConfig for f in dataclasses.fields(PolicyConfig)}
     fields |= {f.name: DispatchConfig for f in dataclasses.fields(DispatchConfig) if f.name.startswith("prefill_gate")}
-    fields["reply_token_reuse"] = fields["worker_dp_size"] = ServerConfig
+    fields["reply_token_reuse"] = fields["worker_dp_size"] = fields["kv_events"] = ServerConfig
     fields["encoder_at_load"] = EngineConfig
     fields |= dict.fromkeys(ADMISSION_KNOBS, AdmissionConfig)
     for item in rest.split(","):
@@ -303,6 +303,7 @@ def ours_config(
     name, knobs = parse_variant(variant)
     config.server.reply_token_reuse = knobs.pop("reply_token_reuse", True)
     config.server.worker_dp_size = knobs.pop("worker_dp_size", 0)  # 1: DP ranks hidden, the engine balances them
+    config.server.kv_events = knobs.pop("kv_events", False)  # the tree fed by the workers' KV events (SMG's default)
     config.engine.encoder_at_load = knobs.pop("encoder_at_load", True)
     admission = {k: knobs[k] for k in ADMISSION_KNOBS if k in knobs}
     config.admission = dataclasses.replace(config.admission, **admission)

@@ -220,6 +220,10 @@ def test_a_variant_becomes_our_settings() -> None:
     lazy = launch.ours_config(["grpc://a:1"], "cache_aware:encoder_at_load=off", "", "")
     assert lazy.engine.encoder_at_load is False and lazy.policy.policy == "cache_aware"
     assert launch.knob_flags(launch.parse_variant("cache_aware:encoder_at_load=off")[1]) == ["--no-encoder-at-load"]
+    assert plain.server.kv_events is False
+    events = launch.ours_config(["grpc://a:1"], "cache_aware:kv_events=on", "", "")
+    assert events.server.kv_events is True and events.policy.policy == "cache_aware"
+    assert launch.knob_flags(launch.parse_variant("cache_aware:kv_events=on")[1]) == ["--kv-events"]
     paced = launch.ours_config(["grpc://a:1"], "cache_aware:fleet_headroom=1,prefill_budget_tokens=1024", "", "")
     assert (paced.admission.fleet_headroom, paced.admission.prefill_budget_tokens) == (1, 1024)
     assert paced.policy.policy == "cache_aware" and plain.admission.fleet_headroom == -1
