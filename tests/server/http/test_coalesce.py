@@ -93,20 +93,3 @@ async def test_the_wrapped_transport_answers_the_rest(pair: tuple[CoalescingTran
     out.write(b"x")
     out.write_eof()
     assert await _read(peer, 10) == b"x"
-
-
-async def test_write_now_leaves_within_the_turn_unless_the_turn_queued_something(pair: tuple[CoalescingTransport, socket.socket]) -> None:
-    out, peer = pair
-    out.write_now(b"event-1 ")
-    peer.setblocking(True)
-    peer.settimeout(5)
-    assert peer.recv(65536) == b"event-1 "  # no await since the write: it left at once
-    peer.setblocking(False)
-    out.write(b"head ")
-    out.write_now(b"event-2")  # behind what the turn queued, in order
-    with pytest.raises(BlockingIOError):
-        peer.recv(65536)
-    assert await _read(peer, 12) == b"head event-2"
-    out.close()
-    out.write_now(b"after the end")  # dropped, as a flush on a closing transport drops it
-    assert await _read(peer, 100) == b""

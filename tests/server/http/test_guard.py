@@ -200,7 +200,7 @@ def test_a_chunk_writer_declines_while_writes_are_paused_and_drops_a_gone_client
     out: list[bytes] = []
     cycle = Cycle(
         disconnected=False, flow=SimpleNamespace(write_paused=True), chunked_encoding=True,
-        response_started=True, response_complete=False, transport=SimpleNamespace(write_now=out.append),
+        response_started=True, response_complete=False, transport=SimpleNamespace(write=out.append),
     )
     writer = ChunkWriter(cycle)
     assert writer.write(b"paused") is False

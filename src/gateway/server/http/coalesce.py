@@ -36,16 +36,6 @@ class CoalescingTransport:
             self._loop.call_soon(self.flush)
         out.append(bytes(data) if not isinstance(data, bytes) else data)
 
-    def write_now(self, data: bytes) -> None:
-        """``write`` for a write that gains nothing from waiting for the end of the turn: sent
-        at once when nothing of this turn is queued, else queued after what is (in order
-        either way). The relay's streamed events: one per wake-up of a stream's task, so
-        waiting would only add a callback per event."""
-        if self._out:
-            self._out.append(data)
-        elif not self._transport.is_closing():
-            self._transport.write(data)
-
     def writelines(self, chunks: Any) -> None:
         for chunk in chunks:
             self.write(chunk)

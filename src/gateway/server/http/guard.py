@@ -91,8 +91,7 @@ CHUNK_WRITER = "gateway.chunk_writer"  # scope["extensions"] key: the request's 
 class ChunkWriter:
     """Writes a streamed response's body chunks straight to the connection, as uvicorn's
     ``send`` would for an ``http.response.body`` message with ``more_body`` (the same
-    chunked-encoding bytes, to the same coalescing transport, which sends them at once
-    unless the turn already queued something: ``write_now``), without the message dict
+    chunked-encoding bytes, to the same coalescing transport), without the message dict
     and the coroutines of ``send`` and of every middleware that wraps it: the relay writes
     one such chunk per token. Only where ``send`` would do nothing else: ``write`` says
     False when the response is not a started, unfinished, chunked one or the transport
@@ -117,7 +116,7 @@ class ChunkWriter:
             or not cycle.response_started or cycle.response_complete
         ):
             return False
-        cycle.transport.write_now(b"%x\r\n%b\r\n" % (len(body), body))  # the server's CoalescingTransport
+        cycle.transport.write(b"%x\r\n%b\r\n" % (len(body), body))
         return True
 
 
