@@ -135,6 +135,11 @@ async def test_the_engine_is_detected_or_named() -> None:
         await kept.close()
         named = await with_engine(SglangHttpClient(url), "vllm", 5.0)  # the override wins
         assert isinstance(named, VllmHttpClient)
+        await named.model_info()
+        p.routes["/v1/models"] = reply({"object": "list", "data": [{"id": "m", "owned_by": "sglang"}]})
+        with pytest.raises(WorkerCallError) as err:  # but SGLang's server, which also answers /v1/models, is told apart
+            await named.model_info()
+        assert err.value.code is CallCode.FAILED_PRECONDITION and "SGLang's server" in err.value.message
         await named.close()
         with pytest.raises(WorkerRegistrationError, match="not served over this transport"):
             await with_engine(SglangHttpClient(url), "trtllm", 5.0)

@@ -93,6 +93,10 @@ class VllmHttpClient(HttpWorkerClient):
         if not isinstance(data, list) or not data or not isinstance(data[0], dict) or not data[0].get("id"):
             raise WorkerCallError(CallCode.INTERNAL, "/v1/models lists no model")
         card: dict[str, Any] = data[0]
+        if card.get("owned_by") == "sglang":  # SGLang's server answers this route too, with its name on the card
+            raise WorkerCallError(
+                CallCode.FAILED_PRECONDITION, f"{self.url} is SGLang's server (its /v1/models cards are owned_by sglang)"
+            )
         self._dialect = VllmDialect(str(card["id"]))  # the name completions must carry
         return card
 

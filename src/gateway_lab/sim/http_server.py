@@ -360,6 +360,7 @@ class SimHttpWorker:
         cfg = self.worker.config
         return JSONResponse({"object": "list", "data": [{
             "id": cfg.served_name, "object": "model", "root": cfg.model, "max_model_len": cfg.context_length,
+            "owned_by": self.api,  # each server names itself on its model cards
         }]})
 
     async def metrics(self, request: Request) -> Response:
