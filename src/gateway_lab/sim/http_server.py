@@ -45,6 +45,19 @@ from gateway_lab.sim.worker import SimWorker
 # vLLM's OpenAI server reads a request's data-parallel rank from this header.
 DP_RANK_HEADER = "x-data-parallel-rank"
 
+# Histogram families on a vLLM /metrics page, with bucket bounds of the same count.
+_LATENCY = ("0.001", "0.005", "0.01", "0.02", "0.04", "0.06", "0.08", "0.1", "0.25", "0.5", "0.75", "1.0", "2.5",
+            "5.0", "7.5", "10.0", "20.0", "40.0", "80.0")  # fmt: skip
+_SIZES = ("1.0", "2.0", "5.0", "10.0", "20.0", "50.0", "100.0", "200.0", "500.0", "1000.0", "2000.0", "5000.0", "10000.0")
+_VLLM_HISTOGRAMS = (
+    *((f"vllm:{n}", _LATENCY) for n in (
+        "time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds",
+        "request_queue_time_seconds", "request_inference_time_seconds", "request_prefill_time_seconds",
+        "request_decode_time_seconds")),
+    *((f"vllm:{n}", _SIZES) for n in (
+        "request_prompt_tokens", "request_generation_tokens", "iteration_tokens_total", "request_params_max_tokens")),
+)  # fmt: skip
+
 
 class ClientGone(Exception):
     """The client closed its connection before the first message of its answer."""
@@ -377,6 +390,19 @@ class SimHttpWorker:
             "# TYPE vllm:num_requests_waiting gauge",
             *(f'vllm:num_requests_waiting{{engine="{r.index}",model_name="{name}"}} {r.scheduler.num_waiting}' for r in ranks),
         ]  # fmt: skip
+        # The rest of a vLLM page, so a client that polls it reads a page of the real size:
+        # the worker's token counters, and per engine the latency and size histograms
+        # (kept empty here: the simulator times nothing a client reads from them).
+        c = self.worker.counters
+        for counter, value in (("prompt_tokens", c.prompt_tokens), ("generation_tokens", c.generated_tokens),
+                               ("prefix_cache_queries", c.prompt_tokens), ("prefix_cache_hits", c.cached_tokens)):
+            lines += [f"# TYPE vllm:{counter}_total counter", f'vllm:{counter}_total{{model_name="{name}"}} {float(value)}']
+        for histogram, bounds in _VLLM_HISTOGRAMS:
+            lines.append(f"# TYPE {histogram} histogram")
+            for r in ranks:
+                labels = f'engine="{r.index}",model_name="{name}"'
+                lines += [f'{histogram}_bucket{{{labels},le="{le}"}} 0.0' for le in (*bounds, "+Inf")]
+                lines += [f"{histogram}_sum{{{labels}}} 0.0", f"{histogram}_count{{{labels}}} 0.0"]
         return Response("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
 
     async def health(self, request: Request) -> Response:

@@ -149,6 +149,7 @@ async def test_the_vllm_api_answers_completions_models_and_metrics() -> None:
             assert all(len(c["token_ids"]) == 4 for c in many["choices"])
             metrics = (await http.get("/metrics")).text
             assert "vllm:num_requests_running" in metrics and "vllm:num_requests_waiting" in metrics
+            assert metrics.count("\n") > 200 and "vllm:time_to_first_token_seconds_bucket" in metrics  # a real page's size
             assert (await http.get("/get_model_info")).status_code == 404  # not SGLang's API
     with pytest.raises(ValueError, match="api must be one of"):
         SimHttpWorker(cfg(), api="tgi")
