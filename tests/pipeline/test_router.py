@@ -192,3 +192,25 @@ async def test_a_failed_rank_excludes_its_whole_engine() -> None:
     assert f.router.select(pinned("a:1@1")).worker.id == "a:1@1"  # a rank can be pinned by id
     with pytest.raises(NoWorkerAvailable, match="no regular worker"):
         f.router.select(pinned(exclude=frozenset({"a:1@0", "b:1"})))
+
+
+async def test_a_tapped_router_runs_its_before_select_hook_ahead_of_every_choice() -> None:
+    """Same-host sync applies what the sibling processes decided just before each choice."""
+    f = await fleet(FakeTransport("grpc://a:1"), FakeTransport("grpc://b:1"), policy="cache_aware")
+    calls: list[str] = []
+
+    class _Sink:
+        def dispatched(self, *a: object) -> None:
+            calls.append("dispatched")
+
+        def finished(self, *a: object) -> None:
+            calls.append("finished")
+
+        def learned(self, *a: object) -> None:
+            calls.append("learned")
+
+    f.router.tap(_Sink(), before_select=lambda: calls.append("before"))
+    chosen = f.router.select(route(0))
+    assert calls == ["before"]
+    chosen.policy.on_dispatch(route(0), chosen.decision)
+    assert calls == ["before", "dispatched"]

@@ -4,6 +4,9 @@ leave nothing behind; listed workers not up at start are retried in the backgrou
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pytest
 
 from gateway.protocol.errors import InvalidRequestError
@@ -69,3 +72,24 @@ async def test_a_text_only_worker_needs_no_tokenizer_and_its_models_are_served()
         assert state.catalog.names() == []  # no tokenizer was loaded for it
         await state.add_worker("grpc://w1:1")
         assert state.model_names() == ["fake-model", "hosted-a"]  # each name once, token models first
+
+
+def test_the_same_host_ring_is_made_only_inside_a_process_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from gateway.server.process_set import ENV_COUNT, ENV_INDEX, ENV_RUN_DIR
+    from gateway.server.state import same_host_ring
+    from gateway.sync.config import SyncConfig
+
+    bus: Any = SimpleNamespace(applier=SimpleNamespace(target=lambda *a: None))
+    monkeypatch.delenv(ENV_INDEX, raising=False)
+    assert same_host_ring(SyncConfig(), bus) is None  # a lone process (replicas use the bus)
+    monkeypatch.setenv(ENV_INDEX, "1")
+    monkeypatch.setenv(ENV_COUNT, "2")
+    monkeypatch.setenv(ENV_RUN_DIR, str(tmp_path))
+    assert same_host_ring(SyncConfig(sync_same_host="bus"), bus) is None
+    ring = same_host_ring(SyncConfig(), bus)
+    assert ring is not None and (ring.index, ring.count) == (1, 2) and (tmp_path / "decisions-1.ring").exists()
+    ring.close()
+    monkeypatch.setenv(ENV_COUNT, "1")
+    assert same_host_ring(SyncConfig(), bus) is None

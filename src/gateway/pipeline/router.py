@@ -52,6 +52,7 @@ class Router:
         self._policies: dict[tuple[str, str], Policy] = {}
         self._sink: DecisionSink | None = None  # gateway.sync: other processes hear of decisions
         self._taps: dict[tuple[str, str], TappedPolicy] = {}
+        self._before_select: Callable[[], object] | None = None  # gateway.sync: hear siblings first
         self._quality: dict[tuple[str, str], PoolQuality] = {}
         self._sketch_tokens = sketch_tokens
         self._cache_params: dict[str, tuple[int, int]] = {}  # worker -> (page size, KV capacity) seen
@@ -74,9 +75,11 @@ class Router:
             policy.on_workers_changed([w.view() for w in self._live(model, role)])
         return policy
 
-    def tap(self, sink: DecisionSink) -> None:
-        """Tell ``sink`` of every dispatch and finish (the dispatcher gets tapped policies)."""
+    def tap(self, sink: DecisionSink, before_select: Callable[[], object] | None = None) -> None:
+        """Tell ``sink`` of every dispatch and finish (the dispatcher gets tapped policies);
+        ``before_select`` runs before every choice (same-host sync applies what it heard)."""
         self._sink = sink
+        self._before_select = before_select
         self._taps.clear()
 
     def _dispatching(self, model: str, role: str) -> Policy:
@@ -209,6 +212,8 @@ class Router:
             info = w.info
             if known.get(w.id) != (info.page_size, info.kv_capacity_tokens):
                 self._check_cache_params(w)
+        if self._before_select is not None:
+            self._before_select()
         policy = self.policy(request.model, role)
         decision = policy.select(request, views)
         packed = policy.packed(request)  # cache_aware has packed the prompt already

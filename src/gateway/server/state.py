@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import uuid
 from pathlib import Path
 from typing import Any
@@ -32,10 +33,13 @@ from gateway.server.admission import Admission
 from gateway.server.config import GatewayConfig
 from gateway.server.conversations_entry import ConversationsEntry
 from gateway.server.late_workers import LateWorkers
-from gateway.server.process_set import SetMember
+from gateway.server.process_set import ENV_COUNT, ENV_INDEX, ENV_RUN_DIR, SetMember
 from gateway.server.responses_entry import ResponsesEntry
 from gateway.server.security import Authenticator, key_id
 from gateway.sync.bus import SyncBus
+from gateway.sync.config import SyncConfig
+from gateway.sync.host_ring import HostRing
+from gateway.sync.policy_tap import FanOut
 from gateway.workers.client import BadWorkerUrl
 from gateway.workers.discovery.reconcile import Target
 from gateway.workers.discovery.sources import make_discovery
@@ -47,6 +51,17 @@ from gateway.workers.watchdog import ProgressTracker, Watchdog
 from gateway.workers.worker import Worker
 
 log = logging.getLogger(__name__)
+
+
+def same_host_ring(config: SyncConfig, bus: SyncBus) -> HostRing | None:
+    """The ring of decisions this process shares with its siblings of one ``serve
+    --processes N`` set (``--sync-same-host memory``), or None outside a set."""
+    if config.sync_same_host != "memory" or ENV_INDEX not in os.environ:
+        return None
+    count = int(os.environ[ENV_COUNT])
+    if count < 2:
+        return None
+    return HostRing(Path(os.environ[ENV_RUN_DIR]), int(os.environ[ENV_INDEX]), count, bus.applier.target)
 
 
 def key_weights(items: list[str], api_keys: list[str]) -> dict[str, float]:
@@ -132,6 +147,7 @@ class GatewayState:
         )
         self.kv_events = KvEventFeeder(self.registry, self.router) if server.kv_events else None
         self.sync: SyncBus | None = None  # the routing view shared with other processes (gateway.sync)
+        self.host_ring: HostRing | None = None  # and its same-host fast path (serve --processes N)
         if config.sync.sync_url:
             from functools import partial
 
@@ -140,7 +156,11 @@ class GatewayState:
 
             lag = lag_histogram(self.metrics.registry)
             self.sync = SyncBus(config.sync, self.router, self.registry, on_lag=partial(observe_many, lag))
-            self.router.tap(self.sync.outbox)
+            self.host_ring = same_host_ring(config.sync, self.sync)
+            if self.host_ring is None:
+                self.router.tap(self.sync.outbox)
+            else:
+                self.router.tap(FanOut(self.sync.outbox, self.host_ring), before_select=self.host_ring.poll)
             self.metrics.registry.register(SyncCollector(self.sync))
         self.process_set: SetMember | None = None  # set by serve when one of --processes N
         self.discovery = make_discovery(config.discovery, self._discovered_add, self.remove_worker)
@@ -261,6 +281,8 @@ class GatewayState:
         await self.late.stop()
         if self.sync is not None:
             await self.sync.stop()
+        if self.host_ring is not None:
+            self.host_ring.close()
         for source in self.discovery:
             await source.stop()
         if self.kv_events is not None:

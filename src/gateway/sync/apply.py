@@ -242,6 +242,8 @@ class Applier:
             return None
         return self.router.policy(model, pool).on_remote
 
+    target = _target  # public: same-host decisions (``host_ring``) are applied through it too
+
     def _event(self, worker_id: str, model: str, pool: str, event: RemoteEvent) -> bool:
         target = self._target(worker_id, model, pool)
         if target is None:

@@ -32,3 +32,10 @@ class SyncConfig:
     sync_max_pending_bytes: int = option(
         8 * 1024 * 1024, "bytes buffered for NATS while it is unreachable; beyond that batches are dropped (and counted)"
     )
+    sync_same_host: str = option(
+        "memory",
+        "how the processes of one serve --processes N set share decisions besides the bus: memory (each "
+        "writes its decisions to a ring in shared memory that the others read before every choice, so a "
+        "burst is not routed blind while the bus lags) or bus (the bus only)",
+        choices=["memory", "bus"],
+    )

@@ -24,6 +24,29 @@ class DecisionSink(Protocol):
     ) -> None: ...
 
 
+class FanOut:
+    """One sink that tells several (the bus's outbox and the same-host ring)."""
+
+    __slots__ = ("sinks",)
+
+    def __init__(self, *sinks: DecisionSink) -> None:
+        self.sinks = sinks
+
+    def dispatched(self, pool: str, request: RouteRequest, decision: Decision, packed: bytes | None = None) -> None:
+        for s in self.sinks:
+            s.dispatched(pool, request, decision, packed)
+
+    def finished(self, pool: str, request: RouteRequest, worker_id: str, cached_tokens: int, success: bool) -> None:
+        for s in self.sinks:
+            s.finished(pool, request, worker_id, cached_tokens, success)
+
+    def learned(
+        self, pool: str, request: RouteRequest, worker_id: str, output_ids: Sequence[int], packed: bytes | None = None
+    ) -> None:
+        for s in self.sinks:
+            s.learned(pool, request, worker_id, output_ids, packed)
+
+
 class TappedPolicy:
     __slots__ = ("inner", "name", "needs_loads", "packed_of", "pool", "sink")
 
