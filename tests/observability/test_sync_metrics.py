@@ -42,3 +42,20 @@ def test_the_lag_histogram_spans_microseconds_to_seconds() -> None:
     assert value("token_gateway_sync_lag_seconds_bucket", {"le": "5e-05"}) == 1
     assert value("token_gateway_sync_lag_seconds_bucket", {"le": "0.005"}) == 2
     assert value("token_gateway_sync_lag_seconds_bucket", {"le": "2.5"}) == 2
+
+
+def test_the_same_host_ring_series_appear_only_with_a_ring() -> None:
+    from gateway.sync.host_ring import RingStats
+
+    applier = Applier("me", FakeRouter(), FakeWorkers())  # type: ignore[arg-type]
+    bus = SimpleNamespace(stats=BusStats(), applier=applier)
+    ring = SimpleNamespace(stats=RingStats(written=3, applied=5, skipped=1, overrun=2))
+    with_ring, without = CollectorRegistry(), CollectorRegistry()
+    with_ring.register(SyncCollector(bus, ring))  # type: ignore[arg-type]
+    without.register(SyncCollector(bus))  # type: ignore[arg-type]
+    assert without.get_sample_value("token_gateway_sync_same_host_applied_total") is None
+    value = with_ring.get_sample_value
+    assert value("token_gateway_sync_same_host_written_total") == 3 and value("token_gateway_sync_same_host_applied_total") == 5
+    assert value("token_gateway_sync_same_host_skipped_total") == 1 and value("token_gateway_sync_same_host_overrun_total") == 2
+    ring.stats.applied += 1
+    assert value("token_gateway_sync_same_host_applied_total") == 6

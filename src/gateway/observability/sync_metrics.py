@@ -14,6 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from gateway.sync.bus import SyncBus
+from gateway.sync.host_ring import HostRing
 
 # From tens of microseconds (same host) to seconds (a bus that was away).
 LAG_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
@@ -28,8 +29,9 @@ def lag_histogram(registry: CollectorRegistry) -> Histogram:
 
 
 class SyncCollector(Collector):
-    def __init__(self, bus: SyncBus) -> None:
+    def __init__(self, bus: SyncBus, ring: HostRing | None = None) -> None:
         self._bus = bus
+        self._ring = ring
 
     def describe(self) -> Iterable[object]:
         return []
@@ -56,3 +58,12 @@ class SyncCollector(Collector):
             ("bad_messages", "undecodable messages on the sync subject", a.bad),
         ):
             yield CounterMetricFamily(f"token_gateway_sync_{name}", doc, value=value)
+        r = self._ring
+        if r is not None:
+            for name, doc, value in (
+                ("written", "decisions written to this process's same-host ring", r.stats.written),
+                ("applied", "sibling processes' decisions applied from their same-host rings before a choice", r.stats.applied),
+                ("skipped", "sibling decisions from the rings for workers this process does not know", r.stats.skipped),
+                ("overrun", "sibling decisions overwritten in their ring before this process read them", r.stats.overrun),
+            ):
+                yield CounterMetricFamily(f"token_gateway_sync_same_host_{name}", doc, value=value)

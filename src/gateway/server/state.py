@@ -161,7 +161,7 @@ class GatewayState:
                 self.router.tap(self.sync.outbox)
             else:
                 self.router.tap(FanOut(self.sync.outbox, self.host_ring), before_select=self.host_ring.poll)
-            self.metrics.registry.register(SyncCollector(self.sync))
+            self.metrics.registry.register(SyncCollector(self.sync, self.host_ring))
         self.process_set: SetMember | None = None  # set by serve when one of --processes N
         self.discovery = make_discovery(config.discovery, self._discovered_add, self.remove_worker)
         self.history = History(config.history)  # stored responses and conversations
