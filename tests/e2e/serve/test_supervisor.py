@@ -116,6 +116,10 @@ async def test_the_set_shares_its_ports_and_answers_as_one(tmp_path: Path) -> No
             assert published >= 24 and applied == published
             lags = sum(v for _, v in _samples(text, "token_gateway_sync_lag_seconds_count"))
             assert 0 < lags <= applied  # each applied decision's lag observed once (extensions have none)
+            # and each went into its process's same-host ring, read by the sibling at its next choice
+            written = sum(v for _, v in _samples(text, "token_gateway_sync_same_host_written_total"))
+            from_ring = sum(v for _, v in _samples(text, "token_gateway_sync_same_host_applied_total"))
+            assert written == 24 and from_ring <= written
         finally:
             assert await gw.stop(timeout_s=20) == 0
 

@@ -201,6 +201,8 @@ def sync_budgets(texts: Sequence[str], requests: int) -> dict[str, Any]:
         "decisions_applied": int(total(texts, "token_gateway_sync_applied_decisions_total")),
         "decisions_unresolved": int(total(texts, "token_gateway_sync_unresolved_decisions_total")),
         "lost_batches": int(total(texts, "token_gateway_sync_lost_batches_total")),
+        # decisions a sibling of one serve --processes N set applied from shared memory, before the bus copy
+        "same_host_applied": int(total(texts, "token_gateway_sync_same_host_applied_total")),
         "lag_p50_ms": None if p50 is None else round(p50 * 1e3, 3),
         "lag_p99_ms": None if p99 is None else round(p99 * 1e3, 3),
     }

@@ -24,6 +24,7 @@ def _process(published: float, lags: list[float]) -> str:
     registry = CollectorRegistry()
     Counter("token_gateway_sync_published_bytes", "b", registry=registry).inc(published)
     Counter("token_gateway_sync_published_decisions", "d", registry=registry).inc(10)
+    Counter("token_gateway_sync_same_host_applied", "s", registry=registry).inc(7)
     lag = Histogram("token_gateway_sync_lag_seconds", "l", buckets=(0.001, 0.01, 0.1), registry=registry)
     for value in lags:
         lag.observe(value)
@@ -41,7 +42,7 @@ def test_series_totals_and_quantiles_over_every_process() -> None:
     assert scenario.histogram_quantile(texts, "no_such_histogram", 0.5) is None
     budgets = scenario.sync_budgets(texts, requests=100)
     assert budgets["published_bytes_per_request"] == 40.0 and budgets["decisions_published"] == 20
-    assert budgets["lag_p50_ms"] == pytest.approx(1.0)
+    assert budgets["lag_p50_ms"] == pytest.approx(1.0) and budgets["same_host_applied"] == 14
 
 
 def test_the_cpu_of_a_process_tree_counts_its_children() -> None:
