@@ -508,6 +508,8 @@ def _inference_request(send: _NullSend) -> Any:
     door = type("Door", (), {"headers_for": staticmethod(lambda ctx: {"x-request-id": ctx.request_id})})()
     request = inference._Request.__new__(inference._Request)
     request.send_raw = send
+    request.task = asyncio.current_task()  # the stream's relay task is made on its loop
+    request.scope = {}  # no server extensions: every event goes through ``send``
     request.started = request.complete = request.gone = False
     request.path = type("Path", (), {"door": door})()
     request.route = type("Route", (), {"done": DONE, "error_body": None})()  # an OpenAI route's stream end
