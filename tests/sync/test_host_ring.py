@@ -179,3 +179,25 @@ def test_finishes_and_outputs_stay_on_the_bus_and_fan_out_tells_every_sink(tmp_p
     assert reader.poll() == 1 and writer.stats.written == 1  # only the decision went into the ring
     writer.close()
     reader.close()
+
+
+class _WatchedSlots(bytearray):
+    """A ring's memory that checks, at every body write, that the slot's sequence number
+    already reads as no decision: a reader that copied the body meanwhile sees the stamp
+    change and skips the slot instead of applying a torn one."""
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        if isinstance(key, slice) and key.start >= host_ring.HEADER_BYTES:
+            at = host_ring.HEADER_BYTES + (key.start - host_ring.HEADER_BYTES) // host_ring.SLOT_BYTES * host_ring.SLOT_BYTES
+            assert host_ring._SLOT.unpack_from(self, at)[0] == 0, "body written under a valid stamp"
+        super().__setitem__(key, value)
+
+
+def test_a_slot_is_unstamped_before_its_body_is_overwritten(tmp_path: Path) -> None:
+    writer = HostRing(tmp_path, 0, 2, _Targets(set()))
+    watched = _WatchedSlots(host_ring.RING_BYTES)
+    writer._map.close()
+    writer._map = watched  # type: ignore[assignment]
+    for i in range(SLOTS + 3):  # past one lap: the first slots are overwritten
+        writer.dispatched("regular", _request([i + 1, 7]), Decision("w0", "no_match"))
+    assert host_ring._SLOT.unpack_from(watched, host_ring._slot_at(SLOTS + 1))[0] == SLOTS + 1

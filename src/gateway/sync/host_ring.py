@@ -10,8 +10,8 @@ else (loads, finishes, learned outputs, other hosts); a decision that arrives bo
 is inserted twice into the tree, which changes nothing. A ring decision carries no
 prompt count, so the hot-prefix tracker counts it once, when the bus copy arrives.
 
-One writer per ring: the writer fills a slot, then stamps the slot's sequence number,
-then the ring's head. A reader copies the slot and checks the stamp again, so a slot
+One writer per ring: the writer clears the slot's sequence number, fills the slot, then
+stamps the slot's sequence number, then the ring's head. A reader copies the slot and checks the stamp again, so a slot
 overwritten while it was read is skipped (and counted), never applied torn. A reader
 that fell more than a ring behind skips to the oldest slot still there. A restarted
 writer starts a new epoch; its readers start over from its first slot.
@@ -113,6 +113,7 @@ class HostRing:
         n = self._head + 1
         at = _slot_at(n)
         m = self._map
+        _SLOT.pack_into(m, at, 0, 0, 0)  # unstamped first: a reader copying the old body sees it change
         body = at + _SLOT.size
         m[body : body + len(names)] = names
         m[body + len(names) : body + len(names) + len(tokens)] = tokens
