@@ -508,7 +508,9 @@ def _inference_request(send: _NullSend) -> Any:
     door = type("Door", (), {"headers_for": staticmethod(lambda ctx: {"x-request-id": ctx.request_id})})()
     request = inference._Request.__new__(inference._Request)
     request.send_raw = send
-    request.task = asyncio.current_task()  # the stream's relay task is made on its loop
+    task = asyncio.current_task()
+    assert task is not None  # called inside the measuring coroutine
+    request.task = task  # the stream's relay task is made on its loop
     request.scope = {}  # no server extensions: every event goes through ``send``
     request.started = request.complete = request.gone = False
     request.path = type("Path", (), {"door": door})()
