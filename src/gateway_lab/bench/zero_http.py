@@ -63,12 +63,12 @@ class BadRequest(ValueError):
     """A body SGLang's server would refuse with HTTP 400."""
 
 
-def _json(value: Any, status: int = 200) -> web.Response:
+def json_response(value: Any, status: int = 200) -> web.Response:
     return web.Response(body=orjson.dumps(value), status=status, content_type="application/json")
 
 
 def _error(message: str, status: int = 400) -> web.Response:
-    return _json({"error": {"message": message}}, status)
+    return json_response({"error": {"message": message}}, status)
 
 
 def parse_generate(body: Any, context_length: int) -> tuple[list[int], int, int, bool, str]:
@@ -144,13 +144,33 @@ def usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:
     }  # fmt: skip
 
 
-class ZeroHttpWorker:
-    """SGLang's HTTP routes over one :class:`ZeroWorker` (its cache, output and record)."""
+class ZeroFace:
+    """What every HTTP face of one :class:`ZeroWorker` shares: the worker, its tokenizer,
+    each reply token's text decoded once, and the model card it lists."""
 
-    def __init__(self, worker: ZeroWorker, tokenizer: Tokenizer) -> None:
+    owned_by = "zero"
+
+    def __init__(self, worker: ZeroWorker, tokenizer: Tokenizer, model: str = "zero") -> None:
         self.worker = worker
         self.tokenizer = tokenizer
-        self._texts: dict[int, str] = {}  # each reply token's text, decoded once
+        self.model = model
+        self._texts: dict[int, str] = {}
+
+    def _text(self, token: int) -> str:
+        text = self._texts.get(token)
+        if text is None:
+            text = self._texts[token] = self.tokenizer.decode([token])
+        return text
+
+    async def models(self, request: web.Request) -> web.Response:
+        w = self.worker
+        card = {"id": self.model, "object": "model", "owned_by": self.owned_by, "root": str(w.folder),
+                "max_model_len": w.context_length}  # fmt: skip
+        return json_response({"object": "list", "data": [card]})
+
+
+class ZeroHttpWorker(ZeroFace):
+    """SGLang's HTTP routes over one :class:`ZeroWorker` (its cache, output and record)."""
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 << 20)
@@ -166,17 +186,6 @@ class ZeroHttpWorker:
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         return app
-
-    def _text(self, token: int) -> str:
-        text = self._texts.get(token)
-        if text is None:
-            text = self._texts[token] = self.tokenizer.decode([token])
-        return text
-
-    async def models(self, request: web.Request) -> web.Response:
-        w = self.worker
-        card = {"id": "zero", "object": "model", "owned_by": "zero", "root": str(w.folder), "max_model_len": w.context_length}
-        return _json({"object": "list", "data": [card]})
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._openai(request, chat=False)
@@ -205,7 +214,7 @@ class ZeroHttpWorker:
                 text = "".join(texts)
                 choice: dict[str, Any] = {"index": 0, "finish_reason": "length", "logprobs": None}
                 choice |= {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
-                return _json({**head, "object": kind, "choices": [choice], "usage": usage(len(ids), max_new, cached)})
+                return json_response({**head, "object": kind, "choices": [choice], "usage": usage(len(ids), max_new, cached)})
             response = web.StreamResponse(headers={"content-type": "text/event-stream", "cache-control": "no-cache"})
             await response.prepare(request)
             for done, piece in enumerate(texts, 1):
@@ -240,7 +249,7 @@ class ZeroHttpWorker:
                 if w.step_s:
                     await asyncio.sleep(w.step_s * max_new)
                 whole = [answer(rid, tokens, i, len(ids), cached, True) for i in range(n)]
-                return _json(whole[0] if n == 1 else whole)
+                return json_response(whole[0] if n == 1 else whole)
             response = web.StreamResponse(headers={"content-type": "text/event-stream", "cache-control": "no-cache"})
             await response.prepare(request)
             for done in range(1, max_new + 1):
@@ -260,7 +269,7 @@ class ZeroHttpWorker:
 
     async def model_info(self, request: web.Request) -> web.Response:
         folder = str(self.worker.folder)
-        return _json({
+        return json_response({
             "model_path": folder, "tokenizer_path": folder, "is_generation": True,
             "served_model_name": "zero", "weight_version": "default", "preferred_sampling_params": None,
         })  # fmt: skip
@@ -268,7 +277,7 @@ class ZeroHttpWorker:
     async def server_info(self, request: web.Request) -> web.Response:
         w = self.worker
         folder = str(w.folder)
-        return _json({
+        return json_response({
             "model_path": folder, "tokenizer_path": folder, "served_model_name": "zero",
             "page_size": w.cache.page_size, "context_length": w.context_length, "skip_tokenizer_init": False,
             "max_total_num_tokens": w.capacity_tokens, "dp_size": 1, "version": w.version,
@@ -277,7 +286,7 @@ class ZeroHttpWorker:
         })  # fmt: skip
 
     async def load(self, request: web.Request) -> web.Response:
-        return _json([{"dp_rank": 0, "num_reqs": self.worker.running, "num_waiting_reqs": 0, "num_tokens": 0}])
+        return json_response([{"dp_rank": 0, "num_reqs": self.worker.running, "num_waiting_reqs": 0, "num_tokens": 0}])
 
     async def flush(self, request: web.Request) -> web.Response:
         self.worker.cache.clear()

@@ -28,7 +28,7 @@ import orjson
 from aiohttp import web
 from tokenizers import Tokenizer
 
-from gateway_lab.bench.zero_http import BadRequest, ZeroWorker
+from gateway_lab.bench.zero_http import BadRequest, ZeroFace, ZeroWorker, json_response
 
 DP_RANK_HEADER = "X-data-parallel-rank"
 
@@ -113,23 +113,15 @@ def metrics_page(running: int, capacity_tokens: int, page_size: int, model: str)
     return "\n".join(lines) + "\n"
 
 
-def _json(value: Any, status: int = 200) -> web.Response:
-    return web.Response(body=orjson.dumps(value), status=status, content_type="application/json")
-
-
 def _error(message: str, status: int = 400) -> web.Response:
     kind = "BadRequestError" if status == 400 else "InternalServerError"
-    return _json({"object": "error", "message": message, "type": kind, "param": None, "code": status}, status)
+    return json_response({"object": "error", "message": message, "type": kind, "param": None, "code": status}, status)
 
 
-class ZeroVllmWorker:
+class ZeroVllmWorker(ZeroFace):
     """vLLM's OpenAI routes over one zero-cost worker (its cache, output and record)."""
 
-    def __init__(self, worker: ZeroWorker, tokenizer: Tokenizer, model: str = "zero") -> None:
-        self.worker = worker
-        self.tokenizer = tokenizer
-        self.model = model
-        self._texts: dict[int, str] = {}  # each reply token's text, decoded once
+    owned_by = "vllm"
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 << 20)
@@ -139,17 +131,6 @@ class ZeroVllmWorker:
         app.router.add_get("/metrics", self.metrics)
         app.router.add_post("/reset_prefix_cache", self.reset_prefix_cache)
         return app
-
-    def _text(self, token: int) -> str:
-        text = self._texts.get(token)
-        if text is None:
-            text = self._texts[token] = self.tokenizer.decode([token])
-        return text
-
-    async def models(self, request: web.Request) -> web.Response:
-        w = self.worker
-        card = {"id": self.model, "object": "model", "owned_by": "vllm", "root": str(w.folder), "max_model_len": w.context_length}
-        return _json({"object": "list", "data": [card]})
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         w = self.worker
@@ -180,7 +161,7 @@ class ZeroVllmWorker:
                     if with_ids:
                         choice |= {"prompt_token_ids": ids, "token_ids": tokens}
                     choices.append(choice)
-                return _json({**head, "choices": choices, "usage": usage(len(ids), n * max_new, cached)})
+                return json_response({**head, "choices": choices, "usage": usage(len(ids), n * max_new, cached)})
             response = web.StreamResponse(headers={"content-type": "text/event-stream", "cache-control": "no-cache"})
             await response.prepare(request)
             for done, token in enumerate(tokens, 1):
