@@ -3,7 +3,6 @@ HTTP worker client reads them (a gateway in front of it: tests/lab/bench/scenari
 
 from __future__ import annotations
 
-import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,9 @@ from gateway.workers.sglang_http import SglangHttpClient
 from gateway.workers.transport import END_OF_STREAM, CallCode, WorkerCallError
 from gateway_lab.bench import zero_http
 from gateway_lab.bench.workloads import default_tokenizer_dir
-from gateway_lab.bench.zero_fleet import PAGE_SIZE, ZeroWorker, model_folder, reply_ids
+from gateway_lab.bench.zero_fleet import PAGE_SIZE, ZeroWorker
+
+from .zero_faces import served
 
 
 @pytest.mark.parametrize(
@@ -41,16 +42,8 @@ def test_a_body_reads_with_sglangs_defaults() -> None:
 
 @pytest.fixture
 async def worker(tmp_path: Path) -> AsyncIterator[tuple[ZeroWorker, str]]:
-    folder = model_folder(default_tokenizer_dir(), tmp_path, 4096)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    w = ZeroWorker(folder, reply_ids(folder), 0.0, 8192, 4096, port)
-    runner = await zero_http.start(w, port)
-    try:
-        yield w, f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
+    async with served(tmp_path, zero_http.start) as w:
+        yield w
 
 
 def _request(rid: str, ids: list[int], max_new: int, stream: bool) -> pb.GenerateRequest:

@@ -4,7 +4,6 @@ tests/lab/bench/scenarios/test_transports.py)."""
 
 from __future__ import annotations
 
-import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,9 @@ from gateway.workers.transport import END_OF_STREAM, CallCode, WorkerCallError
 from gateway.workers.vllm_http import VllmHttpClient
 from gateway_lab.bench import zero_vllm
 from gateway_lab.bench.workloads import default_tokenizer_dir
-from gateway_lab.bench.zero_fleet import PAGE_SIZE, ZeroWorker, model_folder, reply_ids
+from gateway_lab.bench.zero_fleet import PAGE_SIZE, ZeroWorker
+
+from .zero_faces import served
 
 
 @pytest.fixture(scope="module")
@@ -63,16 +64,8 @@ def test_the_metrics_page_is_prometheus_text_with_what_a_gateway_reads() -> None
 
 @pytest.fixture
 async def worker(tmp_path: Path) -> AsyncIterator[tuple[ZeroWorker, str]]:
-    folder = model_folder(default_tokenizer_dir(), tmp_path, 4096)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    w = ZeroWorker(folder, reply_ids(folder), 0.0, 8192, 4096, port)
-    runner = await zero_vllm.start(w, port)
-    try:
-        yield w, f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
+    async with served(tmp_path, zero_vllm.start) as w:
+        yield w
 
 
 async def test_streams_are_vllms_shape(worker: tuple[ZeroWorker, str]) -> None:

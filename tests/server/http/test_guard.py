@@ -4,14 +4,37 @@ once, before the rest of the loop turn that completed it runs."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import uvicorn
 
 from gateway.server.http.guard import http_server_config
 from gateway.server.http.limits import HttpLimitsConfig
+
+
+@contextlib.asynccontextmanager
+async def _serving(app: Any, *, force_exit: bool = False) -> AsyncIterator[int]:
+    """``app`` on the gateway's own server (uvicorn with the guarded protocol) on a free
+    loopback port, which it yields; stopped on exit (``force_exit``: without waiting for
+    open connections)."""
+    server = uvicorn.Server(http_server_config(app, HttpLimitsConfig(), host="127.0.0.1", port=0))
+    serving = asyncio.create_task(server.serve())
+    try:
+        for _ in range(1000):  # bounded: the server starts within a few turns
+            if server.started:
+                break
+            await asyncio.sleep(0.01)
+        assert server.started
+        yield server.servers[0].sockets[0].getsockname()[1]
+    finally:
+        server.should_exit = True
+        server.force_exit = force_exit
+        await serving
+
 
 HOLD_S = 0.5  # how long the app blocks its loop after the response is complete
 
@@ -41,21 +64,10 @@ async def test_a_complete_response_leaves_before_the_rest_of_its_turn() -> None:
         time.sleep(HOLD_S)  # noqa: ASYNC251
         held.append(time.monotonic())
 
-    server = uvicorn.Server(http_server_config(app, HttpLimitsConfig(), host="127.0.0.1", port=0))
-    serving = asyncio.create_task(server.serve())
-    try:
-        for _ in range(1000):
-            if server.started:
-                break
-            await asyncio.sleep(0.01)
-        assert server.started
-        port = server.servers[0].sockets[0].getsockname()[1]
+    async with _serving(app) as port:
         reply, arrived = await asyncio.to_thread(_get, port)
         assert reply.startswith(b"HTTP/1.1 200") and reply.endswith(b"\r\n\r\ndone")
         assert held and arrived < held[0] - HOLD_S / 2  # came while the app still held the loop
-    finally:
-        server.should_exit = True
-        await serving
 
 
 def test_a_disconnect_hook_calls_back_once_and_at_once_when_set_late() -> None:
@@ -106,14 +118,7 @@ async def test_a_client_that_leaves_fires_its_requests_hook_and_a_finished_one_d
             sock.sendall(f"GET {path} HTTP/1.1\r\nhost: x\r\n\r\n".encode())
             sock.recv(65536)
 
-    server = uvicorn.Server(http_server_config(app, HttpLimitsConfig(), host="127.0.0.1", port=0))
-    serving = asyncio.create_task(server.serve())
-    try:
-        for _ in range(1000):
-            if server.started:
-                break
-            await asyncio.sleep(0.01)
-        port = server.servers[0].sockets[0].getsockname()[1]
+    async with _serving(app, force_exit=True) as port:
         for path in ("/done", "/left"):
             answered.clear()
             await asyncio.to_thread(visit, port, path)
@@ -123,10 +128,6 @@ async def test_a_client_that_leaves_fires_its_requests_hook_and_a_finished_one_d
                 break
             await asyncio.sleep(0.01)
         assert fired == ["/left"]
-    finally:
-        server.should_exit = True
-        server.force_exit = True
-        await serving
 
 
 def _raw(port: int, path: str) -> bytes:
@@ -166,20 +167,10 @@ async def test_a_chunk_writer_sends_the_bytes_send_would_and_declines_what_send_
                 assert writer.write(part)
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
 
-    server = uvicorn.Server(http_server_config(app, HttpLimitsConfig(), host="127.0.0.1", port=0))
-    serving = asyncio.create_task(server.serve())
-    try:
-        for _ in range(1000):
-            if server.started:
-                break
-            await asyncio.sleep(0.01)
-        port = server.servers[0].sockets[0].getsockname()[1]
+    async with _serving(app) as port:
         sent = await asyncio.to_thread(_raw, port, "/send")
         written = await asyncio.to_thread(_raw, port, "/write")
         sized = await asyncio.to_thread(_raw, port, "/sized")
-    finally:
-        server.should_exit = True
-        await serving
     body = sent.split(b"\r\n\r\n", 1)[1]
     assert body == b"9\r\ndata: a\n\n\r\n" + b"%x\r\n" % len(parts[2]) + parts[2] + b"\r\n" + b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n"
     assert written.split(b"\r\n\r\n", 1)[1] == body
