@@ -62,7 +62,7 @@ def test_tiny_run_reports_every_figure(tmp_path: Path) -> None:
     out = tmp_path / "overhead.json"
     argv = [
         *COMMAND, "--sections", "latency", "throughput", "stream",
-        "--latency-requests", "3", "--requests", "12", "--concurrency", "4",
+        "--latency-requests", "3", "--requests", "48", "--concurrency", "4",
         "--streams", "2", "--stream-tokens", "20", "--prompt-tokens", "512", "--cap-s", "20",
         "--json", str(out),
     ]  # fmt: skip
@@ -73,7 +73,7 @@ def test_tiny_run_reports_every_figure(tmp_path: Path) -> None:
     assert non_stream["pairs"] == stream["pairs"] == 3
     assert non_stream["total_gateway_p50_ms"] > 0 and non_stream["total_direct_p50_ms"] > 0
     assert stream["ttft_gateway_p50_ms"] <= stream["total_gateway_p50_ms"]
-    assert report["throughput"]["requests"] == 12
+    assert report["throughput"]["requests"] == 48
     assert report["throughput"]["gateway_cpu_ms_per_request"] > 0
     assert report["stream"]["tokens"] == 2 * 20  # every token relayed (ignore_eos)
 

@@ -65,7 +65,7 @@ def test_tiny_run_reports_every_load(tmp_path: Path, transport: str) -> None:
     out = tmp_path / "peer.json"
     argv = [
         *COMMAND, "--gateways", "ours", "--worker-transport", transport, "--repeat", "1", "--workers", "2", "--fleet-processes", "1",
-        "--requests", "12", "--warm", "4", "--concurrency", "4", "--short-max-tokens", "3", "--stream-max-tokens", "5",
+        "--requests", "48", "--warm", "4", "--concurrency", "4", "--short-max-tokens", "3", "--stream-max-tokens", "5",
         "--gsp-workers", "2", "--gsp-groups", "1", "--gsp-prompts-per-group", "3", "--gsp-system-tokens", "64",
         "--gsp-question-tokens", "8", "--gsp-output-tokens", "4", "--gsp-warm", "1", "--worker-step-s", "0.001",
         "--gsp-concurrency", "2", "--gsp-kv-tokens", "4096", "--gsp-prefill-token-s", "0.0001",
@@ -75,7 +75,7 @@ def test_tiny_run_reports_every_load(tmp_path: Path, transport: str) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(out.read_text())
     figures = report["rounds"][0]["gateways"]["ours"]
-    assert figures["short"]["requests"] == 12 and figures["short-stream"]["requests"] == 12
+    assert figures["short"]["requests"] == 48 and figures["short-stream"]["requests"] == 48
     assert figures["gsp-paced"]["requests"] == 3 and figures["gsp-paced"]["hit_rate"] > 0
     assert figures["short"]["cpu_ms_per_request"] > 0
     verdicts = [line for line in report["table"].splitlines() if line.startswith("round 1 (ours), ")]
@@ -88,7 +88,7 @@ def test_the_grpc_door_and_the_think_load(tmp_path: Path) -> None:
     out = tmp_path / "peer.json"
     argv = [
         *COMMAND, "--gateways", "ours", "smg", "--door", "grpc", "--loads", "short", "short-stream", "short-stream-think",
-        "--repeat", "1", "--workers", "2", "--fleet-processes", "1", "--requests", "12", "--warm", "4", "--concurrency", "4",
+        "--repeat", "1", "--workers", "2", "--fleet-processes", "1", "--requests", "48", "--warm", "4", "--concurrency", "4",
         "--short-max-tokens", "3", "--stream-max-tokens", "24", "--cap-s", "30", "--json", str(out),
     ]  # fmt: skip
     done = subprocess.run(argv, capture_output=True, text=True, timeout=240, check=False)
@@ -97,7 +97,7 @@ def test_the_grpc_door_and_the_think_load(tmp_path: Path) -> None:
     assert report["gateways"] == ["ours"]  # SMG has no such door: not run
     figures = report["rounds"][0]["gateways"]["ours"]
     for load in ("short", "short-stream", "short-stream-think"):
-        assert figures[load]["requests"] == 12 and figures[load]["cpu_ms_per_request"] > 0, load
+        assert figures[load]["requests"] == 48 and figures[load]["cpu_ms_per_request"] > 0, load
     assert figures["short-stream-think"]["cpu_us_per_token"] > 0
 
 
