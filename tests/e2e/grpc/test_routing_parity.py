@@ -57,6 +57,7 @@ async def test_every_door_routes_like_the_policy_says(policy: str, tmp_path: obj
             doors = _doors(gstack, pb_grpc.SglangSchedulerStub(channel))
             names = list(doors)
             seen: dict[str, list[tuple[str, str]]] = {}
+            why: dict[str, list[dict[str, object]]] = {}  # each turn's plan, for a failure's message
             for group in range(6):
                 prefix = [3000 + 97 * group + i for i in range(64)]
                 for turn in range(len(names)):
@@ -65,10 +66,11 @@ async def test_every_door_routes_like_the_policy_says(policy: str, tmp_path: obj
                     plan = (await gstack.http.http.post("/admin/inspect", json={"input_ids": ids})).json()
                     chosen = plan["decision"]["choice"]
                     got = await doors[door](ids)
-                    assert got == chosen, f"group {group}: {door} went to {got}, the policy chose {chosen}"
+                    assert got == chosen, f"group {group}: {door} went to {got}, the policy chose {chosen}: {plan}"
                     seen.setdefault(str(group), []).append((door, got))
+                    why.setdefault(str(group), []).append(plan["decision"])
             for group, hits in seen.items():
-                assert len({w for _, w in hits}) == 1, f"group {group} split across workers: {hits}"
+                assert len({w for _, w in hits}) == 1, f"group {group} split across workers: {hits}, plans {why[group]}"
                 assert {d for d, _ in hits} == set(names)
             assert len({hits[0][1] for hits in seen.values()}) > 1  # groups spread over the fleet
 

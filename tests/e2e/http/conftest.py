@@ -140,6 +140,12 @@ async def start_stack(opts: StackOptions, tmp_path: Any) -> AsyncIterator[Stack]
                 setattr(getattr(config, section), k, v)
         state = GatewayState(config)
         await state.start()
+        # A fleet worker slow to answer its probe on a loaded host joins late, in the
+        # background; the tests expect the whole fleet from their first request.
+        if not await state.late.wait(30):
+            late = state.late.describe()
+            await state.stop()
+            raise AssertionError(f"fleet workers not registered: {late}")
         server, task, url = await _serve(state)
         key = (opts.server.get("api_keys") or ["none"])[0]
         client = openai.AsyncOpenAI(
