@@ -12,6 +12,14 @@ zero-cost workers (``zero``: gRPC, SGLang HTTP or vLLM HTTP, no simulator code i
 
     token-gateway bench transports --groups 16 --prompts 8 --workers 4 --json transports.json
     token-gateway bench transports --fleet zero --transports grpc,http --gateways ours before --baseline-src ../main/src
+    token-gateway bench transports --fleet zero --transports grpc,http,vllm --repeat 4
+
+One sitting moves a cell's CPU per request by more than the gap being measured (the host's
+other work lands on whichever run is going), so ``--repeat N`` runs N rounds, each with the
+transports in another order (rotated every other round, reversed in every second one, so
+each transport runs early and late), and adds a table of each cell's median and range over
+the rounds and its ratio to gRPC round by round: a ratio taken within one round compares
+runs that had the same host minutes ago, not an hour apart.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import statistics
 import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
@@ -43,10 +52,15 @@ SIM_KINDS = {
 ZERO_KINDS = ("grpc", "http", "vllm")
 # a run's keys, in the table's order: the first LABELS name the run, the rest are its figures
 COLUMNS = (
-    "transport", "gateway", "fleet", "step_ms", "kv_events", "policy",
-    "ok", "failed", "hit_rate", "cpu_ms_per_request", "requests_per_s",
+    "round", "transport", "gateway", "fleet", "step_ms", "kv_events", "policy",
+    "ok", "failed", "hit_rate", "cpu_ms_per_request", "cpu_vs_grpc", "requests_per_s",
 )  # fmt: skip
-LABELS = 6
+LABELS = 7
+# the transport every other one's CPU per request is compared with, within a round
+REFERENCE = "grpc"
+SUMMARY = (
+    "transport", "gateway", "policy", "cpu_ms_per_request", "requests_per_s", "cpu_vs_grpc", "cpu_vs_grpc_per_round",
+)  # fmt: skip
 
 
 @contextlib.asynccontextmanager
@@ -133,6 +147,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--warm", type=int, default=8, help="requests of other prompts before each measured run")
     parser.add_argument(
+        "--repeat", type=int, default=1,
+        help="rounds, the transports in another order each (rotated every other round, reversed in even ones);"
+        " more than one adds each cell's median, range and per-round ratio to grpc",
+    )
+    parser.add_argument(
         "--gateways", nargs="+", choices=["ours", "before"], default=["ours"],
         help="who runs each transport, in this order for odd transports and reversed for even ones",
     )
@@ -149,12 +168,69 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--markdown", default="", help="also write the table here as Markdown")
 
 
+def rotated(transports: list[str], rnd: int) -> list[str]:
+    """Round ``rnd``'s order (from 1): rotated by one every other round, reversed in even rounds,
+    so over ``2 * len(transports)`` rounds each transport runs in every place, after and
+    before every other one."""
+    turn = (rnd - 1) // 2 % max(1, len(transports))
+    order = transports[turn:] + transports[:turn]
+    return order if rnd % 2 else order[::-1]
+
+
+def with_ratios(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each run's CPU per request over its round's gRPC run of the same gateway and policy
+    (``cpu_vs_grpc``, None when that round ran no gRPC or it used no CPU)."""
+    ref = {
+        (r["round"], r["gateway"], r["policy"]): r["cpu_ms_per_request"] for r in runs if r["transport"] == REFERENCE
+    }  # fmt: skip
+    out = []
+    for r in runs:
+        base = ref.get((r["round"], r["gateway"], r["policy"]))
+        out.append(r | {"cpu_vs_grpc": r["cpu_ms_per_request"] / base if base else None})
+    return out
+
+
+def _spread(values: list[float], digits: int) -> str:
+    """``median (min-max)``, or the value alone when there is one."""
+    if not values:
+        return "-"
+    med = f"{statistics.median(values):.{digits}f}"
+    return med if len(values) == 1 else f"{med} ({min(values):.{digits}f}-{max(values):.{digits}f})"
+
+
+def summary(runs: list[dict[str, Any]]) -> Table:
+    """Per cell (transport, gateway, policy) over the rounds: the median and range of its CPU
+    per request and requests/s, and its ratio to gRPC, as a median and round by round."""
+    cells: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for r in runs:
+        cells.setdefault((r["transport"], r["gateway"], r["policy"]), []).append(r)
+    rows = []
+    for (transport, gateway, policy), rs in cells.items():
+        rs = sorted(rs, key=lambda r: r["round"])
+        ratios = [r["cpu_vs_grpc"] for r in rs if r["cpu_vs_grpc"] is not None]
+        rows.append([
+            transport, gateway, policy, _spread([r["cpu_ms_per_request"] for r in rs], 3),
+            _spread([r["requests_per_s"] for r in rs], 1), _spread(ratios, 2),
+            " ".join(f"{x:.2f}" for x in ratios) or "-",
+        ])  # fmt: skip
+    return Table.of(f"per cell over {len({r['round'] for r in runs})} rounds: median (range)", SUMMARY, rows, labels=3)
+
+
 def result(runs: list[dict[str, Any]], ideal: float, args: argparse.Namespace) -> Result:
-    """The runs as one table (a row per run, a column per key, floats to three places);
-    the raw runs and the ideal hit rate go to the JSON as they are."""
-    cells = [[f"{run[c]:.3f}" if isinstance(run[c], float) else run[c] for c in COLUMNS] for run in runs]
+    """The runs as one table (a row per run, a column per key, floats to three places), and
+    with more than one round the per-cell summary; the raw runs and the ideal hit rate go
+    to the JSON as they are."""
+    runs = with_ratios(runs)
+
+    def cell(value: Any) -> Any:
+        return "-" if value is None else f"{value:.3f}" if isinstance(value, float) else value
+
+    cells = [[cell(run[c]) for c in COLUMNS] for run in runs]
     title = f"gsp {args.groups}x{args.prompts}, ideal hit rate {ideal:.3f}"
-    return Result(tables=[Table.of(title, COLUMNS, cells, labels=LABELS)], data={"ideal_hit_rate": ideal, "runs": runs})
+    tables = [Table.of(title, COLUMNS, cells, labels=LABELS)]
+    if len({r["round"] for r in runs}) > 1:
+        tables.append(summary(runs))
+    return Result(tables=tables, data={"ideal_hit_rate": ideal, "runs": runs})
 
 
 async def _run(args: argparse.Namespace) -> Result:
@@ -170,26 +246,32 @@ async def _run(args: argparse.Namespace) -> Result:
     unique = args.groups * args.system_tokens + len(workload.requests) * args.question_tokens
     total = len(workload.requests) * (args.system_tokens + args.question_tokens)
     runs = []
-    step = 0
-    for policy in args.policies.split(","):
-        for transport in args.transports.split(","):
-            step += 1
-            for gateway in args.gateways if step % 2 else reversed(args.gateways):
-                row = await one(transport, policy, args, workload, warm, gateway)
-                runs.append(row)
-                print(
-                    f"[{transport} {gateway} {policy}] hit {row['hit_rate']:.3f}, "
-                    f"{row['cpu_ms_per_request']:.3f} CPU ms/request, {row['failed']} failed", flush=True,
-                )
+    loads = []
+    for rnd in range(1, args.repeat + 1):
+        loads.append(f"round {rnd}: load {os.getloadavg()[0]:.1f} at its start")
+        for policy in args.policies.split(","):
+            for step, transport in enumerate(rotated(args.transports.split(","), rnd), start=rnd):
+                for gateway in args.gateways if step % 2 else reversed(args.gateways):
+                    row = {"round": rnd, **await one(transport, policy, args, workload, warm, gateway)}
+                    runs.append(row)
+                    print(
+                        f"[round {rnd} {transport} {gateway} {policy}] hit {row['hit_rate']:.3f}, "
+                        f"{row['cpu_ms_per_request']:.3f} CPU ms/request, {row['requests_per_s']:.1f} requests/s, "
+                        f"{row['failed']} failed", flush=True,
+                    )  # fmt: skip
     out = result(runs, 1 - unique / total, args)
     out.machine = started
+    out.notes += [*loads, f"load {os.getloadavg()[0]:.1f} at the end"]
     for row in runs:
-        out.count_failed(f"{row['transport']} {row['gateway']} {row['policy']}", row["failed"], row["ok"] + row["failed"])
+        where = f"round {row['round']} " if args.repeat > 1 else ""
+        out.count_failed(f"{where}{row['transport']} {row['gateway']} {row['policy']}", row["failed"], row["ok"] + row["failed"])
     return out
 
 
 def main(args: argparse.Namespace) -> int:
     """Run the scenario with parsed flags."""
+    if args.repeat < 1:
+        raise SystemExit("--repeat takes 1 or more rounds")
     if "before" in args.gateways and not args.baseline_src:
         raise SystemExit("--gateways before needs --baseline-src DIR (another checkout's src/)")
     args.baseline_src = os.path.abspath(args.baseline_src) if args.baseline_src else ""
