@@ -20,6 +20,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from tokenizers import AddedToken
 from tokenizers import Tokenizer as BackendTokenizer
 
 _OPEN, _CLOSE = "\ue000", "\ue001"  # private-use characters: no template writes them
@@ -83,13 +84,44 @@ class SpecialTextShield:
         return "".join(texts), ids
 
     def plain(self) -> BackendTokenizer:
-        """A copy of the tokenizer that reads special-token strings as text (made once, on
-        the first message that needs it: most deployments never do)."""
+        """A tokenizer that reads special-token strings as text (made once, on the first
+        message that needs it: most deployments never do)."""
         with self._lock:
             if self._plain is None:
-                plain = BackendTokenizer.from_str(self._backend.to_str())
-                plain.encode_special_tokens = True
-                plain.no_truncation()
-                plain.no_padding()
-                self._plain = plain
+                self._plain = _sharing_model(self._backend)
             return self._plain
+
+
+def _sharing_model(backend: BackendTokenizer) -> BackendTokenizer:
+    """``backend`` with special-token parsing off, around the same model object.
+
+    A copy through ``to_str``/``from_str`` serializes and parses the whole vocabulary, in
+    native calls that hold the GIL for hundreds of milliseconds on a large one: any
+    client could set that off with one message spelling a special token. ``Tokenizer(model)``
+    shares the model (its native object is reference-counted, not copied); the
+    normalizer and pre-tokenizer go in before the added tokens, whose matching depends
+    on the normalizer, and the added tokens go in by ascending id (the order they got their
+    ids in).
+    When one of them comes out with another id (a vocabulary whose ids the model and the
+    added tokens share in some other order), the copy is made the long way."""
+    plain = BackendTokenizer(backend.model)
+    plain.normalizer = backend.normalizer
+    plain.pre_tokenizer = backend.pre_tokenizer
+    plain.post_processor = backend.post_processor
+    plain.decoder = backend.decoder
+    added = _added_by_id(backend)
+    plain.add_tokens([
+        AddedToken(t.content, single_word=t.single_word, lstrip=t.lstrip, rstrip=t.rstrip, normalized=t.normalized, special=t.special)
+        for _, t in added
+    ])  # fmt: skip
+    if any(plain.token_to_id(t.content) != token_id for token_id, t in added):
+        plain = BackendTokenizer.from_str(backend.to_str())
+        plain.no_truncation()
+        plain.no_padding()
+    plain.encode_special_tokens = True
+    return plain
+
+
+def _added_by_id(backend: BackendTokenizer) -> list[tuple[int, AddedToken]]:
+    """The added tokens, ascending by id (the order a file's parse gives them their ids in)."""
+    return sorted(backend.get_added_tokens_decoder().items())
