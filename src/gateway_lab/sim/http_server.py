@@ -4,7 +4,9 @@ The same worker as the gRPC mode (``SimWorker``: radix cache, step loop, faults)
 served with Starlette on uvicorn. SGLang's routes: ``POST /generate`` (whole or
 SSE-streamed), ``GET /health``, ``/health_generate``, ``/get_model_info``,
 ``/get_server_info``, ``/get_load``, ``POST /abort_request``, ``/flush_cache``, and its
-OpenAI ``POST /v1/completions`` (text or token ids in, text out) and ``GET /v1/models``.
+OpenAI ``POST /v1/completions`` (text or token ids in, text out), ``POST
+/v1/chat/completions`` (messages in, rendered with the model's chat template) and
+``GET /v1/models``.
 vLLM's (``api="vllm"``): ``POST /v1/completions`` with a token-id prompt and
 ``return_token_ids``, ``GET /v1/models``, ``/health``, ``/metrics``.
 Requests run through the gRPC mode's own servicer with an in-process call context,
@@ -31,6 +33,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from gateway.proto import sglang_scheduler_pb2 as pb
+from gateway_lab.sim.chat_wire import ChatShape, chat_renderer, completion_body
 from gateway_lab.sim.config import SimConfig
 from gateway_lab.sim.http_wire import (
     AnswerBuilder,
@@ -155,6 +158,7 @@ class SimHttpWorker:
             Route("/abort_request", self.abort, methods=["POST"]),
             Route("/flush_cache", self.flush_cache, methods=["GET", "POST"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/v1/chat/completions", self.chat, methods=["POST"]),
             Route("/v1/models", self.models, methods=["GET"]),
         ])
 
@@ -279,12 +283,30 @@ class SimHttpWorker:
         ``return_token_ids``: refusals are HTTP 400 before any stream starts. SGLang's
         server (``api="sglang"``) also takes a text prompt, tokenized here, and answers
         with text: what a gateway that forwards OpenAI requests unchanged sends it."""
+        try:
+            body = orjson.loads(await request.body())
+        except orjson.JSONDecodeError as exc:
+            return _error(str(exc), 400)
+        return await self._complete(request, body, lambda answer: answer)
+
+    async def chat(self, request: Request) -> Response:
+        """SGLang's ``/v1/chat/completions``: the messages rendered with the model's chat
+        template (transformers, as the server does it) and answered as the completions route
+        answers the rendered text, in chat objects."""
+        try:
+            body = orjson.loads(await request.body())
+            render = await asyncio.to_thread(chat_renderer, self.worker.vocab.path)
+            prompt = completion_body(body, render)
+        except (orjson.JSONDecodeError, BadBody) as exc:
+            return _error(str(exc), 400)
+        return await self._complete(request, prompt, ChatShape(bool(prompt.get("stream"))))
+
+    async def _complete(self, request: Request, body: Any, shape: Callable[[dict[str, Any]], dict[str, Any]]) -> Response:
         text = self.api == "sglang"
         vocab = self.worker.vocab
         try:
-            body = orjson.loads(await request.body())
             req = completion_request(body, uuid.uuid4().hex, vocab.encode if text else None)
-        except (orjson.JSONDecodeError, BadBody) as exc:
+        except BadBody as exc:
             return _error(str(exc), 400)
         rank = request.headers.get(DP_RANK_HEADER, "")
         if rank.isdigit():  # vLLM pins the request to that engine; a header it cannot read it ignores
@@ -307,7 +329,7 @@ class SimHttpWorker:
             options = body.get("stream_options") or {}
             return StreamingResponse(
                 self._completion_stream(messages, first, builder, bool(options.get("continuous_usage_stats")),
-                                        bool(options.get("include_usage"))),
+                                        bool(options.get("include_usage")), shape),
                 media_type="text/event-stream",
             )
         ids: dict[int, list[int]] = {}
@@ -334,11 +356,12 @@ class SimHttpWorker:
             return _error(exc.details, _HTTP_STATUS.get(exc.code, 500))
         answer = builder.usage_only()
         answer["choices"] = [choices[i] for i in sorted(choices)]
-        return JSONResponse(answer)
+        return JSONResponse(shape(answer))
 
     async def _completion_stream(
         self, messages: AsyncGenerator[pb.GenerateResponse, None], first: pb.GenerateResponse,
         builder: CompletionBuilder, continuous: bool, final_usage: bool,
+        shape: Callable[[dict[str, Any]], dict[str, Any]],
     ) -> AsyncIterator[bytes]:
         pending: pb.GenerateStreamChunk | None = None
         try:
@@ -347,7 +370,7 @@ class SimHttpWorker:
                 while message is not None:
                     if message.HasField("chunk"):
                         if pending is not None:
-                            yield _sse(builder.chunk(pending, continuous))
+                            yield _sse(shape(builder.chunk(pending, continuous)))
                         pending = message.chunk
                     else:
                         done = message.complete
@@ -355,17 +378,17 @@ class SimHttpWorker:
                         if pending is not None and pending.index == done.index:
                             carried = builder.carry(pending)
                         elif pending is not None:
-                            yield _sse(builder.chunk(pending, continuous))
+                            yield _sse(shape(builder.chunk(pending, continuous)))
                         pending = None
-                        yield _sse(builder.finish(done, continuous, carried))
+                        yield _sse(shape(builder.finish(done, continuous, carried)))
                     message = await anext(messages, None)
             if pending is not None:
-                yield _sse(builder.chunk(pending, continuous))
+                yield _sse(shape(builder.chunk(pending, continuous)))
             if final_usage:
-                yield _sse(builder.usage_only())
+                yield _sse(shape(builder.usage_only()))
         except CallAborted as exc:
             if pending is not None:
-                yield _sse(builder.chunk(pending, continuous))
+                yield _sse(shape(builder.chunk(pending, continuous)))
             yield _sse({"error": {"message": exc.details, "type": "InternalServerError", "code": 500}})
         yield b"data: [DONE]\n\n"
 

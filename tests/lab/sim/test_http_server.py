@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
+import openai
 import orjson
 import pytest
 
@@ -201,3 +202,35 @@ async def test_the_sglang_api_takes_text_completions_and_caches_their_tokens(
     ids = worker.worker.vocab.encode(prompt)
     assert usage["prompt_tokens"] == len(ids) and usage["prompt_tokens_details"]["cached_tokens"] == len(ids) // 16 * 16
     assert (await http.get("/v1/models")).json()["data"][0]["id"] == worker.config.served_name
+
+
+async def test_the_sglang_api_answers_chat_with_the_model_template_as_the_openai_client_reads_it(
+    sim: tuple[SimHttpWorker, httpx.AsyncClient],
+) -> None:
+    worker, http = sim
+    question = "Which worker holds my prefix? " * 6
+    # Qwen3's template for one user turn, spelled out: the worker must render exactly this.
+    rendered = f"<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
+    expected = worker.worker.vocab.encode(rendered)
+    client = openai.AsyncOpenAI(base_url=worker.url + "/v1", api_key="none", max_retries=0)
+    messages: Any = [{"role": "user", "content": question}]
+    whole = await client.chat.completions.create(model="m", messages=messages, max_tokens=3)
+    assert whole.object == "chat.completion" and whole.id.startswith("chatcmpl-")
+    assert whole.choices[0].message.role == "assistant" and whole.choices[0].message.content
+    assert whole.choices[0].finish_reason == "length"
+    assert whole.usage is not None and (whole.usage.prompt_tokens, whole.usage.completion_tokens) == (len(expected), 3)
+    stream = await client.chat.completions.create(
+        model="m", messages=messages, max_completion_tokens=3, stream=True, stream_options={"include_usage": True},
+    )
+    chunks = [c async for c in stream]
+    assert all(c.object == "chat.completion.chunk" for c in chunks)
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert deltas[0].role == "assistant" and all(d.role is None for d in deltas[1:])
+    assert "".join(d.content or "" for d in deltas)
+    usage = chunks[-1].usage
+    assert usage is not None and usage.prompt_tokens == len(expected)
+    assert usage.prompt_tokens_details is not None and usage.prompt_tokens_details.cached_tokens == len(expected) // 16 * 16
+    await client.close()
+    for bad in ({"model": "m", "messages": []}, {"model": "m", "messages": "hi"}, {"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": 3}):
+        refused = await http.post("/v1/chat/completions", json=bad)
+        assert refused.status_code == 400 and refused.json()["error"]["message"]
