@@ -17,14 +17,16 @@ Workload sizes are fixed across fleet sizes; concurrency and nothing else grows 
 the fleet (``--per-worker-concurrency``), so a bigger fleet shares the same prompts
 among more caches: how routing's benefit scales with worker count.
 
-``--peers smg`` adds, for gsp at ``--peer-workers`` workers, the peer gateway (installed by
-``scripts/peers.sh``) next to ours, both as child processes over the same in-process
-fleet, with text prompts (the peer takes no token-id prompts); ``--peer-rounds 2`` runs them
-a second time in the other order, and a stall line per round says whether either stalled.
+``--peers smg`` adds, for gsp (or ``--peer-workload chat``: the multi-turn chat) at
+``--peer-workers`` workers, the peer gateway (installed by ``scripts/peers.sh``) next to
+ours, both as child processes over the same in-process fleet, with text prompts (the peer
+takes no token-id prompts); ``--peer-rounds 2`` runs them a second time in the other order,
+and a stall line per round says whether either stalled.
 
 ``--worker-transport http`` builds every cell's fleet from the simulator's SGLang HTTP
 workers instead of its gRPC ones: ours sends them the routed token ids on ``/generate``, a
-peer forwards the OpenAI request (text) to their ``/v1/completions``.
+peer forwards the OpenAI request (text) to their ``/v1/completions`` or
+``/v1/chat/completions``.
 """
 
 from __future__ import annotations
@@ -95,6 +97,10 @@ class MatrixConfig:
     peers_python: str = option(launch.PEERS_PYTHON, "python of the peers' virtualenv")
     peers_only: bool = option(False, "run the peer comparison alone, without the matrix cells")
     peer_rounds: int = option(1, "rounds of the peer comparison; even rounds run the gateways in reverse order")
+    peer_workload: str = option(
+        "gsp", "workload of the peer comparison, sent as text: gsp completions, or the multi-turn chat (its "
+        "options as for the chat cells)", choices=["gsp", "chat"],
+    )
     stall_ratio: float = option(10.0, "a peer-comparison cell stalled: TTFT p99 over this x its p50, or requests/s "
                                 "under 1/this of the best of its round")
     worker_transport: str = option(
@@ -342,12 +348,7 @@ async def run_matrix(
         for w in config.workloads for n in config.workers for p in config.policies
     ] if not config.peers_only else []
     if config.peers:
-        text_gsp = dataclasses.replace(from_namespace(GspConfig, args), text_prompts=True)
-        from gateway_lab.bench import workloads as wl
-
-        peer_workload = dataclasses.replace(
-            wl.gsp(text_gsp, wl.Vocab.from_tokenizer_dir(tokenizer_dir), config.seed), name=PEER_WORKLOAD
-        )
+        peer_workload = _peer_workload(config, args, tokenizer_dir)
         for rnd in range(1, config.peer_rounds + 1):
             for p in config.peer_policies:
                 order = ["ours-process", *config.peers]
@@ -377,12 +378,31 @@ async def run_matrix(
                 )
             except (RuntimeError, OSError, ValueError) as exc:
                 cell = Cell(workload.name, n, policy, gateway, None, error=str(exc)[:2000])
-            if workload.name == PEER_WORKLOAD:
-                cell.round = 1 + sum(1 for c in cells if (c.workload, c.policy, c.gateway) == (PEER_WORKLOAD, policy, gateway))
+            if workload.name in PEER_WORKLOADS:
+                cell.round = 1 + sum(1 for c in cells if (c.workload, c.policy, c.gateway) == (workload.name, policy, gateway))
             cells.append(cell)
             bars.cell_done()
             console.print(_progress_line(i, len(plan), cell, time.monotonic() - start, time.monotonic() - t0))
     return cells
+
+
+def _peer_workload(config: MatrixConfig, args: argparse.Namespace, tokenizer_dir: str) -> Any:
+    """The peer comparison's requests, as text both gateways tokenize themselves."""
+    from gateway_lab.bench import workloads as wl
+
+    vocab = wl.Vocab.from_tokenizer_dir(tokenizer_dir)
+    if config.peer_workload == "chat":
+        if config.worker_transport == "http":
+            # The simulated HTTP workers render the chat a text relay sends them with
+            # transformers, loaded at its first use: pay that here, not in the first cell.
+            from gateway_lab.sim.chat_wire import chat_renderer
+            from gateway_lab.sim.vocab import load_vocab
+
+            chat_renderer(load_vocab(tokenizer_dir).path)
+        chat = wl.multi_turn_chat(from_namespace(ChatConfig, args), vocab, config.seed)
+        return dataclasses.replace(chat, name=PEER_WORKLOADS[1])
+    text_gsp = dataclasses.replace(from_namespace(GspConfig, args), text_prompts=True)
+    return dataclasses.replace(wl.gsp(text_gsp, vocab, config.seed), name=PEER_WORKLOADS[0])
 
 
 def _progress_line(i: int, total: int, cell: Cell, took: float, elapsed: float) -> str:
@@ -409,7 +429,9 @@ def _pct(x: float | None) -> str:
 
 
 OURS = ("ours", "ours-process")
-PEER_WORKLOAD = "gsp-text"  # the peer comparison's workload (cells of every gateway)
+# The peer comparison's workloads (cells of every gateway): gsp sent as text, or the chat.
+PEER_WORKLOADS = ("gsp-text", "chat-peers")
+PEER_WORKLOAD = PEER_WORKLOADS[0]
 
 
 def _find(cells: list[Cell], workload: str, workers: int, policy: str, gateway: str | None = None) -> Cell | None:
@@ -491,7 +513,7 @@ SCALING_HEADER = [
 def peer_rows(cells: list[Cell]) -> list[list[str]]:
     """The peer comparison; ratios are against ours (as a process) with the same policy and round."""
     rows = []
-    peer_cells = [c for c in cells if c.workload == PEER_WORKLOAD]
+    peer_cells = [c for c in cells if c.workload in PEER_WORKLOADS]
     ref = {(c.policy, c.round): c for c in peer_cells if c.gateway == "ours-process" and c.summary}
     for c in peer_cells:
         if c.summary is None:
@@ -522,7 +544,7 @@ def peer_stalls(cells: list[Cell], ratio: float) -> list[str]:
     ``ratio`` x its p50, or requests/s under 1/``ratio`` of the round's best): such a round
     does not count."""
     out = []
-    peer_cells = [c for c in cells if c.workload == PEER_WORKLOAD and c.summary is not None]
+    peer_cells = [c for c in cells if c.workload in PEER_WORKLOADS and c.summary is not None]
     for rnd, policy in dict.fromkeys((c.round, c.policy) for c in peer_cells):
         group = [c for c in peer_cells if (c.round, c.policy) == (rnd, policy)]
         best = max(c.summary.req_s for c in group)
@@ -541,7 +563,7 @@ def peer_stalls(cells: list[Cell], ratio: float) -> list[str]:
 def tables(cells: list[Cell], config: MatrixConfig) -> list[Table]:
     """Every table the run prints."""
     out = []
-    names = list(dict.fromkeys(c.workload for c in cells if c.gateway in OURS and c.workload != PEER_WORKLOAD))
+    names = list(dict.fromkeys(c.workload for c in cells if c.gateway in OURS and c.workload not in PEER_WORKLOADS))
     for w in names:
         out.append(Table.of(f"{w}", WORKLOAD_HEADER, workload_rows(cells, w, config.workers, config.policies)))
     scaling = scaling_rows(cells, names, config.workers)
@@ -549,7 +571,8 @@ def tables(cells: list[Cell], config: MatrixConfig) -> list[Table]:
         out.append(Table.of("scaling: cache_aware against round_robin and the oracle", SCALING_HEADER, scaling))
     peers = peer_rows(cells)
     if peers:
-        out.append(Table.of(f"peers: gsp (text prompts), {config.peer_workers} workers", PEER_HEADER, peers))
+        what = "multi-turn chat" if config.peer_workload == "chat" else "gsp (text prompts)"
+        out.append(Table.of(f"peers: {what}, {config.peer_workers} workers", PEER_HEADER, peers))
     return out
 
 

@@ -12,7 +12,7 @@ completions route's, reshaped into ``chat.completion`` objects (streamed as
 from __future__ import annotations
 
 import functools
-import logging
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,7 +30,7 @@ _SAME = ("temperature", "top_p", "top_k", "n", "min_tokens", "stop_token_ids", "
 def chat_renderer(tokenizer_dir: Path) -> Render:
     """The chat template of the tokenizer in ``tokenizer_dir``, rendered by transformers as
     SGLang's server renders it (loaded once per process: the load takes seconds)."""
-    logging.getLogger("transformers").setLevel(logging.ERROR)  # its "PyTorch was not found" banner
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")  # its "PyTorch was not found" banner
     from transformers import PreTrainedTokenizerFast  # a heavy import, paid by the first chat only
 
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(tokenizer_dir))

@@ -137,3 +137,15 @@ def test_matrix_cells_over_sglang_http_workers(tmp_path) -> None:
         matrix.run(_args("--worker-transport", "http", "--policies", "oracle"))
     with pytest.raises(SystemExit, match="needs --peers"):
         matrix.run(_args("--peers-only"))
+
+
+def test_the_peer_comparison_runs_gsp_as_text_or_the_multi_turn_chat() -> None:
+    tokenizer_dir = ""  # the embedded default (Qwen3)
+    gsp = matrix._peer_workload(matrix.MatrixConfig(), _args(*TINY), tokenizer_dir)
+    assert gsp.name == "gsp-text" and len(gsp) == 12
+    assert all(s.endpoint == "completions" and s.prompt and s.prompt_token_ids is None for s in gsp)
+    args = _args("--peer-workload", "chat", *TINY)
+    chat = matrix._peer_workload(matrix.MatrixConfig(peer_workload="chat"), args, tokenizer_dir)
+    assert chat.name == "chat-peers" and len(chat) == 4
+    assert all(s.endpoint == "chat" and s.messages for s in chat)
+    assert chat.name in matrix.PEER_WORKLOADS
