@@ -20,7 +20,7 @@ from starlette.routing import Route
 
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.workers.reply_bound import CONTROL_REPLY_BYTES, ReplyTooLarge, json_reply_bytes
-from gateway.workers.sglang_http import SglangHttpClient
+from gateway.workers.sglang_http import SglangHttpClient, SseLines
 from gateway.workers.transport import END_OF_STREAM, CallCode, WorkerCallError
 
 Handler = Callable[[Request], Any]
@@ -354,3 +354,21 @@ async def test_small_calls_and_refusals_read_a_bounded_body(peer: tuple[Peer, Sg
     with pytest.raises(WorkerCallError) as err:
         await drain(client.generate(request()))
     assert err.value.code is CallCode.INVALID_ARGUMENT and len(err.value.message) < 70_000
+
+
+def test_sse_lines_are_split_across_reads_and_only_data_lines_kept() -> None:
+    lines = SseLines(64)
+    assert lines.feed(b'data: {"a"') == []
+    assert lines.feed(b': 1}\n\nevent: x\nid: 3\ndata: [DO') == [b'data: {"a": 1}']
+    assert lines.feed(b"NE]\n\n") == [b"data: [DONE]"]
+    assert lines.feed(b"data: 2") == [] and lines.close() == [b"data: 2"] and lines.close() == []
+    assert lines.feed(b"retry: 5") == [] and lines.close() == []  # a trailing field that is not data
+
+
+def test_sse_lines_refuse_a_line_past_the_bound_before_holding_more() -> None:
+    with pytest.raises(ReplyTooLarge):
+        SseLines(8).feed(b"data: 123456\n")  # a whole line
+    lines = SseLines(8)
+    with pytest.raises(ReplyTooLarge):
+        lines.feed(b"data: 1234")  # a partial one, already longer
+    assert SseLines(8).feed(b"data: 12\n") == [b"data: 12"]

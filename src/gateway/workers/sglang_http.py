@@ -95,25 +95,40 @@ class SglangDialect:
         return whole_answer(request_id, answer)
 
 
-async def _lines(content: aiohttp.StreamReader, bound: int) -> AsyncIterator[bytes]:
-    """The body's lines, each at most ``bound`` bytes (a cumulative ``output_ids`` list
-    outgrows aiohttp's own line limit on long generations; a line past what the request
-    can bring back is ``ReplyTooLarge``, raised before more of it is held)."""
-    pending = b""
-    while data := await content.readany():
-        if pending:
-            data = pending + data
+class SseLines:
+    """Splits a streamed body into its ``data:`` lines, a read at a time, each line at most
+    ``bound`` bytes (a cumulative ``output_ids`` list outgrows aiohttp's own line limit on
+    long generations; a line past what the request can bring back is ``ReplyTooLarge``,
+    raised before more of it is held). Synchronous, so a read's events are handled in one
+    go and wake the reader once; SSE's blank separators and other fields are dropped."""
+
+    __slots__ = ("_bound", "_pending")
+
+    def __init__(self, bound: int) -> None:
+        self._bound = bound
+        self._pending = b""
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """The complete ``data:`` lines that ``data`` ends."""
+        if self._pending:
+            data = self._pending + data
         lines = data.split(b"\n")
-        pending = lines.pop()
+        self._pending = pending = lines.pop()
+        bound = self._bound
         if len(pending) > bound:
             raise ReplyTooLarge(None, bound)
+        out = []
         for line in lines:
-            if line:  # SSE's blank separator lines carry nothing
-                if len(line) > bound:
-                    raise ReplyTooLarge(len(line), bound)
-                yield line
-    if pending:
-        yield pending
+            if len(line) > bound:
+                raise ReplyTooLarge(len(line), bound)
+            if line[:5] == b"data:":
+                out.append(line)
+        return out
+
+    def close(self) -> list[bytes]:
+        """The last line, when the body did not end with a line break."""
+        pending, self._pending = self._pending, b""
+        return [pending] if pending[:5] == b"data:" else []
 
 
 async def read_bounded(response: aiohttp.ClientResponse, bound: int) -> bytes:
@@ -173,7 +188,7 @@ class HttpGenerateCall:
     HTTP answer into a queue, so ``cancel()`` can end both a pending ``read()``
     (``CancelledError``) and the HTTP request (closing it makes SGLang abort it)."""
 
-    __slots__ = ("_cancelled", "_draining", "_items", "_task", "_waiter")
+    __slots__ = ("_cancelled", "_draining", "_finished", "_items", "_task", "_waiter")
 
     def __init__(
         self, http: aiohttp.ClientSession, dialect: Dialect, request: pb.GenerateRequest,
@@ -183,6 +198,7 @@ class HttpGenerateCall:
         self._waiter: asyncio.Future[None] | None = None
         self._cancelled = False
         self._draining = False  # every sample finished: only the stream's end is left to read
+        self._finished = 0  # completes read so far
         self._task = asyncio.get_running_loop().create_task(
             self._pump(http, dialect, request, headers, timeout)
         )
@@ -230,10 +246,24 @@ class HttpGenerateCall:
                 return
             reader = dialect.reader(rid)
             samples = max(1, request.sampling_params.n)
-            finished = 0
-            async for line in _lines(response.content, bound):
-                if line[:5] != b"data:":
-                    continue
+            lines = SseLines(bound)
+            content = response.content
+            while data := await content.readany():
+                self._events(lines.feed(data), reader, samples, deadline)
+            self._events(lines.close(), reader, samples, deadline)
+            self._finished += self._take(reader.close())
+            if self._finished < samples:
+                raise WorkerCallError(
+                    CallCode.UNAVAILABLE, "the worker ended the stream before the generation finished"
+                )
+
+    def _events(self, lines: list[bytes], reader: AnswerReader, samples: int, deadline: asyncio.Timeout) -> None:
+        """One read's ``data:`` lines into the queue (the reader is woken once for them)."""
+        if not lines:
+            return
+        queued = len(self._items)
+        try:
+            for line in lines:
                 payload = line[5:].strip()
                 if payload == b"[DONE]":
                     continue  # read on to the body's end, so the connection goes back to the pool
@@ -242,19 +272,20 @@ class HttpGenerateCall:
                 if refused is not None:
                     code = CallCode.ABORTED if reader.started else CallCode.INVALID_ARGUMENT
                     raise WorkerCallError(code, refused)
-                finished += self._take(reader.feed(answer))
-                if finished >= samples and not self._draining:
+                for out in reader.feed(answer):
+                    self._items.append(out)
+                    if out.HasField("complete"):
+                        self._finished += 1
+                if self._finished >= samples and not self._draining:
                     # The reader may stop (and cancel) now; reading the last bytes instead
                     # of dropping the connection keeps it in the pool. Bounded.
                     self._draining = True
                     when = asyncio.get_running_loop().time() + _DRAIN_S
                     current = deadline.when()
                     deadline.reschedule(when if current is None else min(current, when))
-            finished += self._take(reader.close())
-            if finished < samples:
-                raise WorkerCallError(
-                    CallCode.UNAVAILABLE, "the worker ended the stream before the generation finished"
-                )
+        finally:
+            if len(self._items) > queued:
+                self._wake()
 
     def _take(self, messages: Iterator[pb.GenerateResponse]) -> int:
         """Queue ``messages`` (one wake for all of them); how many were completes."""
@@ -505,5 +536,6 @@ class SglangHttpClient(HttpWorkerClient):
 
 
 __all__ = [
-    "Dialect", "HttpGenerateCall", "HttpWorkerClient", "SglangDialect", "SglangHttpClient", "http_ssl_context",
+    "Dialect", "HttpGenerateCall", "HttpWorkerClient", "SglangDialect", "SglangHttpClient", "SseLines",
+    "http_ssl_context",
 ]

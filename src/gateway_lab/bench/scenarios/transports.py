@@ -32,12 +32,14 @@ import os
 import statistics
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gateway_lab.bench import launch, machine, results
 from gateway_lab.bench import workloads as wl
 from gateway_lab.bench.driver import DriverConfig, run_workload
 from gateway_lab.bench.results import Result, Table
+from gateway_lab.bench.scenarios.overhead import profiling, summarize_profile
 from gateway_lab.bench.scenarios.peer_cost import user_system_s
 from gateway_lab.sim.config import SimConfig
 
@@ -98,19 +100,23 @@ def _gateway_flags(transport: str, args: argparse.Namespace) -> list[str]:
 
 async def one(
     transport: str, policy: str, args: argparse.Namespace, workload: wl.Workload, warm: wl.Workload, gateway: str = "ours",
+    rnd: int = 1,
 ) -> dict[str, Any]:
     """One run: a fresh fleet and a fresh gateway process (``before``: the gateway from
-    ``--baseline-src``), a short warm-up of other prompts, then the measured workload."""
+    ``--baseline-src``), a short warm-up of other prompts, then the measured workload
+    (sampled with py-spy into ``--profile`` when given)."""
     env = {**os.environ, "PYTHONPATH": args.baseline_src} if gateway == "before" else None
+    spy = Path(args.profile) / f"r{rnd}-{transport}-{gateway}-{policy}.txt" if args.profile else None
     async with _fleet(transport, args) as fleet:
         async with launch.gateway("ours", fleet.urls, policy, extra_args=_gateway_flags(transport, args), env=env) as gw:
             if warm.requests:
                 await run_workload(gw.url, warm, DriverConfig(concurrency=args.concurrency))
-            u0, s0 = user_system_s(gw.pid)
-            t0 = time.perf_counter()
-            run = await run_workload(gw.url, workload, DriverConfig(concurrency=args.concurrency))
-            wall = time.perf_counter() - t0
-            u1, s1 = user_system_s(gw.pid)
+            with profiling(gw.pid, spy, args.profile_rate, True):
+                u0, s0 = user_system_s(gw.pid)
+                t0 = time.perf_counter()
+                run = await run_workload(gw.url, workload, DriverConfig(concurrency=args.concurrency))
+                wall = time.perf_counter() - t0
+                u1, s1 = user_system_s(gw.pid)
     done = [r for r in run.results if r.ok]
     prompt = sum(r.prompt_tokens for r in done)
     cpu = (u1 - u0) + (s1 - s0)
@@ -164,6 +170,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--tree-default-budget-tokens", type=int, default=0,
         help="cache_aware's tree budget for workers that report no KV pool, as an operator would set it (0: the default)",
     )
+    parser.add_argument("--profile", default="", help="directory for py-spy profiles of each measured run (slows them)")
+    parser.add_argument("--profile-rate", type=int, default=200, help="py-spy samples per second")
     parser.add_argument("--json", default="", help="also write the figures here as JSON")
     parser.add_argument("--markdown", default="", help="also write the table here as Markdown")
 
@@ -252,7 +260,7 @@ async def _run(args: argparse.Namespace) -> Result:
         for policy in args.policies.split(","):
             for step, transport in enumerate(rotated(args.transports.split(","), rnd), start=rnd):
                 for gateway in args.gateways if step % 2 else reversed(args.gateways):
-                    row = {"round": rnd, **await one(transport, policy, args, workload, warm, gateway)}
+                    row = {"round": rnd, **await one(transport, policy, args, workload, warm, gateway, rnd)}
                     runs.append(row)
                     print(
                         f"[round {rnd} {transport} {gateway} {policy}] hit {row['hit_rate']:.3f}, "
@@ -276,4 +284,10 @@ def main(args: argparse.Namespace) -> int:
         raise SystemExit("--gateways before needs --baseline-src DIR (another checkout's src/)")
     args.baseline_src = os.path.abspath(args.baseline_src) if args.baseline_src else ""
     out = asyncio.run(_run(args))
-    return results.write(out, json_path=args.json, markdown_path=args.markdown)
+    status = results.write(out, json_path=args.json, markdown_path=args.markdown)
+    for raw in sorted(Path(args.profile).glob("*.txt")) if args.profile else ():
+        top = summarize_profile(raw, top=25)
+        print(f"\nprofile {raw.stem}: {top['samples']} samples")
+        for share, frame in top["top_self_percent"]:
+            print(f"  {share:5.1f}%  {frame}")
+    return status
