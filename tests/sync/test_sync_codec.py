@@ -146,13 +146,15 @@ def test_published_prefill_is_the_uncached_part_and_heartbeats_send_only_changes
 
 
 def test_views_add_remote_load_and_the_cost_counts_remote_prefill_once() -> None:
+    from gateway.workers.breaker import CircuitBreaker
     from gateway.workers.worker import Worker
 
     view = Worker.view  # the real view code over a stand-in worker
     w = SimpleNamespace(
-        id="w0:1", url="grpc://w0:1", role="regular", available=True, load=WorkerLoad(in_flight=1, queued_prefill_tokens=100),
+        id="w0:1", url="grpc://w0:1", role="regular", healthy=True, draining=False, breaker=CircuitBreaker(),
+        load=WorkerLoad(in_flight=1, queued_prefill_tokens=100),
         remote_load=WorkerLoad(in_flight=2, queued_prefill_tokens=30, running_decode_tokens=8),
-        loads_view=lambda: None, info=SimpleNamespace(kv_capacity_tokens=0, page_size=1, max_running_requests=0), bootstrap_port=None,
+        polled=None, info=SimpleNamespace(kv_capacity_tokens=0, page_size=1, max_running_requests=0), bootstrap_port=None,
     )
     v = view(w)  # type: ignore[arg-type]
     assert (v.in_flight, v.queued_prefill_tokens, v.remote_prefill_tokens, v.running_decode_tokens) == (3, 100, 30, 8)

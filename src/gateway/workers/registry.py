@@ -298,7 +298,7 @@ class WorkerRegistry:
         return [
             w
             for w in self._workers.values()
-            if w.role == role and (model is None or w.model == model) and "token_ids" not in w.client.lacks
+            if w.role == role and (model is None or w.info.model == model) and "token_ids" not in w.client.lacks
         ]
 
     def models(self) -> list[str]:

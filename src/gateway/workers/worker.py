@@ -9,7 +9,7 @@ from google.protobuf.json_format import MessageToDict
 
 from gateway.policies.base import LoadSnapshot, WorkerView
 from gateway.proto import sglang_scheduler_pb2 as pb
-from gateway.workers.breaker import CircuitBreaker
+from gateway.workers.breaker import BreakerState, CircuitBreaker
 from gateway.workers.load import WorkerLoad
 from gateway.workers.transport import WorkerTransport
 from gateway.workers.watchdog import ProgressTracker
@@ -281,10 +281,14 @@ class Worker:
         pool on every request and the figures rarely change between two requests, so the
         last view is handed out again while every figure it was built from is the same
         (a frozen dataclass of 13 fields costs more to build than its key to compare)."""
-        load, remote, info = self.load, self.remote_load, self.info
+        load, remote, info, breaker = self.load, self.remote_load, self.info, self.breaker
+        # ``available`` and ``loads_view()`` inlined for their common answers (a closed
+        # breaker, no polled loads): three calls per worker per request fewer.
         key = (
-            self.available, load.in_flight, load.queued_prefill_tokens, load.running_decode_tokens,
-            remote.in_flight, remote.queued_prefill_tokens, remote.running_decode_tokens, self.loads_view(),
+            self.healthy and not self.draining and (breaker.state is BreakerState.CLOSED or breaker.allows()),
+            load.in_flight, load.queued_prefill_tokens, load.running_decode_tokens,
+            remote.in_flight, remote.queued_prefill_tokens, remote.running_decode_tokens,
+            None if self.polled is None else self.loads_view(),
             info.kv_capacity_tokens, info.page_size, info.max_running_requests, self.bootstrap_port,
             self.id, self.url, self.role,
         )
