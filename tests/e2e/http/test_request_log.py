@@ -132,6 +132,33 @@ def test_setup_logging_json_is_one_object_per_line(capsys: pytest.CaptureFixture
     assert lines[1]["level"] == "error" and "ValueError: boom" in lines[1]["exc"]
 
 
+def test_setup_logging_skips_caller_lookups_and_the_line_reads_the_same(capsys: pytest.CaptureFixture[str]) -> None:
+    """Neither format prints a record's source, thread or process: the serve process's records
+    do not look them up (a frame walk per line), and the text line is what it was."""
+    root = logging.getLogger()
+    knobs = ("_srcfile", "logThreads", "logProcesses", "logMultiprocessing")
+    saved = root.handlers[:], root.level, {k: getattr(logging, k) for k in knobs}
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    try:
+        setup_logging("info", as_json=False)
+        root.addHandler(Keep())
+        logging.getLogger("gateway.test").info("hello %s", "world")
+    finally:
+        root.handlers[:], level, old = saved
+        root.setLevel(level)
+        for k, v in old.items():
+            setattr(logging, k, v)
+    (record,) = records
+    assert (record.funcName, record.lineno, record.threadName, record.processName) == ("(unknown function)", 0, None, None)
+    line = capsys.readouterr().err.strip()
+    assert line.endswith(" INFO gateway.test: hello world") and "[" not in line
+
+
 @pytest.mark.slow
 async def test_serve_log_json_writes_access_lines(tmp_path: Any) -> None:
     """`token-gateway serve --log-json` as a real process: JSON access lines on stderr."""
