@@ -83,6 +83,45 @@ async def test_a_light_key_takes_the_next_slot_before_a_heavy_backlog() -> None:
     assert order == ["heavy", "light", "heavy", "heavy", "heavy", "heavy"]
 
 
+async def serve_one_slot(gate: WorkerGate, keys: list[str]) -> list[str]:
+    """Hold ``w``'s one slot, queue a waiter per entry of ``keys`` (in that order), then
+    release slot after slot: the keys in the order the gate let them through."""
+    running = await gate.enter("w", 1)
+    tasks = []
+    for key in keys:
+        tasks.append((key, start(gate, "w", 1, key)))
+        await settle()
+    order: list[str] = []
+    release = running
+    for _ in keys:
+        release()
+        await settle()
+        ready = [(k, t) for k, t in tasks if t.done() and not getattr(t, "seen", False)]
+        assert len(ready) == 1
+        key, t = ready[0]
+        t.seen = True  # type: ignore[attr-defined]
+        order.append(key)
+        release = t.result()
+    release()
+    assert gate.through("w") == 0 and gate.held() == 0
+    return order
+
+
+async def test_share_first_lets_a_key_below_its_fleet_share_through_before_the_others() -> None:
+    keys = ["heavy", "heavy", "heavy", "light", "light"]
+    below = {"light"}
+    # One worker's own queue takes turns: light's second request waits behind a heavy one,
+    # however little of the fleet light holds.
+    turns = await serve_one_slot(WorkerGate(below_share=lambda t: t in below), keys)
+    assert turns == ["heavy", "light", "heavy", "light", "heavy"]
+    first = await serve_one_slot(WorkerGate(share_first=True, below_share=lambda t: t in below), keys)
+    assert first == ["light", "light", "heavy", "heavy", "heavy"]
+    # Once no key waiting is below its share, the fair turns are back.
+    below.clear()
+    level = await serve_one_slot(WorkerGate(share_first=True, below_share=lambda t: t in below), keys)
+    assert level == turns
+
+
 async def test_weights_share_one_workers_slots() -> None:
     gate = WorkerGate({"a": 2.0, "b": 1.0})
     running = await gate.enter("w", 1)

@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gateway.policies.fair_queue import FairQueue
+from gateway.policies.fair_queue import Entry, FairQueue
 
 CALLER: contextvars.ContextVar[tuple[str, int]] = contextvars.ContextVar("token_gateway_caller", default=("-", 0))
 """(API key id or "-", priority) of the request running in this task (set at admission)."""
@@ -120,6 +120,7 @@ class WorkerGate:
         low_values_first: bool = False,
         across_tenants: bool = False,
         prefill_budget: int = 0,
+        share_first: bool = False,
         contended: Callable[[], bool] = lambda: True,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -134,6 +135,7 @@ class WorkerGate:
         self.headroom = max(0, headroom)
         self.reserve = max(0, reserve)
         self.prefill_budget = max(0, prefill_budget)
+        self.share_first = share_first
         self._contended = contended
         self.paced = 0  # requests that had a free slot but waited for the prefill budget
         self._below_share = below_share
@@ -203,6 +205,18 @@ class WorkerGate:
             raise
         return Pass(self, slots, tokens, waited=True)
 
+    def _next(self, queue: FairQueue, now: float, held_back: set[str]) -> Entry | None:
+        """The next waiter in fair order; with ``share_first``, of a key below its share of
+        the fleet first (one worker's queue alone takes turns between the keys waiting on
+        it, whatever each of them holds of the fleet)."""
+        if self.share_first:
+            over = {t for t in queue.backlogged() if t not in held_back and not self._below_share(t)}
+            if over:
+                entry = queue.peek(now, held_back | over)
+                if entry is not None:
+                    return entry
+        return queue.peek(now, held_back)
+
     def _grant(self, slots: _Slots) -> None:
         """Let waiters through in fair order while there is room; once only the reserved
         running slots are left (``open``), only keys below their share (the others are
@@ -213,7 +227,7 @@ class WorkerGate:
         held_back: set[str] = set()
         budget = self._budget() if queue else 0
         while queue and slots.through < slots.cap:
-            entry = queue.peek(now, held_back)
+            entry = self._next(queue, now, held_back)
             if entry is None:
                 return
             if slots.through >= slots.open and not self._below_share(entry.tenant):

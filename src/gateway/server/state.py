@@ -130,7 +130,8 @@ class GatewayState:
             if admission.fleet_slot_wait:
                 self.router.gate = WorkerGate(
                     weights, headroom=admission.fleet_headroom, reserve=admission.fair_reserve,
-                    prefill_budget=admission.prefill_budget_tokens, contended=self.admission.contended,
+                    prefill_budget=admission.prefill_budget_tokens, share_first=admission.gate_share_first,
+                    contended=self.admission.contended,
                     below_share=self.admission.below_share, aging_s=admission.priority_aging_s,
                     low_values_first=admission.low_priority_values_first,
                     across_tenants=admission.priority_across_keys,

@@ -49,7 +49,7 @@ class FairnessConfig:
     """The fleets, the gateway's queue settings and the offered load."""
 
     fleets: list[str] = option(list(FLEETS), "fleet builds to run on", choices=list(FLEETS))
-    queues: list[str] = option(["off", "1", "1:1"], "admission settings to compare: off (no gateway queue), H (--fleet-headroom H), H:R (and --fair-reserve R) or H:R:B (and --prefill-budget-tokens B)")
+    queues: list[str] = option(["off", "1", "1:1"], "admission settings to compare: off (no gateway queue), H (--fleet-headroom H), H:R (and --fair-reserve R) or H:R:B (and --prefill-budget-tokens B); a +NAME suffix adds the serve flag --NAME (1:3:512+gate-share-first)")
     shares: bool = option(True, "also run the shares run (two backlogged keys with --share-weights)")
     workers: int = option(4, "simulated workers per fleet")
     max_running: int = option(8, "running slots per worker (the fleet's own build is scaled to saturate on this machine)")
@@ -74,13 +74,15 @@ class FairnessConfig:
             raise ValueError("--share-weights takes two positive weights")
         for q in self.queues:
             parse_queue(q)
+            queue_flags(q)
         if self.light_rate <= 0 or self.heavy_factor <= 0 or self.share_rate <= 0 or self.duration_s <= 0:
             raise ValueError("rates, factor and duration must be positive")
 
 
 def parse_queue(text: str) -> tuple[int, int, int]:
     """``off`` / ``H`` / ``H:R`` / ``H:R:B`` into (fleet headroom, fair reserve, prefill budget
-    tokens); headroom -1 is off."""
+    tokens); headroom -1 is off. ``+flag`` suffixes are :func:`queue_flags`'."""
+    text = text.split("+", 1)[0]
     if text == "off":
         return -1, 0, 0
     parts = text.split(":")
@@ -92,6 +94,16 @@ def parse_queue(text: str) -> tuple[int, int, int]:
         raise ValueError(f"--queues takes off, H, H:R or H:R:B with non-negative integers, got {text!r}")
     h, r, b = (*values, 0, 0)[:3]
     return h, r, b
+
+
+def queue_flags(text: str) -> list[str]:
+    """The serve flags a ``--queues`` setting's ``+name`` suffixes turn on (``1:3:512+gate-share-first``:
+    ``--gate-share-first``), so a gateway rule can be set beside the same queue in one sitting."""
+    names = text.split("+")[1:]
+    for name in names:
+        if not name or not all(part.isalnum() for part in name.split("-")):
+            raise ValueError(f"--queues: a +suffix names a serve flag without its dashes, got {text!r}")
+    return [f"--{name}" for name in names]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -240,7 +252,7 @@ async def run_cell(config: FairnessConfig, fleet: str, queue: str, vocab: Any, t
         ]  # fmt: skip
         if weights:
             args += ["--key-weights", *weights]
-        args += shlex.split(config.serve_args)
+        args += queue_flags(queue) + shlex.split(config.serve_args)
         async with launch.fleet("process", config.workers, sim) as workers, launch.gateway(
             "ours", workers.urls, config.policy, extra_args=args, log_dir=scratch, ready_timeout_s=180.0
         ) as served:

@@ -10,6 +10,7 @@ from gateway_lab.bench.driver import RequestResult
 from gateway_lab.bench.fairness import (
     FairnessConfig,
     parse_queue,
+    queue_flags,
     shares,
     tenant_workload,
     ttft_percentile,
@@ -29,8 +30,16 @@ def test_queue_settings() -> None:
     for bad in ["-1", "x", "1:-1", "1:y", "1:1:-5", "1:1:1:1"]:
         with pytest.raises(ValueError, match="--queues"):
             parse_queue(bad)
+    assert parse_queue("1:3:512+gate-share-first") == (1, 3, 512)
+    assert queue_flags("1:3:512+gate-share-first") == ["--gate-share-first"]
+    assert queue_flags("1:3") == []
+    for bad in ["1+", "1+--x", "1+a b", "1+a;b"]:
+        with pytest.raises(ValueError, match="serve flag"):
+            queue_flags(bad)
     with pytest.raises(ValueError):
         FairnessConfig(queues=["sometimes"])
+    with pytest.raises(ValueError):
+        FairnessConfig(queues=["1+"])
     with pytest.raises(ValueError):
         FairnessConfig(share_weights=[1.0])
 

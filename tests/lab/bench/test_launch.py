@@ -229,6 +229,8 @@ def test_a_variant_becomes_our_settings() -> None:
     assert paced.policy.policy == "cache_aware" and plain.admission.fleet_headroom == -1
     serve = build_parser().parse_args(["serve", *launch.knob_flags(launch.parse_variant("x:fair_reserve=1")[1])])
     assert serve.fair_reserve == 1
+    first = build_parser().parse_args(["serve", *launch.knob_flags(launch.parse_variant("x:gate_share_first=on")[1])])
+    assert first.gate_share_first is True
     with pytest.raises(ValueError, match="not knob=value"):
         launch.ours_config([], "cache_aware:nope=1", "", "")
 
