@@ -246,3 +246,94 @@ async def test_a_streamed_samples_repeated_complete_is_not_taken_for_another_sam
     stream.release()
     with pytest.raises(GatewayError):
         _ = [d async for d in gen.deltas()]
+
+
+@dataclass
+class Pushing(Arrivals):
+    """Arrivals whose deliveries go first to a listening target while a read waits, as
+    ``WorkerStream.listen`` hands them over from the connection's read callback."""
+
+    target: Any = None
+    reading: bool = False
+
+    def listen(self, target: Any) -> bool:
+        self.target = target
+        return True
+
+    def release(self) -> None:
+        group = self.groups.pop(0)
+        if self.target is not None and self.reading:
+            took = False
+            while group and self.target.offer(group[0]):
+                group.pop(0)
+                took = True
+            if took:
+                self.target.flush()
+        if group:
+            self._here.extend(group)
+            self._released.set()
+
+    async def read(self) -> Any:
+        self.reading = True
+        try:
+            return await super().read()
+        finally:
+            self.reading = False
+
+
+@dataclass
+class Sink:
+    ok: bool = True
+    written: list[list[str]] = field(default_factory=list)
+
+    def ready(self) -> bool:
+        return self.ok
+
+    def write(self, texts: list[str]) -> None:
+        self.written.append(list(texts))
+
+
+async def test_pushed_texts_go_to_the_sink_as_they_arrive_and_the_rest_comes_through_deltas(tok: Tokenizer) -> None:
+    ids = tok.encode(" one two three four five six", False)
+    stream = Pushing([[chunk([i]) for i in ids[:2]], [chunk([i]) for i in ids[2:5]], [chunk([ids[5]]), complete()]])
+    gen = Generation(stream, prepare(tok, [1, 2], max_new_tokens=6))  # type: ignore[arg-type]
+    pieces = gen.deltas(texts=True)
+    stream.release()
+    assert await pieces.__anext__() == [" one", " two"]  # before the sink: the consumer's way
+    sink = Sink()
+    assert gen.push_to(sink) and stream.target is gen
+    rest = asyncio.ensure_future(pieces.__anext__())
+    await asyncio.sleep(0)
+    stream.release()
+    await asyncio.sleep(0)
+    # One write per delivery, and the consumer was not woken for it.
+    assert sink.written == [[" three", " four", " five"]] and not rest.done()
+    stream.release()  # the last token is pushed; the complete wakes the consumer, after it
+    last = await rest
+    assert sink.written == [[" three", " four", " five"], [" six"]]
+    assert isinstance(last, SampleDelta) and last.finish_reason == "length" and last.text == ""
+    assert [d async for d in pieces] == []
+    assert gen.output_ids(0) == ids and gen.usage.per_sample_completion == {0: 6}
+    assert stream.outputs == [ids] and stream.target is None  # let go at the end
+
+
+async def test_a_sink_that_cannot_write_now_leaves_the_texts_to_the_consumer(tok: Tokenizer) -> None:
+    ids = tok.encode(" one two three", False)
+    stream = Pushing([[chunk([ids[0]])], [chunk([i]) for i in ids[1:]], [complete()]])
+    gen = Generation(stream, prepare(tok, [1, 2], max_new_tokens=3))  # type: ignore[arg-type]
+    pieces = gen.deltas(texts=True)
+    stream.release()
+    assert await pieces.__anext__() == [" one"]
+    sink = Sink(ok=False)  # a paused connection: the consumer's own send waits for the drain
+    assert gen.push_to(sink)
+    rest = asyncio.ensure_future(pieces.__anext__())
+    await asyncio.sleep(0)
+    stream.release()
+    assert await rest == [" two", " three"] and sink.written == []
+
+
+async def test_only_the_text_path_pushes(tok: Tokenizer) -> None:
+    stream = Pushing([[chunk([5])], [complete()]])
+    gen = Generation(stream, prepare(tok, [1, 2], max_new_tokens=3))  # type: ignore[arg-type]
+    gen.deltas()
+    assert not gen.push_to(Sink()) and stream.target is None

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
@@ -15,6 +17,7 @@ from gateway.pipeline.retry import RetryConfig
 from gateway.policies.base import RouteRequest
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.protocol.errors import GatewayTimeoutError
+from gateway.workers.h2.call import H2Call
 from gateway.workers.transport import CallCode
 from gateway.workers.watchdog import Watchdog, WatchdogConfig
 from tests.fake_transport import (
@@ -345,3 +348,96 @@ async def test_a_client_that_leaves_while_the_checks_run_cancels_the_request() -
     sick = f.worker("a:1")
     assert obs.retries == [] and a.calls[0].cancelled and sick.progress.stalls == 0
     assert (sick.load.in_flight, sick.load.silent) == (0, 0)
+
+
+@dataclass
+class H2Transport(FakeTransport):
+    """A worker whose Generate calls are the gateway's own HTTP/2 calls, fed by the test."""
+
+    h2: list[H2Call] = field(default_factory=list)
+    sent: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def generate(self, request: pb.GenerateRequest, *, timeout: float | None = None) -> H2Call:  # type: ignore[override]
+        self.requests.append(request)
+        call = H2Call(asyncio.get_running_loop(), pb.GenerateResponse.FromString, 1 << 20)
+        call.on_headers([(b":status", b"200")], end_stream=False)
+        self.h2.append(call)
+        self.sent.set()
+        return call
+
+
+def _arrive(call: H2Call, msg: pb.GenerateResponse) -> None:
+    payload = msg.SerializeToString()
+    call.on_data(b"\x00" + len(payload).to_bytes(4, "big") + payload, last=True)
+
+
+async def _open_h2(t: H2Transport, f: Any, stall_s: float) -> tuple[Any, H2Call]:
+    """A stream opened on ``t`` (its first message sent), and its call."""
+    opening = asyncio.ensure_future(open_on(
+        f.router, f.router.select(ROUTE), ROUTE, pb.GenerateRequest(request_id="s1"), prompt_tokens=3, max_new_tokens=64,
+        retry=RetryConfig(), config=DispatchConfig(stall_timeout_s=stall_s, first_token_timeout_s=1.0),
+    ))
+    await t.sent.wait()
+    call = t.h2[0]
+    _arrive(call, chunk([1]))
+    return await opening, call
+
+
+class _Taker:
+    """A push target that takes every chunk."""
+
+    def __init__(self) -> None:
+        self.taken: list[pb.GenerateResponse] = []
+        self.flushes = 0
+
+    def offer(self, msg: pb.GenerateResponse) -> bool:
+        if msg.WhichOneof("response") != "chunk":
+            return False
+        self.taken.append(msg)
+        return True
+
+    def flush(self) -> None:
+        self.flushes += 1
+
+
+async def test_pushed_messages_keep_the_stall_watch_progress_and_lease_going_and_silence_still_stalls() -> None:
+    t = H2Transport("grpc://w1:1")
+    f = await fleet(t)
+    stream, call = await _open_h2(t, f, 0.1)
+    assert (await stream.read()).chunk.token_ids == [1]  # type: ignore[union-attr]
+    target = _Taker()
+    assert stream.listen(target)
+    reading = asyncio.ensure_future(stream.read())
+    await asyncio.sleep(0)
+    progress = f.worker("w1:1").progress
+    for i in range(8):  # 0.32 s of messages, each within the limit, their sum three times over it
+        await asyncio.sleep(0.04)
+        _arrive(call, chunk([2 + i], cached=2 + i))
+        assert progress.last_heard_at >= time.monotonic() - 0.01  # each delivery is the worker heard from
+    assert not reading.done() and len(target.taken) == 8 and target.flushes == 8
+    assert stream.lease.cached_tokens == 9  # the counts reached the lease as read ones do
+    with pytest.raises(GatewayTimeoutError, match="sent nothing"):  # then silence: a stall as ever
+        await reading
+    assert stream.lease.outcome is Outcome.WORKER_FAILED and call.pusher is None
+    assert f.worker("w1:1").load.in_flight == 0
+
+
+async def test_a_push_target_that_fails_fails_the_read() -> None:
+    t = H2Transport("grpc://w1:1")
+    f = await fleet(t)
+    stream, call = await _open_h2(t, f, 5.0)
+    await stream.read()
+
+    class Broken(_Taker):
+        def offer(self, msg: pb.GenerateResponse) -> bool:
+            raise ValueError("cannot decode")
+
+    stream.listen(Broken())
+    reading = asyncio.ensure_future(stream.read())
+    await asyncio.sleep(0)
+    _arrive(call, chunk([2]))
+    with pytest.raises(ValueError, match="cannot decode"):
+        await reading
+    assert call.cancelled
+    await stream.abort("finished by gateway")
+    assert f.worker("w1:1").load.in_flight == 0

@@ -16,7 +16,7 @@ from typing import Any
 
 from gateway.endpoints.chat_parsers import ChatParsers, choose_parsers, template_kwargs
 from gateway.endpoints.completions import piece_fn, stream_usage
-from gateway.endpoints.events import Answer, Events
+from gateway.endpoints.events import Answer, Direct, Events, TextPush
 from gateway.parsers.base import ReasoningParser, ToolCallDelta, ToolCallParser
 from gateway.parsers.reasoning_tokens import ReasoningTokenCounter
 from gateway.pipeline.catalog import ModelEntry
@@ -156,7 +156,8 @@ async def open(
     the texts of tokens that arrived together come as one chunk (``text_events``)."""
     entry, gen, prompt_text, parsers = await _start(engine, req, ctx)
     if req.stream:
-        return Events(_chunks(req, entry, gen, prompt_text, parsers, ctx, frame, typed), [gen])
+        direct = Direct() if frame is not None else None
+        return Events(_chunks(req, entry, gen, prompt_text, parsers, ctx, frame, typed, direct), [gen], direct)
     return await _answer(req, ctx, entry, gen, prompt_text, parsers)
 
 
@@ -254,7 +255,7 @@ def _fragments(calls: list[ToolCallDelta]) -> list[ToolCallFragment]:
 
 async def _chunks(
     req: ChatCompletionRequest, entry: ModelEntry, gen: Generation, prompt_text: str, parsers: ChatParsers, ctx: RequestContext,
-    frame: tuple[bytes, bytes] | None = None, typed: bool = False,
+    frame: tuple[bytes, bytes] | None = None, typed: bool = False, direct: Direct | None = None,
 ) -> AsyncGenerator[StreamChunk | Any, None]:
     head = StreamHead(ctx.response_id("chatcmpl"), CHAT_CHUNK, now(), entry.name)
     choices = _choices(gen, prompt_text, parsers)
@@ -304,6 +305,10 @@ async def _chunks(
                         out = role + out
                         role = b""
                     yield out
+                    if direct is not None and direct.writer is not None:
+                        # The door wrote its first event: later lists go straight to the client.
+                        gen.push_to(TextPush(direct.writer, event, first.reply))
+                        direct = None
                     continue
                 ids = gen.output_ids(0)
                 first.count(ids[counted:])  # the list's tokens, empty texts' included

@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from gateway.endpoints.events import Answer, Events
+from gateway.endpoints.events import Answer, Direct, Events, TextPush
 from gateway.pipeline.catalog import ModelEntry
 from gateway.pipeline.engine import Engine
 from gateway.pipeline.fanout import merged
@@ -139,7 +139,8 @@ async def open(
     if not req.stream:
         return await _answer(req, ctx, entry, gens)
     if frame is not None or typed:
-        return Events(json_events(req, entry, gens, ctx, frame), gens)
+        direct = Direct() if frame is not None else None
+        return Events(json_events(req, entry, gens, ctx, frame, direct), gens, direct)
     return Events(_chunks(req, entry, gens, ctx), gens)
 
 
@@ -190,12 +191,13 @@ async def _answer(req: CompletionRequest, ctx: RequestContext, entry: ModelEntry
 
 def json_events(
     req: CompletionRequest, entry: ModelEntry, gens: list[Generation], ctx: RequestContext,
-    frame: tuple[bytes, bytes] | None = (b"", b""),
+    frame: tuple[bytes, bytes] | None = (b"", b""), direct: Direct | None = None,
 ) -> AsyncGenerator[StreamChunk | bytes, None]:
     """The started generations' events for a door that takes text batches (a JSON door's
-    ``frame``; None: typed chunks): the template path when it applies."""
+    ``frame``; None: typed chunks): the template path when it applies (``direct``: where
+    the door says it writes framed events itself)."""
     if len(gens) == 1 and gens[0].plain and not req.echo and not _continuous(req):
-        return _plain_json(req, entry, gens[0], ctx, frame)
+        return _plain_json(req, entry, gens[0], ctx, frame, direct)
     return _chunks(req, entry, gens, ctx)
 
 
@@ -210,7 +212,8 @@ def text_template(head: StreamHead) -> tuple[bytes, bytes]:
 
 
 async def _plain_json(
-    req: CompletionRequest, entry: ModelEntry, gen: Generation, ctx: RequestContext, frame: tuple[bytes, bytes] | None
+    req: CompletionRequest, entry: ModelEntry, gen: Generation, ctx: RequestContext, frame: tuple[bytes, bytes] | None,
+    direct: Direct | None = None,
 ) -> AsyncGenerator[StreamChunk | bytes, None]:
     """One plain prompt (``Generation.plain``; no echo, no continuous usage): each list of
     texts from ``Generation.deltas(texts=True)`` becomes the door's event for it
@@ -222,6 +225,10 @@ async def _plain_json(
     async for d in gen.deltas(texts=True):
         if type(d) is list:
             yield event(d)
+            if direct is not None and direct.writer is not None:
+                # The door wrote its first event: later lists go straight to the client.
+                gen.push_to(TextPush(direct.writer, event))
+                direct = None
         else:
             chunk = _emit_plain(head, d)  # type: ignore[arg-type]
             if chunk is not None:

@@ -11,9 +11,9 @@ ask for the common events already framed (``bytes``); a door that converts each 
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 from gateway.pipeline.generation import Generation
 
@@ -22,15 +22,57 @@ from gateway.pipeline.generation import Generation
 Answer = dict[str, Any] | list[Any]
 
 
+class FrameWriter(Protocol):
+    """A door's straight write of framed events to its client (the HTTP door's ``ChunkWriter``)."""
+
+    def writable(self) -> bool: ...  # ``write`` would write now (else the door's own send must wait)
+
+    def write(self, data: bytes) -> bool: ...  # False: not written (not ``writable``)
+
+
+class Direct:
+    """Where a door tells a framed text path it may write events itself: ``writer`` is set
+    once the door's first event went out its own way (which timed it)."""
+
+    __slots__ = ("writer",)
+
+    def __init__(self) -> None:
+        self.writer: FrameWriter | None = None
+
+
+class TextPush:
+    """``Generation.push_to``'s sink on a framed text path: the texts of tokens that
+    arrived together become ``event(texts)`` (the bytes the door would write for that list
+    from ``deltas``), written there and then; ``kept`` (a reply being recorded) gets them too."""
+
+    __slots__ = ("event", "kept", "writer")
+
+    def __init__(self, writer: FrameWriter, event: Callable[[list[str]], bytes], kept: list[str] | None = None) -> None:
+        self.writer = writer
+        self.event = event
+        self.kept = kept
+
+    def ready(self) -> bool:
+        return self.writer.writable()
+
+    def write(self, texts: list[str]) -> None:
+        if self.kept is not None:
+            self.kept.extend(texts)
+        if not self.writer.write(self.event(texts)):  # ``ready`` said it would, in this same step
+            raise RuntimeError("the client's connection refused a write it had said it would take")
+
+
 class Events:
     """A started stream: iterate for its events; ``aclose`` (or leaving ``async with``)
-    ends it however the door stops reading, and the worker requests with it."""
+    ends it however the door stops reading, and the worker requests with it. ``direct``:
+    the stream's text path can write ordinary tokens' events itself (``Direct``)."""
 
-    __slots__ = ("events", "gens")
+    __slots__ = ("direct", "events", "gens")
 
-    def __init__(self, events: AsyncGenerator[Any, None], gens: list[Generation]) -> None:
+    def __init__(self, events: AsyncGenerator[Any, None], gens: list[Generation], direct: Direct | None = None) -> None:
         self.events = events
         self.gens = gens
+        self.direct = direct
 
     def __aiter__(self) -> AsyncGenerator[Any, None]:
         return self.events

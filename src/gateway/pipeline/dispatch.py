@@ -31,6 +31,7 @@ from gateway.pipeline.worker_gate import NO_GATE
 from gateway.policies.base import NoWorkerAvailable, RouteRequest
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.settings import option
+from gateway.workers.h2.call import H2Call
 from gateway.workers.liveness import answers_probe
 from gateway.workers.transport import END_OF_STREAM, EndOfStream, GenerateCall, WorkerCallError
 from gateway.workers.watchdog import stalled
@@ -85,6 +86,14 @@ class TokenStream(Protocol):
     async def aclose(self) -> None: ...
 
 
+class PushTarget(Protocol):
+    """Who takes a stream's messages as they arrive (``WorkerStream.listen``)."""
+
+    def offer(self, msg: pb.GenerateResponse) -> bool: ...  # True: taken (else the reader gets it)
+
+    def flush(self) -> None: ...  # the end of one delivery: hand on what was taken
+
+
 class WorkerStream:
     """A live Generate call on the worker that accepted the request.
 
@@ -120,6 +129,8 @@ class WorkerStream:
         self._first = True  # no message read yet
         lease.watch(self._watchdog_kill)
         self._call_ready: Callable[[], bool] = call.ready
+        self._target: PushTarget | None = None  # takes messages as they arrive (``listen``)
+        self._push_error: BaseException | None = None  # the target's failure, for the reader
 
     @property
     def closed(self) -> bool:
@@ -143,6 +154,10 @@ class WorkerStream:
                 got = await self._call.read()
             except asyncio.CancelledError:
                 task = asyncio.current_task()
+                failed = self._push_error
+                if failed is not None and not (task is not None and task.cancelling()):
+                    self._push_error = None
+                    raise failed from None  # the target's failure stopped the call: as if read here
                 if not self._stalled or (task is not None and task.cancelling()):
                     raise  # our own task is being cancelled (client gone): not a stall
                 self._end_stalled()
@@ -164,19 +179,65 @@ class WorkerStream:
         if self._first:  # the worker's first output: its prefill is done
             self._first = False
             lease.start()
+        self._count(msg)
+        return msg
+
+    def _count(self, msg: pb.GenerateResponse) -> None:
+        """The message's cumulative counts to the lease, which keeps the largest (after the
+        first message they seldom grow: asked here, not by a call per message)."""
         which = msg.WhichOneof("response")
         if which == "chunk":
             part = msg.chunk
         elif which == "complete":
             part = msg.complete  # type: ignore[assignment]
         else:
-            return msg
-        # Cumulative counts: the lease keeps the largest, which after the first message
-        # they seldom pass (asked here, not by a call per message).
+            return
+        lease = self.lease
         cached, prompt = part.cached_tokens, part.prompt_tokens
         if cached > lease.cached_tokens or prompt > lease.reported_prompt_tokens:
             lease.report(cached_tokens=cached, prompt_tokens=prompt)
-        return msg
+
+    def listen(self, target: PushTarget | None) -> bool:
+        """While ``read`` waits, let ``target`` take each message as it arrives, in the
+        connection's read callback (no wake-up of the reader per message); the reader
+        wakes for the first message ``target`` does not take, the end, an error or a stall.
+        Each delivery it takes from counts as the reader's (progress stamp, stall clock,
+        lease counts). None stops it. False: this stream's call cannot (read only)."""
+        call = self._call
+        if not isinstance(call, H2Call):
+            return False
+        self._target = target
+        call.pusher = self._push if target is not None and not self.closed else None
+        return True
+
+    def _push(self) -> bool:
+        """The call's ``pusher``: hand the queued messages to the target while it takes them;
+        True when it took all. A failure of the target is the reader's (``read`` raises it)."""
+        call = self._call
+        target = self._target
+        if target is None or self._stalled or self._push_error is not None:
+            return False
+        assert isinstance(call, H2Call)
+        took = False
+        try:
+            msg = call.peek()
+            while msg is not None and target.offer(msg):
+                call.take()
+                took = True
+                self._count(msg)
+                msg = call.peek()
+            if took:
+                target.flush()
+        except Exception as exc:  # the reader raises it, which ends the request
+            self._push_error = exc
+            self._target = None
+            call.cancel()  # wakes the reader (the message it failed on is dropped with the call)
+            return False
+        if not took:
+            return False
+        self.worker.progress.message(time.monotonic())
+        self._reading_since = self._loop.time()  # the wait for the next message starts now
+        return msg is None
 
     def _check_stall(self) -> None:
         """The stall timer: cancel the call if the pending read has waited too long,
@@ -205,6 +266,8 @@ class WorkerStream:
         self._end(Outcome.WORKER_FAILED, abort="stalled")
 
     def _end(self, outcome: Outcome, *, abort: str | None = None, stop: bool = False, aborted: bool = False) -> None:
+        if self._target is not None:
+            self.listen(None)
         if self._watch is not None:
             self._watch.cancel()
             self._watch = None

@@ -16,7 +16,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, overload
+from typing import Literal, Protocol, overload
 
 from gateway.pipeline.dispatch import TokenStream
 from gateway.pipeline.output_guard import OutputGuard
@@ -56,6 +56,14 @@ class SampleDelta:
         if self.stop_token is None:
             return self.token_ids
         return [*self.token_ids, self.stop_token]
+
+
+class TextSink(Protocol):
+    """Where a generation pushes the texts of ordinary tokens as they arrive (``push_to``)."""
+
+    def ready(self) -> bool: ...  # it would write now, without waiting
+
+    def write(self, texts: list[str]) -> None: ...  # the texts of tokens that arrived together
 
 
 @dataclass(slots=True)
@@ -116,6 +124,12 @@ class Generation:
         self.input_logprobs: pb.InputLogProbs | None = None
         self._stopped_early = False  # a sample ended here before the worker said so
         self._guard = OutputGuard.for_request(prepared)
+        # The times of the first and the latest message, and each later one's gap per token.
+        self._first_at = 0.0
+        self._last_at = 0.0
+        self._gaps: list[float] = []
+        self._sink: TextSink | None = None  # where ordinary tokens' texts go as they arrive (``push_to``)
+        self._taken: list[str] | None = None  # the texts taken in the delivery under way
 
     def output_ids(self, index: int) -> list[int]:
         """Every token the worker generated for sample ``index`` (continuations included,
@@ -157,17 +171,9 @@ class Generation:
 
     async def _run(self, fast: bool) -> AsyncIterator[list[str] | SampleDelta]:
         clock = time.perf_counter
-        first = last = 0.0
-        gaps: list[float] = []  # per-token gap of each message after the first
-        batch: list[str] = []  # fast: texts of tokens that arrived together, not handed over yet
-        if fast:
-            sample0 = self._samples[0]
-            text0 = sample0.text
-            step_one = text0.step_one_plain
-            usage = self.usage
-            per_sample = usage.per_sample_completion
-            token_stops = self._token_stops
-            cap, vocab = self._guard.cap, self._guard.vocab
+        batch: list[str] = []  # texts of tokens that arrived together, not handed over yet
+        texts = fast and self._texts
+        plain_token = self._plain_token
         try:
             while self._open:
                 if batch and not self.stream.ready():  # about to wait: hand over what came
@@ -191,44 +197,27 @@ class Generation:
                 which = msg.WhichOneof("response")
                 if which == "chunk":
                     chunk = msg.chunk
-                    ids = chunk.token_ids  # each proto field read has a cost: read once each
-                    n_ids = len(ids)
-                    if first:
-                        gaps.append((now - last) / (n_ids or 1))
-                    else:
-                        first = now
-                    last = now
-                    if n_ids == 1 and fast and self._texts:
-                        token_id = ids[0]
-                        if (
-                            token_id not in token_stops and chunk.index == 0 and not sample0.done
-                            and token_id < vocab and sample0.generated < cap  # else the guard's path
-                        ):
-                            # _on_chunk + _feed for this case, without the delta objects
-                            # (input logprobs: only sent when logprobs are asked for).
-                            if not self._resumed:
-                                prompt, cached = chunk.prompt_tokens, chunk.cached_tokens
-                                if prompt:
-                                    usage.prompt_tokens = prompt
-                                if cached > usage.cached_tokens:
-                                    usage.cached_tokens = cached
-                            sample0.saw_chunks = True
-                            sample0.generated += 1
-                            sample0.ids.append(token_id)
-                            per_sample[0] = sample0.generated
-                            piece = step_one(token_id)
+                    if texts:
+                        piece = plain_token(chunk, now)
+                        if piece is not None:
                             if piece:
                                 batch.append(piece)
                             continue
+                    n_ids = len(chunk.token_ids)
+                    if self._first_at:
+                        self._gaps.append((now - self._last_at) / (n_ids or 1))
+                    else:
+                        self._first_at = now
+                    self._last_at = now
                     if batch:
                         yield batch
                         batch = []
                     for delta in self._on_chunk(chunk):
                         yield delta
                 elif which == "complete":
-                    if not first:
-                        first = now
-                    last = now
+                    if not self._first_at:
+                        self._first_at = now
+                    self._last_at = now
                     if batch:
                         yield batch
                         batch = []
@@ -237,6 +226,9 @@ class Generation:
             if batch:
                 yield batch
         finally:
+            if self._sink is not None:
+                self.push_to(None)
+            first, last, gaps = self._first_at, self._last_at, self._gaps
             if self._open or self._stopped_early:
                 # A stop matched here, or the consumer left: the worker must stop now.
                 await self.stream.aclose()
@@ -254,6 +246,80 @@ class Generation:
                 # (the access log's worker and tokens) is filled now.
                 asyncio.get_running_loop().call_soon(self._finish_whole, first, last, gaps)
                 self._account(first, last, gaps, timing=False)
+
+    def _plain_token(self, chunk: pb.GenerateStreamChunk, now: float) -> str | None:
+        """Take an ordinary token of a ``plain`` request (one id in a chunk of sample 0, not
+        a token stop, within the output guard's bounds) into sample 0 and return its text
+        (empty while its bytes are incomplete): ``_on_chunk`` + ``_feed`` for this case,
+        without the delta objects (input logprobs come only when logprobs are asked for).
+        None: not such a token, nothing taken (it goes the general way)."""
+        ids = chunk.token_ids  # each proto field read has a cost: read once each
+        if len(ids) != 1:
+            return None
+        token_id = ids[0]
+        sample0 = self._samples[0]
+        guard = self._guard
+        if (
+            token_id in self._token_stops or chunk.index or sample0.done
+            or token_id >= guard.vocab or sample0.generated >= guard.cap  # else the guard's path
+        ):
+            return None
+        if self._first_at:
+            self._gaps.append(now - self._last_at)
+        else:
+            self._first_at = now
+        self._last_at = now
+        if not self._resumed:
+            usage = self.usage
+            prompt, cached = chunk.prompt_tokens, chunk.cached_tokens
+            if prompt:
+                usage.prompt_tokens = prompt
+            if cached > usage.cached_tokens:
+                usage.cached_tokens = cached
+        sample0.saw_chunks = True
+        sample0.generated += 1
+        sample0.ids.append(token_id)
+        self.usage.per_sample_completion[0] = sample0.generated
+        return sample0.text.step_one_plain(token_id)
+
+    def push_to(self, sink: TextSink | None) -> bool:
+        """From now on, while the generation waits for its worker, hand the texts of the
+        ordinary tokens that arrive to ``sink`` there and then (in the worker connection's
+        read callback: no wake-up of the consumer, no delta, no generator step per token);
+        the consumer wakes for everything else (``deltas`` yields it, in order, after the
+        texts before it), and whenever ``sink`` is not ``ready`` (it would have to wait: the
+        texts then come through ``deltas`` and the consumer's own wait). Only on the text
+        path (``deltas(texts=True)`` of a ``plain`` request) and on a stream that can
+        (``WorkerStream.listen``); False otherwise. None stops it."""
+        if sink is not None and not self._texts:
+            return False
+        self._sink = sink
+        listen = getattr(self.stream, "listen", None)
+        return listen is not None and bool(listen(self if sink is not None else None))
+
+    def offer(self, msg: pb.GenerateResponse) -> bool:
+        """``PushTarget.offer``: take ``msg`` if it is an ordinary token and the sink can
+        write this delivery's texts now (asked once per delivery, before the first is taken)."""
+        if msg.WhichOneof("response") != "chunk" or self._sink is None:
+            return False
+        taken = self._taken
+        if taken is None:
+            if not self._sink.ready():
+                return False
+            taken = []
+        piece = self._plain_token(msg.chunk, time.perf_counter())
+        if piece is None:
+            return False
+        self._taken = taken
+        if piece:
+            taken.append(piece)
+        return True
+
+    def flush(self) -> None:
+        """``PushTarget.flush``: the delivery's texts to the sink, in one piece."""
+        taken, self._taken = self._taken, None
+        if taken and self._sink is not None:
+            self._sink.write(taken)
 
     def _finish_whole(self, first: float, last: float, gaps: list[float]) -> None:
         try:
@@ -322,6 +388,8 @@ class Generation:
         )
         self.stream = await resumer.resume(failed, pending)
         self._resumed = True
+        if self._sink is not None:
+            self.push_to(self._sink)  # the continuation's stream pushes as the first did
         return out
 
     def _sample(self, index: int) -> _Sample | None:

@@ -278,3 +278,40 @@ async def test_short_unary_answer_retried_when_its_worker_fails_mid_generation(s
     resumed = sum(s.value for m in stack.state.metrics.resumes.collect() for s in m.samples if s.name.endswith("_total"))
     assert retried >= 2 and resumed == 0  # before any output: retried whole, never resumed
     assert all(w.load.in_flight == 0 for w in stack.state.registry.all())
+
+
+@pytest.mark.stack(workers=1, sim={"step_base_s": 0.002, "time_scale": 1.0})
+async def test_a_paced_streams_tokens_go_to_the_client_from_the_worker_connection(
+    stack: Stack, engine: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The plain text path's tokens after the first event are written as they arrive
+    (``Generation.push_to``, on the gateway's own HTTP/2 worker calls), and the client
+    reads what it reads without: the whole answer's text, the role first, one finish."""
+    only(engine, {"sglang"}, "only the gateway's own HTTP/2 worker calls hand messages over as they arrive")
+    from gateway.pipeline.generation import Generation
+
+    pushed: list[list[str]] = []
+    flush = Generation.flush
+
+    def spy(self: Generation) -> None:
+        pushed.append(list(self._taken or []))
+        flush(self)
+
+    monkeypatch.setattr(Generation, "flush", spy)
+    messages = [{"role": "user", "content": "Tell me something."}]
+    whole = await stack.client.chat.completions.create(model=stack.model, messages=messages, max_tokens=24, seed=5)
+    stream = await stack.client.chat.completions.create(
+        model=stack.model, messages=messages, max_tokens=24, seed=5, stream=True,
+    )
+    roles, texts, finishes = [], [], []
+    async for chunk in stream:
+        for choice in chunk.choices:
+            if choice.delta.role:
+                roles.append(choice.delta.role)
+            if choice.delta.content:
+                texts.append(choice.delta.content)
+            if choice.finish_reason:
+                finishes.append(choice.finish_reason)
+    assert "".join(texts) == whole.choices[0].message.content
+    assert roles == ["assistant"] and finishes == [whole.choices[0].finish_reason]
+    assert pushed and "".join("".join(p) for p in pushed) in "".join(texts)

@@ -194,13 +194,13 @@ def test_a_chunk_writer_declines_while_writes_are_paused_and_drops_a_gone_client
         response_started=True, response_complete=False, transport=SimpleNamespace(write=out.append),
     )
     writer = ChunkWriter(cycle)
-    assert writer.write(b"paused") is False
+    assert writer.writable() is False and writer.write(b"paused") is False
     cycle.flow.write_paused = False
-    assert writer.write(b"ok") is True
+    assert writer.writable() is True and writer.write(b"ok") is True
     cycle.response_complete = True
-    assert writer.write(b"late") is False
+    assert writer.writable() is False and writer.write(b"late") is False
     cycle.response_complete, cycle.disconnected = False, True
-    assert writer.write(b"gone") is True
+    assert writer.writable() is True and writer.write(b"gone") is True
     assert out == [b"2\r\nok\r\n"]
     del cycle
-    assert writer.write(b"freed") is True  # the request is gone with its cycle
+    assert writer.writable() is True and writer.write(b"freed") is True  # the request is gone with its cycle

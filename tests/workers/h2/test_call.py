@@ -184,3 +184,62 @@ async def test_a_reader_asks_for_credit_only_past_the_connections_step_or_inside
     assert await call.read() == "x" and link.credits == [20]  # 12 bytes, nothing incomplete: below
     call.on_data(_msg(b"four")[:3], last=True)  # nothing queued for the reader: given at once
     assert link.credits == [20, 15]
+
+
+async def _waiting(call: H2Call) -> asyncio.Task[object]:
+    """A reader waiting in ``read()`` (its wait has begun when this returns)."""
+    reader = asyncio.ensure_future(call.read())
+    await asyncio.sleep(0)
+    assert not reader.done()
+    return reader
+
+
+async def test_a_pusher_takes_messages_as_they_arrive_and_the_reader_waits_on() -> None:
+    call, link = await _call()
+    call.on_headers(OK_HEADERS, end_stream=False)
+    taken: list[str] = []
+
+    def push() -> bool:  # takes everything but "stop"
+        while (message := call.peek()) is not None and message != "stop":
+            taken.append(call.take())
+        return call.peek() is None
+
+    call.pusher = push
+    reader = await _waiting(call)
+    call.on_data(_msg(b"one"), last=True)
+    call.on_data(_msg(b"two") + _msg(b"three"), last=True)
+    link.flush()
+    await asyncio.sleep(0)
+    assert taken == ["one", "two", "three"] and not reader.done()
+    call.on_data(_msg(b"four") + _msg(b"stop") + _msg(b"after"), last=True)
+    link.flush()
+    # The first message the pusher leaves wakes the reader, and it reads from there on.
+    assert await reader == "stop" and taken == ["one", "two", "three", "four"]
+    assert await call.read() == "after"
+    assert sum(link.credits) > 0  # taken messages give their window back as read ones do
+
+
+async def test_a_pusher_that_ends_the_call_wakes_the_reader_once() -> None:
+    call, _ = await _call()
+    call.on_headers(OK_HEADERS, end_stream=False)
+
+    def push() -> bool:
+        call.cancel()
+        return False
+
+    call.pusher = push
+    reader = await _waiting(call)
+    call.on_data(_msg(b"one"), last=True)
+    with pytest.raises(asyncio.CancelledError):
+        await reader
+    assert call.pusher is None  # an ended call holds no pusher (nor what it holds)
+
+
+async def test_the_end_of_the_call_wakes_the_reader_past_the_pusher() -> None:
+    call, _ = await _call()
+    call.on_headers(OK_HEADERS, end_stream=False)
+    pushed: list[int] = []
+    call.pusher = lambda: pushed.append(1) or False
+    reader = await _waiting(call)
+    call.on_headers(_trailers(0), end_stream=True)
+    assert await reader is END_OF_STREAM and pushed == []

@@ -105,6 +105,16 @@ class ChunkWriter:
         # this writer: weakly, so a finished request is freed without the cyclic collector.
         self._cycle = weakref.ref(cycle)
 
+    def writable(self) -> bool:
+        """``write`` would take a chunk now (a client that left: it would drop it)."""
+        cycle = self._cycle()
+        if cycle is None or cycle.disconnected:
+            return True
+        return not (
+            cycle.flow.write_paused or cycle.chunked_encoding is not True
+            or not cycle.response_started or cycle.response_complete
+        )
+
     def write(self, body: bytes) -> bool:
         """Send ``body`` as the next chunk now; False: use ``send`` instead. A client that
         left: True, the chunk dropped (as ``send`` drops it)."""

@@ -363,6 +363,8 @@ class _Request:
                         await body({"type": "http.response.body", "body": data, "more_body": True})
                         if writer is not None:
                             write = writer.write
+                            if events.direct is not None:  # the text path may write its tokens' events now
+                                events.direct.writer = writer
             except GatewayError as exc:
                 log.warning("request %s failed mid-stream: %s", ctx.request_id, exc.message)
                 shape = self.route.error_body

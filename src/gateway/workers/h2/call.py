@@ -18,6 +18,10 @@ What the gateway relies on (``workers/transport.GenerateCall``, as grpc.aio's
   ``asyncio.CancelledError`` (without cancelling the reader's task), and so does any
   later one;
 - cancelling the reading task cancels the call.
+
+A reader may also take messages as they arrive, without waking (``pusher``): while it
+waits in ``read()``, each delivery first calls ``pusher``, which takes what it can with
+``peek``/``take`` there and then; the reader wakes only for what it left (or the end).
 """
 
 from __future__ import annotations
@@ -71,7 +75,7 @@ class H2Call:
 
     __slots__ = (
         "_conn", "_credit", "_credit_step", "_inbox", "_initial", "_loop", "_max_message", "_parse_one", "_partial",
-        "_starting", "_status", "_waiter", "cancelled", "headers_seen", "parser", "pending", "send_offset",
+        "_starting", "_status", "_waiter", "cancelled", "headers_seen", "parser", "pending", "pusher", "send_offset",
         "send_payload", "send_window", "stream_id", "timer",
     )  # fmt: skip
 
@@ -98,6 +102,9 @@ class H2Call:
         self.send_payload = b""
         self.send_offset = 0
         self.send_window = 0
+        # Called on each delivery while the reader waits; True: it took every queued
+        # message, so the reader waits on. It must not raise.
+        self.pusher: Callable[[], bool] | None = None
 
     # ------------------------------------------------------------------ reader side
     def ready(self) -> bool:
@@ -115,6 +122,19 @@ class H2Call:
     def initial_metadata(self) -> tuple[tuple[str, str], ...]:
         """The worker's response headers (not pseudo-headers), for diagnostics."""
         return self._initial
+
+    def peek(self) -> Any:
+        """The next queued message without taking it; None when none is queued."""
+        inbox = self._inbox
+        return inbox[0] if inbox else None
+
+    def take(self) -> Any:
+        """Take the message ``peek`` showed, as ``read()`` would have returned it."""
+        inbox = self._inbox
+        message = inbox.popleft()
+        if not inbox and self._credit and (self._credit >= self._credit_step or self._partial):
+            self._give_credit()
+        return message
 
     async def read(self) -> Any:
         """The next message; ``END_OF_STREAM`` after the last; raises ``WorkerCallError``
@@ -341,6 +361,7 @@ class H2Call:
         if self._status is not None:
             return
         self._status = status
+        self.pusher = None  # it held the reader's side: no cycle outlives the call
         self._partial.clear()
         if self.timer is not None:
             self.timer.cancel()
@@ -356,7 +377,11 @@ class H2Call:
     def _wake(self) -> None:
         waiter = self._waiter
         if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+            pusher = self.pusher
+            if pusher is not None and self._status is None and pusher():
+                return  # the pusher took every message: nothing for the reader yet
+            if not waiter.done():  # (a pusher may end the call, which wakes the reader itself)
+                waiter.set_result(None)
 
     def _give_credit(self) -> None:
         """Give received bytes back as stream window once there are enough of them, or at
