@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 import pytest
 from google.protobuf import struct_pb2
 
@@ -11,8 +12,10 @@ from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.workers.sglang_http_wire import (
     AnswerError,
     StreamReader,
+    body_json,
     error_message,
     generate_body,
+    prompt_ids,
     sampling_params_json,
     whole_answer,
 )
@@ -51,12 +54,20 @@ def test_the_generate_body_carries_the_routed_ids_and_pd_and_rank() -> None:
         disaggregated_params=pb.DisaggregatedParams(bootstrap_host="10.0.0.1", bootstrap_port=8998, bootstrap_room=42),
     )
     body = generate_body(request)
-    assert body["rid"] == "abc" and body["input_ids"] == [1, 2, 3] and body["stream"] is True
+    assert body["rid"] == "abc" and body["input_ids"].tolist() == [1, 2, 3] and body["stream"] is True
     assert body["return_logprob"] is True and body["top_logprobs_num"] == 2
     assert body["data_parallel_rank"] == 0  # rank 0 is a pin, not "unset"
     assert (body["bootstrap_host"], body["bootstrap_port"], body["bootstrap_room"]) == ("10.0.0.1", 8998, 42)
     plain = generate_body(pb.GenerateRequest(request_id="x", sampling_params=pb.SamplingParams(n=1)))
     assert not {"data_parallel_rank", "bootstrap_host", "return_logprob"} & plain.keys()
+
+
+def test_the_body_writes_the_prompt_ids_as_a_json_list_of_every_uint32() -> None:
+    ids = [0, 1, 2**31, 2**32 - 1]
+    request = pb.GenerateRequest(request_id="r", tokenized=pb.TokenizedInput(input_ids=ids))
+    assert orjson.loads(body_json(generate_body(request)))["input_ids"] == ids
+    assert orjson.loads(body_json(generate_body(pb.GenerateRequest())))["input_ids"] == []
+    assert body_json({"input_ids": prompt_ids(request)}) == orjson.dumps({"input_ids": ids})  # byte for byte
 
 
 def test_cumulative_stream_becomes_chunks_of_new_tokens_then_a_complete() -> None:

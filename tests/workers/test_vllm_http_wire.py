@@ -30,7 +30,7 @@ def test_the_body_is_a_token_id_prompt_asking_for_token_ids() -> None:
                                           json_schema="{}", custom_params=custom),
     )
     body = completion_body(request, "served")
-    assert body["model"] == "served" and body["prompt"] == [1, 2, 3] and body["return_token_ids"] is True
+    assert body["model"] == "served" and body["prompt"].tolist() == [1, 2, 3] and body["return_token_ids"] is True
     assert body["max_tokens"] == 9 and body["stop_token_ids"] == [7] and body["seed"] == 5
     assert body["top_p"] == 1.0 and body["top_k"] == -1 and body["repetition_penalty"] == 1.0
     assert body["stream_options"] == {"include_usage": True}  # usage once, at the end: chunks stay short

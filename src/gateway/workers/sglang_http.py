@@ -36,6 +36,7 @@ from gateway.workers.reply_bound import CONTROL_REPLY_BYTES, ReplyTooLarge, json
 from gateway.workers.sglang_http_wire import (
     AnswerError,
     StreamReader,
+    body_json,
     error_message,
     generate_body,
     whole_answer,
@@ -86,7 +87,7 @@ class SglangDialect:
     path = "/generate"
 
     def body(self, request: pb.GenerateRequest) -> bytes:
-        return orjson.dumps(generate_body(request))
+        return body_json(generate_body(request))
 
     def reader(self, request_id: str) -> AnswerReader:
         return StreamReader(request_id)

@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import numpy as np
+import orjson
 from google.protobuf.json_format import MessageToDict
 
 from gateway.proto import sglang_scheduler_pb2 as pb
@@ -62,11 +64,23 @@ def sampling_params_json(sp: pb.SamplingParams) -> dict[str, Any]:
     return out
 
 
+def prompt_ids(request: pb.GenerateRequest) -> np.ndarray[Any, np.dtype[np.uint32]]:
+    """The prompt's ids as an array for ``orjson`` (``OPT_SERIALIZE_NUMPY``): copying the
+    repeated field into a list makes a Python int per id and costs several times what
+    writing the JSON does; the array is filled from it in C."""
+    return np.array(request.tokenized.input_ids, dtype=np.uint32)
+
+
+def body_json(body: dict[str, Any]) -> bytes:
+    """A request body with its prompt ids as an array (``prompt_ids``), as JSON."""
+    return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
 def generate_body(request: pb.GenerateRequest) -> dict[str, Any]:
-    """The JSON body of ``POST /generate`` for one tokenized request."""
+    """The JSON body of ``POST /generate`` for one tokenized request (``body_json`` writes it)."""
     body: dict[str, Any] = {
         "rid": request.request_id,
-        "input_ids": list(request.tokenized.input_ids),
+        "input_ids": prompt_ids(request),
         "sampling_params": sampling_params_json(request.sampling_params),
         "stream": request.stream,
     }
@@ -295,5 +309,6 @@ def error_message(answer: object) -> str | None:
 
 
 __all__ = [
-    "AnswerError", "StreamReader", "error_message", "generate_body", "sampling_params_json", "whole_answer",
+    "AnswerError", "StreamReader", "body_json", "error_message", "generate_body", "prompt_ids", "sampling_params_json",
+    "whole_answer",
 ]

@@ -19,13 +19,13 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.proto import common_pb2
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.workers.http_errors import http_status_error
 from gateway.workers.sglang_http import AnswerReader, Dialect, HttpGenerateCall, HttpWorkerClient
+from gateway.workers.sglang_http_wire import body_json
 from gateway.workers.transport import CallCode, WorkerCallError
 from gateway.workers.vllm_http_wire import CompletionStreamReader, completion_body, whole_completion
 
@@ -39,7 +39,7 @@ class VllmDialect:
         self.model = model
 
     def body(self, request: pb.GenerateRequest) -> bytes:
-        return orjson.dumps(completion_body(request, self.model))
+        return body_json(completion_body(request, self.model))
 
     def reader(self, request_id: str) -> AnswerReader:
         return CompletionStreamReader(request_id)

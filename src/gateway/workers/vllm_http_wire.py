@@ -22,15 +22,15 @@ from typing import Any
 from google.protobuf.json_format import MessageToDict
 
 from gateway.proto import sglang_scheduler_pb2 as pb
-from gateway.workers.sglang_http_wire import AnswerError
+from gateway.workers.sglang_http_wire import AnswerError, prompt_ids
 
 
 def completion_body(request: pb.GenerateRequest, model: str) -> dict[str, Any]:
-    """The JSON body of ``POST /v1/completions`` for one tokenized request."""
+    """The JSON body of ``POST /v1/completions`` for one tokenized request (``body_json`` writes it)."""
     sp = request.sampling_params
     body: dict[str, Any] = {
         "model": model,
-        "prompt": list(request.tokenized.input_ids),
+        "prompt": prompt_ids(request),
         "temperature": sp.temperature,
         "top_p": sp.top_p or 1.0,
         "top_k": sp.top_k or -1,
