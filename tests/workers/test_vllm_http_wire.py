@@ -107,3 +107,16 @@ def test_logprobs_named_by_token_id() -> None:
 def test_answers_without_usable_ids_are_refused(bad: Any) -> None:
     with pytest.raises(AnswerError):
         list(CompletionStreamReader("r").feed(bad))
+
+
+@pytest.mark.parametrize(
+    ("answer", "says"),
+    [
+        ([], "JSON object"), ({"choices": {}}, "choices must be"), ({"choices": [1]}, "choices must be"),
+        ({"choices": [{}]}, "no token_ids"), (chunk([1, "2"]), "token_ids must be"),  # type: ignore[list-item]
+        ({"choices": [{"token_ids": 3}]}, "token_ids must be"), (chunk([True]), "token_ids must be"),
+    ],
+)  # fmt: skip
+def test_a_chunk_of_another_shape_is_an_answer_error(answer: Any, says: str) -> None:
+    with pytest.raises(AnswerError, match=says):
+        list(CompletionStreamReader("r").feed(answer))

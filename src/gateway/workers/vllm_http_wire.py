@@ -99,8 +99,11 @@ def _choices(answer: object) -> list[dict[str, Any]]:
     if not isinstance(answer, dict):
         raise AnswerError("each answer must be a JSON object")
     choices = answer.get("choices")
-    if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
+    if type(choices) is not list:
         raise AnswerError("choices must be a list of objects")
+    for choice in choices:  # a loop, not all() over a generator: most chunks have one choice
+        if type(choice) is not dict:
+            raise AnswerError("choices must be a list of objects")
     return choices
 
 
@@ -108,8 +111,11 @@ def _ids(choice: dict[str, Any]) -> list[int]:
     ids = choice.get("token_ids")
     if ids is None:
         raise AnswerError("the answer has no token_ids: the vLLM server must support return_token_ids")
-    if type(ids) is not list or not all(type(t) is int for t in ids):
+    if type(ids) is not list:
         raise AnswerError("token_ids must be a list of token ids")
+    for token in ids:  # most chunks carry one id
+        if type(token) is not int:
+            raise AnswerError("token_ids must be a list of token ids")
     return ids
 
 
