@@ -4,6 +4,7 @@ tokenizer-fidelity guard switching a model to load-only routing, cache-parameter
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 
@@ -12,7 +13,7 @@ import pytest
 from gateway.pipeline.lease import Lease, Outcome
 from gateway.pipeline.offpath import run_pending
 from gateway.pipeline.router import slot_bounded
-from gateway.pipeline.worker_gate import WorkerGate
+from gateway.pipeline.worker_gate import CALLER, WorkerGate
 from gateway.policies.base import NoWorkerAvailable, RouteRequest, WorkerView
 from gateway.policies.cache_aware import CacheAwarePolicy
 from gateway.policies.common import TARGET_REASON
@@ -168,6 +169,36 @@ async def test_with_a_worker_gate_the_router_keeps_a_full_workers_prefix() -> No
     assert f.router.select(prompt).worker.id != first.worker.id  # the hard bound sends it away, cold
     f.router.gate = WorkerGate()  # the request waits for the holder's slot in the gateway instead
     assert f.router.select(prompt).worker.id == first.worker.id
+
+
+async def test_with_fair_spill_a_key_below_its_share_leaves_a_full_holder_for_a_free_slot() -> None:
+    f = await fleet(*(FakeTransport(f"grpc://{n}:1") for n in "abc"), policy="cache_aware")
+    for w in f.registry.all():
+        w.info = dataclasses.replace(w.info, max_running_requests=1)
+    prompt = RouteRequest(list(range(512)), model=MODEL)
+    first = f.router.select(prompt)
+    first.policy.on_dispatch(prompt, first.decision)
+    first.worker.load.acquire(64, 1)  # the prefix's worker has its one running slot taken
+    f.router.slot_headroom = 0
+    below = {"light"}
+    f.router.gate = WorkerGate(fair_spill=True, below_share=lambda tenant: tenant in below)
+
+    async def chosen_for(tenant: str) -> str:
+        async def pick() -> str:
+            CALLER.set((tenant, 0))  # admission sets it in the request's own task
+            return f.router.select(prompt).worker.id
+
+        return await asyncio.create_task(pick())
+
+    assert await chosen_for("heavy") == first.worker.id  # at its share: it waits for the holder's slot
+    assert await chosen_for("light") != first.worker.id  # below its share: a free running slot, cold
+    f.router.gate = WorkerGate(below_share=lambda tenant: tenant in below)
+    assert await chosen_for("light") == first.worker.id  # without fair_spill locality decides alone
+    for w in f.registry.all():
+        if w is not first.worker:
+            w.load.acquire(64, 1)
+    f.router.gate = WorkerGate(fair_spill=True, below_share=lambda tenant: tenant in below)
+    assert await chosen_for("light") == first.worker.id  # every worker full: locality again
 
 
 async def test_with_a_slot_headroom_the_router_avoids_a_full_worker() -> None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 
 from gateway.pipeline.offpath import later
 from gateway.pipeline.prefill_gate import PrefillHolds
-from gateway.pipeline.worker_gate import WorkerGate
+from gateway.pipeline.worker_gate import CALLER, WorkerGate
 from gateway.policies.base import Decision, NoWorkerAvailable, Policy, RouteRequest, WorkerView
 from gateway.policies.factory import close_policy
 from gateway.policies.miss_causes import DEFAULT_BLOCK_TOKENS, MissCauses, MissTicket
@@ -207,6 +207,8 @@ class Router:
                     raise NoWorkerAvailable(f"no available {role} worker for model {request.model!r}")
             if self.slot_headroom >= 0 and self.gate is None:
                 views = slot_bounded(views, self.slot_headroom)
+            elif self.gate is not None and role == "regular" and self.gate.spills(CALLER.get()[0]):
+                views = slot_bounded(views, 0)  # a key below its share: a free running slot before locality
         known = self._cache_params
         for w in live:  # the check's own call only when a worker's figures differ from what it last saw
             info = w.info

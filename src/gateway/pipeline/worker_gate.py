@@ -121,6 +121,7 @@ class WorkerGate:
         across_tenants: bool = False,
         prefill_budget: int = 0,
         share_first: bool = False,
+        fair_spill: bool = False,
         contended: Callable[[], bool] = lambda: True,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -136,12 +137,22 @@ class WorkerGate:
         self.reserve = max(0, reserve)
         self.prefill_budget = max(0, prefill_budget)
         self.share_first = share_first
+        self.fair_spill = fair_spill
         self._contended = contended
         self.paced = 0  # requests that had a free slot but waited for the prefill budget
         self._below_share = below_share
         self._queue_args = (dict(weights or {}), aging_s, low_values_first, across_tenants)
         self._clock = clock
         self._workers: dict[str, _Slots] = {}
+
+    def spills(self, tenant: str) -> bool:
+        """Whether ``tenant``'s next request should be offered only workers with a free
+        running slot (``fair_spill`` and the key below its share; the router applies it).
+        Why: the fair reserve keeps a few running slots per worker, but a light key's
+        requests follow its prefixes and can outnumber them on one worker; the next one
+        there waits for a heavy key's request to end (its whole decode), where a worker
+        with a free slot would prefill it at once, cold or not."""
+        return self.fair_spill and self._below_share(tenant)
 
     def _slots(self, worker_id: str) -> _Slots:
         slots = self._workers.get(worker_id)

@@ -231,6 +231,8 @@ def test_a_variant_becomes_our_settings() -> None:
     assert serve.fair_reserve == 1
     first = build_parser().parse_args(["serve", *launch.knob_flags(launch.parse_variant("x:gate_share_first=on")[1])])
     assert first.gate_share_first is True
+    spill = build_parser().parse_args(["serve", *launch.knob_flags(launch.parse_variant("x:fair_spill=on")[1])])
+    assert spill.fair_spill is True
     with pytest.raises(ValueError, match="not knob=value"):
         launch.ours_config([], "cache_aware:nope=1", "", "")
 
