@@ -8,6 +8,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,14 @@ def _fail(path: str) -> tuple[FastBpePlan | None, LengthBound | None]:
 def _hf(tok: Tokenizer, text: str) -> list[int]:
     ids: list[int] = tok.backend.encode(text, add_special_tokens=False).ids
     return ids
+
+
+@pytest.fixture(autouse=True)
+def _nothing_kept() -> Iterator[None]:
+    """Each test starts with no tokenizer kept parsed (``KEPT_PARSES``) and leaves none."""
+    encoder_build._KEPT.clear()
+    yield
+    encoder_build._KEPT.clear()
 
 
 @pytest.fixture
@@ -195,8 +204,61 @@ def test_a_failing_child_leaves_the_parse_to_this_process(
 
 def test_kept_facts_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(encoder_build, "plan_in_child", lambda path, make: make(path))  # no child: only the bound
+    monkeypatch.setattr(encoder_build, "KEPT_PARSES", 0)  # the same file parsed again each time
     json_file = small_byte_level_tokenizer(tmp_path / "small", "bounded") / "tokenizer.json"
     backends = [encoder_build.parse_in_child(json_file, _no_parts) for _ in range(encoder_build.PREPARED_MAX + 2)]
     assert len(encoder_build._PREPARED) == encoder_build.PREPARED_MAX
     assert encoder_build._take_prepared(backends[0]) is None and encoder_build._take_prepared(backends[-1]) is not None
     encoder_build._PREPARED.clear()
+
+
+def _counting_children(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The child's work done in this process, each file recorded."""
+    asked: list[str] = []
+
+    def here(path: str, make: object) -> object:
+        asked.append(path)
+        return make(path)  # type: ignore[operator]
+
+    monkeypatch.setattr(encoder_build, "plan_in_child", here)
+    return asked
+
+
+def test_the_same_files_again_share_the_backend_and_its_encoders(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model joining with files parsed before (another name, a worker back after its model
+    was removed) makes no native build: no child, no vocabulary, no tiktoken table."""
+    asked = _counting_children(monkeypatch)
+    first = Tokenizer.from_path(small_byte_level_tokenizer(tmp_path / "a", "same"), name="a", parse=encoder_build.parse_in_child)
+    build_encoder(first)
+    assert len(asked) == 1 and first.fast_bpe is not None
+    again = Tokenizer.from_path(small_byte_level_tokenizer(tmp_path / "b", "same"), name="b", parse=encoder_build.parse_in_child)
+    assert again.backend is first.backend and len(asked) == 1
+    built_tables: list[object] = []
+    monkeypatch.setattr(FastBpePlan, "build", lambda plan, backend: built_tables.append(plan))
+    build_encoder(again)
+    assert again.fast_bpe is first.fast_bpe and again.length_bound is first.length_bound
+    assert built_tables == [] and len(asked) == 1  # the same objects: nothing built again
+    for text in TEXTS:
+        assert again.encode(text, add_special_tokens=False) == _hf(again, text)
+
+
+def test_files_that_shape_the_backend_otherwise_get_their_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    asked = _counting_children(monkeypatch)
+    folder = small_byte_level_tokenizer(tmp_path / "a", "one")
+    first = encoder_build.parse_in_child(folder / "tokenizer.json")
+    (folder / "tokenizer_config.json").write_text('{"name_or_path": "one", "add_bos_token": false}')
+    second = encoder_build.parse_in_child(folder / "tokenizer.json")
+    (folder / "special_tokens_map.json").write_text("{}")
+    third = encoder_build.parse_in_child(folder / "tokenizer.json")
+    assert len({id(first), id(second), id(third)}) == 3 and len(asked) == 3
+    assert encoder_build.parse_in_child(folder / "tokenizer.json") is third and len(asked) == 3
+
+
+def test_kept_parses_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _counting_children(monkeypatch)
+    backends = [
+        encoder_build.parse_in_child(small_byte_level_tokenizer(tmp_path / str(i), str(i)) / "tokenizer.json")
+        for i in range(encoder_build.KEPT_PARSES + 1)
+    ]
+    assert len(encoder_build._KEPT) == encoder_build.KEPT_PARSES
+    assert backends[0] not in encoder_build._KEPT.values() and backends[-1] in encoder_build._KEPT.values()

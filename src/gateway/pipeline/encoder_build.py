@@ -23,6 +23,7 @@ those instead of starting another child.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import multiprocessing
 import threading
@@ -67,11 +68,55 @@ _PREPARED: dict[int, tuple[BackendTokenizer, Facts]] = {}  # backend id -> (back
 _PREPARED_LOCK = threading.Lock()
 
 
+KEPT_PARSES = 4
+"""Tokenizers kept parsed after their model may be gone, by the content of the files that
+shape the parsed backend: a model that joins again (a worker restarted, a second name for
+one tokenizer) takes the same backend, and with it its fast encoder and length bound
+(``Tokenizer``'s built encoders are kept per backend), without one native build."""
+_KEPT: dict[str, BackendTokenizer] = {}  # files' digest -> the backend parsed from them
+_SHAPING_FILES = ("tokenizer_config.json", "special_tokens_map.json")
+"""Beside ``tokenizer.json``, the files ``Tokenizer`` reads to adjust its backend (the
+BOS/EOS post-processor)."""
+
+
+def files_digest(json_file: Path) -> str:
+    """SHA-256 of ``json_file`` and the files beside it that shape the backend made from it
+    (each length-prefixed; a missing file counts as absent, not as empty)."""
+    digest = hashlib.sha256()
+    for file in (json_file, *(json_file.parent / name for name in _SHAPING_FILES)):
+        try:
+            data = file.read_bytes()
+        except FileNotFoundError:
+            digest.update(b"-")
+            continue
+        digest.update(b"+%d:" % len(data))
+        digest.update(data)
+    return digest.hexdigest()
+
+
 def parse_in_child(json_file: Path, make: Callable[[str], LoadFacts] = load_facts_at) -> BackendTokenizer:
-    """The HF tokenizer of ``json_file`` (``Tokenizer.from_path``'s ``parse``), rebuilt here
-    from the parts a child process cut the file into, the fast encoder's plan and the
-    length bound kept for ``build_encoder``. When the file cannot be cut so (not a BPE
-    model) or the child fails, the file is parsed here, holding the GIL as long as that takes."""
+    """The HF tokenizer of ``json_file`` (``Tokenizer.from_path``'s ``parse``): the one kept
+    for the same files, else rebuilt here from the parts a child process cut the file into,
+    the fast encoder's plan and the length bound kept for ``build_encoder``. When the file
+    cannot be cut so (not a BPE model) or the child fails, the file is parsed here, holding
+    the GIL as long as that takes."""
+    key = files_digest(json_file)
+    with _PREPARED_LOCK:
+        kept = _KEPT.get(key)
+    if kept is not None:
+        log.info("tokenizer %s: the same files were parsed before; their backend is shared", json_file)
+        return kept
+    backend = _parse_in_child(json_file, make)
+    with _PREPARED_LOCK:
+        if KEPT_PARSES > 0:
+            _KEPT.pop(key, None)
+            while len(_KEPT) >= KEPT_PARSES:
+                _KEPT.pop(next(iter(_KEPT)))
+            _KEPT[key] = backend
+    return backend
+
+
+def _parse_in_child(json_file: Path, make: Callable[[str], LoadFacts]) -> BackendTokenizer:
     try:
         with _CHILDREN:
             parts, plan, bound = plan_in_child(str(json_file), make)

@@ -6,8 +6,9 @@ template bombs (picked per request with ``chat_template_kwargs``), ``flood`` ans
 every Generate with 300,000 tokens, ``endless`` streams one token every millisecond for
 ever, ``oversize`` answers with one 32 MiB message; an honest worker of a fifth model
 joins the running gateway in the second row (``POST /workers``: the gateway loads its
-tokenizer and builds its fast encoder while serving). The gateway under test is
-``token-gateway serve`` in a child process; /health is polled every 20 ms by another
+tokenizer and builds its fast encoder while serving), then one of a sixth model with the
+files three of the first four serve (the gateway shares their parse). The gateway under test
+is ``token-gateway serve`` in a child process; /health is polled every 20 ms by another
 child process on its own kept-alive connection (TCP_NODELAY), so neither the workers'
 nor the client's work in this process slows what is measured. RSS is the gateway
 process's VmRSS (before, after each probe) and VmHWM (its peak) from /proc.
@@ -71,10 +72,16 @@ def template() -> str:
 
 def bomb_tokenizer(source: Path, dest: Path) -> Path:
     """A copy of the tokenizer folder ``source`` whose chat template is ``template()``."""
+    return tokenizer_copy(source, dest, chat_template=template())
+
+
+def tokenizer_copy(source: Path, dest: Path, **config_keys: str) -> Path:
+    """A copy of the tokenizer folder ``source`` with ``config_keys`` set in its
+    tokenizer_config.json (files no other model has: the gateway parses them anew)."""
     shutil.copytree(source, dest)
     config_path = dest / "tokenizer_config.json"
     config = json.loads(config_path.read_text())
-    config["chat_template"] = template()
+    config.update(config_keys)
     config_path.write_text(json.dumps(config))
     return dest
 
@@ -160,10 +167,14 @@ def quantile(values: list[float], q: float) -> float:
 class Prober:
     """Runs each probe against one gateway: its attack repeated while /health is polled."""
 
-    def __init__(self, http: Any, port: int, pid: int, only: str, seconds: float, late_url: str = "") -> None:
+    def __init__(
+        self, http: Any, port: int, pid: int, only: str, seconds: float, late_url: str = "", again_url: str = ""
+    ) -> None:
         self.http, self.port, self.pid, self.only, self.seconds = http, port, pid, only, seconds
         self.late_url = late_url  # an honest worker of another model, added while the probes run
+        self.again_url = again_url  # one more, whose tokenizer files another model has already
         self.joined: list[str] = []
+        self.answers: dict[str, str] = {}
         self.rows: list[dict[str, Any]] = []
 
     async def chat(self, model: str, **body: Any) -> Any:
@@ -216,13 +227,16 @@ async def probes(p: Prober) -> None:
 
     await p.measure("nothing hostile (baseline)", idle)
 
-    async def join() -> str:  # once: the rows' gateway keeps the model
-        if not p.joined:
-            p.joined.append(code(await http.post("/workers", json={"url": p.late_url})))
+    async def join(url: str) -> str:  # once: the rows' gateway keeps the model
+        if url not in p.joined:
+            p.joined.append(url)
+            p.answers[url] = code(await http.post("/workers", json={"url": url}))
         else:
             await asyncio.sleep(0.5)
-        return p.joined[0]
-    await p.measure("a worker of a new model joins (its tokenizer and fast encoder are built)", join)
+        return p.answers[url]
+    await p.measure("a worker of a new model joins (its tokenizer and fast encoder are built)", lambda: join(p.late_url))
+    await p.measure("a worker of a new model joins with tokenizer files another model has (shared)",
+                    lambda: join(p.again_url))  # fmt: skip
 
     async def forged() -> str:  # the model's first such message makes its plain tokenizer
         return code(await p.chat("bomb", max_tokens=4, messages=[
@@ -302,14 +316,19 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 await stack.enter_async_context(hostile_worker(plan, served_model_name=name, **sim))
                 for name, (plan, sim) in plans.items()
             ]
-            late = await stack.enter_async_context(hostile_worker(HostilePlan(), served_model_name="late"))
+            late_files = tokenizer_copy(Path(args.tokenizer_dir or default_tokenizer_dir()), Path(tmp) / "late-tokenizer",
+                                        name_or_path="late")  # fmt: skip
+            late = await stack.enter_async_context(
+                hostile_worker(HostilePlan(), served_model_name="late", tokenizer_path=str(late_files))
+            )
+            again = await stack.enter_async_context(hostile_worker(HostilePlan(), served_model_name="again"))
             flags = ["--tokenizer-cache-dir", str(Path(tmp) / "cache"), "--log-level", "error"]
             gw = await stack.enter_async_context(
                 launch.gateway("ours", urls, "", extra_args=flags, log_dir=args.log_dir or tmp, keep_log=bool(args.log_dir),
                                ready_timeout_s=args.ready_timeout_s)
             )  # fmt: skip
             http = await stack.enter_async_context(httpx.AsyncClient(base_url=gw.url, timeout=60, trust_env=False))
-            prober = Prober(http, int(gw.url.rsplit(":", 1)[1]), gw.pid, args.only, args.probe_seconds, late)
+            prober = Prober(http, int(gw.url.rsplit(":", 1)[1]), gw.pid, args.only, args.probe_seconds, late, again)
             await prober.chat("bomb")  # warm: the template compiled, the first request's costs paid
             await probes(prober)
     return prober.rows
