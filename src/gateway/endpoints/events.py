@@ -45,15 +45,13 @@ class TextPush:
     arrived together become ``event(texts)`` (the bytes the door would write for that list
     from ``deltas``), written there and then; ``kept`` (a reply being recorded) gets them too."""
 
-    __slots__ = ("event", "kept", "writer")
+    __slots__ = ("event", "kept", "ready", "writer")
 
     def __init__(self, writer: FrameWriter, event: Callable[[list[str]], bytes], kept: list[str] | None = None) -> None:
         self.writer = writer
         self.event = event
         self.kept = kept
-
-    def ready(self) -> bool:
-        return self.writer.writable()
+        self.ready: Callable[[], bool] = writer.writable  # asked once per delivery: no call of ours around it
 
     def write(self, texts: list[str]) -> None:
         if self.kept is not None:

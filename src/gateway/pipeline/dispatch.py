@@ -16,6 +16,7 @@ import asyncio
 import logging
 import math
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
@@ -89,7 +90,7 @@ class TokenStream(Protocol):
 class PushTarget(Protocol):
     """Who takes a stream's messages as they arrive (``WorkerStream.listen``)."""
 
-    def offer(self, msg: pb.GenerateResponse) -> bool: ...  # True: taken (else the reader gets it)
+    def offer(self, msg: pb.GenerateResponse) -> bool: ...  # True: taken (chunks only; else the reader gets it)
 
     def flush(self) -> None: ...  # the end of one delivery: hand on what was taken
 
@@ -210,34 +211,31 @@ class WorkerStream:
         call.pusher = self._push if target is not None and not self.closed else None
         return True
 
-    def _push(self) -> bool:
-        """The call's ``pusher``: hand the queued messages to the target while it takes them;
-        True when it took all. A failure of the target is the reader's (``read`` raises it)."""
-        call = self._call
+    def _push(self, inbox: deque[pb.GenerateResponse]) -> None:
+        """The call's ``pusher``: hand the queued messages to the target while it takes them.
+        A failure of the target is the reader's (``read`` raises it)."""
         target = self._target
         if target is None or self._stalled or self._push_error is not None:
-            return False
-        assert isinstance(call, H2Call)
+            return
+        lease = self.lease
         took = False
         try:
-            msg = call.peek()
-            while msg is not None and target.offer(msg):
-                call.take()
+            while inbox and target.offer(inbox[0]):
+                part = inbox.popleft().chunk
                 took = True
-                self._count(msg)
-                msg = call.peek()
+                cached, prompt = part.cached_tokens, part.prompt_tokens  # as ``_count``, for a chunk
+                if cached > lease.cached_tokens or prompt > lease.reported_prompt_tokens:
+                    lease.report(cached_tokens=cached, prompt_tokens=prompt)
             if took:
                 target.flush()
         except Exception as exc:  # the reader raises it, which ends the request
             self._push_error = exc
             self._target = None
-            call.cancel()  # wakes the reader (the message it failed on is dropped with the call)
-            return False
-        if not took:
-            return False
-        self.worker.progress.message(time.monotonic())
-        self._reading_since = self._loop.time()  # the wait for the next message starts now
-        return msg is None
+            self._call.cancel()  # wakes the reader (the message it failed on is dropped with the call)
+            return
+        if took:
+            self.worker.progress.message(time.monotonic())
+            self._reading_since = self._loop.time()  # the wait for the next message starts now
 
     def _check_stall(self) -> None:
         """The stall timer: cancel the call if the pending read has waited too long,

@@ -5,6 +5,7 @@ malformed messages failing the call only, and stream window given back as messag
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 
 import pytest
 
@@ -199,10 +200,9 @@ async def test_a_pusher_takes_messages_as_they_arrive_and_the_reader_waits_on() 
     call.on_headers(OK_HEADERS, end_stream=False)
     taken: list[str] = []
 
-    def push() -> bool:  # takes everything but "stop"
-        while (message := call.peek()) is not None and message != "stop":
-            taken.append(call.take())
-        return call.peek() is None
+    def push(inbox: deque[str]) -> None:  # takes everything up to "stop"
+        while inbox and inbox[0] != "stop":
+            taken.append(inbox.popleft())
 
     call.pusher = push
     reader = await _waiting(call)
@@ -223,9 +223,8 @@ async def test_a_pusher_that_ends_the_call_wakes_the_reader_once() -> None:
     call, _ = await _call()
     call.on_headers(OK_HEADERS, end_stream=False)
 
-    def push() -> bool:
+    def push(inbox: deque[str]) -> None:
         call.cancel()
-        return False
 
     call.pusher = push
     reader = await _waiting(call)
@@ -239,7 +238,7 @@ async def test_the_end_of_the_call_wakes_the_reader_past_the_pusher() -> None:
     call, _ = await _call()
     call.on_headers(OK_HEADERS, end_stream=False)
     pushed: list[int] = []
-    call.pusher = lambda: pushed.append(1) or False
+    call.pusher = lambda inbox: pushed.append(len(inbox))
     reader = await _waiting(call)
     call.on_headers(_trailers(0), end_stream=True)
     assert await reader is END_OF_STREAM and pushed == []

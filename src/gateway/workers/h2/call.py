@@ -20,8 +20,9 @@ What the gateway relies on (``workers/transport.GenerateCall``, as grpc.aio's
 - cancelling the reading task cancels the call.
 
 A reader may also take messages as they arrive, without waking (``pusher``): while it
-waits in ``read()``, each delivery first calls ``pusher``, which takes what it can with
-``peek``/``take`` there and then; the reader wakes only for what it left (or the end).
+waits in ``read()``, each delivery first calls ``pusher`` with the queue of messages,
+which takes what it can from its left there and then; the reader wakes only for what it
+left (or the end).
 """
 
 from __future__ import annotations
@@ -102,9 +103,9 @@ class H2Call:
         self.send_payload = b""
         self.send_offset = 0
         self.send_window = 0
-        # Called on each delivery while the reader waits; True: it took every queued
-        # message, so the reader waits on. It must not raise.
-        self.pusher: Callable[[], bool] | None = None
+        # Called with the queued messages on each delivery while the reader waits; it takes
+        # from the left what it will (the reader gets the rest). It must not raise.
+        self.pusher: Callable[[deque[Any]], None] | None = None
 
     # ------------------------------------------------------------------ reader side
     def ready(self) -> bool:
@@ -122,19 +123,6 @@ class H2Call:
     def initial_metadata(self) -> tuple[tuple[str, str], ...]:
         """The worker's response headers (not pseudo-headers), for diagnostics."""
         return self._initial
-
-    def peek(self) -> Any:
-        """The next queued message without taking it; None when none is queued."""
-        inbox = self._inbox
-        return inbox[0] if inbox else None
-
-    def take(self) -> Any:
-        """Take the message ``peek`` showed, as ``read()`` would have returned it."""
-        inbox = self._inbox
-        message = inbox.popleft()
-        if not inbox and self._credit and (self._credit >= self._credit_step or self._partial):
-            self._give_credit()
-        return message
 
     async def read(self) -> Any:
         """The next message; ``END_OF_STREAM`` after the last; raises ``WorkerCallError``
@@ -378,8 +366,13 @@ class H2Call:
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             pusher = self.pusher
-            if pusher is not None and self._status is None and pusher():
-                return  # the pusher took every message: nothing for the reader yet
+            if pusher is not None and self._status is None:
+                inbox = self._inbox
+                pusher(inbox)
+                if not inbox and self._status is None:  # it took them all: nothing for the reader yet
+                    if self._credit and (self._credit >= self._credit_step or self._partial):
+                        self._give_credit()  # as ``read()`` gives it when it empties the queue
+                    return
             if not waiter.done():  # (a pusher may end the call, which wakes the reader itself)
                 waiter.set_result(None)
 
