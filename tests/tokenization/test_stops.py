@@ -136,6 +136,21 @@ def test_plan_eos_and_ignore_eos(qwen: Tokenizer) -> None:
     assert kept.stop_strings == ("<|im_end|>",) and kept.stop_token_ids == (IM_END,)
 
 
+def test_stop_free_requests_share_one_plan_per_eos_set(qwen: Tokenizer) -> None:
+    """A request without stops gets the same plan every time (built once), the plan a
+    fresh build gives; another EOS set or ignore_eos gets its own."""
+    plan = StopPlan.build(qwen, stop=[], stop_token_ids=())
+    assert StopPlan.build(qwen) is plan and StopPlan.build(qwen, stop=None, skip_special_tokens=False) is plan
+    fresh = StopPlan._build(qwen, None, None, None, False, True, False)
+    assert plan == fresh and plan.token_stops == {IM_END: IM_END}
+    assert StopPlan.build(qwen, ignore_eos=True) is not plan and StopPlan.build(qwen, ignore_eos=True).token_stops == {}
+    assert StopPlan.build(qwen, stop_token_ids=[42]) is not plan
+    other = Tokenizer.from_path(qwen.path, name="Qwen/Qwen3-0.6B")
+    other.merge_eos_token_ids([7])
+    assert StopPlan.build(other).token_stops == {IM_END: IM_END, 7: 7}
+    assert StopPlan.build(qwen) is plan
+
+
 def ids_of(qwen: Tokenizer, text: str) -> list[int]:
     return qwen.encode(text, add_special_tokens=False)
 

@@ -92,7 +92,32 @@ class StopPlan:
     ) -> StopPlan:
         """``eos_token_ids`` defaults to the tokenizer's (merged with the worker's).
         With ``worker_matches_strings`` the worker gets the stop strings and the client's
-        stop ids as sent (SGLang's own frontends' form), no ids derived from strings."""
+        stop ids as sent (SGLang's own frontends' form), no ids derived from strings.
+
+        A request with no stop strings or ids (most) gets the one plan of its EOS ids: it
+        depends on nothing else, and plans are never changed once built (shared, their
+        mappings are read only)."""
+        if not stop and not stop_token_ids and eos_token_ids is None:
+            key = (cls, tokenizer.eos_token_ids, ignore_eos)
+            plan = _STOP_FREE.get(key)
+            if plan is None:
+                if len(_STOP_FREE) >= _STOP_FREE_MAX:
+                    _STOP_FREE.clear()
+                plan = _STOP_FREE[key] = cls._build(tokenizer, None, None, None, ignore_eos, skip_special_tokens, False)
+            return plan
+        return cls._build(tokenizer, stop, stop_token_ids, eos_token_ids, ignore_eos, skip_special_tokens, worker_matches_strings)
+
+    @classmethod
+    def _build(
+        cls,
+        tokenizer: Tokenizer,
+        stop: Sequence[str] | str | None,
+        stop_token_ids: Iterable[int] | None,
+        eos_token_ids: Iterable[int] | None,
+        ignore_eos: bool,
+        skip_special_tokens: bool,
+        worker_matches_strings: bool,
+    ) -> StopPlan:
         strings: list[str] = []
         for s in [stop] if isinstance(stop, str) else list(stop or []):
             if s and s not in strings:  # an empty stop string would match everywhere
@@ -124,6 +149,12 @@ class StopPlan:
             ignore_eos=ignore_eos,
             worker_stop_strings=tuple(strings) if worker_matches_strings else (),
         )
+
+
+# The plans of stop-free requests by (class, EOS ids, ignore_eos): a handful per process
+# (one per tokenizer and EOS set); cleared if ever that many.
+_STOP_FREE: dict[tuple[type[StopPlan], frozenset[int], bool], StopPlan] = {}
+_STOP_FREE_MAX = 64
 
 
 class StopMatcher:
