@@ -79,3 +79,20 @@ def test_thinking_switches_and_template_inputs(tokenizer: Tokenizer) -> None:
     assert template_kwargs(_req(reasoning_effort="low", chat_template_kwargs={"reasoning_effort": "high"})) == {"reasoning_effort": "high"}
 
 
+
+
+def test_plain_requests_share_one_choice_per_model_and_flags(tokenizer: Tokenizer) -> None:
+    """No tools, tool_choice, template kwargs or reasoning effort: the choice depends on the
+    model's parsers and two flags only, so it is made once; anything else is chosen afresh."""
+    entry = _entry(tokenizer)
+    plain = choose_parsers(entry, _req())
+    assert choose_parsers(_entry(tokenizer), _req(chat_template_kwargs={})) is plain
+    assert plain.reasoning_enabled and plain.think_end_id == tokenizer.token_id("</think>") and plain.tool_choice == "none"
+    assert choose_parsers(entry, _req(separate_reasoning=False)) is not plain
+    assert not choose_parsers(entry, _req(separate_reasoning=False)).reasoning_enabled
+    assert choose_parsers(entry, _req(parallel_tool_calls=False)).parallel_tool_calls is False
+    assert choose_parsers(_entry(tokenizer, reasoning=None), _req()).reasoning_enabled is False
+    assert choose_parsers(entry, _req(chat_template_kwargs={"enable_thinking": False})).reasoning_enabled is False
+    assert choose_parsers(entry, _req(reasoning_effort="low")) is not plain
+    other = Tokenizer.from_path(tokenizer.path)
+    assert choose_parsers(_entry(other), _req()) is not plain

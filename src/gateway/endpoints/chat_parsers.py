@@ -80,9 +80,35 @@ def template_kwargs(req: ChatCompletionRequest) -> dict[str, Any]:
     return kwargs
 
 
+# The choices of plain requests (no tools, tool_choice, chat_template_kwargs or
+# reasoning_effort) by what they depend on: (id of the tokenizer, reasoning parser, tool-call
+# parser, separate_reasoning, parallel_tool_calls) -> (that tokenizer, the choice). A few per
+# model; cleared if ever this many.
+_PLAIN: dict[tuple[int, str | None, str | None, bool, bool], tuple[object, ChatParsers]] = {}
+_PLAIN_MAX = 64
+
+
 def choose_parsers(entry: ModelEntry, req: ChatCompletionRequest) -> ChatParsers:
     """The model's parsers as this request needs them, with the decoding constraint
-    that required and named tool choices call for."""
+    that required and named tool choices call for.
+
+    A plain request's choice depends on the model and two flags only: it is made once
+    and shared (``ChatParsers`` is frozen; the parsers themselves are made per choice)."""
+    if req.tools or req.tool_choice is not None or req.chat_template_kwargs or req.reasoning_effort is not None:
+        return _choose(entry, req)
+    tokenizer = entry.tokenizer
+    key = (id(tokenizer), entry.reasoning_parser, entry.tool_call_parser, req.separate_reasoning, req.parallel_tool_calls)
+    hit = _PLAIN.get(key)
+    if hit is not None and hit[0] is tokenizer:
+        return hit[1]
+    parsers = _choose(entry, req)
+    if len(_PLAIN) >= _PLAIN_MAX:
+        _PLAIN.clear()
+    _PLAIN[key] = (tokenizer, parsers)
+    return parsers
+
+
+def _choose(entry: ModelEntry, req: ChatCompletionRequest) -> ChatParsers:
     kwargs = template_kwargs(req)
     enable_thinking = bool(kwargs.get("enable_thinking", kwargs.get("thinking", True)))
     reasoning_name = entry.reasoning_parser
