@@ -60,3 +60,23 @@ def test_the_gateway_memoizes_one_recorder_per_series() -> None:
     assert metrics.recorder(metrics.latency, "/v1/chat/completions") is first
     first.observe(0.2)
     assert 'token_gateway_request_duration_seconds_count{endpoint="/v1/chat/completions"} 1.0' in metrics.render().decode()
+
+
+def test_a_gauge_adder_moves_the_gauge_as_inc_and_dec_do() -> None:
+    from prometheus_client import CollectorRegistry, Gauge
+
+    from gateway.observability.metrics import gauge_adder
+
+    plain, fast = (Gauge("g", "g", registry=CollectorRegistry()) for _ in range(2))
+    add = gauge_adder(fast)
+    assert add != fast.inc  # the direct path
+    for amount in (1, 1, -1, 2.5, -3.5):
+        plain.inc(amount)
+        add(amount)
+    assert fast._value.get() == plain._value.get() == 0.0
+    add(1)
+    assert fast._value.get() == 1.0
+    odd = Gauge("h", "h", registry=CollectorRegistry())
+    odd._value = object()  # as another value class (multiprocess mode) would be
+    assert gauge_adder(odd) == odd.inc
+    assert GatewayMetrics().in_flight_add != GatewayMetrics().in_flight.inc

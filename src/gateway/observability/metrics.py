@@ -97,6 +97,7 @@ class GatewayMetrics(PipelineObserver):
         self.in_flight = Gauge(
             "token_gateway_http_requests_in_flight", "HTTP requests being handled now", registry=r,
         )
+        self.in_flight_add = gauge_adder(self.in_flight)  # +1 / -1 per HTTP request
         self.stage_seconds = Histogram(
             "token_gateway_stage_duration_seconds",
             "time spent in each pipeline stage (template, tokenize, select, first_token, relay)",
@@ -289,6 +290,23 @@ def fast_child(child: Any) -> Any:
     if not all(type(v) is MutexValue for v in parts):
         return child
     return FastChild(child)
+
+
+def gauge_adder(gauge: Gauge) -> Callable[[float], None]:
+    """``gauge.inc`` (a negative amount: ``dec``) as one call: with a plain ``MutexValue``
+    (not multiprocess mode) its value is added to under its own lock, as ``inc`` does,
+    without the two calls and checks ``inc`` repeats per update (twice per request for
+    the in-flight gauge)."""
+    value = getattr(gauge, "_value", None)
+    if type(value) is not MutexValue or getattr(gauge, "_is_most_recent", True) or gauge._labelnames:
+        return gauge.inc
+    lock = value._lock
+
+    def add(amount: float) -> None:
+        with lock:
+            value._value += amount
+
+    return add
 
 
 def observe_many(child: Histogram, values: list[float]) -> None:

@@ -82,7 +82,7 @@ class ObservabilityMiddleware:
                 f"{record.method} {record.path}", traceparent,
                 {"http.request.method": record.method, "url.path": record.path, "gateway.request_id": record.request_id},
             )
-        self.metrics.in_flight.inc()
+        self.metrics.in_flight_add(1)
         try:
             await self.app(scope, receive, send_wrapper)
         except BaseException:
@@ -90,7 +90,7 @@ class ObservabilityMiddleware:
                 record.status = 500
             raise
         finally:
-            self.metrics.in_flight.dec()
+            self.metrics.in_flight_add(-1)
             latency = time.perf_counter() - record.started
             route = scope.get("route")
             record.endpoint = getattr(route, "path", None) or UNMATCHED
