@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from gateway.policies.frozen import slots_builder
+
 
 class NoWorkerAvailable(Exception):
     """No worker in the pool can take the request (none registered, none available)."""
@@ -33,7 +35,7 @@ class LoadSnapshot:
     def aged(self, age_s: float) -> LoadSnapshot:
         """The same figures at ``age_s`` (a worker's view of them is rebuilt every few ms
         while requests come: one constructor call, not ``dataclasses.replace``)."""
-        return LoadSnapshot(
+        return build_load_snapshot(
             self.num_running_reqs, self.num_waiting_reqs, self.num_used_tokens, self.max_total_num_tokens,
             self.token_usage, self.num_waiting_uncached_tokens, self.cache_hit_rate, age_s,
         )
@@ -56,6 +58,12 @@ class WorkerView:
     page_size: int = 1  # the worker's KV page size in tokens
     max_running_requests: int = 0  # sequences the worker runs at once at most (0: unknown)
     bootstrap_port: int | None = None  # PD prefill workers only
+
+
+# Every field, in order, without the frozen constructor's per-field ``object.__setattr__``
+# (``policies.frozen``): made on every request for most workers of a pool.
+build_load_snapshot = slots_builder(LoadSnapshot)
+build_worker_view = slots_builder(WorkerView)
 
 
 @dataclass(frozen=True, slots=True)

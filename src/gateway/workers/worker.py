@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from google.protobuf.json_format import MessageToDict
 
-from gateway.policies.base import LoadSnapshot, WorkerView
+from gateway.policies.base import LoadSnapshot, WorkerView, build_worker_view
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.workers.breaker import BreakerState, CircuitBreaker
 from gateway.workers.load import WorkerLoad
@@ -295,20 +295,20 @@ class Worker:
         cached = getattr(self, "_view", None)  # (stand-ins for a worker in tests have none)
         if cached is not None and cached[0] == key:
             return cached[1]
-        view = WorkerView(
-            worker_id=self.id,
-            url=self.url,
-            role=self.role,
-            available=key[0],
-            in_flight=load.in_flight + remote.in_flight,
-            queued_prefill_tokens=load.queued_prefill_tokens,
-            remote_prefill_tokens=remote.queued_prefill_tokens,  # already the uncached part
-            running_decode_tokens=load.running_decode_tokens + remote.running_decode_tokens,
-            loads=key[7],
-            kv_capacity_tokens=info.kv_capacity_tokens,
-            page_size=info.page_size,
-            bootstrap_port=self.bootstrap_port,
-            max_running_requests=info.max_running_requests,
+        view = build_worker_view(  # every WorkerView field, in its order
+            self.id,  # worker_id
+            self.url,  # url
+            self.role,  # role
+            key[0],  # available
+            load.in_flight + remote.in_flight,  # in_flight
+            load.queued_prefill_tokens,  # queued_prefill_tokens
+            load.running_decode_tokens + remote.running_decode_tokens,  # running_decode_tokens
+            remote.queued_prefill_tokens,  # remote_prefill_tokens: already the uncached part
+            key[7],  # loads
+            info.kv_capacity_tokens,  # kv_capacity_tokens
+            info.page_size,  # page_size
+            info.max_running_requests,  # max_running_requests
+            self.bootstrap_port,  # bootstrap_port
         )
         self._view = (key, view)
         return view

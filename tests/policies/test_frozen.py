@@ -1,0 +1,44 @@
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from gateway.policies.base import LoadSnapshot, WorkerView, build_load_snapshot, build_worker_view
+from gateway.policies.frozen import slots_builder
+
+
+def test_a_builder_makes_what_the_constructor_makes_and_it_stays_frozen() -> None:
+    loads = LoadSnapshot(1, 2, 3, 4, 0.5, 6, 0.7, 0.1)
+    assert build_load_snapshot(1, 2, 3, 4, 0.5, 6, 0.7, 0.1) == loads
+    assert loads.aged(0.3) == dataclasses.replace(loads, age_s=0.3) and type(loads.aged(0.3)) is LoadSnapshot
+    values = ("w0", "grpc://w0", "prefill", False, 3, 100, 40, 7, loads, 4096, 16, 8, 9000)
+    view = build_worker_view(*values)
+    assert view == WorkerView(*values) and hash(view) == hash(WorkerView(*values))
+    assert repr(view) == repr(WorkerView(*values))
+    assert [getattr(view, f.name) for f in dataclasses.fields(WorkerView)] == list(values)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        view.in_flight = 4  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        build_worker_view(*values[:-1])  # every field, always: a new field fails loudly
+
+
+def test_only_frozen_slotted_dataclasses_without_post_init_get_a_builder() -> None:
+    @dataclasses.dataclass(slots=True)
+    class Mutable:
+        a: int
+
+    @dataclasses.dataclass(frozen=True)
+    class NoSlots:
+        a: int
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Checked:
+        a: int
+
+        def __post_init__(self) -> None:
+            assert self.a >= 0
+
+    for cls in (Mutable, NoSlots, Checked, int):
+        with pytest.raises(TypeError):
+            slots_builder(cls)
