@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -372,3 +373,37 @@ def test_sse_lines_refuse_a_line_past_the_bound_before_holding_more() -> None:
     with pytest.raises(ReplyTooLarge):
         lines.feed(b"data: 1234")  # a partial one, already longer
     assert SseLines(8).feed(b"data: 12\n") == [b"data: 12"]
+
+
+class _Pusher:
+    """A ``pusher`` that takes every chunk, as the relay's listener takes ordinary tokens."""
+
+    def __init__(self) -> None:
+        self.taken: list[list[int]] = []
+
+    def __call__(self, inbox: deque[pb.GenerateResponse]) -> None:
+        while inbox and inbox[0].HasField("chunk"):
+            self.taken.append(list(inbox.popleft().chunk.token_ids))
+
+
+async def test_a_pusher_takes_the_chunks_as_they_arrive_and_the_reader_wakes_for_the_rest(
+    peer: tuple[Peer, SglangHttpClient],
+) -> None:
+    p, client = peer
+    p.routes["/generate"] = p.sse([ans([7]), ans([7, 8]), ans([7, 8, 9], {"type": "length"})])
+    call = client.generate(request())
+    pusher = call.pusher = _Pusher()
+    last = await call.read()  # the first message the pusher left: the complete
+    assert isinstance(last, pb.GenerateResponse) and list(last.complete.output_ids) == [9]
+    assert pusher.taken == [[7], [8], [9]]
+    assert await call.read() is END_OF_STREAM and call.pusher is None  # the end is the reader's
+
+
+async def test_a_failure_after_pushed_chunks_still_reaches_the_reader(peer: tuple[Peer, SglangHttpClient]) -> None:
+    p, client = peer
+    p.routes["/generate"] = p.sse([ans([7]), {"error": {"message": "engine died"}}], done=False)
+    call = client.generate(request())
+    pusher = call.pusher = _Pusher()
+    with pytest.raises(WorkerCallError, match="engine died") as err:
+        await call.read()
+    assert err.value.code is CallCode.ABORTED and pusher.taken == [[7]] and call.pusher is None

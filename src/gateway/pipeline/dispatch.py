@@ -34,6 +34,7 @@ from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.settings import option
 from gateway.workers.h2.call import H2Call
 from gateway.workers.liveness import answers_probe
+from gateway.workers.sglang_http import HttpGenerateCall
 from gateway.workers.transport import END_OF_STREAM, EndOfStream, GenerateCall, WorkerCallError
 from gateway.workers.watchdog import stalled
 from gateway.workers.worker import Worker
@@ -85,6 +86,10 @@ class TokenStream(Protocol):
     def output(self, output_ids: Sequence[int]) -> None: ...  # the one sample's output, to the policy
 
     async def aclose(self) -> None: ...
+
+
+# The calls that hand each delivery to a listener (``pusher``) while their reader waits.
+_PUSHING = (H2Call, HttpGenerateCall)
 
 
 class PushTarget(Protocol):
@@ -200,12 +205,13 @@ class WorkerStream:
 
     def listen(self, target: PushTarget | None) -> bool:
         """While ``read`` waits, let ``target`` take each message as it arrives, in the
-        connection's read callback (no wake-up of the reader per message); the reader
+        connection's read callback (an HTTP worker's call: its reading task; no wake-up of
+        the reader per message); the reader
         wakes for the first message ``target`` does not take, the end, an error or a stall.
         Each delivery it takes from counts as the reader's (progress stamp, stall clock,
         lease counts). None stops it. False: this stream's call cannot (read only)."""
         call = self._call
-        if not isinstance(call, H2Call):
+        if not isinstance(call, _PUSHING):
             return False
         self._target = target
         call.pusher = self._push if target is not None and not self.closed else None

@@ -19,7 +19,7 @@ import asyncio
 import ssl
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any, Protocol, TypeVar
 
 import aiohttp
@@ -187,9 +187,15 @@ def http_ssl_context(tls: TlsOptions | None) -> ssl.SSLContext:
 class HttpGenerateCall:
     """One ``/generate`` call read through the seam's terms. A background task reads the
     HTTP answer into a queue, so ``cancel()`` can end both a pending ``read()``
-    (``CancelledError``) and the HTTP request (closing it makes SGLang abort it)."""
+    (``CancelledError``) and the HTTP request (closing it makes SGLang abort it).
 
-    __slots__ = ("_cancelled", "_draining", "_finished", "_items", "_task", "_waiter")
+    A reader may also take messages as they arrive, without waking (``pusher``, as on the
+    gateway's own HTTP/2 calls): while it waits in ``read()``, each read of the answer
+    first calls ``pusher`` with the queue, which takes what it can from its front there and
+    then; the reader wakes only for what it left, the end or a failure (queued after the
+    pusher is dropped, so a pusher only ever sees messages)."""
+
+    __slots__ = ("_cancelled", "_draining", "_finished", "_items", "_task", "_waiter", "pusher")
 
     def __init__(
         self, http: aiohttp.ClientSession, dialect: Dialect, request: pb.GenerateRequest,
@@ -200,19 +206,33 @@ class HttpGenerateCall:
         self._cancelled = False
         self._draining = False  # every sample finished: only the stream's end is left to read
         self._finished = 0  # completes read so far
+        # Called with the queue on each read of the answer while the reader waits; it
+        # takes messages from the front. It must not raise.
+        self.pusher: Callable[[deque[pb.GenerateResponse]], None] | None = None
         self._task = asyncio.get_running_loop().create_task(
             self._pump(http, dialect, request, headers, timeout)
         )
 
-    def _push(self, item: _Item) -> None:
+    def _end(self, item: EndOfStream | WorkerCallError) -> None:
+        """Queue the call's last item and wake the reader for it (no pusher from now on:
+        it held the reader's side, and the end is the reader's to take)."""
+        self.pusher = None
         self._items.append(item)
         self._wake()
 
     def _wake(self) -> None:
-        """Wake a pending ``read()`` once for everything queued since it began to wait."""
+        """Wake a pending ``read()`` once for everything queued since it began to wait,
+        unless the ``pusher`` takes all of it."""
         waiter = self._waiter
         if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+            pusher = self.pusher
+            if pusher is not None:
+                items = self._items
+                pusher(items)  # type: ignore[arg-type]  # only messages are queued while it is set
+                if not items:
+                    return  # it took them all: nothing for the reader yet
+            if not waiter.done():  # (a pusher may cancel the call, which wakes the reader itself)
+                waiter.set_result(None)
 
     def ready(self) -> bool:
         """``read()`` would return (or raise) without waiting: the pipeline takes the
@@ -228,9 +248,9 @@ class HttpGenerateCall:
                 await self._exchange(http, dialect, request, headers, deadline)
         except (WorkerCallError, aiohttp.ClientError, TimeoutError, AnswerError, orjson.JSONDecodeError) as exc:
             # Once every sample was answered, a bad ending of the stream loses nothing.
-            self._push(END_OF_STREAM if self._draining else _call_error(exc, timeout))
+            self._end(END_OF_STREAM if self._draining else _call_error(exc, timeout))
         else:
-            self._push(END_OF_STREAM)
+            self._end(END_OF_STREAM)
 
     async def _exchange(
         self, http: aiohttp.ClientSession, dialect: Dialect, request: pb.GenerateRequest,
@@ -242,8 +262,7 @@ class HttpGenerateCall:
                 raise http_status_error(response.status, await read_head(response))
             bound = json_reply_bytes(request)
             if not request.stream:
-                for message in dialect.whole(rid, orjson.loads(await read_bounded(response, bound))):
-                    self._push(message)
+                self._take(iter(dialect.whole(rid, orjson.loads(await read_bounded(response, bound)))))
                 return
             reader = dialect.reader(rid)
             samples = max(1, request.sampling_params.n)
@@ -322,6 +341,7 @@ class HttpGenerateCall:
         if self._cancelled:
             return False
         self._cancelled = True
+        self.pusher = None
         cancelled = True if self._draining else self._task.cancel()
         waiter = self._waiter
         if waiter is not None and not waiter.done():

@@ -288,3 +288,40 @@ async def test_a_worker_stalling_mid_stream_is_left_and_the_stream_resumes(tmp_p
             assert usage is not None and usage.completion_tokens == 20
         assert time.monotonic() - started < 15  # left after the stall timeout, not after the stall
         await eventually(lambda: idle(stack))
+
+
+@pytest.mark.parametrize("api", ["sglang", "vllm"])
+async def test_a_paced_streams_tokens_go_to_the_client_from_the_worker_answer(
+    tmp_path: Any, api: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On HTTP workers too, the plain text path's tokens after the first event are written
+    as the worker's answer brings them (``Generation.push_to``), and the client reads what
+    it reads without: the whole answer's text, one finish, the usage."""
+    from gateway.pipeline.generation import Generation
+
+    pushed: list[list[str]] = []
+    flush = Generation.flush
+
+    def spy(self: Generation) -> None:
+        pushed.append(list(self._taken or []))
+        flush(self)
+
+    monkeypatch.setattr(Generation, "flush", spy)
+    async with http_stack(tmp_path, workers=1, api=api, sim={"step_base_s": 0.002, "time_scale": 1.0}) as stack:
+        messages = [{"role": "user", "content": "Tell me something."}]
+        whole = await stack.client.chat.completions.create(model=stack.model, messages=messages, max_tokens=24, seed=5)
+        stream = await stack.client.chat.completions.create(
+            model=stack.model, messages=messages, max_tokens=24, seed=5, stream=True,
+            stream_options={"include_usage": True},
+        )
+        texts, finishes, usage = [], [], None
+        async for chunk in stream:
+            for choice in chunk.choices:
+                texts.append(choice.delta.content or "")
+                if choice.finish_reason:
+                    finishes.append(choice.finish_reason)
+            usage = chunk.usage or usage
+        assert "".join(texts) == whole.choices[0].message.content and finishes == [whole.choices[0].finish_reason]
+        assert usage is not None and whole.usage is not None and usage.completion_tokens == whole.usage.completion_tokens
+        assert pushed and "".join("".join(p) for p in pushed) in "".join(texts)
+        assert idle(stack)
