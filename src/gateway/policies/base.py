@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from gateway.policies.frozen import slots_builder
+from gateway.protocol.frozen import slots_builder
 
 
 class NoWorkerAvailable(Exception):
@@ -61,7 +61,7 @@ class WorkerView:
 
 
 # Every field, in order, without the frozen constructor's per-field ``object.__setattr__``
-# (``policies.frozen``): made on every request for most workers of a pool.
+# (``protocol.frozen``): made on every request for most workers of a pool.
 build_load_snapshot = slots_builder(LoadSnapshot)
 build_worker_view = slots_builder(WorkerView)
 

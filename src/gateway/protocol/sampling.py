@@ -29,6 +29,7 @@ from gateway.protocol.chat import ChatCompletionRequest
 from gateway.protocol.common import SamplingRequest, stop_list
 from gateway.protocol.completions import CompletionRequest
 from gateway.protocol.errors import InvalidRequestError
+from gateway.protocol.frozen import slots_builder
 from gateway.protocol.generate import GenerateRequest
 
 ConstraintKind = Literal["regex", "json_schema", "ebnf"]
@@ -109,6 +110,11 @@ class SamplingOptions:
         return dataclasses.replace(self, constraint=Constraint(kind, value))  # type: ignore[arg-type]
 
 
+# The options through their slots, not the frozen constructor (``protocol.frozen``).
+_build_options = slots_builder(SamplingOptions)
+_FIELDS = SamplingOptions.__slots__
+
+
 def _constraint(candidates: list[tuple[str, ConstraintKind, str | None]]) -> Constraint | None:
     """The single constraint among ``(param, kind, value)`` candidates, or a 400 if several."""
     given = [(param, kind, value) for param, kind, value in candidates if value is not None]
@@ -175,14 +181,14 @@ def sampling_from_chat(req: ChatCompletionRequest, model_defaults: Mapping[str, 
         if filled:
             common.update(filled)
             unset = unset.difference(filled)  # filled now: nothing left for the pipeline to fill
-    return SamplingOptions(
-        **common,  # type: ignore[arg-type]
-        max_new_tokens=req.max_new_tokens,
-        unset=unset,
-        logprobs=req.logprobs,
-        top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0,
-        constraint=constraint,
-    )
+    common["max_new_tokens"] = req.max_new_tokens
+    common["unset"] = unset
+    common["logprobs"] = req.logprobs
+    common["top_logprobs"] = (req.top_logprobs or 0) if req.logprobs else 0
+    common["logprob_start_len"] = -1
+    common["constraint"] = constraint
+    # Every field named (the builder takes them all, in order): one per chat request.
+    return _build_options(*map(common.__getitem__, _FIELDS))
 
 
 def sampling_from_completion(req: CompletionRequest) -> SamplingOptions:

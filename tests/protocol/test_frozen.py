@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from gateway.policies.base import LoadSnapshot, WorkerView, build_load_snapshot, build_worker_view
-from gateway.policies.frozen import slots_builder
+from gateway.protocol.frozen import slots_builder
 
 
 def test_a_builder_makes_what_the_constructor_makes_and_it_stays_frozen() -> None:
@@ -42,3 +42,23 @@ def test_only_frozen_slotted_dataclasses_without_post_init_get_a_builder() -> No
     for cls in (Mutable, NoSlots, Checked, int):
         with pytest.raises(TypeError):
             slots_builder(cls)
+
+
+def test_chat_sampling_options_equal_the_constructor_s() -> None:
+    from gateway.protocol.chat import ChatCompletionRequest
+    from gateway.protocol.sampling import Constraint, SamplingOptions, sampling_from_chat
+
+    req = ChatCompletionRequest.model_validate({
+        "messages": [{"role": "user", "content": "x"}], "max_tokens": 9, "temperature": 0.5, "top_k": 0,
+        "stop": ["a", "b"], "stop_token_ids": [3], "seed": 4, "logprobs": True, "top_logprobs": 2, "n": 2,
+        "logit_bias": {"5": 1.5}, "regex": "[ab]+", "ignore_eos": True,
+    })
+    got = sampling_from_chat(req, {"top_p": 0.8, "top_k": 20})
+    want = SamplingOptions(
+        temperature=0.5, top_p=0.8, top_k=-1, max_new_tokens=9, stop=("a", "b"), stop_token_ids=(3,), ignore_eos=True,
+        n=2, seed=4, logprobs=True, top_logprobs=2, constraint=Constraint("regex", "[ab]+"), logit_bias={"5": 1.5},
+        unset=frozenset({"min_p", "repetition_penalty"}),
+    )
+    assert got == want and type(got) is SamplingOptions
+    plain = sampling_from_chat(ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "x"}]}))
+    assert plain == SamplingOptions(unset=frozenset({"temperature", "top_p", "top_k", "min_p", "repetition_penalty"}))
