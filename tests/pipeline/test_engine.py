@@ -373,3 +373,24 @@ async def test_stop_strings_a_worker_matches_itself_need_no_stream() -> None:
     assert not own.stream and list(own.sampling_params.stop) == ["\n\n", "zz"]
     gateway_only = await sent(FakeTransport("grpc://10.0.0.1:1"))
     assert gateway_only.stream and not gateway_only.sampling_params.HasField("stream_interval")
+
+
+async def test_a_long_id_list_is_decoded_off_the_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client's ``/v1/detokenize`` may send millions of ids (seconds of decoding): past
+    ``offload_chars`` ids the decode runs in the pool, as a long prompt's encode does."""
+    engine, entry = _engine(tmp_path)
+    decoded_on: list[int] = []
+    real = Tokenizer.decode
+
+    def spy(self: Tokenizer, ids: list[int], skip_special_tokens: bool = True) -> str:
+        decoded_on.append(threading.get_ident())
+        return real(self, ids, skip_special_tokens)
+
+    monkeypatch.setattr(Tokenizer, "decode", spy)
+    text = "hello world, " * 2000
+    ids = entry.tokenizer.backend.encode(text, add_special_tokens=False).ids
+    assert len(ids) > engine.config.offload_chars
+    assert await engine.decode(entry, ids[:3], skip_special_tokens=False) == "hello world,"
+    assert decoded_on == [threading.get_ident()]  # short: inline
+    assert await engine.decode(entry, ids, skip_special_tokens=False) == text
+    assert decoded_on[1] != threading.get_ident()

@@ -81,6 +81,44 @@ def test_short_and_long_texts_get_the_same_ids_on_either_encode_path(
         monkeypatch.undo()
 
 
+class _Recording:
+    """A backend that records the name of every method called on it."""
+
+    def __init__(self, backend: BackendTokenizer) -> None:
+        self._backend, self.calls = backend, []  # type: list[str]
+
+    def __getattr__(self, name: str) -> Any:
+        self.calls.append(name)
+        return getattr(self._backend, name)
+
+
+def test_long_id_lists_are_decoded_with_the_gil_released_and_the_same_text(
+    qwen: Tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``decode`` holds the GIL throughout (0.4 s for a million ids); a list past
+    ``HOLD_GIL_IDS`` goes through ``decode_batch``, which releases it: the same text,
+    special tokens kept or skipped, ids that split a character included."""
+    import random
+
+    from gateway.tokenization import tokenizer as tokenizer_module
+
+    rng = random.Random(7)
+    specials = sorted(qwen.special_token_ids)
+    ids = [rng.choice(specials) if rng.random() < 0.02 else rng.randrange(151_643) for _ in range(3 * tokenizer_module.HOLD_GIL_IDS)]
+    ids += qwen.encode("日本語 😀", add_special_tokens=False)[:-1]  # ends inside a character
+    recording = _Recording(qwen.backend)
+    monkeypatch.setattr(qwen, "backend", recording)
+    for skip in (True, False):
+        recording.calls.clear()
+        text = qwen.decode(ids, skip_special_tokens=skip)
+        assert recording.calls == ["decode_batch"]
+        assert text == recording._backend.decode(ids, skip_special_tokens=skip)
+        recording.calls.clear()
+        short = ids[: tokenizer_module.HOLD_GIL_IDS]
+        assert qwen.decode(short, skip_special_tokens=skip) == recording._backend.decode(short, skip_special_tokens=skip)
+        assert recording.calls == ["decode"]
+
+
 def test_facts_match_transformers(qwen: Tokenizer, hf_qwen: Any) -> None:
     assert qwen.vocab_size == len(hf_qwen) == 151669
     assert qwen.eos_token_ids == {hf_qwen.eos_token_id} == {IM_END}

@@ -175,10 +175,11 @@ async def tokenize(engine: Engine, req: TokenizeRequest) -> dict[str, Any]:
     return TokenizeResponse(tokens=ids, count=len(ids), max_model_len=entry.max_context_length or None).to_dict()
 
 
-def detokenize(engine: Engine, req: DetokenizeRequest) -> dict[str, Any]:
+async def detokenize(engine: Engine, req: DetokenizeRequest) -> dict[str, Any]:
     entry = engine.catalog.get(req.model)
     engine.observer.model_resolved(entry.name)
     vocab = entry.tokenizer.vocab_size
-    if any(t >= vocab for t in req.tokens):
+    if max(req.tokens, default=-1) >= vocab:
         raise InvalidRequestError(f"tokens must be below the vocabulary size {vocab}", param="tokens")
-    return DetokenizeResponse(text=entry.tokenizer.decode(req.tokens, skip_special_tokens=False)).to_dict()
+    text = await engine.decode(entry, req.tokens, skip_special_tokens=False)
+    return DetokenizeResponse(text=text).to_dict()

@@ -237,6 +237,12 @@ class Engine:
         self._observe("tokenize", time.perf_counter() - started)
         return ids
 
+    async def decode(self, entry: ModelEntry, ids: list[int], *, skip_special_tokens: bool) -> str:
+        """``ids`` as text; a list longer than ``offload_chars`` ids is decoded in the pool (a
+        client's ``/v1/detokenize`` may send millions: seconds of decoding)."""
+        text: str = await self._offload(len(ids), entry.tokenizer.decode, ids, skip_special_tokens)
+        return text
+
     async def encode_prompt(self, entry: ModelEntry, text: str) -> list[int]:
         """A plain-text prompt with the tokenizer's special tokens; repeated prefixes (a
         shared system prompt) come from the prompt cache instead of being re-encoded."""

@@ -138,6 +138,9 @@ def _chat_template_sources(folder: Path | None, config: Mapping[str, Any]) -> di
 # event loop then waits for it, far longer than the encode itself under load. Longer texts go through ``encode_batch_fast``, which
 # releases the GIL and skips offsets.
 HOLD_GIL_CHARS = 2048
+# An id list up to this long is decoded holding the GIL (``decode``), for the same reason; a
+# longer one through ``decode_batch``, which releases it.
+HOLD_GIL_IDS = 2048
 
 
 class Tokenizer:
@@ -310,8 +313,13 @@ class Tokenizer:
         return [e.ids for e in encodings]
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-        """Text of ``ids``; no ``clean_up_tokenization_spaces`` (it would break streaming)."""
-        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        """Text of ``ids``; no ``clean_up_tokenization_spaces`` (it would break streaming).
+        A long list goes through ``decode_batch``, which releases the GIL while it decodes
+        (``decode`` holds it throughout: about 0.4 ms of one core per thousand ids)."""
+        if len(ids) <= HOLD_GIL_IDS:
+            return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        text: str = self.backend.decode_batch([list(ids)], skip_special_tokens=skip_special_tokens)[0]
+        return text
 
     def id_to_piece(self, token_id: int) -> str | None:
         """The vocabulary piece of one id (e.g. ``"Ġhello"``), or None if unknown."""

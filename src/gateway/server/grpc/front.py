@@ -167,7 +167,7 @@ class TokenGatewayService(ResponsesRpcs, ConversationsRpcs, gpb_grpc.TokenGatewa
     async def Detokenize(self, request: gpb.DetokenizeRequest, context: aio.ServicerContext) -> gpb.DetokenizeResponse:
         async def run(ctx: RequestContext) -> gpb.DetokenizeResponse:
             req = parse_model(DetokenizeRequest, convert.detokenize_request(request))
-            return gpb.DetokenizeResponse(text=native_route.detokenize(self.engine, req)["text"])
+            return gpb.DetokenizeResponse(text=(await native_route.detokenize(self.engine, req))["text"])
 
         return await self._unary(context, "Detokenize", run)
 

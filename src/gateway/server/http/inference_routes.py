@@ -44,7 +44,7 @@ def inference_routes(state: GatewayState) -> tuple[InferenceRoute, ...]:
         return await native_route.tokenize(engine, req)
 
     async def detokenize(req: DetokenizeRequest, ctx: RequestContext) -> dict[str, Any]:
-        return native_route.detokenize(engine, req)
+        return await native_route.detokenize(engine, req)
 
     async def inspect(req: InspectRequest, ctx: RequestContext) -> dict[str, Any]:
         return (await inspector.inspect(req)).to_dict()

@@ -58,6 +58,9 @@ OVERSIZE = 32 << 20
 # messages as JSON and drops it (the work budget stops it).
 SLOW = "{% for i in range(3000) %}{% if (messages|tojson|length) < 0 %}x{% endif %}{% endfor %}"
 
+DETOKENIZED = 1_000_000
+"""Ids in the ``/v1/detokenize`` probe's request (about 7 MB of JSON)."""
+
 HEADER = ("probe", "answer", "answer time (median)", "/health p50", "/health p99", "/health max", "RSS after", "RSS growth")
 
 
@@ -289,6 +292,12 @@ async def probes(p: Prober) -> None:
     async def oversized() -> str:
         return code(await http.post("/v1/completions", json={"model": "oversize", "prompt": "hi", "max_tokens": 40}))
     await p.measure("worker answers with one 32 MiB message, max_tokens 40", oversized, times=5)
+
+    many = json.dumps({"model": "flood", "tokens": [i % 150_000 for i in range(DETOKENIZED)]}).encode()
+
+    async def detokenize_many() -> str:
+        return code(await http.post("/v1/detokenize", content=many, headers={"content-type": "application/json"}))
+    await p.measure(f"a client detokenizes {DETOKENIZED:,} ids", detokenize_many, times=2)
 
     async def amplified() -> str:
         return code(await p.chat("bomb", n=128, max_tokens=200, logprobs=True, top_logprobs=20))
