@@ -111,8 +111,11 @@ class AnswerError(ValueError):
 
 
 def _ints(value: object, what: str) -> list[int]:
-    if not isinstance(value, list) or not all(isinstance(v, int) for v in value):
+    if not isinstance(value, list):
         raise AnswerError(f"{what} must be a list of token ids")
+    for v in value:  # a loop, not all() over a generator: a streamed event's new ids are one or two
+        if not isinstance(v, int):
+            raise AnswerError(f"{what} must be a list of token ids")
     return value
 
 
