@@ -284,11 +284,15 @@ class Worker:
         load, remote, info, breaker = self.load, self.remote_load, self.info, self.breaker
         # ``available`` and ``loads_view()`` inlined for their common answers (a closed
         # breaker, no polled loads): three calls per worker per request fewer.
+        loads = None if self.polled is None else self.loads_view()
         key = (
             self.healthy and not self.draining and (breaker.state is BreakerState.CLOSED or breaker.allows()),
             load.in_flight, load.queued_prefill_tokens, load.running_decode_tokens,
             remote.in_flight, remote.queued_prefill_tokens, remote.running_decode_tokens,
-            None if self.polled is None else self.loads_view(),
+            # The snapshot by identity: a fresh one is a newer age (unequal), and comparing it
+            # would only run its dataclass __eq__ to say so. The cached view holds the one it
+            # was built with, so its id is not reused while it is compared against.
+            id(loads),
             info.kv_capacity_tokens, info.page_size, info.max_running_requests, self.bootstrap_port,
             self.id, self.url, self.role,
         )
@@ -304,7 +308,7 @@ class Worker:
             load.queued_prefill_tokens,  # queued_prefill_tokens
             load.running_decode_tokens + remote.running_decode_tokens,  # running_decode_tokens
             remote.queued_prefill_tokens,  # remote_prefill_tokens: already the uncached part
-            key[7],  # loads
+            loads,  # loads
             info.kv_capacity_tokens,  # kv_capacity_tokens
             info.page_size,  # page_size
             info.max_running_requests,  # max_running_requests
