@@ -62,3 +62,17 @@ def test_chat_sampling_options_equal_the_constructor_s() -> None:
     assert got == want and type(got) is SamplingOptions
     plain = sampling_from_chat(ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "x"}]}))
     assert plain == SamplingOptions(unset=frozenset({"temperature", "top_p", "top_k", "min_p", "repetition_penalty"}))
+
+
+def test_the_route_decision_and_selection_builders_match_their_constructors() -> None:
+    from gateway.pipeline.router import Selection, _build_selection
+    from gateway.policies.base import Decision, RouteRequest, build_decision, build_route_request
+
+    route = RouteRequest([1, 2, 3], "m", "regular", "r1", "key", None, 8, frozenset())
+    assert build_route_request([1, 2, 3], "m", "regular", "r1", "key", None, 8, frozenset()) == route
+    assert RouteRequest([1, 2, 3], model="m", request_id="r1", routing_key="key", max_new_tokens=8) == route
+    decision = build_decision("w0", "cache_hit", 16, {"w0": 1.5})
+    assert decision == Decision("w0", "cache_hit", 16, {"w0": 1.5})
+    worker, policy = object(), object()
+    built = _build_selection(worker, decision, policy, "regular", b"\x01", None)
+    assert built == Selection(worker, decision, policy, "regular", b"\x01", None)  # type: ignore[arg-type]

@@ -45,7 +45,7 @@ from gateway.pipeline.router import Router
 from gateway.pipeline.sampling import to_sampling_params
 from gateway.pipeline.template_runner import RenderTimeout, TemplateRunner
 from gateway.pipeline.tenancy import salt_prefix
-from gateway.policies.base import RouteRequest
+from gateway.policies.base import RouteRequest, build_route_request
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.protocol.errors import (
     ContextLengthExceededError,
@@ -63,6 +63,7 @@ from gateway.tokenization.special_text import SpecialTextShield
 log = logging.getLogger(__name__)
 
 StageObserver = Callable[[str, float], None]  # (stage name, seconds)
+_NO_EXCLUDE: frozenset[str] = frozenset()  # a first attempt avoids no worker
 
 
 @dataclass
@@ -452,14 +453,15 @@ class Engine:
             )
 
     def route_request(self, prepared: PreparedRequest, pool: str = "regular") -> RouteRequest:
-        return RouteRequest(
-            token_ids=prepared.prompt_ids,
-            model=self.catalog.worker_model(prepared.model),
-            pool=pool,
-            request_id=prepared.request_id,
-            routing_key=prepared.routing_key,
-            target_worker=prepared.target_worker,
-            max_new_tokens=prepared.sampling.max_new_tokens or 0,
+        return build_route_request(  # every RouteRequest field, in its order
+            prepared.prompt_ids,  # token_ids
+            self.catalog.worker_model(prepared.model),  # model
+            pool,  # pool
+            prepared.request_id,  # request_id
+            prepared.routing_key,  # routing_key
+            prepared.target_worker,  # target_worker
+            prepared.sampling.max_new_tokens or 0,  # max_new_tokens
+            _NO_EXCLUDE,  # exclude
         )
 
     def prepare_scheduler(

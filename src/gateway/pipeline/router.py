@@ -24,6 +24,7 @@ from gateway.policies.base import Decision, NoWorkerAvailable, Policy, RouteRequ
 from gateway.policies.factory import close_policy
 from gateway.policies.miss_causes import DEFAULT_BLOCK_TOKENS, MissCauses, MissTicket
 from gateway.policies.quality import DEFAULT_SKETCH_TOKENS, OfferedPrefixes, PoolQuality
+from gateway.protocol.frozen import slots_builder
 from gateway.sync.policy_tap import DecisionSink, TappedPolicy
 from gateway.workers.registry import WorkerRegistry
 from gateway.workers.worker import Worker, engine_of
@@ -41,6 +42,10 @@ class Selection:
     role: str = "regular"
     prompt: bytes = b""  # the prompt packed as uint32 (cache-aware policies; the prefill gate compares it)
     miss: MissTicket | None = None  # the miss ledger's view of this dispatch (misses by cause)
+
+
+# One per attempt: every field, in order, through the slots (``protocol.frozen``).
+_build_selection = slots_builder(Selection)
 
 
 class Router:
@@ -231,7 +236,7 @@ class Router:
         notified = self._dispatching(request.model, role) if self._sink is not None else policy
         miss = MissTicket(worker.id, request.token_ids, decision.reason, packed=prompt)
         later(_dispatched, quality, offer, miss)
-        return Selection(worker, decision, notified, role, prompt, miss)
+        return _build_selection(worker, decision, notified, role, prompt, miss)
 
     def exclude(self, request: RouteRequest, worker_id: str) -> RouteRequest:
         return replace(request, exclude=request.exclude | {worker_id})

@@ -90,6 +90,11 @@ class Decision:
     scores: dict[str, float] = field(default_factory=dict)  # per-worker cost, for inspect/debug
 
 
+# One of each per request (``protocol.frozen``): every field, in order.
+build_route_request = slots_builder(RouteRequest)
+build_decision = slots_builder(Decision)
+
+
 @dataclass(frozen=True, slots=True)
 class RemoteDecision:
     """Another gateway process sent ``tokens`` (native uint32 bytes, the tree's format)

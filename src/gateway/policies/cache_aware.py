@@ -106,6 +106,7 @@ from gateway.policies.base import (
     RemoteExtension,
     RouteRequest,
     WorkerView,
+    build_decision,
 )
 from gateway.policies.common import TARGET_REASON, BasePolicy, candidates
 from gateway.policies.hot_prefix import DEFAULT_WINDOW, SLACK, HotPrefixes
@@ -381,7 +382,7 @@ class CacheAwarePolicy(BasePolicy):
         best, reason, cached, scores = scored
         self._turn += 1
         self._register(best)
-        return Decision(best.worker_id, hot[1] if hot else reason, cached, scores)
+        return build_decision(best.worker_id, hot[1] if hot else reason, cached, scores)
 
     def queued_prefill_weight(self, pool_size: int) -> float:
         """``a``, the weight of queued prefill now (see the module docstring): the spread
