@@ -80,3 +80,20 @@ def test_a_gauge_adder_moves_the_gauge_as_inc_and_dec_do() -> None:
     odd._value = object()  # as another value class (multiprocess mode) would be
     assert gauge_adder(odd) == odd.inc
     assert GatewayMetrics().in_flight_add != GatewayMetrics().in_flight.inc
+
+
+def test_per_request_updates_make_their_series_on_first_use_and_add_up() -> None:
+    metrics = GatewayMetrics()
+
+    def value(name: str, **labels: str) -> float | None:
+        return metrics.registry.get_sample_value(name, labels)
+
+    for _ in range(2):
+        metrics.worker_done("m", "w0", predicted_cached=16, reported_cached=32, success=True)
+    assert value("token_gateway_cached_tokens_predicted_total", model="m") == 32
+    assert value("token_gateway_cached_tokens_reported_total", model="m") == 64
+    assert value("token_gateway_prompt_tokens_total", model="m") is None  # not before its first update
+    for _ in range(3):
+        metrics.generation_done("m", "w0", prompt_tokens=40, completion_tokens=8, cached_tokens=32)
+    assert value("token_gateway_prompt_tokens_total", model="m") == 120
+    assert value("token_gateway_completion_tokens_total", model="m") == 24

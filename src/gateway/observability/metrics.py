@@ -154,6 +154,12 @@ class GatewayMetrics(PipelineObserver):
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self._recorders: dict[tuple[int, tuple[str, ...]], Any] = {}
         self._stage_observe: dict[str, Any] = {}
+        # The recorders each per-request update below uses together, by its labels: one dict
+        # read per update instead of a ``recorder`` call per series (each made on first use,
+        # as ``recorder`` would, never before).
+        self._done_series: dict[str, tuple[Any, Any, Any]] = {}  # model -> predicted, reported, error
+        self._token_series: dict[str, tuple[Any, Any]] = {}  # model -> prompt, completion tokens
+        self._timing_series: dict[tuple[str, str], tuple[Any, Any]] = {}  # (model, worker) -> ttft, e2e
 
     def _child(self, metric: Any, *values: str) -> Any:
         """``metric.labels(*values)`` (values in the metric's label order), memoized:
@@ -215,15 +221,26 @@ class GatewayMetrics(PipelineObserver):
         self.recorder(self.worker_streams, worker_id, outcome).inc()
         if outcome != "ok":
             return
-        self.recorder(self.cached_predicted, model).inc(predicted_cached)
-        self.recorder(self.cached_reported, model).inc(reported_cached)
-        self.recorder(self.prediction_error, model).observe(abs(reported_cached - predicted_cached))
+        series = self._done_series.get(model)
+        if series is None:
+            series = self._done_series[model] = (
+                self.recorder(self.cached_predicted, model), self.recorder(self.cached_reported, model),
+                self.recorder(self.prediction_error, model),
+            )
+        series[0].inc(predicted_cached)
+        series[1].inc(reported_cached)
+        series[2].observe(abs(reported_cached - predicted_cached))
 
     def generation_done(
         self, model: str, worker_id: str, *, prompt_tokens: int, completion_tokens: int, cached_tokens: int
     ) -> None:
-        self.recorder(self.prompt_tokens, model).inc(prompt_tokens)
-        self.recorder(self.completion_tokens, model).inc(completion_tokens)
+        series = self._token_series.get(model)
+        if series is None:
+            series = self._token_series[model] = (
+                self.recorder(self.prompt_tokens, model), self.recorder(self.completion_tokens, model),
+            )
+        series[0].inc(prompt_tokens)
+        series[1].inc(completion_tokens)
         record = current_record()
         if record is not None:
             record.add_generation(model, worker_id, prompt_tokens, completion_tokens, cached_tokens)
@@ -234,8 +251,13 @@ class GatewayMetrics(PipelineObserver):
     ) -> None:
         record = current_record()
         if record is not None:
-            self.recorder(self.gen_ttft, model, worker_id).observe(max(0.0, first_token_at - record.started))
-            self.recorder(self.e2e, model, worker_id).observe(max(0.0, last_token_at - record.started))
+            series = self._timing_series.get((model, worker_id))
+            if series is None:
+                series = self._timing_series[(model, worker_id)] = (
+                    self.recorder(self.gen_ttft, model, worker_id), self.recorder(self.e2e, model, worker_id),
+                )
+            series[0].observe(max(0.0, first_token_at - record.started))
+            series[1].observe(max(0.0, last_token_at - record.started))
         if output_tokens > 1:
             self.recorder(self.tpot, model, worker_id).observe(
                 (last_token_at - first_token_at) / (output_tokens - 1)
