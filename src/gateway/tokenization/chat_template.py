@@ -175,14 +175,16 @@ def normalize_messages(
     content_null_aware: bool = False,
 ) -> list[dict[str, Any]]:
     """Deep-copied messages ready for the template (the caller's objects are never changed)."""
-    if isinstance(messages, str | bytes) or not isinstance(messages, Sequence):
+    # ``type(...) is`` first: a list and a dict (what every request brings) answer at once,
+    # where the ABC checks each run a Python call of ``ABCMeta.__instancecheck__``.
+    if type(messages) is not list and (isinstance(messages, str | bytes) or not isinstance(messages, Sequence)):
         raise ChatTemplateError("messages must be a list of message objects")
     if not messages:
         raise ChatTemplateError("cannot apply the chat template to an empty conversation")
     normalized: list[dict[str, Any]] = []
     for index, message in enumerate(messages):
         where = f"messages[{index}]"
-        if not isinstance(message, Mapping):
+        if type(message) is not dict and not isinstance(message, Mapping):
             raise ChatTemplateError(f"{where} must be an object, got {type(message).__name__}")
         if not isinstance(message.get("role"), str):
             raise ChatTemplateError(f"{where} needs a string 'role'")
