@@ -16,7 +16,7 @@ from typing import Any
 
 from gateway.endpoints.chat_parsers import ChatParsers, choose_parsers, template_kwargs
 from gateway.endpoints.completions import piece_fn, stream_usage
-from gateway.endpoints.events import Answer, Direct, Events, TextPush
+from gateway.endpoints.events import Answer, Direct, Events, FrameWriter
 from gateway.parsers.base import ReasoningParser, ToolCallDelta, ToolCallParser
 from gateway.parsers.reasoning_tokens import ReasoningTokenCounter
 from gateway.pipeline.catalog import ModelEntry
@@ -249,6 +249,67 @@ def _settled(c: _Choice) -> bool:
     )  # fmt: skip
 
 
+@dataclass(slots=True)
+class _Split:
+    """The text path's reasoning split while it is undecided, shared by the stream's loop and
+    its push sink: whether it still splits, and choice 0's output ids already fed to the
+    reasoning counter."""
+
+    splitting: bool = False
+    counted: int = 0
+
+    def take(self, gen: Generation, first: _Choice, texts: list[str]) -> tuple[str, str]:
+        """A list's text through the parser as one piece and its tokens (empty texts'
+        included) through the counter: (reasoning, content) to send."""
+        ids = gen.output_ids(0)
+        first.count(ids[self.counted:])
+        self.counted = len(ids)
+        reasoning, content, _ = first.split("".join(texts), final=False)
+        if first.reply is not None:
+            if reasoning:
+                first.reply = None
+            elif content:
+                first.reply.append(content)
+        self.splitting = not _settled(first)
+        return reasoning, content
+
+
+class _ChatPush:
+    """``Generation.push_to``'s sink on the chat text path: a delivery's texts become the
+    bytes the loop would write for that list (content as generated once the reasoning split
+    is settled, before that the parser's chunk), written with the door's writer."""
+
+    __slots__ = ("event", "first", "frame", "gen", "head", "ready", "split", "writer")
+
+    def __init__(
+        self, writer: FrameWriter, frame: tuple[bytes, bytes], head: StreamHead, event: Any, gen: Generation,
+        first: _Choice, split: _Split,
+    ) -> None:
+        self.writer = writer
+        self.ready: Any = writer.writable  # asked once per delivery: no call of ours around it
+        self.frame = frame
+        self.head = head
+        self.event = event
+        self.gen = gen
+        self.first = first
+        self.split = split
+
+    def write(self, texts: list[str]) -> None:
+        if not self.split.splitting:
+            reply = self.first.reply
+            if reply is not None:
+                reply.extend(texts)
+            data = self.event(texts)
+        else:
+            reasoning, content = self.split.take(self.gen, self.first, texts)
+            if not (reasoning or content):
+                return
+            chunk = StreamChunk(self.head, [ChatDelta(0, None, content or None, reasoning or None)])
+            data = b"".join((self.frame[0], chunk.to_json(), self.frame[1]))
+        if not self.writer.write(data):  # ``ready`` said it would, in this same step
+            raise RuntimeError("the client's connection refused a write it had said it would take")
+
+
 def _fragments(calls: list[ToolCallDelta]) -> list[ToolCallFragment]:
     return list(calls)  # a parser's delta is the stream's fragment: no copy per delta
 
@@ -292,12 +353,11 @@ async def _chunks(
         for i, c in enumerate(choices):
             c.sent_role = True
             yield StreamChunk(head, [ChatDelta(i, role="assistant", content="")], stream_usage(gen.usage) if continuous else None)
-    splitting = lists and first.reasoning is not None and not _settled(first)
-    counted = 0  # splitting: choice 0's output ids already fed to its reasoning counter
+    split = _Split(splitting=lists and first.reasoning is not None and not _settled(first))
     try:
         async for d in source:
             if type(d) is list:
-                if not splitting:
+                if not split.splitting:
                     if first.reply is not None:
                         first.reply.extend(d)
                     out = event(d)
@@ -305,26 +365,17 @@ async def _chunks(
                         out = role + out
                         role = b""
                     yield out
-                    if direct is not None and direct.writer is not None:
-                        # The door wrote its first event: later lists go straight to the client.
-                        gen.push_to(TextPush(direct.writer, event, first.reply))
-                        direct = None
-                    continue
-                ids = gen.output_ids(0)
-                first.count(ids[counted:])  # the list's tokens, empty texts' included
-                counted = len(ids)
-                reasoning, content, _ = first.split("".join(d), final=False)
-                if first.reply is not None:
-                    if reasoning:
-                        first.reply = None
-                    elif content:
-                        first.reply.append(content)
-                if reasoning or content:
-                    if role:
-                        yield role
-                        role = b""
-                    yield StreamChunk(head, [ChatDelta(0, None, content or None, reasoning or None)])
-                splitting = not _settled(first)
+                else:
+                    reasoning, content = split.take(gen, first, d)
+                    if reasoning or content:
+                        if role:
+                            yield role
+                            role = b""
+                        yield StreamChunk(head, [ChatDelta(0, None, content or None, reasoning or None)])
+                if direct is not None and direct.writer is not None and frame is not None:
+                    # The door wrote its first event: later lists go straight to the client.
+                    gen.push_to(_ChatPush(direct.writer, frame, head, event, gen, first, split))
+                    direct = None
                 continue
             if role:  # the first event is not a token's text: the role goes out on its own first
                 yield role
@@ -335,10 +386,10 @@ async def _chunks(
             if plain:
                 reasoning, content = "", d.text
             else:
-                if splitting:  # tokens with empty texts that came in no list, then the delta's
+                if split.splitting:  # tokens with empty texts that came in no list, then the delta's
                     ids = gen.output_ids(0)
-                    c.count(ids[counted:d.at])
-                    counted = len(ids)
+                    c.count(ids[split.counted:d.at])
+                    split.counted = len(ids)
                 c.count(d.token_ids)
                 reasoning, content, calls = c.split(d.text, final=final)
             logprobs = None
@@ -362,8 +413,8 @@ async def _chunks(
                 if c.reply:
                     _record_reply(entry, gen, req, ctx, d.index, "".join(c.reply))
             yield StreamChunk(head, [delta], stream_usage(gen.usage) if continuous else None)
-            if splitting:
-                splitting = not _settled(c)
+            if split.splitting:
+                split.splitting = not _settled(c)
     except GatewayError:
         if role:
             yield role  # the role event before the error's, as on the general path

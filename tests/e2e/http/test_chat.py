@@ -315,3 +315,34 @@ async def test_a_paced_streams_tokens_go_to_the_client_from_the_worker_connectio
     assert "".join(texts) == whole.choices[0].message.content
     assert roles == ["assistant"] and finishes == [whole.choices[0].finish_reason]
     assert pushed and "".join("".join(p) for p in pushed) in "".join(texts)
+
+
+@pytest.mark.stack(workers=1, sim={"step_base_s": 0.002, "time_scale": 1.0})
+async def test_a_paced_reasoning_stream_is_pushed_through_the_split_and_reads_as_the_whole_answer(
+    stack: Stack, engine: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A think block's tokens are pushed too: each delivery's text through the reasoning
+    parser (and its tokens through the counter) as the loop would, then content once the
+    split is settled; the client reads the whole answer's reasoning, content and count."""
+    only(engine, {"sglang"}, "only the gateway's own HTTP/2 worker calls hand messages over as they arrive")
+    from gateway.endpoints import chat
+
+    splitting: list[bool] = []
+    write = chat._ChatPush.write
+
+    def spy(self: chat._ChatPush, texts: list[str]) -> None:
+        splitting.append(self.split.splitting)
+        write(self, texts)
+
+    monkeypatch.setattr(chat._ChatPush, "write", spy)
+    messages = _reply("<think>Let me think about this for a while, step by step.</think>The answer is 4, as two and two make four.")
+    whole = await stack.client.chat.completions.create(model=stack.model, messages=messages, max_tokens=80)
+    content, reasoning, _, usage = await _stream_text(
+        stack, messages=messages, max_tokens=80, stream_options={"include_usage": True},
+    )
+    msg = whole.choices[0].message
+    assert content == msg.content == "The answer is 4, as two and two make four."
+    assert reasoning == getattr(msg, "reasoning_content", None)
+    assert usage is not None
+    assert usage.completion_tokens_details.reasoning_tokens == whole.usage.completion_tokens_details.reasoning_tokens > 0
+    assert True in splitting and False in splitting  # pushed inside the think block and after it
