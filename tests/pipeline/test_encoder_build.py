@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from tokenizers import Tokenizer as BackendTokenizer
+from tokenizers import models
 
 from gateway.pipeline import encoder_build
 from gateway.pipeline.encoder_build import build_encoder, plan_in_child, start_build
@@ -262,3 +263,30 @@ def test_kept_parses_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ]
     assert len(encoder_build._KEPT) == encoder_build.KEPT_PARSES
     assert backends[0] not in encoder_build._KEPT.values() and backends[-1] in encoder_build._KEPT.values()
+
+
+def test_a_vocabulary_past_the_bound_is_refused_and_never_parsed_here(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_whole_parse_here: list[str]
+) -> None:
+    """A worker may send a tokenizer.json as large as its bound allows; building its model
+    holds the serving process's GIL about a second per 400,000 entries: past
+    ``--max-vocabulary-entries`` it is refused, in the parts' way and the whole file's."""
+    from gateway.pipeline import catalog as catalog_module
+    from gateway.tokenization import TokenizerLoadError
+    from gateway.tokenization.errors import TokenizerTooLarge
+
+    _counting_children(monkeypatch)
+    folder = small_byte_level_tokenizer(tmp_path / "small", "capped")  # 258 entries
+    with pytest.raises(TokenizerTooLarge, match="258 entries, more than the 257"):
+        encoder_build.parse_in_child(folder / "tokenizer.json", encoder_build.capped_load_facts(257))
+    word_level = BackendTokenizer(models.WordLevel({"[UNK]": 0, "a": 1, "b": 2}, unk_token="[UNK]"))
+    word_level.save(str(tmp_path / "word_level.json"))  # no parts: parsed whole when it fits
+    with pytest.raises(TokenizerTooLarge, match="3 entries, more than the 2"):
+        encoder_build.parse_in_child(tmp_path / "word_level.json", encoder_build.capped_load_facts(2))
+    assert no_whole_parse_here == []  # neither fell back to a parse in this process
+    assert encoder_build.parse_in_child(tmp_path / "word_level.json", encoder_build.capped_load_facts(3)) is not None
+    # The catalog's registry parses with its bound, and a refusal is a load error.
+    monkeypatch.setattr(catalog_module, "parse_in_child", encoder_build.parse_in_child)
+    catalog = catalog_module.ModelCatalog(tmp_path / "cache", max_vocabulary_entries=257)
+    with pytest.raises(TokenizerLoadError, match="--max-vocabulary-entries"):
+        catalog.registry.load("m", folder, "worker")

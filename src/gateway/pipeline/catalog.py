@@ -16,9 +16,15 @@ import dataclasses
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gateway.parsers.config import ParserConfig
-from gateway.pipeline.encoder_build import build_encoder, parse_in_child
+from gateway.pipeline.encoder_build import (
+    DEFAULT_MAX_VOCABULARY_ENTRIES,
+    build_encoder,
+    capped_load_facts,
+    parse_in_child,
+)
 from gateway.pipeline.model_facts import ModelFacts, prompt_limit, resolve_context, resolve_sampling
 from gateway.pipeline.model_parsers import settle_model_parsers
 from gateway.protocol.errors import ModelNotFoundError
@@ -28,6 +34,9 @@ from gateway.tokenization.reply_cache import ReplyTokenCache
 from gateway.workers.tokenizer_fetch import DEFAULT_MAX_TOKENIZER_BYTES, fetch_tokenizer_zip
 from gateway.workers.transport import CallCode, WorkerCallError
 from gateway.workers.worker import Worker
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer as BackendTokenizer
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +90,7 @@ class ModelCatalog:
         reply_cache_bytes: int = 64 * 1024 * 1024,
         tokenizer_hub: bool = False,
         max_tokenizer_bytes: int = DEFAULT_MAX_TOKENIZER_BYTES,
+        max_vocabulary_entries: int = DEFAULT_MAX_VOCABULARY_ENTRIES,
         warm_encoders: bool = True,
     ) -> None:
         self._warm_encoders = warm_encoders  # build the fast encoder and length bound before traffic
@@ -90,7 +100,9 @@ class ModelCatalog:
         # tokenizer.json files are read in a child process and the tokenizer rebuilt here
         # from their parts (``encoder_build.parse_in_child``): a model joining a running
         # gateway stalls its event loop for the BPE model's build, not the whole file's parse.
-        self.registry = TokenizerRegistry(cache_dir, hub_enabled=tokenizer_hub, parse=parse_in_child)
+        # A vocabulary past ``max_vocabulary_entries`` is refused before anything builds it.
+        self._load_facts = capped_load_facts(max_vocabulary_entries)
+        self.registry = TokenizerRegistry(cache_dir, hub_enabled=tokenizer_hub, parse=self._parse)
         self._max_tokenizer_bytes = max_tokenizer_bytes
         self._tokenizer_path = tokenizer_path
         self._served_name = served_name
@@ -99,6 +111,10 @@ class ModelCatalog:
         self._entries: dict[str, ModelEntry] = {}
         self._loading: dict[str, asyncio.Task[ModelEntry]] = {}
 
+
+    def _parse(self, json_file: Path) -> BackendTokenizer:
+        """The registry's parse: ``parse_in_child`` with this catalog's vocabulary bound."""
+        return parse_in_child(json_file, self._load_facts)
     def names(self) -> list[str]:
         return sorted(self._entries)
 

@@ -23,6 +23,7 @@ those instead of starting another child.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import logging
 import multiprocessing
@@ -36,6 +37,7 @@ from tokenizers import Tokenizer as BackendTokenizer
 
 from gateway.tokenization import Tokenizer
 from gateway.tokenization.backend_parts import BackendParts
+from gateway.tokenization.errors import TokenizerTooLarge
 from gateway.tokenization.fast_bpe import FastBpePlan
 from gateway.tokenization.length_bound import LengthBound
 from gateway.tokenization.tokenizer import encoder_facts_at, load_facts_at
@@ -66,6 +68,18 @@ PREPARED_MAX = 8
 model whose encoder is built later, on its first prompts, takes them then)."""
 _PREPARED: dict[int, tuple[BackendTokenizer, Facts]] = {}  # backend id -> (backend, its facts)
 _PREPARED_LOCK = threading.Lock()
+
+
+DEFAULT_MAX_VOCABULARY_ENTRIES = 400_000
+"""Largest vocabulary a tokenizer may have to be loaded (``--max-vocabulary-entries``): the
+serving process builds its model in one native call that holds the GIL, about a second
+per 400,000 entries on a busy host (Qwen3 has 151,643, Gemma 3 262,144). A worker could
+otherwise send one as large as its ``tokenizer.json`` bound allows."""
+
+
+def capped_load_facts(max_entries: int) -> Callable[[str], LoadFacts]:
+    """``load_facts_at`` refusing vocabularies past ``max_entries`` (picklable, for the child)."""
+    return functools.partial(load_facts_at, max_entries=max_entries)
 
 
 KEPT_PARSES = 4
@@ -121,6 +135,8 @@ def _parse_in_child(json_file: Path, make: Callable[[str], LoadFacts]) -> Backen
         with _CHILDREN:
             parts, plan, bound = plan_in_child(str(json_file), make)
         backend = parts.build() if parts is not None else BackendTokenizer.from_file(str(json_file))
+    except TokenizerTooLarge:
+        raise  # refused: never built here either
     except Exception as exc:  # no child process here, or it failed: parse it in this one
         log.warning("tokenizer %s: the child process failed (%s); parsing it in this process", json_file, exc)
         return BackendTokenizer.from_file(str(json_file))

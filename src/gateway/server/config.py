@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from gateway.observability.tracing import TracingConfig
 from gateway.parsers.config import ParserConfig
 from gateway.pipeline.dispatch import DispatchConfig
+from gateway.pipeline.encoder_build import DEFAULT_MAX_VOCABULARY_ENTRIES
 from gateway.pipeline.engine import EngineConfig
 from gateway.pipeline.limits import LimitsConfig
 from gateway.pipeline.mcp_client import McpConfig
@@ -42,6 +43,7 @@ class ServerConfig:
     tokenizer_path: str | None = option(None, "tokenizer folder or tokenizer.json (default: cache, then the worker, then the hub if --tokenizer-hub)")
     tokenizer_hub: bool = option(False, "when a worker cannot send its tokenizer, download the model it names from the Hugging Face hub (off: the worker would choose what the gateway fetches)")
     max_tokenizer_bytes: int = option(DEFAULT_MAX_TOKENIZER_BYTES, "largest tokenizer zip accepted from a worker's GetTokenizer, bytes (the download stops there)")
+    max_vocabulary_entries: int = option(DEFAULT_MAX_VOCABULARY_ENTRIES, "largest tokenizer vocabulary loaded, entries (building it holds the event loop about a second per 400,000: a tokenizer past it is refused)")
     tokenizer_cache_dir: str = option(default_tokenizer_cache(), "where fetched tokenizers are kept (default: the user's cache folder, $XDG_CACHE_HOME or ~/.cache)")
     reply_token_reuse: bool = option(True, "tokenize a chat reply sent back in a later turn as the ids the model generated (matches the worker's prefix cache; docs/policies.md)")
     reply_cache_entries: int = option(4096, "replies remembered per model for --reply-token-reuse (least recently used go first)")
@@ -70,7 +72,7 @@ class ServerConfig:
             if value is not None and not 0 <= value <= 65535:
                 raise ValueError(f"--{name.replace('_', '-')} must be a port in 0-65535, got {value}")
         check_at_least(self, 1, "max_body_bytes", "grpc_max_concurrent_streams", "grpc_max_connections",
-                       "max_tokenizer_bytes", "reply_cache_entries", "reply_cache_bytes")
+                       "max_tokenizer_bytes", "max_vocabulary_entries", "reply_cache_entries", "reply_cache_bytes")
         check_at_least(self, 0, "worker_startup_timeout_s", "probe_timeout_s", "worker_drain_timeout_s", "shutdown_grace_s",
                        "worker_dp_size")
         if self.worker_dp_size > MAX_DP_SIZE:

@@ -99,6 +99,7 @@ class GatewayState:
             reply_cache_bytes=server.reply_cache_bytes,
             tokenizer_hub=server.tokenizer_hub,
             max_tokenizer_bytes=server.max_tokenizer_bytes,
+            max_vocabulary_entries=server.max_vocabulary_entries,
             warm_encoders=config.engine.encoder_at_load,
         )
         self.text_relay = TextRelay(self.registry)  # workers that take text only (--backend openai)

@@ -40,6 +40,11 @@ class TokenizerLoadError(TokenizationError):
     """A folder or file exists but does not hold a tokenizer we can load."""
 
 
+class TokenizerTooLarge(TokenizerLoadError):
+    """A tokenizer whose vocabulary has more entries than this gateway builds (building it
+    holds the GIL of the serving process for about a second per 400,000 entries)."""
+
+
 class TokenizerArchiveError(TokenizationError):
     """A tokenizer zip (from a worker's GetTokenizer) is corrupt, mismatched or unsafe."""
 

@@ -21,7 +21,7 @@ from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers.processors import TemplateProcessing
 
 from gateway.tokenization.backend_parts import BackendParts, split_backend
-from gateway.tokenization.errors import TokenizerLoadError
+from gateway.tokenization.errors import TokenizerLoadError, TokenizerTooLarge
 from gateway.tokenization.fast_bpe import FastBpe, FastBpePlan, build_fast_bpe, plan_fast_bpe
 from gateway.tokenization.length_bound import LengthBound, length_bound
 from gateway.tokenization.special_text import SpecialTextShield
@@ -518,16 +518,34 @@ def encoder_facts_at(path: str) -> tuple[FastBpePlan | None, LengthBound | None]
     return plan_fast_bpe(backend), length_bound(backend)
 
 
-def load_facts_at(path: str) -> tuple[BackendParts | None, FastBpePlan | None, LengthBound | None]:
+def load_facts_at(path: str, max_entries: int = 0) -> tuple[BackendParts | None, FastBpePlan | None, LengthBound | None]:
     """What a child process works out from the ``tokenizer.json`` at ``path`` for a process
     that serves: the file in parts it can rebuild the HF tokenizer from in short steps
     (``backend_parts``; None: it parses the file whole), and, as ``encoder_facts_at``, the
-    fast encoder's plan and the length bound of the tokenizer so rebuilt."""
+    fast encoder's plan and the length bound of the tokenizer so rebuilt. Raises
+    ``TokenizerTooLarge`` when ``max_entries`` (0: no bound) is less than the model's
+    vocabulary entries: the serving process builds the model in one call that holds its GIL."""
     json_file = Path(path)
-    split = split_backend(json_file.read_text(encoding="utf-8"))
+    text = json_file.read_text(encoding="utf-8")
+    split = split_backend(text)
+    if max_entries:
+        entries = len(split[0].ids) // 4 if split is not None else _vocabulary_entries(text)
+        if entries > max_entries:
+            raise TokenizerTooLarge(
+                f"{json_file.name}: a vocabulary of {entries:,} entries, more than the {max_entries:,} this gateway builds"
+                " (--max-vocabulary-entries)"
+            )
     if split is None:
         backend = Tokenizer.from_path(json_file).backend
         return None, plan_fast_bpe(backend), length_bound(backend)
     parts, rebuilt = split
     backend = Tokenizer.from_path(json_file, parse=lambda _: rebuilt).backend
     return parts, plan_fast_bpe(backend), length_bound(backend)
+
+
+def _vocabulary_entries(text: str) -> int:
+    """Entries of the model's vocabulary in a ``tokenizer.json`` (0 when it has none)."""
+    data = json.loads(text)
+    model = data.get("model") if isinstance(data, dict) else None
+    vocab = model.get("vocab") if isinstance(model, dict) else None
+    return len(vocab) if isinstance(vocab, dict | list) else 0
