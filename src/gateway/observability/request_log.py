@@ -135,6 +135,9 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(out, default=str).decode()
 
 
+_TEXT_FIELDS = ("model", "worker", "prompt_tokens", "completion_tokens")  # the access fields a text line shows
+
+
 class TextFormatter(logging.Formatter):
     """The plain format, with ``[request_id]`` when a line belongs to a request."""
 
@@ -147,6 +150,9 @@ class TextFormatter(logging.Formatter):
         current = _current.get()
         rid = access.get("request_id") if isinstance(access, dict) else (current.request_id if current else "")
         if isinstance(access, dict):
-            extra = " ".join(f"{k}={access[k]}" for k in ("model", "worker", "prompt_tokens", "completion_tokens") if k in access)
-            line = f"{line} {extra}".rstrip()
+            parts = []  # a plain loop: no generator per access line
+            for k in _TEXT_FIELDS:
+                if k in access:
+                    parts.append(f"{k}={access[k]}")
+            line = f"{line} {' '.join(parts)}".rstrip()
         return f"{line} [{rid}]" if rid else line

@@ -141,6 +141,15 @@ def _texts(messages: Sequence[dict[str, Any]]) -> list[str]:
     return out
 
 
+def _spelled_in_tool_calls(shield: SpecialTextShield, messages: Sequence[dict[str, Any]]) -> bool:
+    """Whether any message's tool calls spell a special token (a plain loop: no generator
+    per request for the messages that have none)."""
+    for m in messages:
+        if "tool_calls" in m and shield.spelled_in(repr(m["tool_calls"])):
+            return True
+    return False
+
+
 class Engine:
     def __init__(
         self,
@@ -274,9 +283,7 @@ class Engine:
         self.refuse_hopeless(entry, joined, param="messages")
         if not self.config.special_tokens_in_messages:
             shield = entry.tokenizer.special_text
-            if shield.spelled_in(joined) or any(
-                "tool_calls" in m and shield.spelled_in(repr(m["tool_calls"])) for m in messages
-            ):
+            if shield.spelled_in(joined) or _spelled_in_tool_calls(shield, messages):
                 return await self._render_shielded(
                     entry, shield, messages, started, len(joined), tools=tools,
                     add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message,

@@ -144,8 +144,12 @@ def usage_dict(
 ) -> dict[str, Any]:
     """``Usage.build(...).to_dict()`` for int counts, without the models (``shaped``);
     anything else (a count that needs pydantic's conversion) goes through them."""
-    counts = (prompt_tokens, completion_tokens, cached_tokens, reasoning_tokens)
-    if not all(c is None or type(c) is int for c in counts):
+    converted = False  # a count of another type (a plain loop: no generator per answer)
+    for c in (prompt_tokens, completion_tokens, cached_tokens, reasoning_tokens):
+        if c is not None and type(c) is not int:
+            converted = True
+            break
+    if converted:
         return Usage.build(prompt_tokens, completion_tokens, cached_tokens=cached_tokens,
                            reasoning_tokens=reasoning_tokens).to_dict()
     return shaped(Usage, {

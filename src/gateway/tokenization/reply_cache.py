@@ -134,7 +134,10 @@ class ReplyTokenCache:
         if not self._entries:
             return []
         wanted = [self.lookup(salt, text) if reply else None for text, reply in messages]
-        if not any(w is not None for w in wanted):
+        for w in wanted:  # any reply known? (a plain loop: no generator per request)
+            if w is not None:
+                break
+        else:
             return []
         spans: list[Span] = []
         cursor = 0
