@@ -47,6 +47,33 @@ class HostileServicer(SimServicer):
     def __init__(self, worker: SimWorker, plan: HostilePlan) -> None:
         super().__init__(worker)
         self.plan = plan
+        # A flood's messages, built once here: turning hundreds of thousands of ids into a
+        # message costs the worker tens of ms of CPU, and in a test that hosts worker and
+        # gateway in one process that time would be charged to the gateway's /health.
+        self._flood_chunks: list[pb.GenerateResponse] = []
+        self._flood_complete = pb.GenerateResponse()
+        if plan.flood_tokens:
+            ids = [plan.token_id] * plan.flood_tokens
+            step = plan.chunk_tokens
+            self._flood_chunks = [
+                pb.GenerateResponse(chunk=pb.GenerateStreamChunk(
+                    token_ids=ids[start:start + step], completion_tokens=start + step))
+                for start in range(0, len(ids), step)
+            ]  # fmt: skip
+            complete = self._flood_complete.complete
+            complete.output_ids.extend(ids)
+            complete.finish_reason = "length"
+            complete.completion_tokens = len(ids)
+            if plan.padding:
+                complete.matched_stop_str = "x" * plan.padding
+
+    @staticmethod
+    def _for(template: pb.GenerateResponse, part: str, prompt: int) -> pb.GenerateResponse:
+        """A copy of a prebuilt message with this request's prompt count (a C-level copy)."""
+        msg = pb.GenerateResponse()
+        msg.CopyFrom(template)
+        getattr(msg, part).prompt_tokens = prompt
+        return msg
 
     async def Generate(
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
@@ -64,17 +91,11 @@ class HostileServicer(SimServicer):
                 yield pb.GenerateResponse(chunk=pb.GenerateStreamChunk(
                     token_ids=[plan.token_id], prompt_tokens=prompt, completion_tokens=plan.sent[-1]))
                 await asyncio.sleep(plan.gap_s)
-        ids = [plan.token_id] * plan.flood_tokens
-        plan.sent[-1] = len(ids)
+        plan.sent[-1] = plan.flood_tokens
         if request.stream:
-            step = plan.chunk_tokens
-            for start in range(0, len(ids), step):
-                yield pb.GenerateResponse(chunk=pb.GenerateStreamChunk(
-                    token_ids=ids[start:start + step], prompt_tokens=prompt, completion_tokens=start + step))
-        complete = pb.GenerateComplete(output_ids=ids, finish_reason="length", prompt_tokens=prompt, completion_tokens=len(ids))
-        if plan.padding:
-            complete.matched_stop_str = "x" * plan.padding
-        yield pb.GenerateResponse(complete=complete)
+            for chunk in self._flood_chunks:
+                yield self._for(chunk, "chunk", prompt)
+        yield self._for(self._flood_complete, "complete", prompt)
 
     async def GetTokenizer(
         self, request: common_pb2.GetTokenizerRequest, context: grpc.aio.ServicerContext
