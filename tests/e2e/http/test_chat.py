@@ -280,6 +280,9 @@ async def test_short_unary_answer_retried_when_its_worker_fails_mid_generation(s
     assert all(w.load.in_flight == 0 for w in stack.state.registry.all())
 
 
+# The worker kinds whose calls hand messages to the relay as they arrive (``WorkerStream.listen``).
+PUSHING = {"sglang", "sglang-http", "vllm-http"}
+
 @pytest.mark.stack(workers=1, sim={"step_base_s": 0.002, "time_scale": 1.0})
 async def test_a_paced_streams_tokens_go_to_the_client_from_the_worker_connection(
     stack: Stack, engine: str, monkeypatch: pytest.MonkeyPatch,
@@ -287,7 +290,7 @@ async def test_a_paced_streams_tokens_go_to_the_client_from_the_worker_connectio
     """The plain text path's tokens after the first event are written as they arrive
     (``Generation.push_to``, on the gateway's own HTTP/2 worker calls), and the client
     reads what it reads without: the whole answer's text, the role first, one finish."""
-    only(engine, {"sglang"}, "only the gateway's own HTTP/2 worker calls hand messages over as they arrive")
+    only(engine, PUSHING, "only the gateway's own HTTP/2 calls and the HTTP workers' calls hand messages over")
     from gateway.pipeline.generation import Generation
 
     pushed: list[list[str]] = []
@@ -324,7 +327,7 @@ async def test_a_paced_reasoning_stream_is_pushed_through_the_split_and_reads_as
     """A think block's tokens are pushed too: each delivery's text through the reasoning
     parser (and its tokens through the counter) as the loop would, then content once the
     split is settled; the client reads the whole answer's reasoning, content and count."""
-    only(engine, {"sglang"}, "only the gateway's own HTTP/2 worker calls hand messages over as they arrive")
+    only(engine, PUSHING, "only the gateway's own HTTP/2 calls and the HTTP workers' calls hand messages over")
     from gateway.endpoints import chat
 
     splitting: list[bool] = []
