@@ -586,6 +586,53 @@ def test_a_conversation_turn_stays_behind_one_long_queued_prompt_under_spread_tr
     assert d.worker_id != holder and d.reason == "load_balanced", d
 
 
+def _turn_setup(stick: float = 4096.0) -> tuple[CacheAwarePolicy, list[WorkerView], str, list[int]]:
+    """A conversation's history (640 tokens) on one worker of four, spread traffic."""
+    p = policy(cost=CostKnobs(stick_queue_tokens=stick))
+    _prime(p, hot=False)
+    ws = views(4, max_running_requests=8)
+    history = tokens(600, 21) + tokens(40, 22)
+    holder = send(p, req(history), ws).worker_id
+    return p, ws, holder, history + tokens(60, 23)
+
+
+def test_a_holder_with_room_keeps_the_turn_the_cost_would_spill() -> None:
+    """Its history saves 640 tokens, 3,000 tokens of another prompt are queued on it: at the
+    spread weight the cost sends the turn to an idle worker (and copies the history there);
+    with a free slot and the queue under ``stick_queue_tokens`` the holder keeps it."""
+    for stick, kept in ((4096.0, True), (0.0, False)):
+        p, ws, holder, turn = _turn_setup(stick)
+        d = p.select(req(turn), with_load(ws, holder, queued_prefill_tokens=3_000, in_flight=1))
+        assert (d.worker_id == holder) is kept, (stick, d)
+        assert d.reason == ("cache_hit" if kept else "load_balanced")
+        assert d.predicted_cached_tokens == (640 if kept else 0)
+
+
+def test_a_holder_without_room_lets_the_cost_decide() -> None:
+    """Every running slot taken, or more queued than ``stick_queue_tokens``: the turn spills
+    as the cost says."""
+    p, ws, holder, turn = _turn_setup()
+    full = with_load(ws, holder, queued_prefill_tokens=3_000, in_flight=8)
+    assert p.select(req(turn), full).worker_id != holder
+    queued = with_load(ws, holder, queued_prefill_tokens=5_000, in_flight=1)
+    assert p.select(req(turn), queued).worker_id != holder
+    # no known slot cap counts as room
+    p, _, holder, turn = _turn_setup()
+    uncapped = with_load(views(4), holder, queued_prefill_tokens=3_000, in_flight=1)
+    assert p.select(req(turn), uncapped).worker_id == holder
+
+
+def test_once_a_prefix_is_hot_the_holder_does_not_stick() -> None:
+    """At the full weight (one prefix hot) balance comes first: the same turn spills."""
+    p, ws, holder, turn = _turn_setup()
+    _prime(p, hot=True)
+    assert p.queued_prefill_weight(4) == pytest.approx(1.0)
+    d = p.select(req(turn), with_load(ws, holder, queued_prefill_tokens=3_000, in_flight=1))
+    assert d.worker_id != holder and d.reason == "load_balanced", d
+    with pytest.raises(ValueError):
+        CostKnobs(stick_queue_tokens=-1)
+
+
 def test_without_hot_prefix_tracking_the_weight_is_fixed() -> None:
     p = policy(hot_prefix_min_tokens=0)
     assert p.queued_prefill_weight(8) == 1.0

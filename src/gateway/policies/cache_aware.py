@@ -46,7 +46,14 @@ a whole shared prefix recomputed elsewhere: queued prefill counts at
 times the prefix's worth ahead. A spill is for good: the prefix now lives on two workers,
 each copy pushes other prefixes out of a full cache, and the next requests of it (a
 conversation's next turns) split between them; at a momentary queue of one or two long
-prompts it buys a few milliseconds of one request's wait for that. Once one prefix carries more than ``1 + SLACK`` workers'
+prompts it buys a few milliseconds of one request's wait for that. So while the spread
+weight is in force because no offered prefix carries more than one worker's share, the
+worker holding the longest match keeps a request the cost would
+send away whenever it has room: a free running slot (or no known cap) and less uncached
+prefill queued than ``stick_queue_tokens`` (off by default; 4,096, about half a
+chunked-prefill step, was measured: the turn starts within a step or so). Past that, or
+with every slot taken, the cost decides. It gains in the pure simulation and not yet
+consistently end to end, hence off. Once one prefix carries more than ``1 + SLACK`` workers'
 worth, balance needs spills and replicas: it counts at ``prefill_weight`` (1.0),
 linearly in between; the full weight until 16 requests have shown how spread the
 traffic is (so a prefix that turns out hot is not piled up in the first moments of a
@@ -129,6 +136,7 @@ DEFAULT_DECODE_WEIGHT = 0.5
 DEFAULT_REQUEST_WEIGHT = 16.0
 DEFAULT_LOADS_MAX_AGE_S = 5.0
 DEFAULT_SLOT_STEP_TOKENS = 0.0  # off: see docs/policies.md, "Slot wait"
+DEFAULT_STICK_QUEUE_TOKENS = 0.0  # off: see docs/policies.md, "A holder with room keeps the turn"
 DEFAULT_HOT_PREFIX_MIN_TOKENS = 256
 DEFAULT_HOT_PREFIX_WINDOW = DEFAULT_WINDOW
 FILL_WINDOW = 256  # finished requests over which the decode fill (decoded / max_tokens) is measured
@@ -155,12 +163,15 @@ class CostKnobs:
     request_weight: float = DEFAULT_REQUEST_WEIGHT
     loads_max_age_s: float = DEFAULT_LOADS_MAX_AGE_S
     slot_step_tokens: float = DEFAULT_SLOT_STEP_TOKENS  # S_w: one decode step in prefill tokens (0: off)
+    stick_queue_tokens: float = DEFAULT_STICK_QUEUE_TOKENS  # a holder with a free slot and less queued keeps it (0: off)
 
     def __post_init__(self) -> None:
         if self.form not in COST_FORMS:
             raise ValueError(f"cost form must be one of {COST_FORMS}, not {self.form!r}")
         if self.prefill_weight < 0 or self.spread_prefill_weight < 0:
             raise ValueError("prefill weights must be >= 0")
+        if self.stick_queue_tokens < 0:
+            raise ValueError("stick_queue_tokens must be >= 0")
 
 
 @dataclass(slots=True)
@@ -562,6 +573,18 @@ class CacheAwarePolicy(BasePolicy):
         best_c = -1
         longest = 0
         scores: dict[str, float] = {}
+        # A holder with room keeps the turn (see the module docstring): only while no offered
+        # prefix carries more than one worker's share (not when the spread weight holds because
+        # nearly all traffic is hot), never within a hot prefix's replica set (``slot_aware``).
+        stick = knobs.stick_queue_tokens
+        if stick and additive and not slot_aware and knobs.prefill_weight != knobs.spread_prefill_weight == a:
+            top = self.hot.top_load(len(workers) if pool_size is None else pool_size)
+            if top is None or top > 1.0:
+                stick = 0.0
+        else:
+            stick = 0.0
+        holder: WorkerView | None = None  # the cheapest worker with the longest match
+        hold_c, hold_cost, hold_q = 0, 0.0, 0.0
         for w in order:
             if not w.available:
                 continue
@@ -586,6 +609,8 @@ class CacheAwarePolicy(BasePolicy):
                     if foreign > 0:  # queued work this gateway did not send (see Q_w)
                         q += foreign
                 cost = prompt - c + a * q + b * w.running_decode_tokens + r * w.in_flight
+                if stick and c and (c > hold_c or (c == hold_c and cost < hold_cost)):
+                    holder, hold_c, hold_cost, hold_q = w, c, cost, q
                 cap = w.max_running_requests
                 if cap and slot and w.in_flight >= cap:
                     # S_w: every running slot is taken; we wait for (in_flight + 1 - cap)
@@ -607,6 +632,10 @@ class CacheAwarePolicy(BasePolicy):
                 }
         if best is None:
             return None
+        if holder is not None and best_c < hold_c and hold_q < stick and (
+            not holder.max_running_requests or holder.in_flight < holder.max_running_requests
+        ):
+            best, best_cost, best_c = holder, hold_cost, hold_c
         scores[best.worker_id] = best_cost
         if found == 0:
             reason = "no_match"

@@ -32,6 +32,7 @@ from gateway.policies.cache_aware import (
     DEFAULT_REQUEST_WEIGHT,
     DEFAULT_SLOT_STEP_TOKENS,
     DEFAULT_SPREAD_PREFILL_WEIGHT,
+    DEFAULT_STICK_QUEUE_TOKENS,
     CacheAwarePolicy,
     CostKnobs,
 )
@@ -128,6 +129,12 @@ class PolicyConfig:
     slot_step_tokens: float = option(
         DEFAULT_SLOT_STEP_TOKENS, "cache_aware: what one decode step is worth in prefill tokens, for the wait of a request sent to a worker whose running slots (its max_running_requests) are all taken (0: no such term)"
     )
+    stick_queue_tokens: float = option(
+        DEFAULT_STICK_QUEUE_TOKENS,
+        "cache_aware: while no offered prefix is hot, the worker holding the longest match keeps a request "
+        "when it has a free running slot and less than this many uncached prefill tokens queued (0 = off: "
+        "the cost alone decides; 4096 is the measured setting)",
+    )
     loads_max_age_s: float = option(
         DEFAULT_LOADS_MAX_AGE_S, "cache_aware: ignore polled worker loads older than this"
     )
@@ -183,6 +190,7 @@ def make_policy(config: PolicyConfig | None = None, **overrides: Any) -> Policy:
                 request_weight=cfg.request_weight,
                 loads_max_age_s=cfg.loads_max_age_s,
                 slot_step_tokens=cfg.slot_step_tokens,
+                stick_queue_tokens=cfg.stick_queue_tokens,
             ),
             use_polled_loads=cfg.use_polled_loads,
             closed_loop=cfg.closed_loop,
