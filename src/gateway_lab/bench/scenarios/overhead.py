@@ -23,7 +23,8 @@ one child process and ``token-gateway serve`` in another (both from
   short chat at 128 in flight and one at a time (added latency and TTFT against direct
   gRPC), multi-turn chat, and the shared-prefix (gsp) burst; per gateway requests/s, CPU
   per request and per relayed token, SSE events per token, idle CPU. The client is
-  aiohttp, cheaper than what it measures. ``--repeat`` runs the round again for the spread.
+  aiohttp, cheaper than what it measures. ``--repeat`` runs the round again for the spread,
+  the gateways in reverse order every other round.
 * ``start`` (only when asked for): the gsp burst's requests (``--gsp-*``) through the real
   app in process (``GatewayApp``'s inference path, the engine, the router and its policy over
   ``--gsp-workers`` simulated workers' registrations), each worker's Generate replaced by
@@ -1471,6 +1472,12 @@ def compare_table(rows: Sequence[dict[str, Any]], gateways: Sequence[str]) -> Ta
     return Table.of("gateways side by side", header, lines, labels=1)
 
 
+def round_order(gateways: Sequence[str], rep: int) -> list[str]:
+    """The gateways of round ``rep`` in their turn: as listed in odd rounds, reversed in even
+    ones, so that on a shared host what runs first (or last) is not always the same gateway."""
+    return list(gateways) if rep % 2 else list(reversed(gateways))
+
+
 async def compare(args: argparse.Namespace, prompts: Prompts, prof: Path | None) -> dict[str, Any]:
     gateways = [g for g in args.gateways if g != "smg" or args.peers_installed]
     if "smg" in args.gateways and "smg" not in gateways:
@@ -1480,12 +1487,13 @@ async def compare(args: argparse.Namespace, prompts: Prompts, prof: Path | None)
     loads = set(args.loads)
     rows: list[dict[str, Any]] = []
     for rep in range(1, args.repeat + 1):
+        order = round_order(gateways, rep)
         if loads & {"short", "multi-turn"}:
             rows += await compare_fleet(
-                args.short_workers, [x for x in ("short", "multi-turn") if x in loads], gateways, args, prompts, prof, rep
+                args.short_workers, [x for x in ("short", "multi-turn") if x in loads], order, args, prompts, prof, rep
             )
         if "gsp" in loads:
-            rows += await compare_fleet(args.gsp_workers, ["gsp"], gateways, args, prompts, prof, rep)
+            rows += await compare_fleet(args.gsp_workers, ["gsp"], order, args, prompts, prof, rep)
     return {"rows": rows, "gateways": gateways, "table": "\n".join(compare_table(rows, gateways).markdown())}
 
 
@@ -1627,9 +1635,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", default="", help="write every figure to this JSON file")
     side = parser.add_argument_group("compare: gateways side by side on the same fleets and loads")
     side.add_argument("--gateways", nargs="+", choices=GATEWAYS, default=["ours", "smg"],
-                      help="who runs each load, in this order (smg: when --peers-python exists; before: --baseline-src)")
+                      help="who runs each load, in this order in odd rounds and reversed in even ones (smg: when "
+                      "--peers-python exists; before: --baseline-src)")
     side.add_argument("--loads", nargs="+", choices=LOADS, default=LOADS, help="compare: loads to run")
-    side.add_argument("--repeat", type=int, default=1, help="compare: repetitions of the whole round (report the spread)")
+    side.add_argument("--repeat", type=int, default=1,
+                      help="compare: repetitions of the whole round (report the spread; 2: both orders once)")
     side.add_argument("--peers-python", default=launch.PEERS_PYTHON, help="python of the peers' virtualenv")
     side.add_argument("--baseline-src", default="", help="src/ of another checkout, run as gateway 'before'")
     side.add_argument("--ours-args", default="", help="extra 'token-gateway serve' flags for gateway 'ours' only")

@@ -221,3 +221,9 @@ def test_tiny_start_run_drives_the_app_in_process(tmp_path: Path) -> None:
     # CPU comes in 10 ms clock ticks: twelve tiny requests may fit in none, so it is only required
     # to be there (and never negative).
     assert start["cpu_ms_per_request"] >= 0 and all(v > 0 for v in start["thread_cpu_ms_per_request"].values())
+
+
+def test_compare_rounds_alternate_the_gateways_order(bench: ModuleType) -> None:
+    assert bench.round_order(["ours", "before", "smg"], 1) == ["ours", "before", "smg"]
+    assert bench.round_order(["ours", "before", "smg"], 2) == ["smg", "before", "ours"]
+    assert bench.round_order(["ours"], 4) == ["ours"]
