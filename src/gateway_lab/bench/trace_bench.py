@@ -14,7 +14,7 @@ With ``--peers smg`` each fleet also gets, per ``--peer-policies`` policy, the p
 (``scripts/peers.sh``) and ours as a child process (``ours-process``), both sent the same
 trace as text (each block word is one token, so the text tokenizes back to the trace's
 ids; the peer takes no token-id prompts): a like-for-like comparison through
-``launch.gateway``.
+``launch.gateway``. A policy with our own knobs (``cache_aware:knob=value``) runs on ours only.
 
 Why two fleets: a routing gain that depends on one simulator's timing is no gain. The
 fleets differ in what a routing policy could overfit: KV page size, KV capacity, running
@@ -72,7 +72,9 @@ class TraceBenchConfig:
     request_timeout_s: float = option(120.0, "give up on one request after this many s")
     peers: list[str] = option([], "peer gateways to run on the trace as text, beside ours as a process "
                               "(see scripts/peers.sh)", choices=["smg"])
-    peer_policies: list[str] = option(["cache_aware"], "policies run on ours-process and on each peer")
+    peer_policies: list[str] = option(
+        ["cache_aware"], "policies run on ours-process and on each peer (with our own knobs: on ours only)"
+    )
     peers_python: str = option(".peers-venv/bin/python", "python of the peers' virtualenv")
     json_out: str = option("", "write every cell's figures as JSON to this file", flag="--json")
     markdown: str = option("", "write the table as Markdown to this file")
@@ -178,10 +180,11 @@ def as_text(workload: Any, vocab: Any) -> Any:
 
 
 def peer_plan(bench: TraceBenchConfig) -> list[tuple[str, str]]:
-    """(gateway, policy) of the text cells: ours as a process, then each peer, per policy."""
+    """(gateway, policy) of the text cells: ours as a process, then each peer, per policy. A
+    policy with our own knobs (``NAME:knob=value``) is ours alone: a peer has no such knob."""
     if not bench.peers:
         return []
-    return [(gw, p) for p in bench.peer_policies for gw in ("ours-process", *bench.peers)]
+    return [(gw, p) for p in bench.peer_policies for gw in ("ours-process", *(() if ":" in p else bench.peers))]
 
 
 def misses_line(fleet: str, policy: str, misses: dict[str, Any]) -> str:

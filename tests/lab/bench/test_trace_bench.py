@@ -67,6 +67,10 @@ def test_peer_cells_are_ours_as_a_process_then_each_peer_per_policy() -> None:
         ("ours-process", "round_robin"), ("smg", "round_robin"), ("ours-process", "cache_aware"), ("smg", "cache_aware"),
     ]  # fmt: skip
     assert trace_bench.peer_plan(trace_bench.TraceBenchConfig()) == []
+    knobs = trace_bench.TraceBenchConfig(peers=["smg"], peer_policies=["cache_aware", "cache_aware:stick_queue_tokens=0"])
+    assert trace_bench.peer_plan(knobs) == [
+        ("ours-process", "cache_aware"), ("smg", "cache_aware"), ("ours-process", "cache_aware:stick_queue_tokens=0"),
+    ]  # fmt: skip
 
 
 def test_the_text_workload_tokenizes_back_to_the_trace_ids(tmp_path) -> None:
