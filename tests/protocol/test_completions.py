@@ -8,7 +8,12 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from gateway.protocol.completions import CompletionRequest, check_token_or_text_input, prompt_batch
+from gateway.protocol.completions import (
+    CompletionRequest,
+    are_token_ids,
+    check_token_or_text_input,
+    prompt_batch,
+)
 from gateway.protocol.errors import validation_error_to_gateway
 
 
@@ -67,3 +72,20 @@ def test_best_of_equal_to_n_and_an_empty_suffix_are_fine() -> None:
     assert req.best_of == 2 and req.suffix is None
     # an explicit null means "the default", as OpenAI treats it
     assert CompletionRequest.model_validate({"model": "m", "prompt": "x", "max_tokens": None}).max_tokens == 16
+
+
+def test_a_token_id_prompt_is_checked_once_and_kept_as_sent() -> None:
+    ids = list(range(100_000))
+    assert CompletionRequest.model_validate({"model": "m", "prompt": ids}).prompt is ids  # no second pass, no copy
+    batch = [[1, 2], [3]]
+    assert CompletionRequest.model_validate({"model": "m", "prompt": batch}).prompt is batch
+    for bad in ([1, True], [1, -1], [1, 2.0], [[1], [True]], [[1], []], [1, "a"], [[1], 2]):
+        with pytest.raises(ValidationError, match="token ids are non-negative integers"):
+            CompletionRequest.model_validate({"model": "m", "prompt": bad})
+
+
+def test_are_token_ids_refuses_bools_floats_and_negatives() -> None:
+    assert are_token_ids([0, 5, 151_643])
+    assert not are_token_ids([0, True])
+    assert not are_token_ids([1.0])
+    assert not are_token_ids([3, -1])

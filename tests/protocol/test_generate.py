@@ -87,3 +87,13 @@ def test_a_response_leaves_out_what_was_not_asked() -> None:
     meta = GenerateMetaInfo(id="r", prompt_tokens=3, completion_tokens=2)
     out = GenerateResponse(text="ok", output_ids=[5, 6], meta_info=meta).to_dict()
     assert out == {"text": "ok", "output_ids": [5, 6], "meta_info": {"id": "r", "prompt_tokens": 3, "completion_tokens": 2, "cached_tokens": 0}}
+
+
+def test_input_ids_are_checked_once_and_kept_as_sent() -> None:
+    ids = list(range(100_000))
+    assert GenerateRequest.model_validate({"input_ids": ids}).input_ids is ids
+    for bad, says in (([1, True], "non-negative token ids"), ([[1], [-1]], "non-negative token ids"),
+                      ([[1], []], "non-negative token ids"), ([1, [2]], "non-negative token ids"),
+                      ([], "must not be empty"), ("12", "must be a list")):  # fmt: skip
+        with pytest.raises(ValidationError, match=says):
+            GenerateRequest.model_validate({"input_ids": bad})
