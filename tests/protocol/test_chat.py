@@ -112,3 +112,11 @@ def test_tool_choice_defaults_and_allowed_tools_narrow_what_the_model_sees() -> 
     assert allowed.effective_tool_choice == "required"
     assert [t["function"]["name"] for t in allowed.tools_json()] == ["g"]
     assert allowed.template_messages() == [{"role": "user", "content": "hi"}]
+
+
+def test_a_chat_of_more_messages_than_the_bound_is_refused_before_they_are_validated() -> None:
+    at_most = [{"role": "user", "content": "hi"}] * limits.MAX_MESSAGES
+    assert len(ChatCompletionRequest.model_validate({"model": "m", "messages": at_most}).messages) == limits.MAX_MESSAGES
+    over = [*at_most, {"no role": 1}]  # an invalid extra item: the count is what refuses it
+    with pytest.raises(ValidationError, match=f"at most {limits.MAX_MESSAGES} messages, not {limits.MAX_MESSAGES + 1}"):
+        ChatCompletionRequest.model_validate({"model": "m", "messages": over})

@@ -52,3 +52,11 @@ def test_error_types() -> None:
 def test_a_block_type_of_the_wrong_json_type_is_a_validation_error(kind: object) -> None:
     with pytest.raises(ValidationError, match="not supported"):
         MessagesRequest.model_validate({"max_tokens": 1, "messages": [{"role": "user", "content": [{"type": kind}]}]})
+
+
+def test_a_messages_request_past_the_message_bound_is_refused() -> None:
+    from gateway.protocol import limits
+
+    over = [{"role": "user", "content": "hi"}] * (limits.MAX_MESSAGES + 1)
+    with pytest.raises(ValidationError, match=f"at most {limits.MAX_MESSAGES} messages"):
+        MessagesRequest.model_validate({"model": "m", "max_tokens": 4, "messages": over})

@@ -153,6 +153,11 @@ class ChatCompletionRequest(SamplingRequest):
     # OpenAI's reasoning effort; reaches templates that read it (gpt-oss's).
     reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
 
+    @field_validator("messages", mode="before")
+    @classmethod
+    def _message_count(cls, value: Any) -> Any:
+        return limits.check_message_count(value)
+
     @field_validator("tool_choice", mode="before")
     @classmethod
     def _tool_choice_shape(cls, value: Any) -> Any:

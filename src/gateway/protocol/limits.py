@@ -26,6 +26,18 @@ MAX_STOP_TOKEN_IDS = 256
 MAX_TOOLS = 128
 """Most tools one request may declare."""
 
+MAX_MESSAGES = 16_384
+"""Most messages one chat (or Messages API) request may carry. Each costs a few µs of
+validation on the event loop before any other bound applies: a 14 MiB body of tiny
+messages would otherwise hold the loop most of a second."""
+
+
+def check_message_count(value: object, what: str = "messages") -> object:
+    """Refuse a list longer than ``MAX_MESSAGES`` before its items are validated."""
+    if isinstance(value, list) and len(value) > MAX_MESSAGES:
+        raise ValueError(f"{what} may hold at most {MAX_MESSAGES} messages, not {len(value)}")
+    return value
+
 MAX_SCHEMA_BYTES = 64 * 1024
 """Largest JSON schema (tool parameters or response_format) in serialized bytes."""
 

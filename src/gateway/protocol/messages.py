@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
+from gateway.protocol import limits
 from gateway.protocol.common import RequestModel
 from gateway.protocol.errors import GatewayError
 
@@ -98,6 +99,11 @@ class MessagesRequest(RequestModel):
     tool_choice: ToolChoiceParam | None = None
     thinking: ThinkingParam | None = None
     metadata: dict[str, Any] | None = None
+
+    @field_validator("messages", mode="before")
+    @classmethod
+    def _message_count(cls, value: Any) -> Any:
+        return limits.check_message_count(value)
 
     def system_text(self) -> str | None:
         if self.system is None or isinstance(self.system, str):
