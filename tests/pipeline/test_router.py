@@ -12,12 +12,12 @@ import pytest
 
 from gateway.pipeline.lease import Lease, Outcome
 from gateway.pipeline.offpath import run_pending
-from gateway.pipeline.router import slot_bounded
+from gateway.pipeline.router import Selection, slot_bounded
 from gateway.pipeline.worker_gate import CALLER, WorkerGate
 from gateway.policies.base import NoWorkerAvailable, RouteRequest, WorkerView
 from gateway.policies.cache_aware import CacheAwarePolicy
 from gateway.policies.common import TARGET_REASON
-from tests.fake_transport import MODEL, FakeTransport, fleet
+from tests.fake_transport import MODEL, FakeTransport, Fleet, fleet
 
 SYSTEM = list(range(1000, 1512))
 
@@ -157,21 +157,8 @@ def test_slot_bounded_offers_full_workers_only_when_every_worker_is_full() -> No
     assert slot_bounded(all_full, 0) is all_full  # nowhere better: the policy decides among all
 
 
-async def test_with_a_worker_gate_the_router_keeps_a_full_workers_prefix() -> None:
-    f = await fleet(*(FakeTransport(f"grpc://{n}:1") for n in "abc"), policy="cache_aware")
-    for w in f.registry.all():
-        w.info = dataclasses.replace(w.info, max_running_requests=1)
-    prompt = RouteRequest(list(range(512)), model=MODEL)
-    first = f.router.select(prompt)
-    first.policy.on_dispatch(prompt, first.decision)
-    first.worker.load.acquire(64, 1)
-    f.router.slot_headroom = 0
-    assert f.router.select(prompt).worker.id != first.worker.id  # the hard bound sends it away, cold
-    f.router.gate = WorkerGate()  # the request waits for the holder's slot in the gateway instead
-    assert f.router.select(prompt).worker.id == first.worker.id
-
-
-async def test_with_fair_spill_a_key_below_its_share_leaves_a_full_holder_for_a_free_slot() -> None:
+async def _full_holder() -> tuple[Fleet, RouteRequest, Selection]:
+    """Three workers of one running slot each; a 512-token prompt's holder has its slot taken."""
     f = await fleet(*(FakeTransport(f"grpc://{n}:1") for n in "abc"), policy="cache_aware")
     for w in f.registry.all():
         w.info = dataclasses.replace(w.info, max_running_requests=1)
@@ -179,6 +166,19 @@ async def test_with_fair_spill_a_key_below_its_share_leaves_a_full_holder_for_a_
     first = f.router.select(prompt)
     first.policy.on_dispatch(prompt, first.decision)
     first.worker.load.acquire(64, 1)  # the prefix's worker has its one running slot taken
+    return f, prompt, first
+
+
+async def test_with_a_worker_gate_the_router_keeps_a_full_workers_prefix() -> None:
+    f, prompt, first = await _full_holder()
+    f.router.slot_headroom = 0
+    assert f.router.select(prompt).worker.id != first.worker.id  # the hard bound sends it away, cold
+    f.router.gate = WorkerGate()  # the request waits for the holder's slot in the gateway instead
+    assert f.router.select(prompt).worker.id == first.worker.id
+
+
+async def test_with_fair_spill_a_key_below_its_share_leaves_a_full_holder_for_a_free_slot() -> None:
+    f, prompt, first = await _full_holder()
     f.router.slot_headroom = 0
     below = {"light"}
     f.router.gate = WorkerGate(fair_spill=True, below_share=lambda tenant: tenant in below)

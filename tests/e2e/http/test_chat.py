@@ -9,6 +9,7 @@ import openai
 import pytest
 
 from tests.e2e.http.conftest import ENGINES, Stack, only
+from tests.e2e.push_spy import record_pushes
 
 # Conformance: the same OpenAI checks against every kind of worker.
 pytestmark = pytest.mark.parametrize("engine", ENGINES)
@@ -291,16 +292,7 @@ async def test_a_paced_streams_tokens_go_to_the_client_from_the_worker_connectio
     (``Generation.push_to``, on the gateway's own HTTP/2 worker calls), and the client
     reads what it reads without: the whole answer's text, the role first, one finish."""
     only(engine, PUSHING, "only the gateway's own HTTP/2 calls and the HTTP workers' calls hand messages over")
-    from gateway.pipeline.generation import Generation
-
-    pushed: list[list[str]] = []
-    flush = Generation.flush
-
-    def spy(self: Generation) -> None:
-        pushed.append(list(self._taken or []))
-        flush(self)
-
-    monkeypatch.setattr(Generation, "flush", spy)
+    pushed = record_pushes(monkeypatch)
     messages = [{"role": "user", "content": "Tell me something."}]
     whole = await stack.client.chat.completions.create(model=stack.model, messages=messages, max_tokens=24, seed=5)
     stream = await stack.client.chat.completions.create(

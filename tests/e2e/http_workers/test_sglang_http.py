@@ -25,6 +25,7 @@ from gateway.server.http.guard import http_server_config
 from gateway.server.state import GatewayState
 from gateway_lab.sim.config import SimConfig
 from gateway_lab.sim.http_server import SimHttpWorker, http_fleet
+from tests.e2e.push_spy import record_pushes
 
 ZERO_COST = dict(step_base_s=0.0, prefill_token_s=0.0, decode_seq_s=0.0, time_scale=0.0)
 
@@ -297,16 +298,7 @@ async def test_a_paced_streams_tokens_go_to_the_client_from_the_worker_answer(
     """On HTTP workers too, the plain text path's tokens after the first event are written
     as the worker's answer brings them (``Generation.push_to``), and the client reads what
     it reads without: the whole answer's text, one finish, the usage."""
-    from gateway.pipeline.generation import Generation
-
-    pushed: list[list[str]] = []
-    flush = Generation.flush
-
-    def spy(self: Generation) -> None:
-        pushed.append(list(self._taken or []))
-        flush(self)
-
-    monkeypatch.setattr(Generation, "flush", spy)
+    pushed = record_pushes(monkeypatch)
     async with http_stack(tmp_path, workers=1, api=api, sim={"step_base_s": 0.002, "time_scale": 1.0}) as stack:
         messages = [{"role": "user", "content": "Tell me something."}]
         whole = await stack.client.chat.completions.create(model=stack.model, messages=messages, max_tokens=24, seed=5)
