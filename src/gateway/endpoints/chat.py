@@ -8,7 +8,6 @@ front door serializes once; a request with neither parser skips both per token.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ from gateway.pipeline.engine import Engine
 from gateway.pipeline.generation import Generation, SampleDelta
 from gateway.pipeline.limits import check_tools
 from gateway.pipeline.request_context import RequestContext
+from gateway.pipeline.running_loop import running_loop
 from gateway.pipeline.tenancy import effective_salt
 from gateway.protocol.chat import ChatCompletionRequest
 from gateway.protocol.errors import GatewayError
@@ -196,7 +196,7 @@ async def _answer(
         if last is not None and not reasoning and not calls and content and entry.reply_cache is not None:
             # For the next turn, which cannot come before this answer: recorded right after
             # the answer is written (a decode of the reply), not before it.
-            asyncio.get_running_loop().call_soon(_record_reply, entry, gen, req, ctx, i, content)
+            running_loop().call_soon(_record_reply, entry, gen, req, ctx, i, content)
         finish_reason = openai_finish_reason(last.finish_reason if last else None, tool_calls=bool(calls))
         matched_stop = last.matched_stop if last else None
         message_content = content if (content or not calls) else None

@@ -28,6 +28,7 @@ from gateway.pipeline.observer import NULL_OBSERVER, PipelineObserver
 from gateway.pipeline.prefill_gate import PrefillGateConfig
 from gateway.pipeline.retry import RetryConfig
 from gateway.pipeline.router import Router, Selection
+from gateway.pipeline.running_loop import running_loop
 from gateway.pipeline.worker_gate import NO_GATE
 from gateway.policies.base import NoWorkerAvailable, RouteRequest
 from gateway.proto import sglang_scheduler_pb2 as pb
@@ -129,8 +130,7 @@ class WorkerStream:
         # read (those showed in the relay profile; see docs/BENCHMARKS.md, Gateway overhead).
         self._reading_since: float | None = None
         self._watch: asyncio.TimerHandle | None = None
-        # Looked up once: asyncio.get_running_loop() makes a getpid() syscall on 3.11.
-        self._loop = asyncio.get_running_loop()
+        self._loop = running_loop()
         self._stalled = False
         self._first = True  # no message read yet
         lease.watch(self._watchdog_kill)
@@ -394,7 +394,7 @@ async def open_on(
             if silent:
                 if gate_pass.tokens:  # no first message before the whole answer: free the budget at its expected prefill
                     rate = worker.progress.prefill_tps or config.prefill_gate_default_tps
-                    asyncio.get_running_loop().call_later(gate_pass.tokens / rate, gate_pass.prefilled)
+                    running_loop().call_later(gate_pass.tokens / rate, gate_pass.prefilled)
                 first = await _whole_answer(call, worker, request, started, config, whole)
             else:
                 async with asyncio.timeout(config.first_token_timeout_s):
@@ -486,7 +486,7 @@ async def _whole_answer(
     # is up, and a verdict stops the call (its pending read raises CancelledError), which
     # this task turns into the verdict. A call that ended first (its answer in) is not
     # stopped, and that answer is returned.
-    loop = asyncio.get_running_loop()
+    loop = running_loop()
     verdict: list[BaseException] = []
     checks: list[asyncio.Task[None]] = []
 

@@ -11,7 +11,6 @@ samples' text state carries over, so the client sees one uninterrupted stream.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -22,6 +21,7 @@ from gateway.pipeline.dispatch import TokenStream
 from gateway.pipeline.output_guard import OutputGuard
 from gateway.pipeline.prepared import PreparedRequest
 from gateway.pipeline.resume import Resumer
+from gateway.pipeline.running_loop import running_loop
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.protocol.errors import GatewayError, WorkerError
 from gateway.tokenization.stops import SampleStream
@@ -244,7 +244,7 @@ class Generation:
                 # it (they would add to the answer's latency), and so do its timing histograms
                 # (the times were taken as the tokens came). The request's own record
                 # (the access log's worker and tokens) is filled now.
-                asyncio.get_running_loop().call_soon(self._finish_whole, first, last, gaps)
+                running_loop().call_soon(self._finish_whole, first, last, gaps)
                 self._account(first, last, gaps, timing=False)
 
     def _plain_token(self, chunk: pb.GenerateStreamChunk, now: float) -> str | None:

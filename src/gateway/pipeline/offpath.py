@@ -18,6 +18,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from gateway.pipeline.running_loop import running_loop
+
 log = logging.getLogger(__name__)
 
 # Per event loop: the items queued on it (an entry exists while a run is scheduled).
@@ -27,7 +29,7 @@ _queues: dict[asyncio.AbstractEventLoop, list[tuple[Callable[..., Any], tuple[An
 def later(fn: Callable[..., Any], *args: Any) -> None:
     """Call ``fn(*args)`` off the request's critical path (see the module doc)."""
     try:
-        loop = asyncio.get_running_loop()
+        loop = running_loop()
     except RuntimeError:
         fn(*args)
         return

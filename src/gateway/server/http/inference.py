@@ -38,6 +38,7 @@ from starlette.types import Message, Receive, Scope, Send
 from gateway.endpoints.events import Answer, Events
 from gateway.observability.request_log import current_record
 from gateway.pipeline.request_context import RequestContext
+from gateway.pipeline.running_loop import current_task
 from gateway.protocol.errors import GatewayError
 from gateway.server.admission import Ticket
 from gateway.server.http.door import CLIENT_CLOSED, HttpDoor
@@ -185,7 +186,7 @@ class _Request:
         self.complete = False  # the response's last byte went out
         self.gone = False  # the client disconnected before that
         self.watcher: asyncio.Task[None] | None = None
-        task = asyncio.current_task()
+        task = current_task()
         assert task is not None
         self.task = task
 
