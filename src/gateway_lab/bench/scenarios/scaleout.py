@@ -317,6 +317,7 @@ async def many_clients(url: str, model: str, clients: int, concurrency: int, req
 WRK_SCRIPT = """
 local counter = 0
 local words = {%(words)s}
+math.randomseed(%(seed)d)
 wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
 request = function()
@@ -330,14 +331,22 @@ end
 """
 
 
-async def wrk_run(url: str, model: str, concurrency: int, seconds: float, scratch: str) -> tuple[int, int, float]:
-    """(ok, failed, seconds) from ``wrk`` (a C load generator: its CPU per request is a small
-    fraction of a Python client's, which matters when client and gateway share 2 cores).
-    Every prompt is unique (a counter and random words), as with the Python client."""
+def wrk_script(model: str, seed: int) -> str:
+    """The Lua script of one wrk run: chat requests whose words are drawn from ``seed``."""
     vocab = Vocab.from_tokenizer_dir()
     words = sorted({t.strip() for t in vocab.texts.values() if t.strip().isascii() and t.strip().isalpha()})[:5000]
+    return WRK_SCRIPT % {"words": ",".join(f'"{w}"' for w in words), "model": model, "seed": seed}
+
+
+async def wrk_run(url: str, model: str, concurrency: int, seconds: float, scratch: str, seed: int = 0) -> tuple[int, int, float]:
+    """(ok, failed, seconds) from ``wrk`` (a C load generator: its CPU per request is a small
+    fraction of a Python client's, which matters when client and gateway share 2 cores).
+    Every prompt is unique (a counter and random words), as with the Python client; each run
+    draws its words from ``seed``, so that rounds with their own seed send prompts no earlier
+    round sent (an unseeded generator replays one sequence: later rounds would hit the
+    fleet's caches and the trees, each setup by its own history)."""
     script = Path(scratch) / "wrk_chat.lua"
-    script.write_text(WRK_SCRIPT % {"words": ",".join(f'"{w}"' for w in words), "model": model})
+    script.write_text(wrk_script(model, seed))
     proc = await asyncio.create_subprocess_exec(
         "wrk", "-t", "1", "-c", str(concurrency), "-d", f"{max(1, int(seconds))}s", "-s", str(script), url,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
@@ -541,7 +550,8 @@ async def throughput_section(args: argparse.Namespace, report: dict[str, Any], k
                 meter = CpuBreakdown(gw.pid, fleet_pids, other, fleet_label)
                 before = meter.sample()
                 if args.load_generator == "wrk":
-                    run = wrk_run(gw.url, model, args.throughput_concurrency, args.wrk_seconds, scratch)
+                    run = wrk_run(gw.url, model, args.throughput_concurrency, args.wrk_seconds, scratch,
+                                  seed=1 + args.seed * 1000 + 10 * r + list(gws).index(name))
                 else:
                     run = many_clients(gw.url, model, args.clients, args.throughput_concurrency,
                                        args.throughput_requests, args.cap_s, args.seed + r)  # fmt: skip

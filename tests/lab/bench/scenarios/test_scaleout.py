@@ -1,6 +1,6 @@
 """`token-gateway bench scaleout` (gateway_lab.bench.scenarios.scaleout), the parts that
 need no fleet: reading series, totals, histogram quantiles and sync budgets from several
-processes' expositions, the process tree's CPU, the serve command line, and each setup's
+processes' expositions, the process tree's CPU, the serve command line, wrk's seeded prompts, and each setup's
 gateways started and stopped through the launcher."""
 
 from __future__ import annotations
@@ -67,6 +67,15 @@ def test_the_serve_command_line() -> None:
     assert argv[1:4] == ["-m", "gateway", "serve"] and argv[-2:] == ["--processes", "2"]
     assert argv[argv.index("--worker-urls") + 1] == "grpc://a:1" and "--tokenizer-cache-dir" in argv
     assert scenario.load_note().startswith("load ")
+
+
+def test_each_wrk_run_draws_its_own_prompts() -> None:
+    """An unseeded Lua generator replays one sequence of words: a later round would resend
+    an earlier round's prompts, which the fleet and the trees already hold."""
+    a, b = scenario.wrk_script("m", 1), scenario.wrk_script("m", 2)
+    assert "math.randomseed(1)" in a and "math.randomseed(2)" in b
+    assert a.replace("math.randomseed(1)", "") == b.replace("math.randomseed(2)", "")
+    assert '"model":"m"' in a and "math.random(#words)" in a
 
 
 class _Nats:
