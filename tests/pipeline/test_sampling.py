@@ -7,11 +7,12 @@ from gateway.protocol.chat import ChatCompletionRequest
 from gateway.protocol.sampling import SamplingOptions, sampling_from_chat
 
 
-def test_seed_is_not_put_in_custom_params() -> None:
-    """SGLang reads custom_params only for custom logit processors: a seed there is lost,
-    and the SglangScheduler wire has no field for it."""
+def test_a_seed_travels_in_custom_params() -> None:
+    """The message has no seed field; vLLM's and TensorRT-LLM's transports take it from
+    custom_params.seed (the pass-through's shape), SGLang's drop it (``without_seed``)."""
     params = to_sampling_params(SamplingOptions(seed=7), stop_token_ids=[], max_new_tokens=4)
-    assert not params.HasField("custom_params")
+    assert dict(params.custom_params) == {"seed": 7}
+    assert not to_sampling_params(SamplingOptions(), stop_token_ids=[], max_new_tokens=4).HasField("custom_params")
 
 
 def test_temperature_and_n_are_always_written() -> None:

@@ -18,6 +18,7 @@ from gateway.workers.sglang_http_wire import (
     prompt_ids,
     sampling_params_json,
     whole_answer,
+    without_seed,
 )
 
 
@@ -39,11 +40,25 @@ def test_unset_proto_fields_become_sglangs_defaults_and_set_ones_are_sent() -> N
     assert "stream_interval" not in got and "stop" not in got and "json_schema" not in got
 
 
-def test_custom_params_are_passed_as_json() -> None:
+def test_custom_params_are_passed_as_json_without_the_seed() -> None:
+    """SGLang reads custom_params only in custom logit processors: a seed there reaches no sampler."""
+    custom = struct_pb2.Struct()
+    custom.update({"seed": 7, "bias": 2})
+    got = sampling_params_json(pb.SamplingParams(temperature=1.0, n=1, custom_params=custom))
+    assert got["custom_params"] == {"bias": 2}
     custom = struct_pb2.Struct()
     custom.update({"seed": 7})
-    got = sampling_params_json(pb.SamplingParams(temperature=1.0, n=1, custom_params=custom))
-    assert got["custom_params"] == {"seed": 7}
+    assert "custom_params" not in sampling_params_json(pb.SamplingParams(temperature=1.0, n=1, custom_params=custom))
+
+
+def test_without_seed_copies_only_a_request_that_has_one() -> None:
+    plain = pb.GenerateRequest(request_id="r", sampling_params=pb.SamplingParams(temperature=1.0))
+    assert without_seed(plain) is plain
+    seeded = pb.GenerateRequest(request_id="r", sampling_params=pb.SamplingParams(temperature=1.0))
+    seeded.sampling_params.custom_params.update({"seed": 7})
+    stripped = without_seed(seeded)
+    assert not stripped.sampling_params.HasField("custom_params") and stripped.request_id == "r"
+    assert dict(seeded.sampling_params.custom_params) == {"seed": 7}  # the original keeps it for a retry elsewhere
 
 
 def test_the_generate_body_carries_the_routed_ids_and_pd_and_rank() -> None:

@@ -61,6 +61,18 @@ async def test_model_and_generation_over_completions(vllm: tuple[Peer, VllmHttpC
     assert list(whole.complete.output_ids) == [8, 9] and whole.complete.matched_token_id == 9
 
 
+async def test_a_request_with_no_cap_runs_to_the_context_the_card_reports(vllm: tuple[Peer, VllmHttpClient]) -> None:
+    """/v1/completions would cap it at 16 tokens; vLLM's other routes run it to the context's end."""
+    p, client = vllm
+    await client.model_info()
+    p.routes["/v1/completions"] = reply({"choices": [{"index": 0, "token_ids": [8], "finish_reason": "stop"}],
+                                         "usage": {"prompt_tokens": 3}})
+    uncapped = request(stream=False)
+    uncapped.sampling_params.ClearField("max_new_tokens")
+    await drain(client.generate(uncapped))
+    assert p.bodies[-1]["max_tokens"] == 4096 - 3
+
+
 async def test_a_refused_prompt_is_a_refusal(vllm: tuple[Peer, VllmHttpClient]) -> None:
     p, client = vllm
     await client.model_info()

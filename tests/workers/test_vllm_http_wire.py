@@ -38,6 +38,17 @@ def test_the_body_is_a_token_id_prompt_asking_for_token_ids() -> None:
     assert body["logprobs"] == 2 and body["return_tokens_as_token_ids"] is True
 
 
+def test_a_request_with_no_cap_is_sent_the_room_its_prompt_leaves() -> None:
+    """vLLM's /v1/completions reads a missing (or null) max_tokens as 16, its legacy default;
+    its chat route and gRPC servicer run such a request to the end of the context."""
+    request = pb.GenerateRequest(request_id="r", tokenized=pb.TokenizedInput(input_ids=[1, 2, 3]),
+                                 sampling_params=pb.SamplingParams(temperature=1.0, n=1))
+    assert completion_body(request, "served", 100)["max_tokens"] == 97
+    assert "max_tokens" not in completion_body(request, "served")  # context unknown: the server's own default
+    request.sampling_params.max_new_tokens = 5
+    assert completion_body(request, "served", 100)["max_tokens"] == 5
+
+
 def test_streamed_deltas_become_chunks_and_the_finish_a_complete() -> None:
     reader = CompletionStreamReader("r")
     first = chunk([10])

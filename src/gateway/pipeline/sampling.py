@@ -8,12 +8,14 @@ The detokenization flags are written too: proto3 reads an unwritten
 request) defaults it to true, so leaving it out would change what a worker that
 detokenizes itself (stop strings, its own text output) sees.
 
-``seed`` is not sent. SGLang samples with a seed only through its
-``sampling_seed`` parameter, and the SglangScheduler wire (smg-grpc-proto 0.4.28,
-smg-grpc-servicer 0.14.1) has no field that reaches it; ``custom_params`` feeds
-custom logit processors only, so a seed put there is silently ignored by the
-sampler. A seeded request is therefore not reproducible on a ``--grpc-mode``
-worker, and the gateway says so (docs/sglang-mapping.md) instead of pretending.
+``seed`` travels as ``custom_params.seed``, the shape a pass-through client's seed
+already has, because this message has no seed field of its own. The vLLM and
+TensorRT-LLM transports move it to their engine's seed field (both engines' OpenAI
+servers seed sampling with it). SGLang's transports leave it out: the SglangScheduler
+wire (smg-grpc-proto 0.4.28, smg-grpc-servicer 0.14.1) has no field that reaches
+SGLang's ``sampling_seed``, and ``custom_params`` there feeds custom logit processors
+only, so a seeded request is not reproducible on a ``--grpc-mode`` worker, and the
+gateway says so (docs/sglang-mapping.md) instead of pretending.
 """
 
 from __future__ import annotations
@@ -57,4 +59,6 @@ def to_sampling_params(
     if options.logit_bias:
         for token, bias in options.logit_bias.items():
             params.logit_bias[str(token)] = float(bias)
+    if options.seed is not None:
+        params.custom_params.update({"seed": int(options.seed)})
     return params

@@ -34,6 +34,7 @@ from gateway.workers.reply_bound import (
     channel_bound,
     grpc_reply_bytes,
 )
+from gateway.workers.sglang_http_wire import without_seed
 from gateway.workers.trace_context import TRACEPARENT
 from gateway.workers.transport import (
     END_OF_STREAM,
@@ -246,6 +247,7 @@ class WorkerClient:
 
     def generate(self, request: pb.GenerateRequest, *, timeout: float | None = None) -> GenerateCall:
         """Start a Generate stream; the caller reads it and may ``cancel()`` it."""
+        request = without_seed(request)
         bound = grpc_reply_bytes(request)
         if self._streams is not None:
             return self._streams.unary_stream(

@@ -60,7 +60,28 @@ def sampling_params_json(sp: pb.SamplingParams) -> dict[str, Any]:
     if sp.logit_bias:
         out["logit_bias"] = dict(sp.logit_bias)
     if sp.HasField("custom_params"):
-        out["custom_params"] = MessageToDict(sp.custom_params)
+        custom = MessageToDict(sp.custom_params)
+        custom.pop("seed", None)  # see ``without_seed``
+        if custom:
+            out["custom_params"] = custom
+    return out
+
+
+def without_seed(request: pb.GenerateRequest) -> pb.GenerateRequest:
+    """``request`` without ``custom_params.seed``, for an SGLang worker.
+
+    The gateway carries a client's seed there for the engines whose wire has a seed field
+    (vLLM, TensorRT-LLM); SGLang reads ``custom_params`` only in custom logit processors,
+    so the seed would reach no sampler. A copy, made only when there is a seed to drop:
+    the same request may be retried on a worker of another engine."""
+    sp = request.sampling_params
+    if not sp.HasField("custom_params") or "seed" not in sp.custom_params.fields:
+        return request
+    out = pb.GenerateRequest()
+    out.CopyFrom(request)
+    del out.sampling_params.custom_params.fields["seed"]
+    if not out.sampling_params.custom_params.fields:
+        out.sampling_params.ClearField("custom_params")
     return out
 
 
@@ -313,5 +334,5 @@ def error_message(answer: object) -> str | None:
 
 __all__ = [
     "AnswerError", "StreamReader", "body_json", "error_message", "generate_body", "prompt_ids", "sampling_params_json",
-    "whole_answer",
+    "whole_answer", "without_seed",
 ]

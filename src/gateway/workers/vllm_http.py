@@ -35,11 +35,12 @@ class VllmDialect:
 
     path = "/v1/completions"
 
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str, context_length: int = 0) -> None:
         self.model = model
+        self.context_length = context_length
 
     def body(self, request: pb.GenerateRequest) -> bytes:
-        return body_json(completion_body(request, self.model))
+        return body_json(completion_body(request, self.model, self.context_length))
 
     def reader(self, request_id: str) -> AnswerReader:
         return CompletionStreamReader(request_id)
@@ -97,7 +98,9 @@ class VllmHttpClient(HttpWorkerClient):
             raise WorkerCallError(
                 CallCode.FAILED_PRECONDITION, f"{self.url} is SGLang's server (its /v1/models cards are owned_by sglang)"
             )
-        self._dialect = VllmDialect(str(card["id"]))  # the name completions must carry
+        length = card.get("max_model_len")
+        # The name completions must carry, and the context that bounds a request with no cap.
+        self._dialect = VllmDialect(str(card["id"]), length if isinstance(length, int) and length > 0 else 0)
         return card
 
     async def model_info(self, *, timeout: float = 5.0) -> pb.GetModelInfoResponse:

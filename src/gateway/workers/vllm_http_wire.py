@@ -11,7 +11,10 @@ does), so a finished choice's complete waits for it, and per-chunk usage is not 
 for: it would only make every chunk longer to write and to read. Logprob rows name
 tokens as ``token_id:N`` when asked with ``return_tokens_as_token_ids``. A matched stop
 token is ``stop_reason``; an end at EOS has ``finish_reason`` "stop" and no
-``stop_reason``.
+``stop_reason``. ``/v1/completions`` caps a request that names no ``max_tokens`` (or sends
+null) at 16 tokens, the legacy completions default, while vLLM's chat route and its gRPC
+servicer let it run to the end of the context: a request with no cap is sent the room its
+prompt leaves in the served context, so it ends where it would on vLLM's other routes.
 """
 
 from __future__ import annotations
@@ -25,12 +28,14 @@ from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.workers.sglang_http_wire import AnswerError, prompt_ids
 
 
-def completion_body(request: pb.GenerateRequest, model: str) -> dict[str, Any]:
-    """The JSON body of ``POST /v1/completions`` for one tokenized request (``body_json`` writes it)."""
+def completion_body(request: pb.GenerateRequest, model: str, context_length: int = 0) -> dict[str, Any]:
+    """The JSON body of ``POST /v1/completions`` for one tokenized request (``body_json`` writes it);
+    ``context_length`` is the served model's (``max_model_len``), 0 when unknown."""
     sp = request.sampling_params
+    prompt = prompt_ids(request)
     body: dict[str, Any] = {
         "model": model,
-        "prompt": prompt_ids(request),
+        "prompt": prompt,
         "temperature": sp.temperature,
         "top_p": sp.top_p or 1.0,
         "top_k": sp.top_k or -1,
@@ -49,6 +54,8 @@ def completion_body(request: pb.GenerateRequest, model: str) -> dict[str, Any]:
         body["stream_options"] = {"include_usage": True}
     if sp.HasField("max_new_tokens"):
         body["max_tokens"] = sp.max_new_tokens
+    elif context_length > len(prompt):
+        body["max_tokens"] = context_length - len(prompt)
     if sp.min_new_tokens:
         body["min_tokens"] = sp.min_new_tokens
     if sp.stop_token_ids:
