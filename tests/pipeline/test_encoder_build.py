@@ -4,6 +4,7 @@ files or the child fails."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -18,6 +19,7 @@ from tokenizers import models
 from gateway.pipeline import encoder_build
 from gateway.pipeline.encoder_build import build_encoder, plan_in_child, start_build
 from gateway.tokenization import Tokenizer
+from gateway.tokenization.backend_parts import merges_deferred, whole
 from gateway.tokenization.fast_bpe import FastBpePlan
 from gateway.tokenization.length_bound import LengthBound
 from tests.tokenization.helpers import small_byte_level_tokenizer
@@ -34,7 +36,9 @@ def _fail(path: str) -> tuple[FastBpePlan | None, LengthBound | None]:
 
 
 def _hf(tok: Tokenizer, text: str) -> list[int]:
-    ids: list[int] = tok.backend.encode(text, add_special_tokens=False).ids
+    """The ids of ``text`` by the tokenizer's file parsed whole (its backend, built in memory)."""
+    backend = Tokenizer.from_path(tok.path).backend if tok.path is not None else tok.backend
+    ids: list[int] = backend.encode(text, add_special_tokens=False).ids
     return ids
 
 
@@ -168,7 +172,9 @@ def test_a_tokenizer_file_is_read_in_a_child_and_rebuilt_here_from_its_parts(
     folder = small_byte_level_tokenizer(tmp_path / "small", "parts")
     tok = Tokenizer.from_path(folder, name="small", parse=encoder_build.parse_in_child)
     assert no_whole_parse_here == []  # the file's parse ran in the child only
-    assert tok.backend.to_str() == Tokenizer.from_path(folder).backend.to_str()
+    # tiktoken applies: the model is built without its merges, the whole one when a text needs it
+    assert merges_deferred(tok.backend) and json.loads(tok.backend.to_str())["model"]["merges"] == []
+    assert whole(tok.backend).to_str() == Tokenizer.from_path(folder).backend.to_str()
     asked: list[str] = []
     monkeypatch.setattr(encoder_build, "plan_in_child", lambda path, make: asked.append(path))
     build_encoder(tok)  # takes the plan and the bound the same child worked out
@@ -235,7 +241,7 @@ def test_the_same_files_again_share_the_backend_and_its_encoders(tmp_path: Path,
     again = Tokenizer.from_path(small_byte_level_tokenizer(tmp_path / "b", "same"), name="b", parse=encoder_build.parse_in_child)
     assert again.backend is first.backend and len(asked) == 1
     built_tables: list[object] = []
-    monkeypatch.setattr(FastBpePlan, "build", lambda plan, backend: built_tables.append(plan))
+    monkeypatch.setattr(FastBpePlan, "build", lambda plan, *args: built_tables.append(plan))
     build_encoder(again)
     assert again.fast_bpe is first.fast_bpe and again.length_bound is first.length_bound
     assert built_tables == [] and len(asked) == 1  # the same objects: nothing built again

@@ -7,13 +7,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import pickle
+import random
 from pathlib import Path
 
 import pytest
 from tokenizers import Tokenizer as BackendTokenizer
-from tokenizers import models
+from tokenizers import models, processors
 
-from gateway.tokenization import backend_parts
+from gateway.tokenization import Tokenizer, backend_parts
 from gateway.tokenization.backend_parts import BackendParts, split_backend
 
 from .helpers import small_byte_level_tokenizer
@@ -80,3 +81,44 @@ def test_an_added_token_that_would_get_another_id_is_refused(tmp_path: Path) -> 
 def test_parts_are_plain_data() -> None:
     fields = {f.name for f in dataclasses.fields(BackendParts)}
     assert fields == {"shell", "options", "pieces", "ids", "merges", "added"}
+
+
+def test_a_tokenizer_without_its_merges_decodes_and_looks_up_as_the_whole_one(qwen_dir: Path, qwen: Tokenizer) -> None:
+    """Decoding and id/token look-ups read the vocabulary alone: the same for every id, the
+    added and special ones included, special tokens skipped and kept."""
+    split = split_backend((qwen_dir / "tokenizer.json").read_text(encoding="utf-8"))
+    assert split is not None
+    later = backend_parts.merges_later(split[0])
+    full = qwen.backend
+    assert json.loads(later.to_str())["model"]["merges"] == []
+    assert later.get_vocab_size(with_added_tokens=True) == full.get_vocab_size(with_added_tokens=True)
+    assert later.get_added_tokens_decoder() == full.get_added_tokens_decoder()
+    size = full.get_vocab_size(with_added_tokens=True)
+    assert [later.id_to_token(i) for i in range(size)] == [full.id_to_token(i) for i in range(size)]
+    rnd = random.Random(7)
+    specials = sorted(full.get_added_tokens_decoder())
+    for _ in range(1500):
+        ids = [rnd.choice(specials) if rnd.random() < 0.1 else rnd.randrange(size) for _ in range(rnd.randint(1, 40))]
+        for skip in (True, False):
+            assert later.decode(ids, skip_special_tokens=skip) == full.decode(ids, skip_special_tokens=skip)
+    for text in TEXTS:  # real ids too (whole UTF-8 sequences, where random ids mostly cut them)
+        ids = _ids(full, text)
+        assert later.decode(ids, skip_special_tokens=False) == full.decode(ids, skip_special_tokens=False)
+
+
+def test_the_whole_tokenizer_is_built_once_on_first_ask_with_the_current_post_processor(tmp_path: Path) -> None:
+    text = (small_byte_level_tokenizer(tmp_path / "small") / "tokenizer.json").read_text()
+    split = split_backend(text)
+    assert split is not None
+    file_parse = BackendTokenizer.from_str(text)
+    assert backend_parts.whole(file_parse) is file_parse and not backend_parts.merges_deferred(file_parse)
+    later = backend_parts.merges_later(split[0])
+    assert backend_parts.merges_deferred(later) and later not in backend_parts._WHOLE
+    assert _ids(later, "abc") != _ids(file_parse, "abc")  # no merges: bytes apart
+    later.post_processor = processors.TemplateProcessing(single="abc $A", special_tokens=[("abc", 257)])
+    built = backend_parts.whole(later)
+    assert backend_parts.whole(later) is built and backend_parts.merges_deferred(later)
+    assert later not in backend_parts._LATER  # the parts are let go once the whole one is built
+    assert built.encode("abc ab", add_special_tokens=False).ids == _ids(file_parse, "abc ab")
+    assert built.encode("abc ab", add_special_tokens=True).ids == [257, *_ids(file_parse, "abc ab")]
+    assert backend_parts.whole_encoder(later)("abc ab") == _ids(file_parse, "abc ab")

@@ -13,7 +13,13 @@ from tokenizers import AddedToken, Regex, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as BackendTokenizer
 
 from gateway.tokenization import Tokenizer
-from gateway.tokenization.fast_bpe import FastBpe, _byte_decoder, build_fast_bpe, plan_fast_bpe
+from gateway.tokenization.fast_bpe import (
+    _SAMPLE,
+    FastBpe,
+    _byte_decoder,
+    build_fast_bpe,
+    plan_fast_bpe,
+)
 from gateway_lab.bench.workloads import GspConfig, Vocab, gsp
 
 from .helpers import FRAGMENTS, PROPERTY
@@ -166,6 +172,27 @@ def test_a_plan_is_plain_data_that_builds_the_same_encoder() -> None:
 def test_a_plan_builds_nothing_for_another_tokenizer(fresh: Tokenizer) -> None:
     plan = plan_fast_bpe(_byte_level([("a", "b"), ("ab", "c")], ["ab", "abc"]))
     assert plan is not None and plan.build(fresh.backend) is None  # its ids would be another model's
+
+
+def test_a_plan_builds_for_its_tokenizer_known_by_its_vocabulary_alone(fresh: Tokenizer) -> None:
+    """A joining model's tokenizer is built without its merges (``backend_parts.merges_later``):
+    the plan's own ids of the sample, spelled by that vocabulary, tell it is the same one."""
+    tok = _byte_level([("a", "b"), ("ab", "c")], ["ab", "abc"])
+    plan = plan_fast_bpe(tok)
+    assert plan is not None and plan.sample == tuple(tok.encode(_SAMPLE, add_special_tokens=False).ids)
+    vocabulary_only = _byte_level([], ["ab", "abc"])
+    assert vocabulary_only.encode("abc", add_special_tokens=False).ids != tok.encode("abc", add_special_tokens=False).ids
+    asked: list[str] = []
+
+    def other(text: str) -> list[int]:
+        asked.append(text)
+        return list(tok.encode(text, add_special_tokens=False).ids)
+
+    fast = plan.build(vocabulary_only, other)
+    assert fast is not None and fast.encode("abc abcab") == tok.encode("abc abcab", add_special_tokens=False).ids
+    assert fast.encode("abc 東京") == tok.encode("abc 東京", add_special_tokens=False).ids and asked == ["abc 東京"]
+    qwen_vocabulary = Tokenizer(BackendTokenizer(models.BPE(dict(fresh.backend.get_vocab()), [])))
+    assert plan.build(qwen_vocabulary.backend, other) is None  # another vocabulary spells other bytes
 
 
 def test_merges_out_of_rank_order_are_refused() -> None:

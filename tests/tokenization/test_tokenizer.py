@@ -11,7 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from tokenizers import Tokenizer as BackendTokenizer
 
-from gateway.tokenization import Tokenizer, TokenizerLoadError
+from gateway.tokenization import Tokenizer, TokenizerLoadError, backend_parts
+from gateway.tokenization.backend_parts import BackendParts, merges_later, split_backend
+from gateway.tokenization.fast_bpe import FastBpePlan, plan_fast_bpe
 from gateway.tokenization.tokenizer import encoder_facts_at, load_facts_at
 
 from .helpers import PROPERTY, copy_tokenizer, multilingual_text, small_byte_level_tokenizer
@@ -239,3 +241,60 @@ def test_a_parse_given_makes_the_backend(tmp_path: Path) -> None:
     with pytest.raises(TokenizerLoadError, match="unreadable"):
         Tokenizer.from_path(folder, parse=parse)
     assert asked == [folder / "tokenizer.json"]
+
+
+@pytest.fixture(scope="module")
+def qwen_parts(qwen_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, BackendParts, FastBpePlan, Tokenizer]:
+    """Qwen3 with BOS added (the post-processor rebuilt from the config): its folder, its
+    parts, its fast encoder's plan, and the files parsed whole."""
+    folder = copy_tokenizer(qwen_dir, tmp_path_factory.mktemp("deferred"))
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config.update(add_bos_token=True, bos_token="<|endoftext|>")
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    full = Tokenizer.from_path(folder)
+    split = split_backend((folder / "tokenizer.json").read_text(encoding="utf-8"))
+    plan = plan_fast_bpe(full.backend)
+    assert split is not None and plan is not None
+    return folder, split[0], plan, full
+
+
+def _deferred(qwen_parts: tuple[Path, BackendParts, FastBpePlan, Tokenizer]) -> Tokenizer:
+    """The tokenizer loaded as a joining model's is: without its merges, the fast encoder from the plan."""
+    folder, parts, plan, _ = qwen_parts
+    tok = Tokenizer.from_path(folder, parse=lambda _: merges_later(parts))
+    assert tok.install_encoders(plan, None) is not None
+    return tok
+
+
+def test_a_tokenizer_without_its_merges_encodes_ascii_and_latin_without_building_them(
+    qwen_parts: tuple[Path, BackendParts, FastBpePlan, Tokenizer],
+) -> None:
+    tok, full = _deferred(qwen_parts), qwen_parts[3]
+    for text in ["Hello, world! It's 12:45.", "L'été à Zürich, naïve café", "<|im_start|>user\nhi<|im_end|>\n"]:
+        assert tok.encode(text, add_special_tokens=False) == full.encode(text, add_special_tokens=False)
+    for tag in ["<think>", "</tool_call>", "hello", " world", "[TOOL_CALLS]"]:
+        assert tok.token_id(tag) == full.token_id(tag), tag
+    assert tok.decode(full.encode("Zürich 東京", add_special_tokens=True)) == "Zürich 東京"
+    assert tok.backend not in backend_parts._WHOLE  # nothing needed the merges yet
+    assert tok.encode("東京", add_special_tokens=False) == full.encode("東京", add_special_tokens=False)
+    assert tok.backend in backend_parts._WHOLE  # a text tiktoken does not take did
+
+
+@pytest.fixture(scope="module")
+def deferred_qwen(qwen_parts: tuple[Path, BackendParts, FastBpePlan, Tokenizer]) -> tuple[Tokenizer, Tokenizer]:
+    return _deferred(qwen_parts), qwen_parts[3]
+
+
+@PROPERTY
+@given(text=multilingual_text())
+def test_a_tokenizer_without_its_merges_gets_every_id_of_the_whole_one(
+    deferred_qwen: tuple[Tokenizer, Tokenizer], text: str
+) -> None:
+    tok, full = deferred_qwen
+    for special in (False, True):
+        assert tok.encode(text, add_special_tokens=special) == full.encode(text, add_special_tokens=special)
+    assert tok.encode_batch([text, "日本"], add_special_tokens=True) == full.encode_batch([text, "日本"], add_special_tokens=True)
+    assert tok.special_text.plain().encode(text, add_special_tokens=False).ids == full.special_text.plain().encode(
+        text, add_special_tokens=False
+    ).ids
+    assert tok.encode("hi", add_special_tokens=True)[0] == ENDOFTEXT

@@ -213,13 +213,15 @@ class ModelCatalog:
                 resolved = await asyncio.to_thread(self.registry.install_and_load, model, data, sha)
         log.info("tokenizer for %s loaded from %s (%s)", model, resolved.source, resolved.location)
         tokenizer = resolved.tokenizer
+        if self._warm_encoders:
+            # In a child process, from its files; first, so that the parsers' token look-ups
+            # below go through the fast encoder.
+            await asyncio.to_thread(build_encoder, tokenizer)
         names = {name, model, worker.info.model_path} - {""}
         chosen = await asyncio.to_thread(
             settle_model_parsers, self._parsers, names, tokenizer, worker.info.model_type
         )
         await asyncio.to_thread(tokenizer.warm_chat_templates)
-        if self._warm_encoders:
-            await asyncio.to_thread(build_encoder, tokenizer)  # in a child process, from its files
         facts = model_facts(tokenizer, worker)
         log.info(
             "model %s: context length %d (%s), sampling defaults %s (%s)", name, facts.context_length,

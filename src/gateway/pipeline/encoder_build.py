@@ -36,7 +36,7 @@ from typing import TypeVar
 from tokenizers import Tokenizer as BackendTokenizer
 
 from gateway.tokenization import Tokenizer
-from gateway.tokenization.backend_parts import BackendParts
+from gateway.tokenization.backend_parts import BackendParts, merges_later
 from gateway.tokenization.errors import TokenizerTooLarge
 from gateway.tokenization.fast_bpe import FastBpePlan
 from gateway.tokenization.length_bound import LengthBound
@@ -134,7 +134,12 @@ def _parse_in_child(json_file: Path, make: Callable[[str], LoadFacts]) -> Backen
     try:
         with _CHILDREN:
             parts, plan, bound = plan_in_child(str(json_file), make)
-        backend = parts.build() if parts is not None else BackendTokenizer.from_file(str(json_file))
+        if parts is None:
+            backend = BackendTokenizer.from_file(str(json_file))
+        elif plan is not None:
+            backend = merges_later(parts)  # tiktoken encodes; the merges wait until a text needs them
+        else:
+            backend = parts.build()
     except TokenizerTooLarge:
         raise  # refused: never built here either
     except Exception as exc:  # no child process here, or it failed: parse it in this one
@@ -144,7 +149,8 @@ def _parse_in_child(json_file: Path, make: Callable[[str], LoadFacts]) -> Backen
         while len(_PREPARED) >= PREPARED_MAX:
             _PREPARED.pop(next(iter(_PREPARED)))
         _PREPARED[id(backend)] = (backend, (plan, bound))
-    log.info("tokenizer %s: %s", json_file, "rebuilt from its parts" if parts is not None else "parsed whole")
+    how = "parsed whole" if parts is None else "rebuilt from its parts" + (", merges deferred" if plan is not None else "")
+    log.info("tokenizer %s: %s", json_file, how)
     return backend
 
 

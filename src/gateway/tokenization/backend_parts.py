@@ -18,12 +18,21 @@ file's parse), and adds the added tokens as the file's parse does. ``split_backe
 rebuilds the tokenizer itself and compares its serialization with the file's parse: any
 difference (a model that is not BPE, an option it does not know) gives None, and the
 caller parses the file whole.
+
+Most of the model's build is its merges, and a process whose encodes go through tiktoken
+(``fast_bpe``) needs them only for the texts tiktoken does not take. ``merges_later`` builds
+the tokenizer around a vocabulary-only BPE model (decoding, id and token look-ups are the
+same: they read the vocabulary alone) and ``whole`` gives the tokenizer with the merges,
+built from the same parts the first time something must encode with it.
 """
 
 from __future__ import annotations
 
 import json
+import threading
+import weakref
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,9 +60,10 @@ class BackendParts:
     merges: bytes  # left and right of every merge, in order, as positions in ``pieces`` (an ``array("I")``)
     added: tuple[tuple[int, str, dict[str, bool]], ...]  # (id, content, flags) in the file's order
 
-    def build(self) -> BackendTokenizer:
-        """The tokenizer these parts came from. Raises ValueError when an added token gets
-        another id than it had in the file."""
+    def build(self, *, merges: bool = True) -> BackendTokenizer:
+        """The tokenizer these parts came from (without ``merges``: its BPE model knows the
+        vocabulary alone, and encodes differently). Raises ValueError when an added token
+        gets another id than it had in the file."""
         pieces = self.pieces.split(SEPARATOR) if self.pieces else []
         ids = array("I")
         ids.frombytes(self.ids)
@@ -61,18 +71,70 @@ class BackendParts:
         for start in range(0, len(pieces), STEP):
             vocab.update(zip(pieces[start : start + STEP], ids[start : start + STEP], strict=True))
         halves = array("I")
-        halves.frombytes(self.merges)
-        merges: list[tuple[str, str]] = []
+        halves.frombytes(self.merges if merges else b"")
+        pairs: list[tuple[str, str]] = []
         for start in range(0, len(halves), 2 * STEP):
             chunk = halves[start : start + 2 * STEP]
-            merges.extend(zip(map(pieces.__getitem__, chunk[0::2]), map(pieces.__getitem__, chunk[1::2]), strict=True))
+            pairs.extend(zip(map(pieces.__getitem__, chunk[0::2]), map(pieces.__getitem__, chunk[1::2]), strict=True))
         backend = BackendTokenizer.from_str(self.shell)
-        backend.model = models.BPE(vocab, merges, **self.options)
+        backend.model = models.BPE(vocab, pairs, **self.options)
         backend.add_tokens([AddedToken(content, **flags) for _, content, flags in self.added])
         for token_id, content, _ in self.added:
             if backend.token_to_id(content) != token_id:
                 raise ValueError(f"added token {content!r} got id {backend.token_to_id(content)}, not {token_id}")
         return backend
+
+
+_LATER: weakref.WeakKeyDictionary[BackendTokenizer, BackendParts] = weakref.WeakKeyDictionary()
+"""Tokenizers built without their merges, and the parts to build the whole one from."""
+_WHOLE: weakref.WeakKeyDictionary[BackendTokenizer, BackendTokenizer] = weakref.WeakKeyDictionary()
+_WHOLE_LOCK = threading.Lock()
+
+
+def merges_later(parts: BackendParts) -> BackendTokenizer:
+    """The tokenizer of ``parts`` around a vocabulary-only model: it decodes and looks ids
+    and tokens up as the whole one does, but only ``whole`` of it encodes as the file says."""
+    backend = parts.build(merges=False)
+    with _WHOLE_LOCK:
+        _LATER[backend] = parts
+    return backend
+
+
+def merges_deferred(backend: BackendTokenizer) -> bool:
+    """Whether ``backend`` came from ``merges_later`` (its encodes must go through ``whole``)."""
+    with _WHOLE_LOCK:
+        return backend in _LATER or backend in _WHOLE
+
+
+def whole(backend: BackendTokenizer) -> BackendTokenizer:
+    """The tokenizer that encodes as ``backend``'s file says: ``backend`` itself, or for one
+    from ``merges_later`` the tokenizer with the merges, built the first time it is asked
+    (one native call that holds the GIL, as the file's parse would) with ``backend``'s
+    post-processor as it is then (the model's BOS/EOS settings may have changed it)."""
+    with _WHOLE_LOCK:
+        found = _WHOLE.get(backend)
+        if found is not None:
+            return found
+        parts = _LATER.pop(backend, None)
+        if parts is None:
+            return backend
+        found = parts.build()
+        found.post_processor = backend.post_processor
+        found.no_truncation()
+        found.no_padding()
+        _WHOLE[backend] = found
+        return found
+
+
+def whole_encoder(backend: BackendTokenizer) -> Callable[[str], list[int]]:
+    """``whole(backend)``'s ids of a text (``add_special_tokens=False``), found on each call:
+    what tiktoken hands the texts it does not take to."""
+
+    def encode(text: str) -> list[int]:
+        ids: list[int] = whole(backend).encode(text, add_special_tokens=False).ids
+        return ids
+
+    return encode
 
 
 def split_backend(text: str) -> tuple[BackendParts, BackendTokenizer] | None:

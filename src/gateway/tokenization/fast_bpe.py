@@ -38,7 +38,7 @@ from __future__ import annotations
 import json
 import re
 from array import array
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -299,6 +299,7 @@ class FastBpePlan:
     normalized: frozenset[str]
     latin: bool
     mixed: bool  # texts with other characters: cut at words, the HF encoder between
+    sample: tuple[int, ...] = ()  # the HF ids of ``_SAMPLE``, checked against tiktoken's at ``build``
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         """Pickled with the ranks as two flat byte strings (the tokens, their lengths and
@@ -308,21 +309,46 @@ class FastBpePlan:
         sizes = array("I", map(len, keys))
         ranks = array("I", (self.ranks[k] for k in keys))
         packed = (b"".join(keys), sizes.tobytes(), ranks.tobytes())
-        return _unpacked_plan, (self.pattern, packed, self.contents, self.plain, self.normalized, self.latin, self.mixed)
+        return _unpacked_plan, (
+            self.pattern, packed, self.contents, self.plain, self.normalized, self.latin, self.mixed, self.sample,
+        )  # fmt: skip
 
-    def build(self, backend: BackendTokenizer) -> FastBpe | None:
-        """The encoder for ``backend`` (the tokenizer the plan was made from, loaded here);
-        None when it differs from ``backend`` on the prose sample (not the same tokenizer)."""
+    def build(self, backend: BackendTokenizer, other: Callable[[str], list[int]] | None = None) -> FastBpe | None:
+        """The encoder for ``backend`` (the tokenizer the plan was made from, loaded here),
+        handing the texts it does not take to ``other`` (default: ``backend``'s encode); None
+        when it differs on the prose sample from the ids the plan's tokenizer gave it, or
+        those ids do not spell the sample in ``backend``'s vocabulary: not the same tokenizer."""
         import tiktoken
 
         encoding = tiktoken.Encoding("gateway", pat_str=self.pattern, mergeable_ranks=self.ranks, special_tokens={})
         fast = FastBpe(
             encoding, self.contents, plain_specials=self.plain, normalized=self.normalized,
-            other=_hf_encoder(backend) if self.mixed else None, latin=self.latin,
+            other=(other or _hf_encoder(backend)) if self.mixed else None, latin=self.latin,
         )  # fmt: skip
-        if fast.encode(_SAMPLE) != backend.encode(_SAMPLE, add_special_tokens=False).ids:
+        if not self.sample:
+            return fast if fast.encode(_SAMPLE) == backend.encode(_SAMPLE, add_special_tokens=False).ids else None
+        # ``backend`` may know its vocabulary alone (``backend_parts.merges_later``): its
+        # tokens tell whether the plan's ids are its own.
+        if fast.encode(_SAMPLE) != list(self.sample) or _spelled(backend, self.sample) != _SAMPLE.encode():
             return None
         return fast
+
+
+def _spelled(backend: BackendTokenizer, ids: Sequence[int]) -> bytes | None:
+    """The bytes ``ids`` stand for in ``backend``'s byte-level vocabulary (added tokens as
+    their text), or None when one is not in it."""
+    decode = _byte_decoder()
+    added = backend.get_added_tokens_decoder()
+    out = bytearray()
+    for token_id in ids:
+        if token_id in added:
+            out += added[token_id].content.encode()
+            continue
+        piece = backend.id_to_token(token_id)
+        if piece is None or any(c not in decode for c in piece):
+            return None
+        out += bytes(decode[c] for c in piece)
+    return bytes(out)
 
 
 _UNPACK_STEP = 8192  # ranks put into the dict per native call
@@ -330,7 +356,7 @@ _UNPACK_STEP = 8192  # ranks put into the dict per native call
 
 def _unpacked_plan(
     pattern: str, packed: tuple[bytes, bytes, bytes], contents: dict[str, int], plain: bool,
-    normalized: frozenset[str], latin: bool, mixed: bool,
+    normalized: frozenset[str], latin: bool, mixed: bool, sample: tuple[int, ...] = (),
 ) -> FastBpePlan:
     """The plan ``FastBpePlan.__reduce__`` packed, its ranks dict rebuilt a step at a time
     (another thread may take the GIL between steps)."""
@@ -346,7 +372,7 @@ def _unpacked_plan(
             keys.append(blob[at : at + size])
             at += size
         ranks.update(zip(keys, values[start : start + _UNPACK_STEP], strict=True))
-    return FastBpePlan(pattern, ranks, contents, plain, normalized, latin, mixed)
+    return FastBpePlan(pattern, ranks, contents, plain, normalized, latin, mixed, sample)
 
 
 def build_fast_bpe(backend: BackendTokenizer) -> FastBpe | None:
@@ -431,7 +457,8 @@ def plan_fast_bpe(backend: BackendTokenizer) -> FastBpePlan | None:
     if other is not None:
         fast = FastBpe(encoding, contents, plain_specials=plain, normalized=normalized, other=other, latin=latin)
         mixed = fast.encode(_MIXED_SAMPLE) == backend.encode(_MIXED_SAMPLE, add_special_tokens=False).ids
-    return FastBpePlan(pattern, ranks, contents, plain, frozenset(normalized), latin, mixed)
+    sample = tuple(backend.encode(_SAMPLE, add_special_tokens=False).ids)
+    return FastBpePlan(pattern, ranks, contents, plain, frozenset(normalized), latin, mixed, sample)
 
 
 def _hf_encoder(backend: BackendTokenizer) -> Callable[[str], list[int]]:

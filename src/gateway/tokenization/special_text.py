@@ -23,6 +23,8 @@ from typing import Any
 from tokenizers import AddedToken
 from tokenizers import Tokenizer as BackendTokenizer
 
+from gateway.tokenization.backend_parts import whole
+
 _OPEN, _CLOSE = "\ue000", "\ue001"  # private-use characters: no template writes them
 _PLACEHOLDER = re.compile(f"{_OPEN}(\\d+){_CLOSE}")
 
@@ -88,7 +90,7 @@ class SpecialTextShield:
         message that needs it: most deployments never do)."""
         with self._lock:
             if self._plain is None:
-                self._plain = _sharing_model(self._backend)
+                self._plain = _sharing_model(whole(self._backend))
             return self._plain
 
 

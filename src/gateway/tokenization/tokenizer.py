@@ -20,7 +20,13 @@ from tokenizers import AddedToken
 from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers.processors import TemplateProcessing
 
-from gateway.tokenization.backend_parts import BackendParts, split_backend
+from gateway.tokenization.backend_parts import (
+    BackendParts,
+    merges_deferred,
+    split_backend,
+    whole,
+    whole_encoder,
+)
 from gateway.tokenization.errors import TokenizerLoadError, TokenizerTooLarge
 from gateway.tokenization.fast_bpe import FastBpe, FastBpePlan, build_fast_bpe, plan_fast_bpe
 from gateway.tokenization.length_bound import LengthBound, length_bound
@@ -174,6 +180,11 @@ class Tokenizer:
         self._chat_templates: dict[str, ChatTemplate] = {}
         self._lock = threading.Lock()
         self._token_ids: dict[str, int | None] = {}
+        # The tokenizer that encodes: ``backend`` itself, unless it was built without its
+        # merges (``backend_parts.merges_later``: the fast encoder takes most texts, and the
+        # merges' build would stall the event loop while a model joins); then the whole one,
+        # built on the first encode that needs it (``_encoding``).
+        self._encoder: BackendTokenizer | None = None if merges_deferred(backend) else backend
 
         named = dict(special_tokens_map or {})
         named.update({k: v for k, v in self.config.items() if k in _NAMED_SPECIAL_TOKENS})
@@ -286,11 +297,12 @@ class Tokenizer:
             found = fast.encode(text)
             if found is not None:
                 return found
+        backend = self._encoder or self._encoding()
         if len(text) <= HOLD_GIL_CHARS:
-            ids: list[int] = self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+            ids: list[int] = backend.encode(text, add_special_tokens=add_special_tokens).ids
             return ids
         # encode_batch_fast skips offset tracking (ids only) and releases the GIL.
-        encoding = self.backend.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0]
+        encoding = backend.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0]
         ids = encoding.ids
         return ids
 
@@ -304,13 +316,20 @@ class Tokenizer:
             found = [fast.encode(t) for t in texts]
             if all(ids is not None for ids in found):
                 return found  # type: ignore[return-value]
+        backend = self._encoder or self._encoding()
         if sum(len(t) for t in texts) <= HOLD_GIL_CHARS:
-            encode = self.backend.encode
+            encode = backend.encode
             return [encode(t, add_special_tokens=add_special_tokens).ids for t in texts]
-        encodings = self.backend.encode_batch_fast(
+        encodings = backend.encode_batch_fast(
             list(texts), add_special_tokens=add_special_tokens
         )
         return [e.ids for e in encodings]
+
+    def _encoding(self) -> BackendTokenizer:
+        """The tokenizer with the merges (``backend_parts.whole``), built here if nothing
+        has asked for it before."""
+        found = self._encoder = whole(self.backend)
+        return found
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """Text of ``ids``; no ``clean_up_tokenization_spaces`` (it would break streaming).
@@ -346,7 +365,9 @@ class Tokenizer:
     def _lookup_token_id(self, text: str) -> int | None:
         if not text:
             return None
-        ids = self.backend.encode(text, add_special_tokens=False).ids
+        # Through the fast encoder where it takes the text (the same ids), so that asking
+        # about a plain-text tag needs no tokenizer with merges.
+        ids = self.encode(text, add_special_tokens=False)
         if len(ids) != 1:
             return None
         if self.backend.decode(ids, skip_special_tokens=False) != text:
@@ -358,13 +379,13 @@ class Tokenizer:
     def length_bound(self) -> LengthBound | None:
         """A lower bound on token counts from text length (``tokenization.length_bound``);
         the first read walks the vocabulary (run it off the event loop)."""
-        return _built("length_bound", self.backend, length_bound)  # type: ignore[no-any-return]
+        return _built("length_bound", self.backend, lambda backend: length_bound(whole(backend)))  # type: ignore[no-any-return]
 
     @functools.cached_property
     def fast_bpe(self) -> FastBpe | None:
         """tiktoken as this tokenizer's encoder where its ids are exact (``tokenization.fast_bpe``),
         used by ``encode`` once built; the first read checks it (seconds of CPU: run it off the event loop)."""
-        return _built("fast_bpe", self.backend, build_fast_bpe)  # type: ignore[no-any-return]
+        return _built("fast_bpe", self.backend, lambda backend: build_fast_bpe(whole(backend)))  # type: ignore[no-any-return]
 
     def warm_encoders(self) -> None:
         """Build the tiktoken encoder and the length bound now, off the event loop, before
@@ -388,7 +409,9 @@ class Tokenizer:
         fast encoder and length bound (what ``fast_bpe`` and ``length_bound`` return from now
         on); the encoder, built from the plan. That holds the GIL for tiktoken's table only
         (about a tenth of a second of one core for 150k tokens)."""
-        fast = _built("fast_bpe", self.backend, lambda backend: plan.build(backend) if plan is not None else None)
+        fast = _built(
+            "fast_bpe", self.backend, lambda backend: plan.build(backend, whole_encoder(backend)) if plan is not None else None
+        )
         self.__dict__["fast_bpe"] = fast
         self.__dict__["length_bound"] = _built("length_bound", self.backend, lambda backend: bound)
         return fast  # type: ignore[no-any-return]

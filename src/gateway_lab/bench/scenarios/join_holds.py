@@ -79,11 +79,19 @@ def measure(folder: Path, repeat: int) -> list[tuple[str, str, float]]:
                      cpu_ms(lambda: BackendTokenizer.from_str(parts.shell), repeat)))  # fmt: skip
         vocab = dict(zip(pieces, ids, strict=True))
         merges = list(zip(map(pieces.__getitem__, halves[0::2]), map(pieces.__getitem__, halves[1::2]), strict=True))
-        rows.append(("the BPE model from the vocabulary and merges", "serving process now",
+        merged = "serving process, on the first text tiktoken does not take" if plan is not None else "serving process"
+        rows.append(("the BPE model from the vocabulary and merges", merged,
                      cpu_ms(lambda: models.BPE(vocab, merges, **parts.options), repeat)))  # fmt: skip
+        if plan is not None:
+            rows.append(("the BPE model from the vocabulary alone (merges deferred)", "serving process now",
+                         cpu_ms(lambda: models.BPE(vocab, [], **parts.options), repeat)))  # fmt: skip
     if plan is not None:
+        import tiktoken._tiktoken as native
+
         rows.append(("tiktoken's table from the plan", "serving process (both)",
                      cpu_ms(lambda: plan.build(backend), repeat)))  # fmt: skip
+        rows.append(("of which tiktoken's native CoreBPE constructor", "serving process (both)",
+                     cpu_ms(lambda: native.CoreBPE(plan.ranks, {}, plan.pattern), repeat)))  # fmt: skip
     return rows
 
 
