@@ -272,7 +272,8 @@ def test_a_tokenizer_without_its_merges_encodes_ascii_and_latin_without_building
     tok, full = _deferred(qwen_parts), qwen_parts[3]
     for text in ["Hello, world! It's 12:45.", "L'été à Zürich, naïve café", "<|im_start|>user\nhi<|im_end|>\n"]:
         assert tok.encode(text, add_special_tokens=False) == full.encode(text, add_special_tokens=False)
-    for tag in ["<think>", "</tool_call>", "hello", " world", "[TOOL_CALLS]"]:
+    # the parsers' look-ups while a model joins, full-width and special ones included
+    for tag in ["<think>", "</tool_call>", "hello", " world", "[TOOL_CALLS]", "<\uff5ctool\u2581calls\u2581begin\uff5c>", "◁think▷", "東京 x"]:
         assert tok.token_id(tag) == full.token_id(tag), tag
     assert tok.decode(full.encode("Zürich 東京", add_special_tokens=True)) == "Zürich 東京"
     assert tok.backend not in backend_parts._WHOLE  # nothing needed the merges yet
@@ -298,3 +299,4 @@ def test_a_tokenizer_without_its_merges_gets_every_id_of_the_whole_one(
         text, add_special_tokens=False
     ).ids
     assert tok.encode("hi", add_special_tokens=True)[0] == ENDOFTEXT
+    assert tok.token_id(text) == full.token_id(text)

@@ -365,6 +365,8 @@ class Tokenizer:
     def _lookup_token_id(self, text: str) -> int | None:
         if not text:
             return None
+        if self._encoder is None and self._never_one_token(text):
+            return None  # told without the merges (a text tiktoken does not take would need them)
         # Through the fast encoder where it takes the text (the same ids), so that asking
         # about a plain-text tag needs no tokenizer with merges.
         ids = self.encode(text, add_special_tokens=False)
@@ -373,6 +375,19 @@ class Tokenizer:
         if self.backend.decode(ids, skip_special_tokens=False) != text:
             return None
         return int(ids[0])
+
+    def _never_one_token(self, text: str) -> bool:
+        """Whether ``text`` surely encodes to more than one token, told from the vocabulary:
+        an encode to one token makes the text's one pre-token a token, so when the text,
+        normalized and pre-tokenized, is no vocabulary entry (nor an added token, matched
+        whole; none strips whitespace), it is not one token, whatever the merges."""
+        added = self._added.values()
+        if any(t.content == text or t.lstrip or t.rstrip or t.single_word for t in added):
+            return False
+        normalizer, pre = self.backend.normalizer, self.backend.pre_tokenizer
+        normalized = normalizer.normalize_str(text) if normalizer is not None else text
+        image = "".join(piece for piece, _ in pre.pre_tokenize_str(normalized)) if pre is not None else normalized
+        return self.backend.token_to_id(image) is None
 
     # ------------------------------------------------------------------ facts
     @functools.cached_property
