@@ -150,6 +150,29 @@ async def test_ready_says_whether_a_read_would_wait(peer: tuple[Peer, SglangHttp
     assert call.ready()  # a cancelled call's read raises at once
 
 
+async def test_take_returns_what_has_arrived_and_leaves_the_end_to_read(peer: tuple[Peer, SglangHttpClient]) -> None:
+    p, client = peer
+    p.routes["/generate"] = p.sse([ans([7, 8], {"type": "length"})], hang=True)
+    call = client.generate(request())
+    assert call.take() is None  # nothing has arrived yet
+    first = await call.read()
+    assert first.HasField("chunk")  # type: ignore[union-attr]
+    last = call.take()  # the complete came with it: taken without a wait
+    assert last is not None and last.HasField("complete")
+    call.cancel()
+    assert call.take() is None and call.ready()  # a cancelled call's read raises
+    p.routes["/generate"] = p.sse([ans([1])], done=False)
+    unfinished = client.generate(request())
+    assert (await unfinished.read()).HasField("chunk")  # type: ignore[union-attr]
+    for _ in range(500):  # its failure arrives with the body's end
+        if unfinished.ready():
+            break
+        await asyncio.sleep(0.01)
+    assert unfinished.take() is None  # the stream's failure is read()'s to raise
+    with pytest.raises(WorkerCallError):
+        await unfinished.read()
+
+
 async def test_a_whole_generate_is_one_complete(peer: tuple[Peer, SglangHttpClient]) -> None:
     p, client = peer
     p.routes["/generate"] = reply(ans([4, 5, 6], {"type": "length", "length": 3}))

@@ -135,6 +135,8 @@ class WorkerStream:
         self._first = True  # no message read yet
         lease.watch(self._watchdog_kill)
         self._call_ready: Callable[[], bool] = call.ready
+        # An arrived message without ``read()``'s coroutines (the gateway's own calls: ``read_now``).
+        self._take: Callable[[], pb.GenerateResponse | None] | None = call.take if isinstance(call, _PUSHING) else None
         self._target: PushTarget | None = None  # takes messages as they arrive (``listen``)
         self._push_error: BaseException | None = None  # the target's failure, for the reader
 
@@ -146,6 +148,28 @@ class WorkerStream:
         """``read`` would return without waiting: a message (or the end) has arrived. The
         relay hands the tokens that arrived together to its client in one write."""
         return self._pending is not None or self._call_ready()
+
+    def read_now(self) -> pb.GenerateResponse | None:
+        """``read()`` of a message that has already arrived, without its coroutines (the
+        relay reads the tokens that came together one by one): the message, counted as
+        ``read()`` counts it; None when none has arrived (``read()`` then waits, or reports
+        the end, a failure or a stall)."""
+        msg = self._pending
+        if msg is not None:
+            self._pending = None
+        else:
+            take = self._take
+            if take is None or self._stalled:  # a stall verdict is ``read()``'s to report
+                return None
+            msg = take()
+            if msg is None:
+                return None
+            self.worker.progress.message(time.monotonic())
+        if self._first:  # the worker's first output: its prefill is done
+            self._first = False
+            self.lease.start()
+        self._count(msg)
+        return msg
 
     async def read(self) -> pb.GenerateResponse | None:
         """The next message, or None when the worker ended the stream."""

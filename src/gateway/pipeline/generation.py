@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, overload
 
@@ -174,18 +174,26 @@ class Generation:
         batch: list[str] = []  # texts of tokens that arrived together, not handed over yet
         texts = fast and self._texts
         plain_token = self._plain_token
+        reader: TokenStream | None = None  # the stream ``read_now`` belongs to (a resumption brings another)
+        read_now: Callable[[], pb.GenerateResponse | None] | None = None
         try:
             while self._open:
-                if batch and not self.stream.ready():  # about to wait: hand over what came
-                    yield batch
+                stream = self.stream
+                if stream is not reader:
+                    reader, read_now = stream, getattr(stream, "read_now", None)
+                # A message that has arrived is read without the read's coroutines.
+                msg = read_now() if read_now is not None else None
+                if msg is None and batch and (read_now is not None or not stream.ready()):
+                    yield batch  # about to wait (or to meet the end): hand over what came
                     batch = []
                 try:
-                    msg = await self.stream.read()
                     if msg is None:
-                        missing = [s.index for s in self._samples if not s.done]
-                        raise WorkerError(
-                            f"worker {self.worker_id} ended the stream before samples {missing} finished"
-                        )
+                        msg = await stream.read()
+                        if msg is None:
+                            missing = [s.index for s in self._samples if not s.done]
+                            raise WorkerError(
+                                f"worker {self.worker_id} ended the stream before samples {missing} finished"
+                            )
                 except GatewayError as exc:
                     if batch:
                         yield batch

@@ -319,6 +319,15 @@ class HttpGenerateCall:
             self._wake()
         return finished
 
+    def take(self) -> pb.GenerateResponse | None:
+        """The next message if one has arrived, as ``read()`` would return it, without its
+        coroutine; None otherwise (nothing yet, or the end, a failure or a cancel, which
+        ``read()`` reports)."""
+        items = self._items
+        if not items or self._cancelled or type(items[0]) is not pb.GenerateResponse:
+            return None
+        return items.popleft()  # type: ignore[return-value]
+
     async def read(self) -> pb.GenerateResponse | EndOfStream:
         while not self._items or self._cancelled:
             if self._cancelled:

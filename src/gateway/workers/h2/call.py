@@ -112,6 +112,18 @@ class H2Call:
         """``read()`` would return (or raise) without waiting."""
         return bool(self._inbox) or self._status is not None or self.cancelled
 
+    def take(self) -> Any:
+        """The next message if one has arrived, as ``read()`` would return it, without its
+        coroutine; None when none has (nothing yet, or the end, a failure or a cancel,
+        which ``read()`` reports)."""
+        inbox = self._inbox
+        if not inbox or self.cancelled:
+            return None
+        message = inbox.popleft()
+        if not inbox and self._credit and (self._credit >= self._credit_step or self._partial):
+            self._give_credit()
+        return message
+
     def done(self) -> bool:
         return self._status is not None
 
