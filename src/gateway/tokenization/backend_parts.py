@@ -64,6 +64,11 @@ class BackendParts:
         """The tokenizer these parts came from (without ``merges``: its BPE model knows the
         vocabulary alone, and encodes differently). Raises ValueError when an added token
         gets another id than it had in the file."""
+        vocab, pairs = self.objects(merges=merges)
+        return self.assemble(vocab, pairs)
+
+    def objects(self, *, merges: bool = True) -> tuple[dict[str, int], list[tuple[str, str]]]:
+        """The vocabulary dict and the merge list, made in steps of ``STEP`` entries."""
         pieces = self.pieces.split(SEPARATOR) if self.pieces else []
         ids = array("I")
         ids.frombytes(self.ids)
@@ -76,6 +81,10 @@ class BackendParts:
         for start in range(0, len(halves), 2 * STEP):
             chunk = halves[start : start + 2 * STEP]
             pairs.extend(zip(map(pieces.__getitem__, chunk[0::2]), map(pieces.__getitem__, chunk[1::2]), strict=True))
+        return vocab, pairs
+
+    def assemble(self, vocab: dict[str, int], pairs: list[tuple[str, str]]) -> BackendTokenizer:
+        """The tokenizer around ``models.BPE(vocab, pairs)`` (the native calls only)."""
         backend = BackendTokenizer.from_str(self.shell)
         backend.model = models.BPE(vocab, pairs, **self.options)
         backend.add_tokens([AddedToken(content, **flags) for _, content, flags in self.added])
@@ -85,18 +94,25 @@ class BackendParts:
         return backend
 
 
-_LATER: weakref.WeakKeyDictionary[BackendTokenizer, BackendParts] = weakref.WeakKeyDictionary()
-"""Tokenizers built without their merges, and the parts to build the whole one from."""
+_LATER: weakref.WeakKeyDictionary[BackendTokenizer, tuple[BackendParts, dict[str, int], list[tuple[str, str]]]] = (
+    weakref.WeakKeyDictionary()
+)
+"""Tokenizers built without their merges, and what the whole one is built from: the parts,
+and the vocabulary dict and merge list already made from them."""
 _WHOLE: weakref.WeakKeyDictionary[BackendTokenizer, BackendTokenizer] = weakref.WeakKeyDictionary()
 _WHOLE_LOCK = threading.Lock()
 
 
 def merges_later(parts: BackendParts) -> BackendTokenizer:
     """The tokenizer of ``parts`` around a vocabulary-only model: it decodes and looks ids
-    and tokens up as the whole one does, but only ``whole`` of it encodes as the file says."""
-    backend = parts.build(merges=False)
+    and tokens up as the whole one does, but only ``whole`` of it encodes as the file says.
+    The vocabulary dict and the merge list are made here, in steps (call it off the event
+    loop), and kept (tens of MB for a 150k vocabulary), so that the whole one's build holds
+    the GIL for its native calls alone, wherever it happens."""
+    vocab, pairs = parts.objects()
+    backend = parts.assemble(vocab, [])
     with _WHOLE_LOCK:
-        _LATER[backend] = parts
+        _LATER[backend] = (parts, vocab, pairs)
     return backend
 
 
@@ -109,16 +125,18 @@ def merges_deferred(backend: BackendTokenizer) -> bool:
 def whole(backend: BackendTokenizer) -> BackendTokenizer:
     """The tokenizer that encodes as ``backend``'s file says: ``backend`` itself, or for one
     from ``merges_later`` the tokenizer with the merges, built the first time it is asked
-    (one native call that holds the GIL, as the file's parse would) with ``backend``'s
-    post-processor as it is then (the model's BOS/EOS settings may have changed it)."""
+    (the BPE model's native build holds the GIL, as the file's parse would) with
+    ``backend``'s post-processor as it is then (the model's BOS/EOS settings may have
+    changed it)."""
     with _WHOLE_LOCK:
         found = _WHOLE.get(backend)
         if found is not None:
             return found
-        parts = _LATER.pop(backend, None)
-        if parts is None:
+        later = _LATER.pop(backend, None)
+        if later is None:
             return backend
-        found = parts.build()
+        parts, vocab, pairs = later
+        found = parts.assemble(vocab, pairs)
         found.post_processor = backend.post_processor
         found.no_truncation()
         found.no_padding()

@@ -6,7 +6,8 @@ template bombs (picked per request with ``chat_template_kwargs``), ``flood`` ans
 every Generate with 300,000 tokens, ``endless`` streams one token every millisecond for
 ever, ``oversize`` answers with one 32 MiB message; an honest worker of a fifth model
 joins the running gateway in the second row (``POST /workers``: the gateway loads its
-tokenizer and builds its fast encoder while serving), then one of a sixth model with the
+tokenizer and builds its fast encoder while serving; the next row sends that model its first
+text tiktoken does not take, which builds its BPE merges), then one of a sixth model with the
 files three of the first four serve (the gateway shares their parse). The gateway under test
 is ``token-gateway serve`` in a child process; /health is polled every 20 ms by another
 child process on its own kept-alive connection (TCP_NODELAY), so neither the workers'
@@ -238,6 +239,10 @@ async def probes(p: Prober) -> None:
             await asyncio.sleep(0.5)
         return p.answers[url]
     await p.measure("a worker of a new model joins (its tokenizer and fast encoder are built)", lambda: join(p.late_url))
+
+    async def first_other_text() -> str:  # tiktoken takes ASCII and Latin letters only
+        return code(await p.chat("late", max_tokens=4, messages=[{"role": "user", "content": "東京の天気は"}]))
+    await p.measure("the new model's first text tiktoken does not take (its BPE merges are built then)", first_other_text)
     await p.measure("a worker of a new model joins with tokenizer files another model has (shared)",
                     lambda: join(p.again_url))  # fmt: skip
 
