@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from gateway.protocol.limits import MAX_INPUT_ITEMS
 from gateway.protocol.responses_api import (
     ConversationCreate,
     ConversationUpdate,
@@ -59,3 +60,12 @@ def test_conversation_bodies() -> None:
 def test_fields_of_the_wrong_json_type_are_validation_errors(item: dict[str, object]) -> None:
     with pytest.raises(ValidationError):
         ResponsesRequest.model_validate({"input": [item]})
+
+
+def test_input_items_are_counted_before_any_is_validated() -> None:
+    item = {"role": "user", "content": "hi"}
+    assert len(ResponsesRequest(input=[item] * MAX_INPUT_ITEMS).input) == MAX_INPUT_ITEMS
+    with pytest.raises(ValidationError, match=f"input may hold at most {MAX_INPUT_ITEMS} items"):
+        ResponsesRequest(input=[item] * (MAX_INPUT_ITEMS + 1))
+    with pytest.raises(ValidationError, match="at most"):  # counted before the items: a list of anything
+        ResponsesRequest(input=[7] * (MAX_INPUT_ITEMS + 1))

@@ -15,7 +15,7 @@ from pydantic import Field, field_validator, model_validator
 
 from gateway.protocol.common import RequestModel
 from gateway.protocol.errors import ParamError
-from gateway.protocol.limits import MAX_TOP_LOGPROBS
+from gateway.protocol.limits import MAX_INPUT_ITEMS, MAX_TOP_LOGPROBS, check_message_count
 
 ITEM_TYPES = {"message", "function_call", "function_call_output", "reasoning", "mcp_call", "mcp_list_tools"}
 _ROLES = {"user", "assistant", "system", "developer"}
@@ -160,6 +160,11 @@ class ResponsesRequest(RequestModel):
                 "name": fmt.get("name") or "schema", "schema": fmt.get("schema"), "strict": fmt.get("strict"),
             }}
         return {"type": fmt.get("type")}
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _item_count(cls, value: Any) -> Any:
+        return check_message_count(value, "input", MAX_INPUT_ITEMS, "items")
 
     @field_validator("input")
     @classmethod

@@ -16,6 +16,7 @@ from gateway.pipeline.resume import ResumeConfig
 from gateway.pipeline.retry import RetryConfig
 from gateway.pipeline.store.config import HistoryConfig
 from gateway.policies.factory import PolicyConfig
+from gateway.protocol.limits import DEFAULT_MAX_BODY_VALUES
 from gateway.server.admission import AdmissionConfig
 from gateway.server.http.limits import HttpLimitsConfig
 from gateway.server.metrics_port import MetricsPortConfig
@@ -50,6 +51,7 @@ class ServerConfig:
     reply_cache_bytes: int = option(64 * 1024 * 1024, "memory bound of those replies per model, bytes (text + 4 per token)")
     api_keys: list[str] = option([], "inference API keys clients must send as 'Authorization: Bearer KEY' (none: open)")
     max_body_bytes: int = option(32 * 1024 * 1024, "largest request body accepted, bytes")
+    max_body_values: int = option(DEFAULT_MAX_BODY_VALUES, "most JSON values (token ids, messages, strings...) a request body may hold, counted as its commas, brackets and braces before it is parsed, and most token ids or messages one gRPC request may carry; more gets 413 (parsing holds the event loop about 40-170 ns per value; 0: no bound)")
     grpc_max_concurrent_streams: int = option(256, "gRPC door: most streams (calls) open at once on one client connection, advertised in HTTP/2 SETTINGS")
     grpc_max_connections: int = option(1024, "gRPC door: most client connections open at once; more are refused")
     worker_api_key: str | None = option(None, "bearer token the gateway sends to workers (an OpenAI backend's own API key with --backend openai)")
@@ -73,7 +75,7 @@ class ServerConfig:
                 raise ValueError(f"--{name.replace('_', '-')} must be a port in 0-65535, got {value}")
         check_at_least(self, 1, "max_body_bytes", "grpc_max_concurrent_streams", "grpc_max_connections",
                        "max_tokenizer_bytes", "max_vocabulary_entries", "reply_cache_entries", "reply_cache_bytes")
-        check_at_least(self, 0, "worker_startup_timeout_s", "probe_timeout_s", "worker_drain_timeout_s", "shutdown_grace_s",
+        check_at_least(self, 0, "max_body_values", "worker_startup_timeout_s", "probe_timeout_s", "worker_drain_timeout_s", "shutdown_grace_s",
                        "worker_dp_size")
         if self.worker_dp_size > MAX_DP_SIZE:
             raise ValueError(f"--worker-dp-size must be at most {MAX_DP_SIZE}, got {self.worker_dp_size}")

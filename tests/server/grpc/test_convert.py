@@ -8,6 +8,7 @@ import pytest
 from google.protobuf.struct_pb2 import Struct
 
 from gateway.client import chat_request, completion_request, function_tool, gpb, user
+from gateway.protocol import limits
 from gateway.protocol.chat import ChatCompletionRequest
 from gateway.protocol.completions import CompletionRequest
 from gateway.protocol.errors import GatewayError
@@ -112,3 +113,15 @@ def test_response_dicts_become_typed_messages() -> None:
     assert not tokens[0].HasField("logprob") and tokens[1].logprob == -1.0 and dict(tokens[1].top_logprobs) == {"i": -1.0}
     assert whole.choices[0].matched_stop.text == "\n" and list(whole.worker_ids) == ["w1"]
     assert not whole.usage.HasField("reasoning_tokens")
+
+
+def test_messages_are_counted_before_any_is_converted() -> None:
+    message = gpb.ChatMessage(role="user", content="hi")
+    within = gpb.ChatCompletionRequest(model="m", messages=[message] * limits.MAX_MESSAGES)
+    assert len(convert.chat_request(within, stream=False)["messages"]) == limits.MAX_MESSAGES
+    over = gpb.ChatCompletionRequest(model="m", messages=[message] * (limits.MAX_MESSAGES + 1))
+    with pytest.raises(GatewayError, match=f"at most {limits.MAX_MESSAGES} messages") as refused:
+        convert.chat_request(over, stream=False)
+    assert refused.value.status == 400 and refused.value.param == "messages"
+    with pytest.raises(GatewayError, match="at most"):
+        convert.tokenize_request(gpb.TokenizeRequest(model="m", messages=over.messages))

@@ -4,10 +4,13 @@ run over a real channel in tests/e2e/grpc/test_responses.py)."""
 
 from __future__ import annotations
 
+import pytest
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.struct_pb2 import Struct
 
 from gateway.proto import gateway_pb2 as gpb
+from gateway.protocol.errors import GatewayError
+from gateway.protocol.limits import MAX_INPUT_ITEMS
 from gateway.protocol.responses_api import ResponsesRequest
 from gateway.server.grpc.responses import (
     event_message,
@@ -55,3 +58,15 @@ def test_a_response_keeps_its_whole_object() -> None:
     assert event_message({"type": "response.created", "sequence_number": 0}).delta == ""
     page = item_list({"data": [{"id": "a"}], "first_id": "a", "last_id": "a", "has_more": True})
     assert page.has_more and MessageToDict(page.data[0]) == {"id": "a"}
+
+
+def test_input_items_are_counted_before_any_is_converted() -> None:
+    item = Struct()
+    item.update({"role": "user", "content": "hi"})
+    request = gpb.CreateResponseRequest(model="m")
+    request.input_items.items.extend([item] * (MAX_INPUT_ITEMS + 1))
+    with pytest.raises(GatewayError, match=f"at most {MAX_INPUT_ITEMS} items") as refused:
+        response_request(request, stream=False)
+    assert refused.value.status == 400 and refused.value.param == "input"
+    del request.input_items.items[-1]
+    assert len(response_request(request, stream=False)["input"]) == MAX_INPUT_ITEMS

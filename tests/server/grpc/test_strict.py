@@ -10,7 +10,7 @@ import grpc
 from grpc import aio
 
 from gateway.proto import gateway_pb2 as gpb
-from gateway.server.grpc.strict import register, strict_handler
+from gateway.server.grpc.strict import MESSAGE_WEIGHT, register, repeated_values, strict_handler
 
 SERVICE = "test.Strict"
 
@@ -67,5 +67,52 @@ async def test_valid_and_invalid_bodies_on_a_real_server() -> None:
                     assert trailing["x-http-status"] == "400" and trailing["x-error-type"] == "invalid_request_error"
                 else:
                     raise AssertionError("a bad body was accepted")
+    finally:
+        await server.stop(None)
+
+
+def test_repeated_values_counts_every_depth_and_weighs_messages() -> None:
+    chat = gpb.ChatCompletionRequest(messages=[gpb.ChatMessage(role="user", content="hi")] * 3)
+    chat.sampling.stop_token_ids.extend([1, 2])
+    chat.sampling.logit_bias[7] = 1.0
+    chat.messages[0].tool_calls.add(id="a")
+    assert repeated_values(chat, 10**6) == 3 * MESSAGE_WEIGHT + 2 + 1 + MESSAGE_WEIGHT
+    batch = gpb.TokenIdBatch(prompts=[gpb.TokenIds(ids=[1] * 100)] * 5)
+    assert repeated_values(batch, 10**6) == 5 * MESSAGE_WEIGHT + 500
+    assert repeated_values(batch, 50) <= 50 + 100 + MESSAGE_WEIGHT * 5  # stops once past the bound
+    kwargs = gpb.ChatCompletionRequest()
+    kwargs.chat_template_kwargs.update({"a": [1, 2, 3]})  # a Struct: a map of messages
+    assert repeated_values(kwargs, 10**6) >= 3
+
+
+async def test_a_request_of_too_many_values_is_refused_before_its_handler() -> None:
+    server = aio.server()
+    seen: list[int] = []
+
+    class Counting(_Servicer):
+        async def echo(self, request: gpb.TokenIds, context: aio.ServicerContext) -> gpb.TokenIds:
+            seen.append(len(request.ids))
+            return await super().echo(request, context)
+
+    register(_add, Counting(), server, max_values=1000)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            echo = channel.unary_unary(f"/{SERVICE}/Echo")
+            count = channel.unary_stream(f"/{SERVICE}/Count")
+            within = gpb.TokenIds(ids=[1] * 1000).SerializeToString()
+            assert len(gpb.TokenIds.FromString(await echo(within)).ids) == 1000
+            over = gpb.TokenIds(ids=[1] * 1001).SerializeToString()
+            for call in (echo(over), count(over).read()):
+                try:
+                    await call
+                except aio.AioRpcError as err:
+                    assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                    assert "more than 1,000 values" in (err.details() or "")
+                    assert dict(err.trailing_metadata() or ())["x-http-status"] == "413"
+                else:
+                    raise AssertionError("a request past the bound was accepted")
+            assert seen == [1000]
     finally:
         await server.stop(None)

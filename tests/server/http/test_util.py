@@ -12,7 +12,14 @@ import pytest
 from pydantic import BaseModel
 
 from gateway.protocol.errors import InvalidRequestError, PayloadTooLargeError, QueueFullError
-from gateway.server.http.util import ClientGone, error_response, parse_json, parse_model, read_body
+from gateway.server.http.util import (
+    ClientGone,
+    error_response,
+    json_values_bound,
+    parse_json,
+    parse_model,
+    read_body,
+)
 
 
 def _receive(*messages: dict[str, Any]) -> tuple[Callable[[], Awaitable[dict[str, Any]]], list[int]]:
@@ -67,6 +74,48 @@ def test_json_errors_say_what_is_wrong() -> None:
         parse_json(b"{oops")
     with pytest.raises(InvalidRequestError, match=r"not valid UTF-8: byte 0xff at offset 7"):
         parse_json(b'{"a": "\xff"}')
+
+
+@pytest.mark.parametrize(
+    "value",
+    [[1, 2, 3], {"a": [1, {"b": []}], "c": "x"}, [[[]]], "just a string", 7, [{"k": [1, 2]}, {}, "s,[{"], []],
+)
+def test_the_values_bound_is_never_below_the_values_a_text_holds(value: Any) -> None:
+    def values(v: Any) -> int:
+        if isinstance(v, list):
+            return 1 + sum(values(x) for x in v)
+        if isinstance(v, dict):
+            return 1 + sum(values(x) for x in v.values())
+        return 1
+
+    assert json_values_bound(orjson.dumps(value)) >= values(value)
+
+
+async def test_a_body_of_more_values_than_the_bound_is_refused_before_its_parse() -> None:
+    ids = orjson.dumps({"prompt": list(range(1000))})  # 999 commas, a bracket, a brace: 1,002 values
+
+    async def read(*chunks: bytes, bound: int) -> bytes:
+        receive, _ = _receive(*(_chunk(c, more=i < len(chunks) - 1) for i, c in enumerate(chunks)))
+        return await read_body(receive, None, 1 << 20, bound)
+
+    assert await read(ids, bound=1002) == ids
+    with pytest.raises(PayloadTooLargeError, match=r"may hold 1,002 JSON values \(.*\); at most 1,001") as refused:
+        await read(ids, bound=1001)
+    assert refused.value.status == 413
+    halves = (ids[:2000], ids[2000:])
+    assert await read(*halves, bound=1002) == ids  # counted chunk by chunk: the same count
+    with pytest.raises(PayloadTooLargeError, match="more than 1,001"):
+        await read(*halves, bound=1001)
+    receive, calls = _receive(_chunk(b"[" + b"1," * 600, more=True), _chunk(b"1," * 600, more=True), _chunk(b"1]"))
+    with pytest.raises(PayloadTooLargeError):  # refused at the chunk that passes it, before the body's end
+        await read_body(receive, None, 1 << 20, 1000)
+    assert calls[0] == 2
+    text = orjson.dumps({"prompt": "a, b, " * 1000})  # one value, but its commas count: a bound, not a count
+    with pytest.raises(PayloadTooLargeError):
+        await read(text, bound=1000)
+    long = orjson.dumps({"prompt": "a b " * 1000})
+    assert await read(long, bound=1000) == long  # long, few values: accepted
+    assert await read(ids, bound=0) == ids  # 0: no bound
 
 
 class _Body(BaseModel):

@@ -16,6 +16,7 @@ from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 
 from gateway.proto import gateway_pb2 as gpb
+from gateway.protocol import limits
 from gateway.protocol.errors import InvalidRequestError
 from gateway.protocol.responses import ChoiceLogprobs, CompletionLogprobs
 from gateway.protocol.stream import (
@@ -56,7 +57,12 @@ def _sampling(request: Message, field: str = "sampling") -> dict[str, Any]:
     return out
 
 
-def message_dicts(messages: Any) -> list[dict[str, Any]]:
+def message_dicts(messages: Any, what: str = "messages") -> list[dict[str, Any]]:
+    """The messages as the HTTP API's dicts, counted first (each costs a few µs here)."""
+    if len(messages) > limits.MAX_MESSAGES:
+        raise InvalidRequestError(
+            f"{what} may hold at most {limits.MAX_MESSAGES} messages, not {len(messages)}", param=what
+        )
     return [_dict(m) for m in messages]
 
 

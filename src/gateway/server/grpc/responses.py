@@ -19,7 +19,8 @@ from grpc import aio
 from gateway.endpoints.events import Events
 from gateway.pipeline.request_context import RequestContext
 from gateway.proto import gateway_pb2 as gpb
-from gateway.protocol.errors import GatewayError
+from gateway.protocol.errors import GatewayError, InvalidRequestError
+from gateway.protocol.limits import MAX_INPUT_ITEMS
 from gateway.protocol.responses_api import ResponsesRequest
 from gateway.server.grpc import convert
 from gateway.server.grpc.util import abort_with, client_deadline, reply_metadata
@@ -40,7 +41,10 @@ def response_request(request: gpb.CreateResponseRequest, *, stream: bool) -> dic
     if kind == "input_text":
         body["input"] = request.input_text
     elif kind == "input_items":
-        body["input"] = [convert.struct_dict(item) for item in request.input_items.items]
+        items = request.input_items.items
+        if len(items) > MAX_INPUT_ITEMS:  # counted before each costs its conversion
+            raise InvalidRequestError(f"input may hold at most {MAX_INPUT_ITEMS} items, not {len(items)}", param="input")
+        body["input"] = [convert.struct_dict(item) for item in items]
     for name in ("instructions", "parallel_tool_calls", "max_output_tokens", "temperature", "top_p", "store",
                  "previous_response_id", "conversation", "user", "top_logprobs", "truncation", "seed"):
         if request.HasField(name):

@@ -78,9 +78,9 @@ async def start_grpc_server(
     auth = CallContextReader(state.auth)
     gateway = TokenGatewayService(state, auth)
     passthrough = SchedulerPassthrough(state, auth)
-    # Unparseable requests get INVALID_ARGUMENT, not grpcio's INTERNAL.
-    register(gateway_pb2_grpc.add_TokenGatewayServicer_to_server, gateway, server)
-    register(sglang_scheduler_pb2_grpc.add_SglangSchedulerServicer_to_server, passthrough, server)
+    # Unparseable requests get INVALID_ARGUMENT, not grpcio's INTERNAL; too many values, RESOURCE_EXHAUSTED.
+    register(gateway_pb2_grpc.add_TokenGatewayServicer_to_server, gateway, server, config.max_body_values)
+    register(sglang_scheduler_pb2_grpc.add_SglangSchedulerServicer_to_server, passthrough, server, config.max_body_values)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(

@@ -59,7 +59,7 @@ def agents_router(door: HttpDoor) -> APIRouter:
     @router.post("/v1/conversations")
     async def create_conversation(request: Request) -> Response:
         async def run(ctx: RequestContext) -> Any:
-            return await conversations.create(ctx, await read_json(request, max_body))
+            return await conversations.create(ctx, await read_json(request, max_body, door.max_values))
 
         return await door.handle(request, run)
 
@@ -70,7 +70,7 @@ def agents_router(door: HttpDoor) -> APIRouter:
     @router.post("/v1/conversations/{conversation_id}")
     async def update_conversation(request: Request, conversation_id: str) -> Response:
         async def run(ctx: RequestContext) -> Any:
-            return await conversations.update(ctx, conversation_id, await read_json(request, max_body))
+            return await conversations.update(ctx, conversation_id, await read_json(request, max_body, door.max_values))
 
         return await door.handle(request, run)
 
@@ -81,7 +81,7 @@ def agents_router(door: HttpDoor) -> APIRouter:
     @router.post("/v1/conversations/{conversation_id}/items")
     async def add_items(request: Request, conversation_id: str) -> Response:
         async def run(ctx: RequestContext) -> Any:
-            return await conversations.add_items(ctx, conversation_id, await read_json(request, max_body))
+            return await conversations.add_items(ctx, conversation_id, await read_json(request, max_body, door.max_values))
 
         return await door.handle(request, run)
 

@@ -44,6 +44,7 @@ class HttpDoor:
     def __init__(self, state: GatewayState) -> None:
         self.state = state
         self.max_body = state.config.server.max_body_bytes
+        self.max_values = state.config.server.max_body_values  # JSON values a body may hold (``util.check_values``)
 
     def context(self, request: Request, auth: Auth) -> RequestContext:
         return self.context_from(request.headers, auth)

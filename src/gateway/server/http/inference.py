@@ -261,7 +261,7 @@ class _Request:
                 # The whole body before the disconnect watcher shares ``receive``: two
                 # readers would race for the body's chunks. A GET has none.
                 body = b"" if route.method == "GET" else await read_body(
-                    self.receive, headers.get("content-length"), path.max_body
+                    self.receive, headers.get("content-length"), path.max_body, door.max_values
                 )
                 if hook is not None:  # this gateway's server says when the client leaves: no watcher task
                     hook.watch(self._client_left)

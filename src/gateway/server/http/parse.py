@@ -22,14 +22,14 @@ def parse_router(door: HttpDoor) -> APIRouter:
     @router.post("/parse/tool_calls")
     async def tool_calls(request: Request) -> Response:
         async def run(ctx: RequestContext) -> Any:
-            return parse_route.parse_tool_calls(parse_model(ParseToolCallsRequest, await read_json(request, max_body)))
+            return parse_route.parse_tool_calls(parse_model(ParseToolCallsRequest, await read_json(request, max_body, door.max_values)))
 
         return await door.handle(request, run)
 
     @router.post("/parse/reasoning")
     async def reasoning(request: Request) -> Response:
         async def run(ctx: RequestContext) -> Any:
-            return parse_route.parse_reasoning(parse_model(ParseReasoningRequest, await read_json(request, max_body)))
+            return parse_route.parse_reasoning(parse_model(ParseReasoningRequest, await read_json(request, max_body, door.max_values)))
 
         return await door.handle(request, run)
 

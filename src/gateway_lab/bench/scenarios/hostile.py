@@ -62,6 +62,9 @@ SLOW = "{% for i in range(3000) %}{% if (messages|tojson|length) < 0 %}x{% endif
 DETOKENIZED = 1_000_000
 """Ids in the ``/v1/detokenize`` probe's request (about 7 MB of JSON)."""
 
+BODIES = "large valid bodies"
+"""The name every large-body probe's row starts with (``--only bodies`` runs them)."""
+
 HEADER = ("probe", "answer", "answer time (median)", "/health p50", "/health p99", "/health max", "RSS after", "RSS growth")
 
 
@@ -172,9 +175,12 @@ class Prober:
     """Runs each probe against one gateway: its attack repeated while /health is polled."""
 
     def __init__(
-        self, http: Any, port: int, pid: int, only: str, seconds: float, late_url: str = "", again_url: str = ""
+        self, http: Any, port: int, pid: int, only: str, seconds: float, late_url: str = "", again_url: str = "",
+        grpc_target: str = "", body_limit: int = 32 << 20,
     ) -> None:
         self.http, self.port, self.pid, self.only, self.seconds = http, port, pid, only, seconds
+        self.grpc_target = grpc_target  # the gateway's gRPC door
+        self.body_limit = body_limit  # the gateway's --max-body-bytes: the large-body probes fill it
         self.late_url = late_url  # an honest worker of another model, added while the probes run
         self.again_url = again_url  # one more, whose tokenizer files another model has already
         self.joined: list[str] = []
@@ -307,6 +313,33 @@ async def probes(p: Prober) -> None:
     async def amplified() -> str:
         return code(await p.chat("bomb", n=128, max_tokens=200, logprobs=True, top_logprobs=20))
     await p.measure("n 128, top_logprobs 20 (154-byte request)", amplified, times=5)
+    await body_probes(p)
+
+
+async def body_probes(p: Prober) -> None:
+    """Large valid bodies, ``hostile_bodies.PARALLEL`` at once, on each door."""
+    from grpc import aio
+
+    from gateway_lab.bench.scenarios import hostile_bodies as bodies
+
+    def row(name: str) -> str:
+        return f"{BODIES}: {name}, x{bodies.PARALLEL} at once"
+
+    for body in bodies.http_bodies("bomb", p.body_limit):
+        if p.only not in row(body.name):
+            continue
+        data = body.build()
+
+        async def post(path: str = body.path, data: bytes = data) -> str:
+            return code(await p.http.post(path, content=data, headers={"content-type": "application/json"}))
+        await p.measure(row(body.name), lambda: bodies.at_once(post), times=2)
+        del data
+    options = [("grpc.max_send_message_length", p.body_limit + (1 << 20))]
+    async with aio.insecure_channel(p.grpc_target, options=options) as channel:
+        for name, ready in bodies.grpc_calls(channel, "bomb", p.body_limit):
+            if p.only in row(name):
+                call = ready()
+                await p.measure(row(name), lambda call=call: bodies.at_once(call), times=2)  # type: ignore[misc]
 
 
 async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -336,13 +369,14 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 hostile_worker(HostilePlan(), served_model_name="late", tokenizer_path=str(late_files))
             )
             again = await stack.enter_async_context(hostile_worker(HostilePlan(), served_model_name="again"))
-            flags = ["--tokenizer-cache-dir", str(Path(tmp) / "cache"), "--log-level", "error"]
+            flags = ["--tokenizer-cache-dir", str(Path(tmp) / "cache"), "--log-level", "error", "--grpc-port", "0"]
             gw = await stack.enter_async_context(
                 launch.gateway("ours", urls, "", extra_args=flags, log_dir=args.log_dir or tmp, keep_log=bool(args.log_dir),
                                ready_timeout_s=args.ready_timeout_s)
             )  # fmt: skip
             http = await stack.enter_async_context(httpx.AsyncClient(base_url=gw.url, timeout=60, trust_env=False))
-            prober = Prober(http, int(gw.url.rsplit(":", 1)[1]), gw.pid, args.only, args.probe_seconds, late, again)
+            prober = Prober(http, int(gw.url.rsplit(":", 1)[1]), gw.pid, args.only, args.probe_seconds, late, again,
+                            gw.ready_info.get("grpc_target", ""), args.body_bytes)
             await prober.chat("bomb")  # warm: the template compiled, the first request's costs paid
             await probes(prober)
     return prober.rows
@@ -370,6 +404,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokenizer-dir", default="", help="the tokenizer the bomb worker serves (empty: the bundled Qwen3 files)")
     parser.add_argument("--ready-timeout-s", type=float, default=180.0,
                         help="how long the gateway may take to start (it compiles the bomb template)")  # fmt: skip
+    parser.add_argument("--body-bytes", type=int, default=32 << 20,
+                        help="the large-body probes' body size (the gateway's --max-body-bytes; its default)")
     parser.add_argument("--log-dir", default="", help="keep the gateway's log here")
     parser.add_argument("--json", default="", help="also write the results here as JSON")
     parser.add_argument("--markdown", default="", help="also write the table here as Markdown")
