@@ -1,0 +1,108 @@
+"""Fixtures: vLLM's own servers (OpenAI HTTP and ``--grpc``) over the stand-in core, and a
+gateway in front of each.
+
+The suite skips, with the reason, where the interop virtualenv or the model folder is
+missing (``scripts/interop/setup-vllm.sh`` builds both; ``scripts/run-interop-vllm`` runs
+it and then this suite). Each server and gateway serves the whole session.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.interop_sglang import servers as common
+from tests.interop_vllm import servers
+
+
+@pytest.fixture(scope="session")
+def interop_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("interop-vllm")
+
+
+def _vllm(interop_dir: Path, transport: str) -> Iterator[common.Process]:
+    reason = servers.unavailable_reason(require_opt_in=True)
+    if reason:
+        print(f"interop-vllm skipped: {reason}", file=sys.stderr)
+        pytest.skip(reason)
+    with common.running(servers.start_vllm(interop_dir, transport=transport)) as proc:
+        yield proc
+
+
+@pytest.fixture(scope="session")
+def vllm_http(interop_dir: Path) -> Iterator[common.Process]:
+    yield from _vllm(interop_dir, "http")
+
+
+@pytest.fixture(scope="session")
+def vllm_grpc(interop_dir: Path) -> Iterator[common.Process]:
+    yield from _vllm(interop_dir, "grpc")
+
+
+def _gateway(interop_dir: Path, worker: common.Process, name: str) -> Iterator[common.Process]:
+    workdir = interop_dir / name
+    workdir.mkdir(exist_ok=True)
+    # vLLM serves no tokenizer download on either transport's stand-in here: the folder is given.
+    with common.running(
+        common.start_gateway(
+            workdir, worker.extra["url"], extra_args=["--tokenizer-path", str(common.MODEL_DIR)]
+        )
+    ) as proc:
+        common.wait_for_model(proc)
+        proc.extra["worker"] = worker
+        yield proc
+
+
+@pytest.fixture(scope="session")
+def gateway_http(interop_dir: Path, vllm_http: common.Process) -> Iterator[common.Process]:
+    yield from _gateway(interop_dir, vllm_http, "over-http")
+
+
+@pytest.fixture(scope="session")
+def gateway_grpc(interop_dir: Path, vllm_grpc: common.Process) -> Iterator[common.Process]:
+    yield from _gateway(interop_dir, vllm_grpc, "over-grpc")
+
+
+@pytest.fixture(params=["http", "grpc"])
+def front(request: pytest.FixtureRequest) -> common.Process:
+    """The gateway in front of vLLM's HTTP server or its gRPC servicer."""
+    proc: common.Process = request.getfixturevalue(f"gateway_{request.param}")
+    return proc
+
+
+@pytest.fixture()
+def recording(front: common.Process) -> common.Recording:
+    """What the engine core behind ``front`` receives from now on."""
+    rec: common.Recording = front.extra["worker"].extra["recording"]
+    rec.mark()
+    return rec
+
+
+@pytest.fixture(scope="session")
+def model() -> str:
+    return servers.SERVED_MODEL
+
+
+def _openai(url: str) -> Any:
+    import openai
+
+    return openai.OpenAI(base_url=url + "/v1", api_key="interop", max_retries=0, timeout=60)
+
+
+@pytest.fixture()
+def client(front: common.Process) -> Iterator[Any]:
+    c = _openai(front.extra["url"])
+    yield c
+    c.close()
+
+
+@pytest.fixture()
+def direct(vllm_http: common.Process) -> Iterator[Any]:
+    """A client of vLLM's own OpenAI server: the reference answer."""
+    c = _openai(vllm_http.extra["url"])
+    yield c
+    c.close()

@@ -1,0 +1,128 @@
+"""Start and stop vLLM's own servers (over the stand-in engine core) for the interop tests.
+
+vLLM runs in its own virtualenv (``.interop-vllm-venv``, built by
+``scripts/interop/setup-vllm.sh``) as a child process; the gateway and the process
+plumbing (log file, bounded start wait, whole-group stop) are the SGLang suite's.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+from pathlib import Path
+
+from tests.interop_sglang.servers import MODEL_DIR, REPO, Process, Recording, _spawn, _wait_for
+
+VENV = Path(os.environ.get("INTEROP_VLLM_VENV", REPO / ".interop-vllm-venv"))
+STAMP = VENV / ".interop-stamp"
+SERVED_MODEL = "Qwen3-8B-standin"
+# What vLLM's two launchers print once they serve.
+READY = {"http": "Application startup complete.", "grpc": "Server is ready to accept requests"}
+PORT_BASE = int(os.environ.get("INTEROP_VLLM_PORT_BASE", "42500"))
+PORTS = range(PORT_BASE, PORT_BASE + 100)
+
+
+def unavailable_reason(*, require_opt_in: bool = False) -> str | None:
+    """Why the interop environment is missing, or None when it is ready; with
+    ``require_opt_in`` the suite also needs ``INTEROP_VLLM=1`` (``scripts/run-interop-vllm``)."""
+    if require_opt_in and os.environ.get("INTEROP_VLLM") != "1":
+        return "vLLM interop suite: run it with scripts/run-interop-vllm"
+    if not (VENV / "bin" / "python").exists() or not STAMP.exists():
+        return f"no complete interop virtualenv at {VENV.name}/ (run scripts/interop/setup-vllm.sh)"
+    if not (MODEL_DIR / "config.json").exists():
+        return f"no model folder at {MODEL_DIR.name}/ (run scripts/interop/setup-vllm.sh)"
+    return None
+
+
+def free_port() -> int:
+    """A loopback port of ``PORTS`` that is free now."""
+    candidates = list(PORTS)
+    random.shuffle(candidates)
+    for port in candidates:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {PORTS.start}-{PORTS.stop - 1} on 127.0.0.1")
+
+
+# What vLLM prints when its port was taken between our check and its bind (gRPC's, uvicorn's).
+_PORT_TAKEN = ("Failed to bind to address", "address already in use")
+
+
+def start_vllm(
+    workdir: Path,
+    *,
+    transport: str,
+    step_ms: float = 2.0,
+    extra_args: list[str] | None = None,
+    timeout: float = 300.0,
+    tries: int = 3,
+) -> Process:
+    """vLLM's OpenAI server (``transport="http"``) or its ``--grpc`` servicer over the stand-in.
+
+    The port range lies in the kernel's ephemeral range, so an outgoing connection may take a
+    port between the check and vLLM's bind: such a start is tried again on another port."""
+    for attempt in range(1, tries + 1):
+        try:
+            return _start_on(
+                workdir,
+                free_port(),
+                transport=transport,
+                step_ms=step_ms,
+                extra_args=extra_args,
+                timeout=timeout,
+            )
+        except RuntimeError as exc:
+            if attempt == tries or not any(sign in str(exc) for sign in _PORT_TAKEN):
+                raise
+    raise AssertionError("unreachable")
+
+
+def _start_on(
+    workdir: Path,
+    port: int,
+    *,
+    transport: str,
+    step_ms: float,
+    extra_args: list[str] | None,
+    timeout: float,
+) -> Process:
+    record = workdir / f"core-{transport}-{port}.jsonl"
+    env = dict(os.environ)
+    env.update(
+        {
+            "PYTHONPATH": str(REPO),
+            "INTEROP_VLLM_RECORD": str(record),
+            "INTEROP_VLLM_STEP_MS": str(step_ms),
+            "VLLM_TARGET_DEVICE": "cpu",
+            "VLLM_NO_USAGE_STATS": "1",
+            "VLLM_SERVER_DEV_MODE": "1",  # /reset_prefix_cache, the route the gateway's flush calls
+            "SMG_VLLM_SERVICER_KV_EVENTS": "0",  # no engine process, so no KV-event publisher either
+        }
+    )
+    argv = [
+        str(VENV / "bin" / "python"),
+        "-m",
+        "tests.interop_vllm.standin.launch",
+        *(["--grpc"] if transport == "grpc" else ["--enable-prompt-tokens-details"]),
+        "--model",
+        str(MODEL_DIR),
+        "--served-model-name",
+        SERVED_MODEL,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        *(extra_args or []),
+    ]
+    proc = _spawn(argv, workdir / f"vllm-{transport}-{port}.log", env)
+    _wait_for(
+        proc, lambda: READY[transport] in proc.log_text(), f"vLLM's {transport} server", timeout
+    )
+    scheme = "grpc" if transport == "grpc" else "http"
+    proc.extra.update(port=port, recording=Recording(record), url=f"{scheme}://127.0.0.1:{port}")
+    return proc

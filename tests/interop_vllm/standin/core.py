@@ -1,0 +1,305 @@
+"""A stand-in for vLLM's engine core: what AsyncLLM talks to, with no model behind it.
+
+vLLM's frontend (the OpenAI server, the smg-grpc-servicer ``VllmEngine`` servicer, and
+AsyncLLM under both: input processing, detokenization, stop strings, logprobs, ``n>1``
+fan-out, usage, Prometheus metrics) runs unchanged; only the engine-core client, which
+would start a GPU engine process, is replaced by this class. Each step emits one token
+per running request from the deterministic rule in ``tests.interop_sglang.standin.
+fake_model``; whether a request stops is decided by vLLM's own ``check_stop`` on vLLM's
+own ``Request``. A block-level prefix cache reports true cached-token counts, and every
+step carries ``SchedulerStats``, so ``/metrics`` shows real running/waiting gauges.
+
+Runs only in the interop virtualenv (it imports vllm). Every request and abort is
+written as a JSON line to ``INTEROP_VLLM_RECORD`` when that is set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from collections import OrderedDict
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+from vllm.config import VllmConfig
+from vllm.v1.core.sched.utils import check_stop
+from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
+from vllm.v1.engine.core_client import EngineCoreClient
+from vllm.v1.metrics.stats import PrefillStats, PrefixCacheStats, SchedulerStats
+from vllm.v1.outputs import LogprobsLists
+from vllm.v1.request import Request
+
+from tests.interop_sglang.standin import fake_model
+
+NUM_BLOCKS = int(os.environ.get("INTEROP_VLLM_NUM_BLOCKS", "4096"))
+STEP_S = float(os.environ.get("INTEROP_VLLM_STEP_MS", "2")) / 1000.0
+
+
+class PrefixCache:
+    """Full prompt blocks by chained hash, LRU-evicted at ``capacity`` blocks.
+
+    A hit is counted in whole blocks and, as in vLLM's KV cache manager, never covers the
+    last prompt token (that one must be computed to produce the first output)."""
+
+    def __init__(self, block_size: int, capacity: int) -> None:
+        self.block_size = block_size
+        self.capacity = capacity
+        self._blocks: OrderedDict[int, None] = OrderedDict()
+
+    def _hashes(self, ids: list[int]) -> list[int]:
+        out, parent = [], 0
+        for start in range(0, len(ids) - len(ids) % self.block_size, self.block_size):
+            parent = hash((parent, tuple(ids[start : start + self.block_size])))
+            out.append(parent)
+        return out
+
+    def lookup(self, prompt: list[int]) -> int:
+        hit = 0
+        for h in self._hashes(prompt):
+            if h not in self._blocks:
+                break
+            self._blocks.move_to_end(h)
+            hit += 1
+        limit = (len(prompt) - 1) // self.block_size
+        return min(hit, limit) * self.block_size
+
+    def insert(self, ids: list[int]) -> None:
+        for h in self._hashes(ids):
+            self._blocks[h] = None
+            self._blocks.move_to_end(h)
+        while len(self._blocks) > self.capacity:
+            self._blocks.popitem(last=False)
+
+    def clear(self) -> None:
+        self._blocks.clear()
+
+    @property
+    def usage(self) -> float:
+        return len(self._blocks) / self.capacity if self.capacity else 0.0
+
+
+class StandinCore(EngineCoreClient):
+    """The async engine-core client AsyncLLM uses, answering from the stand-in model."""
+
+    def __init__(self, vllm_config: VllmConfig, *_: Any, **__: Any) -> None:
+        self.vllm_config = vllm_config
+        cache = vllm_config.cache_config
+        # What the real engine reports after profiling memory: vLLM's frontend puts it in
+        # the config, and /metrics' vllm:cache_config_info reads it from there.
+        cache.num_gpu_blocks = NUM_BLOCKS
+        self.block_size = cache.block_size
+        self.max_model_len = vllm_config.model_config.max_model_len
+        self.max_running = vllm_config.scheduler_config.max_num_seqs
+        self.cache = PrefixCache(self.block_size, NUM_BLOCKS)
+        self.engine_ranks_managed = [0]
+        self.engine_status = {"status": "healthy"}
+        self.resources = SimpleNamespace(engine_dead=False)
+        self._waiting: OrderedDict[str, Request] = OrderedDict()
+        self._running: OrderedDict[str, Request] = OrderedDict()
+        self._outputs: asyncio.Queue[EngineCoreOutputs] | None = None
+        self._wake: asyncio.Event | None = None
+        self._loop_task: asyncio.Task[None] | None = None
+        self._queries = 0
+        self._hits = 0
+        self._requests = 0
+        record = os.environ.get("INTEROP_VLLM_RECORD")
+        self._record_path = Path(record) if record else None
+
+    # --- what AsyncLLM calls ---------------------------------------------------------
+
+    def _start(self) -> None:
+        if self._loop_task is None:
+            self._outputs = asyncio.Queue()
+            self._wake = asyncio.Event()
+            self._loop_task = asyncio.get_running_loop().create_task(self._step_loop())
+
+    async def get_output_async(self) -> EngineCoreOutputs:
+        self._start()
+        assert self._outputs is not None
+        return await self._outputs.get()
+
+    async def add_request_async(self, request: EngineCoreRequest) -> None:
+        self._start()
+        self._write({"kind": "generate", **_describe(request)})
+        self._waiting[request.request_id] = Request.from_engine_core_request(
+            request, block_hasher=None
+        )
+        assert self._wake is not None
+        self._wake.set()
+
+    async def abort_requests_async(self, request_ids: list[str]) -> None:
+        self._write({"kind": "abort", "rid": ",".join(request_ids), "rids": list(request_ids)})
+        for rid in request_ids:
+            self._waiting.pop(rid, None)
+            self._running.pop(rid, None)
+
+    async def get_supported_tasks_async(self) -> tuple[Any, ...]:
+        return ("generate",)
+
+    async def reset_mm_cache_async(self) -> None:
+        return None
+
+    async def reset_encoder_cache_async(self) -> None:
+        return None
+
+    async def reset_prefix_cache_async(
+        self, reset_running_requests: bool = False, reset_connector: bool = False
+    ) -> bool:
+        self._write({"kind": "flush", "rid": "flush"})
+        self.cache.clear()
+        return True
+
+    async def is_scheduler_paused_async(self) -> bool:
+        return False
+
+    async def is_sleeping_async(self) -> bool:
+        return False
+
+    def dp_engines_running(self) -> bool:
+        return bool(self._running or self._waiting)
+
+    def get_kv_event_sources(self) -> dict[int, Any]:
+        return {}
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+
+    # --- the step loop ----------------------------------------------------------------
+
+    async def _step_loop(self) -> None:
+        assert self._outputs is not None and self._wake is not None
+        while True:
+            if not self._running and not self._waiting:
+                self._wake.clear()
+                await self._wake.wait()
+            await asyncio.sleep(STEP_S)
+            outputs = self._step()
+            self._outputs.put_nowait(
+                EngineCoreOutputs(
+                    outputs=outputs, scheduler_stats=self._stats(), timestamp=time.monotonic()
+                )
+            )
+            if not self._running and not self._waiting:
+                # An idle step, so the gauges read zero once the last request is done.
+                self._outputs.put_nowait(
+                    EngineCoreOutputs(
+                        outputs=[], scheduler_stats=self._stats(), timestamp=time.monotonic()
+                    )
+                )
+
+    def _stats(self) -> SchedulerStats:
+        stats = SchedulerStats(
+            num_running_reqs=len(self._running),
+            num_waiting_reqs=len(self._waiting),
+            kv_cache_usage=self.cache.usage,
+        )
+        stats.prefix_cache_stats = PrefixCacheStats(
+            requests=self._requests, queries=self._queries, hits=self._hits
+        )
+        self._requests = self._queries = self._hits = 0
+        return stats
+
+    def _step(self) -> list[EngineCoreOutput]:
+        out: list[EngineCoreOutput] = []
+        admitted: dict[str, PrefillStats] = {}
+        while self._waiting and len(self._running) < self.max_running:
+            rid, req = self._waiting.popitem(last=False)
+            prompt = list(req.prompt_token_ids or [])
+            cached = self.cache.lookup(prompt)
+            self.cache.insert(prompt)
+            self._requests += 1
+            self._queries += len(prompt)
+            self._hits += cached
+            stats = PrefillStats()
+            stats.set(
+                num_prompt_tokens=len(prompt),
+                num_local_cached_tokens=cached,
+                num_external_cached_tokens=0,
+            )
+            admitted[rid] = stats
+            self._running[rid] = req
+        for rid, req in list(self._running.items()):
+            out.append(self._next(req, admitted.get(rid)))
+            if req.is_finished():
+                self.cache.insert(list(req.prompt_token_ids or []) + list(req.output_token_ids))
+                del self._running[rid]
+        return out
+
+    def _next(self, req: Request, prefill: PrefillStats | None) -> EngineCoreOutput:
+        sp = req.sampling_params
+        assert sp is not None
+        position = req.num_output_tokens
+        token = fake_model.next_token(sp.seed, position)
+        req.append_output_token_ids(token)
+        finished = check_stop(req, self.max_model_len)
+        logprobs = None
+        if sp.logprobs is not None:
+            k = max(sp.logprobs, 0)
+            vals, ids = fake_model.top_candidates(token, position, k) if k else ([], [])
+            logprobs = LogprobsLists(
+                logprob_token_ids=np.array([[token, *ids]], dtype=np.int32),
+                logprobs=np.array(
+                    [[fake_model.token_logprob(token, position), *vals]], dtype=np.float32
+                ),
+                sampled_token_ranks=np.array([1], dtype=np.int32),
+            )
+        return EngineCoreOutput(
+            request_id=req.request_id,
+            new_token_ids=[token],
+            new_logprobs=logprobs,
+            finish_reason=req.get_finished_reason() if finished else None,
+            stop_reason=req.stop_reason if finished else None,
+            prefill_stats=prefill,
+        )
+
+    def _write(self, record: dict[str, Any]) -> None:
+        if self._record_path is None:
+            return
+        with self._record_path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+def _describe(request: EngineCoreRequest) -> dict[str, Any]:
+    """What the engine core received, as JSON: the fields a gateway can influence."""
+    sp = request.sampling_params
+    fields = (
+        "n",
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "seed",
+        "max_tokens",
+        "min_tokens",
+        "stop_token_ids",
+        "ignore_eos",
+        "logprobs",
+        "prompt_logprobs",
+        "presence_penalty",
+        "frequency_penalty",
+        "repetition_penalty",
+        "skip_special_tokens",
+        "output_kind",
+    )
+    sampling = {f: _plain(getattr(sp, f, None)) for f in fields} if sp is not None else {}
+    return {
+        "rid": request.request_id,
+        "external_req_id": request.external_req_id,
+        "prompt_token_ids": list(request.prompt_token_ids or []),
+        "sampling": sampling,
+        "data_parallel_rank": request.data_parallel_rank,
+        "priority": request.priority,
+    }
+
+
+def _plain(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple, set)):
+        return [_plain(v) for v in value]
+    return str(value)
