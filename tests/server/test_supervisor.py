@@ -4,6 +4,7 @@ local nats-server when no sync URL is given, and the set's status file."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import shutil
 import socket
@@ -64,3 +65,48 @@ def test_the_status_file_accounts_for_the_set() -> None:
         assert not (sup.run_dir / (STATUS_FILE + ".tmp")).exists()  # written whole, then renamed
     finally:
         shutil.rmtree(sup.run_dir, ignore_errors=True)
+
+
+async def test_the_supervisor_parks_on_its_readings_and_writes_the_word(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No spare core (the host 1.95 cores busy, the set 0.5 of them) for a window of
+    readings: process 1 is parked, in the run folder's parking file and the status."""
+    from gateway.server import supervisor as module
+    from gateway.server.process_set import read_parking
+
+    sup = Supervisor(GatewayConfig(), 2)
+    try:
+        assert sup.parking is not None and sup.active == [0, 1]
+        sup.parking.cpus = 2  # the rule as on a 2-core host, whatever this one has
+        ticks = iter(range(100))
+
+        def reading() -> tuple[float, float, dict[int, float]]:
+            t = float(next(ticks))
+            return t, 1.95 * t, {4242: 0.5 * t}
+
+        monkeypatch.setattr(sup, "_reading", reading)
+        monkeypatch.setattr(module, "PARK_SAMPLE_S", 0.0)
+        watch = asyncio.create_task(sup._watch_cores(sup.parking))
+        async with asyncio.timeout(5):
+            while sup.active != [0]:  # noqa: ASYNC110 (the watcher runs on its own)
+                await asyncio.sleep(0)
+        watch.cancel()
+        assert read_parking(sup.run_dir) == [0]
+        assert orjson.loads((sup.run_dir / STATUS_FILE).read_bytes())["active"] == [0]
+    finally:
+        shutil.rmtree(sup.run_dir, ignore_errors=True)
+
+
+def test_parking_is_off_when_asked_and_with_tls() -> None:
+    config = GatewayConfig()
+    config.processes.process_parking = "off"
+    sup = Supervisor(config, 2)
+    shutil.rmtree(sup.run_dir, ignore_errors=True)
+    assert sup.parking is None
+    config = GatewayConfig()
+    config.tls = dataclasses.replace(config.tls, tls_cert_file="cert.pem", tls_key_file="key.pem")
+    sup = Supervisor(config, 2)
+    shutil.rmtree(sup.run_dir, ignore_errors=True)
+    assert sup.parking is None
+    sup = Supervisor(GatewayConfig(), 1)
+    shutil.rmtree(sup.run_dir, ignore_errors=True)
+    assert sup.parking is None  # a set of one has nothing to park

@@ -27,6 +27,16 @@ class ProcessConfig:
         "CPUs other busy processes share unpinned, where a pinned process cannot move away from a hot CPU)",
         choices=["auto", "off"],
     )
+    process_parking: str = option(
+        "auto",
+        "with --processes N, park processes while the host has no spare core (under a quarter of a core idle "
+        "and other work taking half a core or more, over 3 s): a parked process passes the HTTP connections it "
+        "accepts to an active one and closes its own after their current response, so the set spends one "
+        "process's CPU per request instead of taking it from the work it shares the cores with; one comes back "
+        "when three quarters of a core are idle and the active ones are busy. Not with TLS on the HTTP port; "
+        "gRPC connections are not moved. off: every process always takes connections",
+        choices=["auto", "off"],
+    )
 
     def count(self) -> int:
         """The number of serving processes (``auto``: the CPUs this process may use)."""

@@ -31,11 +31,28 @@ ENV_INDEX = "TOKEN_GATEWAY_PROCESS_INDEX"
 ENV_COUNT = "TOKEN_GATEWAY_PROCESS_COUNT"
 ENV_RUN_DIR = "TOKEN_GATEWAY_RUN_DIR"
 STATUS_FILE = "set.json"
+PARKING_FILE = "parking.json"  # the processes that take connections (server.parking); absent: all
 SIBLING_TIMEOUT_S = 2.0
 
 
 def metrics_socket(run_dir: Path, index: int) -> Path:
     return run_dir / f"metrics-{index}.sock"
+
+
+def write_parking(run_dir: Path, active: list[int]) -> None:
+    """Tell the set which processes take connections (the supervisor; atomic replace)."""
+    tmp = run_dir / (PARKING_FILE + ".tmp")
+    tmp.write_bytes(orjson.dumps({"active": active}))
+    tmp.replace(run_dir / PARKING_FILE)
+
+
+def read_parking(run_dir: Path) -> list[int] | None:
+    """The processes that take connections, or None when the supervisor has parked none."""
+    try:
+        active = orjson.loads((run_dir / PARKING_FILE).read_bytes())["active"]
+    except (OSError, orjson.JSONDecodeError, KeyError, TypeError):
+        return None
+    return [int(i) for i in active] if isinstance(active, list) else None
 
 
 def in_process_set() -> bool:

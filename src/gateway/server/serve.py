@@ -236,6 +236,12 @@ async def serve(config: GatewayConfig) -> None:
         **config.tls.uvicorn_kwargs(),
     )
     server = AcceptingServer(uv_config)  # a burst of new connections is accepted in one loop turn
+    handoff = None
+    if member is not None and config.processes.process_parking == "auto" and not config.tls.enabled:
+        from gateway.server.http.handoff import HandOff
+
+        handoff = HandOff(member.run_dir, member.index)  # parked: new connections go to a sibling
+        uv_config.http.handoff = handoff  # type: ignore[union-attr]
     shown = f"[{host}]" if ":" in host else host
     scheme = "https" if config.tls.enabled else "http"
     ready = {"event": "ready", "url": f"{scheme}://{shown}:{port}", "workers": len(state.registry.all()),
@@ -263,6 +269,12 @@ async def serve(config: GatewayConfig) -> None:
     # uvicorn exposes only a `started` flag, no event to wait on.
     while not server.started and not serving.done():  # noqa: ASYNC110
         await asyncio.sleep(0.01)
+    if member is not None:
+        from gateway.server.http.handoff import follow_supervisor
+
+        # before the ready line: the supervisor signals ready processes only
+        follow_supervisor(member.run_dir, member.index, member.count, handoff,
+                          lambda: server.server_state.connections, server.adopt)  # fmt: skip
     from gateway.server.gc_policy import tune_gc
 
     tune_gc(config.server.gc_young_threshold)  # everything alive now lives as long as the process
@@ -295,6 +307,8 @@ async def serve(config: GatewayConfig) -> None:
         await flush_aborts(2.0)
         if member is not None:
             await member.stop()
+        if handoff is not None:
+            handoff.close()
         await state.stop()
 
 

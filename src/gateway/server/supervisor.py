@@ -37,7 +37,8 @@ import orjson
 
 from gateway.server.admission import AdmissionConfig
 from gateway.server.config import GatewayConfig
-from gateway.server.process_set import ENV_COUNT, ENV_INDEX, ENV_RUN_DIR, STATUS_FILE
+from gateway.server.parking import CoreSample, Parking
+from gateway.server.process_set import ENV_COUNT, ENV_INDEX, ENV_RUN_DIR, STATUS_FILE, write_parking
 from gateway.sync.local_server import LocalNatsServer, die_with_parent, free_port
 
 log = logging.getLogger("gateway")
@@ -46,6 +47,7 @@ CONFIG_FILE = "config.pickle"
 START_TIMEOUT_S = 180.0  # a child loads tokenizers and probes workers before it is ready
 RESTART_MIN_S = 0.5  # a child that keeps dying is restarted at most this often (doubling to RESTART_MAX_S)
 RESTART_MAX_S = 10.0
+PARK_SAMPLE_S = 1.0  # seconds between two readings of the host's and the set's CPU (server.parking)
 
 
 def share_admission(cfg: AdmissionConfig, index: int, count: int) -> AdmissionConfig:
@@ -74,6 +76,25 @@ class Child:
     backoff: float = RESTART_MIN_S
 
 
+def host_busy_s() -> float | None:
+    """CPU seconds every core of the host has been busy (/proc/stat), or None off Linux."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of process ``pid`` (all its threads), or None when gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def _pinned_child(cpus: set[int]) -> None:
     """preexec_fn of a pinned child: before exec, so every thread it starts inherits the set."""
     die_with_parent()
@@ -94,6 +115,9 @@ class Supervisor:
         self.http_sock: socket.socket | None = None
         self.grpc_reserve: socket.socket | None = None
         self._done = asyncio.Event()
+        self.active = list(range(count))  # the processes that take connections (server.parking)
+        parks = config.processes.process_parking == "auto" and count > 1 and not config.tls.enabled
+        self.parking = Parking(count, os.cpu_count() or 1) if parks and host_busy_s() is not None else None
 
     # ------------------------------------------------------------ shared resources
     def _bind(self) -> GatewayConfig:
@@ -139,6 +163,7 @@ class Supervisor:
             "restarts": sum(c.restarts for c in self.children),
             "pids": [c.proc.pid if c.proc is not None and c.proc.returncode is None else None for c in self.children],
             "cpus": None if self.cpu_shares is None else [sorted(s) for s in self.cpu_shares],
+            "active": self.active,
             "stopping": self.stopping,
         }
         tmp = self.run_dir / (STATUS_FILE + ".tmp")
@@ -213,6 +238,42 @@ class Supervisor:
             self._write_status()
             log.info("serving process %d is back (pid %d)", child.index, child.proc.pid if child.proc else -1)
 
+    # ------------------------------------------------------------ parking
+    def _reading(self) -> tuple[float, float, dict[int, float]] | None:
+        host = host_busy_s()
+        if host is None:
+            return None
+        cpu = {}
+        for c in self.children:
+            if c.proc is not None and c.proc.returncode is None and (t := process_cpu_s(c.proc.pid)) is not None:
+                cpu[c.proc.pid] = t
+        return time.monotonic(), host, cpu
+
+    async def _watch_cores(self, parking: Parking) -> None:
+        """Once a second: the host's and the set's CPU into the parking rule; a change is
+        written for the children (``parking.json``) and signalled to those that are ready."""
+        before = self._reading()
+        while True:
+            await asyncio.sleep(PARK_SAMPLE_S)
+            now = self._reading()
+            if before is not None and now is not None:
+                own = sum(t - before[2][pid] for pid, t in now[2].items() if pid in before[2])  # a restarted child: next time
+                active = parking.update(CoreSample(now[0] - before[0], now[1] - before[1], own))
+                if active != len(self.active):
+                    self._set_active(active)
+            before = now
+
+    def _set_active(self, count: int) -> None:
+        self.active = list(range(count))
+        write_parking(self.run_dir, self.active)
+        for c in self.children:
+            if c.proc is not None and c.proc.returncode is None and c.ready is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    c.proc.send_signal(signal.SIGUSR1)
+        self._write_status()
+        log.info("parking: %d of %d serving processes take connections (%s)", count, self.count,
+                 "no spare core" if count < self.count else "a core is spare again")
+
     def _signal(self) -> None:
         self._signals += 1
         if not self.stopping:
@@ -248,6 +309,8 @@ class Supervisor:
                      "sync_url": cfg.sync.sync_url}
             print(orjson.dumps(ready).decode(), flush=True)
             watchers = [asyncio.create_task(self._watch(c)) for c in self.children]
+            if self.parking is not None:
+                watchers.append(asyncio.create_task(self._watch_cores(self.parking)))
             await self._done.wait()
             await self._reap(grace=self.config.server.shutdown_grace_s + 15.0)
             return 0

@@ -188,3 +188,39 @@ async def test_sigterm_drains_every_process(tmp_path: Path) -> None:
                     os.kill(pid, 0)
         finally:
             await gw.stop()
+
+
+def _run_dir(pid: int, name: str) -> Path:
+    """The set's run folder, from a serving process's environment."""
+    env = dict(e.split("=", 1) for e in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in e)
+    return Path(env[name])
+
+
+@pytest.mark.slow
+async def test_a_parked_process_passes_its_connections_to_the_active_one(tmp_path: Path) -> None:
+    """The supervisor's word (its run folder's parking.json and SIGUSR1, as it sends them when
+    the host has no spare core) moves every new HTTP connection to the active process."""
+    from gateway.server.process_set import ENV_RUN_DIR, write_parking
+
+    async with SimFleet.start(2) as fleet:
+        gw = await _start(fleet, tmp_path)
+        try:
+            pids = gw.ready_info["pids"]
+            write_parking(_run_dir(pids[1], ENV_RUN_DIR), [0])
+            for pid in pids:
+                os.kill(pid, signal.SIGUSR1)
+            async with httpx.AsyncClient(timeout=30, trust_env=False) as http:
+                model = await _model(http, gw.url)
+                before = (await http.get(gw.url + "/metrics")).text
+            results = await asyncio.gather(*(_stream(gw.url, model, 4) for _ in range(16)))  # a connection each
+            assert results == ["done"] * 16
+            async with httpx.AsyncClient(timeout=30, trust_env=False) as http:
+                after = (await http.get(gw.url + "/metrics")).text
+
+            def served(text: str, process: str) -> float:
+                return sum(v for labels, v in _samples(text, "token_gateway_requests_total")
+                           if labels["process"] == process and labels["endpoint"] == "/v1/completions")  # fmt: skip
+
+            assert served(after, "0") - served(before, "0") == 16 and served(after, "1") == served(before, "1")
+        finally:
+            assert await gw.stop(timeout_s=20) == 0

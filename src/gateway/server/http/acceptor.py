@@ -69,14 +69,18 @@ class Drain:
                     log.debug("queued connections left to the loop's own accept: %s", exc)
                     break
                 taken += 1
-                conn.setblocking(False)
-                loop = asyncio.get_running_loop()
-                opening = loop.create_task(
-                    loop.connect_accepted_socket(self._factory, conn, ssl=self._ssl)
-                )  # type: ignore[arg-type]
-                self._opening.add(opening)
-                opening.add_done_callback(self._opened)
+                self.open(conn)
         return taken
+
+    def open(self, conn: socket.socket, factory: Callable[[], asyncio.BaseProtocol] | None = None) -> None:
+        """Serve an accepted connection (``factory``: another protocol maker than the listener's)."""
+        conn.setblocking(False)
+        loop = asyncio.get_running_loop()
+        opening = loop.create_task(
+            loop.connect_accepted_socket(factory or self._factory, conn, ssl=self._ssl)
+        )  # type: ignore[arg-type]
+        self._opening.add(opening)
+        opening.add_done_callback(self._opened)
 
     def _opened(self, task: asyncio.Task[Any]) -> None:
         self._opening.discard(task)
@@ -88,7 +92,10 @@ class Drain:
 class AcceptingServer(uvicorn.Server):
     """uvicorn's server whose every accepted connection also drains the accept queue (see
     module doc). Lifespan, connection tracking and graceful shutdown are uvicorn's own:
-    closing its listeners ends the draining too."""
+    closing its listeners ends the draining too. ``adopt`` serves a connection another
+    process of the set accepted (``server.http.handoff``)."""
+
+    adopt: Callable[[socket.socket], None] | None = None  # set at startup
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         config = self.config
@@ -102,6 +109,13 @@ class AcceptingServer(uvicorn.Server):
             return make(config=config, server_state=state, app_state=self.lifespan.state)  # type: ignore[call-arg]
 
         drain = Drain(sockets, protocol, ssl_context=config.ssl)
+
+        def passed() -> asyncio.Protocol:  # a connection a sibling process passed here: never passed on
+            made = protocol()
+            made.passed = True  # type: ignore[attr-defined]
+            return made
+
+        self.adopt = lambda conn: drain.open(conn, passed)
 
         def accepted(**kwargs: Any) -> asyncio.Protocol:
             made = make(**kwargs)

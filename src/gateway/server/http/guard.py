@@ -30,6 +30,7 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.server.http.coalesce import CoalescingTransport
+from gateway.server.http.handoff import HandOff
 from gateway.server.http.limits import HttpLimitsConfig
 
 
@@ -183,6 +184,7 @@ class GuardedHttpTools(HttpToolsProtocol):
     it also carried body bytes)."""
 
     limits = HttpLimitsConfig()
+    handoff: HandOff | None = None  # set in a process of serve --processes N (server.http.handoff)
     _sweepers: dict[asyncio.AbstractEventLoop, _Sweeper] = {}  # per server class (guarded_protocol), by loop
     _pending: list[int] = [0]  # per server class: body bytes received for requests not yet complete
 
@@ -193,6 +195,9 @@ class GuardedHttpTools(HttpToolsProtocol):
         self._deadline_at: float | None = None  # loop time the current head or body is due by
         self._lingering = False
         self._body_held = 0  # this connection's share of _pending
+        self._shed = False  # close after the current (or next) response: the client reconnects elsewhere
+        self._handed = False  # passed to a sibling process at once: never served here
+        self.passed = False  # passed here by a sibling: never passed on
         sweepers = type(self)._sweepers
         sweeper = sweepers.get(self.loop)
         if sweeper is None:
@@ -236,7 +241,23 @@ class GuardedHttpTools(HttpToolsProtocol):
         self._refuse(BODY_TIMEOUT if self._state == BODY else HEAD_TIMEOUT)
 
     # ------------------------------------------------------------------ protocol
+    def shed(self) -> None:
+        """Close this connection after its current response, or its next one when it is
+        idle (an idle connection closed now could cross a request already on its way)."""
+        self._shed = True
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            cycle.keep_alive = False
+
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        handoff = self.handoff
+        if handoff is not None and handoff.targets and not self.passed:
+            sock = transport.get_extra_info("socket")
+            if sock is not None and handoff.give(sock.fileno()):
+                # Nothing was read from it: the sibling's copy gets every byte.
+                self._handed = True
+                transport.abort()
+                return
         # A response's head and body (or the SSE events of one loop turn) in one write.
         self._coalescing = CoalescingTransport(transport, self.loop)
         super().connection_made(self._coalescing)  # type: ignore[arg-type]
@@ -252,6 +273,8 @@ class GuardedHttpTools(HttpToolsProtocol):
         super().on_response_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._handed:
+            return
         self._sweeper.discard(self)
         self._release_body()
         super().connection_lost(exc)
@@ -315,6 +338,8 @@ class GuardedHttpTools(HttpToolsProtocol):
         extensions[DISCONNECT_HOOK] = DisconnectHook()
         super().on_headers_complete()
         cycle = self.cycle
+        if self._shed and cycle is not None:
+            cycle.keep_alive = False  # answered with "connection: close"
         if cycle is not None and cycle.scope is scope and scope["method"] != "HEAD":
             # Before the request's task first runs (it starts on a later loop turn).
             extensions[CHUNK_WRITER] = ChunkWriter(cycle)

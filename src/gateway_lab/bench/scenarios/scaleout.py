@@ -33,6 +33,9 @@ on the gateway's cores) and/or ``canned`` (nginx answering canned gRPC replies,
 own scaling). Besides the ratio of the medians it prints each round pair's ratio, the ratio
 over quiet rounds (other processes under 0.1 ms of CPU per request) and the CPU-bound
 ratio; ``--nice -10`` (root) puts the measured processes ahead of other jobs on a shared host.
+``processes-2`` is the set as it runs by default (it parks a process while the host has no spare
+core); ``--throughput-spread`` adds, in the same alternated rounds, the set with
+``--process-parking off``.
 
 Every run is bounded in requests and seconds; every process started is stopped.
 """
@@ -486,6 +489,7 @@ class CpuBreakdown:
 
 FLEETS = ("sim", "canned")
 UNSYNCED = "processes-2-unsynced"  # --throughput-unsynced: the set with its NATS bus unreachable (no sync traffic)
+SPREAD = "processes-2-spread"  # --throughput-spread: the set with --process-parking off (both always take connections)
 
 
 QUIET_REST_MS = 0.1  # ms of other processes' CPU per request under which a round counts as quiet
@@ -527,6 +531,11 @@ async def throughput_section(args: argparse.Namespace, report: dict[str, Any], k
         one = await stack.enter_async_context(start(urls, scratch, "gw-one"))
         two = await stack.enter_async_context(start(urls, scratch, "gw-p2", "--processes", "2"))
         gws = {"one": one, "processes-2": two}
+        if args.throughput_spread:  # the same set that never parks a process, beside the default that may
+            rounds[SPREAD] = []
+            gws[SPREAD] = await stack.enter_async_context(
+                start(urls, scratch, "gw-p2s", "--processes", "2", "--process-parking", "off")
+            )
         if args.throughput_unsynced:  # the same set with its bus unreachable: what the set costs without the sync
             rounds[UNSYNCED] = []
             unreachable = f"nats://127.0.0.1:{ports.free_port()}"  # nothing listens there
@@ -614,6 +623,9 @@ async def throughput_section(args: argparse.Namespace, report: dict[str, Any], k
         "quiet_ratio": round(q2[len(q2) // 2] / q1[len(q1) // 2], 2) if q1 and q2 else None,
         "cpu_bound": cpu_bound,
         **({"unsynced_ratio": round(med(UNSYNCED) / med("one"), 2) if med("one") else None} if UNSYNCED in rounds else {}),
+        **({"spread_ratio": round(med(SPREAD) / med("one"), 2) if med("one") else None,
+            "spread_round_pair_ratios": [round(b["req_s"] / a["req_s"], 2) for a, b in zip(rounds["one"], rounds[SPREAD], strict=False)
+                                         if a["req_s"]]} if SPREAD in rounds else {}),
         "load_1m_seen": [round(x, 1) for x in loads],
         "fidelity_guard": guard,
     }  # fmt: skip
@@ -758,6 +770,9 @@ def throughput_markdown(tp: dict[str, Any]) -> list[str]:
         cpu = sorted(x["gateway_cpu_ms_per_request"] for x in rows)[len(rows) // 2]
         lines.append(f"| {name} | {' '.join(str(x['req_s']) for x in rows)} | {tp['median_req_s'][name]} | {cpu} |")
     lines += ["", f"Ratio processes-2 / one (medians): **{tp['ratio']}**; 1-minute load average seen: {tp['load_1m_seen']}.", ""]
+    if tp.get("spread_ratio") is not None:
+        lines += [f"Ratio {SPREAD} / one (the set never parking a process): {tp['spread_ratio']} "
+                  f"(round pairs {tp['spread_round_pair_ratios']}).", ""]  # fmt: skip
     if tp.get("unsynced_ratio") is not None:
         lines += [f"Ratio {UNSYNCED} / one (the set without sync traffic): {tp['unsynced_ratio']}.", ""]
     if "round_pair_ratios" in tp:
@@ -855,6 +870,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--throughput-concurrency", type=int, default=32)
     p.add_argument("--throughput-requests", type=int, default=1500)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--throughput-spread", action="store_true",
+                   help="also measure --processes 2 with --process-parking off (both processes always take connections)")
     p.add_argument("--throughput-unsynced", action="store_true",
                    help="also measure --processes 2 with its sync bus unreachable (the set's cost without the routing sync)")
     p.add_argument("--clients", type=int, default=2, help="client processes of the throughput section (python)")
