@@ -122,3 +122,23 @@ def test_concurrent_requests_all_end(client: Any, model: str) -> None:
     for t in threads:
         t.join(60)
     assert not errors, errors
+
+
+def test_the_tokenizer_comes_from_the_grpc_servicer(
+    interop_dir: Any, vllm_grpc: Process, model: str
+) -> None:
+    """A gateway given no tokenizer loads the one GetTokenizer streams, and renders chat with it."""
+    from tests.interop_sglang import expect
+    from tests.interop_sglang import servers as common
+
+    workdir = interop_dir / "tokenizer-from-grpc"
+    workdir.mkdir(exist_ok=True)
+    with common.running(common.start_gateway(workdir, vllm_grpc.extra["url"])) as gateway:
+        common.wait_for_model(gateway)
+        messages = [{"role": "user", "content": "hello"}]
+        body = {"model": model, "messages": messages, "max_tokens": 3}
+        reply = httpx.post(
+            gateway.extra["url"] + "/v1/chat/completions", json=body, timeout=60
+        ).json()
+        assert reply["choices"][0]["message"]["content"] == expect.output_text(3)
+        assert reply["usage"]["prompt_tokens"] == len(expect.chat_ids(messages))
