@@ -168,7 +168,14 @@ class WorkerStream:
         if self._first:  # the worker's first output: its prefill is done
             self._first = False
             self.lease.start()
-        self._count(msg)
+        if msg.WhichOneof("response") == "chunk":  # ``_count`` for a chunk, inline (one per token)
+            part = msg.chunk
+            lease = self.lease
+            cached, prompt = part.cached_tokens, part.prompt_tokens
+            if cached > lease.cached_tokens or prompt > lease.reported_prompt_tokens:
+                lease.report(cached_tokens=cached, prompt_tokens=prompt)
+        else:
+            self._count(msg)
         return msg
 
     async def read(self) -> pb.GenerateResponse | None:
