@@ -231,7 +231,7 @@ async def test_pd_prefill_halves_are_gated_and_released_by_the_first_prefill() -
     assert all(w.load.in_flight == 0 for w in f.registry.all())
 
 
-async def test_no_hold_once_the_workers_running_slots_are_spoken_for() -> None:
+async def test_no_hold_once_the_workers_running_slots_are_taken_by_requests_sent_to_it() -> None:
     import dataclasses
 
     t = FakeTransport("grpc://w1:1").script(Later(0.05, chunk([1])), HANG).script(chunk([2]), HANG).script(chunk([3]), HANG)
@@ -239,10 +239,31 @@ async def test_no_hold_once_the_workers_running_slots_are_spoken_for() -> None:
     w = f.worker("w1:1")
     w.info = dataclasses.replace(w.info, max_running_requests=2)
     first = await start(f, route(1))
-    held = await start(f, route(2))  # one slot left after the blocker: held, it would be batched with it
-    third = await start(f, route(3))  # blocker + held take both slots: sent, it queues behind them
-    assert stats(f).held == 1 and len(t.requests) == 2
-    for task in (first, held, third):
+    other = await start(f, route(2, system=list(range(5000, 6024))))  # unrelated: sent, the second slot
+    follower = await start(f, route(3))  # both slots taken: sent, it queues behind its blocker
+    assert stats(f).held == 0 and len(t.requests) == 3
+    for task in (first, other, follower):
         stream = await task
         await stream.aclose()
     assert w.load.in_flight == 0
+
+
+async def test_held_requests_do_not_take_the_workers_running_slots() -> None:
+    """Requests held at the gateway are not on the worker: a follower routed while only its
+    blocker was sent would be admitted into the blocker's batch at once, so it waits too."""
+    import dataclasses
+
+    t = FakeTransport("grpc://w1:1").script(Later(0.05, chunk([1])), HANG).script(chunk([2]), HANG).script(chunk([3]), HANG)
+    f = await fleet(t, policy="cache_aware")
+    w = f.worker("w1:1")
+    w.info = dataclasses.replace(w.info, max_running_requests=2)
+    first = await start(f, route(1))
+    second = await start(f, route(2))  # one slot left after the blocker: held
+    third = await start(f, route(3))  # blocker + one held in flight, one sent: held as well
+    assert stats(f).held == 2 and len(t.requests) == 1 and w.load.in_flight == 3
+    assert f.router.holds.held_on("w1:1") == 2
+    for task in (first, second, third):
+        stream = await task
+        await stream.aclose()
+    assert stats(f).released == 2 and f.router.holds.held_on("w1:1") == 0
+    assert len(t.requests) == 3 and w.load.in_flight == 0

@@ -14,7 +14,7 @@ rate, capped), then is sent to the same worker (its prefix is cached there now, 
 wait timed out), or fails over through the retry loop if the worker left rotation
 meanwhile. A request waits at most once per attempt; a cancelled wait sends nothing and
 gives the lease back; the admission slot is the caller's and stays held. Holds are only
-taken while the worker's running slots are not all spoken for
+taken while the running slots of the worker are not all taken by requests sent to it
 (``prefill_gate_free_slot_only``): see ``policies.prefill_gate.slot_free``.
 """
 
@@ -56,7 +56,7 @@ class Selection(Protocol):
 @dataclass
 class PrefillGateConfig:
     prefill_gate: bool = option(True, "hold a request while a request sharing its prefix is still in prefill on the chosen worker (dispatched, no first token yet), then send it: the prefix is computed once, not once per request admitted into the same batch")
-    prefill_gate_free_slot_only: bool = option(True, "prefill gate: hold only while the worker's running slots are not all spoken for (its requests, held ones included, below the max_running_requests it reports; no limit when it reports none): then the blocker is being prefilled now and the hold is short; behind a full worker a hold costs the request its place in the queue")
+    prefill_gate_free_slot_only: bool = option(True, "prefill gate: hold only while the worker's running slots are not all spoken for (the requests sent to it, not those held for it, below the max_running_requests it reports; no limit when it reports none): then the blocker is being prefilled now and the hold is short; behind a full worker a hold costs the request its place in the queue")
     prefill_gate_min_tokens: int = option(DEFAULT_MIN_GAIN_TOKENS, "prefill gate: hold only when the wait would make at least this many more prompt tokens cached (whole pages)")
     prefill_gate_factor: float = option(2.0, "prefill gate: hold at most this multiple of the expected prefill time of the worker's queue (queued prompt tokens / its learned prefill rate)")
     prefill_gate_min_s: float = option(0.5, "prefill gate: the shortest hold allowed, seconds (the learned rate may still be noise)")
@@ -111,6 +111,12 @@ class PrefillHolds:
         self._events: dict[int, asyncio.Event] = {}
         self._keys = itertools.count(1)
         self.stats: dict[tuple[str, str], GateStats] = {}
+        self._held: dict[str, int] = {}  # worker id -> requests held for it now (not sent yet)
+
+    def held_on(self, worker_id: str) -> int:
+        """Requests waiting for a blocker on ``worker_id`` now: counted in its in-flight load,
+        not yet on the worker."""
+        return self._held.get(worker_id, 0)
 
     def dispatched(self, selection: Selection) -> int:
         """``selection``'s request was sent: it is in prefill until :meth:`prefilled` (returns its key; 0: not tracked)."""
@@ -140,9 +146,10 @@ class PrefillHolds:
         if not config.prefill_gate or not selection.prompt or selection.role == "decode":
             return None
         worker = selection.worker
-        # in_flight counts this request's own lease (minus one) and the ones held for this
-        # worker: they all take a slot the moment their blockers are prefilled
-        ahead = worker.load.in_flight - 1
+        # What the worker has been sent: in_flight less this request's own lease and the
+        # requests held for the worker. A held request is not on the worker yet; one sent
+        # now past it takes a free slot at once, in the same batch as its blocker.
+        ahead = worker.load.in_flight - 1 - self.held_on(worker.id)
         if config.prefill_gate_free_slot_only and not slot_free(ahead, worker.info.max_running_requests):
             return None
         found = self.rule.blocker(
@@ -168,6 +175,8 @@ class PrefillHolds:
         if event is None:
             event = self._events[key] = asyncio.Event()
         st = self.pool_stats(model, role)
+        wid = hold.blocker.worker_id
+        self._held[wid] = self._held.get(wid, 0) + 1
         st.held += 1
         st.gained_tokens += hold.gain_tokens
         st.waiting += 1
@@ -183,6 +192,11 @@ class PrefillHolds:
             raise
         finally:
             st.waiting -= 1
+            left = self._held[wid] - 1
+            if left:
+                self._held[wid] = left
+            else:
+                del self._held[wid]
             st.hold_s += time.monotonic() - started
         st.released += 1
         return True
