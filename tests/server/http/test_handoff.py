@@ -181,3 +181,39 @@ async def test_a_parked_server_passes_new_connections_and_sheds_its_own(tmp_path
         asyncio.get_running_loop().remove_signal_handler(signal.SIGUSR1)
     parked.close()
     active.close()
+
+
+class _Conn:
+    def __init__(self) -> None:
+        self.shed_count = 0
+
+    def shed(self) -> None:
+        self.shed_count += 1
+
+
+async def test_the_active_process_sheds_its_connections_when_the_set_grows_back(tmp_path: Path) -> None:
+    """Parked, the active process took every connection; when a sibling comes back, its
+    connections close once after their current response, so their reconnections spread."""
+    handoff = HandOff(tmp_path, 0)
+    conns = [_Conn(), _Conn()]
+    try:
+        write_parking(tmp_path, [0])
+        apply = follow_supervisor(tmp_path, 0, 2, handoff, lambda: conns, None)
+        assert not handoff.parked and [c.shed_count for c in conns] == [0, 0]  # active, and the set shrank: kept
+        write_parking(tmp_path, [0, 1])
+        apply()
+        assert [c.shed_count for c in conns] == [1, 1]
+        apply()  # no change: nothing more
+        assert [c.shed_count for c in conns] == [1, 1]
+    finally:
+        asyncio.get_running_loop().remove_signal_handler(signal.SIGUSR1)
+        handoff.close()
+
+
+async def test_without_a_hand_off_the_signal_is_still_caught(tmp_path: Path) -> None:
+    follow_supervisor(tmp_path, 1, 2, None, list, None)
+    try:
+        os.kill(os.getpid(), signal.SIGUSR1)  # would end the process without the handler
+        await asyncio.sleep(0.05)
+    finally:
+        asyncio.get_running_loop().remove_signal_handler(signal.SIGUSR1)
