@@ -52,6 +52,7 @@ class ServerConfig:
     api_keys: list[str] = option([], "inference API keys clients must send as 'Authorization: Bearer KEY' (none: open)")
     max_body_bytes: int = option(32 * 1024 * 1024, "largest request body accepted, bytes")
     max_body_values: int = option(DEFAULT_MAX_BODY_VALUES, "most JSON values (token ids, messages, strings...) a request body may hold, counted as its commas, brackets and braces before it is parsed, and most token ids or messages one gRPC request may carry; more gets 413 (parsing holds the event loop about 40-170 ns per value; 0: no bound)")
+    grpc_max_message_bytes: int = option(4 * 1024 * 1024, "gRPC door: largest request message accepted, bytes, and at most --max-body-bytes (grpcio's own default; a million tokens of text is about 4 MB): the message is parsed whole on the event loop before any check, up to about 40 ns a byte; more gets RESOURCE_EXHAUSTED")
     grpc_max_concurrent_streams: int = option(256, "gRPC door: most streams (calls) open at once on one client connection, advertised in HTTP/2 SETTINGS")
     grpc_max_connections: int = option(1024, "gRPC door: most client connections open at once; more are refused")
     worker_api_key: str | None = option(None, "bearer token the gateway sends to workers (an OpenAI backend's own API key with --backend openai)")
@@ -73,7 +74,7 @@ class ServerConfig:
             value = getattr(self, name)
             if value is not None and not 0 <= value <= 65535:
                 raise ValueError(f"--{name.replace('_', '-')} must be a port in 0-65535, got {value}")
-        check_at_least(self, 1, "max_body_bytes", "grpc_max_concurrent_streams", "grpc_max_connections",
+        check_at_least(self, 1, "max_body_bytes", "grpc_max_message_bytes", "grpc_max_concurrent_streams", "grpc_max_connections",
                        "max_tokenizer_bytes", "max_vocabulary_entries", "reply_cache_entries", "reply_cache_bytes")
         check_at_least(self, 0, "max_body_values", "worker_startup_timeout_s", "probe_timeout_s", "worker_drain_timeout_s", "shutdown_grace_s",
                        "worker_dp_size")

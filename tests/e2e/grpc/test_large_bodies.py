@@ -69,3 +69,16 @@ async def test_grpc_requests_past_the_values_bound_get_resource_exhausted(gstack
             assert dict(refused.value.trailing_metadata() or ())["x-http-status"] == "413"
         assert (await stub.Completion(within, timeout=30)).choices  # the door still serves
     assert all(w.load.in_flight == 0 for w in gstack.http.state.registry.all())
+
+
+@pytest.mark.stack(server={"grpc_max_message_bytes": 64 * 1024})
+async def test_a_grpc_message_past_its_byte_bound_is_refused_unparsed(gstack: GrpcStack) -> None:
+    async with aio.insecure_channel(gstack.target) as channel:
+        stub = gpb_grpc.TokenGatewayStub(channel)
+        text = "hello " * 12_000  # 72 KB: past the gRPC bound, well within the HTTP body bound
+        with pytest.raises(aio.AioRpcError) as refused:
+            await stub.Tokenize(gpb.TokenizeRequest(model=gstack.model, prompt=text), timeout=30)
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert len((await stub.Tokenize(gpb.TokenizeRequest(model=gstack.model, prompt=text[:6000]), timeout=30)).tokens) > 0
+    r = await _post(gstack, "/v1/tokenize", {"prompt": text})
+    assert r.status_code == 200 and r.json()["count"] > 10_000

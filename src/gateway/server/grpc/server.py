@@ -64,7 +64,9 @@ async def start_grpc_server(
     """Bind ``host:port`` (0: a free port), register every service and start serving.
     ``reuse_port``: share the port with the other processes of ``serve --processes N``."""
     config = state.config.server
-    max_bytes = config.max_body_bytes
+    # upb parses a request whole, holding the GIL, before any handler or bound runs: the
+    # message's size is the one bound on that parse.
+    max_bytes = min(config.max_body_bytes, config.grpc_max_message_bytes)
     server = aio.server(
         options=[
             ("grpc.max_receive_message_length", max_bytes),

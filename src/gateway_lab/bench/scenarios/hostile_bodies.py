@@ -19,6 +19,8 @@ from typing import Any
 
 import orjson
 
+from gateway.protocol import limits
+
 PARALLEL = 4
 """Copies of a probe's body sent at once."""
 
@@ -57,7 +59,15 @@ def http_bodies(model: str, limit: int) -> list[Body]:
         return lambda: orjson.dumps({"model": model, **body})
 
     half = ids[: count // 2]
+    bound = [ID] * (limits.DEFAULT_MAX_BODY_VALUES - 16)  # the most the default values bound admits
+    cap = [{"role": "user", "content": "a message of a long conversation"}] * limits.MAX_MESSAGES
     return [
+        Body(f"{len(bound):,} ids (the default values bound) to /v1/completions", "/v1/completions",
+             dumps({"prompt": bound, "max_tokens": 1})),
+        Body(f"chat of {len(cap):,} messages (the message cap)", "/v1/chat/completions",
+             dumps({"messages": cap, "max_tokens": 1})),
+        Body(f"Responses input of {len(cap):,} items (the item cap)", "/v1/responses",
+             dumps({"input": cap, "max_output_tokens": 1})),
         Body(f"{count:,} ids to /v1/completions", "/v1/completions", dumps({"prompt": ids, "max_tokens": 1})),
         Body(f"{count:,} input_ids to /generate", "/generate",
              dumps({"input_ids": ids, "sampling_params": {"max_new_tokens": 1}})),
@@ -90,10 +100,12 @@ def grpc_calls(channel: Any, model: str, limit: int) -> list[tuple[str, Callable
     tiny = gpb.ChatMessage(role="user", content="hi")
     messages = (limit - HEADROOM) // (tiny.ByteSize() + 2)
 
-    def completion() -> Any:
-        out = gpb.CompletionRequest(model=model, token_ids=gpb.TokenIds(ids=[ID] * count))
+    def completion(ids: int = count) -> Any:
+        out = gpb.CompletionRequest(model=model, token_ids=gpb.TokenIds(ids=[ID] * ids))
         out.sampling.max_tokens = 1
         return out
+
+    bound = limits.DEFAULT_MAX_BODY_VALUES - 16
 
     def chat() -> Any:
         out = gpb.ChatCompletionRequest(model=model, messages=[tiny] * messages)
@@ -116,6 +128,8 @@ def grpc_calls(channel: Any, model: str, limit: int) -> list[tuple[str, Callable
         return ready
 
     return [
+        (f"gRPC Completion of {bound:,} ids (the default values bound)",
+         calling(stub.Completion, lambda: completion(bound))),
         (f"gRPC Completion of {count:,} ids", calling(stub.Completion, completion)),
         (f"gRPC ChatCompletion of {messages:,} messages", calling(stub.ChatCompletion, chat)),
         (f"gRPC Detokenize of {count:,} ids",
