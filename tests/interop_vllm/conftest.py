@@ -46,10 +46,12 @@ def vllm_grpc(interop_dir: Path) -> Iterator[common.Process]:
 def _gateway(interop_dir: Path, worker: common.Process, name: str) -> Iterator[common.Process]:
     workdir = interop_dir / name
     workdir.mkdir(exist_ok=True)
-    # vLLM serves no tokenizer download on either transport's stand-in here: the folder is given.
+    # The tokenizer folder is given (a download from the gRPC servicer has a test of its own).
     with common.running(
         common.start_gateway(
-            workdir, worker.extra["url"], extra_args=["--tokenizer-path", str(common.MODEL_DIR)]
+            workdir,
+            worker.extra["url"],
+            extra_args=["--tokenizer-path", str(common.MODEL_DIR)],
         )
     ) as proc:
         common.wait_for_model(proc)

@@ -101,9 +101,15 @@ def _start_on(
             "VLLM_TARGET_DEVICE": "cpu",
             "VLLM_NO_USAGE_STATS": "1",
             "VLLM_SERVER_DEV_MODE": "1",  # /reset_prefix_cache, the route the gateway's flush calls
-            "SMG_VLLM_SERVICER_KV_EVENTS": "0",  # no engine process, so no KV-event publisher either
         }
     )
+    if transport == "grpc":
+        # The servicer relays KV events: the stand-in publishes them through vLLM's own ZMQ
+        # publisher, on a loopback port (vLLM's default binds every interface).
+        events = (
+            '{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://127.0.0.1:%d"}'
+        )
+        extra_args = ["--kv-events-config", events % free_port(), *(extra_args or [])]
     argv = [
         str(VENV / "bin" / "python"),
         "-m",

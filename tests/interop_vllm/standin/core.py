@@ -7,7 +7,9 @@ would start a GPU engine process, is replaced by this class. Each step emits one
 per running request from the deterministic rule in ``tests.interop_sglang.standin.
 fake_model``; whether a request stops is decided by vLLM's own ``check_stop`` on vLLM's
 own ``Request``. A block-level prefix cache reports true cached-token counts, and every
-step carries ``SchedulerStats``, so ``/metrics`` shows real running/waiting gauges.
+step carries ``SchedulerStats``, so ``/metrics`` shows real running/waiting gauges. When the
+config enables KV events (vLLM's ``--grpc`` launcher does by default), the cache's stores,
+evictions and resets go out through vLLM's own ZMQ publisher, as the scheduler's would.
 
 Runs only in the interop virtualenv (it imports vllm). Every request and abort is
 written as a JSON line to ``INTEROP_VLLM_RECORD`` when that is set.
@@ -26,6 +28,14 @@ from typing import Any
 
 import numpy as np
 from vllm.config import VllmConfig
+from vllm.distributed.kv_events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    EventPublisherFactory,
+    KVCacheEvent,
+    KVEventBatch,
+)
 from vllm.v1.core.sched.utils import check_stop
 from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
 from vllm.v1.engine.core_client import EngineCoreClient
@@ -49,13 +59,18 @@ class PrefixCache:
         self.block_size = block_size
         self.capacity = capacity
         self._blocks: OrderedDict[int, None] = OrderedDict()
+        self.events: list[KVCacheEvent] = []  # since the last ``take_events``
 
     def _hashes(self, ids: list[int]) -> list[int]:
         out, parent = [], 0
         for start in range(0, len(ids) - len(ids) % self.block_size, self.block_size):
-            parent = hash((parent, tuple(ids[start : start + self.block_size])))
+            parent = hash((parent, tuple(ids[start : start + self.block_size]))) & (2**63 - 1)
             out.append(parent)
         return out
+
+    def take_events(self) -> list[KVCacheEvent]:
+        events, self.events = self.events, []
+        return events
 
     def lookup(self, prompt: list[int]) -> int:
         hit = 0
@@ -68,14 +83,31 @@ class PrefixCache:
         return min(hit, limit) * self.block_size
 
     def insert(self, ids: list[int]) -> None:
-        for h in self._hashes(ids):
+        parent: int | None = None
+        for k, h in enumerate(self._hashes(ids)):
+            if h not in self._blocks:
+                tokens = ids[k * self.block_size : (k + 1) * self.block_size]
+                self.events.append(
+                    BlockStored(
+                        block_hashes=[h],
+                        parent_block_hash=parent,
+                        token_ids=tokens,
+                        block_size=self.block_size,
+                        lora_id=None,
+                        medium="GPU",
+                        lora_name=None,
+                    )
+                )
             self._blocks[h] = None
             self._blocks.move_to_end(h)
+            parent = h
         while len(self._blocks) > self.capacity:
-            self._blocks.popitem(last=False)
+            gone, _ = self._blocks.popitem(last=False)
+            self.events.append(BlockRemoved(block_hashes=[gone], medium="GPU"))
 
     def clear(self) -> None:
         self._blocks.clear()
+        self.events.append(AllBlocksCleared())
 
     @property
     def usage(self) -> float:
@@ -95,6 +127,9 @@ class StandinCore(EngineCoreClient):
         self.max_model_len = vllm_config.model_config.max_model_len
         self.max_running = vllm_config.scheduler_config.max_num_seqs
         self.cache = PrefixCache(self.block_size, NUM_BLOCKS)
+        events = vllm_config.kv_events_config
+        self._kv_events = events if events is not None and events.enable_kv_cache_events else None
+        self._publisher = EventPublisherFactory.create(events, 0)
         self.engine_ranks_managed = [0]
         self.engine_status = {"status": "healthy"}
         self.resources = SimpleNamespace(engine_dead=False)
@@ -151,6 +186,7 @@ class StandinCore(EngineCoreClient):
     ) -> bool:
         self._write({"kind": "flush", "rid": "flush"})
         self.cache.clear()
+        self._publish()
         return True
 
     async def is_scheduler_paused_async(self) -> bool:
@@ -163,11 +199,19 @@ class StandinCore(EngineCoreClient):
         return bool(self._running or self._waiting)
 
     def get_kv_event_sources(self) -> dict[int, Any]:
-        return {}
+        return {0: self._kv_events} if self._kv_events is not None else {}
 
     def shutdown(self, timeout: float | None = None) -> None:
         if self._loop_task is not None:
             self._loop_task.cancel()
+        self._publisher.shutdown()
+
+    def _publish(self) -> None:
+        events = self.cache.take_events()
+        if events:
+            self._publisher.publish(
+                KVEventBatch(ts=time.time(), events=events, data_parallel_rank=0)
+            )
 
     # --- the step loop ----------------------------------------------------------------
 
@@ -179,6 +223,7 @@ class StandinCore(EngineCoreClient):
                 await self._wake.wait()
             await asyncio.sleep(STEP_S)
             outputs = self._step()
+            self._publish()
             self._outputs.put_nowait(
                 EngineCoreOutputs(
                     outputs=outputs, scheduler_stats=self._stats(), timestamp=time.monotonic()
