@@ -75,3 +75,15 @@ def test_each_loop_runs_its_own_items() -> None:
 
     asyncio.run(queue_and_wait())
     assert "second loop" in seen
+
+
+def test_a_loop_remembered_from_before_is_not_taken_for_a_running_one() -> None:
+    """The memo's loop stopped: an item queued outside any loop runs at once, not on it."""
+
+    async def remember() -> None:
+        later(lambda: None)
+
+    asyncio.run(remember())
+    seen: list[int] = []
+    later(seen.append, 1)
+    assert seen == [1]

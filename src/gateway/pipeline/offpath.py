@@ -18,7 +18,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from gateway.pipeline.running_loop import running_loop
+from gateway.pipeline.running_loop import memo, running_loop
 
 log = logging.getLogger(__name__)
 
@@ -28,11 +28,13 @@ _queues: dict[asyncio.AbstractEventLoop, list[tuple[Callable[..., Any], tuple[An
 
 def later(fn: Callable[..., Any], *args: Any) -> None:
     """Call ``fn(*args)`` off the request's critical path (see the module doc)."""
-    try:
-        loop = running_loop()
-    except RuntimeError:
-        fn(*args)
-        return
+    loop = memo.loop
+    if loop is None or not loop.is_running():
+        try:
+            loop = running_loop()
+        except RuntimeError:
+            fn(*args)
+            return
     queue = _queues.get(loop)
     if queue is None:
         queue = _queues[loop] = []

@@ -22,6 +22,10 @@ class _Memo(threading.local):
 
 
 _memo = _Memo()
+memo = _memo
+"""This thread's memo: where even a Python call per question counts (the off-path queue,
+eight times a request), ``memo.loop`` while ``memo.loop.is_running()`` is the answer, and
+``running_loop()`` otherwise."""
 
 
 def running_loop() -> asyncio.AbstractEventLoop:
