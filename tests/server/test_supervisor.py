@@ -73,7 +73,9 @@ async def test_the_supervisor_parks_on_its_readings_and_writes_the_word(monkeypa
     from gateway.server import supervisor as module
     from gateway.server.process_set import read_parking
 
-    sup = Supervisor(GatewayConfig(), 2)
+    config = GatewayConfig()
+    config.processes.process_parking = "auto"
+    sup = Supervisor(config, 2)
     try:
         assert sup.parking is not None and sup.active == [0, 1]
         sup.parking.cpus = 2  # the rule as on a 2-core host, whatever this one has
@@ -96,17 +98,18 @@ async def test_the_supervisor_parks_on_its_readings_and_writes_the_word(monkeypa
         shutil.rmtree(sup.run_dir, ignore_errors=True)
 
 
-def test_parking_is_off_when_asked_and_with_tls() -> None:
-    config = GatewayConfig()
-    config.processes.process_parking = "off"
-    sup = Supervisor(config, 2)
+def test_parking_is_off_by_default_and_with_tls() -> None:
+    sup = Supervisor(GatewayConfig(), 2)
     shutil.rmtree(sup.run_dir, ignore_errors=True)
     assert sup.parking is None
     config = GatewayConfig()
+    config.processes.process_parking = "auto"
     config.tls = dataclasses.replace(config.tls, tls_cert_file="cert.pem", tls_key_file="key.pem")
     sup = Supervisor(config, 2)
     shutil.rmtree(sup.run_dir, ignore_errors=True)
     assert sup.parking is None
-    sup = Supervisor(GatewayConfig(), 1)
+    config = GatewayConfig()
+    config.processes.process_parking = "auto"
+    sup = Supervisor(config, 1)
     shutil.rmtree(sup.run_dir, ignore_errors=True)
     assert sup.parking is None  # a set of one has nothing to park

@@ -203,7 +203,7 @@ async def test_a_parked_process_passes_its_connections_to_the_active_one(tmp_pat
     from gateway.server.process_set import ENV_RUN_DIR, write_parking
 
     async with SimFleet.start(2) as fleet:
-        gw = await _start(fleet, tmp_path)
+        gw = await _start(fleet, tmp_path, "--process-parking", "auto")
         try:
             pids = gw.ready_info["pids"]
             write_parking(_run_dir(pids[1], ENV_RUN_DIR), [0])

@@ -33,9 +33,8 @@ on the gateway's cores) and/or ``canned`` (nginx answering canned gRPC replies,
 own scaling). Besides the ratio of the medians it prints each round pair's ratio, the ratio
 over quiet rounds (other processes under 0.1 ms of CPU per request) and the CPU-bound
 ratio; ``--nice -10`` (root) puts the measured processes ahead of other jobs on a shared host.
-``processes-2`` is the set as it runs by default (it parks a process while the host has no spare
-core); ``--throughput-spread`` adds, in the same alternated rounds, the set with
-``--process-parking off``.
+``--throughput-parked`` adds, in the same alternated rounds, the set with ``--process-parking
+auto`` (a process parked while the host has no spare core).
 
 Every run is bounded in requests and seconds; every process started is stopped.
 """
@@ -489,7 +488,7 @@ class CpuBreakdown:
 
 FLEETS = ("sim", "canned")
 UNSYNCED = "processes-2-unsynced"  # --throughput-unsynced: the set with its NATS bus unreachable (no sync traffic)
-SPREAD = "processes-2-spread"  # --throughput-spread: the set with --process-parking off (both always take connections)
+PARKED = "processes-2-parked"  # --throughput-parked: the set with --process-parking auto (parks a process on a busy host)
 
 
 QUIET_REST_MS = 0.1  # ms of other processes' CPU per request under which a round counts as quiet
@@ -531,10 +530,10 @@ async def throughput_section(args: argparse.Namespace, report: dict[str, Any], k
         one = await stack.enter_async_context(start(urls, scratch, "gw-one"))
         two = await stack.enter_async_context(start(urls, scratch, "gw-p2", "--processes", "2"))
         gws = {"one": one, "processes-2": two}
-        if args.throughput_spread:  # the same set that never parks a process, beside the default that may
-            rounds[SPREAD] = []
-            gws[SPREAD] = await stack.enter_async_context(
-                start(urls, scratch, "gw-p2s", "--processes", "2", "--process-parking", "off")
+        if args.throughput_parked:  # the same set parking a process while the host has no spare core
+            rounds[PARKED] = []
+            gws[PARKED] = await stack.enter_async_context(
+                start(urls, scratch, "gw-p2p", "--processes", "2", "--process-parking", "auto")
             )
         if args.throughput_unsynced:  # the same set with its bus unreachable: what the set costs without the sync
             rounds[UNSYNCED] = []
@@ -623,9 +622,9 @@ async def throughput_section(args: argparse.Namespace, report: dict[str, Any], k
         "quiet_ratio": round(q2[len(q2) // 2] / q1[len(q1) // 2], 2) if q1 and q2 else None,
         "cpu_bound": cpu_bound,
         **({"unsynced_ratio": round(med(UNSYNCED) / med("one"), 2) if med("one") else None} if UNSYNCED in rounds else {}),
-        **({"spread_ratio": round(med(SPREAD) / med("one"), 2) if med("one") else None,
-            "spread_round_pair_ratios": [round(b["req_s"] / a["req_s"], 2) for a, b in zip(rounds["one"], rounds[SPREAD], strict=False)
-                                         if a["req_s"]]} if SPREAD in rounds else {}),
+        **({"parked_ratio": round(med(PARKED) / med("one"), 2) if med("one") else None,
+            "parked_round_pair_ratios": [round(b["req_s"] / a["req_s"], 2) for a, b in zip(rounds["one"], rounds[PARKED], strict=False)
+                                         if a["req_s"]]} if PARKED in rounds else {}),
         "load_1m_seen": [round(x, 1) for x in loads],
         "fidelity_guard": guard,
     }  # fmt: skip
@@ -770,9 +769,9 @@ def throughput_markdown(tp: dict[str, Any]) -> list[str]:
         cpu = sorted(x["gateway_cpu_ms_per_request"] for x in rows)[len(rows) // 2]
         lines.append(f"| {name} | {' '.join(str(x['req_s']) for x in rows)} | {tp['median_req_s'][name]} | {cpu} |")
     lines += ["", f"Ratio processes-2 / one (medians): **{tp['ratio']}**; 1-minute load average seen: {tp['load_1m_seen']}.", ""]
-    if tp.get("spread_ratio") is not None:
-        lines += [f"Ratio {SPREAD} / one (the set never parking a process): {tp['spread_ratio']} "
-                  f"(round pairs {tp['spread_round_pair_ratios']}).", ""]  # fmt: skip
+    if tp.get("parked_ratio") is not None:
+        lines += [f"Ratio {PARKED} / one (the set parking a process on a busy host): {tp['parked_ratio']} "
+                  f"(round pairs {tp['parked_round_pair_ratios']}).", ""]  # fmt: skip
     if tp.get("unsynced_ratio") is not None:
         lines += [f"Ratio {UNSYNCED} / one (the set without sync traffic): {tp['unsynced_ratio']}.", ""]
     if "round_pair_ratios" in tp:
@@ -870,8 +869,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--throughput-concurrency", type=int, default=32)
     p.add_argument("--throughput-requests", type=int, default=1500)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--throughput-spread", action="store_true",
-                   help="also measure --processes 2 with --process-parking off (both processes always take connections)")
+    p.add_argument("--throughput-parked", action="store_true",
+                   help="also measure --processes 2 with --process-parking auto (a process parked while the host has no spare core)")
     p.add_argument("--throughput-unsynced", action="store_true",
                    help="also measure --processes 2 with its sync bus unreachable (the set's cost without the routing sync)")
     p.add_argument("--clients", type=int, default=2, help="client processes of the throughput section (python)")

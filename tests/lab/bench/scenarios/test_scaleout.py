@@ -78,13 +78,13 @@ def test_each_wrk_run_draws_its_own_prompts() -> None:
     assert '"model":"m"' in a and "math.random(#words)" in a
 
 
-def test_the_spread_set_gets_its_own_ratio_line() -> None:
+def test_the_parked_set_gets_its_own_ratio_line() -> None:
     row = {"req_s": 100.0, "gateway_cpu_ms_per_request": 1.0, "cpu_ms_per_request": {"gateway serve": 1.0}}
-    tp = {"workers": 4, "concurrency": 32, "requests_per_round": 10, "median_req_s": {"one": 100.0, scenario.SPREAD: 90.0},
-          "rounds": {"one": [row], scenario.SPREAD: [{**row, "req_s": 90.0}]}, "ratio": 1.0, "load_1m_seen": [1.0],
-          "spread_ratio": 0.9, "spread_round_pair_ratios": [0.9]}  # fmt: skip
+    tp = {"workers": 4, "concurrency": 32, "requests_per_round": 10, "median_req_s": {"one": 100.0, scenario.PARKED: 90.0},
+          "rounds": {"one": [row], scenario.PARKED: [{**row, "req_s": 90.0}]}, "ratio": 1.0, "load_1m_seen": [1.0],
+          "parked_ratio": 0.9, "parked_round_pair_ratios": [0.9]}  # fmt: skip
     text = "\n".join(scenario.throughput_markdown(tp))
-    assert f"Ratio {scenario.SPREAD} / one (the set never parking a process): 0.9 (round pairs [0.9])" in text
+    assert f"Ratio {scenario.PARKED} / one (the set parking a process on a busy host): 0.9 (round pairs [0.9])" in text
 
 
 class _Nats:
