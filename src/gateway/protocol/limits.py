@@ -32,9 +32,11 @@ validation on the event loop before any other bound applies: a 14 MiB body of ti
 messages would otherwise hold the loop most of a second."""
 
 
-MAX_INPUT_ITEMS = MAX_MESSAGES
+MAX_INPUT_ITEMS = 4_096
 """Most input items one Responses API request may carry (messages, function calls and
-their outputs): each becomes a message of the conversation, as in a chat request."""
+their outputs). Each costs about 12 µs on the event loop on its way to a chat (its id, its
+history entry, its message), several times a chat message's validation: 16,384 held the
+loop about 0.19 s a request."""
 
 
 def check_message_count(value: object, what: str = "messages", limit: int = MAX_MESSAGES, noun: str = "messages") -> object:

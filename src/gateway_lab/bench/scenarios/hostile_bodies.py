@@ -60,14 +60,15 @@ def http_bodies(model: str, limit: int) -> list[Body]:
 
     half = ids[: count // 2]
     bound = [ID] * (limits.DEFAULT_MAX_BODY_VALUES - 16)  # the most the default values bound admits
-    cap = [{"role": "user", "content": "a message of a long conversation"}] * limits.MAX_MESSAGES
+    line = {"role": "user", "content": "a message of a long conversation"}
+    cap, items = [line] * limits.MAX_MESSAGES, [line] * limits.MAX_INPUT_ITEMS
     return [
         Body(f"{len(bound):,} ids (the default values bound) to /v1/completions", "/v1/completions",
              dumps({"prompt": bound, "max_tokens": 1})),
         Body(f"chat of {len(cap):,} messages (the message cap)", "/v1/chat/completions",
              dumps({"messages": cap, "max_tokens": 1})),
-        Body(f"Responses input of {len(cap):,} items (the item cap)", "/v1/responses",
-             dumps({"input": cap, "max_output_tokens": 1})),
+        Body(f"Responses input of {len(items):,} items (the item cap)", "/v1/responses",
+             dumps({"input": items, "max_output_tokens": 1})),
         Body(f"{count:,} ids to /v1/completions", "/v1/completions", dumps({"prompt": ids, "max_tokens": 1})),
         Body(f"{count:,} input_ids to /generate", "/generate",
              dumps({"input_ids": ids, "sampling_params": {"max_new_tokens": 1}})),
