@@ -43,7 +43,9 @@ def vllm_grpc(interop_dir: Path) -> Iterator[common.Process]:
     yield from _vllm(interop_dir, "grpc")
 
 
-def _gateway(interop_dir: Path, worker: common.Process, name: str) -> Iterator[common.Process]:
+def _gateway(
+    interop_dir: Path, worker: common.Process, name: str, *extra: str
+) -> Iterator[common.Process]:
     workdir = interop_dir / name
     workdir.mkdir(exist_ok=True)
     # The tokenizer folder is given (a download from the gRPC servicer has a test of its own).
@@ -51,7 +53,7 @@ def _gateway(interop_dir: Path, worker: common.Process, name: str) -> Iterator[c
         common.start_gateway(
             workdir,
             worker.extra["url"],
-            extra_args=["--tokenizer-path", str(common.MODEL_DIR)],
+            extra_args=["--tokenizer-path", str(common.MODEL_DIR), *extra],
         )
     ) as proc:
         common.wait_for_model(proc)
@@ -66,7 +68,7 @@ def gateway_http(interop_dir: Path, vllm_http: common.Process) -> Iterator[commo
 
 @pytest.fixture(scope="session")
 def gateway_grpc(interop_dir: Path, vllm_grpc: common.Process) -> Iterator[common.Process]:
-    yield from _gateway(interop_dir, vllm_grpc, "over-grpc")
+    yield from _gateway(interop_dir, vllm_grpc, "over-grpc", "--kv-events")
 
 
 @pytest.fixture(params=["http", "grpc"])

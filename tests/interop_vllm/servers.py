@@ -105,11 +105,14 @@ def _start_on(
     )
     if transport == "grpc":
         # The servicer relays KV events: the stand-in publishes them through vLLM's own ZMQ
-        # publisher, on a loopback port (vLLM's default binds every interface).
-        events = (
-            '{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://127.0.0.1:%d"}'
-        )
-        extra_args = ["--kv-events-config", events % free_port(), *(extra_args or [])]
+        # publisher, which binds only a wildcard or ipc endpoint (a host is connected to);
+        # an ipc socket in the work folder keeps it off the network.
+        events = '{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "ipc://%s"}'
+        extra_args = [
+            "--kv-events-config",
+            events % (workdir / f"kv-{port}.ipc"),
+            *(extra_args or []),
+        ]
     argv = [
         str(VENV / "bin" / "python"),
         "-m",
