@@ -4,6 +4,9 @@ real aio server."""
 
 from __future__ import annotations
 
+import asyncio
+import gc
+import weakref
 from collections.abc import AsyncIterator
 
 import grpc
@@ -115,4 +118,64 @@ async def test_a_request_of_too_many_values_is_refused_before_its_handler() -> N
                     raise AssertionError("a request past the bound was accepted")
             assert seen == [1000]
     finally:
+        await server.stop(None)
+
+
+class _Kept:
+    """Stands for what a failed request made (its converted body): only its frames hold it."""
+
+
+class _Aborting:
+    """Handlers that fail as the gateway's do: an error, turned into an abort inside its
+    ``except`` block; each remembers (weakly) what its frame held."""
+
+    def __init__(self) -> None:
+        self.made: list[weakref.ref[_Kept]] = []
+
+    async def echo(self, request: gpb.TokenIds, context: aio.ServicerContext) -> gpb.TokenIds:
+        kept = _Kept()
+        self.made.append(weakref.ref(kept))
+        try:
+            raise ValueError("the request failed")
+        except ValueError:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the request failed")
+        raise AssertionError("abort returned")
+
+    async def count(self, request: gpb.TokenIds, context: aio.ServicerContext) -> AsyncIterator[gpb.TokenIds]:
+        kept = _Kept()
+        self.made.append(weakref.ref(kept))
+        yield gpb.TokenIds(ids=[1])
+        try:
+            raise ValueError("the request failed")
+        except ValueError:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the request failed")
+
+
+async def test_an_aborted_call_leaves_nothing_of_its_request_to_the_cycle_collector() -> None:
+    # grpcio keeps the abort on the call's state, which the abort's frames hold: without the
+    # wrapper's unlinking, what the handler made lives until a full collection.
+    servicer = _Aborting()
+    server = aio.server()
+    register(_add, servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    gc.disable()
+    try:
+        async with aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            good = gpb.TokenIds(ids=[1, 2, 3]).SerializeToString()
+            for _ in range(3):
+                try:
+                    await channel.unary_unary(f"/{SERVICE}/Echo")(good)
+                except aio.AioRpcError as err:
+                    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+                try:
+                    async for _message in channel.unary_stream(f"/{SERVICE}/Count")(good):
+                        pass
+                except aio.AioRpcError as err:
+                    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+        await asyncio.sleep(0.05)  # the server finishes the calls' states
+        assert len(servicer.made) == 6
+        assert [ref() for ref in servicer.made] == [None] * 6
+    finally:
+        gc.enable()
         await server.stop(None)

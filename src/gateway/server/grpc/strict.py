@@ -90,22 +90,42 @@ def _deserializer(parse: Callable[[bytes], Any], max_values: int) -> Callable[[b
     return deserialize
 
 
+def unlinked(abort: aio.AbortError) -> aio.AbortError:
+    """``abort`` without its traceback and the error it was raised from.
+
+    grpcio keeps the abort exception on the call's state, and its traceback's frames hold
+    the servicer context, which holds that state: a reference cycle, left to the cyclic
+    collector, that also holds every frame of the failed request (its converted body, the
+    request message). The serving process collects cycles rarely (``gc_policy``), so a
+    client sending large requests that fail would grow memory by their size each time."""
+    abort.__context__ = abort.__cause__ = None
+    return abort.with_traceback(None)
+
+
 def _unary(behaviour: Callable[..., Any]) -> Callable[..., Any]:
     async def handle(request: Any, context: aio.ServicerContext) -> Any:
-        if isinstance(request, _Unparseable):
-            await _refuse(context, request)
-        return await behaviour(request, context)
+        try:
+            if isinstance(request, _Unparseable):
+                await _refuse(context, request)
+            return await behaviour(request, context)
+        except aio.AbortError as abort:
+            del request, context
+            raise unlinked(abort) from None
 
     return handle
 
 
 def _streaming(behaviour: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
     async def handle(request: Any, context: aio.ServicerContext) -> AsyncIterator[Any]:
-        if isinstance(request, _Unparseable):
-            await _refuse(context, request)
-            return
-        async for message in behaviour(request, context):
-            yield message
+        try:
+            if isinstance(request, _Unparseable):
+                await _refuse(context, request)
+                return
+            async for message in behaviour(request, context):
+                yield message
+        except aio.AbortError as abort:
+            del request, context
+            raise unlinked(abort) from None
 
     return handle
 
