@@ -281,6 +281,20 @@ def test_a_tokenizer_without_its_merges_encodes_ascii_and_latin_without_building
     assert tok.backend in backend_parts._WHOLE  # a text tiktoken does not take did
 
 
+def test_build_merges_builds_a_put_off_tokenizer_once_and_leaves_a_whole_one_alone(
+    qwen_parts: tuple[Path, BackendParts, FastBpePlan, Tokenizer],
+) -> None:
+    tok, full = _deferred(qwen_parts), qwen_parts[3]
+    assert tok.backend not in backend_parts._WHOLE
+    tok.build_merges()  # what serve does for the models it knows before its first request
+    built = backend_parts._WHOLE[tok.backend]
+    tok.build_merges()
+    assert backend_parts._WHOLE[tok.backend] is built
+    assert tok.encode("東京", add_special_tokens=False) == full.encode("東京", add_special_tokens=False)
+    full.build_merges()  # a tokenizer parsed whole has nothing put off
+    assert full.backend not in backend_parts._WHOLE
+
+
 @pytest.fixture(scope="module")
 def deferred_qwen(qwen_parts: tuple[Path, BackendParts, FastBpePlan, Tokenizer]) -> tuple[Tokenizer, Tokenizer]:
     return _deferred(qwen_parts), qwen_parts[3]

@@ -263,6 +263,8 @@ async def serve(config: GatewayConfig) -> None:
     metrics_server = await start_metrics_server(state.metrics, metrics_port, config.server.host)
     if metrics_server is not None:
         ready["metrics_url"] = metrics_server.url
+    for entry in state.catalog.entries():  # models known at start-up: no request waits yet
+        entry.tokenizer.build_merges()
     loop = asyncio.get_running_loop()
     grpc_stop: list[asyncio.Future[None]] = []
     serving = asyncio.ensure_future(server.serve(sockets=[sock]))

@@ -325,6 +325,13 @@ class Tokenizer:
         )
         return [e.ids for e in encodings]
 
+    def build_merges(self) -> None:
+        """Build the tokenizer with its merges now if its build was put off (a joining model's
+        is): at start-up, before any request, its native build holds the event loop at no
+        request's cost, where the first text tiktoken does not take would pay it later."""
+        if self._encoder is None:
+            self._encoding()
+
     def _encoding(self) -> BackendTokenizer:
         """The tokenizer with the merges (``backend_parts.whole``), built here if nothing
         has asked for it before."""
