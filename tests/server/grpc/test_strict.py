@@ -5,6 +5,7 @@ real aio server."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import weakref
 from collections.abc import AsyncIterator
@@ -39,6 +40,20 @@ class _Servicer:
             yield gpb.TokenIds(ids=[i])
 
 
+@contextlib.asynccontextmanager
+async def _serving(servicer: object, max_values: int = 0) -> AsyncIterator[aio.Channel]:
+    """A real aio server with ``servicer`` registered strictly, and a channel to it."""
+    server = aio.server()
+    register(_add, servicer, server, max_values=max_values)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            yield channel
+    finally:
+        await server.stop(None)
+
+
 def test_request_streaming_handlers_are_left_alone() -> None:
     async def handler(requests: object, context: object) -> None:
         return None
@@ -48,30 +63,23 @@ def test_request_streaming_handlers_are_left_alone() -> None:
 
 
 async def test_valid_and_invalid_bodies_on_a_real_server() -> None:
-    server = aio.server()
-    register(_add, _Servicer(), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    try:
-        async with aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            echo = channel.unary_unary(f"/{SERVICE}/Echo")
-            count = channel.unary_stream(f"/{SERVICE}/Count")
-            good = gpb.TokenIds(ids=[1, 2, 3]).SerializeToString()
-            assert gpb.TokenIds.FromString(await echo(good)).ids == [3, 2, 1]
-            assert [gpb.TokenIds.FromString(m).ids[0] async for m in count(good)] == [1, 2, 3]
-            bad = b"\xff\xff\xff"
-            for call in (echo(bad), count(bad).read()):
-                try:
-                    await call
-                except aio.AioRpcError as err:
-                    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
-                    assert "not a valid protobuf message" in (err.details() or "")
-                    trailing = dict(err.trailing_metadata() or ())
-                    assert trailing["x-http-status"] == "400" and trailing["x-error-type"] == "invalid_request_error"
-                else:
-                    raise AssertionError("a bad body was accepted")
-    finally:
-        await server.stop(None)
+    async with _serving(_Servicer()) as channel:
+        echo = channel.unary_unary(f"/{SERVICE}/Echo")
+        count = channel.unary_stream(f"/{SERVICE}/Count")
+        good = gpb.TokenIds(ids=[1, 2, 3]).SerializeToString()
+        assert gpb.TokenIds.FromString(await echo(good)).ids == [3, 2, 1]
+        assert [gpb.TokenIds.FromString(m).ids[0] async for m in count(good)] == [1, 2, 3]
+        bad = b"\xff\xff\xff"
+        for call in (echo(bad), count(bad).read()):
+            try:
+                await call
+            except aio.AioRpcError as err:
+                assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert "not a valid protobuf message" in (err.details() or "")
+                trailing = dict(err.trailing_metadata() or ())
+                assert trailing["x-http-status"] == "400" and trailing["x-error-type"] == "invalid_request_error"
+            else:
+                raise AssertionError("a bad body was accepted")
 
 
 def test_repeated_values_counts_every_depth_and_weighs_messages() -> None:
@@ -89,7 +97,6 @@ def test_repeated_values_counts_every_depth_and_weighs_messages() -> None:
 
 
 async def test_a_request_of_too_many_values_is_refused_before_its_handler() -> None:
-    server = aio.server()
     seen: list[int] = []
 
     class Counting(_Servicer):
@@ -97,28 +104,22 @@ async def test_a_request_of_too_many_values_is_refused_before_its_handler() -> N
             seen.append(len(request.ids))
             return await super().echo(request, context)
 
-    register(_add, Counting(), server, max_values=1000)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    try:
-        async with aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            echo = channel.unary_unary(f"/{SERVICE}/Echo")
-            count = channel.unary_stream(f"/{SERVICE}/Count")
-            within = gpb.TokenIds(ids=[1] * 1000).SerializeToString()
-            assert len(gpb.TokenIds.FromString(await echo(within)).ids) == 1000
-            over = gpb.TokenIds(ids=[1] * 1001).SerializeToString()
-            for call in (echo(over), count(over).read()):
-                try:
-                    await call
-                except aio.AioRpcError as err:
-                    assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-                    assert "more than 1,000 values" in (err.details() or "")
-                    assert dict(err.trailing_metadata() or ())["x-http-status"] == "413"
-                else:
-                    raise AssertionError("a request past the bound was accepted")
-            assert seen == [1000]
-    finally:
-        await server.stop(None)
+    async with _serving(Counting(), max_values=1000) as channel:
+        echo = channel.unary_unary(f"/{SERVICE}/Echo")
+        count = channel.unary_stream(f"/{SERVICE}/Count")
+        within = gpb.TokenIds(ids=[1] * 1000).SerializeToString()
+        assert len(gpb.TokenIds.FromString(await echo(within)).ids) == 1000
+        over = gpb.TokenIds(ids=[1] * 1001).SerializeToString()
+        for call in (echo(over), count(over).read()):
+            try:
+                await call
+            except aio.AioRpcError as err:
+                assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                assert "more than 1,000 values" in (err.details() or "")
+                assert dict(err.trailing_metadata() or ())["x-http-status"] == "413"
+            else:
+                raise AssertionError("a request past the bound was accepted")
+        assert seen == [1000]
 
 
 class _Kept:
@@ -155,13 +156,9 @@ async def test_an_aborted_call_leaves_nothing_of_its_request_to_the_cycle_collec
     # grpcio keeps the abort on the call's state, which the abort's frames hold: without the
     # wrapper's unlinking, what the handler made lives until a full collection.
     servicer = _Aborting()
-    server = aio.server()
-    register(_add, servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
     gc.disable()
     try:
-        async with aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        async with _serving(servicer) as channel:
             good = gpb.TokenIds(ids=[1, 2, 3]).SerializeToString()
             for _ in range(3):
                 try:
@@ -178,4 +175,3 @@ async def test_an_aborted_call_leaves_nothing_of_its_request_to_the_cycle_collec
         assert [ref() for ref in servicer.made] == [None] * 6
     finally:
         gc.enable()
-        await server.stop(None)
