@@ -136,7 +136,7 @@ def completion_request(prompt: Prompt | gpb.CompletionRequest, **fields: Any) ->
 
 def generate_request(
     input_ids: Sequence[int], *, stream: bool = False, return_logprob: bool = False,
-    top_logprobs_num: int = 0, rid: str = "", **sampling: Any,
+    top_logprobs_num: int = 0, rid: str = "", model: str = "", **sampling: Any,
 ) -> gpb.GenerateRequest:
     """``sampling`` takes SGLang's sampling_params names (``max_new_tokens``, ``n``...)."""
     unknown = set(sampling) - _GENERATE_SAMPLING_FIELDS
@@ -144,7 +144,7 @@ def generate_request(
         raise TypeError(f"unknown sampling params: {sorted(unknown)}")
     return gpb.GenerateRequest(
         input_ids=list(input_ids), sampling_params=gpb.GenerateSampling(**sampling), stream=stream,
-        return_logprob=return_logprob, top_logprobs_num=top_logprobs_num, rid=rid,
+        return_logprob=return_logprob, top_logprobs_num=top_logprobs_num, rid=rid, model=model,
     )
 
 

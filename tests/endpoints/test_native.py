@@ -8,7 +8,7 @@ import json
 
 from gateway.server.config import GatewayConfig
 from tests.fake_transport import chunk, complete
-from tests.server.http.gateway_app import gateway
+from tests.server.http.gateway_app import add_model_worker, gateway
 
 
 async def test_generate_one_prompt_and_a_batch() -> None:
@@ -28,6 +28,28 @@ async def test_generate_one_prompt_and_a_batch() -> None:
         batch = await client.post("/generate", json={"text": ["a", "b"], "sampling_params": {"max_new_tokens": 1}})
         assert batch.status_code == 200 and isinstance(batch.json(), list) and len(batch.json()) == 2
         assert len(worker.requests) == 3  # one worker request per prompt
+
+
+async def test_generate_names_its_model_when_several_are_served() -> None:
+    async with gateway(GatewayConfig()) as (state, client):
+        await state.add_worker("grpc://w1:1")
+        other = await add_model_worker(state, "grpc://w2:1", "other-model")
+        fake = state.transports["grpc://w1:1"]  # type: ignore[attr-defined]
+        other.script(complete([9707], finish="length", prompt=3))
+        r = await client.post("/generate", json={"model": "other-model", "input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 1}})
+        assert r.status_code == 200, r.text
+        assert r.json()["output_ids"] == [9707] and len(other.requests) == 1 and not fake.requests
+        fake.script(complete([1879], finish="length", prompt=1))
+        r = await client.post("/generate", json={"model": "fake-model", "text": "hi", "sampling_params": {"max_new_tokens": 1}})
+        assert r.status_code == 200 and len(fake.requests) == 1 and len(other.requests) == 1
+        # Without a model, or with one nobody serves: the OpenAI error shape, nothing sent.
+        for body in ({"input_ids": [1, 2]}, {"model": "nope", "input_ids": [1, 2]}):
+            missing = await client.post("/generate", json=body)
+            assert missing.status_code == 404, missing.text
+            assert missing.json()["error"]["code"] == "model_not_found"
+        bad = await client.post("/generate", json={"model": 7, "input_ids": [1, 2]})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "model"
+        assert len(fake.requests) == 1 and len(other.requests) == 1
 
 
 async def test_generate_streams_sglang_chunks() -> None:

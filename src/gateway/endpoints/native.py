@@ -31,7 +31,7 @@ from gateway.protocol.tokens import (
 
 async def prepare_generate(engine: Engine, req: GenerateRequest, ctx: RequestContext) -> list[PreparedRequest]:
     """One prepared request per prompt of a /generate request (shared by the gRPC Generate)."""
-    entry = engine.catalog.get(None)
+    entry = engine.catalog.get(req.model)
     prepared = []
     prompts: list[str | list[int]] = list(req.prompts())
     check_batch(len(prompts), engine.limits)

@@ -485,20 +485,22 @@ class GenerateSampling(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., max_new_tokens: _Optional[int] = ..., min_new_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., n: _Optional[int] = ..., regex: _Optional[str] = ..., json_schema: _Optional[str] = ..., ebnf: _Optional[str] = ..., ignore_eos: _Optional[bool] = ..., skip_special_tokens: _Optional[bool] = ..., no_stop_trim: _Optional[bool] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., sampling_seed: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("input_ids", "sampling_params", "stream", "return_logprob", "top_logprobs_num", "rid")
+    __slots__ = ("input_ids", "sampling_params", "stream", "return_logprob", "top_logprobs_num", "rid", "model")
     INPUT_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_PARAMS_FIELD_NUMBER: _ClassVar[int]
     STREAM_FIELD_NUMBER: _ClassVar[int]
     RETURN_LOGPROB_FIELD_NUMBER: _ClassVar[int]
     TOP_LOGPROBS_NUM_FIELD_NUMBER: _ClassVar[int]
     RID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
     input_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling_params: GenerateSampling
     stream: bool
     return_logprob: bool
     top_logprobs_num: int
     rid: str
-    def __init__(self, input_ids: _Optional[_Iterable[int]] = ..., sampling_params: _Optional[_Union[GenerateSampling, _Mapping]] = ..., stream: _Optional[bool] = ..., return_logprob: _Optional[bool] = ..., top_logprobs_num: _Optional[int] = ..., rid: _Optional[str] = ...) -> None: ...
+    model: str
+    def __init__(self, input_ids: _Optional[_Iterable[int]] = ..., sampling_params: _Optional[_Union[GenerateSampling, _Mapping]] = ..., stream: _Optional[bool] = ..., return_logprob: _Optional[bool] = ..., top_logprobs_num: _Optional[int] = ..., rid: _Optional[str] = ..., model: _Optional[str] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("request_id", "index", "token_ids", "text", "logprobs", "finish_reason", "matched_stop", "prompt_tokens", "completion_tokens", "cached_tokens", "worker_id")

@@ -58,6 +58,8 @@ class GenerateSamplingParams(StopFieldsChecks):
 class GenerateRequest(RequestModel):
     """``text`` or ``input_ids`` (one prompt or a batch), plus sampling and logprob options."""
 
+    # Not in SGLang's body (one server, one model): names the model when several are served.
+    model: str | None = None
     text: str | list[str] | None = None
     # Checked whole by ``_token_ids`` before pydantic: its own pass over the union would walk
     # a long prompt again, at several times the cost, on the event loop.

@@ -11,6 +11,7 @@ from gateway.client import GatewayClient, GatewayRpcError, user
 from gateway.server.config import GatewayConfig
 from tests.fake_transport import chunk, complete
 from tests.server.grpc.grpc_gateway import grpc_gateway
+from tests.server.http.gateway_app import add_model_worker
 
 
 async def test_chat_completion_and_generate_reach_the_worker() -> None:
@@ -26,6 +27,18 @@ async def test_chat_completion_and_generate_reach_the_worker() -> None:
         worker.script(chunk([9707]), complete([], finish="stop"))
         messages = [m async for m in client.generate([1, 2, 3], stream=True, max_new_tokens=2)]
         assert [list(m.token_ids) for m in messages if m.token_ids] == [[9707]] and messages[-1].finish_reason == "stop"
+
+
+async def test_generate_names_its_model_when_several_are_served() -> None:
+    async with grpc_gateway() as (state, server), GatewayClient(server.target) as client:
+        other = await add_model_worker(state, "grpc://w2:1", "other-model")
+        other.script(complete([9707], finish="stop"))
+        messages = [m async for m in client.generate([1, 2, 3], model="other-model", max_new_tokens=1)]
+        assert messages[-1].finish_reason == "stop" and len(other.requests) == 1
+        with pytest.raises(GatewayRpcError) as unnamed:
+            await client.generate([1, 2, 3], max_new_tokens=1).__anext__()
+        assert unnamed.value.code == grpc.StatusCode.NOT_FOUND and unnamed.value.error_code == "model_not_found"
+        assert not state.transports["grpc://w1:1"].requests  # type: ignore[attr-defined]
 
 
 async def test_tokens_models_workers_and_embeddings() -> None:

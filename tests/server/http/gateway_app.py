@@ -11,6 +11,7 @@ from functools import cache
 
 import httpx
 
+from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.server.config import GatewayConfig
 from gateway.server.http.app import create_app
 from gateway.server.state import GatewayState
@@ -50,3 +51,18 @@ async def gateway(config: GatewayConfig | None = None) -> AsyncIterator[tuple[Ga
 
 def bearer(key: str) -> dict[str, str]:
     return {"authorization": f"Bearer {key}"}
+
+
+async def add_model_worker(state: GatewayState, url: str, model: str) -> FakeTransport:
+    """Register a fake worker that serves ``model`` (every other fake serves ``fake-model``)."""
+    transport = FakeTransport(url)
+
+    async def model_info(*, timeout: float = 5.0) -> pb.GetModelInfoResponse:
+        return pb.GetModelInfoResponse(
+            served_model_name=model, model_path=model, max_context_length=4096, vocab_size=1000, is_generation=True
+        )
+
+    transport.model_info = model_info  # type: ignore[method-assign]
+    state.transports[url] = transport  # type: ignore[attr-defined]
+    await state.add_worker(url)
+    return transport

@@ -187,6 +187,8 @@ def generate_request(request: gpb.GenerateRequest) -> dict[str, Any]:
     }
     if request.rid:
         body["rid"] = request.rid
+    if request.model:
+        body["model"] = request.model
     return body
 
 
