@@ -83,3 +83,22 @@ def test_map_is_bounded() -> None:
     assert len(wb) == 4
     wb.stored(None, pages(list(range(500, 508))))  # 6 > 5: removals were lost, start over
     assert len(wb) == 0 and wb.stats.resets == 1 and tree.worker_tokens("w") == 0
+
+
+def test_rebind_moves_the_reported_pages_to_a_new_tree() -> None:
+    """A flush through the gateway replaces the policy: its new tree gets every chain the
+    worker reported, and later events go there, not to the old one."""
+    old, wb = make()
+    a, b = list(range(100, 112)), [100, 101, 102, 103, 9, 9, 9, 9]
+    wb.stored(None, pages(a))
+    wb.stored(pages(a)[0][0], pages(b)[1:])
+    new = RadixTree()
+    new.set_worker("w", budget_tokens=1000, page_size=PS)
+    wb.rebind(new)
+    assert wb.tree is new and held(new, a) == 12 and held(new, b) == 8
+    wb.rebind(new)  # the same tree again: nothing re-inserted
+    c = list(range(500, 508))
+    wb.stored(None, pages(c))
+    assert held(new, c) == 8 and held(old, c) == 0
+    wb.cleared()
+    assert held(new, a) == 0 and held(new, c) == 0 and len(wb) == 0

@@ -1,7 +1,7 @@
 """Workers' KV-cache events into the cache_aware trees (workers/kv_events.py): batches
 applied in order, a sequence gap resets the worker's share, the page size learned from
-stored blocks, one subscription per cache_aware worker, and a worker without the RPC
-left alone."""
+stored blocks, one subscription per cache_aware worker, the feed following its pool's
+policy when a flush replaces it, and a worker without the RPC left alone."""
 
 from __future__ import annotations
 
@@ -109,6 +109,48 @@ async def test_the_feeder_subscribes_cache_aware_workers_and_follows_the_registr
         assert two.stopped and not two.connected and two.last_error == "UNIMPLEMENTED: no kv events"
         await f.registry.remove("w1:1", drain_timeout_s=0)
         assert "w1:1" not in feeder.feeds
+    finally:
+        await feeder.close()
+
+
+async def test_events_after_the_policies_are_replaced_reach_the_new_tree() -> None:
+    """A flush through the gateway makes fresh policies (Router.reset_policies): the events
+    that follow, on the same stream, must teach the new policy's tree, not the old one's."""
+    t = FakeTransport("grpc://w1:1")
+    batches: asyncio.Queue[common_pb2.KvEventBatch] = asyncio.Queue()
+    applied = asyncio.Event()
+
+    def events(start_sequence_number: int = 0) -> AsyncIterator[common_pb2.KvEventBatch]:
+        async def stream() -> AsyncIterator[common_pb2.KvEventBatch]:
+            while True:
+                yield await batches.get()
+                applied.set()
+
+        return stream()
+
+    async def send(batch: common_pb2.KvEventBatch) -> None:
+        applied.clear()
+        await batches.put(batch)
+        await asyncio.wait_for(applied.wait(), 5)
+        await asyncio.sleep(0)  # the batch is applied before the stream asks for the next
+
+    def held(ids: list[int]) -> int:
+        policy = f.router.policy(MODEL, "regular")
+        assert isinstance(policy, CacheAwarePolicy)
+        return policy.tree(MODEL).match(ids).per_worker.get("w1:1", 0)
+
+    t.subscribe_kv_events = events  # type: ignore[method-assign]
+    f = await fleet(t, policy="cache_aware")
+    feeder = KvEventFeeder(f.registry, f.router, retry_s=0.001)
+    feeder.start()
+    try:
+        await send(_stored(1, (11, [1, 2]), (12, [3, 4])))
+        assert held([1, 2, 3, 4]) == 4
+        f.router.reset_policies()  # what POST /flush_cache does once every worker flushed
+        await send(common_pb2.KvEventBatch(sequence_number=2, events=[{"cleared": {}}]))
+        await send(_stored(3, (21, [5, 6]), (22, [7, 8])))
+        assert held([5, 6, 7, 8]) == 4 and held([1, 2, 3, 4]) == 0
+        assert feeder.feeds["w1:1"].rebinds == 1 and feeder.feeds["w1:1"].describe()["rebinds"] == 1
     finally:
         await feeder.close()
 

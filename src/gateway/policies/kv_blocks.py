@@ -12,7 +12,9 @@ following parents, and applies:
   for the shallowest removed page of each chain (deeper pages, and anything the
   tree guessed beyond them, go with it);
 * cleared, or events lost (a sequence gap, a restarted worker): ``reset`` forgets
-  the worker's whole share of the tree, keeping its budget and page size.
+  the worker's whole share of the tree, keeping its budget and page size;
+* the pool's policy replaced (a flush through the gateway makes fresh ones): ``rebind``
+  moves the pages to the new tree, where later events go.
 
 Pages whose parent was never reported (the worker cached them before we subscribed)
 cannot be placed and are counted as ``orphans``. The map holds at most
@@ -120,6 +122,21 @@ class WorkerBlocks:
             del self._blocks[h]
         self.stats.removed_tokens += lost
         return lost
+
+    def rebind(self, tree: RadixTree) -> None:
+        """Apply later events to ``tree``, the pool policy's new one (a flush through the
+        gateway replaces its policies), and put the pages reported so far in it, so it holds
+        what the worker last reported; the events still to come (the flush's own clear)
+        bring it up to date."""
+        if tree is self.tree:
+            return
+        self.tree = tree
+        parents = {entry[0] for entry in self._blocks.values()}
+        for h in self._blocks:
+            if h not in parents:
+                tokens = self.prefix(h)
+                if tokens:
+                    tree.insert(tokens, self.worker)
 
     def cleared(self) -> None:
         """The worker flushed its cache."""

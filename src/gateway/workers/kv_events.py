@@ -10,8 +10,10 @@ that worker's ``policies.kv_blocks.WorkerBlocks`` on the event loop (the tree's 
 lock covers the background evictor). A broken stream is reopened with exponential
 backoff, resuming after the last sequence number seen; a gap or a restarted worker
 (a sequence number other than the next one) resets that worker's share of the tree,
-since events were lost. Workers whose pool policy keeps no tree are not subscribed,
-nor engines with data-parallel ranks (one stream per engine, rank 0's only on SGLang).
+since events were lost. When the pool's policy is replaced (a flush through the
+gateway makes fresh ones), the feed moves to the new policy's tree before its next
+batch. Workers whose pool policy keeps no tree are not subscribed, nor engines with
+data-parallel ranks (one stream per engine, rank 0's only on SGLang).
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ class FeedState:
     connects: int = 0
     errors: int = 0
     connected: bool = False
+    rebinds: int = 0  # times the pool's policy was replaced and the feed moved to its tree
     stopped: bool = False  # the worker does not serve KV events: no more attempts
     last_error: str = ""
 
@@ -66,6 +69,7 @@ class FeedState:
             "batches": self.batches,
             "connects": self.connects,
             "errors": self.errors,
+            "rebinds": self.rebinds,
             "last_error": self.last_error,
             "blocks": len(self.blocks),
             "stored_blocks": st.stored_blocks,
@@ -174,6 +178,16 @@ class KvEventFeeder:
         self.feeds[worker.id] = feed
         self._tasks[worker.id] = asyncio.create_task(self._run(worker, feed), name=f"kv-events-{worker.id}")
 
+    def _follow_policy(self, worker: Worker, feed: FeedState) -> None:
+        """Move the feed to the pool's live tree: a flush through the gateway replaces the
+        policies, and events applied to the old tree would reach no routing decision."""
+        policy = self.router.policy(worker.model, worker.role)
+        if isinstance(policy, CacheAwarePolicy):
+            tree = policy.tree(worker.model)
+            if tree is not feed.blocks.tree:
+                feed.blocks.rebind(tree)
+                feed.rebinds += 1
+
     async def _run(self, worker: Worker, feed: FeedState) -> None:
         delay = self.retry_s
         while True:
@@ -186,6 +200,7 @@ class KvEventFeeder:
                         feed.connected = True
                         delay = self.retry_s
                     learn_page_size(worker, batch)
+                    self._follow_policy(worker, feed)
                     apply_batch(feed, batch)
                 feed.last_error = "stream ended"
             except asyncio.CancelledError:

@@ -78,6 +78,24 @@ async def test_tree_learns_direct_requests_and_forgets_evictions(stack: Stack) -
 
 
 @pytest.mark.stack(workers=1, policy="cache_aware", server=KV)
+async def test_events_after_a_flush_through_the_gateway_still_teach_the_tree(stack: Stack) -> None:
+    """POST /flush_cache makes fresh policies: the stream's later events reach the new tree."""
+    (w,) = stack.state.registry.all()
+    feeds = stack.state.kv_events.feeds  # type: ignore[union-attr]
+    await eventually(lambda: feeds[w.id].connected)
+    p, q = prompt(21), prompt(22)
+    await direct(w, p, "before-flush")
+    await eventually(lambda: held(stack, w, p) == 192)
+    flushed = await stack.http.post("/flush_cache")
+    assert flushed.status_code == 200 and flushed.json()["success"] is True
+    await eventually(lambda: feeds[w.id].blocks.stats.clears == 1)
+    assert held(stack, w, p) == 0
+    await direct(w, q, "after-flush")
+    await eventually(lambda: held(stack, w, q) == 192)
+    assert held(stack, w, p) == 0 and feeds[w.id].rebinds == 1
+
+
+@pytest.mark.stack(workers=1, policy="cache_aware", server=KV)
 async def test_subscription_reconnects_to_a_restarted_worker(stack: Stack) -> None:
     (w,) = stack.state.registry.all()
     feeds = stack.state.kv_events.feeds  # type: ignore[union-attr]
