@@ -113,3 +113,76 @@ def test_parking_is_off_by_default_and_with_tls() -> None:
     sup = Supervisor(config, 1)
     shutil.rmtree(sup.run_dir, ignore_errors=True)
     assert sup.parking is None  # a set of one has nothing to park
+
+
+def test_a_parked_process_leaves_its_cpus_to_the_active_ones() -> None:
+    from gateway.server.supervisor import active_shares
+
+    shares = [{0}, {1}]
+    assert active_shares(shares, [0, 1]) == [{0}, {1}]  # all active: each pinned to its own
+    assert active_shares(shares, [0]) == [{0, 1}, {1}]  # parked: the active one may use both cores
+    four = [{0}, {1}, {2}, {3}]
+    assert active_shares(four, [0, 1]) == [{0, 2}, {1, 3}, {2}, {3}]  # parked shares dealt in turn
+    assert active_shares(four, [0]) == [{0, 1, 2, 3}, {1}, {2}, {3}]
+    assert active_shares(shares, []) == shares  # nobody active: nothing moves
+    assert shares == [{0}, {1}]  # the set's own shares are not changed
+
+
+def test_every_thread_of_a_process_is_pinned() -> None:
+    """The supervisor's pin reaches threads a child started before it (each has its own mask)."""
+    import os
+    import threading
+
+    from gateway.server.supervisor import set_process_affinity
+
+    if not hasattr(os, "sched_getaffinity"):
+        pytest.skip("no CPU affinity on this platform")
+    mine = os.sched_getaffinity(0)
+    one = {min(mine)}
+    started, stop = threading.Event(), threading.Event()
+    seen: list[set[int]] = []
+
+    def worker() -> None:
+        started.set()
+        stop.wait(10)
+        seen.append(os.sched_getaffinity(0))
+
+    t = threading.Thread(target=worker)
+    t.start()
+    started.wait(10)
+    try:
+        assert set_process_affinity(os.getpid(), one)
+        stop.set()
+        t.join(10)
+        assert seen == [one] and os.sched_getaffinity(0) == one
+    finally:
+        stop.set()
+        set_process_affinity(os.getpid(), mine)
+    assert os.sched_getaffinity(0) == mine
+    assert not set_process_affinity(2**22 + 12345, one)  # no such process
+
+
+async def test_parking_widens_the_active_process_and_waking_pins_it_back() -> None:
+    """The supervisor's word moves the pins of running children: the active one may use the
+    parked one's CPUs while it is parked, and each is held to its own share again after."""
+    import os
+
+    if not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two CPUs")
+    a, b = sorted(os.sched_getaffinity(0))[:2]
+    sup = Supervisor(GatewayConfig(), 2)
+    sup.cpu_shares = [{a}, {b}]
+    procs = [await asyncio.create_subprocess_exec("sleep", "30") for _ in range(2)]
+    try:
+        for child, proc in zip(sup.children, procs, strict=True):
+            child.proc = proc  # not ready: no signal is sent, the pins still move
+        sup._set_active(1)
+        assert [os.sched_getaffinity(p.pid) for p in procs] == [{a, b}, {b}]
+        assert orjson.loads((sup.run_dir / STATUS_FILE).read_bytes())["cpus"] == [sorted({a, b}), [b]]
+        sup._set_active(2)
+        assert [os.sched_getaffinity(p.pid) for p in procs] == [{a}, {b}]
+    finally:
+        for p in procs:
+            p.kill()
+            await p.wait()
+        shutil.rmtree(sup.run_dir, ignore_errors=True)

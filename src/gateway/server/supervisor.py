@@ -95,6 +95,39 @@ def process_cpu_s(pid: int) -> float | None:
         return None
 
 
+def active_shares(shares: list[set[int]], active: list[int]) -> list[set[int]]:
+    """Each process's CPUs while only ``active`` take connections: an active process keeps
+    its own share and takes the shares of parked ones (dealt round the active ones in
+    turn); a parked one keeps its own.
+
+    Why: the pins give each busy process a core of its own; a parked set serves as fewer
+    processes, and an active one still held to its own share could not use the core its
+    parked sibling leaves to it (one process of its own is not pinned at all)."""
+    out = [set(s) for s in shares]
+    live = [i for i in active if 0 <= i < len(shares)]
+    if not live:
+        return out
+    parked = [i for i in range(len(shares)) if i not in live]
+    for turn, i in enumerate(parked):
+        out[live[turn % len(live)]] |= shares[i]
+    return out
+
+
+def set_process_affinity(pid: int, cpus: set[int]) -> bool:
+    """Pin every thread of process ``pid`` to ``cpus`` (a thread's affinity is its own: the
+    process's id names its first thread only); False when the process is gone."""
+    try:
+        tasks = [int(t.name) for t in Path(f"/proc/{pid}/task").iterdir()]
+    except OSError:
+        tasks = [pid]
+    done = False
+    for tid in tasks:
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            os.sched_setaffinity(tid, cpus)
+            done = True
+    return done
+
+
 def _pinned_child(cpus: set[int]) -> None:
     """preexec_fn of a pinned child: before exec, so every thread it starts inherits the set."""
     die_with_parent()
@@ -162,7 +195,7 @@ class Supervisor:
             "alive": len(alive),
             "restarts": sum(c.restarts for c in self.children),
             "pids": [c.proc.pid if c.proc is not None and c.proc.returncode is None else None for c in self.children],
-            "cpus": None if self.cpu_shares is None else [sorted(s) for s in self.cpu_shares],
+            "cpus": None if self.cpu_shares is None else [sorted(s) for s in active_shares(self.cpu_shares, self.active)],
             "active": self.active,
             "stopping": self.stopping,
         }
@@ -183,7 +216,7 @@ class Supervisor:
             stdin=asyncio.subprocess.DEVNULL,
             # Own session: a terminal's Ctrl-C reaches the supervisor only, which passes one SIGTERM on.
             start_new_session=True,
-            preexec_fn=die_with_parent if self.cpu_shares is None else functools.partial(_pinned_child, self.cpu_shares[child.index]),
+            preexec_fn=die_with_parent if self.cpu_shares is None else functools.partial(_pinned_child, self._cpus(child.index)),
         )
 
     async def _await_ready(self, child: Child) -> None:
@@ -263,13 +296,21 @@ class Supervisor:
                     self._set_active(active)
             before = now
 
+    def _cpus(self, index: int) -> set[int]:
+        """Process ``index``'s CPUs now (pinned sets only): its share, and parked siblings' while it is active."""
+        assert self.cpu_shares is not None
+        return active_shares(self.cpu_shares, self.active)[index]
+
     def _set_active(self, count: int) -> None:
         self.active = list(range(count))
         write_parking(self.run_dir, self.active)
         for c in self.children:
-            if c.proc is not None and c.proc.returncode is None and c.ready is not None:
-                with contextlib.suppress(ProcessLookupError):
-                    c.proc.send_signal(signal.SIGUSR1)
+            if c.proc is not None and c.proc.returncode is None:
+                if self.cpu_shares is not None:
+                    set_process_affinity(c.proc.pid, self._cpus(c.index))
+                if c.ready is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        c.proc.send_signal(signal.SIGUSR1)
         self._write_status()
         log.info("parking: %d of %d serving processes take connections (%s)", count, self.count,
                  "no spare core" if count < self.count else "a core is spare again")

@@ -10,6 +10,8 @@ each (a fresh fleet per setup), through
 
 * ``one``: one ``serve`` process;
 * ``processes-2``: ``serve --processes 2`` (its own nats-server, shared ports);
+* ``processes-2-parked``: the same with ``--process-parking auto`` (the row adds when the
+  set parked or woke a process during the run, read from ``/health``);
 * ``replicas-sync``: two ``serve`` processes on two ports joined by ``--sync-url``;
 * ``replicas-nosync``: the same two without sync.
 
@@ -79,7 +81,7 @@ from gateway_lab.bench.workloads import (
 )
 from gateway_lab.sim.config import SimConfig
 
-SETUPS = ("one", "processes-2", "replicas-sync", "replicas-sync-tokens", "replicas-nosync")
+SETUPS = ("one", "processes-2", "processes-2-parked", "replicas-sync", "replicas-sync-tokens", "replicas-nosync")
 SECTIONS = ("routing", "throughput", "model")
 
 
@@ -115,7 +117,8 @@ async def gateways(setup: str, urls: Sequence[str], scratch: str) -> AsyncIterat
         if setup == "one":
             yield [await stack.enter_async_context(start(urls, scratch, "gw-one"))]
         elif setup.startswith("processes-2"):
-            yield [await stack.enter_async_context(start(urls, scratch, "gw-p2", "--processes", "2", *encoding))]
+            parking = ["--process-parking", "auto"] if setup.endswith("-parked") else []
+            yield [await stack.enter_async_context(start(urls, scratch, "gw-p2", "--processes", "2", *encoding, *parking))]
         else:
             extra: list[str] = []
             if setup.startswith("replicas-sync"):
@@ -177,6 +180,27 @@ def merge_runs(runs: Sequence[RunResult], label: str) -> RunResult:
     )
 
 
+async def watch_active(url: str, changes: list[tuple[float, list[int]]], t0: float, every_s: float = 0.25) -> None:
+    """Record each change of a process set's active processes (``/health``) as (seconds
+    since ``t0``, active); runs until cancelled."""
+    async with httpx.AsyncClient(trust_env=False, timeout=5) as http:
+        while True:
+            with contextlib.suppress(httpx.HTTPError, ValueError, KeyError, TypeError):
+                active = list((await http.get(url + "/health")).json()["processes"]["active"])
+                if not changes or changes[-1][1] != active:
+                    changes.append((round(time.monotonic() - t0, 2), active))
+            await asyncio.sleep(every_s)
+
+
+def per_process(texts: Sequence[str], name: str) -> dict[str, float]:
+    """A counter summed by its ``process`` label (a set's federated exposition)."""
+    out: dict[str, float] = {}
+    for labels, v in series(texts, name):
+        key = labels.get("process", "-")
+        out[key] = out.get(key, 0.0) + v
+    return out
+
+
 async def drive(urls: Sequence[str], workload: Workload, concurrency: int, cap_s: float, label: str) -> RunResult:
     """Request i goes to ``urls[i % len(urls)]``; each URL gets its share of the concurrency."""
     if len(urls) == 1:
@@ -232,7 +256,14 @@ async def routing_section(args: argparse.Namespace, report: dict[str, Any]) -> N
             async with gateways(setup, fleet.urls, scratch) as gws:
                 urls = [g.url for g in gws]
                 t0 = time.monotonic()
-                run = await drive(urls, workload, args.concurrency, args.cap_s, setup)
+                changes: list[tuple[float, list[int]]] = []
+                watcher = asyncio.create_task(watch_active(urls[0], changes, t0)) if setup.startswith("processes") else None
+                try:
+                    run = await drive(urls, workload, args.concurrency, args.cap_s, setup)
+                finally:
+                    if watcher is not None:
+                        watcher.cancel()
+                        await asyncio.gather(watcher, return_exceptions=True)
                 texts = await scrape(urls)
                 wall = time.monotonic() - t0
         counters = fleet.counters or {}  # the workers report them as they stop
@@ -252,6 +283,10 @@ async def routing_section(args: argparse.Namespace, report: dict[str, Any]) -> N
         row["placement"] = misses.as_dict()
         if setup.startswith(("processes-2", "replicas-sync")):
             row["sync"] = sync_budgets(texts, s.requests)
+        if setup.startswith("processes"):
+            row["active_changes"] = changes  # (s since the run began, processes taking connections)
+            row["requests_by_process"] = {k: int(v) for k, v in sorted(per_process(texts, "token_gateway_requests_total").items())}
+            row["gate_held_by_process"] = {k: int(v) for k, v in sorted(per_process(texts, "token_gateway_prefill_gate_held_total").items())}
         rows["setups"][setup] = row
         print(f"[routing {setup}] ({load_note()}) " + json.dumps(row), flush=True)
 
