@@ -49,6 +49,7 @@ class TraceConfig:
     """How much of a trace to replay, and how it is scaled to this machine."""
 
     trace_requests: int = option(2000, "replay the first N requests of the trace (0: all)")
+    trace_offset: int = option(0, "skip this many requests first (a later window of the trace, its times rebased)")
     block_tokens: int = option(32, "tokens each trace block becomes (Mooncake: hash_ids blocks)")
     source_block_tokens: int = option(MOONCAKE_BLOCK_TOKENS, "tokens per block in the trace itself")
     max_prompt_tokens: int = option(4096, "cap on each scaled prompt, tokens")
@@ -61,8 +62,8 @@ class TraceConfig:
             raise ValueError("block sizes must be >= 1")
         if self.max_prompt_tokens < 1 or self.max_output_tokens < 1:
             raise ValueError("length caps must be >= 1")
-        if self.time_scale < 0 or self.trace_requests < 0:
-            raise ValueError("time_scale and trace_requests must be >= 0")
+        if self.time_scale < 0 or self.trace_requests < 0 or self.trace_offset < 0:
+            raise ValueError("time_scale, trace_requests and trace_offset must be >= 0")
 
     @property
     def length_scale(self) -> float:
@@ -142,14 +143,19 @@ def plain_spec(record: Mapping[str, Any], config: TraceConfig) -> RequestSpec:
 
 
 def load_trace_workload(path: str | Path, config: TraceConfig, vocab: Vocab) -> Workload:
-    """The first ``config.trace_requests`` requests of ``path``, scaled (see the module doc)."""
+    """``config.trace_requests`` requests of ``path`` after the first ``config.trace_offset``,
+    scaled (see the module doc); times start at the first one replayed."""
     path = Path(path)
     blocks = BlockTokens(vocab, config.block_tokens, config.trace_seed)
     specs: list[RequestSpec] = []
     kinds: set[str] = set()
+    skip = config.trace_offset
     with path.open("rb") as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
+                continue
+            if skip:
+                skip -= 1
                 continue
             if config.trace_requests and len(specs) >= config.trace_requests:
                 break

@@ -70,6 +70,19 @@ def test_first_requests_only_and_closed_loop(tmp_path, vocab) -> None:
     assert wl.params["format"] == "mooncake" and wl.params["requests"] == 2
 
 
+def test_a_later_window_skips_the_first_requests_and_rebases_its_times(tmp_path, vocab) -> None:
+    path = write_lines(tmp_path / "t.jsonl", MOONCAKE)
+    whole = load_trace_workload(path, TraceConfig(block_tokens=4), vocab)
+    later = load_trace_workload(path, TraceConfig(block_tokens=4, trace_offset=1, trace_requests=1), vocab)
+    assert len(later) == 1 and later.params["trace_offset"] == 1
+    assert later.requests[0].prompt_token_ids == whole.requests[1].prompt_token_ids
+    assert later.requests[0].arrival_s == 0.0  # the window starts at its own first request
+    with pytest.raises(ValueError):
+        TraceConfig(trace_offset=-1)
+    with pytest.raises(ValueError, match="no requests"):
+        load_trace_workload(path, TraceConfig(trace_offset=len(MOONCAKE)), vocab)
+
+
 def test_plain_jsonl_prompts_with_timestamps(tmp_path, vocab) -> None:
     path = write_lines(tmp_path / "p.jsonl", [
         {"timestamp": 500, "prompt": "hello there", "output_length": 100},

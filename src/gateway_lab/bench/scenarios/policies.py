@@ -676,13 +676,13 @@ def chat_workload(conversations: int, turns: int, system: int, user: int, reply:
     return Workload(name, prompts, reply, ideal, follows, after)
 
 
-def trace_workload(path: str, requests: int, time_scale: float, page: int) -> Workload:
+def trace_workload(path: str, requests: int, time_scale: float, page: int, offset: int = 0) -> Workload:
     """A public trace (``bench trace``'s formats and scaling, ``gateway_lab.bench.traces``) as an open-loop
     workload: each prompt at its own scaled arrival time, its own output length."""
     from gateway_lab.bench.traces import TraceConfig, load_trace_workload
     from gateway_lab.bench.workloads import Vocab, ideal_hit_rate
 
-    config = TraceConfig(trace_requests=requests, time_scale=time_scale)
+    config = TraceConfig(trace_requests=requests, time_scale=time_scale, trace_offset=offset)
     specs = [s for s in load_trace_workload(path, config, Vocab.from_tokenizer_dir()) if s.prompt_token_ids]
     if not specs:
         raise SystemExit(f"{path}: no token-id prompts to simulate")
@@ -690,7 +690,8 @@ def trace_workload(path: str, requests: int, time_scale: float, page: int) -> Wo
     outputs = [max(1, s.max_tokens) for s in specs]
     arrivals = [s.arrival_s or 0.0 for s in specs]
     span = max(arrivals) or 1e-9
-    name = (f"trace {path.rsplit('/', 1)[-1]}: {len(specs)} requests over {span:.0f} s "
+    name = (f"trace {path.rsplit('/', 1)[-1]}{f' from request {offset}' if offset else ''}: "
+            f"{len(specs)} requests over {span:.0f} s "
             f"({len(specs) / span:.1f}/s), time x{time_scale:g}, mean prompt {statistics.mean(map(len, prompts)):.0f}")
     return Workload(name, prompts, round(statistics.mean(outputs)), ideal_hit_rate(prompts, page),
                     outputs=outputs, arrivals=arrivals)
@@ -1297,7 +1298,7 @@ def workloads(args: argparse.Namespace) -> list[Workload]:
     if "trace" in args.workload:
         if not args.trace:
             raise SystemExit("--workload trace needs --trace FILE")
-        out.append(trace_workload(args.trace, args.trace_requests, args.trace_time_scale, args.page))
+        out.append(trace_workload(args.trace, args.trace_requests, args.trace_time_scale, args.page, args.trace_offset))
     if "chat" in args.workload:
         out.append(chat_workload(args.conversations, args.turns, args.chat_system, args.user, args.reply,
                                  args.seed, args.page, args.reply_roundtrip))
@@ -1401,6 +1402,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         choices=["gsp", "hot", "zipf", "chat", "trace"], help="sim: workloads to replay")
     parser.add_argument("--trace", default="", help="sim trace: a trace file in bench trace's formats (open loop)")
     parser.add_argument("--trace-requests", type=int, default=2000, help="sim trace: its first N requests (0: all)")
+    parser.add_argument("--trace-offset", type=int, default=0,
+                        help="sim trace: skip this many requests first (a later window, its times rebased)")
     parser.add_argument("--trace-time-scale", type=float, default=0.25, help="sim trace: arrival times x this")
     parser.add_argument("--conversations", type=int, default=32, help="sim chat: conversations")
     parser.add_argument("--turns", type=int, default=6, help="sim chat: turns per conversation")
