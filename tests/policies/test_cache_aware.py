@@ -12,7 +12,7 @@ import pytest
 from gateway.policies import explain
 from gateway.policies.base import Decision, LoadSnapshot, RouteRequest, WorkerView
 from gateway.policies.cache_aware import DEFAULT_SPREAD_PREFILL_WEIGHT, CacheAwarePolicy, CostKnobs
-from gateway.policies.hot_prefix import sure_count
+from gateway.policies.hot_prefix import MIN_REQUESTS, sure_count
 
 from .helpers import req, tokens, views, with_load
 
@@ -631,6 +631,29 @@ def test_once_a_prefix_is_hot_the_holder_does_not_stick() -> None:
     assert d.worker_id != holder and d.reason == "load_balanced", d
     with pytest.raises(ValueError):
         CostKnobs(stick_queue_tokens=-1)
+
+
+def test_unrelated_prompts_read_as_spread_traffic() -> None:
+    """Long prompts that share nothing (documents asked about once) key no prefix, yet they
+    show the traffic is spread: after enough of them the spread weight holds, and a repeat
+    of one stays with its holder behind a queue the full weight would have spilled it for."""
+    p = policy()
+    ws = views(4)
+    for i in range(MIN_REQUESTS):
+        send(p, req(tokens(1_000, 500 + i), request_id=str(i)), ws)
+    assert p.queued_prefill_weight(4) == pytest.approx(DEFAULT_SPREAD_PREFILL_WEIGHT)
+    doc = tokens(1_000, 900)
+    holder = send(p, req(doc + tokens(20, 901), request_id="doc"), ws).worker_id
+    d = p.select(req(doc + tokens(20, 902)), with_load(ws, holder, queued_prefill_tokens=2_000, in_flight=1))
+    assert d.worker_id == holder and d.reason == "cache_hit", d
+    # after only a few such requests there is no evidence yet: the full weight spills it
+    early = policy()
+    for i in range(8):
+        send(early, req(tokens(1_000, 500 + i), request_id=str(i)), ws)
+    assert early.queued_prefill_weight(4) == 1.0
+    holder = send(early, req(doc + tokens(20, 901), request_id="doc"), ws).worker_id
+    d = early.select(req(doc + tokens(20, 902)), with_load(ws, holder, queued_prefill_tokens=2_000, in_flight=1))
+    assert d.worker_id != holder and d.reason == "load_balanced", d
 
 
 def test_without_hot_prefix_tracking_the_weight_is_fixed() -> None:

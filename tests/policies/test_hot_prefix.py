@@ -73,6 +73,27 @@ def test_the_top_load_waits_for_enough_requests_and_discounts_sampling_luck() ->
     assert top is not None and top < 1.0  # read at face value, 2.7 workers' worth
 
 
+def test_requests_without_a_key_count_as_spread_traffic_after_more_of_them() -> None:
+    """Unrelated prompts (no shared prefix to key) move no share, but enough of them are
+    evidence the traffic is spread: the top load is read after MIN_REQUESTS of any kind
+    (TOP_MIN_REQUESTS keyed ones as before), and it is 0 while none had a key."""
+    cold = HotPrefixes(window=256)
+    for _ in range(MIN_REQUESTS - 1):
+        cold.observe(None, 8)
+    assert cold.top_load(8) is None  # a burst's first, keyless requests say little yet
+    cold.observe(None, 8)
+    assert cold.top_load(8) == 0.0 and cold.cold_share() == 1.0 and len(cold) == 0
+    mixed = HotPrefixes(window=64)
+    for i in range(MIN_REQUESTS):
+        mixed.observe(1 if i % 16 == 0 else None, 8)  # four repeats of one document
+    assert mixed.share(1) == 1.0  # the only keyed traffic ...
+    top = mixed.top_load(8)
+    assert top is not None and top < 1.0  # ... but four requests are no evidence it is hot
+    keyed = HotPrefixes(window=256)
+    _feed(keyed, [5], rounds=TOP_MIN_REQUESTS)
+    assert keyed.top_load(4) is not None  # keyed requests: read as soon as before
+
+
 def test_sure_count_is_the_count_less_its_noise() -> None:
     assert sure_count(0) == 0.0 and sure_count(4) == 0.0 and sure_count(-1) == 0.0
     assert sure_count(100) == pytest.approx(100 - NOISE_Z * 10)

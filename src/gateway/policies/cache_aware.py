@@ -691,11 +691,10 @@ class CacheAwarePolicy(BasePolicy):
         pb = self._packed(request)
         if self.hot_prefix_min_tokens and decision.reason != TARGET_REASON:
             hk = self._hot_key(request)  # before the insert: the match it was routed on
-            if hk is not None:
-                n = max(1, len(self._params))
-                self.hot.observe(hk, n)
-                if self.hot.replicas(hk, n) >= 2:
-                    self.hot.add_holder(hk, decision.worker_id)
+            n = max(1, len(self._params))
+            self.hot.observe(hk, n)  # None too: a request seen (``HotPrefixes.top_load``)
+            if hk is not None and self.hot.replicas(hk, n) >= 2:
+                self.hot.add_holder(hk, decision.worker_id)
         self._remember(request, pb, decision.worker_id)
         key = request.request_id or id(request)
         if key in self._inflight:
@@ -807,8 +806,7 @@ class CacheAwarePolicy(BasePolicy):
         if len(pb) > event.prompt_tokens << 2:
             pb = pb[: event.prompt_tokens << 2]
         key = self._prefix_key(pb, tree.match_packed(pb)[0])
-        if key is not None:
-            self.hot.observe(key, max(1, len(self._params)))
+        self.hot.observe(key, max(1, len(self._params)))
 
     def _learn(self, request: RouteRequest, worker_id: str, reported: int, predicted: int, stamp: int) -> None:
         """Bring the tree in line with what ``worker_id`` reported (see ``on_finish``)."""

@@ -79,6 +79,7 @@ class HotPrefixes:
         self._decay = 1.0 - 1.0 / window
         self._min_total = min(float(MIN_REQUESTS), window / 2)
         self._tick = 0
+        self._seen = 0  # requests observed, with a key or not
         self._total = 0.0  # decayed count of all requests
         self._hot_mass = 0.0  # decayed count of the requests of keys hot when last observed
         self._entries: dict[int, _Entry] = {}
@@ -107,7 +108,17 @@ class HotPrefixes:
 
     def top_load(self, n_workers: int) -> float | None:
         """The hottest prefix's load in workers' fair shares (``share * n``), or None before
-        ``TOP_MIN_REQUESTS`` requests have been seen. O(1).
+        ``TOP_MIN_REQUESTS`` requests with a key, or ``MIN_REQUESTS`` of any kind, have been
+        seen; 0 when none of those had a key. O(1).
+
+        Requests without a key count here, as evidence that the traffic is spread: a trace
+        of mostly unrelated long prompts (documents asked about once or twice, few shared
+        prefixes) otherwise took hundreds of requests to reach ``TOP_MIN_REQUESTS`` keyed
+        ones, and the policy held the full queue weight all that time, spilling the repeats
+        it could have kept (Mooncake's synthetic trace in ``token-gateway bench policies
+        sim``). They need the larger count: in the first moments of a burst of a few hot
+        prefixes (gsp) most requests are each group's first, keyless, and reading 16 of them
+        as spread traffic piled groups onto their first holders.
 
         The share is ``sure_count(count) / total``: the largest of many sample counts
         overstates the true largest share (16 requests of 64 equally popular prefixes have a
@@ -115,9 +126,11 @@ class HotPrefixes:
         16 workers, a top count of 5 or 6, which reads as two workers' worth while each is
         one), so uniform traffic reads as spread, while a prefix carrying half the requests
         reads as hot within about 20 of them."""
-        top = self._top
-        if top is None or self._tick < TOP_MIN_REQUESTS:
+        if self._tick < TOP_MIN_REQUESTS and self._seen < MIN_REQUESTS:
             return None
+        top = self._top
+        if top is None:
+            return 0.0  # requests seen, none sharing a keyed prefix: spread traffic
         return min(1.0, sure_count(self._value(top)) / self._total) * n_workers
 
     def cold_share(self) -> float:
@@ -145,9 +158,16 @@ class HotPrefixes:
             return 1
         return max(1, min(n_workers, math.ceil(load - SLACK + HEADROOM * self.cold_share())))
 
-    def observe(self, key: int, n_workers: int = 0) -> None:
+    def observe(self, key: int | None, n_workers: int = 0) -> None:
         """One request with ``key`` was dispatched (advances the logical clock); with the
-        pool size, the key's hot flag (``cold_share``) is refreshed too."""
+        pool size, the key's hot flag (``cold_share``) is refreshed too.
+
+        ``None``: a request with no shared prefix long enough to key. It moves no share
+        (shares are of the keyed traffic) and only counts as a request seen (``top_load``).
+        """
+        self._seen += 1
+        if key is None:
+            return
         self._tick += 1
         self._total = self._total * self._decay + 1.0
         self._hot_mass *= self._decay
