@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from tokenizers import AddedToken, Regex, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as BackendTokenizer
 
-from gateway.tokenization import Tokenizer
+from gateway.tokenization import Tokenizer, fast_bpe
 from gateway.tokenization.fast_bpe import (
     _SAMPLE,
     FastBpe,
@@ -304,3 +304,41 @@ def test_the_table_holds_only_tokens_made_of_bytes_the_encoder_is_given(qwen: To
     assert fast is not None
     for text in (_SAMPLE, _LATIN_SAMPLE, "Ça va? naïve Zürich 東京 слово 😀 ok"):
         assert fast.encode(text) == qwen.backend.encode(text, add_special_tokens=False).ids
+
+
+
+@pytest.fixture(scope="module")
+def own(fresh: Tokenizer) -> FastBpe:
+    """An encoder of these tests' own: they read and fill its piece memo."""
+    built = build_fast_bpe(fresh.backend)
+    assert built is not None
+    return built
+
+
+def test_short_pieces_between_added_tokens_are_encoded_once(fresh: Tokenizer, own: FastBpe, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chat's boilerplate pieces come from the memo: the same ids as HF's, every time,
+    and an answer its caller changed changes no later answer."""
+    own._pieces.clear()
+    calls: list[str] = []
+    ordinary = own._ordinary
+    monkeypatch.setattr(own, "_ordinary", lambda text: calls.append(text) or ordinary(text))
+    text = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n"
+    first = own.encode(text)
+    assert first == _hf(fresh, text)
+    assert first is not None
+    first.append(-1)
+    assert own.encode(text) == _hf(fresh, text)
+    assert calls == ["system\nBe brief.", "\n", "user\nHi there", "assistant\n"]  # the second "\n" and the whole second text: from the memo
+
+
+def test_long_pieces_are_not_kept_and_a_full_memo_starts_over(fresh: Tokenizer, own: FastBpe) -> None:
+    own._pieces.clear()
+    long = "word " * (fast_bpe.PIECE_MEMO_CHARS // 5 + 1)
+    assert own.encode(f"<|im_start|>{long}<|im_end|>") == _hf(fresh, f"<|im_start|>{long}<|im_end|>")
+    assert long not in own._pieces
+    limit = fast_bpe.PIECE_MEMO_ENTRIES
+    for i in range(limit + 3):
+        text = f"<|im_start|>piece {i}<|im_end|>"
+        assert own.encode(text) == _hf(fresh, text)
+        assert len(own._pieces) <= limit
+    assert own._pieces == {f"piece {i}": tuple(_hf(fresh, f"piece {i}")) for i in range(limit, limit + 3)}

@@ -58,6 +58,14 @@ _SAMPLE = (
 )
 
 
+# A chat template writes the same short pieces between its added tokens on every request
+# ("\n", "assistant\n", a role and a fixed system prompt): their ids are kept, up to this
+# many pieces of at most this many characters; a full table is emptied and fills again
+# with what still repeats.
+PIECE_MEMO_CHARS = 256
+PIECE_MEMO_ENTRIES = 4096
+
+
 def _byte_decoder() -> dict[str, int]:
     """GPT-2's byte-level alphabet, reversed: the character that stands for each byte."""
     bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
@@ -117,6 +125,7 @@ class FastBpe:
     ) -> None:
         self.plain_specials = plain_specials  # add_special_tokens=True adds nothing: the same ids serve both
         self._ordinary = encoding.encode_ordinary
+        self._pieces: dict[str, tuple[int, ...]] = {}  # see PIECE_MEMO_CHARS
         self._added_ids = dict(added_ids)
         # HF cuts the added tokens that skip normalization out of the raw text first, then
         # the normalized ones out of each piece left (NFC is the identity on the texts taken
@@ -161,7 +170,19 @@ class FastBpe:
         return out
 
     def _plain(self, text: str, out: list[int]) -> None:
-        out.extend(self._ordinary(text))
+        """A piece between added tokens; a short one's ids from the memo (the ids of a
+        text are a pure function of it)."""
+        if len(text) > PIECE_MEMO_CHARS:
+            out.extend(self._ordinary(text))
+            return
+        pieces = self._pieces
+        ids = pieces.get(text)
+        if ids is None:
+            ids = tuple(self._ordinary(text))
+            if len(pieces) >= PIECE_MEMO_ENTRIES:
+                pieces.clear()
+            pieces[text] = ids
+        out.extend(ids)
 
     def _mixed(self, text: str, out: list[int]) -> None:
         """A text without added tokens that may hold any character: each run of other
