@@ -8,6 +8,7 @@ front door serializes once; a request with neither parser skips both per token.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from typing import Any
 from gateway.endpoints.chat_parsers import ChatParsers, choose_parsers, template_kwargs
 from gateway.endpoints.completions import piece_fn, stream_usage
 from gateway.endpoints.events import Answer, Direct, Events, FrameWriter
+from gateway.endpoints.long_lists import STEP_ITEMS
 from gateway.parsers.base import ReasoningParser, ToolCallDelta, ToolCallParser
 from gateway.parsers.reasoning_tokens import ReasoningTokenCounter
 from gateway.pipeline.catalog import ModelEntry
@@ -104,9 +106,11 @@ async def _start(engine: Engine, req: ChatCompletionRequest, ctx: RequestContext
         # The model's tool-call / channel markers are special tokens: the parsers need them.
         sampling = dataclasses.replace(sampling, skip_special_tokens=False)
     salt = effective_salt(ctx.cache_salt, req.cache_salt)
+    messages = req.template_messages()
+    if len(messages) > STEP_ITEMS:  # thousands of messages: a loop turn before their scans
+        await asyncio.sleep(0)
     text, ids = await engine.render_chat(
-        entry, req.template_messages(), tools=req.template_tools(), chat_template_kwargs=kwargs or None,
-        cache_salt=salt,
+        entry, messages, tools=req.template_tools(), chat_template_kwargs=kwargs or None, cache_salt=salt,
     )
     prepared = engine.prepare(
         entry, ids, sampling, stream=req.stream, request_id=ctx.request_id, prompt_text=text,

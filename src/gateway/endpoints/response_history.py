@@ -144,6 +144,14 @@ def chat_messages(instructions: str | None, items: list[dict[str, Any]]) -> list
 
 def to_chat(req: ResponsesRequest, messages: list[dict[str, Any]], extra_tools: list[dict[str, Any]] | None = None) -> ChatCompletionRequest:
     """The chat completion of one round; ``extra_tools``: the MCP servers' tools as functions."""
+    try:
+        return ChatCompletionRequest.model_validate(chat_body(req, messages, extra_tools))
+    except ValidationError as exc:
+        raise validation_error_to_gateway(exc) from None
+
+
+def chat_body(req: ResponsesRequest, messages: list[dict[str, Any]], extra_tools: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """``to_chat``'s request as the chat API's JSON body (validated by the caller)."""
     if req.background and not req.store:
         raise InvalidRequestError("a background response must be stored: background needs store true", param="background")
     if not messages or all(m["role"] == "system" for m in messages):
@@ -178,10 +186,7 @@ def to_chat(req: ResponsesRequest, messages: list[dict[str, Any]], extra_tools: 
         body["tool_choice"] = {"type": "function", "function": {"name": choice["name"]}}
     elif choice is not None:
         body["tool_choice"] = choice
-    try:
-        return ChatCompletionRequest.model_validate(body)
-    except ValidationError as exc:
-        raise validation_error_to_gateway(exc) from None
+    return body
 
 
 # The engine's refusals of a prompt too long for the model or the gateway.

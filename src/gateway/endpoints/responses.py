@@ -32,9 +32,11 @@ from typing import Any
 import orjson
 
 from gateway.endpoints.events import Answer, Events
+from gateway.endpoints.long_lists import STEP_ITEMS, parse_model_in_steps
 from gateway.endpoints.response_history import (
     TOO_LONG,
     History,
+    chat_body,
     chat_messages,
     drop_oldest,
     load_history,
@@ -86,14 +88,18 @@ class ResponsesApi:
         owner = owner_of(ctx)
         history = await load_history(await self.store(), owner, req) if (req.previous_response_id or req.conversation_id) else History()
         inputs = resume.input_items if resume is not None else with_ids(req.input_items())
+        if len(inputs) > STEP_ITEMS:  # thousands of items: a loop turn between their conversions
+            await asyncio.sleep(0)
         messages = chat_messages(req.instructions, history.items + inputs)
-        to_chat(req, messages)  # a bad request fails before any MCP server is dialled
+        # A bad request fails before any MCP server is dialled.
+        chat = await parse_model_in_steps(ChatCompletionRequest, chat_body(req, messages))
         servers = [
             McpServer(t.server_label or "", t.server_url or None, dict(t.headers or {}), t.allowed_names())
             for t in req.tools or [] if t.type == "mcp"
         ]
         mcp = await McpTools.discover(self.mcp, servers) if servers else None
-        chat = to_chat(req, messages, mcp.functions() if mcp else None)
+        if mcp is not None:
+            chat = to_chat(req, messages, mcp.functions())
         entry = self.engine.catalog.get(chat.model)
         seed_replies(entry, effective_salt(ctx.cache_salt, chat.cache_salt), history)
         run = Run(req, ctx, entry, history, inputs, messages=messages, mcp=mcp)

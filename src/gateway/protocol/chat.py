@@ -8,13 +8,14 @@ than carrying a union member's name.
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from gateway.protocol import limits
 from gateway.protocol.common import (
     AllowedToolsChoice,
+    LongList,
     NamedToolChoice,
     RequestModel,
     ResponseFormat,
@@ -138,6 +139,7 @@ def _arguments_for_template(arguments: str) -> dict[str, Any] | str:
 class ChatCompletionRequest(SamplingRequest):
     """An OpenAI chat completion request plus SGLang's extensions."""
 
+    long_list: ClassVar[LongList | None] = LongList("messages", ChatMessage, limits.MAX_MESSAGES)
     messages: list[ChatMessage]
     max_completion_tokens: int | None = Field(default=None, ge=1, strict=True)
     logprobs: bool = False

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -18,10 +19,24 @@ from gateway.protocol import limits
 from gateway.protocol.errors import ParamError
 
 
+@dataclass(frozen=True, slots=True)
+class LongList:
+    """A request's list field that may hold thousands of items (a conversation's messages):
+    its name, its item's model and the most items it takes. Validating such a list holds
+    the event loop in proportion to its items, so the server validates it in steps, a loop
+    turn apart (``server.http.util.parse_model_in_steps``); the model's own count check
+    still refuses a list past ``cap`` before any item is validated."""
+
+    field: str
+    item: type[BaseModel]
+    cap: int
+
+
 class RequestModel(BaseModel):
     """Base of every request model: ignore extras, treat ``null`` as "not given"."""
 
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    long_list: ClassVar[LongList | None] = None
 
     @model_validator(mode="before")
     @classmethod

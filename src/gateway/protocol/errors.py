@@ -248,13 +248,21 @@ def _is_ancestor(param: str | None, of: str | None) -> bool:
     return of is not None and (of == param or of.startswith(param + "."))
 
 
-def validation_error_to_gateway(exc: ValidationError) -> InvalidRequestError:
+def validation_error_to_gateway(exc: ValidationError, at: tuple[str, int] | None = None) -> InvalidRequestError:
     """A 400 naming the first offending field (``param``) with a readable message.
 
     Errors of one union field arrive as one entry per union member; they are
     merged so the client reads "prompt: expected ..." once, not five times.
+    ``at``: the errors are of a slice of the request's list field of that name,
+    starting at that index (a long list validated in steps).
     """
     errors = exc.errors(include_url=False)
+    if at is not None:
+        name, start = at
+        errors = [
+            {**e, "loc": (name, start + e["loc"][0], *e["loc"][1:])} if e["loc"] and type(e["loc"][0]) is int else e
+            for e in errors
+        ]
     if not errors:
         return InvalidRequestError("Invalid request.")
     first_param = _error_param(errors[0])

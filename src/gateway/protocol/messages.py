@@ -8,12 +8,12 @@ serves text models.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
 from gateway.protocol import limits
-from gateway.protocol.common import RequestModel
+from gateway.protocol.common import LongList, RequestModel
 from gateway.protocol.errors import GatewayError
 
 _SUPPORTED_BLOCKS = {"text", "tool_use", "tool_result", "thinking", "redacted_thinking"}
@@ -86,6 +86,7 @@ class ThinkingParam(RequestModel):
 class MessagesRequest(RequestModel):
     """What the gateway reads of a Messages request; other fields are ignored."""
 
+    long_list: ClassVar[LongList | None] = LongList("messages", MessageParam, limits.MAX_MESSAGES)
     model: str | None = None
     messages: list[MessageParam] = Field(min_length=1)
     max_tokens: int = Field(ge=1, strict=True)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, field_validator, model_validator
 
+from gateway.protocol import limits
 from gateway.protocol.chat import ChatMessage
-from gateway.protocol.common import RequestModel
+from gateway.protocol.common import LongList, RequestModel
 from gateway.protocol.errors import ParamError
 
 
@@ -19,11 +20,17 @@ class TemplatedInput(RequestModel):
     template already writes the special tokens), as vLLM and SGLang do.
     """
 
+    long_list: ClassVar[LongList | None] = LongList("messages", ChatMessage, limits.MAX_MESSAGES)
     model: str | None = None
     messages: list[ChatMessage] | None = None
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
     add_special_tokens: bool | None = None
+
+    @field_validator("messages", mode="before")
+    @classmethod
+    def _message_count(cls, value: Any) -> Any:
+        return limits.check_message_count(value)
 
     def _check_messages(self) -> None:
         if self.messages is not None and not self.messages:

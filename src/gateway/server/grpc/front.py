@@ -25,6 +25,7 @@ from gateway.endpoints import completions as completions_route
 from gateway.endpoints import native as native_route
 from gateway.endpoints.events import Events, answer_of, events_of
 from gateway.endpoints.inspect import Inspector
+from gateway.endpoints.long_lists import parse_model_in_steps
 from gateway.observability.request_log import RequestRecord
 from gateway.pipeline.fanout import merged
 from gateway.pipeline.generation import Generation, SampleDelta
@@ -125,14 +126,14 @@ class TokenGatewayService(ResponsesRpcs, ConversationsRpcs, gpb_grpc.TokenGatewa
     # ---------------------------------------------------------------- chat
     async def ChatCompletion(self, request: gpb.ChatCompletionRequest, context: aio.ServicerContext) -> gpb.ChatCompletionResponse:
         async def run(ctx: RequestContext) -> gpb.ChatCompletionResponse:
-            req = parse_model(ChatCompletionRequest, convert.chat_request(request, stream=False))
+            req = await parse_model_in_steps(ChatCompletionRequest, convert.chat_request(request, stream=False))
             out = answer_of(await chat_route.open(self.engine, req, ctx))
             return convert.chat_response(out, list(dict.fromkeys(ctx.worker_ids)))
 
         return await self._unary(context, "ChatCompletion", run)
 
     async def _start_chat_stream(self, request: gpb.ChatCompletionRequest, ctx: RequestContext) -> Events:
-        req = parse_model(ChatCompletionRequest, convert.chat_request(request, stream=True))
+        req = await parse_model_in_steps(ChatCompletionRequest, convert.chat_request(request, stream=True))
         return events_of(await chat_route.open(self.engine, req, ctx, typed=True))
 
     # ---------------------------------------------------------------- completion
@@ -159,7 +160,7 @@ class TokenGatewayService(ResponsesRpcs, ConversationsRpcs, gpb_grpc.TokenGatewa
     # ---------------------------------------------------------------- tokens, embeddings
     async def Tokenize(self, request: gpb.TokenizeRequest, context: aio.ServicerContext) -> gpb.TokenizeResponse:
         async def run(ctx: RequestContext) -> gpb.TokenizeResponse:
-            req = parse_model(TokenizeRequest, convert.tokenize_request(request))
+            req = await parse_model_in_steps(TokenizeRequest, convert.tokenize_request(request))
             return convert.tokenize_response(await native_route.tokenize(self.engine, req))
 
         return await self._unary(context, "Tokenize", run)

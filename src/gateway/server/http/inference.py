@@ -36,6 +36,7 @@ from pydantic import BaseModel
 from starlette.types import Message, Receive, Scope, Send
 
 from gateway.endpoints.events import Answer, Events
+from gateway.endpoints.long_lists import needs_steps, parse_model_in_steps
 from gateway.observability.request_log import current_record
 from gateway.pipeline.request_context import RequestContext
 from gateway.pipeline.running_loop import current_task
@@ -286,7 +287,7 @@ class _Request:
                     await self._take(1)
                     await forward(state.text_relay, route.path, body, model, ctx.request_id, self.send, door.headers_for(ctx))
                     return
-                req = parse_model(route.model, data)
+                req = await parse_model_in_steps(route.model, data) if needs_steps(route.model, data) else parse_model(route.model, data)
                 if ctx.priority is None:
                     ctx.priority = getattr(req, "priority", None)
                 if route.admit == "batch":

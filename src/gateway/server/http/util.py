@@ -2,23 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any
 
 import orjson
-from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive
 
+from gateway.endpoints.long_lists import (
+    parse_model as parse_model,  # the one parse, shared with the endpoints
+)
 from gateway.protocol.errors import (
     GatewayError,
     InvalidRequestError,
     PayloadTooLargeError,
-    validation_error_to_gateway,
 )
 from gateway.protocol.headers import RETRY_AFTER
-
-M = TypeVar("M", bound=BaseModel)
 
 
 class ClientGone(Exception):
@@ -133,10 +132,3 @@ def parse_json(body: bytes) -> Any:
         raise InvalidRequestError(f"the request body is not valid JSON: {exc}") from None
 
 
-def parse_model(model: type[M], data: Any) -> M:
-    if not isinstance(data, dict):
-        raise InvalidRequestError("the request body must be a JSON object")
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise validation_error_to_gateway(exc) from None
