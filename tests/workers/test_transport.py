@@ -59,4 +59,7 @@ async def test_a_refused_call_raises_its_reason_at_the_first_read_and_cannot_be_
     call = RefusedCall(why)
     with pytest.raises(WorkerCallError) as caught:
         await call.read()
-    assert caught.value is why and call.cancel() is False
+    assert (caught.value.code, caught.value.message) == (why.code, why.message) and call.cancel() is False
+    # a new error each read: the call does not hold the one raised (nor, through its
+    # traceback, the reader's frame)
+    assert caught.value is not why and why.__traceback__ is None

@@ -648,29 +648,41 @@ async def with_retries(
 
     Each failed attempt excludes the worker that failed from the next selection;
     ``attempt`` raises NoWorkerAvailable when its pool(s) have no one left.
+
+    The error is raised outside the ``except`` that caught its attempt, and dropped
+    from this frame on the way out: raised inside, it would hold the AttemptFailed
+    that holds it as its context, and a frame that held it back would be held by its
+    traceback. Either cycle keeps the whole request alive until a rare full
+    collection (``gc_policy``).
     """
     last_error: Exception | None = None
+    cause: BaseException | None = None
     tries = max(1, retry.max_attempts)
-    for n in range(1, tries + 1):
-        try:
-            return await attempt(route, n)
-        except NoWorkerAvailable as exc:
-            if last_error is not None:
-                raise last_error from exc
-            raise no_worker_error(str(exc)) from exc
-        except AttemptFailed as failed:
-            last_error = failed.error
-            if failed.backoff:
-                if not failed.retryable or n >= tries:
-                    raise failed.error from failed.__cause__
-                log.warning(
-                    "request %s: worker %s failed before output (%s), retrying (attempt %d)",
-                    route.request_id, failed.worker_id, failed.error, n,
-                )
-            if n < tries:
-                observer.retried(failed.worker_id, failed.reason)
-            route = router.exclude(route, failed.worker_id)
-            if failed.backoff:
+    try:
+        for n in range(1, tries + 1):
+            try:
+                return await attempt(route, n)
+            except NoWorkerAvailable as exc:
+                if last_error is not None:
+                    raise last_error from exc
+                raise no_worker_error(str(exc)) from exc
+            except AttemptFailed as failed:
+                last_error, cause, worker_id, backoff = failed.error, failed.__cause__, failed.worker_id, failed.backoff
+                give_up = backoff and (not failed.retryable or n >= tries)
+                if not give_up:
+                    if backoff:
+                        log.warning(
+                            "request %s: worker %s failed before output (%s), retrying (attempt %d)",
+                            route.request_id, worker_id, last_error, n,
+                        )
+                    if n < tries:
+                        observer.retried(worker_id, failed.reason)
+            if give_up:
+                raise last_error from cause
+            route = router.exclude(route, worker_id)
+            if backoff:
                 await asyncio.sleep(retry.backoff(n))
-    assert last_error is not None
-    raise last_error
+        assert last_error is not None
+        raise last_error
+    finally:
+        last_error = cause = None

@@ -368,11 +368,13 @@ class Generation:
         resumer = self._resumer
         why = "no resumer" if resumer is None else resumer.check(error)
         if why is not None:
-            if resumer is None or why == "not a worker failure":
+            if resumer is not None and why != "not a worker failure":
+                error.message = f"{error.message} (not resumed: {why})"
+                error.args = (error.message,)
+            try:
                 raise error
-            error.message = f"{error.message} (not resumed: {why})"
-            error.args = (error.message,)
-            raise error
+            finally:
+                del error  # its traceback holds this frame: no cycle through it
         assert resumer is not None
         out: list[SampleDelta] = []
         pending: list[tuple[int, list[int]]] = []

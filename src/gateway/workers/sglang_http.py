@@ -343,7 +343,10 @@ class HttpGenerateCall:
                 self._waiter = None
         item = self._items.popleft()
         if isinstance(item, WorkerCallError):
-            raise item
+            try:
+                raise item
+            finally:
+                del item  # the error's traceback holds this frame: no cycle through it
         return item
 
     def cancel(self) -> bool:

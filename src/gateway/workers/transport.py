@@ -115,7 +115,9 @@ class GenerateCall(Protocol):
 
 
 class RefusedCall:
-    """The Generate call of a request a worker cannot serve: its first read raises why."""
+    """The Generate call of a request a worker cannot serve: its first read raises why
+    (a new error each time: one kept here would hold, through its traceback, the frame
+    that holds this call, a cycle)."""
 
     __slots__ = ("_error",)
 
@@ -123,7 +125,7 @@ class RefusedCall:
         self._error = error
 
     async def read(self) -> pb.GenerateResponse | EndOfStream:
-        raise self._error
+        raise WorkerCallError(self._error.code, self._error.message)
 
     def cancel(self) -> bool:
         return False
