@@ -267,3 +267,43 @@ async def test_held_requests_do_not_take_the_workers_running_slots() -> None:
         await stream.aclose()
     assert stats(f).released == 2 and f.router.holds.held_on("w1:1") == 0
     assert len(t.requests) == 3 and w.load.in_flight == 0
+
+
+async def test_a_siblings_request_in_prefill_holds_a_follower_until_its_first_token(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Two processes of one set (two routers sharing a run folder through sync.host_prefill):
+    the sibling sent the group's first request to w1, and this process's follower of the
+    same group (routed to w1: its tree has the sibling's decision) waits for that request's
+    first token, as it would for its own."""
+    from gateway.policies.base import RemoteDecision
+    from gateway.policies.radix_tree import pack
+    from gateway.sync.host_prefill import HostPrefill
+
+    ta = FakeTransport("grpc://w1:1").script(Later(0.1, chunk([1])), HANG)
+    tb = FakeTransport("grpc://w1:1").script(chunk([2]), HANG)
+    fa, fb = await fleet(ta, policy="cache_aware"), await fleet(tb, policy="cache_aware")
+    boards = [
+        HostPrefill(tmp_path, i, 2, on_sent=f.router.holds.remote_sent, on_done=f.router.holds.prefilled)
+        for i, f in enumerate((fa, fb))
+    ]
+    for f, board in zip((fa, fb), boards, strict=True):
+        f.router.holds.share = board
+    boards[1].poll()  # (a sibling's ring is looked for on the first poll and every so often after)
+    try:
+        first = await start(fa, route(1))
+        assert len(ta.requests) == 1
+        # What the decision ring tells process b: the group's prefix went to w1.
+        fb.router.policy(MODEL, "regular").on_remote(RemoteDecision("w1:1", MODEL, pack(route(1).token_ids)))
+        follower = await start(fb, route(2))
+        assert len(tb.requests) == 0 and stats(fb).waiting == 1  # held for the sibling's request
+        a = await first
+        b = await follower  # released when process a's request got its first token
+        assert len(tb.requests) == 1 and b.worker.id == "w1:1"
+        st = stats(fb)
+        assert (st.held, st.released, st.timed_out) == (1, 1, 0)
+        assert len(fb.router.holds.rule) == 0 and boards[1].stats.released == 1
+        await a.aclose()
+        await b.aclose()
+    finally:
+        for f, board in zip((fa, fb), boards, strict=True):
+            f.router.holds.share = None
+            board.close()

@@ -14,6 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from gateway.sync.bus import SyncBus
+from gateway.sync.host_prefill import HostPrefill
 from gateway.sync.host_ring import HostRing
 
 # From tens of microseconds (same host) to seconds (a bus that was away).
@@ -29,9 +30,10 @@ def lag_histogram(registry: CollectorRegistry) -> Histogram:
 
 
 class SyncCollector(Collector):
-    def __init__(self, bus: SyncBus, ring: HostRing | None = None) -> None:
+    def __init__(self, bus: SyncBus, ring: HostRing | None = None, prefill: HostPrefill | None = None) -> None:
         self._bus = bus
         self._ring = ring
+        self._prefill = prefill
 
     def describe(self) -> Iterable[object]:
         return []
@@ -67,3 +69,12 @@ class SyncCollector(Collector):
                 ("overrun", "sibling decisions overwritten in their ring before this process read them", r.stats.overrun),
             ):
                 yield CounterMetricFamily(f"token_gateway_sync_same_host_{name}", doc, value=value)
+        p = self._prefill
+        if p is not None:
+            for name, doc, value in (
+                ("sent", "requests in prefill this process told its siblings of (their prefill gates hold for them)", p.stats.sent),
+                ("heard", "sibling processes' requests in prefill taken into this process's prefill gate", p.stats.heard),
+                ("released", "sibling processes' requests in prefill released by the end of their prefill", p.stats.released),
+                ("dropped", "sibling processes' requests in prefill dropped unreleased (a ring overrun, a restarted sibling, or older than twice the longest hold)", p.stats.dropped),
+            ):
+                yield CounterMetricFamily(f"token_gateway_sync_same_host_prefill_{name}", doc, value=value)

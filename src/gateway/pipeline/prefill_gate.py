@@ -37,6 +37,20 @@ from gateway.settings import option
 from gateway.workers.worker import Worker
 
 
+class PrefillShare(Protocol):
+    """The siblings of one ``serve --processes N`` set (``sync.host_prefill``): they hear of
+    this process's requests in prefill, and ``poll`` brings theirs into this gate."""
+
+    def sent(self, key: int, worker_id: str, prompt: bytes, cached: int) -> None: ...
+
+    def done(self, key: int) -> None: ...
+
+    def poll(self) -> int: ...
+
+
+SHARE_POLL_S = 0.002  # while a request waits on a sibling's request: how often the siblings' ends are read
+
+
 class Selection(Protocol):
     """What the gate reads of a ``router.Selection`` (a protocol: the router owns the gate)."""
 
@@ -112,6 +126,13 @@ class PrefillHolds:
         self._keys = itertools.count(1)
         self.stats: dict[tuple[str, str], GateStats] = {}
         self._held: dict[str, int] = {}  # worker id -> requests held for it now (not sent yet)
+        self.share: PrefillShare | None = None  # serve --processes N: the siblings' requests in prefill
+        self._remote_waits = 0  # requests waiting on a sibling's request now
+        self._ticker: asyncio.Task[None] | None = None
+
+    def remote_sent(self, key: int, worker_id: str, prompt: bytes, cached: int) -> None:
+        """A sibling's request (``key`` below zero) is in prefill on ``worker_id``: it blocks as ours do."""
+        self.rule.add(key, worker_id, prompt, cached)
 
     def held_on(self, worker_id: str) -> int:
         """Requests waiting for a blocker on ``worker_id`` now: counted in its in-flight load,
@@ -123,7 +144,10 @@ class PrefillHolds:
         if not selection.prompt or selection.role == "decode":
             return 0
         key = next(self._keys)
-        self.rule.add(key, selection.worker.id, selection.prompt, selection.decision.predicted_cached_tokens)
+        cached = selection.decision.predicted_cached_tokens
+        self.rule.add(key, selection.worker.id, selection.prompt, cached)
+        if self.share is not None:
+            self.share.sent(key, selection.worker.id, selection.prompt, cached)
         return key
 
     def prefilled(self, key: int) -> None:
@@ -131,6 +155,8 @@ class PrefillHolds:
         if not key:
             return
         self.rule.remove(key)
+        if key > 0 and self.share is not None:
+            self.share.done(key)
         event = self._events.pop(key, None)
         if event is not None:
             event.set()
@@ -146,10 +172,13 @@ class PrefillHolds:
         if not config.prefill_gate or not selection.prompt or selection.role == "decode":
             return None
         worker = selection.worker
+        if self.share is not None:
+            self.share.poll()  # the siblings' requests in prefill, as of now
         # What the worker has been sent: in_flight less this request's own lease and the
-        # requests held for the worker. A held request is not on the worker yet; one sent
-        # now past it takes a free slot at once, in the same batch as its blocker.
-        ahead = worker.load.in_flight - 1 - self.held_on(worker.id)
+        # requests held for the worker (and the siblings' as last heard). A held request is
+        # not on the worker yet; one sent now past it takes a free slot at once, in the
+        # same batch as its blocker.
+        ahead = worker.load.in_flight + worker.remote_load.in_flight - 1 - self.held_on(worker.id)
         if config.prefill_gate_free_slot_only and not slot_free(ahead, worker.info.max_running_requests):
             return None
         found = self.rule.blocker(
@@ -181,6 +210,11 @@ class PrefillHolds:
         st.gained_tokens += hold.gain_tokens
         st.waiting += 1
         started = time.monotonic()
+        remote = key < 0 and self.share is not None
+        if remote:
+            self._remote_waits += 1
+            if self._ticker is None or self._ticker.done():
+                self._ticker = asyncio.get_running_loop().create_task(self._hear_siblings())
         try:
             async with asyncio.timeout(hold.timeout_s):
                 await event.wait()
@@ -191,6 +225,8 @@ class PrefillHolds:
             st.cancelled += 1
             raise
         finally:
+            if remote:
+                self._remote_waits -= 1
             st.waiting -= 1
             left = self._held[wid] - 1
             if left:
@@ -200,3 +236,13 @@ class PrefillHolds:
             st.hold_s += time.monotonic() - started
         st.released += 1
         return True
+
+    async def _hear_siblings(self) -> None:
+        """While a request waits on a sibling's request: read the siblings' ends every few ms
+        (nothing else reads them while no request is being routed)."""
+        while self._remote_waits > 0:
+            await asyncio.sleep(SHARE_POLL_S)
+            share = self.share
+            if share is None:  # shutting down: the holds end by their timeouts or cancellation
+                return
+            share.poll()

@@ -38,6 +38,7 @@ from gateway.server.responses_entry import ResponsesEntry
 from gateway.server.security import Authenticator, key_id
 from gateway.sync.bus import SyncBus
 from gateway.sync.config import SyncConfig
+from gateway.sync.host_prefill import HostPrefill
 from gateway.sync.host_ring import HostRing
 from gateway.sync.policy_tap import FanOut
 from gateway.workers.client import BadWorkerUrl
@@ -151,6 +152,7 @@ class GatewayState:
         self.kv_events = KvEventFeeder(self.registry, self.router) if server.kv_events else None
         self.sync: SyncBus | None = None  # the routing view shared with other processes (gateway.sync)
         self.host_ring: HostRing | None = None  # and its same-host fast path (serve --processes N)
+        self.host_prefill: HostPrefill | None = None  # the set's requests in prefill (the prefill gate's)
         if config.sync.sync_url:
             from functools import partial
 
@@ -164,7 +166,14 @@ class GatewayState:
                 self.router.tap(self.sync.outbox)
             else:
                 self.router.tap(FanOut(self.sync.outbox, self.host_ring), before_select=self.host_ring.poll)
-            self.metrics.registry.register(SyncCollector(self.sync, self.host_ring))
+                # and its requests in prefill, so that each process's prefill gate holds for its siblings' too
+                holds = self.router.holds
+                self.host_prefill = HostPrefill(
+                    self.host_ring.run_dir, self.host_ring.index, self.host_ring.count,
+                    on_sent=holds.remote_sent, on_done=holds.prefilled, max_age_s=2 * config.dispatch.prefill_gate_max_s,
+                )
+                holds.share = self.host_prefill
+            self.metrics.registry.register(SyncCollector(self.sync, self.host_ring, self.host_prefill))
         self.process_set: SetMember | None = None  # set by serve when one of --processes N
         self.discovery = make_discovery(config.discovery, self._discovered_add, self.remove_worker)
         self.history = History(config.history)  # stored responses and conversations
@@ -286,6 +295,9 @@ class GatewayState:
             await self.sync.stop()
         if self.host_ring is not None:
             self.host_ring.close()
+        if self.host_prefill is not None:
+            self.router.holds.share = None
+            self.host_prefill.close()
         for source in self.discovery:
             await source.stop()
         if self.kv_events is not None:
