@@ -41,3 +41,11 @@ def test_samples_of_no_time_are_ignored() -> None:
     p = Parking(2, 2)
     assert [p.update(CoreSample(0.0, 5.0, 0.0)) for _ in range(10)] == [2] * 10
     assert feed(p, host=1.95, own=1.0) == [2, 2, 1]
+
+
+def test_a_set_may_start_with_fewer_processes_and_takes_the_others_on_spare_cores() -> None:
+    p = Parking(3, 4, active=1)
+    assert p.active == 1
+    assert feed(p, host=2.5, own=0.9) == [1, 1, 2]  # a spare core and a busy process: one more
+    assert feed(p, host=2.9, own=1.8) == [2, 2, 3]
+    assert Parking(2, 2, active=0).active == 1 and Parking(2, 2, active=5).active == 2  # within 1..count

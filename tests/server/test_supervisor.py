@@ -68,8 +68,9 @@ def test_the_status_file_accounts_for_the_set() -> None:
 
 
 async def test_the_supervisor_parks_on_its_readings_and_writes_the_word(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No spare core (the host 1.95 cores busy, the set 0.5 of them) for a window of
-    readings: process 1 is parked, in the run folder's parking file and the status."""
+    """A parking set starts with process 0 alone (in the run folder's parking file before any
+    child starts); a spare core and a busy process 0 for a window of readings take process 1
+    in, and no spare core (the host 1.95 cores busy, the set 0.5 of them) parks it again."""
     from gateway.server import supervisor as module
     from gateway.server.process_set import read_parking
 
@@ -77,19 +78,25 @@ async def test_the_supervisor_parks_on_its_readings_and_writes_the_word(monkeypa
     config.processes.process_parking = "auto"
     sup = Supervisor(config, 2)
     try:
-        assert sup.parking is not None and sup.active == [0, 1]
+        assert sup.parking is not None and sup.active == [0] and read_parking(sup.run_dir) == [0]
         sup.parking.cpus = 2  # the rule as on a 2-core host, whatever this one has
         ticks = iter(range(100))
+        host, own = [1.0], [0.9]  # cores busy per second: the host's, the set's
 
         def reading() -> tuple[float, float, dict[int, float]]:
             t = float(next(ticks))
-            return t, 1.95 * t, {4242: 0.5 * t}
+            return t, host[0] * t, {4242: own[0] * t}
 
         monkeypatch.setattr(sup, "_reading", reading)
         monkeypatch.setattr(module, "PARK_SAMPLE_S", 0.0)
         watch = asyncio.create_task(sup._watch_cores(sup.parking))
         async with asyncio.timeout(5):
-            while sup.active != [0]:  # noqa: ASYNC110 (the watcher runs on its own)
+            while sup.active != [0, 1]:  # noqa: ASYNC110 (the watcher runs on its own)
+                await asyncio.sleep(0)
+        assert read_parking(sup.run_dir) == [0, 1]
+        host[0], own[0] = 1.95, 0.5
+        async with asyncio.timeout(5):
+            while sup.active != [0]:  # noqa: ASYNC110
                 await asyncio.sleep(0)
         watch.cancel()
         assert read_parking(sup.run_dir) == [0]

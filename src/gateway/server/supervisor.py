@@ -150,7 +150,10 @@ class Supervisor:
         self._done = asyncio.Event()
         self.active = list(range(count))  # the processes that take connections (server.parking)
         parks = config.processes.process_parking == "auto" and count > 1 and not config.tls.enabled
-        self.parking = Parking(count, os.cpu_count() or 1) if parks and host_busy_s() is not None else None
+        self.parking = Parking(count, os.cpu_count() or 1, active=1) if parks and host_busy_s() is not None else None
+        if self.parking is not None:  # one process to start with; the others as cores are found for them
+            self.active = list(range(self.parking.active))
+            write_parking(self.run_dir, self.active)
 
     # ------------------------------------------------------------ shared resources
     def _bind(self) -> GatewayConfig:

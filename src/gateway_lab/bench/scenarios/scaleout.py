@@ -229,6 +229,9 @@ def sync_budgets(texts: Sequence[str], requests: int) -> dict[str, Any]:
         "lost_batches": int(total(texts, "token_gateway_sync_lost_batches_total")),
         # decisions a sibling of one serve --processes N set applied from shared memory, before the bus copy
         "same_host_applied": int(total(texts, "token_gateway_sync_same_host_applied_total")),
+        # siblings' requests in prefill each process's prefill gate heard of, and how many of them ended in the ring
+        "same_host_prefill_heard": int(total(texts, "token_gateway_sync_same_host_prefill_heard_total")),
+        "same_host_prefill_released": int(total(texts, "token_gateway_sync_same_host_prefill_released_total")),
         "lag_p50_ms": None if p50 is None else round(p50 * 1e3, 3),
         "lag_p99_ms": None if p99 is None else round(p99 * 1e3, 3),
     }
@@ -286,7 +289,10 @@ async def routing_section(args: argparse.Namespace, report: dict[str, Any]) -> N
         if setup.startswith("processes"):
             row["active_changes"] = changes  # (s since the run began, processes taking connections)
             row["requests_by_process"] = {k: int(v) for k, v in sorted(per_process(texts, "token_gateway_requests_total").items())}
-            row["gate_held_by_process"] = {k: int(v) for k, v in sorted(per_process(texts, "token_gateway_prefill_gate_held_total").items())}
+            for name in ("held", "timeouts"):
+                row[f"gate_{name}_by_process"] = {
+                    k: int(v) for k, v in sorted(per_process(texts, f"token_gateway_prefill_gate_{name}_total").items())
+                }
         rows["setups"][setup] = row
         print(f"[routing {setup}] ({load_note()}) " + json.dumps(row), flush=True)
 
