@@ -186,3 +186,22 @@ async def test_below_share_tells_a_key_under_its_weighted_share_of_the_cap() -> 
     assert Admission(AdmissionConfig()).below_share("anyone")  # no cap: nobody is past a share
     for ticket in held:
         ticket.release()
+
+
+async def test_new_limits_apply_at_once_and_a_raised_cap_admits_waiters() -> None:
+    """A process of a set takes its new share of the set's limits when the active processes
+    change (``Admission.resize``): a waiter gets the slot the raised cap makes."""
+    adm = Admission(AdmissionConfig(max_concurrent_requests=1))
+    first = await adm.acquire("a")
+    waiter = asyncio.ensure_future(adm.acquire("b"))
+    await settle()
+    assert not waiter.done() and adm.queued == 1
+    adm.resize(AdmissionConfig(max_concurrent_requests=2))
+    second = await asyncio.wait_for(waiter, 5)
+    assert adm.in_flight == 2 and adm.cap() == 2
+    adm.resize(AdmissionConfig(max_concurrent_requests=1, max_queued_requests=0))
+    with pytest.raises(Exception, match="full"):  # lowered: no room, and no queue
+        await adm.acquire("c")
+    first.release()
+    second.release()
+    assert adm.in_flight == 0

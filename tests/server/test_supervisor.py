@@ -193,3 +193,17 @@ async def test_parking_widens_the_active_process_and_waking_pins_it_back() -> No
             p.kill()
             await p.wait()
         shutil.rmtree(sup.run_dir, ignore_errors=True)
+
+
+def test_the_active_processes_split_the_whole_sets_limits_while_others_are_parked() -> None:
+    from gateway.server.supervisor import active_admission
+
+    cfg = AdmissionConfig(max_concurrent_requests=10, max_queued_requests=6, rate_limit_per_s=8.0, rate_limit_burst=4)
+    whole = [active_admission(cfg, i, 2, [0, 1]) for i in range(2)]
+    assert [p.max_concurrent_requests for p in whole] == [5, 5]  # the set as a whole: as before
+    parked = [active_admission(cfg, i, 2, [0]) for i in range(2)]
+    assert parked[0].max_concurrent_requests == 10 and parked[0].rate_limit_per_s == 8.0  # the set's all
+    assert parked[0].max_queued_requests == 6 and parked[0].rate_limit_burst == 4
+    assert parked[1] == whole[1]  # a parked process keeps its own share for what it still serves
+    three = [active_admission(cfg, i, 3, [0, 1]) for i in range(3)]
+    assert [p.max_concurrent_requests for p in three[:2]] == [5, 5] and three[2] == share_admission(cfg, 2, 3)

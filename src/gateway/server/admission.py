@@ -333,6 +333,12 @@ class Admission:
         if self.in_flight == 0:
             self._idle.set()
 
+    def resize(self, config: AdmissionConfig) -> None:
+        """Take new limits now (a process of a set whose active processes changed takes its new
+        share of the set's); a raised cap admits waiters at once. The fair queue's settings stay."""
+        self.config = config
+        self._grant()
+
     def _grant(self) -> None:
         """Hand free slots to waiters in fair-queue order (a heavy head waits for room
         rather than being overtaken)."""

@@ -274,9 +274,20 @@ async def serve(config: GatewayConfig) -> None:
     if member is not None:
         from gateway.server.http.handoff import follow_supervisor
 
+        on_active = None
+        if handoff is not None:  # parking: this process's share of the set's limits follows the active ones
+            import pickle
+
+            from gateway.server.supervisor import CONFIG_FILE, active_admission
+
+            whole = pickle.loads((member.run_dir / CONFIG_FILE).read_bytes()).admission  # the supervisor's file, mode 0600
+
+            def on_active(active: list[int]) -> None:
+                state.admission.resize(active_admission(whole, member.index, member.count, active))
+
         # before the ready line: the supervisor signals ready processes only
         follow_supervisor(member.run_dir, member.index, member.count, handoff,
-                          lambda: server.server_state.connections, server.adopt)  # fmt: skip
+                          lambda: server.server_state.connections, server.adopt, on_active)  # fmt: skip
     from gateway.server.gc_policy import tune_gc
 
     tune_gc(config.server.gc_young_threshold)  # everything alive now lives as long as the process

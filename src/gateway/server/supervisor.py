@@ -66,6 +66,16 @@ def share_admission(cfg: AdmissionConfig, index: int, count: int) -> AdmissionCo
     )
 
 
+def active_admission(cfg: AdmissionConfig, index: int, count: int, active: list[int]) -> AdmissionConfig:
+    """Process ``index``'s part of the set's limits while only ``active`` take connections: the
+    active ones split the whole set's limits among themselves (a parked set admits what the
+    whole set would); a parked one keeps its own share for the requests it still serves."""
+    live = [i for i in active if 0 <= i < count]
+    if index in live:
+        return share_admission(cfg, live.index(index), len(live))
+    return share_admission(cfg, index, count)
+
+
 @dataclasses.dataclass
 class Child:
     index: int

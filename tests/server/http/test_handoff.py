@@ -198,13 +198,15 @@ async def test_the_active_process_sheds_its_connections_when_the_set_grows_back(
     conns = [_Conn(), _Conn()]
     try:
         write_parking(tmp_path, [0])
-        apply = follow_supervisor(tmp_path, 0, 2, handoff, lambda: conns, None)
+        heard: list[list[int]] = []
+        apply = follow_supervisor(tmp_path, 0, 2, handoff, lambda: conns, None, heard.append)
         assert not handoff.parked and [c.shed_count for c in conns] == [0, 0]  # active, and the set shrank: kept
+        assert heard == [[0]]  # the active processes, for this process's share of the set's limits
         write_parking(tmp_path, [0, 1])
         apply()
         assert [c.shed_count for c in conns] == [1, 1]
         apply()  # no change: nothing more
-        assert [c.shed_count for c in conns] == [1, 1]
+        assert [c.shed_count for c in conns] == [1, 1] and heard == [[0], [0, 1]]
     finally:
         asyncio.get_running_loop().remove_signal_handler(signal.SIGUSR1)
         handoff.close()

@@ -189,13 +189,15 @@ class Shedding(Protocol):
 def follow_supervisor(
     run_dir: Path, index: int, count: int, handoff: HandOff | None,
     connections: Callable[[], Iterable[object]], adopt: Callable[[socket.socket], None] | None,
+    on_active: Callable[[list[int]], object] | None = None,
 ) -> Callable[[], None]:
     """Apply the supervisor's word now and on each SIGUSR1 (the handler is installed even
     without a hand-off, so that the signal never ends the process); returns the applier.
 
     On a change this process's own connections move: all of them when it is parked (to
     the active siblings), and when the set grew (so that the kernel spreads their
-    reconnections over the processes again)."""
+    reconnections over the processes again); ``on_active`` hears the active processes
+    (this process's share of the set's admission limits follows them)."""
     previous = [list(range(count))]
 
     def apply() -> None:
@@ -203,7 +205,10 @@ def follow_supervisor(
             return
         active = read_parking(run_dir) or list(range(count))
         grew = len(active) > len(previous[0])
+        changed = active != previous[0]
         previous[0] = active
+        if changed and on_active is not None:
+            on_active(active)
         handoff.park(active)
         if handoff.parked or grew:
             for conn in list(connections()):
