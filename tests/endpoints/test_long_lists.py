@@ -9,7 +9,13 @@ from typing import Any
 
 import pytest
 
-from gateway.endpoints.long_lists import STEP_ITEMS, needs_steps, parse_model, parse_model_in_steps
+from gateway.endpoints.long_lists import (
+    STEP_ITEMS,
+    map_in_steps,
+    needs_steps,
+    parse_model,
+    parse_model_in_steps,
+)
 from gateway.protocol import limits
 from gateway.protocol.chat import ChatCompletionRequest
 from gateway.protocol.errors import GatewayError, InvalidRequestError
@@ -145,3 +151,11 @@ async def test_long_conversations_through_the_doors() -> None:
         r = await client.post("/v1/tokenize", json={"messages": over})
         assert r.status_code == 400 and r.json()["error"]["param"] == "messages", r.text
         assert len(worker.requests) == 2
+
+
+async def test_map_in_steps_is_the_list_comprehension_with_turns_between() -> None:
+    for count in (0, 1, STEP_ITEMS, STEP_ITEMS + 1, 3 * STEP_ITEMS + 2):
+        items = list(range(count))
+        assert await map_in_steps(str, items) == [str(i) for i in items]
+    req = parse_model(ChatCompletionRequest, {"messages": _conversation(2 * STEP_ITEMS + 3)})
+    assert await map_in_steps(type(req.messages[0]).to_template, req.messages) == req.template_messages()

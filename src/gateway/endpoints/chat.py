@@ -17,7 +17,7 @@ from typing import Any
 from gateway.endpoints.chat_parsers import ChatParsers, choose_parsers, template_kwargs
 from gateway.endpoints.completions import piece_fn, stream_usage
 from gateway.endpoints.events import Answer, Direct, Events, FrameWriter
-from gateway.endpoints.long_lists import STEP_ITEMS
+from gateway.endpoints.long_lists import STEP_ITEMS, map_in_steps
 from gateway.parsers.base import ReasoningParser, ToolCallDelta, ToolCallParser
 from gateway.parsers.reasoning_tokens import ReasoningTokenCounter
 from gateway.pipeline.catalog import ModelEntry
@@ -27,7 +27,7 @@ from gateway.pipeline.limits import check_tools
 from gateway.pipeline.request_context import RequestContext
 from gateway.pipeline.running_loop import running_loop
 from gateway.pipeline.tenancy import effective_salt
-from gateway.protocol.chat import ChatCompletionRequest
+from gateway.protocol.chat import ChatCompletionRequest, ChatMessage
 from gateway.protocol.errors import GatewayError
 from gateway.protocol.logprobs import chat_logprobs
 from gateway.protocol.responses import (
@@ -106,9 +106,11 @@ async def _start(engine: Engine, req: ChatCompletionRequest, ctx: RequestContext
         # The model's tool-call / channel markers are special tokens: the parsers need them.
         sampling = dataclasses.replace(sampling, skip_special_tokens=False)
     salt = effective_salt(ctx.cache_salt, req.cache_salt)
-    messages = req.template_messages()
-    if len(messages) > STEP_ITEMS:  # thousands of messages: a loop turn before their scans
+    if len(req.messages) > STEP_ITEMS:  # thousands of messages: loop turns between their parts
+        messages = await map_in_steps(ChatMessage.to_template, req.messages)
         await asyncio.sleep(0)
+    else:
+        messages = req.template_messages()
     text, ids = await engine.render_chat(
         entry, messages, tools=req.template_tools(), chat_template_kwargs=kwargs or None, cache_salt=salt,
     )
