@@ -201,6 +201,43 @@ async def test_with_fair_spill_a_key_below_its_share_leaves_a_full_holder_for_a_
     assert await chosen_for("light") == first.worker.id  # every worker full: locality again
 
 
+async def test_with_prefill_reservation_a_light_keys_cold_prompt_goes_where_no_cold_prefill_is_pending() -> None:
+    f = await fleet(*(FakeTransport(f"grpc://{n}:1") for n in "abc"), policy="cache_aware")
+    for w in f.registry.all():
+        w.info = dataclasses.replace(w.info, max_running_requests=8)
+    warm = RouteRequest(list(range(512)), model=MODEL)
+    first = f.router.select(warm)
+    first.policy.on_dispatch(warm, first.decision)  # light's prefix is cached on ``first``
+    light_active = [True]
+    gate = WorkerGate(prefill_budget=500, prefill_reserve=True,
+                      yields_prefill=lambda tenant: tenant != "light" and light_active[0])
+    f.router.gate = gate
+    gate.know(w.id for w in f.registry.all())  # the router tells it the pool on its first choice
+    others = sorted(w.id for w in f.registry.all() if w is not first.worker)
+    passes = []
+    for worker in (first.worker.id, others[0]):  # a heavier key's cold prefills pending on two of three
+        CALLER.set(("heavy", 0))
+        passes.append(await gate.enter(worker, 8, 600))
+
+    async def chosen_for(tenant: str, request: RouteRequest) -> str:
+        async def pick() -> str:
+            CALLER.set((tenant, 0))
+            return f.router.select(request).worker.id
+
+        return await asyncio.create_task(pick())
+
+    colds = [RouteRequest(list(range(1000 * i, 1000 * i + 512)), model=MODEL) for i in range(1, 7)]
+    assert {await chosen_for("light", cold) for cold in colds} == {others[1]}  # the worker kept free
+    assert await chosen_for("light", warm) == first.worker.id  # warm: its prefix's worker, as before
+    light_active[0] = False  # (while it is, heavy's cold prompt would wait for the last free worker)
+    CALLER.set(("heavy", 0))
+    passes.append(await asyncio.wait_for(gate.enter(others[1], 8, 600), 1))
+    light_active[0] = True  # every worker prefilling: locality and load decide
+    assert len({await chosen_for("light", cold) for cold in colds}) > 1
+    for p in passes:
+        p()
+
+
 async def test_with_a_slot_headroom_the_router_avoids_a_full_worker() -> None:
     f = await fleet(*(FakeTransport(f"grpc://{n}:1") for n in "abc"), policy="cache_aware")
     for w in f.registry.all():

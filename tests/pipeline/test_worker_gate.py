@@ -350,3 +350,61 @@ async def test_the_budget_holds_only_while_the_fleet_is_contended() -> None:
     for p in (first, second, third.result()):
         p()
     assert gate.prefill_pending("w") == 0
+
+
+def reserving(lighter: set[str], budget: int = 500) -> WorkerGate:
+    """A gate with the prefill reservation, where every key but those in ``lighter`` yields."""
+    return WorkerGate(prefill_budget=budget, prefill_reserve=True,
+                      yields_prefill=lambda tenant: tenant not in lighter)
+
+
+async def test_prefill_reservation_keeps_one_worker_free_of_a_heavier_keys_cold_prompts() -> None:
+    gate = reserving({"light"})
+    assert gate.cold_tokens == 250
+    first = await enter_paced(gate, "w1", 600, "heavy")
+    assert gate.cold_pending("w1") == 1 and gate.reserves_for("light") and not gate.reserves_for("heavy")
+    warm = await enter_paced(gate, "w2", 64, "heavy")  # a warm prompt is no cold prefill: it passes
+    assert gate.cold_pending("w2") == 0
+    warm.prefilled()
+    held = start_paced(gate, "w2", 600, "heavy")  # the last worker with no cold prefill: kept for light
+    await settle()
+    assert not held.done() and gate.reserved == 1 and gate.held("w2") == 1
+    light = await enter_paced(gate, "w2", 600, "light")  # light's cold prompt passes there at once
+    assert gate.cold_pending("w2") == 1 and not held.done()
+    light.prefilled()  # w2's budget is free again, but w2 is still the only worker with no cold prefill
+    await settle()
+    assert not held.done()
+    first.prefilled()  # w1's cold prefill ends: w1 is free, so w2 may take heavy's
+    await settle()
+    assert held.done() and gate.cold_pending("w1") == 0 and gate.cold_pending("w2") == 1
+    for p in (first, warm, light, held.result()):
+        p()
+    assert gate.cold_pending("w2") == 0 and gate.prefill_pending("w2") == 0 and gate.through("w2") == 0
+
+
+async def test_prefill_reservation_holds_nothing_without_a_lighter_key_or_a_second_worker() -> None:
+    alone = reserving({"heavy", "light"})  # no key is lighter than any other
+    passes = [await enter_paced(alone, w, 600, "heavy") for w in ("w1", "w2")]
+    assert alone.reserved == 0 and alone.cold_pending("w1") == alone.cold_pending("w2") == 1
+    one = reserving({"light"})
+    passes.append(await enter_paced(one, "w", 600, "heavy"))  # its only worker: nothing to keep free
+    off = WorkerGate(prefill_budget=500, yields_prefill=lambda tenant: True)
+    passes += [await enter_paced(off, w, 600, "heavy") for w in ("w1", "w2")]
+    assert off.cold_pending("w1") == 0 and not off.reserves_for("light")  # the rule off: no cold count
+    for p in passes:
+        p()
+
+
+async def test_a_held_cold_prompt_passes_once_no_lighter_key_is_active() -> None:
+    lighter = {"light"}
+    gate = WorkerGate(prefill_budget=500, prefill_reserve=True, yields_prefill=lambda tenant: tenant not in lighter)
+    first = await enter_paced(gate, "w1", 600, "heavy")
+    held = start_paced(gate, "w2", 600, "heavy")
+    await settle()
+    assert not held.done()
+    lighter.add("heavy")  # the light key left: heavy is the lightest there is
+    first()  # the next event on any worker looks again
+    await settle()
+    assert held.done()
+    held.result()()
+    assert gate.cold_pending("w2") == 0 and gate.held() == 0

@@ -205,3 +205,23 @@ async def test_new_limits_apply_at_once_and_a_raised_cap_admits_waiters() -> Non
     first.release()
     second.release()
     assert adm.in_flight == 0
+
+
+async def test_a_key_yields_prefill_to_a_lighter_key_below_its_share_or_when_alone() -> None:
+    adm = Admission(AdmissionConfig(max_concurrent_requests=8, fair_prefill_reserve=True))
+    held = [await adm.acquire("heavy") for _ in range(3)]
+    assert adm.yields_prefill("heavy")  # alone: a newcomer's cold prompts should find a free worker
+    held.append(await adm.acquire("light"))
+    # light holds 1 of its share of 4, heavy 3: heavy's prompts make room for light's, not the reverse
+    assert adm.yields_prefill("heavy") and not adm.yields_prefill("light")
+    held += [await adm.acquire("light") for _ in range(3)]  # light at its share: nobody yields to it
+    assert not adm.yields_prefill("heavy")
+    for ticket in held:
+        ticket.release()
+    assert not adm.yields_prefill("heavy")  # light asked lately and holds no fewer than heavy
+    weighted = Admission(AdmissionConfig(max_concurrent_requests=8, fair_prefill_reserve=True), weights={"a": 3.0})
+    held = [await weighted.acquire("a") for _ in range(3)] + [await weighted.acquire("b") for _ in range(2)]
+    # a holds more slots but 1 per weight against b's 2, and less than its share of 6
+    assert weighted.yields_prefill("b") and not weighted.yields_prefill("a")
+    for ticket in held:
+        ticket.release()

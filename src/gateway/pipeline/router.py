@@ -223,6 +223,8 @@ class Router:
             self._before_select()
         policy = self.policy(request.model, role)
         decision = policy.select(request, views)
+        if self.gate is not None and role == "regular" and not request.target_worker:
+            decision = self._reserved_prefill(policy, request, views, decision)
         packed = policy.packed(request)  # cache_aware has packed the prompt already
         prompt = packed if packed is not None else b""
         # A retry offers nothing new to the sketch; both are statistics, applied off the request's path.
@@ -237,6 +239,28 @@ class Router:
         miss = MissTicket(worker.id, request.token_ids, decision.reason, packed=prompt)
         later(_dispatched, quality, offer, miss)
         return _build_selection(worker, decision, notified, role, prompt, miss)
+
+    def _reserved_prefill(
+        self, policy: Policy, request: RouteRequest, views: list[WorkerView], decision: Decision,
+    ) -> Decision:
+        """With the gate's prefill reservation, a cold prompt of a key with none lighter
+        active goes to a worker with no cold prefill pending, while one is available
+        (locality decides among them); a warm one stays where its prefix is.
+        Why: the gate keeps such a worker for it while a heavier key's cold prompts take
+        the others, and there it is prefilled at once instead of after a step of theirs."""
+        gate = self.gate
+        assert gate is not None
+        if gate.prefill_reserve:
+            gate.know(v.worker_id for v in views)
+        uncached = len(request.token_ids) - decision.predicted_cached_tokens
+        if uncached < gate.cold_tokens or not gate.cold_pending(decision.worker_id):
+            return decision
+        if not gate.reserves_for(CALLER.get()[0]):
+            return decision
+        free = [v.available and not gate.cold_pending(v.worker_id) for v in views]
+        if not any(free):
+            return decision
+        return policy.select(request, [v if f else replace(v, available=False) for v, f in zip(views, free, strict=True)])
 
     def exclude(self, request: RouteRequest, worker_id: str) -> RouteRequest:
         return replace(request, exclude=request.exclude | {worker_id})

@@ -26,6 +26,17 @@ slot taken, or more than one API key holding slots). Otherwise nobody needs to g
 and a worker prefilling several requests in one step beats the gateway feeding them one
 first token at a time.
 
+Prefill reservation (``prefill_reserve``, with the budget): the budget lets one cold
+prompt through per worker at a time, and at a heavy key's cold start every worker is
+prefilling one of its cold prompts; a light key's cold prompt then waits for a whole
+prefill step wherever it goes, and the gate's fair order cannot help, as the step has
+begun. So a cold prompt (``cold_tokens`` and more uncached) of a key that yields
+(``yields_prefill``: a lighter key is active, or it is the only key, and a newcomer's first
+prompts are cold) passes only if another worker would still have no cold prefill pending;
+the router sends the lightest key's cold prompt to such a worker (``reserves_for``,
+``cold_pending``). The held one waits in its worker's queue, and any worker's cold
+prefill ending looks at every worker's queue again.
+
 ``CALLER`` carries the request's API key and priority from admission (set in the
 request's own task) to here without threading them through every layer between.
 """
@@ -35,7 +46,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from gateway.policies.fair_queue import Entry, FairQueue
@@ -53,6 +64,7 @@ class _Slots:
     cap: int = 0  # running slots + headroom: at most this many let through
     open: int = 0  # running slots - reserve: past this many, only keys below their share
     prefill: int = 0  # predicted uncached prefill tokens let through that have no first message yet
+    cold: int = 0  # of those, requests of ``cold_tokens`` and more (prefill reservation)
 
     def fits(self, tokens: int, budget: int) -> bool:
         """Whether ``tokens`` more prefill tokens fit the pacing ``budget`` (0: no pacing;
@@ -65,34 +77,44 @@ class Pass:
     still pending); ``prefilled`` gives back only the tokens (its first message came).
     Both are idempotent. ``waited``: it was held before it passed."""
 
-    __slots__ = ("_gate", "_slots", "released", "tokens", "waited")
+    __slots__ = ("_gate", "_slots", "cold", "released", "tokens", "waited")
 
-    def __init__(self, gate: WorkerGate | None, slots: _Slots | None, tokens: int, waited: bool = False) -> None:
+    def __init__(
+        self, gate: WorkerGate | None, slots: _Slots | None, tokens: int, waited: bool = False, cold: bool = False,
+    ) -> None:
         self._gate = gate
         self._slots = slots
         self.tokens = tokens  # pending prefill tokens (0 once given back)
+        self.cold = cold  # counted in its worker's cold prefills (False once given back)
         self.waited = waited
         self.released = False
 
-    def prefilled(self) -> None:
-        slots, tokens = self._slots, self.tokens
-        if slots is None or not tokens:
-            return
+    def _give_back_prefill(self, slots: _Slots) -> bool:
+        """Its pending prefill tokens back to ``slots``; True if it was a cold prefill."""
+        slots.prefill -= self.tokens
         self.tokens = 0
-        slots.prefill -= tokens
+        cold, self.cold = self.cold, False
+        if cold:
+            slots.cold -= 1
+        return cold
+
+    def prefilled(self) -> None:
+        slots = self._slots
+        if slots is None or not self.tokens:
+            return
+        cold = self._give_back_prefill(slots)
         assert self._gate is not None
-        self._gate._grant(slots)
+        self._gate._granted_back(slots, cold)
 
     def __call__(self) -> None:
         if self.released or self._slots is None:
             return
         self.released = True
         slots = self._slots
-        slots.prefill -= self.tokens
-        self.tokens = 0
+        cold = self._give_back_prefill(slots)
         slots.through -= 1
         assert self._gate is not None
-        self._gate._grant(slots)
+        self._gate._granted_back(slots, cold)
 
 
 NO_GATE = Pass(None, None, 0)
@@ -122,6 +144,8 @@ class WorkerGate:
         prefill_budget: int = 0,
         share_first: bool = False,
         fair_spill: bool = False,
+        prefill_reserve: bool = False,
+        yields_prefill: Callable[[str], bool] = lambda tenant: False,
         contended: Callable[[], bool] = lambda: True,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -138,6 +162,11 @@ class WorkerGate:
         self.prefill_budget = max(0, prefill_budget)
         self.share_first = share_first
         self.fair_spill = fair_spill
+        # A cold prompt: at least half the budget uncached (a warm one is its question alone).
+        self.prefill_reserve = prefill_reserve and self.prefill_budget > 0
+        self.cold_tokens = max(1, self.prefill_budget // 2)
+        self._yields = yields_prefill
+        self.reserved = 0  # cold prompts that had room but waited to keep a worker's prefill free
         self._contended = contended
         self.paced = 0  # requests that had a free slot but waited for the prefill budget
         self._below_share = below_share
@@ -153,6 +182,44 @@ class WorkerGate:
         there waits for a heavy key's request to end (its whole decode), where a worker
         with a free slot would prefill it at once, cold or not."""
         return self.fair_spill and self._below_share(tenant)
+
+    def reserves_for(self, tenant: str) -> bool:
+        """Whether ``tenant``'s cold prompt should go to a worker with no cold prefill pending
+        (``prefill_reserve`` and the key does not yield: the lightest of several). The router
+        applies it; the gate keeps such a worker from the keys that yield."""
+        return self.prefill_reserve and not self._yields(tenant)
+
+    def know(self, worker_ids: Iterable[str]) -> None:
+        """Count ``worker_ids`` among the workers whose prefill may be free (the router
+        tells it the pool it routes over): a worker nothing has entered yet is free, and
+        the reservation must not hold a cold prompt for want of knowing it."""
+        if self.prefill_reserve:
+            for worker_id in worker_ids:
+                if worker_id not in self._workers:
+                    self._slots(worker_id)
+
+    def cold_pending(self, worker_id: str) -> int:
+        """Cold prompts let through to ``worker_id`` with no first message yet."""
+        slots = self._workers.get(worker_id)
+        return slots.cold if slots else 0
+
+    def _keeps_free(self, slots: _Slots, tenant: str, tokens: int) -> bool:
+        """Whether ``tenant``'s cold prompt must wait so that some worker keeps no cold
+        prefill pending: it would take the last such worker, and the key yields."""
+        if not self.prefill_reserve or tokens < self.cold_tokens or slots.cold or len(self._workers) < 2:
+            return False
+        if any(s.cold == 0 for s in self._workers.values() if s is not slots):
+            return False
+        return self._yields(tenant)
+
+    def _granted_back(self, slots: _Slots, cold: bool) -> None:
+        """A slot or prefill came back to ``slots``: its waiters first; a cold prefill's end
+        may free the last worker a held cold prompt elsewhere was kept off, so every queue."""
+        self._grant(slots)
+        if cold and self.prefill_reserve:
+            for other in self._workers.values():
+                if other is not slots and other.queue:
+                    self._grant(other)
 
     def _slots(self, worker_id: str) -> _Slots:
         slots = self._workers.get(worker_id)
@@ -195,13 +262,14 @@ class WorkerGate:
         slots = self._slots(worker_id)
         slots.cap = running_slots + self.headroom
         slots.open = running_slots - self.reserve if self.reserve else slots.cap
-        if not slots.queue and slots.through < slots.open:
-            if slots.fits(tokens, self._budget()):
-                slots.through += 1
-                slots.prefill += tokens
-                return Pass(self, slots, tokens)
-            self.paced += 1
         tenant, priority = CALLER.get()
+        if not slots.queue and slots.through < slots.open:
+            if not slots.fits(tokens, self._budget()):
+                self.paced += 1
+            elif self._keeps_free(slots, tenant, tokens):
+                self.reserved += 1
+            else:
+                return self._let_through(slots, tokens)
         waiter = _Waiter(asyncio.get_running_loop().create_future(), tokens)
         entry = slots.queue.push(tenant, priority, 1, self._clock(), waiter)
         self._grant(slots)  # a key below its share may take a reserved slot at once
@@ -209,12 +277,23 @@ class WorkerGate:
             await waiter.future
         except BaseException:
             if waiter.future.done() and not waiter.future.cancelled():
-                Pass(self, slots, tokens)()  # granted as the caller left: it goes to the next one
+                Pass(self, slots, tokens, cold=self._is_cold(tokens))()  # granted as the caller left: to the next one
             else:
                 slots.queue.remove(entry)
                 self._grant(slots)
             raise
-        return Pass(self, slots, tokens, waited=True)
+        return Pass(self, slots, tokens, waited=True, cold=self._is_cold(tokens))
+
+    def _is_cold(self, tokens: int) -> bool:
+        return self.prefill_reserve and tokens >= self.cold_tokens
+
+    def _let_through(self, slots: _Slots, tokens: int) -> Pass:
+        """Count a request let through at once in ``slots`` and return its pass."""
+        slots.through += 1
+        slots.prefill += tokens
+        cold = self._is_cold(tokens)
+        slots.cold += cold
+        return Pass(self, slots, tokens, cold=cold)
 
     def _next(self, queue: FairQueue, now: float, held_back: set[str]) -> Entry | None:
         """The next waiter in fair order; with ``share_first``, of a key below its share of
@@ -250,7 +329,11 @@ class WorkerGate:
                 continue
             if not slots.fits(waiter.tokens, budget):
                 return
+            if self._keeps_free(slots, entry.tenant, waiter.tokens):
+                held_back.add(entry.tenant)  # its key's requests here wait; a lighter key's may pass
+                continue
             queue.pop(entry)
             slots.through += 1
             slots.prefill += waiter.tokens
+            slots.cold += self._is_cold(waiter.tokens)
             waiter.future.set_result(None)
