@@ -1,20 +1,22 @@
 """One normalized ``SamplingOptions`` from three request shapes (protocol/sampling.py):
-defaults settled once (a chat's model defaults filled as it is built), constraints exclusive,
-logprob options per API."""
+defaults settled once (a chat's model defaults filled as it is built), constraints exclusive
+(vLLM's ``structured_outputs`` among them), logprob options per API."""
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
 import json
+import re
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from gateway.pipeline.model_facts import apply_model_defaults
 from gateway.protocol.chat import ChatCompletionRequest
 from gateway.protocol.completions import CompletionRequest
-from gateway.protocol.errors import InvalidRequestError
+from gateway.protocol.errors import InvalidRequestError, validation_error_to_gateway
 from gateway.protocol.generate import GenerateRequest
 from gateway.protocol.sampling import (
     JSON_OBJECT_SCHEMA,
@@ -114,3 +116,43 @@ def test_a_zero_top_k_default_means_off() -> None:
     req = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}])
     assert sampling_from_chat(req, {"top_k": 0}).top_k == -1
     assert model_default_values(frozenset({"top_k", "top_p"}), {"top_k": 5.0}) == {"top_k": 5}
+
+
+def test_vllms_structured_outputs_become_the_gateways_constraint() -> None:
+    """A vLLM client names its constraint in ``structured_outputs``: applied, not dropped."""
+    assert _chat(structured_outputs={"regex": "a+"}).constraint == Constraint("regex", "a+")
+    assert _completion(structured_outputs={"grammar": "root ::= x"}).constraint == Constraint("ebnf", "root ::= x")
+    schema = {"type": "object", "properties": {"é": {"type": "string"}}}
+    c = _chat(structured_outputs={"json": schema}).constraint
+    assert c is not None and c.kind == "json_schema" and json.loads(c.value) == schema and "é" in c.value
+    assert _completion(structured_outputs={"json": '{"type": "string"}'}).constraint == Constraint(
+        "json_schema", '{"type": "string"}'
+    )
+    assert _chat(structured_outputs={"json_object": True}).constraint == Constraint("json_schema", JSON_OBJECT_SCHEMA)
+    assert _chat(structured_outputs={"json_object": False}).constraint is None
+    c = _completion(structured_outputs={"choice": ["yes", "no (maybe)", "a.b"]}).constraint
+    assert c == Constraint("regex", r"(yes|no \(maybe\)|a\.b)")
+    assert re.fullmatch(c.value, "no (maybe)") and not re.fullmatch(c.value, "aXb")
+    with pytest.raises(InvalidRequestError, match="regex, structured_outputs") as err:
+        _completion(regex="a+", structured_outputs={"regex": "b+"})
+    assert err.value.param == "structured_outputs"
+
+
+@pytest.mark.parametrize(
+    ("structured", "param", "message"),
+    [
+        ({"regex": "a+", "choice": ["x"]}, "structured_outputs.choice", "one constraint, got: regex, choice"),
+        ({"regex": "("}, "structured_outputs.regex", "does not compile"),
+        ({"choice": []}, "structured_outputs.choice", "at least 1"),
+        ({"json": "[1"}, "structured_outputs", "not valid JSON"),
+        ({"structural_tag": "{}"}, "structured_outputs.structural_tag", "not supported"),
+        ({"regex": "a", "disable_any_whitespace": True}, "structured_outputs.disable_any_whitespace", "not supported"),
+    ],
+)
+def test_a_structured_outputs_the_gateway_cannot_apply_is_a_client_error(
+    structured: dict[str, Any], param: str, message: str
+) -> None:
+    with pytest.raises(ValidationError) as exc:
+        ChatCompletionRequest.model_validate({"messages": USER, "structured_outputs": structured})
+    err = validation_error_to_gateway(exc.value)
+    assert err.param == param and message in err.message, (err.param, err.message)

@@ -303,6 +303,67 @@ class ResponseFormat(RequestModel):
         return self
 
 
+_REGEX_SPECIAL = frozenset("\\.^$|?*+()[]{}")
+
+
+def choice_regex(choices: list[str]) -> str:
+    """A regex that matches exactly one of ``choices``: every regex-special character is
+    escaped by a backslash, which the workers' grammar engines read as Python's ``re`` does."""
+    alternatives = ("".join("\\" + c if c in _REGEX_SPECIAL else c for c in text) for text in choices)
+    return "(" + "|".join(alternatives) + ")"
+
+
+class StructuredOutputs(RequestModel):
+    """vLLM's ``structured_outputs`` request field: one output constraint, named as vLLM
+    names it, so a vLLM client's constraint is applied rather than dropped as an unknown field."""
+
+    json_: dict[str, Any] | str | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = Field(default=None, min_length=1, max_length=limits.MAX_STOP_SEQUENCES * 8)
+    grammar: str | None = None
+    json_object: bool | None = None
+    structural_tag: str | None = None
+    # vLLM's knobs on how its grammar backend builds the constraint: not carried to a worker.
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    whitespace_pattern: str | None = None
+
+    @field_validator("regex")
+    @classmethod
+    def _regex(cls, value: str | None) -> str | None:
+        return check_regex(value)
+
+    @field_validator("grammar")
+    @classmethod
+    def _grammar(cls, value: str | None) -> str | None:
+        if value is not None and len(value.encode()) > limits.MAX_SCHEMA_BYTES:
+            raise ValueError(f"the grammar is larger than {limits.MAX_SCHEMA_BYTES} bytes")
+        return value
+
+    @model_validator(mode="after")
+    def _one_constraint(self) -> StructuredOutputs:
+        for name in ("disable_any_whitespace", "disable_additional_properties", "whitespace_pattern"):
+            if getattr(self, name):
+                raise ParamError(name, f"structured_outputs.{name} is not supported by this gateway")
+        if self.structural_tag is not None:
+            raise ParamError(
+                "structural_tag", "structured_outputs.structural_tag is not supported; use tools with tool_choice"
+            )
+        given = [n for n in ("json", "regex", "choice", "grammar", "json_object") if self._value(n) not in (None, False)]
+        if len(given) > 1:
+            raise ParamError(given[1], f"structured_outputs takes one constraint, got: {', '.join(given)}")
+        if self.choice is not None and len(choice_regex(self.choice).encode()) > limits.MAX_SCHEMA_BYTES:
+            raise ParamError("choice", f"the choices are larger than {limits.MAX_SCHEMA_BYTES} bytes")
+        if isinstance(self.json_, str):
+            check_schema_text(self.json_)
+        elif isinstance(self.json_, dict):
+            check_schema_bounds(self.json_, "structured_outputs.json")
+        return self
+
+    def _value(self, name: str) -> object:
+        return self.json_ if name == "json" else getattr(self, name)
+
+
 class StopFieldsChecks(RequestModel):
     """Checks of the stop / stop_token_ids / logit_bias fields that the OpenAI
     requests and SGLang's sampling_params share (the subclass declares the fields)."""
@@ -369,6 +430,8 @@ class SamplingRequest(StopFieldsChecks):
     user: str | None = None
     # SGLang's and vLLM's request priority: the gateway's admission order within the caller's key.
     priority: int | None = Field(default=None, ge=-(2**31), lt=2**31)
+    # vLLM's constraint field (SGLang's are regex, ebnf and json_schema).
+    structured_outputs: StructuredOutputs | None = None
     # SGLang extras.
     regex: str | None = None
     ebnf: str | None = None

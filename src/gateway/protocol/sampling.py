@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
 from gateway.protocol.chat import ChatCompletionRequest
-from gateway.protocol.common import SamplingRequest, stop_list
+from gateway.protocol.common import SamplingRequest, StructuredOutputs, choice_regex, stop_list
 from gateway.protocol.completions import CompletionRequest
 from gateway.protocol.errors import InvalidRequestError
 from gateway.protocol.frozen import slots_builder
@@ -152,6 +152,29 @@ def _common(req: SamplingRequest) -> dict[str, object]:
     }
 
 
+def structured_constraint(so: StructuredOutputs | None) -> tuple[ConstraintKind, str] | None:
+    """vLLM's ``structured_outputs`` in the gateway's terms (its model checked there is at
+    most one): a choice is the regex of its alternatives, ``json_object`` any JSON object."""
+    if so is None:
+        return None
+    if so.regex is not None:
+        return "regex", so.regex
+    if so.choice is not None:
+        return "regex", choice_regex(so.choice)
+    if so.grammar is not None:
+        return "ebnf", so.grammar
+    if so.json_ is not None:
+        return "json_schema", so.json_ if isinstance(so.json_, str) else json.dumps(so.json_, ensure_ascii=False)
+    if so.json_object:
+        return "json_schema", JSON_OBJECT_SCHEMA
+    return None
+
+
+def _structured_candidate(req: SamplingRequest) -> tuple[str, ConstraintKind, str | None]:
+    found = structured_constraint(req.structured_outputs)
+    return ("structured_outputs", found[0], found[1]) if found else ("structured_outputs", "regex", None)
+
+
 def _response_format_schema(req: ChatCompletionRequest) -> str | None:
     fmt = req.response_format
     if fmt is None or fmt.type == "text":
@@ -170,6 +193,7 @@ def sampling_from_chat(req: ChatCompletionRequest, model_defaults: Mapping[str, 
             ("regex", "regex", req.regex),
             ("ebnf", "ebnf", req.ebnf),
             ("response_format", "json_schema", _response_format_schema(req)),
+            _structured_candidate(req),
         ]
     )
     unset = _UNSET[
@@ -198,6 +222,7 @@ def sampling_from_completion(req: CompletionRequest) -> SamplingOptions:
             ("regex", "regex", req.regex),
             ("ebnf", "ebnf", req.ebnf),
             ("json_schema", "json_schema", req.json_schema),
+            _structured_candidate(req),
         ]
     )
     wants_logprobs = req.logprobs is not None
