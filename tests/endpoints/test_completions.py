@@ -29,7 +29,7 @@ from gateway.protocol.errors import GatewayError, WorkerError
 from gateway.protocol.sampling import sampling_from_completion
 from gateway.protocol.stream import CompletionDelta, StreamChunk, StreamHead
 from gateway.tokenization import StopPlan, Tokenizer
-from tests.pipeline.test_resume import FakeStream, FakeWorker, Opener, base_request, chunk
+from tests.pipeline.test_resume import FakeStream, FakeWorker, Opener, base_request, chunk, complete
 from tests.tokenization.helpers import qwen_files
 
 TEXT = "Hello, wörld! Ça va? 你好\uff0c世界\u3002 naïve café 🙂🚀 a\tb\nc \"quoted\" \\ back </s> end"
@@ -217,3 +217,36 @@ async def test_echo_logprobs_n_and_continuous_usage_take_the_general_path(tok: T
         gen = Generation(FakeStream(FakeWorker("w1"), []), _prepared(tok, req))  # type: ignore[arg-type]
         events = completions.json_events(req, _entry(tok), [gen], RequestContext(request_id="r"))
         assert events.__qualname__ == "_chunks", body  # type: ignore[attr-defined]
+
+
+async def test_a_streamed_echo_with_logprobs_opens_with_the_prompts_logprobs(tok: Tokenizer) -> None:
+    """As in a whole answer (and as vLLM's own server streams it): the first chunk's logprobs
+    are the prompt's (its first token's null) and then the output's, offsets after the prompt."""
+    req = CompletionRequest.model_validate(
+        {"model": "m", "prompt": [1, 2, 3], "stream": True, "max_tokens": 2, "echo": True, "logprobs": 1}
+    )
+    first = chunk([40], prompt_tokens=3)
+    first.chunk.input_logprobs.token_ids.extend([1, 2, 3])
+    first.chunk.input_logprobs.token_logprobs.add()
+    for v in (-0.5, -1.5):
+        first.chunk.input_logprobs.token_logprobs.add(value=v)
+    for row in ([], [(2, -0.5)], [(3, -1.5)]):
+        first.chunk.input_logprobs.top_logprobs.add(token_ids=[t for t, _ in row], values=[v for _, v in row])
+    first.chunk.output_logprobs.token_ids.append(40)
+    first.chunk.output_logprobs.token_logprobs.append(-0.25)
+    first.chunk.output_logprobs.top_logprobs.add(token_ids=[40], values=[-0.25])
+    later = chunk([41], prompt_tokens=3)
+    later.chunk.output_logprobs.token_ids.append(41)
+    later.chunk.output_logprobs.token_logprobs.append(-0.75)
+    later.chunk.output_logprobs.top_logprobs.add(token_ids=[41], values=[-0.75])
+    gen = Generation(FakeStream(FakeWorker("w1"), [first, later, complete(prompt_tokens=3)]), _prepared(tok, req))  # type: ignore[arg-type]
+    events = [e async for e in completions._chunks(req, _entry(tok), [gen], RequestContext(request_id="r"))]
+    opening = orjson.loads(events[0].to_json())["choices"][0]
+    prompt_text = tok.decode([1, 2, 3], skip_special_tokens=False)
+    assert opening["text"] == prompt_text + tok.decode([40])
+    lp = opening["logprobs"]
+    assert lp["token_logprobs"] == [None, -0.5, -1.5, -0.25] and len(lp["tokens"]) == 4
+    assert lp["top_logprobs"][0] is None and len(lp["top_logprobs"][1]) == 1
+    assert lp["text_offset"][3] == len(prompt_text)  # the output's first token starts after the prompt
+    then = orjson.loads(events[1].to_json())["choices"][0]["logprobs"]
+    assert then["token_logprobs"] == [-0.75] and then["text_offset"] == [len(prompt_text + tok.decode([40]))]

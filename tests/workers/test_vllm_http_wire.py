@@ -110,6 +110,80 @@ def test_logprobs_named_by_token_id() -> None:
     assert done.complete.finish_reason == "length" and list(done.complete.output_logprobs.token_ids) == [10]
 
 
+def _echoed(ids: list[int], prompt: list[int], finish: str | None = None) -> dict[str, Any]:
+    """A choice as vLLM answers ``echo`` with ``logprobs=1`` and token-id names: the prompt's
+    rows first (its first token's logprob null), then the output's."""
+    answer = chunk(ids, finish)
+    rows = [*prompt, *ids]
+    answer["choices"][0]["logprobs"] = {
+        "tokens": [f"token_id:{t}" for t in rows],
+        "token_logprobs": [None, *(-0.25 * k for k in range(1, len(rows)))],
+        "top_logprobs": [None, *({f"token_id:{t}": -0.25 * k} for k, t in enumerate(rows) if k)],
+        "text_offset": list(range(len(rows))),
+    }
+    return answer
+
+
+def _asking_prompt_logprobs(stream: bool, start: int = 0) -> pb.GenerateRequest:
+    return pb.GenerateRequest(
+        request_id="r", tokenized=pb.TokenizedInput(input_ids=[1, 2, 3]), stream=stream, return_logprob=True,
+        top_logprobs_num=1, logprob_start_len=start, sampling_params=pb.SamplingParams(n=1, max_new_tokens=2),
+    )
+
+
+def test_prompt_logprobs_are_asked_by_echo_and_read_from_the_rows_ahead_of_the_output() -> None:
+    """vLLM refuses ``prompt_logprobs`` in a stream; ``echo`` gives them whole and streamed."""
+    assert completion_body(_asking_prompt_logprobs(False), "served")["echo"] is True
+    no_prompt = _asking_prompt_logprobs(False, start=-1)
+    assert "echo" not in completion_body(no_prompt, "served")
+    (whole,) = whole_completion("r", _echoed([10, 11], [1, 2, 3], "length"), prompt_start=0)
+    inputs = whole.complete.input_logprobs
+    assert list(inputs.token_ids) == [1, 2, 3] and not inputs.token_logprobs[0].HasField("value")
+    assert [v.value for v in inputs.token_logprobs[1:]] == [-0.25, -0.5]
+    assert [list(r.token_ids) for r in inputs.top_logprobs] == [[], [2], [3]]
+    assert list(whole.complete.output_logprobs.token_ids) == [10, 11]
+    assert list(whole.complete.output_logprobs.token_logprobs) == [-0.75, -1.0]
+    (later,) = whole_completion("r", _echoed([10], [1, 2, 3], "length"), prompt_start=2)
+    assert list(later.complete.input_logprobs.token_ids) == [3]  # from the asked position on
+    (plain,) = whole_completion("r", _echoed([10], [1, 2, 3], "length"))
+    assert not plain.complete.HasField("input_logprobs")
+
+
+def test_a_stream_brings_the_prompt_logprobs_with_each_samples_first_message() -> None:
+    reader = CompletionStreamReader("r", prompt_start=0)
+    first = _echoed([10], [1, 2, 3])
+    later = chunk([11], "length")
+    later["choices"][0]["logprobs"] = {"tokens": ["token_id:11"], "token_logprobs": [-1.0], "top_logprobs": [None]}
+    (one,) = reader.feed(first)
+    assert list(one.chunk.input_logprobs.token_ids) == [1, 2, 3] and list(one.chunk.token_ids) == [10]
+    assert list(reader.feed(later)) == []
+    last, done = reader.close()
+    assert not last.chunk.HasField("input_logprobs") and not done.complete.HasField("input_logprobs")
+    # a sample that finishes in its first chunk: the rows go with its chunk
+    reader = CompletionStreamReader("r", prompt_start=0)
+    assert list(reader.feed(_echoed([10], [1, 2], "length"))) == []
+    last, done = reader.close()
+    assert list(last.chunk.input_logprobs.token_ids) == [1, 2] and not done.complete.HasField("input_logprobs")
+
+
+@pytest.mark.parametrize(
+    ("logprobs", "says"),
+    [
+        ({"tokens": "x", "token_logprobs": [None, -1.0]}, "lists of tokens"),
+        ({"tokens": ["token_id:1"], "token_logprobs": [None, -1.0, -2.0]}, "fewer tokens"),
+        ({"tokens": ["token_id:1", "token_id:2"], "token_logprobs": [None, "a", -1.0]}, "must be a number"),
+        ({"tokens": ["token_id:1", "x", "token_id:3"], "token_logprobs": [None, -1.0, -1.0]}, "token_id:N"),
+        ({"tokens": ["token_id:1", "token_id:2"], "token_logprobs": [None, -1.0, -1.0], "top_logprobs": [None, 5]},
+         "must be an object"),
+    ],
+)
+def test_prompt_rows_of_another_shape_are_an_answer_error(logprobs: dict[str, Any], says: str) -> None:
+    answer = chunk([9], "length")
+    answer["choices"][0]["logprobs"] = logprobs
+    with pytest.raises(AnswerError, match=says):
+        whole_completion("r", answer, prompt_start=0)
+
+
 @pytest.mark.parametrize(
     "bad",
     [[], {"choices": "x"}, {"choices": [{"text": "no ids"}]}, {"choices": [{"token_ids": ["a"]}]},

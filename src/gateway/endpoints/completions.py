@@ -260,16 +260,24 @@ async def _chunks(
     def emit(g_index: int, d: SampleDelta) -> StreamChunk | None:
         k = g_index * n + d.index
         text = d.text
+        prefix = ""
+        if echo and k not in echoed:
+            echoed.add(k)
+            prefix = _echo_text(gens[g_index].prepared, entry)
         logprobs: CompletionLogprobs | None = None
         if want_logprobs[g_index] and (lp_ids := d.logprob_ids):
             gen = gens[g_index]
             logprobs = completion_logprobs(
                 lp_ids, d.logprobs or [], d.top_logprobs if gen.prepared.sampling.top_logprobs else None,
-                piece, text_offset=offsets.get(k, 0),
+                piece, text_offset=offsets.get(k, 0) + len(prefix),
             )
-        if echo and k not in echoed:
-            echoed.add(k)
-            text = _echo_text(gens[g_index].prepared, entry) + text
+        if prefix and want_logprobs[g_index]:
+            # The prompt's logprobs open the sample's first chunk, as in a whole answer.
+            opening = _prompt_logprobs(gens[g_index], entry) or CompletionLogprobs()
+            if logprobs is not None:
+                opening.extend(logprobs)
+            logprobs = opening
+        text = prefix + text
         offsets[k] = offsets.get(k, 0) + len(text)
         if not text and d.finish_reason is None and logprobs is None:
             return None

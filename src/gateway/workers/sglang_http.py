@@ -76,9 +76,9 @@ class Dialect(Protocol):
 
     def body(self, request: pb.GenerateRequest) -> bytes: ...
 
-    def reader(self, request_id: str) -> AnswerReader: ...
+    def reader(self, request: pb.GenerateRequest) -> AnswerReader: ...
 
-    def whole(self, request_id: str, answer: object) -> list[pb.GenerateResponse]: ...
+    def whole(self, request: pb.GenerateRequest, answer: object) -> list[pb.GenerateResponse]: ...
 
 
 class SglangDialect:
@@ -89,11 +89,11 @@ class SglangDialect:
     def body(self, request: pb.GenerateRequest) -> bytes:
         return body_json(generate_body(request))
 
-    def reader(self, request_id: str) -> AnswerReader:
-        return StreamReader(request_id)
+    def reader(self, request: pb.GenerateRequest) -> AnswerReader:
+        return StreamReader(request.request_id)
 
-    def whole(self, request_id: str, answer: object) -> list[pb.GenerateResponse]:
-        return whole_answer(request_id, answer)
+    def whole(self, request: pb.GenerateRequest, answer: object) -> list[pb.GenerateResponse]:
+        return whole_answer(request.request_id, answer)
 
 
 class SseLines:
@@ -256,15 +256,14 @@ class HttpGenerateCall:
         self, http: aiohttp.ClientSession, dialect: Dialect, request: pb.GenerateRequest,
         headers: dict[str, str], deadline: asyncio.Timeout,
     ) -> None:
-        rid = request.request_id
         async with http.post(dialect.path, data=dialect.body(request), headers=headers) as response:
             if response.status != 200:
                 raise http_status_error(response.status, await read_head(response))
             bound = json_reply_bytes(request)
             if not request.stream:
-                self._take(iter(dialect.whole(rid, orjson.loads(await read_bounded(response, bound)))))
+                self._take(iter(dialect.whole(request, orjson.loads(await read_bounded(response, bound)))))
                 return
-            reader = dialect.reader(rid)
+            reader = dialect.reader(request)
             samples = max(1, request.sampling_params.n)
             lines = SseLines(bound)
             content = response.content

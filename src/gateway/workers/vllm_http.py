@@ -42,11 +42,16 @@ class VllmDialect:
     def body(self, request: pb.GenerateRequest) -> bytes:
         return body_json(completion_body(request, self.model, self.context_length))
 
-    def reader(self, request_id: str) -> AnswerReader:
-        return CompletionStreamReader(request_id)
+    def reader(self, request: pb.GenerateRequest) -> AnswerReader:
+        return CompletionStreamReader(request.request_id, _prompt_start(request))
 
-    def whole(self, request_id: str, answer: object) -> list[pb.GenerateResponse]:
-        return whole_completion(request_id, answer)
+    def whole(self, request: pb.GenerateRequest, answer: object) -> list[pb.GenerateResponse]:
+        return whole_completion(request.request_id, answer, _prompt_start(request))
+
+
+def _prompt_start(request: pb.GenerateRequest) -> int:
+    """Where the prompt's logprobs start, -1 when the request asks for none."""
+    return request.logprob_start_len if request.return_logprob else -1
 
 
 _RUNNING = "vllm:num_requests_running"

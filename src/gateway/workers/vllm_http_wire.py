@@ -72,6 +72,10 @@ def completion_body(request: pb.GenerateRequest, model: str, context_length: int
     if request.return_logprob:
         body["logprobs"] = max(1, request.top_logprobs_num)
         body["return_tokens_as_token_ids"] = True
+        if request.logprob_start_len >= 0:
+            # The prompt's logprobs: vLLM gives them with ``echo`` (whole and streamed; its
+            # ``prompt_logprobs`` field is refused in a stream), ahead of the output's rows.
+            body["echo"] = True
     return body
 
 
@@ -81,15 +85,56 @@ def _token_id(name: object) -> int:
     raise AnswerError(f"logprob tokens must be 'token_id:N', got {name!r}")
 
 
+def _float(value: object) -> float:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    raise AnswerError(f"a logprob must be a number, got {value!r}")
+
+
 def _logprobs(choice: dict[str, Any], ids: list[int]) -> pb.OutputLogProbs | None:
     lp = choice.get("logprobs")
     if not isinstance(lp, dict) or not ids:
         return None
-    values = lp.get("token_logprobs") or []
-    out = pb.OutputLogProbs(token_logprobs=[float(v or 0.0) for v in values[-len(ids):]], token_ids=ids)
-    for top in (lp.get("top_logprobs") or [])[-len(ids):]:
-        items = list((top or {}).items())
-        out.top_logprobs.add(values=[float(v) for _, v in items], token_ids=[_token_id(k) for k, _ in items])
+    values, tops = lp.get("token_logprobs") or [], lp.get("top_logprobs") or []
+    if not isinstance(values, list) or not isinstance(tops, list):
+        raise AnswerError("logprobs must hold lists of token_logprobs and top_logprobs")
+    out = pb.OutputLogProbs(token_logprobs=[_float(v or 0.0) for v in values[-len(ids):]], token_ids=ids)
+    for top in tops[-len(ids):]:
+        _top_row(top, out.top_logprobs)
+    return out
+
+
+def _top_row(top: object, into: Any) -> None:
+    """One ``top_logprobs`` row (``{"token_id:N": logprob}``, or null) added to ``into``."""
+    if top is not None and not isinstance(top, dict):
+        raise AnswerError("each top_logprobs row must be an object")
+    items = list((top or {}).items())
+    into.add(values=[_float(v) for _, v in items], token_ids=[_token_id(k) for k, _ in items])
+
+
+def _input_logprobs(choice: dict[str, Any], ids: list[int], start: int) -> pb.InputLogProbs | None:
+    """The prompt's rows that an echo puts ahead of the output's in ``logprobs`` (the first
+    prompt token's logprob is null), from prompt position ``start`` on, as the seam has them."""
+    lp = choice.get("logprobs")
+    if start < 0 or not isinstance(lp, dict):
+        return None
+    values, tokens, tops = lp.get("token_logprobs"), lp.get("tokens"), lp.get("top_logprobs") or []
+    if not isinstance(values, list) or not isinstance(tokens, list) or not isinstance(tops, list):
+        raise AnswerError("logprobs must hold lists of tokens, token_logprobs and top_logprobs")
+    count = len(values) - len(ids)
+    if count <= 0:
+        return None
+    if len(tokens) < count:
+        raise AnswerError("logprobs name fewer tokens than they give logprobs for")
+    out = pb.InputLogProbs()
+    for pos in range(start, count):
+        value = values[pos]
+        if value is None:
+            out.token_logprobs.add()
+        else:
+            out.token_logprobs.add(value=_float(value))
+        out.token_ids.append(_token_id(tokens[pos]))
+        _top_row(tops[pos] if pos < len(tops) else None, out.top_logprobs)
     return out
 
 
@@ -128,7 +173,7 @@ def _ids(choice: dict[str, Any]) -> list[int]:
 
 def _complete(
     rid: str, index: int, ids: list[int], total: int, prompt: int, cached: int, choice: dict[str, Any],
-    logprobs: pb.OutputLogProbs | None,
+    logprobs: pb.OutputLogProbs | None, inputs: pb.InputLogProbs | None = None,
 ) -> pb.GenerateResponse:
     message = pb.GenerateResponse(request_id=rid)
     complete = message.complete  # filled in place: a message passed to a constructor is copied
@@ -145,18 +190,24 @@ def _complete(
         complete.matched_stop_str = stop
     if logprobs is not None:
         complete.output_logprobs.CopyFrom(logprobs)
+    if inputs is not None:
+        complete.input_logprobs.CopyFrom(inputs)
     return message
 
 
-def whole_completion(rid: str, answer: object) -> list[pb.GenerateResponse]:
-    """A non-streamed completion as one complete per choice."""
+def whole_completion(rid: str, answer: object, prompt_start: int = -1) -> list[pb.GenerateResponse]:
+    """A non-streamed completion as one complete per choice; with ``prompt_start`` >= 0 the
+    prompt's logprobs from that position on (the request asked for them: ``echo``)."""
     choices = _choices(answer)
     prompt, cached = _usage(answer.get("usage"))  # type: ignore[attr-defined]
     out = []
     for position, choice in enumerate(choices):
         ids = _ids(choice)
         index = int(choice.get("index", position))
-        out.append(_complete(rid, index, ids, len(ids), prompt, cached, choice, _logprobs(choice, ids)))
+        out.append(_complete(
+            rid, index, ids, len(ids), prompt, cached, choice, _logprobs(choice, ids),
+            _input_logprobs(choice, ids, prompt_start),
+        ))
     return out
 
 
@@ -168,12 +219,18 @@ class CompletionStreamReader:
     finished choice's last chunk and its complete are held until the closing usage chunk
     brings the prompt and cached counts, or until the stream ends without one
     (``close``): both then come in one read, as the finishing answer of a worker that
-    sends its counts with it does, so the relay ends the sample in one wake-up."""
+    sends its counts with it does, so the relay ends the sample in one wake-up. With
+    ``prompt_start`` >= 0 (the request asked for the prompt's logprobs: ``echo``), each
+    choice's first chunk brings them ahead of its own rows; they go with that sample's
+    first message."""
 
-    __slots__ = ("_cached", "_held", "_prompt", "_request_id", "_sent")
+    __slots__ = ("_cached", "_echoed", "_held", "_inputs", "_prompt", "_prompt_start", "_request_id", "_sent")
 
-    def __init__(self, request_id: str) -> None:
+    def __init__(self, request_id: str, prompt_start: int = -1) -> None:
         self._request_id = request_id
+        self._prompt_start = prompt_start
+        self._inputs: dict[int, pb.InputLogProbs] = {}  # per sample, until its first message
+        self._echoed: set[int] = set()  # the samples whose prompt rows were read
         self._sent: dict[int, int] = {}
         self._prompt = 0  # the prompt's length: from the first chunk's prompt_token_ids, then from usage
         self._cached = 0
@@ -192,6 +249,10 @@ class CompletionStreamReader:
 
     def _chunk(self, index: int, ids: list[int], total: int, logprobs: pb.OutputLogProbs | None) -> pb.GenerateResponse:
         message = pb.GenerateResponse(request_id=self._request_id)
+        if self._inputs:
+            inputs = self._inputs.pop(index, None)
+            if inputs is not None:
+                message.chunk.input_logprobs.CopyFrom(inputs)
         chunk = message.chunk
         chunk.token_ids.extend(ids)
         chunk.prompt_tokens = self._prompt
@@ -207,7 +268,8 @@ class CompletionStreamReader:
         for index, ids, total, choice, logprobs in held:
             if ids:
                 yield self._chunk(index, ids, total, logprobs)
-            yield _complete(self._request_id, index, ids, total, self._prompt, self._cached, choice, logprobs)
+            inputs = self._inputs.pop(index, None) if self._inputs else None
+            yield _complete(self._request_id, index, ids, total, self._prompt, self._cached, choice, logprobs, inputs)
 
     def feed(self, answer: object) -> Iterator[pb.GenerateResponse]:
         choices = _choices(answer)
@@ -226,12 +288,22 @@ class CompletionStreamReader:
             total = self._sent.get(index, 0) + len(ids)
             self._sent[index] = total
             logprobs = _logprobs(choice, ids) if choice.get("logprobs") else None
+            if self._prompt_start >= 0 and index not in self._echoed:
+                self._first_rows(index, choice, ids)
             if choice.get("finish_reason") is not None:
                 self._held.append((index, ids, total, choice, logprobs))
             elif ids:
                 yield self._chunk(index, ids, total, logprobs)
         if not choices and self._held:  # the closing usage chunk
             yield from self._release()
+
+    def _first_rows(self, index: int, choice: dict[str, Any], ids: list[int]) -> None:
+        """Keep the prompt's rows of a sample's first chunk until its first message."""
+        if choice.get("logprobs"):
+            self._echoed.add(index)
+            rows = _input_logprobs(choice, ids, self._prompt_start)
+            if rows is not None:
+                self._inputs[index] = rows
 
     def close(self) -> Iterator[pb.GenerateResponse]:
         """The completes still held when the stream ended without a usage chunk."""
