@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from gateway.pipeline import running_loop as module
-from gateway.pipeline.running_loop import current_task, running_loop
+from gateway.pipeline.running_loop import cancelling, current_task, running_loop
 
 
 def test_without_a_running_loop_it_raises_as_asyncio_does() -> None:
@@ -75,3 +75,26 @@ def test_a_forked_child_forgets_the_memo() -> None:
     os.close(read)
     os.waitpid(pid, 0)
     assert answer == b"1"
+
+
+async def test_cancelling_tells_a_cancel_of_this_task_from_a_cancelled_call() -> None:
+    seen: list[bool] = []
+
+    async def reads(inner: asyncio.Future[None]) -> None:
+        try:
+            await inner
+        except asyncio.CancelledError:
+            seen.append(cancelling())
+            raise
+
+    ours = asyncio.ensure_future(reads(asyncio.get_running_loop().create_future()))
+    await asyncio.sleep(0)
+    ours.cancel()  # the task itself is cancelled: a client gone
+    await asyncio.gather(ours, return_exceptions=True)
+    call: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    theirs = asyncio.ensure_future(reads(call))
+    await asyncio.sleep(0)
+    call.cancel()  # only what it awaited was: a worker's call cut
+    await asyncio.gather(theirs, return_exceptions=True)
+    assert seen == [True, False]
+    assert cancelling() is False

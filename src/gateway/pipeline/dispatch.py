@@ -28,7 +28,7 @@ from gateway.pipeline.observer import NULL_OBSERVER, PipelineObserver
 from gateway.pipeline.prefill_gate import PrefillGateConfig
 from gateway.pipeline.retry import RetryConfig
 from gateway.pipeline.router import Router, Selection
-from gateway.pipeline.running_loop import running_loop
+from gateway.pipeline.running_loop import cancelling, running_loop
 from gateway.pipeline.worker_gate import NO_GATE
 from gateway.policies.base import NoWorkerAvailable, RouteRequest
 from gateway.proto import sglang_scheduler_pb2 as pb
@@ -190,12 +190,11 @@ class WorkerStream:
             try:
                 got = await self._call.read()
             except asyncio.CancelledError:
-                task = asyncio.current_task()
                 failed = self._push_error
-                if failed is not None and not (task is not None and task.cancelling()):
+                if failed is not None and not cancelling():
                     self._push_error = None
                     raise failed from None  # the target's failure stopped the call: as if read here
-                if not self._stalled or (task is not None and task.cancelling()):
+                if not self._stalled or cancelling():
                     raise  # our own task is being cancelled (client gone): not a stall
                 self._end_stalled()
                 raise worker_stalled_error(self.worker.id, self._config.stall_timeout_s) from None
@@ -431,8 +430,7 @@ async def open_on(
                 async with asyncio.timeout(config.first_token_timeout_s):
                     first = await call.read()
         except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if lease.stalled and not (task is not None and task.cancelling()):
+            if lease.stalled and not cancelling():
                 # The progress watchdog took the worker out of rotation: re-send elsewhere now.
                 raise AttemptFailed(
                     worker_stalled_error(worker.id, time.monotonic() - started), worker.id, "WATCHDOG",
@@ -534,8 +532,7 @@ async def _whole_answer(
     try:
         return await call.read()
     except asyncio.CancelledError:
-        task = asyncio.current_task()
-        if verdict and not (task is not None and task.cancelling()):
+        if verdict and not cancelling():
             raise verdict[0] from None
         raise
     finally:

@@ -10,10 +10,10 @@ one copy of it; subclasses only rewrite each message for the sample it belongs t
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Sequence
 from typing import Any
 
+from gateway.pipeline.settle import settle
 from gateway.proto import sglang_scheduler_pb2 as pb
 
 
@@ -39,7 +39,14 @@ class MergedStreams:
         task = next(iter(done))
         i = next(k for k, t in self._reads.items() if t is task)
         del self._reads[i]
-        return i, task.result()
+        error = None if task.cancelled() else task.exception()
+        if error is None:
+            return i, task.result()
+        del done, task  # raised from a frame that held the task, the error would hold itself (``settle``)
+        try:
+            raise error
+        finally:
+            del error
 
     def ready(self) -> bool:
         """Whether a read would not wait is not tracked across parts: never claimed."""
@@ -55,9 +62,7 @@ class MergedStreams:
         self._reads.clear()
         for task in reads:
             task.cancel()
-        for task in reads:
-            with contextlib.suppress(BaseException):
-                await task
+        await settle(reads)
 
     def finished(self) -> None:
         """Every sample completed: free whatever is still held, without an Abort."""

@@ -52,6 +52,7 @@ from gateway.pipeline.merged import MergedStreams
 from gateway.pipeline.observer import NULL_OBSERVER, PipelineObserver
 from gateway.pipeline.retry import RetryConfig
 from gateway.pipeline.router import Router, Selection
+from gateway.pipeline.settle import settle
 from gateway.policies.base import RouteRequest
 from gateway.policies.common import find_target
 from gateway.policies.factory import POLICY_NAMES, PolicyConfig
@@ -333,22 +334,38 @@ class PdOpener:
             sample_route = route if samples == 1 else dataclasses.replace(route, request_id=rid)
             p_req = prefill_request(request, params, rid)
             d_req = decode_request(request, params, rid, wants_output_logprobs)
-            p_task = asyncio.ensure_future(open_on(
-                self.router, prefill, sample_route, p_req, prompt_tokens=prompt_tokens, max_new_tokens=1,
-                retry=self.retry, config=self.config, attempt=attempt, observer=self.observer,
+            tasks.append((  # held by the list only (see below)
+                asyncio.ensure_future(open_on(
+                    self.router, prefill, sample_route, p_req, prompt_tokens=prompt_tokens, max_new_tokens=1,
+                    retry=self.retry, config=self.config, attempt=attempt, observer=self.observer,
+                )),
+                asyncio.ensure_future(open_on(
+                    self.router, decode, sample_route, d_req, prompt_tokens=prompt_tokens, max_new_tokens=max_new_tokens,
+                    retry=self.retry, config=self.config, attempt=attempt, observer=self.observer,
+                )),
             ))
-            d_task = asyncio.ensure_future(open_on(
-                self.router, decode, sample_route, d_req, prompt_tokens=prompt_tokens, max_new_tokens=max_new_tokens,
-                retry=self.retry, config=self.config, attempt=attempt, observer=self.observer,
-            ))
-            tasks.append((p_task, d_task))
         every = [t for pair in tasks for t in pair]
         try:
-            await _all_or_first_failure(every)
-            halves = [await self._take_prefill(p.result()) for p, _ in tasks]
+            failed = await _first_failure(every)
+            if failed is None:
+                halves = [await self._take_prefill(p.result()) for p, _ in tasks]
         except BaseException:
             await _abandon(every)
             raise
+        if failed is not None:
+            # Raised from here, not from the task that failed: a frame in the error's
+            # traceback that held the tasks would hold the error (a task keeps it), a
+            # cycle that keeps the request alive until a rare full collection.
+            await _abandon(every)
+            error = failed.exception()
+            every.clear()
+            tasks.clear()
+            failed = None
+            assert error is not None
+            try:
+                raise error
+            finally:
+                del error
         log.debug(
             "request %s: PD pair %s -> %s, rooms %s", route.request_id, pw.id, decode.worker.id, rooms
         )
@@ -378,23 +395,25 @@ class PdOpener:
         return half
 
 
-async def _all_or_first_failure(tasks: list[asyncio.Task[WorkerStream]]) -> None:
-    """Wait for every task; at the first failure stop waiting and raise it."""
+async def _first_failure(tasks: list[asyncio.Task[WorkerStream]]) -> asyncio.Task[WorkerStream] | None:
+    """Wait for every task; at the first failure stop waiting and return its task."""
     pending = set(tasks)
     while pending:
         done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
         for task in done:
-            exc = task.exception()
-            if exc is not None:
-                raise exc
+            if task.exception() is not None:
+                return task
+    return None
 
 
 async def _abandon(tasks: list[asyncio.Task[WorkerStream]]) -> None:
-    """Cancel the halves still opening (they abort themselves) and abort the opened ones."""
+    """Cancel the halves still opening (they abort themselves) and abort the opened ones
+    (a failed half's error is not raised here: this frame holds the tasks)."""
     for task in tasks:
         if not task.done():
             task.cancel()
+    await settle(tasks)
     for task in tasks:
-        with contextlib.suppress(BaseException):
-            stream = await task
-            await stream.abort("PD partner failed")
+        if task.done() and not task.cancelled() and task.exception() is None:
+            with contextlib.suppress(BaseException):
+                await task.result().abort("PD partner failed")

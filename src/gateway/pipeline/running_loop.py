@@ -42,6 +42,14 @@ def current_task() -> asyncio.Task[object] | None:
     return asyncio.current_task(running_loop())
 
 
+def cancelling() -> bool:
+    """Whether this thread's current task is being cancelled (its caller's doing, not a
+    worker's). Asked here, so that the caller's frame does not hold the task: a
+    CancelledError's traceback holds that frame, and a cancelled task its error, a cycle."""
+    task = asyncio.current_task(running_loop())
+    return task is not None and task.cancelling() > 0
+
+
 def _forget() -> None:
     _memo.loop = None
 

@@ -269,3 +269,18 @@ def test_the_probe_sees_a_cycle() -> None:
         gc.set_debug(0)
         gc.garbage.clear()
         gc.enable()
+
+
+@pytest.mark.parametrize("sim", [{}, FAULTS["rejected"], FAULTS["failed mid-answer"]], ids=["healthy", "rejected", "failed mid-answer"])
+async def test_pd_pairs_and_several_samples_leave_no_cycle(sim: dict[str, Any], tmp_path: Path) -> None:
+    opts = StackOptions(workers=4, roles=["prefill", "prefill", "decode", "decode"], sim=sim)
+    async with start_stack(opts, tmp_path) as s:
+        async def several() -> None:
+            await s.client.chat.completions.create(model=s.model, messages=CHAT, max_tokens=8, n=3)  # type: ignore[arg-type]
+
+        kinds = _http_kinds(s)
+        for name, run in {"chat": kinds["chat"], "stream": kinds["stream"], "n=3": several}.items():
+            try:
+                await _assert_leaves_no_cycle(lambda r=run: _tolerate(r()) if sim else r())
+            except AssertionError as exc:
+                raise AssertionError(f"PD, {sim or 'healthy'}, {name}: {exc}") from None

@@ -30,6 +30,7 @@ from gateway.pipeline.dispatch import TokenStream, WorkerStream
 from gateway.pipeline.errors import map_rpc_error
 from gateway.pipeline.output_guard import OUTPUT_CEILING
 from gateway.pipeline.request_context import RequestContext
+from gateway.pipeline.running_loop import cancelling
 from gateway.pipeline.scheduler_rules import check_scheduler_generate
 from gateway.policies.base import RouteRequest
 from gateway.proto import common_pb2
@@ -151,8 +152,7 @@ class SchedulerPassthrough(pb_grpc.SglangSchedulerServicer):
                                 await stream.abort("past max_new_tokens")
                                 return
                     except asyncio.CancelledError:
-                        task = asyncio.current_task()
-                        if key not in self._aborted or (task is not None and task.cancelling()):
+                        if key not in self._aborted or cancelling():
                             raise
                         await context.abort(StatusCode.CANCELLED, "request aborted (Abort)")
         except GatewayError as exc:
