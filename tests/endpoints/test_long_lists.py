@@ -11,6 +11,7 @@ import pytest
 
 from gateway.endpoints.long_lists import (
     STEP_ITEMS,
+    has_long_list,
     map_in_steps,
     needs_steps,
     parse_model,
@@ -18,6 +19,7 @@ from gateway.endpoints.long_lists import (
 )
 from gateway.protocol import limits
 from gateway.protocol.chat import ChatCompletionRequest
+from gateway.protocol.completions import CompletionRequest
 from gateway.protocol.errors import GatewayError, InvalidRequestError
 from gateway.protocol.messages import MessagesRequest
 from gateway.protocol.tokens import TokenizeRequest
@@ -104,6 +106,8 @@ async def test_other_fields_and_the_cap_are_checked_as_before() -> None:
     tokenize_over = {"messages": over["messages"]}
     with pytest.raises(InvalidRequestError, match=f"at most {limits.MAX_MESSAGES}"):
         parse_model(TokenizeRequest, tokenize_over)
+    assert has_long_list(ChatCompletionRequest) and has_long_list(TokenizeRequest) and not has_long_list(CompletionRequest)
+    assert not needs_steps(CompletionRequest, {"prompt": "x", "messages": messages})
     assert not needs_steps(ChatCompletionRequest, {"messages": "text"})
     assert not needs_steps(ChatCompletionRequest, [1, 2])
 

@@ -45,8 +45,22 @@ def parse_model(model: type[M], data: Any) -> M:
         raise validation_error_to_gateway(exc) from None
 
 
+_specs: dict[type[BaseModel], LongList | None] = {}
+
+
 def _spec(model: type[BaseModel]) -> LongList | None:
-    return model.long_list if issubclass(model, RequestModel) else None
+    # Kept by class: a pydantic model class's attribute read costs several times a dict's,
+    # and the short request's path asks once per request.
+    try:
+        return _specs[model]
+    except KeyError:
+        spec = _specs[model] = model.long_list if issubclass(model, RequestModel) else None
+        return spec
+
+
+def has_long_list(model: type[BaseModel]) -> bool:
+    """Whether the model names a list that may be validated in steps."""
+    return _spec(model) is not None
 
 
 def needs_steps(model: type[BaseModel], data: Any) -> bool:

@@ -27,7 +27,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import parse_qsl
 
@@ -36,7 +36,7 @@ from pydantic import BaseModel
 from starlette.types import Message, Receive, Scope, Send
 
 from gateway.endpoints.events import Answer, Events
-from gateway.endpoints.long_lists import needs_steps, parse_model_in_steps
+from gateway.endpoints.long_lists import has_long_list, needs_steps, parse_model_in_steps
 from gateway.observability.request_log import current_record
 from gateway.pipeline.request_context import RequestContext
 from gateway.pipeline.running_loop import current_task
@@ -90,6 +90,12 @@ class InferenceRoute:
     error_body: Callable[[GatewayError], Any] | None = None
     done: bytes = DONE
     method: Literal["POST", "GET"] = "POST"
+    # Whether the body may hold a list long enough to be validated in steps (known once
+    # here: the short request's path reads one slot).
+    long: bool = field(init=False, default=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "long", self.model is not None and has_long_list(self.model))
 
     def stored(self, scope: Scope) -> StoredRef | None:
         """For a ``GET`` route (``path`` ends in one ``{name}`` segment): the stored object
@@ -287,7 +293,10 @@ class _Request:
                     await self._take(1)
                     await forward(state.text_relay, route.path, body, model, ctx.request_id, self.send, door.headers_for(ctx))
                     return
-                req = await parse_model_in_steps(route.model, data) if needs_steps(route.model, data) else parse_model(route.model, data)
+                if route.long and needs_steps(route.model, data):
+                    req = await parse_model_in_steps(route.model, data)
+                else:
+                    req = parse_model(route.model, data)
                 if ctx.priority is None:
                     ctx.priority = getattr(req, "priority", None)
                 if route.admit == "batch":
