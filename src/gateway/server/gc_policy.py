@@ -8,8 +8,10 @@ older collection walks every live object: the tokenizer's vocabulary, the routin
 tree, the app. It showed up in profiles of the gsp burst as a visible share of the
 event-loop thread (``gc_collect_main``).
 
-The request path makes no reference cycles on purpose (a failed task's traceback does,
-briefly), so collecting less often is safe and bounds memory the same way: what is
+The request path makes no reference cycles on purpose, failed requests' included (an
+error raised from a frame that holds it, or holds the task that keeps it, would make
+one; the test suite runs every kind of request with the collector off to find them),
+so collecting less often is safe and bounds memory the same way: what is
 alive after start-up is frozen out of every collection (``gc.freeze``), and the young
 generation is collected every ``young_threshold`` allocations instead of 700.
 """

@@ -284,3 +284,24 @@ async def test_pd_pairs_and_several_samples_leave_no_cycle(sim: dict[str, Any], 
                 await _assert_leaves_no_cycle(lambda r=run: _tolerate(r()) if sim else r())
             except AssertionError as exc:
                 raise AssertionError(f"PD, {sim or 'healthy'}, {name}: {exc}") from None
+
+
+async def test_timeouts_stalls_and_refused_admissions_leave_no_cycle(tmp_path: Path) -> None:
+    # Every answer stalls 0.6 s after its first token: past the stream's stall limit
+    # and the first-token limit of a request that waits its turn for the one slot.
+    opts = StackOptions(
+        sim={"fault_stall_s": 0.6, "fault_stall_after_tokens": 1},
+        dispatch={"stall_timeout_s": 0.2, "first_token_timeout_s": 0.3},
+        sections={"admission": {"max_concurrent_requests": 1, "max_queued_requests": 0}},
+    )
+    async with start_stack(opts, tmp_path) as s:
+        kinds = _http_kinds(s)
+
+        async def crowd() -> None:  # one admitted (and stalled), two refused with 429
+            await asyncio.gather(*(_tolerate(kinds["stream"]()) for _ in range(3)))
+
+        for name, run in {"stalled stream": lambda: _tolerate(kinds["stream"]()), "crowd": crowd}.items():
+            try:
+                await _assert_leaves_no_cycle(run)
+            except AssertionError as exc:
+                raise AssertionError(f"{name}: {exc}") from None
