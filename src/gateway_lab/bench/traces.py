@@ -9,6 +9,9 @@ Two input formats, told apart line by line:
   ids give equal token prefixes, the only thing a prefix cache can observe. Lengths are
   scaled by ``block_tokens / source_block_tokens`` and capped: a full-size replay does
   not fit a small machine.
+* Alibaba's Qwen-Bailian traces (``qwen_trace*_blksz_16.jsonl``): the same fields plus
+  ``chat_id`` / ``parent_chat_id`` / ``turn`` / ``type``, ``hash_ids`` of 16-token blocks
+  (``--source-block-tokens 16``) and ``timestamp`` in seconds, told apart by ``chat_id``.
 * plain JSONL prompts with a time: ``timestamp`` (ms) or ``t`` (s), one of ``prompt``
   (text), ``prompt_token_ids`` / ``input_ids`` (ids) or ``messages`` (chat), and
   ``max_tokens`` or ``output_length``; the project's own saved traces
@@ -90,6 +93,13 @@ def is_mooncake(record: Mapping[str, Any]) -> bool:
     return "hash_ids" in record
 
 
+def arrival_seconds(record: Mapping[str, Any]) -> float:
+    """A block-hash line's arrival: Mooncake's ``timestamp`` is in ms, Qwen-Bailian's (the
+    lines with a ``chat_id``) in seconds."""
+    t = float(record["timestamp"])
+    return t if "chat_id" in record else t / 1000.0
+
+
 def is_foreign_trace(path: str | Path) -> bool:
     """Whether the file's first request is in a format of this module (Mooncake's, or a
     ``timestamp`` in ms), rather than the project's own saved workload (``t`` in s)."""
@@ -105,7 +115,7 @@ def is_foreign_trace(path: str | Path) -> bool:
 
 
 def mooncake_spec(record: Mapping[str, Any], config: TraceConfig, blocks: BlockTokens) -> RequestSpec:
-    """One Mooncake line as a completions request over its blocks' token runs."""
+    """One Mooncake (or Qwen-Bailian) line as a completions request over its blocks' token runs."""
     ids = record["hash_ids"]
     if not isinstance(ids, list) or not ids or not all(isinstance(i, int) for i in ids):
         raise ValueError("hash_ids must be a non-empty list of integers")
@@ -122,7 +132,7 @@ def mooncake_spec(record: Mapping[str, Any], config: TraceConfig, blocks: BlockT
         max_tokens=max(1, min(output, config.max_output_tokens)),
         prompt_token_ids=tuple(tokens[:length]),
         group=f"b{ids[1] if len(ids) > 1 else ids[0]}",
-        arrival_s=float(record["timestamp"]) / 1000.0,
+        arrival_s=arrival_seconds(record),
     )
 
 

@@ -83,6 +83,22 @@ def test_a_later_window_skips_the_first_requests_and_rebases_its_times(tmp_path,
         load_trace_workload(path, TraceConfig(trace_offset=len(MOONCAKE)), vocab)
 
 
+def test_qwen_bailian_lines_have_their_times_in_seconds(tmp_path, vocab) -> None:
+    """Alibaba's Qwen-Bailian traces: Mooncake's fields plus chat ids, 16-token blocks and
+    seconds; a chat's next turn repeats its blocks, so its prompt extends the first."""
+    qwen = [
+        {"chat_id": 0, "parent_chat_id": -1, "timestamp": 0.5, "input_length": 40, "output_length": 8,
+         "type": "text", "turn": 1, "hash_ids": [10, 11, 12]},
+        {"chat_id": 1, "parent_chat_id": 0, "timestamp": 2.0, "input_length": 70, "output_length": 3,
+         "type": "text", "turn": 2, "hash_ids": [10, 11, 12, 13, 14]},
+    ]
+    path = write_lines(tmp_path / "q.jsonl", qwen)
+    wl = load_trace_workload(path, TraceConfig(block_tokens=4, source_block_tokens=16), vocab)
+    first, second = (s.prompt_token_ids or () for s in wl)
+    assert [s.arrival_s for s in wl] == [0.0, 1.5 * 0.25]  # seconds, rebased, x0.25
+    assert (len(first), len(second)) == (10, 18) and second[:10] == first  # 40 * 4/16, 70 * 4/16 (ceil)
+
+
 def test_plain_jsonl_prompts_with_timestamps(tmp_path, vocab) -> None:
     path = write_lines(tmp_path / "p.jsonl", [
         {"timestamp": 500, "prompt": "hello there", "output_length": 100},
