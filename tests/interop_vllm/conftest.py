@@ -54,6 +54,7 @@ def _gateway(
             workdir,
             worker.extra["url"],
             extra_args=["--tokenizer-path", str(common.MODEL_DIR), *extra],
+            timeout=servers.GATEWAY_START_S,
         )
     ) as proc:
         common.wait_for_model(proc)

@@ -19,6 +19,9 @@ STAMP = VENV / ".interop-stamp"
 SERVED_MODEL = "Qwen3-8B-standin"
 # What vLLM's two launchers print once they serve.
 READY = {"http": "Application startup complete.", "grpc": "Server is ready to accept requests"}
+# A gateway's start (imports, tokenizer, first probes) beside two vLLM servers took over a
+# minute on a loaded two-core host.
+GATEWAY_START_S = 180.0
 PORT_BASE = int(os.environ.get("INTEROP_VLLM_PORT_BASE", "42500"))
 PORTS = range(PORT_BASE, PORT_BASE + 100)
 
@@ -50,7 +53,7 @@ def free_port() -> int:
 
 
 # What vLLM prints when its port was taken between our check and its bind (gRPC's, uvicorn's).
-_PORT_TAKEN = ("Failed to bind to address", "address already in use")
+_PORT_TAKEN = ("failed to bind to address", "address already in use")  # compared in lower case
 
 
 def start_vllm(
@@ -77,7 +80,7 @@ def start_vllm(
                 timeout=timeout,
             )
         except RuntimeError as exc:
-            if attempt == tries or not any(sign in str(exc) for sign in _PORT_TAKEN):
+            if attempt == tries or not any(sign in str(exc).lower() for sign in _PORT_TAKEN):
                 raise
     raise AssertionError("unreachable")
 

@@ -143,6 +143,39 @@ def test_logprobs(client: Any, direct: Any, model: str) -> None:
     assert all(len(c.top_logprobs) == 2 for c in content)
 
 
+def test_prompt_logprobs_with_echo_match_vllms_own_answer(client: Any, direct: Any, model: str) -> None:
+    """``echo`` with ``logprobs``: the prompt's logprobs (none for its first token) and then
+    the output's, as vLLM's own server answers."""
+    r = client.completions.create(model=model, prompt=PROMPT, max_tokens=3, logprobs=2, echo=True)
+    own = direct.completions.create(model=model, prompt=PROMPT, max_tokens=3, logprobs=2, echo=True)
+    mine, theirs = r.choices[0].logprobs, own.choices[0].logprobs
+    prompt_ids = expect.text_ids(PROMPT)
+    assert r.choices[0].text == own.choices[0].text == PROMPT + expect.output_text(3)
+    assert len(mine.tokens) == len(prompt_ids) + 3 and mine.tokens == theirs.tokens
+    assert mine.token_logprobs[0] is None and theirs.token_logprobs[0] is None
+    assert mine.token_logprobs[1:] == pytest.approx(theirs.token_logprobs[1:], abs=1e-6)
+    assert mine.token_logprobs[1] == pytest.approx(fake_model.token_logprob(prompt_ids[1], 1), abs=1e-5)
+    assert [dict(t or {}) for t in mine.top_logprobs] == [
+        pytest.approx(dict(t or {}), abs=1e-6) for t in theirs.top_logprobs
+    ]
+
+    def streamed(c: Any) -> tuple[list[str], list[float | None]]:
+        tokens: list[str] = []
+        values: list[float | None] = []
+        for part in c.completions.create(
+            model=model, prompt=PROMPT, max_tokens=3, logprobs=2, echo=True, stream=True
+        ):
+            if part.choices and part.choices[0].logprobs:
+                tokens += part.choices[0].logprobs.tokens
+                values += part.choices[0].logprobs.token_logprobs
+        return tokens, values
+
+    (tokens, values), (own_tokens, own_values) = streamed(client), streamed(direct)
+    assert tokens == own_tokens and len(tokens) == len(prompt_ids) + 3
+    assert values[0] is None and own_values[0] is None
+    assert values[1:] == pytest.approx(own_values[1:], abs=1e-6)
+
+
 def test_a_stop_token_and_a_stop_string(client: Any, model: str, recording: Recording) -> None:
     ids = expect.output_ids(10)
     r = client.completions.create(

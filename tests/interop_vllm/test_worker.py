@@ -34,43 +34,6 @@ def test_the_engine_and_its_facts_are_detected(front: Process) -> None:
     assert [m["id"] for m in models] == [SERVED_MODEL]
 
 
-def test_kv_events_teach_the_gateway_what_it_did_not_route(
-    gateway_grpc: Process, vllm_grpc: Process
-) -> None:
-    """A prompt sent straight to vLLM's servicer: its stored blocks reach the gateway's tree
-    through SubscribeKvEvents (the servicer's relay of vLLM's ZMQ publisher). Runs before the
-    flush test: after a flush through the gateway, later stores were not seen (see the journal)."""
-    import grpc
-
-    from gateway.proto import sglang_scheduler_pb2 as pb
-    from gateway.proto import vllm_engine_pb2_grpc
-    from gateway.workers.vllm_grpc_wire import generate_request
-
-    prompt = [3000 + k for k in range(200)]
-    inspect = gateway_grpc.extra["url"] + "/admin/inspect"
-
-    def learned() -> int:
-        (worker,) = httpx.post(inspect, json={"input_ids": prompt}, timeout=30).json()["workers"]
-        return int(worker["raw_match_tokens"])
-
-    assert learned() == 0
-    request = pb.GenerateRequest(
-        request_id="kv-events-direct",
-        stream=False,
-        sampling_params=pb.SamplingParams(temperature=1.0, n=1, max_new_tokens=1),
-    )
-    request.tokenized.input_ids.extend(prompt)
-    with grpc.insecure_channel(vllm_grpc.extra["url"].removeprefix("grpc://")) as channel:
-        stub = vllm_engine_pb2_grpc.VllmEngineStub(channel)
-        replies = list(stub.Generate(generate_request(request), timeout=60))
-    assert replies[-1].WhichOneof("response") == "complete"
-    deadline, got = time.monotonic() + 15, 0
-    while not got and time.monotonic() < deadline:
-        got = learned()
-        time.sleep(0.1)
-    assert got == 192  # the prompt's three whole 64-token blocks, as vLLM's publisher sent them
-
-
 def test_loads_and_health_from_vllms_own_http_server(vllm_http: Process, model: str) -> None:
     """The client's /metrics parser against vLLM's real page, while a request runs and after."""
     from gateway.workers.vllm_http import VllmHttpClient
@@ -132,6 +95,45 @@ def test_flush_reaches_vllms_prefix_cache(front: Process, model: str, recording:
     assert recording.wait("flush", 1)
 
 
+def test_kv_events_teach_the_gateway_what_it_did_not_route(
+    gateway_grpc: Process, vllm_grpc: Process
+) -> None:
+    """A prompt sent straight to vLLM's servicer: its stored blocks reach the gateway's tree
+    through SubscribeKvEvents (the servicer's relay of vLLM's ZMQ publisher), also after a
+    flush through the gateway (which replaces its policies, and so their trees)."""
+    import grpc
+
+    from gateway.proto import sglang_scheduler_pb2 as pb
+    from gateway.proto import vllm_engine_pb2_grpc
+    from gateway.workers.vllm_grpc_wire import generate_request
+
+    prompt = [3000 + k for k in range(200)]
+    inspect = gateway_grpc.extra["url"] + "/admin/inspect"
+
+    def learned() -> int:
+        (worker,) = httpx.post(inspect, json={"input_ids": prompt}, timeout=30).json()["workers"]
+        return int(worker["raw_match_tokens"])
+
+    flushed = httpx.post(gateway_grpc.extra["url"] + "/flush_cache", timeout=30)
+    assert flushed.status_code == 200 and flushed.json()["success"] is True, flushed.text
+    assert learned() == 0
+    request = pb.GenerateRequest(
+        request_id="kv-events-direct",
+        stream=False,
+        sampling_params=pb.SamplingParams(temperature=1.0, n=1, max_new_tokens=1),
+    )
+    request.tokenized.input_ids.extend(prompt)
+    with grpc.insecure_channel(vllm_grpc.extra["url"].removeprefix("grpc://")) as channel:
+        stub = vllm_engine_pb2_grpc.VllmEngineStub(channel)
+        replies = list(stub.Generate(generate_request(request), timeout=60))
+    assert replies[-1].WhichOneof("response") == "complete"
+    deadline, got = time.monotonic() + 15, 0
+    while not got and time.monotonic() < deadline:
+        got = learned()
+        time.sleep(0.1)
+    assert got == 192  # the prompt's three whole 64-token blocks, as vLLM's publisher sent them
+
+
 def test_concurrent_requests_all_end(client: Any, model: str) -> None:
     """A small burst, streamed and whole mixed: every request ends with its full answer."""
     errors: list[BaseException] = []
@@ -170,7 +172,10 @@ def test_the_tokenizer_comes_from_the_grpc_servicer(
 
     workdir = interop_dir / "tokenizer-from-grpc"
     workdir.mkdir(exist_ok=True)
-    with common.running(common.start_gateway(workdir, vllm_grpc.extra["url"])) as gateway:
+    from tests.interop_vllm.servers import GATEWAY_START_S
+
+    start = common.start_gateway(workdir, vllm_grpc.extra["url"], timeout=GATEWAY_START_S)
+    with common.running(start) as gateway:
         common.wait_for_model(gateway)
         messages = [{"role": "user", "content": "hello"}]
         body = {"model": model, "messages": messages, "max_tokens": 3}

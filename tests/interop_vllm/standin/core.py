@@ -18,6 +18,7 @@ written as a JSON line to ``INTEROP_VLLM_RECORD`` when that is set.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import time
@@ -27,6 +28,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
+import torch
 from vllm.config import VllmConfig
 from vllm.distributed.kv_events import (
     AllBlocksCleared,
@@ -40,7 +42,7 @@ from vllm.v1.core.sched.utils import check_stop
 from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
 from vllm.v1.engine.core_client import EngineCoreClient
 from vllm.v1.metrics.stats import PrefillStats, PrefixCacheStats, SchedulerStats
-from vllm.v1.outputs import LogprobsLists
+from vllm.v1.outputs import LogprobsLists, LogprobsTensors
 from vllm.v1.request import Request
 
 from tests.interop_sglang.standin import fake_model
@@ -270,6 +272,10 @@ class StandinCore(EngineCoreClient):
             self._running[rid] = req
         for rid, req in list(self._running.items()):
             out.append(self._next(req, admitted.get(rid)))
+            if rid in admitted and req.sampling_params is not None:
+                out[-1].new_prompt_logprobs_tensors = _prompt_logprobs(
+                    list(req.prompt_token_ids or []), req.sampling_params.prompt_logprobs
+                )
             if req.is_finished():
                 self.cache.insert(list(req.prompt_token_ids or []) + list(req.output_token_ids))
                 del self._running[rid]
@@ -309,6 +315,25 @@ class StandinCore(EngineCoreClient):
             f.write(json.dumps(record) + "\n")
 
 
+def _prompt_logprobs(prompt: list[int], k: int | None) -> LogprobsTensors | None:
+    """Prompt logprobs as the model runner hands them on: one row per prompt position after
+    the first, the prompt's own id then ``k`` candidates (``fake_model``'s rule)."""
+    if k is None or len(prompt) < 2:
+        return None
+    k = max(k, 0)
+    ids, vals = [], []
+    for pos in range(1, len(prompt)):
+        token = prompt[pos]
+        top_vals, top_ids = fake_model.top_candidates(token, pos, k) if k else ([], [])
+        ids.append([token, *top_ids])
+        vals.append([fake_model.token_logprob(token, pos), *top_vals])
+    return LogprobsTensors(
+        logprob_token_ids=torch.tensor(ids, dtype=torch.int32),
+        logprobs=torch.tensor(vals, dtype=torch.float32),
+        selected_token_ranks=torch.ones(len(ids), dtype=torch.int32),
+    )
+
+
 def _describe(request: EngineCoreRequest) -> dict[str, Any]:
     """What the engine core received, as JSON: the fields a gateway can influence."""
     sp = request.sampling_params
@@ -329,6 +354,13 @@ def _describe(request: EngineCoreRequest) -> dict[str, Any]:
         "frequency_penalty",
         "repetition_penalty",
         "skip_special_tokens",
+        "spaces_between_special_tokens",
+        "stop",
+        "include_stop_str_in_output",
+        "logit_bias",
+        "allowed_token_ids",
+        "bad_words",
+        "structured_outputs",
         "output_kind",
     )
     sampling = {f: _plain(getattr(sp, f, None)) for f in fields} if sp is not None else {}
@@ -347,4 +379,12 @@ def _plain(value: Any) -> Any:
         return value
     if isinstance(value, (list, tuple, set)):
         return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if dataclasses.is_dataclass(value):  # structured outputs: the constraint as the client named it
+        return {
+            f.name: _plain(getattr(value, f.name))
+            for f in dataclasses.fields(value)
+            if not f.name.startswith("_") and getattr(value, f.name) not in (None, False)
+        }
     return str(value)
