@@ -31,11 +31,13 @@ class ProcessConfig:
         "off",
         "auto: with --processes N, park processes while the host has no spare core (under a quarter of a core idle "
         "and other work taking half a core or more, over 3 s): a parked process passes the HTTP connections it "
-        "accepts to an active one and closes its own after their current response, so the set spends one "
-        "process's CPU per request instead of taking it from the work it shares the cores with; one comes back "
-        "when three quarters of a core are idle and the active ones are busy. Not with TLS on the HTTP port; "
-        "gRPC connections are not moved; a full burst of shared-prefix requests lost hit rate with it on one "
-        "simulated fleet build. off: every process always takes connections",
+        "accepts to an active one and closes its own after their current response, so the set spends less CPU "
+        "per request instead of taking it from the work it shares the cores with; one comes back when three "
+        "quarters of a core are idle and the active ones are busy. The set starts with one process active; the "
+        "active ones may use a parked one's CPUs and split the whole set's admission limits. Not with TLS on the "
+        "HTTP port; gRPC connections are not moved; a parked set still spends more CPU per request than one "
+        "process (the active one publishes its decisions for the parked ones). off: every process always takes "
+        "connections",
         choices=["auto", "off"],
     )
 

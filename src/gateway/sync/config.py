@@ -36,6 +36,7 @@ class SyncConfig:
         "memory",
         "how the processes of one serve --processes N set share decisions besides the bus: memory (each "
         "writes its decisions to a ring in shared memory that the others read before every choice, so a "
-        "burst is not routed blind while the bus lags) or bus (the bus only)",
+        "burst is not routed blind while the bus lags, and the requests it has in prefill, for the others' "
+        "prefill gates) or bus (the bus only)",
         choices=["memory", "bus"],
     )
