@@ -242,6 +242,9 @@ async def serve(config: GatewayConfig) -> None:
 
         handoff = HandOff(member.run_dir, member.index)  # parked: new connections go to a sibling
         uv_config.http.handoff = handoff  # type: ignore[union-attr]
+        from gateway.server.http.handoff import HandOffCollector
+
+        state.metrics.registry.register(HandOffCollector(handoff))
     shown = f"[{host}]" if ":" in host else host
     scheme = "https" if config.tls.enabled else "http"
     ready = {"event": "ready", "url": f"{scheme}://{shown}:{port}", "workers": len(state.registry.all()),

@@ -222,5 +222,12 @@ async def test_a_parked_process_passes_its_connections_to_the_active_one(tmp_pat
                            if labels["process"] == process and labels["endpoint"] == "/v1/completions")  # fmt: skip
 
             assert served(after, "0") - served(before, "0") == 16 and served(after, "1") == served(before, "1")
+
+            def handoff(name: str, process: str) -> float:
+                return sum(v for labels, v in _samples(after, f"token_gateway_process_handoff_{name}_total")
+                           if labels["process"] == process)  # fmt: skip
+
+            assert handoff("taken", "0") == handoff("given", "1")  # every connection passed on was taken
+            assert handoff("kept", "1") == 0 and handoff("given", "0") == 0
         finally:
             assert await gw.stop(timeout_s=20) == 0

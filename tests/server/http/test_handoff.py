@@ -219,3 +219,24 @@ async def test_without_a_hand_off_the_signal_is_still_caught(tmp_path: Path) -> 
         await asyncio.sleep(0.05)
     finally:
         asyncio.get_running_loop().remove_signal_handler(signal.SIGUSR1)
+
+
+async def test_the_hand_off_counts_are_on_the_metrics(tmp_path: Path) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from gateway.server.http.handoff import HandOffCollector
+
+    a = HandOff(tmp_path, 0)
+    registry = CollectorRegistry()
+    registry.register(HandOffCollector(a))
+    a.park([1])  # no sibling there: kept
+    x, y = socket.socketpair()
+    try:
+        a.give(x.fileno())
+        text = generate_latest(registry).decode()
+        assert "token_gateway_process_handoff_kept_total 1.0" in text
+        assert "token_gateway_process_handoff_given_total 0.0" in text and "token_gateway_process_handoff_taken_total 0.0" in text
+    finally:
+        x.close()
+        y.close()
+        a.close()

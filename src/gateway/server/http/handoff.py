@@ -22,10 +22,13 @@ import logging
 import signal
 import socket
 from array import array
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
+
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from gateway.server.process_set import read_parking
 
@@ -41,6 +44,25 @@ class HandOffStats:
     given: int = 0  # connections passed to a sibling
     kept: int = 0  # connections served here although parked (no sibling took them)
     taken: int = 0  # connections a sibling passed here
+
+
+class HandOffCollector(Collector):
+    """The hand-off's counts on ``/metrics`` (each process's own; a set's scrape labels them by process)."""
+
+    def __init__(self, handoff: HandOff) -> None:
+        self._handoff = handoff
+
+    def describe(self) -> Iterable[object]:
+        return []
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        st = self._handoff.stats
+        for name, doc, value in (
+            ("given", "HTTP connections this process passed to an active sibling while parked", st.given),
+            ("kept", "HTTP connections this process served although parked (no sibling took them: restarting, queue full)", st.kept),
+            ("taken", "HTTP connections a parked sibling passed to this process", st.taken),
+        ):
+            yield CounterMetricFamily(f"token_gateway_process_handoff_{name}", doc, value=value)
 
 
 class HandOff:

@@ -293,6 +293,10 @@ async def routing_section(args: argparse.Namespace, report: dict[str, Any]) -> N
                 row[f"gate_{name}_by_process"] = {
                     k: int(v) for k, v in sorted(per_process(texts, f"token_gateway_prefill_gate_{name}_total").items())
                 }
+            for name in ("given", "kept"):  # parking: connections passed on, and kept for want of a taker
+                row[f"handoff_{name}_by_process"] = {
+                    k: int(v) for k, v in sorted(per_process(texts, f"token_gateway_process_handoff_{name}_total").items())
+                }
         rows["setups"][setup] = row
         print(f"[routing {setup}] ({load_note()}) " + json.dumps(row), flush=True)
 
