@@ -1,8 +1,8 @@
 """The corpus: what vLLM's engine core receives through the gateway vs from vLLM's own server.
 
-Each OpenAI request of ``CORPUS`` (chat and completions; sampling fields set, omitted and
-at their edges; stops, n, seeds, logprobs, prompt logprobs, constrained decoding as vLLM
-names it) is sent (a) through the gateway in front of vLLM's OpenAI server, (b) through
+Each OpenAI request of ``CORPUS`` (the SGLang suite's: chat and completions, sampling
+fields set, omitted and at their edges, stops, n, seeds, logprobs, prompt logprobs; and
+constrained decoding as vLLM names it) is sent (a) through the gateway in front of vLLM's OpenAI server, (b) through
 the gateway in front of vLLM's ``--grpc`` servicer and (c) straight to vLLM's own OpenAI
 server, and the ``EngineCoreRequest``s the stand-in core received are compared field by
 field (``standin.core._describe``): prompt ids, sampling values, limits, stops, logprob
@@ -13,20 +13,15 @@ options, the constraint. Every difference is classified in ``KINDS``; anything e
 from __future__ import annotations
 
 import json
-import math
-import time
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
-
 from gateway.protocol.common import choice_regex
 from gateway.protocol.sampling import JSON_OBJECT_SCHEMA
-from tests.interop_sglang.servers import Process, Recording
+from tests.interop_sglang import corpus as sglang_corpus
+from tests.interop_sglang.corpus import _chat, _collect, _comp, _same
+from tests.interop_sglang.servers import Process
 
-SYSTEM = {"role": "system", "content": "You are a terse assistant."}
-USER = {"role": "user", "content": "Name three rivers in Europe."}
-LONG_USER = {"role": "user", "content": "Summarise the plot of a long novel. " * 40}
 SCHEMA = {"type": "object", "properties": {"river": {"type": "string"}}, "required": ["river"]}
 
 # EngineCoreRequest.sampling_params fields compared (``_describe`` records them).
@@ -38,67 +33,13 @@ SAMPLING_FIELDS = (
     "allowed_token_ids", "bad_words", "structured_outputs", "output_kind",
 )
 
-
-def _chat(name: str, **body: Any) -> tuple[str, str, dict[str, Any]]:
-    body.setdefault("messages", [USER])
-    return name, "/v1/chat/completions", body
-
-
-def _comp(name: str, **body: Any) -> tuple[str, str, dict[str, Any]]:
-    body.setdefault("prompt", "The capital of France is")
-    return name, "/v1/completions", body
-
-
+# The SGLang suite's corpus, then what vLLM's requests add: its constraint field.
 CORPUS: list[tuple[str, str, dict[str, Any]]] = [
-    _chat("chat-bare"),
-    _chat("chat-max_tokens", max_tokens=16),
-    _chat("chat-max_completion_tokens", max_completion_tokens=12),
-    _chat("chat-temperature-0", temperature=0, max_tokens=8),
-    _chat("chat-temperature-0.7", temperature=0.7, max_tokens=8),
-    _chat("chat-top_p", top_p=0.5, max_tokens=8),
-    _chat("chat-top_k", top_k=5, max_tokens=8),
-    _chat("chat-min_p", min_p=0.1, max_tokens=8),
-    _chat("chat-all-sampling", temperature=0.8, top_p=0.9, top_k=40, min_p=0.02, max_tokens=8),
-    _chat("chat-presence", presence_penalty=0.6, max_tokens=8),
-    _chat("chat-frequency", frequency_penalty=-0.5, max_tokens=8),
-    _chat("chat-repetition", repetition_penalty=1.2, max_tokens=8),
-    _chat("chat-seed", seed=42, max_tokens=8),
-    _chat("chat-stop-str", stop=["\n\n"], max_tokens=8),
-    _chat("chat-stop-list", stop=["Paris", "Rhine", "."], max_tokens=8),
-    _chat("chat-stop-ids", stop_token_ids=[1000, 2000], max_tokens=8),
-    _chat("chat-n2", n=2, max_tokens=6),
-    _chat("chat-n3-seed", n=3, seed=5, max_tokens=6),
-    _chat("chat-logprobs", logprobs=True, max_tokens=6),
-    _chat("chat-top_logprobs", logprobs=True, top_logprobs=3, max_tokens=6),
-    _chat("chat-stream", stream=True, max_tokens=6),
-    _chat("chat-stream-usage", stream=True, stream_options={"include_usage": True}, max_tokens=6),
-    _chat("chat-system", messages=[SYSTEM, USER], max_tokens=6),
-    _chat("chat-multiturn", messages=[USER, {"role": "assistant", "content": "Rhine, Danube, Seine."},
-                                     {"role": "user", "content": "Two more."}], max_tokens=6),
-    _chat("chat-long", messages=[LONG_USER], max_tokens=6),
-    _chat("chat-min_tokens", min_tokens=3, max_tokens=8),
-    _chat("chat-ignore_eos", ignore_eos=True, max_tokens=8),
-    _chat("chat-skip_special_false", skip_special_tokens=False, max_tokens=8),
-    _chat("chat-logit_bias", logit_bias={"1000": 5.0}, max_tokens=8),
-    _chat("chat-json_object", response_format={"type": "json_object"}, max_tokens=8),
+    *sglang_corpus.CORPUS,
     _chat("chat-json_schema", response_format={"type": "json_schema",
                                                "json_schema": {"name": "r", "schema": SCHEMA}}, max_tokens=8),
     _chat("chat-structured-regex", structured_outputs={"regex": "[A-Z][a-z]+"}, max_tokens=8),
     _chat("chat-structured-json", structured_outputs={"json": SCHEMA}, max_tokens=8),
-    _comp("comp-bare"),
-    _comp("comp-max_tokens", max_tokens=16),
-    _comp("comp-temperature-0", temperature=0, max_tokens=8),
-    _comp("comp-sampling", temperature=0.5, top_p=0.7, top_k=10, max_tokens=8),
-    _comp("comp-penalties", presence_penalty=0.3, frequency_penalty=0.4, max_tokens=8),
-    _comp("comp-seed", seed=1234, max_tokens=8),
-    _comp("comp-stop", stop=["."], max_tokens=8),
-    _comp("comp-stop-ids", stop_token_ids=[1234], max_tokens=8),
-    _comp("comp-n2", n=2, max_tokens=6),
-    _comp("comp-logprobs", logprobs=2, max_tokens=6),
-    _comp("comp-echo-logprobs", logprobs=1, echo=True, max_tokens=4),
-    _comp("comp-stream", stream=True, max_tokens=6),
-    _comp("comp-token-ids", prompt=[785, 6722, 315, 9625, 374], max_tokens=6),
-    _comp("comp-min_tokens", min_tokens=2, max_tokens=6),
     _comp("comp-structured-regex", structured_outputs={"regex": "[0-9]+"}, max_tokens=6),
     _comp("comp-structured-choice", structured_outputs={"choice": ["Paris", "Lyon"]}, max_tokens=6),
     _comp("comp-structured-grammar", structured_outputs={"grammar": 'root ::= "yes" | "no"'}, max_tokens=6),
@@ -148,14 +89,6 @@ class Difference:
     kind: str = "unexplained"
 
 
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, float) or isinstance(b, float):
-        if a is None or b is None:
-            return a is b
-        return math.isclose(float(a), float(b), rel_tol=1e-6, abs_tol=1e-7)
-    return bool(a == b)
-
-
 def _norm(name: str, value: Any) -> Any:
     if name in ("stop", "stop_token_ids", "bad_words", "allowed_token_ids"):
         return sorted(value or [])
@@ -179,23 +112,6 @@ def compare(name: str, transport: str, gw: list[dict[str, Any]], own: list[dict[
             if not _same(va, vb):
                 diffs.append(Difference(name, transport, f"sampling.{f}", va, vb))
     return diffs
-
-
-def _send(base: str, path: str, body: dict[str, Any]) -> int:
-    with httpx.Client(timeout=120) as c:
-        if body.get("stream"):
-            with c.stream("POST", base + path, json=body) as r:
-                for _ in r.iter_lines():
-                    pass
-                return r.status_code
-        return c.post(base + path, json=body).status_code
-
-
-def _collect(rec: Recording, base: str, path: str, body: dict[str, Any]) -> tuple[int, list[dict[str, Any]]]:
-    rec.mark()
-    status = _send(base, path, body)
-    time.sleep(0.05)
-    return status, rec.generates()
 
 
 def run(model: str, gateways: dict[str, Process], own: Process) -> dict[str, Any]:
