@@ -3,8 +3,12 @@ tools' shapes for the model and for the output (the real server is in tests/e2e)
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
+
 import pytest
 
+from gateway.pipeline import mcp_client
 from gateway.pipeline.mcp_client import McpConfig, McpServer, McpTool, McpTools
 from gateway.protocol.errors import InvalidRequestError
 
@@ -44,3 +48,29 @@ def test_stdio_servers_by_label() -> None:
 async def test_an_unconfigured_label_is_refused() -> None:
     with pytest.raises(InvalidRequestError, match="no MCP server is configured"):
         await McpTools.discover(McpConfig(), [McpServer("nowhere", None)])
+
+
+_SEEN: contextvars.ContextVar[str] = contextvars.ContextVar("seen", default="nothing")
+
+
+async def test_an_exchange_runs_apart_from_the_request_context_and_ends_with_its_caller() -> None:
+    async def reads() -> str:
+        return _SEEN.get()
+
+    _SEEN.set("the request's record")
+    assert await mcp_client._apart(reads()) == "nothing"  # the request's context does not reach it
+    started, cancelled = asyncio.Event(), asyncio.Event()
+
+    async def waits() -> None:
+        started.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    caller = asyncio.ensure_future(mcp_client._apart(waits()))
+    await started.wait()
+    caller.cancel()
+    await asyncio.gather(caller, return_exceptions=True)
+    assert cancelled.is_set()

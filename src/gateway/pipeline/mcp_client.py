@@ -11,15 +11,18 @@ under ``--mcp-timeout-s``. The ``mcp`` package is an optional extra, imported he
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import shlex
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from gateway.protocol.errors import InvalidRequestError
 from gateway.settings import option
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -81,8 +84,7 @@ class McpTools:
         found: list[McpTool] = []
         for server in servers:
             try:
-                async with asyncio.timeout(config.mcp_timeout_s), _session(server) as session:
-                    listed = await session.list_tools()
+                listed = await _apart(_list_tools(server, config.mcp_timeout_s))
             except InvalidRequestError:
                 raise
             except Exception as exc:
@@ -127,14 +129,31 @@ class McpTools:
         except ValueError:
             return None, "the arguments are not valid JSON"
         try:
-            async with asyncio.timeout(self.config.mcp_timeout_s), _session(tool.server) as session:
-                result = await session.call_tool(name, args)
+            result = await _apart(_call_tool(tool.server, name, args, self.config.mcp_timeout_s))
         except TimeoutError:
             return None, f"the tool did not answer within {self.config.mcp_timeout_s} s"
         except Exception as exc:
             return None, f"the tool call failed: {exc}"
         text = "".join(getattr(part, "text", "") for part in result.content)
         return (None, text or "the tool failed") if result.is_error else (text, None)
+
+
+async def _list_tools(server: McpServer, timeout_s: float) -> Any:
+    async with asyncio.timeout(timeout_s), _session(server) as session:
+        return await session.list_tools()
+
+
+async def _call_tool(server: McpServer, name: str, args: dict[str, Any], timeout_s: float) -> Any:
+    async with asyncio.timeout(timeout_s), _session(server) as session:
+        return await session.call_tool(name, args)
+
+
+async def _apart(exchange: Coroutine[Any, Any, T]) -> T:
+    """Run one MCP exchange in a task with an empty context. The SDK's task groups (anyio)
+    leave a cancelled task in a reference cycle for each session they close; that task's
+    context would be the request's (its log record, its span), kept with the cycle until a
+    rare full collection (``gc_policy``). A cancelled caller cancels the task."""
+    return await asyncio.get_running_loop().create_task(exchange, context=contextvars.Context())
 
 
 @asynccontextmanager

@@ -16,6 +16,7 @@ import httpx
 import openai
 import pytest
 
+from tests.e2e.cycles import assert_leaves_no_cycle, thaw
 from tests.e2e.http.conftest import Stack, StackOptions, start_stack
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -123,3 +124,29 @@ async def test_an_operator_configured_stdio_server(tmp_path: Any) -> None:
         assert resp.output_text == "It is sunny in Oslo."
         with pytest.raises(openai.BadRequestError, match="no MCP server is configured"):
             await stack.client.responses.create(model=stack.model, input="x", tools=[{"type": "mcp", "server_label": "other"}])  # type: ignore[list-item]
+
+
+async def test_the_tool_loop_leaves_no_cycle(mcp_stack: Stack, mcp_url: str) -> None:
+    """A tool loop that succeeds, one whose tool fails, one cut at the round limit,
+    streamed and not: none leaves the gateway's objects in a reference cycle."""
+    c, model = mcp_stack.client, mcp_stack.model
+    cases = {
+        "tool answers": _scripted(_call("get_weather", {"city": "Paris"})),
+        "tool fails, rounds run out": _scripted(_call("get_time", {"zone": "CET"})),
+    }
+    try:
+        for name, prompt in cases.items():
+            async def whole(prompt: str = prompt) -> None:
+                await c.responses.create(model=model, input=prompt, tools=[_tool(mcp_url)])  # type: ignore[list-item]
+
+            async def streamed(prompt: str = prompt) -> None:
+                async for _ in await c.responses.create(model=model, input=prompt, tools=[_tool(mcp_url)], stream=True):  # type: ignore[list-item]
+                    pass
+
+            for how, run in (("whole", whole), ("streamed", streamed)):
+                try:
+                    await assert_leaves_no_cycle(run)
+                except AssertionError as exc:
+                    raise AssertionError(f"{name}, {how}: {exc}") from None
+    finally:
+        thaw()

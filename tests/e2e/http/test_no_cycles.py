@@ -7,17 +7,13 @@ memory growing with every request. Each case runs a few requests of one kind wit
 collector off and ``DEBUG_SAVEALL`` on, then collects: nothing in the garbage may be
 the gateway's own (an instance of a ``gateway.`` class, a frame of its code, its
 exception). The simulated workers and the test's clients share the process; what they
-leave is not counted. Logging is off while they run: pytest keeps every log record,
-and a record that carries an exception would keep its cycle alive, out of sight.
+leave is not counted. The probe is ``tests/e2e/cycles.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import gc
-import logging
-import types
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,98 +21,16 @@ from typing import Any
 import openai
 import pytest
 
-import gateway
 from gateway.client import GatewayRpcError
+from tests.e2e.cycles import CHAT, assert_leaves_no_cycle, cycle_through, owned, thaw
 from tests.e2e.grpc.conftest import GrpcStack, start_grpc_stack
 from tests.e2e.http.conftest import Stack, StackOptions, start_stack
-
-GATEWAY_DIR = str(Path(gateway.__file__).parent) + "/"
-RUNS = 5
-CHAT = [{"role": "user", "content": "name three rivers"}]
-
-
-def _owned(obj: object) -> str | None:
-    """What ``obj`` is if it belongs to the gateway's own code, else None."""
-    if isinstance(obj, types.FrameType):
-        path = obj.f_code.co_filename
-        return f"frame {path.removeprefix(GATEWAY_DIR)}:{obj.f_code.co_name}" if path.startswith(GATEWAY_DIR) else None
-    module = type(obj).__module__ or ""
-    return type(obj).__qualname__ if module == "gateway" or module.startswith("gateway.") else None
-
-
-def _describe(obj: object) -> str:
-    if isinstance(obj, types.FrameType):
-        return f"frame {obj.f_code.co_filename.rsplit('/', 2)[-1]}:{obj.f_code.co_name}:{obj.f_lineno}"
-    if isinstance(obj, types.TracebackType):
-        return f"traceback line {obj.tb_lineno}"
-    return type(obj).__qualname__
-
-
-def _cycle_through(start: object, garbage: list[Any]) -> list[str]:
-    """One reference cycle ``start`` lies on or hangs from, named, for the failure message."""
-    members = {id(o) for o in garbage}
-    node, seen, chain = start, {id(start)}, [_describe(start)]
-    for _ in range(24):
-        parents: dict[int, object | None] = {id(node): None}
-        queue, found = collections.deque([node]), None
-        while queue and found is None:
-            here = queue.popleft()
-            for ref in gc.get_referents(here):
-                if ref is node:
-                    found = here
-                    break
-                if id(ref) in members and id(ref) not in parents:
-                    parents[id(ref)] = here
-                    queue.append(ref)
-        if found is not None:
-            loop, step = [], found
-            while step is not None:
-                loop.append(_describe(step))
-                step = parents[id(step)]
-            return [*chain, "cycle:", *loop[::-1]]
-        referrers = [r for r in gc.get_referrers(node) if id(r) in members and id(r) not in seen]
-        if not referrers:
-            break
-        node = referrers[0]
-        seen.add(id(node))
-        chain.append(_describe(node))
-    return chain
-
-
-async def _assert_leaves_no_cycle(run: Callable[[], Awaitable[Any]]) -> None:
-    for _ in range(2):  # first uses fill caches and start long-lived tasks
-        await run()
-    await asyncio.sleep(0.05)
-    gc.collect()
-    gc.freeze()  # as the serving process does after start-up; the collections below walk only what is new
-    gc.disable()
-    gc.set_debug(gc.DEBUG_SAVEALL)
-    logging.disable(logging.CRITICAL)
-    try:
-        for _ in range(RUNS):
-            await run()
-        await asyncio.sleep(0.05)  # let aborted and finished requests' tasks end
-        gc.collect()
-        owned = [o for o in gc.garbage if _owned(o) is not None]
-        if owned:
-            kinds = collections.Counter(_owned(o) for o in owned).most_common(8)
-            raise AssertionError(
-                f"{len(owned)} of the gateway's objects in cycles after {RUNS} requests: {kinds}; "
-                f"one: {' -> '.join(_cycle_through(owned[0], gc.garbage))}"
-            )
-    finally:
-        logging.disable(logging.NOTSET)
-        gc.set_debug(0)
-        gc.garbage.clear()
-        gc.enable()
 
 
 @pytest.fixture(autouse=True)
 def _thawed_after() -> Iterator[None]:
-    """Each check freezes what is alive before it (each walks only what is new); the
-    test's end gives it back to the collector."""
     yield
-    gc.unfreeze()
+    thaw()
 
 
 async def _tolerate(call: Awaitable[Any]) -> None:
@@ -195,7 +109,7 @@ async def test_healthy_fleet_requests_leave_no_cycle(engine: str, tmp_path: Path
         kinds = _http_kinds(s)
         for name in HEALTHY[engine]:
             try:
-                await _assert_leaves_no_cycle(kinds[name])
+                await assert_leaves_no_cycle(kinds[name])
             except AssertionError as exc:
                 raise AssertionError(f"{engine}, {name}: {exc}") from None
 
@@ -213,7 +127,7 @@ async def test_failing_workers_leave_no_cycle(engine: str, fault: str, tmp_path:
         kinds = _http_kinds(s)
         for name in ("chat", "stream", "messages, any answer"):
             try:
-                await _assert_leaves_no_cycle(lambda k=kinds[name]: _tolerate(k()))
+                await assert_leaves_no_cycle(lambda k=kinds[name]: _tolerate(k()))
             except AssertionError as exc:
                 raise AssertionError(f"{engine}, {fault}, {name}: {exc}") from None
 
@@ -240,7 +154,7 @@ async def test_grpc_door_requests_leave_no_cycle(sim: dict[str, Any], tmp_path: 
                 continue
             call = run if not sim else (lambda r=run: _tolerate(r()))
             try:
-                await _assert_leaves_no_cycle(call)
+                await assert_leaves_no_cycle(call)
             except AssertionError as exc:
                 raise AssertionError(f"gRPC door, {name}: {exc}") from None
 
@@ -262,9 +176,9 @@ def test_the_probe_sees_a_cycle() -> None:
     try:
         fail()
         gc.collect()
-        owned = [o for o in gc.garbage if _owned(o) is not None]
-        assert [_owned(o) for o in owned] == ["RequestContext"]
-        assert "cycle:" in _cycle_through(owned[0], gc.garbage)
+        found = [o for o in gc.garbage if owned(o) is not None]
+        assert [owned(o) for o in found] == ["RequestContext"]
+        assert "cycle:" in cycle_through(found[0], gc.garbage)
     finally:
         gc.set_debug(0)
         gc.garbage.clear()
@@ -281,7 +195,7 @@ async def test_pd_pairs_and_several_samples_leave_no_cycle(sim: dict[str, Any], 
         kinds = _http_kinds(s)
         for name, run in {"chat": kinds["chat"], "stream": kinds["stream"], "n=3": several}.items():
             try:
-                await _assert_leaves_no_cycle(lambda r=run: _tolerate(r()) if sim else r())
+                await assert_leaves_no_cycle(lambda r=run: _tolerate(r()) if sim else r())
             except AssertionError as exc:
                 raise AssertionError(f"PD, {sim or 'healthy'}, {name}: {exc}") from None
 
@@ -302,6 +216,6 @@ async def test_timeouts_stalls_and_refused_admissions_leave_no_cycle(tmp_path: P
 
         for name, run in {"stalled stream": lambda: _tolerate(kinds["stream"]()), "crowd": crowd}.items():
             try:
-                await _assert_leaves_no_cycle(run)
+                await assert_leaves_no_cycle(run)
             except AssertionError as exc:
                 raise AssertionError(f"{name}: {exc}") from None
