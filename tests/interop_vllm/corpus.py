@@ -72,9 +72,6 @@ KINDS: dict[str, Kind] = {
                                  "vLLM's own frontend makes it an EBNF grammar; the same strings match"),
     "json-object": Kind(CHOICE, "json_object goes as the schema {\"type\": \"object\"} (SGLang's reading, "
                                 "and OpenAI's: a JSON object); vLLM's own json_object grammar also admits arrays"),
-    "logprob-candidates": Kind(CHOICE, "over HTTP the gateway asks vLLM's /v1/completions for at least one "
-                                       "candidate per token (logprobs=1 where a chat asked for none); the client "
-                                       "gets what it asked for"),
     "unexplained": Kind(GATEWAY, "no known reason: a new disagreement, the gateway's until shown otherwise"),
 }
 
@@ -151,9 +148,6 @@ def classify(body: dict[str, Any], d: Difference) -> str:
         return "stops"
     if field == "output_kind" and body.get("stop") and not body.get("stream"):
         return "stops"
-    if field == "logprobs" and d.transport == "http" and body.get("logprobs") is True \
-            and not body.get("top_logprobs") and (d.via_gateway, d.via_vllm) == (1, 0):
-        return "logprob-candidates"
     if field == "structured_outputs":
         mine, theirs = d.via_gateway or {}, d.via_vllm or {}
         if isinstance(theirs.get("json"), dict) and json.loads(mine.get("json", "null")) == theirs["json"]:

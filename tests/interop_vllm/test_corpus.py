@@ -50,11 +50,10 @@ def test_the_gateway_causes_no_difference(corpus_result: dict[str, Any]) -> None
 
 def test_both_transports_reach_the_core_alike(corpus_result: dict[str, Any]) -> None:
     """Over vLLM's OpenAI server and over its gRPC servicer the core gets the same request,
-    but for top_k "off" (-1 over HTTP, 0 over gRPC: vLLM reads both as all tokens) and the
-    HTTP route's logprob candidate."""
+    but for top_k "off" (-1 over HTTP, 0 over gRPC: vLLM reads both as all tokens)."""
     def seen(transport: str) -> set[tuple[str, str, str]]:
         return {(d["request"], d["field"], str(d["via_gateway"])) for d in corpus_result["differences"]
-                if d["transport"] == transport and d["kind"] != "logprob-candidates"}
+                if d["transport"] == transport}
 
     def top_k_off(found: set[tuple[str, str, str]]) -> set[tuple[str, str, str]]:
         return {(r, f, "off" if (f, v) in (("sampling.top_k", "-1"), ("sampling.top_k", "0")) else v)

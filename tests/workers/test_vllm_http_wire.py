@@ -36,6 +36,8 @@ def test_the_body_is_a_token_id_prompt_asking_for_token_ids() -> None:
     assert body["stream_options"] == {"include_usage": True}  # usage once, at the end: chunks stay short
     assert body["structured_outputs"] == {"json": "{}"}
     assert body["logprobs"] == 2 and body["return_tokens_as_token_ids"] is True
+    request.top_logprobs_num = 0  # a chat's logprobs with no top_logprobs: as vLLM's chat route asks
+    assert completion_body(request, "served")["logprobs"] == 0
 
 
 def test_a_request_with_no_cap_is_sent_the_room_its_prompt_leaves() -> None:

@@ -70,7 +70,7 @@ def completion_body(request: pb.GenerateRequest, model: str, context_length: int
         key = {"regex": "regex", "json_schema": "json", "ebnf_grammar": "grammar", "structural_tag": "structural_tag"}
         body["structured_outputs"] = {key[constraint]: getattr(sp, constraint)}
     if request.return_logprob:
-        body["logprobs"] = max(1, request.top_logprobs_num)
+        body["logprobs"] = max(0, request.top_logprobs_num)  # 0: the chosen token's logprob only
         body["return_tokens_as_token_ids"] = True
         if request.logprob_start_len >= 0:
             # The prompt's logprobs: vLLM gives them with ``echo`` (whole and streamed; its
