@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gateway.policies.radix_tree import pack
-from gateway.sync import host_prefill
+from gateway.sync import mmap_ring
 from gateway.sync.host_prefill import SLOTS, HostPrefill
 
 
@@ -102,7 +102,7 @@ def test_a_request_kept_past_its_age_is_dropped(tmp_path: Path) -> None:
 
 
 def test_a_sibling_not_started_yet_is_opened_when_its_ring_appears(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.setattr(host_prefill, "REOPEN_EVERY", 2)
+    monkeypatch.setattr(mmap_ring, "REOPEN_EVERY", 2)
     g1 = _Gate()
     reader = _board(tmp_path, 1, g1)
     assert reader.poll() == 0

@@ -13,10 +13,10 @@ token, or any other ending); its siblings read the rings before each gate check,
 while a request waits on a sibling's request, and keep those in their gate as they
 keep their own.
 
-The ring is written as ``host_ring``'s: one writer, the slot's sequence number cleared,
-the slot filled, the number stamped, then the head; a reader checks the stamp again
-after copying. A reader that fell behind (records overwritten before it read them) or
-sees a restarted writer (a new epoch) drops everything it kept of that sibling: a lost
+The ring's mechanism is ``mmap_ring``'s, as for ``host_ring``; a record here is the key,
+the tokens predicted cached, the worker's name length, the name and the packed prompt (a
+*done* has no name). A reader that lost records (overwritten before it read them, or
+rewritten while read) or sees a restarted writer drops everything it kept of that sibling: a lost
 *done* must not hold anyone (a lost *sent* only misses a hold). A sibling's request
 still kept after ``max_age_s`` is dropped too (a request never ends in prefill longer
 than the gate's longest hold without its holders timing out).
@@ -24,33 +24,23 @@ than the gate's longest hold without its holders timing out).
 
 from __future__ import annotations
 
-import contextlib
-import mmap
-import os
-import secrets
 import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from gateway.sync.mmap_ring import RingReader, RingWriter, SiblingRings
+
 SLOTS = 1024  # records a ring keeps (a sent and a done per request)
 SLOT_BYTES = 16 * 1024  # one record: its header, the worker's name and up to ~4k tokens of prompt
-_HEAD = struct.Struct("<QQ")  # epoch, head (records written)
-_SLOT = struct.Struct("<QQIIH")  # sequence number, key, tokens predicted cached, token bytes, name bytes
-HEADER_BYTES = 64
-RING_BYTES = HEADER_BYTES + SLOTS * SLOT_BYTES
+_RECORD = struct.Struct("<QIH")  # key, tokens predicted cached, name bytes
 MAX_NAME_BYTES = 1024
-REOPEN_EVERY = 256  # polls between two attempts to open a sibling's ring not there yet
 KEY_BITS = 40  # a sibling's key, within the remote key this process gives it
 
 
 def prefill_ring_path(run_dir: Path, index: int) -> Path:
     return run_dir / f"prefill-{index}.ring"
-
-
-def _slot_at(n: int) -> int:
-    return HEADER_BYTES + ((n - 1) % SLOTS) * SLOT_BYTES
 
 
 @dataclass
@@ -60,17 +50,6 @@ class PrefillShareStats:
     released: int = 0  # ... and released by their done
     dropped: int = 0  # ... and dropped unreleased (overrun, a restarted sibling, too old)
     overrun: int = 0  # records overwritten before this process read them
-
-
-class _Reader:
-    __slots__ = ("cursor", "epoch", "index", "kept", "map")
-
-    def __init__(self, index: int, m: mmap.mmap) -> None:
-        self.index = index
-        self.map = m
-        self.epoch = 0
-        self.cursor = 0
-        self.kept: dict[int, float] = {}  # remote key -> when heard (in the order heard)
 
 
 class HostPrefill:
@@ -91,49 +70,24 @@ class HostPrefill:
         self.max_age_s = max_age_s
         self._clock = clock
         self.stats = PrefillShareStats()
-        self._map = self._create(prefill_ring_path(run_dir, index))
-        self._epoch = secrets.randbits(63) | 1
-        self._head = 0
-        _HEAD.pack_into(self._map, 0, self._epoch, 0)
-        self._readers: dict[int, _Reader] = {}
-        self._polls = 0
+        self._ring = RingWriter.create(prefill_ring_path(run_dir, index), SLOTS, SLOT_BYTES)
+        self._siblings = SiblingRings(lambda i: prefill_ring_path(run_dir, i), index, count, SLOTS, SLOT_BYTES)
+        self._kept: dict[int, dict[int, float]] = {}  # sibling -> remote key -> when heard (in the order heard)
         self._expired_at = clock()
-
-    @staticmethod
-    def _create(path: Path) -> mmap.mmap:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            os.ftruncate(fd, RING_BYTES)
-            return mmap.mmap(fd, RING_BYTES)
-        finally:
-            os.close(fd)
-
-    # ------------------------------------------------------------ writing
-    def _write(self, key: int, cached: int, names: bytes, tokens: bytes) -> None:
-        n = self._head + 1
-        at = _slot_at(n)
-        m = self._map
-        _SLOT.pack_into(m, at, 0, 0, 0, 0, 0)  # unstamped first: a reader copying the old body sees it change
-        body = at + _SLOT.size
-        m[body : body + len(names)] = names
-        m[body + len(names) : body + len(names) + len(tokens)] = tokens
-        _SLOT.pack_into(m, at, n, key, cached, len(tokens), len(names))
-        self._head = n
-        _HEAD.pack_into(m, 0, self._epoch, n)
 
     def sent(self, key: int, worker_id: str, prompt: bytes, cached: int) -> None:
         """This process's request ``key`` (above zero) was sent to ``worker_id``: in prefill."""
         names = worker_id.encode()
         if not 0 < key < 1 << KEY_BITS or not names or len(names) > MAX_NAME_BYTES:
             return
-        room = (SLOT_BYTES - _SLOT.size - len(names)) & ~3
-        self._write(key, max(0, min(cached, 0xFFFFFFFF)), names, prompt[:room])
+        room = (self._ring.room - _RECORD.size - len(names)) & ~3
+        self._ring.write(_RECORD.pack(key, max(0, min(cached, 0xFFFFFFFF)), len(names)), names, prompt[:room])
         self.stats.sent += 1
 
     def done(self, key: int) -> None:
         """This process's request ``key`` got its first token or ended: no longer in prefill."""
         if 0 < key < 1 << KEY_BITS:
-            self._write(key, 0, b"", b"")
+            self._ring.write(_RECORD.pack(key, 0, 0))
 
     # ------------------------------------------------------------ reading
     def remote_key(self, sibling: int, key: int) -> int:
@@ -141,98 +95,68 @@ class HostPrefill:
 
     def poll(self) -> int:
         """Take every sibling record written since the last poll; returns how many."""
-        self._polls += 1
-        if len(self._readers) < self.count - 1 and (self._polls - 1) % REOPEN_EVERY == 0:
-            self._open_missing()
         taken = 0
-        for reader in self._readers.values():
-            taken += self._drain(reader)
+        for index, reader in self._siblings.readers():
+            taken += self._drain(index, reader)
         if taken or self._clock() - self._expired_at >= 1.0:
             self._expire()
         return taken
 
-    def _open_missing(self) -> None:
-        for i in range(self.count):
-            if i == self.index or i in self._readers:
-                continue
-            try:
-                fd = os.open(prefill_ring_path(self.run_dir, i), os.O_RDONLY)
-            except OSError:
-                continue
-            try:
-                if os.fstat(fd).st_size < RING_BYTES:
-                    continue
-                self._readers[i] = _Reader(i, mmap.mmap(fd, RING_BYTES, prot=mmap.PROT_READ))
-            finally:
-                os.close(fd)
-
-    def _drop_all(self, reader: _Reader) -> None:
-        for key in reader.kept:
-            self.on_done(key)
-        self.stats.dropped += len(reader.kept)
-        reader.kept.clear()
-
-    def _drain(self, reader: _Reader) -> int:
-        m = reader.map
-        epoch, head = _HEAD.unpack_from(m, 0)
-        if epoch != reader.epoch:  # a new writer (restarted sibling): what it had in prefill is gone
-            self._drop_all(reader)
-            reader.epoch, reader.cursor = epoch, 0
-        if head <= reader.cursor:
-            return 0
-        first = reader.cursor + 1
-        if head - first >= SLOTS:  # fell behind: a done may be lost, so nothing kept can be trusted
-            self.stats.overrun += head - SLOTS + 1 - first
-            first = head - SLOTS + 1
-            self._drop_all(reader)
-        taken = 0
+    def _drain(self, index: int, reader: RingReader) -> int:
+        kept = self._kept.setdefault(index, {})
         now = self._clock()
-        for n in range(first, head + 1):
-            at = _slot_at(n)
-            seq, key, cached, ntok, nnames = _SLOT.unpack_from(m, at)
-            body = at + _SLOT.size
-            names = m[body : body + nnames]
-            tokens = m[body + nnames : body + nnames + ntok]
-            if seq != n or _SLOT.unpack_from(m, at)[0] != n or nnames > MAX_NAME_BYTES:
-                self.stats.overrun += 1  # rewritten while read: it may have been a done
-                self._drop_all(reader)
-                continue
-            rkey = self.remote_key(reader.index, key)
+
+        def drop_all() -> None:
+            for key in kept:
+                self.on_done(key)
+            self.stats.dropped += len(kept)
+            kept.clear()
+
+        def lost(count: int) -> None:  # a lost record may have been a done: nothing kept can be trusted
+            self.stats.overrun += count
+            drop_all()
+
+        def take(data: bytes) -> None:
+            if len(data) < _RECORD.size:
+                lost(1)
+                return
+            key, cached, nnames = _RECORD.unpack_from(data, 0)
+            rkey = self.remote_key(index, key)
             if nnames == 0:
-                if reader.kept.pop(rkey, None) is not None:
+                if kept.pop(rkey, None) is not None:
                     self.on_done(rkey)
                     self.stats.released += 1
+                return
+            names = data[_RECORD.size : _RECORD.size + nnames]
+            tokens = data[_RECORD.size + nnames :]
+            if nnames > MAX_NAME_BYTES or len(names) != nnames:
+                lost(1)
             elif tokens:
-                reader.kept[rkey] = now
+                kept[rkey] = now
                 self.on_sent(rkey, names.decode(errors="replace"), tokens, cached)
                 self.stats.heard += 1
-            taken += 1
-        reader.cursor = head
-        return taken
+
+        return reader.drain(take, lost, drop_all)
 
     def _expire(self) -> None:
         now = self._expired_at = self._clock()
         cutoff = now - self.max_age_s
-        for reader in self._readers.values():
+        for kept in self._kept.values():
             old = []
-            for rkey, heard in reader.kept.items():  # oldest first
+            for rkey, heard in kept.items():  # oldest first
                 if heard > cutoff:
                     break
                 old.append(rkey)
             for rkey in old:
-                del reader.kept[rkey]
+                del kept[rkey]
                 self.on_done(rkey)
             self.stats.dropped += len(old)
 
     @property
     def kept(self) -> int:
         """Siblings' requests in prefill this process keeps now."""
-        return sum(len(r.kept) for r in self._readers.values())
+        return sum(len(k) for k in self._kept.values())
 
     def close(self) -> None:
-        for reader in self._readers.values():
-            with contextlib.suppress(BufferError):
-                reader.map.close()
-        self._readers.clear()
-        with contextlib.suppress(BufferError):
-            self._map.close()
+        self._siblings.close()
+        self._ring.close()
