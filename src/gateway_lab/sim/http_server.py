@@ -8,7 +8,8 @@ OpenAI ``POST /v1/completions`` (text or token ids in, text out), ``POST
 /v1/chat/completions`` (messages in, rendered with the model's chat template) and
 ``GET /v1/models``.
 vLLM's (``api="vllm"``): ``POST /v1/completions`` with a token-id prompt and
-``return_token_ids``, ``GET /v1/models``, ``/health``, ``/metrics``.
+``return_token_ids`` (``logprobs``, with ``echo`` the prompt's too, in vLLM's shape),
+``GET /v1/models``, ``/health``, ``/metrics``.
 Requests run through the gRPC mode's own servicer with an in-process call context,
 so both modes validate, cache and fail alike. Like SGLang's server, a streamed
 request reports errors as a ``data: {"error": ...}`` event, a whole one as HTTP 400,
@@ -34,6 +35,7 @@ from starlette.routing import Route
 
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway_lab.sim.chat_wire import ChatShape, chat_renderer, completion_body
+from gateway_lab.sim.completion_logprobs import LogprobRows
 from gateway_lab.sim.config import SimConfig
 from gateway_lab.sim.http_wire import (
     AnswerBuilder,
@@ -119,6 +121,15 @@ _HTTP_STATUS = {
 
 def _error(message: str, status: int) -> JSONResponse:
     return JSONResponse({"error": {"message": message}}, status_code=status)
+
+
+def _logprob_rows(body: dict[str, Any], decode: Callable[[list[int]], str]) -> LogprobRows | None:
+    """The rows a completion request asked for (``logprobs``), tokens named as it asked."""
+    if body.get("logprobs") is None:
+        return None
+    if body.get("return_tokens_as_token_ids"):
+        return LogprobRows(body["logprobs"], lambda token: f"token_id:{token}")
+    return LogprobRows(body["logprobs"], lambda token: decode([token]))
 
 
 def _sse(answer: dict[str, Any]) -> bytes:
@@ -314,6 +325,7 @@ class SimHttpWorker:
         prompt_ids = req.tokenized.input_ids if body.get("return_token_ids") else ()  # vLLM sends them back only when asked
         builder = CompletionBuilder(
             req.request_id, self.worker.config.served_name, vocab.decode if text else None, prompt_ids,
+            _logprob_rows(body, vocab.decode),
         )  # fmt: skip
         messages = self._run(req)
         try:

@@ -19,6 +19,7 @@ from typing import Any
 from google.protobuf import struct_pb2
 
 from gateway.proto import sglang_scheduler_pb2 as pb
+from gateway_lab.sim.completion_logprobs import LogprobRows
 
 
 class BadBody(ValueError):
@@ -199,6 +200,9 @@ def completion_request(
         prompt = tokenize(prompt)
     if not isinstance(prompt, list) or not prompt or not all(isinstance(t, int) for t in prompt):
         raise BadBody("prompt must be a list of token ids" + (" or a non-empty text" if tokenize else ""))
+    logprobs = body.get("logprobs")
+    if logprobs is not None and (type(logprobs) is not int or logprobs < 0):
+        raise BadBody("logprobs must be a non-negative integer")
     params: dict[str, Any] = {
         key: body[src] for src, key in (
             ("temperature", "temperature"), ("top_p", "top_p"), ("top_k", "top_k"), ("n", "n"),
@@ -206,10 +210,10 @@ def completion_request(
             ("ignore_eos", "ignore_eos"), ("seed", "sampling_seed"), ("repetition_penalty", "repetition_penalty"),
         ) if body.get(src) is not None
     }
-    return generate_request(
-        {"rid": request_id, "input_ids": prompt, "sampling_params": params, "stream": bool(body.get("stream"))},
-        request_id,
-    )
+    shape: dict[str, Any] = {"rid": request_id, "input_ids": prompt, "sampling_params": params, "stream": bool(body.get("stream"))}
+    if logprobs is not None:  # vLLM's ``echo`` adds the prompt's rows, from its first token
+        shape.update(return_logprob=True, top_logprobs_num=logprobs, logprob_start_len=0 if body.get("echo") else -1)
+    return generate_request(shape, request_id)
 
 
 class CompletionBuilder:
@@ -219,16 +223,18 @@ class CompletionBuilder:
     token counts only; cached prompt tokens come in the whole answer's usage and in the
     closing usage chunk of a stream (a server run with ``--enable-prompt-tokens-details``).
     With ``decode`` each choice also carries its tokens' text, as a server that detokenizes
-    (SGLang's) sends it; without, the text is empty and the ids are the answer."""
+    (SGLang's) sends it; without, the text is empty and the ids are the answer. With
+    ``logprobs`` each choice carries the rows of the tokens it sends (``LogprobRows``)."""
 
     def __init__(
         self, request_id: str, model: str, decode: Callable[[list[int]], str] | None = None,
-        prompt_ids: Sequence[int] = (),
+        prompt_ids: Sequence[int] = (), logprobs: LogprobRows | None = None,
     ) -> None:  # fmt: skip
         self.request_id = request_id
         self.model = model
         self.decode = decode
         self.prompt_ids = list(prompt_ids)
+        self.logprobs = logprobs
         self.sent: dict[int, int] = {}
         self.prompted: set[int] = set()  # the choices whose prompt ids were sent
         self.prompt_tokens = 0
@@ -254,7 +260,8 @@ class CompletionBuilder:
 
     def _choice(self, index: int, ids: list[int], finish: str | None, stop: Any) -> dict[str, Any]:
         choice: dict[str, Any] = {
-            "index": index, "text": self._text(ids), "token_ids": ids, "finish_reason": finish, "stop_reason": stop,
+            "index": index, "text": self._text(ids), "logprobs": self.logprobs.take(index) if self.logprobs else None,
+            "token_ids": ids, "finish_reason": finish, "stop_reason": stop,
         }  # fmt: skip
         if self.prompt_ids and index not in self.prompted:
             choice["prompt_token_ids"] = self.prompt_ids
@@ -270,17 +277,29 @@ class CompletionBuilder:
     def _text(self, ids: list[int]) -> str:
         return self.decode(ids) if self.decode is not None and ids else ""
 
+    def _rows(self, index: int, message: pb.GenerateStreamChunk | pb.GenerateComplete, fresh: int) -> None:
+        if self.logprobs is None:
+            return
+        if message.HasField("input_logprobs"):
+            self.logprobs.add_prompt(index, message.input_logprobs)
+        if message.HasField("output_logprobs"):
+            self.logprobs.add_output(index, message.output_logprobs, fresh)
+
     def carry(self, chunk: pb.GenerateStreamChunk) -> list[int]:
         """A chunk's new ids, kept for the object that will carry them (the finishing one)."""
         self._note(chunk)
-        return self._delta(chunk.index, list(chunk.token_ids), chunk.completion_tokens)
+        ids = self._delta(chunk.index, list(chunk.token_ids), chunk.completion_tokens)
+        self._rows(chunk.index, chunk, len(ids))
+        return ids
 
     def chunk(self, chunk: pb.GenerateStreamChunk, usage: bool) -> dict[str, Any]:
         ids = self.carry(chunk)
         return self._object([self._choice(chunk.index, ids, None, None)], usage)
 
     def finish(self, complete: pb.GenerateComplete, usage: bool, carried: list[int]) -> dict[str, Any]:
-        ids = carried + self._delta(complete.index, list(complete.output_ids), complete.completion_tokens)
+        fresh = self._delta(complete.index, list(complete.output_ids), complete.completion_tokens)
+        self._rows(complete.index, complete, len(fresh))
+        ids = carried + fresh
         self._note(complete)
         which = complete.WhichOneof("matched_stop")
         stop = getattr(complete, which) if which is not None else None

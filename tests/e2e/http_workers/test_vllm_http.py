@@ -77,3 +77,37 @@ async def test_a_data_parallel_vllm_worker_is_one_target_per_rank(tmp_path: Any)
             # Pinned to the rank that holds it: unpinned, the worker takes its ranks in turn,
             # and the second request would find the other rank's cache empty.
             assert last.usage.prompt_tokens_details.cached_tokens
+
+
+async def _logprob_rows(stack: Any, stream: bool) -> tuple[list[Any], list[Any], str]:
+    """An echo completion with logprobs through the gateway: (token_logprobs, top_logprobs, text)."""
+    fields: dict[str, Any] = {"prompt": "rows of logprobs", "max_tokens": 4, "logprobs": 2, "echo": True, "seed": 1}
+    if not stream:
+        whole = await stack.client.completions.create(model=stack.model, **fields)
+        lp = whole.choices[0].logprobs
+        return lp.token_logprobs, lp.top_logprobs, whole.choices[0].text
+    values: list[Any] = []
+    tops: list[Any] = []
+    text = ""
+    async for chunk in await stack.client.completions.create(model=stack.model, stream=True, **fields):
+        for choice in chunk.choices:
+            text += choice.text or ""
+            if choice.logprobs is not None:
+                values += choice.logprobs.token_logprobs
+                tops += choice.logprobs.top_logprobs
+    return values, tops, text
+
+
+async def test_vllm_workers_give_logprobs_as_the_sglang_ones_do(tmp_path: Any) -> None:
+    """The same simulated model behind vLLM's server and SGLang's: the gateway's answers,
+    prompt rows (echo) and top candidates included, agree whole and streamed."""
+    answers = {}
+    for api in ("vllm", "sglang"):
+        async with http_stack(tmp_path / api, workers=1, api=api) as stack:
+            answers[api] = [await _logprob_rows(stack, stream) for stream in (False, True)]
+            assert idle(stack)
+    for (values, tops, text), (want_values, want_tops, want_text) in zip(answers["vllm"], answers["sglang"], strict=True):
+        assert text == want_text and values == want_values and tops == want_tops
+        assert values[0] is None and all(isinstance(v, float) for v in values[1:])
+        assert all(len(row) == 2 for row in tops[1:])
+    assert answers["vllm"][0] == answers["vllm"][1]
