@@ -209,6 +209,12 @@ def test_queue_estimate_counts_only_the_uncached_part_of_queued_prompts() -> Non
     # adds nothing: the worker cannot be waiting on more than we sent it
     ours = with_load(queued, "w0", loads=LoadSnapshot(num_waiting_uncached_tokens=4002, age_s=1))
     assert explain(p, req([5]), ours)["workers"]["w0"]["queued_uncached_estimate"] == pytest.approx(2002, abs=0.2)
+    # in a process set, what the siblings sent it (counted at their uncached part in the
+    # remote prefill already) is not foreign either
+    sibling = with_load(fresh, "w0", remote_prefill_tokens=300, remote_queued_prompt_tokens=4000)
+    assert explain(p, req([5]), sibling)["workers"]["w0"]["queued_uncached_estimate"] == pytest.approx(
+        2002 + 300 + (9_000 - 4002 - 4000), abs=0.2
+    )
     stale = with_load(queued, "w0", loads=LoadSnapshot(num_waiting_uncached_tokens=9_000, age_s=60))
     assert explain(p, req([5]), stale)["workers"]["w0"]["queued_uncached_estimate"] < 9_000
     p.on_finish(hit, "w0", 1990, True)

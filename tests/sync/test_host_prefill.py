@@ -117,3 +117,28 @@ def test_a_sibling_not_started_yet_is_opened_when_its_ring_appears(tmp_path: Pat
     assert long.startswith(got) and 0 < len(got) < len(long)
     writer.close()
     reader.close()
+
+
+def test_what_siblings_have_in_prefill_is_summed_per_worker_at_each_change(tmp_path: Path) -> None:
+    """The routing cost's ``remote_queued_prompt_tokens``: whole prompts (not the slot's
+    truncated copy), released by a done, dropped with a restarted sibling."""
+    told: dict[str, int] = {}
+    writer = _board(tmp_path, 0, _Gate())
+    reader = HostPrefill(tmp_path, 1, 2, on_sent=_Gate().sent, on_done=_Gate().ended,
+                         on_queued=told.__setitem__)  # fmt: skip
+    long = pack(list(range(10_000)))  # longer than a slot
+    writer.sent(1, "w1", long, 0)
+    writer.sent(2, "w1", pack([1, 2, 3]), 0)
+    writer.sent(3, "w0", pack([4, 5]), 0)
+    reader.poll()
+    assert reader.queued_prompt_tokens("w1") == 10_003 and reader.queued_prompt_tokens("w0") == 2
+    assert told == {"w1": 10_003, "w0": 2}
+    writer.done(1)
+    reader.poll()
+    assert told["w1"] == 3 and reader.queued_prompt_tokens("w9") == 0
+    writer.close()
+    again = _board(tmp_path, 0, _Gate())  # a restart: its predecessor's requests are gone
+    reader.poll()
+    assert told == {"w1": 0, "w0": 0} and reader.queued_prompt_tokens("w1") == 0
+    again.close()
+    reader.close()

@@ -154,7 +154,7 @@ def test_views_add_remote_load_and_the_cost_counts_remote_prefill_once() -> None
         id="w0:1", url="grpc://w0:1", role="regular", healthy=True, draining=False, breaker=CircuitBreaker(),
         load=WorkerLoad(in_flight=1, queued_prefill_tokens=100),
         remote_load=WorkerLoad(in_flight=2, queued_prefill_tokens=30, running_decode_tokens=8),
-        polled=None, info=SimpleNamespace(kv_capacity_tokens=0, page_size=1, max_running_requests=0), bootstrap_port=None,
+        polled=None, info=SimpleNamespace(kv_capacity_tokens=0, page_size=1, max_running_requests=0), bootstrap_port=None, sibling_queued_prompt_tokens=0,
     )
     v = view(w)  # type: ignore[arg-type]
     assert (v.in_flight, v.queued_prefill_tokens, v.remote_prefill_tokens, v.running_decode_tokens) == (3, 100, 30, 8)

@@ -13,13 +13,17 @@ available worker ``w``::
            requests on w), plus remote_prefill_tokens (the uncached part other
            gateway processes have queued, from sync), plus the part of the worker's polled
            num_waiting_uncached_tokens (when younger than loads_max_age_s) above
-           the prompt tokens this gateway has queued there: traffic it did not
-           send. The polled figure is never taken whole: it prices queued
-           requests against the cache *as it is*, so in a burst a group's queued
-           requests all count as misses until the first is prefilled, and a
+           the prompt tokens the gateway has queued there: this process's, and in a
+           ``serve --processes N`` set its siblings' (remote_queued_prompt_tokens):
+           traffic it did not send. The polled figure is never taken whole: it prices
+           queued requests against the cache *as it is*, so in a burst a group's
+           queued requests all count as misses until the first is prefilled, and a
            holder would look loaded by a full prompt per queued hit and shed
            its prefix (a ramped gsp lost most of its hits that way in
-           ``token-gateway bench policies``).
+           ``token-gateway bench policies``). The siblings' part is subtracted for
+           the same reason: their queued requests count in remote_prefill_tokens at
+           their uncached part already, and taken again at the cache as it is, a
+           burst's holders shed their prefixes in a set that one process keeps.
     D_w  = running_decode_tokens (decode tokens still owed by w's running requests)
            times the decode fill: the share of its max_tokens a finished request
            really decoded (decayed over the last ``FILL_WINDOW`` finishes, 1 until
@@ -531,7 +535,7 @@ class CacheAwarePolicy(BasePolicy):
         q += w.remote_prefill_tokens
         lo = w.loads
         if lo is not None and lo.age_s <= self.cost.loads_max_age_s:
-            foreign = lo.num_waiting_uncached_tokens - w.queued_prefill_tokens
+            foreign = lo.num_waiting_uncached_tokens - w.queued_prefill_tokens - w.remote_queued_prompt_tokens
             if foreign > 0:
                 q += foreign
         return q
@@ -605,7 +609,7 @@ class CacheAwarePolicy(BasePolicy):
                 q += w.remote_prefill_tokens
                 lo = w.loads
                 if lo is not None and lo.age_s <= max_age:
-                    foreign = lo.num_waiting_uncached_tokens - w.queued_prefill_tokens
+                    foreign = lo.num_waiting_uncached_tokens - w.queued_prefill_tokens - w.remote_queued_prompt_tokens
                     if foreign > 0:  # queued work this gateway did not send (see Q_w)
                         q += foreign
                 cost = prompt - c + a * q + b * w.running_decode_tokens + r * w.in_flight

@@ -166,14 +166,16 @@ class GatewayState:
             if self.host_ring is None:
                 self.router.tap(self.sync.outbox)
             else:
-                self.router.tap(FanOut(self.sync.outbox, self.host_ring), before_select=self.host_ring.poll)
-                # and its requests in prefill, so that each process's prefill gate holds for its siblings' too
+                # and its requests in prefill, so that each process's prefill gate holds for its siblings' too,
+                # and each choice counts what the siblings have queued on a worker as the set's own traffic
                 holds = self.router.holds
                 self.host_prefill = HostPrefill(
                     self.host_ring.run_dir, self.host_ring.index, self.host_ring.count,
                     on_sent=holds.remote_sent, on_done=holds.prefilled, max_age_s=2 * config.dispatch.prefill_gate_max_s,
+                    on_queued=self._sibling_queued,
                 )
                 holds.share = self.host_prefill
+                self.router.tap(FanOut(self.sync.outbox, self.host_ring), before_select=self._hear_siblings)
             self.metrics.registry.register(SyncCollector(self.sync, self.host_ring, self.host_prefill))
         self.process_set: SetMember | None = None  # set by serve when one of --processes N
         self.discovery = make_discovery(config.discovery, self._discovered_add, self.remove_worker)
@@ -201,6 +203,18 @@ class GatewayState:
             slots += w.info.max_running_requests
             workers += 1
         return slots, workers
+
+    def _hear_siblings(self) -> None:
+        """Before each choice (``serve --processes N``): the siblings' decisions into the
+        policies' trees, and their requests in prefill into the workers' views."""
+        assert self.host_ring is not None and self.host_prefill is not None
+        self.host_ring.poll()
+        self.host_prefill.poll()
+
+    def _sibling_queued(self, worker_id: str, tokens: int) -> None:
+        worker = self.registry.get(worker_id)
+        if worker is not None:
+            worker.sibling_queued_prompt_tokens = tokens
 
     def _pool_needs_loads(self, worker: Worker) -> bool:
         policy = self.router.policies().get((worker.model, worker.role))

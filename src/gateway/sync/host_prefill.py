@@ -14,12 +14,18 @@ while a request waits on a sibling's request, and keep those in their gate as th
 keep their own.
 
 The ring's mechanism is ``mmap_ring``'s, as for ``host_ring``; a record here is the key,
-the tokens predicted cached, the worker's name length, the name and the packed prompt (a
+the tokens predicted cached, the prompt's length, the worker's name length, the name and the packed prompt (a
 *done* has no name). A reader that lost records (overwritten before it read them, or
 rewritten while read) or sees a restarted writer drops everything it kept of that sibling: a lost
 *done* must not hold anyone (a lost *sent* only misses a hold). A sibling's request
 still kept after ``max_age_s`` is dropped too (a request never ends in prefill longer
 than the gate's longest hold without its holders timing out).
+
+What is kept is also summed per worker (``on_queued(worker_id, prompt tokens)`` at each
+change): the whole prompt tokens the siblings have sent each worker with no first token
+yet, which the routing cost subtracts from the worker's polled waiting figure as traffic
+the set sent (``WorkerView.remote_queued_prompt_tokens``). The bus carries the siblings'
+load too, but late in a burst; this is as fresh as the last poll.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from gateway.sync.mmap_ring import RingReader, RingWriter, SiblingRings
 
 SLOTS = 1024  # records a ring keeps (a sent and a done per request)
 SLOT_BYTES = 16 * 1024  # one record: its header, the worker's name and up to ~4k tokens of prompt
-_RECORD = struct.Struct("<QIH")  # key, tokens predicted cached, name bytes
+_RECORD = struct.Struct("<QIIH")  # key, tokens predicted cached, prompt tokens, name bytes
 MAX_NAME_BYTES = 1024
 KEY_BITS = 40  # a sibling's key, within the remote key this process gives it
 
@@ -61,18 +67,22 @@ class HostPrefill:
     def __init__(
         self, run_dir: Path, index: int, count: int, *, on_sent: Callable[[int, str, bytes, int], object],
         on_done: Callable[[int], object], max_age_s: float = 60.0, clock: Callable[[], float] = time.monotonic,
+        on_queued: Callable[[str, int], object] = lambda worker_id, tokens: None,
     ) -> None:
         self.run_dir = run_dir
         self.index = index
         self.count = count
         self.on_sent = on_sent
         self.on_done = on_done
+        self.on_queued = on_queued
         self.max_age_s = max_age_s
         self._clock = clock
         self.stats = PrefillShareStats()
         self._ring = RingWriter.create(prefill_ring_path(run_dir, index), SLOTS, SLOT_BYTES)
         self._siblings = SiblingRings(lambda i: prefill_ring_path(run_dir, i), index, count, SLOTS, SLOT_BYTES)
-        self._kept: dict[int, dict[int, float]] = {}  # sibling -> remote key -> when heard (in the order heard)
+        # sibling -> remote key -> (when heard, worker, prompt tokens), in the order heard
+        self._kept: dict[int, dict[int, tuple[float, str, int]]] = {}
+        self._queued: dict[str, int] = {}  # worker -> prompt tokens of the kept requests on it
         self._expired_at = clock()
 
     def sent(self, key: int, worker_id: str, prompt: bytes, cached: int) -> None:
@@ -81,13 +91,14 @@ class HostPrefill:
         if not 0 < key < 1 << KEY_BITS or not names or len(names) > MAX_NAME_BYTES:
             return
         room = (self._ring.room - _RECORD.size - len(names)) & ~3
-        self._ring.write(_RECORD.pack(key, max(0, min(cached, 0xFFFFFFFF)), len(names)), names, prompt[:room])
+        tokens = min(len(prompt) >> 2, 0xFFFFFFFF)
+        self._ring.write(_RECORD.pack(key, max(0, min(cached, 0xFFFFFFFF)), tokens, len(names)), names, prompt[:room])
         self.stats.sent += 1
 
     def done(self, key: int) -> None:
         """This process's request ``key`` got its first token or ended: no longer in prefill."""
         if 0 < key < 1 << KEY_BITS:
-            self._ring.write(_RECORD.pack(key, 0, 0))
+            self._ring.write(_RECORD.pack(key, 0, 0, 0))
 
     # ------------------------------------------------------------ reading
     def remote_key(self, sibling: int, key: int) -> int:
@@ -107,7 +118,8 @@ class HostPrefill:
         now = self._clock()
 
         def drop_all() -> None:
-            for key in kept:
+            for key, entry in kept.items():
+                self._unqueue(entry)
                 self.on_done(key)
             self.stats.dropped += len(kept)
             kept.clear()
@@ -120,10 +132,12 @@ class HostPrefill:
             if len(data) < _RECORD.size:
                 lost(1)
                 return
-            key, cached, nnames = _RECORD.unpack_from(data, 0)
+            key, cached, prompt_tokens, nnames = _RECORD.unpack_from(data, 0)
             rkey = self.remote_key(index, key)
             if nnames == 0:
-                if kept.pop(rkey, None) is not None:
+                entry = kept.pop(rkey, None)
+                if entry is not None:
+                    self._unqueue(entry)
                     self.on_done(rkey)
                     self.stats.released += 1
                 return
@@ -132,23 +146,45 @@ class HostPrefill:
             if nnames > MAX_NAME_BYTES or len(names) != nnames:
                 lost(1)
             elif tokens:
-                kept[rkey] = now
-                self.on_sent(rkey, names.decode(errors="replace"), tokens, cached)
+                wid = names.decode(errors="replace")
+                old = kept.pop(rkey, None)
+                if old is not None:
+                    self._unqueue(old)
+                entry = kept[rkey] = (now, wid, prompt_tokens)
+                self._queue(entry, 1)
+                self.on_sent(rkey, wid, tokens, cached)
                 self.stats.heard += 1
 
         return reader.drain(take, lost, drop_all)
+
+    def _queue(self, entry: tuple[float, str, int], sign: int) -> None:
+        wid = entry[1]
+        total = self._queued.get(wid, 0) + sign * entry[2]
+        if total > 0:
+            self._queued[wid] = total
+        else:
+            self._queued.pop(wid, None)
+            total = 0
+        self.on_queued(wid, total)
+
+    def _unqueue(self, entry: tuple[float, str, int]) -> None:
+        self._queue(entry, -1)
+
+    def queued_prompt_tokens(self, worker_id: str) -> int:
+        """Whole prompt tokens the siblings have in prefill on ``worker_id`` (as last polled)."""
+        return self._queued.get(worker_id, 0)
 
     def _expire(self) -> None:
         now = self._expired_at = self._clock()
         cutoff = now - self.max_age_s
         for kept in self._kept.values():
             old = []
-            for rkey, heard in kept.items():  # oldest first
-                if heard > cutoff:
+            for rkey, entry in kept.items():  # oldest first
+                if entry[0] > cutoff:
                     break
                 old.append(rkey)
             for rkey in old:
-                del kept[rkey]
+                self._unqueue(kept.pop(rkey))
                 self.on_done(rkey)
             self.stats.dropped += len(old)
 
