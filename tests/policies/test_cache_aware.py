@@ -145,6 +145,26 @@ def test_match_is_counted_in_whole_pages() -> None:
     assert p.select(req([*short, 1]), ws).reason == "cache_miss_balanced"
 
 
+def test_the_tree_claims_whole_pages_only_and_keeps_what_the_worker_keeps() -> None:
+    """A paged worker keeps no partial last page, so neither does the tree: six 40-token
+    prompts on 16-token pages are 192 tokens of KV, which a 200-token budget holds. Had
+    the tree claimed the tails (240 tokens) it would have evicted the first prompts while
+    the worker still held them, and sent their next turns elsewhere."""
+    p = policy(hot_prefix_min_tokens=0)
+    ws = views(2, page_size=16, kv_capacity_tokens=200)
+    p.on_workers_changed(ws)
+    prompts = [tokens(40, 60 + i) for i in range(6)]
+    for pr in prompts:
+        p.on_dispatch(req(pr), Decision("w0", "test"))
+    tree = p.tree()
+    assert tree.worker_tokens("w0") == 6 * 32
+    for pr in prompts:
+        assert tree.match(pr).per_worker == {"w0": 32}
+        d = p.select(req(pr + tokens(20, 70)), ws)
+        assert (d.worker_id, d.reason, d.predicted_cached_tokens) == ("w0", "cache_hit", 32)
+    tree.validate()
+
+
 def test_budget_comes_from_kv_capacity_and_holds() -> None:
     p = policy(budget_fraction=0.5)
     ws = views(2, kv_capacity_tokens=1_000)

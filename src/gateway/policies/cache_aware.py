@@ -518,8 +518,18 @@ class CacheAwarePolicy(BasePolicy):
         return self.tree(request.model).match_packed(self._packed(request))
 
     def _remember(self, request: RouteRequest, packed: bytes, worker_id: str) -> None:
-        """Record that ``worker_id`` will cache this prompt (the tree's half of on_dispatch)."""
-        self.tree(request.model).insert_packed(packed, worker_id)
+        """Record that ``worker_id`` will cache this prompt (the tree's half of on_dispatch).
+
+        Only its whole KV pages: a paged worker keeps no partial last page (SGLang frees
+        it when the request ends), and matches are counted in whole pages anyway. A tree
+        that also claimed each prompt's partial tail counted up to a page per prompt more
+        than the worker holds, so it reached the worker's budget first and evicted
+        histories the worker still had (their next turns then went elsewhere)."""
+        tree = self.tree(request.model)
+        page = tree.page_size(worker_id)
+        if page > 1:
+            packed = packed[: ((len(packed) >> 2) // page * page) << 2]
+        tree.insert_packed(packed, worker_id)
 
     def _predict_cached(self, request: RouteRequest, worker: WorkerView) -> int:
         self._register(worker)
