@@ -238,6 +238,33 @@ async def test_with_prefill_reservation_a_light_keys_cold_prompt_goes_where_no_c
         p()
 
 
+async def test_a_light_keys_cold_prompt_goes_where_it_has_a_running_slot() -> None:
+    f = await fleet(*(FakeTransport(f"grpc://{n}:1") for n in "abc"), policy="cache_aware")
+    for w in f.registry.all():
+        w.info = dataclasses.replace(w.info, max_running_requests=2)
+    gate = WorkerGate(prefill_budget=500, prefill_reserve=True, yields_prefill=lambda tenant: tenant != "light")
+    f.router.gate = gate
+    gate.know(w.id for w in f.registry.all())
+    ids = sorted(w.id for w in f.registry.all())
+    passes = []
+    CALLER.set(("heavy", 0))
+    passes.append(await gate.enter(ids[0], 2, 600))  # a cold prefill pending on the first
+    passes += [await gate.enter(ids[1], 2, 10) for _ in range(2)]  # the second's slots all taken, warm
+
+    async def chosen_for(tenant: str, request: RouteRequest) -> str:
+        async def pick() -> str:
+            CALLER.set((tenant, 0))
+            return f.router.select(request).worker.id
+
+        return await asyncio.create_task(pick())
+
+    colds = [RouteRequest(list(range(1000 * i, 1000 * i + 512)), model=MODEL) for i in range(1, 7)]
+    assert {await chosen_for("light", cold) for cold in colds} == {ids[2]}  # no cold prefill and a slot
+    assert len({await chosen_for("heavy", cold) for cold in colds}) > 1  # a yielding key: the policy decides
+    for p in passes:
+        p()
+
+
 async def test_with_a_slot_headroom_the_router_avoids_a_full_worker() -> None:
     f = await fleet(*(FakeTransport(f"grpc://{n}:1") for n in "abc"), policy="cache_aware")
     for w in f.registry.all():

@@ -408,3 +408,54 @@ async def test_a_held_cold_prompt_passes_once_no_lighter_key_is_active() -> None
     assert held.done()
     held.result()()
     assert gate.cold_pending("w2") == 0 and gate.held() == 0
+
+
+async def test_prefill_reservation_paces_cold_prompts_one_per_worker_even_uncontended() -> None:
+    gate = WorkerGate(prefill_budget=500, prefill_reserve=True, contended=lambda: False)
+    first = await enter_paced(gate, "w1", 600, "solo")
+    other = await enter_paced(gate, "w2", 600, "solo")  # another worker's prefill is its own
+    warm = await enter_paced(gate, "w1", 64, "solo")  # a warm prompt joins the cold one's step
+    held = start_paced(gate, "w1", 600, "solo")  # a second cold prefill on w1 waits in the gate
+    await settle()
+    assert not held.done() and gate.paced == 1 and gate.cold_pending("w1") == 1 and gate.reserved == 0
+    other.prefilled()  # another worker's cold prefill ending does not free w1's
+    await settle()
+    assert not held.done()
+    first.prefilled()
+    await settle()
+    assert held.done() and gate.cold_pending("w1") == 1
+    for p in (first, other, warm, held.result()):
+        p()
+    assert gate.cold_pending("w1") == 0 and gate.prefill_pending("w1") == 0 and gate.through("w1") == 0
+
+
+async def test_a_held_cold_prompt_of_a_light_key_goes_before_a_heavier_keys() -> None:
+    gate = WorkerGate(prefill_budget=500, prefill_reserve=True, share_first=True, contended=lambda: False,
+                      below_share=lambda tenant: tenant == "light",
+                      yields_prefill=lambda tenant: tenant != "light")
+    first = await enter_paced(gate, "w", 600, "heavy")
+    heavy = start_paced(gate, "w", 600, "heavy")
+    await settle()
+    light = start_paced(gate, "w", 600, "light")  # came later, waits in the gate, not in the worker's queue
+    await settle()
+    assert not heavy.done() and not light.done()
+    first.prefilled()
+    await settle()
+    assert light.done() and not heavy.done()
+    light.result().prefilled()
+    await settle()
+    assert heavy.done()
+    for p in (first, light.result(), heavy.result()):
+        p()
+
+
+
+async def test_has_room_counts_the_reserved_slots_only_for_a_key_below_its_share() -> None:
+    gate = WorkerGate(reserve=1, below_share=lambda tenant: tenant == "light")
+    assert gate.has_room("w", "heavy")  # nothing entered yet: room
+    passes = [await enter_as(gate, "w", 3, "heavy") for _ in range(2)]
+    assert not gate.has_room("w", "heavy") and gate.has_room("w", "light")
+    passes.append(await enter_as(gate, "w", 3, "light"))
+    assert not gate.has_room("w", "light")
+    for p in passes:
+        p()

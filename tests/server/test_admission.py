@@ -207,10 +207,10 @@ async def test_new_limits_apply_at_once_and_a_raised_cap_admits_waiters() -> Non
     assert adm.in_flight == 0
 
 
-async def test_a_key_yields_prefill_to_a_lighter_key_below_its_share_or_when_alone() -> None:
+async def test_a_key_yields_prefill_to_a_lighter_key_below_its_share_never_when_alone() -> None:
     adm = Admission(AdmissionConfig(max_concurrent_requests=8, fair_prefill_reserve=True))
     held = [await adm.acquire("heavy") for _ in range(3)]
-    assert adm.yields_prefill("heavy")  # alone: a newcomer's cold prompts should find a free worker
+    assert not adm.yields_prefill("heavy")  # alone: keeping a worker free would cost its own cold burst
     held.append(await adm.acquire("light"))
     # light holds 1 of its share of 4, heavy 3: heavy's prompts make room for light's, not the reverse
     assert adm.yields_prefill("heavy") and not adm.yields_prefill("light")

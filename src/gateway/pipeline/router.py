@@ -245,7 +245,8 @@ class Router:
     ) -> Decision:
         """With the gate's prefill reservation, a cold prompt of a key with none lighter
         active goes to a worker with no cold prefill pending, while one is available
-        (locality decides among them); a warm one stays where its prefix is.
+        (locality decides among them; among those with a running slot the key may take
+        now, while any has one); a warm one stays where its prefix is.
         Why: the gate keeps such a worker for it while a heavier key's cold prompts take
         the others, and there it is prefilled at once instead of after a step of theirs."""
         gate = self.gate
@@ -253,13 +254,18 @@ class Router:
         if gate.prefill_reserve:
             gate.know(v.worker_id for v in views)
         uncached = len(request.token_ids) - decision.predicted_cached_tokens
-        if uncached < gate.cold_tokens or not gate.cold_pending(decision.worker_id):
+        if uncached < gate.cold_tokens:
             return decision
-        if not gate.reserves_for(CALLER.get()[0]):
+        tenant = CALLER.get()[0]
+        chosen = decision.worker_id
+        if (not gate.cold_pending(chosen) and gate.has_room(chosen, tenant)) or not gate.reserves_for(tenant):
             return decision
         free = [v.available and not gate.cold_pending(v.worker_id) for v in views]
         if not any(free):
             return decision
+        roomy = [f and gate.has_room(v.worker_id, tenant) for v, f in zip(views, free, strict=True)]
+        if any(roomy):  # a worker with no slot for it would hold it for a whole decode instead
+            free = roomy
         return policy.select(request, [v if f else replace(v, available=False) for v, f in zip(views, free, strict=True)])
 
     def exclude(self, request: RouteRequest, worker_id: str) -> RouteRequest:

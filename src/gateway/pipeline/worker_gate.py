@@ -31,11 +31,17 @@ prompt through per worker at a time, and at a heavy key's cold start every worke
 prefilling one of its cold prompts; a light key's cold prompt then waits for a whole
 prefill step wherever it goes, and the gate's fair order cannot help, as the step has
 begun. So a cold prompt (``cold_tokens`` and more uncached) of a key that yields
-(``yields_prefill``: a lighter key is active, or it is the only key, and a newcomer's first
-prompts are cold) passes only if another worker would still have no cold prefill pending;
-the router sends the lightest key's cold prompt to such a worker (``reserves_for``,
-``cold_pending``). The held one waits in its worker's queue, and any worker's cold
-prefill ending looks at every worker's queue again.
+(``yields_prefill``: a lighter key is active) passes only if another worker would still
+have no cold prefill pending; the router sends the lightest key's cold prompt to such a
+worker (``reserves_for``, ``cold_pending``). The held one waits in its worker's queue, and
+any worker's cold prefill ending looks at every worker's queue again.
+And every key's cold prompt waits here while its worker already has a cold prefill pending,
+contended or not: a key alone at its cold start would otherwise queue several cold prompts
+in each worker's first-come queue, and a newcomer's first prompt, arriving a moment later,
+would wait behind all of them wherever it goes; held here, it goes before them in fair
+order. A lone key does not yield (a worker kept free for a newcomer that may never come
+costs its own cold burst a prefill step), and one cold prompt per worker at a time costs it
+little: a cold prompt sent to a worker in its prefill step waits for the next step anyway.
 
 ``CALLER`` carries the request's API key and priority from admission (set in the
 request's own task) to here without threading them through every layer between.
@@ -66,9 +72,12 @@ class _Slots:
     prefill: int = 0  # predicted uncached prefill tokens let through that have no first message yet
     cold: int = 0  # of those, requests of ``cold_tokens`` and more (prefill reservation)
 
-    def fits(self, tokens: int, budget: int) -> bool:
+    def fits(self, tokens: int, budget: int, cold: bool = False) -> bool:
         """Whether ``tokens`` more prefill tokens fit the pacing ``budget`` (0: no pacing;
-        nothing pending: anything fits)."""
+        nothing pending: anything fits), and a ``cold`` prompt finds no other cold prefill
+        pending here (the prefill reservation's pacing, contended or not)."""
+        if cold and self.cold:
+            return False
         return budget <= 0 or self.prefill == 0 or self.prefill + tokens <= budget
 
 
@@ -198,6 +207,14 @@ class WorkerGate:
                 if worker_id not in self._workers:
                     self._slots(worker_id)
 
+    def has_room(self, worker_id: str, tenant: str) -> bool:
+        """Whether ``tenant``'s request would find a slot of ``worker_id`` it may take now
+        (past ``open`` only a key below its share; a worker nothing has entered yet has room)."""
+        slots = self._workers.get(worker_id)
+        if slots is None or slots.cap <= 0:
+            return True
+        return slots.through < (slots.cap if self._below_share(tenant) else slots.open)
+
     def cold_pending(self, worker_id: str) -> int:
         """Cold prompts let through to ``worker_id`` with no first message yet."""
         slots = self._workers.get(worker_id)
@@ -264,7 +281,7 @@ class WorkerGate:
         slots.open = running_slots - self.reserve if self.reserve else slots.cap
         tenant, priority = CALLER.get()
         if not slots.queue and slots.through < slots.open:
-            if not slots.fits(tokens, self._budget()):
+            if not slots.fits(tokens, self._budget(), self._is_cold(tokens)):
                 self.paced += 1
             elif self._keeps_free(slots, tenant, tokens):
                 self.reserved += 1
@@ -327,7 +344,7 @@ class WorkerGate:
             if waiter.future.done():  # cancelled: its own handler removes it; nothing to hand over
                 queue.remove(entry)
                 continue
-            if not slots.fits(waiter.tokens, budget):
+            if not slots.fits(waiter.tokens, budget, self._is_cold(waiter.tokens)):
                 return
             if self._keeps_free(slots, entry.tenant, waiter.tokens):
                 held_back.add(entry.tenant)  # its key's requests here wait; a lighter key's may pass

@@ -61,7 +61,7 @@ class AdmissionConfig:
     fair_reserve: int = option(0, "of the capped slots, this many (per worker with --fleet-headroom, in the fleet cap and in each worker's own slots) are kept for API keys holding less than their weighted share: a light key's request finds a slot at once instead of waiting for a heavy key's to end (the fleet runs that many slots short while every key is at its share)")
     prefill_budget_tokens: int = option(0, "with --fleet-headroom and the worker gate: uncached prompt tokens (the policy's prediction) each worker may have sent and not yet answered with a first token; past that its next request waits in the gateway, where the fair order picks it, instead of queueing behind other keys' cold prefills in the worker's first-come queue; only while the fleet is contended (requests wait for admission, every slot is taken, or more than one API key holds slots), and a request alone on its worker always passes (0: no pacing)")
     gate_share_first: bool = option(False, "with --fleet-headroom and the worker gate: a worker's held requests go to an API key holding less than its weighted share of the fleet first (by default each worker's queue takes turns between the keys waiting on it, whatever each holds of the fleet, so a light key's requests there alternate with a heavy key's)")
-    fair_prefill_reserve: bool = option(False, "with --fleet-headroom, the worker gate and --prefill-budget-tokens: while an API key holding less than its weighted share, and fewer slots than another key, is active, that other key's cold prompts (half the budget or more uncached) are let through on all workers but one, and the lighter key's cold prompts are routed to a worker with no cold prefill pending (by default a heavy key's cold start may have every worker prefilling one of its prompts, and a light key's cold prompt waits for that step wherever it goes)")
+    fair_prefill_reserve: bool = option(False, "with --fleet-headroom, the worker gate and --prefill-budget-tokens: while an API key holding less than its weighted share, and fewer slots than another key, is active, that other key's cold prompts (half the budget or more uncached) are let through on all workers but one, and the lighter key's cold prompts are routed to a worker with no cold prefill pending; any key's cold prompt waits in the gate while its worker has one pending (by default a heavy key's cold start may have every worker prefilling one of its prompts, and a light key's cold prompt waits for that step wherever it goes)")
     fair_spill: bool = option(False, "with --fleet-headroom and the worker gate: a request of an API key holding less than its weighted share of the fleet is routed among the workers with a free running slot (requests held for a worker count as taking one) while any has one, locality deciding among them (by default locality decides alone and the request may wait for a running slot of its prefix's worker to end, past what --fair-reserve keeps there)")
     priority_aging_s: float = option(10.0, "every this many seconds in the queue raise a request's priority one level, so low priorities are not starved (0: no aging)")
     low_priority_values_first: bool = option(False, "a lower 'priority' value goes first (vLLM's sense); by default a higher one does (SGLang's)")
@@ -219,17 +219,17 @@ class Admission:
         """Whether ``tenant``'s cold prompts should leave one worker's prefill free (the
         worker gate's prefill reservation): another key that asked for a slot lately holds
         less than its weighted share of the cap and, by weight, fewer slots than
-        ``tenant``; or no other key did (a key's first prompts are cold, and a newcomer's
-        should find a worker not prefilling someone else's). By holdings, not by share
-        alone: at a heavy key's start both keys are below their share, and the heavy
-        one's cold prompts are the ones to keep off the free worker."""
+        ``tenant``. By holdings, not by share alone: at a heavy key's start both keys are
+        below their share, and the heavy one's cold prompts are the ones to keep off the
+        free worker. A key alone never yields: a worker kept free for a newcomer that may
+        never come would cost its own cold burst (the gate paces its cold prompts instead)."""
         cap = self._limits()[0]
         horizon = self._clock() - RECENT_S
         weight = self._waiters.weight
         mine = self._held.get(tenant, 0) / weight(tenant)
         others = ({t for t, at in self._seen.items() if at >= horizon} | set(self._held)) - {tenant}
         if not others:
-            return True
+            return False
         for other in others:
             held = self._held.get(other, 0)
             if held / weight(other) < mine and (cap <= 0 or held < self._share(other, cap)):
