@@ -133,7 +133,7 @@ class PolicyConfig:
         DEFAULT_STICK_QUEUE_TOKENS,
         "cache_aware: while no offered prefix is hot, the worker holding the longest match keeps a request "
         "when it has a free running slot and less than this many uncached prefill tokens queued (0 = off: "
-        "the cost alone decides; 4096 is the measured setting)",
+        "the cost alone decides)",
     )
     loads_max_age_s: float = option(
         DEFAULT_LOADS_MAX_AGE_S, "cache_aware: ignore polled worker loads older than this"
