@@ -9,7 +9,13 @@ from google.protobuf import struct_pb2
 
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.workers.sglang_http_wire import AnswerError
-from gateway.workers.vllm_http_wire import CompletionStreamReader, completion_body, whole_completion
+from gateway.workers.vllm_http_wire import (
+    CompletionStreamReader,
+    completion_body,
+    embedding_body,
+    embedding_reply,
+    whole_completion,
+)
 
 
 def chunk(ids: list[int], finish: str | None = None, stop: Any = None, index: int = 0, **usage: Any) -> dict[str, Any]:
@@ -207,3 +213,21 @@ def test_answers_without_usable_ids_are_refused(bad: Any) -> None:
 def test_a_chunk_of_another_shape_is_an_answer_error(answer: Any, says: str) -> None:
     with pytest.raises(AnswerError, match=says):
         list(CompletionStreamReader("r").feed(answer))
+
+
+def test_an_embedding_is_asked_with_the_ids_as_input_and_read_with_its_usage() -> None:
+    request = pb.EmbedRequest(request_id="e", tokenized=pb.TokenizedInput(input_ids=[5, 6, 7]))
+    assert embedding_body(request, "served") == {"model": "served", "input": [5, 6, 7]}
+    reply = embedding_reply({
+        "object": "list", "data": [{"index": 0, "object": "embedding", "embedding": [0.5, -0.25, 1]}],
+        "usage": {"prompt_tokens": 3, "total_tokens": 3},
+    })  # fmt: skip
+    assert list(reply.embedding) == [0.5, -0.25, 1.0] and reply.embedding_dim == 3 and reply.prompt_tokens == 3
+
+
+@pytest.mark.parametrize("answer", [
+    [], {"data": []}, {"data": ["x"]}, {"data": [{"embedding": "AAAA"}]}, {"data": [{"embedding": [1, "a"]}]},
+])  # fmt: skip
+def test_an_embeddings_answer_of_another_shape_is_an_answer_error(answer: Any) -> None:
+    with pytest.raises(AnswerError):
+        embedding_reply(answer)

@@ -7,7 +7,11 @@ translated in ``vllm_http_wire``; the session, errors and Generate call are the 
 worker machinery of ``sglang_http``.
 
 What vLLM's server lacks is reported, not faked: no abort route (closing the request is
-its abort), no tokenizer download, KV capacity and loads only from ``/metrics``. A server
+its abort), no tokenizer download, KV capacity and loads only from ``/metrics``.
+Embeddings go to ``/v1/embeddings`` with the token ids as the input; vLLM serves that
+route only for a pooling model (``--runner pooling``), and a server that does not
+answers 404, which the call reports as UNIMPLEMENTED. vLLM's pooling routes do not read
+the data-parallel header: an embedding goes to whichever engine vLLM picks. A server
 started with data-parallel engines (``--data-parallel-size``) is one endpoint of several
 ranks: ``/metrics`` labels each engine's series (``engine="N"``), which gives the ranks
 and their loads, and a request names its rank in the ``X-data-parallel-rank`` header.
@@ -19,15 +23,22 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.proto import common_pb2
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.workers.http_errors import http_status_error
-from gateway.workers.sglang_http import AnswerReader, Dialect, HttpGenerateCall, HttpWorkerClient
-from gateway.workers.sglang_http_wire import body_json
+from gateway.workers.sglang_http import AnswerReader, HttpGenerateCall, HttpWorkerClient
+from gateway.workers.sglang_http_wire import AnswerError, body_json
 from gateway.workers.transport import CallCode, WorkerCallError
-from gateway.workers.vllm_http_wire import CompletionStreamReader, completion_body, whole_completion
+from gateway.workers.vllm_http_wire import (
+    CompletionStreamReader,
+    completion_body,
+    embedding_body,
+    embedding_reply,
+    whole_completion,
+)
 
 
 class VllmDialect:
@@ -81,17 +92,31 @@ class VllmHttpClient(HttpWorkerClient):
 
     kind = "vllm/http"
     engine = "vLLM's OpenAI server"
-    lacks = HttpWorkerClient.lacks | {"abort"}
+    lacks = (HttpWorkerClient.lacks - {"embed"}) | {"abort"}
 
     def __init__(self, url: str, **kwargs: Any) -> None:
         super().__init__(url, **kwargs)
-        self._dialect: Dialect = VllmDialect("")
+        self._dialect: VllmDialect = VllmDialect("")
 
     def generate(self, request: pb.GenerateRequest, *, timeout: float | None = None) -> HttpGenerateCall:
         headers = self._headers(request.request_id)
         if request.HasField("data_parallel_rank"):
             headers[DP_RANK_HEADER] = str(request.data_parallel_rank)
         return HttpGenerateCall(self._http, self._dialect, request, headers, timeout)
+
+    async def embed(self, request: pb.EmbedRequest, *, timeout: float | None = None) -> pb.EmbedResponse:
+        """One embedding from ``/v1/embeddings`` (the routed ids as the input)."""
+        body = body_json(embedding_body(request, self._dialect.model))
+        headers = {**self._headers(request.request_id), "Content-Type": "application/json"}
+        status, content = await self._call("POST", "/v1/embeddings", timeout or 60.0, body, headers)
+        if status != 200:
+            raise http_status_error(status, content)
+        try:
+            return embedding_reply(orjson.loads(content))
+        except orjson.JSONDecodeError:
+            raise WorkerCallError(CallCode.INTERNAL, "/v1/embeddings did not answer JSON") from None
+        except AnswerError as exc:
+            raise WorkerCallError(CallCode.INTERNAL, f"/v1/embeddings: {exc}") from None
 
     async def _model_card(self, timeout: float) -> dict[str, Any]:
         models = await self._get_json("/v1/models", timeout)

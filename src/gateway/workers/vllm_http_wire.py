@@ -79,6 +79,27 @@ def completion_body(request: pb.GenerateRequest, model: str, context_length: int
     return body
 
 
+def embedding_body(request: pb.EmbedRequest, model: str) -> dict[str, Any]:
+    """The JSON body of ``POST /v1/embeddings`` for one tokenized input (vLLM takes a list
+    of ids as one prompt, as the completions route does)."""
+    return {"model": model, "input": list(request.tokenized.input_ids)}
+
+
+def embedding_reply(answer: object) -> pb.EmbedResponse:
+    """The first (only) embedding of a ``/v1/embeddings`` answer, in the seam's terms."""
+    if not isinstance(answer, dict):
+        raise AnswerError("an embeddings answer must be a JSON object")
+    data = answer.get("data")
+    if not isinstance(data, list) or not data or not isinstance(data[0], dict):
+        raise AnswerError("an embeddings answer must hold a list of data objects")
+    vector = data[0].get("embedding")
+    if not isinstance(vector, list):
+        raise AnswerError("embedding must be a list of numbers (encoding_format float)")
+    prompt, _ = _usage(answer.get("usage"))
+    values = [_float(v) for v in vector]
+    return pb.EmbedResponse(embedding=values, embedding_dim=len(values), prompt_tokens=prompt)
+
+
 def _token_id(name: object) -> int:
     if isinstance(name, str) and name.startswith("token_id:"):
         return int(name[9:])
@@ -310,4 +331,4 @@ class CompletionStreamReader:
         return self._release()
 
 
-__all__ = ["CompletionStreamReader", "completion_body", "whole_completion"]
+__all__ = ["CompletionStreamReader", "completion_body", "embedding_body", "embedding_reply", "whole_completion"]

@@ -9,7 +9,7 @@ OpenAI ``POST /v1/completions`` (text or token ids in, text out), ``POST
 ``GET /v1/models``.
 vLLM's (``api="vllm"``): ``POST /v1/completions`` with a token-id prompt and
 ``return_token_ids`` (``logprobs``, with ``echo`` the prompt's too, in vLLM's shape),
-``GET /v1/models``, ``/health``, ``/metrics``.
+``GET /v1/models``, ``/health``, ``/metrics``, and ``POST /v1/embeddings`` with a token-id input.
 Requests run through the gRPC mode's own servicer with an in-process call context,
 so both modes validate, cache and fail alike. Like SGLang's server, a streamed
 request reports errors as a ``data: {"error": ...}`` event, a whole one as HTTP 400,
@@ -159,6 +159,7 @@ class SimHttpWorker:
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/metrics", self.metrics, methods=["GET"]),
+            Route("/v1/embeddings", self.embeddings, methods=["POST"]),
         ] if api == "vllm" else [
             Route("/generate", self.generate, methods=["POST", "PUT"]),
             Route("/health", self.health, methods=["GET"]),
@@ -403,6 +404,27 @@ class SimHttpWorker:
                 yield _sse(shape(builder.chunk(pending, continuous)))
             yield _sse({"error": {"message": exc.details, "type": "InternalServerError", "code": 500}})
         yield b"data: [DONE]\n\n"
+
+    async def embeddings(self, request: Request) -> Response:
+        """vLLM's ``/v1/embeddings`` (a pooling model's route) for a token-id input: the
+        servicer's Embed, in OpenAI's shape with vLLM's usage."""
+        try:
+            body = orjson.loads(await request.body())
+        except orjson.JSONDecodeError as exc:
+            return _error(str(exc), 400)
+        ids = body.get("input") if isinstance(body, dict) else None
+        if not isinstance(ids, list) or not ids or not all(type(t) is int and t >= 0 for t in ids):
+            return _error("input must be a non-empty list of token ids", 400)
+        req = pb.EmbedRequest(request_id=uuid.uuid4().hex, tokenized=pb.TokenizedInput(input_ids=ids))
+        try:
+            reply = await self.servicer.Embed(req, InProcessContext())  # type: ignore[arg-type]
+        except CallAborted as exc:
+            return _error(exc.details, _HTTP_STATUS.get(exc.code, 500))
+        return JSONResponse({
+            "id": f"embd-{req.request_id}", "object": "list", "model": self.worker.config.served_name,
+            "data": [{"index": 0, "object": "embedding", "embedding": list(reply.embedding)}],
+            "usage": {"prompt_tokens": reply.prompt_tokens, "total_tokens": reply.prompt_tokens, "completion_tokens": 0},
+        })
 
     async def models(self, request: Request) -> Response:
         cfg = self.worker.config

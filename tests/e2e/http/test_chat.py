@@ -155,7 +155,7 @@ async def test_client_disconnect_during_prefill_aborts_worker(tmp_path, engine: 
 
 
 async def test_tokenize_roundtrip_models_and_embeddings(stack: Stack, engine: str) -> None:
-    only(engine, {"sglang", "vllm"}, "HTTP and TensorRT-LLM workers lack embeddings (GET /workers lists it)")
+    only(engine, {"sglang", "vllm", "vllm-http"}, "SGLang HTTP and TensorRT-LLM workers lack embeddings (GET /workers lists it)")
     tok = (await stack.http.post("/v1/tokenize", json={"prompt": "Hello, world"})).json()
     assert tok["count"] == len(tok["tokens"]) > 0
     text = (await stack.http.post("/v1/detokenize", json={"tokens": tok["tokens"]})).json()["text"]

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from tests.e2e.http_workers.test_sglang_http import eventually, http_stack, idle
 
 
@@ -111,3 +113,21 @@ async def test_vllm_workers_give_logprobs_as_the_sglang_ones_do(tmp_path: Any) -
         assert values[0] is None and all(isinstance(v, float) for v in values[1:])
         assert all(len(row) == 2 for row in tops[1:])
     assert answers["vllm"][0] == answers["vllm"][1]
+
+
+async def test_vllm_workers_serve_embeddings_as_the_sglang_grpc_path_does(tmp_path: Any) -> None:
+    """vLLM's ``/v1/embeddings`` with the routed ids: the same vectors as the same simulated
+    model gives over SGLang's gRPC seam (the simulator's Embed behind both)."""
+    async with http_stack(tmp_path, workers=1, api="vllm") as stack:
+        (worker,) = stack.state.registry.all()
+        assert "embed" not in worker.client.lacks
+        got = await stack.client.embeddings.create(model=stack.model, input=["a b c", "d e"])
+        served = stack.workers[0].worker
+        assert served.counters.embeds == 2
+        from gateway_lab.sim.sampler import embedding
+
+        ids = [(await stack.http.post("/v1/tokenize", json={"prompt": t})).json()["tokens"] for t in ("a b c", "d e")]
+        for datum, prompt in zip(got.data, ids, strict=True):
+            want = embedding(prompt, served.config.seed, served.config.embed_dim)
+            assert datum.embedding == pytest.approx(want, rel=1e-6)
+        assert got.usage.prompt_tokens == sum(len(p) for p in ids)
