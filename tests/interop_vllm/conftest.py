@@ -24,12 +24,14 @@ def interop_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("interop-vllm")
 
 
-def _vllm(interop_dir: Path, transport: str) -> Iterator[common.Process]:
+def _vllm(interop_dir: Path, transport: str, *extra: str) -> Iterator[common.Process]:
     reason = servers.unavailable_reason(require_opt_in=True)
     if reason:
         print(f"interop-vllm skipped: {reason}", file=sys.stderr)
         pytest.skip(reason)
-    with common.running(servers.start_vllm(interop_dir, transport=transport)) as proc:
+    with common.running(
+        servers.start_vllm(interop_dir, transport=transport, extra_args=list(extra))
+    ) as proc:
         yield proc
 
 
@@ -70,6 +72,64 @@ def gateway_http(interop_dir: Path, vllm_http: common.Process) -> Iterator[commo
 @pytest.fixture(scope="session")
 def gateway_grpc(interop_dir: Path, vllm_grpc: common.Process) -> Iterator[common.Process]:
     yield from _gateway(interop_dir, vllm_grpc, "over-grpc", "--kv-events")
+
+
+@pytest.fixture(scope="session")
+def vllm_dp_http(interop_dir: Path) -> Iterator[common.Process]:
+    """vLLM's OpenAI server with two data-parallel engines."""
+    yield from _vllm(interop_dir, "http", "--data-parallel-size", "2")
+
+
+@pytest.fixture(scope="session")
+def vllm_dp_grpc(interop_dir: Path) -> Iterator[common.Process]:
+    """vLLM's ``--grpc`` servicer with two data-parallel engines."""
+    yield from _vllm(interop_dir, "grpc", "--data-parallel-size", "2")
+
+
+@pytest.fixture(scope="session")
+def gateway_dp_http(interop_dir: Path, vllm_dp_http: common.Process) -> Iterator[common.Process]:
+    yield from _gateway(interop_dir, vllm_dp_http, "dp-over-http", "--policy", "cache_aware")
+
+
+@pytest.fixture(scope="session")
+def gateway_dp_grpc(interop_dir: Path, vllm_dp_grpc: common.Process) -> Iterator[common.Process]:
+    yield from _gateway(interop_dir, vllm_dp_grpc, "dp-over-grpc", "--policy", "cache_aware")
+
+
+@pytest.fixture(scope="session")
+def vllm_embed_http(interop_dir: Path) -> Iterator[common.Process]:
+    """vLLM's OpenAI server with a pooling runner: it serves embeddings, not text."""
+    yield from _vllm(interop_dir, "http", "--runner", "pooling")
+
+
+@pytest.fixture(scope="session")
+def vllm_embed_grpc(interop_dir: Path) -> Iterator[common.Process]:
+    """vLLM's ``--grpc`` servicer with a pooling runner."""
+    yield from _vllm(interop_dir, "grpc", "--runner", "pooling")
+
+
+@pytest.fixture(scope="session")
+def gateway_embed_http(interop_dir: Path, vllm_embed_http: common.Process) -> Iterator[common.Process]:
+    yield from _gateway(interop_dir, vllm_embed_http, "embed-over-http")
+
+
+@pytest.fixture(scope="session")
+def gateway_embed_grpc(interop_dir: Path, vllm_embed_grpc: common.Process) -> Iterator[common.Process]:
+    yield from _gateway(interop_dir, vllm_embed_grpc, "embed-over-grpc")
+
+
+@pytest.fixture(params=["http", "grpc"])
+def embed_front(request: pytest.FixtureRequest) -> common.Process:
+    """The gateway in front of a pooling vLLM, over HTTP or gRPC."""
+    proc: common.Process = request.getfixturevalue(f"gateway_embed_{request.param}")
+    return proc
+
+
+@pytest.fixture(params=["http", "grpc"])
+def dp_front(request: pytest.FixtureRequest) -> common.Process:
+    """The gateway in front of a data-parallel vLLM, over HTTP or gRPC."""
+    proc: common.Process = request.getfixturevalue(f"gateway_dp_{request.param}")
+    return proc
 
 
 @pytest.fixture(params=["http", "grpc"])

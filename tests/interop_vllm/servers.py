@@ -109,11 +109,15 @@ def _start_on(
     if transport == "grpc":
         # The servicer relays KV events: the stand-in publishes them through vLLM's own ZMQ
         # publisher, which binds only a wildcard or ipc endpoint (a host is connected to);
-        # an ipc socket in the work folder keeps it off the network.
+        # an ipc socket in the work folder keeps it off the network. vLLM gives each
+        # data-parallel engine its own endpoint by offsetting a tcp port (an ipc one it
+        # refuses), so a data-parallel server runs here without KV events.
         events = '{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "ipc://%s"}'
+        if "--data-parallel-size" in (extra_args or []):
+            events = '{"enable_kv_cache_events": false}'
         extra_args = [
             "--kv-events-config",
-            events % (workdir / f"kv-{port}.ipc"),
+            events % (workdir / f"kv-{port}.ipc") if "%s" in events else events,
             *(extra_args or []),
         ]
     argv = [

@@ -10,6 +10,10 @@ own ``Request``. A block-level prefix cache reports true cached-token counts, an
 step carries ``SchedulerStats``, so ``/metrics`` shows real running/waiting gauges. When the
 config enables KV events (vLLM's ``--grpc`` launcher does by default), the cache's stores,
 evictions and resets go out through vLLM's own ZMQ publisher, as the scheduler's would.
+A pooling runner's requests (``--runner pooling``: embeddings) are answered in one step
+with a deterministic unit vector of the prompt's ids. With ``--data-parallel-size`` N it
+is N such engines behind the routing of vLLM's own
+load-balancing DP client (``StandinCore``).
 
 Runs only in the interop virtualenv (it imports vllm). Every request and abort is
 written as a JSON line to ``INTEROP_VLLM_RECORD`` when that is set.
@@ -22,7 +26,7 @@ import dataclasses
 import json
 import os
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -39,8 +43,8 @@ from vllm.distributed.kv_events import (
     KVEventBatch,
 )
 from vllm.v1.core.sched.utils import check_stop
-from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
-from vllm.v1.engine.core_client import EngineCoreClient
+from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, FinishReason
+from vllm.v1.engine.core_client import DPLBAsyncMPClient, EngineCoreClient
 from vllm.v1.metrics.stats import PrefillStats, PrefixCacheStats, SchedulerStats
 from vllm.v1.outputs import LogprobsLists, LogprobsTensors
 from vllm.v1.request import Request
@@ -116,152 +120,58 @@ class PrefixCache:
         return len(self._blocks) / self.capacity if self.capacity else 0.0
 
 
-class StandinCore(EngineCoreClient):
-    """The async engine-core client AsyncLLM uses, answering from the stand-in model."""
+class _Engine:
+    """One data-parallel rank's engine: its own prefix cache, queues, counters and KV-event
+    publisher, as each engine process of a data-parallel vLLM has."""
 
-    def __init__(self, vllm_config: VllmConfig, *_: Any, **__: Any) -> None:
-        self.vllm_config = vllm_config
+    def __init__(self, rank: int, vllm_config: VllmConfig) -> None:
+        self.rank = rank
+        self.identity = rank.to_bytes(2, "little")  # an engine's identity, as vLLM's DP client keys it
         cache = vllm_config.cache_config
-        # What the real engine reports after profiling memory: vLLM's frontend puts it in
-        # the config, and /metrics' vllm:cache_config_info reads it from there.
-        cache.num_gpu_blocks = NUM_BLOCKS
-        self.block_size = cache.block_size
         self.max_model_len = vllm_config.model_config.max_model_len
         self.max_running = vllm_config.scheduler_config.max_num_seqs
-        self.cache = PrefixCache(self.block_size, NUM_BLOCKS)
-        events = vllm_config.kv_events_config
-        self._kv_events = events if events is not None and events.enable_kv_cache_events else None
-        self._publisher = EventPublisherFactory.create(events, 0)
-        self.engine_ranks_managed = [0]
-        self.engine_status = {"status": "healthy"}
-        self.resources = SimpleNamespace(engine_dead=False)
-        self._waiting: OrderedDict[str, Request] = OrderedDict()
-        self._running: OrderedDict[str, Request] = OrderedDict()
-        self._outputs: asyncio.Queue[EngineCoreOutputs] | None = None
-        self._wake: asyncio.Event | None = None
-        self._loop_task: asyncio.Task[None] | None = None
-        self._queries = 0
-        self._hits = 0
-        self._requests = 0
-        record = os.environ.get("INTEROP_VLLM_RECORD")
-        self._record_path = Path(record) if record else None
+        self.cache = PrefixCache(cache.block_size, NUM_BLOCKS)
+        self.publisher = EventPublisherFactory.create(vllm_config.kv_events_config, rank)
+        self.waiting: OrderedDict[str, Request] = OrderedDict()
+        self.running: OrderedDict[str, Request] = OrderedDict()
+        self.queries = self.hits = self.requests = 0
 
-    # --- what AsyncLLM calls ---------------------------------------------------------
+    @property
+    def busy(self) -> bool:
+        return bool(self.running or self.waiting)
 
-    def _start(self) -> None:
-        if self._loop_task is None:
-            self._outputs = asyncio.Queue()
-            self._wake = asyncio.Event()
-            self._loop_task = asyncio.get_running_loop().create_task(self._step_loop())
-
-    async def get_output_async(self) -> EngineCoreOutputs:
-        self._start()
-        assert self._outputs is not None
-        return await self._outputs.get()
-
-    async def add_request_async(self, request: EngineCoreRequest) -> None:
-        self._start()
-        self._write({"kind": "generate", **_describe(request)})
-        self._waiting[request.request_id] = Request.from_engine_core_request(
-            request, block_hasher=None
-        )
-        assert self._wake is not None
-        self._wake.set()
-
-    async def abort_requests_async(self, request_ids: list[str]) -> None:
-        self._write({"kind": "abort", "rid": ",".join(request_ids), "rids": list(request_ids)})
-        for rid in request_ids:
-            self._waiting.pop(rid, None)
-            self._running.pop(rid, None)
-
-    async def get_supported_tasks_async(self) -> tuple[Any, ...]:
-        return ("generate",)
-
-    async def reset_mm_cache_async(self) -> None:
-        return None
-
-    async def reset_encoder_cache_async(self) -> None:
-        return None
-
-    async def reset_prefix_cache_async(
-        self, reset_running_requests: bool = False, reset_connector: bool = False
-    ) -> bool:
-        self._write({"kind": "flush", "rid": "flush"})
-        self.cache.clear()
-        self._publish()
-        return True
-
-    async def is_scheduler_paused_async(self) -> bool:
-        return False
-
-    async def is_sleeping_async(self) -> bool:
-        return False
-
-    def dp_engines_running(self) -> bool:
-        return bool(self._running or self._waiting)
-
-    def get_kv_event_sources(self) -> dict[int, Any]:
-        return {0: self._kv_events} if self._kv_events is not None else {}
-
-    def shutdown(self, timeout: float | None = None) -> None:
-        if self._loop_task is not None:
-            self._loop_task.cancel()
-        self._publisher.shutdown()
-
-    def _publish(self) -> None:
+    def publish(self) -> None:
         events = self.cache.take_events()
         if events:
-            self._publisher.publish(
-                KVEventBatch(ts=time.time(), events=events, data_parallel_rank=0)
+            self.publisher.publish(
+                KVEventBatch(ts=time.time(), events=events, data_parallel_rank=self.rank)
             )
 
-    # --- the step loop ----------------------------------------------------------------
-
-    async def _step_loop(self) -> None:
-        assert self._outputs is not None and self._wake is not None
-        while True:
-            if not self._running and not self._waiting:
-                self._wake.clear()
-                await self._wake.wait()
-            await asyncio.sleep(STEP_S)
-            outputs = self._step()
-            self._publish()
-            self._outputs.put_nowait(
-                EngineCoreOutputs(
-                    outputs=outputs, scheduler_stats=self._stats(), timestamp=time.monotonic()
-                )
-            )
-            if not self._running and not self._waiting:
-                # An idle step, so the gauges read zero once the last request is done.
-                self._outputs.put_nowait(
-                    EngineCoreOutputs(
-                        outputs=[], scheduler_stats=self._stats(), timestamp=time.monotonic()
-                    )
-                )
-
-    def _stats(self) -> SchedulerStats:
+    def stats(self) -> SchedulerStats:
         stats = SchedulerStats(
-            num_running_reqs=len(self._running),
-            num_waiting_reqs=len(self._waiting),
+            num_running_reqs=len(self.running),
+            num_waiting_reqs=len(self.waiting),
             kv_cache_usage=self.cache.usage,
         )
         stats.prefix_cache_stats = PrefixCacheStats(
-            requests=self._requests, queries=self._queries, hits=self._hits
+            requests=self.requests, queries=self.queries, hits=self.hits
         )
-        self._requests = self._queries = self._hits = 0
+        self.requests = self.queries = self.hits = 0
         return stats
 
-    def _step(self) -> list[EngineCoreOutput]:
+    def step(self) -> tuple[list[EngineCoreOutput], set[str]]:
+        """One step: the outputs, and the requests that finished in it."""
         out: list[EngineCoreOutput] = []
+        finished: set[str] = set()
         admitted: dict[str, PrefillStats] = {}
-        while self._waiting and len(self._running) < self.max_running:
-            rid, req = self._waiting.popitem(last=False)
+        while self.waiting and len(self.running) < self.max_running:
+            rid, req = self.waiting.popitem(last=False)
             prompt = list(req.prompt_token_ids or [])
             cached = self.cache.lookup(prompt)
             self.cache.insert(prompt)
-            self._requests += 1
-            self._queries += len(prompt)
-            self._hits += cached
+            self.requests += 1
+            self.queries += len(prompt)
+            self.hits += cached
             stats = PrefillStats()
             stats.set(
                 num_prompt_tokens=len(prompt),
@@ -269,8 +179,13 @@ class StandinCore(EngineCoreClient):
                 num_external_cached_tokens=0,
             )
             admitted[rid] = stats
-            self._running[rid] = req
-        for rid, req in list(self._running.items()):
+            self.running[rid] = req
+        for rid, req in list(self.running.items()):
+            if req.pooling_params is not None:  # one step and done: the prompt's embedding
+                out.append(_embedded(req, admitted.get(rid)))
+                del self.running[rid]
+                finished.add(rid)
+                continue
             out.append(self._next(req, admitted.get(rid)))
             if rid in admitted and req.sampling_params is not None:
                 out[-1].new_prompt_logprobs_tensors = _prompt_logprobs(
@@ -278,8 +193,9 @@ class StandinCore(EngineCoreClient):
                 )
             if req.is_finished():
                 self.cache.insert(list(req.prompt_token_ids or []) + list(req.output_token_ids))
-                del self._running[rid]
-        return out
+                del self.running[rid]
+                finished.add(rid)
+        return out, finished
 
     def _next(self, req: Request, prefill: PrefillStats | None) -> EngineCoreOutput:
         sp = req.sampling_params
@@ -308,11 +224,189 @@ class StandinCore(EngineCoreClient):
             prefill_stats=prefill,
         )
 
+
+class StandinCore(EngineCoreClient):
+    """The async engine-core client AsyncLLM uses, answering from the stand-in model.
+
+    With ``--data-parallel-size`` N > 1 it stands in for vLLM's load-balancing DP client
+    (``DPLBAsyncMPClient``) over N engines: a request goes to the engine that client's own
+    ``get_core_engine_for_request`` picks (the rank the request names, else the least
+    loaded by the counts its coordinator would publish), each engine's outputs and
+    ``SchedulerStats`` come under its ``engine_index``, and the client's in-flight table
+    (``reqs_in_flight``, which the gRPC servicer reads for a request's rank) is kept by
+    that client's own ``process_engine_outputs``."""
+
+    def __init__(self, vllm_config: VllmConfig, *_: Any, **__: Any) -> None:
+        self.vllm_config = vllm_config
+        # What the real engine reports after profiling memory: vLLM's frontend puts it in
+        # the config, and /metrics' vllm:cache_config_info reads it from there.
+        vllm_config.cache_config.num_gpu_blocks = NUM_BLOCKS
+        events = vllm_config.kv_events_config
+        self._kv_events = events if events is not None and events.enable_kv_cache_events else None
+        size = max(1, vllm_config.parallel_config.data_parallel_size)
+        self.engines = [_Engine(rank, vllm_config) for rank in range(size)]
+        self.engine_ranks_managed = list(range(size))
+        self.engine_status = {"status": "healthy"}
+        self.resources = SimpleNamespace(engine_dead=False)
+        # The state vLLM's DPLBAsyncMPClient keeps, read and written by its own methods.
+        self.client_count = 1
+        self.eng_start_index = 0
+        self.core_engines = [e.identity for e in self.engines]
+        self.lb_engines: list[list[int | float]] = [[0, 0, 0.0] for _ in self.engines]
+        self.reqs_in_flight: dict[str, bytes] = {}
+        self.engine_inflight: Counter[bytes] = Counter()
+        self.streaming_reqs: set[str] = set()
+        self._outputs: asyncio.Queue[EngineCoreOutputs] | None = None
+        self._wake: asyncio.Event | None = None
+        self._loop_task: asyncio.Task[None] | None = None
+        record = os.environ.get("INTEROP_VLLM_RECORD")
+        self._record_path = Path(record) if record else None
+
+    # --- what AsyncLLM calls ---------------------------------------------------------
+
+    def _start(self) -> None:
+        if self._loop_task is None:
+            self._outputs = asyncio.Queue()
+            self._wake = asyncio.Event()
+            self._loop_task = asyncio.get_running_loop().create_task(self._step_loop())
+
+    async def get_output_async(self) -> EngineCoreOutputs:
+        self._start()
+        assert self._outputs is not None
+        outputs = await self._outputs.get()
+        if len(self.engines) > 1:
+            await DPLBAsyncMPClient.process_engine_outputs(self, outputs)  # type: ignore[arg-type]
+        return outputs
+
+    def _engine_for(self, request: EngineCoreRequest) -> _Engine:
+        if len(self.engines) == 1:
+            return self.engines[0]
+        identity = DPLBAsyncMPClient.get_core_engine_for_request(self, request)  # type: ignore[arg-type]
+        return self.engines[self.core_engines.index(identity)]
+
+    async def add_request_async(self, request: EngineCoreRequest) -> None:
+        self._start()
+        engine = self._engine_for(request)
+        kind = "embed" if request.pooling_params is not None else "generate"
+        self._write({"kind": kind, "engine": engine.rank, **_describe(request)})
+        engine.waiting[request.request_id] = Request.from_engine_core_request(
+            request, block_hasher=None
+        )
+        assert self._wake is not None
+        self._wake.set()
+
+    async def abort_requests_async(self, request_ids: list[str]) -> None:
+        self._write({"kind": "abort", "rid": ",".join(request_ids), "rids": list(request_ids)})
+        for rid in request_ids:
+            for engine in self.engines:
+                engine.waiting.pop(rid, None)
+                engine.running.pop(rid, None)
+            if (identity := self.reqs_in_flight.pop(rid, None)) is not None:
+                self.engine_inflight[identity] -= 1
+
+    async def get_supported_tasks_async(self) -> tuple[Any, ...]:
+        # A pooling runner (``--runner pooling``) serves embeddings; the generate runner, text.
+        return ("embed",) if self.vllm_config.model_config.runner_type == "pooling" else ("generate",)
+
+    async def reset_mm_cache_async(self) -> None:
+        return None
+
+    async def reset_encoder_cache_async(self) -> None:
+        return None
+
+    async def reset_prefix_cache_async(
+        self, reset_running_requests: bool = False, reset_connector: bool = False
+    ) -> bool:
+        self._write({"kind": "flush", "rid": "flush"})
+        for engine in self.engines:
+            engine.cache.clear()
+            engine.publish()
+        return True
+
+    async def is_scheduler_paused_async(self) -> bool:
+        return False
+
+    async def is_sleeping_async(self) -> bool:
+        return False
+
+    def dp_engines_running(self) -> bool:
+        return any(e.busy for e in self.engines)
+
+    def get_kv_event_sources(self) -> dict[int, Any]:
+        if self._kv_events is None:
+            return {}
+        return {e.rank: self._kv_events for e in self.engines}
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+        for engine in self.engines:
+            engine.publisher.shutdown()
+
+    # --- the step loop ----------------------------------------------------------------
+
+    async def _step_loop(self) -> None:
+        assert self._outputs is not None and self._wake is not None
+        while True:
+            if not self.dp_engines_running():
+                self._wake.clear()
+                await self._wake.wait()
+            await asyncio.sleep(STEP_S)
+            for engine in self.engines:
+                if not engine.busy:
+                    continue
+                outputs, finished = engine.step()
+                engine.publish()
+                self._put(engine, outputs, finished)
+                if not engine.busy:
+                    # An idle step, so the gauges read zero once the last request is done.
+                    self._put(engine, [], set())
+            # What vLLM's DP coordinator publishes to the client: each engine's queues.
+            self.lb_engines = [
+                [len(e.waiting), len(e.running), e.cache.usage] for e in self.engines
+            ]
+
+    def _put(self, engine: _Engine, outputs: list[EngineCoreOutput], finished: set[str]) -> None:
+        assert self._outputs is not None
+        self._outputs.put_nowait(
+            EngineCoreOutputs(
+                engine_index=engine.rank,
+                outputs=outputs,
+                scheduler_stats=engine.stats(),
+                timestamp=time.monotonic(),
+                finished_requests=finished or None,
+            )
+        )
+
     def _write(self, record: dict[str, Any]) -> None:
         if self._record_path is None:
             return
         with self._record_path.open("a") as f:
             f.write(json.dumps(record) + "\n")
+
+
+EMBED_DIM = 32
+
+
+def _embedding(prompt: list[int]) -> torch.Tensor:
+    """A unit vector that depends on each prompt id and its position: deterministic, so
+    the same ids give the same embedding on every path, and different ids a different one."""
+    ids = np.asarray(prompt, dtype=np.int64)
+    vec = np.zeros(EMBED_DIM, dtype=np.float64)
+    np.add.at(vec, (ids * 31 + np.arange(len(ids))) % EMBED_DIM, 1.0 + (ids % 7) / 7.0)
+    norm = float(np.linalg.norm(vec)) or 1.0
+    return torch.from_numpy((vec / norm).astype(np.float32))
+
+
+def _embedded(req: Request, prefill: PrefillStats | None) -> EngineCoreOutput:
+    """A pooling request's one output, as the model runner's pooler hands it on."""
+    return EngineCoreOutput(
+        request_id=req.request_id,
+        new_token_ids=[],
+        pooling_output=_embedding(list(req.prompt_token_ids or [])),
+        finish_reason=FinishReason.STOP,
+        prefill_stats=prefill,
+    )
 
 
 def _prompt_logprobs(prompt: list[int], k: int | None) -> LogprobsTensors | None:
