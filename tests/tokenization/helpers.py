@@ -43,9 +43,9 @@ def small_byte_level_tokenizer(dest: Path, name: str = "small") -> Path:
     from tokenizers import Regex, models, normalizers, pre_tokenizers
     from tokenizers import Tokenizer as BackendTokenizer
 
-    from gateway.tokenization.fast_bpe import _byte_decoder
+    from gateway.tokenization.fast_bpe import byte_decoder
 
-    decoder = _byte_decoder()
+    decoder = byte_decoder()
     vocab = {c: i for i, c in enumerate(sorted(decoder, key=decoder.__getitem__))}
     vocab["ab"], vocab["abc"] = 256, 257
     tok = BackendTokenizer(models.BPE(vocab, [("a", "b"), ("ab", "c")]))

@@ -16,8 +16,8 @@ from gateway.tokenization import Tokenizer, fast_bpe
 from gateway.tokenization.fast_bpe import (
     _SAMPLE,
     FastBpe,
-    _byte_decoder,
     build_fast_bpe,
+    byte_decoder,
     plan_fast_bpe,
 )
 from gateway_lab.bench.workloads import GspConfig, Vocab, gsp
@@ -138,7 +138,7 @@ def test_the_tokenizer_uses_it_only_once_built(qwen_dir: Path, monkeypatch: pyte
 
 
 def _byte_level(merges: list[tuple[str, str]], extra: list[str], *, split: str = QWEN_SPLIT) -> BackendTokenizer:
-    alphabet = sorted(_byte_decoder(), key=lambda c: _byte_decoder()[c])
+    alphabet = sorted(byte_decoder(), key=lambda c: byte_decoder()[c])
     vocab = {c: i for i, c in enumerate(alphabet)}
     for token in extra:
         vocab[token] = len(vocab)

@@ -66,7 +66,7 @@ PIECE_MEMO_CHARS = 256
 PIECE_MEMO_ENTRIES = 4096
 
 
-def _byte_decoder() -> dict[str, int]:
+def byte_decoder() -> dict[str, int]:
     """GPT-2's byte-level alphabet, reversed: the character that stands for each byte."""
     bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     cs = list(bs)
@@ -358,7 +358,7 @@ class FastBpePlan:
 def _spelled(backend: BackendTokenizer, ids: Sequence[int]) -> bytes | None:
     """The bytes ``ids`` stand for in ``backend``'s byte-level vocabulary (added tokens as
     their text), or None when one is not in it."""
-    decode = _byte_decoder()
+    decode = byte_decoder()
     added = backend.get_added_tokens_decoder()
     out = bytearray()
     for token_id in ids:
@@ -425,7 +425,7 @@ def plan_fast_bpe(backend: BackendTokenizer) -> FastBpePlan | None:
     vocab: dict[str, int] = model.get("vocab") or {}
     if not _merges_in_rank_order(vocab, model.get("merges") or []):
         return None
-    decode = _byte_decoder()
+    decode = byte_decoder()
     ranks: dict[bytes, int] = {}
     for piece, rank in vocab.items():
         if rank in added:

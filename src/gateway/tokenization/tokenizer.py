@@ -31,6 +31,8 @@ from gateway.tokenization.errors import TokenizerLoadError, TokenizerTooLarge
 from gateway.tokenization.fast_bpe import FastBpe, FastBpePlan, build_fast_bpe, plan_fast_bpe
 from gateway.tokenization.length_bound import LengthBound, length_bound
 from gateway.tokenization.special_text import SpecialTextShield
+from gateway.tokenization.token_bytes import TokenBytes
+from gateway.tokenization.token_bytes import for_backend as token_bytes_for
 
 if TYPE_CHECKING:
     from gateway.tokenization.chat_template import ChatTemplate
@@ -180,6 +182,7 @@ class Tokenizer:
         self._chat_templates: dict[str, ChatTemplate] = {}
         self._lock = threading.Lock()
         self._token_ids: dict[str, int | None] = {}
+        self._token_bytes: dict[bool, TokenBytes | None] = {}
         # The tokenizer that encodes: ``backend`` itself, unless it was built without its
         # merges (``backend_parts.merges_later``: the fast encoder takes most texts, and the
         # merges' build would stall the event loop while a model joins); then the whole one,
@@ -409,6 +412,16 @@ class Tokenizer:
         used by ``encode`` once built; the first read checks it (seconds of CPU: run it off the event loop)."""
         return _built("fast_bpe", self.backend, lambda backend: build_fast_bpe(whole(backend)))  # type: ignore[no-any-return]
 
+    def token_bytes(self, skip_special_tokens: bool) -> TokenBytes | None:
+        """The bytes of this vocabulary's ids for the streamed relay's detokenizer
+        (``tokenization.token_bytes``), or None where ``DecodeStream`` must decode; checked
+        once per ``skip_special_tokens`` (a few dozen decodes)."""
+        try:
+            return self._token_bytes[skip_special_tokens]
+        except KeyError:
+            found = self._token_bytes[skip_special_tokens] = token_bytes_for(self.backend, skip_special_tokens)
+            return found
+
     def warm_encoders(self) -> None:
         """Build the tiktoken encoder and the length bound now, off the event loop, before
         the model takes traffic. Built lazily instead, in a thread beside the serving loop,
@@ -416,7 +429,7 @@ class Tokenizer:
         table) hold the GIL for long stretches on a busy host, and every request that
         arrives meanwhile waits: a fresh gateway under load answered its first requests
         late while its workers sat idle."""
-        _ = self.fast_bpe, self.length_bound
+        _ = self.fast_bpe, self.length_bound, self.token_bytes(True), self.token_bytes(False)
 
     def encoders_built(self) -> bool:
         """Whether the fast encoder and the length bound are built for this tokenizer's
