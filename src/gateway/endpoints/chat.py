@@ -312,8 +312,7 @@ class _ChatPush:
                 return
             chunk = StreamChunk(self.head, [ChatDelta(0, None, content or None, reasoning or None)])
             data = b"".join((self.frame[0], chunk.to_json(), self.frame[1]))
-        if not self.writer.write(data):  # ``ready`` said it would, in this same step
-            raise RuntimeError("the client's connection refused a write it had said it would take")
+        self.writer.push(data)  # ``ready`` said it would write, in this same step
 
 
 def _fragments(calls: list[ToolCallDelta]) -> list[ToolCallFragment]:

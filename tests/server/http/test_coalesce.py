@@ -65,6 +65,17 @@ async def test_writes_of_one_turn_leave_together_at_its_end(pair: tuple[Coalesci
     assert await _read(peer, 2) == b"ab"
 
 
+async def test_write_now_sends_at_once_or_behind_what_the_turn_queued(pair: tuple[CoalescingTransport, socket.socket]) -> None:
+    out, peer = pair
+    out.write_now(b"token-1 ")
+    assert out.get_write_buffer_size() == 0  # handed to the socket within the turn
+    assert await _read(peer, 8) == b"token-1 "
+    out.write(b"head ")
+    out.write_now(b"token-2")  # queued: it must not overtake what this turn wrote first
+    assert out.get_write_buffer_size() == 12
+    assert await _read(peer, 12) == b"head token-2"
+
+
 async def test_close_sends_what_is_queued_then_closes(pair: tuple[CoalescingTransport, socket.socket]) -> None:
     out, peer = pair
     out.write(b"last words")

@@ -202,5 +202,12 @@ def test_a_chunk_writer_declines_while_writes_are_paused_and_drops_a_gone_client
     cycle.response_complete, cycle.disconnected = False, True
     assert writer.writable() is True and writer.write(b"gone") is True
     assert out == [b"2\r\nok\r\n"]
+    writer.push(b"pushed")  # a client that left: dropped
+    cycle.disconnected = False
+    writer.push(b"pushed")
+    writer.push(b"")  # an empty chunk would end the response: never written
+    assert out == [b"2\r\nok\r\n", b"6\r\npushed\r\n"]
     del cycle
     assert writer.writable() is True and writer.write(b"freed") is True  # the request is gone with its cycle
+    writer.push(b"freed")
+    assert len(out) == 2

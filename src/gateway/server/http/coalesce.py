@@ -36,6 +36,15 @@ class CoalescingTransport:
             self._loop.call_soon(self.flush)
         out.append(bytes(data) if not isinstance(data, bytes) else data)
 
+    def write_now(self, data: bytes) -> None:
+        """Send ``data`` at once, or behind what this turn queued already: for the one
+        write a connection gets in a turn (a relayed token's event, pushed as the worker's
+        message arrives), which then needs no end-of-turn callback."""
+        if self._out:
+            self._out.append(data)
+        elif not self._transport.is_closing():
+            self._transport.write(data)
+
     def writelines(self, chunks: Any) -> None:
         for chunk in chunks:
             self.write(chunk)

@@ -99,12 +99,14 @@ class ChunkWriter:
     asked to pause writing, and the caller then sends the message the ASGI way (which
     waits for the drain)."""
 
-    __slots__ = ("_cycle",)
+    __slots__ = ("_cycle", "_now")
 
     def __init__(self, cycle: Any) -> None:
         # uvicorn's RequestResponseCycle of this request, which holds the scope that holds
         # this writer: weakly, so a finished request is freed without the cyclic collector.
         self._cycle = weakref.ref(cycle)
+        transport = cycle.transport  # the connection's (``CoalescingTransport``): it outlives the request
+        self._now: Any = getattr(transport, "write_now", None) or transport.write
 
     def writable(self) -> bool:
         """``write`` would take a chunk now (a client that left: it would drop it)."""
@@ -129,6 +131,15 @@ class ChunkWriter:
             return False
         cycle.transport.write(b"%x\r\n%b\r\n" % (len(body), body))
         return True
+
+    def push(self, body: bytes) -> None:
+        """``write`` for a caller that asked ``writable`` in this same step, with nothing
+        written since (a delivery of relayed tokens): its checks are not made twice, and the
+        chunk leaves now (``CoalescingTransport.write_now``), not at the end of the turn."""
+        cycle = self._cycle()
+        if cycle is None or cycle.disconnected or not body:
+            return
+        self._now(b"%x\r\n%b\r\n" % (len(body), body))
 
 
 def _client_left(cycle: Any) -> None:
