@@ -119,6 +119,7 @@ class Generation:
             for i in range(options.n)
         ]
         self._open = len(self._samples)
+        self._step_plain = self._samples[0].text.plain_stepper()  # ``_plain_token``'s detokenizer step
         self._want_logprobs = prepared.sampling.logprobs
         self._top_n = prepared.sampling.top_logprobs if prepared.sampling.logprobs else 0
         self.input_logprobs: pb.InputLogProbs | None = None
@@ -288,7 +289,7 @@ class Generation:
         sample0.generated += 1
         sample0.ids.append(token_id)
         self.usage.per_sample_completion[0] = sample0.generated
-        return sample0.text.step_one_plain(token_id)
+        return self._step_plain(token_id)
 
     def push_to(self, sink: TextSink | None) -> bool:
         """From now on, while the generation waits for its worker, hand the texts of the

@@ -26,7 +26,7 @@ later feeds return nothing.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gateway.tokenization.detokenizer import IncrementalDetokenizer
@@ -274,12 +274,12 @@ class SampleStream:
         """No stop string to match on text: only token stops can end the sample."""
         return self._plain
 
-    def step_one_plain(self, token_id: int) -> str:
-        """``step([token_id]).text`` of a ``plain`` stream for an id that is not a token
-        stop (the caller checked both), without the ``StopStep``: the relay's per-token call."""
-        if self._done:
-            return ""
-        return self._detok.step_one(token_id)
+    def plain_stepper(self) -> Callable[[int], str]:
+        """What gives ``step([token_id]).text`` of a ``plain`` stream for an id that is not
+        a token stop, without the ``StopStep`` or a call of this stream's own: the relay's
+        per-token call. Only while the sample is not done (the caller keeps track: a
+        finished stream's detokenizer refuses more ids)."""
+        return self._detok.step_one
 
     def step(self, token_ids: Sequence[int]) -> StopStep:
         """Feed one chunk's new ids. ``ids_used`` says how many of them the client's
