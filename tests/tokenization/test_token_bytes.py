@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -46,6 +47,14 @@ def test_a_byte_level_tokenizer_has_its_bytes(qwen: Tokenizer) -> None:
     assert qwen.token_bytes(True).text([im_end]) == ""  # type: ignore[union-attr]
     assert qwen.token_bytes(False).text([im_end]) == "<|im_end|>"  # type: ignore[union-attr]
     assert qwen.token_bytes(True).text([qwen.vocab_size + 5]) == ""  # type: ignore[union-attr]  # unknown: skipped
+
+
+def test_warming_checks_both_tables_once(qwen_dir: Path) -> None:
+    tok = Tokenizer.from_path(qwen_dir)
+    tok.warm_token_bytes()
+    first = tok.token_bytes(True), tok.token_bytes(False)
+    assert all(t is not None for t in first)
+    assert (tok.token_bytes(True), tok.token_bytes(False)) == first  # kept, not checked again
 
 
 def test_other_decoders_keep_decode_stream() -> None:

@@ -222,6 +222,7 @@ class ModelCatalog:
             settle_model_parsers, self._parsers, names, tokenizer, worker.info.model_type
         )
         await asyncio.to_thread(tokenizer.warm_chat_templates)
+        await asyncio.to_thread(tokenizer.warm_token_bytes)
         facts = model_facts(tokenizer, worker)
         log.info(
             "model %s: context length %d (%s), sampling defaults %s (%s)", name, facts.context_length,

@@ -415,12 +415,18 @@ class Tokenizer:
     def token_bytes(self, skip_special_tokens: bool) -> TokenBytes | None:
         """The bytes of this vocabulary's ids for the streamed relay's detokenizer
         (``tokenization.token_bytes``), or None where ``DecodeStream`` must decode; checked
-        once per ``skip_special_tokens`` (a few dozen decodes)."""
+        once per ``skip_special_tokens`` (a couple of hundred decodes: ``warm_token_bytes``)."""
         try:
             return self._token_bytes[skip_special_tokens]
         except KeyError:
             found = self._token_bytes[skip_special_tokens] = token_bytes_for(self.backend, skip_special_tokens)
             return found
+
+    def warm_token_bytes(self) -> None:
+        """Check the detokenizer's byte tables now (milliseconds), off the event loop and
+        before the model takes traffic, not in its first streamed request."""
+        self.token_bytes(True)
+        self.token_bytes(False)
 
     def warm_encoders(self) -> None:
         """Build the tiktoken encoder and the length bound now, off the event loop, before
@@ -429,7 +435,7 @@ class Tokenizer:
         table) hold the GIL for long stretches on a busy host, and every request that
         arrives meanwhile waits: a fresh gateway under load answered its first requests
         late while its workers sat idle."""
-        _ = self.fast_bpe, self.length_bound, self.token_bytes(True), self.token_bytes(False)
+        _ = self.fast_bpe, self.length_bound
 
     def encoders_built(self) -> bool:
         """Whether the fast encoder and the length bound are built for this tokenizer's
