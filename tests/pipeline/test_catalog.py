@@ -82,6 +82,28 @@ async def test_the_encoders_are_built_before_the_model_takes_traffic(
     assert len(_encoders_warmed) == 1  # --no-encoder-at-load: built lazily by the engine
 
 
+class _Helper:
+    """A stand-in for the tokenizer helper process: the tokenizers it was asked to hold."""
+
+    def __init__(self) -> None:
+        self.attached: list[Tokenizer] = []
+
+    def attach(self, tokenizer: Tokenizer) -> bool:
+        self.attached.append(tokenizer)
+        return True
+
+
+async def test_a_model_that_joins_once_the_helper_is_set_has_its_merges_held_there(
+    shared: TokenizerRegistry, _encoders_warmed: list[Tokenizer]
+) -> None:
+    catalog = _catalog(shared)
+    first = await catalog.ensure(_worker("a"))  # type: ignore[arg-type]
+    helper = catalog.tokenizer_helper = _Helper()  # type: ignore[assignment]
+    later = await catalog.ensure(_worker("b"))  # type: ignore[arg-type]
+    assert helper.attached == [later.tokenizer] and first.tokenizer not in helper.attached
+    assert _encoders_warmed[-1] is later.tokenizer  # the fast encoder first, then the helper
+
+
 async def test_the_first_worker_loads_the_model_once(shared: TokenizerRegistry, _no_template_warmup: list[Tokenizer]) -> None:
     catalog = _catalog(shared)
     worker = _worker(model_path="/models/qwen", context_length_arg=2048)

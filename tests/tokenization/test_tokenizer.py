@@ -314,3 +314,55 @@ def test_a_tokenizer_without_its_merges_gets_every_id_of_the_whole_one(
     ).ids
     assert tok.encode("hi", add_special_tokens=True)[0] == ENDOFTEXT
     assert tok.token_id(text) == full.token_id(text)
+
+
+class _Elsewhere:
+    """A stand-in for the helper process: the whole tokenizer's ids, and every call kept."""
+
+    def __init__(self, full: Tokenizer) -> None:
+        self.full, self.calls = full, []  # type: ignore[var-annotated]
+
+    def __call__(self, texts: Any, add_special_tokens: bool, plain: bool) -> list[list[int]]:
+        self.calls.append((list(texts), add_special_tokens, plain))
+        if plain:
+            return [self.full.special_text.plain().encode(t, add_special_tokens=False).ids for t in texts]
+        return [self.full.encode(t, add_special_tokens=add_special_tokens) for t in texts]
+
+
+def test_texts_tiktoken_does_not_take_go_whole_to_the_process_that_holds_the_merges(
+    qwen_parts: tuple[Path, BackendParts, FastBpePlan, Tokenizer],
+) -> None:
+    tok, full = _deferred(qwen_parts), qwen_parts[3]
+    other = _Elsewhere(full)
+    backend_parts.encode_elsewhere(tok.backend, other)
+    assert tok.merges_elsewhere and backend_parts.deferred_parts(tok.backend) is not None
+    ascii_text, mixed = "Hello, world! It's 12:45.", "Hello 東京 and слово 😀 and more words"
+    assert tok.encode(ascii_text, add_special_tokens=False) == full.encode(ascii_text, add_special_tokens=False)
+    assert other.calls == [] and not tok.encodes_elsewhere(ascii_text)
+    assert tok.encodes_elsewhere(mixed)
+    for special in (False, True):
+        assert tok.encode(mixed, add_special_tokens=special) == full.encode(mixed, add_special_tokens=special)
+    assert other.calls == [([mixed], False, False), ([mixed], True, False)]  # whole, once each: not span by span
+    other.calls.clear()
+    texts = [ascii_text, mixed, "naïve café", "東京"]
+    assert tok.encode_batch(texts, add_special_tokens=False) == full.encode_batch(texts, add_special_tokens=False)
+    assert other.calls == [([mixed, "東京"], False, False)]  # one round trip for the batch's others
+    other.calls.clear()
+    assert tok.special_text.plain_ids(["<|im_end|>", "x"]) == full.special_text.plain_ids(["<|im_end|>", "x"])
+    assert other.calls == [(["<|im_end|>", "x"], False, True)]
+    tok.build_merges()  # serve's start-up build leaves it to the other process
+    assert tok.token_id("東京") == full.token_id("東京")
+    assert tok.backend not in backend_parts._WHOLE  # never built here
+    assert tok.decode(full.encode(mixed, add_special_tokens=False)) == mixed
+
+
+def test_a_whole_tokenizer_never_asks_elsewhere(qwen_parts: tuple[Path, BackendParts, FastBpePlan, Tokenizer]) -> None:
+    tok, full = _deferred(qwen_parts), qwen_parts[3]
+    tok.build_merges()
+    other = _Elsewhere(full)
+    backend_parts.encode_elsewhere(tok.backend, other)  # too late: built here already
+    backend_parts.encode_elsewhere(full.backend, other)  # parsed whole: nothing put off
+    for t in (tok, full):
+        assert not t.merges_elsewhere and not t.encodes_elsewhere("東京")
+        assert t.encode("東京 x", add_special_tokens=False) == full.encode("東京 x", add_special_tokens=False)
+    assert other.calls == []

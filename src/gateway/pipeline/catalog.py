@@ -27,6 +27,7 @@ from gateway.pipeline.encoder_build import (
 )
 from gateway.pipeline.model_facts import ModelFacts, prompt_limit, resolve_context, resolve_sampling
 from gateway.pipeline.model_parsers import settle_model_parsers
+from gateway.pipeline.tokenizer_helper import TokenizerHelper
 from gateway.protocol.errors import ModelNotFoundError
 from gateway.tokenization import ChatPromptCache, ResolvedTokenizer, Tokenizer, TokenizerRegistry
 from gateway.tokenization.errors import TokenizationError
@@ -94,6 +95,9 @@ class ModelCatalog:
         warm_encoders: bool = True,
     ) -> None:
         self._warm_encoders = warm_encoders  # build the fast encoder and length bound before traffic
+        # Set once the models known at start-up are served (``serve``): the models that join
+        # after that have their BPE merges built and used in this helper process, never here.
+        self.tokenizer_helper: TokenizerHelper | None = None
         self._parsers = parsers or ParserConfig()
         # The hub fallback downloads the repository a worker names: an outbound fetch a
         # worker could aim, so only when the operator asks for it.
@@ -163,6 +167,11 @@ class ModelCatalog:
         self._merge_worker_facts(entry, worker)
         return entry
 
+    def close(self) -> None:
+        """Stop the tokenizer helper process, if one was started."""
+        if self.tokenizer_helper is not None:
+            self.tokenizer_helper.close()
+
     def _merge_worker_facts(self, entry: ModelEntry, worker: Worker) -> None:
         """Fold one more worker's facts into its model's: the tightest limits win (a prompt
         must fit every worker it may be routed to); the vocabulary and EOS ids it reports
@@ -217,6 +226,8 @@ class ModelCatalog:
             # In a child process, from its files; first, so that the parsers' token look-ups
             # below go through the fast encoder.
             await asyncio.to_thread(build_encoder, tokenizer)
+        if self.tokenizer_helper is not None:
+            await asyncio.to_thread(self.tokenizer_helper.attach, tokenizer)
         names = {name, model, worker.info.model_path} - {""}
         chosen = await asyncio.to_thread(
             settle_model_parsers, self._parsers, names, tokenizer, worker.info.model_type

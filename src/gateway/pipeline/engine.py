@@ -198,6 +198,12 @@ class Engine:
             return fn(*args)
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
+    def _size(self, tokenizer: Tokenizer, text: str) -> int:
+        """``text``'s weight for ``_offload``: its length, or past ``offload_chars`` when its
+        encode is a round trip to the tokenizer helper process
+        (``Tokenizer.encodes_elsewhere``), so that the event loop never waits on another process."""
+        return self.config.offload_chars + 1 if tokenizer.encodes_elsewhere(text) else len(text)
+
     def _warm_encoder(self, tokenizer: Tokenizer, size: int) -> None:
         """Build a model's tiktoken encoder once, planned in a child process
         (``pipeline.encoder_build``: seconds of CPU, much of it holding the GIL; encodes then cost
@@ -243,7 +249,7 @@ class Engine:
     async def encode(self, entry: ModelEntry, text: str, *, add_special_tokens: bool) -> list[int]:
         self.refuse_hopeless(entry, text)
         started = time.perf_counter()
-        ids: list[int] = await self._offload(len(text), entry.tokenizer.encode, text, add_special_tokens)
+        ids: list[int] = await self._offload(self._size(entry.tokenizer, text), entry.tokenizer.encode, text, add_special_tokens)
         self._observe("tokenize", time.perf_counter() - started)
         return ids
 
@@ -259,7 +265,7 @@ class Engine:
         self.refuse_hopeless(entry, text)
         self._warm_encoder(entry.tokenizer, len(text))
         started = time.perf_counter()
-        ids: list[int] = await self._offload(len(text), entry.prompt_cache.encode_prompt, text)
+        ids: list[int] = await self._offload(self._size(entry.tokenizer, text), entry.prompt_cache.encode_prompt, text)
         self._observe("tokenize", time.perf_counter() - started)
         return ids
 
@@ -302,10 +308,10 @@ class Engine:
         if spans:
             assert replies is not None
             ids: list[int] = await self._offload(
-                len(text), replies.encode_spliced, text, spans, entry.prompt_cache.encode
+                self._size(entry.tokenizer, text), replies.encode_spliced, text, spans, entry.prompt_cache.encode
             )
         else:
-            ids = await self._offload(len(text), entry.prompt_cache.encode, text)
+            ids = await self._offload(self._size(entry.tokenizer, text), entry.prompt_cache.encode, text)
         self._observe("tokenize", time.perf_counter() - rendered)
         return text, ids
 
@@ -321,8 +327,9 @@ class Engine:
         self._observe("template", done - started)
         self.refuse_hopeless(entry, rendered, param="messages")
         tokenizer = entry.tokenizer
+        size = self.config.offload_chars + 1 if tokenizer.merges_elsewhere else len(rendered)  # see ``_size``
         text, ids = await self._offload(
-            len(rendered), shield.encode, rendered, originals, lambda piece: tokenizer.encode(piece, False)
+            size, shield.encode, rendered, originals, lambda piece: tokenizer.encode(piece, False)
         )
         self._observe("tokenize", time.perf_counter() - done)
         return text, ids

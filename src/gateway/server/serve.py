@@ -268,6 +268,9 @@ async def serve(config: GatewayConfig) -> None:
         ready["metrics_url"] = metrics_server.url
     for entry in state.catalog.entries():  # models known at start-up: no request waits yet
         entry.tokenizer.build_merges()
+    from gateway.pipeline.tokenizer_helper import TokenizerHelper
+
+    state.catalog.tokenizer_helper = TokenizerHelper()  # the models that join from now on
     loop = asyncio.get_running_loop()
     grpc_stop: list[asyncio.Future[None]] = []
     serving = asyncio.ensure_future(server.serve(sockets=[sock]))

@@ -323,6 +323,7 @@ class GatewayState:
         for policy in self.router.policies().values():
             close_policy(policy)
         self.engine.close()
+        self.catalog.close()
         await self.registry.close()
         await self.background.close()
         await self.history.close()

@@ -23,7 +23,9 @@ Most of the model's build is its merges, and a process whose encodes go through 
 (``fast_bpe``) needs them only for the texts tiktoken does not take. ``merges_later`` builds
 the tokenizer around a vocabulary-only BPE model (decoding, id and token look-ups are the
 same: they read the vocabulary alone) and ``whole`` gives the tokenizer with the merges,
-built from the same parts the first time something must encode with it.
+built from the same parts the first time something must encode with it, unless
+``encode_elsewhere`` names another process that holds it (``elsewhere``): then that build
+never happens in this one.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import json
 import threading
 import weakref
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,6 +104,11 @@ and the vocabulary dict and merge list already made from them."""
 _WHOLE: weakref.WeakKeyDictionary[BackendTokenizer, BackendTokenizer] = weakref.WeakKeyDictionary()
 _WHOLE_LOCK = threading.Lock()
 
+EncodeMany = Callable[[Sequence[str], bool, bool], list[list[int]]]
+"""``(texts, add_special_tokens, plain)`` -> each text's ids, from a tokenizer with its merges
+held by another process (``plain``: special-token strings in the texts are read as text)."""
+_ELSEWHERE: weakref.WeakKeyDictionary[BackendTokenizer, EncodeMany] = weakref.WeakKeyDictionary()
+
 
 def merges_later(parts: BackendParts) -> BackendTokenizer:
     """The tokenizer of ``parts`` around a vocabulary-only model: it decodes and looks ids
@@ -122,6 +129,33 @@ def merges_deferred(backend: BackendTokenizer) -> bool:
         return backend in _LATER or backend in _WHOLE
 
 
+def deferred_parts(backend: BackendTokenizer) -> BackendParts | None:
+    """The parts of a ``merges_later`` tokenizer whose whole one is not built here yet (what
+    another process builds it from), else None."""
+    with _WHOLE_LOCK:
+        later = _LATER.get(backend)
+    return later[0] if later is not None else None
+
+
+def encode_elsewhere(backend: BackendTokenizer, encode: EncodeMany) -> None:
+    """From now on the texts that need ``backend``'s merges are encoded by ``encode`` (another
+    process holding the whole tokenizer): the merges' native build holds the GIL for
+    hundreds of milliseconds, which no request should wait behind. The vocabulary dict and
+    merge list kept for a build here are let go."""
+    with _WHOLE_LOCK:
+        if backend in _WHOLE or backend not in _LATER:
+            return
+        parts = _LATER[backend][0]
+        _LATER[backend] = (parts, {}, [])
+        _ELSEWHERE[backend] = encode
+
+
+def elsewhere(backend: BackendTokenizer) -> EncodeMany | None:
+    """The encoder ``encode_elsewhere`` gave ``backend``, while its whole tokenizer is not built here."""
+    with _WHOLE_LOCK:
+        return None if backend in _WHOLE else _ELSEWHERE.get(backend)
+
+
 def whole(backend: BackendTokenizer) -> BackendTokenizer:
     """The tokenizer that encodes as ``backend``'s file says: ``backend`` itself, or for one
     from ``merges_later`` the tokenizer with the merges, built the first time it is asked
@@ -136,6 +170,8 @@ def whole(backend: BackendTokenizer) -> BackendTokenizer:
         if later is None:
             return backend
         parts, vocab, pairs = later
+        if not vocab and parts.pieces:  # let go by ``encode_elsewhere``: made again (off the loop, as a fallback)
+            vocab, pairs = parts.objects()
         found = parts.assemble(vocab, pairs)
         found.post_processor = backend.post_processor
         found.no_truncation()
@@ -145,10 +181,14 @@ def whole(backend: BackendTokenizer) -> BackendTokenizer:
 
 
 def whole_encoder(backend: BackendTokenizer) -> Callable[[str], list[int]]:
-    """``whole(backend)``'s ids of a text (``add_special_tokens=False``), found on each call:
-    what tiktoken hands the texts it does not take to."""
+    """``whole(backend)``'s ids of a text (``add_special_tokens=False``), or the ids the
+    process ``elsewhere`` names gives, found on each call: what tiktoken hands the texts it
+    does not take to."""
 
     def encode(text: str) -> list[int]:
+        other = elsewhere(backend)
+        if other is not None:
+            return other([text], False, False)[0]
         ids: list[int] = whole(backend).encode(text, add_special_tokens=False).ids
         return ids
 

@@ -148,12 +148,14 @@ class FastBpe:
         self._unsafe = (_UNSAFE_LATIN if latin else _UNSAFE_ASCII).search
         self._other_runs = (_OTHER_RUN_LATIN if latin else _OTHER_RUN_ASCII).finditer
 
-    def encode(self, text: str) -> list[int] | None:
+    def takes(self, text: str) -> bool:
+        """Whether tiktoken takes ``text`` whole (no span of it goes to ``other``)."""
         if text.isascii():
-            safe = not text.encode("ascii").translate(None, _SAFE_BYTES)
-        else:
-            safe = self.latin and self._unsafe(text) is None
-        if not safe:
+            return not text.encode("ascii").translate(None, _SAFE_BYTES)
+        return self.latin and self._unsafe(text) is None
+
+    def encode(self, text: str) -> list[int] | None:
+        if not self.takes(text):
             if self._other is None:
                 return None  # a character tiktoken does not take here
             out: list[int] = []

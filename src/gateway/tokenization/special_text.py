@@ -23,7 +23,7 @@ from typing import Any
 from tokenizers import AddedToken
 from tokenizers import Tokenizer as BackendTokenizer
 
-from gateway.tokenization.backend_parts import whole
+from gateway.tokenization.backend_parts import elsewhere, whole
 
 _OPEN, _CLOSE = "\ue000", "\ue001"  # private-use characters: no template writes them
 _PLACEHOLDER = re.compile(f"{_OPEN}(\\d+){_CLOSE}")
@@ -70,14 +70,15 @@ class SpecialTextShield:
         ids: list[int] = []
         texts: list[str] = []
         last = 0
-        for match in _PLACEHOLDER.finditer(rendered):
+        matches = list(_PLACEHOLDER.finditer(rendered))
+        plain = self.plain_ids([originals[int(match.group(1))] for match in matches])
+        for match, plain_ids in zip(matches, plain, strict=True):
             piece = rendered[last:match.start()]
             if piece:
                 ids.extend(encode(piece))
                 texts.append(piece)
-            original = originals[int(match.group(1))]
-            ids.extend(self.plain().encode(original, add_special_tokens=False).ids)
-            texts.append(original)
+            ids.extend(plain_ids)
+            texts.append(originals[int(match.group(1))])
             last = match.end()
         tail = rendered[last:]
         if tail:
@@ -85,16 +86,28 @@ class SpecialTextShield:
             texts.append(tail)
         return "".join(texts), ids
 
+    def plain_ids(self, texts: list[str]) -> list[list[int]]:
+        """The ids of ``texts`` with special-token strings read as text: from the process that
+        holds the whole tokenizer when its merges are not built here
+        (``backend_parts.encode_elsewhere``), else from ``plain``."""
+        if not texts:
+            return []
+        other = elsewhere(self._backend) if self._plain is None else None
+        if other is not None:
+            return other(texts, False, True)
+        encode = self.plain().encode
+        return [encode(text, add_special_tokens=False).ids for text in texts]
+
     def plain(self) -> BackendTokenizer:
         """A tokenizer that reads special-token strings as text (made once, on the first
         message that needs it: most deployments never do)."""
         with self._lock:
             if self._plain is None:
-                self._plain = _sharing_model(whole(self._backend))
+                self._plain = sharing_model(whole(self._backend))
             return self._plain
 
 
-def _sharing_model(backend: BackendTokenizer) -> BackendTokenizer:
+def sharing_model(backend: BackendTokenizer) -> BackendTokenizer:
     """``backend`` with special-token parsing off, around the same model object.
 
     A copy through ``to_str``/``from_str`` serializes and parses the whole vocabulary, in

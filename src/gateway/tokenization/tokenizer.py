@@ -22,6 +22,7 @@ from tokenizers.processors import TemplateProcessing
 
 from gateway.tokenization.backend_parts import (
     BackendParts,
+    elsewhere,
     merges_deferred,
     split_backend,
     whole,
@@ -297,9 +298,13 @@ class Tokenizer:
         """Token ids of ``text``. Use ``add_special_tokens=False`` for rendered chat prompts."""
         fast = self.__dict__.get("fast_bpe")  # once built and checked (off the event loop)
         if fast is not None and (fast.plain_specials or not add_special_tokens):
-            found = fast.encode(text)
+            # Without the merges here, a text tiktoken does not take whole goes elsewhere whole
+            # (one round trip, not one per span).
+            found = fast.encode(text) if self._encoder is not None or fast.takes(text) else None
             if found is not None:
                 return found
+        if self._encoder is None and (other := elsewhere(self.backend)) is not None:
+            return other([text], add_special_tokens, False)[0]
         backend = self._encoder or self._encoding()
         if len(text) <= HOLD_GIL_CHARS:
             ids: list[int] = backend.encode(text, add_special_tokens=add_special_tokens).ids
@@ -315,10 +320,17 @@ class Tokenizer:
         them to the library's thread pool, whose threads sleep between requests, and waking
         them costs several times the work itself for a short chat prompt at concurrency 1."""
         fast = self.__dict__.get("fast_bpe")
+        here = self._encoder is not None
+        other = None if here else elsewhere(self.backend)
         if fast is not None and (fast.plain_specials or not add_special_tokens):
-            found = [fast.encode(t) for t in texts]
+            found = [fast.encode(t) if here or fast.takes(t) else None for t in texts]
             if all(ids is not None for ids in found):
                 return found  # type: ignore[return-value]
+            if other is not None:  # the texts tiktoken does not take whole, in one round trip
+                fresh = iter(other([t for t, ids in zip(texts, found, strict=True) if ids is None], add_special_tokens, False))
+                return [ids if ids is not None else next(fresh) for ids in found]
+        if other is not None:
+            return other(texts, add_special_tokens, False)
         backend = self._encoder or self._encoding()
         if sum(len(t) for t in texts) <= HOLD_GIL_CHARS:
             encode = backend.encode
@@ -328,11 +340,26 @@ class Tokenizer:
         )
         return [e.ids for e in encodings]
 
+    def encodes_elsewhere(self, text: str) -> bool:
+        """Whether encoding ``text`` means a round trip to the process that holds this
+        tokenizer's merges (``backend_parts.encode_elsewhere``): the caller may rather wait
+        for it on a thread than on the event loop."""
+        if self._encoder is not None:
+            return False
+        fast = self.__dict__.get("fast_bpe")
+        return (fast is None or not fast.takes(text)) and elsewhere(self.backend) is not None
+
+    @property
+    def merges_elsewhere(self) -> bool:
+        """Whether another process holds this tokenizer's merges (they are not built here)."""
+        return self._encoder is None and elsewhere(self.backend) is not None
+
     def build_merges(self) -> None:
         """Build the tokenizer with its merges now if its build was put off (a joining model's
         is): at start-up, before any request, its native build holds the event loop at no
-        request's cost, where the first text tiktoken does not take would pay it later."""
-        if self._encoder is None:
+        request's cost, where the first text tiktoken does not take would pay it later.
+        Not for one whose merges another process holds (``backend_parts.encode_elsewhere``)."""
+        if self._encoder is None and elsewhere(self.backend) is None:
             self._encoding()
 
     def _encoding(self) -> BackendTokenizer:

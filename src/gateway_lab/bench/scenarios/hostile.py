@@ -7,7 +7,8 @@ every Generate with 300,000 tokens, ``endless`` streams one token every millisec
 ever, ``oversize`` answers with one 32 MiB message; an honest worker of a fifth model
 joins the running gateway in the second row (``POST /workers``: the gateway loads its
 tokenizer and builds its fast encoder while serving; the next row sends that model its first
-text tiktoken does not take, which builds its BPE merges), then one of a sixth model with the
+text tiktoken does not take, which needs its BPE merges: the tokenizer helper process holds
+them), then one of a sixth model with the
 files three of the first four serve (the gateway shares their parse). The gateway under test
 is ``token-gateway serve`` in a child process; /health is polled every 20 ms by another
 child process on its own kept-alive connection (TCP_NODELAY), so neither the workers'
@@ -248,7 +249,7 @@ async def probes(p: Prober) -> None:
 
     async def first_other_text() -> str:  # tiktoken takes ASCII and Latin letters only
         return code(await p.chat("late", max_tokens=4, messages=[{"role": "user", "content": "東京の天気は"}]))
-    await p.measure("the new model's first text tiktoken does not take (its BPE merges are built then)", first_other_text)
+    await p.measure("the new model's first text tiktoken does not take (it needs the BPE merges)", first_other_text)
     await p.measure("a worker of a new model joins with tokenizer files another model has (shared)",
                     lambda: join(p.again_url))  # fmt: skip
 
