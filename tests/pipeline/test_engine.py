@@ -394,3 +394,26 @@ async def test_a_long_id_list_is_decoded_off_the_loop(tmp_path: Path, monkeypatc
     assert decoded_on == [threading.get_ident()]  # short: inline
     assert await engine.decode(entry, ids, skip_special_tokens=False) == text
     assert decoded_on[1] != threading.get_ident()
+
+
+async def test_a_chat_past_the_context_is_not_kept_by_the_prompt_cache(tmp_path: Path) -> None:
+    engine, entry = _engine(tmp_path, chat_template_timeout_s=60)  # the first render compiles the template
+    try:
+        messages = [{"role": "user", "content": f"message {i} of a long conversation"} for i in range(40)]
+        _, ids = await engine.render_chat(entry, messages, tools=None, chat_template_kwargs=None)
+        assert entry.prompt_cache.stats().entries > 0  # no limit: kept
+        entry.prompt_cache.clear()
+        entry.max_context_length = len(ids)  # this prompt is refused now
+        _, again = await engine.render_chat(entry, messages, tools=None, chat_template_kwargs=None)
+        assert again == ids and entry.prompt_cache.stats().entries == 0
+        engine.limits = LimitsConfig(max_prompt_tokens=len(ids) - 1)
+        entry.max_context_length = 0
+        assert engine._refused_at(entry) == len(ids)
+        entry.max_input_tokens = len(ids) - 5
+        assert engine._refused_at(entry) == len(ids) - 5
+        entry.max_input_tokens, engine.limits = 0, LimitsConfig()
+        assert engine._refused_at(entry) == 0
+        await engine.render_chat(entry, messages, tools=None, chat_template_kwargs=None)
+        assert entry.prompt_cache.stats().entries > 0  # no limit: kept
+    finally:
+        engine.close()

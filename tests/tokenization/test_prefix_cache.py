@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from tokenizers import AddedToken
 
-from gateway.tokenization import PrefixTokenCache, Tokenizer
+from gateway.tokenization import PrefixTokenCache, Tokenizer, prefix_cache
 
 from .helpers import FRAGMENTS, PROPERTY, multilingual_text
 
@@ -121,6 +121,23 @@ def test_a_chunk_larger_than_the_budget_is_not_kept(qwen: Tokenizer) -> None:
     text = "<|im_start|>user\n" + "word " * 50 + "<|im_end|>"
     assert cache.encode(text) == full(qwen, text)
     assert cache.stats().cached_tokens <= 10
+
+
+def test_a_prompt_the_caller_refuses_is_not_kept_and_a_far_longer_one_skips_the_cache(qwen: Tokenizer) -> None:
+    cache = PrefixTokenCache(qwen)
+    messages = [{"role": "user", "content": f"message {i} of a long conversation"} for i in range(40)]
+    prompt = qwen.apply_chat_template(messages)
+    ids = full(qwen, prompt)
+    assert cache.encode(prompt, refused_at=len(ids)) == ids  # refused: counted, encoded, not kept
+    assert (cache.stats().lookups, cache.stats().entries) == (1, 0)
+    assert cache.encode(prompt, refused_at=len(ids) + 1) == ids  # fits: kept as ever
+    assert cache.stats().entries > 0
+    kept = cache.stats()
+    far = len(prompt) // prefix_cache.REFUSED_CHARS_PER_TOKEN - 1  # more characters than this many a token
+    assert cache.encode(prompt + " more", refused_at=far) == full(qwen, prompt + " more")
+    assert cache.stats() == kept  # the cache was not asked
+    assert cache.encode(prompt + " more", refused_at=0) == full(qwen, prompt + " more")  # no limit: asked
+    assert cache.stats().lookups == kept.lookups + 1
 
 
 def test_no_cut_after_tokens_that_swallow_whitespace(qwen_dir: Path) -> None:

@@ -246,6 +246,13 @@ class Engine:
                 param=param, code="prompt_too_long",
             )
 
+    def _refused_at(self, entry: ModelEntry) -> int:
+        """The fewest prompt ids that ``check_prompt_ids`` or ``check_context`` surely refuses
+        for ``entry`` (0: no limit): the prompt cache keeps no such prompt."""
+        cap = self.limits.max_prompt_tokens
+        limits = [n for n in (entry.max_context_length, entry.max_input_tokens, cap + 1 if cap > 0 else 0) if n > 0]
+        return min(limits) if limits else 0
+
     async def encode(self, entry: ModelEntry, text: str, *, add_special_tokens: bool) -> list[int]:
         self.refuse_hopeless(entry, text)
         started = time.perf_counter()
@@ -311,7 +318,7 @@ class Engine:
                 self._size(entry.tokenizer, text), replies.encode_spliced, text, spans, entry.prompt_cache.encode
             )
         else:
-            ids = await self._offload(self._size(entry.tokenizer, text), entry.prompt_cache.encode, text)
+            ids = await self._offload(self._size(entry.tokenizer, text), entry.prompt_cache.encode, text, self._refused_at(entry))
         self._observe("tokenize", time.perf_counter() - rendered)
         return text, ids
 

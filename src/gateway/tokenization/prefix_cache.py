@@ -61,6 +61,11 @@ _TEXT_ROOT = -1  # plain-text prompts (word cuts) live under their own root
 # encoded whole, faster than through the cache, whose saving (a repeated system prompt) is
 # worth less than its cut, trie walk and insert at this size.
 DIRECT_CHARS = 512
+# A text with more characters than this many per token of the length it will be refused at
+# (``encode``'s ``refused_at``) is taken as one that will be: encoded whole, past the cache.
+# Only a guess (ids are the same either way): prose runs about 4 characters a token, code a
+# few more; a text that fits after all only misses the cache this once.
+REFUSED_CHARS_PER_TOKEN = 16
 _WORD_CUT = re.compile(r"[A-Za-z](?= [A-Za-z])")  # a cut goes right after the match
 # pre-tokenizer regexes whose words take their leading space (JSON-escaped, as in tokenizer.json)
 _WORD_REGEXES = (r"[^\\r\\n\\p{L}\\p{N}]?\\p{L}+", r" ?\\p{L}+")
@@ -220,15 +225,21 @@ class PrefixTokenCache:
             return self.tokenizer.encode(text, add_special_tokens=True)
         return self._encode_chunks(self.split_words(text), _TEXT_ROOT)
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, refused_at: int = 0) -> list[int]:
+        """``refused_at`` (0: none): the id count at which the caller refuses the prompt. A
+        prompt that long is not kept (it would evict what is worth keeping), and one far
+        longer in characters (``REFUSED_CHARS_PER_TOKEN``) is encoded whole, without the
+        cache's cut and walk: only its count is still needed."""
         tokenizer = self.tokenizer
         if len(text) <= DIRECT_CHARS and tokenizer.fast_bpe_ready and tokenizer.fast_bpe is not None:
             # A short text: the fast encoder takes it whole in less time than the cache's
             # cut, walk and insert (not counted as a lookup: the cache is not asked).
             return tokenizer.encode(text, add_special_tokens=False)
-        return self._encode_chunks(self.split(text), _ROOT)
+        if refused_at and len(text) > refused_at * REFUSED_CHARS_PER_TOKEN:
+            return tokenizer.encode(text, add_special_tokens=False)
+        return self._encode_chunks(self.split(text), _ROOT, refused_at)
 
-    def _encode_chunks(self, chunks: list[str], root: int) -> list[int]:
+    def _encode_chunks(self, chunks: list[str], root: int, refused_at: int = 0) -> list[int]:
         ids: list[int] = []
         path: list[tuple[int, str]] = []
         parent = root
@@ -251,7 +262,7 @@ class PrefixTokenCache:
             self._hits += 1 if path else 0
             self._reused += reused
             self._encoded += len(ids) - reused
-            if rest:
+            if rest and not (refused_at and len(ids) >= refused_at):
                 self._insert(parent, path, rest, encoded)
         return ids
 
