@@ -159,3 +159,15 @@ def test_a_stuck_helper_is_killed_after_its_timeout_and_a_busy_one_refuses_more_
         helper.close()
     with pytest.raises(HelperFailed, match="shutting down"):
         tok.encode("東京", add_special_tokens=False)
+
+
+def test_a_collected_tokenizer_is_let_go_at_the_next_call(helper: TokenizerHelper, tmp_path: Path) -> None:
+    first, _ = _deferred(small_byte_level_tokenizer(tmp_path / "one", name="one"))
+    second, full = _deferred(small_byte_level_tokenizer(tmp_path / "two", name="two"))
+    assert helper.attach(first) and helper.attach(second)
+    helper._release("m1")  # what the collector calls: no call to the helper from there
+    assert set(helper._held) == {"m1", "m2"}
+    assert second.encode("東京", add_special_tokens=False) == full.encode("東京", add_special_tokens=False)
+    assert set(helper._held) == {"m2"}
+    with pytest.raises(HelperFailed, match="could not do it"):
+        helper.encode("m1", ["東京"], False, False)

@@ -22,6 +22,7 @@ call starts a new one, which builds every held tokenizer again before it takes e
 
 from __future__ import annotations
 
+import collections
 import functools
 import itertools
 import logging
@@ -118,6 +119,7 @@ class TokenizerHelper:
         self._helper: _Process | None = None
         self._held: dict[str, tuple[BackendParts, Any]] = {}  # key -> (parts, post-processor): built again after a restart
         self._keys = itertools.count(1)
+        self._gone: collections.deque[str] = collections.deque()  # held tokenizers collected since the last call
         self._closed = False
         self.restarts = 0
 
@@ -152,13 +154,9 @@ class TokenizerHelper:
         return True
 
     def _release(self, key: str) -> None:
-        with self._lock:
-            if self._held.pop(key, None) is None or self._helper is None:
-                return
-        try:
-            self._call(("release", key), self.timeout_s)
-        except Exception:  # a helper that is gone holds nothing
-            pass
+        """Called when a held tokenizer's backend is collected (in whatever thread the
+        collector runs, maybe inside a call): noted only; the next call tells the helper."""
+        self._gone.append(key)
 
     def encode(self, key: str, texts: Sequence[str], add_special_tokens: bool, plain: bool) -> list[list[int]]:
         """``backend_parts.EncodeMany`` for the tokenizer held as ``key``."""
@@ -205,6 +203,14 @@ class TokenizerHelper:
         every held tokenizer before it takes anything else."""
         if self._closed:
             raise HelperFailed("the gateway is shutting down", code="shutting_down")
+        while self._gone:
+            gone = self._gone.popleft()
+            self._held.pop(gone, None)
+            if self._helper is not None and self._helper.process.is_alive():
+                try:
+                    self._helper.call(("release", gone), self.timeout_s)
+                except (TimeoutError, EOFError, OSError):  # its answer may come later: the pipe is out of step
+                    self._drop("failed to release a tokenizer")
         if self._helper is not None and self._helper.process.is_alive():
             return self._helper
         if self._helper is not None:
