@@ -9,7 +9,8 @@ joins the running gateway in the second row (``POST /workers``: the gateway load
 tokenizer and builds its fast encoder while serving; the next row sends that model its first
 text tiktoken does not take, which needs its BPE merges: the tokenizer helper process holds
 them), then one of a sixth model with the
-files three of the first four serve (the gateway shares their parse). The gateway under test
+files three of the first four serve (the gateway shares their parse), then one whose
+tokenizer has a vocabulary just under the gateway's ``--max-vocabulary-entries``. The gateway under test
 is ``token-gateway serve`` in a child process; /health is polled every 20 ms by another
 child process on its own kept-alive connection (TCP_NODELAY), so neither the workers'
 nor the client's work in this process slows what is measured. RSS is the gateway
@@ -52,6 +53,45 @@ BOMBS = {
     ),
     "constant 'x'|center(10^9)": "{{ 'x'|center(1000000000) }}",
 }
+
+WIDE = "a worker of a new model joins with a vocabulary just under --max-vocabulary-entries"
+"""The row of the largest tokenizer the gateway's default bound lets a worker send."""
+
+
+def wide_tokenizer(dest: Path, entries: int) -> Path:
+    """A folder with a byte-level BPE ``tokenizer.json`` of ``entries`` vocabulary entries
+    (the 256 bytes, then each merge of two earlier short lowercase tokens a new entry, in
+    rank order) and Qwen's pre-tokenizer: what a worker may send under the gateway's bound."""
+    import random
+
+    from tokenizers import Regex, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer as BackendTokenizer
+
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    alphabet = [chr(b) for b in printable] + [chr(256 + n) for n in range(256 - len(printable))]  # GPT-2's byte characters
+    vocab = {char: rank for rank, char in enumerate(alphabet)}
+    short = list("abcdefghijklmnopqrstuvwxyz")
+    merges: list[tuple[str, str]] = []
+    rng = random.Random(0)
+    while len(vocab) < entries:
+        left, right = rng.choice(short), rng.choice(short)
+        if left + right in vocab:
+            continue
+        vocab[left + right] = len(vocab)
+        merges.append((left, right))
+        if len(left + right) <= 6:
+            short.append(left + right)
+    tok = BackendTokenizer(models.BPE(vocab, merges))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(r"[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s+"), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])  # fmt: skip
+    tok.decoder = decoders.ByteLevel()
+    dest.mkdir(parents=True, exist_ok=True)
+    tok.save(str(dest / "tokenizer.json"))
+    (dest / "tokenizer_config.json").write_text(json.dumps({"name_or_path": "wide"}))
+    return dest
+
 
 OVERSIZE = 32 << 20
 """Bytes of the one message the ``oversize`` worker answers every Generate with."""
@@ -177,13 +217,14 @@ class Prober:
 
     def __init__(
         self, http: Any, port: int, pid: int, only: str, seconds: float, late_url: str = "", again_url: str = "",
-        grpc_target: str = "", body_limit: int = 32 << 20,
+        grpc_target: str = "", body_limit: int = 32 << 20, wide_url: str = "",
     ) -> None:
         self.http, self.port, self.pid, self.only, self.seconds = http, port, pid, only, seconds
         self.grpc_target = grpc_target  # the gateway's gRPC door
         self.body_limit = body_limit  # the gateway's --max-body-bytes: the large-body probes fill it
         self.late_url = late_url  # an honest worker of another model, added while the probes run
         self.again_url = again_url  # one more, whose tokenizer files another model has already
+        self.wide_url = wide_url  # one whose vocabulary is just under the gateway's --max-vocabulary-entries
         self.joined: list[str] = []
         self.answers: dict[str, str] = {}
         self.rows: list[dict[str, Any]] = []
@@ -252,6 +293,7 @@ async def probes(p: Prober) -> None:
     await p.measure("the new model's first text tiktoken does not take (it needs the BPE merges)", first_other_text)
     await p.measure("a worker of a new model joins with tokenizer files another model has (shared)",
                     lambda: join(p.again_url))  # fmt: skip
+    await p.measure(WIDE, lambda: join(p.wide_url))
 
     async def forged() -> str:  # the model's first such message makes its plain tokenizer
         return code(await p.chat("bomb", max_tokens=4, messages=[
@@ -347,6 +389,7 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     """The four hostile workers, the gateway in front of them, every probe asked for."""
     import httpx
 
+    from gateway.pipeline.encoder_build import DEFAULT_MAX_VOCABULARY_ENTRIES
     from gateway_lab.bench import launch
     from gateway_lab.bench.workloads import default_tokenizer_dir
     from gateway_lab.sim.hostile import HostilePlan, hostile_worker
@@ -370,6 +413,12 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 hostile_worker(HostilePlan(), served_model_name="late", tokenizer_path=str(late_files))
             )
             again = await stack.enter_async_context(hostile_worker(HostilePlan(), served_model_name="again"))
+            wide = ""
+            if args.only in WIDE:
+                wide_files = wide_tokenizer(Path(tmp) / "wide-tokenizer", DEFAULT_MAX_VOCABULARY_ENTRIES - 1_000)
+                wide = await stack.enter_async_context(
+                    hostile_worker(HostilePlan(), served_model_name="wide", tokenizer_path=str(wide_files))
+                )
             flags = ["--tokenizer-cache-dir", str(Path(tmp) / "cache"), "--log-level", "error", "--grpc-port", "0"]
             gw = await stack.enter_async_context(
                 launch.gateway("ours", urls, "", extra_args=flags, log_dir=args.log_dir or tmp, keep_log=bool(args.log_dir),
@@ -377,7 +426,7 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             )  # fmt: skip
             http = await stack.enter_async_context(httpx.AsyncClient(base_url=gw.url, timeout=60, trust_env=False))
             prober = Prober(http, int(gw.url.rsplit(":", 1)[1]), gw.pid, args.only, args.probe_seconds, late, again,
-                            gw.ready_info.get("grpc_target", ""), args.body_bytes)
+                            gw.ready_info.get("grpc_target", ""), args.body_bytes, wide)
             await prober.chat("bomb")  # warm: the template compiled, the first request's costs paid
             await probes(prober)
     return prober.rows

@@ -63,6 +63,18 @@ class _Health(BaseHTTPRequestHandler):
         pass
 
 
+def test_the_wide_tokenizer_has_the_entries_asked_for_and_is_byte_level_bpe(tmp_path: Path) -> None:
+    from tokenizers import Tokenizer as BackendTokenizer
+
+    folder = scenario.wide_tokenizer(tmp_path / "wide", 2_000)
+    backend = BackendTokenizer.from_file(str(folder / "tokenizer.json"))
+    assert backend.get_vocab_size() == 2_000
+    merges = json.loads((folder / "tokenizer.json").read_text())["model"]["merges"]
+    assert len(merges) == 2_000 - 256  # every entry past the bytes is one merge
+    text = "hello world, ça va? 東京"
+    assert backend.decode(backend.encode(text).ids) == text  # every byte has a token
+
+
 def test_the_health_poller_keeps_one_connection_and_reports_each_answer() -> None:
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Health)
     threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True).start()
