@@ -87,9 +87,10 @@ def wide_tokenizer(dest: Path, entries: int) -> Path:
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])  # fmt: skip
     tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<|endoftext|>"])  # its EOS (one more entry, as a real vocabulary's specials are)
     dest.mkdir(parents=True, exist_ok=True)
     tok.save(str(dest / "tokenizer.json"))
-    (dest / "tokenizer_config.json").write_text(json.dumps({"name_or_path": "wide"}))
+    (dest / "tokenizer_config.json").write_text(json.dumps({"name_or_path": "wide", "eos_token": "<|endoftext|>"}))
     return dest
 
 
@@ -282,7 +283,8 @@ async def probes(p: Prober) -> None:
     async def join(url: str) -> str:  # once: the rows' gateway keeps the model
         if url not in p.joined:
             p.joined.append(url)
-            p.answers[url] = code(await http.post("/workers", json={"url": url}))
+            # a large tokenizer's join (the child's parse and checks) takes minutes on a busy host
+            p.answers[url] = code(await http.post("/workers", json={"url": url}, timeout=600))
         else:
             await asyncio.sleep(0.5)
         return p.answers[url]

@@ -68,7 +68,8 @@ def test_the_wide_tokenizer_has_the_entries_asked_for_and_is_byte_level_bpe(tmp_
 
     folder = scenario.wide_tokenizer(tmp_path / "wide", 2_000)
     backend = BackendTokenizer.from_file(str(folder / "tokenizer.json"))
-    assert backend.get_vocab_size() == 2_000
+    assert backend.get_vocab_size() == 2_001  # and its EOS
+    assert json.loads((folder / "tokenizer_config.json").read_text())["eos_token"] == "<|endoftext|>"
     merges = json.loads((folder / "tokenizer.json").read_text())["model"]["merges"]
     assert len(merges) == 2_000 - 256  # every entry past the bytes is one merge
     text = "hello world, ça va? 東京"
