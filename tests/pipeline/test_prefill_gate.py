@@ -101,7 +101,8 @@ async def test_the_gate_can_be_turned_off() -> None:
 
 
 async def test_a_failed_blocker_releases_its_waiters() -> None:
-    t = FakeTransport("grpc://w1:1").script(Later(0.02, rpc_error(CallCode.UNAVAILABLE))).script(chunk([2]), HANG)
+    # the blocker fails late enough that the follower is surely held first, on a loaded host too
+    t = FakeTransport("grpc://w1:1").script(Later(0.2, rpc_error(CallCode.UNAVAILABLE))).script(chunk([2]), HANG)
     f = await fleet(t, policy="cache_aware")
     first = await start(f, route(1))
     follower = await start(f, route(2))

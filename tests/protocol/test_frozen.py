@@ -12,7 +12,7 @@ def test_a_builder_makes_what_the_constructor_makes_and_it_stays_frozen() -> Non
     loads = LoadSnapshot(1, 2, 3, 4, 0.5, 6, 0.7, 0.1)
     assert build_load_snapshot(1, 2, 3, 4, 0.5, 6, 0.7, 0.1) == loads
     assert loads.aged(0.3) == dataclasses.replace(loads, age_s=0.3) and type(loads.aged(0.3)) is LoadSnapshot
-    values = ("w0", "grpc://w0", "prefill", False, 3, 100, 40, 7, loads, 4096, 16, 8, 9000)
+    values = ("w0", "grpc://w0", "prefill", False, 3, 100, 40, 7, loads, 4096, 16, 8, 9000, 512)
     view = build_worker_view(*values)
     assert view == WorkerView(*values) and hash(view) == hash(WorkerView(*values))
     assert repr(view) == repr(WorkerView(*values))
