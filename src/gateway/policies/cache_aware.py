@@ -54,8 +54,8 @@ prompts it buys a few milliseconds of one request's wait for that. So while the 
 weight is in force because no offered prefix carries more than one worker's share, the
 worker holding the longest match keeps a request the cost would
 send away whenever it has room: a free running slot (or no known cap) and less uncached
-prefill queued than ``stick_queue_tokens`` (4,096, about half a chunked-prefill step:
-the turn starts within a step or so; 0 turns it off). Past that, or with every slot
+prefill queued than ``stick_queue_tokens`` (off by default; 4,096, about half a
+chunked-prefill step, lets the turn start within a step or so). Past that, or with every slot
 taken, the cost decides. Once one prefix carries more than ``1 + SLACK`` workers'
 worth, balance needs spills and replicas: it counts at ``prefill_weight`` (1.0),
 linearly in between; the full weight until 16 requests have shown how spread the
@@ -139,7 +139,7 @@ DEFAULT_DECODE_WEIGHT = 0.5
 DEFAULT_REQUEST_WEIGHT = 16.0
 DEFAULT_LOADS_MAX_AGE_S = 5.0
 DEFAULT_SLOT_STEP_TOKENS = 0.0  # off: see docs/policies.md, "Slot wait"
-DEFAULT_STICK_QUEUE_TOKENS = 4096.0  # see docs/policies.md, "A holder with room keeps the turn"
+DEFAULT_STICK_QUEUE_TOKENS = 0.0  # off: see docs/policies.md, "A holder with room keeps the turn"
 DEFAULT_HOT_PREFIX_MIN_TOKENS = 256
 DEFAULT_HOT_PREFIX_WINDOW = DEFAULT_WINDOW
 FILL_WINDOW = 256  # finished requests over which the decode fill (decoded / max_tokens) is measured
