@@ -35,6 +35,7 @@ import jinja2.nodes
 from gateway.tokenization import render_budget
 from gateway.tokenization.errors import ChatTemplateBudgetError, ChatTemplateError
 from gateway.tokenization.render_budget import BudgetExceeded
+from gateway.tokenization.render_memo import RenderMemo, Shape
 from gateway.tokenization.sandbox import memoize_plain_verdicts
 
 ContentFormat = Literal["string", "openai"]
@@ -212,7 +213,7 @@ def normalize_messages(
 class ChatTemplate:
     """One compiled chat template plus the special tokens it may reference."""
 
-    def __init__(self, source: str, special_tokens: Mapping[str, str] | None = None) -> None:
+    def __init__(self, source: str, special_tokens: Mapping[str, str] | None = None, *, memo: bool = True) -> None:
         if not isinstance(source, str) or not source.strip():
             raise ChatTemplateError("the chat template is empty")
         self.source = source
@@ -238,6 +239,8 @@ class ChatTemplate:
         # transformers 5.x aliases reasoning fields for templates; older ones did not.
         self._alias = getattr(self._utils, "_alias_reasoning_fields", None) or (lambda chat: chat)
         self._plain_specials = plain(self.special_tokens)
+        # Renders replayed per conversation shape (``render_memo``); off: every render runs the template.
+        self.memo: RenderMemo | None = RenderMemo(source, self._environment) if memo else None
 
     def _environment(self) -> Any:
         """A fresh environment exactly as transformers builds it (a template that is plain
@@ -281,15 +284,30 @@ class ChatTemplate:
             arguments_text=self.arguments_as_text,
             content_null_aware=self.content_null_aware,
         )
+        memo, shape = self.memo, None
+        try:
+            chat = self._alias(conversation)
+            plain_tools = plain([dict(t) for t in tools]) if tools is not None else None
+            plain_documents = plain([dict(d) for d in documents]) if documents is not None else None
+            template_kwargs = {**self._plain_specials, **plain(kwargs)} if kwargs else self._plain_specials
+            if memo is not None and not continue_final_message:
+                shape = memo.shape(chat, (plain_tools, plain_documents, add_generation_prompt,
+                                          None if template_kwargs is self._plain_specials else template_kwargs))
+                if shape is not None:
+                    text = memo.render(shape)
+                    if text is not None:
+                        return text
+        except Exception as exc:  # the inputs cannot be made plain: a client error, as a render's
+            raise ChatTemplateError(f"chat template error: {exc}") from exc
         render_budget.start(messages, tools, documents)
         try:
-            return self._render_plain(
-                conversation,
-                tools=plain([dict(t) for t in tools]) if tools is not None else None,
-                documents=plain([dict(d) for d in documents]) if documents is not None else None,
+            text = self._render_plain(
+                chat,
+                tools=plain_tools,
+                documents=plain_documents,
                 add_generation_prompt=add_generation_prompt,
                 continue_final_message=continue_final_message,
-                kwargs={**self._plain_specials, **plain(kwargs)} if kwargs else self._plain_specials,
+                kwargs=template_kwargs,
             )
         except ChatTemplateError:
             raise
@@ -302,10 +320,22 @@ class ChatTemplate:
             raise ChatTemplateError(f"chat template error: {exc}") from exc
         finally:
             render_budget.stop()
+        if shape is not None:
+            assert memo is not None
+            self._learn(memo, shape, plain_tools, plain_documents, add_generation_prompt, template_kwargs, text)
+        return text
+
+    @staticmethod
+    def _learn(
+        memo: RenderMemo, shape: Shape, tools: list[Any] | None, documents: list[Any] | None,
+        add_generation_prompt: bool, kwargs: dict[str, Any], text: str,
+    ) -> None:
+        context = {"tools": tools, "documents": documents, "add_generation_prompt": add_generation_prompt, **kwargs}
+        memo.learn(shape, context, text)
 
     def _render_plain(
         self,
-        conversation: list[dict[str, Any]],
+        chat: list[dict[str, Any]],
         *,
         tools: list[Any] | None,
         documents: list[Any] | None,
@@ -313,10 +343,9 @@ class ChatTemplate:
         continue_final_message: bool,
         kwargs: dict[str, Any],
     ) -> str:
-        """The compiled template on data that is already plain (``render_jinja_template``'s
-        call without its copy): the same names, the same reasoning aliases, and its
+        """The compiled template on data that is already plain and aliased
+        (``render_jinja_template``'s call without its copy): the same names, and its
         tag-and-trim for ``continue_final_message``."""
-        chat = self._alias(conversation)
         final = _tag_final_message(chat, self.source) if continue_final_message else None
         rendered = str(self._compiled.render(
             messages=chat,
