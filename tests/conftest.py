@@ -59,5 +59,5 @@ def _tokenizer_parsed_once(request: pytest.FixtureRequest) -> Iterator[None]:
         return
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(tokenizer_module, "BackendTokenizer", _ParsedOnce)
-        mp.setattr(catalog_module, "parse_in_child", lambda json_file, *_: _ParsedOnce.from_file(str(json_file)))
+        mp.setattr(catalog_module, "parse_in_child", lambda json_file, *_, **__: _ParsedOnce.from_file(str(json_file)))
         yield

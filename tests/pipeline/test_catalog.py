@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 
 from gateway.pipeline import catalog as catalog_module
+from gateway.pipeline import encoder_build
 from gateway.pipeline.catalog import ModelCatalog, model_facts
 from gateway.protocol.errors import ModelNotFoundError
-from gateway.tokenization import Tokenizer, TokenizerRegistry
+from gateway.tokenization import Tokenizer, TokenizerRegistry, backend_parts
 from gateway.workers.transport import CallCode, WorkerCallError
 from gateway.workers.worker import WorkerInfo
-from tests.tokenization.helpers import qwen_files
+from tests.tokenization.helpers import qwen_files, small_byte_level_tokenizer
 
 
 class _NoTokenizerClient:
@@ -102,6 +103,41 @@ async def test_a_model_that_joins_once_the_helper_is_set_has_its_merges_held_the
     later = await catalog.ensure(_worker("b"))  # type: ignore[arg-type]
     assert helper.attached == [later.tokenizer] and first.tokenizer not in helper.attached
     assert _encoders_warmed[-1] is later.tokenizer  # the fast encoder first, then the helper
+
+
+class _HoldingHelper(_Helper):
+    """One that holds what it is given: encodes go elsewhere (here, nowhere: none is made)."""
+
+    def attach(self, tokenizer: Tokenizer) -> bool:
+        backend_parts.encode_elsewhere(tokenizer.backend, lambda texts, special, plain: [[] for _ in texts])
+        return super().attach(tokenizer)
+
+
+@pytest.mark.parametrize("holds", [True, False], ids=["the helper holds it", "the helper could not"])
+async def test_a_model_joining_with_the_helper_set_keeps_its_vocabulary_in_tables(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, holds: bool
+) -> None:
+    """No model of its vocabulary is built here; when the helper cannot hold it, the whole
+    tokenizer is built here before the model takes traffic."""
+    from tokenizers import Tokenizer as BackendTokenizer
+    from tokenizers import decoders
+
+    monkeypatch.setattr(encoder_build, "plan_in_child", lambda path, make: make(path))  # the child's work, here
+    monkeypatch.setattr(catalog_module, "parse_in_child", encoder_build.parse_in_child)  # not the suite's shared parse
+    monkeypatch.setattr(encoder_build, "_PREPARED", {})  # what this parse keeps stays with this test
+    monkeypatch.setattr(encoder_build, "_KEPT", {})
+    folder = small_byte_level_tokenizer(tmp_path / "small", f"joined-{holds}")  # its own files: not a kept parse
+    backend = BackendTokenizer.from_file(str(folder / "tokenizer.json"))
+    backend.decoder = decoders.ByteLevel()
+    backend.save(str(folder / "tokenizer.json"))
+    catalog = ModelCatalog(tmp_path / "cache", tokenizer_path=str(folder))
+    catalog.tokenizer_helper = (_HoldingHelper() if holds else _Helper())  # type: ignore[assignment]
+    entry = await catalog.ensure(_worker("joined"))  # type: ignore[arg-type]
+    tok = entry.tokenizer
+    assert tok.vocabulary_in_tables and catalog.tokenizer_helper.attached == [tok]  # type: ignore[union-attr]
+    assert tok.merges_elsewhere is holds
+    assert (tok.backend in backend_parts._WHOLE) is not holds
+    assert tok.decode([256, 257], skip_special_tokens=False) == "ababc"
 
 
 async def test_the_first_worker_loads_the_model_once(shared: TokenizerRegistry, _no_template_warmup: list[Tokenizer]) -> None:

@@ -4,6 +4,7 @@ files or the child fails."""
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from tokenizers import Tokenizer as BackendTokenizer
-from tokenizers import models
+from tokenizers import decoders, models
 
 from gateway.pipeline import encoder_build
 from gateway.pipeline.encoder_build import build_encoder, plan_in_child, start_build
@@ -22,6 +23,7 @@ from gateway.tokenization import Tokenizer
 from gateway.tokenization.backend_parts import merges_deferred, whole
 from gateway.tokenization.fast_bpe import FastBpePlan
 from gateway.tokenization.length_bound import LengthBound
+from gateway.tokenization.vocabulary_table import table_of
 from tests.tokenization.helpers import small_byte_level_tokenizer
 
 TEXTS = ["abc abcab", "hello world, abc!", "L'été à Zürich 東京"]
@@ -296,3 +298,33 @@ def test_a_vocabulary_past_the_bound_is_refused_and_never_parsed_here(
     catalog = catalog_module.ModelCatalog(tmp_path / "cache", max_vocabulary_entries=257)
     with pytest.raises(TokenizerLoadError, match="--max-vocabulary-entries"):
         catalog.registry.load("m", folder, "worker")
+
+
+def _byte_decoded(folder: Path) -> Path:
+    """The small tokenizer with a ``ByteLevel`` decoder (a decode is its ids' bytes)."""
+    backend = BackendTokenizer.from_str((folder / "tokenizer.json").read_text())
+    backend.decoder = decoders.ByteLevel()
+    backend.save(str(folder / "tokenizer.json"))
+    return folder
+
+
+def test_a_joining_models_byte_level_vocabulary_is_kept_in_tables_and_no_model_of_it_built_here(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_whole_parse_here: list[str], no_build_here: list[str]
+) -> None:
+    """With ``tables`` (a model joining while the helper process encodes) neither the
+    vocabulary's BPE model nor tiktoken's table is built here; the whole tokenizer can still
+    be built here from the same parts (the helper could not hold it)."""
+    _counting_children(monkeypatch)
+    folder = _byte_decoded(small_byte_level_tokenizer(tmp_path / "small", "tables"))
+    tok = Tokenizer.from_path(folder, name="small", parse=functools.partial(encoder_build.parse_in_child, tables=True))
+    assert tok.vocabulary_in_tables and merges_deferred(tok.backend) and no_whole_parse_here == []
+    assert len(json.loads(tok.backend.model.__getstate__())["vocab"]) < tok.vocab_size == 258
+    tables: list[object] = []
+    monkeypatch.setattr(FastBpePlan, "build", lambda plan, *args: tables.append(plan))
+    build_encoder(tok)  # the child's bound is taken, its plan is not built
+    assert tok.fast_bpe is None and tok.length_bound is not None and tables == [] and no_build_here == []
+    assert tok.decode(Tokenizer.from_path(folder).encode("abc ab", add_special_tokens=False)) == "abc ab"
+    assert whole(tok.backend).to_str() == Tokenizer.from_path(folder).backend.to_str()
+    plain = small_byte_level_tokenizer(tmp_path / "no-decoder", "no-decoder")  # a decode is not its bytes
+    backend = encoder_build.parse_in_child(plain / "tokenizer.json", tables=True)
+    assert table_of(backend) is None and merges_deferred(backend)  # the vocabulary-only model, as before

@@ -17,11 +17,13 @@ from typing import Any
 
 import pytest
 from tokenizers import Tokenizer as BackendTokenizer
+from tokenizers import decoders
 
 from gateway.pipeline.tokenizer_helper import HelperFailed, TokenizerHelper
 from gateway.tokenization import Tokenizer, backend_parts
 from gateway.tokenization.backend_parts import merges_later, split_backend
 from gateway.tokenization.fast_bpe import plan_fast_bpe
+from gateway.tokenization.vocabulary_table import table_backend
 from tests.tokenization.helpers import small_byte_level_tokenizer
 
 TEXTS = ["東京の天気は", "Hello 東京 and слово 😀 more words", "<|im_start|>user\n你好<|im_end|>\n", "plain ascii", ""]
@@ -45,6 +47,20 @@ def _deferred(folder: Path) -> tuple[Tokenizer, Tokenizer]:
     assert split is not None and plan is not None
     tok = Tokenizer.from_path(folder, parse=lambda _: merges_later(split[0]))
     assert tok.install_encoders(plan, None) is not None
+    return tok, full
+
+
+def _in_tables(folder: Path) -> tuple[Tokenizer, Tokenizer]:
+    """(the tokenizer as a model joining with a helper gets it: its vocabulary in tables, no
+    model of it here; the files parsed whole), for a byte-level tokenizer."""
+    backend = BackendTokenizer.from_file(str(folder / "tokenizer.json"))
+    backend.decoder = decoders.ByteLevel()
+    backend.save(str(folder / "tokenizer.json"))
+    full = Tokenizer.from_path(folder)
+    split = split_backend((folder / "tokenizer.json").read_text(encoding="utf-8"))
+    assert split is not None
+    tok = Tokenizer.from_path(folder, parse=lambda _: table_backend(split[0]))  # type: ignore[arg-type,return-value]
+    assert tok.vocabulary_in_tables and tok.install_encoders(None, None) is None
     return tok, full
 
 
@@ -88,10 +104,26 @@ def test_the_helper_encodes_with_the_whole_tokenizer_which_is_never_built_here(h
     assert tok.backend not in backend_parts._WHOLE
 
 
-def test_a_helper_that_dies_fails_only_the_call_it_held_and_the_next_one_holds_every_tokenizer_again(
+def test_a_joined_models_texts_all_go_to_the_helper_when_its_vocabulary_is_in_tables(
     helper: TokenizerHelper, tmp_path: Path
 ) -> None:
-    tok, full = _deferred(small_byte_level_tokenizer(tmp_path / "small"))
+    tok, full = _in_tables(_small_with_bos(tmp_path / "bos"))
+    assert helper.attach(tok) and tok.merges_elsewhere
+    for text in [*TEXTS, "abc ab", "<|im_start|>abc"]:
+        assert tok.encodes_elsewhere(text)
+        for special in (False, True):
+            assert tok.encode(text, add_special_tokens=special) == full.encode(text, add_special_tokens=special), text
+        ids = full.encode(text, add_special_tokens=True)
+        assert tok.decode(ids, skip_special_tokens=False) == full.decode(ids, skip_special_tokens=False)
+    assert tok.token_id("abc") == full.token_id("abc") == 257
+    assert tok.backend not in backend_parts._WHOLE
+
+
+@pytest.mark.parametrize("joined", [_deferred, _in_tables], ids=["merges put off", "vocabulary in tables"])
+def test_a_helper_that_dies_fails_only_the_call_it_held_and_the_next_one_holds_every_tokenizer_again(
+    helper: TokenizerHelper, tmp_path: Path, joined: Any
+) -> None:
+    tok, full = joined(small_byte_level_tokenizer(tmp_path / "small"))
     assert helper.attach(tok)
     first = helper.pid
     assert first is not None

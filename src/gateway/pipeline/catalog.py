@@ -117,8 +117,10 @@ class ModelCatalog:
 
 
     def _parse(self, json_file: Path) -> BackendTokenizer:
-        """The registry's parse: ``parse_in_child`` with this catalog's vocabulary bound."""
-        return parse_in_child(json_file, self._load_facts)
+        """The registry's parse: ``parse_in_child`` with this catalog's vocabulary bound; once
+        the helper process is set (a model joining at run time), its vocabulary in tables."""
+        return parse_in_child(json_file, self._load_facts, tables=self.tokenizer_helper is not None)
+
     def names(self) -> list[str]:
         return sorted(self._entries)
 
@@ -228,6 +230,10 @@ class ModelCatalog:
             await asyncio.to_thread(build_encoder, tokenizer)
         if self.tokenizer_helper is not None:
             await asyncio.to_thread(self.tokenizer_helper.attach, tokenizer)
+            if tokenizer.vocabulary_in_tables and not tokenizer.merges_elsewhere:
+                # The helper could not hold it: the whole tokenizer is built here, before traffic.
+                log.warning("tokenizer for %s: built in this process, the helper could not hold it", model)
+                await asyncio.to_thread(tokenizer.build_merges)
         names = {name, model, worker.info.model_path} - {""}
         chosen = await asyncio.to_thread(
             settle_model_parsers, self._parsers, names, tokenizer, worker.info.model_type
@@ -235,6 +241,8 @@ class ModelCatalog:
         await asyncio.to_thread(tokenizer.warm_chat_templates)
         await asyncio.to_thread(tokenizer.warm_token_bytes)
         facts = model_facts(tokenizer, worker)
+        # Its self-check encodes: a round trip to the helper process for a joined model.
+        prompt_cache = await asyncio.to_thread(ChatPromptCache, tokenizer, max_entries=self._prompt_cache_entries)
         log.info(
             "model %s: context length %d (%s), sampling defaults %s (%s)", name, facts.context_length,
             facts.context_source, facts.default_sampling or "none", facts.default_sampling_source,
@@ -245,7 +253,7 @@ class ModelCatalog:
             tokenizer_source=resolved.source,
             max_context_length=facts.context_length,
             facts=facts,
-            prompt_cache=ChatPromptCache(tokenizer, max_entries=self._prompt_cache_entries),
+            prompt_cache=prompt_cache,
             model_type=worker.info.model_type,
             worker_model=model,
             tool_call_parser=chosen.tool_call_parser,

@@ -41,6 +41,7 @@ from gateway.tokenization.errors import TokenizerTooLarge
 from gateway.tokenization.fast_bpe import FastBpePlan
 from gateway.tokenization.length_bound import LengthBound
 from gateway.tokenization.tokenizer import encoder_facts_at, load_facts_at
+from gateway.tokenization.vocabulary_table import table_backend
 
 log = logging.getLogger(__name__)
 
@@ -108,19 +109,23 @@ def files_digest(json_file: Path) -> str:
     return digest.hexdigest()
 
 
-def parse_in_child(json_file: Path, make: Callable[[str], LoadFacts] = load_facts_at) -> BackendTokenizer:
+def parse_in_child(
+    json_file: Path, make: Callable[[str], LoadFacts] = load_facts_at, *, tables: bool = False
+) -> BackendTokenizer:
     """The HF tokenizer of ``json_file`` (``Tokenizer.from_path``'s ``parse``): the one kept
     for the same files, else rebuilt here from the parts a child process cut the file into,
-    the fast encoder's plan and the length bound kept for ``build_encoder``. When the file
-    cannot be cut so (not a BPE model) or the child fails, the file is parsed here, holding
-    the GIL as long as that takes."""
+    the fast encoder's plan and the length bound kept for ``build_encoder``. With ``tables``
+    (another process will hold the tokenizer and encode: a model that joins at run time) a
+    byte-level vocabulary is kept in Python tables and no model of it is built here
+    (``vocabulary_table``). When the file cannot be cut so (not a BPE model) or the child
+    fails, the file is parsed here, holding the GIL as long as that takes."""
     key = files_digest(json_file)
     with _PREPARED_LOCK:
         kept = _KEPT.get(key)
     if kept is not None:
         log.info("tokenizer %s: the same files were parsed before; their backend is shared", json_file)
         return kept
-    backend = _parse_in_child(json_file, make)
+    backend = _parse_in_child(json_file, make, tables)
     with _PREPARED_LOCK:
         if KEPT_PARSES > 0:
             _KEPT.pop(key, None)
@@ -130,12 +135,15 @@ def parse_in_child(json_file: Path, make: Callable[[str], LoadFacts] = load_fact
     return backend
 
 
-def _parse_in_child(json_file: Path, make: Callable[[str], LoadFacts]) -> BackendTokenizer:
+def _parse_in_child(json_file: Path, make: Callable[[str], LoadFacts], tables: bool) -> BackendTokenizer:
+    in_tables = None
     try:
         with _CHILDREN:
             parts, plan, bound = plan_in_child(str(json_file), make)
         if parts is None:
             backend = BackendTokenizer.from_file(str(json_file))
+        elif tables and (in_tables := table_backend(parts)) is not None:
+            backend = in_tables  # no model of the vocabulary here: the helper process encodes
         elif plan is not None:
             backend = merges_later(parts)  # tiktoken encodes; the merges wait until a text needs them
         else:
@@ -149,7 +157,9 @@ def _parse_in_child(json_file: Path, make: Callable[[str], LoadFacts]) -> Backen
         while len(_PREPARED) >= PREPARED_MAX:
             _PREPARED.pop(next(iter(_PREPARED)))
         _PREPARED[id(backend)] = (backend, (plan, bound))
-    how = "parsed whole" if parts is None else "rebuilt from its parts" + (", merges deferred" if plan is not None else "")
+    how = "parsed whole" if parts is None else "rebuilt from its parts" + (
+        ", its vocabulary in tables" if in_tables is not None else ", merges deferred" if plan is not None else ""
+    )
     log.info("tokenizer %s: %s", json_file, how)
     return backend
 

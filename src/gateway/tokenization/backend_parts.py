@@ -123,6 +123,14 @@ def merges_later(parts: BackendParts) -> BackendTokenizer:
     return backend
 
 
+def defer_model(backend: BackendTokenizer, parts: BackendParts) -> None:
+    """Have ``whole`` build ``backend``'s whole tokenizer from ``parts`` (or ``encode_elsewhere``
+    send its encodes to a process that holds it): for a tokenizer made here without a model
+    of its vocabulary (``vocabulary_table``), which cannot encode as its file says."""
+    with _WHOLE_LOCK:
+        _LATER[backend] = (parts, {}, [])
+
+
 def merges_deferred(backend: BackendTokenizer) -> bool:
     """Whether ``backend`` came from ``merges_later`` (its encodes must go through ``whole``)."""
     with _WHOLE_LOCK:

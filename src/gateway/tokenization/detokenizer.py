@@ -69,6 +69,8 @@ class IncrementalDetokenizer:
         self._flushed = False
 
     def _decode(self, ids: Sequence[int]) -> str:
+        if isinstance(self._tokenizer, Tokenizer):  # its decode (a joined model's may read tables, not the backend)
+            return self._tokenizer.decode(list(ids), skip_special_tokens=self._skip)
         return self._backend.decode(list(ids), skip_special_tokens=self._skip)
 
     def _clean_context(self, context_ids: Sequence[int]) -> list[int]:

@@ -22,7 +22,7 @@ token and a sample of the vocabulary; anything else keeps ``DecodeStream``.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from tokenizers import Tokenizer as BackendTokenizer
 
@@ -35,10 +35,14 @@ class TokenBytes:
     """Per tokenizer and ``skip_special_tokens``: ``table.get(id)`` is the id's bytes once
     met; ``fill(id)`` looks up one not met yet."""
 
-    __slots__ = ("_added", "_alphabet", "_backend", "_skip", "_special", "table")
+    __slots__ = ("_added", "_alphabet", "_id_to_token", "_skip", "_special", "table")
 
-    def __init__(self, backend: BackendTokenizer, skip_special_tokens: bool) -> None:
-        self._backend = backend
+    def __init__(
+        self, backend: BackendTokenizer, skip_special_tokens: bool, id_to_token: Callable[[int], str | None] | None = None
+    ) -> None:
+        # The vocabulary's pieces: the backend's model, or tables kept beside a backend that
+        # has no model of its vocabulary (``vocabulary_table``); added tokens from the backend.
+        self._id_to_token = id_to_token or backend.id_to_token
         self._skip = skip_special_tokens
         added = backend.get_added_tokens_decoder()
         self._added = {i: t.content.encode() for i, t in added.items()}
@@ -56,7 +60,7 @@ class TokenBytes:
         content = self._added.get(token_id)
         if content is not None:
             return b"" if self._skip and token_id in self._special else content
-        piece = self._backend.id_to_token(token_id) if token_id >= 0 else None
+        piece = self._id_to_token(token_id) if token_id >= 0 else None
         if piece is None:
             return b""
         alphabet = self._alphabet

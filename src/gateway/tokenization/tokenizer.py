@@ -34,6 +34,7 @@ from gateway.tokenization.length_bound import LengthBound, length_bound
 from gateway.tokenization.special_text import SpecialTextShield
 from gateway.tokenization.token_bytes import TokenBytes
 from gateway.tokenization.token_bytes import for_backend as token_bytes_for
+from gateway.tokenization.vocabulary_table import VocabularyTable, table_of
 
 if TYPE_CHECKING:
     from gateway.tokenization.chat_template import ChatTemplate
@@ -184,6 +185,9 @@ class Tokenizer:
         self._lock = threading.Lock()
         self._token_ids: dict[str, int | None] = {}
         self._token_bytes: dict[bool, TokenBytes | None] = {}
+        # A run-time-joined model's vocabulary may live in Python tables beside a backend
+        # that has no model of it (``vocabulary_table``): look-ups and decodes read them.
+        self._table: VocabularyTable | None = table_of(backend)
         # The tokenizer that encodes: ``backend`` itself, unless it was built without its
         # merges (``backend_parts.merges_later``: the fast encoder takes most texts, and the
         # merges' build would stall the event loop while a model joins); then the whole one,
@@ -202,17 +206,19 @@ class Tokenizer:
         # Read once like the added tokens above (the backend is never changed after this):
         # the request path asks for it several times per request, and the backend counts
         # its whole vocabulary on every ask.
-        self._vocab_size = int(backend.get_vocab_size(with_added_tokens=True))
+        self._vocab_size = (
+            self._table.size if self._table is not None else int(backend.get_vocab_size(with_added_tokens=True))
+        )
         self.special_token_ids: frozenset[int] = frozenset(
             i for i, tok in self._added.items() if tok.special
         )
         bos = self._named_special.get("bos_token")
-        self.bos_token_id: int | None = backend.token_to_id(bos) if bos is not None else None
+        self.bos_token_id: int | None = self._token_to_id(bos) if bos is not None else None
         self._apply_bos_eos_flags()
 
         eos_ids: set[int] = set()
         eos = self._named_special.get("eos_token")
-        if eos is not None and (eos_id := backend.token_to_id(eos)) is not None:
+        if eos is not None and (eos_id := self._token_to_id(eos)) is not None:
             eos_ids.add(eos_id)
         eos_ids.update(_int_ids((generation_config or {}).get("eos_token_id")))
         eos_ids.update(_int_ids((model_config or {}).get("eos_token_id")))
@@ -265,7 +271,7 @@ class Tokenizer:
         if want_bos is None and want_eos is None:
             return
         eos = self._named_special.get("eos_token")
-        eos_id = self.backend.token_to_id(eos) if eos is not None else None
+        eos_id = self._token_to_id(eos) if eos is not None else None
         with_special = self.backend.encode("a", add_special_tokens=True).ids
         plain = self.backend.encode("a", add_special_tokens=False).ids
         extra = len(with_special) > len(plain)
@@ -372,6 +378,8 @@ class Tokenizer:
         """Text of ``ids``; no ``clean_up_tokenization_spaces`` (it would break streaming).
         A long list goes through ``decode_batch``, which releases the GIL while it decodes
         (``decode`` holds it throughout: about 0.4 ms of one core per thousand ids)."""
+        if self._table is not None:  # the bytes of the ids (``vocabulary_table``)
+            return self.token_bytes(skip_special_tokens).text(ids)  # type: ignore[union-attr]
         if len(ids) <= HOLD_GIL_IDS:
             return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
         text: str = self.backend.decode_batch([list(ids)], skip_special_tokens=skip_special_tokens)[0]
@@ -379,10 +387,30 @@ class Tokenizer:
 
     def id_to_piece(self, token_id: int) -> str | None:
         """The vocabulary piece of one id (e.g. ``"Ġhello"``), or None if unknown."""
-        return self.backend.id_to_token(token_id)
+        return self._id_to_token(token_id)
 
     def convert_ids_to_tokens(self, ids: Iterable[int]) -> list[str | None]:
-        return [self.backend.id_to_token(i) for i in ids]
+        return [self._id_to_token(i) for i in ids]
+
+    def _id_to_token(self, token_id: int) -> str | None:
+        """``backend.id_to_token``, from the vocabulary tables where the backend has no model of them."""
+        found: str | None = self.backend.id_to_token(token_id)
+        if found is None and self._table is not None:
+            return self._table.id_to_token(token_id)
+        return found
+
+    def _token_to_id(self, token: str) -> int | None:
+        """``backend.token_to_id``, from the vocabulary tables where the backend has no model of them."""
+        found: int | None = self.backend.token_to_id(token)
+        if found is None and self._table is not None:
+            return self._table.token_to_id(token)
+        return found
+
+    @property
+    def vocabulary_in_tables(self) -> bool:
+        """Whether this process keeps the vocabulary in Python tables, without a model of it
+        (``vocabulary_table``): every encode is another process's or, failing that, ``build_merges``'."""
+        return self._table is not None
 
     def token_id(self, text: str) -> int | None:
         """The id if ``text`` is exactly one token (and decodes back to itself), else None.
@@ -409,7 +437,7 @@ class Tokenizer:
         ids = self.encode(text, add_special_tokens=False)
         if len(ids) != 1:
             return None
-        if self.backend.decode(ids, skip_special_tokens=False) != text:
+        if self.decode(ids, skip_special_tokens=False) != text:
             return None
         return int(ids[0])
 
@@ -424,19 +452,26 @@ class Tokenizer:
         normalizer, pre = self.backend.normalizer, self.backend.pre_tokenizer
         normalized = normalizer.normalize_str(text) if normalizer is not None else text
         image = "".join(piece for piece, _ in pre.pre_tokenize_str(normalized)) if pre is not None else normalized
-        return self.backend.token_to_id(image) is None
+        return self._token_to_id(image) is None
 
     # ------------------------------------------------------------------ facts
     @functools.cached_property
     def length_bound(self) -> LengthBound | None:
         """A lower bound on token counts from text length (``tokenization.length_bound``);
-        the first read walks the vocabulary (run it off the event loop)."""
+        the first read walks the vocabulary (run it off the event loop). None for vocabulary
+        tables unless installed (``install_encoders``): it would build the model here."""
+        if self._table is not None:
+            return None
         return _built("length_bound", self.backend, lambda backend: length_bound(whole(backend)))  # type: ignore[no-any-return]
 
     @functools.cached_property
     def fast_bpe(self) -> FastBpe | None:
         """tiktoken as this tokenizer's encoder where its ids are exact (``tokenization.fast_bpe``),
-        used by ``encode`` once built; the first read checks it (seconds of CPU: run it off the event loop)."""
+        used by ``encode`` once built; the first read checks it (seconds of CPU: run it off the event loop).
+        None for vocabulary tables: another process encodes, and tiktoken's table is one native
+        call that holds the GIL as long as the vocabulary is large."""
+        if self._table is not None:
+            return None
         return _built("fast_bpe", self.backend, lambda backend: build_fast_bpe(whole(backend)))  # type: ignore[no-any-return]
 
     def token_bytes(self, skip_special_tokens: bool) -> TokenBytes | None:
@@ -446,7 +481,12 @@ class Tokenizer:
         try:
             return self._token_bytes[skip_special_tokens]
         except KeyError:
-            found = self._token_bytes[skip_special_tokens] = token_bytes_for(self.backend, skip_special_tokens)
+            found: TokenBytes | None
+            if self._table is not None:  # the decode itself: nothing to check it against here
+                found = TokenBytes(self.backend, skip_special_tokens, id_to_token=self._id_to_token)
+            else:
+                found = token_bytes_for(self.backend, skip_special_tokens)
+            self._token_bytes[skip_special_tokens] = found
             return found
 
     def warm_token_bytes(self) -> None:
@@ -476,7 +516,10 @@ class Tokenizer:
         """Take what ``encoder_facts_at`` worked out in another process as this tokenizer's
         fast encoder and length bound (what ``fast_bpe`` and ``length_bound`` return from now
         on); the encoder, built from the plan. That holds the GIL for tiktoken's table only
-        (about a tenth of a second of one core for 150k tokens)."""
+        (about a tenth of a second of one core for 150k tokens), so a tokenizer whose
+        vocabulary is in tables takes the bound alone: another process encodes its texts."""
+        if self._table is not None:
+            plan = None
         fast = _built(
             "fast_bpe", self.backend, lambda backend: plan.build(backend, whole_encoder(backend)) if plan is not None else None
         )

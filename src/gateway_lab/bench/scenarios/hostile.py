@@ -6,9 +6,9 @@ template bombs (picked per request with ``chat_template_kwargs``), ``flood`` ans
 every Generate with 300,000 tokens, ``endless`` streams one token every millisecond for
 ever, ``oversize`` answers with one 32 MiB message; an honest worker of a fifth model
 joins the running gateway in the second row (``POST /workers``: the gateway loads its
-tokenizer and builds its fast encoder while serving; the next row sends that model its first
-text tiktoken does not take, which needs its BPE merges: the tokenizer helper process holds
-them), then one of a sixth model with the
+tokenizer while serving, its byte-level vocabulary in Python tables, and the tokenizer helper
+process builds the whole tokenizer and encodes the model's texts; the next row sends that
+model its first text tiktoken would not take, which needs the BPE merges), then one of a sixth model with the
 files three of the first four serve (the gateway shares their parse), then one whose
 tokenizer has a vocabulary just under the gateway's ``--max-vocabulary-entries``. The gateway under test
 is ``token-gateway serve`` in a child process; /health is polled every 20 ms by another
@@ -288,7 +288,7 @@ async def probes(p: Prober) -> None:
         else:
             await asyncio.sleep(0.5)
         return p.answers[url]
-    await p.measure("a worker of a new model joins (its tokenizer and fast encoder are built)", lambda: join(p.late_url))
+    await p.measure("a worker of a new model joins (its tokenizer is loaded, the helper process holds its model)", lambda: join(p.late_url))
 
     async def first_other_text() -> str:  # tiktoken takes ASCII and Latin letters only
         return code(await p.chat("late", max_tokens=4, messages=[{"role": "user", "content": "東京の天気は"}]))

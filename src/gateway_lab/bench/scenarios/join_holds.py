@@ -8,7 +8,10 @@ of the repeats) is what it stalls the loop for on an idle core, whatever the hos
 gateway has loaded a tokenizer: the whole ``tokenizer.json`` parsed in the serving process,
 and the file read in a child process and rebuilt from its parts
 (``gateway.tokenization.backend_parts``); steps made of many short native calls report the
-longest one.
+longest one. A model that joins a running gateway keeps a byte-level vocabulary in Python
+tables instead (``gateway.tokenization.vocabulary_table``: the tokenizer helper process
+encodes), so neither the vocabulary's BPE model nor tiktoken's table is built there; the
+rows of that way report its longest step and the rest of it.
 
     token-gateway bench join-holds
     token-gateway bench join-holds --tokenizer-dir ./my-model --repeat 5
@@ -44,6 +47,7 @@ def measure(folder: Path, repeat: int) -> list[tuple[str, str, float]]:
 
     from gateway.tokenization.backend_parts import STEP, split_backend
     from gateway.tokenization.fast_bpe import plan_fast_bpe
+    from gateway.tokenization.vocabulary_table import decodes_from_bytes
 
     json_file = folder / "tokenizer.json"
     text = json_file.read_text(encoding="utf-8")
@@ -83,16 +87,39 @@ def measure(folder: Path, repeat: int) -> list[tuple[str, str, float]]:
         rows.append(("the BPE model from the vocabulary and merges", merged,
                      cpu_ms(lambda: models.BPE(vocab, merges, **parts.options), repeat)))  # fmt: skip
         if plan is not None:
-            rows.append(("the BPE model from the vocabulary alone (merges deferred)", "serving process now",
+            rows.append(("the BPE model from the vocabulary alone (merges deferred)", START_UP,
                          cpu_ms(lambda: models.BPE(vocab, [], **parts.options), repeat)))  # fmt: skip
+        if decodes_from_bytes(parts):
+            longest, rest = tables_holds(parts, repeat)
+            rows.append(("the vocabulary in tables: the longest of its steps", JOINED, longest))
+            rows.append(("the vocabulary in tables: all but its steps (the shell, the added tokens)", JOINED, rest))
     if plan is not None:
         import tiktoken._tiktoken as native
 
-        rows.append(("tiktoken's table from the plan", "serving process (both)",
-                     cpu_ms(lambda: plan.build(backend), repeat)))  # fmt: skip
-        rows.append(("of which tiktoken's native CoreBPE constructor", "serving process (both)",
+        rows.append(("tiktoken's table from the plan", START_UP, cpu_ms(lambda: plan.build(backend), repeat)))
+        rows.append(("of which tiktoken's native CoreBPE constructor", START_UP,
                      cpu_ms(lambda: native.CoreBPE(plan.ranks, {}, plan.pattern), repeat)))  # fmt: skip
     return rows
+
+
+START_UP = "serving process, a model known at start-up (and a joined one without tables)"
+JOINED = "serving process, a model that joins at run time"
+
+
+def tables_holds(parts: Any, repeat: int) -> tuple[float, float]:
+    """(the longest step, the CPU outside the steps) of ``table_backend(parts)`` in ms, each
+    the least of ``repeat`` runs."""
+    from gateway.tokenization.vocabulary_table import table_backend
+
+    longest = rest = float("inf")
+    for _ in range(repeat):
+        steps, step = _step_clock()
+        started = time.thread_time()
+        table_backend(parts, after_step=step)
+        total = time.thread_time() - started
+        longest = min(longest, max(steps, default=0.0))
+        rest = min(rest, total - sum(steps))
+    return longest * 1000, rest * 1000
 
 
 def result(rows: list[tuple[str, str, float]], folder: Path) -> Any:
@@ -119,3 +146,16 @@ def main(args: argparse.Namespace) -> int:
 
     folder = Path(args.tokenizer_dir) if args.tokenizer_dir else default_tokenizer_dir()
     return write(result(measure(folder, max(1, args.repeat)), folder), json_path=args.json, markdown_path=args.markdown)
+
+
+def _step_clock() -> tuple[list[float], Callable[[], None]]:
+    """(the thread CPU time of each step, what to call at each step's end)."""
+    steps: list[float] = []
+    mark = [time.thread_time()]
+
+    def step() -> None:
+        now = time.thread_time()
+        steps.append(now - mark[0])
+        mark[0] = now
+
+    return steps, step
