@@ -93,3 +93,20 @@ def test_the_same_host_ring_is_made_only_inside_a_process_set(tmp_path: Path, mo
     ring.close()
     monkeypatch.setenv(ENV_COUNT, "1")
     assert same_host_ring(SyncConfig(), bus) is None
+
+
+def test_a_set_sharing_memory_names_itself_on_the_bus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gateway.server.process_set import ENV_COUNT, ENV_INDEX, ENV_RUN_DIR
+    from gateway.server.state import same_host_set
+    from gateway.sync.config import SyncConfig
+
+    monkeypatch.delenv(ENV_INDEX, raising=False)
+    assert same_host_set(SyncConfig()) == ""  # a lone process or a replica: every peer's queued prompts come by the bus
+    monkeypatch.setenv(ENV_COUNT, "2")
+    monkeypatch.setenv(ENV_RUN_DIR, str(tmp_path))
+    ids = []
+    for index in ("0", "1"):
+        monkeypatch.setenv(ENV_INDEX, index)
+        ids.append(same_host_set(SyncConfig()))
+    assert ids[0] and ids[0] == ids[1]  # both members name the same set
+    assert same_host_set(SyncConfig(sync_same_host="bus")) == ""  # no rings: the bus is the only source

@@ -113,3 +113,26 @@ def test_a_peer_remembers_a_bounded_number_of_decisions() -> None:
     peer.remember(1, ("w", "m", "regular", 0, 0, b"abcd", None))
     peer.remember(1, ("w", "m", "regular", 0, 0, b"ab", None))  # a replay replaces, bytes recounted
     assert peer.known_bytes == 2 and list(peer.known) == [1]
+
+
+def test_peers_whole_queued_prompts_are_summed_except_a_same_host_siblings() -> None:
+    router, workers = _Router(), FakeWorkers()
+    applier = Applier("me", router, workers, host_set="set-1")  # type: ignore[arg-type]
+    for origin, host_set, prompts in (("replica", "", 2176), ("other-set", "set-2", 1000), ("sibling", "set-1", 4000)):
+        batch = sync_pb2.Batch(origin=origin, seq=1, host_set=host_set)
+        batch.loads.add(worker_id="w0:1", in_flight=1, queued_uncached_prefill_tokens=128, queued_prompt_tokens=prompts)
+        applier.apply(batch)
+    w = workers.w["w0:1"]
+    assert w.remote_load.in_flight == 3 and w.remote_load.queued_prefill_tokens == 384  # every peer's load counts
+    assert w.peer_queued_prompt_tokens == 3176  # the sibling's whole prompts come through memory instead
+    first = sync_pb2.Batch(origin="replica", seq=2)  # its prefill done: in flight, nothing queued
+    first.loads.add(worker_id="w0:1", in_flight=1, running_decode_tokens=8)
+    applier.apply(first)
+    assert w.peer_queued_prompt_tokens == 1000
+    applier.apply(sync_pb2.Batch(origin="other-set", seq=2, goodbye=True))
+    assert w.peer_queued_prompt_tokens == 0
+    alone = Applier("me", router, workers)  # type: ignore[arg-type]  # outside a set every peer counts
+    batch = sync_pb2.Batch(origin="sibling", seq=1, host_set="set-1")
+    batch.loads.add(worker_id="w1:1", in_flight=1, queued_prompt_tokens=640)
+    alone.apply(batch)
+    assert workers.w["w1:1"].peer_queued_prompt_tokens == 640

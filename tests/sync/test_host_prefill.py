@@ -142,3 +142,11 @@ def test_what_siblings_have_in_prefill_is_summed_per_worker_at_each_change(tmp_p
     assert told == {"w1": 0, "w0": 0} and reader.queued_prompt_tokens("w1") == 0
     again.close()
     reader.close()
+
+
+def test_a_sets_id_is_its_run_folders(tmp_path: Path) -> None:
+    from gateway.sync.host_prefill import host_set_id
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    assert host_set_id(tmp_path / "a") == host_set_id(tmp_path / "a" / ".." / "a") != host_set_id(tmp_path / "b")

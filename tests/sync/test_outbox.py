@@ -72,10 +72,11 @@ def test_loads_go_out_when_changed_scaled_by_the_uncached_share() -> None:
     box = _box(workers)
     guard = workers.w["w0:1"].load.acquire(100, 10)
     box.dispatched("regular", _req(100), Decision("w0:1", "x", predicted_cached_tokens=75))
-    assert box.figures("w0:1") == (1, 25, 0)  # three quarters of the prompt is expected cached
-    assert box.figures("gone") == (0, 0, 0)
+    assert box.figures("w0:1") == (1, 25, 0, 100)  # three quarters of the prompt is expected cached; whole: 100
+    assert box.figures("gone") == (0, 0, 0, 0)
     first = box.take()
     assert first is not None and [(x.worker_id, x.in_flight, x.queued_uncached_prefill_tokens) for x in first.loads] == [("w0:1", 1, 25)]
+    assert first.loads[0].queued_prompt_tokens == 100 and first.host_set == ""
     unchanged = box.take(scan=["w0:1"])  # a heartbeat: sent even when nothing changed
     assert unchanged is not None and list(unchanged.loads) == []
     full = box.take(full=["w0:1", "w1:1"])
@@ -100,3 +101,14 @@ def test_a_replay_restates_recent_decisions_in_a_new_epoch() -> None:
     replay = box.replay()
     assert replay is not None and replay.replay and [d.worker_id for d in replay.decisions] == ["w0:1", "w1:1"]
     assert replay.decisions[0].prefix_blocks == 0 and len(replay.decisions[0].tokens) == 4 * 8  # tokens again
+
+
+def test_a_set_member_names_its_host_set_in_every_batch() -> None:
+    workers = FakeWorkers()
+    box = Outbox("a", lambda wid: workers.get(wid).load, lambda wid: 1, host_set="set-1")
+    workers.w["w0:1"].load.acquire(40, 4)
+    box.load_changed("w0:1")
+    batch = box.take()
+    assert batch is not None and batch.host_set == "set-1" and batch.loads[0].queued_prompt_tokens == 40
+    full = box.take(full=["w0:1"])
+    assert full is not None and full.host_set == "set-1" and full.loads[0].queued_prompt_tokens == 40

@@ -154,7 +154,7 @@ def test_views_add_remote_load_and_the_cost_counts_remote_prefill_once() -> None
         id="w0:1", url="grpc://w0:1", role="regular", healthy=True, draining=False, breaker=CircuitBreaker(),
         load=WorkerLoad(in_flight=1, queued_prefill_tokens=100),
         remote_load=WorkerLoad(in_flight=2, queued_prefill_tokens=30, running_decode_tokens=8),
-        polled=None, info=SimpleNamespace(kv_capacity_tokens=0, page_size=1, max_running_requests=0), bootstrap_port=None, sibling_queued_prompt_tokens=0,
+        polled=None, info=SimpleNamespace(kv_capacity_tokens=0, page_size=1, max_running_requests=0), bootstrap_port=None, sibling_queued_prompt_tokens=0, peer_queued_prompt_tokens=0,
     )
     v = view(w)  # type: ignore[arg-type]
     assert (v.in_flight, v.queued_prefill_tokens, v.remote_prefill_tokens, v.running_decode_tokens) == (3, 100, 30, 8)
@@ -242,7 +242,7 @@ def test_a_learned_output_in_its_decisions_batch_is_merged_into_it() -> None:
     assert len(d.tokens) == 4 * (len(prompt) + len(output)) and d.prompt_tokens == len(prompt)
     f = batch.finishes[0]
     assert f.decision == d.id and not f.worker_id and not f.model  # the finish names its decision
-    assert box.figures(decision.worker_id) == (0, 0, 0)  # nothing left in flight
+    assert box.figures(decision.worker_id) == (0, 0, 0, 0)  # nothing left in flight
     applier = Applier("b", remote, dst)
     applier.apply_bytes(batch.SerializeToString())
     probe = [*prompt, *output, 1, 2]
@@ -527,3 +527,42 @@ def test_an_extension_whose_mark_went_stale_inserts_the_whole_sequence() -> None
     assert applier.stats.extensions == 1 and applier.stats.unresolved == 0
     assert _depth(remote, [*range(100, 120), 7, 8, 9], dec.worker_id) == 23
     remote.p.tree("m").validate()
+
+
+def _old_schema() -> type:
+    """``Batch`` as an origin built before the whole queued prompts and the host set were
+    sent has it (the same file without those two fields)."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    fd = descriptor_pb2.FileDescriptorProto()
+    sync_pb2.DESCRIPTOR.CopyToProto(fd)
+    fd.name, fd.package = "old_sync.proto", "old_sync"
+    gone = {"WorkerLoad": "queued_prompt_tokens", "Batch": "host_set"}
+    for message in fd.message_type:
+        if message.name in gone:
+            kept = [f for f in message.field if f.name != gone[message.name]]
+            assert len(kept) == len(message.field) - 1
+            del message.field[:]
+            message.field.extend(kept)
+        for f in message.field:  # type references into the renamed package
+            if f.type_name.startswith(".token_gateway.sync."):
+                f.type_name = ".old_sync." + f.type_name.rsplit(".", 1)[1]
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(fd)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("old_sync.Batch"))
+
+
+def test_an_older_origins_loads_are_read_and_an_older_receiver_reads_ours() -> None:
+    old_batch = _old_schema()
+    old = old_batch(origin="old", seq=1)
+    old.loads.add(worker_id="w0:1", in_flight=2, queued_uncached_prefill_tokens=300, running_decode_tokens=16)
+    dst = FakeWorkers()
+    applier = Applier("me", FakeRouter(), dst)
+    applier.apply_bytes(old.SerializeToString())
+    load = dst.w["w0:1"].remote_load
+    assert (load.in_flight, load.queued_prefill_tokens, load.running_decode_tokens) == (2, 300, 16)
+    assert dst.w["w0:1"].peer_queued_prompt_tokens == 0  # unknown: its queued requests count as before
+    new = sync_pb2.Batch(origin="new", seq=1, host_set="set-1")
+    new.loads.add(worker_id="w0:1", in_flight=1, queued_uncached_prefill_tokens=50, queued_prompt_tokens=2176)
+    read = old_batch.FromString(new.SerializeToString())
+    assert (read.origin, read.loads[0].in_flight, read.loads[0].queued_uncached_prefill_tokens) == ("new", 1, 50)

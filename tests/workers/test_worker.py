@@ -61,6 +61,7 @@ def test_a_view_is_reused_only_while_every_figure_is_the_same() -> None:
         lambda: setattr(w.remote_load, "queued_prefill_tokens", 40),
         lambda: setattr(w.remote_load, "running_decode_tokens", 9),
         lambda: setattr(w, "sibling_queued_prompt_tokens", 2176),
+        lambda: setattr(w, "peer_queued_prompt_tokens", 640),
         lambda: setattr(w, "healthy", False),
         lambda: setattr(w, "healthy", True),
         lambda: setattr(w, "polled", LoadSnapshot(num_running_reqs=5)),
@@ -78,7 +79,7 @@ def test_a_view_is_reused_only_while_every_figure_is_the_same() -> None:
         assert now != before
         before = w.view()
         assert w.view() is before
-    assert w.view().remote_queued_prompt_tokens == 2176  # the same-host siblings' queued prompts reach the policy
+    assert w.view().remote_queued_prompt_tokens == 2176 + 640  # the siblings' and the replicas' queued prompts reach the policy
 
 
 def _info(args: dict[str, object], sched: dict[str, object] | None = None, **model: object) -> WorkerInfo:

@@ -58,7 +58,7 @@ class WorkerView:
     page_size: int = 1  # the worker's KV page size in tokens
     max_running_requests: int = 0  # sequences the worker runs at once at most (0: unknown)
     bootstrap_port: int | None = None  # PD prefill workers only
-    remote_queued_prompt_tokens: int = 0  # whole prompt tokens other gateway processes sent it, no first token yet (same host)
+    remote_queued_prompt_tokens: int = 0  # whole prompt tokens other gateway processes sent it, no first token yet (siblings and replicas)
 
 
 # Every field, in order, without the frozen constructor's per-field ``object.__setattr__``

@@ -13,8 +13,8 @@ available worker ``w``::
            requests on w), plus remote_prefill_tokens (the uncached part other
            gateway processes have queued, from sync), plus the part of the worker's polled
            num_waiting_uncached_tokens (when younger than loads_max_age_s) above
-           the prompt tokens the gateway has queued there: this process's, and in a
-           ``serve --processes N`` set its siblings' (remote_queued_prompt_tokens):
+           the prompt tokens the gateway has queued there: this process's, and the
+           other processes' of its set and replicas (remote_queued_prompt_tokens):
            traffic it did not send. The polled figure is never taken whole: it prices
            queued requests against the cache *as it is*, so in a burst a group's
            queued requests all count as misses until the first is prefilled, and a
@@ -23,7 +23,8 @@ available worker ``w``::
            ``token-gateway bench policies``). The siblings' part is subtracted for
            the same reason: their queued requests count in remote_prefill_tokens at
            their uncached part already, and taken again at the cache as it is, a
-           burst's holders shed their prefixes in a set that one process keeps.
+           burst's holders shed their prefixes in a set (or a pair of replicas) that
+           one process keeps.
     D_w  = running_decode_tokens (decode tokens still owed by w's running requests)
            times the decode fill: the share of its max_tokens a finished request
            really decoded (decayed over the last ``FILL_WINDOW`` finishes, 1 until

@@ -51,19 +51,21 @@ class Finish(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., model: _Optional[str] = ..., pool: _Optional[str] = ..., cached_tokens: _Optional[int] = ..., success: _Optional[bool] = ..., decision: _Optional[int] = ...) -> None: ...
 
 class WorkerLoad(_message.Message):
-    __slots__ = ("worker_id", "in_flight", "queued_uncached_prefill_tokens", "running_decode_tokens")
+    __slots__ = ("worker_id", "in_flight", "queued_uncached_prefill_tokens", "running_decode_tokens", "queued_prompt_tokens")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     QUEUED_UNCACHED_PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     RUNNING_DECODE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     in_flight: int
     queued_uncached_prefill_tokens: int
     running_decode_tokens: int
-    def __init__(self, worker_id: _Optional[str] = ..., in_flight: _Optional[int] = ..., queued_uncached_prefill_tokens: _Optional[int] = ..., running_decode_tokens: _Optional[int] = ...) -> None: ...
+    queued_prompt_tokens: int
+    def __init__(self, worker_id: _Optional[str] = ..., in_flight: _Optional[int] = ..., queued_uncached_prefill_tokens: _Optional[int] = ..., running_decode_tokens: _Optional[int] = ..., queued_prompt_tokens: _Optional[int] = ...) -> None: ...
 
 class Batch(_message.Message):
-    __slots__ = ("origin", "seq", "sent_unix_ns", "decisions", "finishes", "loads", "full_loads", "goodbye", "replay")
+    __slots__ = ("origin", "seq", "sent_unix_ns", "decisions", "finishes", "loads", "full_loads", "goodbye", "replay", "host_set")
     ORIGIN_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     SENT_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
@@ -73,6 +75,7 @@ class Batch(_message.Message):
     FULL_LOADS_FIELD_NUMBER: _ClassVar[int]
     GOODBYE_FIELD_NUMBER: _ClassVar[int]
     REPLAY_FIELD_NUMBER: _ClassVar[int]
+    HOST_SET_FIELD_NUMBER: _ClassVar[int]
     origin: str
     seq: int
     sent_unix_ns: int
@@ -82,4 +85,5 @@ class Batch(_message.Message):
     full_loads: bool
     goodbye: bool
     replay: bool
-    def __init__(self, origin: _Optional[str] = ..., seq: _Optional[int] = ..., sent_unix_ns: _Optional[int] = ..., decisions: _Optional[_Iterable[_Union[Decision, _Mapping]]] = ..., finishes: _Optional[_Iterable[_Union[Finish, _Mapping]]] = ..., loads: _Optional[_Iterable[_Union[WorkerLoad, _Mapping]]] = ..., full_loads: _Optional[bool] = ..., goodbye: _Optional[bool] = ..., replay: _Optional[bool] = ...) -> None: ...
+    host_set: str
+    def __init__(self, origin: _Optional[str] = ..., seq: _Optional[int] = ..., sent_unix_ns: _Optional[int] = ..., decisions: _Optional[_Iterable[_Union[Decision, _Mapping]]] = ..., finishes: _Optional[_Iterable[_Union[Finish, _Mapping]]] = ..., loads: _Optional[_Iterable[_Union[WorkerLoad, _Mapping]]] = ..., full_loads: _Optional[bool] = ..., goodbye: _Optional[bool] = ..., replay: _Optional[bool] = ..., host_set: _Optional[str] = ...) -> None: ...

@@ -38,7 +38,7 @@ from gateway.server.responses_entry import ResponsesEntry
 from gateway.server.security import Authenticator, key_id
 from gateway.sync.bus import SyncBus
 from gateway.sync.config import SyncConfig
-from gateway.sync.host_prefill import HostPrefill
+from gateway.sync.host_prefill import HostPrefill, host_set_id
 from gateway.sync.host_ring import HostRing
 from gateway.sync.policy_tap import FanOut
 from gateway.workers.client import BadWorkerUrl
@@ -54,15 +54,28 @@ from gateway.workers.worker import Worker
 log = logging.getLogger(__name__)
 
 
-def same_host_ring(config: SyncConfig, bus: SyncBus) -> HostRing | None:
-    """The ring of decisions this process shares with its siblings of one ``serve
-    --processes N`` set (``--sync-same-host memory``), or None outside a set."""
+def _memory_set(config: SyncConfig) -> tuple[Path, int, int] | None:
+    """(run folder, index, count) of this process in a ``serve --processes N`` set whose
+    members share memory (``--sync-same-host memory``), or None outside one."""
     if config.sync_same_host != "memory" or ENV_INDEX not in os.environ:
         return None
     count = int(os.environ[ENV_COUNT])
     if count < 2:
         return None
-    return HostRing(Path(os.environ[ENV_RUN_DIR]), int(os.environ[ENV_INDEX]), count, bus.applier.target)
+    return Path(os.environ[ENV_RUN_DIR]), int(os.environ[ENV_INDEX]), count
+
+
+def same_host_ring(config: SyncConfig, bus: SyncBus) -> HostRing | None:
+    """The ring of decisions this process shares with its siblings of one ``serve
+    --processes N`` set (``--sync-same-host memory``), or None outside a set."""
+    member = _memory_set(config)
+    return None if member is None else HostRing(*member, bus.applier.target)
+
+
+def same_host_set(config: SyncConfig) -> str:
+    """The set's id on the bus (``host_prefill.host_set_id``), or "" outside a set sharing memory."""
+    member = _memory_set(config)
+    return "" if member is None else host_set_id(member[0])
 
 
 def key_weights(items: list[str], api_keys: list[str]) -> dict[str, float]:
@@ -161,7 +174,9 @@ class GatewayState:
             from gateway.observability.sync_metrics import SyncCollector, lag_histogram
 
             lag = lag_histogram(self.metrics.registry)
-            self.sync = SyncBus(config.sync, self.router, self.registry, on_lag=partial(observe_many, lag))
+            self.sync = SyncBus(
+                config.sync, self.router, self.registry, on_lag=partial(observe_many, lag), host_set=same_host_set(config.sync)
+            )
             self.host_ring = same_host_ring(config.sync, self.sync)
             if self.host_ring is None:
                 self.router.tap(self.sync.outbox)

@@ -4,8 +4,11 @@ Synchronous and I/O-free (the bus hands it each received ``Batch``), so it is te
 against fakes. A remote decision becomes ``policy.on_remote(RemoteDecision)``, which
 ``cache_aware`` applies to its tree exactly as a local dispatch; remote load is kept
 per origin as the origin's absolute figures and summed into ``Worker.remote_load``,
-which ``Worker.view()`` adds to the local load every policy reads. An origin that
-goes quiet (``peer_timeout_s``) or says goodbye has its load forgotten.
+which ``Worker.view()`` adds to the local load every policy reads, and the origins'
+whole queued prompt tokens into ``Worker.peer_queued_prompt_tokens`` (what the worker's
+polled waiting figure counts of their traffic), except a same-host sibling's whose
+prefill ring gives it fresher (``host_set``). An origin that goes quiet
+(``peer_timeout_s``) or says goodbye has its load forgotten.
 
 Each origin's recent decisions are kept by number (a book handle and a short tail, not
 the prompt) so that a learned output sent as an extension, or a finish naming its
@@ -61,7 +64,9 @@ class Peer:
     """One remote origin: its last known per-worker load and sequence, and its recent
     decisions by number (oldest first out, bounded in count and in kept bytes)."""
 
-    loads: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    # worker -> (in flight, queued uncached prefill tokens, running decode tokens, queued prompt tokens)
+    loads: dict[str, tuple[int, int, int, int]] = field(default_factory=dict)
+    sibling: bool = False  # of this process's same-host set: its queued prompts come through memory
     last_seq: int = 0
     last_seen: float = 0.0
     known: dict[int, Known] = field(default_factory=dict)
@@ -103,10 +108,14 @@ class Applier:
         clock_ns: Callable[[], int] = time.time_ns,
         on_lag: Callable[[list[float]], None] = lambda seconds: None,
         book: PrefixBook | None = None,
+        host_set: str = "",
     ) -> None:
         """``book``: resolves prefix references (shared with this process's outbox);
-        ``on_lag``: the decision-to-tree lags of one batch's decisions, in seconds."""
+        ``on_lag``: the decision-to-tree lags of one batch's decisions, in seconds;
+        ``host_set``: this process's same-host set (empty outside one), whose members'
+        queued prompt tokens are not summed here."""
         self.book = book
+        self.host_set = host_set
         self.origin = origin
         self.router = router
         self.workers = workers
@@ -140,6 +149,7 @@ class Applier:
             st.lost_batches += batch.seq - peer.last_seq - 1
         if batch.seq:  # replays are unnumbered
             peer.last_seq = batch.seq
+        peer.sibling = bool(self.host_set) and batch.host_set == self.host_set
         peer.last_seen = self._clock()
         stamps: list[int] | None = None if batch.replay else []
         for d in batch.decisions:
@@ -171,13 +181,14 @@ class Applier:
             peer.loads.clear()
         elif batch.full_loads:
             touched.update(peer.loads)
-            peer.loads = {lo.worker_id: (lo.in_flight, lo.queued_uncached_prefill_tokens, lo.running_decode_tokens) for lo in batch.loads}
+            peer.loads = {lo.worker_id: _figures(lo) for lo in batch.loads}
             touched.update(peer.loads)
         else:
             for lo in batch.loads:
                 touched.add(lo.worker_id)
-                if lo.in_flight or lo.queued_uncached_prefill_tokens or lo.running_decode_tokens:
-                    peer.loads[lo.worker_id] = (lo.in_flight, lo.queued_uncached_prefill_tokens, lo.running_decode_tokens)
+                f = _figures(lo)
+                if any(f):
+                    peer.loads[lo.worker_id] = f
                 else:
                     peer.loads.pop(lo.worker_id, None)
         if batch.goodbye:
@@ -257,13 +268,17 @@ class Applier:
             if worker is None:
                 continue
             total = WorkerLoad()
+            prompts = 0
             for peer in self.peers.values():
                 lo = peer.loads.get(wid)
                 if lo is not None:
                     total.in_flight += lo[0]
                     total.queued_prefill_tokens += lo[1]
                     total.running_decode_tokens += lo[2]
+                    if not peer.sibling:
+                        prompts += lo[3]
             worker.remote_load = total
+            worker.peer_queued_prompt_tokens = prompts
 
     def expire(self) -> list[str]:
         """Forget peers not heard from within ``peer_timeout_s``; returns their origins."""
@@ -283,3 +298,7 @@ class Applier:
 
     def remote_in_flight(self) -> int:
         return sum(lo[0] for p in self.peers.values() for lo in p.loads.values())
+
+
+def _figures(lo: sync_pb2.WorkerLoad) -> tuple[int, int, int, int]:
+    return (lo.in_flight, lo.queued_uncached_prefill_tokens, lo.running_decode_tokens, lo.queued_prompt_tokens)

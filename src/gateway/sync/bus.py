@@ -63,15 +63,21 @@ class SyncBus:
         url: str | None = None,
         origin: str | None = None,
         on_lag: Callable[[list[float]], None] = lambda seconds: None,
+        host_set: str = "",
     ) -> None:
+        """``host_set``: the same-host set this process belongs to when its siblings share
+        its requests in prefill through memory (empty otherwise; ``Batch.host_set``)."""
         self.config = config
         self.url = url or config.sync_url or ""
         self.origin = origin or make_origin()
         self.workers = workers
         self.book = PrefixBook(config.sync_block_tokens) if config.sync_encoding == "blocks" else None
-        self.outbox = Outbox(self.origin, self._own_load, self._page_size, on_pending=self._wake, book=self.book)
+        self.outbox = Outbox(
+            self.origin, self._own_load, self._page_size, on_pending=self._wake, book=self.book, host_set=host_set
+        )
         self.applier = Applier(
-            self.origin, router, workers, peer_timeout_s=config.sync_peer_timeout_s, on_lag=on_lag, book=self.book
+            self.origin, router, workers, peer_timeout_s=config.sync_peer_timeout_s, on_lag=on_lag, book=self.book,
+            host_set=host_set,
         )
         self.stats = BusStats()
         self._nc: Any = None
@@ -214,7 +220,14 @@ class SyncBus:
             if window > 0:
                 await asyncio.sleep(window)
             self._pending.clear()
-            await self._send(self.outbox.take())
+            await self.flush()
+
+    async def flush(self) -> sync_pb2.Batch | None:
+        """Send what is pending now, in one message (the publisher's step); returns the batch
+        taken, or None when there was nothing to say."""
+        batch = self.outbox.take()
+        await self._send(batch)
+        return batch
 
     async def _heartbeat(self) -> None:
         """Every beat: the loads that changed since last sent (first tokens move prefill to

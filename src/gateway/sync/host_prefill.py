@@ -30,6 +30,8 @@ load too, but late in a burst; this is as fresh as the last poll.
 
 from __future__ import annotations
 
+import hashlib
+import socket
 import struct
 import time
 from collections.abc import Callable
@@ -47,6 +49,15 @@ KEY_BITS = 40  # a sibling's key, within the remote key this process gives it
 
 def prefill_ring_path(run_dir: Path, index: int) -> Path:
     return run_dir / f"prefill-{index}.ring"
+
+
+def host_set_id(run_dir: Path) -> str:
+    """What the processes sharing ``run_dir``'s rings put on the bus to know each other
+    (``Batch.host_set``): their queued prompts reach each other through the rings, fresher,
+    and must not be counted again from the bus. The host and the folder, hashed: a run
+    folder belongs to one set at a time."""
+    key = f"{socket.gethostname()}\0{run_dir.resolve()}".encode()
+    return hashlib.blake2b(key, digest_size=8).hexdigest()
 
 
 @dataclass

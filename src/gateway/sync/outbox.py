@@ -59,7 +59,8 @@ def page_aligned(packed: bytes, page_size: int) -> bytes:
 
 _MAX_TRACKED = 1 << 16  # in-flight requests remembered for the uncached-prefill estimate
 _MAX_REFS = 1 << 14  # recent decisions a learned output or finish can still refer to
-Figures = tuple[int, int, int]  # in flight, queued uncached prefill tokens, running decode tokens
+Figures = tuple[int, int, int, int]  # in flight, queued uncached prefill tokens, running decode tokens, queued prompt tokens
+_ZERO: Figures = (0, 0, 0, 0)
 
 
 class _Ref:
@@ -90,11 +91,15 @@ class Outbox:
         clock_ns: Callable[[], int] = time.time_ns,
         on_pending: Callable[[], None] = lambda: None,
         book: PrefixBook | None = None,
+        host_set: str = "",
     ) -> None:
         """``loads(worker_id)`` is this process's own load on a worker (None: gone);
         ``on_pending`` is called when the first event of a tick arrives (the bus wakes);
-        ``book``: send shared prefixes by reference (``--sync-encoding blocks``)."""
+        ``book``: send shared prefixes by reference (``--sync-encoding blocks``);
+        ``host_set``: the same-host set whose siblings read this process's queued prompts
+        from memory (``Batch.host_set``; empty outside one)."""
         self.origin = origin
+        self.host_set = host_set
         self.book = book
         # [worker, model, pool, wire tokens, prompt tokens, predicted cached, id] of recent decisions
         self.recent: deque[list[Any]] = deque(maxlen=REPLAY_DECISIONS)
@@ -242,16 +247,18 @@ class Outbox:
         self._dirty.add(worker_id)
 
     def figures(self, worker_id: str) -> Figures:
-        """This process's load on a worker as published: the queued prefill is scaled by the
-        uncached share of its in-flight prompts (what the others' cost formula needs)."""
+        """This process's load on a worker as published: the queued prefill scaled by the
+        uncached share of its in-flight prompts (what the others' cost formula adds), and
+        whole (what the worker's polled waiting figure counts of it, which the others take
+        out of that figure)."""
         load = self._loads(worker_id)
         if load is None:
-            return (0, 0, 0)
-        queued = max(0, load.queued_prefill_tokens)
+            return _ZERO
+        whole = queued = max(0, load.queued_prefill_tokens)
         s = self._sums.get(worker_id)
         if queued and s is not None and s[0] > 0:
             queued = round(queued * (1.0 - s[1] / s[0]))
-        return (max(0, load.in_flight), queued, max(0, load.running_decode_tokens))
+        return (max(0, load.in_flight), queued, max(0, load.running_decode_tokens), whole)
 
     def take(
         self, *, scan: Iterable[str] | None = None, full: Iterable[str] | None = None, goodbye: bool = False
@@ -268,25 +275,33 @@ class Outbox:
         batch.seq = self._seq
         batch.sent_unix_ns = self._clock_ns()
         batch.goodbye = goodbye
+        batch.host_set = self.host_set
         if full is not None:
             self._sent = {}
             for wid in sorted(set(full) | self._dirty):
                 f = self.figures(wid)
                 if any(f):
                     self._sent[wid] = f
-                    batch.loads.add(worker_id=wid, in_flight=f[0], queued_uncached_prefill_tokens=f[1], running_decode_tokens=f[2])
+                    _add_load(batch, wid, f)
             batch.full_loads = True
         else:
             ids = self._dirty if scan is None else self._dirty | set(scan)
             for wid in sorted(ids):
                 f = self.figures(wid)
-                if f == self._sent.get(wid, (0, 0, 0)):
+                if f == self._sent.get(wid, _ZERO):
                     continue
                 if any(f):
                     self._sent[wid] = f
                 else:
                     self._sent.pop(wid, None)
-                batch.loads.add(worker_id=wid, in_flight=f[0], queued_uncached_prefill_tokens=f[1], running_decode_tokens=f[2])
+                _add_load(batch, wid, f)
         self._dirty = set()
         self._gen += 1
         return batch
+
+
+def _add_load(batch: sync_pb2.Batch, worker_id: str, f: Figures) -> None:
+    batch.loads.add(
+        worker_id=worker_id, in_flight=f[0], queued_uncached_prefill_tokens=f[1], running_decode_tokens=f[2],
+        queued_prompt_tokens=f[3],
+    )

@@ -208,6 +208,9 @@ class Worker:
         # with no first token yet (set by gateway.sync.host_prefill, fresh at every choice):
         # what the worker's polled waiting figure counts of their traffic.
         self.sibling_queued_prompt_tokens = 0
+        # The same for other replicas (set by gateway.sync.apply from the bus, as late as the bus;
+        # same-host siblings that share memory are left to the figure above).
+        self.peer_queued_prompt_tokens = 0
         self.breaker = breaker or CircuitBreaker()
         self.progress = progress or ProgressTracker()  # what the progress watchdog judges
         self.healthy = True
@@ -292,7 +295,8 @@ class Worker:
         key = (
             self.healthy and not self.draining and (breaker.state is BreakerState.CLOSED or breaker.allows()),
             load.in_flight, load.queued_prefill_tokens, load.running_decode_tokens,
-            remote.in_flight, remote.queued_prefill_tokens, remote.running_decode_tokens, self.sibling_queued_prompt_tokens,
+            remote.in_flight, remote.queued_prefill_tokens, remote.running_decode_tokens,
+            self.sibling_queued_prompt_tokens, self.peer_queued_prompt_tokens,
             # The snapshot by identity: a fresh one is a newer age (unequal), and comparing it
             # would only run its dataclass __eq__ to say so. The cached view holds the one it
             # was built with, so its id is not reused while it is compared against.
@@ -317,7 +321,7 @@ class Worker:
             info.page_size,  # page_size
             info.max_running_requests,  # max_running_requests
             self.bootstrap_port,  # bootstrap_port
-            self.sibling_queued_prompt_tokens,  # remote_queued_prompt_tokens
+            self.sibling_queued_prompt_tokens + self.peer_queued_prompt_tokens,  # remote_queued_prompt_tokens
         )
         self._view = (key, view)
         return view
