@@ -86,14 +86,23 @@ def vllm_dp_grpc(interop_dir: Path) -> Iterator[common.Process]:
     yield from _vllm(interop_dir, "grpc", "--data-parallel-size", "2")
 
 
+def _per_rank_events(worker: common.Process) -> list[str]:
+    """The gateway reads each engine's KV-event publisher (rank N at the port + N)."""
+    return ["--kv-events", "--kv-events-zmq", f"{worker.extra['url']}={worker.extra['kv_events']}"]
+
+
 @pytest.fixture(scope="session")
 def gateway_dp_http(interop_dir: Path, vllm_dp_http: common.Process) -> Iterator[common.Process]:
-    yield from _gateway(interop_dir, vllm_dp_http, "dp-over-http", "--policy", "cache_aware")
+    yield from _gateway(
+        interop_dir, vllm_dp_http, "dp-over-http", "--policy", "cache_aware", *_per_rank_events(vllm_dp_http)
+    )
 
 
 @pytest.fixture(scope="session")
 def gateway_dp_grpc(interop_dir: Path, vllm_dp_grpc: common.Process) -> Iterator[common.Process]:
-    yield from _gateway(interop_dir, vllm_dp_grpc, "dp-over-grpc", "--policy", "cache_aware")
+    yield from _gateway(
+        interop_dir, vllm_dp_grpc, "dp-over-grpc", "--policy", "cache_aware", *_per_rank_events(vllm_dp_grpc)
+    )
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,7 @@ plumbing (log file, bounded start wait, whole-group stop) are the SGLang suite's
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import socket
@@ -38,18 +39,23 @@ def unavailable_reason(*, require_opt_in: bool = False) -> str | None:
     return None
 
 
-def free_port() -> int:
-    """A loopback port of ``PORTS`` that is free now."""
-    candidates = list(PORTS)
+def free_port(count: int = 1) -> int:
+    """A loopback port P of ``PORTS`` with P .. P + count - 1 all free now."""
+    candidates = list(PORTS)[: len(PORTS) - count + 1]
     random.shuffle(candidates)
     for port in candidates:
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
+        if all(_free(p) for p in range(port, port + count)):
             return port
-    raise RuntimeError(f"no free port in {PORTS.start}-{PORTS.stop - 1} on 127.0.0.1")
+    raise RuntimeError(f"no {count} free port(s) in {PORTS.start}-{PORTS.stop - 1} on 127.0.0.1")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
 
 
 # What vLLM prints when its port was taken between our check and its bind (gRPC's, uvicorn's).
@@ -95,6 +101,7 @@ def _start_on(
     timeout: float,
 ) -> Process:
     record = workdir / f"core-{transport}-{port}.jsonl"
+    data_parallel = "--data-parallel-size" in (extra_args or [])
     env = dict(os.environ)
     env.update(
         {
@@ -106,20 +113,24 @@ def _start_on(
             "VLLM_SERVER_DEV_MODE": "1",  # /reset_prefix_cache, the route the gateway's flush calls
         }
     )
-    if transport == "grpc":
-        # The servicer relays KV events: the stand-in publishes them through vLLM's own ZMQ
-        # publisher, which binds only a wildcard or ipc endpoint (a host is connected to);
-        # an ipc socket in the work folder keeps it off the network. vLLM gives each
-        # data-parallel engine its own endpoint by offsetting a tcp port (an ipc one it
-        # refuses), so a data-parallel server runs here without KV events.
-        events = '{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "ipc://%s"}'
-        if "--data-parallel-size" in (extra_args or []):
-            events = '{"enable_kv_cache_events": false}'
+    events_port = 0
+    if data_parallel:
+        # vLLM gives each data-parallel engine its own publisher at the endpoint's port plus
+        # its rank (an ipc endpoint it refuses above rank 0). An endpoint with an address is
+        # connected to by vLLM's publisher (a wildcard one it would bind on every interface):
+        # the gateway binds 127.0.0.1 at those ports (``--kv-events-zmq``), both transports.
+        events_port = free_port(2)
         extra_args = [
             "--kv-events-config",
-            events % (workdir / f"kv-{port}.ipc") if "%s" in events else events,
+            json.dumps({"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{events_port}"}),
             *(extra_args or []),
         ]
+    elif transport == "grpc":
+        # The servicer relays KV events (rank 0's): the stand-in publishes them through vLLM's
+        # own ZMQ publisher, which binds a wildcard or an ipc endpoint; an ipc socket in the
+        # work folder keeps it off the network.
+        events = '{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "ipc://%s"}'
+        extra_args = ["--kv-events-config", events % (workdir / f"kv-{port}.ipc"), *(extra_args or [])]
     argv = [
         str(VENV / "bin" / "python"),
         "-m",
@@ -141,4 +152,6 @@ def _start_on(
     )
     scheme = "grpc" if transport == "grpc" else "http"
     proc.extra.update(port=port, recording=Recording(record), url=f"{scheme}://127.0.0.1:{port}")
+    if events_port:
+        proc.extra["kv_events"] = f"tcp://127.0.0.1:{events_port}"
     return proc

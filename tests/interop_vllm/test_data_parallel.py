@@ -117,3 +117,63 @@ def test_unpinned_vllm_spreads_an_idle_burst_so_pinning_is_what_keeps_the_prefix
     first, second = rec.wait("generate", 2)
     assert first["data_parallel_rank"] is None and second["data_parallel_rank"] is None
     assert first["engine"] != second["engine"]
+
+
+def _send_straight(server: Process, prompt: list[int], rank: int) -> None:
+    """A prompt sent to vLLM itself (not through the gateway), pinned to ``rank``."""
+    url = server.extra["url"]
+    if url.startswith("http"):
+        reply = httpx.post(
+            url + "/v1/completions", json={"model": SERVED_MODEL, "prompt": prompt, "max_tokens": 1},
+            headers={"X-data-parallel-rank": str(rank)}, timeout=60,
+        )
+        assert reply.status_code == 200, reply.text
+        return
+    import grpc
+
+    from gateway.proto import sglang_scheduler_pb2 as pb
+    from gateway.proto import vllm_engine_pb2_grpc
+    from gateway.workers.vllm_grpc_wire import generate_request
+
+    request = pb.GenerateRequest(
+        request_id=f"straight-{rank}-{prompt[0]}", stream=False, data_parallel_rank=rank,
+        sampling_params=pb.SamplingParams(temperature=1.0, n=1, max_new_tokens=1),
+    )
+    request.tokenized.input_ids.extend(prompt)
+    with grpc.insecure_channel(url.removeprefix("grpc://")) as channel:
+        replies = list(vllm_engine_pb2_grpc.VllmEngineStub(channel).Generate(generate_request(request), timeout=60))
+    assert replies[-1].WhichOneof("response") == "complete"
+
+
+def test_each_ranks_kv_events_teach_that_ranks_tree(dp_front: Process) -> None:
+    """vLLM's own publishers, one per engine (rank N at the endpoint's port + N, which the
+    gateway binds on 127.0.0.1): a prompt sent straight to one engine is learned by that
+    rank's share of the gateway's tree, and by no other."""
+    server = dp_front.extra["worker"]
+    rec = _recording(dp_front)
+    inspect = dp_front.extra["url"] + "/admin/inspect"
+    workers = {w["dp_rank"]: w for w in httpx.get(dp_front.extra["url"] + "/workers", timeout=10).json()["workers"]}
+    base = int(server.extra["kv_events"].rsplit(":", 1)[1])
+    for rank, row in workers.items():
+        assert row["kv_events_source"] == f"tcp://127.0.0.1:{base + rank}" and "kv_events" not in row["lacks"]
+        assert row["kv_events"]["connected"] and not row["kv_events"]["stopped"], row["kv_events"]
+
+    def learned(prompt: list[int]) -> dict[int, int]:
+        rows = httpx.post(inspect, json={"input_ids": prompt}, timeout=30).json()["workers"]
+        return {int(r["worker_id"].rsplit("@", 1)[1]): int(r["raw_match_tokens"]) for r in rows}
+
+    offset = 5000 if server.extra["url"].startswith("http") else 6000  # each transport's own prompts
+    for rank in (1, 0):
+        prompt = [offset + 1000 * rank + k for k in range(200)]
+        assert learned(prompt) == {0: 0, 1: 0}
+        _send_straight(server, prompt, rank)
+        (record,) = rec.wait("generate", 1)
+        assert record["engine"] == rank
+        rec.mark()
+        deadline, got = time.monotonic() + 15, learned(prompt)
+        while got[rank] == 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+            got = learned(prompt)
+        assert got == {rank: 192, 1 - rank: 0}  # the prompt's three whole 64-token blocks, on its engine's rank
+    feeds = {w["dp_rank"]: w["kv_events"] for w in httpx.get(dp_front.extra["url"] + "/workers", timeout=10).json()["workers"]}
+    assert all(f["batches"] >= 1 and f["malformed"] == 0 and f["wrong_rank"] == 0 for f in feeds.values()), feeds

@@ -61,6 +61,18 @@ async def test_model_and_generation_over_completions(vllm: tuple[Peer, VllmHttpC
     assert list(whole.complete.output_ids) == [8, 9] and whole.complete.matched_token_id == 9
 
 
+async def test_a_pooling_server_is_told_apart_by_the_routes_it_serves(vllm: tuple[Peer, VllmHttpClient]) -> None:
+    """/v1/models does not name the runner; vLLM registers /v1/completions for a generation
+    model only, so its GET answers 405 there (POST-only) and 404 on a pooling server."""
+    p, client = vllm
+    assert (await client.model_info()).is_generation is False  # no such route: a pooling runner
+    p.routes["/v1/completions"] = reply({"detail": "Method Not Allowed"}, 405)
+    assert (await client.model_info()).is_generation is True
+    p.routes["/v1/completions"] = reply({"detail": "busy"}, 503)
+    assert (await client.model_info()).is_generation is True  # says nothing: generation, as before
+    assert p.bodies == []  # the probe is a GET: no request reached an engine
+
+
 async def test_a_request_with_no_cap_runs_to_the_context_the_card_reports(vllm: tuple[Peer, VllmHttpClient]) -> None:
     """/v1/completions would cap it at 16 tokens; vLLM's other routes run it to the context's end."""
     p, client = vllm

@@ -31,6 +31,7 @@ from gateway.workers.health import HealthConfig
 from gateway.workers.load_monitor import LoadMonitorConfig
 from gateway.workers.registry import MAX_DP_SIZE
 from gateway.workers.tokenizer_fetch import DEFAULT_MAX_TOKENIZER_BYTES
+from gateway.workers.vllm_kv_events import parse_sources
 from gateway.workers.watchdog import WatchdogConfig
 
 
@@ -62,6 +63,7 @@ class ServerConfig:
     probe_timeout_s: float = option(10.0, "time a new worker has to answer GetModelInfo/GetServerInfo, seconds")
     worker_stream_transport: str = option("h2", "how Generate streams reach workers: 'h2' (the gateway's own HTTP/2 reader: the tokens that arrived together are read and written together; docs/architecture.md) or 'grpcio' (grpc.aio, like every other worker call)", choices=list(STREAM_TRANSPORTS))
     kv_events: bool = option(False, "subscribe to workers' KV events and feed them to the cache_aware radix tree")
+    kv_events_zmq: list[str] = option([], "with --kv-events: read a vLLM worker's events from its own publishers, one per data-parallel rank, as WORKER_URL=ENDPOINT with ENDPOINT as in vLLM's --kv-events-config (rank N at its port + N): tcp://*:PORT (vLLM binds: the gateway connects to the worker's host), tcp://ADDRESS:PORT (vLLM connects: the gateway binds that address of its own host, never a wildcard) or ipc://PATH (one rank)")
     log_level: str = option("info", "log level", choices=["debug", "info", "warning", "error"])
     log_json: bool = option(False, "structured logs: one JSON object per line, with the request id")
     access_log: bool = option(True, "one log line per HTTP request: endpoint, model, status, worker, latency, tokens")
@@ -80,6 +82,9 @@ class ServerConfig:
                        "worker_dp_size")
         if self.worker_dp_size > MAX_DP_SIZE:
             raise ValueError(f"--worker-dp-size must be at most {MAX_DP_SIZE}, got {self.worker_dp_size}")
+        parse_sources(self.kv_events_zmq)  # a bad entry is a start-up error, not a silent feed
+        if self.kv_events_zmq and not self.kv_events:
+            raise ValueError("--kv-events-zmq needs --kv-events (the feeds go to the cache_aware trees)")
 
 
 @dataclass

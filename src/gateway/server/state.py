@@ -48,6 +48,7 @@ from gateway.workers.health import HealthMonitor
 from gateway.workers.kv_events import KvEventFeeder
 from gateway.workers.load_monitor import LoadMonitor
 from gateway.workers.registry import WorkerRegistry, grpc_connect_with
+from gateway.workers.vllm_kv_events import parse_sources
 from gateway.workers.watchdog import ProgressTracker, Watchdog
 from gateway.workers.worker import Worker
 
@@ -163,7 +164,10 @@ class GatewayState:
             self._pool_needs_loads,
             config.load_monitor,
         )
-        self.kv_events = KvEventFeeder(self.registry, self.router) if server.kv_events else None
+        self.kv_events = (
+            KvEventFeeder(self.registry, self.router, zmq_sources=parse_sources(server.kv_events_zmq))
+            if server.kv_events else None
+        )
         self.sync: SyncBus | None = None  # the routing view shared with other processes (gateway.sync)
         self.host_ring: HostRing | None = None  # and its same-host fast path (serve --processes N)
         self.host_prefill: HostPrefill | None = None  # the set's requests in prefill (the prefill gate's)

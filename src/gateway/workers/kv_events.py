@@ -12,8 +12,16 @@ backoff, resuming after the last sequence number seen; a gap or a restarted work
 (a sequence number other than the next one) resets that worker's share of the tree,
 since events were lost. When the pool's policy is replaced (a flush through the
 gateway makes fresh ones), the feed moves to the new policy's tree before its next
-batch. Workers whose pool policy keeps no tree are not subscribed, nor engines with
-data-parallel ranks (one stream per engine, rank 0's only on SGLang).
+batch. Workers whose pool policy keeps no tree are not subscribed.
+
+An engine with data-parallel ranks has one stream per engine (rank 0's only, on SGLang and
+vLLM's servicer alike), so its ranks are not subscribed through it. A vLLM engine named in
+``--kv-events-zmq`` is read from its own publishers instead, one per rank
+(``workers.vllm_kv_events``), each rank's batches applied to that rank's share. There a
+batch from another rank is dropped and counted (``wrong_rank``; the rank's share kept:
+those events describe another cache), and a frame that is not a batch is counted
+(``malformed``) and resets the rank's share, as a gap does (its events are lost). A
+publisher that restarts numbers from 0 again: a gap, so a reset.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -30,6 +39,14 @@ from gateway.policies.kv_blocks import DEFAULT_MAX_BLOCKS, WorkerBlocks
 from gateway.proto import common_pb2
 from gateway.workers.registry import WorkerRegistry
 from gateway.workers.transport import CallCode, WorkerCallError
+from gateway.workers.vllm_kv_events import (
+    BadFrame,
+    BadZmqSource,
+    RankSubscriber,
+    WrongRank,
+    ZmqEndpoint,
+    read_frame,
+)
 from gateway.workers.worker import Worker
 
 log = logging.getLogger(__name__)
@@ -59,6 +76,9 @@ class FeedState:
     rebinds: int = 0  # times the pool's policy was replaced and the feed moved to its tree
     stopped: bool = False  # the worker does not serve KV events: no more attempts
     last_error: str = ""
+    source: str = "SubscribeKvEvents"  # or the ZMQ address of the rank's publisher
+    malformed: int = 0  # frames that were not an event batch (ZMQ feeds)
+    wrong_rank: int = 0  # batches of another rank, dropped (ZMQ feeds)
 
     def describe(self) -> dict[str, Any]:
         st = self.blocks.stats
@@ -71,6 +91,9 @@ class FeedState:
             "errors": self.errors,
             "rebinds": self.rebinds,
             "last_error": self.last_error,
+            "source": self.source,
+            "malformed": self.malformed,
+            "wrong_rank": self.wrong_rank,
             "blocks": len(self.blocks),
             "stored_blocks": st.stored_blocks,
             "removed_blocks": st.removed_blocks,
@@ -116,14 +139,22 @@ def learn_page_size(worker: Worker, batch: common_pb2.KvEventBatch) -> None:
             return
 
 
+def _log_often(count: int, message: str, *args: object) -> None:
+    """A warning on the 1st, 2nd, 4th, 8th... time (a misconfigured publisher repeats
+    itself every step), debug otherwise."""
+    log.log(logging.WARNING if count & (count - 1) == 0 else logging.DEBUG, message, *args)
+
+
 class KvEventFeeder:
     """Keeps one KV-event subscription per worker whose pool policy is ``cache_aware``."""
 
     def __init__(
-        self, registry: WorkerRegistry, router: PolicySource, *, retry_s: float = RETRY_S, retry_max_s: float = RETRY_MAX_S
+        self, registry: WorkerRegistry, router: PolicySource, *, retry_s: float = RETRY_S, retry_max_s: float = RETRY_MAX_S,
+        zmq_sources: Mapping[str, ZmqEndpoint] | None = None,
     ) -> None:
         self.registry = registry
         self.router = router
+        self.zmq_sources = dict(zmq_sources or {})  # engine id -> its publishers' endpoint (vLLM)
         self.retry_s = retry_s
         self.retry_max_s = retry_max_s
         self.feeds: dict[str, FeedState] = {}
@@ -161,7 +192,8 @@ class KvEventFeeder:
     def _start(self, worker: Worker) -> None:
         if not self._started or worker.id in self._tasks:
             return
-        if worker.dp_rank is not None:
+        zmq_source = self.zmq_sources.get(worker.engine_id)
+        if worker.dp_rank is not None and zmq_source is None:
             # One stream per engine, and under DP attention SGLang's covers rank 0 only: a
             # rank's share of the tree learns from routing alone (GET /workers says so).
             log.info("kv events: %s has data-parallel ranks; its ranks' trees learn from routing, not events", worker.url)
@@ -176,7 +208,19 @@ class KvEventFeeder:
         max_blocks = 2 * (cap // page) + 1024 if cap > 0 else DEFAULT_MAX_BLOCKS
         feed = FeedState(WorkerBlocks(tree, worker.id, max_blocks=max_blocks))
         self.feeds[worker.id] = feed
-        self._tasks[worker.id] = asyncio.create_task(self._run(worker, feed), name=f"kv-events-{worker.id}")
+        if zmq_source is None:
+            run = self._run(worker, feed)
+        else:
+            try:
+                sub = RankSubscriber(zmq_source, worker.dp_rank or 0, worker.client.address.host)
+            except BadZmqSource as exc:
+                feed.stopped, feed.last_error = True, str(exc)
+                log.error("kv events of %s: %s", worker.id, exc)
+                return
+            feed.source = sub.address
+            run = self._run_zmq(worker, feed, sub)
+        worker.kv_events_source = feed.source
+        self._tasks[worker.id] = asyncio.create_task(run, name=f"kv-events-{worker.id}")
 
     def _follow_policy(self, worker: Worker, feed: FeedState) -> None:
         """Move the feed to the pool's live tree: a flush through the gateway replaces the
@@ -187,6 +231,50 @@ class KvEventFeeder:
             if tree is not feed.blocks.tree:
                 feed.blocks.rebind(tree)
                 feed.rebinds += 1
+
+    def _apply(self, worker: Worker, feed: FeedState, batch: common_pb2.KvEventBatch) -> None:
+        learn_page_size(worker, batch)
+        self._follow_policy(worker, feed)
+        apply_batch(feed, batch)
+
+    async def _run_zmq(self, worker: Worker, feed: FeedState, sub: RankSubscriber) -> None:
+        """One rank's publisher: frames read and applied until cancelled. ZMQ reconnects by
+        itself; a socket that cannot be bound (a port in use) stops the feed, logged."""
+        try:
+            sub.open()
+        except Exception as exc:  # zmq.ZMQError: a port taken, an address not this host's
+            feed.stopped, feed.last_error = True, f"{type(exc).__name__}: {exc}"
+            log.error("kv events of %s: cannot %s %s: %s", worker.id, "bind" if sub.binds else "connect", sub.address, exc)
+            return
+        feed.connects += 1
+        feed.connected = True
+        log.info("kv events of %s: %s vLLM's publisher at %s", worker.id, "bound for" if sub.binds else "connected to", sub.address)
+        try:
+            async for frames in sub.frames():
+                try:
+                    self._apply(worker, feed, read_frame(frames, sub.rank))
+                except WrongRank as exc:
+                    feed.wrong_rank += 1
+                    feed.last_error = str(exc)
+                    _log_often(feed.wrong_rank, "kv events of %s: %s; dropped (check the ports of --kv-events-zmq)", worker.id, exc)
+                    continue
+                except BadFrame as exc:
+                    feed.malformed += 1
+                    feed.errors += 1
+                    feed.last_error = str(exc)
+                    _log_often(feed.malformed, "kv events of %s: not an event batch (%s); its tree share reset", worker.id, exc)
+                    self._follow_policy(worker, feed)
+                    feed.blocks.reset()
+                    if exc.sequence is not None:
+                        feed.last_sequence = exc.sequence + 1  # numbered as read_frame numbers batches
+                except Exception as exc:  # a batch the tree could not take must not end the feed
+                    feed.errors += 1
+                    feed.last_error = f"{type(exc).__name__}: {exc}"
+                    log.warning("kv events of %s failed: %s; its tree share reset", worker.id, feed.last_error)
+                    feed.blocks.reset()
+        finally:
+            feed.connected = False
+            sub.close()
 
     async def _run(self, worker: Worker, feed: FeedState) -> None:
         delay = self.retry_s
@@ -199,9 +287,7 @@ class KvEventFeeder:
                     if not feed.connected:
                         feed.connected = True
                         delay = self.retry_s
-                    learn_page_size(worker, batch)
-                    self._follow_policy(worker, feed)
-                    apply_batch(feed, batch)
+                    self._apply(worker, feed, batch)
                 feed.last_error = "stream ended"
             except asyncio.CancelledError:
                 await call.aclose()  # ends the worker's stream too

@@ -7,7 +7,8 @@ translated in ``vllm_http_wire``; the session, errors and Generate call are the 
 worker machinery of ``sglang_http``.
 
 What vLLM's server lacks is reported, not faked: no abort route (closing the request is
-its abort), no tokenizer download, KV capacity and loads only from ``/metrics``.
+its abort), no tokenizer download, KV capacity and loads only from ``/metrics``, and
+which runner it has only from the routes it serves.
 Embeddings go to ``/v1/embeddings`` with the token ids as the input; vLLM serves that
 route only for a pooling model (``--runner pooling``), and a server that does not
 answers 404, which the call reports as UNIMPLEMENTED. vLLM's pooling routes do not read
@@ -133,13 +134,22 @@ class VllmHttpClient(HttpWorkerClient):
         self._dialect = VllmDialect(str(card["id"]), length if isinstance(length, int) and length > 0 else 0)
         return card
 
+    async def _generates(self, timeout: float) -> bool:
+        """Whether the server runs a generation model. ``/v1/models`` does not say, but vLLM
+        registers its text routes only for one (a pooling runner gets ``/v1/embeddings``
+        and the like instead): a GET of ``/v1/completions``, a POST-only route, answers 405
+        where the route exists and 404 where it does not. Any other answer says nothing,
+        and generation is assumed, as before the probe."""
+        status, _ = await self._call("GET", self._dialect.path, timeout)
+        return status != 404
+
     async def model_info(self, *, timeout: float = 5.0) -> pb.GetModelInfoResponse:
         card = await self._model_card(timeout)
         length = card.get("max_model_len")
         return pb.GetModelInfoResponse(
             model_path=str(card.get("root") or card["id"]),
             tokenizer_path=str(card.get("root") or ""),
-            is_generation=True,
+            is_generation=await self._generates(timeout),
             served_model_name=str(card["id"]),
             max_context_length=length if isinstance(length, int) else 0,
         )

@@ -211,6 +211,9 @@ class Worker:
         # The same for other replicas (set by gateway.sync.apply from the bus, as late as the bus;
         # same-host siblings that share memory are left to the figure above).
         self.peer_queued_prompt_tokens = 0
+        # Where this target's KV events come from, once subscribed (workers.kv_events): a
+        # data-parallel rank has none unless its engine's per-rank publishers are read.
+        self.kv_events_source = ""
         self.breaker = breaker or CircuitBreaker()
         self.progress = progress or ProgressTracker()  # what the progress watchdog judges
         self.healthy = True
@@ -338,8 +341,9 @@ class Worker:
             # Token ids: routing sees what the worker caches. Without (an OpenAI backend): text, load only.
             "token_ids": "token_ids" not in self.client.lacks,
             "routing": "tokens" if "token_ids" not in self.client.lacks else "load only (text)",
-            # A rank's tree learns from routing only: KV events come per engine (rank 0's on SGLang).
-            "lacks": sorted(self.client.lacks | ({"kv_events"} if self.dp_rank is not None else set())),
+            "lacks": self._lacks(),
+            "kv_events_source": self.kv_events_source or None,
+            "is_generation": self.info.is_generation,
             "role": self.role,
             "model": self.model,
             "healthy": self.healthy,
@@ -362,6 +366,18 @@ class Worker:
             },
             "bootstrap_port": self.bootstrap_port,
         }
+
+    def _lacks(self) -> list[str]:
+        """What the engine lacks, for this target: a rank's tree learns from routing only (an
+        engine's KV-event stream is rank 0's), unless the engine's own per-rank publishers are
+        read (vLLM, ``--kv-events-zmq``), which also gives KV events to a transport without a
+        stream of them (vLLM's HTTP server)."""
+        lacks = set(self.client.lacks)
+        if self.dp_rank is not None:
+            lacks.add("kv_events")
+        if self.kv_events_source and self.kv_events_source != "SubscribeKvEvents":
+            lacks.discard("kv_events")
+        return sorted(lacks)
 
     def _breaker_detail(self) -> dict[str, object]:
         b = self.breaker

@@ -77,6 +77,14 @@ def admin_router(door: HttpDoor) -> APIRouter:
     state = door.state
     auth = state.auth
 
+    def _described(worker: Worker) -> dict[str, object]:
+        """The worker's view, with its KV-event feed's counters when it has one."""
+        body = worker.describe()
+        feed = state.kv_events.feeds.get(worker.id) if state.kv_events is not None else None
+        if feed is not None:
+            body["kv_events"] = feed.describe()
+        return body
+
     async def guarded(request: Request, check: Any, work: Any) -> Response:
         try:
             check(request.headers)
@@ -90,7 +98,7 @@ def admin_router(door: HttpDoor) -> APIRouter:
             # Each model's facts name their source (pipeline.model_facts): what a worker
             # reports in GetModelInfo is shown under its own "reported", never used.
             return JSONResponse({
-                "workers": [w.describe() for w in state.registry.all()],
+                "workers": [_described(w) for w in state.registry.all()],
                 "models": [e.describe() for e in state.catalog.entries()],
             })
 
@@ -102,7 +110,7 @@ def admin_router(door: HttpDoor) -> APIRouter:
             worker = state.registry.get(worker_id)
             if worker is None:
                 raise NotFoundError(f"no worker {worker_id!r}")
-            return JSONResponse(worker.describe())
+            return JSONResponse(_described(worker))
 
         return await guarded(request, auth.reader, work)
 

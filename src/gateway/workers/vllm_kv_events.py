@@ -1,0 +1,272 @@
+"""A vLLM engine's KV-cache events read from its own ZMQ publishers, one per data-parallel rank.
+
+vLLM's gRPC servicer relays the events of rank 0 only, and its OpenAI server relays none.
+A data-parallel vLLM (``--data-parallel-size N``) gives each rank's scheduler its own
+publisher on the configured port plus the rank, and each rank's events describe that
+rank's cache, which is its own routing target here. So the gateway reads each rank's
+publisher itself (``serve --kv-events-zmq URL=ENDPOINT``, ENDPOINT as given to vLLM's
+``--kv-events-config``) and hands the batches to the feeder (``workers.kv_events``).
+
+Which end binds follows vLLM's own rule for its publisher socket:
+
+* ``tcp://*:PORT``: vLLM binds (every interface); the gateway connects to the worker's
+  host at PORT + rank;
+* ``tcp://ADDRESS:PORT``: vLLM connects; the gateway binds ADDRESS (an address of its own
+  host, e.g. 127.0.0.1; never a wildcard) at PORT + rank. vLLM binds an address with
+  ``::`` in it instead (``[::1]``), and the gateway then connects to it;
+* ``ipc://PATH``: vLLM binds; the gateway connects. vLLM refuses it for a rank above 0.
+
+A frame is ``[topic, sequence (8 bytes, big-endian), msgpack batch]``. The batch is read
+with msgspec into the classes below (vLLM's field names; fields it adds later are
+ignored) and becomes the common ``KvEventBatch`` the feeder applies to the rank's share
+of the tree, numbered sequence + 1 so that 0 keeps meaning "nothing seen yet" there.
+Block hashes (ints of any width, or bytes) are reduced to the int64 the common batch
+carries. Events of another medium than the GPU (an offloading connector's CPU copies) are
+left out: the tree models the cache a request's prefill reuses.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
+
+import msgspec
+import xxhash
+import zmq
+import zmq.asyncio
+
+from gateway.proto import common_pb2
+from gateway.workers.address import parse_worker_url
+
+_INT64_SIGN = 1 << 63
+_UINT64_MASK = (1 << 64) - 1
+
+
+class BadZmqSource(ValueError):
+    """A ``--kv-events-zmq`` entry that is not ``WORKER_URL=ENDPOINT``."""
+
+
+class BadFrame(ValueError):
+    """A frame that is not one of vLLM's event batches; ``sequence`` is its number when readable."""
+
+    def __init__(self, message: str, sequence: int | None = None) -> None:
+        super().__init__(message)
+        self.sequence = sequence
+
+
+class WrongRank(ValueError):
+    """A batch that says it comes from another data-parallel rank than the socket's."""
+
+
+@dataclass(frozen=True, slots=True)
+class ZmqEndpoint:
+    """vLLM's publisher endpoint as configured there, for rank 0."""
+
+    scheme: str  # "tcp" or "ipc"
+    host: str  # "*" when vLLM binds every interface; "" for ipc
+    port: int  # 0 for ipc
+    path: str = ""  # ipc only
+    vllm_binds: bool = True  # vLLM's rule: it binds a wildcard, any "::" and ipc, connects to the rest
+
+    def for_rank(self, rank: int, worker_host: str) -> tuple[str, bool]:
+        """(address, the gateway binds it) of ``rank``'s publisher on a worker at ``worker_host``."""
+        if self.scheme == "ipc":
+            if rank:
+                raise BadZmqSource(f"ipc://{self.path}: vLLM gives ranks above 0 no ipc endpoint (use tcp)")
+            return f"ipc://{self.path}", False
+        host = worker_host if self.host == "*" else self.host
+        shown = f"[{host}]" if ":" in host else host
+        return f"tcp://{shown}:{self.port + rank}", not self.vllm_binds
+
+
+def parse_endpoint(text: str) -> ZmqEndpoint:
+    """``tcp://*:5557``, ``tcp://127.0.0.1:5557`` or ``ipc:///path``, as vLLM's config takes them."""
+    scheme, sep, rest = text.strip().partition("://")
+    if not sep or scheme not in ("tcp", "ipc") or not rest:
+        raise BadZmqSource(f"KV-event endpoint must be tcp://HOST:PORT or ipc://PATH, got {text!r}")
+    if scheme == "ipc":
+        return ZmqEndpoint("ipc", "", 0, rest)
+    host, sep, port = rest.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise BadZmqSource(f"KV-event endpoint needs a host and a port in 1-65535: {text!r}")
+    vllm_binds = "*" in host or "::" in host
+    if host == "*":
+        return ZmqEndpoint("tcp", host, int(port))
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        raise BadZmqSource(
+            f"KV-event endpoint {text!r}: vLLM connects to it and the gateway binds it, so its host must be"
+            " an IP address of the gateway's host (a name is not bound)"
+        ) from None
+    if address.is_unspecified:
+        if vllm_binds:  # [::]: vLLM binds every interface, as with *
+            return ZmqEndpoint("tcp", "*", int(port))
+        raise BadZmqSource(f"KV-event endpoint {text!r}: the gateway never binds every interface; name one address")
+    return ZmqEndpoint("tcp", address.compressed, int(port), vllm_binds=vllm_binds)
+
+
+def parse_sources(items: Iterable[str]) -> dict[str, ZmqEndpoint]:
+    """``["grpc://h:1=tcp://*:5557", ...]`` -> {engine id ``h:1``: endpoint}."""
+    out: dict[str, ZmqEndpoint] = {}
+    for item in items:
+        url, sep, endpoint = item.partition("=")
+        if not sep:
+            raise BadZmqSource(f"--kv-events-zmq takes WORKER_URL=ENDPOINT, got {item!r}")
+        try:
+            target = parse_worker_url(url).target
+        except ValueError as exc:
+            raise BadZmqSource(f"--kv-events-zmq {item!r}: {exc}") from None
+        if target in out:
+            raise BadZmqSource(f"--kv-events-zmq names {url} twice")
+        out[target] = parse_endpoint(endpoint)
+    return out
+
+
+# --- vLLM's batch as it is encoded (msgspec structs, map-encoded, events tagged by class name) ---
+
+
+class _Stored(msgspec.Struct, tag="BlockStored"):
+    block_hashes: list[int | bytes]
+    parent_block_hash: int | bytes | None
+    token_ids: list[int]
+    block_size: int
+    medium: str | None = None
+
+
+class _Removed(msgspec.Struct, tag="BlockRemoved"):
+    block_hashes: list[int | bytes]
+    medium: str | None = None
+
+
+class _Cleared(msgspec.Struct, tag="AllBlocksCleared"):
+    pass
+
+
+class _Batch(msgspec.Struct, array_like=True):
+    ts: float
+    events: list[_Stored | _Removed | _Cleared]
+    data_parallel_rank: int | None = None
+
+
+class _MapBatch(msgspec.Struct):
+    ts: float
+    events: list[_Stored | _Removed | _Cleared]
+    data_parallel_rank: int | None = None
+
+
+# vLLM 0.34 encodes a batch as an array ([ts, events, rank]); other releases as a map.
+_DECODERS = (msgspec.msgpack.Decoder(_Batch), msgspec.msgpack.Decoder(_MapBatch))
+
+
+def _decode(payload: bytes) -> _Batch | _MapBatch:
+    try:
+        return _DECODERS[0].decode(payload)
+    except msgspec.DecodeError:
+        return _DECODERS[1].decode(payload)
+
+
+def block_key(value: int | bytes) -> int:
+    """A block hash as the int64 the common batch carries: an int's low 64 bits, or a
+    hash of a byte string's bytes (vLLM names blocks either way, by its configuration)."""
+    if isinstance(value, bytes):
+        value = xxhash.xxh3_64_intdigest(value)
+    value &= _UINT64_MASK
+    return value - (1 << 64) if value & _INT64_SIGN else value
+
+
+def _on_gpu(medium: str | None) -> bool:
+    return medium is None or medium.upper() == "GPU"
+
+
+def read_frame(frames: list[bytes], rank: int) -> common_pb2.KvEventBatch:
+    """One multipart message of ``rank``'s publisher as a common batch; ``BadFrame`` or
+    ``WrongRank`` when it is not one."""
+    if len(frames) != 3 or len(frames[1]) != 8:
+        raise BadFrame(f"expected [topic, 8-byte sequence, batch], got {len(frames)} frame(s)")
+    sequence = int.from_bytes(frames[1], "big")
+    try:
+        batch = _decode(frames[2])
+    except msgspec.DecodeError as exc:  # ValidationError is one
+        raise BadFrame(f"batch {sequence}: {exc}", sequence) from None
+    if batch.data_parallel_rank is not None and batch.data_parallel_rank != rank:
+        raise WrongRank(f"batch {sequence} is rank {batch.data_parallel_rank}'s, read on rank {rank}'s endpoint")
+    try:
+        return _common(batch, sequence, rank)
+    except (ValueError, TypeError) as exc:  # ids or sizes out of the common batch's ranges
+        raise BadFrame(f"batch {sequence}: {exc}", sequence) from None
+
+
+def _common(batch: _Batch | _MapBatch, sequence: int, rank: int) -> common_pb2.KvEventBatch:
+    """The batch's GPU events in the common shape (ValueError for ids or sizes it cannot hold)."""
+    out = common_pb2.KvEventBatch(sequence_number=sequence + 1, timestamp=batch.ts, dp_rank=rank)
+    for event in batch.events:
+        if isinstance(event, _Stored):
+            if not _on_gpu(event.medium):
+                continue
+            size = event.block_size
+            if size < 1 or len(event.token_ids) != size * len(event.block_hashes):
+                raise ValueError(f"{len(event.block_hashes)} block(s) of {size} tokens carry {len(event.token_ids)} token ids")
+            stored = out.events.add().stored
+            if event.parent_block_hash is not None:
+                stored.parent_block_hash = block_key(event.parent_block_hash)
+            for i, h in enumerate(event.block_hashes):
+                stored.blocks.add(block_hash=block_key(h), token_ids=event.token_ids[i * size : (i + 1) * size], block_size=size)
+        elif isinstance(event, _Removed):
+            if _on_gpu(event.medium):
+                out.events.add().removed.block_hashes.extend(block_key(h) for h in event.block_hashes)
+        else:
+            out.events.add().cleared.SetInParent()
+    return out
+
+
+class RankSubscriber:
+    """One rank's publisher, subscribed to (or bound for) on the event loop's ZMQ context."""
+
+    def __init__(self, endpoint: ZmqEndpoint, rank: int, worker_host: str) -> None:
+        self.rank = rank
+        self.address, self.binds = endpoint.for_rank(rank, worker_host)
+        self._socket: zmq.asyncio.Socket | None = None
+
+    def open(self) -> None:
+        """Bind or connect now (a bind error, e.g. a port in use, raises ``zmq.ZMQError``)."""
+        sock = zmq.asyncio.Context.instance().socket(zmq.SUB)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SUBSCRIBE, b"")  # every topic: the endpoint is the rank's alone
+        try:
+            if self.binds:
+                sock.bind(self.address)
+            else:
+                sock.connect(self.address)
+        except zmq.ZMQError:
+            sock.close(linger=0)
+            raise
+        self._socket = sock
+
+    async def frames(self) -> AsyncIterator[list[bytes]]:
+        """Every multipart message, as it comes (ZMQ reconnects a lost peer by itself)."""
+        if self._socket is None:
+            self.open()
+        assert self._socket is not None
+        while True:
+            yield await self._socket.recv_multipart()
+
+    def close(self) -> None:
+        if self._socket is not None:
+            self._socket.close(linger=0)
+            self._socket = None
+
+
+__all__ = [
+    "BadFrame",
+    "BadZmqSource",
+    "RankSubscriber",
+    "WrongRank",
+    "ZmqEndpoint",
+    "block_key",
+    "parse_endpoint",
+    "parse_sources",
+    "read_frame",
+]
