@@ -39,6 +39,9 @@ def _close(a: list[float], b: list[float]) -> bool:
 def test_the_gateway_routes_embeddings_to_a_pooling_vllm(embed_front: Process, vllm_embed_http: Process) -> None:
     (worker,) = httpx.get(embed_front.extra["url"] + "/workers", timeout=10).json()["workers"]
     assert "embed" not in worker["lacks"] and worker["healthy"]
+    # The runner as registered: the servicer's GetModelInfo says it; over HTTP, the routes
+    # vLLM serves (no /v1/completions on a pooling server).
+    assert worker["is_generation"] is False
     rec = _recording(embed_front)
     direct_rec: Recording = vllm_embed_http.extra["recording"]
     with _client(embed_front.extra["url"]) as gateway, _client(vllm_embed_http.extra["url"]) as direct:

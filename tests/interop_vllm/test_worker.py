@@ -27,7 +27,7 @@ def test_the_engine_and_its_facts_are_detected(front: Process) -> None:
     assert (
         worker["kind"] == kind and worker["model"] == SERVED_MODEL and worker["token_ids"] is True
     )
-    assert worker["healthy"] and worker["page_size"] == BLOCK
+    assert worker["healthy"] and worker["page_size"] == BLOCK and worker["is_generation"] is True
     if kind == "vllm/http":  # from /metrics' vllm:cache_config_info
         assert worker["kv_capacity_tokens"] == BLOCK * BLOCKS
     models = httpx.get(front.extra["url"] + "/v1/models", timeout=10).json()["data"]
