@@ -959,3 +959,57 @@ def test_policy_with_background_evictor_thread_stays_within_budget() -> None:
     finally:
         policy.close()
     assert policy._evictor is None
+
+
+def _cold_setup(slack: float, w3_tokens: int = 2_000) -> tuple[CacheAwarePolicy, list[WorkerView]]:
+    """Four idle workers with 2,000-token tree budgets and spread traffic; their content
+    went in oldest first on w2, then w0, w1, w3 (``w3_tokens`` of it, the others full)."""
+    p = policy(cost=CostKnobs(cold_slack_tokens=slack))
+    _prime(p, hot=False)
+    ws = views(4, kv_capacity_tokens=2_000, max_running_requests=8)
+    p.on_workers_changed(ws)
+    tree = p.tree("")
+    for i, wid in enumerate(("w2", "w0", "w1", "w3")):
+        tree.insert(tokens(w3_tokens if wid == "w3" else 2_000, 40 + i), wid)
+    return p, ws
+
+
+def test_a_cold_prompt_goes_where_it_evicts_the_oldest_content() -> None:
+    """A prompt no worker holds any of costs the same prefill everywhere; what differs is
+    what it pushes out. With the rule on it goes to a worker whose tree share has room for
+    it, else to the one whose least recently used content is oldest (w2 here), as one
+    cache pooling the four workers' memory would evict."""
+    cold = req(tokens(1_000, 90))
+    p, ws = _cold_setup(0.0, w3_tokens=500)
+    assert p.select(cold, ws).worker_id == "w3"  # 1,500 tokens of room: evicts nothing
+    p, ws = _cold_setup(0.0)
+    d = p.select(cold, ws)
+    assert (d.worker_id, d.reason) == ("w2", "no_match"), d
+    # a prompt one worker holds part of is not cold: its holder keeps it, as without the rule
+    warm = req(tokens(2_000, 41)[:800] + tokens(200, 91))
+    assert p.select(warm, ws).worker_id == "w0"
+    assert p.tree("").lru_stamp("w2") is not None  # select changed nothing
+
+
+def test_the_cold_rule_weighs_load_within_its_slack_only() -> None:
+    """The oldest-content worker is busier by one request (16 tokens of cost): at slack 0
+    the next oldest idle one (w0) gets the prompt, at slack 64 it still goes to w2, and
+    below 0 the rule is off (the rotating order among the idle workers)."""
+    cold = req(tokens(1_000, 90))
+    p, ws = _cold_setup(0.0)
+    busy = with_load(ws, "w2", in_flight=1)
+    assert p.select(cold, busy).worker_id == "w0"
+    p, ws = _cold_setup(64.0)
+    assert p.select(cold, with_load(ws, "w2", in_flight=1)).worker_id == "w2"
+    off, _ = _cold_setup(-1.0)
+    picks = {send(off, req(tokens(1_000, 100 + i), request_id=str(i)), ws).worker_id for i in range(4)}
+    assert picks == {"w0", "w1", "w2", "w3"}
+
+
+def test_once_a_prefix_is_hot_a_cold_prompt_is_placed_by_load_as_without_the_rule() -> None:
+    cold = req(tokens(1_000, 90))
+    on, ws = _cold_setup(0.0)
+    off, _ = _cold_setup(-1.0)
+    _prime(on, hot=True)
+    _prime(off, hot=True)
+    assert on.select(cold, ws).worker_id == off.select(cold, ws).worker_id

@@ -592,3 +592,16 @@ def test_concurrent_insert_match_remove_and_evict_keep_the_tree_consistent() -> 
     tree.evict()
     assert not tree.over_budget()
     tree.validate()
+
+
+def test_lru_stamp_is_where_a_workers_next_eviction_starts() -> None:
+    t = RadixTree(default_budget_tokens=1_000)
+    assert t.lru_stamp("a") is None
+    t.insert([1, 2, 3], "a")  # stamp 1
+    t.insert([4, 5], "a")  # stamp 2
+    assert t.lru_stamp("a") == 1
+    t.insert([1, 2, 3, 9], "a")  # [1, 2, 3] used again: stamp 3
+    assert t.lru_stamp("a") == 2
+    t.set_worker("a", budget_tokens=4)  # [4, 5] is evicted first
+    assert t.worker_tokens("a") == 4 and t.lru_stamp("a") == 3
+    assert t.lru_stamp("b") is None

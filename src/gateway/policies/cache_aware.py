@@ -57,8 +57,11 @@ worker holding the longest match keeps a request the cost would
 send away whenever it has room: a free running slot (or no known cap) and less uncached
 prefill queued than ``stick_queue_tokens`` (off by default; 4,096, about half a
 chunked-prefill step, lets the turn start within a step or so). Past that, or with every slot
-taken, the cost decides. Once one prefix carries more than ``1 + SLACK`` workers'
-worth, balance needs spills and replicas: it counts at ``prefill_weight`` (1.0),
+taken, the cost decides. Under the same condition a cold prompt (every scored worker holds
+equally little of it) can be placed by what it would push out rather than by the rotating
+order (``cold_slack_tokens``, off by default; ``_coldest``): it trades hit rate between
+differently built fleets rather than gaining on both, so it is a knob to measure with.
+Once one prefix carries more than ``1 + SLACK`` workers' worth, balance needs spills and replicas: it counts at ``prefill_weight`` (1.0),
 linearly in between; the full weight until 16 requests have shown how spread the
 traffic is (so a prefix that turns out hot is not piled up in the first moments of a
 burst), and always with hot-prefix tracking off. The full weight is for one hot prefix
@@ -141,6 +144,7 @@ DEFAULT_REQUEST_WEIGHT = 16.0
 DEFAULT_LOADS_MAX_AGE_S = 5.0
 DEFAULT_SLOT_STEP_TOKENS = 0.0  # off: see docs/policies.md, "Slot wait"
 DEFAULT_STICK_QUEUE_TOKENS = 0.0  # off: see docs/policies.md, "A holder with room keeps the turn"
+DEFAULT_COLD_SLACK_TOKENS = -1.0  # off; see docs/policies.md, "A cold prompt evicts the oldest content"
 DEFAULT_HOT_PREFIX_MIN_TOKENS = 256
 DEFAULT_HOT_PREFIX_WINDOW = DEFAULT_WINDOW
 FILL_WINDOW = 256  # finished requests over which the decode fill (decoded / max_tokens) is measured
@@ -168,6 +172,7 @@ class CostKnobs:
     loads_max_age_s: float = DEFAULT_LOADS_MAX_AGE_S
     slot_step_tokens: float = DEFAULT_SLOT_STEP_TOKENS  # S_w: one decode step in prefill tokens (0: off)
     stick_queue_tokens: float = DEFAULT_STICK_QUEUE_TOKENS  # a holder with a free slot and less queued keeps it (0: off)
+    cold_slack_tokens: float = DEFAULT_COLD_SLACK_TOKENS  # a cold prompt evicts the oldest content within this cost (<0: off)
 
     def __post_init__(self) -> None:
         if self.form not in COST_FORMS:
@@ -591,14 +596,17 @@ class CacheAwarePolicy(BasePolicy):
         # prefix carries more than one worker's share (not when the spread weight holds because
         # nearly all traffic is hot), never within a hot prefix's replica set (``slot_aware``).
         stick = knobs.stick_queue_tokens
-        if stick and additive and not slot_aware and knobs.prefill_weight != knobs.spread_prefill_weight == a:
+        cold = knobs.cold_slack_tokens  # the same condition for placing a cold prompt by what it evicts
+        if (stick or cold >= 0) and additive and not slot_aware and knobs.prefill_weight != knobs.spread_prefill_weight == a:
             top = self.hot.top_load(len(workers) if pool_size is None else pool_size)
             if top is None or top > 1.0:
-                stick = 0.0
+                stick, cold = 0.0, -1.0
         else:
-            stick = 0.0
+            stick, cold = 0.0, -1.0
         holder: WorkerView | None = None  # the cheapest worker with the longest match
         hold_c, hold_cost, hold_q = 0, 0.0, 0.0
+        shortest = prompt + 1  # the shortest match among the scored workers
+        pool: list[tuple[float, int, WorkerView]] | None = [] if cold >= 0 else None
         for w in order:
             if not w.available:
                 continue
@@ -634,6 +642,10 @@ class CacheAwarePolicy(BasePolicy):
                 cost = (prompt - c + 1) * (1 + w.in_flight)
             if c:
                 scores[wid] = cost
+            if pool is not None:
+                pool.append((cost, c, w))
+                if c < shortest:
+                    shortest = c
             if cost < best_cost or (cost == best_cost and c > best_c):
                 best, best_cost, best_c = w, cost, c
             if rows is not None:
@@ -650,6 +662,8 @@ class CacheAwarePolicy(BasePolicy):
             not holder.max_running_requests or holder.in_flight < holder.max_running_requests
         ):
             best, best_cost, best_c = holder, hold_cost, hold_c
+        elif pool and shortest == longest:
+            best_cost, best_c, best = self._coldest(request, pool, best_cost + cold, prompt - best_c)
         scores[best.worker_id] = best_cost
         if found == 0:
             reason = "no_match"
@@ -660,6 +674,34 @@ class CacheAwarePolicy(BasePolicy):
         else:
             reason = "load_balanced"
         return best, reason, best_c, scores
+
+    def _coldest(
+        self, request: RouteRequest, pool: list[tuple[float, int, WorkerView]], limit: float, need: int
+    ) -> tuple[float, int, WorkerView]:
+        """A cold prompt (every scored worker holds as much of it) costs the same prefill
+        anywhere; what differs is what it pushes out. Among the workers costing at most
+        ``limit``, the one whose tree share has room for its ``need`` uncached tokens
+        (the most room first), else the one whose least recently used content is oldest:
+        the content one cache pooling the workers' memory would give up. Ties keep the
+        pool's rotating order."""
+        tree = self.tree(request.model)
+        clock = tree.clock
+        pick: tuple[float, int, WorkerView] | None = None
+        pick_key: tuple[int, int] = (2, 0)
+        for entry in pool:
+            if entry[0] > limit:
+                continue
+            wid = entry[2].worker_id
+            room = tree.worker_budget(wid) - tree.worker_tokens(wid)
+            if room >= need:
+                key = (0, -room)
+            else:
+                stamp = tree.lru_stamp(wid)
+                key = (1, clock if stamp is None else stamp)
+            if key < pick_key:
+                pick, pick_key = entry, key
+        assert pick is not None  # the cheapest worker is always within the limit
+        return pick
 
     def _explain_candidates(self, request: RouteRequest, cands: list[WorkerView]) -> dict[str, Any]:
         rows: dict[str, dict[str, Any]] = {}

@@ -23,6 +23,7 @@ from gateway.policies.baselines import (
 from gateway.policies.cache_aware import (
     COST_FORMS,
     DEFAULT_BUDGET_FRACTION,
+    DEFAULT_COLD_SLACK_TOKENS,
     DEFAULT_DECODE_WEIGHT,
     DEFAULT_EVICTION_INTERVAL_S,
     DEFAULT_HOT_PREFIX_MIN_TOKENS,
@@ -135,6 +136,12 @@ class PolicyConfig:
         "when it has a free running slot and less than this many uncached prefill tokens queued (0 = off: "
         "the cost alone decides)",
     )
+    cold_slack_tokens: float = option(
+        DEFAULT_COLD_SLACK_TOKENS,
+        "cache_aware: while no offered prefix is hot, a prompt every worker holds equally little of goes, among "
+        "the workers costing at most this many tokens more than the cheapest, to the one whose tree share has "
+        "room for it, else whose least recently used content is oldest (negative = off: the rotating order)",
+    )
     loads_max_age_s: float = option(
         DEFAULT_LOADS_MAX_AGE_S, "cache_aware: ignore polled worker loads older than this"
     )
@@ -191,6 +198,7 @@ def make_policy(config: PolicyConfig | None = None, **overrides: Any) -> Policy:
                 loads_max_age_s=cfg.loads_max_age_s,
                 slot_step_tokens=cfg.slot_step_tokens,
                 stick_queue_tokens=cfg.stick_queue_tokens,
+                cold_slack_tokens=cfg.cold_slack_tokens,
             ),
             use_polled_loads=cfg.use_polled_loads,
             closed_loop=cfg.closed_loop,

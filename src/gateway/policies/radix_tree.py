@@ -212,6 +212,21 @@ class RadixTree:
         st = self._workers.get(worker)
         return st.page_size if st else 1
 
+    def lru_stamp(self, worker: str) -> int | None:
+        """The stamp of ``worker``'s least recently used node, where its next eviction
+        starts (None when it holds nothing): comparing it across workers says whose
+        cache would give up the oldest content to a new prompt, as one cache pooling
+        their memory would. Stale heap entries on top are dropped on the way, as
+        eviction drops them."""
+        with self._lock:
+            st = self._workers.get(worker)
+            if st is None:
+                return None
+            heap = st.heap
+            while heap and heap[0][2].workers.get(worker) != heap[0][0]:
+                heapq.heappop(heap)
+            return heap[0][0] if heap else None
+
     @property
     def clock(self) -> int:
         """The logical clock: the stamp the latest insert gave the nodes on its path."""
