@@ -21,7 +21,7 @@ from gateway.policies.factory import make_policy
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.protocol.errors import ContextLengthExceededError, InvalidRequestError
 from gateway.protocol.sampling import SamplingOptions
-from gateway.tokenization import ChatPromptCache, Tokenizer
+from gateway.tokenization import ChatPromptCache, ChatTemplate, Tokenizer
 from gateway.workers.registry import WorkerRegistry
 from tests.tokenization.helpers import qwen_files
 
@@ -415,5 +415,33 @@ async def test_a_chat_past_the_context_is_not_kept_by_the_prompt_cache(tmp_path:
         assert engine._refused_at(entry) == 0
         await engine.render_chat(entry, messages, tools=None, chat_template_kwargs=None)
         assert entry.prompt_cache.stats().entries > 0  # no limit: kept
+    finally:
+        engine.close()
+
+
+async def test_a_chat_shape_the_template_memo_knows_is_rendered_without_the_runner(tmp_path: Path) -> None:
+    engine, entry = _engine(tmp_path)
+    runs: list[int] = []
+    real = engine.templates.render
+
+    async def counted(*args: object, **kwargs: object) -> object:
+        runs.append(1)
+        return await real(*args, **kwargs)  # type: ignore[arg-type]
+
+    engine.templates.render = counted  # type: ignore[method-assign]
+    template = entry.tokenizer.chat_template()
+    reference = ChatTemplate(template.source, template.special_tokens, memo=False)
+    try:
+        for i in range(5):
+            messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": f"question {i}"}]
+            text, ids = await engine.render_chat(entry, messages, tools=None, chat_template_kwargs=None)
+            assert text == reference.render(messages)
+            assert ids == entry.tokenizer.backend.encode(text, add_special_tokens=False).ids
+        assert len(runs) == 2  # seen, then probed: answered by the memo from the third on
+        with pytest.raises(InvalidRequestError):  # bad input is the same client error without the runner
+            await engine.render_chat(entry, [{"role": 3}], tools=None, chat_template_kwargs=None)
+        big = [{"role": "user", "content": "x" * 5000}]  # past offload_chars: the runner, as before
+        await engine.render_chat(entry, big, tools=None, chat_template_kwargs=None)
+        assert len(runs) == 3
     finally:
         engine.close()

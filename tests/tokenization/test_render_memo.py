@@ -264,3 +264,17 @@ def test_a_shape_past_the_key_bound_is_not_kept(qwen: Tokenizer) -> None:
     for _ in range(3):
         memo.render([{"role": "user", "content": "q"}], tools=[tool])
     assert memo.memo is not None and memo.memo._seen == {} and memo.memo.hits == 0
+
+
+def test_prepare_answers_a_known_shape_without_running_the_template(qwen: Tokenizer) -> None:
+    template = ChatTemplate(qwen.chat_template().source, SPECIALS)
+    reference = ChatTemplate(template.source, SPECIALS, memo=False)
+    texts = []
+    for i in range(4):
+        messages = [{"role": "system", "content": "S"}, {"role": "user", "content": f"q{i}"}]
+        prepared = template.prepare(messages)
+        texts.append((prepared.text, prepared.finish() if prepared.text is None else None, reference.render(messages)))
+    assert [t[0] is None for t in texts] == [True, True, False, False]  # seen, probed, then answered
+    assert all((answered or rendered) == expected for answered, rendered, expected in texts)
+    with pytest.raises(ChatTemplateError):
+        template.prepare([])

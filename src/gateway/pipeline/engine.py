@@ -348,7 +348,14 @@ class Engine:
         deadline (``pipeline.template_runner``): a template error or an overdue render is a 400."""
         tokenizer = entry.tokenizer
         try:
-            text: str = await self.templates.render(id(tokenizer), size, tokenizer.apply_chat_template, messages, **options)
+            if size <= self.templates.offload_chars:
+                # Inputs made ready here (no template code runs): a shape the template's memo
+                # has seen is answered without the runner, the rest renders under its deadline.
+                prepared = tokenizer.prepare_chat_template(messages, **options)
+                found = prepared.text
+                text: str = found if found is not None else await self.templates.render(id(tokenizer), size, prepared.finish)
+            else:
+                text = await self.templates.render(id(tokenizer), size, tokenizer.apply_chat_template, messages, **options)
         except ChatTemplateBudgetError as exc:
             log.warning("model %s: the chat template went over its render budget: %s", entry.name, exc)
             raise InvalidRequestError(

@@ -266,6 +266,25 @@ class ChatTemplate:
         """The prompt text. Tools and documents are passed to the template as given (an
         OpenAI server decides their shape). Raises ``ChatTemplateError`` on bad input or a
         failing template (including the template's own ``raise_exception``)."""
+        prepared = self.prepare(
+            messages, tools=tools, documents=documents, add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message, chat_template_kwargs=chat_template_kwargs,
+        )  # fmt: skip
+        return prepared.text if prepared.text is not None else prepared.finish()
+
+    def prepare(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        documents: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> PreparedRender:
+        """``render``'s first half, which runs no template code: the inputs checked and made
+        plain, and the memo asked (``text`` set when it answered). ``finish`` runs the
+        template. Raises ``ChatTemplateError`` on bad input."""
         if continue_final_message and add_generation_prompt:
             raise ChatTemplateError(
                 "continue_final_message and add_generation_prompt cannot both be set"
@@ -293,21 +312,30 @@ class ChatTemplate:
             if memo is not None and not continue_final_message:
                 shape = memo.shape(chat, (plain_tools, plain_documents, add_generation_prompt,
                                           None if template_kwargs is self._plain_specials else template_kwargs))
-                if shape is not None:
-                    text = memo.render(shape)
-                    if text is not None:
-                        return text
         except Exception as exc:  # the inputs cannot be made plain: a client error, as a render's
             raise ChatTemplateError(f"chat template error: {exc}") from exc
+        prepared = PreparedRender(
+            self, (messages, tools, documents), chat, plain_tools, plain_documents, add_generation_prompt,
+            continue_final_message, template_kwargs, shape,
+        )  # fmt: skip
+        if shape is not None:
+            assert memo is not None
+            prepared.text = memo.render(shape)
+        return prepared
+
+    def finish(self, prepared: PreparedRender) -> str:
+        """``render``'s second half: the template run on what ``prepare`` made, under the
+        render budget; the memo learns from it."""
+        messages, tools, documents = prepared.request
         render_budget.start(messages, tools, documents)
         try:
             text = self._render_plain(
-                chat,
-                tools=plain_tools,
-                documents=plain_documents,
-                add_generation_prompt=add_generation_prompt,
-                continue_final_message=continue_final_message,
-                kwargs=template_kwargs,
+                prepared.chat,
+                tools=prepared.tools,
+                documents=prepared.documents,
+                add_generation_prompt=prepared.add_generation_prompt,
+                continue_final_message=prepared.continue_final_message,
+                kwargs=prepared.kwargs,
             )
         except ChatTemplateError:
             raise
@@ -320,18 +348,11 @@ class ChatTemplate:
             raise ChatTemplateError(f"chat template error: {exc}") from exc
         finally:
             render_budget.stop()
-        if shape is not None:
-            assert memo is not None
-            self._learn(memo, shape, plain_tools, plain_documents, add_generation_prompt, template_kwargs, text)
+        if prepared.shape is not None and self.memo is not None:
+            context = {"tools": prepared.tools, "documents": prepared.documents,
+                       "add_generation_prompt": prepared.add_generation_prompt, **prepared.kwargs}  # fmt: skip
+            self.memo.learn(prepared.shape, context, text)
         return text
-
-    @staticmethod
-    def _learn(
-        memo: RenderMemo, shape: Shape, tools: list[Any] | None, documents: list[Any] | None,
-        add_generation_prompt: bool, kwargs: dict[str, Any], text: str,
-    ) -> None:
-        context = {"tools": tools, "documents": documents, "add_generation_prompt": add_generation_prompt, **kwargs}
-        memo.learn(shape, context, text)
 
     def _render_plain(
         self,
@@ -355,6 +376,35 @@ class ChatTemplate:
             **kwargs,
         ))
         return rendered if final is None else _trim_at_tag(rendered, final)
+
+
+class PreparedRender:
+    """A render made ready by ``ChatTemplate.prepare``: ``text`` when the memo answered,
+    else ``finish()`` runs the template (on whatever thread its caller chooses)."""
+
+    __slots__ = (
+        "add_generation_prompt", "chat", "continue_final_message", "documents", "kwargs", "request", "shape",
+        "template", "text", "tools",
+    )  # fmt: skip
+
+    def __init__(
+        self, template: ChatTemplate, request: tuple[Any, Any, Any], chat: list[dict[str, Any]],
+        tools: list[Any] | None, documents: list[Any] | None, add_generation_prompt: bool,
+        continue_final_message: bool, kwargs: dict[str, Any], shape: Shape | None,
+    ) -> None:  # fmt: skip
+        self.template = template
+        self.request = request  # the caller's (messages, tools, documents): the budget's measure
+        self.chat = chat
+        self.tools = tools
+        self.documents = documents
+        self.add_generation_prompt = add_generation_prompt
+        self.continue_final_message = continue_final_message
+        self.kwargs = kwargs
+        self.shape = shape
+        self.text: str | None = None
+
+    def finish(self) -> str:
+        return self.template.finish(self)
 
 
 def _tag_final_message(chat: list[dict[str, Any]], source: str) -> str:

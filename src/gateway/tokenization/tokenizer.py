@@ -37,7 +37,7 @@ from gateway.tokenization.token_bytes import for_backend as token_bytes_for
 from gateway.tokenization.vocabulary_table import VocabularyTable, table_of
 
 if TYPE_CHECKING:
-    from gateway.tokenization.chat_template import ChatTemplate
+    from gateway.tokenization.chat_template import ChatTemplate, PreparedRender
 
 ParseFile = Callable[[Path], BackendTokenizer]
 """Makes the HF tokenizer of a ``tokenizer.json`` file (``Tokenizer.from_path``'s ``parse``)."""
@@ -627,6 +627,29 @@ class Tokenizer:
         """Render ``messages`` to the prompt text; encode it with ``add_special_tokens=False``."""
         template = self.chat_template(template_name, with_tools=bool(tools))
         return template.render(
+            messages,
+            tools=tools,
+            documents=documents,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            chat_template_kwargs=chat_template_kwargs,
+        )
+
+    def prepare_chat_template(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        documents: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        template_name: str | None = None,
+    ) -> PreparedRender:
+        """``apply_chat_template`` in two halves (``ChatTemplate.prepare``): the inputs made
+        ready and the memo asked, without running template code; its ``finish`` runs it."""
+        template = self.chat_template(template_name, with_tools=bool(tools))
+        return template.prepare(
             messages,
             tools=tools,
             documents=documents,
