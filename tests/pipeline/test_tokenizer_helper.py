@@ -23,7 +23,7 @@ from gateway.pipeline.tokenizer_helper import HelperFailed, TokenizerHelper
 from gateway.tokenization import Tokenizer, backend_parts
 from gateway.tokenization.backend_parts import merges_later, split_backend
 from gateway.tokenization.fast_bpe import plan_fast_bpe
-from gateway.tokenization.vocabulary_table import table_backend
+from gateway.tokenization.vocabulary_table import table_backend, table_of
 from tests.tokenization.helpers import small_byte_level_tokenizer
 
 TEXTS = ["東京の天気は", "Hello 東京 and слово 😀 more words", "<|im_start|>user\n你好<|im_end|>\n", "plain ascii", ""]
@@ -116,6 +116,8 @@ def test_a_joined_models_texts_all_go_to_the_helper_when_its_vocabulary_is_in_ta
         ids = full.encode(text, add_special_tokens=True)
         assert tok.decode(ids, skip_special_tokens=False) == full.decode(ids, skip_special_tokens=False)
     assert tok.token_id("abc") == full.token_id("abc") == 257
+    table = table_of(tok.backend)
+    assert table is not None and table.unreached == frozenset()  # told at the join: every piece is reached
     assert tok.backend not in backend_parts._WHOLE
 
 

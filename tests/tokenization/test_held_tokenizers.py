@@ -32,10 +32,13 @@ def test_a_held_tokenizer_encodes_as_the_file_does_and_is_released(tmp_path: Pat
     try:
         packed = held_tokenizers.encode_held("t1", TEXTS, False, False)
         assert held_tokenizers.unpack(packed) == [e.ids for e in original.encode_batch(TEXTS, add_special_tokens=False)]
+        assert held_tokenizers.unreached("t1") == b""  # the small vocabulary's model reaches every piece
     finally:
         held_tokenizers.release("t1")
     with pytest.raises(KeyError):
         held_tokenizers.encode_held("t1", TEXTS, False, False)
+    with pytest.raises(KeyError):
+        held_tokenizers.unreached("t1")
     held_tokenizers.release("t1")  # releasing twice is harmless
 
 

@@ -21,7 +21,7 @@ from tokenizers.decoders import DecodeStream
 from gateway.tokenization import IncrementalDetokenizer, Tokenizer, backend_parts, vocabulary_table
 from gateway.tokenization.backend_parts import BackendParts, split_backend
 from gateway.tokenization.fast_bpe import byte_decoder
-from gateway.tokenization.vocabulary_table import table_backend, table_of
+from gateway.tokenization.vocabulary_table import table_backend, table_of, unreached_pieces
 
 from .helpers import PROPERTY, copy_tokenizer, multilingual_text, small_byte_level_tokenizer
 
@@ -211,3 +211,61 @@ def test_the_wide_probe_vocabulary_decodes_as_its_file(tmp_path: Path) -> None:
         ids = [rnd.randrange(size) for _ in range(rnd.randint(1, 12))]
         for skip in (True, False):
             assert mine.decode(ids, skip_special_tokens=skip) == tok.decode(ids, skip_special_tokens=skip)
+
+
+TAGS = ["<think>", "</think>", "<|im_end|>", "hello", " world", "world", "東京", "東京 x", "◁think▷", "nope nope", " ", "\n\n",
+        "Hello", "<tool_call>", "a<|im_end|>", "ĠĠ", "\u00e9", "e\u0301", "</tool_call>", "12", "123", "!!!"]
+
+
+def test_token_look_ups_are_told_from_the_tables_once_the_unreached_pieces_are_known(
+    joined: tuple[Tokenizer, Tokenizer, _Elsewhere],
+) -> None:
+    """No round trip from the event loop's thread for a stop string or a think tag."""
+    tok, full, other = joined
+    table = table_of(tok.backend)
+    assert table is not None
+    from array import array
+
+    found = array("I")
+    found.frombytes(unreached_pieces(full.backend))
+    table.unreached = frozenset(found)
+    try:
+        other.calls.clear()
+        tok._token_ids.clear()
+        pieces = [full.id_to_piece(i) for i in range(0, 151643, 101)]
+        texts = TAGS + [full.decode([i], skip_special_tokens=False) for i in range(0, 151643, 101)] + [p or "" for p in pieces]
+        for text in texts:
+            assert tok.token_id(text) == full.token_id(text), text
+        asked = [t for call in other.calls for t in call[0]]
+        assert all(any(a.content in t for a in full.added_tokens.values()) for t in asked), asked  # only those
+    finally:
+        table.unreached = None
+
+
+@PROPERTY
+@given(text=multilingual_text())
+def test_a_text_is_one_token_from_the_tables_as_from_the_whole_tokenizer(
+    joined: tuple[Tokenizer, Tokenizer, _Elsewhere], text: str
+) -> None:
+    tok, full, _ = joined
+    table = table_of(tok.backend)
+    assert table is not None
+    table.unreached = frozenset()  # Qwen3's model reaches every piece (the test above checks it through the real list)
+    try:
+        tok._token_ids.clear()
+        for piece in (text, text[:3], text[-2:]):
+            assert tok.token_id(piece) == full.token_id(piece)
+    finally:
+        table.unreached = None
+
+
+def test_the_unreached_pieces_are_those_the_model_does_not_encode_whole(tmp_path: Path) -> None:
+    alphabet = byte_decoder()
+    vocab = {c: i for i, c in enumerate(sorted(alphabet, key=alphabet.__getitem__))}
+    vocab.update({"ab": 256, "abc": 257, "bc": 258})  # "abc" only from "ab" + "c": no such merge
+    tok = BackendTokenizer(models.BPE(vocab, [("a", "b"), ("b", "c")]))
+    from array import array
+
+    found = array("I")
+    found.frombytes(unreached_pieces(tok))
+    assert list(found) == [257]

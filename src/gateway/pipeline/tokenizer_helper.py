@@ -29,6 +29,7 @@ import logging
 import multiprocessing
 import threading
 import weakref
+from array import array
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -42,7 +43,8 @@ from gateway.tokenization.backend_parts import (
     elsewhere,
     encode_elsewhere,
 )
-from gateway.tokenization.held_tokenizers import encode_held, hold, release, unpack
+from gateway.tokenization.held_tokenizers import encode_held, hold, release, unpack, unreached
+from gateway.tokenization.vocabulary_table import table_of
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +57,7 @@ megabyte of CJK text encodes in well under a second)."""
 HOLD_TIMEOUT_S = 120.0
 """Longest the helper may take to build one model's tokenizer (seconds on a busy host)."""
 
-_CALLS: dict[str, Callable[..., Any]] = {"hold": hold, "encode": encode_held, "release": release}
+_CALLS: dict[str, Callable[..., Any]] = {"hold": hold, "encode": encode_held, "release": release, "unreached": unreached}
 
 
 def serve_helper(conn: Connection) -> None:
@@ -150,6 +152,14 @@ class TokenizerHelper:
             self._held[key] = (parts, post)
         encode_elsewhere(backend, functools.partial(self.encode, key))
         weakref.finalize(backend, self._release, key)
+        table = table_of(backend)
+        if table is not None:  # so that token look-ups are answered here, not over the pipe
+            try:
+                found = array("I")
+                found.frombytes(self._call(("unreached", key), self.hold_timeout_s))
+                table.unreached = frozenset(found)
+            except Exception as exc:  # look-ups of vocabulary pieces are then asked of the helper
+                log.warning("tokenizer %s: the helper could not tell its unreached pieces (%s)", tokenizer.name, exc)
         log.info("tokenizer %s: its merges are built in the helper process %s, not here", tokenizer.name, self.pid)
         return True
 

@@ -21,6 +21,7 @@ from tokenizers import Tokenizer as BackendTokenizer
 
 from gateway.tokenization.backend_parts import BackendParts
 from gateway.tokenization.special_text import sharing_model
+from gateway.tokenization.vocabulary_table import unreached_pieces
 
 PackedIds = tuple[bytes, bytes]
 """Ids of several texts: each text's count and all ids, as two ``array("I")``s (one copy
@@ -43,6 +44,14 @@ def hold(key: str, parts: BackendParts, post_processor: Any) -> int:
 def release(key: str) -> None:
     """Forget ``key``'s tokenizer (its model is gone)."""
     _HELD.pop(key, None)
+
+
+def unreached(key: str) -> bytes:
+    """``vocabulary_table.unreached_pieces`` of ``key``'s whole tokenizer. Raises KeyError when
+    ``key`` is not held here."""
+    backend = _HELD[key][0]
+    assert backend is not None
+    return unreached_pieces(backend)
 
 
 def encode_held(key: str, texts: Sequence[str], add_special_tokens: bool, plain: bool) -> PackedIds:

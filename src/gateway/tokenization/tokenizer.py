@@ -143,6 +143,14 @@ def _chat_template_sources(folder: Path | None, config: Mapping[str, Any]) -> di
     return templates
 
 
+@functools.cache
+def _byte_alphabet() -> frozenset[str]:
+    """The characters of GPT-2's byte-level alphabet."""
+    from gateway.tokenization.fast_bpe import byte_decoder
+
+    return frozenset(byte_decoder())
+
+
 # A text this short is encoded holding the GIL (``encode``, no thread pool): releasing it
 # around a short piece of work only invites another thread to take the GIL first, and the
 # event loop then waits for it, far longer than the encode itself under load. Longer texts go through ``encode_batch_fast``, which
@@ -432,6 +440,10 @@ class Tokenizer:
             return None
         if self._encoder is None and self._never_one_token(text):
             return None  # told without the merges (a text tiktoken does not take would need them)
+        if self._encoder is None and self._table is not None and self._table.unreached is not None:
+            found = self._one_piece(text, self._table.unreached)
+            if found is not False:  # told from the tables: no round trip from the event loop's thread
+                return found if found is not None and self.decode([found], skip_special_tokens=False) == text else None
         # Through the fast encoder where it takes the text (the same ids), so that asking
         # about a plain-text tag needs no tokenizer with merges.
         ids = self.encode(text, add_special_tokens=False)
@@ -440,6 +452,28 @@ class Tokenizer:
         if self.decode(ids, skip_special_tokens=False) != text:
             return None
         return int(ids[0])
+
+    def _one_piece(self, text: str, unreached: frozenset[int]) -> int | bool | None:
+        """The id ``text`` encodes to when that is one token, else None, told from the vocabulary
+        tables and ``unreached`` (the pieces the model does not encode to themselves); False when
+        they cannot tell (an added token in it, characters outside the byte alphabet). With no
+        added token in it, a text is one token only when it normalizes and pre-tokenizes to one
+        piece (every non-empty piece of byte-alphabet characters is at least one token) that is
+        a vocabulary entry the model reaches whole."""
+        if any(t.content in text for t in self._added.values()):
+            return False
+        normalizer, pre = self.backend.normalizer, self.backend.pre_tokenizer
+        normalized = normalizer.normalize_str(text) if normalizer is not None else text
+        if any(t.content in normalized for t in self._added.values()):
+            return False
+        pieces = [piece for piece, _ in pre.pre_tokenize_str(normalized)] if pre is not None else [normalized]
+        alphabet = _byte_alphabet()
+        if any(c not in alphabet for piece in pieces for c in piece):
+            return False
+        if len(pieces) != 1:
+            return None
+        found = self._table.token_to_id(pieces[0]) if self._table is not None else None
+        return None if found is None or found in unreached else found
 
     def _never_one_token(self, text: str) -> bool:
         """Whether ``text`` surely encodes to more than one token, told from the vocabulary:

@@ -48,12 +48,16 @@ class VocabularyTable:
     """The model's vocabulary both ways, without the added tokens (the tokenizer's own
     look-ups check those first, as HF's do)."""
 
-    __slots__ = ("_ids", "_pieces", "size")
+    __slots__ = ("_ids", "_pieces", "size", "unreached")
 
     def __init__(self, pieces: dict[int, str], ids: dict[str, int], size: int) -> None:
         self._pieces = pieces
         self._ids = ids
         self.size = size  # ids the tokenizer knows, added tokens included (``get_vocab_size(True)``)
+        # The pieces the model does not encode to themselves (``unreached_pieces``, told by the
+        # process that holds the whole model); None until told: then whether a text is one
+        # token is asked of that process.
+        self.unreached: frozenset[int] | None = None
 
     def id_to_token(self, token_id: int) -> str | None:
         """The vocabulary piece of ``token_id`` (e.g. ``"Ġhello"``), or None."""
@@ -70,6 +74,18 @@ _TABLES: weakref.WeakKeyDictionary[BackendTokenizer, VocabularyTable] = weakref.
 def table_of(backend: BackendTokenizer) -> VocabularyTable | None:
     """The vocabulary tables of a tokenizer from ``table_backend``, else None."""
     return _TABLES.get(backend)
+
+
+def unreached_pieces(backend: BackendTokenizer) -> bytes:
+    """The ids (an ``array("I")``) of the vocabulary pieces that ``backend``'s model does not
+    encode to themselves alone: what the process that holds the whole model tells this one,
+    so that whether a text is one token is told from the tables (a text whose one pre-token is
+    a piece the model reaches is that token). One batch encode of every piece."""
+    model_only = BackendTokenizer(backend.model)
+    vocab = backend.get_vocab(with_added_tokens=False)
+    pieces = list(vocab)
+    found = model_only.encode_batch_fast(pieces, add_special_tokens=False)
+    return array("I", [vocab[p] for p, e in zip(pieces, found, strict=True) if e.ids != [vocab[p]]]).tobytes()
 
 
 def decodes_from_bytes(parts: BackendParts) -> bool:
@@ -130,4 +146,4 @@ def _tables(parts: BackendParts, after_step: Callable[[], None] | None) -> tuple
     return VocabularyTable(pieces, by_piece, size), singles
 
 
-__all__ = ["STEP", "VocabularyTable", "decodes_from_bytes", "table_backend", "table_of"]
+__all__ = ["STEP", "VocabularyTable", "decodes_from_bytes", "table_backend", "table_of", "unreached_pieces"]
