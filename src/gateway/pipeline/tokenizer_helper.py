@@ -27,6 +27,7 @@ import functools
 import itertools
 import logging
 import multiprocessing
+import os
 import threading
 import weakref
 from array import array
@@ -62,7 +63,9 @@ _CALLS: dict[str, Callable[..., Any]] = {"hold": hold, "encode": encode_held, "r
 
 def serve_helper(conn: Connection) -> None:
     """The helper process: answer each ``(call, *args)`` with ``("ok", result)`` or
-    ``("error", repr)`` until the pipe closes."""
+    ``("error", repr)`` until the pipe closes. Its batch encodes run on one thread: on a host
+    of two cores, ``tokenizers``' thread pool would take both from the serving process."""
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
     while True:
         try:
             name, *args = conn.recv()
@@ -73,6 +76,15 @@ def serve_helper(conn: Connection) -> None:
         except Exception as exc:  # answered, not fatal: the caller turns it into a 503
             answer = ("error", repr(exc))
         conn.send(answer)
+
+
+def _set_in_steps(ids: array[int]) -> set[int]:
+    """``ids`` as a set, a few thousand at a time (a vocabulary may have a hundred thousand
+    such pieces: one native call for all of them would hold the GIL for tens of ms)."""
+    found: set[int] = set()
+    for start in range(0, len(ids), 8192):
+        found.update(ids[start : start + 8192])
+    return found
 
 
 class HelperFailed(ServiceUnavailableError):
@@ -157,7 +169,7 @@ class TokenizerHelper:
             try:
                 found = array("I")
                 found.frombytes(self._call(("unreached", key), self.hold_timeout_s))
-                table.unreached = frozenset(found)
+                table.unreached = _set_in_steps(found)
             except Exception as exc:  # look-ups of vocabulary pieces are then asked of the helper
                 log.warning("tokenizer %s: the helper could not tell its unreached pieces (%s)", tokenizer.name, exc)
         log.info("tokenizer %s: its merges are built in the helper process %s, not here", tokenizer.name, self.pid)

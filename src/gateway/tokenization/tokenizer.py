@@ -13,6 +13,7 @@ import functools
 import json
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -453,7 +454,7 @@ class Tokenizer:
             return None
         return int(ids[0])
 
-    def _one_piece(self, text: str, unreached: frozenset[int]) -> int | bool | None:
+    def _one_piece(self, text: str, unreached: AbstractSet[int]) -> int | bool | None:
         """The id ``text`` encodes to when that is one token, else None, told from the vocabulary
         tables and ``unreached`` (the pieces the model does not encode to themselves); False when
         they cannot tell (an added token in it, characters outside the byte alphabet). With no

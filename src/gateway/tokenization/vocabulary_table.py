@@ -32,6 +32,7 @@ import json
 import weakref
 from array import array
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 
 from tokenizers import AddedToken, models
 from tokenizers import Tokenizer as BackendTokenizer
@@ -57,7 +58,7 @@ class VocabularyTable:
         # The pieces the model does not encode to themselves (``unreached_pieces``, told by the
         # process that holds the whole model); None until told: then whether a text is one
         # token is asked of that process.
-        self.unreached: frozenset[int] | None = None
+        self.unreached: AbstractSet[int] | None = None
 
     def id_to_token(self, token_id: int) -> str | None:
         """The vocabulary piece of ``token_id`` (e.g. ``"Ġhello"``), or None."""
