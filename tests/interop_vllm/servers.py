@@ -25,6 +25,9 @@ READY = {"http": "Application startup complete.", "grpc": "Server is ready to ac
 GATEWAY_START_S = 180.0
 PORT_BASE = int(os.environ.get("INTEROP_VLLM_PORT_BASE", "42500"))
 PORTS = range(PORT_BASE, PORT_BASE + 100)
+# The data-parallel servers' KV-event publishers (rank N at the base + N), which the gateway
+# binds only when it starts: a range of their own, so no server takes them in the meantime.
+EVENT_PORTS = range(PORT_BASE + 100, PORT_BASE + 200)
 
 
 def unavailable_reason(*, require_opt_in: bool = False) -> str | None:
@@ -39,14 +42,14 @@ def unavailable_reason(*, require_opt_in: bool = False) -> str | None:
     return None
 
 
-def free_port(count: int = 1) -> int:
-    """A loopback port P of ``PORTS`` with P .. P + count - 1 all free now."""
-    candidates = list(PORTS)[: len(PORTS) - count + 1]
+def free_port(count: int = 1, ports: range = PORTS) -> int:
+    """A loopback port P of ``ports`` with P .. P + count - 1 all free now."""
+    candidates = list(ports)[: len(ports) - count + 1]
     random.shuffle(candidates)
     for port in candidates:
         if all(_free(p) for p in range(port, port + count)):
             return port
-    raise RuntimeError(f"no {count} free port(s) in {PORTS.start}-{PORTS.stop - 1} on 127.0.0.1")
+    raise RuntimeError(f"no {count} free port(s) in {ports.start}-{ports.stop - 1} on 127.0.0.1")
 
 
 def _free(port: int) -> bool:
@@ -119,7 +122,7 @@ def _start_on(
         # its rank (an ipc endpoint it refuses above rank 0). An endpoint with an address is
         # connected to by vLLM's publisher (a wildcard one it would bind on every interface):
         # the gateway binds 127.0.0.1 at those ports (``--kv-events-zmq``), both transports.
-        events_port = free_port(2)
+        events_port = free_port(2, EVENT_PORTS)
         extra_args = [
             "--kv-events-config",
             json.dumps({"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{events_port}"}),
