@@ -843,12 +843,16 @@ def true_caches(workers: list[SimWorker], page: int) -> Callable[[str, Sequence[
     return cached_length
 
 
+_UNIQUE_OUTPUT_BASE = 1 << 30  # single-turn outputs' ids start here: above every workload's prompt ids
+
+
 def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int, page: int, concurrency: int,
              timing: Timing, poll_interval_s: float, pages_cache: dict[int, list[int]],
              reserve_running: bool = False, ramp_s: float = 0.0,
              gate_config: PrefillGateConfig | None = None,
              cache_output: bool = False, replicas: Sequence[Policy | None] = (),
              sync_lag_s: float = 0.01, decisions: list[dict[str, object]] | None = None,
+             learn_output: bool = False,
              ) -> tuple[SimResult, Policy, list[float]]:
     """Replay ``wl``; the first ``concurrency`` requests arrive evenly over ``ramp_s`` (0: at once).
 
@@ -866,8 +870,16 @@ def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int,
     ``decisions``: one record per request is appended (``--decisions``): when it was
     routed, where and why, what the policy predicted, what every worker's true cache held
     of its prompt at that moment and how many requests each had, and what it hit when its
-    prefill began; the per-request evidence behind a hit-rate gap between two policies."""
+    prefill began; the per-request evidence behind a hit-rate gap between two policies.
+
+    ``learn_output``: a finished request's output ids reach the policy (``on_output``) as
+    the gateway passes them, so its tree holds prompt + output where the worker keeps both
+    (pair it with ``cache_output``): the reply a multi-turn workload's next turn resends, or
+    ids no prompt contains for a single-turn one. Without it the policy is told only the
+    output's length (``on_decoded``) and its tree never holds outputs, where the gateway's
+    does: a replay that routes on a tree lighter and fresher than the gateway's."""
     ledger = MissLedger(page)
+    unique_output_id = _UNIQUE_OUTPUT_BASE  # the next id a single-turn output is made of
     n_rep = 1 + len(replicas)
     workers = [SimWorker(f"w{i}", capacity, page, timing, poll_interval_s, reserve_running, ledger=ledger,
                          by_origin=[[0, 0, 0, 0, 0] for _ in range(n_rep)], heard=[(0, 0, 0)] * n_rep)
@@ -1078,9 +1090,18 @@ def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int,
             finished += 1
             finished_tokens += job.output
             policies[job.origin].on_finish(job.request, w.wid, job.cached, True)
-            decoded = getattr(policies[job.origin], "on_decoded", None)
-            if decoded is not None:  # the gateway's on_output hook, without the output's ids
-                decoded(job.request, job.output)
+            learned = getattr(policies[job.origin], "on_output", None) if learn_output else None
+            if learned is not None:
+                if wl.after:
+                    output_ids = wl.after[job.rid][len(job.tokens):]
+                else:
+                    output_ids = list(range(unique_output_id, unique_output_id + job.output))
+                    unique_output_id += job.output
+                learned(job.request, w.wid, output_ids)
+            else:
+                decoded = getattr(policies[job.origin], "on_decoded", None)
+                if decoded is not None:  # the gateway's on_output hook, without the output's ids
+                    decoded(job.request, job.output)
             nxt = wl.follows.get(job.rid)
             if nxt is not None or not wl.arrivals:  # closed loop: a finish sends the next prompt
                 submit(now, index=nxt, origin=job.origin)
@@ -1262,7 +1283,7 @@ def sim_rows(variants: list[tuple[str, dict[str, object], float]], wl: Workload,
             log: list[dict[str, object]] | None = [] if args.decisions else None
             r, used, _ = simulate(policy, wl, args.workers, args.capacity, args.page, args.concurrency, timing, poll,
                                   pages_cache, args.reserve_running, args.ramp_s, gate, args.cache_output,
-                                  others, args.sync_lag_s, log)
+                                  others, args.sync_lag_s, log, learn_output=args.learn_output)
             if log is not None:
                 with open(args.decisions, "ab") as f:
                     for record in log:
@@ -1312,6 +1333,7 @@ def describe(args: argparse.Namespace, wl: Workload, timing: Timing) -> str:
             f"chunk {timing.chunk_tokens}" + (f", at most {timing.max_running} running" if timing.max_running else "")
             + (f"; {args.replicas} synced gateway replicas, sync tick {args.sync_lag_s * 1000:g} ms" if args.replicas > 1 else "")
             + (f"; decode owed seen as each running request's {timing.decode_owed}" if timing.decode_owed != "remaining" else "")
+            + ("; the policy learns outputs" if getattr(args, "learn_output", False) else "")
             + f"; ideal hit rate {wl.ideal_hit:.1%}")
 
 
@@ -1422,6 +1444,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-output", action="store_true",
                         help="sim: finished requests leave prompt + output cached (SGLang, gateway_lab.sim): "
                         "unique output pages add cache pressure")
+    parser.add_argument("--learn-output", action="store_true",
+                        help="sim: the policy learns each finished request's output ids, as the gateway does "
+                        "(its tree then holds prompt + output; pair with --cache-output)")
     parser.add_argument("--prefill-gate", choices=["off", "on", "both"], default="both",
                         help="sim: run each policy without and/or with the gateway's prefill gate")
     parser.add_argument("--gate-min-tokens", type=int, default=PrefillGateConfig().prefill_gate_min_tokens,

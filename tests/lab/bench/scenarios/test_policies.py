@@ -345,3 +345,38 @@ def test_smg_events_follows_the_true_caches_and_the_tree_emulation_sends_short_m
         assert first.worker_id == "w0"  # the least loaded, and both trees empty: w0's tree grows
         d = p.select(RouteRequest([7] * 64), [replace(ws[0], in_flight=1), replace(ws[1], in_flight=3)])
         assert (d.worker_id, d.reason) == (expected, "no_match")
+
+
+def test_learn_output_gives_the_tree_what_the_gateway_learns(bench: ModuleType) -> None:
+    """``--learn-output``: each finished request's output ids reach the policy's ``on_output``,
+    so its tree holds prompt + output in whole pages as the gateway's does (single-turn: ids no
+    prompt holds, each request its own); without it the tree holds the prompts only. A
+    multi-turn workload's next turn then matches the reply it resends on the worker that made it."""
+    timing = bench.Timing(base_s=0.01, prefill_s_per_token=1e-4, decode_s_per_req=1e-3, max_running=4)
+    wl = bench.gsp_workload(4, 6, 256, 32, 48, seed=3, zipf=0.0)
+    held = {}
+    for learn in (False, True):
+        policy = make_policy(PolicyConfig(policy="cache_aware", eviction_interval_s=0))
+        try:
+            bench.simulate(policy, wl, 2, 1 << 16, 16, 4, timing, 0.0, {}, reserve_running=True,
+                           cache_output=True, learn_output=learn)
+            held[learn] = sum(t.worker_tokens(w) for t in policy.trees() for w in t.workers())
+        finally:
+            close_policy(policy)
+    # every request's 48 output ids (3 whole pages of 16) on top of the prompts
+    assert held[True] - held[False] == len(wl.prompts) * 48, held
+
+    chat = bench.chat_workload(6, 3, 64, 24, 16, 1, 16, False)
+    hits = {}
+    for learn in (False, True):
+        policy = make_policy(PolicyConfig(policy="cache_aware", eviction_interval_s=0))
+        try:
+            r = bench.simulate(policy, chat, 2, 1 << 16, 16, 4, timing, 0.0, {}, reserve_running=True,
+                               cache_output=True, learn_output=learn)[0]
+        finally:
+            close_policy(policy)
+        hits[learn] = (r.predicted_hit, r.hit_rate)
+    # told only lengths, the tree misses the resent replies the workers hold; told the ids,
+    # it predicts exactly what the workers hit
+    assert hits[False][0] < hits[False][1]
+    assert hits[True][0] == pytest.approx(hits[True][1])
