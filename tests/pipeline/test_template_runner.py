@@ -183,3 +183,66 @@ async def test_a_lost_interrupt_is_sent_again(runner: TemplateRunner) -> None:
     assert "lossy" in runner.slow
     assert time.monotonic() - started < 8.0
     assert await runner.run(lambda: 7) == 7
+
+
+def _timed(spans: list[tuple[float, float]], seconds: float) -> str:
+    started = time.monotonic()
+    time.sleep(seconds)
+    spans.append((started, time.monotonic()))
+    return "done"
+
+
+async def test_large_renders_run_one_at_a_time_beside_small_slow_ones(runner: TemplateRunner) -> None:
+    # Each render thread busy with Python is one more thread the event loop waits behind
+    # for the GIL: large inputs take turns, while a template known slow keeps both threads.
+    runner.slow.add("slow")
+    large: list[tuple[float, float]] = []
+    small: list[tuple[float, float]] = []
+    results = await asyncio.gather(
+        runner.render("t", 5000, _timed, large, 0.1),
+        runner.render("t", 5000, _timed, large, 0.1),
+        runner.render("slow", 2, _timed, small, 0.05),
+    )
+    assert results == ["done"] * 3
+    (_, a1), (b0, _) = sorted(large)
+    assert a1 <= b0, "two large renders overlapped"
+    assert small[0][0] < a1, "the slow template's render waited for the large ones"
+
+
+async def test_a_large_render_whose_caller_left_still_holds_its_turn(runner: TemplateRunner) -> None:
+    spans: list[tuple[float, float]] = []
+    first = asyncio.ensure_future(runner.render("t", 5000, _timed, spans, 0.15))
+    await asyncio.sleep(0.05)
+    first.cancel()  # mid-render: the render goes on, and so does its turn
+    assert await runner.render("t", 5000, _timed, spans, 0.01) == "done"
+    (_, a1), (b0, _) = sorted(spans)
+    assert a1 <= b0
+
+
+async def test_a_large_render_cancelled_before_its_turn_runs_nothing(runner: TemplateRunner) -> None:
+    spans: list[tuple[float, float]] = []
+    first = asyncio.ensure_future(runner.render("t", 5000, _timed, spans, 0.1))
+    queued = asyncio.ensure_future(runner.render("t", 5000, _timed, spans, 0.1))
+    await asyncio.sleep(0.02)
+    queued.cancel()
+    assert await first == "done"
+    assert await runner.render("t", 5000, lambda: 3) == 3  # the turn came back
+    assert len(spans) == 1
+
+
+async def test_a_large_render_past_its_deadline_marks_its_template_slow(runner: TemplateRunner) -> None:
+    with pytest.raises(RenderTimeout):
+        await runner.render("bomb", 5000, _spin)
+    assert "bomb" in runner.slow
+    # Its next large renders no longer take the large inputs' turn: two spin at once.
+    starts: list[float] = []
+
+    def spin() -> None:
+        starts.append(time.monotonic())
+        _spin()
+
+    results = await asyncio.gather(runner.render("bomb", 5000, spin), runner.render("bomb", 5000, spin),
+                                   return_exceptions=True)
+    assert all(isinstance(r, RenderTimeout) for r in results)
+    assert max(starts) - min(starts) < 0.25  # one after the other, the second would start 0.3 s of CPU later
+    assert await runner.render("t", 5000, lambda: 4) == 4

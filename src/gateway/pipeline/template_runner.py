@@ -13,8 +13,13 @@ back costs, so it runs inline on the event loop under a short deadline
 the runner's own threads under the full deadline (``timeout_s``), and its template
 (``key``) renders on those threads from then on, so a hostile template holds the
 event loop once, for milliseconds. Large inputs (``size`` over ``offload_chars``)
-go to the threads at once. A spinning render thread only takes the GIL in turns:
-the event loop keeps answering meanwhile.
+go to the threads at once, one at a time: each render thread that holds Python work
+is one more thread the event loop waits behind for the GIL, and two large renders at
+once (four long conversations) kept ``/health`` waiting about twice as long as one.
+A large render that runs past its deadline marks its template slow, and a slow
+template's renders do not take that turn (a hostile template cannot hold the others'
+large renders back for more than one deadline). A spinning render thread only takes
+the GIL in turns: the event loop keeps answering meanwhile.
 
 Deadlines count the rendering thread's CPU time, not the wall clock: on a busy host a
 thread can wait for a core longer than an honest render takes, and that wait must not
@@ -113,6 +118,7 @@ class TemplateRunner:
         self._closed = False
         self._idle = True  # the watchdog sleeps until a render starts
         self._last = 0.0  # when the last render started
+        self._large: asyncio.Lock | None = None  # one large render at a time (made on the loop that uses it)
         self._threads = [
             threading.Thread(target=self._serve, name=f"chat-template-{i}", daemon=True) for i in range(max(1, threads))
         ]
@@ -134,7 +140,30 @@ class TemplateRunner:
                     "a chat template ran past %gs on the event loop; it renders on a thread from now on",
                     self.inline_timeout_s,
                 )
+        if size > self.offload_chars and key not in self.slow:
+            return await self._run_large(key, fn, *args, **kwargs)
         return await self.run(fn, *args, **kwargs)
+
+    async def _run_large(self, key: Hashable, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``run`` for a large input of a template not known slow, after the large render
+        before it has ended. The turn passes when the render ends, not when its caller
+        leaves: a caller cancelled mid-render does not let the next one overlap it."""
+        if self._large is None:
+            self._large = asyncio.Lock()
+        large = self._large
+        await large.acquire()
+        if self._closed:
+            large.release()
+            raise RuntimeError("the template runner is closed")
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        loop = asyncio.get_running_loop()
+        future.add_done_callback(lambda _: loop.call_soon_threadsafe(large.release))
+        self._jobs.put(_Job(lambda: fn(*args, **kwargs), future))
+        try:
+            return await asyncio.wrap_future(future)  # a cancelled caller cancels a job not yet started
+        except RenderTimeout:
+            self.slow.add(key)
+            raise
 
     async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``fn(*args, **kwargs)`` on a render thread."""
