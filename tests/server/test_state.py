@@ -110,3 +110,22 @@ def test_a_set_sharing_memory_names_itself_on_the_bus(tmp_path: Path, monkeypatc
         ids.append(same_host_set(SyncConfig()))
     assert ids[0] and ids[0] == ids[1]  # both members name the same set
     assert same_host_set(SyncConfig(sync_same_host="bus")) == ""  # no rings: the bus is the only source
+
+
+def test_a_synced_process_shares_the_kv_event_endpoints_it_binds() -> None:
+    """With a sync bus and --kv-events, the feeder hands what it reads from an endpoint it
+    binds to the outbox, and the applier hands the others' batches to the feeder."""
+    from gateway.server.state import GatewayState
+    from gateway.sync.config import SyncConfig
+
+    config = GatewayConfig()
+    config.server.kv_events = True
+    config.sync = SyncConfig(sync_url="nats://127.0.0.1:1")
+    state = GatewayState(config)
+    assert state.kv_events is not None and state.sync is not None
+    assert state.kv_events._relay == state.sync.outbox.kv_events
+    assert state.sync.applier.on_kv_events == state.kv_events.relayed
+    alone = GatewayConfig()
+    alone.server.kv_events = True
+    single = GatewayState(alone)
+    assert single.sync is None and single.kv_events is not None and single.kv_events._relay is None

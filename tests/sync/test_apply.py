@@ -136,3 +136,19 @@ def test_peers_whole_queued_prompts_are_summed_except_a_same_host_siblings() -> 
     batch.loads.add(worker_id="w1:1", in_flight=1, queued_prompt_tokens=640)
     alone.apply(batch)
     assert workers.w["w1:1"].peer_queued_prompt_tokens == 640
+
+
+def test_another_processes_kv_events_go_to_the_feeder_in_order() -> None:
+    applier, _, _ = _setup()
+    heard: list[tuple[str, int, int, bool]] = []
+    batch = sync_pb2.Batch(origin="p", seq=1)
+    first = batch.kv_events.add(worker_id="w0:1", reset=False)
+    first.batch.sequence_number = 3
+    first.batch.events.add().cleared.SetInParent()
+    batch.kv_events.add(worker_id="w1:1", reset=True).batch.sequence_number = 9
+    applier.apply(batch)  # no feeder wired (no --kv-events): counted, nothing else
+    assert applier.stats.kv_batches == 2
+    applier.on_kv_events = lambda wid, b, reset: heard.append((wid, b.sequence_number, len(b.events), reset))
+    applier.apply_bytes(batch.SerializeToString())
+    applier.apply(sync_pb2.Batch(origin="me", seq=2, kv_events=[batch.kv_events[0]]))  # our own: skipped
+    assert heard == [("w0:1", 3, 1, False), ("w1:1", 9, 0, True)] and applier.stats.kv_batches == 4

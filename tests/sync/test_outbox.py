@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from gateway.policies.base import Decision, RouteRequest
 from gateway.policies.radix_tree import pack
+from gateway.proto import common_pb2
 from gateway.sync.outbox import Outbox, native_tokens, page_aligned, wire_tokens
 from gateway.sync.prefix_book import PrefixBook
 from tests.sync.fakes import FakeWorkers
@@ -112,3 +113,18 @@ def test_a_set_member_names_its_host_set_in_every_batch() -> None:
     assert batch is not None and batch.host_set == "set-1" and batch.loads[0].queued_prompt_tokens == 40
     full = box.take(full=["w0:1"])
     assert full is not None and full.host_set == "set-1" and full.loads[0].queued_prompt_tokens == 40
+
+
+def test_kv_events_read_here_go_out_in_the_ticks_batch() -> None:
+    woken: list[int] = []
+    box = _box(FakeWorkers(), woken=woken)
+    read = common_pb2.KvEventBatch(sequence_number=4)
+    read.events.add().removed.block_hashes.extend([7, 8])
+    box.kv_events("w0:1", read, False)
+    box.kv_events("w1:1", common_pb2.KvEventBatch(sequence_number=2), True)
+    assert woken == [1] and box
+    batch = box.take()
+    assert batch is not None and [(k.worker_id, k.batch.sequence_number, k.reset) for k in batch.kv_events] == [
+        ("w0:1", 4, False), ("w1:1", 2, True)]
+    assert list(batch.kv_events[0].batch.events[0].removed.block_hashes) == [7, 8]
+    assert box.take() is None

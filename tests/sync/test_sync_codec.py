@@ -530,18 +530,22 @@ def test_an_extension_whose_mark_went_stale_inserts_the_whole_sequence() -> None
 
 
 def _old_schema() -> type:
-    """``Batch`` as an origin built before the whole queued prompts and the host set were
-    sent has it (the same file without those two fields)."""
+    """``Batch`` as an origin built before the whole queued prompts, the host set and relayed
+    KV events were sent has it (the same file without those fields)."""
     from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
     fd = descriptor_pb2.FileDescriptorProto()
     sync_pb2.DESCRIPTOR.CopyToProto(fd)
     fd.name, fd.package = "old_sync.proto", "old_sync"
-    gone = {"WorkerLoad": "queued_prompt_tokens", "Batch": "host_set"}
+    del fd.dependency[:]  # common.proto came with the relayed KV events
+    kept_messages = [m for m in fd.message_type if m.name != "KvEvents"]
+    del fd.message_type[:]
+    fd.message_type.extend(kept_messages)
+    gone = {"WorkerLoad": {"queued_prompt_tokens"}, "Batch": {"host_set", "kv_events"}}
     for message in fd.message_type:
         if message.name in gone:
-            kept = [f for f in message.field if f.name != gone[message.name]]
-            assert len(kept) == len(message.field) - 1
+            kept = [f for f in message.field if f.name not in gone[message.name]]
+            assert len(kept) == len(message.field) - len(gone[message.name])
             del message.field[:]
             message.field.extend(kept)
         for f in message.field:  # type references into the renamed package
@@ -563,6 +567,7 @@ def test_an_older_origins_loads_are_read_and_an_older_receiver_reads_ours() -> N
     assert (load.in_flight, load.queued_prefill_tokens, load.running_decode_tokens) == (2, 300, 16)
     assert dst.w["w0:1"].peer_queued_prompt_tokens == 0  # unknown: its queued requests count as before
     new = sync_pb2.Batch(origin="new", seq=1, host_set="set-1")
+    new.kv_events.add(worker_id="w0:1").batch.sequence_number = 5  # skipped by an older receiver
     new.loads.add(worker_id="w0:1", in_flight=1, queued_uncached_prefill_tokens=50, queued_prompt_tokens=2176)
     read = old_batch.FromString(new.SerializeToString())
     assert (read.origin, read.loads[0].in_flight, read.loads[0].queued_uncached_prefill_tokens) == ("new", 1, 50)

@@ -47,6 +47,18 @@ def test_batches_store_and_remove_blocks_in_order() -> None:
     assert feed.last_sequence == 4 and feed.batches == 4
 
 
+def test_a_numbered_batch_left_without_events_still_moves_the_sequence_on() -> None:
+    """A ZMQ publisher numbers every batch, also one whose events were all another medium's
+    (left out): the next batch is no gap, so no reset."""
+    feed = _feed()
+    apply_batch(feed, _stored(1, (11, [1, 2])), numbered=True)
+    apply_batch(feed, common_pb2.KvEventBatch(sequence_number=2), numbered=True)
+    apply_batch(feed, _stored(3, (12, [3, 4]), parent=11), numbered=True)
+    assert feed.blocks.stats.resets == 0 and len(feed.blocks) == 2 and feed.last_sequence == 3
+    apply_batch(feed, common_pb2.KvEventBatch(sequence_number=7), numbered=True)  # 4-6 lost: the gap is seen
+    assert feed.blocks.stats.resets == 1 and len(feed.blocks) == 0 and feed.last_sequence == 7
+
+
 def test_a_sequence_gap_resets_the_workers_share_first() -> None:
     feed = _feed()
     apply_batch(feed, _stored(1, (11, [1, 2])))

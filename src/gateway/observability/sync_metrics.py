@@ -58,6 +58,7 @@ class SyncCollector(Collector):
             ("unresolved_finishes", "other processes' finishes of decisions this process did not know (dropped)", a.unresolved_finishes),
             ("lost_batches", "other processes' batches missed (sequence gaps)", a.lost_batches),
             ("bad_messages", "undecodable messages on the sync subject", a.bad),
+            ("received_kv_batches", "KV-event batches other processes read from endpoints only they can bind", a.kv_batches),
         ):
             yield CounterMetricFamily(f"token_gateway_sync_{name}", doc, value=value)
         r = self._ring

@@ -1,3 +1,4 @@
+from gateway.proto import common_pb2 as _common_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -64,8 +65,18 @@ class WorkerLoad(_message.Message):
     queued_prompt_tokens: int
     def __init__(self, worker_id: _Optional[str] = ..., in_flight: _Optional[int] = ..., queued_uncached_prefill_tokens: _Optional[int] = ..., running_decode_tokens: _Optional[int] = ..., queued_prompt_tokens: _Optional[int] = ...) -> None: ...
 
+class KvEvents(_message.Message):
+    __slots__ = ("worker_id", "batch", "reset")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    RESET_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    batch: _common_pb2.KvEventBatch
+    reset: bool
+    def __init__(self, worker_id: _Optional[str] = ..., batch: _Optional[_Union[_common_pb2.KvEventBatch, _Mapping]] = ..., reset: _Optional[bool] = ...) -> None: ...
+
 class Batch(_message.Message):
-    __slots__ = ("origin", "seq", "sent_unix_ns", "decisions", "finishes", "loads", "full_loads", "goodbye", "replay", "host_set")
+    __slots__ = ("origin", "seq", "sent_unix_ns", "decisions", "finishes", "loads", "full_loads", "goodbye", "replay", "host_set", "kv_events")
     ORIGIN_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     SENT_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
@@ -76,6 +87,7 @@ class Batch(_message.Message):
     GOODBYE_FIELD_NUMBER: _ClassVar[int]
     REPLAY_FIELD_NUMBER: _ClassVar[int]
     HOST_SET_FIELD_NUMBER: _ClassVar[int]
+    KV_EVENTS_FIELD_NUMBER: _ClassVar[int]
     origin: str
     seq: int
     sent_unix_ns: int
@@ -86,4 +98,5 @@ class Batch(_message.Message):
     goodbye: bool
     replay: bool
     host_set: str
-    def __init__(self, origin: _Optional[str] = ..., seq: _Optional[int] = ..., sent_unix_ns: _Optional[int] = ..., decisions: _Optional[_Iterable[_Union[Decision, _Mapping]]] = ..., finishes: _Optional[_Iterable[_Union[Finish, _Mapping]]] = ..., loads: _Optional[_Iterable[_Union[WorkerLoad, _Mapping]]] = ..., full_loads: _Optional[bool] = ..., goodbye: _Optional[bool] = ..., replay: _Optional[bool] = ..., host_set: _Optional[str] = ...) -> None: ...
+    kv_events: _containers.RepeatedCompositeFieldContainer[KvEvents]
+    def __init__(self, origin: _Optional[str] = ..., seq: _Optional[int] = ..., sent_unix_ns: _Optional[int] = ..., decisions: _Optional[_Iterable[_Union[Decision, _Mapping]]] = ..., finishes: _Optional[_Iterable[_Union[Finish, _Mapping]]] = ..., loads: _Optional[_Iterable[_Union[WorkerLoad, _Mapping]]] = ..., full_loads: _Optional[bool] = ..., goodbye: _Optional[bool] = ..., replay: _Optional[bool] = ..., host_set: _Optional[str] = ..., kv_events: _Optional[_Iterable[_Union[KvEvents, _Mapping]]] = ...) -> None: ...

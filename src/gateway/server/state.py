@@ -196,6 +196,10 @@ class GatewayState:
                 holds.share = self.host_prefill
                 self.router.tap(FanOut(self.sync.outbox, self.host_ring), before_select=self._hear_siblings)
             self.metrics.registry.register(SyncCollector(self.sync, self.host_ring, self.host_prefill))
+            if self.kv_events is not None:
+                # an endpoint the gateway binds takes one process of the set: it hands its batches to the others
+                self.kv_events.share(self.sync.outbox.kv_events)
+                self.sync.applier.on_kv_events = self.kv_events.relayed
         self.process_set: SetMember | None = None  # set by serve when one of --processes N
         self.discovery = make_discovery(config.discovery, self._discovered_add, self.remove_worker)
         self.history = History(config.history)  # stored responses and conversations

@@ -15,6 +15,10 @@ the prompt) so that a learned output sent as an extension, or a finish naming it
 decision, resolves without the prompt travelling again; one whose decision is unknown
 here (joined late, batch lost, forgotten) is counted and dropped: the tree then misses
 that output's pages until the worker's reported cache hits or KV events correct it.
+
+KV-event batches another process read from an endpoint only it can bind are handed to
+``on_kv_events`` (the KV-event feeder's ``relayed``), which applies them to the worker's
+share where this process follows that endpoint.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from gateway.policies.base import Policy, RemoteDecision, RemoteEvent, RemoteExtension, RemoteFinish
-from gateway.proto import sync_pb2
+from gateway.proto import common_pb2, sync_pb2
 from gateway.sync.outbox import native_tokens
 from gateway.sync.prefix_book import PrefixBook
 from gateway.workers.load import WorkerLoad
@@ -94,6 +98,7 @@ class ApplyStats:
     lost_batches: int = 0  # sequence gaps
     own: int = 0  # our own batches (the bus asks NATS for no echo; counted if one slips through)
     bad: int = 0  # undecodable messages
+    kv_batches: int = 0  # KV-event batches other processes read from endpoints they bind
 
 
 class Applier:
@@ -125,6 +130,8 @@ class Applier:
         self._on_lag = on_lag
         self.peers: dict[str, Peer] = {}
         self.stats = ApplyStats()
+        # (worker id, batch, reset): another process's KV events for a worker (set by the server)
+        self.on_kv_events: Callable[[str, common_pb2.KvEventBatch, bool], object] | None = None
 
     def apply_bytes(self, data: bytes) -> None:
         try:
@@ -162,6 +169,10 @@ class Applier:
         if stamps:
             now = self._clock_ns()
             self._on_lag([max(0, now - t) / 1e9 for t in stamps])
+        for kv in batch.kv_events:
+            st.kv_batches += 1
+            if self.on_kv_events is not None:
+                self.on_kv_events(kv.worker_id, kv.batch, kv.reset)
         for f in batch.finishes:
             if f.decision:
                 k = peer.known.get(f.decision)

@@ -13,7 +13,8 @@ its decision when that is still in the pending batch (one message, one tree inse
 the other side) and otherwise sent as an extension: the decision's number and the
 output's pages only. A finish names the decision it ends. Without a known decision
 (tracking overflowed, sync started mid-request) both go out in full, as standalone
-messages.
+messages. KV events a process reads from an endpoint only it can bind go out as it applied
+them, for its siblings' feeds of the same worker (``workers.kv_events``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any
 
 from gateway.policies.base import Decision, RouteRequest
 from gateway.policies.radix_tree import pack
-from gateway.proto import sync_pb2
+from gateway.proto import common_pb2, sync_pb2
 from gateway.sync.prefix_book import PrefixBook
 from gateway.workers.load import WorkerLoad
 
@@ -119,7 +120,7 @@ class Outbox:
 
     def __bool__(self) -> bool:
         b = self._batch
-        return bool(b.decisions or b.finishes or self._dirty)
+        return bool(b.decisions or b.finishes or b.kv_events or self._dirty)
 
     def _wake(self) -> None:
         if not self:
@@ -241,6 +242,12 @@ class Outbox:
                 worker_id=worker_id, model=request.model, pool=pool, cached_tokens=max(0, cached_tokens), success=success,
             )
         self._dirty.add(worker_id)
+
+    def kv_events(self, worker_id: str, batch: common_pb2.KvEventBatch, reset: bool) -> None:
+        """A worker's KV-event batch as this process applied it (``reset``: its share reset
+        first), for the processes that follow the endpoint this one binds."""
+        self._wake()
+        self._batch.kv_events.add(worker_id=worker_id, batch=batch, reset=reset)
 
     def load_changed(self, worker_id: str) -> None:
         self._wake()

@@ -22,6 +22,14 @@ batch from another rank is dropped and counted (``wrong_rank``; the rank's share
 those events describe another cache), and a frame that is not a batch is counted
 (``malformed``) and resets the rank's share, as a gap does (its events are lost). A
 publisher that restarts numbers from 0 again: a gap, so a reset.
+
+Where the gateway binds the rank's endpoint (vLLM connects out), only one process of a
+``serve --processes N`` set can: the set shares (``share``) so that the one whose bind
+succeeds hands every batch, as it applied it, to the others over the sync bus, and a
+process whose bind finds the address in use follows it (``relayed``) rather than stopping.
+A follower tries the bind again every ``bind_retry_s`` and takes the endpoint over when its
+holder goes. A follower applies the same batches with the same numbering, so a batch lost
+on the bus is a gap there too, and resets that process's share only.
 """
 
 from __future__ import annotations
@@ -29,9 +37,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+import zmq
 
 from gateway.policies.base import Policy
 from gateway.policies.cache_aware import CacheAwarePolicy
@@ -61,6 +71,10 @@ class PolicySource(Protocol):
 
 RETRY_S = 0.2  # first delay before reopening a broken stream (doubles up to RETRY_MAX_S)
 RETRY_MAX_S = 5.0
+BIND_RETRY_S = 1.0  # a follower's wait between two attempts to bind the endpoint another process holds
+
+# (worker id, batch, reset first): a batch this process read from an endpoint it binds, for the others
+Relay = Callable[[str, common_pb2.KvEventBatch, bool], object]
 
 
 @dataclass(slots=True)
@@ -79,6 +93,8 @@ class FeedState:
     source: str = "SubscribeKvEvents"  # or the ZMQ address of the rank's publisher
     malformed: int = 0  # frames that were not an event batch (ZMQ feeds)
     wrong_rank: int = 0  # batches of another rank, dropped (ZMQ feeds)
+    follower: bool = False  # another process binds the endpoint: its batches come over the sync bus
+    relayed: int = 0  # batches handed to the other processes (the binder) or taken from the binder (a follower)
 
     def describe(self) -> dict[str, Any]:
         st = self.blocks.stats
@@ -94,6 +110,8 @@ class FeedState:
             "source": self.source,
             "malformed": self.malformed,
             "wrong_rank": self.wrong_rank,
+            "follower": self.follower,
+            "relayed": self.relayed,
             "blocks": len(self.blocks),
             "stored_blocks": st.stored_blocks,
             "removed_blocks": st.removed_blocks,
@@ -105,10 +123,13 @@ class FeedState:
         }
 
 
-def apply_batch(feed: FeedState, batch: common_pb2.KvEventBatch) -> None:
-    """Apply one batch's events in order; a sequence gap first resets the worker's share."""
-    if not batch.events:
-        return  # a load-only record
+def apply_batch(feed: FeedState, batch: common_pb2.KvEventBatch, *, numbered: bool = False) -> None:
+    """Apply one batch's events in order; a sequence gap first resets the worker's share.
+    ``numbered``: every batch takes a number (a ZMQ publisher's), so one left with no events
+    (an offloading connector's copies, left out) still moves the sequence on; otherwise a
+    batch without events is a load-only record."""
+    if not batch.events and not numbered:
+        return
     seq = batch.sequence_number
     if feed.last_sequence and seq != feed.last_sequence + 1:
         log.info("kv events of %s: sequence %d after %d, resetting its tree share", feed.blocks.worker, seq, feed.last_sequence)
@@ -150,13 +171,15 @@ class KvEventFeeder:
 
     def __init__(
         self, registry: WorkerRegistry, router: PolicySource, *, retry_s: float = RETRY_S, retry_max_s: float = RETRY_MAX_S,
-        zmq_sources: Mapping[str, ZmqEndpoint] | None = None,
+        zmq_sources: Mapping[str, ZmqEndpoint] | None = None, bind_retry_s: float = BIND_RETRY_S,
     ) -> None:
         self.registry = registry
         self.router = router
         self.zmq_sources = dict(zmq_sources or {})  # engine id -> its publishers' endpoint (vLLM)
         self.retry_s = retry_s
         self.retry_max_s = retry_max_s
+        self.bind_retry_s = bind_retry_s
+        self._relay: Relay | None = None
         self.feeds: dict[str, FeedState] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._started = False
@@ -170,6 +193,34 @@ class KvEventFeeder:
         for worker in self.registry.all():
             if not worker.draining:
                 self._start(worker)
+
+    def share(self, relay: Relay) -> None:
+        """Join a set of processes on one sync bus: what this process reads from an endpoint
+        it binds goes to ``relay`` as applied, and an endpoint another process binds is
+        followed through ``relayed`` instead of stopping the feed."""
+        self._relay = relay
+
+    def relayed(self, worker_id: str, batch: common_pb2.KvEventBatch, reset: bool) -> None:
+        """A batch another process read from an endpoint it binds, as it applied it; taken by
+        this process's feed of that worker only while it follows that endpoint."""
+        feed = self.feeds.get(worker_id)
+        worker = self.registry.get(worker_id)
+        if feed is None or worker is None or not feed.follower:
+            return
+        feed.relayed += 1
+        if reset:
+            self._follow_policy(worker, feed)
+            feed.blocks.reset()
+            feed.last_sequence = batch.sequence_number
+            if not batch.events:
+                return
+        try:
+            self._apply(worker, feed, batch, numbered=True)
+        except Exception as exc:  # as for a batch read directly: the share reset, the feed goes on
+            feed.errors += 1
+            feed.last_error = f"{type(exc).__name__}: {exc}"
+            log.warning("kv events of %s (relayed) failed: %s; its tree share reset", worker_id, feed.last_error)
+            feed.blocks.reset()
 
     async def close(self) -> None:
         tasks = list(self._tasks.values())
@@ -232,27 +283,61 @@ class KvEventFeeder:
                 feed.blocks.rebind(tree)
                 feed.rebinds += 1
 
-    def _apply(self, worker: Worker, feed: FeedState, batch: common_pb2.KvEventBatch) -> None:
+    def _apply(self, worker: Worker, feed: FeedState, batch: common_pb2.KvEventBatch, *, numbered: bool = False) -> None:
         learn_page_size(worker, batch)
         self._follow_policy(worker, feed)
-        apply_batch(feed, batch)
+        apply_batch(feed, batch, numbered=numbered)
+
+    def _pass_on(self, worker: Worker, feed: FeedState, batch: common_pb2.KvEventBatch, reset: bool) -> None:
+        """Hand what this process applied from an endpoint it binds to the processes that follow it."""
+        if self._relay is not None:
+            self._relay(worker.id, batch, reset)
+            feed.relayed += 1
+
+    async def _open(self, worker: Worker, feed: FeedState, sub: RankSubscriber) -> bool:
+        """Bind or connect. Where another process of the set binds the address, follow it and
+        try again every ``bind_retry_s`` (taking the endpoint over when it goes); anything
+        else that fails (an address not this host's, a port another program holds with no
+        set to share) stops the feed, logged, and returns False."""
+        while True:
+            try:
+                sub.open()
+            except zmq.ZMQError as exc:
+                if self._relay is not None and sub.binds and exc.errno == zmq.EADDRINUSE:
+                    if not feed.follower:
+                        feed.follower, feed.last_error = True, f"ZMQError: {exc}"
+                        log.info("kv events of %s: %s is bound by another process; following it over the sync bus",
+                                 worker.id, sub.address)
+                    await asyncio.sleep(self.bind_retry_s)
+                    continue
+                feed.stopped, feed.last_error = True, f"ZMQError: {exc}"
+            except Exception as exc:
+                feed.stopped, feed.last_error = True, f"{type(exc).__name__}: {exc}"
+            if feed.stopped:
+                log.error("kv events of %s: cannot %s %s: %s", worker.id, "bind" if sub.binds else "connect", sub.address,
+                          feed.last_error)
+                return False
+            if feed.follower:
+                feed.follower = False
+                log.info("kv events of %s: took %s over from the process that held it", worker.id, sub.address)
+            return True
 
     async def _run_zmq(self, worker: Worker, feed: FeedState, sub: RankSubscriber) -> None:
-        """One rank's publisher: frames read and applied until cancelled. ZMQ reconnects by
-        itself; a socket that cannot be bound (a port in use) stops the feed, logged."""
-        try:
-            sub.open()
-        except Exception as exc:  # zmq.ZMQError: a port taken, an address not this host's
-            feed.stopped, feed.last_error = True, f"{type(exc).__name__}: {exc}"
-            log.error("kv events of %s: cannot %s %s: %s", worker.id, "bind" if sub.binds else "connect", sub.address, exc)
+        """One rank's publisher: frames read and applied until cancelled (and, where this
+        process binds the endpoint, passed on to the set). ZMQ reconnects by itself."""
+        if not await self._open(worker, feed, sub):
             return
         feed.connects += 1
         feed.connected = True
         log.info("kv events of %s: %s vLLM's publisher at %s", worker.id, "bound for" if sub.binds else "connected to", sub.address)
+        shares = sub.binds  # where vLLM binds, every process connects and reads for itself
         try:
             async for frames in sub.frames():
                 try:
-                    self._apply(worker, feed, read_frame(frames, sub.rank))
+                    batch = read_frame(frames, sub.rank)
+                    self._apply(worker, feed, batch, numbered=True)
+                    if shares:
+                        self._pass_on(worker, feed, batch, False)
                 except WrongRank as exc:
                     feed.wrong_rank += 1
                     feed.last_error = str(exc)
@@ -267,11 +352,15 @@ class KvEventFeeder:
                     feed.blocks.reset()
                     if exc.sequence is not None:
                         feed.last_sequence = exc.sequence + 1  # numbered as read_frame numbers batches
+                    if shares:
+                        self._pass_on(worker, feed, common_pb2.KvEventBatch(sequence_number=feed.last_sequence), True)
                 except Exception as exc:  # a batch the tree could not take must not end the feed
                     feed.errors += 1
                     feed.last_error = f"{type(exc).__name__}: {exc}"
                     log.warning("kv events of %s failed: %s; its tree share reset", worker.id, feed.last_error)
                     feed.blocks.reset()
+                    if shares:  # the followers reset too and take the next batch without a gap check
+                        self._pass_on(worker, feed, common_pb2.KvEventBatch(), True)
         finally:
             feed.connected = False
             sub.close()

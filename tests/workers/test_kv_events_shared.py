@@ -1,0 +1,170 @@
+"""One process of a ``serve --processes N`` set binds a vLLM rank's endpoint and the others
+take its batches over the set's bus (``KvEventFeeder.relay`` / ``relayed``): real loopback
+ZMQ publishers, a real nats-server, two gateways' registries, routers and feeders in one
+event loop. Both trees hold the same pages after stores, removals, a clear and a malformed
+frame; the process that binds going away hands the endpoint to the other, and one that
+comes back follows it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+import zmq
+import zmq.asyncio
+
+from gateway.sync.bus import SyncBus
+from gateway.sync.config import SyncConfig
+from gateway.sync.local_server import LocalNatsServer
+from gateway.workers.kv_events import KvEventFeeder
+from gateway.workers.vllm_kv_events import parse_sources
+from tests.fake_transport import FakeTransport, Fleet, fleet
+from tests.workers.test_vllm_kv_events import ENGINE, _free_pair, _held, _payload, _stored, _until
+
+CFG = SyncConfig(sync_heartbeat_s=0.2, sync_peer_timeout_s=2.0, sync_flush_interval_s=0.0)
+RANKS = (f"{ENGINE}@0", f"{ENGINE}@1")
+
+
+class Gateway:
+    """One process of the set: its fleet view, its bus and its feeder, wired as serve wires them."""
+
+    def __init__(self, f: Fleet, nats_url: str, name: str, endpoint: str) -> None:
+        self.fleet = f
+        self.bus = SyncBus(CFG, f.router, f.registry, url=nats_url, origin=name)
+        self.feeder = KvEventFeeder(f.registry, f.router, zmq_sources=parse_sources([f"grpc://{ENGINE}={endpoint}"]),
+                                    bind_retry_s=0.05)
+        self.feeder.share(self.bus.outbox.kv_events)
+        self.bus.applier.on_kv_events = self.feeder.relayed
+
+    async def start(self) -> None:
+        self.bus.start()
+        await _until(lambda: self.bus.stats.connected)
+        self.feeder.start()
+
+    async def stop(self) -> None:
+        await self.feeder.close()
+        await self.bus.stop()
+
+    def pages(self, worker_id: str) -> dict[int, object]:
+        return dict(self.feeder.feeds[worker_id].blocks._blocks)
+
+
+class Publisher:
+    """A rank's publisher as vLLM makes it for an endpoint with an address: it connects out."""
+
+    def __init__(self, address: str) -> None:
+        self.sock = zmq.asyncio.Context.instance().socket(zmq.XPUB)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        # every subscription, also a repeat: the session of a connecting socket outlives a reader
+        # that goes, so the next reader's subscription is a repeat on the same pipe
+        self.sock.setsockopt(zmq.XPUB_VERBOSE, 1)
+        self.sock.connect(address)
+        self.seq = 0
+
+    async def subscribed(self) -> None:
+        """Until a subscription arrives (an unsubscription, a reader gone, is skipped)."""
+        while (await asyncio.wait_for(self.sock.recv(), 10))[:1] != b"\x01":
+            pass
+
+    async def send(self, *events: dict[str, object], rank: int) -> None:
+        await self.sock.send_multipart([b"", self.seq.to_bytes(8, "big"), _payload(*events, rank=rank)])
+        self.seq += 1
+
+    async def garbage(self) -> None:
+        await self.sock.send_multipart([b"", self.seq.to_bytes(8, "big"), b"\x93garbage"])
+        self.seq += 1
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+
+
+@pytest.fixture
+async def nats() -> AsyncIterator[LocalNatsServer]:
+    server = await LocalNatsServer().start()
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+async def _dp_fleet() -> Fleet:
+    return await fleet(FakeTransport(f"grpc://{ENGINE}", server_args={"dp_size": 2}), policy="cache_aware")
+
+
+PROMPTS = ([1, 2, 3, 4], [5, 6], [7, 8, 9, 10])
+
+
+def _same(a: Gateway, b: Gateway) -> bool:
+    return all(a.pages(w) == b.pages(w) for w in RANKS) and all(
+        _held(a.fleet, w, p) == _held(b.fleet, w, p) for w in RANKS for p in PROMPTS
+    )
+
+
+async def test_the_process_that_binds_hands_every_ranks_events_to_the_other(nats: LocalNatsServer) -> None:
+    port = _free_pair()
+    endpoint = f"tcp://127.0.0.1:{port}"
+    a = Gateway(await _dp_fleet(), nats.url, "a", endpoint)
+    b = Gateway(await _dp_fleet(), nats.url, "b", endpoint)
+    pubs = [Publisher(f"tcp://127.0.0.1:{port + r}") for r in (0, 1)]
+    c: Gateway | None = None
+    running = [a, b]
+    try:
+        await a.start()
+        for pub in pubs:
+            await pub.subscribed()
+        await b.start()
+        await _until(lambda: all(b.feeder.feeds[w].follower for w in RANKS))
+        for w in RANKS:
+            fa, fb = a.feeder.feeds[w], b.feeder.feeds[w]
+            assert fa.connected and not fa.follower and not fb.stopped and "in use" in fb.last_error
+            row = b.fleet.worker(w).describe()
+            assert row["kv_events_source"] == fa.source and "kv_events" not in row["lacks"]  # type: ignore[operator]
+            assert fb.describe()["follower"] is True
+        await _until(lambda: "a" in b.bus.applier.peers and "b" in a.bus.applier.peers)
+
+        # Stores on both ranks, a removal, a clear then new pages: b's shares follow a's.
+        await pubs[0].send(_stored([11, 12], [1, 2, 3, 4]), rank=0)
+        await pubs[1].send(_stored([21], [5, 6]), _stored([22], [7, 8], parent=21), rank=1)
+        await _until(lambda: b.feeder.feeds[RANKS[1]].relayed == 1 and b.feeder.feeds[RANKS[0]].relayed == 1)
+        assert _same(a, b) and _held(b.fleet, RANKS[0], [1, 2, 3, 4]) == 4 and _held(b.fleet, RANKS[1], [5, 6, 7, 8]) == 4
+        assert _held(b.fleet, RANKS[1], [1, 2, 3, 4]) == 0
+        await pubs[1].send({"type": "BlockRemoved", "block_hashes": [22], "medium": "GPU"}, rank=1)
+        await pubs[0].send({"type": "AllBlocksCleared"}, _stored([13], [9, 10]), rank=0)
+        await _until(lambda: b.feeder.feeds[RANKS[0]].relayed == 2 and b.feeder.feeds[RANKS[1]].relayed == 2)
+        assert _same(a, b) and _held(b.fleet, RANKS[1], [5, 6, 7, 8]) == 2 and _held(b.fleet, RANKS[0], [1, 2]) == 0
+        assert _held(b.fleet, RANKS[0], [9, 10]) == 2
+
+        # A malformed frame resets the share in both; the next batch applies in both, with no second reset.
+        await pubs[1].garbage()
+        await pubs[1].send(_stored([23], [7, 8, 9, 10], size=4), rank=1)
+        await _until(lambda: b.feeder.feeds[RANKS[1]].relayed == 4)
+        assert _same(a, b) and _held(b.fleet, RANKS[1], [5, 6]) == 0 and _held(b.fleet, RANKS[1], [7, 8, 9, 10]) == 4
+        assert a.feeder.feeds[RANKS[1]].blocks.stats.resets == b.feeder.feeds[RANKS[1]].blocks.stats.resets == 1
+
+        # The process that binds goes away: b takes the endpoints over and reads them itself.
+        running.remove(a)
+        await a.stop()
+        await _until(lambda: not any(b.feeder.feeds[w].follower for w in RANKS) and all(b.feeder.feeds[w].connected for w in RANKS))
+        for pub in pubs:
+            await pub.subscribed()
+        await pubs[0].send(_stored([14], [11, 12], parent=13), rank=0)
+        await _until(lambda: b.feeder.feeds[RANKS[0]].batches >= 3)
+        assert _held(b.fleet, RANKS[0], [9, 10, 11, 12]) == 4
+
+        # A process that (re)starts finds the endpoint taken and follows b from its next batch.
+        c = Gateway(await _dp_fleet(), nats.url, "c", endpoint)
+        running.append(c)
+        await c.start()
+        await _until(lambda: all(c.feeder.feeds[w].follower for w in RANKS))
+        await _until(lambda: "c" in b.bus.applier.peers)
+        await pubs[1].send(_stored([24], [13, 14]), rank=1)
+        await _until(lambda: c.feeder.feeds[RANKS[1]].relayed == 1)
+        # c's share holds what came after it joined, as b's does (what came before, it learns from routing)
+        assert _held(c.fleet, RANKS[1], [13, 14]) == 2 and c.pages(RANKS[1]).items() <= b.pages(RANKS[1]).items()
+        assert len(c.pages(RANKS[1])) == 1 and b.feeder.feeds[RANKS[1]].relayed >= 5
+    finally:
+        for pub in pubs:
+            pub.close()
+        for g in running:
+            await g.stop()
