@@ -21,7 +21,10 @@ vLLM's servicer alike), so its ranks are not subscribed through it. A vLLM engin
 batch from another rank is dropped and counted (``wrong_rank``; the rank's share kept:
 those events describe another cache), and a frame that is not a batch is counted
 (``malformed``) and resets the rank's share, as a gap does (its events are lost). A
-publisher that restarts numbers from 0 again: a gap, so a reset.
+publisher that restarts numbers from 0 again: a gap, so a reset. Where the entry names
+vLLM's replay endpoint too, a gap is first asked of it (``workers.kv_replay``): the missed
+batches applied in order keep the share, and only a replay that does not close the gap
+(too wide, no longer kept, too slow) falls back to the reset.
 
 Where the gateway binds the rank's endpoint (vLLM connects out), only one process of a
 ``serve --processes N`` set can: the set shares (``share``) so that the one whose bind
@@ -47,6 +50,7 @@ from gateway.policies.base import Policy
 from gateway.policies.cache_aware import CacheAwarePolicy
 from gateway.policies.kv_blocks import DEFAULT_MAX_BLOCKS, WorkerBlocks
 from gateway.proto import common_pb2
+from gateway.workers import kv_replay
 from gateway.workers.registry import WorkerRegistry
 from gateway.workers.transport import CallCode, WorkerCallError
 from gateway.workers.vllm_kv_events import (
@@ -95,6 +99,10 @@ class FeedState:
     wrong_rank: int = 0  # batches of another rank, dropped (ZMQ feeds)
     follower: bool = False  # another process binds the endpoint: its batches come over the sync bus
     relayed: int = 0  # batches handed to the other processes (the binder) or taken from the binder (a follower)
+    replay_source: str = ""  # the rank's replay socket, when the entry names one
+    replays: int = 0  # gaps asked of the replay socket
+    replays_filled: int = 0  # ... closed by what it gave back (no reset)
+    replayed: int = 0  # batches applied from replays
 
     def describe(self) -> dict[str, Any]:
         st = self.blocks.stats
@@ -112,6 +120,10 @@ class FeedState:
             "wrong_rank": self.wrong_rank,
             "follower": self.follower,
             "relayed": self.relayed,
+            "replay_source": self.replay_source or None,
+            "replays": self.replays,
+            "replays_filled": self.replays_filled,
+            "replayed": self.replayed,
             "blocks": len(self.blocks),
             "stored_blocks": st.stored_blocks,
             "removed_blocks": st.removed_blocks,
@@ -172,6 +184,7 @@ class KvEventFeeder:
     def __init__(
         self, registry: WorkerRegistry, router: PolicySource, *, retry_s: float = RETRY_S, retry_max_s: float = RETRY_MAX_S,
         zmq_sources: Mapping[str, ZmqEndpoint] | None = None, bind_retry_s: float = BIND_RETRY_S,
+        replay_timeout_s: float = kv_replay.TIMEOUT_S,
     ) -> None:
         self.registry = registry
         self.router = router
@@ -179,6 +192,7 @@ class KvEventFeeder:
         self.retry_s = retry_s
         self.retry_max_s = retry_max_s
         self.bind_retry_s = bind_retry_s
+        self.replay_timeout_s = replay_timeout_s
         self._relay: Relay | None = None
         self.feeds: dict[str, FeedState] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -264,6 +278,8 @@ class KvEventFeeder:
         else:
             try:
                 sub = RankSubscriber(zmq_source, worker.dp_rank or 0, worker.client.address.host)
+                if zmq_source.replay is not None:
+                    feed.replay_source = zmq_source.replay.for_rank(sub.rank, worker.client.address.host)
             except BadZmqSource as exc:
                 feed.stopped, feed.last_error = True, str(exc)
                 log.error("kv events of %s: %s", worker.id, exc)
@@ -335,6 +351,8 @@ class KvEventFeeder:
             async for frames in sub.frames():
                 try:
                     batch = read_frame(frames, sub.rank)
+                    if feed.replay_source and feed.last_sequence and batch.sequence_number > feed.last_sequence + 1:
+                        await self._replay(worker, feed, sub.rank, batch.sequence_number, shares)
                     self._apply(worker, feed, batch, numbered=True)
                     if shares:
                         self._pass_on(worker, feed, batch, False)
@@ -364,6 +382,28 @@ class KvEventFeeder:
         finally:
             feed.connected = False
             sub.close()
+
+    async def _replay(self, worker: Worker, feed: FeedState, rank: int, upto: int, shares: bool) -> None:
+        """Ask the rank's replay socket for the batches between the last applied and ``upto``
+        (the feed's numbers: the publisher's + 1) and apply them when they close the gap; else
+        leave the gap to the reset that applying the next batch makes."""
+        first, last = feed.last_sequence, upto - 2  # the publisher's numbers of the missed batches
+        feed.replays += 1
+        got = await kv_replay.fetch(feed.replay_source, first, last, timeout_s=self.replay_timeout_s)
+        if [seq for seq, _ in got] != list(range(first, last + 1)):
+            log.info("kv events of %s: the replay gave %d of batches %d-%d; its tree share reset", worker.id, len(got), first, last)
+            return
+        try:
+            batches = [read_frame([b"", seq.to_bytes(8, "big"), payload], rank) for seq, payload in got]
+        except (BadFrame, WrongRank) as exc:
+            log.info("kv events of %s: a replayed batch is not one (%s); its tree share reset", worker.id, exc)
+            return
+        for batch in batches:
+            self._apply(worker, feed, batch, numbered=True)
+            if shares:
+                self._pass_on(worker, feed, batch, False)
+        feed.replays_filled += 1
+        feed.replayed += len(batches)
 
     async def _run(self, worker: Worker, feed: FeedState) -> None:
         delay = self.retry_s

@@ -16,6 +16,10 @@ Which end binds follows vLLM's own rule for its publisher socket:
   ``::`` in it instead (``[::1]``), and the gateway then connects to it;
 * ``ipc://PATH``: vLLM binds; the gateway connects. vLLM refuses it for a rank above 0.
 
+vLLM's replay endpoint (``replay_endpoint``, given after a comma: ``ENDPOINT,REPLAY``) is a
+socket vLLM always binds, rank N at its port + N: the gateway connects to it (a wildcard
+host means the worker's) to ask for missed batches (``workers.kv_replay``).
+
 A frame is ``[topic, sequence (8 bytes, big-endian), msgpack batch]``. The batch is read
 with msgspec into the classes below (vLLM's field names; fields it adds later are
 ignored) and becomes the common ``KvEventBatch`` the feeder applies to the rank's share
@@ -27,6 +31,7 @@ left out: the tree models the cache a request's prefill reuses.
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
@@ -60,6 +65,40 @@ class WrongRank(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
+class ReplayEndpoint:
+    """vLLM's replay endpoint as configured there, for rank 0: vLLM binds it, the gateway connects."""
+
+    scheme: str  # "tcp" or "ipc"
+    host: str  # "" for a wildcard (the worker's host is dialled) and for ipc
+    port: int  # 0 for ipc
+    path: str = ""  # ipc only
+
+    def for_rank(self, rank: int, worker_host: str) -> str:
+        """The address of ``rank``'s replay socket on a worker at ``worker_host``."""
+        if self.scheme == "ipc":
+            if rank:
+                raise BadZmqSource(f"ipc://{self.path}: vLLM gives ranks above 0 no ipc replay endpoint (use tcp)")
+            return f"ipc://{self.path}"
+        host = self.host or worker_host
+        shown = f"[{host}]" if ":" in host else host
+        return f"tcp://{shown}:{self.port + rank}"
+
+
+def parse_replay(text: str) -> ReplayEndpoint:
+    """``tcp://*:5558``, ``tcp://HOST:5558`` or ``ipc:///path``, as vLLM's config takes them."""
+    scheme, sep, rest = text.strip().partition("://")
+    if not sep or scheme not in ("tcp", "ipc") or not rest:
+        raise BadZmqSource(f"KV-event replay endpoint must be tcp://HOST:PORT or ipc://PATH, got {text!r}")
+    if scheme == "ipc":
+        return ReplayEndpoint("ipc", "", 0, rest)
+    host, sep, port = rest.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise BadZmqSource(f"KV-event replay endpoint needs a host and a port in 1-65535: {text!r}")
+    return ReplayEndpoint("tcp", "" if host in ("*", "0.0.0.0", "::") else host, int(port))
+
+
+@dataclass(frozen=True, slots=True)
 class ZmqEndpoint:
     """vLLM's publisher endpoint as configured there, for rank 0."""
 
@@ -68,6 +107,7 @@ class ZmqEndpoint:
     port: int  # 0 for ipc
     path: str = ""  # ipc only
     vllm_binds: bool = True  # vLLM's rule: it binds a wildcard, any "::" and ipc, connects to the rest
+    replay: ReplayEndpoint | None = None  # where missed batches can be asked again (none: a gap resets)
 
     def for_rank(self, rank: int, worker_host: str) -> tuple[str, bool]:
         """(address, the gateway binds it) of ``rank``'s publisher on a worker at ``worker_host``."""
@@ -109,7 +149,8 @@ def parse_endpoint(text: str) -> ZmqEndpoint:
 
 
 def parse_sources(items: Iterable[str]) -> dict[str, ZmqEndpoint]:
-    """``["grpc://h:1=tcp://*:5557", ...]`` -> {engine id ``h:1``: endpoint}."""
+    """``["grpc://h:1=tcp://*:5557", "grpc://h:2=tcp://*:5557,tcp://*:5558", ...]`` -> {engine id
+    ``h:1``: endpoint}; a second endpoint after a comma is the replay endpoint."""
     out: dict[str, ZmqEndpoint] = {}
     for item in items:
         url, sep, endpoint = item.partition("=")
@@ -121,7 +162,9 @@ def parse_sources(items: Iterable[str]) -> dict[str, ZmqEndpoint]:
             raise BadZmqSource(f"--kv-events-zmq {item!r}: {exc}") from None
         if target in out:
             raise BadZmqSource(f"--kv-events-zmq names {url} twice")
-        out[target] = parse_endpoint(endpoint)
+        endpoint, comma, replay = endpoint.partition(",")
+        parsed = parse_endpoint(endpoint)
+        out[target] = dataclasses.replace(parsed, replay=parse_replay(replay)) if comma else parsed
     return out
 
 
@@ -263,10 +306,12 @@ __all__ = [
     "BadFrame",
     "BadZmqSource",
     "RankSubscriber",
+    "ReplayEndpoint",
     "WrongRank",
     "ZmqEndpoint",
     "block_key",
     "parse_endpoint",
+    "parse_replay",
     "parse_sources",
     "read_frame",
 ]
