@@ -208,6 +208,25 @@ def test_the_workers_prompt_limit_is_refused_before_any_worker() -> None:
         engine.close()
 
 
+def test_a_prompts_length_alone_gets_the_error_prepare_gives_it() -> None:
+    """``check_prompt_length`` (a door's check before any per-id work) refuses what
+    ``prepare`` refuses for the length alone, with the same error, and nothing else."""
+    engine, entry = _checked_engine(context=16, limits=LimitsConfig(max_prompt_tokens=20))
+    try:
+        sampling = SamplingOptions(max_new_tokens=1)
+        for length in (16, 17, 21):
+            with pytest.raises(InvalidRequestError) as whole:
+                engine.prepare(entry, [100] * length, sampling, stream=False)
+            with pytest.raises(InvalidRequestError) as alone:
+                engine.check_prompt_length(entry, length)
+            assert repr(alone.value) == repr(whole.value) and type(alone.value) is type(whole.value)
+        assert engine.check_prompt_length(entry, 15) is None
+        entry.max_input_tokens = 10  # the workers' own limit: its error depends on the tokens asked for
+        assert engine.check_prompt_length(entry, 12) is None
+    finally:
+        engine.close()
+
+
 def test_a_hopeless_prompt_is_refused_before_the_tokenizer_runs() -> None:
     engine, entry = _checked_engine(limits=LimitsConfig(max_prompt_tokens=8))
     try:

@@ -8,7 +8,7 @@ the official ``openai`` client types.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Iterable
 from typing import Any
 
 from gateway.endpoints.events import Answer, Direct, Events, TextPush
@@ -21,6 +21,7 @@ from gateway.pipeline.prepared import PreparedRequest
 from gateway.pipeline.request_context import RequestContext
 from gateway.pipeline.tenancy import effective_salt
 from gateway.protocol.completions import CompletionRequest
+from gateway.protocol.errors import ModelNotFoundError
 from gateway.protocol.logprobs import completion_logprobs
 from gateway.protocol.responses import (
     CompletionChoice,
@@ -59,6 +60,39 @@ def sum_usage(gens: list[Generation]) -> UsageCounts:
         total.cached_tokens += g.usage.cached_tokens
         total.reasoning_tokens += g.usage.reasoning_tokens
     return total
+
+
+def refuse_long_prompts(engine: Engine, model: object, lengths: Iterable[int]) -> None:
+    """Refuse token-id prompts too long for their model from their lengths alone
+    (``Engine.check_prompt_length``), with the error the whole request's checks would give
+    them. A front door calls it before the request is validated: a prompt of hundreds of
+    thousands of ids would otherwise be type-checked, copied and scanned for its range on
+    the event loop only to be refused for its length. A model this gateway does not know
+    is left to the request's own checks (their errors come in their order)."""
+    if model is not None and type(model) is not str:
+        return
+    try:
+        entry = engine.catalog.get(model)
+    except ModelNotFoundError:
+        return
+    for length in lengths:
+        engine.check_prompt_length(entry, length)
+
+
+def refuse_long_body(engine: Engine, body: Any) -> None:
+    """``refuse_long_prompts`` on a completions body as parsed, before its validation: its
+    ``prompt`` when that is a list of ids or of id lists (by the first item's type: the
+    validation refuses a mixed list anyway)."""
+    if type(body) is not dict:
+        return
+    prompt = body.get("prompt")
+    if type(prompt) is not list or not prompt:
+        return
+    first = prompt[0]
+    if type(first) is int:
+        refuse_long_prompts(engine, body.get("model"), (len(prompt),))
+    elif type(first) is list:
+        refuse_long_prompts(engine, body.get("model"), [len(p) for p in prompt if type(p) is list])
 
 
 async def prompt_ids(engine: Engine, entry: ModelEntry, prompt: str | list[int]) -> tuple[list[int], str]:
@@ -298,4 +332,4 @@ async def _chunks(
         yield StreamChunk(head, [], stream_usage(sum_usage(gens)))
 
 
-__all__ = ["json_events", "new_id", "open", "text_template"]
+__all__ = ["json_events", "new_id", "open", "refuse_long_body", "refuse_long_prompts", "text_template"]

@@ -32,6 +32,7 @@ from gateway.pipeline.limits import (
     LimitsConfig,
     apply_sampling_limits,
     check_prompt,
+    check_prompt_tokens,
     check_response_bytes,
     check_token_ids,
 )
@@ -461,11 +462,7 @@ class Engine:
         it (the rules of SGLang's own server), and a prompt the workers' schedulers refuse
         (``max_input_tokens``: the context less the scheduler's reserve, or its KV pool)."""
         limit = entry.max_context_length
-        if limit and prompt_tokens >= limit:
-            raise ContextLengthExceededError(
-                f"the prompt has {prompt_tokens} tokens; this model's maximum context length is {limit} tokens",
-                param=param,
-            )
+        Engine._check_context_alone(limit, prompt_tokens, param=param)
         if limit and wanted and prompt_tokens + wanted >= limit:
             raise ContextLengthExceededError(
                 f"this model's maximum context length is {limit} tokens; the prompt has "
@@ -479,6 +476,24 @@ class Engine:
                 f"{inputs - 1} tokens (the context length or KV pool, less the room the server keeps)",
                 param=param,
             )
+
+    @staticmethod
+    def _check_context_alone(limit: int, prompt_tokens: int, *, param: str) -> None:
+        if limit and prompt_tokens >= limit:
+            raise ContextLengthExceededError(
+                f"the prompt has {prompt_tokens} tokens; this model's maximum context length is {limit} tokens",
+                param=param,
+            )
+
+    def check_prompt_length(self, entry: ModelEntry, prompt_tokens: int, *, param: str = "prompt") -> None:
+        """The prompt checks a token-id prompt's length alone decides, with the errors
+        :meth:`prepare` gives a prompt of that many valid ids: ``--max-prompt-tokens``, then
+        a prompt as long as the model's context or longer. A front door calls it before any
+        per-id work (the body's validation, copies, the vocabulary scan), so a prompt refused
+        for its length costs none of that. (The workers' own prompt limit is left to
+        ``check_context``: below the context its error depends on the tokens asked for.)"""
+        check_prompt_tokens(prompt_tokens, self.limits, param=param)
+        self._check_context_alone(entry.max_context_length, prompt_tokens, param=param)
 
     def route_request(self, prepared: PreparedRequest, pool: str = "regular") -> RouteRequest:
         return build_route_request(  # every RouteRequest field, in its order

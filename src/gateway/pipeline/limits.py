@@ -48,10 +48,15 @@ def check_batch(size: int, limits: LimitsConfig, *, param: str = "prompt") -> No
 
 
 def check_prompt(prompt_ids: Sequence[int], limits: LimitsConfig, *, param: str = "prompt") -> None:
+    check_prompt_tokens(len(prompt_ids), limits, param=param)
+
+
+def check_prompt_tokens(tokens: int, limits: LimitsConfig, *, param: str = "prompt") -> None:
+    """``--max-prompt-tokens`` against a prompt's length alone (``check_prompt`` without the ids)."""
     cap = limits.max_prompt_tokens
-    if cap > 0 and len(prompt_ids) > cap:
+    if cap > 0 and tokens > cap:
         raise InvalidRequestError(
-            f"the prompt has {len(prompt_ids)} tokens; this gateway accepts at most {cap}",
+            f"the prompt has {tokens} tokens; this gateway accepts at most {cap}",
             param=param, code="prompt_too_long",
         )
 

@@ -125,3 +125,11 @@ def test_messages_are_counted_before_any_is_converted() -> None:
     assert refused.value.status == 400 and refused.value.param == "messages"
     with pytest.raises(GatewayError, match="at most"):
         convert.tokenize_request(gpb.TokenizeRequest(model="m", messages=over.messages))
+
+
+def test_token_prompt_lengths_are_read_from_the_message() -> None:
+    assert convert.token_prompt_lengths(completion_request([5, 6, 7])) == [3]
+    assert convert.token_prompt_lengths(completion_request([[5], [6, 7]])) == [1, 2]
+    assert convert.token_prompt_lengths(completion_request("text")) == []
+    assert convert.token_prompt_lengths(completion_request(["a", "b"])) == []
+    assert convert.token_prompt_lengths(gpb.CompletionRequest()) == []

@@ -67,3 +67,32 @@ async def test_keys_and_errors_as_grpc_statuses() -> None:
             assert bad.value.code == grpc.StatusCode.INVALID_ARGUMENT and bad.value.param
             inspected = await client.inspect_prefix("hi")  # no admin key: any inference key may inspect
             assert inspected.chosen_worker == "w1:1"
+
+
+async def test_a_token_prompt_too_long_is_refused_from_its_length(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whole or streamed, a Completion of more ids than the context holds gets the HTTP door's
+    error, and its ids are never turned into Python objects (the message is not converted)."""
+    from gateway.server.grpc import convert
+
+    converted: list[bool] = []
+    convert_request = convert.completion_request
+
+    def counted(request: object, *, stream: bool) -> object:
+        converted.append(stream)
+        return convert_request(request, stream=stream)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(convert, "completion_request", counted)
+    async with grpc_gateway() as (state, server), GatewayClient(server.target) as client:
+        limit = state.catalog.get(None).max_context_length
+        with pytest.raises(GatewayRpcError) as whole:
+            await client.complete([7] * limit, max_tokens=1)
+        with pytest.raises(GatewayRpcError) as streamed:
+            [c async for c in client.stream_complete([[1], [7] * (limit + 1)], max_tokens=1)]
+        assert converted == []
+        for err, tokens in ((whole, limit), (streamed, limit + 1)):
+            assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT and err.value.error_code == "context_length_exceeded"
+            assert err.value.param == "prompt"
+            assert err.value.details == f"the prompt has {tokens} tokens; this model's maximum context length is {limit} tokens"
+        state.transports["grpc://w1:1"].script(complete([9707], finish="stop"))  # type: ignore[attr-defined]
+        fits = await client.complete([7] * 8, max_tokens=1)
+        assert fits.choices[0].text == "Hello" and converted == [False]

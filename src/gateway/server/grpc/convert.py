@@ -156,6 +156,17 @@ def _prompt(request: Message, field: str) -> Any:
     return [list(p.ids) for p in value.prompts]
 
 
+def token_prompt_lengths(request: Message, field: str = "prompt") -> list[int]:
+    """The lengths of a request's token-id prompts (none for text), read from the message
+    without turning its ids into Python objects."""
+    kind = request.WhichOneof(field)
+    if kind == "token_ids":
+        return [len(getattr(request, kind).ids)]
+    if kind == "token_id_batch":
+        return [len(p.ids) for p in getattr(request, kind).prompts]
+    return []
+
+
 def completion_request(request: gpb.CompletionRequest, *, stream: bool) -> dict[str, Any]:
     """A ``CompletionRequest`` message as the HTTP API's JSON body."""
     body: dict[str, Any] = _sampling(request)

@@ -139,6 +139,7 @@ class TokenGatewayService(ResponsesRpcs, ConversationsRpcs, gpb_grpc.TokenGatewa
     # ---------------------------------------------------------------- completion
     async def Completion(self, request: gpb.CompletionRequest, context: aio.ServicerContext) -> gpb.CompletionResponse:
         async def run(ctx: RequestContext) -> gpb.CompletionResponse:
+            completions_route.refuse_long_prompts(self.engine, request.model, convert.token_prompt_lengths(request))
             req = parse_model(CompletionRequest, convert.completion_request(request, stream=False))
             out = answer_of(await completions_route.open(self.engine, req, ctx))
             return convert.completion_response(out, list(dict.fromkeys(ctx.worker_ids)))
@@ -146,6 +147,7 @@ class TokenGatewayService(ResponsesRpcs, ConversationsRpcs, gpb_grpc.TokenGatewa
         return await self._unary(context, "Completion", run)
 
     async def _start_completion_stream(self, request: gpb.CompletionRequest, ctx: RequestContext) -> Events:
+        completions_route.refuse_long_prompts(self.engine, request.model, convert.token_prompt_lengths(request))
         req = parse_model(CompletionRequest, convert.completion_request(request, stream=True))
         return events_of(await completions_route.open(self.engine, req, ctx, typed=True))
 

@@ -90,6 +90,9 @@ class InferenceRoute:
     error_body: Callable[[GatewayError], Any] | None = None
     done: bytes = DONE
     method: Literal["POST", "GET"] = "POST"
+    # A check of the parsed body before its validation (``None``: none): what it refuses
+    # from sizes alone would be refused after per-item work on the event loop.
+    precheck: Callable[[Any], None] | None = None
     # Whether the body may hold a list long enough to be validated in steps (known once
     # here: the short request's path reads one slot).
     long: bool = field(init=False, default=False)
@@ -293,6 +296,8 @@ class _Request:
                     await self._take(1)
                     await forward(state.text_relay, route.path, body, model, ctx.request_id, self.send, door.headers_for(ctx))
                     return
+                if route.precheck is not None:
+                    route.precheck(data)
                 if route.long and needs_steps(route.model, data):
                     req = await parse_model_in_steps(route.model, data)
                 else:

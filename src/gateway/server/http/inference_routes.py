@@ -65,7 +65,8 @@ def inference_routes(state: GatewayState) -> tuple[InferenceRoute, ...]:
         InferenceRoute("/v1/chat/completions", ChatCompletionRequest, partial(chat_route.open, engine, frame=SSE_FRAME),
                        admit="batch", summary="Chat completion (OpenAI)"),  # one slot per sample (n)
         InferenceRoute("/v1/completions", CompletionRequest, partial(completions_route.open, engine, frame=SSE_FRAME),
-                       admit="batch", summary="Completion (OpenAI)"),
+                       admit="batch", summary="Completion (OpenAI)",
+                       precheck=partial(completions_route.refuse_long_body, engine)),
         InferenceRoute("/generate", GenerateRequest, partial(native_route.generate, engine),
                        admit="batch", summary="Generate (SGLang native)"),
         InferenceRoute("/v1/embeddings", EmbeddingRequest, embeddings, admit="batch", summary="Embeddings (OpenAI)"),
