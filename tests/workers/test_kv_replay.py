@@ -31,13 +31,15 @@ from tests.workers.test_vllm_kv_events import (
 class Responder:
     """A rank's replay socket: the batches it keeps, served from the asked number on."""
 
-    def __init__(self, address: str, *, answers: bool = True) -> None:
+    def __init__(self, address: str, *, answers: bool = True, topic: bytes | None = None) -> None:
+        """``topic``: answer as SGLang 0.5.23 does, the topic before each sequence number."""
         self.sock = zmq.asyncio.Context.instance().socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.bind(address)
         self.kept: list[tuple[int, bytes]] = []
         self.asked: list[int] = []
         self.answers = answers
+        self.topic = [] if topic is None else [topic]
         self._task = asyncio.create_task(self._serve())
 
     async def _serve(self) -> None:
@@ -49,8 +51,8 @@ class Responder:
                 continue
             for seq, payload in self.kept:
                 if seq >= first:
-                    await self.sock.send_multipart([peer, delimiter, seq.to_bytes(8, "big"), payload])
-            await self.sock.send_multipart([peer, delimiter, kv_replay.END, b""])
+                    await self.sock.send_multipart([peer, delimiter, *self.topic, seq.to_bytes(8, "big"), payload])
+            await self.sock.send_multipart([peer, delimiter, *[b"" for _ in self.topic], kv_replay.END, b""])
 
     async def close(self) -> None:
         self._task.cancel()
@@ -98,6 +100,17 @@ async def test_fetch_returns_the_asked_batches_in_order(responder: tuple[Respond
     assert await kv_replay.fetch(address, 1, 4) == [(3, b"batch 3"), (4, b"batch 4")]  # 1-2 no longer kept
     assert await kv_replay.fetch(address, 1, 20_000) == []  # wider than any buffer: not asked
     assert r.asked == [4, 1]
+
+
+async def test_fetch_reads_sglangs_answers_with_their_topic() -> None:
+    address = f"tcp://127.0.0.1:{_free_pair()}"
+    r = Responder(address, topic=b"kv")
+    r.kept = [(seq, f"batch {seq}".encode()) for seq in range(5)]
+    try:
+        assert await kv_replay.fetch(address, 2, 3) == [(2, b"batch 2"), (3, b"batch 3")]
+        assert await kv_replay.fetch(address, 3, 9) == [(3, b"batch 3"), (4, b"batch 4")]  # to the end mark
+    finally:
+        await r.close()
 
 
 async def test_fetch_gives_up_at_its_time_limit() -> None:

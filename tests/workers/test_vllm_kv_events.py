@@ -284,3 +284,127 @@ async def test_a_port_that_cannot_be_bound_stops_that_feed_only(dp_engine: Fleet
             assert zero.connected and not zero.stopped
         finally:
             await feeder.close()
+
+
+# --- SGLang's publisher: the same frames and batch -------------------------------------------
+
+
+class _Sg(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
+    """SGLang 0.5.23's event classes as it declares them: maps tagged by class name, a field
+    left at None omitted, a stored block with fields vLLM's lacks."""
+
+
+class _SgStored(_Sg, tag="BlockStored"):
+    block_hashes: list[int]
+    parent_block_hash: int | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None
+    medium: str | None = None
+    cache_salt: str | None = None
+    session_id: str | None = None
+    lora_name: str | None = None
+
+
+class _SgRemoved(_Sg, tag="BlockRemoved"):
+    block_hashes: list[int]
+    medium: str | None = None
+
+
+class _SgEvent(msgspec.Struct, array_like=True, gc=False, tag=True):
+    """Earlier releases' event classes (array-like, tagged by class name)."""
+
+
+class BlockStored(_SgEvent):
+    block_hashes: list[int]
+    parent_block_hash: int | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None
+    medium: str | None = None
+
+
+class _SgMetadata(msgspec.Struct, omit_defaults=True, gc=False):
+    cache_salt: str
+
+
+class _SaltedStored(BlockStored, tag="BlockStored", kw_only=True):
+    metadata: _SgMetadata
+
+
+class BlockRemoved(_SgEvent):
+    block_hashes: list[int]
+    medium: str | None = None
+
+
+class AllBlocksCleared(_SgEvent):
+    pass
+
+
+class _SgBatch(msgspec.Struct, array_like=True, gc=False):
+    ts: float
+    events: list[Any]
+    attn_dp_rank: int | None = None
+
+
+def _sglang(*events: msgspec.Struct, rank: int | None) -> bytes:
+    return msgspec.msgpack.encode(_SgBatch(2.5, list(events), rank))
+
+
+def test_sglang_0523s_batches_read_as_vllms() -> None:
+    payload = _sglang(
+        _SgStored([2**63 + 5, 12], None, [1, 2, 3, 4], 2, None, cache_salt="tenant-a", session_id="s1"),
+        _SgStored([99], 12, [7, 8], 2, None, medium="CPU_PINNED"),  # a host-memory copy: not the GPU cache
+        _SgRemoved([12], "GPU"),
+        rank=1,
+    )
+    events = msgspec.msgpack.decode(payload)[1]
+    assert events[0]["type"] == "BlockStored" and "medium" not in events[0] and events[0]["cache_salt"] == "tenant-a"
+    batch = read_frame(_frames(2, payload), 1)
+    assert batch.sequence_number == 3 and batch.dp_rank == 1
+    assert [e.WhichOneof("data") for e in batch.events] == ["stored", "removed"]
+    assert [b.block_hash for b in batch.events[0].stored.blocks] == [block_key(2**63 + 5), 12]
+    assert list(batch.events[1].removed.block_hashes) == [12]
+
+
+def test_earlier_releases_array_events_read_too() -> None:
+    payload = _sglang(
+        BlockStored([2**63 + 5, 12], None, [1, 2, 3, 4], 2, None, "GPU"),
+        _SaltedStored([13], 12, [5, 6], 2, None, "GPU", metadata=_SgMetadata("tenant-a")),
+        BlockStored([99], None, [7, 8], 2, None, "CPU_PINNED"),  # a host-memory copy: not the GPU cache
+        BlockRemoved([12], "GPU"),
+        AllBlocksCleared(),
+        rank=1,
+    )
+    assert msgspec.msgpack.decode(payload)[1][0][0] == "BlockStored"  # arrays led by the type's name
+    batch = read_frame(_frames(6, payload), 1)
+    assert batch.sequence_number == 7 and batch.dp_rank == 1
+    assert [e.WhichOneof("data") for e in batch.events] == ["stored", "stored", "removed", "cleared"]
+    assert [b.block_hash for b in batch.events[0].stored.blocks] == [block_key(2**63 + 5), 12]
+    assert batch.events[1].stored.parent_block_hash == 12 and list(batch.events[1].stored.blocks[0].token_ids) == [5, 6]
+    with pytest.raises(WrongRank):
+        read_frame(_frames(0, _sglang(AllBlocksCleared(), rank=0)), 1)
+    with pytest.raises(BadZmqSource, match=r"write tcp://\*:PORT"):
+        parse_endpoint("tcp://0.0.0.0:5557")  # SGLang binds it; the gateway cannot tell it from vLLM's connect
+
+
+async def test_an_sglang_engines_ranks_learn_from_their_own_publishers(dp_engine: Fleet) -> None:
+    """An engine with DP ranks (the fake worker answers as SGLang's scheduler service): without an entry
+    its ranks learn from routing; with one, each rank's publisher feeds its share."""
+    f, port = dp_engine, _free_pair()
+    assert "kv_events" in f.worker(f"{ENGINE}@1").describe()["lacks"]  # type: ignore[operator]
+    pubs = [Publisher(f"tcp://127.0.0.1:{port + r}", bind=True) for r in (0, 1)]  # SGLang binds tcp://*:PORT
+    feeder = KvEventFeeder(f.registry, f.router, zmq_sources=parse_sources([f"grpc://{ENGINE}=tcp://*:{port}"]))
+    feeder.start()
+    try:
+        for pub in pubs:
+            await pub.subscribed()
+        await pubs[1].send(0, _sglang(BlockStored([31, 32], None, [1, 2, 3, 4], 2, None), rank=1))
+        one = feeder.feeds[f"{ENGINE}@1"]
+        await _until(lambda: one.batches == 1)
+        assert _held(f, f"{ENGINE}@1", [1, 2, 3, 4]) == 4 and _held(f, f"{ENGINE}@0", [1, 2, 3, 4]) == 0
+        assert "kv_events" not in f.worker(f"{ENGINE}@1").describe()["lacks"]  # type: ignore[operator]
+    finally:
+        for pub in pubs:
+            pub.close()
+        await feeder.close()

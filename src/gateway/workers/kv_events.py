@@ -15,8 +15,8 @@ gateway makes fresh ones), the feed moves to the new policy's tree before its ne
 batch. Workers whose pool policy keeps no tree are not subscribed.
 
 An engine with data-parallel ranks has one stream per engine (rank 0's only, on SGLang and
-vLLM's servicer alike), so its ranks are not subscribed through it. A vLLM engine named in
-``--kv-events-zmq`` is read from its own publishers instead, one per rank
+vLLM's servicer alike), so its ranks are not subscribed through it. An engine named in
+``--kv-events-zmq`` (vLLM, SGLang) is read from its own publishers instead, one per rank
 (``workers.vllm_kv_events``), each rank's batches applied to that rank's share. There a
 batch from another rank is dropped and counted (``wrong_rank``; the rank's share kept:
 those events describe another cache), and a frame that is not a batch is counted
@@ -345,7 +345,7 @@ class KvEventFeeder:
             return
         feed.connects += 1
         feed.connected = True
-        log.info("kv events of %s: %s vLLM's publisher at %s", worker.id, "bound for" if sub.binds else "connected to", sub.address)
+        log.info("kv events of %s: %s the engine's publisher at %s", worker.id, "bound for" if sub.binds else "connected to", sub.address)
         shares = sub.binds  # where vLLM binds, every process connects and reads for itself
         try:
             async for frames in sub.frames():

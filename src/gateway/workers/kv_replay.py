@@ -1,11 +1,13 @@
-"""Missed batches asked again of a vLLM rank's replay socket, so that a short loss of its
-event stream does not cost the rank's share of the tree.
+"""Missed batches asked again of a rank's replay socket (vLLM, SGLang), so that a short loss
+of its event stream does not cost the rank's share of the tree.
 
-vLLM keeps its last ``buffer_steps`` batches per publisher and serves them on a ROUTER
+The engine keeps its last ``buffer_steps`` batches per publisher and serves them on a ROUTER
 socket it binds (``replay_endpoint`` in its ``--kv-events-config``). A request is an empty
 delimiter frame and the first wanted sequence number (8 bytes, big-endian); the answer is
-one message per kept batch from that number on, ``[b"", sequence, batch]``, then
-``[b"", END, b""]`` with END the 8 bytes of -1. A REQ socket takes one reply per request,
+one message per kept batch from that number on, then an end mark whose sequence is END,
+the 8 bytes of -1, and whose batch is empty. vLLM answers ``[b"", sequence, batch]``;
+SGLang (0.5.23) puts the topic first, ``[b"", topic, sequence, batch]``, as on its live
+socket; both are read. A REQ socket takes one reply per request,
 so the gateway asks through a DEALER socket of its own for each gap, and stops reading at
 the end mark, at the last batch it wants, or at its time limit. The gap's width is bounded
 too: a wider one than the publisher keeps by default is not asked for. The feeder applies
@@ -42,13 +44,13 @@ async def fetch(
         deadline = time.monotonic() + timeout_s
         while (left := deadline - time.monotonic()) > 0 and await sock.poll(left * 1000):
             frames = await sock.recv_multipart()
-            if len(frames) != 3 or frames[0] or len(frames[1]) != 8 or frames[1] == END:
-                break
-            seq = int.from_bytes(frames[1], "big")
+            if len(frames) not in (3, 4) or frames[0] or len(frames[-2]) != 8 or frames[-2] == END:
+                break  # the end mark, or not an answer
+            seq = int.from_bytes(frames[-2], "big")
             if seq > last:
                 break
             if seq >= first:
-                out.append((seq, frames[2]))
+                out.append((seq, frames[-1]))
             if seq == last:
                 break
     finally:

@@ -1,4 +1,4 @@
-"""A vLLM engine's KV-cache events read from its own ZMQ publishers, one per data-parallel rank.
+"""An engine's KV-cache events read from its own ZMQ publishers, one per data-parallel rank (vLLM, SGLang).
 
 vLLM's gRPC servicer relays the events of rank 0 only, and its OpenAI server relays none.
 A data-parallel vLLM (``--data-parallel-size N``) gives each rank's scheduler its own
@@ -20,9 +20,19 @@ vLLM's replay endpoint (``replay_endpoint``, given after a comma: ``ENDPOINT,REP
 socket vLLM always binds, rank N at its port + N: the gateway connects to it (a wildcard
 host means the worker's) to ask for missed batches (``workers.kv_replay``).
 
+SGLang's publisher (``--kv-events-config``, read in 0.5.23) speaks the same protocol, batch
+and events with the same rule (one publisher per attention-DP rank, or per DP replica
+without DP attention, at the port + that rank; ``*``, ``::`` and ipc bound), except that it
+also binds ``0.0.0.0``, which the gateway refuses (it would bind it for vLLM): write
+``tcp://*:PORT`` for an SGLang worker that listens. Its config's ``bind`` overrides the
+rule; the entry must then be written the way the rule reads it. Its gRPC
+``SubscribeKvEvents`` stream is rank 0's, so this is how an SGLang engine's other ranks are
+read.
+
 A frame is ``[topic, sequence (8 bytes, big-endian), msgpack batch]``. The batch is read
 with msgspec into the classes below (vLLM's field names; fields it adds later are
-ignored) and becomes the common ``KvEventBatch`` the feeder applies to the rank's share
+ignored, as are the fields SGLang adds to a stored block), its events as maps (vLLM 0.34,
+SGLang 0.5.23) or as arrays led by the type's name (earlier releases of both) and becomes the common ``KvEventBatch`` the feeder applies to the rank's share
 of the tree, numbered sequence + 1 so that 0 keeps meaning "nothing seen yet" there.
 Block hashes (ints of any width, or bytes) are reduced to the int64 the common batch
 carries. Events of another medium than the GPU (an offloading connector's CPU copies) are
@@ -144,7 +154,10 @@ def parse_endpoint(text: str) -> ZmqEndpoint:
     if address.is_unspecified:
         if vllm_binds:  # [::]: vLLM binds every interface, as with *
             return ZmqEndpoint("tcp", "*", int(port))
-        raise BadZmqSource(f"KV-event endpoint {text!r}: the gateway never binds every interface; name one address")
+        raise BadZmqSource(
+            f"KV-event endpoint {text!r}: the gateway never binds every interface; name one address (for a"
+            " worker that binds every interface, write tcp://*:PORT)"
+        )
     return ZmqEndpoint("tcp", address.compressed, int(port), vllm_binds=vllm_binds)
 
 
@@ -188,9 +201,35 @@ class _Cleared(msgspec.Struct, tag="AllBlocksCleared"):
     pass
 
 
+# The same events encoded as arrays, the type's name first (earlier releases of both engines). Trailing
+# elements these do not name (SGLang's request metadata on a salted block) are ignored.
+class _StoredArray(msgspec.Struct, array_like=True, tag="BlockStored"):
+    block_hashes: list[int | bytes]
+    parent_block_hash: int | bytes | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None = None
+    medium: str | None = None
+
+
+class _RemovedArray(msgspec.Struct, array_like=True, tag="BlockRemoved"):
+    block_hashes: list[int | bytes]
+    medium: str | None = None
+
+
+class _ClearedArray(msgspec.Struct, array_like=True, tag="AllBlocksCleared"):
+    pass
+
+
 class _Batch(msgspec.Struct, array_like=True):
     ts: float
     events: list[_Stored | _Removed | _Cleared]
+    data_parallel_rank: int | None = None  # SGLang's attn_dp_rank, in the same place
+
+
+class _ArrayEventsBatch(msgspec.Struct, array_like=True):
+    ts: float
+    events: list[_StoredArray | _RemovedArray | _ClearedArray]
     data_parallel_rank: int | None = None
 
 
@@ -200,15 +239,26 @@ class _MapBatch(msgspec.Struct):
     data_parallel_rank: int | None = None
 
 
-# vLLM 0.34 encodes a batch as an array ([ts, events, rank]); other releases as a map.
-_DECODERS = (msgspec.msgpack.Decoder(_Batch), msgspec.msgpack.Decoder(_MapBatch))
+# vLLM 0.34 and SGLang 0.5.23 encode a batch as an array ([ts, events, rank]) of map events;
+# other vLLM releases the batch as a map; earlier releases of both the batch and its events as arrays.
+_ARRAY = msgspec.msgpack.Decoder(_Batch)
+_MAP = msgspec.msgpack.Decoder(_MapBatch)
+_ARRAY_EVENTS = msgspec.msgpack.Decoder(_ArrayEventsBatch)
+_AnyBatch = _Batch | _MapBatch | _ArrayEventsBatch
+_STORED = (_Stored, _StoredArray)
+_REMOVED = (_Removed, _RemovedArray)
 
 
-def _decode(payload: bytes) -> _Batch | _MapBatch:
+def _decode(payload: bytes) -> _AnyBatch:
     try:
-        return _DECODERS[0].decode(payload)
-    except msgspec.DecodeError:
-        return _DECODERS[1].decode(payload)
+        return _ARRAY.decode(payload)
+    except msgspec.DecodeError as first:
+        for decoder in (_ARRAY_EVENTS, _MAP):
+            try:
+                return decoder.decode(payload)
+            except msgspec.DecodeError:
+                continue
+        raise first
 
 
 def block_key(value: int | bytes) -> int:
@@ -242,11 +292,11 @@ def read_frame(frames: list[bytes], rank: int) -> common_pb2.KvEventBatch:
         raise BadFrame(f"batch {sequence}: {exc}", sequence) from None
 
 
-def _common(batch: _Batch | _MapBatch, sequence: int, rank: int) -> common_pb2.KvEventBatch:
+def _common(batch: _AnyBatch, sequence: int, rank: int) -> common_pb2.KvEventBatch:
     """The batch's GPU events in the common shape (ValueError for ids or sizes it cannot hold)."""
     out = common_pb2.KvEventBatch(sequence_number=sequence + 1, timestamp=batch.ts, dp_rank=rank)
     for event in batch.events:
-        if isinstance(event, _Stored):
+        if isinstance(event, _STORED):
             if not _on_gpu(event.medium):
                 continue
             size = event.block_size
@@ -257,7 +307,7 @@ def _common(batch: _Batch | _MapBatch, sequence: int, rank: int) -> common_pb2.K
                 stored.parent_block_hash = block_key(event.parent_block_hash)
             for i, h in enumerate(event.block_hashes):
                 stored.blocks.add(block_hash=block_key(h), token_ids=event.token_ids[i * size : (i + 1) * size], block_size=size)
-        elif isinstance(event, _Removed):
+        elif isinstance(event, _REMOVED):
             if _on_gpu(event.medium):
                 out.events.add().removed.block_hashes.extend(block_key(h) for h in event.block_hashes)
         else:

@@ -370,8 +370,8 @@ class Worker:
     def _lacks(self) -> list[str]:
         """What the engine lacks, for this target: a rank's tree learns from routing only (an
         engine's KV-event stream is rank 0's), unless the engine's own per-rank publishers are
-        read (vLLM, ``--kv-events-zmq``), which also gives KV events to a transport without a
-        stream of them (vLLM's HTTP server)."""
+        read (vLLM, SGLang: ``--kv-events-zmq``), which also gives KV events to a transport without
+        a stream of them (vLLM's and SGLang's HTTP servers)."""
         lacks = set(self.client.lacks)
         if self.dp_rank is not None:
             lacks.add("kv_events")
