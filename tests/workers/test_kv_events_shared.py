@@ -168,3 +168,35 @@ async def test_the_process_that_binds_hands_every_ranks_events_to_the_other(nats
             pub.close()
         for g in running:
             await g.stop()
+
+
+async def test_only_an_address_in_use_makes_a_follower_and_only_a_follower_takes_relayed_batches() -> None:
+    """An address that is not this host's stops the feed even in a set (no process can bind
+    it); a feed that reads its endpoint itself ignores batches relayed for its worker."""
+    from gateway.proto import common_pb2
+
+    f = await _dp_fleet()
+    sent: list[tuple[str, int, bool]] = []
+    stray = KvEventFeeder(f.registry, f.router, zmq_sources=parse_sources([f"grpc://{ENGINE}=tcp://192.0.2.1:{_free_pair()}"]),
+                          bind_retry_s=0.05)
+    stray.share(lambda wid, batch, reset: sent.append((wid, batch.sequence_number, reset)))
+    stray.start()
+    try:
+        await _until(lambda: all(stray.feeds[w].stopped for w in RANKS))
+        assert not any(stray.feeds[w].follower for w in RANKS) and "ZMQError" in stray.feeds[RANKS[0]].last_error
+    finally:
+        await stray.close()
+    g = await _dp_fleet()
+    port = _free_pair()
+    own = KvEventFeeder(g.registry, g.router, zmq_sources=parse_sources([f"grpc://{ENGINE}=tcp://127.0.0.1:{port}"]))
+    own.share(lambda wid, batch, reset: sent.append((wid, batch.sequence_number, reset)))
+    own.start()
+    try:
+        await _until(lambda: all(own.feeds[w].connected for w in RANKS))
+        relayed = common_pb2.KvEventBatch(sequence_number=1)
+        relayed.events.add().stored.blocks.add(block_hash=5, token_ids=[1, 2], block_size=2)
+        own.relayed(RANKS[0], relayed, False)  # another process's batch for a rank this one reads itself
+        own.relayed("unknown:1@0", relayed, True)
+        assert own.feeds[RANKS[0]].relayed == 0 and _held(g, RANKS[0], [1, 2]) == 0 and sent == []
+    finally:
+        await own.close()
