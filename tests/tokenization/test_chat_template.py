@@ -425,3 +425,78 @@ def test_continue_final_message_cuts_where_transformers_cuts(qwen: Tokenizer) ->
                     template.render(messages, **options)
                 continue
             assert template.render(messages, **options) == expected, name
+
+
+# ------------------------------------------------------------ the common conversation's one pass
+
+from gateway.tokenization.chat_template import string_messages  # noqa: E402
+
+_KEYS = st.sampled_from(["role", "content", "name", "tool_call_id", "reasoning_content", "thinking", "reasoning", "x"])
+_VALUES = st.one_of(_TEXT, _TEXT, _TEXT, st.none(), st.integers(), st.lists(_TEXT, max_size=1), st.builds(_Str, _TEXT))
+
+
+@PROPERTY
+@given(messages=st.lists(st.dictionaries(_KEYS, _VALUES, max_size=4), max_size=4), split=st.booleans())
+def test_string_messages_is_the_general_path_or_none(qwen: Tokenizer, messages: list[dict[str, Any]], split: bool) -> None:
+    template = qwen.chat_template()
+    assert template._aliased == frozenset({"reasoning_content", "thinking", "reasoning"})
+    original = copy.deepcopy(messages)
+    found = string_messages(messages, template._aliased, split)
+    common = bool(messages) and all(
+        "role" in m and template._aliased.isdisjoint(m) and all(type(v) is str for v in m.values()) for m in messages
+    )
+    if not common:
+        assert found is None
+        return
+    assert found is not None
+    chat, contents, slots = found
+    general = template._alias(normalize_messages(messages, template.content_format))
+    assert chat == general and [list(m) for m in chat] == [list(m) for m in general]  # same keys, same order
+    assert all(c is not m for c, m in zip(chat, messages, strict=True))  # copies: the caller's are never changed
+    if split:
+        assert template.memo is not None
+        shape = template.memo.shape(general, ())
+        assert shape is not None
+        assert (contents, repr(slots)) == (shape[1], repr(shape[2]))
+    else:
+        assert (contents, slots) == ([], [])
+    assert messages == original
+
+
+_STRING_MESSAGE = st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "assistant", "system", "tool"]), "content": _TEXT},
+    optional={"name": _TEXT, "reasoning_content": _TEXT},
+)
+
+
+@PROPERTY
+@given(messages=st.lists(_STRING_MESSAGE, min_size=1, max_size=4), generation=st.booleans())
+def test_string_messages_render_as_the_wrapper_and_replay_alike(
+    qwen: Tokenizer, messages: list[dict[str, Any]], generation: bool
+) -> None:
+    for template in (qwen.chat_template(), ChatTemplate(_PARTS_TEMPLATE, {"bos_token": "<s>"})):
+        try:
+            expected = _wrapper_render(template, messages, add_generation_prompt=generation)
+        except Exception:
+            with pytest.raises(ChatTemplateError):
+                template.render(messages, add_generation_prompt=generation)
+            continue
+        for _ in range(3):  # seen, probed, replayed
+            assert template.render(messages, add_generation_prompt=generation) == expected
+
+
+def test_a_transformers_that_does_not_name_its_aliased_fields_takes_the_general_path(
+    qwen: Tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from types import SimpleNamespace
+
+    from transformers.utils import chat_template_utils
+
+    from gateway.tokenization import chat_template
+
+    unnamed = SimpleNamespace(**{k: getattr(chat_template_utils, k) for k in dir(chat_template_utils) if k != "_REASONING_FIELDS"})
+    monkeypatch.setattr(chat_template, "_load_renderer", lambda: unnamed)
+    template = ChatTemplate(qwen.chat_template().source)
+    assert template._aliased is None
+    chat = [{"role": "user", "content": "Hi", "reasoning": "r"}]
+    assert template.render(chat) == qwen.chat_template().render(chat)

@@ -210,6 +210,39 @@ def normalize_messages(
     return normalized
 
 
+def string_messages(
+    messages: Any, aliased: frozenset[str], split: bool
+) -> tuple[list[dict[str, Any]], list[str], list[dict[str, Any]]] | None:
+    """The common conversation in one pass: a list of messages that hold strings only (a
+    role, a content, maybe a name) and no field in ``aliased`` (the reasoning fields
+    transformers aliases), which ``normalize_messages`` would copy unchanged and the alias
+    would pass as they are. Returns their copies and, with ``split``, their string contents
+    in order and the copies with ``...`` where each content was (``RenderMemo.shape``'s
+    split); None for any other input, which takes the general path and its checks."""
+    if type(messages) is not list or not messages:
+        return None
+    chat: list[dict[str, Any]] = []
+    contents: list[str] = []
+    slots: list[dict[str, Any]] = []
+    for message in messages:
+        if type(message) is not dict or "role" not in message or not aliased.isdisjoint(message):
+            return None
+        for key, value in message.items():
+            if type(value) is not str or type(key) is not str:
+                return None
+        out = message.copy()
+        chat.append(out)
+        if split:
+            if "content" in out:
+                contents.append(out["content"])
+                slot = out.copy()
+                slot["content"] = ...
+                slots.append(slot)
+            else:
+                slots.append(out)
+    return chat, contents, slots
+
+
 class ChatTemplate:
     """One compiled chat template plus the special tokens it may reference."""
 
@@ -237,7 +270,14 @@ class ChatTemplate:
         self.arguments_as_text = arguments_as_text(source)
         self.content_null_aware = _CONTENT_IS_NONE.search(source) is not None
         # transformers 5.x aliases reasoning fields for templates; older ones did not.
-        self._alias = getattr(self._utils, "_alias_reasoning_fields", None) or (lambda chat: chat)
+        alias = getattr(self._utils, "_alias_reasoning_fields", None)
+        self._alias = alias or (lambda chat: chat)
+        # The fields it aliases: messages without any take ``string_messages``' one pass
+        # (None: this transformers does not name them, every message takes the general path).
+        fields = getattr(self._utils, "_REASONING_FIELDS", None) if alias is not None else ()
+        self._aliased: frozenset[str] | None = (
+            frozenset(fields) if isinstance(fields, tuple) and all(type(f) is str for f in fields) else None
+        )
         self._plain_specials = plain(self.special_tokens)
         # Renders replayed per conversation shape (``render_memo``); off: every render runs the template.
         self.memo: RenderMemo | None = RenderMemo(source, self._environment) if memo else None
@@ -297,21 +337,25 @@ class ChatTemplate:
             raise ChatTemplateError("tools must be a list of objects")
         if documents is not None and not all(isinstance(d, Mapping) for d in documents):
             raise ChatTemplateError("documents must be a list of objects")
-        conversation = normalize_messages(
-            messages,
-            self.content_format,
-            arguments_text=self.arguments_as_text,
-            content_null_aware=self.content_null_aware,
-        )
         memo, shape = self.memo, None
+        keep = memo is not None and not continue_final_message
+        common = string_messages(messages, self._aliased, keep) if self._aliased is not None else None
+        if common is None:
+            conversation = normalize_messages(
+                messages,
+                self.content_format,
+                arguments_text=self.arguments_as_text,
+                content_null_aware=self.content_null_aware,
+            )
         try:
-            chat = self._alias(conversation)
+            chat = self._alias(conversation) if common is None else common[0]
             plain_tools = plain([dict(t) for t in tools]) if tools is not None else None
             plain_documents = plain([dict(d) for d in documents]) if documents is not None else None
             template_kwargs = {**self._plain_specials, **plain(kwargs)} if kwargs else self._plain_specials
-            if memo is not None and not continue_final_message:
-                shape = memo.shape(chat, (plain_tools, plain_documents, add_generation_prompt,
-                                          None if template_kwargs is self._plain_specials else template_kwargs))
+            if keep and memo is not None:
+                extra = (plain_tools, plain_documents, add_generation_prompt,
+                         None if template_kwargs is self._plain_specials else template_kwargs)  # fmt: skip
+                shape = memo.shape(chat, extra) if common is None else memo.shape_of(common[1], common[2], extra)
         except Exception as exc:  # the inputs cannot be made plain: a client error, as a render's
             raise ChatTemplateError(f"chat template error: {exc}") from exc
         prepared = PreparedRender(

@@ -80,6 +80,14 @@ class RenderMemo:
                 message = message.copy()
                 message["content"] = ...
             slots.append(message)
+        return self.shape_of(contents, slots, extra)
+
+    def shape_of(self, contents: list[str], slots: list[dict[str, Any]], extra: tuple[Any, ...]) -> Shape | None:
+        """``shape`` from a chat already split: its string contents in order and its
+        messages with ``...`` where each was (a caller that copies the messages anyway
+        splits them in the same pass)."""
+        if self._probe is None:
+            return None
         try:
             key = repr((slots, extra))
         except ValueError:  # an integer too long to spell
