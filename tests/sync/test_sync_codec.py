@@ -159,7 +159,7 @@ def test_views_add_remote_load_and_the_cost_counts_remote_prefill_once() -> None
     v = view(w)  # type: ignore[arg-type]
     assert (v.in_flight, v.queued_prefill_tokens, v.remote_prefill_tokens, v.running_decode_tokens) == (3, 100, 30, 8)
     policy = CacheAwarePolicy(eviction_interval_s=0)
-    assert policy._queued_uncached(v) == 130
+    assert policy.queued_uncached(v) == 130
 
 
 def test_prefix_references_rebuild_the_same_prompt_and_unknown_ones_are_skipped() -> None:

@@ -542,7 +542,7 @@ class CacheAwarePolicy(BasePolicy):
         c = raw.get(worker.worker_id, 0)
         return c - c % max(1, worker.page_size)
 
-    def _queued_uncached(self, w: WorkerView) -> float:
+    def queued_uncached(self, w: WorkerView) -> float:
         """Q_w: the uncached part of the prefill queued on ``w`` (see the module docstring)."""
         q: float = w.queued_prefill_tokens
         if q:
@@ -653,7 +653,7 @@ class CacheAwarePolicy(BasePolicy):
                     "predicted_cached_tokens": c,
                     "raw_match_tokens": raw.get(wid, 0),
                     "uncached_tokens": prompt - c,
-                    "queued_uncached_estimate": round(self._queued_uncached(w), 1),
+                    "queued_uncached_estimate": round(self.queued_uncached(w), 1),
                     "cost": cost,
                 }
         if best is None:

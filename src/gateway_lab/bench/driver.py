@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from gateway.protocol.headers import WORKER_ID
+from gateway.protocol.headers import REQUEST_ID, WORKER_ID
 from gateway.settings import option
 from gateway_lab.bench.workloads import Message, RequestSpec, Workload, with_poisson_arrivals
 
@@ -143,13 +143,16 @@ def _delta_text(choice: Mapping[str, Any]) -> str:
 
 
 async def _stream_one(
-    client: httpx.AsyncClient, url: str, body: dict[str, Any], result: RequestResult, t0: float
+    client: httpx.AsyncClient, url: str, body: dict[str, Any], result: RequestResult, t0: float,
+    request_id: str | None = None,
 ) -> None:
     """Send one streaming request and fill ``result`` from its SSE chunks."""
     pieces: list[str] = []
     chunks = 0
     done = False
     headers = {"content-type": "application/json"}
+    if request_id:
+        headers[REQUEST_ID] = request_id
     async with client.stream("POST", url, content=orjson.dumps(body), headers=headers) as response:
         result.worker_id = response.headers.get(WORKER_HEADER)
         if response.status_code != 200:
@@ -198,12 +201,16 @@ async def run_workload(
     label: str = "",
     on_result: Callable[[RequestResult], None] | None = None,
     client: httpx.AsyncClient | None = None,
+    request_ids: Callable[[int], str] | None = None,
 ) -> RunResult:
     """Drive ``workload`` through the OpenAI endpoint at ``base_url`` and return every result.
 
     ``on_result`` is called as each request finishes (progress bars). Requests not sent
     when ``duration_s`` runs out are counted in ``RunResult.not_sent``; requests in
-    flight at that moment are cancelled and reported as errors.
+    flight at that moment are cancelled and reported as errors. ``request_ids``: request
+    ``index`` is sent with ``X-Request-Id: request_ids(index)`` (the gateway passes it to
+    the worker), so its decision and the worker's timeline can be joined to its result;
+    the run's start on ``time.perf_counter`` is ``RunResult.meta["t0"]``.
     """
     import httpx
 
@@ -237,7 +244,8 @@ async def run_workload(
                 try:
                     body = _body(spec, messages, model, config.temperature)
                     async with asyncio.timeout(config.request_timeout_s):
-                        await _stream_one(client, base_url + path, body, result, start)
+                        await _stream_one(client, base_url + path, body, result, start,
+                                          request_ids(index) if request_ids is not None else None)
                     result.ok = True
                 except asyncio.CancelledError:
                     result.error = "cancelled"
@@ -287,5 +295,5 @@ async def run_workload(
         results=results,
         wall_s=wall,
         planned=len(requests),
-        meta={"model": model, "concurrency": config.concurrency, "request_rate": config.request_rate},
+        meta={"model": model, "concurrency": config.concurrency, "request_rate": config.request_rate, "t0": t0},
     )

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import time
 from dataclasses import dataclass
@@ -78,6 +79,10 @@ class TraceBenchConfig:
     peers_python: str = option(".peers-venv/bin/python", "python of the peers' virtualenv")
     json_out: str = option("", "write every cell's figures as JSON to this file", flag="--json")
     markdown: str = option("", "write the table as Markdown to this file")
+    requests_out: str = option(
+        "", "in-process cells: append one JSON line per request to this file (its TTFT split into gateway, "
+        "wait and prefill, the decision and its reason, each worker's queue as the policy saw it and as it was)"
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -139,15 +144,21 @@ def ideals_line(fleet: str, shape: FleetShape, ideals: TraceIdeals) -> str:
 
 
 async def run_trace_cell(
-    workload: Any, policy: str, config: Any, tokenizer_dir: str, scratch: str, ideal: float
+    workload: Any, policy: str, config: Any, tokenizer_dir: str, scratch: str, ideal: float,
+    tracer: Any = None,
 ) -> tuple[Any, dict[str, Any]]:
-    """One cell as ``bench matrix`` runs it, plus the gateway's misses by cause at the end."""
+    """One cell as ``bench matrix`` runs it, plus the gateway's misses by cause at the end.
+    With ``tracer`` (a ``route_trace.RouteTracer``) every decision and worker timeline is
+    recorded, and joined per request into ``tracer.requests`` at the end."""
     from gateway.pipeline.offpath import run_pending
+    from gateway.pipeline.pd import pool_policy_config
+    from gateway.policies.factory import make_policy
     from gateway_lab.bench import launch
     from gateway_lab.bench.driver import DriverConfig, run_workload
     from gateway_lab.bench.inprocess import serve_in_process
     from gateway_lab.bench.matrix import Cell, sim_config, sim_figures
     from gateway_lab.bench.report import summarize
+    from gateway_lab.bench.route_trace import request_id
 
     workers = config.workers[0]
     driver = DriverConfig(
@@ -156,8 +167,15 @@ async def run_trace_cell(
     )  # fmt: skip
     misses: dict[str, Any] = {}
     async with launch.fleet("sim", workers, sim_config(config)) as fleet:
-        async with serve_in_process(launch.ours_config(fleet.urls, policy, tokenizer_dir, scratch)) as served:
-            run = await run_workload(served.url, workload, driver, label=policy)
+        gateway = launch.ours_config(fleet.urls, policy, tokenizer_dir, scratch)
+        maker = None
+        if tracer is not None:
+            tracer.attach(fleet.workers)
+            maker = tracer.policy_maker(lambda role: make_policy(pool_policy_config(gateway.policy, gateway.pd, role)))
+        async with serve_in_process(gateway, policy_maker=maker) as served:
+            async with tracer.watching() if tracer is not None else contextlib.nullcontext():
+                run = await run_workload(served.url, workload, driver, label=policy,
+                                         request_ids=request_id if tracer is not None else None)
             run_pending()
             for (_, pool), q in served.state.router.qualities().items():
                 if pool == "regular":
@@ -166,6 +184,8 @@ async def run_trace_cell(
     run.worker_counters = {str(s["url"]): s for s in stats}
     summary = summarize(run, ideal_hit_rate=ideal, worker_ids=[str(s["url"]) for s in stats])
     cell = Cell(workload.name, workers, policy, "ours", summary, sim_figures(stats, run.wall_s, summary.completion_tokens))
+    if tracer is not None:
+        tracer.requests = tracer.rows(run.results, run.meta["t0"])
     return cell, misses
 
 
@@ -211,6 +231,8 @@ async def run_peer_cell(
 async def run_trace_bench(
     bench: TraceBenchConfig, trace: TraceConfig, console: Any, tokenizer_dir: str
 ) -> tuple[list[tuple[str, Any, TraceIdeals]], list[str]]:
+    from gateway_lab.bench.route_trace import RouteTracer, write_rows
+    from gateway_lab.bench.route_trace import summary as route_summary
     from gateway_lab.bench.workloads import Vocab
 
     vocab = Vocab.from_tokenizer_dir(tokenizer_dir)
@@ -236,9 +258,17 @@ async def run_trace_bench(
             for policy in bench.policies:
                 start = time.monotonic()
                 try:
-                    cell, misses = await run_trace_cell(workload, policy, config, tokenizer_dir, scratch, ideals.unbounded)
+                    tracer = RouteTracer() if bench.requests_out else None
+                    cell, misses = await run_trace_cell(workload, policy, config, tokenizer_dir, scratch,
+                                                        ideals.unbounded, tracer)  # fmt: skip
                     cell.sim["miss_causes"] = misses
                     miss_lines.append(misses_line(fleet, policy, misses))
+                    if tracer is not None:
+                        write_rows(bench.requests_out, tracer.requests, fleet=fleet, policy=policy)
+                        stalls = tracer.watch.lines() if tracer.watch is not None else []
+                        for line in [*route_summary(tracer.requests), *("process stalls: " + x for x in stalls)]:
+                            miss_lines.append(f"{fleet} {policy}: {line}")
+                            console.print(miss_lines[-1])
                 except (RuntimeError, OSError, ValueError) as exc:
                     from gateway_lab.bench.matrix import Cell
 
@@ -268,6 +298,8 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("give at least one policy and one worker")
     if bench.peers and not Path(bench.peers_python).exists():
         raise SystemExit(f"{bench.peers_python} not found: run scripts/peers.sh first")
+    if bench.requests_out:
+        Path(bench.requests_out).write_bytes(b"")  # each run's rows go to a fresh file
     console = results.console(160)
     result = Result()
     try:

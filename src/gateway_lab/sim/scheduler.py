@@ -38,6 +38,7 @@ from gateway_lab.sim.config import SimConfig
 from gateway_lab.sim.counters import SimCounters
 from gateway_lab.sim.radix_cache import Node, RadixCache
 from gateway_lab.sim.sampler import TokenSource
+from gateway_lab.sim.timeline import Timeline
 
 FAULT = "fault"  # internal finish reason of the fail-after-tokens knob
 ZERO_COST_BURST_S = 0.002  # free steps run back to back for at most this long per loop turn
@@ -199,6 +200,7 @@ class Scheduler:
         self._throughput: deque[tuple[float, int]] = deque(maxlen=64)
         self.last_receive = 0.0
         self.last_step = time.monotonic()  # when the last step took effect
+        self.timeline: Timeline | None = None  # per-request times, when a bench attaches one
 
     # ---------------------------------------------------------------- queries
     @property
@@ -221,6 +223,11 @@ class Scheduler:
             total += seq.prompt_len - self.cache.peek_prefix_len(seq.prompt, seq.prompt_len - 1)
         self._uncached_memo = (key, total)
         return total
+
+    def queued_uncached_tokens(self) -> int:
+        """Uncached prompt tokens still to prefill: the waiting sequences' and the rest of
+        the ones mid-prefill (the work ahead of a request that arrives now)."""
+        return self.waiting_uncached_tokens() + sum(s.prompt_len - s.prefilled for s in self.prefilling)
 
     def prefill_pending_tokens(self) -> int:
         """Prompt tokens of admitted or queued sequences that have no output yet."""
@@ -255,6 +262,8 @@ class Scheduler:
         return not (cfg.step_base_s or cfg.prefill_token_s or cfg.decode_seq_s)
 
     def submit(self, seq: Sequence) -> None:
+        if self.timeline is not None and seq.index == 0:
+            self._note_arrival(seq, self.timeline)
         self.counters.samples += 1
         self.last_receive = time.time()
         if self.idle.is_set():
@@ -262,6 +271,17 @@ class Scheduler:
         self.waiting.append(seq)
         self.idle.clear()
         self._wake.set()
+
+    def _note_arrival(self, seq: Sequence, timeline: Timeline) -> None:
+        """What is ahead of ``seq`` as it arrives: the queue as it really is."""
+        try:
+            now = asyncio.get_running_loop().time()  # the clock the step loop's deadline is on
+        except RuntimeError:
+            now = self._deadline
+        timeline.received(
+            seq.rid, seq.prompt_len, self.num_waiting + self.num_running, self.queued_uncached_tokens(),
+            self._deadline - now,  # the step sleeping now ends then (past: none is)
+        )
 
     def abort(self, seq: Sequence, reason: str = "abort") -> bool:
         """End ``seq`` now, freeing its slots and locks; False if it had finished."""
@@ -398,6 +418,8 @@ class Scheduler:
         self.reserved += seq.max_new
         self.counters.prompt_tokens += seq.prompt_len
         self.counters.cached_tokens += seq.cached_tokens
+        if self.timeline is not None and seq.index == 0:
+            self.timeline.admitted(seq.rid, seq.cached)
         return True
 
     def _apply(
@@ -468,6 +490,8 @@ class Scheduler:
             seq.private -= covered
         seq.state = State.DECODE
         self.decoding.append(seq)
+        if self.timeline is not None and seq.index == 0:
+            self.timeline.prefilled(seq.rid)
         if seq.on_prefilled is not None:
             seq.on_prefilled(seq)
         if seq.max_new == 0:

@@ -25,6 +25,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 class FakeState:
     token_delay_s: float = 0.0
     bodies: list[dict[str, Any]] = field(default_factory=list)
+    request_ids: list[str | None] = field(default_factory=list)  # each request's X-Request-Id
     seen: dict[str, list[tuple[Any, ...]]] = field(default_factory=lambda: {"w0": [], "w1": []})
     in_flight: int = 0
     max_in_flight: int = 0
@@ -57,6 +58,7 @@ def make_app(state: FakeState) -> FastAPI:
     async def generate(request: Request, chat: bool) -> Response:
         body = orjson.loads(await request.body())
         state.bodies.append(body)
+        state.request_ids.append(request.headers.get("x-request-id"))
         units = _prompt_units(body)
         if any(u == "fail-http" for u in units):
             return JSONResponse({"error": {"message": "boom"}}, status_code=500)

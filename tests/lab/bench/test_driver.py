@@ -134,3 +134,16 @@ async def test_timed_arrivals_are_respected(vocab: Vocab) -> None:
     for r in run.results:
         assert r.start_s >= 0.05 * r.index - 1e-3
     assert sorted(r.start_s for r in poisson.results) == [r.start_s for r in poisson.results]
+
+
+async def test_request_ids_are_sent_and_the_start_is_kept(vocab: Vocab) -> None:
+    """A request's id is its index through ``request_ids`` (joined later with the gateway's
+    decision and the worker's timeline); without it no id is sent."""
+    state = FakeState()
+    before = time.perf_counter()
+    async with serve_fake(state) as url:
+        run = await run_workload(url, gsp(CFG, vocab), DriverConfig(concurrency=1), request_ids=lambda i: f"x-{i}")
+        plain = await run_workload(url, gsp(CFG, vocab), DriverConfig(concurrency=1, max_requests=2))
+    assert state.request_ids[:12] == [f"x-{i}" for i in range(12)]
+    assert state.request_ids[12:] == [None, None]
+    assert before <= run.meta["t0"] <= plain.meta["t0"] <= time.perf_counter()

@@ -56,6 +56,30 @@ def test_every_policy_runs_on_both_fleets_next_to_the_trace_ideals(tmp_path, cap
     assert "sim-alt" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # one cell: a fresh fleet and gateway
+def test_requests_out_joins_each_decision_with_its_worker_timeline(tmp_path, capsys) -> None:
+    trace = mooncake(tmp_path / "t.jsonl")
+    rows_path = tmp_path / "requests.jsonl"
+    rows_path.write_text("stale\n")  # a run starts a fresh file
+    args = _args("--trace", str(trace), "--policies", "cache_aware", "--fleets", "sim", "--workers", "2",
+                 "--time-scale-sim", "0", "--block-tokens", "16", "--time-scale", "0.01",
+                 "--requests-out", str(rows_path))
+    assert trace_bench.run(args) == 0
+    rows = [json.loads(line) for line in rows_path.read_text().splitlines()]
+    assert [r["index"] for r in rows] == list(range(12))
+    for r in rows:
+        assert r["fleet"] == "sim" and r["policy"] == "cache_aware" and r["ok"]
+        assert r["id"] == f"rt-{r['index']}" and r["chosen"] == r["worker"]
+        assert set(r["seen"]) == set(r["true"]) == {r["chosen"], *r["seen"]} and len(r["seen"]) == 2
+        assert r["reason"] in ("no_match", "cache_hit", "load_balanced", "cache_miss_balanced")
+        for phase in ("routed_ms", "to_worker_ms", "wait_ms", "prefill_ms", "back_ms"):
+            assert r[phase] >= 0, (phase, r)
+        assert r["routed_ms"] + r["to_worker_ms"] + r["wait_ms"] + r["prefill_ms"] + r["back_ms"] == pytest.approx(
+            r["ttft_ms"], abs=0.1)
+    assert sum(r["cached"] for r in rows) > 0  # the second turns hit
+    assert "sim cache_aware: 12 requests; slowest 1" in capsys.readouterr().out
+
+
 def test_a_missing_trace_is_refused(tmp_path) -> None:
     with pytest.raises(SystemExit, match="--trace"):
         trace_bench.run(_args("--trace", str(tmp_path / "nope.jsonl")))

@@ -59,6 +59,7 @@ from gateway.workers.watchdog import ProgressTracker
 from gateway_lab.bench import machine, results
 from gateway_lab.bench.launch import parse_variant, split_knobs
 from gateway_lab.bench.results import Result, Table
+from gateway_lab.bench.route_trace import summary as route_summary
 from gateway_lab.bench.workloads import OUTPUT_SPREADS, output_length
 
 VOCAB = 150_000
@@ -271,7 +272,8 @@ class Job:
     request: RouteRequest
     arrival: float = 0.0
     started: bool = False
-    remaining: int = 0
+    remaining: int = 0  # uncached prompt tokens no step has taken yet
+    taking: int = 0  # of its prompt, the tokens the step in progress prefills
     cached: int = 0
     worker: str = ""
     packed: bytes = b""  # its prompt as the policy packed it (prefill gate)
@@ -468,6 +470,12 @@ class SimWorker:
             max_running_requests=self.timing.max_running,
         )
 
+    def queue(self) -> list[int]:
+        """[requests waiting or running, uncached prompt tokens not prefilled yet, the step in
+        progress counted as not done]: the truth beside what a policy's view says (``--decisions``)."""
+        ahead = sum(j.remaining + j.taking if j.started else len(j.tokens) - self.peek(j) for j in self.waiting)
+        return [len(self.waiting) + len(self.running) + self.held, ahead]
+
     def publish(self) -> None:
         """A sync tick: every replica's load here as the others will see it until the next."""
         self.heard = [(o[0], o[2], o[3] - o[4] * self.step_no) for o in self.by_origin]
@@ -477,6 +485,8 @@ class SimWorker:
         budget = self.timing.chunk_tokens
         cap = self.timing.max_running
         slots = len(self.running) + sum(1 for j in self.waiting if j.started)
+        for job in self.waiting:
+            job.taking = 0
         prefill = 0
         self._in_step = []
         for job in self.waiting:
@@ -496,6 +506,7 @@ class SimWorker:
                         self.computing[h] = self.computing.get(h, 0) + 1
             take = min(job.remaining, budget)
             job.remaining -= take
+            job.taking = take
             budget -= take
             prefill += take
             if job.remaining == 0:
@@ -808,6 +819,15 @@ class PlacedPolicy(BasePolicy):
         return Decision(cands[(g * self.k + i % self.k) % len(cands)].worker_id, "placed", 0)
 
 
+def seen_queues(policy: Policy, views: Sequence[WorkerView]) -> dict[str, list[float]]:
+    """Per worker [in flight, queued prompt tokens, the policy's estimate of their uncached
+    part] as the policy was shown them (``route_trace.RouteTracer.record``'s ``seen``)."""
+    estimate = getattr(policy, "queued_uncached", None)
+    return {v.worker_id: [v.in_flight, v.queued_prefill_tokens,
+                          round(float(estimate(v) if estimate is not None else v.queued_prefill_tokens), 1)]
+            for v in views}
+
+
 def page_hashes(tokens: list[int], page: int) -> list[int]:
     out, h = [], 0
     for i in range(len(tokens) // page):
@@ -958,6 +978,8 @@ def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int,
                 "prompt": len(toks), "predicted": d.predicted_cached_tokens,
                 "held": {v.wid: v.peek(job) for v in workers},
                 "in_flight": {v.wid: len(v.waiting) + len(v.running) + v.held for v in workers},
+                # as ``route_trace`` records a gateway's decisions, so its summary reads both
+                "chosen": d.worker_id, "seen": seen_queues(pol, views), "true": {v.wid: v.queue() for v in workers},
             }
             decisions.append(record)
             records[job.rid] = record
@@ -1085,7 +1107,9 @@ def simulate(policy: Policy | None, wl: Workload, n_workers: int, capacity: int,
             cached_total += job.cached
             prompt_total += len(job.tokens)
             if job.rid in records:
-                records[job.rid]["cached"] = job.cached
+                records[job.rid].update(cached=job.cached, ttft_ms=round((now - job.arrival) * 1e3, 2),
+                                        wait_ms=round((job.admitted - job.sent) * 1e3, 2),
+                                        prefill_ms=round((now - job.admitted) * 1e3, 2))
         for job in done:
             finished += 1
             finished_tokens += job.output
@@ -1290,6 +1314,8 @@ def sim_rows(variants: list[tuple[str, dict[str, object], float]], wl: Workload,
                         f.write(orjson.dumps({"workload": wl.name, "policy": label, "gate": gate is not None, **record}))
                         f.write(b"\n")
                 print(f"[decisions] {label}{', gate on' if gate is not None else ''}: {decision_summary(log)}", flush=True)
+                for line in route_summary(log):  # the TTFT tail, as ``bench trace --requests-out`` reads a gateway's
+                    print(f"[decisions] {label}: {line}", flush=True)
             close_policy(used)
             predicted = f"{r.predicted_hit:.1%}" if r.predicted_hit else "-"
             held = f"{r.held} ({r.timed_out}), {r.hold_mean_ms:.0f} ms" if gate is not None else "off"
