@@ -1013,3 +1013,58 @@ def test_once_a_prefix_is_hot_a_cold_prompt_is_placed_by_load_as_without_the_rul
     _prime(on, hot=True)
     _prime(off, hot=True)
     assert on.select(cold, ws).worker_id == off.select(cold, ws).worker_id
+
+
+def test_replicas_that_hash_a_cold_prompt_put_its_group_on_one_worker_whatever_their_load_views() -> None:
+    """Two replicas see the same new prompt groups before either hears of the other's
+    decisions, each with its own request in flight (w0 on one, w1 on the other). Off, each
+    takes its own cheapest worker (the first in its rotating order) and half the groups start
+    on two; with the hash on, both
+    rank the workers within the slack by the prompt's hash and pick the same one, and the
+    groups still spread over the pool."""
+    ws = views(4)
+    a_view = with_load(ws, "w0", in_flight=1, queued_prefill_tokens=2_000)
+    b_view = with_load(ws, "w1", in_flight=1, queued_prefill_tokens=2_000)
+    groups = [tokens(2_000, 200 + g) + tokens(100, 300 + g) for g in range(24)]
+    off_a, off_b = policy(), policy()
+    assert sum(off_a.select(req(g), a_view).worker_id != off_b.select(req(g), b_view).worker_id for g in groups) == 12
+    agree = CostKnobs(cold_hash_slack=2.0)  # within two prompts' prefill: the whole pool here
+    on_a, on_b = policy(cost=agree), policy(cost=agree)
+    picks = []
+    for g in groups:
+        da, db = on_a.select(req(g), a_view), on_b.select(req(g), b_view)
+        assert (da.worker_id, da.reason) == (db.worker_id, "no_match")
+        picks.append(da.worker_id)
+    assert len(set(picks)) == 4  # the hash spreads groups, it does not pile them up
+    # the same question of a group with another tail hashes alike: its first tokens decide
+    assert on_a.select(req(groups[0][:2_000] + tokens(100, 999)), a_view).worker_id == picks[0]
+
+
+def test_the_cold_hash_stays_within_its_slack_and_leaves_warm_prompts_alone() -> None:
+    """A worker costing more than the slack above the cheapest is never the hash's pick; a
+    prompt one worker holds part of is not cold: its holder keeps it, as without the hash."""
+    ws = views(4)
+    busy = with_load(ws, "w0", in_flight=2, queued_prefill_tokens=4_000)
+    p = policy(cost=CostKnobs(cold_hash_slack=0.0))
+    picks = {p.select(req(tokens(2_100, 400 + i)), busy).worker_id for i in range(24)}
+    assert "w0" not in picks and len(picks) == 3
+    held = send(p, req(SYSTEM + tokens(100, 2)), ws).worker_id
+    d = p.select(req(SYSTEM + tokens(100, 3)), ws)
+    assert (d.worker_id, d.reason) == (held, "cache_hit")
+
+
+def test_the_evict_rule_decides_a_cold_prompt_where_it_applies_the_hash_elsewhere() -> None:
+    p = policy(cost=CostKnobs(cold_slack_tokens=0.0, cold_hash_slack=1e9))
+    _prime(p, hot=False)  # spread traffic: the evict rule's condition holds
+    ws = views(4, kv_capacity_tokens=2_000, max_running_requests=8)
+    p.on_workers_changed(ws)
+    for i, wid in enumerate(("w2", "w0", "w1", "w3")):
+        p.tree("").insert(tokens(2_000, 40 + i), wid)
+    assert p.select(req(tokens(1_000, 90)), ws).worker_id == "w2"  # the oldest content, as with the evict rule alone
+    hot = policy(cost=CostKnobs(cold_slack_tokens=0.0, cold_hash_slack=1e9))
+    _prime(hot, hot=True)  # one prefix is hot: the evict rule is off, the hash places cold prompts
+    twin = policy(cost=CostKnobs(cold_hash_slack=1e9))
+    _prime(twin, hot=True)
+    for i in range(8):
+        cold = req(tokens(1_000, 500 + i))
+        assert hot.select(cold, views(4)).worker_id == twin.select(cold, views(4)).worker_id

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 from gateway.policies.base import LoadSnapshot, RouteRequest
-from gateway.policies.cache_aware import CacheAwarePolicy
+from gateway.policies.cache_aware import CacheAwarePolicy, CostKnobs
 from gateway.policies.prefill_gate import DEFAULT_MIN_GAIN_TOKENS, PrefillGate, slot_free
 from gateway.sync.host_prefill import HostPrefill
 from gateway.sync.host_ring import HostRing
@@ -62,10 +62,10 @@ class Member:
     """One serving process's routing state, wired as ``server.state`` wires it: ``router``
     and ``registry`` are what an ``Applier`` (or a ``SyncBus``) applies the others' news to."""
 
-    def __init__(self, build: Build) -> None:
+    def __init__(self, build: Build, cost: CostKnobs | None = None) -> None:
         self.build = build
         self.workers = {w.id: w for w in (_worker(i, build) for i in range(WORKERS))}
-        self.policy = CacheAwarePolicy(eviction_interval_s=0)
+        self.policy = CacheAwarePolicy(eviction_interval_s=0, cost=cost)
         self.policy.on_workers_changed([w.view() for w in self.workers.values()])
         self.router = SimpleNamespace(policy=lambda model, role: self.policy)
         self.registry = SimpleNamespace(get=self.workers.get, all=lambda: list(self.workers.values()))
@@ -176,6 +176,7 @@ class Placement:
     spread: float  # prompt groups' mean count of workers
     reasons: Counter[str]  # the routing reasons, summed over the processes
     gate_checks: Counter[tuple[bool, bool, bool]]  # see ``Member.gate_checks``, summed
+    duplicates: int = 0  # requests admitted in the step that first prefilled their group on their worker
 
     @property
     def spills(self) -> int:
@@ -192,8 +193,11 @@ def gsp_burst(seed: int = 7) -> list[tuple[int, list[int]]]:
     return burst
 
 
-async def run_burst(members: Sequence[Member], exchange: Callable[[], Awaitable[None]] | None = None) -> Placement:
-    """Route one burst through ``members`` in turn; ``exchange`` every ``BUS_EVERY`` requests."""
+async def run_burst(
+    members: Sequence[Member], exchange: Callable[[], Awaitable[None]] | None = None, bus_every: int = BUS_EVERY
+) -> Placement:
+    """Route one burst through ``members`` in turn; ``exchange`` every ``bus_every`` requests
+    (the bus's lag, in requests routed meanwhile)."""
     build = members[0].build
     for m in members:
         m.others = [o for o in members if o is not m]
@@ -201,9 +205,10 @@ async def run_burst(members: Sequence[Member], exchange: Callable[[], Awaitable[
     fleet = {wid: _FleetWorker(build.capacity) for wid in ids}
     placed: dict[int, set[str]] = {}
     clock = 0
+    duplicates = 0
 
     def step() -> None:
-        nonlocal clock
+        nonlocal clock, duplicates
         clock += 1
         for wid, fw in fleet.items():
             for q in list(fw.running):
@@ -214,6 +219,8 @@ async def run_burst(members: Sequence[Member], exchange: Callable[[], Awaitable[
             budget, prefilled = STEP_PREFILL_TOKENS, set()
             while fw.waiting and len(fw.running) < MAX_RUNNING and budget > 0:
                 q = fw.waiting.pop(0)
+                if q.group not in fw.cache and q.group in prefilled:
+                    duplicates += 1  # an in-batch duplicate: its group's prefix is computed twice in this step
                 cached = SYSTEM if q.group in fw.cache and q.group not in prefilled else 0
                 budget -= q.prompt - cached
                 prefilled.add(q.group)
@@ -236,10 +243,10 @@ async def run_burst(members: Sequence[Member], exchange: Callable[[], Awaitable[
             for m in members:
                 for wid2, fw in fleet.items():
                     m.workers[wid2].polled, m.workers[wid2].polled_at = fw.snapshot(), 0.0
-        if (i + 1) % BUS_EVERY == 0 and exchange is not None:
+        if (i + 1) % bus_every == 0 and exchange is not None:
             await exchange()
     while any(fw.waiting or fw.running for fw in fleet.values()):
         step()
     reasons = sum((m.reasons for m in members), Counter[str]())
     checks = sum((m.gate_checks for m in members), Counter[tuple[bool, bool, bool]]())
-    return Placement(sum(len(s) for s in placed.values()) / GROUPS, reasons, checks)
+    return Placement(sum(len(s) for s in placed.values()) / GROUPS, reasons, checks, duplicates)

@@ -20,12 +20,13 @@ from typing import Any
 
 import pytest
 
+from gateway.policies.cache_aware import CostKnobs
 from gateway.proto import sync_pb2
 from gateway.sync.bus import SyncBus
 from gateway.sync.config import SyncConfig
 from gateway.sync.local_server import LocalNatsServer
 from gateway.sync.outbox import Outbox
-from tests.sync.burst_fleet import BUILDS, Build, Member, Placement, gsp_burst, run_burst
+from tests.sync.burst_fleet import BUILDS, BUS_EVERY, Build, Member, Placement, gsp_burst, run_burst
 
 QUIET = SyncConfig(sync_heartbeat_s=3600.0, sync_flush_interval_s=3600.0, sync_peer_timeout_s=3600.0)
 
@@ -46,8 +47,8 @@ async def nats() -> AsyncIterator[LocalNatsServer]:
         await server.stop()
 
 
-async def _one(build: Build) -> Placement:
-    member = Member(build)
+async def _one(build: Build, cost: CostKnobs | None = None) -> Placement:
+    member = Member(build, cost)
     member.tap(Outbox("solo", member.load, lambda wid: build.page))  # nothing is sent
     try:
         return await run_burst([member])
@@ -68,8 +69,10 @@ def _as_older(outbox: Outbox) -> None:
     outbox.take = older_take  # type: ignore[method-assign]
 
 
-async def _replicas(build: Build, url: str, *, older: bool = False) -> Placement:
-    members = [Member(build) for _ in range(2)]
+async def _replicas(
+    build: Build, url: str, *, older: bool = False, cost: CostKnobs | None = None, bus_every: int = BUS_EVERY
+) -> Placement:
+    members = [Member(build, cost) for _ in range(2)]
     buses = [SyncBus(QUIET, m.router, m.registry, url=url, origin=f"r{i}") for i, m in enumerate(members)]  # type: ignore[arg-type]
     for m, bus in zip(members, buses, strict=True):
         if older:
@@ -100,7 +103,7 @@ async def _replicas(build: Build, url: str, *, older: bool = False) -> Placement
                     bus.outbox.load_changed(next(iter(m.workers)))
                     await bus.flush()
                 await asyncio.sleep(0.05)
-        return await run_burst(members, exchange)
+        return await run_burst(members, exchange, bus_every)
     finally:
         for bus in buses:
             await bus.stop()
@@ -128,3 +131,29 @@ async def test_two_replicas_on_the_bus_place_a_burst_as_one_process_does(
     # prompts they shed groups for each other's queued requests: what this witness is for.
     assert sum(older.reasons.values()) == len(gsp_burst())
     assert older.spread > two.spread + 0.5, (two, older)
+
+
+AGREE = CostKnobs(cold_hash_slack=0.5)  # a cold prompt goes where it hashes, within half its prefill of the cheapest
+
+
+@pytest.mark.parametrize("build", sorted(BUILDS))
+async def test_replicas_hashing_cold_prompts_place_a_group_s_first_requests_on_one_worker(
+    build: str, nats: LocalNatsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Within the bus's lag both replicas find a new group cold; with ``cold_hash_slack`` they
+    rank the workers by the group's hash and mostly pick the same one, so the group starts on
+    fewer workers (at this witness's lag, as few as one process). The cold choices are the
+    same in number (the hash moves them, it adds none); a group's requests that now share
+    its first worker are prefilled together there more often (in-batch duplicates: the
+    prefill gate sees only its own replica's requests)."""
+    from gateway.workers import worker as worker_module
+
+    monkeypatch.setattr(worker_module, "time", SimpleNamespace(monotonic=lambda: 0.0))
+    one = await _one(BUILDS[build])
+    off = await _replicas(BUILDS[build], nats.url)
+    on = await _replicas(BUILDS[build], nats.url, cost=AGREE)
+    print(f"build {build}: one {one}; replicas {off}; replicas hashing cold prompts {on}")
+    assert on.reasons["no_match"] == off.reasons["no_match"] > one.reasons["no_match"]
+    assert on.spread <= min(off.spread - 0.05, one.spread), (one, off, on)
+    assert on.spills <= off.spills, (off, on)
+    assert one.duplicates > 0 and on.duplicates >= off.duplicates, (one, off, on)

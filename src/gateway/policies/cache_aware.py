@@ -61,6 +61,12 @@ taken, the cost decides. Under the same condition a cold prompt (every scored wo
 equally little of it) can be placed by what it would push out rather than by the rotating
 order (``cold_slack_tokens``, off by default; ``_coldest``): it trades hit rate between
 differently built fleets rather than gaining on both, so it is a knob to measure with.
+A cold prompt can instead go where its first tokens hash (``cold_hash_slack``;
+``_agreed``): among the workers whose cost is within that share of its own prefill above
+the cheapest, the one its rendezvous hash ranks first. Replicas on a bus hear each other's decisions late; two of
+them that see a new prompt group at once each found it cold and placed it by their own
+(different) load views, so the group began on two workers. The hash is computed from the
+prompt and the worker ids alone, so they agree wherever their cheapest sets overlap.
 Once one prefix carries more than ``1 + SLACK`` workers' worth, balance needs spills and replicas: it counts at ``prefill_weight`` (1.0),
 linearly in between; the full weight until 16 requests have shown how spread the
 traffic is (so a prefix that turns out hot is not piled up in the first moments of a
@@ -145,6 +151,8 @@ DEFAULT_LOADS_MAX_AGE_S = 5.0
 DEFAULT_SLOT_STEP_TOKENS = 0.0  # off: see docs/policies.md, "Slot wait"
 DEFAULT_STICK_QUEUE_TOKENS = 0.0  # off: see docs/policies.md, "A holder with room keeps the turn"
 DEFAULT_COLD_SLACK_TOKENS = -1.0  # off; see docs/policies.md, "A cold prompt evicts the oldest content"
+DEFAULT_COLD_HASH_SLACK = -1.0  # off; see docs/policies.md, "Replicas agree on a cold prompt"
+COLD_KEY_TOKENS = 64  # a cold prompt's hash covers what every worker holds of it plus this many tokens
 DEFAULT_HOT_PREFIX_MIN_TOKENS = 256
 DEFAULT_HOT_PREFIX_WINDOW = DEFAULT_WINDOW
 FILL_WINDOW = 256  # finished requests over which the decode fill (decoded / max_tokens) is measured
@@ -173,6 +181,7 @@ class CostKnobs:
     slot_step_tokens: float = DEFAULT_SLOT_STEP_TOKENS  # S_w: one decode step in prefill tokens (0: off)
     stick_queue_tokens: float = DEFAULT_STICK_QUEUE_TOKENS  # a holder with a free slot and less queued keeps it (0: off)
     cold_slack_tokens: float = DEFAULT_COLD_SLACK_TOKENS  # a cold prompt evicts the oldest content within this cost (<0: off)
+    cold_hash_slack: float = DEFAULT_COLD_HASH_SLACK  # a cold prompt goes where it hashes within this share of its prefill (<0: off)
 
     def __post_init__(self) -> None:
         if self.form not in COST_FORMS:
@@ -606,7 +615,8 @@ class CacheAwarePolicy(BasePolicy):
         holder: WorkerView | None = None  # the cheapest worker with the longest match
         hold_c, hold_cost, hold_q = 0, 0.0, 0.0
         shortest = prompt + 1  # the shortest match among the scored workers
-        pool: list[tuple[float, int, WorkerView]] | None = [] if cold >= 0 else None
+        agree = knobs.cold_hash_slack if additive and not slot_aware else -1.0
+        pool: list[tuple[float, int, WorkerView]] | None = [] if cold >= 0 or agree >= 0 else None
         for w in order:
             if not w.available:
                 continue
@@ -663,7 +673,10 @@ class CacheAwarePolicy(BasePolicy):
         ):
             best, best_cost, best_c = holder, hold_cost, hold_c
         elif pool and shortest == longest:
-            best_cost, best_c, best = self._coldest(request, pool, best_cost + cold, prompt - best_c)
+            if cold >= 0:
+                best_cost, best_c, best = self._coldest(request, pool, best_cost + cold, prompt - best_c)
+            else:
+                best_cost, best_c, best = self._agreed(request, pool, best_cost + agree * (prompt - best_c), longest)
         scores[best.worker_id] = best_cost
         if found == 0:
             reason = "no_match"
@@ -701,6 +714,28 @@ class CacheAwarePolicy(BasePolicy):
             if key < pick_key:
                 pick, pick_key = entry, key
         assert pick is not None  # the cheapest worker is always within the limit
+        return pick
+
+    def _agreed(
+        self, request: RouteRequest, pool: list[tuple[float, int, WorkerView]], limit: float, common: int
+    ) -> tuple[float, int, WorkerView]:
+        """A cold prompt (every scored worker holds ``common`` tokens of it) goes, among the
+        workers costing at most ``limit``, to the one its rendezvous hash ranks first: the
+        hash of the prompt's first ``common + COLD_KEY_TOKENS`` tokens seeds a hash of each
+        worker's id. Another replica that sees the same prompt group before it hears of this
+        decision computes the same ranking, whatever its load view, so both pick the same
+        worker whenever it is within the slack in both views."""
+        pb = self._packed(request)
+        end = min(len(pb) >> 2, common + COLD_KEY_TOKENS)
+        seed = xxhash.xxh3_64_intdigest(memoryview(pb)[: end << 2])
+        pick = pool[0]
+        top = -1
+        for entry in pool:
+            if entry[0] > limit:
+                continue
+            rank = xxhash.xxh3_64_intdigest(entry[2].worker_id.encode(), seed)
+            if rank > top:
+                pick, top = entry, rank
         return pick
 
     def _explain_candidates(self, request: RouteRequest, cands: list[WorkerView]) -> dict[str, Any]:

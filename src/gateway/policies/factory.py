@@ -23,6 +23,7 @@ from gateway.policies.baselines import (
 from gateway.policies.cache_aware import (
     COST_FORMS,
     DEFAULT_BUDGET_FRACTION,
+    DEFAULT_COLD_HASH_SLACK,
     DEFAULT_COLD_SLACK_TOKENS,
     DEFAULT_DECODE_WEIGHT,
     DEFAULT_EVICTION_INTERVAL_S,
@@ -142,6 +143,13 @@ class PolicyConfig:
         "the workers costing at most this many tokens more than the cheapest, to the one whose tree share has "
         "room for it, else whose least recently used content is oldest (negative = off: the rotating order)",
     )
+    cold_hash_slack: float = option(
+        DEFAULT_COLD_HASH_SLACK,
+        "cache_aware: a prompt every worker holds equally little of goes, among the workers costing at most this "
+        "share of its own prefill more than the cheapest, to the one a hash of its first tokens and the worker ids "
+        "ranks first, so replicas that see a new prompt group before they hear of each other's decisions pick the "
+        "same worker (negative = off: the rotating order; --cold-slack-tokens wins where it applies)",
+    )
     loads_max_age_s: float = option(
         DEFAULT_LOADS_MAX_AGE_S, "cache_aware: ignore polled worker loads older than this"
     )
@@ -199,6 +207,7 @@ def make_policy(config: PolicyConfig | None = None, **overrides: Any) -> Policy:
                 slot_step_tokens=cfg.slot_step_tokens,
                 stick_queue_tokens=cfg.stick_queue_tokens,
                 cold_slack_tokens=cfg.cold_slack_tokens,
+                cold_hash_slack=cfg.cold_hash_slack,
             ),
             use_polled_loads=cfg.use_polled_loads,
             closed_loop=cfg.closed_loop,

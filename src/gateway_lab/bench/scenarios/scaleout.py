@@ -15,6 +15,8 @@ each (a fresh fleet per setup), through
 * ``replicas-sync``: two ``serve`` processes on two ports joined by ``--sync-url``;
 * ``replicas-nosync``: the same two without sync.
 
+``--variant cache_aware:knob=value,...`` gives every gateway of every setup those policy knobs.
+
 For the replica pairs the client alternates requests between the two URLs (request i
 goes to replica i % 2; each replica gets half the concurrency). Reported: hit rate next
 to the ideal (an infinite shared cache), throughput, TTFT p50/p99, requests per worker,
@@ -110,21 +112,22 @@ def start(urls: Sequence[str], scratch: str, name: str, *extra: str) -> contextl
 
 
 @contextlib.asynccontextmanager
-async def gateways(setup: str, urls: Sequence[str], scratch: str) -> AsyncIterator[list[launch.Gateway]]:
-    """The setup's gateway process(es); their URLs are what the client drives."""
+async def gateways(setup: str, urls: Sequence[str], scratch: str, *knobs: str) -> AsyncIterator[list[launch.Gateway]]:
+    """The setup's gateway process(es); their URLs are what the client drives. ``knobs``:
+    more ``serve`` flags for every process (the policy variant's, ``--variant``)."""
     encoding = ["--sync-encoding", "tokens" if setup.endswith("-tokens") else "blocks"]
     async with contextlib.AsyncExitStack() as stack:
         if setup == "one":
-            yield [await stack.enter_async_context(start(urls, scratch, "gw-one"))]
+            yield [await stack.enter_async_context(start(urls, scratch, "gw-one", *knobs))]
         elif setup.startswith("processes-2"):
             parking = ["--process-parking", "auto"] if setup.endswith("-parked") else []
-            yield [await stack.enter_async_context(start(urls, scratch, "gw-p2", "--processes", "2", *encoding, *parking))]
+            yield [await stack.enter_async_context(start(urls, scratch, "gw-p2", "--processes", "2", *encoding, *parking, *knobs))]
         else:
-            extra: list[str] = []
+            extra: list[str] = [*knobs]
             if setup.startswith("replicas-sync"):
                 nats = await LocalNatsServer().start()
                 stack.push_async_callback(nats.stop)
-                extra = ["--sync-url", nats.url, *encoding]
+                extra += ["--sync-url", nats.url, *encoding]
             yield [await stack.enter_async_context(start(urls, scratch, f"gw-r{i}", *extra)) for i in range(2)]
 
 
@@ -237,6 +240,14 @@ def sync_budgets(texts: Sequence[str], requests: int) -> dict[str, Any]:
     }
 
 
+def variant_flags(variant: str) -> list[str]:
+    """``cache_aware[:knob=value,...]`` (``launch.parse_variant``) as ``serve`` flags."""
+    name, knobs = launch.parse_variant(variant)
+    if name != "cache_aware":
+        raise SystemExit(f"--variant {variant!r}: the routing section runs cache_aware (with knobs)")
+    return launch.knob_flags(knobs)
+
+
 async def routing_section(args: argparse.Namespace, report: dict[str, Any]) -> None:
     vocab = Vocab.from_tokenizer_dir()
     cfg = GspConfig(groups=args.groups, prompts_per_group=args.prompts_per_group, system_tokens=args.system_tokens,
@@ -247,7 +258,7 @@ async def routing_section(args: argparse.Namespace, report: dict[str, Any]) -> N
         page_size=args.page_size, kv_capacity_tokens=args.kv_capacity_tokens, max_running_requests=16,
         step_base_s=0.01, prefill_token_s=0.0001, decode_seq_s=0.001, time_scale=1.0, seed=0,
     )  # fmt: skip
-    rows: dict[str, Any] = {"setups": {}}
+    rows: dict[str, Any] = {"setups": {}, "variant": args.variant}
     report["routing"] = rows
     rows["workload"] = {"groups": cfg.groups, "prompts_per_group": cfg.prompts_per_group, "system_tokens": cfg.system_tokens,
                         "question_tokens": cfg.question_tokens, "output_tokens": cfg.output_tokens,
@@ -256,7 +267,7 @@ async def routing_section(args: argparse.Namespace, report: dict[str, Any]) -> N
     scratch = args.scratch
     for setup in args.setups:
         async with launch.fleet("process", args.workers, sim) as fleet:
-            async with gateways(setup, fleet.urls, scratch) as gws:
+            async with gateways(setup, fleet.urls, scratch, *variant_flags(args.variant)) as gws:
                 urls = [g.url for g in gws]
                 t0 = time.monotonic()
                 changes: list[tuple[float, list[int]]] = []
@@ -902,6 +913,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-capacity-tokens", type=int, default=40960)
     p.add_argument("--page-size", type=int, default=16)
     p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--variant", default="cache_aware",
+                   help="routing: every gateway's policy, cache_aware[:knob=value,...] as in bench matrix --policies")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cap-s", type=float, default=240.0, help="wall-time limit of one run, s")
     p.add_argument("--lag-window-s", type=float, default=0.05,

@@ -129,3 +129,24 @@ async def test_each_setup_starts_its_gateways_through_the_launcher(
     assert all(o["argv"][-len(flags):] == flags for o in started if flags)
     assert all("--sync-url" not in o["argv"] for o in started if not nats)
     assert bool(_Nats.made) == nats and not any(n.running for n in _Nats.made)
+
+
+@pytest.mark.parametrize("setup", ["one", "processes-2", "replicas-sync", "replicas-nosync"])
+async def test_a_policy_variant_reaches_every_gateway_of_a_setup(monkeypatch: pytest.MonkeyPatch, setup: str) -> None:
+    started: list[dict[str, Any]] = []
+
+    @contextlib.asynccontextmanager
+    async def gateway(kind: str, urls: list[str], policy: str, **options: Any) -> AsyncIterator[str]:
+        started.append(options)
+        yield f"http://gw{len(started)}"
+
+    monkeypatch.setattr(scenario.launch, "gateway", gateway)
+    monkeypatch.setattr(scenario, "LocalNatsServer", _Nats)
+    flags = scenario.variant_flags("cache_aware:cold_hash_slack=0.5")
+    assert flags == ["--cold-hash-slack", "0.5"]
+    async with scenario.gateways(setup, ["grpc://a:1"], "/scratch", *flags):
+        pass
+    assert started and all(o["argv"][o["argv"].index("--cold-hash-slack") + 1] == "0.5" for o in started)
+    assert scenario.variant_flags("cache_aware") == []
+    with pytest.raises(SystemExit, match="runs cache_aware"):
+        scenario.variant_flags("prefix_hash:load_factor=2")
