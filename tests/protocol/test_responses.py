@@ -83,3 +83,29 @@ def test_defaults_and_factories_are_the_models() -> None:
     built = shaped(ChatCompletionResponse, {"model": "m", "choices": []})
     assert built["object"] == "chat.completion" and built["id"].startswith("chatcmpl-")
     assert isinstance(built["created"], int)
+
+
+def test_the_chat_answers_shapes_are_made_at_import_and_other_models_on_first_use() -> None:
+    from gateway.protocol import responses
+    from gateway.protocol.responses import (
+        CompletionChoice,
+        CompletionTokensDetails,
+        PromptTokensDetails,
+    )
+
+    assert {Usage, PromptTokensDetails, CompletionTokensDetails, ChatCompletionMessage, ChatCompletionChoice,
+            ChatCompletionResponse} <= responses._SHAPERS.keys()
+    built = shaped(CompletionChoice, {"index": 1, "text": "t"})
+    assert CompletionChoice in responses._SHAPERS
+    _same(built, CompletionChoice(index=1, text="t").to_dict())
+
+
+@PROPERTY
+@given(values=st.dictionaries(st.sampled_from(["role", "content", "reasoning_content", "tool_calls", "other"]), _TEXT, max_size=4))
+def test_a_message_of_any_given_fields_is_the_models_dict(values: dict[str, Any]) -> None:
+    values.pop("tool_calls", None)
+    values.pop("other", None)
+    if "role" in values:
+        values["role"] = "assistant"  # the one value the model holds
+    model = ChatCompletionMessage(**values)
+    _same(shaped(ChatCompletionMessage, values), model.to_dict())

@@ -16,6 +16,7 @@ of OpenAI's schema would reject it.)
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any, ClassVar, Literal
 
 from pydantic import (
@@ -61,7 +62,7 @@ class ResponseModel(BaseModel):
 
 
 _UNSET: Any = object()
-_FIELD_DEFAULTS: dict[type[ResponseModel], tuple[tuple[str, Any, Any], ...]] = {}
+_SHAPERS: dict[type[ResponseModel], Callable[[dict[str, Any]], dict[str, Any]]] = {}
 
 
 def shaped(cls: type[ResponseModel], values: dict[str, Any]) -> dict[str, Any]:
@@ -72,28 +73,35 @@ def shaped(cls: type[ResponseModel], values: dict[str, Any]) -> dict[str, Any]:
     pydantic's validation and dump on the common unary answer, where they are a
     measurable part of every request's CPU. Values that need validation
     or conversion must go through the model (tests hold the two equal)."""
-    fields = _FIELD_DEFAULTS.get(cls)
-    if fields is None:
-        fields = _FIELD_DEFAULTS[cls] = tuple(
-            (name, _UNSET if f.is_required() else f.default, f.default_factory)
-            for name, f in cls.model_fields.items()
-        )
-    data: dict[str, Any] = {}
-    for name, default, factory in fields:
-        value = values.get(name, _UNSET)
-        if value is _UNSET:
-            if factory is not None:
-                value = factory()  # type: ignore[call-arg]
-            elif default is _UNSET:
-                raise TypeError(f"{cls.__name__}: {name} is required")
-            else:
-                value = default
-        if value is not None:
-            data[name] = value
-    for name in cls._keep_null:
-        if name not in data:
-            data[name] = None
-    return data
+    shaper = _SHAPERS.get(cls)
+    if shaper is None:
+        shaper = _SHAPERS[cls] = _shaper(cls)
+    return shaper(values)
+
+
+def _shaper(cls: type[ResponseModel]) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """``shaped``'s work for ``cls`` as one straight function made from the model's fields
+    (not a loop over them, with a tuple unpacked and tested per field, on every answer):
+    each field's value, default, factory or refusal in declaration order, then the
+    ``_keep_null`` names in the order the model's serializer adds them."""
+    scope: dict[str, Any] = {"UNSET": _UNSET}
+    lines = ["def shape(values):", "    get = values.get", "    data = {}"]
+    for i, (name, f) in enumerate(cls.model_fields.items()):
+        lines.append(f"    v = get({name!r}, UNSET)")
+        if f.default_factory is not None:
+            scope[f"factory_{i}"] = f.default_factory
+            lines.append(f"    if v is UNSET: v = factory_{i}()")
+        elif f.is_required():
+            lines.append(f"    if v is UNSET: raise TypeError({f'{cls.__name__}: {name} is required'!r})")
+        else:
+            scope[f"default_{i}"] = f.default
+            lines.append(f"    if v is UNSET: v = default_{i}")
+        lines.append(f"    if v is not None: data[{name!r}] = v")
+    lines += [f"    if {name!r} not in data: data[{name!r}] = None" for name in cls._keep_null]
+    lines.append("    return data")
+    exec(compile("\n".join(lines) + "\n", f"<shaper of {cls.__qualname__}>", "exec"), scope)  # the code: made here, of field names
+    shape: Callable[[dict[str, Any]], dict[str, Any]] = scope["shape"]
+    return shape
 
 
 # ---------------------------------------------------------------- usage
@@ -320,3 +328,10 @@ def openai_finish_reason(
     if worker_reason in ("length", "abort", "tool_calls", "content_filter"):
         return worker_reason  # type: ignore[return-value]
     return "stop"
+
+
+# Every unary chat answer's shapes, made at import (a compile each) rather than in a first request.
+for _cls in (
+    Usage, PromptTokensDetails, CompletionTokensDetails, ChatCompletionMessage, ChatCompletionChoice, ChatCompletionResponse,
+):
+    _SHAPERS[_cls] = _shaper(_cls)
