@@ -79,13 +79,13 @@ def refuse_long_prompts(engine: Engine, model: object, lengths: Iterable[int]) -
         engine.check_prompt_length(entry, length)
 
 
-def refuse_long_body(engine: Engine, body: Any) -> None:
-    """``refuse_long_prompts`` on a completions body as parsed, before its validation: its
-    ``prompt`` when that is a list of ids or of id lists (by the first item's type: the
-    validation refuses a mixed list anyway)."""
+def refuse_long_body(engine: Engine, body: Any, field: str = "prompt") -> None:
+    """``refuse_long_prompts`` on a body as parsed, before its validation: its ``field``
+    (``prompt``; ``/generate``: ``input_ids``) when that is a list of ids or of id lists (by
+    the first item's type: the validation refuses a mixed list anyway)."""
     if type(body) is not dict:
         return
-    prompt = body.get("prompt")
+    prompt = body.get(field)
     if type(prompt) is not list or not prompt:
         return
     first = prompt[0]

@@ -70,7 +70,7 @@ async def test_keys_and_errors_as_grpc_statuses() -> None:
 
 
 async def test_a_token_prompt_too_long_is_refused_from_its_length(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Whole or streamed, a Completion of more ids than the context holds gets the HTTP door's
+    """Whole or streamed (and a Generate), a Completion of more ids than the context holds gets the HTTP door's
     error, and its ids are never turned into Python objects (the message is not converted)."""
     from gateway.server.grpc import convert
 
@@ -82,14 +82,17 @@ async def test_a_token_prompt_too_long_is_refused_from_its_length(monkeypatch: p
         return convert_request(request, stream=stream)  # type: ignore[arg-type]
 
     monkeypatch.setattr(convert, "completion_request", counted)
+    monkeypatch.setattr(convert, "generate_request", lambda request: converted.append(True))
     async with grpc_gateway() as (state, server), GatewayClient(server.target) as client:
         limit = state.catalog.get(None).max_context_length
         with pytest.raises(GatewayRpcError) as whole:
             await client.complete([7] * limit, max_tokens=1)
         with pytest.raises(GatewayRpcError) as streamed:
             [c async for c in client.stream_complete([[1], [7] * (limit + 1)], max_tokens=1)]
+        with pytest.raises(GatewayRpcError) as generated:
+            [m async for m in client.generate([7] * (limit + 2), max_new_tokens=1)]
         assert converted == []
-        for err, tokens in ((whole, limit), (streamed, limit + 1)):
+        for err, tokens in ((whole, limit), (streamed, limit + 1), (generated, limit + 2)):
             assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT and err.value.error_code == "context_length_exceeded"
             assert err.value.param == "prompt"
             assert err.value.details == f"the prompt has {tokens} tokens; this model's maximum context length is {limit} tokens"

@@ -79,15 +79,16 @@ def test_only_inspection_needs_the_inspector_key(routes: dict[str, InferenceRout
     assert {p for p, r in routes.items() if r.auth == "inspector"} == {"/admin/inspect"}
 
 
-def test_only_completions_checks_its_body_before_validation(routes: dict[str, InferenceRoute]) -> None:
-    assert [path for path, route in routes.items() if route.precheck is not None] == ["/v1/completions"]
+def test_only_token_prompt_routes_check_their_body_before_validation(routes: dict[str, InferenceRoute]) -> None:
+    assert [path for path, route in routes.items() if route.precheck is not None] == ["/v1/completions", "/generate"]
 
 
 async def test_a_token_prompt_too_long_is_refused_before_its_ids_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
     """The refusal is the one the whole request's checks give (same status, shape, message),
-    and no per-id work runs for it: the validator's scan of the ids is never called."""
+    and no per-id work runs for it: the validators' scans of the ids are never called."""
     from gateway.endpoints import completions as completions_route
     from gateway.protocol import completions as protocol
+    from gateway.protocol import generate as generate_protocol
     from tests.server.http.gateway_app import gateway
 
     scans: list[int] = []
@@ -97,35 +98,41 @@ async def test_a_token_prompt_too_long_is_refused_before_its_ids_are_checked(mon
         scans.append(len(values))
         return scan(values)
 
-    monkeypatch.setattr(protocol, "are_token_ids", counted)
+    def spy() -> None:
+        monkeypatch.setattr(protocol, "are_token_ids", counted)
+        monkeypatch.setattr(generate_protocol, "are_token_ids", counted)
 
-    async def answers(*bodies: dict[str, object]) -> list[tuple[int, object]]:
+    async def answers(*calls: tuple[str, dict[str, object]]) -> list[tuple[int, object]]:
         async with gateway() as (state, client):
             await state.add_worker("grpc://w1:1")
             out = []
-            for body in bodies:
-                r = await client.post("/v1/completions", json=body)
+            for path, body in calls:
+                r = await client.post(path, json=body)
                 out.append((r.status_code, r.json()))
             return out
 
+    spy()
     limit = 131072  # the bundled Qwen3 files' context length (the fake worker reports none smaller)
     too_long = {"model": "fake-model", "prompt": [7] * limit, "max_tokens": 1}
     batch = {"prompt": [[1, 2], [7] * (limit + 5)], "max_tokens": 1}
-    early = await answers(too_long, batch)
+    generate = {"input_ids": [7] * (limit + 1), "sampling_params": {"max_new_tokens": 1}}
+    calls = [("/v1/completions", too_long), ("/v1/completions", batch), ("/generate", generate)]
+    early = await answers(*calls)
     assert scans == []
-    assert early[0] == (400, {"error": {
-        "message": f"the prompt has {limit} tokens; this model's maximum context length is {limit} tokens",
-        "type": "invalid_request_error", "param": "prompt", "code": "context_length_exceeded",
-    }})  # fmt: skip
-    assert early[1] == (400, {"error": {**early[0][1]["error"], "message": early[0][1]["error"]["message"].replace(  # type: ignore[index]
-        f"has {limit} tokens", f"has {limit + 5} tokens")}})  # fmt: skip
+    error = {"type": "invalid_request_error", "param": "prompt", "code": "context_length_exceeded"}
+    assert early == [
+        (400, {"error": {"message": f"the prompt has {n} tokens; this model's maximum context length is {limit} tokens", **error}})
+        for n in (limit, limit + 5, limit + 1)
+    ]
     # Without the check before validation: the same answers, after the scans of every prompt's ids.
-    monkeypatch.setattr(completions_route, "refuse_long_body", lambda engine, body: None)
-    assert await answers(too_long, batch) == early and scans == [limit, 2, 2, limit + 5]  # the batch: its outer list, then each prompt
+    monkeypatch.setattr(completions_route, "refuse_long_body", lambda engine, body, field="prompt": None)
+    assert await answers(*calls) == early
+    assert scans == [limit, 2, 2, limit + 5, limit + 1]  # the batch: its outer list, then each prompt
     monkeypatch.undo()
     # An unknown model and a bad id go the usual way (the check leaves them to validation).
     scans.clear()
-    monkeypatch.setattr(protocol, "are_token_ids", counted)
-    unknown, bad = await answers({**too_long, "model": "nope"}, {"prompt": [1, True], "max_tokens": 1})
+    spy()
+    unknown, bad = await answers(("/v1/completions", {**too_long, "model": "nope"}),
+                                 ("/v1/completions", {"prompt": [1, True], "max_tokens": 1}))  # fmt: skip
     assert unknown[0] == 404 and unknown[1]["error"]["code"] == "model_not_found"  # type: ignore[index]
     assert bad[0] == 400 and bad[1]["error"]["param"] == "prompt" and scans == [limit, 2]  # type: ignore[index]

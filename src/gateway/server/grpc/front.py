@@ -155,6 +155,7 @@ class TokenGatewayService(ResponsesRpcs, ConversationsRpcs, gpb_grpc.TokenGatewa
     async def _start_generate(self, request: gpb.GenerateRequest, ctx: RequestContext) -> Events:
         """The gateway API's Generate sends each sample's deltas (or one whole message per
         sample), not SGLang's cumulative results: its messages are framed here."""
+        completions_route.refuse_long_prompts(self.engine, request.model, (len(request.input_ids),))
         req = parse_model(GenerateRequest, convert.generate_request(request))
         gens = await native_route.start_generate(self.engine, req, ctx)
         return Events(_generate_messages(gens, stream=req.stream), gens)

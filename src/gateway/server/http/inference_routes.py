@@ -68,7 +68,8 @@ def inference_routes(state: GatewayState) -> tuple[InferenceRoute, ...]:
                        admit="batch", summary="Completion (OpenAI)",
                        precheck=partial(completions_route.refuse_long_body, engine)),
         InferenceRoute("/generate", GenerateRequest, partial(native_route.generate, engine),
-                       admit="batch", summary="Generate (SGLang native)"),
+                       admit="batch", summary="Generate (SGLang native)",
+                       precheck=partial(completions_route.refuse_long_body, engine, field="input_ids")),
         InferenceRoute("/v1/embeddings", EmbeddingRequest, embeddings, admit="batch", summary="Embeddings (OpenAI)"),
         # A tokenization costs CPU like a prompt: one admission slot.
         InferenceRoute("/v1/tokenize", TokenizeRequest, tokenize, admit=True, summary="Tokenize"),
