@@ -241,6 +241,7 @@ async def run_cell(
 ) -> Cell:
     """A fresh in-process fleet, a gateway (``gateway``) with ``policy``, one run of ``workload``."""
     from gateway_lab.bench.driver import DriverConfig, run_workload
+    from gateway_lab.bench.gc_quiet import quiet_collector
     from gateway_lab.bench.report import summarize
 
     driver = DriverConfig(
@@ -250,8 +251,9 @@ async def run_cell(
     )
     kind = "http" if config.worker_transport == "http" else "sim"
     async with launch.fleet(kind, workers // config.dp_size, sim_config(config)) as fleet:  # type: ignore[call-overload]
-        def drive(url: str, label: str) -> Any:
-            return run_workload(url, workload, driver, label=label, on_result=on_result)
+        async def drive(url: str, label: str) -> Any:
+            with quiet_collector():  # the fleet's and driver's process collects as a serving one (gc_quiet)
+                return await run_workload(url, workload, driver, label=label, on_result=on_result)
 
         run = await _drive(fleet, workload, policy, config, tokenizer_dir, scratch, gateway, drive)
         stats = fleet.stats()

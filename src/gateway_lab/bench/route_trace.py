@@ -285,7 +285,7 @@ def summary(rows: Sequence[dict[str, Any]], share: float = 0.01) -> list[str]:
                      f"true at decision {statistics.fmean(true):.0f}{arrived}; misjudged (a lighter worker existed, "
                      f"the estimate said otherwise) {sum(map(misjudged, tail))}")
         behind = [r for r in timed if ahead(r) >= BEHIND_TOKENS]
-        lines.append(f"  sent behind >= {BEHIND_TOKENS} uncached tokens (true, at decision): {len(behind)} of all "
+        lines.append(f"  behind >= {BEHIND_TOKENS} uncached tokens on its worker (see ahead): {len(behind)} of all "
                      f"({len(behind) / len(timed):.1%}), {sum(1 for r in tail if ahead(r) >= BEHIND_TOKENS)} of the tail; "
                      f"of those, reasons: " + ", ".join(f"{k} {v}" for k, v in _count(r.get("reason", "?") for r in behind)))
     return lines
@@ -295,7 +295,13 @@ BEHIND_TOKENS = 1024  # a request sent behind this much uncached prefill waits f
 
 
 def ahead(row: dict[str, Any]) -> int:
-    """Uncached prompt tokens truly queued on the chosen worker when the request was routed."""
+    """Uncached prompt tokens truly ahead of the request on its worker: what it met there on
+    arrival (a worker's timeline), else what was queued when it was routed (the pure
+    simulation, where a dispatch arrives at once; end to end, requests still on the wire
+    to the worker are not in its queue at the decision yet)."""
+    met = row.get("worker_queue")
+    if met is not None:
+        return int(met["uncached"])
     true, chosen = row.get("true") or {}, row.get("chosen")
     return int(true[chosen][1]) if chosen in true else 0
 

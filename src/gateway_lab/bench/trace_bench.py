@@ -155,6 +155,7 @@ async def run_trace_cell(
     from gateway.policies.factory import make_policy
     from gateway_lab.bench import launch
     from gateway_lab.bench.driver import DriverConfig, run_workload
+    from gateway_lab.bench.gc_quiet import quiet_collector
     from gateway_lab.bench.inprocess import serve_in_process
     from gateway_lab.bench.matrix import Cell, sim_config, sim_figures
     from gateway_lab.bench.report import summarize
@@ -173,9 +174,10 @@ async def run_trace_cell(
             tracer.attach(fleet.workers)
             maker = tracer.policy_maker(lambda role: make_policy(pool_policy_config(gateway.policy, gateway.pd, role)))
         async with serve_in_process(gateway, policy_maker=maker) as served:
-            async with tracer.watching() if tracer is not None else contextlib.nullcontext():
-                run = await run_workload(served.url, workload, driver, label=policy,
-                                         request_ids=request_id if tracer is not None else None)
+            with quiet_collector():  # as a serving process collects (see gc_quiet)
+                async with tracer.watching() if tracer is not None else contextlib.nullcontext():
+                    run = await run_workload(served.url, workload, driver, label=policy,
+                                             request_ids=request_id if tracer is not None else None)
             run_pending()
             for (_, pool), q in served.state.router.qualities().items():
                 if pool == "regular":

@@ -130,7 +130,7 @@ def test_summary_names_the_tail_and_what_its_workers_had_queued() -> None:
     assert "ttft 190.0 / 13.6" in lines[1] and "wait 95.0 / 6.8" in lines[1]
     assert lines[2] in ("  tail reasons: cache_hit 1, load_balanced 1", "  tail reasons: load_balanced 1, cache_hit 1")
     assert "estimated 250, true at decision 3000" in lines[3] and "otherwise) 2" in lines[3]
-    assert f">= {BEHIND_TOKENS} uncached tokens" in lines[4] and "2 of all (2.0%), 2 of the tail" in lines[4]
+    assert f">= {BEHIND_TOKENS} uncached tokens on its worker" in lines[4] and "2 of all (2.0%), 2 of the tail" in lines[4]
     assert summary([]) == ["no timed requests"]
 
 
@@ -140,6 +140,8 @@ def test_misjudged_and_ahead() -> None:
     assert not misjudged(row(1.0, "cache_hit", 0.0, 0, 0, 0.0))  # nothing ahead anywhere
     assert not misjudged({"ttft_ms": 1.0})
     assert ahead(row(1.0, "x", 0.0, 1234, 0, 0.0)) == 1234 and ahead({}) == 0
+    # what the request met on arrival, when its worker kept a timeline, is the truth that counts
+    assert ahead({**row(1.0, "x", 0.0, 1234, 0, 0.0), "worker_queue": {"uncached": 77}}) == 77
 
 
 def test_rows_are_appended_as_json_lines(tmp_path) -> None:
