@@ -48,7 +48,7 @@ from gateway.workers.health import HealthMonitor
 from gateway.workers.kv_events import KvEventFeeder
 from gateway.workers.load_monitor import LoadMonitor
 from gateway.workers.registry import WorkerRegistry, grpc_connect_with
-from gateway.workers.vllm_kv_events import parse_sources
+from gateway.workers.vllm_kv_events import parse_sources, wants_discovery
 from gateway.workers.watchdog import ProgressTracker, Watchdog
 from gateway.workers.worker import Worker
 
@@ -165,7 +165,8 @@ class GatewayState:
             config.load_monitor,
         )
         self.kv_events = (
-            KvEventFeeder(self.registry, self.router, zmq_sources=parse_sources(server.kv_events_zmq))
+            KvEventFeeder(self.registry, self.router, zmq_sources=parse_sources(server.kv_events_zmq),
+                          discover=wants_discovery(server.kv_events_zmq))
             if server.kv_events else None
         )
         self.sync: SyncBus | None = None  # the routing view shared with other processes (gateway.sync)

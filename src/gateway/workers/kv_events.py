@@ -26,6 +26,12 @@ vLLM's replay endpoint too, a gap is first asked of it (``workers.kv_replay``): 
 batches applied in order keep the share, and only a replay that does not close the gap
 (too wide, no longer kept, too slow) falls back to the reset.
 
+With ``discover`` (``--kv-events-zmq auto``), a worker not named by an entry is read from
+the publisher it reports in its server info (``workers.kv_event_discovery``) from the
+moment it joins, and no longer once it leaves; a publisher the gateway cannot use is
+logged and shown in ``GET /workers`` (``kv_events_problem``), and the worker keeps the feed
+it would have had without one. An explicit entry wins over what the worker reports.
+
 Where the gateway binds the rank's endpoint (vLLM connects out), only one process of a
 ``serve --processes N`` set can: the set shares (``share``) so that the one whose bind
 succeeds hands every batch, as it applied it, to the others over the sync bus, and a
@@ -51,6 +57,7 @@ from gateway.policies.cache_aware import CacheAwarePolicy
 from gateway.policies.kv_blocks import DEFAULT_MAX_BLOCKS, WorkerBlocks
 from gateway.proto import common_pb2
 from gateway.workers import kv_replay
+from gateway.workers.kv_event_discovery import discover
 from gateway.workers.registry import WorkerRegistry
 from gateway.workers.transport import CallCode, WorkerCallError
 from gateway.workers.vllm_kv_events import (
@@ -103,6 +110,7 @@ class FeedState:
     replays: int = 0  # gaps asked of the replay socket
     replays_filled: int = 0  # ... closed by what it gave back (no reset)
     replayed: int = 0  # batches applied from replays
+    endpoint_from: str = ""  # a ZMQ feed's endpoint: "--kv-events-zmq" (an entry) or "server_info" (the worker's report)
 
     def describe(self) -> dict[str, Any]:
         st = self.blocks.stats
@@ -124,6 +132,7 @@ class FeedState:
             "replays": self.replays,
             "replays_filled": self.replays_filled,
             "replayed": self.replayed,
+            "endpoint_from": self.endpoint_from or None,
             "blocks": len(self.blocks),
             "stored_blocks": st.stored_blocks,
             "removed_blocks": st.removed_blocks,
@@ -184,11 +193,12 @@ class KvEventFeeder:
     def __init__(
         self, registry: WorkerRegistry, router: PolicySource, *, retry_s: float = RETRY_S, retry_max_s: float = RETRY_MAX_S,
         zmq_sources: Mapping[str, ZmqEndpoint] | None = None, bind_retry_s: float = BIND_RETRY_S,
-        replay_timeout_s: float = kv_replay.TIMEOUT_S,
+        replay_timeout_s: float = kv_replay.TIMEOUT_S, discover: bool = False,
     ) -> None:
         self.registry = registry
         self.router = router
         self.zmq_sources = dict(zmq_sources or {})  # engine id -> its publishers' endpoint (vLLM)
+        self.discover = discover  # read a worker's publisher from its server info when no entry names it
         self.retry_s = retry_s
         self.retry_max_s = retry_max_s
         self.bind_retry_s = bind_retry_s
@@ -257,7 +267,7 @@ class KvEventFeeder:
     def _start(self, worker: Worker) -> None:
         if not self._started or worker.id in self._tasks:
             return
-        zmq_source = self.zmq_sources.get(worker.engine_id)
+        zmq_source, endpoint_from = self._zmq_source(worker)
         if worker.dp_rank is not None and zmq_source is None:
             # One stream per engine, and under DP attention SGLang's covers rank 0 only: a
             # rank's share of the tree learns from routing alone (GET /workers says so).
@@ -282,12 +292,29 @@ class KvEventFeeder:
                     feed.replay_source = zmq_source.replay.for_rank(sub.rank, worker.client.address.host)
             except BadZmqSource as exc:
                 feed.stopped, feed.last_error = True, str(exc)
+                if endpoint_from == "server_info":
+                    worker.kv_events_problem = f"the publisher it reports is not used: {exc}"
                 log.error("kv events of %s: %s", worker.id, exc)
                 return
-            feed.source = sub.address
+            feed.source, feed.endpoint_from = sub.address, endpoint_from
             run = self._run_zmq(worker, feed, sub)
         worker.kv_events_source = feed.source
         self._tasks[worker.id] = asyncio.create_task(run, name=f"kv-events-{worker.id}")
+
+    def _zmq_source(self, worker: Worker) -> tuple[ZmqEndpoint | None, str]:
+        """The worker's publisher and where it was named: an entry, or (with ``discover``) the
+        worker's own report; a report the gateway cannot use is the worker's problem to show."""
+        explicit = self.zmq_sources.get(worker.engine_id)
+        if explicit is not None or not self.discover:
+            return explicit, "--kv-events-zmq" if explicit is not None else ""
+        try:
+            # SGLang binds a 0.0.0.0 endpoint; vLLM connects to it.
+            found = discover(worker.info.kv_events_config, binds_unspecified=not worker.client.kind.startswith("vllm/"))
+        except BadZmqSource as exc:
+            worker.kv_events_problem = f"the publisher it reports is not used: {exc}"
+            log.warning("kv events of %s: %s", worker.id, worker.kv_events_problem)
+            return None, ""
+        return found, "server_info" if found is not None else ""
 
     def _follow_policy(self, worker: Worker, feed: FeedState) -> None:
         """Move the feed to the pool's live tree: a flush through the gateway replaces the

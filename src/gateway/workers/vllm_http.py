@@ -98,6 +98,7 @@ class VllmHttpClient(HttpWorkerClient):
     def __init__(self, url: str, **kwargs: Any) -> None:
         super().__init__(url, **kwargs)
         self._dialect: VllmDialect = VllmDialect("")
+        self._asks_server_info = True  # vLLM's development-mode /server_info (its KV-event config)
 
     def generate(self, request: pb.GenerateRequest, *, timeout: float | None = None) -> HttpGenerateCall:
         headers = self._headers(request.request_id)
@@ -191,9 +192,32 @@ class VllmHttpClient(HttpWorkerClient):
                 if blocks and size and blocks.isdigit() and size.isdigit():
                     capacity = int(blocks) * int(size)
                     args["page_size"] = int(size)
+        kv_events = await self._kv_events_config(timeout)
+        if kv_events is not None:
+            args["kv_events_config"] = kv_events
         reply = pb.GetServerInfoResponse(server_type="vllm-http", max_total_num_tokens=capacity)
         reply.server_args.update(args)
         return reply
+
+    async def _kv_events_config(self, timeout: float) -> dict[str, Any] | None:
+        """vLLM's ``kv_events_config`` from ``/server_info?config_format=json``, which vLLM serves
+        only in its development mode (``VLLM_SERVER_DEV_MODE=1``); without it the route is
+        missing, asked once and not again, and the publisher must be named by the operator."""
+        if not self._asks_server_info:
+            return None
+        try:
+            status, content = await self._call("GET", "/server_info?config_format=json", timeout)
+        except WorkerCallError:
+            return None
+        if status in (404, 405):
+            self._asks_server_info = False
+            return None
+        try:
+            config = orjson.loads(content).get("vllm_config") if status == 200 else None
+        except (orjson.JSONDecodeError, AttributeError):
+            return None
+        found = config.get("kv_events_config") if isinstance(config, dict) else None
+        return found if isinstance(found, dict) else None
 
     async def loads(self, *, timeout: float = 2.0, include: Sequence[str] = ("core",)) -> pb.GetLoadsResponse:
         """Running and waiting requests per data-parallel engine from the Prometheus text of ``/metrics``."""

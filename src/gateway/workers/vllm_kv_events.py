@@ -161,11 +161,24 @@ def parse_endpoint(text: str) -> ZmqEndpoint:
     return ZmqEndpoint("tcp", address.compressed, int(port), vllm_binds=vllm_binds)
 
 
+AUTO = "auto"
+"""The ``--kv-events-zmq`` item that reads each worker's publisher from what it reports
+(``workers.kv_event_discovery``) where no entry names one."""
+
+
+def wants_discovery(items: Iterable[str]) -> bool:
+    """Whether ``--kv-events-zmq`` has the ``auto`` item."""
+    return any(item.strip() == AUTO for item in items)
+
+
 def parse_sources(items: Iterable[str]) -> dict[str, ZmqEndpoint]:
     """``["grpc://h:1=tcp://*:5557", "grpc://h:2=tcp://*:5557,tcp://*:5558", ...]`` -> {engine id
-    ``h:1``: endpoint}; a second endpoint after a comma is the replay endpoint."""
+    ``h:1``: endpoint}; a second endpoint after a comma is the replay endpoint. The ``auto``
+    item is not an entry (``wants_discovery``)."""
     out: dict[str, ZmqEndpoint] = {}
     for item in items:
+        if item.strip() == AUTO:
+            continue
         url, sep, endpoint = item.partition("=")
         if not sep:
             raise BadZmqSource(f"--kv-events-zmq takes WORKER_URL=ENDPOINT, got {item!r}")
@@ -353,6 +366,7 @@ class RankSubscriber:
 
 
 __all__ = [
+    "AUTO",
     "BadFrame",
     "BadZmqSource",
     "RankSubscriber",
@@ -364,4 +378,5 @@ __all__ = [
     "parse_replay",
     "parse_sources",
     "read_frame",
+    "wants_discovery",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 
@@ -84,6 +85,7 @@ class WorkerInfo:
     default_sampling_json: str = ""  # GetModelInfo default_sampling_params_json, as sent
     gateway_instance: str = ""  # set when the "worker" is a token-gateway's pass-through (GATEWAY_INSTANCE_ARG)
     start_time: float = 0.0  # GetServerInfo start_time, seconds (0: not reported): a restart changes it
+    kv_events_config: str = ""  # server_args.kv_events_config as JSON text ("": not reported; workers.kv_event_discovery)
     matches_stop_strings: bool = False
     """The worker has its own tokenizer (``skip_tokenizer_init`` reported false), so it can
     take stop strings; not reported means it cannot."""
@@ -126,6 +128,7 @@ class WorkerInfo:
             default_sampling_json=model_info.default_sampling_params_json,
             gateway_instance=str(args.get(GATEWAY_INSTANCE_ARG) or ""),
             start_time=start_time_of(server_info),
+            kv_events_config=_json_text(args.get("kv_events_config")),
             matches_stop_strings=args.get("skip_tokenizer_init") is False,
         )
 
@@ -143,6 +146,16 @@ def _positive_int(value: object) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
         return None
     return int(value)
+
+
+def _json_text(value: object) -> str:
+    """A server argument that is JSON, as text: SGLang reports its config as the text it took,
+    the vLLM HTTP client copies an object out of vLLM's configuration."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict):
+        return json.dumps(value)
+    return ""
 
 
 def _page_size(args: dict[str, object], sched: dict[str, object]) -> tuple[int, str]:
@@ -214,6 +227,9 @@ class Worker:
         # Where this target's KV events come from, once subscribed (workers.kv_events): a
         # data-parallel rank has none unless its engine's per-rank publishers are read.
         self.kv_events_source = ""
+        # Why the KV-event publisher this target's engine reports is not read ("" when none):
+        # shown rather than failing the join (workers.kv_events, --kv-events-zmq auto).
+        self.kv_events_problem = ""
         self.breaker = breaker or CircuitBreaker()
         self.progress = progress or ProgressTracker()  # what the progress watchdog judges
         self.healthy = True
@@ -343,6 +359,7 @@ class Worker:
             "routing": "tokens" if "token_ids" not in self.client.lacks else "load only (text)",
             "lacks": self._lacks(),
             "kv_events_source": self.kv_events_source or None,
+            "kv_events_problem": self.kv_events_problem or None,
             "is_generation": self.info.is_generation,
             "role": self.role,
             "model": self.model,
