@@ -224,7 +224,7 @@ class Router:
         policy = self.policy(request.model, role)
         decision = policy.select(request, views)
         if self.gate is not None and role == "regular" and not request.target_worker:
-            decision = self._reserved_prefill(policy, request, views, decision)
+            decision = reserved_prefill(self.gate, policy, request, views, decision)
         packed = policy.packed(request)  # cache_aware has packed the prompt already
         prompt = packed if packed is not None else b""
         # A retry offers nothing new to the sketch; both are statistics, applied off the request's path.
@@ -240,36 +240,36 @@ class Router:
         later(_dispatched, quality, offer, miss)
         return _build_selection(worker, decision, notified, role, prompt, miss)
 
-    def _reserved_prefill(
-        self, policy: Policy, request: RouteRequest, views: list[WorkerView], decision: Decision,
-    ) -> Decision:
-        """With the gate's prefill reservation, a cold prompt of a key with none lighter
-        active goes to a worker with no cold prefill pending, while one is available
-        (locality decides among them; among those with a running slot the key may take
-        now, while any has one); a warm one stays where its prefix is.
-        Why: the gate keeps such a worker for it while a heavier key's cold prompts take
-        the others, and there it is prefilled at once instead of after a step of theirs."""
-        gate = self.gate
-        assert gate is not None
-        if gate.prefill_reserve:
-            gate.know(v.worker_id for v in views)
-        uncached = len(request.token_ids) - decision.predicted_cached_tokens
-        if uncached < gate.cold_tokens:
-            return decision
-        tenant = CALLER.get()[0]
-        chosen = decision.worker_id
-        if (not gate.cold_pending(chosen) and gate.has_room(chosen, tenant)) or not gate.reserves_for(tenant):
-            return decision
-        free = [v.available and not gate.cold_pending(v.worker_id) for v in views]
-        if not any(free):
-            return decision
-        roomy = [f and gate.has_room(v.worker_id, tenant) for v, f in zip(views, free, strict=True)]
-        if any(roomy):  # a worker with no slot for it would hold it for a whole decode instead
-            free = roomy
-        return policy.select(request, [v if f else replace(v, available=False) for v, f in zip(views, free, strict=True)])
-
     def exclude(self, request: RouteRequest, worker_id: str) -> RouteRequest:
         return replace(request, exclude=request.exclude | {worker_id})
+
+
+def reserved_prefill(
+    gate: WorkerGate, policy: Policy, request: RouteRequest, views: list[WorkerView], decision: Decision,
+) -> Decision:
+    """With the gate's prefill reservation, a cold prompt of a key with none lighter
+    active goes to a worker with no cold prefill pending, while one is available
+    (locality decides among them; among those with a running slot the key may take
+    now, while any has one); a warm one stays where its prefix is.
+    Why: the gate keeps such a worker for it while a heavier key's cold prompts take
+    the others, and there it is prefilled at once instead of after a step of theirs.
+    A function of its own so the fairness replay (``bench fairness-replay``) routes by it too."""
+    if gate.prefill_reserve:
+        gate.know(v.worker_id for v in views)
+    uncached = len(request.token_ids) - decision.predicted_cached_tokens
+    if uncached < gate.cold_tokens:
+        return decision
+    tenant = CALLER.get()[0]
+    chosen = decision.worker_id
+    if (not gate.cold_pending(chosen) and gate.has_room(chosen, tenant)) or not gate.reserves_for(tenant):
+        return decision
+    free = [v.available and not gate.cold_pending(v.worker_id) for v in views]
+    if not any(free):
+        return decision
+    roomy = [f and gate.has_room(v.worker_id, tenant) for v, f in zip(views, free, strict=True)]
+    if any(roomy):  # a worker with no slot for it would hold it for a whole decode instead
+        free = roomy
+    return policy.select(request, [v if f else replace(v, available=False) for v, f in zip(views, free, strict=True)])
 
 
 def slot_bounded(views: list[WorkerView], headroom: int) -> list[WorkerView]:

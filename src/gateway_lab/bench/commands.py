@@ -9,7 +9,8 @@
 * ``elastic``: workers added and removed under load, a steady run beside it
   (``bench/elastic.py``);
 * ``fairness``: API keys sharing a saturated fleet through the admission queue
-  (``bench/fairness.py``);
+  (``bench/fairness.py``); ``fairness-replay``: the same runs on a virtual clock
+  (``bench/fairness_replay.py``);
 * one scenario each (``bench/scenarios/``): a fixed measurement on a fleet and gateway
   it starts itself, printing its figures (and JSON where it has a ``--json`` flag).
 
@@ -33,6 +34,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "trace": ("gateway_lab.bench.trace_bench", "replay a public trace through each policy on two fleet builds, with its ideals"),
     "elastic": ("gateway_lab.bench.elastic", "a fleet growing and shrinking under load: time to fair share, hit rate"),
     "fairness": ("gateway_lab.bench.fairness", "API keys sharing a saturated fleet: a light key's TTFT beside a heavy one, shares by weight"),
+    "fairness-replay": ("gateway_lab.bench.fairness_replay", "bench fairness's runs on a virtual clock: the gateway's admission and gate rules before the simulator's step model, the same figures on any host"),
 }
 
 

@@ -302,19 +302,29 @@ async def run_all(config: FairnessConfig, console: Any, tokenizer_dir: str) -> l
     return cells
 
 
-def run(args: argparse.Namespace) -> int:
-    from gateway_lab.bench import results
-    from gateway_lab.bench.results import Result, Table, write
-    from gateway_lab.bench.workloads import default_tokenizer_dir
-
+def config_of(args: argparse.Namespace) -> FairnessConfig:
     try:
-        config = from_namespace(FairnessConfig, args)
+        return from_namespace(FairnessConfig, args)
     except ValueError as exc:
         raise SystemExit(f"bad arguments: {exc}") from exc
+
+
+def run(args: argparse.Namespace) -> int:
+    from gateway_lab.bench import results
+    from gateway_lab.bench.workloads import default_tokenizer_dir
+
+    config = config_of(args)
     console = results.console(200)
-    result = Result()
     cells = asyncio.run(run_all(config, console, str(default_tokenizer_dir())))
-    title = (f"fairness: light {config.light_rate:g}/s beside heavy x{config.heavy_factor:g}; "
+    return report(config, console, cells, "fairness")
+
+
+def report(config: FairnessConfig, console: Any, cells: list[Cell], name: str) -> int:
+    """The cells' table (and ``--json`` / ``--markdown``), titled ``name`` and the offered load."""
+    from gateway_lab.bench.results import Result, Table, write
+
+    result = Result()
+    title = (f"{name}: light {config.light_rate:g}/s beside heavy x{config.heavy_factor:g}; "
              f"shares at {config.share_rate:g}/s each")  # fmt: skip
     result.tables.append(Table.of(title, header(config), [row(c) for c in cells]))
     result.data = {"fairness": dataclasses.asdict(config)}
