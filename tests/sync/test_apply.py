@@ -148,7 +148,7 @@ def test_another_processes_kv_events_go_to_the_feeder_in_order() -> None:
     batch.kv_events.add(worker_id="w1:1", reset=True).batch.sequence_number = 9
     applier.apply(batch)  # no feeder wired (no --kv-events): counted, nothing else
     assert applier.stats.kv_batches == 2
-    applier.on_kv_events = lambda wid, b, reset: heard.append((wid, b.sequence_number, len(b.events), reset))
+    applier.on_kv_events = lambda wid, b, reset, part, parts: heard.append((wid, b.sequence_number, len(b.events), reset))
     applier.apply_bytes(batch.SerializeToString())
     applier.apply(sync_pb2.Batch(origin="me", seq=2, kv_events=[batch.kv_events[0]]))  # our own: skipped
     assert heard == [("w0:1", 3, 1, False), ("w1:1", 9, 0, True)] and applier.stats.kv_batches == 4

@@ -14,6 +14,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
+from gateway.proto import common_pb2
 from gateway.sync.bus import SyncBus
 from gateway.sync.config import SyncConfig
 from gateway.sync.local_server import LocalNatsServer
@@ -90,6 +91,13 @@ async def nats() -> AsyncIterator[LocalNatsServer]:
 
 async def _dp_fleet() -> Fleet:
     return await fleet(FakeTransport(f"grpc://{ENGINE}", server_args={"dp_size": 2}), policy="cache_aware")
+
+
+def _one(seq: int, block_hash: int, tokens: list[int]) -> common_pb2.KvEventBatch:
+    """A relayed batch storing one root page."""
+    batch = common_pb2.KvEventBatch(sequence_number=seq)
+    batch.events.add().stored.blocks.add(block_hash=block_hash, token_ids=tokens, block_size=len(tokens))
+    return batch
 
 
 PROMPTS = ([1, 2, 3, 4], [5, 6], [7, 8, 9, 10])
@@ -200,3 +208,51 @@ async def test_only_an_address_in_use_makes_a_follower_and_only_a_follower_takes
         assert own.feeds[RANKS[0]].relayed == 0 and _held(g, RANKS[0], [1, 2]) == 0 and sent == []
     finally:
         await own.close()
+
+
+async def test_a_batch_larger_than_the_bus_takes_reaches_the_follower_in_parts(nats: LocalNatsServer) -> None:
+    """One engine step storing ~350k tokens: more than NATS's default 1 MiB payload once relayed.
+    It travels after the tick's message, cut into parts; the follower's share equals the binder's."""
+    port = _free_pair()
+    endpoint = f"tcp://127.0.0.1:{port}"
+    async def big_fleet() -> Fleet:
+        f = await fleet(FakeTransport(f"grpc://{ENGINE}", server_args={"dp_size": 2, "page_size": 16}), policy="cache_aware")
+        f.worker(RANKS[0]).info.kv_capacity_tokens = 1 << 23  # a KV pool (and tree budget) for the whole prefill
+        return f
+
+    a = Gateway(await big_fleet(), nats.url, "a", endpoint)
+    b = Gateway(await big_fleet(), nats.url, "b", endpoint)
+    pub = Publisher(endpoint)
+    try:
+        await a.start()
+        await pub.subscribed()
+        await b.start()
+        await _until(lambda: b.feeder.feeds[RANKS[0]].follower and "a" in b.bus.applier.peers)
+        size, blocks = 16, 22_000
+        tokens = [20_000 + i % 100_000 for i in range(size * blocks)]
+        await pub.send(_stored(list(range(1, blocks + 1)), tokens, size=size), rank=0)
+        fb = b.feeder.feeds[RANKS[0]]
+        await _until(lambda: fb.batches >= 2 and fb.parts_left == 0)
+        assert a.bus.stats.kv_event_messages >= 2 and fb.relayed == fb.batches and fb.blocks.stats.resets == 0
+        assert len(b.pages(RANKS[0])) == blocks and a.pages(RANKS[0]) == b.pages(RANKS[0])
+        assert _held(b.fleet, RANKS[0], tokens) == _held(a.fleet, RANKS[0], tokens) == len(tokens)
+        # The next batch follows on with no gap, no reset.
+        fresh = list(range(1, size + 1))
+        await pub.send(_stored([blocks + 1], fresh, size=size), rank=0)
+        await _until(lambda: _held(b.fleet, RANKS[0], fresh) == size)
+        assert fb.blocks.stats.resets == 0 and fb.last_sequence == a.feeder.feeds[RANKS[0]].last_sequence
+
+        # A continuation whose start was lost on the bus: the share reset, the part skipped.
+        seq = fb.last_sequence + 1
+        b.feeder.relayed(RANKS[0], _one(seq, 900, fresh), False, 1, 2)
+        assert fb.blocks.stats.resets == 1 and _held(b.fleet, RANKS[0], fresh) == 0 and fb.last_sequence == seq
+        # A batch whose last part never comes: the next batch resets the share before it applies.
+        b.feeder.relayed(RANKS[0], _one(seq + 1, 901, fresh), False, 0, 2)
+        assert fb.parts_left == 1 and _held(b.fleet, RANKS[0], fresh) == size
+        b.feeder.relayed(RANKS[0], _one(seq + 2, 902, tokens[:size]), False, 0, 0)
+        assert fb.blocks.stats.resets == 2 and fb.parts_left == 0 and "did not arrive" in fb.last_error
+        assert _held(b.fleet, RANKS[0], fresh) == 0 and _held(b.fleet, RANKS[0], tokens[:size]) == size
+    finally:
+        pub.close()
+        for g in (a, b):
+            await g.stop()

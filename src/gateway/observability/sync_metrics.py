@@ -50,6 +50,7 @@ class SyncCollector(Collector):
             ("published_decisions", "routing decisions published", b.published_decisions),
             ("dropped_batches", "sync batches not published (bus not reached yet, or its buffer full)", b.dropped_batches),
             ("replayed_decisions", "decisions re-announced after a reconnect", b.replayed_decisions),
+            ("kv_event_messages", "messages of their own for relayed KV events too large for their tick's batch", b.kv_event_messages),
             ("received_batches", "sync batches received from other processes", a.batches),
             ("applied_decisions", "other processes' decisions applied to this process's policies", a.decisions),
             ("skipped_decisions", "other processes' decisions for workers this process does not know", a.skipped),

@@ -131,7 +131,7 @@ class Applier:
         self.peers: dict[str, Peer] = {}
         self.stats = ApplyStats()
         # (worker id, batch, reset): another process's KV events for a worker (set by the server)
-        self.on_kv_events: Callable[[str, common_pb2.KvEventBatch, bool], object] | None = None
+        self.on_kv_events: Callable[[str, common_pb2.KvEventBatch, bool, int, int], object] | None = None
 
     def apply_bytes(self, data: bytes) -> None:
         try:
@@ -172,7 +172,7 @@ class Applier:
         for kv in batch.kv_events:
             st.kv_batches += 1
             if self.on_kv_events is not None:
-                self.on_kv_events(kv.worker_id, kv.batch, kv.reset)
+                self.on_kv_events(kv.worker_id, kv.batch, kv.reset, kv.part, kv.parts)
         for f in batch.finishes:
             if f.decision:
                 k = peer.known.get(f.decision)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.proto import sync_pb2
+from gateway.sync import kv_split
 from gateway.sync.apply import Applier, PolicySource, WorkerSource
 from gateway.sync.config import SyncConfig
 from gateway.sync.outbox import Outbox
@@ -35,6 +36,8 @@ CONNECT_RETRY_MAX_S = 2.0
 RECONNECT_WAIT_S = 0.5  # nats-py's pause between reconnect attempts
 REPLAY_AGAIN_S = 1.0
 FULL_EVERY = 4  # heartbeats between two full restatements of this process's load
+DEFAULT_MAX_PAYLOAD = 1 << 20  # NATS's own default, until the server says its limit
+ENVELOPE_BYTES = 512  # a message's fields beside its relayed KV events (origin, number, time, set)
 
 
 @dataclass
@@ -47,6 +50,7 @@ class BusStats:
     published_decisions: int = 0
     dropped_batches: int = 0  # not connected yet, or the client's buffer was full
     replayed_decisions: int = 0
+    kv_event_messages: int = 0  # messages of their own for relayed KV events a tick's batch was too large to carry
 
 
 def make_origin() -> str:
@@ -199,6 +203,33 @@ class SyncBus:
             self.stats.dropped_batches += 1
             return
         data = batch.SerializeToString()
+        limit = int(getattr(nc, "max_payload", 0) or DEFAULT_MAX_PAYLOAD)
+        if len(data) > limit and batch.kv_events:
+            await self._send_apart(nc, batch, limit)
+            return
+        await self._publish(nc, batch, data)
+
+    async def _send_apart(self, nc: Any, batch: sync_pb2.Batch, limit: int) -> None:
+        """A tick's batch over the server's payload limit for the KV events it relays (a long
+        prefill's pages): the rest goes as the tick's message, the events after it in messages
+        of their own, a batch too large alone cut into parts (``sync.kv_split``)."""
+        rest = sync_pb2.Batch()
+        rest.CopyFrom(batch)
+        rest.ClearField("kv_events")
+        await self._publish(nc, rest, rest.SerializeToString())
+        try:
+            groups = kv_split.pack(batch.kv_events, limit - ENVELOPE_BYTES)
+        except ValueError as exc:  # a single block beyond the limit: the followers see a gap and reset
+            self.stats.dropped_batches += 1
+            log.warning("sync: relayed KV events not sent: %s", exc)
+            return
+        for group in groups:
+            extra = self.outbox.envelope()
+            extra.kv_events.extend(group)
+            self.stats.kv_event_messages += 1
+            await self._publish(nc, extra, extra.SerializeToString())
+
+    async def _publish(self, nc: Any, batch: sync_pb2.Batch, data: bytes) -> None:
         try:  # appends to the client's buffer (flushed by nats-py's own task); raises when it is full
             await nc.publish(self.config.sync_subject, data)
         except Exception as exc:

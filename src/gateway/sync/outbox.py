@@ -267,6 +267,12 @@ class Outbox:
             queued = round(queued * (1.0 - s[1] / s[0]))
         return (max(0, load.in_flight), queued, max(0, load.running_decode_tokens), whole)
 
+    def envelope(self) -> sync_pb2.Batch:
+        """A numbered batch with nothing in it yet: what a tick's batch was too large to carry
+        goes in these, after it (the relayed KV events, ``sync.kv_split``)."""
+        self._seq += 1
+        return sync_pb2.Batch(origin=self.origin, seq=self._seq, sent_unix_ns=self._clock_ns(), host_set=self.host_set)
+
     def take(
         self, *, scan: Iterable[str] | None = None, full: Iterable[str] | None = None, goodbye: bool = False
     ) -> sync_pb2.Batch | None:

@@ -38,7 +38,8 @@ succeeds hands every batch, as it applied it, to the others over the sync bus, a
 process whose bind finds the address in use follows it (``relayed``) rather than stopping.
 A follower tries the bind again every ``bind_retry_s`` and takes the endpoint over when its
 holder goes. A follower applies the same batches with the same numbering, so a batch lost
-on the bus is a gap there too, and resets that process's share only.
+on the bus is a gap there too, and resets that process's share only. A batch too large for
+one bus message comes in parts (``sync.kv_split``), applied in order as one batch.
 """
 
 from __future__ import annotations
@@ -110,6 +111,7 @@ class FeedState:
     replays: int = 0  # gaps asked of the replay socket
     replays_filled: int = 0  # ... closed by what it gave back (no reset)
     replayed: int = 0  # batches applied from replays
+    parts_left: int = 0  # a relayed batch cut into parts (too large for one bus message): parts still to come
     endpoint_from: str = ""  # a ZMQ feed's endpoint: "--kv-events-zmq" (an entry) or "server_info" (the worker's report)
 
     def describe(self) -> dict[str, Any]:
@@ -224,14 +226,21 @@ class KvEventFeeder:
         followed through ``relayed`` instead of stopping the feed."""
         self._relay = relay
 
-    def relayed(self, worker_id: str, batch: common_pb2.KvEventBatch, reset: bool) -> None:
+    def relayed(self, worker_id: str, batch: common_pb2.KvEventBatch, reset: bool, part: int = 0, parts: int = 0) -> None:
         """A batch another process read from an endpoint it binds, as it applied it; taken by
-        this process's feed of that worker only while it follows that endpoint."""
+        this process's feed of that worker only while it follows that endpoint. A batch too
+        large for one bus message comes as ``parts`` messages with the same number (``part``
+        from 0): applied in order as one batch; a part missing resets the worker's share."""
         feed = self.feeds.get(worker_id)
         worker = self.registry.get(worker_id)
         if feed is None or worker is None or not feed.follower:
             return
         feed.relayed += 1
+        if part or feed.parts_left:
+            if not self._take_part(worker, feed, batch, part, parts):
+                return
+        elif parts > 1:
+            feed.parts_left = parts - 1
         if reset:
             self._follow_policy(worker, feed)
             feed.blocks.reset()
@@ -245,6 +254,30 @@ class KvEventFeeder:
             feed.last_error = f"{type(exc).__name__}: {exc}"
             log.warning("kv events of %s (relayed) failed: %s; its tree share reset", worker_id, feed.last_error)
             feed.blocks.reset()
+
+    def _take_part(self, worker: Worker, feed: FeedState, batch: common_pb2.KvEventBatch, part: int, parts: int) -> bool:
+        """Whether this message goes on to be applied. A continuation in its place is applied
+        as the rest of the batch (same number, no gap); one out of place, or a new batch while
+        parts of the last are missing, resets the share first (those events are lost here)."""
+        expected = part > 0 and feed.parts_left == parts - part and feed.last_sequence == batch.sequence_number
+        if expected:
+            feed.parts_left -= 1
+            self._follow_policy(worker, feed)
+            feed.last_sequence = batch.sequence_number - 1  # the rest of the batch just applied: no gap
+            return True
+        feed.errors += 1
+        feed.last_error = f"a part of relayed batch {feed.last_sequence} did not arrive"
+        log.info("kv events of %s (relayed): %s; its tree share reset", worker.id, feed.last_error)
+        self._follow_policy(worker, feed)
+        feed.blocks.reset()
+        feed.parts_left = 0
+        if part:  # the rest of a batch whose start was lost: skipped, the next batch follows on
+            feed.last_sequence = batch.sequence_number
+            return False
+        feed.last_sequence = 0  # a new batch: applied from an empty share, with no gap check
+        if parts > 1:
+            feed.parts_left = parts - 1
+        return True
 
     async def close(self) -> None:
         tasks = list(self._tasks.values())
