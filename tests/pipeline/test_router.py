@@ -309,3 +309,34 @@ async def test_a_tapped_router_runs_its_before_select_hook_ahead_of_every_choice
     assert calls == ["before"]
     chosen.policy.on_dispatch(route(0), chosen.decision)
     assert calls == ["before", "dispatched"]
+
+
+async def test_with_warm_reroute_a_light_keys_warm_request_leaves_a_worker_with_no_running_slot() -> None:
+    f = await fleet(*(FakeTransport(f"grpc://{n}:1") for n in "abc"), policy="cache_aware")
+    for w in f.registry.all():
+        w.info = dataclasses.replace(w.info, max_running_requests=2)
+    warm = RouteRequest(list(range(512)), model=MODEL)
+    first = f.router.select(warm)
+    first.policy.on_dispatch(warm, first.decision)  # light's prefix is cached on ``first``
+
+    async def chosen_for(tenant: str, request: RouteRequest) -> str:
+        async def pick() -> str:
+            CALLER.set((tenant, 0))
+            return f.router.select(request).worker.id
+
+        return await asyncio.create_task(pick())
+
+    for reroute in (False, True):
+        gate = WorkerGate(headroom=1, prefill_budget=500, prefill_reserve=True, warm_reroute=reroute,
+                          yields_prefill=lambda tenant: tenant != "light",
+                          below_share=lambda tenant: tenant == "light")  # fmt: skip
+        f.router.gate = gate
+        gate.know(w.id for w in f.registry.all())
+        CALLER.set(("heavy", 0))
+        passes = [await gate.enter(first.worker.id, 2, 10) for _ in range(2)]  # its running slots: heavy's
+        assert await chosen_for("heavy", warm) == first.worker.id  # a yielding key: locality, as before
+        light = await chosen_for("light", warm)
+        assert (light != first.worker.id) is reroute  # without the flag it waits there for a slot
+        for p in passes:
+            p()
+        assert await chosen_for("light", warm) == first.worker.id  # a slot free again: its prefix's worker

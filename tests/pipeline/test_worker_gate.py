@@ -459,3 +459,14 @@ async def test_has_room_counts_the_reserved_slots_only_for_a_key_below_its_share
     assert not gate.has_room("w", "light")
     for p in passes:
         p()
+
+
+async def test_with_warm_reroute_only_a_running_slot_is_room_for_a_key_below_its_share() -> None:
+    for reroute, room_in_headroom in ((False, True), (True, False)):
+        gate = WorkerGate(headroom=1, prefill_budget=500, prefill_reserve=True, warm_reroute=reroute,
+                          below_share=lambda tenant: tenant == "light")  # fmt: skip
+        passes = [await enter_as(gate, "w", 2, "heavy") for _ in range(2)]  # both running slots taken
+        assert gate.has_room("w", "light") is room_in_headroom  # the headroom past them is a wait on the worker
+        for p in passes:
+            p()
+    assert not WorkerGate(warm_reroute=True).warm_reroute  # only with the prefill reservation

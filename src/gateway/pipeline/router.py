@@ -250,17 +250,25 @@ def reserved_prefill(
     """With the gate's prefill reservation, a cold prompt of a key with none lighter
     active goes to a worker with no cold prefill pending, while one is available
     (locality decides among them; among those with a running slot the key may take
-    now, while any has one); a warm one stays where its prefix is.
+    now, while any has one); a warm one stays where its prefix is, unless ``warm_reroute``
+    and its worker has no running slot for it: then it goes to one that has (locality
+    deciding among them), where it is prefilled cold at once rather than wait there for a
+    heavier key's request to end its whole decode.
     Why: the gate keeps such a worker for it while a heavier key's cold prompts take
     the others, and there it is prefilled at once instead of after a step of theirs.
     A function of its own so the fairness replay (``bench fairness-replay``) routes by it too."""
     if gate.prefill_reserve:
         gate.know(v.worker_id for v in views)
     uncached = len(request.token_ids) - decision.predicted_cached_tokens
-    if uncached < gate.cold_tokens:
-        return decision
     tenant = CALLER.get()[0]
     chosen = decision.worker_id
+    if uncached < gate.cold_tokens:
+        if not gate.warm_reroute or gate.has_room(chosen, tenant) or not gate.reserves_for(tenant):
+            return decision
+        roomy = [v.available and gate.has_room(v.worker_id, tenant) for v in views]
+        if not any(roomy):
+            return decision
+        return policy.select(request, [v if f else replace(v, available=False) for v, f in zip(views, roomy, strict=True)])
     if (not gate.cold_pending(chosen) and gate.has_room(chosen, tenant)) or not gate.reserves_for(tenant):
         return decision
     free = [v.available and not gate.cold_pending(v.worker_id) for v in views]

@@ -154,6 +154,7 @@ class WorkerGate:
         share_first: bool = False,
         fair_spill: bool = False,
         prefill_reserve: bool = False,
+        warm_reroute: bool = False,
         yields_prefill: Callable[[str], bool] = lambda tenant: False,
         contended: Callable[[], bool] = lambda: True,
         clock: Callable[[], float] = time.monotonic,
@@ -174,6 +175,9 @@ class WorkerGate:
         # A cold prompt: at least half the budget uncached (a warm one is its question alone).
         self.prefill_reserve = prefill_reserve and self.prefill_budget > 0
         self.cold_tokens = max(1, self.prefill_budget // 2)
+        # With the reservation: the lightest key's requests, warm ones too, go where a running
+        # slot is free for them (not the headroom past the slots: that is a wait on the worker).
+        self.warm_reroute = warm_reroute and self.prefill_reserve
         self._yields = yields_prefill
         self.reserved = 0  # cold prompts that had room but waited to keep a worker's prefill free
         self._contended = contended
@@ -209,11 +213,15 @@ class WorkerGate:
 
     def has_room(self, worker_id: str, tenant: str) -> bool:
         """Whether ``tenant``'s request would find a slot of ``worker_id`` it may take now
-        (past ``open`` only a key below its share; a worker nothing has entered yet has room)."""
+        (past ``open`` only a key below its share; a worker nothing has entered yet has room).
+        With ``warm_reroute`` only a running slot counts: one let through into the headroom
+        waits in the worker's first-come queue for a running request to end."""
         slots = self._workers.get(worker_id)
         if slots is None or slots.cap <= 0:
             return True
-        return slots.through < (slots.cap if self._below_share(tenant) else slots.open)
+        if not self._below_share(tenant):
+            return slots.through < slots.open
+        return slots.through < slots.cap - (self.headroom if self.warm_reroute else 0)
 
     def cold_pending(self, worker_id: str) -> int:
         """Cold prompts let through to ``worker_id`` with no first message yet."""

@@ -147,7 +147,7 @@ class GatewayState:
                 self.router.gate = WorkerGate(
                     weights, headroom=admission.fleet_headroom, reserve=admission.fair_reserve,
                     prefill_budget=admission.prefill_budget_tokens, share_first=admission.gate_share_first,
-                    fair_spill=admission.fair_spill, prefill_reserve=admission.fair_prefill_reserve,
+                    fair_spill=admission.fair_spill, prefill_reserve=admission.fair_prefill_reserve, warm_reroute=admission.fair_warm_reroute,
                     yields_prefill=self.admission.yields_prefill,
                     contended=self.admission.contended,
                     below_share=self.admission.below_share, aging_s=admission.priority_aging_s,

@@ -130,7 +130,7 @@ class Replay:
                 {k: float(v) for k, v in weights.items()}, headroom=admission.fleet_headroom,
                 reserve=admission.fair_reserve, prefill_budget=admission.prefill_budget_tokens,
                 share_first=admission.gate_share_first, fair_spill=admission.fair_spill,
-                prefill_reserve=admission.fair_prefill_reserve, yields_prefill=self.admission.yields_prefill,
+                prefill_reserve=admission.fair_prefill_reserve, warm_reroute=admission.fair_warm_reroute, yields_prefill=self.admission.yields_prefill,
                 contended=self.admission.contended, below_share=self.admission.below_share,
                 aging_s=admission.priority_aging_s, low_values_first=admission.low_priority_values_first,
                 across_tenants=admission.priority_across_keys, clock=self._now,

@@ -227,7 +227,7 @@ def parse_variant(policy: str) -> tuple[str, dict[str, Any]]:
     ``PolicyConfig``, the prefill gate's (``prefill_gate*``, ``DispatchConfig``),
     ``reply_token_reuse``, ``worker_dp_size`` and ``kv_events`` (``ServerConfig``), ``encoder_at_load``
     (``EngineConfig``), the worker gate's ``fleet_headroom``, ``fair_reserve``,
-    ``prefill_budget_tokens``, ``gate_share_first``, ``fair_spill`` and ``fair_prefill_reserve``, ``queue_timeout_s`` (``AdmissionConfig``)."""
+    ``prefill_budget_tokens``, ``gate_share_first``, ``fair_spill``, ``fair_prefill_reserve`` and ``fair_warm_reroute``, ``queue_timeout_s`` (``AdmissionConfig``)."""
     from gateway.pipeline.dispatch import DispatchConfig
     from gateway.pipeline.engine import EngineConfig
     from gateway.policies.factory import PolicyConfig
@@ -263,7 +263,7 @@ def parse_variant(policy: str) -> tuple[str, dict[str, Any]]:
 
 
 ADMISSION_KNOBS = ("fleet_headroom", "fair_reserve", "prefill_budget_tokens", "gate_share_first", "fair_spill",
-                   "fair_prefill_reserve", "queue_timeout_s")
+                   "fair_prefill_reserve", "fair_warm_reroute", "queue_timeout_s")
 """The ``AdmissionConfig`` knobs a variant may set (the worker gate, its prefill pacing and order, and the
 queue timeout a whole burst behind the fleet cap needs)."""
 
