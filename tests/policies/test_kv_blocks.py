@@ -102,3 +102,23 @@ def test_rebind_moves_the_reported_pages_to_a_new_tree() -> None:
     assert held(new, c) == 8 and held(old, c) == 0
     wb.cleared()
     assert held(new, a) == 0 and held(new, c) == 0 and len(wb) == 0
+
+
+def test_pages_rebuild_the_share_parents_first() -> None:
+    _, wb = make()
+    a = list(range(100, 116))
+    blocks = pages(a)
+    wb.stored(None, blocks[:2])
+    wb.stored(blocks[1][0], blocks[2:])
+    b = [*a[:4], 7, 7, 7, 7]
+    wb.stored(blocks[0][0], pages(b)[1:])
+    held_pages = wb.pages()
+    assert len(held_pages) == 5 and held_pages[0] == (None, blocks[0][0], tuple(a[:4]))
+    seen: set[int] = set()
+    for parent, h, _ in held_pages:  # each page's parent comes before it
+        assert parent is None or parent in seen
+        seen.add(h)
+    other, copy = make()
+    for parent, h, page in held_pages:
+        copy.stored(parent, [(h, list(page))])
+    assert held(other, a) == 16 and held(other, b) == 8 and copy.pages() == held_pages

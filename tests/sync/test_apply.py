@@ -152,3 +152,16 @@ def test_another_processes_kv_events_go_to_the_feeder_in_order() -> None:
     applier.apply_bytes(batch.SerializeToString())
     applier.apply(sync_pb2.Batch(origin="me", seq=2, kv_events=[batch.kv_events[0]]))  # our own: skipped
     assert heard == [("w0:1", 3, 1, False), ("w1:1", 9, 0, True)] and applier.stats.kv_batches == 4
+
+
+def test_a_followers_request_for_a_share_goes_to_the_reader_not_the_feed() -> None:
+    applier, _, _ = _setup()
+    heard: list[str] = []
+    asked: list[str] = []
+    applier.on_kv_events = lambda wid, b, reset, part, parts: heard.append(wid)
+    applier.on_kv_share_wanted = asked.append
+    batch = sync_pb2.Batch(origin="p", seq=1)
+    batch.kv_events.add(worker_id="w0:1", want_share=True)
+    batch.kv_events.add(worker_id="w1:1").batch.sequence_number = 2
+    applier.apply(batch)
+    assert asked == ["w0:1"] and heard == ["w1:1"]

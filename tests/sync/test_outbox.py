@@ -128,3 +128,8 @@ def test_kv_events_read_here_go_out_in_the_ticks_batch() -> None:
         ("w0:1", 4, False), ("w1:1", 2, True)]
     assert list(batch.kv_events[0].batch.events[0].removed.block_hashes) == [7, 8]
     assert box.take() is None
+    box.kv_share_wanted("w0:1")  # a follower's request for the reader's share: no batch
+    asked = box.take()
+    assert asked is not None and [(k.worker_id, k.want_share, k.HasField("batch")) for k in asked.kv_events] == [("w0:1", True, False)]
+    envelope = box.envelope()  # the numbered messages after a tick too large for its relayed events
+    assert (envelope.origin, envelope.seq) == (asked.origin, asked.seq + 1) and not envelope.kv_events

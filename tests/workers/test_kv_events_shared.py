@@ -35,8 +35,9 @@ class Gateway:
         self.bus = SyncBus(CFG, f.router, f.registry, url=nats_url, origin=name)
         self.feeder = KvEventFeeder(f.registry, f.router, zmq_sources=parse_sources([f"grpc://{ENGINE}={endpoint}"]),
                                     bind_retry_s=0.05)
-        self.feeder.share(self.bus.outbox.kv_events)
+        self.feeder.share(self.bus.outbox.kv_events, self.bus.outbox.kv_share_wanted)
         self.bus.applier.on_kv_events = self.feeder.relayed
+        self.bus.applier.on_kv_share_wanted = self.feeder.share_wanted
 
     async def start(self) -> None:
         self.bus.start()
@@ -160,17 +161,19 @@ async def test_the_process_that_binds_hands_every_ranks_events_to_the_other(nats
         await _until(lambda: b.feeder.feeds[RANKS[0]].batches >= 3)
         assert _held(b.fleet, RANKS[0], [9, 10, 11, 12]) == 4
 
-        # A process that (re)starts finds the endpoint taken and follows b from its next batch.
+        # A process that (re)starts finds the endpoint taken, asks b for the share b holds (b
+        # answers with its pages under a reset, numbered as its last batch), then follows it.
         c = Gateway(await _dp_fleet(), nats.url, "c", endpoint)
         running.append(c)
         await c.start()
         await _until(lambda: all(c.feeder.feeds[w].follower for w in RANKS))
-        await _until(lambda: "c" in b.bus.applier.peers)
+        await _until(lambda: all(c.pages(w) == b.pages(w) and c.feeder.feeds[w].relayed == 1 for w in RANKS))
+        assert _held(c.fleet, RANKS[0], [9, 10, 11, 12]) == 4 and _held(c.fleet, RANKS[1], [7, 8, 9, 10]) == 4
+        assert all(c.feeder.feeds[w].last_sequence == b.feeder.feeds[w].last_sequence for w in RANKS)
         await pubs[1].send(_stored([24], [13, 14]), rank=1)
-        await _until(lambda: c.feeder.feeds[RANKS[1]].relayed == 1)
-        # c's share holds what came after it joined, as b's does (what came before, it learns from routing)
-        assert _held(c.fleet, RANKS[1], [13, 14]) == 2 and c.pages(RANKS[1]).items() <= b.pages(RANKS[1]).items()
-        assert len(c.pages(RANKS[1])) == 1 and b.feeder.feeds[RANKS[1]].relayed >= 5
+        await _until(lambda: c.feeder.feeds[RANKS[1]].relayed == 2)
+        assert _held(c.fleet, RANKS[1], [13, 14]) == 2 and c.pages(RANKS[1]) == b.pages(RANKS[1])
+        assert c.feeder.feeds[RANKS[1]].blocks.stats.resets == 1  # the share's reset only: no gap after it
     finally:
         for pub in pubs:
             pub.close()

@@ -56,6 +56,12 @@ class WorkerBlocks:
         # hash -> (parent hash or None, page tokens, token depth at the page's end)
         self._blocks: dict[int, tuple[int | None, tuple[int, ...], int]] = {}
 
+    def pages(self) -> list[tuple[int | None, int, tuple[int, ...]]]:
+        """(parent, hash, tokens) of every page held, parents before their children: the
+        share as stored events would rebuild it."""
+        held = sorted(self._blocks.items(), key=lambda item: item[1][2])
+        return [(parent, h, page) for h, (parent, page, _) in held]
+
     def __len__(self) -> int:
         return len(self._blocks)
 

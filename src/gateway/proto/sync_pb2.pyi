@@ -66,18 +66,20 @@ class WorkerLoad(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., in_flight: _Optional[int] = ..., queued_uncached_prefill_tokens: _Optional[int] = ..., running_decode_tokens: _Optional[int] = ..., queued_prompt_tokens: _Optional[int] = ...) -> None: ...
 
 class KvEvents(_message.Message):
-    __slots__ = ("worker_id", "batch", "reset", "parts", "part")
+    __slots__ = ("worker_id", "batch", "reset", "parts", "part", "want_share")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELD_NUMBER: _ClassVar[int]
     RESET_FIELD_NUMBER: _ClassVar[int]
     PARTS_FIELD_NUMBER: _ClassVar[int]
     PART_FIELD_NUMBER: _ClassVar[int]
+    WANT_SHARE_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     batch: _common_pb2.KvEventBatch
     reset: bool
     parts: int
     part: int
-    def __init__(self, worker_id: _Optional[str] = ..., batch: _Optional[_Union[_common_pb2.KvEventBatch, _Mapping]] = ..., reset: _Optional[bool] = ..., parts: _Optional[int] = ..., part: _Optional[int] = ...) -> None: ...
+    want_share: bool
+    def __init__(self, worker_id: _Optional[str] = ..., batch: _Optional[_Union[_common_pb2.KvEventBatch, _Mapping]] = ..., reset: _Optional[bool] = ..., parts: _Optional[int] = ..., part: _Optional[int] = ..., want_share: _Optional[bool] = ...) -> None: ...
 
 class Batch(_message.Message):
     __slots__ = ("origin", "seq", "sent_unix_ns", "decisions", "finishes", "loads", "full_loads", "goodbye", "replay", "host_set", "kv_events")

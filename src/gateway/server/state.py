@@ -199,7 +199,8 @@ class GatewayState:
             self.metrics.registry.register(SyncCollector(self.sync, self.host_ring, self.host_prefill))
             if self.kv_events is not None:
                 # an endpoint the gateway binds takes one process of the set: it hands its batches to the others
-                self.kv_events.share(self.sync.outbox.kv_events)
+                self.kv_events.share(self.sync.outbox.kv_events, self.sync.outbox.kv_share_wanted)
+                self.sync.applier.on_kv_share_wanted = self.kv_events.share_wanted
                 self.sync.applier.on_kv_events = self.kv_events.relayed
         self.process_set: SetMember | None = None  # set by serve when one of --processes N
         self.discovery = make_discovery(config.discovery, self._discovered_add, self.remove_worker)

@@ -132,6 +132,7 @@ class Applier:
         self.stats = ApplyStats()
         # (worker id, batch, reset): another process's KV events for a worker (set by the server)
         self.on_kv_events: Callable[[str, common_pb2.KvEventBatch, bool, int, int], object] | None = None
+        self.on_kv_share_wanted: Callable[[str], object] | None = None  # a follower asks for a worker's share
 
     def apply_bytes(self, data: bytes) -> None:
         try:
@@ -171,7 +172,10 @@ class Applier:
             self._on_lag([max(0, now - t) / 1e9 for t in stamps])
         for kv in batch.kv_events:
             st.kv_batches += 1
-            if self.on_kv_events is not None:
+            if kv.want_share:
+                if self.on_kv_share_wanted is not None:
+                    self.on_kv_share_wanted(kv.worker_id)
+            elif self.on_kv_events is not None:
                 self.on_kv_events(kv.worker_id, kv.batch, kv.reset, kv.part, kv.parts)
         for f in batch.finishes:
             if f.decision:

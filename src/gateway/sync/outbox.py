@@ -249,6 +249,12 @@ class Outbox:
         self._wake()
         self._batch.kv_events.add(worker_id=worker_id, batch=batch, reset=reset)
 
+    def kv_share_wanted(self, worker_id: str) -> None:
+        """This process starts following the endpoint of ``worker_id`` that another reads: ask
+        that one for the worker's share as it holds it."""
+        self._wake()
+        self._batch.kv_events.add(worker_id=worker_id, want_share=True)
+
     def load_changed(self, worker_id: str) -> None:
         self._wake()
         self._dirty.add(worker_id)

@@ -40,6 +40,8 @@ A follower tries the bind again every ``bind_retry_s`` and takes the endpoint ov
 holder goes. A follower applies the same batches with the same numbering, so a batch lost
 on the bus is a gap there too, and resets that process's share only. A batch too large for
 one bus message comes in parts (``sync.kv_split``), applied in order as one batch.
+A feed that starts following asks the reader for its share (``share_wanted`` there), which
+answers with every page it holds under a reset, so a process that joins late holds them too.
 """
 
 from __future__ import annotations
@@ -111,6 +113,7 @@ class FeedState:
     replays: int = 0  # gaps asked of the replay socket
     replays_filled: int = 0  # ... closed by what it gave back (no reset)
     replayed: int = 0  # batches applied from replays
+    sharing: bool = False  # this process reads an endpoint it binds and hands the batches to the set
     parts_left: int = 0  # a relayed batch cut into parts (too large for one bus message): parts still to come
     endpoint_from: str = ""  # a ZMQ feed's endpoint: "--kv-events-zmq" (an entry) or "server_info" (the worker's report)
 
@@ -206,6 +209,7 @@ class KvEventFeeder:
         self.bind_retry_s = bind_retry_s
         self.replay_timeout_s = replay_timeout_s
         self._relay: Relay | None = None
+        self._ask: Callable[[str], object] | None = None
         self.feeds: dict[str, FeedState] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._started = False
@@ -220,11 +224,29 @@ class KvEventFeeder:
             if not worker.draining:
                 self._start(worker)
 
-    def share(self, relay: Relay) -> None:
+    def share(self, relay: Relay, ask: Callable[[str], object] | None = None) -> None:
         """Join a set of processes on one sync bus: what this process reads from an endpoint
         it binds goes to ``relay`` as applied, and an endpoint another process binds is
-        followed through ``relayed`` instead of stopping the feed."""
+        followed through ``relayed`` instead of stopping the feed; a feed that starts
+        following asks (``ask``) for the share the reader holds (``share_wanted`` there)."""
         self._relay = relay
+        self._ask = ask
+
+    def share_wanted(self, worker_id: str) -> None:
+        """A process started following this worker's endpoint: where this one reads it, every
+        page of its share goes to the set as stored events under a reset, numbered as the
+        last batch applied, so the newcomer holds what this process holds."""
+        feed = self.feeds.get(worker_id)
+        worker = self.registry.get(worker_id)
+        if feed is None or worker is None or not feed.sharing or not feed.last_sequence:
+            return
+        batch = common_pb2.KvEventBatch(sequence_number=feed.last_sequence)
+        for parent, block_hash, tokens in feed.blocks.pages():
+            stored = batch.events.add().stored
+            if parent is not None:
+                stored.parent_block_hash = parent
+            stored.blocks.add(block_hash=block_hash, token_ids=tokens, block_size=len(tokens))
+        self._pass_on(worker, feed, batch, True)
 
     def relayed(self, worker_id: str, batch: common_pb2.KvEventBatch, reset: bool, part: int = 0, parts: int = 0) -> None:
         """A batch another process read from an endpoint it binds, as it applied it; taken by
@@ -247,6 +269,7 @@ class KvEventFeeder:
             feed.last_sequence = batch.sequence_number
             if not batch.events:
                 return
+            feed.last_sequence -= 1  # a share: its pages applied as the batch of that number
         try:
             self._apply(worker, feed, batch, numbered=True)
         except Exception as exc:  # as for a batch read directly: the share reset, the feed goes on
@@ -384,6 +407,8 @@ class KvEventFeeder:
                         feed.follower, feed.last_error = True, f"ZMQError: {exc}"
                         log.info("kv events of %s: %s is bound by another process; following it over the sync bus",
                                  worker.id, sub.address)
+                        if self._ask is not None:
+                            self._ask(worker.id)
                     await asyncio.sleep(self.bind_retry_s)
                     continue
                 feed.stopped, feed.last_error = True, f"ZMQError: {exc}"
@@ -407,6 +432,7 @@ class KvEventFeeder:
         feed.connected = True
         log.info("kv events of %s: %s the engine's publisher at %s", worker.id, "bound for" if sub.binds else "connected to", sub.address)
         shares = sub.binds  # where vLLM binds, every process connects and reads for itself
+        feed.sharing = shares and self._relay is not None
         try:
             async for frames in sub.frames():
                 try:
@@ -440,7 +466,7 @@ class KvEventFeeder:
                     if shares:  # the followers reset too and take the next batch without a gap check
                         self._pass_on(worker, feed, common_pb2.KvEventBatch(), True)
         finally:
-            feed.connected = False
+            feed.connected = feed.sharing = False
             sub.close()
 
     async def _replay(self, worker: Worker, feed: FeedState, rank: int, upto: int, shares: bool) -> None:
