@@ -70,6 +70,7 @@ _RUNNING = "vllm:num_requests_running"
 _WAITING = "vllm:num_requests_waiting"
 _CACHE_CONFIG = "vllm:cache_config_info"
 DP_RANK_HEADER = "x-data-parallel-rank"
+DEV_INFO_TIMEOUT_S = 3.0  # the most a probe waits for vLLM's development-mode /server_info
 _READ = tuple(name.encode() for name in (_RUNNING, _WAITING, _CACHE_CONFIG))
 
 
@@ -206,7 +207,9 @@ class VllmHttpClient(HttpWorkerClient):
         if not self._asks_server_info:
             return None
         try:
-            status, content = await self._call("GET", "/server_info?config_format=json", timeout)
+            # Bounded apart: the route also collects the host's environment the first time (slow),
+            # and the worker's join must not wait on it.
+            status, content = await self._call("GET", "/server_info?config_format=json", min(timeout, DEV_INFO_TIMEOUT_S))
         except WorkerCallError:
             return None
         if status in (404, 405):
