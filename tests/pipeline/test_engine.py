@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -413,6 +414,31 @@ async def test_a_long_id_list_is_decoded_off_the_loop(tmp_path: Path, monkeypatc
     assert decoded_on == [threading.get_ident()]  # short: inline
     assert await engine.decode(entry, ids, skip_special_tokens=False) == text
     assert decoded_on[1] != threading.get_ident()
+
+
+async def test_a_long_prompt_behind_a_cached_prefix_is_encoded_inline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past ``offload_chars`` a prompt is encoded in the pool only while the part the prompt
+    cache does not hold is that long: a shared prefix's next question is a short encode."""
+    engine, entry = _engine(tmp_path)
+    pooled: list[object] = []
+    real_submit = engine._pool.submit
+
+    def submit(fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        pooled.append(fn)
+        return real_submit(fn, *args, **kwargs)
+
+    monkeypatch.setattr(engine._pool, "submit", submit)
+    shared = "alpha beta gamma delta " * 400
+    assert len(shared) > engine.config.offload_chars
+    first = shared + "first question"
+    assert await engine.encode_prompt(entry, first) == entry.tokenizer.encode(first, add_special_tokens=True)
+    assert len(pooled) == 1  # nothing cached: the whole text in the pool
+    second = shared + "second question"
+    assert await engine.encode_prompt(entry, second) == entry.tokenizer.encode(second, add_special_tokens=True)
+    assert len(pooled) == 1  # its shared part cached: inline
+    unrelated = "omega theta kappa " * 400
+    assert await engine.encode_prompt(entry, unrelated) == entry.tokenizer.encode(unrelated, add_special_tokens=True)
+    assert len(pooled) == 2  # a long text the cache does not hold: the pool, as before
 
 
 async def test_a_chat_past_the_context_is_not_kept_by_the_prompt_cache(tmp_path: Path) -> None:

@@ -268,3 +268,24 @@ def test_short_texts_go_to_the_fast_encoder_whole_once_it_is_built(qwen_dir: Pat
     assert cache.encode(long) == full(tok, long) and cache.stats().lookups == 2
     hits = cache.stats().hits
     assert cache.encode(long + chat) == full(tok, long + chat) and cache.stats().hits == hits + 1
+
+
+def test_new_chars_counts_what_an_encode_would_hand_the_tokenizer(qwen: Tokenizer) -> None:
+    cache = PrefixTokenCache(qwen)
+    system = "<|im_start|>system\n" + "You answer briefly and well. " * 300 + "<|im_end|>"
+    turn = "\n<|im_start|>user\nWhat is the time?<|im_end|>\n<|im_start|>assistant\n"
+    chat = system + turn
+    assert cache.new_chars(chat) == len(chat)  # nothing cached yet
+    assert cache.encode(chat) == full(qwen, chat)
+    assert cache.new_chars(chat) == 0
+    other = system + "\n<|im_start|>user\nAnd the date, please?<|im_end|>\n<|im_start|>assistant\n"
+    assert 0 < cache.new_chars(other) <= len(other) - len(system)
+    assert cache.new_chars("short text") == len("short text")  # encoded whole, the cache not asked
+    assert cache.new_chars(chat, refused_at=10) == len(chat)  # far past a refusal: encoded whole
+
+    shared = "alpha beta gamma delta " * 400
+    assert cache.new_chars(shared + "first question", prompt=True) == len(shared) + len("first question")
+    assert cache.encode_prompt(shared + "first question") == qwen.encode(shared + "first question", add_special_tokens=True)
+    left = cache.new_chars(shared + "second question", prompt=True)
+    assert 0 < left < 2 * cache.min_text_chunk_chars
+    assert cache.new_chars("alpha beta", prompt=True) == len("alpha beta")

@@ -239,6 +239,30 @@ class PrefixTokenCache:
             return tokenizer.encode(text, add_special_tokens=False)
         return self._encode_chunks(self.split(text), _ROOT, refused_at)
 
+    def new_chars(self, text: str, *, prompt: bool = False, refused_at: int = 0) -> int:
+        """The characters of ``text`` that ``encode`` (``encode_prompt`` with ``prompt``)
+        would hand the tokenizer: those past the cached chunks it starts with, or all of
+        them where the cache would not be asked. Why: a caller that runs a long text's
+        encode off the event loop decides by this part, not the whole length; a long prompt
+        behind a cached shared prefix is a short encode, cheaper than the thread hop."""
+        if prompt:
+            if not self.word_cuts or len(text) < 2 * self.min_text_chunk_chars:
+                return len(text)
+            chunks, parent = self.split_words(text), _TEXT_ROOT
+        else:
+            if len(text) <= DIRECT_CHARS or (refused_at and len(text) > refused_at * REFUSED_CHARS_PER_TOKEN):
+                return len(text)
+            chunks, parent = self.split(text), _ROOT
+        left = len(text)
+        with self._lock:
+            for chunk in chunks:
+                found = self._chunks.get((parent, chunk))
+                if found is None:
+                    break
+                left -= len(chunk)
+                parent = found.node_id
+        return left
+
     def _encode_chunks(self, chunks: list[str], root: int, refused_at: int = 0) -> list[int]:
         ids: list[int] = []
         path: list[tuple[int, str]] = []
