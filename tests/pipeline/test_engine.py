@@ -490,3 +490,21 @@ async def test_a_chat_shape_the_template_memo_knows_is_rendered_without_the_runn
         assert len(runs) == 3
     finally:
         engine.close()
+
+
+async def test_a_text_far_past_offload_chars_goes_to_the_pool_without_a_walk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A text many times ``offload_chars`` is not cut and walked on the loop to size it."""
+    engine, entry = _engine(tmp_path, offload_chars=256)
+    walked: list[int] = []
+    real = ChatPromptCache.new_chars
+
+    def spy(self: ChatPromptCache, text: str, **kwargs: Any) -> int:
+        walked.append(len(text))
+        return real(self, text, **kwargs)
+
+    monkeypatch.setattr(ChatPromptCache, "new_chars", spy)
+    near = "alpha beta gamma delta " * 100  # past offload_chars, within the walk's bound
+    far = "alpha beta gamma delta " * 400
+    await engine.encode_prompt(entry, near)
+    await engine.encode_prompt(entry, far)
+    assert walked == [len(near)]

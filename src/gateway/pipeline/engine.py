@@ -65,6 +65,9 @@ log = logging.getLogger(__name__)
 
 StageObserver = Callable[[str, float], None]  # (stage name, seconds)
 _NO_EXCLUDE: frozenset[str] = frozenset()  # a first attempt avoids no worker
+# Past this many times --offload-chars a text goes to the pool without asking the prompt
+# cache what it holds: cutting and walking a text that long would itself hold the event loop.
+WALK_CHARS_FACTOR = 16
 
 
 @dataclass
@@ -210,8 +213,8 @@ class Engine:
         cache does not hold (``PrefixTokenCache.new_chars``), so a long prompt behind a cached
         shared prefix is encoded inline instead of paying two thread hand-offs for a short encode."""
         size = self._size(entry.tokenizer, text)
-        if size != len(text) or size <= self.config.offload_chars:
-            return size
+        if size != len(text) or size <= self.config.offload_chars or size > WALK_CHARS_FACTOR * self.config.offload_chars:
+            return size  # short, elsewhere, or so long that its cut alone would hold the loop
         return entry.prompt_cache.new_chars(text, prompt=prompt, refused_at=refused_at)
 
     def _warm_encoder(self, tokenizer: Tokenizer, size: int) -> None:
