@@ -508,3 +508,30 @@ async def test_a_text_far_past_offload_chars_goes_to_the_pool_without_a_walk(tmp
     await engine.encode_prompt(entry, near)
     await engine.encode_prompt(entry, far)
     assert walked == [len(near)]
+
+
+def test_the_hopeless_and_kept_limits_are_the_least_of_those_set() -> None:
+    engine, entry = _checked_engine()
+    try:
+        entry.tokenizer.length_bound  # noqa: B018  (computed once, as above)
+        values = (-1, 0, 5, 8, 9, 40)
+        for cap in values:
+            for context in values:
+                for max_input in values:
+                    engine.limits = LimitsConfig(max_prompt_tokens=max(0, cap))
+                    entry.max_context_length, entry.max_input_tokens = context, max_input
+                    kept = [n for n in (context, max_input, cap + 1 if cap > 0 else 0) if n > 0]
+                    assert engine._refused_at(entry) == (min(kept) if kept else 0), (cap, context, max_input)
+                    hopeless = [n for n in (max(0, cap), context) if n > 0]
+                    limit = min(hopeless) if hopeless else 0
+                    long = "hello world " * 400
+                    least = entry.tokenizer.length_bound.min_tokens(long)  # type: ignore[union-attr]
+                    if limit:
+                        engine.refuse_hopeless(entry, "x" * limit)  # no more characters than the limit
+                    if limit and least > limit:
+                        with pytest.raises(InvalidRequestError, match=f"at most {limit}$"):
+                            engine.refuse_hopeless(entry, long)
+                    else:
+                        engine.refuse_hopeless(entry, long)  # no limit, or one it may fit
+    finally:
+        engine.close()

@@ -242,8 +242,10 @@ class Engine:
         """Refuse, before the tokenizer runs, a text that has more tokens than could ever be
         served: a safe lower bound from its length (``tokenization.length_bound``) against
         ``--max-prompt-tokens`` and the context length."""
-        limits = [n for n in (self.limits.max_prompt_tokens, entry.max_context_length) if n > 0]
-        if not limits or len(text) <= min(limits):  # a token covers at least one character
+        # The smaller of the two that are set (a plain test: a chat request asks twice).
+        cap, context = self.limits.max_prompt_tokens, entry.max_context_length
+        limit = cap if cap > 0 and (context <= 0 or cap < context) else context
+        if limit <= 0 or len(text) <= limit:  # a token covers at least one character
             return
         tokenizer = entry.tokenizer
         if not tokenizer.length_bound_ready:  # computed in the pool, once; unchecked until then
@@ -253,9 +255,9 @@ class Engine:
             return
         bound = tokenizer.length_bound
         least = bound.min_tokens(text) if bound is not None else 0
-        if least > min(limits):
+        if least > limit:
             raise InvalidRequestError(
-                f"the prompt has at least {least} tokens ({len(text)} characters); this gateway accepts at most {min(limits)}",
+                f"the prompt has at least {least} tokens ({len(text)} characters); this gateway accepts at most {limit}",
                 param=param, code="prompt_too_long",
             )
 
@@ -263,8 +265,11 @@ class Engine:
         """The fewest prompt ids that ``check_prompt_ids`` or ``check_context`` surely refuses
         for ``entry`` (0: no limit): the prompt cache keeps no such prompt."""
         cap = self.limits.max_prompt_tokens
-        limits = [n for n in (entry.max_context_length, entry.max_input_tokens, cap + 1 if cap > 0 else 0) if n > 0]
-        return min(limits) if limits else 0
+        least = 0
+        for n in (entry.max_context_length, entry.max_input_tokens, cap + 1 if cap > 0 else 0):
+            if n > 0 and (least == 0 or n < least):
+                least = n
+        return least
 
     async def encode(self, entry: ModelEntry, text: str, *, add_special_tokens: bool) -> list[int]:
         self.refuse_hopeless(entry, text)
