@@ -94,18 +94,27 @@ class ReplayEndpoint:
         return f"tcp://{shown}:{self.port + rank}"
 
 
-def parse_replay(text: str) -> ReplayEndpoint:
-    """``tcp://*:5558``, ``tcp://HOST:5558`` or ``ipc:///path``, as vLLM's config takes them."""
+def _split_endpoint(text: str, what: str) -> tuple[str, str, int]:
+    """(scheme, host or ipc path, port) of a ZMQ endpoint as vLLM's config takes it:
+    ``tcp://HOST:PORT`` (a bracketed IPv6 host unbracketed) or ``ipc://PATH`` (port 0)."""
     scheme, sep, rest = text.strip().partition("://")
     if not sep or scheme not in ("tcp", "ipc") or not rest:
-        raise BadZmqSource(f"KV-event replay endpoint must be tcp://HOST:PORT or ipc://PATH, got {text!r}")
+        raise BadZmqSource(f"{what} must be tcp://HOST:PORT or ipc://PATH, got {text!r}")
     if scheme == "ipc":
-        return ReplayEndpoint("ipc", "", 0, rest)
+        return scheme, rest, 0
     host, sep, port = rest.rpartition(":")
     host = host.removeprefix("[").removesuffix("]")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise BadZmqSource(f"KV-event replay endpoint needs a host and a port in 1-65535: {text!r}")
-    return ReplayEndpoint("tcp", "" if host in ("*", "0.0.0.0", "::") else host, int(port))
+        raise BadZmqSource(f"{what} needs a host and a port in 1-65535: {text!r}")
+    return scheme, host, int(port)
+
+
+def parse_replay(text: str) -> ReplayEndpoint:
+    """``tcp://*:5558``, ``tcp://HOST:5558`` or ``ipc:///path``, as vLLM's config takes them."""
+    scheme, host, port = _split_endpoint(text, "KV-event replay endpoint")
+    if scheme == "ipc":
+        return ReplayEndpoint("ipc", "", 0, host)
+    return ReplayEndpoint("tcp", "" if host in ("*", "0.0.0.0", "::") else host, port)
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,18 +141,12 @@ class ZmqEndpoint:
 
 def parse_endpoint(text: str) -> ZmqEndpoint:
     """``tcp://*:5557``, ``tcp://127.0.0.1:5557`` or ``ipc:///path``, as vLLM's config takes them."""
-    scheme, sep, rest = text.strip().partition("://")
-    if not sep or scheme not in ("tcp", "ipc") or not rest:
-        raise BadZmqSource(f"KV-event endpoint must be tcp://HOST:PORT or ipc://PATH, got {text!r}")
+    scheme, host, port = _split_endpoint(text, "KV-event endpoint")
     if scheme == "ipc":
-        return ZmqEndpoint("ipc", "", 0, rest)
-    host, sep, port = rest.rpartition(":")
-    host = host.removeprefix("[").removesuffix("]")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise BadZmqSource(f"KV-event endpoint needs a host and a port in 1-65535: {text!r}")
+        return ZmqEndpoint("ipc", "", 0, host)
     vllm_binds = "*" in host or "::" in host
     if host == "*":
-        return ZmqEndpoint("tcp", host, int(port))
+        return ZmqEndpoint("tcp", host, port)
     try:
         address = ipaddress.ip_address(host)
     except ValueError:
@@ -153,12 +156,12 @@ def parse_endpoint(text: str) -> ZmqEndpoint:
         ) from None
     if address.is_unspecified:
         if vllm_binds:  # [::]: vLLM binds every interface, as with *
-            return ZmqEndpoint("tcp", "*", int(port))
+            return ZmqEndpoint("tcp", "*", port)
         raise BadZmqSource(
             f"KV-event endpoint {text!r}: the gateway never binds every interface; name one address (for a"
             " worker that binds every interface, write tcp://*:PORT)"
         )
-    return ZmqEndpoint("tcp", address.compressed, int(port), vllm_binds=vllm_binds)
+    return ZmqEndpoint("tcp", address.compressed, port, vllm_binds=vllm_binds)
 
 
 AUTO = "auto"
