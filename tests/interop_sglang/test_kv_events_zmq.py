@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
-from gateway.workers import vllm_kv_events
+from gateway.workers import zmq_kv_events
 from gateway.workers.kv_events import KvEventFeeder
-from gateway.workers.vllm_kv_events import parse_sources
+from gateway.workers.zmq_kv_events import parse_sources
 from tests.fake_transport import FakeTransport, fleet
 from tests.interop_sglang import servers
-from tests.workers.test_vllm_kv_events import ENGINE, _held, _until
+from tests.workers.test_zmq_kv_events import ENGINE, _held, _until
 
 
 @pytest.fixture
@@ -52,14 +52,14 @@ def _publish(proc: subprocess.Popen[str], order: str) -> str:
 @pytest.fixture
 def drop_rank1_batch1(monkeypatch: pytest.MonkeyPatch) -> None:
     """Rank 1's batch numbered 1 lost between SGLang's socket and the feed."""
-    original = vllm_kv_events.RankSubscriber.frames
+    original = zmq_kv_events.RankSubscriber.frames
 
-    async def lossy(self: vllm_kv_events.RankSubscriber) -> AsyncIterator[list[bytes]]:
+    async def lossy(self: zmq_kv_events.RankSubscriber) -> AsyncIterator[list[bytes]]:
         async for frames in original(self):
             if (self.rank, int.from_bytes(frames[1], "big")) != (1, 1):
                 yield frames
 
-    monkeypatch.setattr(vllm_kv_events.RankSubscriber, "frames", lossy)
+    monkeypatch.setattr(zmq_kv_events.RankSubscriber, "frames", lossy)
 
 
 async def test_sglangs_publishers_feed_each_rank_and_its_replay_fills_a_gap(

@@ -21,12 +21,12 @@ from gateway.workers.kv_event_discovery import discover
 from gateway.workers.kv_events import KvEventFeeder
 from gateway.workers.sglang_http import SglangHttpClient
 from gateway.workers.vllm_http import VllmHttpClient
-from gateway.workers.vllm_kv_events import BadZmqSource, parse_sources, wants_discovery
 from gateway.workers.worker import WorkerInfo
+from gateway.workers.zmq_kv_events import BadZmqSource, parse_sources, wants_discovery
 from tests.fake_transport import FakeTransport, Fleet, fleet
 from tests.workers.test_sglang_http import reply, serving
 from tests.workers.test_vllm_http import MODELS
-from tests.workers.test_vllm_kv_events import (
+from tests.workers.test_zmq_kv_events import (
     Publisher,
     _free_pair,
     _held,

@@ -19,9 +19,9 @@ from gateway.sync.bus import SyncBus
 from gateway.sync.config import SyncConfig
 from gateway.sync.local_server import LocalNatsServer
 from gateway.workers.kv_events import KvEventFeeder
-from gateway.workers.vllm_kv_events import parse_sources
+from gateway.workers.zmq_kv_events import parse_sources
 from tests.fake_transport import FakeTransport, Fleet, fleet
-from tests.workers.test_vllm_kv_events import ENGINE, _free_pair, _held, _payload, _stored, _until
+from tests.workers.test_zmq_kv_events import ENGINE, _free_pair, _held, _payload, _stored, _until
 
 CFG = SyncConfig(sync_heartbeat_s=0.2, sync_peer_timeout_s=2.0, sync_flush_interval_s=0.0)
 RANKS = (f"{ENGINE}@0", f"{ENGINE}@1")

@@ -15,9 +15,9 @@ import zmq.asyncio
 
 from gateway.workers import kv_replay
 from gateway.workers.kv_events import KvEventFeeder
-from gateway.workers.vllm_kv_events import BadZmqSource, parse_replay, parse_sources
+from gateway.workers.zmq_kv_events import BadZmqSource, parse_replay, parse_sources
 from tests.fake_transport import FakeTransport, Fleet, fleet
-from tests.workers.test_vllm_kv_events import (
+from tests.workers.test_zmq_kv_events import (
     ENGINE,
     Publisher,
     _free_pair,

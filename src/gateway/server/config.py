@@ -31,8 +31,8 @@ from gateway.workers.health import HealthConfig
 from gateway.workers.load_monitor import LoadMonitorConfig
 from gateway.workers.registry import MAX_DP_SIZE
 from gateway.workers.tokenizer_fetch import DEFAULT_MAX_TOKENIZER_BYTES
-from gateway.workers.vllm_kv_events import parse_sources
 from gateway.workers.watchdog import WatchdogConfig
+from gateway.workers.zmq_kv_events import parse_sources
 
 
 @dataclass

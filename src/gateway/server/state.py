@@ -48,9 +48,9 @@ from gateway.workers.health import HealthMonitor
 from gateway.workers.kv_events import KvEventFeeder
 from gateway.workers.load_monitor import LoadMonitor
 from gateway.workers.registry import WorkerRegistry, grpc_connect_with
-from gateway.workers.vllm_kv_events import parse_sources, wants_discovery
 from gateway.workers.watchdog import ProgressTracker, Watchdog
 from gateway.workers.worker import Worker
+from gateway.workers.zmq_kv_events import parse_sources, wants_discovery
 
 log = logging.getLogger(__name__)
 

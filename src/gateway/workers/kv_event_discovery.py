@@ -14,7 +14,7 @@ Where each engine reports it:
 
 The config is read as the engine reads it: no publisher (``publisher`` null, or vLLM's
 ``enable_kv_cache_events`` false) means no feed; ``zmq`` gives the endpoint and the replay
-endpoint, read by the rule of an explicit entry (``workers.vllm_kv_events``), with the
+endpoint, read by the rule of an explicit entry (``workers.zmq_kv_events``), with the
 difference that a wildcard host the worker reports (``*``, ``0.0.0.0``, ``::``) means the
 worker binds every interface, so the gateway connects to the worker's own host (its URL's);
 the gateway never binds a wildcard. SGLang binds ``0.0.0.0``; vLLM connects to it, which
@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gateway.workers.vllm_kv_events import BadZmqSource, ZmqEndpoint, parse_endpoint, parse_replay
+from gateway.workers.zmq_kv_events import BadZmqSource, ZmqEndpoint, parse_endpoint, parse_replay
 
 ENGINES_DEFAULT_ENDPOINT = "tcp://*:5557"
 """What both engines publish on when their config names a ZMQ publisher and no endpoint."""

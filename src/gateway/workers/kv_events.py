@@ -17,7 +17,7 @@ batch. Workers whose pool policy keeps no tree are not subscribed.
 An engine with data-parallel ranks has one stream per engine (rank 0's only, on SGLang and
 vLLM's servicer alike), so its ranks are not subscribed through it. An engine named in
 ``--kv-events-zmq`` (vLLM, SGLang) is read from its own publishers instead, one per rank
-(``workers.vllm_kv_events``), each rank's batches applied to that rank's share. There a
+(``workers.zmq_kv_events``), each rank's batches applied to that rank's share. There a
 batch from another rank is dropped and counted (``wrong_rank``; the rank's share kept:
 those events describe another cache), and a frame that is not a batch is counted
 (``malformed``) and resets the rank's share, as a gap does (its events are lost). A
@@ -63,7 +63,8 @@ from gateway.workers import kv_replay
 from gateway.workers.kv_event_discovery import discover
 from gateway.workers.registry import WorkerRegistry
 from gateway.workers.transport import CallCode, WorkerCallError
-from gateway.workers.vllm_kv_events import (
+from gateway.workers.worker import Worker
+from gateway.workers.zmq_kv_events import (
     BadFrame,
     BadZmqSource,
     RankSubscriber,
@@ -71,7 +72,6 @@ from gateway.workers.vllm_kv_events import (
     ZmqEndpoint,
     read_frame,
 )
-from gateway.workers.worker import Worker
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""vLLM's per-rank KV-event publishers read over ZMQ (workers/vllm_kv_events.py and the
+"""vLLM's per-rank KV-event publishers read over ZMQ (workers/zmq_kv_events.py and the
 feeder's per-rank feeds): endpoints and which end binds, frames read into common batches,
 and a fake publisher per rank over real loopback ZMQ sockets: each rank's events reach
 that rank's share only; another rank's batch, a malformed frame, a restarted publisher and
@@ -20,7 +20,7 @@ import zmq.asyncio
 from gateway.policies.cache_aware import CacheAwarePolicy
 from gateway.server.config import ServerConfig
 from gateway.workers.kv_events import KvEventFeeder
-from gateway.workers.vllm_kv_events import (
+from gateway.workers.zmq_kv_events import (
     BadFrame,
     BadZmqSource,
     WrongRank,
