@@ -154,6 +154,7 @@ async def admitted(admission: Admission, ctx: RequestContext, method: str) -> As
     try:
         yield
     finally:
+        ctx.admit = None  # a call refused before it reserved (e.g. from its prompt's length) leaves no ctx -> take -> ctx cycle
         for ticket in tickets:
             ticket.release()
 
