@@ -212,9 +212,11 @@ class Engine:
         """``_size`` of a text the prompt cache encodes: a long text counts only the part the
         cache does not hold (``PrefixTokenCache.new_chars``), so a long prompt behind a cached
         shared prefix is encoded inline instead of paying two thread hand-offs for a short encode."""
-        size = self._size(entry.tokenizer, text)
-        if size != len(text) or size <= self.config.offload_chars or size > WALK_CHARS_FACTOR * self.config.offload_chars:
-            return size  # short, elsewhere, or so long that its cut alone would hold the loop
+        limit = self.config.offload_chars
+        if len(text) <= limit:
+            return self._size(entry.tokenizer, text)
+        if len(text) > WALK_CHARS_FACTOR * limit or entry.tokenizer.encodes_elsewhere(text):
+            return len(text)  # so long that its cut alone would hold the loop, or a helper process's encode
         return entry.prompt_cache.new_chars(text, prompt=prompt, refused_at=refused_at)
 
     def _warm_encoder(self, tokenizer: Tokenizer, size: int) -> None:
