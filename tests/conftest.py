@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 from tokenizers import Tokenizer as BackendTokenizer
 
 from gateway.pipeline import catalog as catalog_module
+from gateway.sync.local_server import LocalNatsServer
 from gateway.tokenization import tokenizer as tokenizer_module
 
 # The files Tokenizer's constructor reads to adjust the backend it is given (truncation,
@@ -61,3 +62,13 @@ def _tokenizer_parsed_once(request: pytest.FixtureRequest) -> Iterator[None]:
         mp.setattr(tokenizer_module, "BackendTokenizer", _ParsedOnce)
         mp.setattr(catalog_module, "parse_in_child", lambda json_file, *_, **__: _ParsedOnce.from_file(str(json_file)))
         yield
+
+
+@pytest.fixture
+async def nats() -> AsyncIterator[LocalNatsServer]:
+    """A real nats-server on a free loopback port for one test (the sync bus's tests)."""
+    server = await LocalNatsServer().start()
+    try:
+        yield server
+    finally:
+        await server.stop()

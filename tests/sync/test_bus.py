@@ -47,15 +47,6 @@ class Node:
         return tree.match_packed(self.router.p._packed(RouteRequest(tokens, model="m")))[1].get(worker, 0)
 
 
-@pytest.fixture
-async def nats() -> LocalNatsServer:
-    server = await LocalNatsServer().start()
-    try:
-        yield server  # type: ignore[misc]
-    finally:
-        await server.stop()
-
-
 async def test_a_decision_reaches_the_other_tree_and_load_view(nats: LocalNatsServer) -> None:
     a, b = Node(nats.url, "a"), Node(nats.url, "b")
     a.bus.start()

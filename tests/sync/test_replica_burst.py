@@ -14,7 +14,7 @@ clearing the field it would not have sent (``WorkerLoad.queued_prompt_tokens``).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -36,15 +36,6 @@ async def _until(cond: Callable[[], bool], what: str, limit: float = 20.0) -> No
         while not cond():  # noqa: ASYNC110 (polling state the bus's client task owns)
             await asyncio.sleep(0.005)
     assert cond(), what
-
-
-@pytest.fixture
-async def nats() -> AsyncIterator[LocalNatsServer]:
-    server = await LocalNatsServer().start()
-    try:
-        yield server
-    finally:
-        await server.stop()
 
 
 async def _one(build: Build, cost: CostKnobs | None = None) -> Placement:

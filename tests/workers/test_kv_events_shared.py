@@ -8,9 +8,7 @@ comes back follows it."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
-import pytest
 import zmq
 import zmq.asyncio
 
@@ -79,15 +77,6 @@ class Publisher:
 
     def close(self) -> None:
         self.sock.close(linger=0)
-
-
-@pytest.fixture
-async def nats() -> AsyncIterator[LocalNatsServer]:
-    server = await LocalNatsServer().start()
-    try:
-        yield server
-    finally:
-        await server.stop()
 
 
 async def _dp_fleet() -> Fleet:
