@@ -129,3 +129,23 @@ def test_a_synced_process_shares_the_kv_event_endpoints_it_binds() -> None:
     alone.server.kv_events = True
     single = GatewayState(alone)
     assert single.sync is None and single.kv_events is not None and single.kv_events._relay is None
+
+
+def test_http_workers_are_asked_for_their_kv_event_publisher_only_with_auto() -> None:
+    """``--kv-events --kv-events-zmq auto`` makes the HTTP clients ask for the publisher where
+    that costs a request of its own (vLLM's development-mode ``/server_info``); nothing else does."""
+    from gateway.server.state import GatewayState
+    from gateway.workers.sglang_http import SglangHttpClient
+
+    def asks(**flags: object) -> bool:
+        config = GatewayConfig()
+        for name, value in flags.items():
+            setattr(config.server, name, value)
+        client = GatewayState(config).registry._connect("http://127.0.0.1:1", None, None)
+        assert isinstance(client, SglangHttpClient)
+        return client.kv_event_discovery
+
+    assert asks(kv_events=True, kv_events_zmq=["auto"])
+    assert not asks(kv_events=True, kv_events_zmq=["http://127.0.0.1:1=tcp://*:5557"])
+    assert not asks(kv_events=True)
+    assert not asks()

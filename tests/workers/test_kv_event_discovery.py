@@ -19,6 +19,7 @@ from gateway.server.config import ServerConfig
 from gateway.workers import vllm_grpc_wire
 from gateway.workers.kv_event_discovery import discover
 from gateway.workers.kv_events import KvEventFeeder
+from gateway.workers.registry import grpc_connect_with, with_engine
 from gateway.workers.sglang_http import SglangHttpClient
 from gateway.workers.vllm_http import VllmHttpClient
 from gateway.workers.worker import WorkerInfo
@@ -122,7 +123,7 @@ async def test_vllm_reports_it_over_http_in_development_mode_only() -> None:
         p.routes["/v1/models"] = reply(MODELS)
         p.routes["/server_info"] = reply({"vllm_config": {"model_config": {"model": "qwen"}, "kv_events_config": VLLM_CONFIG},
                                           "vllm_env": {}, "system_env": {}})
-        client = VllmHttpClient(url)
+        client = VllmHttpClient(url, kv_event_discovery=True)
         try:
             info = WorkerInfo.from_replies(pb.GetModelInfoResponse(), await client.server_info())
             assert json.loads(info.kv_events_config) == VLLM_CONFIG
@@ -136,6 +137,28 @@ async def test_vllm_reports_it_over_http_in_development_mode_only() -> None:
     # vLLM's gRPC GetServerInfo has no KV-event configuration at all.
     grpc = vllm_grpc_wire.server_info(vpb.GetServerInfoResponse(data_parallel_size=2), None, 0)
     assert WorkerInfo.from_replies(pb.GetModelInfoResponse(), grpc).kv_events_config == ""
+
+
+async def test_vllm_is_not_asked_without_auto() -> None:
+    """The development-mode route is a request of its own (and vLLM collects its host's
+    environment there the first time): without ``--kv-events-zmq auto`` it is never asked, on
+    the join's probe or after; the engine detection keeps the setting either way."""
+    async with serving() as (p, url):
+        p.routes["/v1/models"] = reply(MODELS)
+        p.routes["/server_info"] = reply({"vllm_config": {"kv_events_config": VLLM_CONFIG}})
+        quiet = await with_engine(grpc_connect_with("h2")(url, None, None), "auto", 5.0)
+        asking = await with_engine(grpc_connect_with("h2", kv_event_discovery=True)(url, None, None), "auto", 5.0)
+        try:
+            assert isinstance(quiet, VllmHttpClient) and isinstance(asking, VllmHttpClient)
+            p.paths.clear()
+            for _ in range(2):
+                assert "kv_events_config" not in (await quiet.server_info()).server_args
+            assert "/server_info" not in p.paths and p.paths.count("/v1/models") == 2
+            assert json.loads(WorkerInfo.from_replies(pb.GetModelInfoResponse(), await asking.server_info()).kv_events_config) == VLLM_CONFIG
+            assert "/server_info" in p.paths
+        finally:
+            await quiet.close()
+            await asking.close()
 
 
 # --- end to end: a worker that joins reporting a real loopback publisher ------------------------

@@ -34,6 +34,7 @@ class Peer:
         self.routes: dict[str, Handler] = {}
         self.bodies: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
+        self.paths: list[str] = []  # every request's path, in order
         self.disconnected = asyncio.Event()
         self.server: uvicorn.Server | None = None
 
@@ -42,6 +43,7 @@ class Peer:
                 raw = await request.body()
                 self.bodies.append(orjson.loads(raw) if raw else {})
             self.headers.append(dict(request.headers))
+            self.paths.append(request.url.path)
             handler = self.routes.get(request.url.path)
             if handler is None:
                 return JSONResponse({"detail": "Not Found"}, status_code=404)

@@ -98,7 +98,9 @@ class GatewayState:
             probe_timeout_s=server.probe_timeout_s,
             breaker=config.health.breaker,
             progress=lambda: ProgressTracker(config.watchdog),
-            connect=grpc_connect_with(server.worker_stream_transport),
+            connect=grpc_connect_with(
+                server.worker_stream_transport, kv_event_discovery=server.kv_events and wants_discovery(server.kv_events_zmq),
+            ),
         )
         self.router = Router(
             self.registry,

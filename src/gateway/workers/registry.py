@@ -42,12 +42,14 @@ def grpc_connect(url: str, tls: TlsOptions | None, api_key: str | None) -> Worke
     return grpc_connect_with("h2")(url, tls, api_key)
 
 
-def grpc_connect_with(stream_transport: str) -> Connect:
-    """``grpc_connect`` with gRPC Generate streams over ``stream_transport`` ("h2" or "grpcio")."""
+def grpc_connect_with(stream_transport: str, *, kv_event_discovery: bool = False) -> Connect:
+    """``grpc_connect`` with gRPC Generate streams over ``stream_transport`` ("h2" or "grpcio");
+    ``kv_event_discovery``: HTTP workers are asked for their KV-event publisher where that
+    costs a request of its own (``--kv-events-zmq auto``)."""
 
     def connect(url: str, tls: TlsOptions | None, api_key: str | None) -> WorkerTransport:
         if parse_worker_url(url).is_http:
-            return SglangHttpClient(url, tls=tls, api_key=api_key)
+            return SglangHttpClient(url, tls=tls, api_key=api_key, kv_event_discovery=kv_event_discovery)
         return WorkerClient(url, tls=tls, api_key=api_key, stream_transport=stream_transport)
 
     return connect

@@ -380,18 +380,24 @@ class HttpWorkerClient:
     models: tuple[str, ...] = ()  # an engine's HTTP server serves the one model it reports
     _dialect: Dialect
 
-    def __init__(self, url: str, *, tls: TlsOptions | None = None, api_key: str | None = None) -> None:
+    def __init__(
+        self, url: str, *, tls: TlsOptions | None = None, api_key: str | None = None, kv_event_discovery: bool = False,
+    ) -> None:
         self.address: WorkerAddress = parse_worker_url(url)
         self.url = self.address.url
         self._auth = {"authorization": f"Bearer {api_key}"} if api_key else {}
         self._ssl: ssl.SSLContext | bool = http_ssl_context(tls) if self.address.scheme == "https" else False
         self._session: aiohttp.ClientSession | None = None
+        # Whether the gateway reads the worker's KV-event publisher from its report
+        # (``--kv-events-zmq auto``): an engine whose report of it costs a request of its
+        # own asks only then.
+        self.kv_event_discovery = kv_event_discovery
         self._options = (tls, api_key)
 
     def same_worker_as(self, kind: type[_C]) -> _C:
         """A client of another engine's kind for this worker (engine detection)."""
         tls, api_key = self._options
-        return kind(self.url, tls=tls, api_key=api_key)
+        return kind(self.url, tls=tls, api_key=api_key, kv_event_discovery=self.kv_event_discovery)
 
     @property
     def _http(self) -> aiohttp.ClientSession:

@@ -99,7 +99,9 @@ class VllmHttpClient(HttpWorkerClient):
     def __init__(self, url: str, **kwargs: Any) -> None:
         super().__init__(url, **kwargs)
         self._dialect: VllmDialect = VllmDialect("")
-        self._asks_server_info = True  # vLLM's development-mode /server_info (its KV-event config)
+        # vLLM's development-mode /server_info (its KV-event config): asked only for
+        # ``--kv-events-zmq auto``, and no more once it answered that the route is missing.
+        self._asks_server_info = self.kv_event_discovery
 
     def generate(self, request: pb.GenerateRequest, *, timeout: float | None = None) -> HttpGenerateCall:
         headers = self._headers(request.request_id)
@@ -203,7 +205,8 @@ class VllmHttpClient(HttpWorkerClient):
     async def _kv_events_config(self, timeout: float) -> dict[str, Any] | None:
         """vLLM's ``kv_events_config`` from ``/server_info?config_format=json``, which vLLM serves
         only in its development mode (``VLLM_SERVER_DEV_MODE=1``); without it the route is
-        missing, asked once and not again, and the publisher must be named by the operator."""
+        missing, asked once and not again, and the publisher must be named by the operator.
+        Not asked at all unless the gateway reads publishers from reports (``kv_event_discovery``)."""
         if not self._asks_server_info:
             return None
         try:
