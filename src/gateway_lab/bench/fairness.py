@@ -65,9 +65,11 @@ class FairnessConfig:
     system_tokens: int = option(512, "tokens of each group's system prompt")
     question_tokens: int = option(64, "tokens of each request's own question")
     output_tokens: int = option(32, "output tokens per request")
+    seeds: list[int] = option([1], "workload seeds, one cell each: the light key's requests and arrivals (seed S), the heavy key's (S + 1), the shares run's keys' (S + 2, S + 3)")
     serve_args: str = option("", "more 'token-gateway serve' flags for the gateway, in one quoted string")
     json_out: str = option("", "write the figures as JSON to this file", flag="--json")
     markdown: str = option("", "write the table as Markdown to this file")
+    requests_out: str = option("", "write one JSON line per request to this file (fleet, queue, seed, run, key, index, arrival, TTFT, worker, cached tokens), so one cell's requests can be set beside another's")
 
     def __post_init__(self) -> None:
         if len(self.share_weights) != 2 or min(self.share_weights) <= 0:
@@ -77,6 +79,8 @@ class FairnessConfig:
             queue_flags(q)
         if self.light_rate <= 0 or self.heavy_factor <= 0 or self.share_rate <= 0 or self.duration_s <= 0:
             raise ValueError("rates, factor and duration must be positive")
+        if not self.seeds:
+            raise ValueError("--seeds needs at least one seed")
 
 
 def parse_queue(text: str) -> tuple[int, int, int]:
@@ -138,6 +142,7 @@ class Cell:
 
     fleet: str
     queue: str
+    seed: int = 1
     alone_p50: float = math.nan
     alone_p99: float = math.nan
     light_p50: float = math.nan
@@ -170,13 +175,65 @@ def header(config: FairnessConfig) -> list[str]:
 
 def row(cell: Cell) -> list[str]:
     share = " / ".join("-" if math.isnan(v) else f"{v:.2f}" for v in cell.share.values()) or "-"
+    queue = cell.queue if cell.seed == 1 else f"{cell.queue} (seed {cell.seed})"
     return [
-        cell.fleet, cell.queue,
+        cell.fleet, queue,
         f"{_ms(cell.alone_p50)} / {_ms(cell.alone_p99)}", f"{_ms(cell.light_p50)} / {_ms(cell.light_p99)}",
         "-" if math.isnan(cell.ratio) else ("inf" if math.isinf(cell.ratio) else f"{cell.ratio:.2f}"),
         cell.light_ok, f"{cell.heavy_done_per_s:.1f}", f"{cell.all_done_per_s:.1f}", share,
         "-" if cell.hit_rate is None else f"{100 * cell.hit_rate:.1f}%",
     ]  # fmt: skip
+
+
+def worker_index(worker_id: str | None, workers: Sequence[str]) -> int | str | None:
+    """``worker_id`` as its place in the fleet's ``workers`` (ids or URLs, in the fleet's
+    order), so the real bench's workers and the replay's compare; unknown: as it came."""
+    if not worker_id:
+        return None
+    for i, w in enumerate(workers):
+        if worker_id == w or worker_id == w.split("://", 1)[-1].rstrip("/"):
+            return i
+    return worker_id
+
+
+def request_rows(cell: Cell, run: str, results: Mapping[str, Sequence[Any]], workers: Sequence[str]) -> list[dict[str, Any]]:
+    """One row per request of ``cell``'s run ``run`` (alone, together, shares), by key and
+    arrival order: what ``--requests-out`` writes. Fields a result lacks (the replay's
+    admission and gate waits, the policy's reason) are left out."""
+    rows = []
+    for key, outs in results.items():
+        for index, r in enumerate(outs):
+            row: dict[str, Any] = {
+                "fleet": cell.fleet, "queue": cell.queue, "seed": cell.seed, "run": run, "key": key, "index": index,
+                "start_s": round(r.start_s, 6), "ok": r.ok,
+                "ttft_s": None if r.ttft_s is None else round(r.ttft_s, 6),
+                "latency_s": None if r.latency_s is None else round(r.latency_s, 6),
+                "worker": worker_index(r.worker_id, workers), "prompt_tokens": r.prompt_tokens,
+                "cached_tokens": r.cached_tokens,
+            }  # fmt: skip
+            for extra in ("admission_s", "gate_s", "reason"):
+                value = getattr(r, extra, None)
+                if value is not None:
+                    row[extra] = round(value, 6) if isinstance(value, float) else value
+            rows.append(row)
+    return rows
+
+
+def fresh_requests_out(config: FairnessConfig) -> None:
+    """Empty ``--requests-out`` before a run's cells append to it."""
+    if config.requests_out:
+        with open(config.requests_out, "wb"):
+            pass
+
+
+def append_rows(path: str, rows: Sequence[dict[str, Any]]) -> None:
+    """Append ``rows`` to ``path`` as JSON lines (nothing when ``path`` is empty)."""
+    if not path or not rows:
+        return
+    import json
+
+    with open(path, "a", encoding="utf-8") as out:
+        out.writelines(json.dumps(row) + "\n" for row in rows)
 
 
 # ---------------------------------------------------------------------------- runs
@@ -224,7 +281,9 @@ async def drive(url: str, loads: dict[str, tuple[str, Any]], config: FairnessCon
     return {name: run.results for name, run in zip(loads, runs, strict=True)}
 
 
-async def run_cell(config: FairnessConfig, fleet: str, queue: str, vocab: Any, tokenizer_dir: str, scratch: str) -> Cell:
+async def run_cell(
+    config: FairnessConfig, fleet: str, queue: str, vocab: Any, tokenizer_dir: str, scratch: str, seed: int = 1,
+) -> Cell:
     from gateway_lab.bench import launch
     from gateway_lab.sim.config import SimConfig
 
@@ -234,15 +293,15 @@ async def run_cell(config: FairnessConfig, fleet: str, queue: str, vocab: Any, t
         step_base_s=shape.step_base_s, prefill_token_s=shape.prefill_token_s, decode_seq_s=shape.decode_seq_s,
         time_scale=config.time_scale_sim, seed=0,
     )  # fmt: skip
-    light = tenant_workload(config, vocab, config.light_rate, seed=1)
-    heavy = tenant_workload(config, vocab, config.light_rate * config.heavy_factor, seed=2)
-    share_a = tenant_workload(config, vocab, config.share_rate, seed=3)
-    share_b = tenant_workload(config, vocab, config.share_rate, seed=4)
-    cell = Cell(fleet, queue)
+    light = tenant_workload(config, vocab, config.light_rate, seed=seed)
+    heavy = tenant_workload(config, vocab, config.light_rate * config.heavy_factor, seed=seed + 1)
+    share_a = tenant_workload(config, vocab, config.share_rate, seed=seed + 2)
+    share_b = tenant_workload(config, vocab, config.share_rate, seed=seed + 3)
+    cell = Cell(fleet, queue, seed)
     headroom, reserve, budget = parse_queue(queue)
     prompt = cached = 0
 
-    async def one_run(loads: dict[str, tuple[str, Any]], weights: list[str]) -> dict[str, list[Any]]:
+    async def one_run(loads: dict[str, tuple[str, Any]], weights: list[str], run: str) -> dict[str, list[Any]]:
         nonlocal prompt, cached
         args = [
             "--tokenizer-path", tokenizer_dir, "--tokenizer-cache-dir", scratch, "--log-level", "warning",
@@ -257,6 +316,7 @@ async def run_cell(config: FairnessConfig, fleet: str, queue: str, vocab: Any, t
             "ours", workers.urls, config.policy, extra_args=args, log_dir=scratch, ready_timeout_s=180.0
         ) as served:
             results = await drive(served.url, loads, config)
+            append_rows(config.requests_out, request_rows(cell, run, results, workers.urls))
         for rs in results.values():
             for r in rs:
                 if r.ok:
@@ -264,9 +324,9 @@ async def run_cell(config: FairnessConfig, fleet: str, queue: str, vocab: Any, t
                     cached += r.cached_tokens
         return results
 
-    alone = await one_run({"light": ("key-light", light)}, [])
+    alone = await one_run({"light": ("key-light", light)}, [], "alone")
     cell.alone_p50, cell.alone_p99 = ttft_percentile(alone["light"], 50), ttft_percentile(alone["light"], 99)
-    together = await one_run({"light": ("key-light", light), "heavy": ("key-heavy", heavy)}, [])
+    together = await one_run({"light": ("key-light", light), "heavy": ("key-heavy", heavy)}, [], "together")
     cell.light_p50, cell.light_p99 = ttft_percentile(together["light"], 50), ttft_percentile(together["light"], 99)
     cell.light_ok = f"{sum(r.ok for r in together['light'])}/{len(light.requests)}"
     window = (config.duration_s / 3, config.duration_s)
@@ -279,7 +339,7 @@ async def run_cell(config: FairnessConfig, fleet: str, queue: str, vocab: Any, t
     cell.all_done_per_s = cell.heavy_done_per_s + done_per_s(together["light"])
     if config.shares:
         wa, wb = config.share_weights
-        both = await one_run({"a": ("key-a", share_a), "b": ("key-b", share_b)}, [f"key-a={wa:g}", f"key-b={wb:g}"])
+        both = await one_run({"a": ("key-a", share_a), "b": ("key-b", share_b)}, [f"key-a={wa:g}", f"key-b={wb:g}"], "shares")
         cell.share = shares(both, {"a": wa, "b": wb}, *window)
     cell.hit_rate = cached / prompt if prompt else None
     return cell
@@ -294,11 +354,12 @@ async def run_all(config: FairnessConfig, console: Any, tokenizer_dir: str) -> l
     cells = []
     with tempfile.TemporaryDirectory(prefix="token-gateway-fairness-") as scratch:
         for fleet in config.fleets:
-            for queue in config.queues:
-                start = time.monotonic()
-                cell = await run_cell(config, fleet, queue, vocab, tokenizer_dir, scratch)
-                cells.append(cell)
-                console.print(" | ".join(row(cell)) + f"  ({time.monotonic() - start:.0f} s)")
+            for seed in config.seeds:
+                for queue in config.queues:
+                    start = time.monotonic()
+                    cell = await run_cell(config, fleet, queue, vocab, tokenizer_dir, scratch, seed)
+                    cells.append(cell)
+                    console.print(" | ".join(row(cell)) + f"  ({time.monotonic() - start:.0f} s)")
     return cells
 
 
@@ -315,6 +376,7 @@ def run(args: argparse.Namespace) -> int:
 
     config = config_of(args)
     console = results.console(200)
+    fresh_requests_out(config)
     cells = asyncio.run(run_all(config, console, str(default_tokenizer_dir())))
     return report(config, console, cells, "fairness")
 

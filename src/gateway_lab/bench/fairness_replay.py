@@ -16,39 +16,51 @@ rules (``pipeline.router.slot_bounded`` / ``reserved_prefill``) and each worker'
 the gateway counts it (``workers.load.WorkerLoad``); the workers are the simulator's own
 scheduler (``sim.scheduler``: its step cost model, radix cache and FIFO admission), fed
 the same seeded gsp requests at the same Poisson arrival times as the bench's runs.
-What is left out: the gateway's own time per request (tokenizing, HTTP, gRPC), the load
-poller, retries and the watchdog. A request is cut, like the bench's driver cuts it,
-``duration_s + grace_s`` after the run's start.
+The serving gateway's prefill gate (``pipeline.prefill_gate.PrefillHolds``: a request waits
+while one sharing its prefix is in prefill on its worker) and its load poll (the workers'
+own queue figures, ``GetLoads`` every ``load_poll_interval_s``, read by the policy as
+``WorkerView.loads``) are modelled as ``serve`` runs them by default; ``--no-replay-prefill-gate``
+and ``--replay-load-poll-s 0`` leave them out.
+What is left out: the gateway's own time per request (tokenizing, HTTP, gRPC; ``--replay-gateway-ms``
+stands in a seeded random delay for it), retries and the watchdog. A request is cut, like the bench's driver cuts it, ``duration_s + grace_s``
+after the run's start.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
+from gateway.pipeline.prefill_gate import PrefillGateConfig, PrefillHolds
 from gateway.pipeline.router import reserved_prefill, slot_bounded
 from gateway.pipeline.worker_gate import NO_GATE, Pass, WorkerGate
 from gateway.policies import PolicyConfig, close_policy, make_policy
-from gateway.policies.base import Policy, RouteRequest, WorkerView
+from gateway.policies.base import Decision, LoadSnapshot, Policy, RouteRequest, WorkerView
 from gateway.protocol.errors import GatewayError
 from gateway.server.admission import Admission, AdmissionConfig
+from gateway.settings import add_options, from_namespace, option
 from gateway.workers.load import WorkerLoad
+from gateway.workers.watchdog import ProgressTracker
 from gateway_lab.bench.fairness import (
     Cell,
     FairnessConfig,
+    append_rows,
     config_of,
+    fresh_requests_out,
     parse_queue,
     queue_flags,
     report,
+    request_rows,
     row,
     shares,
     tenant_workload,
     ttft_percentile,
 )
-from gateway_lab.bench.fairness import add_arguments as add_arguments
+from gateway_lab.bench.fairness import add_arguments as add_fairness_arguments
 from gateway_lab.bench.trace_bench import FLEETS
 from gateway_lab.sim.config import SimConfig
 from gateway_lab.sim.counters import SimCounters
@@ -70,6 +82,30 @@ class Outcome:
     latency_s: float | None = None
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    worker_id: str | None = None
+    admission_s: float | None = None  # waited for an admission slot
+    gate_s: float | None = None  # waited in the worker gate
+    reason: str | None = None  # the policy's reason; "+moved" when the gate's reservation moved it
+
+
+@dataclass(slots=True)
+class ReplayModel:
+    """What of the serving gateway the replay models beyond admission, the gate and the policy."""
+
+    replay_prefill_gate: bool = option(True, "model serve's prefill gate (on by default there): a request waits while one sharing its prefix is in prefill on its worker (--no-replay-prefill-gate: leave it out)")
+    replay_load_poll_s: float = option(0.5, "model serve's load poll: the workers' own queue figures the policy reads, taken this many seconds apart as serve's --load-poll-interval-s (0: leave it out)")
+    replay_gateway_ms: float = option(0.0, "each request reaches admission a uniform 0..this many ms after it was sent, drawn from the workload's seed: the gateway's own time per request, which the replay otherwise leaves out; several values show how much a cell's tail hangs on the order of near-simultaneous arrivals (0: none)")
+
+    def __post_init__(self) -> None:
+        if self.replay_load_poll_s < 0:
+            raise ValueError("--replay-load-poll-s must be >= 0")
+        if self.replay_gateway_ms < 0:
+            raise ValueError("--replay-gateway-ms must be >= 0")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_fairness_arguments(parser)
+    add_options(parser.add_argument_group("replay model"), ReplayModel)
 
 
 def admission_config(queue: str, timeout_s: float, weights: list[str]) -> AdmissionConfig:
@@ -89,8 +125,28 @@ def admission_config(queue: str, timeout_s: float, weights: list[str]) -> Admiss
     return config
 
 
+@dataclass(frozen=True, slots=True)
+class _Info:
+    """The worker facts the prefill gate reads (``Worker.info``'s fields of the same names)."""
+
+    max_running_requests: int
+    page_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Selection:
+    """What the prefill gate reads of a router selection (``pipeline.prefill_gate.Selection``)."""
+
+    worker: ReplayWorker
+    decision: Decision
+    prompt: bytes
+    role: str = "regular"
+
+
 class ReplayWorker:
-    """One simulated worker and the gateway's count of what it has sent there."""
+    """One simulated worker and the gateway's count of what it has sent there (with the
+    fields of ``workers.worker.Worker`` the prefill gate reads: ``load``, ``remote_load``,
+    ``info``, ``progress``)."""
 
     def __init__(self, worker_id: str, sim: SimConfig) -> None:
         self.id = worker_id
@@ -98,22 +154,47 @@ class ReplayWorker:
         self.cache = RadixCache(sim.page_size, sim.kv_capacity_tokens)
         self.scheduler = Scheduler(sim, self.cache, SimCounters())
         self.load = WorkerLoad()
+        self.remote_load = WorkerLoad()  # no sibling processes here: always empty
+        self.info = _Info(sim.max_running_requests, sim.page_size)
+        self.progress = ProgressTracker()
+        self.polled: LoadSnapshot | None = None
+        self.polled_at = 0.0
 
-    def view(self) -> WorkerView:
+    def poll(self, now: float) -> None:
+        """Take the worker's own load figures as its GetLoads answer gives them
+        (``sim.worker``'s ``scheduler_load``: the fields the policies read)."""
+        sched, cache = self.scheduler, self.cache
+        self.polled = LoadSnapshot(
+            num_running_reqs=sched.num_running, num_waiting_reqs=sched.num_waiting,
+            num_used_tokens=cache.used_tokens, max_total_num_tokens=cache.capacity,
+            token_usage=cache.used_tokens / cache.capacity,
+            num_waiting_uncached_tokens=sched.waiting_uncached_tokens(),
+        )  # fmt: skip
+        self.polled_at = now
+
+    def view(self, now: float = 0.0) -> WorkerView:
         load = self.load
+        polled = self.polled
         return WorkerView(
             self.id, f"sim://{self.id}", in_flight=load.in_flight, queued_prefill_tokens=load.queued_prefill_tokens,
             running_decode_tokens=load.running_decode_tokens, kv_capacity_tokens=self.sim.kv_capacity_tokens,
             page_size=self.sim.page_size, max_running_requests=self.sim.max_running_requests,
+            loads=None if polled is None else polled.aged(now - self.polled_at),
         )  # fmt: skip
 
 
 class Replay:
     """One run: a fresh fleet and gateway, each key's requests sent at their arrival times."""
 
-    def __init__(self, config: FairnessConfig, sim: SimConfig, admission: AdmissionConfig, vocab: SimVocab) -> None:
+    def __init__(
+        self, config: FairnessConfig, sim: SimConfig, admission: AdmissionConfig, vocab: SimVocab,
+        model: ReplayModel | None = None,
+    ) -> None:
         self.config = config
+        self.model = model = model or ReplayModel()
         self.vocab = vocab
+        self.holds = PrefillHolds() if model.replay_prefill_gate else None
+        self.holds_config = PrefillGateConfig()
         self.workers = [ReplayWorker(f"w{i}", sim) for i in range(config.workers)]
         self.by_id = {w.id: w for w in self.workers}
         self.policy: Policy = make_policy(PolicyConfig(policy=config.policy))
@@ -130,7 +211,8 @@ class Replay:
                 {k: float(v) for k, v in weights.items()}, headroom=admission.fleet_headroom,
                 reserve=admission.fair_reserve, prefill_budget=admission.prefill_budget_tokens,
                 share_first=admission.gate_share_first, fair_spill=admission.fair_spill,
-                prefill_reserve=admission.fair_prefill_reserve, warm_reroute=admission.fair_warm_reroute, yields_prefill=self.admission.yields_prefill,
+                prefill_reserve=admission.fair_prefill_reserve, warm_reroute=admission.fair_warm_reroute,
+                yields_prefill=self.admission.yields_prefill,
                 contended=self.admission.contended, below_share=self.admission.below_share,
                 aging_s=admission.priority_aging_s, low_values_first=admission.low_priority_values_first,
                 across_tenants=admission.priority_across_keys, clock=self._now,
@@ -141,19 +223,23 @@ class Replay:
     def _now() -> float:
         return asyncio.get_running_loop().time()
 
-    def _route(self, tenant: str, route: RouteRequest) -> tuple[ReplayWorker, int]:
-        """The worker the router would pick and the uncached tokens the policy predicts there."""
-        views = [w.view() for w in self.workers]
+    def _route(self, tenant: str, route: RouteRequest) -> tuple[ReplayWorker, Decision, str]:
+        """The worker the router would pick, its decision and the decision's reason."""
+        now = self._now()
+        views = [w.view(now) for w in self.workers]
         gate = self.gate
         if gate is None and self.headroom >= 0:
             views = slot_bounded(views, self.headroom)
         elif gate is not None and gate.spills(tenant):
             views = slot_bounded(views, 0)
         decision = self.policy.select(route, views)
+        reason = decision.reason
         if gate is not None:
+            chosen = decision.worker_id
             decision = reserved_prefill(gate, self.policy, route, views, decision)
+            reason = decision.reason + ("+moved" if decision.worker_id != chosen else "")
         self.policy.on_dispatch(route, decision)
-        return self.by_id[decision.worker_id], max(0, len(route.token_ids) - decision.predicted_cached_tokens)
+        return self.by_id[decision.worker_id], decision, reason
 
     async def request(self, tenant: str, rid: str, ids: list[int], max_new: int, out: Outcome) -> None:
         """One request from admission to its last token (the dispatcher's order of steps)."""
@@ -162,15 +248,31 @@ class Replay:
             ticket = await self.admission.acquire(tenant)
         except GatewayError:
             return
+        out.admission_s = loop.time() - out.start_s
         route = RouteRequest(ids, request_id=rid, max_new_tokens=max_new)
-        worker, uncached = self._route(tenant, route)
+        worker, decision, out.reason = self._route(tenant, route)
+        uncached = max(0, len(ids) - decision.predicted_cached_tokens)
+        out.worker_id = worker.id
         guard = worker.load.acquire(len(ids), max_new)
         gate_pass: Pass = NO_GATE
         seq: SimSequence | None = None
         success = False
+        hold_key = 0
         try:
             if self.gate is not None:
+                entered = loop.time()
                 gate_pass = await self.gate.enter(worker.id, worker.sim.max_running_requests, uncached)
+                out.gate_s = loop.time() - entered
+            sent = loop.time()
+            if self.holds is not None:  # as dispatch.open_on: after the gate, before the send
+                packed = self.policy.packed(route)
+                selection: Any = _Selection(worker, decision, packed if packed is not None else b"")
+                hold = self.holds.check(selection, self.holds_config)
+                if hold is not None:
+                    await self.holds.wait(hold, "replay", "regular")
+                    out.gate_s = (out.gate_s or 0.0) + loop.time() - sent
+                    sent = loop.time()
+                hold_key = self.holds.dispatched(selection)
             sink = Sink()
             seq = SimSequence(
                 rid, 0, ids, TokenSource(self.vocab, prompt_digest(ids, 0), 0, 0.0), sink,
@@ -184,6 +286,10 @@ class Replay:
                     if out.ttft_s is None:
                         out.ttft_s = loop.time() - out.start_s
                         gate_pass.prefilled()
+                        if self.holds is not None:
+                            self.holds.prefilled(hold_key)
+                            hold_key = 0
+                        worker.progress.first_message(len(ids) - seq.cached_tokens, loop.time() - sent)
                         guard.first_token()
                     final = final or last
             out.ok = success = True
@@ -193,20 +299,35 @@ class Replay:
             if seq is not None and not seq.done:
                 worker.scheduler.abort(seq)
             gate_pass.prefilled()
+            if self.holds is not None:
+                self.holds.prefilled(hold_key)
             gate_pass()
             guard.release()
             ticket.release()
             self.policy.on_finish(route, worker.id, seq.cached_tokens if seq is not None else 0, success)
 
-    async def run(self, loads: dict[str, Any]) -> dict[str, list[Outcome]]:
-        """Each key's workload (tenant -> workload) from time 0; outcomes by tenant."""
+    async def _poll_loads(self) -> None:
+        """Every ``replay_load_poll_s``: each worker's own figures, as the load monitor polls them."""
+        while True:
+            now = self._now()
+            for w in self.workers:
+                w.poll(now)
+            await asyncio.sleep(self.model.replay_load_poll_s)
+
+    async def run(self, loads: dict[str, Any], jitter_seed: int = 0) -> dict[str, list[Outcome]]:
+        """Each key's workload (tenant -> workload) from time 0; outcomes by tenant. Each
+        request is delayed by its draw of ``replay_gateway_ms`` (``jitter_seed``)."""
+        draw = random.Random(jitter_seed)
+        most = self.model.replay_gateway_ms / 1000
         loop = asyncio.get_running_loop()
         runners = [asyncio.create_task(w.scheduler.run()) for w in self.workers]
+        if self.model.replay_load_poll_s > 0:
+            runners.append(asyncio.create_task(self._poll_loads()))
         results: dict[str, list[Outcome]] = {}
         tasks = []
 
-        async def send(tenant: str, i: int, spec: Any, out: Outcome) -> None:
-            await asyncio.sleep(max(0.0, out.start_s - loop.time()))
+        async def send(tenant: str, i: int, spec: Any, out: Outcome, delay: float) -> None:
+            await asyncio.sleep(max(0.0, out.start_s + delay - loop.time()))
             assert spec.prompt_token_ids is not None
             await self.request(tenant, f"{tenant}-{i}", list(spec.prompt_token_ids), spec.max_tokens, out)
 
@@ -215,7 +336,8 @@ class Replay:
             for i, spec in enumerate(workload.requests):
                 out = Outcome(start_s=spec.arrival_s or 0.0)
                 outs.append(out)
-                tasks.append(asyncio.create_task(send(tenant, i, spec, out)))
+                delay = draw.uniform(0.0, most) if most else 0.0
+                tasks.append(asyncio.create_task(send(tenant, i, spec, out, delay)))
         cut = self.config.duration_s + self.config.grace_s
         _, pending = await asyncio.wait(tasks, timeout=cut)
         for task in pending:
@@ -240,18 +362,22 @@ def fleet_sim(config: FairnessConfig, fleet: str) -> SimConfig:
     )  # fmt: skip
 
 
-def replay_cell(config: FairnessConfig, fleet: str, queue: str, vocab: Any, sim_vocab: SimVocab) -> Cell:
-    """The bench's three runs of one (fleet, queue) cell, each on its own virtual clock."""
+def replay_cell(
+    config: FairnessConfig, fleet: str, queue: str, vocab: Any, sim_vocab: SimVocab, seed: int = 1,
+    model: ReplayModel | None = None,
+) -> Cell:
+    """The bench's three runs of one (fleet, queue, seed) cell, each on its own virtual clock."""
     sim = fleet_sim(config, fleet)
     timeout = config.duration_s + config.grace_s
-    light = tenant_workload(config, vocab, config.light_rate, seed=1)
-    heavy = tenant_workload(config, vocab, config.light_rate * config.heavy_factor, seed=2)
-    cell = Cell(fleet, queue)
+    light = tenant_workload(config, vocab, config.light_rate, seed=seed)
+    heavy = tenant_workload(config, vocab, config.light_rate * config.heavy_factor, seed=seed + 1)
+    cell = Cell(fleet, queue, seed)
     totals = [0, 0]
 
-    def one_run(loads: dict[str, Any], weights: list[str]) -> dict[str, list[Outcome]]:
-        replay = Replay(config, sim, admission_config(queue, timeout, weights), sim_vocab)
-        results = run_virtual(replay.run(loads))
+    def one_run(loads: dict[str, Any], weights: list[str], run: str) -> dict[str, list[Outcome]]:
+        replay = Replay(config, sim, admission_config(queue, timeout, weights), sim_vocab, model)
+        results = run_virtual(replay.run(loads, jitter_seed=seed))
+        append_rows(config.requests_out, request_rows(cell, run, results, [w.id for w in replay.workers]))
         for outs in results.values():
             for o in outs:
                 if o.ok:
@@ -259,9 +385,9 @@ def replay_cell(config: FairnessConfig, fleet: str, queue: str, vocab: Any, sim_
                     totals[1] += o.cached_tokens
         return results
 
-    alone = one_run({"light": light}, [])
+    alone = one_run({"light": light}, [], "alone")
     cell.alone_p50, cell.alone_p99 = ttft_percentile(alone["light"], 50), ttft_percentile(alone["light"], 99)
-    together = one_run({"light": light, "heavy": heavy}, [])
+    together = one_run({"light": light, "heavy": heavy}, [], "together")
     cell.light_p50, cell.light_p99 = ttft_percentile(together["light"], 50), ttft_percentile(together["light"], 99)
     cell.light_ok = f"{sum(o.ok for o in together['light'])}/{len(light.requests)}"
     lo, hi = config.duration_s / 3, config.duration_s
@@ -273,15 +399,17 @@ def replay_cell(config: FairnessConfig, fleet: str, queue: str, vocab: Any, sim_
     cell.all_done_per_s = cell.heavy_done_per_s + done_per_s(together["light"])
     if config.shares:
         wa, wb = config.share_weights
-        share_a = tenant_workload(config, vocab, config.share_rate, seed=3)
-        share_b = tenant_workload(config, vocab, config.share_rate, seed=4)
-        both = one_run({"a": share_a, "b": share_b}, [f"a={wa:g}", f"b={wb:g}"])
+        share_a = tenant_workload(config, vocab, config.share_rate, seed=seed + 2)
+        share_b = tenant_workload(config, vocab, config.share_rate, seed=seed + 3)
+        both = one_run({"a": share_a, "b": share_b}, [f"a={wa:g}", f"b={wb:g}"], "shares")
         cell.share = shares(both, {"a": wa, "b": wb}, lo, hi)
     cell.hit_rate = totals[1] / totals[0] if totals[0] else None
     return cell
 
 
-def replay_all(config: FairnessConfig, console: Any, tokenizer_dir: str) -> list[Cell]:
+def replay_all(
+    config: FairnessConfig, console: Any, tokenizer_dir: str, model: ReplayModel | None = None,
+) -> list[Cell]:
     """Every (fleet, queue) cell of ``config``, printed as each ends."""
     import time
 
@@ -292,11 +420,12 @@ def replay_all(config: FairnessConfig, console: Any, tokenizer_dir: str) -> list
     sim_vocab = load_vocab(tokenizer_dir)
     cells = []
     for fleet in config.fleets:
-        for queue in config.queues:
-            start = time.process_time()
-            cell = replay_cell(config, fleet, queue, vocab, sim_vocab)
-            cells.append(cell)
-            console.print(" | ".join(row(cell)) + f"  ({time.process_time() - start:.1f} s CPU)")
+        for seed in config.seeds:
+            for queue in config.queues:
+                start = time.process_time()
+                cell = replay_cell(config, fleet, queue, vocab, sim_vocab, seed, model)
+                cells.append(cell)
+                console.print(" | ".join(row(cell)) + f"  ({time.process_time() - start:.1f} s CPU)")
     return cells
 
 
@@ -307,5 +436,10 @@ def run(args: argparse.Namespace) -> int:
 
     config = config_of(args)
     console = results.console(200)
-    cells = replay_all(config, console, str(default_tokenizer_dir()))
+    try:
+        model = from_namespace(ReplayModel, args)
+    except ValueError as exc:
+        raise SystemExit(f"bad arguments: {exc}") from exc
+    fresh_requests_out(config)
+    cells = replay_all(config, console, str(default_tokenizer_dir()), model)
     return report(config, console, cells, "fairness replay (virtual clock)")

@@ -2,18 +2,27 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
+from typing import Any
 
 import pytest
 
 from gateway_lab.bench.driver import RequestResult
 from gateway_lab.bench.fairness import (
+    Cell,
     FairnessConfig,
+    append_rows,
+    fresh_requests_out,
     parse_queue,
     queue_flags,
+    request_rows,
+    row,
     shares,
     tenant_workload,
     ttft_percentile,
+    worker_index,
 )
 from gateway_lab.bench.workloads import Vocab
 
@@ -72,3 +81,61 @@ def test_a_keys_workload_has_its_rate_and_its_own_prefixes() -> None:
     assert all(r.arrival_s is not None for r in light.requests)
     firsts = {tuple(r.prompt_token_ids[:32]) for r in light.requests if r.prompt_token_ids}
     assert firsts.isdisjoint({tuple(r.prompt_token_ids[:32]) for r in other.requests if r.prompt_token_ids})
+
+
+def test_seeds_are_checked() -> None:
+    assert FairnessConfig().seeds == [1]
+    with pytest.raises(ValueError, match="--seeds"):
+        FairnessConfig(seeds=[])
+
+
+def test_a_worker_is_its_place_in_the_fleet() -> None:
+    urls = ["grpc://127.0.0.1:44001", "grpc://127.0.0.1:44002/"]
+    assert worker_index("127.0.0.1:44002", urls) == 1
+    assert worker_index("grpc://127.0.0.1:44001", urls) == 0
+    assert worker_index("w3", ["w0", "w1", "w2", "w3"]) == 3
+    assert worker_index("127.0.0.1:4400", urls) == "127.0.0.1:4400"  # not a prefix match: as it came
+    assert worker_index(None, urls) is None
+
+
+def test_request_rows_one_per_request_with_what_each_result_has(tmp_path: Any) -> None:
+    cell = Cell("sim-alt", "1:3:512", seed=11)
+    served = result(ttft=0.25, start=1.5)
+    served.worker_id, served.cached_tokens, served.prompt_tokens = "127.0.0.1:44002", 512, 576
+
+    @dataclasses.dataclass
+    class Replayed:  # the replay's outcome: its waits and the policy's reason too
+        start_s: float = 2.0
+        ok: bool = False
+        ttft_s: float | None = None
+        latency_s: float | None = None
+        prompt_tokens: int = 576
+        cached_tokens: int = 0
+        worker_id: str | None = "w0"
+        admission_s: float | None = 0.125
+        gate_s: float | None = None
+        reason: str | None = "cache_hit+moved"
+
+    rows = request_rows(cell, "together", {"light": [served], "heavy": [Replayed()]}, ["grpc://127.0.0.1:44001", "grpc://127.0.0.1:44002", "w0"])
+    assert [(r["key"], r["index"], r["worker"]) for r in rows] == [("light", 0, 1), ("heavy", 0, 2)]
+    assert rows[0] == {
+        "fleet": "sim-alt", "queue": "1:3:512", "seed": 11, "run": "together", "key": "light", "index": 0,
+        "start_s": 1.5, "ok": True, "ttft_s": 0.25, "latency_s": 1.0, "worker": 1, "prompt_tokens": 576,
+        "cached_tokens": 512,
+    }  # fmt: skip
+    assert rows[1]["ttft_s"] is None and rows[1]["admission_s"] == 0.125 and rows[1]["reason"] == "cache_hit+moved"
+    assert "gate_s" not in rows[1]
+    path = tmp_path / "requests.jsonl"
+    config = FairnessConfig(requests_out=str(path))
+    path.write_text("stale\n")
+    fresh_requests_out(config)
+    append_rows(config.requests_out, rows)
+    append_rows(config.requests_out, rows[:1])
+    append_rows("", rows)  # no file asked for: nothing
+    lines = path.read_text().splitlines()
+    assert [json.loads(line) for line in lines] == [*rows, rows[0]]
+
+
+def test_a_cell_of_another_seed_says_so() -> None:
+    assert row(Cell("sim", "1"))[1] == "1"
+    assert row(Cell("sim", "1", seed=21))[1] == "1 (seed 21)"

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
 import pytest
 
 from gateway_lab.bench.fairness import FairnessConfig, tenant_workload
-from gateway_lab.bench.fairness_replay import Replay, admission_config, fleet_sim, replay_cell
+from gateway_lab.bench.fairness_replay import (
+    Replay,
+    ReplayModel,
+    admission_config,
+    fleet_sim,
+    replay_cell,
+)
 from gateway_lab.bench.workloads import Vocab, default_tokenizer_dir
 from gateway_lab.sim.virtual_clock import run_virtual
 from gateway_lab.sim.vocab import load_vocab
@@ -74,3 +81,61 @@ def test_requests_cut_at_the_end_free_every_slot(vocabs: tuple[Vocab, Any], queu
     for w in replay.workers:
         assert (w.load.in_flight, w.load.queued_prefill_tokens, w.load.running_decode_tokens) == (0, 0, 0)
         assert w.scheduler.num_running == 0 and w.scheduler.num_waiting == 0
+    assert replay.holds is not None and len(replay.holds.rule) == 0  # no request left in prefill
+    assert all(st.waiting == 0 for st in replay.holds.stats.values())
+
+
+def test_the_prefill_gate_and_the_load_poll_as_serve_runs_them(vocabs: tuple[Vocab, Any]) -> None:
+    """A lone key's burst: the prefill gate holds a request behind one of its group in
+    prefill on the same worker (as serve does by default), and the policy reads the
+    workers' polled figures; both can be left out."""
+    config = small(duration_s=4.0, grace_s=10.0, groups=2)
+    vocab, sim_vocab = vocabs
+    light = tenant_workload(config, vocab, 6.0, seed=1)
+
+    def run(model: ReplayModel) -> tuple[Replay, list[Any]]:
+        replay = Replay(config, fleet_sim(config, "sim-alt"), admission_config(RULE, 30.0, []), sim_vocab, model)
+        return replay, run_virtual(replay.run({"light": light}))["light"]
+
+    modelled, outs = run(ReplayModel())
+    assert all(o.ok for o in outs)
+    assert modelled.holds is not None and sum(st.held for st in modelled.holds.stats.values()) > 0
+    assert all(w.polled is not None for w in modelled.workers)
+    assert all(w.view(w.polled_at + 0.25).loads.age_s == 0.25 for w in modelled.workers)  # type: ignore[union-attr]
+    bare, bare_outs = run(ReplayModel(replay_prefill_gate=False, replay_load_poll_s=0.0))
+    assert bare.holds is None and all(w.polled is None and w.view().loads is None for w in bare.workers)
+    assert all(o.ok for o in bare_outs)
+    with pytest.raises(ValueError, match="replay-load-poll-s"):
+        ReplayModel(replay_load_poll_s=-1.0)
+
+
+def test_requests_out_rows_carry_each_requests_worker_and_waits(vocabs: tuple[Vocab, Any], tmp_path: Any) -> None:
+    path = tmp_path / "rows.jsonl"
+    config = small(requests_out=str(path))
+    cell = replay_cell(config, "sim-alt", RULE, *vocabs, seed=5)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    light = [r for r in rows if r["run"] == "together" and r["key"] == "light"]
+    assert cell.seed == 5 and {r["seed"] for r in rows} == {5}
+    assert {r["run"] for r in rows} == {"alone", "together"}
+    assert len(light) == 18 and [r["index"] for r in light] == list(range(18))
+    assert all(r["worker"] in range(4) and r["ok"] and r["admission_s"] >= 0 and r["gate_s"] >= 0 for r in light)
+    assert max(r["ttft_s"] for r in light) == pytest.approx(cell.light_p99, abs=1e-6)
+    other = replay_cell(small(), "sim-alt", RULE, *vocabs, seed=6)
+    assert (other.alone_p50, other.alone_p99) != (cell.alone_p50, cell.alone_p99)  # another seed: other requests
+
+
+def test_the_gateways_own_time_is_a_seeded_delay_counted_in_ttft(vocabs: tuple[Vocab, Any]) -> None:
+    config = small(duration_s=4.0, groups=2)
+    vocab, sim_vocab = vocabs
+    light = tenant_workload(config, vocab, 3.0, seed=1)
+
+    def ttfts(gateway_ms: float, seed: int = 1) -> list[float]:
+        replay = Replay(config, fleet_sim(config, "sim-alt"), admission_config(RULE, 30.0, []), sim_vocab,
+                        ReplayModel(replay_gateway_ms=gateway_ms))  # fmt: skip
+        return [o.ttft_s or math.inf for o in run_virtual(replay.run({"light": light}, jitter_seed=seed))["light"]]
+
+    plain, slowed = ttfts(0.0), ttfts(20.0)
+    assert slowed == ttfts(20.0) and slowed != ttfts(20.0, seed=2)  # the draw is the seed's
+    assert sum(slowed) > sum(plain) and max(s - p for s, p in zip(slowed, plain, strict=True)) <= 0.5
+    with pytest.raises(ValueError, match="replay-gateway-ms"):
+        ReplayModel(replay_gateway_ms=-1.0)
