@@ -94,7 +94,7 @@ class ReplayModel:
 
     replay_prefill_gate: bool = option(True, "model serve's prefill gate (on by default there): a request waits while one sharing its prefix is in prefill on its worker (--no-replay-prefill-gate: leave it out)")
     replay_load_poll_s: float = option(0.5, "model serve's load poll: the workers' own queue figures the policy reads, taken this many seconds apart as serve's --load-poll-interval-s (0: leave it out)")
-    replay_gateway_ms: float = option(0.0, "each request reaches admission a uniform 0..this many ms after it was sent, drawn from the workload's seed: the gateway's own time per request, which the replay otherwise leaves out; several values show how much a cell's tail hangs on the order of near-simultaneous arrivals (0: none)")
+    replay_gateway_ms: float = option(20.0, "each request reaches admission a uniform 0..this many ms after it was sent, drawn from the workload's seed: the gateway's own time per request (the default puts the alone p50s where the quiet real-time sittings read them); several values show how much a cell's tail hangs on the order of near-simultaneous arrivals (0: none)")
 
     def __post_init__(self) -> None:
         if self.replay_load_poll_s < 0:
