@@ -75,3 +75,49 @@ def test_a_single_block_larger_than_the_limit_is_an_error() -> None:
     one = sync_pb2.KvEvents(worker_id="w", batch=_batch(1, 1, size=2000))
     with pytest.raises(ValueError, match="does not fit"):
         cut(one, 1024)
+
+
+async def test_a_follower_older_than_parts_loses_that_share_and_believes_nothing_false() -> None:
+    """Mixed versions (a process that predates parts follows one that cuts them): the older one
+    takes each continuation as its batch's number again, a gap, and resets its share; a
+    continuation's runs hang from pages it no longer holds and are not placed. No error, and
+    every page it still holds is one the worker has; the next batch follows with no gap. A
+    process of this version, given the same messages with their part numbers, holds them all."""
+    from gateway.policies.cache_aware import CacheAwarePolicy
+    from gateway.policies.kv_blocks import WorkerBlocks
+    from gateway.workers.kv_events import FeedState, KvEventFeeder
+    from tests.fake_transport import FakeTransport, fleet
+
+    size, blocks = 16, 400
+    first = common_pb2.KvEventBatch(sequence_number=1)
+    first.events.add().stored.blocks.add(block_hash=1, token_ids=list(range(size)), block_size=size)
+    big = common_pb2.KvEventBatch(sequence_number=2)
+    run = big.events.add().stored
+    run.parent_block_hash = 1
+    for i in range(blocks):
+        run.blocks.add(block_hash=100 + i, token_ids=[size + i * size + j for j in range(size)], block_size=size)
+    parts = cut(sync_pb2.KvEvents(worker_id="w", batch=big), 8 << 10)
+    after = common_pb2.KvEventBatch(sequence_number=3)
+    after.events.add().stored.blocks.add(block_hash=2, token_ids=[9] * size, block_size=size)
+    assert len(parts) > 2
+    held = {}
+    for older in (True, False):
+        f = await fleet(FakeTransport("grpc://127.0.0.1:1", server_args={"page_size": size}), policy="cache_aware")
+        worker = f.registry.all()[0]
+        policy = f.router.policy(worker.model, worker.role)
+        assert isinstance(policy, CacheAwarePolicy)
+        feeder = KvEventFeeder(f.registry, f.router)
+        feed = feeder.feeds[worker.id] = FeedState(WorkerBlocks(policy.tree(worker.model), worker.id), follower=True)
+        feeder.relayed(worker.id, first, False)
+        for p in parts:
+            if older:  # as its applier called it: (worker, batch, reset), the part fields unknown to it
+                feeder.relayed(worker.id, p.batch, p.reset)
+            else:
+                feeder.relayed(worker.id, p.batch, p.reset, p.part, p.parts)
+        resets = feed.blocks.stats.resets
+        feeder.relayed(worker.id, after, False)
+        assert feed.blocks.stats.resets == resets and feed.last_sequence == 3 and feed.errors == 0
+        held[older] = (resets, set(feed.blocks._blocks))
+    assert held[False] == (0, {1, 2, *range(100, 100 + blocks)})
+    resets, pages = held[True]
+    assert resets == len(parts) - 1 and pages == {2}  # the batch's pages and the one before it lost, none invented

@@ -118,6 +118,34 @@ async def test_sglang_reports_it_on_both_transports() -> None:
     assert WorkerInfo.from_replies(pb.GetModelInfoResponse(), pb.GetServerInfoResponse()).kv_events_config == ""
 
 
+async def test_sglang_0_5_23s_server_info_the_config_auto_reads_agrees_with_its_kv_events_block() -> None:
+    """SGLang 0.5.23's ``/server_info`` (``/get_server_info`` answers the same) puts its resolved
+    arguments at the top, ``kv_events_config`` among them as the flag's text, and adds a
+    ``kv_events`` block for routers: host (a wildcard: the worker's own), port base, replay port
+    base, ranks. The block leaves out who binds (``bind``) and is missing when the page size is
+    unresolved, so auto reads the config; read by the engine's rule, it names the same sockets."""
+    config = json.dumps({"publisher": "zmq", "endpoint": "tcp://*:5557", "topic": "kv", "replay_endpoint": "tcp://*:5560"})
+    block = {"publisher": "zmq", "endpoint_host": "*", "endpoint_port_base": 5557, "topic": "kv", "block_size": 16,
+             "dp_size": 2, "replay_endpoint_port_base": 5560}
+    async with serving() as (p, url):
+        p.routes["/get_server_info"] = reply({
+            "model_path": "/m", "served_model_name": "qwen", "page_size": 16, "dp_size": 2, "kv_events_config": config,
+            "load_publish_endpoint": None, "launch_command": "python -m sglang.launch_server ...",
+            "max_total_num_tokens": 4096, "kv_events": block, "startup_time": 1.0, "internal_states": [{}, {}],
+            "version": "0.5.23", "frontend": "python",
+        })
+        client = SglangHttpClient(url)
+        try:
+            info = WorkerInfo.from_replies(pb.GetModelInfoResponse(), await client.server_info())
+        finally:
+            await client.close()
+    found = discover(info.kv_events_config, binds_unspecified=True)
+    assert found is not None and found.replay is not None and info.dp_size == block["dp_size"]
+    for rank in range(info.dp_size):
+        assert found.for_rank(rank, "10.0.0.5") == (f"tcp://10.0.0.5:{block['endpoint_port_base'] + rank}", False)
+        assert found.replay.for_rank(rank, "10.0.0.5") == f"tcp://10.0.0.5:{block['replay_endpoint_port_base'] + rank}"
+
+
 async def test_vllm_reports_it_over_http_in_development_mode_only() -> None:
     async with serving() as (p, url):
         p.routes["/v1/models"] = reply(MODELS)
