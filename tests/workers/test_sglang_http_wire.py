@@ -173,3 +173,15 @@ def test_error_events_are_recognised() -> None:
     assert error_message({"error": {"message": "too long"}}) == "too long"
     assert error_message({"error": "plain"}) == "plain"
     assert error_message(answer([1])) is None
+
+
+def test_a_request_that_asked_no_logprobs_reads_none() -> None:
+    """The reader of a request without logprobs skips their look-ups (once per streamed token);
+    rows a worker sends anyway are not the client's."""
+    rows = {"output_token_logprobs": [[-0.5, 5, None]], "input_token_logprobs": [[None, 1, None]]}
+    plain, asked = StreamReader("r", logprobs=False), StreamReader("r")
+    [bare] = plain.feed(answer([5], **rows))
+    [full] = asked.feed(answer([5], **rows))
+    assert list(bare.chunk.token_ids) == list(full.chunk.token_ids) == [5]
+    assert not bare.chunk.HasField("output_logprobs") and not bare.chunk.HasField("input_logprobs")
+    assert full.chunk.HasField("output_logprobs") and full.chunk.HasField("input_logprobs")

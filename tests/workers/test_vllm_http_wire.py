@@ -15,6 +15,7 @@ from gateway.workers.vllm_http_wire import (
     embedding_body,
     embedding_reply,
     whole_completion,
+    without_prompt_ids,
 )
 
 
@@ -231,3 +232,31 @@ def test_an_embedding_is_asked_with_the_ids_as_input_and_read_with_its_usage() -
 def test_an_embeddings_answer_of_another_shape_is_an_answer_error(answer: Any) -> None:
     with pytest.raises(AnswerError):
         embedding_reply(answer)
+
+
+def test_the_prompts_ids_are_left_unparsed_when_the_request_gave_its_length() -> None:
+    """vLLM's first chunk repeats the prompt's ids (``return_token_ids``): a Python int per id
+    if parsed. A reader that knows the prompt's length (the request's) reads them as null; a
+    list that is not flat, or the key inside a text, is left as it is."""
+    import orjson
+
+    ids = list(range(1, 1089))
+    first = chunk([10])
+    first["choices"][0]["prompt_token_ids"] = ids
+    raw = orjson.dumps(first)
+    assert orjson.loads(without_prompt_ids(raw))["choices"][0]["prompt_token_ids"] is None
+    spaced = raw.replace(b'"prompt_token_ids":[1,2,', b'"prompt_token_ids" : [ 1, 2,')
+    assert orjson.loads(without_prompt_ids(spaced))["choices"][0]["prompt_token_ids"] is None
+    for kept in (
+        b'{"choices":[],"text":"\\"prompt_token_ids\\":[1,2]"}',  # inside a text: its quotes are escaped
+        b'{"choices":[{"prompt_token_ids":[[1,2],[3]]}]}',  # not a flat list
+        b'{"choices":[{"prompt_token_ids":null}]}',
+    ):
+        assert without_prompt_ids(kept) == kept
+    assert without_prompt_ids(raw[:-30]) == raw[:-30]  # cut short: left for the parser to refuse
+    told = CompletionStreamReader("r", prompt_tokens=1088)
+    [message] = told.feed(told.parse(raw))
+    assert message.chunk.prompt_tokens == 1088 and list(message.chunk.token_ids) == [10]
+    found = CompletionStreamReader("r")  # no length given: read from the ids, as before
+    [message] = found.feed(found.parse(raw))
+    assert message.chunk.prompt_tokens == 1088

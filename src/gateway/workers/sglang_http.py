@@ -19,7 +19,7 @@ import asyncio
 import ssl
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any, Protocol, TypeVar
 
 import aiohttp
@@ -61,9 +61,13 @@ class AnswerReader(Protocol):
     @property
     def started(self) -> bool: ...
 
-    def feed(self, answer: object) -> Iterator[pb.GenerateResponse]: ...
+    def parse(self, payload: bytes) -> object:
+        """One event's JSON (``orjson.JSONDecodeError`` when it is not)."""
+        ...
 
-    def close(self) -> Iterator[pb.GenerateResponse]:
+    def feed(self, answer: object) -> Iterable[pb.GenerateResponse]: ...
+
+    def close(self) -> Iterable[pb.GenerateResponse]:
         """What the reader still holds when the stream ends (an engine may send a sample's
         end before the counts that belong in it)."""
         ...
@@ -90,7 +94,7 @@ class SglangDialect:
         return body_json(generate_body(request))
 
     def reader(self, request: pb.GenerateRequest) -> AnswerReader:
-        return StreamReader(request.request_id)
+        return StreamReader(request.request_id, request.return_logprob)
 
     def whole(self, request: pb.GenerateRequest, answer: object) -> list[pb.GenerateResponse]:
         return whole_answer(request.request_id, answer)
@@ -261,7 +265,7 @@ class HttpGenerateCall:
                 raise http_status_error(response.status, await read_head(response))
             bound = json_reply_bytes(request)
             if not request.stream:
-                self._take(iter(dialect.whole(request, orjson.loads(await read_bounded(response, bound)))))
+                self._take(dialect.whole(request, orjson.loads(await read_bounded(response, bound))))
                 return
             reader = dialect.reader(request)
             samples = max(1, request.sampling_params.n)
@@ -286,7 +290,7 @@ class HttpGenerateCall:
                 payload = line[5:].strip()
                 if payload == b"[DONE]":
                     continue  # read on to the body's end, so the connection goes back to the pool
-                answer = orjson.loads(payload)
+                answer = reader.parse(payload)
                 refused = error_message(answer)
                 if refused is not None:
                     code = CallCode.ABORTED if reader.started else CallCode.INVALID_ARGUMENT
@@ -306,7 +310,7 @@ class HttpGenerateCall:
             if len(self._items) > queued:
                 self._wake()
 
-    def _take(self, messages: Iterator[pb.GenerateResponse]) -> int:
+    def _take(self, messages: Iterable[pb.GenerateResponse]) -> int:
         """Queue ``messages`` (one wake for all of them); how many were completes."""
         finished = 0
         queued = len(self._items)

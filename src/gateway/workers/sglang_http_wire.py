@@ -15,7 +15,7 @@ so the new tokens are the last ``completion_tokens - already_sent`` ids of the l
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -266,12 +266,18 @@ def whole_answer(request_id: str, answer: object) -> list[pb.GenerateResponse]:
 class StreamReader:
     """Turns one streamed ``/generate`` answer (SSE ``data:`` objects) into the chunks and
     completes a gRPC worker would send: each chunk carries only its new tokens, and a
-    finished sample sends its last chunk and then a complete repeating those tokens."""
+    finished sample sends its last chunk and then a complete repeating those tokens.
 
-    __slots__ = ("_input_sent", "_request_id", "_sent")
+    Once per streamed token, so the common event (one sample, no logprobs) is read with as
+    few calls and look-ups as its checks allow: a list, not a generator, of what it gives;
+    the counts read in place; and no logprob look-ups at all when the request asked for none
+    (``logprobs`` False: whatever the worker sends then is not the client's)."""
 
-    def __init__(self, request_id: str) -> None:
+    __slots__ = ("_input_sent", "_logprobs", "_request_id", "_sent")
+
+    def __init__(self, request_id: str, logprobs: bool = True) -> None:
         self._request_id = request_id
+        self._logprobs = logprobs
         self._sent: dict[int, int] = {}
         self._input_sent: set[int] = set()
 
@@ -280,11 +286,16 @@ class StreamReader:
         """Whether any output token has been read (a later error is an abort, not a refusal)."""
         return any(self._sent.values())
 
-    def feed(self, answer: object) -> Iterator[pb.GenerateResponse]:
-        # Once per streamed token: only the new ids are checked (a cumulative list's
-        # older ids were checked when they were new), and the message is built in place.
+    def parse(self, payload: bytes) -> object:
+        return orjson.loads(payload)
+
+    def feed(self, answer: object) -> list[pb.GenerateResponse]:
+        # Only the new ids are checked (a cumulative list's older ids were checked when
+        # they were new), and the message is built in place.
         ids, meta, index = _parts(answer, check_ids=False)
-        total = _count(meta, "completion_tokens")
+        total = meta.get("completion_tokens", 0)
+        if type(total) is not int or total < 0:
+            total = _count(meta, "completion_tokens")  # None is 0; anything else not a count is refused
         sent = self._sent.get(index, 0)
         fresh = total - sent
         if fresh < 0 or fresh > len(ids):
@@ -293,12 +304,14 @@ class StreamReader:
             )
         new = _ints(ids[len(ids) - fresh:], "output_ids") if fresh else []
         self._sent[index] = total
-        logprobs = _output_logprobs(meta, fresh)
-        input_lp = None
-        if index not in self._input_sent:
-            input_lp = _input_logprobs(meta)
-            if input_lp is not None:
-                self._input_sent.add(index)
+        logprobs = input_lp = None
+        if self._logprobs:
+            logprobs = _output_logprobs(meta, fresh)
+            if index not in self._input_sent:
+                input_lp = _input_logprobs(meta)
+                if input_lp is not None:
+                    self._input_sent.add(index)
+        out = []
         if new:
             message = pb.GenerateResponse(request_id=self._request_id)
             chunk = message.chunk
@@ -312,14 +325,15 @@ class StreamReader:
             if input_lp is not None:
                 chunk.input_logprobs.CopyFrom(input_lp)
                 input_lp = None
-            yield message
-        finish = _finish(meta)
+            out.append(message)
+        finish = _finish(meta) if meta.get("finish_reason") is not None else None
         if finish is not None:
-            yield _complete(self._request_id, index, new, meta, finish, logprobs, input_lp)
+            out.append(_complete(self._request_id, index, new, meta, finish, logprobs, input_lp))
+        return out
 
-    def close(self) -> Iterator[pb.GenerateResponse]:
+    def close(self) -> list[pb.GenerateResponse]:
         """Nothing is held: SGLang's finishing answer carries its own counts."""
-        return iter(())
+        return []
 
 
 def error_message(answer: object) -> str | None:

@@ -55,7 +55,7 @@ class VllmDialect:
         return body_json(completion_body(request, self.model, self.context_length))
 
     def reader(self, request: pb.GenerateRequest) -> AnswerReader:
-        return CompletionStreamReader(request.request_id, _prompt_start(request))
+        return CompletionStreamReader(request.request_id, _prompt_start(request), len(request.tokenized.input_ids))
 
     def whole(self, request: pb.GenerateRequest, answer: object) -> list[pb.GenerateResponse]:
         return whole_completion(request.request_id, answer, _prompt_start(request))

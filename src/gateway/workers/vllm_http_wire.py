@@ -19,9 +19,11 @@ prompt leaves in the served context, so it ends where it would on vLLM's other r
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
+import orjson
 from google.protobuf.json_format import MessageToDict
 
 from gateway.proto import sglang_scheduler_pb2 as pb
@@ -232,6 +234,24 @@ def whole_completion(rid: str, answer: object, prompt_start: int = -1) -> list[p
     return out
 
 
+_PROMPT_IDS = b'"prompt_token_ids"'
+# The key and a flat list of ids; a JSON string cannot hold the key's closing quote unescaped,
+# so this matches the key itself and nothing inside a text.
+_PROMPT_IDS_LIST = re.compile(rb'"prompt_token_ids"\s*:\s*\[[0-9,\s]*\]')
+
+
+def without_prompt_ids(payload: bytes) -> bytes:
+    """``payload`` with its ``prompt_token_ids`` list written as ``null``. vLLM puts the
+    prompt's ids in a stream's first chunk (``return_token_ids`` asks for the generated ones
+    and brings those along); the gateway sent them and knows their count, and parsing them
+    makes a Python int per id, more JSON work than the rest of the answer for a long prompt.
+    Only a flat list of numbers is replaced; anything else is left for the parser to read
+    (or refuse)."""
+    if _PROMPT_IDS not in payload:
+        return payload
+    return _PROMPT_IDS_LIST.sub(b'"prompt_token_ids":null', payload)
+
+
 class CompletionStreamReader:
     """Turns streamed completion chunks into the chunks and completes a gRPC worker sends.
 
@@ -243,23 +263,29 @@ class CompletionStreamReader:
     sends its counts with it does, so the relay ends the sample in one wake-up. With
     ``prompt_start`` >= 0 (the request asked for the prompt's logprobs: ``echo``), each
     choice's first chunk brings them ahead of its own rows; they go with that sample's
-    first message."""
+    first message. ``prompt_tokens``: the length of the prompt the request sent, when known
+    (its ids in the first chunk are then not parsed: ``parse``)."""
 
     __slots__ = ("_cached", "_echoed", "_held", "_inputs", "_prompt", "_prompt_start", "_request_id", "_sent")
 
-    def __init__(self, request_id: str, prompt_start: int = -1) -> None:
+    def __init__(self, request_id: str, prompt_start: int = -1, prompt_tokens: int = 0) -> None:
         self._request_id = request_id
         self._prompt_start = prompt_start
         self._inputs: dict[int, pb.InputLogProbs] = {}  # per sample, until its first message
         self._echoed: set[int] = set()  # the samples whose prompt rows were read
         self._sent: dict[int, int] = {}
-        self._prompt = 0  # the prompt's length: from the first chunk's prompt_token_ids, then from usage
+        # The prompt's length: the request's, else the first chunk's prompt_token_ids; then usage's.
+        self._prompt = prompt_tokens
         self._cached = 0
         self._held: list[tuple[int, list[int], int, dict[str, Any], pb.OutputLogProbs | None]] = []
 
     @property
     def started(self) -> bool:
         return any(self._sent.values())
+
+    def parse(self, payload: bytes) -> object:
+        """One chunk's JSON; the prompt's ids left unread when the request's length is known."""
+        return orjson.loads(without_prompt_ids(payload) if self._prompt else payload)
 
     def _note(self, usage: object) -> None:
         prompt, cached = _usage(usage)
@@ -292,8 +318,9 @@ class CompletionStreamReader:
             inputs = self._inputs.pop(index, None) if self._inputs else None
             yield _complete(self._request_id, index, ids, total, self._prompt, self._cached, choice, logprobs, inputs)
 
-    def feed(self, answer: object) -> Iterator[pb.GenerateResponse]:
+    def feed(self, answer: object) -> list[pb.GenerateResponse]:
         choices = _choices(answer)
+        out = []
         usage = answer.get("usage")  # type: ignore[attr-defined]
         if usage is not None:
             self._note(usage)
@@ -314,9 +341,10 @@ class CompletionStreamReader:
             if choice.get("finish_reason") is not None:
                 self._held.append((index, ids, total, choice, logprobs))
             elif ids:
-                yield self._chunk(index, ids, total, logprobs)
+                out.append(self._chunk(index, ids, total, logprobs))
         if not choices and self._held:  # the closing usage chunk
-            yield from self._release()
+            out.extend(self._release())
+        return out
 
     def _first_rows(self, index: int, choice: dict[str, Any], ids: list[int]) -> None:
         """Keep the prompt's rows of a sample's first chunk until its first message."""
@@ -331,4 +359,7 @@ class CompletionStreamReader:
         return self._release()
 
 
-__all__ = ["CompletionStreamReader", "completion_body", "embedding_body", "embedding_reply", "whole_completion"]
+__all__ = [
+    "CompletionStreamReader", "completion_body", "embedding_body", "embedding_reply", "whole_completion",
+    "without_prompt_ids",
+]
