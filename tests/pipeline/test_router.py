@@ -64,6 +64,29 @@ async def test_without_target_excluded_workers_are_skipped() -> None:
         f.router.select(pinned(exclude=frozenset({"a:1", "b:1"})))
 
 
+async def test_the_pool_memo_follows_every_write_that_changes_who_is_in_it() -> None:
+    f = await fleet(FakeTransport("grpc://a:1"), FakeTransport("grpc://b:1"), FakeTransport("grpc://c:1"))
+
+    def chosen() -> set[str]:
+        return {f.router.select(pinned()).worker.id for _ in range(6)}  # round robin: every live worker
+
+    assert chosen() == {"a:1", "b:1", "c:1"}
+    f.worker("a:1").draining = True
+    assert chosen() == {"b:1", "c:1"}
+    f.worker("b:1").role = "decode"
+    assert chosen() == {"c:1"}
+    f.worker("b:1").role = "regular"
+    f.worker("a:1").draining = False
+    assert chosen() == {"a:1", "b:1", "c:1"}
+    f.worker("c:1").info.model = "other"  # the info changed in place
+    assert chosen() == {"a:1", "b:1"}
+    await f.registry.remove("a:1", drain_timeout_s=0)
+    assert chosen() == {"b:1"}
+    await f.registry.add("grpc://c:1")  # known: the same worker, no new member
+    f.worker("c:1").info = dataclasses.replace(f.worker("c:1").info, model=MODEL)
+    assert chosen() == {"b:1", "c:1"}
+
+
 def route(i: int, n: int = 32) -> RouteRequest:
     return RouteRequest(token_ids=[*SYSTEM, *range(10_000 + i * n, 10_000 + (i + 1) * n)], model=MODEL,
                         request_id=f"r{i}", max_new_tokens=4)

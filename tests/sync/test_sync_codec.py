@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 from gateway.policies.base import Decision, RemoteDecision, RouteRequest, WorkerView
 from gateway.policies.cache_aware import CacheAwarePolicy
 from gateway.policies.radix_tree import pack
@@ -146,17 +144,13 @@ def test_published_prefill_is_the_uncached_part_and_heartbeats_send_only_changes
 
 
 def test_views_add_remote_load_and_the_cost_counts_remote_prefill_once() -> None:
-    from gateway.workers.breaker import CircuitBreaker
-    from gateway.workers.worker import Worker
+    from gateway.workers.worker import Worker, WorkerInfo
+    from tests.fake_transport import FakeTransport
 
-    view = Worker.view  # the real view code over a stand-in worker
-    w = SimpleNamespace(
-        id="w0:1", url="grpc://w0:1", role="regular", healthy=True, draining=False, breaker=CircuitBreaker(),
-        load=WorkerLoad(in_flight=1, queued_prefill_tokens=100),
-        remote_load=WorkerLoad(in_flight=2, queued_prefill_tokens=30, running_decode_tokens=8),
-        polled=None, info=SimpleNamespace(kv_capacity_tokens=0, page_size=1, max_running_requests=0), bootstrap_port=None, sibling_queued_prompt_tokens=0, peer_queued_prompt_tokens=0,
-    )
-    v = view(w)  # type: ignore[arg-type]
+    w = Worker("grpc://w0:1", FakeTransport("grpc://w0:1"), WorkerInfo(model="m"))  # type: ignore[arg-type]
+    w.load.acquire(100, 0)
+    w.remote_load = WorkerLoad(in_flight=2, queued_prefill_tokens=30, running_decode_tokens=8)
+    v = w.view()
     assert (v.in_flight, v.queued_prefill_tokens, v.remote_prefill_tokens, v.running_decode_tokens) == (3, 100, 30, 8)
     policy = CacheAwarePolicy(eviction_interval_s=0)
     assert policy.queued_uncached(v) == 130

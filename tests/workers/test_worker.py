@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from collections.abc import Callable
 
 import pytest
 
-from gateway.policies.base import LoadSnapshot
+from gateway.policies.base import LoadSnapshot, WorkerView
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.workers import worker as worker_module
-from gateway.workers.worker import PAGE_SIZE_UNKNOWN, Worker, WorkerInfo
+from gateway.workers.worker import PAGE_SIZE_UNKNOWN, Roster, Worker, WorkerInfo
 from tests.fake_transport import FakeTransport
 
 
@@ -80,6 +82,89 @@ def test_a_view_is_reused_only_while_every_figure_is_the_same() -> None:
         before = w.view()
         assert w.view() is before
     assert w.view().remote_queued_prompt_tokens == 2176 + 640  # the siblings' and the replicas' queued prompts reach the policy
+
+
+def test_every_view_field_has_writers_and_the_view_sees_each(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every WorkerView field, changed the ways the gateway changes it (the load through its
+    guard, the info in place and replaced, the breaker's cooldown and the loads' age as time
+    passes), gives a view equal to a fresh build, and a new one; nothing else does."""
+    clock = [100.0]
+    monkeypatch.setattr(worker_module.time, "monotonic", lambda: clock[0])
+    w = _worker()
+    guards = [w.load.acquire(100, 8)]
+
+    def tick(seconds: float) -> None:
+        clock[0] += seconds
+
+    writers: dict[str, list[Callable[[], object]]] = {
+        "worker_id": [lambda: setattr(w, "id", "127.0.0.1:5000@0")],
+        "url": [lambda: setattr(w, "url", "grpc://localhost:5000")],
+        "role": [lambda: setattr(w, "role", "prefill")],
+        "available": [
+            lambda: setattr(w, "healthy", False), lambda: setattr(w, "healthy", True),
+            lambda: setattr(w, "draining", True), lambda: setattr(w, "draining", False),
+            lambda: w.trip("stalled"), lambda: tick(w.breaker.cooldown_s),  # open; half-open by time alone
+        ],
+        "in_flight": [lambda: guards.append(w.load.acquire(10, 2)), lambda: setattr(w.remote_load, "in_flight", 2)],
+        "queued_prefill_tokens": [lambda: guards[0].first_token()],
+        "running_decode_tokens": [lambda: guards[0].release(), lambda: setattr(w.remote_load, "running_decode_tokens", 9)],
+        "remote_prefill_tokens": [
+            lambda: setattr(w.remote_load, "queued_prefill_tokens", 40), lambda: setattr(w, "remote_load", type(w.load)()),
+        ],
+        "loads": [
+            lambda: setattr(w, "polled", LoadSnapshot(num_running_reqs=5)),
+            lambda: tick(worker_module.LOADS_VIEW_REUSE_S),  # the same poll, older
+        ],
+        "kv_capacity_tokens": [
+            lambda: setattr(w.info, "kv_capacity_tokens", 4096),
+            lambda: setattr(w, "info", dataclasses.replace(w.info, kv_capacity_tokens=8192)),
+        ],
+        "page_size": [lambda: w.info.learn_page_size(16), lambda: setattr(w.info, "page_size", 32)],
+        "max_running_requests": [lambda: setattr(w.info, "max_running_requests", 3)],
+        "bootstrap_port": [lambda: setattr(w, "bootstrap_port", 8998)],
+        "remote_queued_prompt_tokens": [
+            lambda: setattr(w, "sibling_queued_prompt_tokens", 2176), lambda: setattr(w, "peer_queued_prompt_tokens", 640),
+        ],
+    }
+    assert list(writers) == [f.name for f in dataclasses.fields(WorkerView)]  # a new field needs its writers here
+    before = w.view()
+    for field, changes in writers.items():
+        for change in changes:
+            change()
+            now = w.view()
+            assert now == _fresh_view(w), field  # always what a fresh build says
+            assert now != before and getattr(now, field) != getattr(before, field), field
+            before = w.view()
+            assert w.view() is before, field  # and nothing more changed: the same object again
+    # Writes that leave every field as it was give the same figures (a view may be rebuilt).
+    w.info.start_time = 5.0
+    w.healthy = True
+    assert w.view() == before
+
+
+def test_writes_are_counted_where_views_and_pool_memos_read_them() -> None:
+    """``version`` counts writes to the view's rare inputs; ``Roster.writes`` those that decide
+    who is in a pool (an info's fields too, changed in place); per-request writes count in neither."""
+    w = _worker()
+    for name, value in [("id", "x:1"), ("url", "grpc://x:1"), ("role", "decode"), ("bootstrap_port", 1),
+                        ("info", WorkerInfo(model="m")), ("sibling_queued_prompt_tokens", 3),
+                        ("peer_queued_prompt_tokens", 4)]:  # fmt: skip
+        version = w.version
+        setattr(w, name, value)
+        assert w.version == version + 1, name
+    for name, value in [("id", "y:1"), ("role", "regular"), ("info", WorkerInfo(model="n")), ("draining", True),
+                        ("client", w.client)]:  # fmt: skip
+        roster = Roster.writes
+        setattr(w, name, value)
+        assert Roster.writes > roster, name
+    roster, version, info_version = Roster.writes, w.version, w.info.version
+    w.info.page_size = 16
+    assert Roster.writes > roster and w.info.version > info_version and w.version == version
+    roster = Roster.writes
+    w.healthy, w.last_ok_at, w.polled = False, 1.0, LoadSnapshot()
+    w.load.acquire(10, 2).release()
+    w.view()
+    assert (Roster.writes, w.version) == (roster, version)
 
 
 def _info(args: dict[str, object], sched: dict[str, object] | None = None, **model: object) -> WorkerInfo:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from operator import attrgetter
 
 from gateway.pipeline.offpath import later
 from gateway.pipeline.prefill_gate import PrefillHolds
@@ -27,7 +28,7 @@ from gateway.policies.quality import DEFAULT_SKETCH_TOKENS, OfferedPrefixes, Poo
 from gateway.protocol.frozen import slots_builder
 from gateway.sync.policy_tap import DecisionSink, TappedPolicy
 from gateway.workers.registry import WorkerRegistry
-from gateway.workers.worker import Worker, engine_of
+from gateway.workers.worker import Roster, Worker, engine_of, views_of
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,18 @@ class Selection:
 
 # One per attempt: every field, in order, through the slots (``protocol.frozen``).
 _build_selection = slots_builder(Selection)
+_available = attrgetter("available")
+
+
+@dataclass(frozen=True, slots=True)
+class _Live:
+    """A pool's workers that are not draining, by id too, as of a count of ``Roster.writes``:
+    the same until a worker joins, leaves, starts draining or changes its role or info, so
+    the pool is not filtered again on every request."""
+
+    roster: int
+    workers: tuple[Worker, ...]
+    by_id: dict[str, Worker]
 
 
 class Router:
@@ -61,6 +74,7 @@ class Router:
         self._quality: dict[tuple[str, str], PoolQuality] = {}
         self._sketch_tokens = sketch_tokens
         self._cache_params: dict[str, tuple[int, int]] = {}  # worker -> (page size, KV capacity) seen
+        self._pools: dict[tuple[str, str], _Live] = {}
         self.cache_param_changes: dict[str, int] = {}  # worker -> times its page size / capacity changed
         self.holds = PrefillHolds()  # requests in prefill and their waiters (pipeline.prefill_gate)
         # Set with the admission queue's fleet cap (``--fleet-headroom``): a worker whose running
@@ -77,7 +91,7 @@ class Router:
         if policy is None:
             policy = self._make_policy(role)
             self._policies[key] = policy
-            policy.on_workers_changed([w.view() for w in self._live(model, role)])
+            policy.on_workers_changed(views_of(self._live(model, role)))
         return policy
 
     def tap(self, sink: DecisionSink, before_select: Callable[[], object] | None = None) -> None:
@@ -172,8 +186,23 @@ class Router:
         for policy in old.values():
             close_policy(policy)
 
-    def _live(self, model: str, role: str) -> list[Worker]:
-        return [w for w in self.registry.pool(model, role) if not w.draining]
+    def _live(self, model: str, role: str) -> tuple[Worker, ...]:
+        return self._pool(model, role).workers
+
+    def _pool(self, model: str, role: str) -> _Live:
+        """The pool's live workers, filtered again only after a roster write; each one's
+        cache parameters are checked then (a change of them is such a write)."""
+        live = self._pools.get((model, role))
+        if live is None or live.roster != Roster.writes:
+            roster = Roster.writes
+            workers = tuple(w for w in self.registry.pool(model, role) if not w.draining)
+            known = self._cache_params
+            for w in workers:
+                info = w.info
+                if known.get(w.id) != (info.page_size, info.kv_capacity_tokens):
+                    self._check_cache_params(w)
+            live = self._pools[(model, role)] = _Live(roster, workers, {w.id: w for w in workers})
+        return live
 
     def _on_registry_change(self, event: str, worker: Worker) -> None:
         key = (worker.model, worker.role)
@@ -186,7 +215,7 @@ class Router:
         policy = self._policies.get(key)
         if policy is None:
             return
-        views = [w.view() for w in self._live(*key)]
+        views = views_of(self._live(*key))
         if event == "restarted":  # leave, then join again: what was learned of its cache goes
             policy.on_workers_changed([v for v in views if v.worker_id != worker.id])
         policy.on_workers_changed(views)
@@ -197,16 +226,18 @@ class Router:
         A pinned ``target_worker`` is resolved in one place, the policies' shared
         ``select_target`` (``policies/common.py``: id or url, available, not already
         failed this request), which every policy applies before its own choice."""
-        live = self._live(request.model, role)
-        if request.target_worker:
-            views = [w.view() for w in live]
+        pool = self._pool(request.model, role)
+        live = pool.workers
+        if request.target_worker or not request.exclude:
+            views = views_of(live)
         else:
             # A failed attempt avoids its whole engine: its other DP ranks share its process.
-            avoid = {engine_of(i) for i in request.exclude} if request.exclude else request.exclude
-            views = [w.view() for w in live if w.engine_id not in avoid]
+            avoid = {engine_of(i) for i in request.exclude}
+            views = views_of([w for w in live if w.engine_id not in avoid])
+        if not request.target_worker:
             if not views:
                 raise NoWorkerAvailable(f"no {role} worker registered for model {request.model!r}")
-            if not any(v.available for v in views):
+            if not any(map(_available, views)):
                 views = _panic_views(live, views)
                 if not views:
                     raise NoWorkerAvailable(f"no available {role} worker for model {request.model!r}")
@@ -214,11 +245,6 @@ class Router:
                 views = slot_bounded(views, self.slot_headroom)
             elif self.gate is not None and role == "regular" and self.gate.spills(CALLER.get()[0]):
                 views = slot_bounded(views, 0)  # a key below its share: a free running slot before locality
-        known = self._cache_params
-        for w in live:  # the check's own call only when a worker's figures differ from what it last saw
-            info = w.info
-            if known.get(w.id) != (info.page_size, info.kv_capacity_tokens):
-                self._check_cache_params(w)
         if self._before_select is not None:
             self._before_select()
         policy = self.policy(request.model, role)
@@ -230,7 +256,7 @@ class Router:
         # A retry offers nothing new to the sketch; both are statistics, applied off the request's path.
         offer = None if request.exclude else prompt if packed is not None else request.token_ids
         quality = self.quality(request.model, role)
-        worker = next((w for w in live if w.id == decision.worker_id), None)
+        worker = pool.by_id.get(decision.worker_id)
         if worker is None:
             if offer is not None:
                 later(quality.offered.offer, offer)
@@ -304,7 +330,7 @@ def _dispatched(quality: PoolQuality, offer: bytes | Sequence[int] | None, miss:
     quality.misses.dispatched(miss)
 
 
-def _panic_views(live: list[Worker], views: list[WorkerView]) -> list[WorkerView]:
+def _panic_views(live: Sequence[Worker], views: list[WorkerView]) -> list[WorkerView]:
     """Every breaker of the pool is open (no worker is down by its health checks):
     rather than refuse everyone, route among the healthy ones as if closed, as
     Envoy's panic threshold does. A breaker protects the pool from one bad worker;

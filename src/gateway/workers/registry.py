@@ -25,7 +25,7 @@ from gateway.workers.trtllm_grpc import TrtllmGrpcClient
 from gateway.workers.vllm_grpc import VllmGrpcClient
 from gateway.workers.vllm_http import VllmHttpClient
 from gateway.workers.watchdog import ProgressTracker
-from gateway.workers.worker import Worker, WorkerInfo, engine_of
+from gateway.workers.worker import Roster, Worker, WorkerInfo, engine_of
 
 MAX_DP_SIZE = 1024  # ranks one engine may claim (a bogus report must not make a million targets)
 
@@ -191,6 +191,7 @@ class WorkerRegistry:
             return live[0]
         for worker in workers:
             self._workers[worker.id] = worker
+        Roster.writes += 1
         head = workers[0]
         log.info("worker added: %s role=%s model=%s dp_size=%d", head.url, head.role, head.model, len(workers))
         for worker in workers:
@@ -268,6 +269,7 @@ class WorkerRegistry:
         for rank in ranks:
             if self._workers.get(rank.id) is rank:
                 del self._workers[rank.id]
+        Roster.writes += 1
         await worker.client.close(grace=1.0)
         log.info("worker removed: %s", worker.url)
         return worker
@@ -296,7 +298,8 @@ class WorkerRegistry:
 
     def pool(self, model: str | None, role: str) -> list[Worker]:
         """Workers of one role serving ``model`` (any model when None), draining ones included;
-        only those that take token ids (text-only ones are ``pipeline.text_relay``'s)."""
+        only those that take token ids (text-only ones are ``pipeline.text_relay``'s). What a
+        transport lacks is fixed when it is made; every other input counts in ``Roster``."""
         return [
             w
             for w in self._workers.values()
@@ -313,3 +316,4 @@ class WorkerRegistry:
                 closed.add(id(worker.client))
                 await worker.client.close()
         self._workers.clear()
+        Roster.writes += 1

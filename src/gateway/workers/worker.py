@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import ClassVar
 
 from google.protobuf.json_format import MessageToDict
 
@@ -89,6 +91,15 @@ class WorkerInfo:
     matches_stop_strings: bool = False
     """The worker has its own tokenizer (``skip_tokenizer_init`` reported false), so it can
     take stop strings; not reported means it cannot."""
+    version: ClassVar[int] = 0
+    """Writes to this info so far (an instance's own count shadows this start): it is changed
+    in place (a page size learned from KV events, a restart's start time), and a worker's
+    view is reused while this count and the worker's own (``Worker.version``) stand."""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        object.__setattr__(self, name, value)
+        object.__setattr__(self, "version", self.version + 1)
+        Roster.writes += 1
 
     @classmethod
     def from_replies(
@@ -178,6 +189,16 @@ def start_time_of(server_info: pb.GetServerInfoResponse) -> float:
     return server_info.start_time.seconds + server_info.start_time.nanos / 1e9
 
 
+class Roster:
+    """How many writes there were to what decides a pool's members and their cache
+    parameters: a worker's id, role, info, client or draining flag, an info's fields,
+    a registry's members. A memo of a pool (``pipeline.router``) is current while the
+    count stands; counted for every worker of every registry (a memo is only ever
+    rebuilt once too often)."""
+
+    writes: ClassVar[int] = 0
+
+
 class Worker:
     """A worker as the gateway tracks it: one routing target. Mutated only on the event loop.
 
@@ -187,6 +208,23 @@ class Worker:
     share the engine's client (one connection) and its ``info``; the calls that answer for
     the whole engine (health, loads, flush) are made once per engine (``one_per_engine``).
     """
+
+    # Every write to one of these counts in ``version`` (``__setattr__``): the view's inputs
+    # that change rarely, if ever, so a view's stamp reads one number for them all (``views_of``).
+    # The figures that change with every request (loads, the breaker's and health's verdict)
+    # are read into the stamp directly instead: counting their writes would cost each a call.
+    # A write to one of ``ROSTER_INPUTS`` also counts in ``Roster.writes``.
+    VIEW_INPUTS: ClassVar[frozenset[str]] = frozenset({
+        "id", "url", "role", "bootstrap_port", "info", "sibling_queued_prompt_tokens", "peer_queued_prompt_tokens",
+    })  # fmt: skip
+    ROSTER_INPUTS: ClassVar[frozenset[str]] = frozenset({"id", "role", "info", "draining", "client"})
+
+    def __setattr__(self, name: str, value: object) -> None:
+        object.__setattr__(self, name, value)
+        if name in Worker.VIEW_INPUTS:
+            object.__setattr__(self, "version", self.version + 1)
+        if name in Worker.ROSTER_INPUTS:
+            Roster.writes += 1
 
     def __init__(
         self,
@@ -204,6 +242,7 @@ class Worker:
             raise ValueError(f"unknown worker role {role!r}; expected one of {ROLES}")
         if dp_rank is not None and not 0 <= dp_rank < info.dp_size:
             raise ValueError(f"dp_rank {dp_rank} not in [0, {info.dp_size})")
+        self.version = 0  # writes to ``VIEW_INPUTS`` so far
         self.client = client
         self.url = client.url
         self.engine_id = client.address.target
@@ -237,7 +276,7 @@ class Worker:
         self.polled: LoadSnapshot | None = None
         self.polled_at = 0.0
         self._loads_view: tuple[LoadSnapshot, float, LoadSnapshot] | None = None  # (polled, at, view)
-        self._view: tuple[tuple[object, ...], WorkerView] | None = None  # (what it was built from, view)
+        self._view: tuple[tuple[object, ...], WorkerView] | None = None  # (its stamp, view): see ``views_of``
         # Health evidence (see workers/health.py): consecutive probe outcomes, the last
         # time a request or probe succeeded, and whether a failure asks for an early probe.
         self.failures = 0
@@ -299,38 +338,21 @@ class Worker:
         if cached is not None and cached[0] is polled and now - cached[1] < LOADS_VIEW_REUSE_S:
             return cached[2]
         view = polled.aged(max(0.0, now - self.polled_at))
-        self._loads_view = (polled, now, view)
+        object.__setattr__(self, "_loads_view", (polled, now, view))  # not an input: past ``__setattr__``'s count
         return view
 
     def view(self) -> WorkerView:
-        """What a policy may know of this worker now. The router asks for every worker of a
-        pool on every request and the figures rarely change between two requests, so the
-        last view is handed out again while every figure it was built from is the same
-        (a frozen dataclass of 13 fields costs more to build than its key to compare)."""
-        load, remote, info, breaker = self.load, self.remote_load, self.info, self.breaker
-        # ``available`` and ``loads_view()`` inlined for their common answers (a closed
-        # breaker, no polled loads): three calls per worker per request fewer.
-        loads = None if self.polled is None else self.loads_view()
-        key = (
-            self.healthy and not self.draining and (breaker.state is BreakerState.CLOSED or breaker.allows()),
-            load.in_flight, load.queued_prefill_tokens, load.running_decode_tokens,
-            remote.in_flight, remote.queued_prefill_tokens, remote.running_decode_tokens,
-            self.sibling_queued_prompt_tokens, self.peer_queued_prompt_tokens,
-            # The snapshot by identity: a fresh one is a newer age (unequal), and comparing it
-            # would only run its dataclass __eq__ to say so. The cached view holds the one it
-            # was built with, so its id is not reused while it is compared against.
-            id(loads),
-            info.kv_capacity_tokens, info.page_size, info.max_running_requests, self.bootstrap_port,
-            self.id, self.url, self.role,
-        )
-        cached = getattr(self, "_view", None)  # (stand-ins for a worker in tests have none)
-        if cached is not None and cached[0] == key:
-            return cached[1]
+        """What a policy may know of this worker now (``views_of``, which owns the reuse)."""
+        return views_of((self,))[0]
+
+    def _build_view(self, stamp: tuple[object, ...], available: bool, loads: LoadSnapshot | None) -> WorkerView:
+        """A fresh view, kept with the stamp of what it was built from."""
+        load, remote, info = self.load, self.remote_load, self.info
         view = build_worker_view(  # every WorkerView field, in its order
             self.id,  # worker_id
             self.url,  # url
             self.role,  # role
-            key[0],  # available
+            available,  # available
             load.in_flight + remote.in_flight,  # in_flight
             load.queued_prefill_tokens,  # queued_prefill_tokens
             load.running_decode_tokens + remote.running_decode_tokens,  # running_decode_tokens
@@ -342,7 +364,7 @@ class Worker:
             self.bootstrap_port,  # bootstrap_port
             self.sibling_queued_prompt_tokens + self.peer_queued_prompt_tokens,  # remote_queued_prompt_tokens
         )
-        self._view = (key, view)
+        object.__setattr__(self, "_view", (stamp, view))  # not an input: past ``__setattr__``'s count
         return view
 
     def describe(self) -> dict[str, object]:
@@ -409,3 +431,40 @@ class Worker:
             "learned_step_s": self.progress.step_s,
             "learned_prefill_tokens_per_s": self.progress.prefill_tps,
         }
+
+
+def views_of(workers: Iterable[Worker]) -> list[WorkerView]:
+    """What a policy may know of each of ``workers`` now, in their order.
+
+    The router asks for every worker of a pool on every request, and between two requests
+    most of them have not changed: a worker's last view is handed out again while its stamp
+    is the same. The stamp is what the view is built from: the counts of writes to the
+    worker's rare inputs and to its info (``Worker.version``, ``WorkerInfo.version``), then
+    the figures that move with every request, read as they are (its own and the other
+    processes' load: a remote load is also changed in place), whether it takes traffic
+    (health, draining, the breaker, which reopens with time) and its aged loads copy, by
+    identity (a new copy is a newer age). One loop over the pool, no call for a worker
+    that did not change."""
+    closed = BreakerState.CLOSED
+    now = time.monotonic()
+    out: list[WorkerView] = []
+    for w in workers:
+        polled = w.polled
+        loads: LoadSnapshot | None = None
+        if polled is not None:
+            # ``loads_view``'s common answer inlined: this poll's copy, made within LOADS_VIEW_REUSE_S.
+            aged = w._loads_view
+            loads = aged[2] if aged is not None and aged[0] is polled and now - aged[1] < LOADS_VIEW_REUSE_S else w.loads_view()
+        breaker = w.breaker
+        available = w.healthy and not w.draining and (breaker.state is closed or breaker.allows())
+        load, remote = w.load, w.remote_load
+        stamp = (
+            w.version, w.info.version, available, id(loads),
+            load.in_flight, load.queued_prefill_tokens, load.running_decode_tokens,
+            remote.in_flight, remote.queued_prefill_tokens, remote.running_decode_tokens,
+        )  # fmt: skip
+        # ``loads`` by identity: the cached view holds the copy it was built with, so its id is
+        # not reused while compared against (comparing copies would run their __eq__).
+        cached = w._view
+        out.append(cached[1] if cached is not None and cached[0] == stamp else w._build_view(stamp, available, loads))
+    return out
