@@ -15,6 +15,7 @@ from gateway.pipeline.retry import RetryConfig
 from gateway.policies.base import RouteRequest
 from gateway.proto import sglang_scheduler_pb2 as pb
 from gateway.workers.transport import CallCode
+from gateway_lab.sim.virtual_clock import run_virtual
 from tests.fake_transport import (
     HANG,
     MODEL,
@@ -202,34 +203,44 @@ def test_hold_timeout_follows_the_learned_prefill_rate_within_bounds() -> None:
         PrefillGateConfig(prefill_gate_min_s=5.0, prefill_gate_max_s=1.0)
 
 
-async def test_pd_prefill_halves_are_gated_and_released_by_the_first_prefill() -> None:
+def test_pd_prefill_halves_are_gated_and_released_by_the_first_prefill() -> None:
+    """On the virtual clock (time moves only when nothing is ready to run): the first
+    prefill's 50 ms and the follower's hold timeout (0.5 s at least) are measured on it, so
+    a host that stops the process for a second cannot time the hold out first."""
     from gateway.pipeline.pd import PdOpener
 
-    p = FakeTransport("grpc://p:1", role="prefill", bootstrap_port=9000)
-    d = FakeTransport("grpc://d:1", role="decode")
-    p.script(Later(0.05, complete([], cached=0))).script(complete([], cached=1024))
-    d.script(chunk([7]), HANG).script(chunk([8]), HANG)
-    f = await fleet(p, d, policy="cache_aware")
-    opener = PdOpener(f.router, retry=RETRY, config=CONFIG)
+    async def scenario() -> None:
+        p = FakeTransport("grpc://p:1", role="prefill", bootstrap_port=9000)
+        d = FakeTransport("grpc://d:1", role="decode")
+        p.script(Later(0.05, complete([], cached=0))).script(complete([], cached=1024))
+        d.script(chunk([7]), HANG).script(chunk([8]), HANG)
+        f = await fleet(p, d, policy="cache_aware")
+        opener = PdOpener(f.router, retry=RETRY, config=CONFIG)
 
-    async def run(r: RouteRequest):  # type: ignore[no-untyped-def]
-        return await opener.open(r, pb.GenerateRequest(request_id=r.request_id, stream=True), samples=1,
-                                 wants_output_logprobs=False, prompt_tokens=len(r.token_ids), max_new_tokens=4)
+        async def run(r: RouteRequest):  # type: ignore[no-untyped-def]
+            return await opener.open(r, pb.GenerateRequest(request_id=r.request_id, stream=True), samples=1,
+                                     wants_output_logprobs=False, prompt_tokens=len(r.token_ids), max_new_tokens=4)
 
-    first = asyncio.ensure_future(run(route(1)))
-    for _ in range(5):
-        await asyncio.sleep(0)
-    follower = asyncio.ensure_future(run(route(2)))
-    for _ in range(5):
-        await asyncio.sleep(0)
-    pool = f.router.holds.pool_stats(MODEL, "prefill")
-    assert pool.waiting == 1 and len(p.requests) == 1  # the follower's prefill half waits
-    assert len(d.requests) == 2  # its decode half was sent: it waits for the KV like any decode
-    a, b = await first, await follower
-    assert pool.released == 1 and len(p.requests) == 2 and len(f.router.holds.rule) == 0
-    await a.aclose()
-    await b.aclose()
-    assert all(w.load.in_flight == 0 for w in f.registry.all())
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        first = asyncio.ensure_future(run(route(1)))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        follower = asyncio.ensure_future(run(route(2)))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        pool = f.router.holds.pool_stats(MODEL, "prefill")
+        assert pool.waiting == 1 and len(p.requests) == 1  # the follower's prefill half waits
+        assert len(d.requests) == 2  # its decode half was sent: it waits for the KV like any decode
+        a, b = await first, await follower
+        assert pool.released == 1 and pool.timed_out == 0
+        assert len(p.requests) == 2 and len(f.router.holds.rule) == 0
+        assert loop.time() - began == pytest.approx(0.05)  # released by the first prefill's end, not a timeout
+        await a.aclose()
+        await b.aclose()
+        assert all(w.load.in_flight == 0 for w in f.registry.all())
+
+    run_virtual(scenario())
 
 
 async def test_no_hold_once_the_workers_running_slots_are_taken_by_requests_sent_to_it() -> None:

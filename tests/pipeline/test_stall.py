@@ -20,6 +20,7 @@ from gateway.protocol.errors import GatewayTimeoutError
 from gateway.workers.h2.call import H2Call
 from gateway.workers.transport import CallCode
 from gateway.workers.watchdog import Watchdog, WatchdogConfig
+from gateway_lab.sim.virtual_clock import run_virtual
 from tests.fake_transport import (
     HANG,
     MODEL,
@@ -58,17 +59,25 @@ async def test_silent_worker_is_cut_off_and_aborted() -> None:
     assert w.load.in_flight == 0 and w.breaker.consecutive_failures == 1
 
 
-async def test_steady_messages_never_trip_the_timer() -> None:
-    # Each gap is under the limit, their sum is well over it: the timer follows the pending read.
-    # The margin per gap is wide enough for a loaded CI host's scheduling delays.
-    gaps = [Later(0.05, chunk([i])) for i in range(6)]
-    t = FakeTransport("grpc://w1:1").script(chunk([0]), *gaps, Later(0.05, complete([1])))
-    f, stream = await open_with(t, 0.2)
-    got = 0
-    while await stream.read() is not None:
-        got += 1
-    assert got == 8 and stream.lease.outcome is Outcome.OK
-    assert t.aborts == [] and f.worker("w1:1").load.in_flight == 0
+def test_steady_messages_never_trip_the_timer() -> None:
+    """Each gap is under the limit, their sum is well over it: the timer follows the pending
+    read. On the virtual clock (time moves only when nothing is ready to run), so the gaps
+    are exactly what the script says however long the host stops the process."""
+
+    async def scenario() -> None:
+        gaps = [Later(0.015, chunk([i])) for i in range(6)]
+        t = FakeTransport("grpc://w1:1").script(chunk([0]), *gaps, Later(0.015, complete([1])))
+        loop = asyncio.get_running_loop()
+        f, stream = await open_with(t, 0.02)
+        began = loop.time()
+        got = 0
+        while await stream.read() is not None:
+            got += 1
+        assert got == 8 and stream.lease.outcome is Outcome.OK
+        assert loop.time() - began == pytest.approx(0.105)  # over five times the limit in all
+        assert t.aborts == [] and f.worker("w1:1").load.in_flight == 0
+
+    run_virtual(scenario())
 
 
 async def test_a_message_racing_the_verdict_still_ends_the_stream_as_stalled() -> None:
