@@ -298,6 +298,34 @@ async def test_loads_of_both_shapes(peer: tuple[Peer, SglangHttpClient], body: A
     assert loads.loads[0].num_running_reqs == total - waiting
 
 
+async def test_loads_from_v1_loads_as_sglang_0_5_23_serves_them_else_get_load(peer: tuple[Peer, SglangHttpClient]) -> None:
+    """SGLang 0.5.23 has no ``/get_load``: its loads are ``/v1/loads`` (per rank, a field at 0
+    left out). An older server answers 404 there once and is asked ``/get_load`` from then on."""
+    p, client = peer
+    p.routes["/v1/loads"] = reply({"timestamp": "t", "version": "0.5.23", "accelerator": None, "num_accelerators": 1,
+                                   "loads": [{"dp_rank": 0, "num_running_reqs": 3, "num_waiting_reqs": 2,
+                                              "num_used_tokens": 640, "max_total_num_tokens": 4096},
+                                             {"dp_rank": 1}]})
+    loads = await client.loads()
+    assert [(x.dp_rank, x.num_running_reqs, x.num_waiting_reqs, x.num_total_reqs, x.num_used_tokens) for x in loads.loads] == [
+        (0, 3, 2, 5, 640), (1, 0, 0, 0, 0),
+    ]
+    assert loads.dp_rank_count == 2 and loads.aggregate.total_reqs == 5
+    p.routes["/v1/loads"] = reply({"loads": 3})
+    with pytest.raises(WorkerCallError) as err:
+        await client.loads()
+    assert err.value.code is CallCode.INTERNAL and "unknown shape" in err.value.message
+    del p.routes["/v1/loads"]
+    p.routes["/get_load"] = reply([{"dp_rank": 0, "num_reqs": 4, "num_waiting_reqs": 1, "num_tokens": 10}])
+    p.paths.clear()
+    for _ in range(2):
+        assert (await client.loads()).loads[0].num_running_reqs == 3
+    assert p.paths == ["/v1/loads", "/get_load", "/get_load"]
+    p.routes["/get_load"] = reply({"loads": "?"}, status=500)
+    with pytest.raises(WorkerCallError):
+        await client.loads()
+
+
 async def test_what_the_http_server_lacks_is_unimplemented(peer: tuple[Peer, SglangHttpClient]) -> None:
     _, client = peer
     for attempt in (client.tokenizer_zip(), client.embed(pb.EmbedRequest())):

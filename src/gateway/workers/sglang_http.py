@@ -497,6 +497,10 @@ class SglangHttpClient(HttpWorkerClient):
     engine = "SGLang's HTTP server"
     _dialect: Dialect = SglangDialect()
 
+    def __init__(self, url: str, **kwargs: Any) -> None:
+        super().__init__(url, **kwargs)
+        self._v1_loads = True  # until the server answers 404 there (before SGLang's /v1/loads: /get_load)
+
     async def abort(self, request_id: str, reason: str = "", *, timeout: float = 2.0) -> bool:
         status, content = await self._call(
             "POST", "/abort_request", timeout, orjson.dumps({"rid": request_id}), self._headers(request_id),
@@ -543,23 +547,50 @@ class SglangHttpClient(HttpWorkerClient):
         )
 
     async def loads(self, *, timeout: float = 2.0, include: Sequence[str] = ("core",)) -> pb.GetLoadsResponse:
-        """``/get_load``: a list of per-rank loads (``num_reqs``, ``num_waiting_reqs``,
-        ``num_tokens``) on current SGLang, ``{"load": n}`` on older versions."""
-        got = await self._get_json("/get_load", timeout)
-        rows = got if isinstance(got, list) else [got]
+        """``/v1/loads?include=core`` (SGLang 0.5.23 serves loads there only: ``{"loads": [per
+        rank: dp_rank, num_running_reqs, num_waiting_reqs, num_used_tokens, ...]}``, a field at 0
+        left out); a server without it (404) is asked ``/get_load`` from then on: a list of
+        per-rank ``num_reqs``, ``num_waiting_reqs``, ``num_tokens``, or ``{"load": n}`` on older
+        versions."""
         loads: list[pb.SchedulerLoad] = []
-        for rank, row in enumerate(rows):
-            if not isinstance(row, dict):
-                raise WorkerCallError(CallCode.INTERNAL, "/get_load answered an unknown shape")
-            total = int(row.get("num_reqs", row.get("load", 0)) or 0)
-            waiting = int(row.get("num_waiting_reqs", 0) or 0)
-            loads.append(pb.SchedulerLoad(
-                dp_rank=int(row.get("dp_rank", rank) or 0),
-                num_running_reqs=max(0, total - waiting),
-                num_waiting_reqs=waiting,
-                num_total_reqs=total,
-                num_used_tokens=int(row.get("num_tokens", 0) or 0),
-            ))
+        got: Any = None
+        if self._v1_loads:
+            try:
+                got = await self._get_json("/v1/loads?include=core", timeout)
+            except WorkerCallError as exc:
+                if exc.code is not CallCode.UNIMPLEMENTED:
+                    raise
+                self._v1_loads = False
+        if got is not None:
+            rows = got.get("loads") if isinstance(got, dict) else None
+            if not isinstance(rows, list):
+                raise WorkerCallError(CallCode.INTERNAL, "/v1/loads answered an unknown shape")
+            for rank, row in enumerate(rows):
+                if not isinstance(row, dict):
+                    raise WorkerCallError(CallCode.INTERNAL, "/v1/loads answered an unknown shape")
+                running = int(row.get("num_running_reqs", 0) or 0)
+                waiting = int(row.get("num_waiting_reqs", 0) or 0)
+                loads.append(pb.SchedulerLoad(
+                    dp_rank=int(row.get("dp_rank", rank) or 0),
+                    num_running_reqs=running,
+                    num_waiting_reqs=waiting,
+                    num_total_reqs=running + waiting,
+                    num_used_tokens=int(row.get("num_used_tokens", 0) or 0),
+                ))
+        else:
+            got = await self._get_json("/get_load", timeout)
+            for rank, row in enumerate(got if isinstance(got, list) else [got]):
+                if not isinstance(row, dict):
+                    raise WorkerCallError(CallCode.INTERNAL, "/get_load answered an unknown shape")
+                total = int(row.get("num_reqs", row.get("load", 0)) or 0)
+                waiting = int(row.get("num_waiting_reqs", 0) or 0)
+                loads.append(pb.SchedulerLoad(
+                    dp_rank=int(row.get("dp_rank", rank) or 0),
+                    num_running_reqs=max(0, total - waiting),
+                    num_waiting_reqs=waiting,
+                    num_total_reqs=total,
+                    num_used_tokens=int(row.get("num_tokens", 0) or 0),
+                ))
         return pb.GetLoadsResponse(
             timestamp=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             dp_rank_count=len(loads),
