@@ -3,7 +3,7 @@
 The same worker as the gRPC mode (``SimWorker``: radix cache, step loop, faults),
 served with Starlette on uvicorn. SGLang's routes: ``POST /generate`` (whole or
 SSE-streamed), ``GET /health``, ``/health_generate``, ``/get_model_info``,
-``/get_server_info``, ``/get_load``, ``POST /abort_request``, ``/flush_cache``, and its
+``/get_server_info``, ``/get_load`` and ``/v1/loads`` (SGLang 0.5.23 serves loads only there), ``POST /abort_request``, ``/flush_cache``, and its
 OpenAI ``POST /v1/completions`` (text or token ids in, text out), ``POST
 /v1/chat/completions`` (messages in, rendered with the model's chat template) and
 ``GET /v1/models``.
@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
@@ -167,6 +168,7 @@ class SimHttpWorker:
             Route("/get_model_info", self.model_info, methods=["GET"]),
             Route("/get_server_info", self.server_info, methods=["GET"]),
             Route("/get_load", self.load, methods=["GET"]),
+            Route("/v1/loads", self.v1_loads, methods=["GET"]),
             Route("/abort_request", self.abort, methods=["POST"]),
             Route("/flush_cache", self.flush_cache, methods=["GET", "POST"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
@@ -503,6 +505,17 @@ class SimHttpWorker:
             }
             for load in self.worker.scheduler_loads()
         ])
+
+    async def v1_loads(self, request: Request) -> Response:
+        """Per-rank loads as SGLang 0.5.23's ``/v1/loads`` reports them (its ``core`` fields this
+        worker keeps; a field at 0 is left out, as there)."""
+        rows = []
+        for load in self.worker.scheduler_loads():
+            row = {"dp_rank": load.dp_rank, "num_running_reqs": load.num_running_reqs,
+                   "num_waiting_reqs": load.num_waiting_reqs, "num_used_tokens": load.num_used_tokens}
+            rows.append({k: v for k, v in row.items() if v})
+        return JSONResponse({"timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "version": "sim",
+                             "accelerator": None, "num_accelerators": 1, "loads": rows})
 
     async def abort(self, request: Request) -> Response:
         try:
