@@ -7,6 +7,7 @@ runs it and then this suite). One server and one gateway serve the whole session
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -35,8 +36,15 @@ def sglang_grpc(interop_dir: Path) -> Iterator[servers.Process]:
 
 @pytest.fixture(scope="session")
 def sglang_http(interop_dir: Path, sglang_grpc: servers.Process) -> Iterator[servers.Process]:
-    """SGLang's own OpenAI HTTP server, same stand-in scheduler: the reference frontend."""
-    with servers.running(servers.start_sglang(interop_dir, grpc=False)) as proc:
+    """SGLang's own OpenAI HTTP server, same stand-in scheduler: the reference frontend. Its
+    scheduler publishes KV events through SGLang's own publisher, connecting out to an address
+    a gateway binds, its replay socket bound on 127.0.0.1 (nothing beyond loopback)."""
+    port = servers.free_port(span=2, ports=servers.EVENT_PORTS)
+    events = {"publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{port}",
+              "replay_endpoint": f"tcp://127.0.0.1:{port + 1}", "topic": "kv"}
+    with servers.running(servers.start_sglang(
+            interop_dir, grpc=False, extra_args=["--kv-events-config", json.dumps(events)])) as proc:
+        proc.extra.update(kv_events=events["endpoint"], kv_replay=events["replay_endpoint"])
         yield proc
 
 
@@ -55,6 +63,19 @@ def gateway_over_http(interop_dir: Path, sglang_http: servers.Process) -> Iterat
     with servers.running(servers.start_gateway(
             workdir, sglang_http.extra["url"], extra_args=["--tokenizer-path", str(servers.MODEL_DIR)])) as proc:
         servers.wait_for_model(proc)  # a slow first probe leaves the worker to the background retries
+        yield proc
+
+
+@pytest.fixture(scope="session")
+def gateway_over_http_auto(interop_dir: Path, sglang_http: servers.Process) -> Iterator[servers.Process]:
+    """The gateway reading SGLang's own KV-event publisher from what its HTTP server reports
+    (``--kv-events-zmq auto``: ``kv_events_config`` in ``/get_server_info``)."""
+    workdir = interop_dir / "auto-over-http"
+    workdir.mkdir(exist_ok=True)
+    with servers.running(servers.start_gateway(
+            workdir, sglang_http.extra["url"],
+            extra_args=["--tokenizer-path", str(servers.MODEL_DIR), "--kv-events", "--kv-events-zmq", "auto"])) as proc:
+        servers.wait_for_model(proc)
         yield proc
 
 

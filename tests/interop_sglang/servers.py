@@ -51,8 +51,11 @@ def unavailable_reason(*, require_opt_in: bool = False) -> str | None:
 
 # SGLang derives more ports from --port (port + 1 for its HTTP sidecar, port + 10000 for a
 # gRPC one), so ports come from a fixed low range, overridable for a shared machine.
-PORT_RANGE = range(int(os.environ.get("INTEROP_SGLANG_PORT_BASE", "34000")),
-                   int(os.environ.get("INTEROP_SGLANG_PORT_BASE", "34000")) + 100)
+PORT_BASE = int(os.environ.get("INTEROP_SGLANG_PORT_BASE", "34000"))
+PORT_RANGE = range(PORT_BASE, PORT_BASE + 100)
+# KV-event publishers' ports (a gateway binds them only when it starts): a range of their own,
+# so no server started meanwhile takes them.
+EVENT_PORTS = range(PORT_BASE + 100, PORT_BASE + 200)
 
 
 def _is_free(port: int) -> bool:
@@ -64,14 +67,14 @@ def _is_free(port: int) -> bool:
     return True
 
 
-def free_port(span: int = 1) -> int:
-    """A free loopback port of ``PORT_RANGE`` whose next ``span - 1`` ports are free too."""
-    candidates = list(PORT_RANGE)[: len(PORT_RANGE) - span]
+def free_port(span: int = 1, ports: range = PORT_RANGE) -> int:
+    """A free loopback port of ``ports`` whose next ``span - 1`` ports are free too."""
+    candidates = list(ports)[: len(ports) - span]
     random.shuffle(candidates)
     for port in candidates:
         if all(_is_free(port + k) for k in range(span)):
             return port
-    raise RuntimeError(f"no free port in {PORT_RANGE.start}-{PORT_RANGE.stop - 1} on 127.0.0.1")
+    raise RuntimeError(f"no free port in {ports.start}-{ports.stop - 1} on 127.0.0.1")
 
 
 @dataclass

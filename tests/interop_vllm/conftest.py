@@ -71,7 +71,16 @@ def gateway_http(interop_dir: Path, vllm_http: common.Process) -> Iterator[commo
 
 @pytest.fixture(scope="session")
 def gateway_grpc(interop_dir: Path, vllm_grpc: common.Process) -> Iterator[common.Process]:
-    yield from _gateway(interop_dir, vllm_grpc, "over-grpc", "--kv-events")
+    # ``auto`` finds no publisher in vLLM's GetServerInfo: the worker keeps the servicer's stream.
+    yield from _gateway(interop_dir, vllm_grpc, "over-grpc", "--kv-events", "--kv-events-zmq", "auto")
+
+
+@pytest.fixture(scope="session")
+def gateway_http_auto(interop_dir: Path, vllm_http: common.Process) -> Iterator[common.Process]:
+    """The gateway reading vLLM's own publisher from what its OpenAI server reports."""
+    yield from _gateway(
+        interop_dir, vllm_http, "auto-over-http", "--policy", "cache_aware", "--kv-events", "--kv-events-zmq", "auto"
+    )
 
 
 @pytest.fixture(scope="session")

@@ -128,6 +128,18 @@ def _start_on(
             json.dumps({"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{events_port}"}),
             *(extra_args or []),
         ]
+    elif transport == "http" and "--runner" not in (extra_args or []):
+        # vLLM's own publisher, found by the gateway in the development-mode /server_info
+        # (``--kv-events-zmq auto``): vLLM connects out to an address, which the gateway binds,
+        # and binds its replay socket on 127.0.0.1, so nothing listens beyond loopback.
+        events_port = free_port(2, EVENT_PORTS)
+        config = {
+            "enable_kv_cache_events": True,
+            "publisher": "zmq",
+            "endpoint": f"tcp://127.0.0.1:{events_port}",
+            "replay_endpoint": f"tcp://127.0.0.1:{events_port + 1}",
+        }
+        extra_args = ["--kv-events-config", json.dumps(config), *(extra_args or [])]
     elif transport == "grpc":
         # The servicer relays KV events (rank 0's): the stand-in publishes them through vLLM's
         # own ZMQ publisher, which binds a wildcard or an ipc endpoint; an ipc socket in the
@@ -157,4 +169,6 @@ def _start_on(
     proc.extra.update(port=port, recording=Recording(record), url=f"{scheme}://127.0.0.1:{port}")
     if events_port:
         proc.extra["kv_events"] = f"tcp://127.0.0.1:{events_port}"
+        if not data_parallel:
+            proc.extra["kv_replay"] = f"tcp://127.0.0.1:{events_port + 1}"
     return proc

@@ -12,6 +12,11 @@ are answered with an ``AbortReq``, running ones get ``to_finish``) and
 the forward pass is ours: ``fake_model`` picks the next token from the
 request's seed and position.
 
+When the server runs with ``--kv-events-config``, the prompt pages each admitted request
+brings are published as stored blocks, and a flush as a clear, through SGLang's own
+``EventPublisherFactory`` and ``ZmqEventPublisher`` (as its radix cache's inserts and resets
+are, page by page, each page's hash chained on its parent's); no page is ever evicted.
+
 Every request received is appended, as one JSON line, to the file named by
 ``INTEROP_SGLANG_RECORD``: the interop tests and the corpus compare what the
 scheduler receives through the gateway with what SGLang's own HTTP server
@@ -22,6 +27,7 @@ Runs only inside the interop virtualenv (it imports sglang).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -32,6 +38,12 @@ from array import array
 from typing import Any
 
 import zmq
+from sglang.srt.disaggregation.kv_events import (
+    AllBlocksCleared,
+    BlockStored,
+    EventPublisherFactory,
+    KVEventBatch,
+)
 from sglang.srt.disaggregation.utils import DisaggregationMode
 from sglang.srt.managers.io_struct import (
     AbortReq,
@@ -102,6 +114,50 @@ def record_of(req: TokenizedGenerateReqInput) -> dict[str, Any]:
     }
 
 
+def _page_hash(parent: int | None, page: list[int]) -> int:
+    """A page's block hash: its ids chained on its parent's hash, as a signed 64-bit int."""
+    digest = hashlib.blake2b(repr((parent, page)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+class _PublishedPages:
+    """The prompt pages the stand-in holds, told to SGLang's own KV-event publisher."""
+
+    def __init__(self, server_args: Any) -> None:
+        config = getattr(server_args, "kv_events_config", None)
+        self.publisher = EventPublisherFactory.create(config, 0) if config else None
+        self.page = max(1, int(getattr(server_args, "page_size", None) or 1))
+        self.held: set[int] = set()
+
+    def stored(self, ids: list[int]) -> None:
+        """Publish the whole pages of ``ids`` not held yet (always a suffix: nothing is evicted)."""
+        if self.publisher is None:
+            return
+        parent: int | None = None
+        first_parent: int | None = None
+        hashes: list[int] = []
+        tokens: list[int] = []
+        for start in range(0, len(ids) - len(ids) % self.page, self.page):
+            page = ids[start : start + self.page]
+            h = _page_hash(parent, page)
+            if h not in self.held:
+                if not hashes:
+                    first_parent = parent
+                self.held.add(h)
+                hashes.append(h)
+                tokens.extend(page)
+            parent = h
+        if hashes:
+            event = BlockStored(block_hashes=hashes, parent_block_hash=first_parent, token_ids=tokens,
+                                block_size=self.page, lora_id=None)
+            self.publisher.publish(KVEventBatch(ts=time.time(), events=[event]))
+
+    def cleared(self) -> None:
+        if self.publisher is not None:
+            self.held.clear()
+            self.publisher.publish(KVEventBatch(ts=time.time(), events=[AllBlocksCleared()]))
+
+
 class StandinScheduler:
     """One rank: the receive loop, the step loop and the streamer."""
 
@@ -144,6 +200,7 @@ class StandinScheduler:
         )
         self.waiting: list[Req] = []
         self.running: list[Req] = []
+        self.pages = _PublishedPages(server_args)
         self.started = time.perf_counter()
 
     def init_info(self) -> dict[str, Any]:
@@ -227,6 +284,7 @@ class StandinScheduler:
         elif isinstance(obj, AbortReq):
             self.handle_abort(obj)
         elif isinstance(obj, FlushCacheReqInput):
+            self.pages.cleared()
             self.channels.send_to_tokenizer.send_output(FlushCacheReqOutput(success=True), obj)
         elif isinstance(obj, GetInternalStateReq):  # the HTTP server's /get_server_info waits for it
             state = {"max_total_num_tokens": self.max_total_num_tokens, "last_gen_throughput": 0.0}
@@ -291,6 +349,7 @@ class StandinScheduler:
         for req in admitted:
             if req.to_finish is None:
                 self._prefill_logprobs(req)
+                self.pages.stored(list(req.origin_input_ids))
             self.running.append(req)
         batch = [r for r in self.running if not r.finished()]
         for req in batch:
