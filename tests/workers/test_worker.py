@@ -53,7 +53,8 @@ def _fresh_view(w: Worker) -> object:
     return w.view()
 
 
-def test_a_view_is_reused_only_while_every_figure_is_the_same() -> None:
+def test_a_view_is_reused_only_while_every_figure_is_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(worker_module.time, "monotonic", lambda: 100.0)  # one clock tick: a loads copy's age stands
     w = _worker()
     first = w.view()
     assert w.view() is first  # nothing changed: the same object
@@ -113,7 +114,7 @@ def test_every_view_field_has_writers_and_the_view_sees_each(monkeypatch: pytest
         ],
         "loads": [
             lambda: setattr(w, "polled", LoadSnapshot(num_running_reqs=5)),
-            lambda: tick(worker_module.LOADS_VIEW_REUSE_S),  # the same poll, older
+            lambda: tick(2 * worker_module.LOADS_VIEW_REUSE_S),  # the same poll, older
         ],
         "kv_capacity_tokens": [
             lambda: setattr(w.info, "kv_capacity_tokens", 4096),
@@ -148,7 +149,7 @@ def test_writes_are_counted_where_views_and_pool_memos_read_them() -> None:
     w = _worker()
     for name, value in [("id", "x:1"), ("url", "grpc://x:1"), ("role", "decode"), ("bootstrap_port", 1),
                         ("info", WorkerInfo(model="m")), ("sibling_queued_prompt_tokens", 3),
-                        ("peer_queued_prompt_tokens", 4)]:  # fmt: skip
+                        ("peer_queued_prompt_tokens", 4), ("healthy", False), ("draining", False)]:  # fmt: skip
         version = w.version
         setattr(w, name, value)
         assert w.version == version + 1, name
@@ -161,7 +162,7 @@ def test_writes_are_counted_where_views_and_pool_memos_read_them() -> None:
     w.info.page_size = 16
     assert Roster.writes > roster and w.info.version > info_version and w.version == version
     roster = Roster.writes
-    w.healthy, w.last_ok_at, w.polled = False, 1.0, LoadSnapshot()
+    w.last_ok_at, w.polled, w.polled_at = 1.0, LoadSnapshot(), 2.0
     w.load.acquire(10, 2).release()
     w.view()
     assert (Roster.writes, w.version) == (roster, version)

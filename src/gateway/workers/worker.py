@@ -211,11 +211,13 @@ class Worker:
 
     # Every write to one of these counts in ``version`` (``__setattr__``): the view's inputs
     # that change rarely, if ever, so a view's stamp reads one number for them all (``views_of``).
-    # The figures that change with every request (loads, the breaker's and health's verdict)
-    # are read into the stamp directly instead: counting their writes would cost each a call.
+    # The figures that change with every request (loads, the breaker's verdict, which also
+    # changes with time alone) are read into the stamp directly: counting their writes would
+    # cost each a call.
     # A write to one of ``ROSTER_INPUTS`` also counts in ``Roster.writes``.
     VIEW_INPUTS: ClassVar[frozenset[str]] = frozenset({
         "id", "url", "role", "bootstrap_port", "info", "sibling_queued_prompt_tokens", "peer_queued_prompt_tokens",
+        "healthy", "draining",
     })  # fmt: skip
     ROSTER_INPUTS: ClassVar[frozenset[str]] = frozenset({"id", "role", "info", "draining", "client"})
 
@@ -275,8 +277,7 @@ class Worker:
         self.draining = False
         self.polled: LoadSnapshot | None = None
         self.polled_at = 0.0
-        self._loads_view: tuple[LoadSnapshot, float, LoadSnapshot] | None = None  # (polled, at, view)
-        self._view: tuple[tuple[object, ...], WorkerView] | None = None  # (its stamp, view): see ``views_of``
+        self._view: tuple[tuple[object, ...], WorkerView, LoadSnapshot | None] | None = None  # (stamp, view, poll): ``views_of``
         # Health evidence (see workers/health.py): consecutive probe outcomes, the last
         # time a request or probe succeeded, and whether a failure asks for an early probe.
         self.failures = 0
@@ -328,31 +329,31 @@ class Worker:
         self.suspect = True
 
     def loads_view(self) -> LoadSnapshot | None:
-        """The last polled load with its age; one copy per poll and 10 ms (a policy reads it
-        for every worker on every request)."""
-        polled = self.polled
-        if polled is None:
-            return None
-        now = time.monotonic()
-        cached = self._loads_view
-        if cached is not None and cached[0] is polled and now - cached[1] < LOADS_VIEW_REUSE_S:
-            return cached[2]
-        view = polled.aged(max(0.0, now - self.polled_at))
-        object.__setattr__(self, "_loads_view", (polled, now, view))  # not an input: past ``__setattr__``'s count
-        return view
+        """The last polled load with its age, as the view has it (one copy per poll and
+        clock tick of ``LOADS_VIEW_REUSE_S``: a policy reads it for every worker on every request)."""
+        return self.view().loads
 
     def view(self) -> WorkerView:
         """What a policy may know of this worker now (``views_of``, which owns the reuse)."""
         return views_of((self,))[0]
 
-    def _build_view(self, stamp: tuple[object, ...], available: bool, loads: LoadSnapshot | None) -> WorkerView:
-        """A fresh view, kept with the stamp of what it was built from."""
+    def _build_view(self, stamp: tuple[object, ...], ok: bool, polled: LoadSnapshot | None, now: float) -> WorkerView:
+        """A fresh view, kept with the stamp of what it was built from and the poll it ages.
+        The last view's loads copy is kept while it is of the same poll and tick (most
+        rebuilds are for a load figure that moved)."""
         load, remote, info = self.load, self.remote_load, self.info
+        loads = None
+        if polled is not None:
+            last = self._view
+            if last is not None and last[2] is polled and last[0][3] == stamp[3]:
+                loads = last[1].loads
+            else:
+                loads = polled.aged(max(0.0, now - self.polled_at))
         view = build_worker_view(  # every WorkerView field, in its order
             self.id,  # worker_id
             self.url,  # url
             self.role,  # role
-            available,  # available
+            self.healthy and not self.draining and ok,  # available
             load.in_flight + remote.in_flight,  # in_flight
             load.queued_prefill_tokens,  # queued_prefill_tokens
             load.running_decode_tokens + remote.running_decode_tokens,  # running_decode_tokens
@@ -364,7 +365,7 @@ class Worker:
             self.bootstrap_port,  # bootstrap_port
             self.sibling_queued_prompt_tokens + self.peer_queued_prompt_tokens,  # remote_queued_prompt_tokens
         )
-        object.__setattr__(self, "_view", (stamp, view))  # not an input: past ``__setattr__``'s count
+        object.__setattr__(self, "_view", (stamp, view, polled))  # not an input: past ``__setattr__``'s count
         return view
 
     def describe(self) -> dict[str, object]:
@@ -438,33 +439,30 @@ def views_of(workers: Iterable[Worker]) -> list[WorkerView]:
 
     The router asks for every worker of a pool on every request, and between two requests
     most of them have not changed: a worker's last view is handed out again while its stamp
-    is the same. The stamp is what the view is built from: the counts of writes to the
-    worker's rare inputs and to its info (``Worker.version``, ``WorkerInfo.version``), then
-    the figures that move with every request, read as they are (its own and the other
-    processes' load: a remote load is also changed in place), whether it takes traffic
-    (health, draining, the breaker, which reopens with time) and its aged loads copy, by
-    identity (a new copy is a newer age). One loop over the pool, no call for a worker
-    that did not change."""
+    and its poll are the same. The stamp is what the view is built from: the counts of
+    writes to the worker's rare inputs and to its info (``Worker.version``,
+    ``WorkerInfo.version``), the breaker's verdict (an open breaker half-opens by time
+    alone), the clock's tick of ``LOADS_VIEW_REUSE_S`` when there is a poll (the loads copy
+    ages by whole ticks, every worker's at once), and the figures that move with every
+    request, read as they are (its own and the other processes' load: a remote load is also
+    changed in place). The poll is compared by identity (the cached view holds it, so its
+    id is not reused). One loop over the pool, no call for a worker that did not change."""
     closed = BreakerState.CLOSED
     now = time.monotonic()
+    tick = now // LOADS_VIEW_REUSE_S
     out: list[WorkerView] = []
     for w in workers:
-        polled = w.polled
-        loads: LoadSnapshot | None = None
-        if polled is not None:
-            # ``loads_view``'s common answer inlined: this poll's copy, made within LOADS_VIEW_REUSE_S.
-            aged = w._loads_view
-            loads = aged[2] if aged is not None and aged[0] is polled and now - aged[1] < LOADS_VIEW_REUSE_S else w.loads_view()
-        breaker = w.breaker
-        available = w.healthy and not w.draining and (breaker.state is closed or breaker.allows())
+        polled, breaker = w.polled, w.breaker
+        ok = breaker.state is closed or breaker.allows()
         load, remote = w.load, w.remote_load
         stamp = (
-            w.version, w.info.version, available, id(loads),
+            w.version, w.info.version, ok, polled is None or tick,
             load.in_flight, load.queued_prefill_tokens, load.running_decode_tokens,
             remote.in_flight, remote.queued_prefill_tokens, remote.running_decode_tokens,
         )  # fmt: skip
-        # ``loads`` by identity: the cached view holds the copy it was built with, so its id is
-        # not reused while compared against (comparing copies would run their __eq__).
         cached = w._view
-        out.append(cached[1] if cached is not None and cached[0] == stamp else w._build_view(stamp, available, loads))
+        if cached is not None and cached[2] is polled and cached[0] == stamp:
+            out.append(cached[1])
+        else:
+            out.append(w._build_view(stamp, ok, polled, now))
     return out
