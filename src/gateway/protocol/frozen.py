@@ -2,8 +2,9 @@
 
 A frozen dataclass's ``__init__`` sets each field through ``object.__setattr__`` (its own
 ``__setattr__`` refuses): a method lookup and a wrapped call per field. The router builds
-a ``WorkerView`` of 13 fields for most workers of a pool on every request under load (their
-in-flight counts change), and a ``LoadSnapshot`` for each worker whose polled loads it ages;
+a ``WorkerView`` of 13 fields for each worker of a pool whose figures moved since its last
+view (under load, the in-flight counts of a few of them per request), and a ``LoadSnapshot``
+for each worker whose polled loads it ages;
 every chat request makes its ``SamplingOptions`` (23 fields).
 A builder sets the slots through their member descriptors instead, about half the cost,
 and yields an instance equal to the constructor's: the same class, still frozen.
