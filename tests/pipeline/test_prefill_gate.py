@@ -203,6 +203,19 @@ def test_hold_timeout_follows_the_learned_prefill_rate_within_bounds() -> None:
         PrefillGateConfig(prefill_gate_min_s=5.0, prefill_gate_max_s=1.0)
 
 
+def test_a_set_members_hold_timeout_counts_its_siblings_prompts_in_prefill_on_the_worker() -> None:
+    """A sibling's blocker waits behind the sibling's requests too: one process's own queue
+    alone gave a hold half the time one process would have allowed it."""
+    from types import SimpleNamespace
+
+    from gateway.pipeline.prefill_gate import PrefillHolds
+
+    cfg = PrefillGateConfig(prefill_gate_factor=2.0, prefill_gate_min_s=0.5, prefill_gate_max_s=30.0)
+    worker = SimpleNamespace(load=SimpleNamespace(queued_prefill_tokens=4000), sibling_queued_prompt_tokens=4000,
+                             progress=SimpleNamespace(prefill_tps=2000.0))  # fmt: skip
+    assert PrefillHolds().timeout_s(SimpleNamespace(worker=worker), cfg) == 8.0  # type: ignore[arg-type]
+
+
 def test_pd_prefill_halves_are_gated_and_released_by_the_first_prefill() -> None:
     """On the virtual clock (time moves only when nothing is ready to run): the first
     prefill's 50 ms and the follower's hold timeout (0.5 s at least) are measured on it, so
@@ -315,6 +328,69 @@ async def test_a_siblings_request_in_prefill_holds_a_follower_until_its_first_to
         assert len(fb.router.holds.rule) == 0 and boards[1].stats.released == 1
         await a.aclose()
         await b.aclose()
+    finally:
+        for f, board in zip((fa, fb), boards, strict=True):
+            f.router.holds.share = None
+            board.close()
+
+
+async def test_a_siblings_held_requests_do_not_make_the_worker_look_full(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Two processes of one set: process a sent the group's first request to w1 (3 running
+    slots); process b holds two followers of the group for it. b's bus figure counts both
+    as in flight on w1, but neither is on the worker: a's own next follower must be held as
+    well, not sent past its blocker into the same prefill batch because the bus made w1
+    look full (what put a set's in-batch duplicates at ten times one process's)."""
+    import dataclasses
+
+    from gateway.policies.base import RemoteDecision
+    from gateway.policies.radix_tree import pack
+    from gateway.sync.apply import Applier
+    from gateway.sync.host_prefill import HostPrefill
+    from gateway.sync.outbox import Outbox
+
+    ta = FakeTransport("grpc://w1:1").script(Later(0.1, chunk([1])), HANG).script(chunk([4]), HANG)
+    tb = FakeTransport("grpc://w1:1").script(chunk([2]), HANG).script(chunk([3]), HANG)
+    fa, fb = await fleet(ta, policy="cache_aware"), await fleet(tb, policy="cache_aware")
+    for f in (fa, fb):
+        w = f.worker("w1:1")
+        w.info = dataclasses.replace(w.info, max_running_requests=3)
+
+    def counted(f):  # type: ignore[no-untyped-def]  # server.state's on_in_flight
+        return lambda wid, n: setattr(f.worker(wid), "sibling_in_flight", n)
+
+    boards = [
+        HostPrefill(tmp_path, i, 2, on_sent=f.router.holds.remote_sent, on_done=f.router.holds.prefilled,
+                    on_in_flight=counted(f))
+        for i, f in enumerate((fa, fb))
+    ]  # fmt: skip
+    for f, board in zip((fa, fb), boards, strict=True):
+        f.router.holds.share = board
+    boards[1].poll()
+    try:
+        first = await start(fa, route(1))
+        fb.router.policy(MODEL, "regular").on_remote(RemoteDecision("w1:1", MODEL, pack(route(1).token_ids)))
+        held = [await start(fb, route(2)), await start(fb, route(3))]
+        assert stats(fb).waiting == 2 and len(tb.requests) == 0 and fb.worker("w1:1").load.in_flight == 2
+        # What b's next bus batch tells a: two requests in flight on w1 (its held ones).
+        outbox = Outbox("b", lambda wid: fb.worker(wid).load, lambda wid: 1, host_set="set")
+        outbox.load_changed("w1:1")
+        batch = outbox.take()
+        assert batch is not None and batch.loads[0].in_flight == 2
+        Applier("a", fa.router, fa.registry, host_set="set").apply(batch)  # type: ignore[arg-type]
+        wa = fa.worker("w1:1")
+        assert wa.remote_load.in_flight == 2 and wa.peer_in_flight == 0 and wa.sibling_in_flight == 0
+        follower = await start(fa, route(4))
+        assert stats(fa).waiting == 1 and len(ta.requests) == 1  # held: w1 has one request on it, not three
+        a = await first
+        streams = [await follower, *[await t for t in held]]
+        assert (stats(fa).released, stats(fb).released) == (1, 2) and len(ta.requests) == 2 and len(tb.requests) == 2
+        # b's two are on w1 now, a's follower too: a sees all four, and each end is heard.
+        boards[0].poll()
+        assert wa.sibling_in_flight == 2 and fa.router.holds.on_worker(wa) == 2 + 2 - 1
+        for stream in (a, *streams):
+            await stream.aclose()
+        boards[0].poll()
+        assert wa.sibling_in_flight == 0 and wa.load.in_flight == 0
     finally:
         for f, board in zip((fa, fb), boards, strict=True):
             f.router.holds.share = None

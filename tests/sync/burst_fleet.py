@@ -76,8 +76,8 @@ class Member:
         self.reasons: Counter[str] = Counter()
         self._keys = 0
         # The prefill gate's rule over this process's requests in prefill and (through the
-        # prefill ring) its siblings', and what its free-slot check would say at each request
-        # that has a blocker: (from the bus's in-flight, from the rings', from the truth).
+        # prefill ring) its siblings', and what its free-slot check says at each request that
+        # has a blocker: (from the bus's in-flight alone, the gate's own count, the truth).
         self.gate = PrefillGate()
         self.gate_checks: Counter[tuple[bool, bool, bool]] = Counter()
         self.others: list[Member] = []
@@ -95,6 +95,10 @@ class Member:
     def sibling_queued(self, worker_id: str, tokens: int) -> None:
         """``HostPrefill``'s ``on_queued``, as ``server.state`` sets it."""
         self.workers[worker_id].sibling_queued_prompt_tokens = tokens
+
+    def sibling_in_flight(self, worker_id: str, requests: int) -> None:
+        """``HostPrefill``'s ``on_in_flight``, as ``server.state`` sets it."""
+        self.workers[worker_id].sibling_in_flight = requests
 
     def route(self, request: RouteRequest) -> tuple[str, LoadGuard, int]:
         assert self.tapped is not None and self.outbox is not None
@@ -119,12 +123,12 @@ class Member:
         w = self.workers[wid]
         if self.gate.blocker(wid, packed, cached, min_gain_tokens=DEFAULT_MIN_GAIN_TOKENS, page=self.build.page) is None:
             return
-        ring = 0 if self.prefill is None else sum(e[1] == wid for kept in self.prefill._kept.values() for e in kept.values())
         true = sum(o.workers[wid].load.in_flight for o in self.others)
-        mine = w.load.in_flight - 1
+        mine = w.load.in_flight - 1  # the model holds no request: every lease is on its worker
+        gate = mine + w.sibling_in_flight + w.peer_in_flight  # ``PrefillHolds.on_worker`` with nothing held
         self.gate_checks[(
             slot_free(mine + w.remote_load.in_flight, MAX_RUNNING),
-            slot_free(mine + max(w.remote_load.in_flight, ring), MAX_RUNNING),
+            slot_free(gate, MAX_RUNNING),
             slot_free(mine + true, MAX_RUNNING),
         )] += 1
 
@@ -136,10 +140,12 @@ class Member:
         if self.prefill is not None:
             self.prefill.done(key)
 
-    def released(self, wid: str, guard: LoadGuard) -> None:
+    def released(self, wid: str, guard: LoadGuard, key: int) -> None:
         assert self.outbox is not None
         guard.release()
         self.outbox.load_changed(wid)
+        if self.prefill is not None:
+            self.prefill.ended(key)
 
     def close(self) -> None:
         for part in (self.ring, self.prefill):
@@ -215,7 +221,7 @@ async def run_burst(
                 q.decode -= STEP_DECODE_TOKENS
                 if q.decode <= 0:
                     fw.running.remove(q)
-                    q.member.released(wid, q.guard)
+                    q.member.released(wid, q.guard, q.key)
             budget, prefilled = STEP_PREFILL_TOKENS, set()
             while fw.waiting and len(fw.running) < MAX_RUNNING and budget > 0:
                 q = fw.waiting.pop(0)

@@ -115,7 +115,7 @@ def test_a_peer_remembers_a_bounded_number_of_decisions() -> None:
     assert peer.known_bytes == 2 and list(peer.known) == [1]
 
 
-def test_peers_whole_queued_prompts_are_summed_except_a_same_host_siblings() -> None:
+def test_peers_whole_queued_prompts_and_in_flight_are_summed_except_a_same_host_siblings() -> None:
     router, workers = _Router(), FakeWorkers()
     applier = Applier("me", router, workers, host_set="set-1")  # type: ignore[arg-type]
     for origin, host_set, prompts in (("replica", "", 2176), ("other-set", "set-2", 1000), ("sibling", "set-1", 4000)):
@@ -125,17 +125,18 @@ def test_peers_whole_queued_prompts_are_summed_except_a_same_host_siblings() -> 
     w = workers.w["w0:1"]
     assert w.remote_load.in_flight == 3 and w.remote_load.queued_prefill_tokens == 384  # every peer's load counts
     assert w.peer_queued_prompt_tokens == 3176  # the sibling's whole prompts come through memory instead
+    assert w.peer_in_flight == 2  # and its requests on the worker (its bus figure counts those it holds too)
     first = sync_pb2.Batch(origin="replica", seq=2)  # its prefill done: in flight, nothing queued
     first.loads.add(worker_id="w0:1", in_flight=1, running_decode_tokens=8)
     applier.apply(first)
     assert w.peer_queued_prompt_tokens == 1000
     applier.apply(sync_pb2.Batch(origin="other-set", seq=2, goodbye=True))
-    assert w.peer_queued_prompt_tokens == 0
+    assert w.peer_queued_prompt_tokens == 0 and w.peer_in_flight == 1
     alone = Applier("me", router, workers)  # type: ignore[arg-type]  # outside a set every peer counts
     batch = sync_pb2.Batch(origin="sibling", seq=1, host_set="set-1")
     batch.loads.add(worker_id="w1:1", in_flight=1, queued_prompt_tokens=640)
     alone.apply(batch)
-    assert workers.w["w1:1"].peer_queued_prompt_tokens == 640
+    assert workers.w["w1:1"].peer_queued_prompt_tokens == 640 and workers.w["w1:1"].peer_in_flight == 1
 
 
 def test_another_processes_kv_events_go_to_the_feeder_in_order() -> None:

@@ -144,6 +144,64 @@ def test_what_siblings_have_in_prefill_is_summed_per_worker_at_each_change(tmp_p
     reader.close()
 
 
+def test_a_siblings_request_counts_on_its_worker_from_sent_to_ended(tmp_path: Path) -> None:
+    """The prefill gate's free-slot check: a sibling's request is on its worker from its
+    *sent* (a held request never is) past its first token until its *ended*; a restart, an
+    overrun and old age drop the counts, and an ended never heard of changes nothing."""
+    now = [100.0]
+    told: dict[str, int] = {}
+    writer = _board(tmp_path, 0, _Gate())
+    reader = HostPrefill(tmp_path, 1, 2, on_sent=_Gate().sent, on_done=_Gate().ended, on_in_flight=told.__setitem__,
+                         max_flight_s=300.0, clock=lambda: now[0])  # fmt: skip
+    writer.sent(1, "w1", pack([1, 2]), 0)
+    writer.sent(2, "w1", pack([3, 4]), 0)
+    writer.sent(3, "w0", pack([5, 6]), 0)
+    reader.poll()
+    assert told == {"w1": 2, "w0": 1} and reader.in_flight("w1") == 2
+    writer.done(1)  # its first token: decoding on w1, still there
+    writer.ended(9)  # never heard of
+    reader.poll()
+    assert told == {"w1": 2, "w0": 1} and reader.kept == 2
+    writer.ended(1)
+    writer.done(3)
+    writer.ended(3)  # ended before its first token (a failure): done, then ended
+    reader.poll()
+    assert told == {"w1": 1, "w0": 0} and reader.stats.ended == 2
+    now[0] += 301  # a request past any worker call's deadline no longer counts
+    writer.sent(4, "w0", pack([7, 8]), 0)
+    reader.poll()
+    assert told == {"w1": 0, "w0": 1}
+    for k in range(5, SLOTS + 10):  # records overwritten before they were read: nothing counted stays
+        writer.sent(k, "w1", pack([k]), 0)
+        writer.ended(k)
+    reader.poll()
+    assert reader.stats.overrun > 0 and reader.in_flight("w0") == 0
+    writer.close()
+    again = _board(tmp_path, 0, _Gate())
+    again.sent(1, "w1", pack([1]), 0)
+    reader.poll()
+    assert reader.in_flight("w1") == 1
+    again.close()
+    _board(tmp_path, 0, _Gate()).close()  # restarted again: its predecessor's request is gone
+    reader.poll()
+    assert told["w1"] == 0
+    reader.close()
+
+
+def test_a_record_of_an_unknown_kind_is_a_lost_record(tmp_path: Path) -> None:
+    from gateway.sync.host_prefill import _RECORD
+
+    g1 = _Gate()
+    writer, reader = _board(tmp_path, 0, _Gate()), _board(tmp_path, 1, g1)
+    writer.sent(1, "w1", pack([1, 2]), 0)
+    reader.poll()
+    writer._ring.write(_RECORD.pack(9, 1, 0, 0, 0))
+    reader.poll()
+    assert g1.kept == {} and reader.stats.dropped == 1 and reader.in_flight("w1") == 0
+    writer.close()
+    reader.close()
+
+
 def test_a_sets_id_is_its_run_folders(tmp_path: Path) -> None:
     from gateway.sync.host_prefill import host_set_id
 

@@ -418,6 +418,7 @@ async def open_on(
                 # In prefill until the first message or any other ending (``finally`` below):
                 # the gate holds requests sharing its prefix on this worker until then.
                 gate_key = router.holds.dispatched(selection)
+                lease.gate_key = gate_key
             worker.pin(request)  # a DP rank runs it where its prefix is
             call = worker.client.generate(request, timeout=worker_timeout(config.request_timeout_s))
             lease.sent(call)

@@ -78,6 +78,7 @@ class Lease:
         "_started_at",
         "_unwatch",
         "cached_tokens",
+        "gate_key",
         "outcome",
         "reported_prompt_tokens",
         "route",
@@ -117,6 +118,7 @@ class Lease:
         self._unwatch: Callable[[], None] | None = None
         self._kill: Callable[[], None] | None = None  # what a stall does (None: the lease's own)
         self._gate_exit: Callable[[], None] | None = None  # gives back a worker-gate slot (pipeline.worker_gate)
+        self.gate_key = 0  # its key in the prefill gate once sent (0: not tracked); its end is told to the siblings
         self.stalled = False  # the progress watchdog stopped the call
         self._guard: LoadGuard = worker.load.acquire(prompt_tokens, max_new_tokens, silent=silent)
         worker.breaker.on_dispatch()
@@ -223,6 +225,8 @@ class Lease:
         if gate_exit is not None:
             self._gate_exit = None
             gate_exit()
+        if self.gate_key:
+            self._router.holds.ended(self.gate_key)
         worker = self.worker
         if outcome is Outcome.OK or outcome is Outcome.REJECTED:
             worker.record_outcome(True)

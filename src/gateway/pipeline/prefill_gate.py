@@ -45,6 +45,8 @@ class PrefillShare(Protocol):
 
     def done(self, key: int) -> None: ...
 
+    def ended(self, key: int) -> None: ...
+
     def poll(self) -> int: ...
 
 
@@ -134,6 +136,15 @@ class PrefillHolds:
         """A sibling's request (``key`` below zero) is in prefill on ``worker_id``: it blocks as ours do."""
         self.rule.add(key, worker_id, prompt, cached)
 
+    def on_worker(self, worker: Worker) -> int:
+        """The requests on ``worker`` besides the one being checked (whose lease is taken):
+        this process's in flight there less the requests held for it, the same-host
+        siblings' sent and not ended (their rings, as of the last poll) and other replicas'
+        (the bus). A held request is not on the worker yet, whichever process holds it;
+        one sent now past it takes a free slot at once, in the same batch as its blocker."""
+        return (worker.load.in_flight - 1 - self.held_on(worker.id)
+                + worker.sibling_in_flight + worker.peer_in_flight)
+
     def held_on(self, worker_id: str) -> int:
         """Requests waiting for a blocker on ``worker_id`` now: counted in its in-flight load,
         not yet on the worker."""
@@ -161,10 +172,19 @@ class PrefillHolds:
         if event is not None:
             event.set()
 
+    def ended(self, key: int) -> None:
+        """The request ``key`` is no longer on its worker (its lease ended): the siblings stop
+        counting it there."""
+        if key > 0 and self.share is not None:
+            self.share.ended(key)
+
     def timeout_s(self, selection: Selection, config: PrefillGateConfig) -> float:
-        """The longest this request may wait on the selected worker."""
+        """The longest this request may wait on the selected worker: its queue is this
+        process's prompts in prefill there and the same-host siblings' (a sibling's blocker
+        waits behind the sibling's requests too)."""
         worker = selection.worker
-        return hold_timeout_s(worker.load.queued_prefill_tokens, worker.progress.prefill_tps, config)
+        queued = worker.load.queued_prefill_tokens + worker.sibling_queued_prompt_tokens
+        return hold_timeout_s(queued, worker.progress.prefill_tps, config)
 
     def check(self, selection: Selection, config: PrefillGateConfig) -> Hold | None:
         """Whether the selected request should wait (the rule, with this gate's settings)."""
@@ -174,12 +194,7 @@ class PrefillHolds:
         worker = selection.worker
         if self.share is not None:
             self.share.poll()  # the siblings' requests in prefill, as of now
-        # What the worker has been sent: in_flight less this request's own lease and the
-        # requests held for the worker (and the siblings' as last heard). A held request is
-        # not on the worker yet; one sent now past it takes a free slot at once, in the
-        # same batch as its blocker.
-        ahead = worker.load.in_flight + worker.remote_load.in_flight - 1 - self.held_on(worker.id)
-        if config.prefill_gate_free_slot_only and not slot_free(ahead, worker.info.max_running_requests):
+        if config.prefill_gate_free_slot_only and not slot_free(self.on_worker(worker), worker.info.max_running_requests):
             return None
         found = self.rule.blocker(
             selection.worker.id, selection.prompt, decision.predicted_cached_tokens,

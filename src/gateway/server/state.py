@@ -194,7 +194,8 @@ class GatewayState:
                 self.host_prefill = HostPrefill(
                     self.host_ring.run_dir, self.host_ring.index, self.host_ring.count,
                     on_sent=holds.remote_sent, on_done=holds.prefilled, max_age_s=2 * config.dispatch.prefill_gate_max_s,
-                    on_queued=self._sibling_queued,
+                    on_queued=self._sibling_queued, on_in_flight=self._sibling_in_flight,
+                    max_flight_s=config.dispatch.request_timeout_s,
                 )
                 holds.share = self.host_prefill
                 self.router.tap(FanOut(self.sync.outbox, self.host_ring), before_select=self._hear_siblings)
@@ -242,6 +243,11 @@ class GatewayState:
         worker = self.registry.get(worker_id)
         if worker is not None:
             worker.sibling_queued_prompt_tokens = tokens
+
+    def _sibling_in_flight(self, worker_id: str, requests: int) -> None:
+        worker = self.registry.get(worker_id)
+        if worker is not None:
+            worker.sibling_in_flight = requests
 
     def _pool_needs_loads(self, worker: Worker) -> bool:
         policy = self.router.policies().get((worker.model, worker.role))

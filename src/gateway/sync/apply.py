@@ -6,8 +6,9 @@ against fakes. A remote decision becomes ``policy.on_remote(RemoteDecision)``, w
 per origin as the origin's absolute figures and summed into ``Worker.remote_load``,
 which ``Worker.view()`` adds to the local load every policy reads, and the origins'
 whole queued prompt tokens into ``Worker.peer_queued_prompt_tokens`` (what the worker's
-polled waiting figure counts of their traffic), except a same-host sibling's whose
-prefill ring gives it fresher (``host_set``). An origin that goes quiet
+polled waiting figure counts of their traffic) and their requests in flight into
+``Worker.peer_in_flight`` (the prefill gate's free-slot check), except a same-host
+sibling's, whose prefill ring gives them fresher (``host_set``). An origin that goes quiet
 (``peer_timeout_s``) or says goodbye has its load forgotten.
 
 Each origin's recent decisions are kept by number (a book handle and a short tail, not
@@ -283,7 +284,7 @@ class Applier:
             if worker is None:
                 continue
             total = WorkerLoad()
-            prompts = 0
+            prompts = flying = 0
             for peer in self.peers.values():
                 lo = peer.loads.get(wid)
                 if lo is not None:
@@ -292,8 +293,10 @@ class Applier:
                     total.running_decode_tokens += lo[2]
                     if not peer.sibling:
                         prompts += lo[3]
+                        flying += lo[0]
             worker.remote_load = total
             worker.peer_queued_prompt_tokens = prompts
+            worker.peer_in_flight = flying
 
     def expire(self) -> list[str]:
         """Forget peers not heard from within ``peer_timeout_s``; returns their origins."""

@@ -265,6 +265,12 @@ class Worker:
         # The same for other replicas (set by gateway.sync.apply from the bus, as late as the bus;
         # same-host siblings that share memory are left to the figure above).
         self.peer_queued_prompt_tokens = 0
+        # Requests on this worker (sent, not ended) of the same-host siblings (gateway.sync.host_prefill,
+        # fresh at every choice) and of the other replicas (gateway.sync.apply, as late as the bus):
+        # the prefill gate's free-slot check. ``remote_load.in_flight`` counts requests a process
+        # holds in its prefill gate too, which are not on the worker yet.
+        self.sibling_in_flight = 0
+        self.peer_in_flight = 0
         # Where this target's KV events come from, once subscribed (workers.kv_events): a
         # data-parallel rank has none unless its engine's per-rank publishers are read.
         self.kv_events_source = ""

@@ -235,6 +235,9 @@ def sync_budgets(texts: Sequence[str], requests: int) -> dict[str, Any]:
         # siblings' requests in prefill each process's prefill gate heard of, and how many of them ended in the ring
         "same_host_prefill_heard": int(total(texts, "token_gateway_sync_same_host_prefill_heard_total")),
         "same_host_prefill_released": int(total(texts, "token_gateway_sync_same_host_prefill_released_total")),
+        # ... and what a reader lost: decisions overwritten before it read them, requests in prefill dropped unreleased
+        "same_host_overrun": int(total(texts, "token_gateway_sync_same_host_overrun_total")),
+        "same_host_prefill_dropped": int(total(texts, "token_gateway_sync_same_host_prefill_dropped_total")),
         "lag_p50_ms": None if p50 is None else round(p50 * 1e3, 3),
         "lag_p99_ms": None if p99 is None else round(p99 * 1e3, 3),
     }
