@@ -7,6 +7,7 @@ loopback ZMQ publisher feeds each rank's share until it leaves."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -261,5 +262,55 @@ async def test_an_entry_wins_and_an_unusable_report_is_shown_not_fatal(empty: Fl
         await _join(f, single)
         assert feeder.feeds["127.0.0.1:3"].source == "SubscribeKvEvents"
         assert "ZMQ publishers only" in f.worker("127.0.0.1:3").kv_events_problem
+    finally:
+        await feeder.close()
+
+
+async def test_vllms_report_unanswered_in_time_is_pending_and_read_when_asked_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """vLLM collects its host's environment on the development route's first call (seconds on a
+    loaded host): past the bound the client says the report is pending, and the next ask reads it."""
+    monkeypatch.setattr("gateway.workers.vllm_http.DEV_INFO_TIMEOUT_S", 0.2)
+    calls = 0
+
+    async def slow_first(request: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            await asyncio.sleep(0.6)
+        return await reply({"vllm_config": {"kv_events_config": VLLM_CONFIG}})(request)
+
+    async with serving() as (p, url):
+        p.routes["/v1/models"] = reply(MODELS)
+        p.routes["/server_info"] = slow_first
+        client = VllmHttpClient(url, kv_event_discovery=True)
+        try:
+            assert "kv_events_config" not in (await client.server_info()).server_args
+            assert client.kv_events_report_pending
+            info = WorkerInfo.from_replies(pb.GetModelInfoResponse(), await client.server_info())
+            assert json.loads(info.kv_events_config) == VLLM_CONFIG and not client.kv_events_report_pending
+        finally:
+            await client.close()
+
+
+async def test_a_report_answered_after_the_join_starts_the_feed(empty: Fleet, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker that joined with its report pending is asked again apart from the join; the
+    publisher its later answer names becomes its feed."""
+    monkeypatch.setattr("gateway.workers.kv_events.LATE_REPORT_WAITS_S", (0.05,) * 40)
+    f, port = empty, _free_pair()
+    feeder = KvEventFeeder(f.registry, f.router, discover=True)
+    feeder.start()
+    late = FakeTransport("grpc://127.0.0.1:4")
+    late.kv_events_report_pending = True  # type: ignore[attr-defined]
+    try:
+        await _join(f, late)
+        assert feeder.feeds["127.0.0.1:4"].source == "SubscribeKvEvents"  # nothing reported yet
+        await asyncio.sleep(0.2)
+        late.server_args["kv_events_config"] = json.dumps({"publisher": "zmq", "endpoint": f"tcp://*:{port}"})
+        late.kv_events_report_pending = False  # type: ignore[attr-defined]
+        await _until(lambda: feeder.feeds["127.0.0.1:4"].source == f"tcp://127.0.0.1:{port}")
+        feed = feeder.feeds["127.0.0.1:4"]
+        assert feed.endpoint_from == "server_info" and f.worker("127.0.0.1:4").kv_events_source == feed.source
     finally:
         await feeder.close()

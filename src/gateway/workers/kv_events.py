@@ -54,6 +54,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import zmq
+from google.protobuf.json_format import MessageToDict
 
 from gateway.policies.base import Policy
 from gateway.policies.cache_aware import CacheAwarePolicy
@@ -63,7 +64,7 @@ from gateway.workers import kv_replay
 from gateway.workers.kv_event_discovery import discover
 from gateway.workers.registry import WorkerRegistry
 from gateway.workers.transport import CallCode, WorkerCallError
-from gateway.workers.worker import Worker
+from gateway.workers.worker import Worker, json_text
 from gateway.workers.zmq_kv_events import (
     BadFrame,
     BadZmqSource,
@@ -86,6 +87,8 @@ class PolicySource(Protocol):
 RETRY_S = 0.2  # first delay before reopening a broken stream (doubles up to RETRY_MAX_S)
 RETRY_MAX_S = 5.0
 BIND_RETRY_S = 1.0  # a follower's wait between two attempts to bind the endpoint another process holds
+# The waits before a worker's report of its publisher, unanswered at its join, is asked again.
+LATE_REPORT_WAITS_S = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
 
 # (worker id, batch, reset first): a batch this process read from an endpoint it binds, for the others
 Relay = Callable[[str, common_pb2.KvEventBatch, bool], object]
@@ -340,7 +343,8 @@ class KvEventFeeder:
         feed = FeedState(WorkerBlocks(tree, worker.id, max_blocks=max_blocks))
         self.feeds[worker.id] = feed
         if zmq_source is None:
-            run = self._run(worker, feed)
+            late = self.discover and getattr(worker.client, "kv_events_report_pending", False)
+            run = self._discover_later(worker, feed) if late else self._run(worker, feed)
         else:
             try:
                 sub = RankSubscriber(zmq_source, worker.dp_rank or 0, worker.client.address.host)
@@ -356,6 +360,31 @@ class KvEventFeeder:
             run = self._run_zmq(worker, feed, sub)
         worker.kv_events_source = feed.source
         self._tasks[worker.id] = asyncio.create_task(run, name=f"kv-events-{worker.id}")
+
+    async def _discover_later(self, worker: Worker, feed: FeedState) -> None:
+        """A worker whose report of its publisher was asked and not answered in time when it
+        joined (vLLM collects its host's environment on that route's first call, and goes on
+        and keeps it): its server info is asked again, apart from the join, and the feed starts
+        again from the answer; never answered, the worker keeps what it has without ``auto``."""
+        for delay in LATE_REPORT_WAITS_S:
+            await asyncio.sleep(delay)
+            try:
+                info = await worker.client.server_info()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # asked again at the next wait
+                log.debug("kv events of %s: server info: %s", worker.id, exc)
+                continue
+            if getattr(worker.client, "kv_events_report_pending", False):
+                continue
+            args = MessageToDict(info.server_args) if info.HasField("server_args") else {}
+            worker.info.kv_events_config = json_text(args.get("kv_events_config"))
+            log.info("kv events of %s: its report of its publisher answered late; reading it", worker.id)
+            self._tasks.pop(worker.id, None)
+            self.feeds.pop(worker.id, None)
+            self._start(worker)
+            return
+        await self._run(worker, feed)
 
     def _zmq_source(self, worker: Worker) -> tuple[ZmqEndpoint | None, str]:
         """The worker's publisher and where it was named: an entry, or (with ``discover``) the

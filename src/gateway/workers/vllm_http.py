@@ -102,6 +102,9 @@ class VllmHttpClient(HttpWorkerClient):
         # vLLM's development-mode /server_info (its KV-event config): asked only for
         # ``--kv-events-zmq auto``, and no more once it answered that the route is missing.
         self._asks_server_info = self.kv_event_discovery
+        # The development-mode route was asked and not answered within its bound: the KV-event
+        # feeder asks the server info again, apart from the join (``workers.kv_events``).
+        self.kv_events_report_pending = False
 
     def generate(self, request: pb.GenerateRequest, *, timeout: float | None = None) -> HttpGenerateCall:
         headers = self._headers(request.request_id)
@@ -214,7 +217,9 @@ class VllmHttpClient(HttpWorkerClient):
             # and the worker's join must not wait on it.
             status, content = await self._call("GET", "/server_info?config_format=json", min(timeout, DEV_INFO_TIMEOUT_S))
         except WorkerCallError:
+            self.kv_events_report_pending = True  # vLLM goes on and keeps what it collected: ask again later
             return None
+        self.kv_events_report_pending = False
         if status in (404, 405):
             self._asks_server_info = False
             return None

@@ -139,7 +139,7 @@ class WorkerInfo:
             default_sampling_json=model_info.default_sampling_params_json,
             gateway_instance=str(args.get(GATEWAY_INSTANCE_ARG) or ""),
             start_time=start_time_of(server_info),
-            kv_events_config=_json_text(args.get("kv_events_config")),
+            kv_events_config=json_text(args.get("kv_events_config")),
             matches_stop_strings=args.get("skip_tokenizer_init") is False,
         )
 
@@ -159,7 +159,7 @@ def _positive_int(value: object) -> int | None:
     return int(value)
 
 
-def _json_text(value: object) -> str:
+def json_text(value: object) -> str:
     """A server argument that is JSON, as text: SGLang reports its config as the text it took,
     the vLLM HTTP client copies an object out of vLLM's configuration."""
     if isinstance(value, str):
