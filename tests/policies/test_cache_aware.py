@@ -648,6 +648,39 @@ def test_a_holder_without_room_lets_the_cost_decide() -> None:
     assert p.select(req(turn), uncapped).worker_id == holder
 
 
+def test_a_whole_prompt_bound_sees_the_queue_the_estimate_prices_at_the_mean_miss() -> None:
+    """The uncached estimate prices the holder's queue at its in-flight requests' mean miss
+    share: with a cached turn in flight beside the history, 5,000 queued prompt tokens read
+    as about 2,600, under ``stick_queue_tokens``, though one cold 4,096-token prompt may be
+    most of them. Counted whole (``stick_whole_tokens``) they are over a 4,096 bound and the
+    cost decides; under an 8,192 one the holder keeps the turn as before."""
+    for whole, kept in ((0.0, True), (4096.0, False), (8192.0, True)):
+        p = policy(cost=CostKnobs(stick_queue_tokens=4096.0, stick_whole_tokens=whole))
+        _prime(p, hot=False)
+        ws = views(4, max_running_requests=8)
+        history = tokens(600, 21) + tokens(40, 22)
+        holder = send(p, req(history, request_id="h"), ws).worker_id
+        again = send(p, req(history + tokens(60, 24), request_id="again"), with_load(ws, holder, in_flight=1))
+        assert again.worker_id == holder and again.predicted_cached_tokens == 640
+        loaded = with_load(ws, holder, queued_prefill_tokens=5_000, in_flight=2)
+        view = next(w for w in loaded if w.worker_id == holder)
+        assert p.queued_uncached(view) < 4096 <= p.queued_whole(view) == 5_000
+        d = p.select(req(history + tokens(60, 23)), loaded)
+        assert (d.worker_id == holder) is kept, (whole, d)
+
+
+def test_the_whole_count_adds_the_other_processes_prompts_and_the_polled_foreign_queue() -> None:
+    p = policy()
+    (w,) = views(1)
+    assert p.queued_whole(replace(w, queued_prefill_tokens=300, remote_queued_prompt_tokens=200)) == 500
+    polled = LoadSnapshot(num_waiting_uncached_tokens=900, age_s=0.1)
+    assert p.queued_whole(replace(w, queued_prefill_tokens=300, loads=polled)) == 900  # 600 nobody here sent
+    stale = LoadSnapshot(num_waiting_uncached_tokens=900, age_s=60.0)
+    assert p.queued_whole(replace(w, queued_prefill_tokens=300, loads=stale)) == 300
+    with pytest.raises(ValueError):
+        CostKnobs(stick_whole_tokens=-1)
+
+
 def test_once_a_prefix_is_hot_the_holder_does_not_stick() -> None:
     """At the full weight (one prefix hot) balance comes first: the same turn spills."""
     p, ws, holder, turn = _turn_setup()

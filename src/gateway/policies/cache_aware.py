@@ -56,8 +56,11 @@ weight is in force because no offered prefix carries more than one worker's shar
 worker holding the longest match keeps a request the cost would
 send away whenever it has room: a free running slot (or no known cap) and less uncached
 prefill queued than ``stick_queue_tokens`` (off by default; 4,096, about half a
-chunked-prefill step, lets the turn start within a step or so). Past that, or with every slot
-taken, the cost decides. Under the same condition a cold prompt (every scored worker holds
+chunked-prefill step, lets the turn start within a step or so), and, when
+``stick_whole_tokens`` is set, fewer queued prompt tokens counted whole than that
+(``queued_whole``: the uncached estimate prices a queue at the mean miss share of the
+in-flight requests, so one cold cap-length prompt among cached turns could sit ahead of a
+kept turn). Past that, or with every slot taken, the cost decides. Under the same condition a cold prompt (every scored worker holds
 equally little of it) can be placed by what it would push out rather than by the rotating
 order (``cold_slack_tokens``, off by default; ``_coldest``): it trades hit rate between
 differently built fleets rather than gaining on both, so it is a knob to measure with.
@@ -150,6 +153,7 @@ DEFAULT_REQUEST_WEIGHT = 16.0
 DEFAULT_LOADS_MAX_AGE_S = 5.0
 DEFAULT_SLOT_STEP_TOKENS = 0.0  # off: see docs/policies.md, "Slot wait"
 DEFAULT_STICK_QUEUE_TOKENS = 0.0  # off: see docs/policies.md, "A holder with room keeps the turn"
+DEFAULT_STICK_WHOLE_TOKENS = 0.0  # not checked: see docs/policies.md, "A holder with room keeps the turn"
 DEFAULT_COLD_SLACK_TOKENS = -1.0  # off; see docs/policies.md, "A cold prompt evicts the oldest content"
 DEFAULT_COLD_HASH_SLACK = -1.0  # off; see docs/policies.md, "Replicas agree on a cold prompt"
 COLD_KEY_TOKENS = 64  # a cold prompt's hash covers what every worker holds of it plus this many tokens
@@ -180,6 +184,7 @@ class CostKnobs:
     loads_max_age_s: float = DEFAULT_LOADS_MAX_AGE_S
     slot_step_tokens: float = DEFAULT_SLOT_STEP_TOKENS  # S_w: one decode step in prefill tokens (0: off)
     stick_queue_tokens: float = DEFAULT_STICK_QUEUE_TOKENS  # a holder with a free slot and less queued keeps it (0: off)
+    stick_whole_tokens: float = DEFAULT_STICK_WHOLE_TOKENS  # ... and fewer whole prompt tokens queued (0: not checked)
     cold_slack_tokens: float = DEFAULT_COLD_SLACK_TOKENS  # a cold prompt evicts the oldest content within this cost (<0: off)
     cold_hash_slack: float = DEFAULT_COLD_HASH_SLACK  # a cold prompt goes where it hashes within this share of its prefill (<0: off)
 
@@ -188,8 +193,8 @@ class CostKnobs:
             raise ValueError(f"cost form must be one of {COST_FORMS}, not {self.form!r}")
         if self.prefill_weight < 0 or self.spread_prefill_weight < 0:
             raise ValueError("prefill weights must be >= 0")
-        if self.stick_queue_tokens < 0:
-            raise ValueError("stick_queue_tokens must be >= 0")
+        if self.stick_queue_tokens < 0 or self.stick_whole_tokens < 0:
+            raise ValueError("stick_queue_tokens and stick_whole_tokens must be >= 0")
 
 
 @dataclass(slots=True)
@@ -564,6 +569,21 @@ class CacheAwarePolicy(BasePolicy):
                 q += foreign
         return q
 
+    def queued_whole(self, w: WorkerView) -> float:
+        """The prompt tokens queued on ``w`` counted whole, not at their estimated uncached
+        part: this process's and the other processes' sent prompts with no first token yet,
+        plus the polled waiting tokens nobody here sent (the worker reports those uncached
+        only). ``Q_w`` prices a queue at the in-flight requests' mean miss share, so a cold
+        cap-length prompt queued among cached turns reads as a fraction of itself; this
+        count cannot hide it (``stick_whole_tokens``)."""
+        q: float = w.queued_prefill_tokens + w.remote_queued_prompt_tokens
+        lo = w.loads
+        if lo is not None and lo.age_s <= self.cost.loads_max_age_s:
+            foreign = lo.num_waiting_uncached_tokens - w.queued_prefill_tokens - w.remote_queued_prompt_tokens
+            if foreign > 0:
+                q += foreign
+        return q
+
     def _score(
         self,
         request: RouteRequest,
@@ -670,7 +690,7 @@ class CacheAwarePolicy(BasePolicy):
             return None
         if holder is not None and best_c < hold_c and hold_q < stick and (
             not holder.max_running_requests or holder.in_flight < holder.max_running_requests
-        ):
+        ) and (not knobs.stick_whole_tokens or self.queued_whole(holder) < knobs.stick_whole_tokens):
             best, best_cost, best_c = holder, hold_cost, hold_c
         elif pool and shortest == longest:
             if cold >= 0:

@@ -35,6 +35,7 @@ from gateway.policies.cache_aware import (
     DEFAULT_SLOT_STEP_TOKENS,
     DEFAULT_SPREAD_PREFILL_WEIGHT,
     DEFAULT_STICK_QUEUE_TOKENS,
+    DEFAULT_STICK_WHOLE_TOKENS,
     CacheAwarePolicy,
     CostKnobs,
 )
@@ -137,6 +138,12 @@ class PolicyConfig:
         "when it has a free running slot and less than this many uncached prefill tokens queued (0 = off: "
         "the cost alone decides)",
     )
+    stick_whole_tokens: float = option(
+        DEFAULT_STICK_WHOLE_TOKENS,
+        "cache_aware: with --stick-queue-tokens, the holder keeps the request only while the prompt tokens "
+        "queued on it, counted whole rather than at their estimated uncached part, are fewer than this "
+        "(0 = not checked)",
+    )
     cold_slack_tokens: float = option(
         DEFAULT_COLD_SLACK_TOKENS,
         "cache_aware: while no offered prefix is hot, a prompt every worker holds equally little of goes, among "
@@ -206,6 +213,7 @@ def make_policy(config: PolicyConfig | None = None, **overrides: Any) -> Policy:
                 loads_max_age_s=cfg.loads_max_age_s,
                 slot_step_tokens=cfg.slot_step_tokens,
                 stick_queue_tokens=cfg.stick_queue_tokens,
+                stick_whole_tokens=cfg.stick_whole_tokens,
                 cold_slack_tokens=cfg.cold_slack_tokens,
                 cold_hash_slack=cfg.cold_hash_slack,
             ),
