@@ -63,10 +63,28 @@ class Arrivals:
         self.closed = True
 
 
-async def test_tokens_that_arrived_together_come_as_one_batch_before_the_wait(tok: Tokenizer) -> None:
+@dataclass
+class TakenTogether(Arrivals):
+    """``Arrivals`` whose arrived messages are taken in one call (``WorkerStream.read_arrived``),
+    as the gateway's own worker calls give them."""
+
+    taken: list[int] = field(default_factory=list)  # how many each call took
+
+    def read_arrived(self) -> list[Any]:
+        here, self._here = self._here, []
+        if here:
+            self.taken.append(len(here))
+        return here
+
+
+STREAMS = pytest.mark.parametrize("make", [Arrivals, TakenTogether], ids=["one-by-one", "taken-together"])
+
+
+@STREAMS
+async def test_tokens_that_arrived_together_come_as_one_batch_before_the_wait(tok: Tokenizer, make: type[Arrivals]) -> None:
     ids = tok.encode(" one two three four five six", False)
     assert len(ids) == 6
-    stream = Arrivals([[chunk([i]) for i in ids[:4]], [chunk([i]) for i in ids[4:]], [complete()]])
+    stream = make([[chunk([i]) for i in ids[:4]], [chunk([i]) for i in ids[4:]], [complete()]])
     gen = Generation(stream, prepare(tok, [1, 2], max_new_tokens=6))  # type: ignore[arg-type]
     assert gen.plain
     pieces = gen.deltas(texts=True)
@@ -82,6 +100,9 @@ async def test_tokens_that_arrived_together_come_as_one_batch_before_the_wait(to
     assert len(last) == 1 and isinstance(last[0], SampleDelta) and last[0].finish_reason == "length"
     assert stream.closed
     assert stream.outputs == [ids]  # the one sample's output went to the policy through its stream
+    if isinstance(stream, TakenTogether):
+        # The first group in one call; of a group that wakes a waiting read, the rest in one.
+        assert stream.taken == [4, 1]
 
 
 async def test_one_token_at_a_time_comes_one_text_at_a_time(tok: Tokenizer) -> None:
@@ -96,9 +117,10 @@ async def test_one_token_at_a_time_comes_one_text_at_a_time(tok: Tokenizer) -> N
     assert got == [[" one"], [" two"], [" three"]]
 
 
-async def test_a_delta_says_where_its_tokens_begin_in_the_output(tok: Tokenizer) -> None:
+@STREAMS
+async def test_a_delta_says_where_its_tokens_begin_in_the_output(tok: Tokenizer, make: type[Arrivals]) -> None:
     ids = tok.encode(" one two three four five", False)
-    stream = Arrivals([[chunk([ids[0]]), chunk([ids[1]]), chunk(ids[2:4]), chunk([ids[4]]), complete()]])
+    stream = make([[chunk([ids[0]]), chunk([ids[1]]), chunk(ids[2:4]), chunk([ids[4]]), complete()]])
     gen = Generation(stream, prepare(tok, [1, 2], max_new_tokens=5))  # type: ignore[arg-type]
     stream.release()
     out = [d async for d in gen.deltas(texts=True)]
@@ -110,10 +132,11 @@ async def test_a_delta_says_where_its_tokens_begin_in_the_output(tok: Tokenizer)
     assert gen.output_ids(0) == ids
 
 
-async def test_a_token_stop_in_a_batch_hands_over_the_texts_before_it(tok: Tokenizer) -> None:
+@STREAMS
+async def test_a_token_stop_in_a_batch_hands_over_the_texts_before_it(tok: Tokenizer, make: type[Arrivals]) -> None:
     ids = tok.encode(" one two three four", False)
     stop = ids[2]
-    stream = Arrivals([[chunk([i]) for i in ids]])
+    stream = make([[chunk([i]) for i in ids]])
     prepared = prepare(tok, [1, 2], max_new_tokens=8)
     prepared.stop_plan = StopPlan.build(tok, stop_token_ids=[stop], ignore_eos=True)
     gen = Generation(stream, prepared)  # type: ignore[arg-type]
@@ -337,3 +360,40 @@ async def test_only_the_text_path_pushes(tok: Tokenizer) -> None:
     gen = Generation(stream, prepare(tok, [1, 2], max_new_tokens=3))  # type: ignore[arg-type]
     gen.deltas()
     assert not gen.push_to(Sink()) and stream.target is None
+
+
+async def test_tokens_taken_together_give_what_one_by_one_gives(tok: Tokenizer) -> None:
+    """Multi-byte characters cut between tokens, counts that grow, a complete after the last
+    token: the same texts, usage, output and per-token gaps (one each after the first)
+    whether the arrived messages are read one by one or taken in one call."""
+    text = " Grüße, 世界! 👩‍👩‍👧‍👦 naïve café"
+    ids = tok.encode(text, False)
+    gaps: dict[str, list[float]] = {}
+
+    class Gaps(PipelineObserver):
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def generation_timing(self, model: str, worker_id: str, **kw: Any) -> None:
+            gaps[self.name] = kw["token_gaps"]
+
+    async def run(make: type[Arrivals]) -> tuple[list[Any], Any, list[int]]:
+        msgs = [chunk([t], prompt_tokens=2, cached=min(i, 1)) for i, t in enumerate(ids)] + [complete(prompt_tokens=2)]
+        stream = make([msgs[:5], msgs[5:]], observer=Gaps(make.__name__))
+        gen = Generation(stream, prepare(tok, [1, 2], max_new_tokens=len(ids)))  # type: ignore[arg-type]
+        pieces = gen.deltas(texts=True)
+        out: list[Any] = []
+        stream.release()
+        out.append(await pieces.__anext__())
+        stream.release()
+        out += [d async for d in pieces]
+        return out, gen.usage, gen.output_ids(0)
+
+    one, usage_one, ids_one = await run(Arrivals)
+    together, usage_together, ids_together = await run(TakenTogether)
+    texts = lambda out: "".join("".join(d) if type(d) is list else d.text for d in out)  # noqa: E731
+    assert texts(one) == texts(together) == text
+    assert one[0] == together[0]  # the first group's texts, held back where a character is cut alike
+    assert usage_one == usage_together and usage_together.cached_tokens == 1 and usage_together.prompt_tokens == 2
+    assert ids_one == ids_together == ids
+    assert len(gaps["Arrivals"]) == len(gaps["TakenTogether"]) == len(ids) - 1

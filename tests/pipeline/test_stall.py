@@ -452,21 +452,23 @@ async def test_a_push_target_that_fails_fails_the_read() -> None:
     assert f.worker("w1:1").load.in_flight == 0
 
 
-async def test_read_now_takes_arrived_messages_as_read_counts_them_and_leaves_waits_and_stalls_to_read() -> None:
+async def test_read_arrived_takes_every_arrived_message_as_read_counts_them_and_leaves_waits_and_stalls_to_read() -> None:
     t = H2Transport("grpc://w1:1")
     f = await fleet(t)
     stream, call = await _open_h2(t, f, 0.1)
-    assert stream.read_now().chunk.token_ids == [1]  # type: ignore[union-attr]  # the first, held
+    assert [m.chunk.token_ids for m in stream.read_arrived()] == [[1]]  # the first, held
     assert stream.lease.started
-    assert stream.read_now() is None  # nothing has arrived: read() waits
+    assert stream.read_arrived() == []  # nothing has arrived: read() waits
     progress = f.worker("w1:1").progress
-    _arrive(call, chunk([2], cached=2))
-    _arrive(call, chunk([3], cached=3))
+    _arrive(call, chunk([2], cached=3))
+    _arrive(call, chunk([3], cached=2))  # the lease keeps the largest, whatever the order
     heard = progress.last_heard_at
-    assert stream.read_now().chunk.token_ids == [2]  # type: ignore[union-attr]
-    assert progress.last_heard_at >= heard and stream.lease.cached_tokens == 2  # counted as read() counts
+    assert [m.chunk.token_ids for m in stream.read_arrived()] == [[2], [3]]  # together, in order
+    assert progress.last_heard_at >= heard and stream.lease.cached_tokens == 3  # counted as read() counts
+    assert stream.read_arrived() == []
+    _arrive(call, chunk([4]))
     stream._stalled = True  # a stall verdict raced the message: read() reports it
-    assert stream.read_now() is None
+    assert stream.read_arrived() == []
     with pytest.raises(GatewayTimeoutError):
         await stream.read()
     assert stream.lease.outcome is Outcome.WORKER_FAILED and f.worker("w1:1").load.in_flight == 0

@@ -152,17 +152,17 @@ async def test_ready_says_whether_a_read_would_wait(peer: tuple[Peer, SglangHttp
     assert call.ready()  # a cancelled call's read raises at once
 
 
-async def test_take_returns_what_has_arrived_and_leaves_the_end_to_read(peer: tuple[Peer, SglangHttpClient]) -> None:
+async def test_take_all_returns_what_has_arrived_and_leaves_the_end_to_read(peer: tuple[Peer, SglangHttpClient]) -> None:
     p, client = peer
     p.routes["/generate"] = p.sse([ans([7, 8], {"type": "length"})], hang=True)
     call = client.generate(request())
-    assert call.take() is None  # nothing has arrived yet
+    assert call.take_all() == []  # nothing has arrived yet
     first = await call.read()
     assert first.HasField("chunk")  # type: ignore[union-attr]
-    last = call.take()  # the complete came with it: taken without a wait
-    assert last is not None and last.HasField("complete")
+    rest = call.take_all()  # the complete came with it: taken without a wait
+    assert [m.WhichOneof("response") for m in rest] == ["complete"]
     call.cancel()
-    assert call.take() is None and call.ready()  # a cancelled call's read raises
+    assert call.take_all() == [] and call.ready()  # a cancelled call's read raises
     p.routes["/generate"] = p.sse([ans([1])], done=False)
     unfinished = client.generate(request())
     assert (await unfinished.read()).HasField("chunk")  # type: ignore[union-attr]
@@ -170,7 +170,7 @@ async def test_take_returns_what_has_arrived_and_leaves_the_end_to_read(peer: tu
         if unfinished.ready():
             break
         await asyncio.sleep(0.01)
-    assert unfinished.take() is None  # the stream's failure is read()'s to raise
+    assert unfinished.take_all() == []  # the stream's failure is read()'s to raise
     with pytest.raises(WorkerCallError):
         await unfinished.read()
 

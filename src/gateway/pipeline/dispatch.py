@@ -135,8 +135,10 @@ class WorkerStream:
         self._first = True  # no message read yet
         lease.watch(self._watchdog_kill)
         self._call_ready: Callable[[], bool] = call.ready
-        # An arrived message without ``read()``'s coroutines (the gateway's own calls: ``read_now``).
-        self._take: Callable[[], pb.GenerateResponse | None] | None = call.take if isinstance(call, _PUSHING) else None
+        # Arrived messages without ``read()``'s coroutines (the gateway's own calls: ``read_arrived``).
+        self._take_all: Callable[[], list[pb.GenerateResponse]] | None = (
+            call.take_all if isinstance(call, _PUSHING) else None
+        )
         self._target: PushTarget | None = None  # takes messages as they arrive (``listen``)
         self._push_error: BaseException | None = None  # the target's failure, for the reader
 
@@ -149,34 +151,47 @@ class WorkerStream:
         relay hands the tokens that arrived together to its client in one write."""
         return self._pending is not None or self._call_ready()
 
-    def read_now(self) -> pb.GenerateResponse | None:
-        """``read()`` of a message that has already arrived, without its coroutines (the
-        relay reads the tokens that came together one by one): the message, counted as
-        ``read()`` counts it; None when none has arrived (``read()`` then waits, or reports
-        the end, a failure or a stall)."""
+    def read_arrived(self) -> list[pb.GenerateResponse]:
+        """``read()`` of every message that has already arrived, in order, without its
+        coroutines (the relay takes the tokens that came together in one call, not one per
+        token), counted as ``read()`` counts them: one progress stamp for the lot (they came
+        together, as a push delivery's do) and the largest counts to the lease. Empty when
+        none has arrived (``read()`` then waits, or reports the end, a failure or a stall)."""
         msg = self._pending
         if msg is not None:
             self._pending = None
+            msgs = [msg]
         else:
-            take = self._take
-            if take is None or self._stalled:  # a stall verdict is ``read()``'s to report
-                return None
-            msg = take()
-            if msg is None:
-                return None
+            take_all = self._take_all
+            if take_all is None or self._stalled:  # a stall verdict is ``read()``'s to report
+                return []
+            msgs = take_all()
+            if not msgs:
+                return msgs
             self.worker.progress.message(time.monotonic())
+        lease = self.lease
         if self._first:  # the worker's first output: its prefill is done
             self._first = False
-            self.lease.start()
-        if msg.WhichOneof("response") == "chunk":  # ``_count`` for a chunk, inline (one per token)
-            part = msg.chunk
-            lease = self.lease
+            lease.start()
+        # ``_count`` for each message, inline: the lease keeps the largest counts.
+        most_cached = lease.cached_tokens
+        most_prompt = lease.reported_prompt_tokens
+        for m in msgs:
+            which = m.WhichOneof("response")
+            if which == "chunk":
+                part = m.chunk
+            elif which == "complete":
+                part = m.complete  # type: ignore[assignment]
+            else:
+                continue
             cached, prompt = part.cached_tokens, part.prompt_tokens
-            if cached > lease.cached_tokens or prompt > lease.reported_prompt_tokens:
-                lease.report(cached_tokens=cached, prompt_tokens=prompt)
-        else:
-            self._count(msg)
-        return msg
+            if cached > most_cached:
+                most_cached = cached
+            if prompt > most_prompt:
+                most_prompt = prompt
+        if most_cached > lease.cached_tokens or most_prompt > lease.reported_prompt_tokens:
+            lease.report(cached_tokens=most_cached, prompt_tokens=most_prompt)
+        return msgs
 
     async def read(self) -> pb.GenerateResponse | None:
         """The next message, or None when the worker ended the stream."""

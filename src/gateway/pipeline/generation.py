@@ -119,7 +119,7 @@ class Generation:
             for i in range(options.n)
         ]
         self._open = len(self._samples)
-        self._step_plain = self._samples[0].text.plain_stepper()  # ``_plain_token``'s detokenizer step
+        self._step_plain = self._samples[0].text.plain_stepper()  # ``_plain_run``'s detokenizer step
         self._want_logprobs = prepared.sampling.logprobs
         self._top_n = prepared.sampling.top_logprobs if prepared.sampling.logprobs else 0
         self.input_logprobs: pb.InputLogProbs | None = None
@@ -174,44 +174,61 @@ class Generation:
         clock = time.perf_counter
         batch: list[str] = []  # texts of tokens that arrived together, not handed over yet
         texts = fast and self._texts
-        plain_token = self._plain_token
-        reader: TokenStream | None = None  # the stream ``read_now`` belongs to (a resumption brings another)
-        read_now: Callable[[], pb.GenerateResponse | None] | None = None
+        plain_run = self._plain_run
+        reader: TokenStream | None = None  # the stream ``read_arrived`` belongs to (a resumption brings another)
+        read_arrived: Callable[[], list[pb.GenerateResponse]] | None = None
+        arrived: list[pb.GenerateResponse] = []  # messages that came together, taken in one call
+        at = 0  # the next of them
+        now = 0.0  # when they were taken (one time for the lot: they arrived together)
         try:
             while self._open:
                 stream = self.stream
                 if stream is not reader:
-                    reader, read_now = stream, getattr(stream, "read_now", None)
-                # A message that has arrived is read without the read's coroutines.
-                msg = read_now() if read_now is not None else None
-                if msg is None and batch and (read_now is not None or not stream.ready()):
-                    yield batch  # about to wait (or to meet the end): hand over what came
-                    batch = []
-                try:
-                    if msg is None:
-                        msg = await stream.read()
-                        if msg is None:
-                            missing = [s.index for s in self._samples if not s.done]
-                            raise WorkerError(
-                                f"worker {self.worker_id} ended the stream before samples {missing} finished"
-                            )
-                except GatewayError as exc:
-                    if batch:
-                        yield batch
-                        batch = []
-                    for delta in await self._resume(exc):
-                        yield delta
-                    continue
-                now = clock()
+                    reader, read_arrived = stream, getattr(stream, "read_arrived", None)
+                    arrived, at = [], 0
+                if at < len(arrived):
+                    msg = arrived[at]
+                    at += 1
+                else:
+                    # Messages that have arrived are read without the read's coroutines.
+                    arrived = read_arrived() if read_arrived is not None else []
+                    if arrived:
+                        msg, at = arrived[0], 1
+                        now = clock()
+                    else:
+                        at = 0
+                        if batch and (read_arrived is not None or not stream.ready()):
+                            yield batch  # about to wait (or to meet the end): hand over what came
+                            batch = []
+                        try:
+                            got = await stream.read()
+                            if got is None:
+                                missing = [s.index for s in self._samples if not s.done]
+                                raise WorkerError(
+                                    f"worker {self.worker_id} ended the stream before samples {missing} finished"
+                                )
+                        except GatewayError as exc:
+                            if batch:
+                                yield batch
+                                batch = []
+                            for delta in await self._resume(exc):
+                                yield delta
+                            continue
+                        msg = got
+                        arrived, at = [got], 1
+                        now = clock()
+                if texts:
+                    # The ordinary tokens from here on, in one loop; the first that is not
+                    # goes the general way.
+                    stop = plain_run(arrived, at - 1, now, batch)
+                    if stop == len(arrived):
+                        at = stop
+                        continue
+                    if stop >= at:
+                        msg, at = arrived[stop], stop + 1
                 which = msg.WhichOneof("response")
                 if which == "chunk":
                     chunk = msg.chunk
-                    if texts:
-                        piece = plain_token(chunk, now)
-                        if piece is not None:
-                            if piece:
-                                batch.append(piece)
-                            continue
                     n_ids = len(chunk.token_ids)
                     if self._first_at:
                         self._gaps.append((now - self._last_at) / (n_ids or 1))
@@ -256,40 +273,62 @@ class Generation:
                 running_loop().call_soon(self._finish_whole, first, last, gaps)
                 self._account(first, last, gaps, timing=False)
 
-    def _plain_token(self, chunk: pb.GenerateStreamChunk, now: float) -> str | None:
-        """Take an ordinary token of a ``plain`` request (one id in a chunk of sample 0, not
-        a token stop, within the output guard's bounds) into sample 0 and return its text
-        (empty while its bytes are incomplete): ``_on_chunk`` + ``_feed`` for this case,
-        without the delta objects (input logprobs come only when logprobs are asked for).
-        None: not such a token, nothing taken (it goes the general way)."""
-        ids = chunk.token_ids  # each proto field read has a cost: read once each
-        if len(ids) != 1:
-            return None
-        token_id = ids[0]
+    def _plain_run(self, arrived: Sequence[pb.GenerateResponse], at: int, now: float, texts: list[str]) -> int:
+        """Take the ordinary tokens of a ``plain`` request at ``arrived[at:]`` (each one id in
+        a chunk of sample 0, not a token stop, within the output guard's bounds), which came
+        together at ``now``, into sample 0, and append their texts to ``texts`` (none while a
+        token's bytes are incomplete): ``_on_chunk`` + ``_feed`` for this case, without the
+        delta objects (input logprobs come only when logprobs are asked for), in one loop
+        for the run. Returns the index of the first message that is not such a token (it
+        goes the general way); ``at`` when none was taken."""
         sample0 = self._samples[0]
+        if sample0.done:
+            return at
+        token_stops = self._token_stops
         guard = self._guard
-        if (
-            token_id in self._token_stops or chunk.index or sample0.done
-            or token_id >= guard.vocab or sample0.generated >= guard.cap  # else the guard's path
-        ):
-            return None
-        if self._first_at:
-            self._gaps.append(now - self._last_at)
-        else:
-            self._first_at = now
-        self._last_at = now
-        if not self._resumed:
-            usage = self.usage
-            prompt, cached = chunk.prompt_tokens, chunk.cached_tokens
-            if prompt:
-                usage.prompt_tokens = prompt
-            if cached > usage.cached_tokens:
-                usage.cached_tokens = cached
-        sample0.saw_chunks = True
-        sample0.generated += 1
-        sample0.ids.append(token_id)
-        self.usage.per_sample_completion[0] = sample0.generated
-        return self._step_plain(token_id)
+        vocab, cap = guard.vocab, guard.cap
+        step = self._step_plain
+        out_ids = sample0.ids
+        usage = self.usage
+        counts = not self._resumed  # a continuation's prompt/cached counts are not the request's
+        start, end = at, len(arrived)
+        while at < end:
+            msg = arrived[at]
+            if msg.WhichOneof("response") != "chunk":
+                break
+            chunk = msg.chunk
+            ids = chunk.token_ids  # each proto field read has a cost: read once each
+            if len(ids) != 1:
+                break
+            token_id = ids[0]
+            if token_id in token_stops or chunk.index or token_id >= vocab or sample0.generated >= cap:
+                break  # else the guard's path
+            if counts:
+                prompt, cached = chunk.prompt_tokens, chunk.cached_tokens
+                if prompt:
+                    usage.prompt_tokens = prompt
+                if cached > usage.cached_tokens:
+                    usage.cached_tokens = cached
+            sample0.generated += 1
+            out_ids.append(token_id)
+            text = step(token_id)
+            if text:
+                texts.append(text)
+            at += 1
+        taken = at - start
+        if taken:
+            sample0.saw_chunks = True
+            usage.per_sample_completion[0] = sample0.generated
+            # Each token's gap: the first one's from the last message (none for the very
+            # first token), the others' none (they came with it).
+            if self._first_at:
+                self._gaps.append(now - self._last_at)
+            else:
+                self._first_at = now
+            if taken > 1:
+                self._gaps.extend([0.0] * (taken - 1))
+            self._last_at = now
+        return at
 
     def push_to(self, sink: TextSink | None) -> bool:
         """From now on, while the generation waits for its worker, hand the texts of the
@@ -309,19 +348,17 @@ class Generation:
     def offer(self, msg: pb.GenerateResponse) -> bool:
         """``PushTarget.offer``: take ``msg`` if it is an ordinary token and the sink can
         write this delivery's texts now (asked once per delivery, before the first is taken)."""
-        if msg.WhichOneof("response") != "chunk" or self._sink is None:
+        sink = self._sink
+        if sink is None:
             return False
         taken = self._taken
         if taken is None:
-            if not self._sink.ready():
+            if not sink.ready():
                 return False
             taken = []
-        piece = self._plain_token(msg.chunk, time.perf_counter())
-        if piece is None:
+        if not self._plain_run((msg,), 0, time.perf_counter(), taken):
             return False
         self._taken = taken
-        if piece:
-            taken.append(piece)
         return True
 
     def flush(self) -> None:

@@ -322,14 +322,21 @@ class HttpGenerateCall:
             self._wake()
         return finished
 
-    def take(self) -> pb.GenerateResponse | None:
-        """The next message if one has arrived, as ``read()`` would return it, without its
-        coroutine; None otherwise (nothing yet, or the end, a failure or a cancel, which
-        ``read()`` reports)."""
+    def take_all(self) -> list[pb.GenerateResponse]:
+        """Every message that has arrived, in order, as ``read()`` would return them one by
+        one, without its coroutine; empty otherwise (nothing yet, or the end, a failure or a
+        cancel, which ``read()`` reports: the end or failure stays queued for it)."""
         items = self._items
-        if not items or self._cancelled or type(items[0]) is not pb.GenerateResponse:
-            return None
-        return items.popleft()  # type: ignore[return-value]
+        if not items or self._cancelled:
+            return []
+        if type(items[-1]) is pb.GenerateResponse:  # no end queued: every item is a message
+            taken = list(items)
+            items.clear()
+            return taken  # type: ignore[return-value]
+        out: list[pb.GenerateResponse] = []
+        while items and type(items[0]) is pb.GenerateResponse:
+            out.append(items.popleft())  # type: ignore[arg-type]
+        return out
 
     async def read(self) -> pb.GenerateResponse | EndOfStream:
         while not self._items or self._cancelled:

@@ -244,7 +244,7 @@ async def test_the_end_of_the_call_wakes_the_reader_past_the_pusher() -> None:
     assert await reader is END_OF_STREAM and pushed == []
 
 
-async def test_take_returns_what_has_arrived_as_read_would_and_leaves_the_end_to_read() -> None:
+async def test_take_all_returns_what_has_arrived_as_read_would_and_leaves_the_end_to_read() -> None:
     async def run(take: bool) -> tuple[list[object], list[int]]:
         call = H2Call(asyncio.get_running_loop(), _parse, 1 << 20)
         link = _Link()
@@ -252,24 +252,27 @@ async def test_take_returns_what_has_arrived_as_read_would_and_leaves_the_end_to
         call.on_headers(OK_HEADERS, end_stream=False)
         got: list[object] = []
         if take:
-            got.append(call.take())  # nothing yet
+            got.append(call.take_all())  # nothing yet
         for wire in (_msg(b"one"), _msg(b"two") + _msg(b"three")[:4], _msg(b"three")[4:] + _msg(b"x")):
             call.on_data(wire, last=True)
             link.flush()
+            if take:
+                got.append(call.take_all())  # what this read brought, in one call
             while call.ready() and not call.done():
-                got.append(call.take() if take else await call.read())
+                got.append(await call.read())
         call.on_headers(_trailers(8, "full"), end_stream=True)
         if take:
-            got.append(call.take())  # the failure is read()'s to raise
+            got.append(call.take_all())  # the failure is read()'s to raise
         with pytest.raises(WorkerCallError):
             await call.read()
         return got, link.credits
 
     taken, credits = await run(take=True)
-    assert taken == [None, "one", "two", "three", "x", None]
-    assert (taken[1:-1], credits) == await run(take=False)  # the same messages and credit as read()
+    assert taken == [[], ["one"], ["two"], ["three", "x"], []]
+    read, read_credits = await run(take=False)
+    assert ([m for batch in taken for m in batch], credits) == (read, read_credits)  # the same messages and credit as read()
     cancelled, _ = await _call()
     cancelled.on_headers(OK_HEADERS, end_stream=False)
     cancelled.on_data(_msg(b"one"), last=True)
     cancelled.cancel()
-    assert cancelled.take() is None
+    assert cancelled.take_all() == []

@@ -30,6 +30,11 @@ def _varint(n: int) -> bytes:
     return bytes(out)
 
 
+# The tag and length of every payload under 128 bytes (a streamed token's message is one):
+# looked up, not built by a call per message.
+_SHORT = [_FIELD_TAG + bytes((n,)) for n in range(0x80)]
+
+
 def _wrapper_class(message: type[Message]) -> type[Message]:
     """``message Batch { repeated <message> messages = 1; }``, added to ``message``'s pool
     under a name of its own (once per message type)."""
@@ -79,6 +84,8 @@ class BatchParser:
         if len(payloads) == 1:
             return [self.one(payloads[0])]
         parts: list[bytes] = []
+        short = _SHORT
         for payload in payloads:
-            parts += (_FIELD_TAG, _varint(len(payload)), payload)
+            size = len(payload)
+            parts += (short[size] if size < 0x80 else _FIELD_TAG + _varint(size), payload)
         return list(self._wrapper(b"".join(parts)).messages)  # type: ignore[attr-defined]

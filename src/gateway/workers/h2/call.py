@@ -5,8 +5,8 @@ socket; the call cuts them into gRPC messages and holds them until the connectio
 gone through the whole socket read, which then parses the messages of every call together
 (``batch.BatchParser``: one protobuf arena per read, not per token) and hands each call
 its own, in order, before the read's next non-DATA frame; a lone message in a read is
-parsed at once. A reader that finds messages queued takes them without waiting
-(``ready`` says so), which is what lets the relay write several tokens that arrived
+parsed at once. A reader that finds messages queued takes them all without waiting
+(``ready`` says so; ``take_all``), which is what lets the relay write several tokens that arrived
 together as one socket write.
 
 What the gateway relies on (``workers/transport.GenerateCall``, as grpc.aio's
@@ -112,17 +112,19 @@ class H2Call:
         """``read()`` would return (or raise) without waiting."""
         return bool(self._inbox) or self._status is not None or self.cancelled
 
-    def take(self) -> Any:
-        """The next message if one has arrived, as ``read()`` would return it, without its
-        coroutine; None when none has (nothing yet, or the end, a failure or a cancel,
-        which ``read()`` reports)."""
+    def take_all(self) -> list[Any]:
+        """Every message that has arrived, in order, as ``read()`` would return them one by
+        one, without its coroutine; empty when none has (nothing yet, or the end, a failure
+        or a cancel, which ``read()`` reports). Tokens that came together are taken together:
+        one call, not one per token."""
         inbox = self._inbox
         if not inbox or self.cancelled:
-            return None
-        message = inbox.popleft()
-        if not inbox and self._credit and (self._credit >= self._credit_step or self._partial):
+            return []
+        messages = list(inbox)
+        inbox.clear()
+        if self._credit and (self._credit >= self._credit_step or self._partial):
             self._give_credit()
-        return message
+        return messages
 
     def done(self) -> bool:
         return self._status is not None
