@@ -54,6 +54,7 @@ class Link(Protocol):
 
 _OK = CallCode.OK
 _EOF = END_OF_STREAM
+_PREFIX = frames.MESSAGE_PREFIX.unpack_from
 
 
 class CallStatus:
@@ -240,18 +241,21 @@ class H2Call:
         pos, end = 0, len(buf)
         pending = self.pending
         had = len(pending)
+        prefix = _PREFIX
         while end - pos >= 5:
-            size = int.from_bytes(buf[pos + 1:pos + 5], "big")
+            compressed, size = prefix(buf, pos)
             if size > self._max_message:  # refused before any of it is held
                 self._fail_after_pending(had, ReplyTooLarge(size, self._max_message))
                 return
-            if end - pos - 5 < size:
+            stop = pos + 5 + size
+            if stop > end:
                 break
-            if buf[pos]:
+            if compressed:
                 self._fail_after_pending(had, WorkerCallError(CallCode.INTERNAL, "compressed message, but no compression was negotiated"))
                 return
-            pending.append(bytes(buf[pos + 5:pos + 5 + size]))
-            pos += 5 + size
+            raw = buf[pos + 5:stop]
+            pending.append(raw if type(raw) is bytes else bytes(raw))  # a slice of bytes is bytes already
+            pos = stop
         if partial:
             del partial[:pos]
         elif pos < end:

@@ -35,6 +35,7 @@ _DECODED_BLOCKS = 64  # distinct header blocks kept decoded per connection
 
 _END_STREAM = frames.END_STREAM
 _DATA = frames.DATA
+_HEAD = frames.HEAD.unpack_from
 
 
 class ProtocolViolation(Exception):
@@ -259,14 +260,15 @@ class H2Connection(asyncio.Protocol):
         pos, end = 0, len(buf)
         calls = self.calls
         received = 0
+        head = _HEAD
         while end - pos >= 9:
-            length = (buf[pos] << 16) | (buf[pos + 1] << 8) | buf[pos + 2]
+            length_kind, flags, stream_id = head(buf, pos)  # one read of the head, not one per field
+            length = length_kind >> 8
             stop = pos + 9 + length
             if stop > end:
                 break
-            kind = buf[pos + 3]
-            flags = buf[pos + 4]
-            stream_id = int.from_bytes(buf[pos + 5:pos + 9], "big") & 0x7FFFFFFF
+            kind = length_kind & 0xFF
+            stream_id &= 0x7FFFFFFF
             if self._header_stream and kind != frames.CONTINUATION:
                 raise ProtocolViolation(frames.PROTOCOL_ERROR, "a header block was interrupted")
             if kind == _DATA:

@@ -65,6 +65,10 @@ MAX_STREAM_ID = 2**31 - 1
 FRAME_HEADER = 9
 
 _U32 = struct.Struct(">I")
+HEAD = struct.Struct(">IBI")
+"""A frame's 9-byte head in one read: (length << 8 | type, flags, R bit | stream id)."""
+MESSAGE_PREFIX = struct.Struct(">BI")
+"""A gRPC message's 5-byte prefix in one read: (compressed flag, length)."""
 _SETTING = struct.Struct(">HI")
 _GOAWAY = struct.Struct(">II")
 
