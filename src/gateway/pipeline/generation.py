@@ -119,7 +119,7 @@ class Generation:
             for i in range(options.n)
         ]
         self._open = len(self._samples)
-        self._step_plain = self._samples[0].text.plain_stepper()  # ``_plain_run``'s detokenizer step
+        self._step_plain = self._samples[0].text.plain_stepper()  # ``_plain_token``'s detokenizer step
         self._want_logprobs = prepared.sampling.logprobs
         self._top_n = prepared.sampling.top_logprobs if prepared.sampling.logprobs else 0
         self.input_logprobs: pb.InputLogProbs | None = None
@@ -274,61 +274,58 @@ class Generation:
                 self._account(first, last, gaps, timing=False)
 
     def _plain_run(self, arrived: Sequence[pb.GenerateResponse], at: int, now: float, texts: list[str]) -> int:
-        """Take the ordinary tokens of a ``plain`` request at ``arrived[at:]`` (each one id in
-        a chunk of sample 0, not a token stop, within the output guard's bounds), which came
-        together at ``now``, into sample 0, and append their texts to ``texts`` (none while a
-        token's bytes are incomplete): ``_on_chunk`` + ``_feed`` for this case, without the
-        delta objects (input logprobs come only when logprobs are asked for), in one loop
-        for the run. Returns the index of the first message that is not such a token (it
-        goes the general way); ``at`` when none was taken."""
-        sample0 = self._samples[0]
-        if sample0.done:
-            return at
-        token_stops = self._token_stops
-        guard = self._guard
-        vocab, cap = guard.vocab, guard.cap
-        step = self._step_plain
-        out_ids = sample0.ids
-        usage = self.usage
-        counts = not self._resumed  # a continuation's prompt/cached counts are not the request's
-        start, end = at, len(arrived)
+        """``_plain_token`` for the messages at ``arrived[at:]``, which came together at
+        ``now``, while each is an ordinary token, their texts (those not empty) appended to
+        ``texts``. Returns the index of the first message that is not one (it goes the
+        general way); ``at`` when none was taken."""
+        plain_token = self._plain_token
+        end = len(arrived)
         while at < end:
             msg = arrived[at]
             if msg.WhichOneof("response") != "chunk":
                 break
-            chunk = msg.chunk
-            ids = chunk.token_ids  # each proto field read has a cost: read once each
-            if len(ids) != 1:
+            piece = plain_token(msg.chunk, now)
+            if piece is None:
                 break
-            token_id = ids[0]
-            if token_id in token_stops or chunk.index or token_id >= vocab or sample0.generated >= cap:
-                break  # else the guard's path
-            if counts:
-                prompt, cached = chunk.prompt_tokens, chunk.cached_tokens
-                if prompt:
-                    usage.prompt_tokens = prompt
-                if cached > usage.cached_tokens:
-                    usage.cached_tokens = cached
-            sample0.generated += 1
-            out_ids.append(token_id)
-            text = step(token_id)
-            if text:
-                texts.append(text)
+            if piece:
+                texts.append(piece)
             at += 1
-        taken = at - start
-        if taken:
-            sample0.saw_chunks = True
-            usage.per_sample_completion[0] = sample0.generated
-            # Each token's gap: the first one's from the last message (none for the very
-            # first token), the others' none (they came with it).
-            if self._first_at:
-                self._gaps.append(now - self._last_at)
-            else:
-                self._first_at = now
-            if taken > 1:
-                self._gaps.extend([0.0] * (taken - 1))
-            self._last_at = now
         return at
+
+    def _plain_token(self, chunk: pb.GenerateStreamChunk, now: float) -> str | None:
+        """Take an ordinary token of a ``plain`` request (one id in a chunk of sample 0, not
+        a token stop, within the output guard's bounds) into sample 0 and return its text
+        (empty while its bytes are incomplete): ``_on_chunk`` + ``_feed`` for this case,
+        without the delta objects (input logprobs come only when logprobs are asked for).
+        None: not such a token, nothing taken (it goes the general way)."""
+        ids = chunk.token_ids  # each proto field read has a cost: read once each
+        if len(ids) != 1:
+            return None
+        token_id = ids[0]
+        sample0 = self._samples[0]
+        guard = self._guard
+        if (
+            token_id in self._token_stops or chunk.index or sample0.done
+            or token_id >= guard.vocab or sample0.generated >= guard.cap  # else the guard's path
+        ):
+            return None
+        if self._first_at:
+            self._gaps.append(now - self._last_at)
+        else:
+            self._first_at = now
+        self._last_at = now
+        if not self._resumed:
+            usage = self.usage
+            prompt, cached = chunk.prompt_tokens, chunk.cached_tokens
+            if prompt:
+                usage.prompt_tokens = prompt
+            if cached > usage.cached_tokens:
+                usage.cached_tokens = cached
+        sample0.saw_chunks = True
+        sample0.generated += 1
+        sample0.ids.append(token_id)
+        self.usage.per_sample_completion[0] = sample0.generated
+        return self._step_plain(token_id)
 
     def push_to(self, sink: TextSink | None) -> bool:
         """From now on, while the generation waits for its worker, hand the texts of the
@@ -348,17 +345,19 @@ class Generation:
     def offer(self, msg: pb.GenerateResponse) -> bool:
         """``PushTarget.offer``: take ``msg`` if it is an ordinary token and the sink can
         write this delivery's texts now (asked once per delivery, before the first is taken)."""
-        sink = self._sink
-        if sink is None:
+        if msg.WhichOneof("response") != "chunk" or self._sink is None:
             return False
         taken = self._taken
         if taken is None:
-            if not sink.ready():
+            if not self._sink.ready():
                 return False
             taken = []
-        if not self._plain_run((msg,), 0, time.perf_counter(), taken):
+        piece = self._plain_token(msg.chunk, time.perf_counter())
+        if piece is None:
             return False
         self._taken = taken
+        if piece:
+            taken.append(piece)
         return True
 
     def flush(self) -> None:
