@@ -173,6 +173,16 @@ async def test_take_all_returns_what_has_arrived_and_leaves_the_end_to_read(peer
     assert unfinished.take_all() == []  # the stream's failure is read()'s to raise
     with pytest.raises(WorkerCallError):
         await unfinished.read()
+    p.routes["/generate"] = p.sse([ans([7]), ans([7, 8], {"type": "length"})])
+    ended = client.generate(request())
+    assert (await ended.read()).HasField("chunk")  # type: ignore[union-attr]
+    for _ in range(500):  # the rest and the answer's end arrive
+        if ended._items and type(ended._items[-1]) is not pb.GenerateResponse:
+            break
+        await asyncio.sleep(0.01)
+    rest = ended.take_all()  # the messages before the end, not the end
+    assert [m.WhichOneof("response") for m in rest] == ["chunk", "complete"]
+    assert await ended.read() is END_OF_STREAM
 
 
 async def test_a_whole_generate_is_one_complete(peer: tuple[Peer, SglangHttpClient]) -> None:
