@@ -127,6 +127,33 @@ async def test_malformed_compressed_or_oversized_messages_fail_the_call() -> Non
     assert err.value.code is CallCode.RESOURCE_EXHAUSTED and (err.value.size, err.value.bound) == (8, 4)
 
 
+async def test_whole_message_frames_of_one_read_wait_for_its_one_parse() -> None:
+    """Frames that are each one whole message, with more of the read to come (a burst's
+    tokens), are queued for the read's one parse (the call deferred once); a compressed or
+    oversized one still fails the call after the messages before it."""
+    call, link = await _call()
+    call.on_headers(OK_HEADERS, end_stream=False)
+    call.on_data(_msg(b"one"), last=False)
+    call.on_data(_msg(b"two"), last=False)
+    assert call.pending == [b"one", b"two"] and link.deferred == [call] and not call.ready()
+    link.flush()
+    assert call.take_all() == ["one", "two"]
+    compressed, _ = await _call()
+    compressed.on_headers(OK_HEADERS, end_stream=False)
+    compressed.on_data(_msg(b"one"), last=False)
+    compressed.on_data(_msg(b"x", compressed=True), last=False)
+    assert await compressed.read() == "one"
+    with pytest.raises(WorkerCallError, match="compressed"):
+        await compressed.read()
+    small, _ = await _call(max_message=4)
+    small.on_headers(OK_HEADERS, end_stream=False)
+    small.on_data(_msg(b"ok"), last=False)
+    small.on_data(_msg(b"too long"), last=False)
+    assert await small.read() == "ok"
+    with pytest.raises(ReplyTooLarge):
+        await small.read()
+
+
 async def test_cancel_fails_a_pending_read_and_cancelling_the_reader_cancels_the_call() -> None:
     call, link = await _call()
     reader = asyncio.ensure_future(call.read())

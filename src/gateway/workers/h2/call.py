@@ -233,6 +233,16 @@ class H2Call:
             return
         self._credit += len(data)
         partial = self._partial
+        if not partial and not last and type(data) is bytes and len(data) >= 5:
+            # A frame that is one whole message, with more of the read to come (a burst's
+            # tokens, one frame each): queued for the read's one parse, nothing else to do.
+            compressed, size = _PREFIX(data, 0)
+            if size + 5 == len(data) and not compressed and size <= self._max_message:
+                pending = self.pending
+                pending.append(data[5:])
+                if len(pending) == 1 and self._conn is not None:
+                    self._conn.defer(self)  # parsed with the read's other messages
+                return
         if partial:
             partial += data
             buf: bytes | bytearray | memoryview = partial
