@@ -145,8 +145,8 @@ class _Selection:
 
 class ReplayWorker:
     """One simulated worker and the gateway's count of what it has sent there (with the
-    fields of ``workers.worker.Worker`` the prefill gate reads: ``load``, ``remote_load``,
-    ``info``, ``progress``)."""
+    fields of ``workers.worker.Worker`` the prefill gate reads: ``load``, the siblings' and
+    other replicas' counts, ``info``, ``progress``)."""
 
     def __init__(self, worker_id: str, sim: SimConfig) -> None:
         self.id = worker_id
@@ -155,6 +155,9 @@ class ReplayWorker:
         self.scheduler = Scheduler(sim, self.cache, SimCounters())
         self.load = WorkerLoad()
         self.remote_load = WorkerLoad()  # no sibling processes here: always empty
+        self.sibling_in_flight = 0  # nor siblings' or other replicas' requests or prompts
+        self.peer_in_flight = 0
+        self.sibling_queued_prompt_tokens = 0
         self.info = _Info(sim.max_running_requests, sim.page_size)
         self.progress = ProgressTracker()
         self.polled: LoadSnapshot | None = None
